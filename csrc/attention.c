@@ -1,0 +1,1 @@
+/* attention.c: (stub until the core lands) */

@@ -1,0 +1,2 @@
+/* dispatch.c (stub) */
+#include "quants.h"

@@ -1,0 +1,1 @@
+/* ops.c: (stub until the core lands) */

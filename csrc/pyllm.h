@@ -1,0 +1,128 @@
+/* pyllm.h: the ABI between Python (cffi reads this file) and the C core.
+ *
+ * Python describes a model's forward step once, as a flat array of op records
+ * pointing at mmapped weights, scratch buffers and KV-cache pools. Each step
+ * (a batch of tokens of one sequence) is then one call: pyllm_run() executes
+ * every op on a persistent thread pool, with a barrier between ops.
+ *
+ * Only plain declarations here (no macros, no includes): cffi parses it.
+ */
+
+/* ---- op records ---- */
+
+enum pyllm_op_kind {
+    OP_EMBED = 1,     /* y[t] = dequant(w row tokens[t]) * scale; n_in = width, n_out = vocab */
+    OP_RMSNORM = 2,   /* y[t, g] = x[t, g] / rms(x[t, g]) * w; n_head groups of n_in per row */
+    OP_QUANTIZE = 3,  /* xq[t] = quantize(x[t]) to activation format `type` (n_in elements) */
+    OP_MATMUL = 4,    /* y[t, :n_out] (+)= W x[t] (+ bias); reads xq unless W takes f32 */
+    OP_ROPE = 5,      /* rotate n_head heads of x[t] and n_kv_head heads of x2[t] by pos[t] */
+    OP_KV_STORE = 6,  /* cache[pos[t]] = (k = x[t], v = x2[t]), as f16, through the block table */
+    OP_ATTENTION = 7, /* y[t] = softmax(scale * q[t] K^T) V over positions <= pos[t] (window) */
+    OP_GLU = 8,       /* y[t] = act(x[t]) * x2[t]; type = GLU_* */
+    OP_ADD = 9,       /* y[t] += x[t] */
+    OP_SCALE = 10,    /* y[t] *= scale */
+    OP_KIND_COUNT = 11
+};
+
+enum pyllm_op_flags {
+    OPF_ACCUMULATE = 1, /* MATMUL: add into y instead of overwriting */
+    OPF_LAST_ROWS = 2,  /* only the last step.n_out rows (final norm and logits) */
+    OPF_NO_SYNC = 4     /* no barrier after this op (the next op does not read its output) */
+};
+
+enum pyllm_glu { GLU_SILU = 0, GLU_GELU_TANH = 1 };
+enum pyllm_rope_mode { ROPE_NORM = 0, ROPE_NEOX = 2 };
+
+typedef struct pyllm_op {
+    int32_t kind;
+    int32_t flags;
+    int32_t type;          /* weight type (EMBED, MATMUL), act format (QUANTIZE), GLU_* (GLU) */
+    int32_t layer;         /* for error messages and the profile */
+    const void *w;         /* EMBED/MATMUL weights, RMSNORM weight (float) */
+    const float *bias;     /* MATMUL bias, or NULL */
+    float *x;              /* main input rows */
+    float *x2;             /* second input rows (GLU up, ROPE keys, KV_STORE values) */
+    void *xq;              /* quantized rows of x (QUANTIZE writes, MATMUL reads) */
+    float *y;              /* output rows */
+    int64_t x_stride;      /* floats between consecutive rows */
+    int64_t x2_stride;
+    int64_t y_stride;
+    int64_t n_in;          /* row length of the input (per group for RMSNORM) */
+    int64_t n_out;         /* MATMUL output width; EMBED vocabulary size */
+    int32_t n_head;        /* query heads (ROPE, ATTENTION); groups per row (RMSNORM) */
+    int32_t n_kv_head;
+    int32_t head_dim;
+    int32_t n_rot;         /* ROPE: leading dims of each head that rotate */
+    int32_t rope_mode;     /* ROPE_* */
+    int32_t window;        /* ATTENTION: sliding window in tokens, 0 = none */
+    float eps;             /* RMSNORM */
+    float scale;           /* EMBED, SCALE, ATTENTION (softmax scale) */
+    float freq_base;       /* ROPE */
+    float freq_scale;      /* ROPE: linear position scaling (1 = none) */
+    const float *freq_factors; /* ROPE: per-pair divisors (llama3 rope_freqs), or NULL */
+    float softcap;         /* ATTENTION: tanh soft-capping of scores, 0 = none */
+    uint16_t *k_cache;     /* KV_STORE/ATTENTION: this layer's pools, */
+    uint16_t *v_cache;     /*   [pool blocks][block_size][n_kv_head * head_dim] f16 */
+} pyllm_op;
+
+/* one forward step: a batch of tokens of one sequence */
+typedef struct pyllm_step {
+    int32_t n_tokens;            /* rows in this batch (>= 1) */
+    int32_t n_out;               /* rows the OPF_LAST_ROWS ops compute (1..n_tokens) */
+    const int32_t *tokens;       /* [n_tokens] */
+    const int32_t *pos;          /* [n_tokens] absolute positions */
+    const int32_t *block_table;  /* KV block ids holding positions 0, B, 2B, ... */
+    int32_t n_table;             /* entries in block_table */
+    int32_t block_size;          /* tokens per KV block (B) */
+    int32_t pool_blocks;         /* blocks in each layer's pool (ids must be below) */
+} pyllm_step;
+
+/* ---- the engine context: thread pool, profile ---- */
+typedef struct pyllm_ctx pyllm_ctx;
+
+pyllm_ctx *pyllm_ctx_new(int n_threads);
+void pyllm_ctx_free(pyllm_ctx *ctx);
+int pyllm_ctx_threads(const pyllm_ctx *ctx);
+
+/* Checks a program once, when it is built: kinds, types, sizes, pointers.
+ * Returns 0, or the index + 1 of the first bad op (pyllm_error() says why). */
+int pyllm_program_check(const pyllm_op *ops, int n_ops);
+
+/* Runs the program for one step. Returns 0, or -1 with pyllm_error() set
+ * (bad token id, position outside the block table, ...). */
+int pyllm_run(pyllm_ctx *ctx, const pyllm_op *ops, int n_ops, const pyllm_step *step);
+
+const char *pyllm_error(void);
+
+/* ---- profile: time per op kind, per thread ---- */
+void pyllm_profile_enable(pyllm_ctx *ctx, int on);
+void pyllm_profile_reset(pyllm_ctx *ctx);
+/* ns spent per op kind (summed over threads) in [OP_KIND_COUNT]; busy ns per thread in [n_threads];
+ * matmul ns by weight type in [32] */
+void pyllm_profile_read(const pyllm_ctx *ctx, double *op_ns, double *thread_busy_ns, double *matmul_type_ns,
+                        double *wall_ns);
+
+/* ---- kernels, for tests and tools ---- */
+int pyllm_cpu_level(void);              /* best ISA level of this CPU (0 scalar, 1 avx2, 2 avx512, 3 neon) */
+int pyllm_level_available(int isa);
+int pyllm_set_level(int isa);           /* the level the core uses from now on; returns it, or -1 */
+int pyllm_get_level(void);
+int pyllm_type_supported(int type);
+int pyllm_type_act(int type);           /* activation format a weight type's dot product takes */
+size_t pyllm_act_row_bytes(int act, int64_t n);
+/* does level `isa` itself provide this kernel (kind: 0 dequant, 1 vec_dot, 2 gemv, 3 quantize_act)? */
+int pyllm_kernel_provided(int isa, int kind, int type);
+/* run one kernel of one level; 0 on success, -1 if unsupported */
+int pyllm_kernel_dequant(int isa, int type, const void *w, float *out, int64_t n);
+int pyllm_kernel_quantize_act(int isa, int act, const float *x, void *out, int64_t n);
+int pyllm_kernel_vec_dot(int isa, int type, int64_t n, const void *w, const void *a, float *out);
+int pyllm_kernel_gemv(int isa, int type, int64_t n, const void *w, size_t row_bytes, int nrows,
+                      const void *a, float *out);
+/* the float helpers of attention and the KV cache, by `which`:
+ *   0 f32_to_f16(a=float[n]) -> out=f16[n]     1 f16_to_f32(a=f16[n]) -> out=float[n]
+ *   2 dot_f16_f32(a=f16[n], b=float[n]) -> out=float[1]
+ *   3 axpy_f16: out=float[n] += s * a=f16[n]    4 dot_f32(a, b=float[n]) -> out=float[1] */
+int pyllm_kernel_float(int isa, int which, int64_t n, const void *a, const void *b, float s, void *out);
+
+/* ---- memory bandwidth probe (pyllm bench --membw) ---- */
+double pyllm_membw(pyllm_ctx *ctx, const void *buf, size_t bytes, int reps);

@@ -1,0 +1,129 @@
+/* quants.h: block formats and the per-ISA kernel table.
+ *
+ * Weight formats are GGUF's (type ids are ggml's). Activations are quantized
+ * once per matmul into one of two formats of our own:
+ *   - block_q8_32 for the 32-element formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+ *     IQ4_NL). It keeps d as float and also s = d * sum(qs), which the formats
+ *     with an offset (Q4_1, Q5_1) and with a fixed bias (Q4_0: q - 8) need.
+ *   - block_q8_K for the 256-element K-quants (llama.cpp's Q8_K layout).
+ * Float weights (F32, F16, BF16) take float32 activations as they are.
+ *
+ * Every kernel has a scalar reference in quants.c. x86/avx2.c and
+ * x86/avx512.c provide faster variants of some of them; dispatch.c builds
+ * one table per ISA level, falling back to the level below for any entry a
+ * level leaves NULL.
+ */
+#ifndef PYLLM_QUANTS_H
+#define PYLLM_QUANTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ggml type ids, as stored in GGUF files */
+enum {
+    T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7,
+    T_Q8_0 = 8, T_Q8_1 = 9, T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12,
+    T_Q5_K = 13, T_Q6_K = 14, T_Q8_K = 15, T_IQ4_NL = 20, T_BF16 = 30,
+    T_COUNT = 31
+};
+
+/* activation formats (the `act` of a weight type) */
+enum { ACT_F32 = 0, ACT_Q8_32 = 1, ACT_Q8_K = 2 };
+
+#define QK 32    /* elements per block of the 32-element formats */
+#define QK_K 256 /* elements per super-block of the K-quants */
+#define K_SCALE_SIZE 12
+
+typedef uint16_t f16_t; /* IEEE half, stored as bits */
+
+/* ---- weight blocks (byte layouts exactly as in GGUF) ---- */
+typedef struct { f16_t d; uint8_t qs[QK / 2]; } block_q4_0;               /* 18 B */
+typedef struct { f16_t d, m; uint8_t qs[QK / 2]; } block_q4_1;            /* 20 B */
+typedef struct { f16_t d; uint8_t qh[4]; uint8_t qs[QK / 2]; } block_q5_0; /* 22 B */
+typedef struct { f16_t d, m; uint8_t qh[4]; uint8_t qs[QK / 2]; } block_q5_1; /* 24 B */
+typedef struct { f16_t d; int8_t qs[QK]; } block_q8_0;                     /* 34 B */
+typedef struct { f16_t d; uint8_t qs[QK / 2]; } block_iq4_nl;             /* 18 B */
+typedef struct {
+    uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; f16_t d, dmin;
+} block_q2_K;                                                              /* 84 B */
+typedef struct {
+    uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; f16_t d;
+} block_q3_K;                                                              /* 110 B */
+typedef struct {
+    f16_t d, dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qs[QK_K / 2];
+} block_q4_K;                                                              /* 144 B */
+typedef struct {
+    f16_t d, dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2];
+} block_q5_K;                                                              /* 176 B */
+typedef struct {
+    uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; f16_t d;
+} block_q6_K;                                                              /* 210 B */
+
+/* ---- activation blocks (ours; never stored in files) ---- */
+typedef struct { float d; float s; int8_t qs[QK]; } block_q8_32;          /* s = d*sum(qs) */
+typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K;
+
+/* the 16 IQ4_NL code values (a non-linear 4-bit grid) */
+extern const int8_t kvalues_iq4nl[16];
+
+/* ---- kernel signatures ----
+ * n is the row length in elements; callers guarantee n % block_size == 0.
+ * vec_dot returns sum_i w[i] * a[i] for one weight row w (in its GGUF format)
+ * and one activation row a (in the weight type's activation format). */
+typedef void (*dequant_fn)(const void *restrict w, float *restrict out, int64_t n);
+typedef void (*quantize_fn)(const float *restrict x, void *restrict out, int64_t n);
+typedef float (*vec_dot_fn)(int64_t n, const void *restrict w, const void *restrict a);
+
+/* gemv_fn: out[r] = vec_dot(n, w + r*row_bytes, a) for r in [0, nrows).
+ * A level may provide it to share activation loads across rows; NULL means
+ * the matmul loops over vec_dot. */
+typedef void (*gemv_fn)(int64_t n, const void *restrict w, size_t row_bytes, int nrows,
+                        const void *restrict a, float *restrict out);
+
+typedef struct {
+    dequant_fn dequant[T_COUNT];
+    vec_dot_fn vec_dot[T_COUNT];
+    gemv_fn gemv[T_COUNT];
+    quantize_fn quantize_act[3];   /* by ACT_*; ACT_F32 entry is a plain copy */
+    /* float helpers used by attention and the KV cache */
+    void (*f32_to_f16)(const float *restrict x, f16_t *restrict out, int64_t n);
+    void (*f16_to_f32)(const f16_t *restrict x, float *restrict out, int64_t n);
+    float (*dot_f16_f32)(int64_t n, const f16_t *restrict a, const float *restrict b);
+    /* out[i] += s * f16_to_f32(a[i]) */
+    void (*axpy_f16)(int64_t n, float s, const f16_t *restrict a, float *restrict out);
+    float (*dot_f32)(int64_t n, const float *restrict a, const float *restrict b);
+} kernel_table;
+
+/* ISA levels, in increasing order */
+enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_NEON = 3, ISA_COUNT = 4 };
+
+/* per-level tables: entries a level does not provide are NULL */
+void kernels_fill_scalar(kernel_table *t);
+void kernels_fill_avx2(kernel_table *t);   /* defined only on x86-64 */
+void kernels_fill_avx512(kernel_table *t); /* defined only on x86-64 */
+void kernels_fill_neon(kernel_table *t);   /* defined only on aarch64 */
+
+/* type traits (format facts, independent of ISA) */
+typedef struct {
+    const char *name;
+    int block_size;  /* elements per block */
+    int type_size;   /* bytes per block */
+    int act;         /* ACT_* the vec_dot expects */
+} type_traits;
+
+const type_traits *type_info(int type); /* NULL for an unsupported type */
+size_t act_row_bytes(int act, int64_t n);   /* bytes of one quantized activation row */
+size_t weight_row_bytes(int type, int64_t n);
+
+/* the table for the best level this CPU supports (set up by dispatch_init) */
+extern kernel_table K;
+int dispatch_init(int max_isa);          /* returns the chosen level */
+int dispatch_level(void);
+const kernel_table *dispatch_table(int isa); /* NULL if the CPU lacks that level */
+
+/* scalar fp16 / bf16 conversion, exact (round to nearest even) */
+float fp16_to_fp32(f16_t h);
+f16_t fp32_to_fp16(float f);
+float bf16_to_fp32(uint16_t h);
+
+#endif

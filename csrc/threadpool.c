@@ -1,0 +1,1 @@
+/* threadpool.c: (stub until the core lands) */

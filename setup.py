@@ -1,0 +1,40 @@
+"""Builds the C core (pyllm._native) with cffi.
+
+The portable C files get baseline flags; each per-ISA file gets its own
+(-mavx2 ..., -mavx512f ...), so one build runs on any x86-64 CPU and the
+kernels are picked at run time (csrc/dispatch.c).
+"""
+import os
+import platform
+import sys
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "pyllm"))
+from _build_native import COMMON_FLAGS, CSRC, ISA_SOURCES  # noqa: E402
+
+
+def _machine() -> str:
+    m = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
+
+
+class BuildWithIsaFiles(build_ext):
+    def build_extension(self, ext):
+        objects = []
+        for src, flags in ISA_SOURCES.get(_machine(), []):
+            objects += self.compiler.compile(
+                [os.path.relpath(os.path.join(CSRC, src))],
+                output_dir=self.build_temp,
+                include_dirs=[CSRC],
+                extra_postargs=COMMON_FLAGS + ["-fPIC"] + flags,
+            )
+        ext.extra_objects = list(ext.extra_objects or []) + objects
+        super().build_extension(ext)
+
+
+setup(
+    cffi_modules=["pyllm/_build_native.py:ffibuilder"],
+    cmdclass={"build_ext": BuildWithIsaFiles},
+)
