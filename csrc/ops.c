@@ -1,1 +1,157 @@
-/* ops.c: (stub until the core lands) */
+/* ops.c: embedding lookup, RMSNorm, activation quantization, RoPE, KV-cache
+ * writes, gated activations, elementwise ops. */
+#include <math.h>
+#include <string.h>
+
+#include "core.h"
+
+#define IN_ROW(op, r, t) ((op)->x + (int64_t)((r)->row0 + (t)) * (op)->x_stride)
+#define OUT_ROW(op, t) ((op)->y + (int64_t)(t) * (op)->y_stride)
+
+/* y[t] = dequant(w row tokens[t]) * scale */
+void op_embed(const pyllm_op *op, const op_rows *r, int ith, int nth) {
+    size_t row_bytes = weight_row_bytes(op->type, op->n_in);
+    int64_t lo, hi;
+    split_range(r->rows, ith, nth, 1, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) {
+        const uint8_t *row = (const uint8_t *)op->w + (size_t)r->step->tokens[t] * row_bytes;
+        float *y = OUT_ROW(op, t);
+        K.dequant[op->type](row, y, op->n_in);
+        if (op->scale != 1.0f)
+            for (int64_t i = 0; i < op->n_in; i++) y[i] *= op->scale;
+    }
+}
+
+/* y = x / sqrt(mean(x^2) + eps) * w, over groups of n_in elements
+ * (n_head groups per row: one per head for q/k norms, 1 otherwise) */
+void op_rmsnorm(const pyllm_op *op, const op_rows *r, int ith, int nth) {
+    const float *w = op->w;
+    int64_t n = op->n_in, groups = op->n_head > 0 ? op->n_head : 1;
+    int64_t lo, hi;
+    split_range((int64_t)r->rows * groups, ith, nth, 1, &lo, &hi);
+    for (int64_t item = lo; item < hi; item++) {
+        int64_t t = item / groups, g = item % groups;
+        const float *x = IN_ROW(op, r, t) + g * n;
+        float *y = OUT_ROW(op, t) + g * n;
+        double ss = 0;
+        for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+        float inv = (float)(1.0 / sqrt(ss / (double)n + (double)op->eps));
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] * inv * w[i];
+    }
+}
+
+/* xq[t] = quantize(x[t]): the work is split by blocks, so one row is shared too */
+void op_quantize(const pyllm_op *op, const op_rows *r, int ith, int nth) {
+    int act = op->type;
+    int64_t bs = act == ACT_Q8_K ? QK_K : act == ACT_Q8_32 ? QK : 1;
+    size_t blk_bytes = act_row_bytes(act, bs);
+    size_t row_bytes = act_row_bytes(act, op->n_in);
+    int64_t nb = op->n_in / bs;
+    int64_t lo, hi;
+    /* chunks of 8 blocks keep each thread's writes apart in the cache */
+    split_range((int64_t)r->rows * nb, ith, nth, 8, &lo, &hi);
+    while (lo < hi) {
+        int64_t t = lo / nb, b = lo % nb;
+        int64_t nblk = nb - b < hi - lo ? nb - b : hi - lo;
+        const float *x = IN_ROW(op, r, t) + b * bs;
+        uint8_t *out = (uint8_t *)op->xq + (size_t)t * row_bytes + (size_t)b * blk_bytes;
+        K.quantize_act[act](x, out, nblk * bs);
+        lo += nblk;
+    }
+}
+
+/* rotate the first n_rot dims of each head by angle pos * freq_i:
+ * freq_i = freq_scale * base^(-2i/n_rot) / factor_i. ROPE_NORM rotates
+ * adjacent pairs (2i, 2i+1), ROPE_NEOX the halves (i, i + n_rot/2). */
+static void rope_heads(float *x, int n_head, int head_dim, int n_rot, int mode,
+                       const float *cos_t, const float *sin_t) {
+    int half = n_rot / 2;
+    for (int h = 0; h < n_head; h++) {
+        float *v = x + (int64_t)h * head_dim;
+        for (int i = 0; i < half; i++) {
+            int a = mode == ROPE_NEOX ? i : 2 * i;
+            int b = mode == ROPE_NEOX ? i + half : 2 * i + 1;
+            float x0 = v[a], x1 = v[b];
+            v[a] = x0 * cos_t[i] - x1 * sin_t[i];
+            v[b] = x0 * sin_t[i] + x1 * cos_t[i];
+        }
+    }
+}
+
+void op_rope(const pyllm_op *op, const op_rows *r, int ith, int nth) {
+    float cos_t[MAX_HEAD_DIM / 2], sin_t[MAX_HEAD_DIM / 2];
+    int half = op->n_rot / 2;
+    int64_t lo, hi;
+    split_range(r->rows, ith, nth, 1, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) {
+        double p = (double)r->step->pos[t] * op->freq_scale;
+        for (int i = 0; i < half; i++) {
+            double theta = p * pow((double)op->freq_base, -2.0 * i / op->n_rot);
+            if (op->freq_factors) theta /= op->freq_factors[i];
+            cos_t[i] = (float)cos(theta);
+            sin_t[i] = (float)sin(theta);
+        }
+        if (op->x) rope_heads(op->x + t * op->x_stride, op->n_head, op->head_dim, op->n_rot,
+                              op->rope_mode, cos_t, sin_t);
+        if (op->x2) rope_heads(op->x2 + t * op->x2_stride, op->n_kv_head, op->head_dim, op->n_rot,
+                               op->rope_mode, cos_t, sin_t);
+    }
+}
+
+/* k_cache[pos] = x[t], v_cache[pos] = x2[t] (as f16), through the block table */
+void op_kv_store(const pyllm_op *op, const op_rows *r, int ith, int nth) {
+    const pyllm_step *st = r->step;
+    int64_t kv_dim = (int64_t)op->n_kv_head * op->head_dim;
+    int64_t lo, hi;
+    split_range(r->rows, ith, nth, 1, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) {
+        int32_t p = st->pos[t];
+        size_t slot = (size_t)st->block_table[p / st->block_size] * st->block_size + p % st->block_size;
+        K.f32_to_f16(op->x + t * op->x_stride, op->k_cache + slot * kv_dim, kv_dim);
+        K.f32_to_f16(op->x2 + t * op->x2_stride, op->v_cache + slot * kv_dim, kv_dim);
+    }
+}
+
+static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+
+static inline float gelu_tanh(float x) {
+    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
+    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+}
+
+/* y = act(x) * x2, elementwise over rows of n_in */
+void op_glu(const pyllm_op *op, const op_rows *r, int ith, int nth) {
+    int64_t n = op->n_in, lo, hi;
+    split_range((int64_t)r->rows * n, ith, nth, 64, &lo, &hi);
+    while (lo < hi) {
+        int64_t t = lo / n, i0 = lo % n, i1 = n < i0 + (hi - lo) ? n : i0 + (hi - lo);
+        const float *g = IN_ROW(op, r, t), *u = op->x2 + (int64_t)(r->row0 + t) * op->x2_stride;
+        float *y = OUT_ROW(op, t);
+        if (op->type == GLU_GELU_TANH)
+            for (int64_t i = i0; i < i1; i++) y[i] = gelu_tanh(g[i]) * u[i];
+        else
+            for (int64_t i = i0; i < i1; i++) y[i] = silu(g[i]) * u[i];
+        lo += i1 - i0;
+    }
+}
+
+/* y += x */
+void op_add(const pyllm_op *op, const op_rows *r, int ith, int nth) {
+    int64_t n = op->n_in, lo, hi;
+    split_range(r->rows, ith, nth, 1, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) {
+        const float *x = IN_ROW(op, r, t);
+        float *y = OUT_ROW(op, t);
+        for (int64_t i = 0; i < n; i++) y[i] += x[i];
+    }
+}
+
+/* y *= scale */
+void op_scale(const pyllm_op *op, const op_rows *r, int ith, int nth) {
+    int64_t n = op->n_in, lo, hi;
+    split_range(r->rows, ith, nth, 1, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) {
+        float *y = OUT_ROW(op, t);
+        for (int64_t i = 0; i < n; i++) y[i] *= op->scale;
+    }
+}

@@ -1,21 +1,282 @@
-/* program.c: runs an op program for one step (stub until the core lands) */
-#include <stdint.h>
-#include <stddef.h>
-#include "pyllm.h"
+/* program.c: runs an op program for one step: the one FFI call per step.
+ *
+ * pyllm_program_check() validates a program once, when Python builds it;
+ * pyllm_run() validates the step (token ids, positions, block table), then
+ * every thread walks the op list, with a barrier after each op unless the
+ * op says the next one does not depend on it.
+ */
+#define _GNU_SOURCE
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
-const char *pyllm_error(void) { return "not implemented"; }
-pyllm_ctx *pyllm_ctx_new(int n_threads) { (void)n_threads; return NULL; }
-void pyllm_ctx_free(pyllm_ctx *ctx) { (void)ctx; }
-int pyllm_ctx_threads(const pyllm_ctx *ctx) { (void)ctx; return 0; }
-int pyllm_program_check(const pyllm_op *ops, int n_ops) { (void)ops; (void)n_ops; return 1; }
+#include "core.h"
+#include "threadpool.h"
+
+#define MAX_THREADS 256
+
+static _Thread_local char err_buf[512];
+
+static int fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err_buf, sizeof err_buf, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+const char *pyllm_error(void) { return err_buf; }
+
+typedef struct {
+    double op_ns[OP_KIND_COUNT];
+    double matmul_type_ns[32];
+    double busy_ns;
+    char pad[64];
+} thread_profile;
+
+struct pyllm_ctx {
+    threadpool *pool;
+    int n_threads;
+    int profile;
+    thread_profile *prof; /* [n_threads] */
+    double wall_ns;
+};
+
+static inline double now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+pyllm_ctx *pyllm_ctx_new(int n_threads) {
+    if (n_threads < 1 || n_threads > MAX_THREADS) {
+        fail("thread count %d is outside 1..%d", n_threads, MAX_THREADS);
+        return NULL;
+    }
+    dispatch_init(ISA_COUNT);
+    pyllm_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return NULL;
+    ctx->n_threads = n_threads;
+    ctx->prof = calloc((size_t)n_threads, sizeof(thread_profile));
+    ctx->pool = threadpool_new(n_threads);
+    if (!ctx->pool || !ctx->prof) {
+        fail("could not start %d threads", n_threads);
+        pyllm_ctx_free(ctx);
+        return NULL;
+    }
+    return ctx;
+}
+
+void pyllm_ctx_free(pyllm_ctx *ctx) {
+    if (!ctx) return;
+    threadpool_free(ctx->pool);
+    free(ctx->prof);
+    free(ctx);
+}
+
+int pyllm_ctx_threads(const pyllm_ctx *ctx) { return ctx->n_threads; }
+
+/* ---- validation ---- */
+
+static int check_op(const pyllm_op *op) {
+    const type_traits *tt;
+    switch (op->kind) {
+    case OP_EMBED:
+    case OP_MATMUL:
+        tt = type_info(op->type);
+        if (!tt || !K.vec_dot[op->type] || !K.dequant[op->type])
+            return fail("weight type %d is not supported by the kernels", op->type);
+        if (op->n_in <= 0 || op->n_in % tt->block_size)
+            return fail("row length %lld is not a whole number of %s blocks", (long long)op->n_in, tt->name);
+        if (op->n_out <= 0 || !op->w || !op->y) return fail("missing weights, output or size");
+        if (op->kind == OP_MATMUL) {
+            if (tt->act == ACT_F32 ? !op->x : !op->xq) return fail("matmul input missing");
+            if (tt->act == ACT_F32 && op->x_stride < op->n_in) return fail("input stride below row length");
+            if (op->y_stride < op->n_out) return fail("output stride below row length");
+        } else if (op->y_stride < op->n_in) {
+            return fail("output stride below row length");
+        }
+        return 0;
+    case OP_RMSNORM:
+        if (!op->w || !op->x || !op->y || op->n_in <= 0) return fail("rmsnorm: missing weight or buffers");
+        if (op->x_stride < op->n_in * (op->n_head > 0 ? op->n_head : 1)) return fail("rmsnorm: bad stride");
+        return 0;
+    case OP_QUANTIZE:
+        if (op->type != ACT_Q8_32 && op->type != ACT_Q8_K) return fail("unknown activation format %d", op->type);
+        if (op->n_in % (op->type == ACT_Q8_K ? QK_K : QK)) return fail("quantize: row length not whole blocks");
+        if (!op->x || !op->xq || op->x_stride < op->n_in) return fail("quantize: missing buffers");
+        return 0;
+    case OP_ROPE:
+        if (op->head_dim <= 0 || op->head_dim > MAX_HEAD_DIM || op->n_rot <= 0 || op->n_rot > op->head_dim ||
+            op->n_rot % 2)
+            return fail("rope: bad head size %d / rotated dims %d", op->head_dim, op->n_rot);
+        if (op->x && op->x_stride < (int64_t)op->n_head * op->head_dim) return fail("rope: bad query stride");
+        if (op->x2 && op->x2_stride < (int64_t)op->n_kv_head * op->head_dim) return fail("rope: bad key stride");
+        return 0;
+    case OP_KV_STORE:
+    case OP_ATTENTION:
+        if (op->head_dim <= 0 || op->head_dim > MAX_HEAD_DIM) return fail("head size %d unsupported", op->head_dim);
+        if (op->n_kv_head <= 0 || op->n_head <= 0 || op->n_head % op->n_kv_head)
+            return fail("%d query heads cannot share %d key/value heads", op->n_head, op->n_kv_head);
+        if (!op->k_cache || !op->v_cache || !op->x) return fail("missing KV cache or input");
+        if (op->kind == OP_KV_STORE && !op->x2) return fail("missing values");
+        if (op->kind == OP_ATTENTION && !op->y) return fail("missing output");
+        return 0;
+    case OP_GLU:
+        if (op->type != GLU_SILU && op->type != GLU_GELU_TANH) return fail("unknown gate activation %d", op->type);
+        /* fall through */
+    case OP_ADD:
+        if (!op->x) return fail("missing input");
+        /* fall through */
+    case OP_SCALE:
+        if (!op->y || op->n_in <= 0) return fail("missing output");
+        if (op->kind == OP_GLU && !op->x2) return fail("missing second input");
+        return 0;
+    default:
+        return fail("unknown op kind %d", op->kind);
+    }
+}
+
+int pyllm_program_check(const pyllm_op *ops, int n_ops) {
+    dispatch_init(ISA_COUNT);
+    if (!ops || n_ops <= 0) { fail("empty program"); return 1; }
+    for (int i = 0; i < n_ops; i++) {
+        if (check_op(&ops[i]) != 0) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "op %d (layer %d): %s", i, ops[i].layer, err_buf);
+            memcpy(err_buf, msg, sizeof msg);
+            return i + 1;
+        }
+    }
+    return 0;
+}
+
+static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
+    if (st->n_tokens < 1) return fail("empty batch");
+    if (st->n_out < 1 || st->n_out > st->n_tokens) return fail("n_out %d outside 1..%d", st->n_out, st->n_tokens);
+    if (!st->tokens || !st->pos) return fail("missing tokens or positions");
+    if (st->block_size < 1 || !st->block_table || st->n_table < 1) return fail("missing KV block table");
+    for (int i = 0; i < st->n_table; i++)
+        if (st->block_table[i] < 0 || st->block_table[i] >= st->pool_blocks)
+            return fail("KV block id %d outside the pool of %d", st->block_table[i], st->pool_blocks);
+    int64_t capacity = (int64_t)st->n_table * st->block_size;
+    for (int t = 0; t < st->n_tokens; t++)
+        if (st->pos[t] < 0 || st->pos[t] >= capacity)
+            return fail("position %d outside the %lld the block table holds", st->pos[t], (long long)capacity);
+    for (int i = 0; i < n_ops; i++) {
+        if (ops[i].kind != OP_EMBED) continue;
+        for (int t = 0; t < st->n_tokens; t++)
+            if (st->tokens[t] < 0 || st->tokens[t] >= ops[i].n_out)
+                return fail("token id %d outside the vocabulary of %lld", st->tokens[t], (long long)ops[i].n_out);
+    }
+    return 0;
+}
+
+/* ---- execution ---- */
+
+typedef struct {
+    pyllm_ctx *ctx;
+    const pyllm_op *ops;
+    int n_ops;
+    const pyllm_step *step;
+} job;
+
+static void exec_op(const pyllm_op *op, const pyllm_step *st, int ith, int nth) {
+    op_rows r = {st, st->n_tokens, 0};
+    if (op->flags & OPF_LAST_ROWS) {
+        r.rows = st->n_out;
+        r.row0 = st->n_tokens - st->n_out;
+    } else if (op->flags & OPF_OUT_ROWS) {
+        r.rows = st->n_out;
+    }
+    switch (op->kind) {
+    case OP_EMBED: op_embed(op, &r, ith, nth); break;
+    case OP_RMSNORM: op_rmsnorm(op, &r, ith, nth); break;
+    case OP_QUANTIZE: op_quantize(op, &r, ith, nth); break;
+    case OP_MATMUL: op_matmul(op, &r, ith, nth); break;
+    case OP_ROPE: op_rope(op, &r, ith, nth); break;
+    case OP_KV_STORE: op_kv_store(op, &r, ith, nth); break;
+    case OP_ATTENTION: op_attention(op, &r, ith, nth); break;
+    case OP_GLU: op_glu(op, &r, ith, nth); break;
+    case OP_ADD: op_add(op, &r, ith, nth); break;
+    case OP_SCALE: op_scale(op, &r, ith, nth); break;
+    }
+}
+
+static void run_job(void *arg, int ith, int nth) {
+    job *j = arg;
+    thread_profile *prof = j->ctx->profile ? &j->ctx->prof[ith] : NULL;
+    for (int i = 0; i < j->n_ops; i++) {
+        const pyllm_op *op = &j->ops[i];
+        if (prof) {
+            double t0 = now_ns();
+            exec_op(op, j->step, ith, nth);
+            double dt = now_ns() - t0;
+            prof->op_ns[op->kind] += dt;
+            prof->busy_ns += dt;
+            if (op->kind == OP_MATMUL) prof->matmul_type_ns[op->type & 31] += dt;
+        } else {
+            exec_op(op, j->step, ith, nth);
+        }
+        if (!(op->flags & OPF_NO_SYNC)) threadpool_barrier(j->ctx->pool);
+    }
+}
+
 int pyllm_run(pyllm_ctx *ctx, const pyllm_op *ops, int n_ops, const pyllm_step *step) {
-    (void)ctx; (void)ops; (void)n_ops; (void)step; return -1;
+    if (!ctx || !ops || !step) return fail("null argument");
+    if (check_step(ops, n_ops, step) != 0) return -1;
+    job j = {ctx, ops, n_ops, step};
+    double t0 = ctx->profile ? now_ns() : 0;
+    threadpool_run(ctx->pool, run_job, &j);
+    if (ctx->profile) ctx->wall_ns += now_ns() - t0;
+    return 0;
 }
-void pyllm_profile_enable(pyllm_ctx *ctx, int on) { (void)ctx; (void)on; }
-void pyllm_profile_reset(pyllm_ctx *ctx) { (void)ctx; }
-void pyllm_profile_read(const pyllm_ctx *ctx, double *a, double *b, double *c, double *d) {
-    (void)ctx; (void)a; (void)b; (void)c; (void)d;
+
+/* ---- profile ---- */
+
+void pyllm_profile_enable(pyllm_ctx *ctx, int on) { ctx->profile = on; }
+
+void pyllm_profile_reset(pyllm_ctx *ctx) {
+    memset(ctx->prof, 0, (size_t)ctx->n_threads * sizeof(thread_profile));
+    ctx->wall_ns = 0;
 }
+
+void pyllm_profile_read(const pyllm_ctx *ctx, double *op_ns, double *thread_busy_ns, double *matmul_type_ns,
+                        double *wall_ns) {
+    for (int k = 0; k < OP_KIND_COUNT; k++) op_ns[k] = 0;
+    for (int k = 0; k < 32; k++) matmul_type_ns[k] = 0;
+    for (int t = 0; t < ctx->n_threads; t++) {
+        for (int k = 0; k < OP_KIND_COUNT; k++) op_ns[k] += ctx->prof[t].op_ns[k];
+        for (int k = 0; k < 32; k++) matmul_type_ns[k] += ctx->prof[t].matmul_type_ns[k];
+        thread_busy_ns[t] = ctx->prof[t].busy_ns;
+    }
+    *wall_ns = ctx->wall_ns;
+}
+
+/* ---- memory bandwidth: every thread sums its share of buf, reps times ---- */
+
+typedef struct { const float *buf; size_t n; int reps; double sums[MAX_THREADS]; } membw_job;
+
+static void membw_run(void *arg, int ith, int nth) {
+    membw_job *j = arg;
+    int64_t lo, hi;
+    split_range((int64_t)j->n, ith, nth, 1024, &lo, &hi);
+    double total = 0;
+    for (int r = 0; r < j->reps; r++) total += K.dot_f32(hi - lo, j->buf + lo, j->buf + lo);
+    j->sums[ith] = total;
+}
+
 double pyllm_membw(pyllm_ctx *ctx, const void *buf, size_t bytes, int reps) {
-    (void)ctx; (void)buf; (void)bytes; (void)reps; return 0;
+    membw_job *j = calloc(1, sizeof *j);
+    if (!j || reps < 1) { free(j); return 0; }
+    j->buf = buf;
+    j->n = bytes / sizeof(float);
+    j->reps = reps;
+    double t0 = now_ns();
+    threadpool_run(ctx->pool, membw_run, j);
+    double dt = now_ns() - t0;
+    free(j);
+    return (double)bytes * reps / dt; /* bytes per ns = GB/s */
 }

@@ -26,8 +26,10 @@ enum pyllm_op_kind {
 
 enum pyllm_op_flags {
     OPF_ACCUMULATE = 1, /* MATMUL: add into y instead of overwriting */
-    OPF_LAST_ROWS = 2,  /* only the last step.n_out rows (final norm and logits) */
-    OPF_NO_SYNC = 4     /* no barrier after this op (the next op does not read its output) */
+    OPF_LAST_ROWS = 2,  /* reads the last step.n_out input rows, writes output rows 0.. (the
+                           first op of the output head) */
+    OPF_NO_SYNC = 4,    /* no barrier after this op (the next op does not touch its output) */
+    OPF_OUT_ROWS = 8    /* only rows 0 .. step.n_out-1 (the rest of the output head) */
 };
 
 enum pyllm_glu { GLU_SILU = 0, GLU_GELU_TANH = 1 };

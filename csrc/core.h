@@ -1,0 +1,44 @@
+/* core.h: the op kernels that program.c runs, one function per op kind.
+ *
+ * Each runs on every thread of the pool (ith of nth) and does its share of
+ * the op's rows; program.c puts a barrier between ops. `rows` is how many
+ * rows the op processes and `row0` the first input row (OPF_LAST_ROWS ops
+ * read the last rows of their input and write rows 0.. of their output).
+ */
+#ifndef PYLLM_CORE_H
+#define PYLLM_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pyllm.h"
+#include "quants.h"
+
+#define MAX_HEAD_DIM 512
+
+typedef struct {
+    const pyllm_step *step;
+    int rows;
+    int row0;
+} op_rows;
+
+/* the share [*lo, *hi) of n items that thread ith of nth does, in multiples of `align` */
+static inline void split_range(int64_t n, int ith, int nth, int64_t align, int64_t *lo, int64_t *hi) {
+    int64_t chunks = (n + align - 1) / align;
+    int64_t a = chunks * ith / nth, b = chunks * (ith + 1) / nth;
+    *lo = a * align < n ? a * align : n;
+    *hi = b * align < n ? b * align : n;
+}
+
+void op_embed(const pyllm_op *op, const op_rows *r, int ith, int nth);
+void op_rmsnorm(const pyllm_op *op, const op_rows *r, int ith, int nth);
+void op_quantize(const pyllm_op *op, const op_rows *r, int ith, int nth);
+void op_matmul(const pyllm_op *op, const op_rows *r, int ith, int nth);
+void op_rope(const pyllm_op *op, const op_rows *r, int ith, int nth);
+void op_kv_store(const pyllm_op *op, const op_rows *r, int ith, int nth);
+void op_attention(const pyllm_op *op, const op_rows *r, int ith, int nth);
+void op_glu(const pyllm_op *op, const op_rows *r, int ith, int nth);
+void op_add(const pyllm_op *op, const op_rows *r, int ith, int nth);
+void op_scale(const pyllm_op *op, const op_rows *r, int ith, int nth);
+
+#endif

@@ -1,0 +1,267 @@
+"""The forward step as a program of ops, described once per model.
+
+An architecture file (pyllm/arch/*.py) calls these methods in the order of
+its math; each call appends op records that name activation buffers (rows of
+floats, one row per token) and weight tensors. A backend then binds the
+names to memory and runs the whole list in one call per step.
+
+What the builder works out, so architecture files stay plain math:
+- activation quantization: a linear layer over a buffer gets an OP_QUANTIZE
+  into the format its weight type's dot product takes, emitted once and
+  shared by every linear layer that reads the same buffer version (q/k/v,
+  gate/up);
+- barriers: an op gets no barrier after it when nothing up to the next
+  barrier reads or writes what it touches (the q, k and v matmuls run back
+  to back, for instance).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from .model_file import Tensor
+
+# op kinds and flags: csrc/pyllm.h
+OP_EMBED, OP_RMSNORM, OP_QUANTIZE, OP_MATMUL, OP_ROPE = 1, 2, 3, 4, 5
+OP_KV_STORE, OP_ATTENTION, OP_GLU, OP_ADD, OP_SCALE = 6, 7, 8, 9, 10
+OP_NAMES = {OP_EMBED: "embed", OP_RMSNORM: "rmsnorm", OP_QUANTIZE: "quantize", OP_MATMUL: "matmul",
+            OP_ROPE: "rope", OP_KV_STORE: "kv_store", OP_ATTENTION: "attention", OP_GLU: "glu",
+            OP_ADD: "add", OP_SCALE: "scale"}
+OPF_ACCUMULATE, OPF_LAST_ROWS, OPF_NO_SYNC, OPF_OUT_ROWS = 1, 2, 4, 8
+GLU_SILU, GLU_GELU_TANH = 0, 1
+ROPE_NORM, ROPE_NEOX = 0, 2
+
+# activation formats (csrc/quants.h) and the one each weight type's dot product takes
+ACT_F32, ACT_Q8_32, ACT_Q8_K = 0, 1, 2
+ACT_BLOCK = {ACT_F32: 1, ACT_Q8_32: 32, ACT_Q8_K: 256}
+ACT_BLOCK_BYTES = {ACT_F32: 4, ACT_Q8_32: 40, ACT_Q8_K: 292}
+_TYPE_ACT = {0: ACT_F32, 1: ACT_F32, 30: ACT_F32,                      # F32, F16, BF16
+             2: ACT_Q8_32, 3: ACT_Q8_32, 6: ACT_Q8_32, 7: ACT_Q8_32,   # Q4_0 Q4_1 Q5_0 Q5_1
+             8: ACT_Q8_32, 20: ACT_Q8_32,                              # Q8_0 IQ4_NL
+             10: ACT_Q8_K, 11: ACT_Q8_K, 12: ACT_Q8_K, 13: ACT_Q8_K, 14: ACT_Q8_K}  # Q2_K..Q6_K
+SUPPORTED_WEIGHT_TYPES = frozenset(_TYPE_ACT)
+
+
+def act_format(weight_type: int) -> int:
+    return _TYPE_ACT[weight_type]
+
+
+def act_row_bytes(act: int, n: int) -> int:
+    return n // ACT_BLOCK[act] * ACT_BLOCK_BYTES[act]
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """Rows of float32 activations; `rows` is 'batch' (one per token of the
+    step) or 'out' (one per output row: the logits head)."""
+    name: str
+    width: int
+    rows: str = "batch"
+
+
+@dataclass(frozen=True)
+class View:
+    """Columns [offset, offset + width) of a buffer (e.g. q inside a fused qkv)."""
+    buf: Buffer
+    offset: int
+    width: int
+
+    @property
+    def name(self) -> str:
+        return self.buf.name
+
+    def cols(self, offset: int, width: int) -> "View":
+        assert offset + width <= self.width
+        return View(self.buf, self.offset + offset, width)
+
+
+@dataclass(frozen=True)
+class QBuffer:
+    """Quantized rows of a float buffer, in activation format `act`."""
+    name: str
+    act: int
+    n: int  # elements per row
+
+    @property
+    def row_bytes(self) -> int:
+        return act_row_bytes(self.act, self.n)
+
+
+@dataclass
+class Op:
+    kind: int
+    layer: int = -1
+    flags: int = 0
+    type: int = 0
+    weight: Optional[Tensor] = None        # EMBED / MATMUL
+    vector: Optional[np.ndarray] = None    # RMSNORM weight (float32)
+    bias: Optional[np.ndarray] = None      # MATMUL bias (float32)
+    x: Optional[View] = None
+    x2: Optional[View] = None
+    xq: Optional[QBuffer] = None
+    y: Optional[View] = None
+    n_in: int = 0
+    n_out: int = 0
+    n_head: int = 0
+    n_kv_head: int = 0
+    head_dim: int = 0
+    n_rot: int = 0
+    rope_mode: int = 0
+    window: int = 0
+    eps: float = 0.0
+    scale: float = 1.0
+    freq_base: float = 10000.0
+    freq_scale: float = 1.0
+    freq_factors: Optional[np.ndarray] = None
+    softcap: float = 0.0
+    kv_layer: int = -1                     # KV_STORE / ATTENTION: which layer's cache
+    reads: frozenset = field(default_factory=frozenset)
+    writes: frozenset = field(default_factory=frozenset)
+
+
+class Graph:
+    """Builds the op list of one forward step."""
+
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+        self.buffers: dict[str, Buffer] = {}
+        self.qbuffers: dict[str, QBuffer] = {}
+        self.kv_layers: dict[int, tuple[int, int]] = {}   # layer -> (n_kv_head, head_dim)
+        self._version: dict[str, int] = {}                # writes seen per buffer
+        self._quantized: dict[tuple[str, int, int], tuple[int, QBuffer]] = {}
+        self._epoch_reads: set = set()
+        self._epoch_writes: set = set()
+        self.layer = -1                                    # set by the architecture's loop
+        self._head = False                                 # inside the output head
+        self._head_ops = 0
+
+    # -- buffers ---------------------------------------------------------------
+    def buffer(self, name: str, width: int) -> View:
+        rows = "out" if self._head else "batch"
+        buf = self.buffers.get(name)
+        if buf is None:
+            buf = self.buffers[name] = Buffer(name, width, rows)
+        elif buf.width != width or buf.rows != rows:
+            raise ValueError(f"buffer {name} reused with another shape")
+        return View(buf, 0, width)
+
+    def _out(self, out: str | View, width: int) -> View:
+        return out if isinstance(out, View) else self.buffer(out, width)
+
+    # -- op emission -------------------------------------------------------------
+    def _emit(self, op: Op, reads: set, writes: set) -> Op:
+        op.layer = self.layer
+        if self._head:
+            # the head's first op picks the last n_out rows; the rest work on those
+            op.flags |= OPF_OUT_ROWS if self._head_ops else OPF_LAST_ROWS
+            self._head_ops += 1
+        op.reads, op.writes = frozenset(reads), frozenset(writes)
+        # barrier before this op if it touches what the current epoch writes, or
+        # writes what it reads; otherwise it joins the epoch without one
+        conflict = (writes & (self._epoch_reads | self._epoch_writes)) or (reads & self._epoch_writes)
+        if self.ops and not conflict:
+            self.ops[-1].flags |= OPF_NO_SYNC
+            self._epoch_reads |= reads
+            self._epoch_writes |= writes
+        else:
+            self._epoch_reads, self._epoch_writes = set(reads), set(writes)
+        for name in writes:
+            self._version[name] = self._version.get(name, 0) + 1
+        self.ops.append(op)
+        return op
+
+    def head(self) -> None:
+        """Everything after this is the output head: it runs only on the rows
+        whose logits are wanted (the last token when generating)."""
+        self._head = True
+
+    # -- ops -------------------------------------------------------------------
+    def embed(self, w: Tensor, out: str = "x", scale: float = 1.0) -> View:
+        n_in, n_vocab = w.shape
+        y = self._out(out, n_in)
+        self._emit(Op(OP_EMBED, type=w.type, weight=w, y=y, n_in=n_in, n_out=n_vocab, scale=scale),
+                   set(), {y.name})
+        return y
+
+    def rmsnorm(self, x: View, w: np.ndarray, eps: float, out: str | View, groups: int = 1) -> View:
+        """RMSNorm over `groups` equal parts of each row (one per head for q/k norms)."""
+        n = x.width // groups
+        assert n * groups == x.width and w.shape == (n,)
+        y = self._out(out, x.width)
+        self._emit(Op(OP_RMSNORM, vector=w, x=x, y=y, n_in=n, n_head=groups, eps=eps),
+                   {x.name}, {y.name})
+        return y
+
+    def quantized(self, x: View, act: int) -> QBuffer:
+        """x in activation format `act`, quantized once per version of x."""
+        key = (x.name, x.offset, act)
+        version = self._version.get(x.name, 0)
+        cached = self._quantized.get(key)
+        if cached and cached[0] == version:
+            return cached[1]
+        name = f"{x.name}@{x.offset}.q{act}"
+        qb = self.qbuffers.setdefault(name, QBuffer(name, act, x.width))
+        self._emit(Op(OP_QUANTIZE, type=act, x=x, xq=qb, n_in=x.width), {x.name}, {name})
+        self._quantized[key] = (self._version.get(x.name, 0), qb)
+        return qb
+
+    def linear(self, x: View, w: Tensor, out: str | View, bias: Optional[np.ndarray] = None,
+               accumulate: bool = False) -> View:
+        """out (+)= W x (+ bias). W is stored [n_out rows][n_in]: GGUF shape (n_in, n_out)."""
+        n_in, n_out = w.shape[0], w.rows
+        assert n_in == x.width, f"{w.name}: input width {x.width} != {n_in}"
+        y = self._out(out, n_out)
+        act = act_format(w.type)
+        reads = {x.name}
+        xq = None
+        if act != ACT_F32:
+            xq = self.quantized(x, act)
+            reads = {xq.name}
+        if accumulate:
+            reads.add(y.name)
+        self._emit(Op(OP_MATMUL, flags=OPF_ACCUMULATE if accumulate else 0, type=w.type, weight=w,
+                      bias=bias, x=x, xq=xq, y=y, n_in=n_in, n_out=n_out), reads, {y.name})
+        return y
+
+    def rope(self, q: Optional[View], k: Optional[View], n_head: int, n_kv_head: int, head_dim: int,
+             n_rot: int, mode: int, freq_base: float, freq_scale: float = 1.0,
+             freq_factors: Optional[np.ndarray] = None) -> None:
+        names = {v.name for v in (q, k) if v is not None}
+        self._emit(Op(OP_ROPE, x=q, x2=k, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
+                      n_rot=n_rot, rope_mode=mode, freq_base=freq_base, freq_scale=freq_scale,
+                      freq_factors=freq_factors), names, names)
+
+    def attention(self, q: View, k: View, v: View, n_head: int, n_kv_head: int, head_dim: int,
+                  scale: float, out: str | View, window: int = 0, softcap: float = 0.0) -> View:
+        """Stores this step's k, v in the layer's KV cache, then attends over it."""
+        layer = self.layer
+        self.kv_layers[layer] = (n_kv_head, head_dim)
+        kv = f"kv{layer}"
+        self._emit(Op(OP_KV_STORE, x=k, x2=v, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
+                      kv_layer=layer), {k.name, v.name}, {kv})
+        y = self._out(out, n_head * head_dim)
+        self._emit(Op(OP_ATTENTION, x=q, y=y, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
+                      scale=scale, window=window, softcap=softcap, kv_layer=layer),
+                   {q.name, kv}, {y.name})
+        return y
+
+    def glu(self, gate: View, up: View, kind: int, out: str | View) -> View:
+        """out = act(gate) * up"""
+        y = self._out(out, gate.width)
+        self._emit(Op(OP_GLU, type=kind, x=gate, x2=up, y=y, n_in=gate.width), {gate.name, up.name}, {y.name})
+        return y
+
+    def add(self, x: View, into: View) -> View:
+        self._emit(Op(OP_ADD, x=x, y=into, n_in=x.width), {x.name, into.name}, {into.name})
+        return into
+
+    def scale(self, y: View, s: float) -> View:
+        self._emit(Op(OP_SCALE, y=y, n_in=y.width, scale=s), {y.name}, {y.name})
+        return y
+
+    # -- summary -----------------------------------------------------------------
+    @property
+    def n_barriers(self) -> int:
+        return sum(1 for op in self.ops if not op.flags & OPF_NO_SYNC)

