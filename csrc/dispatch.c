@@ -1,2 +1,179 @@
-/* dispatch.c (stub) */
+/* dispatch.c: picks the kernel table for this CPU at run time.
+ *
+ * One table per ISA level is built once (pthread_once): the scalar entries
+ * first, then each level up to it overwrites the entries it provides. The
+ * global K is a copy of the table of the current level.
+ *
+ * Initialization contract (the core relies on this):
+ *   - dispatch_init(max_isa) is idempotent and cheap. The first call (from
+ *     anywhere) sets K to the best level the CPU has that is <= max_isa.
+ *     Later calls never raise the level: they only lower it when max_isa is
+ *     below the current one. So pyllm_ctx_new() may call
+ *     dispatch_init(ISA_COUNT) every time without undoing a level a test
+ *     forced with pyllm_set_level().
+ *   - dispatch_set_level(isa) (pyllm_set_level) sets K to exactly that level
+ *     (if the CPU has it), up or down.
+ *   - The kernel_api.c entry points call dispatch_init(ISA_COUNT) lazily.
+ *   Changing the level while another thread runs kernels is not supported.
+ *
+ * Environment (read once, at the first init; for debugging and tests):
+ *   PYLLM_MAX_ISA=scalar|avx2|avx512|neon  caps the level of the first init
+ *   PYLLM_AVX512_VNNI=0                     AVX-512 kernels use BW maddubs even
+ *                                           where the CPU has VNNI
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "quants.h"
+
+kernel_table K;
+
+/* read by x86/avx512.c when it fills its table: use vpdpbusd */
+int pyllm_avx512_vnni = 0;
+
+static kernel_table tables[ISA_COUNT];
+static int available[ISA_COUNT];
+static int env_max_isa = ISA_COUNT;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int level = -1; /* -1: K not set up yet */
+
+static void detect(void) {
+    available[ISA_SCALAR] = 1;
+#if defined(__x86_64__) || defined(_M_X64)
+    __builtin_cpu_init();
+    available[ISA_AVX2] = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+    available[ISA_AVX512] = available[ISA_AVX2] && __builtin_cpu_supports("avx512f") &&
+                            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                            __builtin_cpu_supports("avx512dq");
+    pyllm_avx512_vnni = available[ISA_AVX512] && __builtin_cpu_supports("avx512vnni");
+    const char *v = getenv("PYLLM_AVX512_VNNI");
+    if (v && v[0] == '0') pyllm_avx512_vnni = 0;
+#elif defined(__aarch64__)
+    available[ISA_NEON] = 1; /* Advanced SIMD is mandatory on AArch64 */
+#endif
+    const char *m = getenv("PYLLM_MAX_ISA");
+    if (m) {
+        if (!strcmp(m, "scalar")) env_max_isa = ISA_SCALAR;
+        else if (!strcmp(m, "avx2")) env_max_isa = ISA_AVX2;
+        else if (!strcmp(m, "avx512")) env_max_isa = ISA_AVX512;
+        else if (!strcmp(m, "neon")) env_max_isa = ISA_NEON;
+    }
+}
+
+/* copy the non-NULL entries of src over dst */
+static void overlay(kernel_table *dst, const kernel_table *src) {
+#define OV(f) if (src->f) dst->f = src->f
+    for (int i = 0; i < T_COUNT; i++) {
+        OV(dequant[i]);
+        OV(vec_dot[i]);
+        OV(gemv[i]);
+    }
+    for (int i = 0; i < 3; i++) OV(quantize_act[i]);
+    OV(f32_to_f16);
+    OV(f16_to_f32);
+    OV(dot_f16_f32);
+    OV(axpy_f16);
+    OV(dot_f32);
+#undef OV
+}
+
+static void build_tables(void) {
+    detect();
+    kernels_fill_scalar(&tables[ISA_SCALAR]);
+#if defined(__x86_64__) || defined(_M_X64)
+    kernel_table t;
+    if (available[ISA_AVX2]) {
+        tables[ISA_AVX2] = tables[ISA_SCALAR];
+        memset(&t, 0, sizeof t);
+        kernels_fill_avx2(&t);
+        overlay(&tables[ISA_AVX2], &t);
+    }
+    if (available[ISA_AVX512]) {
+        tables[ISA_AVX512] = tables[ISA_AVX2];
+        memset(&t, 0, sizeof t);
+        kernels_fill_avx512(&t);
+        overlay(&tables[ISA_AVX512], &t);
+    }
+#elif defined(__aarch64__)
+    kernel_table t;
+    tables[ISA_NEON] = tables[ISA_SCALAR];
+    memset(&t, 0, sizeof t);
+    kernels_fill_neon(&t);
+    overlay(&tables[ISA_NEON], &t);
+#endif
+}
+
+static void ensure_tables(void) { pthread_once(&once, build_tables); }
+
+int dispatch_available(int isa) {
+    ensure_tables();
+    return isa >= 0 && isa < ISA_COUNT && available[isa];
+}
+
+/* the best available level <= max_isa */
+static int best_level(int max_isa) {
+    int best = ISA_SCALAR;
+    for (int i = 0; i < ISA_COUNT && i <= max_isa; i++)
+        if (available[i]) best = i;
+    return best;
+}
+
+int dispatch_init(int max_isa) {
+    ensure_tables();
+    pthread_mutex_lock(&lock);
+    if (level < 0) {
+        level = best_level(max_isa < env_max_isa ? max_isa : env_max_isa);
+        K = tables[level];
+    } else if (max_isa < level) {
+        level = best_level(max_isa);
+        K = tables[level];
+    }
+    int r = level;
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+int dispatch_set_level(int isa) {
+    if (!dispatch_available(isa)) return -1;
+    pthread_mutex_lock(&lock);
+    level = isa;
+    K = tables[isa];
+    pthread_mutex_unlock(&lock);
+    return isa;
+}
+
+int dispatch_level(void) {
+    if (level < 0) dispatch_init(ISA_COUNT);
+    return level;
+}
+
+int dispatch_cpu_level(void) {
+    ensure_tables();
+    return best_level(ISA_COUNT);
+}
+
+const kernel_table *dispatch_table(int isa) {
+    if (!dispatch_available(isa)) return NULL;
+    return &tables[isa];
+}
+
+/* the level's own entries (not those inherited from below), for
+ * pyllm_kernel_provided; NULL if unavailable */
+int dispatch_own(int isa, kernel_table *out) {
+    if (!dispatch_available(isa)) return -1;
+    memset(out, 0, sizeof *out);
+    switch (isa) {
+    case ISA_SCALAR: kernels_fill_scalar(out); break;
+#if defined(__x86_64__) || defined(_M_X64)
+    case ISA_AVX2: kernels_fill_avx2(out); break;
+    case ISA_AVX512: kernels_fill_avx512(out); break;
+#elif defined(__aarch64__)
+    case ISA_NEON: kernels_fill_neon(out); break;
+#endif
+    default: return -1;
+    }
+    return 0;
+}

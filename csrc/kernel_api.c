@@ -1,17 +1,121 @@
-/* kernel_api.c (stub) */
+/* kernel_api.c: the kernel entry points of pyllm.h, for tests and tools.
+ *
+ * Every function validates its arguments and returns -1 (never crashes) for
+ * an unknown type or activation format, a length that is not a positive
+ * multiple of the block size, a level this CPU does not have, or a kernel the
+ * level's table lacks. They run the table of the level asked for (with its
+ * fallbacks from lower levels), not K, so tests can compare levels directly.
+ */
 #include <stdint.h>
 #include <stddef.h>
+
 #include "pyllm.h"
-int pyllm_cpu_level(void) { return 0; }
-int pyllm_level_available(int isa) { return isa == 0; }
-int pyllm_set_level(int isa) { return isa == 0 ? 0 : -1; }
-int pyllm_get_level(void) { return 0; }
-int pyllm_type_supported(int type) { (void)type; return 0; }
-int pyllm_type_act(int type) { (void)type; return -1; }
-size_t pyllm_act_row_bytes(int act, int64_t n) { (void)act; (void)n; return 0; }
-int pyllm_kernel_provided(int isa, int kind, int type) { (void)isa; (void)kind; (void)type; return 0; }
-int pyllm_kernel_dequant(int isa, int type, const void *w, float *out, int64_t n) { (void)isa; (void)type; (void)w; (void)out; (void)n; return -1; }
-int pyllm_kernel_quantize_act(int isa, int act, const float *x, void *out, int64_t n) { (void)isa; (void)act; (void)x; (void)out; (void)n; return -1; }
-int pyllm_kernel_vec_dot(int isa, int type, int64_t n, const void *w, const void *a, float *out) { (void)isa; (void)type; (void)n; (void)w; (void)a; (void)out; return -1; }
-int pyllm_kernel_gemv(int isa, int type, int64_t n, const void *w, size_t row_bytes, int nrows, const void *a, float *out) { (void)isa; (void)type; (void)n; (void)w; (void)row_bytes; (void)nrows; (void)a; (void)out; return -1; }
-int pyllm_kernel_float(int isa, int which, int64_t n, const void *a, const void *b, float s, void *out) { (void)isa; (void)which; (void)n; (void)a; (void)b; (void)s; (void)out; return -1; }
+#include "quants.h"
+
+/* dispatch.c */
+int dispatch_available(int isa);
+int dispatch_set_level(int isa);
+int dispatch_cpu_level(void);
+int dispatch_own(int isa, kernel_table *out);
+
+static const kernel_table *table_for(int isa) {
+    dispatch_init(ISA_COUNT);
+    return dispatch_table(isa);
+}
+
+/* block size of `type` when n is a valid row length for it, else 0 */
+static int check_row(int type, int64_t n) {
+    const type_traits *t = type_info(type);
+    if (!t || n <= 0 || n % t->block_size) return 0;
+    return t->block_size;
+}
+
+int pyllm_cpu_level(void) { return dispatch_cpu_level(); }
+
+int pyllm_level_available(int isa) { return dispatch_available(isa); }
+
+int pyllm_set_level(int isa) {
+    dispatch_init(ISA_COUNT);
+    return dispatch_set_level(isa);
+}
+
+int pyllm_get_level(void) { return dispatch_level(); }
+
+int pyllm_type_supported(int type) { return type_info(type) != NULL; }
+
+int pyllm_type_act(int type) {
+    const type_traits *t = type_info(type);
+    return t ? t->act : -1;
+}
+
+size_t pyllm_act_row_bytes(int act, int64_t n) { return act_row_bytes(act, n); }
+
+int pyllm_kernel_provided(int isa, int kind, int type) {
+    kernel_table own;
+    if (dispatch_own(isa, &own) != 0) return 0;
+    switch (kind) {
+    case 0: return type_info(type) && own.dequant[type] != NULL;
+    case 1: return type_info(type) && own.vec_dot[type] != NULL;
+    case 2: return type_info(type) && own.gemv[type] != NULL;
+    case 3: return type >= 0 && type <= ACT_Q8_K && own.quantize_act[type] != NULL;
+    default: return 0;
+    }
+}
+
+int pyllm_kernel_dequant(int isa, int type, const void *w, float *out, int64_t n) {
+    const kernel_table *t = table_for(isa);
+    if (!t || !check_row(type, n) || !w || !out || !t->dequant[type]) return -1;
+    t->dequant[type](w, out, n);
+    return 0;
+}
+
+int pyllm_kernel_quantize_act(int isa, int act, const float *x, void *out, int64_t n) {
+    const kernel_table *t = table_for(isa);
+    if (!t || act < ACT_F32 || act > ACT_Q8_K || n <= 0 || !x || !out) return -1;
+    const int64_t bs = act == ACT_Q8_32 ? QK : act == ACT_Q8_K ? QK_K : 1;
+    if (n % bs || !t->quantize_act[act]) return -1;
+    t->quantize_act[act](x, out, n);
+    return 0;
+}
+
+int pyllm_kernel_vec_dot(int isa, int type, int64_t n, const void *w, const void *a, float *out) {
+    const kernel_table *t = table_for(isa);
+    if (!t || !check_row(type, n) || !w || !a || !out || !t->vec_dot[type]) return -1;
+    *out = t->vec_dot[type](n, w, a);
+    return 0;
+}
+
+/* uses the level's gemv when it has one, else loops over its vec_dot (as the
+ * matmul does) */
+int pyllm_kernel_gemv(int isa, int type, int64_t n, const void *w, size_t row_bytes, int nrows,
+                      const void *a, float *out) {
+    const kernel_table *t = table_for(isa);
+    if (!t || !check_row(type, n) || !w || !a || !out || nrows < 0) return -1;
+    if (nrows > 0 && row_bytes < weight_row_bytes(type, n)) return -1;
+    if (t->gemv[type]) {
+        t->gemv[type](n, w, row_bytes, nrows, a, out);
+        return 0;
+    }
+    if (!t->vec_dot[type]) return -1;
+    for (int r = 0; r < nrows; r++) out[r] = t->vec_dot[type](n, (const char *)w + (size_t)r * row_bytes, a);
+    return 0;
+}
+
+int pyllm_kernel_float(int isa, int which, int64_t n, const void *a, const void *b, float s, void *out) {
+    const kernel_table *t = table_for(isa);
+    if (!t || n < 0 || !a || !out) return -1;
+    switch (which) {
+    case 0: t->f32_to_f16(a, out, n); return 0;
+    case 1: t->f16_to_f32(a, out, n); return 0;
+    case 2:
+        if (!b) return -1;
+        *(float *)out = t->dot_f16_f32(n, a, b);
+        return 0;
+    case 3: t->axpy_f16(n, s, a, out); return 0;
+    case 4:
+        if (!b) return -1;
+        *(float *)out = t->dot_f32(n, a, b);
+        return 0;
+    default: return -1;
+    }
+}

@@ -1,2 +1,675 @@
-/* quants.c: scalar reference kernels (stub) */
+/* quants.c: scalar reference kernels.
+ *
+ * Plain C11, no intrinsics: this file is compiled with the baseline flags of
+ * the target and is the fallback of every kernel table entry. It is also the
+ * specification the SIMD files are tested against:
+ *   - dequant_* equal gguf.quants.dequantize (ggml's formats) bit for bit. The
+ *     arithmetic order below is that of ggml/gguf (e.g. Q4_1: d*q + m, in that
+ *     order, two roundings; Q4_K: (d*sc)*q - (dmin*m)), so keep it.
+ *   - vec_dot_* compute sum_i w[i]*a[i] with the integer part of each block
+ *     done exactly in int32 and the block scales applied in float.
+ *   - quantize_q8_32 / quantize_q8_K: d = amax/127, q = round-to-nearest-even
+ *     (x * (1/d)); SIMD variants reproduce these bit for bit.
+ *
+ * Element order inside the blocks (from ggml):
+ *   Q4_0/Q4_1/IQ4_NL: element j (j < 16) is qs[j] & 15, element j+16 is qs[j] >> 4.
+ *   Q5_0/Q5_1: as Q4, plus bit j of the little-endian uint32 qh is bit 4 of element j.
+ *   Q2_K/Q3_K: 256 elements in 2 halves of 128; in half h, element 32*s + l
+ *     (s < 4, l < 32) is (qs[32*h + l] >> 2*s) & 3. 16 sub-blocks of 16.
+ *     Q3_K: bit 2 of element 32*i + l (i < 8) is (hmask[l] >> i) & 1, and the
+ *     value is (low 2 bits) - 4 when that bit is 0; scales are 16 x 6 bits.
+ *   Q4_K/Q5_K: 4 chunks of 64; in chunk c, element 32*s + l is
+ *     (qs[32*c + l] >> 4*s) & 15; Q5_K bit 4 of element 32*i + l is
+ *     (qh[l] >> i) & 1. 8 sub-blocks of 32, each with a 6-bit scale and min.
+ *   Q6_K: 2 halves of 128; in half h, element 32*s + l (s < 4, l < 32) takes
+ *     its low nibble from ql[64*h + l + 32*(s&1)] (>> 4 when s >= 2) and its
+ *     2 high bits from (qh[32*h + l] >> 2*s) & 3; value - 32. 16 sub-blocks of 16.
+ */
+#include <math.h>
+#include <string.h>
+
 #include "quants.h"
+
+/* ------------------------------------------------------------------ */
+/* fp16 / bf16                                                         */
+/* ------------------------------------------------------------------ */
+
+static inline uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+float fp16_to_fp32(f16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f;
+    uint32_t man = h & 0x3ff;
+    if (exp == 0) {
+        /* zero or subnormal: man * 2^-24, exact in float */
+        float v = (float)man * 0x1p-24f;
+        return bits_f32(f32_bits(v) | sign);
+    }
+    if (exp == 31) /* inf / nan (payload kept) */
+        return bits_f32(sign | 0x7f800000u | (man << 13));
+    return bits_f32(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+f16_t fp32_to_fp16(float f) {
+    uint32_t x = f32_bits(f);
+    uint32_t sign = (x >> 16) & 0x8000;
+    x &= 0x7fffffffu;
+    if (x >= 0x7f800000u) { /* inf, nan (made quiet, top payload bits kept) */
+        if (x == 0x7f800000u) return (f16_t)(sign | 0x7c00);
+        return (f16_t)(sign | 0x7e00 | ((x >> 13) & 0x3ff));
+    }
+    if (x >= 0x477ff000u) /* >= 65520: rounds to inf */
+        return (f16_t)(sign | 0x7c00);
+    if (x >= 0x38800000u) { /* normal half: rebias, round 13 dropped bits to nearest even */
+        uint32_t h = (x >> 13) - (112u << 10);
+        uint32_t rem = x & 0x1fff;
+        if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++; /* may carry into the exponent */
+        return (f16_t)(sign | h);
+    }
+    if (x < 0x33000000u) /* < 2^-25 (or exactly: ties to even 0) */
+        return (f16_t)sign;
+    /* subnormal half: value / 2^-24 = man * 2^(e - 126), rounded to nearest even */
+    uint32_t e = x >> 23;
+    uint32_t man = (x & 0x7fffff) | 0x800000;
+    uint32_t shift = 126 - e; /* 14 .. 24 */
+    uint32_t h = man >> shift;
+    uint32_t rem = man & ((1u << shift) - 1);
+    uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1))) h++; /* 0x400 is the smallest normal: fine */
+    return (f16_t)(sign | h);
+}
+
+float bf16_to_fp32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+#define F16(x) fp16_to_fp32(x)
+
+/* ------------------------------------------------------------------ */
+/* round to nearest even, for |x| < 2^22 (what the SIMD cvtps2dq does) */
+/* ------------------------------------------------------------------ */
+
+static inline int nearest_int(float x) {
+    float v = x + 12582912.f; /* 1.5 * 2^23: the integer lands in the low mantissa bits */
+    return (int)(f32_bits(v) & 0x007fffff) - 0x00400000;
+}
+
+/* ------------------------------------------------------------------ */
+/* dequantize                                                          */
+/* ------------------------------------------------------------------ */
+
+static void dequant_f32(const void *restrict w, float *restrict out, int64_t n) {
+    memcpy(out, w, (size_t)n * sizeof(float));
+}
+
+static void dequant_f16(const void *restrict w, float *restrict out, int64_t n) {
+    const f16_t *x = w;
+    for (int64_t i = 0; i < n; i++) out[i] = F16(x[i]);
+}
+
+static void dequant_bf16(const void *restrict w, float *restrict out, int64_t n) {
+    const uint16_t *x = w;
+    for (int64_t i = 0; i < n; i++) out[i] = bf16_to_fp32(x[i]);
+}
+
+static void dequant_q4_0(const void *restrict w, float *restrict out, int64_t n) {
+    const block_q4_0 *b = w;
+    for (int64_t i = 0; i < n / QK; i++, out += QK) {
+        const float d = F16(b[i].d);
+        for (int j = 0; j < QK / 2; j++) {
+            out[j] = d * (float)((b[i].qs[j] & 0x0f) - 8);
+            out[j + QK / 2] = d * (float)((b[i].qs[j] >> 4) - 8);
+        }
+    }
+}
+
+static void dequant_q4_1(const void *restrict w, float *restrict out, int64_t n) {
+    const block_q4_1 *b = w;
+    for (int64_t i = 0; i < n / QK; i++, out += QK) {
+        const float d = F16(b[i].d), m = F16(b[i].m);
+        for (int j = 0; j < QK / 2; j++) {
+            out[j] = d * (float)(b[i].qs[j] & 0x0f) + m;
+            out[j + QK / 2] = d * (float)(b[i].qs[j] >> 4) + m;
+        }
+    }
+}
+
+static inline uint32_t load_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* the 32 5-bit values of a Q5 block, 0..31 */
+static inline void unpack_q5(const uint8_t *qs, const uint8_t *qh4, int q[QK]) {
+    const uint32_t qh = load_u32(qh4);
+    for (int j = 0; j < QK / 2; j++) {
+        q[j] = (qs[j] & 0x0f) | (int)(((qh >> j) & 1) << 4);
+        q[j + QK / 2] = (qs[j] >> 4) | (int)(((qh >> (j + QK / 2)) & 1) << 4);
+    }
+}
+
+static void dequant_q5_0(const void *restrict w, float *restrict out, int64_t n) {
+    const block_q5_0 *b = w;
+    int q[QK];
+    for (int64_t i = 0; i < n / QK; i++, out += QK) {
+        const float d = F16(b[i].d);
+        unpack_q5(b[i].qs, b[i].qh, q);
+        for (int j = 0; j < QK; j++) out[j] = d * (float)(q[j] - 16);
+    }
+}
+
+static void dequant_q5_1(const void *restrict w, float *restrict out, int64_t n) {
+    const block_q5_1 *b = w;
+    int q[QK];
+    for (int64_t i = 0; i < n / QK; i++, out += QK) {
+        const float d = F16(b[i].d), m = F16(b[i].m);
+        unpack_q5(b[i].qs, b[i].qh, q);
+        for (int j = 0; j < QK; j++) out[j] = d * (float)q[j] + m;
+    }
+}
+
+static void dequant_q8_0(const void *restrict w, float *restrict out, int64_t n) {
+    const block_q8_0 *b = w;
+    for (int64_t i = 0; i < n / QK; i++, out += QK) {
+        const float d = F16(b[i].d);
+        for (int j = 0; j < QK; j++) out[j] = (float)b[i].qs[j] * d;
+    }
+}
+
+const int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                  1,    13,   25,  38,  53,  69,  89,  113};
+
+static void dequant_iq4_nl(const void *restrict w, float *restrict out, int64_t n) {
+    const block_iq4_nl *b = w;
+    for (int64_t i = 0; i < n / QK; i++, out += QK) {
+        const float d = F16(b[i].d);
+        for (int j = 0; j < QK / 2; j++) {
+            out[j] = d * (float)kvalues_iq4nl[b[i].qs[j] & 0x0f];
+            out[j + QK / 2] = d * (float)kvalues_iq4nl[b[i].qs[j] >> 4];
+        }
+    }
+}
+
+/* Q2_K/Q3_K: the 2-bit field of element k (0..255) */
+static inline int q2_bits(const uint8_t *qs, int k) {
+    const int h = k >> 7, s = (k >> 5) & 3, l = k & 31;
+    return (qs[32 * h + l] >> (2 * s)) & 3;
+}
+
+static void dequant_q2_K(const void *restrict w, float *restrict out, int64_t n) {
+    const block_q2_K *b = w;
+    for (int64_t i = 0; i < n / QK_K; i++, out += QK_K) {
+        const float d = F16(b[i].d), dmin = F16(b[i].dmin);
+        for (int sb = 0; sb < 16; sb++) {
+            const float dl = d * (float)(b[i].scales[sb] & 0x0f);
+            const float ml = dmin * (float)(b[i].scales[sb] >> 4);
+            for (int l = 0; l < 16; l++) {
+                const int k = 16 * sb + l;
+                out[k] = dl * (float)q2_bits(b[i].qs, k) - ml;
+            }
+        }
+    }
+}
+
+/* Q3_K: the 16 signed 6-bit scales (-32..31) */
+static inline void q3_K_scales(const uint8_t s[12], int sc[16]) {
+    for (int j = 0; j < 16; j++) {
+        const int lo = (j < 8 ? s[j] : s[j - 8] >> 4) & 0x0f;
+        const int hi = (s[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
+        sc[j] = (lo | hi << 4) - 32;
+    }
+}
+
+/* Q3_K: the value (-4..3) of element k */
+static inline int q3_value(const block_q3_K *b, int k) {
+    const int hbit = (b->hmask[k & 31] >> (k >> 5)) & 1;
+    return q2_bits(b->qs, k) - (hbit ? 0 : 4);
+}
+
+static void dequant_q3_K(const void *restrict w, float *restrict out, int64_t n) {
+    const block_q3_K *b = w;
+    int sc[16];
+    for (int64_t i = 0; i < n / QK_K; i++, out += QK_K) {
+        const float d = F16(b[i].d);
+        q3_K_scales(b[i].scales, sc);
+        for (int sb = 0; sb < 16; sb++) {
+            const float dl = d * (float)sc[sb];
+            for (int l = 0; l < 16; l++) out[16 * sb + l] = dl * (float)q3_value(&b[i], 16 * sb + l);
+        }
+    }
+}
+
+/* Q4_K/Q5_K: 6-bit scale and min of sub-block j (0..7) */
+static inline void get_scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* Q4_K/Q5_K: the low nibble of element k */
+static inline int q4k_nibble(const uint8_t *qs, int k) {
+    const int c = k >> 6, s = (k >> 5) & 1, l = k & 31;
+    return (qs[32 * c + l] >> (4 * s)) & 0x0f;
+}
+
+static void dequant_q4_K(const void *restrict w, float *restrict out, int64_t n) {
+    const block_q4_K *b = w;
+    for (int64_t i = 0; i < n / QK_K; i++, out += QK_K) {
+        const float d = F16(b[i].d), dmin = F16(b[i].dmin);
+        for (int sb = 0; sb < 8; sb++) {
+            int sc, m;
+            get_scale_min_k4(sb, b[i].scales, &sc, &m);
+            const float d1 = d * (float)sc, m1 = dmin * (float)m;
+            for (int l = 0; l < 32; l++) {
+                const int k = 32 * sb + l;
+                out[k] = d1 * (float)q4k_nibble(b[i].qs, k) - m1;
+            }
+        }
+    }
+}
+
+static inline int q5k_value(const block_q5_K *b, int k) {
+    return q4k_nibble(b->qs, k) | (((b->qh[k & 31] >> (k >> 5)) & 1) << 4);
+}
+
+static void dequant_q5_K(const void *restrict w, float *restrict out, int64_t n) {
+    const block_q5_K *b = w;
+    for (int64_t i = 0; i < n / QK_K; i++, out += QK_K) {
+        const float d = F16(b[i].d), dmin = F16(b[i].dmin);
+        for (int sb = 0; sb < 8; sb++) {
+            int sc, m;
+            get_scale_min_k4(sb, b[i].scales, &sc, &m);
+            const float d1 = d * (float)sc, m1 = dmin * (float)m;
+            for (int l = 0; l < 32; l++) {
+                const int k = 32 * sb + l;
+                out[k] = d1 * (float)q5k_value(&b[i], k) - m1;
+            }
+        }
+    }
+}
+
+/* Q6_K: the value (-32..31) of element k */
+static inline int q6k_value(const block_q6_K *b, int k) {
+    const int h = k >> 7, s = (k >> 5) & 3, l = k & 31;
+    const int lo = (b->ql[64 * h + l + 32 * (s & 1)] >> (4 * (s >> 1))) & 0x0f;
+    const int hi = (b->qh[32 * h + l] >> (2 * s)) & 3;
+    return (lo | hi << 4) - 32;
+}
+
+static void dequant_q6_K(const void *restrict w, float *restrict out, int64_t n) {
+    const block_q6_K *b = w;
+    for (int64_t i = 0; i < n / QK_K; i++, out += QK_K) {
+        const float d = F16(b[i].d);
+        for (int sb = 0; sb < 16; sb++) {
+            const float dl = d * (float)b[i].scales[sb];
+            for (int l = 0; l < 16; l++) out[16 * sb + l] = dl * (float)q6k_value(&b[i], 16 * sb + l);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* activation quantization                                             */
+/* ------------------------------------------------------------------ */
+
+static void quantize_f32(const float *restrict x, void *restrict out, int64_t n) {
+    memcpy(out, x, (size_t)n * sizeof(float));
+}
+
+/* d = amax/127, q = nearest_even(x / d); returns d and fills q */
+static inline float quantize_group(const float *x, int8_t *q, int n) {
+    float amax = 0.0f;
+    for (int j = 0; j < n; j++) {
+        const float a = fabsf(x[j]);
+        amax = a > amax ? a : amax;
+    }
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int j = 0; j < n; j++) q[j] = (int8_t)nearest_int(x[j] * id);
+    return d;
+}
+
+static void quantize_q8_32(const float *restrict x, void *restrict out, int64_t n) {
+    block_q8_32 *y = out;
+    for (int64_t i = 0; i < n / QK; i++, x += QK) {
+        y[i].d = quantize_group(x, y[i].qs, QK);
+        int sum = 0;
+        for (int j = 0; j < QK; j++) sum += y[i].qs[j];
+        y[i].s = y[i].d * (float)sum;
+    }
+}
+
+static void quantize_q8_K(const float *restrict x, void *restrict out, int64_t n) {
+    block_q8_K *y = out;
+    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
+        y[i].d = quantize_group(x, y[i].qs, QK_K);
+        for (int g = 0; g < QK_K / 16; g++) {
+            int sum = 0;
+            for (int j = 0; j < 16; j++) sum += y[i].qs[16 * g + j];
+            y[i].bsums[g] = (int16_t)sum;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* dot products against the activation format                          */
+/* ------------------------------------------------------------------ */
+
+static float vec_dot_f32(int64_t n, const void *restrict w, const void *restrict a) {
+    const float *x = w, *y = a;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) sum += x[i] * y[i];
+    return sum;
+}
+
+static float vec_dot_f16(int64_t n, const void *restrict w, const void *restrict a) {
+    const f16_t *x = w;
+    const float *y = a;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) sum += F16(x[i]) * y[i];
+    return sum;
+}
+
+static float vec_dot_bf16(int64_t n, const void *restrict w, const void *restrict a) {
+    const uint16_t *x = w;
+    const float *y = a;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) sum += bf16_to_fp32(x[i]) * y[i];
+    return sum;
+}
+
+/* sum((q - 8) * a) * dw * da = dw * (da * sum(q * a) - 8 * s) */
+static float vec_dot_q4_0(int64_t n, const void *restrict w, const void *restrict a) {
+    const block_q4_0 *x = w;
+    const block_q8_32 *y = a;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK; i++) {
+        int isum = 0;
+        for (int j = 0; j < QK / 2; j++)
+            isum += (x[i].qs[j] & 0x0f) * y[i].qs[j] + (x[i].qs[j] >> 4) * y[i].qs[j + QK / 2];
+        sum += F16(x[i].d) * (y[i].d * (float)isum - 8.0f * y[i].s);
+    }
+    return sum;
+}
+
+/* sum((d q + m) * a) = d * da * sum(q * a) + m * s */
+static float vec_dot_q4_1(int64_t n, const void *restrict w, const void *restrict a) {
+    const block_q4_1 *x = w;
+    const block_q8_32 *y = a;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK; i++) {
+        int isum = 0;
+        for (int j = 0; j < QK / 2; j++)
+            isum += (x[i].qs[j] & 0x0f) * y[i].qs[j] + (x[i].qs[j] >> 4) * y[i].qs[j + QK / 2];
+        sum += F16(x[i].d) * y[i].d * (float)isum + F16(x[i].m) * y[i].s;
+    }
+    return sum;
+}
+
+static float vec_dot_q5_0(int64_t n, const void *restrict w, const void *restrict a) {
+    const block_q5_0 *x = w;
+    const block_q8_32 *y = a;
+    int q[QK];
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK; i++) {
+        unpack_q5(x[i].qs, x[i].qh, q);
+        int isum = 0;
+        for (int j = 0; j < QK; j++) isum += q[j] * y[i].qs[j];
+        sum += F16(x[i].d) * (y[i].d * (float)isum - 16.0f * y[i].s);
+    }
+    return sum;
+}
+
+static float vec_dot_q5_1(int64_t n, const void *restrict w, const void *restrict a) {
+    const block_q5_1 *x = w;
+    const block_q8_32 *y = a;
+    int q[QK];
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK; i++) {
+        unpack_q5(x[i].qs, x[i].qh, q);
+        int isum = 0;
+        for (int j = 0; j < QK; j++) isum += q[j] * y[i].qs[j];
+        sum += F16(x[i].d) * y[i].d * (float)isum + F16(x[i].m) * y[i].s;
+    }
+    return sum;
+}
+
+static float vec_dot_q8_0(int64_t n, const void *restrict w, const void *restrict a) {
+    const block_q8_0 *x = w;
+    const block_q8_32 *y = a;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK; i++) {
+        int isum = 0;
+        for (int j = 0; j < QK; j++) isum += x[i].qs[j] * y[i].qs[j];
+        sum += F16(x[i].d) * y[i].d * (float)isum;
+    }
+    return sum;
+}
+
+static float vec_dot_iq4_nl(int64_t n, const void *restrict w, const void *restrict a) {
+    const block_iq4_nl *x = w;
+    const block_q8_32 *y = a;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK; i++) {
+        int isum = 0;
+        for (int j = 0; j < QK / 2; j++)
+            isum += kvalues_iq4nl[x[i].qs[j] & 0x0f] * y[i].qs[j] +
+                    kvalues_iq4nl[x[i].qs[j] >> 4] * y[i].qs[j + QK / 2];
+        sum += F16(x[i].d) * y[i].d * (float)isum;
+    }
+    return sum;
+}
+
+/* K-quants: per super-block, sum_sb scale_sb * sum(q * a) in int, the min
+ * term from the activation's 16-element sums (bsums). */
+static float vec_dot_q2_K(int64_t n, const void *restrict w, const void *restrict a) {
+    const block_q2_K *x = w;
+    const block_q8_K *y = a;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int isum = 0, msum = 0;
+        for (int sb = 0; sb < 16; sb++) {
+            int s = 0;
+            for (int l = 0; l < 16; l++) {
+                const int k = 16 * sb + l;
+                s += q2_bits(x[i].qs, k) * y[i].qs[k];
+            }
+            isum += (x[i].scales[sb] & 0x0f) * s;
+            msum += (x[i].scales[sb] >> 4) * y[i].bsums[sb];
+        }
+        sum += y[i].d * (F16(x[i].d) * (float)isum - F16(x[i].dmin) * (float)msum);
+    }
+    return sum;
+}
+
+static float vec_dot_q3_K(int64_t n, const void *restrict w, const void *restrict a) {
+    const block_q3_K *x = w;
+    const block_q8_K *y = a;
+    int sc[16];
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        q3_K_scales(x[i].scales, sc);
+        int isum = 0;
+        for (int sb = 0; sb < 16; sb++) {
+            int s = 0;
+            for (int l = 0; l < 16; l++) {
+                const int k = 16 * sb + l;
+                s += q3_value(&x[i], k) * y[i].qs[k];
+            }
+            isum += sc[sb] * s;
+        }
+        sum += y[i].d * F16(x[i].d) * (float)isum;
+    }
+    return sum;
+}
+
+static float vec_dot_q4_K(int64_t n, const void *restrict w, const void *restrict a) {
+    const block_q4_K *x = w;
+    const block_q8_K *y = a;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int isum = 0, msum = 0;
+        for (int sb = 0; sb < 8; sb++) {
+            int sc, m, s = 0;
+            get_scale_min_k4(sb, x[i].scales, &sc, &m);
+            for (int l = 0; l < 32; l++) {
+                const int k = 32 * sb + l;
+                s += q4k_nibble(x[i].qs, k) * y[i].qs[k];
+            }
+            isum += sc * s;
+            msum += m * (y[i].bsums[2 * sb] + y[i].bsums[2 * sb + 1]);
+        }
+        sum += y[i].d * (F16(x[i].d) * (float)isum - F16(x[i].dmin) * (float)msum);
+    }
+    return sum;
+}
+
+static float vec_dot_q5_K(int64_t n, const void *restrict w, const void *restrict a) {
+    const block_q5_K *x = w;
+    const block_q8_K *y = a;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int isum = 0, msum = 0;
+        for (int sb = 0; sb < 8; sb++) {
+            int sc, m, s = 0;
+            get_scale_min_k4(sb, x[i].scales, &sc, &m);
+            for (int l = 0; l < 32; l++) {
+                const int k = 32 * sb + l;
+                s += q5k_value(&x[i], k) * y[i].qs[k];
+            }
+            isum += sc * s;
+            msum += m * (y[i].bsums[2 * sb] + y[i].bsums[2 * sb + 1]);
+        }
+        sum += y[i].d * (F16(x[i].d) * (float)isum - F16(x[i].dmin) * (float)msum);
+    }
+    return sum;
+}
+
+static float vec_dot_q6_K(int64_t n, const void *restrict w, const void *restrict a) {
+    const block_q6_K *x = w;
+    const block_q8_K *y = a;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int isum = 0;
+        for (int sb = 0; sb < 16; sb++) {
+            int s = 0;
+            for (int l = 0; l < 16; l++) {
+                const int k = 16 * sb + l;
+                s += q6k_value(&x[i], k) * y[i].qs[k];
+            }
+            isum += x[i].scales[sb] * s;
+        }
+        sum += y[i].d * F16(x[i].d) * (float)isum;
+    }
+    return sum;
+}
+
+/* ------------------------------------------------------------------ */
+/* float helpers (attention, KV cache)                                  */
+/* ------------------------------------------------------------------ */
+
+static void f32_to_f16_row(const float *restrict x, f16_t *restrict out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = fp32_to_fp16(x[i]);
+}
+
+static void f16_to_f32_row(const f16_t *restrict x, float *restrict out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = F16(x[i]);
+}
+
+static float dot_f16_f32(int64_t n, const f16_t *restrict a, const float *restrict b) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) sum += F16(a[i]) * b[i];
+    return sum;
+}
+
+static void axpy_f16(int64_t n, float s, const f16_t *restrict a, float *restrict out) {
+    for (int64_t i = 0; i < n; i++) out[i] += s * F16(a[i]);
+}
+
+static float dot_f32(int64_t n, const float *restrict a, const float *restrict b) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) sum += a[i] * b[i];
+    return sum;
+}
+
+/* ------------------------------------------------------------------ */
+/* type traits                                                          */
+/* ------------------------------------------------------------------ */
+
+static const type_traits TRAITS[T_COUNT] = {
+    [T_F32] = {"F32", 1, 4, ACT_F32},
+    [T_F16] = {"F16", 1, 2, ACT_F32},
+    [T_BF16] = {"BF16", 1, 2, ACT_F32},
+    [T_Q4_0] = {"Q4_0", QK, sizeof(block_q4_0), ACT_Q8_32},
+    [T_Q4_1] = {"Q4_1", QK, sizeof(block_q4_1), ACT_Q8_32},
+    [T_Q5_0] = {"Q5_0", QK, sizeof(block_q5_0), ACT_Q8_32},
+    [T_Q5_1] = {"Q5_1", QK, sizeof(block_q5_1), ACT_Q8_32},
+    [T_Q8_0] = {"Q8_0", QK, sizeof(block_q8_0), ACT_Q8_32},
+    [T_IQ4_NL] = {"IQ4_NL", QK, sizeof(block_iq4_nl), ACT_Q8_32},
+    [T_Q2_K] = {"Q2_K", QK_K, sizeof(block_q2_K), ACT_Q8_K},
+    [T_Q3_K] = {"Q3_K", QK_K, sizeof(block_q3_K), ACT_Q8_K},
+    [T_Q4_K] = {"Q4_K", QK_K, sizeof(block_q4_K), ACT_Q8_K},
+    [T_Q5_K] = {"Q5_K", QK_K, sizeof(block_q5_K), ACT_Q8_K},
+    [T_Q6_K] = {"Q6_K", QK_K, sizeof(block_q6_K), ACT_Q8_K},
+};
+
+_Static_assert(sizeof(block_q4_0) == 18, "q4_0");
+_Static_assert(sizeof(block_q4_1) == 20, "q4_1");
+_Static_assert(sizeof(block_q5_0) == 22, "q5_0");
+_Static_assert(sizeof(block_q5_1) == 24, "q5_1");
+_Static_assert(sizeof(block_q8_0) == 34, "q8_0");
+_Static_assert(sizeof(block_iq4_nl) == 18, "iq4_nl");
+_Static_assert(sizeof(block_q2_K) == 84, "q2_K");
+_Static_assert(sizeof(block_q3_K) == 110, "q3_K");
+_Static_assert(sizeof(block_q4_K) == 144, "q4_K");
+_Static_assert(sizeof(block_q5_K) == 176, "q5_K");
+_Static_assert(sizeof(block_q6_K) == 210, "q6_K");
+_Static_assert(sizeof(block_q8_32) == 40, "q8_32");
+_Static_assert(sizeof(block_q8_K) == 292, "q8_K");
+
+const type_traits *type_info(int type) {
+    if (type < 0 || type >= T_COUNT || TRAITS[type].name == NULL) return NULL;
+    return &TRAITS[type];
+}
+
+size_t act_row_bytes(int act, int64_t n) {
+    if (n < 0) return 0;
+    switch (act) {
+    case ACT_F32: return (size_t)n * sizeof(float);
+    case ACT_Q8_32: return (size_t)(n / QK) * sizeof(block_q8_32);
+    case ACT_Q8_K: return (size_t)(n / QK_K) * sizeof(block_q8_K);
+    default: return 0;
+    }
+}
+
+size_t weight_row_bytes(int type, int64_t n) {
+    const type_traits *t = type_info(type);
+    if (!t || n < 0) return 0;
+    return (size_t)(n / t->block_size) * (size_t)t->type_size;
+}
+
+/* ------------------------------------------------------------------ */
+/* the scalar table                                                     */
+/* ------------------------------------------------------------------ */
+
+void kernels_fill_scalar(kernel_table *t) {
+    memset(t, 0, sizeof *t);
+#define SET(T, name)                      \
+    t->dequant[T] = dequant_##name;       \
+    t->vec_dot[T] = vec_dot_##name;
+    SET(T_F32, f32) SET(T_F16, f16) SET(T_BF16, bf16)
+    SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
+    SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl)
+    SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K) SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K)
+#undef SET
+    /* no scalar gemv: the matmul loops over vec_dot */
+    t->quantize_act[ACT_F32] = quantize_f32;
+    t->quantize_act[ACT_Q8_32] = quantize_q8_32;
+    t->quantize_act[ACT_Q8_K] = quantize_q8_K;
+    t->f32_to_f16 = f32_to_f16_row;
+    t->f16_to_f32 = f16_to_f32_row;
+    t->dot_f16_f32 = dot_f16_f32;
+    t->axpy_f16 = axpy_f16;
+    t->dot_f32 = dot_f32;
+}

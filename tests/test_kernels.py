@@ -1,0 +1,496 @@
+"""Tests of the quantized-format kernels (csrc/quants.c, x86/*.c, arm/neon.c).
+
+For every weight type and every ISA level this CPU has (scalar always):
+  * scalar dequant == gguf.quants.dequantize, bit for bit (the executable spec);
+  * each SIMD level's dequant == scalar dequant, bit for bit;
+  * each level's vec_dot and gemv == scalar vec_dot on the same quantized
+    activations, within 1e-5 of the magnitude sum (only summation order and
+    FMA contraction differ);
+  * scalar vec_dot == float64 dot(dequant(w), dequant(act)) within 1e-5 of the
+    magnitude sum, and == float64 dot(dequant(w), x) within the activation
+    quantization bound sum_i |w_i| * d_block(i) / 2 (round to nearest: each
+    activation is off by at most half its block's step d);
+  * quantize_act: numpy reference bit for bit (scalar), SIMD == scalar bit
+    for bit, round trip within d/2;
+  * fp16 <-> fp32 exact against numpy on all 65536 halves and on float32
+    values of every exponent incl. ties, subnormals, inf, nan;
+  * the float helpers against numpy.
+
+"Magnitude sum" bounds the size of every intermediate term of the kernels:
+2 * sum over groups (a block, or a 16-element sub-block of the K-quants) of
+max|w| in the group * sum|x| in the group.
+
+Run with -s to see which kernels each level provides.
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as GT
+from gguf.quants import dequantize as gguf_dequantize
+
+from pyllm._native import ffi, lib
+
+ISA_NAMES = {0: "scalar", 1: "avx2", 2: "avx512", 3: "neon"}
+LEVELS = [i for i in ISA_NAMES if lib.pyllm_level_available(i)]
+SIMD_LEVELS = [i for i in LEVELS if i != 0]
+ACT_F32, ACT_Q8_32, ACT_Q8_K = 0, 1, 2
+
+# type name -> (ggml id, block size, block bytes, act format)
+TYPES = {
+    "F32": (0, 1, 4, ACT_F32),
+    "F16": (1, 1, 2, ACT_F32),
+    "BF16": (30, 1, 2, ACT_F32),
+    "Q4_0": (2, 32, 18, ACT_Q8_32),
+    "Q4_1": (3, 32, 20, ACT_Q8_32),
+    "Q5_0": (6, 32, 22, ACT_Q8_32),
+    "Q5_1": (7, 32, 24, ACT_Q8_32),
+    "Q8_0": (8, 32, 34, ACT_Q8_32),
+    "IQ4_NL": (20, 32, 18, ACT_Q8_32),
+    "Q2_K": (10, 256, 84, ACT_Q8_K),
+    "Q3_K": (11, 256, 110, ACT_Q8_K),
+    "Q4_K": (12, 256, 144, ACT_Q8_K),
+    "Q5_K": (13, 256, 176, ACT_Q8_K),
+    "Q6_K": (14, 256, 210, ACT_Q8_K),
+}
+PRIORITY = ["Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q6_K", "Q4_0"]
+GEMV_REQUIRED = ["Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q6_K"]
+
+# byte offsets of the fp16 scale fields in each block: (d fields, min fields)
+SCALE_FIELDS = {
+    "Q4_0": ([0], []), "Q5_0": ([0], []), "Q8_0": ([0], []), "IQ4_NL": ([0], []),
+    "Q4_1": ([0], [2]), "Q5_1": ([0], [2]),
+    "Q2_K": ([80], [82]), "Q3_K": ([108], []),
+    "Q4_K": ([0], [2]), "Q5_K": ([0], [2]), "Q6_K": ([208], []),
+}
+
+Q8_32 = np.dtype([("d", "<f4"), ("s", "<f4"), ("qs", "i1", 32)])
+Q8_K = np.dtype([("d", "<f4"), ("qs", "i1", 256), ("bsums", "<i2", 16)])
+
+
+def level_params(levels):
+    return [pytest.param(i, id=ISA_NAMES[i]) for i in levels]
+
+
+def type_params(names=None):
+    return [pytest.param(t, id=t) for t in (names or TYPES)]
+
+
+def row_lengths(tname):
+    bs = TYPES[tname][1]
+    if bs == 1:
+        return [1, 7, 33, 64, 257, 576]
+    if bs == 32:
+        return [32, 32 * 7, 32 * 18]
+    return [256, 256 * 3]
+
+
+def ptr(a):
+    return ffi.from_buffer(a)
+
+
+def fptr(a):
+    return ffi.cast("float *", ffi.from_buffer(a))
+
+
+# ---------------------------------------------------------------- data
+def random_weights(tname, n, rng, nrows=1):
+    """nrows rows of n elements of type tname, as raw GGUF bytes (uint8)."""
+    tid, bs, ts, _ = TYPES[tname]
+    if tname == "F32":
+        return rng.standard_normal(nrows * n).astype(np.float32).view(np.uint8).reshape(nrows, -1)
+    if tname == "F16":
+        return rng.standard_normal(nrows * n).astype(np.float16).view(np.uint8).reshape(nrows, -1)
+    if tname == "BF16":
+        f = rng.standard_normal(nrows * n).astype(np.float32)
+        return (f.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(nrows, -1)
+    nb = nrows * n // bs
+    raw = rng.integers(0, 256, size=(nb, ts), dtype=np.uint8)
+    dfields, mfields = SCALE_FIELDS[tname]
+    for off in dfields:  # sane, finite scales of both signs
+        d = rng.uniform(0.5, 2.0, nb) * 1e-2 * rng.choice([-1.0, 1.0], nb)
+        raw[:, off:off + 2] = d.astype(np.float16).view(np.uint8).reshape(nb, 2)
+    for off in mfields:
+        m = rng.uniform(-0.1, 0.1, nb)
+        raw[:, off:off + 2] = m.astype(np.float16).view(np.uint8).reshape(nb, 2)
+    return raw.reshape(nrows, -1)
+
+
+def gguf_deq(tname, wbytes):
+    tid = TYPES[tname][0]
+    return gguf_dequantize(np.ascontiguousarray(wbytes), GT(tid)).astype(np.float32).reshape(-1)
+
+
+def dequant(isa, tname, wbytes, n):
+    out = np.full(n, np.nan, dtype=np.float32)
+    rc = lib.pyllm_kernel_dequant(isa, TYPES[tname][0], ptr(wbytes), fptr(out), n)
+    assert rc == 0
+    return out
+
+
+def act_bytes(act, n):
+    return lib.pyllm_act_row_bytes(act, n)
+
+
+def quantize(isa, act, x):
+    n = x.size
+    out = np.zeros(act_bytes(act, n), dtype=np.uint8)
+    rc = lib.pyllm_kernel_quantize_act(isa, act, ffi.cast("float *", ptr(x)), ptr(out), n)
+    assert rc == 0
+    return out
+
+
+def act_values(act, abytes, n):
+    """the float values an activation row stands for (d * q)"""
+    if act == ACT_F32:
+        return abytes.view(np.float32).astype(np.float64), np.zeros(n)
+    b = abytes.view(Q8_32 if act == ACT_Q8_32 else Q8_K)
+    vals = (b["d"][:, None].astype(np.float64) * b["qs"].astype(np.float64)).reshape(-1)
+    step = np.repeat(b["d"].astype(np.float64), n // b.size)
+    return vals, step
+
+
+def vec_dot(isa, tname, n, wbytes, abytes):
+    out = np.zeros(1, dtype=np.float32)
+    rc = lib.pyllm_kernel_vec_dot(isa, TYPES[tname][0], n, ptr(wbytes), ptr(abytes), fptr(out))
+    assert rc == 0
+    return float(out[0])
+
+
+def magnitude(tname, w, x):
+    """2 * sum over groups of max|w| * sum|x| (bounds every intermediate term)"""
+    g = {1: 1, 32: 32, 256: 16}[TYPES[tname][1]]
+    w = np.abs(w.astype(np.float64)).reshape(-1, g).max(axis=1)
+    x = np.abs(x.astype(np.float64)).reshape(-1, g).sum(axis=1)
+    return 2.0 * float(np.dot(w, x))
+
+
+# ---------------------------------------------------------------- dequant
+@pytest.mark.parametrize("tname", type_params())
+def test_scalar_dequant_equals_gguf(tname):
+    rng = np.random.default_rng(1)
+    for n in row_lengths(tname):
+        w = random_weights(tname, n, rng)
+        ref = gguf_deq(tname, w)
+        got = dequant(0, tname, w, n)
+        assert np.isfinite(ref).all() and np.abs(ref).max() > 0
+        np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32), err_msg=f"n={n}")
+
+
+@pytest.mark.parametrize("tname", type_params(["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]))
+def test_scalar_dequant_of_gguf_quantize(tname):
+    """blocks made by gguf's own quantizer (realistic data, not just random bytes)"""
+    from gguf.quants import quantize as gguf_quantize
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(32 * 16).astype(np.float32)
+    w = gguf_quantize(x, GT(TYPES[tname][0]))
+    got = dequant(0, tname, w, x.size)
+    np.testing.assert_array_equal(got, gguf_deq(tname, w))
+    assert np.abs(got - x).max() < 0.2  # and it is the data we quantized
+
+
+@pytest.mark.parametrize("tname", type_params())
+@pytest.mark.parametrize("isa", level_params(SIMD_LEVELS))
+def test_simd_dequant_equals_scalar(isa, tname):
+    rng = np.random.default_rng(3)
+    for n in row_lengths(tname):
+        w = random_weights(tname, n, rng)
+        ref = dequant(0, tname, w, n)
+        got = dequant(isa, tname, w, n)
+        np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32), err_msg=f"n={n}")
+
+
+# ---------------------------------------------------------------- quantize_act
+def ref_quantize_groups(x, g):
+    """numpy reference: d = amax/127 (float32), q = round-half-even(x * (1/d))"""
+    xb = x.reshape(-1, g)
+    amax = np.abs(xb).max(axis=1).astype(np.float32)
+    d = (amax / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        idv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    q = np.rint(xb * idv[:, None]).astype(np.int8)
+    return d, q
+
+
+def act_inputs(rng, n, g):
+    """random activations with an all-zero first group (d = 0) and a group of
+    exact ties: max 127/64 makes the step d = 1/64, and (m + 0.5)/64 lie halfway"""
+    x = (rng.standard_normal(n) * rng.uniform(0.1, 10)).astype(np.float32)
+    if n >= 3 * g and g > 1:
+        x[:g] = 0.0
+        x[g:2 * g] = ((np.arange(g) % 64) - 32 + 0.5) / 64
+        x[g] = -127 / 64
+    return x
+
+
+@pytest.mark.parametrize("act,n", [pytest.param(ACT_Q8_32, 32 * 9, id="Q8_32"),
+                                   pytest.param(ACT_Q8_K, 256 * 3, id="Q8_K")])
+def test_scalar_quantize_act_reference(act, n):
+    rng = np.random.default_rng(4)
+    g = 32 if act == ACT_Q8_32 else 256
+    x = act_inputs(rng, n, g)
+    b = quantize(0, act, x).view(Q8_32 if act == ACT_Q8_32 else Q8_K)
+    d, q = ref_quantize_groups(x, g)
+    np.testing.assert_array_equal(b["d"], d)
+    np.testing.assert_array_equal(b["qs"], q)
+    assert b["d"][0] == 0 and (b["qs"][0] == 0).all()
+    assert b["d"][1] == np.float32(1 / 64) and b["qs"][1][0] == -127
+    assert b["qs"][1][1] == -30 and b["qs"][1][2] == -30 and b["qs"][1][4] == -28  # -30.5, -29.5, -27.5: to even
+    assert np.abs(b["qs"]).max() == 127
+    # round trip within half a step
+    vals, step = act_values(act, b.view(np.uint8), n)
+    err = np.abs(vals - x.astype(np.float64))
+    assert (err <= step / 2 * (1 + 1e-6)).all()
+    if act == ACT_Q8_32:
+        np.testing.assert_array_equal(b["s"], (b["d"] * b["qs"].astype(np.int32).sum(axis=1).astype(np.float32)))
+    else:
+        np.testing.assert_array_equal(b["bsums"], b["qs"].reshape(-1, 16, 16).astype(np.int32).sum(axis=2))
+
+
+@pytest.mark.parametrize("act", [pytest.param(a, id=s) for a, s in [(ACT_F32, "F32"), (ACT_Q8_32, "Q8_32"), (ACT_Q8_K, "Q8_K")]])
+@pytest.mark.parametrize("isa", level_params(SIMD_LEVELS))
+def test_simd_quantize_act_equals_scalar(isa, act):
+    rng = np.random.default_rng(5)
+    for n in ([256, 256 * 3, 256 * 9] if act != ACT_F32 else [1, 33, 576]):
+        x = act_inputs(rng, n, {ACT_F32: 1, ACT_Q8_32: 32, ACT_Q8_K: 256}[act])
+        ref = quantize(0, act, x)
+        got = quantize(isa, act, x)
+        np.testing.assert_array_equal(got, ref, err_msg=f"n={n}")
+
+
+# ---------------------------------------------------------------- vec_dot / gemv
+def make_case(tname, n, rng, nrows=1):
+    act = TYPES[tname][3]
+    w = random_weights(tname, n, rng, nrows)
+    x = rng.standard_normal(n).astype(np.float32)
+    a = quantize(0, act, x)
+    return w, x, a
+
+
+@pytest.mark.parametrize("tname", type_params())
+def test_scalar_vec_dot_vs_float64(tname):
+    rng = np.random.default_rng(6)
+    act = TYPES[tname][3]
+    for n in row_lengths(tname):
+        w, x, a = make_case(tname, n, rng)
+        wf = gguf_deq(tname, w).astype(np.float64)
+        av, step = act_values(act, a, n)
+        got = vec_dot(0, tname, n, w, a)
+        mag = magnitude(tname, wf, x)
+        assert mag > 0
+        # exact arithmetic on the same quantized values: only float rounding
+        exact = float(np.dot(wf, av))
+        assert abs(got - exact) <= 1e-5 * mag, (n, got, exact, mag)
+        # against the unquantized activations: within the quantization bound
+        bound = float(np.dot(np.abs(wf), step)) / 2 + 1e-5 * mag
+        if act == ACT_F32:
+            assert bound == 1e-5 * mag
+        assert abs(got - float(np.dot(wf, x.astype(np.float64)))) <= bound
+
+
+@pytest.mark.parametrize("tname", type_params())
+@pytest.mark.parametrize("isa", level_params(SIMD_LEVELS))
+def test_simd_vec_dot_equals_scalar(isa, tname):
+    rng = np.random.default_rng(7)
+    for n in row_lengths(tname) + ([2048] if TYPES[tname][1] != 256 else [2560]):
+        w, x, a = make_case(tname, n, rng)
+        ref = vec_dot(0, tname, n, w, a)
+        got = vec_dot(isa, tname, n, w, a)
+        mag = magnitude(tname, gguf_deq(tname, w), x)
+        assert abs(ref) > 1e-7 * mag  # not a degenerate zero
+        assert abs(got - ref) <= 1e-5 * mag, (n, got, ref, mag)
+
+
+@pytest.mark.parametrize("tname", type_params())
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_gemv_equals_scalar_vec_dot(isa, tname):
+    rng = np.random.default_rng(8)
+    tid, bs, _, act = TYPES[tname]
+    n = {1: 96, 32: 32 * 18, 256: 256 * 3}[bs]
+    for nrows, pad in [(1, 0), (4, 0), (7, 0), (13, 6), (16, 64)]:
+        w, x, a = make_case(tname, n, rng, nrows)
+        rb = w.shape[1] + pad
+        wp = np.zeros((nrows, rb), dtype=np.uint8)
+        wp[:, : w.shape[1]] = w
+        out = np.full(nrows, np.nan, dtype=np.float32)
+        rc = lib.pyllm_kernel_gemv(isa, tid, n, ptr(wp), rb, nrows, ptr(a), fptr(out))
+        assert rc == 0
+        for r in range(nrows):
+            ref = vec_dot(0, tname, n, w[r], a)
+            mag = magnitude(tname, gguf_deq(tname, w[r]), x)
+            assert abs(out[r] - ref) <= 1e-5 * mag, (nrows, r, out[r], ref)
+
+
+# ---------------------------------------------------------------- fp16 / float helpers
+def f16_f32_cases():
+    rng = np.random.default_rng(9)
+    h = np.arange(65536, dtype=np.uint32)
+    f16 = h.astype(np.uint16).view(np.float16)
+    fin = np.isfinite(f16) & (h < 0x7bff)
+    lo = f16[fin & (h < 0x7bff)].astype(np.float32)
+    hi = (h[fin & (h < 0x7bff)] + 1).astype(np.uint16).view(np.float16).astype(np.float32)
+    mid = ((lo.astype(np.float64) + hi.astype(np.float64)) / 2).astype(np.float32)  # exact ties
+    mid = mid[np.abs(lo) < np.abs(hi)]
+    near = np.concatenate([np.nextafter(mid, np.float32(np.inf)), np.nextafter(mid, np.float32(-np.inf))])
+    rnd = rng.integers(0, 2**32, size=200000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 65504, 65519.99, 65520, 65536, 1e10,
+                        2.0**-24, 2.0**-25, 2.0**-25 * 1.0000001, 2.0**-26, 2.0**-14, 2.0**-14 * (1 - 2**-11),
+                        1e-45, -1e-45, 3.0**-20], dtype=np.float32)
+    return np.concatenate([special, lo, mid, near, -mid, rnd]).astype(np.float32)
+
+
+def run_float(isa, which, n, a, b=None, s=0.0, out=None):
+    rc = lib.pyllm_kernel_float(isa, which, n, ptr(a), ptr(b) if b is not None else ffi.NULL, s, ptr(out))
+    assert rc == 0
+    return out
+
+
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_fp16_to_fp32_all_halves(isa):
+    h = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    out = run_float(isa, 1, h.size, h, out=np.zeros(h.size, dtype=np.float32))
+    ref = h.view(np.float16).astype(np.float32)
+    nan = np.isnan(ref)
+    assert nan.sum() == 2046
+    assert np.isnan(out[nan]).all()
+    np.testing.assert_array_equal(out[~nan].view(np.uint32), ref[~nan].view(np.uint32))
+
+
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_fp32_to_fp16_exact(isa):
+    x = f16_f32_cases()
+    out = run_float(isa, 0, x.size, x, out=np.zeros(x.size, dtype=np.uint16))
+    with np.errstate(over="ignore"):
+        ref = x.astype(np.float16).view(np.uint16)
+    nan = np.isnan(x)
+    assert nan.sum() > 500
+    assert np.isnan(out[nan].view(np.float16)).all()
+    np.testing.assert_array_equal(out[~nan], ref[~nan])
+    sub = (np.abs(x) < 2.0**-14) & (x != 0)
+    assert (ref[sub] & 0x7fff).max() > 0  # subnormal halves were exercised
+
+
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_float_helpers(isa):
+    rng = np.random.default_rng(10)
+    for n in [1, 7, 16, 33, 64, 100, 1000]:
+        a16 = rng.standard_normal(n).astype(np.float16)
+        b = rng.standard_normal(n).astype(np.float32)
+        a32 = rng.standard_normal(n).astype(np.float32)
+        mag16 = float(np.abs(a16.astype(np.float64) * b).sum())
+        r = run_float(isa, 2, n, a16, b, out=np.zeros(1, dtype=np.float32))[0]
+        assert abs(r - np.dot(a16.astype(np.float64), b.astype(np.float64))) <= 1e-6 * mag16 + 1e-30
+        r = run_float(isa, 4, n, a32, b, out=np.zeros(1, dtype=np.float32))[0]
+        mag = float(np.abs(a32.astype(np.float64) * b).sum())
+        assert abs(r - np.dot(a32.astype(np.float64), b.astype(np.float64))) <= 1e-6 * mag
+        y = rng.standard_normal(n).astype(np.float32)
+        y0 = y.copy()
+        s = np.float32(0.37)
+        run_float(isa, 3, n, a16, s=float(s), out=y)
+        exp = y0.astype(np.float64) + float(s) * a16.astype(np.float64)
+        tol = 1.2e-7 * (np.abs(y0) + np.abs(float(s) * a16.astype(np.float64)))
+        assert (np.abs(y - exp) <= tol).all()
+        assert not np.array_equal(y, y0)
+
+
+# ---------------------------------------------------------------- API, provided kernels
+def test_levels_and_api_validation():
+    cpu = lib.pyllm_cpu_level()
+    assert lib.pyllm_level_available(0) == 1 and lib.pyllm_level_available(cpu) == 1
+    assert lib.pyllm_level_available(-1) == 0 and lib.pyllm_level_available(4) == 0
+    assert lib.pyllm_set_level(99) == -1
+    before = lib.pyllm_get_level()
+    try:
+        assert lib.pyllm_set_level(0) == 0 and lib.pyllm_get_level() == 0
+        assert lib.pyllm_set_level(cpu) == cpu and lib.pyllm_get_level() == cpu
+    finally:
+        lib.pyllm_set_level(before)
+    for t in [4, 5, 9, 15, 16, 19, 21, 29, 31, -1, 1000]:
+        assert lib.pyllm_type_supported(t) == 0 and lib.pyllm_type_act(t) == -1
+    for name, (tid, bs, ts, act) in TYPES.items():
+        assert lib.pyllm_type_supported(tid) == 1 and lib.pyllm_type_act(tid) == act, name
+    assert lib.pyllm_act_row_bytes(ACT_Q8_32, 64) == 80
+    assert lib.pyllm_act_row_bytes(ACT_Q8_K, 512) == 584
+    assert lib.pyllm_act_row_bytes(ACT_F32, 10) == 40
+    buf = np.zeros(4096, dtype=np.uint8)
+    f = np.zeros(1024, dtype=np.float32)
+    P, F = ptr(buf), fptr(f)
+    assert lib.pyllm_kernel_dequant(0, 4, P, F, 32) == -1           # unknown type
+    assert lib.pyllm_kernel_dequant(0, 2, P, F, 33) == -1           # not a block multiple
+    assert lib.pyllm_kernel_dequant(0, 12, P, F, 128) == -1
+    assert lib.pyllm_kernel_dequant(0, 2, P, F, 0) == -1
+    assert lib.pyllm_kernel_dequant(0, 2, ffi.NULL, F, 32) == -1
+    assert lib.pyllm_kernel_dequant(99, 2, P, F, 32) == -1          # no such level
+    assert lib.pyllm_kernel_dequant(-1, 2, P, F, 32) == -1
+    assert lib.pyllm_kernel_dequant(0, 2, P, F, 32) == 0
+    assert lib.pyllm_kernel_quantize_act(0, 3, F, P, 32) == -1
+    assert lib.pyllm_kernel_quantize_act(0, ACT_Q8_K, F, P, 32) == -1
+    assert lib.pyllm_kernel_quantize_act(0, ACT_Q8_32, F, P, 32) == 0
+    assert lib.pyllm_kernel_vec_dot(0, 15, 256, P, P, F) == -1     # Q8_K is not a weight type
+    assert lib.pyllm_kernel_vec_dot(0, 2, 48, P, P, F) == -1
+    assert lib.pyllm_kernel_vec_dot(0, 2, 32, P, P, F) == 0
+    assert lib.pyllm_kernel_gemv(0, 2, 32, P, 10, 2, P, F) == -1   # row_bytes < row size
+    assert lib.pyllm_kernel_gemv(0, 2, 32, P, 18, -1, P, F) == -1
+    assert lib.pyllm_kernel_float(0, 5, 4, P, P, 0.0, F) == -1
+    assert lib.pyllm_kernel_float(0, 2, 4, P, ffi.NULL, 0.0, F) == -1
+    for isa in range(4):
+        if not lib.pyllm_level_available(isa):
+            assert lib.pyllm_kernel_vec_dot(isa, 2, 32, P, P, F) == -1
+            assert lib.pyllm_kernel_float(isa, 4, 4, P, P, 0.0, F) == -1
+            assert lib.pyllm_kernel_provided(isa, 1, 2) == 0
+
+
+KINDS = ["dequant", "vec_dot", "gemv", "quantize_act"]
+
+
+def provided_table():
+    rows = {}
+    for isa in LEVELS:
+        rows[isa] = {k: [t for t, (tid, *_) in TYPES.items() if lib.pyllm_kernel_provided(isa, ki, tid)]
+                     for ki, k in enumerate(KINDS[:3])}
+        rows[isa]["quantize_act"] = [s for a, s in [(0, "F32"), (1, "Q8_32"), (2, "Q8_K")]
+                                     if lib.pyllm_kernel_provided(isa, 3, a)]
+    return rows
+
+
+def test_report_provided_kernels():
+    rows = provided_table()
+    print()
+    for isa, r in rows.items():
+        for k in KINDS:
+            print(f"  {ISA_NAMES[isa]:7s} {k:12s} {' '.join(r[k]) or '-'}")
+    # the scalar level is complete
+    assert rows[0]["dequant"] == list(TYPES) and rows[0]["vec_dot"] == list(TYPES)
+    assert rows[0]["gemv"] == [] and rows[0]["quantize_act"] == ["F32", "Q8_32", "Q8_K"]
+
+
+@pytest.mark.parametrize("isa", level_params([1, 2]))
+@pytest.mark.skip(reason="SIMD kernels not landed yet (next commit)")
+def test_priority_formats_provided(isa):
+    if not lib.pyllm_level_available(isa):
+        pytest.skip(f"CPU lacks {ISA_NAMES[isa]}")
+    for t in PRIORITY:
+        tid = TYPES[t][0]
+        assert lib.pyllm_kernel_provided(isa, 1, tid), f"{ISA_NAMES[isa]} vec_dot {t}"
+        assert lib.pyllm_kernel_provided(isa, 0, tid), f"{ISA_NAMES[isa]} dequant {t}"
+    assert lib.pyllm_kernel_provided(isa, 3, ACT_Q8_32) and lib.pyllm_kernel_provided(isa, 3, ACT_Q8_K)
+    if isa == 1:  # every format at AVX2
+        for t, (tid, *_) in TYPES.items():
+            assert lib.pyllm_kernel_provided(isa, 1, tid), t
+    if isa == lib.pyllm_cpu_level():  # gemv at the best level
+        for t in GEMV_REQUIRED:
+            assert lib.pyllm_kernel_provided(isa, 2, TYPES[t][0]), f"gemv {t}"
+
+
+@pytest.mark.skipif(not lib.pyllm_level_available(2) or os.environ.get("PYLLM_AVX512_VNNI") == "0",
+                    reason="needs AVX-512 (and runs once, from the parent)")
+def test_avx512_without_vnni():
+    """the AVX-512BW (maddubs) path, forced on a VNNI CPU by PYLLM_AVX512_VNNI=0"""
+    env = dict(os.environ, PYLLM_AVX512_VNNI="0")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__,
+                        "-k", "avx512 and (vec_dot or gemv) and not without_vnni"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout
