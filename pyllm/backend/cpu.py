@@ -13,7 +13,7 @@ import numpy as np
 
 from .._native import ffi, lib
 from ..errors import BackendError, InvalidArgumentError
-from ..graph import ACT_F32, Graph, Op, View, act_format
+from ..graph import Graph, Op, View
 
 ALIGN = 64
 
@@ -95,6 +95,7 @@ class CpuBackend:
         self.step.block_size = block_size
         self.step.pool_blocks = n_blocks
         self.logits = self.buffers[graph.ops[-1].y.name]
+        self.n_vocab = self.logits.shape[1]
 
     # -- lowering ----------------------------------------------------------------
     def _ptr(self, arr: Optional[np.ndarray], ctype: str):

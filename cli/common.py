@@ -1,0 +1,62 @@
+"""What every command shares: opening a model, reporting errors."""
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Iterator, Optional
+
+import typer
+from rich.console import Console
+
+from pyllm import registry
+from pyllm.errors import PyllmError
+
+err = Console(stderr=True, highlight=False)
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+@contextlib.contextmanager
+def handle_errors() -> Iterator[None]:
+    """One line on stderr and exit code 2 for our errors, 130 for Ctrl-C."""
+    try:
+        yield
+    except PyllmError as e:
+        err.print(f"[red]error:[/red] {e}", soft_wrap=True)
+        raise typer.Exit(EXIT_BAD_INPUT)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        raise typer.Exit(EXIT_INTERRUPTED)
+    except BrokenPipeError:
+        # the reader went away (`pyllm run ... | head`): not an error of ours
+        sys.stderr.close()
+        raise typer.Exit(0)
+
+
+def model_path(model: Optional[str], quiet: bool = False) -> str:
+    """A registry name or path -> a local file, pulling a registry model if missing."""
+    if model is None:
+        model = registry.DEFAULT_MODEL
+        if not quiet:
+            err.print(f"using the default model, {model} (choose another with -m)")
+    if model in registry.MODELS and not registry.local_path(model).is_file():
+        pull(model, quiet)
+    return str(registry.resolve(model))
+
+
+def pull(name: str, quiet: bool = False) -> str:
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+    if quiet:
+        return str(registry.fetch(name))
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), console=err,
+                  transient=True) as progress:
+        task = progress.add_task(f"pulling {name}", total=registry.MODELS[name].size)
+
+        def report(stage: str, done: int, total: int) -> None:
+            progress.update(task, description=f"{name}: {stage}", completed=done, total=total)
+
+        path = registry.fetch(name, report)
+    err.print(f"{name} is at {path}")
+    return str(path)

@@ -1,0 +1,204 @@
+"""One request's life: prefill (chunked) -> decode loop, stop rules, metrics.
+
+The engine owns a backend (which runs steps) and the KV block pool. A
+request names a Sequence; its cached prefix is reused, the rest of the
+prompt is prefilled in chunks of n_batch tokens, and tokens are then decoded
+one step at a time until a stop rule fires.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Optional, Sequence as Seq
+
+import numpy as np
+
+from .errors import ContextFullError, InvalidArgumentError
+from .kv_cache import BlockPool, Sequence
+from .sampling import Sampler
+
+
+@dataclass
+class Metrics:
+    prompt_tokens: int = 0
+    reused_tokens: int = 0       # prompt tokens whose K/V came from the cache
+    generated_tokens: int = 0
+    prefill_s: float = 0.0       # computing the prompt (time to first token, less sampling)
+    decode_s: float = 0.0        # first token sampled -> last token
+    decode_steps: int = 0        # forward steps after the prompt
+    ttft_s: float = 0.0          # request start -> first token sampled
+    total_s: float = 0.0
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        computed = self.prompt_tokens - self.reused_tokens
+        return computed / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.decode_steps / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def tpot_s(self) -> float:
+        """time per output token after the first"""
+        return self.decode_s / self.decode_steps if self.decode_steps else 0.0
+
+    def as_dict(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "reused_tokens": self.reused_tokens,
+                "generated_tokens": self.generated_tokens, "ttft_s": round(self.ttft_s, 6),
+                "prefill_s": round(self.prefill_s, 6), "decode_s": round(self.decode_s, 6),
+                "total_s": round(self.total_s, 6),
+                "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 2),
+                "decode_tokens_per_s": round(self.decode_tokens_per_s, 2)}
+
+
+@dataclass
+class Completion:
+    text: str
+    tokens: list[int]
+    finish_reason: str        # "stop" (end token or stop string), "length", "context", "interrupted"
+    metrics: Metrics = field(default_factory=Metrics)
+
+
+class Engine:
+    def __init__(self, backend, tokenizer, n_ctx: int, n_batch: int, block_size: int, n_blocks: int):
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.n_ctx, self.n_batch = n_ctx, n_batch
+        self.pool = BlockPool(n_blocks, block_size)
+
+    def new_sequence(self) -> Sequence:
+        return Sequence(self.pool, self.n_ctx)
+
+    # -- running tokens through the model ---------------------------------------------
+    def _run(self, seq: Sequence, tokens: Seq[int], n_out: int = 1) -> np.ndarray:
+        """Appends `tokens` to seq, computing their K/V; returns the logits of
+        the last n_out of them (a view valid until the next step)."""
+        seq.reserve(len(tokens))
+        logits = None
+        for i in range(0, len(tokens), self.n_batch):
+            chunk = tokens[i:i + self.n_batch]
+            logits = self.backend.forward(chunk, len(seq), seq.blocks, min(n_out, len(chunk)))
+            seq.commit(chunk)
+        return logits
+
+    def prefill(self, seq: Sequence, tokens: Seq[int]) -> tuple[np.ndarray, int]:
+        """Makes seq hold exactly `tokens`, reusing its cached prefix. Returns
+        the logits after the last token (a copy) and how many were reused."""
+        if not tokens:
+            raise InvalidArgumentError("the prompt is empty")
+        if len(tokens) > self.n_ctx:
+            raise ContextFullError(f"the prompt has {len(tokens)} tokens; the context holds {self.n_ctx} "
+                                   f"(use a larger context with -c, or a shorter prompt)")
+        reused = seq.reuse_prefix(tokens)
+        logits = self._run(seq, tokens[reused:])
+        return logits[-1].copy(), reused
+
+    def logits(self, tokens: Seq[int]) -> np.ndarray:
+        """Logits at every position of `tokens`, from a fresh context: [T, vocab]."""
+        if not tokens:
+            raise InvalidArgumentError("no tokens")
+        if len(tokens) > self.n_ctx:
+            raise ContextFullError(f"{len(tokens)} tokens do not fit in the context of {self.n_ctx}")
+        seq = self.new_sequence()
+        try:
+            out = np.empty((len(tokens), self.backend.n_vocab), dtype=np.float32)
+            step = min(self.n_batch, self.backend.n_out_max)
+            seq.reserve(len(tokens))
+            for i in range(0, len(tokens), step):
+                chunk = list(tokens[i:i + step])
+                out[i:i + len(chunk)] = self.backend.forward(chunk, len(seq), seq.blocks, len(chunk))
+                seq.commit(chunk)
+            return out
+        finally:
+            seq.release()
+
+    # -- generation ------------------------------------------------------------------
+    def generate(self, seq: Sequence, prompt: Seq[int], max_tokens: int, sampler: Sampler,
+                 stop: Seq[str] = (), stop_ids: Optional[set[int]] = None) -> "Generation":
+        return Generation(self, seq, list(prompt), max_tokens, sampler, list(stop),
+                          self.tokenizer.eog_ids if stop_ids is None else stop_ids)
+
+
+class Generation:
+    """Iterating yields text pieces as they are decoded; afterwards (or after
+    a break) `completion` holds the text, tokens, finish reason and metrics."""
+
+    def __init__(self, engine: Engine, seq: Sequence, prompt: list[int], max_tokens: int,
+                 sampler: Sampler, stop: list[str], stop_ids: set[int]):
+        self.engine, self.seq, self.prompt = engine, seq, prompt
+        self.max_tokens, self.sampler, self.stop, self.stop_ids = max_tokens, sampler, stop, stop_ids
+        self.completion: Optional[Completion] = None
+
+    def __iter__(self) -> Iterator[str]:
+        eng, m = self.engine, Metrics(prompt_tokens=len(self.prompt))
+        t0 = time.perf_counter()
+        tokens: list[int] = []
+        emitted: list[str] = []
+        pending = ""       # decoded text held back: it may be the start of a stop string
+        decoder = eng.tokenizer.stream_decoder()
+        history = list(self.prompt)
+        finish, hit_stop_string = "interrupted", False
+        t_first = None
+        try:
+            logits, m.reused_tokens = eng.prefill(self.seq, self.prompt)
+            m.prefill_s = time.perf_counter() - t0
+            while True:
+                tok = self.sampler(logits, history)
+                if t_first is None:
+                    t_first = time.perf_counter()
+                    m.ttft_s = t_first - t0
+                if tok in self.stop_ids:
+                    finish = "stop"
+                    break
+                tokens.append(tok)
+                history.append(tok)
+                m.generated_tokens = len(tokens)
+                out, pending, hit_stop_string = _split_stop(pending + decoder.push(tok), self.stop)
+                if out:
+                    emitted.append(out)
+                    yield out
+                if hit_stop_string:
+                    finish = "stop"
+                    break
+                if len(tokens) >= self.max_tokens:
+                    finish = "length"
+                    break
+                if len(self.seq) + 1 > eng.n_ctx:
+                    finish = "context"
+                    break
+                logits = eng._run(self.seq, [tok])[-1]
+                m.decode_steps += 1
+            if not hit_stop_string:
+                out, _, _ = _split_stop(pending + decoder.flush(), self.stop, final=True)
+                if out:
+                    emitted.append(out)
+                    yield out
+        finally:
+            end = time.perf_counter()
+            m.total_s = end - t0
+            if t_first is not None:
+                m.decode_s = end - t_first
+            self.completion = Completion("".join(emitted), tokens, finish, m)
+
+    def run(self) -> Completion:
+        for _ in self:
+            pass
+        return self.completion
+
+
+def _split_stop(text: str, stop: list[str], final: bool = False) -> tuple[str, str, bool]:
+    """Splits decoded text into (emit now, hold back, stop string hit). Text
+    that could still become a stop string is held back, unless final."""
+    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
+    if cut >= 0:
+        return text[:cut], "", True
+    if final or not stop:
+        return text, "", False
+    hold = 0
+    for s in stop:
+        for k in range(min(len(s) - 1, len(text)), hold, -1):
+            if text.endswith(s[:k]):
+                hold = k
+                break
+    return text[:len(text) - hold], text[len(text) - hold:], False
