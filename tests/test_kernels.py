@@ -471,21 +471,23 @@ def test_report_provided_kernels():
     assert rows[0]["gemv"] == [] and rows[0]["quantize_act"] == ["F32", "Q8_32", "Q8_K"]
 
 
-@pytest.mark.parametrize("isa", level_params([1]))
+@pytest.mark.parametrize("isa", level_params([1, 2]))
 def test_priority_formats_provided(isa):
+    """AVX2 and AVX-512 each have their own vec_dot and gemv for the priority
+    formats; AVX2 also every format's vec_dot, dequant and quantize_act
+    (AVX-512 inherits those)"""
     if not lib.pyllm_level_available(isa):
         pytest.skip(f"CPU lacks {ISA_NAMES[isa]}")
     for t in PRIORITY:
         tid = TYPES[t][0]
         assert lib.pyllm_kernel_provided(isa, 1, tid), f"{ISA_NAMES[isa]} vec_dot {t}"
-        assert lib.pyllm_kernel_provided(isa, 0, tid), f"{ISA_NAMES[isa]} dequant {t}"
-    assert lib.pyllm_kernel_provided(isa, 3, ACT_Q8_32) and lib.pyllm_kernel_provided(isa, 3, ACT_Q8_K)
-    if isa == 1:  # every format at AVX2
+    for t in GEMV_REQUIRED:
+        assert lib.pyllm_kernel_provided(isa, 2, TYPES[t][0]), f"{ISA_NAMES[isa]} gemv {t}"
+    if isa == 1:
         for t, (tid, *_) in TYPES.items():
             assert lib.pyllm_kernel_provided(isa, 1, tid), t
-    if True:  # gemv
-        for t in GEMV_REQUIRED:
-            assert lib.pyllm_kernel_provided(isa, 2, TYPES[t][0]), f"gemv {t}"
+            assert lib.pyllm_kernel_provided(isa, 0, tid) or t == "F32", t  # F32 dequant is a memcpy
+        assert lib.pyllm_kernel_provided(isa, 3, ACT_Q8_32) and lib.pyllm_kernel_provided(isa, 3, ACT_Q8_K)
 
 
 @pytest.mark.skipif(not lib.pyllm_level_available(2) or os.environ.get("PYLLM_AVX512_VNNI") == "0",
