@@ -66,6 +66,11 @@ SCALE_FIELDS = {
     "Q4_K": ([0], [2]), "Q5_K": ([0], [2]), "Q6_K": ([208], []),
 }
 
+# SIMD vs scalar differ only in summation order and FMA rounding: measured
+# differences are ~5e-8 of the magnitude sum; 2e-6 leaves a wide margin and
+# still catches a term off by 1e-4 of itself.
+TOL_SIMD = 2e-6
+
 Q8_32 = np.dtype([("d", "<f4"), ("s", "<f4"), ("qs", "i1", 32)])
 Q8_K = np.dtype([("d", "<f4"), ("qs", "i1", 256), ("bsums", "<i2", 16)])
 
@@ -300,7 +305,7 @@ def test_simd_vec_dot_equals_scalar(isa, tname):
         got = vec_dot(isa, tname, n, w, a)
         mag = magnitude(tname, gguf_deq(tname, w), x)
         assert abs(ref) > 1e-7 * mag  # not a degenerate zero
-        assert abs(got - ref) <= 1e-5 * mag, (n, got, ref, mag)
+        assert abs(got - ref) <= TOL_SIMD * mag, (n, got, ref, mag)
 
 
 @pytest.mark.parametrize("tname", type_params())
@@ -320,7 +325,7 @@ def test_gemv_equals_scalar_vec_dot(isa, tname):
         for r in range(nrows):
             ref = vec_dot(0, tname, n, w[r], a)
             mag = magnitude(tname, gguf_deq(tname, w[r]), x)
-            assert abs(out[r] - ref) <= 1e-5 * mag, (nrows, r, out[r], ref)
+            assert abs(out[r] - ref) <= TOL_SIMD * mag, (nrows, r, out[r], ref)
 
 
 # ---------------------------------------------------------------- fp16 / float helpers
@@ -467,21 +472,22 @@ def test_report_provided_kernels():
 
 
 @pytest.mark.parametrize("isa", level_params([1, 2]))
-@pytest.mark.skip(reason="SIMD kernels not landed yet (next commit)")
 def test_priority_formats_provided(isa):
+    """AVX2 and AVX-512 each have their own vec_dot and gemv for the priority
+    formats; AVX2 also every format's vec_dot, dequant and quantize_act
+    (AVX-512 inherits those)"""
     if not lib.pyllm_level_available(isa):
         pytest.skip(f"CPU lacks {ISA_NAMES[isa]}")
     for t in PRIORITY:
         tid = TYPES[t][0]
         assert lib.pyllm_kernel_provided(isa, 1, tid), f"{ISA_NAMES[isa]} vec_dot {t}"
-        assert lib.pyllm_kernel_provided(isa, 0, tid), f"{ISA_NAMES[isa]} dequant {t}"
-    assert lib.pyllm_kernel_provided(isa, 3, ACT_Q8_32) and lib.pyllm_kernel_provided(isa, 3, ACT_Q8_K)
-    if isa == 1:  # every format at AVX2
+    for t in GEMV_REQUIRED:
+        assert lib.pyllm_kernel_provided(isa, 2, TYPES[t][0]), f"{ISA_NAMES[isa]} gemv {t}"
+    if isa == 1:
         for t, (tid, *_) in TYPES.items():
             assert lib.pyllm_kernel_provided(isa, 1, tid), t
-    if isa == lib.pyllm_cpu_level():  # gemv at the best level
-        for t in GEMV_REQUIRED:
-            assert lib.pyllm_kernel_provided(isa, 2, TYPES[t][0]), f"gemv {t}"
+            assert lib.pyllm_kernel_provided(isa, 0, tid) or t == "F32", t  # F32 dequant is a memcpy
+        assert lib.pyllm_kernel_provided(isa, 3, ACT_Q8_32) and lib.pyllm_kernel_provided(isa, 3, ACT_Q8_K)
 
 
 @pytest.mark.skipif(not lib.pyllm_level_available(2) or os.environ.get("PYLLM_AVX512_VNNI") == "0",

@@ -1,4 +1,794 @@
-/* avx2.c: AVX2 + FMA + F16C kernels (work in progress) */
+/* avx2.c: AVX2 + FMA + F16C kernels (compiled with -mavx2 -mfma -mf16c -mbmi2).
+ *
+ * Only reached through the kernel table when the CPU has these extensions
+ * (dispatch.c checks), so nothing here runs on an older CPU.
+ *
+ * dequant_*: bit-exact copies of the scalar reference: they multiply and add
+ * in the reference's order, never with FMA (the build uses -std=c11, which
+ * keeps GCC from contracting a*b+c; do not build this file with
+ * -ffp-contract=fast).
+ *
+ * vec_dot_* for the 32-element formats: the weight nibbles stay unsigned
+ * (0..15, 0..31) and multiply the signed activations with vpmaddubsw; the
+ * fixed bias of Q4_0/Q5_0 and the min of Q4_1/Q5_1 come from the activation
+ * block's s = d * sum(q):
+ *     sum((q - 8) * a) * dw * da = dw * (da * sum(q * a) - 8 * s)
+ *     sum((dw q + m) * a)        = dw * da * sum(q * a) + m * s
+ * Per block: one int32x8 product vector, converted and FMA'd into a float
+ * accumulator with the block's scale; the (scale, min) products of a block
+ * come from one vcvtph2ps of its (d, m) pair times the activation's (d, s)
+ * pair. Horizontal sums only once per row.
+ *
+ * gemv_*: 4 rows at a time share each activation load; every format's gemv
+ * is built from the same per-block step as its vec_dot.
+ */
+#include <immintrin.h>
 #include <string.h>
+
 #include "quants.h"
-void kernels_fill_avx2(kernel_table *t) { (void)t; }
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* ------------------------------------------------------------------ */
+/* helpers                                                             */
+/* ------------------------------------------------------------------ */
+
+INLINE float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+INLINE int hsum_i32x8(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+INLINE uint32_t ld32(const void *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+INLINE uint16_t ld16(const void *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+/* 16 bytes of packed nibbles -> 32 bytes: low nibbles, then high nibbles
+ * (the element order of the 32-element formats) */
+INLINE __m256i unpack_nibbles(const uint8_t *qs) {
+    const __m128i x = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(x), _mm_srli_epi16(x, 4), 1);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+}
+
+/* bit j of x -> byte j is 0x10 (the 5th bit of the Q5 formats) */
+INLINE __m256i bits_to_0x10(uint32_t x) {
+    __m256i v = _mm256_set1_epi32((int)x);
+    const __m256i shuf = _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101,
+                                            0x0202020202020202, 0x0303030303030303);
+    v = _mm256_shuffle_epi8(v, shuf);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+/* bit b of every byte -> bit t of the same byte (other bits: mask them off).
+ * A 16-bit shift by |t - b| cannot carry bit b of one byte into bit t of the
+ * other byte, since both positions are inside their own byte. */
+INLINE __m256i move_bit(__m256i v, int b, int t) {
+    return b <= t ? _mm256_sll_epi16(v, _mm_cvtsi32_si128(t - b)) : _mm256_srl_epi16(v, _mm_cvtsi32_si128(b - t));
+}
+
+/* unsigned bytes x signed bytes -> 8 int32 sums of 4 products */
+INLINE __m256i dot_u8s8(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+/* signed x signed (|x| <= 128 allowed on the first, |y| <= 127) */
+INLINE __m256i dot_s8s8(__m256i x, __m256i y) {
+    return dot_u8s8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+/* a block's fp16 (d, m) pair times the activation's (d, s): [d*da, m*s, 0, 0] */
+INLINE __m128 dm_times_ds(const void *dm, const block_q8_32 *y) {
+    const __m128 w = _mm_cvtph_ps(_mm_cvtsi32_si128((int)ld32(dm)));
+    const __m128 a = _mm_castpd_ps(_mm_load_sd((const double *)(const void *)&y->d));
+    return _mm_mul_ps(w, a);
+}
+
+/* a block's fp16 d times the activation's (d, s): [d*da, d*s, ...] */
+INLINE __m128 d_times_ds(const void *d, const block_q8_32 *y) {
+    const __m128 w = _mm_cvtph_ps(_mm_set1_epi16((short)ld16(d)));
+    const __m128 a = _mm_castpd_ps(_mm_load_sd((const double *)(const void *)&y->d));
+    return _mm_mul_ps(w, a);
+}
+
+INLINE float lane1(__m128 v) { return _mm_cvtss_f32(_mm_shuffle_ps(v, v, 1)); }
+
+/* ------------------------------------------------------------------ */
+/* 32-element formats: one step per block                              */
+/* ------------------------------------------------------------------ */
+/* step(x, y, aq, acc, accm): acc += block dot (scaled), accm lane 1 += the
+ * block's bias/min term; aq = the activation block's 32 quants */
+
+INLINE void step_q4_0(const void *xb, const block_q8_32 *y, __m256i aq, __m256 *acc, __m128 *accm) {
+    const block_q4_0 *x = xb;
+    const __m128 p = d_times_ds(&x->d, y);
+    const __m256i dot = dot_u8s8(unpack_nibbles(x->qs), aq);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(p), *acc);
+    *accm = _mm_add_ps(*accm, p);
+}
+INLINE float fin_q4_0(__m256 acc, __m128 accm) { return hsum8(acc) - 8.0f * lane1(accm); }
+
+INLINE void step_q4_1(const void *xb, const block_q8_32 *y, __m256i aq, __m256 *acc, __m128 *accm) {
+    const block_q4_1 *x = xb;
+    const __m128 p = dm_times_ds(&x->d, y);
+    const __m256i dot = dot_u8s8(unpack_nibbles(x->qs), aq);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(p), *acc);
+    *accm = _mm_add_ps(*accm, p);
+}
+INLINE float fin_q4_1(__m256 acc, __m128 accm) { return hsum8(acc) + lane1(accm); }
+
+INLINE void step_q5_0(const void *xb, const block_q8_32 *y, __m256i aq, __m256 *acc, __m128 *accm) {
+    const block_q5_0 *x = xb;
+    const __m128 p = d_times_ds(&x->d, y);
+    const __m256i q = _mm256_or_si256(unpack_nibbles(x->qs), bits_to_0x10(ld32(x->qh)));
+    const __m256i dot = dot_u8s8(q, aq);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(p), *acc);
+    *accm = _mm_add_ps(*accm, p);
+}
+INLINE float fin_q5_0(__m256 acc, __m128 accm) { return hsum8(acc) - 16.0f * lane1(accm); }
+
+INLINE void step_q5_1(const void *xb, const block_q8_32 *y, __m256i aq, __m256 *acc, __m128 *accm) {
+    const block_q5_1 *x = xb;
+    const __m128 p = dm_times_ds(&x->d, y);
+    const __m256i q = _mm256_or_si256(unpack_nibbles(x->qs), bits_to_0x10(ld32(x->qh)));
+    const __m256i dot = dot_u8s8(q, aq);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(p), *acc);
+    *accm = _mm_add_ps(*accm, p);
+}
+#define fin_q5_1 fin_q4_1
+
+INLINE void step_q8_0(const void *xb, const block_q8_32 *y, __m256i aq, __m256 *acc, __m128 *accm) {
+    const block_q8_0 *x = xb;
+    (void)accm;
+    const __m128 p = d_times_ds(&x->d, y);
+    const __m256i dot = dot_s8s8(_mm256_loadu_si256((const __m256i *)x->qs), aq);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(p), *acc);
+}
+INLINE float fin_q8_0(__m256 acc, __m128 accm) { (void)accm; return hsum8(acc); }
+
+INLINE __m256i iq4nl_values(const uint8_t *qs) {
+    const __m128i k = _mm_loadu_si128((const __m128i *)kvalues_iq4nl);
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(k), unpack_nibbles(qs));
+}
+
+INLINE void step_iq4_nl(const void *xb, const block_q8_32 *y, __m256i aq, __m256 *acc, __m128 *accm) {
+    const block_iq4_nl *x = xb;
+    (void)accm;
+    const __m128 p = d_times_ds(&x->d, y);
+    const __m256i dot = dot_s8s8(iq4nl_values(x->qs), aq);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(p), *acc);
+}
+#define fin_iq4_nl fin_q8_0
+
+/* vec_dot: two blocks per iteration into two accumulators (two FMA chains);
+ * gemv: 4 rows per iteration sharing the activation loads. */
+#define DEFINE_Q32(name, block_t)                                                                     \
+    static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {          \
+        const block_t *x = w;                                                                          \
+        const block_q8_32 *y = a;                                                                      \
+        const int64_t nb = n / QK;                                                                     \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                                \
+        __m128 m0 = _mm_setzero_ps(), m1 = _mm_setzero_ps();                                           \
+        int64_t i = 0;                                                                                 \
+        for (; i + 1 < nb; i += 2) {                                                                   \
+            step_##name(&x[i], &y[i], _mm256_loadu_si256((const __m256i *)y[i].qs), &acc0, &m0);      \
+            step_##name(&x[i + 1], &y[i + 1], _mm256_loadu_si256((const __m256i *)y[i + 1].qs), &acc1, \
+                        &m1);                                                                          \
+        }                                                                                              \
+        if (i < nb) step_##name(&x[i], &y[i], _mm256_loadu_si256((const __m256i *)y[i].qs), &acc0, &m0); \
+        return fin_##name(_mm256_add_ps(acc0, acc1), _mm_add_ps(m0, m1));                              \
+    }                                                                                                  \
+    static void gemv_##name(int64_t n, const void *restrict w, size_t rb, int nrows,                  \
+                            const void *restrict a, float *restrict out) {                             \
+        const block_q8_32 *y = a;                                                                      \
+        const int64_t nb = n / QK;                                                                     \
+        const char *wr = w;                                                                            \
+        int r = 0;                                                                                     \
+        for (; r + 4 <= nrows; r += 4, wr += 4 * rb) {                                                 \
+            const block_t *x0 = (const block_t *)(const void *)wr;                                     \
+            const block_t *x1 = (const block_t *)(const void *)(wr + rb);                              \
+            const block_t *x2 = (const block_t *)(const void *)(wr + 2 * rb);                          \
+            const block_t *x3 = (const block_t *)(const void *)(wr + 3 * rb);                          \
+            __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;                                \
+            __m128 k0 = _mm_setzero_ps(), k1 = k0, k2 = k0, k3 = k0;                                   \
+            for (int64_t i = 0; i < nb; i++) {                                                         \
+                const __m256i aq = _mm256_loadu_si256((const __m256i *)y[i].qs);                       \
+                step_##name(&x0[i], &y[i], aq, &c0, &k0);                                              \
+                step_##name(&x1[i], &y[i], aq, &c1, &k1);                                              \
+                step_##name(&x2[i], &y[i], aq, &c2, &k2);                                              \
+                step_##name(&x3[i], &y[i], aq, &c3, &k3);                                              \
+            }                                                                                          \
+            out[r] = fin_##name(c0, k0);                                                               \
+            out[r + 1] = fin_##name(c1, k1);                                                           \
+            out[r + 2] = fin_##name(c2, k2);                                                           \
+            out[r + 3] = fin_##name(c3, k3);                                                           \
+        }                                                                                              \
+        for (; r < nrows; r++, wr += rb) out[r] = vec_dot_##name(n, wr, a);                            \
+    }
+
+DEFINE_Q32(q4_0, block_q4_0)
+DEFINE_Q32(q4_1, block_q4_1)
+DEFINE_Q32(q5_0, block_q5_0)
+DEFINE_Q32(q5_1, block_q5_1)
+DEFINE_Q32(q8_0, block_q8_0)
+DEFINE_Q32(iq4_nl, block_iq4_nl)
+
+/* ------------------------------------------------------------------ */
+/* K-quants: one step per super-block                                  */
+/* ------------------------------------------------------------------ */
+/* step(x, y, acc): acc += this super-block's contribution (8 lanes) */
+
+/* Q4_K/Q5_K 6-bit scales and mins: sc[0..7] and m[0..7] as bytes */
+INLINE void k4_scales(const uint8_t *s, uint32_t sc[2], uint32_t m[2]) {
+    const uint32_t a = ld32(s), b = ld32(s + 4), c = ld32(s + 8);
+    sc[0] = a & 0x3f3f3f3fu;
+    m[0] = b & 0x3f3f3f3fu;
+    sc[1] = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
+    m[1] = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
+}
+
+/* the 8 int32 sums of m[j] * bsums, pairs of bsums per sub-block of 32 */
+INLINE __m256i k4_min_dot(const uint32_t m[2], const block_q8_K *y) {
+    const __m128i m8 = _mm_set_epi32(0, 0, (int)m[1], (int)m[0]);
+    const __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)); /* m0 m0 m1 m1 ... */
+    return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), m16);
+}
+
+INLINE void step_q4_K(const block_q4_K *x, const block_q8_K *y, __m256 *acc) {
+    uint32_t sc[2], m[2];
+    k4_scales(x->scales, sc, m);
+    int16_t s16[8];
+    _mm_storeu_si128((__m128i *)s16, _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc[1], (int)sc[0])));
+    const __m256i lo4 = _mm256_set1_epi8(0x0f);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * c));
+        const __m256i a0 = _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c));
+        const __m256i a1 = _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c + 32));
+        const __m256i p0 = _mm256_maddubs_epi16(_mm256_and_si256(q, lo4), a0);
+        const __m256i p1 = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), lo4), a1);
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p0, _mm256_set1_epi16(s16[2 * c])));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p1, _mm256_set1_epi16(s16[2 * c + 1])));
+    }
+    const float d = _cvtsh_ss(x->d) * y->d, dmin = _cvtsh_ss(x->dmin) * y->d;
+    *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), *acc);
+    *acc = _mm256_fnmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(k4_min_dot(m, y)), *acc);
+}
+
+INLINE void step_q5_K(const block_q5_K *x, const block_q8_K *y, __m256 *acc) {
+    uint32_t sc[2], m[2];
+    k4_scales(x->scales, sc, m);
+    int16_t s16[8];
+    _mm_storeu_si128((__m128i *)s16, _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc[1], (int)sc[0])));
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), b4 = _mm256_set1_epi8(0x10);
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)x->qh);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * c));
+        /* bit 2c of qh -> bit 4 of the first 32, bit 2c+1 -> of the next 32 */
+        const __m256i h0 = _mm256_and_si256(move_bit(qh, 2 * c, 4), b4);
+        const __m256i h1 = _mm256_and_si256(move_bit(qh, 2 * c + 1, 4), b4);
+        const __m256i a0 = _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c));
+        const __m256i a1 = _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c + 32));
+        const __m256i p0 = _mm256_maddubs_epi16(_mm256_or_si256(_mm256_and_si256(q, lo4), h0), a0);
+        const __m256i p1 =
+            _mm256_maddubs_epi16(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), lo4), h1), a1);
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p0, _mm256_set1_epi16(s16[2 * c])));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p1, _mm256_set1_epi16(s16[2 * c + 1])));
+    }
+    const float d = _cvtsh_ss(x->d) * y->d, dmin = _cvtsh_ss(x->dmin) * y->d;
+    *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), *acc);
+    *acc = _mm256_fnmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(k4_min_dot(m, y)), *acc);
+}
+
+/* int16 scale vector [s[j] x 8 | s[j+1] x 8] from 16 scale bytes (signed
+ * or not), for the madd of a 32-element group spanning two sub-blocks of 16 */
+INLINE __m256i scale_pair(__m128i s8, int j, int is_signed) {
+    const __m128i idx = _mm_or_si128(_mm_set1_epi8((char)j), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+    const __m128i b = _mm_shuffle_epi8(s8, idx);
+    return is_signed ? _mm256_cvtepi8_epi16(b) : _mm256_cvtepu8_epi16(b);
+}
+
+INLINE void step_q6_K(const block_q6_K *x, const block_q8_K *y, __m256 *acc) {
+    const __m128i s8 = _mm_loadu_si128((const __m128i *)x->scales);
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), hi2 = _mm256_set1_epi8(0x30);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const __m256i q0 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h));
+        const __m256i q1 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+        __m256i v[4];
+        v[0] = _mm256_or_si256(_mm256_and_si256(q0, lo4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), hi2));
+        v[1] = _mm256_or_si256(_mm256_and_si256(q1, lo4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), hi2));
+        v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q0, 4), lo4), _mm256_and_si256(qh, hi2));
+        v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q1, 4), lo4),
+                               _mm256_and_si256(_mm256_srli_epi16(qh, 2), hi2));
+        for (int s = 0; s < 4; s++) {
+            const __m256i aq = _mm256_loadu_si256((const __m256i *)(y->qs + 128 * h + 32 * s));
+            const __m256i p = _mm256_maddubs_epi16(v[s], aq);
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(s8, 8 * h + 2 * s, 1)));
+        }
+    }
+    /* the -32 offset: sum_j scale_j * 32 * bsums_j */
+    const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), _mm256_cvtepi8_epi16(s8));
+    sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 5));
+    *acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x->d) * y->d), _mm256_cvtepi32_ps(sumi), *acc);
+}
+
+INLINE void step_q2_K(const block_q2_K *x, const block_q8_K *y, __m256 *acc) {
+    const __m128i sb = _mm_loadu_si128((const __m128i *)x->scales);
+    const __m128i sc = _mm_and_si128(sb, _mm_set1_epi8(0x0f));
+    const __m128i mn = _mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(0x0f));
+    const __m256i m3 = _mm256_set1_epi8(3);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
+        for (int s = 0; s < 4; s++) {
+            const __m256i v = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s)), m3);
+            const __m256i aq = _mm256_loadu_si256((const __m256i *)(y->qs + 128 * h + 32 * s));
+            const __m256i p = _mm256_maddubs_epi16(v, aq);
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(sc, 8 * h + 2 * s, 0)));
+        }
+    }
+    const __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), _mm256_cvtepu8_epi16(mn));
+    const float d = _cvtsh_ss(x->d) * y->d, dmin = _cvtsh_ss(x->dmin) * y->d;
+    *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), *acc);
+    *acc = _mm256_fnmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(msum), *acc);
+}
+
+/* Q3_K: the 16 6-bit scales, as signed bytes (-32..31) */
+INLINE __m128i q3_K_scales8(const uint8_t *s) {
+    const uint32_t a = ld32(s), b = ld32(s + 4), c = ld32(s + 8);
+    const uint32_t w0 = (a & 0x0f0f0f0fu) | ((c << 4) & 0x30303030u);
+    const uint32_t w1 = (b & 0x0f0f0f0fu) | ((c << 2) & 0x30303030u);
+    const uint32_t w2 = ((a >> 4) & 0x0f0f0f0fu) | (c & 0x30303030u);
+    const uint32_t w3 = ((b >> 4) & 0x0f0f0f0fu) | ((c >> 2) & 0x30303030u);
+    return _mm_sub_epi8(_mm_setr_epi32((int)w0, (int)w1, (int)w2, (int)w3), _mm_set1_epi8(32));
+}
+
+INLINE void step_q3_K(const block_q3_K *x, const block_q8_K *y, __m256 *acc) {
+    const __m128i s8 = q3_K_scales8(x->scales);
+    const __m256i m3 = _mm256_set1_epi8(3), b2 = _mm256_set1_epi8(4);
+    const __m256i hm = _mm256_loadu_si256((const __m256i *)x->hmask);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
+        for (int s = 0; s < 4; s++) {
+            const int i = 4 * h + s; /* hmask bit of this group of 32 */
+            const __m256i hb = move_bit(hm, i, 2);
+            /* q + 4 = low 2 bits + 4 * hbit: 0..7, unsigned */
+            const __m256i v = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s)), m3),
+                                              _mm256_and_si256(hb, b2));
+            const __m256i aq = _mm256_loadu_si256((const __m256i *)(y->qs + 128 * h + 32 * s));
+            const __m256i p = _mm256_maddubs_epi16(v, aq);
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(s8, 8 * h + 2 * s, 1)));
+        }
+    }
+    const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), _mm256_cvtepi8_epi16(s8));
+    sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 2));
+    *acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x->d) * y->d), _mm256_cvtepi32_ps(sumi), *acc);
+}
+
+#define DEFINE_QK(name, block_t)                                                                      \
+    static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {          \
+        const block_t *x = w;                                                                          \
+        const block_q8_K *y = a;                                                                       \
+        __m256 acc = _mm256_setzero_ps();                                                              \
+        for (int64_t i = 0; i < n / QK_K; i++) step_##name(&x[i], &y[i], &acc);                        \
+        return hsum8(acc);                                                                             \
+    }                                                                                                  \
+    static void gemv_##name(int64_t n, const void *restrict w, size_t rb, int nrows,                  \
+                            const void *restrict a, float *restrict out) {                             \
+        const block_q8_K *y = a;                                                                       \
+        const char *wr = w;                                                                            \
+        int r = 0;                                                                                     \
+        for (; r + 2 <= nrows; r += 2, wr += 2 * rb) {                                                 \
+            const block_t *x0 = (const block_t *)(const void *)wr;                                     \
+            const block_t *x1 = (const block_t *)(const void *)(wr + rb);                              \
+            __m256 c0 = _mm256_setzero_ps(), c1 = c0;                                                  \
+            for (int64_t i = 0; i < n / QK_K; i++) {                                                   \
+                step_##name(&x0[i], &y[i], &c0);                                                       \
+                step_##name(&x1[i], &y[i], &c1);                                                       \
+            }                                                                                          \
+            out[r] = hsum8(c0);                                                                        \
+            out[r + 1] = hsum8(c1);                                                                    \
+        }                                                                                              \
+        for (; r < nrows; r++, wr += rb) out[r] = vec_dot_##name(n, wr, a);                            \
+    }
+
+DEFINE_QK(q2_K, block_q2_K)
+DEFINE_QK(q3_K, block_q3_K)
+DEFINE_QK(q4_K, block_q4_K)
+DEFINE_QK(q5_K, block_q5_K)
+DEFINE_QK(q6_K, block_q6_K)
+
+/* ------------------------------------------------------------------ */
+/* float weights (F32, F16, BF16) x float activations                  */
+/* ------------------------------------------------------------------ */
+
+INLINE __m256 load_f16x8(const f16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+INLINE __m256 load_bf16x8(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+INLINE __m256 load_f32x8(const float *p) { return _mm256_loadu_ps(p); }
+
+#define DEFINE_FDOT(name, wtype, LOAD, SCALAR)                                                        \
+    static float name(int64_t n, const wtype *restrict x, const float *restrict y) {                  \
+        __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;                                    \
+        int64_t i = 0;                                                                                 \
+        for (; i + 32 <= n; i += 32) {                                                                 \
+            c0 = _mm256_fmadd_ps(LOAD(x + i), _mm256_loadu_ps(y + i), c0);                             \
+            c1 = _mm256_fmadd_ps(LOAD(x + i + 8), _mm256_loadu_ps(y + i + 8), c1);                     \
+            c2 = _mm256_fmadd_ps(LOAD(x + i + 16), _mm256_loadu_ps(y + i + 16), c2);                   \
+            c3 = _mm256_fmadd_ps(LOAD(x + i + 24), _mm256_loadu_ps(y + i + 24), c3);                   \
+        }                                                                                              \
+        for (; i + 8 <= n; i += 8) c0 = _mm256_fmadd_ps(LOAD(x + i), _mm256_loadu_ps(y + i), c0);      \
+        float sum = hsum8(_mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)));                \
+        for (; i < n; i++) sum += SCALAR(x[i]) * y[i];                                                 \
+        return sum;                                                                                    \
+    }
+
+#define F32_ID(v) (v)
+DEFINE_FDOT(dot_f32_x, float, load_f32x8, F32_ID)
+DEFINE_FDOT(dot_f16_x, f16_t, load_f16x8, fp16_to_fp32)
+DEFINE_FDOT(dot_bf16_x, uint16_t, load_bf16x8, bf16_to_fp32)
+
+static float vec_dot_f32(int64_t n, const void *restrict w, const void *restrict a) { return dot_f32_x(n, w, a); }
+static float vec_dot_f16(int64_t n, const void *restrict w, const void *restrict a) { return dot_f16_x(n, w, a); }
+static float vec_dot_bf16(int64_t n, const void *restrict w, const void *restrict a) { return dot_bf16_x(n, w, a); }
+
+#define DEFINE_FGEMV(name, wtype, LOAD, SCALAR)                                                       \
+    static void gemv_##name(int64_t n, const void *restrict w, size_t rb, int nrows,                  \
+                            const void *restrict a, float *restrict out) {                             \
+        const float *y = a;                                                                            \
+        const char *wr = w;                                                                            \
+        int r = 0;                                                                                     \
+        for (; r + 4 <= nrows; r += 4, wr += 4 * rb) {                                                 \
+            const wtype *x0 = (const wtype *)(const void *)wr;                                         \
+            const wtype *x1 = (const wtype *)(const void *)(wr + rb);                                  \
+            const wtype *x2 = (const wtype *)(const void *)(wr + 2 * rb);                              \
+            const wtype *x3 = (const wtype *)(const void *)(wr + 3 * rb);                              \
+            __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;                                \
+            int64_t i = 0;                                                                             \
+            for (; i + 8 <= n; i += 8) {                                                               \
+                const __m256 yv = _mm256_loadu_ps(y + i);                                              \
+                c0 = _mm256_fmadd_ps(LOAD(x0 + i), yv, c0);                                            \
+                c1 = _mm256_fmadd_ps(LOAD(x1 + i), yv, c1);                                            \
+                c2 = _mm256_fmadd_ps(LOAD(x2 + i), yv, c2);                                            \
+                c3 = _mm256_fmadd_ps(LOAD(x3 + i), yv, c3);                                            \
+            }                                                                                          \
+            float s0 = hsum8(c0), s1 = hsum8(c1), s2 = hsum8(c2), s3 = hsum8(c3);                      \
+            for (; i < n; i++) {                                                                       \
+                s0 += SCALAR(x0[i]) * y[i];                                                            \
+                s1 += SCALAR(x1[i]) * y[i];                                                            \
+                s2 += SCALAR(x2[i]) * y[i];                                                            \
+                s3 += SCALAR(x3[i]) * y[i];                                                            \
+            }                                                                                          \
+            out[r] = s0, out[r + 1] = s1, out[r + 2] = s2, out[r + 3] = s3;                            \
+        }                                                                                              \
+        for (; r < nrows; r++, wr += rb) out[r] = vec_dot_##name(n, wr, a);                            \
+    }
+
+DEFINE_FGEMV(f32, float, load_f32x8, F32_ID)
+DEFINE_FGEMV(f16, f16_t, load_f16x8, fp16_to_fp32)
+DEFINE_FGEMV(bf16, uint16_t, load_bf16x8, bf16_to_fp32)
+
+/* ------------------------------------------------------------------ */
+/* dequantize (bit-exact with quants.c: mul, then add; no FMA)          */
+/* ------------------------------------------------------------------ */
+
+static void dequant_f16(const void *restrict w, float *restrict out, int64_t n) {
+    const f16_t *x = w;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, load_f16x8(x + i));
+    for (; i < n; i++) out[i] = fp16_to_fp32(x[i]);
+}
+
+static void dequant_bf16(const void *restrict w, float *restrict out, int64_t n) {
+    const uint16_t *x = w;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, load_bf16x8(x + i));
+    for (; i < n; i++) out[i] = bf16_to_fp32(x[i]);
+}
+
+/* store 32 bytes of small ints (as int8) times d, plus m when add_m */
+INLINE void store_scaled(float *out, __m256i q, __m256 d, __m256 m, int add_m) {
+    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    const __m128i part[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int k = 0; k < 4; k++) {
+        __m256 v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part[k])));
+        if (add_m) v = _mm256_add_ps(v, m);
+        _mm256_storeu_ps(out + 8 * k, v);
+    }
+}
+
+static void dequant_q4_0(const void *restrict w, float *restrict out, int64_t n) {
+    const block_q4_0 *x = w;
+    for (int64_t i = 0; i < n / QK; i++, out += QK) {
+        const __m256i q = _mm256_sub_epi8(unpack_nibbles(x[i].qs), _mm256_set1_epi8(8));
+        store_scaled(out, q, _mm256_set1_ps(_cvtsh_ss(x[i].d)), _mm256_setzero_ps(), 0);
+    }
+}
+
+static void dequant_q4_1(const void *restrict w, float *restrict out, int64_t n) {
+    const block_q4_1 *x = w;
+    for (int64_t i = 0; i < n / QK; i++, out += QK)
+        store_scaled(out, unpack_nibbles(x[i].qs), _mm256_set1_ps(_cvtsh_ss(x[i].d)),
+                     _mm256_set1_ps(_cvtsh_ss(x[i].m)), 1);
+}
+
+static void dequant_q5_0(const void *restrict w, float *restrict out, int64_t n) {
+    const block_q5_0 *x = w;
+    for (int64_t i = 0; i < n / QK; i++, out += QK) {
+        __m256i q = _mm256_or_si256(unpack_nibbles(x[i].qs), bits_to_0x10(ld32(x[i].qh)));
+        q = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
+        store_scaled(out, q, _mm256_set1_ps(_cvtsh_ss(x[i].d)), _mm256_setzero_ps(), 0);
+    }
+}
+
+static void dequant_q5_1(const void *restrict w, float *restrict out, int64_t n) {
+    const block_q5_1 *x = w;
+    for (int64_t i = 0; i < n / QK; i++, out += QK) {
+        const __m256i q = _mm256_or_si256(unpack_nibbles(x[i].qs), bits_to_0x10(ld32(x[i].qh)));
+        store_scaled(out, q, _mm256_set1_ps(_cvtsh_ss(x[i].d)), _mm256_set1_ps(_cvtsh_ss(x[i].m)), 1);
+    }
+}
+
+static void dequant_q8_0(const void *restrict w, float *restrict out, int64_t n) {
+    const block_q8_0 *x = w;
+    for (int64_t i = 0; i < n / QK; i++, out += QK)
+        store_scaled(out, _mm256_loadu_si256((const __m256i *)x[i].qs), _mm256_set1_ps(_cvtsh_ss(x[i].d)),
+                     _mm256_setzero_ps(), 0);
+}
+
+static void dequant_iq4_nl(const void *restrict w, float *restrict out, int64_t n) {
+    const block_iq4_nl *x = w;
+    for (int64_t i = 0; i < n / QK; i++, out += QK)
+        store_scaled(out, iq4nl_values(x[i].qs), _mm256_set1_ps(_cvtsh_ss(x[i].d)), _mm256_setzero_ps(), 0);
+}
+
+/* 16 elements: (d * sc) * q - (dmin * m), as the reference */
+INLINE void store16_dm(float *out, __m128i q16, float dl, float ml) {
+    const __m256 d = _mm256_set1_ps(dl), m = _mm256_set1_ps(ml);
+    _mm256_storeu_ps(out, _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q16))), m));
+    _mm256_storeu_ps(out + 8, _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q16, 8)))), m));
+}
+
+static void dequant_q4_K(const void *restrict w, float *restrict out, int64_t n) {
+    const block_q4_K *x = w;
+    for (int64_t i = 0; i < n / QK_K; i++, out += QK_K) {
+        uint32_t sc[2], m[2];
+        k4_scales(x[i].scales, sc, m);
+        const uint8_t *scb = (const uint8_t *)sc, *mb = (const uint8_t *)m;
+        const float d = _cvtsh_ss(x[i].d), dmin = _cvtsh_ss(x[i].dmin);
+        for (int c = 0; c < 4; c++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
+            const __m256i v[2] = {_mm256_and_si256(q, _mm256_set1_epi8(0x0f)),
+                                  _mm256_and_si256(_mm256_srli_epi16(q, 4), _mm256_set1_epi8(0x0f))};
+            for (int s = 0; s < 2; s++) {
+                const int j = 2 * c + s;
+                const float dl = d * (float)scb[j], ml = dmin * (float)mb[j];
+                store16_dm(out + 32 * j, _mm256_castsi256_si128(v[s]), dl, ml);
+                store16_dm(out + 32 * j + 16, _mm256_extracti128_si256(v[s], 1), dl, ml);
+            }
+        }
+    }
+}
+
+static void dequant_q5_K(const void *restrict w, float *restrict out, int64_t n) {
+    const block_q5_K *x = w;
+    for (int64_t i = 0; i < n / QK_K; i++, out += QK_K) {
+        uint32_t sc[2], m[2];
+        k4_scales(x[i].scales, sc, m);
+        const uint8_t *scb = (const uint8_t *)sc, *mb = (const uint8_t *)m;
+        const float d = _cvtsh_ss(x[i].d), dmin = _cvtsh_ss(x[i].dmin);
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)x[i].qh);
+        for (int c = 0; c < 4; c++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
+            const __m256i b4 = _mm256_set1_epi8(0x10);
+            const __m256i h0 = _mm256_and_si256(move_bit(qh, 2 * c, 4), b4);
+            const __m256i h1 = _mm256_and_si256(move_bit(qh, 2 * c + 1, 4), b4);
+            const __m256i v[2] = {
+                _mm256_or_si256(_mm256_and_si256(q, _mm256_set1_epi8(0x0f)), h0),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), _mm256_set1_epi8(0x0f)), h1)};
+            for (int s = 0; s < 2; s++) {
+                const int j = 2 * c + s;
+                const float dl = d * (float)scb[j], ml = dmin * (float)mb[j];
+                store16_dm(out + 32 * j, _mm256_castsi256_si128(v[s]), dl, ml);
+                store16_dm(out + 32 * j + 16, _mm256_extracti128_si256(v[s], 1), dl, ml);
+            }
+        }
+    }
+}
+
+static void dequant_q6_K(const void *restrict w, float *restrict out, int64_t n) {
+    const block_q6_K *x = w;
+    for (int64_t i = 0; i < n / QK_K; i++, out += QK_K) {
+        const float d = _cvtsh_ss(x[i].d);
+        const __m256i lo4 = _mm256_set1_epi8(0x0f), hi2 = _mm256_set1_epi8(0x30), o32 = _mm256_set1_epi8(32);
+        for (int h = 0; h < 2; h++) {
+            const __m256i q0 = _mm256_loadu_si256((const __m256i *)(x[i].ql + 64 * h));
+            const __m256i q1 = _mm256_loadu_si256((const __m256i *)(x[i].ql + 64 * h + 32));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(x[i].qh + 32 * h));
+            __m256i v[4];
+            v[0] = _mm256_or_si256(_mm256_and_si256(q0, lo4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), hi2));
+            v[1] = _mm256_or_si256(_mm256_and_si256(q1, lo4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), hi2));
+            v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q0, 4), lo4), _mm256_and_si256(qh, hi2));
+            v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q1, 4), lo4),
+                                   _mm256_and_si256(_mm256_srli_epi16(qh, 2), hi2));
+            for (int s = 0; s < 4; s++) {
+                const __m256i q = _mm256_sub_epi8(v[s], o32);
+                const int j = 8 * h + 2 * s;
+                store16_dm(out + 16 * j, _mm256_castsi256_si128(q), d * (float)x[i].scales[j], 0.0f);
+                store16_dm(out + 16 * j + 16, _mm256_extracti128_si256(q, 1), d * (float)x[i].scales[j + 1], 0.0f);
+            }
+        }
+    }
+}
+
+/* 16 elements: dl * q (no min) -- Q3_K, Q6_K go through store16_dm with
+ * m = 0: x - 0.0f == x for every x, so the result is the product itself */
+
+static void dequant_q2_K(const void *restrict w, float *restrict out, int64_t n) {
+    const block_q2_K *x = w;
+    for (int64_t i = 0; i < n / QK_K; i++, out += QK_K) {
+        const float d = _cvtsh_ss(x[i].d), dmin = _cvtsh_ss(x[i].dmin);
+        for (int h = 0; h < 2; h++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h));
+            for (int s = 0; s < 4; s++) {
+                const __m256i v = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s)), _mm256_set1_epi8(3));
+                const int j = 8 * h + 2 * s;
+                store16_dm(out + 16 * j, _mm256_castsi256_si128(v), d * (float)(x[i].scales[j] & 0xf),
+                           dmin * (float)(x[i].scales[j] >> 4));
+                store16_dm(out + 16 * j + 16, _mm256_extracti128_si256(v, 1), d * (float)(x[i].scales[j + 1] & 0xf),
+                           dmin * (float)(x[i].scales[j + 1] >> 4));
+            }
+        }
+    }
+}
+
+static void dequant_q3_K(const void *restrict w, float *restrict out, int64_t n) {
+    const block_q3_K *x = w;
+    for (int64_t i = 0; i < n / QK_K; i++, out += QK_K) {
+        int8_t sc[16];
+        _mm_storeu_si128((__m128i *)sc, q3_K_scales8(x[i].scales));
+        const float d = _cvtsh_ss(x[i].d);
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)x[i].hmask);
+        for (int h = 0; h < 2; h++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h));
+            for (int s = 0; s < 4; s++) {
+                const int b = 4 * h + s;
+                const __m256i hb = move_bit(hm, b, 2);
+                __m256i v = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s)), _mm256_set1_epi8(3)),
+                                            _mm256_and_si256(hb, _mm256_set1_epi8(4)));
+                v = _mm256_sub_epi8(v, _mm256_set1_epi8(4));
+                const int j = 8 * h + 2 * s;
+                store16_dm(out + 16 * j, _mm256_castsi256_si128(v), d * (float)sc[j], 0.0f);
+                store16_dm(out + 16 * j + 16, _mm256_extracti128_si256(v, 1), d * (float)sc[j + 1], 0.0f);
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* activation quantization (bit-exact with quants.c)                    */
+/* ------------------------------------------------------------------ */
+
+INLINE float amax_of(const float *x, int n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < n; j += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 32 floats * id -> 32 int8 (round to nearest even); returns their sum and
+ * the two 16-element sums */
+INLINE int quant32(const float *x, __m256 id, int8_t *q, int *s16a, int *s16b) {
+    const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), id));
+    const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), id));
+    const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16), id));
+    const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), id));
+    const __m256i p01 = _mm256_packs_epi32(i0, i1), p23 = _mm256_packs_epi32(i2, i3);
+    __m256i b = _mm256_packs_epi16(p01, p23); /* lanes interleaved: fix the dword order */
+    b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)q, b);
+    const int a = hsum_i32x8(_mm256_add_epi32(i0, i1)), c = hsum_i32x8(_mm256_add_epi32(i2, i3));
+    if (s16a) *s16a = a, *s16b = c;
+    return a + c;
+}
+
+static void quantize_q8_32(const float *restrict x, void *restrict out, int64_t n) {
+    block_q8_32 *y = out;
+    for (int64_t i = 0; i < n / QK; i++, x += QK) {
+        const float d = amax_of(x, QK) / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const int sum = quant32(x, _mm256_set1_ps(id), y[i].qs, NULL, NULL);
+        y[i].d = d;
+        y[i].s = d * (float)sum;
+    }
+}
+
+static void quantize_q8_K(const float *restrict x, void *restrict out, int64_t n) {
+    block_q8_K *y = out;
+    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
+        const float d = amax_of(x, QK_K) / 127.0f;
+        const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+        for (int g = 0; g < QK_K / 32; g++) {
+            int a, b;
+            quant32(x + 32 * g, id, y[i].qs + 32 * g, &a, &b);
+            y[i].bsums[2 * g] = (int16_t)a;
+            y[i].bsums[2 * g + 1] = (int16_t)b;
+        }
+        y[i].d = d;
+    }
+}
+
+static void quantize_f32(const float *restrict x, void *restrict out, int64_t n) {
+    memcpy(out, x, (size_t)n * sizeof(float));
+}
+
+/* ------------------------------------------------------------------ */
+/* float helpers                                                        */
+/* ------------------------------------------------------------------ */
+
+static void f32_to_f16_row(const float *restrict x, f16_t *restrict out, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) out[i] = fp32_to_fp16(x[i]);
+}
+
+static void f16_to_f32_row(const f16_t *restrict x, float *restrict out, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, load_f16x8(x + i));
+    for (; i < n; i++) out[i] = fp16_to_fp32(x[i]);
+}
+
+static float dot_f16_f32(int64_t n, const f16_t *restrict a, const float *restrict b) { return dot_f16_x(n, a, b); }
+
+static float dot_f32(int64_t n, const float *restrict a, const float *restrict b) { return dot_f32_x(n, a, b); }
+
+static void axpy_f16(int64_t n, float s, const f16_t *restrict a, float *restrict out) {
+    const __m256 sv = _mm256_set1_ps(s);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(sv, load_f16x8(a + i), _mm256_loadu_ps(out + i)));
+    for (; i < n; i++) out[i] += s * fp16_to_fp32(a[i]);
+}
+
+/* ------------------------------------------------------------------ */
+
+void kernels_fill_avx2(kernel_table *t) {
+#define SET(T, name)                    \
+    t->dequant[T] = dequant_##name;     \
+    t->vec_dot[T] = vec_dot_##name;     \
+    t->gemv[T] = gemv_##name;
+    SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
+    SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl)
+    SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K) SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K)
+    SET(T_F16, f16) SET(T_BF16, bf16)
+#undef SET
+    /* F32: dequant is a copy (the scalar memcpy) */
+    t->vec_dot[T_F32] = vec_dot_f32;
+    t->gemv[T_F32] = gemv_f32;
+    t->quantize_act[ACT_F32] = quantize_f32;
+    t->quantize_act[ACT_Q8_32] = quantize_q8_32;
+    t->quantize_act[ACT_Q8_K] = quantize_q8_K;
+    t->f32_to_f16 = f32_to_f16_row;
+    t->f16_to_f32 = f16_to_f32_row;
+    t->dot_f16_f32 = dot_f16_f32;
+    t->axpy_f16 = axpy_f16;
+    t->dot_f32 = dot_f32;
+}

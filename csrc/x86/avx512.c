@@ -1,4 +1,597 @@
-/* avx512.c: AVX-512 kernels (work in progress) */
+/* avx512.c: AVX-512 (F, BW, VL, DQ) kernels, with a VNNI (vpdpbusd) variant.
+ *
+ * Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni (and
+ * the AVX2 flags); reached only when dispatch.c found AVX-512 F/BW/VL/DQ.
+ * VNNI instructions run only in the functions built with vnni = 1, which
+ * kernels_fill_avx512 picks only when dispatch.c set pyllm_avx512_vnni (CPU
+ * has avx512vnni and PYLLM_AVX512_VNNI is not 0). Entries this file leaves
+ * NULL (dequant, quantize_act, the float helpers, the rarer K-quants) come
+ * from avx2.c.
+ *
+ * 32-element formats work on quads of 4 blocks. Per quad, the activation
+ * side (shared by every row of a gemv) is rearranged once into
+ *     lo = [a0[0:16] a1[0:16] a2[0:16] a3[0:16]],  hi = [a0[16:32] ... a3[16:32]]
+ * and each row's 4 blocks are gathered by one two-source permute (vpermt2d /
+ * vpermt2w: the block strides 18/20/22/24/34 bytes keep everything word- or
+ * dword-aligned) into the same layout of unsigned bytes. Two vpdpbusd give
+ * 16 int32 lanes, lanes 4k..4k+3 belonging to block k; one vcvtdq2ps and one
+ * FMA with the blocks' d*da (permuted to that lane pattern) per quad.
+ * Weights are made unsigned with a per-format offset c (Q4_0: q = u - 8,
+ * Q5_0: u - 16, Q8_0 and IQ4_NL: u - 128 via xor 0x80); the activation side
+ * precomputes -c * sum(a) per lane, which seeds the vpdpbusd accumulator, so
+ * the int32 dot is exact. Q4_1/Q5_1 mins: m*s, from the (d, m) pairs times
+ * the activations' (d, s) pairs. Without VNNI: vpmaddubsw + vpmaddwd, and
+ * the signed formats (Q8_0, IQ4_NL) use |w| and sign-adjusted activations.
+ * A row's last < 4 blocks go through a 256-bit one-block step.
+ *
+ * K-quants (Q4_K, Q6_K): one super-block per step, 512-bit, int16 scales
+ * applied with vpmaddwd (VNNI would not save an instruction there).
+ */
+#include <immintrin.h>
 #include <string.h>
+
 #include "quants.h"
-void kernels_fill_avx512(kernel_table *t) { (void)t; }
+
+extern int pyllm_avx512_vnni; /* dispatch.c */
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* a vector of 32 int16 (permute indexes); GCC 12 has no _mm512_setr_epi16 */
+#define IDX16(...) _mm512_loadu_si512((const void *)(const int16_t[32]){__VA_ARGS__})
+
+INLINE uint32_t ld32(const void *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+INLINE uint16_t ld16(const void *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+INLINE float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* lanes 1, 3, 5, 7 of v summed (the m*s terms of [d*da, m*s] pairs) */
+INLINE float odd_sum8(__m256 v) {
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 t = _mm_movehdup_ps(s);
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehl_ps(t, t)));
+}
+
+/* unsigned x signed bytes, 4 products summed per int32 lane, added to acc.
+ * Without VNNI the pairs go through int16: valid while u * 127 * 2 < 32768. */
+INLINE __m512i dpbusd(const int vnni, __m512i acc, __m512i u, __m512i s) {
+    if (vnni) return _mm512_dpbusd_epi32(acc, u, s);
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
+}
+
+INLINE __m256i dpbusd256(const int vnni, __m256i acc, __m256i u, __m256i s) {
+    if (vnni) return _mm256_dpbusd_epi32(acc, u, s);
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+
+/* signed x signed bytes (|w| <= 128, |a| <= 127), no VNNI */
+INLINE __m512i dot_s8s8(__m512i acc, __m512i w, __m512i a) {
+    const __m512i aa = _mm512_mask_sub_epi8(a, _mm512_movepi8_mask(w), _mm512_setzero_si512(), a);
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(w), aa), _mm512_set1_epi16(1)));
+}
+
+INLINE __m256i dot_s8s8_256(__m256i acc, __m256i w, __m256i a) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w)),
+                                                   _mm256_set1_epi16(1)));
+}
+
+/* ------------------------------------------------------------------ */
+/* 32-element formats                                                   */
+/* ------------------------------------------------------------------ */
+
+/* the activation side of a quad */
+typedef struct {
+    __m512i lo, hi;  /* quants, in the quad layout */
+    __m512i negc;    /* -c * (sum of the 4 activations of each lane) */
+    __m256 ds;       /* [da0 s0 da1 s1 da2 s2 da3 s3] */
+    __m128 da;       /* [da0 da1 da2 da3] */
+} act4;
+
+/* c: the format's offset (0, 8, 16, 128); signed_bw: the format uses the
+ * signed no-VNNI path, which needs no offset */
+INLINE void act4_load(const block_q8_32 *y, const int c, const int vnni, act4 *A) {
+    const uint8_t *p = (const uint8_t *)y;
+    const __m512i U = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p + 8))),
+                                         _mm256_loadu_si256((const __m256i *)(p + 48)), 1);
+    const __m512i V = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p + 88))),
+                                         _mm256_loadu_si256((const __m256i *)(p + 128)), 1);
+    A->lo = _mm512_permutex2var_epi64(U, _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13), V);
+    A->hi = _mm512_permutex2var_epi64(U, _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15), V);
+    const __m128 d01 = _mm_castsi128_ps(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)p),
+                                                           _mm_loadl_epi64((const __m128i *)(p + 40))));
+    const __m128 d23 = _mm_castsi128_ps(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(p + 80)),
+                                                           _mm_loadl_epi64((const __m128i *)(p + 120))));
+    A->ds = _mm256_insertf128_ps(_mm256_castps128_ps256(d01), d23, 1);
+    A->da = _mm_shuffle_ps(d01, d23, _MM_SHUFFLE(2, 0, 2, 0));
+    if (c) {
+        const __m512i cv = _mm512_set1_epi8((char)c);
+        const __m512i s = dpbusd(vnni, dpbusd(vnni, _mm512_setzero_si512(), cv, A->lo), cv, A->hi);
+        A->negc = _mm512_sub_epi32(_mm512_setzero_si512(), s);
+    } else {
+        A->negc = _mm512_setzero_si512();
+    }
+}
+
+/* [x0 x1 x2 x3] -> [x0 x4, x1 x4, x2 x4, x3 x4] */
+INLINE __m512 spread4(__m128 v) {
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                 _mm512_castps128_ps512(v));
+}
+
+/* [x0 . x1 . x2 . x3 .] -> [x0 x4, x1 x4, x2 x4, x3 x4] */
+INLINE __m512 spread4_even(__m256 v) {
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6),
+                                 _mm512_castps256_ps512(v));
+}
+
+INLINE __m512i nib_lo(__m512i q) { return _mm512_and_si512(q, _mm512_set1_epi8(0x0f)); }
+INLINE __m512i nib_hi(__m512i q) { return _mm512_and_si512(_mm512_srli_epi16(q, 4), _mm512_set1_epi8(0x0f)); }
+
+/* the two 64-bit masks of the 5th bits of 4 Q5 blocks: lo = bits 0..15 of
+ * each block's qh, hi = bits 16..31, in the quad layout */
+INLINE void q5_masks(uint32_t h0, uint32_t h1, uint32_t h2, uint32_t h3, __mmask64 *klo, __mmask64 *khi) {
+    const uint64_t a = (uint64_t)h0 | (uint64_t)h1 << 32, b = (uint64_t)h2 | (uint64_t)h3 << 32;
+    const uint64_t ml = 0x0000ffff0000ffffull, mh = 0xffff0000ffff0000ull;
+    *klo = _cvtu64_mask64(_pext_u64(a, ml) | _pext_u64(b, ml) << 32);
+    *khi = _cvtu64_mask64(_pext_u64(a, mh) | _pext_u64(b, mh) << 32);
+}
+
+/* ---- quad steps: acc (16 lanes) += d*da * dot; accm lanes 1,3,5,7 += m*s ---- */
+
+INLINE void quad_q4_0(const int vnni, const uint8_t *x, const act4 *A, __m512 *acc, __m256 *accm) {
+    (void)accm;
+    const __m512i L0 = _mm512_loadu_si512(x), L1 = _mm512_loadu_si512(x + 8);
+    const __m512i q = _mm512_permutex2var_epi16(
+        L0,
+        IDX16(1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15, 16, 17, 19, 20, 21, 22, 23, 24, 25, 26,
+                          56, 57, 58, 59, 60, 61, 62, 63),
+        L1);
+    __m512i dot = dpbusd(vnni, A->negc, nib_lo(q), A->lo);
+    dot = dpbusd(vnni, dot, nib_hi(q), A->hi);
+    const __m128i dh = _mm512_castsi512_si128(
+        _mm512_permutexvar_epi16(IDX16(0, 9, 18, 27, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                                   0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+                                 L0));
+    const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(dh), A->da);
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4(dd), *acc);
+}
+
+INLINE __m512i iq4nl_table(const int vnni) {
+    /* kvalues + 128 as unsigned bytes (VNNI), or the signed values */
+    const __m128i k = _mm_loadu_si128((const __m128i *)kvalues_iq4nl);
+    const __m128i t = vnni ? _mm_xor_si128(k, _mm_set1_epi8((char)0x80)) : k;
+    return _mm512_broadcast_i32x4(t);
+}
+
+INLINE void quad_iq4_nl(const int vnni, const uint8_t *x, const act4 *A, __m512 *acc, __m256 *accm) {
+    (void)accm;
+    const __m512i L0 = _mm512_loadu_si512(x), L1 = _mm512_loadu_si512(x + 8);
+    const __m512i q = _mm512_permutex2var_epi16(
+        L0,
+        IDX16(1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15, 16, 17, 19, 20, 21, 22, 23, 24, 25, 26,
+                          56, 57, 58, 59, 60, 61, 62, 63),
+        L1);
+    const __m512i tab = iq4nl_table(vnni);
+    const __m512i vlo = _mm512_shuffle_epi8(tab, nib_lo(q)), vhi = _mm512_shuffle_epi8(tab, nib_hi(q));
+    __m512i dot;
+    if (vnni) {
+        dot = _mm512_dpbusd_epi32(A->negc, vlo, A->lo);
+        dot = _mm512_dpbusd_epi32(dot, vhi, A->hi);
+    } else {
+        dot = dot_s8s8(dot_s8s8(_mm512_setzero_si512(), vlo, A->lo), vhi, A->hi);
+    }
+    const __m128i dh = _mm512_castsi512_si128(
+        _mm512_permutexvar_epi16(IDX16(0, 9, 18, 27, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                                   0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+                                 L0));
+    const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(dh), A->da);
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4(dd), *acc);
+}
+
+INLINE void quad_q4_1(const int vnni, const uint8_t *x, const act4 *A, __m512 *acc, __m256 *accm) {
+    const __m512i L0 = _mm512_loadu_si512(x), L1 = _mm512_loadu_si512(x + 16);
+    const __m512i q = _mm512_permutex2var_epi32(
+        L0, _mm512_setr_epi32(1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 13, 14, 28, 29, 30, 31), L1);
+    __m512i dot = dpbusd(vnni, _mm512_setzero_si512(), nib_lo(q), A->lo);
+    dot = dpbusd(vnni, dot, nib_hi(q), A->hi);
+    const __m128i dm = _mm512_castsi512_si128(
+        _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 5, 10, 15, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), L0));
+    const __m256 p = _mm256_mul_ps(_mm256_cvtph_ps(dm), A->ds); /* [d*da, m*s] x 4 */
+    *accm = _mm256_add_ps(*accm, p);
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4_even(p), *acc);
+}
+
+INLINE void quad_q5_0(const int vnni, const uint8_t *x, const act4 *A, __m512 *acc, __m256 *accm) {
+    (void)accm;
+    const __m512i L0 = _mm512_loadu_si512(x), L1 = _mm512_loadu_si512(x + 24);
+    const __m512i q = _mm512_permutex2var_epi16(
+        L0,
+        IDX16(3, 4, 5, 6, 7, 8, 9, 10, 14, 15, 16, 17, 18, 19, 20, 21, 45, 46, 47, 48, 49, 50, 51, 52,
+                          56, 57, 58, 59, 60, 61, 62, 63),
+        L1);
+    __mmask64 klo, khi;
+    q5_masks(ld32(x + 2), ld32(x + 24), ld32(x + 46), ld32(x + 68), &klo, &khi);
+    const __m512i b4 = _mm512_set1_epi8(0x10);
+    const __m512i lo = nib_lo(q), hi = nib_hi(q);
+    __m512i dot = dpbusd(vnni, A->negc, _mm512_mask_add_epi8(lo, klo, lo, b4), A->lo);
+    dot = dpbusd(vnni, dot, _mm512_mask_add_epi8(hi, khi, hi, b4), A->hi);
+    const __m128i dh = _mm512_castsi512_si128(_mm512_permutex2var_epi16(
+        L0,
+        IDX16(0, 11, 22, 53, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                          0, 0, 0),
+        L1));
+    const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(dh), A->da);
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4(dd), *acc);
+}
+
+INLINE void quad_q5_1(const int vnni, const uint8_t *x, const act4 *A, __m512 *acc, __m256 *accm) {
+    const __m512i L0 = _mm512_loadu_si512(x), L1 = _mm512_loadu_si512(x + 32);
+    const __m512i q = _mm512_permutex2var_epi32(
+        L0, _mm512_setr_epi32(2, 3, 4, 5, 8, 9, 10, 11, 22, 23, 24, 25, 28, 29, 30, 31), L1);
+    __mmask64 klo, khi;
+    q5_masks(ld32(x + 4), ld32(x + 28), ld32(x + 52), ld32(x + 76), &klo, &khi);
+    const __m512i b4 = _mm512_set1_epi8(0x10);
+    const __m512i lo = nib_lo(q), hi = nib_hi(q);
+    __m512i dot = dpbusd(vnni, _mm512_setzero_si512(), _mm512_mask_add_epi8(lo, klo, lo, b4), A->lo);
+    dot = dpbusd(vnni, dot, _mm512_mask_add_epi8(hi, khi, hi, b4), A->hi);
+    const __m128i dm = _mm512_castsi512_si128(_mm512_permutex2var_epi32(
+        L0, _mm512_setr_epi32(0, 6, 12, 26, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), L1));
+    const __m256 p = _mm256_mul_ps(_mm256_cvtph_ps(dm), A->ds);
+    *accm = _mm256_add_ps(*accm, p);
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4_even(p), *acc);
+}
+
+INLINE void quad_q8_0(const int vnni, const uint8_t *x, const act4 *A, __m512 *acc, __m256 *accm) {
+    (void)accm;
+    const __m512i S0 = _mm512_loadu_si512(x), S1 = _mm512_loadu_si512(x + 64);
+    const __m512i T0 = _mm512_loadu_si512(x + 16), T1 = _mm512_loadu_si512(x + 72);
+    const __m512i qlo = _mm512_permutex2var_epi16(
+        S0,
+        IDX16(1, 2, 3, 4, 5, 6, 7, 8, 18, 19, 20, 21, 22, 23, 24, 25, 35, 36, 37, 38, 39, 40, 41, 42,
+                          52, 53, 54, 55, 56, 57, 58, 59),
+        S1);
+    const __m512i qhi = _mm512_permutex2var_epi16(
+        T0,
+        IDX16(1, 2, 3, 4, 5, 6, 7, 8, 18, 19, 20, 21, 22, 23, 24, 25, 39, 40, 41, 42, 43, 44, 45, 46,
+                          56, 57, 58, 59, 60, 61, 62, 63),
+        T1);
+    __m512i dot;
+    if (vnni) {
+        const __m512i f = _mm512_set1_epi8((char)0x80);
+        dot = _mm512_dpbusd_epi32(A->negc, _mm512_xor_si512(qlo, f), A->lo);
+        dot = _mm512_dpbusd_epi32(dot, _mm512_xor_si512(qhi, f), A->hi);
+    } else {
+        dot = dot_s8s8(dot_s8s8(_mm512_setzero_si512(), qlo, A->lo), qhi, A->hi);
+    }
+    const __m128i dh = _mm512_castsi512_si128(_mm512_permutex2var_epi16(
+        S0,
+        IDX16(0, 17, 34, 51, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                          0, 0, 0),
+        S1));
+    const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(dh), A->da);
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4(dd), *acc);
+}
+
+/* ---- one-block steps (a row's last < 4 blocks), 256-bit ---- */
+
+INLINE __m256i unpack_nibbles(const uint8_t *qs) {
+    const __m128i x = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(x), _mm_srli_epi16(x, 4), 1);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+}
+
+/* dot of unsigned u (offset c) with the activation block: exact int32 lanes */
+INLINE __m256i one_dot(const int vnni, __m256i u, __m256i a, const int c) {
+    __m256i acc = _mm256_setzero_si256();
+    if (c) acc = _mm256_sub_epi32(acc, dpbusd256(vnni, acc, _mm256_set1_epi8((char)c), a));
+    return dpbusd256(vnni, acc, u, a);
+}
+
+INLINE __m128 d_times_ds(const void *d, const block_q8_32 *y) {
+    const __m128 w = _mm_cvtph_ps(_mm_set1_epi16((short)ld16(d)));
+    return _mm_mul_ps(w, _mm_castpd_ps(_mm_load_sd((const double *)(const void *)&y->d)));
+}
+
+INLINE __m128 dm_times_ds(const void *dm, const block_q8_32 *y) {
+    const __m128 w = _mm_cvtph_ps(_mm_cvtsi32_si128((int)ld32(dm)));
+    return _mm_mul_ps(w, _mm_castpd_ps(_mm_load_sd((const double *)(const void *)&y->d)));
+}
+
+/* bit j of x -> byte j gets 0x10 */
+INLINE __m256i bits_to_0x10(uint32_t x) {
+    return _mm256_maskz_mov_epi8(_cvtu32_mask32(x), _mm256_set1_epi8(0x10));
+}
+
+INLINE void one_q4_0(const int vnni, const void *xb, const block_q8_32 *y, __m256 *acc, __m128 *accm) {
+    const block_q4_0 *x = xb;
+    (void)accm;
+    const __m256i dot = one_dot(vnni, unpack_nibbles(x->qs), _mm256_loadu_si256((const __m256i *)y->qs), 8);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(d_times_ds(&x->d, y)), *acc);
+}
+
+INLINE void one_q4_1(const int vnni, const void *xb, const block_q8_32 *y, __m256 *acc, __m128 *accm) {
+    const block_q4_1 *x = xb;
+    const __m256i dot = one_dot(vnni, unpack_nibbles(x->qs), _mm256_loadu_si256((const __m256i *)y->qs), 0);
+    const __m128 p = dm_times_ds(&x->d, y);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(p), *acc);
+    *accm = _mm_add_ps(*accm, p);
+}
+
+INLINE void one_q5_0(const int vnni, const void *xb, const block_q8_32 *y, __m256 *acc, __m128 *accm) {
+    const block_q5_0 *x = xb;
+    (void)accm;
+    const __m256i u = _mm256_or_si256(unpack_nibbles(x->qs), bits_to_0x10(ld32(x->qh)));
+    const __m256i dot = one_dot(vnni, u, _mm256_loadu_si256((const __m256i *)y->qs), 16);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(d_times_ds(&x->d, y)), *acc);
+}
+
+INLINE void one_q5_1(const int vnni, const void *xb, const block_q8_32 *y, __m256 *acc, __m128 *accm) {
+    const block_q5_1 *x = xb;
+    const __m256i u = _mm256_or_si256(unpack_nibbles(x->qs), bits_to_0x10(ld32(x->qh)));
+    const __m256i dot = one_dot(vnni, u, _mm256_loadu_si256((const __m256i *)y->qs), 0);
+    const __m128 p = dm_times_ds(&x->d, y);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(p), *acc);
+    *accm = _mm_add_ps(*accm, p);
+}
+
+INLINE void one_q8_0(const int vnni, const void *xb, const block_q8_32 *y, __m256 *acc, __m128 *accm) {
+    const block_q8_0 *x = xb;
+    (void)accm;
+    (void)vnni;
+    const __m256i dot = dot_s8s8_256(_mm256_setzero_si256(), _mm256_loadu_si256((const __m256i *)x->qs),
+                                     _mm256_loadu_si256((const __m256i *)y->qs));
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(d_times_ds(&x->d, y)), *acc);
+}
+
+INLINE void one_iq4_nl(const int vnni, const void *xb, const block_q8_32 *y, __m256 *acc, __m128 *accm) {
+    const block_iq4_nl *x = xb;
+    (void)accm;
+    (void)vnni;
+    const __m128i k = _mm_loadu_si128((const __m128i *)kvalues_iq4nl);
+    const __m256i v = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(k), unpack_nibbles(x->qs));
+    const __m256i dot = dot_s8s8_256(_mm256_setzero_si256(), v, _mm256_loadu_si256((const __m256i *)y->qs));
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(d_times_ds(&x->d, y)), *acc);
+}
+
+/* offsets c of the act side: 128 only on the VNNI path of the signed formats */
+#define C_q4_0(v) 8
+#define C_q4_1(v) 0
+#define C_q5_0(v) 16
+#define C_q5_1(v) 0
+#define C_q8_0(v) ((v) ? 128 : 0)
+#define C_iq4_nl(v) ((v) ? 128 : 0)
+
+/* R rows (compile-time) against one activation row */
+#define DEFINE_ROWS(name, block_t)                                                                       \
+    INLINE void rows_##name(const int R, const int vnni, int64_t nb, const char *w, size_t rb,          \
+                            const block_q8_32 *y, float *out) {                                           \
+        __m512 acc[4];                                                                                    \
+        __m256 accm[4], acct[4];                                                                          \
+        __m128 accmt[4];                                                                                  \
+        for (int r = 0; r < R; r++) {                                                                     \
+            acc[r] = _mm512_setzero_ps();                                                                 \
+            accm[r] = acct[r] = _mm256_setzero_ps();                                                      \
+            accmt[r] = _mm_setzero_ps();                                                                  \
+        }                                                                                                 \
+        int64_t i = 0;                                                                                    \
+        for (; i + 4 <= nb; i += 4) {                                                                     \
+            act4 A;                                                                                       \
+            act4_load(y + i, C_##name(vnni), vnni, &A);                                                   \
+            for (int r = 0; r < R; r++)                                                                   \
+                quad_##name(vnni, (const uint8_t *)(w + r * rb) + i * sizeof(block_t), &A, &acc[r], &accm[r]); \
+        }                                                                                                 \
+        for (; i < nb; i++)                                                                               \
+            for (int r = 0; r < R; r++)                                                                   \
+                one_##name(vnni, (const block_t *)(const void *)(w + r * rb) + i, y + i, &acct[r], &accmt[r]); \
+        for (int r = 0; r < R; r++)                                                                       \
+            out[r] = _mm512_reduce_add_ps(acc[r]) + odd_sum8(accm[r]) + hsum8(acct[r]) +                 \
+                     _mm_cvtss_f32(_mm_shuffle_ps(accmt[r], accmt[r], 1));                                 \
+    }                                                                                                     \
+    static float vec_dot_##name##_vnni(int64_t n, const void *restrict w, const void *restrict a) {      \
+        float r;                                                                                          \
+        rows_##name(1, 1, n / QK, w, 0, a, &r);                                                           \
+        return r;                                                                                         \
+    }                                                                                                     \
+    static float vec_dot_##name##_bw(int64_t n, const void *restrict w, const void *restrict a) {        \
+        float r;                                                                                          \
+        rows_##name(1, 0, n / QK, w, 0, a, &r);                                                           \
+        return r;                                                                                         \
+    }                                                                                                     \
+    static void gemv_##name##_vnni(int64_t n, const void *restrict w, size_t rb, int nrows,              \
+                                   const void *restrict a, float *restrict out) {                         \
+        const char *p = w;                                                                                \
+        int r = 0;                                                                                        \
+        for (; r + 4 <= nrows; r += 4, p += 4 * rb) rows_##name(4, 1, n / QK, p, rb, a, out + r);         \
+        for (; r < nrows; r++, p += rb) rows_##name(1, 1, n / QK, p, rb, a, out + r);                     \
+    }                                                                                                     \
+    static void gemv_##name##_bw(int64_t n, const void *restrict w, size_t rb, int nrows,                \
+                                 const void *restrict a, float *restrict out) {                           \
+        const char *p = w;                                                                                \
+        int r = 0;                                                                                        \
+        for (; r + 4 <= nrows; r += 4, p += 4 * rb) rows_##name(4, 0, n / QK, p, rb, a, out + r);         \
+        for (; r < nrows; r++, p += rb) rows_##name(1, 0, n / QK, p, rb, a, out + r);                     \
+    }
+
+DEFINE_ROWS(q4_0, block_q4_0)
+DEFINE_ROWS(q4_1, block_q4_1)
+DEFINE_ROWS(q5_0, block_q5_0)
+DEFINE_ROWS(q5_1, block_q5_1)
+DEFINE_ROWS(q8_0, block_q8_0)
+DEFINE_ROWS(iq4_nl, block_iq4_nl)
+
+/* ------------------------------------------------------------------ */
+/* K-quants                                                              */
+/* ------------------------------------------------------------------ */
+
+/* Q4_K/Q5_K 6-bit scales and mins as 8 bytes each */
+INLINE void k4_scales(const uint8_t *s, uint32_t sc[2], uint32_t m[2]) {
+    const uint32_t a = ld32(s), b = ld32(s + 4), c = ld32(s + 8);
+    sc[0] = a & 0x3f3f3f3fu;
+    m[0] = b & 0x3f3f3f3fu;
+    sc[1] = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
+    m[1] = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
+}
+
+/* int16 pattern: every word of 128-bit lane L is byte i_L of each lane of
+ * `b`, zero-extended (pshufb index bytes [i_L, 0x80]) */
+INLINE __m512i lane_scales16(__m512i b, int i0, int i1, int i2, int i3) {
+#define W(i) (long long)(0x8000800080008000ull | (uint64_t)(i) * 0x0001000100010001ull)
+    return _mm512_shuffle_epi8(b, _mm512_set_epi64(W(i3), W(i3), W(i2), W(i2), W(i1), W(i1), W(i0), W(i0)));
+#undef W
+}
+
+/* every word of 128-bit lane L is word i_L of each lane of `b` */
+INLINE __m512i lane_words(__m512i b, int i0, int i1, int i2, int i3) {
+#define W(i) (long long)((uint64_t)(2 * (i)) * 0x0101010101010101ull + 0x0100010001000100ull)
+    return _mm512_shuffle_epi8(b, _mm512_set_epi64(W(i3), W(i3), W(i2), W(i2), W(i1), W(i1), W(i0), W(i0)));
+#undef W
+}
+
+/* the act side of a Q4_K super-block: [0:32 | 64:96], [32:64 | 96:128], ... */
+typedef struct { __m512i a[4]; } actK4;
+
+INLINE void actK4_load(const block_q8_K *y, actK4 *A) {
+    const int8_t *q = y->qs;
+#define L256(o) _mm256_loadu_si256((const __m256i *)(q + (o)))
+    A->a[0] = _mm512_inserti64x4(_mm512_castsi256_si512(L256(0)), L256(64), 1);
+    A->a[1] = _mm512_inserti64x4(_mm512_castsi256_si512(L256(32)), L256(96), 1);
+    A->a[2] = _mm512_inserti64x4(_mm512_castsi256_si512(L256(128)), L256(192), 1);
+    A->a[3] = _mm512_inserti64x4(_mm512_castsi256_si512(L256(160)), L256(224), 1);
+#undef L256
+}
+
+INLINE void sb_q4_K(const block_q4_K *x, const block_q8_K *y, const actK4 *A, __m512 *acc, __m256 *accm) {
+    uint32_t sc[2], m[2];
+    k4_scales(x->scales, sc, m);
+    const __m512i s8 = _mm512_broadcast_i32x4(_mm_set_epi32(0, 0, (int)sc[1], (int)sc[0]));
+    const __m512i z0 = _mm512_loadu_si512(x->qs), z1 = _mm512_loadu_si512(x->qs + 64);
+    const __m512i p0 = _mm512_maddubs_epi16(nib_lo(z0), A->a[0]); /* sub-blocks 0 | 2 */
+    const __m512i p1 = _mm512_maddubs_epi16(nib_hi(z0), A->a[1]); /* 1 | 3 */
+    const __m512i p2 = _mm512_maddubs_epi16(nib_lo(z1), A->a[2]); /* 4 | 6 */
+    const __m512i p3 = _mm512_maddubs_epi16(nib_hi(z1), A->a[3]); /* 5 | 7 */
+    __m512i s = _mm512_madd_epi16(p0, lane_scales16(s8, 0, 0, 2, 2));
+    s = _mm512_add_epi32(s, _mm512_madd_epi16(p1, lane_scales16(s8, 1, 1, 3, 3)));
+    s = _mm512_add_epi32(s, _mm512_madd_epi16(p2, lane_scales16(s8, 4, 4, 6, 6)));
+    s = _mm512_add_epi32(s, _mm512_madd_epi16(p3, lane_scales16(s8, 5, 5, 7, 7)));
+    const __m128i m8 = _mm_set_epi32(0, 0, (int)m[1], (int)m[0]);
+    const __m256i mins = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums),
+                                           _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)));
+    const float d = _cvtsh_ss(x->d) * y->d, dmin = _cvtsh_ss(x->dmin) * y->d;
+    *acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(s), *acc);
+    *accm = _mm256_fnmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins), *accm);
+}
+
+INLINE void sb_q6_K(const block_q6_K *x, const block_q8_K *y, __m512 *acc, __m256 *accm) {
+    (void)accm;
+    const __m128i s8 = _mm_loadu_si128((const __m128i *)x->scales);
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), hi2 = _mm512_set1_epi8(0x30);
+    __m512i s = _mm512_setzero_si512();
+    for (int h = 0; h < 2; h++) {
+        const __m512i l = _mm512_loadu_si512(x->ql + 64 * h);
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+        const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+        const __m512i vlo = _mm512_or_si512(_mm512_and_si512(l, lo4), _mm512_and_si512(_mm512_slli_epi16(z, 4), hi2));
+        const __m512i vhi = _mm512_or_si512(nib_hi(l), _mm512_and_si512(z, hi2));
+        const __m512i a0 = _mm512_loadu_si512(y->qs + 128 * h), a1 = _mm512_loadu_si512(y->qs + 128 * h + 64);
+        /* signed scale words: 128-lane L of vlo is sub-block 8h + L, of vhi 8h + 4 + L */
+        const __m512i sw = _mm512_broadcast_i32x4(_mm_cvtepi8_epi16(h ? _mm_srli_si128(s8, 8) : s8));
+        const __m512i plo = lane_words(sw, 0, 1, 2, 3), phi = lane_words(sw, 4, 5, 6, 7);
+        s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(vlo, a0), plo));
+        s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(vhi, a1), phi));
+    }
+    /* the -32 offset: 32 * sum_j scale_j * bsums_j */
+    const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), _mm256_cvtepi8_epi16(s8));
+    s = _mm512_sub_epi32(s, _mm512_zextsi256_si512(_mm256_slli_epi32(corr, 5)));
+    *acc = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(x->d) * y->d), _mm512_cvtepi32_ps(s), *acc);
+}
+
+static float vec_dot_q4_K(int64_t n, const void *restrict w, const void *restrict a) {
+    const block_q4_K *x = w;
+    const block_q8_K *y = a;
+    __m512 acc = _mm512_setzero_ps();
+    __m256 accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        actK4 A;
+        actK4_load(&y[i], &A);
+        sb_q4_K(&x[i], &y[i], &A, &acc, &accm);
+    }
+    return _mm512_reduce_add_ps(acc) + hsum8(accm);
+}
+
+static void gemv_q4_K(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,
+                      float *restrict out) {
+    const block_q8_K *y = a;
+    const char *p = w;
+    int r = 0;
+    for (; r + 4 <= nrows; r += 4, p += 4 * rb) {
+        __m512 acc[4];
+        __m256 accm[4];
+        for (int k = 0; k < 4; k++) acc[k] = _mm512_setzero_ps(), accm[k] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < n / QK_K; i++) {
+            actK4 A;
+            actK4_load(&y[i], &A);
+            for (int k = 0; k < 4; k++)
+                sb_q4_K((const block_q4_K *)(const void *)(p + k * rb) + i, &y[i], &A, &acc[k], &accm[k]);
+        }
+        for (int k = 0; k < 4; k++) out[r + k] = _mm512_reduce_add_ps(acc[k]) + hsum8(accm[k]);
+    }
+    for (; r < nrows; r++, p += rb) out[r] = vec_dot_q4_K(n, p, a);
+}
+
+static float vec_dot_q6_K(int64_t n, const void *restrict w, const void *restrict a) {
+    const block_q6_K *x = w;
+    const block_q8_K *y = a;
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
+    __m256 unused = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 2 <= n / QK_K; i += 2) {
+        sb_q6_K(&x[i], &y[i], &acc0, &unused);
+        sb_q6_K(&x[i + 1], &y[i + 1], &acc1, &unused);
+    }
+    if (i < n / QK_K) sb_q6_K(&x[i], &y[i], &acc0, &unused);
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+static void gemv_q6_K(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,
+                      float *restrict out) {
+    const block_q8_K *y = a;
+    const char *p = w;
+    int r = 0;
+    __m256 unused = _mm256_setzero_ps();
+    for (; r + 4 <= nrows; r += 4, p += 4 * rb) {
+        __m512 acc[4];
+        for (int k = 0; k < 4; k++) acc[k] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n / QK_K; i++)
+            for (int k = 0; k < 4; k++) sb_q6_K((const block_q6_K *)(const void *)(p + k * rb) + i, &y[i], &acc[k], &unused);
+        for (int k = 0; k < 4; k++) out[r + k] = _mm512_reduce_add_ps(acc[k]);
+    }
+    for (; r < nrows; r++, p += rb) out[r] = vec_dot_q6_K(n, p, a);
+}
+
+/* ------------------------------------------------------------------ */
+
+void kernels_fill_avx512(kernel_table *t) {
+    if (pyllm_avx512_vnni) {
+#define SET(T, name)                          \
+    t->vec_dot[T] = vec_dot_##name##_vnni;    \
+    t->gemv[T] = gemv_##name##_vnni;
+        SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
+        SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl)
+#undef SET
+    } else {
+#define SET(T, name)                        \
+    t->vec_dot[T] = vec_dot_##name##_bw;    \
+    t->gemv[T] = gemv_##name##_bw;
+        SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
+        SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl)
+#undef SET
+    }
+    t->vec_dot[T_Q4_K] = vec_dot_q4_K;
+    t->gemv[T_Q4_K] = gemv_q4_K;
+    t->vec_dot[T_Q6_K] = vec_dot_q6_K;
+    t->gemv[T_Q6_K] = gemv_q6_K;
+}
