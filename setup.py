@@ -4,6 +4,7 @@ The portable C files get baseline flags; each per-ISA file gets its own
 (-mavx2 ..., -mavx512f ...), so one build runs on any x86-64 CPU and the
 kernels are picked at run time (csrc/dispatch.c).
 """
+import glob
 import os
 import platform
 import sys
@@ -31,6 +32,10 @@ class BuildWithIsaFiles(build_ext):
                 extra_postargs=COMMON_FLAGS + ["-fPIC"] + flags,
             )
         ext.extra_objects = list(ext.extra_objects or []) + objects
+        # relink when a per-ISA file or any header changes, not only the core sources
+        ext.depends = list(ext.depends or []) + [os.path.relpath(os.path.join(CSRC, s)) for s, _ in
+                                                 ISA_SOURCES.get(_machine(), [])]
+        ext.depends += [os.path.relpath(p) for p in glob.glob(os.path.join(CSRC, "**", "*.h"), recursive=True)]
         super().build_extension(ext)
 
 

@@ -23,7 +23,7 @@ static inline void cpu_relax(void) { __asm__ __volatile__("yield"); }
 static inline void cpu_relax(void) {}
 #endif
 
-#define SPIN_BEFORE_YIELD 4096      /* barrier: spins before giving the core away */
+#define SPIN_BEFORE_YIELD 256       /* barrier: spins (~10 us) before giving the core away */
 #define SPIN_BEFORE_SLEEP (1 << 18) /* idle worker: spins (~ms) before sleeping */
 
 struct threadpool {
