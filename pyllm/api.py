@@ -46,7 +46,7 @@ class Model:
             raise InvalidArgumentError(f"n_ctx must be positive, not {n_ctx}")
         if not 1 <= n_batch <= 8192:
             raise InvalidArgumentError(f"n_batch must be in 1..8192, not {n_batch}")
-        n_threads = n_threads or physical_cores()
+        n_threads = physical_cores() if n_threads is None else n_threads
         if not 1 <= n_threads <= 256:
             raise InvalidArgumentError(f"n_threads must be in 1..256, not {n_threads}")
         if n_gpu_layers not in (None, 0, "0"):

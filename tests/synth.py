@@ -84,12 +84,13 @@ def small_vocab(w: gguf.GGUFWriter, n_vocab: int = 512) -> int:
     """A made-up byte-level BPE vocabulary (enough to load; tests feed ids)."""
     byte_chars = [chr(c) for c in range(33, 127)] + [chr(c) for c in range(161, 173)] + \
                  [chr(c) for c in range(174, 256)] + [chr(256 + i) for i in range(68)]
-    tokens = byte_chars + [f"tok{i}" for i in range(n_vocab - len(byte_chars))]
+    words = ["to", "tok"]
+    tokens = byte_chars + words + [f"tok{i}" for i in range(n_vocab - len(byte_chars) - len(words))]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
     w.add_token_types([1] * n_vocab)
-    w.add_token_merges([])
+    w.add_token_merges(["t o", "to k"])
     w.add_bos_token_id(0)
     w.add_eos_token_id(1)
     return n_vocab
