@@ -51,6 +51,14 @@ INLINE float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* the 4 horizontal sums [sum(a0), sum(a1), sum(a2), sum(a3)] */
+INLINE __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+#define HALF(a) _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1))
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(HALF(a0), HALF(a1)), _mm256_hadd_ps(HALF(a2), HALF(a3)));
+#undef HALF
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
 /* lanes 1, 3, 5, 7 of v summed (the m*s terms of [d*da, m*s] pairs) */
 INLINE float odd_sum8(__m256 v) {
     const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -214,6 +222,29 @@ INLINE void quad_q4_1(const int vnni, const int full, const int nblk, const uint
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4_even(p), *acc);
 }
 
+/* Q4_1, two quads at once: the (d, m) pairs of 8 blocks go through one
+ * vcvtph2ps, multiply and add (ds16: the two quads' activation (d, s) pairs) */
+INLINE void oct_q4_1(const int vnni, const uint8_t *x, const act4 *A0, const act4 *A1, __m512 ds16, __m512 *acc,
+                     __m512 *accm) {
+    const __m512i idx = _mm512_setr_epi32(1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 13, 14, 28, 29, 30, 31);
+    const __m512i L0 = _mm512_loadu_si512(x), L1 = _mm512_loadu_si512(x + 16);
+    const __m512i L2 = _mm512_loadu_si512(x + 80), L3 = _mm512_loadu_si512(x + 96);
+    const __m512i q0 = _mm512_permutex2var_epi32(L0, idx, L1), q1 = _mm512_permutex2var_epi32(L2, idx, L3);
+    __m512i d0 = dpbusd(vnni, _mm512_setzero_si512(), nib_lo(q0), A0->lo);
+    d0 = dpbusd(vnni, d0, nib_hi(q0), A0->hi);
+    __m512i d1 = dpbusd(vnni, _mm512_setzero_si512(), nib_lo(q1), A1->lo);
+    d1 = dpbusd(vnni, d1, nib_hi(q1), A1->hi);
+    const __m256i dm = _mm512_castsi512_si256(
+        _mm512_permutex2var_epi32(L0, _mm512_setr_epi32(0, 5, 10, 15, 16, 21, 26, 31, 0, 0, 0, 0, 0, 0, 0, 0), L2));
+    const __m512 p = _mm512_mul_ps(_mm512_cvtph_ps(dm), ds16); /* [d*da, m*s] x 8 */
+    *accm = _mm512_add_ps(*accm, p);
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0),
+                           _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6), p), *acc);
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1),
+                           _mm512_permutexvar_ps(_mm512_setr_epi32(8, 8, 8, 8, 10, 10, 10, 10, 12, 12, 12, 12, 14, 14, 14, 14), p),
+                           *acc);
+}
+
 INLINE void quad_q5_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc,
                       __m256 *accm) {
     (void)accm;
@@ -289,6 +320,19 @@ INLINE void quad_q8_0(const int vnni, const int full, const int nblk, const uint
 }
 
 /* offsets c of the act side: 128 only on the VNNI path of the signed formats */
+/* formats with a two-quad step */
+#define OCT_q4_0 0
+#define OCT_q4_1 1
+#define OCT_q5_0 0
+#define OCT_q5_1 0
+#define OCT_q8_0 0
+#define OCT_iq4_nl 0
+#define oct_q4_0(...) ((void)0)
+#define oct_q5_0(...) ((void)0)
+#define oct_q5_1(...) ((void)0)
+#define oct_q8_0(...) ((void)0)
+#define oct_iq4_nl(...) ((void)0)
+
 #define C_q4_0(v) 8
 #define C_q4_1(v) 0
 #define C_q5_0(v) 16
@@ -319,8 +363,22 @@ INLINE void act4_prep(const block_q8_32 *y, int nblk, const int c, const int vnn
                             const block_q8_32 *y, const act4 *Ab, float *out) {                            \
         __m512 acc[4];                                                                                     \
         __m256 accm[4];                                                                                    \
-        for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps(), accm[r] = _mm256_setzero_ps();         \
-        for (int64_t i = 0; i < nb; i += 4) {                                                              \
+        __m512 accm16[4];                                                                                  \
+        for (int r = 0; r < R; r++)                                                                        \
+            acc[r] = accm16[r] = _mm512_setzero_ps(), accm[r] = _mm256_setzero_ps();                       \
+        int64_t i = 0;                                                                                     \
+        if (OCT_##name)                                                                                    \
+            for (; i + 8 <= nb; i += 8) {                                                                  \
+                act4 A0l, A1l;                                                                             \
+                const act4 *A0 = Ab ? &Ab[i / 4] : &A0l, *A1 = Ab ? &Ab[i / 4 + 1] : &A1l;                 \
+                if (!Ab) act4_load(y + i, C_##name(vnni), vnni, &A0l), act4_load(y + i + 4, C_##name(vnni), vnni, &A1l); \
+                const __m512 ds16 = _mm512_insertf32x8(_mm512_castps256_ps512(A0->ds), A1->ds, 1);         \
+                const size_t off = (size_t)i * sizeof(block_t);                                            \
+                (void)ds16, (void)off;                                                                     \
+                for (int r = 0; r < R; r++)                                                                \
+                    oct_##name(vnni, (const uint8_t *)(w + r * rb) + off, A0, A1, ds16, &acc[r], &accm16[r]); \
+            }                                                                                              \
+        for (; i < nb; i += 4) {                                                                           \
             const int nblk = nb - i < 4 ? (int)(nb - i) : 4;                                               \
             act4 Aloc;                                                                                     \
             const act4 *A = Ab ? &Ab[i / 4] : &Aloc;                                                       \
@@ -333,7 +391,14 @@ INLINE void act4_prep(const block_q8_32 *y, int nblk, const int c, const int vnn
                 for (int r = 0; r < R; r++)                                                                \
                     quad_##name(vnni, 0, nblk, (const uint8_t *)(w + r * rb) + off, A, &acc[r], &accm[r]); \
         }                                                                                                  \
-        for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]) + odd_sum8(accm[r]);           \
+        for (int r = 0; r < R; r++) { /* the m*s terms: odd lanes of the (d*da, m*s) pairs */             \
+            acc[r] = _mm512_mask_add_ps(acc[r], 0xaaaa, acc[r], accm16[r]);                                \
+            acc[r] = _mm512_mask_add_ps(acc[r], 0xaa, acc[r], _mm512_zextps256_ps512(accm[r]));            \
+        }                                                                                                  \
+        if (R == 4)                                                                                        \
+            _mm_storeu_ps(out, reduce4(acc[0], acc[1], acc[2], acc[3]));                                   \
+        else                                                                                               \
+            for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]);                            \
     }                                                                                                      \
     INLINE void gemv_##name##_impl(const int vnni, int64_t n, const void *w, size_t rb, int nrows,      \
                                    const void *a, float *out) {                                            \
