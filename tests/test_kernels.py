@@ -314,8 +314,15 @@ def test_simd_vec_dot_equals_scalar(isa, tname):
 def test_gemv_equals_scalar_vec_dot(isa, tname):
     rng = np.random.default_rng(8)
     tid, bs, _, act = TYPES[tname]
-    n = {1: 96, 32: 32 * 18, 256: 256 * 3}[bs]
-    for nrows, pad in [(1, 0), (4, 0), (7, 0), (13, 6), (16, 64)]:
+    # row lengths: every remainder of blocks mod 4 and mod 8 (the AVX-512
+    # quads, octs and two-row tails), and one past the 8192-element chunk
+    # of prepared activations
+    # (n, nrows, padding bytes after each row)
+    cases = {1: [(96, 4, 0), (7, 5, 6), (64, 1, 0)],
+             32: [(32 * 18, 16, 0), (32 * 18, 1, 0), (32 * 5, 7, 6), (32 * 7, 8, 64), (32 * 20, 5, 0),
+                  (32 * 301, 5, 2)],
+             256: [(256 * 3, 7, 0), (256 * 4, 4, 6), (256, 1, 0)]}[bs]
+    for n, nrows, pad in cases:
         w, x, a = make_case(tname, n, rng, nrows)
         rb = w.shape[1] + pad
         wp = np.zeros((nrows, rb), dtype=np.uint8)

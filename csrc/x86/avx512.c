@@ -245,6 +245,28 @@ INLINE void oct_q4_1(const int vnni, const uint8_t *x, const act4 *A0, const act
                            *acc);
 }
 
+/* Q4_1, the last rem (1 or 2) blocks of two rows in one quad: slots 0, 1
+ * are row 0's blocks, slots 2, 3 row 1's (Ap: the activation quad
+ * [a_i, a_i+1, a_i, a_i+1], zeros past the row). Short rows (n = 576: 18
+ * blocks) would otherwise spend a whole masked quad per row on 2 blocks. */
+INLINE void pair_q4_1(const int vnni, int rem, const uint8_t *x0, const uint8_t *x1, const act4 *Ap, __m512 *acc0,
+                      __m512 *acc1, __m256 *accm0, __m256 *accm1) {
+    const __mmask64 k = _cvtu64_mask64(_bzhi_u64(~0ull, 20u * (unsigned)rem));
+    const __m512i W0 = _mm512_maskz_loadu_epi8(k, x0), W1 = _mm512_maskz_loadu_epi8(k, x1);
+    const __m512i q = _mm512_permutex2var_epi32(
+        W0, _mm512_setr_epi32(1, 2, 3, 4, 6, 7, 8, 9, 17, 18, 19, 20, 22, 23, 24, 25), W1);
+    __m512i dot = dpbusd(vnni, _mm512_setzero_si512(), nib_lo(q), Ap->lo);
+    dot = dpbusd(vnni, dot, nib_hi(q), Ap->hi);
+    const __m128i dm = _mm512_castsi512_si128(
+        _mm512_permutex2var_epi32(W0, _mm512_setr_epi32(0, 5, 16, 21, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), W1));
+    const __m256 p = _mm256_mul_ps(_mm256_cvtph_ps(dm), Ap->ds);
+    *accm0 = _mm256_mask_add_ps(*accm0, 0x0f, *accm0, p);
+    *accm1 = _mm256_mask_add_ps(*accm1, 0xf0, *accm1, p);
+    const __m512 dotf = _mm512_cvtepi32_ps(dot), pat = spread4_even(p);
+    *acc0 = _mm512_mask3_fmadd_ps(dotf, pat, *acc0, 0x00ff);
+    *acc1 = _mm512_mask3_fmadd_ps(dotf, pat, *acc1, 0xff00);
+}
+
 INLINE void quad_q5_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc,
                       __m256 *accm) {
     (void)accm;
@@ -327,6 +349,18 @@ INLINE void quad_q8_0(const int vnni, const int full, const int nblk, const uint
 #define OCT_q5_1 0
 #define OCT_q8_0 0
 #define OCT_iq4_nl 0
+/* formats with a two-row step for the last 1-2 blocks */
+#define PAIR_q4_0 0
+#define PAIR_q4_1 1
+#define PAIR_q5_0 0
+#define PAIR_q5_1 0
+#define PAIR_q8_0 0
+#define PAIR_iq4_nl 0
+#define pair_q4_0(...) ((void)0)
+#define pair_q5_0(...) ((void)0)
+#define pair_q5_1(...) ((void)0)
+#define pair_q8_0(...) ((void)0)
+#define pair_iq4_nl(...) ((void)0)
 #define oct_q4_0(...) ((void)0)
 #define oct_q5_0(...) ((void)0)
 #define oct_q5_1(...) ((void)0)
@@ -360,7 +394,7 @@ INLINE void act4_prep(const block_q8_32 *y, int nblk, const int c, const int vnn
  * prepared quads, or NULL to prepare them on the fly (vec_dot) */
 #define DEFINE_ROWS(name, block_t)                                                                        \
     INLINE void rows_##name(const int R, const int vnni, int64_t nb, const char *w, size_t rb,           \
-                            const block_q8_32 *y, const act4 *Ab, float *out) {                            \
+                            const block_q8_32 *y, const act4 *Ab, const act4 *Apair, float *out) {         \
         __m512 acc[4];                                                                                     \
         __m256 accm[4];                                                                                    \
         __m512 accm16[4];                                                                                  \
@@ -378,8 +412,11 @@ INLINE void act4_prep(const block_q8_32 *y, int nblk, const int c, const int vnn
                 for (int r = 0; r < R; r++)                                                                \
                     oct_##name(vnni, (const uint8_t *)(w + r * rb) + off, A0, A1, ds16, &acc[r], &accm16[r]); \
             }                                                                                              \
-        for (; i < nb; i += 4) {                                                                           \
-            const int nblk = nb - i < 4 ? (int)(nb - i) : 4;                                               \
+        const int rem = (int)(nb & 3);                                                                     \
+        const int paired = PAIR_##name && R == 4 && Apair && (rem == 1 || rem == 2);                       \
+        const int64_t nq = paired ? nb - rem : nb;                                                         \
+        for (; i < nq; i += 4) {                                                                           \
+            const int nblk = nq - i < 4 ? (int)(nq - i) : 4;                                               \
             act4 Aloc;                                                                                     \
             const act4 *A = Ab ? &Ab[i / 4] : &Aloc;                                                       \
             if (!Ab) act4_prep(y + i, nblk, C_##name(vnni), vnni, &Aloc);                                  \
@@ -391,6 +428,11 @@ INLINE void act4_prep(const block_q8_32 *y, int nblk, const int c, const int vnn
                 for (int r = 0; r < R; r++)                                                                \
                     quad_##name(vnni, 0, nblk, (const uint8_t *)(w + r * rb) + off, A, &acc[r], &accm[r]); \
         }                                                                                                  \
+        if (paired)                                                                                        \
+            for (int r = 0; r < R; r += 2)                                                                 \
+                pair_##name(vnni, rem, (const uint8_t *)(w + r * rb) + nq * sizeof(block_t),                \
+                            (const uint8_t *)(w + (r + 1) * rb) + nq * sizeof(block_t), Apair, &acc[r],     \
+                            &acc[r + 1], &accm[r], &accm[r + 1]);                                          \
         for (int r = 0; r < R; r++) { /* the m*s terms: odd lanes of the (d*da, m*s) pairs */             \
             acc[r] = _mm512_mask_add_ps(acc[r], 0xaaaa, acc[r], accm16[r]);                                \
             acc[r] = _mm512_mask_add_ps(acc[r], 0xaa, acc[r], _mm512_zextps256_ps512(accm[r]));            \
@@ -409,27 +451,36 @@ INLINE void act4_prep(const block_q8_32 *y, int nblk, const int c, const int vnn
             const int64_t cb = nb - c0 < 4 * ACT_CHUNK ? nb - c0 : 4 * ACT_CHUNK;                          \
             for (int64_t i = 0; i < cb; i += 4)                                                            \
                 act4_prep(y + c0 + i, cb - i < 4 ? (int)(cb - i) : 4, C_##name(vnni), vnni, &Ab[i / 4]);  \
+            act4 Apair;                                                                                    \
+            const int rem = (int)(cb & 3);                                                                 \
+            if (PAIR_##name && (rem == 1 || rem == 2)) {                                                   \
+                block_q8_32 t[4];                                                                          \
+                memset(t, 0, sizeof t);                                                                    \
+                memcpy(&t[0], y + c0 + cb - rem, (size_t)rem * sizeof *y);                                 \
+                memcpy(&t[2], y + c0 + cb - rem, (size_t)rem * sizeof *y);                                 \
+                act4_load(t, C_##name(vnni), vnni, &Apair);                                                \
+            }                                                                                              \
             const char *p = (const char *)w + (size_t)c0 * sizeof(block_t);                                \
             float part[4];                                                                                 \
             int r = 0;                                                                                     \
             for (; r + 4 <= nrows; r += 4, p += 4 * rb) {                                                  \
-                rows_##name(4, vnni, cb, p, rb, NULL, Ab, part);                                           \
+                rows_##name(4, vnni, cb, p, rb, NULL, Ab, &Apair, part);                                           \
                 for (int k = 0; k < 4; k++) out[r + k] = c0 ? out[r + k] + part[k] : part[k];             \
             }                                                                                              \
             for (; r < nrows; r++, p += rb) {                                                              \
-                rows_##name(1, vnni, cb, p, rb, NULL, Ab, part);                                           \
+                rows_##name(1, vnni, cb, p, rb, NULL, Ab, NULL, part);                                           \
                 out[r] = c0 ? out[r] + part[0] : part[0];                                                  \
             }                                                                                              \
         }                                                                                                  \
     }                                                                                                      \
     static float vec_dot_##name##_vnni(int64_t n, const void *restrict w, const void *restrict a) {       \
         float r;                                                                                           \
-        rows_##name(1, 1, n / QK, w, 0, a, NULL, &r);                                                      \
+        rows_##name(1, 1, n / QK, w, 0, a, NULL, NULL, &r);                                                      \
         return r;                                                                                          \
     }                                                                                                      \
     static float vec_dot_##name##_bw(int64_t n, const void *restrict w, const void *restrict a) {         \
         float r;                                                                                           \
-        rows_##name(1, 0, n / QK, w, 0, a, NULL, &r);                                                      \
+        rows_##name(1, 0, n / QK, w, 0, a, NULL, NULL, &r);                                                      \
         return r;                                                                                          \
     }                                                                                                      \
     static void gemv_##name##_vnni(int64_t n, const void *restrict w, size_t rb, int nrows,               \
