@@ -154,6 +154,15 @@ INLINE __m512i ldw(const uint8_t *x, int off, const int full, int valid) {
 /* the qh word of block k (at byte off of a bs-byte block), 0 past the end */
 #define QH(x, off, bs, k) ((full || (k) < nblk) ? ld32((x) + (bs) * (k) + (off)) : 0u)
 
+/* the fp16 d of 4 blocks (stride bytes apart, d first), as 4 words: scalar
+ * loads, which leave the vector ports (the bottleneck) to the dot products */
+INLINE __m128i d4_scalar(const uint8_t *x, const int stride, const int full, const int nblk) {
+    uint64_t v = ld16(x);
+    for (int k = 1; k < 4; k++)
+        if (full || k < nblk) v |= (uint64_t)ld16(x + k * stride) << (16 * k);
+    return _mm_cvtsi64_si128((long long)v);
+}
+
 /* ---- quad steps: acc (16 lanes) += d*da * dot; accm lanes 1,3,5,7 += m*s ---- */
 
 INLINE void quad_q4_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc,
@@ -167,10 +176,7 @@ INLINE void quad_q4_0(const int vnni, const int full, const int nblk, const uint
         L1);
     __m512i dot = dpbusd(vnni, A->negc, nib_lo(q), A->lo);
     dot = dpbusd(vnni, dot, nib_hi(q), A->hi);
-    const __m128i dh = _mm512_castsi512_si128(
-        _mm512_permutexvar_epi16(IDX16(0, 9, 18, 27, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                                   0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-                                 L0));
+    const __m128i dh = d4_scalar(x, 18, full, nblk);
     const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(dh), A->da);
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4(dd), *acc);
 }
@@ -200,10 +206,7 @@ INLINE void quad_iq4_nl(const int vnni, const int full, const int nblk, const ui
     } else {
         dot = dot_s8s8(dot_s8s8(_mm512_setzero_si512(), vlo, A->lo), vhi, A->hi);
     }
-    const __m128i dh = _mm512_castsi512_si128(
-        _mm512_permutexvar_epi16(IDX16(0, 9, 18, 27, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                                   0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-                                 L0));
+    const __m128i dh = d4_scalar(x, 18, full, nblk);
     const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(dh), A->da);
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4(dd), *acc);
 }
@@ -282,10 +285,9 @@ INLINE void quad_q5_0(const int vnni, const int full, const int nblk, const uint
     const __m512i lo = nib_lo(q), hi = nib_hi(q);
     __m512i dot = dpbusd(vnni, A->negc, _mm512_mask_add_epi8(lo, klo, lo, b4), A->lo);
     dot = dpbusd(vnni, dot, _mm512_mask_add_epi8(hi, khi, hi, b4), A->hi);
+    /* (d through the vector side here: the 5th bits already keep the scalar ports busy) */
     const __m128i dh = _mm512_castsi512_si128(_mm512_permutex2var_epi16(
-        L0,
-        IDX16(0, 11, 22, 53, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                          0, 0, 0),
+        L0, IDX16(0, 11, 22, 53, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
         L1));
     const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(dh), A->da);
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4(dd), *acc);
@@ -332,11 +334,7 @@ INLINE void quad_q8_0(const int vnni, const int full, const int nblk, const uint
     } else {
         dot = dot_s8s8(dot_s8s8(_mm512_setzero_si512(), qlo, A->lo), qhi, A->hi);
     }
-    const __m128i dh = _mm512_castsi512_si128(_mm512_permutex2var_epi16(
-        S0,
-        IDX16(0, 17, 34, 51, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                          0, 0, 0),
-        S1));
+    const __m128i dh = d4_scalar(x, 34, full, nblk);
     const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(dh), A->da);
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4(dd), *acc);
 }
