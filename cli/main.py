@@ -11,6 +11,7 @@ from pyllm import registry
 
 from .bench import bench
 from .common import err, handle_errors, model_path, pull
+from .info import info
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Run GGUF language models locally: chat, one-shot prompts, benchmarks.")
@@ -89,6 +90,7 @@ def pull_model(name: str = typer.Argument(registry.DEFAULT_MODEL, help="registry
 
 
 app.command("bench")(bench)
+app.command("info")(info)
 
 
 def main() -> None:
