@@ -149,7 +149,8 @@ def main() -> int:
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))
     else:
-        print(f"{head[0]:<14} {head[1]:<7} {head[2]:>8} {head[3]:>8} {head[4]:>11} {head[5]:>8} {head[6]:>8}  {head[7]}")
+        print(f"{head[0]:<14} {head[1]:<7} {head[2]:>8} {head[3]:>8} {head[4]:>11} {head[5]:>8} "
+              f"{head[6]:>8}  {head[7]}")
     for r in rows:
         cells = [r["family"], r["type"], f"{r['max']:.4f}", f"{r['rel']:.4%}",
                  f"{r['top1']:.0%} ({r['top1_all']:.0%})",

@@ -54,6 +54,7 @@ class Model:
             pass
         self.n_ctx, self.n_batch, self.n_threads = n_ctx, n_batch, n_threads
         n_blocks = (n_ctx + BLOCK_SIZE - 1) // BLOCK_SIZE
+        self.arch.n_ctx = n_ctx   # families whose math depends on it (Phi-3's RoPE factors)
         self.graph = Graph()
         self.arch.build(self.graph)
         self.backend = CpuBackend(self.graph, n_threads, min(n_batch, n_ctx), N_OUT_MAX, n_blocks, BLOCK_SIZE)

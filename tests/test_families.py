@@ -84,6 +84,14 @@ def test_family_settings(tmp_path):
     mi = load_architecture(ModelFile(synth.write_mistral(tmp_path / "mi.gguf", QT.F32, window=4096)))
     assert mi.name == "llama" and mi.rope_mode == ROPE_NORM and mi.layer_window(1) == 4096
 
+    # RoPE scaling as llama.cpp reads it: no type but a factor means linear; type none means none
+    lin = load_architecture(ModelFile(synth.write_llama(tmp_path / "l.gguf", QT.F32,
+                                                        keys={"rope_scaling_factor": 4.0})))
+    assert lin.hp.rope_freq_scale == 0.25 and lin.hp.rope_scaling == "linear"
+    none = load_architecture(ModelFile(synth.write_llama(
+        tmp_path / "n.gguf", QT.F32, keys={"rope_scaling_type": rope_type("NONE"), "rope_scaling_factor": 4.0})))
+    assert none.hp.rope_freq_scale == 1.0 and none.hp.rope_scaling == "none"
+
     p3 = load_architecture(ModelFile(synth.write_phi3(tmp_path / "p3.gguf", QT.F32)))
     assert p3.layers[0].attn.wqkv.shape == (256, 256 + 2 * 128) and p3.layers[0].ffn.w_gate is None
     assert p3.layers[0].ffn.w_up.shape == (256, 1024) and p3.rope_freqs is None
@@ -109,7 +117,7 @@ def test_gemma3_layers(tmp_path):
     """Sliding-window layers every layer but each sixth; their RoPE base is
     10000 unscaled, the global layers' the file's (with its linear scaling)."""
     path = synth.write_gemma3(tmp_path / "g.gguf", QT.F32, n_layer=12, window=8,
-                              keys={"rope_scaling_type": gguf_linear(), "rope_scaling_factor": 8.0})
+                              keys={"rope_scaling_type": rope_type("LINEAR"), "rope_scaling_factor": 8.0})
     g = load_architecture(ModelFile(path))
     assert [g.layer_window(i) for i in range(12)] == [8] * 5 + [0] + [8] * 5 + [0]
     assert g.layer_rope(0).base == 10000.0 and g.layer_rope(0).scale == 1.0
@@ -129,9 +137,9 @@ def test_gemma3_layers(tmp_path):
     assert not any(load_architecture(ModelFile(p4)).layer_window(i) for i in range(6))
 
 
-def gguf_linear():
+def rope_type(name):
     import gguf
-    return gguf.RopeScalingType.LINEAR
+    return gguf.RopeScalingType[name]
 
 
 def test_gemma3_decode_steps_equal_batch(tmp_path):
@@ -156,7 +164,7 @@ def test_family_errors(tmp_path):
     with pytest.raises(ModelFileError, match="'blk.0.ffn_gate.weight' is missing"):
         load_architecture(ModelFile(p))
     # unsupported settings say what is supported
-    p = synth.write_llama(tmp_path / "y.gguf", QT.F32, keys={"rope_scaling_type": yarn()})
+    p = synth.write_llama(tmp_path / "y.gguf", QT.F32, keys={"rope_scaling_type": rope_type("YARN")})
     with pytest.raises(UnsupportedModelError, match="RoPE scaling 'yarn'.*supported: none, linear"):
         load_architecture(ModelFile(p))
     p = synth.write_gemma3(tmp_path / "s.gguf", QT.F32, keys={"final_logit_softcapping": 30.0})
@@ -165,11 +173,6 @@ def test_family_errors(tmp_path):
     p = synth.write_llama(tmp_path / "u.gguf", arch="gpt-neox")
     with pytest.raises(UnsupportedModelError, match="'gpt-neox' is not supported.*gemma3, llama, phi3, qwen2, qwen3"):
         load_architecture(ModelFile(p))
-
-
-def yarn():
-    import gguf
-    return gguf.RopeScalingType.YARN
 
 
 def test_reference_q8_0_fast_path_is_gguf_math(tmp_path):

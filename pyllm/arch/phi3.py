@@ -14,17 +14,21 @@ per-pair frequency divisors, `rope_factors_short` and `rope_factors_long`,
 and `rope.scaling.attn_factor`, which multiplies cos and sin (so q.k by its
 square). As llama.cpp does, the long factors are used when the context the
 model runs with exceeds `rope.scaling.original_context_length` (4096), the
-short ones otherwise, and when the context is not known; the choice is made
-once, so every key in the cache was rotated the same way. The attention
-factor applies with either set (folded into the softmax scale).
+short ones otherwise, and when the context is not known (set `n_ctx`, or
+pass it to load_architecture, before building the graph); the choice is
+made once per graph, so every key in the cache was rotated the same way.
+The attention factor applies with either set (folded into the softmax
+scale).
 
-The Phi-3 files may set a sliding window; llama.cpp disables it for this
-family (it was a conversion artefact) and so do we.
+Phi-3 files may set a sliding window; llama.cpp disables it for this family
+(the converter does not say which layers would use it) and so do we.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..graph import ROPE_NEOX
-from .base import ROPE_SCALINGS
+from .base import ROPE_SCALINGS, Rope
 from .llama import Llama
 
 
@@ -38,12 +42,18 @@ class Phi3(Llama):
         super().__init__(mf, n_ctx)
         hp = self.hp
         self.n_ctx_orig = int(mf.arch_get("rope.scaling.original_context_length", hp.n_ctx_train))
-        short = self.optional_vector("rope_factors_short.weight", hp.rope_dim // 2)
-        long = self.optional_vector("rope_factors_long.weight", hp.rope_dim // 2)
-        self.rope_factors_short, self.rope_factors_long = short, long
-        use_long = long is not None and n_ctx is not None and n_ctx > self.n_ctx_orig
-        if self.rope_freqs is None:   # rope_freqs, when a file has it, wins (as in llama.cpp)
-            self.rope_freqs = long if use_long else short
+        self.rope_factors_short = self.optional_vector("rope_factors_short.weight", hp.rope_dim // 2)
+        self.rope_factors_long = self.optional_vector("rope_factors_long.weight", hp.rope_dim // 2)
+
+    def layer_rope(self, i: int) -> Rope:
+        """With the context known when the graph is built (self.n_ctx):
+        rope_freqs if the file has them (as llama.cpp), else the long factors
+        past the original context, else the short ones."""
+        factors = self.rope_freqs
+        if factors is None:
+            long = self.n_ctx is not None and self.n_ctx > self.n_ctx_orig
+            factors = self.rope_factors_long if long else self.rope_factors_short
+        return replace(super().layer_rope(i), factors=factors)
 
     def sliding_window(self) -> int:
         return 0
