@@ -13,15 +13,13 @@ import numpy as np
 from . import registry
 from .arch import load_architecture
 from .backend.cpu import CpuBackend, physical_cores
+from .defaults import BLOCK_SIZE, DEFAULT_MAX_CTX, N_BATCH, N_OUT_MAX
 from .engine import Completion, Engine, Generation
 from .errors import InvalidArgumentError
 from .graph import Graph
 from .model_file import ModelFile
 from .sampling import Sampler, SamplingParams
 from .tokenizer import load_tokenizer
-
-BLOCK_SIZE = 32     # tokens per KV block
-N_OUT_MAX = 32      # rows of logits one step can return
 
 
 class Model:
@@ -34,14 +32,14 @@ class Model:
     """
 
     def __init__(self, model: Optional[str | os.PathLike] = None, n_ctx: Optional[int] = None,
-                 n_threads: Optional[int] = None, n_batch: int = 512, n_gpu_layers: Any = None):
+                 n_threads: Optional[int] = None, n_batch: int = N_BATCH, n_gpu_layers: Any = None):
         self.path = registry.resolve(None if model is None else str(model))
         self.file = ModelFile(self.path)
         self.arch = load_architecture(self.file)
         self.tokenizer = load_tokenizer(self.file.metadata)
         hp = self.arch.hp
         if n_ctx is None:
-            n_ctx = min(4096, hp.n_ctx_train)
+            n_ctx = min(DEFAULT_MAX_CTX, hp.n_ctx_train)
         if n_ctx < 1:
             raise InvalidArgumentError(f"n_ctx must be positive, not {n_ctx}")
         if not 1 <= n_batch <= 8192:

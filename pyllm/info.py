@@ -16,11 +16,7 @@ from .arch import load_architecture
 from .graph import ROPE_NEOX, Graph, act_row_bytes
 from .model_file import ModelFile
 
-# the defaults pyllm.Model runs with (pyllm/api.py)
-DEFAULT_MAX_CTX = 4096
-BLOCK_SIZE = 32
-N_OUT_MAX = 32
-N_BATCH = 512
+from .defaults import BLOCK_SIZE, DEFAULT_MAX_CTX, N_BATCH, N_OUT_MAX
 
 VOCAB_TYPES = {"gpt2": "BPE (GPT-2 style)", "llama": "SentencePiece", "bert": "WordPiece",
                "t5": "Unigram (T5)", "rwkv": "RWKV"}
