@@ -4,6 +4,14 @@ Activation buffers are allocated once for the largest batch; the op records
 (csrc/pyllm.h) are filled once with pointers into them, into the mmapped
 weights and into the KV pools. A step then fills the token/position arrays
 and the block table and makes one FFI call.
+
+The pieces are the host's `Device` and `Program` (base.py): `HostDevice`
+owns the C core's thread pool; `CoreProgram` binds some op ranges of a graph
+to host memory and runs a range as one pyllm_run call over a slice of the
+op records (cffi pointer arithmetic). `CpuBackend` is one CoreProgram over
+the whole graph; a split backend (split.py) uses the host's program for the
+ranges placed on the CPU, and the sim device (sim.py) is a CoreProgram
+whose memory is its own and whose copies cross a simulated bus.
 """
 from __future__ import annotations
 
@@ -13,7 +21,10 @@ import numpy as np
 
 from .._native import ffi, lib
 from ..errors import BackendError, InvalidArgumentError
-from ..graph import Graph, Op, View
+from ..graph import Graph, View
+from ..model_file import Tensor
+from .base import ACTIVATIONS, Backend, Device, Program, Range, Shape, StepData
+from .lowering import fill_record, memory_plan, step_needs
 
 ALIGN = 64
 
@@ -51,88 +62,188 @@ def physical_cores() -> int:
     return max(1, (os.cpu_count() or 2) // 2)
 
 
-class CpuBackend:
-    name = "cpu"
+class HostDevice(Device):
+    """The host: its memory, and the C core's thread pool."""
+    kind = "cpu"
+    is_host = True
 
-    def __init__(self, graph: Graph, n_threads: int, n_batch: int, n_out_max: int,
-                 n_blocks: int, block_size: int):
-        self.graph = graph
-        self.n_batch, self.n_out_max = n_batch, n_out_max
-        self.n_blocks, self.block_size = n_blocks, block_size
-        self._keep: list = []  # everything the op records point into
-
-        self.buffers = {name: aligned_zeros((n_batch if b.rows == "batch" else n_out_max, b.width), np.float32)
-                        for name, b in graph.buffers.items()}
-        self.qbuffers = {name: aligned_zeros((n_batch, q.row_bytes), np.uint8)
-                         for name, q in graph.qbuffers.items()}
-        self.k_cache: dict[int, np.ndarray] = {}
-        self.v_cache: dict[int, np.ndarray] = {}
-        for layer, (n_kv_head, head_dim) in graph.kv_layers.items():
-            shape = (n_blocks, block_size, n_kv_head * head_dim)
-            self.k_cache[layer] = aligned_zeros(shape, np.float16)
-            self.v_cache[layer] = aligned_zeros(shape, np.float16)
-
-        self.ops = ffi.new("pyllm_op[]", len(graph.ops))
-        for i, op in enumerate(graph.ops):
-            self._lower(op, self.ops[i])
-        bad = lib.pyllm_program_check(self.ops, len(graph.ops))
-        if bad:
-            raise BackendError(f"the model's op program is invalid: {ffi.string(lib.pyllm_error()).decode()}")
-
+    def __init__(self, n_threads: int):
         self.ctx = lib.pyllm_ctx_new(n_threads)
         if self.ctx == ffi.NULL:
             raise BackendError(f"could not start the C core: {ffi.string(lib.pyllm_error()).decode()}")
         self.n_threads = n_threads
+        self.name = f"cpu ({n_threads} threads)"
+
+    def bind(self, graph: Graph, ranges: Seq[Range], shape: Shape) -> "CoreProgram":
+        return CoreProgram(self, graph, ranges, shape)
+
+    def close(self) -> None:
+        if getattr(self, "ctx", None) is not None and self.ctx != ffi.NULL:
+            lib.pyllm_ctx_free(self.ctx)
+            self.ctx = None
+
+    def __del__(self):
+        self.close()
+
+
+class CoreProgram(Program):
+    """Op ranges of a graph bound to host memory, run by the C core.
+
+    Weights are the mapped file (copy_weights = False) or copies the
+    program owns (the sim device). Buffers, KV pools and the staging area of
+    streamed ranges are allocated here, only for what the ranges' ops touch.
+    One record array spans the whole graph (ops outside the ranges stay
+    zero); a range runs as pyllm_run over its slice of it."""
+    copy_weights = False
+
+    def __init__(self, device: Device, graph: Graph, ranges: Seq[Range], shape: Shape, ctx=None):
+        self.device, self.graph, self.ranges, self.shape = device, graph, list(ranges), shape
+        self.ctx = ctx if ctx is not None else device.ctx
+        mp = self.plan = memory_plan(graph, self.ranges, shape)
+        self.memory = mp.bytes()
+        self._reserve(mp)
+        self.buffers = {name: aligned_zeros((rows, width), np.float32) for name, (rows, width) in mp.buffers.items()}
+        self.qbuffers = {name: aligned_zeros((rows, nb), np.uint8) for name, (rows, nb) in mp.qbuffers.items()}
+        self.k_cache: dict[int, np.ndarray] = {}
+        self.v_cache: dict[int, np.ndarray] = {}
+        for layer, (blocks, bs, kv_dim) in mp.kv.items():
+            self.k_cache[layer] = aligned_zeros((blocks, bs, kv_dim), np.float16)
+            self.v_cache[layer] = aligned_zeros((blocks, bs, kv_dim), np.float16)
+        self.weights = {name: self._place_weight(t) for name, t in mp.tensors.items()}
+        self.vectors = {key: self._place_vector(a) for key, a in mp.vectors.items()}
+        self.staging = aligned_zeros((max(mp.staging, 1),), np.uint8)
+
+        self.recs = ffi.new("pyllm_op[]", len(graph.ops))
+        for r in self.ranges:
+            for i in range(r.lo, r.hi):
+                fill_record(ffi, self.recs[i], i, graph.ops[i], self)
+            if lib.pyllm_program_check(self.recs + r.lo, r.hi - r.lo):
+                raise BackendError(f"the model's op program is invalid: {ffi.string(lib.pyllm_error()).decode()}")
+        self.needs = [step_needs(graph.ops[r.lo:r.hi]) for r in self.ranges]
 
         # the step record points at these arrays for good; a step fills them
-        self.tokens = np.zeros(n_batch, np.int32)
-        self.pos = np.zeros(n_batch, np.int32)
-        self.table = np.zeros(n_blocks, np.int32)
+        self.tokens = np.zeros(shape.n_batch, np.int32)
+        self.pos = np.zeros(shape.n_batch, np.int32)
+        self.table = np.zeros(shape.n_blocks, np.int32)
         self.step = ffi.new("pyllm_step *")
         self.step.tokens = ffi.cast("int32_t *", self.tokens.ctypes.data)
         self.step.pos = ffi.cast("int32_t *", self.pos.ctypes.data)
         self.step.block_table = ffi.cast("int32_t *", self.table.ctypes.data)
-        self.step.block_size = block_size
-        self.step.pool_blocks = n_blocks
+        self.step.block_size = shape.block_size
+        self.step.pool_blocks = shape.n_blocks
+        self._sent: tuple[int, set] = (-1, set())
+
+    # -- memory (the sim device overrides these) ---------------------------------------------
+    def _reserve(self, mp) -> None:
+        """Checks that the plan fits the device (the host does not limit it)."""
+
+    def _place_weight(self, t: Tensor) -> np.ndarray:
+        return t.data
+
+    def _place_vector(self, a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(a, dtype=np.float32)
+
+    # -- addresses for fill_record -------------------------------------------------------------
+    def weight(self, index: int, t: Tensor) -> int:
+        if index in self.plan.streamed:
+            return self.staging.ctypes.data + self.plan.streamed[index][1]
+        return self.weights[t.name].ctypes.data
+
+    def vector(self, a: np.ndarray) -> int:
+        return self.vectors[id(a)].ctypes.data
+
+    def view(self, v: View) -> tuple[int, int]:
+        buf = self.buffers[v.name]
+        return buf.ctypes.data + 4 * v.offset, buf.shape[1]
+
+    def qbuffer(self, name: str) -> int:
+        return self.qbuffers[name].ctypes.data
+
+    def kv(self, layer: int) -> tuple[int, int]:
+        return self.k_cache[layer].ctypes.data, self.v_cache[layer].ctypes.data
+
+    # -- running -----------------------------------------------------------------------------------
+    def _send(self, what: str, src: np.ndarray, dst: np.ndarray) -> None:
+        """Puts one of the step's arrays where the ops read it (a device counts it)."""
+        if src is not dst:
+            dst[:len(src)] = src
+
+    def load_step(self, index: int, step: StepData) -> None:
+        """Sends what ranges[index] reads of the step and has not been sent this step."""
+        if self._sent[0] != step.serial or step.serial == 0:
+            self._sent = (step.serial, set())
+        sent = self._sent[1]
+        for what, need, src, dst in zip(("tokens", "pos", "table"), self.needs[index],
+                                        (step.tokens, step.pos, step.table), (self.tokens, self.pos, self.table)):
+            if what in sent:
+                continue
+            if need:
+                self._send(what, src, dst)
+                sent.add(what)
+            elif what not in sent:
+                dst[:len(src)] = 0  # not read by these ops; valid values for the core's step check
+        st = self.step
+        st.n_tokens, st.n_out, st.n_table = step.n_tokens, step.n_out, len(step.table)
+
+    def stream_weights(self, index: int) -> None:
+        """Copies the weights of a streamed range into the staging area."""
+        r = self.ranges[index]
+        for i in range(r.lo, r.hi):
+            if i in self.plan.streamed:
+                t, off = self.plan.streamed[i]
+                self.staging[off:off + t.nbytes] = t.data.reshape(-1)
+
+    def run(self, index: int, step: StepData) -> None:
+        r = self.ranges[index]
+        self.load_step(index, step)
+        if r.streamed:
+            self.stream_weights(index)
+        if lib.pyllm_run(self.ctx, self.recs + r.lo, r.hi - r.lo, self.step) != 0:
+            raise InvalidArgumentError(ffi.string(lib.pyllm_error()).decode())
+
+    def _rows(self, name: str) -> np.ndarray:
+        return self.buffers[name] if name in self.buffers else self.qbuffers[name]
+
+    def has_buffer(self, name: str) -> bool:
+        return name in self.buffers or name in self.qbuffers
+
+    def read(self, name: str, row0: int, n_rows: int, kind: str = ACTIVATIONS) -> np.ndarray:
+        return self._rows(name)[row0:row0 + n_rows]
+
+    def write(self, name: str, row0: int, data: np.ndarray, kind: str = ACTIVATIONS) -> None:
+        self._rows(name)[row0:row0 + len(data)] = data
+
+
+def check_step_args(n: int, n_out: int, n_table: int, n_batch: int, n_out_max: int, n_blocks: int) -> None:
+    if not 1 <= n <= n_batch:
+        raise InvalidArgumentError(f"a step takes 1..{n_batch} tokens, not {n}")
+    if not 1 <= n_out <= min(n, n_out_max):
+        raise InvalidArgumentError(f"n_out must be in 1..{min(n, n_out_max)}, not {n_out}")
+    if n_table > n_blocks:
+        raise InvalidArgumentError("block table longer than the pool")
+
+
+class CpuBackend(Backend):
+    """The whole program on the host, in the C core."""
+    name = "cpu"
+
+    def __init__(self, graph: Graph, n_threads: int, n_batch: int, n_out_max: int,
+                 n_blocks: int, block_size: int, device: Optional[HostDevice] = None):
+        self.graph = graph
+        self.n_batch, self.n_out_max = n_batch, n_out_max
+        self.n_blocks, self.block_size = n_blocks, block_size
+        self._own_device = device is None
+        self.device = device if device is not None else HostDevice(n_threads)
+        self.program = self.device.bind(graph, [Range(0, len(graph.ops))], Shape(n_batch, n_out_max, n_blocks,
+                                                                                   block_size))
+        p = self.program
+        # what tools and tests look at
+        self.buffers, self.qbuffers, self.k_cache, self.v_cache = p.buffers, p.qbuffers, p.k_cache, p.v_cache
+        self.ops, self.step = p.recs, p.step
+        self.tokens, self.pos, self.table = p.tokens, p.pos, p.table
+        self.ctx, self.n_threads = self.device.ctx, self.device.n_threads
         self.logits = self.buffers[graph.ops[-1].y.name]
         self.n_vocab = self.logits.shape[1]
-
-    # -- lowering ----------------------------------------------------------------
-    def _ptr(self, arr: Optional[np.ndarray], ctype: str):
-        if arr is None:
-            return ffi.NULL
-        self._keep.append(arr)
-        return ffi.cast(ctype, ffi.from_buffer(arr))
-
-    def _view(self, v: Optional[View]):
-        """(float pointer to the first row of the view, row stride in floats)"""
-        if v is None:
-            return ffi.NULL, 0
-        buf = self.buffers[v.name]
-        return ffi.cast("float *", buf.ctypes.data) + v.offset, buf.shape[1]
-
-    def _lower(self, op: Op, rec) -> None:
-        rec.kind, rec.flags, rec.type, rec.layer = op.kind, op.flags, op.type, op.layer
-        if op.weight is not None:
-            rec.w = self._ptr(op.weight.data, "void *")
-        elif op.vector is not None:
-            rec.w = self._ptr(np.ascontiguousarray(op.vector, dtype=np.float32), "void *")
-        rec.bias = self._ptr(None if op.bias is None else np.ascontiguousarray(op.bias, np.float32), "float *")
-        rec.x, rec.x_stride = self._view(op.x)
-        rec.x2, rec.x2_stride = self._view(op.x2)
-        rec.y, rec.y_stride = self._view(op.y)
-        if op.xq is not None:
-            rec.xq = ffi.cast("void *", self.qbuffers[op.xq.name].ctypes.data)
-        rec.n_in, rec.n_out = op.n_in, op.n_out
-        rec.n_head, rec.n_kv_head, rec.head_dim = op.n_head, op.n_kv_head, op.head_dim
-        rec.n_rot, rec.rope_mode, rec.window = op.n_rot, op.rope_mode, op.window
-        rec.eps, rec.scale, rec.softcap = op.eps, op.scale, op.softcap
-        rec.freq_base, rec.freq_scale = op.freq_base, op.freq_scale
-        rec.freq_factors = self._ptr(None if op.freq_factors is None
-                                     else np.ascontiguousarray(op.freq_factors, np.float32), "float *")
-        if op.kv_layer >= 0:
-            rec.k_cache = ffi.cast("uint16_t *", self.k_cache[op.kv_layer].ctypes.data)
-            rec.v_cache = ffi.cast("uint16_t *", self.v_cache[op.kv_layer].ctypes.data)
 
     # -- running -----------------------------------------------------------------
     def forward(self, tokens: Seq[int], start_pos: int, block_table: Seq[int], n_out: int) -> np.ndarray:
@@ -140,12 +251,7 @@ class CpuBackend:
         logits of the last n_out of them: a [n_out, vocab] view, valid until
         the next step."""
         n = len(tokens)
-        if not 1 <= n <= self.n_batch:
-            raise InvalidArgumentError(f"a step takes 1..{self.n_batch} tokens, not {n}")
-        if not 1 <= n_out <= min(n, self.n_out_max):
-            raise InvalidArgumentError(f"n_out must be in 1..{min(n, self.n_out_max)}, not {n_out}")
-        if len(block_table) > self.n_blocks:
-            raise InvalidArgumentError("block table longer than the pool")
+        check_step_args(n, n_out, len(block_table), self.n_batch, self.n_out_max, self.n_blocks)
         self.tokens[:n] = tokens
         self.pos[:n] = np.arange(start_pos, start_pos + n, dtype=np.int32)
         self.table[:len(block_table)] = block_table
@@ -161,22 +267,26 @@ class CpuBackend:
         lib.pyllm_profile_reset(self.ctx)
 
     def read_profile(self) -> dict:
-        op_ns = ffi.new("double[]", 16)
-        busy = ffi.new("double[]", self.n_threads)
-        by_type = ffi.new("double[]", 32)
-        wall = ffi.new("double *")
-        lib.pyllm_profile_read(self.ctx, op_ns, busy, by_type, wall)
-        return {"op_ns": list(op_ns)[:lib.OP_KIND_COUNT], "thread_busy_ns": list(busy),
-                "matmul_type_ns": list(by_type), "wall_ns": wall[0]}
+        return read_core_profile(self.ctx, self.n_threads)
 
     @property
     def kv_bytes(self) -> int:
         return sum(a.nbytes for a in self.k_cache.values()) + sum(a.nbytes for a in self.v_cache.values())
 
     def close(self) -> None:
-        if getattr(self, "ctx", None) is not None and self.ctx != ffi.NULL:
-            lib.pyllm_ctx_free(self.ctx)
-            self.ctx = None
+        if self._own_device and getattr(self, "device", None) is not None:
+            self.device.close()
+        self.ctx = None
 
     def __del__(self):
         self.close()
+
+
+def read_core_profile(ctx, n_threads: int) -> dict:
+    op_ns = ffi.new("double[]", 16)
+    busy = ffi.new("double[]", n_threads)
+    by_type = ffi.new("double[]", 32)
+    wall = ffi.new("double *")
+    lib.pyllm_profile_read(ctx, op_ns, busy, by_type, wall)
+    return {"op_ns": list(op_ns)[:lib.OP_KIND_COUNT], "thread_busy_ns": list(busy),
+            "matmul_type_ns": list(by_type), "wall_ns": wall[0]}

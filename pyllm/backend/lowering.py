@@ -1,0 +1,140 @@
+"""What a device must hold to run some ops of a graph, and how an op becomes
+a C record (csrc/pyllm.h) pointing into that memory.
+
+Every device (host, sim, CUDA) uses the same two pieces: `memory_plan` says
+which buffers, quantized buffers, KV pools, weights and small vectors the
+ops of some ranges touch, and how many bytes each takes; `fill_record`
+writes one op record from the addresses a device gave them. The placement
+planner sizes a device's memory with the same `memory_plan`, so what it
+predicts is what the device allocates.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..graph import OP_ATTENTION, OP_EMBED, OP_KV_STORE, OP_MATMUL, OP_ROPE, Graph, Op, View
+from ..model_file import Tensor
+from .base import Range, Shape
+
+ALIGN = 256   # device allocations and staging offsets
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def op_vectors(op: Op) -> list[np.ndarray]:
+    return [a for a in (op.vector, op.bias, op.freq_factors) if a is not None]
+
+
+@dataclass
+class MemoryPlan:
+    buffers: dict[str, tuple[int, int]] = field(default_factory=dict)    # name -> (rows, floats per row)
+    qbuffers: dict[str, tuple[int, int]] = field(default_factory=dict)   # name -> (rows, bytes per row)
+    kv: dict[int, tuple[int, int, int]] = field(default_factory=dict)    # layer -> (blocks, block size, kv dim)
+    tensors: dict[str, Tensor] = field(default_factory=dict)             # resident weights, by tensor name
+    vectors: dict[int, np.ndarray] = field(default_factory=dict)         # id -> float32 vector
+    streamed: dict[int, tuple[Tensor, int]] = field(default_factory=dict)  # op index -> (weight, staging offset)
+    staging: int = 0                                                     # bytes of the staging area
+
+    def bytes(self) -> dict[str, int]:
+        return {
+            "weights": sum(t.nbytes for t in self.tensors.values()),
+            "vectors": sum(v.size * 4 for v in self.vectors.values()),
+            "kv": sum(2 * b * s * d * 2 for b, s, d in self.kv.values()),
+            "buffers": sum(r * w * 4 for r, w in self.buffers.values()) +
+                       sum(r * w for r, w in self.qbuffers.values()),
+            "staging": self.staging,
+        }
+
+    @property
+    def total(self) -> int:
+        return sum(self.bytes().values())
+
+
+def memory_plan(graph: Graph, ranges: Sequence[Range], shape: Shape) -> MemoryPlan:
+    """What a device running `ranges` of `graph` holds."""
+    mp = MemoryPlan()
+    for r in ranges:
+        offset = 0
+        for i in range(r.lo, r.hi):
+            op = graph.ops[i]
+            for v in (op.x, op.x2, op.y):
+                if v is not None and v.name not in mp.buffers:
+                    b = graph.buffers[v.name]
+                    mp.buffers[v.name] = (shape.n_batch if b.rows == "batch" else shape.n_out_max, b.width)
+            if op.xq is not None:
+                mp.qbuffers[op.xq.name] = (shape.n_batch, op.xq.row_bytes)
+            if op.kv_layer >= 0:
+                n_kv_head, head_dim = graph.kv_layers[op.kv_layer]
+                mp.kv[op.kv_layer] = (shape.n_blocks, shape.block_size, n_kv_head * head_dim)
+            for a in op_vectors(op):
+                mp.vectors[id(a)] = a
+            if op.weight is not None:
+                if r.streamed and op.kind == OP_MATMUL:
+                    mp.streamed[i] = (op.weight, offset)
+                    offset += _align(op.weight.nbytes)
+                else:
+                    mp.tensors[op.weight.name] = op.weight
+        mp.staging = max(mp.staging, offset)
+    # a weight resident for another range is not streamed
+    for i, (t, _) in list(mp.streamed.items()):
+        if t.name in mp.tensors:
+            del mp.streamed[i]
+    return mp
+
+
+class Addresses:
+    """Where a device put what an op touches (integer addresses)."""
+
+    def weight(self, index: int, t: Tensor) -> int: ...
+    def vector(self, a: np.ndarray) -> int: ...
+    def view(self, v: View) -> tuple[int, int]: ...     # (address of the first row, stride in floats)
+    def qbuffer(self, name: str) -> int: ...
+    def kv(self, layer: int) -> tuple[int, int]: ...
+
+
+def fill_record(ffi, rec, index: int, op: Op, addr: Addresses) -> None:
+    """Fills C record `rec` (a pyllm_op of `ffi`) for graph op `index`."""
+    def p(ctype: str, a: Optional[int]):
+        return ffi.cast(ctype, a or 0)
+
+    rec.kind, rec.flags, rec.type, rec.layer = op.kind, op.flags, op.type, op.layer
+    if op.weight is not None:
+        rec.w = p("void *", addr.weight(index, op.weight))
+    elif op.vector is not None:
+        rec.w = p("void *", addr.vector(op.vector))
+    else:
+        rec.w = ffi.NULL
+    rec.bias = p("float *", None if op.bias is None else addr.vector(op.bias))
+    for field_, stride_field, v in (("x", "x_stride", op.x), ("x2", "x2_stride", op.x2), ("y", "y_stride", op.y)):
+        if v is None:
+            setattr(rec, field_, ffi.NULL)
+            setattr(rec, stride_field, 0)
+        else:
+            a, stride = addr.view(v)
+            setattr(rec, field_, p("float *", a))
+            setattr(rec, stride_field, stride)
+    rec.xq = p("void *", None if op.xq is None else addr.qbuffer(op.xq.name))
+    rec.n_in, rec.n_out = op.n_in, op.n_out
+    rec.n_head, rec.n_kv_head, rec.head_dim = op.n_head, op.n_kv_head, op.head_dim
+    rec.n_rot, rec.rope_mode, rec.window = op.n_rot, op.rope_mode, op.window
+    rec.eps, rec.scale, rec.softcap = op.eps, op.scale, op.softcap
+    rec.freq_base, rec.freq_scale = op.freq_base, op.freq_scale
+    rec.freq_factors = p("float *", None if op.freq_factors is None else addr.vector(op.freq_factors))
+    if op.kv_layer >= 0:
+        k, v = addr.kv(op.kv_layer)
+        rec.k_cache, rec.v_cache = p("uint16_t *", k), p("uint16_t *", v)
+    else:
+        rec.k_cache = rec.v_cache = ffi.NULL
+
+
+def step_needs(ops: Sequence[Op]) -> tuple[bool, bool, bool]:
+    """Which of the step's arrays (tokens, positions, block table) these ops
+    read: what a device must be sent before it runs them."""
+    kinds = {op.kind for op in ops}
+    return (OP_EMBED in kinds, bool(kinds & {OP_ROPE, OP_KV_STORE, OP_ATTENTION}),
+            bool(kinds & {OP_KV_STORE, OP_ATTENTION}))
