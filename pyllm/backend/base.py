@@ -30,6 +30,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from ..errors import BackendError
+
 
 class Backend(ABC):
     """Runs the forward step of one model (the engine's view)."""
@@ -96,8 +98,8 @@ class StepData:
         return len(self.tokens)
 
 
-class DeviceMemoryError(Exception):
-    """Raised inside devices; backends turn it into a BackendError with context."""
+class DeviceMemoryError(BackendError):
+    """A device cannot hold what it was asked to (over its memory budget)."""
 
 
 # kinds of bytes that cross a bus
@@ -154,6 +156,10 @@ class Device(ABC):
     def free_memory(self) -> Optional[int]:
         """Bytes this device can still hold; None for the host (not a constraint)."""
         return None
+
+    def planning_figures(self):
+        """(placement.DeviceSpec, placement.LinkSpec, {figure: source}) for the planner."""
+        raise NotImplementedError(f"{self.kind} devices have no planning figures")
 
     @abstractmethod
     def bind(self, graph, ranges: Sequence[Range], shape: Shape) -> "Program":

@@ -1,0 +1,257 @@
+"""Split execution between the CPU and the sim device: the same logits as the
+CPU alone (the same kernels run on both sides, so bit for bit), and the bytes
+the sim's bus counted equal what the plan predicted and what the graph says
+is live at the boundary."""
+import logging
+
+import numpy as np
+import pytest
+from gguf.constants import GGMLQuantizationType as QT
+
+import synth
+from pyllm import BackendError, Model
+from pyllm.arch import load_architecture
+from pyllm.backend.base import CONTROL, D2H, H2D, LOGITS, WEIGHTS, ACTIVATIONS, DeviceMemoryError, Range, Shape
+from pyllm.backend.cpu import CpuBackend, HostDevice
+from pyllm.backend.placement import DeviceSpec, Hardware, LinkSpec, Planner
+from pyllm.backend.sim import SimDevice
+from pyllm.backend.split import SplitBackend, make_schedule, op_units
+from pyllm.graph import Graph
+from pyllm.model_file import ModelFile
+
+SHAPE = Shape(64, 64, 8, 16)
+TABLE = [3, 0, 6, 1]
+
+
+def build(path):
+    arch = load_architecture(ModelFile(path))
+    g = Graph()
+    arch.build(g)
+    return arch, g
+
+
+def hardware(memory=None, stream=False):
+    """A GPU much faster than the CPU. stream=False: streaming never pays (the
+    CPU reads memory faster than the bus and computes a 64-token batch faster
+    than the bus brings the weights); stream=True: a CPU slow at arithmetic,
+    so that streaming pays from a batch of a few tens of tokens."""
+    if stream:
+        return Hardware(DeviceSpec("cpu", 100e9, 0.5e12, 1e-6), DeviceSpec("gpu", 300e9, 20e12, 1e-6, memory=memory),
+                        LinkSpec(16e9, 16e9, 0.0))
+    return Hardware(DeviceSpec("cpu", 100e9, 10e12, 1e-6), DeviceSpec("gpu", 300e9, 20e12, 5e-6, memory=memory),
+                    LinkSpec(16e9, 16e9, 10e-6))
+
+
+def split_for(g, plan, host, bus_delay=False):
+    sim = SimDevice(host, memory=1 << 30)
+    sim.bus.delay = bus_delay
+    return SplitBackend(g, {"cpu": host, "gpu": sim}, plan.schedules(g), SHAPE, plan.stream_min_batch), sim
+
+
+def run_steps(be, tokens, n_prefill):
+    """Prefill n_prefill tokens (all logits), then decode the rest one at a time."""
+    out = [be.forward(tokens[:n_prefill], 0, TABLE, min(n_prefill, be.n_out_max)).copy()]
+    for i in range(n_prefill, len(tokens)):
+        out.append(be.forward([tokens[i]], i, TABLE, 1).copy())
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("family,qtype", [("llama", QT.Q4_K), ("gemma3", QT.Q8_0), ("qwen2", QT.Q4_1)],
+                         ids=lambda x: getattr(x, "name", x))
+@pytest.mark.parametrize("ngl", [0, 1, 3, "all"], ids=lambda n: f"ngl{n}")
+def test_split_equals_cpu(tmp_path, family, qtype, ngl):
+    path = synth.WRITERS[family](tmp_path / "m.gguf", qtype, n_layer=6 if family == "gemma3" else 4)
+    arch, g = build(path)
+    host = HostDevice(2)
+    tokens = [int(t) for t in np.random.default_rng(3).integers(2, 500, 44)]
+    ref = run_steps(CpuBackend(g, 2, 64, 64, 8, 16, device=host), tokens, 40)
+
+    plan = Planner(g, hardware(), SHAPE).plan(ngl)
+    assert plan.n_gpu_layers == (arch.hp.n_layer if ngl == "all" else ngl)
+    be, sim = split_for(g, plan, host)
+    got = run_steps(be, tokens, 40)
+    np.testing.assert_array_equal(got, ref)
+
+    # one more decode step: counted bytes == the plan's prediction == what is live
+    sim.bus.reset()
+    be.forward([7], 44, TABLE, 1)
+    counted = {k: v for k, v in sim.bus.bytes.items()}
+    predicted = {(d, k): v for (dev, d, k), v in plan.schedules(g)["resident"].bus_bytes(1, 1, len(TABLE)).items()}
+    assert counted == predicted
+    E, V = arch.hp.n_embd, arch.hp.n_vocab
+    expect = {}
+    if plan.uses_gpu:
+        expect[(H2D, CONTROL)] = 4 * (1 + len(TABLE)) + (4 if plan.embed_on_gpu else 0)  # positions, table (tokens)
+        if not plan.embed_on_gpu:
+            expect[(H2D, ACTIVATIONS)] = 4 * E          # x, once, into the first GPU layer
+        if plan.head_on_gpu:
+            expect[(D2H, LOGITS)] = 4 * V               # the logits back
+        else:
+            expect[(D2H, ACTIVATIONS)] = 4 * E          # x back for the head
+    assert counted == expect
+    be.close()
+    host.close()
+
+
+def test_split_prefill_moves_only_the_last_rows_to_the_head(tmp_path):
+    """The head's first op reads the last n_out rows of x: with the head on
+    the CPU and the layers on the GPU, a 40-token prefill wanting one row of
+    logits moves 40 rows of x up but only 1 row down."""
+    _, g = build(synth.write_llama(tmp_path / "m.gguf", QT.Q8_0, n_layer=3))
+    host = HostDevice(2)
+    plan = Planner(g, hardware(), SHAPE).plan(2)        # layers 1-2; the head stays on the CPU
+    assert not plan.head_on_gpu and not plan.embed_on_gpu
+    be, sim = split_for(g, plan, host)
+    be.forward(list(range(5, 45)), 0, TABLE, 1)
+    assert sim.bus.bytes[(H2D, ACTIVATIONS)] == 40 * 256 * 4
+    assert sim.bus.bytes[(D2H, ACTIVATIONS)] == 1 * 256 * 4
+    be.close()
+    host.close()
+
+
+def test_streaming_schedule_equals_cpu_and_counts_weights(tmp_path):
+    arch, g = build(synth.write_llama(tmp_path / "m.gguf", QT.Q4_0, n_layer=4))
+    host = HostDevice(2)
+    tokens = [int(t) for t in np.random.default_rng(4).integers(2, 500, 48)]
+    ref = run_steps(CpuBackend(g, 2, 64, 64, 8, 16, device=host), tokens, 40)
+    plan = Planner(g, hardware(stream=True), SHAPE).plan(1)
+    assert plan.stream and 1 < plan.stream_min_batch <= 40, plan.stream_min_batch
+    be, sim = split_for(g, plan, host)
+    assert be.schedule_for(40) == "stream" and be.schedule_for(1) == "resident"
+    got = run_steps(be, tokens, 40)
+    np.testing.assert_array_equal(got, ref)
+
+    sim.bus.reset()
+    be.forward(tokens[:40], 0, TABLE, 1)
+    counted = dict(sim.bus.bytes)
+    predicted = {(d, k): v for (dev, d, k), v in plan.schedules(g)["stream"].bus_bytes(40, 1, len(TABLE)).items()}
+    assert counted == predicted
+    # the three CPU layers' matmul weights crossed once each
+    cpu_layers = [u for u, d in plan.units.items() if isinstance(u, int) and d == "cpu"]
+    assert cpu_layers == [0, 1, 2]
+    w = sum(op.weight.nbytes for op, u in zip(g.ops, op_units(g)) if u in cpu_layers and op.kind == 4)
+    assert counted[(H2D, WEIGHTS)] == w
+    # q, k, v come down to the CPU's KV cache and attention, its output goes back
+    # up; x goes up once and its last row comes down to the head on the CPU
+    hp = arch.hp
+    assert counted[(D2H, ACTIVATIONS)] == 40 * 3 * (hp.q_dim + 2 * hp.kv_dim) * 4 + 1 * hp.n_embd * 4
+    assert counted[(H2D, ACTIVATIONS)] == 40 * 3 * hp.q_dim * 4 + 40 * hp.n_embd * 4
+    be.close()
+    host.close()
+
+
+def test_sim_memory_budget(tmp_path):
+    _, g = build(synth.write_llama(tmp_path / "m.gguf", QT.F16))
+    host = HostDevice(1)
+    sim = SimDevice(host, memory=200_000)
+    with pytest.raises(DeviceMemoryError, match=r"sim device: out of memory: .*needs .*weights .* free"):
+        sim.bind(g, [Range(0, len(g.ops))], SHAPE)
+    assert sim.used == 0
+    plan = Planner(g, hardware(), SHAPE).plan(1)
+    big = SimDevice(host, memory=64 << 20)
+    prog = big.bind(g, plan.schedules(g)["resident"] and
+                    [Range(s.lo, s.hi) for s in plan.schedules(g)["resident"].segments if s.device == "gpu"], SHAPE)
+    # what the device holds is what the planner sized, and it is counted against the budget
+    assert prog.memory == plan.gpu_memory
+    assert big.used == sum(plan.gpu_memory.values())
+    assert prog.memory["weights"] == sum(t.nbytes for t in prog.weights.values())
+    prog.close()
+    assert big.used == 0
+    host.close()
+
+
+def test_bus_delay_takes_the_modelled_time(tmp_path):
+    _, g = build(synth.write_llama(tmp_path / "m.gguf", QT.Q8_0))
+    host = HostDevice(1)
+    plan = Planner(g, hardware(), SHAPE).plan(1)
+    be, sim = split_for(g, plan, host, bus_delay=True)
+    sim.bus.h2d_bytes_per_s = sim.bus.d2h_bytes_per_s = 1e6       # 1 MB/s
+    sim.bus.latency_s = 1e-3
+    import time
+    t0 = time.perf_counter()
+    be.forward([5], 0, TABLE, 1)
+    dt = time.perf_counter() - t0
+    assert dt >= sim.bus.busy_s > 3e-3     # x up, logits down, 2 control arrays: 4 latencies at least
+    be.close()
+    host.close()
+
+
+# -- Model(n_gpu_layers=..., device=...) ---------------------------------------------------------------
+
+def test_model_without_gpu(tmp_path, caplog, monkeypatch):
+    monkeypatch.delenv("PYLLM_DEVICE", raising=False)
+    path = synth.write_llama(tmp_path / "m.gguf", QT.Q8_0)
+    with caplog.at_level(logging.DEBUG, logger="pyllm"):
+        with Model(path, n_ctx=64, n_threads=1) as m:
+            assert type(m.backend).__name__ == "CpuBackend" and m.plan is None
+    assert any("running on the CPU" in r.message for r in caplog.records)
+    with pytest.raises(BackendError, match="n_gpu_layers=2 asks for a GPU"):
+        Model(path, n_ctx=64, n_threads=1, n_gpu_layers=2)
+    with pytest.raises(BackendError, match="n_gpu_layers=all asks for a GPU"):
+        Model(path, n_ctx=64, n_threads=1, n_gpu_layers="all")
+    with pytest.raises(BackendError, match="device=cuda"):
+        Model(path, n_ctx=64, n_threads=1, device="cuda")
+    with Model(path, n_ctx=64, n_threads=1, n_gpu_layers=0) as m:
+        assert type(m.backend).__name__ == "CpuBackend"
+
+
+def test_model_on_sim(tmp_path, monkeypatch):
+    path = synth.write_llama(tmp_path / "m.gguf", QT.Q4_K, n_layer=3)
+    ids = list(range(3, 30))
+    with Model(path, n_ctx=128, n_threads=2, n_gpu_layers=0) as m:
+        ref = m.logits(ids)
+        ref_text = m.generate(ids, max_tokens=6, temperature=0).tokens
+    for ngl in (1, "all"):
+        with Model(path, n_ctx=128, n_threads=2, n_gpu_layers=ngl, device="sim") as m:
+            assert type(m.backend).__name__ == "SplitBackend"
+            assert m.plan.n_gpu_layers == (1 if ngl == 1 else 3)
+            np.testing.assert_array_equal(m.logits(ids), ref)
+            assert m.generate(ids, max_tokens=6, temperature=0).tokens == ref_text
+    monkeypatch.setenv("PYLLM_DEVICE", "sim")
+    monkeypatch.setenv("PYLLM_SIM_MEMORY", "1MiB")
+    with pytest.raises(BackendError, match="3 layers and the output head need .* but .* is free"):
+        Model(path, n_ctx=128, n_threads=1, n_gpu_layers="all")
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("stream", [False, True], ids=["resident", "streaming"])
+def test_smollm2_split_on_sim(smollm2_path, stream):
+    """The real model, half its layers on the sim device: the same logits as the
+    CPU alone; per decode token only x crosses, up and back down to the head;
+    a streamed prefill moves what the plan predicts, the weights of the CPU's
+    15 layers included."""
+    arch, g = build(smollm2_path)
+    host = HostDevice(2)
+    shape = Shape(64, 32, 8, 32)
+    ids = [1] + list(range(1500, 1519))            # 20 tokens
+    table = [2, 5]
+    cpu = CpuBackend(g, 2, 64, 32, 8, 32, device=host)
+    ref = np.concatenate([cpu.forward(ids[:18], 0, table, 18).copy(), cpu.forward(ids[18:19], 18, table, 1).copy(),
+                          cpu.forward(ids[19:], 19, table, 1).copy()])
+    plan = Planner(g, hardware(stream=stream), shape).plan(15)
+    assert plan.layer_ranges() == "embed cpu | layers 0-14 cpu | layers 15-29 gpu | head cpu"
+    assert plan.stream == stream and (not stream or plan.stream_min_batch <= 18)
+    sim = SimDevice(host, memory=1 << 30)
+    be = SplitBackend(g, {"cpu": host, "gpu": sim}, plan.schedules(g), shape, plan.stream_min_batch)
+    got = np.concatenate([be.forward(ids[:18], 0, table, 18).copy(), be.forward(ids[18:19], 18, table, 1).copy()])
+    sim.bus.reset()
+    got = np.concatenate([got, be.forward(ids[19:], 19, table, 1).copy()])
+    np.testing.assert_array_equal(got, ref)
+    counted = dict(sim.bus.bytes)
+    sched = plan.schedules(g)[be.schedule_for(1)]
+    assert counted == {(d, k): v for (dev, d, k), v in sched.bus_bytes(1, 1, len(table)).items()}
+    if not stream:
+        assert counted == {(H2D, ACTIVATIONS): 576 * 4, (D2H, ACTIVATIONS): 576 * 4, (H2D, CONTROL): 4 + 4 * 2}
+        assert plan.decode_bus == {(H2D, ACTIVATIONS): 576 * 4, (D2H, ACTIVATIONS): 576 * 4,
+                                   (H2D, CONTROL): 4 + 4 * -(-(plan.decode_ctx + 1) // 32)}
+    else:
+        sim.bus.reset()
+        be.forward(ids[:18], 0, table, 1)
+        w = sum(op.weight.nbytes for op, u in zip(g.ops, op_units(g)) if isinstance(u, int) and u < 15
+                and op.kind == 4)
+        assert sim.bus.bytes[(H2D, WEIGHTS)] == w
+        assert dict(sim.bus.bytes) == {(d, k): v for (dev, d, k), v in
+                                        plan.schedules(g)["stream"].bus_bytes(18, 1, len(table)).items()}
+    be.close()
+    cpu.close()
+    host.close()
