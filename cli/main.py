@@ -12,6 +12,7 @@ from pyllm import registry
 from .bench import bench
 from .common import err, handle_errors, model_path, pull
 from .info import info
+from .plan import plan
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Run GGUF language models locally: chat, one-shot prompts, benchmarks.")
@@ -34,6 +35,8 @@ def run(
     stop: list[str] = typer.Option([], "--stop", help="stop at this text (repeatable)"),
     threads: Optional[int] = typer.Option(None, "-t", "--threads", help="CPU threads (default: physical cores)"),
     ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", help="context length in tokens"),
+    n_gpu_layers: str = typer.Option("auto", "-ngl", "--n-gpu-layers",
+                                     help="layers on the GPU: auto (the planner; CPU only without a GPU), all, or N"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of the text"),
 ) -> None:
     """Complete a prompt and print the continuation."""
@@ -52,7 +55,7 @@ def run(
                 raise InvalidArgumentError("no prompt: give -p TEXT, -f FILE, or pipe text into pyllm run")
         from pyllm import Model
 
-        with Model(model_path(model), n_ctx=ctx_size, n_threads=threads) as m:
+        with Model(model_path(model), n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers) as m:
             gen = m.stream(prompt, max_tokens=n_predict, stop=stop, temperature=temp, top_k=top_k,
                            top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed)
             if as_json:
@@ -91,6 +94,7 @@ def pull_model(name: str = typer.Argument(registry.DEFAULT_MODEL, help="registry
 
 app.command("bench")(bench)
 app.command("info")(info)
+app.command("plan")(plan)
 
 
 def main() -> None:

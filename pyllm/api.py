@@ -12,7 +12,9 @@ import numpy as np
 
 from . import registry
 from .arch import load_architecture
-from .backend.cpu import CpuBackend, physical_cores
+from .backend.base import Shape
+from .backend.cpu import physical_cores
+from .backend.select import make_backend
 from .defaults import BLOCK_SIZE, DEFAULT_MAX_CTX, N_BATCH, N_OUT_MAX
 from .engine import Completion, Engine, Generation
 from .errors import InvalidArgumentError
@@ -28,11 +30,17 @@ class Model:
     model: a path to a .gguf file or a registry name (`pyllm list`); None is
     the default model. n_ctx: context length in tokens (default: 4096, or the
     model's training context if smaller). n_threads: CPU threads (default:
-    physical cores). n_batch: prompt tokens per step.
+    physical cores). n_batch: prompt tokens per step. n_gpu_layers: "auto"
+    (the default: the planner places layers on a GPU when there is one, and
+    runs on the CPU when there is none), "all", or a number of layers (an
+    error without a GPU). device: None (PYLLM_DEVICE, else auto), "cuda",
+    "sim" (a simulated GPU, for tests) or "cpu". `plan` is the placement
+    (None on the CPU alone).
     """
 
     def __init__(self, model: Optional[str | os.PathLike] = None, n_ctx: Optional[int] = None,
-                 n_threads: Optional[int] = None, n_batch: int = N_BATCH, n_gpu_layers: Any = None):
+                 n_threads: Optional[int] = None, n_batch: int = N_BATCH, n_gpu_layers: Any = None,
+                 device: Optional[str] = None):
         self.path = registry.resolve(None if model is None else str(model))
         self.file = ModelFile(self.path)
         self.arch = load_architecture(self.file)
@@ -47,15 +55,14 @@ class Model:
         n_threads = physical_cores() if n_threads is None else n_threads
         if not 1 <= n_threads <= 256:
             raise InvalidArgumentError(f"n_threads must be in 1..256, not {n_threads}")
-        if n_gpu_layers not in (None, 0, "0"):
-            # the CUDA backend is its own issue; until it lands everything runs on the CPU
-            pass
         self.n_ctx, self.n_batch, self.n_threads = n_ctx, n_batch, n_threads
         n_blocks = (n_ctx + BLOCK_SIZE - 1) // BLOCK_SIZE
         self.arch.n_ctx = n_ctx   # families whose math depends on it (Phi-3's RoPE factors)
         self.graph = Graph()
         self.arch.build(self.graph)
-        self.backend = CpuBackend(self.graph, n_threads, min(n_batch, n_ctx), N_OUT_MAX, n_blocks, BLOCK_SIZE)
+        self.backend, self.plan = make_backend(self.graph, n_threads,
+                                               Shape(min(n_batch, n_ctx), N_OUT_MAX, n_blocks, BLOCK_SIZE),
+                                               n_gpu_layers, device)
         self.engine = Engine(self.backend, self.tokenizer, n_ctx, min(n_batch, n_ctx), BLOCK_SIZE, n_blocks)
         self._seq = self.engine.new_sequence()
 
