@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PROMPT ?= The three primary colors are
 CSRC := $(wildcard csrc/*.c csrc/*.h csrc/x86/*.c csrc/arm/*.c)
 
-.PHONY: install models test run build bench clean
+.PHONY: install models test run build bench clean cuda
 
 install: $(VENV)/.installed models
 
@@ -31,6 +31,28 @@ run: install
 
 bench: install
 	$(BIN)/pyllm bench
+
+# the CUDA library (csrc/cuda/ -> build/libpyllm_cuda.so), only where nvcc exists; nothing
+# else needs it, and pyllm loads it at run time only when a GPU is present
+NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+             -gencode arch=compute_90,code=compute_90
+CUDA_FLAGS ?= -O3 -std=c++17 -lineinfo
+CUDA_SRC := $(wildcard csrc/cuda/*.cu)
+CUDA_OBJ := $(patsubst csrc/cuda/%.cu,build/cuda/%.o,$(CUDA_SRC))
+CUDA_HDR := $(wildcard csrc/cuda/*.cuh csrc/cuda/*.h) csrc/pyllm.h
+CUDA_LIB := build/libpyllm_cuda.so
+
+cuda:
+	@if [ -n "$(NVCC)" ]; then $(MAKE) --no-print-directory $(CUDA_LIB); \
+	else echo "nvcc not found: the CUDA library is not built (the CPU build and the tests do not need it)"; fi
+
+build/cuda/%.o: csrc/cuda/%.cu $(CUDA_HDR)
+	@mkdir -p build/cuda
+	$(NVCC) $(CUDA_FLAGS) $(CUDA_ARCH) -Xcompiler -fPIC -Xcompiler -Wall -Icsrc -Icsrc/cuda -c $< -o $@
+
+$(CUDA_LIB): $(CUDA_OBJ)
+	$(NVCC) $(CUDA_ARCH) -shared -o $@ $(CUDA_OBJ)
 
 clean:
 	rm -rf build pyllm/_native*.so pyllm/_native.c *.egg-info

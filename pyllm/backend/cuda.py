@@ -71,3 +71,271 @@ def available() -> tuple[bool, str]:
     if lib is None:
         return False, f"{n} CUDA device(s) found, but {LIB_NAME} is not built (run `make cuda`)"
     return True, f"{n} CUDA device(s); {lib}"
+
+
+# -- the library -------------------------------------------------------------------------------------
+
+def _declarations(path: Path) -> str:
+    text = re.sub(r"/\*.*?\*/", "", path.read_text(), flags=re.S)
+    return "\n".join(l for l in text.splitlines() if not l.lstrip().startswith("#"))
+
+
+def cdef_text() -> str:
+    """The ABI as cffi reads it: csrc/pyllm.h (op records) + csrc/cuda/pyllm_cuda.h."""
+    csrc = REPO / "csrc"
+    if not (csrc / "cuda" / "pyllm_cuda.h").is_file():
+        raise BackendError(f"the CUDA backend's headers are not at {csrc} (run pyllm from its checkout)")
+    return _declarations(csrc / "pyllm.h") + "\n" + _declarations(csrc / "cuda" / "pyllm_cuda.h")
+
+
+_loaded: Optional[tuple] = None
+
+
+def load(path: Optional[Path] = None):
+    """(ffi, lib) of libpyllm_cuda.so, loaded once (cffi ABI mode)."""
+    global _loaded
+    if _loaded is None:
+        from cffi import FFI
+        path = path or library_path()
+        if path is None:
+            raise BackendError(f"{LIB_NAME} is not built (run `make cuda` where nvcc exists)")
+        ffi = FFI()
+        ffi.cdef(cdef_text())
+        try:
+            lib = ffi.dlopen(str(path))
+        except OSError as e:
+            raise BackendError(f"cannot load {path}: {e}") from None
+        _loaded = (ffi, lib)
+    return _loaded
+
+
+def _error(lib, ffi) -> str:
+    return ffi.string(lib.pyllm_cuda_error()).decode(errors="replace")
+
+
+def device_info(index: int = 0) -> dict:
+    ffi, lib = load()
+    name = ffi.new("char[]", 256)
+    ints = [ffi.new("int *") for _ in range(6)]
+    total = ffi.new("size_t *")
+    if lib.pyllm_cuda_device_info(index, name, 256, ints[0], ints[1], ints[2], total, ints[3], ints[4], ints[5]):
+        raise BackendError(f"CUDA device {index}: {_error(lib, ffi)}")
+    return {"name": ffi.string(name).decode(), "cc": (ints[0][0], ints[1][0]), "sm_count": ints[2][0],
+            "total_bytes": total[0], "clock_khz": ints[3][0], "mem_clock_khz": ints[4][0], "mem_bus_bits": ints[5][0]}
+
+
+# -- the device ----------------------------------------------------------------------------------------
+
+class CudaDevice(Device):
+    kind = "cuda"
+
+    def __init__(self, index: int = 0):
+        self.ffi, self.lib = load()
+        self.index = index
+        self.info = device_info(index)
+        self.ctx = self.lib.pyllm_cuda_new(index)
+        if self.ctx == self.ffi.NULL:
+            raise BackendError(f"cannot start CUDA device {index}: {_error(self.lib, self.ffi)}")
+        self.name = f"cuda:{index} {self.info['name']}"
+        self.bus = Bus()
+
+    def free_memory(self) -> int:
+        free, total = self.ffi.new("size_t *"), self.ffi.new("size_t *")
+        if self.lib.pyllm_cuda_mem_info(self.ctx, free, total):
+            raise BackendError(_error(self.lib, self.ffi))
+        return int(free[0])
+
+    def lib_bus_bytes(self) -> tuple[int, int]:
+        """(host->device, device->host) bytes the library copied so far: a cross-check of the Bus"""
+        a, b = self.ffi.new("uint64_t *"), self.ffi.new("uint64_t *")
+        self.lib.pyllm_cuda_bus_bytes(self.ctx, a, b)
+        return int(a[0]), int(b[0])
+
+    def measure(self) -> dict:
+        """Copy rates (pageable host memory, as pyllm copies numpy arrays), latency, device memory
+        rate, and the matmul rate and launch cost of these kernels (timed programs)."""
+        from .placement import calibration_graph, time_program
+        from ..graph import Graph
+        lib, ctx = self.lib, self.ctx
+        mb64 = 64 << 20
+        figs = {"h2d": lib.pyllm_cuda_copy_rate(ctx, 2, mb64, 5), "d2h": lib.pyllm_cuda_copy_rate(ctx, 3, mb64, 5),
+                "h2d_pinned": lib.pyllm_cuda_copy_rate(ctx, 0, mb64, 5),
+                "d2h_pinned": lib.pyllm_cuda_copy_rate(ctx, 1, mb64, 5),
+                "mem_bw": lib.pyllm_cuda_copy_rate(ctx, 4, 256 << 20, 5),
+                "latency_s": lib.pyllm_cuda_copy_latency(ctx, 20)}
+        n = 512
+        t = time_program(self, calibration_graph(4096, 4096), n)
+        figs["flops"] = 2.0 * 4096 * 4096 * n / t
+        g = Graph()
+        x = g.buffer("x", 64)
+        for _ in range(200):
+            g.scale(x, 1.0)
+        figs["launch_s"] = time_program(self, g, 1, reps=5) / 200
+        return figs
+
+    def planning_figures(self):
+        from .placement import CUDA_RESERVE, DeviceSpec, LinkSpec, cached
+        key = f"cuda:{self.info['name']}:{self.info['total_bytes']}:{self.info['cc']}"
+        figs, how = cached(key, self.measure)
+        self.bus.h2d_bytes_per_s, self.bus.d2h_bytes_per_s, self.bus.latency_s = \
+            figs["h2d"], figs["d2h"], figs["latency_s"]
+        free = self.free_memory()
+        spec = DeviceSpec(self.name, figs["mem_bw"], figs["flops"], figs["launch_s"], memory=free,
+                          reserve=min(CUDA_RESERVE, free // 20))
+        link = LinkSpec(figs["h2d"], figs["d2h"], figs["latency_s"])
+        return spec, link, {"gpu": f"{how} (memory free: measured now)", "link": how}
+
+    def bind(self, graph: Graph, ranges: Sequence[Range], shape: Shape) -> "CudaProgram":
+        return CudaProgram(self, graph, ranges, shape)
+
+    def close(self) -> None:
+        if getattr(self, "ctx", None) is not None and self.ctx != self.ffi.NULL:
+            self.lib.pyllm_cuda_free(self.ctx)
+            self.ctx = None
+
+    def __del__(self):
+        self.close()
+
+
+class CudaProgram(Program):
+    """A device's share of a graph in GPU memory; ranges run by pyllm_cuda_run."""
+
+    def __init__(self, device: CudaDevice, graph: Graph, ranges: Sequence[Range], shape: Shape):
+        self.device, self.graph, self.ranges, self.shape = device, graph, list(ranges), shape
+        ffi, lib, ctx = device.ffi, device.lib, device.ctx
+        self.ffi, self.lib, self.ctx = ffi, lib, ctx
+        mp = self.plan = memory_plan(graph, self.ranges, shape)
+        self.memory = mp.bytes()
+        self._allocs: list[int] = []
+        total = sum(self.memory.values())
+        free = device.free_memory()
+        if total > free:
+            parts = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in self.memory.items() if v)
+            raise DeviceMemoryError(f"{device.name}: this part of the model needs {total / 2**20:.1f} MiB ({parts}) "
+                                    f"but {free / 2**20:.1f} MiB is free")
+        try:
+            self.buffers = {name: (self._alloc(rows * width * 4, zero=True), width * 4, width)
+                            for name, (rows, width) in mp.buffers.items()}
+            self.qbuffers = {name: (self._alloc(rows * nb, zero=True), nb, nb) for name, (rows, nb) in mp.qbuffers.items()}
+            self.kv_pools = {layer: (self._alloc(b * s * d * 2, zero=True), self._alloc(b * s * d * 2, zero=True))
+                             for layer, (b, s, d) in mp.kv.items()}
+            self.weights = {}
+            for name, t in mp.tensors.items():
+                self.weights[name] = self._alloc(t.nbytes)
+                self._upload(self.weights[name], t.data)
+            self.vectors = {}
+            for key, a in mp.vectors.items():
+                a32 = np.ascontiguousarray(a, dtype=np.float32)
+                self.vectors[key] = self._alloc(a32.nbytes)
+                self._upload(self.vectors[key], a32)
+            self.staging = self._alloc(max(mp.staging, 1))
+            self.recs = ffi.new("pyllm_op[]", len(graph.ops))
+            for r in self.ranges:
+                for i in range(r.lo, r.hi):
+                    fill_record(ffi, self.recs[i], i, graph.ops[i], self)
+                if lib.pyllm_cuda_check(self.recs + r.lo, r.hi - r.lo):
+                    raise BackendError(f"the CUDA backend cannot run this program: {_error(lib, ffi)}")
+        except BaseException:
+            self.close()
+            raise
+        self.needs = [step_needs(graph.ops[r.lo:r.hi]) for r in self.ranges]
+        self.tokens = np.zeros(shape.n_batch, np.int32)
+        self.pos = np.zeros(shape.n_batch, np.int32)
+        self.table = np.zeros(shape.n_blocks, np.int32)
+        self.step = ffi.new("pyllm_step *")
+        self.step.tokens = ffi.cast("int32_t *", self.tokens.ctypes.data)
+        self.step.pos = ffi.cast("int32_t *", self.pos.ctypes.data)
+        self.step.block_table = ffi.cast("int32_t *", self.table.ctypes.data)
+        self.step.block_size = shape.block_size
+        self.step.pool_blocks = shape.n_blocks
+        self._sent: tuple[int, set] = (-1, set())
+
+    # -- memory ----------------------------------------------------------------------------------
+    def _alloc(self, nbytes: int, zero: bool = False) -> int:
+        p = int(self.lib.pyllm_cuda_alloc(self.ctx, nbytes))
+        if p == 0:
+            raise DeviceMemoryError(f"{self.device.name}: {_error(self.lib, self.ffi)}")
+        self._allocs.append(p)
+        if zero and self.lib.pyllm_cuda_memset0(self.ctx, p, nbytes):
+            raise BackendError(_error(self.lib, self.ffi))
+        return p
+
+    def _upload(self, dst: int, a: np.ndarray) -> None:
+        a = np.ascontiguousarray(a)
+        if self.lib.pyllm_cuda_upload(self.ctx, dst, self.ffi.from_buffer(a), a.nbytes):
+            raise BackendError(_error(self.lib, self.ffi))
+
+    # -- addresses for fill_record ------------------------------------------------------------------
+    def weight(self, index: int, t: Tensor) -> int:
+        if index in self.plan.streamed:
+            return self.staging + self.plan.streamed[index][1]
+        return self.weights[t.name]
+
+    def vector(self, a: np.ndarray) -> int:
+        return self.vectors[id(a)]
+
+    def view(self, v: View) -> tuple[int, int]:
+        ptr, _, width = self.buffers[v.name]
+        return ptr + 4 * v.offset, width
+
+    def qbuffer(self, name: str) -> int:
+        return self.qbuffers[name][0]
+
+    def kv(self, layer: int) -> tuple[int, int]:
+        return self.kv_pools[layer]
+
+    # -- running ------------------------------------------------------------------------------------
+    def run(self, index: int, step: StepData) -> None:
+        r = self.ranges[index]
+        new_step = self._sent[0] != step.serial or step.serial == 0
+        if new_step:
+            self._sent = (step.serial, set())
+        sent = self._sent[1]
+        n = step.n_tokens
+        self.tokens[:n], self.pos[:n] = step.tokens, step.pos
+        self.table[:len(step.table)] = step.table
+        for what, need, nbytes in zip(("tokens", "pos", "table"), self.needs[index], (4 * n, 4 * n, 4 * len(step.table))):
+            if need and what not in sent:   # what the library sends (pyllm_cuda_run)
+                self.device.bus.count(H2D, CONTROL, nbytes)
+                sent.add(what)
+        if r.streamed:
+            for i in range(r.lo, r.hi):
+                if i in self.plan.streamed:
+                    t, off = self.plan.streamed[i]
+                    self._upload(self.staging + off, t.data)
+                    self.device.bus.count(H2D, WEIGHTS, t.nbytes)
+        st = self.step
+        st.n_tokens, st.n_out, st.n_table = n, step.n_out, len(step.table)
+        if self.lib.pyllm_cuda_run(self.ctx, self.recs + r.lo, r.hi - r.lo, st, int(new_step)) != 0:
+            raise BackendError(_error(self.lib, self.ffi))
+
+    def sync(self) -> None:
+        self.lib.pyllm_cuda_sync(self.ctx)
+
+    def _where(self, name: str):
+        if name in self.buffers:
+            return self.buffers[name], np.float32
+        return self.qbuffers[name], np.uint8
+
+    def has_buffer(self, name: str) -> bool:
+        return name in self.buffers or name in self.qbuffers
+
+    def read(self, name: str, row0: int, n_rows: int, kind: str = ACTIVATIONS) -> np.ndarray:
+        (ptr, row_bytes, width), dtype = self._where(name)
+        out = np.empty((n_rows, width), dtype)
+        if self.lib.pyllm_cuda_download(self.ctx, self.ffi.from_buffer(out), ptr + row0 * row_bytes, out.nbytes):
+            raise BackendError(_error(self.lib, self.ffi))
+        self.device.bus.count(D2H, kind, out.nbytes)
+        return out
+
+    def write(self, name: str, row0: int, data: np.ndarray, kind: str = ACTIVATIONS) -> None:
+        (ptr, row_bytes, width), dtype = self._where(name)
+        a = np.ascontiguousarray(data, dtype=dtype)
+        assert a.shape[1:] == (width,)
+        self._upload(ptr + row0 * row_bytes, a)
+        self.device.bus.count(H2D, kind, a.nbytes)
+
+    def close(self) -> None:
+        for p in getattr(self, "_allocs", []):
+            self.lib.pyllm_cuda_release(self.ctx, p)
+        self._allocs = []

@@ -1,0 +1,106 @@
+/* attention.cu: causal attention over the paged f16 KV cache.
+ *
+ * For query row t at position p and head h (KV head h / group):
+ *     y = sum_j softmax_j(scale * q.k_j) v_j   over j in [max(0, p - window + 1), p]
+ * (scores soft-capped as softcap * tanh(s / softcap) when softcap > 0).
+ *
+ * One block of 128 threads per (head, query row). It walks the visible
+ * positions in tiles of 128: each warp scores every 4th position of the tile
+ * (lanes split the head dims, K read through the block table), then the tile's
+ * max updates the running max m (rescaling the running sum l and the output
+ * accumulators, online softmax as in csrc/attention.c), the weights
+ * exp(s - m) go to shared memory, and each thread accumulates its head dims
+ * (4 at most: head_dim <= 512) over the tile's V rows. No score row longer
+ * than a tile is ever held. Simple, not fast: K/V are re-read per query head
+ * and per row (mostly from L2); a flash-attention kernel that shares a K/V
+ * tile between the heads of a group and many rows is the obvious next step.
+ */
+#include <cfloat>
+
+#include "common.cuh"
+
+namespace pq {
+
+constexpr int ATT_TILE = 128;
+constexpr int ATT_THREADS = 128;
+
+__global__ void __launch_bounds__(ATT_THREADS)
+attention_kernel(const float *__restrict__ Q, int64_t q_stride, float *__restrict__ Y, int64_t y_stride,
+                 const __half *__restrict__ Kc, const __half *__restrict__ Vc, const int32_t *__restrict__ pos,
+                 const int32_t *__restrict__ table, int block_size, int n_head, int n_kv_head, int hd, float scale,
+                 float softcap, int window) {
+    extern __shared__ float sm[];
+    float *s_q = sm;                                              /* hd */
+    float *s_p = s_q + hd;                                        /* ATT_TILE scores, then weights */
+    long long *s_off = reinterpret_cast<long long *>(sm + ((hd + ATT_TILE + 1) & ~1)); /* ATT_TILE K/V offsets */
+    const int h = blockIdx.x, t = blockIdx.y;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int group = n_head / n_kv_head, kvh = h / group;
+    const int64_t kv_dim = (int64_t)n_kv_head * hd;
+
+    for (int d = tid; d < hd; d += ATT_THREADS) s_q[d] = Q[(int64_t)t * q_stride + (int64_t)h * hd + d];
+    const int p = pos[t];
+    const int first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+    float m = -FLT_MAX, l = 0.0f;
+    float acc[MAX_HEAD_DIM / ATT_THREADS];
+#pragma unroll
+    for (int i = 0; i < MAX_HEAD_DIM / ATT_THREADS; i++) acc[i] = 0.0f;
+    __syncthreads();
+
+    for (int j0 = first; j0 <= p; j0 += ATT_TILE) {
+        const int n = min(ATT_TILE, p - j0 + 1);
+        for (int jj = warp; jj < n; jj += ATT_THREADS / 32) {
+            const int j = j0 + jj;
+            const long long off = ((long long)table[j / block_size] * block_size + j % block_size) * kv_dim +
+                                  (long long)kvh * hd;
+            const __half *k = Kc + off;
+            float s = 0.0f;
+            for (int d = lane; d < hd; d += 32) s += __half2float(k[d]) * s_q[d];
+            s = warp_sum(s);
+            if (lane == 0) {
+                s *= scale;
+                if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
+                s_p[jj] = s;
+                s_off[jj] = off;
+            }
+        }
+        __syncthreads();
+        float tmax = -FLT_MAX;
+        for (int jj = 0; jj < n; jj++) tmax = fmaxf(tmax, s_p[jj]);
+        const float m_new = fmaxf(m, tmax);
+        const float c = expf(m - m_new);   /* 0 on the first tile (m = -FLT_MAX), 1 when the max holds */
+        __syncthreads();                   /* every thread has read the scores */
+        if (tid < n) s_p[tid] = expf(s_p[tid] - m_new);
+        __syncthreads();
+        float psum = 0.0f;
+        for (int jj = 0; jj < n; jj++) psum += s_p[jj];
+        l = l * c + psum;
+#pragma unroll
+        for (int i = 0; i < MAX_HEAD_DIM / ATT_THREADS; i++) {
+            const int d = tid + i * ATT_THREADS;
+            if (d < hd) {
+                float a = acc[i] * c;
+                for (int jj = 0; jj < n; jj++) a += s_p[jj] * __half2float(Vc[s_off[jj] + d]);
+                acc[i] = a;
+            }
+        }
+        m = m_new;
+        __syncthreads();                   /* before the next tile overwrites s_p, s_off */
+    }
+    const float inv = 1.0f / l;
+#pragma unroll
+    for (int i = 0; i < MAX_HEAD_DIM / ATT_THREADS; i++) {
+        const int d = tid + i * ATT_THREADS;
+        if (d < hd) Y[(int64_t)t * y_stride + (int64_t)h * hd + d] = acc[i] * inv;
+    }
+}
+
+void launch_attention(const pyllm_op *op, const exec &e) {
+    dim3 grid(op->n_head, e.rows);
+    const size_t smem = (size_t)((op->head_dim + ATT_TILE + 1) & ~1) * sizeof(float) + ATT_TILE * sizeof(long long);
+    attention_kernel<<<grid, ATT_THREADS, smem, e.stream>>>(
+        op->x, op->x_stride, op->y, op->y_stride, (const __half *)op->k_cache, (const __half *)op->v_cache, e.pos,
+        e.table, e.block_size, op->n_head, op->n_kv_head, op->head_dim, op->scale, op->softcap, op->window);
+}
+
+}  // namespace pq

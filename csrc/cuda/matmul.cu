@@ -1,0 +1,387 @@
+/* matmul.cu: activation quantization and y (+)= W x (+ bias).
+ *
+ * Quantized weights take the activations the op program quantized before
+ * them (OP_QUANTIZE, in the C core's formats), so the integer part of every
+ * block's dot product is exactly the CPU's; only the float sums of the
+ * per-group products are added in another order.
+ *
+ * - decode (1..8 rows): mmv, one warp per output row; each lane takes every
+ *   32nd group of 16 weights, unpacks it once and uses it for every row of
+ *   the batch (__dp4a against the 8-bit activations), then the warp sums.
+ * - prefill (more rows): mmq, tiles of 64 output rows x 32 tokens per block
+ *   of 128 threads; per step of 8 groups (128 elements) the block unpacks the
+ *   weight tile and loads the activation tile into shared memory once, then
+ *   each thread accumulates a 4 x 4 patch of outputs.
+ * - float weights (F32, F16, BF16) read the float activations: the same two
+ *   shapes with float products.
+ */
+#include "quant.cuh"
+
+namespace pq {
+
+constexpr int MMV_WARPS = 4;
+constexpr int MMV_MAX_ROWS = 8;
+constexpr int TM = 64, TN = 32, GK = 8;   /* mmq tile: rows, tokens, groups of 16 per step */
+constexpr int TK = 32;                    /* float tile: elements per step */
+
+/* the g-th group of 16 activations of one quantized row, and its block scale */
+template <int ACT>
+__device__ __forceinline__ void act16(const uint8_t *arow, int g, int qa[4], float &da) {
+    const uint8_t *blk, *qs;
+    if (ACT == ACT_Q8_32) {
+        blk = arow + (size_t)(g >> 1) * Q8_32_BYTES;
+        qs = blk + 8 + 16 * (g & 1);
+    } else {
+        blk = arow + (size_t)(g >> 4) * Q8_K_BYTES;
+        qs = blk + 4 + 16 * (g & 15);
+    }
+    da = *reinterpret_cast<const float *>(blk);
+    const int *q = reinterpret_cast<const int *>(qs);   /* 4-byte aligned in both formats */
+#pragma unroll
+    for (int i = 0; i < 4; i++) qa[i] = q[i];
+}
+
+__device__ __forceinline__ void store(float *y, float v, const float *bias, int col, bool accumulate) {
+    if (bias) v += bias[col];
+    *y = accumulate ? *y + v : v;
+}
+
+/* ---- quantized weights, decode ---- */
+
+template <int T, int NR>
+__global__ void __launch_bounds__(MMV_WARPS * 32)
+mmv_q(const uint8_t *__restrict__ W, size_t row_bytes, int n_groups, int n_out, const uint8_t *__restrict__ X,
+      size_t x_row_bytes, int n_rows, float *__restrict__ Y, int64_t y_stride, const float *__restrict__ bias,
+      bool accumulate) {
+    constexpr int ACT = fmt<T>::act;
+    const int lane = threadIdx.x & 31;
+    const int col = blockIdx.x * MMV_WARPS + (threadIdx.x >> 5);
+    if (col >= n_out) return;
+    const uint8_t *w = W + (size_t)col * row_bytes;
+    float acc[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+    for (int g = lane; g < n_groups; g += 32) {
+        int q[4];
+        float a, b;
+        unpack16<T>(w, g, q, a, b);
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            if (r < n_rows) {
+                int qa[4];
+                float da;
+                act16<ACT>(X + (size_t)r * x_row_bytes, g, qa, da);
+                int isum = 0, asum = 0;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    isum = __dp4a(q[i], qa[i], isum);
+                    asum = __dp4a(0x01010101, qa[i], asum);
+                }
+                acc[r] += a * (da * (float)isum) + b * (da * (float)asum);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        const float v = warp_sum(acc[r]);
+        if (lane == 0 && r < n_rows) store(Y + (int64_t)r * y_stride + col, v, bias, col, accumulate);
+    }
+}
+
+/* ---- quantized weights, prefill ---- */
+
+template <int T>
+__global__ void __launch_bounds__(128)
+mmq(const uint8_t *__restrict__ W, size_t row_bytes, int n_groups, int n_out, const uint8_t *__restrict__ X,
+    size_t x_row_bytes, int n_rows, float *__restrict__ Y, int64_t y_stride, const float *__restrict__ bias,
+    bool accumulate) {
+    constexpr int ACT = fmt<T>::act;
+    __shared__ int4 s_wq[GK][TM];
+    __shared__ float s_wa[GK][TM], s_wb[GK][TM];
+    __shared__ int4 s_xq[GK][TN];
+    __shared__ float s_xd[GK][TN];
+    __shared__ int s_xs[GK][TN];
+    const int tid = threadIdx.x;
+    const int col0 = blockIdx.x * TM, row0 = blockIdx.y * TN;
+    const int tc = tid & 15, tr = tid >> 4;    /* this thread: columns tc*4 + i, rows tr*4 + j */
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+
+    for (int g0 = 0; g0 < n_groups; g0 += GK) {
+        for (int it = tid; it < TM * GK; it += 128) {
+            const int c = it % TM, k = it / TM, col = col0 + c, g = g0 + k;
+            int q[4] = {0, 0, 0, 0};
+            float a = 0.0f, b = 0.0f;
+            if (col < n_out && g < n_groups) unpack16<T>(W + (size_t)col * row_bytes, g, q, a, b);
+            s_wq[k][c] = make_int4(q[0], q[1], q[2], q[3]);
+            s_wa[k][c] = a;
+            s_wb[k][c] = b;
+        }
+        for (int it = tid; it < TN * GK; it += 128) {
+            const int r = it % TN, k = it / TN, row = row0 + r, g = g0 + k;
+            int qa[4] = {0, 0, 0, 0};
+            float da = 0.0f;
+            int asum = 0;
+            if (row < n_rows && g < n_groups) {
+                act16<ACT>(X + (size_t)row * x_row_bytes, g, qa, da);
+#pragma unroll
+                for (int i = 0; i < 4; i++) asum = __dp4a(0x01010101, qa[i], asum);
+            }
+            s_xq[k][r] = make_int4(qa[0], qa[1], qa[2], qa[3]);
+            s_xd[k][r] = da;
+            s_xs[k][r] = asum;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < GK; k++) {
+            int4 xq[4];
+            float xd[4];
+            int xs[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                xq[j] = s_xq[k][tr * 4 + j];
+                xd[j] = s_xd[k][tr * 4 + j];
+                xs[j] = s_xs[k][tr * 4 + j];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int4 wq = s_wq[k][tc * 4 + i];
+                const float wa = s_wa[k][tc * 4 + i], wb = s_wb[k][tc * 4 + i];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    int isum = __dp4a(wq.x, xq[j].x, 0);
+                    isum = __dp4a(wq.y, xq[j].y, isum);
+                    isum = __dp4a(wq.z, xq[j].z, isum);
+                    isum = __dp4a(wq.w, xq[j].w, isum);
+                    acc[i][j] += wa * (xd[j] * (float)isum) + wb * (xd[j] * (float)xs[j]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int row = row0 + tr * 4 + j;
+        if (row >= n_rows) continue;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int col = col0 + tc * 4 + i;
+            if (col < n_out) store(Y + (int64_t)row * y_stride + col, acc[i][j], bias, col, accumulate);
+        }
+    }
+}
+
+/* ---- float weights ---- */
+
+template <int T, int NR>
+__global__ void __launch_bounds__(MMV_WARPS * 32)
+mmv_f(const uint8_t *__restrict__ W, size_t row_bytes, int64_t n, int n_out, const float *__restrict__ X,
+      int64_t x_stride, int n_rows, float *__restrict__ Y, int64_t y_stride, const float *__restrict__ bias,
+      bool accumulate) {
+    const int lane = threadIdx.x & 31;
+    const int col = blockIdx.x * MMV_WARPS + (threadIdx.x >> 5);
+    if (col >= n_out) return;
+    const uint8_t *w = W + (size_t)col * row_bytes;
+    float acc[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+    for (int64_t k = lane; k < n; k += 32) {
+        const float wk = load_wf<T>(w, k);
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            if (r < n_rows) acc[r] += wk * X[(int64_t)r * x_stride + k];
+    }
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        const float v = warp_sum(acc[r]);
+        if (lane == 0 && r < n_rows) store(Y + (int64_t)r * y_stride + col, v, bias, col, accumulate);
+    }
+}
+
+template <int T>
+__global__ void __launch_bounds__(128)
+mmf(const uint8_t *__restrict__ W, size_t row_bytes, int64_t n, int n_out, const float *__restrict__ X,
+    int64_t x_stride, int n_rows, float *__restrict__ Y, int64_t y_stride, const float *__restrict__ bias,
+    bool accumulate) {
+    __shared__ float s_w[TK][TM + 1];
+    __shared__ float s_x[TK][TN + 1];
+    const int tid = threadIdx.x;
+    const int col0 = blockIdx.x * TM, row0 = blockIdx.y * TN;
+    const int tc = tid & 15, tr = tid >> 4;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+    for (int64_t k0 = 0; k0 < n; k0 += TK) {
+        for (int it = tid; it < TM * TK; it += 128) {
+            const int kk = it % TK, c = it / TK, col = col0 + c;
+            const int64_t k = k0 + kk;
+            s_w[kk][c] = (col < n_out && k < n) ? load_wf<T>(W + (size_t)col * row_bytes, k) : 0.0f;
+        }
+        for (int it = tid; it < TN * TK; it += 128) {
+            const int kk = it % TK, r = it / TK, row = row0 + r;
+            const int64_t k = k0 + kk;
+            s_x[kk][r] = (row < n_rows && k < n) ? X[(int64_t)row * x_stride + k] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int kk = 0; kk < TK; kk++) {
+            float xv[4], wv[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) xv[j] = s_x[kk][tr * 4 + j];
+#pragma unroll
+            for (int i = 0; i < 4; i++) wv[i] = s_w[kk][tc * 4 + i];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] += wv[i] * xv[j];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int row = row0 + tr * 4 + j;
+        if (row >= n_rows) continue;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int col = col0 + tc * 4 + i;
+            if (col < n_out) store(Y + (int64_t)row * y_stride + col, acc[i][j], bias, col, accumulate);
+        }
+    }
+}
+
+/* ---- launch ---- */
+
+template <int T>
+static void matmul_q(const pyllm_op *op, const exec &e) {
+    const int64_t n = op->n_in;
+    const size_t row_bytes = (size_t)(n / fmt<T>::block) * fmt<T>::bytes;
+    const size_t xrb = act_row_bytes(fmt<T>::act, n);
+    const uint8_t *x = (const uint8_t *)op->xq + (size_t)e.row0 * xrb;
+    const int groups = (int)(n / 16), n_out = (int)op->n_out;
+    const bool acc = op->flags & OPF_ACCUMULATE;
+    const uint8_t *w = (const uint8_t *)op->w;
+    if (e.rows == 1) {
+        mmv_q<T, 1><<<blocks_for(n_out, MMV_WARPS), MMV_WARPS * 32, 0, e.stream>>>(
+            w, row_bytes, groups, n_out, x, xrb, e.rows, op->y, op->y_stride, op->bias, acc);
+    } else if (e.rows <= MMV_MAX_ROWS) {
+        mmv_q<T, MMV_MAX_ROWS><<<blocks_for(n_out, MMV_WARPS), MMV_WARPS * 32, 0, e.stream>>>(
+            w, row_bytes, groups, n_out, x, xrb, e.rows, op->y, op->y_stride, op->bias, acc);
+    } else {
+        dim3 grid(blocks_for(n_out, TM), blocks_for(e.rows, TN));
+        mmq<T><<<grid, 128, 0, e.stream>>>(w, row_bytes, groups, n_out, x, xrb, e.rows, op->y, op->y_stride,
+                                           op->bias, acc);
+    }
+}
+
+template <int T>
+static void matmul_f(const pyllm_op *op, const exec &e) {
+    const int64_t n = op->n_in;
+    const size_t row_bytes = (size_t)n * fmt<T>::bytes;
+    const float *x = op->x + (int64_t)e.row0 * op->x_stride;
+    const int n_out = (int)op->n_out;
+    const bool acc = op->flags & OPF_ACCUMULATE;
+    const uint8_t *w = (const uint8_t *)op->w;
+    if (e.rows == 1) {
+        mmv_f<T, 1><<<blocks_for(n_out, MMV_WARPS), MMV_WARPS * 32, 0, e.stream>>>(
+            w, row_bytes, n, n_out, x, op->x_stride, e.rows, op->y, op->y_stride, op->bias, acc);
+    } else if (e.rows <= MMV_MAX_ROWS) {
+        mmv_f<T, MMV_MAX_ROWS><<<blocks_for(n_out, MMV_WARPS), MMV_WARPS * 32, 0, e.stream>>>(
+            w, row_bytes, n, n_out, x, op->x_stride, e.rows, op->y, op->y_stride, op->bias, acc);
+    } else {
+        dim3 grid(blocks_for(n_out, TM), blocks_for(e.rows, TN));
+        mmf<T><<<grid, 128, 0, e.stream>>>(w, row_bytes, n, n_out, x, op->x_stride, e.rows, op->y, op->y_stride,
+                                           op->bias, acc);
+    }
+}
+
+void launch_matmul(const pyllm_op *op, const exec &e) {
+    switch (op->type) {
+    case T_F32: matmul_f<T_F32>(op, e); break;
+    case T_F16: matmul_f<T_F16>(op, e); break;
+    case T_BF16: matmul_f<T_BF16>(op, e); break;
+    case T_Q4_0: matmul_q<T_Q4_0>(op, e); break;
+    case T_Q4_1: matmul_q<T_Q4_1>(op, e); break;
+    case T_Q5_0: matmul_q<T_Q5_0>(op, e); break;
+    case T_Q5_1: matmul_q<T_Q5_1>(op, e); break;
+    case T_Q8_0: matmul_q<T_Q8_0>(op, e); break;
+    case T_IQ4_NL: matmul_q<T_IQ4_NL>(op, e); break;
+    case T_Q2_K: matmul_q<T_Q2_K>(op, e); break;
+    case T_Q3_K: matmul_q<T_Q3_K>(op, e); break;
+    case T_Q4_K: matmul_q<T_Q4_K>(op, e); break;
+    case T_Q5_K: matmul_q<T_Q5_K>(op, e); break;
+    case T_Q6_K: matmul_q<T_Q6_K>(op, e); break;
+    default: break;   /* rejected by pyllm_cuda_check */
+    }
+}
+
+/* ---- activation quantization: d = amax / 127, q = round-to-nearest-even(x / d) ---- */
+
+/* one warp per 32-element block: lane j holds element j */
+__global__ void quantize_q8_32(const float *__restrict__ X, int64_t x_stride, uint8_t *__restrict__ out,
+                               size_t out_row_bytes, int nb) {
+    const int lane = threadIdx.x & 31;
+    const int b = blockIdx.x * 8 + (threadIdx.x >> 5);
+    const int t = blockIdx.y;
+    if (b >= nb) return;
+    const float v = X[(int64_t)t * x_stride + (int64_t)b * 32 + lane];
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int q = __float2int_rn(v * id);
+    const int sum = warp_sum_int(q);
+    uint8_t *blk = out + (size_t)t * out_row_bytes + (size_t)b * Q8_32_BYTES;
+    if (lane == 0) {
+        reinterpret_cast<float *>(blk)[0] = d;
+        reinterpret_cast<float *>(blk)[1] = d * (float)sum;
+    }
+    reinterpret_cast<int8_t *>(blk + 8)[lane] = (int8_t)q;
+}
+
+/* one warp per 256-element block: lane j holds elements 8j .. 8j+7 */
+__global__ void quantize_q8_K(const float *__restrict__ X, int64_t x_stride, uint8_t *__restrict__ out,
+                              size_t out_row_bytes, int nb) {
+    const int lane = threadIdx.x & 31;
+    const int b = blockIdx.x * 8 + (threadIdx.x >> 5);
+    const int t = blockIdx.y;
+    if (b >= nb) return;
+    const float *x = X + (int64_t)t * x_stride + (int64_t)b * 256 + lane * 8;
+    float v[8], amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        v[i] = x[i];
+        amax = fmaxf(amax, fabsf(v[i]));
+    }
+    amax = warp_max(amax);
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    uint8_t *blk = out + (size_t)t * out_row_bytes + (size_t)b * Q8_K_BYTES;
+    int8_t *qs = reinterpret_cast<int8_t *>(blk + 4) + lane * 8;
+    int part = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int q = __float2int_rn(v[i] * id);
+        qs[i] = (int8_t)q;
+        part += q;
+    }
+    part += __shfl_down_sync(0xffffffffu, part, 1);   /* lanes 2g, 2g+1: the 16 elements of bsums[g] */
+    if ((lane & 1) == 0) reinterpret_cast<int16_t *>(blk + 260)[lane >> 1] = (int16_t)part;
+    if (lane == 0) reinterpret_cast<float *>(blk)[0] = d;
+}
+
+void launch_quantize(const pyllm_op *op, const exec &e) {
+    const float *x = op->x + (int64_t)e.row0 * op->x_stride;
+    const size_t orb = act_row_bytes(op->type, op->n_in);
+    const int nb = (int)(op->n_in / (op->type == ACT_Q8_K ? 256 : 32));
+    dim3 grid(blocks_for(nb, 8), e.rows);
+    if (op->type == ACT_Q8_K)
+        quantize_q8_K<<<grid, 256, 0, e.stream>>>(x, op->x_stride, (uint8_t *)op->xq, orb, nb);
+    else
+        quantize_q8_32<<<grid, 256, 0, e.stream>>>(x, op->x_stride, (uint8_t *)op->xq, orb, nb);
+}
+
+}  // namespace pq

@@ -1,0 +1,162 @@
+/* ops.cu: embedding lookup, RMSNorm, RoPE, KV-cache writes, gated
+ * activations, elementwise ops: the arithmetic of csrc/ops.c, one thread per
+ * element (or per row for the reductions). Rows are read as csrc/ops.c reads
+ * them: embed, rmsnorm, quantize, glu and add start at row0 (the head's
+ * OPF_LAST_ROWS); rope and kv_store use the step's rows 0.. directly. */
+#include "quant.cuh"
+
+namespace pq {
+
+/* ---- embedding: y[t] = dequant(W row tokens[t]) * scale ---- */
+
+__global__ void embed_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int type, int64_t n,
+                             const int32_t *__restrict__ tokens, float *__restrict__ Y, int64_t y_stride, float scale) {
+    const int t = blockIdx.y;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = dequant(type, W + (size_t)tokens[t] * row_bytes, i);
+    if (scale != 1.0f) v *= scale;
+    Y[(int64_t)t * y_stride + i] = v;
+}
+
+void launch_embed(const pyllm_op *op, const exec &e) {
+    dim3 grid(blocks_for(op->n_in, 256), e.rows);
+    embed_kernel<<<grid, 256, 0, e.stream>>>((const uint8_t *)op->w, weight_row_bytes(op->type, op->n_in), op->type,
+                                             op->n_in, e.tokens, op->y, op->y_stride, op->scale);
+}
+
+/* ---- RMSNorm over groups of n: one block of 256 per (group, row); sums in double as the CPU ---- */
+
+__global__ void rmsnorm_kernel(const float *__restrict__ X, int64_t x_stride, float *Y, int64_t y_stride,
+                               const float *__restrict__ w, int64_t n, float eps) {
+    const int g = blockIdx.x, t = blockIdx.y;
+    const float *x = X + (int64_t)t * x_stride + (int64_t)g * n;
+    float *y = Y + (int64_t)t * y_stride + (int64_t)g * n;
+    double ss = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += (double)x[i] * x[i];
+    __shared__ double part[8];
+    ss = warp_sum_double(ss);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double s = 0.0;
+        for (int k = 0; k < (int)(blockDim.x >> 5); k++) s += part[k];
+        part[0] = s;
+    }
+    __syncthreads();
+    const float inv = (float)(1.0 / sqrt(part[0] / (double)n + (double)eps));
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) y[i] = x[i] * inv * w[i];
+}
+
+void launch_rmsnorm(const pyllm_op *op, const exec &e) {
+    const int groups = op->n_head > 0 ? op->n_head : 1;
+    dim3 grid(groups, e.rows);
+    rmsnorm_kernel<<<grid, 256, 0, e.stream>>>(op->x + (int64_t)e.row0 * op->x_stride, op->x_stride, op->y,
+                                               op->y_stride, (const float *)op->w, op->n_in, op->eps);
+}
+
+/* ---- RoPE: theta_i = pos * freq_scale * base^(-2i/n_rot) / factors[i], in double as the CPU ---- */
+
+__global__ void rope_kernel(float *Q, int64_t q_stride, float *K, int64_t k_stride, const int32_t *__restrict__ pos,
+                            int n_head, int n_kv_head, int head_dim, int n_rot, int mode, float freq_base,
+                            float freq_scale, const float *__restrict__ factors) {
+    const int t = blockIdx.y;
+    const int half = n_rot / 2;
+    const int nq = Q ? n_head * half : 0, nk = K ? n_kv_head * half : 0;
+    const int item = blockIdx.x * blockDim.x + threadIdx.x;
+    if (item >= nq + nk) return;
+    const bool is_k = item >= nq;
+    const int it = is_k ? item - nq : item;
+    const int h = it / half, i = it % half;
+    double inv_freq = (double)freq_scale * pow((double)freq_base, -2.0 * i / n_rot);
+    if (factors) inv_freq /= factors[i];
+    const double theta = pos[t] * inv_freq;
+    const float c = (float)cos(theta), s = (float)sin(theta);
+    float *v = (is_k ? K + (int64_t)t * k_stride : Q + (int64_t)t * q_stride) + (int64_t)h * head_dim;
+    const int a = mode == ROPE_NEOX ? i : 2 * i;
+    const int b = mode == ROPE_NEOX ? i + half : 2 * i + 1;
+    const float x0 = v[a], x1 = v[b];
+    v[a] = x0 * c - x1 * s;
+    v[b] = x0 * s + x1 * c;
+}
+
+void launch_rope(const pyllm_op *op, const exec &e) {
+    const int half = op->n_rot / 2;
+    const int items = (op->x ? op->n_head * half : 0) + (op->x2 ? op->n_kv_head * half : 0);
+    if (items == 0) return;
+    dim3 grid(blocks_for(items, 128), e.rows);
+    rope_kernel<<<grid, 128, 0, e.stream>>>(op->x, op->x_stride, op->x2, op->x2_stride, e.pos, op->n_head,
+                                            op->n_kv_head, op->head_dim, op->n_rot, op->rope_mode, op->freq_base,
+                                            op->freq_scale, op->freq_factors);
+}
+
+/* ---- KV store: cache[slot of pos[t]] = f16(k[t]), f16(v[t]) ---- */
+
+__global__ void kv_store_kernel(const float *__restrict__ Kx, int64_t k_stride, const float *__restrict__ Vx,
+                                int64_t v_stride, __half *kc, __half *vc, const int32_t *__restrict__ pos,
+                                const int32_t *__restrict__ table, int block_size, int64_t kv_dim) {
+    const int t = blockIdx.y;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= kv_dim) return;
+    const int p = pos[t];
+    const int64_t slot = (int64_t)table[p / block_size] * block_size + p % block_size;
+    kc[slot * kv_dim + i] = __float2half_rn(Kx[(int64_t)t * k_stride + i]);
+    vc[slot * kv_dim + i] = __float2half_rn(Vx[(int64_t)t * v_stride + i]);
+}
+
+void launch_kv_store(const pyllm_op *op, const exec &e) {
+    const int64_t kv_dim = (int64_t)op->n_kv_head * op->head_dim;
+    dim3 grid(blocks_for(kv_dim, 256), e.rows);
+    kv_store_kernel<<<grid, 256, 0, e.stream>>>(op->x, op->x_stride, op->x2, op->x2_stride, (__half *)op->k_cache,
+                                                (__half *)op->v_cache, e.pos, e.table, e.block_size, kv_dim);
+}
+
+/* ---- elementwise ---- */
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
+    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+}
+
+__global__ void glu_kernel(const float *__restrict__ G, int64_t g_stride, const float *__restrict__ U, int64_t u_stride,
+                           float *__restrict__ Y, int64_t y_stride, int64_t n, int kind) {
+    const int t = blockIdx.y;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float g = G[(int64_t)t * g_stride + i], u = U[(int64_t)t * u_stride + i];
+    Y[(int64_t)t * y_stride + i] = (kind == GLU_GELU_TANH ? gelu_tanh(g) : silu(g)) * u;
+}
+
+void launch_glu(const pyllm_op *op, const exec &e) {
+    dim3 grid(blocks_for(op->n_in, 256), e.rows);
+    glu_kernel<<<grid, 256, 0, e.stream>>>(op->x + (int64_t)e.row0 * op->x_stride, op->x_stride,
+                                           op->x2 + (int64_t)e.row0 * op->x2_stride, op->x2_stride, op->y,
+                                           op->y_stride, op->n_in, op->type);
+}
+
+__global__ void add_kernel(const float *__restrict__ X, int64_t x_stride, float *Y, int64_t y_stride, int64_t n) {
+    const int t = blockIdx.y;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) Y[(int64_t)t * y_stride + i] += X[(int64_t)t * x_stride + i];
+}
+
+void launch_add(const pyllm_op *op, const exec &e) {
+    dim3 grid(blocks_for(op->n_in, 256), e.rows);
+    add_kernel<<<grid, 256, 0, e.stream>>>(op->x + (int64_t)e.row0 * op->x_stride, op->x_stride, op->y, op->y_stride,
+                                           op->n_in);
+}
+
+__global__ void scale_kernel(float *Y, int64_t y_stride, int64_t n, float s) {
+    const int t = blockIdx.y;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) Y[(int64_t)t * y_stride + i] *= s;
+}
+
+void launch_scale(const pyllm_op *op, const exec &e) {
+    dim3 grid(blocks_for(op->n_in, 256), e.rows);
+    scale_kernel<<<grid, 256, 0, e.stream>>>(op->y, op->y_stride, op->n_in, op->scale);
+}
+
+}  // namespace pq

@@ -1,0 +1,477 @@
+/* runtime.cu: the C ABI of libpyllm_cuda.so (pyllm_cuda.h): devices, the
+ * context (a stream and device copies of the step's arrays), memory, copies
+ * (counted), checking and running op programs, copy-rate probes.
+ *
+ * Errors are codes plus a message in a thread-local buffer, as in the C core
+ * (csrc/program.c); nothing here aborts or exits.
+ */
+#include <chrono>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "common.cuh"
+
+using namespace pq;
+
+static thread_local char err_buf[512];
+
+static int fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err_buf, sizeof err_buf, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+#define CU(call)                                                                        \
+    do {                                                                                \
+        cudaError_t e_ = (call);                                                        \
+        if (e_ != cudaSuccess) return fail("%s: %s", #call, cudaGetErrorString(e_));    \
+    } while (0)
+
+struct pyllm_cuda {
+    int device;
+    cudaStream_t stream;
+    int32_t *d_tokens, *d_pos, *d_table;   /* device copies of the step's arrays */
+    int cap_tokens, cap_pos, cap_table;
+    int sent;                              /* step arrays sent since the step began: 1 tokens, 2 pos, 4 table */
+    uint64_t h2d, d2h;                     /* bytes copied each way */
+};
+
+namespace pq {
+
+type_info info(int type) {
+    switch (type) {
+    case T_F32: return {1, 4, ACT_F32};
+    case T_F16: return {1, 2, ACT_F32};
+    case T_BF16: return {1, 2, ACT_F32};
+    case T_Q4_0: return {32, 18, ACT_Q8_32};
+    case T_Q4_1: return {32, 20, ACT_Q8_32};
+    case T_Q5_0: return {32, 22, ACT_Q8_32};
+    case T_Q5_1: return {32, 24, ACT_Q8_32};
+    case T_Q8_0: return {32, 34, ACT_Q8_32};
+    case T_IQ4_NL: return {32, 18, ACT_Q8_32};
+    case T_Q2_K: return {256, 84, ACT_Q8_K};
+    case T_Q3_K: return {256, 110, ACT_Q8_K};
+    case T_Q4_K: return {256, 144, ACT_Q8_K};
+    case T_Q5_K: return {256, 176, ACT_Q8_K};
+    case T_Q6_K: return {256, 210, ACT_Q8_K};
+    default: return {0, 0, 0};
+    }
+}
+
+}  // namespace pq
+
+extern "C" {
+
+const char *pyllm_cuda_error(void) { return err_buf; }
+
+int pyllm_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();   /* no driver or no device: not an error for the caller */
+        return 0;
+    }
+    return n;
+}
+
+int pyllm_cuda_device_info(int device, char *name, int name_len, int *cc_major, int *cc_minor, int *sm_count,
+                           size_t *total_bytes, int *clock_khz, int *mem_clock_khz, int *mem_bus_bits) {
+    cudaDeviceProp p;
+    CU(cudaGetDeviceProperties(&p, device));
+    if (name && name_len > 0) {
+        strncpy(name, p.name, (size_t)name_len - 1);
+        name[name_len - 1] = 0;
+    }
+    if (cc_major) *cc_major = p.major;
+    if (cc_minor) *cc_minor = p.minor;
+    if (sm_count) *sm_count = p.multiProcessorCount;
+    if (total_bytes) *total_bytes = p.totalGlobalMem;
+    if (mem_bus_bits) *mem_bus_bits = p.memoryBusWidth;
+    int v = 0;
+    if (clock_khz) *clock_khz = cudaDeviceGetAttribute(&v, cudaDevAttrClockRate, device) == cudaSuccess ? v : 0;
+    if (mem_clock_khz)
+        *mem_clock_khz = cudaDeviceGetAttribute(&v, cudaDevAttrMemoryClockRate, device) == cudaSuccess ? v : 0;
+    cudaGetLastError();
+    return 0;
+}
+
+pyllm_cuda *pyllm_cuda_new(int device) {
+    int n = pyllm_cuda_device_count();
+    if (device < 0 || device >= n) {
+        fail("CUDA device %d does not exist (%d found)", device, n);
+        return NULL;
+    }
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) {
+        fail("cudaSetDevice(%d): %s", device, cudaGetErrorString(e));
+        return NULL;
+    }
+    pyllm_cuda *ctx = (pyllm_cuda *)calloc(1, sizeof *ctx);
+    if (!ctx) {
+        fail("out of host memory");
+        return NULL;
+    }
+    ctx->device = device;
+    e = cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        fail("cudaStreamCreate: %s", cudaGetErrorString(e));
+        free(ctx);
+        return NULL;
+    }
+    return ctx;
+}
+
+void pyllm_cuda_free(pyllm_cuda *ctx) {
+    if (!ctx) return;
+    cudaSetDevice(ctx->device);
+    cudaStreamSynchronize(ctx->stream);
+    cudaFree(ctx->d_tokens);
+    cudaFree(ctx->d_pos);
+    cudaFree(ctx->d_table);
+    cudaStreamDestroy(ctx->stream);
+    cudaGetLastError();
+    free(ctx);
+}
+
+int pyllm_cuda_mem_info(pyllm_cuda *ctx, size_t *free_bytes, size_t *total_bytes) {
+    CU(cudaSetDevice(ctx->device));
+    CU(cudaMemGetInfo(free_bytes, total_bytes));
+    return 0;
+}
+
+uint64_t pyllm_cuda_alloc(pyllm_cuda *ctx, size_t bytes) {
+    if (cudaSetDevice(ctx->device) != cudaSuccess) {
+        fail("cudaSetDevice failed");
+        return 0;
+    }
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        fail("out of GPU memory: asked for %zu bytes, %zu of %zu free (%s)", bytes, fr, tot, cudaGetErrorString(e));
+        return 0;
+    }
+    return (uint64_t)(uintptr_t)p;
+}
+
+int pyllm_cuda_release(pyllm_cuda *ctx, uint64_t ptr) {
+    CU(cudaSetDevice(ctx->device));
+    CU(cudaFree((void *)(uintptr_t)ptr));
+    return 0;
+}
+
+int pyllm_cuda_memset0(pyllm_cuda *ctx, uint64_t ptr, size_t bytes) {
+    CU(cudaSetDevice(ctx->device));
+    CU(cudaMemsetAsync((void *)(uintptr_t)ptr, 0, bytes, ctx->stream));
+    CU(cudaStreamSynchronize(ctx->stream));
+    return 0;
+}
+
+int pyllm_cuda_upload(pyllm_cuda *ctx, uint64_t dst, const void *src, size_t bytes) {
+    if (!bytes) return 0;
+    CU(cudaSetDevice(ctx->device));
+    CU(cudaMemcpyAsync((void *)(uintptr_t)dst, src, bytes, cudaMemcpyHostToDevice, ctx->stream));
+    CU(cudaStreamSynchronize(ctx->stream));
+    ctx->h2d += bytes;
+    return 0;
+}
+
+int pyllm_cuda_download(pyllm_cuda *ctx, void *dst, uint64_t src, size_t bytes) {
+    if (!bytes) return 0;
+    CU(cudaSetDevice(ctx->device));
+    CU(cudaMemcpyAsync(dst, (const void *)(uintptr_t)src, bytes, cudaMemcpyDeviceToHost, ctx->stream));
+    CU(cudaStreamSynchronize(ctx->stream));
+    ctx->d2h += bytes;
+    return 0;
+}
+
+void pyllm_cuda_bus_bytes(const pyllm_cuda *ctx, uint64_t *h2d, uint64_t *d2h) {
+    *h2d = ctx->h2d;
+    *d2h = ctx->d2h;
+}
+
+int pyllm_cuda_sync(pyllm_cuda *ctx) {
+    CU(cudaSetDevice(ctx->device));
+    CU(cudaStreamSynchronize(ctx->stream));
+    return 0;
+}
+
+int pyllm_cuda_type_supported(int type) { return info(type).block != 0; }
+
+/* ---- checking a program ---- */
+
+static int check_op(const pyllm_op *op) {
+    switch (op->kind) {
+    case OP_EMBED:
+    case OP_MATMUL: {
+        type_info t = info(op->type);
+        if (!t.block) return fail("weight type %d is not supported by the CUDA kernels", op->type);
+        if (op->n_in <= 0 || op->n_in % t.block || (t.act != ACT_F32 && op->n_in % 32))
+            return fail("row length %lld is not a whole number of blocks", (long long)op->n_in);
+        if (op->n_out <= 0 || op->n_out > INT32_MAX || !op->w || !op->y) return fail("missing weights, output or size");
+        if (op->kind == OP_MATMUL) {
+            if (t.act == ACT_F32 ? !op->x : !op->xq) return fail("matmul input missing");
+            if (t.act == ACT_F32 && op->x_stride < op->n_in) return fail("input stride below row length");
+            if (op->y_stride < op->n_out) return fail("output stride below row length");
+        } else if (op->y_stride < op->n_in) {
+            return fail("output stride below row length");
+        }
+        return 0;
+    }
+    case OP_RMSNORM:
+        if (!op->w || !op->x || !op->y || op->n_in <= 0) return fail("rmsnorm: missing weight or buffers");
+        if (op->x_stride < op->n_in * (op->n_head > 0 ? op->n_head : 1)) return fail("rmsnorm: bad stride");
+        return 0;
+    case OP_QUANTIZE:
+        if (op->type != ACT_Q8_32 && op->type != ACT_Q8_K) return fail("unknown activation format %d", op->type);
+        if (op->n_in % (op->type == ACT_Q8_K ? 256 : 32)) return fail("quantize: row length not whole blocks");
+        if (!op->x || !op->xq || op->x_stride < op->n_in) return fail("quantize: missing buffers");
+        return 0;
+    case OP_ROPE:
+        if (op->head_dim <= 0 || op->head_dim > MAX_HEAD_DIM || op->n_rot <= 0 || op->n_rot > op->head_dim ||
+            op->n_rot % 2)
+            return fail("rope: bad head size %d / rotated dims %d", op->head_dim, op->n_rot);
+        if (op->x && op->x_stride < (int64_t)op->n_head * op->head_dim) return fail("rope: bad query stride");
+        if (op->x2 && op->x2_stride < (int64_t)op->n_kv_head * op->head_dim) return fail("rope: bad key stride");
+        return 0;
+    case OP_KV_STORE:
+    case OP_ATTENTION:
+        if (op->head_dim <= 0 || op->head_dim > MAX_HEAD_DIM) return fail("head size %d unsupported", op->head_dim);
+        if (op->n_kv_head <= 0 || op->n_head <= 0 || op->n_head % op->n_kv_head)
+            return fail("%d query heads cannot share %d key/value heads", op->n_head, op->n_kv_head);
+        if (!op->k_cache || !op->v_cache || !op->x) return fail("missing KV cache or input");
+        if (op->kind == OP_KV_STORE && !op->x2) return fail("missing values");
+        if (op->kind == OP_ATTENTION && !op->y) return fail("missing output");
+        return 0;
+    case OP_GLU:
+        if (op->type != GLU_SILU && op->type != GLU_GELU_TANH) return fail("unknown gate activation %d", op->type);
+        /* fall through */
+    case OP_ADD:
+        if (!op->x) return fail("missing input");
+        /* fall through */
+    case OP_SCALE:
+        if (!op->y || op->n_in <= 0) return fail("missing output");
+        if (op->kind == OP_GLU && !op->x2) return fail("missing second input");
+        return 0;
+    default:
+        return fail("unknown op kind %d", op->kind);
+    }
+}
+
+int pyllm_cuda_check(const pyllm_op *ops, int n_ops) {
+    if (!ops || n_ops <= 0) {
+        fail("empty program");
+        return 1;
+    }
+    for (int i = 0; i < n_ops; i++) {
+        if (check_op(&ops[i]) != 0) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "op %d (layer %d): %.480s", i, ops[i].layer, err_buf);
+            memcpy(err_buf, msg, sizeof msg);
+            return i + 1;
+        }
+    }
+    return 0;
+}
+
+/* ---- running a program ---- */
+
+static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
+    if (st->n_tokens < 1) return fail("empty batch");
+    if (st->n_out < 1 || st->n_out > st->n_tokens) return fail("n_out %d outside 1..%d", st->n_out, st->n_tokens);
+    if (!st->tokens || !st->pos) return fail("missing tokens or positions");
+    if (st->block_size < 1 || st->block_size > MAX_KV_BLOCK || !st->block_table || st->n_table < 1)
+        return fail("missing KV block table, or blocks of %d positions (at most %d)", st->block_size, MAX_KV_BLOCK);
+    for (int i = 0; i < st->n_table; i++)
+        if (st->block_table[i] < 0 || st->block_table[i] >= st->pool_blocks)
+            return fail("KV block id %d outside the pool of %d", st->block_table[i], st->pool_blocks);
+    const int64_t capacity = (int64_t)st->n_table * st->block_size;
+    for (int t = 0; t < st->n_tokens; t++)
+        if (st->pos[t] < 0 || st->pos[t] >= capacity)
+            return fail("position %d outside the %lld the block table holds", st->pos[t], (long long)capacity);
+    for (int i = 0; i < n_ops; i++) {
+        if (ops[i].kind != OP_EMBED) continue;
+        for (int t = 0; t < st->n_tokens; t++)
+            if (st->tokens[t] < 0 || st->tokens[t] >= ops[i].n_out)
+                return fail("token id %d outside the vocabulary of %lld", st->tokens[t], (long long)ops[i].n_out);
+    }
+    return 0;
+}
+
+static int grow(int32_t **p, int *cap, int need, int *sent, int bit) {
+    if (need <= *cap) return 0;
+    *sent &= ~bit;   /* a new array holds nothing that was sent */
+    int n = need < 256 ? 256 : need;
+    cudaFree(*p);
+    *p = NULL;
+    *cap = 0;
+    CU(cudaMalloc((void **)p, (size_t)n * sizeof(int32_t)));
+    *cap = n;
+    return 0;
+}
+
+static int send(pyllm_cuda *ctx, int32_t *dst, const int32_t *src, int n) {
+    CU(cudaMemcpyAsync(dst, src, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, ctx->stream));
+    ctx->h2d += (size_t)n * sizeof(int32_t);
+    return 0;
+}
+
+static const char *kind_name(int k) {
+    static const char *names[] = {"?", "embed", "rmsnorm", "quantize", "matmul", "rope", "kv_store",
+                                  "attention", "glu", "add", "scale"};
+    return k > 0 && k < OP_KIND_COUNT ? names[k] : "?";
+}
+
+int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_step *st, int new_step) {
+    if (!ctx || !ops || !st || n_ops <= 0) return fail("null argument");
+    if (check_step(ops, n_ops, st) != 0) return -1;
+    CU(cudaSetDevice(ctx->device));
+
+    /* send what these ops read of the step, as the Python side predicts (lowering.step_needs) */
+    bool need_tokens = false, need_pos = false, need_table = false;
+    for (int i = 0; i < n_ops; i++) {
+        const int k = ops[i].kind;
+        need_tokens |= k == OP_EMBED;
+        need_pos |= k == OP_ROPE || k == OP_KV_STORE || k == OP_ATTENTION;
+        need_table |= k == OP_KV_STORE || k == OP_ATTENTION;
+    }
+    if (new_step) ctx->sent = 0;
+    if (grow(&ctx->d_tokens, &ctx->cap_tokens, st->n_tokens, &ctx->sent, 1) ||
+        grow(&ctx->d_pos, &ctx->cap_pos, st->n_tokens, &ctx->sent, 2) ||
+        grow(&ctx->d_table, &ctx->cap_table, st->n_table, &ctx->sent, 4))
+        return -1;
+    if (need_tokens && !(ctx->sent & 1)) {
+        if (send(ctx, ctx->d_tokens, st->tokens, st->n_tokens)) return -1;
+        ctx->sent |= 1;
+    }
+    if (need_pos && !(ctx->sent & 2)) {
+        if (send(ctx, ctx->d_pos, st->pos, st->n_tokens)) return -1;
+        ctx->sent |= 2;
+    }
+    if (need_table && !(ctx->sent & 4)) {
+        if (send(ctx, ctx->d_table, st->block_table, st->n_table)) return -1;
+        ctx->sent |= 4;
+    }
+
+    exec e;
+    e.tokens = ctx->d_tokens;
+    e.pos = ctx->d_pos;
+    e.table = ctx->d_table;
+    e.block_size = st->block_size;
+    e.stream = ctx->stream;
+    for (int i = 0; i < n_ops; i++) {
+        const pyllm_op *op = &ops[i];
+        e.rows = st->n_tokens;
+        e.row0 = 0;
+        if (op->flags & OPF_LAST_ROWS) {
+            e.rows = st->n_out;
+            e.row0 = st->n_tokens - st->n_out;
+        } else if (op->flags & OPF_OUT_ROWS) {
+            e.rows = st->n_out;
+        }
+        switch (op->kind) {
+        case OP_EMBED: launch_embed(op, e); break;
+        case OP_RMSNORM: launch_rmsnorm(op, e); break;
+        case OP_QUANTIZE: launch_quantize(op, e); break;
+        case OP_MATMUL: launch_matmul(op, e); break;
+        case OP_ROPE: launch_rope(op, e); break;
+        case OP_KV_STORE: launch_kv_store(op, e); break;
+        case OP_ATTENTION: launch_attention(op, e); break;
+        case OP_GLU: launch_glu(op, e); break;
+        case OP_ADD: launch_add(op, e); break;
+        case OP_SCALE: launch_scale(op, e); break;
+        default: return fail("op %d: unknown kind %d", i, op->kind);
+        }
+        cudaError_t err = cudaPeekAtLastError();
+        if (err != cudaSuccess) {
+            cudaGetLastError();
+            return fail("op %d (layer %d, %s): launch failed: %s", i, op->layer, kind_name(op->kind),
+                        cudaGetErrorString(err));
+        }
+    }
+    cudaError_t err = cudaStreamSynchronize(ctx->stream);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        return fail("running %d ops: %s", n_ops, cudaGetErrorString(err));
+    }
+    return 0;
+}
+
+/* ---- copy-rate probes ---- */
+
+double pyllm_cuda_copy_rate(pyllm_cuda *ctx, int kind, size_t bytes, int reps) {
+    if (cudaSetDevice(ctx->device) != cudaSuccess || reps < 1 || bytes == 0) return 0.0;
+    void *dev = NULL, *dev2 = NULL, *host = NULL;
+    bool pinned = kind == 0 || kind == 1;
+    double best = 0.0;
+    cudaEvent_t a = NULL, b = NULL;
+    if (cudaMalloc(&dev, bytes) != cudaSuccess) goto done;
+    if (kind == 4 && cudaMalloc(&dev2, bytes) != cudaSuccess) goto done;
+    if (kind != 4) {
+        if (pinned) {
+            if (cudaMallocHost(&host, bytes) != cudaSuccess) goto done;
+        } else if (!(host = malloc(bytes))) {
+            goto done;
+        }
+        memset(host, 1, bytes);
+    }
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    for (int r = 0; r <= reps; r++) {   /* the first copy warms up */
+        cudaEventRecord(a, ctx->stream);
+        cudaError_t e;
+        if (kind == 0 || kind == 2)
+            e = cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, ctx->stream);
+        else if (kind == 1 || kind == 3)
+            e = cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, ctx->stream);
+        else
+            e = cudaMemcpyAsync(dev2, dev, bytes, cudaMemcpyDeviceToDevice, ctx->stream);
+        cudaEventRecord(b, ctx->stream);
+        if (e != cudaSuccess || cudaEventSynchronize(b) != cudaSuccess) {
+            best = 0.0;
+            break;
+        }
+        float ms = 0.0f;
+        cudaEventElapsedTime(&ms, a, b);
+        if (r > 0 && ms > 0) {
+            double rate = (kind == 4 ? 2.0 : 1.0) * (double)bytes / (ms * 1e-3);
+            if (rate > best) best = rate;
+        }
+    }
+done:
+    if (a) cudaEventDestroy(a);
+    if (b) cudaEventDestroy(b);
+    cudaFree(dev);
+    cudaFree(dev2);
+    if (host) {
+        if (pinned) cudaFreeHost(host);
+        else free(host);
+    }
+    cudaGetLastError();
+    return best;
+}
+
+double pyllm_cuda_copy_latency(pyllm_cuda *ctx, int reps) {
+    if (cudaSetDevice(ctx->device) != cudaSuccess || reps < 1) return 0.0;
+    int32_t *dev = NULL;
+    int32_t host = 1;
+    if (cudaMalloc((void **)&dev, sizeof(int32_t)) != cudaSuccess) return 0.0;
+    double best = 1e9;
+    for (int r = 0; r <= reps; r++) {
+        auto t0 = std::chrono::steady_clock::now();
+        cudaMemcpyAsync(dev, &host, sizeof host, cudaMemcpyHostToDevice, ctx->stream);
+        cudaStreamSynchronize(ctx->stream);
+        double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (r > 0 && dt < best) best = dt;
+    }
+    cudaFree(dev);
+    cudaGetLastError();
+    return best;
+}
+
+}  /* extern "C" */
