@@ -42,17 +42,23 @@ CUDA_SRC := $(wildcard csrc/cuda/*.cu)
 CUDA_OBJ := $(patsubst csrc/cuda/%.cu,build/cuda/%.o,$(CUDA_SRC))
 CUDA_HDR := $(wildcard csrc/cuda/*.cuh csrc/cuda/*.h) csrc/pyllm.h
 CUDA_LIB := build/libpyllm_cuda.so
+CUDA_HOSTTEST := build/libpyllm_cuda_hosttest.so
 
 cuda:
-	@if [ -n "$(NVCC)" ]; then $(MAKE) --no-print-directory $(CUDA_LIB); \
+	@if [ -n "$(NVCC)" ]; then $(MAKE) --no-print-directory $(CUDA_LIB) $(CUDA_HOSTTEST); \
 	else echo "nvcc not found: the CUDA library is not built (the CPU build and the tests do not need it)"; fi
 
 build/cuda/%.o: csrc/cuda/%.cu $(CUDA_HDR)
 	@mkdir -p build/cuda
-	$(NVCC) $(CUDA_FLAGS) $(CUDA_ARCH) -Xcompiler -fPIC -Xcompiler -Wall -Icsrc -Icsrc/cuda -c $< -o $@
+	$(NVCC) $(CUDA_FLAGS) $(CUDA_ARCH) -Xcompiler -fPIC -Xcompiler -Wall -Xcompiler -Wno-unknown-pragmas -Icsrc -Icsrc/cuda -c $< -o $@
 
 $(CUDA_LIB): $(CUDA_OBJ)
 	$(NVCC) $(CUDA_ARCH) -shared -o $@ $(CUDA_OBJ)
+
+# the kernels' readings of the weight formats compiled for the host, for tests without a GPU
+$(CUDA_HOSTTEST): csrc/cuda/tests/hosttest.cu $(CUDA_HDR)
+	@mkdir -p build
+	$(NVCC) -O2 -std=c++17 -Xcompiler -fPIC -Xcompiler -ffp-contract=off -Icsrc -Icsrc/cuda -shared $< -o $@
 
 clean:
 	rm -rf build pyllm/_native*.so pyllm/_native.c *.egg-info

@@ -55,6 +55,51 @@ def test_library_loads_without_a_gpu():
     assert "does not exist" in ffi.string(lib.pyllm_cuda_error()).decode()
 
 
+def _hosttest():
+    from cffi import FFI
+    path = cuda.REPO / "build" / "libpyllm_cuda_hosttest.so"
+    if not path.is_file():
+        pytest.skip("build/libpyllm_cuda_hosttest.so is not built (make cuda, where nvcc exists)")
+    ffi = FFI()
+    ffi.cdef("int pq_host_unpack16(int type, const uint8_t *row, int g, int32_t *q16, float *a, float *b);"
+             "float pq_host_dequant(int type, const uint8_t *row, int64_t k);")
+    return ffi, ffi.dlopen(str(path))
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_kernel_weight_readings_on_the_host(qtype):
+    """quant.cuh compiled for the host: every element the embedding kernel
+    dequantizes equals the C core's (and gguf's) bit for bit, and every group
+    the matmul kernels unpack gives w = a q + b."""
+    import gguf
+    from pyllm._native import ffi as core_ffi, lib as core
+    ffi, lib = _hosttest()
+    n_in, rows = 512, 3
+    w = tensor(qtype, n_in, rows, seed=int(qtype))
+    raw = w.data.reshape(rows, -1)
+    ref = gguf.quants.dequantize(raw, qtype).reshape(rows, n_in).astype(np.float32)
+    for r in range(rows):
+        row = ffi.from_buffer(raw[r])
+        got = np.array([lib.pq_host_dequant(int(qtype), row, k) for k in range(n_in)], np.float32)
+        core_out = np.zeros(n_in, np.float32)
+        assert core.pyllm_kernel_dequant(0, int(qtype), core_ffi.from_buffer(raw[r]),
+                                         core_ffi.cast("float *", core_ffi.from_buffer(core_out)), n_in) == 0
+        np.testing.assert_array_equal(got, core_out)
+        np.testing.assert_array_equal(got, ref[r])
+        if act_format(int(qtype)) == ACT_F32:
+            assert lib.pq_host_unpack16(int(qtype), row, 0, ffi.new("int32_t[16]"), ffi.new("float *"),
+                                        ffi.new("float *")) == -1
+            continue
+        q16, a, b = ffi.new("int32_t[16]"), ffi.new("float *"), ffi.new("float *")
+        for g in range(n_in // 16):
+            assert lib.pq_host_unpack16(int(qtype), row, g, q16, a, b) == 0
+            q = np.array(list(q16), np.float64)
+            assert np.abs(q).max() <= 127
+            approx = a[0] * q + b[0]
+            np.testing.assert_allclose(approx, ref[r, 16 * g:16 * g + 16], rtol=1e-5,
+                                       atol=1e-6 * np.abs(ref[r]).max())
+
+
 class HostBackedCudaLib:
     """libpyllm_cuda.so's ABI served from host memory, for testing the Python
     side of the CUDA backend (cuda.py) without a GPU: allocations are host

@@ -16,32 +16,98 @@
  *
  * Blocks sit at byte offsets that are only 2-byte aligned (18, 20, 22, 34
  * bytes per block), so everything is read with byte loads.
+ *
+ * Everything here is __host__ __device__ (PQ_HD): hosttest.cu compiles the
+ * same code for the CPU, so tests check these readings against the C core
+ * and gguf's dequantize on machines without a GPU.
  */
 #ifndef PYLLM_CUDA_QUANT_CUH
 #define PYLLM_CUDA_QUANT_CUH
 
+#include <cstring>
+
 #include "common.cuh"
+
+#define PQ_HD __host__ __device__ __forceinline__
 
 namespace pq {
 
-__device__ __forceinline__ float ld_f16(const uint8_t *p) {
+/* device intrinsics, and what they compute on the host */
+PQ_HD uint32_t vsub4(uint32_t a, uint32_t b) {   /* bytewise a - b, wrapping */
+#ifdef __CUDA_ARCH__
+    return __vsub4(a, b);
+#else
+    uint32_t r = 0;
+    for (int j = 0; j < 4; j++) r |= ((((a >> (8 * j)) & 0xffu) - ((b >> (8 * j)) & 0xffu)) & 0xffu) << (8 * j);
+    return r;
+#endif
+}
+
+PQ_HD float mul_rn(float a, float b) {   /* a * b, never fused with an add */
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(a, b);
+#else
+    volatile float r = a * b;
+    return r;
+#endif
+}
+
+PQ_HD float add_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fadd_rn(a, b);
+#else
+    volatile float r = a + b;
+    return r;
+#endif
+}
+
+PQ_HD float sub_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fsub_rn(a, b);
+#else
+    volatile float r = a - b;
+    return r;
+#endif
+}
+
+PQ_HD float bits_float(uint32_t u) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+PQ_HD float ld_f16(const uint8_t *p) {
     return __half2float(__ushort_as_half((unsigned short)(p[0] | (p[1] << 8))));
 }
 
-__device__ __forceinline__ uint32_t ld_u32(const uint8_t *p) {
+PQ_HD uint32_t ld_u32(const uint8_t *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 
-__device__ __forceinline__ uint32_t pack4(int a, int b, int c, int d) {
+PQ_HD uint32_t pack4(int a, int b, int c, int d) {
     return (uint32_t)(a & 0xff) | ((uint32_t)(b & 0xff) << 8) | ((uint32_t)(c & 0xff) << 16) |
            ((uint32_t)(d & 0xff) << 24);
 }
 
 __constant__ const int8_t kvalues_iq4nl_dev[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                                    1,    13,   25,  38,  53,  69,  89,  113};
+static const int8_t kvalues_iq4nl_host[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                              1,    13,   25,  38,  53,  69,  89,  113};
+
+PQ_HD int kvalue(int i) {
+#ifdef __CUDA_ARCH__
+    return kvalues_iq4nl_dev[i];
+#else
+    return kvalues_iq4nl_host[i];
+#endif
+}
 
 /* Q4_K/Q5_K: 6-bit scale and min of sub-block j (0..7) */
-__device__ __forceinline__ void scale_min_k4(int j, const uint8_t *q, int &sc, int &m) {
+PQ_HD void scale_min_k4(int j, const uint8_t *q, int &sc, int &m) {
     if (j < 4) {
         sc = q[j] & 63;
         m = q[j + 4] & 63;
@@ -52,7 +118,7 @@ __device__ __forceinline__ void scale_min_k4(int j, const uint8_t *q, int &sc, i
 }
 
 /* Q3_K: signed 6-bit scale of sub-block j (0..15) */
-__device__ __forceinline__ int scale_q3k(int j, const uint8_t *s) {
+PQ_HD int scale_q3k(int j, const uint8_t *s) {
     const int lo = (j < 8 ? s[j] : s[j - 8] >> 4) & 0x0f;
     const int hi = (s[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
     return (lo | hi << 4) - 32;
@@ -76,10 +142,10 @@ template <> struct fmt<T_F32> { static constexpr int block = 1, bytes = 4, act =
 template <> struct fmt<T_F16> { static constexpr int block = 1, bytes = 2, act = ACT_F32; };
 template <> struct fmt<T_BF16> { static constexpr int block = 1, bytes = 2, act = ACT_F32; };
 
-template <int T> __device__ void unpack16(const uint8_t *row, int g, int q[4], float &a, float &b);
+template <int T> PQ_HD void unpack16(const uint8_t *row, int g, int q[4], float &a, float &b);
 
 /* Q4_0: elements 0..15 are the low nibbles of qs, 16..31 the high ones; w = d (q - 8) */
-template <> __device__ __forceinline__ void unpack16<T_Q4_0>(const uint8_t *row, int g, int q[4], float &a, float &b) {
+template <> PQ_HD void unpack16<T_Q4_0>(const uint8_t *row, int g, int q[4], float &a, float &b) {
     const uint8_t *blk = row + (size_t)(g >> 1) * 18;
     const int sh = (g & 1) * 4;
 #pragma unroll
@@ -90,7 +156,7 @@ template <> __device__ __forceinline__ void unpack16<T_Q4_0>(const uint8_t *row,
 }
 
 /* Q4_1: w = d q + m */
-template <> __device__ __forceinline__ void unpack16<T_Q4_1>(const uint8_t *row, int g, int q[4], float &a, float &b) {
+template <> PQ_HD void unpack16<T_Q4_1>(const uint8_t *row, int g, int q[4], float &a, float &b) {
     const uint8_t *blk = row + (size_t)(g >> 1) * 20;
     const int sh = (g & 1) * 4;
 #pragma unroll
@@ -100,7 +166,7 @@ template <> __device__ __forceinline__ void unpack16<T_Q4_1>(const uint8_t *row,
 }
 
 /* Q5: bit j of the little-endian qh is bit 4 of element j */
-__device__ __forceinline__ void q5_group(const uint8_t *qs, uint32_t qh, int half, int q[4]) {
+PQ_HD void q5_group(const uint8_t *qs, uint32_t qh, int half, int q[4]) {
     const int sh = half * 4;
     const uint32_t h = qh >> (16 * half);
 #pragma unroll
@@ -114,7 +180,7 @@ __device__ __forceinline__ void q5_group(const uint8_t *qs, uint32_t qh, int hal
 }
 
 /* Q5_0: w = d (q - 16) */
-template <> __device__ __forceinline__ void unpack16<T_Q5_0>(const uint8_t *row, int g, int q[4], float &a, float &b) {
+template <> PQ_HD void unpack16<T_Q5_0>(const uint8_t *row, int g, int q[4], float &a, float &b) {
     const uint8_t *blk = row + (size_t)(g >> 1) * 22;
     q5_group(blk + 6, ld_u32(blk + 2), g & 1, q);
     const float d = ld_f16(blk);
@@ -123,7 +189,7 @@ template <> __device__ __forceinline__ void unpack16<T_Q5_0>(const uint8_t *row,
 }
 
 /* Q5_1: w = d q + m */
-template <> __device__ __forceinline__ void unpack16<T_Q5_1>(const uint8_t *row, int g, int q[4], float &a, float &b) {
+template <> PQ_HD void unpack16<T_Q5_1>(const uint8_t *row, int g, int q[4], float &a, float &b) {
     const uint8_t *blk = row + (size_t)(g >> 1) * 24;
     q5_group(blk + 8, ld_u32(blk + 4), g & 1, q);
     a = ld_f16(blk);
@@ -131,7 +197,7 @@ template <> __device__ __forceinline__ void unpack16<T_Q5_1>(const uint8_t *row,
 }
 
 /* Q8_0: w = d q */
-template <> __device__ __forceinline__ void unpack16<T_Q8_0>(const uint8_t *row, int g, int q[4], float &a, float &b) {
+template <> PQ_HD void unpack16<T_Q8_0>(const uint8_t *row, int g, int q[4], float &a, float &b) {
     const uint8_t *blk = row + (size_t)(g >> 1) * 34;
     const uint8_t *qs = blk + 2 + 16 * (g & 1);
 #pragma unroll
@@ -141,14 +207,14 @@ template <> __device__ __forceinline__ void unpack16<T_Q8_0>(const uint8_t *row,
 }
 
 /* IQ4_NL: w = d kvalues[nibble] */
-template <> __device__ __forceinline__ void unpack16<T_IQ4_NL>(const uint8_t *row, int g, int q[4], float &a, float &b) {
+template <> PQ_HD void unpack16<T_IQ4_NL>(const uint8_t *row, int g, int q[4], float &a, float &b) {
     const uint8_t *blk = row + (size_t)(g >> 1) * 18;
     const int sh = (g & 1) * 4;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const uint8_t *p = blk + 2 + 4 * i;
-        q[i] = (int)pack4(kvalues_iq4nl_dev[(p[0] >> sh) & 15], kvalues_iq4nl_dev[(p[1] >> sh) & 15],
-                          kvalues_iq4nl_dev[(p[2] >> sh) & 15], kvalues_iq4nl_dev[(p[3] >> sh) & 15]);
+        q[i] = (int)pack4(kvalue((p[0] >> sh) & 15), kvalue((p[1] >> sh) & 15),
+                          kvalue((p[2] >> sh) & 15), kvalue((p[3] >> sh) & 15));
     }
     a = ld_f16(blk);
     b = 0.0f;
@@ -156,7 +222,7 @@ template <> __device__ __forceinline__ void unpack16<T_IQ4_NL>(const uint8_t *ro
 
 /* Q2_K: 16 sub-blocks of 16; in half h, element 32 s + l is (qs[32 h + l] >> 2 s) & 3;
  * w = d (sc & 15) q - dmin (sc >> 4) */
-template <> __device__ __forceinline__ void unpack16<T_Q2_K>(const uint8_t *row, int g, int q[4], float &a, float &b) {
+template <> PQ_HD void unpack16<T_Q2_K>(const uint8_t *row, int g, int q[4], float &a, float &b) {
     const uint8_t *blk = row + (size_t)(g >> 4) * 84;
     const int sb = g & 15, h = sb >> 3, s = (sb >> 1) & 3, l0 = 16 * (sb & 1);
 #pragma unroll
@@ -167,14 +233,14 @@ template <> __device__ __forceinline__ void unpack16<T_Q2_K>(const uint8_t *row,
 }
 
 /* Q3_K: as Q2_K's 2 bits, minus 4 where the hmask bit is clear; w = d sc q */
-template <> __device__ __forceinline__ void unpack16<T_Q3_K>(const uint8_t *row, int g, int q[4], float &a, float &b) {
+template <> PQ_HD void unpack16<T_Q3_K>(const uint8_t *row, int g, int q[4], float &a, float &b) {
     const uint8_t *blk = row + (size_t)(g >> 4) * 110;
     const int sb = g & 15, h = sb >> 3, s = (sb >> 1) & 3, l0 = 16 * (sb & 1);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const uint32_t lo = (ld_u32(blk + 32 + 32 * h + l0 + 4 * i) >> (2 * s)) & 0x03030303u;
         const uint32_t hm = (ld_u32(blk + l0 + 4 * i) >> (sb >> 1)) & 0x01010101u;
-        q[i] = (int)__vsub4(lo | (hm << 2), 0x04040404u);   /* bytewise: 0..7 - 4 = -4..3 */
+        q[i] = (int)vsub4(lo | (hm << 2), 0x04040404u);   /* bytewise: 0..7 - 4 = -4..3 */
     }
     a = ld_f16(blk + 108) * (float)scale_q3k(sb, blk + 96);
     b = 0.0f;
@@ -182,7 +248,7 @@ template <> __device__ __forceinline__ void unpack16<T_Q3_K>(const uint8_t *row,
 
 /* Q4_K: 4 chunks of 64; in chunk c, element 32 s + l is (qs[32 c + l] >> 4 s) & 15;
  * w = d sc q - dmin m, with the 6-bit sc, m of the 32-element sub-block */
-template <> __device__ __forceinline__ void unpack16<T_Q4_K>(const uint8_t *row, int g, int q[4], float &a, float &b) {
+template <> PQ_HD void unpack16<T_Q4_K>(const uint8_t *row, int g, int q[4], float &a, float &b) {
     const uint8_t *blk = row + (size_t)(g >> 4) * 144;
     const int sb = g & 15, c = sb >> 2, s = (sb >> 1) & 1, l0 = 16 * (sb & 1);
 #pragma unroll
@@ -194,7 +260,7 @@ template <> __device__ __forceinline__ void unpack16<T_Q4_K>(const uint8_t *row,
 }
 
 /* Q5_K: Q4_K's nibble plus bit (qh[l] >> (k >> 5)) & 1 as bit 4 */
-template <> __device__ __forceinline__ void unpack16<T_Q5_K>(const uint8_t *row, int g, int q[4], float &a, float &b) {
+template <> PQ_HD void unpack16<T_Q5_K>(const uint8_t *row, int g, int q[4], float &a, float &b) {
     const uint8_t *blk = row + (size_t)(g >> 4) * 176;
     const int sb = g & 15, c = sb >> 2, s = (sb >> 1) & 1, l0 = 16 * (sb & 1);
 #pragma unroll
@@ -212,14 +278,14 @@ template <> __device__ __forceinline__ void unpack16<T_Q5_K>(const uint8_t *row,
 /* Q6_K: 2 halves of 128; in half h, element 32 s + l takes its low nibble from
  * ql[64 h + l + 32 (s & 1)] (>> 4 when s >= 2) and 2 high bits from
  * (qh[32 h + l] >> 2 s) & 3; value - 32; w = d sc q */
-template <> __device__ __forceinline__ void unpack16<T_Q6_K>(const uint8_t *row, int g, int q[4], float &a, float &b) {
+template <> PQ_HD void unpack16<T_Q6_K>(const uint8_t *row, int g, int q[4], float &a, float &b) {
     const uint8_t *blk = row + (size_t)(g >> 4) * 210;
     const int sb = g & 15, h = sb >> 3, s = (sb >> 1) & 3, l0 = 16 * (sb & 1);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const uint32_t lo = (ld_u32(blk + 64 * h + l0 + 32 * (s & 1) + 4 * i) >> (4 * (s >> 1))) & 0x0F0F0F0Fu;
         const uint32_t hi = (ld_u32(blk + 128 + 32 * h + l0 + 4 * i) >> (2 * s)) & 0x03030303u;
-        q[i] = (int)__vsub4(lo | (hi << 4), 0x20202020u);   /* bytewise: 0..63 - 32 */
+        q[i] = (int)vsub4(lo | (hi << 4), 0x20202020u);   /* bytewise: 0..63 - 32 */
     }
     a = ld_f16(blk + 208) * (float)(int8_t)blk[192 + sb];
     b = 0.0f;
@@ -227,35 +293,35 @@ template <> __device__ __forceinline__ void unpack16<T_Q6_K>(const uint8_t *row,
 
 /* ---- float weights ---- */
 
-template <int T> __device__ __forceinline__ float load_wf(const uint8_t *row, int64_t k);
-template <> __device__ __forceinline__ float load_wf<T_F32>(const uint8_t *row, int64_t k) {
+template <int T> PQ_HD float load_wf(const uint8_t *row, int64_t k);
+template <> PQ_HD float load_wf<T_F32>(const uint8_t *row, int64_t k) {
     return reinterpret_cast<const float *>(row)[k];
 }
-template <> __device__ __forceinline__ float load_wf<T_F16>(const uint8_t *row, int64_t k) {
+template <> PQ_HD float load_wf<T_F16>(const uint8_t *row, int64_t k) {
     return __half2float(reinterpret_cast<const __half *>(row)[k]);
 }
-template <> __device__ __forceinline__ float load_wf<T_BF16>(const uint8_t *row, int64_t k) {
-    return __uint_as_float((uint32_t)reinterpret_cast<const uint16_t *>(row)[k] << 16);
+template <> PQ_HD float load_wf<T_BF16>(const uint8_t *row, int64_t k) {
+    return bits_float((uint32_t)reinterpret_cast<const uint16_t *>(row)[k] << 16);
 }
 
 /* ---- one element, as the C reference computes it ---- */
 
-__device__ __forceinline__ int nib(const uint8_t *qs, int j) {   /* 32-element blocks: j < 16 low, else high */
+PQ_HD int nib(const uint8_t *qs, int j) {   /* 32-element blocks: j < 16 low, else high */
     return j < 16 ? (qs[j] & 15) : (qs[j - 16] >> 4);
 }
 
-__device__ __forceinline__ float dequant(int type, const uint8_t *row, int64_t k) {
+PQ_HD float dequant(int type, const uint8_t *row, int64_t k) {
     switch (type) {
     case T_F32: return load_wf<T_F32>(row, k);
     case T_F16: return load_wf<T_F16>(row, k);
     case T_BF16: return load_wf<T_BF16>(row, k);
     case T_Q4_0: {
         const uint8_t *b = row + (k >> 5) * 18;
-        return __fmul_rn(ld_f16(b), (float)(nib(b + 2, (int)(k & 31)) - 8));
+        return mul_rn(ld_f16(b), (float)(nib(b + 2, (int)(k & 31)) - 8));
     }
     case T_Q4_1: {
         const uint8_t *b = row + (k >> 5) * 20;
-        return __fadd_rn(__fmul_rn(ld_f16(b), (float)nib(b + 4, (int)(k & 31))), ld_f16(b + 2));
+        return add_rn(mul_rn(ld_f16(b), (float)nib(b + 4, (int)(k & 31))), ld_f16(b + 2));
     }
     case T_Q5_0:
     case T_Q5_1: {
@@ -264,29 +330,29 @@ __device__ __forceinline__ float dequant(int type, const uint8_t *row, int64_t k
         const int j = (int)(k & 31);
         const uint32_t qh = ld_u32(b + (one ? 4 : 2));
         const int q = nib(b + (one ? 8 : 6), j) | (int)(((qh >> j) & 1u) << 4);
-        return one ? __fadd_rn(__fmul_rn(ld_f16(b), (float)q), ld_f16(b + 2)) : __fmul_rn(ld_f16(b), (float)(q - 16));
+        return one ? add_rn(mul_rn(ld_f16(b), (float)q), ld_f16(b + 2)) : mul_rn(ld_f16(b), (float)(q - 16));
     }
     case T_Q8_0: {
         const uint8_t *b = row + (k >> 5) * 34;
-        return __fmul_rn((float)(int8_t)b[2 + (k & 31)], ld_f16(b));
+        return mul_rn((float)(int8_t)b[2 + (k & 31)], ld_f16(b));
     }
     case T_IQ4_NL: {
         const uint8_t *b = row + (k >> 5) * 18;
-        return __fmul_rn(ld_f16(b), (float)kvalues_iq4nl_dev[nib(b + 2, (int)(k & 31))]);
+        return mul_rn(ld_f16(b), (float)kvalue(nib(b + 2, (int)(k & 31))));
     }
     case T_Q2_K: {
         const uint8_t *b = row + (k >> 8) * 84;
         const int e = (int)(k & 255), sb = e >> 4, h = e >> 7, s = (e >> 5) & 3, l = e & 31;
         const int sc = b[sb];
-        const float dl = __fmul_rn(ld_f16(b + 80), (float)(sc & 15)), ml = __fmul_rn(ld_f16(b + 82), (float)(sc >> 4));
-        return __fsub_rn(__fmul_rn(dl, (float)((b[16 + 32 * h + l] >> (2 * s)) & 3)), ml);
+        const float dl = mul_rn(ld_f16(b + 80), (float)(sc & 15)), ml = mul_rn(ld_f16(b + 82), (float)(sc >> 4));
+        return sub_rn(mul_rn(dl, (float)((b[16 + 32 * h + l] >> (2 * s)) & 3)), ml);
     }
     case T_Q3_K: {
         const uint8_t *b = row + (k >> 8) * 110;
         const int e = (int)(k & 255), sb = e >> 4, h = e >> 7, s = (e >> 5) & 3, l = e & 31;
         const int hbit = (b[l] >> (e >> 5)) & 1;
         const int q = ((b[32 + 32 * h + l] >> (2 * s)) & 3) - (hbit ? 0 : 4);
-        return __fmul_rn(__fmul_rn(ld_f16(b + 108), (float)scale_q3k(sb, b + 96)), (float)q);
+        return mul_rn(mul_rn(ld_f16(b + 108), (float)scale_q3k(sb, b + 96)), (float)q);
     }
     case T_Q4_K:
     case T_Q5_K: {
@@ -297,16 +363,16 @@ __device__ __forceinline__ float dequant(int type, const uint8_t *row, int64_t k
         scale_min_k4(e >> 5, b + 4, sc, m);
         int q = (b[(five ? 48 : 16) + 32 * c + l] >> (4 * s)) & 15;
         if (five) q |= ((b[16 + l] >> (e >> 5)) & 1) << 4;
-        const float d1 = __fmul_rn(ld_f16(b), (float)sc), m1 = __fmul_rn(ld_f16(b + 2), (float)m);
-        return __fsub_rn(__fmul_rn(d1, (float)q), m1);
+        const float d1 = mul_rn(ld_f16(b), (float)sc), m1 = mul_rn(ld_f16(b + 2), (float)m);
+        return sub_rn(mul_rn(d1, (float)q), m1);
     }
     case T_Q6_K: {
         const uint8_t *b = row + (k >> 8) * 210;
         const int e = (int)(k & 255), sb = e >> 4, h = e >> 7, s = (e >> 5) & 3, l = e & 31;
         const int lo = (b[64 * h + l + 32 * (s & 1)] >> (4 * (s >> 1))) & 15;
         const int hi = (b[128 + 32 * h + l] >> (2 * s)) & 3;
-        const float dl = __fmul_rn(ld_f16(b + 208), (float)(int8_t)b[192 + sb]);
-        return __fmul_rn(dl, (float)((lo | hi << 4) - 32));
+        const float dl = mul_rn(ld_f16(b + 208), (float)(int8_t)b[192 + sb]);
+        return mul_rn(dl, (float)((lo | hi << 4) - 32));
     }
     default: return 0.0f;
     }
