@@ -383,10 +383,12 @@ def test_split_with_the_gpu_counts_the_bus(devices, tmp_path):
 
 @needs_gpu
 @pytest.mark.model
-@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
-def test_real_model_greedy_tokens(name, smollm2_path, gemma3_path):
-    from pyllm import Model
-    path = smollm2_path if name == "smollm2" else gemma3_path
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
+def test_real_model_greedy_tokens(name):
+    from pyllm import Model, registry
+    path = registry.local_path(name)
+    if not path.is_file():
+        pytest.skip(f"{path} is not here (the GPU machine has no network: carry it, see benchmarks/gpu_pack.py)")
     prompt = "The three primary colors are"
     out = {}
     for ngl in (0, "all", 8):
