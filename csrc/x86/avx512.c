@@ -445,6 +445,8 @@ INLINE void act4_prep(const block_q8_32 *y, int nblk, const int c, const int vnn
         const block_q8_32 *y = a;                                                                          \
         const int64_t nb = n / QK;                                                                         \
         act4 Ab[ACT_CHUNK];                                                                                \
+        if (nb <= 0)                                                                                       \
+            for (int r = 0; r < nrows; r++) out[r] = 0.0f;                                                 \
         for (int64_t c0 = 0; c0 < nb; c0 += 4 * ACT_CHUNK) {                                               \
             const int64_t cb = nb - c0 < 4 * ACT_CHUNK ? nb - c0 : 4 * ACT_CHUNK;                          \
             for (int64_t i = 0; i < cb; i += 4)                                                            \
