@@ -348,7 +348,7 @@ def test_gemv_equals_scalar_vec_dot(isa, tname):
 GEMM_TYPES = [t for t, (tid, *_) in TYPES.items() if any(lib.pyllm_kernel_provided(i, 4, tid) for i in LEVELS)]
 
 
-@pytest.mark.parametrize("tname", type_params(GEMM_TYPES + ["Q8_0"]))
+@pytest.mark.parametrize("tname", type_params(GEMM_TYPES + [t for t in ["Q8_0", "Q4_K"] if t not in GEMM_TYPES]))
 @pytest.mark.parametrize("isa", level_params(LEVELS))
 def test_gemm_equals_scalar_vec_dot(isa, tname):
     """out[t*os + r] = vec_dot(row r, activation t), for tiles of every shape
