@@ -356,7 +356,9 @@ def test_gemm_equals_scalar_vec_dot(isa, tname):
     one chunk of prepared activations, padded strides)"""
     rng = np.random.default_rng(11)
     tid, bs, _, act = TYPES[tname]
-    for n, nrows, ncols in [(32 * 18, 16, 9), (32 * 5, 7, 4), (32 * 7, 4, 3), (32 * 70, 5, 5), (32, 1, 1)]:
+    shapes = [(32 * 18, 16, 9), (32 * 5, 7, 4), (32 * 7, 4, 3), (32 * 70, 5, 5), (32, 1, 1)] if bs == 32 else \
+        [(256 * 3, 7, 5), (256, 1, 1)]
+    for n, nrows, ncols in shapes:
         w, _, _ = make_case(tname, n, rng, nrows)
         xs = rng.standard_normal((ncols, n)).astype(np.float32)
         ab = act_bytes(act, n)
