@@ -34,15 +34,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import pyllm._native as _native  # noqa: E402
-from cffi import FFI  # noqa: E402
 from pyllm._native import ffi, lib  # noqa: E402
 
-# pyllm_kernel_gemm is exported by the core but not declared in pyllm.h
-_abi = FFI()
-_abi.cdef("int pyllm_kernel_gemm(int isa, int type, int64_t n, const void *w, size_t row_bytes, int nrows, "
-          "const void *a, size_t a_stride, int ncols, float *out, size_t out_stride);")
-_abilib = _abi.dlopen(_native.__file__)
 GEMM_COLS = 16
 
 ISA_NAMES = {0: "scalar", 1: "avx2", 2: "avx512", 3: "neon"}
@@ -121,10 +114,10 @@ def bench_one(isa, tname, rows, n, rng, min_time, cold_mb):
             lib.pyllm_kernel_quantize_act(0, act, ffi.cast("float *", ffi.from_buffer(xs[t * n:])),
                                           ffi.from_buffer(acts[t * a_row.nbytes:]), n)
         outg = np.zeros(GEMM_COLS * rows, dtype=np.float32)
-        gw, ga, go = _abi.from_buffer(mats[0]), _abi.from_buffer(acts), _abi.cast("float *", _abi.from_buffer(outg))
+        gw, ga, go = ffi.from_buffer(mats[0]), ffi.from_buffer(acts), ffi.cast("float *", ffi.from_buffer(outg))
 
         def gemm_hot():
-            _abilib.pyllm_kernel_gemm(isa, tid, n, gw, row_bytes, rows, ga, a_row.nbytes, GEMM_COLS, go, rows)
+            lib.pyllm_kernel_gemm(isa, tid, n, gw, row_bytes, rows, ga, a_row.nbytes, GEMM_COLS, go, rows)
         res["gemm16"] = mat_bytes * GEMM_COLS / timeit(gemm_hot, min_time) / 1e9
     else:
         res["gemm16"] = float("nan")

@@ -102,11 +102,8 @@ int pyllm_kernel_gemv(int isa, int type, int64_t n, const void *w, size_t row_by
     return 0;
 }
 
-/* Not (yet) declared in pyllm.h: tests reach it through cffi's ABI mode.
- * out[t*out_stride + r] for r < nrows, t < ncols; the level's gemm when it
+/* out[t*out_stride + r] for r < nrows, t < ncols; the level's gemm when it
  * has one, else its gemv for each activation row. */
-int pyllm_kernel_gemm(int isa, int type, int64_t n, const void *w, size_t row_bytes, int nrows, const void *a,
-                      size_t a_stride, int ncols, float *out, size_t out_stride);
 int pyllm_kernel_gemm(int isa, int type, int64_t n, const void *w, size_t row_bytes, int nrows, const void *a,
                       size_t a_stride, int ncols, float *out, size_t out_stride) {
     const kernel_table *t = table_for(isa);

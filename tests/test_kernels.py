@@ -32,16 +32,8 @@ import pytest
 from gguf import GGMLQuantizationType as GT
 from gguf.quants import dequantize as gguf_dequantize
 
-import pyllm._native as _native
-from cffi import FFI
 from pyllm._native import ffi, lib
 
-# pyllm_kernel_gemm is exported by the C core but not (yet) declared in
-# pyllm.h: reach it through cffi's ABI mode on the same library.
-_abi = FFI()
-_abi.cdef("int pyllm_kernel_gemm(int isa, int type, int64_t n, const void *w, size_t row_bytes, int nrows, "
-          "const void *a, size_t a_stride, int ncols, float *out, size_t out_stride);")
-_abilib = _abi.dlopen(_native.__file__)
 
 ISA_NAMES = {0: "scalar", 1: "avx2", 2: "avx512", 3: "neon"}
 LEVELS = [i for i in ISA_NAMES if lib.pyllm_level_available(i)]
@@ -368,15 +360,15 @@ def test_gemm_equals_scalar_vec_dot(isa, tname):
             acts[t, :ab] = quantize(0, act, xs[t])
         os_ = nrows + 3
         out = np.full(ncols * os_, np.nan, dtype=np.float32)
-        rc = _abilib.pyllm_kernel_gemm(isa, tid, n, _abi.from_buffer(w), w.shape[1], nrows, _abi.from_buffer(acts),
-                                       a_stride, ncols, _abi.cast("float *", _abi.from_buffer(out)), os_)
+        rc = lib.pyllm_kernel_gemm(isa, tid, n, ffi.from_buffer(w), w.shape[1], nrows, ffi.from_buffer(acts),
+                                       a_stride, ncols, ffi.cast("float *", ffi.from_buffer(out)), os_)
         assert rc == 0
         for t in range(ncols):
             for r in range(nrows):
                 ref = vec_dot(0, tname, n, w[r], acts[t, :ab])
                 mag = magnitude(tname, gguf_deq(tname, w[r]), xs[t])
                 assert abs(out[t * os_ + r] - ref) <= TOL_SIMD * mag, (n, nrows, ncols, t, r, out[t * os_ + r], ref)
-    assert _abilib.pyllm_kernel_gemm(isa, 4, 32, _abi.NULL, 18, 1, _abi.NULL, 40, 1, _abi.NULL, 1) == -1
+    assert lib.pyllm_kernel_gemm(isa, 4, 32, ffi.NULL, 18, 1, ffi.NULL, 40, 1, ffi.NULL, 1) == -1
 
 
 # ---------------------------------------------------------------- fp16 / float helpers
