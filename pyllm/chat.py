@@ -106,32 +106,43 @@ class ChatSession:
         """Forgets the conversation (the system prompt stays)."""
         self.messages = []
 
-    def _headroom(self) -> int:
+    def _headroom(self, max_tokens: Optional[int]) -> int:
         n_ctx = self.model.n_ctx
-        want = self.max_tokens if self.max_tokens and self.max_tokens > 0 else n_ctx
+        want = max_tokens if max_tokens and max_tokens > 0 else n_ctx
         return max(1, min(want, n_ctx // 4))
 
-    def send(self, text: str, **sampling: Any) -> Turn:
-        """Starts the reply to `text`; iterate the Turn for its pieces."""
+    def send(self, text: str, max_tokens: Any = ..., **sampling: Any) -> Turn:
+        """Starts the reply to `text`; iterate the Turn for its pieces.
+        max_tokens and sampling keywords override the session's for this turn.
+
+        If the conversation and room for a reply (max_tokens, at most a
+        quarter of the context) do not fit, the oldest exchanges are dropped;
+        if the new message does not fit even alone, ContextFullError is raised
+        and the conversation is left as it was."""
         if not isinstance(text, str) or not text.strip():
             raise InvalidArgumentError("the message is empty")
+        max_tokens = self.max_tokens if max_tokens is ... else max_tokens
         n_ctx = self.model.n_ctx
+        kept = list(self.messages)
         dropped = 0
         while True:
-            prompt_text, tokens = self.model._chat_prompt(self.conversation(text))
-            if len(tokens) + self._headroom() <= n_ctx or not self.messages:
+            msgs = ([{"role": "system", "content": self.system}] if self.system else []) + kept + \
+                   [{"role": "user", "content": text}]
+            prompt_text, tokens = self.model._chat_prompt(msgs)
+            if len(tokens) + self._headroom(max_tokens) <= n_ctx or not kept:
                 break
             # drop the oldest exchange (a user turn and the reply to it)
             cut = 1
-            while cut < len(self.messages) and self.messages[cut]["role"] != "user":
+            while cut < len(kept) and kept[cut]["role"] != "user":
                 cut += 1
-            del self.messages[:cut]
+            del kept[:cut]
             dropped += 1
         if len(tokens) >= n_ctx:
             raise ContextFullError(f"the message needs {len(tokens)} tokens with the system prompt; the context "
                                    f"holds {n_ctx} (use a larger context with -c, or a shorter message)")
+        stream = self.model._chat_stream(prompt_text, tokens, max_tokens, None, {**self.sampling, **sampling})
+        self.messages = kept
         self.stats.dropped_turns += dropped
-        stream = self.model._chat_stream(prompt_text, tokens, self.max_tokens, None, {**self.sampling, **sampling})
         return Turn(self, text, stream, dropped, len(tokens))
 
     def _finish(self, user: str, c: Completion) -> None:
