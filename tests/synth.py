@@ -100,8 +100,9 @@ def write_llama(path: str | Path, qtype: QT = QT.Q8_0, *, n_embd: int = 256, n_l
                 embd_type: Optional[QT] = None, tied: bool = False, seed: int = 0,
                 tokenizer_from: Optional[dict] = None, rope_freqs: bool = False,
                 drop_tensor: Optional[str] = None, bad_shape: Optional[str] = None,
-                arch: str = "llama") -> str:
-    """A tiny llama model with every matrix in `qtype`."""
+                arch: str = "llama", extra_kv: Optional[dict[str, str]] = None) -> str:
+    """A tiny llama model with every matrix in `qtype`; extra_kv: more string
+    metadata (e.g. tokenizer.chat_template)."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
     head_dim = n_embd // n_head
@@ -118,6 +119,8 @@ def write_llama(path: str | Path, qtype: QT = QT.Q8_0, *, n_embd: int = 256, n_l
         n_vocab = copy_tokenizer(w, tokenizer_from)
     else:
         n_vocab = small_vocab(w, n_vocab)
+    for key, value in (extra_kv or {}).items():
+        w.add_string(key, value)
 
     def add(name, array_and_type):
         if name == drop_tensor:
