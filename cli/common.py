@@ -70,16 +70,25 @@ def model_path(model: Optional[str], quiet: bool = False) -> str:
 
 
 def pull(name: str, quiet: bool = False) -> str:
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+    """Fetches a registry model with a progress display on stderr."""
+    from rich.progress import (BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn,
+                               TimeElapsedColumn, TransferSpeedColumn)
 
+    if name not in registry.MODELS:
+        return str(registry.fetch(name))          # raises the not-in-registry error
     if quiet:
         return str(registry.fetch(name))
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), console=err,
-                  transient=True) as progress:
-        task = progress.add_task(f"pulling {name}", total=registry.MODELS[name].size)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                  TransferSpeedColumn(), TimeElapsedColumn(), console=err, transient=True) as progress:
+        task = progress.add_task(f"pulling {name}", total=None)
+        current = [""]
 
-        def report(stage: str, done: int, total: int) -> None:
-            progress.update(task, description=f"{name}: {stage}", completed=done, total=total)
+        def report(stage: str, done: int, total: Optional[int]) -> None:
+            if stage != current[0]:           # a new stage: a fresh bar (and speed) for it
+                current[0] = stage
+                progress.reset(task, description=f"{name}: {stage}", total=total, completed=done)
+            else:
+                progress.update(task, completed=done, total=total)
 
         path = registry.fetch(name, report)
     err.print(f"{name} is at {path}")
