@@ -42,18 +42,20 @@ PROMPT, MORE = ">>> ", "... "
 
 
 class _Interrupt:
-    """While active, Ctrl-C sets a flag instead of raising, so a reply stops at
-    a token boundary and the KV cache stays consistent."""
+    """While active, Ctrl-C cancels the reply instead of raising, so it stops
+    between steps (also in the middle of a long prompt) and the KV cache
+    stays consistent."""
 
     def __init__(self):
         self.hit = False
 
     @contextlib.contextmanager
-    def catching(self) -> Iterator["_Interrupt"]:
+    def catching(self, cancel) -> Iterator["_Interrupt"]:
         self.hit = False
 
         def handler(signum, frame):
             self.hit = True
+            cancel()
 
         try:
             old = signal.signal(signal.SIGINT, handler)
@@ -168,7 +170,7 @@ class ChatRepl:
             self.status(f"[context full: dropped the {turn.dropped} oldest "
                         f"turn{'s' if turn.dropped > 1 else ''} to make room]", style="yellow")
         wrote = ""
-        with self.interrupt.catching() as stop:
+        with self.interrupt.catching(turn.cancel) as stop:
             try:
                 for piece in turn:
                     self.out.print(piece, end="", markup=False, highlight=False, soft_wrap=True)

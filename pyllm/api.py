@@ -296,6 +296,12 @@ class ChatStream:
             if self.generation.completion is not None:
                 self._on_done(self.generation.completion)
 
+    def cancel(self) -> None:
+        """Asks the reply to stop at the next step, also while the prompt is
+        still being computed (finish_reason "interrupted"); the KV cache keeps
+        what was computed. Safe to call from a signal handler."""
+        self.generation.cancel()
+
     def close(self) -> None:
         """Stops the reply where it is (finish_reason "interrupted")."""
         if self._it is not None:

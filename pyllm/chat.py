@@ -66,6 +66,10 @@ class Turn:
             if c is not None:
                 self.session._finish(self.user, c)
 
+    def cancel(self) -> None:
+        """Stops the reply at the next step (safe in a signal handler)."""
+        self._stream.cancel()
+
     def close(self) -> None:
         if self._it is not None:
             self._it.close()

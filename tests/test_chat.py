@@ -132,3 +132,28 @@ def test_api_argument_errors(model):
         model.chat("hello")
     with pytest.raises(InvalidArgumentError, match="stop must be"):
         model.generate("x", stop=[""])
+
+
+def test_cancel_while_the_prompt_is_computed(smollm2_path):
+    with Model(smollm2_path, n_ctx=1024, n_batch=32) as m:
+        msgs = [{"role": "user", "content": "Tell me about this: " + "apples and pears " * 60}]
+        n_prompt = len(m.chat_tokens(msgs))
+        s = m.chat(msgs, max_tokens=8, stream=True, **GREEDY)
+        forward, calls = m.backend.forward, []
+
+        def counting_forward(*a, **kw):
+            calls.append(1)
+            if len(calls) == 2:
+                s.cancel()             # as the Ctrl-C handler does, between two prompt chunks
+            return forward(*a, **kw)
+
+        m.backend.forward = counting_forward
+        try:
+            assert list(s) == []
+        finally:
+            m.backend.forward = forward
+        c = s.completion
+        assert c.finish_reason == "interrupted" and c.tokens == [] and len(calls) == 2
+        assert len(m._seq) == 64 < n_prompt          # the two chunks done are kept
+        again = m.chat(msgs, max_tokens=2, **GREEDY)
+        assert again.metrics.reused_tokens == 64

@@ -137,6 +137,7 @@ def test_chat_in_a_terminal(smollm2_path, capsys):
 
         # Ctrl-C in the middle of a long reply: back at the prompt, nothing lost
         t.send("Write a very long essay about the history of Rome.\r")
+        t.read_until(r"history of Rome\.\n", 10)    # the terminal's echo of the message
         t.read_until(r"\w+ \w+ \w+", 60)          # the reply is streaming
         t.send("\x03")
         t.read_until(r"\[stopped\]", 15)
