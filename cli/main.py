@@ -24,7 +24,12 @@ def list_models() -> None:
             state = "downloaded" if path.is_file() else "not downloaded"
             default = " (default)" if name == registry.DEFAULT_MODEL else ""
             print(f"{name}{default}\t{m.size / 1e6:.0f} MB\t{state}\t{m.description}")
-        print(f"models folder: {registry.models_dir()}", file=sys.stderr)
+        folder = registry.models_dir()
+        known = {m.file for m in registry.MODELS.values()}
+        for path in sorted(folder.glob("*.gguf")) if folder.is_dir() else []:
+            if path.name not in known:     # other files there: usable with -m PATH
+                print(f"{path}\t{path.stat().st_size / 1e6:.0f} MB\tlocal file")
+        print(f"models folder: {folder}", file=sys.stderr)
 
 
 @app.command("pull")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pyllm.errors import InvalidArgumentError
-from pyllm.sampling import (Candidates, Sampler, SamplingParams, _smallest, apply_logit_bias, apply_penalties,
+from pyllm.sampling import (Candidates, Sampler, _smallest, apply_logit_bias, apply_penalties,
                             min_p, temperature, top_k, top_p, typical)
 
 # probabilities 0.5, 0.3, 0.15, 0.05 for tokens 0..3
