@@ -248,8 +248,6 @@ def chat(
 ) -> None:
     """Chat with a model in the terminal (/help inside for commands)."""
     with handle_errors():
-        if n_predict == 0 or n_predict < -1:
-            raise InvalidArgumentError(f"-n must be positive, or -1 for no limit; not {n_predict}")
         sampling = sampling_kwargs(temp, top_k, top_p, min_p, typical_p, repeat_penalty, repeat_last_n,
                                    frequency_penalty, presence_penalty, logit_bias, seed)
         template = template_arg(chat_template)

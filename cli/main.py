@@ -7,8 +7,10 @@ import typer
 
 from pyllm import registry
 
+from .bench import bench
 from .chat import chat
 from .common import handle_errors, pull
+from .info import info
 from .run import run
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -41,6 +43,8 @@ def pull_model(name: str = typer.Argument(registry.DEFAULT_MODEL, help="registry
 
 app.command()(run)
 app.command()(chat)
+app.command("bench")(bench)
+app.command("info")(info)
 
 
 def main() -> None:

@@ -71,8 +71,6 @@ def run(
     with handle_errors():
         if system is not None and not chat:
             raise InvalidArgumentError("--system needs --chat")
-        if n_predict == 0 or n_predict < -1:
-            raise InvalidArgumentError(f"-n must be positive, or -1 for no limit; not {n_predict}")
         sampling = sampling_kwargs(temp, top_k, top_p, min_p, typical_p, repeat_penalty, repeat_last_n,
                                    frequency_penalty, presence_penalty, logit_bias, seed)
         text = read_prompt(prompt, file)

@@ -1,66 +1,126 @@
 /* attention.c: causal attention over the paged KV cache, online softmax.
  *
- * For query row t at position p, head h (key/value head h / (n_head/n_kv_head)):
+ * For query row t at position p and head h (key/value head h / group):
  *     y = sum_j softmax_j(scale * q.k_j) v_j     over j in [max(0, p-window+1), p]
- * K and V rows live in f16 blocks of block_size positions; the step's block
- * table maps position j to block table[j / B], slot j % B. Scores are taken a
- * chunk of positions at a time: the running max and the output accumulator
- * are rescaled once per chunk, never holding a full score row.
+ *
+ * K and V live in f16 blocks of B positions; the step's block table maps
+ * position j to block table[j / B], slot j % B. The work is split into items
+ * of (key/value head, tile of query rows). An item walks the KV blocks that
+ * its tile can see; each block's K and V rows (of its head) are converted to
+ * float once and then used by every query row of the tile and every query
+ * head of the group. Per query head the running max m, normalizer l and
+ * output accumulator are updated once per block (online softmax): no full
+ * score row is ever held.
  */
 #include <float.h>
 #include <math.h>
+#include <string.h>
 
 #include "core.h"
 
-#define CHUNK 64
+#define Q_TILE 16      /* query rows per work item */
 
-static inline const uint16_t *kv_row(const uint16_t *cache, const pyllm_step *st, int32_t j, int64_t kv_dim) {
-    size_t slot = (size_t)st->block_table[j / st->block_size] * st->block_size + j % st->block_size;
-    return cache + slot * kv_dim;
+/* per query row and head: running max, normalizer, then head_dim accumulators */
+#define STATE_FLOATS(hd) (2 + (size_t)(hd))
+
+size_t attention_scratch_floats(int head_dim, int group, int block_size) {
+    return (size_t)Q_TILE * group * STATE_FLOATS(head_dim) + 2 * (size_t)block_size * head_dim;
 }
 
-static void attend_one(const pyllm_op *op, const pyllm_step *st, const float *q, int32_t p, int kvh, float *y) {
-    const int hd = op->head_dim;
-    const int64_t kv_dim = (int64_t)op->n_kv_head * hd;
-    const int32_t first = op->window > 0 && p - op->window + 1 > 0 ? p - op->window + 1 : 0;
-    float acc[MAX_HEAD_DIM] = {0};
-    float scores[CHUNK];
-    float m = -FLT_MAX, l = 0.0f;
+static inline void axpy(int n, float a, const float *restrict x, float *restrict y) {
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
 
-    for (int32_t j0 = first; j0 <= p; j0 += CHUNK) {
-        int nj = p - j0 + 1 < CHUNK ? p - j0 + 1 : CHUNK;
-        float cmax = -FLT_MAX;
-        for (int i = 0; i < nj; i++) {
-            float s = op->scale * K.dot_f16_f32(hd, kv_row(op->k_cache, st, j0 + i, kv_dim) + kvh * hd, q);
-            if (op->softcap > 0) s = op->softcap * tanhf(s / op->softcap);
-            scores[i] = s;
-            if (s > cmax) cmax = s;
+/* one query row of one head over positions [j0, j0+n) of a converted block */
+static void attend_block(float *state, const float *q, const float *kb, const float *vb, int n, int hd,
+                         float scale, float softcap) {
+    float *m = &state[0], *l = &state[1], *acc = state + 2;
+    float s[MAX_KV_BLOCK];
+    float bmax = -FLT_MAX;
+    for (int i = 0; i < n; i++) {
+        float x = scale * K.dot_f32(hd, kb + (int64_t)i * hd, q);
+        if (softcap > 0) x = softcap * tanhf(x / softcap);
+        s[i] = x;
+        if (x > bmax) bmax = x;
+    }
+    if (bmax > *m) { /* new running max: rescale what was summed so far */
+        float c = expf(*m - bmax);
+        *l *= c;
+        for (int d = 0; d < hd; d++) acc[d] *= c;
+        *m = bmax;
+    }
+    for (int i = 0; i < n; i++) {
+        float w = expf(s[i] - *m);
+        *l += w;
+        axpy(hd, w, vb + (int64_t)i * hd, acc);
+    }
+}
+
+static void attend_tile(const pyllm_op *op, const op_rows *r, int kvh, int64_t t0, int64_t t1) {
+    const pyllm_step *st = r->step;
+    const int hd = op->head_dim, B = st->block_size;
+    const int group = op->n_head / op->n_kv_head;
+    const int64_t kv_dim = (int64_t)op->n_kv_head * hd;
+    const int32_t *pos = st->pos;
+
+    /* the positions any row of the tile can see */
+    int32_t lo = INT32_MAX, hi = 0;
+    for (int64_t t = t0; t < t1; t++) {
+        int32_t first = op->window > 0 && pos[t] - op->window + 1 > 0 ? pos[t] - op->window + 1 : 0;
+        if (first < lo) lo = first;
+        if (pos[t] > hi) hi = pos[t];
+    }
+
+    /* scratch: the softmax state of every (row, head), then one block's K and V rows */
+    const size_t sf = STATE_FLOATS(hd);
+    float *state = r->scratch;
+    float *kb = state + (size_t)Q_TILE * group * sf, *vb = kb + (size_t)B * hd;
+    for (int64_t i = 0; i < (t1 - t0) * group; i++) {
+        state[i * sf] = -FLT_MAX;
+        state[i * sf + 1] = 0.0f;
+        memset(state + i * sf + 2, 0, (size_t)hd * sizeof(float));
+    }
+
+    for (int32_t blk = lo / B; blk <= hi / B; blk++) {
+        const size_t base = (size_t)st->block_table[blk] * B;
+        int32_t j0 = blk * B > lo ? blk * B : lo;
+        int32_t j1 = (blk + 1) * B - 1 < hi ? (blk + 1) * B - 1 : hi;
+        for (int32_t j = j0; j <= j1; j++) {
+            size_t slot = (base + (size_t)(j - blk * B)) * kv_dim + (size_t)kvh * hd;
+            K.f16_to_f32(op->k_cache + slot, kb + (int64_t)(j - j0) * hd, hd);
+            K.f16_to_f32(op->v_cache + slot, vb + (int64_t)(j - j0) * hd, hd);
         }
-        if (cmax > m) { /* new running max: rescale what was summed so far */
-            float c = expf(m - cmax);
-            l *= c;
-            for (int d = 0; d < hd; d++) acc[d] *= c;
-            m = cmax;
-        }
-        for (int i = 0; i < nj; i++) {
-            float w = expf(scores[i] - m);
-            l += w;
-            K.axpy_f16(hd, w, kv_row(op->v_cache, st, j0 + i, kv_dim) + kvh * hd, acc);
+        for (int64_t t = t0; t < t1; t++) {
+            /* the part of [j0, j1] this row sees */
+            int32_t first = op->window > 0 && pos[t] - op->window + 1 > 0 ? pos[t] - op->window + 1 : 0;
+            int32_t a = first > j0 ? first : j0, b = pos[t] < j1 ? pos[t] : j1;
+            if (a > b) continue;
+            for (int g = 0; g < group; g++) {
+                int h = kvh * group + g;
+                const float *q = op->x + t * op->x_stride + (int64_t)h * hd;
+                attend_block(state + ((t - t0) * group + g) * sf, q, kb + (int64_t)(a - j0) * hd, vb + (int64_t)(a - j0) * hd,
+                             b - a + 1, hd, op->scale, op->softcap);
+            }
         }
     }
-    float inv = 1.0f / l;
-    for (int d = 0; d < hd; d++) y[d] = acc[d] * inv;
+
+    for (int64_t t = t0; t < t1; t++)
+        for (int g = 0; g < group; g++) {
+            const float *s = state + ((t - t0) * group + g) * sf;
+            float *y = op->y + t * op->y_stride + (int64_t)(kvh * group + g) * hd;
+            float inv = 1.0f / s[1];
+            for (int d = 0; d < hd; d++) y[d] = s[2 + d] * inv;
+        }
 }
 
 void op_attention(const pyllm_op *op, const op_rows *r, int ith, int nth) {
-    const int group = op->n_head / op->n_kv_head;
+    const int64_t tiles = (r->rows + Q_TILE - 1) / Q_TILE;
     int64_t lo, hi;
-    split_range((int64_t)r->rows * op->n_head, ith, nth, 1, &lo, &hi);
+    split_range(tiles * op->n_kv_head, ith, nth, 1, &lo, &hi);
     for (int64_t item = lo; item < hi; item++) {
-        int64_t t = item / op->n_head;
-        int h = (int)(item % op->n_head);
-        const float *q = op->x + t * op->x_stride + (int64_t)h * op->head_dim;
-        float *y = op->y + t * op->y_stride + (int64_t)h * op->head_dim;
-        attend_one(op, r->step, q, r->step->pos[t], h / group, y);
+        int kvh = (int)(item % op->n_kv_head);
+        int64_t t0 = item / op->n_kv_head * Q_TILE;
+        int64_t t1 = t0 + Q_TILE < r->rows ? t0 + Q_TILE : r->rows;
+        attend_tile(op, r, kvh, t0, t1);
     }
 }

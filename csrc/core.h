@@ -15,12 +15,19 @@
 #include "quants.h"
 
 #define MAX_HEAD_DIM 512
+#define MAX_KV_BLOCK 1024 /* positions per KV block */
 
 typedef struct {
     const pyllm_step *step;
     int rows;
     int row0;
+    float *scratch;        /* this thread's scratch, SCRATCH_FLOATS long */
 } op_rows;
+
+#define SCRATCH_FLOATS (1 << 20) /* 4 MB per thread, touched only as far as used */
+
+/* floats of scratch an attention work item needs (attention.c) */
+size_t attention_scratch_floats(int head_dim, int group, int block_size);
 
 /* the share [*lo, *hi) of n items that thread ith of nth does, in multiples of `align` */
 static inline void split_range(int64_t n, int ith, int nth, int64_t align, int64_t *lo, int64_t *hi) {

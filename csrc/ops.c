@@ -80,14 +80,18 @@ static void rope_heads(float *x, int n_head, int head_dim, int n_rot, int mode,
 
 void op_rope(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     float cos_t[MAX_HEAD_DIM / 2], sin_t[MAX_HEAD_DIM / 2];
+    double inv_freq[MAX_HEAD_DIM / 2];
     int half = op->n_rot / 2;
     int64_t lo, hi;
     split_range(r->rows, ith, nth, 1, &lo, &hi);
+    if (lo >= hi) return;
+    for (int i = 0; i < half; i++) {
+        inv_freq[i] = op->freq_scale * pow((double)op->freq_base, -2.0 * i / op->n_rot);
+        if (op->freq_factors) inv_freq[i] /= op->freq_factors[i];
+    }
     for (int64_t t = lo; t < hi; t++) {
-        double p = (double)r->step->pos[t] * op->freq_scale;
         for (int i = 0; i < half; i++) {
-            double theta = p * pow((double)op->freq_base, -2.0 * i / op->n_rot);
-            if (op->freq_factors) theta /= op->freq_factors[i];
+            double theta = r->step->pos[t] * inv_freq[i];
             cos_t[i] = (float)cos(theta);
             sin_t[i] = (float)sin(theta);
         }

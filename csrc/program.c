@@ -41,6 +41,7 @@ struct pyllm_ctx {
     int n_threads;
     int profile;
     thread_profile *prof; /* [n_threads] */
+    float **scratch;      /* [n_threads][SCRATCH_FLOATS] */
     double wall_ns;
 };
 
@@ -60,8 +61,15 @@ pyllm_ctx *pyllm_ctx_new(int n_threads) {
     if (!ctx) return NULL;
     ctx->n_threads = n_threads;
     ctx->prof = calloc((size_t)n_threads, sizeof(thread_profile));
+    ctx->scratch = calloc((size_t)n_threads, sizeof(float *));
+    int scratch_ok = ctx->scratch != NULL;
+    for (int i = 0; scratch_ok && i < n_threads; i++) {
+        /* calloc of this size maps fresh zero pages: only what is used costs memory */
+        ctx->scratch[i] = calloc(SCRATCH_FLOATS, sizeof(float));
+        scratch_ok = ctx->scratch[i] != NULL;
+    }
     ctx->pool = threadpool_new(n_threads);
-    if (!ctx->pool || !ctx->prof) {
+    if (!ctx->pool || !ctx->prof || !scratch_ok) {
         fail("could not start %d threads", n_threads);
         pyllm_ctx_free(ctx);
         return NULL;
@@ -72,6 +80,8 @@ pyllm_ctx *pyllm_ctx_new(int n_threads) {
 void pyllm_ctx_free(pyllm_ctx *ctx) {
     if (!ctx) return;
     threadpool_free(ctx->pool);
+    for (int i = 0; ctx->scratch && i < ctx->n_threads; i++) free(ctx->scratch[i]);
+    free(ctx->scratch);
     free(ctx->prof);
     free(ctx);
 }
@@ -157,7 +167,8 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
     if (st->n_tokens < 1) return fail("empty batch");
     if (st->n_out < 1 || st->n_out > st->n_tokens) return fail("n_out %d outside 1..%d", st->n_out, st->n_tokens);
     if (!st->tokens || !st->pos) return fail("missing tokens or positions");
-    if (st->block_size < 1 || !st->block_table || st->n_table < 1) return fail("missing KV block table");
+    if (st->block_size < 1 || st->block_size > MAX_KV_BLOCK || !st->block_table || st->n_table < 1)
+        return fail("missing KV block table, or blocks of %d positions (at most %d)", st->block_size, MAX_KV_BLOCK);
     for (int i = 0; i < st->n_table; i++)
         if (st->block_table[i] < 0 || st->block_table[i] >= st->pool_blocks)
             return fail("KV block id %d outside the pool of %d", st->block_table[i], st->pool_blocks);
@@ -166,6 +177,12 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
         if (st->pos[t] < 0 || st->pos[t] >= capacity)
             return fail("position %d outside the %lld the block table holds", st->pos[t], (long long)capacity);
     for (int i = 0; i < n_ops; i++) {
+        if (ops[i].kind == OP_ATTENTION &&
+            attention_scratch_floats(ops[i].head_dim, ops[i].n_head / ops[i].n_kv_head, st->block_size) >
+                SCRATCH_FLOATS)
+            return fail("attention with head size %d, %d heads per KV head and %d-position blocks needs more "
+                        "scratch than the core has", ops[i].head_dim, ops[i].n_head / ops[i].n_kv_head,
+                        st->block_size);
         if (ops[i].kind != OP_EMBED) continue;
         for (int t = 0; t < st->n_tokens; t++)
             if (st->tokens[t] < 0 || st->tokens[t] >= ops[i].n_out)
@@ -183,8 +200,8 @@ typedef struct {
     const pyllm_step *step;
 } job;
 
-static void exec_op(const pyllm_op *op, const pyllm_step *st, int ith, int nth) {
-    op_rows r = {st, st->n_tokens, 0};
+static void exec_op(const pyllm_op *op, const pyllm_step *st, float *scratch, int ith, int nth) {
+    op_rows r = {st, st->n_tokens, 0, scratch};
     if (op->flags & OPF_LAST_ROWS) {
         r.rows = st->n_out;
         r.row0 = st->n_tokens - st->n_out;
@@ -208,17 +225,18 @@ static void exec_op(const pyllm_op *op, const pyllm_step *st, int ith, int nth) 
 static void run_job(void *arg, int ith, int nth) {
     job *j = arg;
     thread_profile *prof = j->ctx->profile ? &j->ctx->prof[ith] : NULL;
+    float *scratch = j->ctx->scratch[ith];
     for (int i = 0; i < j->n_ops; i++) {
         const pyllm_op *op = &j->ops[i];
         if (prof) {
             double t0 = now_ns();
-            exec_op(op, j->step, ith, nth);
+            exec_op(op, j->step, scratch, ith, nth);
             double dt = now_ns() - t0;
             prof->op_ns[op->kind] += dt;
             prof->busy_ns += dt;
             if (op->kind == OP_MATMUL) prof->matmul_type_ns[op->type & 31] += dt;
         } else {
-            exec_op(op, j->step, ith, nth);
+            exec_op(op, j->step, scratch, ith, nth);
         }
         if (!(op->flags & OPF_NO_SYNC)) threadpool_barrier(j->ctx->pool);
     }

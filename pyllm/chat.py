@@ -96,6 +96,7 @@ class ChatSession:
         self.messages: list[dict[str, str]] = []     # user and assistant turns, oldest first
         self.stats = SessionStats()
         model._sampler(sampling)                      # bad settings fail now, not at the first turn
+        model._max_tokens(max_tokens)
 
     # -- the conversation ------------------------------------------------------------------
     def conversation(self, user: Optional[str] = None) -> list[dict[str, str]]:

@@ -84,43 +84,57 @@ def small_vocab(w: gguf.GGUFWriter, n_vocab: int = 512) -> int:
     """A made-up byte-level BPE vocabulary (enough to load; tests feed ids)."""
     byte_chars = [chr(c) for c in range(33, 127)] + [chr(c) for c in range(161, 173)] + \
                  [chr(c) for c in range(174, 256)] + [chr(256 + i) for i in range(68)]
-    tokens = byte_chars + [f"tok{i}" for i in range(n_vocab - len(byte_chars))]
+    words = ["to", "tok"]
+    tokens = byte_chars + words + [f"tok{i}" for i in range(n_vocab - len(byte_chars) - len(words))]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
     w.add_token_types([1] * n_vocab)
-    w.add_token_merges([])
+    w.add_token_merges(["t o", "to k"])
     w.add_bos_token_id(0)
     w.add_eos_token_id(1)
     return n_vocab
 
 
-def write_llama(path: str | Path, qtype: QT = QT.Q8_0, *, n_embd: int = 256, n_layer: int = 2,
-                n_head: int = 4, n_head_kv: int = 2, n_ff: int = 512, n_vocab: int = 512,
-                embd_type: Optional[QT] = None, tied: bool = False, seed: int = 0,
-                tokenizer_from: Optional[dict] = None, rope_freqs: bool = False,
-                drop_tensor: Optional[str] = None, bad_shape: Optional[str] = None,
-                arch: str = "llama", extra_kv: Optional[dict[str, str]] = None) -> str:
-    """A tiny llama model with every matrix in `qtype`; extra_kv: more string
-    metadata (e.g. tokenizer.chat_template)."""
+def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n_embd: int = 256,
+                n_layer: int = 2, n_head: int = 4, n_head_kv: int = 2, n_ff: int = 512, n_vocab: int = 512,
+                head_dim: Optional[int] = None, embd_type: Optional[QT] = None, tied: bool = False,
+                seed: int = 0, tokenizer_from: Optional[dict] = None, rope_base: float = 10000.0,
+                rope_freqs: bool = False, qkv_bias: bool = False, qk_norm: bool = False,
+                fused_qkv: bool = False, fused_up: bool = False, post_norms: bool = False,
+                rope_factors: bool = False, keys: Optional[dict] = None,
+                drop_tensor: Optional[str] = None, bad_shape: Optional[str] = None) -> str:
+    """A tiny decoder of family `arch`, every matrix in `qtype`, tensors named
+    as llama.cpp expects:
+      qkv_bias    attn_{q,k,v}.bias (Qwen 2)
+      qk_norm     attn_{q,k}_norm.weight, one weight per head dim (Qwen 3, Gemma 3)
+      fused_qkv   one attn_qkv.weight [q | k | v]; fused_up: ffn_up of [gate | up] (Phi-3)
+      post_norms  post_attention_norm and post_ffw_norm (Gemma 3)
+      rope_freqs  rope_freqs.weight (Llama 3); rope_factors: rope_factors_{short,long} (Phi-3 128k)
+      keys        extra metadata: {"sliding_window": 8, ...} -> writer.add_<name>(value)
+    head_dim defaults to n_embd / n_head; otherwise it is written as key_length."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
-    head_dim = n_embd // n_head
+    hd = head_dim or n_embd // n_head
+    q_dim, kv_dim = n_head * hd, n_head_kv * hd
     w.add_block_count(n_layer)
     w.add_context_length(512)
     w.add_embedding_length(n_embd)
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(10000.0)
-    w.add_rope_dimension_count(head_dim)
+    w.add_layer_norm_rms_eps(1e-5 if arch != "gemma3" else 1e-6)
+    w.add_rope_freq_base(rope_base)
+    w.add_rope_dimension_count(hd)
+    if head_dim:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    for name, value in (keys or {}).items():
+        getattr(w, f"add_{name}")(value)
     if tokenizer_from is not None:
         n_vocab = copy_tokenizer(w, tokenizer_from)
     else:
         n_vocab = small_vocab(w, n_vocab)
-    for key, value in (extra_kv or {}).items():
-        w.add_string(key, value)
 
     def add(name, array_and_type):
         if name == drop_tensor:
@@ -133,29 +147,95 @@ def write_llama(path: str | Path, qtype: QT = QT.Q8_0, *, n_embd: int = 256, n_l
     def norm(n):
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32), None
 
+    def bias(n):
+        return (0.1 * rng.standard_normal(n)).astype(np.float32), None
+
     add("token_embd.weight", weight(embd_type or qtype, n_embd, n_vocab, rng, scale=1.0))
     add("output_norm.weight", norm(n_embd))
     if not tied:
         add("output.weight", weight(qtype, n_embd, n_vocab, rng))
     if rope_freqs:
-        add("rope_freqs.weight", ((1.0 + rng.uniform(0, 4, head_dim // 2)).astype(np.float32), None))
-    kv_dim = n_head_kv * head_dim
+        add("rope_freqs.weight", ((1.0 + rng.uniform(0, 4, hd // 2)).astype(np.float32), None))
+    if rope_factors:
+        add("rope_factors_short.weight", ((1.0 + rng.uniform(0, 0.5, hd // 2)).astype(np.float32), None))
+        add("rope_factors_long.weight", ((1.0 + rng.uniform(0, 8, hd // 2)).astype(np.float32), None))
     for i in range(n_layer):
         p = f"blk.{i}."
         add(p + "attn_norm.weight", norm(n_embd))
-        add(p + "attn_q.weight", weight(qtype, n_embd, n_embd, rng))
-        add(p + "attn_k.weight", weight(qtype, n_embd, kv_dim, rng))
-        add(p + "attn_v.weight", weight(qtype, n_embd, kv_dim, rng))
-        add(p + "attn_output.weight", weight(qtype, n_embd, n_embd, rng))
+        if fused_qkv:
+            add(p + "attn_qkv.weight", weight(qtype, n_embd, q_dim + 2 * kv_dim, rng))
+        else:
+            add(p + "attn_q.weight", weight(qtype, n_embd, q_dim, rng))
+            add(p + "attn_k.weight", weight(qtype, n_embd, kv_dim, rng))
+            add(p + "attn_v.weight", weight(qtype, n_embd, kv_dim, rng))
+        if qkv_bias:
+            add(p + "attn_q.bias", bias(q_dim))
+            add(p + "attn_k.bias", bias(kv_dim))
+            add(p + "attn_v.bias", bias(kv_dim))
+        if qk_norm:
+            add(p + "attn_q_norm.weight", norm(hd))
+            add(p + "attn_k_norm.weight", norm(hd))
+        add(p + "attn_output.weight", weight(qtype, q_dim, n_embd, rng))
+        if post_norms:
+            add(p + "post_attention_norm.weight", norm(n_embd))
         add(p + "ffn_norm.weight", norm(n_embd))
-        add(p + "ffn_gate.weight", weight(qtype, n_embd, n_ff, rng))
-        add(p + "ffn_up.weight", weight(qtype, n_embd, n_ff, rng))
+        if fused_up:
+            add(p + "ffn_up.weight", weight(qtype, n_embd, 2 * n_ff, rng))
+        else:
+            add(p + "ffn_gate.weight", weight(qtype, n_embd, n_ff, rng))
+            add(p + "ffn_up.weight", weight(qtype, n_embd, n_ff, rng))
         add(p + "ffn_down.weight", weight(qtype, n_ff, n_embd, rng))
+        if post_norms:
+            add(p + "post_ffw_norm.weight", norm(n_embd))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return str(path)
+
+
+def write_llama(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """A tiny llama model (SmolLM2, Llama 2; rope_freqs=True: Llama 3)."""
+    return write_model(path, kw.pop("arch", "llama"), qtype, **kw)
+
+
+def write_mistral(path: str | Path, qtype: QT = QT.Q8_0, window: int = 16, **kw) -> str:
+    """Mistral 7B's layout: a llama file with llama.attention.sliding_window."""
+    return write_model(path, "llama", qtype, keys={"sliding_window": window, **kw.pop("keys", {})}, **kw)
+
+
+def write_qwen2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    kw.setdefault("tied", True)
+    return write_model(path, "qwen2", qtype, qkv_bias=True, rope_base=1e6, **kw)
+
+
+def write_qwen3(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    kw.setdefault("head_dim", 128)   # wider than n_embd / n_head, as in Qwen3-0.6B
+    return write_model(path, "qwen3", qtype, qk_norm=True, rope_base=1e6, **kw)
+
+
+def write_phi3(path: str | Path, qtype: QT = QT.Q8_0, long_rope: bool = False, **kw) -> str:
+    """Phi-3: fused attn_qkv and ffn_up; long_rope adds the 128k files' RoPE
+    factors, original context length and attention factor."""
+    keys = dict(kw.pop("keys", {}))
+    if long_rope:
+        keys.update(rope_scaling_orig_ctx_len=256, rope_scaling_attn_factors=1.1902380714238083)
+    return write_model(path, "phi3", qtype, fused_qkv=True, fused_up=True, rope_factors=long_rope,
+                       keys=keys, **kw)
+
+
+def write_gemma3(path: str | Path, qtype: QT = QT.Q8_0, window: int = 8, **kw) -> str:
+    """Gemma 3: 6 layers by default so that layer 5 is a global one among
+    sliding-window layers; q/k norms, post norms, tied output."""
+    kw.setdefault("n_layer", 6)
+    kw.setdefault("tied", True)
+    kw.setdefault("n_head_kv", 1)
+    keys = {"sliding_window": window, **kw.pop("keys", {})} if window else kw.pop("keys", {})
+    return write_model(path, "gemma3", qtype, qk_norm=True, post_norms=True, rope_base=1e6, keys=keys, **kw)
+
+
+WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
+           "phi3": write_phi3, "gemma3": write_gemma3}
 
 
 def raw_gguf(path: str | Path, version: int = 3, kv: Optional[list] = None,

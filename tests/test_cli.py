@@ -75,7 +75,7 @@ def test_template_reaching_python_internals_is_refused(smollm2_path, tmp_path):
     bad = "{{ ''.__class__.__mro__[1].__subclasses__() }}"
     path = synth.write_llama(tmp_path / "evil.gguf", synth.QT.F16, n_embd=64, n_ff=128,
                              tokenizer_from=ModelFile(smollm2_path).metadata,
-                             extra_kv={"tokenizer.chat_template": bad})
+                             keys={"chat_template": bad})
     one_error_line(pyllm("run", "--chat", "-m", path, "-p", "hi"), "Python internals", "'__subclasses__'")
     r = pyllm("chat", "-m", path, input="hello\n")
     one_error_line(r, "Python internals")

@@ -91,10 +91,16 @@ def test_thread_counts_agree(tmp_path, n_threads):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
 
 
-def test_scalar_kernels_agree_with_simd(tmp_path):
-    """The whole forward with the scalar kernels forced, against the best level."""
-    path = synth.write_llama(tmp_path / "s.gguf", QT.Q6_K)
-    _, be = build(path)
+@pytest.mark.parametrize("qtype", [QT.F16, QT.Q6_K, QT.Q4_1], ids=lambda t: t.name)
+def test_scalar_kernels_agree_with_simd(tmp_path, qtype):
+    """The whole forward with the scalar kernels forced, against the best level.
+    Float weights take float activations: only summation order differs, so the
+    logits agree to float rounding. Quantized weights: a summation-order
+    difference can flip a rounding tie in an 8-bit activation (one unit of
+    its block scale), which the random model amplifies like any other
+    quantization error; there both levels must meet the reference tolerance."""
+    path = synth.write_llama(tmp_path / "s.gguf", qtype)
+    arch, be = build(path)
     tokens = list(range(1, 30))
     best = lib.pyllm_get_level()
     fast = be.forward(tokens, 0, [0, 1], len(tokens)).copy()
@@ -103,7 +109,13 @@ def test_scalar_kernels_agree_with_simd(tmp_path):
         slow = be.forward(tokens, 0, [0, 1], len(tokens)).copy()
     finally:
         lib.pyllm_set_level(best)
-    assert np.sqrt(np.mean((fast - slow) ** 2)) < 1e-4 * slow.std()
+    if qtype == QT.F16:
+        assert np.sqrt(np.mean((fast - slow) ** 2)) < 1e-4 * slow.std()  # f16 K/V rounding ties too
+    else:
+        ref = Reference(arch).forward(tokens)
+        for out in (fast, slow):
+            rel, agree = compare(out, ref)
+            assert rel < 0.03 and agree == 1.0
 
 
 def test_bad_steps_are_refused(tmp_path):

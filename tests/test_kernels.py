@@ -23,6 +23,7 @@ max|w| in the group * sum|x| in the group.
 Run with -s to see which kernels each level provides.
 """
 import os
+import shutil
 import subprocess
 import sys
 
@@ -313,8 +314,15 @@ def test_simd_vec_dot_equals_scalar(isa, tname):
 def test_gemv_equals_scalar_vec_dot(isa, tname):
     rng = np.random.default_rng(8)
     tid, bs, _, act = TYPES[tname]
-    n = {1: 96, 32: 32 * 18, 256: 256 * 3}[bs]
-    for nrows, pad in [(1, 0), (4, 0), (7, 0), (13, 6), (16, 64)]:
+    # row lengths: every remainder of blocks mod 4 and mod 8 (the AVX-512
+    # quads, octs and two-row tails), and one past the 8192-element chunk
+    # of prepared activations
+    # (n, nrows, padding bytes after each row)
+    cases = {1: [(96, 4, 0), (7, 5, 6), (64, 1, 0)],
+             32: [(32 * 18, 16, 0), (32 * 18, 1, 0), (32 * 5, 7, 6), (32 * 7, 8, 64), (32 * 20, 5, 0),
+                  (32 * 301, 5, 2)],
+             256: [(256 * 3, 7, 0), (256 * 4, 4, 6), (256, 1, 0)]}[bs]
+    for n, nrows, pad in cases:
         w, x, a = make_case(tname, n, rng, nrows)
         rb = w.shape[1] + pad
         wp = np.zeros((nrows, rb), dtype=np.uint8)
@@ -500,3 +508,146 @@ def test_avx512_without_vnni():
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert " passed" in r.stdout
+
+
+# ---------------------------------------------------------------- NEON, on x86
+# On an x86 machine the NEON kernels cannot run in this process; when a cross
+# compiler and qemu-user are installed (apt-get install gcc-aarch64-linux-gnu
+# qemu-user), this C harness checks them against the scalar reference the
+# same way as the tests above (dequant and quantize bit-exact, dots within
+# 2e-6 of the magnitude sum, fp16 exact), built with and without SDOT.
+NEON_HARNESS = r"""
+/* NEON vs scalar, run under qemu-aarch64 */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "pyllm.h"
+#include "quants.h"
+
+static uint64_t rs = 88172645463325252ull;
+static uint32_t rnd(void) { rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return (uint32_t)rs; }
+static float frnd(void) { return ((float)(rnd() % 2000001) - 1000000.0f) / 1000000.0f; }
+
+static int fails = 0, checks = 0;
+#define CHECK(c, ...) do { checks++; if (!(c)) { fails++; printf("FAIL: " __VA_ARGS__); printf("\n"); } } while (0)
+
+int main(void) {
+    CHECK(pyllm_level_available(ISA_NEON) == 1, "neon available");
+    CHECK(pyllm_cpu_level() == ISA_NEON, "cpu level");
+    const int types[3] = {T_Q4_0, T_Q4_1, T_Q8_0};
+    const int lens[4] = {32, 32 * 7, 32 * 18, 2048};
+    static uint8_t w[8][4096];
+    static float x[4096], o0[4096], o1[4096];
+    static uint8_t a0[8192], a1[8192];
+    for (int ti = 0; ti < 3; ti++) {
+        const int t = types[ti];
+        const type_traits *tt = type_info(t);
+        CHECK(pyllm_kernel_provided(ISA_NEON, 1, t) && pyllm_kernel_provided(ISA_NEON, 2, t), "provided %d", t);
+        for (int li = 0; li < 4; li++) {
+            const int n = lens[li], nb = n / 32;
+            for (int r = 0; r < 8; r++) {
+                for (int b = 0; b < nb * tt->type_size; b++) w[r][b] = (uint8_t)rnd();
+                for (int b = 0; b < nb; b++) {
+                    uint8_t *blk = w[r] + b * tt->type_size;
+                    f16_t d = fp32_to_fp16((0.5f + (rnd() % 1000) / 666.0f) * 1e-2f * ((rnd() & 1) ? 1 : -1));
+                    memcpy(blk, &d, 2);
+                    if (t == T_Q4_1) { f16_t m = fp32_to_fp16(frnd() * 0.1f); memcpy(blk + 2, &m, 2); }
+                }
+            }
+            CHECK(pyllm_kernel_dequant(0, t, w[0], o0, n) == 0 && pyllm_kernel_dequant(ISA_NEON, t, w[0], o1, n) == 0, "dq rc");
+            CHECK(memcmp(o0, o1, (size_t)n * 4) == 0, "dequant type %d n %d", t, n);
+            for (int i = 0; i < n; i++) x[i] = frnd() * 3.0f;
+            CHECK(pyllm_kernel_quantize_act(0, ACT_Q8_32, x, a0, n) == 0, "q rc");
+            CHECK(pyllm_kernel_quantize_act(ISA_NEON, ACT_Q8_32, x, a1, n) == 0, "q rc");
+            CHECK(memcmp(a0, a1, act_row_bytes(ACT_Q8_32, n)) == 0, "quantize q8_32 n %d", n);
+            /* magnitude: 2 * sum over blocks max|w| * sum|x| */
+            float out[8];
+            CHECK(pyllm_kernel_gemv(ISA_NEON, t, n, w, sizeof w[0], 7, a0, out) == 0, "gemv rc");
+            for (int r = 0; r < 7; r++) {
+                float ref, got;
+                pyllm_kernel_vec_dot(0, t, n, w[r], a0, &ref);
+                pyllm_kernel_vec_dot(ISA_NEON, t, n, w[r], a0, &got);
+                pyllm_kernel_dequant(0, t, w[r], o0, n);
+                double mag = 0;
+                for (int b = 0; b < nb; b++) {
+                    double mw = 0, sx = 0;
+                    for (int j = 0; j < 32; j++) { mw = fmax(mw, fabs(o0[32 * b + j])); sx += fabs(x[32 * b + j]); }
+                    mag += 2 * mw * sx;
+                }
+                CHECK(fabs(got - ref) <= 2e-6 * mag, "vec_dot type %d n %d: %g vs %g", t, n, got, ref);
+                CHECK(fabs(out[r] - ref) <= 2e-6 * mag, "gemv type %d n %d row %d: %g vs %g", t, n, r, out[r], ref);
+                CHECK(fabs(ref) > 1e-7 * mag, "degenerate");
+            }
+        }
+    }
+    /* Q8_K */
+    for (int i = 0; i < 1024; i++) x[i] = frnd() * 5.0f;
+    pyllm_kernel_quantize_act(0, ACT_Q8_K, x, a0, 1024);
+    pyllm_kernel_quantize_act(ISA_NEON, ACT_Q8_K, x, a1, 1024);
+    CHECK(memcmp(a0, a1, act_row_bytes(ACT_Q8_K, 1024)) == 0, "quantize q8_K");
+    /* fp16: every half, and float32 values of all exponents */
+    static f16_t h[65536], h1[65536];
+    static float f[65536], f1[65536];
+    for (int i = 0; i < 65536; i++) h[i] = (f16_t)i;
+    pyllm_kernel_float(ISA_NEON, 1, 65536, h, NULL, 0, f1);
+    int bad = 0;
+    for (int i = 0; i < 65536; i++) {
+        const float r = fp16_to_fp32(h[i]);
+        if (isnan(r) ? !isnan(f1[i]) : memcmp(&r, &f1[i], 4) != 0) bad++;
+    }
+    CHECK(bad == 0, "f16_to_f32: %d bad", bad);
+    for (int i = 0; i < 65536; i++) { uint32_t u = rnd(); memcpy(&f[i], &u, 4); }
+    for (int i = 0; i < 4096; i++) f[i] = fp16_to_fp32((f16_t)i) * 1.00048828125f; /* near-ties, subnormals */
+    pyllm_kernel_float(ISA_NEON, 0, 65536, f, NULL, 0, h1);
+    bad = 0;
+    for (int i = 0; i < 65536; i++) {
+        const f16_t r = fp32_to_fp16(f[i]);
+        if (isnan(f[i]) ? (h1[i] & 0x7fff) <= 0x7c00 : r != h1[i]) bad++;
+    }
+    CHECK(bad == 0, "f32_to_f16: %d bad", bad);
+    /* float helpers */
+    for (int n = 1; n < 300; n += 37) {
+        for (int i = 0; i < n; i++) { h[i] = fp32_to_fp16(frnd()); f[i] = frnd(); f1[i] = frnd(); }
+        float r0, r1;
+        double mag = 0;
+        for (int i = 0; i < n; i++) mag += fabs(fp16_to_fp32(h[i]) * f[i]);
+        pyllm_kernel_float(0, 2, n, h, f, 0, &r0);
+        pyllm_kernel_float(ISA_NEON, 2, n, h, f, 0, &r1);
+        CHECK(fabs(r0 - r1) <= 2e-6 * mag, "dot_f16_f32 n %d", n);
+        mag = 0;
+        for (int i = 0; i < n; i++) mag += fabs(f1[i] * f[i]);
+        pyllm_kernel_float(0, 4, n, f1, f, 0, &r0);
+        pyllm_kernel_float(ISA_NEON, 4, n, f1, f, 0, &r1);
+        CHECK(fabs(r0 - r1) <= 2e-6 * mag, "dot_f32 n %d", n);
+        memcpy(o0, f1, n * 4);
+        memcpy(o1, f1, n * 4);
+        pyllm_kernel_float(0, 3, n, h, NULL, 0.37f, o0);
+        pyllm_kernel_float(ISA_NEON, 3, n, h, NULL, 0.37f, o1);
+        for (int i = 0; i < n; i++) CHECK(fabs(o0[i] - o1[i]) <= 1.2e-7 * (fabs(f1[i]) + fabs(0.37f * fp16_to_fp32(h[i]))), "axpy");
+    }
+    printf("%d checks, %d failed\n", checks, fails);
+    return fails != 0;
+}
+"""
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("march", [pytest.param([], id="armv8"), pytest.param(["-march=armv8.2-a+dotprod"], id="dotprod")])
+@pytest.mark.skipif(not (shutil.which("aarch64-linux-gnu-gcc") and shutil.which("qemu-aarch64")),
+                    reason="needs aarch64-linux-gnu-gcc and qemu-aarch64")
+def test_neon_under_qemu(tmp_path, march):
+    src = tmp_path / "harness.c"
+    src.write_text(NEON_HARNESS)
+    exe = tmp_path / "harness"
+    c = os.path.join(ROOT, "csrc")
+    files = [os.path.join(c, f) for f in ["quants.c", "dispatch.c", "kernel_api.c", "arm/neon.c"]]
+    r = subprocess.run(["aarch64-linux-gnu-gcc", "-O2", "-std=c11", "-Wall", "-Wno-unused-function", "-static",
+                        "-pthread", *march, "-I" + c, "-o", str(exe), *files, str(src), "-lm"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = subprocess.run(["qemu-aarch64", "-cpu", "max", str(exe)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "checks, 0 failed" in r.stdout and int(r.stdout.split()[-4]) > 1000

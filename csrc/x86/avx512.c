@@ -22,7 +22,9 @@
  * the int32 dot is exact. Q4_1/Q5_1 mins: m*s, from the (d, m) pairs times
  * the activations' (d, s) pairs. Without VNNI: vpmaddubsw + vpmaddwd, and
  * the signed formats (Q8_0, IQ4_NL) use |w| and sign-adjusted activations.
- * A row's last < 4 blocks go through a 256-bit one-block step.
+ * A row's last partial quad uses masked loads (zeros past the row's end).
+ * gemv prepares the activation quads once per call (ACT_CHUNK at a time)
+ * and streams 4 rows at a time against them.
  *
  * K-quants (Q4_K, Q6_K): one super-block per step, 512-bit, int16 scales
  * applied with vpmaddwd (VNNI would not save an instruction there).
@@ -49,6 +51,14 @@ INLINE float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* the 4 horizontal sums [sum(a0), sum(a1), sum(a2), sum(a3)] */
+INLINE __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+#define HALF(a) _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1))
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(HALF(a0), HALF(a1)), _mm256_hadd_ps(HALF(a2), HALF(a3)));
+#undef HALF
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
 /* lanes 1, 3, 5, 7 of v summed (the m*s terms of [d*da, m*s] pairs) */
 INLINE float odd_sum8(__m256 v) {
     const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -63,10 +73,6 @@ INLINE __m512i dpbusd(const int vnni, __m512i acc, __m512i u, __m512i s) {
     return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
 }
 
-INLINE __m256i dpbusd256(const int vnni, __m256i acc, __m256i u, __m256i s) {
-    if (vnni) return _mm256_dpbusd_epi32(acc, u, s);
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
-}
 
 /* signed x signed bytes (|w| <= 128, |a| <= 127), no VNNI */
 INLINE __m512i dot_s8s8(__m512i acc, __m512i w, __m512i a) {
@@ -74,10 +80,6 @@ INLINE __m512i dot_s8s8(__m512i acc, __m512i w, __m512i a) {
     return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(w), aa), _mm512_set1_epi16(1)));
 }
 
-INLINE __m256i dot_s8s8_256(__m256i acc, __m256i w, __m256i a) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w)),
-                                                   _mm256_set1_epi16(1)));
-}
 
 /* ------------------------------------------------------------------ */
 /* 32-element formats                                                   */
@@ -140,11 +142,33 @@ INLINE void q5_masks(uint32_t h0, uint32_t h1, uint32_t h2, uint32_t h3, __mmask
     *khi = _cvtu64_mask64(_pext_u64(a, mh) | _pext_u64(b, mh) << 32);
 }
 
+/* 64 bytes at x + off of a quad whose first nblk blocks (of bs bytes) exist:
+ * a plain load for a full quad, else a masked load (no fault, zeros) */
+INLINE __m512i ldw(const uint8_t *x, int off, const int full, int valid) {
+    if (full) return _mm512_loadu_si512(x + off);
+    const int nv = valid - off;
+    if (nv <= 0) return _mm512_setzero_si512();
+    return _mm512_maskz_loadu_epi8(_cvtu64_mask64(_bzhi_u64(~0ull, (unsigned)(nv > 64 ? 64 : nv))), x + off);
+}
+#define LDW(x, off, bs) ldw(x, off, full, nblk * (bs))
+/* the qh word of block k (at byte off of a bs-byte block), 0 past the end */
+#define QH(x, off, bs, k) ((full || (k) < nblk) ? ld32((x) + (bs) * (k) + (off)) : 0u)
+
+/* the fp16 d of 4 blocks (stride bytes apart, d first), as 4 words: scalar
+ * loads, which leave the vector ports (the bottleneck) to the dot products */
+INLINE __m128i d4_scalar(const uint8_t *x, const int stride, const int full, const int nblk) {
+    uint64_t v = ld16(x);
+    for (int k = 1; k < 4; k++)
+        if (full || k < nblk) v |= (uint64_t)ld16(x + k * stride) << (16 * k);
+    return _mm_cvtsi64_si128((long long)v);
+}
+
 /* ---- quad steps: acc (16 lanes) += d*da * dot; accm lanes 1,3,5,7 += m*s ---- */
 
-INLINE void quad_q4_0(const int vnni, const uint8_t *x, const act4 *A, __m512 *acc, __m256 *accm) {
+INLINE void quad_q4_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc,
+                      __m256 *accm) {
     (void)accm;
-    const __m512i L0 = _mm512_loadu_si512(x), L1 = _mm512_loadu_si512(x + 8);
+    const __m512i L0 = LDW(x, 0, 18), L1 = LDW(x, 8, 18);
     const __m512i q = _mm512_permutex2var_epi16(
         L0,
         IDX16(1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15, 16, 17, 19, 20, 21, 22, 23, 24, 25, 26,
@@ -152,10 +176,7 @@ INLINE void quad_q4_0(const int vnni, const uint8_t *x, const act4 *A, __m512 *a
         L1);
     __m512i dot = dpbusd(vnni, A->negc, nib_lo(q), A->lo);
     dot = dpbusd(vnni, dot, nib_hi(q), A->hi);
-    const __m128i dh = _mm512_castsi512_si128(
-        _mm512_permutexvar_epi16(IDX16(0, 9, 18, 27, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                                   0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-                                 L0));
+    const __m128i dh = d4_scalar(x, 18, full, nblk);
     const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(dh), A->da);
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4(dd), *acc);
 }
@@ -167,9 +188,10 @@ INLINE __m512i iq4nl_table(const int vnni) {
     return _mm512_broadcast_i32x4(t);
 }
 
-INLINE void quad_iq4_nl(const int vnni, const uint8_t *x, const act4 *A, __m512 *acc, __m256 *accm) {
+INLINE void quad_iq4_nl(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc,
+                      __m256 *accm) {
     (void)accm;
-    const __m512i L0 = _mm512_loadu_si512(x), L1 = _mm512_loadu_si512(x + 8);
+    const __m512i L0 = LDW(x, 0, 18), L1 = LDW(x, 8, 18);
     const __m512i q = _mm512_permutex2var_epi16(
         L0,
         IDX16(1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15, 16, 17, 19, 20, 21, 22, 23, 24, 25, 26,
@@ -184,16 +206,14 @@ INLINE void quad_iq4_nl(const int vnni, const uint8_t *x, const act4 *A, __m512 
     } else {
         dot = dot_s8s8(dot_s8s8(_mm512_setzero_si512(), vlo, A->lo), vhi, A->hi);
     }
-    const __m128i dh = _mm512_castsi512_si128(
-        _mm512_permutexvar_epi16(IDX16(0, 9, 18, 27, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                                   0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-                                 L0));
+    const __m128i dh = d4_scalar(x, 18, full, nblk);
     const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(dh), A->da);
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4(dd), *acc);
 }
 
-INLINE void quad_q4_1(const int vnni, const uint8_t *x, const act4 *A, __m512 *acc, __m256 *accm) {
-    const __m512i L0 = _mm512_loadu_si512(x), L1 = _mm512_loadu_si512(x + 16);
+INLINE void quad_q4_1(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc,
+                      __m256 *accm) {
+    const __m512i L0 = LDW(x, 0, 20), L1 = LDW(x, 16, 20);
     const __m512i q = _mm512_permutex2var_epi32(
         L0, _mm512_setr_epi32(1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 13, 14, 28, 29, 30, 31), L1);
     __m512i dot = dpbusd(vnni, _mm512_setzero_si512(), nib_lo(q), A->lo);
@@ -205,35 +225,81 @@ INLINE void quad_q4_1(const int vnni, const uint8_t *x, const act4 *A, __m512 *a
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4_even(p), *acc);
 }
 
-INLINE void quad_q5_0(const int vnni, const uint8_t *x, const act4 *A, __m512 *acc, __m256 *accm) {
+/* Q4_1, two quads at once: the (d, m) pairs of 8 blocks go through one
+ * vcvtph2ps, multiply and add (ds16: the two quads' activation (d, s) pairs) */
+INLINE void oct_q4_1(const int vnni, const uint8_t *x, const act4 *A0, const act4 *A1, __m512 ds16, __m512 *acc,
+                     __m512 *accm) {
+    const __m512i idx = _mm512_setr_epi32(1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 13, 14, 28, 29, 30, 31);
+    const __m512i L0 = _mm512_loadu_si512(x), L1 = _mm512_loadu_si512(x + 16);
+    const __m512i L2 = _mm512_loadu_si512(x + 80), L3 = _mm512_loadu_si512(x + 96);
+    const __m512i q0 = _mm512_permutex2var_epi32(L0, idx, L1), q1 = _mm512_permutex2var_epi32(L2, idx, L3);
+    __m512i d0 = dpbusd(vnni, _mm512_setzero_si512(), nib_lo(q0), A0->lo);
+    d0 = dpbusd(vnni, d0, nib_hi(q0), A0->hi);
+    __m512i d1 = dpbusd(vnni, _mm512_setzero_si512(), nib_lo(q1), A1->lo);
+    d1 = dpbusd(vnni, d1, nib_hi(q1), A1->hi);
+    const __m256i dm = _mm512_castsi512_si256(
+        _mm512_permutex2var_epi32(L0, _mm512_setr_epi32(0, 5, 10, 15, 16, 21, 26, 31, 0, 0, 0, 0, 0, 0, 0, 0), L2));
+    const __m512 p = _mm512_mul_ps(_mm512_cvtph_ps(dm), ds16); /* [d*da, m*s] x 8 */
+    *accm = _mm512_add_ps(*accm, p);
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0),
+                           _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6), p), *acc);
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1),
+                           _mm512_permutexvar_ps(_mm512_setr_epi32(8, 8, 8, 8, 10, 10, 10, 10, 12, 12, 12, 12, 14, 14, 14, 14), p),
+                           *acc);
+}
+
+/* Q4_1, the last rem (1 or 2) blocks of two rows in one quad: slots 0, 1
+ * are row 0's blocks, slots 2, 3 row 1's (Ap: the activation quad
+ * [a_i, a_i+1, a_i, a_i+1], zeros past the row). Short rows (n = 576: 18
+ * blocks) would otherwise spend a whole masked quad per row on 2 blocks. */
+INLINE void pair_q4_1(const int vnni, int rem, const uint8_t *x0, const uint8_t *x1, const act4 *Ap, __m512 *acc0,
+                      __m512 *acc1, __m256 *accm0, __m256 *accm1) {
+    const __mmask64 k = _cvtu64_mask64(_bzhi_u64(~0ull, 20u * (unsigned)rem));
+    const __m512i W0 = _mm512_maskz_loadu_epi8(k, x0), W1 = _mm512_maskz_loadu_epi8(k, x1);
+    const __m512i q = _mm512_permutex2var_epi32(
+        W0, _mm512_setr_epi32(1, 2, 3, 4, 6, 7, 8, 9, 17, 18, 19, 20, 22, 23, 24, 25), W1);
+    __m512i dot = dpbusd(vnni, _mm512_setzero_si512(), nib_lo(q), Ap->lo);
+    dot = dpbusd(vnni, dot, nib_hi(q), Ap->hi);
+    const __m128i dm = _mm512_castsi512_si128(
+        _mm512_permutex2var_epi32(W0, _mm512_setr_epi32(0, 5, 16, 21, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), W1));
+    const __m256 p = _mm256_mul_ps(_mm256_cvtph_ps(dm), Ap->ds);
+    *accm0 = _mm256_mask_add_ps(*accm0, 0x0f, *accm0, p);
+    *accm1 = _mm256_mask_add_ps(*accm1, 0xf0, *accm1, p);
+    const __m512 dotf = _mm512_cvtepi32_ps(dot), pat = spread4_even(p);
+    *acc0 = _mm512_mask3_fmadd_ps(dotf, pat, *acc0, 0x00ff);
+    *acc1 = _mm512_mask3_fmadd_ps(dotf, pat, *acc1, 0xff00);
+}
+
+INLINE void quad_q5_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc,
+                      __m256 *accm) {
     (void)accm;
-    const __m512i L0 = _mm512_loadu_si512(x), L1 = _mm512_loadu_si512(x + 24);
+    const __m512i L0 = LDW(x, 0, 22), L1 = LDW(x, 24, 22);
     const __m512i q = _mm512_permutex2var_epi16(
         L0,
         IDX16(3, 4, 5, 6, 7, 8, 9, 10, 14, 15, 16, 17, 18, 19, 20, 21, 45, 46, 47, 48, 49, 50, 51, 52,
                           56, 57, 58, 59, 60, 61, 62, 63),
         L1);
     __mmask64 klo, khi;
-    q5_masks(ld32(x + 2), ld32(x + 24), ld32(x + 46), ld32(x + 68), &klo, &khi);
+    q5_masks(QH(x, 2, 22, 0), QH(x, 2, 22, 1), QH(x, 2, 22, 2), QH(x, 2, 22, 3), &klo, &khi);
     const __m512i b4 = _mm512_set1_epi8(0x10);
     const __m512i lo = nib_lo(q), hi = nib_hi(q);
     __m512i dot = dpbusd(vnni, A->negc, _mm512_mask_add_epi8(lo, klo, lo, b4), A->lo);
     dot = dpbusd(vnni, dot, _mm512_mask_add_epi8(hi, khi, hi, b4), A->hi);
+    /* (d through the vector side here: the 5th bits already keep the scalar ports busy) */
     const __m128i dh = _mm512_castsi512_si128(_mm512_permutex2var_epi16(
-        L0,
-        IDX16(0, 11, 22, 53, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                          0, 0, 0),
+        L0, IDX16(0, 11, 22, 53, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
         L1));
     const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(dh), A->da);
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4(dd), *acc);
 }
 
-INLINE void quad_q5_1(const int vnni, const uint8_t *x, const act4 *A, __m512 *acc, __m256 *accm) {
-    const __m512i L0 = _mm512_loadu_si512(x), L1 = _mm512_loadu_si512(x + 32);
+INLINE void quad_q5_1(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc,
+                      __m256 *accm) {
+    const __m512i L0 = LDW(x, 0, 24), L1 = LDW(x, 32, 24);
     const __m512i q = _mm512_permutex2var_epi32(
         L0, _mm512_setr_epi32(2, 3, 4, 5, 8, 9, 10, 11, 22, 23, 24, 25, 28, 29, 30, 31), L1);
     __mmask64 klo, khi;
-    q5_masks(ld32(x + 4), ld32(x + 28), ld32(x + 52), ld32(x + 76), &klo, &khi);
+    q5_masks(QH(x, 4, 24, 0), QH(x, 4, 24, 1), QH(x, 4, 24, 2), QH(x, 4, 24, 3), &klo, &khi);
     const __m512i b4 = _mm512_set1_epi8(0x10);
     const __m512i lo = nib_lo(q), hi = nib_hi(q);
     __m512i dot = dpbusd(vnni, _mm512_setzero_si512(), _mm512_mask_add_epi8(lo, klo, lo, b4), A->lo);
@@ -245,10 +311,11 @@ INLINE void quad_q5_1(const int vnni, const uint8_t *x, const act4 *A, __m512 *a
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4_even(p), *acc);
 }
 
-INLINE void quad_q8_0(const int vnni, const uint8_t *x, const act4 *A, __m512 *acc, __m256 *accm) {
+INLINE void quad_q8_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc,
+                      __m256 *accm) {
     (void)accm;
-    const __m512i S0 = _mm512_loadu_si512(x), S1 = _mm512_loadu_si512(x + 64);
-    const __m512i T0 = _mm512_loadu_si512(x + 16), T1 = _mm512_loadu_si512(x + 72);
+    const __m512i S0 = LDW(x, 0, 34), S1 = LDW(x, 64, 34);
+    const __m512i T0 = LDW(x, 16, 34), T1 = LDW(x, 72, 34);
     const __m512i qlo = _mm512_permutex2var_epi16(
         S0,
         IDX16(1, 2, 3, 4, 5, 6, 7, 8, 18, 19, 20, 21, 22, 23, 24, 25, 35, 36, 37, 38, 39, 40, 41, 42,
@@ -267,97 +334,37 @@ INLINE void quad_q8_0(const int vnni, const uint8_t *x, const act4 *A, __m512 *a
     } else {
         dot = dot_s8s8(dot_s8s8(_mm512_setzero_si512(), qlo, A->lo), qhi, A->hi);
     }
-    const __m128i dh = _mm512_castsi512_si128(_mm512_permutex2var_epi16(
-        S0,
-        IDX16(0, 17, 34, 51, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                          0, 0, 0),
-        S1));
+    const __m128i dh = d4_scalar(x, 34, full, nblk);
     const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(dh), A->da);
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4(dd), *acc);
 }
 
-/* ---- one-block steps (a row's last < 4 blocks), 256-bit ---- */
-
-INLINE __m256i unpack_nibbles(const uint8_t *qs) {
-    const __m128i x = _mm_loadu_si128((const __m128i *)qs);
-    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(x), _mm_srli_epi16(x, 4), 1);
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
-}
-
-/* dot of unsigned u (offset c) with the activation block: exact int32 lanes */
-INLINE __m256i one_dot(const int vnni, __m256i u, __m256i a, const int c) {
-    __m256i acc = _mm256_setzero_si256();
-    if (c) acc = _mm256_sub_epi32(acc, dpbusd256(vnni, acc, _mm256_set1_epi8((char)c), a));
-    return dpbusd256(vnni, acc, u, a);
-}
-
-INLINE __m128 d_times_ds(const void *d, const block_q8_32 *y) {
-    const __m128 w = _mm_cvtph_ps(_mm_set1_epi16((short)ld16(d)));
-    return _mm_mul_ps(w, _mm_castpd_ps(_mm_load_sd((const double *)(const void *)&y->d)));
-}
-
-INLINE __m128 dm_times_ds(const void *dm, const block_q8_32 *y) {
-    const __m128 w = _mm_cvtph_ps(_mm_cvtsi32_si128((int)ld32(dm)));
-    return _mm_mul_ps(w, _mm_castpd_ps(_mm_load_sd((const double *)(const void *)&y->d)));
-}
-
-/* bit j of x -> byte j gets 0x10 */
-INLINE __m256i bits_to_0x10(uint32_t x) {
-    return _mm256_maskz_mov_epi8(_cvtu32_mask32(x), _mm256_set1_epi8(0x10));
-}
-
-INLINE void one_q4_0(const int vnni, const void *xb, const block_q8_32 *y, __m256 *acc, __m128 *accm) {
-    const block_q4_0 *x = xb;
-    (void)accm;
-    const __m256i dot = one_dot(vnni, unpack_nibbles(x->qs), _mm256_loadu_si256((const __m256i *)y->qs), 8);
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(d_times_ds(&x->d, y)), *acc);
-}
-
-INLINE void one_q4_1(const int vnni, const void *xb, const block_q8_32 *y, __m256 *acc, __m128 *accm) {
-    const block_q4_1 *x = xb;
-    const __m256i dot = one_dot(vnni, unpack_nibbles(x->qs), _mm256_loadu_si256((const __m256i *)y->qs), 0);
-    const __m128 p = dm_times_ds(&x->d, y);
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(p), *acc);
-    *accm = _mm_add_ps(*accm, p);
-}
-
-INLINE void one_q5_0(const int vnni, const void *xb, const block_q8_32 *y, __m256 *acc, __m128 *accm) {
-    const block_q5_0 *x = xb;
-    (void)accm;
-    const __m256i u = _mm256_or_si256(unpack_nibbles(x->qs), bits_to_0x10(ld32(x->qh)));
-    const __m256i dot = one_dot(vnni, u, _mm256_loadu_si256((const __m256i *)y->qs), 16);
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(d_times_ds(&x->d, y)), *acc);
-}
-
-INLINE void one_q5_1(const int vnni, const void *xb, const block_q8_32 *y, __m256 *acc, __m128 *accm) {
-    const block_q5_1 *x = xb;
-    const __m256i u = _mm256_or_si256(unpack_nibbles(x->qs), bits_to_0x10(ld32(x->qh)));
-    const __m256i dot = one_dot(vnni, u, _mm256_loadu_si256((const __m256i *)y->qs), 0);
-    const __m128 p = dm_times_ds(&x->d, y);
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(p), *acc);
-    *accm = _mm_add_ps(*accm, p);
-}
-
-INLINE void one_q8_0(const int vnni, const void *xb, const block_q8_32 *y, __m256 *acc, __m128 *accm) {
-    const block_q8_0 *x = xb;
-    (void)accm;
-    (void)vnni;
-    const __m256i dot = dot_s8s8_256(_mm256_setzero_si256(), _mm256_loadu_si256((const __m256i *)x->qs),
-                                     _mm256_loadu_si256((const __m256i *)y->qs));
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(d_times_ds(&x->d, y)), *acc);
-}
-
-INLINE void one_iq4_nl(const int vnni, const void *xb, const block_q8_32 *y, __m256 *acc, __m128 *accm) {
-    const block_iq4_nl *x = xb;
-    (void)accm;
-    (void)vnni;
-    const __m128i k = _mm_loadu_si128((const __m128i *)kvalues_iq4nl);
-    const __m256i v = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(k), unpack_nibbles(x->qs));
-    const __m256i dot = dot_s8s8_256(_mm256_setzero_si256(), v, _mm256_loadu_si256((const __m256i *)y->qs));
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(d_times_ds(&x->d, y)), *acc);
-}
-
 /* offsets c of the act side: 128 only on the VNNI path of the signed formats */
+/* formats with a two-quad step */
+#define OCT_q4_0 0
+#define OCT_q4_1 1
+#define OCT_q5_0 0
+#define OCT_q5_1 0
+#define OCT_q8_0 0
+#define OCT_iq4_nl 0
+/* formats with a two-row step for the last 1-2 blocks */
+#define PAIR_q4_0 0
+#define PAIR_q4_1 1
+#define PAIR_q5_0 0
+#define PAIR_q5_1 0
+#define PAIR_q8_0 0
+#define PAIR_iq4_nl 0
+#define pair_q4_0(...) ((void)0)
+#define pair_q5_0(...) ((void)0)
+#define pair_q5_1(...) ((void)0)
+#define pair_q8_0(...) ((void)0)
+#define pair_iq4_nl(...) ((void)0)
+#define oct_q4_0(...) ((void)0)
+#define oct_q5_0(...) ((void)0)
+#define oct_q5_1(...) ((void)0)
+#define oct_q8_0(...) ((void)0)
+#define oct_iq4_nl(...) ((void)0)
+
 #define C_q4_0(v) 8
 #define C_q4_1(v) 0
 #define C_q5_0(v) 16
@@ -365,55 +372,122 @@ INLINE void one_iq4_nl(const int vnni, const void *xb, const block_q8_32 *y, __m
 #define C_q8_0(v) ((v) ? 128 : 0)
 #define C_iq4_nl(v) ((v) ? 128 : 0)
 
-/* R rows (compile-time) against one activation row */
-#define DEFINE_ROWS(name, block_t)                                                                       \
-    INLINE void rows_##name(const int R, const int vnni, int64_t nb, const char *w, size_t rb,          \
-                            const block_q8_32 *y, float *out) {                                           \
-        __m512 acc[4];                                                                                    \
-        __m256 accm[4], acct[4];                                                                          \
-        __m128 accmt[4];                                                                                  \
-        for (int r = 0; r < R; r++) {                                                                     \
-            acc[r] = _mm512_setzero_ps();                                                                 \
-            accm[r] = acct[r] = _mm256_setzero_ps();                                                      \
-            accmt[r] = _mm_setzero_ps();                                                                  \
-        }                                                                                                 \
-        int64_t i = 0;                                                                                    \
-        for (; i + 4 <= nb; i += 4) {                                                                     \
-            act4 A;                                                                                       \
-            act4_load(y + i, C_##name(vnni), vnni, &A);                                                   \
-            for (int r = 0; r < R; r++)                                                                   \
-                quad_##name(vnni, (const uint8_t *)(w + r * rb) + i * sizeof(block_t), &A, &acc[r], &accm[r]); \
-        }                                                                                                 \
-        for (; i < nb; i++)                                                                               \
-            for (int r = 0; r < R; r++)                                                                   \
-                one_##name(vnni, (const block_t *)(const void *)(w + r * rb) + i, y + i, &acct[r], &accmt[r]); \
-        for (int r = 0; r < R; r++)                                                                       \
-            out[r] = _mm512_reduce_add_ps(acc[r]) + odd_sum8(accm[r]) + hsum8(acct[r]) +                 \
-                     _mm_cvtss_f32(_mm_shuffle_ps(accmt[r], accmt[r], 1));                                 \
-    }                                                                                                     \
-    static float vec_dot_##name##_vnni(int64_t n, const void *restrict w, const void *restrict a) {      \
-        float r;                                                                                          \
-        rows_##name(1, 1, n / QK, w, 0, a, &r);                                                           \
-        return r;                                                                                         \
-    }                                                                                                     \
-    static float vec_dot_##name##_bw(int64_t n, const void *restrict w, const void *restrict a) {        \
-        float r;                                                                                          \
-        rows_##name(1, 0, n / QK, w, 0, a, &r);                                                           \
-        return r;                                                                                         \
-    }                                                                                                     \
-    static void gemv_##name##_vnni(int64_t n, const void *restrict w, size_t rb, int nrows,              \
-                                   const void *restrict a, float *restrict out) {                         \
-        const char *p = w;                                                                                \
-        int r = 0;                                                                                        \
-        for (; r + 4 <= nrows; r += 4, p += 4 * rb) rows_##name(4, 1, n / QK, p, rb, a, out + r);         \
-        for (; r < nrows; r++, p += rb) rows_##name(1, 1, n / QK, p, rb, a, out + r);                     \
-    }                                                                                                     \
-    static void gemv_##name##_bw(int64_t n, const void *restrict w, size_t rb, int nrows,                \
-                                 const void *restrict a, float *restrict out) {                           \
-        const char *p = w;                                                                                \
-        int r = 0;                                                                                        \
-        for (; r + 4 <= nrows; r += 4, p += 4 * rb) rows_##name(4, 0, n / QK, p, rb, a, out + r);         \
-        for (; r < nrows; r++, p += rb) rows_##name(1, 0, n / QK, p, rb, a, out + r);                     \
+/* the activation quads of blocks [i, i + nblk), nblk <= 4 (missing blocks: zeros) */
+INLINE void act4_prep(const block_q8_32 *y, int nblk, const int c, const int vnni, act4 *A) {
+    if (nblk >= 4) {
+        act4_load(y, c, vnni, A);
+    } else {
+        block_q8_32 tmp[4];
+        memset(tmp, 0, sizeof tmp);
+        memcpy(tmp, y, (size_t)nblk * sizeof *y);
+        act4_load(tmp, c, vnni, A);
+    }
+}
+
+/* gemv prepares the activation quads once, for at most ACT_CHUNK quads at a
+ * time (16 KB of stack), and shares them across all its rows */
+#define ACT_CHUNK 64
+
+/* R rows (compile-time) against nb blocks of one activation row; Ab: the
+ * prepared quads, or NULL to prepare them on the fly (vec_dot) */
+#define DEFINE_ROWS(name, block_t)                                                                        \
+    INLINE void rows_##name(const int R, const int vnni, int64_t nb, const char *w, size_t rb,           \
+                            const block_q8_32 *y, const act4 *Ab, const act4 *Apair, float *out) {         \
+        __m512 acc[4];                                                                                     \
+        __m256 accm[4];                                                                                    \
+        __m512 accm16[4];                                                                                  \
+        for (int r = 0; r < R; r++)                                                                        \
+            acc[r] = accm16[r] = _mm512_setzero_ps(), accm[r] = _mm256_setzero_ps();                       \
+        int64_t i = 0;                                                                                     \
+        if (OCT_##name)                                                                                    \
+            for (; i + 8 <= nb; i += 8) {                                                                  \
+                act4 A0l, A1l;                                                                             \
+                const act4 *A0 = Ab ? &Ab[i / 4] : &A0l, *A1 = Ab ? &Ab[i / 4 + 1] : &A1l;                 \
+                if (!Ab) act4_load(y + i, C_##name(vnni), vnni, &A0l), act4_load(y + i + 4, C_##name(vnni), vnni, &A1l); \
+                const __m512 ds16 = _mm512_insertf32x8(_mm512_castps256_ps512(A0->ds), A1->ds, 1);         \
+                const size_t off = (size_t)i * sizeof(block_t);                                            \
+                (void)ds16, (void)off;                                                                     \
+                for (int r = 0; r < R; r++)                                                                \
+                    oct_##name(vnni, (const uint8_t *)(w + r * rb) + off, A0, A1, ds16, &acc[r], &accm16[r]); \
+            }                                                                                              \
+        const int rem = (int)(nb & 3);                                                                     \
+        const int paired = PAIR_##name && R == 4 && Apair && (rem == 1 || rem == 2);                       \
+        const int64_t nq = paired ? nb - rem : nb;                                                         \
+        for (; i < nq; i += 4) {                                                                           \
+            const int nblk = nq - i < 4 ? (int)(nq - i) : 4;                                               \
+            act4 Aloc;                                                                                     \
+            const act4 *A = Ab ? &Ab[i / 4] : &Aloc;                                                       \
+            if (!Ab) act4_prep(y + i, nblk, C_##name(vnni), vnni, &Aloc);                                  \
+            const size_t off = (size_t)i * sizeof(block_t);                                                \
+            if (nblk == 4)                                                                                 \
+                for (int r = 0; r < R; r++)                                                                \
+                    quad_##name(vnni, 1, 4, (const uint8_t *)(w + r * rb) + off, A, &acc[r], &accm[r]);  \
+            else                                                                                           \
+                for (int r = 0; r < R; r++)                                                                \
+                    quad_##name(vnni, 0, nblk, (const uint8_t *)(w + r * rb) + off, A, &acc[r], &accm[r]); \
+        }                                                                                                  \
+        if (paired)                                                                                        \
+            for (int r = 0; r < R; r += 2)                                                                 \
+                pair_##name(vnni, rem, (const uint8_t *)(w + r * rb) + nq * sizeof(block_t),                \
+                            (const uint8_t *)(w + (r + 1) * rb) + nq * sizeof(block_t), Apair, &acc[r],     \
+                            &acc[r + 1], &accm[r], &accm[r + 1]);                                          \
+        for (int r = 0; r < R; r++) { /* the m*s terms: odd lanes of the (d*da, m*s) pairs */             \
+            acc[r] = _mm512_mask_add_ps(acc[r], 0xaaaa, acc[r], accm16[r]);                                \
+            acc[r] = _mm512_mask_add_ps(acc[r], 0xaa, acc[r], _mm512_zextps256_ps512(accm[r]));            \
+        }                                                                                                  \
+        if (R == 4)                                                                                        \
+            _mm_storeu_ps(out, reduce4(acc[0], acc[1], acc[2], acc[3]));                                   \
+        else                                                                                               \
+            for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]);                            \
+    }                                                                                                      \
+    INLINE void gemv_##name##_impl(const int vnni, int64_t n, const void *w, size_t rb, int nrows,      \
+                                   const void *a, float *out) {                                            \
+        const block_q8_32 *y = a;                                                                          \
+        const int64_t nb = n / QK;                                                                         \
+        act4 Ab[ACT_CHUNK];                                                                                \
+        for (int64_t c0 = 0; c0 < nb; c0 += 4 * ACT_CHUNK) {                                               \
+            const int64_t cb = nb - c0 < 4 * ACT_CHUNK ? nb - c0 : 4 * ACT_CHUNK;                          \
+            for (int64_t i = 0; i < cb; i += 4)                                                            \
+                act4_prep(y + c0 + i, cb - i < 4 ? (int)(cb - i) : 4, C_##name(vnni), vnni, &Ab[i / 4]);  \
+            act4 Apair;                                                                                    \
+            const int rem = (int)(cb & 3);                                                                 \
+            if (PAIR_##name && (rem == 1 || rem == 2)) {                                                   \
+                block_q8_32 t[4];                                                                          \
+                memset(t, 0, sizeof t);                                                                    \
+                memcpy(&t[0], y + c0 + cb - rem, (size_t)rem * sizeof *y);                                 \
+                memcpy(&t[2], y + c0 + cb - rem, (size_t)rem * sizeof *y);                                 \
+                act4_load(t, C_##name(vnni), vnni, &Apair);                                                \
+            }                                                                                              \
+            const char *p = (const char *)w + (size_t)c0 * sizeof(block_t);                                \
+            float part[4];                                                                                 \
+            int r = 0;                                                                                     \
+            for (; r + 4 <= nrows; r += 4, p += 4 * rb) {                                                  \
+                rows_##name(4, vnni, cb, p, rb, NULL, Ab, &Apair, part);                                           \
+                for (int k = 0; k < 4; k++) out[r + k] = c0 ? out[r + k] + part[k] : part[k];             \
+            }                                                                                              \
+            for (; r < nrows; r++, p += rb) {                                                              \
+                rows_##name(1, vnni, cb, p, rb, NULL, Ab, NULL, part);                                           \
+                out[r] = c0 ? out[r] + part[0] : part[0];                                                  \
+            }                                                                                              \
+        }                                                                                                  \
+    }                                                                                                      \
+    static float vec_dot_##name##_vnni(int64_t n, const void *restrict w, const void *restrict a) {       \
+        float r;                                                                                           \
+        rows_##name(1, 1, n / QK, w, 0, a, NULL, NULL, &r);                                                      \
+        return r;                                                                                          \
+    }                                                                                                      \
+    static float vec_dot_##name##_bw(int64_t n, const void *restrict w, const void *restrict a) {         \
+        float r;                                                                                           \
+        rows_##name(1, 0, n / QK, w, 0, a, NULL, NULL, &r);                                                      \
+        return r;                                                                                          \
+    }                                                                                                      \
+    static void gemv_##name##_vnni(int64_t n, const void *restrict w, size_t rb, int nrows,               \
+                                   const void *restrict a, float *restrict out) {                          \
+        gemv_##name##_impl(1, n, w, rb, nrows, a, out);                                                    \
+    }                                                                                                      \
+    static void gemv_##name##_bw(int64_t n, const void *restrict w, size_t rb, int nrows,                 \
+                                 const void *restrict a, float *restrict out) {                            \
+        gemv_##name##_impl(0, n, w, rb, nrows, a, out);                                                    \
     }
 
 DEFINE_ROWS(q4_0, block_q4_0)

@@ -1,24 +1,36 @@
 """Model families: one file each. `load_architecture` picks by general.architecture."""
 from __future__ import annotations
 
+from typing import Optional
+
 from ..errors import UnsupportedModelError
 from ..model_file import ModelFile
 from .base import Architecture, HParams
+from .gemma3 import Gemma3
 from .llama import Llama
+from .phi3 import Phi3
+from .qwen2 import Qwen2
+from .qwen3 import Qwen3
 
 ARCHITECTURES: dict[str, type[Architecture]] = {
-    "llama": Llama,
+    "llama": Llama,      # also Mistral 7B and SmolLM2 files
+    "qwen2": Qwen2,
+    "qwen3": Qwen3,
+    "phi3": Phi3,
+    "gemma3": Gemma3,
 }
 
 
-def load_architecture(mf: ModelFile) -> Architecture:
+def load_architecture(mf: ModelFile, n_ctx: Optional[int] = None) -> Architecture:
+    """The family of mf, its weights checked. n_ctx: the context it will run
+    with, when known (Phi-3 picks its RoPE factors by it)."""
     arch = mf.architecture
     cls = ARCHITECTURES.get(arch)
     if cls is None:
         raise UnsupportedModelError(
             f"{mf.path}: architecture {arch!r} is not supported "
             f"(supported: {', '.join(sorted(ARCHITECTURES))})")
-    return cls(mf)
+    return cls(mf, n_ctx)
 
 
 __all__ = ["ARCHITECTURES", "Architecture", "HParams", "load_architecture"]

@@ -13,8 +13,12 @@ from typing import Optional
 import numpy as np
 
 from ..errors import ModelFileError, UnsupportedModelError
-from ..graph import SUPPORTED_WEIGHT_TYPES, Graph
+from ..graph import GLU_SILU, ROPE_NORM, SUPPORTED_WEIGHT_TYPES, Graph
 from ..model_file import ModelFile, Tensor, type_name
+
+
+# RoPE scaling types every family runs; a family adds its own (Phi-3: longrope)
+ROPE_SCALINGS = ("none", "linear")
 
 
 @dataclass
@@ -31,24 +35,34 @@ class HParams:
     rope_base: float
     rope_dim: int
     rope_freq_scale: float
+    rope_scaling: str = "none"
+    rope_attn_factor: float = 1.0   # rope.scaling.attn_factor: multiplies cos and sin (so q.k by its square)
 
     @classmethod
-    def read(cls, mf: ModelFile) -> "HParams":
+    def read(cls, mf: ModelFile, rope_scalings: tuple = ROPE_SCALINGS) -> "HParams":
         n_embd = int(mf.arch_require("embedding_length"))
         n_head = int(mf.arch_require("attention.head_count"))
         n_head_kv = int(mf.arch_get("attention.head_count_kv", n_head))
         if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
             raise ModelFileError(f"{mf.path}: {n_head} attention heads cannot share {n_head_kv} key/value heads")
         head_dim = int(mf.arch_get("attention.key_length", n_embd // n_head))
+        v_dim = int(mf.arch_get("attention.value_length", head_dim))
+        if v_dim != head_dim:
+            raise UnsupportedModelError(f"{mf.path}: key heads of {head_dim} and value heads of {v_dim} "
+                                        f"differ; pyllm runs equal key and value head sizes only")
         tokens = mf.get("tokenizer.ggml.tokens")
         n_vocab = len(tokens) if tokens is not None else int(mf.arch_require("vocab_size"))
-        scaling = mf.arch_get("rope.scaling.type", "none")
+        # as llama.cpp: a missing scaling type means linear, with the factor under
+        # rope.scaling.factor (or the older rope.scale_linear); no factor, no scaling
+        scaling = str(mf.arch_get("rope.scaling.type", "linear"))
+        factor = float(mf.arch_get("rope.scaling.factor", mf.arch_get("rope.scale_linear", 0.0)) or 0.0)
         freq_scale = 1.0
         if scaling == "linear":
-            freq_scale = 1.0 / float(mf.arch_get("rope.scaling.factor", 1.0))
-        elif scaling not in ("none", None):
-            raise UnsupportedModelError(f"{mf.path}: RoPE scaling {scaling!r} is not supported yet "
-                                        f"(supported: none, linear)")
+            freq_scale = 1.0 / factor if factor > 0 else 1.0
+            scaling = "linear" if factor > 0 and factor != 1.0 else "none"
+        elif scaling not in rope_scalings:
+            raise UnsupportedModelError(f"{mf.path}: RoPE scaling {scaling!r} is not supported for "
+                                        f"{mf.architecture} (supported: {', '.join(rope_scalings)})")
         hp = cls(
             n_vocab=n_vocab,
             n_embd=n_embd,
@@ -62,6 +76,8 @@ class HParams:
             rope_base=float(mf.arch_get("rope.freq_base", 10000.0)),
             rope_dim=int(mf.arch_get("rope.dimension_count", head_dim)),
             rope_freq_scale=freq_scale,
+            rope_scaling=scaling,
+            rope_attn_factor=float(mf.arch_get("rope.scaling.attn_factor", 1.0) or 1.0),
         )
         for name in ("n_embd", "n_layer", "n_ff", "head_dim", "n_vocab", "rope_dim"):
             if getattr(hp, name) <= 0:
@@ -69,17 +85,95 @@ class HParams:
         if hp.head_dim > 512 or hp.rope_dim > hp.head_dim or hp.rope_dim % 2:
             raise UnsupportedModelError(f"{mf.path}: head size {hp.head_dim} with {hp.rope_dim} rotated "
                                         f"dims is not supported (head size at most 512)")
+        if hp.rope_attn_factor != 1.0 and hp.rope_dim != hp.head_dim:
+            raise UnsupportedModelError(f"{mf.path}: a RoPE attention factor with partial rotation "
+                                        f"({hp.rope_dim} of {hp.head_dim} dims) is not supported")
         return hp
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_head * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_head_kv * self.head_dim
+
+
+@dataclass(frozen=True)
+class Rope:
+    """How one layer rotates q and k: theta_i = pos * scale * base^(-2i/n_rot) / factors[i]."""
+    mode: int
+    n_rot: int
+    base: float
+    scale: float = 1.0
+    factors: Optional[np.ndarray] = None
+
+
+@dataclass
+class Attn:
+    """One layer's attention weights. Either wq/wk/wv or one fused wqkv whose
+    output rows are [q | k | v]; biases, q/k norms (one weight per head dim,
+    shared by the heads) and the output bias are optional."""
+    wo: Tensor
+    wq: Optional[Tensor] = None
+    wk: Optional[Tensor] = None
+    wv: Optional[Tensor] = None
+    wqkv: Optional[Tensor] = None
+    bq: Optional[np.ndarray] = None
+    bk: Optional[np.ndarray] = None
+    bv: Optional[np.ndarray] = None
+    bqkv: Optional[np.ndarray] = None
+    bo: Optional[np.ndarray] = None
+    q_norm: Optional[np.ndarray] = None
+    k_norm: Optional[np.ndarray] = None
+
+
+@dataclass
+class Ffn:
+    """A gated feed-forward: down(act(gate h) * up h). With w_gate None, w_up
+    is fused: its output rows are [gate | up] (2 n_ff of them)."""
+    w_up: Tensor
+    w_down: Tensor
+    w_gate: Optional[Tensor] = None
+    b_up: Optional[np.ndarray] = None
+    b_gate: Optional[np.ndarray] = None
+    b_down: Optional[np.ndarray] = None
+
+
+@dataclass
+class Layer:
+    """One transformer block: x += attn(norm(x)); x += ffn(norm(x)), with
+    optional norms on each branch's output before it joins the residual (Gemma)."""
+    attn_norm: np.ndarray
+    attn: Attn
+    ffn_norm: np.ndarray
+    ffn: Ffn
+    post_attn_norm: Optional[np.ndarray] = None
+    post_ffn_norm: Optional[np.ndarray] = None
 
 
 class Architecture:
-    """One model family: its tensors and its forward step."""
+    """One model family: its tensors and its forward step.
+
+    Per-layer settings that families vary (RoPE, attention window) come from
+    `layer_rope(i)` and `layer_window(i)`; the numpy reference reads the same
+    hyperparameters, never the op program.
+    """
 
     name = ""
+    rope_mode = ROPE_NORM
+    rope_scalings = ROPE_SCALINGS
+    glu = GLU_SILU
+    fused_ffn = False    # may ffn_up hold [gate | up] with no ffn_gate (Phi-3)?
 
-    def __init__(self, mf: ModelFile):
+    def __init__(self, mf: ModelFile, n_ctx: Optional[int] = None):
+        """n_ctx: the context the model will run with, for families whose math
+        depends on it (Phi-3's long-context RoPE factors); None: not known."""
         self.mf = mf
-        self.hp = HParams.read(mf)
+        self.n_ctx = n_ctx
+        self.hp = HParams.read(mf, self.rope_scalings)
+        self.rope_freqs: Optional[np.ndarray] = None   # llama3-style per-pair divisors
+        self.window = 0                                 # sliding window of every layer, 0 = none
 
     # -- tensors, checked against the hyperparameters ------------------------------
     def weight(self, name: str, n_in: int, n_out: int) -> Tensor:
@@ -114,9 +208,59 @@ class Architecture:
         name = "output.weight" if self.mf.has_tensor("output.weight") else "token_embd.weight"
         return self.weight(name, hp.n_embd, hp.n_vocab)
 
+    def attention_weights(self, i: int, qk_norm: bool = False, biases: bool = False) -> Attn:
+        """Layer i's attention: separate or fused q/k/v, optional biases; q/k
+        norms and q/k/v biases required when the family says so."""
+        hp, p = self.hp, f"blk.{i}."
+        need_bias = self.vector if biases else self.optional_vector
+        a = Attn(wo=self.weight(p + "attn_output.weight", hp.q_dim, hp.n_embd),
+                 bo=self.optional_vector(p + "attn_output.bias", hp.n_embd))
+        if self.mf.has_tensor(p + "attn_qkv.weight"):
+            a.wqkv = self.weight(p + "attn_qkv.weight", hp.n_embd, hp.q_dim + 2 * hp.kv_dim)
+            a.bqkv = need_bias(p + "attn_qkv.bias", hp.q_dim + 2 * hp.kv_dim)
+        else:
+            a.wq = self.weight(p + "attn_q.weight", hp.n_embd, hp.q_dim)
+            a.wk = self.weight(p + "attn_k.weight", hp.n_embd, hp.kv_dim)
+            a.wv = self.weight(p + "attn_v.weight", hp.n_embd, hp.kv_dim)
+            a.bq = need_bias(p + "attn_q.bias", hp.q_dim)
+            a.bk = need_bias(p + "attn_k.bias", hp.kv_dim)
+            a.bv = need_bias(p + "attn_v.bias", hp.kv_dim)
+        if qk_norm:
+            a.q_norm = self.vector(p + "attn_q_norm.weight", hp.head_dim)
+            a.k_norm = self.vector(p + "attn_k_norm.weight", hp.head_dim)
+        return a
+
+    def ffn_weights(self, i: int) -> Ffn:
+        """Layer i's gated FFN: ffn_gate + ffn_up, or one ffn_up of 2 n_ff rows [gate | up]."""
+        hp, p = self.hp, f"blk.{i}."
+        down = self.weight(p + "ffn_down.weight", hp.n_ff, hp.n_embd)
+        b_down = self.optional_vector(p + "ffn_down.bias", hp.n_embd)
+        if not self.fused_ffn or self.mf.has_tensor(p + "ffn_gate.weight"):
+            return Ffn(w_up=self.weight(p + "ffn_up.weight", hp.n_embd, hp.n_ff), w_down=down,
+                       w_gate=self.weight(p + "ffn_gate.weight", hp.n_embd, hp.n_ff),
+                       b_up=self.optional_vector(p + "ffn_up.bias", hp.n_ff),
+                       b_gate=self.optional_vector(p + "ffn_gate.bias", hp.n_ff), b_down=b_down)
+        return Ffn(w_up=self.weight(p + "ffn_up.weight", hp.n_embd, 2 * hp.n_ff), w_down=down,
+                   b_up=self.optional_vector(p + "ffn_up.bias", 2 * hp.n_ff), b_down=b_down)
+
+    # -- per-layer settings ----------------------------------------------------------
+    def layer_rope(self, i: int) -> Rope:
+        hp = self.hp
+        return Rope(self.rope_mode, hp.rope_dim, hp.rope_base, hp.rope_freq_scale, self.rope_freqs)
+
+    def layer_window(self, i: int) -> int:
+        """Sliding attention window of layer i in tokens (0: the whole context)."""
+        return self.window
+
     @property
     def attn_scale(self) -> float:
-        return 1.0 / math.sqrt(self.hp.head_dim)
+        """Softmax scale of q.k, with the RoPE attention factor (applied to both q
+        and k by llama.cpp's rope) folded in."""
+        return self.hp.rope_attn_factor ** 2 / math.sqrt(self.hp.head_dim)
+
+    @property
+    def embed_scale(self) -> float:
+        return 1.0
 
     def build(self, g: Graph) -> None:  # pragma: no cover - every family overrides it
         raise NotImplementedError

@@ -8,76 +8,54 @@
     logits = Wout rmsnorm(x)
 
 RoPE rotates adjacent pairs (llama.cpp's "normal" mode: the GGUF converter
-permuted Wq and Wk to match).
+permuted Wq and Wk to match). Llama 3.1+ files carry `rope_freqs.weight`,
+per-pair divisors of the RoPE frequencies, used as they are.
+
+Mistral 7B files say `llama` too. When a file sets
+`llama.attention.sliding_window`, every layer attends over that many tokens
+(Mistral v0.1 was trained so). llama.cpp's llama loader does not read the
+key and attends over the whole context: the two agree on sequences up to
+the window and differ after it.
+
+Optional tensors llama.cpp also accepts for this layout are honoured: a
+fused attn_qkv, q/k/v/output biases, FFN biases.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
-
-import numpy as np
-
 from ..graph import GLU_SILU, ROPE_NORM, Graph
-from ..model_file import Tensor
-from .base import Architecture
-
-
-@dataclass
-class LlamaLayer:
-    attn_norm: np.ndarray
-    wq: Tensor
-    wk: Tensor
-    wv: Tensor
-    wo: Tensor
-    ffn_norm: np.ndarray
-    w_gate: Tensor
-    w_up: Tensor
-    w_down: Tensor
+from .base import Architecture, Layer
+from .blocks import attention, ffn, output_head
 
 
 class Llama(Architecture):
     name = "llama"
     rope_mode = ROPE_NORM
+    glu = GLU_SILU
+    qk_norm = False      # per-head q/k RMSNorm weights required (Qwen 3)
+    qkv_bias = False     # q/k/v biases required (Qwen 2)
 
-    def __init__(self, mf):
-        super().__init__(mf)
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
         hp = self.hp
-        q_dim, kv_dim = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
         self.tok_embd = self.weight("token_embd.weight", hp.n_embd, hp.n_vocab)
         self.out_norm = self.vector("output_norm.weight", hp.n_embd)
         self.output = self.output_weight()
-        self.rope_freqs: Optional[np.ndarray] = self.optional_vector("rope_freqs.weight", hp.rope_dim // 2)
-        self.window = int(mf.arch_get("attention.sliding_window", 0) or 0)
-        self.layers = []
-        for i in range(hp.n_layer):
-            p = f"blk.{i}."
-            self.layers.append(LlamaLayer(
-                attn_norm=self.vector(p + "attn_norm.weight", hp.n_embd),
-                wq=self.weight(p + "attn_q.weight", hp.n_embd, q_dim),
-                wk=self.weight(p + "attn_k.weight", hp.n_embd, kv_dim),
-                wv=self.weight(p + "attn_v.weight", hp.n_embd, kv_dim),
-                wo=self.weight(p + "attn_output.weight", q_dim, hp.n_embd),
-                ffn_norm=self.vector(p + "ffn_norm.weight", hp.n_embd),
-                w_gate=self.weight(p + "ffn_gate.weight", hp.n_embd, hp.n_ff),
-                w_up=self.weight(p + "ffn_up.weight", hp.n_embd, hp.n_ff),
-                w_down=self.weight(p + "ffn_down.weight", hp.n_ff, hp.n_embd),
-            ))
+        self.rope_freqs = self.optional_vector("rope_freqs.weight", hp.rope_dim // 2)
+        self.window = self.sliding_window()
+        self.layers = [Layer(attn_norm=self.vector(f"blk.{i}.attn_norm.weight", hp.n_embd),
+                             attn=self.attention_weights(i, qk_norm=self.qk_norm, biases=self.qkv_bias),
+                             ffn_norm=self.vector(f"blk.{i}.ffn_norm.weight", hp.n_embd),
+                             ffn=self.ffn_weights(i))
+                       for i in range(hp.n_layer)]
+
+    def sliding_window(self) -> int:
+        return int(self.mf.arch_get("attention.sliding_window", 0) or 0)
 
     def build(self, g: Graph) -> None:
         hp = self.hp
         x = g.embed(self.tok_embd, "x")
         for i, L in enumerate(self.layers):
             g.layer = i
-            h = g.rmsnorm(x, L.attn_norm, hp.eps, "h")
-            q, k, v = g.linear(h, L.wq, "q"), g.linear(h, L.wk, "k"), g.linear(h, L.wv, "v")
-            g.rope(q, k, hp.n_head, hp.n_head_kv, hp.head_dim, hp.rope_dim, self.rope_mode,
-                   hp.rope_base, hp.rope_freq_scale, self.rope_freqs)
-            a = g.attention(q, k, v, hp.n_head, hp.n_head_kv, hp.head_dim, self.attn_scale, "attn",
-                            window=self.window)
-            g.linear(a, L.wo, x, accumulate=True)
-            h = g.rmsnorm(x, L.ffn_norm, hp.eps, "h")
-            ffn = g.glu(g.linear(h, L.w_gate, "gate"), g.linear(h, L.w_up, "up"), GLU_SILU, "ffn")
-            g.linear(ffn, L.w_down, x, accumulate=True)
-        g.layer = -1
-        g.head()
-        g.linear(g.rmsnorm(x, self.out_norm, hp.eps, "out_norm"), self.output, "logits")
+            attention(g, self, g.rmsnorm(x, L.attn_norm, hp.eps, "h"), L.attn, i, out=x)
+            ffn(g, g.rmsnorm(x, L.ffn_norm, hp.eps, "h"), L.ffn, self.glu, out=x)
+        output_head(g, self, x)

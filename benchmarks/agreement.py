@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Teacher-forced agreement of pyllm with llama.cpp on a real model.
+
+For each built-in prompt: llama.cpp (llama-cpp-python, run in its own
+virtual environment as a subprocess; pyllm never imports it) tokenizes the
+prompt and writes its own greedy continuation of --n-gen tokens; then both
+engines read prompt + continuation in one batch and their logits are
+compared at the continuation positions (the positions that predict each
+continuation token):
+
+  top-1   pyllm's argmax equals llama.cpp's, counted where llama.cpp's top-2
+          margin exceeds --margin (elsewhere the order is a coin toss)
+  rel     RMS(pyllm - llama.cpp) / std(llama.cpp logits)
+  max     the largest |difference| of one logit
+
+Usage: python benchmarks/agreement.py -m models/gemma-3-270m-q4_k_m.gguf
+       [--peer-python /tmp/peer-venv/bin/python] [--n-gen 48] [-t 2]
+Exit status 1 when the totals miss --min-top1 (0.97) or --max-rel (0.08).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Once upon a time, in a small village at the edge of a forest, there lived",
+    "Photosynthesis is the process by which plants",
+    "Here is a list of the planets of the solar system, in order from the Sun:\n1.",
+    "Q: What is 17 times 3?\nA:",
+]
+
+PEER = r'''
+import json, sys
+import numpy as np
+import llama_cpp
+args = json.loads(sys.argv[1])
+m = llama_cpp.Llama(model_path=args["model"], logits_all=True, n_ctx=args["n_ctx"], n_batch=args["n_ctx"],
+                    n_threads=args["threads"], verbose=False)
+out = {}
+for i, prompt in enumerate(args["prompts"]):
+    ids = m.tokenize(prompt.encode(), add_bos=True, special=False)
+    m.reset()
+    m.eval(ids)
+    gen = []
+    for _ in range(args["n_gen"]):
+        nxt = int(np.argmax(m.scores[m.n_tokens - 1]))
+        gen.append(nxt)
+        if nxt == m.token_eos():
+            break
+        m.eval([nxt])
+    full = ids + gen
+    m.reset()
+    m.eval(full)
+    P = len(ids)
+    logits = np.asarray(m.scores[P - 1:len(full) - 1], dtype=np.float32)
+    np.save(f"{args['out']}/peer{i}.npy", logits)
+    out[i] = {"ids": full, "n_prompt": P, "text": m.detokenize(gen).decode("utf-8", "replace")}
+json.dump(out, open(f"{args['out']}/peer.json", "w"))
+'''
+
+
+def run_peer(peer_python: str, model: str, prompts: list[str], n_gen: int, threads: int, tmp: str) -> dict:
+    args = {"model": model, "prompts": prompts, "n_gen": n_gen, "threads": threads, "out": tmp, "n_ctx": 512}
+    r = subprocess.run([peer_python, "-c", PEER, json.dumps(args)], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"llama.cpp side failed:\n{r.stderr[-2000:]}")
+    return {int(k): v for k, v in json.load(open(f"{tmp}/peer.json")).items()}
+
+
+def pyllm_logits(model: str, threads: int, n_max: int):
+    from pyllm.arch import load_architecture
+    from pyllm.backend.cpu import CpuBackend
+    from pyllm.graph import Graph
+    from pyllm.model_file import ModelFile
+
+    arch = load_architecture(ModelFile(model), n_ctx=512)
+    g = Graph()
+    arch.build(g)
+    block = 32
+    n_blocks = (n_max + block - 1) // block
+    be = CpuBackend(g, threads, n_max, n_max, n_blocks, block)
+
+    def run(ids: list[int], n_prompt: int) -> np.ndarray:
+        out = be.forward(ids, 0, list(range(n_blocks)), len(ids))
+        return out[n_prompt - 1:len(ids) - 1].copy()
+    return run
+
+
+def compare(ours: np.ndarray, peer: np.ndarray, margin: float) -> dict:
+    top2 = np.sort(peer, axis=1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > margin
+    agree = ours.argmax(1) == peer.argmax(1)
+    d = ours - peer
+    return {"positions": len(peer), "clear": int(clear.sum()), "top1_clear": int(agree[clear].sum()),
+            "top1_all": int(agree.sum()), "sq": float(np.sum(d.astype(np.float64) ** 2)), "n": d.size,
+            "peer_sum": float(peer.sum(dtype=np.float64)), "peer_sq": float(np.sum(peer.astype(np.float64) ** 2)),
+            "max": float(np.abs(d).max())}
+
+
+def rel_of(c: dict) -> float:
+    mean = c["peer_sum"] / c["n"]
+    std = np.sqrt(c["peer_sq"] / c["n"] - mean ** 2)
+    return float(np.sqrt(c["sq"] / c["n"]) / std)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", required=True)
+    ap.add_argument("--peer-python", default=os.environ.get("PEER_PYTHON", "/tmp/peer-venv/bin/python"))
+    ap.add_argument("--n-gen", type=int, default=48)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--margin", type=float, default=0.1)
+    ap.add_argument("--min-top1", type=float, default=0.97)
+    ap.add_argument("--max-rel", type=float, default=0.08)
+    ap.add_argument("--json", help="also write the figures to this file")
+    a = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.time()
+        peer = run_peer(a.peer_python, a.model, PROMPTS, a.n_gen, a.threads, tmp)
+        t_peer = time.time() - t0
+        n_max = max(len(p["ids"]) for p in peer.values())
+        run = pyllm_logits(a.model, a.threads, n_max)
+        rows, total = [], None
+        print(f"{'prompt':<44} {'pos':>4} {'clear':>5} {'top1':>7} {'rel':>7} {'max|d|':>7}")
+        for i, prompt in enumerate(PROMPTS):
+            p = peer[i]
+            c = compare(run(p["ids"], p["n_prompt"]), np.load(f"{tmp}/peer{i}.npy"), a.margin)
+            top1 = c["top1_clear"] / max(1, c["clear"])
+            label = prompt.replace("\n", "\\n")[:42]
+            print(f"{label:<44} {c['positions']:>4} {c['clear']:>5} {top1:>7.1%} {rel_of(c):>7.2%} {c['max']:>7.3f}")
+            rows.append({"prompt": prompt, "continuation": p["text"], "top1": top1, "rel": rel_of(c), **c})
+            if total is None:
+                total = dict(c)
+            else:
+                for k in c:
+                    total[k] = max(total[k], c[k]) if k == "max" else total[k] + c[k]
+        top1 = total["top1_clear"] / max(1, total["clear"])
+        rel = rel_of(total)
+        print(f"{'total':<44} {total['positions']:>4} {total['clear']:>5} {top1:>7.1%} {rel:>7.2%} "
+              f"{total['max']:>7.3f}")
+        print(f"(top-1 over all positions, clear or not: {total['top1_all'] / total['positions']:.1%}; "
+              f"llama.cpp side {t_peer:.1f} s)")
+        ok = top1 >= a.min_top1 and rel <= a.max_rel
+        print(f"{'PASS' if ok else 'FAIL'}: top-1 {top1:.1%} (need >= {a.min_top1:.0%}), "
+              f"rel {rel:.2%} (need <= {a.max_rel:.0%})")
+        if a.json:
+            json.dump({"model": a.model, "prompts": rows, "top1": top1, "rel": rel, "max": total["max"]},
+                      open(a.json, "w"), indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Every family pyllm runs, on tiny synthetic models, against llama.cpp and
+against pyllm/reference.py: the table of the families issue.
+
+For each family a random F32 model is written with tests/synth.py (with
+SmolLM2's tokenizer copied in, so that llama.cpp loads it); llama.cpp's own
+quantizer (llama_model_quantize) then makes the quantized files, K-quant
+mixes included, so the type mixes are the ones real files have. Both engines
+read the same token ids; the logits of every position are compared:
+
+  max|d|   largest |pyllm - llama.cpp| of one logit
+  rel      RMS(pyllm - llama.cpp) / std(llama.cpp logits)
+  top1     positions where the argmaxes agree, of those where llama.cpp's top-2
+           margin is clear (> 5% of the logits' std; random models have many
+           near ties), and in brackets of all positions
+  ref rel  RMS(pyllm - reference) / std(reference), the same for llama.cpp
+
+llama.cpp runs in its own virtual environment as a subprocess (pyllm never
+imports it): --peer-python, default /tmp/peer-venv/bin/python.
+
+Usage: python benchmarks/compare_families.py [--families llama,gemma3] [--types Q4_K_M,Q8_0]
+       [--out DIR] [--markdown]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+# row label: (writer name, writer keywords[, context both engines run with, default 64])
+FAMILIES = {
+    "llama": ("llama", {}),
+    "llama3": ("llama", {"rope_freqs": True, "rope_base": 500000.0}),
+    "mistral": ("mistral", {"window": 4096}),          # window longer than the test: llama.cpp ignores the key
+    "mistral-swa16": ("mistral", {"window": 16}),      # window inside the test: the engines part ways after it
+    "qwen2": ("qwen2", {}),
+    "qwen3": ("qwen3", {}),
+    "phi3": ("phi3", {}),
+    "phi3-longrope": ("phi3", {"long_rope": True}),                # context 64 <= 256: short factors
+    "phi3-longrope-ctx512": ("phi3", {"long_rope": True}, 512),    # context 512 > 256: long factors
+    "gemma3": ("gemma3", {}),
+}
+# llama.cpp's LLAMA_FTYPE_MOSTLY_* (what `llama-quantize` calls them)
+LLAMA_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL"]
+OTHER_TYPES = ["Q8_0", "Q4_K_M"]
+
+PEER = r'''
+import json, sys
+import numpy as np
+import llama_cpp
+job = json.loads(sys.argv[1])
+for q in job["quantize"]:
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + q["type"])
+    p.nthread = job["threads"]
+    rc = llama_cpp.llama_model_quantize(q["src"].encode(), q["dst"].encode(), p)
+    if rc != 0:
+        sys.exit(f"quantizing {q['dst']} failed: {rc}")
+for e in job["eval"]:
+    m = llama_cpp.Llama(model_path=e["path"], logits_all=True, n_ctx=e["n_ctx"], n_batch=e["n_ctx"],
+                        n_threads=job["threads"], verbose=False)
+    m.eval(e["ids"])
+    np.save(e["out"], np.asarray(m.scores[:len(e["ids"])], dtype=np.float32))
+    del m
+'''
+
+
+def peer(peer_python: str, job: dict) -> None:
+    r = subprocess.run([peer_python, "-c", PEER, json.dumps(job)], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"llama.cpp side failed:\n{r.stderr[-3000:]}")
+
+
+def rel(x: np.ndarray, y: np.ndarray) -> float:
+    return float(np.sqrt(np.mean((x.astype(np.float64) - y) ** 2)) / y.std())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--types", help="quant types for every family (default: all for llama, Q8_0,Q4_K_M else)")
+    ap.add_argument("--peer-python", default=os.environ.get("PEER_PYTHON", "/tmp/peer-venv/bin/python"))
+    ap.add_argument("--tokenizer-from", default=str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--n-tokens", type=int, default=40)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--out", help="keep the model files here (default: a temporary folder)")
+    ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
+    a = ap.parse_args()
+
+    import synth
+    from pyllm.arch import load_architecture
+    from pyllm.backend.cpu import CpuBackend
+    from pyllm.graph import Graph
+    from pyllm.model_file import ModelFile
+    from pyllm.reference import Reference
+
+    tok_md = ModelFile(a.tokenizer_from).metadata
+    out = Path(a.out or tempfile.mkdtemp(prefix="families-"))
+    out.mkdir(parents=True, exist_ok=True)
+    ids = [int(t) for t in np.random.default_rng(7).integers(100, 20000, a.n_tokens)]
+
+    files = []   # (label, type, path, n_ctx)
+    job = {"threads": a.threads, "quantize": [], "eval": []}
+    for fam in a.families.split(","):
+        writer, kw, *ctx = FAMILIES[fam]
+        n_ctx = ctx[0] if ctx else 64
+        src = synth.WRITERS[writer](out / f"{fam}-F32.gguf", synth.QT.F32, tokenizer_from=tok_md, **kw)
+        files.append((fam, "F32", src, n_ctx))
+        types = a.types.split(",") if a.types else (LLAMA_TYPES if fam == "llama" else OTHER_TYPES)
+        for t in types:
+            dst = str(out / f"{fam}-{t}.gguf")
+            job["quantize"].append({"src": src, "dst": dst, "type": t})
+            files.append((fam, t, dst, n_ctx))
+    for i, (_, _, path, n_ctx) in enumerate(files):
+        job["eval"].append({"path": path, "ids": ids, "n_ctx": n_ctx, "out": str(out / f"peer{i}.npy")})
+    peer(a.peer_python, job)
+
+    rows = []
+    for i, (fam, t, path, n_ctx) in enumerate(files):
+        mf = ModelFile(path)
+        arch = load_architecture(mf, n_ctx=n_ctx)
+        g = Graph()
+        arch.build(g)
+        be = CpuBackend(g, a.threads, len(ids), len(ids), 4, 16)
+        ours = be.forward(ids, 0, [0, 1, 2, 3], len(ids)).copy()
+        be.close()
+        theirs = np.load(out / f"peer{i}.npy")
+        ref = Reference(arch).forward(ids)
+        mix = "+".join(f"{k}:{v}" for k, v in mf.type_histogram().items() if k not in ("F32",)) or "F32"
+        top2 = np.sort(theirs, axis=1)[:, -2:]
+        clear = (top2[:, 1] - top2[:, 0]) > 0.05 * theirs.std()
+        agree = ours.argmax(1) == theirs.argmax(1)
+        rows.append({"family": fam, "type": t, "mix": mix, "max": float(np.abs(ours - theirs).max()),
+                     "rel": rel(ours, theirs), "top1": float(np.mean(agree[clear])) if clear.any() else 1.0,
+                     "top1_all": float(np.mean(agree)),
+                     "ref_rel": rel(ours, ref), "peer_ref_rel": rel(theirs, ref)})
+    head = ["family", "type", "max|d|", "rel", "top1", "ref rel", "llama.cpp ref rel", "tensor types"]
+    if a.markdown:
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+    else:
+        print(f"{head[0]:<14} {head[1]:<7} {head[2]:>8} {head[3]:>8} {head[4]:>11} {head[5]:>8} "
+              f"{head[6]:>8}  {head[7]}")
+    for r in rows:
+        cells = [r["family"], r["type"], f"{r['max']:.4f}", f"{r['rel']:.4%}",
+                 f"{r['top1']:.0%} ({r['top1_all']:.0%})",
+                 f"{r['ref_rel']:.4%}", f"{r['peer_ref_rel']:.4%}", r["mix"]]
+        if a.markdown:
+            print("| " + " | ".join(cells) + " |")
+        else:
+            print(f"{cells[0]:<14} {cells[1]:<7} {cells[2]:>8} {cells[3]:>8} {cells[4]:>11} {cells[5]:>8} "
+                  f"{cells[6]:>8}  {cells[7]}")
+    json.dump(rows, open(out / "table.json", "w"), indent=1)
+    print(f"files and table.json in {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""`pyllm bench`: llama-bench style speed table, bandwidth, profile."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .common import handle_errors, model_path
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def bench(
+    model: Optional[str] = typer.Option(None, "-m", "--model", help="registry name or .gguf path"),
+    n_prompt: str = typer.Option("512", "-p", "--n-prompt", help="prompt lengths to prefill (list: 128,512)"),
+    n_gen: str = typer.Option("128", "-n", "--n-gen", help="tokens to decode (list allowed)"),
+    threads: str = typer.Option("", "-t", "--threads", help="thread counts (list: 1,2); default physical cores"),
+    reps: int = typer.Option(3, "-r", "--repetitions"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
+    membw: bool = typer.Option(False, "--membw", help="also measure the machine's memory read bandwidth"),
+    profile: bool = typer.Option(False, "--profile", help="also print where the time goes"),
+    ttft_prompt: int = typer.Option(512, "--ttft-prompt", help="prompt length for TTFT/TPOT"),
+) -> None:
+    """Measure prompt processing (pp) and decode (tg) tokens/s, TTFT, TPOT, bandwidth."""
+    from pyllm import Model, bench as B
+    from pyllm.backend.cpu import physical_cores
+
+    with handle_errors():
+        path = model_path(model)
+        thread_list = _ints(threads) or [physical_cores()]
+        tests = [("pp", n) for n in _ints(n_prompt) if n > 0] + [("tg", n) for n in _ints(n_gen) if n > 0]
+        n_ctx = max([n for _, n in tests] + [ttft_prompt + 64, 512]) + 16
+        rows, extra = [], {}
+        for nt in thread_list:
+            with Model(path, n_ctx=n_ctx, n_threads=nt) as m:
+                info = {"model": m.path.name, "size_mb": round(m.file.weight_bytes / 1e6, 1),
+                        "params_m": round(m.file.n_params / 1e6, 1), "types": m.file.type_histogram(),
+                        "kv_bytes_per_token": B.decode_bytes_per_token(m, 1) - B.decode_bytes_per_token(m, 0)}
+                for r in B.bench(m, tests, reps):
+                    rows.append(r)
+                ttft, tpot = B.ttft_tpot(m, ttft_prompt, 32)
+                tg = [r for r in rows if r.test.startswith("tg") and r.threads == nt]
+                # a tg N run attends over N/2 positions on average
+                bytes_tok = B.decode_bytes_per_token(m, int(tg[0].test[2:]) // 2 if tg else 0)
+                extra[nt] = {"ttft_s": ttft, "tpot_s": tpot, "decode_bytes_per_token": bytes_tok,
+                             "decode_gb_s": bytes_tok * tg[0].mean / 1e9 if tg else None}
+                if profile:
+                    pre, dec = B.profile(m, "The quick brown fox jumps over the lazy dog. " * 20, 64)
+                    extra[nt]["profile"] = {"prefill": pre.as_dict(), "decode": dec.as_dict()}
+        machine_bw = {nt: B.memory_bandwidth(nt) for nt in thread_list} if membw else {}
+        info["peak_rss_mb"] = round(B.peak_rss_mb(), 1)
+
+        if as_json:
+            json.dump({"model": info, "results": [r.as_dict() for r in rows],
+                       "per_threads": {str(k): v for k, v in extra.items()},
+                       "machine_bandwidth_gb_s": {str(k): v for k, v in machine_bw.items()}},
+                      sys.stdout, indent=1, default=float)
+            print()
+            return
+        out = Console(highlight=False)
+        types = ", ".join(f"{k}:{v}" for k, v in info["types"].items())
+        t = Table(title=f"{info['model']}  {info['size_mb']} MB  {info['params_m']} M params  [{types}]")
+        for col in ("threads", "test", "tokens/s"):
+            t.add_column(col, justify="right")
+        for r in rows:
+            t.add_row(str(r.threads), r.test, f"{r.mean:.2f} ± {r.sd:.2f}")
+        out.print(t)
+        for nt, e in extra.items():
+            line = f"threads {nt}: TTFT({ttft_prompt}) {e['ttft_s'] * 1e3:.1f} ms, TPOT {e['tpot_s'] * 1e3:.2f} ms"
+            if e["decode_gb_s"] is not None:
+                line += f", decode reads {e['decode_bytes_per_token'] / 1e6:.1f} MB/token = {e['decode_gb_s']:.1f} GB/s"
+                if nt in machine_bw:
+                    line += f" ({e['decode_gb_s'] / machine_bw[nt]:.0%} of the measured {machine_bw[nt]:.1f} GB/s)"
+            out.print(line)
+            if "profile" in e:
+                for phase, p in e["profile"].items():
+                    ops = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sorted(p["op_s"].items(), key=lambda kv: -kv[1]))
+                    mm = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in p["matmul_by_type_s"].items())
+                    busy = ", ".join(f"{b * 1e3:.0f}" for b in p["thread_busy_s"])
+                    out.print(f"  {phase} ({p['steps']} steps): wall {p['wall_s'] * 1e3:.1f} ms, C {p['c_wall_s'] * 1e3:.1f} ms, "
+                              f"python {p['python_s'] * 1e3:.1f} ms ({p['python_s'] / p['wall_s']:.1%}), sampling "
+                              f"{p['sampling_s'] * 1e3:.1f} ms, tokenize {p['tokenize_s'] * 1e3:.1f} ms")
+                    out.print(f"    op ms (all threads): {ops}")
+                    out.print(f"    matmul ms by type: {mm}; busy ms per thread: {busy}")
+        if machine_bw and not extra:
+            out.print(machine_bw)
+        out.print(f"peak RSS {info['peak_rss_mb']} MB", style="dim")

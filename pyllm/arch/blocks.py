@@ -1,0 +1,55 @@
+"""Pieces of the forward step that families share, written once.
+
+Each function appends the ops of one part of a transformer block to the
+graph, reading the weights a family loaded with Architecture.attention_weights
+/ ffn_weights and the per-layer settings from layer_rope / layer_window.
+"""
+from __future__ import annotations
+
+from ..graph import Graph, View
+from .base import Architecture, Attn, Ffn
+
+
+def project_qkv(g: Graph, h: View, a: Attn, arch: Architecture) -> tuple[View, View, View]:
+    """q, k, v of the rows of h: three matmuls, or one fused matmul whose
+    output columns are [q | k | v]."""
+    hp = arch.hp
+    if a.wqkv is not None:
+        qkv = g.linear(h, a.wqkv, "qkv", bias=a.bqkv)
+        return qkv.cols(0, hp.q_dim), qkv.cols(hp.q_dim, hp.kv_dim), qkv.cols(hp.q_dim + hp.kv_dim, hp.kv_dim)
+    return (g.linear(h, a.wq, "q", bias=a.bq), g.linear(h, a.wk, "k", bias=a.bk),
+            g.linear(h, a.wv, "v", bias=a.bv))
+
+
+def attention(g: Graph, arch: Architecture, h: View, a: Attn, layer: int, out: str | View,
+              accumulate: bool = True) -> View:
+    """out (+)= Wo attention(rope(norm(Wq h)), rope(norm(Wk h)), Wv h) for layer `layer`:
+    q/k norms per head when the layer has them, the layer's RoPE and window."""
+    hp = arch.hp
+    q, k, v = project_qkv(g, h, a, arch)
+    if a.q_norm is not None:
+        g.rmsnorm(q, a.q_norm, hp.eps, q, groups=hp.n_head)
+        g.rmsnorm(k, a.k_norm, hp.eps, k, groups=hp.n_head_kv)
+    r = arch.layer_rope(layer)
+    g.rope(q, k, hp.n_head, hp.n_head_kv, hp.head_dim, r.n_rot, r.mode, r.base, r.scale, r.factors)
+    att = g.attention(q, k, v, hp.n_head, hp.n_head_kv, hp.head_dim, arch.attn_scale, "attn",
+                      window=arch.layer_window(layer))
+    return g.linear(att, a.wo, out, bias=a.bo, accumulate=accumulate)
+
+
+def ffn(g: Graph, h: View, f: Ffn, kind: int, out: str | View, accumulate: bool = True) -> View:
+    """out (+)= Wdown (act(Wgate h) * Wup h); a fused up matrix gives [gate | up]."""
+    if f.w_gate is not None:
+        gate, up = g.linear(h, f.w_gate, "gate", bias=f.b_gate), g.linear(h, f.w_up, "up", bias=f.b_up)
+    else:
+        gate_up = g.linear(h, f.w_up, "gate_up", bias=f.b_up)
+        n = gate_up.width // 2
+        gate, up = gate_up.cols(0, n), gate_up.cols(n, n)
+    return g.linear(g.glu(gate, up, kind, "ffn"), f.w_down, out, bias=f.b_down, accumulate=accumulate)
+
+
+def output_head(g: Graph, arch: Architecture, x: View) -> View:
+    """logits = Wout rmsnorm(x), on the rows whose logits are wanted."""
+    g.layer = -1
+    g.head()
+    return g.linear(g.rmsnorm(x, arch.out_norm, arch.hp.eps, "out_norm"), arch.output, "logits")

@@ -1,0 +1,113 @@
+"""Gemma 3 (text): pre- and post-norms, GELU, per-head q/k norms, and
+interleaved local (sliding-window) and global attention layers.
+
+    x = embed(tokens) * sqrt(n_embd)
+    for each layer:
+        h = rmsnorm(x) ; q, k, v = Wq h, Wk h, Wv h
+        q, k = rmsnorm_per_head(q), rmsnorm_per_head(k) ; rope(q, k)   # NEOX
+        x += rmsnorm(Wo attention(q, K, V))
+        h = rmsnorm(x) ; x += rmsnorm(Wdown (gelu_tanh(Wgate h) * Wup h))
+    logits = Wout rmsnorm(x)              # Wout tied to the embedding
+
+What decides what, as llama.cpp reads a gemma3 file:
+- Gemma's norms compute x * (1 + w); the GGUF converter stored 1 + w, so
+  the file's weights are used as they are.
+- `gemma3.attention.sliding_window` (512 on the 270M) turns on the local
+  layers. Which layers: `attention.sliding_window_pattern` (a period, or one
+  flag per layer) else period 6: layer i is local unless i % 6 == 5, so
+  every sixth layer, counting from 0, is global. No window key: every
+  layer is global.
+- Local layers use RoPE base `rope.freq_base_swa` (absent: 10000) and no
+  frequency scaling; global layers use `rope.freq_base` (1e6) and the
+  file's RoPE scaling (linear x8 on the 4B and larger).
+- A local layer at position p attends over positions p - window + 1 .. p.
+- Queries are scaled by 1/sqrt(head_dim) (256 on all sizes but the 27B,
+  which uses 1/sqrt(n_embd / n_head)).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import ModelFileError, UnsupportedModelError
+from ..graph import GLU_GELU_TANH, ROPE_NEOX, Graph
+from .base import Architecture, Layer, Rope
+from .blocks import attention, ffn, output_head
+
+SWA_PERIOD = 6          # llama.cpp's default layer pattern for gemma3
+SWA_ROPE_BASE = 10000.0
+N_LAYER_27B = 62
+
+
+class Gemma3(Architecture):
+    name = "gemma3"
+    rope_mode = ROPE_NEOX
+    glu = GLU_GELU_TANH
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        hp = self.hp
+        softcap = float(mf.arch_get("final_logit_softcapping", 0.0) or 0.0)
+        if softcap > 0:
+            raise UnsupportedModelError(f"{mf.path}: gemma3 with final logit soft-capping ({softcap}) is not "
+                                        f"supported yet")
+        self.tok_embd = self.weight("token_embd.weight", hp.n_embd, hp.n_vocab)
+        self.out_norm = self.vector("output_norm.weight", hp.n_embd)
+        self.output = self.output_weight()
+
+        self.window = int(mf.arch_get("attention.sliding_window", 0) or 0)
+        pattern = mf.arch_get("attention.sliding_window_pattern", SWA_PERIOD)
+        if self.window <= 0:
+            self.is_swa = [False] * hp.n_layer
+        elif isinstance(pattern, (list, np.ndarray)):
+            if len(pattern) != hp.n_layer:
+                raise ModelFileError(f"{mf.path}: sliding_window_pattern has {len(pattern)} flags for "
+                                     f"{hp.n_layer} layers")
+            self.is_swa = [bool(f) for f in pattern]
+        else:
+            n = int(pattern)
+            self.is_swa = [n == 0 or i % n < n - 1 for i in range(hp.n_layer)]
+        self.swa_rope_base = float(mf.arch_get("rope.freq_base_swa", SWA_ROPE_BASE))
+
+        self.query_scale = 1.0 / math.sqrt(hp.n_embd / hp.n_head if hp.n_layer == N_LAYER_27B else hp.head_dim)
+        self.layers = []
+        for i in range(hp.n_layer):
+            p = f"blk.{i}."
+            self.layers.append(Layer(
+                attn_norm=self.vector(p + "attn_norm.weight", hp.n_embd),
+                attn=self.attention_weights(i, qk_norm=True),
+                post_attn_norm=self.vector(p + "post_attention_norm.weight", hp.n_embd),
+                ffn_norm=self.vector(p + "ffn_norm.weight", hp.n_embd),
+                ffn=self.ffn_weights(i),
+                post_ffn_norm=self.vector(p + "post_ffw_norm.weight", hp.n_embd),
+            ))
+
+    # -- per-layer settings ----------------------------------------------------------
+    def layer_window(self, i: int) -> int:
+        return self.window if self.is_swa[i] else 0
+
+    def layer_rope(self, i: int) -> Rope:
+        hp = self.hp
+        if self.is_swa[i]:
+            return Rope(self.rope_mode, hp.rope_dim, self.swa_rope_base, 1.0)
+        return Rope(self.rope_mode, hp.rope_dim, hp.rope_base, hp.rope_freq_scale)
+
+    @property
+    def attn_scale(self) -> float:
+        return self.hp.rope_attn_factor ** 2 * self.query_scale
+
+    @property
+    def embed_scale(self) -> float:
+        return math.sqrt(self.hp.n_embd)
+
+    def build(self, g: Graph) -> None:
+        hp = self.hp
+        x = g.embed(self.tok_embd, "x", scale=self.embed_scale)
+        for i, L in enumerate(self.layers):
+            g.layer = i
+            o = attention(g, self, g.rmsnorm(x, L.attn_norm, hp.eps, "h"), L.attn, i, out="o", accumulate=False)
+            g.add(g.rmsnorm(o, L.post_attn_norm, hp.eps, o), x)
+            o = ffn(g, g.rmsnorm(x, L.ffn_norm, hp.eps, "h"), L.ffn, self.glu, out="o", accumulate=False)
+            g.add(g.rmsnorm(o, L.post_ffn_norm, hp.eps, o), x)
+        output_head(g, self, x)

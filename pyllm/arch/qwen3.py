@@ -1,0 +1,24 @@
+"""Qwen 3 (dense): the Llama block with RMSNorm on each head of q and k.
+
+    h = rmsnorm(x) ; q, k, v = Wq h, Wk h, Wv h
+    q, k = rmsnorm_per_head(q), rmsnorm_per_head(k) ; rope(q, k)
+    x += Wo attention(q, K, V)
+    h = rmsnorm(x) ; x += Wdown (silu(Wgate h) * Wup h)
+
+Heads are `attention.key_length` wide, which need not be n_embd / n_head
+(Qwen3-0.6B: 16 heads of 128 over 1024), so q is wider than x. NEOX RoPE,
+no biases, no sliding window.
+"""
+from __future__ import annotations
+
+from ..graph import ROPE_NEOX
+from .llama import Llama
+
+
+class Qwen3(Llama):
+    name = "qwen3"
+    rope_mode = ROPE_NEOX
+    qk_norm = True
+
+    def sliding_window(self) -> int:
+        return 0

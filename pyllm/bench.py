@@ -1,0 +1,192 @@
+"""Measuring speed: prompt processing, decode, TTFT/TPOT, bandwidth, profile.
+
+The tests mirror llama-bench: `pp N` prefills N tokens into an empty
+context; `tg N` decodes N tokens one step at a time from an empty context
+(no sampling, a fixed token), so the two engines do the same work.
+"""
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from .graph import OP_MATMUL, OP_NAMES
+from .model_file import type_name
+
+
+@dataclass
+class Result:
+    test: str                 # "pp512", "tg128"
+    threads: int
+    tokens_per_s: list[float] = field(default_factory=list)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.tokens_per_s)
+
+    @property
+    def sd(self) -> float:
+        return statistics.stdev(self.tokens_per_s) if len(self.tokens_per_s) > 1 else 0.0
+
+    def as_dict(self) -> dict:
+        return {"test": self.test, "threads": self.threads, "tokens_per_s": round(self.mean, 3),
+                "sd": round(self.sd, 3), "runs": [round(x, 3) for x in self.tokens_per_s]}
+
+
+def _fresh(model):
+    """An empty sequence (nothing reused), releasing whatever the model held."""
+    model._seq.release()
+    return model.engine.new_sequence()
+
+
+def run_pp(model, n: int, token: int = 100) -> float:
+    """Seconds to prefill n tokens into an empty context."""
+    seq = _fresh(model)
+    tokens = [token] * n
+    t0 = time.perf_counter()
+    model.engine._run(seq, tokens)
+    dt = time.perf_counter() - t0
+    seq.release()
+    return dt
+
+
+def run_tg(model, n: int, token: int = 100) -> float:
+    """Seconds to decode n tokens, one step each, from an empty context."""
+    seq = _fresh(model)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        model.engine._run(seq, [token])
+    dt = time.perf_counter() - t0
+    seq.release()
+    return dt
+
+
+def bench(model, tests: list[tuple[str, int]], reps: int, warmup: bool = True) -> list[Result]:
+    """tests: [("pp", 512), ("tg", 128)]; each run reps times after one warm-up."""
+    results = []
+    for kind, n in tests:
+        fn = run_pp if kind == "pp" else run_tg
+        if warmup:
+            fn(model, min(n, 16))
+        r = Result(f"{kind}{n}", model.n_threads)
+        for _ in range(reps):
+            r.tokens_per_s.append(n / fn(model, n))
+        results.append(r)
+    return results
+
+
+def decode_bytes_per_token(model, n_ctx_tokens: int = 0) -> int:
+    """Bytes a decode step reads: every matmul weight once (the embedding
+    table only for one row), plus the K/V of the context so far."""
+    g = model.graph
+    weights = sum(op.weight.nbytes for op in g.ops if op.kind == OP_MATMUL)
+    kv_per_token = sum(2 * n_kv * hd * 2 for n_kv, hd in g.kv_layers.values())
+    return weights + kv_per_token * n_ctx_tokens
+
+
+def ttft_tpot(model, prompt_tokens: int, gen_tokens: int, token: int = 100) -> tuple[float, float]:
+    """(time to first token, time per output token) for a prompt of that
+    length: TTFT includes the prefill and one greedy sample."""
+    from .sampling import Sampler, SamplingParams
+    seq = _fresh(model)
+    greedy = Sampler(SamplingParams(temperature=0))
+    t0 = time.perf_counter()
+    logits = model.engine._run(seq, [token] * prompt_tokens)[-1]
+    tok = greedy(logits)
+    ttft = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    for _ in range(gen_tokens):
+        logits = model.engine._run(seq, [tok])[-1]
+        tok = greedy(logits)
+    tpot = (time.perf_counter() - t1) / gen_tokens
+    seq.release()
+    return ttft, tpot
+
+
+def memory_bandwidth(n_threads: int, size_mb: int = 1024, reps: int = 5) -> float:
+    """The machine's read bandwidth in GB/s, measured by the C core streaming
+    a buffer larger than any cache (best of reps)."""
+    from ._native import ffi, lib
+    from .backend.cpu import aligned_zeros
+    buf = aligned_zeros((size_mb << 20) // 4, np.float32)
+    buf[:] = 1.0  # touch every page before timing
+    ctx = lib.pyllm_ctx_new(n_threads)
+    try:
+        lib.pyllm_membw(ctx, ffi.from_buffer(buf), buf.nbytes, 1)  # warm-up
+        return max(lib.pyllm_membw(ctx, ffi.from_buffer(buf), buf.nbytes, 1) for _ in range(reps))
+    finally:
+        lib.pyllm_ctx_free(ctx)
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# -- profile ---------------------------------------------------------------------
+
+@dataclass
+class Profile:
+    phase: str
+    steps: int
+    wall_s: float                       # whole phase, Python included
+    c_wall_s: float                     # inside pyllm_run
+    op_s: dict[str, float]              # summed over threads
+    matmul_by_type_s: dict[str, float]
+    thread_busy_s: list[float]
+    sampling_s: float = 0.0
+    tokenize_s: float = 0.0
+
+    @property
+    def python_s(self) -> float:
+        return self.wall_s - self.c_wall_s - self.sampling_s
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["python_s"] = self.python_s
+        return d
+
+
+def _read(backend) -> tuple[float, dict, dict, list]:
+    p = backend.read_profile()
+    ops = {OP_NAMES[k]: v / 1e9 for k, v in enumerate(p["op_ns"]) if v and k in OP_NAMES}
+    by_type = {type_name(t): v / 1e9 for t, v in enumerate(p["matmul_type_ns"]) if v}
+    return p["wall_ns"] / 1e9, ops, by_type, [b / 1e9 for b in p["thread_busy_ns"]]
+
+
+def profile(model, prompt: str, n_predict: int) -> tuple[Profile, Profile]:
+    """Profiles one greedy generation: (prefill, decode)."""
+    from .sampling import Sampler, SamplingParams
+    greedy = Sampler(SamplingParams(temperature=0))
+    be = model.backend
+    seq = _fresh(model)
+    t0 = time.perf_counter()
+    ids = model.tokenize(prompt, special=True)
+    tokenize_s = time.perf_counter() - t0
+
+    be.profile(True)
+    t0 = time.perf_counter()
+    logits = model.engine._run(seq, ids)[-1]
+    wall = time.perf_counter() - t0
+    c_wall, ops, by_type, busy = _read(be)
+    t0 = time.perf_counter()
+    tok = greedy(logits)
+    sampling = time.perf_counter() - t0
+    pre = Profile("prefill", 1, wall + sampling, c_wall, ops, by_type, busy, sampling, tokenize_s)
+
+    be.profile(True)  # reset
+    sampling = 0.0
+    t0 = time.perf_counter()
+    for _ in range(n_predict):
+        logits = model.engine._run(seq, [tok])[-1]
+        ts = time.perf_counter()
+        tok = greedy(logits)
+        sampling += time.perf_counter() - ts
+    wall = time.perf_counter() - t0
+    c_wall, ops, by_type, busy = _read(be)
+    be.profile(False)
+    seq.release()
+    return pre, Profile("decode", n_predict, wall, c_wall, ops, by_type, busy, sampling)

@@ -1,0 +1,175 @@
+"""What a model file is and what running it takes: the data behind `pyllm info`.
+
+Everything here is read from the file's header and hyperparameters (no
+weight is touched): the architecture and its shape, parameter count and
+tensor types, context, RoPE and attention settings per layer, the
+vocabulary, whether a chat template is present, and the memory a run at a
+given context needs: the mmapped weights, the KV cache (f16 K and V for
+every layer, in whole blocks) and the activation buffers of the op program.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from .arch import load_architecture
+from .graph import ROPE_NEOX, Graph, act_row_bytes
+from .model_file import ModelFile
+
+from .defaults import BLOCK_SIZE, DEFAULT_MAX_CTX, N_BATCH, N_OUT_MAX
+
+VOCAB_TYPES = {"gpt2": "BPE (GPT-2 style)", "llama": "SentencePiece", "bert": "WordPiece",
+               "t5": "Unigram (T5)", "rwkv": "RWKV"}
+
+
+@dataclass
+class LayerGroup:
+    """Layers that share their RoPE and attention settings."""
+    layers: list[int]
+    rope_base: float
+    rope_freq_scale: float
+    rope_freq_factors: bool
+    window: int
+
+
+@dataclass
+class ModelInfo:
+    path: str
+    name: str
+    architecture: str
+    file_type: str
+    n_params: int
+    tensor_types: dict[str, int]
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    n_ctx_train: int
+    n_ctx: int
+    rope_mode: str
+    rope_dims: int
+    rope_scaling: str
+    attn_scale: float
+    layer_groups: list[LayerGroup]
+    vocab_type: str
+    n_vocab: int
+    chat_template: bool
+    file_bytes: int
+    weight_bytes: int
+    kv_bytes: int
+    activation_bytes: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.kv_bytes + self.activation_bytes
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["total_bytes"] = self.total_bytes
+        return d
+
+    def format(self) -> str:
+        """The human-readable report `pyllm info` prints."""
+        mib = 1 << 20
+        rows = [
+            ("model", self.path),
+            ("name", self.name or "-"),
+            ("architecture", f"{self.architecture}: {self.n_layer} layers, {self.n_embd} wide, {self.n_head} "
+                             f"heads of {self.head_dim}, {self.n_head_kv} KV heads, FFN {self.n_ff}"),
+            ("parameters", f"{self.n_params / 1e6:.1f} M ({self.n_params:,})"),
+            ("tensor types", ", ".join(f"{k} {v}" for k, v in self.tensor_types.items())
+             + (f" (file type {self.file_type})" if self.file_type else "")),
+            ("context", f"{self.n_ctx_train} trained, {self.n_ctx} chosen (-c)"),
+            ("RoPE", f"{self.rope_mode}, {self.rope_dims} of {self.head_dim} dims rotated, scaling "
+                     f"{self.rope_scaling}"),
+        ]
+        for grp in self.layer_groups:
+            which = "all layers" if len(grp.layers) == self.n_layer else f"layers {_ranges(grp.layers)}"
+            rope = f"base {_num(grp.rope_base)}"
+            if grp.rope_freq_scale != 1.0:
+                rope += f", position scale {grp.rope_freq_scale:g}"
+            if grp.rope_freq_factors:
+                rope += ", per-pair frequency factors"
+            attn = f"sliding window {grp.window}" if grp.window else "whole context"
+            rows.append(("", f"{which}: {rope}; attention over {attn}"))
+        rows += [
+            ("attention", f"softmax scale {self.attn_scale:.6g}"),
+            ("vocabulary", f"{self.vocab_type}, {self.n_vocab} tokens"),
+            ("chat template", "present" if self.chat_template else "none"),
+            ("memory", f"{self.total_bytes / mib:.1f} MiB at {self.n_ctx} tokens: weights "
+                       f"{self.weight_bytes / mib:.1f} MiB (mmapped from the file), KV cache "
+                       f"{self.kv_bytes / mib:.1f} MiB, activations {self.activation_bytes / mib:.1f} MiB"),
+        ]
+        rows += [("note", n) for n in self.notes]
+        return "\n".join(f"{k:<14} {v}" for k, v in rows)
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _ranges(xs: list[int]) -> str:
+    out, start = [], None
+    for i, x in enumerate(xs):
+        if start is None:
+            start = x
+        if i + 1 == len(xs) or xs[i + 1] != x + 1:
+            out.append(str(start) if start == x else f"{start}-{x}")
+            start = None
+    return ",".join(out)
+
+
+def model_info(path: str, n_ctx: Optional[int] = None, n_batch: int = N_BATCH,
+               block_size: int = BLOCK_SIZE, n_out_max: int = N_OUT_MAX) -> ModelInfo:
+    """Reads `path` and works out what running it with a context of n_ctx
+    tokens (default: the training context, at most 4096) needs."""
+    mf = ModelFile(path)
+    hp_ctx = int(mf.arch_get("context_length", 2048))
+    if n_ctx is None:
+        n_ctx = min(DEFAULT_MAX_CTX, hp_ctx)
+    arch = load_architecture(mf, n_ctx=n_ctx)
+    hp = arch.hp
+    g = Graph()
+    arch.build(g)
+
+    # memory, as CpuBackend allocates it for this context
+    n_blocks = -(-n_ctx // block_size)
+    kv = sum(2 * n_blocks * block_size * n_kv * hd * 2 for n_kv, hd in g.kv_layers.values())
+    rows_batch = min(n_batch, n_ctx)
+    act = sum((rows_batch if b.rows == "batch" else n_out_max) * b.width * 4 for b in g.buffers.values())
+    act += sum(rows_batch * act_row_bytes(q.act, q.n) for q in g.qbuffers.values())
+
+    groups: list[LayerGroup] = []
+    for i in range(hp.n_layer):
+        r = arch.layer_rope(i)
+        key = (r.base, r.scale, r.factors is not None, arch.layer_window(i))
+        for grp in groups:
+            if (grp.rope_base, grp.rope_freq_scale, grp.rope_freq_factors, grp.window) == key:
+                grp.layers.append(i)
+                break
+        else:
+            groups.append(LayerGroup([i], *key))
+
+    ft = mf.get("general.file_type")
+    try:
+        from gguf.constants import LlamaFileType
+        file_type = LlamaFileType(int(ft)).name.removeprefix("MOSTLY_") if ft is not None else ""
+    except ValueError:
+        file_type = f"type {ft}"
+    vocab_model = str(mf.get("tokenizer.ggml.model", ""))
+    notes = []
+    if arch.name == "llama" and arch.window:
+        notes.append("llama.cpp ignores llama.attention.sliding_window; pyllm applies it")
+    return ModelInfo(
+        path=str(path), name=str(mf.get("general.name", "")), architecture=arch.name, file_type=file_type,
+        n_params=mf.n_params, tensor_types=mf.type_histogram(),
+        n_layer=hp.n_layer, n_embd=hp.n_embd, n_head=hp.n_head, n_head_kv=hp.n_head_kv, head_dim=hp.head_dim,
+        n_ff=hp.n_ff, n_ctx_train=hp.n_ctx_train, n_ctx=n_ctx,
+        rope_mode="NEOX (halves)" if arch.rope_mode == ROPE_NEOX else "normal (adjacent pairs)",
+        rope_dims=hp.rope_dim, rope_scaling=hp.rope_scaling, attn_scale=arch.attn_scale, layer_groups=groups,
+        vocab_type=VOCAB_TYPES.get(vocab_model, vocab_model or "none"), n_vocab=hp.n_vocab,
+        chat_template=bool(mf.get("tokenizer.chat_template")),
+        file_bytes=mf.file_size, weight_bytes=mf.weight_bytes, kv_bytes=kv, activation_bytes=act, notes=notes)

@@ -1,0 +1,61 @@
+"""Broken inputs at the command line: one line on stderr, exit code 2."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from gguf.constants import GGMLQuantizationType as QT
+
+import synth
+
+
+def pyllm(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "pyllm.cli.main", *args], capture_output=True, text=True,
+                          input=stdin, timeout=120)
+
+
+def assert_one_line_error(r, pattern):
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    import re
+    assert re.search(pattern, lines[0]), lines[0]
+
+
+def test_truncated_model(smollm2_path, tmp_path):
+    p = tmp_path / "trunc.gguf"
+    with open(smollm2_path, "rb") as f:
+        p.write_bytes(f.read(40_000_000))
+    assert_one_line_error(pyllm("run", "-m", str(p), "-p", "hi", "-n", "2"), "outside the file.*truncated")
+
+
+def test_random_bytes(tmp_path):
+    p = tmp_path / "rand.gguf"
+    p.write_bytes(np.random.default_rng(0).integers(0, 256, 100_000, dtype=np.uint8).tobytes())
+    assert_one_line_error(pyllm("run", "-m", str(p), "-p", "hi", "-n", "2"), "not a GGUF file")
+
+
+def test_offset_past_end(tmp_path):
+    p = synth.raw_gguf(tmp_path / "off.gguf", kv=[("general.architecture", "str", "llama")],
+                       tensors=[("token_embd.weight", (32, 4), int(QT.F32), 1 << 30)], data=b"\0" * 64)
+    assert_one_line_error(pyllm("run", "-m", p, "-p", "hi"), "token_embd.weight lies outside the file")
+
+
+def test_missing_model():
+    assert_one_line_error(pyllm("run", "-p", "x", "-m", "/nonexistent"), "no model file at /nonexistent")
+
+
+def test_unknown_architecture(tmp_path):
+    p = synth.write_llama(tmp_path / "a.gguf", arch="mamba9")
+    assert_one_line_error(pyllm("run", "-m", p, "-p", "hi"), "architecture 'mamba9' is not supported")
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (["--temp", "-1"], "temperature must be >= 0"),
+    (["-n", "0"], "max_tokens must be at least 1"),
+    (["-t", "0"], "n_threads must be in"),
+])
+def test_bad_arguments(tmp_path, args, pattern):
+    p = synth.write_llama(tmp_path / "m.gguf", QT.Q8_0)
+    assert_one_line_error(pyllm("run", "-m", p, "-p", "hi", *args), pattern)

@@ -1,0 +1,207 @@
+"""Every model family against the numpy reference (pyllm/reference.py), on
+tiny synthetic files (tests/synth.py: random weights, tensors named as
+llama.cpp names them) and on the real Gemma 3 270M file.
+
+Tolerances, as in test_forward.py: on float weights only the f16 KV cache
+separates the C core from the reference (~1e-4 of the logit spread); on
+quantized weights the 8-bit activations put the logits about 1% of their
+spread away on these random models. The same synthetic files, quantized by
+llama.cpp's own quantizer, agree with llama.cpp to the same figures
+(benchmarks/compare_families.py; the table is in the families report).
+"""
+import math
+
+import numpy as np
+import pytest
+from gguf.constants import GGMLQuantizationType as QT
+
+import synth
+from pyllm.arch import ARCHITECTURES, load_architecture
+from pyllm.errors import ModelFileError, UnsupportedModelError
+from pyllm.graph import GLU_GELU_TANH, ROPE_NEOX, ROPE_NORM, Graph
+from pyllm.model_file import ModelFile
+from pyllm.reference import Reference, dequant
+from test_forward import build, compare
+
+# family -> (writer, keywords): every feature the families need, each exercised
+FAMILIES = {
+    "llama3": (synth.write_llama, {"rope_freqs": True, "rope_base": 500000.0}),
+    "mistral": (synth.write_mistral, {"window": 12}),         # window shorter than the 40 tokens
+    "qwen2": (synth.write_qwen2, {}),
+    "qwen3": (synth.write_qwen3, {}),
+    "phi3": (synth.write_phi3, {}),
+    "phi3-longrope": (synth.write_phi3, {"long_rope": True}),
+    "gemma3": (synth.write_gemma3, {}),
+}
+TYPES = [QT.F32, QT.Q8_0, QT.Q4_K, QT.IQ4_NL]
+
+
+def run_both(path, n_tokens=40, n_ctx=None):
+    arch, be = build(path) if n_ctx is None else build_ctx(path, n_ctx)
+    tokens = list(np.random.default_rng(1).integers(0, 512, n_tokens))
+    out = be.forward(tokens, 0, [0, 1, 2], len(tokens)).copy()
+    return arch, out, Reference(arch).forward(tokens)
+
+
+def build_ctx(path, n_ctx):
+    from pyllm.backend.cpu import CpuBackend
+    arch = load_architecture(ModelFile(path), n_ctx=n_ctx)
+    g = Graph()
+    arch.build(g)
+    return arch, CpuBackend(g, 2, 64, 64, 8, 16)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_family_matches_reference(tmp_path, family, qtype):
+    writer, kw = FAMILIES[family]
+    arch, out, ref = run_both(writer(tmp_path / "m.gguf", qtype, **kw))
+    rel, agree = compare(out, ref)
+    if qtype == QT.F32:
+        assert rel < 1e-3, rel
+        assert (out.argmax(1) == ref.argmax(1)).all()
+    else:
+        assert rel < 0.03, rel
+        assert agree == 1.0
+
+
+def test_every_registered_family_is_tested(tmp_path):
+    tested = {load_architecture(ModelFile(w(tmp_path / f"{n}.gguf", QT.F32, **kw))).name
+              for n, (w, kw) in FAMILIES.items()}
+    assert tested == set(ARCHITECTURES)
+
+
+def test_family_settings(tmp_path):
+    """What each family reads from its file, as llama.cpp reads it."""
+    q2 = load_architecture(ModelFile(synth.write_qwen2(tmp_path / "q2.gguf", QT.F32)))
+    assert q2.rope_mode == ROPE_NEOX and q2.layers[0].attn.bq is not None
+    assert q2.output.name == "token_embd.weight" and q2.layer_window(0) == 0
+
+    q3 = load_architecture(ModelFile(synth.write_qwen3(tmp_path / "q3.gguf", QT.F32)))
+    assert q3.hp.head_dim == 128 and q3.hp.q_dim == 512 and q3.hp.n_embd == 256   # heads wider than n_embd/n_head
+    assert q3.layers[1].attn.q_norm.shape == (128,) and q3.rope_mode == ROPE_NEOX
+
+    mi = load_architecture(ModelFile(synth.write_mistral(tmp_path / "mi.gguf", QT.F32, window=4096)))
+    assert mi.name == "llama" and mi.rope_mode == ROPE_NORM and mi.layer_window(1) == 4096
+
+    # RoPE scaling as llama.cpp reads it: no type but a factor means linear; type none means none
+    lin = load_architecture(ModelFile(synth.write_llama(tmp_path / "l.gguf", QT.F32,
+                                                        keys={"rope_scaling_factor": 4.0})))
+    assert lin.hp.rope_freq_scale == 0.25 and lin.hp.rope_scaling == "linear"
+    none = load_architecture(ModelFile(synth.write_llama(
+        tmp_path / "n.gguf", QT.F32, keys={"rope_scaling_type": rope_type("NONE"), "rope_scaling_factor": 4.0})))
+    assert none.hp.rope_freq_scale == 1.0 and none.hp.rope_scaling == "none"
+
+    p3 = load_architecture(ModelFile(synth.write_phi3(tmp_path / "p3.gguf", QT.F32)))
+    assert p3.layers[0].attn.wqkv.shape == (256, 256 + 2 * 128) and p3.layers[0].ffn.w_gate is None
+    assert p3.layers[0].ffn.w_up.shape == (256, 1024) and p3.rope_freqs is None
+    assert p3.attn_scale == pytest.approx(1 / 8)
+
+
+def test_phi3_long_rope_factors(tmp_path):
+    """Short factors up to the original context (256 in the file), long beyond
+    it; the attention factor scales q.k by its square either way."""
+    path = synth.write_phi3(tmp_path / "p.gguf", QT.F32, long_rope=True)
+    mf = ModelFile(path)
+    short = mf.tensor("rope_factors_short.weight").data.view(np.float32)
+    long = mf.tensor("rope_factors_long.weight").data.view(np.float32)
+    for n_ctx, want in ((None, short), (256, short), (257, long), (4096, long)):
+        arch = load_architecture(mf, n_ctx=n_ctx)
+        np.testing.assert_array_equal(arch.layer_rope(0).factors, want)
+    assert arch.attn_scale == pytest.approx(1.1902380714238083 ** 2 / 8)
+    _, out, ref = run_both(path, n_ctx=4096)
+    assert compare(out, ref)[0] < 1e-3
+
+
+def test_gemma3_layers(tmp_path):
+    """Sliding-window layers every layer but each sixth; their RoPE base is
+    10000 unscaled, the global layers' the file's (with its linear scaling)."""
+    path = synth.write_gemma3(tmp_path / "g.gguf", QT.F32, n_layer=12, window=8,
+                              keys={"rope_scaling_type": rope_type("LINEAR"), "rope_scaling_factor": 8.0})
+    g = load_architecture(ModelFile(path))
+    assert [g.layer_window(i) for i in range(12)] == [8] * 5 + [0] + [8] * 5 + [0]
+    assert g.layer_rope(0).base == 10000.0 and g.layer_rope(0).scale == 1.0
+    assert g.layer_rope(5).base == 1e6 and g.layer_rope(5).scale == 0.125
+    assert g.layer_rope(0).mode == ROPE_NEOX and g.glu == GLU_GELU_TANH
+    assert g.embed_scale == pytest.approx(16.0) and g.attn_scale == pytest.approx(1 / 8)
+    _, out, ref = run_both(path)
+    assert compare(out, ref)[0] < 1e-3
+
+    # a pattern from the file: a period, or one flag per layer; no window: all global
+    p2 = synth.write_gemma3(tmp_path / "p2.gguf", QT.F32, n_layer=4, keys={"sliding_window_pattern": 2})
+    assert [load_architecture(ModelFile(p2)).layer_window(i) for i in range(4)] == [8, 0, 8, 0]
+    flags = [True, False, False, True]
+    p3 = synth.write_gemma3(tmp_path / "p3.gguf", QT.F32, n_layer=4, keys={"sliding_window_pattern": flags})
+    assert [load_architecture(ModelFile(p3)).layer_window(i) for i in range(4)] == [8, 0, 0, 8]
+    p4 = synth.write_gemma3(tmp_path / "p4.gguf", QT.F32, n_layer=6, window=0)
+    assert not any(load_architecture(ModelFile(p4)).layer_window(i) for i in range(6))
+
+
+def rope_type(name):
+    import gguf
+    return gguf.RopeScalingType[name]
+
+
+def test_gemma3_decode_steps_equal_batch(tmp_path):
+    """Windowed layers read the paged cache right one token at a time too."""
+    _, be = build(synth.write_gemma3(tmp_path / "d.gguf", QT.Q8_0, window=5))
+    tokens = list(np.random.default_rng(3).integers(0, 512, 23))
+    table = [4, 1]
+    batch = be.forward(tokens, 0, table, len(tokens)).copy()
+    steps = np.stack([be.forward([t], i, table, 1)[0].copy() for i, t in enumerate(tokens)])
+    np.testing.assert_array_equal(steps, batch)
+
+
+def test_family_errors(tmp_path):
+    # a family's required tensors are named when missing
+    p = synth.write_qwen2(tmp_path / "b.gguf", QT.F32, drop_tensor="blk.1.attn_k.bias")
+    with pytest.raises(ModelFileError, match="'blk.1.attn_k.bias' is missing"):
+        load_architecture(ModelFile(p))
+    p = synth.write_gemma3(tmp_path / "n.gguf", QT.F32, drop_tensor="blk.0.post_ffw_norm.weight")
+    with pytest.raises(ModelFileError, match="'blk.0.post_ffw_norm.weight' is missing"):
+        load_architecture(ModelFile(p))
+    p = synth.write_llama(tmp_path / "g.gguf", QT.F32, drop_tensor="blk.0.ffn_gate.weight")
+    with pytest.raises(ModelFileError, match="'blk.0.ffn_gate.weight' is missing"):
+        load_architecture(ModelFile(p))
+    # unsupported settings say what is supported
+    p = synth.write_llama(tmp_path / "y.gguf", QT.F32, keys={"rope_scaling_type": rope_type("YARN")})
+    with pytest.raises(UnsupportedModelError, match="RoPE scaling 'yarn'.*supported: none, linear"):
+        load_architecture(ModelFile(p))
+    p = synth.write_gemma3(tmp_path / "s.gguf", QT.F32, keys={"final_logit_softcapping": 30.0})
+    with pytest.raises(UnsupportedModelError, match="soft-capping"):
+        load_architecture(ModelFile(p))
+    p = synth.write_llama(tmp_path / "u.gguf", arch="gpt-neox")
+    with pytest.raises(UnsupportedModelError, match="'gpt-neox' is not supported.*gemma3, llama, phi3, qwen2, qwen3"):
+        load_architecture(ModelFile(p))
+
+
+def test_reference_q8_0_fast_path_is_gguf_math(tmp_path):
+    from gguf.quants import dequantize
+    arch = load_architecture(ModelFile(synth.write_llama(tmp_path / "q.gguf", QT.Q8_0)))
+    t = arch.layers[0].attn.wq
+    np.testing.assert_array_equal(dequant(t), dequantize(t.data, QT.Q8_0).reshape(t.rows, t.shape[0]))
+
+
+@pytest.mark.model
+def test_gemma3_matches_reference(gemma3_path):
+    """The real Gemma 3 270M (Q4_K_M: Q5_0, Q8_0, Q4_K, Q6_K), 24 tokens.
+
+    Tolerance: llama.cpp itself is 5.0% (relative RMS) from this reference
+    on such inputs and pyllm 5.4% (measured when this test was written): the
+    8-bit activations meet Gemma's large residual activations. 8% leaves
+    room for the kernels' summation order; the argmax must agree wherever
+    the reference's top-2 margin is clear."""
+    arch, be = build(gemma3_path, n_batch=24)
+    g = arch
+    assert g.name == "gemma3" and g.hp.n_layer == 18 and g.window == 512
+    assert [i for i in range(18) if g.layer_window(i) == 0] == [5, 11, 17]
+    assert g.layer_rope(0).base == 10000.0 and g.layer_rope(5).base == 1e6
+    assert g.attn_scale == pytest.approx(1 / 16) and g.embed_scale == pytest.approx(math.sqrt(640))
+    # <bos>The capital of France is, then ordinary tokens at random
+    rng = np.random.default_rng(0)
+    tokens = [2, 818, 5279, 529, 7001, 563] + list(rng.integers(300, 30000, 18))
+    out = be.forward(tokens, 0, [0, 1], len(tokens)).copy()
+    ref = Reference(arch).forward(tokens)
+    rel, agree = compare(out, ref)
+    assert rel < 0.08, rel
+    assert agree == 1.0

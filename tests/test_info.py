@@ -1,0 +1,83 @@
+"""`pyllm info` and the data behind it (pyllm/info.py), on both real models
+and on synthetic files of the other families."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from gguf.constants import GGMLQuantizationType as QT
+from typer.testing import CliRunner
+
+import synth
+from pyllm.info import model_info
+
+MiB = 1 << 20
+
+
+def cli_app():
+    try:
+        from pyllm.cli.main import app
+    except ImportError:  # a checkout that is not installed: cli/ is the package
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from cli.main import app
+    return app
+
+
+@pytest.mark.model
+def test_info_gemma3(gemma3_path):
+    i = model_info(gemma3_path)
+    assert (i.architecture, i.name, i.file_type) == ("gemma3", "Gemma 3 270m", "Q4_K_M")
+    assert i.n_params == 268_098_176
+    assert i.tensor_types == {"F32": 109, "Q5_0": 81, "Q4_K": 27, "Q8_0": 10, "Q6_K": 9}
+    assert (i.n_layer, i.n_embd, i.n_head, i.n_head_kv, i.head_dim, i.n_ff) == (18, 640, 4, 1, 256, 2048)
+    assert (i.n_ctx_train, i.n_ctx) == (32768, 4096)
+    assert i.rope_mode.startswith("NEOX") and i.rope_dims == 256 and i.attn_scale == 1 / 16
+    local, glob = i.layer_groups
+    assert local.layers == [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 12, 13, 14, 15, 16] and local.window == 512
+    assert local.rope_base == 10000 and glob.layers == [5, 11, 17] and glob.rope_base == 1e6 and glob.window == 0
+    assert (i.vocab_type, i.n_vocab, i.chat_template) == ("SentencePiece", 262144, False)
+    # KV: 18 layers x 4096 positions x (K + V) x 1 head of 256 x 2 bytes
+    assert i.kv_bytes == 18 * 4096 * 2 * 256 * 2 == 72 * MiB
+    assert i.weight_bytes == 246_587_904 and i.file_bytes == 253_113_024
+    assert i.total_bytes == i.weight_bytes + i.kv_bytes + i.activation_bytes
+    # the logits rows (32 x 262144 floats) are most of the activations
+    assert 32 * 262144 * 4 < i.activation_bytes < 64 * MiB
+    assert model_info(gemma3_path, n_ctx=100).kv_bytes == 18 * 128 * 2 * 256 * 2   # whole blocks of 32
+
+
+@pytest.mark.model
+def test_info_cli_on_both_models(smollm2_path, gemma3_path):
+    app = cli_app()
+    r = CliRunner().invoke(app, ["info", "-m", smollm2_path, "-c", "2048"])
+    assert r.exit_code == 0, r.output
+    lines = dict(line.split(None, 1) if not line.startswith(" ") else ("", line.strip())
+                 for line in r.output.splitlines() if line.strip() and not line.startswith("chat"))
+    assert lines["architecture"].startswith("llama: 30 layers, 576 wide, 9 heads of 64, 3 KV heads")
+    assert lines["parameters"] == "134.5 M (134,515,008)"
+    assert lines["tensor"] == "types   Q4_1 210, F32 61, Q8_0 1 (file type Q4_1)"
+    assert lines["context"] == "8192 trained, 2048 chosen (-c)"
+    assert "normal (adjacent pairs), 64 of 64 dims rotated" in lines["RoPE"]
+    assert "all layers: base 100000; attention over whole context" in r.output
+    assert lines["vocabulary"] == "BPE (GPT-2 style), 49152 tokens"
+    assert "chat template  present" in r.output
+    assert "KV cache 45.0 MiB" in lines["memory"]          # 30 x 2048 x 2 x 192 x 2 bytes
+
+    r = CliRunner().invoke(app, ["info", "-m", gemma3_path, "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["architecture"] == "gemma3" and d["n_vocab"] == 262144 and d["chat_template"] is False
+    assert d["kv_bytes"] == 72 * MiB and d["total_bytes"] == d["weight_bytes"] + d["kv_bytes"] + d["activation_bytes"]
+    assert [g["window"] for g in d["layer_groups"]] == [512, 0]
+
+    r = CliRunner().invoke(app, ["info", "-m", "/nonexistent.gguf"])
+    assert r.exit_code == 2 and "no model file" in r.output
+
+
+def test_info_other_families(tmp_path):
+    p3 = model_info(synth.write_phi3(tmp_path / "p.gguf", QT.Q8_0, long_rope=True), n_ctx=1024)
+    assert p3.architecture == "phi3" and p3.layer_groups[0].rope_freq_factors and p3.vocab_type.startswith("BPE")
+    assert p3.attn_scale == pytest.approx(1.1902380714238083 ** 2 / 8)
+    q3 = model_info(synth.write_qwen3(tmp_path / "q.gguf", QT.F32), n_ctx=64)
+    assert q3.head_dim == 128 and q3.kv_bytes == 2 * 64 * 2 * 2 * 128 * 2 and q3.tensor_types == {"F32": 25}
+    mi = model_info(synth.write_mistral(tmp_path / "m.gguf", QT.Q4_K, window=16), n_ctx=64)
+    assert mi.layer_groups[0].window == 16 and "llama.cpp ignores" in mi.notes[0]
