@@ -157,3 +157,19 @@ def test_cancel_while_the_prompt_is_computed(smollm2_path):
         assert len(m._seq) == 64 < n_prompt          # the two chunks done are kept
         again = m.chat(msgs, max_tokens=2, **GREEDY)
         assert again.metrics.reused_tokens == 64
+
+
+def test_gemma_without_a_template_uses_its_turn_format(gemma3_path, caplog):
+    with caplog.at_level("INFO", logger="pyllm"), Model(gemma3_path, n_ctx=512) as m:
+        assert m.file.metadata.get("tokenizer.chat_template") is None
+        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+        assert m.apply_chat_template(msgs) == \
+            "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+        assert "Gemma's turn format" in caplog.text
+        ids = m.chat_tokens(msgs)
+        assert ids[0] == m.tokenizer.bos_id and ids[1] != m.tokenizer.bos_id     # one BOS
+        assert m.tokenizer.token_id("<end_of_turn>") in m.chat_stop()[0]
+        c1 = m.chat(msgs, max_tokens=4, **GREEDY)
+        msgs += [{"role": "assistant", "content": c1.text}, {"role": "user", "content": "Bye"}]
+        c2 = m.chat(msgs, max_tokens=2, **GREEDY)
+        assert c2.metrics.reused_tokens >= c1.metrics.prompt_tokens + c1.metrics.generated_tokens - 1
