@@ -431,6 +431,19 @@ def test_synthetic_spm():
     assert tok.encode("<start_of_turn>ab", add_bos=False, parse_special=True) == [3, sab]
 
 
+def test_synthetic_spm_without_byte_tokens():
+    """Without <0xXX> tokens a character with no token becomes the unknown token
+    (llama.cpp would fail on it)."""
+    tokens = ["<unk>", "<s>", "</s>", "▁", "a"]
+    md = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+          "tokenizer.ggml.scores": np.zeros(5, dtype=np.float32),
+          "tokenizer.ggml.token_type": np.array([2, 3, 3, 1, 1], dtype=np.int32),
+          "tokenizer.ggml.add_space_prefix": False}
+    tok = load_tokenizer(md)
+    assert tok.unk_id == 0
+    assert tok.encode("aé a", add_bos=False) == [4, 0, 3, 4]
+
+
 def test_clean_spaces_replays_llama_cpp():
     assert _clean_spaces(b"Hello , world . Yes ! No ?") == b"Hello, world. Yes! No?"
     assert _clean_spaces(b"I 'm you 're we 've it 's") == b"I'm you're we've it's"
