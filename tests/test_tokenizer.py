@@ -167,10 +167,15 @@ def test_detokenize_matches_llama_cpp(config, tokenizer_for):
     assert not wrong, "\n".join(wrong[:10])
 
 
-@pytest.mark.model
-def test_cases_cover_the_brief(smol, gemma):
-    """The hard-coded strings include the tricky ones the tokenizers must get right."""
-    texts = {c[0] for c in CASES["configs"]["smollm2"]["cases"]}
+def test_cases_cover_the_brief():
+    """The hard-coded strings include the tricky ones the tokenizers must get right,
+    for both real models, with and without BOS and parse_special."""
+    for config in REAL:
+        cases = CASES["configs"][config]["cases"]
+        assert {(a, p) for _, a, p, _ in cases} == {(False, False), (False, True),
+                                                    (True, False), (True, True)}
+    texts = {c[0] for c in CASES["configs"]["gemma3"]["cases"]}
+    assert texts == {c[0] for c in CASES["configs"]["smollm2"]["cases"]}
     for must in ["", " Hello world", "double  spaces  here", "trailing spaces   ", "1234567890",
                  "3.14159", "café naïve Ŧ", "你好，世界", "日本語のテキスト", "👋🏽 🤖 🧑‍💻",
                  "a\n\nb\tc\r\n", "<|im_start|>user\nhi<|im_end|>",
