@@ -29,30 +29,7 @@ SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA = "gemma-3-270m-q4_k_m.gguf"
 
 
-# ---- model files ------------------------------------------------------------
-# `model_path` is the one place that finds model files. It is meant to be
-# replaced by a project-wide fixture of the same name (e.g. one that downloads
-# them): delete this one when conftest.py provides it.
-
-def _find_model(name: str) -> Path | None:
-    dirs = [os.environ.get("PYLLM_MODELS"), ROOT / "models", "/tmp/models"]
-    for d in dirs:
-        if d and (Path(d) / name).is_file():
-            return Path(d) / name
-    return None
-
-
-@pytest.fixture(scope="session")
-def model_path():
-    """model_path(file_name) -> Path, or skip the test when the file is absent."""
-    def get(name: str) -> Path:
-        path = _find_model(name)
-        if path is None:
-            pytest.skip(f"model file {name} not found (looked in $PYLLM_MODELS, "
-                        f"{ROOT / 'models'}, /tmp/models)")
-        return path
-    return get
-
+# ---- model files: the model_path fixture (conftest.py) fetches them ----------
 
 @pytest.fixture(scope="session")
 def model_metadata(model_path):
