@@ -12,6 +12,8 @@ continuation token):
           margin exceeds --margin (elsewhere the order is a coin toss)
   rel     RMS(pyllm - llama.cpp) / std(llama.cpp logits)
   max     the largest |difference| of one logit
+  greedy  how many tokens of pyllm's own greedy continuation (decoded step by
+          step) equal llama.cpp's before the first difference
 
 Usage: python benchmarks/agreement.py -m models/gemma-3-270m-q4_k_m.gguf
        [--peer-python /tmp/peer-venv/bin/python] [--n-gen 48] [-t 2]
@@ -96,7 +98,18 @@ def pyllm_logits(model: str, threads: int, n_max: int):
     def run(ids: list[int], n_prompt: int) -> np.ndarray:
         out = be.forward(ids, 0, list(range(n_blocks)), len(ids))
         return out[n_prompt - 1:len(ids) - 1].copy()
-    return run
+
+    def greedy(prompt: list[int], n: int) -> list[int]:
+        """pyllm's own greedy continuation, decoded one step at a time"""
+        logits = be.forward(prompt, 0, list(range(n_blocks)), 1)[-1]
+        gen = []
+        for i in range(n):
+            gen.append(int(np.argmax(logits)))
+            if len(prompt) + len(gen) >= n_max:
+                break
+            logits = be.forward(gen[-1:], len(prompt) + i, list(range(n_blocks)), 1)[-1]
+        return gen
+    return run, greedy
 
 
 def compare(ours: np.ndarray, peer: np.ndarray, margin: float) -> dict:
@@ -133,15 +146,20 @@ def main() -> int:
         peer = run_peer(a.peer_python, a.model, PROMPTS, a.n_gen, a.threads, tmp)
         t_peer = time.time() - t0
         n_max = max(len(p["ids"]) for p in peer.values())
-        run = pyllm_logits(a.model, a.threads, n_max)
+        run, greedy = pyllm_logits(a.model, a.threads, n_max)
         rows, total = [], None
-        print(f"{'prompt':<44} {'pos':>4} {'clear':>5} {'top1':>7} {'rel':>7} {'max|d|':>7}")
+        print(f"{'prompt':<44} {'pos':>4} {'clear':>5} {'top1':>7} {'rel':>7} {'max|d|':>7} {'greedy':>7}")
         for i, prompt in enumerate(PROMPTS):
             p = peer[i]
             c = compare(run(p["ids"], p["n_prompt"]), np.load(f"{tmp}/peer{i}.npy"), a.margin)
             top1 = c["top1_clear"] / max(1, c["clear"])
+            theirs = p["ids"][p["n_prompt"]:]
+            ours = greedy(p["ids"][:p["n_prompt"]], len(theirs))
+            same = next((k for k, (x, y) in enumerate(zip(ours, theirs)) if x != y), min(len(ours), len(theirs)))
+            c["greedy_same"] = same
             label = prompt.replace("\n", "\\n")[:42]
-            print(f"{label:<44} {c['positions']:>4} {c['clear']:>5} {top1:>7.1%} {rel_of(c):>7.2%} {c['max']:>7.3f}")
+            print(f"{label:<44} {c['positions']:>4} {c['clear']:>5} {top1:>7.1%} {rel_of(c):>7.2%} {c['max']:>7.3f} "
+                  f"{same:>3}/{len(theirs):<3}")
             rows.append({"prompt": prompt, "continuation": p["text"], "top1": top1, "rel": rel_of(c), **c})
             if total is None:
                 total = dict(c)

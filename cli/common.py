@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import sys
 from typing import Iterator, Optional
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from pyllm import registry
 from pyllm.errors import PyllmError
@@ -17,20 +20,41 @@ EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
 
+class _StderrHandler(logging.Handler):
+    """pyllm's log messages (warnings, notes) as one line each on stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        label, style = ("warning: ", "yellow") if record.levelno >= logging.WARNING else ("note: ", "cyan")
+        err.print(Text.assemble((label, style), record.getMessage()), soft_wrap=True)
+
+
+def _setup_logging() -> None:
+    log = logging.getLogger("pyllm")
+    if not any(isinstance(h, _StderrHandler) for h in log.handlers):
+        log.addHandler(_StderrHandler())
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
 @contextlib.contextmanager
 def handle_errors() -> Iterator[None]:
     """One line on stderr and exit code 2 for our errors, 130 for Ctrl-C."""
+    _setup_logging()
     try:
         yield
     except PyllmError as e:
-        err.print(f"[red]error:[/red] {e}", soft_wrap=True)
+        err.print(Text.assemble(("error: ", "red"), str(e)), soft_wrap=True)
         raise typer.Exit(EXIT_BAD_INPUT)
     except KeyboardInterrupt:
         err.print("interrupted")
         raise typer.Exit(EXIT_INTERRUPTED)
     except BrokenPipeError:
-        # the reader went away (`pyllm run ... | head`): not an error of ours
-        sys.stderr.close()
+        # the reader went away (`pyllm run ... | head`): not an error of ours; point
+        # stdout at /dev/null so the interpreter's last flush does not complain
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
         raise typer.Exit(0)
 
 
@@ -46,16 +70,25 @@ def model_path(model: Optional[str], quiet: bool = False) -> str:
 
 
 def pull(name: str, quiet: bool = False) -> str:
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+    """Fetches a registry model with a progress display on stderr."""
+    from rich.progress import (BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn,
+                               TimeElapsedColumn, TransferSpeedColumn)
 
+    if name not in registry.MODELS:
+        return str(registry.fetch(name))          # raises the not-in-registry error
     if quiet:
         return str(registry.fetch(name))
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), console=err,
-                  transient=True) as progress:
-        task = progress.add_task(f"pulling {name}", total=registry.MODELS[name].size)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                  TransferSpeedColumn(), TimeElapsedColumn(), console=err, transient=True) as progress:
+        task = progress.add_task(f"pulling {name}", total=None)
+        current = [""]
 
-        def report(stage: str, done: int, total: int) -> None:
-            progress.update(task, description=f"{name}: {stage}", completed=done, total=total)
+        def report(stage: str, done: int, total: Optional[int]) -> None:
+            if stage != current[0]:           # a new stage: a fresh bar (and speed) for it
+                current[0] = stage
+                progress.reset(task, description=f"{name}: {stage}", total=total, completed=done)
+            else:
+                progress.update(task, completed=done, total=total)
 
         path = registry.fetch(name, report)
     err.print(f"{name} is at {path}")

@@ -22,12 +22,14 @@ typedef struct {
     int rows;
     int row0;
     float *scratch;        /* this thread's scratch, SCRATCH_FLOATS long */
+    _Atomic int64_t *counter; /* this op's work counter, zero when the step starts */
 } op_rows;
 
 #define SCRATCH_FLOATS (1 << 20) /* 4 MB per thread, touched only as far as used */
 
 /* floats of scratch an attention work item needs (attention.c) */
 size_t attention_scratch_floats(int head_dim, int group, int block_size);
+int64_t matmul_scratch_floats(int64_t rows);
 
 /* the share [*lo, *hi) of n items that thread ith of nth does, in multiples of `align` */
 static inline void split_range(int64_t n, int ith, int nth, int64_t align, int64_t *lo, int64_t *hi) {

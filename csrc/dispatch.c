@@ -70,6 +70,7 @@ static void overlay(kernel_table *dst, const kernel_table *src) {
         OV(dequant[i]);
         OV(vec_dot[i]);
         OV(gemv[i]);
+        OV(gemm[i]);
     }
     for (int i = 0; i < 3; i++) OV(quantize_act[i]);
     OV(f32_to_f16);

@@ -58,6 +58,7 @@ int pyllm_kernel_provided(int isa, int kind, int type) {
     case 1: return type_info(type) && own.vec_dot[type] != NULL;
     case 2: return type_info(type) && own.gemv[type] != NULL;
     case 3: return type >= 0 && type <= ACT_Q8_K && own.quantize_act[type] != NULL;
+    case 4: return type_info(type) && own.gemm[type] != NULL;
     default: return 0;
     }
 }
@@ -98,6 +99,25 @@ int pyllm_kernel_gemv(int isa, int type, int64_t n, const void *w, size_t row_by
     }
     if (!t->vec_dot[type]) return -1;
     for (int r = 0; r < nrows; r++) out[r] = t->vec_dot[type](n, (const char *)w + (size_t)r * row_bytes, a);
+    return 0;
+}
+
+/* out[t*out_stride + r] for r < nrows, t < ncols; the level's gemm when it
+ * has one, else its gemv for each activation row. */
+int pyllm_kernel_gemm(int isa, int type, int64_t n, const void *w, size_t row_bytes, int nrows, const void *a,
+                      size_t a_stride, int ncols, float *out, size_t out_stride) {
+    const kernel_table *t = table_for(isa);
+    if (!t || !check_row(type, n) || !w || !a || !out || nrows < 0 || ncols < 0) return -1;
+    if (nrows > 0 && row_bytes < weight_row_bytes(type, n)) return -1;
+    if (ncols > 1 && (a_stride < act_row_bytes(type_info(type)->act, n) || out_stride < (size_t)nrows)) return -1;
+    if (t->gemm[type]) {
+        t->gemm[type](n, w, row_bytes, nrows, a, a_stride, ncols, out, out_stride);
+        return 0;
+    }
+    for (int c = 0; c < ncols; c++)
+        if (pyllm_kernel_gemv(isa, type, n, w, row_bytes, nrows, (const char *)a + (size_t)c * a_stride,
+                              out + (size_t)c * out_stride) != 0)
+            return -1;
     return 0;
 }
 

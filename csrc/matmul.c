@@ -4,26 +4,50 @@
  * quantized once, by an OP_QUANTIZE before this op, into the format the
  * weight type's dot product takes (float weights read x as it is).
  *
- * Threads split the output columns. With one token (decode) each thread
- * streams its rows of W once: the op is bound by memory bandwidth. With many
- * tokens (prefill) a thread walks its rows in tiles of TILE_ROWS and runs
- * every token through a tile while it sits in L1, so each weight byte is
- * read from memory once per op instead of once per token.
+ * The output columns are cut into chunks that threads take from a shared
+ * counter, so a thread slowed by something else on the machine does not
+ * hold the others up. With one token (decode) a chunk is one gemv: the
+ * weights stream through once, bound by memory bandwidth. With many tokens
+ * (prefill) a chunk is a tile of rows that every token goes through while
+ * it sits in cache (gemm: each weight block decoded once per few tokens),
+ * so each weight byte is read from memory once per op, not once per token.
  */
+#include <stdatomic.h>
 #include <string.h>
 
 #include "core.h"
 
-#define TILE_ROWS 16
+#define DECODE_CHUNK 32   /* rows per chunk with one token */
+#define PREFILL_TILE 64   /* rows per tile with many tokens */
+#define MIN_TILE 16
 
-static void gemv_rows(int type, int64_t n, const uint8_t *w, size_t row_bytes, int nrows,
-                      const void *a, float *out) {
+static void gemv_rows(int type, int64_t n, const uint8_t *w, size_t row_bytes, int nrows, const void *a,
+                      float *out) {
     if (K.gemv[type]) {
         K.gemv[type](n, w, row_bytes, nrows, a, out);
         return;
     }
     for (int r = 0; r < nrows; r++) out[r] = K.vec_dot[type](n, w + (size_t)r * row_bytes, a);
 }
+
+/* out[t * nrows + r] for t < ncols: a tile of rows against ncols activation rows */
+static void gemm_rows(int type, int64_t n, const uint8_t *w, size_t row_bytes, int nrows, const uint8_t *a,
+                      size_t a_stride, int ncols, float *out) {
+    if (K.gemm[type]) {
+        K.gemm[type](n, w, row_bytes, nrows, a, a_stride, ncols, out, (size_t)nrows);
+        return;
+    }
+    for (int t = 0; t < ncols; t++) gemv_rows(type, n, w, row_bytes, nrows, a + (size_t)t * a_stride, out + (size_t)t * nrows);
+}
+
+/* rows per chunk: big enough to amortize a call, small enough to balance the threads */
+static int chunk_rows(int64_t n_out, int rows, int nth) {
+    int c = rows == 1 ? DECODE_CHUNK : PREFILL_TILE;
+    while (c > MIN_TILE && n_out < (int64_t)c * nth * 4) c /= 2;
+    return c;
+}
+
+int64_t matmul_scratch_floats(int64_t rows) { return rows * PREFILL_TILE; }
 
 void op_matmul(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     const int type = op->type;
@@ -34,23 +58,32 @@ void op_matmul(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     const uint8_t *act_base = act == ACT_F32 ? (const uint8_t *)(op->x + (int64_t)r->row0 * op->x_stride)
                                              : (const uint8_t *)op->xq + (size_t)r->row0 * act_bytes;
     const int accumulate = op->flags & OPF_ACCUMULATE;
+    const int chunk = chunk_rows(op->n_out, r->rows, nth);
+    const int64_t n_chunks = (op->n_out + chunk - 1) / chunk;
+    float *part = r->scratch; /* [rows][chunk] */
+    (void)ith;
 
-    int64_t lo, hi;
-    split_range(op->n_out, ith, nth, TILE_ROWS, &lo, &hi);
-
-    float part[TILE_ROWS];
-    for (int64_t c0 = lo; c0 < hi; c0 += TILE_ROWS) {
-        int nrows = (int)(hi - c0 < TILE_ROWS ? hi - c0 : TILE_ROWS);
+    for (int64_t ci = atomic_fetch_add(r->counter, 1); ci < n_chunks; ci = atomic_fetch_add(r->counter, 1)) {
+        const int64_t c0 = ci * chunk;
+        const int nrows = (int)(op->n_out - c0 < chunk ? op->n_out - c0 : chunk);
         const uint8_t *w = (const uint8_t *)op->w + (size_t)c0 * row_bytes;
+        if (r->rows == 1)
+            gemv_rows(type, n, w, row_bytes, nrows, act_base, part);
+        else
+            gemm_rows(type, n, w, row_bytes, nrows, act_base, act_bytes, r->rows, part);
         for (int t = 0; t < r->rows; t++) {
-            gemv_rows(type, n, w, row_bytes, nrows, act_base + (size_t)t * act_bytes, part);
+            const float *p = part + (size_t)t * nrows;
             float *y = op->y + (int64_t)t * op->y_stride + c0;
-            if (op->bias)
-                for (int i = 0; i < nrows; i++) part[i] += op->bias[c0 + i];
-            if (accumulate)
-                for (int i = 0; i < nrows; i++) y[i] += part[i];
+            const float *b = op->bias ? op->bias + c0 : NULL;
+            if (accumulate && b)
+                for (int i = 0; i < nrows; i++) y[i] += p[i] + b[i];
+            else if (accumulate)
+                for (int i = 0; i < nrows; i++) y[i] += p[i];
+            else if (b)
+                for (int i = 0; i < nrows; i++) y[i] = p[i] + b[i];
             else
-                memcpy(y, part, (size_t)nrows * sizeof(float));
+                memcpy(y, p, (size_t)nrows * sizeof(float));
         }
     }
+    (void)nth;
 }

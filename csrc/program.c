@@ -42,6 +42,8 @@ struct pyllm_ctx {
     int profile;
     thread_profile *prof; /* [n_threads] */
     float **scratch;      /* [n_threads][SCRATCH_FLOATS] */
+    _Atomic int64_t *counters; /* one per op: chunks handed out so far */
+    int n_counters;
     double wall_ns;
 };
 
@@ -81,6 +83,7 @@ void pyllm_ctx_free(pyllm_ctx *ctx) {
     if (!ctx) return;
     threadpool_free(ctx->pool);
     for (int i = 0; ctx->scratch && i < ctx->n_threads; i++) free(ctx->scratch[i]);
+    free((void *)ctx->counters);
     free(ctx->scratch);
     free(ctx->prof);
     free(ctx);
@@ -155,7 +158,7 @@ int pyllm_program_check(const pyllm_op *ops, int n_ops) {
     for (int i = 0; i < n_ops; i++) {
         if (check_op(&ops[i]) != 0) {
             char msg[512];
-            snprintf(msg, sizeof msg, "op %d (layer %d): %s", i, ops[i].layer, err_buf);
+            snprintf(msg, sizeof msg, "op %d (layer %d): %.400s", i, ops[i].layer, err_buf);
             memcpy(err_buf, msg, sizeof msg);
             return i + 1;
         }
@@ -166,6 +169,8 @@ int pyllm_program_check(const pyllm_op *ops, int n_ops) {
 static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
     if (st->n_tokens < 1) return fail("empty batch");
     if (st->n_out < 1 || st->n_out > st->n_tokens) return fail("n_out %d outside 1..%d", st->n_out, st->n_tokens);
+    if (matmul_scratch_floats(st->n_tokens) > SCRATCH_FLOATS)
+        return fail("a step of %d tokens is more than the core's scratch holds", st->n_tokens);
     if (!st->tokens || !st->pos) return fail("missing tokens or positions");
     if (st->block_size < 1 || st->block_size > MAX_KV_BLOCK || !st->block_table || st->n_table < 1)
         return fail("missing KV block table, or blocks of %d positions (at most %d)", st->block_size, MAX_KV_BLOCK);
@@ -200,8 +205,9 @@ typedef struct {
     const pyllm_step *step;
 } job;
 
-static void exec_op(const pyllm_op *op, const pyllm_step *st, float *scratch, int ith, int nth) {
-    op_rows r = {st, st->n_tokens, 0, scratch};
+static void exec_op(const pyllm_op *op, const pyllm_step *st, float *scratch, _Atomic int64_t *counter,
+                    int ith, int nth) {
+    op_rows r = {st, st->n_tokens, 0, scratch, counter};
     if (op->flags & OPF_LAST_ROWS) {
         r.rows = st->n_out;
         r.row0 = st->n_tokens - st->n_out;
@@ -230,13 +236,13 @@ static void run_job(void *arg, int ith, int nth) {
         const pyllm_op *op = &j->ops[i];
         if (prof) {
             double t0 = now_ns();
-            exec_op(op, j->step, scratch, ith, nth);
+            exec_op(op, j->step, scratch, &j->ctx->counters[i], ith, nth);
             double dt = now_ns() - t0;
             prof->op_ns[op->kind] += dt;
             prof->busy_ns += dt;
             if (op->kind == OP_MATMUL) prof->matmul_type_ns[op->type & 31] += dt;
         } else {
-            exec_op(op, j->step, scratch, ith, nth);
+            exec_op(op, j->step, scratch, &j->ctx->counters[i], ith, nth);
         }
         if (!(op->flags & OPF_NO_SYNC)) threadpool_barrier(j->ctx->pool);
     }
@@ -245,6 +251,13 @@ static void run_job(void *arg, int ith, int nth) {
 int pyllm_run(pyllm_ctx *ctx, const pyllm_op *ops, int n_ops, const pyllm_step *step) {
     if (!ctx || !ops || !step) return fail("null argument");
     if (check_step(ops, n_ops, step) != 0) return -1;
+    if (n_ops > ctx->n_counters) {
+        _Atomic int64_t *c = realloc((void *)ctx->counters, (size_t)n_ops * sizeof *c);
+        if (!c) return fail("out of memory");
+        ctx->counters = c;
+        ctx->n_counters = n_ops;
+    }
+    memset((void *)ctx->counters, 0, (size_t)n_ops * sizeof *ctx->counters);
     job j = {ctx, ops, n_ops, step};
     double t0 = ctx->profile ? now_ns() : 0;
     threadpool_run(ctx->pool, run_job, &j);

@@ -120,6 +120,9 @@ int pyllm_kernel_quantize_act(int isa, int act, const float *x, void *out, int64
 int pyllm_kernel_vec_dot(int isa, int type, int64_t n, const void *w, const void *a, float *out);
 int pyllm_kernel_gemv(int isa, int type, int64_t n, const void *w, size_t row_bytes, int nrows,
                       const void *a, float *out);
+/* out[t*out_stride + r] for r < nrows, t < ncols (the level's gemm, else its gemv per column) */
+int pyllm_kernel_gemm(int isa, int type, int64_t n, const void *w, size_t row_bytes, int nrows, const void *a,
+                      size_t a_stride, int ncols, float *out, size_t out_stride);
 /* the float helpers of attention and the KV cache, by `which`:
  *   0 f32_to_f16(a=float[n]) -> out=f16[n]     1 f16_to_f32(a=f16[n]) -> out=float[n]
  *   2 dot_f16_f32(a=f16[n], b=float[n]) -> out=float[1]

@@ -80,10 +80,19 @@ typedef float (*vec_dot_fn)(int64_t n, const void *restrict w, const void *restr
 typedef void (*gemv_fn)(int64_t n, const void *restrict w, size_t row_bytes, int nrows,
                         const void *restrict a, float *restrict out);
 
+/* gemm_fn: out[t*out_stride + r] = vec_dot(n, w + r*row_bytes, a + t*a_stride)
+ * for r in [0, nrows), t in [0, ncols): a tile of weight rows against several
+ * activation rows (prefill), each weight block decoded once for several of
+ * them. NULL means the matmul loops over gemv. */
+typedef void (*gemm_fn)(int64_t n, const void *restrict w, size_t row_bytes, int nrows,
+                        const void *restrict a, size_t a_stride, int ncols,
+                        float *restrict out, size_t out_stride);
+
 typedef struct {
     dequant_fn dequant[T_COUNT];
     vec_dot_fn vec_dot[T_COUNT];
     gemv_fn gemv[T_COUNT];
+    gemm_fn gemm[T_COUNT];
     quantize_fn quantize_act[3];   /* by ACT_*; ACT_F32 entry is a plain copy */
     /* float helpers used by attention and the KV cache */
     void (*f32_to_f16)(const float *restrict x, f16_t *restrict out, int64_t n);

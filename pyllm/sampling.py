@@ -1,12 +1,32 @@
-"""Choosing the next token from logits: samplers, seeded.
+"""Choosing the next token from logits: a chain of samplers, seeded.
 
-Greedy when temperature is 0. Otherwise, in llama.cpp's default order:
-penalties -> top-k -> top-p -> min-p -> temperature -> random draw.
+The chain and its defaults follow llama.cpp (common/sampling.cpp,
+src/llama-sampling.cpp):
+
+    logit bias -> penalties (repeat, frequency, presence over the last
+    repeat_last_n tokens) -> top-k -> typical-p -> top-p -> min-p ->
+    temperature -> random draw
+
+`temperature == 0` is greedy: the highest logit after the logit bias and the
+penalties (the filters cannot change which token that is, so they are skipped).
+
+Every stage works on `Candidates`: token ids with their logits, possibly
+sorted best first. Each stage is a plain function, so tests can check one at
+a time on fixed logits. Speed matters: a vocabulary can have 262k entries and
+sampling must stay small next to a decode step, so nothing sorts the whole
+vocabulary unless a setting needs it (top-p or typical-p with top-k off grow a
+partial selection until it covers the probability mass they need).
+
+Defaults (llama.cpp's): temperature 0.8, top_k 40, top_p 0.95, min_p 0.05,
+typical_p 1.0 (off), repeat_penalty 1.0 (off), repeat_last_n 64,
+frequency_penalty 0, presence_penalty 0, no logit bias, a random seed.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Sequence
+import math
+import secrets
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -15,56 +35,320 @@ from .errors import InvalidArgumentError
 
 @dataclass
 class SamplingParams:
+    """Sampling settings. Disabled values: top_k 0, top_p 1, min_p 0,
+    typical_p 1, repeat_penalty 1, repeat_last_n 0 (-1 = the whole history)."""
     temperature: float = 0.8
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
+    typical_p: float = 1.0
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
     seed: Optional[int] = None
+    min_keep: int = 0
 
     def validate(self) -> "SamplingParams":
+        def bad(msg: str) -> InvalidArgumentError:
+            return InvalidArgumentError(msg)
+        for name in ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty",
+                     "frequency_penalty", "presence_penalty"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+                raise bad(f"{name} must be a number, not {v!r}")
+        for name in ("top_k", "repeat_last_n", "min_keep"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise bad(f"{name} must be an integer, not {v!r}")
         if self.temperature < 0:
-            raise InvalidArgumentError(f"temperature must be >= 0, not {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise InvalidArgumentError(f"top_p must be in (0, 1], not {self.top_p}")
-        if not 0 <= self.min_p <= 1:
-            raise InvalidArgumentError(f"min_p must be in [0, 1], not {self.min_p}")
+            raise bad(f"temperature must be >= 0 (0 = greedy), not {self.temperature}")
         if self.top_k < 0:
-            raise InvalidArgumentError(f"top_k must be >= 0 (0 = all), not {self.top_k}")
+            raise bad(f"top_k must be >= 0 (0 = off), not {self.top_k}")
+        for name in ("top_p", "min_p", "typical_p"):
+            v = getattr(self, name)
+            if not 0 <= v <= 1:
+                raise bad(f"{name} must be in [0, 1], not {v}")
         if self.repeat_penalty <= 0:
-            raise InvalidArgumentError(f"repeat_penalty must be > 0, not {self.repeat_penalty}")
+            raise bad(f"repeat_penalty must be > 0 (1 = off), not {self.repeat_penalty}")
+        if self.repeat_last_n < -1:
+            raise bad(f"repeat_last_n must be >= -1 (-1 = all, 0 = off), not {self.repeat_last_n}")
+        if self.min_keep < 0:
+            raise bad(f"min_keep must be >= 0, not {self.min_keep}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))
+                                      or self.seed < 0):
+            raise bad(f"seed must be a non-negative integer, not {self.seed!r}")
+        bias = {}
+        for k, v in dict(self.logit_bias or {}).items():
+            try:
+                tid, b = int(k), float(v)
+            except (TypeError, ValueError):
+                raise bad(f"logit_bias maps token ids to numbers; got {k!r}: {v!r}") from None
+            if tid < 0 or math.isnan(b):
+                raise bad(f"logit_bias: bad entry {k!r}: {v!r}")
+            bias[tid] = b
+        self.logit_bias = bias
         return self
 
 
+class Candidates:
+    """Token ids and their logits; `sorted` when logits are in descending order.
+
+    ids None stands for the whole vocabulary in id order (no arange of 262k
+    entries per step)."""
+
+    __slots__ = ("ids", "logits", "sorted")
+
+    def __init__(self, ids: Optional[np.ndarray], logits: np.ndarray, sorted: bool = False):
+        self.ids, self.logits, self.sorted = ids, logits, sorted
+
+    @classmethod
+    def of(cls, logits: np.ndarray) -> "Candidates":
+        return cls(None, np.asarray(logits, dtype=np.float32))
+
+    def __len__(self) -> int:
+        return len(self.logits)
+
+    def token_ids(self) -> np.ndarray:
+        return np.arange(len(self.logits)) if self.ids is None else self.ids
+
+    def take(self, sel: np.ndarray | slice, sorted: bool) -> "Candidates":
+        ids = (sel if not isinstance(sel, slice) else np.arange(len(self.logits))[sel]) if self.ids is None \
+            else self.ids[sel]
+        return Candidates(np.asarray(ids, dtype=np.int64), self.logits[sel], sorted)
+
+    def probs(self) -> np.ndarray:
+        """softmax of the logits (float64), in candidate order."""
+        return _softmax(self.logits)
+
+    def as_dict(self) -> dict[int, float]:
+        """{token id: probability} (for tests and debugging)."""
+        return dict(zip(self.token_ids().tolist(), self.probs().tolist()))
+
+
+def _exp_shifted(x: np.ndarray) -> np.ndarray:
+    """exp(x - max x): unnormalised probabilities (float64 for small sets;
+    float32 for big ones, where float64 would cost more than it gives)."""
+    x = np.asarray(x, dtype=np.float64 if len(x) <= 4096 else np.float32)
+    m = x.max()
+    if not np.isfinite(m):
+        raise InvalidArgumentError("no token is left to sample (every logit is -inf or NaN)")
+    return np.exp(x - m)
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = _exp_shifted(x)
+    return e / e.sum(dtype=np.float64)
+
+
+def _smallest(keys: np.ndarray, m: int) -> np.ndarray:
+    """Indices of the m smallest keys in increasing order (ties: lower index
+    first), without sorting everything."""
+    n = len(keys)
+    if m >= n:
+        return np.argsort(keys, kind="stable")
+    if n > 8192 and m <= 256:
+        # a cheap bound: the m-th smallest of 512 block minima is >= the m-th
+        # smallest key, so every one of the m smallest keys is <= it
+        cut = n - n % 512
+        mins = keys[:cut].reshape(512, -1).min(axis=1)
+        if cut < n:
+            mins = np.append(mins, keys[cut:].min())
+        bound = np.partition(mins, m - 1)[m - 1]
+    else:
+        bound = np.partition(keys, m - 1)[m - 1]
+    pool = np.flatnonzero(keys <= bound)      # in index order
+    if len(pool) < m:                         # NaNs in the way: plain and slower
+        pool = np.sort(np.argpartition(keys, m - 1)[:m])
+    elif len(pool) > m:
+        kth = np.partition(keys[pool], m - 1)[m - 1]
+        pool = pool[keys[pool] <= kth]
+    return pool[np.argsort(keys[pool], kind="stable")[:m]]
+
+
+def _prefix_reaching(keys: np.ndarray, weights: np.ndarray, target: float, strict: bool,
+                     min_keep: int) -> np.ndarray:
+    """Indices in increasing key order, up to and including the first where
+    the running sum of weights reaches target (> if strict, else >=), and at
+    least min_keep of them. Grows a partial selection instead of sorting all."""
+    n = len(keys)
+    m = min(n, max(64, min_keep))
+    while True:
+        idx = _smallest(keys, m)
+        cum = np.cumsum(weights[idx])
+        hit = (cum > target) if strict else (cum >= target)
+        hit[:max(min_keep, 1) - 1] = False
+        pos = int(np.argmax(hit))
+        if hit[pos]:
+            return idx[:pos + 1]
+        if m >= n:
+            return idx
+        m = min(n, m * 8)
+
+
+# ---- the stages ----------------------------------------------------------------------
+
+def apply_logit_bias(logits: np.ndarray, bias: Mapping[int, float]) -> np.ndarray:
+    """logits + bias[token] (a new array when there is any bias)."""
+    if not bias:
+        return logits
+    ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
+    if ids.max() >= len(logits):
+        raise InvalidArgumentError(f"logit_bias names token {int(ids.max())}, outside the vocabulary "
+                                   f"(0..{len(logits) - 1})")
+    out = np.array(logits, dtype=np.float32)
+    out[ids] += np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
+    return out
+
+
+def apply_penalties(logits: np.ndarray, history: Sequence[int], last_n: int, repeat: float = 1.0,
+                    frequency: float = 0.0, presence: float = 0.0) -> np.ndarray:
+    """Penalises tokens seen in the last `last_n` of history (-1: all of it).
+
+    For a token seen c > 0 times: its logit is divided by `repeat` if
+    positive, else multiplied by it; then c * frequency + presence is
+    subtracted. Returns a new array when anything changes."""
+    if last_n == 0 or not len(history) or (repeat == 1.0 and frequency == 0.0 and presence == 0.0):
+        return logits
+    window = history if last_n < 0 else history[-last_n:]
+    ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
+    ids_ok = (ids >= 0) & (ids < len(logits))
+    ids, counts = ids[ids_ok], counts[ids_ok]
+    out = np.array(logits, dtype=np.float32)
+    v = out[ids]
+    v = np.where(v <= 0, v * repeat, v / repeat)
+    v -= counts.astype(np.float32) * frequency + presence
+    out[ids] = v
+    return out
+
+
+def top_k(c: Candidates, k: int, min_keep: int = 1) -> Candidates:
+    """The k highest logits, sorted best first; k <= 0 keeps all (unsorted)."""
+    if k <= 0:
+        return c
+    k = min(max(k, min_keep), len(c))
+    if c.sorted:
+        return c.take(slice(0, k), True)
+    return c.take(_smallest(-c.logits, k), True)
+
+
+def top_p(c: Candidates, p: float, min_keep: int = 1) -> Candidates:
+    """Nucleus: the best tokens, in order, up to and including the one where
+    their cumulative probability first reaches p (at least min_keep)."""
+    if p >= 1.0 or len(c) <= 1:
+        return c
+    probs = c.probs()
+    if c.sorted:
+        cum = np.cumsum(probs)
+        hit = cum >= p
+        hit[:max(min_keep, 1) - 1] = False
+        pos = int(np.argmax(hit))
+        return c.take(slice(0, pos + 1 if hit[pos] else len(c)), True)
+    return c.take(_prefix_reaching(-c.logits, probs, p, False, min_keep), True)
+
+
+def min_p(c: Candidates, p: float, min_keep: int = 1) -> Candidates:
+    """Keeps tokens whose probability is at least p times the best one's
+    (logit >= max logit + ln p); order is preserved."""
+    if p <= 0.0 or len(c) <= 1:
+        return c
+    threshold = float(c.logits.max()) + math.log(p)
+    if c.sorted:
+        n = int(np.count_nonzero(c.logits >= threshold))
+        return c.take(slice(0, max(n, min_keep, 1)), True)
+    keep = np.flatnonzero(c.logits >= threshold)
+    if len(keep) >= max(min_keep, 1):
+        return c.take(keep, False)
+    return top_k(c, min_keep, min_keep)
+
+
+def typical(c: Candidates, p: float, min_keep: int = 1) -> Candidates:
+    """Locally typical sampling: tokens ordered by how far their surprisal
+    (-ln p) is from the distribution's entropy, closest first, until their
+    cumulative probability exceeds p (at least min_keep)."""
+    if p >= 1.0 or len(c) <= 1:
+        return c
+    probs = c.probs()
+    with np.errstate(divide="ignore"):
+        logp = np.log(probs)
+    entropy = -float(np.sum(np.where(probs > 0, probs * logp, 0.0)))
+    shifted = np.abs(-logp - entropy)
+    return c.take(_prefix_reaching(shifted, probs, p, True, min_keep), False)
+
+
+def temperature(c: Candidates, t: float) -> Candidates:
+    """Divides the logits by t (t > 0); t <= 0 keeps only the best token."""
+    if t <= 0:
+        i = int(np.argmax(c.logits))
+        return c.take(np.array([i]), True)
+    if t == 1.0:
+        return c
+    return Candidates(c.ids, c.logits / np.float32(t), c.sorted)
+
+
+def draw(c: Candidates, rng: np.random.Generator) -> int:
+    """A token drawn from softmax(logits), walking the candidates in order."""
+    cum = np.cumsum(_exp_shifted(c.logits), dtype=np.float64)
+    i = int(np.searchsorted(cum, rng.random() * cum[-1], side="right"))
+    i = min(i, len(c) - 1)
+    return int(c.ids[i]) if c.ids is not None else i
+
+
 class Sampler:
-    def __init__(self, params: SamplingParams):
+    """A seeded sampler chain: `sampler(logits, history) -> token id`.
+
+    history: the tokens so far (prompt and generated); penalties look at its
+    last repeat_last_n entries."""
+
+    def __init__(self, params: Optional[SamplingParams] = None, **kwargs):
+        if params is None:
+            params = SamplingParams(**kwargs)
+        elif kwargs:
+            raise InvalidArgumentError("give SamplingParams or keywords, not both")
         self.p = params.validate()
-        self.rng = np.random.default_rng(params.seed)
+        #: the seed in use (chosen at random when none was given), to reproduce a run
+        self.seed: int = int(params.seed) if params.seed is not None else secrets.randbits(32)
+        self.rng = np.random.default_rng(self.seed)
+
+    def adjusted_logits(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
+        """The logits after the logit bias and the penalties."""
+        p = self.p
+        x = np.asarray(logits, dtype=np.float32)
+        if x.ndim != 1 or not len(x):
+            raise InvalidArgumentError(f"logits must be one non-empty row, not shape {x.shape}")
+        x = apply_logit_bias(x, p.logit_bias)
+        return apply_penalties(x, history, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty,
+                               p.presence_penalty)
+
+    def candidates(self, logits: np.ndarray, history: Sequence[int] = ()) -> Candidates:
+        """What the final draw chooses from: the chain up to (and including)
+        the temperature. `.as_dict()` gives {token: probability}."""
+        p = self.p
+        keep = max(1, p.min_keep)
+        c = Candidates.of(self.adjusted_logits(logits, history))
+        if p.temperature <= 0:
+            return temperature(c, 0.0)
+        c = top_k(c, p.top_k, keep)
+        c = typical(c, p.typical_p, keep)
+        if not c.sorted and p.top_p < 1.0 and p.min_p > 0.0 and len(c) > 1:
+            # top-p and min-p both keep a prefix of the sorted candidates and
+            # agree on the best one, so min-p's count bounds how far top-p
+            # needs to sort (same result, much less work without top-k)
+            n_min = int(np.count_nonzero(c.logits >= float(c.logits.max()) + math.log(p.min_p)))
+            order = _smallest(-c.logits, max(n_min, keep))
+            best = c.take(order, True)
+            cum = np.cumsum(c.probs()[order])
+            hit = cum >= p.top_p
+            hit[:keep - 1] = False
+            pos = int(np.argmax(hit))
+            c = best.take(slice(0, pos + 1), True) if hit[pos] else best
+        else:
+            c = top_p(c, p.top_p, keep)
+        c = min_p(c, p.min_p, keep)
+        return temperature(c, p.temperature)
 
     def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
-        p = self.p
-        logits = np.asarray(logits, dtype=np.float32)
-        if p.repeat_penalty != 1.0 and history:
-            logits = logits.copy()
-            recent = np.unique(np.asarray(history[-p.repeat_last_n:], dtype=np.int64))
-            vals = logits[recent]
-            logits[recent] = np.where(vals > 0, vals / p.repeat_penalty, vals * p.repeat_penalty)
-        if p.temperature == 0:
-            return int(np.argmax(logits))
-        # candidates, best first
-        k = p.top_k if 0 < p.top_k < len(logits) else len(logits)
-        idx = np.argpartition(-logits, k - 1)[:k] if k < len(logits) else np.arange(len(logits))
-        idx = idx[np.argsort(-logits[idx], kind="stable")]
-        vals = logits[idx].astype(np.float64)
-        probs = np.exp(vals - vals[0])
-        probs /= probs.sum()
-        if p.top_p < 1.0:
-            keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
-            idx, vals, probs = idx[:keep], vals[:keep], probs[:keep]
-        if p.min_p > 0:
-            keep = probs >= p.min_p * probs[0]
-            idx, vals = idx[keep], vals[keep]
-        probs = np.exp((vals - vals[0]) / p.temperature)
-        probs /= probs.sum()
-        return int(idx[self.rng.choice(len(idx), p=probs)])
+        if self.p.temperature <= 0:
+            return int(np.argmax(self.adjusted_logits(logits, history)))
+        return draw(self.candidates(logits, history), self.rng)

@@ -21,3 +21,13 @@ def smollm2_path() -> str:
 @pytest.fixture(scope="session")
 def gemma3_path() -> str:
     return ensure_model("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def model_path():
+    """model_path(file_name) -> the path of that registry model's file, fetched if absent."""
+    by_file = {m.file: name for name, m in registry.MODELS.items()}
+
+    def get(file_name: str) -> str:
+        return ensure_model(by_file[file_name])
+    return get

@@ -129,13 +129,30 @@ def test_bad_steps_are_refused(tmp_path):
         be.forward([1], 0, [8], 1)
 
 
+SMOLLM2_TEXT = ("The history of the city begins in the Roman era, when a small settlement grew along the river. "
+                "Over the centuries it became a center of trade, and its markets drew merchants from across the "
+                "region. Today the old town is known for its narrow streets, its churches and the long bridge that "
+                "crosses the river near the cathedral, where people gather on summer evenings to watch the boats.")
+
+
 @pytest.mark.model
 def test_smollm2_matches_reference(smollm2_path):
+    """64 tokens of plain text through the real model, C core vs the float32
+    reference. The C core's 8-bit activations put its logits ~3% of their
+    spread from exact math (llama.cpp sits 4.4% away on the same input), so a
+    near-tie between the top two tokens can go either way: top-1 must match at
+    every position where the reference's top-2 margin exceeds 0.1 (the margin
+    the llama.cpp comparison uses); measured here, the positions that differ
+    have margins of 0.02 and 0.07."""
+    from pyllm.tokenizer import load_tokenizer
     arch, be = build(smollm2_path, n_batch=64)
-    rng = np.random.default_rng(0)
-    tokens = [1] + list(rng.integers(100, 20000, 63))
+    tokens = load_tokenizer(arch.mf.metadata).encode(SMOLLM2_TEXT)[:64]
+    assert len(tokens) == 64
     out = be.forward(tokens, 0, [0, 1, 2, 3], 64).copy()
     ref = Reference(arch).forward(tokens)
-    rel, agree = compare(out, ref)
-    assert rel < 0.08, rel
-    assert agree == 1.0
+    rel = float(np.sqrt(np.mean((out - ref) ** 2)) / ref.std())
+    assert rel < 0.05, rel
+    top2 = np.sort(ref, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 0.1
+    assert clear.sum() >= 55
+    np.testing.assert_array_equal(out.argmax(1)[clear], ref.argmax(1)[clear])

@@ -34,6 +34,7 @@ from gguf.quants import dequantize as gguf_dequantize
 
 from pyllm._native import ffi, lib
 
+
 ISA_NAMES = {0: "scalar", 1: "avx2", 2: "avx512", 3: "neon"}
 LEVELS = [i for i in ISA_NAMES if lib.pyllm_level_available(i)]
 SIMD_LEVELS = [i for i in LEVELS if i != 0]
@@ -336,6 +337,40 @@ def test_gemv_equals_scalar_vec_dot(isa, tname):
             assert abs(out[r] - ref) <= TOL_SIMD * mag, (nrows, r, out[r], ref)
 
 
+GEMM_TYPES = [t for t, (tid, *_) in TYPES.items() if any(lib.pyllm_kernel_provided(i, 4, tid) for i in LEVELS)]
+
+
+@pytest.mark.parametrize("tname", type_params(GEMM_TYPES + [t for t in ["Q8_0", "Q4_K"] if t not in GEMM_TYPES]))
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_gemm_equals_scalar_vec_dot(isa, tname):
+    """out[t*os + r] = vec_dot(row r, activation t), for tiles of every shape
+    (rows and activation rows not multiples of 4, partial quads, more than
+    one chunk of prepared activations, padded strides)"""
+    rng = np.random.default_rng(11)
+    tid, bs, _, act = TYPES[tname]
+    shapes = [(32 * 18, 16, 9), (32 * 5, 7, 4), (32 * 7, 4, 3), (32 * 70, 5, 5), (32, 1, 1)] if bs == 32 else \
+        [(256 * 3, 7, 5), (256, 1, 1)]
+    for n, nrows, ncols in shapes:
+        w, _, _ = make_case(tname, n, rng, nrows)
+        xs = rng.standard_normal((ncols, n)).astype(np.float32)
+        ab = act_bytes(act, n)
+        a_stride = ab + 8
+        acts = np.zeros((ncols, a_stride), dtype=np.uint8)
+        for t in range(ncols):
+            acts[t, :ab] = quantize(0, act, xs[t])
+        os_ = nrows + 3
+        out = np.full(ncols * os_, np.nan, dtype=np.float32)
+        rc = lib.pyllm_kernel_gemm(isa, tid, n, ffi.from_buffer(w), w.shape[1], nrows, ffi.from_buffer(acts),
+                                       a_stride, ncols, ffi.cast("float *", ffi.from_buffer(out)), os_)
+        assert rc == 0
+        for t in range(ncols):
+            for r in range(nrows):
+                ref = vec_dot(0, tname, n, w[r], acts[t, :ab])
+                mag = magnitude(tname, gguf_deq(tname, w[r]), xs[t])
+                assert abs(out[t * os_ + r] - ref) <= TOL_SIMD * mag, (n, nrows, ncols, t, r, out[t * os_ + r], ref)
+    assert lib.pyllm_kernel_gemm(isa, 4, 32, ffi.NULL, 18, 1, ffi.NULL, 40, 1, ffi.NULL, 1) == -1
+
+
 # ---------------------------------------------------------------- fp16 / float helpers
 def f16_f32_cases():
     rng = np.random.default_rng(9)
@@ -455,14 +490,14 @@ def test_levels_and_api_validation():
             assert lib.pyllm_kernel_provided(isa, 1, 2) == 0
 
 
-KINDS = ["dequant", "vec_dot", "gemv", "quantize_act"]
+KINDS = ["dequant", "vec_dot", "gemv", "quantize_act", "gemm"]
 
 
 def provided_table():
     rows = {}
     for isa in LEVELS:
         rows[isa] = {k: [t for t, (tid, *_) in TYPES.items() if lib.pyllm_kernel_provided(isa, ki, tid)]
-                     for ki, k in enumerate(KINDS[:3])}
+                     for ki, k in enumerate(KINDS) if k != "quantize_act"}
         rows[isa]["quantize_act"] = [s for a, s in [(0, "F32"), (1, "Q8_32"), (2, "Q8_K")]
                                      if lib.pyllm_kernel_provided(isa, 3, a)]
     return rows
@@ -476,7 +511,7 @@ def test_report_provided_kernels():
             print(f"  {ISA_NAMES[isa]:7s} {k:12s} {' '.join(r[k]) or '-'}")
     # the scalar level is complete
     assert rows[0]["dequant"] == list(TYPES) and rows[0]["vec_dot"] == list(TYPES)
-    assert rows[0]["gemv"] == [] and rows[0]["quantize_act"] == ["F32", "Q8_32", "Q8_K"]
+    assert rows[0]["gemv"] == [] and rows[0]["gemm"] == [] and rows[0]["quantize_act"] == ["F32", "Q8_32", "Q8_K"]
 
 
 @pytest.mark.parametrize("isa", level_params([1, 2]))
@@ -504,7 +539,7 @@ def test_avx512_without_vnni():
     """the AVX-512BW (maddubs) path, forced on a VNNI CPU by PYLLM_AVX512_VNNI=0"""
     env = dict(os.environ, PYLLM_AVX512_VNNI="0")
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__,
-                        "-k", "avx512 and (vec_dot or gemv) and not without_vnni"],
+                        "-k", "avx512 and (vec_dot or gemv or gemm) and not without_vnni"],
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert " passed" in r.stdout

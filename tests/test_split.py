@@ -178,13 +178,23 @@ def test_bus_delay_takes_the_modelled_time(tmp_path):
 
 # -- Model(n_gpu_layers=..., device=...) ---------------------------------------------------------------
 
-def test_model_without_gpu(tmp_path, caplog, monkeypatch):
+def test_model_without_gpu(tmp_path, monkeypatch):
     monkeypatch.delenv("PYLLM_DEVICE", raising=False)
     path = synth.write_llama(tmp_path / "m.gguf", QT.Q8_0)
-    with caplog.at_level(logging.DEBUG, logger="pyllm"):
+    records = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append
+    log = logging.getLogger("pyllm")     # the CLI may have stopped it propagating: listen on it directly
+    level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    try:
         with Model(path, n_ctx=64, n_threads=1) as m:
             assert type(m.backend).__name__ == "CpuBackend" and m.plan is None
-    assert any("running on the CPU" in r.message for r in caplog.records)
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    assert any("no GPU" in r.getMessage() and "running on the CPU" in r.getMessage() for r in records)
     with pytest.raises(BackendError, match="n_gpu_layers=2 asks for a GPU"):
         Model(path, n_ctx=64, n_threads=1, n_gpu_layers=2)
     with pytest.raises(BackendError, match="n_gpu_layers=all asks for a GPU"):

@@ -445,6 +445,8 @@ INLINE void act4_prep(const block_q8_32 *y, int nblk, const int c, const int vnn
         const block_q8_32 *y = a;                                                                          \
         const int64_t nb = n / QK;                                                                         \
         act4 Ab[ACT_CHUNK];                                                                                \
+        if (nb <= 0)                                                                                       \
+            for (int r = 0; r < nrows; r++) out[r] = 0.0f;                                                 \
         for (int64_t c0 = 0; c0 < nb; c0 += 4 * ACT_CHUNK) {                                               \
             const int64_t cb = nb - c0 < 4 * ACT_CHUNK ? nb - c0 : 4 * ACT_CHUNK;                          \
             for (int64_t i = 0; i < cb; i += 4)                                                            \
@@ -496,6 +498,215 @@ DEFINE_ROWS(q5_0, block_q5_0)
 DEFINE_ROWS(q5_1, block_q5_1)
 DEFINE_ROWS(q8_0, block_q8_0)
 DEFINE_ROWS(iq4_nl, block_iq4_nl)
+
+/* ------------------------------------------------------------------ */
+/* gemm: a tile of rows against up to 4 activation rows at a time          */
+/* ------------------------------------------------------------------ */
+/* Each row's quad is decoded once (gather, nibble split / 5th bits, scales
+ * to float) and used for every activation row: per (row, activation row,
+ * quad) two vpdpbusd (seeded with the activation's -c * sum), one convert,
+ * one multiply and one FMA, plus a masked FMA for the m*s terms of
+ * Q4_1/Q5_1 -- against ~12 per quad in gemv. */
+
+#ifndef GEMM_R
+#define GEMM_R 4 /* rows per tile (x 4 activation rows: 16 accumulators) */
+#endif
+#define GEMM_CHUNK 16 /* quads prepared per activation row at a time (4 rows: 16 KB) */
+
+typedef struct {
+    act4 a;
+    __m512 dapat; /* [da0 x4, da1 x4, da2 x4, da3 x4] */
+} act4g;
+
+/* a row's quad, decoded: lo/hi quants in the quad layout (unsigned with
+ * offset c, or signed for the no-VNNI path of Q8_0/IQ4_NL), dpat the
+ * blocks' d as [d0 x4, ...], mz (Q4_1/Q5_1) m_k in lanes 2k+1 */
+typedef struct {
+    __m512i lo, hi;
+    __m512 dpat, mz;
+} wquad;
+
+INLINE __m512 dpat_of(__m128i dh) { return spread4(_mm_cvtph_ps(dh)); }
+
+INLINE void dec_q4_0(const int vnni, const int full, const int nblk, const uint8_t *x, wquad *W) {
+    (void)vnni;
+    const __m512i L0 = LDW(x, 0, 18), L1 = LDW(x, 8, 18);
+    const __m512i q = _mm512_permutex2var_epi16(
+        L0, IDX16(1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15, 16, 17, 19, 20, 21, 22, 23, 24, 25, 26, 56, 57, 58, 59, 60, 61, 62, 63),
+        L1);
+    W->lo = nib_lo(q), W->hi = nib_hi(q);
+    W->dpat = dpat_of(d4_scalar(x, 18, full, nblk));
+}
+
+INLINE void dec_iq4_nl(const int vnni, const int full, const int nblk, const uint8_t *x, wquad *W) {
+    dec_q4_0(vnni, full, nblk, x, W);
+    const __m512i tab = iq4nl_table(vnni);
+    W->lo = _mm512_shuffle_epi8(tab, W->lo), W->hi = _mm512_shuffle_epi8(tab, W->hi);
+}
+
+INLINE void dec_q4_1(const int vnni, const int full, const int nblk, const uint8_t *x, wquad *W) {
+    (void)vnni;
+    const __m512i L0 = LDW(x, 0, 20), L1 = LDW(x, 16, 20);
+    const __m512i q = _mm512_permutex2var_epi32(
+        L0, _mm512_setr_epi32(1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 13, 14, 28, 29, 30, 31), L1);
+    W->lo = nib_lo(q), W->hi = nib_hi(q);
+    const __m256 dmf = _mm256_cvtph_ps(_mm512_castsi512_si128(
+        _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 5, 10, 15, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), L0)));
+    W->dpat = spread4_even(dmf), W->mz = _mm512_zextps256_ps512(dmf);
+}
+
+INLINE void dec_q5_0(const int vnni, const int full, const int nblk, const uint8_t *x, wquad *W) {
+    (void)vnni;
+    const __m512i L0 = LDW(x, 0, 22), L1 = LDW(x, 24, 22);
+    const __m512i q = _mm512_permutex2var_epi16(
+        L0, IDX16(3, 4, 5, 6, 7, 8, 9, 10, 14, 15, 16, 17, 18, 19, 20, 21, 45, 46, 47, 48, 49, 50, 51, 52, 56, 57, 58, 59, 60, 61, 62, 63),
+        L1);
+    __mmask64 klo, khi;
+    q5_masks(QH(x, 2, 22, 0), QH(x, 2, 22, 1), QH(x, 2, 22, 2), QH(x, 2, 22, 3), &klo, &khi);
+    const __m512i b4 = _mm512_set1_epi8(0x10), lo = nib_lo(q), hi = nib_hi(q);
+    W->lo = _mm512_mask_add_epi8(lo, klo, lo, b4), W->hi = _mm512_mask_add_epi8(hi, khi, hi, b4);
+    W->dpat = dpat_of(d4_scalar(x, 22, full, nblk));
+}
+
+INLINE void dec_q5_1(const int vnni, const int full, const int nblk, const uint8_t *x, wquad *W) {
+    (void)vnni;
+    const __m512i L0 = LDW(x, 0, 24), L1 = LDW(x, 32, 24);
+    const __m512i q = _mm512_permutex2var_epi32(
+        L0, _mm512_setr_epi32(2, 3, 4, 5, 8, 9, 10, 11, 22, 23, 24, 25, 28, 29, 30, 31), L1);
+    __mmask64 klo, khi;
+    q5_masks(QH(x, 4, 24, 0), QH(x, 4, 24, 1), QH(x, 4, 24, 2), QH(x, 4, 24, 3), &klo, &khi);
+    const __m512i b4 = _mm512_set1_epi8(0x10), lo = nib_lo(q), hi = nib_hi(q);
+    W->lo = _mm512_mask_add_epi8(lo, klo, lo, b4), W->hi = _mm512_mask_add_epi8(hi, khi, hi, b4);
+    const __m256 dmf = _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi32(
+        L0, _mm512_setr_epi32(0, 6, 12, 26, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), L1)));
+    W->dpat = spread4_even(dmf), W->mz = _mm512_zextps256_ps512(dmf);
+}
+
+INLINE void dec_q8_0(const int vnni, const int full, const int nblk, const uint8_t *x, wquad *W) {
+    const __m512i S0 = LDW(x, 0, 34), S1 = LDW(x, 64, 34);
+    const __m512i T0 = LDW(x, 16, 34), T1 = LDW(x, 72, 34);
+    W->lo = _mm512_permutex2var_epi16(
+        S0, IDX16(1, 2, 3, 4, 5, 6, 7, 8, 18, 19, 20, 21, 22, 23, 24, 25, 35, 36, 37, 38, 39, 40, 41, 42, 52, 53, 54, 55, 56, 57, 58, 59),
+        S1);
+    W->hi = _mm512_permutex2var_epi16(
+        T0, IDX16(1, 2, 3, 4, 5, 6, 7, 8, 18, 19, 20, 21, 22, 23, 24, 25, 39, 40, 41, 42, 43, 44, 45, 46, 56, 57, 58, 59, 60, 61, 62, 63),
+        T1);
+    if (vnni) {
+        const __m512i f = _mm512_set1_epi8((char)0x80);
+        W->lo = _mm512_xor_si512(W->lo, f), W->hi = _mm512_xor_si512(W->hi, f);
+    }
+    W->dpat = dpat_of(d4_scalar(x, 34, full, nblk));
+}
+
+/* formats with a min (m*s terms) / signed weights on the no-VNNI path */
+#define MIN_q4_0 0
+#define MIN_q4_1 1
+#define MIN_q5_0 0
+#define MIN_q5_1 1
+#define MIN_q8_0 0
+#define MIN_iq4_nl 0
+#define SIGNED_q4_0 0
+#define SIGNED_q4_1 0
+#define SIGNED_q5_0 0
+#define SIGNED_q5_1 0
+#define SIGNED_q8_0 1
+#define SIGNED_iq4_nl 1
+
+#define DEFINE_GEMM(name, block_t)                                                                         \
+    INLINE void gemm_quad_##name(const int R, const int T, const int vnni, const int full, const int nblk,  \
+                                 int64_t i, const char *w, size_t rb, act4g (*A)[GEMM_CHUNK],               \
+                                 __m512 acc[4][4]) {                                                        \
+        const int q = (int)(i / 4);                                                                         \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                               \
+            wquad W;                                                                                        \
+            dec_##name(vnni, full, nblk, (const uint8_t *)(w + r * rb) + i * sizeof(block_t), &W);          \
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {                                           \
+                const act4g *g = &A[t][q];                                                                  \
+                __m512i dot;                                                                                \
+                if (!vnni && SIGNED_##name) {                                                               \
+                    dot = dot_s8s8(dot_s8s8(_mm512_setzero_si512(), W.lo, g->a.lo), W.hi, g->a.hi);         \
+                } else {                                                                                    \
+                    dot = dpbusd(vnni, g->a.negc, W.lo, g->a.lo);                                           \
+                    dot = dpbusd(vnni, dot, W.hi, g->a.hi);                                                 \
+                }                                                                                           \
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(W.dpat, g->dapat), acc[r][t]); \
+                if (MIN_##name) /* lanes 1, 3, 5, 7: m_k * s_k */                                           \
+                    acc[r][t] = _mm512_mask3_fmadd_ps(W.mz, _mm512_zextps256_ps512(g->a.ds), acc[r][t], 0xaa); \
+            }                                                                                               \
+        }                                                                                                   \
+    }                                                                                                       \
+    INLINE void gemm_tile_##name(const int R, const int T, const int vnni, int64_t nb, const char *w,       \
+                                 size_t rb, act4g (*A)[GEMM_CHUNK], float *out, size_t os) {                \
+        __m512 acc[4][4];                                                                                   \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                                 \
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();           \
+        int64_t i = 0;                                                                                      \
+        for (; i + 4 <= nb; i += 4) gemm_quad_##name(R, T, vnni, 1, 4, i, w, rb, A, acc);                   \
+        if (i < nb) gemm_quad_##name(R, T, vnni, 0, (int)(nb - i), i, w, rb, A, acc);                       \
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {                                               \
+            if (R == 4) {                                                                                   \
+                _mm_storeu_ps(out + t * os, _mm_add_ps(_mm_loadu_ps(out + t * os),                          \
+                                                       reduce4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]))); \
+            } else {                                                                                        \
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) out[t * os + r] +=                      \
+                    _mm512_reduce_add_ps(acc[r][t]);                                                        \
+            }                                                                                               \
+        }                                                                                                   \
+    }                                                                                                       \
+    INLINE void gemm_##name##_impl(const int vnni, int64_t n, const void *w, size_t rb, int nrows,         \
+                                   const void *a, size_t as, int ncols, float *out, size_t os) {            \
+        const int64_t nb = n / QK;                                                                          \
+        act4g A[4][GEMM_CHUNK];                                                                             \
+        for (int t = 0; t < ncols; t++)                                                                     \
+            for (int r = 0; r < nrows; r++) out[t * os + r] = 0.0f;                                         \
+        for (int t0 = 0; t0 < ncols; t0 += 4) {                                                             \
+            const int T = ncols - t0 < 4 ? ncols - t0 : 4;                                                  \
+            for (int64_t c0 = 0; c0 < nb; c0 += 4 * GEMM_CHUNK) {                                           \
+                const int64_t cb = nb - c0 < 4 * GEMM_CHUNK ? nb - c0 : 4 * GEMM_CHUNK;                     \
+                for (int t = 0; t < T; t++) {                                                               \
+                    const block_q8_32 *y =                                                                  \
+                        (const block_q8_32 *)(const void *)((const char *)a + (t0 + t) * as) + c0;          \
+                    for (int64_t i = 0; i < cb; i += 4) {                                                   \
+                        act4g *g = &A[t][i / 4];                                                            \
+                        act4_prep(y + i, cb - i < 4 ? (int)(cb - i) : 4, C_##name(vnni), vnni, &g->a);      \
+                        g->dapat = spread4(g->a.da);                                                        \
+                    }                                                                                       \
+                }                                                                                           \
+                const char *p = (const char *)w + (size_t)c0 * sizeof(block_t);                             \
+                float *o = out + (size_t)t0 * os;                                                           \
+                int r = 0;                                                                                  \
+                if (T == 4) {                                                                               \
+                    for (; r + GEMM_R <= nrows; r += GEMM_R)                                                \
+                        gemm_tile_##name(GEMM_R, 4, vnni, cb, p + r * rb, rb, A, o + r, os);                \
+                    for (; r < nrows; r++) gemm_tile_##name(1, 4, vnni, cb, p + r * rb, rb, A, o + r, os);  \
+                } else {                                                                                    \
+                    for (int t = 0; t < T; t++) {                                                           \
+                        for (r = 0; r + 4 <= nrows; r += 4)                                                 \
+                            gemm_tile_##name(4, 1, vnni, cb, p + r * rb, rb, A + t, o + t * os + r, os);    \
+                        for (; r < nrows; r++)                                                              \
+                            gemm_tile_##name(1, 1, vnni, cb, p + r * rb, rb, A + t, o + t * os + r, os);    \
+                    }                                                                                       \
+                }                                                                                           \
+            }                                                                                               \
+        }                                                                                                   \
+    }                                                                                                       \
+    static void gemm_##name##_vnni(int64_t n, const void *restrict w, size_t rb, int nrows,                \
+                                   const void *restrict a, size_t as, int ncols, float *restrict out,       \
+                                   size_t os) {                                                             \
+        gemm_##name##_impl(1, n, w, rb, nrows, a, as, ncols, out, os);                                      \
+    }                                                                                                       \
+    static void gemm_##name##_bw(int64_t n, const void *restrict w, size_t rb, int nrows,                  \
+                                 const void *restrict a, size_t as, int ncols, float *restrict out,         \
+                                 size_t os) {                                                               \
+        gemm_##name##_impl(0, n, w, rb, nrows, a, as, ncols, out, os);                                      \
+    }
+
+DEFINE_GEMM(q4_0, block_q4_0)
+DEFINE_GEMM(q4_1, block_q4_1)
+DEFINE_GEMM(q5_0, block_q5_0)
+DEFINE_GEMM(q5_1, block_q5_1)
+DEFINE_GEMM(q8_0, block_q8_0)
+DEFINE_GEMM(iq4_nl, block_iq4_nl)
 
 /* ------------------------------------------------------------------ */
 /* K-quants                                                              */
@@ -652,14 +863,16 @@ void kernels_fill_avx512(kernel_table *t) {
     if (pyllm_avx512_vnni) {
 #define SET(T, name)                          \
     t->vec_dot[T] = vec_dot_##name##_vnni;    \
-    t->gemv[T] = gemv_##name##_vnni;
+    t->gemv[T] = gemv_##name##_vnni;          \
+    t->gemm[T] = gemm_##name##_vnni;
         SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
         SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl)
 #undef SET
     } else {
 #define SET(T, name)                        \
     t->vec_dot[T] = vec_dot_##name##_bw;    \
-    t->gemv[T] = gemv_##name##_bw;
+    t->gemv[T] = gemv_##name##_bw;          \
+    t->gemm[T] = gemm_##name##_bw;
         SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
         SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl)
 #undef SET

@@ -127,9 +127,10 @@ class Tokenizer:
         n = len(tokens)
         if n == 0:
             raise ModelFileError(f"the model's vocabulary is empty ({K_TOKENS})")
-        for i, t in enumerate(tokens):
-            if not t:  # llama.cpp renames empty tokens the same way
-                tokens[i] = f"[EMPTY_{i}]"
+        if "" in tokens:
+            for i, t in enumerate(tokens):
+                if not t:  # llama.cpp renames empty tokens the same way
+                    tokens[i] = f"[EMPTY_{i}]"
         self._texts: list[str] = tokens
         self._token_to_id: dict[str, int] = dict(zip(tokens, range(n)))
         if len(self._token_to_id) != n:

@@ -37,9 +37,9 @@ Known differences from llama.cpp (none seen on Gemma 3's vocabulary):
 """
 from __future__ import annotations
 
-import re
 import struct
 from collections.abc import Mapping
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -48,7 +48,6 @@ import sentencepiece
 from ..errors import ModelFileError
 from .base import K_SCORES, Tokenizer
 
-_BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>\Z")
 _UNK_NAME = "<pyllm:unknown-piece>"
 
 # protobuf wire format: tag byte = field number << 3 | wire type
@@ -75,29 +74,50 @@ def _len(n: int) -> bytes:
     return _SMALL[n] if n < 128 else _varint(n)
 
 
-def build_model_proto(tokens: list[str], scores: np.ndarray, byte_fallback: bool) -> tuple[bytes, int]:
+class _PieceHeaders(dict):
+    """Piece length -> the bytes before the piece text in its message:
+    ModelProto.pieces tag, message length, SentencePiece.piece tag, text length.
+    The message is text + 11 or more bytes, so the header depends on the length only."""
+
+    def __missing__(self, n: int) -> bytes:
+        inner = 1 + len(_len(n)) + n + 5 + 2
+        value = self[n] = b"\x0a" + _len(inner) + b"\x0a" + _len(n)
+        return value
+
+
+def build_model_proto(tokens: list[str], scores: np.ndarray, byte_ids: list[int]) -> tuple[bytes, int]:
     """A serialized sentencepiece ModelProto for the vocabulary; returns it and
-    the id of the extra UNKNOWN piece (== len(tokens))."""
-    score_bytes = np.asarray(scores, dtype="<f4").tobytes()
-    parts: list[bytes] = []
+    the id of the extra UNKNOWN piece (== len(tokens)).
+
+    byte_ids: the ids of the <0xXX> tokens (BYTE pieces; byte fallback is on
+    when there are 256 of them), every other token is a NORMAL piece.
+    """
+    n = len(tokens)
+    raws = [t.encode("utf-8") for t in tokens]
+    headers = _PieceHeaders()
+    heads = [headers[len(r)] for r in raws]
+    # after the text: score=2 (float) and type=3 (enum) fields, 7 bytes per piece
+    tails = np.empty((n, 7), dtype=np.uint8)
+    tails[:, 0] = 0x15
+    tails[:, 1:5] = np.ascontiguousarray(scores[:n], dtype="<f4").view(np.uint8).reshape(n, 4)
+    tails[:, 5] = 0x18
+    tails[:, 6] = _NORMAL
+    tails[byte_ids, 6] = _BYTE
+    tail_bytes = tails.tobytes()
+    parts = [b"".join(chain.from_iterable(zip(heads, raws, (tail_bytes[i:i + 7]
+                                                              for i in range(0, 7 * n, 7)))))]
     add = parts.append
-    for i, text in enumerate(tokens):
-        raw = text.encode("utf-8")
-        kind = _BYTE if (byte_fallback and len(raw) == 6 and _BYTE_TOKEN.match(text)) else _NORMAL
-        # SentencePiece message: piece=1 (string), score=2 (float), type=3 (enum)
-        body = b"\x0a" + _len(len(raw)) + raw + b"\x15" + score_bytes[4 * i:4 * i + 4] + \
-            (b"\x18\x06" if kind == _BYTE else b"\x18\x01")
-        add(b"\x0a" + _len(len(body)) + body)
     unk = _UNK_NAME
     while unk in tokens:
         unk += "_"
     raw = unk.encode("utf-8")
     body = b"\x0a" + _len(len(raw)) + raw + b"\x15" + struct.pack("<f", 0.0) + b"\x18\x02"
     add(b"\x0a" + _len(len(body)) + body)
-    unk_id = len(tokens)
+    unk_id = n
+    byte_fallback = len(byte_ids) == 256
     # TrainerSpec: model_type=3 (BPE), vocab_size=4, byte_fallback=35, unk_id=40,
     # bos_id=41, eos_id=42 (-1: none; ours are handled outside sentencepiece)
-    trainer = (b"\x18" + _varint(_MODEL_BPE) + b"\x20" + _varint(len(tokens) + 1)
+    trainer = (b"\x18" + _varint(_MODEL_BPE) + b"\x20" + _varint(n + 1)
                + b"\x98\x02" + (b"\x01" if byte_fallback else b"\x00")
                + b"\xc0\x02" + _varint(unk_id)
                + b"\xc8\x02" + _varint((1 << 64) - 1) + b"\xd0\x02" + _varint((1 << 64) - 1))
@@ -129,8 +149,11 @@ class SPMTokenizer(Tokenizer):
             raise ModelFileError(f"{K_SCORES} has {len(scores)} entries for {self.n_vocab} tokens")
         scores = scores[:self.n_vocab]
 
-        has_bytes = all(f"<0x{b:02X}>" in self._token_to_id for b in range(256))
-        proto, self._sp_unk = build_model_proto(self._texts, scores, byte_fallback=has_bytes)
+        byte_ids = [self._token_to_id[f"<0x{b:02X}>"] for b in range(256)
+                    if f"<0x{b:02X}>" in self._token_to_id]
+        if len(byte_ids) != 256:  # no byte fallback without all of them
+            byte_ids = []
+        proto, self._sp_unk = build_model_proto(self._texts, scores, byte_ids)
         try:
             self._sp = sentencepiece.SentencePieceProcessor(model_proto=proto)
         except (RuntimeError, OSError) as e:  # pragma: no cover - malformed vocabularies

@@ -1,0 +1,274 @@
+"""`pyllm chat`: a conversation in the terminal.
+
+Input is read with input() and readline (line editing, history with the
+arrow keys): no extra dependency, and it behaves in any terminal or pipe.
+Replies stream as they are generated. Each turn reuses the KV cache of the
+conversation so far, so only the new message is computed.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from typing import Annotated, Iterator, Optional
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from pyllm.errors import InvalidArgumentError, PyllmError
+
+from .common import err, handle_errors, model_path
+from .options import (CtxSize, FreqPenalty, LogitBias, MinP, ModelOpt, PresPenalty, RepeatLastN, RepeatPenalty,
+                      Seed, TemplateOpt, Temp, Threads, TopK, TopP, TypicalP, sampling_kwargs, template_arg)
+from .options import NGpuLayers
+
+HELP = """\
+Type a message and press Enter. A line ending in \\ continues on the next line;
+a line starting with \"\"\" begins a block that ends at a line ending with \"\"\".
+Ctrl-C stops a reply (or clears the line); Ctrl-D or /exit leaves.
+
+  /help          this help
+  /reset         forget the conversation (the system prompt stays)
+  /system TEXT   set the system prompt (/system alone shows it; /system - clears it)
+  /save FILE     save the conversation as JSON
+  /load FILE     load a saved conversation
+  /stats         token counts, KV-cache reuse and speed
+  /exit          leave (also /quit, /bye)
+
+Start a message with // to send text that begins with /."""
+
+PROMPT, MORE = ">>> ", "... "
+
+
+class _Interrupt:
+    """While active, Ctrl-C cancels the reply instead of raising, so it stops
+    between steps (also in the middle of a long prompt) and the KV cache
+    stays consistent."""
+
+    def __init__(self):
+        self.hit = False
+
+    @contextlib.contextmanager
+    def catching(self, cancel) -> Iterator["_Interrupt"]:
+        self.hit = False
+
+        def handler(signum, frame):
+            self.hit = True
+            cancel()
+
+        try:
+            old = signal.signal(signal.SIGINT, handler)
+        except ValueError:          # not the main thread: no signal handling
+            yield self
+            return
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, old)
+
+
+class ChatRepl:
+    def __init__(self, session, out: Console, verbose: bool, interactive: bool):
+        self.session, self.out, self.verbose, self.interactive = session, out, verbose, interactive
+        self.interrupt = _Interrupt()
+        color = out.is_terminal and not out.no_color and interactive
+        # \001 \002 tell readline the escape codes take no room on the line
+        self.prompt = "\001\033[1;32m\002>>> \001\033[0m\002" if color else PROMPT
+        self.more = "\001\033[2m\002... \001\033[0m\002" if color else MORE
+
+    # -- input ---------------------------------------------------------------------------
+    def _input(self, prompt: str) -> str:
+        if self.interactive:
+            return input(prompt)
+        line = sys.stdin.readline()
+        if not line:
+            raise EOFError
+        return line.rstrip("\n")
+
+    def read_message(self) -> str:
+        """One message; raises EOFError at the end of input."""
+        line = self._input(self.prompt)
+        if line.lstrip().startswith('"""'):
+            first = line.lstrip()[3:]
+            if first.rstrip().endswith('"""'):
+                return first.rstrip()[:-3]
+            lines = [first] if first else []
+            while True:
+                line = self._input(self.more)
+                if line.rstrip().endswith('"""'):
+                    lines.append(line.rstrip()[:-3])
+                    return "\n".join(lines)
+                lines.append(line)
+        lines = []
+        while line.endswith("\\"):
+            lines.append(line[:-1])
+            line = self._input(self.more)
+        lines.append(line)
+        return "\n".join(lines)
+
+    # -- output --------------------------------------------------------------------------
+    def status(self, text: str, style: str = "dim") -> None:
+        err.print(Text(text, style=style), soft_wrap=True)
+
+    def stats_line(self, c) -> str:
+        m = c.metrics
+        return (f"prompt {m.prompt_tokens} tok (reused {m.reused_tokens}, computed "
+                f"{m.prompt_tokens - m.reused_tokens}) · TTFT {m.ttft_s:.3f} s · {m.generated_tokens} tok at "
+                f"{m.decode_tokens_per_s:.1f} tok/s · {c.finish_reason}")
+
+    # -- commands ------------------------------------------------------------------------
+    def command(self, line: str) -> bool:
+        """Runs a /command; returns False to leave."""
+        name, _, arg = line.strip().partition(" ")
+        arg = arg.strip()
+        s = self.session
+        if name in ("/exit", "/quit", "/bye"):
+            return False
+        if name in ("/help", "/?"):
+            self.out.print(HELP, markup=False, highlight=False)
+        elif name in ("/reset", "/clear"):
+            s.reset()
+            self.status("conversation cleared")
+        elif name == "/system":
+            if not arg:
+                self.status(f"system prompt: {s.system!r}" if s.system else
+                            "no system prompt (the chat template's default applies, if it has one)")
+            else:
+                s.system = None if arg == "-" else arg
+                self.status("system prompt cleared" if arg == "-" else "system prompt set")
+        elif name == "/save":
+            if not arg:
+                raise InvalidArgumentError("/save needs a file name")
+            s.save(os.path.expanduser(arg))
+            self.status(f"saved {len(s.messages)} messages to {arg}")
+        elif name == "/load":
+            if not arg:
+                raise InvalidArgumentError("/load needs a file name")
+            s.load(os.path.expanduser(arg))
+            self.status(f"loaded {len(s.messages)} messages from {arg}")
+        elif name == "/stats":
+            st, m = s.stats, s.model
+            used = len(m._seq)
+            pct = 100.0 * st.reused_tokens / st.prompt_tokens if st.prompt_tokens else 0.0
+            self.status(f"turns {st.turns} · context {used}/{m.n_ctx} tokens · prompt tokens {st.prompt_tokens}, "
+                        f"reused {st.reused_tokens} ({pct:.0f}%) · generated {st.generated_tokens} · "
+                        f"dropped turns {st.dropped_turns}", style="")
+            if st.last is not None:
+                last = st.last
+                self.status(f"last reply: prompt {last.prompt_tokens} (reused {last.reused_tokens}) · "
+                            f"TTFT {last.ttft_s:.3f} s · prefill {last.prefill_tokens_per_s:.1f} tok/s · "
+                            f"decode {last.decode_tokens_per_s:.1f} tok/s", style="")
+        else:
+            raise InvalidArgumentError(f"unknown command {name}; /help lists them")
+        return True
+
+    # -- a turn --------------------------------------------------------------------------
+    def reply(self, text: str) -> None:
+        turn = self.session.send(text)
+        if turn.dropped:
+            self.status(f"[context full: dropped the {turn.dropped} oldest "
+                        f"turn{'s' if turn.dropped > 1 else ''} to make room]", style="yellow")
+        wrote = ""
+        with self.interrupt.catching(turn.cancel) as stop:
+            try:
+                for piece in turn:
+                    self.out.print(piece, end="", markup=False, highlight=False, soft_wrap=True)
+                    self.out.file.flush()
+                    wrote = piece
+                    if stop.hit:
+                        break
+            finally:
+                turn.close()
+        if not wrote.endswith("\n"):
+            self.out.print()
+        c = turn.completion
+        if c is None:
+            return
+        if c.finish_reason == "interrupted":
+            self.status("[stopped]")
+        elif c.finish_reason == "context":
+            self.status("[context full: the reply was cut; the oldest turns will be dropped next time]",
+                        style="yellow")
+        elif c.finish_reason == "length":
+            self.status(f"[reply cut at {c.metrics.generated_tokens} tokens (-n)]")
+        if self.verbose:
+            self.status(self.stats_line(c))
+
+    def loop(self) -> None:
+        while True:
+            try:
+                text = self.read_message()
+            except EOFError:
+                if self.interactive:
+                    self.out.print()
+                return
+            except KeyboardInterrupt:
+                self.out.print("^C" if self.interactive else "")
+                continue
+            if not text.strip():
+                continue
+            try:
+                if text.startswith("/") and not text.startswith("//"):
+                    if not self.command(text):
+                        return
+                    continue
+                if text.startswith("//"):
+                    text = text[1:]
+                self.reply(text)
+            except PyllmError as e:
+                err.print(Text.assemble(("error: ", "red"), str(e)), soft_wrap=True)
+            except KeyboardInterrupt:
+                # Ctrl-C outside a reply (e.g. while the prompt was being prepared)
+                self.out.print()
+                self.status("[stopped]")
+
+
+def chat(
+    model: ModelOpt = None,
+    system: Annotated[Optional[str], typer.Option("--system", help="system prompt")] = None,
+    n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="tokens per reply at most "
+                                           "(-1 = until the reply ends)")] = -1,
+    chat_template: TemplateOpt = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="a stats line after each reply: prompt "
+                                          "tokens, reused tokens, TTFT, tokens/s")] = False,
+    threads: Threads = None,
+    ctx_size: CtxSize = None,
+    n_gpu_layers: NGpuLayers = "auto",
+    temp: Temp = 0.8,
+    top_k: TopK = 40,
+    top_p: TopP = 0.95,
+    min_p: MinP = 0.05,
+    typical_p: TypicalP = 1.0,
+    repeat_penalty: RepeatPenalty = 1.0,
+    repeat_last_n: RepeatLastN = 64,
+    frequency_penalty: FreqPenalty = 0.0,
+    presence_penalty: PresPenalty = 0.0,
+    logit_bias: LogitBias = [],
+    seed: Seed = None,
+) -> None:
+    """Chat with a model in the terminal (/help inside for commands)."""
+    with handle_errors():
+        sampling = sampling_kwargs(temp, top_k, top_p, min_p, typical_p, repeat_penalty, repeat_last_n,
+                                   frequency_penalty, presence_penalty, logit_bias, seed)
+        template = template_arg(chat_template)
+        from pyllm import Model
+        from pyllm.chat import ChatSession
+
+        path = model_path(model)
+        with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template,
+                   n_gpu_layers=n_gpu_layers) as m:
+            t = m.chat_template          # checked now: a bad template stops here, before any input
+            session = ChatSession(m, system=system, max_tokens=None if n_predict < 0 else n_predict, **sampling)
+            interactive = sys.stdin.isatty()
+            if interactive:
+                try:
+                    import readline  # noqa: F401  (line editing and history for input())
+                except ImportError:
+                    pass
+            out = Console(highlight=False)
+            name = m.file.metadata.get("general.name") or m.path.name
+            err.print(Text(f"pyllm chat · {name} · {m.arch.name}, context {m.n_ctx} tokens, "
+                           f"template {t.name} · /help for help, Ctrl-D to leave", style="dim"), soft_wrap=True)
+            ChatRepl(session, out, verbose, interactive).loop()

@@ -1,0 +1,85 @@
+"""Options that several commands share: the model, the context, sampling."""
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, Optional
+
+import typer
+
+from pyllm.errors import InvalidArgumentError
+
+SAMPLING = "Sampling (llama.cpp's defaults)"
+
+ModelOpt = Annotated[Optional[str], typer.Option(
+    "-m", "--model", help="a registry name (see `pyllm list`) or a path to a .gguf file; default: the default model")]
+Threads = Annotated[Optional[int], typer.Option("-t", "--threads", help="CPU threads (default: physical cores)")]
+CtxSize = Annotated[Optional[int], typer.Option("-c", "--ctx-size", help="context length in tokens (default: 4096 "
+                                                "or the model's own, if smaller)")]
+NGpuLayers = Annotated[str, typer.Option("-ngl", "--n-gpu-layers", help="layers on the GPU: auto (the planner "
+                                         "places them; the CPU alone when there is no GPU), all, or a number")]
+TemplateOpt = Annotated[Optional[str], typer.Option(
+    "--chat-template", help="chat template: 'chatml', 'gemma', or a file holding a Jinja template "
+    "(default: the model file's own, else a fallback for its architecture)")]
+Stop = Annotated[list[str], typer.Option("--stop", help="stop at this text (repeatable)")]
+
+Temp = Annotated[float, typer.Option("--temp", help="temperature; 0 = greedy", rich_help_panel=SAMPLING)]
+TopK = Annotated[int, typer.Option("--top-k", help="keep the k most likely tokens (0 = off)",
+                                   rich_help_panel=SAMPLING)]
+TopP = Annotated[float, typer.Option("--top-p", help="keep the most likely tokens up to this probability mass "
+                                     "(1 = off)", rich_help_panel=SAMPLING)]
+MinP = Annotated[float, typer.Option("--min-p", help="drop tokens less likely than this times the best one "
+                                     "(0 = off)", rich_help_panel=SAMPLING)]
+TypicalP = Annotated[float, typer.Option("--typical-p", help="locally typical sampling (1 = off)",
+                                         rich_help_panel=SAMPLING)]
+RepeatPenalty = Annotated[float, typer.Option("--repeat-penalty", help="penalise repeated tokens (1 = off)",
+                                              rich_help_panel=SAMPLING)]
+RepeatLastN = Annotated[int, typer.Option("--repeat-last-n", help="tokens the penalties look back over "
+                                          "(0 = off, -1 = all)", rich_help_panel=SAMPLING)]
+FreqPenalty = Annotated[float, typer.Option("--frequency-penalty", help="subtract this per earlier occurrence",
+                                            rich_help_panel=SAMPLING)]
+PresPenalty = Annotated[float, typer.Option("--presence-penalty", help="subtract this once a token occurred",
+                                            rich_help_panel=SAMPLING)]
+LogitBias = Annotated[list[str], typer.Option(
+    "-l", "--logit-bias", help="TOKEN_ID+BIAS or TOKEN_ID-BIAS, e.g. 15043+1 or 2-inf (repeatable)",
+    rich_help_panel=SAMPLING)]
+Seed = Annotated[Optional[int], typer.Option("-s", "--seed", help="random seed: same seed, same output "
+                                             "(default: random)", rich_help_panel=SAMPLING)]
+
+_BIAS = re.compile(r"^\s*(\d+)\s*([+-=])\s*(inf|[0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*$")
+
+
+def parse_logit_bias(items: list[str]) -> dict[int, float]:
+    bias: dict[int, float] = {}
+    for item in items:
+        m = _BIAS.match(item)
+        if not m:
+            raise InvalidArgumentError(f"--logit-bias {item!r}: expected TOKEN_ID+BIAS or TOKEN_ID-BIAS, "
+                                       f"e.g. 15043+1 or 2-inf")
+        value = math.inf if m.group(3) == "inf" else float(m.group(3))
+        bias[int(m.group(1))] = -value if m.group(2) == "-" else value
+    return bias
+
+
+def sampling_kwargs(temp: float, top_k: int, top_p: float, min_p: float, typical_p: float,
+                    repeat_penalty: float, repeat_last_n: int, frequency_penalty: float,
+                    presence_penalty: float, logit_bias: list[str], seed: Optional[int]) -> dict[str, Any]:
+    return dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
+                repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                logit_bias=parse_logit_bias(logit_bias), seed=seed)
+
+
+def template_arg(value: Optional[str]) -> Optional[str]:
+    """--chat-template: a built-in name, or the text of the file it names."""
+    from pyllm.chat_template import BUILTIN
+    if value is None or value in BUILTIN:
+        return value
+    try:
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise InvalidArgumentError(f"--chat-template {value}: not a built-in template ({', '.join(BUILTIN)}) "
+                                   f"and cannot read it as a file: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise InvalidArgumentError(f"--chat-template {value}: the file is not UTF-8 text") from None

@@ -1,0 +1,114 @@
+"""`pyllm run`: one prompt, one answer; made for shell scripts.
+
+stdout gets only the generated text (or, with --json, one JSON object);
+everything else goes to stderr. Exit codes: 0 done, 2 bad input or a model
+error (one line on stderr), 130 interrupted.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from pyllm.errors import InvalidArgumentError
+
+from .common import handle_errors, model_path
+from .options import (CtxSize, FreqPenalty, LogitBias, MinP, ModelOpt, PresPenalty, RepeatLastN, RepeatPenalty,
+                      Seed, Stop, TemplateOpt, Temp, Threads, TopK, TopP, TypicalP, sampling_kwargs, template_arg)
+from .options import NGpuLayers
+
+
+def read_prompt(prompt: Optional[str], file: Optional[str]) -> str:
+    if prompt is not None and file is not None:
+        raise InvalidArgumentError("give the prompt with -p or -f, not both")
+    if prompt is not None:
+        return prompt
+    if file is not None:
+        try:
+            with open(file, encoding="utf-8") as f:
+                return f.read()
+        except OSError as e:
+            raise InvalidArgumentError(f"cannot read the prompt file {file}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise InvalidArgumentError(f"the prompt file {file} is not UTF-8 text") from None
+    if sys.stdin is None or sys.stdin.isatty():
+        raise InvalidArgumentError("no prompt: give -p TEXT, -f FILE, or pipe text into pyllm run")
+    try:
+        return sys.stdin.read()
+    except UnicodeDecodeError:
+        raise InvalidArgumentError("the prompt on stdin is not UTF-8 text") from None
+
+
+def run(
+    prompt: Annotated[Optional[str], typer.Option("-p", "--prompt", help="the prompt (else -f, else stdin)")] = None,
+    file: Annotated[Optional[str], typer.Option("-f", "--file", help="read the prompt from this file")] = None,
+    model: ModelOpt = None,
+    n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="tokens to generate at most "
+                                           "(-1 = until the model stops)")] = 128,
+    chat: Annotated[bool, typer.Option("--chat", help="treat the prompt as a user message: apply the model's "
+                                       "chat template, stop at the end of the reply")] = False,
+    system: Annotated[Optional[str], typer.Option("--system", help="system prompt (with --chat)")] = None,
+    chat_template: TemplateOpt = None,
+    stop: Stop = [],
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object: text, finish reason, "
+                                          "token counts, timings")] = False,
+    threads: Threads = None,
+    ctx_size: CtxSize = None,
+    n_gpu_layers: NGpuLayers = "auto",
+    temp: Temp = 0.8,
+    top_k: TopK = 40,
+    top_p: TopP = 0.95,
+    min_p: MinP = 0.05,
+    typical_p: TypicalP = 1.0,
+    repeat_penalty: RepeatPenalty = 1.0,
+    repeat_last_n: RepeatLastN = 64,
+    frequency_penalty: FreqPenalty = 0.0,
+    presence_penalty: PresPenalty = 0.0,
+    logit_bias: LogitBias = [],
+    seed: Seed = None,
+) -> None:
+    """Complete a prompt (raw text, or a chat message with --chat) and print the result."""
+    with handle_errors():
+        if system is not None and not chat:
+            raise InvalidArgumentError("--system needs --chat")
+        sampling = sampling_kwargs(temp, top_k, top_p, min_p, typical_p, repeat_penalty, repeat_last_n,
+                                   frequency_penalty, presence_penalty, logit_bias, seed)
+        text = read_prompt(prompt, file)
+        if not text.strip() and chat:
+            raise InvalidArgumentError("the prompt is empty")
+        template = template_arg(chat_template)
+        from pyllm import Model
+
+        path = model_path(model)
+        with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template,
+                   n_gpu_layers=n_gpu_layers) as m:
+            max_tokens = None if n_predict < 0 else n_predict
+            if chat:
+                messages = ([{"role": "system", "content": system}] if system else []) + \
+                           [{"role": "user", "content": text}]
+                gen = m.chat(messages, max_tokens=max_tokens, stop=stop, stream=True, **sampling)
+                seed_used = gen.seed
+            else:
+                if not text:
+                    raise InvalidArgumentError("the prompt is empty")
+                gen = m.stream(text, max_tokens=max_tokens, stop=stop, **sampling)
+                seed_used = gen.sampler.seed
+            if as_json:
+                c = gen.run()
+                out = {"text": c.text, "finish_reason": c.finish_reason, "model": str(m.path),
+                       "seed": seed_used, "chat": chat, **c.metrics.as_dict(), "tokens": c.tokens}
+                sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
+                sys.stdout.flush()
+                return
+            last = "\n"
+            try:
+                for piece in gen:
+                    sys.stdout.write(piece)
+                    sys.stdout.flush()
+                    last = piece
+            finally:
+                if not last.endswith("\n"):
+                    sys.stdout.write("\n")
+                sys.stdout.flush()

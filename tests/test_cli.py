@@ -1,0 +1,108 @@
+"""`pyllm run` and friends as a shell script uses them: stdout, stderr, exit codes."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import synth
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.model
+
+
+def pyllm(*args: str, input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=REPO, env=env, input=input,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def one_error_line(r: subprocess.CompletedProcess, *words: str) -> None:
+    assert r.returncode == 2, r.stderr
+    assert r.stdout == ""
+    lines = [ln for ln in r.stderr.splitlines() if not ln.startswith("using the default model")]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def test_chat_json_from_stdin(smollm2_path):
+    r = pyllm("run", "--chat", "--json", "-n", "40", input="Write a haiku\n")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["chat"] is True and out["text"].strip()
+    assert out["finish_reason"] in ("stop", "length") and 0 < out["generated_tokens"] <= 40
+    assert out["prompt_tokens"] > 10 and out["ttft_s"] > 0 and out["decode_tokens_per_s"] > 0
+    assert isinstance(out["seed"], int)
+    assert "using the default model, smollm2-135m" in r.stderr       # said on stderr, not stdout
+
+
+def test_missing_model_is_one_line_and_exit_2():
+    one_error_line(pyllm("run", "-p", "x", "-m", "/nonexistent"), "no model file at /nonexistent")
+    one_error_line(pyllm("run", "-p", "x", "-m", "no-such-model"), "no model file at no-such-model")
+
+
+def test_pipe_gets_only_the_text(smollm2_path, tmp_path):
+    r = pyllm("run", "-m", smollm2_path, "-p", "The capital of France is", "-n", "8", "--temp", "0")
+    j = pyllm("run", "-m", smollm2_path, "-p", "The capital of France is", "-n", "8", "--temp", "0", "--json")
+    assert r.returncode == 0 and j.returncode == 0
+    text = json.loads(j.stdout)["text"]
+    assert r.stdout == text + ("" if text.endswith("\n") else "\n")
+    assert "\x1b" not in r.stdout and "Paris" in r.stdout
+    assert r.stderr == ""                       # -m given: nothing to say
+    (tmp_path / "p.txt").write_text("The capital of France is")
+    r = pyllm("run", "-m", smollm2_path, "-f", str(tmp_path / "p.txt"), "--stop", ".", "--temp", "0", "-n", "30")
+    assert r.returncode == 0 and r.stdout == " Paris\n"
+
+
+def test_bad_input_exits_2(smollm2_path, tmp_path):
+    one_error_line(pyllm("run", "-m", smollm2_path, "-p", "x", "--top-p", "2"), "top_p must be in [0, 1]")
+    one_error_line(pyllm("run", "-m", smollm2_path, "-f", str(tmp_path / "none.txt")), "cannot read the prompt file")
+    one_error_line(pyllm("run", "-m", smollm2_path, "-p", "x", "-l", "nonsense"), "--logit-bias")
+    one_error_line(pyllm("run", "-m", smollm2_path, "-p", "x", "--system", "s"), "--system needs --chat")
+    one_error_line(pyllm("run", "-m", smollm2_path, "--chat", input=""), "the prompt is empty")
+
+
+def test_template_reaching_python_internals_is_refused(smollm2_path, tmp_path):
+    from pyllm.model_file import ModelFile
+
+    bad = "{{ ''.__class__.__mro__[1].__subclasses__() }}"
+    path = synth.write_llama(tmp_path / "evil.gguf", synth.QT.F16, n_embd=64, n_ff=128,
+                             tokenizer_from=ModelFile(smollm2_path).metadata,
+                             keys={"chat_template": bad})
+    one_error_line(pyllm("run", "--chat", "-m", path, "-p", "hi"), "Python internals", "'__subclasses__'")
+    r = pyllm("chat", "-m", path, input="hello\n")
+    one_error_line(r, "Python internals")
+    # raw completion does not use the template: the file still works for that
+    r = pyllm("run", "-m", path, "-p", "Hello", "-n", "3", "--temp", "0", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["generated_tokens"] >= 1
+    (tmp_path / "t.jinja").write_text("{{ ''|attr('__class__') }}")
+    one_error_line(pyllm("run", "--chat", "-m", path, "-p", "hi", "--chat-template", str(tmp_path / "t.jinja")),
+                   "Python internals")
+
+
+def test_ctrl_c_exits_130(smollm2_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    p = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "-m", smollm2_path, "-p", "Once upon a time",
+                          "-n", "400", "--temp", "0"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    first = p.stdout.read(8)                    # generation has started
+    assert first
+    p.send_signal(signal.SIGINT)
+    t0 = time.monotonic()
+    out, errs = p.communicate(timeout=30)
+    assert p.returncode == 130 and time.monotonic() - t0 < 5
+    assert errs.decode().strip().endswith("interrupted")
+
+
+def test_list_shows_the_models(smollm2_path):
+    r = pyllm("list")
+    assert r.returncode == 0
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("smollm2-135m"))
+    assert "(default)" in line and "\tdownloaded" in line

@@ -1,0 +1,158 @@
+"""The sampler chain on fixed logits, against values worked out by hand."""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+
+from pyllm.errors import InvalidArgumentError
+from pyllm.sampling import (Candidates, Sampler, _smallest, apply_logit_bias, apply_penalties,
+                            min_p, temperature, top_k, top_p, typical)
+
+# probabilities 0.5, 0.3, 0.15, 0.05 for tokens 0..3
+P4 = np.log(np.array([0.5, 0.3, 0.15, 0.05])).astype(np.float32)
+
+
+def ids(c: Candidates) -> list[int]:
+    return c.token_ids().tolist()
+
+
+def test_top_k_keeps_the_k_best_sorted():
+    c = top_k(Candidates.of(np.array([1.0, 3.0, 2.0, 0.5], np.float32)), 2)
+    assert ids(c) == [1, 2] and c.sorted
+    assert c.logits.tolist() == [3.0, 2.0]
+    assert ids(top_k(Candidates.of(P4), 0)) == [0, 1, 2, 3]          # 0 = off
+    assert ids(top_k(Candidates.of(P4), 10)) == [0, 1, 2, 3]         # more than there are
+    assert ids(top_k(Candidates.of(P4), 1, min_keep=3)) == [0, 1, 2]  # min_keep wins
+
+
+def test_top_p_keeps_the_nucleus():
+    # cumulative: 0.5, 0.8, 0.95, 1.0; the token that reaches p is kept
+    for p, want in ((0.3, [0]), (0.75, [0, 1]), (0.9, [0, 1, 2]), (0.97, [0, 1, 2, 3]), (1.0, [0, 1, 2, 3])):
+        assert ids(top_p(Candidates.of(P4), p)) == want, p
+    # unsorted input comes out sorted
+    shuffled = Candidates.of(P4[[2, 0, 3, 1]])
+    assert ids(top_p(shuffled, 0.75)) == [1, 3]
+    assert ids(top_p(Candidates.of(P4), 0.3, min_keep=2)) == [0, 1]
+
+
+def test_min_p_is_relative_to_the_best():
+    # min_p 0.2: p >= 0.1 survives (0.5, 0.3, 0.15); 0.5: p >= 0.25 (0.5, 0.3)
+    assert ids(min_p(Candidates.of(P4), 0.2)) == [0, 1, 2]
+    assert ids(min_p(Candidates.of(P4), 0.5)) == [0, 1]
+    assert ids(min_p(Candidates.of(P4), 0.0)) == [0, 1, 2, 3]
+    # order is kept when unsorted
+    assert ids(min_p(Candidates.of(P4[[3, 1, 0, 2]]), 0.5)) == [1, 2]
+    assert ids(min_p(Candidates.of(P4), 0.9, min_keep=2)) == [0, 1]
+
+
+def test_typical_orders_by_distance_to_entropy():
+    # H = -sum p ln p = 1.14212; |-ln p - H| = 0.4490, 0.0619, 0.7550, 1.8536
+    # -> order 1, 0, 2, 3 with cumulative 0.3, 0.8, 0.95, 1.0; kept until it exceeds p
+    assert ids(typical(Candidates.of(P4), 0.5)) == [1, 0]
+    assert ids(typical(Candidates.of(P4), 0.9)) == [1, 0, 2]
+    assert ids(typical(Candidates.of(P4), 0.2)) == [1]
+    assert ids(typical(Candidates.of(P4), 1.0)) == [0, 1, 2, 3]
+
+
+def test_temperature_scales_logits():
+    c = temperature(Candidates.of(np.array([2.0, 1.0, 0.0], np.float32)), 0.5)
+    # softmax([4, 2, 0]) = e^4, e^2, 1 over 63.987
+    np.testing.assert_allclose(c.probs(), [0.866813, 0.117310, 0.015876], atol=1e-6)
+    assert ids(temperature(Candidates.of(P4[[1, 0, 2]]), 0.0)) == [1]
+
+
+def test_penalties_by_hand():
+    logits = np.array([2.0, -1.0, 0.5, 3.0], np.float32)
+    # whole history: token 0 twice, 1 and 2 once; 3 never
+    out = apply_penalties(logits, [0, 1, 0, 2], -1, repeat=2.0, frequency=0.1, presence=0.5)
+    # 0: 2/2 - 2*0.1 - 0.5; 1: -1*2 - 0.1 - 0.5; 2: 0.5/2 - 0.1 - 0.5; 3: untouched
+    np.testing.assert_allclose(out, [0.3, -2.6, -0.35, 3.0], atol=1e-6)
+    # window of the last 2 tokens: [0, 2], each once
+    out = apply_penalties(logits, [0, 1, 0, 2], 2, repeat=2.0, frequency=0.1, presence=0.5)
+    np.testing.assert_allclose(out, [0.4, -1.0, -0.35, 3.0], atol=1e-6)
+    assert apply_penalties(logits, [0, 1], 0, repeat=2.0) is logits       # off: no copy
+    assert logits.tolist() == [2.0, -1.0, 0.5, 3.0]                        # input untouched
+
+
+def test_logit_bias_and_greedy():
+    logits = np.array([2.0, -1.0, 0.5, 3.0], np.float32)
+    assert Sampler(temperature=0)(logits) == 3
+    assert Sampler(temperature=0, logit_bias={3: -math.inf})(logits) == 0
+    assert Sampler(temperature=0, logit_bias={1: 5.0})(logits) == 1
+    # greedy sees the penalties: 3 is in the history, 3/2 < 2
+    assert Sampler(temperature=0, repeat_penalty=2.0)(logits, [3]) == 0
+    np.testing.assert_allclose(apply_logit_bias(logits, {0: 1.5}), [3.5, -1.0, 0.5, 3.0])
+    with pytest.raises(InvalidArgumentError, match="outside the vocabulary"):
+        Sampler(logit_bias={9: 1.0})(logits)
+
+
+def test_chain_order_is_top_k_then_top_p_then_min_p():
+    logits = np.log(np.array([0.4, 0.3, 0.2, 0.1])).astype(np.float32)
+    # top-k 2 renormalises to 4/7, 3/7; top-p 0.5 is then reached by the first
+    s = Sampler(temperature=1.0, top_k=2, top_p=0.5, min_p=0.0, seed=0)
+    assert s.candidates(logits).as_dict() == pytest.approx({0: 1.0})
+    # without top-k the nucleus needs two (0.4 < 0.5)
+    s = Sampler(temperature=1.0, top_k=0, top_p=0.5, min_p=0.0, seed=0)
+    assert s.candidates(logits).as_dict() == pytest.approx({0: 4 / 7, 1: 3 / 7})
+    # defaults: top_k 40, top_p 0.95 (cum 0.4 .7 .9 1.0 -> all 4), min_p 0.05 (all), temp 0.8
+    d = Sampler(seed=0).candidates(logits).as_dict()
+    w = np.array([0.4, 0.3, 0.2, 0.1]) ** (1 / 0.8)
+    assert d == pytest.approx(dict(enumerate(w / w.sum())))
+
+
+def test_draws_follow_the_distribution():
+    s = Sampler(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0, seed=1234)
+    n = 4000
+    counts = np.bincount([s(P4) for _ in range(n)], minlength=4)
+    assert counts[3] == 0
+    np.testing.assert_allclose(counts[:3] / n, np.array([0.5, 0.3, 0.15]) / 0.95, atol=0.03)
+
+
+def test_same_seed_same_tokens():
+    rng = np.random.default_rng(7)
+    rows = [rng.standard_normal(1000).astype(np.float32) * 3 for _ in range(30)]
+    a = [Sampler(seed=42)(r) for r in rows]
+    s1, s2, s3 = Sampler(seed=42), Sampler(seed=42), Sampler(seed=43)
+    assert [s1(r) for r in rows] == [s2(r) for r in rows]
+    assert [Sampler(seed=42)(r) for r in rows] == a
+    assert [s3(r) for r in rows] != [s1(r) for r in rows]
+    assert Sampler().seed != Sampler().seed or True  # a random seed is chosen and recorded
+    assert isinstance(Sampler().seed, int)
+
+
+def test_bad_parameters():
+    for kw in (dict(temperature=-1), dict(top_p=1.5), dict(min_p=-0.1), dict(top_k=-2),
+               dict(repeat_penalty=0), dict(typical_p=2), dict(seed=-1), dict(repeat_last_n=-5),
+               dict(logit_bias={"x": 1}), dict(temperature="hot")):
+        with pytest.raises(InvalidArgumentError):
+            Sampler(**kw)
+
+
+def test_partial_selection_matches_a_full_sort():
+    rng = np.random.default_rng(3)
+    for n, m in ((10, 3), (5000, 40), (262144, 1), (262144, 40), (262144, 700), (100003, 64)):
+        x = rng.standard_normal(n).astype(np.float32)
+        x[rng.integers(0, n, 20)] = 1.5      # ties
+        got = _smallest(x, m)
+        want = np.lexsort((np.arange(n), x))[:m]
+        assert got.tolist() == want.tolist(), (n, m)
+
+
+def test_big_vocabulary_is_cheap():
+    """Gemma's 262k vocabulary: the default chain must stay far below a decode step."""
+    rng = np.random.default_rng(0)
+    logits = (rng.standard_normal(262144) * 2).astype(np.float32)
+    logits[rng.integers(0, 262144, 50)] += 12       # a peaked distribution, as models give
+    history = rng.integers(0, 262144, 300).tolist()
+    s = Sampler(seed=1, repeat_penalty=1.1)
+    for f in (lambda: s(logits, history), lambda: Sampler(seed=1, top_k=0)(logits, history)):
+        f()
+        times = []
+        for _ in range(15):
+            t0 = time.perf_counter()
+            f()
+            times.append(time.perf_counter() - t0)
+        assert np.median(times) < 0.010, np.median(times)
