@@ -88,6 +88,27 @@ typedef void (*gemm_fn)(int64_t n, const void *restrict w, size_t row_bytes, int
                         const void *restrict a, size_t a_stride, int ncols,
                         float *restrict out, size_t out_stride);
 
+/* DETERMINISM CONTRACT (every level, every type; tests/test_kernels.py checks
+ * it with exact equality). Within one level's table, the float result for a
+ * (weight row, activation row) pair depends only on the row bytes, the
+ * activation bytes and n, never on which kernel computes it or on what else
+ * shares the call:
+ *     gemm(...)[t*out_stride + r] == gemv(activation row t)[r]
+ *                                 == gemv(nrows = 1, that row)[0]
+ *                                 == vec_dot(that row, activation row t)
+ * bit for bit, for any nrows, ncols, strides and any position of the row in
+ * the call. The matmul cuts rows into chunks by thread and token count, and
+ * runs one token through gemv but a prompt through gemm; this contract is
+ * what makes a token's logits independent of both (a chat that recomputes
+ * only its last token gets the logits of the whole prompt computed at once).
+ * How it is kept: each level fixes, per format, one sequence of float
+ * operations per row (which blocks share an accumulator lane, where the
+ * lanes are reduced and in what order) and every kernel of that format runs
+ * exactly that sequence; multi-row and multi-token kernels only share the
+ * decoding of weights and activations, which is exact (integer) work. The
+ * levels still differ from each other and from the scalar reference (by
+ * summation order and FMA rounding, within the tolerances of the tests). */
+
 typedef struct {
     dequant_fn dequant[T_COUNT];
     vec_dot_fn vec_dot[T_COUNT];

@@ -6,6 +6,9 @@ For every weight type and every ISA level this CPU has (scalar always):
   * each level's vec_dot and gemv == scalar vec_dot on the same quantized
     activations, within 1e-5 of the magnitude sum (only summation order and
     FMA contraction differ);
+  * within a level, exactly (the determinism contract of quants.h): gemm ==
+    gemv == gemv of one row == vec_dot, bit for bit, whatever rows and
+    activation rows share a call;
   * scalar vec_dot == float64 dot(dequant(w), dequant(act)) within 1e-5 of the
     magnitude sum, and == float64 dot(dequant(w), x) within the activation
     quantization bound sum_i |w_i| * d_block(i) / 2 (round to nearest: each
@@ -371,6 +374,82 @@ def test_gemm_equals_scalar_vec_dot(isa, tname):
     assert lib.pyllm_kernel_gemm(isa, 4, 32, ffi.NULL, 18, 1, ffi.NULL, 40, 1, ffi.NULL, 1) == -1
 
 
+# ---------------------------------------------------------------- determinism (exact)
+# The kernel contract of quants.h: a (weight row, activation row) pair gives
+# the same float, bit for bit, whichever kernel of a level computes it and
+# whichever other rows share the call. The matmul splits rows into chunks by
+# thread count and token count, and runs one token through gemv but a prompt
+# through gemm; the logits of a token must not depend on either.
+
+def det_lengths(tname):
+    bs = TYPES[tname][1]
+    if bs == 1:
+        return [7, 64, 200]
+    if bs == 32:
+        # partial quads / octs / pairs (mod 4, mod 8), several 2048-element
+        # reduction chunks, past the 8192-element activation chunk
+        return [32, 32 * 3, 32 * 18, 32 * 21, 32 * 70, 32 * 301]
+    return [256, 256 * 3, 256 * 9, 256 * 33]
+
+
+def gemv_call(isa, tname, n, wbuf, rb, nrows, a, off=0):
+    out = np.full(max(nrows, 1), np.nan, dtype=np.float32)
+    wp = ffi.cast("uint8_t *", ffi.from_buffer(wbuf)) + off * rb
+    rc = lib.pyllm_kernel_gemv(isa, TYPES[tname][0], n, wp, rb, nrows, ptr(a), fptr(out))
+    assert rc == 0
+    return out[:nrows]
+
+
+@pytest.mark.parametrize("tname", type_params())
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_gemv_rows_are_independent(isa, tname):
+    """gemv(nrows=k) on rows s..s+k-1 == gemv(nrows=1) on each row == vec_dot, exactly"""
+    rng = np.random.default_rng(12)
+    for n in det_lengths(tname):
+        nrows = 13
+        w, x, a = make_case(tname, n, rng, nrows)
+        rb = w.shape[1]
+        wbuf = np.ascontiguousarray(w).reshape(-1)
+        one = np.array([gemv_call(isa, tname, n, wbuf, rb, 1, a, r)[0] for r in range(nrows)], dtype=np.float32)
+        vd = np.array([vec_dot(isa, tname, n, w[r], a) for r in range(nrows)], dtype=np.float32)
+        np.testing.assert_array_equal(one, vd, err_msg=f"gemv(1) vs vec_dot, n={n}")
+        for k in range(1, 10):
+            for s in sorted({0, 1, 2, 3, nrows - k}):
+                if s + k > nrows:
+                    continue
+                got = gemv_call(isa, tname, n, wbuf, rb, k, a, s)
+                np.testing.assert_array_equal(got, one[s:s + k], err_msg=f"n={n} nrows={k} start={s}")
+
+
+@pytest.mark.parametrize("tname", type_params())
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_gemm_equals_gemv_exactly(isa, tname):
+    """gemm(...)[t][r] == gemv(activation row t)[r], bit for bit, for tiles of
+    every shape (rows and activation rows not multiples of the kernels' tiles)"""
+    rng = np.random.default_rng(13)
+    tid, bs, _, act = TYPES[tname]
+    for n in det_lengths(tname):
+        for nrows, ncols in [(7, 5), (16, 9), (1, 1), (4, 4), (5, 2)]:
+            if n > 4096 and nrows > 5:
+                continue
+            w, _, _ = make_case(tname, n, rng, nrows)
+            rb = w.shape[1]
+            xs = rng.standard_normal((ncols, n)).astype(np.float32)
+            ab = act_bytes(act, n)
+            acts = np.zeros((ncols, ab + 8), dtype=np.uint8)
+            for t in range(ncols):
+                acts[t, :ab] = quantize(0, act, xs[t])
+            os_ = nrows + 3
+            out = np.full(ncols * os_, np.nan, dtype=np.float32)
+            rc = lib.pyllm_kernel_gemm(isa, tid, n, ptr(w), rb, nrows, ptr(acts), ab + 8, ncols, fptr(out), os_)
+            assert rc == 0
+            wbuf = np.ascontiguousarray(w).reshape(-1)
+            for t in range(ncols):
+                ref = gemv_call(isa, tname, n, wbuf, rb, nrows, np.ascontiguousarray(acts[t, :ab]))
+                np.testing.assert_array_equal(out[t * os_:t * os_ + nrows], ref,
+                                              err_msg=f"n={n} nrows={nrows} ncols={ncols} t={t}")
+
+
 # ---------------------------------------------------------------- fp16 / float helpers
 def f16_f32_cases():
     rng = np.random.default_rng(9)
@@ -614,6 +693,13 @@ int main(void) {
                 CHECK(fabs(got - ref) <= 2e-6 * mag, "vec_dot type %d n %d: %g vs %g", t, n, got, ref);
                 CHECK(fabs(out[r] - ref) <= 2e-6 * mag, "gemv type %d n %d row %d: %g vs %g", t, n, r, out[r], ref);
                 CHECK(fabs(ref) > 1e-7 * mag, "degenerate");
+                /* exact: vec_dot == gemv on that row, whatever rows share the call */
+                CHECK(memcmp(&got, &out[r], 4) == 0, "vec_dot != gemv type %d n %d row %d", t, n, r);
+                for (int k = 1; k + r <= 8; k++) {
+                    float part[8];
+                    pyllm_kernel_gemv(ISA_NEON, t, n, w[r], sizeof w[0], k, a0, part);
+                    CHECK(memcmp(&part[0], &got, 4) == 0, "gemv(nrows=%d) from row %d type %d n %d", k, r, t, n);
+                }
             }
         }
     }

@@ -19,12 +19,14 @@
  * Weights are made unsigned with a per-format offset c (Q4_0: q = u - 8,
  * Q5_0: u - 16, Q8_0 and IQ4_NL: u - 128 via xor 0x80); the activation side
  * precomputes -c * sum(a) per lane, which seeds the vpdpbusd accumulator, so
- * the int32 dot is exact. Q4_1/Q5_1 mins: m*s, from the (d, m) pairs times
- * the activations' (d, s) pairs. Without VNNI: vpmaddubsw + vpmaddwd, and
+ * the int32 dot is exact. Q4_1/Q5_1 mins: lanes 2k+1 += m_k * s_k, one
+ * masked FMA per quad. Without VNNI: vpmaddubsw + vpmaddwd, and
  * the signed formats (Q8_0, IQ4_NL) use |w| and sign-adjusted activations.
  * A row's last partial quad uses masked loads (zeros past the row's end).
  * gemv prepares the activation quads once per call (ACT_CHUNK at a time)
- * and streams 4 rows at a time against them.
+ * and streams 4 rows at a time against them. The float steps of a row are
+ * fixed (RED_BLOCKS below), the same in vec_dot, gemv and gemm: the
+ * determinism contract of quants.h.
  *
  * K-quants (Q4_K, Q6_K): one super-block per step, 512-bit, int16 scales
  * applied with vpmaddwd (VNNI would not save an instruction there).
@@ -59,12 +61,9 @@ INLINE __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-/* lanes 1, 3, 5, 7 of v summed (the m*s terms of [d*da, m*s] pairs) */
-INLINE float odd_sum8(__m256 v) {
-    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 t = _mm_movehdup_ps(s);
-    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehl_ps(t, t)));
-}
+/* the sum of one vector, added in exactly the order reduce4 adds each of
+ * its four (every row's result must not depend on which rows share a call) */
+INLINE float hsum16(__m512 a) { return _mm_cvtss_f32(reduce4(a, a, a, a)); }
 
 /* unsigned x signed bytes, 4 products summed per int32 lane, added to acc.
  * Without VNNI the pairs go through int16: valid while u * 127 * 2 < 32768. */
@@ -163,11 +162,15 @@ INLINE __m128i d4_scalar(const uint8_t *x, const int stride, const int full, con
     return _mm_cvtsi64_si128((long long)v);
 }
 
-/* ---- quad steps: acc (16 lanes) += d*da * dot; accm lanes 1,3,5,7 += m*s ---- */
+/* Q4_1/Q5_1 mins: lanes 1, 3, 5, 7 of acc += m_k * s_k, fused, from the
+ * [d m] x 4 weight pairs and the [da s] x 4 activation pairs */
+INLINE __m512 min_fma(__m256 dm, __m256 ds, __m512 acc) {
+    return _mm512_mask3_fmadd_ps(_mm512_zextps256_ps512(dm), _mm512_zextps256_ps512(ds), acc, 0xaa);
+}
 
-INLINE void quad_q4_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc,
-                      __m256 *accm) {
-    (void)accm;
+/* ---- quad steps: acc (16 lanes) += d*da * dot, then (mins) lanes 2k+1 += m_k*s_k ---- */
+
+INLINE void quad_q4_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc) {
     const __m512i L0 = LDW(x, 0, 18), L1 = LDW(x, 8, 18);
     const __m512i q = _mm512_permutex2var_epi16(
         L0,
@@ -188,9 +191,7 @@ INLINE __m512i iq4nl_table(const int vnni) {
     return _mm512_broadcast_i32x4(t);
 }
 
-INLINE void quad_iq4_nl(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc,
-                      __m256 *accm) {
-    (void)accm;
+INLINE void quad_iq4_nl(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc) {
     const __m512i L0 = LDW(x, 0, 18), L1 = LDW(x, 8, 18);
     const __m512i q = _mm512_permutex2var_epi16(
         L0,
@@ -211,8 +212,7 @@ INLINE void quad_iq4_nl(const int vnni, const int full, const int nblk, const ui
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4(dd), *acc);
 }
 
-INLINE void quad_q4_1(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc,
-                      __m256 *accm) {
+INLINE void quad_q4_1(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc) {
     const __m512i L0 = LDW(x, 0, 20), L1 = LDW(x, 16, 20);
     const __m512i q = _mm512_permutex2var_epi32(
         L0, _mm512_setr_epi32(1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 13, 14, 28, 29, 30, 31), L1);
@@ -220,15 +220,15 @@ INLINE void quad_q4_1(const int vnni, const int full, const int nblk, const uint
     dot = dpbusd(vnni, dot, nib_hi(q), A->hi);
     const __m128i dm = _mm512_castsi512_si128(
         _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 5, 10, 15, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), L0));
-    const __m256 p = _mm256_mul_ps(_mm256_cvtph_ps(dm), A->ds); /* [d*da, m*s] x 4 */
-    *accm = _mm256_add_ps(*accm, p);
+    const __m256 dmf = _mm256_cvtph_ps(dm);
+    const __m256 p = _mm256_mul_ps(dmf, A->ds); /* [d*da, m*s] x 4: the d*da */
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4_even(p), *acc);
+    *acc = min_fma(dmf, A->ds, *acc);
 }
 
 /* Q4_1, two quads at once: the (d, m) pairs of 8 blocks go through one
  * vcvtph2ps, multiply and add (ds16: the two quads' activation (d, s) pairs) */
-INLINE void oct_q4_1(const int vnni, const uint8_t *x, const act4 *A0, const act4 *A1, __m512 ds16, __m512 *acc,
-                     __m512 *accm) {
+INLINE void oct_q4_1(const int vnni, const uint8_t *x, const act4 *A0, const act4 *A1, __m512 ds16, __m512 *acc) {
     const __m512i idx = _mm512_setr_epi32(1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 13, 14, 28, 29, 30, 31);
     const __m512i L0 = _mm512_loadu_si512(x), L1 = _mm512_loadu_si512(x + 16);
     const __m512i L2 = _mm512_loadu_si512(x + 80), L3 = _mm512_loadu_si512(x + 96);
@@ -239,21 +239,27 @@ INLINE void oct_q4_1(const int vnni, const uint8_t *x, const act4 *A0, const act
     d1 = dpbusd(vnni, d1, nib_hi(q1), A1->hi);
     const __m256i dm = _mm512_castsi512_si256(
         _mm512_permutex2var_epi32(L0, _mm512_setr_epi32(0, 5, 10, 15, 16, 21, 26, 31, 0, 0, 0, 0, 0, 0, 0, 0), L2));
-    const __m512 p = _mm512_mul_ps(_mm512_cvtph_ps(dm), ds16); /* [d*da, m*s] x 8 */
-    *accm = _mm512_add_ps(*accm, p);
+    const __m512 dmf = _mm512_cvtph_ps(dm);
+    const __m512 p = _mm512_mul_ps(dmf, ds16); /* [d*da, m*s] x 8: the d*da */
+    /* exactly the float steps of two quad_q4_1 */
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0),
                            _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6), p), *acc);
+    *acc = min_fma(_mm512_castps512_ps256(dmf), A0->ds, *acc);
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1),
                            _mm512_permutexvar_ps(_mm512_setr_epi32(8, 8, 8, 8, 10, 10, 10, 10, 12, 12, 12, 12, 14, 14, 14, 14), p),
                            *acc);
+    *acc = min_fma(_mm512_extractf32x8_ps(dmf, 1), A1->ds, *acc);
 }
 
 /* Q4_1, the last rem (1 or 2) blocks of two rows in one quad: slots 0, 1
  * are row 0's blocks, slots 2, 3 row 1's (Ap: the activation quad
  * [a_i, a_i+1, a_i, a_i+1], zeros past the row). Short rows (n = 576: 18
- * blocks) would otherwise spend a whole masked quad per row on 2 blocks. */
+ * blocks) would otherwise spend a whole masked quad per row on 2 blocks.
+ * Row 1's lanes are moved down to 0..7 before they are added, so that both
+ * rows see exactly the float steps of a partial quad_q4_1 (lanes 8..15 of
+ * the accumulators, which the partial quad leaves at +0 + 0*0, untouched). */
 INLINE void pair_q4_1(const int vnni, int rem, const uint8_t *x0, const uint8_t *x1, const act4 *Ap, __m512 *acc0,
-                      __m512 *acc1, __m256 *accm0, __m256 *accm1) {
+                      __m512 *acc1) {
     const __mmask64 k = _cvtu64_mask64(_bzhi_u64(~0ull, 20u * (unsigned)rem));
     const __m512i W0 = _mm512_maskz_loadu_epi8(k, x0), W1 = _mm512_maskz_loadu_epi8(k, x1);
     const __m512i q = _mm512_permutex2var_epi32(
@@ -262,17 +268,19 @@ INLINE void pair_q4_1(const int vnni, int rem, const uint8_t *x0, const uint8_t 
     dot = dpbusd(vnni, dot, nib_hi(q), Ap->hi);
     const __m128i dm = _mm512_castsi512_si128(
         _mm512_permutex2var_epi32(W0, _mm512_setr_epi32(0, 5, 16, 21, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), W1));
-    const __m256 p = _mm256_mul_ps(_mm256_cvtph_ps(dm), Ap->ds);
-    *accm0 = _mm256_mask_add_ps(*accm0, 0x0f, *accm0, p);
-    *accm1 = _mm256_mask_add_ps(*accm1, 0xf0, *accm1, p);
+    const __m256 dmf = _mm256_cvtph_ps(dm); /* [d m d' m'] of row 0, then of row 1 */
+    const __m256 p = _mm256_mul_ps(dmf, Ap->ds);
     const __m512 dotf = _mm512_cvtepi32_ps(dot), pat = spread4_even(p);
     *acc0 = _mm512_mask3_fmadd_ps(dotf, pat, *acc0, 0x00ff);
-    *acc1 = _mm512_mask3_fmadd_ps(dotf, pat, *acc1, 0xff00);
+    *acc0 = _mm512_mask3_fmadd_ps(_mm512_zextps256_ps512(dmf), _mm512_zextps256_ps512(Ap->ds), *acc0, 0x0a);
+    const __m512 dotf1 = _mm512_shuffle_f32x4(dotf, dotf, 0x4e), pat1 = _mm512_shuffle_f32x4(pat, pat, 0x4e);
+    *acc1 = _mm512_mask3_fmadd_ps(dotf1, pat1, *acc1, 0x00ff);
+    const __m256 dmf1 = _mm256_zextps128_ps256(_mm256_extractf128_ps(dmf, 1));
+    *acc1 = _mm512_mask3_fmadd_ps(_mm512_zextps256_ps512(dmf1),
+                                  _mm512_zextps256_ps512(Ap->ds), *acc1, 0x0a);
 }
 
-INLINE void quad_q5_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc,
-                      __m256 *accm) {
-    (void)accm;
+INLINE void quad_q5_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc) {
     const __m512i L0 = LDW(x, 0, 22), L1 = LDW(x, 24, 22);
     const __m512i q = _mm512_permutex2var_epi16(
         L0,
@@ -293,8 +301,7 @@ INLINE void quad_q5_0(const int vnni, const int full, const int nblk, const uint
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4(dd), *acc);
 }
 
-INLINE void quad_q5_1(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc,
-                      __m256 *accm) {
+INLINE void quad_q5_1(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc) {
     const __m512i L0 = LDW(x, 0, 24), L1 = LDW(x, 32, 24);
     const __m512i q = _mm512_permutex2var_epi32(
         L0, _mm512_setr_epi32(2, 3, 4, 5, 8, 9, 10, 11, 22, 23, 24, 25, 28, 29, 30, 31), L1);
@@ -306,14 +313,13 @@ INLINE void quad_q5_1(const int vnni, const int full, const int nblk, const uint
     dot = dpbusd(vnni, dot, _mm512_mask_add_epi8(hi, khi, hi, b4), A->hi);
     const __m128i dm = _mm512_castsi512_si128(_mm512_permutex2var_epi32(
         L0, _mm512_setr_epi32(0, 6, 12, 26, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), L1));
-    const __m256 p = _mm256_mul_ps(_mm256_cvtph_ps(dm), A->ds);
-    *accm = _mm256_add_ps(*accm, p);
+    const __m256 dmf = _mm256_cvtph_ps(dm);
+    const __m256 p = _mm256_mul_ps(dmf, A->ds);
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4_even(p), *acc);
+    *acc = min_fma(dmf, A->ds, *acc);
 }
 
-INLINE void quad_q8_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc,
-                      __m256 *accm) {
-    (void)accm;
+INLINE void quad_q8_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc) {
     const __m512i S0 = LDW(x, 0, 34), S1 = LDW(x, 64, 34);
     const __m512i T0 = LDW(x, 16, 34), T1 = LDW(x, 72, 34);
     const __m512i qlo = _mm512_permutex2var_epi16(
@@ -388,57 +394,75 @@ INLINE void act4_prep(const block_q8_32 *y, int nblk, const int c, const int vnn
  * time (16 KB of stack), and shares them across all its rows */
 #define ACT_CHUNK 64
 
+/* The float result of a row is fixed by this order (the contract of
+ * quants.h): the row's blocks are summed in groups of RED_BLOCKS from its
+ * start; in a group, quad after quad (a last partial quad padded with zero
+ * blocks), acc = fma(float(dot), d*da, acc), then for Q4_1/Q5_1 lanes 2k+1
+ * += m_k * s_k (fused); each group's 16 lanes are summed by hsum16 (reduce4
+ * order) and added to the row's sum in group order. vec_dot, gemv (any
+ * rows) and gemm all follow it: the octs, the two-row pairs and the gemm
+ * tiles are the same float steps, only the decode is shared. */
+#define RED_BLOCKS 64
+_Static_assert(4 * ACT_CHUNK % RED_BLOCKS == 0, "activation chunks hold whole groups");
+
 /* R rows (compile-time) against nb blocks of one activation row; Ab: the
- * prepared quads, or NULL to prepare them on the fly (vec_dot) */
+ * prepared quads, or NULL to prepare them on the fly (vec_dot). out[r] =
+ * the rows' sums, added to out[r] when cont (a later chunk of the row). */
 #define DEFINE_ROWS(name, block_t)                                                                        \
     INLINE void rows_##name(const int R, const int vnni, int64_t nb, const char *w, size_t rb,           \
-                            const block_q8_32 *y, const act4 *Ab, const act4 *Apair, float *out) {         \
-        __m512 acc[4];                                                                                     \
-        __m256 accm[4];                                                                                    \
-        __m512 accm16[4];                                                                                  \
-        for (int r = 0; r < R; r++)                                                                        \
-            acc[r] = accm16[r] = _mm512_setzero_ps(), accm[r] = _mm256_setzero_ps();                       \
-        int64_t i = 0;                                                                                     \
-        if (OCT_##name)                                                                                    \
-            for (; i + 8 <= nb; i += 8) {                                                                  \
-                act4 A0l, A1l;                                                                             \
-                const act4 *A0 = Ab ? &Ab[i / 4] : &A0l, *A1 = Ab ? &Ab[i / 4 + 1] : &A1l;                 \
-                if (!Ab) act4_load(y + i, C_##name(vnni), vnni, &A0l), act4_load(y + i + 4, C_##name(vnni), vnni, &A1l); \
-                const __m512 ds16 = _mm512_insertf32x8(_mm512_castps256_ps512(A0->ds), A1->ds, 1);         \
-                const size_t off = (size_t)i * sizeof(block_t);                                            \
-                (void)ds16, (void)off;                                                                     \
-                for (int r = 0; r < R; r++)                                                                \
-                    oct_##name(vnni, (const uint8_t *)(w + r * rb) + off, A0, A1, ds16, &acc[r], &accm16[r]); \
-            }                                                                                              \
+                            const block_q8_32 *y, const act4 *Ab, const act4 *Apair, float *out,           \
+                            const int cont) {                                                              \
+        float sum[4];                                                                                      \
+        for (int r = 0; r < R; r++) sum[r] = cont ? out[r] : 0.0f;                                         \
         const int rem = (int)(nb & 3);                                                                     \
         const int paired = PAIR_##name && R == 4 && Apair && (rem == 1 || rem == 2);                       \
-        const int64_t nq = paired ? nb - rem : nb;                                                         \
-        for (; i < nq; i += 4) {                                                                           \
-            const int nblk = nq - i < 4 ? (int)(nq - i) : 4;                                               \
-            act4 Aloc;                                                                                     \
-            const act4 *A = Ab ? &Ab[i / 4] : &Aloc;                                                       \
-            if (!Ab) act4_prep(y + i, nblk, C_##name(vnni), vnni, &Aloc);                                  \
-            const size_t off = (size_t)i * sizeof(block_t);                                                \
-            if (nblk == 4)                                                                                 \
-                for (int r = 0; r < R; r++)                                                                \
-                    quad_##name(vnni, 1, 4, (const uint8_t *)(w + r * rb) + off, A, &acc[r], &accm[r]);  \
-            else                                                                                           \
-                for (int r = 0; r < R; r++)                                                                \
-                    quad_##name(vnni, 0, nblk, (const uint8_t *)(w + r * rb) + off, A, &acc[r], &accm[r]); \
+        for (int64_t g0 = 0; g0 < nb; g0 += RED_BLOCKS) {                                                  \
+            const int64_t g1 = nb - g0 < RED_BLOCKS ? nb : g0 + RED_BLOCKS;                                \
+            __m512 acc[4];                                                                                 \
+            for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();                                      \
+            int64_t i = g0;                                                                                \
+            if (OCT_##name)                                                                                \
+                for (; i + 8 <= g1; i += 8) {                                                              \
+                    act4 A0l, A1l;                                                                         \
+                    const act4 *A0 = Ab ? &Ab[i / 4] : &A0l, *A1 = Ab ? &Ab[i / 4 + 1] : &A1l;             \
+                    if (!Ab)                                                                               \
+                        act4_load(y + i, C_##name(vnni), vnni, &A0l),                                      \
+                            act4_load(y + i + 4, C_##name(vnni), vnni, &A1l);                              \
+                    const __m512 ds16 = _mm512_insertf32x8(_mm512_castps256_ps512(A0->ds), A1->ds, 1);     \
+                    const size_t off = (size_t)i * sizeof(block_t);                                        \
+                    (void)ds16, (void)off;                                                                 \
+                    for (int r = 0; r < R; r++)                                                            \
+                        oct_##name(vnni, (const uint8_t *)(w + r * rb) + off, A0, A1, ds16, &acc[r]);      \
+                }                                                                                          \
+            const int last = paired && g1 == nb;                                                           \
+            const int64_t nq = last ? nb - rem : g1;                                                       \
+            for (; i < nq; i += 4) {                                                                       \
+                const int nblk = nq - i < 4 ? (int)(nq - i) : 4;                                           \
+                act4 Aloc;                                                                                 \
+                const act4 *A = Ab ? &Ab[i / 4] : &Aloc;                                                   \
+                if (!Ab) act4_prep(y + i, nblk, C_##name(vnni), vnni, &Aloc);                              \
+                const size_t off = (size_t)i * sizeof(block_t);                                            \
+                if (nblk == 4)                                                                             \
+                    for (int r = 0; r < R; r++)                                                            \
+                        quad_##name(vnni, 1, 4, (const uint8_t *)(w + r * rb) + off, A, &acc[r]);          \
+                else                                                                                       \
+                    for (int r = 0; r < R; r++)                                                            \
+                        quad_##name(vnni, 0, nblk, (const uint8_t *)(w + r * rb) + off, A, &acc[r]);       \
+            }                                                                                              \
+            if (last)                                                                                      \
+                for (int r = 0; r < R; r += 2)                                                             \
+                    pair_##name(vnni, rem, (const uint8_t *)(w + r * rb) + nq * sizeof(block_t),            \
+                                (const uint8_t *)(w + (r + 1) * rb) + nq * sizeof(block_t), Apair, &acc[r], \
+                                &acc[r + 1]);                                                              \
+            if (R == 4) {                                                                                  \
+                float part[4];                                                                             \
+                _mm_storeu_ps(part, reduce4(acc[0], acc[1], acc[2], acc[3]));                              \
+                for (int r = 0; r < 4; r++) sum[r] += part[r];                                             \
+            } else {                                                                                       \
+                for (int r = 0; r < R; r++) sum[r] += hsum16(acc[r]);                                      \
+            }                                                                                              \
         }                                                                                                  \
-        if (paired)                                                                                        \
-            for (int r = 0; r < R; r += 2)                                                                 \
-                pair_##name(vnni, rem, (const uint8_t *)(w + r * rb) + nq * sizeof(block_t),                \
-                            (const uint8_t *)(w + (r + 1) * rb) + nq * sizeof(block_t), Apair, &acc[r],     \
-                            &acc[r + 1], &accm[r], &accm[r + 1]);                                          \
-        for (int r = 0; r < R; r++) { /* the m*s terms: odd lanes of the (d*da, m*s) pairs */             \
-            acc[r] = _mm512_mask_add_ps(acc[r], 0xaaaa, acc[r], accm16[r]);                                \
-            acc[r] = _mm512_mask_add_ps(acc[r], 0xaa, acc[r], _mm512_zextps256_ps512(accm[r]));            \
-        }                                                                                                  \
-        if (R == 4)                                                                                        \
-            _mm_storeu_ps(out, reduce4(acc[0], acc[1], acc[2], acc[3]));                                   \
-        else                                                                                               \
-            for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]);                            \
+        for (int r = 0; r < R; r++) out[r] = sum[r];                                                       \
     }                                                                                                      \
     INLINE void gemv_##name##_impl(const int vnni, int64_t n, const void *w, size_t rb, int nrows,      \
                                    const void *a, float *out) {                                            \
@@ -452,6 +476,7 @@ INLINE void act4_prep(const block_q8_32 *y, int nblk, const int c, const int vnn
             for (int64_t i = 0; i < cb; i += 4)                                                            \
                 act4_prep(y + c0 + i, cb - i < 4 ? (int)(cb - i) : 4, C_##name(vnni), vnni, &Ab[i / 4]);  \
             act4 Apair;                                                                                    \
+            const act4 *pp = NULL;                                                                         \
             const int rem = (int)(cb & 3);                                                                 \
             if (PAIR_##name && (rem == 1 || rem == 2)) {                                                   \
                 block_q8_32 t[4];                                                                          \
@@ -459,28 +484,23 @@ INLINE void act4_prep(const block_q8_32 *y, int nblk, const int c, const int vnn
                 memcpy(&t[0], y + c0 + cb - rem, (size_t)rem * sizeof *y);                                 \
                 memcpy(&t[2], y + c0 + cb - rem, (size_t)rem * sizeof *y);                                 \
                 act4_load(t, C_##name(vnni), vnni, &Apair);                                                \
+                pp = &Apair;                                                                               \
             }                                                                                              \
             const char *p = (const char *)w + (size_t)c0 * sizeof(block_t);                                \
-            float part[4];                                                                                 \
             int r = 0;                                                                                     \
-            for (; r + 4 <= nrows; r += 4, p += 4 * rb) {                                                  \
-                rows_##name(4, vnni, cb, p, rb, NULL, Ab, &Apair, part);                                           \
-                for (int k = 0; k < 4; k++) out[r + k] = c0 ? out[r + k] + part[k] : part[k];             \
-            }                                                                                              \
-            for (; r < nrows; r++, p += rb) {                                                              \
-                rows_##name(1, vnni, cb, p, rb, NULL, Ab, NULL, part);                                           \
-                out[r] = c0 ? out[r] + part[0] : part[0];                                                  \
-            }                                                                                              \
+            for (; r + 4 <= nrows; r += 4, p += 4 * rb)                                                    \
+                rows_##name(4, vnni, cb, p, rb, NULL, Ab, pp, out + r, c0 > 0);                           \
+            for (; r < nrows; r++, p += rb) rows_##name(1, vnni, cb, p, rb, NULL, Ab, NULL, out + r, c0 > 0); \
         }                                                                                                  \
     }                                                                                                      \
     static float vec_dot_##name##_vnni(int64_t n, const void *restrict w, const void *restrict a) {       \
         float r;                                                                                           \
-        rows_##name(1, 1, n / QK, w, 0, a, NULL, NULL, &r);                                                      \
+        rows_##name(1, 1, n / QK, w, 0, a, NULL, NULL, &r, 0);                                             \
         return r;                                                                                          \
     }                                                                                                      \
     static float vec_dot_##name##_bw(int64_t n, const void *restrict w, const void *restrict a) {         \
         float r;                                                                                           \
-        rows_##name(1, 0, n / QK, w, 0, a, NULL, NULL, &r);                                                      \
+        rows_##name(1, 0, n / QK, w, 0, a, NULL, NULL, &r, 0);                                             \
         return r;                                                                                          \
     }                                                                                                      \
     static void gemv_##name##_vnni(int64_t n, const void *restrict w, size_t rb, int nrows,               \
@@ -491,6 +511,7 @@ INLINE void act4_prep(const block_q8_32 *y, int nblk, const int c, const int vnn
                                  const void *restrict a, float *restrict out) {                            \
         gemv_##name##_impl(0, n, w, rb, nrows, a, out);                                                    \
     }
+
 
 DEFINE_ROWS(q4_0, block_q4_0)
 DEFINE_ROWS(q4_1, block_q4_1)
@@ -512,6 +533,7 @@ DEFINE_ROWS(iq4_nl, block_iq4_nl)
 #define GEMM_R 4 /* rows per tile (x 4 activation rows: 16 accumulators) */
 #endif
 #define GEMM_CHUNK 16 /* quads prepared per activation row at a time (4 rows: 16 KB) */
+_Static_assert(4 * GEMM_CHUNK == RED_BLOCKS, "a gemm chunk is one reduction group");
 
 typedef struct {
     act4 a;
@@ -648,8 +670,7 @@ INLINE void dec_q8_0(const int vnni, const int full, const int nblk, const uint8
                 _mm_storeu_ps(out + t * os, _mm_add_ps(_mm_loadu_ps(out + t * os),                          \
                                                        reduce4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]))); \
             } else {                                                                                        \
-                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) out[t * os + r] +=                      \
-                    _mm512_reduce_add_ps(acc[r][t]);                                                        \
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) out[t * os + r] += hsum16(acc[r][t]);   \
             }                                                                                               \
         }                                                                                                   \
     }                                                                                                       \
@@ -827,18 +848,14 @@ static void gemv_q4_K(int64_t n, const void *restrict w, size_t rb, int nrows, c
     for (; r < nrows; r++, p += rb) out[r] = vec_dot_q4_K(n, p, a);
 }
 
+/* one accumulator per row, as in gemv_q6_K (the same float steps) */
 static float vec_dot_q6_K(int64_t n, const void *restrict w, const void *restrict a) {
     const block_q6_K *x = w;
     const block_q8_K *y = a;
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
+    __m512 acc = _mm512_setzero_ps();
     __m256 unused = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 2 <= n / QK_K; i += 2) {
-        sb_q6_K(&x[i], &y[i], &acc0, &unused);
-        sb_q6_K(&x[i + 1], &y[i + 1], &acc1, &unused);
-    }
-    if (i < n / QK_K) sb_q6_K(&x[i], &y[i], &acc0, &unused);
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    for (int64_t i = 0; i < n / QK_K; i++) sb_q6_K(&x[i], &y[i], &acc, &unused);
+    return _mm512_reduce_add_ps(acc);
 }
 
 static void gemv_q6_K(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,
