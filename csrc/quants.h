@@ -122,6 +122,25 @@ typedef struct {
     /* out[i] += s * f16_to_f32(a[i]) */
     void (*axpy_f16)(int64_t n, float s, const f16_t *restrict a, float *restrict out);
     float (*dot_f32)(int64_t n, const float *restrict a, const float *restrict b);
+    /* vector math of the non-matmul ops (GLU, attention); the error bounds of
+     * each level are stated with the scalar references in quants.c. Each
+     * element's result depends only on its inputs, never on n or on where the
+     * element sits in the array (the ops split rows at any point), and
+     * exp_sum's sum only on the values and n. */
+    /* out[i] = silu(gate[i]) * up[i]; out may be gate or up */
+    void (*glu_silu)(int64_t n, const float *gate, const float *up, float *out);
+    /* out[i] = gelu_tanh(gate[i]) * up[i]; out may be gate or up */
+    void (*glu_gelu_tanh)(int64_t n, const float *gate, const float *up, float *out);
+    /* s[i] = exp(s[i] - m) in place (s[i] - m <= 0 expected, -inf gives 0);
+     * returns the sum of the new s[i] */
+    float (*exp_sum)(int64_t n, float *s, float m);
+    /* y[i] += a * x[i] */
+    void (*axpy_f32)(int64_t n, float a, const float *restrict x, float *restrict y);
+    /* y[j] += sum_{i < rows} w[i] * x[i*ld + j] for j < n: the rows added in
+     * order, one multiply-add per element and row (axpy_f32 over the rows,
+     * with y held in registers: attention's weighted sum of V rows) */
+    void (*wsum_f32)(int64_t n, int rows, const float *restrict w, const float *restrict x, int64_t ld,
+                     float *restrict y);
 } kernel_table;
 
 /* ISA levels, in increasing order */

@@ -522,6 +522,158 @@ def test_float_helpers(isa):
         assert not np.array_equal(y, y0)
 
 
+# ---------------------------------------------------------------- vector math (GLU, softmax)
+# Error bounds (stated in quants.c), against float64 numpy:
+#   glu_silu       |err| <= 1e-6 |silu(g) u| + 1e-30
+#   glu_gelu_tanh  |err| <= 1e-6 max(1, |g|) |u|
+#   exp_sum        each value within 4e-7 relative (values below 1.2e-38 may be 0),
+#                  the sum within 1e-6 relative
+#   axpy_f32       y + a x within 1 ulp of the exact result (one fma, or mul + add)
+# and, exactly, an element's result does not depend on n or on where it sits.
+
+def vmath(isa, which, a, b=None, s=0.0, out=None):
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    if out is None:
+        out = np.zeros(a.size, dtype=np.float32)
+    tot = np.zeros(1, dtype=np.float32)
+    n = out.size if which == 4 else a.size  # wsum: a holds rows of n
+    pa = fptr(a) if a.size else fptr(np.zeros(1, dtype=np.float32))
+    rc = lib.pyllm_kernel_vmath(isa, which, n, pa, fptr(b) if b is not None else ffi.NULL, s, fptr(out),
+                                fptr(tot))
+    assert rc == 0
+    return out, float(tot[0])
+
+
+def glu_inputs(rng, n):
+    g = (rng.standard_normal(n) * rng.choice([0.1, 1, 3, 10], n)).astype(np.float32)
+    special = np.array([0, -0.0, 1e-30, -1e-30, 1e-3, -1e-3, 5, -5, 20, -20, 87, -87, 88.5, -88.5, 89, -89, 100,
+                        -100, 1e4, -1e4, 3e38, -3e38], dtype=np.float32)
+    g[:special.size] = special
+    u = rng.standard_normal(n).astype(np.float32)
+    return g, u
+
+
+def silu64(g):
+    g = g.astype(np.float64)
+    with np.errstate(over="ignore"):
+        return g / (1 + np.exp(-g))
+
+
+def gelu64(g):
+    g = g.astype(np.float64)
+    return 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
+
+
+@pytest.mark.parametrize("which", [pytest.param(0, id="silu"), pytest.param(1, id="gelu_tanh")])
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_glu(isa, which):
+    rng = np.random.default_rng(14)
+    g, u = glu_inputs(rng, 4099)
+    got, _ = vmath(isa, which, g, u)
+    with np.errstate(over="ignore", invalid="ignore"):
+        exact = (silu64(g) if which == 0 else gelu64(g)) * u.astype(np.float64)
+    ok = np.isfinite(exact)
+    assert ok.sum() > 4000 and np.isfinite(got[ok]).all()
+    err = np.abs(got[ok] - exact[ok])
+    if which == 0:
+        bound = 1e-6 * np.abs(exact[ok]) + 1e-30
+    else:
+        bound = 1e-6 * np.maximum(1, np.abs(g[ok].astype(np.float64))) * np.abs(u[ok])
+    bad = np.flatnonzero(err > bound)
+    assert bad.size == 0, [(g[ok][i], u[ok][i], got[ok][i], exact[ok][i]) for i in bad[:5]]
+    # against the scalar reference: the same bounds hold between the two
+    ref, _ = vmath(0, which, g, u)
+    assert (np.abs(got[ok] - ref[ok]) <= 2 * bound).all()
+    # an element's result does not depend on n or its position; in place works
+    for off in [1, 3, 7, 15, 17]:
+        for n in [1, 5, 8, 13, 16, 31, 100]:
+            part, _ = vmath(isa, which, g[off:off + n], u[off:off + n])
+            np.testing.assert_array_equal(part, got[off:off + n], err_msg=f"off={off} n={n}")
+    inplace = g.copy()
+    vmath(isa, which, inplace, u, out=inplace)
+    np.testing.assert_array_equal(inplace, got)
+
+
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_exp_sum(isa):
+    rng = np.random.default_rng(15)
+    for n in [0, 1, 5, 8, 15, 16, 17, 33, 64, 255, 1000]:
+        m = float(rng.uniform(-5, 5))
+        x = (m - np.abs(rng.standard_normal(n)) * rng.choice([0.1, 3, 30], n)).astype(np.float32)
+        if n >= 8:
+            x[:6] = [m, -np.inf, m - 87.0, m - 87.5, m - 200.0, m - 1e-7]
+        got, tot = vmath(isa, 2, x, s=m)
+        exact = np.exp((x - np.float32(m)).astype(np.float64))  # the kernels see the rounded difference
+        tiny = exact < 1.2e-38
+        assert (np.abs(got[~tiny] - exact[~tiny]) <= 4e-7 * exact[~tiny]).all(), n
+        assert (got[tiny] <= 1.2e-38).all() and (got >= 0).all()
+        assert abs(tot - exact.sum()) <= 1e-6 * exact.sum() + 1e-37, (n, tot, exact.sum())
+        if n >= 8:
+            assert got[1] == 0 and got[4] == 0 and got[0] == 1.0
+        ref, rtot = vmath(0, 2, x, s=m)
+        assert abs(tot - rtot) <= 2e-6 * rtot + 1e-37
+        for off in [1, 3, 9]:
+            if off < n:
+                part, _ = vmath(isa, 2, x[off:], s=m)
+                np.testing.assert_array_equal(part, got[off:])
+        inplace = x.copy()
+        _, t2 = vmath(isa, 2, inplace, s=m, out=inplace)
+        np.testing.assert_array_equal(inplace, got)
+        assert t2 == tot
+
+
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_axpy_f32(isa):
+    rng = np.random.default_rng(16)
+    for n in [0, 1, 7, 8, 9, 16, 17, 64, 100, 1000]:
+        x = rng.standard_normal(n).astype(np.float32)
+        y0 = rng.standard_normal(n).astype(np.float32)
+        a = np.float32(rng.standard_normal())
+        y, _ = vmath(isa, 3, x, s=float(a), out=y0.copy())
+        exact = y0.astype(np.float64) + float(a) * x.astype(np.float64)
+        ulp = np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64)
+        assert (np.abs(y - exact) <= ulp + np.spacing(np.abs(float(a) * x)).astype(np.float64)).all(), n
+        for off in [1, 5]:
+            if off < n:
+                yy, _ = vmath(isa, 3, x[off:], s=float(a), out=y0[off:].copy())
+                np.testing.assert_array_equal(yy, y[off:])
+
+
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_wsum_f32(isa):
+    rng = np.random.default_rng(17)
+    for n, rows in [(64, 16), (1, 3), (7, 1), (33, 5), (100, 0), (128, 33), (256, 2)]:
+        x = rng.standard_normal((rows, n)).astype(np.float32)
+        w = rng.standard_normal(rows).astype(np.float32)
+        y0 = rng.standard_normal(n).astype(np.float32)
+        y, _ = vmath(isa, 4, x, w, s=float(rows), out=y0.copy())
+        exact = y0.astype(np.float64) + w.astype(np.float64) @ x.astype(np.float64)
+        mag = np.abs(y0) + np.abs(w.astype(np.float64)) @ np.abs(x.astype(np.float64))
+        assert (np.abs(y - exact) <= 1.2e-7 * (rows + 1) * mag).all(), (n, rows)
+        ref, _ = vmath(0, 4, x, w, s=float(rows), out=y0.copy())
+        assert (np.abs(y - ref) <= 2.4e-7 * (rows + 1) * mag).all(), (n, rows)
+        # a column's result does not depend on where the columns start or end
+        if n > 8 and rows:
+            for c0 in [1, 5, 17]:
+                if c0 < n:
+                    sub = np.ascontiguousarray(x[:, c0:])
+                    yy, _ = vmath(isa, 4, sub, w, s=float(rows), out=y0[c0:].copy())
+                    np.testing.assert_array_equal(yy, y[c0:])
+
+
+def test_vmath_provided():
+    """AVX2 and AVX-512 have their own vector math; bad arguments are refused"""
+    for isa in [i for i in (1, 2) if lib.pyllm_level_available(i)]:
+        for which in range(5):
+            assert lib.pyllm_kernel_provided(isa, 5, which), (isa, which)
+    f = np.zeros(4, dtype=np.float32)
+    assert lib.pyllm_kernel_vmath(0, 5, 4, fptr(f), fptr(f), 0.0, fptr(f), fptr(f)) == -1
+    assert lib.pyllm_kernel_vmath(0, 4, 4, fptr(f), fptr(f), -1.0, fptr(f), fptr(f)) == -1
+    assert lib.pyllm_kernel_vmath(0, 0, 4, fptr(f), ffi.NULL, 0.0, fptr(f), fptr(f)) == -1
+    assert lib.pyllm_kernel_vmath(0, 2, 4, fptr(f), ffi.NULL, 0.0, fptr(f), ffi.NULL) == -1
+    assert lib.pyllm_kernel_vmath(99, 3, 4, fptr(f), ffi.NULL, 0.0, fptr(f), ffi.NULL) == -1
+
+
 # ---------------------------------------------------------------- API, provided kernels
 def test_levels_and_api_validation():
     cpu = lib.pyllm_cpu_level()

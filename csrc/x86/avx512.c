@@ -874,6 +874,162 @@ static void gemv_q6_K(int64_t n, const void *restrict w, size_t rb, int nrows, c
     for (; r < nrows; r++, p += rb) out[r] = vec_dot_q6_K(n, p, a);
 }
 
+INLINE __mmask16 tail_mask16(int64_t m) { return (__mmask16)_bzhi_u32(0xffffu, (unsigned)(m > 16 ? 16 : m)); }
+
+/* ------------------------------------------------------------------ */
+/* float weights (F32, F16, BF16) x float activations                  */
+/* ------------------------------------------------------------------ */
+/* One 16-lane accumulator per row, one FMA per 16 elements in order (a
+ * last partial group masked: its missing lanes add 0), then the 16 lanes
+ * summed in reduce4's order. gemv does 4 rows at a time (reduce4 gives all
+ * four sums), vec_dot is the one-row case (hsum16): the same float steps,
+ * so the contract of quants.h holds. Attention's scores go through here. */
+
+INLINE __m512 fload_f32(const void *p, int64_t i, __mmask16 k) { return _mm512_maskz_loadu_ps(k, (const float *)p + i); }
+INLINE __m512 fload_f16(const void *p, int64_t i, __mmask16 k) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, (const uint16_t *)p + i));
+}
+INLINE __m512 fload_bf16(const void *p, int64_t i, __mmask16 k) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, (const uint16_t *)p + i)), 16));
+}
+
+#define DEFINE_F512(name)                                                                                   \
+    INLINE void frows_##name(const int R, int64_t n, const char *w, size_t rb, const float *y, float *out) { \
+        __m512 c[4];                                                                                        \
+        for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();                                             \
+        int64_t i = 0;                                                                                      \
+        for (; i + 16 <= n; i += 16) {                                                                      \
+            const __m512 yv = _mm512_loadu_ps(y + i);                                                       \
+            for (int r = 0; r < R; r++) c[r] = _mm512_fmadd_ps(fload_##name(w + r * rb, i, 0xffff), yv, c[r]); \
+        }                                                                                                   \
+        if (i < n) {                                                                                        \
+            const __mmask16 k = tail_mask16(n - i);                                                         \
+            const __m512 yv = _mm512_maskz_loadu_ps(k, y + i);                                              \
+            for (int r = 0; r < R; r++) c[r] = _mm512_fmadd_ps(fload_##name(w + r * rb, i, k), yv, c[r]);   \
+        }                                                                                                   \
+        if (R == 4)                                                                                         \
+            _mm_storeu_ps(out, reduce4(c[0], c[1], c[2], c[3]));                                            \
+        else                                                                                                \
+            for (int r = 0; r < R; r++) out[r] = hsum16(c[r]);                                              \
+    }                                                                                                       \
+    static void gemv_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,  \
+                            float *restrict out) {                                                          \
+        const char *wr = w;                                                                                 \
+        int r = 0;                                                                                          \
+        for (; r + 4 <= nrows; r += 4, wr += 4 * rb) frows_##name(4, n, wr, rb, a, out + r);                \
+        for (; r < nrows; r++, wr += rb) frows_##name(1, n, wr, rb, a, out + r);                            \
+    }                                                                                                       \
+    static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {               \
+        float r;                                                                                            \
+        frows_##name(1, n, w, 0, a, &r);                                                                    \
+        return r;                                                                                           \
+    }
+
+DEFINE_F512(f32)
+DEFINE_F512(f16)
+DEFINE_F512(bf16)
+
+/* ------------------------------------------------------------------ */
+/* vector math: GLU activations, softmax exp, axpy                      */
+/* ------------------------------------------------------------------ */
+/* The algorithm of avx2.c's exp8 (same reduction and polynomial), 16
+ * lanes; 2^k by vscalefps, which also overflows to inf past ln(FLT_MAX)
+ * (x clamped to [-87.33, 89]). Tails through masked loads and stores. */
+
+#define EXP_LO (-87.33f)
+#define EXP_HI 89.0f
+
+INLINE __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.383684576e-03f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.374815807e-03f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.166822508e-02f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.666641980e-01f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.999999106e-01f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, k); /* p * 2^k, exact */
+}
+
+INLINE __m512 glu16(__m512 g, __m512 u, const int gelu) {
+    __m512 z = g;
+    if (gelu) {
+        const float k0 = 2.0f * 0.7978845608028654f;
+        z = _mm512_mul_ps(g, _mm512_fmadd_ps(_mm512_mul_ps(g, g), _mm512_set1_ps(k0 * 0.044715f), _mm512_set1_ps(k0)));
+    }
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), z));
+    return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
+}
+
+INLINE void glu_x16(int64_t n, const float *gate, const float *up, float *out, const int gelu) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(out + i, glu16(_mm512_loadu_ps(gate + i), _mm512_loadu_ps(up + i), gelu));
+    if (i < n) {
+        const __mmask16 k = tail_mask16(n - i);
+        _mm512_mask_storeu_ps(out + i, k, glu16(_mm512_maskz_loadu_ps(k, gate + i), _mm512_maskz_loadu_ps(k, up + i), gelu));
+    }
+}
+
+static void glu_silu(int64_t n, const float *gate, const float *up, float *out) { glu_x16(n, gate, up, out, 0); }
+static void glu_gelu_tanh(int64_t n, const float *gate, const float *up, float *out) { glu_x16(n, gate, up, out, 1); }
+
+static float exp_sum(int64_t n, float *s, float m) {
+    const __m512 mv = _mm512_set1_ps(m);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = tail_mask16(n - i);
+        const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + i), mv);
+        /* below the clamp (and -inf): 0; lanes past n: 0 */
+        const __m512 e = _mm512_maskz_mov_ps(k & _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_GE_OQ), exp16(x));
+        _mm512_mask_storeu_ps(s + i, k, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+/* 64 columns at a time held in 4 registers over all rows; tail columns masked */
+static void wsum_f32(int64_t n, int rows, const float *restrict w, const float *restrict x, int64_t ld,
+                     float *restrict y) {
+    int64_t j = 0;
+    for (; j + 64 <= n; j += 64) {
+        __m512 a0 = _mm512_loadu_ps(y + j), a1 = _mm512_loadu_ps(y + j + 16);
+        __m512 a2 = _mm512_loadu_ps(y + j + 32), a3 = _mm512_loadu_ps(y + j + 48);
+        const float *p = x + j;
+        for (int i = 0; i < rows; i++, p += ld) {
+            const __m512 wv = _mm512_set1_ps(w[i]);
+            a0 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(p), a0);
+            a1 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(p + 16), a1);
+            a2 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(p + 32), a2);
+            a3 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(p + 48), a3);
+        }
+        _mm512_storeu_ps(y + j, a0), _mm512_storeu_ps(y + j + 16, a1);
+        _mm512_storeu_ps(y + j + 32, a2), _mm512_storeu_ps(y + j + 48, a3);
+    }
+    for (; j < n; j += 16) {
+        const __mmask16 k = tail_mask16(n - j);
+        __m512 a0 = _mm512_maskz_loadu_ps(k, y + j);
+        const float *p = x + j;
+        for (int i = 0; i < rows; i++, p += ld) a0 = _mm512_fmadd_ps(_mm512_set1_ps(w[i]), _mm512_maskz_loadu_ps(k, p), a0);
+        _mm512_mask_storeu_ps(y + j, k, a0);
+    }
+}
+
+static void axpy_f32(int64_t n, float a, const float *restrict x, float *restrict y) {
+    const __m512 av = _mm512_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        const __mmask16 k = tail_mask16(n - i);
+        _mm512_mask_storeu_ps(y + i, k, _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(k, x + i), _mm512_maskz_loadu_ps(k, y + i)));
+    }
+}
+
 /* ------------------------------------------------------------------ */
 
 void kernels_fill_avx512(kernel_table *t) {
@@ -898,4 +1054,15 @@ void kernels_fill_avx512(kernel_table *t) {
     t->gemv[T_Q4_K] = gemv_q4_K;
     t->vec_dot[T_Q6_K] = vec_dot_q6_K;
     t->gemv[T_Q6_K] = gemv_q6_K;
+    t->vec_dot[T_F32] = vec_dot_f32;
+    t->gemv[T_F32] = gemv_f32;
+    t->vec_dot[T_F16] = vec_dot_f16;
+    t->gemv[T_F16] = gemv_f16;
+    t->vec_dot[T_BF16] = vec_dot_bf16;
+    t->gemv[T_BF16] = gemv_bf16;
+    t->glu_silu = glu_silu;
+    t->glu_gelu_tanh = glu_gelu_tanh;
+    t->exp_sum = exp_sum;
+    t->axpy_f32 = axpy_f32;
+    t->wsum_f32 = wsum_f32;
 }
