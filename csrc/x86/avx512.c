@@ -757,7 +757,7 @@ INLINE __m512i lane_words(__m512i b, int i0, int i1, int i2, int i3) {
 #undef W
 }
 
-/* the act side of a Q4_K super-block: [0:32 | 64:96], [32:64 | 96:128], ... */
+/* the act side of a Q4_K/Q5_K super-block: [0:32 | 64:96], [32:64 | 96:128], ... */
 typedef struct { __m512i a[4]; } actK4;
 
 INLINE void actK4_load(const block_q8_K *y, actK4 *A) {
@@ -770,109 +770,222 @@ INLINE void actK4_load(const block_q8_K *y, actK4 *A) {
 #undef L256
 }
 
-INLINE void sb_q4_K(const block_q4_K *x, const block_q8_K *y, const actK4 *A, __m512 *acc, __m256 *accm) {
+/* Q6_K reads the activation quants in their own order: nothing to prepare */
+typedef struct { int unused; } actQ6;
+INLINE void actQ6_load(const block_q8_K *y, actQ6 *A) { (void)y, (void)A; }
+
+/* A K-quant super-block is decoded once per weight row (dec_*) and then
+ * dotted with any number of activation rows (dot_*): the integer sums are
+ * exact, and the float steps per super-block are
+ *     acc = fma(d * da, float(isum), acc)                    (16 lanes)
+ *     acc = fnma(dmin * da, float(msum), acc)   Q4_K, Q5_K: lanes 0..7, the mins
+ * The row's result (the contract of quants.h): super-blocks in groups of
+ * RED_SB from the row's start, each group's lanes summed by hsum16 (reduce4
+ * order) and added to the row's sum in order; vec_dot, gemv and gemm all
+ * run krows / the gemm tile below, which do exactly that. */
+#define RED_SB 8
+
+typedef struct {
+    __m512i q[4], sc[4]; /* unsigned quants in the actK4 layout, int16 scale words */
+    __m256i m16;         /* the 8 mins, each twice (one per 16-element bsum) */
+    float d, dmin;
+} wK4;
+
+INLINE void dec_q4_K(const void *xb, wK4 *W) {
+    const block_q4_K *x = xb;
     uint32_t sc[2], m[2];
     k4_scales(x->scales, sc, m);
     const __m512i s8 = _mm512_broadcast_i32x4(_mm_set_epi32(0, 0, (int)sc[1], (int)sc[0]));
     const __m512i z0 = _mm512_loadu_si512(x->qs), z1 = _mm512_loadu_si512(x->qs + 64);
-    const __m512i p0 = _mm512_maddubs_epi16(nib_lo(z0), A->a[0]); /* sub-blocks 0 | 2 */
-    const __m512i p1 = _mm512_maddubs_epi16(nib_hi(z0), A->a[1]); /* 1 | 3 */
-    const __m512i p2 = _mm512_maddubs_epi16(nib_lo(z1), A->a[2]); /* 4 | 6 */
-    const __m512i p3 = _mm512_maddubs_epi16(nib_hi(z1), A->a[3]); /* 5 | 7 */
-    __m512i s = _mm512_madd_epi16(p0, lane_scales16(s8, 0, 0, 2, 2));
-    s = _mm512_add_epi32(s, _mm512_madd_epi16(p1, lane_scales16(s8, 1, 1, 3, 3)));
-    s = _mm512_add_epi32(s, _mm512_madd_epi16(p2, lane_scales16(s8, 4, 4, 6, 6)));
-    s = _mm512_add_epi32(s, _mm512_madd_epi16(p3, lane_scales16(s8, 5, 5, 7, 7)));
+    W->q[0] = nib_lo(z0), W->q[1] = nib_hi(z0); /* sub-blocks 0 | 2, 1 | 3 */
+    W->q[2] = nib_lo(z1), W->q[3] = nib_hi(z1); /* 4 | 6, 5 | 7 */
+    W->sc[0] = lane_scales16(s8, 0, 0, 2, 2), W->sc[1] = lane_scales16(s8, 1, 1, 3, 3);
+    W->sc[2] = lane_scales16(s8, 4, 4, 6, 6), W->sc[3] = lane_scales16(s8, 5, 5, 7, 7);
     const __m128i m8 = _mm_set_epi32(0, 0, (int)m[1], (int)m[0]);
-    const __m256i mins = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums),
-                                           _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)));
-    const float d = _cvtsh_ss(x->d) * y->d, dmin = _cvtsh_ss(x->dmin) * y->d;
-    *acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(s), *acc);
-    *accm = _mm256_fnmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins), *accm);
+    W->m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+    W->d = _cvtsh_ss(x->d), W->dmin = _cvtsh_ss(x->dmin);
 }
 
-INLINE void sb_q6_K(const block_q6_K *x, const block_q8_K *y, __m512 *acc, __m256 *accm) {
-    (void)accm;
+/* Q5_K: Q4_K's layout plus the 5th bits (bit i of qh[l] is bit 4 of element 32 i + l) */
+INLINE void dec_q5_K(const void *xb, wK4 *W) {
+    const block_q5_K *x = xb;
+    uint32_t sc[2], m[2];
+    k4_scales(x->scales, sc, m);
+    const __m512i s8 = _mm512_broadcast_i32x4(_mm_set_epi32(0, 0, (int)sc[1], (int)sc[0]));
+    const __m512i z0 = _mm512_loadu_si512(x->qs), z1 = _mm512_loadu_si512(x->qs + 64);
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)x->qh);
+    const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(qh), qh, 1);
+    const __m512i b4 = _mm512_set1_epi8(0x10);
+    /* q[k]: elements 32 i + l of the low 256 bits, 32 (i + 2) + l of the high */
+#define BITS(i) _mm512_set_epi64(0x0101010101010101ll << ((i) + 2), 0x0101010101010101ll << ((i) + 2),           \
+                                 0x0101010101010101ll << ((i) + 2), 0x0101010101010101ll << ((i) + 2),           \
+                                 0x0101010101010101ll << (i), 0x0101010101010101ll << (i),                       \
+                                 0x0101010101010101ll << (i), 0x0101010101010101ll << (i))
+    const __m512i q[4] = {nib_lo(z0), nib_hi(z0), nib_lo(z1), nib_hi(z1)};
+    const int first[4] = {0, 1, 4, 5};
+    for (int k = 0; k < 4; k++)
+        W->q[k] = _mm512_or_si512(q[k], _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(h, BITS(first[k])), b4));
+#undef BITS
+    W->sc[0] = lane_scales16(s8, 0, 0, 2, 2), W->sc[1] = lane_scales16(s8, 1, 1, 3, 3);
+    W->sc[2] = lane_scales16(s8, 4, 4, 6, 6), W->sc[3] = lane_scales16(s8, 5, 5, 7, 7);
+    const __m128i m8 = _mm_set_epi32(0, 0, (int)m[1], (int)m[0]);
+    W->m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+    W->d = _cvtsh_ss(x->d), W->dmin = _cvtsh_ss(x->dmin);
+}
+
+INLINE __m512 dot_q4_K(const wK4 *W, const actK4 *A, const block_q8_K *y, __m512 acc) {
+    __m512i s = _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[0], A->a[0]), W->sc[0]);
+    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[1], A->a[1]), W->sc[1]));
+    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[2], A->a[2]), W->sc[2]));
+    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[3], A->a[3]), W->sc[3]));
+    const __m256i mins = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), W->m16);
+    acc = _mm512_fmadd_ps(_mm512_set1_ps(W->d * y->d), _mm512_cvtepi32_ps(s), acc);
+    return _mm512_fnmadd_ps(_mm512_set1_ps(W->dmin * y->d), _mm512_zextps256_ps512(_mm256_cvtepi32_ps(mins)), acc);
+}
+#define dot_q5_K dot_q4_K
+
+typedef struct {
+    __m512i v[4], sc[4]; /* unsigned 6-bit quants (elements 64k..64k+63), signed int16 scale words */
+    __m256i s16;         /* the 16 scales, for the -32 offset */
+    float d;
+} wQ6;
+
+INLINE void dec_q6_K(const void *xb, wQ6 *W) {
+    const block_q6_K *x = xb;
     const __m128i s8 = _mm_loadu_si128((const __m128i *)x->scales);
     const __m512i lo4 = _mm512_set1_epi8(0x0f), hi2 = _mm512_set1_epi8(0x30);
-    __m512i s = _mm512_setzero_si512();
     for (int h = 0; h < 2; h++) {
         const __m512i l = _mm512_loadu_si512(x->ql + 64 * h);
         const __m256i qh = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
         const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
-        const __m512i vlo = _mm512_or_si512(_mm512_and_si512(l, lo4), _mm512_and_si512(_mm512_slli_epi16(z, 4), hi2));
-        const __m512i vhi = _mm512_or_si512(nib_hi(l), _mm512_and_si512(z, hi2));
-        const __m512i a0 = _mm512_loadu_si512(y->qs + 128 * h), a1 = _mm512_loadu_si512(y->qs + 128 * h + 64);
-        /* signed scale words: 128-lane L of vlo is sub-block 8h + L, of vhi 8h + 4 + L */
+        W->v[2 * h] = _mm512_or_si512(_mm512_and_si512(l, lo4), _mm512_and_si512(_mm512_slli_epi16(z, 4), hi2));
+        W->v[2 * h + 1] = _mm512_or_si512(nib_hi(l), _mm512_and_si512(z, hi2));
+        /* 128-bit lane L of v[2h] is sub-block 8h + L, of v[2h+1] 8h + 4 + L */
         const __m512i sw = _mm512_broadcast_i32x4(_mm_cvtepi8_epi16(h ? _mm_srli_si128(s8, 8) : s8));
-        const __m512i plo = lane_words(sw, 0, 1, 2, 3), phi = lane_words(sw, 4, 5, 6, 7);
-        s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(vlo, a0), plo));
-        s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(vhi, a1), phi));
+        W->sc[2 * h] = lane_words(sw, 0, 1, 2, 3), W->sc[2 * h + 1] = lane_words(sw, 4, 5, 6, 7);
     }
+    W->s16 = _mm256_cvtepi8_epi16(s8);
+    W->d = _cvtsh_ss(x->d);
+}
+
+INLINE __m512 dot_q6_K(const wQ6 *W, const actQ6 *A, const block_q8_K *y, __m512 acc) {
+    (void)A;
+    __m512i s = _mm512_madd_epi16(_mm512_maddubs_epi16(W->v[0], _mm512_loadu_si512(y->qs)), W->sc[0]);
+    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->v[1], _mm512_loadu_si512(y->qs + 64)), W->sc[1]));
+    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->v[2], _mm512_loadu_si512(y->qs + 128)), W->sc[2]));
+    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->v[3], _mm512_loadu_si512(y->qs + 192)), W->sc[3]));
     /* the -32 offset: 32 * sum_j scale_j * bsums_j */
-    const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), _mm256_cvtepi8_epi16(s8));
+    const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), W->s16);
     s = _mm512_sub_epi32(s, _mm512_zextsi256_si512(_mm256_slli_epi32(corr, 5)));
-    *acc = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(x->d) * y->d), _mm512_cvtepi32_ps(s), *acc);
+    return _mm512_fmadd_ps(_mm512_set1_ps(W->d * y->d), _mm512_cvtepi32_ps(s), acc);
 }
 
-static float vec_dot_q4_K(int64_t n, const void *restrict w, const void *restrict a) {
-    const block_q4_K *x = w;
-    const block_q8_K *y = a;
-    __m512 acc = _mm512_setzero_ps();
-    __m256 accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        actK4 A;
-        actK4_load(&y[i], &A);
-        sb_q4_K(&x[i], &y[i], &A, &acc, &accm);
+#ifndef GEMMK_R
+#define GEMMK_R 4
+#endif
+#ifndef GEMMK_T
+#define GEMMK_T 4
+#endif
+
+#define DEFINE_K512(name, block_t, act_t, w_t)                                                              \
+    /* R rows against one activation row (vec_dot, gemv) */                                                 \
+    INLINE void krows_##name(const int R, int64_t nsb, const char *w, size_t rb, const block_q8_K *y,       \
+                             float *out) {                                                                  \
+        float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};                                                            \
+        for (int64_t g0 = 0; g0 < nsb; g0 += RED_SB) {                                                      \
+            const int64_t g1 = nsb - g0 < RED_SB ? nsb : g0 + RED_SB;                                       \
+            __m512 acc[4];                                                                                  \
+            for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();                                       \
+            for (int64_t i = g0; i < g1; i++) {                                                             \
+                act_t A;                                                                                    \
+                act_t##_load(&y[i], &A);                                                                    \
+                for (int r = 0; r < R; r++) {                                                               \
+                    w_t W;                                                                                  \
+                    dec_##name((const block_t *)(const void *)(w + r * rb) + i, &W);                        \
+                    acc[r] = dot_##name(&W, &A, &y[i], acc[r]);                                             \
+                }                                                                                           \
+            }                                                                                               \
+            if (R == 4) {                                                                                   \
+                float part[4];                                                                              \
+                _mm_storeu_ps(part, reduce4(acc[0], acc[1], acc[2], acc[3]));                               \
+                for (int r = 0; r < 4; r++) sum[r] += part[r];                                              \
+            } else {                                                                                        \
+                for (int r = 0; r < R; r++) sum[r] += hsum16(acc[r]);                                       \
+            }                                                                                               \
+        }                                                                                                   \
+        for (int r = 0; r < R; r++) out[r] = sum[r];                                                        \
+    }                                                                                                       \
+    static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {               \
+        float r;                                                                                            \
+        krows_##name(1, n / QK_K, w, 0, a, &r);                                                             \
+        return r;                                                                                           \
+    }                                                                                                       \
+    static void gemv_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,  \
+                            float *restrict out) {                                                          \
+        const char *p = w;                                                                                  \
+        int r = 0;                                                                                          \
+        for (; r + 4 <= nrows; r += 4, p += 4 * rb) krows_##name(4, n / QK_K, p, rb, a, out + r);           \
+        for (; r < nrows; r++, p += rb) krows_##name(1, n / QK_K, p, rb, a, out + r);                       \
+    }                                                                                                       \
+    /* R rows x T activation rows over one group of nsb super-blocks (A[t][j], y[t] + j) */               \
+    INLINE void ktile_##name(const int R, const int T, int nsb, const char *w, size_t rb,                   \
+                             act_t (*A)[RED_SB], const block_q8_K *const *y, float *out, size_t os) {       \
+        __m512 acc[GEMMK_R][GEMMK_T];                                                                       \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                                 \
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();           \
+        for (int j = 0; j < nsb; j++) {                                                                     \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                           \
+                w_t W;                                                                                      \
+                dec_##name((const block_t *)(const void *)(w + r * rb) + j, &W);                            \
+                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                         \
+                    acc[r][t] = dot_##name(&W, &A[t][j], y[t] + j, acc[r][t]);                              \
+            }                                                                                               \
+        }                                                                                                   \
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {                                               \
+            if (R == 4) {                                                                                   \
+                _mm_storeu_ps(out + t * os, _mm_add_ps(_mm_loadu_ps(out + t * os),                          \
+                                                       reduce4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]))); \
+            } else {                                                                                        \
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) out[t * os + r] += hsum16(acc[r][t]);   \
+            }                                                                                               \
+        }                                                                                                   \
+    }                                                                                                       \
+    static void gemm_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,  \
+                            size_t as, int ncols, float *restrict out, size_t os) {                         \
+        const int64_t nsb = n / QK_K;                                                                       \
+        act_t A[GEMMK_T][RED_SB];                                                                           \
+        for (int t = 0; t < ncols; t++)                                                                     \
+            for (int r = 0; r < nrows; r++) out[t * os + r] = 0.0f;                                         \
+        for (int t0 = 0; t0 < ncols; t0 += GEMMK_T) {                                                       \
+            const int T = ncols - t0 < GEMMK_T ? ncols - t0 : GEMMK_T;                                      \
+            for (int64_t g0 = 0; g0 < nsb; g0 += RED_SB) {                                                  \
+                const int ng = nsb - g0 < RED_SB ? (int)(nsb - g0) : RED_SB;                                \
+                const block_q8_K *y[GEMMK_T];                                                               \
+                for (int t = 0; t < T; t++) {                                                               \
+                    y[t] = (const block_q8_K *)(const void *)((const char *)a + (t0 + t) * as) + g0;        \
+                    for (int j = 0; j < ng; j++) act_t##_load(&y[t][j], &A[t][j]);                          \
+                }                                                                                           \
+                const char *p = (const char *)w + (size_t)g0 * sizeof(block_t);                             \
+                float *o = out + (size_t)t0 * os;                                                           \
+                int r = 0;                                                                                  \
+                if (T == GEMMK_T) {                                                                         \
+                    for (; r + GEMMK_R <= nrows; r += GEMMK_R)                                              \
+                        ktile_##name(GEMMK_R, GEMMK_T, ng, p + r * rb, rb, A, y, o + r, os);                \
+                    for (; r < nrows; r++) ktile_##name(1, GEMMK_T, ng, p + r * rb, rb, A, y, o + r, os);   \
+                } else {                                                                                    \
+                    for (int t = 0; t < T; t++) {                                                           \
+                        for (r = 0; r + 4 <= nrows; r += 4)                                                 \
+                            ktile_##name(4, 1, ng, p + r * rb, rb, A + t, y + t, o + t * os + r, os);       \
+                        for (; r < nrows; r++) ktile_##name(1, 1, ng, p + r * rb, rb, A + t, y + t, o + t * os + r, os); \
+                    }                                                                                       \
+                }                                                                                           \
+            }                                                                                               \
+        }                                                                                                   \
     }
-    return _mm512_reduce_add_ps(acc) + hsum8(accm);
-}
 
-static void gemv_q4_K(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,
-                      float *restrict out) {
-    const block_q8_K *y = a;
-    const char *p = w;
-    int r = 0;
-    for (; r + 4 <= nrows; r += 4, p += 4 * rb) {
-        __m512 acc[4];
-        __m256 accm[4];
-        for (int k = 0; k < 4; k++) acc[k] = _mm512_setzero_ps(), accm[k] = _mm256_setzero_ps();
-        for (int64_t i = 0; i < n / QK_K; i++) {
-            actK4 A;
-            actK4_load(&y[i], &A);
-            for (int k = 0; k < 4; k++)
-                sb_q4_K((const block_q4_K *)(const void *)(p + k * rb) + i, &y[i], &A, &acc[k], &accm[k]);
-        }
-        for (int k = 0; k < 4; k++) out[r + k] = _mm512_reduce_add_ps(acc[k]) + hsum8(accm[k]);
-    }
-    for (; r < nrows; r++, p += rb) out[r] = vec_dot_q4_K(n, p, a);
-}
-
-/* one accumulator per row, as in gemv_q6_K (the same float steps) */
-static float vec_dot_q6_K(int64_t n, const void *restrict w, const void *restrict a) {
-    const block_q6_K *x = w;
-    const block_q8_K *y = a;
-    __m512 acc = _mm512_setzero_ps();
-    __m256 unused = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QK_K; i++) sb_q6_K(&x[i], &y[i], &acc, &unused);
-    return _mm512_reduce_add_ps(acc);
-}
-
-static void gemv_q6_K(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,
-                      float *restrict out) {
-    const block_q8_K *y = a;
-    const char *p = w;
-    int r = 0;
-    __m256 unused = _mm256_setzero_ps();
-    for (; r + 4 <= nrows; r += 4, p += 4 * rb) {
-        __m512 acc[4];
-        for (int k = 0; k < 4; k++) acc[k] = _mm512_setzero_ps();
-        for (int64_t i = 0; i < n / QK_K; i++)
-            for (int k = 0; k < 4; k++) sb_q6_K((const block_q6_K *)(const void *)(p + k * rb) + i, &y[i], &acc[k], &unused);
-        for (int k = 0; k < 4; k++) out[r + k] = _mm512_reduce_add_ps(acc[k]);
-    }
-    for (; r < nrows; r++, p += rb) out[r] = vec_dot_q6_K(n, p, a);
-}
+DEFINE_K512(q4_K, block_q4_K, actK4, wK4)
+DEFINE_K512(q5_K, block_q5_K, actK4, wK4)
+DEFINE_K512(q6_K, block_q6_K, actQ6, wQ6)
 
 INLINE __mmask16 tail_mask16(int64_t m) { return (__mmask16)_bzhi_u32(0xffffu, (unsigned)(m > 16 ? 16 : m)); }
 
@@ -1052,8 +1165,13 @@ void kernels_fill_avx512(kernel_table *t) {
     }
     t->vec_dot[T_Q4_K] = vec_dot_q4_K;
     t->gemv[T_Q4_K] = gemv_q4_K;
+    t->gemm[T_Q4_K] = gemm_q4_K;
+    t->vec_dot[T_Q5_K] = vec_dot_q5_K;
+    t->gemv[T_Q5_K] = gemv_q5_K;
+    t->gemm[T_Q5_K] = gemm_q5_K;
     t->vec_dot[T_Q6_K] = vec_dot_q6_K;
     t->gemv[T_Q6_K] = gemv_q6_K;
+    t->gemm[T_Q6_K] = gemm_q6_K;
     t->vec_dot[T_F32] = vec_dot_f32;
     t->gemv[T_F32] = gemv_f32;
     t->vec_dot[T_F16] = vec_dot_f16;
