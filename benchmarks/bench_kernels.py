@@ -4,9 +4,10 @@ For each format and ISA level, times
   gemv     one call over a whole matrix (rows x n) against one activation row:
            the decode step's matrix-vector product (the level's gemv, or its
            vec_dot looped over rows in C when it has none);
-  gemm16   (levels with a gemm for the format) one call over the matrix
-           against 16 activation rows (prefill), in weight bytes times 16 per
-           second: compare with gemv;
+  gemm16, gemm64  (levels with a gemm for the format) one call over the
+           matrix against 16 / 64 activation rows (prefill: the matmul hands
+           its kernels a tile of rows x all tokens), in weight bytes times 16
+           / 64 per second: compare with gemv;
   vec_dot  one call on a single row holding the same bytes (rows*n elements):
            the streaming speed of the plain dot product. Its activation row is
            as long (Q8_32: 40 bytes per 32 elements, twice the weight bytes of
@@ -36,7 +37,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from pyllm._native import ffi, lib  # noqa: E402
 
-GEMM_COLS = 16
+GEMM_COLS = (16, 64)
 
 ISA_NAMES = {0: "scalar", 1: "avx2", 2: "avx512", 3: "neon"}
 TYPES = {  # name: (ggml id, block size, block bytes, act)
@@ -107,20 +108,21 @@ def bench_one(isa, tname, rows, n, rng, min_time, cold_mb):
         lib.pyllm_kernel_gemv(isa, tid, n, pm[state[0]], row_bytes, rows, pa, po)
 
     res["gemv_hot"] = mat_bytes / timeit(gemv_hot, min_time) / 1e9
-    if lib.pyllm_kernel_provided(isa, 4, tid):
-        xs = rng.standard_normal(GEMM_COLS * n).astype(np.float32)
-        acts = np.zeros(GEMM_COLS * a_row.nbytes, dtype=np.uint8)
-        for t in range(GEMM_COLS):
+    for cols in GEMM_COLS:
+        if not lib.pyllm_kernel_provided(isa, 4, tid):
+            res[f"gemm{cols}"] = float("nan")
+            continue
+        xs = rng.standard_normal(cols * n).astype(np.float32)
+        acts = np.zeros(cols * a_row.nbytes, dtype=np.uint8)
+        for t in range(cols):
             lib.pyllm_kernel_quantize_act(0, act, ffi.cast("float *", ffi.from_buffer(xs[t * n:])),
                                           ffi.from_buffer(acts[t * a_row.nbytes:]), n)
-        outg = np.zeros(GEMM_COLS * rows, dtype=np.float32)
+        outg = np.zeros(cols * rows, dtype=np.float32)
         gw, ga, go = ffi.from_buffer(mats[0]), ffi.from_buffer(acts), ffi.cast("float *", ffi.from_buffer(outg))
 
         def gemm_hot():
-            lib.pyllm_kernel_gemm(isa, tid, n, gw, row_bytes, rows, ga, a_row.nbytes, GEMM_COLS, go, rows)
-        res["gemm16"] = mat_bytes * GEMM_COLS / timeit(gemm_hot, min_time) / 1e9
-    else:
-        res["gemm16"] = float("nan")
+            lib.pyllm_kernel_gemm(isa, tid, n, gw, row_bytes, rows, ga, a_row.nbytes, cols, go, rows)
+        res[f"gemm{cols}"] = mat_bytes * cols / timeit(gemm_hot, min_time) / 1e9
     res["dot_w+a"] = (mat_bytes + a_long.nbytes) / timeit(dot_hot, min_time) / 1e9
     if cold_mb:
         res["gemv_cold"] = mat_bytes / timeit(gemv_cold, min_time) / 1e9
@@ -158,7 +160,7 @@ def main():
     print(f"cpu level: {ISA_NAMES[lib.pyllm_cpu_level()]}; single thread; GB/s of weight bytes")
     hot, cold = numpy_bw(1536 * 576 // 2, rng, args.min_time, args.cold_mb)
     print(f"numpy float32 sum, 442 KB: hot {hot:.1f} GB/s" + (f", cold {cold:.1f} GB/s" if cold else ""))
-    cols = ["gemv_hot", "gemm16", "dot_w+a"] + (["gemv_cold"] if args.cold_mb else [])
+    cols = ["gemv_hot"] + [f"gemm{c}" for c in GEMM_COLS] + ["dot_w+a"] + (["gemv_cold"] if args.cold_mb else [])
     print(f"{'type':7s} {'shape':>10s} " + " ".join(f"{ISA_NAMES[i] + ':' + c:>17s}" for i in levels for c in cols))
     for tname in args.types:
         bs = TYPES[tname][1]

@@ -27,18 +27,20 @@ size_t attention_scratch_floats(int head_dim, int group, int block_size) {
     return (size_t)Q_TILE * group * STATE_FLOATS(head_dim) + 2 * (size_t)block_size * head_dim;
 }
 
-static inline void axpy(int n, float a, const float *restrict x, float *restrict y) {
-    for (int i = 0; i < n; i++) y[i] += a * x[i];
-}
-
 /* one query row of one head over positions [j0, j0+n) of a converted block */
 static void attend_block(float *state, const float *q, const float *kb, const float *vb, int n, int hd,
                          float scale, float softcap) {
     float *m = &state[0], *l = &state[1], *acc = state + 2;
     float s[MAX_KV_BLOCK];
     float bmax = -FLT_MAX;
+    /* s[i] = k_i . q for the n key rows at once (the F32 matmul kernel: the
+     * rows share the loads of q), or one dot at a time */
+    if (K.gemv[T_F32])
+        K.gemv[T_F32](hd, kb, (size_t)hd * sizeof(float), n, q, s);
+    else
+        for (int i = 0; i < n; i++) s[i] = K.vec_dot[T_F32](hd, kb + (int64_t)i * hd, q);
     for (int i = 0; i < n; i++) {
-        float x = scale * K.dot_f32(hd, kb + (int64_t)i * hd, q);
+        float x = scale * s[i];
         if (softcap > 0) x = softcap * tanhf(x / softcap);
         s[i] = x;
         if (x > bmax) bmax = x;
@@ -49,11 +51,8 @@ static void attend_block(float *state, const float *q, const float *kb, const fl
         for (int d = 0; d < hd; d++) acc[d] *= c;
         *m = bmax;
     }
-    for (int i = 0; i < n; i++) {
-        float w = expf(s[i] - *m);
-        *l += w;
-        axpy(hd, w, vb + (int64_t)i * hd, acc);
-    }
+    *l += K.exp_sum(n, s, *m); /* s[i] = exp(s[i] - m), l += sum_i s[i] */
+    K.wsum_f32(hd, n, s, vb, hd, acc); /* acc += sum_i s[i] v_i (an axpy per row, acc in registers) */
 }
 
 static void attend_tile(const pyllm_op *op, const op_rows *r, int kvh, int64_t t0, int64_t t1) {

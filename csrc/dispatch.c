@@ -78,6 +78,11 @@ static void overlay(kernel_table *dst, const kernel_table *src) {
     OV(dot_f16_f32);
     OV(axpy_f16);
     OV(dot_f32);
+    OV(glu_silu);
+    OV(glu_gelu_tanh);
+    OV(exp_sum);
+    OV(axpy_f32);
+    OV(wsum_f32);
 #undef OV
 }
 

@@ -59,6 +59,15 @@ int pyllm_kernel_provided(int isa, int kind, int type) {
     case 2: return type_info(type) && own.gemv[type] != NULL;
     case 3: return type >= 0 && type <= ACT_Q8_K && own.quantize_act[type] != NULL;
     case 4: return type_info(type) && own.gemm[type] != NULL;
+    case 5: /* vector math, type = pyllm_kernel_vmath's which */
+        switch (type) {
+        case 0: return own.glu_silu != NULL;
+        case 1: return own.glu_gelu_tanh != NULL;
+        case 2: return own.exp_sum != NULL;
+        case 3: return own.axpy_f32 != NULL;
+        case 4: return own.wsum_f32 != NULL;
+        default: return 0;
+        }
     default: return 0;
     }
 }
@@ -135,6 +144,31 @@ int pyllm_kernel_float(int isa, int which, int64_t n, const void *a, const void 
     case 4:
         if (!b) return -1;
         *(float *)out = t->dot_f32(n, a, b);
+        return 0;
+    default: return -1;
+    }
+}
+
+int pyllm_kernel_vmath(int isa, int which, int64_t n, const float *a, const float *b, float s, float *out,
+                       float *sum) {
+    const kernel_table *t = table_for(isa);
+    if (!t || n < 0 || !a || !out) return -1;
+    switch (which) {
+    case 0:
+    case 1:
+        if (!b) return -1;
+        (which ? t->glu_gelu_tanh : t->glu_silu)(n, a, b, out);
+        return 0;
+    case 2:
+        if (!sum) return -1;
+        if (a != out)
+            for (int64_t i = 0; i < n; i++) out[i] = a[i];
+        *sum = t->exp_sum(n, out, s);
+        return 0;
+    case 3: t->axpy_f32(n, s, a, out); return 0;
+    case 4: /* wsum_f32: rows = (int)s rows of n at a (stride n), weights b */
+        if (!b || s < 0) return -1;
+        t->wsum_f32(n, (int)s, b, a, n, out);
         return 0;
     default: return -1;
     }

@@ -116,13 +116,6 @@ void op_kv_store(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     }
 }
 
-static inline float silu(float x) { return x / (1.0f + expf(-x)); }
-
-static inline float gelu_tanh(float x) {
-    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
-    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
-}
-
 /* y = act(x) * x2, elementwise over rows of n_in */
 void op_glu(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     int64_t n = op->n_in, lo, hi;
@@ -131,10 +124,9 @@ void op_glu(const pyllm_op *op, const op_rows *r, int ith, int nth) {
         int64_t t = lo / n, i0 = lo % n, i1 = n < i0 + (hi - lo) ? n : i0 + (hi - lo);
         const float *g = IN_ROW(op, r, t), *u = op->x2 + (int64_t)(r->row0 + t) * op->x2_stride;
         float *y = OUT_ROW(op, t);
-        if (op->type == GLU_GELU_TANH)
-            for (int64_t i = i0; i < i1; i++) y[i] = gelu_tanh(g[i]) * u[i];
-        else
-            for (int64_t i = i0; i < i1; i++) y[i] = silu(g[i]) * u[i];
+        /* y = silu(g) * u = g / (1 + exp(-g)) * u, or
+         * y = gelu_tanh(g) * u = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * u */
+        (op->type == GLU_GELU_TANH ? K.glu_gelu_tanh : K.glu_silu)(i1 - i0, g + i0, u + i0, y + i0);
         lo += i1 - i0;
     }
 }

@@ -112,7 +112,8 @@ int pyllm_get_level(void);
 int pyllm_type_supported(int type);
 int pyllm_type_act(int type);           /* activation format a weight type's dot product takes */
 size_t pyllm_act_row_bytes(int act, int64_t n);
-/* does level `isa` itself provide this kernel (kind: 0 dequant, 1 vec_dot, 2 gemv, 3 quantize_act)? */
+/* does level `isa` itself provide this kernel (kind: 0 dequant, 1 vec_dot, 2 gemv, 3 quantize_act,
+ * 4 gemm, 5 vector math with type = pyllm_kernel_vmath's which)? */
 int pyllm_kernel_provided(int isa, int kind, int type);
 /* run one kernel of one level; 0 on success, -1 if unsupported */
 int pyllm_kernel_dequant(int isa, int type, const void *w, float *out, int64_t n);
@@ -128,6 +129,14 @@ int pyllm_kernel_gemm(int isa, int type, int64_t n, const void *w, size_t row_by
  *   2 dot_f16_f32(a=f16[n], b=float[n]) -> out=float[1]
  *   3 axpy_f16: out=float[n] += s * a=f16[n]    4 dot_f32(a, b=float[n]) -> out=float[1] */
 int pyllm_kernel_float(int isa, int which, int64_t n, const void *a, const void *b, float s, void *out);
+/* the vector math of GLU and attention, by `which` (float arrays of n):
+ *   0 glu_silu:      out[i] = silu(a[i]) * b[i]
+ *   1 glu_gelu_tanh: out[i] = gelu_tanh(a[i]) * b[i]
+ *   2 exp_sum:       out[i] = exp(a[i] - s), *sum = their sum (a may be out)
+ *   3 axpy_f32:      out[i] += s * a[i]
+ *   4 wsum_f32:      out[j] += sum_{i < rows} b[i] * a[i*n + j], rows = (int)s */
+int pyllm_kernel_vmath(int isa, int which, int64_t n, const float *a, const float *b, float s, float *out,
+                       float *sum);
 
 /* ---- memory bandwidth probe (pyllm bench --membw) ---- */
 double pyllm_membw(pyllm_ctx *ctx, const void *buf, size_t bytes, int reps);

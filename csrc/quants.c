@@ -594,6 +594,60 @@ static float dot_f32(int64_t n, const float *restrict a, const float *restrict b
 }
 
 /* ------------------------------------------------------------------ */
+/* vector math of the non-matmul ops (GLU, attention)                   */
+/* ------------------------------------------------------------------ */
+/* The specification, in libm float arithmetic:
+ *     silu(x)      = x / (1 + exp(-x))
+ *     gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+ *                  = x / (1 + exp(-2 sqrt(2/pi) (x + 0.044715 x^3)))
+ * (the second form: 0.5 (1 + tanh z) = 1 / (1 + exp(-2z)); it has no
+ * cancellation for negative x, where 1 + tanh z is tiny). The SIMD levels
+ * use a polynomial exp (x86/avx2.c: exp8) and a correctly rounded division,
+ * and are tested against these and against float64 numpy:
+ *     glu_silu:      |err| <= 1e-6 |silu(g) u|      (+ 1e-30 absolute, for
+ *                    g < -87 where the result underflows)
+ *     glu_gelu_tanh: |err| <= 1e-6 max(1, |g|) |u|  (absolute 1e-6 for |g| <= 1;
+ *                    relative 1e-6 for larger |g|, where gelu(g) ~ g or ~0)
+ *     exp_sum:       each exp within 4e-7 relative (results below 1.2e-38
+ *                    may flush to 0), the sum within 1e-6 relative for
+ *                    n <= 1000 (float summation: the error grows with n)
+ *     axpy_f32:      one fma or mul+add per element (within 1 ulp of each
+ *                    other); wsum_f32 the same per row, rows in order.
+ * Measured on AVX2 and AVX-512 (millions of random inputs): silu 1.7e-7
+ * relative, gelu_tanh 9e-8 absolute for |g| <= 1 and 1.2e-7 |g| beyond,
+ * exp 8.8e-8 relative (libm here: 1.7e-7, 9e-8, 6e-8). */
+
+static void glu_silu(int64_t n, const float *gate, const float *up, float *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+static void glu_gelu_tanh(int64_t n, const float *gate, const float *up, float *out) {
+    const float c2 = 2.0f * 0.7978845608028654f; /* 2 sqrt(2/pi) */
+    for (int64_t i = 0; i < n; i++) {
+        const float x = gate[i];
+        out[i] = x / (1.0f + expf(-c2 * (x + 0.044715f * x * x * x))) * up[i];
+    }
+}
+
+static float exp_sum(int64_t n, float *s, float m) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        s[i] = expf(s[i] - m);
+        sum += s[i];
+    }
+    return sum;
+}
+
+static void axpy_f32(int64_t n, float a, const float *restrict x, float *restrict y) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+static void wsum_f32(int64_t n, int rows, const float *restrict w, const float *restrict x, int64_t ld,
+                     float *restrict y) {
+    for (int i = 0; i < rows; i++) axpy_f32(n, w[i], x + (int64_t)i * ld, y);
+}
+
+/* ------------------------------------------------------------------ */
 /* type traits                                                          */
 /* ------------------------------------------------------------------ */
 
@@ -672,4 +726,9 @@ void kernels_fill_scalar(kernel_table *t) {
     t->dot_f16_f32 = dot_f16_f32;
     t->axpy_f16 = axpy_f16;
     t->dot_f32 = dot_f32;
+    t->glu_silu = glu_silu;
+    t->glu_gelu_tanh = glu_gelu_tanh;
+    t->exp_sum = exp_sum;
+    t->axpy_f32 = axpy_f32;
+    t->wsum_f32 = wsum_f32;
 }

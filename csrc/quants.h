@@ -88,6 +88,27 @@ typedef void (*gemm_fn)(int64_t n, const void *restrict w, size_t row_bytes, int
                         const void *restrict a, size_t a_stride, int ncols,
                         float *restrict out, size_t out_stride);
 
+/* DETERMINISM CONTRACT (every level, every type; tests/test_kernels.py checks
+ * it with exact equality). Within one level's table, the float result for a
+ * (weight row, activation row) pair depends only on the row bytes, the
+ * activation bytes and n, never on which kernel computes it or on what else
+ * shares the call:
+ *     gemm(...)[t*out_stride + r] == gemv(activation row t)[r]
+ *                                 == gemv(nrows = 1, that row)[0]
+ *                                 == vec_dot(that row, activation row t)
+ * bit for bit, for any nrows, ncols, strides and any position of the row in
+ * the call. The matmul cuts rows into chunks by thread and token count, and
+ * runs one token through gemv but a prompt through gemm; this contract is
+ * what makes a token's logits independent of both (a chat that recomputes
+ * only its last token gets the logits of the whole prompt computed at once).
+ * How it is kept: each level fixes, per format, one sequence of float
+ * operations per row (which blocks share an accumulator lane, where the
+ * lanes are reduced and in what order) and every kernel of that format runs
+ * exactly that sequence; multi-row and multi-token kernels only share the
+ * decoding of weights and activations, which is exact (integer) work. The
+ * levels still differ from each other and from the scalar reference (by
+ * summation order and FMA rounding, within the tolerances of the tests). */
+
 typedef struct {
     dequant_fn dequant[T_COUNT];
     vec_dot_fn vec_dot[T_COUNT];
@@ -101,6 +122,25 @@ typedef struct {
     /* out[i] += s * f16_to_f32(a[i]) */
     void (*axpy_f16)(int64_t n, float s, const f16_t *restrict a, float *restrict out);
     float (*dot_f32)(int64_t n, const float *restrict a, const float *restrict b);
+    /* vector math of the non-matmul ops (GLU, attention); the error bounds of
+     * each level are stated with the scalar references in quants.c. Each
+     * element's result depends only on its inputs, never on n or on where the
+     * element sits in the array (the ops split rows at any point), and
+     * exp_sum's sum only on the values and n. */
+    /* out[i] = silu(gate[i]) * up[i]; out may be gate or up */
+    void (*glu_silu)(int64_t n, const float *gate, const float *up, float *out);
+    /* out[i] = gelu_tanh(gate[i]) * up[i]; out may be gate or up */
+    void (*glu_gelu_tanh)(int64_t n, const float *gate, const float *up, float *out);
+    /* s[i] = exp(s[i] - m) in place (s[i] - m <= 0 expected, -inf gives 0);
+     * returns the sum of the new s[i] */
+    float (*exp_sum)(int64_t n, float *s, float m);
+    /* y[i] += a * x[i] */
+    void (*axpy_f32)(int64_t n, float a, const float *restrict x, float *restrict y);
+    /* y[j] += sum_{i < rows} w[i] * x[i*ld + j] for j < n: the rows added in
+     * order, one multiply-add per element and row (axpy_f32 over the rows,
+     * with y held in registers: attention's weighted sum of V rows) */
+    void (*wsum_f32)(int64_t n, int rows, const float *restrict w, const float *restrict x, int64_t ld,
+                     float *restrict y);
 } kernel_table;
 
 /* ISA levels, in increasing order */

@@ -66,8 +66,9 @@ def test_features_tied_output_and_rope_freqs(tmp_path):
     assert compare(out, ref)[0] < 1e-3
 
 
-def test_decode_one_at_a_time_equals_batch(tmp_path):
-    path = synth.write_llama(tmp_path / "d.gguf", QT.Q4_K)
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q4_1, QT.Q8_0, QT.Q5_0, QT.Q6_K], ids=lambda t: t.name)
+def test_decode_one_at_a_time_equals_batch(tmp_path, qtype):
+    path = synth.write_llama(tmp_path / "d.gguf", qtype)
     _, be = build(path)
     tokens = list(np.random.default_rng(2).integers(0, 512, 37))
     table = [5, 2, 7]  # blocks in any order: the table maps positions to them

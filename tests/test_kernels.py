@@ -6,6 +6,9 @@ For every weight type and every ISA level this CPU has (scalar always):
   * each level's vec_dot and gemv == scalar vec_dot on the same quantized
     activations, within 1e-5 of the magnitude sum (only summation order and
     FMA contraction differ);
+  * within a level, exactly (the determinism contract of quants.h): gemm ==
+    gemv == gemv of one row == vec_dot, bit for bit, whatever rows and
+    activation rows share a call;
   * scalar vec_dot == float64 dot(dequant(w), dequant(act)) within 1e-5 of the
     magnitude sum, and == float64 dot(dequant(w), x) within the activation
     quantization bound sum_i |w_i| * d_block(i) / 2 (round to nearest: each
@@ -371,6 +374,82 @@ def test_gemm_equals_scalar_vec_dot(isa, tname):
     assert lib.pyllm_kernel_gemm(isa, 4, 32, ffi.NULL, 18, 1, ffi.NULL, 40, 1, ffi.NULL, 1) == -1
 
 
+# ---------------------------------------------------------------- determinism (exact)
+# The kernel contract of quants.h: a (weight row, activation row) pair gives
+# the same float, bit for bit, whichever kernel of a level computes it and
+# whichever other rows share the call. The matmul splits rows into chunks by
+# thread count and token count, and runs one token through gemv but a prompt
+# through gemm; the logits of a token must not depend on either.
+
+def det_lengths(tname):
+    bs = TYPES[tname][1]
+    if bs == 1:
+        return [7, 64, 200]
+    if bs == 32:
+        # partial quads / octs / pairs (mod 4, mod 8), several 2048-element
+        # reduction chunks, past the 8192-element activation chunk
+        return [32, 32 * 3, 32 * 18, 32 * 21, 32 * 70, 32 * 301]
+    return [256, 256 * 3, 256 * 9, 256 * 33]
+
+
+def gemv_call(isa, tname, n, wbuf, rb, nrows, a, off=0):
+    out = np.full(max(nrows, 1), np.nan, dtype=np.float32)
+    wp = ffi.cast("uint8_t *", ffi.from_buffer(wbuf)) + off * rb
+    rc = lib.pyllm_kernel_gemv(isa, TYPES[tname][0], n, wp, rb, nrows, ptr(a), fptr(out))
+    assert rc == 0
+    return out[:nrows]
+
+
+@pytest.mark.parametrize("tname", type_params())
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_gemv_rows_are_independent(isa, tname):
+    """gemv(nrows=k) on rows s..s+k-1 == gemv(nrows=1) on each row == vec_dot, exactly"""
+    rng = np.random.default_rng(12)
+    for n in det_lengths(tname):
+        nrows = 13
+        w, x, a = make_case(tname, n, rng, nrows)
+        rb = w.shape[1]
+        wbuf = np.ascontiguousarray(w).reshape(-1)
+        one = np.array([gemv_call(isa, tname, n, wbuf, rb, 1, a, r)[0] for r in range(nrows)], dtype=np.float32)
+        vd = np.array([vec_dot(isa, tname, n, w[r], a) for r in range(nrows)], dtype=np.float32)
+        np.testing.assert_array_equal(one, vd, err_msg=f"gemv(1) vs vec_dot, n={n}")
+        for k in range(1, 10):
+            for s in sorted({0, 1, 2, 3, nrows - k}):
+                if s + k > nrows:
+                    continue
+                got = gemv_call(isa, tname, n, wbuf, rb, k, a, s)
+                np.testing.assert_array_equal(got, one[s:s + k], err_msg=f"n={n} nrows={k} start={s}")
+
+
+@pytest.mark.parametrize("tname", type_params())
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_gemm_equals_gemv_exactly(isa, tname):
+    """gemm(...)[t][r] == gemv(activation row t)[r], bit for bit, for tiles of
+    every shape (rows and activation rows not multiples of the kernels' tiles)"""
+    rng = np.random.default_rng(13)
+    tid, bs, _, act = TYPES[tname]
+    for n in det_lengths(tname):
+        for nrows, ncols in [(7, 5), (16, 9), (1, 1), (4, 4), (5, 2)]:
+            if n > 4096 and nrows > 5:
+                continue
+            w, _, _ = make_case(tname, n, rng, nrows)
+            rb = w.shape[1]
+            xs = rng.standard_normal((ncols, n)).astype(np.float32)
+            ab = act_bytes(act, n)
+            acts = np.zeros((ncols, ab + 8), dtype=np.uint8)
+            for t in range(ncols):
+                acts[t, :ab] = quantize(0, act, xs[t])
+            os_ = nrows + 3
+            out = np.full(ncols * os_, np.nan, dtype=np.float32)
+            rc = lib.pyllm_kernel_gemm(isa, tid, n, ptr(w), rb, nrows, ptr(acts), ab + 8, ncols, fptr(out), os_)
+            assert rc == 0
+            wbuf = np.ascontiguousarray(w).reshape(-1)
+            for t in range(ncols):
+                ref = gemv_call(isa, tname, n, wbuf, rb, nrows, np.ascontiguousarray(acts[t, :ab]))
+                np.testing.assert_array_equal(out[t * os_:t * os_ + nrows], ref,
+                                              err_msg=f"n={n} nrows={nrows} ncols={ncols} t={t}")
+
+
 # ---------------------------------------------------------------- fp16 / float helpers
 def f16_f32_cases():
     rng = np.random.default_rng(9)
@@ -441,6 +520,158 @@ def test_float_helpers(isa):
         tol = 1.2e-7 * (np.abs(y0) + np.abs(float(s) * a16.astype(np.float64)))
         assert (np.abs(y - exp) <= tol).all()
         assert not np.array_equal(y, y0)
+
+
+# ---------------------------------------------------------------- vector math (GLU, softmax)
+# Error bounds (stated in quants.c), against float64 numpy:
+#   glu_silu       |err| <= 1e-6 |silu(g) u| + 1e-30
+#   glu_gelu_tanh  |err| <= 1e-6 max(1, |g|) |u|
+#   exp_sum        each value within 4e-7 relative (values below 1.2e-38 may be 0),
+#                  the sum within 1e-6 relative
+#   axpy_f32       y + a x within 1 ulp of the exact result (one fma, or mul + add)
+# and, exactly, an element's result does not depend on n or on where it sits.
+
+def vmath(isa, which, a, b=None, s=0.0, out=None):
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    if out is None:
+        out = np.zeros(a.size, dtype=np.float32)
+    tot = np.zeros(1, dtype=np.float32)
+    n = out.size if which == 4 else a.size  # wsum: a holds rows of n
+    pa = fptr(a) if a.size else fptr(np.zeros(1, dtype=np.float32))
+    rc = lib.pyllm_kernel_vmath(isa, which, n, pa, fptr(b) if b is not None else ffi.NULL, s, fptr(out),
+                                fptr(tot))
+    assert rc == 0
+    return out, float(tot[0])
+
+
+def glu_inputs(rng, n):
+    g = (rng.standard_normal(n) * rng.choice([0.1, 1, 3, 10], n)).astype(np.float32)
+    special = np.array([0, -0.0, 1e-30, -1e-30, 1e-3, -1e-3, 5, -5, 20, -20, 87, -87, 88.5, -88.5, 89, -89, 100,
+                        -100, 1e4, -1e4, 3e38, -3e38], dtype=np.float32)
+    g[:special.size] = special
+    u = rng.standard_normal(n).astype(np.float32)
+    return g, u
+
+
+def silu64(g):
+    g = g.astype(np.float64)
+    with np.errstate(over="ignore"):
+        return g / (1 + np.exp(-g))
+
+
+def gelu64(g):
+    g = g.astype(np.float64)
+    return 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
+
+
+@pytest.mark.parametrize("which", [pytest.param(0, id="silu"), pytest.param(1, id="gelu_tanh")])
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_glu(isa, which):
+    rng = np.random.default_rng(14)
+    g, u = glu_inputs(rng, 4099)
+    got, _ = vmath(isa, which, g, u)
+    with np.errstate(over="ignore", invalid="ignore"):
+        exact = (silu64(g) if which == 0 else gelu64(g)) * u.astype(np.float64)
+    ok = np.isfinite(exact)
+    assert ok.sum() > 4000 and np.isfinite(got[ok]).all()
+    err = np.abs(got[ok] - exact[ok])
+    if which == 0:
+        bound = 1e-6 * np.abs(exact[ok]) + 1e-30
+    else:
+        bound = 1e-6 * np.maximum(1, np.abs(g[ok].astype(np.float64))) * np.abs(u[ok])
+    bad = np.flatnonzero(err > bound)
+    assert bad.size == 0, [(g[ok][i], u[ok][i], got[ok][i], exact[ok][i]) for i in bad[:5]]
+    # against the scalar reference: the same bounds hold between the two
+    ref, _ = vmath(0, which, g, u)
+    assert (np.abs(got[ok] - ref[ok]) <= 2 * bound).all()
+    # an element's result does not depend on n or its position; in place works
+    for off in [1, 3, 7, 15, 17]:
+        for n in [1, 5, 8, 13, 16, 31, 100]:
+            part, _ = vmath(isa, which, g[off:off + n], u[off:off + n])
+            np.testing.assert_array_equal(part, got[off:off + n], err_msg=f"off={off} n={n}")
+    inplace = g.copy()
+    vmath(isa, which, inplace, u, out=inplace)
+    np.testing.assert_array_equal(inplace, got)
+
+
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_exp_sum(isa):
+    rng = np.random.default_rng(15)
+    for n in [0, 1, 5, 8, 15, 16, 17, 33, 64, 255, 1000]:
+        m = float(rng.uniform(-5, 5))
+        x = (m - np.abs(rng.standard_normal(n)) * rng.choice([0.1, 3, 30], n)).astype(np.float32)
+        if n >= 8:
+            x[:6] = [m, -np.inf, m - 87.0, m - 87.5, m - 200.0, m - 1e-7]
+        got, tot = vmath(isa, 2, x, s=m)
+        exact = np.exp((x - np.float32(m)).astype(np.float64))  # the kernels see the rounded difference
+        tiny = exact < 1.2e-38
+        assert (np.abs(got[~tiny] - exact[~tiny]) <= 4e-7 * exact[~tiny]).all(), n
+        assert (got[tiny] <= 1.2e-38).all() and (got >= 0).all()
+        assert abs(tot - exact.sum()) <= 1e-6 * exact.sum() + 1e-37, (n, tot, exact.sum())
+        if n >= 8:
+            assert got[1] == 0 and got[4] == 0 and got[0] == 1.0
+        ref, rtot = vmath(0, 2, x, s=m)
+        assert abs(tot - rtot) <= 2e-6 * rtot + 1e-37
+        for off in [1, 3, 9]:
+            if off < n:
+                part, _ = vmath(isa, 2, x[off:], s=m)
+                np.testing.assert_array_equal(part, got[off:])
+        inplace = x.copy()
+        _, t2 = vmath(isa, 2, inplace, s=m, out=inplace)
+        np.testing.assert_array_equal(inplace, got)
+        assert t2 == tot
+
+
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_axpy_f32(isa):
+    rng = np.random.default_rng(16)
+    for n in [0, 1, 7, 8, 9, 16, 17, 64, 100, 1000]:
+        x = rng.standard_normal(n).astype(np.float32)
+        y0 = rng.standard_normal(n).astype(np.float32)
+        a = np.float32(rng.standard_normal())
+        y, _ = vmath(isa, 3, x, s=float(a), out=y0.copy())
+        exact = y0.astype(np.float64) + float(a) * x.astype(np.float64)
+        ulp = np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64)
+        assert (np.abs(y - exact) <= ulp + np.spacing(np.abs(float(a) * x)).astype(np.float64)).all(), n
+        for off in [1, 5]:
+            if off < n:
+                yy, _ = vmath(isa, 3, x[off:], s=float(a), out=y0[off:].copy())
+                np.testing.assert_array_equal(yy, y[off:])
+
+
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_wsum_f32(isa):
+    rng = np.random.default_rng(17)
+    for n, rows in [(64, 16), (1, 3), (7, 1), (33, 5), (100, 0), (128, 33), (256, 2)]:
+        x = rng.standard_normal((rows, n)).astype(np.float32)
+        w = rng.standard_normal(rows).astype(np.float32)
+        y0 = rng.standard_normal(n).astype(np.float32)
+        y, _ = vmath(isa, 4, x, w, s=float(rows), out=y0.copy())
+        exact = y0.astype(np.float64) + w.astype(np.float64) @ x.astype(np.float64)
+        mag = np.abs(y0) + np.abs(w.astype(np.float64)) @ np.abs(x.astype(np.float64))
+        assert (np.abs(y - exact) <= 1.2e-7 * (rows + 1) * mag).all(), (n, rows)
+        ref, _ = vmath(0, 4, x, w, s=float(rows), out=y0.copy())
+        assert (np.abs(y - ref) <= 2.4e-7 * (rows + 1) * mag).all(), (n, rows)
+        # a column's result does not depend on where the columns start or end
+        if n > 8 and rows:
+            for c0 in [1, 5, 17]:
+                if c0 < n:
+                    sub = np.ascontiguousarray(x[:, c0:])
+                    yy, _ = vmath(isa, 4, sub, w, s=float(rows), out=y0[c0:].copy())
+                    np.testing.assert_array_equal(yy, y[c0:])
+
+
+def test_vmath_provided():
+    """AVX2 and AVX-512 have their own vector math; bad arguments are refused"""
+    for isa in [i for i in (1, 2) if lib.pyllm_level_available(i)]:
+        for which in range(5):
+            assert lib.pyllm_kernel_provided(isa, 5, which), (isa, which)
+    f = np.zeros(4, dtype=np.float32)
+    assert lib.pyllm_kernel_vmath(0, 5, 4, fptr(f), fptr(f), 0.0, fptr(f), fptr(f)) == -1
+    assert lib.pyllm_kernel_vmath(0, 4, 4, fptr(f), fptr(f), -1.0, fptr(f), fptr(f)) == -1
+    assert lib.pyllm_kernel_vmath(0, 0, 4, fptr(f), ffi.NULL, 0.0, fptr(f), fptr(f)) == -1
+    assert lib.pyllm_kernel_vmath(0, 2, 4, fptr(f), ffi.NULL, 0.0, fptr(f), ffi.NULL) == -1
+    assert lib.pyllm_kernel_vmath(99, 3, 4, fptr(f), ffi.NULL, 0.0, fptr(f), ffi.NULL) == -1
 
 
 # ---------------------------------------------------------------- API, provided kernels
@@ -614,6 +845,13 @@ int main(void) {
                 CHECK(fabs(got - ref) <= 2e-6 * mag, "vec_dot type %d n %d: %g vs %g", t, n, got, ref);
                 CHECK(fabs(out[r] - ref) <= 2e-6 * mag, "gemv type %d n %d row %d: %g vs %g", t, n, r, out[r], ref);
                 CHECK(fabs(ref) > 1e-7 * mag, "degenerate");
+                /* exact: vec_dot == gemv on that row, whatever rows share the call */
+                CHECK(memcmp(&got, &out[r], 4) == 0, "vec_dot != gemv type %d n %d row %d", t, n, r);
+                for (int k = 1; k + r <= 8; k++) {
+                    float part[8];
+                    pyllm_kernel_gemv(ISA_NEON, t, n, w[r], sizeof w[0], k, a0, part);
+                    CHECK(memcmp(&part[0], &got, 4) == 0, "gemv(nrows=%d) from row %d type %d n %d", k, r, t, n);
+                }
             }
         }
     }

@@ -69,41 +69,31 @@ INLINE void step_q8_0(const block_q8_0 *x, const block_q8_32 *y, float32x4_t *ac
 #define FIN_q4_1(acc, accs) (vaddvq_f32(acc) + (accs))
 #define FIN_q8_0(acc, accs) vaddvq_f32(acc)
 
+/* R rows (compile-time) against one activation row: one accumulator per row,
+ * blocks in order. vec_dot is the one-row case, so vec_dot and gemv agree
+ * bit for bit whichever rows share a call (the contract of quants.h). */
 #define DEFINE_Q32(name, block_t)                                                                     \
+    INLINE void rows_##name(const int R, int64_t nb, const char *p, size_t rb, const block_q8_32 *y,  \
+                            float *out) {                                                              \
+        float32x4_t acc[4];                                                                            \
+        float s[4];                                                                                    \
+        for (int k = 0; k < R; k++) acc[k] = vdupq_n_f32(0.0f), s[k] = 0.0f;                          \
+        for (int64_t i = 0; i < nb; i++)                                                               \
+            for (int k = 0; k < R; k++)                                                                \
+                step_##name((const block_t *)(const void *)(p + k * rb) + i, &y[i], &acc[k], &s[k]);   \
+        for (int k = 0; k < R; k++) out[k] = FIN_##name(acc[k], s[k]);                                 \
+    }                                                                                                  \
     static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {          \
-        const block_t *x = w;                                                                          \
-        const block_q8_32 *y = a;                                                                      \
-        const int64_t nb = n / QK;                                                                     \
-        float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = acc0;                                             \
-        float s0 = 0.0f, s1 = 0.0f;                                                                    \
-        int64_t i = 0;                                                                                 \
-        for (; i + 1 < nb; i += 2) {                                                                   \
-            step_##name(&x[i], &y[i], &acc0, &s0);                                                     \
-            step_##name(&x[i + 1], &y[i + 1], &acc1, &s1);                                             \
-        }                                                                                              \
-        if (i < nb) step_##name(&x[i], &y[i], &acc0, &s0);                                             \
-        return FIN_##name(vaddq_f32(acc0, acc1), s0 + s1);                                             \
+        float r;                                                                                       \
+        rows_##name(1, n / QK, w, 0, a, &r);                                                           \
+        return r;                                                                                      \
     }                                                                                                  \
     static void gemv_##name(int64_t n, const void *restrict w, size_t rb, int nrows,                  \
                             const void *restrict a, float *restrict out) {                             \
-        const block_q8_32 *y = a;                                                                      \
-        const int64_t nb = n / QK;                                                                     \
         const char *p = w;                                                                             \
         int r = 0;                                                                                     \
-        for (; r + 4 <= nrows; r += 4, p += 4 * rb) {                                                  \
-            const block_t *x[4];                                                                       \
-            float32x4_t acc[4];                                                                        \
-            float s[4];                                                                                \
-            for (int k = 0; k < 4; k++) {                                                              \
-                x[k] = (const block_t *)(const void *)(p + k * rb);                                    \
-                acc[k] = vdupq_n_f32(0.0f);                                                            \
-                s[k] = 0.0f;                                                                           \
-            }                                                                                          \
-            for (int64_t i = 0; i < nb; i++)                                                           \
-                for (int k = 0; k < 4; k++) step_##name(&x[k][i], &y[i], &acc[k], &s[k]);              \
-            for (int k = 0; k < 4; k++) out[r + k] = FIN_##name(acc[k], s[k]);                         \
-        }                                                                                              \
-        for (; r < nrows; r++, p += rb) out[r] = vec_dot_##name(n, p, a);                              \
+        for (; r + 4 <= nrows; r += 4, p += 4 * rb) rows_##name(4, n / QK, p, rb, a, out + r);         \
+        for (; r < nrows; r++, p += rb) rows_##name(1, n / QK, p, rb, a, out + r);                     \
     }
 
 DEFINE_Q32(q4_0, block_q4_0)

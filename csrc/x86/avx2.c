@@ -8,19 +8,19 @@
  * keeps GCC from contracting a*b+c; do not build this file with
  * -ffp-contract=fast).
  *
- * vec_dot_* for the 32-element formats: the weight nibbles stay unsigned
- * (0..15, 0..31) and multiply the signed activations with vpmaddubsw; the
- * fixed bias of Q4_0/Q5_0 and the min of Q4_1/Q5_1 come from the activation
- * block's s = d * sum(q):
- *     sum((q - 8) * a) * dw * da = dw * (da * sum(q * a) - 8 * s)
- *     sum((dw q + m) * a)        = dw * da * sum(q * a) + m * s
- * Per block: one int32x8 product vector, converted and FMA'd into a float
- * accumulator with the block's scale; the (scale, min) products of a block
- * come from one vcvtph2ps of its (d, m) pair times the activation's (d, s)
- * pair. Horizontal sums only once per row.
+ * 32-element formats (vec_dot, gemv, gemm): two blocks per 256-bit dot
+ * (see the section below); the weight nibbles stay unsigned (0..15, 0..31)
+ * and multiply the signed activations with vpmaddubsw. The fixed offset of
+ * Q4_0/Q5_0 is folded into the int32 dot (the activation side precomputes
+ * -8 or -16 times its lane sums); the min of Q4_1/Q5_1 adds m * s with one
+ * more FMA: sum((dw q + m) * a) = dw * da * sum(q * a) + m * s.
+ * gemv: 4 rows at a time share the prepared activation pairs; gemm: tiles
+ * of GEMM_R rows x GEMM_T activation rows, each row's pair decoded once
+ * for every activation row. All three run the same tile code, which fixes
+ * each row's float operations (the determinism contract of quants.h).
  *
- * gemv_*: 4 rows at a time share each activation load; every format's gemv
- * is built from the same per-block step as its vec_dot.
+ * K-quants: one accumulator per row, one step per super-block, in both
+ * vec_dot and gemv (2 rows at a time).
  */
 #include <immintrin.h>
 #include <string.h>
@@ -86,134 +86,283 @@ INLINE __m256i dot_s8s8(__m256i x, __m256i y) {
     return dot_u8s8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
 }
 
-/* a block's fp16 (d, m) pair times the activation's (d, s): [d*da, m*s, 0, 0] */
-INLINE __m128 dm_times_ds(const void *dm, const block_q8_32 *y) {
-    const __m128 w = _mm_cvtph_ps(_mm_cvtsi32_si128((int)ld32(dm)));
-    const __m128 a = _mm_castpd_ps(_mm_load_sd((const double *)(const void *)&y->d));
-    return _mm_mul_ps(w, a);
-}
-
-/* a block's fp16 d times the activation's (d, s): [d*da, d*s, ...] */
-INLINE __m128 d_times_ds(const void *d, const block_q8_32 *y) {
-    const __m128 w = _mm_cvtph_ps(_mm_set1_epi16((short)ld16(d)));
-    const __m128 a = _mm_castpd_ps(_mm_load_sd((const double *)(const void *)&y->d));
-    return _mm_mul_ps(w, a);
-}
-
-INLINE float lane1(__m128 v) { return _mm_cvtss_f32(_mm_shuffle_ps(v, v, 1)); }
-
-/* ------------------------------------------------------------------ */
-/* 32-element formats: one step per block                              */
-/* ------------------------------------------------------------------ */
-/* step(x, y, aq, acc, accm): acc += block dot (scaled), accm lane 1 += the
- * block's bias/min term; aq = the activation block's 32 quants */
-
-INLINE void step_q4_0(const void *xb, const block_q8_32 *y, __m256i aq, __m256 *acc, __m128 *accm) {
-    const block_q4_0 *x = xb;
-    const __m128 p = d_times_ds(&x->d, y);
-    const __m256i dot = dot_u8s8(unpack_nibbles(x->qs), aq);
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(p), *acc);
-    *accm = _mm_add_ps(*accm, p);
-}
-INLINE float fin_q4_0(__m256 acc, __m128 accm) { return hsum8(acc) - 8.0f * lane1(accm); }
-
-INLINE void step_q4_1(const void *xb, const block_q8_32 *y, __m256i aq, __m256 *acc, __m128 *accm) {
-    const block_q4_1 *x = xb;
-    const __m128 p = dm_times_ds(&x->d, y);
-    const __m256i dot = dot_u8s8(unpack_nibbles(x->qs), aq);
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(p), *acc);
-    *accm = _mm_add_ps(*accm, p);
-}
-INLINE float fin_q4_1(__m256 acc, __m128 accm) { return hsum8(acc) + lane1(accm); }
-
-INLINE void step_q5_0(const void *xb, const block_q8_32 *y, __m256i aq, __m256 *acc, __m128 *accm) {
-    const block_q5_0 *x = xb;
-    const __m128 p = d_times_ds(&x->d, y);
-    const __m256i q = _mm256_or_si256(unpack_nibbles(x->qs), bits_to_0x10(ld32(x->qh)));
-    const __m256i dot = dot_u8s8(q, aq);
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(p), *acc);
-    *accm = _mm_add_ps(*accm, p);
-}
-INLINE float fin_q5_0(__m256 acc, __m128 accm) { return hsum8(acc) - 16.0f * lane1(accm); }
-
-INLINE void step_q5_1(const void *xb, const block_q8_32 *y, __m256i aq, __m256 *acc, __m128 *accm) {
-    const block_q5_1 *x = xb;
-    const __m128 p = dm_times_ds(&x->d, y);
-    const __m256i q = _mm256_or_si256(unpack_nibbles(x->qs), bits_to_0x10(ld32(x->qh)));
-    const __m256i dot = dot_u8s8(q, aq);
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(p), *acc);
-    *accm = _mm_add_ps(*accm, p);
-}
-#define fin_q5_1 fin_q4_1
-
-INLINE void step_q8_0(const void *xb, const block_q8_32 *y, __m256i aq, __m256 *acc, __m128 *accm) {
-    const block_q8_0 *x = xb;
-    (void)accm;
-    const __m128 p = d_times_ds(&x->d, y);
-    const __m256i dot = dot_s8s8(_mm256_loadu_si256((const __m256i *)x->qs), aq);
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(p), *acc);
-}
-INLINE float fin_q8_0(__m256 acc, __m128 accm) { (void)accm; return hsum8(acc); }
-
+/* the IQ4_NL values of a block's 32 nibbles, in element order */
 INLINE __m256i iq4nl_values(const uint8_t *qs) {
     const __m128i k = _mm_loadu_si128((const __m128i *)kvalues_iq4nl);
     return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(k), unpack_nibbles(qs));
 }
 
-INLINE void step_iq4_nl(const void *xb, const block_q8_32 *y, __m256i aq, __m256 *acc, __m128 *accm) {
-    const block_iq4_nl *x = xb;
-    (void)accm;
-    const __m128 p = d_times_ds(&x->d, y);
-    const __m256i dot = dot_s8s8(iq4nl_values(x->qs), aq);
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(p), *acc);
-}
-#define fin_iq4_nl fin_q8_0
+/* ------------------------------------------------------------------ */
+/* 32-element formats: pairs of blocks                                 */
+/* ------------------------------------------------------------------ */
+/* Two blocks go through one 256-bit dot: the low 128-bit lane holds block
+ * i, the high one block i+1. A row's pair (decoded once per row):
+ *     lo = [w_i[0:16] w_i+1[0:16]],  hi = [w_i[16:32] w_i+1[16:32]]
+ * (unsigned 0..15 / 0..31 for Q4_x / Q5_x; signed values for Q8_0 and
+ * IQ4_NL, which go through |w| and sign-adjusted activations), the scales
+ * dpat = [d_i x4, d_i+1 x4] and, with a min, mz = [0 m_i 0 m_i+1 0 0 0 0].
+ * An activation row's pair (prepared once, shared by every weight row): its
+ * quants in the same layout, -c * (the sum of each int32 lane's 8
+ * activations) for the formats with a fixed offset c (Q4_0: q - 8, Q5_0:
+ * q - 16), dapat = [da_i x4, da_i+1 x4] and ds = [da_i s_i da_i+1 s_i+1 0 0 0 0].
+ * Per (row, activation row, pair):
+ *     dot = the 8 exact int32 lane sums (offset included)
+ *     acc = fma(float(dot), dpat * dapat, acc)
+ *     acc = fma(mz, ds, acc)                     (Q4_1, Q5_1: lanes 1, 3 += m*s)
+ * A row's odd last block is a pair with a zero block. The float result of a
+ * row is fixed by this order (the contract of quants.h): the row's blocks
+ * are summed in groups of RED_BLOCKS from its start, each group into a fresh
+ * acc, reduced by hsum8 and added to the row's sum in group order. vec_dot,
+ * gemv and gemm all run the same tile code, so they agree bit for bit. */
 
-/* vec_dot: two blocks per iteration into two accumulators (two FMA chains);
- * gemv: 4 rows per iteration sharing the activation loads. */
-#define DEFINE_Q32(name, block_t)                                                                     \
-    static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {          \
-        const block_t *x = w;                                                                          \
-        const block_q8_32 *y = a;                                                                      \
-        const int64_t nb = n / QK;                                                                     \
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                                \
-        __m128 m0 = _mm_setzero_ps(), m1 = _mm_setzero_ps();                                           \
-        int64_t i = 0;                                                                                 \
-        for (; i + 1 < nb; i += 2) {                                                                   \
-            step_##name(&x[i], &y[i], _mm256_loadu_si256((const __m256i *)y[i].qs), &acc0, &m0);      \
-            step_##name(&x[i + 1], &y[i + 1], _mm256_loadu_si256((const __m256i *)y[i + 1].qs), &acc1, \
-                        &m1);                                                                          \
-        }                                                                                              \
-        if (i < nb) step_##name(&x[i], &y[i], _mm256_loadu_si256((const __m256i *)y[i].qs), &acc0, &m0); \
-        return fin_##name(_mm256_add_ps(acc0, acc1), _mm_add_ps(m0, m1));                              \
-    }                                                                                                  \
-    static void gemv_##name(int64_t n, const void *restrict w, size_t rb, int nrows,                  \
-                            const void *restrict a, float *restrict out) {                             \
-        const block_q8_32 *y = a;                                                                      \
-        const int64_t nb = n / QK;                                                                     \
-        const char *wr = w;                                                                            \
-        int r = 0;                                                                                     \
-        for (; r + 4 <= nrows; r += 4, wr += 4 * rb) {                                                 \
-            const block_t *x0 = (const block_t *)(const void *)wr;                                     \
-            const block_t *x1 = (const block_t *)(const void *)(wr + rb);                              \
-            const block_t *x2 = (const block_t *)(const void *)(wr + 2 * rb);                          \
-            const block_t *x3 = (const block_t *)(const void *)(wr + 3 * rb);                          \
-            __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;                                \
-            __m128 k0 = _mm_setzero_ps(), k1 = k0, k2 = k0, k3 = k0;                                   \
-            for (int64_t i = 0; i < nb; i++) {                                                         \
-                const __m256i aq = _mm256_loadu_si256((const __m256i *)y[i].qs);                       \
-                step_##name(&x0[i], &y[i], aq, &c0, &k0);                                              \
-                step_##name(&x1[i], &y[i], aq, &c1, &k1);                                              \
-                step_##name(&x2[i], &y[i], aq, &c2, &k2);                                              \
-                step_##name(&x3[i], &y[i], aq, &c3, &k3);                                              \
-            }                                                                                          \
-            out[r] = fin_##name(c0, k0);                                                               \
-            out[r + 1] = fin_##name(c1, k1);                                                           \
-            out[r + 2] = fin_##name(c2, k2);                                                           \
-            out[r + 3] = fin_##name(c3, k3);                                                           \
-        }                                                                                              \
-        for (; r < nrows; r++, wr += rb) out[r] = vec_dot_##name(n, wr, a);                            \
+#define RED_BLOCKS 64
+#define RED_PAIRS (RED_BLOCKS / 2)
+
+typedef struct {
+    __m256i lo, hi, negc;
+    __m256 dapat, ds;
+} actp;
+
+/* the activation pair of blocks y[0], y[1] (two = 0: y[1] is taken as zeros) */
+INLINE void actp_load(const block_q8_32 *y, const int two, const int c, actp *A) {
+    const __m256i a0 = _mm256_loadu_si256((const __m256i *)y[0].qs);
+    const __m256i a1 = two ? _mm256_loadu_si256((const __m256i *)y[1].qs) : _mm256_setzero_si256();
+    A->lo = _mm256_permute2x128_si256(a0, a1, 0x20);
+    A->hi = _mm256_permute2x128_si256(a0, a1, 0x31);
+    const __m128 d0 = _mm_castpd_ps(_mm_load_sd((const double *)(const void *)&y[0].d));
+    const __m128 d1 = two ? _mm_castpd_ps(_mm_load_sd((const double *)(const void *)&y[1].d)) : _mm_setzero_ps();
+    A->ds = _mm256_zextps128_ps256(_mm_movelh_ps(d0, d1));
+    A->dapat = _mm256_permutevar8x32_ps(A->ds, _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2));
+    if (c) {
+        const __m256i cv = _mm256_set1_epi8((char)c);
+        const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(cv, A->lo), _mm256_maddubs_epi16(cv, A->hi));
+        A->negc = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(s, _mm256_set1_epi16(1)));
+    } else {
+        A->negc = _mm256_setzero_si256();
     }
+}
+
+/* the pairs of nb blocks of one activation row */
+INLINE void actp_prep(const block_q8_32 *y, int64_t nb, const int c, actp *A) {
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) actp_load(y + i, 1, c, &A[i / 2]);
+    if (i < nb) actp_load(y + i, 0, c, &A[i / 2]);
+}
+
+typedef struct {
+    __m256i lo, hi;   /* unsigned, or signed for the signed formats */
+    __m256i alo, ahi; /* signed formats: |lo|, |hi| */
+    __m256 dpat, mz;
+} wpair;
+
+INLINE __m256i load2x128(const uint8_t *p0, const uint8_t *p1, const int two) {
+    const __m128i b = two ? _mm_loadu_si128((const __m128i *)p1) : _mm_setzero_si128();
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p0)), b, 1);
+}
+
+/* two fp16 d (at x and x + bs) -> [d_i x4, d_i+1 x4] */
+INLINE __m256 dpat_d(const uint8_t *x, const int bs, const int two) {
+    const uint32_t h = (uint32_t)ld16(x) | (two ? (uint32_t)ld16(x + bs) << 16 : 0u);
+    const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)h));
+    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(f), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+}
+
+/* two fp16 (d, m) pairs (at x and x + bs) -> dpat, mz */
+INLINE void dm_pat(const uint8_t *x, const int bs, const int two, wpair *W) {
+    const uint64_t h = (uint64_t)ld32(x) | (two ? (uint64_t)ld32(x + bs) << 32 : 0u);
+    const __m128 f = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)h)); /* [d m d' m'] */
+    W->dpat = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(f), _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2));
+    W->mz = _mm256_zextps128_ps256(_mm_blend_ps(_mm_setzero_ps(), f, 0xa));
+}
+
+INLINE void nibbles_pair(__m256i q, wpair *W) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    W->lo = _mm256_and_si256(q, m4);
+    W->hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+}
+
+/* the 5th bits of two Q5 blocks (qh words at p0, p1) into lo / hi */
+INLINE void q5_bits_pair(const uint8_t *p0, const uint8_t *p1, const int two, wpair *W) {
+    const uint32_t h0 = ld32(p0), h1 = two ? ld32(p1) : 0u;
+    W->lo = _mm256_or_si256(W->lo, bits_to_0x10((h0 & 0xffffu) | (h1 << 16)));
+    W->hi = _mm256_or_si256(W->hi, bits_to_0x10((h0 >> 16) | (h1 & 0xffff0000u)));
+}
+
+INLINE void dec_q4_0(const uint8_t *x, const int two, wpair *W) {
+    nibbles_pair(load2x128(x + 2, x + 20, two), W);
+    W->dpat = dpat_d(x, 18, two);
+}
+
+INLINE void dec_q4_1(const uint8_t *x, const int two, wpair *W) {
+    nibbles_pair(load2x128(x + 4, x + 24, two), W);
+    dm_pat(x, 20, two, W);
+}
+
+INLINE void dec_q5_0(const uint8_t *x, const int two, wpair *W) {
+    nibbles_pair(load2x128(x + 6, x + 28, two), W);
+    q5_bits_pair(x + 2, x + 24, two, W);
+    W->dpat = dpat_d(x, 22, two);
+}
+
+INLINE void dec_q5_1(const uint8_t *x, const int two, wpair *W) {
+    nibbles_pair(load2x128(x + 8, x + 32, two), W);
+    q5_bits_pair(x + 4, x + 28, two, W);
+    dm_pat(x, 24, two, W);
+}
+
+INLINE void dec_q8_0(const uint8_t *x, const int two, wpair *W) {
+    const __m256i a0 = _mm256_loadu_si256((const __m256i *)(x + 2));
+    const __m256i a1 = two ? _mm256_loadu_si256((const __m256i *)(x + 36)) : _mm256_setzero_si256();
+    W->lo = _mm256_permute2x128_si256(a0, a1, 0x20);
+    W->hi = _mm256_permute2x128_si256(a0, a1, 0x31);
+    W->alo = _mm256_sign_epi8(W->lo, W->lo);
+    W->ahi = _mm256_sign_epi8(W->hi, W->hi);
+    W->dpat = dpat_d(x, 34, two);
+}
+
+INLINE void dec_iq4_nl(const uint8_t *x, const int two, wpair *W) {
+    nibbles_pair(load2x128(x + 2, x + 20, two), W);
+    const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kvalues_iq4nl));
+    W->lo = _mm256_shuffle_epi8(tab, W->lo);
+    W->hi = _mm256_shuffle_epi8(tab, W->hi);
+    W->alo = _mm256_sign_epi8(W->lo, W->lo);
+    W->ahi = _mm256_sign_epi8(W->hi, W->hi);
+    W->dpat = dpat_d(x, 18, two);
+}
+
+/* format traits: offset c of the activation side, signed weights, min */
+#define C_q4_0 8
+#define C_q4_1 0
+#define C_q5_0 16
+#define C_q5_1 0
+#define C_q8_0 0
+#define C_iq4_nl 0
+#define SGN_q4_0 0
+#define SGN_q4_1 0
+#define SGN_q5_0 0
+#define SGN_q5_1 0
+#define SGN_q8_0 1
+#define SGN_iq4_nl 1
+#define MIN_q4_0 0
+#define MIN_q4_1 1
+#define MIN_q5_0 0
+#define MIN_q5_1 1
+#define MIN_q8_0 0
+#define MIN_iq4_nl 0
+
+/* one (row, activation row) pair step */
+INLINE __m256 pair_step(const wpair *W, const actp *A, const int sgn, const int c, const int min, __m256 acc) {
+    const __m256i one = _mm256_set1_epi16(1);
+    __m256i dot;
+    if (sgn) {
+        /* |w| * sign(a, w): pairs of products up to 2 * 128 * 127 fit int16, their lo + hi would not */
+        const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(W->alo, _mm256_sign_epi8(A->lo, W->lo)), one);
+        const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(W->ahi, _mm256_sign_epi8(A->hi, W->hi)), one);
+        dot = _mm256_add_epi32(p0, p1);
+    } else {
+        /* u <= 31: 4 products per int16 lane stay below 2^15 */
+        dot = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(W->lo, A->lo), _mm256_maddubs_epi16(W->hi, A->hi)), one);
+        if (c) dot = _mm256_add_epi32(dot, A->negc);
+    }
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(W->dpat, A->dapat), acc);
+    if (min) acc = _mm256_fmadd_ps(W->mz, A->ds, acc);
+    return acc;
+}
+
+/* R weight rows x T activation rows over one group of nbk <= RED_BLOCKS
+ * blocks (w: the first row at the group's first block; A[t * as + p]: the
+ * prepared pairs of activation row t): out[t * os + r] += the group's sum */
+#define DEFINE_Q32(name, block_t)                                                                           \
+    INLINE void tile_##name(const int R, const int T, int nbk, const uint8_t *w, size_t rb, const actp *A,    \
+                            size_t as, float *out, size_t os) {                                               \
+        __m256 acc[4][4];                                                                                     \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                                   \
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();             \
+        int p = 0;                                                                                            \
+        for (; 2 * p + 2 <= nbk; p++) {                                                                       \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                             \
+                wpair W;                                                                                      \
+                dec_##name(w + r * rb + (size_t)(2 * p) * sizeof(block_t), 1, &W);                            \
+                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                           \
+                    acc[r][t] = pair_step(&W, &A[t * as + p], SGN_##name, C_##name, MIN_##name, acc[r][t]);   \
+            }                                                                                                 \
+        }                                                                                                     \
+        if (2 * p < nbk) { /* the row's odd last block */                                                    \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                             \
+                wpair W;                                                                                      \
+                dec_##name(w + r * rb + (size_t)(2 * p) * sizeof(block_t), 0, &W);                            \
+                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                           \
+                    acc[r][t] = pair_step(&W, &A[t * as + p], SGN_##name, C_##name, MIN_##name, acc[r][t]);   \
+            }                                                                                                 \
+        }                                                                                                     \
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                                   \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) out[t * os + r] += hsum8(acc[r][t]);          \
+    }                                                                                                         \
+    static void gemv_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,  \
+                            float *restrict out) {                                                            \
+        const block_q8_32 *y = a;                                                                             \
+        const int64_t nb = n / QK;                                                                            \
+        actp A[ACT_PAIRS];                                                                                    \
+        for (int r = 0; r < nrows; r++) out[r] = 0.0f;                                                        \
+        for (int64_t c0 = 0; c0 < nb; c0 += 2 * ACT_PAIRS) {                                                  \
+            const int64_t cb = nb - c0 < 2 * ACT_PAIRS ? nb - c0 : 2 * ACT_PAIRS;                             \
+            actp_prep(y + c0, cb, C_##name, A);                                                               \
+            const uint8_t *p = (const uint8_t *)w + (size_t)c0 * sizeof(block_t);                             \
+            int r = 0;                                                                                        \
+            for (; r + 4 <= nrows; r += 4, p += 4 * rb)                                                       \
+                for (int64_t g = 0; g < cb; g += RED_BLOCKS)                                                  \
+                    tile_##name(4, 1, cb - g < RED_BLOCKS ? (int)(cb - g) : RED_BLOCKS,                       \
+                                p + (size_t)g * sizeof(block_t), rb, A + g / 2, 0, out + r, 0);               \
+            for (; r < nrows; r++, p += rb)                                                                   \
+                for (int64_t g = 0; g < cb; g += RED_BLOCKS)                                                  \
+                    tile_##name(1, 1, cb - g < RED_BLOCKS ? (int)(cb - g) : RED_BLOCKS,                       \
+                                p + (size_t)g * sizeof(block_t), rb, A + g / 2, 0, out + r, 0);               \
+        }                                                                                                     \
+    }                                                                                                         \
+    static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {                 \
+        float r;                                                                                              \
+        gemv_##name(n, w, 0, 1, a, &r);                                                                       \
+        return r;                                                                                             \
+    }                                                                                                         \
+    static void gemm_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,  \
+                            size_t as, int ncols, float *restrict out, size_t os) {                           \
+        const int64_t nb = n / QK;                                                                            \
+        actp A[GEMM_T][RED_PAIRS];                                                                            \
+        for (int t = 0; t < ncols; t++)                                                                       \
+            for (int r = 0; r < nrows; r++) out[t * os + r] = 0.0f;                                           \
+        for (int t0 = 0; t0 < ncols; t0 += GEMM_T) {                                                          \
+            const int T = ncols - t0 < GEMM_T ? ncols - t0 : GEMM_T;                                          \
+            for (int64_t g0 = 0; g0 < nb; g0 += RED_BLOCKS) {                                                 \
+                const int nbk = nb - g0 < RED_BLOCKS ? (int)(nb - g0) : RED_BLOCKS;                           \
+                for (int t = 0; t < T; t++)                                                                   \
+                    actp_prep((const block_q8_32 *)(const void *)((const char *)a + (t0 + t) * as) + g0, nbk, \
+                              C_##name, A[t]);                                                                \
+                const uint8_t *p = (const uint8_t *)w + (size_t)g0 * sizeof(block_t);                         \
+                float *o = out + (size_t)t0 * os;                                                             \
+                int r = 0;                                                                                    \
+                if (T == GEMM_T) {                                                                            \
+                    for (; r + GEMM_R <= nrows; r += GEMM_R)                                                  \
+                        tile_##name(GEMM_R, GEMM_T, nbk, p + r * rb, rb, A[0], RED_PAIRS, o + r, os);         \
+                    for (; r < nrows; r++) tile_##name(1, GEMM_T, nbk, p + r * rb, rb, A[0], RED_PAIRS, o + r, os); \
+                } else {                                                                                      \
+                    for (int t = 0; t < T; t++) {                                                             \
+                        for (r = 0; r + 4 <= nrows; r += 4)                                                   \
+                            tile_##name(4, 1, nbk, p + r * rb, rb, A[t], 0, o + t * os + r, 0);               \
+                        for (; r < nrows; r++) tile_##name(1, 1, nbk, p + r * rb, rb, A[t], 0, o + t * os + r, 0); \
+                    }                                                                                         \
+                }                                                                                             \
+            }                                                                                                 \
+        }                                                                                                     \
+    }
+
+#define ACT_PAIRS 128 /* gemv: activation pairs prepared at a time (20 KB of stack) */
+#ifndef GEMM_R
+#define GEMM_R 2 /* gemm tile: weight rows x activation rows (8 accumulators) */
+#endif
+#ifndef GEMM_T
+#define GEMM_T 4
+#endif
+_Static_assert(2 * ACT_PAIRS % RED_BLOCKS == 0, "activation chunks hold whole groups");
 
 DEFINE_Q32(q4_0, block_q4_0)
 DEFINE_Q32(q4_1, block_q4_1)
@@ -221,80 +370,6 @@ DEFINE_Q32(q5_0, block_q5_0)
 DEFINE_Q32(q5_1, block_q5_1)
 DEFINE_Q32(q8_0, block_q8_0)
 DEFINE_Q32(iq4_nl, block_iq4_nl)
-
-/* Q4_1 gemv, faster: the activation row is first rearranged into block
- * pairs (once per call, shared by all rows), then each row's two blocks go
- * through one 256-bit nibble split and one dot: lanes 0-3 belong to block i,
- * 4-7 to block i+1. The two (d, m) pairs come through one vcvtph2ps. */
-typedef struct {
-    __m256i lo, hi; /* [a_i[0:16] a_i+1[0:16]], [a_i[16:32] a_i+1[16:32]] */
-    __m128 ds;      /* [da_i s_i da_i+1 s_i+1] */
-} act2;
-
-#define ACT2_CHUNK 128 /* pairs prepared at a time: 8 KB of stack, 8192 elements */
-
-INLINE void act2_load(const block_q8_32 *y, act2 *A) {
-    const __m256i a0 = _mm256_loadu_si256((const __m256i *)y[0].qs), a1 = _mm256_loadu_si256((const __m256i *)y[1].qs);
-    A->lo = _mm256_permute2x128_si256(a0, a1, 0x20);
-    A->hi = _mm256_permute2x128_si256(a0, a1, 0x31);
-    A->ds = _mm_castpd_ps(_mm_unpacklo_pd(_mm_load_sd((const double *)(const void *)&y[0].d),
-                                          _mm_load_sd((const double *)(const void *)&y[1].d)));
-}
-
-INLINE void pair_q4_1(const block_q4_1 *x, const act2 *A, __m256 *acc, __m128 *accm) {
-    const __m128i q0 = _mm_loadu_si128((const __m128i *)x[0].qs);
-    const __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(q0), _mm_loadu_si128((const __m128i *)x[1].qs), 1);
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(q, m4), A->lo),
-                                       _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), A->hi));
-    const __m256i dot = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-    const uint64_t dm = (uint64_t)ld32(&x[0].d) | (uint64_t)ld32(&x[1].d) << 32;
-    const __m128 sc = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128((long long)dm)), A->ds); /* [d*da, m*s] x 2 */
-    *accm = _mm_add_ps(*accm, sc);
-    const __m256 pat = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(sc), _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2));
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), pat, *acc);
-}
-
-INLINE float odd_sum4(__m128 v) { return _mm_cvtss_f32(_mm_add_ss(_mm_movehdup_ps(v), _mm_movehl_ps(v, _mm_movehdup_ps(v)))); }
-
-static void gemv_q4_1_pairs(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,
-                            float *restrict out) {
-    const block_q8_32 *y = a;
-    const int64_t nb = n / QK;
-    act2 A[ACT2_CHUNK];
-    for (int r = 0; r < nrows; r++) out[r] = 0.0f;
-    for (int64_t c0 = 0; c0 < nb; c0 += 2 * ACT2_CHUNK) {
-        const int64_t cb = nb - c0 < 2 * ACT2_CHUNK ? nb - c0 : 2 * ACT2_CHUNK;
-        const int64_t np = cb / 2; /* pairs; an odd last block goes through step_q4_1 */
-        for (int64_t j = 0; j < np; j++) act2_load(y + c0 + 2 * j, &A[j]);
-        const char *p = (const char *)w + (size_t)c0 * sizeof(block_q4_1);
-        int r = 0;
-        for (; r + 4 <= nrows; r += 4, p += 4 * rb) {
-            const block_q4_1 *x[4];
-            __m256 acc[4];
-            __m128 accm[4];
-            for (int k = 0; k < 4; k++) {
-                x[k] = (const block_q4_1 *)(const void *)(p + k * rb);
-                acc[k] = _mm256_setzero_ps();
-                accm[k] = _mm_setzero_ps();
-            }
-            for (int64_t j = 0; j < np; j++)
-                for (int k = 0; k < 4; k++) pair_q4_1(x[k] + 2 * j, &A[j], &acc[k], &accm[k]);
-            if (cb & 1) {
-                const int64_t i = cb - 1;
-                const __m256i aq = _mm256_loadu_si256((const __m256i *)y[c0 + i].qs);
-                for (int k = 0; k < 4; k++) {
-                    __m128 t = _mm_setzero_ps();
-                    step_q4_1(x[k] + i, &y[c0 + i], aq, &acc[k], &t);
-                    accm[k] = _mm_add_ps(accm[k], _mm_blend_ps(_mm_setzero_ps(), t, 0x2)); /* lane 1: m*s */
-                }
-            }
-            for (int k = 0; k < 4; k++) out[r + k] += hsum8(acc[k]) + odd_sum4(accm[k]);
-        }
-        for (; r < nrows; r++, p += rb) out[r] += vec_dot_q4_1(cb * QK, p, y + c0);
-    }
-}
-
 /* ------------------------------------------------------------------ */
 /* K-quants: one step per super-block                                  */
 /* ------------------------------------------------------------------ */
@@ -515,40 +590,38 @@ DEFINE_FDOT(dot_f32_x, float, load_f32x8, F32_ID)
 DEFINE_FDOT(dot_f16_x, f16_t, load_f16x8, fp16_to_fp32)
 DEFINE_FDOT(dot_bf16_x, uint16_t, load_bf16x8, bf16_to_fp32)
 
-static float vec_dot_f32(int64_t n, const void *restrict w, const void *restrict a) { return dot_f32_x(n, w, a); }
-static float vec_dot_f16(int64_t n, const void *restrict w, const void *restrict a) { return dot_f16_x(n, w, a); }
-static float vec_dot_bf16(int64_t n, const void *restrict w, const void *restrict a) { return dot_bf16_x(n, w, a); }
-
+/* float weights: one accumulator per row (8 lanes, one FMA per 8 elements),
+ * hsum8, then the tail elements in order; vec_dot is the one-row case of
+ * gemv (the same float steps, so both agree bit for bit) */
 #define DEFINE_FGEMV(name, wtype, LOAD, SCALAR)                                                       \
+    INLINE void frows_##name(const int R, int64_t n, const char *w, size_t rb, const float *y,        \
+                             float *out) {                                                             \
+        __m256 c[4];                                                                                   \
+        for (int r = 0; r < R; r++) c[r] = _mm256_setzero_ps();                                        \
+        int64_t i = 0;                                                                                 \
+        for (; i + 8 <= n; i += 8) {                                                                   \
+            const __m256 yv = _mm256_loadu_ps(y + i);                                                  \
+            for (int r = 0; r < R; r++)                                                                \
+                c[r] = _mm256_fmadd_ps(LOAD((const wtype *)(const void *)(w + r * rb) + i), yv, c[r]); \
+        }                                                                                              \
+        for (int r = 0; r < R; r++) {                                                                  \
+            const wtype *x = (const wtype *)(const void *)(w + r * rb);                                \
+            float s = hsum8(c[r]);                                                                     \
+            for (int64_t j = i; j < n; j++) s += SCALAR(x[j]) * y[j];                                  \
+            out[r] = s;                                                                                \
+        }                                                                                              \
+    }                                                                                                  \
     static void gemv_##name(int64_t n, const void *restrict w, size_t rb, int nrows,                  \
                             const void *restrict a, float *restrict out) {                             \
-        const float *y = a;                                                                            \
         const char *wr = w;                                                                            \
         int r = 0;                                                                                     \
-        for (; r + 4 <= nrows; r += 4, wr += 4 * rb) {                                                 \
-            const wtype *x0 = (const wtype *)(const void *)wr;                                         \
-            const wtype *x1 = (const wtype *)(const void *)(wr + rb);                                  \
-            const wtype *x2 = (const wtype *)(const void *)(wr + 2 * rb);                              \
-            const wtype *x3 = (const wtype *)(const void *)(wr + 3 * rb);                              \
-            __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;                                \
-            int64_t i = 0;                                                                             \
-            for (; i + 8 <= n; i += 8) {                                                               \
-                const __m256 yv = _mm256_loadu_ps(y + i);                                              \
-                c0 = _mm256_fmadd_ps(LOAD(x0 + i), yv, c0);                                            \
-                c1 = _mm256_fmadd_ps(LOAD(x1 + i), yv, c1);                                            \
-                c2 = _mm256_fmadd_ps(LOAD(x2 + i), yv, c2);                                            \
-                c3 = _mm256_fmadd_ps(LOAD(x3 + i), yv, c3);                                            \
-            }                                                                                          \
-            float s0 = hsum8(c0), s1 = hsum8(c1), s2 = hsum8(c2), s3 = hsum8(c3);                      \
-            for (; i < n; i++) {                                                                       \
-                s0 += SCALAR(x0[i]) * y[i];                                                            \
-                s1 += SCALAR(x1[i]) * y[i];                                                            \
-                s2 += SCALAR(x2[i]) * y[i];                                                            \
-                s3 += SCALAR(x3[i]) * y[i];                                                            \
-            }                                                                                          \
-            out[r] = s0, out[r + 1] = s1, out[r + 2] = s2, out[r + 3] = s3;                            \
-        }                                                                                              \
-        for (; r < nrows; r++, wr += rb) out[r] = vec_dot_##name(n, wr, a);                            \
+        for (; r + 4 <= nrows; r += 4, wr += 4 * rb) frows_##name(4, n, wr, rb, a, out + r);           \
+        for (; r < nrows; r++, wr += rb) frows_##name(1, n, wr, rb, a, out + r);                       \
+    }                                                                                                  \
+    static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {          \
+        float r;                                                                                       \
+        frows_##name(1, n, w, 0, a, &r);                                                               \
+        return r;                                                                                      \
     }
 
 DEFINE_FGEMV(f32, float, load_f32x8, F32_ID)
@@ -842,6 +915,137 @@ static void axpy_f16(int64_t n, float s, const f16_t *restrict a, float *restric
 }
 
 /* ------------------------------------------------------------------ */
+/* vector math: GLU activations, softmax exp, axpy                      */
+/* ------------------------------------------------------------------ */
+/* exp(x) = 2^k exp(r), k = round(x log2 e), r = x - k ln2 (ln2 in two
+ * parts, the first exact times any k), |r| <= ln2/2; exp(r) by a degree-6
+ * polynomial fitted for relative error (1.9e-9 on that range, below float
+ * rounding), 2^k through the exponent bits. x is clamped to [-87.33, 88]
+ * (2^k stays a normal float): exp(-87.33) = 1.2e-38 for anything smaller
+ * (exp_sum maps those to 0), and inf above ln(FLT_MAX). Measured error:
+ * within 2 ulp (1.2e-7 relative). Tails go through masked loads and
+ * stores, so an element's result never depends on where it sits. */
+
+#define EXP_LO (-87.33f)
+#define EXP_HI 88.0f
+#define EXP_OVER 88.7228394f /* ln(FLT_MAX) */
+
+INLINE __m256 exp8(__m256 x0) {
+    const __m256 x = _mm256_min_ps(_mm256_max_ps(x0, _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
+    const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.383684576e-03f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.374815807e-03f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166822508e-02f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.666641980e-01f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.999999106e-01f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    /* past the float range: inf (silu(x) -> -0 for x -> -inf, not x / 1.65e38) */
+    return _mm256_blendv_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), _mm256_set1_ps(__builtin_inff()),
+                            _mm256_cmp_ps(x0, _mm256_set1_ps(EXP_OVER), _CMP_GT_OQ));
+}
+
+/* lanes [0, m) of a mask for vmaskmov */
+INLINE __m256i tail_mask8(int64_t m) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* g / (1 + exp(-(g * (k0 + k1 g^2)))) * u: silu with k0 = 1, k1 = 0; gelu_tanh with
+ * k0 = 2 sqrt(2/pi), k1 = k0 * 0.044715 */
+INLINE __m256 glu8(__m256 g, __m256 u, const int gelu) {
+    __m256 z = g;
+    if (gelu) {
+        const float k0 = 2.0f * 0.7978845608028654f;
+        z = _mm256_mul_ps(g, _mm256_fmadd_ps(_mm256_mul_ps(g, g), _mm256_set1_ps(k0 * 0.044715f), _mm256_set1_ps(k0)));
+    }
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), z));
+    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+INLINE void glu_x8(int64_t n, const float *gate, const float *up, float *out, const int gelu) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, glu8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i), gelu));
+    if (i < n) {
+        const __m256i k = tail_mask8(n - i);
+        _mm256_maskstore_ps(out + i, k, glu8(_mm256_maskload_ps(gate + i, k), _mm256_maskload_ps(up + i, k), gelu));
+    }
+}
+
+static void glu_silu(int64_t n, const float *gate, const float *up, float *out) { glu_x8(n, gate, up, out, 0); }
+static void glu_gelu_tanh(int64_t n, const float *gate, const float *up, float *out) { glu_x8(n, gate, up, out, 1); }
+
+INLINE __m256 exp_shifted8(__m256 v, __m256 m) {
+    const __m256 x = _mm256_sub_ps(v, m);
+    /* below the clamp (and -inf): 0 */
+    return _mm256_and_ps(exp8(x), _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO), _CMP_GE_OQ));
+}
+
+static float exp_sum(int64_t n, float *s, float m) {
+    const __m256 mv = _mm256_set1_ps(m);
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = exp_shifted8(_mm256_loadu_ps(s + i), mv);
+        _mm256_storeu_ps(s + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    if (i < n) {
+        const __m256i k = tail_mask8(n - i);
+        const __m256 e = _mm256_and_ps(exp_shifted8(_mm256_maskload_ps(s + i, k), mv), _mm256_castsi256_ps(k));
+        _mm256_maskstore_ps(s + i, k, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    return hsum8(acc);
+}
+
+/* 32 columns at a time held in 4 registers over all rows; tail columns masked */
+static void wsum_f32(int64_t n, int rows, const float *restrict w, const float *restrict x, int64_t ld,
+                     float *restrict y) {
+    int64_t j = 0;
+    for (; j + 32 <= n; j += 32) {
+        __m256 a0 = _mm256_loadu_ps(y + j), a1 = _mm256_loadu_ps(y + j + 8);
+        __m256 a2 = _mm256_loadu_ps(y + j + 16), a3 = _mm256_loadu_ps(y + j + 24);
+        const float *p = x + j;
+        for (int i = 0; i < rows; i++, p += ld) {
+            const __m256 wv = _mm256_broadcast_ss(w + i);
+            a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p), a0);
+            a1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p + 8), a1);
+            a2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p + 16), a2);
+            a3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p + 24), a3);
+        }
+        _mm256_storeu_ps(y + j, a0), _mm256_storeu_ps(y + j + 8, a1);
+        _mm256_storeu_ps(y + j + 16, a2), _mm256_storeu_ps(y + j + 24, a3);
+    }
+    for (; j < n; j += 8) {
+        const __m256i k = tail_mask8(n - j);
+        __m256 a0 = _mm256_maskload_ps(y + j, k);
+        const float *p = x + j;
+        for (int i = 0; i < rows; i++, p += ld) a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(w + i), _mm256_maskload_ps(p, k), a0);
+        _mm256_maskstore_ps(y + j, k, a0);
+    }
+}
+
+static void axpy_f32(int64_t n, float a, const float *restrict x, float *restrict y) {
+    const __m256 av = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+        _mm256_storeu_ps(y + i + 8, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8)));
+    }
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    if (i < n) {
+        const __m256i k = tail_mask8(n - i);
+        _mm256_maskstore_ps(y + i, k, _mm256_fmadd_ps(av, _mm256_maskload_ps(x + i, k), _mm256_maskload_ps(y + i, k)));
+    }
+}
+
+/* ------------------------------------------------------------------ */
 
 void kernels_fill_avx2(kernel_table *t) {
 #define SET(T, name)                    \
@@ -853,7 +1057,12 @@ void kernels_fill_avx2(kernel_table *t) {
     SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K) SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K)
     SET(T_F16, f16) SET(T_BF16, bf16)
 #undef SET
-    t->gemv[T_Q4_1] = gemv_q4_1_pairs;
+    t->gemm[T_Q4_0] = gemm_q4_0;
+    t->gemm[T_Q4_1] = gemm_q4_1;
+    t->gemm[T_Q5_0] = gemm_q5_0;
+    t->gemm[T_Q5_1] = gemm_q5_1;
+    t->gemm[T_Q8_0] = gemm_q8_0;
+    t->gemm[T_IQ4_NL] = gemm_iq4_nl;
     /* F32: dequant is a copy (the scalar memcpy) */
     t->vec_dot[T_F32] = vec_dot_f32;
     t->gemv[T_F32] = gemv_f32;
@@ -865,4 +1074,9 @@ void kernels_fill_avx2(kernel_table *t) {
     t->dot_f16_f32 = dot_f16_f32;
     t->axpy_f16 = axpy_f16;
     t->dot_f32 = dot_f32;
+    t->glu_silu = glu_silu;
+    t->glu_gelu_tanh = glu_gelu_tanh;
+    t->exp_sum = exp_sum;
+    t->axpy_f32 = axpy_f32;
+    t->wsum_f32 = wsum_f32;
 }

@@ -19,12 +19,14 @@
  * Weights are made unsigned with a per-format offset c (Q4_0: q = u - 8,
  * Q5_0: u - 16, Q8_0 and IQ4_NL: u - 128 via xor 0x80); the activation side
  * precomputes -c * sum(a) per lane, which seeds the vpdpbusd accumulator, so
- * the int32 dot is exact. Q4_1/Q5_1 mins: m*s, from the (d, m) pairs times
- * the activations' (d, s) pairs. Without VNNI: vpmaddubsw + vpmaddwd, and
+ * the int32 dot is exact. Q4_1/Q5_1 mins: lanes 2k+1 += m_k * s_k, one
+ * masked FMA per quad. Without VNNI: vpmaddubsw + vpmaddwd, and
  * the signed formats (Q8_0, IQ4_NL) use |w| and sign-adjusted activations.
  * A row's last partial quad uses masked loads (zeros past the row's end).
  * gemv prepares the activation quads once per call (ACT_CHUNK at a time)
- * and streams 4 rows at a time against them.
+ * and streams 4 rows at a time against them. The float steps of a row are
+ * fixed (RED_BLOCKS below), the same in vec_dot, gemv and gemm: the
+ * determinism contract of quants.h.
  *
  * K-quants (Q4_K, Q6_K): one super-block per step, 512-bit, int16 scales
  * applied with vpmaddwd (VNNI would not save an instruction there).
@@ -59,12 +61,9 @@ INLINE __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-/* lanes 1, 3, 5, 7 of v summed (the m*s terms of [d*da, m*s] pairs) */
-INLINE float odd_sum8(__m256 v) {
-    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 t = _mm_movehdup_ps(s);
-    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehl_ps(t, t)));
-}
+/* the sum of one vector, added in exactly the order reduce4 adds each of
+ * its four (every row's result must not depend on which rows share a call) */
+INLINE float hsum16(__m512 a) { return _mm_cvtss_f32(reduce4(a, a, a, a)); }
 
 /* unsigned x signed bytes, 4 products summed per int32 lane, added to acc.
  * Without VNNI the pairs go through int16: valid while u * 127 * 2 < 32768. */
@@ -163,11 +162,15 @@ INLINE __m128i d4_scalar(const uint8_t *x, const int stride, const int full, con
     return _mm_cvtsi64_si128((long long)v);
 }
 
-/* ---- quad steps: acc (16 lanes) += d*da * dot; accm lanes 1,3,5,7 += m*s ---- */
+/* Q4_1/Q5_1 mins: lanes 1, 3, 5, 7 of acc += m_k * s_k, fused, from the
+ * [d m] x 4 weight pairs and the [da s] x 4 activation pairs */
+INLINE __m512 min_fma(__m256 dm, __m256 ds, __m512 acc) {
+    return _mm512_mask3_fmadd_ps(_mm512_zextps256_ps512(dm), _mm512_zextps256_ps512(ds), acc, 0xaa);
+}
 
-INLINE void quad_q4_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc,
-                      __m256 *accm) {
-    (void)accm;
+/* ---- quad steps: acc (16 lanes) += d*da * dot, then (mins) lanes 2k+1 += m_k*s_k ---- */
+
+INLINE void quad_q4_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc) {
     const __m512i L0 = LDW(x, 0, 18), L1 = LDW(x, 8, 18);
     const __m512i q = _mm512_permutex2var_epi16(
         L0,
@@ -188,9 +191,7 @@ INLINE __m512i iq4nl_table(const int vnni) {
     return _mm512_broadcast_i32x4(t);
 }
 
-INLINE void quad_iq4_nl(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc,
-                      __m256 *accm) {
-    (void)accm;
+INLINE void quad_iq4_nl(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc) {
     const __m512i L0 = LDW(x, 0, 18), L1 = LDW(x, 8, 18);
     const __m512i q = _mm512_permutex2var_epi16(
         L0,
@@ -211,8 +212,7 @@ INLINE void quad_iq4_nl(const int vnni, const int full, const int nblk, const ui
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4(dd), *acc);
 }
 
-INLINE void quad_q4_1(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc,
-                      __m256 *accm) {
+INLINE void quad_q4_1(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc) {
     const __m512i L0 = LDW(x, 0, 20), L1 = LDW(x, 16, 20);
     const __m512i q = _mm512_permutex2var_epi32(
         L0, _mm512_setr_epi32(1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 13, 14, 28, 29, 30, 31), L1);
@@ -220,15 +220,15 @@ INLINE void quad_q4_1(const int vnni, const int full, const int nblk, const uint
     dot = dpbusd(vnni, dot, nib_hi(q), A->hi);
     const __m128i dm = _mm512_castsi512_si128(
         _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 5, 10, 15, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), L0));
-    const __m256 p = _mm256_mul_ps(_mm256_cvtph_ps(dm), A->ds); /* [d*da, m*s] x 4 */
-    *accm = _mm256_add_ps(*accm, p);
+    const __m256 dmf = _mm256_cvtph_ps(dm);
+    const __m256 p = _mm256_mul_ps(dmf, A->ds); /* [d*da, m*s] x 4: the d*da */
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4_even(p), *acc);
+    *acc = min_fma(dmf, A->ds, *acc);
 }
 
 /* Q4_1, two quads at once: the (d, m) pairs of 8 blocks go through one
  * vcvtph2ps, multiply and add (ds16: the two quads' activation (d, s) pairs) */
-INLINE void oct_q4_1(const int vnni, const uint8_t *x, const act4 *A0, const act4 *A1, __m512 ds16, __m512 *acc,
-                     __m512 *accm) {
+INLINE void oct_q4_1(const int vnni, const uint8_t *x, const act4 *A0, const act4 *A1, __m512 ds16, __m512 *acc) {
     const __m512i idx = _mm512_setr_epi32(1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 13, 14, 28, 29, 30, 31);
     const __m512i L0 = _mm512_loadu_si512(x), L1 = _mm512_loadu_si512(x + 16);
     const __m512i L2 = _mm512_loadu_si512(x + 80), L3 = _mm512_loadu_si512(x + 96);
@@ -239,21 +239,27 @@ INLINE void oct_q4_1(const int vnni, const uint8_t *x, const act4 *A0, const act
     d1 = dpbusd(vnni, d1, nib_hi(q1), A1->hi);
     const __m256i dm = _mm512_castsi512_si256(
         _mm512_permutex2var_epi32(L0, _mm512_setr_epi32(0, 5, 10, 15, 16, 21, 26, 31, 0, 0, 0, 0, 0, 0, 0, 0), L2));
-    const __m512 p = _mm512_mul_ps(_mm512_cvtph_ps(dm), ds16); /* [d*da, m*s] x 8 */
-    *accm = _mm512_add_ps(*accm, p);
+    const __m512 dmf = _mm512_cvtph_ps(dm);
+    const __m512 p = _mm512_mul_ps(dmf, ds16); /* [d*da, m*s] x 8: the d*da */
+    /* exactly the float steps of two quad_q4_1 */
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0),
                            _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6), p), *acc);
+    *acc = min_fma(_mm512_castps512_ps256(dmf), A0->ds, *acc);
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1),
                            _mm512_permutexvar_ps(_mm512_setr_epi32(8, 8, 8, 8, 10, 10, 10, 10, 12, 12, 12, 12, 14, 14, 14, 14), p),
                            *acc);
+    *acc = min_fma(_mm512_extractf32x8_ps(dmf, 1), A1->ds, *acc);
 }
 
 /* Q4_1, the last rem (1 or 2) blocks of two rows in one quad: slots 0, 1
  * are row 0's blocks, slots 2, 3 row 1's (Ap: the activation quad
  * [a_i, a_i+1, a_i, a_i+1], zeros past the row). Short rows (n = 576: 18
- * blocks) would otherwise spend a whole masked quad per row on 2 blocks. */
+ * blocks) would otherwise spend a whole masked quad per row on 2 blocks.
+ * Row 1's lanes are moved down to 0..7 before they are added, so that both
+ * rows see exactly the float steps of a partial quad_q4_1 (lanes 8..15 of
+ * the accumulators, which the partial quad leaves at +0 + 0*0, untouched). */
 INLINE void pair_q4_1(const int vnni, int rem, const uint8_t *x0, const uint8_t *x1, const act4 *Ap, __m512 *acc0,
-                      __m512 *acc1, __m256 *accm0, __m256 *accm1) {
+                      __m512 *acc1) {
     const __mmask64 k = _cvtu64_mask64(_bzhi_u64(~0ull, 20u * (unsigned)rem));
     const __m512i W0 = _mm512_maskz_loadu_epi8(k, x0), W1 = _mm512_maskz_loadu_epi8(k, x1);
     const __m512i q = _mm512_permutex2var_epi32(
@@ -262,17 +268,19 @@ INLINE void pair_q4_1(const int vnni, int rem, const uint8_t *x0, const uint8_t 
     dot = dpbusd(vnni, dot, nib_hi(q), Ap->hi);
     const __m128i dm = _mm512_castsi512_si128(
         _mm512_permutex2var_epi32(W0, _mm512_setr_epi32(0, 5, 16, 21, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), W1));
-    const __m256 p = _mm256_mul_ps(_mm256_cvtph_ps(dm), Ap->ds);
-    *accm0 = _mm256_mask_add_ps(*accm0, 0x0f, *accm0, p);
-    *accm1 = _mm256_mask_add_ps(*accm1, 0xf0, *accm1, p);
+    const __m256 dmf = _mm256_cvtph_ps(dm); /* [d m d' m'] of row 0, then of row 1 */
+    const __m256 p = _mm256_mul_ps(dmf, Ap->ds);
     const __m512 dotf = _mm512_cvtepi32_ps(dot), pat = spread4_even(p);
     *acc0 = _mm512_mask3_fmadd_ps(dotf, pat, *acc0, 0x00ff);
-    *acc1 = _mm512_mask3_fmadd_ps(dotf, pat, *acc1, 0xff00);
+    *acc0 = _mm512_mask3_fmadd_ps(_mm512_zextps256_ps512(dmf), _mm512_zextps256_ps512(Ap->ds), *acc0, 0x0a);
+    const __m512 dotf1 = _mm512_shuffle_f32x4(dotf, dotf, 0x4e), pat1 = _mm512_shuffle_f32x4(pat, pat, 0x4e);
+    *acc1 = _mm512_mask3_fmadd_ps(dotf1, pat1, *acc1, 0x00ff);
+    const __m256 dmf1 = _mm256_zextps128_ps256(_mm256_extractf128_ps(dmf, 1));
+    *acc1 = _mm512_mask3_fmadd_ps(_mm512_zextps256_ps512(dmf1),
+                                  _mm512_zextps256_ps512(Ap->ds), *acc1, 0x0a);
 }
 
-INLINE void quad_q5_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc,
-                      __m256 *accm) {
-    (void)accm;
+INLINE void quad_q5_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc) {
     const __m512i L0 = LDW(x, 0, 22), L1 = LDW(x, 24, 22);
     const __m512i q = _mm512_permutex2var_epi16(
         L0,
@@ -293,8 +301,7 @@ INLINE void quad_q5_0(const int vnni, const int full, const int nblk, const uint
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4(dd), *acc);
 }
 
-INLINE void quad_q5_1(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc,
-                      __m256 *accm) {
+INLINE void quad_q5_1(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc) {
     const __m512i L0 = LDW(x, 0, 24), L1 = LDW(x, 32, 24);
     const __m512i q = _mm512_permutex2var_epi32(
         L0, _mm512_setr_epi32(2, 3, 4, 5, 8, 9, 10, 11, 22, 23, 24, 25, 28, 29, 30, 31), L1);
@@ -306,14 +313,13 @@ INLINE void quad_q5_1(const int vnni, const int full, const int nblk, const uint
     dot = dpbusd(vnni, dot, _mm512_mask_add_epi8(hi, khi, hi, b4), A->hi);
     const __m128i dm = _mm512_castsi512_si128(_mm512_permutex2var_epi32(
         L0, _mm512_setr_epi32(0, 6, 12, 26, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), L1));
-    const __m256 p = _mm256_mul_ps(_mm256_cvtph_ps(dm), A->ds);
-    *accm = _mm256_add_ps(*accm, p);
+    const __m256 dmf = _mm256_cvtph_ps(dm);
+    const __m256 p = _mm256_mul_ps(dmf, A->ds);
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4_even(p), *acc);
+    *acc = min_fma(dmf, A->ds, *acc);
 }
 
-INLINE void quad_q8_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc,
-                      __m256 *accm) {
-    (void)accm;
+INLINE void quad_q8_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc) {
     const __m512i S0 = LDW(x, 0, 34), S1 = LDW(x, 64, 34);
     const __m512i T0 = LDW(x, 16, 34), T1 = LDW(x, 72, 34);
     const __m512i qlo = _mm512_permutex2var_epi16(
@@ -388,57 +394,75 @@ INLINE void act4_prep(const block_q8_32 *y, int nblk, const int c, const int vnn
  * time (16 KB of stack), and shares them across all its rows */
 #define ACT_CHUNK 64
 
+/* The float result of a row is fixed by this order (the contract of
+ * quants.h): the row's blocks are summed in groups of RED_BLOCKS from its
+ * start; in a group, quad after quad (a last partial quad padded with zero
+ * blocks), acc = fma(float(dot), d*da, acc), then for Q4_1/Q5_1 lanes 2k+1
+ * += m_k * s_k (fused); each group's 16 lanes are summed by hsum16 (reduce4
+ * order) and added to the row's sum in group order. vec_dot, gemv (any
+ * rows) and gemm all follow it: the octs, the two-row pairs and the gemm
+ * tiles are the same float steps, only the decode is shared. */
+#define RED_BLOCKS 64
+_Static_assert(4 * ACT_CHUNK % RED_BLOCKS == 0, "activation chunks hold whole groups");
+
 /* R rows (compile-time) against nb blocks of one activation row; Ab: the
- * prepared quads, or NULL to prepare them on the fly (vec_dot) */
+ * prepared quads, or NULL to prepare them on the fly (vec_dot). out[r] =
+ * the rows' sums, added to out[r] when cont (a later chunk of the row). */
 #define DEFINE_ROWS(name, block_t)                                                                        \
     INLINE void rows_##name(const int R, const int vnni, int64_t nb, const char *w, size_t rb,           \
-                            const block_q8_32 *y, const act4 *Ab, const act4 *Apair, float *out) {         \
-        __m512 acc[4];                                                                                     \
-        __m256 accm[4];                                                                                    \
-        __m512 accm16[4];                                                                                  \
-        for (int r = 0; r < R; r++)                                                                        \
-            acc[r] = accm16[r] = _mm512_setzero_ps(), accm[r] = _mm256_setzero_ps();                       \
-        int64_t i = 0;                                                                                     \
-        if (OCT_##name)                                                                                    \
-            for (; i + 8 <= nb; i += 8) {                                                                  \
-                act4 A0l, A1l;                                                                             \
-                const act4 *A0 = Ab ? &Ab[i / 4] : &A0l, *A1 = Ab ? &Ab[i / 4 + 1] : &A1l;                 \
-                if (!Ab) act4_load(y + i, C_##name(vnni), vnni, &A0l), act4_load(y + i + 4, C_##name(vnni), vnni, &A1l); \
-                const __m512 ds16 = _mm512_insertf32x8(_mm512_castps256_ps512(A0->ds), A1->ds, 1);         \
-                const size_t off = (size_t)i * sizeof(block_t);                                            \
-                (void)ds16, (void)off;                                                                     \
-                for (int r = 0; r < R; r++)                                                                \
-                    oct_##name(vnni, (const uint8_t *)(w + r * rb) + off, A0, A1, ds16, &acc[r], &accm16[r]); \
-            }                                                                                              \
+                            const block_q8_32 *y, const act4 *Ab, const act4 *Apair, float *out,           \
+                            const int cont) {                                                              \
+        float sum[4];                                                                                      \
+        for (int r = 0; r < R; r++) sum[r] = cont ? out[r] : 0.0f;                                         \
         const int rem = (int)(nb & 3);                                                                     \
         const int paired = PAIR_##name && R == 4 && Apair && (rem == 1 || rem == 2);                       \
-        const int64_t nq = paired ? nb - rem : nb;                                                         \
-        for (; i < nq; i += 4) {                                                                           \
-            const int nblk = nq - i < 4 ? (int)(nq - i) : 4;                                               \
-            act4 Aloc;                                                                                     \
-            const act4 *A = Ab ? &Ab[i / 4] : &Aloc;                                                       \
-            if (!Ab) act4_prep(y + i, nblk, C_##name(vnni), vnni, &Aloc);                                  \
-            const size_t off = (size_t)i * sizeof(block_t);                                                \
-            if (nblk == 4)                                                                                 \
-                for (int r = 0; r < R; r++)                                                                \
-                    quad_##name(vnni, 1, 4, (const uint8_t *)(w + r * rb) + off, A, &acc[r], &accm[r]);  \
-            else                                                                                           \
-                for (int r = 0; r < R; r++)                                                                \
-                    quad_##name(vnni, 0, nblk, (const uint8_t *)(w + r * rb) + off, A, &acc[r], &accm[r]); \
+        for (int64_t g0 = 0; g0 < nb; g0 += RED_BLOCKS) {                                                  \
+            const int64_t g1 = nb - g0 < RED_BLOCKS ? nb : g0 + RED_BLOCKS;                                \
+            __m512 acc[4];                                                                                 \
+            for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();                                      \
+            int64_t i = g0;                                                                                \
+            if (OCT_##name)                                                                                \
+                for (; i + 8 <= g1; i += 8) {                                                              \
+                    act4 A0l, A1l;                                                                         \
+                    const act4 *A0 = Ab ? &Ab[i / 4] : &A0l, *A1 = Ab ? &Ab[i / 4 + 1] : &A1l;             \
+                    if (!Ab)                                                                               \
+                        act4_load(y + i, C_##name(vnni), vnni, &A0l),                                      \
+                            act4_load(y + i + 4, C_##name(vnni), vnni, &A1l);                              \
+                    const __m512 ds16 = _mm512_insertf32x8(_mm512_castps256_ps512(A0->ds), A1->ds, 1);     \
+                    const size_t off = (size_t)i * sizeof(block_t);                                        \
+                    (void)ds16, (void)off;                                                                 \
+                    for (int r = 0; r < R; r++)                                                            \
+                        oct_##name(vnni, (const uint8_t *)(w + r * rb) + off, A0, A1, ds16, &acc[r]);      \
+                }                                                                                          \
+            const int last = paired && g1 == nb;                                                           \
+            const int64_t nq = last ? nb - rem : g1;                                                       \
+            for (; i < nq; i += 4) {                                                                       \
+                const int nblk = nq - i < 4 ? (int)(nq - i) : 4;                                           \
+                act4 Aloc;                                                                                 \
+                const act4 *A = Ab ? &Ab[i / 4] : &Aloc;                                                   \
+                if (!Ab) act4_prep(y + i, nblk, C_##name(vnni), vnni, &Aloc);                              \
+                const size_t off = (size_t)i * sizeof(block_t);                                            \
+                if (nblk == 4)                                                                             \
+                    for (int r = 0; r < R; r++)                                                            \
+                        quad_##name(vnni, 1, 4, (const uint8_t *)(w + r * rb) + off, A, &acc[r]);          \
+                else                                                                                       \
+                    for (int r = 0; r < R; r++)                                                            \
+                        quad_##name(vnni, 0, nblk, (const uint8_t *)(w + r * rb) + off, A, &acc[r]);       \
+            }                                                                                              \
+            if (last)                                                                                      \
+                for (int r = 0; r < R; r += 2)                                                             \
+                    pair_##name(vnni, rem, (const uint8_t *)(w + r * rb) + nq * sizeof(block_t),            \
+                                (const uint8_t *)(w + (r + 1) * rb) + nq * sizeof(block_t), Apair, &acc[r], \
+                                &acc[r + 1]);                                                              \
+            if (R == 4) {                                                                                  \
+                float part[4];                                                                             \
+                _mm_storeu_ps(part, reduce4(acc[0], acc[1], acc[2], acc[3]));                              \
+                for (int r = 0; r < 4; r++) sum[r] += part[r];                                             \
+            } else {                                                                                       \
+                for (int r = 0; r < R; r++) sum[r] += hsum16(acc[r]);                                      \
+            }                                                                                              \
         }                                                                                                  \
-        if (paired)                                                                                        \
-            for (int r = 0; r < R; r += 2)                                                                 \
-                pair_##name(vnni, rem, (const uint8_t *)(w + r * rb) + nq * sizeof(block_t),                \
-                            (const uint8_t *)(w + (r + 1) * rb) + nq * sizeof(block_t), Apair, &acc[r],     \
-                            &acc[r + 1], &accm[r], &accm[r + 1]);                                          \
-        for (int r = 0; r < R; r++) { /* the m*s terms: odd lanes of the (d*da, m*s) pairs */             \
-            acc[r] = _mm512_mask_add_ps(acc[r], 0xaaaa, acc[r], accm16[r]);                                \
-            acc[r] = _mm512_mask_add_ps(acc[r], 0xaa, acc[r], _mm512_zextps256_ps512(accm[r]));            \
-        }                                                                                                  \
-        if (R == 4)                                                                                        \
-            _mm_storeu_ps(out, reduce4(acc[0], acc[1], acc[2], acc[3]));                                   \
-        else                                                                                               \
-            for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]);                            \
+        for (int r = 0; r < R; r++) out[r] = sum[r];                                                       \
     }                                                                                                      \
     INLINE void gemv_##name##_impl(const int vnni, int64_t n, const void *w, size_t rb, int nrows,      \
                                    const void *a, float *out) {                                            \
@@ -452,6 +476,7 @@ INLINE void act4_prep(const block_q8_32 *y, int nblk, const int c, const int vnn
             for (int64_t i = 0; i < cb; i += 4)                                                            \
                 act4_prep(y + c0 + i, cb - i < 4 ? (int)(cb - i) : 4, C_##name(vnni), vnni, &Ab[i / 4]);  \
             act4 Apair;                                                                                    \
+            const act4 *pp = NULL;                                                                         \
             const int rem = (int)(cb & 3);                                                                 \
             if (PAIR_##name && (rem == 1 || rem == 2)) {                                                   \
                 block_q8_32 t[4];                                                                          \
@@ -459,28 +484,23 @@ INLINE void act4_prep(const block_q8_32 *y, int nblk, const int c, const int vnn
                 memcpy(&t[0], y + c0 + cb - rem, (size_t)rem * sizeof *y);                                 \
                 memcpy(&t[2], y + c0 + cb - rem, (size_t)rem * sizeof *y);                                 \
                 act4_load(t, C_##name(vnni), vnni, &Apair);                                                \
+                pp = &Apair;                                                                               \
             }                                                                                              \
             const char *p = (const char *)w + (size_t)c0 * sizeof(block_t);                                \
-            float part[4];                                                                                 \
             int r = 0;                                                                                     \
-            for (; r + 4 <= nrows; r += 4, p += 4 * rb) {                                                  \
-                rows_##name(4, vnni, cb, p, rb, NULL, Ab, &Apair, part);                                           \
-                for (int k = 0; k < 4; k++) out[r + k] = c0 ? out[r + k] + part[k] : part[k];             \
-            }                                                                                              \
-            for (; r < nrows; r++, p += rb) {                                                              \
-                rows_##name(1, vnni, cb, p, rb, NULL, Ab, NULL, part);                                           \
-                out[r] = c0 ? out[r] + part[0] : part[0];                                                  \
-            }                                                                                              \
+            for (; r + 4 <= nrows; r += 4, p += 4 * rb)                                                    \
+                rows_##name(4, vnni, cb, p, rb, NULL, Ab, pp, out + r, c0 > 0);                           \
+            for (; r < nrows; r++, p += rb) rows_##name(1, vnni, cb, p, rb, NULL, Ab, NULL, out + r, c0 > 0); \
         }                                                                                                  \
     }                                                                                                      \
     static float vec_dot_##name##_vnni(int64_t n, const void *restrict w, const void *restrict a) {       \
         float r;                                                                                           \
-        rows_##name(1, 1, n / QK, w, 0, a, NULL, NULL, &r);                                                      \
+        rows_##name(1, 1, n / QK, w, 0, a, NULL, NULL, &r, 0);                                             \
         return r;                                                                                          \
     }                                                                                                      \
     static float vec_dot_##name##_bw(int64_t n, const void *restrict w, const void *restrict a) {         \
         float r;                                                                                           \
-        rows_##name(1, 0, n / QK, w, 0, a, NULL, NULL, &r);                                                      \
+        rows_##name(1, 0, n / QK, w, 0, a, NULL, NULL, &r, 0);                                             \
         return r;                                                                                          \
     }                                                                                                      \
     static void gemv_##name##_vnni(int64_t n, const void *restrict w, size_t rb, int nrows,               \
@@ -491,6 +511,7 @@ INLINE void act4_prep(const block_q8_32 *y, int nblk, const int c, const int vnn
                                  const void *restrict a, float *restrict out) {                            \
         gemv_##name##_impl(0, n, w, rb, nrows, a, out);                                                    \
     }
+
 
 DEFINE_ROWS(q4_0, block_q4_0)
 DEFINE_ROWS(q4_1, block_q4_1)
@@ -512,6 +533,7 @@ DEFINE_ROWS(iq4_nl, block_iq4_nl)
 #define GEMM_R 4 /* rows per tile (x 4 activation rows: 16 accumulators) */
 #endif
 #define GEMM_CHUNK 16 /* quads prepared per activation row at a time (4 rows: 16 KB) */
+_Static_assert(4 * GEMM_CHUNK == RED_BLOCKS, "a gemm chunk is one reduction group");
 
 typedef struct {
     act4 a;
@@ -648,8 +670,7 @@ INLINE void dec_q8_0(const int vnni, const int full, const int nblk, const uint8
                 _mm_storeu_ps(out + t * os, _mm_add_ps(_mm_loadu_ps(out + t * os),                          \
                                                        reduce4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]))); \
             } else {                                                                                        \
-                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) out[t * os + r] +=                      \
-                    _mm512_reduce_add_ps(acc[r][t]);                                                        \
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) out[t * os + r] += hsum16(acc[r][t]);   \
             }                                                                                               \
         }                                                                                                   \
     }                                                                                                       \
@@ -736,7 +757,7 @@ INLINE __m512i lane_words(__m512i b, int i0, int i1, int i2, int i3) {
 #undef W
 }
 
-/* the act side of a Q4_K super-block: [0:32 | 64:96], [32:64 | 96:128], ... */
+/* the act side of a Q4_K/Q5_K super-block: [0:32 | 64:96], [32:64 | 96:128], ... */
 typedef struct { __m512i a[4]; } actK4;
 
 INLINE void actK4_load(const block_q8_K *y, actK4 *A) {
@@ -749,112 +770,377 @@ INLINE void actK4_load(const block_q8_K *y, actK4 *A) {
 #undef L256
 }
 
-INLINE void sb_q4_K(const block_q4_K *x, const block_q8_K *y, const actK4 *A, __m512 *acc, __m256 *accm) {
+/* Q6_K reads the activation quants in their own order: nothing to prepare */
+typedef struct { int unused; } actQ6;
+INLINE void actQ6_load(const block_q8_K *y, actQ6 *A) { (void)y, (void)A; }
+
+/* A K-quant super-block is decoded once per weight row (dec_*) and then
+ * dotted with any number of activation rows (dot_*): the integer sums are
+ * exact, and the float steps per super-block are
+ *     acc = fma(d * da, float(isum), acc)                    (16 lanes)
+ *     acc = fnma(dmin * da, float(msum), acc)   Q4_K, Q5_K: lanes 0..7, the mins
+ * The row's result (the contract of quants.h): super-blocks in groups of
+ * RED_SB from the row's start, each group's lanes summed by hsum16 (reduce4
+ * order) and added to the row's sum in order; vec_dot, gemv and gemm all
+ * run krows / the gemm tile below, which do exactly that. */
+#define RED_SB 8
+
+typedef struct {
+    __m512i q[4], sc[4]; /* unsigned quants in the actK4 layout, int16 scale words */
+    __m256i m16;         /* the 8 mins, each twice (one per 16-element bsum) */
+    float d, dmin;
+} wK4;
+
+INLINE void dec_q4_K(const void *xb, wK4 *W) {
+    const block_q4_K *x = xb;
     uint32_t sc[2], m[2];
     k4_scales(x->scales, sc, m);
     const __m512i s8 = _mm512_broadcast_i32x4(_mm_set_epi32(0, 0, (int)sc[1], (int)sc[0]));
     const __m512i z0 = _mm512_loadu_si512(x->qs), z1 = _mm512_loadu_si512(x->qs + 64);
-    const __m512i p0 = _mm512_maddubs_epi16(nib_lo(z0), A->a[0]); /* sub-blocks 0 | 2 */
-    const __m512i p1 = _mm512_maddubs_epi16(nib_hi(z0), A->a[1]); /* 1 | 3 */
-    const __m512i p2 = _mm512_maddubs_epi16(nib_lo(z1), A->a[2]); /* 4 | 6 */
-    const __m512i p3 = _mm512_maddubs_epi16(nib_hi(z1), A->a[3]); /* 5 | 7 */
-    __m512i s = _mm512_madd_epi16(p0, lane_scales16(s8, 0, 0, 2, 2));
-    s = _mm512_add_epi32(s, _mm512_madd_epi16(p1, lane_scales16(s8, 1, 1, 3, 3)));
-    s = _mm512_add_epi32(s, _mm512_madd_epi16(p2, lane_scales16(s8, 4, 4, 6, 6)));
-    s = _mm512_add_epi32(s, _mm512_madd_epi16(p3, lane_scales16(s8, 5, 5, 7, 7)));
+    W->q[0] = nib_lo(z0), W->q[1] = nib_hi(z0); /* sub-blocks 0 | 2, 1 | 3 */
+    W->q[2] = nib_lo(z1), W->q[3] = nib_hi(z1); /* 4 | 6, 5 | 7 */
+    W->sc[0] = lane_scales16(s8, 0, 0, 2, 2), W->sc[1] = lane_scales16(s8, 1, 1, 3, 3);
+    W->sc[2] = lane_scales16(s8, 4, 4, 6, 6), W->sc[3] = lane_scales16(s8, 5, 5, 7, 7);
     const __m128i m8 = _mm_set_epi32(0, 0, (int)m[1], (int)m[0]);
-    const __m256i mins = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums),
-                                           _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)));
-    const float d = _cvtsh_ss(x->d) * y->d, dmin = _cvtsh_ss(x->dmin) * y->d;
-    *acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(s), *acc);
-    *accm = _mm256_fnmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(mins), *accm);
+    W->m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+    W->d = _cvtsh_ss(x->d), W->dmin = _cvtsh_ss(x->dmin);
 }
 
-INLINE void sb_q6_K(const block_q6_K *x, const block_q8_K *y, __m512 *acc, __m256 *accm) {
-    (void)accm;
+/* Q5_K: Q4_K's layout plus the 5th bits (bit i of qh[l] is bit 4 of element 32 i + l) */
+INLINE void dec_q5_K(const void *xb, wK4 *W) {
+    const block_q5_K *x = xb;
+    uint32_t sc[2], m[2];
+    k4_scales(x->scales, sc, m);
+    const __m512i s8 = _mm512_broadcast_i32x4(_mm_set_epi32(0, 0, (int)sc[1], (int)sc[0]));
+    const __m512i z0 = _mm512_loadu_si512(x->qs), z1 = _mm512_loadu_si512(x->qs + 64);
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)x->qh);
+    const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(qh), qh, 1);
+    const __m512i b4 = _mm512_set1_epi8(0x10);
+    /* q[k]: elements 32 i + l of the low 256 bits, 32 (i + 2) + l of the high */
+#define BITS(i) _mm512_set_epi64(0x0101010101010101ll << ((i) + 2), 0x0101010101010101ll << ((i) + 2),           \
+                                 0x0101010101010101ll << ((i) + 2), 0x0101010101010101ll << ((i) + 2),           \
+                                 0x0101010101010101ll << (i), 0x0101010101010101ll << (i),                       \
+                                 0x0101010101010101ll << (i), 0x0101010101010101ll << (i))
+    const __m512i q[4] = {nib_lo(z0), nib_hi(z0), nib_lo(z1), nib_hi(z1)};
+    const int first[4] = {0, 1, 4, 5};
+    for (int k = 0; k < 4; k++)
+        W->q[k] = _mm512_or_si512(q[k], _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(h, BITS(first[k])), b4));
+#undef BITS
+    W->sc[0] = lane_scales16(s8, 0, 0, 2, 2), W->sc[1] = lane_scales16(s8, 1, 1, 3, 3);
+    W->sc[2] = lane_scales16(s8, 4, 4, 6, 6), W->sc[3] = lane_scales16(s8, 5, 5, 7, 7);
+    const __m128i m8 = _mm_set_epi32(0, 0, (int)m[1], (int)m[0]);
+    W->m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+    W->d = _cvtsh_ss(x->d), W->dmin = _cvtsh_ss(x->dmin);
+}
+
+INLINE __m512 dot_q4_K(const wK4 *W, const actK4 *A, const block_q8_K *y, __m512 acc) {
+    __m512i s = _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[0], A->a[0]), W->sc[0]);
+    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[1], A->a[1]), W->sc[1]));
+    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[2], A->a[2]), W->sc[2]));
+    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[3], A->a[3]), W->sc[3]));
+    const __m256i mins = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), W->m16);
+    acc = _mm512_fmadd_ps(_mm512_set1_ps(W->d * y->d), _mm512_cvtepi32_ps(s), acc);
+    return _mm512_fnmadd_ps(_mm512_set1_ps(W->dmin * y->d), _mm512_zextps256_ps512(_mm256_cvtepi32_ps(mins)), acc);
+}
+#define dot_q5_K dot_q4_K
+
+typedef struct {
+    __m512i v[4], sc[4]; /* unsigned 6-bit quants (elements 64k..64k+63), signed int16 scale words */
+    __m256i s16;         /* the 16 scales, for the -32 offset */
+    float d;
+} wQ6;
+
+INLINE void dec_q6_K(const void *xb, wQ6 *W) {
+    const block_q6_K *x = xb;
     const __m128i s8 = _mm_loadu_si128((const __m128i *)x->scales);
     const __m512i lo4 = _mm512_set1_epi8(0x0f), hi2 = _mm512_set1_epi8(0x30);
-    __m512i s = _mm512_setzero_si512();
     for (int h = 0; h < 2; h++) {
         const __m512i l = _mm512_loadu_si512(x->ql + 64 * h);
         const __m256i qh = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
         const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
-        const __m512i vlo = _mm512_or_si512(_mm512_and_si512(l, lo4), _mm512_and_si512(_mm512_slli_epi16(z, 4), hi2));
-        const __m512i vhi = _mm512_or_si512(nib_hi(l), _mm512_and_si512(z, hi2));
-        const __m512i a0 = _mm512_loadu_si512(y->qs + 128 * h), a1 = _mm512_loadu_si512(y->qs + 128 * h + 64);
-        /* signed scale words: 128-lane L of vlo is sub-block 8h + L, of vhi 8h + 4 + L */
+        W->v[2 * h] = _mm512_or_si512(_mm512_and_si512(l, lo4), _mm512_and_si512(_mm512_slli_epi16(z, 4), hi2));
+        W->v[2 * h + 1] = _mm512_or_si512(nib_hi(l), _mm512_and_si512(z, hi2));
+        /* 128-bit lane L of v[2h] is sub-block 8h + L, of v[2h+1] 8h + 4 + L */
         const __m512i sw = _mm512_broadcast_i32x4(_mm_cvtepi8_epi16(h ? _mm_srli_si128(s8, 8) : s8));
-        const __m512i plo = lane_words(sw, 0, 1, 2, 3), phi = lane_words(sw, 4, 5, 6, 7);
-        s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(vlo, a0), plo));
-        s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(vhi, a1), phi));
+        W->sc[2 * h] = lane_words(sw, 0, 1, 2, 3), W->sc[2 * h + 1] = lane_words(sw, 4, 5, 6, 7);
     }
+    W->s16 = _mm256_cvtepi8_epi16(s8);
+    W->d = _cvtsh_ss(x->d);
+}
+
+INLINE __m512 dot_q6_K(const wQ6 *W, const actQ6 *A, const block_q8_K *y, __m512 acc) {
+    (void)A;
+    __m512i s = _mm512_madd_epi16(_mm512_maddubs_epi16(W->v[0], _mm512_loadu_si512(y->qs)), W->sc[0]);
+    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->v[1], _mm512_loadu_si512(y->qs + 64)), W->sc[1]));
+    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->v[2], _mm512_loadu_si512(y->qs + 128)), W->sc[2]));
+    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->v[3], _mm512_loadu_si512(y->qs + 192)), W->sc[3]));
     /* the -32 offset: 32 * sum_j scale_j * bsums_j */
-    const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), _mm256_cvtepi8_epi16(s8));
+    const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), W->s16);
     s = _mm512_sub_epi32(s, _mm512_zextsi256_si512(_mm256_slli_epi32(corr, 5)));
-    *acc = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(x->d) * y->d), _mm512_cvtepi32_ps(s), *acc);
+    return _mm512_fmadd_ps(_mm512_set1_ps(W->d * y->d), _mm512_cvtepi32_ps(s), acc);
 }
 
-static float vec_dot_q4_K(int64_t n, const void *restrict w, const void *restrict a) {
-    const block_q4_K *x = w;
-    const block_q8_K *y = a;
-    __m512 acc = _mm512_setzero_ps();
-    __m256 accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        actK4 A;
-        actK4_load(&y[i], &A);
-        sb_q4_K(&x[i], &y[i], &A, &acc, &accm);
+#ifndef GEMMK_R
+#define GEMMK_R 4
+#endif
+#ifndef GEMMK_T
+#define GEMMK_T 4
+#endif
+
+#define DEFINE_K512(name, block_t, act_t, w_t)                                                              \
+    /* R rows against one activation row (vec_dot, gemv) */                                                 \
+    INLINE void krows_##name(const int R, int64_t nsb, const char *w, size_t rb, const block_q8_K *y,       \
+                             float *out) {                                                                  \
+        float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};                                                            \
+        for (int64_t g0 = 0; g0 < nsb; g0 += RED_SB) {                                                      \
+            const int64_t g1 = nsb - g0 < RED_SB ? nsb : g0 + RED_SB;                                       \
+            __m512 acc[4];                                                                                  \
+            for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();                                       \
+            for (int64_t i = g0; i < g1; i++) {                                                             \
+                act_t A;                                                                                    \
+                act_t##_load(&y[i], &A);                                                                    \
+                for (int r = 0; r < R; r++) {                                                               \
+                    w_t W;                                                                                  \
+                    dec_##name((const block_t *)(const void *)(w + r * rb) + i, &W);                        \
+                    acc[r] = dot_##name(&W, &A, &y[i], acc[r]);                                             \
+                }                                                                                           \
+            }                                                                                               \
+            if (R == 4) {                                                                                   \
+                float part[4];                                                                              \
+                _mm_storeu_ps(part, reduce4(acc[0], acc[1], acc[2], acc[3]));                               \
+                for (int r = 0; r < 4; r++) sum[r] += part[r];                                              \
+            } else {                                                                                        \
+                for (int r = 0; r < R; r++) sum[r] += hsum16(acc[r]);                                       \
+            }                                                                                               \
+        }                                                                                                   \
+        for (int r = 0; r < R; r++) out[r] = sum[r];                                                        \
+    }                                                                                                       \
+    static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {               \
+        float r;                                                                                            \
+        krows_##name(1, n / QK_K, w, 0, a, &r);                                                             \
+        return r;                                                                                           \
+    }                                                                                                       \
+    static void gemv_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,  \
+                            float *restrict out) {                                                          \
+        const char *p = w;                                                                                  \
+        int r = 0;                                                                                          \
+        for (; r + 4 <= nrows; r += 4, p += 4 * rb) krows_##name(4, n / QK_K, p, rb, a, out + r);           \
+        for (; r < nrows; r++, p += rb) krows_##name(1, n / QK_K, p, rb, a, out + r);                       \
+    }                                                                                                       \
+    /* R rows x T activation rows over one group of nsb super-blocks (A[t][j], y[t] + j) */               \
+    INLINE void ktile_##name(const int R, const int T, int nsb, const char *w, size_t rb,                   \
+                             act_t (*A)[RED_SB], const block_q8_K *const *y, float *out, size_t os) {       \
+        __m512 acc[GEMMK_R][GEMMK_T];                                                                       \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                                 \
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();           \
+        for (int j = 0; j < nsb; j++) {                                                                     \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                           \
+                w_t W;                                                                                      \
+                dec_##name((const block_t *)(const void *)(w + r * rb) + j, &W);                            \
+                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                         \
+                    acc[r][t] = dot_##name(&W, &A[t][j], y[t] + j, acc[r][t]);                              \
+            }                                                                                               \
+        }                                                                                                   \
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {                                               \
+            if (R == 4) {                                                                                   \
+                _mm_storeu_ps(out + t * os, _mm_add_ps(_mm_loadu_ps(out + t * os),                          \
+                                                       reduce4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]))); \
+            } else {                                                                                        \
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) out[t * os + r] += hsum16(acc[r][t]);   \
+            }                                                                                               \
+        }                                                                                                   \
+    }                                                                                                       \
+    static void gemm_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,  \
+                            size_t as, int ncols, float *restrict out, size_t os) {                         \
+        const int64_t nsb = n / QK_K;                                                                       \
+        act_t A[GEMMK_T][RED_SB];                                                                           \
+        for (int t = 0; t < ncols; t++)                                                                     \
+            for (int r = 0; r < nrows; r++) out[t * os + r] = 0.0f;                                         \
+        for (int t0 = 0; t0 < ncols; t0 += GEMMK_T) {                                                       \
+            const int T = ncols - t0 < GEMMK_T ? ncols - t0 : GEMMK_T;                                      \
+            for (int64_t g0 = 0; g0 < nsb; g0 += RED_SB) {                                                  \
+                const int ng = nsb - g0 < RED_SB ? (int)(nsb - g0) : RED_SB;                                \
+                const block_q8_K *y[GEMMK_T];                                                               \
+                for (int t = 0; t < T; t++) {                                                               \
+                    y[t] = (const block_q8_K *)(const void *)((const char *)a + (t0 + t) * as) + g0;        \
+                    for (int j = 0; j < ng; j++) act_t##_load(&y[t][j], &A[t][j]);                          \
+                }                                                                                           \
+                const char *p = (const char *)w + (size_t)g0 * sizeof(block_t);                             \
+                float *o = out + (size_t)t0 * os;                                                           \
+                int r = 0;                                                                                  \
+                if (T == GEMMK_T) {                                                                         \
+                    for (; r + GEMMK_R <= nrows; r += GEMMK_R)                                              \
+                        ktile_##name(GEMMK_R, GEMMK_T, ng, p + r * rb, rb, A, y, o + r, os);                \
+                    for (; r < nrows; r++) ktile_##name(1, GEMMK_T, ng, p + r * rb, rb, A, y, o + r, os);   \
+                } else {                                                                                    \
+                    for (int t = 0; t < T; t++) {                                                           \
+                        for (r = 0; r + 4 <= nrows; r += 4)                                                 \
+                            ktile_##name(4, 1, ng, p + r * rb, rb, A + t, y + t, o + t * os + r, os);       \
+                        for (; r < nrows; r++) ktile_##name(1, 1, ng, p + r * rb, rb, A + t, y + t, o + t * os + r, os); \
+                    }                                                                                       \
+                }                                                                                           \
+            }                                                                                               \
+        }                                                                                                   \
     }
-    return _mm512_reduce_add_ps(acc) + hsum8(accm);
+
+DEFINE_K512(q4_K, block_q4_K, actK4, wK4)
+DEFINE_K512(q5_K, block_q5_K, actK4, wK4)
+DEFINE_K512(q6_K, block_q6_K, actQ6, wQ6)
+
+INLINE __mmask16 tail_mask16(int64_t m) { return (__mmask16)_bzhi_u32(0xffffu, (unsigned)(m > 16 ? 16 : m)); }
+
+/* ------------------------------------------------------------------ */
+/* float weights (F32, F16, BF16) x float activations                  */
+/* ------------------------------------------------------------------ */
+/* One 16-lane accumulator per row, one FMA per 16 elements in order (a
+ * last partial group masked: its missing lanes add 0), then the 16 lanes
+ * summed in reduce4's order. gemv does 4 rows at a time (reduce4 gives all
+ * four sums), vec_dot is the one-row case (hsum16): the same float steps,
+ * so the contract of quants.h holds. Attention's scores go through here. */
+
+INLINE __m512 fload_f32(const void *p, int64_t i, __mmask16 k) { return _mm512_maskz_loadu_ps(k, (const float *)p + i); }
+INLINE __m512 fload_f16(const void *p, int64_t i, __mmask16 k) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, (const uint16_t *)p + i));
+}
+INLINE __m512 fload_bf16(const void *p, int64_t i, __mmask16 k) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, (const uint16_t *)p + i)), 16));
 }
 
-static void gemv_q4_K(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,
-                      float *restrict out) {
-    const block_q8_K *y = a;
-    const char *p = w;
-    int r = 0;
-    for (; r + 4 <= nrows; r += 4, p += 4 * rb) {
-        __m512 acc[4];
-        __m256 accm[4];
-        for (int k = 0; k < 4; k++) acc[k] = _mm512_setzero_ps(), accm[k] = _mm256_setzero_ps();
-        for (int64_t i = 0; i < n / QK_K; i++) {
-            actK4 A;
-            actK4_load(&y[i], &A);
-            for (int k = 0; k < 4; k++)
-                sb_q4_K((const block_q4_K *)(const void *)(p + k * rb) + i, &y[i], &A, &acc[k], &accm[k]);
-        }
-        for (int k = 0; k < 4; k++) out[r + k] = _mm512_reduce_add_ps(acc[k]) + hsum8(accm[k]);
+#define DEFINE_F512(name)                                                                                   \
+    INLINE void frows_##name(const int R, int64_t n, const char *w, size_t rb, const float *y, float *out) { \
+        __m512 c[4];                                                                                        \
+        for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();                                             \
+        int64_t i = 0;                                                                                      \
+        for (; i + 16 <= n; i += 16) {                                                                      \
+            const __m512 yv = _mm512_loadu_ps(y + i);                                                       \
+            for (int r = 0; r < R; r++) c[r] = _mm512_fmadd_ps(fload_##name(w + r * rb, i, 0xffff), yv, c[r]); \
+        }                                                                                                   \
+        if (i < n) {                                                                                        \
+            const __mmask16 k = tail_mask16(n - i);                                                         \
+            const __m512 yv = _mm512_maskz_loadu_ps(k, y + i);                                              \
+            for (int r = 0; r < R; r++) c[r] = _mm512_fmadd_ps(fload_##name(w + r * rb, i, k), yv, c[r]);   \
+        }                                                                                                   \
+        if (R == 4)                                                                                         \
+            _mm_storeu_ps(out, reduce4(c[0], c[1], c[2], c[3]));                                            \
+        else                                                                                                \
+            for (int r = 0; r < R; r++) out[r] = hsum16(c[r]);                                              \
+    }                                                                                                       \
+    static void gemv_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,  \
+                            float *restrict out) {                                                          \
+        const char *wr = w;                                                                                 \
+        int r = 0;                                                                                          \
+        for (; r + 4 <= nrows; r += 4, wr += 4 * rb) frows_##name(4, n, wr, rb, a, out + r);                \
+        for (; r < nrows; r++, wr += rb) frows_##name(1, n, wr, rb, a, out + r);                            \
+    }                                                                                                       \
+    static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {               \
+        float r;                                                                                            \
+        frows_##name(1, n, w, 0, a, &r);                                                                    \
+        return r;                                                                                           \
     }
-    for (; r < nrows; r++, p += rb) out[r] = vec_dot_q4_K(n, p, a);
+
+DEFINE_F512(f32)
+DEFINE_F512(f16)
+DEFINE_F512(bf16)
+
+/* ------------------------------------------------------------------ */
+/* vector math: GLU activations, softmax exp, axpy                      */
+/* ------------------------------------------------------------------ */
+/* The algorithm of avx2.c's exp8 (same reduction and polynomial), 16
+ * lanes; 2^k by vscalefps, which also overflows to inf past ln(FLT_MAX)
+ * (x clamped to [-87.33, 89]). Tails through masked loads and stores. */
+
+#define EXP_LO (-87.33f)
+#define EXP_HI 89.0f
+
+INLINE __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.383684576e-03f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.374815807e-03f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.166822508e-02f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.666641980e-01f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.999999106e-01f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, k); /* p * 2^k, exact */
 }
 
-static float vec_dot_q6_K(int64_t n, const void *restrict w, const void *restrict a) {
-    const block_q6_K *x = w;
-    const block_q8_K *y = a;
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
-    __m256 unused = _mm256_setzero_ps();
+INLINE __m512 glu16(__m512 g, __m512 u, const int gelu) {
+    __m512 z = g;
+    if (gelu) {
+        const float k0 = 2.0f * 0.7978845608028654f;
+        z = _mm512_mul_ps(g, _mm512_fmadd_ps(_mm512_mul_ps(g, g), _mm512_set1_ps(k0 * 0.044715f), _mm512_set1_ps(k0)));
+    }
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), z));
+    return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
+}
+
+INLINE void glu_x16(int64_t n, const float *gate, const float *up, float *out, const int gelu) {
     int64_t i = 0;
-    for (; i + 2 <= n / QK_K; i += 2) {
-        sb_q6_K(&x[i], &y[i], &acc0, &unused);
-        sb_q6_K(&x[i + 1], &y[i + 1], &acc1, &unused);
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(out + i, glu16(_mm512_loadu_ps(gate + i), _mm512_loadu_ps(up + i), gelu));
+    if (i < n) {
+        const __mmask16 k = tail_mask16(n - i);
+        _mm512_mask_storeu_ps(out + i, k, glu16(_mm512_maskz_loadu_ps(k, gate + i), _mm512_maskz_loadu_ps(k, up + i), gelu));
     }
-    if (i < n / QK_K) sb_q6_K(&x[i], &y[i], &acc0, &unused);
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
-static void gemv_q6_K(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,
-                      float *restrict out) {
-    const block_q8_K *y = a;
-    const char *p = w;
-    int r = 0;
-    __m256 unused = _mm256_setzero_ps();
-    for (; r + 4 <= nrows; r += 4, p += 4 * rb) {
-        __m512 acc[4];
-        for (int k = 0; k < 4; k++) acc[k] = _mm512_setzero_ps();
-        for (int64_t i = 0; i < n / QK_K; i++)
-            for (int k = 0; k < 4; k++) sb_q6_K((const block_q6_K *)(const void *)(p + k * rb) + i, &y[i], &acc[k], &unused);
-        for (int k = 0; k < 4; k++) out[r + k] = _mm512_reduce_add_ps(acc[k]);
+static void glu_silu(int64_t n, const float *gate, const float *up, float *out) { glu_x16(n, gate, up, out, 0); }
+static void glu_gelu_tanh(int64_t n, const float *gate, const float *up, float *out) { glu_x16(n, gate, up, out, 1); }
+
+static float exp_sum(int64_t n, float *s, float m) {
+    const __m512 mv = _mm512_set1_ps(m);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = tail_mask16(n - i);
+        const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + i), mv);
+        /* below the clamp (and -inf): 0; lanes past n: 0 */
+        const __m512 e = _mm512_maskz_mov_ps(k & _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_GE_OQ), exp16(x));
+        _mm512_mask_storeu_ps(s + i, k, e);
+        acc = _mm512_add_ps(acc, e);
     }
-    for (; r < nrows; r++, p += rb) out[r] = vec_dot_q6_K(n, p, a);
+    return _mm512_reduce_add_ps(acc);
+}
+
+/* 64 columns at a time held in 4 registers over all rows; tail columns masked */
+static void wsum_f32(int64_t n, int rows, const float *restrict w, const float *restrict x, int64_t ld,
+                     float *restrict y) {
+    int64_t j = 0;
+    for (; j + 64 <= n; j += 64) {
+        __m512 a0 = _mm512_loadu_ps(y + j), a1 = _mm512_loadu_ps(y + j + 16);
+        __m512 a2 = _mm512_loadu_ps(y + j + 32), a3 = _mm512_loadu_ps(y + j + 48);
+        const float *p = x + j;
+        for (int i = 0; i < rows; i++, p += ld) {
+            const __m512 wv = _mm512_set1_ps(w[i]);
+            a0 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(p), a0);
+            a1 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(p + 16), a1);
+            a2 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(p + 32), a2);
+            a3 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(p + 48), a3);
+        }
+        _mm512_storeu_ps(y + j, a0), _mm512_storeu_ps(y + j + 16, a1);
+        _mm512_storeu_ps(y + j + 32, a2), _mm512_storeu_ps(y + j + 48, a3);
+    }
+    for (; j < n; j += 16) {
+        const __mmask16 k = tail_mask16(n - j);
+        __m512 a0 = _mm512_maskz_loadu_ps(k, y + j);
+        const float *p = x + j;
+        for (int i = 0; i < rows; i++, p += ld) a0 = _mm512_fmadd_ps(_mm512_set1_ps(w[i]), _mm512_maskz_loadu_ps(k, p), a0);
+        _mm512_mask_storeu_ps(y + j, k, a0);
+    }
+}
+
+static void axpy_f32(int64_t n, float a, const float *restrict x, float *restrict y) {
+    const __m512 av = _mm512_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        const __mmask16 k = tail_mask16(n - i);
+        _mm512_mask_storeu_ps(y + i, k, _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(k, x + i), _mm512_maskz_loadu_ps(k, y + i)));
+    }
 }
 
 /* ------------------------------------------------------------------ */
@@ -879,6 +1165,22 @@ void kernels_fill_avx512(kernel_table *t) {
     }
     t->vec_dot[T_Q4_K] = vec_dot_q4_K;
     t->gemv[T_Q4_K] = gemv_q4_K;
+    t->gemm[T_Q4_K] = gemm_q4_K;
+    t->vec_dot[T_Q5_K] = vec_dot_q5_K;
+    t->gemv[T_Q5_K] = gemv_q5_K;
+    t->gemm[T_Q5_K] = gemm_q5_K;
     t->vec_dot[T_Q6_K] = vec_dot_q6_K;
     t->gemv[T_Q6_K] = gemv_q6_K;
+    t->gemm[T_Q6_K] = gemm_q6_K;
+    t->vec_dot[T_F32] = vec_dot_f32;
+    t->gemv[T_F32] = gemv_f32;
+    t->vec_dot[T_F16] = vec_dot_f16;
+    t->gemv[T_F16] = gemv_f16;
+    t->vec_dot[T_BF16] = vec_dot_bf16;
+    t->gemv[T_BF16] = gemv_bf16;
+    t->glu_silu = glu_silu;
+    t->glu_gelu_tanh = glu_gelu_tanh;
+    t->exp_sum = exp_sum;
+    t->axpy_f32 = axpy_f32;
+    t->wsum_f32 = wsum_f32;
 }
