@@ -172,7 +172,7 @@ INLINE void dm_pat(const uint8_t *x, const int bs, const int two, wpair *W) {
     const uint64_t h = (uint64_t)ld32(x) | (two ? (uint64_t)ld32(x + bs) << 32 : 0u);
     const __m128 f = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)h)); /* [d m d' m'] */
     W->dpat = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(f), _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2));
-    W->mz = _mm256_zextps128_ps256(_mm_blend_ps(_mm_setzero_ps(), f, 0xa));
+    W->mz = _mm256_blend_ps(_mm256_setzero_ps(), _mm256_castps128_ps256(f), 0x0a); /* one op: lanes 1, 3; zeros */
 }
 
 INLINE void nibbles_pair(__m256i q, wpair *W) {
