@@ -900,6 +900,63 @@ int main(void) {
         pyllm_kernel_float(ISA_NEON, 3, n, h, NULL, 0.37f, o1);
         for (int i = 0; i < n; i++) CHECK(fabs(o0[i] - o1[i]) <= 1.2e-7 * (fabs(f1[i]) + fabs(0.37f * fp16_to_fp32(h[i]))), "axpy");
     }
+    /* vector math: against the scalar reference (both meet the bounds of
+     * quants.c, so they are within twice them of each other), and exactly
+     * position-independent */
+    {
+        static float g[1000], u[1000], r0[1000], r1[1000], r2[1000];
+        for (int i = 0; i < 1000; i++) { g[i] = frnd() * ((i % 3) ? 4.0f : 30.0f); u[i] = frnd(); }
+        g[0] = 100, g[1] = -100, g[2] = 0, g[3] = -3e38f, g[4] = 89.0f, g[5] = -89.0f, g[6] = -87.5f;
+        for (int which = 0; which < 2; which++) {
+            CHECK(pyllm_kernel_vmath(0, which, 1000, g, u, 0, r0, NULL) == 0, "vmath rc");
+            CHECK(pyllm_kernel_vmath(ISA_NEON, which, 1000, g, u, 0, r1, NULL) == 0, "vmath rc");
+            int bad = 0;
+            for (int i = 0; i < 1000; i++) {
+                const double b = which == 0 ? 2e-6 * fabs(r0[i]) + 1e-30 : 2e-6 * fmax(1, fabs(g[i])) * fabs(u[i]);
+                if (!(fabs((double)r1[i] - r0[i]) <= b)) bad++;
+            }
+            CHECK(bad == 0, "glu %d: %d bad", which, bad);
+            for (int off = 1; off < 8; off++) {
+                pyllm_kernel_vmath(ISA_NEON, which, 13, g + off, u + off, 0, r2, NULL);
+                CHECK(memcmp(r2, r1 + off, 13 * 4) == 0, "glu %d at offset %d", which, off);
+            }
+        }
+        for (int i = 0; i < 1000; i++) g[i] = 0.5f - fabsf(frnd()) * ((i % 3) ? 5.0f : 100.0f);
+        g[7] = -__builtin_inff();
+        float s0, s1, s2;
+        pyllm_kernel_vmath(0, 2, 1000, g, NULL, 0.5f, r0, &s0);
+        pyllm_kernel_vmath(ISA_NEON, 2, 1000, g, NULL, 0.5f, r1, &s1);
+        int bad = 0;
+        for (int i = 0; i < 1000; i++)
+            if (!(fabs((double)r1[i] - r0[i]) <= 8e-7 * r0[i] + 1.2e-38)) bad++;
+        CHECK(bad == 0 && r1[7] == 0.0f, "exp_sum: %d bad", bad);
+        CHECK(fabs((double)s1 - s0) <= 2e-6 * s0, "exp_sum sum %g vs %g", s1, s0);
+        for (int off = 1; off < 6; off++) {
+            pyllm_kernel_vmath(ISA_NEON, 2, 21, g + off, NULL, 0.5f, r2, &s2);
+            CHECK(memcmp(r2, r1 + off, 21 * 4) == 0, "exp_sum at offset %d", off);
+        }
+        for (int i = 0; i < 1000; i++) r0[i] = r1[i] = frnd();
+        pyllm_kernel_vmath(0, 3, 999, u, NULL, 0.37f, r0, NULL);
+        pyllm_kernel_vmath(ISA_NEON, 3, 999, u, NULL, 0.37f, r1, NULL);
+        bad = 0;
+        for (int i = 0; i < 999; i++)
+            if (!(fabs((double)r1[i] - r0[i]) <= 2.4e-7 * (fabs(r0[i]) + fabs(0.37f * u[i])))) bad++;
+        CHECK(bad == 0, "axpy_f32: %d bad", bad);
+        for (int i = 0; i < 1000; i++) g[i] = frnd();
+        for (int n = 1; n < 70; n += 9) {
+            const int rows = 1 + n % 6;
+            for (int i = 0; i < n; i++) r0[i] = r1[i] = frnd();
+            pyllm_kernel_vmath(0, 4, n, g, u, (float)rows, r0, NULL);
+            pyllm_kernel_vmath(ISA_NEON, 4, n, g, u, (float)rows, r1, NULL);
+            bad = 0;
+            for (int j = 0; j < n; j++) {
+                double mag = fabs(r0[j]);
+                for (int i = 0; i < rows; i++) mag += fabs(u[i] * g[i * n + j]);
+                if (!(fabs((double)r1[j] - r0[j]) <= 2.4e-7 * (rows + 1) * mag)) bad++;
+            }
+            CHECK(bad == 0, "wsum_f32 n %d: %d bad", n, bad);
+        }
+    }
     printf("%d checks, %d failed\n", checks, fails);
     return fails != 0;
 }

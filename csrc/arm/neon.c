@@ -1,7 +1,8 @@
 /* neon.c: AArch64 Advanced SIMD kernels (compiled only on aarch64).
  *
  * Provides Q4_0, Q4_1, Q8_0 (dequant, vec_dot, gemv), quantize_act for Q8_32
- * and Q8_K, and the float helpers; everything else comes from quants.c.
+ * and Q8_K, the float helpers and the vector math of GLU and attention;
+ * everything else comes from quants.c.
  * The integer dot products use SDOT when the compiler targets it
  * (__ARM_FEATURE_DOTPROD, e.g. -march=armv8.2-a+dotprod), else widening
  * multiplies (smull + sadalp), which every AArch64 CPU has.
@@ -239,6 +240,116 @@ static float vec_dot_f16(int64_t n, const void *restrict w, const void *restrict
 static float vec_dot_f32(int64_t n, const void *restrict w, const void *restrict a) { return dot_f32(n, w, a); }
 
 /* ------------------------------------------------------------------ */
+/* vector math: GLU activations, softmax exp, axpy                      */
+/* ------------------------------------------------------------------ */
+/* The algorithm of x86/avx2.c's exp8 (same reduction, polynomial, clamps
+ * and overflow to inf), 4 lanes. A row's last partial vector goes through
+ * a zero-padded copy, so every element runs the same vector code wherever
+ * it sits. */
+
+INLINE float32x4_t exp4(float32x4_t x0) {
+    const float32x4_t x = vminq_f32(vmaxq_f32(x0, vdupq_n_f32(-87.33f)), vdupq_n_f32(88.0f));
+    const float32x4_t k = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504f)));
+    float32x4_t r = vfmsq_f32(x, k, vdupq_n_f32(0.693359375f));
+    r = vfmsq_f32(r, k, vdupq_n_f32(-2.12194440e-4f));
+    float32x4_t p = vdupq_n_f32(1.383684576e-03f);
+    p = vfmaq_f32(vdupq_n_f32(8.374815807e-03f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(4.166822508e-02f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.666641980e-01f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(4.999999106e-01f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f), p, r);
+    const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(k), vdupq_n_s32(127)), 23);
+    const float32x4_t y = vmulq_f32(p, vreinterpretq_f32_s32(e));
+    return vbslq_f32(vcgtq_f32(x0, vdupq_n_f32(88.7228394f)), vdupq_n_f32(__builtin_inff()), y);
+}
+
+INLINE float32x4_t glu4(float32x4_t g, float32x4_t u, const int gelu) {
+    float32x4_t z = g;
+    if (gelu) {
+        const float k0 = 2.0f * 0.7978845608028654f;
+        z = vmulq_f32(g, vfmaq_f32(vdupq_n_f32(k0), vmulq_f32(g, g), vdupq_n_f32(k0 * 0.044715f)));
+    }
+    const float32x4_t e = exp4(vnegq_f32(z));
+    return vmulq_f32(vdivq_f32(g, vaddq_f32(vdupq_n_f32(1.0f), e)), u);
+}
+
+INLINE void glu_x4(int64_t n, const float *gate, const float *up, float *out, const int gelu) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(out + i, glu4(vld1q_f32(gate + i), vld1q_f32(up + i), gelu));
+    if (i < n) {
+        float g[4] = {0}, u[4] = {0}, o[4];
+        memcpy(g, gate + i, (size_t)(n - i) * 4);
+        memcpy(u, up + i, (size_t)(n - i) * 4);
+        vst1q_f32(o, glu4(vld1q_f32(g), vld1q_f32(u), gelu));
+        memcpy(out + i, o, (size_t)(n - i) * 4);
+    }
+}
+
+static void glu_silu(int64_t n, const float *gate, const float *up, float *out) { glu_x4(n, gate, up, out, 0); }
+static void glu_gelu_tanh(int64_t n, const float *gate, const float *up, float *out) { glu_x4(n, gate, up, out, 1); }
+
+INLINE float32x4_t exp_shifted4(float32x4_t v, float32x4_t m) {
+    const float32x4_t x = vsubq_f32(v, m);
+    /* below the clamp (and -inf): 0 */
+    return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(exp4(x)), vcgeq_f32(x, vdupq_n_f32(-87.33f))));
+}
+
+static float exp_sum(int64_t n, float *s, float m) {
+    const float32x4_t mv = vdupq_n_f32(m);
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t e = exp_shifted4(vld1q_f32(s + i), mv);
+        vst1q_f32(s + i, e);
+        acc = vaddq_f32(acc, e);
+    }
+    if (i < n) {
+        float t[4] = {0};
+        memcpy(t, s + i, (size_t)(n - i) * 4);
+        float32x4_t e = exp_shifted4(vld1q_f32(t), mv);
+        vst1q_f32(t, e);
+        memcpy(s + i, t, (size_t)(n - i) * 4);
+        for (int64_t j = n - i; j < 4; j++) t[j] = 0.0f; /* lanes past n add 0 */
+        acc = vaddq_f32(acc, vld1q_f32(t));
+    }
+    return vaddvq_f32(acc);
+}
+
+static void axpy_f32(int64_t n, float a, const float *restrict x, float *restrict y) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_n_f32(vld1q_f32(y + i), vld1q_f32(x + i), a));
+    for (; i < n; i++) y[i] = __builtin_fmaf(a, x[i], y[i]); /* the same fused step as the vector lanes */
+}
+
+static void wsum_f32(int64_t n, int rows, const float *restrict w, const float *restrict x, int64_t ld,
+                     float *restrict y) {
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        float32x4_t a0 = vld1q_f32(y + j), a1 = vld1q_f32(y + j + 4), a2 = vld1q_f32(y + j + 8), a3 = vld1q_f32(y + j + 12);
+        const float *p = x + j;
+        for (int i = 0; i < rows; i++, p += ld) {
+            a0 = vfmaq_n_f32(a0, vld1q_f32(p), w[i]);
+            a1 = vfmaq_n_f32(a1, vld1q_f32(p + 4), w[i]);
+            a2 = vfmaq_n_f32(a2, vld1q_f32(p + 8), w[i]);
+            a3 = vfmaq_n_f32(a3, vld1q_f32(p + 12), w[i]);
+        }
+        vst1q_f32(y + j, a0), vst1q_f32(y + j + 4, a1), vst1q_f32(y + j + 8, a2), vst1q_f32(y + j + 12, a3);
+    }
+    for (; j + 4 <= n; j += 4) {
+        float32x4_t a0 = vld1q_f32(y + j);
+        const float *p = x + j;
+        for (int i = 0; i < rows; i++, p += ld) a0 = vfmaq_n_f32(a0, vld1q_f32(p), w[i]);
+        vst1q_f32(y + j, a0);
+    }
+    for (; j < n; j++) {
+        float a = y[j];
+        for (int i = 0; i < rows; i++) a = __builtin_fmaf(w[i], x[(int64_t)i * ld + j], a);
+        y[j] = a;
+    }
+}
+
+/* ------------------------------------------------------------------ */
 
 void kernels_fill_neon(kernel_table *t) {
     t->dequant[T_Q4_0] = dequant_q4_0;
@@ -259,6 +370,11 @@ void kernels_fill_neon(kernel_table *t) {
     t->dot_f16_f32 = dot_f16_f32;
     t->axpy_f16 = axpy_f16;
     t->dot_f32 = dot_f32;
+    t->glu_silu = glu_silu;
+    t->glu_gelu_tanh = glu_gelu_tanh;
+    t->exp_sum = exp_sum;
+    t->axpy_f32 = axpy_f32;
+    t->wsum_f32 = wsum_f32;
 }
 
 #endif /* __aarch64__ */

@@ -172,7 +172,7 @@ INLINE void dm_pat(const uint8_t *x, const int bs, const int two, wpair *W) {
     const uint64_t h = (uint64_t)ld32(x) | (two ? (uint64_t)ld32(x + bs) << 32 : 0u);
     const __m128 f = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)h)); /* [d m d' m'] */
     W->dpat = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(f), _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2));
-    W->mz = _mm256_zextps128_ps256(_mm_blend_ps(_mm_setzero_ps(), f, 0xa));
+    W->mz = _mm256_blend_ps(_mm256_setzero_ps(), _mm256_castps128_ps256(f), 0x0a); /* one op: lanes 1, 3; zeros */
 }
 
 INLINE void nibbles_pair(__m256i q, wpair *W) {
@@ -558,6 +558,116 @@ DEFINE_QK(q3_K, block_q3_K)
 DEFINE_QK(q4_K, block_q4_K)
 DEFINE_QK(q5_K, block_q5_K)
 DEFINE_QK(q6_K, block_q6_K)
+
+/* K-quant gemm: one weight row against T activation rows at a time. Each
+ * 32-element group of a super-block is decoded once (nibbles, 5th bits,
+ * scales) and used for every activation row; per (row, activation row) the
+ * integer sums and the float steps are exactly those of step_* (vec_dot,
+ * gemv), so the results agree bit for bit. The activation rows (T x the row
+ * length) stay in L1 while the tile's weight rows stream past them. */
+INLINE void ktile_q45_K(const int T, const int q5, int64_t nsb, const uint8_t *xr, const block_q8_K *const *y,
+                        __m256 *acc) {
+    const size_t bs = q5 ? sizeof(block_q5_K) : sizeof(block_q4_K);
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), b4 = _mm256_set1_epi8(0x10);
+    for (int64_t i = 0; i < nsb; i++) {
+        const uint8_t *xb = xr + (size_t)i * bs;
+        const block_q4_K *x4 = (const block_q4_K *)(const void *)xb;
+        const block_q5_K *x5 = (const block_q5_K *)(const void *)xb;
+        uint32_t sc[2], m[2];
+        k4_scales(q5 ? x5->scales : x4->scales, sc, m);
+        int16_t s16[8];
+        _mm_storeu_si128((__m128i *)s16, _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)sc[1], (int)sc[0])));
+        const uint8_t *qs = q5 ? x5->qs : x4->qs;
+        const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)x5->qh) : _mm256_setzero_si256();
+        __m256i sumi[4];
+        for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            __m256i v0 = _mm256_and_si256(q, lo4), v1 = _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4);
+            if (q5) {
+                v0 = _mm256_or_si256(v0, _mm256_and_si256(move_bit(qh, 2 * c, 4), b4));
+                v1 = _mm256_or_si256(v1, _mm256_and_si256(move_bit(qh, 2 * c + 1, 4), b4));
+            }
+            const __m256i c0 = _mm256_set1_epi16(s16[2 * c]), c1 = _mm256_set1_epi16(s16[2 * c + 1]);
+            for (int t = 0; t < T; t++) {
+                const int8_t *a = y[t][i].qs + 64 * c;
+                const __m256i p0 = _mm256_maddubs_epi16(v0, _mm256_loadu_si256((const __m256i *)a));
+                const __m256i p1 = _mm256_maddubs_epi16(v1, _mm256_loadu_si256((const __m256i *)(a + 32)));
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p0, c0));
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p1, c1));
+            }
+        }
+        const float d = _cvtsh_ss(q5 ? x5->d : x4->d), dmin = _cvtsh_ss(q5 ? x5->dmin : x4->dmin);
+        for (int t = 0; t < T; t++) {
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y[t][i].d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+            acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * y[t][i].d), _mm256_cvtepi32_ps(k4_min_dot(m, &y[t][i])), acc[t]);
+        }
+    }
+}
+
+INLINE void ktile_q6_K(const int T, int64_t nsb, const uint8_t *xr, const block_q8_K *const *y, __m256 *acc) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), hi2 = _mm256_set1_epi8(0x30);
+    for (int64_t i = 0; i < nsb; i++) {
+        const block_q6_K *x = (const block_q6_K *)(const void *)xr + i;
+        const __m128i s8 = _mm_loadu_si128((const __m128i *)x->scales);
+        __m256i sumi[4];
+        for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i q0 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h));
+            const __m256i q1 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+            __m256i v[4];
+            v[0] = _mm256_or_si256(_mm256_and_si256(q0, lo4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), hi2));
+            v[1] = _mm256_or_si256(_mm256_and_si256(q1, lo4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), hi2));
+            v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q0, 4), lo4), _mm256_and_si256(qh, hi2));
+            v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q1, 4), lo4),
+                                   _mm256_and_si256(_mm256_srli_epi16(qh, 2), hi2));
+            for (int s = 0; s < 4; s++) {
+                const __m256i sc = scale_pair(s8, 8 * h + 2 * s, 1);
+                for (int t = 0; t < T; t++) {
+                    const __m256i aq = _mm256_loadu_si256((const __m256i *)(y[t][i].qs + 128 * h + 32 * s));
+                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(v[s], aq), sc));
+                }
+            }
+        }
+        const __m256i cs = _mm256_cvtepi8_epi16(s8);
+        const float d = _cvtsh_ss(x->d);
+        for (int t = 0; t < T; t++) {
+            const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[t][i].bsums), cs);
+            const __m256i s = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(corr, 5));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y[t][i].d), _mm256_cvtepi32_ps(s), acc[t]);
+        }
+    }
+}
+
+#define ktile_q4_K(T, nsb, x, y, acc) ktile_q45_K(T, 0, nsb, x, y, acc)
+#define ktile_q5_K(T, nsb, x, y, acc) ktile_q45_K(T, 1, nsb, x, y, acc)
+
+#define DEFINE_QK_GEMM(name, block_t)                                                                        \
+    static void gemm_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,  \
+                            size_t as, int ncols, float *restrict out, size_t os) {                           \
+        const int64_t nsb = n / QK_K;                                                                         \
+        for (int t0 = 0; t0 < ncols; t0 += 4) {                                                               \
+            const int T = ncols - t0 < 4 ? ncols - t0 : 4;                                                    \
+            const block_q8_K *y[4];                                                                           \
+            for (int t = 0; t < T; t++) y[t] = (const block_q8_K *)(const void *)((const char *)a + (t0 + t) * as); \
+            for (int r = 0; r < nrows; r++) {                                                                 \
+                const uint8_t *xr = (const uint8_t *)w + (size_t)r * rb;                                      \
+                __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()}; \
+                if (T == 4) {                                                                                 \
+                    ktile_##name(4, nsb, xr, y, acc);                                                         \
+                } else {                                                                                      \
+                    for (int t = 0; t < T; t++) ktile_##name(1, nsb, xr, y + t, acc + t);                     \
+                }                                                                                             \
+                for (int t = 0; t < T; t++) out[(size_t)(t0 + t) * os + r] = hsum8(acc[t]);                  \
+            }                                                                                                 \
+        }                                                                                                     \
+    }
+
+DEFINE_QK_GEMM(q4_K, block_q4_K)
+DEFINE_QK_GEMM(q5_K, block_q5_K)
+DEFINE_QK_GEMM(q6_K, block_q6_K)
+
 
 /* ------------------------------------------------------------------ */
 /* float weights (F32, F16, BF16) x float activations                  */
@@ -1063,6 +1173,9 @@ void kernels_fill_avx2(kernel_table *t) {
     t->gemm[T_Q5_1] = gemm_q5_1;
     t->gemm[T_Q8_0] = gemm_q8_0;
     t->gemm[T_IQ4_NL] = gemm_iq4_nl;
+    t->gemm[T_Q4_K] = gemm_q4_K;
+    t->gemm[T_Q5_K] = gemm_q5_K;
+    t->gemm[T_Q6_K] = gemm_q6_K;
     /* F32: dequant is a copy (the scalar memcpy) */
     t->vec_dot[T_F32] = vec_dot_f32;
     t->gemv[T_F32] = gemv_f32;
