@@ -19,8 +19,9 @@
  * for every activation row. All three run the same tile code, which fixes
  * each row's float operations (the determinism contract of quants.h).
  *
- * K-quants: one accumulator per row, one step per super-block, in both
- * vec_dot and gemv (2 rows at a time).
+ * K-quants: one accumulator per row, one step per super-block, the same in
+ * vec_dot, gemv (2 rows at a time) and gemm (Q4_K, Q5_K, Q6_K: one row x 4
+ * activation rows, each group of 32 weights decoded once for the 4).
  */
 #include <immintrin.h>
 #include <string.h>
@@ -74,16 +75,6 @@ INLINE __m256i bits_to_0x10(uint32_t x) {
  * other byte, since both positions are inside their own byte. */
 INLINE __m256i move_bit(__m256i v, int b, int t) {
     return b <= t ? _mm256_sll_epi16(v, _mm_cvtsi32_si128(t - b)) : _mm256_srl_epi16(v, _mm_cvtsi32_si128(b - t));
-}
-
-/* unsigned bytes x signed bytes -> 8 int32 sums of 4 products */
-INLINE __m256i dot_u8s8(__m256i u, __m256i s) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-}
-
-/* signed x signed (|x| <= 128 allowed on the first, |y| <= 127) */
-INLINE __m256i dot_s8s8(__m256i x, __m256i y) {
-    return dot_u8s8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
 }
 
 /* the IQ4_NL values of a block's 32 nibbles, in element order */

@@ -5,8 +5,7 @@
  * VNNI instructions run only in the functions built with vnni = 1, which
  * kernels_fill_avx512 picks only when dispatch.c set pyllm_avx512_vnni (CPU
  * has avx512vnni and PYLLM_AVX512_VNNI is not 0). Entries this file leaves
- * NULL (dequant, quantize_act, the float helpers, the rarer K-quants) come
- * from avx2.c.
+ * NULL (dequant, quantize_act, the f16 helpers) come from avx2.c.
  *
  * 32-element formats work on quads of 4 blocks. Per quad, the activation
  * side (shared by every row of a gemv) is rearranged once into
@@ -28,8 +27,9 @@
  * fixed (RED_BLOCKS below), the same in vec_dot, gemv and gemm: the
  * determinism contract of quants.h.
  *
- * K-quants (Q4_K, Q6_K): one super-block per step, 512-bit, int16 scales
- * applied with vpmaddwd (VNNI would not save an instruction there).
+ * K-quants (Q2_K .. Q6_K): a super-block is decoded once per weight row
+ * (dec_*) and dotted with one activation row (vec_dot, gemv) or up to 4
+ * (gemm); 512-bit, int16 scales applied with vpmaddwd.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -880,6 +880,93 @@ INLINE __m512 dot_q6_K(const wQ6 *W, const actQ6 *A, const block_q8_K *y, __m512
     return _mm512_fmadd_ps(_mm512_set1_ps(W->d * y->d), _mm512_cvtepi32_ps(s), acc);
 }
 
+/* the act side of a Q2_K/Q3_K super-block: a[s] = [32s:32s+32 | 128+32s:160+32s],
+ * the elements of bit pair s of the two halves */
+typedef struct { __m512i a[4]; } actK2;
+
+INLINE void actK2_load(const block_q8_K *y, actK2 *A) {
+    const int8_t *q = y->qs;
+    for (int s = 0; s < 4; s++)
+        A->a[s] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(q + 32 * s))),
+                                     _mm256_loadu_si256((const __m256i *)(q + 128 + 32 * s)), 1);
+}
+
+/* Q2_K: v[s] = bit pair s of qs[0:32 | 32:64]; 128-bit lane L of v[s] is
+ * sub-block 2s + (L & 1) + 8 (L >> 1) */
+typedef struct {
+    __m512i q[4], sc[4]; /* unsigned 2-bit (Q2_K) or 3-bit (Q3_K, value + 4) quants, int16 scale words */
+    __m256i m16;         /* Q2_K: the 16 mins; Q3_K: the 16 scales (for the -4 offset) */
+    float d, dmin;
+} wK2;
+
+INLINE void dec_q2_K(const void *xb, wK2 *W) {
+    const block_q2_K *x = xb;
+    const __m128i sb = _mm_loadu_si128((const __m128i *)x->scales);
+    const __m512i s8 = _mm512_broadcast_i32x4(_mm_and_si128(sb, _mm_set1_epi8(0x0f)));
+    const __m512i z = _mm512_loadu_si512(x->qs), m3 = _mm512_set1_epi8(3);
+    W->q[0] = _mm512_and_si512(z, m3);
+    W->q[1] = _mm512_and_si512(_mm512_srli_epi16(z, 2), m3);
+    W->q[2] = _mm512_and_si512(_mm512_srli_epi16(z, 4), m3);
+    W->q[3] = _mm512_and_si512(_mm512_srli_epi16(z, 6), m3);
+    for (int s = 0; s < 4; s++) W->sc[s] = lane_scales16(s8, 2 * s, 2 * s + 1, 2 * s + 8, 2 * s + 9);
+    W->m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(0x0f)));
+    W->d = _cvtsh_ss(x->d), W->dmin = _cvtsh_ss(x->dmin);
+}
+
+INLINE void dec_q3_K(const void *xb, wK2 *W) {
+    const block_q3_K *x = xb;
+    /* the 16 signed 6-bit scales */
+    const uint32_t a = ld32(x->scales), b = ld32(x->scales + 4), c = ld32(x->scales + 8);
+    const uint32_t w0 = (a & 0x0f0f0f0fu) | ((c << 4) & 0x30303030u);
+    const uint32_t w1 = (b & 0x0f0f0f0fu) | ((c << 2) & 0x30303030u);
+    const uint32_t w2 = ((a >> 4) & 0x0f0f0f0fu) | (c & 0x30303030u);
+    const uint32_t w3 = ((b >> 4) & 0x0f0f0f0fu) | ((c >> 2) & 0x30303030u);
+    const __m128i s8 = _mm_sub_epi8(_mm_setr_epi32((int)w0, (int)w1, (int)w2, (int)w3), _mm_set1_epi8(32));
+    const __m256i s16 = _mm256_cvtepi8_epi16(s8);
+    /* lanes 0, 1: scales 0..7 as words, lanes 2, 3: scales 8..15 */
+    const __m512i sw = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm256_castsi256_si128(s16))),
+        _mm256_broadcastsi128_si256(_mm256_extracti128_si256(s16, 1)), 1);
+    const __m512i z = _mm512_loadu_si512(x->qs), m3 = _mm512_set1_epi8(3);
+    const __m256i hm = _mm256_loadu_si256((const __m256i *)x->hmask);
+    const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(hm), hm, 1);
+    const __m512i b2 = _mm512_set1_epi8(4);
+    for (int s = 0; s < 4; s++) {
+        /* bit s of hmask[l] for the low half, bit 4 + s for the high half: + 4 when set */
+        const __m512i bits = _mm512_set_epi64(0x0101010101010101ll << (s + 4), 0x0101010101010101ll << (s + 4),
+                                              0x0101010101010101ll << (s + 4), 0x0101010101010101ll << (s + 4),
+                                              0x0101010101010101ll << s, 0x0101010101010101ll << s,
+                                              0x0101010101010101ll << s, 0x0101010101010101ll << s);
+        const __m512i q2 = _mm512_and_si512(_mm512_srli_epi16(z, 2 * s), m3);
+        W->q[s] = _mm512_or_si512(q2, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(h, bits), b2));
+        W->sc[s] = lane_words(sw, 2 * s, 2 * s + 1, 2 * s, 2 * s + 1);
+    }
+    W->m16 = s16;
+    W->d = _cvtsh_ss(x->d), W->dmin = 0.0f;
+}
+
+INLINE __m512i dot4_K2(const wK2 *W, const actK2 *A) {
+    __m512i s = _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[0], A->a[0]), W->sc[0]);
+    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[1], A->a[1]), W->sc[1]));
+    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[2], A->a[2]), W->sc[2]));
+    return _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[3], A->a[3]), W->sc[3]));
+}
+
+INLINE __m512 dot_q2_K(const wK2 *W, const actK2 *A, const block_q8_K *y, __m512 acc) {
+    const __m512i s = dot4_K2(W, A);
+    const __m256i mins = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), W->m16);
+    acc = _mm512_fmadd_ps(_mm512_set1_ps(W->d * y->d), _mm512_cvtepi32_ps(s), acc);
+    return _mm512_fnmadd_ps(_mm512_set1_ps(W->dmin * y->d), _mm512_zextps256_ps512(_mm256_cvtepi32_ps(mins)), acc);
+}
+
+INLINE __m512 dot_q3_K(const wK2 *W, const actK2 *A, const block_q8_K *y, __m512 acc) {
+    __m512i s = dot4_K2(W, A);
+    /* the -4 offset: 4 * sum_j scale_j * bsums_j */
+    const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), W->m16);
+    s = _mm512_sub_epi32(s, _mm512_zextsi256_si512(_mm256_slli_epi32(corr, 2)));
+    return _mm512_fmadd_ps(_mm512_set1_ps(W->d * y->d), _mm512_cvtepi32_ps(s), acc);
+}
+
 #ifndef GEMMK_R
 #define GEMMK_R 4
 #endif
@@ -986,6 +1073,8 @@ INLINE __m512 dot_q6_K(const wQ6 *W, const actQ6 *A, const block_q8_K *y, __m512
 DEFINE_K512(q4_K, block_q4_K, actK4, wK4)
 DEFINE_K512(q5_K, block_q5_K, actK4, wK4)
 DEFINE_K512(q6_K, block_q6_K, actQ6, wQ6)
+DEFINE_K512(q2_K, block_q2_K, actK2, wK2)
+DEFINE_K512(q3_K, block_q3_K, actK2, wK2)
 
 INLINE __mmask16 tail_mask16(int64_t m) { return (__mmask16)_bzhi_u32(0xffffu, (unsigned)(m > 16 ? 16 : m)); }
 
@@ -1172,6 +1261,12 @@ void kernels_fill_avx512(kernel_table *t) {
     t->vec_dot[T_Q6_K] = vec_dot_q6_K;
     t->gemv[T_Q6_K] = gemv_q6_K;
     t->gemm[T_Q6_K] = gemm_q6_K;
+    t->vec_dot[T_Q2_K] = vec_dot_q2_K;
+    t->gemv[T_Q2_K] = gemv_q2_K;
+    t->gemm[T_Q2_K] = gemm_q2_K;
+    t->vec_dot[T_Q3_K] = vec_dot_q3_K;
+    t->gemv[T_Q3_K] = gemv_q3_K;
+    t->gemm[T_Q3_K] = gemm_q3_K;
     t->vec_dot[T_F32] = vec_dot_f32;
     t->gemv[T_F32] = gemv_f32;
     t->vec_dot[T_F16] = vec_dot_f16;
