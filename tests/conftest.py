@@ -31,3 +31,14 @@ def model_path():
     def get(file_name: str) -> str:
         return ensure_model(by_file[file_name])
     return get
+
+
+@pytest.fixture(autouse=True)
+def _pyllm_logger_restored():
+    """A CLI command run in-process points the pyllm logger at stderr and stops
+    it propagating; put it back so later tests' caplog sees pyllm's messages."""
+    import logging
+    log = logging.getLogger("pyllm")
+    handlers, propagate, level = list(log.handlers), log.propagate, log.level
+    yield
+    log.handlers[:], log.propagate, log.level = handlers, propagate, level
