@@ -23,9 +23,11 @@ typedef struct {
     int row0;
     float *scratch;        /* this thread's scratch, SCRATCH_FLOATS long */
     _Atomic int64_t *counter; /* this op's work counter, zero when the step starts */
+    float *shared;         /* scratch all threads see, SHARED_FLOATS long */
 } op_rows;
 
 #define SCRATCH_FLOATS (1 << 20) /* 4 MB per thread, touched only as far as used */
+#define SHARED_FLOATS (1 << 20)  /* 4 MB for the whole pool */
 
 /* floats of scratch an attention work item needs (attention.c) */
 size_t attention_scratch_floats(int head_dim, int group, int block_size);

@@ -42,6 +42,7 @@ struct pyllm_ctx {
     int profile;
     thread_profile *prof; /* [n_threads] */
     float **scratch;      /* [n_threads][SCRATCH_FLOATS] */
+    float *shared;        /* [SHARED_FLOATS], seen by every thread */
     _Atomic int64_t *counters; /* one per op: chunks handed out so far */
     int n_counters;
     double wall_ns;
@@ -64,7 +65,8 @@ pyllm_ctx *pyllm_ctx_new(int n_threads) {
     ctx->n_threads = n_threads;
     ctx->prof = calloc((size_t)n_threads, sizeof(thread_profile));
     ctx->scratch = calloc((size_t)n_threads, sizeof(float *));
-    int scratch_ok = ctx->scratch != NULL;
+    ctx->shared = calloc(SHARED_FLOATS, sizeof(float));
+    int scratch_ok = ctx->scratch != NULL && ctx->shared != NULL;
     for (int i = 0; scratch_ok && i < n_threads; i++) {
         /* calloc of this size maps fresh zero pages: only what is used costs memory */
         ctx->scratch[i] = calloc(SCRATCH_FLOATS, sizeof(float));
@@ -85,6 +87,7 @@ void pyllm_ctx_free(pyllm_ctx *ctx) {
     for (int i = 0; ctx->scratch && i < ctx->n_threads; i++) free(ctx->scratch[i]);
     free((void *)ctx->counters);
     free(ctx->scratch);
+    free(ctx->shared);
     free(ctx->prof);
     free(ctx);
 }
@@ -205,9 +208,9 @@ typedef struct {
     const pyllm_step *step;
 } job;
 
-static void exec_op(const pyllm_op *op, const pyllm_step *st, float *scratch, _Atomic int64_t *counter,
-                    int ith, int nth) {
-    op_rows r = {st, st->n_tokens, 0, scratch, counter};
+static void exec_op(const pyllm_op *op, const pyllm_step *st, float *scratch, float *shared,
+                    _Atomic int64_t *counter, int ith, int nth) {
+    op_rows r = {st, st->n_tokens, 0, scratch, counter, shared};
     if (op->flags & OPF_LAST_ROWS) {
         r.rows = st->n_out;
         r.row0 = st->n_tokens - st->n_out;
@@ -236,13 +239,13 @@ static void run_job(void *arg, int ith, int nth) {
         const pyllm_op *op = &j->ops[i];
         if (prof) {
             double t0 = now_ns();
-            exec_op(op, j->step, scratch, &j->ctx->counters[i], ith, nth);
+            exec_op(op, j->step, scratch, j->ctx->shared, &j->ctx->counters[i], ith, nth);
             double dt = now_ns() - t0;
             prof->op_ns[op->kind] += dt;
             prof->busy_ns += dt;
             if (op->kind == OP_MATMUL) prof->matmul_type_ns[op->type & 31] += dt;
         } else {
-            exec_op(op, j->step, scratch, &j->ctx->counters[i], ith, nth);
+            exec_op(op, j->step, scratch, j->ctx->shared, &j->ctx->counters[i], ith, nth);
         }
         if (!(op->flags & OPF_NO_SYNC)) threadpool_barrier(j->ctx->pool);
     }

@@ -81,6 +81,28 @@ def test_decode_one_at_a_time_equals_batch(tmp_path, qtype):
     np.testing.assert_array_equal(np.concatenate([a, b]), batch)
 
 
+@pytest.mark.parametrize("n_threads", [2, 3])
+def test_decode_splits_long_context_across_threads(tmp_path, n_threads):
+    """One token over a long context with fewer KV heads than threads: the
+    context's segments are shared out among threads and their softmax states
+    merged in order, the same arithmetic as one thread or a batch does: the
+    logits are equal bit for bit."""
+    path = synth.write_llama(tmp_path / "g.gguf", QT.F16, n_head=4, n_head_kv=1)
+    tokens = list(np.random.default_rng(3).integers(0, 512, 300))
+    table = list(range(24))
+    _, one = build(path, n_threads=1, n_batch=300, n_blocks=24)
+    _, many = build(path, n_threads=n_threads, n_batch=300, n_blocks=24)
+    one.forward(tokens[:280], 0, table, 1)
+    many.forward(tokens[:280], 0, table, 1)
+    steps = []
+    for i in range(280, 300):
+        a = one.forward([tokens[i]], i, table, 1)[0].copy()
+        np.testing.assert_array_equal(many.forward([tokens[i]], i, table, 1)[0], a)
+        steps.append(a)
+    batch = many.forward(tokens, 0, table, 20)  # the same 20 positions, in one batch
+    np.testing.assert_array_equal(batch, np.stack(steps))
+
+
 @pytest.mark.parametrize("n_threads", [1, 3])
 def test_thread_counts_agree(tmp_path, n_threads):
     path = synth.write_llama(tmp_path / "n.gguf", QT.Q4_1)
