@@ -53,12 +53,14 @@ def bench(
                 if profile:
                     pre, dec = B.profile(m, "The quick brown fox jumps over the lazy dog. " * 20, 64)
                     extra[nt]["profile"] = {"prefill": pre.as_dict(), "decode": dec.as_dict()}
+                    extra[nt]["profile_objects"] = (pre, dec)
         machine_bw = {nt: B.memory_bandwidth(nt) for nt in thread_list} if membw else {}
         info["peak_rss_mb"] = round(B.peak_rss_mb(), 1)
 
         if as_json:
             json.dump({"model": info, "results": [r.as_dict() for r in rows],
-                       "per_threads": {str(k): v for k, v in extra.items()},
+                       "per_threads": {str(k): {n: x for n, x in v.items() if n != "profile_objects"}
+                                       for k, v in extra.items()},
                        "machine_bandwidth_gb_s": {str(k): v for k, v in machine_bw.items()}},
                       sys.stdout, indent=1, default=float)
             print()
@@ -78,16 +80,9 @@ def bench(
                 if nt in machine_bw:
                     line += f" ({e['decode_gb_s'] / machine_bw[nt]:.0%} of the measured {machine_bw[nt]:.1f} GB/s)"
             out.print(line)
-            if "profile" in e:
-                for phase, p in e["profile"].items():
-                    ops = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sorted(p["op_s"].items(), key=lambda kv: -kv[1]))
-                    mm = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in p["matmul_by_type_s"].items())
-                    busy = ", ".join(f"{b * 1e3:.0f}" for b in p["thread_busy_s"])
-                    out.print(f"  {phase} ({p['steps']} steps): wall {p['wall_s'] * 1e3:.1f} ms, C {p['c_wall_s'] * 1e3:.1f} ms, "
-                              f"python {p['python_s'] * 1e3:.1f} ms ({p['python_s'] / p['wall_s']:.1%}), sampling "
-                              f"{p['sampling_s'] * 1e3:.1f} ms, tokenize {p['tokenize_s'] * 1e3:.1f} ms")
-                    out.print(f"    op ms (all threads): {ops}")
-                    out.print(f"    matmul ms by type: {mm}; busy ms per thread: {busy}")
+            for p in e.get("profile_objects", ()):
+                for line in B.format_profile(p):
+                    out.print("  " + line)
         if machine_bw and not extra:
             out.print(machine_bw)
         out.print(f"peak RSS {info['peak_rss_mb']} MB", style="dim")

@@ -14,7 +14,7 @@ import typer
 
 from pyllm.errors import InvalidArgumentError
 
-from .common import handle_errors, model_path
+from .common import err, handle_errors, model_path
 from .options import (CtxSize, FreqPenalty, LogitBias, MinP, ModelOpt, PresPenalty, RepeatLastN, RepeatPenalty,
                       Seed, Stop, TemplateOpt, Temp, Threads, TopK, TopP, TypicalP, sampling_kwargs, template_arg)
 from .options import NGpuLayers
@@ -52,6 +52,8 @@ def run(
     system: Annotated[Optional[str], typer.Option("--system", help="system prompt (with --chat)")] = None,
     chat_template: TemplateOpt = None,
     stop: Stop = [],
+    profile: Annotated[bool, typer.Option("--profile", help="afterwards, on stderr: where the prefill's and "
+                                          "the decode's time went (per op, weight type, thread; Python)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object: text, finish reason, "
                                           "token counts, timings")] = False,
     threads: Threads = None,
@@ -95,10 +97,14 @@ def run(
                     raise InvalidArgumentError("the prompt is empty")
                 gen = m.stream(text, max_tokens=max_tokens, stop=stop, **sampling)
                 seed_used = gen.sampler.seed
+            generation = getattr(gen, "generation", gen)   # a chat stream wraps the engine's generation
+            generation.profile = profile
             if as_json:
                 c = gen.run()
                 out = {"text": c.text, "finish_reason": c.finish_reason, "model": str(m.path),
                        "seed": seed_used, "chat": chat, **c.metrics.as_dict(), "tokens": c.tokens}
+                if profile:
+                    out["profile"] = {p.phase: p.as_dict() for p in generation.profiles}
                 sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
                 sys.stdout.flush()
                 return
@@ -112,3 +118,11 @@ def run(
                 if not last.endswith("\n"):
                     sys.stdout.write("\n")
                 sys.stdout.flush()
+            print_profile(generation)
+
+
+def print_profile(generation) -> None:
+    from pyllm.bench import format_profile
+    for p in generation.profiles:
+        for line in format_profile(p):
+            err.print(line, highlight=False, soft_wrap=True)

@@ -127,7 +127,7 @@ class Model:
         return int(max_tokens)
 
     def _generation(self, prompt: str | Seq[int], max_tokens: Optional[int], stop: Optional[Seq[str]],
-                    sampling: Mapping[str, Any]) -> Generation:
+                    sampling: Mapping[str, Any], profile: bool = False) -> Generation:
         if isinstance(prompt, str):
             ids = self.tokenize(prompt, special=True)
         else:
@@ -136,7 +136,7 @@ class Model:
             if bad:
                 raise InvalidArgumentError(f"token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})")
         return self.engine.generate(self._seq, ids, self._max_tokens(max_tokens), self._sampler(sampling),
-                                    _stop_list(stop))
+                                    _stop_list(stop), profile=profile)
 
     def generate(self, prompt: str | Seq[int], max_tokens: Optional[int] = 128, stop: Optional[Seq[str]] = None,
                  **sampling: Any) -> Completion:
@@ -155,10 +155,12 @@ class Model:
         return self._generation(prompt, max_tokens, stop, sampling).run()
 
     def stream(self, prompt: str | Seq[int], max_tokens: Optional[int] = 128, stop: Optional[Seq[str]] = None,
-               **sampling: Any) -> Generation:
+               profile: bool = False, **sampling: Any) -> Generation:
         """Like generate(), but iterating yields the text as it is decoded;
-        `.completion` holds the result afterwards (also after a break)."""
-        return self._generation(prompt, max_tokens, stop, sampling)
+        `.completion` holds the result afterwards (also after a break). With
+        profile=True, `.profiles` says afterwards where the prefill's and the
+        decode's time went (per op kind, per weight type, per thread, Python)."""
+        return self._generation(prompt, max_tokens, stop, sampling, profile)
 
     # -- chat --------------------------------------------------------------------
     def _load_template(self) -> ChatTemplate:

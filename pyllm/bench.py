@@ -157,6 +157,26 @@ def _read(backend) -> tuple[float, dict, dict, list]:
     return p["wall_ns"] / 1e9, ops, by_type, [b / 1e9 for b in p["thread_busy_ns"]]
 
 
+def read_profile(backend, phase: str, steps: int, wall_s: float, sampling_s: float = 0.0,
+                 tokenize_s: float = 0.0) -> Profile:
+    """The backend's counters since its last profile(True), as a Profile."""
+    c_wall, ops, by_type, busy = _read(backend)
+    return Profile(phase, steps, wall_s, c_wall, ops, by_type, busy, sampling_s, tokenize_s)
+
+
+def format_profile(p: Profile) -> list[str]:
+    """Three lines saying where one phase's time went."""
+    ops = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sorted(p.op_s.items(), key=lambda kv: -kv[1]))
+    mm = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in p.matmul_by_type_s.items())
+    busy = ", ".join(f"{b * 1e3:.0f}" for b in p.thread_busy_s)
+    share = p.python_s / p.wall_s if p.wall_s > 0 else 0.0
+    return [f"{p.phase} ({p.steps} steps): wall {p.wall_s * 1e3:.1f} ms, C {p.c_wall_s * 1e3:.1f} ms, "
+            f"python {p.python_s * 1e3:.1f} ms ({share:.1%}), sampling {p.sampling_s * 1e3:.1f} ms, "
+            f"tokenize {p.tokenize_s * 1e3:.1f} ms",
+            f"  op ms (all threads): {ops}",
+            f"  matmul ms by type: {mm}; busy ms per thread: {busy}"]
+
+
 def profile(model, prompt: str, n_predict: int) -> tuple[Profile, Profile]:
     """Profiles one greedy generation: (prefill, decode)."""
     from .sampling import Sampler, SamplingParams
@@ -171,11 +191,10 @@ def profile(model, prompt: str, n_predict: int) -> tuple[Profile, Profile]:
     t0 = time.perf_counter()
     logits = model.engine._run(seq, ids)[-1]
     wall = time.perf_counter() - t0
-    c_wall, ops, by_type, busy = _read(be)
     t0 = time.perf_counter()
     tok = greedy(logits)
     sampling = time.perf_counter() - t0
-    pre = Profile("prefill", 1, wall + sampling, c_wall, ops, by_type, busy, sampling, tokenize_s)
+    pre = read_profile(be, "prefill", 1, wall + sampling, sampling, tokenize_s)
 
     be.profile(True)  # reset
     sampling = 0.0
@@ -186,7 +205,7 @@ def profile(model, prompt: str, n_predict: int) -> tuple[Profile, Profile]:
         tok = greedy(logits)
         sampling += time.perf_counter() - ts
     wall = time.perf_counter() - t0
-    c_wall, ops, by_type, busy = _read(be)
+    dec = read_profile(be, "decode", n_predict, wall, sampling)
     be.profile(False)
     seq.release()
-    return pre, Profile("decode", n_predict, wall, c_wall, ops, by_type, busy, sampling)
+    return pre, dec

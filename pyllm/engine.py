@@ -125,9 +125,9 @@ class Engine:
 
     # -- generation ------------------------------------------------------------------
     def generate(self, seq: Sequence, prompt: Seq[int], max_tokens: int, sampler: Sampler,
-                 stop: Seq[str] = (), stop_ids: Optional[set[int]] = None) -> "Generation":
+                 stop: Seq[str] = (), stop_ids: Optional[set[int]] = None, profile: bool = False) -> "Generation":
         return Generation(self, seq, list(prompt), max_tokens, sampler, list(stop),
-                          self.tokenizer.eog_ids if stop_ids is None else stop_ids)
+                          self.tokenizer.eog_ids if stop_ids is None else stop_ids, profile)
 
 
 class Generation:
@@ -135,11 +135,13 @@ class Generation:
     a break) `completion` holds the text, tokens, finish reason and metrics."""
 
     def __init__(self, engine: Engine, seq: Sequence, prompt: list[int], max_tokens: int,
-                 sampler: Sampler, stop: list[str], stop_ids: set[int]):
+                 sampler: Sampler, stop: list[str], stop_ids: set[int], profile: bool = False):
         self.engine, self.seq, self.prompt = engine, seq, prompt
         self.max_tokens, self.sampler, self.stop, self.stop_ids = max_tokens, sampler, stop, stop_ids
         self.completion: Optional[Completion] = None
         self.cancelled = False
+        self.profile = profile
+        self.profiles: list = []  # with profile: where the prefill's and the decode's time went
 
     def cancel(self) -> None:
         """Asks the generation to stop at the next step (or prompt chunk);
@@ -156,14 +158,23 @@ class Generation:
         history = list(self.prompt)
         finish, hit_stop_string = "interrupted", False
         t_first = None
+        sampling_s = 0.0
+        if self.profile:
+            eng.backend.profile(True)
         try:
             try:
                 logits, m.reused_tokens = eng.prefill(self.seq, self.prompt, lambda: self.cancelled)
             except Cancelled:
                 return
             m.prefill_s = time.perf_counter() - t0
+            if self.profile:
+                from .bench import read_profile
+                self.profiles.append(read_profile(eng.backend, "prefill", 1, m.prefill_s))
+                eng.backend.profile(True)  # counters from zero for the decode
             while not self.cancelled:
+                ts = time.perf_counter()
                 tok = self.sampler(logits, history)
+                sampling_s += time.perf_counter() - ts
                 if t_first is None:
                     t_first = time.perf_counter()
                     m.ttft_s = t_first - t0
@@ -198,6 +209,10 @@ class Generation:
             m.total_s = end - t0
             if t_first is not None:
                 m.decode_s = end - t_first
+            if self.profile and self.profiles:
+                from .bench import read_profile
+                self.profiles.append(read_profile(eng.backend, "decode", m.decode_steps, m.decode_s, sampling_s))
+                eng.backend.profile(False)
             self.completion = Completion("".join(emitted), tokens, finish, m)
 
     def run(self) -> Completion:
