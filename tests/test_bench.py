@@ -1,0 +1,36 @@
+"""pyllm bench and the profile: the numbers exist and add up (no timing assertions)."""
+import json
+import subprocess
+import sys
+
+
+def pyllm(*args):
+    r = subprocess.run([sys.executable, "-m", "pyllm.cli.main", *args], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def test_bench_json(smollm2_path):
+    out = json.loads(pyllm("bench", "-m", smollm2_path, "-p", "32", "-n", "8", "-r", "2", "-t", "1",
+                           "--ttft-prompt", "16", "--json").stdout)
+    tests = {r["test"]: r for r in out["results"]}
+    assert set(tests) == {"pp32", "tg8"}
+    assert all(len(r["runs"]) == 2 and r["tokens_per_s"] > 0 for r in tests.values())
+    per = out["per_threads"]["1"]
+    assert per["ttft_s"] > 0 and per["tpot_s"] > 0
+    # a decode step reads every matmul weight once: at least the file's Q4_1 and Q8_0 bytes
+    assert per["decode_bytes_per_token"] > 90e6
+    assert out["model"]["types"] == {"Q4_1": 210, "F32": 61, "Q8_0": 1}
+
+
+def test_run_profile(smollm2_path):
+    out = json.loads(pyllm("run", "-m", smollm2_path, "-p", "The sky is", "-n", "6", "--temp", "0",
+                           "--profile", "--json").stdout)
+    prof = out["profile"]
+    assert set(prof) == {"prefill", "decode"}
+    dec = prof["decode"]
+    assert dec["steps"] == out["generated_tokens"] - 1 or out["finish_reason"] == "stop"
+    assert dec["op_s"]["matmul"] > 0 and set(dec["matmul_by_type_s"]) == {"Q4_1", "Q8_0"}
+    # the wall time splits into the C steps, sampling and the Python between them
+    assert abs(dec["c_wall_s"] + dec["sampling_s"] + dec["python_s"] - dec["wall_s"]) < 1e-6
+    assert 0 <= dec["python_s"] < dec["wall_s"]
