@@ -4,14 +4,28 @@
  * quantized once, by an OP_QUANTIZE before this op, into the format the
  * weight type's dot product takes (float weights read x as it is).
  *
- * The output columns are cut into chunks that threads take from a shared
- * counter, so a thread slowed by something else on the machine does not
- * hold the others up. With one token (decode) a chunk is one gemv: the
- * weights stream through once, bound by memory bandwidth. With many tokens
- * (prefill) a chunk is a tile of rows that every token goes through while
- * it sits in cache (gemm: each weight block decoded once per few tokens),
- * so each weight byte is read from memory once per op, not once per token.
- */
+ * The output columns are cut into chunks that threads take as they go, so
+ * a thread slowed by something else on the machine does not hold the
+ * others up. With many tokens (prefill) a chunk is a tile of rows that
+ * every token goes through while it sits in cache (gemm: each weight block
+ * decoded once per few tokens), so each weight byte is read from memory
+ * once per op, not once per token; the tiles come from a shared counter.
+ *
+ * With one token (decode) a chunk is one gemv: the weights stream through
+ * once, bound by memory bandwidth, and each thread should read one
+ * contiguous stretch in order: the hardware prefetcher follows it, and the
+ * gemv kernels prefetch past the end of each chunk into the next rows
+ * (quants.h, GEMV_PREFETCH), which must be the thread's next chunk. (With
+ * chunks from a shared counter the threads' chunks interleave: each chunk
+ * started cold and the prefetch past its end went to the other thread's
+ * chunk; 2 threads decoded ~25% slower.) So the chunks are cut into nseg
+ * contiguous segments, one per thread (threads share them beyond
+ * MAX_SEGS), and the op's counter holds one count per segment (chunks taken
+ * from it, SEG_BITS each). A thread takes the chunks of its own segment
+ * front to back, then helps with the others' (from their fronts) until
+ * every chunk is taken: the balance of a shared counter, chunk by chunk.
+ * Any split gives the same results: a row's gemv result does not depend on
+ * the rows that share the call (quants.h). */
 #include <stdatomic.h>
 #include <string.h>
 
@@ -20,6 +34,8 @@
 #define DECODE_CHUNK 32   /* rows per chunk with one token */
 #define PREFILL_TILE 64   /* rows per tile with many tokens */
 #define MIN_TILE 16
+#define SEG_BITS 16 /* the op's 64-bit counter: one 16-bit count per decode segment */
+#define MAX_SEGS 4
 
 static void gemv_rows(int type, int64_t n, const uint8_t *w, size_t row_bytes, int nrows, const void *a,
                       float *out) {
@@ -49,6 +65,21 @@ static int chunk_rows(int64_t n_out, int rows, int nth) {
 
 int64_t matmul_scratch_floats(int64_t rows) { return rows * PREFILL_TILE; }
 
+/* decode: the next chunk for a thread whose own segment is `home`, or -1
+ * when every chunk is taken; *left counts the segments it has found empty
+ * (each thread overshoots a segment's count at most once, so a count stays
+ * below its segment's chunks + nth) */
+static int64_t next_decode_chunk(_Atomic int64_t *counter, int64_t n_chunks, int nseg, int home, int *left) {
+    for (; *left < nseg; ++*left) {
+        const int s = (home + *left) % nseg;
+        const int64_t lo = n_chunks * s / nseg, hi = n_chunks * (s + 1) / nseg;
+        const uint64_t old = (uint64_t)atomic_fetch_add(counter, (int64_t)1 << (SEG_BITS * s));
+        const int64_t k = (int64_t)(old >> (SEG_BITS * s) & ((1u << SEG_BITS) - 1));
+        if (lo + k < hi) return lo + k;
+    }
+    return -1;
+}
+
 void op_matmul(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     const int type = op->type;
     const int act = type_info(type)->act;
@@ -61,9 +92,15 @@ void op_matmul(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     const int chunk = chunk_rows(op->n_out, r->rows, nth);
     const int64_t n_chunks = (op->n_out + chunk - 1) / chunk;
     float *part = r->scratch; /* [rows][chunk] */
-    (void)ith;
+    const int nseg = nth < MAX_SEGS ? nth : MAX_SEGS;
+    const int segmented = r->rows == 1 && n_chunks / nseg + 1 + nth < (1 << SEG_BITS) - 1;
+    const int home = ith * nseg / nth;
+    int left = 0;
 
-    for (int64_t ci = atomic_fetch_add(r->counter, 1); ci < n_chunks; ci = atomic_fetch_add(r->counter, 1)) {
+    for (;;) {
+        const int64_t ci = segmented ? next_decode_chunk(r->counter, n_chunks, nseg, home, &left)
+                                     : atomic_fetch_add(r->counter, 1);
+        if (ci < 0 || ci >= n_chunks) break;
         const int64_t c0 = ci * chunk;
         const int nrows = (int)(op->n_out - c0 < chunk ? op->n_out - c0 : chunk);
         const uint8_t *w = (const uint8_t *)op->w + (size_t)c0 * row_bytes;
@@ -85,5 +122,4 @@ void op_matmul(const pyllm_op *op, const op_rows *r, int ith, int nth) {
                 memcpy(y, p, (size_t)nrows * sizeof(float));
         }
     }
-    (void)nth;
 }

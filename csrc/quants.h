@@ -88,6 +88,56 @@ typedef void (*gemm_fn)(int64_t n, const void *restrict w, size_t row_bytes, int
                         const void *restrict a, size_t a_stride, int ncols,
                         float *restrict out, size_t out_stride);
 
+/* Software prefetch in the gemv kernels (decode). A decode step streams
+ * every weight once, from memory (more than any cache holds), and a gemv
+ * reads R rows side by side (R = 4, 2 or 1 by kernel), each from its start
+ * to its end, then the next R rows. One core keeps only so many misses in
+ * flight, and the hardware prefetcher stops at every 4 KB page and needs a
+ * few misses to start again, so on its own a gemv streams at ~70% of what
+ * the core can read (an Ice Lake Xeon: 6.5-7 GB/s against 9.7). So the x86
+ * gemv kernels also ask for the lines ahead of what they read (prefetcht0,
+ * a few lines per step of the inner loop): each of the R rows read side by
+ * side is a stream that goes on in the row R further, and each stream asks
+ * GEMV_PREFETCH / R bytes ahead of itself, so that the R streams together
+ * keep GEMV_PREFETCH bytes asked for. It runs on past the end of the call
+ * into the rows after it, which the matmul hands the same thread next
+ * (matmul.c: decode chunks are contiguous per thread); a prefetch never
+ * faults, so asking for lines past the end of a matrix is harmless.
+ * 4 KB: about what one core has in flight (bandwidth x latency); 2 KB loses
+ * a little, 4 to 8 KB measure alike, 16 KB and prefetcht1 (L2 only) a
+ * little less, prefetchnta much less. Prefetching changes no arithmetic:
+ * the contract below is untouched. */
+#define GEMV_PREFETCH 4096
+
+/* prefetcht0 the 64-byte lines of [p, p + len), one hint per 64 bytes
+ * (with len a compile-time constant: a fixed, unrolled sequence, no
+ * branches; consecutive spans cover every line). p may point past the end
+ * of its object: the address is only a hint. */
+static inline void prefetch_lines(uintptr_t p, size_t len) {
+    for (size_t j = 0; j < len; j += 64) __builtin_prefetch((const void *)(p + j), 0, 3);
+}
+
+/* Where the R streams of a gemv pass ask, for rows of stride rb of which
+ * the pass reads len bytes (the whole row, or a column chunk of long rows):
+ * a stream reading at offset off of its row asks d = GEMV_PREFETCH / R
+ * bytes further along it, which is k = (off + d) / len rows of its stream
+ * (R * k rows) further, at offset (off + d) % len. Over a row, k takes two
+ * values, k0 below offset `turn` and k0 + 1 from there on. */
+typedef struct { size_t near, far, turn, rb; } gemv_pf;
+
+static inline gemv_pf gemv_prefetch_plan(int R, size_t rb, size_t len) {
+    const size_t d = GEMV_PREFETCH / R, k0 = d / len, skip = R * rb - len;
+    gemv_pf p = {d + k0 * skip, d + (k0 + 1) * skip, (k0 + 1) * len - d, rb};
+    return p;
+}
+
+/* the prefetch for a step that reads step bytes of each of the R rows,
+ * the first at address at, offset off of its row */
+static inline void gemv_prefetch_step(const gemv_pf *pf, int R, uintptr_t at, size_t off, size_t step) {
+    const uintptr_t a = at + (off < pf->turn ? pf->near : pf->far);
+    for (int r = 0; r < R; r++) prefetch_lines(a + r * pf->rb, step);
+}
+
 /* DETERMINISM CONTRACT (every level, every type; tests/test_kernels.py checks
  * it with exact equality). Within one level's table, the float result for a
  * (weight row, activation row) pair depends only on the row bytes, the

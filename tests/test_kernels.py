@@ -450,6 +450,30 @@ def test_gemm_equals_gemv_exactly(isa, tname):
                                               err_msg=f"n={n} nrows={nrows} ncols={ncols} t={t}")
 
 
+@pytest.mark.parametrize("n_threads", [2, 3, 5, 8])
+def test_decode_thread_counts_agree_exactly(tmp_path, n_threads):
+    """Decode (one token a step) splits each matmul's rows among the threads
+    (csrc/matmul.c: a contiguous segment per thread, shared beyond 4
+    threads, then helping with the others' segments); since a row's gemv
+    result does not depend on the rows that share the call, every step's
+    logits are the same bit for bit for any thread count."""
+    import synth
+    from pyllm.arch import load_architecture
+    from pyllm.backend.cpu import CpuBackend
+    from pyllm.graph import Graph
+    from pyllm.model_file import ModelFile
+    path = synth.write_llama(tmp_path / "d.gguf", GT.Q4_1)
+
+    def decode(nth):
+        g = Graph()
+        load_architecture(ModelFile(path)).build(g)
+        be = CpuBackend(g, nth, 8, 8, 4, 16)
+        return np.stack([be.forward([t], pos, [0, 1, 2, 3], 1)[0].copy()
+                         for pos, t in enumerate([5, 17, 300, 2, 44, 9])])
+
+    np.testing.assert_array_equal(decode(n_threads), decode(1))
+
+
 # ---------------------------------------------------------------- fp16 / float helpers
 def f16_f32_cases():
     rng = np.random.default_rng(9)

@@ -14,7 +14,9 @@
  * Q4_0/Q5_0 is folded into the int32 dot (the activation side precomputes
  * -8 or -16 times its lane sums); the min of Q4_1/Q5_1 adds m * s with one
  * more FMA: sum((dw q + m) * a) = dw * da * sum(q * a) + m * s.
- * gemv: 4 rows at a time share the prepared activation pairs; gemm: tiles
+ * gemv: 4 rows at a time share the prepared activation pairs, and every
+ * gemv (K-quant and float ones too) prefetches the weights ahead
+ * (GEMV_PREFETCH, quants.h); gemm: tiles
  * of GEMM_R rows x GEMM_T activation rows, each row's pair decoded once
  * for every activation row. All three run the same tile code, which fixes
  * each row's float operations (the determinism contract of quants.h).
@@ -262,15 +264,20 @@ INLINE __m256 pair_step(const wpair *W, const actp *A, const int sgn, const int 
 
 /* R weight rows x T activation rows over one group of nbk <= RED_BLOCKS
  * blocks (w: the first row at the group's first block; A[t * as + p]: the
- * prepared pairs of activation row t): out[t * os + r] += the group's sum */
+ * prepared pairs of activation row t): out[t * os + r] += the group's sum.
+ * pf: gemv's prefetch plan (quants.h), NULL for none; pf_off: the
+ * offset of the group's first block in the rows the pass reads */
 #define DEFINE_Q32(name, block_t)                                                                           \
     INLINE void tile_##name(const int R, const int T, int nbk, const uint8_t *w, size_t rb, const actp *A,    \
-                            size_t as, float *out, size_t os) {                                               \
+                            size_t as, float *out, size_t os, const gemv_pf *pf, size_t pf_off) {            \
         __m256 acc[4][4];                                                                                     \
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                                   \
             _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();             \
         int p = 0;                                                                                            \
         for (; 2 * p + 2 <= nbk; p++) {                                                                       \
+            if (pf)                                                                                           \
+                gemv_prefetch_step(pf, R, (uintptr_t)w + (size_t)(2 * p) * sizeof(block_t),                   \
+                                   pf_off + (size_t)(2 * p) * sizeof(block_t), 2 * sizeof(block_t));          \
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                             \
                 wpair W;                                                                                      \
                 dec_##name(w + r * rb + (size_t)(2 * p) * sizeof(block_t), 1, &W);                            \
@@ -299,15 +306,20 @@ INLINE __m256 pair_step(const wpair *W, const actp *A, const int sgn, const int 
             const int64_t cb = nb - c0 < 2 * ACT_PAIRS ? nb - c0 : 2 * ACT_PAIRS;                             \
             actp_prep(y + c0, cb, C_##name, A);                                                               \
             const uint8_t *p = (const uint8_t *)w + (size_t)c0 * sizeof(block_t);                             \
+            const size_t len = (size_t)cb * sizeof(block_t);                                                  \
+            const gemv_pf pf4 = gemv_prefetch_plan(4, rb, len), pf1 = gemv_prefetch_plan(1, rb, len);         \
+            const gemv_pf *pf1p = rb >= len ? &pf1 : NULL; /* rb = 0: vec_dot, one row */                     \
             int r = 0;                                                                                        \
             for (; r + 4 <= nrows; r += 4, p += 4 * rb)                                                       \
                 for (int64_t g = 0; g < cb; g += RED_BLOCKS)                                                  \
                     tile_##name(4, 1, cb - g < RED_BLOCKS ? (int)(cb - g) : RED_BLOCKS,                       \
-                                p + (size_t)g * sizeof(block_t), rb, A + g / 2, 0, out + r, 0);               \
+                                p + (size_t)g * sizeof(block_t), rb, A + g / 2, 0, out + r, 0, &pf4,          \
+                                (size_t)g * sizeof(block_t));                                                 \
             for (; r < nrows; r++, p += rb)                                                                   \
                 for (int64_t g = 0; g < cb; g += RED_BLOCKS)                                                  \
                     tile_##name(1, 1, cb - g < RED_BLOCKS ? (int)(cb - g) : RED_BLOCKS,                       \
-                                p + (size_t)g * sizeof(block_t), rb, A + g / 2, 0, out + r, 0);               \
+                                p + (size_t)g * sizeof(block_t), rb, A + g / 2, 0, out + r, 0, pf1p,          \
+                                (size_t)g * sizeof(block_t));                                                 \
         }                                                                                                     \
     }                                                                                                         \
     static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {                 \
@@ -333,13 +345,13 @@ INLINE __m256 pair_step(const wpair *W, const actp *A, const int sgn, const int 
                 int r = 0;                                                                                    \
                 if (T == GEMM_T) {                                                                            \
                     for (; r + GEMM_R <= nrows; r += GEMM_R)                                                  \
-                        tile_##name(GEMM_R, GEMM_T, nbk, p + r * rb, rb, A[0], RED_PAIRS, o + r, os);         \
-                    for (; r < nrows; r++) tile_##name(1, GEMM_T, nbk, p + r * rb, rb, A[0], RED_PAIRS, o + r, os); \
+                        tile_##name(GEMM_R, GEMM_T, nbk, p + r * rb, rb, A[0], RED_PAIRS, o + r, os, NULL, 0);         \
+                    for (; r < nrows; r++) tile_##name(1, GEMM_T, nbk, p + r * rb, rb, A[0], RED_PAIRS, o + r, os, NULL, 0); \
                 } else {                                                                                      \
                     for (int t = 0; t < T; t++) {                                                             \
                         for (r = 0; r + 4 <= nrows; r += 4)                                                   \
-                            tile_##name(4, 1, nbk, p + r * rb, rb, A[t], 0, o + t * os + r, 0);               \
-                        for (; r < nrows; r++) tile_##name(1, 1, nbk, p + r * rb, rb, A[t], 0, o + t * os + r, 0); \
+                            tile_##name(4, 1, nbk, p + r * rb, rb, A[t], 0, o + t * os + r, 0, NULL, 0);               \
+                        for (; r < nrows; r++) tile_##name(1, 1, nbk, p + r * rb, rb, A[t], 0, o + t * os + r, 0, NULL, 0); \
                     }                                                                                         \
                 }                                                                                             \
             }                                                                                                 \
@@ -529,12 +541,14 @@ INLINE void step_q3_K(const block_q3_K *x, const block_q8_K *y, __m256 *acc) {
                             const void *restrict a, float *restrict out) {                             \
         const block_q8_K *y = a;                                                                       \
         const char *wr = w;                                                                            \
+        const gemv_pf pf = gemv_prefetch_plan(2, rb, (size_t)(n / QK_K) * sizeof(block_t));           \
         int r = 0;                                                                                     \
         for (; r + 2 <= nrows; r += 2, wr += 2 * rb) {                                                 \
             const block_t *x0 = (const block_t *)(const void *)wr;                                     \
             const block_t *x1 = (const block_t *)(const void *)(wr + rb);                              \
             __m256 c0 = _mm256_setzero_ps(), c1 = c0;                                                  \
             for (int64_t i = 0; i < n / QK_K; i++) {                                                   \
+                gemv_prefetch_step(&pf, 2, (uintptr_t)(wr + i * sizeof(block_t)), i * sizeof(block_t), sizeof(block_t)); \
                 step_##name(&x0[i], &y[i], &c0);                                                       \
                 step_##name(&x1[i], &y[i], &c1);                                                       \
             }                                                                                          \
@@ -696,12 +710,13 @@ DEFINE_FDOT(dot_bf16_x, uint16_t, load_bf16x8, bf16_to_fp32)
  * gemv (the same float steps, so both agree bit for bit) */
 #define DEFINE_FGEMV(name, wtype, LOAD, SCALAR)                                                       \
     INLINE void frows_##name(const int R, int64_t n, const char *w, size_t rb, const float *y,        \
-                             float *out) {                                                             \
+                             float *out, const gemv_pf *pf) {                                          \
         __m256 c[4];                                                                                   \
         for (int r = 0; r < R; r++) c[r] = _mm256_setzero_ps();                                        \
         int64_t i = 0;                                                                                 \
         for (; i + 8 <= n; i += 8) {                                                                   \
             const __m256 yv = _mm256_loadu_ps(y + i);                                                  \
+            if (pf) gemv_prefetch_step(pf, R, (uintptr_t)w + i * sizeof(wtype), i * sizeof(wtype), 8 * sizeof(wtype)); \
             for (int r = 0; r < R; r++)                                                                \
                 c[r] = _mm256_fmadd_ps(LOAD((const wtype *)(const void *)(w + r * rb) + i), yv, c[r]); \
         }                                                                                              \
@@ -715,13 +730,15 @@ DEFINE_FDOT(dot_bf16_x, uint16_t, load_bf16x8, bf16_to_fp32)
     static void gemv_##name(int64_t n, const void *restrict w, size_t rb, int nrows,                  \
                             const void *restrict a, float *restrict out) {                             \
         const char *wr = w;                                                                            \
+        const size_t len = (size_t)n * sizeof(wtype);                                                  \
+        const gemv_pf pf4 = gemv_prefetch_plan(4, rb, len), pf1 = gemv_prefetch_plan(1, rb, len);      \
         int r = 0;                                                                                     \
-        for (; r + 4 <= nrows; r += 4, wr += 4 * rb) frows_##name(4, n, wr, rb, a, out + r);           \
-        for (; r < nrows; r++, wr += rb) frows_##name(1, n, wr, rb, a, out + r);                       \
+        for (; r + 4 <= nrows; r += 4, wr += 4 * rb) frows_##name(4, n, wr, rb, a, out + r, &pf4);     \
+        for (; r < nrows; r++, wr += rb) frows_##name(1, n, wr, rb, a, out + r, &pf1);                 \
     }                                                                                                  \
     static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {          \
         float r;                                                                                       \
-        frows_##name(1, n, w, 0, a, &r);                                                               \
+        frows_##name(1, n, w, 0, a, &r, NULL);                                                            \
         return r;                                                                                      \
     }
 

@@ -23,9 +23,10 @@
  * the signed formats (Q8_0, IQ4_NL) use |w| and sign-adjusted activations.
  * A row's last partial quad uses masked loads (zeros past the row's end).
  * gemv prepares the activation quads once per call (ACT_CHUNK at a time)
- * and streams 4 rows at a time against them. The float steps of a row are
- * fixed (RED_BLOCKS below), the same in vec_dot, gemv and gemm: the
- * determinism contract of quants.h.
+ * and streams 4 rows at a time against them, prefetching the weights
+ * ahead (GEMV_PREFETCH, quants.h; the K-quant and float gemv too). The
+ * float steps of a row are fixed (RED_BLOCKS below), the same in vec_dot,
+ * gemv and gemm: the determinism contract of quants.h.
  *
  * K-quants (Q2_K .. Q6_K): a super-block is decoded once per weight row
  * (dec_*) and dotted with one activation row (vec_dot, gemv) or up to 4
@@ -407,11 +408,12 @@ _Static_assert(4 * ACT_CHUNK % RED_BLOCKS == 0, "activation chunks hold whole gr
 
 /* R rows (compile-time) against nb blocks of one activation row; Ab: the
  * prepared quads, or NULL to prepare them on the fly (vec_dot). out[r] =
- * the rows' sums, added to out[r] when cont (a later chunk of the row). */
+ * the rows' sums, added to out[r] when cont (a later chunk of the row).
+ * pf: gemv's prefetch plan (quants.h), NULL for none. */
 #define DEFINE_ROWS(name, block_t)                                                                        \
     INLINE void rows_##name(const int R, const int vnni, int64_t nb, const char *w, size_t rb,           \
                             const block_q8_32 *y, const act4 *Ab, const act4 *Apair, float *out,           \
-                            const int cont) {                                                              \
+                            const int cont, const gemv_pf *pf) {                                           \
         float sum[4];                                                                                      \
         for (int r = 0; r < R; r++) sum[r] = cont ? out[r] : 0.0f;                                         \
         const int rem = (int)(nb & 3);                                                                     \
@@ -431,6 +433,7 @@ _Static_assert(4 * ACT_CHUNK % RED_BLOCKS == 0, "activation chunks hold whole gr
                     const __m512 ds16 = _mm512_insertf32x8(_mm512_castps256_ps512(A0->ds), A1->ds, 1);     \
                     const size_t off = (size_t)i * sizeof(block_t);                                        \
                     (void)ds16, (void)off;                                                                 \
+                    if (pf) gemv_prefetch_step(pf, R, (uintptr_t)w + off, off, 8 * sizeof(block_t));                               \
                     for (int r = 0; r < R; r++)                                                            \
                         oct_##name(vnni, (const uint8_t *)(w + r * rb) + off, A0, A1, ds16, &acc[r]);      \
                 }                                                                                          \
@@ -442,6 +445,7 @@ _Static_assert(4 * ACT_CHUNK % RED_BLOCKS == 0, "activation chunks hold whole gr
                 const act4 *A = Ab ? &Ab[i / 4] : &Aloc;                                                   \
                 if (!Ab) act4_prep(y + i, nblk, C_##name(vnni), vnni, &Aloc);                              \
                 const size_t off = (size_t)i * sizeof(block_t);                                            \
+                if (pf) gemv_prefetch_step(pf, R, (uintptr_t)w + off, off, 4 * sizeof(block_t));                                   \
                 if (nblk == 4)                                                                             \
                     for (int r = 0; r < R; r++)                                                            \
                         quad_##name(vnni, 1, 4, (const uint8_t *)(w + r * rb) + off, A, &acc[r]);          \
@@ -487,20 +491,22 @@ _Static_assert(4 * ACT_CHUNK % RED_BLOCKS == 0, "activation chunks hold whole gr
                 pp = &Apair;                                                                               \
             }                                                                                              \
             const char *p = (const char *)w + (size_t)c0 * sizeof(block_t);                                \
+            const size_t len = (size_t)cb * sizeof(block_t);                                               \
+            const gemv_pf pf4 = gemv_prefetch_plan(4, rb, len), pf1 = gemv_prefetch_plan(1, rb, len);      \
             int r = 0;                                                                                     \
             for (; r + 4 <= nrows; r += 4, p += 4 * rb)                                                    \
-                rows_##name(4, vnni, cb, p, rb, NULL, Ab, pp, out + r, c0 > 0);                           \
-            for (; r < nrows; r++, p += rb) rows_##name(1, vnni, cb, p, rb, NULL, Ab, NULL, out + r, c0 > 0); \
+                rows_##name(4, vnni, cb, p, rb, NULL, Ab, pp, out + r, c0 > 0, &pf4);                     \
+            for (; r < nrows; r++, p += rb) rows_##name(1, vnni, cb, p, rb, NULL, Ab, NULL, out + r, c0 > 0, &pf1); \
         }                                                                                                  \
     }                                                                                                      \
     static float vec_dot_##name##_vnni(int64_t n, const void *restrict w, const void *restrict a) {       \
         float r;                                                                                           \
-        rows_##name(1, 1, n / QK, w, 0, a, NULL, NULL, &r, 0);                                             \
+        rows_##name(1, 1, n / QK, w, 0, a, NULL, NULL, &r, 0, NULL);                                             \
         return r;                                                                                          \
     }                                                                                                      \
     static float vec_dot_##name##_bw(int64_t n, const void *restrict w, const void *restrict a) {         \
         float r;                                                                                           \
-        rows_##name(1, 0, n / QK, w, 0, a, NULL, NULL, &r, 0);                                             \
+        rows_##name(1, 0, n / QK, w, 0, a, NULL, NULL, &r, 0, NULL);                                             \
         return r;                                                                                          \
     }                                                                                                      \
     static void gemv_##name##_vnni(int64_t n, const void *restrict w, size_t rb, int nrows,               \
@@ -977,7 +983,7 @@ INLINE __m512 dot_q3_K(const wK2 *W, const actK2 *A, const block_q8_K *y, __m512
 #define DEFINE_K512(name, block_t, act_t, w_t)                                                              \
     /* R rows against one activation row (vec_dot, gemv) */                                                 \
     INLINE void krows_##name(const int R, int64_t nsb, const char *w, size_t rb, const block_q8_K *y,       \
-                             float *out) {                                                                  \
+                             float *out, const gemv_pf *pf) {                                               \
         float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};                                                            \
         for (int64_t g0 = 0; g0 < nsb; g0 += RED_SB) {                                                      \
             const int64_t g1 = nsb - g0 < RED_SB ? nsb : g0 + RED_SB;                                       \
@@ -986,6 +992,7 @@ INLINE __m512 dot_q3_K(const wK2 *W, const actK2 *A, const block_q8_K *y, __m512
             for (int64_t i = g0; i < g1; i++) {                                                             \
                 act_t A;                                                                                    \
                 act_t##_load(&y[i], &A);                                                                    \
+                if (pf) gemv_prefetch_step(pf, R, (uintptr_t)(w + i * sizeof(block_t)), i * sizeof(block_t), sizeof(block_t));                    \
                 for (int r = 0; r < R; r++) {                                                               \
                     w_t W;                                                                                  \
                     dec_##name((const block_t *)(const void *)(w + r * rb) + i, &W);                        \
@@ -1004,15 +1011,17 @@ INLINE __m512 dot_q3_K(const wK2 *W, const actK2 *A, const block_q8_K *y, __m512
     }                                                                                                       \
     static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {               \
         float r;                                                                                            \
-        krows_##name(1, n / QK_K, w, 0, a, &r);                                                             \
+        krows_##name(1, n / QK_K, w, 0, a, &r, NULL);                                                             \
         return r;                                                                                           \
     }                                                                                                       \
     static void gemv_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,  \
                             float *restrict out) {                                                          \
         const char *p = w;                                                                                  \
+        const size_t len = (size_t)(n / QK_K) * sizeof(block_t);                                            \
+        const gemv_pf pf4 = gemv_prefetch_plan(4, rb, len), pf1 = gemv_prefetch_plan(1, rb, len);           \
         int r = 0;                                                                                          \
-        for (; r + 4 <= nrows; r += 4, p += 4 * rb) krows_##name(4, n / QK_K, p, rb, a, out + r);           \
-        for (; r < nrows; r++, p += rb) krows_##name(1, n / QK_K, p, rb, a, out + r);                       \
+        for (; r + 4 <= nrows; r += 4, p += 4 * rb) krows_##name(4, n / QK_K, p, rb, a, out + r, &pf4);     \
+        for (; r < nrows; r++, p += rb) krows_##name(1, n / QK_K, p, rb, a, out + r, &pf1);                 \
     }                                                                                                       \
     /* R rows x T activation rows over one group of nsb super-blocks (A[t][j], y[t] + j) */               \
     INLINE void ktile_##name(const int R, const int T, int nsb, const char *w, size_t rb,                   \
@@ -1095,13 +1104,19 @@ INLINE __m512 fload_bf16(const void *p, int64_t i, __mmask16 k) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, (const uint16_t *)p + i)), 16));
 }
 
+#define ESIZE_f32 4 /* bytes per weight */
+#define ESIZE_f16 2
+#define ESIZE_bf16 2
+
 #define DEFINE_F512(name)                                                                                   \
-    INLINE void frows_##name(const int R, int64_t n, const char *w, size_t rb, const float *y, float *out) { \
+    INLINE void frows_##name(const int R, int64_t n, const char *w, size_t rb, const float *y, float *out,  \
+                             const gemv_pf *pf) {                                                           \
         __m512 c[4];                                                                                        \
         for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();                                             \
         int64_t i = 0;                                                                                      \
         for (; i + 16 <= n; i += 16) {                                                                      \
             const __m512 yv = _mm512_loadu_ps(y + i);                                                       \
+            if (pf) gemv_prefetch_step(pf, R, (uintptr_t)w + i * ESIZE_##name, i * ESIZE_##name, 16 * ESIZE_##name);                         \
             for (int r = 0; r < R; r++) c[r] = _mm512_fmadd_ps(fload_##name(w + r * rb, i, 0xffff), yv, c[r]); \
         }                                                                                                   \
         if (i < n) {                                                                                        \
@@ -1117,13 +1132,14 @@ INLINE __m512 fload_bf16(const void *p, int64_t i, __mmask16 k) {
     static void gemv_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,  \
                             float *restrict out) {                                                          \
         const char *wr = w;                                                                                 \
+        const gemv_pf pf4 = gemv_prefetch_plan(4, rb, n * ESIZE_##name), pf1 = gemv_prefetch_plan(1, rb, n * ESIZE_##name); \
         int r = 0;                                                                                          \
-        for (; r + 4 <= nrows; r += 4, wr += 4 * rb) frows_##name(4, n, wr, rb, a, out + r);                \
-        for (; r < nrows; r++, wr += rb) frows_##name(1, n, wr, rb, a, out + r);                            \
+        for (; r + 4 <= nrows; r += 4, wr += 4 * rb) frows_##name(4, n, wr, rb, a, out + r, &pf4);          \
+        for (; r < nrows; r++, wr += rb) frows_##name(1, n, wr, rb, a, out + r, &pf1);                      \
     }                                                                                                       \
     static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {               \
         float r;                                                                                            \
-        frows_##name(1, n, w, 0, a, &r);                                                                    \
+        frows_##name(1, n, w, 0, a, &r, NULL);                                                                    \
         return r;                                                                                           \
     }
 
