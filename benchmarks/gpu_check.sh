@@ -5,7 +5,8 @@
 #   pp512/tg128 for ngl = 0, half, all, auto against the plan, bus bytes per
 #   token against the plan, measured copy rates.
 #
-# Before the call, here:   python3 benchmarks/gpu_pack.py      (wheels + a cut SmolLM2 in build/gpucheck)
+# Before the call, here:   python3 benchmarks/gpu_pack.py      (wheels + a cut SmolLM2 in build/gpucheck;
+#                          --full: the whole models too, in parts carried by earlier calls: see gpu_pack.py)
 # The call:                run(command="bash benchmarks/gpu_check.sh", carry=["build/gpucheck"], timeout_s=600)
 # What comes back:         $OUT/gpu_check.log, $OUT/gpu_check.json, $OUT/pytest.log
 set -u
@@ -27,6 +28,9 @@ python3 -c "import cffi, gguf, numpy; print('cffi', cffi.__version__, 'numpy', n
     echo "cffi or gguf missing: run benchmarks/gpu_pack.py here and carry build/gpucheck"; exit 2; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm --format=csv || true
 nproc
+
+step "whole models carried in parts (gpu_pack.py --full), if any"
+python3 benchmarks/gpu_pack.py --join
 
 step "make cuda"
 make cuda -j"$(nproc)" || exit 3

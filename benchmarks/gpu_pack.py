@@ -15,10 +15,23 @@ Run here, from the repository root:
     python3 benchmarks/gpu_pack.py [--layers 8] [--no-wheels]
 then call the device with carry=["build/gpucheck"] and the command
     bash benchmarks/gpu_check.sh
+
+The real models whole (issue 6 asks for SmolLM2 and Gemma 3 themselves):
+`--full` also cuts both files into parts of at most --part-mib, one folder
+per part (build/gpucheck-p1, -p2, ...), with their sizes and sha256 in
+build/gpucheck/full.json. A call carries at most 64 MiB, but what a call
+left on a warm machine stays there for the next one (a machine goes back
+after 30 s idle): so carry one folder per call, one call right after the
+other (`true` as the command; the first carries build/gpucheck too), then
+run gpu_check.sh, which joins the parts into models/ (`--join`, checking
+each file's sha256) before anything else. About 6 calls for 351 MB: the
+transfers cost device time, so do this only with minutes to spare.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -74,18 +87,105 @@ def cut_model(src: Path, dst: Path, layers: int) -> None:
     w.close()
 
 
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def split_models(files: list[Path], out: Path, part_bytes: int) -> list[Path]:
+    """Cuts the files, one after the other as one stream, into parts of
+    part_bytes (the last one shorter), one folder a part (out-p1, out-p2,
+    ...); writes the files' names, sizes and sha256 and the parts in order
+    to out/full.json; returns the folders."""
+    folders, parts = [], []
+    buf = bytearray()
+
+    def flush():
+        folder = out.parent / f"{out.name}-p{len(folders) + 1}"
+        folder.mkdir(parents=True, exist_ok=True)
+        part = folder / f"models.{len(folders):02d}"
+        part.write_bytes(bytes(buf[:part_bytes]))
+        del buf[:part_bytes]
+        folders.append(folder)
+        parts.append(str(part.relative_to(ROOT)))
+
+    for src in files:
+        with open(src, "rb") as f:
+            for block in iter(lambda: f.read(1 << 24), b""):
+                buf += block
+                while len(buf) >= part_bytes:
+                    flush()
+    if buf:
+        flush()
+    out.mkdir(parents=True, exist_ok=True)
+    listing = {"files": [{"name": p.name, "size": p.stat().st_size, "sha256": sha256(p)} for p in files],
+               "parts": parts}
+    (out / "full.json").write_text(json.dumps(listing, indent=1))
+    return folders
+
+
+def join_models(out: Path, models: Path) -> int:
+    """On the device: joins the parts listed in out/full.json and cuts the
+    stream back into the files, in models/; returns how many files came out
+    whole (with a part missing nothing is joined; a file whose sha256
+    differs is removed; both are said)."""
+    listing = out / "full.json"
+    if not listing.is_file():
+        return 0
+    m = json.loads(listing.read_text())
+    missing = [p for p in m["parts"] if not (ROOT / p).is_file()]
+    if missing:
+        print(f"{len(missing)} of {len(m['parts'])} parts missing ({', '.join(missing)}): the whole models are not here")
+        return 0
+    models.mkdir(parents=True, exist_ok=True)
+    stream = (open(ROOT / p, "rb") for p in m["parts"])
+    cur, joined = next(stream), 0
+    for f in m["files"]:
+        dst, left = models / f["name"], f["size"]
+        with open(dst, "wb") as w:
+            while left:
+                block = cur.read(min(left, 1 << 24))
+                if not block:
+                    cur.close()
+                    cur = next(stream)
+                    continue
+                w.write(block)
+                left -= len(block)
+        if sha256(dst) != f["sha256"]:
+            print(f"{dst}: differs from the original (sha256): removed")
+            dst.unlink()
+            continue
+        print(f"{dst}: joined, sha256 ok")
+        joined += 1
+    cur.close()
+    return joined
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=8, help="SmolLM2 layers to keep (8: ~48 MiB)")
     ap.add_argument("--no-wheels", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "build" / "gpucheck"))
+    ap.add_argument("--full", action="store_true", help="also cut the whole real models into parts (see above)")
+    ap.add_argument("--part-mib", type=int, default=58, help="with --full: the size of a part")
+    ap.add_argument("--join", action="store_true", help="on the device: join the parts into --models")
+    ap.add_argument("--models", default=str(ROOT / "models"))
     a = ap.parse_args()
     out = Path(a.out)
+    if a.join:
+        join_models(out, Path(a.models))
+        return
     if not a.no_wheels:
         fetch_wheels(out / "wheels")
     from pyllm import registry
     src = registry.local_path("smollm2-135m")
-    if src.is_file():
+    if a.full:   # the whole file goes instead of the cut one
+        for old in (out / "models").glob("*.gguf"):
+            old.unlink()
+    elif src.is_file():
         (out / "models").mkdir(parents=True, exist_ok=True)
         dst = out / "models" / f"smollm2-135m-{a.layers}layers.gguf"
         cut_model(src, dst, a.layers)
@@ -94,6 +194,14 @@ def main() -> None:
         print(f"no {src}: set PYLLM_MODELS; gpu_check.py will use a SmolLM2-shaped synthetic model", file=sys.stderr)
     total = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"{out}: {total / 2**20:.1f} MiB to carry (the working tree travels too: keep the sum under 64 MiB)")
+    if a.full:
+        files = [p for p in (registry.local_path("smollm2-135m"), registry.local_path("gemma3-270m")) if p.is_file()]
+        folders = split_models(files, out, a.part_mib << 20)
+        print(f"{len(folders)} parts; carry each in its own call, back to back:")
+        for i, f in enumerate(folders):
+            carry = [str(out.relative_to(ROOT))] * (i == 0) + [str(f.relative_to(ROOT))]
+            print(f"  run(command='true', carry={carry})")
+        print(f"  run(command='bash benchmarks/gpu_check.sh', carry={[str(out.relative_to(ROOT))]}, timeout_s=600)")
 
 
 if __name__ == "__main__":
