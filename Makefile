@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PROMPT ?= The three primary colors are
 CSRC := $(wildcard csrc/*.c csrc/*.h csrc/x86/*.c csrc/arm/*.c)
 
-.PHONY: install models test run build bench clean cuda
+.PHONY: install models test run build bench clean cuda cuda-emu
 
 install: $(VENV)/.installed models
 
@@ -23,7 +23,7 @@ build: $(VENV)/.installed
 models: $(VENV)/.installed
 	$(BIN)/pyllm pull smollm2-135m
 
-test: install
+test: install cuda-emu
 	$(BIN)/python -m pytest -q
 
 run: install
@@ -59,6 +59,34 @@ $(CUDA_LIB): $(CUDA_OBJ)
 $(CUDA_HOSTTEST): csrc/cuda/tests/hosttest.cu $(CUDA_HDR)
 	@mkdir -p build
 	$(NVCC) -O2 -std=c++17 -Xcompiler -fPIC -Xcompiler -ffp-contract=off -Icsrc -Icsrc/cuda -shared $< -o $@
+
+# the same CUDA sources compiled by g++ against the CUDA emulator (csrc/cuda/emu/): no GPU and
+# no nvcc needed; tests/test_cuda.py runs the kernels on it (and skips them, saying why, without g++)
+EMU_CXX ?= $(shell command -v g++ 2>/dev/null)
+EMU_FLAGS ?= -O2 -std=c++17 -fPIC -ffp-contract=off -Wall -Wno-unknown-pragmas
+EMU_OBJ := $(patsubst csrc/cuda/%.cu,build/cuda-emu/%.o,$(CUDA_SRC)) build/cuda-emu/cuda_emu.o \
+           build/cuda-emu/selftest.o
+EMU_HDR := $(CUDA_HDR) $(wildcard csrc/cuda/emu/*.h)
+EMU_LIB := build/libpyllm_cuda_emu.so
+
+cuda-emu:
+	@if [ -n "$(EMU_CXX)" ]; then $(MAKE) --no-print-directory $(EMU_LIB); \
+	else echo "g++ not found: the CUDA emulator is not built (tests/test_cuda.py skips the kernel tests)"; fi
+
+build/cuda-emu/%.o: csrc/cuda/%.cu $(EMU_HDR)
+	@mkdir -p build/cuda-emu
+	$(EMU_CXX) -x c++ $(EMU_FLAGS) -DPYLLM_CUDA_EMU -Icsrc -Icsrc/cuda -c $< -o $@
+
+build/cuda-emu/%.o: csrc/cuda/emu/%.cpp $(EMU_HDR)
+	@mkdir -p build/cuda-emu
+	$(EMU_CXX) $(EMU_FLAGS) -DPYLLM_CUDA_EMU -Icsrc -Icsrc/cuda -c $< -o $@
+
+build/cuda-emu/%.o: csrc/cuda/emu/%.cu $(EMU_HDR)
+	@mkdir -p build/cuda-emu
+	$(EMU_CXX) -x c++ $(EMU_FLAGS) -DPYLLM_CUDA_EMU -Icsrc -Icsrc/cuda -c $< -o $@
+
+$(EMU_LIB): $(EMU_OBJ)
+	$(EMU_CXX) -shared -o $@ $(EMU_OBJ)
 
 clean:
 	rm -rf build pyllm/_native*.so pyllm/_native.c *.egg-info
