@@ -596,6 +596,22 @@ def test_emulator_device_and_memory():
         gpu.close()
 
 
+def test_a_failed_call_does_not_fail_the_next_run(devices):
+    """A call that fails (freeing a pointer twice) reports its own error; the
+    runtime keeps that error as CUDA's "last error", which must not come back
+    as a launch failure of the next program's first kernel."""
+    host, gpu = devices
+    p = int(gpu.lib.pyllm_cuda_alloc(gpu.ctx, 64))
+    assert gpu.lib.pyllm_cuda_release(gpu.ctx, p) == 0
+    assert gpu.lib.pyllm_cuda_release(gpu.ctx, p) == -1
+    g = Graph()
+    x = g.buffer("x", 64)
+    g.scale(x, 2.0)
+    a = np.ones((1, 64), np.float32)
+    cpu, out = run_both(devices, g, {"x": a}, 1, ["x"])
+    np.testing.assert_array_equal(out["x"], 2 * a)
+
+
 def test_device_selection_never_picks_the_emulator(monkeypatch, tmp_path):
     """$PYLLM_CUDA_LIB naming the emulator: device=auto and n_gpu_layers=auto
     stay on the CPU; device=cuda with a number of layers uses it (no driver needed)."""
