@@ -116,9 +116,11 @@ void launch_kv_store(const pyllm_op *op, const exec &e) {
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
+/* 0.5 x (1 + tanh z), z = sqrt(2/pi) (x + 0.044715 x^3), as x / (1 + exp(-2z)) like the C
+ * core: 1 + tanh z cancels for negative x (it is 0 in float below x = -5) */
 __device__ __forceinline__ float gelu_tanh(float x) {
-    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
-    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+    const float c2 = 2.0f * 0.7978845608028654f; /* 2 sqrt(2/pi) */
+    return x / (1.0f + expf(-c2 * (x + 0.044715f * x * x * x)));
 }
 
 __global__ void glu_kernel(const float *__restrict__ G, int64_t g_stride, const float *__restrict__ U, int64_t u_stride,
