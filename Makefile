@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PROMPT ?= The three primary colors are
 CSRC := $(wildcard csrc/*.c csrc/*.h csrc/x86/*.c csrc/arm/*.c)
 
-.PHONY: install models test run build bench clean cuda cuda-emu
+.PHONY: install models test run build bench clean cuda cuda-emu cuda-emu-asan
 
 install: $(VENV)/.installed models
 
@@ -87,6 +87,21 @@ build/cuda-emu/%.o: csrc/cuda/emu/%.cu $(EMU_HDR)
 
 $(EMU_LIB): $(EMU_OBJ)
 	$(EMU_CXX) -shared -o $@ $(EMU_OBJ)
+
+# the emulator under AddressSanitizer and UBSan: a kernel reading or writing outside an
+# allocation, or misaligned, stops with a report. Run the emulator's tests on it with
+#   ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libubsan.so)" \
+#   PYLLM_CUDA_EMU_LIB=build/libpyllm_cuda_emu_asan.so $(BIN)/python -m pytest tests/test_cuda.py -k "emu or emulator"
+EMU_ASAN_FLAGS := -O1 -g -fno-omit-frame-pointer -std=c++17 -fPIC -ffp-contract=off -Wall -Wno-unknown-pragmas \
+                  -fsanitize=address,undefined,alignment -fno-sanitize-recover=all
+EMU_ASAN_SRC := $(CUDA_SRC) csrc/cuda/emu/selftest.cu
+
+cuda-emu-asan: build/libpyllm_cuda_emu_asan.so
+
+build/libpyllm_cuda_emu_asan.so: $(EMU_ASAN_SRC) csrc/cuda/emu/cuda_emu.cpp $(EMU_HDR)
+	@mkdir -p build
+	$(EMU_CXX) $(EMU_ASAN_FLAGS) -DPYLLM_CUDA_EMU -Icsrc -Icsrc/cuda -shared -o $@ \
+		-x c++ $(EMU_ASAN_SRC) -x none csrc/cuda/emu/cuda_emu.cpp
 
 clean:
 	rm -rf build pyllm/_native*.so pyllm/_native.c *.egg-info

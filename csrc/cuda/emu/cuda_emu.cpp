@@ -34,6 +34,13 @@
 #include <string>
 #include <vector>
 
+#if defined(__SANITIZE_ADDRESS__)   /* make cuda-emu-asan */
+#include <pthread.h>
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define PQEMU_ASAN 1
+#endif
+
 #if !defined(__x86_64__) || defined(PQEMU_UCONTEXT)
 #define PQEMU_USE_UCONTEXT 1
 #include <ucontext.h>
@@ -245,6 +252,26 @@ void read_order_env() {
     }
 }
 
+#ifdef PQEMU_ASAN
+const void *sched_stack;   /* the OS thread's stack, where the scheduler runs */
+size_t sched_stack_size;
+#endif
+
+/* switches from one context to a fiber's (or to the scheduler's, dest == nullptr), telling
+ * AddressSanitizer (in its build) which stack comes next */
+inline void go(context &from, context &to, const fiber *dest) {
+#ifdef PQEMU_ASAN
+    void *fake = nullptr;
+    __sanitizer_start_switch_fiber(&fake, dest ? dest->stack_top - STACK_BYTES : sched_stack,
+                                   dest ? STACK_BYTES : sched_stack_size);
+    switch_context(from, to);
+    __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+    (void)dest;
+    switch_context(from, to);
+#endif
+}
+
 /* ---- describing threads, for errors ---- */
 
 std::string where(const fiber &f) {
@@ -301,7 +328,7 @@ std::string describe_block() {
     blk.failed = true;
     fail_message = msg;
     fail_message += "; the block's threads:" + describe_block();
-    switch_context(current->ctx, scheduler);
+    go(current->ctx, scheduler, nullptr);
     abort();   /* a failed block is never resumed */
 }
 
@@ -317,9 +344,9 @@ inline void yield(fiber &f) {
     if (++run_pos < run_list.size()) {
         fiber &next = fibers[run_list[run_pos]];
         enter(next);
-        switch_context(f.ctx, next.ctx);
+        go(f.ctx, next.ctx, &next);
     } else {
-        switch_context(f.ctx, scheduler);
+        go(f.ctx, scheduler, nullptr);
     }
 }
 
@@ -334,6 +361,9 @@ inline bool same_site(const char *f1, int l1, const char *f2, int l2) {
 
 void fiber_main(void *p) {
     fiber *f = static_cast<fiber *>(p);
+#ifdef PQEMU_ASAN
+    __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);   /* the first arrival on this stack */
+#endif
     body_fn(body_arg);
     f->st = EXITED;
     blk.exited++;
@@ -400,6 +430,10 @@ bool run_block(uint64_t block_seed) {
         f.tid = t;
         f.idx = uint3{t % bd.x, (t / bd.x) % bd.y, t / (bd.x * bd.y)};
         f.st = RUNNABLE;
+#ifdef PQEMU_ASAN
+        /* frames a failed block left behind keep their redzones poisoned */
+        __asan_unpoison_memory_region(f.stack_top - STACK_BYTES, STACK_BYTES);
+#endif
         fresh_context(f.ctx, f.stack_top, fiber_main, &f);
         blk.ready[t >> 6] |= 1ull << (t & 63);
     }
@@ -412,7 +446,7 @@ bool run_block(uint64_t block_seed) {
             run_pos = 0;
             fiber &first = fibers[run_list[0]];
             enter(first);
-            switch_context(scheduler, first.ctx);
+            go(scheduler, first.ctx, &first);
             if (blk.failed) return false;
         }
         if (blk.exited == n) return true;
@@ -556,6 +590,14 @@ void run_grid(const launch_config &c, void (*body)(void *), void *arg) {
         return;
     }
     dyn_shared.assign(c.smem, 0);
+#ifdef PQEMU_ASAN
+    pthread_attr_t attr;
+    void *stack_lo = nullptr;
+    pthread_getattr_np(pthread_self(), &attr);
+    pthread_attr_getstack(&attr, &stack_lo, &sched_stack_size);
+    pthread_attr_destroy(&attr);
+    sched_stack = stack_lo;
+#endif
     body_fn = body;
     body_arg = arg;
     regs.grid_dim = c.grid;
@@ -680,14 +722,19 @@ const char *cudaGetErrorString(cudaError_t e) {
 
 cudaError_t cudaMalloc(void **ptr, size_t bytes) {
     *ptr = nullptr;
-    const size_t rounded = (bytes + 255) & ~(size_t)255;
+    const size_t rounded = (bytes + 255) & ~(size_t)255;   /* what the accounting counts */
+#ifdef PQEMU_ASAN
+    const size_t held = bytes ? bytes : 1;   /* exact: AddressSanitizer catches a kernel reading past the end */
+#else
+    const size_t held = rounded ? rounded : 256;
+#endif
     {
         std::lock_guard<std::mutex> hold(mem_lock);
         if (rounded > TOTAL_MEMORY - allocated) return set_error(cudaErrorMemoryAllocation);
     }
-    void *p = aligned_alloc(256, rounded ? rounded : 256);
-    if (!p) return set_error(cudaErrorMemoryAllocation);
-    memset(p, 0xff, rounded);   /* device memory starts as garbage: never as convenient zeros */
+    void *p = nullptr;
+    if (posix_memalign(&p, 256, held) != 0) return set_error(cudaErrorMemoryAllocation);
+    memset(p, 0xff, held);   /* device memory starts as garbage: never as convenient zeros */
     std::lock_guard<std::mutex> hold(mem_lock);
     device_allocs[(uintptr_t)p] = bytes;
     allocated += rounded;
