@@ -616,13 +616,15 @@ def test_emulator_device_and_memory():
 
 
 def test_a_failed_call_does_not_fail_the_next_run(devices):
-    """A call that fails (freeing a pointer twice) reports its own error; the
-    runtime keeps that error as CUDA's "last error", which must not come back
-    as a launch failure of the next program's first kernel."""
+    """A call that fails (freeing a pointer twice, too big an allocation)
+    reports its own error; CUDA also keeps it as the "last error", which must
+    not come back as a launch failure of the next program's first kernel."""
     host, gpu = devices
     p = int(gpu.lib.pyllm_cuda_alloc(gpu.ctx, 64))
     assert gpu.lib.pyllm_cuda_release(gpu.ctx, p) == 0
     assert gpu.lib.pyllm_cuda_release(gpu.ctx, p) == -1
+    assert gpu.lib.pyllm_cuda_alloc(gpu.ctx, gpu.free_memory() + (1 << 30)) == 0
+    assert "out of GPU memory" in cuda._error(gpu.lib, gpu.ffi)
     g = Graph()
     x = g.buffer("x", 64)
     g.scale(x, 2.0)
@@ -741,6 +743,24 @@ def test_attention_softcap(devices, tmp_path):
     ref = steps(CpuBackend(g, 2, 64, 64, 8, 16, device=host), tokens, [4, 1, 7])
     be, _ = all_on_gpu(g, host, gpu, shape)
     got = steps(be, tokens, [4, 1, 7])
+    be.close()
+    close_enough(got, ref, False)
+
+
+def test_streamed_prefill_matches_the_core(devices, tmp_path):
+    """A slow CPU and a fast link: prefill streams the CPU-resident layers'
+    weights through the GPU's staging area (decode stays split)."""
+    host, gpu = devices
+    _, g = build(synth.write_llama(tmp_path / "m.gguf", QT.Q4_K, n_layer=4))
+    shape = Shape(64, 64, 8, 16)
+    tokens = [int(t) for t in np.random.default_rng(2).integers(2, 500, 44)]
+    ref = steps(CpuBackend(g, 2, 64, 64, 8, 16, device=host), tokens, [5, 2, 7], n_prefill=40)
+    hw = Hardware(DeviceSpec("cpu", 100e9, 0.5e12, 1e-6), DeviceSpec("gpu", 300e9, 20e12, 1e-6),
+                  LinkSpec(16e9, 16e9, 0.0))
+    plan = Planner(g, hw, shape).plan(1)
+    assert plan.stream
+    be = SplitBackend(g, {"cpu": host, "gpu": gpu}, plan.schedules(g), shape, plan.stream_min_batch)
+    got = steps(be, tokens, [5, 2, 7], n_prefill=40)
     be.close()
     close_enough(got, ref, False)
 
