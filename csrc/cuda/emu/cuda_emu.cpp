@@ -24,7 +24,6 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
@@ -207,7 +206,6 @@ struct block_state {
 };
 
 std::vector<fiber> fibers;   /* the pool: fibers[i] is thread i of the running block */
-std::vector<char *> stacks;
 context scheduler;
 fiber *current = nullptr;
 block_state blk;
@@ -388,7 +386,6 @@ bool ensure_fibers(int n) {
         void *m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (m == MAP_FAILED) return false;
         mprotect(m, GUARD_BYTES, PROT_NONE);
-        stacks.push_back(static_cast<char *>(m));
         fibers.emplace_back();
         fibers.back().stack_top = static_cast<char *>(m) + bytes;
     }
@@ -431,7 +428,8 @@ bool run_block(uint64_t block_seed) {
         f.idx = uint3{t % bd.x, (t / bd.x) % bd.y, t / (bd.x * bd.y)};
         f.st = RUNNABLE;
 #ifdef PQEMU_ASAN
-        /* frames a failed block left behind keep their redzones poisoned */
+        /* a thread's last frames (fiber_main's, a failed block's) never return: their
+         * redzones stay poisoned */
         __asan_unpoison_memory_region(f.stack_top - STACK_BYTES, STACK_BYTES);
 #endif
         fresh_context(f.ctx, f.stack_top, fiber_main, &f);

@@ -285,9 +285,8 @@ launcher<P...> make_launcher(void (*kernel)(P...), dim3 grid, dim3 block, size_t
 }
 
 template <class T>
-T shuffle(unsigned mask, T v, int src, int width, const char *op, const char *file, int line) {
+T shuffle(unsigned mask, T v, int src, const char *op, const char *file, int line) {
     static_assert(std::is_trivially_copyable<T>::value && sizeof(T) <= 8, "shuffle of a value wider than 8 bytes");
-    (void)width;
     uint64_t bits = 0;
     memcpy(&bits, &v, sizeof v);
     bits = warp_exchange(mask, bits, src, op, file, line);
@@ -325,7 +324,7 @@ template <class T>
 T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32, const char *file = __builtin_FILE(),
               int line = __builtin_LINE()) {
     const int lane = pqemu::regs.lane, seg = lane & ~(width - 1);
-    return pqemu::shuffle(mask, v, seg + (src_lane & (width - 1)), width, "__shfl_sync", file, line);
+    return pqemu::shuffle(mask, v, seg + (src_lane & (width - 1)), "__shfl_sync", file, line);
 }
 
 template <class T>
@@ -334,7 +333,7 @@ T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32, const char 
     const int lane = pqemu::regs.lane, seg = lane & ~(width - 1);
     int src = lane ^ lane_mask;
     if (src >= seg + width) src = lane;
-    return pqemu::shuffle(mask, v, src, width, "__shfl_xor_sync", file, line);
+    return pqemu::shuffle(mask, v, src, "__shfl_xor_sync", file, line);
 }
 
 template <class T>
@@ -342,7 +341,7 @@ T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32, const cha
                    int line = __builtin_LINE()) {
     const int lane = pqemu::regs.lane;
     const int src = (lane & (width - 1)) + (int)delta < width ? lane + (int)delta : lane;
-    return pqemu::shuffle(mask, v, src, width, "__shfl_down_sync", file, line);
+    return pqemu::shuffle(mask, v, src, "__shfl_down_sync", file, line);
 }
 
 #endif
