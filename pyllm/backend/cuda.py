@@ -97,7 +97,7 @@ def available() -> tuple[bool, str]:
     """(a CUDA GPU can be used, what was found). $PYLLM_CUDA_LIB naming the emulator counts,
     without a driver; select.py still never picks it unless device=cuda is asked for."""
     lib = library_path()
-    if is_emulator(lib):
+    if os.environ.get("PYLLM_CUDA_LIB") and is_emulator(lib):   # only the variable can name it
         return True, f"the CUDA emulator ({lib}, from $PYLLM_CUDA_LIB): no GPU, kernels run on the CPU"
     n, why = driver_devices()
     if n == 0:
