@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PROMPT ?= The three primary colors are
 CSRC := $(wildcard csrc/*.c csrc/*.h csrc/x86/*.c csrc/arm/*.c)
 
-.PHONY: install models test run build bench clean cuda
+.PHONY: install models test run build bench clean cuda cuda-emu cuda-emu-asan
 
 install: $(VENV)/.installed models
 
@@ -23,7 +23,7 @@ build: $(VENV)/.installed
 models: $(VENV)/.installed
 	$(BIN)/pyllm pull smollm2-135m
 
-test: install
+test: install cuda-emu
 	$(BIN)/python -m pytest -q
 
 run: install
@@ -59,6 +59,49 @@ $(CUDA_LIB): $(CUDA_OBJ)
 $(CUDA_HOSTTEST): csrc/cuda/tests/hosttest.cu $(CUDA_HDR)
 	@mkdir -p build
 	$(NVCC) -O2 -std=c++17 -Xcompiler -fPIC -Xcompiler -ffp-contract=off -Icsrc -Icsrc/cuda -shared $< -o $@
+
+# the same CUDA sources compiled by g++ against the CUDA emulator (csrc/cuda/emu/): no GPU and
+# no nvcc needed; tests/test_cuda.py runs the kernels on it (and skips them, saying why, without g++)
+EMU_CXX ?= $(shell command -v g++ 2>/dev/null)
+EMU_FLAGS ?= -O2 -std=c++17 -fPIC -ffp-contract=off -Wall -Wno-unknown-pragmas
+EMU_OBJ := $(patsubst csrc/cuda/%.cu,build/cuda-emu/%.o,$(CUDA_SRC)) build/cuda-emu/cuda_emu.o \
+           build/cuda-emu/selftest.o
+EMU_HDR := $(CUDA_HDR) $(wildcard csrc/cuda/emu/*.h)
+EMU_LIB := build/libpyllm_cuda_emu.so
+
+cuda-emu:
+	@if [ -n "$(EMU_CXX)" ]; then $(MAKE) --no-print-directory $(EMU_LIB); \
+	else echo "g++ not found: the CUDA emulator is not built (tests/test_cuda.py skips the kernel tests)"; fi
+
+build/cuda-emu/%.o: csrc/cuda/%.cu $(EMU_HDR)
+	@mkdir -p build/cuda-emu
+	$(EMU_CXX) -x c++ $(EMU_FLAGS) -DPYLLM_CUDA_EMU -Icsrc -Icsrc/cuda -c $< -o $@
+
+build/cuda-emu/%.o: csrc/cuda/emu/%.cpp $(EMU_HDR)
+	@mkdir -p build/cuda-emu
+	$(EMU_CXX) $(EMU_FLAGS) -DPYLLM_CUDA_EMU -Icsrc -Icsrc/cuda -c $< -o $@
+
+build/cuda-emu/%.o: csrc/cuda/emu/%.cu $(EMU_HDR)
+	@mkdir -p build/cuda-emu
+	$(EMU_CXX) -x c++ $(EMU_FLAGS) -DPYLLM_CUDA_EMU -Icsrc -Icsrc/cuda -c $< -o $@
+
+$(EMU_LIB): $(EMU_OBJ)
+	$(EMU_CXX) -shared -o $@ $(EMU_OBJ)
+
+# the emulator under AddressSanitizer and UBSan: a kernel reading or writing outside an
+# allocation, or misaligned, stops with a report. Run the emulator's tests on it with
+#   ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libubsan.so)" \
+#   PYLLM_CUDA_EMU_LIB=build/libpyllm_cuda_emu_asan.so $(BIN)/python -m pytest tests/test_cuda.py -k "emu or emulator"
+EMU_ASAN_FLAGS := -O1 -g -fno-omit-frame-pointer -std=c++17 -fPIC -ffp-contract=off -Wall -Wno-unknown-pragmas \
+                  -fsanitize=address,undefined,alignment -fno-sanitize-recover=all
+EMU_ASAN_SRC := $(CUDA_SRC) csrc/cuda/emu/selftest.cu
+
+cuda-emu-asan: build/libpyllm_cuda_emu_asan.so
+
+build/libpyllm_cuda_emu_asan.so: $(EMU_ASAN_SRC) csrc/cuda/emu/cuda_emu.cpp $(EMU_HDR)
+	@mkdir -p build
+	$(EMU_CXX) $(EMU_ASAN_FLAGS) -DPYLLM_CUDA_EMU -Icsrc -Icsrc/cuda -shared -o $@ \
+		-x c++ $(EMU_ASAN_SRC) -x none csrc/cuda/emu/cuda_emu.cpp
 
 clean:
 	rm -rf build pyllm/_native*.so pyllm/_native.c *.egg-info

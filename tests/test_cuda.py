@@ -1,15 +1,33 @@
 """The CUDA backend against the C core.
 
-Without a GPU (CI, most machines) every test here that runs kernels is
-skipped with the reason; what can be checked without one still runs: the
-ABI declarations parse and agree with the C core's, and the built library
-(if `make cuda` ran) loads and reports no device instead of failing.
+Every kernel test runs twice: on a real GPU ([gpu], skipped without one)
+and on the CUDA emulator ([emu]: the same csrc/cuda/ sources compiled by
+g++ and run on the CPU, csrc/cuda/emu/; built by `make cuda-emu`, skipped
+with the reason where g++ is missing). The comparisons mean the same on
+both: each kernel against the C core on the same inputs (quantized
+activations byte for byte, embeddings and the KV cache bit for bit,
+elementwise ops and attention to float rounding, matmuls to float rounding
+since the integer part of every block's dot product is the same), whole
+synthetic models of every family (all on the GPU, and split with the CPU,
+counting the bus), and greedy decoding of the real models. On the emulator
+each kernel test also runs under three thread orders (forward, reverse,
+seeded shuffle), which must agree bit for bit: a kernel racing on shared
+memory does not.
 
-With a GPU: each kernel against the C core on the same inputs (quantized
-activations byte for byte, embeddings bit for bit, matmuls to float
-rounding, since the integer part of every block's dot product is the same),
-whole synthetic models of every family (all on the GPU, and split with the
-CPU, counting the bus), and greedy decoding of the real models."""
+What the emulator cannot show, a GPU run still must: timing, memory
+coherence beyond barriers (it runs a block's threads one at a time), the
+GPU's own libm (expf, tanhf, pow, sin, cos within 2 ulps) and FMA
+contraction (nvcc fuses a * b + c; g++ here does not) -- the tolerances
+above leave room for those.
+
+Without either, what can be checked still runs: the ABI declarations parse
+and agree with the C core's, and the built library (if `make cuda` ran)
+loads and reports no device instead of failing."""
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as QT
@@ -21,11 +39,11 @@ from pyllm.backend.base import CONTROL, D2H, H2D, Range, Shape, StepData
 from pyllm.backend.cpu import CpuBackend, HostDevice
 from pyllm.backend.placement import DeviceSpec, Hardware, LinkSpec, Planner
 from pyllm.backend.split import SplitBackend
-from pyllm.graph import ACT_F32, OP_ATTENTION, Graph, act_format
+from pyllm.errors import InvalidArgumentError
+from pyllm.graph import ACT_F32, GLU_GELU_TANH, GLU_SILU, OP_ATTENTION, ROPE_NEOX, ROPE_NORM, Graph, act_format
 from pyllm.model_file import ModelFile, Tensor
 
 GPU_OK, WHY = cuda.available()
-needs_gpu = pytest.mark.skipif(not GPU_OK, reason=f"no usable GPU: {WHY}")
 
 ALL_TYPES = [QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.IQ4_NL,
              QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K]
@@ -179,8 +197,8 @@ def fake_gpu(monkeypatch):
     host = HostDevice(2)
     fake = HostBackedCudaLib(ffi, host)
     monkeypatch.setattr(cuda, "load", lambda path=None: (ffi, fake))
-    monkeypatch.setattr(cuda, "device_info", lambda index=0: {"name": "host-backed", "total_bytes": 1 << 30,
-                                                                "cc": (0, 0)})
+    monkeypatch.setattr(cuda, "device_info", lambda index=0, library=None: {"name": "host-backed",
+                                                                              "total_bytes": 1 << 30, "cc": (0, 0)})
     gpu = cuda.CudaDevice(0)
     yield host, gpu, fake
     gpu.close()
@@ -217,14 +235,54 @@ def test_cuda_device_glue_on_host_memory(fake_gpu, tmp_path, stream):
     assert len(fake.mem) == 0     # every allocation released
 
 
+# -- the CUDA emulator -------------------------------------------------------------------------------
+
+_emulator: dict = {}
+
+
+def emulator_library():
+    """build/libpyllm_cuda_emu.so, brought up to date once per session by `make cuda-emu`
+    (incremental: the tests always run the kernels as they are in csrc/cuda/); skips saying
+    why when it cannot be built (no g++, no make). $PYLLM_CUDA_EMU_LIB names another build
+    of it instead (make cuda-emu-asan's, say)."""
+    if not _emulator and os.environ.get("PYLLM_CUDA_EMU_LIB"):
+        _emulator.update(path=Path(os.environ["PYLLM_CUDA_EMU_LIB"]), why="")
+    if not _emulator:
+        make = shutil.which("make")
+        if make is None:
+            why = "make not found: cannot build the CUDA emulator (make cuda-emu)"
+        else:
+            r = subprocess.run([make, "--no-print-directory", "-s", "cuda-emu"], cwd=cuda.REPO,
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                _emulator["error"] = f"make cuda-emu failed:\n{r.stdout}{r.stderr}"
+            why = r.stdout.strip() or "make cuda-emu built no library"
+        _emulator["path"] = cuda.emulator_path() if make else None
+        _emulator["why"] = why
+    if "error" in _emulator:
+        pytest.fail(_emulator["error"])
+    if _emulator["path"] is None:
+        pytest.skip(_emulator["why"])
+    return _emulator["path"]
+
+
+# The emulator runs a block's threads one at a time, each to its next barrier, in one of
+# these orders; a kernel that races on shared memory gives different bits under two of them.
+EMU_ORDERS = [("forward", 0), ("reverse", 0), ("shuffle", 1)]
+
+
 # -- kernels, one op at a time ----------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def devices():
-    if not GPU_OK:
-        pytest.skip(f"no usable GPU: {WHY}")
+@pytest.fixture(scope="module", params=["gpu", "emu"])
+def devices(request):
+    """(host, CUDA device): the real GPU, or the CUDA emulator running the same kernels on the CPU."""
+    if request.param == "gpu":
+        if not GPU_OK:
+            pytest.skip(f"no usable GPU: {WHY}")
+        gpu = cuda.CudaDevice(0)
+    else:
+        gpu = cuda.CudaDevice(0, library=emulator_library())
     host = HostDevice(2)
-    gpu = cuda.CudaDevice(0)
     yield host, gpu
     gpu.close()
     host.close()
@@ -236,29 +294,64 @@ def tensor(qtype, n_in, n_out, seed=0, name="w"):
     return Tensor(name, int(qtype), (n_in, n_out), 0, data.nbytes, data)
 
 
-def run_both(devices, g, inputs: dict, n: int, outputs, table=(0,), pos=None, tokens=None, shape=None):
-    """Runs graph g on the host and on the GPU from the same inputs; returns
-    ({name: host rows}, {name: gpu rows})."""
-    shape = shape or Shape(max(n, 1), max(n, 1), max(len(table), 1), 16)
-    step = StepData(np.asarray(tokens if tokens is not None else np.zeros(n), np.int32),
-                    np.asarray(pos if pos is not None else np.zeros(n), np.int32), np.asarray(table, np.int32), n)
+def read_kv(prog, layer):
+    """(K pool, V pool) of a layer as f16 bits, from a host or a CUDA program."""
+    if not isinstance(prog, cuda.CudaProgram):
+        return prog.k_cache[layer].view(np.uint16).copy(), prog.v_cache[layer].view(np.uint16).copy()
     out = []
-    for dev in devices:
+    for ptr in prog.kv(layer):
+        a = np.empty(prog.plan.kv[layer], np.uint16)
+        assert prog.lib.pyllm_cuda_download(prog.ctx, prog.ffi.from_buffer(a), ptr, a.nbytes) == 0
+        out.append(a)
+    return tuple(out)
+
+
+def run_both(devices, g, inputs: dict, n: int, outputs, table=(0,), pos=None, tokens=None, shape=None,
+             n_out=None, kv=()):
+    """Runs graph g on the host and on the GPU from the same inputs; returns
+    ({name: host rows}, {name: gpu rows}): n rows of each output (n_out of the
+    output head's), and the K, V pools of the layers in kv as "k<layer>",
+    "v<layer>". The emulator runs the program once per thread order of
+    EMU_ORDERS, and the orders must agree bit for bit."""
+    n_out = n_out or n
+    shape = shape or Shape(max(n, 1), max(n_out, 1), max(len(table), 1), 16)
+    step = StepData(np.asarray(tokens if tokens is not None else np.zeros(n), np.int32),
+                    np.asarray(pos if pos is not None else np.zeros(n), np.int32), np.asarray(table, np.int32), n_out)
+
+    def run(dev):
         prog = dev.bind(g, [Range(0, len(g.ops))], shape)
         for name, a in inputs.items():
             prog.write(name, 0, a)
         prog.run(0, step)
-        out.append({name: np.array(prog.read(name, 0, n)) for name in outputs})
+        out = {}
+        for name in outputs:
+            b = g.buffers.get(name)
+            out[name] = np.array(prog.read(name, 0, n_out if b is not None and b.rows == "out" else n))
+        for layer in kv:
+            out[f"k{layer}"], out[f"v{layer}"] = read_kv(prog, layer)
         prog.close()
-    return out
+        return out
+
+    host, gpu = devices
+    if not getattr(gpu, "emulated", False):
+        return run(host), run(gpu)
+    results = []
+    for order, seed in EMU_ORDERS:
+        gpu.set_order(order, seed)
+        results.append(run(gpu))
+    gpu.set_order("forward")
+    for (order, _), r in zip(EMU_ORDERS[1:], results[1:]):
+        for name in results[0]:
+            np.testing.assert_array_equal(r[name], results[0][name],
+                                          err_msg=f"{name}: thread order {order} changes the result (a race)")
+    return run(host), results[0]
 
 
-@needs_gpu
 @pytest.mark.parametrize("rows", [1, 5, 40])
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
 def test_matmul_matches_the_core(devices, qtype, rows):
     n_in = 512 if qtype in (QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K) else 576
-    n_out = 200                               # not a multiple of any tile
+    n_out = 203                               # not a multiple of any tile (4 rows, 64 rows)
     w = tensor(qtype, n_in, n_out)
     bias = np.random.default_rng(5).standard_normal(n_out).astype(np.float32)
     g = Graph()
@@ -275,7 +368,6 @@ def test_matmul_matches_the_core(devices, qtype, rows):
     assert err < 2e-5, err
 
 
-@needs_gpu
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
 def test_embedding_is_bit_exact(devices, qtype):
     n = 256
@@ -285,6 +377,296 @@ def test_embedding_is_bit_exact(devices, qtype):
     tokens = [0, 299, 17, 17, 150]
     cpu, gpu = run_both(devices, g, {}, len(tokens), ["x"], tokens=tokens)
     np.testing.assert_array_equal(gpu["x"], cpu["x"])
+
+
+def close_to_float_rounding(got, ref, rel_tol=1e-6):
+    """Equal up to float rounding: a few ulps of the largest value. The GPU adds
+    in other orders, fuses a * b + c into one FMA (nvcc's default) and has its
+    own expf, tanhf, pow, sin and cos (within 2 ulps); the emulator shares
+    libm with the C core and never fuses, so it is mostly bit-exact here."""
+    assert got.shape == ref.shape
+    err = np.abs(got.astype(np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30)
+    assert err <= rel_tol, err
+
+
+def op_case(case: str, rng):
+    """(graph, inputs, outputs, positions, exact) for one op (or the output head's first op)."""
+    g, n = Graph(), 12
+    x = g.buffer("x", 256)
+    inputs = {"x": (rng.standard_normal((n, 256)) * 3).astype(np.float32)}
+    pos = rng.integers(0, 5000, n)
+    w = rng.uniform(0.5, 1.5, 256).astype(np.float32)
+    second = {}
+    for name in ("up", "y", "k"):         # second inputs: batch rows, made before the head
+        second[name] = g.buffer(name, 128 if name == "k" else 256)
+        inputs[name] = rng.standard_normal((n, second[name].width)).astype(np.float32)
+    if case.startswith("head-"):          # the head's first op reads the last n_out rows
+        g.head()
+        case = case[5:]
+    if case == "rmsnorm":
+        g.rmsnorm(x, w, 1e-6, "out")
+    elif case == "rmsnorm-groups":        # q/k norms: one per head
+        g.rmsnorm(x, w[:64], 1e-5, "out", groups=4)
+    elif case in ("rope-norm", "rope-neox"):
+        k = second["k"]
+        if case == "rope-norm":
+            g.rope(x, k, 4, 2, 64, 64, ROPE_NORM, 10000.0)
+        else:   # partial rotation, linear scaling and per-pair factors (llama3, phi3 long rope)
+            factors = rng.uniform(1.0, 8.0, 16).astype(np.float32)
+            g.rope(x, k, 4, 2, 64, 32, ROPE_NEOX, 500000.0, freq_scale=0.25, freq_factors=factors)
+        return g, inputs, ["x", "k"], pos, False
+    elif case in ("glu-silu", "glu-gelu"):
+        g.glu(x, second["up"], GLU_SILU if case == "glu-silu" else GLU_GELU_TANH, "out")
+    elif case == "add":
+        g.add(x, second["y"])
+        return g, inputs, ["y"], pos, True
+    elif case == "scale":
+        g.scale(x, 0.37)
+        return g, inputs, ["x"], pos, True
+    elif case in ("linear-q4_k", "linear-f16"):
+        wt = tensor(QT.Q4_K if case == "linear-q4_k" else QT.F16, 256, 40)
+        g.linear(x, wt, "out")
+    else:
+        raise ValueError(case)
+    return g, inputs, ["out"], pos, False
+
+
+OP_CASES = ["rmsnorm", "rmsnorm-groups", "rope-norm", "rope-neox", "glu-silu", "glu-gelu", "add", "scale",
+            "head-rmsnorm", "head-glu-gelu", "head-add", "head-linear-q4_k", "head-linear-f16"]
+
+
+@pytest.mark.parametrize("case", OP_CASES)
+def test_op_matches_the_core(devices, case):
+    """Each elementwise and normalization kernel on the same inputs as the C
+    core; head-*: the op as the output head's first, reading the last 3 of 12
+    rows (a generation step's prefill)."""
+    g, inputs, outputs, pos, exact = op_case(case, np.random.default_rng(len(case)))
+    used = {v.name for op in g.ops for v in (op.x, op.x2, op.y) if v is not None}
+    inputs = {name: a for name, a in inputs.items() if name in used}
+    n_out = 3 if case.startswith("head-") else None
+    cpu, gpu = run_both(devices, g, inputs, 12, outputs, pos=pos, n_out=n_out, table=range(320),
+                        shape=Shape(12, n_out or 12, 320, 16))   # positions up to 5120 for RoPE
+    for name in outputs:
+        if exact:
+            np.testing.assert_array_equal(gpu[name], cpu[name])
+        else:
+            close_to_float_rounding(gpu[name], cpu[name], 2e-5 if "linear" in case else 1e-6)
+        if "glu" in case:   # element by element too: gates down to -10 give results near 1e-30
+            np.testing.assert_allclose(gpu[name], cpu[name], rtol=4e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("n_head,n_kv_head,hd,window,softcap", [
+    (4, 2, 64, 0, 0.0),      # grouped-query heads
+    (2, 1, 256, 37, 5.0),    # one KV head (Gemma), a sliding window, soft-capped scores
+    (3, 3, 80, 0, 0.0),      # a head size that is no multiple of 32
+], ids=["gqa", "window-softcap-hd256", "hd80"])
+def test_kv_store_and_attention_match_the_core(devices, n_head, n_kv_head, hd, window, softcap):
+    """160 positions (two attention tiles) through a shuffled block table: the
+    KV cache bit for bit (f16 rounding is exact on both), every row's
+    attention to float rounding."""
+    rng = np.random.default_rng(hd)
+    n, bs = 160, 16
+    g = Graph()
+    g.layer = 0
+    q, k, v = g.buffer("q", n_head * hd), g.buffer("k", n_kv_head * hd), g.buffer("v", n_kv_head * hd)
+    g.attention(q, k, v, n_head, n_kv_head, hd, 1.0 / np.sqrt(hd), "y", window=window, softcap=softcap)
+    inputs = {name: (rng.standard_normal((n, b.width)) * 2).astype(np.float32) for name, b in g.buffers.items()
+              if name != "y"}
+    table = list(rng.permutation(12))[:n // bs]
+    cpu, gpu = run_both(devices, g, inputs, n, ["y"], table=table, pos=np.arange(n), kv=[0],
+                        shape=Shape(n, n, 12, bs))
+    np.testing.assert_array_equal(gpu["k0"], cpu["k0"])
+    np.testing.assert_array_equal(gpu["v0"], cpu["v0"])
+    close_to_float_rounding(gpu["y"], cpu["y"], 2e-6)
+
+
+# -- the emulator itself ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def emu():
+    """(ffi, lib) of the CUDA emulator's library"""
+    return cuda.load(emulator_library())
+
+
+def selftest(emu, which: int, n_out: int = 1024):
+    """(cudaError_t, message, out) of one of the emulator's test kernels (csrc/cuda/emu/selftest.cu)"""
+    ffi, lib = emu
+    out = np.zeros(n_out, np.float32)
+    msg = ffi.new("char[]", 8192)
+    rc = lib.pyllm_cuda_emu_selftest(which, ffi.cast("float *", ffi.from_buffer(out)), n_out, msg, 8192)
+    return rc, ffi.string(msg).decode(), out
+
+
+@pytest.mark.parametrize("order", [o for o, _ in EMU_ORDERS])
+def test_emulator_runs_barriers_and_shuffles(emu, order):
+    ffi, lib = emu
+    lib.pyllm_cuda_emu_set_order(cuda.EMU_ORDERS[order], 3)
+    try:
+        rc, msg, out = selftest(emu, lib.PYLLM_CUDA_EMU_TEST_GOOD)
+        assert rc == 0, msg
+        t = np.arange(256)
+        assert out[0] == t.sum()
+        np.testing.assert_array_equal(out[1:257], t & ~31)                         # __shfl_sync from lane 0
+        np.testing.assert_array_equal(out[257:513], np.where(t % 32 < 31, t + 1, t))   # __shfl_down_sync by 1
+        rc, msg, out = selftest(emu, lib.PYLLM_CUDA_EMU_TEST_INDICES)
+        assert rc == 0, msg
+        x, y, z = np.meshgrid(np.arange(4), np.arange(2), np.arange(2), indexing="ij")
+        within = (x + 10 * y + 100 * z).transpose(2, 1, 0).reshape(-1)            # thread id = x + 4 (y + 2 z)
+        bx, by = np.meshgrid(np.arange(2), np.arange(3), indexing="xy")
+        blocks = (1000 * bx + 10000 * by).reshape(-1)                            # block id = x + 2 y
+        np.testing.assert_array_equal(out[:96], (blocks[:, None] + within[None, :]).reshape(-1))
+    finally:
+        lib.pyllm_cuda_emu_set_order(0, 0)
+
+
+def test_emulator_thread_order_exposes_a_race(emu):
+    """A thread reading what its neighbour writes, with no barrier between:
+    forward order reads the old value, reverse order the new one."""
+    ffi, lib = emu
+    got = {}
+    for order in ("forward", "reverse"):
+        lib.pyllm_cuda_emu_set_order(cuda.EMU_ORDERS[order], 0)
+        rc, msg, out = selftest(emu, lib.PYLLM_CUDA_EMU_TEST_RACE)
+        assert rc == 0, msg
+        got[order] = out[:256]
+    lib.pyllm_cuda_emu_set_order(0, 0)
+    np.testing.assert_array_equal(got["reverse"][:255], np.arange(2, 257))
+    np.testing.assert_array_equal(got["forward"][:255], 0)
+
+
+@pytest.mark.parametrize("case,words", [
+    ("DIVERGENT_BARRIER", ["divergent __syncthreads", "selftest.cu"]),
+    ("EXIT_BEFORE_BARRIER", ["thread (5,0,0) exited", "wait at __syncthreads"]),
+    ("EXITED_LANE", ["thread (3,0,0) exited while lane", "__shfl_xor_sync (common.cuh"]),
+    ("DEADLOCK", ["deadlock", "thread 0: __syncwarp", "threads 1-63: __syncthreads"]),
+    ("PARTIAL_WARP", ["names lanes the block does not have"]),
+    ("BAD_CONFIG", ["invalid configuration argument", "1024 threads"]),
+])
+def test_emulator_reports_broken_rules(emu, case, words):
+    """Kernels that break CUDA's rules end with an error naming the kernel,
+    the threads and the source lines; nothing hangs, and the next launch runs."""
+    ffi, lib = emu
+    rc, msg, _ = selftest(emu, getattr(lib, f"PYLLM_CUDA_EMU_TEST_{case}"))
+    assert rc == (9 if case == "BAD_CONFIG" else 719), msg   # cudaErrorInvalidConfiguration, LaunchFailure
+    for w in words:
+        assert w in msg, msg
+    assert selftest(emu, lib.PYLLM_CUDA_EMU_TEST_GOOD)[0] == 0
+
+
+def test_emulator_poisons_dynamic_shared_memory(emu):
+    """Dynamic shared memory is garbage (NaN) in every block until written, as
+    on the GPU, not the zeros a buggy kernel could get away with."""
+    ffi, lib = emu
+    rc, msg, out = selftest(emu, lib.PYLLM_CUDA_EMU_TEST_SHARED_POISON)
+    assert rc == 0, msg
+    assert np.isnan(out[:128]).all()
+
+
+def test_emulator_fp16_conversions_are_exact(emu):
+    """__half2float for every half; __float2half_rn (round to nearest even,
+    subnormals, overflow) as numpy for every non-NaN float tried, NaN to the
+    canonical 0x7fff as the GPU's cvt.rn.f16.f32 gives."""
+    ffi, lib = emu
+    h = np.arange(1 << 16, dtype=np.uint16)
+    f = np.empty(1 << 16, np.float32)
+    lib.pyllm_cuda_emu_f16_to_f32(ffi.cast("uint16_t *", ffi.from_buffer(h)), ffi.cast("float *", ffi.from_buffer(f)),
+                                  len(h))
+    np.testing.assert_array_equal(f.view(np.uint32), h.view(np.float16).astype(np.float32).view(np.uint32))
+    rng = np.random.default_rng(0)
+    halves = h.view(np.float16).astype(np.float32)
+    finite = np.arange(0x7c00, dtype=np.uint16).view(np.float16).astype(np.float64)   # 0 .. 65504
+    mids = (finite[:-1] + finite[1:]) / 2                                 # exact ties between neighbours
+    mids = np.concatenate([mids, -mids])
+    x = np.concatenate([rng.integers(0, 1 << 32, 200000, dtype=np.uint64).astype(np.uint32).view(np.float32),
+                        halves, mids.astype(np.float32), np.nextafter(mids.astype(np.float32), np.float32(0)),
+                        np.float32([65504, 65519.99, 65520, 1e-8, 2.0 ** -25, 2.0 ** -24, np.inf, -np.inf])])
+    x = x[~np.isnan(x)]
+    out = np.empty(len(x), np.uint16)
+    lib.pyllm_cuda_emu_f32_to_f16(ffi.cast("float *", ffi.from_buffer(x)), ffi.cast("uint16_t *", ffi.from_buffer(out)),
+                                  len(x))
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(out, x.astype(np.float16).view(np.uint16))
+    nan = np.float32([np.nan, -np.nan]).copy()
+    nan_out = np.empty(2, np.uint16)
+    lib.pyllm_cuda_emu_f32_to_f16(ffi.cast("float *", ffi.from_buffer(nan)),
+                                  ffi.cast("uint16_t *", ffi.from_buffer(nan_out)), 2)
+    assert list(nan_out) == [0x7fff, 0x7fff]
+
+
+def test_emulator_device_and_memory():
+    """What the emulator says it is, its memory accounting, and copies outside
+    an allocation refused (a caller's bug, which a GPU might not report)."""
+    gpu = cuda.CudaDevice(0, library=emulator_library())
+    try:
+        assert gpu.emulated and gpu.info["name"] == "pyllm CUDA emulator" and gpu.info["cc"] == (9, 0)
+        free0 = gpu.free_memory()
+        p = int(gpu.lib.pyllm_cuda_alloc(gpu.ctx, 1000))
+        assert p and gpu.free_memory() == free0 - 1024
+        a = np.arange(1000, dtype=np.uint8)
+        assert gpu.lib.pyllm_cuda_upload(gpu.ctx, p, gpu.ffi.from_buffer(a), 1000) == 0
+        assert gpu.lib.pyllm_cuda_upload(gpu.ctx, p + 1, gpu.ffi.from_buffer(a), 1000) == -1
+        assert "invalid argument" in cuda._error(gpu.lib, gpu.ffi)
+        assert gpu.lib.pyllm_cuda_release(gpu.ctx, p) == 0
+        assert gpu.lib.pyllm_cuda_release(gpu.ctx, p) == -1                       # twice
+        assert gpu.free_memory() == free0
+        with pytest.raises(InvalidArgumentError):
+            gpu.set_order("sideways")
+    finally:
+        gpu.close()
+
+
+def test_a_failed_call_does_not_fail_the_next_run(devices):
+    """A call that fails (freeing a pointer twice, too big an allocation)
+    reports its own error; CUDA also keeps it as the "last error", which must
+    not come back as a launch failure of the next program's first kernel."""
+    host, gpu = devices
+    p = int(gpu.lib.pyllm_cuda_alloc(gpu.ctx, 64))
+    assert gpu.lib.pyllm_cuda_release(gpu.ctx, p) == 0
+    assert gpu.lib.pyllm_cuda_release(gpu.ctx, p) == -1
+    assert gpu.lib.pyllm_cuda_alloc(gpu.ctx, gpu.free_memory() + (1 << 30)) == 0
+    assert "out of GPU memory" in cuda._error(gpu.lib, gpu.ffi)
+    g = Graph()
+    x = g.buffer("x", 64)
+    g.scale(x, 2.0)
+    a = np.ones((1, 64), np.float32)
+    cpu, out = run_both(devices, g, {"x": a}, 1, ["x"])
+    np.testing.assert_array_equal(out["x"], 2 * a)
+
+
+def test_copy_probes(devices):
+    """The copy-rate and latency probes placement calibrates with: every kind
+    runs and gives a rate (pinned and pageable host memory, device to device)."""
+    host, gpu = devices
+    for kind in range(5):
+        assert gpu.lib.pyllm_cuda_copy_rate(gpu.ctx, kind, 1 << 20, 2) > 0, kind
+    assert 0 < gpu.lib.pyllm_cuda_copy_latency(gpu.ctx, 3) < 1
+
+
+def test_device_selection_never_picks_the_emulator(monkeypatch, tmp_path):
+    """$PYLLM_CUDA_LIB naming the emulator: device=auto and n_gpu_layers=auto
+    stay on the CPU; device=cuda with a number of layers uses it (no driver needed)."""
+    from pyllm.backend.select import gpu_device, make_backend
+    monkeypatch.setenv("PYLLM_CUDA_LIB", str(emulator_library()))
+    assert cuda.available()[0]
+    host = HostDevice(1)
+    dev, why = gpu_device("auto", host)
+    assert dev is None and "never picks it" in why
+    host.close()
+    _, g = build(synth.write_llama(tmp_path / "m.gguf", QT.Q8_0))
+    hw = Hardware(DeviceSpec("cpu", 50e9, 1e12, 1e-6), DeviceSpec("gpu", 1e12, 1e14, 1e-6), LinkSpec(16e9, 16e9, 1e-5))
+    shape = Shape(8, 8, 4, 16)
+    be, plan = make_backend(g, 1, shape, "auto", "cuda", hardware=hw)
+    assert isinstance(be, CpuBackend) and plan is None
+    be.close()
+    be, plan = make_backend(g, 1, shape, "all", "cuda", hardware=hw)
+    assert isinstance(be, SplitBackend) and plan.uses_gpu
+    assert any(getattr(d, "emulated", False) for d in be.devices.values())
+    tokens = [5, 9, 14]
+    got = be.forward(tokens, 0, [0], 3).copy()
+    be.close()
+    ref = CpuBackend(g, 1, 8, 8, 4, 16)
+    close_enough(got, ref.forward(tokens, 0, [0], 3), False)
+    ref.close()
 
 
 # -- whole models -----------------------------------------------------------------------------------------
@@ -330,7 +712,6 @@ def close_enough(got, ref, float_weights):
     assert (got.argmax(1)[clear] == ref.argmax(1)[clear]).all()
 
 
-@needs_gpu
 @pytest.mark.parametrize("family,qtype", [("llama", QT.Q4_0), ("llama", QT.Q4_K), ("mistral", QT.Q8_0),
                                           ("qwen2", QT.Q4_1), ("qwen3", QT.Q6_K), ("phi3", QT.Q5_K),
                                           ("gemma3", QT.F16)], ids=lambda x: getattr(x, "name", x))
@@ -351,7 +732,6 @@ def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     close_enough(got, ref, qtype in (QT.F32, QT.F16, QT.BF16))
 
 
-@needs_gpu
 def test_attention_softcap(devices, tmp_path):
     host, gpu = devices
     _, g = build(synth.write_llama(tmp_path / "m.gguf", QT.Q8_0))
@@ -367,7 +747,24 @@ def test_attention_softcap(devices, tmp_path):
     close_enough(got, ref, False)
 
 
-@needs_gpu
+def test_streamed_prefill_matches_the_core(devices, tmp_path):
+    """A slow CPU and a fast link: prefill streams the CPU-resident layers'
+    weights through the GPU's staging area (decode stays split)."""
+    host, gpu = devices
+    _, g = build(synth.write_llama(tmp_path / "m.gguf", QT.Q4_K, n_layer=4))
+    shape = Shape(64, 64, 8, 16)
+    tokens = [int(t) for t in np.random.default_rng(2).integers(2, 500, 44)]
+    ref = steps(CpuBackend(g, 2, 64, 64, 8, 16, device=host), tokens, [5, 2, 7], n_prefill=40)
+    hw = Hardware(DeviceSpec("cpu", 100e9, 0.5e12, 1e-6), DeviceSpec("gpu", 300e9, 20e12, 1e-6),
+                  LinkSpec(16e9, 16e9, 0.0))
+    plan = Planner(g, hw, shape).plan(1)
+    assert plan.stream
+    be = SplitBackend(g, {"cpu": host, "gpu": gpu}, plan.schedules(g), shape, plan.stream_min_batch)
+    got = steps(be, tokens, [5, 2, 7], n_prefill=40)
+    be.close()
+    close_enough(got, ref, False)
+
+
 def test_split_with_the_gpu_counts_the_bus(devices, tmp_path):
     host, gpu = devices
     arch, g = build(synth.write_llama(tmp_path / "m.gguf", QT.Q4_K, n_layer=4))
@@ -389,18 +786,30 @@ def test_split_with_the_gpu_counts_the_bus(devices, tmp_path):
     be.close()
 
 
-@needs_gpu
 @pytest.mark.model
 @pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
-def test_real_model_greedy_tokens(name):
+@pytest.mark.parametrize("device", ["gpu", "emu"])
+def test_real_model_greedy_tokens(name, device, monkeypatch):
+    """The real models' greedy tokens: all layers on the GPU, and 8 of them
+    (split with the CPU), as on the CPU alone. On the emulator: SmolLM2's
+    first 4 tokens (about 25 s: 9 heads over 3 KV heads, a 49152 vocabulary);
+    Gemma 3 stays GPU-only (about 20 s per 3 tokens under emulation, its
+    262144-row output matmul)."""
     from pyllm import Model, registry
+    if device == "gpu" and not GPU_OK:
+        pytest.skip(f"no usable GPU: {WHY}")
+    if device == "emu":
+        if name != "smollm2-135m":
+            pytest.skip("gemma3-270m is too slow on the CUDA emulator (20 s per 3 tokens): GPU only")
+        monkeypatch.setenv("PYLLM_CUDA_LIB", str(emulator_library()))   # device="cuda" then means it
     path = registry.local_path(name)
     if not path.is_file():
         pytest.skip(f"{path} is not here (the GPU machine has no network: carry it, see benchmarks/gpu_pack.py)")
     prompt = "The three primary colors are"
+    n = 24 if device == "gpu" else 4
     out = {}
     for ngl in (0, "all", 8):
         with Model(path, n_ctx=512, n_gpu_layers=ngl, device="cuda" if ngl else None) as m:
-            out[ngl] = m.generate(prompt, max_tokens=24, temperature=0).tokens
+            out[ngl] = m.generate(prompt, max_tokens=n, temperature=0).tokens
     assert out["all"] == out[0]
     assert out[8] == out[0]

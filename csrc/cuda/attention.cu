@@ -29,7 +29,7 @@ attention_kernel(const float *__restrict__ Q, int64_t q_stride, float *__restric
                  const __half *__restrict__ Kc, const __half *__restrict__ Vc, const int32_t *__restrict__ pos,
                  const int32_t *__restrict__ table, int block_size, int n_head, int n_kv_head, int hd, float scale,
                  float softcap, int window) {
-    extern __shared__ float sm[];
+    PQ_EXTERN_SHARED(float, sm);
     float *s_q = sm;                                              /* hd */
     float *s_p = s_q + hd;                                        /* ATT_TILE scores, then weights */
     long long *s_off = reinterpret_cast<long long *>(sm + ((hd + ATT_TILE + 1) & ~1)); /* ATT_TILE K/V offsets */
@@ -98,7 +98,7 @@ attention_kernel(const float *__restrict__ Q, int64_t q_stride, float *__restric
 void launch_attention(const pyllm_op *op, const exec &e) {
     dim3 grid(op->n_head, e.rows);
     const size_t smem = (size_t)((op->head_dim + ATT_TILE + 1) & ~1) * sizeof(float) + ATT_TILE * sizeof(long long);
-    attention_kernel<<<grid, ATT_THREADS, smem, e.stream>>>(
+    PQ_LAUNCH(grid, ATT_THREADS, smem, e.stream, attention_kernel)(
         op->x, op->x_stride, op->y, op->y_stride, (const __half *)op->k_cache, (const __half *)op->v_cache, e.pos,
         e.table, e.block_size, op->n_head, op->n_kv_head, op->head_dim, op->scale, op->softcap, op->window);
 }

@@ -11,8 +11,21 @@
 #include <cstddef>
 #include <cstdint>
 
+/* PQ_LAUNCH(grid, block, smem, stream, kernel)(args...) is kernel<<<grid, block, smem,
+ * stream>>>(args...), which only nvcc parses; PQ_EXTERN_SHARED(type, name) is dynamic
+ * shared memory, `extern __shared__ type name[]`. The kernel comes last because a
+ * template's name may hold commas (mmv_q<T, 1>). With -DPYLLM_CUDA_EMU, g++ compiles
+ * these files for the CUDA emulator (make cuda-emu, emu/cuda_emu.h). */
+#ifdef PYLLM_CUDA_EMU
+#include "emu/cuda_emu.h"
+#define PQ_LAUNCH(grid, block, smem, stream, ...) PQEMU_LAUNCH(grid, block, smem, stream, __VA_ARGS__)
+#define PQ_EXTERN_SHARED(type, name) PQEMU_EXTERN_SHARED(type, name)
+#else
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#define PQ_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<grid, block, smem, stream>>>
+#define PQ_EXTERN_SHARED(type, name) extern __shared__ type name[]
+#endif
 
 extern "C" {
 #include "pyllm.h"

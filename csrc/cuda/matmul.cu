@@ -266,15 +266,15 @@ static void matmul_q(const pyllm_op *op, const exec &e) {
     const bool acc = op->flags & OPF_ACCUMULATE;
     const uint8_t *w = (const uint8_t *)op->w;
     if (e.rows == 1) {
-        mmv_q<T, 1><<<blocks_for(n_out, MMV_WARPS), MMV_WARPS * 32, 0, e.stream>>>(
+        PQ_LAUNCH(blocks_for(n_out, MMV_WARPS), MMV_WARPS * 32, 0, e.stream, mmv_q<T, 1>)(
             w, row_bytes, groups, n_out, x, xrb, e.rows, op->y, op->y_stride, op->bias, acc);
     } else if (e.rows <= MMV_MAX_ROWS) {
-        mmv_q<T, MMV_MAX_ROWS><<<blocks_for(n_out, MMV_WARPS), MMV_WARPS * 32, 0, e.stream>>>(
+        PQ_LAUNCH(blocks_for(n_out, MMV_WARPS), MMV_WARPS * 32, 0, e.stream, mmv_q<T, MMV_MAX_ROWS>)(
             w, row_bytes, groups, n_out, x, xrb, e.rows, op->y, op->y_stride, op->bias, acc);
     } else {
         dim3 grid(blocks_for(n_out, TM), blocks_for(e.rows, TN));
-        mmq<T><<<grid, 128, 0, e.stream>>>(w, row_bytes, groups, n_out, x, xrb, e.rows, op->y, op->y_stride,
-                                           op->bias, acc);
+        PQ_LAUNCH(grid, 128, 0, e.stream, mmq<T>)(w, row_bytes, groups, n_out, x, xrb, e.rows, op->y, op->y_stride,
+                                                  op->bias, acc);
     }
 }
 
@@ -287,15 +287,15 @@ static void matmul_f(const pyllm_op *op, const exec &e) {
     const bool acc = op->flags & OPF_ACCUMULATE;
     const uint8_t *w = (const uint8_t *)op->w;
     if (e.rows == 1) {
-        mmv_f<T, 1><<<blocks_for(n_out, MMV_WARPS), MMV_WARPS * 32, 0, e.stream>>>(
+        PQ_LAUNCH(blocks_for(n_out, MMV_WARPS), MMV_WARPS * 32, 0, e.stream, mmv_f<T, 1>)(
             w, row_bytes, n, n_out, x, op->x_stride, e.rows, op->y, op->y_stride, op->bias, acc);
     } else if (e.rows <= MMV_MAX_ROWS) {
-        mmv_f<T, MMV_MAX_ROWS><<<blocks_for(n_out, MMV_WARPS), MMV_WARPS * 32, 0, e.stream>>>(
+        PQ_LAUNCH(blocks_for(n_out, MMV_WARPS), MMV_WARPS * 32, 0, e.stream, mmv_f<T, MMV_MAX_ROWS>)(
             w, row_bytes, n, n_out, x, op->x_stride, e.rows, op->y, op->y_stride, op->bias, acc);
     } else {
         dim3 grid(blocks_for(n_out, TM), blocks_for(e.rows, TN));
-        mmf<T><<<grid, 128, 0, e.stream>>>(w, row_bytes, n, n_out, x, op->x_stride, e.rows, op->y, op->y_stride,
-                                           op->bias, acc);
+        PQ_LAUNCH(grid, 128, 0, e.stream, mmf<T>)(w, row_bytes, n, n_out, x, op->x_stride, e.rows, op->y,
+                                                  op->y_stride, op->bias, acc);
     }
 }
 
@@ -379,9 +379,9 @@ void launch_quantize(const pyllm_op *op, const exec &e) {
     const int nb = (int)(op->n_in / (op->type == ACT_Q8_K ? 256 : 32));
     dim3 grid(blocks_for(nb, 8), e.rows);
     if (op->type == ACT_Q8_K)
-        quantize_q8_K<<<grid, 256, 0, e.stream>>>(x, op->x_stride, (uint8_t *)op->xq, orb, nb);
+        PQ_LAUNCH(grid, 256, 0, e.stream, quantize_q8_K)(x, op->x_stride, (uint8_t *)op->xq, orb, nb);
     else
-        quantize_q8_32<<<grid, 256, 0, e.stream>>>(x, op->x_stride, (uint8_t *)op->xq, orb, nb);
+        PQ_LAUNCH(grid, 256, 0, e.stream, quantize_q8_32)(x, op->x_stride, (uint8_t *)op->xq, orb, nb);
 }
 
 }  // namespace pq

@@ -21,8 +21,8 @@ __global__ void embed_kernel(const uint8_t *__restrict__ W, size_t row_bytes, in
 
 void launch_embed(const pyllm_op *op, const exec &e) {
     dim3 grid(blocks_for(op->n_in, 256), e.rows);
-    embed_kernel<<<grid, 256, 0, e.stream>>>((const uint8_t *)op->w, weight_row_bytes(op->type, op->n_in), op->type,
-                                             op->n_in, e.tokens, op->y, op->y_stride, op->scale);
+    PQ_LAUNCH(grid, 256, 0, e.stream, embed_kernel)((const uint8_t *)op->w, weight_row_bytes(op->type, op->n_in),
+                                                    op->type, op->n_in, e.tokens, op->y, op->y_stride, op->scale);
 }
 
 /* ---- RMSNorm over groups of n: one block of 256 per (group, row); sums in double as the CPU ---- */
@@ -51,8 +51,8 @@ __global__ void rmsnorm_kernel(const float *__restrict__ X, int64_t x_stride, fl
 void launch_rmsnorm(const pyllm_op *op, const exec &e) {
     const int groups = op->n_head > 0 ? op->n_head : 1;
     dim3 grid(groups, e.rows);
-    rmsnorm_kernel<<<grid, 256, 0, e.stream>>>(op->x + (int64_t)e.row0 * op->x_stride, op->x_stride, op->y,
-                                               op->y_stride, (const float *)op->w, op->n_in, op->eps);
+    PQ_LAUNCH(grid, 256, 0, e.stream, rmsnorm_kernel)(op->x + (int64_t)e.row0 * op->x_stride, op->x_stride, op->y,
+                                                      op->y_stride, (const float *)op->w, op->n_in, op->eps);
 }
 
 /* ---- RoPE: theta_i = pos * freq_scale * base^(-2i/n_rot) / factors[i], in double as the CPU ---- */
@@ -85,9 +85,9 @@ void launch_rope(const pyllm_op *op, const exec &e) {
     const int items = (op->x ? op->n_head * half : 0) + (op->x2 ? op->n_kv_head * half : 0);
     if (items == 0) return;
     dim3 grid(blocks_for(items, 128), e.rows);
-    rope_kernel<<<grid, 128, 0, e.stream>>>(op->x, op->x_stride, op->x2, op->x2_stride, e.pos, op->n_head,
-                                            op->n_kv_head, op->head_dim, op->n_rot, op->rope_mode, op->freq_base,
-                                            op->freq_scale, op->freq_factors);
+    PQ_LAUNCH(grid, 128, 0, e.stream, rope_kernel)(op->x, op->x_stride, op->x2, op->x2_stride, e.pos, op->n_head,
+                                                   op->n_kv_head, op->head_dim, op->n_rot, op->rope_mode,
+                                                   op->freq_base, op->freq_scale, op->freq_factors);
 }
 
 /* ---- KV store: cache[slot of pos[t]] = f16(k[t]), f16(v[t]) ---- */
@@ -107,17 +107,20 @@ __global__ void kv_store_kernel(const float *__restrict__ Kx, int64_t k_stride, 
 void launch_kv_store(const pyllm_op *op, const exec &e) {
     const int64_t kv_dim = (int64_t)op->n_kv_head * op->head_dim;
     dim3 grid(blocks_for(kv_dim, 256), e.rows);
-    kv_store_kernel<<<grid, 256, 0, e.stream>>>(op->x, op->x_stride, op->x2, op->x2_stride, (__half *)op->k_cache,
-                                                (__half *)op->v_cache, e.pos, e.table, e.block_size, kv_dim);
+    PQ_LAUNCH(grid, 256, 0, e.stream, kv_store_kernel)(op->x, op->x_stride, op->x2, op->x2_stride,
+                                                       (__half *)op->k_cache, (__half *)op->v_cache, e.pos, e.table,
+                                                       e.block_size, kv_dim);
 }
 
 /* ---- elementwise ---- */
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
+/* 0.5 x (1 + tanh z), z = sqrt(2/pi) (x + 0.044715 x^3), as x / (1 + exp(-2z)) like the C
+ * core: 1 + tanh z cancels for negative x (it is 0 in float below x = -5) */
 __device__ __forceinline__ float gelu_tanh(float x) {
-    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
-    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+    const float c2 = 2.0f * 0.7978845608028654f; /* 2 sqrt(2/pi) */
+    return x / (1.0f + expf(-c2 * (x + 0.044715f * x * x * x)));
 }
 
 __global__ void glu_kernel(const float *__restrict__ G, int64_t g_stride, const float *__restrict__ U, int64_t u_stride,
@@ -131,9 +134,9 @@ __global__ void glu_kernel(const float *__restrict__ G, int64_t g_stride, const 
 
 void launch_glu(const pyllm_op *op, const exec &e) {
     dim3 grid(blocks_for(op->n_in, 256), e.rows);
-    glu_kernel<<<grid, 256, 0, e.stream>>>(op->x + (int64_t)e.row0 * op->x_stride, op->x_stride,
-                                           op->x2 + (int64_t)e.row0 * op->x2_stride, op->x2_stride, op->y,
-                                           op->y_stride, op->n_in, op->type);
+    PQ_LAUNCH(grid, 256, 0, e.stream, glu_kernel)(op->x + (int64_t)e.row0 * op->x_stride, op->x_stride,
+                                                  op->x2 + (int64_t)e.row0 * op->x2_stride, op->x2_stride, op->y,
+                                                  op->y_stride, op->n_in, op->type);
 }
 
 __global__ void add_kernel(const float *__restrict__ X, int64_t x_stride, float *Y, int64_t y_stride, int64_t n) {
@@ -144,8 +147,8 @@ __global__ void add_kernel(const float *__restrict__ X, int64_t x_stride, float 
 
 void launch_add(const pyllm_op *op, const exec &e) {
     dim3 grid(blocks_for(op->n_in, 256), e.rows);
-    add_kernel<<<grid, 256, 0, e.stream>>>(op->x + (int64_t)e.row0 * op->x_stride, op->x_stride, op->y, op->y_stride,
-                                           op->n_in);
+    PQ_LAUNCH(grid, 256, 0, e.stream, add_kernel)(op->x + (int64_t)e.row0 * op->x_stride, op->x_stride, op->y,
+                                                  op->y_stride, op->n_in);
 }
 
 __global__ void scale_kernel(float *Y, int64_t y_stride, int64_t n, float s) {
@@ -156,7 +159,7 @@ __global__ void scale_kernel(float *Y, int64_t y_stride, int64_t n, float s) {
 
 void launch_scale(const pyllm_op *op, const exec &e) {
     dim3 grid(blocks_for(op->n_in, 256), e.rows);
-    scale_kernel<<<grid, 256, 0, e.stream>>>(op->y, op->y_stride, op->n_in, op->scale);
+    PQ_LAUNCH(grid, 256, 0, e.stream, scale_kernel)(op->y, op->y_stride, op->n_in, op->scale);
 }
 
 }  // namespace pq

@@ -25,10 +25,15 @@ static int fail(const char *fmt, ...) {
     return -1;
 }
 
+/* a failed call's error is reported here, so it is taken off CUDA's "last error" too:
+ * left there, the next run's launch check would blame it on an innocent kernel */
 #define CU(call)                                                                        \
     do {                                                                                \
         cudaError_t e_ = (call);                                                        \
-        if (e_ != cudaSuccess) return fail("%s: %s", #call, cudaGetErrorString(e_));    \
+        if (e_ != cudaSuccess) {                                                        \
+            cudaGetLastError();                                                         \
+            return fail("%s: %s", #call, cudaGetErrorString(e_));                       \
+        }                                                                               \
     } while (0)
 
 struct pyllm_cuda {
@@ -106,6 +111,7 @@ pyllm_cuda *pyllm_cuda_new(int device) {
     }
     cudaError_t e = cudaSetDevice(device);
     if (e != cudaSuccess) {
+        cudaGetLastError();
         fail("cudaSetDevice(%d): %s", device, cudaGetErrorString(e));
         return NULL;
     }
@@ -117,6 +123,7 @@ pyllm_cuda *pyllm_cuda_new(int device) {
     ctx->device = device;
     e = cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
+        cudaGetLastError();
         fail("cudaStreamCreate: %s", cudaGetErrorString(e));
         free(ctx);
         return NULL;
@@ -144,6 +151,7 @@ int pyllm_cuda_mem_info(pyllm_cuda *ctx, size_t *free_bytes, size_t *total_bytes
 
 uint64_t pyllm_cuda_alloc(pyllm_cuda *ctx, size_t bytes) {
     if (cudaSetDevice(ctx->device) != cudaSuccess) {
+        cudaGetLastError();
         fail("cudaSetDevice failed");
         return 0;
     }
@@ -405,7 +413,11 @@ int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_
 /* ---- copy-rate probes ---- */
 
 double pyllm_cuda_copy_rate(pyllm_cuda *ctx, int kind, size_t bytes, int reps) {
-    if (cudaSetDevice(ctx->device) != cudaSuccess || reps < 1 || bytes == 0) return 0.0;
+    if (reps < 1 || bytes == 0) return 0.0;
+    if (cudaSetDevice(ctx->device) != cudaSuccess) {
+        cudaGetLastError();
+        return 0.0;
+    }
     void *dev = NULL, *dev2 = NULL, *host = NULL;
     bool pinned = kind == 0 || kind == 1;
     double best = 0.0;
@@ -457,10 +469,17 @@ done:
 }
 
 double pyllm_cuda_copy_latency(pyllm_cuda *ctx, int reps) {
-    if (cudaSetDevice(ctx->device) != cudaSuccess || reps < 1) return 0.0;
+    if (reps < 1) return 0.0;
+    if (cudaSetDevice(ctx->device) != cudaSuccess) {
+        cudaGetLastError();
+        return 0.0;
+    }
     int32_t *dev = NULL;
     int32_t host = 1;
-    if (cudaMalloc((void **)&dev, sizeof(int32_t)) != cudaSuccess) return 0.0;
+    if (cudaMalloc((void **)&dev, sizeof(int32_t)) != cudaSuccess) {
+        cudaGetLastError();
+        return 0.0;
+    }
     double best = 1e9;
     for (int r = 0; r <= reps; r++) {
         auto t0 = std::chrono::steady_clock::now();

@@ -10,6 +10,13 @@ quantized buffers, KV pools, a staging area for streamed weights), fills the
 records with lowering.fill_record, and runs a range of them per step with
 one call. Copies in and out of buffers are counted on the device's Bus,
 like the sim device's.
+
+The same sources compiled by g++ against a CUDA emulator (`make cuda-emu` ->
+build/libpyllm_cuda_emu.so, csrc/cuda/emu/) run the kernels on the CPU, for
+tests: `CudaDevice(0, library=emulator_path())`. It never needs a driver,
+and device selection never picks it by itself: only a program that names
+it, or $PYLLM_CUDA_LIB pointing at it together with device=cuda and an
+explicit number of GPU layers.
 """
 from __future__ import annotations
 
@@ -30,6 +37,8 @@ from .lowering import fill_record, memory_plan, step_needs
 
 REPO = Path(__file__).resolve().parent.parent.parent
 LIB_NAME = "libpyllm_cuda.so"
+EMU_LIB_NAME = "libpyllm_cuda_emu.so"
+EMU_ORDERS = {"forward": 0, "reverse": 1, "shuffle": 2}   # pyllm_cuda_emu.h
 
 
 # -- is there a GPU? ---------------------------------------------------------------------------------
@@ -62,8 +71,34 @@ def driver_devices() -> tuple[int, str]:
         return 0, "libcuda.so.1 is not a CUDA driver library"
 
 
+def emulator_path() -> Optional[Path]:
+    """build/libpyllm_cuda_emu.so (`make cuda-emu`), if built."""
+    p = REPO / "build" / EMU_LIB_NAME
+    return p if p.is_file() else None
+
+
+_emulator_checked: dict = {}
+
+
+def is_emulator(path: Optional[Path]) -> bool:
+    """Is the library at `path` the CUDA emulator (it exports the emulator's controls)?"""
+    if path is None:
+        return False
+    key = str(Path(path).resolve())
+    if key not in _emulator_checked:
+        try:
+            _emulator_checked[key] = hasattr(ctypes.CDLL(key), "pyllm_cuda_emu_set_order")
+        except OSError:
+            _emulator_checked[key] = False
+    return _emulator_checked[key]
+
+
 def available() -> tuple[bool, str]:
-    """(a CUDA GPU can be used, what was found)"""
+    """(a CUDA GPU can be used, what was found). $PYLLM_CUDA_LIB naming the emulator counts,
+    without a driver; select.py still never picks it unless device=cuda is asked for."""
+    lib = library_path()
+    if os.environ.get("PYLLM_CUDA_LIB") and is_emulator(lib):   # only the variable can name it
+        return True, f"the CUDA emulator ({lib}, from $PYLLM_CUDA_LIB): no GPU, kernels run on the CPU"
     n, why = driver_devices()
     if n == 0:
         return False, why
@@ -80,41 +115,46 @@ def _declarations(path: Path) -> str:
     return "\n".join(l for l in text.splitlines() if not l.lstrip().startswith("#"))
 
 
-def cdef_text() -> str:
-    """The ABI as cffi reads it: csrc/pyllm.h (op records) + csrc/cuda/pyllm_cuda.h."""
+def cdef_text(emulator: bool = False) -> str:
+    """The ABI as cffi reads it: csrc/pyllm.h (op records) + csrc/cuda/pyllm_cuda.h
+    (+ csrc/cuda/emu/pyllm_cuda_emu.h, the emulator's controls)."""
     csrc = REPO / "csrc"
     if not (csrc / "cuda" / "pyllm_cuda.h").is_file():
         raise BackendError(f"the CUDA backend's headers are not at {csrc} (run pyllm from its checkout)")
-    return _declarations(csrc / "pyllm.h") + "\n" + _declarations(csrc / "cuda" / "pyllm_cuda.h")
+    text = _declarations(csrc / "pyllm.h") + "\n" + _declarations(csrc / "cuda" / "pyllm_cuda.h")
+    if emulator:
+        text += "\n" + _declarations(csrc / "cuda" / "emu" / "pyllm_cuda_emu.h")
+    return text
 
 
-_loaded: Optional[tuple] = None
+_loaded: dict = {}
 
 
 def load(path: Optional[Path] = None):
-    """(ffi, lib) of libpyllm_cuda.so, loaded once (cffi ABI mode)."""
-    global _loaded
-    if _loaded is None:
+    """(ffi, lib) of libpyllm_cuda.so, or of the library at `path` (the emulator's, say),
+    each loaded once (cffi ABI mode)."""
+    path = path or library_path()
+    if path is None:
+        raise BackendError(f"{LIB_NAME} is not built (run `make cuda` where nvcc exists)")
+    key = str(Path(path).resolve())
+    if key not in _loaded:
         from cffi import FFI
-        path = path or library_path()
-        if path is None:
-            raise BackendError(f"{LIB_NAME} is not built (run `make cuda` where nvcc exists)")
         ffi = FFI()
-        ffi.cdef(cdef_text())
+        ffi.cdef(cdef_text(emulator=is_emulator(path)))
         try:
-            lib = ffi.dlopen(str(path))
+            lib = ffi.dlopen(key)
         except OSError as e:
             raise BackendError(f"cannot load {path}: {e}") from None
-        _loaded = (ffi, lib)
-    return _loaded
+        _loaded[key] = (ffi, lib)
+    return _loaded[key]
 
 
 def _error(lib, ffi) -> str:
     return ffi.string(lib.pyllm_cuda_error()).decode(errors="replace")
 
 
-def device_info(index: int = 0) -> dict:
-    ffi, lib = load()
+def device_info(index: int = 0, library: Optional[Path] = None) -> dict:
+    ffi, lib = load(library)
     name = ffi.new("char[]", 256)
     ints = [ffi.new("int *") for _ in range(6)]
     total = ffi.new("size_t *")
@@ -129,15 +169,26 @@ def device_info(index: int = 0) -> dict:
 class CudaDevice(Device):
     kind = "cuda"
 
-    def __init__(self, index: int = 0):
-        self.ffi, self.lib = load()
+    def __init__(self, index: int = 0, library: Optional[Path] = None):
+        """Device `index` of libpyllm_cuda.so, or of the library at `library` (the emulator's)."""
+        library = library or library_path()
+        self.ffi, self.lib = load(library)
+        self.emulated = is_emulator(library)
         self.index = index
-        self.info = device_info(index)
+        self.info = device_info(index, library)
         self.ctx = self.lib.pyllm_cuda_new(index)
         if self.ctx == self.ffi.NULL:
             raise BackendError(f"cannot start CUDA device {index}: {_error(self.lib, self.ffi)}")
         self.name = f"cuda:{index} {self.info['name']}"
         self.bus = Bus()
+
+    def set_order(self, order: str, seed: int = 0) -> None:
+        """The emulator's thread order between barriers: forward, reverse or shuffle (seeded)."""
+        if not self.emulated:
+            raise InvalidArgumentError("only the CUDA emulator has a thread order")
+        if order not in EMU_ORDERS:
+            raise InvalidArgumentError(f"order must be one of {', '.join(EMU_ORDERS)}, not {order!r}")
+        self.lib.pyllm_cuda_emu_set_order(EMU_ORDERS[order], seed)
 
     def free_memory(self) -> int:
         free, total = self.ffi.new("size_t *"), self.ffi.new("size_t *")
@@ -175,6 +226,11 @@ class CudaDevice(Device):
 
     def planning_figures(self):
         from .placement import CUDA_RESERVE, DeviceSpec, LinkSpec, cached
+        if self.emulated:   # its speed says nothing about a GPU's: a modest GPU's nominal figures
+            spec = DeviceSpec(self.name, 300e9, 10e12, 5e-6, memory=self.free_memory(), reserve=0)
+            link = LinkSpec(16e9, 16e9, 1e-5)
+            self.bus.h2d_bytes_per_s, self.bus.d2h_bytes_per_s, self.bus.latency_s = link.h2d, link.d2h, link.latency_s
+            return spec, link, {"gpu": "nominal (the CUDA emulator)", "link": "nominal (the CUDA emulator)"}
         key = f"cuda:{self.info['name']}:{self.info['total_bytes']}:{self.info['cc']}"
         figs, how = cached(key, self.measure)
         self.bus.h2d_bytes_per_s, self.bus.d2h_bytes_per_s, self.bus.latency_s = \

@@ -8,6 +8,10 @@ the planner.
 
 With no GPU, "auto" runs on the CPU (said in a debug line of the "pyllm"
 logger); asking for GPU layers without one is a BackendError.
+
+The CUDA emulator (build/libpyllm_cuda_emu.so, for tests) is never chosen
+automatically: $PYLLM_CUDA_LIB pointing at it is used only with device=cuda
+and an explicit number of GPU layers.
 """
 from __future__ import annotations
 
@@ -37,6 +41,8 @@ def gpu_device(kind: Optional[str], host: HostDevice) -> tuple[Optional[Device],
         return dev, f"the sim device: {dev.name}"
     from . import cuda
     ok, why = cuda.available()
+    if ok and kind == "auto" and cuda.is_emulator(cuda.library_path()):
+        return None, f"{why}; device=auto never picks it"
     if ok:
         return cuda.CudaDevice(0), why
     if kind == "cuda":
@@ -63,6 +69,11 @@ def make_backend(graph, n_threads: int, shape: Shape, n_gpu_layers: Any = "auto"
                 raise BackendError(f"n_gpu_layers={ngl} asks for a GPU, but {why}; use n_gpu_layers 0 or auto "
                                    f"(or PYLLM_DEVICE=sim to try split execution on a simulated device)")
             log.debug("no GPU (%s): running on the CPU", why)
+            return _cpu(graph, host, shape), None
+        if ngl == "auto" and getattr(gpu, "emulated", False):
+            gpu.close()
+            gpu = None
+            log.debug("n_gpu_layers=auto places nothing on the CUDA emulator: running on the CPU")
             return _cpu(graph, host, shape), None
         hw = hardware if hardware is not None else detect(host, gpu)
         plan = Planner(graph, hw, shape).plan(ngl)
