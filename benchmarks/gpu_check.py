@@ -83,12 +83,12 @@ def greedy(path, kind, n_tokens, ngl, device):
         return toks, logits, m.arch.hp.n_layer
 
 
-def speed(path, ngl, device, reps):
+def speed(path, ngl, device, reps, pp=512, tg=128):
     from pyllm import Model, bench as B
     with Model(path, n_ctx=1024, n_gpu_layers=ngl, device=device) as m:
-        res = {r.test: r.mean for r in B.bench(m, [("pp", 512), ("tg", 128)], reps)}
+        res = {r.test: r.mean for r in B.bench(m, [("pp", pp), ("tg", tg)], reps)}
         plan = m.plan
-        row = {"ngl": ngl, "pp512": res["pp512"], "tg128": res["tg128"],
+        row = {"ngl": ngl, "pp512": res[f"pp{pp}"], "tg128": res[f"tg{tg}"],
                "placement": plan.layer_ranges() if plan else "all on the CPU",
                "predicted_pp512": plan.prefill_tokens_per_s if plan else None,
                "predicted_tg": plan.decode_tokens_per_s if plan else None,
@@ -133,9 +133,20 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--device", default="cuda", help="cuda, or sim to rehearse this script without a GPU")
+    ap.add_argument("--device", default="cuda", help="cuda; or, to rehearse this script without a GPU, sim, or "
+                    "emu (the CUDA emulator, build/libpyllm_cuda_emu.so: the real kernels on the CPU, slowly; "
+                    "use it with small --pp/--tg/--tokens)")
+    ap.add_argument("--pp", type=int, default=512, help="prompt tokens of the speed test")
+    ap.add_argument("--tg", type=int, default=128, help="decoded tokens of the speed test")
     a = ap.parse_args()
     report: dict = {"device": a.device}
+    if a.device == "emu":   # the emulator stands in for the GPU: named by $PYLLM_CUDA_LIB, used as device=cuda
+        from pyllm.backend import cuda
+        if cuda.emulator_path() is None:
+            log("the CUDA emulator is not built (make cuda-emu)")
+            return 2
+        os.environ["PYLLM_CUDA_LIB"] = str(cuda.emulator_path())
+        a.device = "cuda"
     if a.device == "cuda":
         from pyllm.backend import cuda
         ok, why = cuda.available()
@@ -176,9 +187,9 @@ def main() -> int:
                 f"prompt logits rel RMS vs CPU {rel:.2e}")
         rows = []
         for ngl in (0, half, "all", "auto"):
-            rows.append(speed(path, ngl, None if ngl == 0 else a.device, a.reps))
+            rows.append(speed(path, ngl, None if ngl == 0 else a.device, a.reps, a.pp, a.tg))
         entry["speed"] = rows
-        log(f"{'ngl':>5} {'pp512 t/s':>11} {'(plan)':>9} {'tg128 t/s':>10} {'(plan)':>9}  placement")
+        log(f"{'ngl':>5} {f'pp{a.pp} t/s':>11} {'(plan)':>9} {f'tg{a.tg} t/s':>10} {'(plan)':>9}  placement")
         for r in rows:
             pp_p = f"{r['predicted_pp512']:.0f}" if r["predicted_pp512"] else "-"
             tg_p = f"{r['predicted_tg']:.0f}" if r["predicted_tg"] else "-"
