@@ -527,24 +527,32 @@ DEFINE_ROWS(q8_0, block_q8_0)
 DEFINE_ROWS(iq4_nl, block_iq4_nl)
 
 /* ------------------------------------------------------------------ */
-/* gemm: a tile of rows against up to 4 activation rows at a time          */
+/* gemm: a tile of rows against all the activation rows of a prompt      */
 /* ------------------------------------------------------------------ */
-/* Each row's quad is decoded once (gather, nibble split / 5th bits, scales
- * to float) and used for every activation row: per (row, activation row,
- * quad) two vpdpbusd (seeded with the activation's -c * sum), one convert,
- * one multiply and one FMA, plus a masked FMA for the m*s terms of
- * Q4_1/Q5_1 -- against ~12 per quad in gemv. */
+/* Each weight quad of the tile is decoded once per call (gather, nibble
+ * split / 5th bits, scales to float: dec_* below) into a buffer of
+ * ready-to-use quads, and each activation row's quads are prepared once
+ * per pass over the rows (act4_prep), GEMM_TP activation rows at a time.
+ * A micro-kernel then runs GEMM_R rows x GEMM_T activation rows from those
+ * buffers: per (row, activation row, quad) two vpdpbusd (seeded with the
+ * activation's -c * sum), one convert, one multiply and one FMA (plus a
+ * masked FMA for the m*s terms of Q4_1/Q5_1), and no decoding. The float
+ * steps per row are gemv's (RED_BLOCKS groups of quads, reduce4 order). */
 
 #ifndef GEMM_R
-#define GEMM_R 4 /* rows per tile (x 4 activation rows: 16 accumulators) */
+#define GEMM_R 4 /* micro-kernel: rows x activation rows (16 accumulators) */
 #endif
-#define GEMM_CHUNK 16 /* quads prepared per activation row at a time (4 rows: 16 KB) */
+#ifndef GEMM_T
+#define GEMM_T 4
+#endif
+#define GEMM_CHUNK 16 /* quads per pass: one reduction group */
 _Static_assert(4 * GEMM_CHUNK == RED_BLOCKS, "a gemm chunk is one reduction group");
-
-typedef struct {
-    act4 a;
-    __m512 dapat; /* [da0 x4, da1 x4, da2 x4, da3 x4] */
-} act4g;
+#ifndef GEMM_WBUF
+#define GEMM_WBUF (64 * 1024) /* bytes of decoded weight quads per pass (L2) */
+#endif
+#ifndef GEMM_TP
+#define GEMM_TP 8 /* activation rows prepared per panel (8 x 16 quads: 32 KB) */
+#endif
 
 /* a row's quad, decoded: lo/hi quants in the quad layout (unsigned with
  * offset c, or signed for the no-VNNI path of Q8_0/IQ4_NL), dpat the
@@ -553,6 +561,21 @@ typedef struct {
     __m512i lo, hi;
     __m512 dpat, mz;
 } wquad;
+
+/* the same, as stored in the gemm's buffers: the mins (wmz) and the sign
+ * masks of the no-VNNI signed path (wks: lo/hi kept as |w|) beside */
+typedef struct {
+    __m512i lo, hi;
+    __m512 dpat;
+} wq;
+#define GEMM_WQ (GEMM_WBUF / (int)sizeof(wq))
+
+/* an activation row's quad, prepared: quants, -c * sums, da as [da0 x4, ...];
+ * the [da s] pairs (Q4_1/Q5_1) beside */
+typedef struct {
+    __m512i lo, hi, negc;
+    __m512 dapat;
+} aq;
 
 INLINE __m512 dpat_of(__m128i dh) { return spread4(_mm_cvtph_ps(dh)); }
 
@@ -640,37 +663,46 @@ INLINE void dec_q8_0(const int vnni, const int full, const int nblk, const uint8
 #define SIGNED_q8_0 1
 #define SIGNED_iq4_nl 1
 
+/* the int32 dot of a decoded weight quad and a prepared activation quad,
+ * seeded with the activation's -c * sum. Without VNNI: unsigned weights
+ * (u <= 31, |a| <= 128: each vpmaddubsw word <= 7936) add their lo and hi
+ * words before one vpmaddwd; signed ones (|w| kept, the sign moved to the
+ * activation by the masks ks) take one vpmaddwd each. Exact either way. */
+INLINE __m512i gdot(const int vnni, const int sgn, const wq *w, const uint64_t *ks, const aq *a) {
+    if (vnni) return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a->negc, w->lo, a->lo), w->hi, a->hi);
+    const __m512i ones = _mm512_set1_epi16(1);
+    if (sgn) {
+        const __m512i z = _mm512_setzero_si512();
+        const __m512i al = _mm512_mask_sub_epi8(a->lo, _cvtu64_mask64(ks[0]), z, a->lo);
+        const __m512i ah = _mm512_mask_sub_epi8(a->hi, _cvtu64_mask64(ks[1]), z, a->hi);
+        return _mm512_add_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(w->lo, al), ones),
+                                _mm512_madd_epi16(_mm512_maddubs_epi16(w->hi, ah), ones));
+    }
+    const __m512i p = _mm512_add_epi16(_mm512_maddubs_epi16(w->lo, a->lo), _mm512_maddubs_epi16(w->hi, a->hi));
+    return _mm512_add_epi32(a->negc, _mm512_madd_epi16(p, ones));
+}
+
 #define DEFINE_GEMM(name, block_t)                                                                         \
-    INLINE void gemm_quad_##name(const int R, const int T, const int vnni, const int full, const int nblk,  \
-                                 int64_t i, const char *w, size_t rb, act4g (*A)[GEMM_CHUNK],               \
-                                 __m512 acc[4][4]) {                                                        \
-        const int q = (int)(i / 4);                                                                         \
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                               \
-            wquad W;                                                                                        \
-            dec_##name(vnni, full, nblk, (const uint8_t *)(w + r * rb) + i * sizeof(block_t), &W);          \
-            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {                                           \
-                const act4g *g = &A[t][q];                                                                  \
-                __m512i dot;                                                                                \
-                if (!vnni && SIGNED_##name) {                                                               \
-                    dot = dot_s8s8(dot_s8s8(_mm512_setzero_si512(), W.lo, g->a.lo), W.hi, g->a.hi);         \
-                } else {                                                                                    \
-                    dot = dpbusd(vnni, g->a.negc, W.lo, g->a.lo);                                           \
-                    dot = dpbusd(vnni, dot, W.hi, g->a.hi);                                                 \
-                }                                                                                           \
-                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(W.dpat, g->dapat), acc[r][t]); \
-                if (MIN_##name) /* lanes 1, 3, 5, 7: m_k * s_k */                                           \
-                    acc[r][t] = _mm512_mask3_fmadd_ps(W.mz, _mm512_zextps256_ps512(g->a.ds), acc[r][t], 0xaa); \
-            }                                                                                               \
-        }                                                                                                   \
-    }                                                                                                       \
-    INLINE void gemm_tile_##name(const int R, const int T, const int vnni, int64_t nb, const char *w,       \
-                                 size_t rb, act4g (*A)[GEMM_CHUNK], float *out, size_t os) {                \
+    /* R rows x T activation rows over nq quads: W (+ wm, wks) quads of row r at r * nq,                 \
+     * A (+ ad) quads of activation row t at t * nq; out[t * os + r] += the group's sums */               \
+    INLINE void gk_##name(const int R, const int T, const int vnni, int nq, const wq *W, const __m256 *wm, \
+                          const uint64_t *wks, const aq *A, const __m256 *ad, float *out, size_t os) {      \
         __m512 acc[4][4];                                                                                   \
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                                 \
             _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();           \
-        int64_t i = 0;                                                                                      \
-        for (; i + 4 <= nb; i += 4) gemm_quad_##name(R, T, vnni, 1, 4, i, w, rb, A, acc);                   \
-        if (i < nb) gemm_quad_##name(R, T, vnni, 0, (int)(nb - i), i, w, rb, A, acc);                       \
+        for (int q = 0; q < nq; q++) {                                                                      \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                           \
+                const wq *w = W + r * nq + q;                                                               \
+                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {                                       \
+                    const aq *a = A + t * nq + q;                                                           \
+                    const __m512i dot = gdot(vnni, !vnni && SIGNED_##name, w, wks + 2 * (r * nq + q), a);   \
+                    acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(w->dpat, a->dapat), acc[r][t]); \
+                    if (MIN_##name) /* lanes 1, 3, 5, 7: m_k * s_k */                                       \
+                        acc[r][t] = _mm512_mask3_fmadd_ps(_mm512_zextps256_ps512(wm[r * nq + q]),           \
+                                                          _mm512_zextps256_ps512(ad[t * nq + q]), acc[r][t], 0xaa); \
+                }                                                                                           \
+            }                                                                                               \
+        }                                                                                                   \
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {                                               \
             if (R == 4) {                                                                                   \
                 _mm_storeu_ps(out + t * os, _mm_add_ps(_mm_loadu_ps(out + t * os),                          \
@@ -683,35 +715,73 @@ INLINE void dec_q8_0(const int vnni, const int full, const int nblk, const uint8
     INLINE void gemm_##name##_impl(const int vnni, int64_t n, const void *w, size_t rb, int nrows,         \
                                    const void *a, size_t as, int ncols, float *out, size_t os) {            \
         const int64_t nb = n / QK;                                                                          \
-        act4g A[4][GEMM_CHUNK];                                                                             \
+        const int mins = MIN_##name, sgn = !vnni && SIGNED_##name;                                          \
+        wq W[GEMM_WQ];                                                                                      \
+        __m256 WM[MIN_##name ? GEMM_WQ : 1];                                                                \
+        uint64_t WK[SIGNED_##name ? 2 * GEMM_WQ : 2];                                                       \
+        aq A[GEMM_TP * GEMM_CHUNK];                                                                         \
+        __m256 AD[MIN_##name ? GEMM_TP * GEMM_CHUNK : 1];                                                   \
         for (int t = 0; t < ncols; t++)                                                                     \
             for (int r = 0; r < nrows; r++) out[t * os + r] = 0.0f;                                         \
-        for (int t0 = 0; t0 < ncols; t0 += 4) {                                                             \
-            const int T = ncols - t0 < 4 ? ncols - t0 : 4;                                                  \
-            for (int64_t c0 = 0; c0 < nb; c0 += 4 * GEMM_CHUNK) {                                           \
-                const int64_t cb = nb - c0 < 4 * GEMM_CHUNK ? nb - c0 : 4 * GEMM_CHUNK;                     \
-                for (int t = 0; t < T; t++) {                                                               \
-                    const block_q8_32 *y =                                                                  \
-                        (const block_q8_32 *)(const void *)((const char *)a + (t0 + t) * as) + c0;          \
-                    for (int64_t i = 0; i < cb; i += 4) {                                                   \
-                        act4g *g = &A[t][i / 4];                                                            \
-                        act4_prep(y + i, cb - i < 4 ? (int)(cb - i) : 4, C_##name(vnni), vnni, &g->a);      \
-                        g->dapat = spread4(g->a.da);                                                        \
+        for (int64_t c0 = 0; c0 < nb; c0 += 4 * GEMM_CHUNK) {                                               \
+            const int cb = nb - c0 < 4 * GEMM_CHUNK ? (int)(nb - c0) : 4 * GEMM_CHUNK;                      \
+            const int nq = (cb + 3) / 4;                                                                    \
+            const int rpass = GEMM_WQ / nq;                                                                 \
+            for (int r0 = 0; r0 < nrows; r0 += rpass) {                                                     \
+                const int Rn = nrows - r0 < rpass ? nrows - r0 : rpass;                                     \
+                for (int r = 0; r < Rn; r++) {                                                              \
+                    const uint8_t *x = (const uint8_t *)w + (size_t)(r0 + r) * rb + (size_t)c0 * sizeof(block_t); \
+                    for (int q = 0; q < nq; q++) {                                                          \
+                        const int nblk = cb - 4 * q < 4 ? cb - 4 * q : 4;                                   \
+                        wquad D;                                                                            \
+                        if (nblk == 4)                                                                      \
+                            dec_##name(vnni, 1, 4, x + 4 * q * sizeof(block_t), &D);                        \
+                        else                                                                                \
+                            dec_##name(vnni, 0, nblk, x + 4 * q * sizeof(block_t), &D);                     \
+                        wq *o = &W[r * nq + q];                                                             \
+                        o->dpat = D.dpat;                                                                   \
+                        if (mins) WM[r * nq + q] = _mm512_castps512_ps256(D.mz);                            \
+                        if (sgn) {                                                                          \
+                            WK[2 * (r * nq + q)] = _cvtmask64_u64(_mm512_movepi8_mask(D.lo));               \
+                            WK[2 * (r * nq + q) + 1] = _cvtmask64_u64(_mm512_movepi8_mask(D.hi));           \
+                            D.lo = _mm512_abs_epi8(D.lo), D.hi = _mm512_abs_epi8(D.hi);                     \
+                        }                                                                                   \
+                        o->lo = D.lo, o->hi = D.hi;                                                         \
                     }                                                                                       \
                 }                                                                                           \
-                const char *p = (const char *)w + (size_t)c0 * sizeof(block_t);                             \
-                float *o = out + (size_t)t0 * os;                                                           \
-                int r = 0;                                                                                  \
-                if (T == 4) {                                                                               \
-                    for (; r + GEMM_R <= nrows; r += GEMM_R)                                                \
-                        gemm_tile_##name(GEMM_R, 4, vnni, cb, p + r * rb, rb, A, o + r, os);                \
-                    for (; r < nrows; r++) gemm_tile_##name(1, 4, vnni, cb, p + r * rb, rb, A, o + r, os);  \
-                } else {                                                                                    \
-                    for (int t = 0; t < T; t++) {                                                           \
-                        for (r = 0; r + 4 <= nrows; r += 4)                                                 \
-                            gemm_tile_##name(4, 1, vnni, cb, p + r * rb, rb, A + t, o + t * os + r, os);    \
-                        for (; r < nrows; r++)                                                              \
-                            gemm_tile_##name(1, 1, vnni, cb, p + r * rb, rb, A + t, o + t * os + r, os);    \
+                for (int t0 = 0; t0 < ncols; t0 += GEMM_TP) {                                               \
+                    const int Tn = ncols - t0 < GEMM_TP ? ncols - t0 : GEMM_TP;                             \
+                    for (int t = 0; t < Tn; t++) {                                                          \
+                        const block_q8_32 *y = (const block_q8_32 *)(const void *)((const char *)a + (size_t)(t0 + t) * as) + c0; \
+                        for (int q = 0; q < nq; q++) {                                                      \
+                            act4 g;                                                                         \
+                            act4_prep(y + 4 * q, cb - 4 * q < 4 ? cb - 4 * q : 4, C_##name(vnni), vnni, &g); \
+                            aq *o = &A[t * nq + q];                                                         \
+                            o->lo = g.lo, o->hi = g.hi, o->negc = g.negc, o->dapat = spread4(g.da);         \
+                            if (mins) AD[t * nq + q] = g.ds;                                                \
+                        }                                                                                   \
+                    }                                                                                       \
+                    float *ob = out + (size_t)t0 * os + r0;                                                 \
+                    int r = 0;                                                                              \
+                    for (; r + GEMM_R <= Rn; r += GEMM_R) {                                                 \
+                        const size_t wo = (size_t)r * nq;                                                   \
+                        int t = 0;                                                                          \
+                        for (; t + GEMM_T <= Tn; t += GEMM_T)                                               \
+                            gk_##name(GEMM_R, GEMM_T, vnni, nq, W + wo, WM + (mins ? wo : 0), WK + (sgn ? 2 * wo : 0), \
+                                      A + t * nq, AD + (mins ? t * nq : 0), ob + t * os + r, os);           \
+                        for (; t < Tn; t++)                                                                 \
+                            gk_##name(GEMM_R, 1, vnni, nq, W + wo, WM + (mins ? wo : 0), WK + (sgn ? 2 * wo : 0), \
+                                      A + t * nq, AD + (mins ? t * nq : 0), ob + t * os + r, os);           \
+                    }                                                                                       \
+                    for (; r < Rn; r++) {                                                                   \
+                        const size_t wo = (size_t)r * nq;                                                   \
+                        int t = 0;                                                                          \
+                        for (; t + GEMM_T <= Tn; t += GEMM_T)                                               \
+                            gk_##name(1, GEMM_T, vnni, nq, W + wo, WM + (mins ? wo : 0), WK + (sgn ? 2 * wo : 0), \
+                                      A + t * nq, AD + (mins ? t * nq : 0), ob + t * os + r, os);           \
+                        for (; t < Tn; t++)                                                                 \
+                            gk_##name(1, 1, vnni, nq, W + wo, WM + (mins ? wo : 0), WK + (sgn ? 2 * wo : 0), \
+                                      A + t * nq, AD + (mins ? t * nq : 0), ob + t * os + r, os);           \
                     }                                                                                       \
                 }                                                                                           \
             }                                                                                               \
