@@ -808,6 +808,27 @@ DEFINE_GEMM(iq4_nl, block_iq4_nl)
 /* ------------------------------------------------------------------ */
 /* K-quants                                                              */
 /* ------------------------------------------------------------------ */
+/* A super-block's 256 quants are decoded (dec_*) into 4 vectors of
+ * unsigned bytes in which every 128-bit lane holds one 16-element
+ * sub-block, in an order that depends on the format, and the activation
+ * row's quants are arranged (act_*) to match. Per (row, activation row,
+ * super-block) the int32 dot of each sub-block is exact: 4 vpdpbusd (no
+ * VNNI: vpmaddubsw + vpmaddwd), then the 4 lanes of each sub-block summed,
+ * giving one lane per sub-block ("M order": lane 4k + q holds the
+ * sub-block in 128-bit lane k of vector q, K_ORD_* below), plus the
+ * activation's seed (-off * bsums for formats with an offset: Q6_K -32,
+ * Q3_K -4). The sub-block scales are applied in float, one lane each:
+ *     acc = fma(float(isum), (d * sc) * da, acc)
+ *     acc = fma(-dmin * m, da * bsums, acc)        Q4_K, Q5_K, Q2_K: the mins
+ * (d * sc and dmin * m are exact in float). The row's result (the contract
+ * of quants.h): super-blocks in groups of RED_SB from the row's start, each
+ * group's lanes summed by hsum16 (reduce4 order) and added to the row's sum
+ * in order. vec_dot and gemv reduce the 4 vectors' dots to M order with two
+ * rounds of unpacks; gemm stores the decoded weights and the arranged
+ * activations transposed (vector i = dword i of every sub-block, in M
+ * order), so its vpdpbusd land in M order directly: the same integers, the
+ * same float steps. */
+#define RED_SB 8
 
 /* Q4_K/Q5_K 6-bit scales and mins as 8 bytes each */
 INLINE void k4_scales(const uint8_t *s, uint32_t sc[2], uint32_t m[2]) {
@@ -818,81 +839,89 @@ INLINE void k4_scales(const uint8_t *s, uint32_t sc[2], uint32_t m[2]) {
     m[1] = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
 }
 
-/* int16 pattern: every word of 128-bit lane L is byte i_L of each lane of
- * `b`, zero-extended (pshufb index bytes [i_L, 0x80]) */
-INLINE __m512i lane_scales16(__m512i b, int i0, int i1, int i2, int i3) {
-#define W(i) (long long)(0x8000800080008000ull | (uint64_t)(i) * 0x0001000100010001ull)
-    return _mm512_shuffle_epi8(b, _mm512_set_epi64(W(i3), W(i3), W(i2), W(i2), W(i1), W(i1), W(i0), W(i0)));
-#undef W
+/* the int32 sums of each 128-bit lane's 4 dwords of 4 vectors: lane 4k + q
+ * = sum of 128-bit lane k of d_q (exact) */
+INLINE __m512i red4i(__m512i d0, __m512i d1, __m512i d2, __m512i d3) {
+    const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(d0, d1), _mm512_unpackhi_epi32(d0, d1));
+    const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(d2, d3), _mm512_unpackhi_epi32(d2, d3));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
 }
 
-/* every word of 128-bit lane L is word i_L of each lane of `b` */
-INLINE __m512i lane_words(__m512i b, int i0, int i1, int i2, int i3) {
-#define W(i) (long long)((uint64_t)(2 * (i)) * 0x0101010101010101ull + 0x0100010001000100ull)
-    return _mm512_shuffle_epi8(b, _mm512_set_epi64(W(i3), W(i3), W(i2), W(i2), W(i1), W(i1), W(i0), W(i0)));
-#undef W
+/* o[i] lane 4k + q = dword i of 128-bit lane k of a_q (a 4x4 dword
+ * transpose in each 128-bit lane) */
+INLINE void m_transpose(__m512i a0, __m512i a1, __m512i a2, __m512i a3, __m512i *o) {
+    const __m512i t0 = _mm512_unpacklo_epi32(a0, a1), t1 = _mm512_unpackhi_epi32(a0, a1);
+    const __m512i t2 = _mm512_unpacklo_epi32(a2, a3), t3 = _mm512_unpackhi_epi32(a2, a3);
+    o[0] = _mm512_unpacklo_epi64(t0, t2), o[1] = _mm512_unpackhi_epi64(t0, t2);
+    o[2] = _mm512_unpacklo_epi64(t1, t3), o[3] = _mm512_unpackhi_epi64(t1, t3);
 }
 
-/* the act side of a Q4_K/Q5_K super-block: [0:32 | 64:96], [32:64 | 96:128], ... */
-typedef struct { __m512i a[4]; } actK4;
+/* M order of each format: K_ORD[4k + q] = the sub-block (0..15) in 128-bit
+ * lane k of decoded vector q */
+#define K_ORD_q4_K 0, 2, 8, 10, 1, 3, 9, 11, 4, 6, 12, 14, 5, 7, 13, 15
+#define K_ORD_q5_K K_ORD_q4_K
+#define K_ORD_q6_K 0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15
+#define K_ORD_q2_K 0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15
+#define K_ORD_q3_K K_ORD_q2_K
+/* -offset of the quants (seed = -off * bsums), and whether the format has mins */
+#define K_OFF_q4_K 0
+#define K_OFF_q5_K 0
+#define K_OFF_q6_K 32
+#define K_OFF_q2_K 0
+#define K_OFF_q3_K 4
+#define K_MIN_q4_K 1
+#define K_MIN_q5_K 1
+#define K_MIN_q6_K 0
+#define K_MIN_q2_K 1
+#define K_MIN_q3_K 0
+/* the largest quant: bounds the vpmaddubsw words added in int16 (no VNNI) */
+#define K_GRP_q4_K 4 /* 15 * 128 * 2 * 4 < 32768 */
+#define K_GRP_q5_K 4 /* 31 * 128 * 2 * 4 */
+#define K_GRP_q6_K 2 /* 63 * 128 * 2 * 2 */
+#define K_GRP_q2_K 4
+#define K_GRP_q3_K 4
 
-INLINE void actK4_load(const block_q8_K *y, actK4 *A) {
-    const int8_t *q = y->qs;
-#define L256(o) _mm256_loadu_si256((const __m256i *)(q + (o)))
-    A->a[0] = _mm512_inserti64x4(_mm512_castsi256_si512(L256(0)), L256(64), 1);
-    A->a[1] = _mm512_inserti64x4(_mm512_castsi256_si512(L256(32)), L256(96), 1);
-    A->a[2] = _mm512_inserti64x4(_mm512_castsi256_si512(L256(128)), L256(192), 1);
-    A->a[3] = _mm512_inserti64x4(_mm512_castsi256_si512(L256(160)), L256(224), 1);
-#undef L256
-}
+#define IDX8(...) _mm_loadu_si128((const void *)(const int8_t[16]){__VA_ARGS__})
+#define IDX32(...) _mm512_setr_epi32(__VA_ARGS__)
+#define HALF_(a) ((a) >> 1)
+#define K_HALF(o) HALF_(o)
 
-/* Q6_K reads the activation quants in their own order: nothing to prepare */
-typedef struct { int unused; } actQ6;
-INLINE void actQ6_load(const block_q8_K *y, actQ6 *A) { (void)y, (void)A; }
-
-/* A K-quant super-block is decoded once per weight row (dec_*) and then
- * dotted with any number of activation rows (dot_*): the integer sums are
- * exact, and the float steps per super-block are
- *     acc = fma(d * da, float(isum), acc)                    (16 lanes)
- *     acc = fnma(dmin * da, float(msum), acc)   Q4_K, Q5_K: lanes 0..7, the mins
- * The row's result (the contract of quants.h): super-blocks in groups of
- * RED_SB from the row's start, each group's lanes summed by hsum16 (reduce4
- * order) and added to the row's sum in order; vec_dot, gemv and gemm all
- * run krows / the gemm tile below, which do exactly that. */
-#define RED_SB 8
-
+/* a decoded super-block of one row: the quants (format layout), the scales
+ * d * sc and (mins) -dmin * m per sub-block, M order */
 typedef struct {
-    __m512i q[4], sc[4]; /* unsigned quants in the actK4 layout, int16 scale words */
-    __m256i m16;         /* the 8 mins, each twice (one per 16-element bsum) */
-    float d, dmin;
-} wK4;
+    __m512i v[4];
+    __m512 dsc, nmin;
+} wKs;
 
-INLINE void dec_q4_K(const void *xb, wK4 *W) {
-    const block_q4_K *x = xb;
+/* float(bytes b[idx[l]]) for the 16 lanes, unsigned / signed bytes */
+INLINE __m512 k_bytes_u(__m128i b, __m128i idx) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_shuffle_epi8(b, idx))); }
+INLINE __m512 k_bytes_s(__m128i b, __m128i idx) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_shuffle_epi8(b, idx))); }
+
+/* Q4_K/Q5_K scales: sub-block j (16 elements) has the scale and min of 32-element sub-block j / 2 */
+INLINE void k4_dsc(const uint8_t *scales, f16_t dh, f16_t dminh, __m128i ord_half, wKs *W) {
     uint32_t sc[2], m[2];
-    k4_scales(x->scales, sc, m);
-    const __m512i s8 = _mm512_broadcast_i32x4(_mm_set_epi32(0, 0, (int)sc[1], (int)sc[0]));
+    k4_scales(scales, sc, m);
+    const __m128i s8 = _mm_setr_epi32((int)sc[0], (int)sc[1], (int)m[0], (int)m[1]);
+    W->dsc = _mm512_mul_ps(k_bytes_u(s8, ord_half), _mm512_set1_ps(_cvtsh_ss(dh)));
+    W->nmin = _mm512_mul_ps(k_bytes_u(s8, _mm_add_epi8(ord_half, _mm_set1_epi8(8))), _mm512_set1_ps(-_cvtsh_ss(dminh)));
+}
+
+INLINE void dec_q4_K(const void *xb, wKs *W) {
+    const block_q4_K *x = xb;
     const __m512i z0 = _mm512_loadu_si512(x->qs), z1 = _mm512_loadu_si512(x->qs + 64);
-    W->q[0] = nib_lo(z0), W->q[1] = nib_hi(z0); /* sub-blocks 0 | 2, 1 | 3 */
-    W->q[2] = nib_lo(z1), W->q[3] = nib_hi(z1); /* 4 | 6, 5 | 7 */
-    W->sc[0] = lane_scales16(s8, 0, 0, 2, 2), W->sc[1] = lane_scales16(s8, 1, 1, 3, 3);
-    W->sc[2] = lane_scales16(s8, 4, 4, 6, 6), W->sc[3] = lane_scales16(s8, 5, 5, 7, 7);
-    const __m128i m8 = _mm_set_epi32(0, 0, (int)m[1], (int)m[0]);
-    W->m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
-    W->d = _cvtsh_ss(x->d), W->dmin = _cvtsh_ss(x->dmin);
+    W->v[0] = nib_lo(z0), W->v[1] = nib_hi(z0); /* elements 0-31 | 64-95, 32-63 | 96-127 */
+    W->v[2] = nib_lo(z1), W->v[3] = nib_hi(z1); /* + 128 */
+    k4_dsc(x->scales, x->d, x->dmin, IDX8(0, 1, 4, 5, 0, 1, 4, 5, 2, 3, 6, 7, 2, 3, 6, 7), W);
 }
 
 /* Q5_K: Q4_K's layout plus the 5th bits (bit i of qh[l] is bit 4 of element 32 i + l) */
-INLINE void dec_q5_K(const void *xb, wK4 *W) {
+INLINE void dec_q5_K(const void *xb, wKs *W) {
     const block_q5_K *x = xb;
-    uint32_t sc[2], m[2];
-    k4_scales(x->scales, sc, m);
-    const __m512i s8 = _mm512_broadcast_i32x4(_mm_set_epi32(0, 0, (int)sc[1], (int)sc[0]));
     const __m512i z0 = _mm512_loadu_si512(x->qs), z1 = _mm512_loadu_si512(x->qs + 64);
     const __m256i qh = _mm256_loadu_si256((const __m256i *)x->qh);
     const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(qh), qh, 1);
     const __m512i b4 = _mm512_set1_epi8(0x10);
-    /* q[k]: elements 32 i + l of the low 256 bits, 32 (i + 2) + l of the high */
+    /* v[k]: elements 32 i + l of the low 256 bits, 32 (i + 2) + l of the high */
 #define BITS(i) _mm512_set_epi64(0x0101010101010101ll << ((i) + 2), 0x0101010101010101ll << ((i) + 2),           \
                                  0x0101010101010101ll << ((i) + 2), 0x0101010101010101ll << ((i) + 2),           \
                                  0x0101010101010101ll << (i), 0x0101010101010101ll << (i),                       \
@@ -900,35 +929,14 @@ INLINE void dec_q5_K(const void *xb, wK4 *W) {
     const __m512i q[4] = {nib_lo(z0), nib_hi(z0), nib_lo(z1), nib_hi(z1)};
     const int first[4] = {0, 1, 4, 5};
     for (int k = 0; k < 4; k++)
-        W->q[k] = _mm512_or_si512(q[k], _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(h, BITS(first[k])), b4));
+        W->v[k] = _mm512_or_si512(q[k], _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(h, BITS(first[k])), b4));
 #undef BITS
-    W->sc[0] = lane_scales16(s8, 0, 0, 2, 2), W->sc[1] = lane_scales16(s8, 1, 1, 3, 3);
-    W->sc[2] = lane_scales16(s8, 4, 4, 6, 6), W->sc[3] = lane_scales16(s8, 5, 5, 7, 7);
-    const __m128i m8 = _mm_set_epi32(0, 0, (int)m[1], (int)m[0]);
-    W->m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
-    W->d = _cvtsh_ss(x->d), W->dmin = _cvtsh_ss(x->dmin);
+    k4_dsc(x->scales, x->d, x->dmin, IDX8(0, 1, 4, 5, 0, 1, 4, 5, 2, 3, 6, 7, 2, 3, 6, 7), W);
 }
 
-INLINE __m512 dot_q4_K(const wK4 *W, const actK4 *A, const block_q8_K *y, __m512 acc) {
-    __m512i s = _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[0], A->a[0]), W->sc[0]);
-    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[1], A->a[1]), W->sc[1]));
-    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[2], A->a[2]), W->sc[2]));
-    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[3], A->a[3]), W->sc[3]));
-    const __m256i mins = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), W->m16);
-    acc = _mm512_fmadd_ps(_mm512_set1_ps(W->d * y->d), _mm512_cvtepi32_ps(s), acc);
-    return _mm512_fnmadd_ps(_mm512_set1_ps(W->dmin * y->d), _mm512_zextps256_ps512(_mm256_cvtepi32_ps(mins)), acc);
-}
-#define dot_q5_K dot_q4_K
-
-typedef struct {
-    __m512i v[4], sc[4]; /* unsigned 6-bit quants (elements 64k..64k+63), signed int16 scale words */
-    __m256i s16;         /* the 16 scales, for the -32 offset */
-    float d;
-} wQ6;
-
-INLINE void dec_q6_K(const void *xb, wQ6 *W) {
+/* Q6_K: v[q] = elements 64 q .. 64 q + 63 (128-bit lane k: sub-block 4 q + k), 6-bit unsigned */
+INLINE void dec_q6_K(const void *xb, wKs *W) {
     const block_q6_K *x = xb;
-    const __m128i s8 = _mm_loadu_si128((const __m128i *)x->scales);
     const __m512i lo4 = _mm512_set1_epi8(0x0f), hi2 = _mm512_set1_epi8(0x30);
     for (int h = 0; h < 2; h++) {
         const __m512i l = _mm512_loadu_si512(x->ql + 64 * h);
@@ -936,60 +944,30 @@ INLINE void dec_q6_K(const void *xb, wQ6 *W) {
         const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
         W->v[2 * h] = _mm512_or_si512(_mm512_and_si512(l, lo4), _mm512_and_si512(_mm512_slli_epi16(z, 4), hi2));
         W->v[2 * h + 1] = _mm512_or_si512(nib_hi(l), _mm512_and_si512(z, hi2));
-        /* 128-bit lane L of v[2h] is sub-block 8h + L, of v[2h+1] 8h + 4 + L */
-        const __m512i sw = _mm512_broadcast_i32x4(_mm_cvtepi8_epi16(h ? _mm_srli_si128(s8, 8) : s8));
-        W->sc[2 * h] = lane_words(sw, 0, 1, 2, 3), W->sc[2 * h + 1] = lane_words(sw, 4, 5, 6, 7);
     }
-    W->s16 = _mm256_cvtepi8_epi16(s8);
-    W->d = _cvtsh_ss(x->d);
-}
-
-INLINE __m512 dot_q6_K(const wQ6 *W, const actQ6 *A, const block_q8_K *y, __m512 acc) {
-    (void)A;
-    __m512i s = _mm512_madd_epi16(_mm512_maddubs_epi16(W->v[0], _mm512_loadu_si512(y->qs)), W->sc[0]);
-    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->v[1], _mm512_loadu_si512(y->qs + 64)), W->sc[1]));
-    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->v[2], _mm512_loadu_si512(y->qs + 128)), W->sc[2]));
-    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->v[3], _mm512_loadu_si512(y->qs + 192)), W->sc[3]));
-    /* the -32 offset: 32 * sum_j scale_j * bsums_j */
-    const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), W->s16);
-    s = _mm512_sub_epi32(s, _mm512_zextsi256_si512(_mm256_slli_epi32(corr, 5)));
-    return _mm512_fmadd_ps(_mm512_set1_ps(W->d * y->d), _mm512_cvtepi32_ps(s), acc);
-}
-
-/* the act side of a Q2_K/Q3_K super-block: a[s] = [32s:32s+32 | 128+32s:160+32s],
- * the elements of bit pair s of the two halves */
-typedef struct { __m512i a[4]; } actK2;
-
-INLINE void actK2_load(const block_q8_K *y, actK2 *A) {
-    const int8_t *q = y->qs;
-    for (int s = 0; s < 4; s++)
-        A->a[s] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(q + 32 * s))),
-                                     _mm256_loadu_si256((const __m256i *)(q + 128 + 32 * s)), 1);
+    const __m128i s8 = _mm_loadu_si128((const __m128i *)x->scales);
+    W->dsc = _mm512_mul_ps(k_bytes_s(s8, IDX8(K_ORD_q6_K)), _mm512_set1_ps(_cvtsh_ss(x->d)));
+    W->nmin = _mm512_setzero_ps();
 }
 
 /* Q2_K: v[s] = bit pair s of qs[0:32 | 32:64]; 128-bit lane L of v[s] is
  * sub-block 2s + (L & 1) + 8 (L >> 1) */
-typedef struct {
-    __m512i q[4], sc[4]; /* unsigned 2-bit (Q2_K) or 3-bit (Q3_K, value + 4) quants, int16 scale words */
-    __m256i m16;         /* Q2_K: the 16 mins; Q3_K: the 16 scales (for the -4 offset) */
-    float d, dmin;
-} wK2;
-
-INLINE void dec_q2_K(const void *xb, wK2 *W) {
+INLINE void dec_q2_K(const void *xb, wKs *W) {
     const block_q2_K *x = xb;
-    const __m128i sb = _mm_loadu_si128((const __m128i *)x->scales);
-    const __m512i s8 = _mm512_broadcast_i32x4(_mm_and_si128(sb, _mm_set1_epi8(0x0f)));
     const __m512i z = _mm512_loadu_si512(x->qs), m3 = _mm512_set1_epi8(3);
-    W->q[0] = _mm512_and_si512(z, m3);
-    W->q[1] = _mm512_and_si512(_mm512_srli_epi16(z, 2), m3);
-    W->q[2] = _mm512_and_si512(_mm512_srli_epi16(z, 4), m3);
-    W->q[3] = _mm512_and_si512(_mm512_srli_epi16(z, 6), m3);
-    for (int s = 0; s < 4; s++) W->sc[s] = lane_scales16(s8, 2 * s, 2 * s + 1, 2 * s + 8, 2 * s + 9);
-    W->m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(0x0f)));
-    W->d = _cvtsh_ss(x->d), W->dmin = _cvtsh_ss(x->dmin);
+    W->v[0] = _mm512_and_si512(z, m3);
+    W->v[1] = _mm512_and_si512(_mm512_srli_epi16(z, 2), m3);
+    W->v[2] = _mm512_and_si512(_mm512_srli_epi16(z, 4), m3);
+    W->v[3] = _mm512_and_si512(_mm512_srli_epi16(z, 6), m3);
+    const __m128i sb = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)x->scales), IDX8(K_ORD_q2_K));
+    const __m128i lo = _mm_set1_epi8(0x0f);
+    W->dsc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(sb, lo))), _mm512_set1_ps(_cvtsh_ss(x->d)));
+    W->nmin = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(sb, 4), lo))),
+                            _mm512_set1_ps(-_cvtsh_ss(x->dmin)));
 }
 
-INLINE void dec_q3_K(const void *xb, wK2 *W) {
+/* Q3_K: Q2_K's layout, 3-bit quants + 4 (unsigned 0..7; the -4 is the seed) */
+INLINE void dec_q3_K(const void *xb, wKs *W) {
     const block_q3_K *x = xb;
     /* the 16 signed 6-bit scales */
     const uint32_t a = ld32(x->scales), b = ld32(x->scales + 4), c = ld32(x->scales + 8);
@@ -998,11 +976,6 @@ INLINE void dec_q3_K(const void *xb, wK2 *W) {
     const uint32_t w2 = ((a >> 4) & 0x0f0f0f0fu) | (c & 0x30303030u);
     const uint32_t w3 = ((b >> 4) & 0x0f0f0f0fu) | ((c >> 2) & 0x30303030u);
     const __m128i s8 = _mm_sub_epi8(_mm_setr_epi32((int)w0, (int)w1, (int)w2, (int)w3), _mm_set1_epi8(32));
-    const __m256i s16 = _mm256_cvtepi8_epi16(s8);
-    /* lanes 0, 1: scales 0..7 as words, lanes 2, 3: scales 8..15 */
-    const __m512i sw = _mm512_inserti64x4(
-        _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm256_castsi256_si128(s16))),
-        _mm256_broadcastsi128_si256(_mm256_extracti128_si256(s16, 1)), 1);
     const __m512i z = _mm512_loadu_si512(x->qs), m3 = _mm512_set1_epi8(3);
     const __m256i hm = _mm256_loadu_si256((const __m256i *)x->hmask);
     const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(hm), hm, 1);
@@ -1014,34 +987,66 @@ INLINE void dec_q3_K(const void *xb, wK2 *W) {
                                               0x0101010101010101ll << s, 0x0101010101010101ll << s,
                                               0x0101010101010101ll << s, 0x0101010101010101ll << s);
         const __m512i q2 = _mm512_and_si512(_mm512_srli_epi16(z, 2 * s), m3);
-        W->q[s] = _mm512_or_si512(q2, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(h, bits), b2));
-        W->sc[s] = lane_words(sw, 2 * s, 2 * s + 1, 2 * s, 2 * s + 1);
+        W->v[s] = _mm512_or_si512(q2, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(h, bits), b2));
     }
-    W->m16 = s16;
-    W->d = _cvtsh_ss(x->d), W->dmin = 0.0f;
+    W->dsc = _mm512_mul_ps(k_bytes_s(s8, IDX8(K_ORD_q3_K)), _mm512_set1_ps(_cvtsh_ss(x->d)));
+    W->nmin = _mm512_setzero_ps();
 }
 
-INLINE __m512i dot4_K2(const wK2 *W, const actK2 *A) {
-    __m512i s = _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[0], A->a[0]), W->sc[0]);
-    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[1], A->a[1]), W->sc[1]));
-    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[2], A->a[2]), W->sc[2]));
-    return _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[3], A->a[3]), W->sc[3]));
+/* an activation super-block, arranged for a format: a[q] pairs with the
+ * decoded v[q]; seed = -off * bsums, bs = da * bsums (mins), M order */
+typedef struct {
+    __m512i a[4], seed;
+    __m512 bs, da;
+} aKs;
+
+/* [32 x0 : 32 x0 + 32 | 32 x1 : 32 x1 + 32] of the quants */
+INLINE __m512i k_pair32(const int8_t *q, int x0, int x1) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(q + 32 * x0))),
+                              _mm256_loadu_si256((const __m256i *)(q + 32 * x1)), 1);
 }
 
-INLINE __m512 dot_q2_K(const wK2 *W, const actK2 *A, const block_q8_K *y, __m512 acc) {
-    const __m512i s = dot4_K2(W, A);
-    const __m256i mins = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), W->m16);
-    acc = _mm512_fmadd_ps(_mm512_set1_ps(W->d * y->d), _mm512_cvtepi32_ps(s), acc);
-    return _mm512_fnmadd_ps(_mm512_set1_ps(W->dmin * y->d), _mm512_zextps256_ps512(_mm256_cvtepi32_ps(mins)), acc);
+#define DEFINE_KACT(name, x00, x01, x10, x11, x20, x21, x30, x31)                                          \
+    INLINE void act_##name(const block_q8_K *y, aKs *A) {                                                   \
+        A->a[0] = k_pair32(y->qs, x00, x01), A->a[1] = k_pair32(y->qs, x10, x11);                           \
+        A->a[2] = k_pair32(y->qs, x20, x21), A->a[3] = k_pair32(y->qs, x30, x31);                           \
+        const __m512i b = _mm512_permutexvar_epi32(                                                         \
+            IDX32(K_ORD_##name), _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)y->bsums)));    \
+        A->seed = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_mullo_epi32(b, _mm512_set1_epi32(K_OFF_##name))); \
+        A->da = _mm512_set1_ps(y->d);                                                                       \
+        A->bs = _mm512_mul_ps(_mm512_cvtepi32_ps(b), A->da);                                                \
+    }
+DEFINE_KACT(q4_K, 0, 2, 1, 3, 4, 6, 5, 7)
+DEFINE_KACT(q5_K, 0, 2, 1, 3, 4, 6, 5, 7)
+DEFINE_KACT(q6_K, 0, 1, 2, 3, 4, 5, 6, 7)
+DEFINE_KACT(q2_K, 0, 4, 1, 5, 2, 6, 3, 7)
+DEFINE_KACT(q3_K, 0, 4, 1, 5, 2, 6, 3, 7)
+
+/* the int32 sums of 4 vpdpbusd-style products per lane (unsigned w, signed a),
+ * without VNNI: grp vpmaddubsw words added in int16, then one vpmaddwd */
+INLINE __m512i k_dot4(const int vnni, const int grp, const __m512i *w, const __m512i *a, __m512i acc) {
+    if (vnni) {
+        for (int i = 0; i < 4; i++) acc = _mm512_dpbusd_epi32(acc, w[i], a[i]);
+        return acc;
+    }
+    const __m512i ones = _mm512_set1_epi16(1);
+    for (int i = 0; i < 4; i += grp) {
+        __m512i p = _mm512_maddubs_epi16(w[i], a[i]);
+        for (int j = 1; j < grp; j++) p = _mm512_add_epi16(p, _mm512_maddubs_epi16(w[i + j], a[i + j]));
+        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(p, ones));
+    }
+    return acc;
 }
 
-INLINE __m512 dot_q3_K(const wK2 *W, const actK2 *A, const block_q8_K *y, __m512 acc) {
-    __m512i s = dot4_K2(W, A);
-    /* the -4 offset: 4 * sum_j scale_j * bsums_j */
-    const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), W->m16);
-    s = _mm512_sub_epi32(s, _mm512_zextsi256_si512(_mm256_slli_epi32(corr, 2)));
-    return _mm512_fmadd_ps(_mm512_set1_ps(W->d * y->d), _mm512_cvtepi32_ps(s), acc);
+/* the float steps of a super-block */
+INLINE __m512 k_fin(const int mins, __m512i isum, __m512 dsc, __m512 nmin, const aKs *A, __m512 acc) {
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dsc, A->da), acc);
+    if (mins) acc = _mm512_fmadd_ps(nmin, A->bs, acc);
+    return acc;
 }
+
+/* gemv prepares the activation super-blocks once per call, KACT_CHUNK at a time */
+#define KACT_CHUNK 32
 
 #ifndef GEMMK_R
 #define GEMMK_R 4
@@ -1049,24 +1054,46 @@ INLINE __m512 dot_q3_K(const wK2 *W, const actK2 *A, const block_q8_K *y, __m512
 #ifndef GEMMK_T
 #define GEMMK_T 4
 #endif
+#ifndef GEMMK_WBUF
+#define GEMMK_WBUF (128 * 1024) /* bytes of decoded weights per pass (L2) */
+#endif
+#ifndef GEMMK_TP
+#define GEMMK_TP 8 /* activation rows prepared per panel */
+#endif
 
-#define DEFINE_K512(name, block_t, act_t, w_t)                                                              \
-    /* R rows against one activation row (vec_dot, gemv) */                                                 \
-    INLINE void krows_##name(const int R, int64_t nsb, const char *w, size_t rb, const block_q8_K *y,       \
-                             float *out, const gemv_pf *pf) {                                               \
-        float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};                                                            \
+/* gemm's stored forms: the transposed quants (vector i = dword i of every
+ * sub-block, M order) and the scales; the mins / activation sums beside */
+typedef struct {
+    __m512i v[4];
+    __m512 dsc;
+} wKg;
+typedef struct {
+    __m512i v[4], seed;
+    __m512 da;
+} aKg;
+
+#define DEFINE_K512(name, block_t)                                                                          \
+    /* R rows against one activation row (vec_dot, gemv); Ab: the prepared super-blocks or NULL */         \
+    INLINE void krows_##name(const int R, const int vnni, int64_t nsb, const char *w, size_t rb,          \
+                             const block_q8_K *y, const aKs *Ab, float *out, const int cont, const gemv_pf *pf) { \
+        float sum[4];                                                                                       \
+        for (int r = 0; r < R; r++) sum[r] = cont ? out[r] : 0.0f;                                          \
         for (int64_t g0 = 0; g0 < nsb; g0 += RED_SB) {                                                      \
             const int64_t g1 = nsb - g0 < RED_SB ? nsb : g0 + RED_SB;                                       \
             __m512 acc[4];                                                                                  \
             for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();                                       \
             for (int64_t i = g0; i < g1; i++) {                                                             \
-                act_t A;                                                                                    \
-                act_t##_load(&y[i], &A);                                                                    \
-                if (pf) gemv_prefetch_step(pf, R, (uintptr_t)(w + i * sizeof(block_t)), i * sizeof(block_t), sizeof(block_t));                    \
+                aKs Al;                                                                                     \
+                const aKs *A = Ab ? &Ab[i] : &Al;                                                           \
+                if (!Ab) act_##name(&y[i], &Al);                                                            \
+                if (pf) gemv_prefetch_step(pf, R, (uintptr_t)(w + i * sizeof(block_t)), i * sizeof(block_t), sizeof(block_t)); \
                 for (int r = 0; r < R; r++) {                                                               \
-                    w_t W;                                                                                  \
+                    wKs W;                                                                                  \
                     dec_##name((const block_t *)(const void *)(w + r * rb) + i, &W);                        \
-                    acc[r] = dot_##name(&W, &A, &y[i], acc[r]);                                             \
+                    __m512i d[4];                                                                           \
+                    for (int q = 0; q < 4; q++) d[q] = dpbusd(vnni, _mm512_setzero_si512(), W.v[q], A->a[q]); \
+                    const __m512i isum = _mm512_add_epi32(red4i(d[0], d[1], d[2], d[3]), A->seed);          \
+                    acc[r] = k_fin(K_MIN_##name, isum, W.dsc, W.nmin, A, acc[r]);                           \
                 }                                                                                           \
             }                                                                                               \
             if (R == 4) {                                                                                   \
@@ -1079,33 +1106,58 @@ INLINE __m512 dot_q3_K(const wK2 *W, const actK2 *A, const block_q8_K *y, __m512
         }                                                                                                   \
         for (int r = 0; r < R; r++) out[r] = sum[r];                                                        \
     }                                                                                                       \
-    static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {               \
+    INLINE float vec_dot_##name##_impl(const int vnni, int64_t n, const void *w, const void *a) {          \
         float r;                                                                                            \
-        krows_##name(1, n / QK_K, w, 0, a, &r, NULL);                                                             \
+        krows_##name(1, vnni, n / QK_K, w, 0, a, NULL, &r, 0, NULL);                                        \
         return r;                                                                                           \
     }                                                                                                       \
-    static void gemv_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,  \
-                            float *restrict out) {                                                          \
-        const char *p = w;                                                                                  \
-        const size_t len = (size_t)(n / QK_K) * sizeof(block_t);                                            \
-        const gemv_pf pf4 = gemv_prefetch_plan(4, rb, len), pf1 = gemv_prefetch_plan(1, rb, len);           \
-        int r = 0;                                                                                          \
-        for (; r + 4 <= nrows; r += 4, p += 4 * rb) krows_##name(4, n / QK_K, p, rb, a, out + r, &pf4);     \
-        for (; r < nrows; r++, p += rb) krows_##name(1, n / QK_K, p, rb, a, out + r, &pf1);                 \
+    INLINE void gemv_##name##_impl(const int vnni, int64_t n, const void *w, size_t rb, int nrows,         \
+                                   const void *a, float *out) {                                             \
+        const block_q8_K *y = a;                                                                            \
+        const int64_t nsb = n / QK_K;                                                                       \
+        aKs Ab[KACT_CHUNK];                                                                                 \
+        if (nsb <= 0)                                                                                       \
+            for (int r = 0; r < nrows; r++) out[r] = 0.0f;                                                  \
+        for (int64_t c0 = 0; c0 < nsb; c0 += KACT_CHUNK) {                                                  \
+            const int64_t cb = nsb - c0 < KACT_CHUNK ? nsb - c0 : KACT_CHUNK;                               \
+            for (int64_t i = 0; i < cb; i++) act_##name(&y[c0 + i], &Ab[i]);                                \
+            const char *p = (const char *)w + (size_t)c0 * sizeof(block_t);                                 \
+            const size_t len = (size_t)cb * sizeof(block_t);                                                \
+            const gemv_pf pf4 = gemv_prefetch_plan(4, rb, len), pf1 = gemv_prefetch_plan(1, rb, len);       \
+            int r = 0;                                                                                      \
+            for (; r + 4 <= nrows; r += 4, p += 4 * rb) krows_##name(4, vnni, cb, p, rb, NULL, Ab, out + r, c0 > 0, &pf4); \
+            for (; r < nrows; r++, p += rb) krows_##name(1, vnni, cb, p, rb, NULL, Ab, out + r, c0 > 0, &pf1); \
+        }                                                                                                   \
     }                                                                                                       \
-    /* R rows x T activation rows over one group of nsb super-blocks (A[t][j], y[t] + j) */               \
-    INLINE void ktile_##name(const int R, const int T, int nsb, const char *w, size_t rb,                   \
-                             act_t (*A)[RED_SB], const block_q8_K *const *y, float *out, size_t os) {       \
-        __m512 acc[GEMMK_R][GEMMK_T];                                                                       \
+    /* gemm: R rows x T activation rows over one group of nsb super-blocks from the buffers               \
+     * (row r's super-blocks at W + r * nsb, activation row t's at A + t * nsb) */                          \
+    INLINE void ktile_##name(const int R, const int T, const int vnni, int nsb, const wKg *W, const __m512 *WM, \
+                             const aKg *A, const __m512 *AB, float *out, size_t os) {                       \
+        __m512 acc[4][4];                                                                                   \
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                                 \
             _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();           \
         for (int j = 0; j < nsb; j++) {                                                                     \
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                           \
-                w_t W;                                                                                      \
-                dec_##name((const block_t *)(const void *)(w + r * rb) + j, &W);                            \
+            __m512i s[4][4];                                                                                \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                             \
+                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) s[r][t] = A[t * nsb + j].seed;          \
+            if (vnni) {                                                                                     \
+                _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)                                         \
+                    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {                                   \
+                        const __m512i av = A[t * nsb + j].v[i];                                             \
+                        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                 \
+                            s[r][t] = _mm512_dpbusd_epi32(s[r][t], W[r * nsb + j].v[i], av);                \
+                    }                                                                                       \
+            } else {                                                                                        \
                 _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                         \
-                    acc[r][t] = dot_##name(&W, &A[t][j], y[t] + j, acc[r][t]);                              \
+                    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                     \
+                        s[r][t] = k_dot4(0, K_GRP_##name, W[r * nsb + j].v, A[t * nsb + j].v, s[r][t]);     \
             }                                                                                               \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                             \
+                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {                                       \
+                    acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][t]),                                \
+                                                _mm512_mul_ps(W[r * nsb + j].dsc, A[t * nsb + j].da), acc[r][t]); \
+                    if (K_MIN_##name) acc[r][t] = _mm512_fmadd_ps(WM[r * nsb + j], AB[t * nsb + j], acc[r][t]); \
+                }                                                                                           \
         }                                                                                                   \
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {                                               \
             if (R == 4) {                                                                                   \
@@ -1116,44 +1168,98 @@ INLINE __m512 dot_q3_K(const wK2 *W, const actK2 *A, const block_q8_K *y, __m512
             }                                                                                               \
         }                                                                                                   \
     }                                                                                                       \
-    static void gemm_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,  \
-                            size_t as, int ncols, float *restrict out, size_t os) {                         \
+    INLINE void gemm_##name##_impl(const int vnni, int64_t n, const void *w, size_t rb, int nrows,         \
+                                   const void *a, size_t as, int ncols, float *out, size_t os) {            \
         const int64_t nsb = n / QK_K;                                                                       \
-        act_t A[GEMMK_T][RED_SB];                                                                           \
+        const int mins = K_MIN_##name;                                                                      \
+        _Alignas(64) unsigned char wmem[GEMMK_WBUF];                                                        \
+        aKg A[GEMMK_TP * RED_SB];                                                                           \
+        __m512 AB[K_MIN_##name ? GEMMK_TP * RED_SB : 1];                                                    \
         for (int t = 0; t < ncols; t++)                                                                     \
             for (int r = 0; r < nrows; r++) out[t * os + r] = 0.0f;                                         \
-        for (int t0 = 0; t0 < ncols; t0 += GEMMK_T) {                                                       \
-            const int T = ncols - t0 < GEMMK_T ? ncols - t0 : GEMMK_T;                                      \
-            for (int64_t g0 = 0; g0 < nsb; g0 += RED_SB) {                                                  \
-                const int ng = nsb - g0 < RED_SB ? (int)(nsb - g0) : RED_SB;                                \
-                const block_q8_K *y[GEMMK_T];                                                               \
-                for (int t = 0; t < T; t++) {                                                               \
-                    y[t] = (const block_q8_K *)(const void *)((const char *)a + (t0 + t) * as) + g0;        \
-                    for (int j = 0; j < ng; j++) act_t##_load(&y[t][j], &A[t][j]);                          \
-                }                                                                                           \
-                const char *p = (const char *)w + (size_t)g0 * sizeof(block_t);                             \
-                float *o = out + (size_t)t0 * os;                                                           \
-                int r = 0;                                                                                  \
-                if (T == GEMMK_T) {                                                                         \
-                    for (; r + GEMMK_R <= nrows; r += GEMMK_R)                                              \
-                        ktile_##name(GEMMK_R, GEMMK_T, ng, p + r * rb, rb, A, y, o + r, os);                \
-                    for (; r < nrows; r++) ktile_##name(1, GEMMK_T, ng, p + r * rb, rb, A, y, o + r, os);   \
-                } else {                                                                                    \
-                    for (int t = 0; t < T; t++) {                                                           \
-                        for (r = 0; r + 4 <= nrows; r += 4)                                                 \
-                            ktile_##name(4, 1, ng, p + r * rb, rb, A + t, y + t, o + t * os + r, os);       \
-                        for (; r < nrows; r++) ktile_##name(1, 1, ng, p + r * rb, rb, A + t, y + t, o + t * os + r, os); \
+        for (int64_t c0 = 0; c0 < nsb; c0 += RED_SB) {                                                      \
+            const int cb = nsb - c0 < RED_SB ? (int)(nsb - c0) : RED_SB;                                    \
+            const size_t per_row = (size_t)cb * (sizeof(wKg) + (mins ? 64 : 0));                            \
+            int rp = (int)(GEMMK_WBUF / per_row) / GEMMK_R * GEMMK_R;                                       \
+            if (rp > nrows) rp = nrows;                                                                     \
+            wKg *W = (wKg *)(void *)wmem;                                                                   \
+            __m512 *WM = (__m512 *)(void *)(wmem + (size_t)rp * cb * sizeof(wKg));                          \
+            for (int r0 = 0; r0 < nrows; r0 += rp) {                                                        \
+                const int Rn = nrows - r0 < rp ? nrows - r0 : rp;                                           \
+                for (int r = 0; r < Rn; r++)                                                                \
+                    for (int j = 0; j < cb; j++) {                                                          \
+                        wKs D;                                                                              \
+                        dec_##name((const block_t *)(const void *)((const char *)w + (size_t)(r0 + r) * rb) + c0 + j, &D); \
+                        wKg *o = &W[r * cb + j];                                                            \
+                        m_transpose(D.v[0], D.v[1], D.v[2], D.v[3], o->v);                                  \
+                        o->dsc = D.dsc;                                                                     \
+                        if (mins) WM[r * cb + j] = D.nmin;                                                  \
+                    }                                                                                       \
+                for (int t0 = 0; t0 < ncols; t0 += GEMMK_TP) {                                              \
+                    const int Tn = ncols - t0 < GEMMK_TP ? ncols - t0 : GEMMK_TP;                           \
+                    for (int t = 0; t < Tn; t++)                                                            \
+                        for (int j = 0; j < cb; j++) {                                                      \
+                            aKs g;                                                                          \
+                            act_##name((const block_q8_K *)(const void *)((const char *)a + (size_t)(t0 + t) * as) + c0 + j, &g); \
+                            aKg *o = &A[t * cb + j];                                                        \
+                            m_transpose(g.a[0], g.a[1], g.a[2], g.a[3], o->v);                              \
+                            o->seed = g.seed, o->da = g.da;                                                 \
+                            if (mins) AB[t * cb + j] = g.bs;                                                \
+                        }                                                                                   \
+                    float *ob = out + (size_t)t0 * os + r0;                                                 \
+                    int r = 0;                                                                              \
+                    for (; r + GEMMK_R <= Rn; r += GEMMK_R) {                                               \
+                        int t = 0;                                                                          \
+                        for (; t + GEMMK_T <= Tn; t += GEMMK_T)                                             \
+                            ktile_##name(GEMMK_R, GEMMK_T, vnni, cb, W + r * cb, WM + (mins ? r * cb : 0),   \
+                                         A + t * cb, AB + (mins ? t * cb : 0), ob + t * os + r, os);        \
+                        for (; t < Tn; t++)                                                                 \
+                            ktile_##name(GEMMK_R, 1, vnni, cb, W + r * cb, WM + (mins ? r * cb : 0),         \
+                                         A + t * cb, AB + (mins ? t * cb : 0), ob + t * os + r, os);        \
+                    }                                                                                       \
+                    for (; r < Rn; r++) {                                                                   \
+                        int t = 0;                                                                          \
+                        for (; t + GEMMK_T <= Tn; t += GEMMK_T)                                             \
+                            ktile_##name(1, GEMMK_T, vnni, cb, W + r * cb, WM + (mins ? r * cb : 0),         \
+                                         A + t * cb, AB + (mins ? t * cb : 0), ob + t * os + r, os);        \
+                        for (; t < Tn; t++)                                                                 \
+                            ktile_##name(1, 1, vnni, cb, W + r * cb, WM + (mins ? r * cb : 0),               \
+                                         A + t * cb, AB + (mins ? t * cb : 0), ob + t * os + r, os);        \
                     }                                                                                       \
                 }                                                                                           \
             }                                                                                               \
         }                                                                                                   \
+    }                                                                                                       \
+    static float vec_dot_##name##_vnni(int64_t n, const void *restrict w, const void *restrict a) {        \
+        return vec_dot_##name##_impl(1, n, w, a);                                                           \
+    }                                                                                                       \
+    static float vec_dot_##name##_bw(int64_t n, const void *restrict w, const void *restrict a) {          \
+        return vec_dot_##name##_impl(0, n, w, a);                                                           \
+    }                                                                                                       \
+    static void gemv_##name##_vnni(int64_t n, const void *restrict w, size_t rb, int nrows,                \
+                                   const void *restrict a, float *restrict out) {                           \
+        gemv_##name##_impl(1, n, w, rb, nrows, a, out);                                                     \
+    }                                                                                                       \
+    static void gemv_##name##_bw(int64_t n, const void *restrict w, size_t rb, int nrows,                  \
+                                 const void *restrict a, float *restrict out) {                             \
+        gemv_##name##_impl(0, n, w, rb, nrows, a, out);                                                     \
+    }                                                                                                       \
+    static void gemm_##name##_vnni(int64_t n, const void *restrict w, size_t rb, int nrows,                \
+                                   const void *restrict a, size_t as, int ncols, float *restrict out,       \
+                                   size_t os) {                                                             \
+        gemm_##name##_impl(1, n, w, rb, nrows, a, as, ncols, out, os);                                      \
+    }                                                                                                       \
+    static void gemm_##name##_bw(int64_t n, const void *restrict w, size_t rb, int nrows,                  \
+                                 const void *restrict a, size_t as, int ncols, float *restrict out,         \
+                                 size_t os) {                                                               \
+        gemm_##name##_impl(0, n, w, rb, nrows, a, as, ncols, out, os);                                      \
     }
 
-DEFINE_K512(q4_K, block_q4_K, actK4, wK4)
-DEFINE_K512(q5_K, block_q5_K, actK4, wK4)
-DEFINE_K512(q6_K, block_q6_K, actQ6, wQ6)
-DEFINE_K512(q2_K, block_q2_K, actK2, wK2)
-DEFINE_K512(q3_K, block_q3_K, actK2, wK2)
+DEFINE_K512(q4_K, block_q4_K)
+DEFINE_K512(q5_K, block_q5_K)
+DEFINE_K512(q6_K, block_q6_K)
+DEFINE_K512(q2_K, block_q2_K)
+DEFINE_K512(q3_K, block_q3_K)
 
 INLINE __mmask16 tail_mask16(int64_t m) { return (__mmask16)_bzhi_u32(0xffffu, (unsigned)(m > 16 ? 16 : m)); }
 
@@ -1328,6 +1434,7 @@ void kernels_fill_avx512(kernel_table *t) {
     t->gemm[T] = gemm_##name##_vnni;
         SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
         SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl)
+        SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K) SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K)
 #undef SET
     } else {
 #define SET(T, name)                        \
@@ -1336,23 +1443,9 @@ void kernels_fill_avx512(kernel_table *t) {
     t->gemm[T] = gemm_##name##_bw;
         SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
         SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl)
+        SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K) SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K)
 #undef SET
     }
-    t->vec_dot[T_Q4_K] = vec_dot_q4_K;
-    t->gemv[T_Q4_K] = gemv_q4_K;
-    t->gemm[T_Q4_K] = gemm_q4_K;
-    t->vec_dot[T_Q5_K] = vec_dot_q5_K;
-    t->gemv[T_Q5_K] = gemv_q5_K;
-    t->gemm[T_Q5_K] = gemm_q5_K;
-    t->vec_dot[T_Q6_K] = vec_dot_q6_K;
-    t->gemv[T_Q6_K] = gemv_q6_K;
-    t->gemm[T_Q6_K] = gemm_q6_K;
-    t->vec_dot[T_Q2_K] = vec_dot_q2_K;
-    t->gemv[T_Q2_K] = gemv_q2_K;
-    t->gemm[T_Q2_K] = gemm_q2_K;
-    t->vec_dot[T_Q3_K] = vec_dot_q3_K;
-    t->gemv[T_Q3_K] = gemv_q3_K;
-    t->gemm[T_Q3_K] = gemm_q3_K;
     t->vec_dot[T_F32] = vec_dot_f32;
     t->gemv[T_F32] = gemv_f32;
     t->vec_dot[T_F16] = vec_dot_f16;
