@@ -28,9 +28,18 @@
  * float steps of a row are fixed (RED_BLOCKS below), the same in vec_dot,
  * gemv and gemm: the determinism contract of quants.h.
  *
- * K-quants (Q2_K .. Q6_K): a super-block is decoded once per weight row
- * (dec_*) and dotted with one activation row (vec_dot, gemv) or up to 4
- * (gemm); 512-bit, int16 scales applied with vpmaddwd.
+ * gemm (prefill) decodes a tile's weights once per call into buffers and
+ * runs a register-tiled micro-kernel over them (see its section).
+ *
+ * K-quants (Q2_K .. Q6_K): VNNI (or vpmaddubsw) dots with one int32 lane
+ * per 16-element sub-block, the sub-block scales applied in float (see
+ * their section); VNNI and no-VNNI variants like the 32-element formats.
+ *
+ * Throughput notes for the machine these were tuned on (an Ice Lake Xeon
+ * VM): vpdpbusd, vpmaddubsw, FMA and convert all issue 2 per cycle, but a
+ * load into a zmm register (plain or broadcast) only ~1 per cycle, so the
+ * micro-kernels are bound by operand loads as much as by arithmetic: the
+ * 4x4 tiles keep both operands of each step in registers where they can.
  */
 #include <immintrin.h>
 #include <string.h>
