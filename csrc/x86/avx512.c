@@ -14,7 +14,10 @@
  * vpermt2w: the block strides 18/20/22/24/34 bytes keep everything word- or
  * dword-aligned) into the same layout of unsigned bytes. Two vpdpbusd give
  * 16 int32 lanes, lanes 4k..4k+3 belonging to block k; one vcvtdq2ps and one
- * FMA with the blocks' d*da (permuted to that lane pattern) per quad.
+ * FMA with the blocks' d*da (permuted to that lane pattern) per quad. Whole
+ * runs of 16 blocks ("hexes") reduce their 4 quads' dots to one lane per
+ * block first, so that the float work is one convert and FMA per 16 blocks
+ * (gemm, which stores its operands in that layout, needs no reduction).
  * Weights are made unsigned with a per-format offset c (Q4_0: q = u - 8,
  * Q5_0: u - 16, Q8_0 and IQ4_NL: u - 128 via xor 0x80); the activation side
  * precomputes -c * sum(a) per lane, which seeds the vpdpbusd accumulator, so
@@ -178,9 +181,19 @@ INLINE __m512 min_fma(__m256 dm, __m256 ds, __m512 acc) {
     return _mm512_mask3_fmadd_ps(_mm512_zextps256_ps512(dm), _mm512_zextps256_ps512(ds), acc, 0xaa);
 }
 
-/* ---- quad steps: acc (16 lanes) += d*da * dot, then (mins) lanes 2k+1 += m_k*s_k ---- */
+/* ---- quad steps ----
+ * qi_*: one quad's int32 dot (16 lanes, lanes 4k..4k+3 of block k, seeded
+ * with the activation's -c * sum: exact) and its scales: dd = [d_k * da_k]
+ * (formats without a min) or dm = [d_k m_k] x 4 (Q4_1, Q5_1, unmultiplied).
+ * quad_*: acc (16 lanes) += d*da * dot, then (mins) lanes 2k+1 += m_k*s_k */
 
-INLINE void quad_q4_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc) {
+typedef struct {
+    __m512i dot;
+    __m128 dd;
+    __m256 dm;
+} qres;
+
+INLINE void qi_q4_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, qres *Q) {
     const __m512i L0 = LDW(x, 0, 18), L1 = LDW(x, 8, 18);
     const __m512i q = _mm512_permutex2var_epi16(
         L0,
@@ -188,10 +201,8 @@ INLINE void quad_q4_0(const int vnni, const int full, const int nblk, const uint
                           56, 57, 58, 59, 60, 61, 62, 63),
         L1);
     __m512i dot = dpbusd(vnni, A->negc, nib_lo(q), A->lo);
-    dot = dpbusd(vnni, dot, nib_hi(q), A->hi);
-    const __m128i dh = d4_scalar(x, 18, full, nblk);
-    const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(dh), A->da);
-    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4(dd), *acc);
+    Q->dot = dpbusd(vnni, dot, nib_hi(q), A->hi);
+    Q->dd = _mm_mul_ps(_mm_cvtph_ps(d4_scalar(x, 18, full, nblk)), A->da);
 }
 
 INLINE __m512i iq4nl_table(const int vnni) {
@@ -201,7 +212,7 @@ INLINE __m512i iq4nl_table(const int vnni) {
     return _mm512_broadcast_i32x4(t);
 }
 
-INLINE void quad_iq4_nl(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc) {
+INLINE void qi_iq4_nl(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, qres *Q) {
     const __m512i L0 = LDW(x, 0, 18), L1 = LDW(x, 8, 18);
     const __m512i q = _mm512_permutex2var_epi16(
         L0,
@@ -210,31 +221,218 @@ INLINE void quad_iq4_nl(const int vnni, const int full, const int nblk, const ui
         L1);
     const __m512i tab = iq4nl_table(vnni);
     const __m512i vlo = _mm512_shuffle_epi8(tab, nib_lo(q)), vhi = _mm512_shuffle_epi8(tab, nib_hi(q));
-    __m512i dot;
     if (vnni) {
-        dot = _mm512_dpbusd_epi32(A->negc, vlo, A->lo);
-        dot = _mm512_dpbusd_epi32(dot, vhi, A->hi);
+        Q->dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(A->negc, vlo, A->lo), vhi, A->hi);
     } else {
-        dot = dot_s8s8(dot_s8s8(_mm512_setzero_si512(), vlo, A->lo), vhi, A->hi);
+        Q->dot = dot_s8s8(dot_s8s8(_mm512_setzero_si512(), vlo, A->lo), vhi, A->hi);
     }
-    const __m128i dh = d4_scalar(x, 18, full, nblk);
-    const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(dh), A->da);
-    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4(dd), *acc);
+    Q->dd = _mm_mul_ps(_mm_cvtph_ps(d4_scalar(x, 18, full, nblk)), A->da);
 }
 
-INLINE void quad_q4_1(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc) {
+INLINE void qi_q4_1(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, qres *Q) {
     const __m512i L0 = LDW(x, 0, 20), L1 = LDW(x, 16, 20);
     const __m512i q = _mm512_permutex2var_epi32(
         L0, _mm512_setr_epi32(1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 13, 14, 28, 29, 30, 31), L1);
     __m512i dot = dpbusd(vnni, _mm512_setzero_si512(), nib_lo(q), A->lo);
-    dot = dpbusd(vnni, dot, nib_hi(q), A->hi);
+    Q->dot = dpbusd(vnni, dot, nib_hi(q), A->hi);
     const __m128i dm = _mm512_castsi512_si128(
         _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 5, 10, 15, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), L0));
-    const __m256 dmf = _mm256_cvtph_ps(dm);
-    const __m256 p = _mm256_mul_ps(dmf, A->ds); /* [d*da, m*s] x 4: the d*da */
-    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4_even(p), *acc);
-    *acc = min_fma(dmf, A->ds, *acc);
+    Q->dm = _mm256_cvtph_ps(dm);
 }
+
+INLINE void qi_q5_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, qres *Q) {
+    const __m512i L0 = LDW(x, 0, 22), L1 = LDW(x, 24, 22);
+    const __m512i q = _mm512_permutex2var_epi16(
+        L0,
+        IDX16(3, 4, 5, 6, 7, 8, 9, 10, 14, 15, 16, 17, 18, 19, 20, 21, 45, 46, 47, 48, 49, 50, 51, 52,
+                          56, 57, 58, 59, 60, 61, 62, 63),
+        L1);
+    __mmask64 klo, khi;
+    q5_masks(QH(x, 2, 22, 0), QH(x, 2, 22, 1), QH(x, 2, 22, 2), QH(x, 2, 22, 3), &klo, &khi);
+    const __m512i b4 = _mm512_set1_epi8(0x10);
+    const __m512i lo = nib_lo(q), hi = nib_hi(q);
+    __m512i dot = dpbusd(vnni, A->negc, _mm512_mask_add_epi8(lo, klo, lo, b4), A->lo);
+    Q->dot = dpbusd(vnni, dot, _mm512_mask_add_epi8(hi, khi, hi, b4), A->hi);
+    /* (d through the vector side here: the 5th bits already keep the scalar ports busy) */
+    const __m128i dh = _mm512_castsi512_si128(_mm512_permutex2var_epi16(
+        L0, IDX16(0, 11, 22, 53, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+        L1));
+    Q->dd = _mm_mul_ps(_mm_cvtph_ps(dh), A->da);
+}
+
+INLINE void qi_q5_1(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, qres *Q) {
+    const __m512i L0 = LDW(x, 0, 24), L1 = LDW(x, 32, 24);
+    const __m512i q = _mm512_permutex2var_epi32(
+        L0, _mm512_setr_epi32(2, 3, 4, 5, 8, 9, 10, 11, 22, 23, 24, 25, 28, 29, 30, 31), L1);
+    __mmask64 klo, khi;
+    q5_masks(QH(x, 4, 24, 0), QH(x, 4, 24, 1), QH(x, 4, 24, 2), QH(x, 4, 24, 3), &klo, &khi);
+    const __m512i b4 = _mm512_set1_epi8(0x10);
+    const __m512i lo = nib_lo(q), hi = nib_hi(q);
+    __m512i dot = dpbusd(vnni, _mm512_setzero_si512(), _mm512_mask_add_epi8(lo, klo, lo, b4), A->lo);
+    Q->dot = dpbusd(vnni, dot, _mm512_mask_add_epi8(hi, khi, hi, b4), A->hi);
+    const __m128i dm = _mm512_castsi512_si128(_mm512_permutex2var_epi32(
+        L0, _mm512_setr_epi32(0, 6, 12, 26, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), L1));
+    Q->dm = _mm256_cvtph_ps(dm);
+}
+
+INLINE void qi_q8_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, qres *Q) {
+    const __m512i S0 = LDW(x, 0, 34), S1 = LDW(x, 64, 34);
+    const __m512i T0 = LDW(x, 16, 34), T1 = LDW(x, 72, 34);
+    const __m512i qlo = _mm512_permutex2var_epi16(
+        S0,
+        IDX16(1, 2, 3, 4, 5, 6, 7, 8, 18, 19, 20, 21, 22, 23, 24, 25, 35, 36, 37, 38, 39, 40, 41, 42,
+                          52, 53, 54, 55, 56, 57, 58, 59),
+        S1);
+    const __m512i qhi = _mm512_permutex2var_epi16(
+        T0,
+        IDX16(1, 2, 3, 4, 5, 6, 7, 8, 18, 19, 20, 21, 22, 23, 24, 25, 39, 40, 41, 42, 43, 44, 45, 46,
+                          56, 57, 58, 59, 60, 61, 62, 63),
+        T1);
+    if (vnni) {
+        const __m512i f = _mm512_set1_epi8((char)0x80);
+        Q->dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(A->negc, _mm512_xor_si512(qlo, f), A->lo),
+                                     _mm512_xor_si512(qhi, f), A->hi);
+    } else {
+        Q->dot = dot_s8s8(dot_s8s8(_mm512_setzero_si512(), qlo, A->lo), qhi, A->hi);
+    }
+    Q->dd = _mm_mul_ps(_mm_cvtph_ps(d4_scalar(x, 34, full, nblk)), A->da);
+}
+
+/* formats with a min (m*s terms) / signed weights on the no-VNNI path */
+#define MIN_q4_0 0
+#define MIN_q4_1 1
+#define MIN_q5_0 0
+#define MIN_q5_1 1
+#define MIN_q8_0 0
+#define MIN_iq4_nl 0
+#define SIGNED_q4_0 0
+#define SIGNED_q4_1 0
+#define SIGNED_q5_0 0
+#define SIGNED_q5_1 0
+#define SIGNED_q8_0 1
+#define SIGNED_iq4_nl 1
+
+/* the float steps of a quad */
+INLINE void quad_fin(const int mins, const qres *Q, const act4 *A, __m512 *acc) {
+    if (mins) {
+        const __m256 p = _mm256_mul_ps(Q->dm, A->ds); /* [d*da, m*s] x 4: the d*da */
+        *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Q->dot), spread4_even(p), *acc);
+        *acc = min_fma(Q->dm, A->ds, *acc);
+    } else {
+        *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Q->dot), spread4(Q->dd), *acc);
+    }
+}
+
+#define DEFINE_QUAD(name)                                                                                  \
+    INLINE void quad_##name(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, \
+                            __m512 *acc) {                                                                  \
+        qres Q;                                                                                             \
+        qi_##name(vnni, full, nblk, x, A, &Q);                                                              \
+        quad_fin(MIN_##name, &Q, A, acc);                                                                   \
+    }
+DEFINE_QUAD(q4_0)
+DEFINE_QUAD(q4_1)
+DEFINE_QUAD(q5_0)
+DEFINE_QUAD(q5_1)
+DEFINE_QUAD(q8_0)
+DEFINE_QUAD(iq4_nl)
+
+/* ---- hexes: 16 blocks (4 quads) with one int32 lane per block ----
+ * Lane 4k + q of a hex vector belongs to block 4q + k of the hex ("M
+ * order": what reducing the 4 quads' dots with two rounds of unpacks gives).
+ * Per hex: acc = fma(float(dot16), d*da, acc), then (mins) acc = fma(m, s,
+ * acc): one convert and FMA per 16 blocks where quads take four. */
+
+/* the int32 sums of each block's 4 lanes of 4 quad dots, in M order (exact) */
+INLINE __m512i red4i(__m512i d0, __m512i d1, __m512i d2, __m512i d3) {
+    const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(d0, d1), _mm512_unpackhi_epi32(d0, d1));
+    const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(d2, d3), _mm512_unpackhi_epi32(d2, d3));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
+}
+
+/* [x_q[0..3]] of 4 quads -> M order: lane 4k + q = x_q[k] */
+INLINE __m512 m_order4(__m128 a0, __m128 a1, __m128 a2, __m128 a3) {
+    const __m512 z = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_insertf128_ps(_mm256_castps128_ps256(a0), a1, 1)),
+                                        _mm256_insertf128_ps(_mm256_castps128_ps256(a2), a3, 1), 1);
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), z);
+}
+
+/* lanes 2k + o of 4 quads' [x0 y0 x1 y1 x2 y2 x3 y3] pairs, in M order */
+INLINE __m512 m_order_pairs(__m256 p0, __m256 p1, __m256 p2, __m256 p3, const int o) {
+    const __m512 z01 = _mm512_insertf32x8(_mm512_castps256_ps512(p0), p1, 1);
+    const __m512 z23 = _mm512_insertf32x8(_mm512_castps256_ps512(p2), p3, 1);
+    const __m512i idx = _mm512_add_epi32(_mm512_setr_epi32(0, 8, 16, 24, 2, 10, 18, 26, 4, 12, 20, 28, 6, 14, 22, 30),
+                                         _mm512_set1_epi32(o));
+    return _mm512_permutex2var_ps(z01, idx, z23);
+}
+
+/* 4 vectors of the quad pattern [x_k x4] -> M order (lane 4k + q from vector q) */
+INLINE __m512 m_blend4(__m512 p0, __m512 p1, __m512 p2, __m512 p3) {
+    __m512 r = _mm512_mask_blend_ps(0x2222, p0, p1);
+    r = _mm512_mask_blend_ps(0x4444, r, p2);
+    return _mm512_mask_blend_ps(0x8888, r, p3);
+}
+
+/* 4 quads' bytes in the quad layout (128-bit lane k: block k, dword i:
+ * bytes 4i..4i+3) -> o[i]: dword i of each block, in M order */
+INLINE void m_transpose(__m512i a0, __m512i a1, __m512i a2, __m512i a3, __m512i *o) {
+    const __m512i t0 = _mm512_unpacklo_epi32(a0, a1), t1 = _mm512_unpackhi_epi32(a0, a1);
+    const __m512i t2 = _mm512_unpacklo_epi32(a2, a3), t3 = _mm512_unpackhi_epi32(a2, a3);
+    o[0] = _mm512_unpacklo_epi64(t0, t2), o[1] = _mm512_unpackhi_epi64(t0, t2);
+    o[2] = _mm512_unpacklo_epi64(t1, t3), o[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+/* the activation side of a hex beside its 4 quads: da and (mins) s, M order */
+typedef struct {
+    __m512 da, s;
+} acth;
+
+INLINE void acth_of(const act4 *A, acth *H) {
+    H->da = m_order4(A[0].da, A[1].da, A[2].da, A[3].da);
+    H->s = m_order_pairs(A[0].ds, A[1].ds, A[2].ds, A[3].ds, 1);
+}
+
+/* a hex of one row (gemv, vec_dot): the 4 quads' dots reduced to one lane per block */
+#define DEFINE_HEX(name, block_t)                                                                          \
+    INLINE void hex_##name(const int vnni, const uint8_t *x, const act4 *A, const acth *H, __m512 *acc) {  \
+        qres Q[4];                                                                                          \
+        for (int q = 0; q < 4; q++) qi_##name(vnni, 1, 4, x + 4 * q * sizeof(block_t), &A[q], &Q[q]);      \
+        const __m512 dot = _mm512_cvtepi32_ps(red4i(Q[0].dot, Q[1].dot, Q[2].dot, Q[3].dot));               \
+        if (MIN_##name) {                                                                                   \
+            __m256 p[4];                                                                                    \
+            for (int q = 0; q < 4; q++) p[q] = _mm256_mul_ps(Q[q].dm, A[q].ds); /* the d*da */              \
+            *acc = _mm512_fmadd_ps(dot, m_order_pairs(p[0], p[1], p[2], p[3], 0), *acc);                    \
+            *acc = _mm512_fmadd_ps(m_order_pairs(Q[0].dm, Q[1].dm, Q[2].dm, Q[3].dm, 1), H->s, *acc);       \
+        } else {                                                                                            \
+            *acc = _mm512_fmadd_ps(dot, m_order4(Q[0].dd, Q[1].dd, Q[2].dd, Q[3].dd), *acc);                \
+        }                                                                                                   \
+    }
+DEFINE_HEX(q4_0, block_q4_0)
+/* Q4_1: two quads' (d, m) pairs through one permute and vcvtph2ps, as in oct_q4_1 below */
+INLINE void hex_q4_1(const int vnni, const uint8_t *x, const act4 *A, const acth *H, __m512 *acc) {
+    const __m512i idx = _mm512_setr_epi32(1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 13, 14, 28, 29, 30, 31);
+    const __m512i didx = _mm512_setr_epi32(0, 5, 10, 15, 16, 21, 26, 31, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512i d[4];
+    __m512 dm[2], p[2];
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *xh = x + 160 * h;
+        const __m512i L0 = _mm512_loadu_si512(xh), L1 = _mm512_loadu_si512(xh + 16);
+        const __m512i L2 = _mm512_loadu_si512(xh + 80), L3 = _mm512_loadu_si512(xh + 96);
+        const __m512i q0 = _mm512_permutex2var_epi32(L0, idx, L1), q1 = _mm512_permutex2var_epi32(L2, idx, L3);
+        d[2 * h] = dpbusd(vnni, dpbusd(vnni, _mm512_setzero_si512(), nib_lo(q0), A[2 * h].lo), nib_hi(q0), A[2 * h].hi);
+        d[2 * h + 1] = dpbusd(vnni, dpbusd(vnni, _mm512_setzero_si512(), nib_lo(q1), A[2 * h + 1].lo), nib_hi(q1), A[2 * h + 1].hi);
+        dm[h] = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi32(L0, didx, L2)));
+        p[h] = _mm512_mul_ps(dm[h], _mm512_insertf32x8(_mm512_castps256_ps512(A[2 * h].ds), A[2 * h + 1].ds, 1));
+    }
+    const __m512i ev = _mm512_setr_epi32(0, 8, 16, 24, 2, 10, 18, 26, 4, 12, 20, 28, 6, 14, 22, 30);
+    const __m512 dot = _mm512_cvtepi32_ps(red4i(d[0], d[1], d[2], d[3]));
+    *acc = _mm512_fmadd_ps(dot, _mm512_permutex2var_ps(p[0], ev, p[1]), *acc); /* the d*da, M order */
+    *acc = _mm512_fmadd_ps(_mm512_permutex2var_ps(dm[0], _mm512_add_epi32(ev, _mm512_set1_epi32(1)), dm[1]), H->s, *acc);
+}
+DEFINE_HEX(q5_0, block_q5_0)
+DEFINE_HEX(q5_1, block_q5_1)
+DEFINE_HEX(q8_0, block_q8_0)
+DEFINE_HEX(iq4_nl, block_iq4_nl)
 
 /* Q4_1, two quads at once: the (d, m) pairs of 8 blocks go through one
  * vcvtph2ps, multiply and add (ds16: the two quads' activation (d, s) pairs) */
@@ -290,71 +488,6 @@ INLINE void pair_q4_1(const int vnni, int rem, const uint8_t *x0, const uint8_t 
                                   _mm512_zextps256_ps512(Ap->ds), *acc1, 0x0a);
 }
 
-INLINE void quad_q5_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc) {
-    const __m512i L0 = LDW(x, 0, 22), L1 = LDW(x, 24, 22);
-    const __m512i q = _mm512_permutex2var_epi16(
-        L0,
-        IDX16(3, 4, 5, 6, 7, 8, 9, 10, 14, 15, 16, 17, 18, 19, 20, 21, 45, 46, 47, 48, 49, 50, 51, 52,
-                          56, 57, 58, 59, 60, 61, 62, 63),
-        L1);
-    __mmask64 klo, khi;
-    q5_masks(QH(x, 2, 22, 0), QH(x, 2, 22, 1), QH(x, 2, 22, 2), QH(x, 2, 22, 3), &klo, &khi);
-    const __m512i b4 = _mm512_set1_epi8(0x10);
-    const __m512i lo = nib_lo(q), hi = nib_hi(q);
-    __m512i dot = dpbusd(vnni, A->negc, _mm512_mask_add_epi8(lo, klo, lo, b4), A->lo);
-    dot = dpbusd(vnni, dot, _mm512_mask_add_epi8(hi, khi, hi, b4), A->hi);
-    /* (d through the vector side here: the 5th bits already keep the scalar ports busy) */
-    const __m128i dh = _mm512_castsi512_si128(_mm512_permutex2var_epi16(
-        L0, IDX16(0, 11, 22, 53, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-        L1));
-    const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(dh), A->da);
-    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4(dd), *acc);
-}
-
-INLINE void quad_q5_1(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc) {
-    const __m512i L0 = LDW(x, 0, 24), L1 = LDW(x, 32, 24);
-    const __m512i q = _mm512_permutex2var_epi32(
-        L0, _mm512_setr_epi32(2, 3, 4, 5, 8, 9, 10, 11, 22, 23, 24, 25, 28, 29, 30, 31), L1);
-    __mmask64 klo, khi;
-    q5_masks(QH(x, 4, 24, 0), QH(x, 4, 24, 1), QH(x, 4, 24, 2), QH(x, 4, 24, 3), &klo, &khi);
-    const __m512i b4 = _mm512_set1_epi8(0x10);
-    const __m512i lo = nib_lo(q), hi = nib_hi(q);
-    __m512i dot = dpbusd(vnni, _mm512_setzero_si512(), _mm512_mask_add_epi8(lo, klo, lo, b4), A->lo);
-    dot = dpbusd(vnni, dot, _mm512_mask_add_epi8(hi, khi, hi, b4), A->hi);
-    const __m128i dm = _mm512_castsi512_si128(_mm512_permutex2var_epi32(
-        L0, _mm512_setr_epi32(0, 6, 12, 26, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), L1));
-    const __m256 dmf = _mm256_cvtph_ps(dm);
-    const __m256 p = _mm256_mul_ps(dmf, A->ds);
-    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4_even(p), *acc);
-    *acc = min_fma(dmf, A->ds, *acc);
-}
-
-INLINE void quad_q8_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc) {
-    const __m512i S0 = LDW(x, 0, 34), S1 = LDW(x, 64, 34);
-    const __m512i T0 = LDW(x, 16, 34), T1 = LDW(x, 72, 34);
-    const __m512i qlo = _mm512_permutex2var_epi16(
-        S0,
-        IDX16(1, 2, 3, 4, 5, 6, 7, 8, 18, 19, 20, 21, 22, 23, 24, 25, 35, 36, 37, 38, 39, 40, 41, 42,
-                          52, 53, 54, 55, 56, 57, 58, 59),
-        S1);
-    const __m512i qhi = _mm512_permutex2var_epi16(
-        T0,
-        IDX16(1, 2, 3, 4, 5, 6, 7, 8, 18, 19, 20, 21, 22, 23, 24, 25, 39, 40, 41, 42, 43, 44, 45, 46,
-                          56, 57, 58, 59, 60, 61, 62, 63),
-        T1);
-    __m512i dot;
-    if (vnni) {
-        const __m512i f = _mm512_set1_epi8((char)0x80);
-        dot = _mm512_dpbusd_epi32(A->negc, _mm512_xor_si512(qlo, f), A->lo);
-        dot = _mm512_dpbusd_epi32(dot, _mm512_xor_si512(qhi, f), A->hi);
-    } else {
-        dot = dot_s8s8(dot_s8s8(_mm512_setzero_si512(), qlo, A->lo), qhi, A->hi);
-    }
-    const __m128i dh = d4_scalar(x, 34, full, nblk);
-    const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(dh), A->da);
-    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4(dd), *acc);
-}
-
 /* offsets c of the act side: 128 only on the VNNI path of the signed formats */
 /* formats with a two-quad step */
 #define OCT_q4_0 0
@@ -406,14 +539,18 @@ INLINE void act4_prep(const block_q8_32 *y, int nblk, const int c, const int vnn
 
 /* The float result of a row is fixed by this order (the contract of
  * quants.h): the row's blocks are summed in groups of RED_BLOCKS from its
- * start; in a group, quad after quad (a last partial quad padded with zero
- * blocks), acc = fma(float(dot), d*da, acc), then for Q4_1/Q5_1 lanes 2k+1
- * += m_k * s_k (fused); each group's 16 lanes are summed by hsum16 (reduce4
- * order) and added to the row's sum in group order. vec_dot, gemv (any
- * rows) and gemm all follow it: the octs, the two-row pairs and the gemm
- * tiles are the same float steps, only the decode is shared. */
+ * start; in a group, first hex after hex (16 blocks: acc = fma(float(dot16),
+ * d*da, acc) with one lane per block in M order, then for Q4_1/Q5_1 acc =
+ * fma(m, s, acc)), then on the group's last < 16 blocks quad after quad (a
+ * last partial quad padded with zero blocks), acc = fma(float(dot), d*da,
+ * acc), then for Q4_1/Q5_1 lanes 2k+1 += m_k * s_k (fused); each group's
+ * 16 lanes are summed by hsum16 (reduce4 order) and added to the row's sum
+ * in group order. vec_dot, gemv (any rows) and gemm all follow it: the
+ * octs, the two-row pairs and the gemm tiles are the same float steps, only
+ * the decode is shared. (RED_BLOCKS is a multiple of 16: hexes never cross
+ * groups.) */
 #define RED_BLOCKS 64
-_Static_assert(4 * ACT_CHUNK % RED_BLOCKS == 0, "activation chunks hold whole groups");
+_Static_assert(4 * ACT_CHUNK % RED_BLOCKS == 0 && RED_BLOCKS % 16 == 0, "activation chunks hold whole groups, groups whole hexes");
 
 /* R rows (compile-time) against nb blocks of one activation row; Ab: the
  * prepared quads, or NULL to prepare them on the fly (vec_dot). out[r] =
@@ -421,8 +558,8 @@ _Static_assert(4 * ACT_CHUNK % RED_BLOCKS == 0, "activation chunks hold whole gr
  * pf: gemv's prefetch plan (quants.h), NULL for none. */
 #define DEFINE_ROWS(name, block_t)                                                                        \
     INLINE void rows_##name(const int R, const int vnni, int64_t nb, const char *w, size_t rb,           \
-                            const block_q8_32 *y, const act4 *Ab, const act4 *Apair, float *out,           \
-                            const int cont, const gemv_pf *pf) {                                           \
+                            const block_q8_32 *y, const act4 *Ab, const acth *Hb, const act4 *Apair,       \
+                            float *out, const int cont, const gemv_pf *pf) {                               \
         float sum[4];                                                                                      \
         for (int r = 0; r < R; r++) sum[r] = cont ? out[r] : 0.0f;                                         \
         const int rem = (int)(nb & 3);                                                                     \
@@ -432,6 +569,26 @@ _Static_assert(4 * ACT_CHUNK % RED_BLOCKS == 0, "activation chunks hold whole gr
             __m512 acc[4];                                                                                 \
             for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();                                      \
             int64_t i = g0;                                                                                \
+            for (; i + 16 <= g1; i += 16) {                                                                \
+                act4 Al[4];                                                                                \
+                acth Hl;                                                                                   \
+                const act4 *A = Ab ? &Ab[i / 4] : Al;                                                      \
+                const acth *H = Hb ? &Hb[i / 16] : &Hl;                                                    \
+                if (!Ab) {                                                                                 \
+                    for (int q = 0; q < 4; q++) act4_load(y + i + 4 * q, C_##name(vnni), vnni, &Al[q]);    \
+                    acth_of(Al, &Hl);                                                                      \
+                }                                                                                          \
+                const size_t off = (size_t)i * sizeof(block_t);                                            \
+                /* the hex's prefetch in 4 steps of 4 blocks, one before each row (R = 4): a burst \
+                 * of 24 lines at once streamed ~10% slower from DRAM */                                 \
+                for (int r = 0; r < R; r++) {                                                              \
+                    if (pf)                                                                                \
+                        for (int k = R == 4 ? r : 0; k < (R == 4 ? r + 1 : 4); k++)                        \
+                            gemv_prefetch_step(pf, R, (uintptr_t)w + off + 4 * k * sizeof(block_t),        \
+                                               off + 4 * k * sizeof(block_t), 4 * sizeof(block_t));        \
+                    hex_##name(vnni, (const uint8_t *)(w + r * rb) + off, A, H, &acc[r]);                 \
+                }                                                                                          \
+            }                                                                                              \
             if (OCT_##name)                                                                                \
                 for (; i + 8 <= g1; i += 8) {                                                              \
                     act4 A0l, A1l;                                                                         \
@@ -482,12 +639,14 @@ _Static_assert(4 * ACT_CHUNK % RED_BLOCKS == 0, "activation chunks hold whole gr
         const block_q8_32 *y = a;                                                                          \
         const int64_t nb = n / QK;                                                                         \
         act4 Ab[ACT_CHUNK];                                                                                \
+        acth Hb[ACT_CHUNK / 4];                                                                            \
         if (nb <= 0)                                                                                       \
             for (int r = 0; r < nrows; r++) out[r] = 0.0f;                                                 \
         for (int64_t c0 = 0; c0 < nb; c0 += 4 * ACT_CHUNK) {                                               \
             const int64_t cb = nb - c0 < 4 * ACT_CHUNK ? nb - c0 : 4 * ACT_CHUNK;                          \
             for (int64_t i = 0; i < cb; i += 4)                                                            \
                 act4_prep(y + c0 + i, cb - i < 4 ? (int)(cb - i) : 4, C_##name(vnni), vnni, &Ab[i / 4]);  \
+            for (int64_t h = 0; h < cb / 16; h++) acth_of(&Ab[4 * h], &Hb[h]);                            \
             act4 Apair;                                                                                    \
             const act4 *pp = NULL;                                                                         \
             const int rem = (int)(cb & 3);                                                                 \
@@ -504,18 +663,18 @@ _Static_assert(4 * ACT_CHUNK % RED_BLOCKS == 0, "activation chunks hold whole gr
             const gemv_pf pf4 = gemv_prefetch_plan(4, rb, len), pf1 = gemv_prefetch_plan(1, rb, len);      \
             int r = 0;                                                                                     \
             for (; r + 4 <= nrows; r += 4, p += 4 * rb)                                                    \
-                rows_##name(4, vnni, cb, p, rb, NULL, Ab, pp, out + r, c0 > 0, &pf4);                     \
-            for (; r < nrows; r++, p += rb) rows_##name(1, vnni, cb, p, rb, NULL, Ab, NULL, out + r, c0 > 0, &pf1); \
+                rows_##name(4, vnni, cb, p, rb, NULL, Ab, Hb, pp, out + r, c0 > 0, &pf4);                     \
+            for (; r < nrows; r++, p += rb) rows_##name(1, vnni, cb, p, rb, NULL, Ab, Hb, NULL, out + r, c0 > 0, &pf1); \
         }                                                                                                  \
     }                                                                                                      \
     static float vec_dot_##name##_vnni(int64_t n, const void *restrict w, const void *restrict a) {       \
         float r;                                                                                           \
-        rows_##name(1, 1, n / QK, w, 0, a, NULL, NULL, &r, 0, NULL);                                             \
+        rows_##name(1, 1, n / QK, w, 0, a, NULL, NULL, NULL, &r, 0, NULL);                                             \
         return r;                                                                                          \
     }                                                                                                      \
     static float vec_dot_##name##_bw(int64_t n, const void *restrict w, const void *restrict a) {         \
         float r;                                                                                           \
-        rows_##name(1, 0, n / QK, w, 0, a, NULL, NULL, &r, 0, NULL);                                             \
+        rows_##name(1, 0, n / QK, w, 0, a, NULL, NULL, NULL, &r, 0, NULL);                                             \
         return r;                                                                                          \
     }                                                                                                      \
     static void gemv_##name##_vnni(int64_t n, const void *restrict w, size_t rb, int nrows,               \
@@ -538,18 +697,22 @@ DEFINE_ROWS(iq4_nl, block_iq4_nl)
 /* ------------------------------------------------------------------ */
 /* gemm: a tile of rows against all the activation rows of a prompt      */
 /* ------------------------------------------------------------------ */
-/* Each weight quad of the tile is decoded once per call (gather, nibble
+/* Each weight block of the tile is decoded once per call (gather, nibble
  * split / 5th bits, scales to float: dec_* below) into a buffer of
- * ready-to-use quads, and each activation row's quads are prepared once
- * per pass over the rows (act4_prep), GEMM_TP activation rows at a time.
- * A micro-kernel then runs GEMM_R rows x GEMM_T activation rows from those
- * buffers: per (row, activation row, quad) two vpdpbusd (seeded with the
- * activation's -c * sum), one convert, one multiply and one FMA (plus a
- * masked FMA for the m*s terms of Q4_1/Q5_1), and no decoding. The float
- * steps per row are gemv's (RED_BLOCKS groups of quads, reduce4 order). */
+ * ready-to-use vectors, and each activation row's blocks are prepared once
+ * per pass over the rows, GEMM_TP activation rows at a time. A micro-kernel
+ * then runs GEMM_R rows x GEMM_T activation rows from those buffers, with
+ * no decoding: per (row, activation row)
+ *   hex (16 blocks): 8 vpdpbusd into one int32 lane per block (the weights
+ *     and activations stored transposed: vector j holds dword j of every
+ *     block, in M order), seeded with the activation's -c * sums; then one
+ *     convert, multiply and FMA (and the mins' FMA);
+ *   quad (the last < 16 blocks of a group): 2 vpdpbusd, convert, multiply,
+ *     FMA (and the mins' masked FMA).
+ * The float steps are gemv's (RED_BLOCKS groups; hexes, then quads; reduce4). */
 
 #ifndef GEMM_R
-#define GEMM_R 4 /* micro-kernel: rows x activation rows (16 accumulators) */
+#define GEMM_R 4 /* micro-kernel: rows x activation rows */
 #endif
 #ifndef GEMM_T
 #define GEMM_T 4
@@ -557,10 +720,10 @@ DEFINE_ROWS(iq4_nl, block_iq4_nl)
 #define GEMM_CHUNK 16 /* quads per pass: one reduction group */
 _Static_assert(4 * GEMM_CHUNK == RED_BLOCKS, "a gemm chunk is one reduction group");
 #ifndef GEMM_WBUF
-#define GEMM_WBUF (64 * 1024) /* bytes of decoded weight quads per pass (L2) */
+#define GEMM_WBUF (64 * 1024) /* bytes of decoded weights per pass (L2) */
 #endif
 #ifndef GEMM_TP
-#define GEMM_TP 8 /* activation rows prepared per panel (8 x 16 quads: 32 KB) */
+#define GEMM_TP 8 /* activation rows prepared per panel */
 #endif
 
 /* a row's quad, decoded: lo/hi quants in the quad layout (unsigned with
@@ -571,20 +734,30 @@ typedef struct {
     __m512 dpat, mz;
 } wquad;
 
-/* the same, as stored in the gemm's buffers: the mins (wmz) and the sign
- * masks of the no-VNNI signed path (wks: lo/hi kept as |w|) beside */
+/* as stored in the gemm's buffers. Quads: lo, hi, dpat; beside them the
+ * mins (__m256 [d m] x 4) and, on the no-VNNI path of the signed formats,
+ * the sign masks of lo/hi (lo/hi then hold |w|). Hexes: v[j] = dword j of
+ * each block (j < 4 from lo, j >= 4 from hi), d, in M order; beside them
+ * the mins (__m512 m, M order) and the 8 sign masks. */
 typedef struct {
     __m512i lo, hi;
     __m512 dpat;
 } wq;
-#define GEMM_WQ (GEMM_WBUF / (int)sizeof(wq))
+typedef struct {
+    __m512i v[8];
+    __m512 d;
+} whex;
 
-/* an activation row's quad, prepared: quants, -c * sums, da as [da0 x4, ...];
- * the [da s] pairs (Q4_1/Q5_1) beside */
+/* an activation row's quad / hex, prepared: quants, -c * sums, da (quad
+ * pattern / M order); beside them the [da s] pairs / s (mins) */
 typedef struct {
     __m512i lo, hi, negc;
     __m512 dapat;
 } aq;
+typedef struct {
+    __m512i v[8], negc;
+    __m512 da;
+} ahex;
 
 INLINE __m512 dpat_of(__m128i dh) { return spread4(_mm_cvtph_ps(dh)); }
 
@@ -658,19 +831,10 @@ INLINE void dec_q8_0(const int vnni, const int full, const int nblk, const uint8
     W->dpat = dpat_of(d4_scalar(x, 34, full, nblk));
 }
 
-/* formats with a min (m*s terms) / signed weights on the no-VNNI path */
-#define MIN_q4_0 0
-#define MIN_q4_1 1
-#define MIN_q5_0 0
-#define MIN_q5_1 1
-#define MIN_q8_0 0
-#define MIN_iq4_nl 0
-#define SIGNED_q4_0 0
-#define SIGNED_q4_1 0
-#define SIGNED_q5_0 0
-#define SIGNED_q5_1 0
-#define SIGNED_q8_0 1
-#define SIGNED_iq4_nl 1
+/* [x0 . x1 . x2 . x3 . ...] -> [x0 x4 ... ] from the odd lanes: [y_k x4] of [x_k y_k] pairs */
+INLINE __m512 spread4_odd(__m512 v) {
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7), v);
+}
 
 /* the int32 dot of a decoded weight quad and a prepared activation quad,
  * seeded with the activation's -c * sum. Without VNNI: unsigned weights
@@ -691,24 +855,107 @@ INLINE __m512i gdot(const int vnni, const int sgn, const wq *w, const uint64_t *
     return _mm512_add_epi32(a->negc, _mm512_madd_epi16(p, ones));
 }
 
+/* vpmaddubsw of |w| and the activation with w's signs (no VNNI, signed formats) */
+INLINE __m512i sdot16(__m512i w, uint64_t k, __m512i a) {
+    return _mm512_maddubs_epi16(w, _mm512_mask_sub_epi8(a, _cvtu64_mask64(k), _mm512_setzero_si512(), a));
+}
+
+/* a hex's int32 dot, for R rows x T activation rows at once: s[r][t] =
+ * the activation's -c * sums + sum_j dot(w_r.v[j], a_t.v[j]). Without VNNI
+ * the unsigned formats add 4 vpmaddubsw words (4 * 7936 < 32768) before
+ * each vpmaddwd; the signed formats take one vpmaddwd per vector. */
+INLINE void hexdot(const int R, const int T, const int vnni, const int sgn, const whex *const *w,
+                   const uint64_t *const *wk, const ahex *const *a, __m512i s[4][4]) {
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) s[r][t] = a[t]->negc;
+    if (vnni) {
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                const __m512i av = a[t]->v[j];
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+                    s[r][t] = _mm512_dpbusd_epi32(s[r][t], w[r]->v[j], av);
+            }
+        return;
+    }
+    const __m512i ones = _mm512_set1_epi16(1);
+    if (sgn) {
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+                    s[r][t] = _mm512_add_epi32(s[r][t], _mm512_madd_epi16(sdot16(w[r]->v[j], wk[r][j], a[t]->v[j]), ones));
+        return;
+    }
+    _Pragma("GCC unroll 2") for (int j = 0; j < 8; j += 4)
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                __m512i p = _mm512_maddubs_epi16(w[r]->v[j], a[t]->v[j]);
+                p = _mm512_add_epi16(p, _mm512_maddubs_epi16(w[r]->v[j + 1], a[t]->v[j + 1]));
+                p = _mm512_add_epi16(p, _mm512_maddubs_epi16(w[r]->v[j + 2], a[t]->v[j + 2]));
+                p = _mm512_add_epi16(p, _mm512_maddubs_epi16(w[r]->v[j + 3], a[t]->v[j + 3]));
+                s[r][t] = _mm512_add_epi32(s[r][t], _mm512_madd_epi16(p, ones));
+            }
+}
+
+/* The gemm's buffers for one pass: per row, nh hexes then nq quads (and
+ * beside them the mins and sign masks); per activation row, the same. */
+typedef struct {
+    whex *h; __m512 *hm; uint64_t *hk; /* hexes: nh per row */
+    wq *q; __m256 *qm; uint64_t *qk;   /* quads: nq per row */
+} wbufs;
+typedef struct {
+    ahex *h; __m512 *hs;
+    aq *q; __m256 *qd;
+} abufs;
+
 #define DEFINE_GEMM(name, block_t)                                                                         \
-    /* R rows x T activation rows over nq quads: W (+ wm, wks) quads of row r at r * nq,                 \
-     * A (+ ad) quads of activation row t at t * nq; out[t * os + r] += the group's sums */               \
-    INLINE void gk_##name(const int R, const int T, const int vnni, int nq, const wq *W, const __m256 *wm, \
-                          const uint64_t *wks, const aq *A, const __m256 *ad, float *out, size_t os) {      \
-        __m512 acc[4][4];                                                                                   \
+    /* R rows x T activation rows over one group (nh hexes, nq quads), from the buffers (W: the first    \
+     * row's hexes/quads at index wi (row r: + r * nh / r * nq), A: the first activation row's at ai);    \
+     * out[t * os + r] += the group's sums */                                                             \
+    INLINE void gk_##name(const int R, const int T, const int vnni, int nh, int nq, const wbufs *W, size_t wh, \
+                          size_t wqi, const abufs *A, size_t ah, size_t aqi, float *out, size_t os) {       \
+        const int mins = MIN_##name, sgn = !vnni && SIGNED_##name;                                          \
+        /* acc: the quads' accumulators, in registers; acch: the hexes', kept in memory (the compiler \
+         * barrier below), so that the 16 int32 sums and the 8 operands of a hex step keep the         \
+         * registers: a zmm load issues ~1 per cycle, so reloading operands costs more than this */    \
+        __m512 acc[4][4], acch[4][4];                                                                       \
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                                 \
-            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();           \
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = acch[r][t] = _mm512_setzero_ps(); \
+        for (int h = 0; h < nh; h++) {                                                                      \
+            const whex *w[4];                                                                               \
+            const uint64_t *wk[4];                                                                          \
+            const ahex *a[4];                                                                               \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                           \
+                w[r] = W->h + wh + (size_t)r * nh + h;                                                      \
+                wk[r] = sgn ? W->hk + 8 * (wh + (size_t)r * nh + h) : NULL;                                 \
+            }                                                                                               \
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) a[t] = A->h + ah + (size_t)t * nh + h;      \
+            __m512i s[4][4];                                                                                \
+            hexdot(R, T, vnni, sgn, w, wk, a, s);                                                           \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                             \
+                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {                                       \
+                    __m512 c = h ? acch[r][t] : _mm512_setzero_ps();                                        \
+                    c = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][t]), _mm512_mul_ps(w[r]->d, a[t]->da), c);  \
+                    if (mins)                                                                               \
+                        c = _mm512_fmadd_ps(W->hm[wh + (size_t)r * nh + h], A->hs[ah + (size_t)t * nh + h], c); \
+                    acch[r][t] = c;                                                                         \
+                }                                                                                           \
+            __asm__ volatile("" ::: "memory");                                                              \
+        }                                                                                                   \
+        if (nh)                                                                                             \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                             \
+                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = acch[r][t];                 \
         for (int q = 0; q < nq; q++) {                                                                      \
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                           \
-                const wq *w = W + r * nq + q;                                                               \
+                const size_t wi = wqi + (size_t)r * nq + q;                                                 \
+                const wq *w = W->q + wi;                                                                    \
                 _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {                                       \
-                    const aq *a = A + t * nq + q;                                                           \
-                    const __m512i dot = gdot(vnni, !vnni && SIGNED_##name, w, wks + 2 * (r * nq + q), a);   \
+                    const size_t ai = aqi + (size_t)t * nq + q;                                             \
+                    const aq *a = A->q + ai;                                                                \
+                    const __m512i dot = gdot(vnni, sgn, w, sgn ? W->qk + 2 * wi : NULL, a);                 \
                     acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(w->dpat, a->dapat), acc[r][t]); \
-                    if (MIN_##name) /* lanes 1, 3, 5, 7: m_k * s_k */                                       \
-                        acc[r][t] = _mm512_mask3_fmadd_ps(_mm512_zextps256_ps512(wm[r * nq + q]),           \
-                                                          _mm512_zextps256_ps512(ad[t * nq + q]), acc[r][t], 0xaa); \
+                    if (mins) /* lanes 1, 3, 5, 7: m_k * s_k */                                             \
+                        acc[r][t] = _mm512_mask3_fmadd_ps(_mm512_zextps256_ps512(W->qm[wi]),                \
+                                                          _mm512_zextps256_ps512(A->qd[ai]), acc[r][t], 0xaa); \
                 }                                                                                           \
             }                                                                                               \
         }                                                                                                   \
@@ -721,76 +968,126 @@ INLINE __m512i gdot(const int vnni, const int sgn, const wq *w, const uint64_t *
             }                                                                                               \
         }                                                                                                   \
     }                                                                                                       \
+    /* decodes nh hexes and nq quads (the last with nlast blocks) of a row at x */                         \
+    INLINE void gdec_##name(const int vnni, const uint8_t *x, int nh, int nq, int nlast, const wbufs *W,   \
+                            size_t wh, size_t wqi) {                                                        \
+        const int mins = MIN_##name, sgn = !vnni && SIGNED_##name;                                          \
+        for (int h = 0; h < nh; h++, x += 16 * sizeof(block_t)) {                                           \
+            wquad D[4];                                                                                     \
+            for (int q = 0; q < 4; q++) dec_##name(vnni, 1, 4, x + 4 * q * sizeof(block_t), &D[q]);         \
+            whex *o = W->h + wh + h;                                                                        \
+            m_transpose(D[0].lo, D[1].lo, D[2].lo, D[3].lo, o->v);                                          \
+            m_transpose(D[0].hi, D[1].hi, D[2].hi, D[3].hi, o->v + 4);                                      \
+            o->d = m_blend4(D[0].dpat, D[1].dpat, D[2].dpat, D[3].dpat);                                    \
+            if (mins)                                                                                       \
+                W->hm[wh + h] = m_blend4(spread4_odd(D[0].mz), spread4_odd(D[1].mz), spread4_odd(D[2].mz),  \
+                                         spread4_odd(D[3].mz));                                             \
+            if (sgn)                                                                                        \
+                for (int j = 0; j < 8; j++) {                                                               \
+                    W->hk[8 * (wh + h) + j] = _cvtmask64_u64(_mm512_movepi8_mask(o->v[j]));                \
+                    o->v[j] = _mm512_abs_epi8(o->v[j]);                                                     \
+                }                                                                                           \
+        }                                                                                                   \
+        for (int q = 0; q < nq; q++) {                                                                      \
+            const int nblk = q == nq - 1 ? nlast : 4;                                                       \
+            wquad D;                                                                                        \
+            if (nblk == 4)                                                                                  \
+                dec_##name(vnni, 1, 4, x + 4 * q * sizeof(block_t), &D);                                    \
+            else                                                                                            \
+                dec_##name(vnni, 0, nblk, x + 4 * q * sizeof(block_t), &D);                                 \
+            wq *o = W->q + wqi + q;                                                                         \
+            o->dpat = D.dpat;                                                                               \
+            if (mins) W->qm[wqi + q] = _mm512_castps512_ps256(D.mz);                                        \
+            if (sgn) {                                                                                      \
+                W->qk[2 * (wqi + q)] = _cvtmask64_u64(_mm512_movepi8_mask(D.lo));                           \
+                W->qk[2 * (wqi + q) + 1] = _cvtmask64_u64(_mm512_movepi8_mask(D.hi));                       \
+                D.lo = _mm512_abs_epi8(D.lo), D.hi = _mm512_abs_epi8(D.hi);                                 \
+            }                                                                                               \
+            o->lo = D.lo, o->hi = D.hi;                                                                     \
+        }                                                                                                   \
+    }                                                                                                       \
+    /* prepares nh hexes and nq quads (the last with nlast blocks) of an activation row at y */            \
+    INLINE void gprep_##name(const int vnni, const block_q8_32 *y, int nh, int nq, int nlast, const abufs *A, \
+                             size_t ah, size_t aqi) {                                                       \
+        const int c = C_##name(vnni);                                                                       \
+        for (int h = 0; h < nh; h++, y += 16) {                                                             \
+            act4 g[4];                                                                                      \
+            for (int q = 0; q < 4; q++) act4_load(y + 4 * q, c, vnni, &g[q]);                               \
+            ahex *o = A->h + ah + h;                                                                        \
+            m_transpose(g[0].lo, g[1].lo, g[2].lo, g[3].lo, o->v);                                          \
+            m_transpose(g[0].hi, g[1].hi, g[2].hi, g[3].hi, o->v + 4);                                      \
+            o->negc = red4i(g[0].negc, g[1].negc, g[2].negc, g[3].negc);                                    \
+            o->da = m_order4(g[0].da, g[1].da, g[2].da, g[3].da);                                           \
+            if (MIN_##name) A->hs[ah + h] = m_order_pairs(g[0].ds, g[1].ds, g[2].ds, g[3].ds, 1);          \
+        }                                                                                                   \
+        for (int q = 0; q < nq; q++) {                                                                      \
+            act4 g;                                                                                         \
+            act4_prep(y + 4 * q, q == nq - 1 ? nlast : 4, c, vnni, &g);                                     \
+            aq *o = A->q + aqi + q;                                                                         \
+            o->lo = g.lo, o->hi = g.hi, o->negc = g.negc, o->dapat = spread4(g.da);                         \
+            if (MIN_##name) A->qd[aqi + q] = g.ds;                                                          \
+        }                                                                                                   \
+    }                                                                                                       \
     INLINE void gemm_##name##_impl(const int vnni, int64_t n, const void *w, size_t rb, int nrows,         \
                                    const void *a, size_t as, int ncols, float *out, size_t os) {            \
         const int64_t nb = n / QK;                                                                          \
         const int mins = MIN_##name, sgn = !vnni && SIGNED_##name;                                          \
-        wq W[GEMM_WQ];                                                                                      \
-        __m256 WM[MIN_##name ? GEMM_WQ : 1];                                                                \
-        uint64_t WK[SIGNED_##name ? 2 * GEMM_WQ : 2];                                                       \
-        aq A[GEMM_TP * GEMM_CHUNK];                                                                         \
-        __m256 AD[MIN_##name ? GEMM_TP * GEMM_CHUNK : 1];                                                   \
+        _Alignas(64) unsigned char wmem[GEMM_WBUF];                                                         \
+        _Alignas(64) unsigned char amem[GEMM_TP * 4096];                                                    \
         for (int t = 0; t < ncols; t++)                                                                     \
             for (int r = 0; r < nrows; r++) out[t * os + r] = 0.0f;                                         \
         for (int64_t c0 = 0; c0 < nb; c0 += 4 * GEMM_CHUNK) {                                               \
             const int cb = nb - c0 < 4 * GEMM_CHUNK ? (int)(nb - c0) : 4 * GEMM_CHUNK;                      \
-            const int nq = (cb + 3) / 4;                                                                    \
-            const int rpass = GEMM_WQ / nq;                                                                 \
-            for (int r0 = 0; r0 < nrows; r0 += rpass) {                                                     \
-                const int Rn = nrows - r0 < rpass ? nrows - r0 : rpass;                                     \
-                for (int r = 0; r < Rn; r++) {                                                              \
-                    const uint8_t *x = (const uint8_t *)w + (size_t)(r0 + r) * rb + (size_t)c0 * sizeof(block_t); \
-                    for (int q = 0; q < nq; q++) {                                                          \
-                        const int nblk = cb - 4 * q < 4 ? cb - 4 * q : 4;                                   \
-                        wquad D;                                                                            \
-                        if (nblk == 4)                                                                      \
-                            dec_##name(vnni, 1, 4, x + 4 * q * sizeof(block_t), &D);                        \
-                        else                                                                                \
-                            dec_##name(vnni, 0, nblk, x + 4 * q * sizeof(block_t), &D);                     \
-                        wq *o = &W[r * nq + q];                                                             \
-                        o->dpat = D.dpat;                                                                   \
-                        if (mins) WM[r * nq + q] = _mm512_castps512_ps256(D.mz);                            \
-                        if (sgn) {                                                                          \
-                            WK[2 * (r * nq + q)] = _cvtmask64_u64(_mm512_movepi8_mask(D.lo));               \
-                            WK[2 * (r * nq + q) + 1] = _cvtmask64_u64(_mm512_movepi8_mask(D.hi));           \
-                            D.lo = _mm512_abs_epi8(D.lo), D.hi = _mm512_abs_epi8(D.hi);                     \
-                        }                                                                                   \
-                        o->lo = D.lo, o->hi = D.hi;                                                         \
-                    }                                                                                       \
-                }                                                                                           \
+            const int nh = cb / 16, tail = cb - 16 * nh, nq = (tail + 3) / 4, nlast = tail - 4 * (nq - 1);  \
+            /* bytes per row / activation row, each part a multiple of 64 */                               \
+            const size_t hb = sizeof(whex) + (mins ? 64 : 0) + (sgn ? 64 : 0);                               \
+            const size_t qb = sizeof(wq) + (mins ? 32 : 0) + (sgn ? 16 : 0);                                 \
+            const int rpass = (int)(GEMM_WBUF / (nh * hb + nq * qb + 64)) / GEMM_R * GEMM_R;                \
+            const int rp = rpass < nrows ? rpass : nrows;                                                   \
+            wbufs W;                                                                                        \
+            unsigned char *m = wmem;                                                                        \
+            W.h = (whex *)(void *)m, m += (size_t)rp * nh * sizeof(whex);                                   \
+            W.q = (wq *)(void *)m, m += (size_t)rp * nq * sizeof(wq);                                       \
+            W.hm = (__m512 *)(void *)m, m += mins ? (size_t)rp * nh * 64 : 0;                               \
+            W.qm = (__m256 *)(void *)m, m += mins ? (size_t)rp * nq * 32 : 0;                               \
+            m = (unsigned char *)(((uintptr_t)m + 63) & ~(uintptr_t)63);                                    \
+            W.hk = (uint64_t *)(void *)m, m += sgn ? (size_t)rp * nh * 64 : 0;                              \
+            W.qk = (uint64_t *)(void *)m;                                                                   \
+            abufs A;                                                                                        \
+            m = amem;                                                                                       \
+            A.h = (ahex *)(void *)m, m += (size_t)GEMM_TP * nh * sizeof(ahex);                              \
+            A.q = (aq *)(void *)m, m += (size_t)GEMM_TP * nq * sizeof(aq);                                  \
+            A.hs = (__m512 *)(void *)m, m += mins ? (size_t)GEMM_TP * nh * 64 : 0;                          \
+            A.qd = (__m256 *)(void *)m;                                                                     \
+            for (int r0 = 0; r0 < nrows; r0 += rp) {                                                        \
+                const int Rn = nrows - r0 < rp ? nrows - r0 : rp;                                           \
+                for (int r = 0; r < Rn; r++)                                                                \
+                    gdec_##name(vnni, (const uint8_t *)w + (size_t)(r0 + r) * rb + (size_t)c0 * sizeof(block_t), \
+                                nh, nq, nlast, &W, (size_t)r * nh, (size_t)r * nq);                         \
                 for (int t0 = 0; t0 < ncols; t0 += GEMM_TP) {                                               \
                     const int Tn = ncols - t0 < GEMM_TP ? ncols - t0 : GEMM_TP;                             \
-                    for (int t = 0; t < Tn; t++) {                                                          \
-                        const block_q8_32 *y = (const block_q8_32 *)(const void *)((const char *)a + (size_t)(t0 + t) * as) + c0; \
-                        for (int q = 0; q < nq; q++) {                                                      \
-                            act4 g;                                                                         \
-                            act4_prep(y + 4 * q, cb - 4 * q < 4 ? cb - 4 * q : 4, C_##name(vnni), vnni, &g); \
-                            aq *o = &A[t * nq + q];                                                         \
-                            o->lo = g.lo, o->hi = g.hi, o->negc = g.negc, o->dapat = spread4(g.da);         \
-                            if (mins) AD[t * nq + q] = g.ds;                                                \
-                        }                                                                                   \
-                    }                                                                                       \
+                    for (int t = 0; t < Tn; t++)                                                            \
+                        gprep_##name(vnni, (const block_q8_32 *)(const void *)((const char *)a + (size_t)(t0 + t) * as) + c0, \
+                                     nh, nq, nlast, &A, (size_t)t * nh, (size_t)t * nq);                    \
                     float *ob = out + (size_t)t0 * os + r0;                                                 \
                     int r = 0;                                                                              \
                     for (; r + GEMM_R <= Rn; r += GEMM_R) {                                                 \
-                        const size_t wo = (size_t)r * nq;                                                   \
                         int t = 0;                                                                          \
                         for (; t + GEMM_T <= Tn; t += GEMM_T)                                               \
-                            gk_##name(GEMM_R, GEMM_T, vnni, nq, W + wo, WM + (mins ? wo : 0), WK + (sgn ? 2 * wo : 0), \
-                                      A + t * nq, AD + (mins ? t * nq : 0), ob + t * os + r, os);           \
+                            gk_##name(GEMM_R, GEMM_T, vnni, nh, nq, &W, (size_t)r * nh, (size_t)r * nq, &A,  \
+                                      (size_t)t * nh, (size_t)t * nq, ob + t * os + r, os);                 \
                         for (; t < Tn; t++)                                                                 \
-                            gk_##name(GEMM_R, 1, vnni, nq, W + wo, WM + (mins ? wo : 0), WK + (sgn ? 2 * wo : 0), \
-                                      A + t * nq, AD + (mins ? t * nq : 0), ob + t * os + r, os);           \
+                            gk_##name(GEMM_R, 1, vnni, nh, nq, &W, (size_t)r * nh, (size_t)r * nq, &A,       \
+                                      (size_t)t * nh, (size_t)t * nq, ob + t * os + r, os);                 \
                     }                                                                                       \
                     for (; r < Rn; r++) {                                                                   \
-                        const size_t wo = (size_t)r * nq;                                                   \
                         int t = 0;                                                                          \
                         for (; t + GEMM_T <= Tn; t += GEMM_T)                                               \
-                            gk_##name(1, GEMM_T, vnni, nq, W + wo, WM + (mins ? wo : 0), WK + (sgn ? 2 * wo : 0), \
-                                      A + t * nq, AD + (mins ? t * nq : 0), ob + t * os + r, os);           \
+                            gk_##name(1, GEMM_T, vnni, nh, nq, &W, (size_t)r * nh, (size_t)r * nq, &A,       \
+                                      (size_t)t * nh, (size_t)t * nq, ob + t * os + r, os);                 \
                         for (; t < Tn; t++)                                                                 \
-                            gk_##name(1, 1, vnni, nq, W + wo, WM + (mins ? wo : 0), WK + (sgn ? 2 * wo : 0), \
-                                      A + t * nq, AD + (mins ? t * nq : 0), ob + t * os + r, os);           \
+                            gk_##name(1, 1, vnni, nh, nq, &W, (size_t)r * nh, (size_t)r * nq, &A,            \
+                                      (size_t)t * nh, (size_t)t * nq, ob + t * os + r, os);                 \
                     }                                                                                       \
                 }                                                                                           \
             }                                                                                               \
@@ -846,23 +1143,6 @@ INLINE void k4_scales(const uint8_t *s, uint32_t sc[2], uint32_t m[2]) {
     m[0] = b & 0x3f3f3f3fu;
     sc[1] = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
     m[1] = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
-}
-
-/* the int32 sums of each 128-bit lane's 4 dwords of 4 vectors: lane 4k + q
- * = sum of 128-bit lane k of d_q (exact) */
-INLINE __m512i red4i(__m512i d0, __m512i d1, __m512i d2, __m512i d3) {
-    const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(d0, d1), _mm512_unpackhi_epi32(d0, d1));
-    const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(d2, d3), _mm512_unpackhi_epi32(d2, d3));
-    return _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
-}
-
-/* o[i] lane 4k + q = dword i of 128-bit lane k of a_q (a 4x4 dword
- * transpose in each 128-bit lane) */
-INLINE void m_transpose(__m512i a0, __m512i a1, __m512i a2, __m512i a3, __m512i *o) {
-    const __m512i t0 = _mm512_unpacklo_epi32(a0, a1), t1 = _mm512_unpackhi_epi32(a0, a1);
-    const __m512i t2 = _mm512_unpacklo_epi32(a2, a3), t3 = _mm512_unpackhi_epi32(a2, a3);
-    o[0] = _mm512_unpacklo_epi64(t0, t2), o[1] = _mm512_unpackhi_epi64(t0, t2);
-    o[2] = _mm512_unpacklo_epi64(t1, t3), o[3] = _mm512_unpackhi_epi64(t1, t3);
 }
 
 /* M order of each format: K_ORD[4k + q] = the sub-block (0..15) in 128-bit
