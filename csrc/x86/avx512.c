@@ -45,6 +45,8 @@
  * 4x4 tiles keep both operands of each step in registers where they can.
  */
 #include <immintrin.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "quants.h"
@@ -695,6 +697,32 @@ DEFINE_ROWS(q8_0, block_q8_0)
 DEFINE_ROWS(iq4_nl, block_iq4_nl)
 
 /* ------------------------------------------------------------------ */
+/* the gemm kernels' buffers                                              */
+/* ------------------------------------------------------------------ */
+/* The gemm kernels decode a tile's weights and prepare the activation rows
+ * into buffers of up to GEMM_SCRATCH bytes, too large for every thread's
+ * stack (musl gives threads 128 KB): one heap buffer per thread, allocated
+ * at its first gemm and freed when the thread exits. */
+#define GEMM_SCRATCH (192 * 1024)
+
+static pthread_key_t gemm_scratch_key;
+static pthread_once_t gemm_scratch_once = PTHREAD_ONCE_INIT;
+static void gemm_scratch_free(void *p) { free(p); }
+static void gemm_scratch_init(void) {
+    if (pthread_key_create(&gemm_scratch_key, gemm_scratch_free) != 0) abort();
+}
+
+static unsigned char *gemm_scratch(void) {
+    pthread_once(&gemm_scratch_once, gemm_scratch_init);
+    unsigned char *p = pthread_getspecific(gemm_scratch_key);
+    if (!p) {
+        p = aligned_alloc(64, GEMM_SCRATCH);
+        if (!p || pthread_setspecific(gemm_scratch_key, p) != 0) abort(); /* out of memory */
+    }
+    return p;
+}
+
+/* ------------------------------------------------------------------ */
 /* gemm: a tile of rows against all the activation rows of a prompt      */
 /* ------------------------------------------------------------------ */
 /* Each weight block of the tile is decoded once per call (gather, nibble
@@ -725,6 +753,7 @@ _Static_assert(4 * GEMM_CHUNK == RED_BLOCKS, "a gemm chunk is one reduction grou
 #ifndef GEMM_TP
 #define GEMM_TP 8 /* activation rows prepared per panel */
 #endif
+_Static_assert(GEMM_WBUF + GEMM_TP * 4096 <= GEMM_SCRATCH, "32-element gemm buffers fit the scratch");
 
 /* a row's quad, decoded: lo/hi quants in the quad layout (unsigned with
  * offset c, or signed for the no-VNNI path of Q8_0/IQ4_NL), dpat the
@@ -1032,8 +1061,7 @@ typedef struct {
                                    const void *a, size_t as, int ncols, float *out, size_t os) {            \
         const int64_t nb = n / QK;                                                                          \
         const int mins = MIN_##name, sgn = !vnni && SIGNED_##name;                                          \
-        _Alignas(64) unsigned char wmem[GEMM_WBUF];                                                         \
-        _Alignas(64) unsigned char amem[GEMM_TP * 4096];                                                    \
+        unsigned char *const wmem = gemm_scratch(), *const amem = wmem + GEMM_WBUF;                         \
         for (int t = 0; t < ncols; t++)                                                                     \
             for (int r = 0; r < nrows; r++) out[t * os + r] = 0.0f;                                         \
         for (int64_t c0 = 0; c0 < nb; c0 += 4 * GEMM_CHUNK) {                                               \
@@ -1361,6 +1389,8 @@ typedef struct {
     __m512 da;
 } aKg;
 
+_Static_assert(GEMMK_WBUF + GEMMK_TP * RED_SB * (sizeof(aKg) + 64) <= GEMM_SCRATCH, "K-quant gemm buffers fit the scratch");
+
 #define DEFINE_K512(name, block_t)                                                                          \
     /* R rows against one activation row (vec_dot, gemv); Ab: the prepared super-blocks or NULL */         \
     INLINE void krows_##name(const int R, const int vnni, int64_t nsb, const char *w, size_t rb,          \
@@ -1461,9 +1491,9 @@ typedef struct {
                                    const void *a, size_t as, int ncols, float *out, size_t os) {            \
         const int64_t nsb = n / QK_K;                                                                       \
         const int mins = K_MIN_##name;                                                                      \
-        _Alignas(64) unsigned char wmem[GEMMK_WBUF];                                                        \
-        aKg A[GEMMK_TP * RED_SB];                                                                           \
-        __m512 AB[K_MIN_##name ? GEMMK_TP * RED_SB : 1];                                                    \
+        unsigned char *const wmem = gemm_scratch();                                                         \
+        aKg *const A = (aKg *)(void *)(wmem + GEMMK_WBUF);                                                  \
+        __m512 *const AB = (__m512 *)(void *)(wmem + GEMMK_WBUF + GEMMK_TP * RED_SB * sizeof(aKg));         \
         for (int t = 0; t < ncols; t++)                                                                     \
             for (int r = 0; r < nrows; r++) out[t * os + r] = 0.0f;                                         \
         for (int64_t c0 = 0; c0 < nsb; c0 += RED_SB) {                                                      \
