@@ -429,8 +429,10 @@ def test_gemm_equals_gemv_exactly(isa, tname):
     rng = np.random.default_rng(13)
     tid, bs, _, act = TYPES[tname]
     for n in det_lengths(tname):
-        for nrows, ncols in [(7, 5), (16, 9), (1, 1), (4, 4), (5, 2)]:
-            if n > 4096 and nrows > 5:
+        # (45, 19): more rows than one pass of decoded weights holds and
+        # more activation rows than one prepared panel (AVX-512 gemm)
+        for nrows, ncols in [(7, 5), (16, 9), (1, 1), (4, 4), (5, 2), (45, 19)]:
+            if n > 4096 and nrows > 5 or nrows > 16 and n not in (32 * 70, 256 * 9):
                 continue
             w, _, _ = make_case(tname, n, rng, nrows)
             rb = w.shape[1]
@@ -448,6 +450,36 @@ def test_gemm_equals_gemv_exactly(isa, tname):
                 ref = gemv_call(isa, tname, n, wbuf, rb, nrows, np.ascontiguousarray(acts[t, :ab]))
                 np.testing.assert_array_equal(out[t * os_:t * os_ + nrows], ref,
                                               err_msg=f"n={n} nrows={nrows} ncols={ncols} t={t}")
+
+
+@pytest.mark.parametrize("tname", [t for t in ["Q5_0", "Q4_K"] if t in GEMM_TYPES])
+def test_gemm_on_a_small_stack(tname):
+    """the gemm kernels' buffers (~200 KB on AVX-512) are not on the stack: a
+    thread with a 128 KB stack (musl's default) runs them, with the main
+    thread's results bit for bit"""
+    import threading
+    rng = np.random.default_rng(14)
+    tid, bs, _, act = TYPES[tname]
+    n, nrows, ncols = bs * (64 if bs == 32 else 9), 45, 19
+    w, _, _ = make_case(tname, n, rng, nrows)
+    ab = act_bytes(act, n)
+    acts = np.zeros((ncols, ab), dtype=np.uint8)
+    for t in range(ncols):
+        acts[t] = quantize(0, act, rng.standard_normal(n).astype(np.float32))
+    def run(isa, out):
+        out[:] = np.nan
+        assert lib.pyllm_kernel_gemm(isa, tid, n, ptr(w), w.shape[1], nrows, ptr(acts), ab, ncols, fptr(out), nrows) == 0
+    for isa in [i for i in LEVELS if lib.pyllm_kernel_provided(i, 4, tid)]:
+        ref, got = np.empty(nrows * ncols, np.float32), np.empty(nrows * ncols, np.float32)
+        run(isa, ref)
+        old = threading.stack_size(128 * 1024)
+        try:
+            th = threading.Thread(target=run, args=(isa, got))
+            th.start()
+            th.join()
+        finally:
+            threading.stack_size(old)
+        np.testing.assert_array_equal(got, ref, err_msg=f"isa={isa}")
 
 
 @pytest.mark.parametrize("n_threads", [2, 3, 5, 8])

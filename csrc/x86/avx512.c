@@ -14,7 +14,10 @@
  * vpermt2w: the block strides 18/20/22/24/34 bytes keep everything word- or
  * dword-aligned) into the same layout of unsigned bytes. Two vpdpbusd give
  * 16 int32 lanes, lanes 4k..4k+3 belonging to block k; one vcvtdq2ps and one
- * FMA with the blocks' d*da (permuted to that lane pattern) per quad.
+ * FMA with the blocks' d*da (permuted to that lane pattern) per quad. Whole
+ * runs of 16 blocks ("hexes") reduce their 4 quads' dots to one lane per
+ * block first, so that the float work is one convert and FMA per 16 blocks
+ * (gemm, which stores its operands in that layout, needs no reduction).
  * Weights are made unsigned with a per-format offset c (Q4_0: q = u - 8,
  * Q5_0: u - 16, Q8_0 and IQ4_NL: u - 128 via xor 0x80); the activation side
  * precomputes -c * sum(a) per lane, which seeds the vpdpbusd accumulator, so
@@ -28,11 +31,22 @@
  * float steps of a row are fixed (RED_BLOCKS below), the same in vec_dot,
  * gemv and gemm: the determinism contract of quants.h.
  *
- * K-quants (Q2_K .. Q6_K): a super-block is decoded once per weight row
- * (dec_*) and dotted with one activation row (vec_dot, gemv) or up to 4
- * (gemm); 512-bit, int16 scales applied with vpmaddwd.
+ * gemm (prefill) decodes a tile's weights once per call into buffers and
+ * runs a register-tiled micro-kernel over them (see its section).
+ *
+ * K-quants (Q2_K .. Q6_K): VNNI (or vpmaddubsw) dots with one int32 lane
+ * per 16-element sub-block, the sub-block scales applied in float (see
+ * their section); VNNI and no-VNNI variants like the 32-element formats.
+ *
+ * Throughput notes for the machine these were tuned on (an Ice Lake Xeon
+ * VM): vpdpbusd, vpmaddubsw, FMA and convert all issue 2 per cycle, but a
+ * load into a zmm register (plain or broadcast) only ~1 per cycle, so the
+ * micro-kernels are bound by operand loads as much as by arithmetic: the
+ * 4x4 tiles keep both operands of each step in registers where they can.
  */
 #include <immintrin.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "quants.h"
@@ -169,9 +183,19 @@ INLINE __m512 min_fma(__m256 dm, __m256 ds, __m512 acc) {
     return _mm512_mask3_fmadd_ps(_mm512_zextps256_ps512(dm), _mm512_zextps256_ps512(ds), acc, 0xaa);
 }
 
-/* ---- quad steps: acc (16 lanes) += d*da * dot, then (mins) lanes 2k+1 += m_k*s_k ---- */
+/* ---- quad steps ----
+ * qi_*: one quad's int32 dot (16 lanes, lanes 4k..4k+3 of block k, seeded
+ * with the activation's -c * sum: exact) and its scales: dd = [d_k * da_k]
+ * (formats without a min) or dm = [d_k m_k] x 4 (Q4_1, Q5_1, unmultiplied).
+ * quad_*: acc (16 lanes) += d*da * dot, then (mins) lanes 2k+1 += m_k*s_k */
 
-INLINE void quad_q4_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc) {
+typedef struct {
+    __m512i dot;
+    __m128 dd;
+    __m256 dm;
+} qres;
+
+INLINE void qi_q4_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, qres *Q) {
     const __m512i L0 = LDW(x, 0, 18), L1 = LDW(x, 8, 18);
     const __m512i q = _mm512_permutex2var_epi16(
         L0,
@@ -179,10 +203,8 @@ INLINE void quad_q4_0(const int vnni, const int full, const int nblk, const uint
                           56, 57, 58, 59, 60, 61, 62, 63),
         L1);
     __m512i dot = dpbusd(vnni, A->negc, nib_lo(q), A->lo);
-    dot = dpbusd(vnni, dot, nib_hi(q), A->hi);
-    const __m128i dh = d4_scalar(x, 18, full, nblk);
-    const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(dh), A->da);
-    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4(dd), *acc);
+    Q->dot = dpbusd(vnni, dot, nib_hi(q), A->hi);
+    Q->dd = _mm_mul_ps(_mm_cvtph_ps(d4_scalar(x, 18, full, nblk)), A->da);
 }
 
 INLINE __m512i iq4nl_table(const int vnni) {
@@ -192,7 +214,7 @@ INLINE __m512i iq4nl_table(const int vnni) {
     return _mm512_broadcast_i32x4(t);
 }
 
-INLINE void quad_iq4_nl(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc) {
+INLINE void qi_iq4_nl(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, qres *Q) {
     const __m512i L0 = LDW(x, 0, 18), L1 = LDW(x, 8, 18);
     const __m512i q = _mm512_permutex2var_epi16(
         L0,
@@ -201,31 +223,218 @@ INLINE void quad_iq4_nl(const int vnni, const int full, const int nblk, const ui
         L1);
     const __m512i tab = iq4nl_table(vnni);
     const __m512i vlo = _mm512_shuffle_epi8(tab, nib_lo(q)), vhi = _mm512_shuffle_epi8(tab, nib_hi(q));
-    __m512i dot;
     if (vnni) {
-        dot = _mm512_dpbusd_epi32(A->negc, vlo, A->lo);
-        dot = _mm512_dpbusd_epi32(dot, vhi, A->hi);
+        Q->dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(A->negc, vlo, A->lo), vhi, A->hi);
     } else {
-        dot = dot_s8s8(dot_s8s8(_mm512_setzero_si512(), vlo, A->lo), vhi, A->hi);
+        Q->dot = dot_s8s8(dot_s8s8(_mm512_setzero_si512(), vlo, A->lo), vhi, A->hi);
     }
-    const __m128i dh = d4_scalar(x, 18, full, nblk);
-    const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(dh), A->da);
-    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4(dd), *acc);
+    Q->dd = _mm_mul_ps(_mm_cvtph_ps(d4_scalar(x, 18, full, nblk)), A->da);
 }
 
-INLINE void quad_q4_1(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc) {
+INLINE void qi_q4_1(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, qres *Q) {
     const __m512i L0 = LDW(x, 0, 20), L1 = LDW(x, 16, 20);
     const __m512i q = _mm512_permutex2var_epi32(
         L0, _mm512_setr_epi32(1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 13, 14, 28, 29, 30, 31), L1);
     __m512i dot = dpbusd(vnni, _mm512_setzero_si512(), nib_lo(q), A->lo);
-    dot = dpbusd(vnni, dot, nib_hi(q), A->hi);
+    Q->dot = dpbusd(vnni, dot, nib_hi(q), A->hi);
     const __m128i dm = _mm512_castsi512_si128(
         _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 5, 10, 15, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), L0));
-    const __m256 dmf = _mm256_cvtph_ps(dm);
-    const __m256 p = _mm256_mul_ps(dmf, A->ds); /* [d*da, m*s] x 4: the d*da */
-    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4_even(p), *acc);
-    *acc = min_fma(dmf, A->ds, *acc);
+    Q->dm = _mm256_cvtph_ps(dm);
 }
+
+INLINE void qi_q5_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, qres *Q) {
+    const __m512i L0 = LDW(x, 0, 22), L1 = LDW(x, 24, 22);
+    const __m512i q = _mm512_permutex2var_epi16(
+        L0,
+        IDX16(3, 4, 5, 6, 7, 8, 9, 10, 14, 15, 16, 17, 18, 19, 20, 21, 45, 46, 47, 48, 49, 50, 51, 52,
+                          56, 57, 58, 59, 60, 61, 62, 63),
+        L1);
+    __mmask64 klo, khi;
+    q5_masks(QH(x, 2, 22, 0), QH(x, 2, 22, 1), QH(x, 2, 22, 2), QH(x, 2, 22, 3), &klo, &khi);
+    const __m512i b4 = _mm512_set1_epi8(0x10);
+    const __m512i lo = nib_lo(q), hi = nib_hi(q);
+    __m512i dot = dpbusd(vnni, A->negc, _mm512_mask_add_epi8(lo, klo, lo, b4), A->lo);
+    Q->dot = dpbusd(vnni, dot, _mm512_mask_add_epi8(hi, khi, hi, b4), A->hi);
+    /* (d through the vector side here: the 5th bits already keep the scalar ports busy) */
+    const __m128i dh = _mm512_castsi512_si128(_mm512_permutex2var_epi16(
+        L0, IDX16(0, 11, 22, 53, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+        L1));
+    Q->dd = _mm_mul_ps(_mm_cvtph_ps(dh), A->da);
+}
+
+INLINE void qi_q5_1(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, qres *Q) {
+    const __m512i L0 = LDW(x, 0, 24), L1 = LDW(x, 32, 24);
+    const __m512i q = _mm512_permutex2var_epi32(
+        L0, _mm512_setr_epi32(2, 3, 4, 5, 8, 9, 10, 11, 22, 23, 24, 25, 28, 29, 30, 31), L1);
+    __mmask64 klo, khi;
+    q5_masks(QH(x, 4, 24, 0), QH(x, 4, 24, 1), QH(x, 4, 24, 2), QH(x, 4, 24, 3), &klo, &khi);
+    const __m512i b4 = _mm512_set1_epi8(0x10);
+    const __m512i lo = nib_lo(q), hi = nib_hi(q);
+    __m512i dot = dpbusd(vnni, _mm512_setzero_si512(), _mm512_mask_add_epi8(lo, klo, lo, b4), A->lo);
+    Q->dot = dpbusd(vnni, dot, _mm512_mask_add_epi8(hi, khi, hi, b4), A->hi);
+    const __m128i dm = _mm512_castsi512_si128(_mm512_permutex2var_epi32(
+        L0, _mm512_setr_epi32(0, 6, 12, 26, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), L1));
+    Q->dm = _mm256_cvtph_ps(dm);
+}
+
+INLINE void qi_q8_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, qres *Q) {
+    const __m512i S0 = LDW(x, 0, 34), S1 = LDW(x, 64, 34);
+    const __m512i T0 = LDW(x, 16, 34), T1 = LDW(x, 72, 34);
+    const __m512i qlo = _mm512_permutex2var_epi16(
+        S0,
+        IDX16(1, 2, 3, 4, 5, 6, 7, 8, 18, 19, 20, 21, 22, 23, 24, 25, 35, 36, 37, 38, 39, 40, 41, 42,
+                          52, 53, 54, 55, 56, 57, 58, 59),
+        S1);
+    const __m512i qhi = _mm512_permutex2var_epi16(
+        T0,
+        IDX16(1, 2, 3, 4, 5, 6, 7, 8, 18, 19, 20, 21, 22, 23, 24, 25, 39, 40, 41, 42, 43, 44, 45, 46,
+                          56, 57, 58, 59, 60, 61, 62, 63),
+        T1);
+    if (vnni) {
+        const __m512i f = _mm512_set1_epi8((char)0x80);
+        Q->dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(A->negc, _mm512_xor_si512(qlo, f), A->lo),
+                                     _mm512_xor_si512(qhi, f), A->hi);
+    } else {
+        Q->dot = dot_s8s8(dot_s8s8(_mm512_setzero_si512(), qlo, A->lo), qhi, A->hi);
+    }
+    Q->dd = _mm_mul_ps(_mm_cvtph_ps(d4_scalar(x, 34, full, nblk)), A->da);
+}
+
+/* formats with a min (m*s terms) / signed weights on the no-VNNI path */
+#define MIN_q4_0 0
+#define MIN_q4_1 1
+#define MIN_q5_0 0
+#define MIN_q5_1 1
+#define MIN_q8_0 0
+#define MIN_iq4_nl 0
+#define SIGNED_q4_0 0
+#define SIGNED_q4_1 0
+#define SIGNED_q5_0 0
+#define SIGNED_q5_1 0
+#define SIGNED_q8_0 1
+#define SIGNED_iq4_nl 1
+
+/* the float steps of a quad */
+INLINE void quad_fin(const int mins, const qres *Q, const act4 *A, __m512 *acc) {
+    if (mins) {
+        const __m256 p = _mm256_mul_ps(Q->dm, A->ds); /* [d*da, m*s] x 4: the d*da */
+        *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Q->dot), spread4_even(p), *acc);
+        *acc = min_fma(Q->dm, A->ds, *acc);
+    } else {
+        *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Q->dot), spread4(Q->dd), *acc);
+    }
+}
+
+#define DEFINE_QUAD(name)                                                                                  \
+    INLINE void quad_##name(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, \
+                            __m512 *acc) {                                                                  \
+        qres Q;                                                                                             \
+        qi_##name(vnni, full, nblk, x, A, &Q);                                                              \
+        quad_fin(MIN_##name, &Q, A, acc);                                                                   \
+    }
+DEFINE_QUAD(q4_0)
+DEFINE_QUAD(q4_1)
+DEFINE_QUAD(q5_0)
+DEFINE_QUAD(q5_1)
+DEFINE_QUAD(q8_0)
+DEFINE_QUAD(iq4_nl)
+
+/* ---- hexes: 16 blocks (4 quads) with one int32 lane per block ----
+ * Lane 4k + q of a hex vector belongs to block 4q + k of the hex ("M
+ * order": what reducing the 4 quads' dots with two rounds of unpacks gives).
+ * Per hex: acc = fma(float(dot16), d*da, acc), then (mins) acc = fma(m, s,
+ * acc): one convert and FMA per 16 blocks where quads take four. */
+
+/* the int32 sums of each block's 4 lanes of 4 quad dots, in M order (exact) */
+INLINE __m512i red4i(__m512i d0, __m512i d1, __m512i d2, __m512i d3) {
+    const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(d0, d1), _mm512_unpackhi_epi32(d0, d1));
+    const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(d2, d3), _mm512_unpackhi_epi32(d2, d3));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
+}
+
+/* [x_q[0..3]] of 4 quads -> M order: lane 4k + q = x_q[k] */
+INLINE __m512 m_order4(__m128 a0, __m128 a1, __m128 a2, __m128 a3) {
+    const __m512 z = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_insertf128_ps(_mm256_castps128_ps256(a0), a1, 1)),
+                                        _mm256_insertf128_ps(_mm256_castps128_ps256(a2), a3, 1), 1);
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), z);
+}
+
+/* lanes 2k + o of 4 quads' [x0 y0 x1 y1 x2 y2 x3 y3] pairs, in M order */
+INLINE __m512 m_order_pairs(__m256 p0, __m256 p1, __m256 p2, __m256 p3, const int o) {
+    const __m512 z01 = _mm512_insertf32x8(_mm512_castps256_ps512(p0), p1, 1);
+    const __m512 z23 = _mm512_insertf32x8(_mm512_castps256_ps512(p2), p3, 1);
+    const __m512i idx = _mm512_add_epi32(_mm512_setr_epi32(0, 8, 16, 24, 2, 10, 18, 26, 4, 12, 20, 28, 6, 14, 22, 30),
+                                         _mm512_set1_epi32(o));
+    return _mm512_permutex2var_ps(z01, idx, z23);
+}
+
+/* 4 vectors of the quad pattern [x_k x4] -> M order (lane 4k + q from vector q) */
+INLINE __m512 m_blend4(__m512 p0, __m512 p1, __m512 p2, __m512 p3) {
+    __m512 r = _mm512_mask_blend_ps(0x2222, p0, p1);
+    r = _mm512_mask_blend_ps(0x4444, r, p2);
+    return _mm512_mask_blend_ps(0x8888, r, p3);
+}
+
+/* 4 quads' bytes in the quad layout (128-bit lane k: block k, dword i:
+ * bytes 4i..4i+3) -> o[i]: dword i of each block, in M order */
+INLINE void m_transpose(__m512i a0, __m512i a1, __m512i a2, __m512i a3, __m512i *o) {
+    const __m512i t0 = _mm512_unpacklo_epi32(a0, a1), t1 = _mm512_unpackhi_epi32(a0, a1);
+    const __m512i t2 = _mm512_unpacklo_epi32(a2, a3), t3 = _mm512_unpackhi_epi32(a2, a3);
+    o[0] = _mm512_unpacklo_epi64(t0, t2), o[1] = _mm512_unpackhi_epi64(t0, t2);
+    o[2] = _mm512_unpacklo_epi64(t1, t3), o[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+/* the activation side of a hex beside its 4 quads: da and (mins) s, M order */
+typedef struct {
+    __m512 da, s;
+} acth;
+
+INLINE void acth_of(const act4 *A, acth *H) {
+    H->da = m_order4(A[0].da, A[1].da, A[2].da, A[3].da);
+    H->s = m_order_pairs(A[0].ds, A[1].ds, A[2].ds, A[3].ds, 1);
+}
+
+/* a hex of one row (gemv, vec_dot): the 4 quads' dots reduced to one lane per block */
+#define DEFINE_HEX(name, block_t)                                                                          \
+    INLINE void hex_##name(const int vnni, const uint8_t *x, const act4 *A, const acth *H, __m512 *acc) {  \
+        qres Q[4];                                                                                          \
+        for (int q = 0; q < 4; q++) qi_##name(vnni, 1, 4, x + 4 * q * sizeof(block_t), &A[q], &Q[q]);      \
+        const __m512 dot = _mm512_cvtepi32_ps(red4i(Q[0].dot, Q[1].dot, Q[2].dot, Q[3].dot));               \
+        if (MIN_##name) {                                                                                   \
+            __m256 p[4];                                                                                    \
+            for (int q = 0; q < 4; q++) p[q] = _mm256_mul_ps(Q[q].dm, A[q].ds); /* the d*da */              \
+            *acc = _mm512_fmadd_ps(dot, m_order_pairs(p[0], p[1], p[2], p[3], 0), *acc);                    \
+            *acc = _mm512_fmadd_ps(m_order_pairs(Q[0].dm, Q[1].dm, Q[2].dm, Q[3].dm, 1), H->s, *acc);       \
+        } else {                                                                                            \
+            *acc = _mm512_fmadd_ps(dot, m_order4(Q[0].dd, Q[1].dd, Q[2].dd, Q[3].dd), *acc);                \
+        }                                                                                                   \
+    }
+DEFINE_HEX(q4_0, block_q4_0)
+/* Q4_1: two quads' (d, m) pairs through one permute and vcvtph2ps, as in oct_q4_1 below */
+INLINE void hex_q4_1(const int vnni, const uint8_t *x, const act4 *A, const acth *H, __m512 *acc) {
+    const __m512i idx = _mm512_setr_epi32(1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 13, 14, 28, 29, 30, 31);
+    const __m512i didx = _mm512_setr_epi32(0, 5, 10, 15, 16, 21, 26, 31, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512i d[4];
+    __m512 dm[2], p[2];
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *xh = x + 160 * h;
+        const __m512i L0 = _mm512_loadu_si512(xh), L1 = _mm512_loadu_si512(xh + 16);
+        const __m512i L2 = _mm512_loadu_si512(xh + 80), L3 = _mm512_loadu_si512(xh + 96);
+        const __m512i q0 = _mm512_permutex2var_epi32(L0, idx, L1), q1 = _mm512_permutex2var_epi32(L2, idx, L3);
+        d[2 * h] = dpbusd(vnni, dpbusd(vnni, _mm512_setzero_si512(), nib_lo(q0), A[2 * h].lo), nib_hi(q0), A[2 * h].hi);
+        d[2 * h + 1] = dpbusd(vnni, dpbusd(vnni, _mm512_setzero_si512(), nib_lo(q1), A[2 * h + 1].lo), nib_hi(q1), A[2 * h + 1].hi);
+        dm[h] = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi32(L0, didx, L2)));
+        p[h] = _mm512_mul_ps(dm[h], _mm512_insertf32x8(_mm512_castps256_ps512(A[2 * h].ds), A[2 * h + 1].ds, 1));
+    }
+    const __m512i ev = _mm512_setr_epi32(0, 8, 16, 24, 2, 10, 18, 26, 4, 12, 20, 28, 6, 14, 22, 30);
+    const __m512 dot = _mm512_cvtepi32_ps(red4i(d[0], d[1], d[2], d[3]));
+    *acc = _mm512_fmadd_ps(dot, _mm512_permutex2var_ps(p[0], ev, p[1]), *acc); /* the d*da, M order */
+    *acc = _mm512_fmadd_ps(_mm512_permutex2var_ps(dm[0], _mm512_add_epi32(ev, _mm512_set1_epi32(1)), dm[1]), H->s, *acc);
+}
+DEFINE_HEX(q5_0, block_q5_0)
+DEFINE_HEX(q5_1, block_q5_1)
+DEFINE_HEX(q8_0, block_q8_0)
+DEFINE_HEX(iq4_nl, block_iq4_nl)
 
 /* Q4_1, two quads at once: the (d, m) pairs of 8 blocks go through one
  * vcvtph2ps, multiply and add (ds16: the two quads' activation (d, s) pairs) */
@@ -281,71 +490,6 @@ INLINE void pair_q4_1(const int vnni, int rem, const uint8_t *x0, const uint8_t 
                                   _mm512_zextps256_ps512(Ap->ds), *acc1, 0x0a);
 }
 
-INLINE void quad_q5_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc) {
-    const __m512i L0 = LDW(x, 0, 22), L1 = LDW(x, 24, 22);
-    const __m512i q = _mm512_permutex2var_epi16(
-        L0,
-        IDX16(3, 4, 5, 6, 7, 8, 9, 10, 14, 15, 16, 17, 18, 19, 20, 21, 45, 46, 47, 48, 49, 50, 51, 52,
-                          56, 57, 58, 59, 60, 61, 62, 63),
-        L1);
-    __mmask64 klo, khi;
-    q5_masks(QH(x, 2, 22, 0), QH(x, 2, 22, 1), QH(x, 2, 22, 2), QH(x, 2, 22, 3), &klo, &khi);
-    const __m512i b4 = _mm512_set1_epi8(0x10);
-    const __m512i lo = nib_lo(q), hi = nib_hi(q);
-    __m512i dot = dpbusd(vnni, A->negc, _mm512_mask_add_epi8(lo, klo, lo, b4), A->lo);
-    dot = dpbusd(vnni, dot, _mm512_mask_add_epi8(hi, khi, hi, b4), A->hi);
-    /* (d through the vector side here: the 5th bits already keep the scalar ports busy) */
-    const __m128i dh = _mm512_castsi512_si128(_mm512_permutex2var_epi16(
-        L0, IDX16(0, 11, 22, 53, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-        L1));
-    const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(dh), A->da);
-    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4(dd), *acc);
-}
-
-INLINE void quad_q5_1(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc) {
-    const __m512i L0 = LDW(x, 0, 24), L1 = LDW(x, 32, 24);
-    const __m512i q = _mm512_permutex2var_epi32(
-        L0, _mm512_setr_epi32(2, 3, 4, 5, 8, 9, 10, 11, 22, 23, 24, 25, 28, 29, 30, 31), L1);
-    __mmask64 klo, khi;
-    q5_masks(QH(x, 4, 24, 0), QH(x, 4, 24, 1), QH(x, 4, 24, 2), QH(x, 4, 24, 3), &klo, &khi);
-    const __m512i b4 = _mm512_set1_epi8(0x10);
-    const __m512i lo = nib_lo(q), hi = nib_hi(q);
-    __m512i dot = dpbusd(vnni, _mm512_setzero_si512(), _mm512_mask_add_epi8(lo, klo, lo, b4), A->lo);
-    dot = dpbusd(vnni, dot, _mm512_mask_add_epi8(hi, khi, hi, b4), A->hi);
-    const __m128i dm = _mm512_castsi512_si128(_mm512_permutex2var_epi32(
-        L0, _mm512_setr_epi32(0, 6, 12, 26, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), L1));
-    const __m256 dmf = _mm256_cvtph_ps(dm);
-    const __m256 p = _mm256_mul_ps(dmf, A->ds);
-    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4_even(p), *acc);
-    *acc = min_fma(dmf, A->ds, *acc);
-}
-
-INLINE void quad_q8_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, __m512 *acc) {
-    const __m512i S0 = LDW(x, 0, 34), S1 = LDW(x, 64, 34);
-    const __m512i T0 = LDW(x, 16, 34), T1 = LDW(x, 72, 34);
-    const __m512i qlo = _mm512_permutex2var_epi16(
-        S0,
-        IDX16(1, 2, 3, 4, 5, 6, 7, 8, 18, 19, 20, 21, 22, 23, 24, 25, 35, 36, 37, 38, 39, 40, 41, 42,
-                          52, 53, 54, 55, 56, 57, 58, 59),
-        S1);
-    const __m512i qhi = _mm512_permutex2var_epi16(
-        T0,
-        IDX16(1, 2, 3, 4, 5, 6, 7, 8, 18, 19, 20, 21, 22, 23, 24, 25, 39, 40, 41, 42, 43, 44, 45, 46,
-                          56, 57, 58, 59, 60, 61, 62, 63),
-        T1);
-    __m512i dot;
-    if (vnni) {
-        const __m512i f = _mm512_set1_epi8((char)0x80);
-        dot = _mm512_dpbusd_epi32(A->negc, _mm512_xor_si512(qlo, f), A->lo);
-        dot = _mm512_dpbusd_epi32(dot, _mm512_xor_si512(qhi, f), A->hi);
-    } else {
-        dot = dot_s8s8(dot_s8s8(_mm512_setzero_si512(), qlo, A->lo), qhi, A->hi);
-    }
-    const __m128i dh = d4_scalar(x, 34, full, nblk);
-    const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(dh), A->da);
-    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), spread4(dd), *acc);
-}
-
 /* offsets c of the act side: 128 only on the VNNI path of the signed formats */
 /* formats with a two-quad step */
 #define OCT_q4_0 0
@@ -397,14 +541,18 @@ INLINE void act4_prep(const block_q8_32 *y, int nblk, const int c, const int vnn
 
 /* The float result of a row is fixed by this order (the contract of
  * quants.h): the row's blocks are summed in groups of RED_BLOCKS from its
- * start; in a group, quad after quad (a last partial quad padded with zero
- * blocks), acc = fma(float(dot), d*da, acc), then for Q4_1/Q5_1 lanes 2k+1
- * += m_k * s_k (fused); each group's 16 lanes are summed by hsum16 (reduce4
- * order) and added to the row's sum in group order. vec_dot, gemv (any
- * rows) and gemm all follow it: the octs, the two-row pairs and the gemm
- * tiles are the same float steps, only the decode is shared. */
+ * start; in a group, first hex after hex (16 blocks: acc = fma(float(dot16),
+ * d*da, acc) with one lane per block in M order, then for Q4_1/Q5_1 acc =
+ * fma(m, s, acc)), then on the group's last < 16 blocks quad after quad (a
+ * last partial quad padded with zero blocks), acc = fma(float(dot), d*da,
+ * acc), then for Q4_1/Q5_1 lanes 2k+1 += m_k * s_k (fused); each group's
+ * 16 lanes are summed by hsum16 (reduce4 order) and added to the row's sum
+ * in group order. vec_dot, gemv (any rows) and gemm all follow it: the
+ * octs, the two-row pairs and the gemm tiles are the same float steps, only
+ * the decode is shared. (RED_BLOCKS is a multiple of 16: hexes never cross
+ * groups.) */
 #define RED_BLOCKS 64
-_Static_assert(4 * ACT_CHUNK % RED_BLOCKS == 0, "activation chunks hold whole groups");
+_Static_assert(4 * ACT_CHUNK % RED_BLOCKS == 0 && RED_BLOCKS % 16 == 0, "activation chunks hold whole groups, groups whole hexes");
 
 /* R rows (compile-time) against nb blocks of one activation row; Ab: the
  * prepared quads, or NULL to prepare them on the fly (vec_dot). out[r] =
@@ -412,8 +560,8 @@ _Static_assert(4 * ACT_CHUNK % RED_BLOCKS == 0, "activation chunks hold whole gr
  * pf: gemv's prefetch plan (quants.h), NULL for none. */
 #define DEFINE_ROWS(name, block_t)                                                                        \
     INLINE void rows_##name(const int R, const int vnni, int64_t nb, const char *w, size_t rb,           \
-                            const block_q8_32 *y, const act4 *Ab, const act4 *Apair, float *out,           \
-                            const int cont, const gemv_pf *pf) {                                           \
+                            const block_q8_32 *y, const act4 *Ab, const acth *Hb, const act4 *Apair,       \
+                            float *out, const int cont, const gemv_pf *pf) {                               \
         float sum[4];                                                                                      \
         for (int r = 0; r < R; r++) sum[r] = cont ? out[r] : 0.0f;                                         \
         const int rem = (int)(nb & 3);                                                                     \
@@ -423,6 +571,26 @@ _Static_assert(4 * ACT_CHUNK % RED_BLOCKS == 0, "activation chunks hold whole gr
             __m512 acc[4];                                                                                 \
             for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();                                      \
             int64_t i = g0;                                                                                \
+            for (; i + 16 <= g1; i += 16) {                                                                \
+                act4 Al[4];                                                                                \
+                acth Hl;                                                                                   \
+                const act4 *A = Ab ? &Ab[i / 4] : Al;                                                      \
+                const acth *H = Hb ? &Hb[i / 16] : &Hl;                                                    \
+                if (!Ab) {                                                                                 \
+                    for (int q = 0; q < 4; q++) act4_load(y + i + 4 * q, C_##name(vnni), vnni, &Al[q]);    \
+                    acth_of(Al, &Hl);                                                                      \
+                }                                                                                          \
+                const size_t off = (size_t)i * sizeof(block_t);                                            \
+                /* the hex's prefetch in 4 steps of 4 blocks, one before each row (R = 4): a burst \
+                 * of 24 lines at once streamed ~10% slower from DRAM */                                 \
+                for (int r = 0; r < R; r++) {                                                              \
+                    if (pf)                                                                                \
+                        for (int k = R == 4 ? r : 0; k < (R == 4 ? r + 1 : 4); k++)                        \
+                            gemv_prefetch_step(pf, R, (uintptr_t)w + off + 4 * k * sizeof(block_t),        \
+                                               off + 4 * k * sizeof(block_t), 4 * sizeof(block_t));        \
+                    hex_##name(vnni, (const uint8_t *)(w + r * rb) + off, A, H, &acc[r]);                 \
+                }                                                                                          \
+            }                                                                                              \
             if (OCT_##name)                                                                                \
                 for (; i + 8 <= g1; i += 8) {                                                              \
                     act4 A0l, A1l;                                                                         \
@@ -473,12 +641,14 @@ _Static_assert(4 * ACT_CHUNK % RED_BLOCKS == 0, "activation chunks hold whole gr
         const block_q8_32 *y = a;                                                                          \
         const int64_t nb = n / QK;                                                                         \
         act4 Ab[ACT_CHUNK];                                                                                \
+        acth Hb[ACT_CHUNK / 4];                                                                            \
         if (nb <= 0)                                                                                       \
             for (int r = 0; r < nrows; r++) out[r] = 0.0f;                                                 \
         for (int64_t c0 = 0; c0 < nb; c0 += 4 * ACT_CHUNK) {                                               \
             const int64_t cb = nb - c0 < 4 * ACT_CHUNK ? nb - c0 : 4 * ACT_CHUNK;                          \
             for (int64_t i = 0; i < cb; i += 4)                                                            \
                 act4_prep(y + c0 + i, cb - i < 4 ? (int)(cb - i) : 4, C_##name(vnni), vnni, &Ab[i / 4]);  \
+            for (int64_t h = 0; h < cb / 16; h++) acth_of(&Ab[4 * h], &Hb[h]);                            \
             act4 Apair;                                                                                    \
             const act4 *pp = NULL;                                                                         \
             const int rem = (int)(cb & 3);                                                                 \
@@ -495,18 +665,18 @@ _Static_assert(4 * ACT_CHUNK % RED_BLOCKS == 0, "activation chunks hold whole gr
             const gemv_pf pf4 = gemv_prefetch_plan(4, rb, len), pf1 = gemv_prefetch_plan(1, rb, len);      \
             int r = 0;                                                                                     \
             for (; r + 4 <= nrows; r += 4, p += 4 * rb)                                                    \
-                rows_##name(4, vnni, cb, p, rb, NULL, Ab, pp, out + r, c0 > 0, &pf4);                     \
-            for (; r < nrows; r++, p += rb) rows_##name(1, vnni, cb, p, rb, NULL, Ab, NULL, out + r, c0 > 0, &pf1); \
+                rows_##name(4, vnni, cb, p, rb, NULL, Ab, Hb, pp, out + r, c0 > 0, &pf4);                     \
+            for (; r < nrows; r++, p += rb) rows_##name(1, vnni, cb, p, rb, NULL, Ab, Hb, NULL, out + r, c0 > 0, &pf1); \
         }                                                                                                  \
     }                                                                                                      \
     static float vec_dot_##name##_vnni(int64_t n, const void *restrict w, const void *restrict a) {       \
         float r;                                                                                           \
-        rows_##name(1, 1, n / QK, w, 0, a, NULL, NULL, &r, 0, NULL);                                             \
+        rows_##name(1, 1, n / QK, w, 0, a, NULL, NULL, NULL, &r, 0, NULL);                                             \
         return r;                                                                                          \
     }                                                                                                      \
     static float vec_dot_##name##_bw(int64_t n, const void *restrict w, const void *restrict a) {         \
         float r;                                                                                           \
-        rows_##name(1, 0, n / QK, w, 0, a, NULL, NULL, &r, 0, NULL);                                             \
+        rows_##name(1, 0, n / QK, w, 0, a, NULL, NULL, NULL, &r, 0, NULL);                                             \
         return r;                                                                                          \
     }                                                                                                      \
     static void gemv_##name##_vnni(int64_t n, const void *restrict w, size_t rb, int nrows,               \
@@ -527,24 +697,63 @@ DEFINE_ROWS(q8_0, block_q8_0)
 DEFINE_ROWS(iq4_nl, block_iq4_nl)
 
 /* ------------------------------------------------------------------ */
-/* gemm: a tile of rows against up to 4 activation rows at a time          */
+/* the gemm kernels' buffers                                              */
 /* ------------------------------------------------------------------ */
-/* Each row's quad is decoded once (gather, nibble split / 5th bits, scales
- * to float) and used for every activation row: per (row, activation row,
- * quad) two vpdpbusd (seeded with the activation's -c * sum), one convert,
- * one multiply and one FMA, plus a masked FMA for the m*s terms of
- * Q4_1/Q5_1 -- against ~12 per quad in gemv. */
+/* The gemm kernels decode a tile's weights and prepare the activation rows
+ * into buffers of up to GEMM_SCRATCH bytes, too large for every thread's
+ * stack (musl gives threads 128 KB): one heap buffer per thread, allocated
+ * at its first gemm and freed when the thread exits. */
+#define GEMM_SCRATCH (192 * 1024)
+
+static pthread_key_t gemm_scratch_key;
+static pthread_once_t gemm_scratch_once = PTHREAD_ONCE_INIT;
+static void gemm_scratch_free(void *p) { free(p); }
+static void gemm_scratch_init(void) {
+    if (pthread_key_create(&gemm_scratch_key, gemm_scratch_free) != 0) abort();
+}
+
+static unsigned char *gemm_scratch(void) {
+    pthread_once(&gemm_scratch_once, gemm_scratch_init);
+    unsigned char *p = pthread_getspecific(gemm_scratch_key);
+    if (!p) {
+        p = aligned_alloc(64, GEMM_SCRATCH);
+        if (!p || pthread_setspecific(gemm_scratch_key, p) != 0) abort(); /* out of memory */
+    }
+    return p;
+}
+
+/* ------------------------------------------------------------------ */
+/* gemm: a tile of rows against all the activation rows of a prompt      */
+/* ------------------------------------------------------------------ */
+/* Each weight block of the tile is decoded once per call (gather, nibble
+ * split / 5th bits, scales to float: dec_* below) into a buffer of
+ * ready-to-use vectors, and each activation row's blocks are prepared once
+ * per pass over the rows, GEMM_TP activation rows at a time. A micro-kernel
+ * then runs GEMM_R rows x GEMM_T activation rows from those buffers, with
+ * no decoding: per (row, activation row)
+ *   hex (16 blocks): 8 vpdpbusd into one int32 lane per block (the weights
+ *     and activations stored transposed: vector j holds dword j of every
+ *     block, in M order), seeded with the activation's -c * sums; then one
+ *     convert, multiply and FMA (and the mins' FMA);
+ *   quad (the last < 16 blocks of a group): 2 vpdpbusd, convert, multiply,
+ *     FMA (and the mins' masked FMA).
+ * The float steps are gemv's (RED_BLOCKS groups; hexes, then quads; reduce4). */
 
 #ifndef GEMM_R
-#define GEMM_R 4 /* rows per tile (x 4 activation rows: 16 accumulators) */
+#define GEMM_R 4 /* micro-kernel: rows x activation rows */
 #endif
-#define GEMM_CHUNK 16 /* quads prepared per activation row at a time (4 rows: 16 KB) */
+#ifndef GEMM_T
+#define GEMM_T 4
+#endif
+#define GEMM_CHUNK 16 /* quads per pass: one reduction group */
 _Static_assert(4 * GEMM_CHUNK == RED_BLOCKS, "a gemm chunk is one reduction group");
-
-typedef struct {
-    act4 a;
-    __m512 dapat; /* [da0 x4, da1 x4, da2 x4, da3 x4] */
-} act4g;
+#ifndef GEMM_WBUF
+#define GEMM_WBUF (64 * 1024) /* bytes of decoded weights per pass (L2) */
+#endif
+#ifndef GEMM_TP
+#define GEMM_TP 8 /* activation rows prepared per panel */
+#endif
+_Static_assert(GEMM_WBUF + GEMM_TP * 4096 <= GEMM_SCRATCH, "32-element gemm buffers fit the scratch");
 
 /* a row's quad, decoded: lo/hi quants in the quad layout (unsigned with
  * offset c, or signed for the no-VNNI path of Q8_0/IQ4_NL), dpat the
@@ -553,6 +762,31 @@ typedef struct {
     __m512i lo, hi;
     __m512 dpat, mz;
 } wquad;
+
+/* as stored in the gemm's buffers. Quads: lo, hi, dpat; beside them the
+ * mins (__m256 [d m] x 4) and, on the no-VNNI path of the signed formats,
+ * the sign masks of lo/hi (lo/hi then hold |w|). Hexes: v[j] = dword j of
+ * each block (j < 4 from lo, j >= 4 from hi), d, in M order; beside them
+ * the mins (__m512 m, M order) and the 8 sign masks. */
+typedef struct {
+    __m512i lo, hi;
+    __m512 dpat;
+} wq;
+typedef struct {
+    __m512i v[8];
+    __m512 d;
+} whex;
+
+/* an activation row's quad / hex, prepared: quants, -c * sums, da (quad
+ * pattern / M order); beside them the [da s] pairs / s (mins) */
+typedef struct {
+    __m512i lo, hi, negc;
+    __m512 dapat;
+} aq;
+typedef struct {
+    __m512i v[8], negc;
+    __m512 da;
+} ahex;
 
 INLINE __m512 dpat_of(__m128i dh) { return spread4(_mm_cvtph_ps(dh)); }
 
@@ -626,51 +860,134 @@ INLINE void dec_q8_0(const int vnni, const int full, const int nblk, const uint8
     W->dpat = dpat_of(d4_scalar(x, 34, full, nblk));
 }
 
-/* formats with a min (m*s terms) / signed weights on the no-VNNI path */
-#define MIN_q4_0 0
-#define MIN_q4_1 1
-#define MIN_q5_0 0
-#define MIN_q5_1 1
-#define MIN_q8_0 0
-#define MIN_iq4_nl 0
-#define SIGNED_q4_0 0
-#define SIGNED_q4_1 0
-#define SIGNED_q5_0 0
-#define SIGNED_q5_1 0
-#define SIGNED_q8_0 1
-#define SIGNED_iq4_nl 1
+/* [x0 . x1 . x2 . x3 . ...] -> [x0 x4 ... ] from the odd lanes: [y_k x4] of [x_k y_k] pairs */
+INLINE __m512 spread4_odd(__m512 v) {
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7), v);
+}
+
+/* the int32 dot of a decoded weight quad and a prepared activation quad,
+ * seeded with the activation's -c * sum. Without VNNI: unsigned weights
+ * (u <= 31, |a| <= 128: each vpmaddubsw word <= 7936) add their lo and hi
+ * words before one vpmaddwd; signed ones (|w| kept, the sign moved to the
+ * activation by the masks ks) take one vpmaddwd each. Exact either way. */
+INLINE __m512i gdot(const int vnni, const int sgn, const wq *w, const uint64_t *ks, const aq *a) {
+    if (vnni) return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a->negc, w->lo, a->lo), w->hi, a->hi);
+    const __m512i ones = _mm512_set1_epi16(1);
+    if (sgn) {
+        const __m512i z = _mm512_setzero_si512();
+        const __m512i al = _mm512_mask_sub_epi8(a->lo, _cvtu64_mask64(ks[0]), z, a->lo);
+        const __m512i ah = _mm512_mask_sub_epi8(a->hi, _cvtu64_mask64(ks[1]), z, a->hi);
+        return _mm512_add_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(w->lo, al), ones),
+                                _mm512_madd_epi16(_mm512_maddubs_epi16(w->hi, ah), ones));
+    }
+    const __m512i p = _mm512_add_epi16(_mm512_maddubs_epi16(w->lo, a->lo), _mm512_maddubs_epi16(w->hi, a->hi));
+    return _mm512_add_epi32(a->negc, _mm512_madd_epi16(p, ones));
+}
+
+/* vpmaddubsw of |w| and the activation with w's signs (no VNNI, signed formats) */
+INLINE __m512i sdot16(__m512i w, uint64_t k, __m512i a) {
+    return _mm512_maddubs_epi16(w, _mm512_mask_sub_epi8(a, _cvtu64_mask64(k), _mm512_setzero_si512(), a));
+}
+
+/* a hex's int32 dot, for R rows x T activation rows at once: s[r][t] =
+ * the activation's -c * sums + sum_j dot(w_r.v[j], a_t.v[j]). Without VNNI
+ * the unsigned formats add 4 vpmaddubsw words (4 * 7936 < 32768) before
+ * each vpmaddwd; the signed formats take one vpmaddwd per vector. */
+INLINE void hexdot(const int R, const int T, const int vnni, const int sgn, const whex *const *w,
+                   const uint64_t *const *wk, const ahex *const *a, __m512i s[4][4]) {
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) s[r][t] = a[t]->negc;
+    if (vnni) {
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                const __m512i av = a[t]->v[j];
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+                    s[r][t] = _mm512_dpbusd_epi32(s[r][t], w[r]->v[j], av);
+            }
+        return;
+    }
+    const __m512i ones = _mm512_set1_epi16(1);
+    if (sgn) {
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+                    s[r][t] = _mm512_add_epi32(s[r][t], _mm512_madd_epi16(sdot16(w[r]->v[j], wk[r][j], a[t]->v[j]), ones));
+        return;
+    }
+    _Pragma("GCC unroll 2") for (int j = 0; j < 8; j += 4)
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                __m512i p = _mm512_maddubs_epi16(w[r]->v[j], a[t]->v[j]);
+                p = _mm512_add_epi16(p, _mm512_maddubs_epi16(w[r]->v[j + 1], a[t]->v[j + 1]));
+                p = _mm512_add_epi16(p, _mm512_maddubs_epi16(w[r]->v[j + 2], a[t]->v[j + 2]));
+                p = _mm512_add_epi16(p, _mm512_maddubs_epi16(w[r]->v[j + 3], a[t]->v[j + 3]));
+                s[r][t] = _mm512_add_epi32(s[r][t], _mm512_madd_epi16(p, ones));
+            }
+}
+
+/* The gemm's buffers for one pass: per row, nh hexes then nq quads (and
+ * beside them the mins and sign masks); per activation row, the same. */
+typedef struct {
+    whex *h; __m512 *hm; uint64_t *hk; /* hexes: nh per row */
+    wq *q; __m256 *qm; uint64_t *qk;   /* quads: nq per row */
+} wbufs;
+typedef struct {
+    ahex *h; __m512 *hs;
+    aq *q; __m256 *qd;
+} abufs;
 
 #define DEFINE_GEMM(name, block_t)                                                                         \
-    INLINE void gemm_quad_##name(const int R, const int T, const int vnni, const int full, const int nblk,  \
-                                 int64_t i, const char *w, size_t rb, act4g (*A)[GEMM_CHUNK],               \
-                                 __m512 acc[4][4]) {                                                        \
-        const int q = (int)(i / 4);                                                                         \
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                               \
-            wquad W;                                                                                        \
-            dec_##name(vnni, full, nblk, (const uint8_t *)(w + r * rb) + i * sizeof(block_t), &W);          \
-            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {                                           \
-                const act4g *g = &A[t][q];                                                                  \
-                __m512i dot;                                                                                \
-                if (!vnni && SIGNED_##name) {                                                               \
-                    dot = dot_s8s8(dot_s8s8(_mm512_setzero_si512(), W.lo, g->a.lo), W.hi, g->a.hi);         \
-                } else {                                                                                    \
-                    dot = dpbusd(vnni, g->a.negc, W.lo, g->a.lo);                                           \
-                    dot = dpbusd(vnni, dot, W.hi, g->a.hi);                                                 \
+    /* R rows x T activation rows over one group (nh hexes, nq quads), from the buffers (W: the first    \
+     * row's hexes/quads at index wi (row r: + r * nh / r * nq), A: the first activation row's at ai);    \
+     * out[t * os + r] += the group's sums */                                                             \
+    INLINE void gk_##name(const int R, const int T, const int vnni, int nh, int nq, const wbufs *W, size_t wh, \
+                          size_t wqi, const abufs *A, size_t ah, size_t aqi, float *out, size_t os) {       \
+        const int mins = MIN_##name, sgn = !vnni && SIGNED_##name;                                          \
+        /* acc: the quads' accumulators, in registers; acch: the hexes', kept in memory (the compiler \
+         * barrier below), so that the 16 int32 sums and the 8 operands of a hex step keep the         \
+         * registers: a zmm load issues ~1 per cycle, so reloading operands costs more than this */    \
+        __m512 acc[4][4], acch[4][4];                                                                       \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                                 \
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = acch[r][t] = _mm512_setzero_ps(); \
+        for (int h = 0; h < nh; h++) {                                                                      \
+            const whex *w[4];                                                                               \
+            const uint64_t *wk[4];                                                                          \
+            const ahex *a[4];                                                                               \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                           \
+                w[r] = W->h + wh + (size_t)r * nh + h;                                                      \
+                wk[r] = sgn ? W->hk + 8 * (wh + (size_t)r * nh + h) : NULL;                                 \
+            }                                                                                               \
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) a[t] = A->h + ah + (size_t)t * nh + h;      \
+            __m512i s[4][4];                                                                                \
+            hexdot(R, T, vnni, sgn, w, wk, a, s);                                                           \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                             \
+                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {                                       \
+                    __m512 c = h ? acch[r][t] : _mm512_setzero_ps();                                        \
+                    c = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][t]), _mm512_mul_ps(w[r]->d, a[t]->da), c);  \
+                    if (mins)                                                                               \
+                        c = _mm512_fmadd_ps(W->hm[wh + (size_t)r * nh + h], A->hs[ah + (size_t)t * nh + h], c); \
+                    acch[r][t] = c;                                                                         \
                 }                                                                                           \
-                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(W.dpat, g->dapat), acc[r][t]); \
-                if (MIN_##name) /* lanes 1, 3, 5, 7: m_k * s_k */                                           \
-                    acc[r][t] = _mm512_mask3_fmadd_ps(W.mz, _mm512_zextps256_ps512(g->a.ds), acc[r][t], 0xaa); \
+            __asm__ volatile("" ::: "memory");                                                              \
+        }                                                                                                   \
+        if (nh)                                                                                             \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                             \
+                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = acch[r][t];                 \
+        for (int q = 0; q < nq; q++) {                                                                      \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                           \
+                const size_t wi = wqi + (size_t)r * nq + q;                                                 \
+                const wq *w = W->q + wi;                                                                    \
+                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {                                       \
+                    const size_t ai = aqi + (size_t)t * nq + q;                                             \
+                    const aq *a = A->q + ai;                                                                \
+                    const __m512i dot = gdot(vnni, sgn, w, sgn ? W->qk + 2 * wi : NULL, a);                 \
+                    acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(w->dpat, a->dapat), acc[r][t]); \
+                    if (mins) /* lanes 1, 3, 5, 7: m_k * s_k */                                             \
+                        acc[r][t] = _mm512_mask3_fmadd_ps(_mm512_zextps256_ps512(W->qm[wi]),                \
+                                                          _mm512_zextps256_ps512(A->qd[ai]), acc[r][t], 0xaa); \
+                }                                                                                           \
             }                                                                                               \
         }                                                                                                   \
-    }                                                                                                       \
-    INLINE void gemm_tile_##name(const int R, const int T, const int vnni, int64_t nb, const char *w,       \
-                                 size_t rb, act4g (*A)[GEMM_CHUNK], float *out, size_t os) {                \
-        __m512 acc[4][4];                                                                                   \
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                                 \
-            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();           \
-        int64_t i = 0;                                                                                      \
-        for (; i + 4 <= nb; i += 4) gemm_quad_##name(R, T, vnni, 1, 4, i, w, rb, A, acc);                   \
-        if (i < nb) gemm_quad_##name(R, T, vnni, 0, (int)(nb - i), i, w, rb, A, acc);                       \
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {                                               \
             if (R == 4) {                                                                                   \
                 _mm_storeu_ps(out + t * os, _mm_add_ps(_mm_loadu_ps(out + t * os),                          \
@@ -680,38 +997,125 @@ INLINE void dec_q8_0(const int vnni, const int full, const int nblk, const uint8
             }                                                                                               \
         }                                                                                                   \
     }                                                                                                       \
+    /* decodes nh hexes and nq quads (the last with nlast blocks) of a row at x */                         \
+    INLINE void gdec_##name(const int vnni, const uint8_t *x, int nh, int nq, int nlast, const wbufs *W,   \
+                            size_t wh, size_t wqi) {                                                        \
+        const int mins = MIN_##name, sgn = !vnni && SIGNED_##name;                                          \
+        for (int h = 0; h < nh; h++, x += 16 * sizeof(block_t)) {                                           \
+            wquad D[4];                                                                                     \
+            for (int q = 0; q < 4; q++) dec_##name(vnni, 1, 4, x + 4 * q * sizeof(block_t), &D[q]);         \
+            whex *o = W->h + wh + h;                                                                        \
+            m_transpose(D[0].lo, D[1].lo, D[2].lo, D[3].lo, o->v);                                          \
+            m_transpose(D[0].hi, D[1].hi, D[2].hi, D[3].hi, o->v + 4);                                      \
+            o->d = m_blend4(D[0].dpat, D[1].dpat, D[2].dpat, D[3].dpat);                                    \
+            if (mins)                                                                                       \
+                W->hm[wh + h] = m_blend4(spread4_odd(D[0].mz), spread4_odd(D[1].mz), spread4_odd(D[2].mz),  \
+                                         spread4_odd(D[3].mz));                                             \
+            if (sgn)                                                                                        \
+                for (int j = 0; j < 8; j++) {                                                               \
+                    W->hk[8 * (wh + h) + j] = _cvtmask64_u64(_mm512_movepi8_mask(o->v[j]));                \
+                    o->v[j] = _mm512_abs_epi8(o->v[j]);                                                     \
+                }                                                                                           \
+        }                                                                                                   \
+        for (int q = 0; q < nq; q++) {                                                                      \
+            const int nblk = q == nq - 1 ? nlast : 4;                                                       \
+            wquad D;                                                                                        \
+            if (nblk == 4)                                                                                  \
+                dec_##name(vnni, 1, 4, x + 4 * q * sizeof(block_t), &D);                                    \
+            else                                                                                            \
+                dec_##name(vnni, 0, nblk, x + 4 * q * sizeof(block_t), &D);                                 \
+            wq *o = W->q + wqi + q;                                                                         \
+            o->dpat = D.dpat;                                                                               \
+            if (mins) W->qm[wqi + q] = _mm512_castps512_ps256(D.mz);                                        \
+            if (sgn) {                                                                                      \
+                W->qk[2 * (wqi + q)] = _cvtmask64_u64(_mm512_movepi8_mask(D.lo));                           \
+                W->qk[2 * (wqi + q) + 1] = _cvtmask64_u64(_mm512_movepi8_mask(D.hi));                       \
+                D.lo = _mm512_abs_epi8(D.lo), D.hi = _mm512_abs_epi8(D.hi);                                 \
+            }                                                                                               \
+            o->lo = D.lo, o->hi = D.hi;                                                                     \
+        }                                                                                                   \
+    }                                                                                                       \
+    /* prepares nh hexes and nq quads (the last with nlast blocks) of an activation row at y */            \
+    INLINE void gprep_##name(const int vnni, const block_q8_32 *y, int nh, int nq, int nlast, const abufs *A, \
+                             size_t ah, size_t aqi) {                                                       \
+        const int c = C_##name(vnni);                                                                       \
+        for (int h = 0; h < nh; h++, y += 16) {                                                             \
+            act4 g[4];                                                                                      \
+            for (int q = 0; q < 4; q++) act4_load(y + 4 * q, c, vnni, &g[q]);                               \
+            ahex *o = A->h + ah + h;                                                                        \
+            m_transpose(g[0].lo, g[1].lo, g[2].lo, g[3].lo, o->v);                                          \
+            m_transpose(g[0].hi, g[1].hi, g[2].hi, g[3].hi, o->v + 4);                                      \
+            o->negc = red4i(g[0].negc, g[1].negc, g[2].negc, g[3].negc);                                    \
+            o->da = m_order4(g[0].da, g[1].da, g[2].da, g[3].da);                                           \
+            if (MIN_##name) A->hs[ah + h] = m_order_pairs(g[0].ds, g[1].ds, g[2].ds, g[3].ds, 1);          \
+        }                                                                                                   \
+        for (int q = 0; q < nq; q++) {                                                                      \
+            act4 g;                                                                                         \
+            act4_prep(y + 4 * q, q == nq - 1 ? nlast : 4, c, vnni, &g);                                     \
+            aq *o = A->q + aqi + q;                                                                         \
+            o->lo = g.lo, o->hi = g.hi, o->negc = g.negc, o->dapat = spread4(g.da);                         \
+            if (MIN_##name) A->qd[aqi + q] = g.ds;                                                          \
+        }                                                                                                   \
+    }                                                                                                       \
     INLINE void gemm_##name##_impl(const int vnni, int64_t n, const void *w, size_t rb, int nrows,         \
                                    const void *a, size_t as, int ncols, float *out, size_t os) {            \
         const int64_t nb = n / QK;                                                                          \
-        act4g A[4][GEMM_CHUNK];                                                                             \
+        const int mins = MIN_##name, sgn = !vnni && SIGNED_##name;                                          \
+        unsigned char *const wmem = gemm_scratch(), *const amem = wmem + GEMM_WBUF;                         \
         for (int t = 0; t < ncols; t++)                                                                     \
             for (int r = 0; r < nrows; r++) out[t * os + r] = 0.0f;                                         \
-        for (int t0 = 0; t0 < ncols; t0 += 4) {                                                             \
-            const int T = ncols - t0 < 4 ? ncols - t0 : 4;                                                  \
-            for (int64_t c0 = 0; c0 < nb; c0 += 4 * GEMM_CHUNK) {                                           \
-                const int64_t cb = nb - c0 < 4 * GEMM_CHUNK ? nb - c0 : 4 * GEMM_CHUNK;                     \
-                for (int t = 0; t < T; t++) {                                                               \
-                    const block_q8_32 *y =                                                                  \
-                        (const block_q8_32 *)(const void *)((const char *)a + (t0 + t) * as) + c0;          \
-                    for (int64_t i = 0; i < cb; i += 4) {                                                   \
-                        act4g *g = &A[t][i / 4];                                                            \
-                        act4_prep(y + i, cb - i < 4 ? (int)(cb - i) : 4, C_##name(vnni), vnni, &g->a);      \
-                        g->dapat = spread4(g->a.da);                                                        \
+        for (int64_t c0 = 0; c0 < nb; c0 += 4 * GEMM_CHUNK) {                                               \
+            const int cb = nb - c0 < 4 * GEMM_CHUNK ? (int)(nb - c0) : 4 * GEMM_CHUNK;                      \
+            const int nh = cb / 16, tail = cb - 16 * nh, nq = (tail + 3) / 4, nlast = tail - 4 * (nq - 1);  \
+            /* bytes per row / activation row, each part a multiple of 64 */                               \
+            const size_t hb = sizeof(whex) + (mins ? 64 : 0) + (sgn ? 64 : 0);                               \
+            const size_t qb = sizeof(wq) + (mins ? 32 : 0) + (sgn ? 16 : 0);                                 \
+            const int rpass = (int)(GEMM_WBUF / (nh * hb + nq * qb + 64)) / GEMM_R * GEMM_R;                \
+            const int rp = rpass < nrows ? rpass : nrows;                                                   \
+            wbufs W;                                                                                        \
+            unsigned char *m = wmem;                                                                        \
+            W.h = (whex *)(void *)m, m += (size_t)rp * nh * sizeof(whex);                                   \
+            W.q = (wq *)(void *)m, m += (size_t)rp * nq * sizeof(wq);                                       \
+            W.hm = (__m512 *)(void *)m, m += mins ? (size_t)rp * nh * 64 : 0;                               \
+            W.qm = (__m256 *)(void *)m, m += mins ? (size_t)rp * nq * 32 : 0;                               \
+            m = (unsigned char *)(((uintptr_t)m + 63) & ~(uintptr_t)63);                                    \
+            W.hk = (uint64_t *)(void *)m, m += sgn ? (size_t)rp * nh * 64 : 0;                              \
+            W.qk = (uint64_t *)(void *)m;                                                                   \
+            abufs A;                                                                                        \
+            m = amem;                                                                                       \
+            A.h = (ahex *)(void *)m, m += (size_t)GEMM_TP * nh * sizeof(ahex);                              \
+            A.q = (aq *)(void *)m, m += (size_t)GEMM_TP * nq * sizeof(aq);                                  \
+            A.hs = (__m512 *)(void *)m, m += mins ? (size_t)GEMM_TP * nh * 64 : 0;                          \
+            A.qd = (__m256 *)(void *)m;                                                                     \
+            for (int r0 = 0; r0 < nrows; r0 += rp) {                                                        \
+                const int Rn = nrows - r0 < rp ? nrows - r0 : rp;                                           \
+                for (int r = 0; r < Rn; r++)                                                                \
+                    gdec_##name(vnni, (const uint8_t *)w + (size_t)(r0 + r) * rb + (size_t)c0 * sizeof(block_t), \
+                                nh, nq, nlast, &W, (size_t)r * nh, (size_t)r * nq);                         \
+                for (int t0 = 0; t0 < ncols; t0 += GEMM_TP) {                                               \
+                    const int Tn = ncols - t0 < GEMM_TP ? ncols - t0 : GEMM_TP;                             \
+                    for (int t = 0; t < Tn; t++)                                                            \
+                        gprep_##name(vnni, (const block_q8_32 *)(const void *)((const char *)a + (size_t)(t0 + t) * as) + c0, \
+                                     nh, nq, nlast, &A, (size_t)t * nh, (size_t)t * nq);                    \
+                    float *ob = out + (size_t)t0 * os + r0;                                                 \
+                    int r = 0;                                                                              \
+                    for (; r + GEMM_R <= Rn; r += GEMM_R) {                                                 \
+                        int t = 0;                                                                          \
+                        for (; t + GEMM_T <= Tn; t += GEMM_T)                                               \
+                            gk_##name(GEMM_R, GEMM_T, vnni, nh, nq, &W, (size_t)r * nh, (size_t)r * nq, &A,  \
+                                      (size_t)t * nh, (size_t)t * nq, ob + t * os + r, os);                 \
+                        for (; t < Tn; t++)                                                                 \
+                            gk_##name(GEMM_R, 1, vnni, nh, nq, &W, (size_t)r * nh, (size_t)r * nq, &A,       \
+                                      (size_t)t * nh, (size_t)t * nq, ob + t * os + r, os);                 \
                     }                                                                                       \
-                }                                                                                           \
-                const char *p = (const char *)w + (size_t)c0 * sizeof(block_t);                             \
-                float *o = out + (size_t)t0 * os;                                                           \
-                int r = 0;                                                                                  \
-                if (T == 4) {                                                                               \
-                    for (; r + GEMM_R <= nrows; r += GEMM_R)                                                \
-                        gemm_tile_##name(GEMM_R, 4, vnni, cb, p + r * rb, rb, A, o + r, os);                \
-                    for (; r < nrows; r++) gemm_tile_##name(1, 4, vnni, cb, p + r * rb, rb, A, o + r, os);  \
-                } else {                                                                                    \
-                    for (int t = 0; t < T; t++) {                                                           \
-                        for (r = 0; r + 4 <= nrows; r += 4)                                                 \
-                            gemm_tile_##name(4, 1, vnni, cb, p + r * rb, rb, A + t, o + t * os + r, os);    \
-                        for (; r < nrows; r++)                                                              \
-                            gemm_tile_##name(1, 1, vnni, cb, p + r * rb, rb, A + t, o + t * os + r, os);    \
+                    for (; r < Rn; r++) {                                                                   \
+                        int t = 0;                                                                          \
+                        for (; t + GEMM_T <= Tn; t += GEMM_T)                                               \
+                            gk_##name(1, GEMM_T, vnni, nh, nq, &W, (size_t)r * nh, (size_t)r * nq, &A,       \
+                                      (size_t)t * nh, (size_t)t * nq, ob + t * os + r, os);                 \
+                        for (; t < Tn; t++)                                                                 \
+                            gk_##name(1, 1, vnni, nh, nq, &W, (size_t)r * nh, (size_t)r * nq, &A,            \
+                                      (size_t)t * nh, (size_t)t * nq, ob + t * os + r, os);                 \
                     }                                                                                       \
                 }                                                                                           \
             }                                                                                               \
@@ -738,6 +1142,27 @@ DEFINE_GEMM(iq4_nl, block_iq4_nl)
 /* ------------------------------------------------------------------ */
 /* K-quants                                                              */
 /* ------------------------------------------------------------------ */
+/* A super-block's 256 quants are decoded (dec_*) into 4 vectors of
+ * unsigned bytes in which every 128-bit lane holds one 16-element
+ * sub-block, in an order that depends on the format, and the activation
+ * row's quants are arranged (act_*) to match. Per (row, activation row,
+ * super-block) the int32 dot of each sub-block is exact: 4 vpdpbusd (no
+ * VNNI: vpmaddubsw + vpmaddwd), then the 4 lanes of each sub-block summed,
+ * giving one lane per sub-block ("M order": lane 4k + q holds the
+ * sub-block in 128-bit lane k of vector q, K_ORD_* below), plus the
+ * activation's seed (-off * bsums for formats with an offset: Q6_K -32,
+ * Q3_K -4). The sub-block scales are applied in float, one lane each:
+ *     acc = fma(float(isum), (d * sc) * da, acc)
+ *     acc = fma(-dmin * m, da * bsums, acc)        Q4_K, Q5_K, Q2_K: the mins
+ * (d * sc and dmin * m are exact in float). The row's result (the contract
+ * of quants.h): super-blocks in groups of RED_SB from the row's start, each
+ * group's lanes summed by hsum16 (reduce4 order) and added to the row's sum
+ * in order. vec_dot and gemv reduce the 4 vectors' dots to M order with two
+ * rounds of unpacks; gemm stores the decoded weights and the arranged
+ * activations transposed (vector i = dword i of every sub-block, in M
+ * order), so its vpdpbusd land in M order directly: the same integers, the
+ * same float steps. */
+#define RED_SB 8
 
 /* Q4_K/Q5_K 6-bit scales and mins as 8 bytes each */
 INLINE void k4_scales(const uint8_t *s, uint32_t sc[2], uint32_t m[2]) {
@@ -748,81 +1173,72 @@ INLINE void k4_scales(const uint8_t *s, uint32_t sc[2], uint32_t m[2]) {
     m[1] = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
 }
 
-/* int16 pattern: every word of 128-bit lane L is byte i_L of each lane of
- * `b`, zero-extended (pshufb index bytes [i_L, 0x80]) */
-INLINE __m512i lane_scales16(__m512i b, int i0, int i1, int i2, int i3) {
-#define W(i) (long long)(0x8000800080008000ull | (uint64_t)(i) * 0x0001000100010001ull)
-    return _mm512_shuffle_epi8(b, _mm512_set_epi64(W(i3), W(i3), W(i2), W(i2), W(i1), W(i1), W(i0), W(i0)));
-#undef W
-}
+/* M order of each format: K_ORD[4k + q] = the sub-block (0..15) in 128-bit
+ * lane k of decoded vector q */
+#define K_ORD_q4_K 0, 2, 8, 10, 1, 3, 9, 11, 4, 6, 12, 14, 5, 7, 13, 15
+#define K_ORD_q5_K K_ORD_q4_K
+#define K_ORD_q6_K 0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15
+#define K_ORD_q2_K 0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15
+#define K_ORD_q3_K K_ORD_q2_K
+/* -offset of the quants (seed = -off * bsums), and whether the format has mins */
+#define K_OFF_q4_K 0
+#define K_OFF_q5_K 0
+#define K_OFF_q6_K 32
+#define K_OFF_q2_K 0
+#define K_OFF_q3_K 4
+#define K_MIN_q4_K 1
+#define K_MIN_q5_K 1
+#define K_MIN_q6_K 0
+#define K_MIN_q2_K 1
+#define K_MIN_q3_K 0
+/* the largest quant: bounds the vpmaddubsw words added in int16 (no VNNI) */
+#define K_GRP_q4_K 4 /* 15 * 128 * 2 * 4 < 32768 */
+#define K_GRP_q5_K 4 /* 31 * 128 * 2 * 4 */
+#define K_GRP_q6_K 2 /* 63 * 128 * 2 * 2 */
+#define K_GRP_q2_K 4
+#define K_GRP_q3_K 4
 
-/* every word of 128-bit lane L is word i_L of each lane of `b` */
-INLINE __m512i lane_words(__m512i b, int i0, int i1, int i2, int i3) {
-#define W(i) (long long)((uint64_t)(2 * (i)) * 0x0101010101010101ull + 0x0100010001000100ull)
-    return _mm512_shuffle_epi8(b, _mm512_set_epi64(W(i3), W(i3), W(i2), W(i2), W(i1), W(i1), W(i0), W(i0)));
-#undef W
-}
+#define IDX8(...) _mm_loadu_si128((const void *)(const int8_t[16]){__VA_ARGS__})
+#define IDX32(...) _mm512_setr_epi32(__VA_ARGS__)
+#define HALF_(a) ((a) >> 1)
+#define K_HALF(o) HALF_(o)
 
-/* the act side of a Q4_K/Q5_K super-block: [0:32 | 64:96], [32:64 | 96:128], ... */
-typedef struct { __m512i a[4]; } actK4;
-
-INLINE void actK4_load(const block_q8_K *y, actK4 *A) {
-    const int8_t *q = y->qs;
-#define L256(o) _mm256_loadu_si256((const __m256i *)(q + (o)))
-    A->a[0] = _mm512_inserti64x4(_mm512_castsi256_si512(L256(0)), L256(64), 1);
-    A->a[1] = _mm512_inserti64x4(_mm512_castsi256_si512(L256(32)), L256(96), 1);
-    A->a[2] = _mm512_inserti64x4(_mm512_castsi256_si512(L256(128)), L256(192), 1);
-    A->a[3] = _mm512_inserti64x4(_mm512_castsi256_si512(L256(160)), L256(224), 1);
-#undef L256
-}
-
-/* Q6_K reads the activation quants in their own order: nothing to prepare */
-typedef struct { int unused; } actQ6;
-INLINE void actQ6_load(const block_q8_K *y, actQ6 *A) { (void)y, (void)A; }
-
-/* A K-quant super-block is decoded once per weight row (dec_*) and then
- * dotted with any number of activation rows (dot_*): the integer sums are
- * exact, and the float steps per super-block are
- *     acc = fma(d * da, float(isum), acc)                    (16 lanes)
- *     acc = fnma(dmin * da, float(msum), acc)   Q4_K, Q5_K: lanes 0..7, the mins
- * The row's result (the contract of quants.h): super-blocks in groups of
- * RED_SB from the row's start, each group's lanes summed by hsum16 (reduce4
- * order) and added to the row's sum in order; vec_dot, gemv and gemm all
- * run krows / the gemm tile below, which do exactly that. */
-#define RED_SB 8
-
+/* a decoded super-block of one row: the quants (format layout), the scales
+ * d * sc and (mins) -dmin * m per sub-block, M order */
 typedef struct {
-    __m512i q[4], sc[4]; /* unsigned quants in the actK4 layout, int16 scale words */
-    __m256i m16;         /* the 8 mins, each twice (one per 16-element bsum) */
-    float d, dmin;
-} wK4;
+    __m512i v[4];
+    __m512 dsc, nmin;
+} wKs;
 
-INLINE void dec_q4_K(const void *xb, wK4 *W) {
-    const block_q4_K *x = xb;
+/* float(bytes b[idx[l]]) for the 16 lanes, unsigned / signed bytes */
+INLINE __m512 k_bytes_u(__m128i b, __m128i idx) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_shuffle_epi8(b, idx))); }
+INLINE __m512 k_bytes_s(__m128i b, __m128i idx) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_shuffle_epi8(b, idx))); }
+
+/* Q4_K/Q5_K scales: sub-block j (16 elements) has the scale and min of 32-element sub-block j / 2 */
+INLINE void k4_dsc(const uint8_t *scales, f16_t dh, f16_t dminh, __m128i ord_half, wKs *W) {
     uint32_t sc[2], m[2];
-    k4_scales(x->scales, sc, m);
-    const __m512i s8 = _mm512_broadcast_i32x4(_mm_set_epi32(0, 0, (int)sc[1], (int)sc[0]));
+    k4_scales(scales, sc, m);
+    const __m128i s8 = _mm_setr_epi32((int)sc[0], (int)sc[1], (int)m[0], (int)m[1]);
+    W->dsc = _mm512_mul_ps(k_bytes_u(s8, ord_half), _mm512_set1_ps(_cvtsh_ss(dh)));
+    W->nmin = _mm512_mul_ps(k_bytes_u(s8, _mm_add_epi8(ord_half, _mm_set1_epi8(8))), _mm512_set1_ps(-_cvtsh_ss(dminh)));
+}
+
+INLINE void dec_q4_K(const void *xb, wKs *W) {
+    const block_q4_K *x = xb;
     const __m512i z0 = _mm512_loadu_si512(x->qs), z1 = _mm512_loadu_si512(x->qs + 64);
-    W->q[0] = nib_lo(z0), W->q[1] = nib_hi(z0); /* sub-blocks 0 | 2, 1 | 3 */
-    W->q[2] = nib_lo(z1), W->q[3] = nib_hi(z1); /* 4 | 6, 5 | 7 */
-    W->sc[0] = lane_scales16(s8, 0, 0, 2, 2), W->sc[1] = lane_scales16(s8, 1, 1, 3, 3);
-    W->sc[2] = lane_scales16(s8, 4, 4, 6, 6), W->sc[3] = lane_scales16(s8, 5, 5, 7, 7);
-    const __m128i m8 = _mm_set_epi32(0, 0, (int)m[1], (int)m[0]);
-    W->m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
-    W->d = _cvtsh_ss(x->d), W->dmin = _cvtsh_ss(x->dmin);
+    W->v[0] = nib_lo(z0), W->v[1] = nib_hi(z0); /* elements 0-31 | 64-95, 32-63 | 96-127 */
+    W->v[2] = nib_lo(z1), W->v[3] = nib_hi(z1); /* + 128 */
+    k4_dsc(x->scales, x->d, x->dmin, IDX8(0, 1, 4, 5, 0, 1, 4, 5, 2, 3, 6, 7, 2, 3, 6, 7), W);
 }
 
 /* Q5_K: Q4_K's layout plus the 5th bits (bit i of qh[l] is bit 4 of element 32 i + l) */
-INLINE void dec_q5_K(const void *xb, wK4 *W) {
+INLINE void dec_q5_K(const void *xb, wKs *W) {
     const block_q5_K *x = xb;
-    uint32_t sc[2], m[2];
-    k4_scales(x->scales, sc, m);
-    const __m512i s8 = _mm512_broadcast_i32x4(_mm_set_epi32(0, 0, (int)sc[1], (int)sc[0]));
     const __m512i z0 = _mm512_loadu_si512(x->qs), z1 = _mm512_loadu_si512(x->qs + 64);
     const __m256i qh = _mm256_loadu_si256((const __m256i *)x->qh);
     const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(qh), qh, 1);
     const __m512i b4 = _mm512_set1_epi8(0x10);
-    /* q[k]: elements 32 i + l of the low 256 bits, 32 (i + 2) + l of the high */
+    /* v[k]: elements 32 i + l of the low 256 bits, 32 (i + 2) + l of the high */
 #define BITS(i) _mm512_set_epi64(0x0101010101010101ll << ((i) + 2), 0x0101010101010101ll << ((i) + 2),           \
                                  0x0101010101010101ll << ((i) + 2), 0x0101010101010101ll << ((i) + 2),           \
                                  0x0101010101010101ll << (i), 0x0101010101010101ll << (i),                       \
@@ -830,35 +1246,14 @@ INLINE void dec_q5_K(const void *xb, wK4 *W) {
     const __m512i q[4] = {nib_lo(z0), nib_hi(z0), nib_lo(z1), nib_hi(z1)};
     const int first[4] = {0, 1, 4, 5};
     for (int k = 0; k < 4; k++)
-        W->q[k] = _mm512_or_si512(q[k], _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(h, BITS(first[k])), b4));
+        W->v[k] = _mm512_or_si512(q[k], _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(h, BITS(first[k])), b4));
 #undef BITS
-    W->sc[0] = lane_scales16(s8, 0, 0, 2, 2), W->sc[1] = lane_scales16(s8, 1, 1, 3, 3);
-    W->sc[2] = lane_scales16(s8, 4, 4, 6, 6), W->sc[3] = lane_scales16(s8, 5, 5, 7, 7);
-    const __m128i m8 = _mm_set_epi32(0, 0, (int)m[1], (int)m[0]);
-    W->m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
-    W->d = _cvtsh_ss(x->d), W->dmin = _cvtsh_ss(x->dmin);
+    k4_dsc(x->scales, x->d, x->dmin, IDX8(0, 1, 4, 5, 0, 1, 4, 5, 2, 3, 6, 7, 2, 3, 6, 7), W);
 }
 
-INLINE __m512 dot_q4_K(const wK4 *W, const actK4 *A, const block_q8_K *y, __m512 acc) {
-    __m512i s = _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[0], A->a[0]), W->sc[0]);
-    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[1], A->a[1]), W->sc[1]));
-    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[2], A->a[2]), W->sc[2]));
-    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[3], A->a[3]), W->sc[3]));
-    const __m256i mins = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), W->m16);
-    acc = _mm512_fmadd_ps(_mm512_set1_ps(W->d * y->d), _mm512_cvtepi32_ps(s), acc);
-    return _mm512_fnmadd_ps(_mm512_set1_ps(W->dmin * y->d), _mm512_zextps256_ps512(_mm256_cvtepi32_ps(mins)), acc);
-}
-#define dot_q5_K dot_q4_K
-
-typedef struct {
-    __m512i v[4], sc[4]; /* unsigned 6-bit quants (elements 64k..64k+63), signed int16 scale words */
-    __m256i s16;         /* the 16 scales, for the -32 offset */
-    float d;
-} wQ6;
-
-INLINE void dec_q6_K(const void *xb, wQ6 *W) {
+/* Q6_K: v[q] = elements 64 q .. 64 q + 63 (128-bit lane k: sub-block 4 q + k), 6-bit unsigned */
+INLINE void dec_q6_K(const void *xb, wKs *W) {
     const block_q6_K *x = xb;
-    const __m128i s8 = _mm_loadu_si128((const __m128i *)x->scales);
     const __m512i lo4 = _mm512_set1_epi8(0x0f), hi2 = _mm512_set1_epi8(0x30);
     for (int h = 0; h < 2; h++) {
         const __m512i l = _mm512_loadu_si512(x->ql + 64 * h);
@@ -866,60 +1261,30 @@ INLINE void dec_q6_K(const void *xb, wQ6 *W) {
         const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
         W->v[2 * h] = _mm512_or_si512(_mm512_and_si512(l, lo4), _mm512_and_si512(_mm512_slli_epi16(z, 4), hi2));
         W->v[2 * h + 1] = _mm512_or_si512(nib_hi(l), _mm512_and_si512(z, hi2));
-        /* 128-bit lane L of v[2h] is sub-block 8h + L, of v[2h+1] 8h + 4 + L */
-        const __m512i sw = _mm512_broadcast_i32x4(_mm_cvtepi8_epi16(h ? _mm_srli_si128(s8, 8) : s8));
-        W->sc[2 * h] = lane_words(sw, 0, 1, 2, 3), W->sc[2 * h + 1] = lane_words(sw, 4, 5, 6, 7);
     }
-    W->s16 = _mm256_cvtepi8_epi16(s8);
-    W->d = _cvtsh_ss(x->d);
-}
-
-INLINE __m512 dot_q6_K(const wQ6 *W, const actQ6 *A, const block_q8_K *y, __m512 acc) {
-    (void)A;
-    __m512i s = _mm512_madd_epi16(_mm512_maddubs_epi16(W->v[0], _mm512_loadu_si512(y->qs)), W->sc[0]);
-    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->v[1], _mm512_loadu_si512(y->qs + 64)), W->sc[1]));
-    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->v[2], _mm512_loadu_si512(y->qs + 128)), W->sc[2]));
-    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->v[3], _mm512_loadu_si512(y->qs + 192)), W->sc[3]));
-    /* the -32 offset: 32 * sum_j scale_j * bsums_j */
-    const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), W->s16);
-    s = _mm512_sub_epi32(s, _mm512_zextsi256_si512(_mm256_slli_epi32(corr, 5)));
-    return _mm512_fmadd_ps(_mm512_set1_ps(W->d * y->d), _mm512_cvtepi32_ps(s), acc);
-}
-
-/* the act side of a Q2_K/Q3_K super-block: a[s] = [32s:32s+32 | 128+32s:160+32s],
- * the elements of bit pair s of the two halves */
-typedef struct { __m512i a[4]; } actK2;
-
-INLINE void actK2_load(const block_q8_K *y, actK2 *A) {
-    const int8_t *q = y->qs;
-    for (int s = 0; s < 4; s++)
-        A->a[s] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(q + 32 * s))),
-                                     _mm256_loadu_si256((const __m256i *)(q + 128 + 32 * s)), 1);
+    const __m128i s8 = _mm_loadu_si128((const __m128i *)x->scales);
+    W->dsc = _mm512_mul_ps(k_bytes_s(s8, IDX8(K_ORD_q6_K)), _mm512_set1_ps(_cvtsh_ss(x->d)));
+    W->nmin = _mm512_setzero_ps();
 }
 
 /* Q2_K: v[s] = bit pair s of qs[0:32 | 32:64]; 128-bit lane L of v[s] is
  * sub-block 2s + (L & 1) + 8 (L >> 1) */
-typedef struct {
-    __m512i q[4], sc[4]; /* unsigned 2-bit (Q2_K) or 3-bit (Q3_K, value + 4) quants, int16 scale words */
-    __m256i m16;         /* Q2_K: the 16 mins; Q3_K: the 16 scales (for the -4 offset) */
-    float d, dmin;
-} wK2;
-
-INLINE void dec_q2_K(const void *xb, wK2 *W) {
+INLINE void dec_q2_K(const void *xb, wKs *W) {
     const block_q2_K *x = xb;
-    const __m128i sb = _mm_loadu_si128((const __m128i *)x->scales);
-    const __m512i s8 = _mm512_broadcast_i32x4(_mm_and_si128(sb, _mm_set1_epi8(0x0f)));
     const __m512i z = _mm512_loadu_si512(x->qs), m3 = _mm512_set1_epi8(3);
-    W->q[0] = _mm512_and_si512(z, m3);
-    W->q[1] = _mm512_and_si512(_mm512_srli_epi16(z, 2), m3);
-    W->q[2] = _mm512_and_si512(_mm512_srli_epi16(z, 4), m3);
-    W->q[3] = _mm512_and_si512(_mm512_srli_epi16(z, 6), m3);
-    for (int s = 0; s < 4; s++) W->sc[s] = lane_scales16(s8, 2 * s, 2 * s + 1, 2 * s + 8, 2 * s + 9);
-    W->m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(0x0f)));
-    W->d = _cvtsh_ss(x->d), W->dmin = _cvtsh_ss(x->dmin);
+    W->v[0] = _mm512_and_si512(z, m3);
+    W->v[1] = _mm512_and_si512(_mm512_srli_epi16(z, 2), m3);
+    W->v[2] = _mm512_and_si512(_mm512_srli_epi16(z, 4), m3);
+    W->v[3] = _mm512_and_si512(_mm512_srli_epi16(z, 6), m3);
+    const __m128i sb = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)x->scales), IDX8(K_ORD_q2_K));
+    const __m128i lo = _mm_set1_epi8(0x0f);
+    W->dsc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(sb, lo))), _mm512_set1_ps(_cvtsh_ss(x->d)));
+    W->nmin = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(sb, 4), lo))),
+                            _mm512_set1_ps(-_cvtsh_ss(x->dmin)));
 }
 
-INLINE void dec_q3_K(const void *xb, wK2 *W) {
+/* Q3_K: Q2_K's layout, 3-bit quants + 4 (unsigned 0..7; the -4 is the seed) */
+INLINE void dec_q3_K(const void *xb, wKs *W) {
     const block_q3_K *x = xb;
     /* the 16 signed 6-bit scales */
     const uint32_t a = ld32(x->scales), b = ld32(x->scales + 4), c = ld32(x->scales + 8);
@@ -928,11 +1293,6 @@ INLINE void dec_q3_K(const void *xb, wK2 *W) {
     const uint32_t w2 = ((a >> 4) & 0x0f0f0f0fu) | (c & 0x30303030u);
     const uint32_t w3 = ((b >> 4) & 0x0f0f0f0fu) | ((c >> 2) & 0x30303030u);
     const __m128i s8 = _mm_sub_epi8(_mm_setr_epi32((int)w0, (int)w1, (int)w2, (int)w3), _mm_set1_epi8(32));
-    const __m256i s16 = _mm256_cvtepi8_epi16(s8);
-    /* lanes 0, 1: scales 0..7 as words, lanes 2, 3: scales 8..15 */
-    const __m512i sw = _mm512_inserti64x4(
-        _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm256_castsi256_si128(s16))),
-        _mm256_broadcastsi128_si256(_mm256_extracti128_si256(s16, 1)), 1);
     const __m512i z = _mm512_loadu_si512(x->qs), m3 = _mm512_set1_epi8(3);
     const __m256i hm = _mm256_loadu_si256((const __m256i *)x->hmask);
     const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(hm), hm, 1);
@@ -944,34 +1304,66 @@ INLINE void dec_q3_K(const void *xb, wK2 *W) {
                                               0x0101010101010101ll << s, 0x0101010101010101ll << s,
                                               0x0101010101010101ll << s, 0x0101010101010101ll << s);
         const __m512i q2 = _mm512_and_si512(_mm512_srli_epi16(z, 2 * s), m3);
-        W->q[s] = _mm512_or_si512(q2, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(h, bits), b2));
-        W->sc[s] = lane_words(sw, 2 * s, 2 * s + 1, 2 * s, 2 * s + 1);
+        W->v[s] = _mm512_or_si512(q2, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(h, bits), b2));
     }
-    W->m16 = s16;
-    W->d = _cvtsh_ss(x->d), W->dmin = 0.0f;
+    W->dsc = _mm512_mul_ps(k_bytes_s(s8, IDX8(K_ORD_q3_K)), _mm512_set1_ps(_cvtsh_ss(x->d)));
+    W->nmin = _mm512_setzero_ps();
 }
 
-INLINE __m512i dot4_K2(const wK2 *W, const actK2 *A) {
-    __m512i s = _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[0], A->a[0]), W->sc[0]);
-    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[1], A->a[1]), W->sc[1]));
-    s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[2], A->a[2]), W->sc[2]));
-    return _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(W->q[3], A->a[3]), W->sc[3]));
+/* an activation super-block, arranged for a format: a[q] pairs with the
+ * decoded v[q]; seed = -off * bsums, bs = da * bsums (mins), M order */
+typedef struct {
+    __m512i a[4], seed;
+    __m512 bs, da;
+} aKs;
+
+/* [32 x0 : 32 x0 + 32 | 32 x1 : 32 x1 + 32] of the quants */
+INLINE __m512i k_pair32(const int8_t *q, int x0, int x1) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(q + 32 * x0))),
+                              _mm256_loadu_si256((const __m256i *)(q + 32 * x1)), 1);
 }
 
-INLINE __m512 dot_q2_K(const wK2 *W, const actK2 *A, const block_q8_K *y, __m512 acc) {
-    const __m512i s = dot4_K2(W, A);
-    const __m256i mins = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), W->m16);
-    acc = _mm512_fmadd_ps(_mm512_set1_ps(W->d * y->d), _mm512_cvtepi32_ps(s), acc);
-    return _mm512_fnmadd_ps(_mm512_set1_ps(W->dmin * y->d), _mm512_zextps256_ps512(_mm256_cvtepi32_ps(mins)), acc);
+#define DEFINE_KACT(name, x00, x01, x10, x11, x20, x21, x30, x31)                                          \
+    INLINE void act_##name(const block_q8_K *y, aKs *A) {                                                   \
+        A->a[0] = k_pair32(y->qs, x00, x01), A->a[1] = k_pair32(y->qs, x10, x11);                           \
+        A->a[2] = k_pair32(y->qs, x20, x21), A->a[3] = k_pair32(y->qs, x30, x31);                           \
+        const __m512i b = _mm512_permutexvar_epi32(                                                         \
+            IDX32(K_ORD_##name), _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)y->bsums)));    \
+        A->seed = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_mullo_epi32(b, _mm512_set1_epi32(K_OFF_##name))); \
+        A->da = _mm512_set1_ps(y->d);                                                                       \
+        A->bs = _mm512_mul_ps(_mm512_cvtepi32_ps(b), A->da);                                                \
+    }
+DEFINE_KACT(q4_K, 0, 2, 1, 3, 4, 6, 5, 7)
+DEFINE_KACT(q5_K, 0, 2, 1, 3, 4, 6, 5, 7)
+DEFINE_KACT(q6_K, 0, 1, 2, 3, 4, 5, 6, 7)
+DEFINE_KACT(q2_K, 0, 4, 1, 5, 2, 6, 3, 7)
+DEFINE_KACT(q3_K, 0, 4, 1, 5, 2, 6, 3, 7)
+
+/* the int32 sums of 4 vpdpbusd-style products per lane (unsigned w, signed a),
+ * without VNNI: grp vpmaddubsw words added in int16, then one vpmaddwd */
+INLINE __m512i k_dot4(const int vnni, const int grp, const __m512i *w, const __m512i *a, __m512i acc) {
+    if (vnni) {
+        for (int i = 0; i < 4; i++) acc = _mm512_dpbusd_epi32(acc, w[i], a[i]);
+        return acc;
+    }
+    const __m512i ones = _mm512_set1_epi16(1);
+    for (int i = 0; i < 4; i += grp) {
+        __m512i p = _mm512_maddubs_epi16(w[i], a[i]);
+        for (int j = 1; j < grp; j++) p = _mm512_add_epi16(p, _mm512_maddubs_epi16(w[i + j], a[i + j]));
+        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(p, ones));
+    }
+    return acc;
 }
 
-INLINE __m512 dot_q3_K(const wK2 *W, const actK2 *A, const block_q8_K *y, __m512 acc) {
-    __m512i s = dot4_K2(W, A);
-    /* the -4 offset: 4 * sum_j scale_j * bsums_j */
-    const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), W->m16);
-    s = _mm512_sub_epi32(s, _mm512_zextsi256_si512(_mm256_slli_epi32(corr, 2)));
-    return _mm512_fmadd_ps(_mm512_set1_ps(W->d * y->d), _mm512_cvtepi32_ps(s), acc);
+/* the float steps of a super-block */
+INLINE __m512 k_fin(const int mins, __m512i isum, __m512 dsc, __m512 nmin, const aKs *A, __m512 acc) {
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dsc, A->da), acc);
+    if (mins) acc = _mm512_fmadd_ps(nmin, A->bs, acc);
+    return acc;
 }
+
+/* gemv prepares the activation super-blocks once per call, KACT_CHUNK at a time */
+#define KACT_CHUNK 32
 
 #ifndef GEMMK_R
 #define GEMMK_R 4
@@ -979,24 +1371,48 @@ INLINE __m512 dot_q3_K(const wK2 *W, const actK2 *A, const block_q8_K *y, __m512
 #ifndef GEMMK_T
 #define GEMMK_T 4
 #endif
+#ifndef GEMMK_WBUF
+#define GEMMK_WBUF (128 * 1024) /* bytes of decoded weights per pass (L2) */
+#endif
+#ifndef GEMMK_TP
+#define GEMMK_TP 8 /* activation rows prepared per panel */
+#endif
 
-#define DEFINE_K512(name, block_t, act_t, w_t)                                                              \
-    /* R rows against one activation row (vec_dot, gemv) */                                                 \
-    INLINE void krows_##name(const int R, int64_t nsb, const char *w, size_t rb, const block_q8_K *y,       \
-                             float *out, const gemv_pf *pf) {                                               \
-        float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};                                                            \
+/* gemm's stored forms: the transposed quants (vector i = dword i of every
+ * sub-block, M order) and the scales; the mins / activation sums beside */
+typedef struct {
+    __m512i v[4];
+    __m512 dsc;
+} wKg;
+typedef struct {
+    __m512i v[4], seed;
+    __m512 da;
+} aKg;
+
+_Static_assert(GEMMK_WBUF + GEMMK_TP * RED_SB * (sizeof(aKg) + 64) <= GEMM_SCRATCH, "K-quant gemm buffers fit the scratch");
+
+#define DEFINE_K512(name, block_t)                                                                          \
+    /* R rows against one activation row (vec_dot, gemv); Ab: the prepared super-blocks or NULL */         \
+    INLINE void krows_##name(const int R, const int vnni, int64_t nsb, const char *w, size_t rb,          \
+                             const block_q8_K *y, const aKs *Ab, float *out, const int cont, const gemv_pf *pf) { \
+        float sum[4];                                                                                       \
+        for (int r = 0; r < R; r++) sum[r] = cont ? out[r] : 0.0f;                                          \
         for (int64_t g0 = 0; g0 < nsb; g0 += RED_SB) {                                                      \
             const int64_t g1 = nsb - g0 < RED_SB ? nsb : g0 + RED_SB;                                       \
             __m512 acc[4];                                                                                  \
             for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();                                       \
             for (int64_t i = g0; i < g1; i++) {                                                             \
-                act_t A;                                                                                    \
-                act_t##_load(&y[i], &A);                                                                    \
-                if (pf) gemv_prefetch_step(pf, R, (uintptr_t)(w + i * sizeof(block_t)), i * sizeof(block_t), sizeof(block_t));                    \
+                aKs Al;                                                                                     \
+                const aKs *A = Ab ? &Ab[i] : &Al;                                                           \
+                if (!Ab) act_##name(&y[i], &Al);                                                            \
+                if (pf) gemv_prefetch_step(pf, R, (uintptr_t)(w + i * sizeof(block_t)), i * sizeof(block_t), sizeof(block_t)); \
                 for (int r = 0; r < R; r++) {                                                               \
-                    w_t W;                                                                                  \
+                    wKs W;                                                                                  \
                     dec_##name((const block_t *)(const void *)(w + r * rb) + i, &W);                        \
-                    acc[r] = dot_##name(&W, &A, &y[i], acc[r]);                                             \
+                    __m512i d[4];                                                                           \
+                    for (int q = 0; q < 4; q++) d[q] = dpbusd(vnni, _mm512_setzero_si512(), W.v[q], A->a[q]); \
+                    const __m512i isum = _mm512_add_epi32(red4i(d[0], d[1], d[2], d[3]), A->seed);          \
+                    acc[r] = k_fin(K_MIN_##name, isum, W.dsc, W.nmin, A, acc[r]);                           \
                 }                                                                                           \
             }                                                                                               \
             if (R == 4) {                                                                                   \
@@ -1009,33 +1425,58 @@ INLINE __m512 dot_q3_K(const wK2 *W, const actK2 *A, const block_q8_K *y, __m512
         }                                                                                                   \
         for (int r = 0; r < R; r++) out[r] = sum[r];                                                        \
     }                                                                                                       \
-    static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {               \
+    INLINE float vec_dot_##name##_impl(const int vnni, int64_t n, const void *w, const void *a) {          \
         float r;                                                                                            \
-        krows_##name(1, n / QK_K, w, 0, a, &r, NULL);                                                             \
+        krows_##name(1, vnni, n / QK_K, w, 0, a, NULL, &r, 0, NULL);                                        \
         return r;                                                                                           \
     }                                                                                                       \
-    static void gemv_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,  \
-                            float *restrict out) {                                                          \
-        const char *p = w;                                                                                  \
-        const size_t len = (size_t)(n / QK_K) * sizeof(block_t);                                            \
-        const gemv_pf pf4 = gemv_prefetch_plan(4, rb, len), pf1 = gemv_prefetch_plan(1, rb, len);           \
-        int r = 0;                                                                                          \
-        for (; r + 4 <= nrows; r += 4, p += 4 * rb) krows_##name(4, n / QK_K, p, rb, a, out + r, &pf4);     \
-        for (; r < nrows; r++, p += rb) krows_##name(1, n / QK_K, p, rb, a, out + r, &pf1);                 \
+    INLINE void gemv_##name##_impl(const int vnni, int64_t n, const void *w, size_t rb, int nrows,         \
+                                   const void *a, float *out) {                                             \
+        const block_q8_K *y = a;                                                                            \
+        const int64_t nsb = n / QK_K;                                                                       \
+        aKs Ab[KACT_CHUNK];                                                                                 \
+        if (nsb <= 0)                                                                                       \
+            for (int r = 0; r < nrows; r++) out[r] = 0.0f;                                                  \
+        for (int64_t c0 = 0; c0 < nsb; c0 += KACT_CHUNK) {                                                  \
+            const int64_t cb = nsb - c0 < KACT_CHUNK ? nsb - c0 : KACT_CHUNK;                               \
+            for (int64_t i = 0; i < cb; i++) act_##name(&y[c0 + i], &Ab[i]);                                \
+            const char *p = (const char *)w + (size_t)c0 * sizeof(block_t);                                 \
+            const size_t len = (size_t)cb * sizeof(block_t);                                                \
+            const gemv_pf pf4 = gemv_prefetch_plan(4, rb, len), pf1 = gemv_prefetch_plan(1, rb, len);       \
+            int r = 0;                                                                                      \
+            for (; r + 4 <= nrows; r += 4, p += 4 * rb) krows_##name(4, vnni, cb, p, rb, NULL, Ab, out + r, c0 > 0, &pf4); \
+            for (; r < nrows; r++, p += rb) krows_##name(1, vnni, cb, p, rb, NULL, Ab, out + r, c0 > 0, &pf1); \
+        }                                                                                                   \
     }                                                                                                       \
-    /* R rows x T activation rows over one group of nsb super-blocks (A[t][j], y[t] + j) */               \
-    INLINE void ktile_##name(const int R, const int T, int nsb, const char *w, size_t rb,                   \
-                             act_t (*A)[RED_SB], const block_q8_K *const *y, float *out, size_t os) {       \
-        __m512 acc[GEMMK_R][GEMMK_T];                                                                       \
+    /* gemm: R rows x T activation rows over one group of nsb super-blocks from the buffers               \
+     * (row r's super-blocks at W + r * nsb, activation row t's at A + t * nsb) */                          \
+    INLINE void ktile_##name(const int R, const int T, const int vnni, int nsb, const wKg *W, const __m512 *WM, \
+                             const aKg *A, const __m512 *AB, float *out, size_t os) {                       \
+        __m512 acc[4][4];                                                                                   \
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                                 \
             _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();           \
         for (int j = 0; j < nsb; j++) {                                                                     \
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                           \
-                w_t W;                                                                                      \
-                dec_##name((const block_t *)(const void *)(w + r * rb) + j, &W);                            \
+            __m512i s[4][4];                                                                                \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                             \
+                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) s[r][t] = A[t * nsb + j].seed;          \
+            if (vnni) {                                                                                     \
+                _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)                                         \
+                    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {                                   \
+                        const __m512i av = A[t * nsb + j].v[i];                                             \
+                        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                 \
+                            s[r][t] = _mm512_dpbusd_epi32(s[r][t], W[r * nsb + j].v[i], av);                \
+                    }                                                                                       \
+            } else {                                                                                        \
                 _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                         \
-                    acc[r][t] = dot_##name(&W, &A[t][j], y[t] + j, acc[r][t]);                              \
+                    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                     \
+                        s[r][t] = k_dot4(0, K_GRP_##name, W[r * nsb + j].v, A[t * nsb + j].v, s[r][t]);     \
             }                                                                                               \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                             \
+                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {                                       \
+                    acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][t]),                                \
+                                                _mm512_mul_ps(W[r * nsb + j].dsc, A[t * nsb + j].da), acc[r][t]); \
+                    if (K_MIN_##name) acc[r][t] = _mm512_fmadd_ps(WM[r * nsb + j], AB[t * nsb + j], acc[r][t]); \
+                }                                                                                           \
         }                                                                                                   \
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {                                               \
             if (R == 4) {                                                                                   \
@@ -1046,44 +1487,98 @@ INLINE __m512 dot_q3_K(const wK2 *W, const actK2 *A, const block_q8_K *y, __m512
             }                                                                                               \
         }                                                                                                   \
     }                                                                                                       \
-    static void gemm_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,  \
-                            size_t as, int ncols, float *restrict out, size_t os) {                         \
+    INLINE void gemm_##name##_impl(const int vnni, int64_t n, const void *w, size_t rb, int nrows,         \
+                                   const void *a, size_t as, int ncols, float *out, size_t os) {            \
         const int64_t nsb = n / QK_K;                                                                       \
-        act_t A[GEMMK_T][RED_SB];                                                                           \
+        const int mins = K_MIN_##name;                                                                      \
+        unsigned char *const wmem = gemm_scratch();                                                         \
+        aKg *const A = (aKg *)(void *)(wmem + GEMMK_WBUF);                                                  \
+        __m512 *const AB = (__m512 *)(void *)(wmem + GEMMK_WBUF + GEMMK_TP * RED_SB * sizeof(aKg));         \
         for (int t = 0; t < ncols; t++)                                                                     \
             for (int r = 0; r < nrows; r++) out[t * os + r] = 0.0f;                                         \
-        for (int t0 = 0; t0 < ncols; t0 += GEMMK_T) {                                                       \
-            const int T = ncols - t0 < GEMMK_T ? ncols - t0 : GEMMK_T;                                      \
-            for (int64_t g0 = 0; g0 < nsb; g0 += RED_SB) {                                                  \
-                const int ng = nsb - g0 < RED_SB ? (int)(nsb - g0) : RED_SB;                                \
-                const block_q8_K *y[GEMMK_T];                                                               \
-                for (int t = 0; t < T; t++) {                                                               \
-                    y[t] = (const block_q8_K *)(const void *)((const char *)a + (t0 + t) * as) + g0;        \
-                    for (int j = 0; j < ng; j++) act_t##_load(&y[t][j], &A[t][j]);                          \
-                }                                                                                           \
-                const char *p = (const char *)w + (size_t)g0 * sizeof(block_t);                             \
-                float *o = out + (size_t)t0 * os;                                                           \
-                int r = 0;                                                                                  \
-                if (T == GEMMK_T) {                                                                         \
-                    for (; r + GEMMK_R <= nrows; r += GEMMK_R)                                              \
-                        ktile_##name(GEMMK_R, GEMMK_T, ng, p + r * rb, rb, A, y, o + r, os);                \
-                    for (; r < nrows; r++) ktile_##name(1, GEMMK_T, ng, p + r * rb, rb, A, y, o + r, os);   \
-                } else {                                                                                    \
-                    for (int t = 0; t < T; t++) {                                                           \
-                        for (r = 0; r + 4 <= nrows; r += 4)                                                 \
-                            ktile_##name(4, 1, ng, p + r * rb, rb, A + t, y + t, o + t * os + r, os);       \
-                        for (; r < nrows; r++) ktile_##name(1, 1, ng, p + r * rb, rb, A + t, y + t, o + t * os + r, os); \
+        for (int64_t c0 = 0; c0 < nsb; c0 += RED_SB) {                                                      \
+            const int cb = nsb - c0 < RED_SB ? (int)(nsb - c0) : RED_SB;                                    \
+            const size_t per_row = (size_t)cb * (sizeof(wKg) + (mins ? 64 : 0));                            \
+            int rp = (int)(GEMMK_WBUF / per_row) / GEMMK_R * GEMMK_R;                                       \
+            if (rp > nrows) rp = nrows;                                                                     \
+            wKg *W = (wKg *)(void *)wmem;                                                                   \
+            __m512 *WM = (__m512 *)(void *)(wmem + (size_t)rp * cb * sizeof(wKg));                          \
+            for (int r0 = 0; r0 < nrows; r0 += rp) {                                                        \
+                const int Rn = nrows - r0 < rp ? nrows - r0 : rp;                                           \
+                for (int r = 0; r < Rn; r++)                                                                \
+                    for (int j = 0; j < cb; j++) {                                                          \
+                        wKs D;                                                                              \
+                        dec_##name((const block_t *)(const void *)((const char *)w + (size_t)(r0 + r) * rb) + c0 + j, &D); \
+                        wKg *o = &W[r * cb + j];                                                            \
+                        m_transpose(D.v[0], D.v[1], D.v[2], D.v[3], o->v);                                  \
+                        o->dsc = D.dsc;                                                                     \
+                        if (mins) WM[r * cb + j] = D.nmin;                                                  \
+                    }                                                                                       \
+                for (int t0 = 0; t0 < ncols; t0 += GEMMK_TP) {                                              \
+                    const int Tn = ncols - t0 < GEMMK_TP ? ncols - t0 : GEMMK_TP;                           \
+                    for (int t = 0; t < Tn; t++)                                                            \
+                        for (int j = 0; j < cb; j++) {                                                      \
+                            aKs g;                                                                          \
+                            act_##name((const block_q8_K *)(const void *)((const char *)a + (size_t)(t0 + t) * as) + c0 + j, &g); \
+                            aKg *o = &A[t * cb + j];                                                        \
+                            m_transpose(g.a[0], g.a[1], g.a[2], g.a[3], o->v);                              \
+                            o->seed = g.seed, o->da = g.da;                                                 \
+                            if (mins) AB[t * cb + j] = g.bs;                                                \
+                        }                                                                                   \
+                    float *ob = out + (size_t)t0 * os + r0;                                                 \
+                    int r = 0;                                                                              \
+                    for (; r + GEMMK_R <= Rn; r += GEMMK_R) {                                               \
+                        int t = 0;                                                                          \
+                        for (; t + GEMMK_T <= Tn; t += GEMMK_T)                                             \
+                            ktile_##name(GEMMK_R, GEMMK_T, vnni, cb, W + r * cb, WM + (mins ? r * cb : 0),   \
+                                         A + t * cb, AB + (mins ? t * cb : 0), ob + t * os + r, os);        \
+                        for (; t < Tn; t++)                                                                 \
+                            ktile_##name(GEMMK_R, 1, vnni, cb, W + r * cb, WM + (mins ? r * cb : 0),         \
+                                         A + t * cb, AB + (mins ? t * cb : 0), ob + t * os + r, os);        \
+                    }                                                                                       \
+                    for (; r < Rn; r++) {                                                                   \
+                        int t = 0;                                                                          \
+                        for (; t + GEMMK_T <= Tn; t += GEMMK_T)                                             \
+                            ktile_##name(1, GEMMK_T, vnni, cb, W + r * cb, WM + (mins ? r * cb : 0),         \
+                                         A + t * cb, AB + (mins ? t * cb : 0), ob + t * os + r, os);        \
+                        for (; t < Tn; t++)                                                                 \
+                            ktile_##name(1, 1, vnni, cb, W + r * cb, WM + (mins ? r * cb : 0),               \
+                                         A + t * cb, AB + (mins ? t * cb : 0), ob + t * os + r, os);        \
                     }                                                                                       \
                 }                                                                                           \
             }                                                                                               \
         }                                                                                                   \
+    }                                                                                                       \
+    static float vec_dot_##name##_vnni(int64_t n, const void *restrict w, const void *restrict a) {        \
+        return vec_dot_##name##_impl(1, n, w, a);                                                           \
+    }                                                                                                       \
+    static float vec_dot_##name##_bw(int64_t n, const void *restrict w, const void *restrict a) {          \
+        return vec_dot_##name##_impl(0, n, w, a);                                                           \
+    }                                                                                                       \
+    static void gemv_##name##_vnni(int64_t n, const void *restrict w, size_t rb, int nrows,                \
+                                   const void *restrict a, float *restrict out) {                           \
+        gemv_##name##_impl(1, n, w, rb, nrows, a, out);                                                     \
+    }                                                                                                       \
+    static void gemv_##name##_bw(int64_t n, const void *restrict w, size_t rb, int nrows,                  \
+                                 const void *restrict a, float *restrict out) {                             \
+        gemv_##name##_impl(0, n, w, rb, nrows, a, out);                                                     \
+    }                                                                                                       \
+    static void gemm_##name##_vnni(int64_t n, const void *restrict w, size_t rb, int nrows,                \
+                                   const void *restrict a, size_t as, int ncols, float *restrict out,       \
+                                   size_t os) {                                                             \
+        gemm_##name##_impl(1, n, w, rb, nrows, a, as, ncols, out, os);                                      \
+    }                                                                                                       \
+    static void gemm_##name##_bw(int64_t n, const void *restrict w, size_t rb, int nrows,                  \
+                                 const void *restrict a, size_t as, int ncols, float *restrict out,         \
+                                 size_t os) {                                                               \
+        gemm_##name##_impl(0, n, w, rb, nrows, a, as, ncols, out, os);                                      \
     }
 
-DEFINE_K512(q4_K, block_q4_K, actK4, wK4)
-DEFINE_K512(q5_K, block_q5_K, actK4, wK4)
-DEFINE_K512(q6_K, block_q6_K, actQ6, wQ6)
-DEFINE_K512(q2_K, block_q2_K, actK2, wK2)
-DEFINE_K512(q3_K, block_q3_K, actK2, wK2)
+DEFINE_K512(q4_K, block_q4_K)
+DEFINE_K512(q5_K, block_q5_K)
+DEFINE_K512(q6_K, block_q6_K)
+DEFINE_K512(q2_K, block_q2_K)
+DEFINE_K512(q3_K, block_q3_K)
 
 INLINE __mmask16 tail_mask16(int64_t m) { return (__mmask16)_bzhi_u32(0xffffu, (unsigned)(m > 16 ? 16 : m)); }
 
@@ -1258,6 +1753,7 @@ void kernels_fill_avx512(kernel_table *t) {
     t->gemm[T] = gemm_##name##_vnni;
         SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
         SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl)
+        SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K) SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K)
 #undef SET
     } else {
 #define SET(T, name)                        \
@@ -1266,23 +1762,9 @@ void kernels_fill_avx512(kernel_table *t) {
     t->gemm[T] = gemm_##name##_bw;
         SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
         SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl)
+        SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K) SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K)
 #undef SET
     }
-    t->vec_dot[T_Q4_K] = vec_dot_q4_K;
-    t->gemv[T_Q4_K] = gemv_q4_K;
-    t->gemm[T_Q4_K] = gemm_q4_K;
-    t->vec_dot[T_Q5_K] = vec_dot_q5_K;
-    t->gemv[T_Q5_K] = gemv_q5_K;
-    t->gemm[T_Q5_K] = gemm_q5_K;
-    t->vec_dot[T_Q6_K] = vec_dot_q6_K;
-    t->gemv[T_Q6_K] = gemv_q6_K;
-    t->gemm[T_Q6_K] = gemm_q6_K;
-    t->vec_dot[T_Q2_K] = vec_dot_q2_K;
-    t->gemv[T_Q2_K] = gemv_q2_K;
-    t->gemm[T_Q2_K] = gemm_q2_K;
-    t->vec_dot[T_Q3_K] = vec_dot_q3_K;
-    t->gemv[T_Q3_K] = gemv_q3_K;
-    t->gemm[T_Q3_K] = gemm_q3_K;
     t->vec_dot[T_F32] = vec_dot_f32;
     t->gemv[T_F32] = gemv_f32;
     t->vec_dot[T_F16] = vec_dot_f16;
