@@ -55,6 +55,34 @@ extern int pyllm_avx512_vnni; /* dispatch.c */
 
 #define INLINE static inline __attribute__((always_inline))
 
+/* The table's entries for one format, from its kernels' _impl(vnni, ...):
+ * _vnni (AVX512-VNNI dot products) and _bw (AVX512BW only) of each. */
+#define DEFINE_VARIANTS(name)                                                                             \
+    static float vec_dot_##name##_vnni(int64_t n, const void *restrict w, const void *restrict a) {      \
+        return vec_dot_##name##_impl(1, n, w, a);                                                         \
+    }                                                                                                     \
+    static float vec_dot_##name##_bw(int64_t n, const void *restrict w, const void *restrict a) {        \
+        return vec_dot_##name##_impl(0, n, w, a);                                                         \
+    }                                                                                                     \
+    static void gemv_##name##_vnni(int64_t n, const void *restrict w, size_t rb, int nrows,              \
+                                   const void *restrict a, float *restrict out) {                         \
+        gemv_##name##_impl(1, n, w, rb, nrows, a, out);                                                   \
+    }                                                                                                     \
+    static void gemv_##name##_bw(int64_t n, const void *restrict w, size_t rb, int nrows,                \
+                                 const void *restrict a, float *restrict out) {                           \
+        gemv_##name##_impl(0, n, w, rb, nrows, a, out);                                                   \
+    }                                                                                                     \
+    static void gemm_##name##_vnni(int64_t n, const void *restrict w, size_t rb, int nrows,              \
+                                   const void *restrict a, size_t as, int ncols, float *restrict out,     \
+                                   size_t os) {                                                           \
+        gemm_##name##_impl(1, n, w, rb, nrows, a, as, ncols, out, os);                                    \
+    }                                                                                                     \
+    static void gemm_##name##_bw(int64_t n, const void *restrict w, size_t rb, int nrows,                \
+                                 const void *restrict a, size_t as, int ncols, float *restrict out,       \
+                                 size_t os) {                                                             \
+        gemm_##name##_impl(0, n, w, rb, nrows, a, as, ncols, out, os);                                    \
+    }
+
 /* a vector of 32 int16 (permute indexes); GCC 12 has no _mm512_setr_epi16 */
 #define IDX16(...) _mm512_loadu_si512((const void *)(const int16_t[32]){__VA_ARGS__})
 
@@ -669,25 +697,11 @@ _Static_assert(4 * ACT_CHUNK % RED_BLOCKS == 0 && RED_BLOCKS % 16 == 0, "activat
             for (; r < nrows; r++, p += rb) rows_##name(1, vnni, cb, p, rb, NULL, Ab, Hb, NULL, out + r, c0 > 0, &pf1); \
         }                                                                                                  \
     }                                                                                                      \
-    static float vec_dot_##name##_vnni(int64_t n, const void *restrict w, const void *restrict a) {       \
-        float r;                                                                                           \
-        rows_##name(1, 1, n / QK, w, 0, a, NULL, NULL, NULL, &r, 0, NULL);                                             \
-        return r;                                                                                          \
-    }                                                                                                      \
-    static float vec_dot_##name##_bw(int64_t n, const void *restrict w, const void *restrict a) {         \
-        float r;                                                                                           \
-        rows_##name(1, 0, n / QK, w, 0, a, NULL, NULL, NULL, &r, 0, NULL);                                             \
-        return r;                                                                                          \
-    }                                                                                                      \
-    static void gemv_##name##_vnni(int64_t n, const void *restrict w, size_t rb, int nrows,               \
-                                   const void *restrict a, float *restrict out) {                          \
-        gemv_##name##_impl(1, n, w, rb, nrows, a, out);                                                    \
-    }                                                                                                      \
-    static void gemv_##name##_bw(int64_t n, const void *restrict w, size_t rb, int nrows,                 \
-                                 const void *restrict a, float *restrict out) {                            \
-        gemv_##name##_impl(0, n, w, rb, nrows, a, out);                                                    \
+    INLINE float vec_dot_##name##_impl(const int vnni, int64_t n, const void *w, const void *a) {      \
+        float r;                                                                                        \
+        rows_##name(1, vnni, n / QK, w, 0, a, NULL, NULL, NULL, &r, 0, NULL);                          \
+        return r;                                                                                       \
     }
-
 
 DEFINE_ROWS(q4_0, block_q4_0)
 DEFINE_ROWS(q4_1, block_q4_1)
@@ -1121,16 +1135,7 @@ typedef struct {
             }                                                                                               \
         }                                                                                                   \
     }                                                                                                       \
-    static void gemm_##name##_vnni(int64_t n, const void *restrict w, size_t rb, int nrows,                \
-                                   const void *restrict a, size_t as, int ncols, float *restrict out,       \
-                                   size_t os) {                                                             \
-        gemm_##name##_impl(1, n, w, rb, nrows, a, as, ncols, out, os);                                      \
-    }                                                                                                       \
-    static void gemm_##name##_bw(int64_t n, const void *restrict w, size_t rb, int nrows,                  \
-                                 const void *restrict a, size_t as, int ncols, float *restrict out,         \
-                                 size_t os) {                                                               \
-        gemm_##name##_impl(0, n, w, rb, nrows, a, as, ncols, out, os);                                      \
-    }
+    DEFINE_VARIANTS(name)
 
 DEFINE_GEMM(q4_0, block_q4_0)
 DEFINE_GEMM(q4_1, block_q4_1)
@@ -1425,7 +1430,7 @@ _Static_assert(GEMMK_WBUF + GEMMK_TP * RED_SB * (sizeof(aKg) + 64) <= GEMM_SCRAT
         }                                                                                                   \
         for (int r = 0; r < R; r++) out[r] = sum[r];                                                        \
     }                                                                                                       \
-    INLINE float vec_dot_##name##_impl(const int vnni, int64_t n, const void *w, const void *a) {          \
+    INLINE float vec_dot_##name##_impl(const int vnni, int64_t n, const void *w, const void *a) {      \
         float r;                                                                                            \
         krows_##name(1, vnni, n / QK_K, w, 0, a, NULL, &r, 0, NULL);                                        \
         return r;                                                                                           \
@@ -1549,30 +1554,7 @@ _Static_assert(GEMMK_WBUF + GEMMK_TP * RED_SB * (sizeof(aKg) + 64) <= GEMM_SCRAT
             }                                                                                               \
         }                                                                                                   \
     }                                                                                                       \
-    static float vec_dot_##name##_vnni(int64_t n, const void *restrict w, const void *restrict a) {        \
-        return vec_dot_##name##_impl(1, n, w, a);                                                           \
-    }                                                                                                       \
-    static float vec_dot_##name##_bw(int64_t n, const void *restrict w, const void *restrict a) {          \
-        return vec_dot_##name##_impl(0, n, w, a);                                                           \
-    }                                                                                                       \
-    static void gemv_##name##_vnni(int64_t n, const void *restrict w, size_t rb, int nrows,                \
-                                   const void *restrict a, float *restrict out) {                           \
-        gemv_##name##_impl(1, n, w, rb, nrows, a, out);                                                     \
-    }                                                                                                       \
-    static void gemv_##name##_bw(int64_t n, const void *restrict w, size_t rb, int nrows,                  \
-                                 const void *restrict a, float *restrict out) {                             \
-        gemv_##name##_impl(0, n, w, rb, nrows, a, out);                                                     \
-    }                                                                                                       \
-    static void gemm_##name##_vnni(int64_t n, const void *restrict w, size_t rb, int nrows,                \
-                                   const void *restrict a, size_t as, int ncols, float *restrict out,       \
-                                   size_t os) {                                                             \
-        gemm_##name##_impl(1, n, w, rb, nrows, a, as, ncols, out, os);                                      \
-    }                                                                                                       \
-    static void gemm_##name##_bw(int64_t n, const void *restrict w, size_t rb, int nrows,                  \
-                                 const void *restrict a, size_t as, int ncols, float *restrict out,         \
-                                 size_t os) {                                                               \
-        gemm_##name##_impl(0, n, w, rb, nrows, a, as, ncols, out, os);                                      \
-    }
+    DEFINE_VARIANTS(name)
 
 DEFINE_K512(q4_K, block_q4_K)
 DEFINE_K512(q5_K, block_q5_K)
