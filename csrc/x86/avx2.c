@@ -449,20 +449,26 @@ INLINE __m256i scale_pair(__m128i s8, int j, int is_signed) {
     return is_signed ? _mm256_cvtepi8_epi16(b) : _mm256_cvtepu8_epi16(b);
 }
 
+/* the 6-bit quants of half h of a Q6_K super-block (128 weights), unsigned
+ * (0..63): v[s] holds weights 32 s .. 32 s + 31 of the half */
+INLINE void dec_q6_K_half(const block_q6_K *x, int h, __m256i v[4]) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), hi2 = _mm256_set1_epi8(0x30);
+    const __m256i q0 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h));
+    const __m256i q1 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+    v[0] = _mm256_or_si256(_mm256_and_si256(q0, lo4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), hi2));
+    v[1] = _mm256_or_si256(_mm256_and_si256(q1, lo4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), hi2));
+    v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q0, 4), lo4), _mm256_and_si256(qh, hi2));
+    v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q1, 4), lo4),
+                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), hi2));
+}
+
 INLINE void step_q6_K(const block_q6_K *x, const block_q8_K *y, __m256 *acc) {
     const __m128i s8 = _mm_loadu_si128((const __m128i *)x->scales);
-    const __m256i lo4 = _mm256_set1_epi8(0x0f), hi2 = _mm256_set1_epi8(0x30);
     __m256i sumi = _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
-        const __m256i q0 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h));
-        const __m256i q1 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32));
-        const __m256i qh = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
         __m256i v[4];
-        v[0] = _mm256_or_si256(_mm256_and_si256(q0, lo4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), hi2));
-        v[1] = _mm256_or_si256(_mm256_and_si256(q1, lo4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), hi2));
-        v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q0, 4), lo4), _mm256_and_si256(qh, hi2));
-        v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q1, 4), lo4),
-                               _mm256_and_si256(_mm256_srli_epi16(qh, 2), hi2));
+        dec_q6_K_half(x, h, v);
         for (int s = 0; s < 4; s++) {
             const __m256i aq = _mm256_loadu_si256((const __m256i *)(y->qs + 128 * h + 32 * s));
             const __m256i p = _mm256_maddubs_epi16(v[s], aq);
@@ -611,22 +617,14 @@ INLINE void ktile_q45_K(const int T, const int q5, int64_t nsb, const uint8_t *x
 }
 
 INLINE void ktile_q6_K(const int T, int64_t nsb, const uint8_t *xr, const block_q8_K *const *y, __m256 *acc) {
-    const __m256i lo4 = _mm256_set1_epi8(0x0f), hi2 = _mm256_set1_epi8(0x30);
     for (int64_t i = 0; i < nsb; i++) {
         const block_q6_K *x = (const block_q6_K *)(const void *)xr + i;
         const __m128i s8 = _mm_loadu_si128((const __m128i *)x->scales);
         __m256i sumi[4];
         for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {
-            const __m256i q0 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h));
-            const __m256i q1 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32));
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
             __m256i v[4];
-            v[0] = _mm256_or_si256(_mm256_and_si256(q0, lo4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), hi2));
-            v[1] = _mm256_or_si256(_mm256_and_si256(q1, lo4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), hi2));
-            v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q0, 4), lo4), _mm256_and_si256(qh, hi2));
-            v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q1, 4), lo4),
-                                   _mm256_and_si256(_mm256_srli_epi16(qh, 2), hi2));
+            dec_q6_K_half(x, h, v);
             for (int s = 0; s < 4; s++) {
                 const __m256i sc = scale_pair(s8, 8 * h + 2 * s, 1);
                 for (int t = 0; t < T; t++) {
