@@ -24,7 +24,7 @@ from ..errors import BackendError, InvalidArgumentError
 from ..graph import Graph, View
 from ..model_file import Tensor
 from .base import ACTIVATIONS, Backend, Device, Program, Range, Shape, StepData
-from .lowering import fill_record, memory_plan, step_needs
+from .lowering import fill_record, memory_plan, step_needs, step_record
 
 ALIGN = 64
 
@@ -122,15 +122,7 @@ class CoreProgram(Program):
         self.needs = [step_needs(graph.ops[r.lo:r.hi]) for r in self.ranges]
 
         # the step record points at these arrays for good; a step fills them
-        self.tokens = np.zeros(shape.n_batch, np.int32)
-        self.pos = np.zeros(shape.n_batch, np.int32)
-        self.table = np.zeros(shape.n_blocks, np.int32)
-        self.step = ffi.new("pyllm_step *")
-        self.step.tokens = ffi.cast("int32_t *", self.tokens.ctypes.data)
-        self.step.pos = ffi.cast("int32_t *", self.pos.ctypes.data)
-        self.step.block_table = ffi.cast("int32_t *", self.table.ctypes.data)
-        self.step.block_size = shape.block_size
-        self.step.pool_blocks = shape.n_blocks
+        self.tokens, self.pos, self.table, self.step = step_record(ffi, shape)
         self._sent: tuple[int, set] = (-1, set())
 
     # -- memory (the sim device overrides these) ---------------------------------------------

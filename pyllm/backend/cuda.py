@@ -33,7 +33,7 @@ from ..graph import Graph, View
 from ..model_file import Tensor
 from .base import (ACTIVATIONS, CONTROL, D2H, H2D, WEIGHTS, Bus, Device, DeviceMemoryError, Program, Range, Shape,
                    StepData)
-from .lowering import fill_record, memory_plan, step_needs
+from .lowering import fill_record, memory_plan, step_needs, step_record
 
 REPO = Path(__file__).resolve().parent.parent.parent
 LIB_NAME = "libpyllm_cuda.so"
@@ -295,15 +295,7 @@ class CudaProgram(Program):
             self.close()
             raise
         self.needs = [step_needs(graph.ops[r.lo:r.hi]) for r in self.ranges]
-        self.tokens = np.zeros(shape.n_batch, np.int32)
-        self.pos = np.zeros(shape.n_batch, np.int32)
-        self.table = np.zeros(shape.n_blocks, np.int32)
-        self.step = ffi.new("pyllm_step *")
-        self.step.tokens = ffi.cast("int32_t *", self.tokens.ctypes.data)
-        self.step.pos = ffi.cast("int32_t *", self.pos.ctypes.data)
-        self.step.block_table = ffi.cast("int32_t *", self.table.ctypes.data)
-        self.step.block_size = shape.block_size
-        self.step.pool_blocks = shape.n_blocks
+        self.tokens, self.pos, self.table, self.step = step_record(ffi, shape)
         self._sent: tuple[int, set] = (-1, set())
 
     # -- memory ----------------------------------------------------------------------------------

@@ -132,6 +132,22 @@ def fill_record(ffi, rec, index: int, op: Op, addr: Addresses) -> None:
         rec.k_cache = rec.v_cache = ffi.NULL
 
 
+def step_record(ffi, shape: Shape):
+    """(tokens, pos, table, step): the host arrays a step fills and the
+    pyllm_step record that points at them for good (keep the arrays alive
+    as long as the record)."""
+    tokens = np.zeros(shape.n_batch, np.int32)
+    pos = np.zeros(shape.n_batch, np.int32)
+    table = np.zeros(shape.n_blocks, np.int32)
+    step = ffi.new("pyllm_step *")
+    step.tokens = ffi.cast("int32_t *", tokens.ctypes.data)
+    step.pos = ffi.cast("int32_t *", pos.ctypes.data)
+    step.block_table = ffi.cast("int32_t *", table.ctypes.data)
+    step.block_size = shape.block_size
+    step.pool_blocks = shape.n_blocks
+    return tokens, pos, table, step
+
+
 def step_needs(ops: Sequence[Op]) -> tuple[bool, bool, bool]:
     """Which of the step's arrays (tokens, positions, block table) these ops
     read: what a device must be sent before it runs them."""
