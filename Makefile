@@ -27,7 +27,7 @@ test: install cuda-emu
 	$(BIN)/python -m pytest -q
 
 run: install
-	$(BIN)/pyllm run -p "$(PROMPT)" -n 64
+	$(BIN)/pyllm run --chat -p "$(PROMPT)" -n 64
 
 bench: install
 	$(BIN)/pyllm bench
