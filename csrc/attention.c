@@ -12,7 +12,10 @@
  * is ever held); the segments' states are then merged in order. Work items
  * are (KV head, tile of query rows): each block's K and V rows are converted
  * to float once per item and used by every row of the tile and every query
- * head of the group. A one-row step (decode) with fewer KV heads than
+ * head of the group, as small matrix products (the scores of all the item's
+ * queries against the block's keys in one F32 gemm; the weighted sums of V
+ * for several queries in one pass over V), each query's numbers exactly as
+ * if it were alone (the kernels' contract, quants.h). A one-row step (decode) with fewer KV heads than
  * threads instead makes each (KV head, segment) an item, so every thread
  * shares a long context; the states go to shared scratch and the last item
  * to finish merges them. Both schedules do the same arithmetic in the same
@@ -32,35 +35,66 @@
 #define STATE_FLOATS(hd) (2 + (size_t)(hd))
 
 size_t attention_scratch_floats(int head_dim, int group, int block_size) {
-    return 2 * (size_t)Q_TILE * group * STATE_FLOATS(head_dim) + 2 * (size_t)block_size * head_dim;
+    const size_t nq = (size_t)Q_TILE * group; /* query vectors per work item */
+    return 2 * nq * STATE_FLOATS(head_dim) + 2 * (size_t)block_size * head_dim + nq * head_dim +
+           nq * (size_t)block_size;
 }
 
-/* one query row of one head over positions [j0, j0+n) of a converted block */
-static void attend_block(float *state, const float *q, const float *kb, const float *vb, int n, int hd,
-                         float scale, float softcap) {
-    float *m = &state[0], *l = &state[1], *acc = state + 2;
-    float s[MAX_KV_BLOCK];
-    float bmax = -FLT_MAX;
-    /* s[i] = k_i . q for the n key rows at once (the F32 matmul kernel: the
-     * rows share the loads of q), or one dot at a time */
-    if (K.gemv[T_F32])
-        K.gemv[T_F32](hd, kb, (size_t)hd * sizeof(float), n, q, s);
-    else
-        for (int i = 0; i < n; i++) s[i] = K.vec_dot[T_F32](hd, kb + (int64_t)i * hd, q);
-    for (int i = 0; i < n; i++) {
-        float x = scale * s[i];
-        if (softcap > 0) x = softcap * tanhf(x / softcap);
-        s[i] = x;
-        if (x > bmax) bmax = x;
+/* scores[q * n + i] = k_i . q_q for the n key rows kb and the nq query rows
+ * qs (each pair with the F32 dot's float steps, however many share a call) */
+static void block_scores(const float *qs, int nq, const float *kb, int n, int hd, float *scores) {
+    const size_t rb = (size_t)hd * sizeof(float);
+    if (K.gemm[T_F32]) {
+        K.gemm[T_F32](hd, kb, rb, n, qs, rb, nq, scores, (size_t)n);
+        return;
     }
+    for (int q = 0; q < nq; q++) {
+        const float *qv = qs + (int64_t)q * hd;
+        float *s = scores + (int64_t)q * n;
+        if (K.gemv[T_F32])
+            K.gemv[T_F32](hd, kb, rb, n, qv, s);
+        else
+            for (int i = 0; i < n; i++) s[i] = K.vec_dot[T_F32](hd, kb + (int64_t)i * hd, qv);
+    }
+}
+
+/* y = y * a + x * b (x NULL: y = y * a), in loops the compiler vectorizes */
+static void scale_rows(float *restrict y, float a, const float *restrict x, float b, int n) {
+    if (x)
+        for (int d = 0; d < n; d++) y[d] = y[d] * a + x[d] * b;
+    else
+        for (int d = 0; d < n; d++) y[d] *= a;
+}
+
+/* The softmax part of one query's update by n positions with scores s:
+ * s becomes the weights exp(score - m) of the new running max m, and what
+ * was summed so far is rescaled to it. The weighted sum of V rows is left
+ * to the caller (several queries' sums share the loads of V). */
+static void softmax_step(float *state, float *s, int n, int hd, float scale, float softcap) {
+    float *m = &state[0], *l = &state[1];
+    for (int i = 0; i < n; i++) s[i] *= scale;
+    if (softcap > 0)
+        for (int i = 0; i < n; i++) s[i] = softcap * tanhf(s[i] / softcap);
+    float mx[4] = {-FLT_MAX, -FLT_MAX, -FLT_MAX, -FLT_MAX}; /* four chains: max is exact in any order */
+    for (int i = 0; i < n; i++) mx[i & 3] = s[i] > mx[i & 3] ? s[i] : mx[i & 3];
+    const float bmax = fmaxf(fmaxf(mx[0], mx[1]), fmaxf(mx[2], mx[3]));
     if (bmax > *m) { /* new running max: rescale what was summed so far */
         float c = expf(*m - bmax);
         *l *= c;
-        for (int d = 0; d < hd; d++) acc[d] *= c;
+        scale_rows(state + 2, c, NULL, 0.0f, hd);
         *m = bmax;
     }
     *l += K.exp_sum(n, s, *m); /* s[i] = exp(s[i] - m), l += sum_i s[i] */
-    K.wsum_f32(hd, n, s, vb, hd, acc); /* acc += sum_i s[i] v_i (an axpy per row, acc in registers) */
+}
+
+/* acc_q += sum_i w_q[i] v_i for nq queries (weights of stride ws, states of stride sf) */
+static void weighted_sum(int nq, const float *w, int64_t ws, const float *vb, int n, int hd, float *state,
+                         size_t sf) {
+    if (K.wsum_many_f32) {
+        K.wsum_many_f32(hd, n, nq, w, ws, vb, hd, state + 2, (int64_t)sf);
+        return;
+    }
+    for (int q = 0; q < nq; q++) K.wsum_f32(hd, n, w + q * ws, vb, hd, state + q * sf + 2);
 }
 
 /* the first position row t sees */
@@ -84,19 +118,46 @@ static void state_merge(float *total, const float *part, int hd) {
     float ct = expf(total[0] - M), cp = expf(part[0] - M);
     total[0] = M;
     total[1] = total[1] * ct + part[1] * cp;
-    for (int d = 0; d < hd; d++) total[2 + d] = total[2 + d] * ct + part[2 + d] * cp;
+    scale_rows(total + 2, ct, part + 2, cp, hd);
 }
 
 static void state_output(const float *state, float *y, int hd) {
-    float inv = 1.0f / state[1];
-    for (int d = 0; d < hd; d++) y[d] = state[2 + d] * inv;
+    const float inv = 1.0f / state[1];
+    float *restrict out = y;
+    const float *restrict acc = state + 2;
+    for (int d = 0; d < hd; d++) out[d] = acc[d] * inv;
+}
+
+/* scratch of a work item after its states: one block's K and V rows, the
+ * item's queries packed, and one block's scores of every query */
+typedef struct { float *kb, *vb, *qs, *scores; } item_scratch;
+
+static item_scratch item_scratch_at(float *p, int hd, int group, int block_size) {
+    item_scratch w;
+    w.kb = p;
+    w.vb = w.kb + (size_t)block_size * hd;
+    w.qs = w.vb + (size_t)block_size * hd;
+    w.scores = w.qs + (size_t)Q_TILE * group * hd;
+    return w;
+}
+
+/* qs <- the query vectors of rows t0..t1 and the heads of KV head kvh, in
+ * state order ((t - t0) * group + g) */
+static void pack_queries(const pyllm_op *op, int kvh, int64_t t0, int64_t t1, float *qs) {
+    const int hd = op->head_dim, group = op->n_head / op->n_kv_head;
+    for (int64_t t = t0; t < t1; t++)
+        memcpy(qs + (t - t0) * group * hd, op->x + t * op->x_stride + (int64_t)kvh * group * hd,
+               (size_t)group * hd * sizeof(float));
 }
 
 /* Adds positions [from, to] (as far as each row sees them) to the softmax
  * state of rows t0..t1 and every query head of KV head kvh: state holds
- * (t1 - t0) * group entries. kb/vb: room for one block of K and V rows. */
+ * (t1 - t0) * group entries, w.qs their queries. Per block: every query's
+ * scores against the block's keys at once; then each query's softmax step
+ * over the part it sees; then the weighted sums of V, shared by the runs of
+ * rows that see the whole block (one row at a time where a row sees part). */
 static void attend_range(const pyllm_op *op, const op_rows *r, int kvh, int64_t t0, int64_t t1, int32_t from,
-                         int32_t to, float *state, float *kb, float *vb) {
+                         int32_t to, float *state, item_scratch w) {
     const pyllm_step *st = r->step;
     const int hd = op->head_dim, B = st->block_size;
     const int group = op->n_head / op->n_kv_head;
@@ -108,21 +169,37 @@ static void attend_range(const pyllm_op *op, const op_rows *r, int kvh, int64_t 
         const size_t base = (size_t)st->block_table[blk] * B;
         int32_t j0 = blk * B > from ? blk * B : from;
         int32_t j1 = (blk + 1) * B - 1 < to ? (blk + 1) * B - 1 : to;
+        const int n = j1 - j0 + 1;
         for (int32_t j = j0; j <= j1; j++) {
             size_t slot = (base + (size_t)(j - blk * B)) * kv_dim + (size_t)kvh * hd;
-            K.f16_to_f32(op->k_cache + slot, kb + (int64_t)(j - j0) * hd, hd);
-            K.f16_to_f32(op->v_cache + slot, vb + (int64_t)(j - j0) * hd, hd);
+            K.f16_to_f32(op->k_cache + slot, w.kb + (int64_t)(j - j0) * hd, hd);
+            K.f16_to_f32(op->v_cache + slot, w.vb + (int64_t)(j - j0) * hd, hd);
         }
-        for (int64_t t = t0; t < t1; t++) {
-            /* the part of [j0, j1] this row sees */
-            int32_t first = first_visible(op, pos[t]);
-            int32_t a = first > j0 ? first : j0, b = pos[t] < j1 ? pos[t] : j1;
-            if (a > b) continue;
-            for (int g = 0; g < group; g++) {
-                int h = kvh * group + g;
-                const float *q = op->x + t * op->x_stride + (int64_t)h * hd;
-                attend_block(state + ((t - t0) * group + g) * sf, q, kb + (int64_t)(a - j0) * hd,
-                             vb + (int64_t)(a - j0) * hd, b - a + 1, hd, op->scale, op->softcap);
+        block_scores(w.qs, (int)((t1 - t0) * group), w.kb, n, hd, w.scores);
+        int64_t run = -1; /* first row of the current run of rows that see all of [j0, j1] */
+        for (int64_t t = t0; t <= t1; t++) {
+            /* the part of [j0, j1] row t sees */
+            int32_t a = 0, b = -1;
+            if (t < t1) {
+                int32_t first = first_visible(op, pos[t]);
+                a = first > j0 ? first : j0, b = pos[t] < j1 ? pos[t] : j1;
+                for (int g = 0; a <= b && g < group; g++) {
+                    int64_t q = (t - t0) * group + g;
+                    softmax_step(state + q * sf, w.scores + q * n + (a - j0), b - a + 1, hd, op->scale,
+                                 op->softcap);
+                }
+            }
+            const int whole = t < t1 && a == j0 && b == j1;
+            if (whole && run < 0) run = t;
+            if (!whole && run >= 0) { /* the run t_run..t-1 ends */
+                int64_t q0 = (run - t0) * group;
+                weighted_sum((int)((t - run) * group), w.scores + q0 * n, n, w.vb, n, hd, state + q0 * sf, sf);
+                run = -1;
+            }
+            if (t < t1 && !whole && a <= b) {
+                int64_t q0 = (t - t0) * group;
+                weighted_sum(group, w.scores + q0 * n + (a - j0), n, w.vb + (int64_t)(a - j0) * hd, b - a + 1, hd,
+                             state + q0 * sf, sf);
             }
         }
     }
@@ -140,15 +217,16 @@ static void attend_tile(const pyllm_op *op, const op_rows *r, int kvh, int64_t t
         if (pos[t] > hi) hi = pos[t];
     }
     /* scratch: the total and the current segment's state of every (row, head),
-     * then one block's K and V rows */
+     * then the item's working space */
     float *total = r->scratch, *seg = total + (size_t)Q_TILE * group * sf;
-    float *kb = seg + (size_t)Q_TILE * group * sf, *vb = kb + (size_t)r->step->block_size * hd;
+    const item_scratch w = item_scratch_at(seg + (size_t)Q_TILE * group * sf, hd, group, r->step->block_size);
+    pack_queries(op, kvh, t0, t1, w.qs);
     state_init(total, n_states, hd);
     for (int32_t k = lo / SEGMENT; k <= hi / SEGMENT; k++) {
         int32_t from = k * SEGMENT > lo ? k * SEGMENT : lo;
         int32_t to = (k + 1) * SEGMENT - 1 < hi ? (k + 1) * SEGMENT - 1 : hi;
         state_init(seg, n_states, hd);
-        attend_range(op, r, kvh, t0, t1, from, to, seg, kb, vb);
+        attend_range(op, r, kvh, t0, t1, from, to, seg, w);
         for (int64_t i = 0; i < n_states; i++) state_merge(total + i * sf, seg + i * sf, hd);
     }
     for (int64_t t = t0; t < t1; t++)
@@ -165,7 +243,7 @@ static void attend_split(const pyllm_op *op, const op_rows *r, int32_t seg0, int
     const size_t sf = STATE_FLOATS(hd);
     const int32_t p = r->step->pos[0], first = first_visible(op, p);
     const int64_t items = (int64_t)op->n_kv_head * n_seg;
-    float *kb = r->scratch, *vb = kb + (size_t)r->step->block_size * hd;
+    const item_scratch w = item_scratch_at(r->scratch, hd, group, r->step->block_size);
     int64_t lo, hi;
     split_range(items, ith, nth, 1, &lo, &hi);
     for (int64_t item = lo; item < hi; item++) {
@@ -175,7 +253,8 @@ static void attend_split(const pyllm_op *op, const op_rows *r, int32_t seg0, int
         int32_t to = (k + 1) * SEGMENT - 1 < p ? (k + 1) * SEGMENT - 1 : p;
         float *state = r->shared + (size_t)item * group * sf;
         state_init(state, group, hd);
-        attend_range(op, r, kvh, 0, 1, from, to, state, kb, vb);
+        pack_queries(op, kvh, 0, 1, w.qs);
+        attend_range(op, r, kvh, 0, 1, from, to, state, w);
     }
     if (hi == lo || atomic_fetch_add_explicit(r->counter, hi - lo, memory_order_acq_rel) + (hi - lo) != items)
         return;

@@ -83,6 +83,7 @@ static void overlay(kernel_table *dst, const kernel_table *src) {
     OV(exp_sum);
     OV(axpy_f32);
     OV(wsum_f32);
+    OV(wsum_many_f32);
 #undef OV
 }
 

@@ -66,6 +66,7 @@ int pyllm_kernel_provided(int isa, int kind, int type) {
         case 2: return own.exp_sum != NULL;
         case 3: return own.axpy_f32 != NULL;
         case 4: return own.wsum_f32 != NULL;
+        case 5: return own.wsum_many_f32 != NULL;
         default: return 0;
         }
     default: return 0;
@@ -172,4 +173,19 @@ int pyllm_kernel_vmath(int isa, int which, int64_t n, const float *a, const floa
         return 0;
     default: return -1;
     }
+}
+
+/* y[q*ys + j] += sum_{i < rows} w[q*ws + i] * x[i*ld + j] for q < nq, j < n:
+ * the level's wsum_many_f32 when it has one, else its wsum_f32 per output
+ * (as attention does) */
+int pyllm_kernel_wsum(int isa, int64_t n, int rows, int nq, const float *w, int64_t ws, const float *x, int64_t ld,
+                      float *y, int64_t ys) {
+    const kernel_table *t = table_for(isa);
+    if (!t || n < 0 || rows < 0 || nq < 0 || !w || !x || !y || ws < rows || ld < n || ys < n) return -1;
+    if (t->wsum_many_f32) {
+        t->wsum_many_f32(n, rows, nq, w, ws, x, ld, y, ys);
+        return 0;
+    }
+    for (int q = 0; q < nq; q++) t->wsum_f32(n, rows, w + q * ws, x, ld, y + q * ys);
+    return 0;
 }

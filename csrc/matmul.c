@@ -46,14 +46,15 @@ static void gemv_rows(int type, int64_t n, const uint8_t *w, size_t row_bytes, i
     for (int r = 0; r < nrows; r++) out[r] = K.vec_dot[type](n, w + (size_t)r * row_bytes, a);
 }
 
-/* out[t * nrows + r] for t < ncols: a tile of rows against ncols activation rows */
+/* out[t * out_stride + r] for t < ncols: a tile of rows against ncols activation rows */
 static void gemm_rows(int type, int64_t n, const uint8_t *w, size_t row_bytes, int nrows, const uint8_t *a,
-                      size_t a_stride, int ncols, float *out) {
+                      size_t a_stride, int ncols, float *out, size_t out_stride) {
     if (K.gemm[type]) {
-        K.gemm[type](n, w, row_bytes, nrows, a, a_stride, ncols, out, (size_t)nrows);
+        K.gemm[type](n, w, row_bytes, nrows, a, a_stride, ncols, out, out_stride);
         return;
     }
-    for (int t = 0; t < ncols; t++) gemv_rows(type, n, w, row_bytes, nrows, a + (size_t)t * a_stride, out + (size_t)t * nrows);
+    for (int t = 0; t < ncols; t++)
+        gemv_rows(type, n, w, row_bytes, nrows, a + (size_t)t * a_stride, out + (size_t)t * out_stride);
 }
 
 /* rows per chunk: big enough to amortize a call, small enough to balance the threads */
@@ -104,22 +105,28 @@ void op_matmul(const pyllm_op *op, const op_rows *r, int ith, int nth) {
         const int64_t c0 = ci * chunk;
         const int nrows = (int)(op->n_out - c0 < chunk ? op->n_out - c0 : chunk);
         const uint8_t *w = (const uint8_t *)op->w + (size_t)c0 * row_bytes;
+        const float *b = op->bias ? op->bias + c0 : NULL;
+        if (!accumulate && !b) { /* straight into y */
+            if (r->rows == 1)
+                gemv_rows(type, n, w, row_bytes, nrows, act_base, op->y + c0);
+            else
+                gemm_rows(type, n, w, row_bytes, nrows, act_base, act_bytes, r->rows, op->y + c0,
+                          (size_t)op->y_stride);
+            continue;
+        }
         if (r->rows == 1)
             gemv_rows(type, n, w, row_bytes, nrows, act_base, part);
         else
-            gemm_rows(type, n, w, row_bytes, nrows, act_base, act_bytes, r->rows, part);
+            gemm_rows(type, n, w, row_bytes, nrows, act_base, act_bytes, r->rows, part, (size_t)nrows);
         for (int t = 0; t < r->rows; t++) {
             const float *p = part + (size_t)t * nrows;
             float *y = op->y + (int64_t)t * op->y_stride + c0;
-            const float *b = op->bias ? op->bias + c0 : NULL;
             if (accumulate && b)
                 for (int i = 0; i < nrows; i++) y[i] += p[i] + b[i];
             else if (accumulate)
                 for (int i = 0; i < nrows; i++) y[i] += p[i];
-            else if (b)
-                for (int i = 0; i < nrows; i++) y[i] = p[i] + b[i];
             else
-                memcpy(y, p, (size_t)nrows * sizeof(float));
+                for (int i = 0; i < nrows; i++) y[i] = p[i] + b[i];
         }
     }
 }

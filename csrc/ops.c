@@ -33,8 +33,14 @@ void op_rmsnorm(const pyllm_op *op, const op_rows *r, int ith, int nth) {
         int64_t t = item / groups, g = item % groups;
         const float *x = IN_ROW(op, r, t) + g * n;
         float *y = OUT_ROW(op, t) + g * n;
-        double ss = 0;
-        for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+        /* the sum of squares in double, in 8 interleaved partial sums: one
+         * serial chain of double adds was most of this op's time */
+        double part[8] = {0};
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            for (int k = 0; k < 8; k++) part[k] += (double)x[i + k] * x[i + k];
+        for (; i < n; i++) part[0] += (double)x[i] * x[i];
+        double ss = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
         float inv = (float)(1.0 / sqrt(ss / (double)n + (double)op->eps));
         for (int64_t i = 0; i < n; i++) y[i] = x[i] * inv * w[i];
     }

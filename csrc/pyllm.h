@@ -113,7 +113,7 @@ int pyllm_type_supported(int type);
 int pyllm_type_act(int type);           /* activation format a weight type's dot product takes */
 size_t pyllm_act_row_bytes(int act, int64_t n);
 /* does level `isa` itself provide this kernel (kind: 0 dequant, 1 vec_dot, 2 gemv, 3 quantize_act,
- * 4 gemm, 5 vector math with type = pyllm_kernel_vmath's which)? */
+ * 4 gemm, 5 vector math with type = pyllm_kernel_vmath's which, or 5 for wsum_many_f32)? */
 int pyllm_kernel_provided(int isa, int kind, int type);
 /* run one kernel of one level; 0 on success, -1 if unsupported */
 int pyllm_kernel_dequant(int isa, int type, const void *w, float *out, int64_t n);
@@ -137,6 +137,10 @@ int pyllm_kernel_float(int isa, int which, int64_t n, const void *a, const void 
  *   4 wsum_f32:      out[j] += sum_{i < rows} b[i] * a[i*n + j], rows = (int)s */
 int pyllm_kernel_vmath(int isa, int which, int64_t n, const float *a, const float *b, float s, float *out,
                        float *sum);
+/* wsum_f32 for nq outputs: y[q*ys + j] += sum_{i < rows} w[q*ws + i] * x[i*ld + j]
+ * (the level's wsum_many_f32, else its wsum_f32 per output) */
+int pyllm_kernel_wsum(int isa, int64_t n, int rows, int nq, const float *w, int64_t ws, const float *x, int64_t ld,
+                      float *y, int64_t ys);
 
 /* ---- memory bandwidth probe (pyllm bench --membw) ---- */
 double pyllm_membw(pyllm_ctx *ctx, const void *buf, size_t bytes, int reps);

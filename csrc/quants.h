@@ -191,6 +191,12 @@ typedef struct {
      * with y held in registers: attention's weighted sum of V rows) */
     void (*wsum_f32)(int64_t n, int rows, const float *restrict w, const float *restrict x, int64_t ld,
                      float *restrict y);
+    /* wsum_f32 for nq outputs at once: y[q*ys + j] += sum_i w[q*ws + i] * x[i*ld + j],
+     * each output exactly what wsum_f32 gives it (sharing the loads of x's
+     * rows among the outputs: attention's weighted sum for several queries).
+     * NULL: callers loop over wsum_f32. */
+    void (*wsum_many_f32)(int64_t n, int rows, int nq, const float *restrict w, int64_t ws,
+                          const float *restrict x, int64_t ld, float *restrict y, int64_t ys);
 } kernel_table;
 
 /* ISA levels, in increasing order */

@@ -81,6 +81,26 @@ def test_decode_one_at_a_time_equals_batch(tmp_path, qtype):
     np.testing.assert_array_equal(np.concatenate([a, b]), batch)
 
 
+@pytest.mark.parametrize("window", [0, 21])
+def test_long_prefill_equals_decode_with_windows(tmp_path, window):
+    """150 positions (two 128-position attention segments, ten 16-position
+    tiles of query rows, 16-position KV blocks in shuffled order): a prompt
+    in one batch, in uneven chunks, and one token at a time give the same
+    logits bit for bit. The batch scores each KV block against all of a
+    tile's queries at once and shares the weighted sums of V among the rows
+    that see the whole block; a window of 21 (Gemma 3's local layers, layer
+    5 global) starts each row's view mid-block."""
+    path = synth.write_gemma3(tmp_path / "w.gguf", QT.Q8_0, window=window)
+    tokens = list(np.random.default_rng(5).integers(0, 512, 150))
+    table = [3, 9, 0, 7, 1, 8, 2, 6, 4, 5]
+    _, be = build(path, n_batch=150, n_blocks=10)
+    batch = be.forward(tokens, 0, table, len(tokens)).copy()
+    chunks = [be.forward(tokens[a:b], a, table, b - a).copy() for a, b in [(0, 37), (37, 131), (131, 150)]]
+    np.testing.assert_array_equal(np.concatenate(chunks), batch)
+    steps = np.stack([be.forward([t], i, table, 1)[0].copy() for i, t in enumerate(tokens)])
+    np.testing.assert_array_equal(steps, batch)
+
+
 @pytest.mark.parametrize("n_threads", [2, 3])
 def test_decode_splits_long_context_across_threads(tmp_path, n_threads):
     """One token over a long context with fewer KV heads than threads: the

@@ -450,6 +450,9 @@ def test_gemm_equals_gemv_exactly(isa, tname):
                 ref = gemv_call(isa, tname, n, wbuf, rb, nrows, np.ascontiguousarray(acts[t, :ab]))
                 np.testing.assert_array_equal(out[t * os_:t * os_ + nrows], ref,
                                               err_msg=f"n={n} nrows={nrows} ncols={ncols} t={t}")
+            # the matmul has gemm write straight into the output rows: the
+            # stride's padding (the neighbours' columns) stays untouched
+            assert np.isnan(out.reshape(ncols, os_)[:, nrows:]).all(), (n, nrows, ncols)
 
 
 @pytest.mark.parametrize("tname", [t for t in ["Q5_0", "Q4_K"] if t in GEMM_TYPES])
@@ -715,6 +718,30 @@ def test_wsum_f32(isa):
                     sub = np.ascontiguousarray(x[:, c0:])
                     yy, _ = vmath(isa, 4, sub, w, s=float(rows), out=y0[c0:].copy())
                     np.testing.assert_array_equal(yy, y[c0:])
+
+
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_wsum_many_equals_wsum_exactly(isa):
+    """attention's weighted sum for several queries at once gives each query
+    exactly wsum_f32's result (so a token's attention output does not depend
+    on how many queries shared the call), for every output count and column
+    tail; the strides' padding stays untouched"""
+    rng = np.random.default_rng(18)
+    for n, rows in [(256, 32), (64, 7), (33, 5), (100, 1), (128, 0), (17, 3)]:
+        x = rng.standard_normal((rows, n)).astype(np.float32)
+        for nq in [1, 2, 3, 4, 5, 7, 9]:
+            ws, ys = rows + 3, n + 5
+            w = rng.standard_normal((nq, ws)).astype(np.float32)
+            y0 = rng.standard_normal((nq, ys)).astype(np.float32)
+            y0[:, n:] = np.nan
+            y = y0.copy()
+            xp = fptr(x) if x.size else fptr(np.zeros(1, dtype=np.float32))
+            assert lib.pyllm_kernel_wsum(isa, n, rows, nq, fptr(w), ws, xp, n, fptr(y), ys) == 0
+            for q in range(nq):
+                one, _ = vmath(isa, 4, x, np.ascontiguousarray(w[q, :rows]), s=float(rows), out=y0[q, :n].copy())
+                np.testing.assert_array_equal(y[q, :n], one, err_msg=f"n={n} rows={rows} nq={nq} q={q}")
+            assert np.isnan(y[:, n:]).all()
+    assert lib.pyllm_kernel_wsum(isa, 8, 4, 1, fptr(w), 2, fptr(x), 8, fptr(y), 8) == -1  # ws < rows
 
 
 def test_vmath_provided():
