@@ -280,12 +280,13 @@ void op_attention(const pyllm_op *op, const op_rows *r, int ith, int nth) {
             return;
         }
     }
-    const int64_t tiles = (r->rows + Q_TILE - 1) / Q_TILE;
-    int64_t lo, hi;
-    split_range(tiles * op->n_kv_head, ith, nth, 1, &lo, &hi);
-    for (int64_t item = lo; item < hi; item++) {
+    /* items handed out one at a time, last tiles first: a causal prompt's
+     * later rows see more positions (a fixed split gave the last thread
+     * most of the work) */
+    const int64_t tiles = (r->rows + Q_TILE - 1) / Q_TILE, items = tiles * op->n_kv_head;
+    for (int64_t item; (item = atomic_fetch_add_explicit(r->counter, 1, memory_order_relaxed)) < items;) {
         int kvh = (int)(item % op->n_kv_head);
-        int64_t t0 = item / op->n_kv_head * Q_TILE;
+        int64_t t0 = (tiles - 1 - item / op->n_kv_head) * Q_TILE;
         int64_t t1 = t0 + Q_TILE < r->rows ? t0 + Q_TILE : r->rows;
         attend_tile(op, r, kvh, t0, t1);
     }
