@@ -1146,6 +1146,84 @@ static void wsum_f32(int64_t n, int rows, const float *restrict w, const float *
     }
 }
 
+/* wsum_f32 for Q outputs at once over columns [0, 8V) of x and y (k masks
+ * the last 8): each x load shared by the Q outputs; an element's steps are
+ * wsum_f32's (rows in order, one FMA each), whatever the chunking. */
+INLINE void wsum_chunk(const int Q, const int V, __m256i k, int rows, const float *w, int64_t ws, const float *x,
+                       int64_t ld, float *y, int64_t ys) {
+    const __m256i all = _mm256_set1_epi32(-1);
+    __m256 acc[2][4];
+    for (int q = 0; q < Q; q++)
+        for (int v = 0; v < V; v++) acc[q][v] = _mm256_maskload_ps(y + q * ys + 8 * v, v == V - 1 ? k : all);
+    for (int i = 0; i < rows; i++, x += ld) {
+        __m256 xv[4];
+        for (int v = 0; v < V; v++) xv[v] = _mm256_maskload_ps(x + 8 * v, v == V - 1 ? k : all);
+        for (int q = 0; q < Q; q++) {
+            const __m256 wv = _mm256_broadcast_ss(w + q * ws + i);
+            for (int v = 0; v < V; v++) acc[q][v] = _mm256_fmadd_ps(wv, xv[v], acc[q][v]);
+        }
+    }
+    for (int q = 0; q < Q; q++)
+        for (int v = 0; v < V; v++) _mm256_maskstore_ps(y + q * ys + 8 * v, v == V - 1 ? k : all, acc[q][v]);
+}
+
+INLINE void wsum_q(const int Q, int64_t n, int rows, const float *w, int64_t ws, const float *x, int64_t ld, float *y,
+                   int64_t ys) {
+    int64_t j = 0;
+    for (; j + 32 <= n; j += 32) wsum_chunk(Q, 4, _mm256_set1_epi32(-1), rows, w, ws, x + j, ld, y + j, ys);
+    for (; j < n; j += 8) wsum_chunk(Q, 1, tail_mask8(n - j), rows, w, ws, x + j, ld, y + j, ys);
+}
+
+static void wsum_many_f32(int64_t n, int rows, int nq, const float *restrict w, int64_t ws, const float *restrict x,
+                          int64_t ld, float *restrict y, int64_t ys) {
+    int q = 0;
+    for (; q + 2 <= nq; q += 2) wsum_q(2, n, rows, w + q * ws, ws, x, ld, y + q * ys, ys);
+    if (q < nq) wsum_q(1, n, rows, w + q * ws, ws, x, ld, y + q * ys, ys);
+}
+
+/* F32 gemm (attention's scores): R rows x C activation rows, each pair with
+ * frows_f32's accumulator and float steps (hsum8, then the tail elements in
+ * order), the loads shared: 6 per 8 FMAs for 4 x 2, against 5 per 4 in gemv */
+INLINE void ftile_f32(const int R, const int C, int64_t n, const char *w, size_t rb, const char *a, size_t as,
+                      float *out, size_t os) {
+    __m256 c[4][2];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < C; t++) c[r][t] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 wv[4];
+        for (int r = 0; r < R; r++) wv[r] = _mm256_loadu_ps((const float *)(w + r * rb) + i);
+        for (int t = 0; t < C; t++) {
+            const __m256 yv = _mm256_loadu_ps((const float *)(a + t * as) + i);
+            for (int r = 0; r < R; r++) c[r][t] = _mm256_fmadd_ps(wv[r], yv, c[r][t]);
+        }
+    }
+    for (int t = 0; t < C; t++) {
+        const float *y = (const float *)(a + t * as);
+        for (int r = 0; r < R; r++) {
+            const float *x = (const float *)(w + r * rb);
+            float s = hsum8(c[r][t]);
+            for (int64_t j = i; j < n; j++) s += x[j] * y[j];
+            out[t * os + r] = s;
+        }
+    }
+}
+
+INLINE void fcols_f32(const int R, int64_t n, const char *w, size_t rb, const char *a, size_t as, int ncols,
+                      float *out, size_t os) {
+    int t = 0;
+    for (; t + 2 <= ncols; t += 2) ftile_f32(R, 2, n, w, rb, a + t * as, as, out + t * os, os);
+    if (t < ncols) ftile_f32(R, 1, n, w, rb, a + t * as, as, out + t * os, os);
+}
+
+static void gemm_f32(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a, size_t as,
+                     int ncols, float *restrict out, size_t os) {
+    const char *wr = w;
+    int r = 0;
+    for (; r + 4 <= nrows; r += 4) fcols_f32(4, n, wr + r * rb, rb, a, as, ncols, out + r, os);
+    for (; r < nrows; r++) fcols_f32(1, n, wr + r * rb, rb, a, as, ncols, out + r, os);
+}
+
 static void axpy_f32(int64_t n, float a, const float *restrict x, float *restrict y) {
     const __m256 av = _mm256_set1_ps(a);
     int64_t i = 0;
@@ -1185,6 +1263,7 @@ void kernels_fill_avx2(kernel_table *t) {
     /* F32: dequant is a copy (the scalar memcpy) */
     t->vec_dot[T_F32] = vec_dot_f32;
     t->gemv[T_F32] = gemv_f32;
+    t->gemm[T_F32] = gemm_f32;
     t->quantize_act[ACT_F32] = quantize_f32;
     t->quantize_act[ACT_Q8_32] = quantize_q8_32;
     t->quantize_act[ACT_Q8_K] = quantize_q8_K;
@@ -1198,4 +1277,5 @@ void kernels_fill_avx2(kernel_table *t) {
     t->exp_sum = exp_sum;
     t->axpy_f32 = axpy_f32;
     t->wsum_f32 = wsum_f32;
+    t->wsum_many_f32 = wsum_many_f32;
 }
