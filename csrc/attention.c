@@ -15,11 +15,12 @@
  * head of the group, as small matrix products (the scores of all the item's
  * queries against the block's keys in one F32 gemm; the weighted sums of V
  * for several queries in one pass over V), each query's numbers exactly as
- * if it were alone (the kernels' contract, quants.h). A one-row step (decode) with fewer KV heads than
- * threads instead makes each (KV head, segment) an item, so every thread
- * shares a long context; the states go to shared scratch and the last item
- * to finish merges them. Both schedules do the same arithmetic in the same
- * order, so a token's output depends neither on batching nor on threads.
+ * if it were alone (the kernels' contract, quants.h). A one-row step
+ * (decode) on several threads instead makes each (KV head, segment) an
+ * item, so every thread shares a long context; the states go to shared
+ * scratch and the last item to finish merges them. Both schedules do the
+ * same arithmetic in the same order, so a token's output depends neither
+ * on batching nor on threads.
  */
 #include <float.h>
 #include <math.h>
@@ -170,6 +171,14 @@ static void attend_range(const pyllm_op *op, const op_rows *r, int kvh, int64_t 
         int32_t j0 = blk * B > from ? blk * B : from;
         int32_t j1 = (blk + 1) * B - 1 < to ? (blk + 1) * B - 1 : to;
         const int n = j1 - j0 + 1;
+        if (blk < to / B) /* the next block's K and V rows, read while this one is worked on */
+            for (int32_t i = 0; i < B; i++) {
+                size_t slot = ((size_t)st->block_table[blk + 1] * B + (size_t)i) * kv_dim + (size_t)kvh * hd;
+                for (int b = 0; b < hd * (int)sizeof(f16_t); b += 64) {
+                    __builtin_prefetch((const char *)(op->k_cache + slot) + b);
+                    __builtin_prefetch((const char *)(op->v_cache + slot) + b);
+                }
+            }
         for (int32_t j = j0; j <= j1; j++) {
             size_t slot = (base + (size_t)(j - blk * B)) * kv_dim + (size_t)kvh * hd;
             K.f16_to_f32(op->k_cache + slot, w.kb + (int64_t)(j - j0) * hd, hd);
@@ -235,7 +244,7 @@ static void attend_tile(const pyllm_op *op, const op_rows *r, int kvh, int64_t t
                          hd);
 }
 
-/* One row (decode) with fewer KV heads than threads: items are (KV head,
+/* One row (decode) on several threads: items are (KV head,
  * segment); each item's state goes to the shared scratch, and whoever
  * finishes the last item merges them in order, as attend_tile does. */
 static void attend_split(const pyllm_op *op, const op_rows *r, int32_t seg0, int n_seg, int ith, int nth) {
@@ -270,7 +279,10 @@ static void attend_split(const pyllm_op *op, const op_rows *r, int32_t seg0, int
 }
 
 void op_attention(const pyllm_op *op, const op_rows *r, int ith, int nth) {
-    if (r->rows == 1 && op->n_kv_head < nth) {
+    /* one row: (KV head, segment) items as soon as there are segments to
+     * share (with KV heads alone as items, 3 heads on 2 threads left one
+     * thread idle half the time) */
+    if (r->rows == 1 && nth > 1) {
         const int32_t p = r->step->pos[0], seg0 = first_visible(op, p) / SEGMENT;
         const int n_seg = p / SEGMENT - seg0 + 1;
         const size_t need = (size_t)op->n_kv_head * n_seg * (op->n_head / op->n_kv_head) *
