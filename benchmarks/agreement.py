@@ -15,8 +15,14 @@ continuation token):
   greedy  how many tokens of pyllm's own greedy continuation (decoded step by
           step) equal llama.cpp's before the first difference
 
+With --reference, both engines are also compared with exact math (the
+float32 numpy reference, pyllm/reference.py, on the same dequantized
+weights) at the same positions: it tells whether a disagreement between the
+two is one engine being less precise or two sets of rounding going their own
+ways (top-1 counted where the reference's margin exceeds --margin).
+
 Usage: python benchmarks/agreement.py -m models/gemma-3-270m-q4_k_m.gguf
-       [--peer-python /tmp/peer-venv/bin/python] [--n-gen 48] [-t 2]
+       [--peer-python /tmp/peer-venv/bin/python] [--n-gen 48] [-t 2] [--reference]
 Exit status 1 when the totals miss --min-top1 (0.97) or --max-rel (0.08).
 """
 from __future__ import annotations
@@ -129,6 +135,24 @@ def rel_of(c: dict) -> float:
     return float(np.sqrt(c["sq"] / c["n"]) / std)
 
 
+def against_reference(model: str, kept: list, margin: float) -> None:
+    """prints how far each engine's logits are from the float32 reference's"""
+    from pyllm.arch import load_architecture
+    from pyllm.model_file import ModelFile
+    from pyllm.reference import Reference
+
+    ref = Reference(load_architecture(ModelFile(model), n_ctx=512))
+    exact = np.concatenate([ref.forward(ids)[n_prompt - 1:len(ids) - 1] for _, _, ids, n_prompt in kept])
+    top2 = np.sort(exact, axis=1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > margin
+    for name, k in (("pyllm", 0), ("llama.cpp", 1)):
+        got = np.concatenate([x[k] for x in kept])
+        rel = np.sqrt(np.mean((got - exact).astype(np.float64) ** 2)) / exact.std()
+        top1 = np.mean(got.argmax(1)[clear] == exact.argmax(1)[clear])
+        print(f"{name:<10} vs float32 reference: rel {rel:.2%}, top-1 {top1:.1%} "
+              f"(where the reference's margin > {margin}: {int(clear.sum())} positions)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", required=True)
@@ -139,6 +163,8 @@ def main() -> int:
     ap.add_argument("--min-top1", type=float, default=0.97)
     ap.add_argument("--max-rel", type=float, default=0.08)
     ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--reference", action="store_true",
+                    help="also compare both engines with the float32 reference (slow on big models)")
     a = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -148,10 +174,14 @@ def main() -> int:
         n_max = max(len(p["ids"]) for p in peer.values())
         run, greedy = pyllm_logits(a.model, a.threads, n_max)
         rows, total = [], None
+        kept = []  # (pyllm, llama.cpp, ids, n_prompt) per prompt, for --reference
         print(f"{'prompt':<44} {'pos':>4} {'clear':>5} {'top1':>7} {'rel':>7} {'max|d|':>7} {'greedy':>7}")
         for i, prompt in enumerate(PROMPTS):
             p = peer[i]
-            c = compare(run(p["ids"], p["n_prompt"]), np.load(f"{tmp}/peer{i}.npy"), a.margin)
+            ours_logits, peer_logits = run(p["ids"], p["n_prompt"]), np.load(f"{tmp}/peer{i}.npy")
+            c = compare(ours_logits, peer_logits, a.margin)
+            if a.reference:
+                kept.append((ours_logits, peer_logits, p["ids"], p["n_prompt"]))
             top1 = c["top1_clear"] / max(1, c["clear"])
             theirs = p["ids"][p["n_prompt"]:]
             ours = greedy(p["ids"][:p["n_prompt"]], len(theirs))
@@ -175,6 +205,8 @@ def main() -> int:
         ok = top1 >= a.min_top1 and rel <= a.max_rel
         print(f"{'PASS' if ok else 'FAIL'}: top-1 {top1:.1%} (need >= {a.min_top1:.0%}), "
               f"rel {rel:.2%} (need <= {a.max_rel:.0%})")
+        if a.reference:
+            against_reference(a.model, kept, a.margin)
         if a.json:
             json.dump({"model": a.model, "prompts": rows, "top1": top1, "rel": rel, "max": total["max"]},
                       open(a.json, "w"), indent=1)
