@@ -16,9 +16,9 @@
  * more FMA: sum((dw q + m) * a) = dw * da * sum(q * a) + m * s.
  * gemv: 4 rows at a time share the prepared activation pairs, and every
  * gemv (K-quant and float ones too) prefetches the weights ahead
- * (GEMV_PREFETCH, quants.h); gemm: tiles
- * of GEMM_R rows x GEMM_T activation rows, each row's pair decoded once
- * for every activation row. All three run the same tile code, which fixes
+ * (GEMV_PREFETCH, quants.h); gemm: tiles of GEMM_R rows x GEMM_T
+ * activation rows (per format), each row's pair decoded once for every
+ * activation row. All three run the same tile code, which fixes
  * each row's float operations (the determinism contract of quants.h).
  *
  * K-quants: one accumulator per row, one step per super-block, the same in
@@ -270,7 +270,7 @@ INLINE __m256 pair_step(const wpair *W, const actp *A, const int sgn, const int 
 #define DEFINE_Q32(name, block_t)                                                                           \
     INLINE void tile_##name(const int R, const int T, int nbk, const uint8_t *w, size_t rb, const actp *A,    \
                             size_t as, float *out, size_t os, const gemv_pf *pf, size_t pf_off) {            \
-        __m256 acc[4][4];                                                                                     \
+        __m256 acc[4][8];                                                                                     \
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                                   \
             _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();             \
         int p = 0;                                                                                            \
@@ -330,11 +330,11 @@ INLINE __m256 pair_step(const wpair *W, const actp *A, const int sgn, const int 
     static void gemm_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,  \
                             size_t as, int ncols, float *restrict out, size_t os) {                           \
         const int64_t nb = n / QK;                                                                            \
-        actp A[GEMM_T][RED_PAIRS];                                                                            \
+        actp A[GEMM_T_##name][RED_PAIRS];                                                                            \
         for (int t = 0; t < ncols; t++)                                                                       \
             for (int r = 0; r < nrows; r++) out[t * os + r] = 0.0f;                                           \
-        for (int t0 = 0; t0 < ncols; t0 += GEMM_T) {                                                          \
-            const int T = ncols - t0 < GEMM_T ? ncols - t0 : GEMM_T;                                          \
+        for (int t0 = 0; t0 < ncols; t0 += GEMM_T_##name) {                                                          \
+            const int T = ncols - t0 < GEMM_T_##name ? ncols - t0 : GEMM_T_##name;                                          \
             for (int64_t g0 = 0; g0 < nb; g0 += RED_BLOCKS) {                                                 \
                 const int nbk = nb - g0 < RED_BLOCKS ? (int)(nb - g0) : RED_BLOCKS;                           \
                 for (int t = 0; t < T; t++)                                                                   \
@@ -343,10 +343,10 @@ INLINE __m256 pair_step(const wpair *W, const actp *A, const int sgn, const int 
                 const uint8_t *p = (const uint8_t *)w + (size_t)g0 * sizeof(block_t);                         \
                 float *o = out + (size_t)t0 * os;                                                             \
                 int r = 0;                                                                                    \
-                if (T == GEMM_T) {                                                                            \
-                    for (; r + GEMM_R <= nrows; r += GEMM_R)                                                  \
-                        tile_##name(GEMM_R, GEMM_T, nbk, p + r * rb, rb, A[0], RED_PAIRS, o + r, os, NULL, 0);         \
-                    for (; r < nrows; r++) tile_##name(1, GEMM_T, nbk, p + r * rb, rb, A[0], RED_PAIRS, o + r, os, NULL, 0); \
+                if (T == GEMM_T_##name) {                                                                            \
+                    for (; r + GEMM_R_##name <= nrows; r += GEMM_R_##name)                                                  \
+                        tile_##name(GEMM_R_##name, GEMM_T_##name, nbk, p + r * rb, rb, A[0], RED_PAIRS, o + r, os, NULL, 0);         \
+                    for (; r < nrows; r++) tile_##name(1, GEMM_T_##name, nbk, p + r * rb, rb, A[0], RED_PAIRS, o + r, os, NULL, 0); \
                 } else {                                                                                      \
                     for (int t = 0; t < T; t++) {                                                             \
                         for (r = 0; r + 4 <= nrows; r += 4)                                                   \
@@ -359,12 +359,24 @@ INLINE __m256 pair_step(const wpair *W, const actp *A, const int sgn, const int 
     }
 
 #define ACT_PAIRS 128 /* gemv: activation pairs prepared at a time (20 KB of stack) */
-#ifndef GEMM_R
-#define GEMM_R 2 /* gemm tile: weight rows x activation rows (8 accumulators) */
-#endif
-#ifndef GEMM_T
-#define GEMM_T 4
-#endif
+/* gemm tiles, weight rows x activation rows (R * T <= 8 accumulators): the
+ * 5-bit formats decode a pair of blocks at about the cost of two pair steps,
+ * so they take one row against 8 activation rows (each decode shared 8
+ * ways; Gemma 3's Q5_0 matmuls ~1.1x faster in a whole prefill); the others
+ * 2 x 4. The float steps of a (row, activation row) pair do not depend on
+ * the tile, so the contract holds either way. */
+#define GEMM_R_q4_0 2
+#define GEMM_T_q4_0 4
+#define GEMM_R_q4_1 2
+#define GEMM_T_q4_1 4
+#define GEMM_R_q5_0 1
+#define GEMM_T_q5_0 8
+#define GEMM_R_q5_1 1
+#define GEMM_T_q5_1 8
+#define GEMM_R_q8_0 2
+#define GEMM_T_q8_0 4
+#define GEMM_R_iq4_nl 2
+#define GEMM_T_iq4_nl 4
 _Static_assert(2 * ACT_PAIRS % RED_BLOCKS == 0, "activation chunks hold whole groups");
 
 DEFINE_Q32(q4_0, block_q4_0)
