@@ -45,18 +45,7 @@ size_t attention_scratch_floats(int head_dim, int group, int block_size) {
  * qs (each pair with the F32 dot's float steps, however many share a call) */
 static void block_scores(const float *qs, int nq, const float *kb, int n, int hd, float *scores) {
     const size_t rb = (size_t)hd * sizeof(float);
-    if (K.gemm[T_F32]) {
-        K.gemm[T_F32](hd, kb, rb, n, qs, rb, nq, scores, (size_t)n);
-        return;
-    }
-    for (int q = 0; q < nq; q++) {
-        const float *qv = qs + (int64_t)q * hd;
-        float *s = scores + (int64_t)q * n;
-        if (K.gemv[T_F32])
-            K.gemv[T_F32](hd, kb, rb, n, qv, s);
-        else
-            for (int i = 0; i < n; i++) s[i] = K.vec_dot[T_F32](hd, kb + (int64_t)i * hd, qv);
-    }
+    gemm_rows(T_F32, hd, (const uint8_t *)kb, rb, n, (const uint8_t *)qs, rb, nq, scores, (size_t)n);
 }
 
 /* y = y * a + x * b (x NULL: y = y * a), in loops the compiler vectorizes */

@@ -41,6 +41,12 @@ static inline void split_range(int64_t n, int ith, int nth, int64_t align, int64
     *hi = b * align < n ? b * align : n;
 }
 
+/* out[t * out_stride + r] = row r of w (type, n elements) . activation row t,
+ * for r < nrows, t < ncols: the level's gemm, else its gemv per activation
+ * row, else its vec_dot (matmul.c; attention's scores use it too) */
+void gemm_rows(int type, int64_t n, const uint8_t *w, size_t row_bytes, int nrows, const uint8_t *a,
+               size_t a_stride, int ncols, float *out, size_t out_stride);
+
 void op_embed(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_rmsnorm(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_quantize(const pyllm_op *op, const op_rows *r, int ith, int nth);

@@ -47,7 +47,7 @@ static void gemv_rows(int type, int64_t n, const uint8_t *w, size_t row_bytes, i
 }
 
 /* out[t * out_stride + r] for t < ncols: a tile of rows against ncols activation rows */
-static void gemm_rows(int type, int64_t n, const uint8_t *w, size_t row_bytes, int nrows, const uint8_t *a,
+void gemm_rows(int type, int64_t n, const uint8_t *w, size_t row_bytes, int nrows, const uint8_t *a,
                       size_t a_stride, int ncols, float *out, size_t out_stride) {
     if (K.gemm[type]) {
         K.gemm[type](n, w, row_bytes, nrows, a, a_stride, ncols, out, out_stride);

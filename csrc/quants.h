@@ -59,6 +59,23 @@ typedef struct {
     uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; f16_t d;
 } block_q6_K;                                                              /* 210 B */
 
+/* facts of the 32-element formats the SIMD kernels build on, by name:
+ * HAS_MIN_x: a block has a min m (w = d q + m); SIGNED_x: the quants are
+ * signed bytes (the others are unsigned nibbles, with the fixed offset of
+ * Q4_0/Q5_0 folded in by each kernel) */
+#define HAS_MIN_q4_0 0
+#define HAS_MIN_q4_1 1
+#define HAS_MIN_q5_0 0
+#define HAS_MIN_q5_1 1
+#define HAS_MIN_q8_0 0
+#define HAS_MIN_iq4_nl 0
+#define SIGNED_q4_0 0
+#define SIGNED_q4_1 0
+#define SIGNED_q5_0 0
+#define SIGNED_q5_1 0
+#define SIGNED_q8_0 1
+#define SIGNED_iq4_nl 1
+
 /* ---- activation blocks (ours; never stored in files) ---- */
 typedef struct { float d; float s; int8_t qs[QK]; } block_q8_32;          /* s = d*sum(qs) */
 typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K;

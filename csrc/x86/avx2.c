@@ -223,25 +223,13 @@ INLINE void dec_iq4_nl(const uint8_t *x, const int two, wpair *W) {
     W->dpat = dpat_d(x, 18, two);
 }
 
-/* format traits: offset c of the activation side, signed weights, min */
+/* offset c the activation side folds in (signed weights and mins: quants.h) */
 #define C_q4_0 8
 #define C_q4_1 0
 #define C_q5_0 16
 #define C_q5_1 0
 #define C_q8_0 0
 #define C_iq4_nl 0
-#define SGN_q4_0 0
-#define SGN_q4_1 0
-#define SGN_q5_0 0
-#define SGN_q5_1 0
-#define SGN_q8_0 1
-#define SGN_iq4_nl 1
-#define MIN_q4_0 0
-#define MIN_q4_1 1
-#define MIN_q5_0 0
-#define MIN_q5_1 1
-#define MIN_q8_0 0
-#define MIN_iq4_nl 0
 
 /* one (row, activation row) pair step */
 INLINE __m256 pair_step(const wpair *W, const actp *A, const int sgn, const int c, const int min, __m256 acc) {
@@ -282,7 +270,7 @@ INLINE __m256 pair_step(const wpair *W, const actp *A, const int sgn, const int 
                 wpair W;                                                                                      \
                 dec_##name(w + r * rb + (size_t)(2 * p) * sizeof(block_t), 1, &W);                            \
                 _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                           \
-                    acc[r][t] = pair_step(&W, &A[t * as + p], SGN_##name, C_##name, MIN_##name, acc[r][t]);   \
+                    acc[r][t] = pair_step(&W, &A[t * as + p], SIGNED_##name, C_##name, HAS_MIN_##name, acc[r][t]);   \
             }                                                                                                 \
         }                                                                                                     \
         if (2 * p < nbk) { /* the row's odd last block */                                                    \
@@ -290,7 +278,7 @@ INLINE __m256 pair_step(const wpair *W, const actp *A, const int sgn, const int 
                 wpair W;                                                                                      \
                 dec_##name(w + r * rb + (size_t)(2 * p) * sizeof(block_t), 0, &W);                            \
                 _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                           \
-                    acc[r][t] = pair_step(&W, &A[t * as + p], SGN_##name, C_##name, MIN_##name, acc[r][t]);   \
+                    acc[r][t] = pair_step(&W, &A[t * as + p], SIGNED_##name, C_##name, HAS_MIN_##name, acc[r][t]);   \
             }                                                                                                 \
         }                                                                                                     \
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                                   \

@@ -328,19 +328,6 @@ INLINE void qi_q8_0(const int vnni, const int full, const int nblk, const uint8_
     Q->dd = _mm_mul_ps(_mm_cvtph_ps(d4_scalar(x, 34, full, nblk)), A->da);
 }
 
-/* formats with a min (m*s terms) / signed weights on the no-VNNI path */
-#define MIN_q4_0 0
-#define MIN_q4_1 1
-#define MIN_q5_0 0
-#define MIN_q5_1 1
-#define MIN_q8_0 0
-#define MIN_iq4_nl 0
-#define SIGNED_q4_0 0
-#define SIGNED_q4_1 0
-#define SIGNED_q5_0 0
-#define SIGNED_q5_1 0
-#define SIGNED_q8_0 1
-#define SIGNED_iq4_nl 1
 
 /* the float steps of a quad */
 INLINE void quad_fin(const int mins, const qres *Q, const act4 *A, __m512 *acc) {
@@ -358,7 +345,7 @@ INLINE void quad_fin(const int mins, const qres *Q, const act4 *A, __m512 *acc) 
                             __m512 *acc) {                                                                  \
         qres Q;                                                                                             \
         qi_##name(vnni, full, nblk, x, A, &Q);                                                              \
-        quad_fin(MIN_##name, &Q, A, acc);                                                                   \
+        quad_fin(HAS_MIN_##name, &Q, A, acc);                                                                   \
     }
 DEFINE_QUAD(q4_0)
 DEFINE_QUAD(q4_1)
@@ -428,7 +415,7 @@ INLINE void acth_of(const act4 *A, acth *H) {
         qres Q[4];                                                                                          \
         for (int q = 0; q < 4; q++) qi_##name(vnni, 1, 4, x + 4 * q * sizeof(block_t), &A[q], &Q[q]);      \
         const __m512 dot = _mm512_cvtepi32_ps(red4i(Q[0].dot, Q[1].dot, Q[2].dot, Q[3].dot));               \
-        if (MIN_##name) {                                                                                   \
+        if (HAS_MIN_##name) {                                                                                   \
             __m256 p[4];                                                                                    \
             for (int q = 0; q < 4; q++) p[q] = _mm256_mul_ps(Q[q].dm, A[q].ds); /* the d*da */              \
             *acc = _mm512_fmadd_ps(dot, m_order_pairs(p[0], p[1], p[2], p[3], 0), *acc);                    \
@@ -956,7 +943,7 @@ typedef struct {
      * out[t * os + r] += the group's sums */                                                             \
     INLINE void gk_##name(const int R, const int T, const int vnni, int nh, int nq, const wbufs *W, size_t wh, \
                           size_t wqi, const abufs *A, size_t ah, size_t aqi, float *out, size_t os) {       \
-        const int mins = MIN_##name, sgn = !vnni && SIGNED_##name;                                          \
+        const int mins = HAS_MIN_##name, sgn = !vnni && SIGNED_##name;                                          \
         /* acc: the quads' accumulators, in registers; acch: the hexes', kept in memory (the compiler \
          * barrier below), so that the 16 int32 sums and the 8 operands of a hex step keep the         \
          * registers: a zmm load issues ~1 per cycle, so reloading operands costs more than this */    \
@@ -1014,7 +1001,7 @@ typedef struct {
     /* decodes nh hexes and nq quads (the last with nlast blocks) of a row at x */                         \
     INLINE void gdec_##name(const int vnni, const uint8_t *x, int nh, int nq, int nlast, const wbufs *W,   \
                             size_t wh, size_t wqi) {                                                        \
-        const int mins = MIN_##name, sgn = !vnni && SIGNED_##name;                                          \
+        const int mins = HAS_MIN_##name, sgn = !vnni && SIGNED_##name;                                          \
         for (int h = 0; h < nh; h++, x += 16 * sizeof(block_t)) {                                           \
             wquad D[4];                                                                                     \
             for (int q = 0; q < 4; q++) dec_##name(vnni, 1, 4, x + 4 * q * sizeof(block_t), &D[q]);         \
@@ -1061,20 +1048,20 @@ typedef struct {
             m_transpose(g[0].hi, g[1].hi, g[2].hi, g[3].hi, o->v + 4);                                      \
             o->negc = red4i(g[0].negc, g[1].negc, g[2].negc, g[3].negc);                                    \
             o->da = m_order4(g[0].da, g[1].da, g[2].da, g[3].da);                                           \
-            if (MIN_##name) A->hs[ah + h] = m_order_pairs(g[0].ds, g[1].ds, g[2].ds, g[3].ds, 1);          \
+            if (HAS_MIN_##name) A->hs[ah + h] = m_order_pairs(g[0].ds, g[1].ds, g[2].ds, g[3].ds, 1);          \
         }                                                                                                   \
         for (int q = 0; q < nq; q++) {                                                                      \
             act4 g;                                                                                         \
             act4_prep(y + 4 * q, q == nq - 1 ? nlast : 4, c, vnni, &g);                                     \
             aq *o = A->q + aqi + q;                                                                         \
             o->lo = g.lo, o->hi = g.hi, o->negc = g.negc, o->dapat = spread4(g.da);                         \
-            if (MIN_##name) A->qd[aqi + q] = g.ds;                                                          \
+            if (HAS_MIN_##name) A->qd[aqi + q] = g.ds;                                                          \
         }                                                                                                   \
     }                                                                                                       \
     INLINE void gemm_##name##_impl(const int vnni, int64_t n, const void *w, size_t rb, int nrows,         \
                                    const void *a, size_t as, int ncols, float *out, size_t os) {            \
         const int64_t nb = n / QK;                                                                          \
-        const int mins = MIN_##name, sgn = !vnni && SIGNED_##name;                                          \
+        const int mins = HAS_MIN_##name, sgn = !vnni && SIGNED_##name;                                          \
         unsigned char *const wmem = gemm_scratch(), *const amem = wmem + GEMM_WBUF;                         \
         for (int t = 0; t < ncols; t++)                                                                     \
             for (int r = 0; r < nrows; r++) out[t * os + r] = 0.0f;                                         \
