@@ -48,12 +48,13 @@ static void block_scores(const float *qs, int nq, const float *kb, int n, int hd
     gemm_rows(T_F32, hd, (const uint8_t *)kb, rb, n, (const uint8_t *)qs, rb, nq, scores, (size_t)n);
 }
 
-/* y = y * a + x * b (x NULL: y = y * a), in loops the compiler vectorizes */
-static void scale_rows(float *restrict y, float a, const float *restrict x, float b, int n) {
-    if (x)
-        for (int d = 0; d < n; d++) y[d] = y[d] * a + x[d] * b;
-    else
-        for (int d = 0; d < n; d++) y[d] *= a;
+/* y = y * a + x * b and y = y * a: restrict-qualified, so the compiler vectorizes them */
+static void scale_add(float *restrict y, float a, const float *restrict x, float b, int n) {
+    for (int d = 0; d < n; d++) y[d] = y[d] * a + x[d] * b;
+}
+
+static void scale_by(float *restrict y, float a, int n) {
+    for (int d = 0; d < n; d++) y[d] *= a;
 }
 
 /* The softmax part of one query's update by n positions with scores s:
@@ -71,7 +72,7 @@ static void softmax_step(float *state, float *s, int n, int hd, float scale, flo
     if (bmax > *m) { /* new running max: rescale what was summed so far */
         float c = expf(*m - bmax);
         *l *= c;
-        scale_rows(state + 2, c, NULL, 0.0f, hd);
+        scale_by(state + 2, c, hd);
         *m = bmax;
     }
     *l += K.exp_sum(n, s, *m); /* s[i] = exp(s[i] - m), l += sum_i s[i] */
@@ -108,7 +109,7 @@ static void state_merge(float *total, const float *part, int hd) {
     float ct = expf(total[0] - M), cp = expf(part[0] - M);
     total[0] = M;
     total[1] = total[1] * ct + part[1] * cp;
-    scale_rows(total + 2, ct, part + 2, cp, hd);
+    scale_add(total + 2, ct, part + 2, cp, hd);
 }
 
 static void state_output(const float *state, float *y, int hd) {
@@ -138,6 +139,15 @@ static void pack_queries(const pyllm_op *op, int kvh, int64_t t0, int64_t t1, fl
     for (int64_t t = t0; t < t1; t++)
         memcpy(qs + (t - t0) * group * hd, op->x + t * op->x_stride + (int64_t)kvh * group * hd,
                (size_t)group * hd * sizeof(float));
+}
+
+/* the weighted sums of V over the whole block for rows [u0, u1) of the tile
+ * starting at t0 (nothing when the run is empty) */
+static void whole_block_sums(item_scratch w, int64_t u0, int64_t u1, int64_t t0, int group, int n, int hd, float *state,
+                        size_t sf) {
+    if (u1 <= u0) return;
+    const int64_t q0 = (u0 - t0) * group;
+    weighted_sum((int)((u1 - u0) * group), w.scores + q0 * n, n, w.vb, n, hd, state + q0 * sf, sf);
 }
 
 /* Adds positions [from, to] (as far as each row sees them) to the softmax
@@ -174,32 +184,26 @@ static void attend_range(const pyllm_op *op, const op_rows *r, int kvh, int64_t 
             K.f16_to_f32(op->v_cache + slot, w.vb + (int64_t)(j - j0) * hd, hd);
         }
         block_scores(w.qs, (int)((t1 - t0) * group), w.kb, n, hd, w.scores);
-        int64_t run = -1; /* first row of the current run of rows that see all of [j0, j1] */
-        for (int64_t t = t0; t <= t1; t++) {
-            /* the part of [j0, j1] row t sees */
-            int32_t a = 0, b = -1;
-            if (t < t1) {
-                int32_t first = first_visible(op, pos[t]);
-                a = first > j0 ? first : j0, b = pos[t] < j1 ? pos[t] : j1;
-                for (int g = 0; a <= b && g < group; g++) {
-                    int64_t q = (t - t0) * group + g;
-                    softmax_step(state + q * sf, w.scores + q * n + (a - j0), b - a + 1, hd, op->scale,
-                                 op->softcap);
-                }
+        /* each row's softmax step over the part of [j0, j1] it sees; the
+         * weighted sums of V for runs of rows that see all of it at once */
+        int64_t run = t0; /* first row of the current run of such rows */
+        for (int64_t t = t0; t < t1; t++) {
+            const int32_t first = first_visible(op, pos[t]);
+            const int32_t a = first > j0 ? first : j0, b = pos[t] < j1 ? pos[t] : j1;
+            for (int g = 0; a <= b && g < group; g++) {
+                int64_t q = (t - t0) * group + g;
+                softmax_step(state + q * sf, w.scores + q * n + (a - j0), b - a + 1, hd, op->scale, op->softcap);
             }
-            const int whole = t < t1 && a == j0 && b == j1;
-            if (whole && run < 0) run = t;
-            if (!whole && run >= 0) { /* the run t_run..t-1 ends */
-                int64_t q0 = (run - t0) * group;
-                weighted_sum((int)((t - run) * group), w.scores + q0 * n, n, w.vb, n, hd, state + q0 * sf, sf);
-                run = -1;
-            }
-            if (t < t1 && !whole && a <= b) {
+            if (a == j0 && b == j1) continue; /* the run goes on */
+            whole_block_sums(w, run, t, t0, group, n, hd, state, sf);
+            run = t + 1;
+            if (a <= b) { /* this row alone, over the part it sees */
                 int64_t q0 = (t - t0) * group;
                 weighted_sum(group, w.scores + q0 * n + (a - j0), n, w.vb + (int64_t)(a - j0) * hd, b - a + 1, hd,
                              state + q0 * sf, sf);
             }
         }
+        whole_block_sums(w, run, t1, t0, group, n, hd, state, sf);
     }
 }
 

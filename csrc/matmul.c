@@ -48,7 +48,7 @@ static void gemv_rows(int type, int64_t n, const uint8_t *w, size_t row_bytes, i
 
 /* out[t * out_stride + r] for t < ncols: a tile of rows against ncols activation rows */
 void gemm_rows(int type, int64_t n, const uint8_t *w, size_t row_bytes, int nrows, const uint8_t *a,
-                      size_t a_stride, int ncols, float *out, size_t out_stride) {
+               size_t a_stride, int ncols, float *out, size_t out_stride) {
     if (K.gemm[type]) {
         K.gemm[type](n, w, row_bytes, nrows, a, a_stride, ncols, out, out_stride);
         return;
@@ -106,18 +106,15 @@ void op_matmul(const pyllm_op *op, const op_rows *r, int ith, int nth) {
         const int nrows = (int)(op->n_out - c0 < chunk ? op->n_out - c0 : chunk);
         const uint8_t *w = (const uint8_t *)op->w + (size_t)c0 * row_bytes;
         const float *b = op->bias ? op->bias + c0 : NULL;
-        if (!accumulate && !b) { /* straight into y */
-            if (r->rows == 1)
-                gemv_rows(type, n, w, row_bytes, nrows, act_base, op->y + c0);
-            else
-                gemm_rows(type, n, w, row_bytes, nrows, act_base, act_bytes, r->rows, op->y + c0,
-                          (size_t)op->y_stride);
-            continue;
-        }
+        /* with nothing to add, the products go straight into y; else into part first */
+        const int direct = !accumulate && !b;
+        float *dst = direct ? op->y + c0 : part;
         if (r->rows == 1)
-            gemv_rows(type, n, w, row_bytes, nrows, act_base, part);
+            gemv_rows(type, n, w, row_bytes, nrows, act_base, dst);
         else
-            gemm_rows(type, n, w, row_bytes, nrows, act_base, act_bytes, r->rows, part, (size_t)nrows);
+            gemm_rows(type, n, w, row_bytes, nrows, act_base, act_bytes, r->rows, dst,
+                      direct ? (size_t)op->y_stride : (size_t)nrows);
+        if (direct) continue;
         for (int t = 0; t < r->rows; t++) {
             const float *p = part + (size_t)t * nrows;
             float *y = op->y + (int64_t)t * op->y_stride + c0;
