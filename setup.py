@@ -11,9 +11,10 @@ import sys
 
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
+from setuptools.errors import CompileError
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "pyllm"))
-from _build_native import COMMON_FLAGS, CSRC, ISA_SOURCES  # noqa: E402
+from _build_native import COMMON_FLAGS, CSRC, ISA_SOURCES, OPTIONAL_ISA_SOURCES  # noqa: E402
 
 
 def _machine() -> str:
@@ -25,12 +26,17 @@ class BuildWithIsaFiles(build_ext):
     def build_extension(self, ext):
         objects = []
         for src, flags in ISA_SOURCES.get(_machine(), []):
-            objects += self.compiler.compile(
-                [os.path.relpath(os.path.join(CSRC, src))],
-                output_dir=self.build_temp,
-                include_dirs=[CSRC],
-                extra_postargs=COMMON_FLAGS + ["-fPIC"] + flags,
-            )
+            try:
+                objects += self.compiler.compile(
+                    [os.path.relpath(os.path.join(CSRC, src))],
+                    output_dir=self.build_temp,
+                    include_dirs=[CSRC],
+                    extra_postargs=COMMON_FLAGS + ["-fPIC"] + flags,
+                )
+            except CompileError:
+                if src not in OPTIONAL_ISA_SOURCES:
+                    raise
+                print(f"warning: {src} left out: the compiler does not take {' '.join(flags)}", file=sys.stderr)
         ext.extra_objects = list(ext.extra_objects or []) + objects
         # relink when a per-ISA file or any header changes, not only the core sources
         ext.depends = list(ext.depends or []) + [os.path.relpath(os.path.join(CSRC, s)) for s, _ in

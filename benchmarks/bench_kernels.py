@@ -157,7 +157,9 @@ def main():
     shapes = SHAPES if not args.shapes else [tuple(int(v) for v in s.split("x")) for s in args.shapes]
     rng = np.random.default_rng(0)
 
-    print(f"cpu level: {ISA_NAMES[lib.pyllm_cpu_level()]}; single thread; GB/s of weight bytes")
+    print(f"cpu level: {ffi.string(lib.pyllm_level_name(lib.pyllm_cpu_level())).decode()}; "
+          + ", ".join(f"{ISA_NAMES[i]}: {ffi.string(lib.pyllm_level_name(i)).decode()}" for i in levels)
+          + "; single thread; GB/s of weight bytes")
     hot, cold = numpy_bw(1536 * 576 // 2, rng, args.min_time, args.cold_mb)
     print(f"numpy float32 sum, 442 KB: hot {hot:.1f} GB/s" + (f", cold {cold:.1f} GB/s" if cold else ""))
     cols = ["gemv_hot"] + [f"gemm{c}" for c in GEMM_COLS] + ["dot_w+a"] + (["gemv_cold"] if args.cold_mb else [])

@@ -29,7 +29,7 @@ def bench(
 ) -> None:
     """Measure prompt processing (pp) and decode (tg) tokens/s, TTFT, TPOT, bandwidth."""
     from pyllm import Model, bench as B
-    from pyllm.backend.cpu import physical_cores
+    from pyllm.backend.cpu import kernel_level, physical_cores
 
     with handle_errors():
         path = model_path(model)
@@ -41,6 +41,7 @@ def bench(
             with Model(path, n_ctx=n_ctx, n_threads=nt) as m:
                 info = {"model": m.path.name, "size_mb": round(m.file.weight_bytes / 1e6, 1),
                         "params_m": round(m.file.n_params / 1e6, 1), "types": m.file.type_histogram(),
+                        "kernels": kernel_level(),
                         "kv_bytes_per_token": B.decode_bytes_per_token(m, 1) - B.decode_bytes_per_token(m, 0)}
                 for r in B.bench(m, tests, reps):
                     rows.append(r)
@@ -67,7 +68,7 @@ def bench(
             return
         out = Console(highlight=False)
         types = ", ".join(f"{k}:{v}" for k, v in info["types"].items())
-        t = Table(title=f"{info['model']}  {info['size_mb']} MB  {info['params_m']} M params  [{types}]")
+        t = Table(title=f"{info['model']}  {info['size_mb']} MB  {info['params_m']} M params  [{types}]  kernels {info['kernels']}")
         for col in ("threads", "test", "tokens/s"):
             t.add_column(col, justify="right")
         for r in rows:

@@ -20,6 +20,8 @@
  *   PYLLM_MAX_ISA=scalar|avx2|avx512|neon  caps the level of the first init
  *   PYLLM_AVX512_VNNI=0                     AVX-512 kernels use BW maddubs even
  *                                           where the CPU has VNNI
+ *   PYLLM_AVX2_VNNI=0                       the AVX2 level uses maddubs even where
+ *                                           the CPU has AVX-VNNI
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -31,6 +33,9 @@ kernel_table K;
 
 /* read by x86/avx512.c when it fills its table: use vpdpbusd */
 int pyllm_avx512_vnni = 0;
+/* the AVX2 level's table comes from x86/avx2_vnni.c (the same kernels with
+ * AVX-VNNI dots; identical results) */
+static int avx2_vnni = 0;
 
 static kernel_table tables[ISA_COUNT];
 static int available[ISA_COUNT];
@@ -51,6 +56,9 @@ static void detect(void) {
     pyllm_avx512_vnni = available[ISA_AVX512] && __builtin_cpu_supports("avx512vnni");
     const char *v = getenv("PYLLM_AVX512_VNNI");
     if (v && v[0] == '0') pyllm_avx512_vnni = 0;
+    avx2_vnni = available[ISA_AVX2] && kernels_fill_avx2_vnni && __builtin_cpu_supports("avxvnni");
+    v = getenv("PYLLM_AVX2_VNNI");
+    if (v && v[0] == '0') avx2_vnni = 0;
 #elif defined(__aarch64__)
     available[ISA_NEON] = 1; /* Advanced SIMD is mandatory on AArch64 */
 #endif
@@ -87,6 +95,13 @@ static void overlay(kernel_table *dst, const kernel_table *src) {
 #undef OV
 }
 
+#if defined(__x86_64__) || defined(_M_X64)
+static void fill_avx2(kernel_table *t) {
+    if (avx2_vnni) kernels_fill_avx2_vnni(t);
+    else kernels_fill_avx2(t);
+}
+#endif
+
 static void build_tables(void) {
     detect();
     kernels_fill_scalar(&tables[ISA_SCALAR]);
@@ -95,7 +110,7 @@ static void build_tables(void) {
     if (available[ISA_AVX2]) {
         tables[ISA_AVX2] = tables[ISA_SCALAR];
         memset(&t, 0, sizeof t);
-        kernels_fill_avx2(&t);
+        fill_avx2(&t);
         overlay(&tables[ISA_AVX2], &t);
     }
     if (available[ISA_AVX512]) {
@@ -162,6 +177,17 @@ int dispatch_cpu_level(void) {
     return best_level(ISA_COUNT);
 }
 
+const char *dispatch_level_name(int isa) {
+    if (!dispatch_available(isa)) return "";
+    switch (isa) {
+    case ISA_SCALAR: return "scalar";
+    case ISA_AVX2: return avx2_vnni ? "avx2+avxvnni" : "avx2";
+    case ISA_AVX512: return pyllm_avx512_vnni ? "avx512+vnni" : "avx512";
+    case ISA_NEON: return "neon";
+    default: return "";
+    }
+}
+
 const kernel_table *dispatch_table(int isa) {
     if (!dispatch_available(isa)) return NULL;
     return &tables[isa];
@@ -175,7 +201,7 @@ int dispatch_own(int isa, kernel_table *out) {
     switch (isa) {
     case ISA_SCALAR: kernels_fill_scalar(out); break;
 #if defined(__x86_64__) || defined(_M_X64)
-    case ISA_AVX2: kernels_fill_avx2(out); break;
+    case ISA_AVX2: fill_avx2(out); break;
     case ISA_AVX512: kernels_fill_avx512(out); break;
 #elif defined(__aarch64__)
     case ISA_NEON: kernels_fill_neon(out); break;

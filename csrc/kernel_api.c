@@ -16,6 +16,7 @@
 int dispatch_available(int isa);
 int dispatch_set_level(int isa);
 int dispatch_cpu_level(void);
+const char *dispatch_level_name(int isa);
 int dispatch_own(int isa, kernel_table *out);
 
 static const kernel_table *table_for(int isa) {
@@ -40,6 +41,8 @@ int pyllm_set_level(int isa) {
 }
 
 int pyllm_get_level(void) { return dispatch_level(); }
+
+const char *pyllm_level_name(int isa) { return dispatch_level_name(isa); }
 
 int pyllm_type_supported(int type) { return type_info(type) != NULL; }
 

@@ -109,6 +109,9 @@ int pyllm_cpu_level(void);              /* best ISA level of this CPU (0 scalar,
 int pyllm_level_available(int isa);
 int pyllm_set_level(int isa);           /* the level the core uses from now on; returns it, or -1 */
 int pyllm_get_level(void);
+/* the kernels level `isa` runs on this CPU, by name: "scalar", "avx2", "avx2+avxvnni", "avx512",
+ * "avx512+vnni", "neon"; "" if unavailable */
+const char *pyllm_level_name(int isa);
 int pyllm_type_supported(int type);
 int pyllm_type_act(int type);           /* activation format a weight type's dot product takes */
 size_t pyllm_act_row_bytes(int act, int64_t n);

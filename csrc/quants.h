@@ -222,6 +222,9 @@ enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_NEON = 3, ISA_COUNT = 4
 /* per-level tables: entries a level does not provide are NULL */
 void kernels_fill_scalar(kernel_table *t);
 void kernels_fill_avx2(kernel_table *t);   /* defined only on x86-64 */
+/* avx2.c built with AVX-VNNI (x86/avx2_vnni.c); weak: absent where the
+ * compiler has no -mavxvnni (setup.py then builds without it) */
+void kernels_fill_avx2_vnni(kernel_table *t) __attribute__((weak));
 void kernels_fill_avx512(kernel_table *t); /* defined only on x86-64 */
 void kernels_fill_neon(kernel_table *t);   /* defined only on aarch64 */
 

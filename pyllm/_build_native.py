@@ -20,11 +20,16 @@ CORE_SOURCES = ["quants.c", "dispatch.c", "matmul.c", "attention.c", "ops.c",
 ISA_SOURCES = {
     "x86_64": [
         ("x86/avx2.c", ["-mavx2", "-mfma", "-mf16c", "-mbmi2"]),
+        ("x86/avx2_vnni.c", ["-mavx2", "-mfma", "-mf16c", "-mbmi2", "-mavxvnni"]),
         ("x86/avx512.c", ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
                           "-mavx512vnni", "-mavx2", "-mfma", "-mf16c", "-mbmi2"]),
     ],
     "aarch64": [("arm/neon.c", [])],
 }
+
+# left out, with a warning, where the compiler lacks their flags (GCC < 11 has no
+# -mavxvnni); dispatch.c then never picks them
+OPTIONAL_ISA_SOURCES = {"x86/avx2_vnni.c"}
 
 COMMON_FLAGS = ["-O3", "-std=c11", "-pthread", "-fno-strict-aliasing",
                 "-Wall", "-Wno-unused-function"]

@@ -1,5 +1,6 @@
 """pyllm bench and the profile: the numbers exist and add up (no timing assertions)."""
 import json
+import os
 import subprocess
 import sys
 
@@ -21,6 +22,16 @@ def test_bench_json(smollm2_path):
     # a decode step reads every matmul weight once: at least the file's Q4_1 and Q8_0 bytes
     assert per["decode_bytes_per_token"] > 90e6
     assert out["model"]["types"] == {"Q4_1": 210, "F32": 61, "Q8_0": 1}
+    from pyllm._native import ffi, lib
+    assert out["model"]["kernels"] == ffi.string(lib.pyllm_level_name(lib.pyllm_cpu_level())).decode()
+
+
+def test_bench_names_the_capped_kernel_level(smollm2_path):
+    r = subprocess.run([sys.executable, "-m", "pyllm.cli.main", "bench", "-m", smollm2_path, "-p", "8", "-n", "2",
+                        "-r", "1", "-t", "1", "--ttft-prompt", "8", "--json"],
+                       env={**os.environ, "PYLLM_MAX_ISA": "scalar"}, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["model"]["kernels"] == "scalar"
 
 
 def test_run_profile(smollm2_path):

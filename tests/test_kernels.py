@@ -859,6 +859,68 @@ def test_avx512_without_vnni():
     assert " passed" in r.stdout
 
 
+AVX2_VNNI = lib.pyllm_level_available(1) and ffi.string(lib.pyllm_level_name(1)) == b"avx2+avxvnni"
+INT_TYPES = [t for t, (_, bs, *_) in TYPES.items() if bs > 1]
+
+
+@pytest.mark.skipif(not AVX2_VNNI or os.environ.get("PYLLM_AVX2_VNNI") == "0",
+                    reason="needs AVX-VNNI (and runs once, from the parent)")
+def test_avx2_without_avxvnni():
+    """the AVX2 maddubs path, forced on an AVX-VNNI CPU by PYLLM_AVX2_VNNI=0: the
+    AVX2 kernel tests pass on it too"""
+    env = dict(os.environ, PYLLM_AVX2_VNNI="0")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__,
+                        "-k", "avx2 and (vec_dot or gemv or gemm or provided) and not avxvnni"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout
+
+
+def avx2_int_outputs():
+    """gemm and gemv of the AVX2 level on fixed random data, every integer format"""
+    rng = np.random.default_rng(21)
+    outs = []
+    for tname in INT_TYPES:
+        tid, bs, _, act = TYPES[tname]
+        n, nrows, ncols = (32 * 21, 9, 10) if bs == 32 else (256 * 3, 5, 6)
+        w = random_weights(tname, n, rng, nrows)
+        ab = act_bytes(act, n)
+        acts = np.stack([quantize(0, act, rng.standard_normal(n).astype(np.float32) * 3) for _ in range(ncols)])
+        out = np.zeros(ncols * nrows, dtype=np.float32)
+        assert lib.pyllm_kernel_gemm(1, tid, n, ptr(w), w.shape[1], nrows, ptr(acts), ab, ncols, fptr(out),
+                                     nrows) == 0
+        outs.append(out)
+        outs.append(gemv_call(1, tname, n, np.ascontiguousarray(w).reshape(-1), w.shape[1], nrows,
+                              np.ascontiguousarray(acts[0])))
+    return np.concatenate(outs)
+
+
+@pytest.mark.skipif(not AVX2_VNNI or os.environ.get("PYLLM_AVX2_VNNI") == "0",
+                    reason="needs AVX-VNNI (and runs once, from the parent)")
+def test_avx2_avxvnni_equals_maddubs_exactly(tmp_path):
+    """the AVX-VNNI dots give the same integers as maddubs + madd, so the same
+    floats: a model gives the same logits on either form of the AVX2 level"""
+    out_file = tmp_path / "maddubs.npy"
+    code = ("import sys, numpy as np; sys.path.insert(0, sys.argv[1]); import test_kernels as tk; "
+            "assert tk.ffi.string(tk.lib.pyllm_level_name(1)) == b'avx2'; np.save(sys.argv[2], tk.avx2_int_outputs())")
+    r = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__), str(out_file)],
+                       env=dict(os.environ, PYLLM_AVX2_VNNI="0"), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    vnni = avx2_int_outputs()
+    assert np.isfinite(vnni).all() and np.abs(vnni).max() > 0
+    np.testing.assert_array_equal(vnni, np.load(out_file))
+
+
+def test_level_names():
+    names = {i: ffi.string(lib.pyllm_level_name(i)).decode() for i in ISA_NAMES}
+    for i, name in names.items():
+        if lib.pyllm_level_available(i):
+            assert name.split("+")[0] == ISA_NAMES[i], (i, name)
+        else:
+            assert name == "", (i, name)
+    assert ffi.string(lib.pyllm_level_name(99)) == b""
+
+
 # ---------------------------------------------------------------- NEON, on x86
 # On an x86 machine the NEON kernels cannot run in this process; when a cross
 # compiler and qemu-user are installed (apt-get install gcc-aarch64-linux-gnu

@@ -24,6 +24,12 @@
  * K-quants: one accumulator per row, one step per super-block, the same in
  * vec_dot, gemv (2 rows at a time) and gemm (Q4_K, Q5_K, Q6_K: one row x 4
  * activation rows, each group of 32 weights decoded once for the 4).
+ *
+ * This file is compiled twice: as itself (kernels_fill_avx2), and by
+ * avx2_vnni.c with -mavxvnni (kernels_fill_avx2_vnni), where the integer
+ * dots use AVX-VNNI (vpdpbusd, vpdpwssd: Alder Lake and later, Zen 5) in
+ * place of vpmaddubsw + vpmaddwd + vpaddd. No step of either form
+ * saturates, so both give the same integers, hence the same floats.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -31,6 +37,10 @@
 #include "quants.h"
 
 #define INLINE static inline __attribute__((always_inline))
+
+#ifndef KERNELS_FILL_AVX2
+#define KERNELS_FILL_AVX2 kernels_fill_avx2
+#endif
 
 /* ------------------------------------------------------------------ */
 /* helpers                                                             */
@@ -48,6 +58,25 @@ INLINE int hsum_i32x8(__m256i v) {
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
     return _mm_cvtsi128_si32(s);
+}
+
+/* acc + the sum of each int32 lane's 4 products u8 x s8 (u: unsigned
+ * bytes, s: signed); the pairs of products must fit int16 without VNNI */
+INLINE __m256i dot_u8s8_acc(__m256i acc, __m256i u, __m256i s) {
+#ifdef __AVXVNNI__
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
+/* acc + the sum of each int32 lane's 2 products int16 x int16 */
+INLINE __m256i madd_acc(__m256i acc, __m256i a, __m256i b) {
+#ifdef __AVXVNNI__
+    return _mm256_dpwssd_avx_epi32(acc, a, b);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
 }
 
 INLINE uint32_t ld32(const void *p) { uint32_t v; memcpy(&v, p, 4); return v; }
@@ -233,17 +262,21 @@ INLINE void dec_iq4_nl(const uint8_t *x, const int two, wpair *W) {
 
 /* one (row, activation row) pair step */
 INLINE __m256 pair_step(const wpair *W, const actp *A, const int sgn, const int c, const int min, __m256 acc) {
-    const __m256i one = _mm256_set1_epi16(1);
     __m256i dot;
     if (sgn) {
         /* |w| * sign(a, w): pairs of products up to 2 * 128 * 127 fit int16, their lo + hi would not */
-        const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(W->alo, _mm256_sign_epi8(A->lo, W->lo)), one);
-        const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(W->ahi, _mm256_sign_epi8(A->hi, W->hi)), one);
-        dot = _mm256_add_epi32(p0, p1);
+        dot = dot_u8s8_acc(_mm256_setzero_si256(), W->alo, _mm256_sign_epi8(A->lo, W->lo));
+        dot = dot_u8s8_acc(dot, W->ahi, _mm256_sign_epi8(A->hi, W->hi));
     } else {
-        /* u <= 31: 4 products per int16 lane stay below 2^15 */
+#ifdef __AVXVNNI__
+        dot = dot_u8s8_acc(c ? A->negc : _mm256_setzero_si256(), W->lo, A->lo);
+        dot = dot_u8s8_acc(dot, W->hi, A->hi);
+#else
+        /* u <= 31: 4 products per int16 lane stay below 2^15, so lo and hi add in int16 */
+        const __m256i one = _mm256_set1_epi16(1);
         dot = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(W->lo, A->lo), _mm256_maddubs_epi16(W->hi, A->hi)), one);
         if (c) dot = _mm256_add_epi32(dot, A->negc);
+#endif
     }
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(W->dpat, A->dapat), acc);
     if (min) acc = _mm256_fmadd_ps(W->mz, A->ds, acc);
@@ -407,8 +440,8 @@ INLINE void step_q4_K(const block_q4_K *x, const block_q8_K *y, __m256 *acc) {
         const __m256i a1 = _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c + 32));
         const __m256i p0 = _mm256_maddubs_epi16(_mm256_and_si256(q, lo4), a0);
         const __m256i p1 = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), lo4), a1);
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p0, _mm256_set1_epi16(s16[2 * c])));
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p1, _mm256_set1_epi16(s16[2 * c + 1])));
+        sumi = madd_acc(sumi, p0, _mm256_set1_epi16(s16[2 * c]));
+        sumi = madd_acc(sumi, p1, _mm256_set1_epi16(s16[2 * c + 1]));
     }
     const float d = _cvtsh_ss(x->d) * y->d, dmin = _cvtsh_ss(x->dmin) * y->d;
     *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), *acc);
@@ -433,8 +466,8 @@ INLINE void step_q5_K(const block_q5_K *x, const block_q8_K *y, __m256 *acc) {
         const __m256i p0 = _mm256_maddubs_epi16(_mm256_or_si256(_mm256_and_si256(q, lo4), h0), a0);
         const __m256i p1 =
             _mm256_maddubs_epi16(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), lo4), h1), a1);
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p0, _mm256_set1_epi16(s16[2 * c])));
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p1, _mm256_set1_epi16(s16[2 * c + 1])));
+        sumi = madd_acc(sumi, p0, _mm256_set1_epi16(s16[2 * c]));
+        sumi = madd_acc(sumi, p1, _mm256_set1_epi16(s16[2 * c + 1]));
     }
     const float d = _cvtsh_ss(x->d) * y->d, dmin = _cvtsh_ss(x->dmin) * y->d;
     *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), *acc);
@@ -472,7 +505,7 @@ INLINE void step_q6_K(const block_q6_K *x, const block_q8_K *y, __m256 *acc) {
         for (int s = 0; s < 4; s++) {
             const __m256i aq = _mm256_loadu_si256((const __m256i *)(y->qs + 128 * h + 32 * s));
             const __m256i p = _mm256_maddubs_epi16(v[s], aq);
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(s8, 8 * h + 2 * s, 1)));
+            sumi = madd_acc(sumi, p, scale_pair(s8, 8 * h + 2 * s, 1));
         }
     }
     /* the -32 offset: sum_j scale_j * 32 * bsums_j */
@@ -493,7 +526,7 @@ INLINE void step_q2_K(const block_q2_K *x, const block_q8_K *y, __m256 *acc) {
             const __m256i v = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s)), m3);
             const __m256i aq = _mm256_loadu_si256((const __m256i *)(y->qs + 128 * h + 32 * s));
             const __m256i p = _mm256_maddubs_epi16(v, aq);
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(sc, 8 * h + 2 * s, 0)));
+            sumi = madd_acc(sumi, p, scale_pair(sc, 8 * h + 2 * s, 0));
         }
     }
     const __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), _mm256_cvtepu8_epi16(mn));
@@ -527,7 +560,7 @@ INLINE void step_q3_K(const block_q3_K *x, const block_q8_K *y, __m256 *acc) {
                                               _mm256_and_si256(hb, b2));
             const __m256i aq = _mm256_loadu_si256((const __m256i *)(y->qs + 128 * h + 32 * s));
             const __m256i p = _mm256_maddubs_epi16(v, aq);
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scale_pair(s8, 8 * h + 2 * s, 1)));
+            sumi = madd_acc(sumi, p, scale_pair(s8, 8 * h + 2 * s, 1));
         }
     }
     const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), _mm256_cvtepi8_epi16(s8));
@@ -604,8 +637,8 @@ INLINE void ktile_q45_K(const int T, const int q5, int64_t nsb, const uint8_t *x
                 const int8_t *a = y[t][i].qs + 64 * c;
                 const __m256i p0 = _mm256_maddubs_epi16(v0, _mm256_loadu_si256((const __m256i *)a));
                 const __m256i p1 = _mm256_maddubs_epi16(v1, _mm256_loadu_si256((const __m256i *)(a + 32)));
-                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p0, c0));
-                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p1, c1));
+                sumi[t] = madd_acc(sumi[t], p0, c0);
+                sumi[t] = madd_acc(sumi[t], p1, c1);
             }
         }
         const float d = _cvtsh_ss(q5 ? x5->d : x4->d), dmin = _cvtsh_ss(q5 ? x5->dmin : x4->dmin);
@@ -629,7 +662,7 @@ INLINE void ktile_q6_K(const int T, int64_t nsb, const uint8_t *xr, const block_
                 const __m256i sc = scale_pair(s8, 8 * h + 2 * s, 1);
                 for (int t = 0; t < T; t++) {
                     const __m256i aq = _mm256_loadu_si256((const __m256i *)(y[t][i].qs + 128 * h + 32 * s));
-                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(v[s], aq), sc));
+                    sumi[t] = madd_acc(sumi[t], _mm256_maddubs_epi16(v[s], aq), sc);
                 }
             }
         }
@@ -1241,7 +1274,7 @@ static void axpy_f32(int64_t n, float a, const float *restrict x, float *restric
 
 /* ------------------------------------------------------------------ */
 
-void kernels_fill_avx2(kernel_table *t) {
+void KERNELS_FILL_AVX2(kernel_table *t) {
 #define SET(T, name)                    \
     t->dequant[T] = dequant_##name;     \
     t->vec_dot[T] = vec_dot_##name;     \

@@ -39,6 +39,12 @@ def aligned_zeros(shape, dtype) -> np.ndarray:
     return raw[start:start + n * dtype.itemsize].view(dtype).reshape(shape)
 
 
+def kernel_level() -> str:
+    """The SIMD kernels the C core runs on this CPU: "avx512+vnni", "avx2+avxvnni", "avx2", "neon",
+    "scalar" (PYLLM_MAX_ISA caps it)."""
+    return ffi.string(lib.pyllm_level_name(lib.pyllm_get_level())).decode()
+
+
 def physical_cores() -> int:
     """Cores, not hyperthreads: the default thread count (as llama.cpp)."""
     import os
