@@ -22,10 +22,18 @@
  *                                           where the CPU has VNNI
  *   PYLLM_AVX2_VNNI=0                       the AVX2 level uses maddubs even where
  *                                           the CPU has AVX-VNNI
+ *   PYLLM_NEON_DOTPROD=0                    the NEON level uses widening multiplies
+ *                                           even where the CPU has SDOT
  */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+#endif
 
 #include "quants.h"
 
@@ -36,6 +44,8 @@ int pyllm_avx512_vnni = 0;
 /* the AVX2 level's table comes from x86/avx2_vnni.c (the same kernels with
  * AVX-VNNI dots; identical results) */
 static int avx2_vnni = 0;
+/* the NEON level's table comes from arm/neon_dotprod.c (SDOT; identical results) */
+static int neon_dotprod = 0;
 
 static kernel_table tables[ISA_COUNT];
 static int available[ISA_COUNT];
@@ -61,6 +71,13 @@ static void detect(void) {
     if (v && v[0] == '0') avx2_vnni = 0;
 #elif defined(__aarch64__)
     available[ISA_NEON] = 1; /* Advanced SIMD is mandatory on AArch64 */
+#if defined(__linux__)
+    neon_dotprod = kernels_fill_neon_dotprod && (getauxval(AT_HWCAP) & HWCAP_ASIMDDP);
+#elif defined(__APPLE__)
+    neon_dotprod = kernels_fill_neon_dotprod != NULL; /* every Apple M-series core has it */
+#endif
+    const char *v = getenv("PYLLM_NEON_DOTPROD");
+    if (v && v[0] == '0') neon_dotprod = 0;
 #endif
     const char *m = getenv("PYLLM_MAX_ISA");
     if (m) {
@@ -100,6 +117,11 @@ static void fill_avx2(kernel_table *t) {
     if (avx2_vnni) kernels_fill_avx2_vnni(t);
     else kernels_fill_avx2(t);
 }
+#elif defined(__aarch64__)
+static void fill_neon(kernel_table *t) {
+    if (neon_dotprod) kernels_fill_neon_dotprod(t);
+    else kernels_fill_neon(t);
+}
 #endif
 
 static void build_tables(void) {
@@ -123,7 +145,7 @@ static void build_tables(void) {
     kernel_table t;
     tables[ISA_NEON] = tables[ISA_SCALAR];
     memset(&t, 0, sizeof t);
-    kernels_fill_neon(&t);
+    fill_neon(&t);
     overlay(&tables[ISA_NEON], &t);
 #endif
 }
@@ -183,7 +205,7 @@ const char *dispatch_level_name(int isa) {
     case ISA_SCALAR: return "scalar";
     case ISA_AVX2: return avx2_vnni ? "avx2+avxvnni" : "avx2";
     case ISA_AVX512: return pyllm_avx512_vnni ? "avx512+vnni" : "avx512";
-    case ISA_NEON: return "neon";
+    case ISA_NEON: return neon_dotprod ? "neon+dotprod" : "neon";
     default: return "";
     }
 }
@@ -204,7 +226,7 @@ int dispatch_own(int isa, kernel_table *out) {
     case ISA_AVX2: fill_avx2(out); break;
     case ISA_AVX512: kernels_fill_avx512(out); break;
 #elif defined(__aarch64__)
-    case ISA_NEON: kernels_fill_neon(out); break;
+    case ISA_NEON: fill_neon(out); break;
 #endif
     default: return -1;
     }

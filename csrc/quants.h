@@ -227,6 +227,8 @@ void kernels_fill_avx2(kernel_table *t);   /* defined only on x86-64 */
 void kernels_fill_avx2_vnni(kernel_table *t) __attribute__((weak));
 void kernels_fill_avx512(kernel_table *t); /* defined only on x86-64 */
 void kernels_fill_neon(kernel_table *t);   /* defined only on aarch64 */
+/* neon.c built with +dotprod (arm/neon_dotprod.c); weak, like the AVX-VNNI table */
+void kernels_fill_neon_dotprod(kernel_table *t) __attribute__((weak));
 
 /* type traits (format facts, independent of ISA) */
 typedef struct {

@@ -24,12 +24,12 @@ ISA_SOURCES = {
         ("x86/avx512.c", ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
                           "-mavx512vnni", "-mavx2", "-mfma", "-mf16c", "-mbmi2"]),
     ],
-    "aarch64": [("arm/neon.c", [])],
+    "aarch64": [("arm/neon.c", []), ("arm/neon_dotprod.c", ["-march=armv8.2-a+dotprod"])],
 }
 
 # left out, with a warning, where the compiler lacks their flags (GCC < 11 has no
 # -mavxvnni); dispatch.c then never picks them
-OPTIONAL_ISA_SOURCES = {"x86/avx2_vnni.c"}
+OPTIONAL_ISA_SOURCES = {"x86/avx2_vnni.c", "arm/neon_dotprod.c"}
 
 COMMON_FLAGS = ["-O3", "-std=c11", "-pthread", "-fno-strict-aliasing",
                 "-Wall", "-Wno-unused-function"]

@@ -947,64 +947,87 @@ static int fails = 0, checks = 0;
 int main(void) {
     CHECK(pyllm_level_available(ISA_NEON) == 1, "neon available");
     CHECK(pyllm_cpu_level() == ISA_NEON, "cpu level");
-    const int types[3] = {T_Q4_0, T_Q4_1, T_Q8_0};
-    const int lens[4] = {32, 32 * 7, 32 * 18, 2048};
-    static uint8_t w[8][4096];
-    static float x[4096], o0[4096], o1[4096];
-    static uint8_t a0[8192], a1[8192];
-    for (int ti = 0; ti < 3; ti++) {
+    printf("level %s\n", pyllm_level_name(ISA_NEON));
+    /* with SDOT in use, the plain table (widening multiplies) must give the same floats */
+    const int sdot = strcmp(pyllm_level_name(ISA_NEON), "neon+dotprod") == 0;
+    static kernel_table plain;
+    kernels_fill_neon(&plain);
+    const int types[11] = {T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1, T_Q8_0, T_IQ4_NL, T_Q2_K, T_Q3_K, T_Q4_K, T_Q5_K, T_Q6_K};
+    /* byte offsets of each type's fp16 scale d and min (-1: none); random bytes elsewhere */
+    const int d_off[11] = {0, 0, 0, 0, 0, 0, 80, 108, 0, 0, 208}, m_off[11] = {-1, 2, -1, 2, -1, -1, 82, -1, 2, 2, -1};
+    const int lens32[4] = {32, 32 * 7, 32 * 18, 2048}, lensK[3] = {256, 256 * 3, 2048};
+    static uint8_t w[8][4096], acts[6][4096];
+    static float x[6][4096], o0[4096], o1[4096];
+    uint8_t *a0 = acts[0];
+    for (int ti = 0; ti < 11; ti++) {
         const int t = types[ti];
         const type_traits *tt = type_info(t);
-        CHECK(pyllm_kernel_provided(ISA_NEON, 1, t) && pyllm_kernel_provided(ISA_NEON, 2, t), "provided %d", t);
-        for (int li = 0; li < 4; li++) {
-            const int n = lens[li], nb = n / 32;
+        const int bs = tt->block_size, act = tt->act, group = bs == 32 ? 32 : 16;
+        CHECK(pyllm_kernel_provided(ISA_NEON, 1, t) && pyllm_kernel_provided(ISA_NEON, 2, t) &&
+              pyllm_kernel_provided(ISA_NEON, 4, t), "provided %d", t);
+        for (int li = 0; li < (bs == 32 ? 4 : 3); li++) {
+            const int n = bs == 32 ? lens32[li] : lensK[li], nb = n / bs;
             for (int r = 0; r < 8; r++) {
                 for (int b = 0; b < nb * tt->type_size; b++) w[r][b] = (uint8_t)rnd();
                 for (int b = 0; b < nb; b++) {
                     uint8_t *blk = w[r] + b * tt->type_size;
                     f16_t d = fp32_to_fp16((0.5f + (rnd() % 1000) / 666.0f) * 1e-2f * ((rnd() & 1) ? 1 : -1));
-                    memcpy(blk, &d, 2);
-                    if (t == T_Q4_1) { f16_t m = fp32_to_fp16(frnd() * 0.1f); memcpy(blk + 2, &m, 2); }
+                    memcpy(blk + d_off[ti], &d, 2);
+                    if (m_off[ti] >= 0) { f16_t m = fp32_to_fp16(frnd() * 0.1f); memcpy(blk + m_off[ti], &m, 2); }
                 }
             }
-            CHECK(pyllm_kernel_dequant(0, t, w[0], o0, n) == 0 && pyllm_kernel_dequant(ISA_NEON, t, w[0], o1, n) == 0, "dq rc");
-            CHECK(memcmp(o0, o1, (size_t)n * 4) == 0, "dequant type %d n %d", t, n);
-            for (int i = 0; i < n; i++) x[i] = frnd() * 3.0f;
-            CHECK(pyllm_kernel_quantize_act(0, ACT_Q8_32, x, a0, n) == 0, "q rc");
-            CHECK(pyllm_kernel_quantize_act(ISA_NEON, ACT_Q8_32, x, a1, n) == 0, "q rc");
-            CHECK(memcmp(a0, a1, act_row_bytes(ACT_Q8_32, n)) == 0, "quantize q8_32 n %d", n);
-            /* magnitude: 2 * sum over blocks max|w| * sum|x| */
-            float out[8];
+            if (pyllm_kernel_provided(ISA_NEON, 0, t)) {
+                CHECK(pyllm_kernel_dequant(0, t, w[0], o0, n) == 0 && pyllm_kernel_dequant(ISA_NEON, t, w[0], o1, n) == 0, "dq rc");
+                CHECK(memcmp(o0, o1, (size_t)n * 4) == 0, "dequant type %d n %d", t, n);
+            }
+            const size_t ab = act_row_bytes(act, n);
+            for (int c = 0; c < 6; c++) {
+                for (int i = 0; i < n; i++) x[c][i] = frnd() * 3.0f;
+                CHECK(pyllm_kernel_quantize_act(0, act, x[c], acts[c], n) == 0, "q rc");
+            }
+            static uint8_t a1[4096];
+            CHECK(pyllm_kernel_quantize_act(ISA_NEON, act, x[0], a1, n) == 0, "q rc");
+            CHECK(memcmp(a0, a1, ab) == 0, "quantize act %d n %d", act, n);
+            float out[8], gout[6 * 9];
             CHECK(pyllm_kernel_gemv(ISA_NEON, t, n, w, sizeof w[0], 7, a0, out) == 0, "gemv rc");
+            /* 7 rows x 6 activation rows: a tile of 4 and a remainder of 2 */
+            CHECK(pyllm_kernel_gemm(ISA_NEON, t, n, w, sizeof w[0], 7, acts, sizeof acts[0], 6, gout, 9) == 0, "gemm rc");
+            if (sdot) {
+                float pout[6 * 9];
+                plain.gemm[t](n, w, sizeof w[0], 7, acts, sizeof acts[0], 6, pout, 9);
+                for (int c = 0; c < 6; c++)
+                    CHECK(memcmp(pout + 9 * c, gout + 9 * c, 7 * 4) == 0, "SDOT != plain type %d n %d col %d", t, n, c);
+            }
             for (int r = 0; r < 7; r++) {
                 float ref, got;
                 pyllm_kernel_vec_dot(0, t, n, w[r], a0, &ref);
                 pyllm_kernel_vec_dot(ISA_NEON, t, n, w[r], a0, &got);
                 pyllm_kernel_dequant(0, t, w[r], o0, n);
+                /* magnitude: 2 * sum over groups max|w| * sum|x| */
                 double mag = 0;
-                for (int b = 0; b < nb; b++) {
+                for (int b = 0; b < n / group; b++) {
                     double mw = 0, sx = 0;
-                    for (int j = 0; j < 32; j++) { mw = fmax(mw, fabs(o0[32 * b + j])); sx += fabs(x[32 * b + j]); }
+                    for (int j = 0; j < group; j++) { mw = fmax(mw, fabs(o0[group * b + j])); sx += fabs(x[0][group * b + j]); }
                     mag += 2 * mw * sx;
                 }
                 CHECK(fabs(got - ref) <= 2e-6 * mag, "vec_dot type %d n %d: %g vs %g", t, n, got, ref);
                 CHECK(fabs(out[r] - ref) <= 2e-6 * mag, "gemv type %d n %d row %d: %g vs %g", t, n, r, out[r], ref);
                 CHECK(fabs(ref) > 1e-7 * mag, "degenerate");
-                /* exact: vec_dot == gemv on that row, whatever rows share the call */
+                /* exact: vec_dot == gemv == gemm on that row, whatever rows share the call */
                 CHECK(memcmp(&got, &out[r], 4) == 0, "vec_dot != gemv type %d n %d row %d", t, n, r);
                 for (int k = 1; k + r <= 8; k++) {
                     float part[8];
                     pyllm_kernel_gemv(ISA_NEON, t, n, w[r], sizeof w[0], k, a0, part);
                     CHECK(memcmp(&part[0], &got, 4) == 0, "gemv(nrows=%d) from row %d type %d n %d", k, r, t, n);
                 }
+                for (int c = 0; c < 6; c++) {
+                    float v;
+                    pyllm_kernel_vec_dot(ISA_NEON, t, n, w[r], acts[c], &v);
+                    CHECK(memcmp(&v, &gout[c * 9 + r], 4) == 0, "gemm != vec_dot type %d n %d row %d col %d", t, n, r, c);
+                }
             }
         }
     }
-    /* Q8_K */
-    for (int i = 0; i < 1024; i++) x[i] = frnd() * 5.0f;
-    pyllm_kernel_quantize_act(0, ACT_Q8_K, x, a0, 1024);
-    pyllm_kernel_quantize_act(ISA_NEON, ACT_Q8_K, x, a1, 1024);
-    CHECK(memcmp(a0, a1, act_row_bytes(ACT_Q8_K, 1024)) == 0, "quantize q8_K");
     /* fp16: every half, and float32 values of all exponents */
     static f16_t h[65536], h1[65536];
     static float f[65536], f1[65536];
@@ -1110,19 +1133,39 @@ int main(void) {
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("march", [pytest.param([], id="armv8"), pytest.param(["-march=armv8.2-a+dotprod"], id="dotprod")])
-@pytest.mark.skipif(not (shutil.which("aarch64-linux-gnu-gcc") and shutil.which("qemu-aarch64")),
-                    reason="needs aarch64-linux-gnu-gcc and qemu-aarch64")
-def test_neon_under_qemu(tmp_path, march):
-    src = tmp_path / "harness.c"
-    src.write_text(NEON_HARNESS)
-    exe = tmp_path / "harness"
+@pytest.fixture(scope="module")
+def neon_harness(tmp_path_factory):
+    """the harness, built as setup.py builds the core on aarch64: neon.c with the
+    baseline flags, neon_dotprod.c with +dotprod"""
+    d = tmp_path_factory.mktemp("neon")
+    (d / "harness.c").write_text(NEON_HARNESS)
     c = os.path.join(ROOT, "csrc")
-    files = [os.path.join(c, f) for f in ["quants.c", "dispatch.c", "kernel_api.c", "arm/neon.c"]]
-    r = subprocess.run(["aarch64-linux-gnu-gcc", "-O2", "-std=c11", "-Wall", "-Wno-unused-function", "-static",
-                        "-pthread", *march, "-I" + c, "-o", str(exe), *files, str(src), "-lm"],
+    objs = []
+    for src, flags in [("arm/neon_dotprod.c", ["-march=armv8.2-a+dotprod"])] + [
+            (f, []) for f in ["quants.c", "dispatch.c", "kernel_api.c", "arm/neon.c", str(d / "harness.c")]]:
+        obj = d / (os.path.basename(src) + ".o")
+        r = subprocess.run(["aarch64-linux-gnu-gcc", "-O2", "-std=c11", "-Wall", "-Wno-unused-function", "-pthread",
+                            *flags, "-I" + c, "-c", "-o", str(obj), os.path.join(c, src)],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        objs.append(str(obj))
+    exe = d / "harness"
+    r = subprocess.run(["aarch64-linux-gnu-gcc", "-static", "-pthread", "-o", str(exe), *objs, "-lm"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
-    r = subprocess.run(["qemu-aarch64", "-cpu", "max", str(exe)], capture_output=True, text=True, timeout=120)
+    return exe
+
+
+# -cpu max has SDOT; PYLLM_NEON_DOTPROD=0 turns it off; a Cortex-A53 lacks it
+# (dispatch must see that from HWCAP and never run an SDOT)
+@pytest.mark.parametrize("cpu,env,level", [pytest.param("max", {}, "neon+dotprod", id="dotprod"),
+                                           pytest.param("max", {"PYLLM_NEON_DOTPROD": "0"}, "neon", id="dotprod_off"),
+                                           pytest.param("cortex-a53", {}, "neon", id="armv8")])
+@pytest.mark.skipif(not (shutil.which("aarch64-linux-gnu-gcc") and shutil.which("qemu-aarch64")),
+                    reason="needs aarch64-linux-gnu-gcc and qemu-aarch64")
+def test_neon_under_qemu(neon_harness, cpu, env, level):
+    r = subprocess.run(["qemu-aarch64", "-cpu", cpu, str(neon_harness)], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, **env})
     assert r.returncode == 0, r.stdout[-3000:]
+    assert f"level {level}\n" in r.stdout
     assert "checks, 0 failed" in r.stdout and int(r.stdout.split()[-4]) > 1000

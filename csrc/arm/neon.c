@@ -1,11 +1,17 @@
 /* neon.c: AArch64 Advanced SIMD kernels (compiled only on aarch64).
  *
- * Provides Q4_0, Q4_1, Q8_0 (dequant, vec_dot, gemv), quantize_act for Q8_32
- * and Q8_K, the float helpers and the vector math of GLU and attention;
- * everything else comes from quants.c.
- * The integer dot products use SDOT when the compiler targets it
- * (__ARM_FEATURE_DOTPROD, e.g. -march=armv8.2-a+dotprod), else widening
- * multiplies (smull + sadalp), which every AArch64 CPU has.
+ * Provides every quantized format's vec_dot, gemv and gemm (Q4_0, Q4_1,
+ * Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K..Q6_K), dequant of Q4_0, Q4_1, Q8_0,
+ * quantize_act for Q8_32 and Q8_K, the float helpers and the vector math of
+ * GLU and attention; everything else comes from quants.c.
+ *
+ * The integer dot products use SDOT where the CPU has it: this file is
+ * built twice, as itself with the baseline flags (widening multiplies,
+ * smull + sadalp, which every AArch64 CPU has; kernels_fill_neon), and by
+ * neon_dotprod.c with +dotprod (kernels_fill_neon_dotprod), which
+ * dispatch.c picks where the CPU reports it (HWCAP_ASIMDDP: Cortex-A55/A76
+ * and later, Apple M1 and later, Neoverse). Both forms give the same
+ * integers, hence the same floats.
  *
  * dequant and quantize_act are bit-exact with quants.c: separate multiply
  * and add (no FMA; -std=c11 keeps GCC from contracting them), and
@@ -19,87 +25,371 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-/* sum of 16 u8 (0..255 as s8-safe values < 128) x s8 products into 4 int32 lanes */
+#ifndef KERNELS_FILL_NEON
+#define KERNELS_FILL_NEON kernels_fill_neon
+#endif
+
+/* acc + the sum of products w x a (signed bytes) of elements 4 i .. 4 i + 3
+ * in int32 lane i: SDOT, or widening multiplies added in pairs (each pair
+ * of products fits int16: the activations are within -127..127), the same
+ * integers lane for lane, so the float steps after it agree too */
 INLINE int32x4_t dot16(int32x4_t acc, int8x16_t w, int8x16_t a) {
 #if defined(__ARM_FEATURE_DOTPROD)
     return vdotq_s32(acc, w, a);
 #else
     const int16x8_t p0 = vmull_s8(vget_low_s8(w), vget_low_s8(a));
     const int16x8_t p1 = vmull_high_s8(w, a);
-    return vpadalq_s16(vpadalq_s16(acc, p0), p1);
+    return vpadalq_s16(acc, vpaddq_s16(p0, p1));
 #endif
 }
 
 INLINE float16x4_t ld_f16x4(const f16_t *p) { return vreinterpret_f16_u16(vld1_u16(p)); }
 
+/* one fp16 to float, exact, inline (the format's scales) */
+INLINE float h2f(f16_t h) {
+    __fp16 v;
+    memcpy(&v, &h, 2);
+    return (float)v;
+}
+
+INLINE uint32_t ld32(const void *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+
+/* bytes j of 16 -> 0x10 where bit j of h is set, else 0 (the 5th bits) */
+INLINE uint8x16_t bits_to_0x10(uint32_t h) {
+    static const uint8_t bit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const uint8x16_t b = vcombine_u8(vdup_n_u8((uint8_t)h), vdup_n_u8((uint8_t)(h >> 8)));
+    return vandq_u8(vtstq_u8(b, vld1q_u8(bit)), vdupq_n_u8(0x10));
+}
+
 /* ------------------------------------------------------------------ */
-/* vec_dot / gemv: Q4_0, Q4_1, Q8_0 x Q8_32                             */
+/* 32-element formats x Q8_32                                          */
 /* ------------------------------------------------------------------ */
-/* step(x, y, acc, accs): acc += the block's int dot (4 lanes) scaled by
- * d*da; accs += the bias/min term (Q4_0: d*s, later times -8; Q4_1: m*s) */
+/* A block decodes to its 32 values as signed bytes (the fixed offsets of
+ * Q4_0 / Q5_0 subtracted: -8..7, -16..15), its d and, for Q4_1 / Q5_1,
+ * its min m. Per (row, activation row, block):
+ *     acc  = fma(float(sum of the 4 int32 lanes' dots), d * da, acc)    (4 lanes)
+ *     accm = accm + m * s                                 (formats with a min)
+ * and the row's result is vaddvq(acc) + accm. vec_dot, gemv and gemm all
+ * run these steps (tile below), so they agree bit for bit (quants.h). */
 
-INLINE void step_q4_0(const block_q4_0 *x, const block_q8_32 *y, float32x4_t *acc, float *accs) {
+typedef struct {
+    int8x16_t lo, hi; /* elements 0..15, 16..31 */
+    float d, m;
+} wblock;
+
+INLINE void dec_q4_0(const uint8_t *p, wblock *W) {
+    const block_q4_0 *x = (const block_q4_0 *)(const void *)p;
     const uint8x16_t v = vld1q_u8(x->qs);
-    const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f)));
-    const int8x16_t hi = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
-    int32x4_t s = dot16(vdupq_n_s32(0), lo, vld1q_s8(y->qs));
-    s = dot16(s, hi, vld1q_s8(y->qs + 16));
-    const float d = fp16_to_fp32(x->d);
-    *acc = vfmaq_n_f32(*acc, vcvtq_f32_s32(s), d * y->d);
-    *accs += d * y->s;
+    W->lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f))), vdupq_n_s8(8));
+    W->hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), vdupq_n_s8(8));
+    W->d = h2f(x->d);
 }
 
-INLINE void step_q4_1(const block_q4_1 *x, const block_q8_32 *y, float32x4_t *acc, float *accs) {
+INLINE void dec_q4_1(const uint8_t *p, wblock *W) {
+    const block_q4_1 *x = (const block_q4_1 *)(const void *)p;
     const uint8x16_t v = vld1q_u8(x->qs);
-    const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f)));
-    const int8x16_t hi = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
-    int32x4_t s = dot16(vdupq_n_s32(0), lo, vld1q_s8(y->qs));
-    s = dot16(s, hi, vld1q_s8(y->qs + 16));
-    *acc = vfmaq_n_f32(*acc, vcvtq_f32_s32(s), fp16_to_fp32(x->d) * y->d);
-    *accs += fp16_to_fp32(x->m) * y->s;
+    W->lo = vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f)));
+    W->hi = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+    W->d = h2f(x->d), W->m = h2f(x->m);
 }
 
-INLINE void step_q8_0(const block_q8_0 *x, const block_q8_32 *y, float32x4_t *acc, float *accs) {
-    (void)accs;
-    int32x4_t s = dot16(vdupq_n_s32(0), vld1q_s8(x->qs), vld1q_s8(y->qs));
-    s = dot16(s, vld1q_s8(x->qs + 16), vld1q_s8(y->qs + 16));
-    *acc = vfmaq_n_f32(*acc, vcvtq_f32_s32(s), fp16_to_fp32(x->d) * y->d);
+INLINE void dec_q5_0(const uint8_t *p, wblock *W) {
+    const block_q5_0 *x = (const block_q5_0 *)(const void *)p;
+    const uint8x16_t v = vld1q_u8(x->qs);
+    const uint32_t h = ld32(x->qh);
+    const uint8x16_t lo = vorrq_u8(vandq_u8(v, vdupq_n_u8(0x0f)), bits_to_0x10(h));
+    const uint8x16_t hi = vorrq_u8(vshrq_n_u8(v, 4), bits_to_0x10(h >> 16));
+    W->lo = vsubq_s8(vreinterpretq_s8_u8(lo), vdupq_n_s8(16));
+    W->hi = vsubq_s8(vreinterpretq_s8_u8(hi), vdupq_n_s8(16));
+    W->d = h2f(x->d);
 }
 
-#define FIN_q4_0(acc, accs) (vaddvq_f32(acc) - 8.0f * (accs))
-#define FIN_q4_1(acc, accs) (vaddvq_f32(acc) + (accs))
-#define FIN_q8_0(acc, accs) vaddvq_f32(acc)
+INLINE void dec_q5_1(const uint8_t *p, wblock *W) {
+    const block_q5_1 *x = (const block_q5_1 *)(const void *)p;
+    const uint8x16_t v = vld1q_u8(x->qs);
+    const uint32_t h = ld32(x->qh);
+    W->lo = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(v, vdupq_n_u8(0x0f)), bits_to_0x10(h)));
+    W->hi = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(v, 4), bits_to_0x10(h >> 16)));
+    W->d = h2f(x->d), W->m = h2f(x->m);
+}
 
-/* R rows (compile-time) against one activation row: one accumulator per row,
- * blocks in order. vec_dot is the one-row case, so vec_dot and gemv agree
- * bit for bit whichever rows share a call (the contract of quants.h). */
+INLINE void dec_q8_0(const uint8_t *p, wblock *W) {
+    const block_q8_0 *x = (const block_q8_0 *)(const void *)p;
+    W->lo = vld1q_s8(x->qs);
+    W->hi = vld1q_s8(x->qs + 16);
+    W->d = h2f(x->d);
+}
+
+INLINE void dec_iq4_nl(const uint8_t *p, wblock *W) {
+    const block_iq4_nl *x = (const block_iq4_nl *)(const void *)p;
+    const int8x16_t tab = vld1q_s8(kvalues_iq4nl);
+    const uint8x16_t v = vld1q_u8(x->qs);
+    W->lo = vqtbl1q_s8(tab, vandq_u8(v, vdupq_n_u8(0x0f)));
+    W->hi = vqtbl1q_s8(tab, vshrq_n_u8(v, 4));
+    W->d = h2f(x->d);
+}
+
+INLINE void step32(const wblock *W, const block_q8_32 *y, const int min, float32x4_t *acc, float *accm) {
+    const int32x4_t s = dot16(dot16(vdupq_n_s32(0), W->lo, vld1q_s8(y->qs)), W->hi, vld1q_s8(y->qs + 16));
+    *acc = vfmaq_n_f32(*acc, vcvtq_f32_s32(s), W->d * y->d);
+    if (min) *accm += W->m * y->s;
+}
+
+/* R weight rows x T activation rows (y[t]) over nb blocks:
+ * out[t * os + r] = the pair's result; each row's blocks decoded once */
 #define DEFINE_Q32(name, block_t)                                                                     \
-    INLINE void rows_##name(const int R, int64_t nb, const char *p, size_t rb, const block_q8_32 *y,  \
-                            float *out) {                                                              \
-        float32x4_t acc[4];                                                                            \
-        float s[4];                                                                                    \
-        for (int k = 0; k < R; k++) acc[k] = vdupq_n_f32(0.0f), s[k] = 0.0f;                          \
+    INLINE void tile_##name(const int R, const int T, int64_t nb, const uint8_t *w, size_t rb,        \
+                            const block_q8_32 *const *y, float *out, size_t os) {                     \
+        float32x4_t acc[4][4];                                                                         \
+        float accm[4][4];                                                                              \
+        for (int r = 0; r < R; r++)                                                                    \
+            for (int t = 0; t < T; t++) acc[r][t] = vdupq_n_f32(0.0f), accm[r][t] = 0.0f;             \
         for (int64_t i = 0; i < nb; i++)                                                               \
-            for (int k = 0; k < R; k++)                                                                \
-                step_##name((const block_t *)(const void *)(p + k * rb) + i, &y[i], &acc[k], &s[k]);   \
-        for (int k = 0; k < R; k++) out[k] = FIN_##name(acc[k], s[k]);                                 \
+            for (int r = 0; r < R; r++) {                                                              \
+                wblock W;                                                                              \
+                dec_##name(w + r * rb + (size_t)i * sizeof(block_t), &W);                              \
+                for (int t = 0; t < T; t++) step32(&W, &y[t][i], HAS_MIN_##name, &acc[r][t], &accm[r][t]); \
+            }                                                                                          \
+        for (int r = 0; r < R; r++)                                                                    \
+            for (int t = 0; t < T; t++) out[t * os + r] = vaddvq_f32(acc[r][t]) + accm[r][t];         \
     }                                                                                                  \
     static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {          \
+        const block_q8_32 *y = a;                                                                      \
         float r;                                                                                       \
-        rows_##name(1, n / QK, w, 0, a, &r);                                                           \
+        tile_##name(1, 1, n / QK, w, 0, &y, &r, 0);                                                    \
         return r;                                                                                      \
     }                                                                                                  \
     static void gemv_##name(int64_t n, const void *restrict w, size_t rb, int nrows,                  \
                             const void *restrict a, float *restrict out) {                             \
-        const char *p = w;                                                                             \
+        const block_q8_32 *y = a;                                                                      \
+        const uint8_t *p = w;                                                                          \
         int r = 0;                                                                                     \
-        for (; r + 4 <= nrows; r += 4, p += 4 * rb) rows_##name(4, n / QK, p, rb, a, out + r);         \
-        for (; r < nrows; r++, p += rb) rows_##name(1, n / QK, p, rb, a, out + r);                     \
+        for (; r + 4 <= nrows; r += 4, p += 4 * rb) tile_##name(4, 1, n / QK, p, rb, &y, out + r, 0);  \
+        for (; r < nrows; r++, p += rb) tile_##name(1, 1, n / QK, p, rb, &y, out + r, 0);              \
+    }                                                                                                  \
+    static void gemm_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,  \
+                            size_t as, int ncols, float *restrict out, size_t os) {                   \
+        for (int t0 = 0; t0 < ncols; t0 += 4) {                                                        \
+            const int T = ncols - t0 < 4 ? ncols - t0 : 4;                                             \
+            const block_q8_32 *y[4];                                                                   \
+            for (int t = 0; t < T; t++) y[t] = (const void *)((const char *)a + (size_t)(t0 + t) * as); \
+            const uint8_t *p = w;                                                                      \
+            float *o = out + (size_t)t0 * os;                                                          \
+            for (int r = 0; r < nrows; r++, p += rb) {                                                 \
+                if (T == 4) tile_##name(1, 4, n / QK, p, rb, y, o + r, os);                            \
+                else                                                                                   \
+                    for (int t = 0; t < T; t++) tile_##name(1, 1, n / QK, p, rb, y + t, o + t * os + r, 0); \
+            }                                                                                          \
+        }                                                                                              \
     }
 
 DEFINE_Q32(q4_0, block_q4_0)
 DEFINE_Q32(q4_1, block_q4_1)
+DEFINE_Q32(q5_0, block_q5_0)
+DEFINE_Q32(q5_1, block_q5_1)
 DEFINE_Q32(q8_0, block_q8_0)
+DEFINE_Q32(iq4_nl, block_iq4_nl)
+
+/* ------------------------------------------------------------------ */
+/* K-quants x Q8_K                                                     */
+/* ------------------------------------------------------------------ */
+/* A super-block decodes to its 256 values as signed bytes, v[j] holding
+ * elements 16 j .. 16 j + 15 (the offsets of Q6_K and Q3_K subtracted), an
+ * integer scale per 16 elements (the 32-element sub-blocks of Q4_K and
+ * Q5_K give two vectors one scale), an integer min per 16 (Q2_K, Q4_K,
+ * Q5_K; else 0), d and dmin. Per (row, activation row, super-block), as
+ * quants.c's reference:
+ *     isum = sum_j sc[j] * dot(v[j], a[j]),  msum = sum_j mn[j] * bsums[j]   (exact)
+ *     sum += da * (d * float(isum) - dmin * float(msum))
+ * so vec_dot, gemv and gemm agree bit for bit. */
+
+typedef struct {
+    int8x16_t v[16];
+    int16_t sc[16], mn[16];
+    float d, dmin;
+} kblock;
+
+/* Q4_K/Q5_K: the 6-bit scales and mins of the 8 sub-blocks of 32, each
+ * stored for both of its 16-element halves */
+INLINE void k4_scales(const uint8_t *q, kblock *B) {
+    for (int j = 0; j < 8; j++) {
+        const int sc = j < 4 ? q[j] & 63 : (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+        const int m = j < 4 ? q[j + 4] & 63 : (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+        B->sc[2 * j] = B->sc[2 * j + 1] = (int16_t)sc;
+        B->mn[2 * j] = B->mn[2 * j + 1] = (int16_t)m;
+    }
+}
+
+/* Q4_K/Q5_K nibbles: element 64 c + l is the low nibble of qs[32 c + l],
+ * element 64 c + 32 + l its high nibble (l < 32) */
+INLINE void k4_nibbles(const uint8_t *qs, uint8x16_t u[16]) {
+    for (int c = 0; c < 4; c++) {
+        const uint8x16_t q0 = vld1q_u8(qs + 32 * c), q1 = vld1q_u8(qs + 32 * c + 16);
+        u[4 * c] = vandq_u8(q0, vdupq_n_u8(0x0f));
+        u[4 * c + 1] = vandq_u8(q1, vdupq_n_u8(0x0f));
+        u[4 * c + 2] = vshrq_n_u8(q0, 4);
+        u[4 * c + 3] = vshrq_n_u8(q1, 4);
+    }
+}
+
+INLINE void kdec_q4_K(const uint8_t *p, kblock *B) {
+    const block_q4_K *x = (const block_q4_K *)(const void *)p;
+    uint8x16_t u[16];
+    k4_nibbles(x->qs, u);
+    for (int j = 0; j < 16; j++) B->v[j] = vreinterpretq_s8_u8(u[j]);
+    k4_scales(x->scales, B);
+    B->d = h2f(x->d), B->dmin = h2f(x->dmin);
+}
+
+INLINE void kdec_q5_K(const uint8_t *p, kblock *B) {
+    const block_q5_K *x = (const block_q5_K *)(const void *)p;
+    uint8x16_t u[16];
+    k4_nibbles(x->qs, u);
+    /* the 5th bit of element 32 s + l is bit s of qh[l] */
+    const uint8x16_t h0 = vld1q_u8(x->qh), h1 = vld1q_u8(x->qh + 16);
+    for (int j = 0; j < 16; j++) {
+        const uint8x16_t h = (j & 1) ? h1 : h0, bit = vdupq_n_u8((uint8_t)(1u << (j >> 1)));
+        B->v[j] = vreinterpretq_s8_u8(vorrq_u8(u[j], vandq_u8(vtstq_u8(h, bit), vdupq_n_u8(0x10))));
+    }
+    k4_scales(x->scales, B);
+    B->d = h2f(x->d), B->dmin = h2f(x->dmin);
+}
+
+INLINE void kdec_q6_K(const uint8_t *p, kblock *B) {
+    const block_q6_K *x = (const block_q6_K *)(const void *)p;
+    const uint8x16_t m4 = vdupq_n_u8(0x0f), m2 = vdupq_n_u8(0x30);
+    const int8x16_t off = vdupq_n_s8(32);
+    /* element 128 h + 32 s + l: nibble (s >> 1) of ql[64 h + 32 (s & 1) + l],
+     * bits 2 s, 2 s + 1 of qh[32 h + l] on top, minus 32 */
+    for (int h = 0; h < 2; h++) {
+        for (int half = 0; half < 2; half++) {
+            const uint8x16_t a = vld1q_u8(x->ql + 64 * h + 16 * half);
+            const uint8x16_t b = vld1q_u8(x->ql + 64 * h + 32 + 16 * half);
+            const uint8x16_t q = vld1q_u8(x->qh + 32 * h + 16 * half);
+            const uint8x16_t s0 = vorrq_u8(vandq_u8(a, m4), vandq_u8(vshlq_n_u8(q, 4), m2));
+            const uint8x16_t s1 = vorrq_u8(vandq_u8(b, m4), vandq_u8(vshlq_n_u8(q, 2), m2));
+            const uint8x16_t s2 = vorrq_u8(vshrq_n_u8(a, 4), vandq_u8(q, m2));
+            const uint8x16_t s3 = vorrq_u8(vshrq_n_u8(b, 4), vandq_u8(vshrq_n_u8(q, 2), m2));
+            B->v[8 * h + half] = vsubq_s8(vreinterpretq_s8_u8(s0), off);
+            B->v[8 * h + 2 + half] = vsubq_s8(vreinterpretq_s8_u8(s1), off);
+            B->v[8 * h + 4 + half] = vsubq_s8(vreinterpretq_s8_u8(s2), off);
+            B->v[8 * h + 6 + half] = vsubq_s8(vreinterpretq_s8_u8(s3), off);
+        }
+    }
+    for (int j = 0; j < 16; j++) B->sc[j] = x->scales[j], B->mn[j] = 0;
+    B->d = h2f(x->d), B->dmin = 0.0f;
+}
+
+/* Q2_K/Q3_K: element 128 h + 32 s + l is bits 2 s, 2 s + 1 of qs[32 h + l] */
+INLINE void k2_bits(const uint8_t *qs, uint8x16_t u[16]) {
+    const uint8x16_t m3 = vdupq_n_u8(3);
+    for (int h = 0; h < 2; h++)
+        for (int half = 0; half < 2; half++) {
+            const uint8x16_t q = vld1q_u8(qs + 32 * h + 16 * half);
+            u[8 * h + half] = vandq_u8(q, m3);
+            u[8 * h + 2 + half] = vandq_u8(vshrq_n_u8(q, 2), m3);
+            u[8 * h + 4 + half] = vandq_u8(vshrq_n_u8(q, 4), m3);
+            u[8 * h + 6 + half] = vshrq_n_u8(q, 6);
+        }
+}
+
+INLINE void kdec_q2_K(const uint8_t *p, kblock *B) {
+    const block_q2_K *x = (const block_q2_K *)(const void *)p;
+    uint8x16_t u[16];
+    k2_bits(x->qs, u);
+    for (int j = 0; j < 16; j++) {
+        B->v[j] = vreinterpretq_s8_u8(u[j]);
+        B->sc[j] = x->scales[j] & 0x0f, B->mn[j] = x->scales[j] >> 4;
+    }
+    B->d = h2f(x->d), B->dmin = h2f(x->dmin);
+}
+
+INLINE void kdec_q3_K(const uint8_t *p, kblock *B) {
+    const block_q3_K *x = (const block_q3_K *)(const void *)p;
+    uint8x16_t u[16];
+    k2_bits(x->qs, u);
+    /* minus 4 where bit (32 s + l) >> 5 of hmask[l] is clear */
+    const uint8x16_t h0 = vld1q_u8(x->hmask), h1 = vld1q_u8(x->hmask + 16);
+    for (int j = 0; j < 16; j++) {
+        const uint8x16_t h = (j & 1) ? h1 : h0, bit = vdupq_n_u8((uint8_t)(1u << (j >> 1)));
+        const uint8x16_t sub = vbicq_u8(vdupq_n_u8(4), vtstq_u8(h, bit));
+        B->v[j] = vsubq_s8(vreinterpretq_s8_u8(u[j]), vreinterpretq_s8_u8(sub));
+    }
+    const uint8_t *s = x->scales;
+    for (int j = 0; j < 16; j++) {
+        const int lo = (j < 8 ? s[j] : s[j - 8] >> 4) & 0x0f;
+        const int hi = (s[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
+        B->sc[j] = (int16_t)((lo | hi << 4) - 32), B->mn[j] = 0;
+    }
+    B->d = h2f(x->d), B->dmin = 0.0f;
+}
+
+INLINE float kstep(const kblock *B, const block_q8_K *y, const int min, float sum) {
+    int32x4_t isum = vdupq_n_s32(0);
+    for (int j = 0; j < 16; j++) isum = vmlaq_n_s32(isum, dot16(vdupq_n_s32(0), B->v[j], vld1q_s8(y->qs + 16 * j)), B->sc[j]);
+    int32_t msum = 0;
+    if (min) {
+        const int16x8_t m0 = vld1q_s16(B->mn), m1 = vld1q_s16(B->mn + 8);
+        const int16x8_t b0 = vld1q_s16(y->bsums), b1 = vld1q_s16(y->bsums + 8);
+        int32x4_t ms = vmull_s16(vget_low_s16(m0), vget_low_s16(b0));
+        ms = vmlal_high_s16(ms, m0, b0);
+        ms = vmlal_s16(ms, vget_low_s16(m1), vget_low_s16(b1));
+        ms = vmlal_high_s16(ms, m1, b1);
+        msum = vaddvq_s32(ms);
+    }
+    return sum + y->d * (B->d * (float)vaddvq_s32(isum) - B->dmin * (float)msum);
+}
+
+#define KMIN_q2_K 1
+#define KMIN_q3_K 0
+#define KMIN_q4_K 1
+#define KMIN_q5_K 1
+#define KMIN_q6_K 0
+
+/* one weight row x T activation rows: each super-block decoded once */
+#define DEFINE_QK(name, block_t)                                                                      \
+    INLINE void ktile_##name(const int T, int64_t nsb, const uint8_t *w, const block_q8_K *const *y,  \
+                             float *out, size_t os) {                                                  \
+        float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};                                                       \
+        for (int64_t i = 0; i < nsb; i++) {                                                            \
+            kblock B;                                                                                  \
+            kdec_##name(w + (size_t)i * sizeof(block_t), &B);                                          \
+            for (int t = 0; t < T; t++) sum[t] = kstep(&B, &y[t][i], KMIN_##name, sum[t]);             \
+        }                                                                                              \
+        for (int t = 0; t < T; t++) out[t * os] = sum[t];                                              \
+    }                                                                                                  \
+    static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {          \
+        const block_q8_K *y = a;                                                                       \
+        float r;                                                                                       \
+        ktile_##name(1, n / QK_K, w, &y, &r, 0);                                                       \
+        return r;                                                                                      \
+    }                                                                                                  \
+    static void gemv_##name(int64_t n, const void *restrict w, size_t rb, int nrows,                  \
+                            const void *restrict a, float *restrict out) {                             \
+        const block_q8_K *y = a;                                                                       \
+        for (int r = 0; r < nrows; r++) ktile_##name(1, n / QK_K, (const uint8_t *)w + r * rb, &y, out + r, 0); \
+    }                                                                                                  \
+    static void gemm_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,  \
+                            size_t as, int ncols, float *restrict out, size_t os) {                   \
+        for (int t0 = 0; t0 < ncols; t0 += 4) {                                                        \
+            const int T = ncols - t0 < 4 ? ncols - t0 : 4;                                             \
+            const block_q8_K *y[4];                                                                    \
+            for (int t = 0; t < T; t++) y[t] = (const void *)((const char *)a + (size_t)(t0 + t) * as); \
+            for (int r = 0; r < nrows; r++) {                                                          \
+                const uint8_t *p = (const uint8_t *)w + r * rb;                                        \
+                float *o = out + (size_t)t0 * os + r;                                                  \
+                if (T == 4) ktile_##name(4, n / QK_K, p, y, o, os);                                    \
+                else                                                                                   \
+                    for (int t = 0; t < T; t++) ktile_##name(1, n / QK_K, p, y + t, o + t * os, 0);    \
+            }                                                                                          \
+        }                                                                                              \
+    }
+
+DEFINE_QK(q2_K, block_q2_K)
+DEFINE_QK(q3_K, block_q3_K)
+DEFINE_QK(q4_K, block_q4_K)
+DEFINE_QK(q5_K, block_q5_K)
+DEFINE_QK(q6_K, block_q6_K)
 
 /* ------------------------------------------------------------------ */
 /* dequantize (bit-exact with quants.c)                                 */
@@ -351,16 +641,15 @@ static void wsum_f32(int64_t n, int rows, const float *restrict w, const float *
 
 /* ------------------------------------------------------------------ */
 
-void kernels_fill_neon(kernel_table *t) {
+void KERNELS_FILL_NEON(kernel_table *t) {
     t->dequant[T_Q4_0] = dequant_q4_0;
     t->dequant[T_Q4_1] = dequant_q4_1;
     t->dequant[T_Q8_0] = dequant_q8_0;
-    t->vec_dot[T_Q4_0] = vec_dot_q4_0;
-    t->vec_dot[T_Q4_1] = vec_dot_q4_1;
-    t->vec_dot[T_Q8_0] = vec_dot_q8_0;
-    t->gemv[T_Q4_0] = gemv_q4_0;
-    t->gemv[T_Q4_1] = gemv_q4_1;
-    t->gemv[T_Q8_0] = gemv_q8_0;
+#define SET(T, name) t->vec_dot[T] = vec_dot_##name, t->gemv[T] = gemv_##name, t->gemm[T] = gemm_##name;
+    SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1) SET(T_Q8_0, q8_0)
+    SET(T_IQ4_NL, iq4_nl) SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K) SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K)
+    SET(T_Q6_K, q6_K)
+#undef SET
     t->vec_dot[T_F16] = vec_dot_f16;
     t->vec_dot[T_F32] = vec_dot_f32;
     t->quantize_act[ACT_Q8_32] = quantize_q8_32;
