@@ -110,7 +110,7 @@ int pyllm_level_available(int isa);
 int pyllm_set_level(int isa);           /* the level the core uses from now on; returns it, or -1 */
 int pyllm_get_level(void);
 /* the kernels level `isa` runs on this CPU, by name: "scalar", "avx2", "avx2+avxvnni", "avx512",
- * "avx512+vnni", "neon"; "" if unavailable */
+ * "avx512+vnni", "neon", "neon+dotprod"; "" if unavailable */
 const char *pyllm_level_name(int isa);
 int pyllm_type_supported(int type);
 int pyllm_type_act(int type);           /* activation format a weight type's dot product takes */
