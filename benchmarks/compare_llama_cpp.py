@@ -5,13 +5,15 @@ Both engines load the same model with the same thread count; then the
 tests alternate, rep by rep, so that both see the same machine state:
   pp N   prefill N tokens into an empty context (one batch)
   tg N   decode N tokens one step at a time from an empty context
+With -d D both first fill the context with D tokens, untimed (llama-bench's
+-d: the speed deep into a conversation or a long document).
 Warm-up runs are excluded. Prints each side's tokens/s and pyllm/llama.cpp.
 
 The peer runs in its own virtual environment, as a subprocess serving
 timing requests (pyllm never imports it). Install it with
 ../shared/peer/install-llama-cpp.sh; without it this script says so and exits.
 
-Usage: python benchmarks/compare_llama_cpp.py [-m MODEL] [-t 1,2] [-p 512] [-n 128] [-r 5] [--json]
+Usage: python benchmarks/compare_llama_cpp.py [-m MODEL] [-t 1,2] [-p 512] [-n 128] [-d 0] [-r 5] [--json]
 """
 from __future__ import annotations
 
@@ -37,9 +39,11 @@ llm = llama_cpp.Llama(model_path=args["model"], n_ctx=args["n_ctx"], n_batch=arg
 tok = args["token"]
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
-    kind, n = line.split()
-    n = int(n)
+    kind, n, depth = line.split()
+    n, depth = int(n), int(depth)
     llm.reset()
+    if depth:
+        llm.eval([tok] * depth)
     t0 = time.perf_counter()
     if kind == "pp":
         llm.eval([tok] * n)
@@ -60,8 +64,8 @@ class Peer:
         if not ready:
             raise RuntimeError("the peer failed to load the model")
 
-    def run(self, kind: str, n: int) -> float:
-        self.proc.stdin.write(f"{kind} {n}\n")
+    def run(self, kind: str, n: int, depth: int = 0) -> float:
+        self.proc.stdin.write(f"{kind} {n} {depth}\n")
         self.proc.stdin.flush()
         return json.loads(self.proc.stdout.readline())["s"]
 
@@ -82,6 +86,7 @@ def main() -> int:
     ap.add_argument("-t", "--threads", default="1,2")
     ap.add_argument("-p", "--n-prompt", type=int, default=512)
     ap.add_argument("-n", "--n-gen", type=int, default=128)
+    ap.add_argument("-d", "--depth", type=int, default=0, help="tokens in the context before each test")
     ap.add_argument("-r", "--reps", type=int, default=5)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
@@ -91,13 +96,13 @@ def main() -> int:
         return 0
 
     from pyllm import Model
-    from pyllm.bench import run_pp, run_tg
+    from pyllm.bench import run_pp, run_tg, test_name
 
     token = 100
-    n_ctx = max(a.n_prompt, a.n_gen) + 64
+    n_ctx = a.depth + max(a.n_prompt, a.n_gen) + 64
     results = []
     for threads in [int(x) for x in a.threads.split(",")]:
-        model = Model(a.model, n_ctx=n_ctx, n_threads=threads, n_batch=a.n_prompt)
+        model = Model(a.model, n_ctx=n_ctx, n_threads=threads, n_batch=max(a.n_prompt, 1))
         peer = Peer(str(Path(a.model).resolve()), threads, n_ctx, a.n_prompt, token)
         for kind, n in (("pp", a.n_prompt), ("tg", a.n_gen)):
             ours_fn = run_pp if kind == "pp" else run_tg
@@ -105,9 +110,9 @@ def main() -> int:
             peer.run(kind, min(n, 32))
             ours, theirs = [], []
             for _ in range(a.reps):                # alternate: same machine state for both
-                ours.append(n / ours_fn(model, n, token))
-                theirs.append(n / peer.run(kind, n))
-            r = {"model": Path(a.model).name, "threads": threads, "test": f"{kind}{n}",
+                ours.append(n / ours_fn(model, n, token, depth=a.depth))
+                theirs.append(n / peer.run(kind, n, a.depth))
+            r = {"model": Path(a.model).name, "threads": threads, "test": test_name(kind, n, a.depth),
                  "pyllm": statistics.median(ours), "llama_cpp": statistics.median(theirs),
                  "pyllm_runs": ours, "llama_cpp_runs": theirs}
             r["ratio"] = r["pyllm"] / r["llama_cpp"]

@@ -9,11 +9,20 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from pyllm.errors import InvalidArgumentError
+
 from .common import handle_errors, model_path
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
+def _ints(text: str, flag: str) -> list[int]:
+    """A comma-separated list of counts >= 0 (the flag's value)."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = [-1]
+    if any(v < 0 for v in values):
+        raise InvalidArgumentError(f"{flag} takes numbers >= 0 separated by commas (e.g. 128,512), not {text!r}")
+    return values
 
 
 def bench(
@@ -21,6 +30,8 @@ def bench(
     n_prompt: str = typer.Option("512", "-p", "--n-prompt", help="prompt lengths to prefill (list: 128,512)"),
     n_gen: str = typer.Option("128", "-n", "--n-gen", help="tokens to decode (list allowed)"),
     threads: str = typer.Option("", "-t", "--threads", help="thread counts (list: 1,2); default physical cores"),
+    depth: str = typer.Option("0", "-d", "--n-depth",
+                              help="tokens already in the context before each test (list: 0,2048), as llama-bench"),
     reps: int = typer.Option(3, "-r", "--repetitions"),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
     membw: bool = typer.Option(False, "--membw", help="also measure the machine's memory read bandwidth"),
@@ -33,9 +44,13 @@ def bench(
 
     with handle_errors():
         path = model_path(model)
-        thread_list = _ints(threads) or [physical_cores()]
-        tests = [("pp", n) for n in _ints(n_prompt) if n > 0] + [("tg", n) for n in _ints(n_gen) if n > 0]
-        n_ctx = max([n for _, n in tests] + [ttft_prompt + 64, 512]) + 16
+        thread_list = _ints(threads, "--threads") or [physical_cores()]
+        if 0 in thread_list:
+            raise InvalidArgumentError("--threads takes thread counts of 1 or more")
+        tests = [("pp", n) for n in _ints(n_prompt, "--n-prompt") if n > 0] + \
+                [("tg", n) for n in _ints(n_gen, "--n-gen") if n > 0]
+        depths = _ints(depth, "--n-depth") or [0]
+        n_ctx = max(depths) + max([n for _, n in tests] + [ttft_prompt + 64, 512]) + 16
         rows, extra = [], {}
         for nt in thread_list:
             with Model(path, n_ctx=n_ctx, n_threads=nt) as m:
@@ -43,10 +58,10 @@ def bench(
                         "params_m": round(m.file.n_params / 1e6, 1), "types": m.file.type_histogram(),
                         "kernels": kernel_level(),
                         "kv_bytes_per_token": B.decode_bytes_per_token(m, 1) - B.decode_bytes_per_token(m, 0)}
-                for r in B.bench(m, tests, reps):
-                    rows.append(r)
+                for d in depths:
+                    rows += B.bench(m, tests, reps, depth=d)
                 ttft, tpot = B.ttft_tpot(m, ttft_prompt, 32)
-                tg = [r for r in rows if r.test.startswith("tg") and r.threads == nt]
+                tg = [r for r in rows if r.test.startswith("tg") and "@" not in r.test and r.threads == nt]
                 # a tg N run attends over N/2 positions on average
                 bytes_tok = B.decode_bytes_per_token(m, int(tg[0].test[2:]) // 2 if tg else 0)
                 extra[nt] = {"ttft_s": ttft, "tpot_s": tpot, "decode_bytes_per_token": bytes_tok,

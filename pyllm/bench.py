@@ -2,7 +2,9 @@
 
 The tests mirror llama-bench: `pp N` prefills N tokens into an empty
 context; `tg N` decodes N tokens one step at a time from an empty context
-(no sampling, a fixed token), so the two engines do the same work.
+(no sampling, a fixed token), so the two engines do the same work. With a
+depth D (llama-bench's -d, shown as `pp N @ dD`) the context first holds D
+tokens, prefilled untimed: the speed of a long conversation or document.
 """
 from __future__ import annotations
 
@@ -43,9 +45,17 @@ def _fresh(model):
     return model.engine.new_sequence()
 
 
-def run_pp(model, n: int, token: int = 100) -> float:
-    """Seconds to prefill n tokens into an empty context."""
+def _at_depth(model, depth: int, token: int):
+    """A fresh sequence already holding `depth` tokens (prefilled, untimed)."""
     seq = _fresh(model)
+    if depth:
+        model.engine._run(seq, [token] * depth)
+    return seq
+
+
+def run_pp(model, n: int, token: int = 100, depth: int = 0) -> float:
+    """Seconds to prefill n tokens into a context holding `depth` tokens."""
+    seq = _at_depth(model, depth, token)
     tokens = [token] * n
     t0 = time.perf_counter()
     model.engine._run(seq, tokens)
@@ -54,9 +64,9 @@ def run_pp(model, n: int, token: int = 100) -> float:
     return dt
 
 
-def run_tg(model, n: int, token: int = 100) -> float:
-    """Seconds to decode n tokens, one step each, from an empty context."""
-    seq = _fresh(model)
+def run_tg(model, n: int, token: int = 100, depth: int = 0) -> float:
+    """Seconds to decode n tokens, one step each, after `depth` tokens."""
+    seq = _at_depth(model, depth, token)
     t0 = time.perf_counter()
     for _ in range(n):
         model.engine._run(seq, [token])
@@ -65,16 +75,21 @@ def run_tg(model, n: int, token: int = 100) -> float:
     return dt
 
 
-def bench(model, tests: list[tuple[str, int]], reps: int, warmup: bool = True) -> list[Result]:
-    """tests: [("pp", 512), ("tg", 128)]; each run reps times after one warm-up."""
+def test_name(kind: str, n: int, depth: int = 0) -> str:
+    return f"{kind}{n}" + (f" @ d{depth}" if depth else "")
+
+
+def bench(model, tests: list[tuple[str, int]], reps: int, warmup: bool = True, depth: int = 0) -> list[Result]:
+    """tests: [("pp", 512), ("tg", 128)]; each run reps times after one warm-up,
+    on top of `depth` tokens already in the context."""
     results = []
     for kind, n in tests:
         fn = run_pp if kind == "pp" else run_tg
         if warmup:
             fn(model, min(n, 16))
-        r = Result(f"{kind}{n}", model.n_threads)
+        r = Result(test_name(kind, n, depth), model.n_threads)
         for _ in range(reps):
-            r.tokens_per_s.append(n / fn(model, n))
+            r.tokens_per_s.append(n / fn(model, n, depth=depth))
         results.append(r)
     return results
 

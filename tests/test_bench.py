@@ -45,3 +45,31 @@ def test_run_profile(smollm2_path):
     # the wall time splits into the C steps, sampling and the Python between them
     assert abs(dec["c_wall_s"] + dec["sampling_s"] + dec["python_s"] - dec["wall_s"]) < 1e-6
     assert 0 <= dec["python_s"] < dec["wall_s"]
+
+
+def test_bench_at_depth(smollm2_path):
+    """-d D runs each test on top of D tokens (llama-bench's `pp N @ dD`)"""
+    out = json.loads(pyllm("bench", "-m", smollm2_path, "-p", "16", "-n", "4", "-d", "0,40", "-r", "1", "-t", "1",
+                           "--ttft-prompt", "8", "--json").stdout)
+    assert [r["test"] for r in out["results"]] == ["pp16", "tg4", "pp16 @ d40", "tg4 @ d40"]
+    assert all(r["tokens_per_s"] > 0 for r in out["results"])
+
+
+def test_bench_bad_lists(smollm2_path):
+    for flag, value in [("-p", "abc"), ("-d", "-5"), ("-t", "0"), ("-n", "1,x")]:
+        r = subprocess.run([sys.executable, "-m", "pyllm.cli.main", "bench", "-m", smollm2_path, flag, value],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, (flag, value, r.stderr)
+        assert "error:" in r.stderr and "Traceback" not in r.stderr, (flag, value, r.stderr)
+
+
+def test_depth_fills_the_context_first(smollm2_path):
+    from pyllm import Model
+    from pyllm import bench as B
+    with Model(smollm2_path, n_ctx=256, n_threads=1) as m:
+        calls = []
+        run = m.engine._run
+        m.engine._run = lambda seq, tokens, *a, **k: (calls.append((len(seq), len(tokens))), run(seq, tokens, *a, **k))[1]
+        B.run_pp(m, 8, depth=40)
+        B.run_tg(m, 2, depth=40)
+    assert calls == [(0, 40), (40, 8), (0, 40), (40, 1), (41, 1)]
