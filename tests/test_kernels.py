@@ -847,31 +847,27 @@ def test_priority_formats_provided(isa):
         assert lib.pyllm_kernel_provided(isa, 3, ACT_Q8_32) and lib.pyllm_kernel_provided(isa, 3, ACT_Q8_K)
 
 
-@pytest.mark.skipif(not lib.pyllm_level_available(2) or os.environ.get("PYLLM_AVX512_VNNI") == "0",
-                    reason="needs AVX-512 (and runs once, from the parent)")
-def test_avx512_without_vnni():
-    """the AVX-512BW (maddubs) path, forced on a VNNI CPU by PYLLM_AVX512_VNNI=0"""
-    env = dict(os.environ, PYLLM_AVX512_VNNI="0")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__,
-                        "-k", "avx512 and (vec_dot or gemv or gemm) and not without_vnni"],
-                       env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert " passed" in r.stdout
-
-
 AVX2_VNNI = lib.pyllm_level_available(1) and ffi.string(lib.pyllm_level_name(1)) == b"avx2+avxvnni"
+AVX512_VNNI = lib.pyllm_level_available(2) and ffi.string(lib.pyllm_level_name(2)) == b"avx512+vnni"
 INT_TYPES = [t for t, (_, bs, *_) in TYPES.items() if bs > 1]
 
 
-@pytest.mark.skipif(not AVX2_VNNI or os.environ.get("PYLLM_AVX2_VNNI") == "0",
-                    reason="needs AVX-VNNI (and runs once, from the parent)")
-def test_avx2_without_avxvnni():
-    """the AVX2 maddubs path, forced on an AVX-VNNI CPU by PYLLM_AVX2_VNNI=0: the
-    AVX2 kernel tests pass on it too"""
-    env = dict(os.environ, PYLLM_AVX2_VNNI="0")
+# (the variable that turns a level's VNNI form off, the tests rerun, whether this CPU has that form)
+WITHOUT_VNNI = [
+    pytest.param("PYLLM_AVX512_VNNI", "avx512 and (vec_dot or gemv or gemm)", AVX512_VNNI, id="avx512"),
+    pytest.param("PYLLM_AVX2_VNNI", "avx2 and (vec_dot or gemv or gemm or provided)", AVX2_VNNI, id="avx2"),
+]
+
+
+@pytest.mark.parametrize("var,tests,has_vnni", WITHOUT_VNNI)
+def test_level_without_vnni(var, tests, has_vnni):
+    """the maddubs path of a level (AVX-512BW, AVX2), forced on a VNNI CPU by
+    PYLLM_..._VNNI=0: that level's kernel tests pass on it too"""
+    if not has_vnni or os.environ.get(var) == "0":
+        pytest.skip("needs a CPU with that VNNI form (and runs once, from the parent)")
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__,
-                        "-k", "avx2 and (vec_dot or gemv or gemm or provided) and not avxvnni"],
-                       env=env, capture_output=True, text=True, timeout=300)
+                        "-k", f"{tests} and not vnni"],
+                       env=dict(os.environ, **{var: "0"}), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert " passed" in r.stdout
 

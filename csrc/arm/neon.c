@@ -232,6 +232,13 @@ INLINE void k4_nibbles(const uint8_t *qs, uint8x16_t u[16]) {
     }
 }
 
+/* Q5_K's 5th bits and Q3_K's hmask: bit s of byte l of a 32-byte plane
+ * belongs to element 32 s + l; for v[j] (elements 16 j ..) that is bit
+ * j >> 1 of bytes 16 (j & 1) ..: all ones where it is set */
+INLINE uint8x16_t plane_bit(const uint8x16_t plane[2], int j) {
+    return vtstq_u8(plane[j & 1], vdupq_n_u8((uint8_t)(1u << (j >> 1))));
+}
+
 INLINE void kdec_q4_K(const uint8_t *p, kblock *B) {
     const block_q4_K *x = (const block_q4_K *)(const void *)p;
     uint8x16_t u[16];
@@ -245,12 +252,9 @@ INLINE void kdec_q5_K(const uint8_t *p, kblock *B) {
     const block_q5_K *x = (const block_q5_K *)(const void *)p;
     uint8x16_t u[16];
     k4_nibbles(x->qs, u);
-    /* the 5th bit of element 32 s + l is bit s of qh[l] */
-    const uint8x16_t h0 = vld1q_u8(x->qh), h1 = vld1q_u8(x->qh + 16);
-    for (int j = 0; j < 16; j++) {
-        const uint8x16_t h = (j & 1) ? h1 : h0, bit = vdupq_n_u8((uint8_t)(1u << (j >> 1)));
-        B->v[j] = vreinterpretq_s8_u8(vorrq_u8(u[j], vandq_u8(vtstq_u8(h, bit), vdupq_n_u8(0x10))));
-    }
+    const uint8x16_t qh[2] = {vld1q_u8(x->qh), vld1q_u8(x->qh + 16)};
+    for (int j = 0; j < 16; j++)
+        B->v[j] = vreinterpretq_s8_u8(vorrq_u8(u[j], vandq_u8(plane_bit(qh, j), vdupq_n_u8(0x10))));
     k4_scales(x->scales, B);
     B->d = h2f(x->d), B->dmin = h2f(x->dmin);
 }
@@ -308,13 +312,10 @@ INLINE void kdec_q3_K(const uint8_t *p, kblock *B) {
     const block_q3_K *x = (const block_q3_K *)(const void *)p;
     uint8x16_t u[16];
     k2_bits(x->qs, u);
-    /* minus 4 where bit (32 s + l) >> 5 of hmask[l] is clear */
-    const uint8x16_t h0 = vld1q_u8(x->hmask), h1 = vld1q_u8(x->hmask + 16);
-    for (int j = 0; j < 16; j++) {
-        const uint8x16_t h = (j & 1) ? h1 : h0, bit = vdupq_n_u8((uint8_t)(1u << (j >> 1)));
-        const uint8x16_t sub = vbicq_u8(vdupq_n_u8(4), vtstq_u8(h, bit));
-        B->v[j] = vsubq_s8(vreinterpretq_s8_u8(u[j]), vreinterpretq_s8_u8(sub));
-    }
+    /* minus 4 where the element's hmask bit is clear */
+    const uint8x16_t hm[2] = {vld1q_u8(x->hmask), vld1q_u8(x->hmask + 16)};
+    for (int j = 0; j < 16; j++)
+        B->v[j] = vsubq_s8(vreinterpretq_s8_u8(u[j]), vreinterpretq_s8_u8(vbicq_u8(vdupq_n_u8(4), plane_bit(hm, j))));
     const uint8_t *s = x->scales;
     for (int j = 0; j < 16; j++) {
         const int lo = (j < 8 ? s[j] : s[j - 8] >> 4) & 0x0f;
