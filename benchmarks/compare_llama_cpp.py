@@ -67,7 +67,14 @@ class Peer:
     def run(self, kind: str, n: int, depth: int = 0) -> float:
         self.proc.stdin.write(f"{kind} {n} {depth}\n")
         self.proc.stdin.flush()
-        return json.loads(self.proc.stdout.readline())["s"]
+        line = self.proc.stdout.readline()
+        if not line:
+            rc = self.proc.wait(timeout=30)
+            hint = (" (SIGILL: its build uses instructions this CPU refuses, e.g. AMX in a VM; rebuild it "
+                    "with CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX512=ON ...\", see the README's Speed section)"
+                    if rc == -4 else "")
+            raise SystemExit(f"the peer (llama.cpp) died during {kind} {n}, exit status {rc}{hint}")
+        return json.loads(line)["s"]
 
     def close(self) -> None:
         self.proc.stdin.close()
