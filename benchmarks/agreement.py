@@ -156,7 +156,7 @@ def against_reference(model: str, kept: list, margin: float) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", required=True)
-    ap.add_argument("--peer-python", default=os.environ.get("PEER_PYTHON", "/tmp/peer-venv/bin/python"))
+    ap.add_argument("--peer-python", default=os.environ.get("PYLLM_PEER_PYTHON", "/tmp/peer-venv/bin/python"))
     ap.add_argument("--n-gen", type=int, default=48)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--margin", type=float, default=0.1)

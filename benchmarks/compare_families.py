@@ -89,7 +89,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--types", help="quant types for every family (default: all for llama, Q8_0,Q4_K_M else)")
-    ap.add_argument("--peer-python", default=os.environ.get("PEER_PYTHON", "/tmp/peer-venv/bin/python"))
+    ap.add_argument("--peer-python", default=os.environ.get("PYLLM_PEER_PYTHON", "/tmp/peer-venv/bin/python"))
     ap.add_argument("--tokenizer-from", default=str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--n-tokens", type=int, default=40)
     ap.add_argument("-t", "--threads", type=int, default=2)
