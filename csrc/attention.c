@@ -178,11 +178,9 @@ static void attend_range(const pyllm_op *op, const op_rows *r, int kvh, int64_t 
                     __builtin_prefetch((const char *)(op->v_cache + slot) + b);
                 }
             }
-        for (int32_t j = j0; j <= j1; j++) {
-            size_t slot = (base + (size_t)(j - blk * B)) * kv_dim + (size_t)kvh * hd;
-            K.f16_to_f32(op->k_cache + slot, w.kb + (int64_t)(j - j0) * hd, hd);
-            K.f16_to_f32(op->v_cache + slot, w.vb + (int64_t)(j - j0) * hd, hd);
-        }
+        const size_t slot = (base + (size_t)(j0 - blk * B)) * kv_dim + (size_t)kvh * hd;
+        K.f16_to_f32(op->k_cache + slot, kv_dim, n, w.kb, hd);
+        K.f16_to_f32(op->v_cache + slot, kv_dim, n, w.vb, hd);
         block_scores(w.qs, (int)((t1 - t0) * group), w.kb, n, hd, w.scores);
         /* each row's softmax step over the part of [j0, j1] it sees; the
          * weighted sums of V for runs of rows that see all of it at once */

@@ -134,12 +134,19 @@ int pyllm_kernel_gemm(int isa, int type, int64_t n, const void *w, size_t row_by
     return 0;
 }
 
+int pyllm_kernel_f16_rows(int isa, const void *x, int64_t x_stride, int rows, float *out, int64_t n) {
+    const kernel_table *t = table_for(isa);
+    if (!t || !x || !out || n < 0 || rows < 0 || x_stride < n) return -1;
+    t->f16_to_f32(x, x_stride, rows, out, n);
+    return 0;
+}
+
 int pyllm_kernel_float(int isa, int which, int64_t n, const void *a, const void *b, float s, void *out) {
     const kernel_table *t = table_for(isa);
     if (!t || n < 0 || !a || !out) return -1;
     switch (which) {
     case 0: t->f32_to_f16(a, out, n); return 0;
-    case 1: t->f16_to_f32(a, out, n); return 0;
+    case 1: t->f16_to_f32(a, n, 1, out, n); return 0;
     case 2:
         if (!b) return -1;
         *(float *)out = t->dot_f16_f32(n, a, b);

@@ -132,6 +132,8 @@ int pyllm_kernel_gemm(int isa, int type, int64_t n, const void *w, size_t row_by
  *   2 dot_f16_f32(a=f16[n], b=float[n]) -> out=float[1]
  *   3 axpy_f16: out=float[n] += s * a=f16[n]    4 dot_f32(a, b=float[n]) -> out=float[1] */
 int pyllm_kernel_float(int isa, int which, int64_t n, const void *a, const void *b, float s, void *out);
+/* out[r*n + i] = f16_to_f32(x[r*x_stride + i]) for r < rows, i < n (x_stride >= n) */
+int pyllm_kernel_f16_rows(int isa, const void *x, int64_t x_stride, int rows, float *out, int64_t n);
 /* the vector math of GLU and attention, by `which` (float arrays of n):
  *   0 glu_silu:      out[i] = silu(a[i]) * b[i]
  *   1 glu_gelu_tanh: out[i] = gelu_tanh(a[i]) * b[i]

@@ -184,7 +184,9 @@ typedef struct {
     quantize_fn quantize_act[3];   /* by ACT_*; ACT_F32 entry is a plain copy */
     /* float helpers used by attention and the KV cache */
     void (*f32_to_f16)(const float *restrict x, f16_t *restrict out, int64_t n);
-    void (*f16_to_f32)(const f16_t *restrict x, float *restrict out, int64_t n);
+    /* rows rows of n halves, x_stride halves apart -> out, rows x n floats back to back
+     * (exact: the K/V rows of a cache block, converted in one call) */
+    void (*f16_to_f32)(const f16_t *restrict x, int64_t x_stride, int rows, float *restrict out, int64_t n);
     float (*dot_f16_f32)(int64_t n, const f16_t *restrict a, const float *restrict b);
     /* out[i] += s * f16_to_f32(a[i]) */
     void (*axpy_f16)(int64_t n, float s, const f16_t *restrict a, float *restrict out);

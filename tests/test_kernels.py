@@ -581,6 +581,27 @@ def test_float_helpers(isa):
         assert not np.array_equal(y, y0)
 
 
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_f16_rows_to_f32_exact(isa):
+    """the K/V block conversion: rows of n halves, x_stride apart, into rows x n
+    floats back to back, exactly numpy's conversion (infs, nans, subnormals
+    included), nothing written past rows x n"""
+    rng = np.random.default_rng(14)
+    for n, rows, stride in [(64, 32, 192), (7, 3, 7), (33, 5, 40), (200, 2, 256), (16, 1, 16), (1, 4, 3)]:
+        bits = rng.integers(0, 1 << 16, size=rows * stride, dtype=np.uint16)
+        x = bits.view(np.float16)
+        out = np.full(rows * n + 5, 7.0, dtype=np.float32)
+        assert lib.pyllm_kernel_f16_rows(isa, ptr(x), stride, rows, fptr(out), n) == 0
+        want = x.reshape(rows, stride)[:, :n].astype(np.float32).reshape(-1)
+        got = out[:rows * n]
+        nan = np.isnan(want)
+        assert (np.isnan(got) == nan).all(), (n, rows, stride)
+        np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+        assert (out[rows * n:] == 7.0).all()
+    x = np.zeros(8, dtype=np.float16)
+    assert lib.pyllm_kernel_f16_rows(isa, ptr(x), 3, 2, fptr(np.zeros(8, dtype=np.float32)), 4) == -1  # stride < n
+
+
 # ---------------------------------------------------------------- vector math (GLU, softmax)
 # Error bounds (stated in quants.c), against float64 numpy:
 #   glu_silu       |err| <= 1e-6 |silu(g) u| + 1e-30
@@ -1035,6 +1056,12 @@ int main(void) {
         if (isnan(r) ? !isnan(f1[i]) : memcmp(&r, &f1[i], 4) != 0) bad++;
     }
     CHECK(bad == 0, "f16_to_f32: %d bad", bad);
+    {   /* the K/V block form: 7 rows of 33, 37 apart (finite halves 0..258) */
+        static float r0[7 * 33], r1[7 * 33];
+        CHECK(pyllm_kernel_f16_rows(0, h, 37, 7, r0, 33) == 0 && pyllm_kernel_f16_rows(ISA_NEON, h, 37, 7, r1, 33) == 0,
+              "f16 rows rc");
+        CHECK(memcmp(r0, r1, sizeof r0) == 0 && r1[33] == fp16_to_fp32(h[37]), "f16 rows");
+    }
     for (int i = 0; i < 65536; i++) { uint32_t u = rnd(); memcpy(&f[i], &u, 4); }
     for (int i = 0; i < 4096; i++) f[i] = fp16_to_fp32((f16_t)i) * 1.00048828125f; /* near-ties, subnormals */
     pyllm_kernel_float(ISA_NEON, 0, 65536, f, NULL, 0, h1);

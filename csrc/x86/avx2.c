@@ -1045,10 +1045,12 @@ static void f32_to_f16_row(const float *restrict x, f16_t *restrict out, int64_t
     for (; i < n; i++) out[i] = fp32_to_fp16(x[i]);
 }
 
-static void f16_to_f32_row(const f16_t *restrict x, float *restrict out, int64_t n) {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, load_f16x8(x + i));
-    for (; i < n; i++) out[i] = fp16_to_fp32(x[i]);
+static void f16_to_f32_rows(const f16_t *restrict x, int64_t x_stride, int rows, float *restrict out, int64_t n) {
+    for (int r = 0; r < rows; r++, x += x_stride, out += n) {
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, load_f16x8(x + i));
+        for (; i < n; i++) out[i] = fp16_to_fp32(x[i]);
+    }
 }
 
 static float dot_f16_f32(int64_t n, const f16_t *restrict a, const float *restrict b) { return dot_f16_x(n, a, b); }
@@ -1301,7 +1303,7 @@ void KERNELS_FILL_AVX2(kernel_table *t) {
     t->quantize_act[ACT_Q8_32] = quantize_q8_32;
     t->quantize_act[ACT_Q8_K] = quantize_q8_K;
     t->f32_to_f16 = f32_to_f16_row;
-    t->f16_to_f32 = f16_to_f32_row;
+    t->f16_to_f32 = f16_to_f32_rows;
     t->dot_f16_f32 = dot_f16_f32;
     t->axpy_f16 = axpy_f16;
     t->dot_f32 = dot_f32;

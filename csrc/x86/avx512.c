@@ -1797,6 +1797,15 @@ static void axpy_f32(int64_t n, float a, const float *restrict x, float *restric
     }
 }
 
+/* K/V cache rows to float: 16 halves per convert, the row's tail masked */
+static void f16_to_f32_rows(const f16_t *restrict x, int64_t x_stride, int rows, float *restrict out, int64_t n) {
+    for (int r = 0; r < rows; r++, x += x_stride, out += n) {
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, fload_f16(x, i, 0xffff));
+        if (i < n) _mm512_mask_storeu_ps(out + i, tail_mask16(n - i), fload_f16(x, i, tail_mask16(n - i)));
+    }
+}
+
 /* ------------------------------------------------------------------ */
 
 void kernels_fill_avx512(kernel_table *t) {
@@ -1832,4 +1841,5 @@ void kernels_fill_avx512(kernel_table *t) {
     t->axpy_f32 = axpy_f32;
     t->wsum_f32 = wsum_f32;
     t->wsum_many_f32 = wsum_many_f32;
+    t->f16_to_f32 = f16_to_f32_rows;
 }
