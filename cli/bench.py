@@ -58,14 +58,18 @@ def bench(
                         "params_m": round(m.file.n_params / 1e6, 1), "types": m.file.type_histogram(),
                         "kernels": kernel_level(),
                         "kv_bytes_per_token": B.decode_bytes_per_token(m, 1) - B.decode_bytes_per_token(m, 0)}
+                from_empty = {}  # (kind, n) -> result, the runs from an empty context
                 for d in depths:
-                    rows += B.bench(m, tests, reps, depth=d)
+                    got = B.bench(m, tests, reps, depth=d)
+                    rows += got
+                    if d == 0:
+                        from_empty = dict(zip(tests, got))
                 ttft, tpot = B.ttft_tpot(m, ttft_prompt, 32)
-                tg = [r for r in rows if r.test.startswith("tg") and "@" not in r.test and r.threads == nt]
+                tg_n, tg = next(((n, r) for (kind, n), r in from_empty.items() if kind == "tg"), (0, None))
                 # a tg N run attends over N/2 positions on average
-                bytes_tok = B.decode_bytes_per_token(m, int(tg[0].test[2:]) // 2 if tg else 0)
+                bytes_tok = B.decode_bytes_per_token(m, tg_n // 2)
                 extra[nt] = {"ttft_s": ttft, "tpot_s": tpot, "decode_bytes_per_token": bytes_tok,
-                             "decode_gb_s": bytes_tok * tg[0].mean / 1e9 if tg else None}
+                             "decode_gb_s": bytes_tok * tg.mean / 1e9 if tg else None}
                 if profile:
                     pre, dec = B.profile(m, "The quick brown fox jumps over the lazy dog. " * 20, 64)
                     extra[nt]["profile"] = {"prefill": pre.as_dict(), "decode": dec.as_dict()}
@@ -83,7 +87,8 @@ def bench(
             return
         out = Console(highlight=False)
         types = ", ".join(f"{k}:{v}" for k, v in info["types"].items())
-        t = Table(title=f"{info['model']}  {info['size_mb']} MB  {info['params_m']} M params  [{types}]  kernels {info['kernels']}")
+        t = Table(title=f"{info['model']}  {info['size_mb']} MB  {info['params_m']} M params  [{types}]  "
+                        f"kernels {info['kernels']}")
         for col in ("threads", "test", "tokens/s"):
             t.add_column(col, justify="right")
         for r in rows:

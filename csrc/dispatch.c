@@ -54,6 +54,12 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int level = -1; /* -1: K not set up yet */
 
+/* a debugging switch set to 0 in the environment */
+static int env_off(const char *name) {
+    const char *v = getenv(name);
+    return v && v[0] == '0';
+}
+
 static void detect(void) {
     available[ISA_SCALAR] = 1;
 #if defined(__x86_64__) || defined(_M_X64)
@@ -64,11 +70,9 @@ static void detect(void) {
                             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
                             __builtin_cpu_supports("avx512dq");
     pyllm_avx512_vnni = available[ISA_AVX512] && __builtin_cpu_supports("avx512vnni");
-    const char *v = getenv("PYLLM_AVX512_VNNI");
-    if (v && v[0] == '0') pyllm_avx512_vnni = 0;
+    if (env_off("PYLLM_AVX512_VNNI")) pyllm_avx512_vnni = 0;
     avx2_vnni = available[ISA_AVX2] && kernels_fill_avx2_vnni && __builtin_cpu_supports("avxvnni");
-    v = getenv("PYLLM_AVX2_VNNI");
-    if (v && v[0] == '0') avx2_vnni = 0;
+    if (env_off("PYLLM_AVX2_VNNI")) avx2_vnni = 0;
 #elif defined(__aarch64__)
     available[ISA_NEON] = 1; /* Advanced SIMD is mandatory on AArch64 */
 #if defined(__linux__)
@@ -76,8 +80,7 @@ static void detect(void) {
 #elif defined(__APPLE__)
     neon_dotprod = kernels_fill_neon_dotprod != NULL; /* every Apple M-series core has it */
 #endif
-    const char *v = getenv("PYLLM_NEON_DOTPROD");
-    if (v && v[0] == '0') neon_dotprod = 0;
+    if (env_off("PYLLM_NEON_DOTPROD")) neon_dotprod = 0;
 #endif
     const char *m = getenv("PYLLM_MAX_ISA");
     if (m) {
