@@ -69,6 +69,9 @@ class Model:
             n_ctx = min(DEFAULT_MAX_CTX, hp.n_ctx_train)
         if n_ctx < 1:
             raise InvalidArgumentError(f"n_ctx must be positive, not {n_ctx}")
+        if n_ctx > hp.n_ctx_train:
+            log.warning("a context of %d tokens is longer than the %d the model was trained on: "
+                        "expect worse text past %d", n_ctx, hp.n_ctx_train, hp.n_ctx_train)
         if not 1 <= n_batch <= 8192:
             raise InvalidArgumentError(f"n_batch must be in 1..8192, not {n_batch}")
         n_threads = physical_cores() if n_threads is None else n_threads

@@ -1,4 +1,5 @@
 """Broken inputs at the command line: one line on stderr, exit code 2."""
+import re
 import subprocess
 import sys
 
@@ -19,7 +20,6 @@ def assert_one_line_error(r, pattern):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
     assert "Traceback" not in r.stderr
-    import re
     assert re.search(pattern, lines[0]), lines[0]
 
 
@@ -59,3 +59,34 @@ def test_unknown_architecture(tmp_path):
 def test_bad_arguments(tmp_path, args, pattern):
     p = synth.write_llama(tmp_path / "m.gguf", QT.Q8_0)
     assert_one_line_error(pyllm("run", "-m", p, "-p", "hi", *args), pattern)
+
+
+def test_context_too_large_for_memory(tmp_path):
+    """No machine has the ~20 GiB a billion positions of this model's KV cache
+    take: refused before anything is allocated, saying which -c fits."""
+    p = synth.write_llama(tmp_path / "m.gguf", QT.Q8_0)
+    r = pyllm("run", "-m", p, "-p", "hi", "-n", "2", "-c", str(10 ** 9))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert "longer than the 512 the model was trained on" in lines[0]
+    assert re.search(r"error: a context of 1000000000 tokens needs .* GiB for its KV cache .* "
+                     r"use a smaller context \(-c / n_ctx \d+ or less\)", lines[-1]), lines[-1]
+
+
+def test_suggested_context_is_the_largest_that_fits(tmp_path, monkeypatch):
+    """With the machine's free memory pinned, the context the error suggests
+    opens and one block more does not."""
+    import pyllm.backend.cpu as cpu
+    from pyllm import Model
+    from pyllm.backend.base import DeviceMemoryError
+    from pyllm.defaults import BLOCK_SIZE
+    p = synth.write_llama(tmp_path / "m.gguf", QT.Q8_0)
+    monkeypatch.setattr(cpu, "available_memory", lambda: 8 << 20)
+    with pytest.raises(DeviceMemoryError, match="KV cache") as e:
+        Model(p, n_ctx=4096)
+    fits = int(re.search(r"n_ctx (\d+) or less", str(e.value)).group(1))
+    assert 0 < fits < 4096 and fits % BLOCK_SIZE == 0
+    with Model(p, n_ctx=fits) as m:
+        assert len(m.generate("hi", max_tokens=2, temperature=0).tokens) == 2
+    with pytest.raises(DeviceMemoryError):
+        Model(p, n_ctx=fits + BLOCK_SIZE)

@@ -23,7 +23,8 @@ from .._native import ffi, lib
 from ..errors import BackendError, InvalidArgumentError
 from ..graph import Graph, View
 from ..model_file import Tensor
-from .base import ACTIVATIONS, Backend, Device, Program, Range, Shape, StepData
+from ..units import fmt_bytes
+from .base import ACTIVATIONS, Backend, Device, DeviceMemoryError, Program, Range, Shape, StepData
 from .lowering import fill_record, memory_plan, step_needs, step_record
 
 ALIGN = 64
@@ -34,9 +35,24 @@ def aligned_zeros(shape, dtype) -> np.ndarray:
     Large zeroed arrays come from calloc/mmap: pages cost RSS only once touched."""
     dtype = np.dtype(dtype)
     n = int(np.prod(shape))
-    raw = np.zeros(n * dtype.itemsize + ALIGN, dtype=np.uint8)
+    try:
+        raw = np.zeros(n * dtype.itemsize + ALIGN, dtype=np.uint8)
+    except MemoryError:
+        raise DeviceMemoryError(f"out of memory allocating {fmt_bytes(n * dtype.itemsize)}; "
+                                "use a smaller context (-c / n_ctx)") from None
     start = -raw.ctypes.data % ALIGN
     return raw[start:start + n * dtype.itemsize].view(dtype).reshape(shape)
+
+
+def available_memory() -> Optional[int]:
+    """Bytes new allocations can still get on this machine (MemAvailable plus
+    free swap, from /proc/meminfo), or None where the system does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            kib = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in f if ":" in line)}
+        return (kib["MemAvailable"] + kib.get("SwapFree", 0)) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 def kernel_level() -> str:
@@ -133,7 +149,25 @@ class CoreProgram(Program):
 
     # -- memory (the sim device overrides these) ---------------------------------------------
     def _reserve(self, mp) -> None:
-        """Checks that the plan fits the device (the host does not limit it)."""
+        """Checks that what the host allocates (the KV pools and buffers; the
+        weights stay in the mapped file) fits the memory the machine has left,
+        so that a context too long for it fails here, with a remedy, rather
+        than in the allocator or, pages being touched lazily, in the OOM killer."""
+        need = mp.bytes()
+        total = need["kv"] + need["buffers"] + need["staging"]
+        free = available_memory()
+        if free is None or total <= free:
+            return
+        positions = max((b * s for b, s, _ in mp.kv.values()), default=0)
+        if not positions:
+            raise DeviceMemoryError(f"the activation buffers need {fmt_bytes(total)} but this machine has "
+                                    f"{fmt_bytes(free)} of memory available; use a smaller batch (n_batch)")
+        per_position = need["kv"] // positions
+        block = next(iter(mp.kv.values()))[1]
+        fits = max(0, (free - need["buffers"] - need["staging"]) // per_position) // block * block
+        raise DeviceMemoryError(f"a context of {positions} tokens needs {fmt_bytes(need['kv'])} for its KV cache "
+                                f"({fmt_bytes(per_position)} per token) but this machine has {fmt_bytes(free)} of "
+                                f"memory available; use a smaller context (-c / n_ctx {fits} or less)")
 
     def _place_weight(self, t: Tensor) -> np.ndarray:
         return t.data
