@@ -41,10 +41,18 @@ size_t attention_scratch_floats(int head_dim, int group, int block_size) {
            nq * (size_t)block_size;
 }
 
-/* scores[q * n + i] = k_i . q_q for the n key rows kb and the nq query rows
- * qs (each pair with the F32 dot's float steps, however many share a call) */
-static void block_scores(const float *qs, int nq, const float *kb, int n, int hd, float *scores) {
+/* scores[q * n + i] = k_i . q_q for the n f16 key rows kc (stride halves
+ * apart) and the nq query rows qs, each pair with the float dot's steps
+ * however many share a call: straight from the cache where the level has
+ * an F16 gemm, else through float copies in kb (the same numbers) */
+static void block_scores(const float *qs, int nq, const f16_t *kc, int64_t stride, int n, int hd, float *kb,
+                         float *scores) {
     const size_t rb = (size_t)hd * sizeof(float);
+    if (K.gemm[T_F16]) {
+        K.gemm[T_F16](hd, kc, (size_t)stride * sizeof(f16_t), n, qs, rb, nq, scores, (size_t)n);
+        return;
+    }
+    K.f16_to_f32(kc, stride, n, kb, hd);
     gemm_rows(T_F32, hd, (const uint8_t *)kb, rb, n, (const uint8_t *)qs, rb, nq, scores, (size_t)n);
 }
 
@@ -78,9 +86,16 @@ static void softmax_step(float *state, float *s, int n, int hd, float scale, flo
     *l += K.exp_sum(n, s, *m); /* s[i] = exp(s[i] - m), l += sum_i s[i] */
 }
 
-/* acc_q += sum_i w_q[i] v_i for nq queries (weights of stride ws, states of stride sf) */
-static void weighted_sum(int nq, const float *w, int64_t ws, const float *vb, int n, int hd, float *state,
-                         size_t sf) {
+/* acc_q += sum_i w_q[i] v_i for nq queries (weights of stride ws, states of
+ * stride sf) over the n f16 value rows vc (stride halves apart): straight
+ * from the cache where the level can, else through float copies in vb */
+static void weighted_sum(int nq, const float *w, int64_t ws, const f16_t *vc, int64_t stride, int n, int hd,
+                         float *vb, float *state, size_t sf) {
+    if (K.wsum_many_f16) {
+        K.wsum_many_f16(hd, n, nq, w, ws, vc, stride, state + 2, (int64_t)sf);
+        return;
+    }
+    K.f16_to_f32(vc, stride, n, vb, hd);
     if (K.wsum_many_f32) {
         K.wsum_many_f32(hd, n, nq, w, ws, vb, hd, state + 2, (int64_t)sf);
         return;
@@ -141,13 +156,13 @@ static void pack_queries(const pyllm_op *op, int kvh, int64_t t0, int64_t t1, fl
                (size_t)group * hd * sizeof(float));
 }
 
-/* the weighted sums of V over the whole block for rows [u0, u1) of the tile
- * starting at t0 (nothing when the run is empty) */
-static void whole_block_sums(item_scratch w, int64_t u0, int64_t u1, int64_t t0, int group, int n, int hd, float *state,
-                        size_t sf) {
+/* the weighted sums of V over the whole block (n rows from vc) for rows
+ * [u0, u1) of the tile starting at t0 (nothing when the run is empty) */
+static void whole_block_sums(item_scratch w, const f16_t *vc, int64_t stride, int64_t u0, int64_t u1, int64_t t0,
+                             int group, int n, int hd, float *state, size_t sf) {
     if (u1 <= u0) return;
     const int64_t q0 = (u0 - t0) * group;
-    weighted_sum((int)((u1 - u0) * group), w.scores + q0 * n, n, w.vb, n, hd, state + q0 * sf, sf);
+    weighted_sum((int)((u1 - u0) * group), w.scores + q0 * n, n, vc, stride, n, hd, w.vb, state + q0 * sf, sf);
 }
 
 /* Adds positions [from, to] (as far as each row sees them) to the softmax
@@ -179,9 +194,8 @@ static void attend_range(const pyllm_op *op, const op_rows *r, int kvh, int64_t 
                 }
             }
         const size_t slot = (base + (size_t)(j0 - blk * B)) * kv_dim + (size_t)kvh * hd;
-        K.f16_to_f32(op->k_cache + slot, kv_dim, n, w.kb, hd);
-        K.f16_to_f32(op->v_cache + slot, kv_dim, n, w.vb, hd);
-        block_scores(w.qs, (int)((t1 - t0) * group), w.kb, n, hd, w.scores);
+        const f16_t *kc = op->k_cache + slot, *vc = op->v_cache + slot;
+        block_scores(w.qs, (int)((t1 - t0) * group), kc, kv_dim, n, hd, w.kb, w.scores);
         /* each row's softmax step over the part of [j0, j1] it sees; the
          * weighted sums of V for runs of rows that see all of it at once */
         int64_t run = t0; /* first row of the current run of such rows */
@@ -193,15 +207,15 @@ static void attend_range(const pyllm_op *op, const op_rows *r, int kvh, int64_t 
                 softmax_step(state + q * sf, w.scores + q * n + (a - j0), b - a + 1, hd, op->scale, op->softcap);
             }
             if (a == j0 && b == j1) continue; /* the run goes on */
-            whole_block_sums(w, run, t, t0, group, n, hd, state, sf);
+            whole_block_sums(w, vc, kv_dim, run, t, t0, group, n, hd, state, sf);
             run = t + 1;
             if (a <= b) { /* this row alone, over the part it sees */
                 int64_t q0 = (t - t0) * group;
-                weighted_sum(group, w.scores + q0 * n + (a - j0), n, w.vb + (int64_t)(a - j0) * hd, b - a + 1, hd,
-                             state + q0 * sf, sf);
+                weighted_sum(group, w.scores + q0 * n + (a - j0), n, vc + (int64_t)(a - j0) * kv_dim, kv_dim, b - a + 1,
+                             hd, w.vb, state + q0 * sf, sf);
             }
         }
-        whole_block_sums(w, run, t1, t0, group, n, hd, state, sf);
+        whole_block_sums(w, vc, kv_dim, run, t1, t0, group, n, hd, state, sf);
     }
 }
 
@@ -247,8 +261,8 @@ static void attend_split(const pyllm_op *op, const op_rows *r, int32_t seg0, int
     int64_t lo, hi;
     split_range(items, ith, nth, 1, &lo, &hi);
     for (int64_t item = lo; item < hi; item++) {
-        int kvh = (int)(item / n_seg);
-        int32_t k = seg0 + (int32_t)(item % n_seg);
+        int kvh = (int)(item % op->n_kv_head);
+        int32_t k = seg0 + (int32_t)(item / op->n_kv_head);
         int32_t from = k * SEGMENT > first ? k * SEGMENT : first;
         int32_t to = (k + 1) * SEGMENT - 1 < p ? (k + 1) * SEGMENT - 1 : p;
         float *state = r->shared + (size_t)item * group * sf;
@@ -264,7 +278,7 @@ static void attend_split(const pyllm_op *op, const op_rows *r, int32_t seg0, int
         int kvh = h / group, g = h % group;
         state_init(total, 1, hd);
         for (int s = 0; s < n_seg; s++)
-            state_merge(total, r->shared + ((size_t)(kvh * n_seg + s) * group + g) * sf, hd);
+            state_merge(total, r->shared + ((size_t)(s * op->n_kv_head + kvh) * group + g) * sf, hd);
         state_output(total, op->y + (int64_t)h * hd, hd);
     }
 }

@@ -112,6 +112,7 @@ static void overlay(kernel_table *dst, const kernel_table *src) {
     OV(axpy_f32);
     OV(wsum_f32);
     OV(wsum_many_f32);
+    OV(wsum_many_f16);
 #undef OV
 }
 

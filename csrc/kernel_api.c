@@ -8,6 +8,7 @@
  */
 #include <stdint.h>
 #include <stddef.h>
+#include <stdlib.h>
 
 #include "pyllm.h"
 #include "quants.h"
@@ -70,6 +71,7 @@ int pyllm_kernel_provided(int isa, int kind, int type) {
         case 3: return own.axpy_f32 != NULL;
         case 4: return own.wsum_f32 != NULL;
         case 5: return own.wsum_many_f32 != NULL;
+        case 6: return own.wsum_many_f16 != NULL;
         default: return 0;
         }
     default: return 0;
@@ -198,4 +200,22 @@ int pyllm_kernel_wsum(int isa, int64_t n, int rows, int nq, const float *w, int6
     }
     for (int q = 0; q < nq; q++) t->wsum_f32(n, rows, w + q * ws, x, ld, y + q * ys);
     return 0;
+}
+
+/* pyllm_kernel_wsum over rows of halves x: the level's wsum_many_f16 when it
+ * has one, else the rows converted and its f32 form (as attention does) */
+int pyllm_kernel_wsum_f16(int isa, int64_t n, int rows, int nq, const float *w, int64_t ws, const void *x, int64_t ld,
+                          float *y, int64_t ys) {
+    const kernel_table *t = table_for(isa);
+    if (!t || n < 0 || rows < 0 || nq < 0 || !w || !x || !y || ws < rows || ld < n || ys < n) return -1;
+    if (t->wsum_many_f16) {
+        t->wsum_many_f16(n, rows, nq, w, ws, x, ld, y, ys);
+        return 0;
+    }
+    float *xf = malloc((size_t)(rows > 0 ? rows : 1) * (size_t)(n > 0 ? n : 1) * sizeof(float));
+    if (!xf) return -1;
+    t->f16_to_f32(x, ld, rows, xf, n);
+    const int rc = pyllm_kernel_wsum(isa, n, rows, nq, w, ws, xf, n, y, ys);
+    free(xf);
+    return rc;
 }

@@ -146,6 +146,10 @@ int pyllm_kernel_vmath(int isa, int which, int64_t n, const float *a, const floa
  * (the level's wsum_many_f32, else its wsum_f32 per output) */
 int pyllm_kernel_wsum(int isa, int64_t n, int rows, int nq, const float *w, int64_t ws, const float *x, int64_t ld,
                       float *y, int64_t ys);
+/* pyllm_kernel_wsum over f16 rows x (attention's V straight from the cache):
+ * exactly pyllm_kernel_wsum on the rows converted to float */
+int pyllm_kernel_wsum_f16(int isa, int64_t n, int rows, int nq, const float *w, int64_t ws, const void *x, int64_t ld,
+                          float *y, int64_t ys);
 
 /* ---- memory bandwidth probe (pyllm bench --membw) ---- */
 double pyllm_membw(pyllm_ctx *ctx, const void *buf, size_t bytes, int reps);

@@ -216,6 +216,11 @@ typedef struct {
      * NULL: callers loop over wsum_f32. */
     void (*wsum_many_f32)(int64_t n, int rows, int nq, const float *restrict w, int64_t ws,
                           const float *restrict x, int64_t ld, float *restrict y, int64_t ys);
+    /* wsum_many_f32 over rows of halves (attention's V rows read straight from
+     * the f16 cache): exactly wsum_many_f32 on the rows converted to float.
+     * NULL: callers convert the rows (f16_to_f32) and call the f32 form. */
+    void (*wsum_many_f16)(int64_t n, int rows, int nq, const float *restrict w, int64_t ws,
+                          const f16_t *restrict x, int64_t ld, float *restrict y, int64_t ys);
 } kernel_table;
 
 /* ISA levels, in increasing order */

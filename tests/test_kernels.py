@@ -765,6 +765,30 @@ def test_wsum_many_equals_wsum_exactly(isa):
     assert lib.pyllm_kernel_wsum(isa, 8, 4, 1, fptr(w), 2, fptr(x), 8, fptr(y), 8) == -1  # ws < rows
 
 
+
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_wsum_from_f16_rows_equals_wsum_on_floats_exactly(isa):
+    """attention's weighted sum reads V straight from the f16 cache (rows ld
+    halves apart, a block's rows of one KV head): exactly the float form on
+    the rows converted, for every output count and column tail (AVX2 pads a
+    partial last 8 through a copy); the strides' padding stays untouched"""
+    rng = np.random.default_rng(19)
+    for n, rows, ld in [(64, 32, 192), (256, 16, 256), (33, 5, 40), (100, 1, 100), (7, 3, 9), (128, 0, 128)]:
+        xh = rng.standard_normal((max(rows, 1), ld)).astype(np.float16)
+        xf = np.ascontiguousarray(xh[:rows, :n].astype(np.float32))
+        for nq in [1, 2, 3, 4, 5, 9]:
+            ws, ys = rows + 3, n + 5
+            w = rng.standard_normal((nq, ws)).astype(np.float32)
+            y0 = rng.standard_normal((nq, ys)).astype(np.float32)
+            y0[:, n:] = np.nan
+            got, want = y0.copy(), y0.copy()
+            xfp = fptr(xf) if xf.size else fptr(np.zeros(1, dtype=np.float32))
+            assert lib.pyllm_kernel_wsum_f16(isa, n, rows, nq, fptr(w), ws, ptr(xh), ld, fptr(got), ys) == 0
+            assert lib.pyllm_kernel_wsum(isa, n, rows, nq, fptr(w), ws, xfp, n, fptr(want), ys) == 0
+            np.testing.assert_array_equal(got, want, err_msg=f"n={n} rows={rows} ld={ld} nq={nq}")
+            assert np.isnan(got[:, n:]).all()
+    assert lib.pyllm_kernel_wsum_f16(isa, 8, 4, 1, fptr(w), 4, ptr(xh), 7, fptr(got), 8) == -1  # ld < n
+
 def test_vmath_provided():
     """AVX2 and AVX-512 have their own vector math; bad arguments are refused"""
     for isa in [i for i in (1, 2) if lib.pyllm_level_available(i)]:

@@ -1183,16 +1183,28 @@ static void wsum_f32(int64_t n, int rows, const float *restrict w, const float *
 
 /* wsum_f32 for Q outputs at once over columns [0, 8V) of x and y (k masks
  * the last 8): each x load shared by the Q outputs; an element's steps are
- * wsum_f32's (rows in order, one FMA each), whatever the chunking. */
-INLINE void wsum_chunk(const int Q, const int V, __m256i k, int rows, const float *w, int64_t ws, const float *x,
-                       int64_t ld, float *y, int64_t ys) {
+ * wsum_f32's (rows in order, one FMA each), whatever the chunking. x rows
+ * are floats, or halves (half = 1: V straight from the f16 cache, each
+ * converted exactly, so the same numbers; a partial last 8 goes through a
+ * zero-padded copy, AVX2 having no 16-bit masked load). */
+INLINE __m256 xload8(const int half, const void *x, int64_t i, __m256i k, int m) {
+    if (!half) return _mm256_maskload_ps((const float *)x + i, k);
+    if (m == 8) return load_f16x8((const f16_t *)x + i);
+    f16_t pad[8] = {0};
+    memcpy(pad, (const f16_t *)x + i, (size_t)m * sizeof(f16_t));
+    return load_f16x8(pad);
+}
+
+INLINE void wsum_chunk(const int half, const int Q, const int V, __m256i k, int m, int rows, const float *w,
+                       int64_t ws, const void *x, int64_t ld, float *y, int64_t ys) {
     const __m256i all = _mm256_set1_epi32(-1);
+    const size_t row_bytes = (size_t)ld * (half ? 2 : 4);
     __m256 acc[2][4];
     for (int q = 0; q < Q; q++)
         for (int v = 0; v < V; v++) acc[q][v] = _mm256_maskload_ps(y + q * ys + 8 * v, v == V - 1 ? k : all);
-    for (int i = 0; i < rows; i++, x += ld) {
+    for (int i = 0; i < rows; i++, x = (const char *)x + row_bytes) {
         __m256 xv[4];
-        for (int v = 0; v < V; v++) xv[v] = _mm256_maskload_ps(x + 8 * v, v == V - 1 ? k : all);
+        for (int v = 0; v < V; v++) xv[v] = xload8(half, x, 8 * v, v == V - 1 ? k : all, v == V - 1 ? m : 8);
         for (int q = 0; q < Q; q++) {
             const __m256 wv = _mm256_broadcast_ss(w + q * ws + i);
             for (int v = 0; v < V; v++) acc[q][v] = _mm256_fmadd_ps(wv, xv[v], acc[q][v]);
@@ -1202,62 +1214,81 @@ INLINE void wsum_chunk(const int Q, const int V, __m256i k, int rows, const floa
         for (int v = 0; v < V; v++) _mm256_maskstore_ps(y + q * ys + 8 * v, v == V - 1 ? k : all, acc[q][v]);
 }
 
-INLINE void wsum_q(const int Q, int64_t n, int rows, const float *w, int64_t ws, const float *x, int64_t ld, float *y,
-                   int64_t ys) {
+INLINE void wsum_q(const int half, const int Q, int64_t n, int rows, const float *w, int64_t ws, const void *x,
+                   int64_t ld, float *y, int64_t ys) {
+    const int es = half ? 2 : 4;
     int64_t j = 0;
-    for (; j + 32 <= n; j += 32) wsum_chunk(Q, 4, _mm256_set1_epi32(-1), rows, w, ws, x + j, ld, y + j, ys);
-    for (; j < n; j += 8) wsum_chunk(Q, 1, tail_mask8(n - j), rows, w, ws, x + j, ld, y + j, ys);
+    for (; j + 32 <= n; j += 32)
+        wsum_chunk(half, Q, 4, _mm256_set1_epi32(-1), 8, rows, w, ws, (const char *)x + j * es, ld, y + j, ys);
+    for (; j < n; j += 8) {
+        const int m = n - j < 8 ? (int)(n - j) : 8;
+        wsum_chunk(half, Q, 1, tail_mask8(n - j), m, rows, w, ws, (const char *)x + j * es, ld, y + j, ys);
+    }
+}
+
+INLINE void wsum_many(const int half, int64_t n, int rows, int nq, const float *w, int64_t ws, const void *x,
+                      int64_t ld, float *y, int64_t ys) {
+    int q = 0;
+    for (; q + 2 <= nq; q += 2) wsum_q(half, 2, n, rows, w + q * ws, ws, x, ld, y + q * ys, ys);
+    if (q < nq) wsum_q(half, 1, n, rows, w + q * ws, ws, x, ld, y + q * ys, ys);
 }
 
 static void wsum_many_f32(int64_t n, int rows, int nq, const float *restrict w, int64_t ws, const float *restrict x,
                           int64_t ld, float *restrict y, int64_t ys) {
-    int q = 0;
-    for (; q + 2 <= nq; q += 2) wsum_q(2, n, rows, w + q * ws, ws, x, ld, y + q * ys, ys);
-    if (q < nq) wsum_q(1, n, rows, w + q * ws, ws, x, ld, y + q * ys, ys);
+    wsum_many(0, n, rows, nq, w, ws, x, ld, y, ys);
 }
 
-/* F32 gemm (attention's scores): R rows x C activation rows, each pair with
- * frows_f32's accumulator and float steps (hsum8, then the tail elements in
- * order), the loads shared: 6 per 8 FMAs for 4 x 2, against 5 per 4 in gemv */
-INLINE void ftile_f32(const int R, const int C, int64_t n, const char *w, size_t rb, const char *a, size_t as,
-                      float *out, size_t os) {
-    __m256 c[4][2];
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < C; t++) c[r][t] = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 wv[4];
-        for (int r = 0; r < R; r++) wv[r] = _mm256_loadu_ps((const float *)(w + r * rb) + i);
-        for (int t = 0; t < C; t++) {
-            const __m256 yv = _mm256_loadu_ps((const float *)(a + t * as) + i);
-            for (int r = 0; r < R; r++) c[r][t] = _mm256_fmadd_ps(wv[r], yv, c[r][t]);
-        }
+static void wsum_many_f16(int64_t n, int rows, int nq, const float *restrict w, int64_t ws, const f16_t *restrict x,
+                          int64_t ld, float *restrict y, int64_t ys) {
+    wsum_many(1, n, rows, nq, w, ws, x, ld, y, ys);
+}
+
+/* Float-weight gemm (F32: attention's scores; F16: the same straight from
+ * the f16 cache, and prefill on F16 weights): R rows x C activation rows,
+ * each pair with frows' accumulator and float steps (hsum8, then the tail
+ * elements in order), the loads shared: 6 per 8 FMAs for 4 x 2, against 5
+ * per 4 in gemv */
+#define DEFINE_FTILE(name, wtype, LOAD, SCALAR)                                                              \
+    INLINE void ftile_##name(const int R, const int C, int64_t n, const char *w, size_t rb, const char *a,   \
+                             size_t as, float *out, size_t os) {                                             \
+        __m256 c[4][2];                                                                                      \
+        for (int r = 0; r < R; r++)                                                                          \
+            for (int t = 0; t < C; t++) c[r][t] = _mm256_setzero_ps();                                       \
+        int64_t i = 0;                                                                                       \
+        for (; i + 8 <= n; i += 8) {                                                                         \
+            __m256 wv[4];                                                                                    \
+            for (int r = 0; r < R; r++) wv[r] = LOAD((const wtype *)(const void *)(w + r * rb) + i);         \
+            for (int t = 0; t < C; t++) {                                                                    \
+                const __m256 yv = _mm256_loadu_ps((const float *)(a + t * as) + i);                          \
+                for (int r = 0; r < R; r++) c[r][t] = _mm256_fmadd_ps(wv[r], yv, c[r][t]);                   \
+            }                                                                                                \
+        }                                                                                                    \
+        for (int t = 0; t < C; t++) {                                                                        \
+            const float *y = (const float *)(a + t * as);                                                    \
+            for (int r = 0; r < R; r++) {                                                                    \
+                const wtype *x = (const wtype *)(const void *)(w + r * rb);                                  \
+                float s = hsum8(c[r][t]);                                                                    \
+                for (int64_t j = i; j < n; j++) s += SCALAR(x[j]) * y[j];                                    \
+                out[t * os + r] = s;                                                                         \
+            }                                                                                                \
+        }                                                                                                    \
+    }                                                                                                        \
+    INLINE void fcols_##name(const int R, int64_t n, const char *w, size_t rb, const char *a, size_t as,     \
+                             int ncols, float *out, size_t os) {                                             \
+        int t = 0;                                                                                           \
+        for (; t + 2 <= ncols; t += 2) ftile_##name(R, 2, n, w, rb, a + t * as, as, out + t * os, os);       \
+        if (t < ncols) ftile_##name(R, 1, n, w, rb, a + t * as, as, out + t * os, os);                       \
+    }                                                                                                        \
+    static void gemm_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,  \
+                            size_t as, int ncols, float *restrict out, size_t os) {                          \
+        const char *wr = w;                                                                                  \
+        int r = 0;                                                                                           \
+        for (; r + 4 <= nrows; r += 4) fcols_##name(4, n, wr + r * rb, rb, a, as, ncols, out + r, os);       \
+        for (; r < nrows; r++) fcols_##name(1, n, wr + r * rb, rb, a, as, ncols, out + r, os);               \
     }
-    for (int t = 0; t < C; t++) {
-        const float *y = (const float *)(a + t * as);
-        for (int r = 0; r < R; r++) {
-            const float *x = (const float *)(w + r * rb);
-            float s = hsum8(c[r][t]);
-            for (int64_t j = i; j < n; j++) s += x[j] * y[j];
-            out[t * os + r] = s;
-        }
-    }
-}
 
-INLINE void fcols_f32(const int R, int64_t n, const char *w, size_t rb, const char *a, size_t as, int ncols,
-                      float *out, size_t os) {
-    int t = 0;
-    for (; t + 2 <= ncols; t += 2) ftile_f32(R, 2, n, w, rb, a + t * as, as, out + t * os, os);
-    if (t < ncols) ftile_f32(R, 1, n, w, rb, a + t * as, as, out + t * os, os);
-}
-
-static void gemm_f32(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a, size_t as,
-                     int ncols, float *restrict out, size_t os) {
-    const char *wr = w;
-    int r = 0;
-    for (; r + 4 <= nrows; r += 4) fcols_f32(4, n, wr + r * rb, rb, a, as, ncols, out + r, os);
-    for (; r < nrows; r++) fcols_f32(1, n, wr + r * rb, rb, a, as, ncols, out + r, os);
-}
+DEFINE_FTILE(f32, float, load_f32x8, F32_ID)
+DEFINE_FTILE(f16, f16_t, load_f16x8, fp16_to_fp32)
 
 static void axpy_f32(int64_t n, float a, const float *restrict x, float *restrict y) {
     const __m256 av = _mm256_set1_ps(a);
@@ -1299,6 +1330,7 @@ void KERNELS_FILL_AVX2(kernel_table *t) {
     t->vec_dot[T_F32] = vec_dot_f32;
     t->gemv[T_F32] = gemv_f32;
     t->gemm[T_F32] = gemm_f32;
+    t->gemm[T_F16] = gemm_f16;
     t->quantize_act[ACT_F32] = quantize_f32;
     t->quantize_act[ACT_Q8_32] = quantize_q8_32;
     t->quantize_act[ACT_Q8_K] = quantize_q8_K;
@@ -1313,4 +1345,5 @@ void KERNELS_FILL_AVX2(kernel_table *t) {
     t->axpy_f32 = axpy_f32;
     t->wsum_f32 = wsum_f32;
     t->wsum_many_f32 = wsum_many_f32;
+    t->wsum_many_f16 = wsum_many_f16;
 }

@@ -1611,52 +1611,56 @@ DEFINE_F512(f32)
 DEFINE_F512(f16)
 DEFINE_F512(bf16)
 
-/* F32 gemm (attention's scores: key rows against the query rows of a tile):
- * R rows x C activation rows, each pair with frows' one accumulator and
- * float steps, the R row loads shared by the C activation rows and the C
- * activation loads by the R rows (8 loads per 16 FMAs for 4 x 4, against
- * 5 per 4 in gemv). About 80 GFLOP/s on one core here, against 30 for
- * gemv per query, for attention's shapes (32 keys, 24-64 queries). */
-INLINE void ftile_f32(const int R, const int C, int64_t n, const char *w, size_t rb, const char *a, size_t as,
-                      float *out, size_t os) {
-    __m512 c[4][4];
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < C; t++) c[r][t] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 k = i + 16 <= n ? 0xffff : tail_mask16(n - i);
-        __m512 wv[4];
-        for (int r = 0; r < R; r++) wv[r] = _mm512_maskz_loadu_ps(k, (const float *)(w + r * rb) + i);
-        for (int t = 0; t < C; t++) {
-            const __m512 yv = _mm512_maskz_loadu_ps(k, (const float *)(a + t * as) + i);
-            for (int r = 0; r < R; r++) c[r][t] = _mm512_fmadd_ps(wv[r], yv, c[r][t]);
-        }
+/* Float-weight gemm (F32: attention's scores, key rows against the query
+ * rows of a tile; F16: the same straight from the f16 cache, and prefill on
+ * F16 weights): R rows x C activation rows, each pair with frows' one
+ * accumulator and float steps, the R row loads shared by the C activation
+ * rows and the C activation loads by the R rows (8 loads per 16 FMAs for
+ * 4 x 4, against 5 per 4 in gemv). About 80 GFLOP/s on one core here,
+ * against 30 for gemv per query, for attention's shapes (32 keys, 24-64
+ * queries). */
+#define DEFINE_FTILE512(name)                                                                               \
+    INLINE void ftile_##name(const int R, const int C, int64_t n, const char *w, size_t rb, const char *a,  \
+                             size_t as, float *out, size_t os) {                                            \
+        __m512 c[4][4];                                                                                     \
+        for (int r = 0; r < R; r++)                                                                         \
+            for (int t = 0; t < C; t++) c[r][t] = _mm512_setzero_ps();                                      \
+        for (int64_t i = 0; i < n; i += 16) {                                                               \
+            const __mmask16 k = i + 16 <= n ? 0xffff : tail_mask16(n - i);                                  \
+            __m512 wv[4];                                                                                   \
+            for (int r = 0; r < R; r++) wv[r] = fload_##name(w + r * rb, i, k);                             \
+            for (int t = 0; t < C; t++) {                                                                   \
+                const __m512 yv = _mm512_maskz_loadu_ps(k, (const float *)(a + t * as) + i);                \
+                for (int r = 0; r < R; r++) c[r][t] = _mm512_fmadd_ps(wv[r], yv, c[r][t]);                  \
+            }                                                                                               \
+        }                                                                                                   \
+        for (int t = 0; t < C; t++) {                                                                       \
+            if (R == 4)                                                                                     \
+                _mm_storeu_ps(out + t * os, reduce4(c[0][t], c[1][t], c[2][t], c[3][t]));                   \
+            else                                                                                            \
+                for (int r = 0; r < R; r++) out[t * os + r] = hsum16(c[r][t]);                              \
+        }                                                                                                   \
+    }                                                                                                       \
+    INLINE void fcols_##name(const int R, int64_t n, const char *w, size_t rb, const char *a, size_t as,    \
+                             int ncols, float *out, size_t os) {                                            \
+        int t = 0;                                                                                          \
+        for (; t + 4 <= ncols; t += 4) ftile_##name(R, 4, n, w, rb, a + t * as, as, out + t * os, os);      \
+        switch (ncols - t) {                                                                                \
+        case 3: ftile_##name(R, 3, n, w, rb, a + t * as, as, out + t * os, os); break;                      \
+        case 2: ftile_##name(R, 2, n, w, rb, a + t * as, as, out + t * os, os); break;                      \
+        case 1: ftile_##name(R, 1, n, w, rb, a + t * as, as, out + t * os, os); break;                      \
+        }                                                                                                   \
+    }                                                                                                       \
+    static void gemm_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a, \
+                            size_t as, int ncols, float *restrict out, size_t os) {                         \
+        const char *wr = w;                                                                                 \
+        int r = 0;                                                                                          \
+        for (; r + 4 <= nrows; r += 4) fcols_##name(4, n, wr + r * rb, rb, a, as, ncols, out + r, os);      \
+        for (; r < nrows; r++) fcols_##name(1, n, wr + r * rb, rb, a, as, ncols, out + r, os);              \
     }
-    for (int t = 0; t < C; t++) {
-        if (R == 4)
-            _mm_storeu_ps(out + t * os, reduce4(c[0][t], c[1][t], c[2][t], c[3][t]));
-        else
-            for (int r = 0; r < R; r++) out[t * os + r] = hsum16(c[r][t]);
-    }
-}
 
-INLINE void fcols_f32(const int R, int64_t n, const char *w, size_t rb, const char *a, size_t as, int ncols,
-                      float *out, size_t os) {
-    int t = 0;
-    for (; t + 4 <= ncols; t += 4) ftile_f32(R, 4, n, w, rb, a + t * as, as, out + t * os, os);
-    switch (ncols - t) {
-    case 3: ftile_f32(R, 3, n, w, rb, a + t * as, as, out + t * os, os); break;
-    case 2: ftile_f32(R, 2, n, w, rb, a + t * as, as, out + t * os, os); break;
-    case 1: ftile_f32(R, 1, n, w, rb, a + t * as, as, out + t * os, os); break;
-    }
-}
-
-static void gemm_f32(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a, size_t as,
-                     int ncols, float *restrict out, size_t os) {
-    const char *wr = w;
-    int r = 0;
-    for (; r + 4 <= nrows; r += 4) fcols_f32(4, n, wr + r * rb, rb, a, as, ncols, out + r, os);
-    for (; r < nrows; r++) fcols_f32(1, n, wr + r * rb, rb, a, as, ncols, out + r, os);
-}
+DEFINE_FTILE512(f32)
+DEFINE_FTILE512(f16)
 
 /* ------------------------------------------------------------------ */
 /* vector math: GLU activations, softmax exp, axpy                      */
@@ -1750,15 +1754,22 @@ static void wsum_f32(int64_t n, int rows, const float *restrict w, const float *
 
 /* wsum_f32 for Q outputs at once, columns [j, j + 16V): each x load
  * shared by the Q outputs; an element's steps are wsum_f32's (rows in
- * order, one FMA each), whatever the chunking. k masks the last 16. */
-INLINE void wsum_chunk(const int Q, const int V, __mmask16 k, int rows, const float *w, int64_t ws,
-                       const float *x, int64_t ld, float *y, int64_t ys) {
+ * order, one FMA each), whatever the chunking. k masks the last 16. x rows
+ * are floats, or halves (half = 1: V straight from the f16 cache, each
+ * converted exactly, so the same numbers). */
+INLINE __m512 xload(const int half, const void *x, int64_t i, __mmask16 k) {
+    return half ? fload_f16(x, i, k) : fload_f32(x, i, k);
+}
+
+INLINE void wsum_chunk(const int half, const int Q, const int V, __mmask16 k, int rows, const float *w, int64_t ws,
+                       const void *x, int64_t ld, float *y, int64_t ys) {
     __m512 acc[4][4];
+    const size_t row_bytes = (size_t)ld * (half ? 2 : 4);
     for (int q = 0; q < Q; q++)
         for (int v = 0; v < V; v++) acc[q][v] = _mm512_maskz_loadu_ps(v == V - 1 ? k : 0xffff, y + q * ys + 16 * v);
-    for (int i = 0; i < rows; i++, x += ld) {
+    for (int i = 0; i < rows; i++, x = (const char *)x + row_bytes) {
         __m512 xv[4];
-        for (int v = 0; v < V; v++) xv[v] = _mm512_maskz_loadu_ps(v == V - 1 ? k : 0xffff, x + 16 * v);
+        for (int v = 0; v < V; v++) xv[v] = xload(half, x, 16 * v, v == V - 1 ? k : 0xffff);
         for (int q = 0; q < Q; q++) {
             const __m512 wv = _mm512_set1_ps(w[q * ws + i]);
             for (int v = 0; v < V; v++) acc[q][v] = _mm512_fmadd_ps(wv, xv[v], acc[q][v]);
@@ -1768,22 +1779,34 @@ INLINE void wsum_chunk(const int Q, const int V, __mmask16 k, int rows, const fl
         for (int v = 0; v < V; v++) _mm512_mask_storeu_ps(y + q * ys + 16 * v, v == V - 1 ? k : 0xffff, acc[q][v]);
 }
 
-INLINE void wsum_q(const int Q, int64_t n, int rows, const float *w, int64_t ws, const float *x, int64_t ld, float *y,
-                   int64_t ys) {
+INLINE void wsum_q(const int half, const int Q, int64_t n, int rows, const float *w, int64_t ws, const void *x,
+                   int64_t ld, float *y, int64_t ys) {
+    const int es = half ? 2 : 4;
     int64_t j = 0;
-    for (; j + 64 <= n; j += 64) wsum_chunk(Q, 4, 0xffff, rows, w, ws, x + j, ld, y + j, ys);
-    for (; j < n; j += 16) wsum_chunk(Q, 1, tail_mask16(n - j), rows, w, ws, x + j, ld, y + j, ys);
+    for (; j + 64 <= n; j += 64) wsum_chunk(half, Q, 4, 0xffff, rows, w, ws, (const char *)x + j * es, ld, y + j, ys);
+    for (; j < n; j += 16)
+        wsum_chunk(half, Q, 1, tail_mask16(n - j), rows, w, ws, (const char *)x + j * es, ld, y + j, ys);
+}
+
+INLINE void wsum_many(const int half, int64_t n, int rows, int nq, const float *w, int64_t ws, const void *x,
+                      int64_t ld, float *y, int64_t ys) {
+    int q = 0;
+    for (; q + 4 <= nq; q += 4) wsum_q(half, 4, n, rows, w + q * ws, ws, x, ld, y + q * ys, ys);
+    switch (nq - q) {
+    case 3: wsum_q(half, 3, n, rows, w + q * ws, ws, x, ld, y + q * ys, ys); break;
+    case 2: wsum_q(half, 2, n, rows, w + q * ws, ws, x, ld, y + q * ys, ys); break;
+    case 1: wsum_q(half, 1, n, rows, w + q * ws, ws, x, ld, y + q * ys, ys); break;
+    }
 }
 
 static void wsum_many_f32(int64_t n, int rows, int nq, const float *restrict w, int64_t ws, const float *restrict x,
                           int64_t ld, float *restrict y, int64_t ys) {
-    int q = 0;
-    for (; q + 4 <= nq; q += 4) wsum_q(4, n, rows, w + q * ws, ws, x, ld, y + q * ys, ys);
-    switch (nq - q) {
-    case 3: wsum_q(3, n, rows, w + q * ws, ws, x, ld, y + q * ys, ys); break;
-    case 2: wsum_q(2, n, rows, w + q * ws, ws, x, ld, y + q * ys, ys); break;
-    case 1: wsum_q(1, n, rows, w + q * ws, ws, x, ld, y + q * ys, ys); break;
-    }
+    wsum_many(0, n, rows, nq, w, ws, x, ld, y, ys);
+}
+
+static void wsum_many_f16(int64_t n, int rows, int nq, const float *restrict w, int64_t ws, const f16_t *restrict x,
+                          int64_t ld, float *restrict y, int64_t ys) {
+    wsum_many(1, n, rows, nq, w, ws, x, ld, y, ys);
 }
 
 static void axpy_f32(int64_t n, float a, const float *restrict x, float *restrict y) {
@@ -1831,6 +1854,7 @@ void kernels_fill_avx512(kernel_table *t) {
     t->vec_dot[T_F32] = vec_dot_f32;
     t->gemv[T_F32] = gemv_f32;
     t->gemm[T_F32] = gemm_f32;
+    t->gemm[T_F16] = gemm_f16;
     t->vec_dot[T_F16] = vec_dot_f16;
     t->gemv[T_F16] = gemv_f16;
     t->vec_dot[T_BF16] = vec_dot_bf16;
@@ -1841,5 +1865,6 @@ void kernels_fill_avx512(kernel_table *t) {
     t->axpy_f32 = axpy_f32;
     t->wsum_f32 = wsum_f32;
     t->wsum_many_f32 = wsum_many_f32;
+    t->wsum_many_f16 = wsum_many_f16;
     t->f16_to_f32 = f16_to_f32_rows;
 }
