@@ -87,8 +87,11 @@ def bench(
             return
         out = Console(highlight=False)
         types = ", ".join(f"{k}:{v}" for k, v in info["types"].items())
-        t = Table(title=f"{info['model']}  {info['size_mb']} MB  {info['params_m']} M params  [{types}]  "
-                        f"kernels {info['kernels']}")
+        # the lines around the table are soft-wrapped: a narrow or piped console
+        # (80 columns) must not break a figure in two
+        out.print(f"{info['model']}  {info['size_mb']} MB  {info['params_m']} M params  [{types}]  "
+                  f"kernels {info['kernels']}", soft_wrap=True)
+        t = Table()
         for col in ("threads", "test", "tokens/s"):
             t.add_column(col, justify="right")
         for r in rows:
@@ -100,10 +103,10 @@ def bench(
                 line += f", decode reads {e['decode_bytes_per_token'] / 1e6:.1f} MB/token = {e['decode_gb_s']:.1f} GB/s"
                 if nt in machine_bw:
                     line += f" ({e['decode_gb_s'] / machine_bw[nt]:.0%} of the measured {machine_bw[nt]:.1f} GB/s)"
-            out.print(line)
+            out.print(line, soft_wrap=True)
             for p in e.get("profile_objects", ()):
                 for line in B.format_profile(p):
-                    out.print("  " + line)
+                    out.print("  " + line, soft_wrap=True)
         if machine_bw and not extra:
             out.print(machine_bw)
-        out.print(f"peak RSS {info['peak_rss_mb']} MB", style="dim")
+        out.print(f"peak RSS {info['peak_rss_mb']} MB", style="dim", soft_wrap=True)

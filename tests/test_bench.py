@@ -34,6 +34,17 @@ def test_bench_names_the_capped_kernel_level(smollm2_path):
     assert json.loads(r.stdout)["model"]["kernels"] == "scalar"
 
 
+
+def test_bench_table_piped_keeps_lines_whole(smollm2_path):
+    """piped, the console is 80 columns: the model line and the per-thread
+    line stay one line each (they used to break mid-figure)"""
+    lines = pyllm("bench", "-m", smollm2_path, "-p", "8", "-n", "2", "-r", "1", "-t", "1",
+                  "--ttft-prompt", "8").stdout.splitlines()
+    assert any(l.startswith("SmolLM2-135M-Instruct.Q4_1.gguf") and "params" in l and "Q8_0:1]" in l
+               and l.rstrip().endswith(("avx512+vnni", "avx2+avxvnni", "avx512", "avx2", "neon", "neon+dotprod",
+                                        "scalar")) for l in lines), lines
+    assert any(l.startswith("threads 1: TTFT(8)") and "GB/s" in l for l in lines), lines
+
 def test_run_profile(smollm2_path):
     out = json.loads(pyllm("run", "-m", smollm2_path, "-p", "The sky is", "-n", "6", "--temp", "0",
                            "--profile", "--json").stdout)
