@@ -83,6 +83,14 @@ def greedy(path, kind, n_tokens, ngl, device):
         return toks, logits, m.arch.hp.n_layer
 
 
+def forced(path, kind, toks, ngl, device):
+    """Logits at each of the greedy steps, fed the CPU's tokens (one prefill)."""
+    from pyllm import Model
+    with Model(path, n_ctx=1024, n_gpu_layers=ngl, device=device) as m:
+        ids = prompt_ids(m, kind)
+        return m.logits(ids + list(toks[:-1]))[len(ids) - 1:]
+
+
 def speed(path, ngl, device, reps, pp=512, tg=128):
     from pyllm import Model, bench as B
     with Model(path, n_ctx=1024, n_gpu_layers=ngl, device=device) as m:
@@ -174,6 +182,9 @@ def main() -> int:
         log(f"\n== {label} [{kind}] {path}")
         entry: dict = {"label": label, "path": path, "kind": kind}
         cpu_toks, cpu_logits, n_layer = greedy(path, kind, a.tokens, 0, None)
+        cpu_forced = forced(path, kind, cpu_toks, 0, None)
+        top2 = np.sort(cpu_forced, axis=1)[:, -2:]
+        clear = top2[:, 1] - top2[:, 0] > 0.05 * cpu_forced.std(axis=1)   # not a near-tie (tests/test_cuda.py)
         half = n_layer // 2
         entry["greedy"] = {}
         for ngl in ("all", half):
@@ -181,9 +192,16 @@ def main() -> int:
             same = toks == cpu_toks
             first = next((i for i, (x, y) in enumerate(zip(toks, cpu_toks)) if x != y), None)
             rel = float(np.sqrt(np.mean((logits - cpu_logits) ** 2)) / cpu_logits.std())
-            entry["greedy"][str(ngl)] = {"same_tokens": same, "first_difference": first, "logits_rel_rms": rel}
-            failures += not same
+            top = forced(path, kind, cpu_toks, ngl, a.device).argmax(1)
+            wrong = [int(i) for i in np.flatnonzero((top != np.array(cpu_toks)) & clear)]
+            ties = [int(i) for i in np.flatnonzero((top != np.array(cpu_toks)) & ~clear)]
+            entry["greedy"][str(ngl)] = {"same_tokens": same, "first_difference": first, "logits_rel_rms": rel,
+                                         "clear_steps": int(clear.sum()), "clear_steps_differing": wrong,
+                                         "near_tie_steps_differing": ties}
+            failures += bool(wrong)
             log(f"greedy {a.tokens} tokens, ngl={ngl}: {'same as the CPU' if same else f'DIFFERS at {first}'}; "
+                f"fed the CPU's tokens: top token {'the same' if not wrong else f'DIFFERENT at {wrong}'} at all "
+                f"{int(clear.sum())} clear steps (near-ties differing: {ties or 'none'}); "
                 f"prompt logits rel RMS vs CPU {rel:.2e}")
         rows = []
         for ngl in (0, half, "all", "auto"):

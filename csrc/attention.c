@@ -10,12 +10,15 @@
  * Within a segment, a softmax state (running max m, normalizer l, output
  * accumulator) is updated block by block (online softmax: no full score row
  * is ever held); the segments' states are then merged in order. Work items
- * are (KV head, tile of query rows): each block's K and V rows are converted
- * to float once per item and used by every row of the tile and every query
- * head of the group, as small matrix products (the scores of all the item's
- * queries against the block's keys in one F32 gemm; the weighted sums of V
- * for several queries in one pass over V), each query's numbers exactly as
- * if it were alone (the kernels' contract, quants.h). A one-row step
+ * are (KV head, tile of query rows): each block's K and V rows are read once
+ * per item and used by every row of the tile and every query head of the
+ * group, as small matrix products (the scores of all the item's queries
+ * against the block's keys in one gemm; the weighted sums of V for several
+ * queries in one pass over V), each query's numbers exactly as if it were
+ * alone (the kernels' contract, quants.h). Where the level has the kernels
+ * (an F16 gemm, wsum_many_f16) they read the f16 cache itself; elsewhere
+ * a block's rows are first converted to float: the same numbers, f16 -> f32
+ * being exact. A one-row step
  * (decode) on several threads instead makes each (KV head, segment) an
  * item, so every thread shares a long context; the states go to shared
  * scratch and the last item to finish merges them. Both schedules do the

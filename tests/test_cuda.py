@@ -786,30 +786,42 @@ def test_split_with_the_gpu_counts_the_bus(devices, tmp_path):
     be.close()
 
 
+def clear_steps(ref: np.ndarray) -> np.ndarray:
+    """The rows whose top token is not a near-tie: top-1 ahead of top-2 by
+    more than 5% of the row's spread (the tolerance of close_enough)."""
+    top2 = np.sort(ref, axis=1)[:, -2:]
+    return top2[:, 1] - top2[:, 0] > 0.05 * ref.std(axis=1)
+
+
 @pytest.mark.model
 @pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
 @pytest.mark.parametrize("device", ["gpu", "emu"])
-def test_real_model_greedy_tokens(name, device, monkeypatch):
-    """The real models' greedy tokens: all layers on the GPU, and 8 of them
-    (split with the CPU), as on the CPU alone. On the emulator: SmolLM2's
-    first 4 tokens (about 25 s: 9 heads over 3 KV heads, a 49152 vocabulary);
-    Gemma 3 stays GPU-only (about 20 s per 3 tokens under emulation, its
-    262144-row output matmul)."""
+def test_real_model_top_tokens_match_the_cpu(name, device, monkeypatch):
+    """The real models with all layers on the GPU, and 8 of them (split with
+    the CPU), fed the CPU's 24 greedy tokens: at every step where the CPU's
+    choice is clear, the same top token, and logits within the quantized
+    tolerance. (Free-running greedy text would compare near-ties too: on
+    Gemma 3 the CPU's third token leads the next by 1.7% of the spread, and
+    the GPU's activation rounding flips it; benchmarks/gpu_check.py reports
+    that comparison.) One prefill per configuration: about 35 s for both
+    models under the emulator."""
     from pyllm import Model, registry
     if device == "gpu" and not GPU_OK:
         pytest.skip(f"no usable GPU: {WHY}")
     if device == "emu":
-        if name != "smollm2-135m":
-            pytest.skip("gemma3-270m is too slow on the CUDA emulator (20 s per 3 tokens): GPU only")
         monkeypatch.setenv("PYLLM_CUDA_LIB", str(emulator_library()))   # device="cuda" then means it
     path = registry.local_path(name)
     if not path.is_file():
         pytest.skip(f"{path} is not here (the GPU machine has no network: carry it, see benchmarks/gpu_pack.py)")
-    prompt = "The three primary colors are"
-    n = 24 if device == "gpu" else 4
-    out = {}
-    for ngl in (0, "all", 8):
-        with Model(path, n_ctx=512, n_gpu_layers=ngl, device="cuda" if ngl else None) as m:
-            out[ngl] = m.generate(prompt, max_tokens=n, temperature=0).tokens
-    assert out["all"] == out[0]
-    assert out[8] == out[0]
+    with Model(path, n_ctx=512) as m:
+        ids = m.tokenize("The three primary colors are")
+        toks = m.generate(ids, max_tokens=24, temperature=0).tokens
+        ref = m.logits(ids + toks[:-1])[len(ids) - 1:]
+    clear = clear_steps(ref)
+    assert clear.sum() >= 18, clear           # the check has teeth: most steps are clear
+    assert (ref.argmax(1) == np.array(toks)).all()
+    for ngl in ("all", 8):
+        with Model(path, n_ctx=512, n_gpu_layers=ngl, device="cuda") as m:
+            got = m.logits(ids + toks[:-1])[len(ids) - 1:]
+        assert rel(got, ref) < 0.08, (ngl, rel(got, ref))
+        np.testing.assert_array_equal(got.argmax(1)[clear], np.array(toks)[clear], err_msg=f"ngl={ngl}")
