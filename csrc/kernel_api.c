@@ -187,13 +187,19 @@ int pyllm_kernel_vmath(int isa, int which, int64_t n, const float *a, const floa
     }
 }
 
+/* the sizes and pointers both wsum entry points take are consistent */
+static int wsum_args_ok(int64_t n, int rows, int nq, const float *w, int64_t ws, const void *x, int64_t ld,
+                        const float *y, int64_t ys) {
+    return n >= 0 && rows >= 0 && nq >= 0 && w && x && y && ws >= rows && ld >= n && ys >= n;
+}
+
 /* y[q*ys + j] += sum_{i < rows} w[q*ws + i] * x[i*ld + j] for q < nq, j < n:
  * the level's wsum_many_f32 when it has one, else its wsum_f32 per output
  * (as attention does) */
 int pyllm_kernel_wsum(int isa, int64_t n, int rows, int nq, const float *w, int64_t ws, const float *x, int64_t ld,
                       float *y, int64_t ys) {
     const kernel_table *t = table_for(isa);
-    if (!t || n < 0 || rows < 0 || nq < 0 || !w || !x || !y || ws < rows || ld < n || ys < n) return -1;
+    if (!t || !wsum_args_ok(n, rows, nq, w, ws, x, ld, y, ys)) return -1;
     if (t->wsum_many_f32) {
         t->wsum_many_f32(n, rows, nq, w, ws, x, ld, y, ys);
         return 0;
@@ -207,7 +213,7 @@ int pyllm_kernel_wsum(int isa, int64_t n, int rows, int nq, const float *w, int6
 int pyllm_kernel_wsum_f16(int isa, int64_t n, int rows, int nq, const float *w, int64_t ws, const void *x, int64_t ld,
                           float *y, int64_t ys) {
     const kernel_table *t = table_for(isa);
-    if (!t || n < 0 || rows < 0 || nq < 0 || !w || !x || !y || ws < rows || ld < n || ys < n) return -1;
+    if (!t || !wsum_args_ok(n, rows, nq, w, ws, x, ld, y, ys)) return -1;
     if (t->wsum_many_f16) {
         t->wsum_many_f16(n, rows, nq, w, ws, x, ld, y, ys);
         return 0;

@@ -158,12 +158,12 @@ class CoreProgram(Program):
         free = available_memory()
         if free is None or total <= free:
             return
-        positions = max((b * s for b, s, _ in mp.kv.values()), default=0)
-        if not positions:
+        if not mp.kv:
             raise DeviceMemoryError(f"the activation buffers need {fmt_bytes(total)} but this machine has "
                                     f"{fmt_bytes(free)} of memory available; use a smaller batch (n_batch)")
+        block = self.shape.block_size
+        positions = self.shape.n_blocks * block
         per_position = need["kv"] // positions
-        block = next(iter(mp.kv.values()))[1]
         fits = max(0, (free - need["buffers"] - need["staging"]) // per_position) // block * block
         raise DeviceMemoryError(f"a context of {positions} tokens needs {fmt_bytes(need['kv'])} for its KV cache "
                                 f"({fmt_bytes(per_position)} per token) but this machine has {fmt_bytes(free)} of "
