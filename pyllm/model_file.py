@@ -12,6 +12,7 @@ numpy uint8 view into the mapping, which the C core reads in place.
 """
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -35,6 +36,78 @@ _SCALAR = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4),
 _NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32,
           6: np.float32, 7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
 _STRING, _ARRAY = 8, 9
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_count(v) -> bool:
+    return _is_int(v) and 0 <= v < 2**31
+
+
+def _is_number(v) -> bool:
+    return (_is_int(v) or isinstance(v, (float, np.floating))) and math.isfinite(v)
+
+
+def _is_flag(v) -> bool:
+    return isinstance(v, (bool, np.bool_)) or (_is_int(v) and v in (0, 1))
+
+
+def _is_array_of(kinds: str):
+    return lambda v: isinstance(v, np.ndarray) and v.dtype.kind in kinds
+
+
+# What pyllm expects under each key it reads: (test, what it is called). A
+# value of another kind means a corrupt file (llama.cpp refuses those too);
+# checking it at the boundary keeps the readers' int() and float() safe.
+_INT = (_is_int, "an integer")
+_COUNT = (_is_count, "an integer from 0 to 2^31-1")
+_NUMBER = (_is_number, "a finite number")
+_TEXT = (lambda v: isinstance(v, str), "a string")
+_FLAG = (_is_flag, "a boolean")
+_TEXTS = (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "an array of strings")
+_NUMBERS = (_is_array_of("iuf"), "an array of numbers")
+_INTS = (_is_array_of("iu"), "an array of integers")
+_COUNT_OR_FLAGS = (lambda v: _is_count(v) or _is_array_of("biu")(v), "an integer or an array of flags")
+
+METADATA_KINDS = {
+    "general.architecture": _TEXT, "general.name": _TEXT, "general.alignment": _COUNT,
+    "general.file_type": _COUNT, "tokenizer.ggml.model": _TEXT, "tokenizer.ggml.pre": _TEXT,
+    "tokenizer.ggml.tokens": _TEXTS, "tokenizer.ggml.merges": _TEXTS, "tokenizer.ggml.scores": _NUMBERS,
+    "tokenizer.ggml.token_type": _INTS, "tokenizer.ggml.add_bos_token": _FLAG,
+    "tokenizer.ggml.add_eos_token": _FLAG, "tokenizer.ggml.add_space_prefix": _FLAG,
+    "tokenizer.chat_template": _TEXT,
+}
+# "{architecture}.KEY", checked when read (a family pyllm does not run may use a key differently)
+ARCH_KINDS = {
+    **dict.fromkeys(("block_count", "context_length", "embedding_length", "feed_forward_length",
+                     "vocab_size", "attention.head_count", "attention.head_count_kv", "attention.key_length",
+                     "attention.value_length", "attention.sliding_window", "rope.dimension_count",
+                     "rope.scaling.original_context_length", "expert_count"), _COUNT),
+    **dict.fromkeys(("attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.freq_base_swa",
+                     "rope.scaling.factor", "rope.scale_linear", "rope.scaling.attn_factor",
+                     "final_logit_softcapping"), _NUMBER),
+    "rope.scaling.type": _TEXT,
+    "attention.sliding_window_pattern": _COUNT_OR_FLAGS,
+}
+
+
+def printable(name: str, limit: int = 80) -> str:
+    """A name from the file as it can be shown in a message: control
+    characters escaped, long names cut."""
+    shown = name if name.isprintable() else name.encode("unicode_escape").decode("ascii")
+    return shown if len(shown) <= limit else shown[:limit] + "..."
+
+
+def _describe(v) -> str:
+    if isinstance(v, str):
+        return f"the string {printable(v, 40)!r}"
+    if isinstance(v, list):
+        return f"an array of {len(v)} items"
+    if isinstance(v, np.ndarray):
+        return f"an array of {len(v)} {v.dtype}"
+    return repr(v.item() if isinstance(v, np.generic) else v)
 
 
 def type_name(type_id: int) -> str:
@@ -167,18 +240,26 @@ class ModelFile:
         self.metadata: dict[str, Any] = {}
         for i in range(n_kv):
             key = c.string(f"metadata key #{i}")
-            vtype = c.u32(f"type of {key}")
-            self.metadata[key] = c.value(vtype, key)
+            label = printable(key)
+            vtype = c.u32(f"type of {label}")
+            self.metadata[key] = c.value(vtype, label)
+        for key in self.metadata:
+            kind = METADATA_KINDS.get(key)
+            if kind is None and key.startswith("tokenizer.ggml.") and key.endswith("_token_id"):
+                kind = _INT  # bos, eos, pad, fim_...: the tokenizer range-checks them
+            if kind is not None:
+                self._check_kind(key, kind)
 
         infos = []
         for i in range(n_tensors):
             name = c.string(f"tensor name #{i}")
-            n_dims = c.u32(f"dimensions of {name}")
+            label = printable(name)
+            n_dims = c.u32(f"dimensions of {label}")
             if not 1 <= n_dims <= MAX_DIMS:
-                raise ModelFileError(f"{self.path}: corrupt tensor info: {name} has {n_dims} dimensions")
-            shape = tuple(c.u64(f"shape of {name}") for _ in range(n_dims))
-            ttype = c.u32(f"type of {name}")
-            offset = c.u64(f"offset of {name}")
+                raise ModelFileError(f"{self.path}: corrupt tensor info: {label} has {n_dims} dimensions")
+            shape = tuple(c.u64(f"shape of {label}") for _ in range(n_dims))
+            ttype = c.u32(f"type of {label}")
+            offset = c.u64(f"offset of {label}")
             infos.append((name, shape, ttype, offset))
 
         alignment = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
@@ -190,28 +271,37 @@ class ModelFile:
         for name, shape, ttype, offset in infos:
             self.tensors[name] = self._tensor(name, shape, ttype, offset, alignment)
 
+    def _check_kind(self, key: str, kind) -> Any:
+        value = self.metadata[key]
+        test, what = kind
+        if not test(value):
+            raise ModelFileError(f"{self.path}: metadata {printable(key)} should be {what} but is "
+                                 f"{_describe(value)}; the file is corrupt or was made by a broken converter")
+        return value
+
     def _tensor(self, name, shape, ttype, offset, alignment) -> Tensor:
+        label = printable(name)
         try:
             qtype = GGMLQuantizationType(ttype)
         except ValueError:
-            raise ModelFileError(f"{self.path}: corrupt tensor info: {name} has unknown type id {ttype}") from None
+            raise ModelFileError(f"{self.path}: corrupt tensor info: {label} has unknown type id {ttype}") from None
         if qtype not in GGML_QUANT_SIZES:
-            raise UnsupportedModelError(f"{self.path}: tensor {name} has type {qtype.name}, which has no "
+            raise UnsupportedModelError(f"{self.path}: tensor {label} has type {qtype.name}, which has no "
                                         f"known block size")
         block, type_size = GGML_QUANT_SIZES[qtype]
         if any(d <= 0 or d > 1 << 40 for d in shape):
-            raise ModelFileError(f"{self.path}: corrupt tensor info: {name} has shape {shape}")
+            raise ModelFileError(f"{self.path}: corrupt tensor info: {label} has shape {shape}")
         if shape[0] % block:
-            raise ModelFileError(f"{self.path}: corrupt tensor info: {name} rows of {shape[0]} elements "
+            raise ModelFileError(f"{self.path}: corrupt tensor info: {label} rows of {shape[0]} elements "
                                  f"are not whole {qtype.name} blocks of {block}")
-        n = int(np.prod(shape, dtype=np.uint64))
+        n = math.prod(shape)  # exact: a uint64 product of corrupt dims could wrap
         nbytes = n // block * type_size
         if offset % alignment:
-            raise ModelFileError(f"{self.path}: corrupt tensor info: {name} offset {offset} is not aligned")
+            raise ModelFileError(f"{self.path}: corrupt tensor info: {label} offset {offset} is not aligned")
         start = self.data_offset + offset
         if start + nbytes > self.file_size:
             raise ModelFileError(
-                f"{self.path}: tensor {name} lies outside the file (bytes {start}..{start + nbytes}, "
+                f"{self.path}: tensor {label} lies outside the file (bytes {start}..{start + nbytes}, "
                 f"file has {self.file_size}); the file is truncated or corrupt: download it again")
         data = np.frombuffer(self._mmap, dtype=np.uint8, count=nbytes, offset=start)
         return Tensor(name, ttype, tuple(int(d) for d in shape), start, nbytes, data)
@@ -231,10 +321,16 @@ class ModelFile:
         return self.metadata[key]
 
     def arch_get(self, key: str, default: Any = None) -> Any:
-        return self.get(f"{self.architecture}.{key}", default)
+        """The family's `key` ("llama.block_count" for "block_count"), of the
+        kind ARCH_KINDS names, or `default` when the file has none."""
+        full = f"{self.architecture}.{key}"
+        if full not in self.metadata:
+            return default
+        return self._check_kind(full, ARCH_KINDS[key]) if key in ARCH_KINDS else self.metadata[full]
 
     def arch_require(self, key: str) -> Any:
-        return self.require(f"{self.architecture}.{key}")
+        self.require(f"{self.architecture}.{key}")
+        return self.arch_get(key)
 
     def tensor(self, name: str) -> Tensor:
         t = self.tensors.get(name)

@@ -257,3 +257,53 @@ def raw_gguf(path: str | Path, version: int = 3, kv: Optional[list] = None,
     out += b"\0" * (-len(out) % 32) + data
     Path(path).write_bytes(out)
     return str(path)
+
+
+def _gguf_string(x: str) -> bytes:
+    b = x.encode()
+    return struct.pack("<Q", len(b)) + b
+
+
+def _gguf_value(v) -> tuple[int, bytes]:
+    """(GGUF value type, payload) for a Python/numpy value: bool, str, float (f32),
+    int (u32, else i64), ("f64"|"i32"|"u64", x) to pick a type, numpy array, list of str."""
+    if isinstance(v, tuple):
+        vtype, fmt = {"f64": (12, "<d"), "i32": (5, "<i"), "u64": (10, "<Q")}[v[0]]
+        return vtype, struct.pack(fmt, v[1])
+    if isinstance(v, bool):
+        return 7, struct.pack("<?", v)
+    if isinstance(v, str):
+        return 8, _gguf_string(v)
+    if isinstance(v, float):
+        return 6, struct.pack("<f", v)
+    if isinstance(v, int):
+        return (4, struct.pack("<I", v)) if 0 <= v < 2**32 else (11, struct.pack("<q", v))
+    if isinstance(v, np.ndarray):
+        etype = {"uint8": 0, "int8": 1, "uint16": 2, "int16": 3, "uint32": 4, "int32": 5, "float32": 6,
+                 "bool": 7, "uint64": 10, "int64": 11, "float64": 12}[v.dtype.name]
+        return 9, struct.pack("<IQ", etype, len(v)) + v.astype(v.dtype.newbyteorder("<")).tobytes()
+    if isinstance(v, list) and all(isinstance(x, str) for x in v):
+        return 9, struct.pack("<IQ", 8, len(v)) + b"".join(_gguf_string(x) for x in v)
+    raise TypeError(f"no GGUF encoding for {type(v).__name__}")
+
+
+def rewrite_metadata(src: str | Path, dst: str | Path, changes: dict) -> str:
+    """A copy of GGUF `src` at `dst` with metadata `changes` applied (value None
+    deletes a key); tensor infos and data are kept byte for byte."""
+    from pyllm.model_file import ModelFile
+    with ModelFile(src) as mf:
+        meta = {**mf.metadata, **changes}
+        meta = {k: v for k, v in meta.items() if v is not None}
+        out = b"GGUF" + struct.pack("<IQQ", 3, len(mf.tensors), len(meta))
+        for key, value in meta.items():
+            vtype, payload = _gguf_value(value)
+            out += _gguf_string(key) + struct.pack("<I", vtype) + payload
+        for name, t in mf.tensors.items():
+            out += _gguf_string(name) + struct.pack("<I", len(t.shape)) + struct.pack(f"<{len(t.shape)}Q", *t.shape)
+            out += struct.pack("<IQ", t.type, t.offset - mf.data_offset)
+        out += b"\0" * (-len(out) % int(mf.metadata.get("general.alignment", 32)))  # the source's
+        with open(src, "rb") as f:
+            f.seek(mf.data_offset)
+            out += f.read()
+    Path(dst).write_bytes(out)
+    return str(dst)

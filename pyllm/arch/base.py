@@ -79,9 +79,18 @@ class HParams:
             rope_scaling=scaling,
             rope_attn_factor=float(mf.arch_get("rope.scaling.attn_factor", 1.0) or 1.0),
         )
-        for name in ("n_embd", "n_layer", "n_ff", "head_dim", "n_vocab", "rope_dim"):
+        for name in ("n_embd", "n_layer", "n_ff", "head_dim", "n_vocab", "rope_dim", "rope_base"):
             if getattr(hp, name) <= 0:
                 raise ModelFileError(f"{mf.path}: hyperparameter {name} = {getattr(hp, name)} is not positive")
+        if hp.eps < 0:
+            raise ModelFileError(f"{mf.path}: the RMS norm epsilon {hp.eps} is negative; the file is corrupt")
+        n_experts = int(mf.arch_get("expert_count", 0))
+        if n_experts > 0:
+            raise UnsupportedModelError(f"{mf.path}: mixture-of-experts models ({mf.architecture}.expert_count "
+                                        f"= {n_experts}) are not supported; pyllm runs dense models")
+        if hp.n_layer > len(mf.tensors):  # every layer has tensors: a larger count is corrupt
+            raise ModelFileError(f"{mf.path}: block_count {hp.n_layer} is more than the file's "
+                                 f"{len(mf.tensors)} tensors; the file is corrupt")
         if hp.head_dim > 512 or hp.rope_dim > hp.head_dim or hp.rope_dim % 2:
             raise UnsupportedModelError(f"{mf.path}: head size {hp.head_dim} with {hp.rope_dim} rotated "
                                         f"dims is not supported (head size at most 512)")

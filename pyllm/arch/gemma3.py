@@ -69,6 +69,8 @@ class Gemma3(Architecture):
             n = int(pattern)
             self.is_swa = [n == 0 or i % n < n - 1 for i in range(hp.n_layer)]
         self.swa_rope_base = float(mf.arch_get("rope.freq_base_swa", SWA_ROPE_BASE))
+        if self.swa_rope_base <= 0:
+            raise ModelFileError(f"{mf.path}: rope.freq_base_swa = {self.swa_rope_base} is not positive")
 
         self.query_scale = 1.0 / math.sqrt(hp.n_embd / hp.n_head if hp.n_layer == N_LAYER_27B else hp.head_dim)
         self.layers = []
