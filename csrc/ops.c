@@ -150,10 +150,19 @@ void op_add(const pyllm_op *op, const op_rows *r, int ith, int nth) {
 
 /* y *= scale */
 void op_scale(const pyllm_op *op, const op_rows *r, int ith, int nth) {
-    int64_t n = op->n_in, lo, hi;
-    split_range(r->rows, ith, nth, 1, &lo, &hi);
-    for (int64_t t = lo; t < hi; t++) {
+    /* y[t] *= scale, then with softcap > 0 y = softcap * tanh(y / softcap)
+     * (Gemma 2's final logits). Split by elements: a decode step's one row
+     * of logits is a whole vocabulary. */
+    const int64_t n = op->n_in;
+    const float s = op->scale, cap = op->softcap;
+    int64_t lo, hi;
+    split_range((int64_t)r->rows * n, ith, nth, 64, &lo, &hi);
+    for (int64_t k = lo; k < hi;) {
+        const int64_t t = k / n, i0 = k % n, i1 = n < i0 + (hi - k) ? n : i0 + (hi - k);
         float *y = OUT_ROW(op, t);
-        for (int64_t i = 0; i < n; i++) y[i] *= op->scale;
+        for (int64_t i = i0; i < i1; i++) y[i] *= s;
+        if (cap > 0)
+            for (int64_t i = i0; i < i1; i++) y[i] = cap * tanhf(y[i] / cap);
+        k += i1 - i0;
     }
 }

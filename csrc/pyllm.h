@@ -20,7 +20,7 @@ enum pyllm_op_kind {
     OP_ATTENTION = 7, /* y[t] = softmax(scale * q[t] K^T) V over positions <= pos[t] (window) */
     OP_GLU = 8,       /* y[t] = act(x[t]) * x2[t]; type = GLU_* */
     OP_ADD = 9,       /* y[t] += x[t] */
-    OP_SCALE = 10,    /* y[t] *= scale */
+    OP_SCALE = 10,    /* y[t] *= scale; then y = softcap * tanh(y / softcap) if softcap > 0 */
     OP_KIND_COUNT = 11
 };
 
@@ -62,7 +62,7 @@ typedef struct pyllm_op {
     float freq_base;       /* ROPE */
     float freq_scale;      /* ROPE: linear position scaling (1 = none) */
     const float *freq_factors; /* ROPE: per-pair divisors (llama3 rope_freqs), or NULL */
-    float softcap;         /* ATTENTION: tanh soft-capping of scores, 0 = none */
+    float softcap;         /* ATTENTION (scores), SCALE (outputs): tanh soft-capping, 0 = none */
     uint16_t *k_cache;     /* KV_STORE/ATTENTION: this layer's pools, */
     uint16_t *v_cache;     /*   [pool blocks][block_size][n_kv_head * head_dim] f16 */
 } pyllm_op;

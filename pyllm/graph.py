@@ -257,8 +257,9 @@ class Graph:
         self._emit(Op(OP_ADD, x=x, y=into, n_in=x.width), {x.name, into.name}, {into.name})
         return into
 
-    def scale(self, y: View, s: float) -> View:
-        self._emit(Op(OP_SCALE, y=y, n_in=y.width, scale=s), {y.name}, {y.name})
+    def scale(self, y: View, s: float, softcap: float = 0.0) -> View:
+        """y *= s; then, with softcap > 0, y = softcap * tanh(y / softcap)"""
+        self._emit(Op(OP_SCALE, y=y, n_in=y.width, scale=s, softcap=softcap), {y.name}, {y.name})
         return y
 
     # -- summary -----------------------------------------------------------------

@@ -151,15 +151,19 @@ void launch_add(const pyllm_op *op, const exec &e) {
                                                   op->y_stride, op->n_in);
 }
 
-__global__ void scale_kernel(float *Y, int64_t y_stride, int64_t n, float s) {
+/* y *= s, then with softcap > 0 y = softcap * tanh(y / softcap) */
+__global__ void scale_kernel(float *Y, int64_t y_stride, int64_t n, float s, float softcap) {
     const int t = blockIdx.y;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) Y[(int64_t)t * y_stride + i] *= s;
+    if (i >= n) return;
+    float v = Y[(int64_t)t * y_stride + i] * s;
+    if (softcap > 0.0f) v = softcap * tanhf(v / softcap);
+    Y[(int64_t)t * y_stride + i] = v;
 }
 
 void launch_scale(const pyllm_op *op, const exec &e) {
     dim3 grid(blocks_for(op->n_in, 256), e.rows);
-    PQ_LAUNCH(grid, 256, 0, e.stream, scale_kernel)(op->y, op->y_stride, op->n_in, op->scale);
+    PQ_LAUNCH(grid, 256, 0, e.stream, scale_kernel)(op->y, op->y_stride, op->n_in, op->scale, op->softcap);
 }
 
 }  // namespace pq
