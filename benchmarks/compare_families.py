@@ -48,6 +48,8 @@ FAMILIES = {
     "phi3": ("phi3", {}),
     "phi3-longrope": ("phi3", {"long_rope": True}),                # context 64 <= 256: short factors
     "phi3-longrope-ctx512": ("phi3", {"long_rope": True}, 512),    # context 512 > 256: long factors
+    "gemma2": ("gemma2", {}),                                      # caps from the file (0.5 and 30)
+    "gemma2-defaults": ("gemma2", {"attn_softcap": None, "final_softcap": None}),  # no caps in the file: 50 and 30
     "gemma3": ("gemma3", {}),
 }
 # llama.cpp's LLAMA_FTYPE_MOSTLY_* (what `llama-quantize` calls them)

@@ -52,6 +52,8 @@ class ModelInfo:
     rope_dims: int
     rope_scaling: str
     attn_scale: float
+    attn_softcap: float
+    final_softcap: float
     layer_groups: list[LayerGroup]
     vocab_type: str
     n_vocab: int
@@ -95,8 +97,13 @@ class ModelInfo:
                 rope += ", per-pair frequency factors"
             attn = f"sliding window {grp.window}" if grp.window else "whole context"
             rows.append(("", f"{which}: {rope}; attention over {attn}"))
+        attention = f"softmax scale {self.attn_scale:.6g}"
+        if self.attn_softcap > 0:
+            attention += f", scores soft-capped at {self.attn_softcap:g} (c * tanh(s / c))"
+        if self.final_softcap > 0:
+            attention += f"; logits soft-capped at {self.final_softcap:g}"
         rows += [
-            ("attention", f"softmax scale {self.attn_scale:.6g}"),
+            ("attention", attention),
             ("vocabulary", f"{self.vocab_type}, {self.n_vocab} tokens"),
             ("chat template", "present" if self.chat_template else "none"),
             ("memory", f"{self.total_bytes / mib:.1f} MiB at {self.n_ctx} tokens: weights "
@@ -169,7 +176,8 @@ def model_info(path: str, n_ctx: Optional[int] = None, n_batch: int = N_BATCH,
         n_layer=hp.n_layer, n_embd=hp.n_embd, n_head=hp.n_head, n_head_kv=hp.n_head_kv, head_dim=hp.head_dim,
         n_ff=hp.n_ff, n_ctx_train=hp.n_ctx_train, n_ctx=n_ctx,
         rope_mode="NEOX (halves)" if arch.rope_mode == ROPE_NEOX else "normal (adjacent pairs)",
-        rope_dims=hp.rope_dim, rope_scaling=hp.rope_scaling, attn_scale=arch.attn_scale, layer_groups=groups,
+        rope_dims=hp.rope_dim, rope_scaling=hp.rope_scaling, attn_scale=arch.attn_scale,
+        attn_softcap=arch.attn_softcap, final_softcap=arch.final_softcap, layer_groups=groups,
         vocab_type=VOCAB_TYPES.get(vocab_model, vocab_model or "none"), n_vocab=hp.n_vocab,
         chat_template=bool(mf.get("tokenizer.chat_template")),
         file_bytes=mf.file_size, weight_bytes=mf.weight_bytes, kv_bytes=kv, activation_bytes=act, notes=notes)

@@ -87,7 +87,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window:
 class Reference:
     """Dequantizes an architecture's weights once, then runs whole sequences."""
 
-    FAMILIES = ("llama", "qwen2", "qwen3", "phi3", "gemma3")
+    FAMILIES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
 
     def __init__(self, arch: Architecture):
         self.arch = arch
@@ -115,6 +115,7 @@ class Reference:
             per layer: x += post_norm?(Wo attn(rope(qk_norm?(Wq h + bq)), ...)), h = rmsnorm(x)
                        x += post_norm?(Wdown (act(Wgate h) * Wup h)),          h = rmsnorm(x)
             logits = Wout rmsnorm(x)
+        with scores and logits soft-capped (c * tanh(s / c)) where the family says.
         Fused q/k/v and gate/up matrices are split by rows here."""
         a, hp = self.arch, self.arch.hp
         T, H, Hkv, d = len(tokens), hp.n_head, hp.n_head_kv, hp.head_dim
@@ -135,7 +136,7 @@ class Reference:
             r = a.layer_rope(i)
             q = rope(q, pos, r.n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors)
             k = rope(k, pos, r.n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors)
-            o = self._linear(attention(q, k, v, a.attn_scale, a.layer_window(i)), A.wo, A.bo)
+            o = self._linear(attention(q, k, v, a.attn_scale, a.layer_window(i), a.attn_softcap), A.wo, A.bo)
             if L.post_attn_norm is not None:
                 o = rmsnorm(o, L.post_attn_norm, hp.eps)
             x = x + o
@@ -148,4 +149,7 @@ class Reference:
             if L.post_ffn_norm is not None:
                 f = rmsnorm(f, L.post_ffn_norm, hp.eps)
             x = x + f
-        return rmsnorm(x, a.out_norm, hp.eps) @ self.w(a.output).T
+        logits = rmsnorm(x, a.out_norm, hp.eps) @ self.w(a.output).T
+        if a.final_softcap > 0:
+            logits = a.final_softcap * np.tanh(logits / a.final_softcap)
+        return logits

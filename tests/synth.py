@@ -234,8 +234,22 @@ def write_gemma3(path: str | Path, qtype: QT = QT.Q8_0, window: int = 8, **kw) -
     return write_model(path, "gemma3", qtype, qk_norm=True, post_norms=True, rope_base=1e6, keys=keys, **kw)
 
 
+def write_gemma2(path: str | Path, qtype: QT = QT.Q8_0, window: int = 8, attn_softcap: float = 0.5,
+                 final_softcap: float = 30.0, **kw) -> str:
+    """Gemma 2: post norms, tied output, no q/k norms. The attention cap is
+    far below the real 50 by default, so that tanh bends these small random
+    models' scores (their logits, of spread ~20, are bent by the real 30)."""
+    kw.setdefault("n_layer", 4)
+    kw.setdefault("tied", True)
+    kw.setdefault("n_head_kv", 1)
+    keys = {"sliding_window": window, "attn_logit_softcapping": attn_softcap,
+            "final_logit_softcapping": final_softcap, **kw.pop("keys", {})}
+    keys = {k: v for k, v in keys.items() if v is not None}
+    return write_model(path, "gemma2", qtype, post_norms=True, keys=keys, **kw)
+
+
 WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
-           "phi3": write_phi3, "gemma3": write_gemma3}
+           "phi3": write_phi3, "gemma2": write_gemma2, "gemma3": write_gemma3}
 
 
 def raw_gguf(path: str | Path, version: int = 3, kv: Optional[list] = None,

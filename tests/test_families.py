@@ -31,6 +31,7 @@ FAMILIES = {
     "qwen3": (synth.write_qwen3, {}),
     "phi3": (synth.write_phi3, {}),
     "phi3-longrope": (synth.write_phi3, {"long_rope": True}),
+    "gemma2": (synth.write_gemma2, {}),                      # caps 1 and 2: tanh bends scores and logits
     "gemma3": (synth.write_gemma3, {}),
 }
 TYPES = [QT.F32, QT.Q8_0, QT.Q4_K, QT.IQ4_NL]
@@ -137,6 +138,42 @@ def test_gemma3_layers(tmp_path):
     assert not any(load_architecture(ModelFile(p4)).layer_window(i) for i in range(6))
 
 
+def test_gemma2_layers(tmp_path):
+    """Even layers local, odd global; one RoPE for all; both soft-caps, with
+    llama.cpp's defaults (window 4096, caps 50 and 30) when the file has none;
+    and the caps are not decoration: the logits differ without them."""
+    path = synth.write_gemma2(tmp_path / "g.gguf", QT.F32, n_layer=4, window=8)
+    g = load_architecture(ModelFile(path))
+    assert [g.layer_window(i) for i in range(4)] == [8, 0, 8, 0]
+    assert g.layer_rope(0) == g.layer_rope(1) and g.layer_rope(0).base == 10000.0
+    assert g.layer_rope(0).mode == ROPE_NEOX and g.glu == GLU_GELU_TANH and g.layers[0].attn.q_norm is None
+    assert (g.attn_softcap, g.final_softcap) == (0.5, 30.0)
+    assert g.embed_scale == pytest.approx(16.0) and g.attn_scale == pytest.approx(1 / 8)
+    _, out, ref = run_both(path)
+    assert compare(out, ref)[0] < 1e-3
+    assert np.abs(out).max() <= 30.0  # capped (tanh rounds to 1 far out)
+    tokens = list(np.random.default_rng(1).integers(0, 512, 40))
+    for cap in ("attn_softcap", "final_softcap"):  # each cap alone moves the logits
+        setattr(g, cap, 0.0)
+        assert compare(Reference(g).forward(tokens), ref)[0] > 0.05, cap
+        g.read_softcaps()
+
+    bare = synth.write_gemma2(tmp_path / "d.gguf", QT.F32, n_layer=2, window=None, attn_softcap=None,
+                              final_softcap=None)
+    d = load_architecture(ModelFile(bare))
+    assert (d.window, d.attn_softcap, d.final_softcap) == (4096, 50.0, 30.0)
+    assert [d.layer_window(i) for i in range(2)] == [4096, 0]
+
+
+def test_gemma2_decode_steps_equal_batch(tmp_path):
+    """Soft-capped scores in the online softmax, one token at a time, windowed."""
+    _, be = build(synth.write_gemma2(tmp_path / "d.gguf", QT.Q8_0, window=5))
+    tokens = list(np.random.default_rng(3).integers(0, 512, 23))
+    batch = be.forward(tokens, 0, [4, 1], len(tokens)).copy()
+    steps = np.stack([be.forward([t], i, [4, 1], 1)[0].copy() for i, t in enumerate(tokens)])
+    np.testing.assert_array_equal(steps, batch)
+
+
 def rope_type(name):
     import gguf
     return gguf.RopeScalingType[name]
@@ -171,7 +208,7 @@ def test_family_errors(tmp_path):
     with pytest.raises(UnsupportedModelError, match="soft-capping"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="gpt-neox")
-    with pytest.raises(UnsupportedModelError, match="'gpt-neox' is not supported.*gemma3, llama, phi3, qwen2, qwen3"):
+    with pytest.raises(UnsupportedModelError, match="'gpt-neox' is not supported.*gemma2, gemma3, llama, phi3, qwen2, qwen3"):
         load_architecture(ModelFile(p))
 
 

@@ -81,3 +81,8 @@ def test_info_other_families(tmp_path):
     assert q3.head_dim == 128 and q3.kv_bytes == 2 * 64 * 2 * 2 * 128 * 2 and q3.tensor_types == {"F32": 25}
     mi = model_info(synth.write_mistral(tmp_path / "m.gguf", QT.Q4_K, window=16), n_ctx=64)
     assert mi.layer_groups[0].window == 16 and "llama.cpp ignores" in mi.notes[0]
+    g2 = model_info(synth.write_gemma2(tmp_path / "g2.gguf", QT.Q8_0, window=16), n_ctx=64)
+    assert (g2.attn_softcap, g2.final_softcap) == (0.5, 30.0) and g2.attn_scale == 1 / 8
+    assert [(grp.layers, grp.window) for grp in g2.layer_groups] == [([0, 2], 16), ([1, 3], 0)]
+    assert "attention      softmax scale 0.125, scores soft-capped at 0.5 (c * tanh(s / c)); logits soft-capped at 30" \
+        in g2.format()

@@ -6,6 +6,7 @@ from typing import Optional
 from ..errors import UnsupportedModelError
 from ..model_file import ModelFile
 from .base import Architecture, HParams
+from .gemma2 import Gemma2
 from .gemma3 import Gemma3
 from .llama import Llama
 from .phi3 import Phi3
@@ -17,6 +18,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "qwen2": Qwen2,
     "qwen3": Qwen3,
     "phi3": Phi3,
+    "gemma2": Gemma2,
     "gemma3": Gemma3,
 }
 

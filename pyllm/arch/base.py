@@ -174,6 +174,8 @@ class Architecture:
     rope_scalings = ROPE_SCALINGS
     glu = GLU_SILU
     fused_ffn = False    # may ffn_up hold [gate | up] with no ffn_gate (Phi-3)?
+    attn_softcap = 0.0   # > 0: attention scores become c * tanh(s / c) (Gemma 2)
+    final_softcap = 0.0  # > 0: the logits likewise
 
     def __init__(self, mf: ModelFile, n_ctx: Optional[int] = None):
         """n_ctx: the context the model will run with, for families whose math

@@ -33,7 +33,7 @@ def attention(g: Graph, arch: Architecture, h: View, a: Attn, layer: int, out: s
     r = arch.layer_rope(layer)
     g.rope(q, k, hp.n_head, hp.n_head_kv, hp.head_dim, r.n_rot, r.mode, r.base, r.scale, r.factors)
     att = g.attention(q, k, v, hp.n_head, hp.n_head_kv, hp.head_dim, arch.attn_scale, "attn",
-                      window=arch.layer_window(layer))
+                      window=arch.layer_window(layer), softcap=arch.attn_softcap)
     return g.linear(att, a.wo, out, bias=a.bo, accumulate=accumulate)
 
 
@@ -49,7 +49,9 @@ def ffn(g: Graph, h: View, f: Ffn, kind: int, out: str | View, accumulate: bool 
 
 
 def output_head(g: Graph, arch: Architecture, x: View) -> View:
-    """logits = Wout rmsnorm(x), on the rows whose logits are wanted."""
+    """logits = Wout rmsnorm(x), on the rows whose logits are wanted (soft-capped
+    where the family caps them)."""
     g.layer = -1
     g.head()
-    return g.linear(g.rmsnorm(x, arch.out_norm, arch.hp.eps, "out_norm"), arch.output, "logits")
+    logits = g.linear(g.rmsnorm(x, arch.out_norm, arch.hp.eps, "out_norm"), arch.output, "logits")
+    return g.scale(logits, 1.0, softcap=arch.final_softcap) if arch.final_softcap > 0 else logits

@@ -44,46 +44,55 @@ class Gemma3(Architecture):
     name = "gemma3"
     rope_mode = ROPE_NEOX
     glu = GLU_GELU_TANH
+    qk_norm = True
+    n_layer_27b = N_LAYER_27B
 
     def __init__(self, mf, n_ctx=None):
         super().__init__(mf, n_ctx)
         hp = self.hp
-        softcap = float(mf.arch_get("final_logit_softcapping", 0.0) or 0.0)
-        if softcap > 0:
-            raise UnsupportedModelError(f"{mf.path}: gemma3 with final logit soft-capping ({softcap}) is not "
-                                        f"supported yet")
+        self.read_softcaps()
         self.tok_embd = self.weight("token_embd.weight", hp.n_embd, hp.n_vocab)
         self.out_norm = self.vector("output_norm.weight", hp.n_embd)
         self.output = self.output_weight()
-
-        self.window = int(mf.arch_get("attention.sliding_window", 0) or 0)
-        pattern = mf.arch_get("attention.sliding_window_pattern", SWA_PERIOD)
-        if self.window <= 0:
-            self.is_swa = [False] * hp.n_layer
-        elif isinstance(pattern, (list, np.ndarray)):
-            if len(pattern) != hp.n_layer:
-                raise ModelFileError(f"{mf.path}: sliding_window_pattern has {len(pattern)} flags for "
-                                     f"{hp.n_layer} layers")
-            self.is_swa = [bool(f) for f in pattern]
-        else:
-            n = int(pattern)
-            self.is_swa = [n == 0 or i % n < n - 1 for i in range(hp.n_layer)]
+        self.window, self.is_swa = self.sliding_layers()
         self.swa_rope_base = float(mf.arch_get("rope.freq_base_swa", SWA_ROPE_BASE))
         if self.swa_rope_base <= 0:
             raise ModelFileError(f"{mf.path}: rope.freq_base_swa = {self.swa_rope_base} is not positive")
 
-        self.query_scale = 1.0 / math.sqrt(hp.n_embd / hp.n_head if hp.n_layer == N_LAYER_27B else hp.head_dim)
+        wide = hp.n_layer == self.n_layer_27b  # the 27B: n_embd / n_head, not head_dim
+        self.query_scale = 1.0 / math.sqrt(hp.n_embd / hp.n_head if wide else hp.head_dim)
         self.layers = []
         for i in range(hp.n_layer):
             p = f"blk.{i}."
             self.layers.append(Layer(
                 attn_norm=self.vector(p + "attn_norm.weight", hp.n_embd),
-                attn=self.attention_weights(i, qk_norm=True),
+                attn=self.attention_weights(i, qk_norm=self.qk_norm),
                 post_attn_norm=self.vector(p + "post_attention_norm.weight", hp.n_embd),
                 ffn_norm=self.vector(p + "ffn_norm.weight", hp.n_embd),
                 ffn=self.ffn_weights(i),
                 post_ffn_norm=self.vector(p + "post_ffw_norm.weight", hp.n_embd),
             ))
+
+    def read_softcaps(self) -> None:
+        softcap = float(self.mf.arch_get("final_logit_softcapping", 0.0) or 0.0)
+        if softcap > 0:
+            raise UnsupportedModelError(f"{self.mf.path}: gemma3 with final logit soft-capping ({softcap}) "
+                                        f"is not supported yet")
+
+    def sliding_layers(self) -> tuple[int, list[bool]]:
+        """(window, which layers use it), from the window and pattern keys"""
+        mf, n_layer = self.mf, self.hp.n_layer
+        window = int(mf.arch_get("attention.sliding_window", 0) or 0)
+        pattern = mf.arch_get("attention.sliding_window_pattern", SWA_PERIOD)
+        if window <= 0:
+            return window, [False] * n_layer
+        if isinstance(pattern, (list, np.ndarray)):
+            if len(pattern) != n_layer:
+                raise ModelFileError(f"{mf.path}: sliding_window_pattern has {len(pattern)} flags for "
+                                     f"{n_layer} layers")
+            return window, [bool(f) for f in pattern]
+        n = int(pattern)
+        return window, [n == 0 or i % n < n - 1 for i in range(n_layer)]
 
     # -- per-layer settings ----------------------------------------------------------
     def layer_window(self, i: int) -> int:
