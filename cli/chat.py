@@ -262,6 +262,8 @@ def chat(
             t = m.chat_template          # checked now: a bad template stops here, before any input
             session = ChatSession(m, system=system, max_tokens=None if n_predict < 0 else n_predict, **sampling)
             interactive = sys.stdin.isatty()
+            if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 reach the tokenizer (-> U+FFFD)
+                sys.stdin.reconfigure(errors="surrogateescape")
             if interactive:
                 try:
                     import readline  # noqa: F401  (line editing and history for input())

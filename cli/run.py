@@ -25,20 +25,18 @@ def read_prompt(prompt: Optional[str], file: Optional[str]) -> str:
         raise InvalidArgumentError("give the prompt with -p or -f, not both")
     if prompt is not None:
         return prompt
+    # bytes that are not UTF-8 stay as surrogate escapes (as in argv); the
+    # tokenizer turns them into U+FFFD, as llama.cpp does, with a warning
     if file is not None:
         try:
-            with open(file, encoding="utf-8") as f:
+            with open(file, encoding="utf-8", errors="surrogateescape") as f:
                 return f.read()
         except OSError as e:
             raise InvalidArgumentError(f"cannot read the prompt file {file}: {e.strerror}") from None
-        except UnicodeDecodeError:
-            raise InvalidArgumentError(f"the prompt file {file} is not UTF-8 text") from None
     if sys.stdin is None or sys.stdin.isatty():
         raise InvalidArgumentError("no prompt: give -p TEXT, -f FILE, or pipe text into pyllm run")
-    try:
-        return sys.stdin.read()
-    except UnicodeDecodeError:
-        raise InvalidArgumentError("the prompt on stdin is not UTF-8 text") from None
+    stdin = getattr(sys.stdin, "buffer", None)
+    return stdin.read().decode("utf-8", "surrogateescape") if stdin is not None else sys.stdin.read()
 
 
 def run(

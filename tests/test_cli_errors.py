@@ -90,3 +90,24 @@ def test_suggested_context_is_the_largest_that_fits(tmp_path, monkeypatch):
         assert len(m.generate("hi", max_tokens=2, temperature=0).tokens) == 2
     with pytest.raises(DeviceMemoryError):
         Model(p, n_ctx=fits + BLOCK_SIZE)
+
+
+def test_prompts_that_are_not_utf8_run_with_a_warning(smollm2_path, tmp_path):
+    """Latin-1 bytes on stdin, in -f and in -p (argv): each invalid byte becomes
+    U+FFFD, as in llama.cpp, with one warning; no traceback."""
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes(b"caf\xe9 au lait")
+    runs = [subprocess.run([sys.executable, "-m", "pyllm.cli.main", "run", "-m", smollm2_path, "-n", "2",
+                            "--temp", "0", *args], capture_output=True, input=stdin, timeout=120)
+            for args, stdin in (([], b"caf\xe9 au lait"), (["-f", str(bad)], None),
+                                (["-p", b"caf\xe9 au lait".decode("utf-8", "surrogateescape")], None))]
+    for r in runs:
+        assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr
+        assert b"the text is not valid UTF-8: 1 invalid byte became U+FFFD" in r.stderr
+    assert runs[0].stdout == runs[1].stdout == runs[2].stdout and runs[0].stdout.strip()
+    # chat reads lines: the same, even where stdin would be strict UTF-8
+    import os
+    r = subprocess.run([sys.executable, "-m", "pyllm.cli.main", "chat", "-m", smollm2_path, "-n", "2", "--temp", "0"],
+                       capture_output=True, input=b"caf\xe9\n", timeout=120, env={**os.environ, "PYTHONIOENCODING": "utf-8"})
+    assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr
+    assert b"1 invalid byte became U+FFFD" in r.stderr

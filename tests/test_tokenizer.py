@@ -273,6 +273,33 @@ def test_stream_decoder_flushes_broken_utf8(smol):
 # ---- pieces -------------------------------------------------------------------
 
 @pytest.mark.model
+def test_invalid_utf8_becomes_one_replacement_character_per_byte():
+    """Bytes that are not UTF-8 reach a str as surrogate escapes (argv, stdin);
+    like llama.cpp's decoder, each such byte becomes U+FFFD. Other lone
+    surrogates too; valid text passes untouched."""
+    from pyllm.tokenizer.base import unicode_text
+    esc = lambda b: b.decode("utf-8", "surrogateescape")  # noqa: E731
+    assert unicode_text(esc(b"caf\xe9 au lait")) == "caf\ufffd au lait"
+    assert unicode_text(esc(b"\xe2\x82A")) == "\ufffd\ufffdA"      # a cut 3-byte sequence: two bytes
+    assert unicode_text(esc(b"\xf0\x9f\x99")) == "\ufffd" * 3
+    assert unicode_text("a\ud800b\udfffc") == "a\ufffdb\ufffdc"
+    assert unicode_text("naïve 🙂 \ufffd") == "naïve 🙂 \ufffd"
+
+
+@pytest.mark.model
+def test_invalid_utf8_ids_match_llama_cpp(smol):
+    """llama.cpp 0.3.36's ids for these bytes (llama_cpp.Llama.tokenize(bytes),
+    SmolLM2): the same U+FFFD per invalid byte. (Gemma's SentencePiece path in
+    llama.cpp instead passes such bytes to byte-fallback tokens; pyllm gives it
+    U+FFFD too.)"""
+    cases = {b"Hello \xff\xfe world": [19556, 216, 24211, 24211, 905],
+             b"caf\xe9 au lait": [83, 1939, 24211, 26261, 2618, 269],
+             b"\xe2\x82A": [24211, 24211, 49], b"abc\xc3": [25276, 24211],
+             b"\xf0\x9f\x99": [24211, 24211, 24211], b"x\x80\x80y": [104, 24211, 24211, 105]}
+    for raw, ids in cases.items():
+        assert smol.encode(raw.decode("utf-8", "surrogateescape"), add_bos=False) == ids, raw
+
+
 def test_token_to_piece(smol, gemma):
     nl = gemma.token_id("<0x0A>")
     assert gemma.token_to_piece(nl) == b"\n"

@@ -25,6 +25,38 @@ K_TYPES = "tokenizer.ggml.token_type"
 K_SCORES = "tokenizer.ggml.scores"
 
 
+def _bytes_replaced(err: UnicodeDecodeError) -> tuple[str, int]:
+    return "\ufffd" * (err.end - err.start), err.end
+
+
+codecs.register_error("pyllm-replace-bytes", _bytes_replaced)
+
+
+def unicode_text(text: str) -> str:
+    """text with every invalid UTF-8 byte replaced by U+FFFD, one per byte, as
+    llama.cpp's UTF-8 decoder does. Such bytes reach a str as the lone
+    surrogates U+DC80..U+DCFF (Python's 'surrogateescape': argv, stdin, files
+    read with it); other lone surrogates become U+FFFD too."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    raw = bytearray()
+    for ch in text:
+        o = ord(ch)
+        if 0xDC80 <= o <= 0xDCFF:
+            raw.append(o - 0xDC00)          # an escaped byte: invalid where it stands
+        elif 0xD800 <= o <= 0xDFFF:
+            raw += "\ufffd".encode()
+        else:
+            raw += ch.encode("utf-8")
+    fixed = raw.decode("utf-8", "pyllm-replace-bytes")
+    n = fixed.count("\ufffd") - text.count("\ufffd")
+    log.warning(f"the text is not valid UTF-8: {n} invalid byte{'s' if n != 1 else ''} became U+FFFD")
+    return fixed
+
+
 class TokenAttr(enum.IntFlag):
     """llama.cpp's llama_token_attr bits."""
     UNDEFINED = 0
@@ -386,6 +418,7 @@ class Tokenizer:
         """
         if not isinstance(text, str):
             raise InvalidArgumentError(f"encode() needs a str, not {type(text).__name__}")
+        text = unicode_text(text)
         if add_bos is None:
             add_bos = self.add_bos
         if add_eos is None:
