@@ -13,7 +13,7 @@ from typing import Callable, Iterator, Optional, Sequence as Seq
 
 import numpy as np
 
-from .errors import ContextFullError, InvalidArgumentError
+from .errors import ContextFullError, InvalidArgumentError, ModelFileError
 from .kv_cache import BlockPool, Sequence
 from .sampling import Sampler
 
@@ -172,6 +172,10 @@ class Generation:
                 self.profiles.append(read_profile(eng.backend, "prefill", 1, m.prefill_s))
                 eng.backend.profile(True)  # counters from zero for the decode
             while not self.cancelled:
+                if np.isnan(logits).any():  # ~1e-5 s: NaN would otherwise "sample" token 0 forever
+                    raise ModelFileError(
+                        f"the model computed NaN logits at position {len(self.seq)}: its weights hold NaN or "
+                        f"overflow; the file is corrupt or badly quantized: download it again or try another")
                 ts = time.perf_counter()
                 tok = self.sampler(logits, history)
                 sampling_s += time.perf_counter() - ts

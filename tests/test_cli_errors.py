@@ -111,3 +111,19 @@ def test_prompts_that_are_not_utf8_run_with_a_warning(smollm2_path, tmp_path):
                        capture_output=True, input=b"caf\xe9\n", timeout=120, env={**os.environ, "PYTHONIOENCODING": "utf-8"})
     assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr
     assert b"1 invalid byte became U+FFFD" in r.stderr
+
+
+def test_a_model_that_computes_nan_is_one_error(tmp_path):
+    """NaN in a weight (a corrupt download) makes every logit NaN: greedy
+    decoding used to emit token 0 forever, sampling said "no token is left";
+    now both name the cause."""
+    p = synth.write_llama(tmp_path / "nan.gguf", QT.F32)
+    from pyllm.model_file import ModelFile
+    with ModelFile(p) as mf:
+        at = mf.tensor("output_norm.weight").offset
+    raw = bytearray(open(p, "rb").read())
+    raw[at:at + 4] = np.float32(np.nan).tobytes()
+    open(p, "wb").write(raw)
+    for temp in ("0", "0.8"):
+        assert_one_line_error(pyllm("run", "-m", p, "-p", "to", "-n", "3", "--temp", temp),
+                              "the model computed NaN logits at position 1: .* corrupt")
