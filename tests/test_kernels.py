@@ -876,8 +876,8 @@ def test_report_provided_kernels():
 @pytest.mark.parametrize("isa", level_params([1, 2]))
 def test_priority_formats_provided(isa):
     """AVX2 and AVX-512 each have their own vec_dot and gemv for the priority
-    formats; AVX2 also every format's vec_dot, dequant and quantize_act
-    (AVX-512 inherits those)"""
+    formats and a gemm for every format; AVX2 also every format's vec_dot,
+    dequant and quantize_act (AVX-512 inherits those)"""
     if not lib.pyllm_level_available(isa):
         pytest.skip(f"CPU lacks {ISA_NAMES[isa]}")
     for t in PRIORITY:
@@ -885,6 +885,9 @@ def test_priority_formats_provided(isa):
         assert lib.pyllm_kernel_provided(isa, 1, tid), f"{ISA_NAMES[isa]} vec_dot {t}"
     for t in GEMV_REQUIRED:
         assert lib.pyllm_kernel_provided(isa, 2, TYPES[t][0]), f"{ISA_NAMES[isa]} gemv {t}"
+    # every weight type: without a gemm, prefill reads the weights once per prompt token
+    for t, (tid, *_) in TYPES.items():
+        assert lib.pyllm_kernel_provided(isa, 4, tid), f"{ISA_NAMES[isa]} gemm {t}"
     if isa == 1:
         for t, (tid, *_) in TYPES.items():
             assert lib.pyllm_kernel_provided(isa, 1, tid), t

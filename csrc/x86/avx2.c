@@ -676,6 +676,66 @@ INLINE void ktile_q6_K(const int T, int64_t nsb, const uint8_t *xr, const block_
     }
 }
 
+/* Q2_K and Q3_K: step_q2_K / step_q3_K with each group's decode shared by T activation rows */
+INLINE void ktile_q2_K(const int T, int64_t nsb, const uint8_t *xr, const block_q8_K *const *y, __m256 *acc) {
+    const __m256i m3 = _mm256_set1_epi8(3);
+    for (int64_t i = 0; i < nsb; i++) {
+        const block_q2_K *x = (const block_q2_K *)(const void *)xr + i;
+        const __m128i sb = _mm_loadu_si128((const __m128i *)x->scales);
+        const __m128i sc = _mm_and_si128(sb, _mm_set1_epi8(0x0f));
+        const __m256i mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(0x0f)));
+        __m256i sumi[4];
+        for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
+            for (int s = 0; s < 4; s++) {
+                const __m256i v = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s)), m3);
+                const __m256i scv = scale_pair(sc, 8 * h + 2 * s, 0);
+                for (int t = 0; t < T; t++) {
+                    const __m256i aq = _mm256_loadu_si256((const __m256i *)(y[t][i].qs + 128 * h + 32 * s));
+                    sumi[t] = madd_acc(sumi[t], _mm256_maddubs_epi16(v, aq), scv);
+                }
+            }
+        }
+        const float d = _cvtsh_ss(x->d), dmin = _cvtsh_ss(x->dmin);
+        for (int t = 0; t < T; t++) {
+            const __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[t][i].bsums), mn);
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y[t][i].d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+            acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * y[t][i].d), _mm256_cvtepi32_ps(msum), acc[t]);
+        }
+    }
+}
+
+INLINE void ktile_q3_K(const int T, int64_t nsb, const uint8_t *xr, const block_q8_K *const *y, __m256 *acc) {
+    const __m256i m3 = _mm256_set1_epi8(3), b2 = _mm256_set1_epi8(4);
+    for (int64_t i = 0; i < nsb; i++) {
+        const block_q3_K *x = (const block_q3_K *)(const void *)xr + i;
+        const __m128i s8 = q3_K_scales8(x->scales);
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)x->hmask);
+        __m256i sumi[4];
+        for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
+            for (int s = 0; s < 4; s++) {
+                const __m256i v = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s)), m3),
+                                                  _mm256_and_si256(move_bit(hm, 4 * h + s, 2), b2));
+                const __m256i scv = scale_pair(s8, 8 * h + 2 * s, 1);
+                for (int t = 0; t < T; t++) {
+                    const __m256i aq = _mm256_loadu_si256((const __m256i *)(y[t][i].qs + 128 * h + 32 * s));
+                    sumi[t] = madd_acc(sumi[t], _mm256_maddubs_epi16(v, aq), scv);
+                }
+            }
+        }
+        const __m256i cs = _mm256_cvtepi8_epi16(s8);
+        const float d = _cvtsh_ss(x->d);
+        for (int t = 0; t < T; t++) {
+            const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[t][i].bsums), cs);
+            const __m256i si = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(corr, 2));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y[t][i].d), _mm256_cvtepi32_ps(si), acc[t]);
+        }
+    }
+}
+
 #define ktile_q4_K(T, nsb, x, y, acc) ktile_q45_K(T, 0, nsb, x, y, acc)
 #define ktile_q5_K(T, nsb, x, y, acc) ktile_q45_K(T, 1, nsb, x, y, acc)
 
@@ -700,6 +760,8 @@ INLINE void ktile_q6_K(const int T, int64_t nsb, const uint8_t *xr, const block_
         }                                                                                                     \
     }
 
+DEFINE_QK_GEMM(q2_K, block_q2_K)
+DEFINE_QK_GEMM(q3_K, block_q3_K)
 DEFINE_QK_GEMM(q4_K, block_q4_K)
 DEFINE_QK_GEMM(q5_K, block_q5_K)
 DEFINE_QK_GEMM(q6_K, block_q6_K)
@@ -1244,7 +1306,7 @@ static void wsum_many_f16(int64_t n, int rows, int nq, const float *restrict w, 
 }
 
 /* Float-weight gemm (F32: attention's scores; F16: the same straight from
- * the f16 cache, and prefill on F16 weights): R rows x C activation rows,
+ * the f16 cache, and prefill on F16 and BF16 weights): R rows x C activation rows,
  * each pair with frows' accumulator and float steps (hsum8, then the tail
  * elements in order), the loads shared: 6 per 8 FMAs for 4 x 2, against 5
  * per 4 in gemv */
@@ -1289,6 +1351,7 @@ static void wsum_many_f16(int64_t n, int rows, int nq, const float *restrict w, 
 
 DEFINE_FTILE(f32, float, load_f32x8, F32_ID)
 DEFINE_FTILE(f16, f16_t, load_f16x8, fp16_to_fp32)
+DEFINE_FTILE(bf16, uint16_t, load_bf16x8, bf16_to_fp32)
 
 static void axpy_f32(int64_t n, float a, const float *restrict x, float *restrict y) {
     const __m256 av = _mm256_set1_ps(a);
@@ -1323,6 +1386,8 @@ void KERNELS_FILL_AVX2(kernel_table *t) {
     t->gemm[T_Q5_1] = gemm_q5_1;
     t->gemm[T_Q8_0] = gemm_q8_0;
     t->gemm[T_IQ4_NL] = gemm_iq4_nl;
+    t->gemm[T_Q2_K] = gemm_q2_K;
+    t->gemm[T_Q3_K] = gemm_q3_K;
     t->gemm[T_Q4_K] = gemm_q4_K;
     t->gemm[T_Q5_K] = gemm_q5_K;
     t->gemm[T_Q6_K] = gemm_q6_K;
@@ -1331,6 +1396,7 @@ void KERNELS_FILL_AVX2(kernel_table *t) {
     t->gemv[T_F32] = gemv_f32;
     t->gemm[T_F32] = gemm_f32;
     t->gemm[T_F16] = gemm_f16;
+    t->gemm[T_BF16] = gemm_bf16;
     t->quantize_act[ACT_F32] = quantize_f32;
     t->quantize_act[ACT_Q8_32] = quantize_q8_32;
     t->quantize_act[ACT_Q8_K] = quantize_q8_K;

@@ -1613,7 +1613,7 @@ DEFINE_F512(bf16)
 
 /* Float-weight gemm (F32: attention's scores, key rows against the query
  * rows of a tile; F16: the same straight from the f16 cache, and prefill on
- * F16 weights): R rows x C activation rows, each pair with frows' one
+ * F16 and BF16 weights): R rows x C activation rows, each pair with frows' one
  * accumulator and float steps, the R row loads shared by the C activation
  * rows and the C activation loads by the R rows (8 loads per 16 FMAs for
  * 4 x 4, against 5 per 4 in gemv). About 80 GFLOP/s on one core here,
@@ -1661,6 +1661,7 @@ DEFINE_F512(bf16)
 
 DEFINE_FTILE512(f32)
 DEFINE_FTILE512(f16)
+DEFINE_FTILE512(bf16)
 
 /* ------------------------------------------------------------------ */
 /* vector math: GLU activations, softmax exp, axpy                      */
@@ -1855,6 +1856,7 @@ void kernels_fill_avx512(kernel_table *t) {
     t->gemv[T_F32] = gemv_f32;
     t->gemm[T_F32] = gemm_f32;
     t->gemm[T_F16] = gemm_f16;
+    t->gemm[T_BF16] = gemm_bf16;
     t->vec_dot[T_F16] = vec_dot_f16;
     t->gemv[T_F16] = gemv_f16;
     t->vec_dot[T_BF16] = vec_dot_bf16;
