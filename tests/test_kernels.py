@@ -1072,6 +1072,48 @@ int main(void) {
             }
         }
     }
+    /* float weights (F32, F16, BF16): gemm == vec_dot bit for bit over tiles
+     * of 4 and 1 rows, 2 and 1 activation rows and every tail length; vec_dot
+     * within 2e-6 of the magnitude sum from the scalar reference */
+    {
+        const int ftypes[3] = {T_F32, T_F16, T_BF16}, flens[5] = {8, 37, 64, 200, 1003};
+        static float fw[9][1024], fa[7][1024];
+        static uint16_t hw[9][1024];
+        for (int fi = 0; fi < 3; fi++) {
+            const int t = ftypes[fi];
+            CHECK(pyllm_kernel_provided(ISA_NEON, 1, t) && pyllm_kernel_provided(ISA_NEON, 4, t), "float provided %d", t);
+            for (int li = 0; li < 5; li++) {
+                const int n = flens[li];
+                for (int r = 0; r < 9; r++)
+                    for (int i = 0; i < n; i++) {
+                        uint32_t u;
+                        fw[r][i] = frnd();
+                        memcpy(&u, &fw[r][i], 4);
+                        hw[r][i] = t == T_F16 ? fp32_to_fp16(fw[r][i]) : (uint16_t)(u >> 16);
+                    }
+                for (int c = 0; c < 7; c++)
+                    for (int i = 0; i < n; i++) fa[c][i] = frnd();
+                const char *wp = t == T_F32 ? (const char *)fw : (const char *)hw;
+                const size_t rb = t == T_F32 ? sizeof fw[0] : sizeof hw[0];
+                float gout[7 * 11];
+                for (int i = 0; i < 7 * 11; i++) gout[i] = NAN;
+                CHECK(pyllm_kernel_gemm(ISA_NEON, t, n, wp, rb, 9, fa, sizeof fa[0], 7, gout, 11) == 0, "float gemm rc");
+                for (int c = 0; c < 7; c++) {
+                    for (int r = 0; r < 9; r++) {
+                        float v, ref;
+                        double mag = 0;
+                        pyllm_kernel_vec_dot(ISA_NEON, t, n, wp + r * rb, fa[c], &v);
+                        pyllm_kernel_vec_dot(0, t, n, wp + r * rb, fa[c], &ref);
+                        for (int i = 0; i < n; i++)
+                            mag += fabs((t == T_F32 ? fw[r][i] : t == T_F16 ? fp16_to_fp32(hw[r][i]) : bf16_to_fp32(hw[r][i])) * fa[c][i]);
+                        CHECK(memcmp(&v, &gout[c * 11 + r], 4) == 0, "float gemm != vec_dot type %d n %d row %d col %d", t, n, r, c);
+                        CHECK(fabs(v - ref) <= 2e-6 * mag, "float vec_dot type %d n %d: %g vs %g", t, n, v, ref);
+                    }
+                    CHECK(isnan(gout[c * 11 + 9]) && isnan(gout[c * 11 + 10]), "float gemm wrote past its rows");
+                }
+            }
+        }
+    }
     /* fp16: every half, and float32 values of all exponents */
     static f16_t h[65536], h1[65536];
     static float f[65536], f1[65536];

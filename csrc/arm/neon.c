@@ -498,17 +498,30 @@ static void f16_to_f32_rows(const f16_t *restrict x, int64_t x_stride, int rows,
     }
 }
 
-static float dot_f16_f32(int64_t n, const f16_t *restrict a, const float *restrict b) {
-    float32x4_t c0 = vdupq_n_f32(0.0f), c1 = c0;
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        c0 = vfmaq_f32(c0, vcvt_f32_f16(ld_f16x4(a + i)), vld1q_f32(b + i));
-        c1 = vfmaq_f32(c1, vcvt_f32_f16(ld_f16x4(a + i + 4)), vld1q_f32(b + i + 4));
+/* float rows: 4 lanes, the F16 and BF16 ones converted exactly */
+INLINE float32x4_t ld4_f32(const float *p) { return vld1q_f32(p); }
+INLINE float32x4_t ld4_f16(const f16_t *p) { return vcvt_f32_f16(ld_f16x4(p)); }
+INLINE float32x4_t ld4_bf16(const uint16_t *p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
+INLINE float f32_id(float v) { return v; }
+
+/* dot of a float row and a float vector: two 4-lane accumulators over 8
+ * elements a step, their sum reduced, then the tail in order. vec_dot,
+ * the generic gemv and the gemm tiles below all take these steps. */
+#define DEFINE_FDOT(name, wtype, LOAD4, SCALAR)                                          \
+    static float name(int64_t n, const wtype *restrict a, const float *restrict b) {      \
+        float32x4_t c0 = vdupq_n_f32(0.0f), c1 = c0;                                      \
+        int64_t i = 0;                                                                    \
+        for (; i + 8 <= n; i += 8) {                                                      \
+            c0 = vfmaq_f32(c0, LOAD4(a + i), vld1q_f32(b + i));                           \
+            c1 = vfmaq_f32(c1, LOAD4(a + i + 4), vld1q_f32(b + i + 4));                   \
+        }                                                                                 \
+        float sum = vaddvq_f32(vaddq_f32(c0, c1));                                        \
+        for (; i < n; i++) sum += SCALAR(a[i]) * b[i];                                    \
+        return sum;                                                                       \
     }
-    float sum = vaddvq_f32(vaddq_f32(c0, c1));
-    for (; i < n; i++) sum += fp16_to_fp32(a[i]) * b[i];
-    return sum;
-}
+
+DEFINE_FDOT(dot_f16_f32, f16_t, ld4_f16, fp16_to_fp32)
+DEFINE_FDOT(dot_bf16_f32, uint16_t, ld4_bf16, bf16_to_fp32)
 
 static void axpy_f16(int64_t n, float s, const f16_t *restrict a, float *restrict out) {
     int64_t i = 0;
@@ -517,20 +530,62 @@ static void axpy_f16(int64_t n, float s, const f16_t *restrict a, float *restric
     for (; i < n; i++) out[i] += s * fp16_to_fp32(a[i]);
 }
 
-static float dot_f32(int64_t n, const float *restrict a, const float *restrict b) {
-    float32x4_t c0 = vdupq_n_f32(0.0f), c1 = c0;
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        c0 = vfmaq_f32(c0, vld1q_f32(a + i), vld1q_f32(b + i));
-        c1 = vfmaq_f32(c1, vld1q_f32(a + i + 4), vld1q_f32(b + i + 4));
-    }
-    float sum = vaddvq_f32(vaddq_f32(c0, c1));
-    for (; i < n; i++) sum += a[i] * b[i];
-    return sum;
-}
+DEFINE_FDOT(dot_f32, float, ld4_f32, f32_id)
 
 static float vec_dot_f16(int64_t n, const void *restrict w, const void *restrict a) { return dot_f16_f32(n, w, a); }
+static float vec_dot_bf16(int64_t n, const void *restrict w, const void *restrict a) { return dot_bf16_f32(n, w, a); }
 static float vec_dot_f32(int64_t n, const void *restrict w, const void *restrict a) { return dot_f32(n, w, a); }
+
+/* Float-weight gemm (F32: attention's scores; F16: the same straight from
+ * the f16 cache, and prefill on F16 weights; BF16 weights): R rows x C
+ * activation rows, each pair with DEFINE_FDOT's two accumulators and steps,
+ * the R rows' loads shared by the C activation rows and theirs by the R rows */
+#define DEFINE_FTILE(name, wtype, LOAD4, SCALAR)                                                            \
+    INLINE void ftile_##name(const int R, const int C, int64_t n, const char *w, size_t rb, const char *a,  \
+                             size_t as, float *out, size_t os) {                                            \
+        float32x4_t c0[4][2], c1[4][2];                                                                     \
+        for (int r = 0; r < R; r++)                                                                         \
+            for (int t = 0; t < C; t++) c0[r][t] = c1[r][t] = vdupq_n_f32(0.0f);                            \
+        int64_t i = 0;                                                                                      \
+        for (; i + 8 <= n; i += 8) {                                                                        \
+            float32x4_t w0[4], w1[4];                                                                       \
+            for (int r = 0; r < R; r++) {                                                                   \
+                const wtype *x = (const wtype *)(const void *)(w + r * rb);                                 \
+                w0[r] = LOAD4(x + i), w1[r] = LOAD4(x + i + 4);                                             \
+            }                                                                                               \
+            for (int t = 0; t < C; t++) {                                                                   \
+                const float *y = (const float *)(const void *)(a + t * as);                                 \
+                const float32x4_t y0 = vld1q_f32(y + i), y1 = vld1q_f32(y + i + 4);                         \
+                for (int r = 0; r < R; r++) {                                                               \
+                    c0[r][t] = vfmaq_f32(c0[r][t], w0[r], y0);                                              \
+                    c1[r][t] = vfmaq_f32(c1[r][t], w1[r], y1);                                              \
+                }                                                                                           \
+            }                                                                                               \
+        }                                                                                                   \
+        for (int t = 0; t < C; t++) {                                                                       \
+            const float *y = (const float *)(const void *)(a + t * as);                                     \
+            for (int r = 0; r < R; r++) {                                                                   \
+                const wtype *x = (const wtype *)(const void *)(w + r * rb);                                 \
+                float sum = vaddvq_f32(vaddq_f32(c0[r][t], c1[r][t]));                                      \
+                for (int64_t j = i; j < n; j++) sum += SCALAR(x[j]) * y[j];                                 \
+                out[t * os + r] = sum;                                                                      \
+            }                                                                                               \
+        }                                                                                                   \
+    }                                                                                                       \
+    static void gemm_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a, \
+                            size_t as, int ncols, float *restrict out, size_t os) {                         \
+        const char *wr = w, *ar = a;                                                                        \
+        for (int t = 0; t < ncols; t += 2) {                                                                \
+            const int C = ncols - t < 2 ? 1 : 2;                                                            \
+            int r = 0;                                                                                      \
+            for (; r + 4 <= nrows; r += 4) ftile_##name(4, C, n, wr + r * rb, rb, ar + t * as, as, out + t * os + r, os); \
+            for (; r < nrows; r++) ftile_##name(1, C, n, wr + r * rb, rb, ar + t * as, as, out + t * os + r, os); \
+        }                                                                                                   \
+    }
+
+DEFINE_FTILE(f32, float, ld4_f32, f32_id)
+DEFINE_FTILE(f16, f16_t, ld4_f16, fp16_to_fp32)
+DEFINE_FTILE(bf16, uint16_t, ld4_bf16, bf16_to_fp32)
 
 /* ------------------------------------------------------------------ */
 /* vector math: GLU activations, softmax exp, axpy                      */
@@ -654,7 +709,11 @@ void KERNELS_FILL_NEON(kernel_table *t) {
     SET(T_Q6_K, q6_K)
 #undef SET
     t->vec_dot[T_F16] = vec_dot_f16;
+    t->vec_dot[T_BF16] = vec_dot_bf16;
     t->vec_dot[T_F32] = vec_dot_f32;
+    t->gemm[T_F32] = gemm_f32;
+    t->gemm[T_F16] = gemm_f16;
+    t->gemm[T_BF16] = gemm_bf16;
     t->quantize_act[ACT_Q8_32] = quantize_q8_32;
     t->quantize_act[ACT_Q8_K] = quantize_q8_K;
     t->f32_to_f16 = f32_to_f16_row;
