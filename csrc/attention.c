@@ -74,9 +74,10 @@ static void scale_by(float *restrict y, float a, int n) {
  * to the caller (several queries' sums share the loads of V). */
 static void softmax_step(float *state, float *s, int n, int hd, float scale, float softcap) {
     float *m = &state[0], *l = &state[1];
-    for (int i = 0; i < n; i++) s[i] *= scale;
     if (softcap > 0)
-        for (int i = 0; i < n; i++) s[i] = softcap * tanhf(s[i] / softcap);
+        K.softcap(n, s, scale, softcap); /* s = softcap * tanh(scale * s / softcap) */
+    else
+        for (int i = 0; i < n; i++) s[i] *= scale;
     float mx[4] = {-FLT_MAX, -FLT_MAX, -FLT_MAX, -FLT_MAX}; /* four chains: max is exact in any order */
     for (int i = 0; i < n; i++) mx[i & 3] = s[i] > mx[i & 3] ? s[i] : mx[i & 3];
     const float bmax = fmaxf(fmaxf(mx[0], mx[1]), fmaxf(mx[2], mx[3]));

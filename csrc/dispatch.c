@@ -109,6 +109,7 @@ static void overlay(kernel_table *dst, const kernel_table *src) {
     OV(glu_silu);
     OV(glu_gelu_tanh);
     OV(exp_sum);
+    OV(softcap);
     OV(axpy_f32);
     OV(wsum_f32);
     OV(wsum_many_f32);

@@ -72,6 +72,7 @@ int pyllm_kernel_provided(int isa, int kind, int type) {
         case 4: return own.wsum_f32 != NULL;
         case 5: return own.wsum_many_f32 != NULL;
         case 6: return own.wsum_many_f16 != NULL;
+        case 7: return own.softcap != NULL;
         default: return 0;
         }
     default: return 0;
@@ -182,6 +183,12 @@ int pyllm_kernel_vmath(int isa, int which, int64_t n, const float *a, const floa
     case 4: /* wsum_f32: rows = (int)s rows of n at a (stride n), weights b */
         if (!b || s < 0) return -1;
         t->wsum_f32(n, (int)s, b, a, n, out);
+        return 0;
+    case 7: /* softcap: out = a soft-capped, scale s, cap b[0] */
+        if (!b || !(b[0] > 0)) return -1;
+        if (a != out)
+            for (int64_t i = 0; i < n; i++) out[i] = a[i];
+        t->softcap(n, out, s, b[0]);
         return 0;
     default: return -1;
     }

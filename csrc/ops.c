@@ -160,9 +160,10 @@ void op_scale(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     for (int64_t k = lo; k < hi;) {
         const int64_t t = k / n, i0 = k % n, i1 = n < i0 + (hi - k) ? n : i0 + (hi - k);
         float *y = OUT_ROW(op, t);
-        for (int64_t i = i0; i < i1; i++) y[i] *= s;
         if (cap > 0)
-            for (int64_t i = i0; i < i1; i++) y[i] = cap * tanhf(y[i] / cap);
+            K.softcap(i1 - i0, y + i0, s, cap);
+        else
+            for (int64_t i = i0; i < i1; i++) y[i] *= s;
         k += i1 - i0;
     }
 }

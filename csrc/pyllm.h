@@ -116,7 +116,8 @@ int pyllm_type_supported(int type);
 int pyllm_type_act(int type);           /* activation format a weight type's dot product takes */
 size_t pyllm_act_row_bytes(int act, int64_t n);
 /* does level `isa` itself provide this kernel (kind: 0 dequant, 1 vec_dot, 2 gemv, 3 quantize_act,
- * 4 gemm, 5 vector math with type = pyllm_kernel_vmath's which, or 5 for wsum_many_f32)? */
+ * 4 gemm, 5 vector math with type = pyllm_kernel_vmath's which, or 5 for wsum_many_f32, 6 for
+ * wsum_many_f16)? */
 int pyllm_kernel_provided(int isa, int kind, int type);
 /* run one kernel of one level; 0 on success, -1 if unsupported */
 int pyllm_kernel_dequant(int isa, int type, const void *w, float *out, int64_t n);
@@ -139,7 +140,8 @@ int pyllm_kernel_f16_rows(int isa, const void *x, int64_t x_stride, int rows, fl
  *   1 glu_gelu_tanh: out[i] = gelu_tanh(a[i]) * b[i]
  *   2 exp_sum:       out[i] = exp(a[i] - s), *sum = their sum (a may be out)
  *   3 axpy_f32:      out[i] += s * a[i]
- *   4 wsum_f32:      out[j] += sum_{i < rows} b[i] * a[i*n + j], rows = (int)s */
+ *   4 wsum_f32:      out[j] += sum_{i < rows} b[i] * a[i*n + j], rows = (int)s
+ *   7 softcap:       out[i] = c * tanh(s * a[i] / c) with c = b[0] > 0 (a may be out) */
 int pyllm_kernel_vmath(int isa, int which, int64_t n, const float *a, const float *b, float s, float *out,
                        float *sum);
 /* wsum_f32 for nq outputs: y[q*ys + j] += sum_{i < rows} w[q*ws + i] * x[i*ld + j]

@@ -203,6 +203,9 @@ typedef struct {
     /* s[i] = exp(s[i] - m) in place (s[i] - m <= 0 expected, -inf gives 0);
      * returns the sum of the new s[i] */
     float (*exp_sum)(int64_t n, float *s, float m);
+    /* s[i] = cap * tanh(s[i] * scale / cap) in place, cap > 0: Gemma 2's
+     * soft-capped attention scores and logits */
+    void (*softcap)(int64_t n, float *s, float scale, float cap);
     /* y[i] += a * x[i] */
     void (*axpy_f32)(int64_t n, float a, const float *restrict x, float *restrict y);
     /* y[j] += sum_{i < rows} w[i] * x[i*ld + j] for j < n: the rows added in

@@ -609,6 +609,7 @@ def test_f16_rows_to_f32_exact(isa):
 #   exp_sum        each value within 4e-7 relative (values below 1.2e-38 may be 0),
 #                  the sum within 1e-6 relative
 #   axpy_f32       y + a x within 1 ulp of the exact result (one fma, or mul + add)
+#   softcap        |err| <= 1e-6 |result| + 1e-12 cap
 # and, exactly, an element's result does not depend on n or on where it sits.
 
 def vmath(isa, which, a, b=None, s=0.0, out=None):
@@ -672,6 +673,36 @@ def test_glu(isa, which):
     inplace = g.copy()
     vmath(isa, which, inplace, u, out=inplace)
     np.testing.assert_array_equal(inplace, got)
+
+
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_softcap(isa):
+    """c * tanh(scale * x / c) (Gemma 2's scores and logits) against float64
+    tanh, on every range its branches and clamp meet: tiny, around the 0.3
+    switch, saturating, huge, signed zeros"""
+    rng = np.random.default_rng(21)
+    x = (rng.standard_normal(5003) * rng.choice([1e-3, 0.1, 1, 10, 100, 1e4], 5003)).astype(np.float32)
+    x[:14] = [0, -0.0, 1e-30, -1e-30, 1e-8, 0.3, -0.3, 0.29999998, 0.30000001, 9, -9, 9.5, 3e38, -3e38]
+    for scale, cap in [(1.0, 1.0), (0.0625, 50.0), (1.0, 30.0), (2.5, 0.5)]:
+        got, _ = vmath(isa, 7, x, np.array([cap], dtype=np.float32), s=scale)
+        with np.errstate(over="ignore"):
+            u = (x * np.float32(scale)).astype(np.float64) / np.float64(cap)  # the kernels' rounded product
+        exact = cap * np.tanh(u)
+        bound = 1e-6 * np.abs(exact) + 1e-12 * cap
+        bad = np.flatnonzero(~(np.abs(got - exact) <= bound))
+        assert bad.size == 0, [(x[i], scale, cap, got[i], exact[i]) for i in bad[:5]]
+        assert np.signbit(got[1]) and not np.signbit(got[0]) and (np.abs(got) <= cap).all()
+        ref, _ = vmath(0, 7, x, np.array([cap], dtype=np.float32), s=scale)
+        assert (np.abs(got - ref) <= 2 * bound).all()
+        for off in [1, 3, 7, 15, 17]:
+            for n in [1, 5, 8, 13, 16, 31, 100]:
+                part, _ = vmath(isa, 7, x[off:off + n], np.array([cap], dtype=np.float32), s=scale)
+                np.testing.assert_array_equal(part, got[off:off + n], err_msg=f"off={off} n={n}")
+        inplace = x.copy()
+        vmath(isa, 7, inplace, np.array([cap], dtype=np.float32), s=scale, out=inplace)
+        np.testing.assert_array_equal(inplace, got)
+    nan = vmath(isa, 7, np.array([np.nan, 1.0], dtype=np.float32), np.array([30.0], dtype=np.float32), s=1.0)[0]
+    assert np.isnan(nan[0]) and not np.isnan(nan[1])
 
 
 @pytest.mark.parametrize("isa", level_params(LEVELS))
@@ -792,9 +823,10 @@ def test_wsum_from_f16_rows_equals_wsum_on_floats_exactly(isa):
 def test_vmath_provided():
     """AVX2 and AVX-512 have their own vector math; bad arguments are refused"""
     for isa in [i for i in (1, 2) if lib.pyllm_level_available(i)]:
-        for which in range(5):
+        for which in (0, 1, 2, 3, 4, 7):
             assert lib.pyllm_kernel_provided(isa, 5, which), (isa, which)
     f = np.zeros(4, dtype=np.float32)
+    assert lib.pyllm_kernel_vmath(0, 7, 4, fptr(f), fptr(f), 1.0, fptr(f), fptr(f)) == -1  # cap 0
     assert lib.pyllm_kernel_vmath(0, 5, 4, fptr(f), fptr(f), 0.0, fptr(f), fptr(f)) == -1
     assert lib.pyllm_kernel_vmath(0, 4, 4, fptr(f), fptr(f), -1.0, fptr(f), fptr(f)) == -1
     assert lib.pyllm_kernel_vmath(0, 0, 4, fptr(f), ffi.NULL, 0.0, fptr(f), fptr(f)) == -1
@@ -1194,6 +1226,21 @@ int main(void) {
         for (int off = 1; off < 6; off++) {
             pyllm_kernel_vmath(ISA_NEON, 2, 21, g + off, NULL, 0.5f, r2, &s2);
             CHECK(memcmp(r2, r1 + off, 21 * 4) == 0, "exp_sum at offset %d", off);
+        }
+        {   /* softcap: within twice the bound of the scalar reference, position-independent */
+            const float cap[1] = {30.0f};
+            for (int i = 0; i < 1000; i++) g[i] = frnd() * ((i % 4) ? 40.0f : 0.5f);
+            g[0] = 0.3f, g[1] = -0.3f, g[2] = 9.0f, g[3] = -1e-30f, g[4] = 3e38f, g[5] = -3e38f;
+            pyllm_kernel_vmath(0, 7, 1000, g, cap, 0.5f, r0, NULL);
+            pyllm_kernel_vmath(ISA_NEON, 7, 1000, g, cap, 0.5f, r1, NULL);
+            int bad = 0;
+            for (int i = 0; i < 1000; i++)
+                if (!(fabs((double)r1[i] - r0[i]) <= 2e-6 * fabs(r0[i]) + 2e-12 * cap[0])) bad++;
+            CHECK(bad == 0, "softcap: %d bad", bad);
+            for (int off = 1; off < 6; off++) {
+                pyllm_kernel_vmath(ISA_NEON, 7, 11, g + off, cap, 0.5f, r2, NULL);
+                CHECK(memcmp(r2, r1 + off, 11 * 4) == 0, "softcap at offset %d", off);
+            }
         }
         for (int i = 0; i < 1000; i++) r0[i] = r1[i] = frnd();
         pyllm_kernel_vmath(0, 3, 999, u, NULL, 0.37f, r0, NULL);

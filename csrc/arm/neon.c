@@ -664,6 +664,35 @@ static float exp_sum(int64_t n, float *s, float m) {
     return vaddvq_f32(acc);
 }
 
+/* x86/avx2.c's tanh8 (same branches, polynomial and clamp), 4 lanes */
+INLINE float32x4_t tanh4(float32x4_t u) {
+    const float32x4_t a = vminq_f32(vabsq_f32(u), vdupq_n_f32(9.0f));
+    const float32x4_t a2 = vmulq_f32(a, a);
+    float32x4_t p = vdupq_n_f32(62.0f / 2835.0f);
+    p = vfmaq_f32(vdupq_n_f32(-17.0f / 315.0f), p, a2);
+    p = vfmaq_f32(vdupq_n_f32(2.0f / 15.0f), p, a2);
+    p = vfmaq_f32(vdupq_n_f32(-1.0f / 3.0f), p, a2);
+    const float32x4_t small = vfmaq_f32(a, vmulq_f32(a, a2), p);
+    const float32x4_t e = exp4(vaddq_f32(a, a));
+    const float32x4_t big = vsubq_f32(vdupq_n_f32(1.0f), vdivq_f32(vdupq_n_f32(2.0f), vaddq_f32(e, vdupq_n_f32(1.0f))));
+    float32x4_t t = vbslq_f32(vcltq_f32(a, vdupq_n_f32(0.3f)), small, big);
+    t = vbslq_f32(vceqq_f32(u, u), t, u); /* NaN in, NaN out */
+    return vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(t),
+                                           vandq_u32(vreinterpretq_u32_f32(u), vdupq_n_u32(0x80000000u))));
+}
+
+static void softcap(int64_t n, float *s, float scale, float cap) {
+    const float32x4_t sv = vdupq_n_f32(scale), cv = vdupq_n_f32(cap);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(s + i, vmulq_f32(cv, tanh4(vdivq_f32(vmulq_f32(vld1q_f32(s + i), sv), cv))));
+    if (i < n) {
+        float t[4] = {0};
+        memcpy(t, s + i, (size_t)(n - i) * 4);
+        vst1q_f32(t, vmulq_f32(cv, tanh4(vdivq_f32(vmulq_f32(vld1q_f32(t), sv), cv))));
+        memcpy(s + i, t, (size_t)(n - i) * 4);
+    }
+}
+
 static void axpy_f32(int64_t n, float a, const float *restrict x, float *restrict y) {
     int64_t i = 0;
     for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_n_f32(vld1q_f32(y + i), vld1q_f32(x + i), a));
@@ -724,6 +753,7 @@ void KERNELS_FILL_NEON(kernel_table *t) {
     t->glu_silu = glu_silu;
     t->glu_gelu_tanh = glu_gelu_tanh;
     t->exp_sum = exp_sum;
+    t->softcap = softcap;
     t->axpy_f32 = axpy_f32;
     t->wsum_f32 = wsum_f32;
 }

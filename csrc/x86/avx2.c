@@ -1353,6 +1353,39 @@ DEFINE_FTILE(f32, float, load_f32x8, F32_ID)
 DEFINE_FTILE(f16, f16_t, load_f16x8, fp16_to_fp32)
 DEFINE_FTILE(bf16, uint16_t, load_bf16x8, bf16_to_fp32)
 
+/* tanh(u), odd, from a = |u|: a + a^3 P(a^2) (Taylor to a^9) below 0.3,
+ * else 1 - 2 / (exp(2a) + 1); a clamped at 9, where tanh rounds to 1 */
+INLINE __m256 tanh8(__m256 u) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 a = _mm256_min_ps(_mm256_andnot_ps(sign, u), _mm256_set1_ps(9.0f));
+    const __m256 a2 = _mm256_mul_ps(a, a);
+    __m256 p = _mm256_set1_ps(62.0f / 2835.0f);
+    p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(-17.0f / 315.0f));
+    p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(2.0f / 15.0f));
+    p = _mm256_fmadd_ps(p, a2, _mm256_set1_ps(-1.0f / 3.0f));
+    const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(a, a2), p, a);
+    const __m256 e = exp8(_mm256_add_ps(a, a));
+    const __m256 big = _mm256_sub_ps(_mm256_set1_ps(1.0f),
+                                     _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
+    const __m256 t = _mm256_blendv_ps(big, small, _mm256_cmp_ps(a, _mm256_set1_ps(0.3f), _CMP_LT_OQ));
+    /* NaN in, NaN out (exp8's clamps would make it -1) */
+    return _mm256_blendv_ps(_mm256_or_ps(t, _mm256_and_ps(sign, u)), u, _mm256_cmp_ps(u, u, _CMP_UNORD_Q));
+}
+
+INLINE __m256 softcap8(__m256 x, __m256 scale, __m256 cap) {
+    return _mm256_mul_ps(cap, tanh8(_mm256_div_ps(_mm256_mul_ps(x, scale), cap)));
+}
+
+static void softcap(int64_t n, float *s, float scale, float cap) {
+    const __m256 sv = _mm256_set1_ps(scale), cv = _mm256_set1_ps(cap);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(s + i, softcap8(_mm256_loadu_ps(s + i), sv, cv));
+    if (i < n) {
+        const __m256i k = tail_mask8(n - i);
+        _mm256_maskstore_ps(s + i, k, softcap8(_mm256_maskload_ps(s + i, k), sv, cv));
+    }
+}
+
 static void axpy_f32(int64_t n, float a, const float *restrict x, float *restrict y) {
     const __m256 av = _mm256_set1_ps(a);
     int64_t i = 0;
@@ -1408,6 +1441,7 @@ void KERNELS_FILL_AVX2(kernel_table *t) {
     t->glu_silu = glu_silu;
     t->glu_gelu_tanh = glu_gelu_tanh;
     t->exp_sum = exp_sum;
+    t->softcap = softcap;
     t->axpy_f32 = axpy_f32;
     t->wsum_f32 = wsum_f32;
     t->wsum_many_f32 = wsum_many_f32;

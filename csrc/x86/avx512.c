@@ -1810,6 +1810,35 @@ static void wsum_many_f16(int64_t n, int rows, int nq, const float *restrict w, 
     wsum_many(1, n, rows, nq, w, ws, x, ld, y, ys);
 }
 
+/* avx2.c's tanh8 (same branches, polynomial and clamp), 16 lanes */
+INLINE __m512 tanh16(__m512 u) {
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    const __m512 a = _mm512_min_ps(_mm512_andnot_ps(sign, u), _mm512_set1_ps(9.0f));
+    const __m512 a2 = _mm512_mul_ps(a, a);
+    __m512 p = _mm512_set1_ps(62.0f / 2835.0f);
+    p = _mm512_fmadd_ps(p, a2, _mm512_set1_ps(-17.0f / 315.0f));
+    p = _mm512_fmadd_ps(p, a2, _mm512_set1_ps(2.0f / 15.0f));
+    p = _mm512_fmadd_ps(p, a2, _mm512_set1_ps(-1.0f / 3.0f));
+    const __m512 small = _mm512_fmadd_ps(_mm512_mul_ps(a, a2), p, a);
+    const __m512 e = exp16(_mm512_add_ps(a, a));
+    const __m512 big = _mm512_sub_ps(_mm512_set1_ps(1.0f),
+                                     _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
+    const __m512 t = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, _mm512_set1_ps(0.3f), _CMP_LT_OQ), big, small);
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(u, u, _CMP_UNORD_Q), _mm512_or_ps(t, _mm512_and_ps(sign, u)), u);
+}
+
+INLINE __m512 softcap16(__m512 x, __m512 scale, __m512 cap) {
+    return _mm512_mul_ps(cap, tanh16(_mm512_div_ps(_mm512_mul_ps(x, scale), cap)));
+}
+
+static void softcap(int64_t n, float *s, float scale, float cap) {
+    const __m512 sv = _mm512_set1_ps(scale), cv = _mm512_set1_ps(cap);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = tail_mask16(n - i);
+        _mm512_mask_storeu_ps(s + i, k, softcap16(_mm512_maskz_loadu_ps(k, s + i), sv, cv));
+    }
+}
+
 static void axpy_f32(int64_t n, float a, const float *restrict x, float *restrict y) {
     const __m512 av = _mm512_set1_ps(a);
     int64_t i = 0;
@@ -1864,6 +1893,7 @@ void kernels_fill_avx512(kernel_table *t) {
     t->glu_silu = glu_silu;
     t->glu_gelu_tanh = glu_gelu_tanh;
     t->exp_sum = exp_sum;
+    t->softcap = softcap;
     t->axpy_f32 = axpy_f32;
     t->wsum_f32 = wsum_f32;
     t->wsum_many_f32 = wsum_many_f32;
