@@ -1227,6 +1227,26 @@ int main(void) {
             pyllm_kernel_vmath(ISA_NEON, 2, 21, g + off, NULL, 0.5f, r2, &s2);
             CHECK(memcmp(r2, r1 + off, 21 * 4) == 0, "exp_sum at offset %d", off);
         }
+        {   /* wsum_many_f32 / _f16: each output exactly wsum_f32's (rows contiguous for it) */
+            static float xs[37 * 70], xc[37 * 70], wq[5 * 40], y0[5 * 80], y1[5 * 80], y2[5 * 80];
+            static f16_t xh[37 * 70];
+            const int ns[5] = {5, 16, 20, 64, 67}, nqs[4] = {1, 2, 3, 5}, rows = 37, ld = 70, ws = 40, ys = 80;
+            CHECK(pyllm_kernel_provided(ISA_NEON, 5, 5) && pyllm_kernel_provided(ISA_NEON, 5, 6), "wsum_many provided");
+            for (int a = 0; a < 5; a++)
+                for (int b = 0; b < 4; b++) {
+                    const int n = ns[a], nq = nqs[b];
+                    for (int i = 0; i < rows * ld; i++) { xh[i] = fp32_to_fp16(frnd()); xs[i] = fp16_to_fp32(xh[i]); }
+                    for (int i = 0; i < 5 * 40; i++) wq[i] = frnd();
+                    for (int i = 0; i < 5 * 80; i++) y0[i] = y1[i] = y2[i] = frnd();
+                    CHECK(pyllm_kernel_wsum(ISA_NEON, n, rows, nq, wq, ws, xs, ld, y1, ys) == 0, "wsum rc");
+                    CHECK(pyllm_kernel_wsum_f16(ISA_NEON, n, rows, nq, wq, ws, xh, ld, y2, ys) == 0, "wsum f16 rc");
+                    for (int r = 0; r < rows; r++) memcpy(xc + r * n, xs + r * ld, (size_t)n * 4);
+                    for (int q = 0; q < nq; q++)
+                        pyllm_kernel_vmath(ISA_NEON, 4, n, xc, wq + q * ws, (float)rows, y0 + q * ys, NULL);
+                    CHECK(memcmp(y0, y1, sizeof y0) == 0, "wsum_many_f32 n %d nq %d", n, nq);
+                    CHECK(memcmp(y0, y2, sizeof y0) == 0, "wsum_many_f16 n %d nq %d", n, nq);
+                }
+        }
         {   /* softcap: within twice the bound of the scalar reference, position-independent */
             const float cap[1] = {30.0f};
             for (int i = 0; i < 1000; i++) g[i] = frnd() * ((i % 4) ? 40.0f : 0.5f);

@@ -726,6 +726,70 @@ static void wsum_f32(int64_t n, int rows, const float *restrict w, const float *
     }
 }
 
+/* wsum_f32 for nq outputs at once (attention's weighted sums of V for the
+ * queries of a KV head): each row's loads shared by up to 4 outputs, each
+ * output's steps those of wsum_f32 (rows in order, one fma per element and
+ * row, the same column chunks). half = 1: rows of halves, converted exactly
+ * (V straight from the f16 cache), so the same numbers as on floats. */
+INLINE float32x4_t xrow4(const int half, const char *p, int64_t j) {
+    return half ? ld4_f16((const f16_t *)(const void *)p + j) : vld1q_f32((const float *)(const void *)p + j);
+}
+INLINE float xrow1(const int half, const char *p, int64_t j) {
+    return half ? fp16_to_fp32(((const f16_t *)(const void *)p)[j]) : ((const float *)(const void *)p)[j];
+}
+
+INLINE void wsum_cols(const int half, const int Q, const int V, int64_t j, int rows, const float *w, int64_t ws,
+                      const char *x, size_t row_bytes, float *y, int64_t ys) {
+    float32x4_t a[4][4];
+    for (int q = 0; q < Q; q++)
+        for (int v = 0; v < V; v++) a[q][v] = vld1q_f32(y + q * ys + j + 4 * v);
+    for (int i = 0; i < rows; i++, x += row_bytes) {
+        float32x4_t xv[4];
+        for (int v = 0; v < V; v++) xv[v] = xrow4(half, x, j + 4 * v);
+        for (int q = 0; q < Q; q++)
+            for (int v = 0; v < V; v++) a[q][v] = vfmaq_n_f32(a[q][v], xv[v], w[q * ws + i]);
+    }
+    for (int q = 0; q < Q; q++)
+        for (int v = 0; v < V; v++) vst1q_f32(y + q * ys + j + 4 * v, a[q][v]);
+}
+
+INLINE void wsum_many(const int half, int64_t n, int rows, int nq, const float *w, int64_t ws, const void *x,
+                      int64_t ld, float *y, int64_t ys) {
+    const size_t row_bytes = (size_t)ld * (half ? 2 : 4);
+    for (int q0 = 0; q0 < nq; q0 += 4) {
+        const int Q = nq - q0 < 4 ? nq - q0 : 4;
+        const float *wq = w + (int64_t)q0 * ws;
+        float *yq = y + (int64_t)q0 * ys;
+        int64_t j = 0;
+        for (; j + 16 <= n; j += 16) {
+            switch (Q) {
+            case 4: wsum_cols(half, 4, 4, j, rows, wq, ws, x, row_bytes, yq, ys); break;
+            case 3: wsum_cols(half, 3, 4, j, rows, wq, ws, x, row_bytes, yq, ys); break;
+            case 2: wsum_cols(half, 2, 4, j, rows, wq, ws, x, row_bytes, yq, ys); break;
+            default: wsum_cols(half, 1, 4, j, rows, wq, ws, x, row_bytes, yq, ys); break;
+            }
+        }
+        for (; j + 4 <= n; j += 4) wsum_cols(half, Q, 1, j, rows, wq, ws, x, row_bytes, yq, ys);
+        for (; j < n; j++)
+            for (int q = 0; q < Q; q++) {
+                float acc = yq[q * ys + j];
+                const char *p = x;
+                for (int i = 0; i < rows; i++, p += row_bytes) acc = __builtin_fmaf(wq[q * ws + i], xrow1(half, p, j), acc);
+                yq[q * ys + j] = acc;
+            }
+    }
+}
+
+static void wsum_many_f32(int64_t n, int rows, int nq, const float *restrict w, int64_t ws, const float *restrict x,
+                          int64_t ld, float *restrict y, int64_t ys) {
+    wsum_many(0, n, rows, nq, w, ws, x, ld, y, ys);
+}
+
+static void wsum_many_f16(int64_t n, int rows, int nq, const float *restrict w, int64_t ws, const f16_t *restrict x,
+                          int64_t ld, float *restrict y, int64_t ys) {
+    wsum_many(1, n, rows, nq, w, ws, x, ld, y, ys);
+}
+
 /* ------------------------------------------------------------------ */
 
 void KERNELS_FILL_NEON(kernel_table *t) {
@@ -756,6 +820,8 @@ void KERNELS_FILL_NEON(kernel_table *t) {
     t->softcap = softcap;
     t->axpy_f32 = axpy_f32;
     t->wsum_f32 = wsum_f32;
+    t->wsum_many_f32 = wsum_many_f32;
+    t->wsum_many_f16 = wsum_many_f16;
 }
 
 #endif /* __aarch64__ */
