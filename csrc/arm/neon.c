@@ -504,25 +504,6 @@ INLINE float32x4_t ld4_f16(const f16_t *p) { return vcvt_f32_f16(ld_f16x4(p)); }
 INLINE float32x4_t ld4_bf16(const uint16_t *p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
 INLINE float f32_id(float v) { return v; }
 
-/* dot of a float row and a float vector: two 4-lane accumulators over 8
- * elements a step, their sum reduced, then the tail in order. vec_dot,
- * the generic gemv and the gemm tiles below all take these steps. */
-#define DEFINE_FDOT(name, wtype, LOAD4, SCALAR)                                          \
-    static float name(int64_t n, const wtype *restrict a, const float *restrict b) {      \
-        float32x4_t c0 = vdupq_n_f32(0.0f), c1 = c0;                                      \
-        int64_t i = 0;                                                                    \
-        for (; i + 8 <= n; i += 8) {                                                      \
-            c0 = vfmaq_f32(c0, LOAD4(a + i), vld1q_f32(b + i));                           \
-            c1 = vfmaq_f32(c1, LOAD4(a + i + 4), vld1q_f32(b + i + 4));                   \
-        }                                                                                 \
-        float sum = vaddvq_f32(vaddq_f32(c0, c1));                                        \
-        for (; i < n; i++) sum += SCALAR(a[i]) * b[i];                                    \
-        return sum;                                                                       \
-    }
-
-DEFINE_FDOT(dot_f16_f32, f16_t, ld4_f16, fp16_to_fp32)
-DEFINE_FDOT(dot_bf16_f32, uint16_t, ld4_bf16, bf16_to_fp32)
-
 static void axpy_f16(int64_t n, float s, const f16_t *restrict a, float *restrict out) {
     int64_t i = 0;
     for (; i + 4 <= n; i += 4)
@@ -530,16 +511,13 @@ static void axpy_f16(int64_t n, float s, const f16_t *restrict a, float *restric
     for (; i < n; i++) out[i] += s * fp16_to_fp32(a[i]);
 }
 
-DEFINE_FDOT(dot_f32, float, ld4_f32, f32_id)
-
-static float vec_dot_f16(int64_t n, const void *restrict w, const void *restrict a) { return dot_f16_f32(n, w, a); }
-static float vec_dot_bf16(int64_t n, const void *restrict w, const void *restrict a) { return dot_bf16_f32(n, w, a); }
-static float vec_dot_f32(int64_t n, const void *restrict w, const void *restrict a) { return dot_f32(n, w, a); }
-
-/* Float-weight gemm (F32: attention's scores; F16: the same straight from
- * the f16 cache, and prefill on F16 weights; BF16 weights): R rows x C
- * activation rows, each pair with DEFINE_FDOT's two accumulators and steps,
- * the R rows' loads shared by the C activation rows and theirs by the R rows */
+/* Float weights (F32: attention's scores; F16: the same straight from the
+ * f16 cache, and prefill on F16 weights; BF16 weights). A (row, activation
+ * row) pair takes two 4-lane accumulators over 8 elements a step, their
+ * sum reduced, then the tail in order. The gemm tiles are R rows x C
+ * activation rows, the R rows' loads shared by the C activation rows and
+ * theirs by the R rows; vec_dot (and the generic gemv, and the float dots
+ * attention uses) is the 1 x 1 tile, so all agree bit for bit. */
 #define DEFINE_FTILE(name, wtype, LOAD4, SCALAR)                                                            \
     INLINE void ftile_##name(const int R, const int C, int64_t n, const char *w, size_t rb, const char *a,  \
                              size_t as, float *out, size_t os) {                                            \
@@ -586,6 +564,20 @@ static float vec_dot_f32(int64_t n, const void *restrict w, const void *restrict
 DEFINE_FTILE(f32, float, ld4_f32, f32_id)
 DEFINE_FTILE(f16, f16_t, ld4_f16, fp16_to_fp32)
 DEFINE_FTILE(bf16, uint16_t, ld4_bf16, bf16_to_fp32)
+
+#define DEFINE_FDOT(name)                                                                       \
+    static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {    \
+        float r;                                                                                \
+        ftile_##name(1, 1, n, w, 0, a, 0, &r, 0);                                               \
+        return r;                                                                               \
+    }
+DEFINE_FDOT(f32)
+DEFINE_FDOT(f16)
+DEFINE_FDOT(bf16)
+#undef DEFINE_FDOT
+
+static float dot_f16_f32(int64_t n, const f16_t *restrict a, const float *restrict b) { return vec_dot_f16(n, a, b); }
+static float dot_f32(int64_t n, const float *restrict a, const float *restrict b) { return vec_dot_f32(n, a, b); }
 
 /* ------------------------------------------------------------------ */
 /* vector math: GLU activations, softmax exp, axpy                      */
