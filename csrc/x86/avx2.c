@@ -514,25 +514,39 @@ INLINE void step_q6_K(const block_q6_K *x, const block_q8_K *y, __m256 *acc) {
     *acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x->d) * y->d), _mm256_cvtepi32_ps(sumi), *acc);
 }
 
-INLINE void step_q2_K(const block_q2_K *x, const block_q8_K *y, __m256 *acc) {
-    const __m128i sb = _mm_loadu_si128((const __m128i *)x->scales);
-    const __m128i sc = _mm_and_si128(sb, _mm_set1_epi8(0x0f));
-    const __m128i mn = _mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(0x0f));
+/* Q2_K and Q3_K: one weight row's super-blocks against T activation rows
+ * (gemm; T = 1: vec_dot and gemv), each 32-element group decoded once */
+INLINE void ktile_q2_K(const int T, int64_t nsb, const uint8_t *xr, const block_q8_K *const *y, __m256 *acc) {
     const __m256i m3 = _mm256_set1_epi8(3);
-    __m256i sumi = _mm256_setzero_si256();
-    for (int h = 0; h < 2; h++) {
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
-        for (int s = 0; s < 4; s++) {
-            const __m256i v = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s)), m3);
-            const __m256i aq = _mm256_loadu_si256((const __m256i *)(y->qs + 128 * h + 32 * s));
-            const __m256i p = _mm256_maddubs_epi16(v, aq);
-            sumi = madd_acc(sumi, p, scale_pair(sc, 8 * h + 2 * s, 0));
+    for (int64_t i = 0; i < nsb; i++) {
+        const block_q2_K *x = (const block_q2_K *)(const void *)xr + i;
+        const __m128i sb = _mm_loadu_si128((const __m128i *)x->scales);
+        const __m128i sc = _mm_and_si128(sb, _mm_set1_epi8(0x0f));
+        const __m256i mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(0x0f)));
+        __m256i sumi[4];
+        for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
+            for (int s = 0; s < 4; s++) {
+                const __m256i v = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s)), m3);
+                const __m256i scv = scale_pair(sc, 8 * h + 2 * s, 0);
+                for (int t = 0; t < T; t++) {
+                    const __m256i aq = _mm256_loadu_si256((const __m256i *)(y[t][i].qs + 128 * h + 32 * s));
+                    sumi[t] = madd_acc(sumi[t], _mm256_maddubs_epi16(v, aq), scv);
+                }
+            }
+        }
+        const float d = _cvtsh_ss(x->d), dmin = _cvtsh_ss(x->dmin);
+        for (int t = 0; t < T; t++) {
+            const __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[t][i].bsums), mn);
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y[t][i].d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+            acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * y[t][i].d), _mm256_cvtepi32_ps(msum), acc[t]);
         }
     }
-    const __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), _mm256_cvtepu8_epi16(mn));
-    const float d = _cvtsh_ss(x->d) * y->d, dmin = _cvtsh_ss(x->dmin) * y->d;
-    *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), *acc);
-    *acc = _mm256_fnmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(msum), *acc);
+}
+
+INLINE void step_q2_K(const block_q2_K *x, const block_q8_K *y, __m256 *acc) {
+    ktile_q2_K(1, 1, (const uint8_t *)(const void *)x, &y, acc);
 }
 
 /* Q3_K: the 16 6-bit scales, as signed bytes (-32..31) */
@@ -545,27 +559,38 @@ INLINE __m128i q3_K_scales8(const uint8_t *s) {
     return _mm_sub_epi8(_mm_setr_epi32((int)w0, (int)w1, (int)w2, (int)w3), _mm_set1_epi8(32));
 }
 
-INLINE void step_q3_K(const block_q3_K *x, const block_q8_K *y, __m256 *acc) {
-    const __m128i s8 = q3_K_scales8(x->scales);
+INLINE void ktile_q3_K(const int T, int64_t nsb, const uint8_t *xr, const block_q8_K *const *y, __m256 *acc) {
     const __m256i m3 = _mm256_set1_epi8(3), b2 = _mm256_set1_epi8(4);
-    const __m256i hm = _mm256_loadu_si256((const __m256i *)x->hmask);
-    __m256i sumi = _mm256_setzero_si256();
-    for (int h = 0; h < 2; h++) {
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
-        for (int s = 0; s < 4; s++) {
-            const int i = 4 * h + s; /* hmask bit of this group of 32 */
-            const __m256i hb = move_bit(hm, i, 2);
-            /* q + 4 = low 2 bits + 4 * hbit: 0..7, unsigned */
-            const __m256i v = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s)), m3),
-                                              _mm256_and_si256(hb, b2));
-            const __m256i aq = _mm256_loadu_si256((const __m256i *)(y->qs + 128 * h + 32 * s));
-            const __m256i p = _mm256_maddubs_epi16(v, aq);
-            sumi = madd_acc(sumi, p, scale_pair(s8, 8 * h + 2 * s, 1));
+    for (int64_t i = 0; i < nsb; i++) {
+        const block_q3_K *x = (const block_q3_K *)(const void *)xr + i;
+        const __m128i s8 = q3_K_scales8(x->scales);
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)x->hmask);
+        __m256i sumi[4];
+        for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
+            for (int s = 0; s < 4; s++) {
+                const __m256i v = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s)), m3),
+                                                  _mm256_and_si256(move_bit(hm, 4 * h + s, 2), b2));
+                const __m256i scv = scale_pair(s8, 8 * h + 2 * s, 1);
+                for (int t = 0; t < T; t++) {
+                    const __m256i aq = _mm256_loadu_si256((const __m256i *)(y[t][i].qs + 128 * h + 32 * s));
+                    sumi[t] = madd_acc(sumi[t], _mm256_maddubs_epi16(v, aq), scv);
+                }
+            }
+        }
+        const __m256i cs = _mm256_cvtepi8_epi16(s8);
+        const float d = _cvtsh_ss(x->d);
+        for (int t = 0; t < T; t++) {
+            const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[t][i].bsums), cs);
+            const __m256i si = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(corr, 2));
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y[t][i].d), _mm256_cvtepi32_ps(si), acc[t]);
         }
     }
-    const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), _mm256_cvtepi8_epi16(s8));
-    sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 2));
-    *acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x->d) * y->d), _mm256_cvtepi32_ps(sumi), *acc);
+}
+
+INLINE void step_q3_K(const block_q3_K *x, const block_q8_K *y, __m256 *acc) {
+    ktile_q3_K(1, 1, (const uint8_t *)(const void *)x, &y, acc);
 }
 
 #define DEFINE_QK(name, block_t)                                                                      \
@@ -672,66 +697,6 @@ INLINE void ktile_q6_K(const int T, int64_t nsb, const uint8_t *xr, const block_
             const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[t][i].bsums), cs);
             const __m256i s = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(corr, 5));
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y[t][i].d), _mm256_cvtepi32_ps(s), acc[t]);
-        }
-    }
-}
-
-/* Q2_K and Q3_K: step_q2_K / step_q3_K with each group's decode shared by T activation rows */
-INLINE void ktile_q2_K(const int T, int64_t nsb, const uint8_t *xr, const block_q8_K *const *y, __m256 *acc) {
-    const __m256i m3 = _mm256_set1_epi8(3);
-    for (int64_t i = 0; i < nsb; i++) {
-        const block_q2_K *x = (const block_q2_K *)(const void *)xr + i;
-        const __m128i sb = _mm_loadu_si128((const __m128i *)x->scales);
-        const __m128i sc = _mm_and_si128(sb, _mm_set1_epi8(0x0f));
-        const __m256i mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(0x0f)));
-        __m256i sumi[4];
-        for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
-            for (int s = 0; s < 4; s++) {
-                const __m256i v = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s)), m3);
-                const __m256i scv = scale_pair(sc, 8 * h + 2 * s, 0);
-                for (int t = 0; t < T; t++) {
-                    const __m256i aq = _mm256_loadu_si256((const __m256i *)(y[t][i].qs + 128 * h + 32 * s));
-                    sumi[t] = madd_acc(sumi[t], _mm256_maddubs_epi16(v, aq), scv);
-                }
-            }
-        }
-        const float d = _cvtsh_ss(x->d), dmin = _cvtsh_ss(x->dmin);
-        for (int t = 0; t < T; t++) {
-            const __m256i msum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[t][i].bsums), mn);
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y[t][i].d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
-            acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * y[t][i].d), _mm256_cvtepi32_ps(msum), acc[t]);
-        }
-    }
-}
-
-INLINE void ktile_q3_K(const int T, int64_t nsb, const uint8_t *xr, const block_q8_K *const *y, __m256 *acc) {
-    const __m256i m3 = _mm256_set1_epi8(3), b2 = _mm256_set1_epi8(4);
-    for (int64_t i = 0; i < nsb; i++) {
-        const block_q3_K *x = (const block_q3_K *)(const void *)xr + i;
-        const __m128i s8 = q3_K_scales8(x->scales);
-        const __m256i hm = _mm256_loadu_si256((const __m256i *)x->hmask);
-        __m256i sumi[4];
-        for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
-            for (int s = 0; s < 4; s++) {
-                const __m256i v = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s)), m3),
-                                                  _mm256_and_si256(move_bit(hm, 4 * h + s, 2), b2));
-                const __m256i scv = scale_pair(s8, 8 * h + 2 * s, 1);
-                for (int t = 0; t < T; t++) {
-                    const __m256i aq = _mm256_loadu_si256((const __m256i *)(y[t][i].qs + 128 * h + 32 * s));
-                    sumi[t] = madd_acc(sumi[t], _mm256_maddubs_epi16(v, aq), scv);
-                }
-            }
-        }
-        const __m256i cs = _mm256_cvtepi8_epi16(s8);
-        const float d = _cvtsh_ss(x->d);
-        for (int t = 0; t < T; t++) {
-            const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[t][i].bsums), cs);
-            const __m256i si = _mm256_sub_epi32(sumi[t], _mm256_slli_epi32(corr, 2));
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y[t][i].d), _mm256_cvtepi32_ps(si), acc[t]);
         }
     }
 }
