@@ -148,11 +148,10 @@ void op_add(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     }
 }
 
-/* y *= scale */
+/* y[t] *= scale, or with softcap > 0 y = softcap * tanh(scale * y / softcap)
+ * (Gemma 2's final logits). Split by elements: a decode step's one row of
+ * logits is a whole vocabulary. */
 void op_scale(const pyllm_op *op, const op_rows *r, int ith, int nth) {
-    /* y[t] *= scale, then with softcap > 0 y = softcap * tanh(y / softcap)
-     * (Gemma 2's final logits). Split by elements: a decode step's one row
-     * of logits is a whole vocabulary. */
     const int64_t n = op->n_in;
     const float s = op->scale, cap = op->softcap;
     int64_t lo, hi;

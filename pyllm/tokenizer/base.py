@@ -25,10 +25,22 @@ K_TYPES = "tokenizer.ggml.token_type"
 K_SCORES = "tokenizer.ggml.scores"
 
 
+def _surrogates_to_bytes(err: UnicodeEncodeError) -> tuple[bytes, int]:
+    """encoding: an escaped byte (U+DC80..U+DCFF) back to itself; any other
+    lone surrogate to U+FFFD"""
+    out = bytearray()
+    for ch in err.object[err.start:err.end]:
+        o = ord(ch)
+        out += bytes([o - 0xDC00]) if 0xDC80 <= o <= 0xDCFF else "\ufffd".encode()
+    return bytes(out), err.end
+
+
 def _bytes_replaced(err: UnicodeDecodeError) -> tuple[str, int]:
+    """decoding: one U+FFFD per invalid byte, as llama.cpp"""
     return "\ufffd" * (err.end - err.start), err.end
 
 
+codecs.register_error("pyllm-surrogates-to-bytes", _surrogates_to_bytes)
 codecs.register_error("pyllm-replace-bytes", _bytes_replaced)
 
 
@@ -42,16 +54,7 @@ def unicode_text(text: str) -> str:
         return text
     except UnicodeEncodeError:
         pass
-    raw = bytearray()
-    for ch in text:
-        o = ord(ch)
-        if 0xDC80 <= o <= 0xDCFF:
-            raw.append(o - 0xDC00)          # an escaped byte: invalid where it stands
-        elif 0xD800 <= o <= 0xDFFF:
-            raw += "\ufffd".encode()
-        else:
-            raw += ch.encode("utf-8")
-    fixed = raw.decode("utf-8", "pyllm-replace-bytes")
+    fixed = text.encode("utf-8", "pyllm-surrogates-to-bytes").decode("utf-8", "pyllm-replace-bytes")
     n = fixed.count("\ufffd") - text.count("\ufffd")
     log.warning(f"the text is not valid UTF-8: {n} invalid byte{'s' if n != 1 else ''} became U+FFFD")
     return fixed
