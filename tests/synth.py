@@ -252,27 +252,6 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "phi3": write_phi3, "gemma2": write_gemma2, "gemma3": write_gemma3}
 
 
-def raw_gguf(path: str | Path, version: int = 3, kv: Optional[list] = None,
-             tensors: Optional[list] = None, data: bytes = b"") -> str:
-    """A GGUF written byte by byte, for files no writer would make.
-    kv: [(key, "str"|"u32", value)]; tensors: [(name, shape, type, offset)]."""
-    def s(x: str) -> bytes:
-        b = x.encode()
-        return struct.pack("<Q", len(b)) + b
-
-    kv = kv or []
-    tensors = tensors or []
-    out = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(kv))
-    for key, kind, value in kv:
-        out += s(key) + (struct.pack("<I", 8) + s(value) if kind == "str" else struct.pack("<II", 4, value))
-    for name, shape, ttype, offset in tensors:
-        out += s(name) + struct.pack("<I", len(shape)) + struct.pack(f"<{len(shape)}Q", *shape)
-        out += struct.pack("<IQ", ttype, offset)
-    out += b"\0" * (-len(out) % 32) + data
-    Path(path).write_bytes(out)
-    return str(path)
-
-
 def _gguf_string(x: str) -> bytes:
     b = x.encode()
     return struct.pack("<Q", len(b)) + b
@@ -280,9 +259,9 @@ def _gguf_string(x: str) -> bytes:
 
 def _gguf_value(v) -> tuple[int, bytes]:
     """(GGUF value type, payload) for a Python/numpy value: bool, str, float (f32),
-    int (u32, else i64), ("f64"|"i32"|"u64", x) to pick a type, numpy array, list of str."""
+    int (u32, else i64), ("f64"|"i32"|"u32"|"u64", x) to pick a type, numpy array, list of str."""
     if isinstance(v, tuple):
-        vtype, fmt = {"f64": (12, "<d"), "i32": (5, "<i"), "u64": (10, "<Q")}[v[0]]
+        vtype, fmt = {"f64": (12, "<d"), "i32": (5, "<i"), "u32": (4, "<I"), "u64": (10, "<Q")}[v[0]]
         return vtype, struct.pack(fmt, v[1])
     if isinstance(v, bool):
         return 7, struct.pack("<?", v)
@@ -301,6 +280,28 @@ def _gguf_value(v) -> tuple[int, bytes]:
     raise TypeError(f"no GGUF encoding for {type(v).__name__}")
 
 
+def _gguf_tensor_info(name: str, shape, ttype: int, offset: int) -> bytes:
+    return (_gguf_string(name) + struct.pack("<I", len(shape)) + struct.pack(f"<{len(shape)}Q", *shape)
+            + struct.pack("<IQ", ttype, offset))
+
+
+def raw_gguf(path: str | Path, version: int = 3, kv: Optional[list] = None,
+             tensors: Optional[list] = None, data: bytes = b"") -> str:
+    """A GGUF written byte by byte, for files no writer would make.
+    kv: [(key, "str"|"u32", value)]; tensors: [(name, shape, type, offset)]."""
+    kv = kv or []
+    tensors = tensors or []
+    out = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(kv))
+    for key, kind, value in kv:
+        vtype, payload = _gguf_value(value if kind == "str" else ("u32", value))
+        out += _gguf_string(key) + struct.pack("<I", vtype) + payload
+    for name, shape, ttype, offset in tensors:
+        out += _gguf_tensor_info(name, shape, ttype, offset)
+    out += b"\0" * (-len(out) % 32) + data
+    Path(path).write_bytes(out)
+    return str(path)
+
+
 def rewrite_metadata(src: str | Path, dst: str | Path, changes: dict) -> str:
     """A copy of GGUF `src` at `dst` with metadata `changes` applied (value None
     deletes a key); tensor infos and data are kept byte for byte."""
@@ -313,8 +314,7 @@ def rewrite_metadata(src: str | Path, dst: str | Path, changes: dict) -> str:
             vtype, payload = _gguf_value(value)
             out += _gguf_string(key) + struct.pack("<I", vtype) + payload
         for name, t in mf.tensors.items():
-            out += _gguf_string(name) + struct.pack("<I", len(t.shape)) + struct.pack(f"<{len(t.shape)}Q", *t.shape)
-            out += struct.pack("<IQ", t.type, t.offset - mf.data_offset)
+            out += _gguf_tensor_info(name, t.shape, t.type, t.offset - mf.data_offset)
         out += b"\0" * (-len(out) % int(mf.metadata.get("general.alignment", 32)))  # the source's
         with open(src, "rb") as f:
             f.seek(mf.data_offset)
