@@ -51,6 +51,10 @@ FAMILIES = {
     "gemma2": ("gemma2", {}),                                      # caps from the file (0.5 and 30)
     "gemma2-defaults": ("gemma2", {"attn_softcap": None, "final_softcap": None}),  # no caps in the file: 50 and 30
     "gemma3": ("gemma3", {}),
+    "granite": ("granite", {}),                                    # Granite 3.x's four multipliers
+    "granite-norope": ("granite", {"rope": False, "attention_scale": None}),  # RoPE off; 1/sqrt(head_dim)
+    "smollm3": ("smollm3", {}),                                    # layer 3 of 4 without RoPE
+    "olmo2": ("olmo2", {}),
 }
 # llama.cpp's LLAMA_FTYPE_MOSTLY_* (what `llama-quantize` calls them)
 LLAMA_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL"]

@@ -26,6 +26,7 @@ VOCAB_TYPES = {"gpt2": "BPE (GPT-2 style)", "llama": "SentencePiece", "bert": "W
 class LayerGroup:
     """Layers that share their RoPE and attention settings."""
     layers: list[int]
+    rope_dims: int            # 0: no RoPE in these layers
     rope_base: float
     rope_freq_scale: float
     rope_freq_factors: bool
@@ -89,8 +90,9 @@ class ModelInfo:
                      f"{self.rope_scaling}"),
         ]
         for grp in self.layer_groups:
-            which = "all layers" if len(grp.layers) == self.n_layer else f"layers {_ranges(grp.layers)}"
-            rope = f"base {_num(grp.rope_base)}"
+            which = ("all layers" if len(grp.layers) == self.n_layer else
+                     f"layer{'s' if len(grp.layers) > 1 else ''} {_ranges(grp.layers)}")
+            rope = f"base {_num(grp.rope_base)}" if grp.rope_dims else "no RoPE"
             if grp.rope_freq_scale != 1.0:
                 rope += f", position scale {grp.rope_freq_scale:g}"
             if grp.rope_freq_factors:
@@ -152,9 +154,9 @@ def model_info(path: str, n_ctx: Optional[int] = None, n_batch: int = N_BATCH,
     groups: list[LayerGroup] = []
     for i in range(hp.n_layer):
         r = arch.layer_rope(i)
-        key = (r.base, r.scale, r.factors is not None, arch.layer_window(i))
+        key = (r.n_rot, r.base, r.scale, r.factors is not None, arch.layer_window(i))
         for grp in groups:
-            if (grp.rope_base, grp.rope_freq_scale, grp.rope_freq_factors, grp.window) == key:
+            if (grp.rope_dims, grp.rope_base, grp.rope_freq_scale, grp.rope_freq_factors, grp.window) == key:
                 grp.layers.append(i)
                 break
         else:
@@ -170,6 +172,9 @@ def model_info(path: str, n_ctx: Optional[int] = None, n_batch: int = N_BATCH,
     notes = []
     if arch.name == "llama" and arch.window:
         notes.append("llama.cpp ignores llama.attention.sliding_window; pyllm applies it")
+    if arch.residual_scale != 1.0 or arch.logit_scale != 1.0:
+        notes.append(f"embeddings x {arch.embed_scale:g}, each block's output x {arch.residual_scale:g} "
+                     f"into the residual, logits x {arch.logit_scale:g}")
     return ModelInfo(
         path=str(path), name=str(mf.get("general.name", "")), architecture=arch.name, file_type=file_type,
         n_params=mf.n_params, tensor_types=mf.type_histogram(),

@@ -88,8 +88,10 @@ ARCH_KINDS = {
                      "rope.scaling.original_context_length", "expert_count"), _COUNT),
     **dict.fromkeys(("attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.freq_base_swa",
                      "rope.scaling.factor", "rope.scale_linear", "rope.scaling.attn_factor",
-                     "final_logit_softcapping", "attn_logit_softcapping"), _NUMBER),
+                     "final_logit_softcapping", "attn_logit_softcapping", "logit_scale", "residual_scale",
+                     "embedding_scale", "attention.scale"), _NUMBER),
     "rope.scaling.type": _TEXT,
+    "rope.scaling.finetuned": _FLAG,
     "attention.sliding_window_pattern": _COUNT_OR_FLAGS,
 }
 

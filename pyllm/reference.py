@@ -87,7 +87,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window:
 class Reference:
     """Dequantizes an architecture's weights once, then runs whole sequences."""
 
-    FAMILIES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
+    FAMILIES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "granite", "smollm3", "olmo2")
 
     def __init__(self, arch: Architecture):
         self.arch = arch
@@ -110,12 +110,13 @@ class Reference:
         return y if b is None else y + b
 
     def _decoder(self, tokens: np.ndarray) -> np.ndarray:
-        """The pre-norm decoder every family here is a variant of:
+        """The decoder every family here is a variant of:
             x = embed(tokens) * embed_scale
-            per layer: x += post_norm?(Wo attn(rope(qk_norm?(Wq h + bq)), ...)), h = rmsnorm(x)
-                       x += post_norm?(Wdown (act(Wgate h) * Wup h)),          h = rmsnorm(x)
-            logits = Wout rmsnorm(x)
-        with scores and logits soft-capped (c * tanh(s / c)) where the family says.
+            per layer: h = rmsnorm?(x) ; x += s * post_norm?(Wo attn(rope?(qk_norm?(Wq h + bq)), ...))
+                       h = rmsnorm?(x) ; x += s * post_norm?(Wdown (act(Wgate h) * Wup h))
+            logits = logit_scale * Wout rmsnorm(x)
+        (s: the residual scale) with scores and logits soft-capped (c * tanh(s / c))
+        where the family says; '?' marks what only some families have.
         Fused q/k/v and gate/up matrices are split by rows here."""
         a, hp = self.arch, self.arch.hp
         T, H, Hkv, d = len(tokens), hp.n_head, hp.n_head_kv, hp.head_dim
@@ -124,23 +125,24 @@ class Reference:
         x = self.w(a.tok_embd)[tokens] * np.float32(a.embed_scale)
         for i, L in enumerate(a.layers):
             A, F = L.attn, L.ffn
-            h = rmsnorm(x, L.attn_norm, hp.eps)
+            h = x if L.attn_norm is None else rmsnorm(x, L.attn_norm, hp.eps)
             if A.wqkv is not None:
                 qkv = self._linear(h, A.wqkv, A.bqkv)
                 q, k, v = np.split(qkv, [hp.q_dim, hp.q_dim + hp.kv_dim], axis=1)
             else:
                 q, k, v = self._linear(h, A.wq, A.bq), self._linear(h, A.wk, A.bk), self._linear(h, A.wv, A.bv)
+            if A.q_norm is not None:  # over each head, or over all of q and of k (OLMo 2)
+                q = rmsnorm(q.reshape(T, -1, len(A.q_norm)), A.q_norm, hp.eps)
+                k = rmsnorm(k.reshape(T, -1, len(A.k_norm)), A.k_norm, hp.eps)
             q, k, v = q.reshape(T, H, d), k.reshape(T, Hkv, d), v.reshape(T, Hkv, d)
-            if A.q_norm is not None:
-                q, k = rmsnorm(q, A.q_norm, hp.eps), rmsnorm(k, A.k_norm, hp.eps)
             r = a.layer_rope(i)
             q = rope(q, pos, r.n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors)
             k = rope(k, pos, r.n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors)
             o = self._linear(attention(q, k, v, a.attn_scale, a.layer_window(i), a.attn_softcap), A.wo, A.bo)
             if L.post_attn_norm is not None:
                 o = rmsnorm(o, L.post_attn_norm, hp.eps)
-            x = x + o
-            h = rmsnorm(x, L.ffn_norm, hp.eps)
+            x = x + o * np.float32(a.residual_scale)
+            h = x if L.ffn_norm is None else rmsnorm(x, L.ffn_norm, hp.eps)
             if F.w_gate is not None:
                 gate, up = self._linear(h, F.w_gate, F.b_gate), self._linear(h, F.w_up, F.b_up)
             else:
@@ -148,8 +150,8 @@ class Reference:
             f = self._linear(act(gate) * up, F.w_down, F.b_down)
             if L.post_ffn_norm is not None:
                 f = rmsnorm(f, L.post_ffn_norm, hp.eps)
-            x = x + f
-        logits = rmsnorm(x, a.out_norm, hp.eps) @ self.w(a.output).T
+            x = x + f * np.float32(a.residual_scale)
+        logits = rmsnorm(x, a.out_norm, hp.eps) @ self.w(a.output).T * np.float32(a.logit_scale)
         if a.final_softcap > 0:
             logits = a.final_softcap * np.tanh(logits / a.final_softcap)
         return logits

@@ -101,15 +101,17 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 head_dim: Optional[int] = None, embd_type: Optional[QT] = None, tied: bool = False,
                 seed: int = 0, tokenizer_from: Optional[dict] = None, rope_base: float = 10000.0,
                 rope_freqs: bool = False, qkv_bias: bool = False, qk_norm: bool = False,
-                fused_qkv: bool = False, fused_up: bool = False, post_norms: bool = False,
+                fused_qkv: bool = False, fused_up: bool = False, post_norms: bool = False, pre_norms: bool = True,
                 rope_factors: bool = False, keys: Optional[dict] = None,
                 drop_tensor: Optional[str] = None, bad_shape: Optional[str] = None) -> str:
     """A tiny decoder of family `arch`, every matrix in `qtype`, tensors named
     as llama.cpp expects:
       qkv_bias    attn_{q,k,v}.bias (Qwen 2)
-      qk_norm     attn_{q,k}_norm.weight, one weight per head dim (Qwen 3, Gemma 3)
+      qk_norm     attn_{q,k}_norm.weight, one weight per head dim (Qwen 3, Gemma 3);
+                  "full": as wide as q and k (OLMo 2)
       fused_qkv   one attn_qkv.weight [q | k | v]; fused_up: ffn_up of [gate | up] (Phi-3)
-      post_norms  post_attention_norm and post_ffw_norm (Gemma 3)
+      post_norms  post_attention_norm and post_ffw_norm (Gemma 3); pre_norms=False:
+                  no attn_norm / ffn_norm (OLMo 2)
       rope_freqs  rope_freqs.weight (Llama 3); rope_factors: rope_factors_{short,long} (Phi-3 128k)
       keys        extra metadata: {"sliding_window": 8, ...} -> writer.add_<name>(value)
     head_dim defaults to n_embd / n_head; otherwise it is written as key_length."""
@@ -161,7 +163,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
         add("rope_factors_long.weight", ((1.0 + rng.uniform(0, 8, hd // 2)).astype(np.float32), None))
     for i in range(n_layer):
         p = f"blk.{i}."
-        add(p + "attn_norm.weight", norm(n_embd))
+        if pre_norms:
+            add(p + "attn_norm.weight", norm(n_embd))
         if fused_qkv:
             add(p + "attn_qkv.weight", weight(qtype, n_embd, q_dim + 2 * kv_dim, rng))
         else:
@@ -173,12 +176,13 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
             add(p + "attn_k.bias", bias(kv_dim))
             add(p + "attn_v.bias", bias(kv_dim))
         if qk_norm:
-            add(p + "attn_q_norm.weight", norm(hd))
-            add(p + "attn_k_norm.weight", norm(hd))
+            add(p + "attn_q_norm.weight", norm(q_dim if qk_norm == "full" else hd))
+            add(p + "attn_k_norm.weight", norm(kv_dim if qk_norm == "full" else hd))
         add(p + "attn_output.weight", weight(qtype, q_dim, n_embd, rng))
         if post_norms:
             add(p + "post_attention_norm.weight", norm(n_embd))
-        add(p + "ffn_norm.weight", norm(n_embd))
+        if pre_norms:
+            add(p + "ffn_norm.weight", norm(n_embd))
         if fused_up:
             add(p + "ffn_up.weight", weight(qtype, n_embd, 2 * n_ff, rng))
         else:
@@ -248,8 +252,35 @@ def write_gemma2(path: str | Path, qtype: QT = QT.Q8_0, window: int = 8, attn_so
     return write_model(path, "gemma2", qtype, post_norms=True, keys=keys, **kw)
 
 
+def write_granite(path: str | Path, qtype: QT = QT.Q8_0, embedding_scale: float = 12.0,
+                  residual_scale: float = 0.22, attention_scale: float = 0.015625, logit_scale: float = 8.0,
+                  rope: Optional[bool] = None, **kw) -> str:
+    """Granite 3: Llama's layout and Granite 3.x's multipliers (the softmax
+    scale 1/64 is not 1/sqrt(head_dim) = 1/8); a multiplier of None is not
+    written; rope=False writes rope.scaling.finetuned = false (no RoPE)."""
+    keys = {"embedding_scale": embedding_scale, "residual_scale": residual_scale,
+            "attention_scale": attention_scale, "logit_scale": logit_scale, "rope_scaling_finetuned": rope,
+            **kw.pop("keys", {})}
+    kw.setdefault("tied", True)
+    return write_model(path, "granite", qtype, keys={k: v for k, v in keys.items() if v is not None}, **kw)
+
+
+def write_smollm3(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """SmolLM3: Llama's layout; 4 layers by default, so that layer 3 is a NoPE layer."""
+    kw.setdefault("n_layer", 4)
+    kw.setdefault("tied", True)
+    return write_model(path, "smollm3", qtype, rope_base=5e6, **kw)
+
+
+def write_olmo2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """OLMo 2: post norms only, q/k norms over the whole of q and k."""
+    kw.setdefault("qk_norm", "full")
+    return write_model(path, "olmo2", qtype, post_norms=True, pre_norms=False, rope_base=500000.0, **kw)
+
+
 WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
-           "phi3": write_phi3, "gemma2": write_gemma2, "gemma3": write_gemma3}
+           "phi3": write_phi3, "gemma2": write_gemma2, "gemma3": write_gemma3, "granite": write_granite,
+           "smollm3": write_smollm3, "olmo2": write_olmo2}
 
 
 def _gguf_string(x: str) -> bytes:

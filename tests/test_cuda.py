@@ -714,13 +714,15 @@ def close_enough(got, ref, float_weights):
 
 @pytest.mark.parametrize("family,qtype", [("llama", QT.Q4_0), ("llama", QT.Q4_K), ("mistral", QT.Q8_0),
                                           ("qwen2", QT.Q4_1), ("qwen3", QT.Q6_K), ("phi3", QT.Q5_K),
-                                          ("gemma2", QT.Q8_0), ("gemma3", QT.F16)],
+                                          ("gemma2", QT.Q8_0), ("gemma3", QT.F16), ("granite", QT.Q4_K),
+                                          ("smollm3", QT.Q8_0), ("olmo2", QT.F16)],
                          ids=lambda x: getattr(x, "name", x))
 def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     """300 positions over shuffled 16-position blocks: several attention tiles,
     the sliding windows of mistral and gemma2/3, Gemma 2's soft-caps (scores
-    and logits), GQA, q/k norms, biases, fused
-    projections, both RoPE modes."""
+    and logits), GQA, q/k norms per head and over all of q and k (OLMo 2),
+    biases, fused projections, both RoPE modes and layers without RoPE
+    (SmolLM3), Granite's residual and logit scales."""
     host, gpu = devices
     path = synth.WRITERS[family](tmp_path / "m.gguf", qtype)
     _, g = build(path)

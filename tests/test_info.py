@@ -86,3 +86,9 @@ def test_info_other_families(tmp_path):
     assert [(grp.layers, grp.window) for grp in g2.layer_groups] == [([0, 2], 16), ([1, 3], 0)]
     assert "attention      softmax scale 0.125, scores soft-capped at 0.5 (c * tanh(s / c)); logits soft-capped at 30" \
         in g2.format()
+    s3 = model_info(synth.write_smollm3(tmp_path / "s3.gguf", QT.Q8_0, n_layer=8), n_ctx=64)
+    assert [(grp.layers, grp.rope_dims) for grp in s3.layer_groups] == [([0, 1, 2, 4, 5, 6], 64), ([3, 7], 0)]
+    assert "layers 3,7: no RoPE; attention over whole context" in s3.format()
+    gr = model_info(synth.write_granite(tmp_path / "gr.gguf", QT.Q8_0), n_ctx=64).format()
+    assert "softmax scale 0.015625" in gr
+    assert "embeddings x 12, each block's output x 0.22 into the residual, logits x 0.125" in gr

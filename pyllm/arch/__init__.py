@@ -8,10 +8,13 @@ from ..model_file import ModelFile
 from .base import Architecture, HParams
 from .gemma2 import Gemma2
 from .gemma3 import Gemma3
+from .granite import Granite
 from .llama import Llama
+from .olmo2 import Olmo2
 from .phi3 import Phi3
 from .qwen2 import Qwen2
 from .qwen3 import Qwen3
+from .smollm3 import SmolLM3
 
 ARCHITECTURES: dict[str, type[Architecture]] = {
     "llama": Llama,      # also Mistral 7B and SmolLM2 files
@@ -20,6 +23,9 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "phi3": Phi3,
     "gemma2": Gemma2,
     "gemma3": Gemma3,
+    "granite": Granite,
+    "smollm3": SmolLM3,
+    "olmo2": Olmo2,
 }
 
 

@@ -110,7 +110,8 @@ class HParams:
 
 @dataclass(frozen=True)
 class Rope:
-    """How one layer rotates q and k: theta_i = pos * scale * base^(-2i/n_rot) / factors[i]."""
+    """How one layer rotates q and k: theta_i = pos * scale * base^(-2i/n_rot) / factors[i].
+    n_rot = 0: the layer does not rotate at all (NoPE layers: SmolLM3)."""
     mode: int
     n_rot: int
     base: float
@@ -121,8 +122,9 @@ class Rope:
 @dataclass
 class Attn:
     """One layer's attention weights. Either wq/wk/wv or one fused wqkv whose
-    output rows are [q | k | v]; biases, q/k norms (one weight per head dim,
-    shared by the heads) and the output bias are optional."""
+    output rows are [q | k | v]; biases, q/k norms and the output bias are
+    optional. A q/k norm weight of head_dim is shared by the heads (Qwen 3,
+    Gemma 3); one as wide as q (k) normalizes all of q (k) at once (OLMo 2)."""
     wo: Tensor
     wq: Optional[Tensor] = None
     wk: Optional[Tensor] = None
@@ -152,10 +154,11 @@ class Ffn:
 @dataclass
 class Layer:
     """One transformer block: x += attn(norm(x)); x += ffn(norm(x)), with
-    optional norms on each branch's output before it joins the residual (Gemma)."""
-    attn_norm: np.ndarray
+    optional norms on each branch's output before it joins the residual (Gemma).
+    OLMo 2 has only those: its input norms are None."""
+    attn_norm: Optional[np.ndarray]
     attn: Attn
-    ffn_norm: np.ndarray
+    ffn_norm: Optional[np.ndarray]
     ffn: Ffn
     post_attn_norm: Optional[np.ndarray] = None
     post_ffn_norm: Optional[np.ndarray] = None
@@ -176,6 +179,8 @@ class Architecture:
     fused_ffn = False    # may ffn_up hold [gate | up] with no ffn_gate (Phi-3)?
     attn_softcap = 0.0   # > 0: attention scores become c * tanh(s / c) (Gemma 2)
     final_softcap = 0.0  # > 0: the logits likewise
+    residual_scale = 1.0  # each branch's output joins the residual times this (Granite)
+    logit_scale = 1.0     # the logits are multiplied by this, before any soft-cap (Granite)
 
     def __init__(self, mf: ModelFile, n_ctx: Optional[int] = None):
         """n_ctx: the context the model will run with, for families whose math

@@ -27,11 +27,12 @@ def attention(g: Graph, arch: Architecture, h: View, a: Attn, layer: int, out: s
     q/k norms per head when the layer has them, the layer's RoPE and window."""
     hp = arch.hp
     q, k, v = project_qkv(g, h, a, arch)
-    if a.q_norm is not None:
-        g.rmsnorm(q, a.q_norm, hp.eps, q, groups=hp.n_head)
-        g.rmsnorm(k, a.k_norm, hp.eps, k, groups=hp.n_head_kv)
+    if a.q_norm is not None:  # per head, or over the whole of q and of k (OLMo 2)
+        g.rmsnorm(q, a.q_norm, hp.eps, q, groups=q.width // len(a.q_norm))
+        g.rmsnorm(k, a.k_norm, hp.eps, k, groups=k.width // len(a.k_norm))
     r = arch.layer_rope(layer)
-    g.rope(q, k, hp.n_head, hp.n_head_kv, hp.head_dim, r.n_rot, r.mode, r.base, r.scale, r.factors)
+    if r.n_rot:  # NoPE layers rotate nothing
+        g.rope(q, k, hp.n_head, hp.n_head_kv, hp.head_dim, r.n_rot, r.mode, r.base, r.scale, r.factors)
     att = g.attention(q, k, v, hp.n_head, hp.n_head_kv, hp.head_dim, arch.attn_scale, "attn",
                       window=arch.layer_window(layer), softcap=arch.attn_softcap)
     return g.linear(att, a.wo, out, bias=a.bo, accumulate=accumulate)
@@ -49,9 +50,11 @@ def ffn(g: Graph, h: View, f: Ffn, kind: int, out: str | View, accumulate: bool 
 
 
 def output_head(g: Graph, arch: Architecture, x: View) -> View:
-    """logits = Wout rmsnorm(x), on the rows whose logits are wanted (soft-capped
-    where the family caps them)."""
+    """logits = Wout rmsnorm(x), on the rows whose logits are wanted (scaled and
+    soft-capped where the family says)."""
     g.layer = -1
     g.head()
     logits = g.linear(g.rmsnorm(x, arch.out_norm, arch.hp.eps, "out_norm"), arch.output, "logits")
-    return g.scale(logits, 1.0, softcap=arch.final_softcap) if arch.final_softcap > 0 else logits
+    if arch.final_softcap > 0 or arch.logit_scale != 1.0:
+        g.scale(logits, arch.logit_scale, softcap=arch.final_softcap)
+    return logits

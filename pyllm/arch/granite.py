@@ -1,0 +1,64 @@
+"""IBM Granite (3.x dense): the Llama block with four scalar multipliers.
+
+    x = embed(tokens) * embedding_scale
+    for each layer:
+        h = rmsnorm(x) ; q, k, v = Wq h, Wk h, Wv h ; rope(q, k)
+        x += residual_scale * Wo softmax(attention_scale * q.k) V
+        h = rmsnorm(x) ; x += residual_scale * Wdown (silu(Wgate h) * Wup h)
+    logits = Wout rmsnorm(x) / logit_scale
+
+What decides what, as llama.cpp reads a granite file:
+- `granite.logit_scale` is required; `embedding_scale`, `residual_scale`
+  and `attention.scale` are optional, and absent or 0 each means "none"
+  (the softmax scale is then 1/sqrt(head_dim)).
+- `granite.rope.scaling.finetuned` = false turns RoPE off in every layer
+  (absent: on). RoPE rotates adjacent pairs, as Llama's.
+"""
+from __future__ import annotations
+
+from ..errors import ModelFileError
+from ..graph import Graph
+from .base import Rope
+from .blocks import attention, ffn, output_head
+from .llama import Llama
+
+
+class Granite(Llama):
+    name = "granite"
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        divisor = float(mf.arch_require("logit_scale"))
+        if divisor <= 0:
+            raise ModelFileError(f"{mf.path}: granite.logit_scale = {divisor} is not positive; the file is corrupt")
+        self.logit_scale = 1.0 / divisor
+        self.residual_scale = float(mf.arch_get("residual_scale", 0.0)) or 1.0
+        self.embedding_scale = float(mf.arch_get("embedding_scale", 0.0)) or 1.0
+        self.attention_scale = float(mf.arch_get("attention.scale", 0.0))
+        self.use_rope = bool(mf.arch_get("rope.scaling.finetuned", True))
+
+    def sliding_window(self) -> int:
+        return 0
+
+    def layer_rope(self, i: int) -> Rope:
+        r = super().layer_rope(i)
+        return r if self.use_rope else Rope(r.mode, 0, r.base)
+
+    @property
+    def attn_scale(self) -> float:
+        return self.hp.rope_attn_factor ** 2 * self.attention_scale if self.attention_scale else super().attn_scale
+
+    @property
+    def embed_scale(self) -> float:
+        return self.embedding_scale
+
+    def build(self, g: Graph) -> None:
+        hp = self.hp
+        x = g.embed(self.tok_embd, "x", scale=self.embed_scale)
+        for i, L in enumerate(self.layers):
+            g.layer = i
+            o = attention(g, self, g.rmsnorm(x, L.attn_norm, hp.eps, "h"), L.attn, i, out="o", accumulate=False)
+            g.add(g.scale(o, self.residual_scale), x)
+            o = ffn(g, g.rmsnorm(x, L.ffn_norm, hp.eps, "h"), L.ffn, self.glu, out="o", accumulate=False)
+            g.add(g.scale(o, self.residual_scale), x)
+        output_head(g, self, x)

@@ -1,0 +1,62 @@
+"""OLMo 2: norms on each branch's output instead of its input, and RMSNorm
+over the whole of q and of k.
+
+    x = embed(tokens)
+    for each layer:
+        q, k, v = Wq x, Wk x, Wv x
+        q, k = rmsnorm(q), rmsnorm(k)          # over all heads at once
+        rope(q, k)                             # NEOX
+        x += rmsnorm(Wo attention(q, K, V))
+        x += rmsnorm(Wdown (silu(Wgate x) * Wup x))
+    logits = Wout rmsnorm(x)
+
+The attention and FFN read the residual stream x itself: there is no input
+norm. Files with `olmo2.attention.sliding_window` (OLMo 3's local layers)
+are refused.
+"""
+from __future__ import annotations
+
+from ..errors import UnsupportedModelError
+from ..graph import GLU_SILU, ROPE_NEOX, Graph
+from .base import Architecture, Layer
+from .blocks import attention, ffn, output_head
+
+
+class Olmo2(Architecture):
+    name = "olmo2"
+    rope_mode = ROPE_NEOX
+    glu = GLU_SILU
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        hp = self.hp
+        window = int(mf.arch_get("attention.sliding_window", 0) or 0)
+        if window > 0:
+            raise UnsupportedModelError(f"{mf.path}: olmo2 with sliding-window layers (OLMo 3, window "
+                                        f"{window}) is not supported yet")
+        self.tok_embd = self.weight("token_embd.weight", hp.n_embd, hp.n_vocab)
+        self.out_norm = self.vector("output_norm.weight", hp.n_embd)
+        self.output = self.output_weight()
+        self.layers = []
+        for i in range(hp.n_layer):
+            p = f"blk.{i}."
+            attn = self.attention_weights(i)
+            attn.q_norm = self.vector(p + "attn_q_norm.weight", hp.q_dim)
+            attn.k_norm = self.vector(p + "attn_k_norm.weight", hp.kv_dim)
+            self.layers.append(Layer(
+                attn_norm=None, attn=attn,
+                post_attn_norm=self.vector(p + "post_attention_norm.weight", hp.n_embd),
+                ffn_norm=None, ffn=self.ffn_weights(i),
+                post_ffn_norm=self.vector(p + "post_ffw_norm.weight", hp.n_embd),
+            ))
+
+    def build(self, g: Graph) -> None:
+        hp = self.hp
+        x = g.embed(self.tok_embd, "x")
+        for i, L in enumerate(self.layers):
+            g.layer = i
+            o = attention(g, self, x, L.attn, i, out="o", accumulate=False)
+            g.add(g.rmsnorm(o, L.post_attn_norm, hp.eps, o), x)
+            o = ffn(g, x, L.ffn, self.glu, out="o", accumulate=False)
+            g.add(g.rmsnorm(o, L.post_ffn_norm, hp.eps, o), x)
+        output_head(g, self, x)
