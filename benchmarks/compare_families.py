@@ -55,6 +55,11 @@ FAMILIES = {
     "granite-norope": ("granite", {"rope": False, "attention_scale": None}),  # RoPE off; 1/sqrt(head_dim)
     "smollm3": ("smollm3", {}),                                    # layer 3 of 4 without RoPE
     "olmo2": ("olmo2", {}),
+    "phi2": ("phi2", {}),                                          # parallel block, fused q/k/v
+    "phi2-head80": ("phi2", {"n_embd": 320, "n_ff": 1280, "fused_qkv": False}),  # Phi-2's head size
+    "starcoder2": ("starcoder2", {}),
+    "stablelm": ("stablelm", {}),
+    "stablelm-parallel": ("stablelm", {"parallel": True}),         # no FFN norms: the parallel block
 }
 # llama.cpp's LLAMA_FTYPE_MOSTLY_* (what `llama-quantize` calls them)
 LLAMA_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL"]

@@ -22,10 +22,32 @@ void op_embed(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     }
 }
 
-/* y = x / sqrt(mean(x^2) + eps) * w, over groups of n_in elements
- * (n_head groups per row: one per head for q/k norms, 1 otherwise) */
+/* sum of x[i] and of (x[i] - c)^2 over a row, in double, in 8 interleaved
+ * partial sums: one serial chain of double adds was most of a norm's time */
+static double row_sum(const float *x, int64_t n) {
+    double part[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) part[k] += (double)x[i + k];
+    for (; i < n; i++) part[0] += (double)x[i];
+    return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+}
+
+static double row_sum_sq(const float *x, int64_t n, float c) {
+    double part[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) part[k] += (double)(x[i + k] - c) * (x[i + k] - c);
+    for (; i < n; i++) part[0] += (double)(x[i] - c) * (x[i] - c);
+    return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+}
+
+/* RMSNorm: y = x / sqrt(mean(x^2) + eps) * w. LayerNorm (type NORM_LAYER), as
+ * ggml_norm: y = (x - mean) / sqrt(mean((x - mean)^2) + eps) * w + bias.
+ * Over groups of n_in elements (n_head groups per row: one per head for q/k
+ * norms, 1 otherwise). */
 void op_rmsnorm(const pyllm_op *op, const op_rows *r, int ith, int nth) {
-    const float *w = op->w;
+    const float *w = op->w, *b = op->bias;
     int64_t n = op->n_in, groups = op->n_head > 0 ? op->n_head : 1;
     int64_t lo, hi;
     split_range((int64_t)r->rows * groups, ith, nth, 1, &lo, &hi);
@@ -33,16 +55,12 @@ void op_rmsnorm(const pyllm_op *op, const op_rows *r, int ith, int nth) {
         int64_t t = item / groups, g = item % groups;
         const float *x = IN_ROW(op, r, t) + g * n;
         float *y = OUT_ROW(op, t) + g * n;
-        /* the sum of squares in double, in 8 interleaved partial sums: one
-         * serial chain of double adds was most of this op's time */
-        double part[8] = {0};
-        int64_t i = 0;
-        for (; i + 8 <= n; i += 8)
-            for (int k = 0; k < 8; k++) part[k] += (double)x[i + k] * x[i + k];
-        for (; i < n; i++) part[0] += (double)x[i] * x[i];
-        double ss = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-        float inv = (float)(1.0 / sqrt(ss / (double)n + (double)op->eps));
-        for (int64_t i = 0; i < n; i++) y[i] = x[i] * inv * w[i];
+        const float mean = op->type == NORM_LAYER ? (float)(row_sum(x, n) / (double)n) : 0.0f;
+        const float inv = (float)(1.0 / sqrt(row_sum_sq(x, n, mean) / (double)n + (double)op->eps));
+        if (b)
+            for (int64_t i = 0; i < n; i++) y[i] = (x[i] - mean) * inv * w[i] + b[i];
+        else
+            for (int64_t i = 0; i < n; i++) y[i] = (x[i] - mean) * inv * w[i];
     }
 }
 
@@ -124,15 +142,19 @@ void op_kv_store(const pyllm_op *op, const op_rows *r, int ith, int nth) {
 
 /* y = act(x) * x2, elementwise over rows of n_in */
 void op_glu(const pyllm_op *op, const op_rows *r, int ith, int nth) {
+    /* no x2: a plain activation, act(g) * 1 (exact) through the same kernels */
+    static const float ones[256] = {[0 ... 255] = 1.0f};
     int64_t n = op->n_in, lo, hi;
     split_range((int64_t)r->rows * n, ith, nth, 64, &lo, &hi);
     while (lo < hi) {
         int64_t t = lo / n, i0 = lo % n, i1 = n < i0 + (hi - lo) ? n : i0 + (hi - lo);
-        const float *g = IN_ROW(op, r, t), *u = op->x2 + (int64_t)(r->row0 + t) * op->x2_stride;
+        if (!op->x2 && i1 - i0 > 256) i1 = i0 + 256;
+        const float *g = IN_ROW(op, r, t);
+        const float *u = op->x2 ? op->x2 + (int64_t)(r->row0 + t) * op->x2_stride + i0 : ones;
         float *y = OUT_ROW(op, t);
         /* y = silu(g) * u = g / (1 + exp(-g)) * u, or
          * y = gelu_tanh(g) * u = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * u */
-        (op->type == GLU_GELU_TANH ? K.glu_gelu_tanh : K.glu_silu)(i1 - i0, g + i0, u + i0, y + i0);
+        (op->type == GLU_GELU_TANH ? K.glu_gelu_tanh : K.glu_silu)(i1 - i0, g + i0, u, y + i0);
         lo += i1 - i0;
     }
 }

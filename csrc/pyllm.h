@@ -12,13 +12,14 @@
 
 enum pyllm_op_kind {
     OP_EMBED = 1,     /* y[t] = dequant(w row tokens[t]) * scale; n_in = width, n_out = vocab */
-    OP_RMSNORM = 2,   /* y[t, g] = x[t, g] / rms(x[t, g]) * w; n_head groups of n_in per row */
+    OP_RMSNORM = 2,   /* y[t, g] = x[t, g] / rms(x[t, g]) * w; n_head groups of n_in per row;
+                         type NORM_LAYER: LayerNorm, (x - mean) / sqrt(var + eps) * w (+ bias) */
     OP_QUANTIZE = 3,  /* xq[t] = quantize(x[t]) to activation format `type` (n_in elements) */
     OP_MATMUL = 4,    /* y[t, :n_out] (+)= W x[t] (+ bias); reads xq unless W takes f32 */
     OP_ROPE = 5,      /* rotate n_head heads of x[t] and n_kv_head heads of x2[t] by pos[t] */
     OP_KV_STORE = 6,  /* cache[pos[t]] = (k = x[t], v = x2[t]), as f16, through the block table */
     OP_ATTENTION = 7, /* y[t] = softmax(scale * q[t] K^T) V over positions <= pos[t] (window) */
-    OP_GLU = 8,       /* y[t] = act(x[t]) * x2[t]; type = GLU_* */
+    OP_GLU = 8,       /* y[t] = act(x[t]) * x2[t]; type = GLU_*; x2 NULL: y[t] = act(x[t]) */
     OP_ADD = 9,       /* y[t] += x[t] */
     OP_SCALE = 10,    /* y[t] *= scale; then y = softcap * tanh(y / softcap) if softcap > 0 */
     OP_KIND_COUNT = 11
@@ -33,15 +34,16 @@ enum pyllm_op_flags {
 };
 
 enum pyllm_glu { GLU_SILU = 0, GLU_GELU_TANH = 1 };
+enum pyllm_norm { NORM_RMS = 0, NORM_LAYER = 1 };
 enum pyllm_rope_mode { ROPE_NORM = 0, ROPE_NEOX = 2 };
 
 typedef struct pyllm_op {
     int32_t kind;
     int32_t flags;
-    int32_t type;          /* weight type (EMBED, MATMUL), act format (QUANTIZE), GLU_* (GLU) */
+    int32_t type;          /* weight type (EMBED, MATMUL), act format (QUANTIZE), GLU_* (GLU), NORM_* */
     int32_t layer;         /* for error messages and the profile */
     const void *w;         /* EMBED/MATMUL weights, RMSNORM weight (float) */
-    const float *bias;     /* MATMUL bias, or NULL */
+    const float *bias;     /* MATMUL and LayerNorm bias, or NULL */
     float *x;              /* main input rows */
     float *x2;             /* second input rows (GLU up, ROPE keys, KV_STORE values) */
     void *xq;              /* quantized rows of x (QUANTIZE writes, MATMUL reads) */

@@ -31,6 +31,7 @@ OP_NAMES = {OP_EMBED: "embed", OP_RMSNORM: "rmsnorm", OP_QUANTIZE: "quantize", O
             OP_ADD: "add", OP_SCALE: "scale"}
 OPF_ACCUMULATE, OPF_LAST_ROWS, OPF_NO_SYNC, OPF_OUT_ROWS = 1, 2, 4, 8
 GLU_SILU, GLU_GELU_TANH = 0, 1
+NORM_RMS, NORM_LAYER = 0, 1
 ROPE_NORM, ROPE_NEOX = 0, 2
 
 # activation formats (csrc/quants.h) and the one each weight type's dot product takes
@@ -194,6 +195,14 @@ class Graph:
                    {x.name}, {y.name})
         return y
 
+    def layernorm(self, x: View, w: np.ndarray, b: Optional[np.ndarray], eps: float, out: str | View) -> View:
+        """LayerNorm of each row: (x - mean) / sqrt(var + eps) * w (+ b)."""
+        assert w.shape == (x.width,) and (b is None or b.shape == (x.width,))
+        y = self._out(out, x.width)
+        self._emit(Op(OP_RMSNORM, type=NORM_LAYER, vector=w, bias=b, x=x, y=y, n_in=x.width, n_head=1, eps=eps),
+                   {x.name}, {y.name})
+        return y
+
     def quantized(self, x: View, act: int) -> QBuffer:
         """x in activation format `act`, quantized once per version of x."""
         key = (x.name, x.offset, act)
@@ -251,6 +260,12 @@ class Graph:
         """out = act(gate) * up"""
         y = self._out(out, gate.width)
         self._emit(Op(OP_GLU, type=kind, x=gate, x2=up, y=y, n_in=gate.width), {gate.name, up.name}, {y.name})
+        return y
+
+    def act(self, x: View, kind: int, out: str | View) -> View:
+        """out = act(x): the activation of an ungated FFN (a GLU op without its up input)"""
+        y = self._out(out, x.width)
+        self._emit(Op(OP_GLU, type=kind, x=x, y=y, n_in=x.width), {x.name}, {y.name})
         return y
 
     def add(self, x: View, into: View) -> View:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from .arch import load_architecture
-from .graph import ROPE_NEOX, Graph, act_row_bytes
+from .graph import GLU_GELU_TANH, NORM_LAYER, ROPE_NEOX, Graph, act_row_bytes
 from .model_file import ModelFile
 
 from .defaults import BLOCK_SIZE, DEFAULT_MAX_CTX, N_BATCH, N_OUT_MAX
@@ -49,6 +49,7 @@ class ModelInfo:
     n_ff: int
     n_ctx_train: int
     n_ctx: int
+    block: str                # how a layer is wired: norms, FFN, residual
     rope_mode: str
     rope_dims: int
     rope_scaling: str
@@ -85,6 +86,7 @@ class ModelInfo:
             ("parameters", f"{self.n_params / 1e6:.1f} M ({self.n_params:,})"),
             ("tensor types", ", ".join(f"{k} {v}" for k, v in self.tensor_types.items())
              + (f" (file type {self.file_type})" if self.file_type else "")),
+            ("block", self.block),
             ("context", f"{self.n_ctx_train} trained, {self.n_ctx} chosen (-c)"),
             ("RoPE", f"{self.rope_mode}, {self.rope_dims} of {self.head_dim} dims rotated, scaling "
                      f"{self.rope_scaling}"),
@@ -129,6 +131,25 @@ def _ranges(xs: list[int]) -> str:
             out.append(str(start) if start == x else f"{start}-{x}")
             start = None
     return ",".join(out)
+
+
+def describe_block(arch) -> str:
+    """One line on how arch's layers are wired, e.g. "LayerNorm before attention
+    and FFN, side by side (one norm); FFN gelu_tanh(up), not gated"."""
+    L = arch.layers[0]
+    norm = "LayerNorm" if arch.norm == NORM_LAYER else "RMSNorm"
+    if L.attn_norm is None:
+        where = f"{norm} after attention and FFN (no input norms)"
+    elif L.parallel:
+        where = f"{norm} before attention and FFN, side by side (one norm)"
+    else:
+        where = f"{norm} before attention and FFN" + (", and after each" if L.post_attn_norm is not None else "")
+    act = "gelu_tanh" if arch.glu == GLU_GELU_TANH else "silu"
+    ffn = f"FFN {act}(gate) * up" if L.ffn.gated else f"FFN {act}(up), not gated"
+    qk = ""
+    if L.attn.q_norm is not None:
+        qk = "; q/k RMSNorm " + ("per head" if len(L.attn.q_norm) == arch.hp.head_dim else "over all heads")
+    return f"{where}; {ffn}{qk}"
 
 
 def model_info(path: str, n_ctx: Optional[int] = None, n_batch: int = N_BATCH,
@@ -180,6 +201,7 @@ def model_info(path: str, n_ctx: Optional[int] = None, n_batch: int = N_BATCH,
         n_params=mf.n_params, tensor_types=mf.type_histogram(),
         n_layer=hp.n_layer, n_embd=hp.n_embd, n_head=hp.n_head, n_head_kv=hp.n_head_kv, head_dim=hp.head_dim,
         n_ff=hp.n_ff, n_ctx_train=hp.n_ctx_train, n_ctx=n_ctx,
+        block=describe_block(arch),
         rope_mode="NEOX (halves)" if arch.rope_mode == ROPE_NEOX else "normal (adjacent pairs)",
         rope_dims=hp.rope_dim, rope_scaling=hp.rope_scaling, attn_scale=arch.attn_scale,
         attn_softcap=arch.attn_softcap, final_softcap=arch.final_softcap, layer_groups=groups,

@@ -13,7 +13,7 @@ from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from .arch.base import Architecture
-from .graph import GLU_GELU_TANH, ROPE_NEOX
+from .graph import GLU_GELU_TANH, NORM_LAYER, ROPE_NEOX
 from .model_file import Tensor
 
 
@@ -33,6 +33,13 @@ def dequant(t: Tensor) -> np.ndarray:
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     ms = np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True)
     return (x / np.sqrt(ms + eps)).astype(np.float32) * w
+
+
+def layernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float) -> np.ndarray:
+    x64 = x.astype(np.float64)
+    c = x64 - x64.mean(axis=-1, keepdims=True)
+    y = (c / np.sqrt(np.mean(c ** 2, axis=-1, keepdims=True) + eps)).astype(np.float32) * w
+    return y if b is None else y + b
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -87,7 +94,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window:
 class Reference:
     """Dequantizes an architecture's weights once, then runs whole sequences."""
 
-    FAMILIES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "granite", "smollm3", "olmo2")
+    FAMILIES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "granite", "smollm3", "olmo2", "phi2",
+                "starcoder2", "stablelm")
 
     def __init__(self, arch: Architecture):
         self.arch = arch
@@ -105,6 +113,14 @@ class Reference:
             return self._decoder(np.asarray(tokens, dtype=np.int64))
         raise NotImplementedError(f"no reference forward for {name}")
 
+    def _norm(self, x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None = None) -> np.ndarray:
+        """The family's input norm (RMSNorm, or LayerNorm with bias b); none if w is None."""
+        if w is None:
+            return x
+        if self.arch.norm == NORM_LAYER:
+            return layernorm(x, w, b, self.arch.hp.eps)
+        return rmsnorm(x, w, self.arch.hp.eps)
+
     def _linear(self, x: np.ndarray, w: Tensor, b: np.ndarray | None) -> np.ndarray:
         y = x @ self.w(w).T
         return y if b is None else y + b
@@ -112,11 +128,13 @@ class Reference:
     def _decoder(self, tokens: np.ndarray) -> np.ndarray:
         """The decoder every family here is a variant of:
             x = embed(tokens) * embed_scale
-            per layer: h = rmsnorm?(x) ; x += s * post_norm?(Wo attn(rope?(qk_norm?(Wq h + bq)), ...))
-                       h = rmsnorm?(x) ; x += s * post_norm?(Wdown (act(Wgate h) * Wup h))
-            logits = logit_scale * Wout rmsnorm(x)
-        (s: the residual scale) with scores and logits soft-capped (c * tanh(s / c))
-        where the family says; '?' marks what only some families have.
+            per layer: h = norm?(x) ; x += s * post_norm?(Wo attn(rope?(qk_norm?(Wq h + bq)), ...))
+                       h = norm?(x) ; x += s * post_norm?(Wdown (act(Wgate h) * Wup h))
+            logits = logit_scale * (Wout norm(x) + b?)
+        (norm: RMSNorm, or LayerNorm with biases; s: the residual scale) with scores
+        and logits soft-capped (c * tanh(s / c)) where the family says; '?' marks
+        what only some families have. A parallel block (Phi-2) adds the attention
+        and the FFN of one h; an ungated FFN is Wdown act(Wup h).
         Fused q/k/v and gate/up matrices are split by rows here."""
         a, hp = self.arch, self.arch.hp
         T, H, Hkv, d = len(tokens), hp.n_head, hp.n_head_kv, hp.head_dim
@@ -125,7 +143,7 @@ class Reference:
         x = self.w(a.tok_embd)[tokens] * np.float32(a.embed_scale)
         for i, L in enumerate(a.layers):
             A, F = L.attn, L.ffn
-            h = x if L.attn_norm is None else rmsnorm(x, L.attn_norm, hp.eps)
+            h = self._norm(x, L.attn_norm, L.attn_norm_b)
             if A.wqkv is not None:
                 qkv = self._linear(h, A.wqkv, A.bqkv)
                 q, k, v = np.split(qkv, [hp.q_dim, hp.q_dim + hp.kv_dim], axis=1)
@@ -141,17 +159,25 @@ class Reference:
             o = self._linear(attention(q, k, v, a.attn_scale, a.layer_window(i), a.attn_softcap), A.wo, A.bo)
             if L.post_attn_norm is not None:
                 o = rmsnorm(o, L.post_attn_norm, hp.eps)
-            x = x + o * np.float32(a.residual_scale)
-            h = x if L.ffn_norm is None else rmsnorm(x, L.ffn_norm, hp.eps)
-            if F.w_gate is not None:
-                gate, up = self._linear(h, F.w_gate, F.b_gate), self._linear(h, F.w_up, F.b_up)
+            if not L.parallel:   # parallel: the FFN reads the attention's h
+                x = x + o * np.float32(a.residual_scale)
+                h = self._norm(x, L.ffn_norm, L.ffn_norm_b)
+            if not F.gated:
+                z = act(self._linear(h, F.w_up, F.b_up))
             else:
-                gate, up = np.split(self._linear(h, F.w_up, F.b_up), 2, axis=1)
-            f = self._linear(act(gate) * up, F.w_down, F.b_down)
+                if F.w_gate is not None:
+                    gate, up = self._linear(h, F.w_gate, F.b_gate), self._linear(h, F.w_up, F.b_up)
+                else:
+                    gate, up = np.split(self._linear(h, F.w_up, F.b_up), 2, axis=1)
+                z = act(gate) * up
+            f = self._linear(z, F.w_down, F.b_down)
             if L.post_ffn_norm is not None:
                 f = rmsnorm(f, L.post_ffn_norm, hp.eps)
+            if L.parallel:
+                f = f + o
             x = x + f * np.float32(a.residual_scale)
-        logits = rmsnorm(x, a.out_norm, hp.eps) @ self.w(a.output).T * np.float32(a.logit_scale)
+        logits = self._linear(self._norm(x, a.out_norm, a.out_norm_b), a.output, a.out_bias)
+        logits = logits * np.float32(a.logit_scale)
         if a.final_softcap > 0:
             logits = a.final_softcap * np.tanh(logits / a.final_softcap)
         return logits

@@ -102,7 +102,9 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 seed: int = 0, tokenizer_from: Optional[dict] = None, rope_base: float = 10000.0,
                 rope_freqs: bool = False, qkv_bias: bool = False, qk_norm: bool = False,
                 fused_qkv: bool = False, fused_up: bool = False, post_norms: bool = False, pre_norms: bool = True,
-                rope_factors: bool = False, keys: Optional[dict] = None,
+                rope_factors: bool = False, layer_norm: bool = False, ffn_norm: bool = True,
+                gated: bool = True, biases: bool = False, out_bias: bool = False,
+                rope_dim: Optional[int] = None, keys: Optional[dict] = None,
                 drop_tensor: Optional[str] = None, bad_shape: Optional[str] = None) -> str:
     """A tiny decoder of family `arch`, every matrix in `qtype`, tensors named
     as llama.cpp expects:
@@ -113,6 +115,10 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
       post_norms  post_attention_norm and post_ffw_norm (Gemma 3); pre_norms=False:
                   no attn_norm / ffn_norm (OLMo 2)
       rope_freqs  rope_freqs.weight (Llama 3); rope_factors: rope_factors_{short,long} (Phi-3 128k)
+      layer_norm  LayerNorm epsilon key and .bias of every norm (Phi-2, StarCoder 2, StableLM)
+      ffn_norm    False: no ffn_norm (Phi-2's parallel block); gated: False: no ffn_gate
+      biases      attn_output, ffn_up and ffn_down biases; out_bias: output.bias
+      rope_dim    rotated dims per head (default: all)
       keys        extra metadata: {"sliding_window": 8, ...} -> writer.add_<name>(value)
     head_dim defaults to n_embd / n_head; otherwise it is written as key_length."""
     rng = np.random.default_rng(seed)
@@ -125,9 +131,12 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
-    w.add_layer_norm_rms_eps(1e-5 if arch != "gemma3" else 1e-6)
+    if layer_norm:
+        w.add_layer_norm_eps(1e-5)
+    else:
+        w.add_layer_norm_rms_eps(1e-5 if arch != "gemma3" else 1e-6)
     w.add_rope_freq_base(rope_base)
-    w.add_rope_dimension_count(hd)
+    w.add_rope_dimension_count(rope_dim or hd)
     if head_dim:
         w.add_key_length(hd)
         w.add_value_length(hd)
@@ -152,10 +161,17 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
     def bias(n):
         return (0.1 * rng.standard_normal(n)).astype(np.float32), None
 
+    def norms(name, n):   # a norm's weight, and its bias in LayerNorm families
+        add(name + ".weight", norm(n))
+        if layer_norm:
+            add(name + ".bias", bias(n))
+
     add("token_embd.weight", weight(embd_type or qtype, n_embd, n_vocab, rng, scale=1.0))
-    add("output_norm.weight", norm(n_embd))
+    norms("output_norm", n_embd)
     if not tied:
         add("output.weight", weight(qtype, n_embd, n_vocab, rng))
+    if out_bias:
+        add("output.bias", bias(n_vocab))
     if rope_freqs:
         add("rope_freqs.weight", ((1.0 + rng.uniform(0, 4, hd // 2)).astype(np.float32), None))
     if rope_factors:
@@ -164,14 +180,16 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
     for i in range(n_layer):
         p = f"blk.{i}."
         if pre_norms:
-            add(p + "attn_norm.weight", norm(n_embd))
+            norms(p + "attn_norm", n_embd)
         if fused_qkv:
             add(p + "attn_qkv.weight", weight(qtype, n_embd, q_dim + 2 * kv_dim, rng))
+            if qkv_bias:
+                add(p + "attn_qkv.bias", bias(q_dim + 2 * kv_dim))
         else:
             add(p + "attn_q.weight", weight(qtype, n_embd, q_dim, rng))
             add(p + "attn_k.weight", weight(qtype, n_embd, kv_dim, rng))
             add(p + "attn_v.weight", weight(qtype, n_embd, kv_dim, rng))
-        if qkv_bias:
+        if qkv_bias and not fused_qkv:
             add(p + "attn_q.bias", bias(q_dim))
             add(p + "attn_k.bias", bias(kv_dim))
             add(p + "attn_v.bias", bias(kv_dim))
@@ -179,16 +197,22 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
             add(p + "attn_q_norm.weight", norm(q_dim if qk_norm == "full" else hd))
             add(p + "attn_k_norm.weight", norm(kv_dim if qk_norm == "full" else hd))
         add(p + "attn_output.weight", weight(qtype, q_dim, n_embd, rng))
+        if biases:
+            add(p + "attn_output.bias", bias(n_embd))
         if post_norms:
             add(p + "post_attention_norm.weight", norm(n_embd))
-        if pre_norms:
-            add(p + "ffn_norm.weight", norm(n_embd))
+        if pre_norms and ffn_norm:
+            norms(p + "ffn_norm", n_embd)
         if fused_up:
             add(p + "ffn_up.weight", weight(qtype, n_embd, 2 * n_ff, rng))
         else:
-            add(p + "ffn_gate.weight", weight(qtype, n_embd, n_ff, rng))
+            if gated:
+                add(p + "ffn_gate.weight", weight(qtype, n_embd, n_ff, rng))
             add(p + "ffn_up.weight", weight(qtype, n_embd, n_ff, rng))
         add(p + "ffn_down.weight", weight(qtype, n_ff, n_embd, rng))
+        if biases:
+            add(p + "ffn_up.bias", bias(n_ff))
+            add(p + "ffn_down.bias", bias(n_embd))
         if post_norms:
             add(p + "post_ffw_norm.weight", norm(n_embd))
     w.write_header_to_file()
@@ -278,9 +302,34 @@ def write_olmo2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_model(path, "olmo2", qtype, post_norms=True, pre_norms=False, rope_base=500000.0, **kw)
 
 
+def write_phi2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """Phi-2: LayerNorm, parallel block, ungated GELU FFN, biases everywhere
+    (output too), fused q/k/v, NEOX RoPE on 32 of 64 dims, head 64 (Phi-2's is 80)."""
+    kw.setdefault("fused_qkv", True)
+    kw.setdefault("n_head_kv", 4)
+    kw.setdefault("rope_dim", 32)
+    return write_model(path, "phi2", qtype, layer_norm=True, ffn_norm=False, gated=False, qkv_bias=True,
+                       biases=True, out_bias=True, **kw)
+
+
+def write_starcoder2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """StarCoder 2: LayerNorm, ungated GELU FFN, biases, tied output."""
+    kw.setdefault("tied", True)
+    return write_model(path, "starcoder2", qtype, layer_norm=True, gated=False, qkv_bias=True, biases=True,
+                       rope_base=100000.0, **kw)
+
+
+def write_stablelm(path: str | Path, qtype: QT = QT.Q8_0, parallel: bool = False, **kw) -> str:
+    """StableLM 2: LayerNorm, q/k/v biases, NEOX RoPE on 16 of 64 dims;
+    parallel: no FFN norms (the parallel block)."""
+    kw.setdefault("rope_dim", 16)
+    return write_model(path, "stablelm", qtype, layer_norm=True, qkv_bias=True, ffn_norm=not parallel, **kw)
+
+
 WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
            "phi3": write_phi3, "gemma2": write_gemma2, "gemma3": write_gemma3, "granite": write_granite,
-           "smollm3": write_smollm3, "olmo2": write_olmo2}
+           "smollm3": write_smollm3, "olmo2": write_olmo2, "phi2": write_phi2, "starcoder2": write_starcoder2,
+           "stablelm": write_stablelm}
 
 
 def _gguf_string(x: str) -> bytes:

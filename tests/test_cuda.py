@@ -407,6 +407,11 @@ def op_case(case: str, rng):
         g.rmsnorm(x, w, 1e-6, "out")
     elif case == "rmsnorm-groups":        # q/k norms: one per head
         g.rmsnorm(x, w[:64], 1e-5, "out", groups=4)
+    elif case in ("layernorm", "layernorm-nobias"):   # rows far from zero mean
+        inputs["x"] += (rng.uniform(-50, 50, (n, 1))).astype(np.float32)
+        g.layernorm(x, w, rng.standard_normal(256).astype(np.float32) if case == "layernorm" else None, 1e-5, "out")
+    elif case == "act-gelu":              # an ungated FFN's activation: a GLU op without up
+        g.act(x, GLU_GELU_TANH, "out")
     elif case in ("rope-norm", "rope-neox"):
         k = second["k"]
         if case == "rope-norm":
@@ -431,8 +436,9 @@ def op_case(case: str, rng):
     return g, inputs, ["out"], pos, False
 
 
-OP_CASES = ["rmsnorm", "rmsnorm-groups", "rope-norm", "rope-neox", "glu-silu", "glu-gelu", "add", "scale",
-            "head-rmsnorm", "head-glu-gelu", "head-add", "head-linear-q4_k", "head-linear-f16"]
+OP_CASES = ["rmsnorm", "rmsnorm-groups", "layernorm", "layernorm-nobias", "rope-norm", "rope-neox", "glu-silu",
+            "glu-gelu", "act-gelu", "add", "scale", "head-rmsnorm", "head-layernorm", "head-glu-gelu", "head-add",
+            "head-linear-q4_k", "head-linear-f16"]
 
 
 @pytest.mark.parametrize("case", OP_CASES)
@@ -451,7 +457,7 @@ def test_op_matches_the_core(devices, case):
             np.testing.assert_array_equal(gpu[name], cpu[name])
         else:
             close_to_float_rounding(gpu[name], cpu[name], 2e-5 if "linear" in case else 1e-6)
-        if "glu" in case:   # element by element too: gates down to -10 give results near 1e-30
+        if "glu" in case or "act" in case:   # element by element too: gates down to -10 give results near 1e-30
             np.testing.assert_allclose(gpu[name], cpu[name], rtol=4e-6, atol=1e-30)
 
 
@@ -715,14 +721,16 @@ def close_enough(got, ref, float_weights):
 @pytest.mark.parametrize("family,qtype", [("llama", QT.Q4_0), ("llama", QT.Q4_K), ("mistral", QT.Q8_0),
                                           ("qwen2", QT.Q4_1), ("qwen3", QT.Q6_K), ("phi3", QT.Q5_K),
                                           ("gemma2", QT.Q8_0), ("gemma3", QT.F16), ("granite", QT.Q4_K),
-                                          ("smollm3", QT.Q8_0), ("olmo2", QT.F16)],
+                                          ("smollm3", QT.Q8_0), ("olmo2", QT.F16), ("phi2", QT.Q8_0),
+                                          ("starcoder2", QT.Q4_K), ("stablelm", QT.F16)],
                          ids=lambda x: getattr(x, "name", x))
 def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     """300 positions over shuffled 16-position blocks: several attention tiles,
     the sliding windows of mistral and gemma2/3, Gemma 2's soft-caps (scores
     and logits), GQA, q/k norms per head and over all of q and k (OLMo 2),
     biases, fused projections, both RoPE modes and layers without RoPE
-    (SmolLM3), Granite's residual and logit scales."""
+    (SmolLM3), Granite's residual and logit scales, LayerNorm, the parallel
+    block and the ungated GELU FFN (Phi-2, StarCoder 2, StableLM)."""
     host, gpu = devices
     path = synth.WRITERS[family](tmp_path / "m.gguf", qtype)
     _, g = build(path)

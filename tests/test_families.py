@@ -19,7 +19,7 @@ import synth
 from pyllm.arch import ARCHITECTURES, load_architecture
 from pyllm.errors import ModelFileError, UnsupportedModelError
 from pyllm.arch.llama import Llama
-from pyllm.graph import GLU_GELU_TANH, OP_ROPE, ROPE_NEOX, ROPE_NORM, Graph
+from pyllm.graph import GLU_GELU_TANH, GLU_SILU, NORM_LAYER, NORM_RMS, OP_ROPE, ROPE_NEOX, ROPE_NORM, Graph
 from pyllm.model_file import ModelFile
 from pyllm.reference import Reference, dequant
 from test_forward import build, compare
@@ -38,6 +38,10 @@ FAMILIES = {
     "granite-norope": (synth.write_granite, {"rope": False}),
     "smollm3": (synth.write_smollm3, {}),
     "olmo2": (synth.write_olmo2, {}),
+    "phi2": (synth.write_phi2, {}),
+    "starcoder2": (synth.write_starcoder2, {}),
+    "stablelm": (synth.write_stablelm, {}),
+    "stablelm-parallel": (synth.write_stablelm, {"parallel": True}),
 }
 TYPES = [QT.F32, QT.Q8_0, QT.Q4_K, QT.IQ4_NL]
 
@@ -238,6 +242,50 @@ def test_olmo2_norms(tmp_path):
         load_architecture(ModelFile(p))
 
 
+def test_layer_norm_families(tmp_path):
+    """Phi-2, StarCoder 2, StableLM as llama.cpp reads them: LayerNorm with
+    biases (its own epsilon key), partial rotation, the parallel block where
+    the family (or a layer without ffn_norm) says, ungated GELU FFNs; the
+    parts that make them differ from a Llama each move the logits."""
+    p2 = load_architecture(ModelFile(synth.write_phi2(tmp_path / "p2.gguf", QT.F32)))
+    L = p2.layers[0]
+    assert p2.norm == NORM_LAYER and L.parallel and L.ffn_norm is None and L.attn_norm_b is not None
+    assert not L.ffn.gated and L.ffn.w_gate is None and L.ffn.b_up is not None and L.attn.bqkv is not None
+    assert p2.out_bias.shape == (512,) and p2.out_norm_b is not None and p2.output.name == "output.weight"
+    assert p2.layer_rope(0).n_rot == 32 and p2.hp.head_dim == 64 and p2.rope_mode == ROPE_NEOX
+    assert p2.glu == GLU_GELU_TANH and p2.attn_scale == pytest.approx(1 / 8)
+    tokens = list(np.random.default_rng(1).integers(0, 512, 40))
+    ref = Reference(p2).forward(tokens)
+    p2.norm = NORM_RMS   # RMSNorm instead of LayerNorm (the biases still added)
+    assert compare(Reference(p2).forward(tokens), ref)[0] > 0.05
+    p2.norm = NORM_LAYER
+    for layer in p2.layers:
+        layer.parallel, layer.ffn_norm, layer.ffn_norm_b = False, layer.attn_norm, layer.attn_norm_b
+    assert compare(Reference(p2).forward(tokens), ref)[0] > 0.05
+
+    sc = load_architecture(ModelFile(synth.write_starcoder2(tmp_path / "sc.gguf", QT.F32)))
+    assert not sc.layers[1].parallel and sc.layers[1].ffn_norm_b is not None and not sc.layers[1].ffn.gated
+    assert sc.output.name == "token_embd.weight" and sc.layers[0].attn.bo is not None
+    st = load_architecture(ModelFile(synth.write_stablelm(tmp_path / "st.gguf", QT.F32)))
+    assert st.layers[0].ffn.gated and st.glu == GLU_SILU and st.layer_rope(0).n_rot == 16 and not st.layers[0].parallel
+    stp = load_architecture(ModelFile(synth.write_stablelm(tmp_path / "stp.gguf", QT.F32, parallel=True)))
+    assert all(layer.parallel for layer in stp.layers)
+
+    # the LayerNorm epsilon key, not the RMS one
+    e = synth.rewrite_metadata(tmp_path / "st.gguf", tmp_path / "e.gguf", {"stablelm.attention.layer_norm_epsilon": 0.25})
+    assert load_architecture(ModelFile(e)).hp.eps == 0.25
+    # required biases are named; StableLM 2 12B's per-head q/k norms are refused
+    p = synth.write_phi2(tmp_path / "nb.gguf", QT.F32, drop_tensor="output.bias")
+    with pytest.raises(ModelFileError, match="'output.bias' is missing"):
+        load_architecture(ModelFile(p))
+    p = synth.write_starcoder2(tmp_path / "nn.gguf", QT.F32, drop_tensor="blk.1.ffn_norm.bias")
+    with pytest.raises(ModelFileError, match="'blk.1.ffn_norm.bias' is missing"):
+        load_architecture(ModelFile(p))
+    p = synth.write_stablelm(tmp_path / "qk.gguf", QT.F32, qk_norm=True)
+    with pytest.raises(UnsupportedModelError, match="per-head q/k norms"):
+        load_architecture(ModelFile(p))
+
+
 def rope_type(name):
     import gguf
     return gguf.RopeScalingType[name]
@@ -272,7 +320,7 @@ def test_family_errors(tmp_path):
     with pytest.raises(UnsupportedModelError, match="soft-capping"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="gpt-neox")
-    with pytest.raises(UnsupportedModelError, match="'gpt-neox' is not supported.*gemma2, gemma3, granite, llama, olmo2, phi3, qwen2, qwen3, smollm3"):
+    with pytest.raises(UnsupportedModelError, match="'gpt-neox' is not supported.*gemma2, gemma3, granite, llama, olmo2, phi2, phi3, qwen2, qwen3, smollm3, stablelm, starcoder2"):
         load_architecture(ModelFile(p))
 
 

@@ -204,3 +204,58 @@ def test_smollm2_matches_reference(smollm2_path):
     same = out.argmax(1) == ref.argmax(1)
     assert same[margin > 3 * rms].all() and (margin > 3 * rms).sum() >= 40
     assert same[margin > 0.1].mean() >= 0.95
+
+
+def run_ops(g, inputs: dict, n: int, output: str, n_threads: int = 2) -> np.ndarray:
+    """Graph g (ops without weights or a KV cache) on the host, from `inputs`; n rows of `output`."""
+    from pyllm.backend.base import Range, Shape, StepData
+    from pyllm.backend.cpu import HostDevice
+    prog = HostDevice(n_threads).bind(g, [Range(0, len(g.ops))], Shape(n, n, 1, 16))
+    for name, a in inputs.items():
+        prog.write(name, 0, a)
+    zeros = np.zeros(n, np.int32)
+    prog.run(0, StepData(zeros, zeros, np.zeros(1, np.int32), n))
+    out = np.array(prog.read(output, 0, n))
+    prog.close()
+    return out
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_layernorm_op(with_bias):
+    """LayerNorm against float64 numpy, on rows whose mean is 1000x their
+    spread (a one-pass E[x^2] - E[x]^2 in float would lose every digit) and
+    on row lengths that are no multiple of 8."""
+    from pyllm.reference import layernorm
+    rng = np.random.default_rng(0)
+    for n in (64, 77, 640):
+        g = Graph()
+        x = g.buffer("x", n)
+        w = rng.uniform(0.5, 1.5, n).astype(np.float32)
+        b = rng.standard_normal(n).astype(np.float32) if with_bias else None
+        g.layernorm(x, w, b, 1e-5, "out")
+        rows = (rng.standard_normal((5, n)) + 1000.0 * rng.uniform(-1, 1, (5, 1))).astype(np.float32)
+        got = run_ops(g, {"x": rows}, 5, "out")
+        x64 = rows.astype(np.float64)
+        c = x64 - x64.mean(1, keepdims=True)
+        want = c / np.sqrt((c ** 2).mean(1, keepdims=True) + 1e-5) * w + (b if b is not None else 0)
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+        np.testing.assert_allclose(got, layernorm(rows, w, b, 1e-5), rtol=0, atol=2e-5 * np.abs(want).max())
+
+
+def test_ungated_activation_op():
+    """A GLU op without its second input is the activation alone: act(x) * 1,
+    exactly the gated kernel's act, in chunks (a row longer than the kernels' 256-wide ones)."""
+    from pyllm.graph import GLU_GELU_TANH, GLU_SILU
+    rng = np.random.default_rng(1)
+    n = 1000
+    rows = (rng.standard_normal((3, n)) * 4).astype(np.float32)
+    for kind in (GLU_SILU, GLU_GELU_TANH):
+        plain, gated = Graph(), Graph()
+        plain.act(plain.buffer("x", n), kind, "out")
+        gated.glu(gated.buffer("x", n), gated.buffer("up", n), kind, "out")
+        got = run_ops(plain, {"x": rows}, 3, "out")
+        want = run_ops(gated, {"x": rows, "up": np.ones_like(rows)}, 3, "out")
+        np.testing.assert_array_equal(got, want)
+        ref = rows / (1 + np.exp(-rows)) if kind == GLU_SILU else \
+            0.5 * rows * (1 + np.tanh(np.sqrt(2 / np.pi) * (rows + 0.044715 * rows.astype(np.float64) ** 3)))
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)

@@ -92,3 +92,8 @@ def test_info_other_families(tmp_path):
     gr = model_info(synth.write_granite(tmp_path / "gr.gguf", QT.Q8_0), n_ctx=64).format()
     assert "softmax scale 0.015625" in gr
     assert "embeddings x 12, each block's output x 0.22 into the residual, logits x 0.125" in gr
+    p2 = model_info(synth.write_phi2(tmp_path / "p2.gguf", QT.Q8_0), n_ctx=64)
+    assert p2.block == "LayerNorm before attention and FFN, side by side (one norm); FFN gelu_tanh(up), not gated"
+    assert model_info(synth.write_olmo2(tmp_path / "o2.gguf", QT.Q8_0), n_ctx=64).block == \
+        "RMSNorm after attention and FFN (no input norms); FFN silu(gate) * up; q/k RMSNorm over all heads"
+    assert g2.block == "RMSNorm before attention and FFN, and after each; FFN gelu_tanh(gate) * up"

@@ -219,7 +219,7 @@ def _wrong_kinds(base: str, out_dir) -> list[str]:
 
 def test_broken_files_run_or_fail_with_one_error(tmp_path):
     """Fuzzing the loader: thousands of mutated small models (random header
-    bytes, wrong-typed metadata, NaN weights), of four families. Each must
+    bytes, wrong-typed metadata, NaN weights), of five families. Each must
     open and generate, or raise a PyllmError: never another exception, a
     crash, a hang or a runaway allocation (the child runs under a 4 GiB
     address-space limit). Found before this test: int() tracebacks on
@@ -231,7 +231,8 @@ def test_broken_files_run_or_fail_with_one_error(tmp_path):
     rng = np.random.default_rng(1)
     paths = []
     for arch, write, qtype in (("llama", synth.write_llama, QT.Q8_0), ("gemma3", synth.write_gemma3, QT.Q4_K),
-                               ("phi3", synth.write_phi3, QT.Q4_0), ("granite", synth.write_granite, QT.Q8_0)):
+                               ("phi3", synth.write_phi3, QT.Q4_0), ("granite", synth.write_granite, QT.Q8_0),
+                               ("phi2", synth.write_phi2, QT.Q8_0)):
         d = tmp_path / arch
         d.mkdir()
         n_embd = 256 if qtype == QT.Q4_K else 64

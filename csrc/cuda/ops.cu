@@ -25,34 +25,47 @@ void launch_embed(const pyllm_op *op, const exec &e) {
                                                     op->type, op->n_in, e.tokens, op->y, op->y_stride, op->scale);
 }
 
-/* ---- RMSNorm over groups of n: one block of 256 per (group, row); sums in double as the CPU ---- */
+/* ---- RMSNorm / LayerNorm over groups of n: one block of 256 per (group, row); sums in double as the CPU ---- */
+
+/* the sum of v over the block's threads, in every thread */
+__device__ double block_sum_double(double v) {
+    __shared__ double part[8];
+    v = warp_sum_double(v);
+    __syncthreads();  /* part[] may still be read from the previous call */
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double s = 0.0;
+    for (int k = 0; k < (int)(blockDim.x >> 5); k++) s += part[k];
+    return s;
+}
 
 __global__ void rmsnorm_kernel(const float *__restrict__ X, int64_t x_stride, float *Y, int64_t y_stride,
-                               const float *__restrict__ w, int64_t n, float eps) {
+                               const float *__restrict__ w, const float *__restrict__ b, int64_t n, float eps,
+                               int layer_norm) {
     const int g = blockIdx.x, t = blockIdx.y;
     const float *x = X + (int64_t)t * x_stride + (int64_t)g * n;
     float *y = Y + (int64_t)t * y_stride + (int64_t)g * n;
-    double ss = 0.0;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += (double)x[i] * x[i];
-    __shared__ double part[8];
-    ss = warp_sum_double(ss);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    if (threadIdx.x == 0) {
+    float mean = 0.0f;
+    if (layer_norm) {
         double s = 0.0;
-        for (int k = 0; k < (int)(blockDim.x >> 5); k++) s += part[k];
-        part[0] = s;
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += (double)x[i];
+        mean = (float)(block_sum_double(s) / (double)n);
     }
-    __syncthreads();
-    const float inv = (float)(1.0 / sqrt(part[0] / (double)n + (double)eps));
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) y[i] = x[i] * inv * w[i];
+    double ss = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += (double)(x[i] - mean) * (x[i] - mean);
+    const float inv = (float)(1.0 / sqrt(block_sum_double(ss) / (double)n + (double)eps));
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = (x[i] - mean) * inv * w[i];
+        y[i] = b ? v + b[i] : v;
+    }
 }
 
 void launch_rmsnorm(const pyllm_op *op, const exec &e) {
     const int groups = op->n_head > 0 ? op->n_head : 1;
     dim3 grid(groups, e.rows);
     PQ_LAUNCH(grid, 256, 0, e.stream, rmsnorm_kernel)(op->x + (int64_t)e.row0 * op->x_stride, op->x_stride, op->y,
-                                                      op->y_stride, (const float *)op->w, op->n_in, op->eps);
+                                                      op->y_stride, (const float *)op->w, op->bias, op->n_in,
+                                                      op->eps, op->type == NORM_LAYER);
 }
 
 /* ---- RoPE: theta_i = pos * freq_scale * base^(-2i/n_rot) / factors[i], in double as the CPU ---- */
@@ -128,15 +141,15 @@ __global__ void glu_kernel(const float *__restrict__ G, int64_t g_stride, const 
     const int t = blockIdx.y;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const float g = G[(int64_t)t * g_stride + i], u = U[(int64_t)t * u_stride + i];
+    const float g = G[(int64_t)t * g_stride + i], u = U ? U[(int64_t)t * u_stride + i] : 1.0f;
     Y[(int64_t)t * y_stride + i] = (kind == GLU_GELU_TANH ? gelu_tanh(g) : silu(g)) * u;
 }
 
-void launch_glu(const pyllm_op *op, const exec &e) {
+void launch_glu(const pyllm_op *op, const exec &e) {  /* no x2: y = act(x) */
     dim3 grid(blocks_for(op->n_in, 256), e.rows);
     PQ_LAUNCH(grid, 256, 0, e.stream, glu_kernel)(op->x + (int64_t)e.row0 * op->x_stride, op->x_stride,
-                                                  op->x2 + (int64_t)e.row0 * op->x2_stride, op->x2_stride, op->y,
-                                                  op->y_stride, op->n_in, op->type);
+                                                  op->x2 ? op->x2 + (int64_t)e.row0 * op->x2_stride : nullptr,
+                                                  op->x2_stride, op->y, op->y_stride, op->n_in, op->type);
 }
 
 __global__ void add_kernel(const float *__restrict__ X, int64_t x_stride, float *Y, int64_t y_stride, int64_t n) {

@@ -232,6 +232,7 @@ static int check_op(const pyllm_op *op) {
         return 0;
     }
     case OP_RMSNORM:
+        if (op->type != NORM_RMS && op->type != NORM_LAYER) return fail("unknown norm %d", op->type);
         if (!op->w || !op->x || !op->y || op->n_in <= 0) return fail("rmsnorm: missing weight or buffers");
         if (op->x_stride < op->n_in * (op->n_head > 0 ? op->n_head : 1)) return fail("rmsnorm: bad stride");
         return 0;
@@ -264,7 +265,6 @@ static int check_op(const pyllm_op *op) {
         /* fall through */
     case OP_SCALE:
         if (!op->y || op->n_in <= 0) return fail("missing output");
-        if (op->kind == OP_GLU && !op->x2) return fail("missing second input");
         return 0;
     default:
         return fail("unknown op kind %d", op->kind);

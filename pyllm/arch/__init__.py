@@ -11,10 +11,13 @@ from .gemma3 import Gemma3
 from .granite import Granite
 from .llama import Llama
 from .olmo2 import Olmo2
+from .phi2 import Phi2
 from .phi3 import Phi3
 from .qwen2 import Qwen2
 from .qwen3 import Qwen3
 from .smollm3 import SmolLM3
+from .stablelm import StableLM
+from .starcoder2 import StarCoder2
 
 ARCHITECTURES: dict[str, type[Architecture]] = {
     "llama": Llama,      # also Mistral 7B and SmolLM2 files
@@ -26,6 +29,9 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "granite": Granite,
     "smollm3": SmolLM3,
     "olmo2": Olmo2,
+    "phi2": Phi2,
+    "starcoder2": StarCoder2,
+    "stablelm": StableLM,
 }
 
 

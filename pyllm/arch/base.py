@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import ModelFileError, UnsupportedModelError
-from ..graph import GLU_SILU, ROPE_NORM, SUPPORTED_WEIGHT_TYPES, Graph
+from ..graph import GLU_SILU, NORM_LAYER, NORM_RMS, ROPE_NORM, SUPPORTED_WEIGHT_TYPES, Graph
 from ..model_file import ModelFile, Tensor, type_name
 
 
@@ -39,7 +39,9 @@ class HParams:
     rope_attn_factor: float = 1.0   # rope.scaling.attn_factor: multiplies cos and sin (so q.k by its square)
 
     @classmethod
-    def read(cls, mf: ModelFile, rope_scalings: tuple = ROPE_SCALINGS) -> "HParams":
+    def read(cls, mf: ModelFile, rope_scalings: tuple = ROPE_SCALINGS, layer_norm: bool = False) -> "HParams":
+        """layer_norm: the family normalizes with LayerNorm, whose epsilon is
+        under attention.layer_norm_epsilon (RMSNorm's: layer_norm_rms_epsilon)."""
         n_embd = int(mf.arch_require("embedding_length"))
         n_head = int(mf.arch_require("attention.head_count"))
         n_head_kv = int(mf.arch_get("attention.head_count_kv", n_head))
@@ -71,7 +73,8 @@ class HParams:
             n_head_kv=n_head_kv,
             head_dim=head_dim,
             n_ff=int(mf.arch_require("feed_forward_length")),
-            eps=float(mf.arch_get("attention.layer_norm_rms_epsilon", 1e-5)),
+            eps=float(mf.arch_get("attention.layer_norm_epsilon" if layer_norm else
+                                  "attention.layer_norm_rms_epsilon", 1e-5)),
             n_ctx_train=int(mf.arch_get("context_length", 2048)),
             rope_base=float(mf.arch_get("rope.freq_base", 10000.0)),
             rope_dim=int(mf.arch_get("rope.dimension_count", head_dim)),
@@ -83,7 +86,7 @@ class HParams:
             if getattr(hp, name) <= 0:
                 raise ModelFileError(f"{mf.path}: hyperparameter {name} = {getattr(hp, name)} is not positive")
         if hp.eps < 0:
-            raise ModelFileError(f"{mf.path}: the RMS norm epsilon {hp.eps} is negative; the file is corrupt")
+            raise ModelFileError(f"{mf.path}: the norm epsilon {hp.eps} is negative; the file is corrupt")
         n_experts = int(mf.arch_get("expert_count", 0))
         if n_experts > 0:
             raise UnsupportedModelError(f"{mf.path}: mixture-of-experts models ({mf.architecture}.expert_count "
@@ -142,26 +145,32 @@ class Attn:
 @dataclass
 class Ffn:
     """A gated feed-forward: down(act(gate h) * up h). With w_gate None, w_up
-    is fused: its output rows are [gate | up] (2 n_ff of them)."""
+    is fused: its output rows are [gate | up] (2 n_ff of them). Not gated:
+    down(act(up h)) (Phi-2, StarCoder 2)."""
     w_up: Tensor
     w_down: Tensor
     w_gate: Optional[Tensor] = None
     b_up: Optional[np.ndarray] = None
     b_gate: Optional[np.ndarray] = None
     b_down: Optional[np.ndarray] = None
+    gated: bool = True
 
 
 @dataclass
 class Layer:
     """One transformer block: x += attn(norm(x)); x += ffn(norm(x)), with
     optional norms on each branch's output before it joins the residual (Gemma).
-    OLMo 2 has only those: its input norms are None."""
+    OLMo 2 has only those: its input norms are None. LayerNorm families give
+    their norms' biases. Parallel: x += attn(h) + ffn(h), h = norm(x) (Phi-2)."""
     attn_norm: Optional[np.ndarray]
     attn: Attn
     ffn_norm: Optional[np.ndarray]
     ffn: Ffn
     post_attn_norm: Optional[np.ndarray] = None
     post_ffn_norm: Optional[np.ndarray] = None
+    attn_norm_b: Optional[np.ndarray] = None
+    ffn_norm_b: Optional[np.ndarray] = None
+    parallel: bool = False
 
 
 class Architecture:
@@ -177,17 +186,21 @@ class Architecture:
     rope_scalings = ROPE_SCALINGS
     glu = GLU_SILU
     fused_ffn = False    # may ffn_up hold [gate | up] with no ffn_gate (Phi-3)?
+    gated = True         # False: the FFN is down(act(up h)), no gate (Phi-2, StarCoder 2)
     attn_softcap = 0.0   # > 0: attention scores become c * tanh(s / c) (Gemma 2)
     final_softcap = 0.0  # > 0: the logits likewise
     residual_scale = 1.0  # each branch's output joins the residual times this (Granite)
     logit_scale = 1.0     # the logits are multiplied by this, before any soft-cap (Granite)
+    norm = NORM_RMS       # or NORM_LAYER: LayerNorm, with biases where the file has them
+    out_norm_b: Optional[np.ndarray] = None   # LayerNorm bias of the output norm
+    out_bias: Optional[np.ndarray] = None     # bias of the logits (Phi-2)
 
     def __init__(self, mf: ModelFile, n_ctx: Optional[int] = None):
         """n_ctx: the context the model will run with, for families whose math
         depends on it (Phi-3's long-context RoPE factors); None: not known."""
         self.mf = mf
         self.n_ctx = n_ctx
-        self.hp = HParams.read(mf, self.rope_scalings)
+        self.hp = HParams.read(mf, self.rope_scalings, layer_norm=self.norm == NORM_LAYER)
         self.rope_freqs: Optional[np.ndarray] = None   # llama3-style per-pair divisors
         self.window = 0                                 # sliding window of every layer, 0 = none
 
@@ -218,6 +231,12 @@ class Architecture:
     def optional_vector(self, name: str, n: int) -> Optional[np.ndarray]:
         return self.vector(name, n) if self.mf.has_tensor(name) else None
 
+    def norm_weights(self, name: str, bias: bool = True) -> tuple[np.ndarray, Optional[np.ndarray]]:
+        """(weight, bias) of norm `name` ("blk.0.attn_norm"); the bias required
+        when `bias` (LayerNorm families), else absent."""
+        n = self.hp.n_embd
+        return self.vector(name + ".weight", n), (self.vector(name + ".bias", n) if bias else None)
+
     def output_weight(self) -> Tensor:
         """The logits projection; tied to the token embedding when absent."""
         hp = self.hp
@@ -247,10 +266,14 @@ class Architecture:
         return a
 
     def ffn_weights(self, i: int) -> Ffn:
-        """Layer i's gated FFN: ffn_gate + ffn_up, or one ffn_up of 2 n_ff rows [gate | up]."""
+        """Layer i's FFN: ffn_gate + ffn_up, or one ffn_up of 2 n_ff rows [gate | up];
+        for an ungated family, ffn_up alone."""
         hp, p = self.hp, f"blk.{i}."
         down = self.weight(p + "ffn_down.weight", hp.n_ff, hp.n_embd)
         b_down = self.optional_vector(p + "ffn_down.bias", hp.n_embd)
+        if not self.gated:
+            return Ffn(w_up=self.weight(p + "ffn_up.weight", hp.n_embd, hp.n_ff), w_down=down,
+                       b_up=self.optional_vector(p + "ffn_up.bias", hp.n_ff), b_down=b_down, gated=False)
         if not self.fused_ffn or self.mf.has_tensor(p + "ffn_gate.weight"):
             return Ffn(w_up=self.weight(p + "ffn_up.weight", hp.n_embd, hp.n_ff), w_down=down,
                        w_gate=self.weight(p + "ffn_gate.weight", hp.n_embd, hp.n_ff),

@@ -6,8 +6,19 @@ graph, reading the weights a family loaded with Architecture.attention_weights
 """
 from __future__ import annotations
 
-from ..graph import Graph, View
-from .base import Architecture, Attn, Ffn
+from typing import Optional
+
+import numpy as np
+
+from ..graph import NORM_LAYER, Graph, View
+from .base import Architecture, Attn, Ffn, Layer
+
+
+def norm(g: Graph, arch: Architecture, x: View, w: np.ndarray, b: Optional[np.ndarray], out: str | View) -> View:
+    """The family's norm of the rows of x: RMSNorm, or LayerNorm (with bias b)."""
+    if arch.norm == NORM_LAYER:
+        return g.layernorm(x, w, b, arch.hp.eps, out)
+    return g.rmsnorm(x, w, arch.hp.eps, out)
 
 
 def project_qkv(g: Graph, h: View, a: Attn, arch: Architecture) -> tuple[View, View, View]:
@@ -39,7 +50,11 @@ def attention(g: Graph, arch: Architecture, h: View, a: Attn, layer: int, out: s
 
 
 def ffn(g: Graph, h: View, f: Ffn, kind: int, out: str | View, accumulate: bool = True) -> View:
-    """out (+)= Wdown (act(Wgate h) * Wup h); a fused up matrix gives [gate | up]."""
+    """out (+)= Wdown (act(Wgate h) * Wup h); a fused up matrix gives [gate | up];
+    ungated: out (+)= Wdown act(Wup h)."""
+    if not f.gated:
+        up = g.linear(h, f.w_up, "up", bias=f.b_up)
+        return g.linear(g.act(up, kind, up), f.w_down, out, bias=f.b_down, accumulate=accumulate)
     if f.w_gate is not None:
         gate, up = g.linear(h, f.w_gate, "gate", bias=f.b_gate), g.linear(h, f.w_up, "up", bias=f.b_up)
     else:
@@ -49,12 +64,33 @@ def ffn(g: Graph, h: View, f: Ffn, kind: int, out: str | View, accumulate: bool 
     return g.linear(g.glu(gate, up, kind, "ffn"), f.w_down, out, bias=f.b_down, accumulate=accumulate)
 
 
+def pre_norm_block(g: Graph, arch: Architecture, L: Layer, layer: int, x: View) -> None:
+    """x += attn(norm(x)); x += ffn(norm(x)); parallel: h = norm(x), x += attn(h) + ffn(h)."""
+    h = norm(g, arch, x, L.attn_norm, L.attn_norm_b, "h")
+    attention(g, arch, h, L.attn, layer, out=x)
+    if not L.parallel:
+        h = norm(g, arch, x, L.ffn_norm, L.ffn_norm_b, "h")
+    ffn(g, h, L.ffn, arch.glu, out=x)
+
+
+class PreNormDecoder(Architecture):
+    """A family whose every layer is a pre_norm_block (Phi-2, StarCoder 2, StableLM)."""
+
+    def build(self, g: Graph) -> None:
+        x = g.embed(self.tok_embd, "x")
+        for i, L in enumerate(self.layers):
+            g.layer = i
+            pre_norm_block(g, self, L, i, x)
+        output_head(g, self, x)
+
+
 def output_head(g: Graph, arch: Architecture, x: View) -> View:
-    """logits = Wout rmsnorm(x), on the rows whose logits are wanted (scaled and
-    soft-capped where the family says)."""
+    """logits = Wout norm(x) (+ bias), on the rows whose logits are wanted (scaled
+    and soft-capped where the family says)."""
     g.layer = -1
     g.head()
-    logits = g.linear(g.rmsnorm(x, arch.out_norm, arch.hp.eps, "out_norm"), arch.output, "logits")
+    logits = g.linear(norm(g, arch, x, arch.out_norm, arch.out_norm_b, "out_norm"), arch.output, "logits",
+                      bias=arch.out_bias)
     if arch.final_softcap > 0 or arch.logit_scale != 1.0:
         g.scale(logits, arch.logit_scale, softcap=arch.final_softcap)
     return logits

@@ -1,0 +1,41 @@
+"""StarCoder 2: a pre-norm decoder with LayerNorm, biases and an ungated
+GELU FFN.
+
+    x = embed(tokens)
+    for each layer:
+        h = layernorm(x) ; q, k, v = Wq h + bq, Wk h + bk, Wv h + bv ; rope(q, k)   # NEOX
+        x += Wo attention(q, K, V) + bo
+        h = layernorm(x) ; x += Wdown gelu_tanh(Wup h + bup) + bdown
+    logits = Wout layernorm(x)            # Wout tied to the embedding when absent
+
+As llama.cpp reads a starcoder2 file: `starcoder2.attention.layer_norm_epsilon`,
+norm biases and the output and FFN biases required, q/k/v biases as the file has them.
+"""
+from __future__ import annotations
+
+from ..graph import GLU_GELU_TANH, NORM_LAYER, ROPE_NEOX
+from .base import Layer
+from .blocks import PreNormDecoder
+
+
+class StarCoder2(PreNormDecoder):
+    name = "starcoder2"
+    rope_mode = ROPE_NEOX
+    glu = GLU_GELU_TANH
+    norm = NORM_LAYER
+    gated = False
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        hp = self.hp
+        self.tok_embd = self.weight("token_embd.weight", hp.n_embd, hp.n_vocab)
+        self.out_norm, self.out_norm_b = self.norm_weights("output_norm")
+        self.output = self.output_weight()
+        self.layers = []
+        for i in range(hp.n_layer):
+            p = f"blk.{i}."
+            attn, ffn = self.attention_weights(i), self.ffn_weights(i)
+            attn.bo = self.vector(p + "attn_output.bias", hp.n_embd)
+            ffn.b_up, ffn.b_down = self.vector(p + "ffn_up.bias", hp.n_ff), self.vector(p + "ffn_down.bias", hp.n_embd)
+            (an, an_b), (fn, fn_b) = self.norm_weights(p + "attn_norm"), self.norm_weights(p + "ffn_norm")
+            self.layers.append(Layer(attn_norm=an, attn_norm_b=an_b, attn=attn, ffn_norm=fn, ffn_norm_b=fn_b, ffn=ffn))
