@@ -102,7 +102,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 seed: int = 0, tokenizer_from: Optional[dict] = None, rope_base: float = 10000.0,
                 rope_freqs: bool = False, qkv_bias: bool = False, qk_norm: bool = False,
                 fused_qkv: bool = False, fused_up: bool = False, post_norms: bool = False, pre_norms: bool = True,
-                rope_factors: bool = False, layer_norm: bool = False, ffn_norm: bool = True,
+                rope_factors: bool = False, layer_norm: bool = False, norm_bias: Optional[bool] = None,
+                ffn_norm: bool = True,
                 gated: bool = True, biases: bool = False, out_bias: bool = False,
                 rope_dim: Optional[int] = None, keys: Optional[dict] = None,
                 drop_tensor: Optional[str] = None, bad_shape: Optional[str] = None) -> str:
@@ -115,7 +116,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
       post_norms  post_attention_norm and post_ffw_norm (Gemma 3); pre_norms=False:
                   no attn_norm / ffn_norm (OLMo 2)
       rope_freqs  rope_freqs.weight (Llama 3); rope_factors: rope_factors_{short,long} (Phi-3 128k)
-      layer_norm  LayerNorm epsilon key and .bias of every norm (Phi-2, StarCoder 2, StableLM)
+      layer_norm  LayerNorm epsilon key and .bias of every norm (Phi-2, StarCoder 2, StableLM);
+                  norm_bias=False: no biases (Command R)
       ffn_norm    False: no ffn_norm (Phi-2's parallel block); gated: False: no ffn_gate
       biases      attn_output, ffn_up and ffn_down biases; out_bias: output.bias
       rope_dim    rotated dims per head (default: all)
@@ -163,7 +165,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
 
     def norms(name, n):   # a norm's weight, and its bias in LayerNorm families
         add(name + ".weight", norm(n))
-        if layer_norm:
+        if layer_norm if norm_bias is None else norm_bias:
             add(name + ".bias", bias(n))
 
     add("token_embd.weight", weight(embd_type or qtype, n_embd, n_vocab, rng, scale=1.0))
@@ -326,10 +328,40 @@ def write_stablelm(path: str | Path, qtype: QT = QT.Q8_0, parallel: bool = False
     return write_model(path, "stablelm", qtype, layer_norm=True, qkv_bias=True, ffn_norm=not parallel, **kw)
 
 
+def write_command_r(path: str | Path, qtype: QT = QT.Q8_0, arch: str = "command-r", **kw) -> str:
+    """Command R: LayerNorm without biases, the parallel block, scaled logits, tied output."""
+    kw.setdefault("tied", True)
+    keys = {"logit_scale": 0.5, **kw.pop("keys", {})}
+    return write_model(path, arch, qtype, layer_norm=True, norm_bias=False, ffn_norm=False, keys=keys, **kw)
+
+
+def write_cohere2(path: str | Path, qtype: QT = QT.Q8_0, window: int = 8, **kw) -> str:
+    """Command R7B: Command R's block; 4 layers so that layer 3 is global (no RoPE, no window)."""
+    kw.setdefault("n_layer", 4)
+    return write_command_r(path, qtype, "cohere2", keys={"sliding_window": window, **kw.pop("keys", {})}, **kw)
+
+
+def write_ernie4_5(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    kw.setdefault("tied", True)
+    return write_model(path, "ernie4_5", qtype, **kw)
+
+
+def write_exaone(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    return write_model(path, "exaone", qtype, rope_base=1e6, **kw)
+
+
+def write_exaone4(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """EXAONE 4: output norms only, q/k norms per head; n_layer=64 makes the
+    32B's sliding-window layout (window from keys, else 4096)."""
+    kw.setdefault("tied", True)
+    return write_model(path, "exaone4", qtype, qk_norm=True, post_norms=True, pre_norms=False, rope_base=1e6, **kw)
+
+
 WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
            "phi3": write_phi3, "gemma2": write_gemma2, "gemma3": write_gemma3, "granite": write_granite,
            "smollm3": write_smollm3, "olmo2": write_olmo2, "phi2": write_phi2, "starcoder2": write_starcoder2,
-           "stablelm": write_stablelm}
+           "stablelm": write_stablelm, "command-r": write_command_r, "cohere2": write_cohere2,
+           "ernie4_5": write_ernie4_5, "exaone": write_exaone, "exaone4": write_exaone4}
 
 
 def _gguf_string(x: str) -> bytes:

@@ -722,7 +722,7 @@ def close_enough(got, ref, float_weights):
                                           ("qwen2", QT.Q4_1), ("qwen3", QT.Q6_K), ("phi3", QT.Q5_K),
                                           ("gemma2", QT.Q8_0), ("gemma3", QT.F16), ("granite", QT.Q4_K),
                                           ("smollm3", QT.Q8_0), ("olmo2", QT.F16), ("phi2", QT.Q8_0),
-                                          ("starcoder2", QT.Q4_K), ("stablelm", QT.F16)],
+                                          ("starcoder2", QT.Q4_K), ("stablelm", QT.F16), ("cohere2", QT.Q8_0)],
                          ids=lambda x: getattr(x, "name", x))
 def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     """300 positions over shuffled 16-position blocks: several attention tiles,

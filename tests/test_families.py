@@ -42,6 +42,11 @@ FAMILIES = {
     "starcoder2": (synth.write_starcoder2, {}),
     "stablelm": (synth.write_stablelm, {}),
     "stablelm-parallel": (synth.write_stablelm, {"parallel": True}),
+    "command-r": (synth.write_command_r, {}),
+    "cohere2": (synth.write_cohere2, {}),
+    "ernie4_5": (synth.write_ernie4_5, {}),
+    "exaone": (synth.write_exaone, {}),
+    "exaone4": (synth.write_exaone4, {}),
 }
 TYPES = [QT.F32, QT.Q8_0, QT.Q4_K, QT.IQ4_NL]
 
@@ -286,6 +291,39 @@ def test_layer_norm_families(tmp_path):
         load_architecture(ModelFile(p))
 
 
+def test_cohere_and_exaone_layers(tmp_path):
+    """Command R: LayerNorm without biases, the parallel block, logits times
+    logit_scale (required). Command R7B: 3 of every 4 layers local with RoPE,
+    the 4th global without. EXAONE 4: the 32B's (64 layers) same layout, and
+    none of it on smaller models; EXAONE 3 is Llama with NEOX RoPE."""
+    cr = load_architecture(ModelFile(synth.write_command_r(tmp_path / "cr.gguf", QT.F32)))
+    L = cr.layers[0]
+    assert cr.norm == NORM_LAYER and L.parallel and L.attn_norm_b is None and cr.out_norm_b is None
+    assert cr.logit_scale == 0.5 and cr.rope_mode == ROPE_NORM and cr.output.name == "token_embd.weight"
+    with pytest.raises(ModelFileError, match="command-r.logit_scale"):
+        load_architecture(ModelFile(synth.rewrite_metadata(tmp_path / "cr.gguf", tmp_path / "n.gguf",
+                                                           {"command-r.logit_scale": None})))
+    with pytest.raises(UnsupportedModelError, match="per-head q/k norms"):
+        load_architecture(ModelFile(synth.write_command_r(tmp_path / "qk.gguf", QT.F32, qk_norm=True)))
+
+    c2 = load_architecture(ModelFile(synth.write_cohere2(tmp_path / "c2.gguf", QT.F32, n_layer=8, window=16)))
+    assert [c2.layer_window(i) for i in range(8)] == [16, 16, 16, 0] * 2
+    assert [c2.layer_rope(i).n_rot for i in range(8)] == [64, 64, 64, 0] * 2
+    with pytest.raises(ModelFileError, match="cohere2.attention.sliding_window"):
+        load_architecture(ModelFile(synth.rewrite_metadata(tmp_path / "c2.gguf", tmp_path / "nw.gguf",
+                                                           {"cohere2.attention.sliding_window": None})))
+
+    small = load_architecture(ModelFile(synth.write_exaone4(tmp_path / "e.gguf", QT.F32, keys={"sliding_window": 8})))
+    assert small.layer_window(3) == 0 and small.layer_rope(3).n_rot == 64 and small.layers[0].attn_norm is None
+    assert small.layers[0].attn.q_norm.shape == (64,) and small.rope_mode == ROPE_NEOX
+    big = load_architecture(ModelFile(synth.write_exaone4(tmp_path / "b.gguf", QT.F32, n_layer=64, n_embd=64,
+                                                          n_ff=128, n_head=2, n_head_kv=1)))
+    assert [big.layer_window(i) for i in range(8)] == [4096, 4096, 4096, 0] * 2
+    assert [big.layer_rope(i).n_rot for i in range(4)] == [32, 32, 32, 0]
+    ex = load_architecture(ModelFile(synth.write_exaone(tmp_path / "x.gguf", QT.F32)))
+    assert ex.rope_mode == ROPE_NEOX and ex.layers[0].attn_norm is not None
+
+
 def rope_type(name):
     import gguf
     return gguf.RopeScalingType[name]
@@ -320,7 +358,7 @@ def test_family_errors(tmp_path):
     with pytest.raises(UnsupportedModelError, match="soft-capping"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="gpt-neox")
-    with pytest.raises(UnsupportedModelError, match="'gpt-neox' is not supported.*gemma2, gemma3, granite, llama, olmo2, phi2, phi3, qwen2, qwen3, smollm3, stablelm, starcoder2"):
+    with pytest.raises(UnsupportedModelError, match="'gpt-neox' is not supported.*cohere2, command-r, ernie4_5, exaone, exaone4, gemma2, gemma3, granite, llama, olmo2, phi2, phi3, qwen2, qwen3, smollm3, stablelm, starcoder2"):
         load_architecture(ModelFile(p))
 
 

@@ -6,6 +6,9 @@ from typing import Optional
 from ..errors import UnsupportedModelError
 from ..model_file import ModelFile
 from .base import Architecture, HParams
+from .command_r import Cohere2, CommandR
+from .ernie4_5 import Ernie4_5
+from .exaone import Exaone, Exaone4
 from .gemma2 import Gemma2
 from .gemma3 import Gemma3
 from .granite import Granite
@@ -32,6 +35,11 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "phi2": Phi2,
     "starcoder2": StarCoder2,
     "stablelm": StableLM,
+    "command-r": CommandR,
+    "cohere2": Cohere2,
+    "ernie4_5": Ernie4_5,
+    "exaone": Exaone,
+    "exaone4": Exaone4,
 }
 
 

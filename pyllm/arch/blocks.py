@@ -73,14 +73,37 @@ def pre_norm_block(g: Graph, arch: Architecture, L: Layer, layer: int, x: View) 
     ffn(g, h, L.ffn, arch.glu, out=x)
 
 
+def post_norm_block(g: Graph, arch: Architecture, L: Layer, layer: int, x: View) -> None:
+    """x += rmsnorm(attn(h)), h = rmsnorm(x) or, without input norms (OLMo 2), x;
+    then the same for the FFN (Gemma 2/3, OLMo 2, EXAONE 4)."""
+    eps = arch.hp.eps
+    h = x if L.attn_norm is None else g.rmsnorm(x, L.attn_norm, eps, "h")
+    o = attention(g, arch, h, L.attn, layer, out="o", accumulate=False)
+    g.add(g.rmsnorm(o, L.post_attn_norm, eps, o), x)
+    h = x if L.ffn_norm is None else g.rmsnorm(x, L.ffn_norm, eps, "h")
+    o = ffn(g, h, L.ffn, arch.glu, out="o", accumulate=False)
+    g.add(g.rmsnorm(o, L.post_ffn_norm, eps, o), x)
+
+
 class PreNormDecoder(Architecture):
-    """A family whose every layer is a pre_norm_block (Phi-2, StarCoder 2, StableLM)."""
+    """A family whose every layer is a pre_norm_block (Phi-2, StarCoder 2, StableLM, Command R)."""
 
     def build(self, g: Graph) -> None:
-        x = g.embed(self.tok_embd, "x")
+        x = g.embed(self.tok_embd, "x", scale=self.embed_scale)
         for i, L in enumerate(self.layers):
             g.layer = i
             pre_norm_block(g, self, L, i, x)
+        output_head(g, self, x)
+
+
+class PostNormDecoder(Architecture):
+    """A family whose every layer is a post_norm_block (Gemma 2/3, OLMo 2, EXAONE 4)."""
+
+    def build(self, g: Graph) -> None:
+        x = g.embed(self.tok_embd, "x", scale=self.embed_scale)
+        for i, L in enumerate(self.layers):
+            g.layer = i
+            post_norm_block(g, self, L, i, x)
         output_head(g, self, x)
 
 

@@ -31,16 +31,16 @@ import math
 import numpy as np
 
 from ..errors import ModelFileError, UnsupportedModelError
-from ..graph import GLU_GELU_TANH, ROPE_NEOX, Graph
-from .base import Architecture, Layer, Rope
-from .blocks import attention, ffn, output_head
+from ..graph import GLU_GELU_TANH, ROPE_NEOX
+from .base import Layer, Rope
+from .blocks import PostNormDecoder
 
 SWA_PERIOD = 6          # llama.cpp's default layer pattern for gemma3
 SWA_ROPE_BASE = 10000.0
 N_LAYER_27B = 62
 
 
-class Gemma3(Architecture):
+class Gemma3(PostNormDecoder):
     name = "gemma3"
     rope_mode = ROPE_NEOX
     glu = GLU_GELU_TANH
@@ -111,14 +111,3 @@ class Gemma3(Architecture):
     @property
     def embed_scale(self) -> float:
         return math.sqrt(self.hp.n_embd)
-
-    def build(self, g: Graph) -> None:
-        hp = self.hp
-        x = g.embed(self.tok_embd, "x", scale=self.embed_scale)
-        for i, L in enumerate(self.layers):
-            g.layer = i
-            o = attention(g, self, g.rmsnorm(x, L.attn_norm, hp.eps, "h"), L.attn, i, out="o", accumulate=False)
-            g.add(g.rmsnorm(o, L.post_attn_norm, hp.eps, o), x)
-            o = ffn(g, g.rmsnorm(x, L.ffn_norm, hp.eps, "h"), L.ffn, self.glu, out="o", accumulate=False)
-            g.add(g.rmsnorm(o, L.post_ffn_norm, hp.eps, o), x)
-        output_head(g, self, x)

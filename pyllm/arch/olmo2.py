@@ -17,12 +17,12 @@ are refused.
 from __future__ import annotations
 
 from ..errors import UnsupportedModelError
-from ..graph import GLU_SILU, ROPE_NEOX, Graph
-from .base import Architecture, Layer
-from .blocks import attention, ffn, output_head
+from ..graph import GLU_SILU, ROPE_NEOX
+from .base import Layer
+from .blocks import PostNormDecoder
 
 
-class Olmo2(Architecture):
+class Olmo2(PostNormDecoder):
     name = "olmo2"
     rope_mode = ROPE_NEOX
     glu = GLU_SILU
@@ -49,14 +49,3 @@ class Olmo2(Architecture):
                 ffn_norm=None, ffn=self.ffn_weights(i),
                 post_ffn_norm=self.vector(p + "post_ffw_norm.weight", hp.n_embd),
             ))
-
-    def build(self, g: Graph) -> None:
-        hp = self.hp
-        x = g.embed(self.tok_embd, "x")
-        for i, L in enumerate(self.layers):
-            g.layer = i
-            o = attention(g, self, x, L.attn, i, out="o", accumulate=False)
-            g.add(g.rmsnorm(o, L.post_attn_norm, hp.eps, o), x)
-            o = ffn(g, x, L.ffn, self.glu, out="o", accumulate=False)
-            g.add(g.rmsnorm(o, L.post_ffn_norm, hp.eps, o), x)
-        output_head(g, self, x)

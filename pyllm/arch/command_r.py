@@ -1,0 +1,68 @@
+"""Cohere's Command R and Command R7B (`command-r`, `cohere2`): one LayerNorm
+(no bias) feeding attention and the FFN side by side, scaled logits.
+
+    x = embed(tokens)
+    for each layer:
+        h = layernorm(x)                              # weight only
+        q, k, v = Wq h, Wk h, Wv h ; rope(q, k)       # adjacent pairs
+        x += Wo attention(q, K, V) + Wdown (silu(Wgate h) * Wup h)
+    logits = logit_scale * Wout layernorm(x)         # Wout tied to the embedding
+
+As llama.cpp reads these files:
+- `logit_scale` multiplies the logits (required); the LayerNorm epsilon is
+  `attention.layer_norm_epsilon`.
+- cohere2 (R7B): layer i attends over a sliding window of
+  `attention.sliding_window` tokens (required) unless i % 4 == 3; those
+  global layers have no RoPE at all.
+- Command R+'s per-head q/k LayerNorms (a weight for every head) are refused.
+"""
+from __future__ import annotations
+
+from ..errors import ModelFileError, UnsupportedModelError
+from ..graph import GLU_SILU, NORM_LAYER, ROPE_NORM
+from .base import Layer, Rope
+from .blocks import PreNormDecoder
+
+SWA_PERIOD = 4
+
+
+class CommandR(PreNormDecoder):
+    name = "command-r"
+    rope_mode = ROPE_NORM
+    glu = GLU_SILU
+    norm = NORM_LAYER
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        hp = self.hp
+        if mf.has_tensor("blk.0.attn_q_norm.weight"):
+            raise UnsupportedModelError(f"{mf.path}: {self.name} with per-head q/k norms (Command R+) is not "
+                                        f"supported yet")
+        self.logit_scale = float(mf.arch_require("logit_scale"))
+        self.tok_embd = self.weight("token_embd.weight", hp.n_embd, hp.n_vocab)
+        self.out_norm, _ = self.norm_weights("output_norm", bias=False)
+        self.output = self.output_weight()
+        self.rope_freqs = self.optional_vector("rope_freqs.weight", hp.rope_dim // 2)
+        self.layers = [Layer(attn_norm=self.norm_weights(f"blk.{i}.attn_norm", bias=False)[0],
+                             attn=self.attention_weights(i), ffn_norm=None, ffn=self.ffn_weights(i), parallel=True)
+                       for i in range(hp.n_layer)]
+
+
+class Cohere2(CommandR):
+    name = "cohere2"
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        self.window = int(mf.arch_require("attention.sliding_window"))
+        if self.window <= 0:
+            raise ModelFileError(f"{mf.path}: cohere2.attention.sliding_window = {self.window} is not positive")
+
+    def is_global(self, i: int) -> bool:
+        return i % SWA_PERIOD == SWA_PERIOD - 1
+
+    def layer_window(self, i: int) -> int:
+        return 0 if self.is_global(i) else self.window
+
+    def layer_rope(self, i: int) -> Rope:
+        r = super().layer_rope(i)
+        return Rope(r.mode, 0, r.base) if self.is_global(i) else r

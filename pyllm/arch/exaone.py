@@ -1,0 +1,67 @@
+"""LG EXAONE 3 (`exaone`) and EXAONE 4 (`exaone4`).
+
+EXAONE 3 is the Llama block with NEOX RoPE (and Llama 3's optional
+rope_freqs). EXAONE 4 moves the norms to the branch outputs, as OLMo 2,
+with RMSNorm on each head of q and k:
+
+    for each layer:
+        q, k, v = Wq x, Wk x, Wv x ; q, k = rmsnorm_per_head(q), rmsnorm_per_head(k)
+        rope(q, k)                                   # NEOX; not on global layers, see below
+        x += rmsnorm(Wo attention(q, K, V))
+        x += rmsnorm(Wdown (silu(Wgate x) * Wup x))
+    logits = Wout rmsnorm(x)
+
+As llama.cpp reads an exaone4 file: only the 64-layer model (32B) has
+sliding-window layers, 3 of every 4 (i % 4 < 3), of
+`attention.sliding_window` tokens (absent: 4096); its other layers attend
+over the whole context without RoPE. The smaller models use RoPE and the
+whole context in every layer.
+"""
+from __future__ import annotations
+
+from ..graph import ROPE_NEOX
+from .base import Layer, Rope
+from .blocks import PostNormDecoder
+from .llama import Llama
+
+SWA_PERIOD, SWA_WINDOW, N_LAYER_SWA = 4, 4096, 64
+
+
+class Exaone(Llama):
+    name = "exaone"
+    rope_mode = ROPE_NEOX
+
+    def sliding_window(self) -> int:
+        return 0
+
+
+class Exaone4(PostNormDecoder):
+    name = "exaone4"
+    rope_mode = ROPE_NEOX
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        hp = self.hp
+        self.tok_embd = self.weight("token_embd.weight", hp.n_embd, hp.n_vocab)
+        self.out_norm = self.vector("output_norm.weight", hp.n_embd)
+        self.output = self.output_weight()
+        self.rope_freqs = self.optional_vector("rope_freqs.weight", hp.rope_dim // 2)
+        self.window = int(mf.arch_get("attention.sliding_window", SWA_WINDOW)) if hp.n_layer == N_LAYER_SWA else 0
+        self.layers = []
+        for i in range(hp.n_layer):
+            p = f"blk.{i}."
+            self.layers.append(Layer(
+                attn_norm=None, attn=self.attention_weights(i, qk_norm=True),
+                post_attn_norm=self.vector(p + "post_attention_norm.weight", hp.n_embd),
+                ffn_norm=None, ffn=self.ffn_weights(i),
+                post_ffn_norm=self.vector(p + "post_ffw_norm.weight", hp.n_embd)))
+
+    def is_global(self, i: int) -> bool:
+        return self.window > 0 and i % SWA_PERIOD == SWA_PERIOD - 1
+
+    def layer_window(self, i: int) -> int:
+        return 0 if self.is_global(i) else self.window
+
+    def layer_rope(self, i: int) -> Rope:
+        r = super().layer_rope(i)
+        return Rope(r.mode, 0, r.base) if self.is_global(i) else r
