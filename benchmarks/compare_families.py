@@ -67,6 +67,9 @@ FAMILIES = {
     "exaone4": ("exaone4", {}),
     "exaone4-swa": ("exaone4", {"n_layer": 64, "n_embd": 64, "n_ff": 128, "n_head": 2, "n_head_kv": 1,
                                 "keys": {"sliding_window": 8}}),  # 64 layers: the 32B's local/global layout
+    "mixtral": ("mixtral", {}),                                    # 8 experts, 2 per token
+    "qwen3moe": ("qwen3moe", {}),                                  # 16 experts of 256, 4 per token
+    "olmoe": ("olmoe", {}),                                        # weights not renormalized
 }
 # llama.cpp's LLAMA_FTYPE_MOSTLY_* (what `llama-quantize` calls them)
 LLAMA_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL"]

@@ -29,9 +29,14 @@ typedef struct {
 #define SCRATCH_FLOATS (1 << 20) /* 4 MB per thread, touched only as far as used */
 #define SHARED_FLOATS (1 << 20)  /* 4 MB for the whole pool */
 
+/* row t of an op's input (from row0: the head's first op reads the last rows) and of its output */
+#define IN_ROW(op, r, t) ((op)->x + (int64_t)((r)->row0 + (t)) * (op)->x_stride)
+#define OUT_ROW(op, t) ((op)->y + (int64_t)(t) * (op)->y_stride)
+
 /* floats of scratch an attention work item needs (attention.c) */
 size_t attention_scratch_floats(int head_dim, int group, int block_size);
 int64_t matmul_scratch_floats(int64_t rows);
+int64_t matmul_id_scratch_floats(const pyllm_op *op, int64_t rows);
 
 /* the share [*lo, *hi) of n items that thread ith of nth does, in multiples of `align` */
 static inline void split_range(int64_t n, int ith, int nth, int64_t align, int64_t *lo, int64_t *hi) {
@@ -46,6 +51,8 @@ static inline void split_range(int64_t n, int ith, int nth, int64_t align, int64
  * row, else its vec_dot (matmul.c; attention's scores use it too) */
 void gemm_rows(int type, int64_t n, const uint8_t *w, size_t row_bytes, int nrows, const uint8_t *a,
                size_t a_stride, int ncols, float *out, size_t out_stride);
+/* out[r] = row r of w . activation a, r < nrows: the level's gemv, else its vec_dot */
+void gemv_rows(int type, int64_t n, const uint8_t *w, size_t row_bytes, int nrows, const void *a, float *out);
 
 void op_embed(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_rmsnorm(const pyllm_op *op, const op_rows *r, int ith, int nth);
@@ -57,5 +64,8 @@ void op_attention(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_glu(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_add(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_scale(const pyllm_op *op, const op_rows *r, int ith, int nth);
+void op_moe_route(const pyllm_op *op, const op_rows *r, int ith, int nth);
+void op_matmul_id(const pyllm_op *op, const op_rows *r, int ith, int nth);
+void op_moe_sum(const pyllm_op *op, const op_rows *r, int ith, int nth);
 
 #endif

@@ -37,8 +37,7 @@
 #define SEG_BITS 16 /* the op's 64-bit counter: one 16-bit count per decode segment */
 #define MAX_SEGS 4
 
-static void gemv_rows(int type, int64_t n, const uint8_t *w, size_t row_bytes, int nrows, const void *a,
-                      float *out) {
+void gemv_rows(int type, int64_t n, const uint8_t *w, size_t row_bytes, int nrows, const void *a, float *out) {
     if (K.gemv[type]) {
         K.gemv[type](n, w, row_bytes, nrows, a, out);
         return;

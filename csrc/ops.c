@@ -5,8 +5,6 @@
 
 #include "core.h"
 
-#define IN_ROW(op, r, t) ((op)->x + (int64_t)((r)->row0 + (t)) * (op)->x_stride)
-#define OUT_ROW(op, t) ((op)->y + (int64_t)(t) * (op)->y_stride)
 
 /* y[t] = dequant(w row tokens[t]) * scale */
 void op_embed(const pyllm_op *op, const op_rows *r, int ith, int nth) {

@@ -150,6 +150,30 @@ static int check_op(const pyllm_op *op) {
     case OP_SCALE:
         if (!op->y || op->n_in <= 0) return fail("missing output");
         return 0;
+    case OP_MOE_ROUTE:
+        if (op->type & ~(MOE_SIGMOID | MOE_NORM)) return fail("unknown expert gating %d", op->type);
+        if (!op->x || !op->y || op->n_in <= 0 || op->n_head <= 0 || op->n_head > op->n_in)
+            return fail("moe route: choosing %d of %lld experts", op->n_head, (long long)op->n_in);
+        if (op->n_in > SCRATCH_FLOATS || op->y_stride < 2 * op->n_head || op->x_stride < op->n_in)
+            return fail("moe route: bad sizes");
+        return 0;
+    case OP_MATMUL_ID:
+        tt = type_info(op->type);
+        if (!tt || !K.vec_dot[op->type]) return fail("weight type %d is not supported by the kernels", op->type);
+        if (op->n_in <= 0 || op->n_in % tt->block_size)
+            return fail("row length %lld is not a whole number of %s blocks", (long long)op->n_in, tt->name);
+        if (op->n_out <= 0 || op->n_head <= 0 || op->n_kv_head < op->n_head || !op->w || !op->y || !op->x2)
+            return fail("matmul_id: missing weights, route or output");
+        if (tt->act == ACT_F32 ? !op->x : !op->xq) return fail("matmul_id input missing");
+        if (op->y_stride < op->n_out * op->n_head || op->x2_stride < 2 * op->n_head)
+            return fail("matmul_id: output or route stride too small");
+        if (tt->act == ACT_F32 && op->x_stride < op->n_in * (op->flags & OPF_SLOT_INPUT ? op->n_head : 1))
+            return fail("matmul_id: input stride too small");
+        return 0;
+    case OP_MOE_SUM:
+        if (!op->x || !op->x2 || !op->y || op->n_in <= 0 || op->n_head <= 0) return fail("moe sum: missing buffers");
+        if (op->x_stride < op->n_in * op->n_head || op->x2_stride < 2 * op->n_head) return fail("moe sum: bad strides");
+        return 0;
     default:
         return fail("unknown op kind %d", op->kind);
     }
@@ -191,6 +215,9 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
             return fail("attention with head size %d, %d heads per KV head and %d-position blocks needs more "
                         "scratch than the core has", ops[i].head_dim, ops[i].n_head / ops[i].n_kv_head,
                         st->block_size);
+        if (ops[i].kind == OP_MATMUL_ID && matmul_id_scratch_floats(&ops[i], st->n_tokens) > SCRATCH_FLOATS)
+            return fail("a step of %d tokens through %d experts of %lld inputs needs more scratch than the core "
+                        "has", st->n_tokens, ops[i].n_kv_head, (long long)ops[i].n_in);
         if (ops[i].kind != OP_EMBED) continue;
         for (int t = 0; t < st->n_tokens; t++)
             if (st->tokens[t] < 0 || st->tokens[t] >= ops[i].n_out)
@@ -228,6 +255,9 @@ static void exec_op(const pyllm_op *op, const pyllm_step *st, float *scratch, fl
     case OP_GLU: op_glu(op, &r, ith, nth); break;
     case OP_ADD: op_add(op, &r, ith, nth); break;
     case OP_SCALE: op_scale(op, &r, ith, nth); break;
+    case OP_MOE_ROUTE: op_moe_route(op, &r, ith, nth); break;
+    case OP_MATMUL_ID: op_matmul_id(op, &r, ith, nth); break;
+    case OP_MOE_SUM: op_moe_sum(op, &r, ith, nth); break;
     }
 }
 

@@ -22,19 +22,29 @@ enum pyllm_op_kind {
     OP_GLU = 8,       /* y[t] = act(x[t]) * x2[t]; type = GLU_*; x2 NULL: y[t] = act(x[t]) */
     OP_ADD = 9,       /* y[t] += x[t] */
     OP_SCALE = 10,    /* y[t] *= scale; then y = softcap * tanh(y / softcap) if softcap > 0 */
-    OP_KIND_COUNT = 11
+    OP_MOE_ROUTE = 11, /* y[t] = [ids | weights] of the n_head best of n_in experts, from router
+                          logits x[t]; type = MOE_* (gating, renormalized weights); weights * scale */
+    OP_MATMUL_ID = 12, /* y[t, j n_out..] = W[e] x_j[t] for slots j < n_head, e = x2[t, j] (the
+                          route's ids, of n_kv_head experts); W[e]: the expert's n_out rows; x_j[t]
+                          = x[t], or its j-th n_in slice with OPF_SLOT_INPUT */
+    OP_MOE_SUM = 13,  /* y[t] (+)= sum_j x2[t, n_head + j] x[t, j n_in ..] (the route's weights) */
+    OP_KIND_COUNT = 14
 };
 
 enum pyllm_op_flags {
-    OPF_ACCUMULATE = 1, /* MATMUL: add into y instead of overwriting */
+    OPF_ACCUMULATE = 1, /* MATMUL, MOE_SUM: add into y instead of overwriting */
     OPF_LAST_ROWS = 2,  /* reads the last step.n_out input rows, writes output rows 0.. (the
                            first op of the output head) */
     OPF_NO_SYNC = 4,    /* no barrier after this op (the next op does not touch its output) */
-    OPF_OUT_ROWS = 8    /* only rows 0 .. step.n_out-1 (the rest of the output head) */
+    OPF_OUT_ROWS = 8,   /* only rows 0 .. step.n_out-1 (the rest of the output head) */
+    OPF_SLOT_INPUT = 16 /* MATMUL_ID: each slot reads its own slice of the input row */
 };
 
 enum pyllm_glu { GLU_SILU = 0, GLU_GELU_TANH = 1 };
 enum pyllm_norm { NORM_RMS = 0, NORM_LAYER = 1 };
+/* MOE_ROUTE type: gating (softmax over all experts, or each expert's sigmoid), | MOE_NORM to
+ * divide the chosen experts' weights by their sum */
+enum pyllm_moe { MOE_SOFTMAX = 0, MOE_SIGMOID = 1, MOE_NORM = 2 };
 enum pyllm_rope_mode { ROPE_NORM = 0, ROPE_NEOX = 2 };
 
 typedef struct pyllm_op {

@@ -16,7 +16,7 @@ from typing import Optional
 
 import numpy as np
 
-from .graph import OP_MATMUL, OP_NAMES
+from .graph import OP_MATMUL, OP_MATMUL_ID, OP_NAMES
 from .model_file import type_name
 
 
@@ -96,9 +96,11 @@ def bench(model, tests: list[tuple[str, int]], reps: int, warmup: bool = True, d
 
 def decode_bytes_per_token(model, n_ctx_tokens: int = 0) -> int:
     """Bytes a decode step reads: every matmul weight once (the embedding
-    table only for one row), plus the K/V of the context so far."""
+    table only for one row; of each mixture of experts, the k experts a token
+    uses), plus the K/V of the context so far."""
     g = model.graph
     weights = sum(op.weight.nbytes for op in g.ops if op.kind == OP_MATMUL)
+    weights += sum(op.weight.nbytes * op.n_head // op.n_kv_head for op in g.ops if op.kind == OP_MATMUL_ID)
     kv_per_token = sum(2 * n_kv * hd * 2 for n_kv, hd in g.kv_layers.values())
     return weights + kv_per_token * n_ctx_tokens
 

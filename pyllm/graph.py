@@ -26,12 +26,16 @@ from .model_file import Tensor
 # op kinds and flags: csrc/pyllm.h
 OP_EMBED, OP_RMSNORM, OP_QUANTIZE, OP_MATMUL, OP_ROPE = 1, 2, 3, 4, 5
 OP_KV_STORE, OP_ATTENTION, OP_GLU, OP_ADD, OP_SCALE = 6, 7, 8, 9, 10
+OP_MOE_ROUTE, OP_MATMUL_ID, OP_MOE_SUM = 11, 12, 13
 OP_NAMES = {OP_EMBED: "embed", OP_RMSNORM: "rmsnorm", OP_QUANTIZE: "quantize", OP_MATMUL: "matmul",
             OP_ROPE: "rope", OP_KV_STORE: "kv_store", OP_ATTENTION: "attention", OP_GLU: "glu",
-            OP_ADD: "add", OP_SCALE: "scale"}
-OPF_ACCUMULATE, OPF_LAST_ROWS, OPF_NO_SYNC, OPF_OUT_ROWS = 1, 2, 4, 8
+            OP_ADD: "add", OP_SCALE: "scale", OP_MOE_ROUTE: "moe_route", OP_MATMUL_ID: "matmul_id",
+            OP_MOE_SUM: "moe_sum"}
+MOE_OPS = frozenset({OP_MOE_ROUTE, OP_MATMUL_ID, OP_MOE_SUM})
+OPF_ACCUMULATE, OPF_LAST_ROWS, OPF_NO_SYNC, OPF_OUT_ROWS, OPF_SLOT_INPUT = 1, 2, 4, 8, 16
 GLU_SILU, GLU_GELU_TANH = 0, 1
 NORM_RMS, NORM_LAYER = 0, 1
+MOE_SOFTMAX, MOE_SIGMOID, MOE_NORM = 0, 1, 2
 ROPE_NORM, ROPE_NEOX = 0, 2
 
 # activation formats (csrc/quants.h) and the one each weight type's dot product takes
@@ -232,6 +236,38 @@ class Graph:
             reads.add(y.name)
         self._emit(Op(OP_MATMUL, flags=OPF_ACCUMULATE if accumulate else 0, type=w.type, weight=w,
                       bias=bias, x=x, xq=xq, y=y, n_in=n_in, n_out=n_out), reads, {y.name})
+        return y
+
+    # -- mixture of experts (csrc/moe.c) -----------------------------------------
+    def moe_route(self, logits: View, k: int, gating: int, out: str | View, scale: float = 1.0) -> View:
+        """out = [ids | weights] of the k experts with the largest gate values
+        (gating: MOE_SOFTMAX or MOE_SIGMOID, | MOE_NORM to renormalize), weights * scale"""
+        y = self._out(out, 2 * k)
+        self._emit(Op(OP_MOE_ROUTE, type=gating, x=logits, y=y, n_in=logits.width, n_head=k, scale=scale),
+                   {logits.name}, {y.name})
+        return y
+
+    def linear_id(self, x: View, w: Tensor, route: View, k: int, out: str | View, slot_input: bool = False) -> View:
+        """out[:, j n_out : (j+1) n_out] = W[e_j] x for the k experts e_j of each row's
+        route; W is 3-D, GGUF shape (n_in, n_out, n_experts). slot_input: slot j reads
+        columns j n_in : (j+1) n_in of x (the experts' own activations)."""
+        n_in, n_out, n_experts = w.shape
+        assert x.width == n_in * (k if slot_input else 1), f"{w.name}: input width {x.width}"
+        y = self._out(out, k * n_out)
+        act = act_format(w.type)
+        xq = None if act == ACT_F32 else self.quantized(x, act)
+        reads = {x.name if xq is None else xq.name, route.name}
+        self._emit(Op(OP_MATMUL_ID, flags=OPF_SLOT_INPUT if slot_input else 0, type=w.type, weight=w, x=x,
+                      x2=route, xq=xq, y=y, n_in=n_in, n_out=n_out, n_head=k, n_kv_head=n_experts), reads, {y.name})
+        return y
+
+    def moe_sum(self, experts: View, route: View, k: int, out: str | View, accumulate: bool = False) -> View:
+        """out (+)= sum_j weight_j experts[:, j n : (j+1) n], the route's weights"""
+        n = experts.width // k
+        y = self._out(out, n)
+        reads = {experts.name, route.name} | ({y.name} if accumulate else set())
+        self._emit(Op(OP_MOE_SUM, flags=OPF_ACCUMULATE if accumulate else 0, x=experts, x2=route, y=y, n_in=n,
+                      n_head=k), reads, {y.name})
         return y
 
     def rope(self, q: Optional[View], k: Optional[View], n_head: int, n_kv_head: int, head_dim: int,

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from .arch import load_architecture
+from .arch.base import Moe
 from .graph import GLU_GELU_TANH, NORM_LAYER, ROPE_NEOX, Graph, act_row_bytes
 from .model_file import ModelFile
 
@@ -145,7 +146,12 @@ def describe_block(arch) -> str:
     else:
         where = f"{norm} before attention and FFN" + (", and after each" if L.post_attn_norm is not None else "")
     act = "gelu_tanh" if arch.glu == GLU_GELU_TANH else "silu"
-    ffn = f"FFN {act}(gate) * up" if L.ffn.gated else f"FFN {act}(up), not gated"
+    if isinstance(L.ffn, Moe):
+        m = L.ffn
+        ffn = (f"FFN: {m.k} of {m.n_experts} experts per token, each {act}(gate) * up, weighted by their "
+               f"{'renormalized ' if m.norm else ''}router softmax")
+    else:
+        ffn = f"FFN {act}(gate) * up" if L.ffn.gated else f"FFN {act}(up), not gated"
     qk = ""
     if L.attn.q_norm is not None:
         qk = "; q/k RMSNorm " + ("per head" if len(L.attn.q_norm) == arch.hp.head_dim else "over all heads")

@@ -12,8 +12,8 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from .arch.base import Architecture
-from .graph import GLU_GELU_TANH, NORM_LAYER, ROPE_NEOX
+from .arch.base import Architecture, Moe
+from .graph import GLU_GELU_TANH, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX
 from .model_file import Tensor
 
 
@@ -95,7 +95,7 @@ class Reference:
     """Dequantizes an architecture's weights once, then runs whole sequences."""
 
     FAMILIES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "granite", "smollm3", "olmo2", "phi2",
-                "starcoder2", "stablelm", "command-r", "cohere2", "ernie4_5", "exaone", "exaone4")
+                "starcoder2", "stablelm", "command-r", "cohere2", "ernie4_5", "exaone", "exaone4", "qwen3moe", "olmoe")
 
     def __init__(self, arch: Architecture):
         self.arch = arch
@@ -120,6 +120,44 @@ class Reference:
         if self.arch.norm == NORM_LAYER:
             return layernorm(x, w, b, self.arch.hp.eps)
         return rmsnorm(x, w, self.arch.hp.eps)
+
+    def _ffn(self, h: np.ndarray, F, act) -> np.ndarray:
+        """Wdown (act(Wgate h) * Wup h), Wdown act(Wup h) ungated, or the experts' sum."""
+        if isinstance(F, Moe):
+            return self._moe(h, F, act)
+        if not F.gated:
+            z = act(self._linear(h, F.w_up, F.b_up))
+        else:
+            if F.w_gate is not None:
+                gate, up = self._linear(h, F.w_gate, F.b_gate), self._linear(h, F.w_up, F.b_up)
+            else:   # fused [gate | up]
+                gate, up = np.split(self._linear(h, F.w_up, F.b_up), 2, axis=1)
+            z = act(gate) * up
+        return self._linear(z, F.w_down, F.b_down)
+
+    def _experts(self, t: Tensor) -> np.ndarray:
+        """A 3-D expert tensor as float32 [n_experts, n_out, n_in]."""
+        return self.w(t).reshape(t.shape[2], t.shape[1], t.shape[0])
+
+    def _moe(self, h: np.ndarray, m: Moe, act) -> np.ndarray:
+        """sum over the k experts with the largest gate values of (weight) * expert FFN(h)."""
+        logits = h @ self.w(m.router).T
+        if m.gating == MOE_SIGMOID:
+            p = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
+        else:
+            e = np.exp(logits.astype(np.float64) - logits.max(axis=1, keepdims=True))
+            p = e / e.sum(axis=1, keepdims=True)
+        top = np.argsort(-p, axis=1, kind="stable")[:, :m.k]
+        weights = np.take_along_axis(p, top, axis=1)
+        if m.norm:
+            weights = weights / weights.sum(axis=1, keepdims=True)
+        weights = (weights * m.scale).astype(np.float32)
+        gate, up, down = self._experts(m.gate), self._experts(m.up), self._experts(m.down)
+        out = np.zeros_like(h)
+        for t in range(h.shape[0]):
+            for j, e in enumerate(top[t]):
+                out[t] += weights[t, j] * (down[e] @ (act(gate[e] @ h[t]) * (up[e] @ h[t])))
+        return out
 
     def _linear(self, x: np.ndarray, w: Tensor, b: np.ndarray | None) -> np.ndarray:
         y = x @ self.w(w).T
@@ -162,15 +200,7 @@ class Reference:
             if not L.parallel:   # parallel: the FFN reads the attention's h
                 x = x + o * np.float32(a.residual_scale)
                 h = self._norm(x, L.ffn_norm, L.ffn_norm_b)
-            if not F.gated:
-                z = act(self._linear(h, F.w_up, F.b_up))
-            else:
-                if F.w_gate is not None:
-                    gate, up = self._linear(h, F.w_gate, F.b_gate), self._linear(h, F.w_up, F.b_up)
-                else:
-                    gate, up = np.split(self._linear(h, F.w_up, F.b_up), 2, axis=1)
-                z = act(gate) * up
-            f = self._linear(z, F.w_down, F.b_down)
+            f = self._ffn(h, F, act)
             if L.post_ffn_norm is not None:
                 f = rmsnorm(f, L.post_ffn_norm, hp.eps)
             if L.parallel:

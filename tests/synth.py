@@ -105,7 +105,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 rope_factors: bool = False, layer_norm: bool = False, norm_bias: Optional[bool] = None,
                 ffn_norm: bool = True,
                 gated: bool = True, biases: bool = False, out_bias: bool = False,
-                rope_dim: Optional[int] = None, keys: Optional[dict] = None,
+                rope_dim: Optional[int] = None, experts: int = 0, experts_used: int = 2,
+                n_ff_exp: Optional[int] = None, keys: Optional[dict] = None,
                 drop_tensor: Optional[str] = None, bad_shape: Optional[str] = None) -> str:
     """A tiny decoder of family `arch`, every matrix in `qtype`, tensors named
     as llama.cpp expects:
@@ -121,6 +122,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
       ffn_norm    False: no ffn_norm (Phi-2's parallel block); gated: False: no ffn_gate
       biases      attn_output, ffn_up and ffn_down biases; out_bias: output.bias
       rope_dim    rotated dims per head (default: all)
+      experts     > 0: every FFN is that many experts (ffn_gate_inp, ffn_*_exps), experts_used
+                  chosen per token, each n_ff_exp wide (written as expert_feed_forward_length; default n_ff)
       keys        extra metadata: {"sliding_window": 8, ...} -> writer.add_<name>(value)
     head_dim defaults to n_embd / n_head; otherwise it is written as key_length."""
     rng = np.random.default_rng(seed)
@@ -133,6 +136,11 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(experts_used)
+        if n_ff_exp:
+            w.add_expert_feed_forward_length(n_ff_exp)
     if layer_norm:
         w.add_layer_norm_eps(1e-5)
     else:
@@ -205,13 +213,20 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
             add(p + "post_attention_norm.weight", norm(n_embd))
         if pre_norms and ffn_norm:
             norms(p + "ffn_norm", n_embd)
-        if fused_up:
+        if experts:
+            n_exp_ff = n_ff_exp or n_ff
+            add(p + "ffn_gate_inp.weight", weight(QT.F32, n_embd, experts, rng, scale=1.0))
+            for name, n_in, n_out in (("gate", n_embd, n_exp_ff), ("up", n_embd, n_exp_ff), ("down", n_exp_ff, n_embd)):
+                arr, raw = weight(qtype, n_in, n_out * experts, rng)
+                add(p + f"ffn_{name}_exps.weight", (arr.reshape(experts, n_out, -1), raw))
+        elif fused_up:
             add(p + "ffn_up.weight", weight(qtype, n_embd, 2 * n_ff, rng))
         else:
             if gated:
                 add(p + "ffn_gate.weight", weight(qtype, n_embd, n_ff, rng))
             add(p + "ffn_up.weight", weight(qtype, n_embd, n_ff, rng))
-        add(p + "ffn_down.weight", weight(qtype, n_ff, n_embd, rng))
+        if not experts:
+            add(p + "ffn_down.weight", weight(qtype, n_ff, n_embd, rng))
         if biases:
             add(p + "ffn_up.bias", bias(n_ff))
             add(p + "ffn_down.bias", bias(n_embd))
@@ -357,11 +372,34 @@ def write_exaone4(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_model(path, "exaone4", qtype, qk_norm=True, post_norms=True, pre_norms=False, rope_base=1e6, **kw)
 
 
+def write_mixtral(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """Mixtral: a llama file with 8 experts per FFN, 2 chosen per token."""
+    kw.setdefault("experts", 8)
+    return write_model(path, "llama", qtype, rope_base=1e6, **kw)
+
+
+def write_qwen3moe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """Qwen3-MoE: Qwen 3's attention, 16 experts of 256 (not n_ff), 4 chosen."""
+    kw.setdefault("experts", 16)
+    kw.setdefault("experts_used", 4)
+    kw.setdefault("n_ff_exp", 256)
+    kw.setdefault("head_dim", 128)
+    return write_model(path, "qwen3moe", qtype, qk_norm=True, rope_base=1e6, **kw)
+
+
+def write_olmoe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """OLMoE: pre-norms, q/k norms over all heads, 8 experts, 2 chosen (weights not renormalized)."""
+    kw.setdefault("experts", 8)
+    kw.setdefault("n_head_kv", 4)
+    return write_model(path, "olmoe", qtype, qk_norm="full", rope_base=10000.0, **kw)
+
+
 WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
            "phi3": write_phi3, "gemma2": write_gemma2, "gemma3": write_gemma3, "granite": write_granite,
            "smollm3": write_smollm3, "olmo2": write_olmo2, "phi2": write_phi2, "starcoder2": write_starcoder2,
            "stablelm": write_stablelm, "command-r": write_command_r, "cohere2": write_cohere2,
-           "ernie4_5": write_ernie4_5, "exaone": write_exaone, "exaone4": write_exaone4}
+           "ernie4_5": write_ernie4_5, "exaone": write_exaone, "exaone4": write_exaone4, "mixtral": write_mixtral,
+           "qwen3moe": write_qwen3moe, "olmoe": write_olmoe}
 
 
 def _gguf_string(x: str) -> bytes:

@@ -18,6 +18,7 @@ from gguf.constants import GGMLQuantizationType as QT
 import synth
 from pyllm.arch import ARCHITECTURES, load_architecture
 from pyllm.errors import ModelFileError, UnsupportedModelError
+from pyllm.arch.base import Moe
 from pyllm.arch.llama import Llama
 from pyllm.graph import GLU_GELU_TANH, GLU_SILU, NORM_LAYER, NORM_RMS, OP_ROPE, ROPE_NEOX, ROPE_NORM, Graph
 from pyllm.model_file import ModelFile
@@ -47,6 +48,9 @@ FAMILIES = {
     "ernie4_5": (synth.write_ernie4_5, {}),
     "exaone": (synth.write_exaone, {}),
     "exaone4": (synth.write_exaone4, {}),
+    "mixtral": (synth.write_mixtral, {}),
+    "qwen3moe": (synth.write_qwen3moe, {}),
+    "olmoe": (synth.write_olmoe, {}),
 }
 TYPES = [QT.F32, QT.Q8_0, QT.Q4_K, QT.IQ4_NL]
 
@@ -75,6 +79,14 @@ def test_family_matches_reference(tmp_path, family, qtype):
         rel, agree = compare(out, ref, margin=0.01)
         assert rel < 1e-3, rel
         assert agree == 1.0
+    elif any(isinstance(L.ffn, Moe) for L in arch.layers):
+        # 8-bit activations move the router's logits a little; where two experts
+        # nearly tie the choice flips and that token's output jumps (measured:
+        # 1-4 of 40 positions, up to 26% of the spread there; llama.cpp flips too,
+        # at other tokens). Every other position is held to the dense tolerance.
+        per_pos = np.sqrt(np.mean((out - ref) ** 2, axis=1)) / ref.std()
+        assert np.mean(per_pos < 0.03) >= 0.85, np.sort(per_pos)[-8:]
+        assert compare(out, ref)[1] >= 0.9
     else:
         rel, agree = compare(out, ref)
         assert rel < 0.03, rel
@@ -358,7 +370,7 @@ def test_family_errors(tmp_path):
     with pytest.raises(UnsupportedModelError, match="soft-capping"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="gpt-neox")
-    with pytest.raises(UnsupportedModelError, match="'gpt-neox' is not supported.*cohere2, command-r, ernie4_5, exaone, exaone4, gemma2, gemma3, granite, llama, olmo2, phi2, phi3, qwen2, qwen3, smollm3, stablelm, starcoder2"):
+    with pytest.raises(UnsupportedModelError, match="'gpt-neox' is not supported.*cohere2, command-r, ernie4_5, exaone, exaone4, gemma2, gemma3, granite, llama, olmo2, olmoe, phi2, phi3, qwen2, qwen3, qwen3moe, smollm3, stablelm, starcoder2"):
         load_architecture(ModelFile(p))
 
 

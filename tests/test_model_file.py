@@ -156,10 +156,12 @@ def test_metadata_of_the_wrong_kind_is_one_error(tmp_path, key, value, expected)
 
 def test_absurd_hyperparameters_are_refused_before_allocation(tmp_path):
     from pyllm import Model
-    base = synth.write_llama(tmp_path / "base.gguf")
-    for key, value, match in (("llama.block_count", 2**31 - 1, "block_count 2147483647 is more than"),
-                              ("llama.rope.freq_base", -1.0, "rope_base = -1.0 is not positive"),
-                              ("llama.expert_count", 8, "mixture-of-experts .* not supported")):
+    llama, phi3 = synth.write_llama(tmp_path / "llama.gguf"), synth.write_phi3(tmp_path / "phi3.gguf")
+    for base, key, value, match in (
+            (llama, "llama.block_count", 2**31 - 1, "block_count 2147483647 is more than"),
+            (llama, "llama.rope.freq_base", -1.0, "rope_base = -1.0 is not positive"),
+            (llama, "llama.expert_count", 8, "'llama.expert_used_count' is missing"),   # a Mixtral's, incomplete
+            (phi3, "phi3.expert_count", 8, "mixture-of-experts phi3 .* not supported")):
         bad = synth.rewrite_metadata(base, tmp_path / "bad.gguf", {key: value})
         with pytest.raises((ModelFileError, UnsupportedModelError), match=match):
             Model(bad, n_ctx=64).close()
@@ -219,7 +221,7 @@ def _wrong_kinds(base: str, out_dir) -> list[str]:
 
 def test_broken_files_run_or_fail_with_one_error(tmp_path):
     """Fuzzing the loader: thousands of mutated small models (random header
-    bytes, wrong-typed metadata, NaN weights), of five families. Each must
+    bytes, wrong-typed metadata, NaN weights), of six families (a mixture of experts among them). Each must
     open and generate, or raise a PyllmError: never another exception, a
     crash, a hang or a runaway allocation (the child runs under a 4 GiB
     address-space limit). Found before this test: int() tracebacks on
@@ -232,7 +234,7 @@ def test_broken_files_run_or_fail_with_one_error(tmp_path):
     paths = []
     for arch, write, qtype in (("llama", synth.write_llama, QT.Q8_0), ("gemma3", synth.write_gemma3, QT.Q4_K),
                                ("phi3", synth.write_phi3, QT.Q4_0), ("granite", synth.write_granite, QT.Q8_0),
-                               ("phi2", synth.write_phi2, QT.Q8_0)):
+                               ("phi2", synth.write_phi2, QT.Q8_0), ("mixtral", synth.write_mixtral, QT.Q4_0)):
         d = tmp_path / arch
         d.mkdir()
         n_embd = 256 if qtype == QT.Q4_K else 64

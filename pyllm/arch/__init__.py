@@ -13,11 +13,11 @@ from .gemma2 import Gemma2
 from .gemma3 import Gemma3
 from .granite import Granite
 from .llama import Llama
-from .olmo2 import Olmo2
+from .olmo2 import Olmo2, Olmoe
 from .phi2 import Phi2
 from .phi3 import Phi3
 from .qwen2 import Qwen2
-from .qwen3 import Qwen3
+from .qwen3 import Qwen3, Qwen3Moe
 from .smollm3 import SmolLM3
 from .stablelm import StableLM
 from .starcoder2 import StarCoder2
@@ -40,6 +40,8 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "ernie4_5": Ernie4_5,
     "exaone": Exaone,
     "exaone4": Exaone4,
+    "qwen3moe": Qwen3Moe,
+    "olmoe": Olmoe,
 }
 
 

@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import ModelFileError, UnsupportedModelError
-from ..graph import GLU_SILU, NORM_LAYER, NORM_RMS, ROPE_NORM, SUPPORTED_WEIGHT_TYPES, Graph
+from ..graph import GLU_SILU, MOE_SOFTMAX, NORM_LAYER, NORM_RMS, ROPE_NORM, SUPPORTED_WEIGHT_TYPES, Graph
 from ..model_file import ModelFile, Tensor, type_name
 
 
@@ -39,9 +39,11 @@ class HParams:
     rope_attn_factor: float = 1.0   # rope.scaling.attn_factor: multiplies cos and sin (so q.k by its square)
 
     @classmethod
-    def read(cls, mf: ModelFile, rope_scalings: tuple = ROPE_SCALINGS, layer_norm: bool = False) -> "HParams":
+    def read(cls, mf: ModelFile, rope_scalings: tuple = ROPE_SCALINGS, layer_norm: bool = False,
+             experts: bool = False) -> "HParams":
         """layer_norm: the family normalizes with LayerNorm, whose epsilon is
-        under attention.layer_norm_epsilon (RMSNorm's: layer_norm_rms_epsilon)."""
+        under attention.layer_norm_epsilon (RMSNorm's: layer_norm_rms_epsilon).
+        experts: the family runs mixture-of-experts files (expert_count > 0)."""
         n_embd = int(mf.arch_require("embedding_length"))
         n_head = int(mf.arch_require("attention.head_count"))
         n_head_kv = int(mf.arch_get("attention.head_count_kv", n_head))
@@ -88,9 +90,10 @@ class HParams:
         if hp.eps < 0:
             raise ModelFileError(f"{mf.path}: the norm epsilon {hp.eps} is negative; the file is corrupt")
         n_experts = int(mf.arch_get("expert_count", 0))
-        if n_experts > 0:
-            raise UnsupportedModelError(f"{mf.path}: mixture-of-experts models ({mf.architecture}.expert_count "
-                                        f"= {n_experts}) are not supported; pyllm runs dense models")
+        if n_experts > 0 and not experts:
+            raise UnsupportedModelError(f"{mf.path}: mixture-of-experts {mf.architecture} models "
+                                        f"({mf.architecture}.expert_count = {n_experts}) are not supported; pyllm "
+                                        f"runs experts for llama (Mixtral), qwen3moe and olmoe")
         if hp.n_layer > len(mf.tensors):  # every layer has tensors: a larger count is corrupt
             raise ModelFileError(f"{mf.path}: block_count {hp.n_layer} is more than the file's "
                                  f"{len(mf.tensors)} tensors; the file is corrupt")
@@ -157,6 +160,26 @@ class Ffn:
 
 
 @dataclass
+class Moe:
+    """A mixture-of-experts FFN: the router picks k of the experts for each
+    token from gate(router h) (softmax over all, or sigmoid), each a gated
+    FFN with 3-D weights (n_in, n_out, n_experts); their outputs are summed
+    with the chosen gate values as weights (divided by their sum if `norm`)."""
+    router: Tensor
+    gate: Tensor
+    up: Tensor
+    down: Tensor
+    k: int
+    gating: int = MOE_SOFTMAX
+    norm: bool = True
+    scale: float = 1.0
+
+    @property
+    def n_experts(self) -> int:
+        return self.gate.shape[2]
+
+
+@dataclass
 class Layer:
     """One transformer block: x += attn(norm(x)); x += ffn(norm(x)), with
     optional norms on each branch's output before it joins the residual (Gemma).
@@ -165,7 +188,7 @@ class Layer:
     attn_norm: Optional[np.ndarray]
     attn: Attn
     ffn_norm: Optional[np.ndarray]
-    ffn: Ffn
+    ffn: Ffn | Moe
     post_attn_norm: Optional[np.ndarray] = None
     post_ffn_norm: Optional[np.ndarray] = None
     attn_norm_b: Optional[np.ndarray] = None
@@ -187,6 +210,8 @@ class Architecture:
     glu = GLU_SILU
     fused_ffn = False    # may ffn_up hold [gate | up] with no ffn_gate (Phi-3)?
     gated = True         # False: the FFN is down(act(up h)), no gate (Phi-2, StarCoder 2)
+    experts = False      # may the file be a mixture of experts (Mixtral, Qwen3-MoE)?
+    moe_norm = True      # MoE: divide the chosen experts' gate values by their sum
     attn_softcap = 0.0   # > 0: attention scores become c * tanh(s / c) (Gemma 2)
     final_softcap = 0.0  # > 0: the logits likewise
     residual_scale = 1.0  # each branch's output joins the residual times this (Granite)
@@ -200,7 +225,7 @@ class Architecture:
         depends on it (Phi-3's long-context RoPE factors); None: not known."""
         self.mf = mf
         self.n_ctx = n_ctx
-        self.hp = HParams.read(mf, self.rope_scalings, layer_norm=self.norm == NORM_LAYER)
+        self.hp = HParams.read(mf, self.rope_scalings, layer_norm=self.norm == NORM_LAYER, experts=self.experts)
         self.rope_freqs: Optional[np.ndarray] = None   # llama3-style per-pair divisors
         self.window = 0                                 # sliding window of every layer, 0 = none
 
@@ -281,6 +306,33 @@ class Architecture:
                        b_gate=self.optional_vector(p + "ffn_gate.bias", hp.n_ff), b_down=b_down)
         return Ffn(w_up=self.weight(p + "ffn_up.weight", hp.n_embd, 2 * hp.n_ff), w_down=down,
                    b_up=self.optional_vector(p + "ffn_up.bias", 2 * hp.n_ff), b_down=b_down)
+
+    def expert_weights(self, name: str, n_in: int, n_out: int, n_experts: int) -> Tensor:
+        """A 3-D expert tensor: n_experts matrices of n_out rows of n_in, of a type we run."""
+        t = self.mf.tensor(name)
+        if t.shape != (n_in, n_out, n_experts):
+            raise ModelFileError(f"{self.mf.path}: tensor {name} has shape {list(t.shape)}, the "
+                                 f"hyperparameters say {[n_in, n_out, n_experts]}; the file is corrupt")
+        if t.type not in SUPPORTED_WEIGHT_TYPES:
+            raise UnsupportedModelError(f"{self.mf.path}: tensor {name} has type {t.type_name}, which pyllm "
+                                        f"does not run yet")
+        return t
+
+    def moe_weights(self, i: int) -> Optional[Moe]:
+        """Layer i's experts, or None when the file says it has none (a dense model)."""
+        hp, p, mf = self.hp, f"blk.{i}.", self.mf
+        n_experts = int(mf.arch_get("expert_count", 0))
+        if n_experts <= 0:
+            return None
+        k = int(mf.arch_require("expert_used_count"))
+        if not 0 < k <= n_experts:
+            raise ModelFileError(f"{mf.path}: {mf.architecture}.expert_used_count = {k} is not in 1..{n_experts}")
+        n_ff = int(mf.arch_get("expert_feed_forward_length", hp.n_ff))
+        return Moe(router=self.weight(p + "ffn_gate_inp.weight", hp.n_embd, n_experts),
+                   gate=self.expert_weights(p + "ffn_gate_exps.weight", hp.n_embd, n_ff, n_experts),
+                   up=self.expert_weights(p + "ffn_up_exps.weight", hp.n_embd, n_ff, n_experts),
+                   down=self.expert_weights(p + "ffn_down_exps.weight", n_ff, hp.n_embd, n_experts),
+                   k=k, norm=self.moe_norm)
 
     # -- per-layer settings ----------------------------------------------------------
     def layer_rope(self, i: int) -> Rope:

@@ -10,8 +10,8 @@ from typing import Optional
 
 import numpy as np
 
-from ..graph import NORM_LAYER, Graph, View
-from .base import Architecture, Attn, Ffn, Layer
+from ..graph import MOE_NORM, NORM_LAYER, Graph, View
+from .base import Architecture, Attn, Ffn, Layer, Moe
 
 
 def norm(g: Graph, arch: Architecture, x: View, w: np.ndarray, b: Optional[np.ndarray], out: str | View) -> View:
@@ -49,9 +49,21 @@ def attention(g: Graph, arch: Architecture, h: View, a: Attn, layer: int, out: s
     return g.linear(att, a.wo, out, bias=a.bo, accumulate=accumulate)
 
 
-def ffn(g: Graph, h: View, f: Ffn, kind: int, out: str | View, accumulate: bool = True) -> View:
+def moe_ffn(g: Graph, h: View, m: Moe, kind: int, out: str | View, accumulate: bool = True) -> View:
+    """out (+)= sum over the k experts e the router picks of w_e Wdown_e (act(Wgate_e h) * Wup_e h)."""
+    logits = g.linear(h, m.router, "router")
+    route = g.moe_route(logits, m.k, m.gating | (MOE_NORM if m.norm else 0), "route", scale=m.scale)
+    gate = g.linear_id(h, m.gate, route, m.k, "gate_e")
+    act = g.glu(gate, g.linear_id(h, m.up, route, m.k, "up_e"), kind, gate)
+    down = g.linear_id(act, m.down, route, m.k, "down_e", slot_input=True)
+    return g.moe_sum(down, route, m.k, out, accumulate=accumulate)
+
+
+def ffn(g: Graph, h: View, f: Ffn | Moe, kind: int, out: str | View, accumulate: bool = True) -> View:
     """out (+)= Wdown (act(Wgate h) * Wup h); a fused up matrix gives [gate | up];
-    ungated: out (+)= Wdown act(Wup h)."""
+    ungated: out (+)= Wdown act(Wup h); a mixture of experts: moe_ffn."""
+    if isinstance(f, Moe):
+        return moe_ffn(g, h, f, kind, out, accumulate)
     if not f.gated:
         up = g.linear(h, f.w_up, "up", bias=f.b_up)
         return g.linear(g.act(up, kind, up), f.w_down, out, bias=f.b_down, accumulate=accumulate)

@@ -29,6 +29,7 @@ SWA_PERIOD, SWA_WINDOW, N_LAYER_SWA = 4, 4096, 64
 
 class Exaone(Llama):
     name = "exaone"
+    experts = False   # Mixtral-style experts are read for llama files only
     rope_mode = ROPE_NEOX
 
     def sliding_window(self) -> int:

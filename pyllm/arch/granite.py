@@ -25,6 +25,7 @@ from .llama import Llama
 
 class Granite(Llama):
     name = "granite"
+    experts = False   # Mixtral-style experts are read for llama files only
 
     def __init__(self, mf, n_ctx=None):
         super().__init__(mf, n_ctx)

@@ -19,6 +19,11 @@ the window and differ after it.
 
 Optional tensors llama.cpp also accepts for this layout are honoured: a
 fused attn_qkv, q/k/v/output biases, FFN biases.
+
+Mixtral files say `llama` too, with `llama.expert_count` experts per layer:
+the router (ffn_gate_inp) picks `expert_used_count` of them per token, and
+their SiLU-gated FFNs (ffn_{gate,up,down}_exps) are summed with the softmax
+of the chosen router logits as weights.
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ class Llama(Architecture):
     glu = GLU_SILU
     qk_norm = False      # per-head q/k RMSNorm weights required (Qwen 3)
     qkv_bias = False     # q/k/v biases required (Qwen 2)
+    experts = True       # Mixtral
 
     def __init__(self, mf, n_ctx=None):
         super().__init__(mf, n_ctx)
@@ -45,7 +51,7 @@ class Llama(Architecture):
         self.layers = [Layer(attn_norm=self.vector(f"blk.{i}.attn_norm.weight", hp.n_embd),
                              attn=self.attention_weights(i, qk_norm=self.qk_norm, biases=self.qkv_bias),
                              ffn_norm=self.vector(f"blk.{i}.ffn_norm.weight", hp.n_embd),
-                             ffn=self.ffn_weights(i))
+                             ffn=self.moe_weights(i) or self.ffn_weights(i))
                        for i in range(hp.n_layer)]
 
     def sliding_window(self) -> int:

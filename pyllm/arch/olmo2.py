@@ -16,10 +16,10 @@ are refused.
 """
 from __future__ import annotations
 
-from ..errors import UnsupportedModelError
+from ..errors import ModelFileError, UnsupportedModelError
 from ..graph import GLU_SILU, ROPE_NEOX
 from .base import Layer
-from .blocks import PostNormDecoder
+from .blocks import PostNormDecoder, PreNormDecoder
 
 
 class Olmo2(PostNormDecoder):
@@ -49,3 +49,37 @@ class Olmo2(PostNormDecoder):
                 ffn_norm=None, ffn=self.ffn_weights(i),
                 post_ffn_norm=self.vector(p + "post_ffw_norm.weight", hp.n_embd),
             ))
+
+
+class Olmoe(PreNormDecoder):
+    """OLMoE (`olmoe`): a pre-norm Llama-style block with OLMo 2's q/k RMSNorm
+    over all heads, NEOX RoPE, and a mixture of experts for every FFN whose
+    chosen softmax weights are used as they are (not renormalized).
+
+        h = rmsnorm(x) ; q, k = rmsnorm(Wq h), rmsnorm(Wk h) ; rope(q, k)
+        x += Wo attention(q, K, V)
+        x += sum_e p_e Wdown_e (silu(Wgate_e h') * Wup_e h'),  h' = rmsnorm(x)
+    """
+    name = "olmoe"
+    rope_mode = ROPE_NEOX
+    glu = GLU_SILU
+    experts = True
+    moe_norm = False
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        hp = self.hp
+        self.tok_embd = self.weight("token_embd.weight", hp.n_embd, hp.n_vocab)
+        self.out_norm = self.vector("output_norm.weight", hp.n_embd)
+        self.output = self.output_weight()
+        self.layers = []
+        for i in range(hp.n_layer):
+            p = f"blk.{i}."
+            attn = self.attention_weights(i)
+            attn.q_norm = self.vector(p + "attn_q_norm.weight", hp.q_dim)
+            attn.k_norm = self.vector(p + "attn_k_norm.weight", hp.kv_dim)
+            moe = self.moe_weights(i)
+            if moe is None:
+                raise ModelFileError(f"{mf.path}: olmoe needs experts in every layer; layer {i} has none")
+            self.layers.append(Layer(attn_norm=self.vector(p + "attn_norm.weight", hp.n_embd), attn=attn,
+                                     ffn_norm=self.vector(p + "ffn_norm.weight", hp.n_embd), ffn=moe))

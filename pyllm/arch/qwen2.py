@@ -16,6 +16,7 @@ from .llama import Llama
 
 class Qwen2(Llama):
     name = "qwen2"
+    experts = False   # Mixtral-style experts are read for llama files only
     rope_mode = ROPE_NEOX
     qkv_bias = True
 

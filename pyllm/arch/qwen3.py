@@ -11,14 +11,30 @@ no biases, no sliding window.
 """
 from __future__ import annotations
 
+from ..errors import ModelFileError
 from ..graph import ROPE_NEOX
 from .llama import Llama
 
 
 class Qwen3(Llama):
     name = "qwen3"
+    experts = False   # Mixtral-style experts are read for llama files only
     rope_mode = ROPE_NEOX
     qk_norm = True
 
     def sliding_window(self) -> int:
         return 0
+
+
+class Qwen3Moe(Qwen3):
+    """Qwen 3 MoE (`qwen3moe`): Qwen 3's attention; every layer's FFN is
+    `expert_count` experts of `expert_feed_forward_length`, of which the router
+    picks `expert_used_count` per token, weighted by their renormalized softmax."""
+    name = "qwen3moe"
+    experts = True
+
+    def moe_weights(self, i: int):
+        m = super().moe_weights(i)
+        if m is None:
+            raise ModelFileError(f"{self.mf.path}: qwen3moe layer {i} has no experts (blk.{i}.ffn_gate_inp.weight)")
+        return m

@@ -21,6 +21,7 @@ NO_ROPE_PERIOD = 4
 
 class SmolLM3(Llama):
     name = "smollm3"
+    experts = False   # Mixtral-style experts are read for llama files only
 
     def sliding_window(self) -> int:
         return 0

@@ -1,0 +1,163 @@
+/* moe.c: mixture-of-experts FFNs, as three ops around the ordinary ones.
+ *
+ *   logits = W_router h                        OP_MATMUL
+ *   route  = top-k of gate(logits)             OP_MOE_ROUTE: ids and weights per token
+ *   g, u   = W_gate[e] h, W_up[e] h            OP_MATMUL_ID: one slot per chosen expert
+ *   a      = act(g) * u                        OP_GLU over all slots at once
+ *   d      = W_down[e] a_j                     OP_MATMUL_ID with OPF_SLOT_INPUT
+ *   y    (+)= sum_j weight_j d_j               OP_MOE_SUM
+ *
+ * A route row holds the n_head chosen experts' ids (as floats: exact below
+ * 2^24) then their weights. OP_MATMUL_ID's work items are (expert, chunk of
+ * its output rows): each thread sorts the step's (token, slot) pairs by
+ * expert itself (a counting sort, tiny next to the products), so an
+ * expert's weights are read once per step however many tokens chose it,
+ * through the gemm kernels when several did. A row's product does not
+ * depend on the rows sharing the call (quants.h), so one token at a time
+ * gives the same numbers as a batch. */
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "core.h"
+
+#define ID_CHUNK 32      /* output rows per work item */
+#define GATHER_ROWS 64   /* activation rows gathered per gemm call */
+
+void op_moe_route(const pyllm_op *op, const op_rows *r, int ith, int nth) {
+    const int n = (int)op->n_in, k = op->n_head;
+    const int sigmoid = op->type & MOE_SIGMOID, renorm = op->type & MOE_NORM;
+    float *p = r->scratch; /* [n] gate values */
+    int64_t lo, hi;
+    split_range(r->rows, ith, nth, 1, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) {
+        const float *x = IN_ROW(op, r, t);
+        float *y = OUT_ROW(op, t);
+        if (sigmoid) {
+            for (int e = 0; e < n; e++) p[e] = 1.0f / (1.0f + expf(-x[e]));
+        } else {
+            float m = x[0], sum = 0.0f;
+            for (int e = 1; e < n; e++) m = x[e] > m ? x[e] : m;
+            for (int e = 0; e < n; e++) sum += p[e] = expf(x[e] - m);
+            for (int e = 0; e < n; e++) p[e] /= sum;
+        }
+        /* the k largest, in order; ties to the lower id. A chosen entry is set to -inf. */
+        float wsum = 0.0f;
+        for (int j = 0; j < k; j++) {
+            int best = 0;
+            for (int e = 1; e < n; e++) best = p[e] > p[best] ? e : best;
+            y[j] = (float)best;
+            y[k + j] = p[best];
+            wsum += p[best];
+            p[best] = -INFINITY;
+        }
+        for (int j = 0; j < k; j++) y[k + j] = (renorm ? y[k + j] / wsum : y[k + j]) * op->scale;
+    }
+}
+
+/* expert id of slot j of row t, or -1 if the route row holds no valid id there */
+static inline int slot_expert(const pyllm_op *op, const op_rows *r, int t, int j) {
+    const float id = op->x2[(int64_t)(r->row0 + t) * op->x2_stride + j];
+    return id >= 0.0f && id < (float)op->n_kv_head ? (int)id : -1;
+}
+
+/* the step's (token, slot) pairs grouped by expert: pairs[start[e] .. start[e + 1]) chose e */
+static void group_by_expert(const pyllm_op *op, const op_rows *r, int *start, int *pairs) {
+    const int k = op->n_head, n_exp = op->n_kv_head;
+    memset(start, 0, sizeof(int) * (size_t)(n_exp + 1));
+    for (int t = 0; t < r->rows; t++)
+        for (int j = 0; j < k; j++) {
+            const int e = slot_expert(op, r, t, j);
+            if (e >= 0) start[e + 1]++;
+        }
+    for (int e = 0; e < n_exp; e++) start[e + 1] += start[e];
+    int *fill = start + n_exp + 1; /* [n_exp] next free place of each expert */
+    memcpy(fill, start, sizeof(int) * (size_t)n_exp);
+    for (int t = 0; t < r->rows; t++)
+        for (int j = 0; j < k; j++) {
+            const int e = slot_expert(op, r, t, j);
+            if (e >= 0) pairs[fill[e]++] = t * k + j;
+        }
+}
+
+void op_matmul_id(const pyllm_op *op, const op_rows *r, int ith, int nth) {
+    (void)ith;
+    (void)nth;
+    const int type = op->type, k = op->n_head, n_exp = op->n_kv_head;
+    const int act = type_info(type)->act;
+    const int64_t n = op->n_in, n_out = op->n_out;
+    const size_t row_bytes = weight_row_bytes(type, n), expert_bytes = row_bytes * (size_t)n_out;
+    /* one slot's activation, and one input row's */
+    const size_t slot_bytes = act == ACT_F32 ? (size_t)n * sizeof(float) : act_row_bytes(act, n);
+    const size_t in_row_bytes = act == ACT_F32 ? (size_t)op->x_stride * sizeof(float)
+                                               : act_row_bytes(act, op->flags & OPF_SLOT_INPUT ? n * k : n);
+    const uint8_t *act_base = act == ACT_F32 ? (const uint8_t *)(op->x + (int64_t)r->row0 * op->x_stride)
+                                             : (const uint8_t *)op->xq + (size_t)r->row0 * in_row_bytes;
+    const int slot_input = op->flags & OPF_SLOT_INPUT;
+
+    /* this thread's scratch: the grouping, then gathered activations, then a tile of results */
+    int *start = (int *)r->scratch, *pairs = start + 2 * n_exp + 1, *used = pairs + r->rows * k;
+    group_by_expert(op, r, start, pairs);
+    int n_used = 0;
+    for (int e = 0; e < n_exp; e++)
+        if (start[e + 1] > start[e]) used[n_used++] = e;
+    uint8_t *gathered = (uint8_t *)(used + n_exp) + 64 - ((uintptr_t)(used + n_exp) & 63);
+    float *part = (float *)(gathered + GATHER_ROWS * slot_bytes); /* [GATHER_ROWS][ID_CHUNK] */
+
+    const int64_t n_chunks = (n_out + ID_CHUNK - 1) / ID_CHUNK;
+    for (;;) {
+        const int64_t item = atomic_fetch_add(r->counter, 1);
+        if (item >= n_used * n_chunks) break;
+        const int e = used[item / n_chunks];
+        const int64_t c0 = item % n_chunks * ID_CHUNK;
+        const int nrows = (int)(n_out - c0 < ID_CHUNK ? n_out - c0 : ID_CHUNK);
+        const uint8_t *w = (const uint8_t *)op->w + (size_t)e * expert_bytes + (size_t)c0 * row_bytes;
+        if (start[e + 1] - start[e] == 1) { /* one token chose it (decode): a gemv, nothing to gather */
+            const int t = pairs[start[e]] / k, j = pairs[start[e]] % k;
+            gemv_rows(type, n, w, row_bytes, nrows,
+                      act_base + (size_t)t * in_row_bytes + (slot_input ? (size_t)j * slot_bytes : 0),
+                      OUT_ROW(op, t) + (int64_t)j * n_out + c0);
+            continue;
+        }
+        for (int p0 = start[e]; p0 < start[e + 1]; p0 += GATHER_ROWS) {
+            const int np = start[e + 1] - p0 < GATHER_ROWS ? start[e + 1] - p0 : GATHER_ROWS;
+            for (int i = 0; i < np; i++) {
+                const int t = pairs[p0 + i] / k, j = pairs[p0 + i] % k;
+                memcpy(gathered + (size_t)i * slot_bytes,
+                       act_base + (size_t)t * in_row_bytes + (slot_input ? (size_t)j * slot_bytes : 0), slot_bytes);
+            }
+            gemm_rows(type, n, w, row_bytes, nrows, gathered, slot_bytes, np, part, ID_CHUNK);
+            for (int i = 0; i < np; i++) {
+                const int t = pairs[p0 + i] / k, j = pairs[p0 + i] % k;
+                memcpy(OUT_ROW(op, t) + (int64_t)j * n_out + c0, part + (size_t)i * ID_CHUNK,
+                       sizeof(float) * (size_t)nrows);
+            }
+        }
+    }
+}
+
+/* floats of scratch OP_MATMUL_ID needs for `rows` tokens (checked per step) */
+int64_t matmul_id_scratch_floats(const pyllm_op *op, int64_t rows) {
+    const int act = type_info(op->type)->act;
+    const size_t slot_bytes = act == ACT_F32 ? (size_t)op->n_in * sizeof(float) : act_row_bytes(act, op->n_in);
+    const int64_t ints = 3 * (int64_t)op->n_kv_head + 1 + rows * op->n_head;
+    return ints + 16 + (int64_t)(GATHER_ROWS * slot_bytes) / 4 + GATHER_ROWS * ID_CHUNK;
+}
+
+void op_moe_sum(const pyllm_op *op, const op_rows *r, int ith, int nth) {
+    const int64_t n = op->n_in;
+    const int k = op->n_head;
+    int64_t lo, hi;
+    split_range(r->rows, ith, nth, 1, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) {
+        const float *x = IN_ROW(op, r, t);
+        const float *wt = op->x2 + (int64_t)(r->row0 + t) * op->x2_stride + k;
+        float *y = OUT_ROW(op, t);
+        const int accumulate = op->flags & OPF_ACCUMULATE;
+        for (int64_t i = 0; i < n; i++) {
+            float s = 0.0f;
+            for (int j = 0; j < k; j++) s += wt[j] * x[(int64_t)j * n + i];
+            y[i] = accumulate ? y[i] + s : s;
+        }
+    }
+}

@@ -1,0 +1,129 @@
+"""The mixture-of-experts ops (csrc/moe.c) one at a time, against numpy and
+against the dense matmul they stand for.
+
+OP_MATMUL_ID must give, for every (token, slot), exactly the numbers an
+ordinary OP_MATMUL of the chosen expert's matrix gives (same activation
+quantization, same kernels; a row's product does not depend on the rows
+sharing the call): so the checks there are bit for bit.
+"""
+import numpy as np
+import pytest
+from gguf.constants import GGMLQuantizationType as QT
+
+import synth
+from pyllm.graph import MOE_NORM, MOE_SIGMOID, MOE_SOFTMAX, Graph
+from pyllm.model_file import Tensor
+from test_forward import run_ops
+
+
+def experts_tensor(qtype, n_in, n_out, n_experts, seed=0):
+    arr, _ = synth.weight(qtype, n_in, n_out * n_experts, np.random.default_rng(seed))
+    data = np.ascontiguousarray(arr).view(np.uint8).reshape(-1)
+    return Tensor("exps", int(qtype), (n_in, n_out, n_experts), 0, data.nbytes, data)
+
+
+def expert(t: Tensor, e: int) -> Tensor:
+    """Expert e of a 3-D tensor as an ordinary 2-D weight."""
+    size = t.nbytes // t.shape[2]
+    return Tensor(f"exps[{e}]", t.type, t.shape[:2], 0, size, t.data[e * size:(e + 1) * size])
+
+
+def route_rows(ids: np.ndarray) -> np.ndarray:
+    """A route buffer ([ids | weights]) for the given ids, weights 1."""
+    return np.concatenate([ids.astype(np.float32), np.ones_like(ids, np.float32)], axis=1)
+
+
+@pytest.mark.parametrize("gating", [MOE_SOFTMAX, MOE_SOFTMAX | MOE_NORM, MOE_SIGMOID, MOE_SIGMOID | MOE_NORM],
+                         ids=["softmax", "softmax-norm", "sigmoid", "sigmoid-norm"])
+def test_route_picks_the_k_best(gating):
+    rng = np.random.default_rng(gating)
+    n, k, T = 60, 6, 9
+    logits = (rng.standard_normal((T, n)) * 3).astype(np.float32)
+    logits[0, :] = 0.5                      # all tied: the lowest ids win, in order
+    g = Graph()
+    g.moe_route(g.buffer("logits", n), k, gating, "route", scale=1.5)
+    got = run_ops(g, {"logits": logits}, T, "route")
+    x = logits.astype(np.float64)
+    p = 1 / (1 + np.exp(-x)) if gating & MOE_SIGMOID else np.exp(x - x.max(1, keepdims=True))
+    if not gating & MOE_SIGMOID:
+        p /= p.sum(1, keepdims=True)
+    ids = np.argsort(-p, axis=1, kind="stable")[:, :k]
+    w = np.take_along_axis(p, ids, axis=1)
+    if gating & MOE_NORM:
+        w /= w.sum(1, keepdims=True)
+    np.testing.assert_array_equal(got[:, :k], ids)
+    assert list(got[0, :k]) == list(range(k))
+    np.testing.assert_allclose(got[:, k:], 1.5 * w, rtol=2e-6)
+
+
+@pytest.mark.parametrize("qtype", [QT.F32, QT.F16, QT.Q8_0, QT.Q4_K, QT.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("T", [1, 3, 100])
+def test_matmul_id_is_the_chosen_experts_matmul(qtype, T):
+    """Shared input (gate/up) and one slice per slot (down); 100 tokens put
+    more than one gather (64 rows) on the popular expert; 1 is decode."""
+    n_in, n_out, n_exp, k = 256, 80, 6, 3
+    w = experts_tensor(qtype, n_in, n_out, n_exp)
+    rng = np.random.default_rng(T)
+    ids = np.stack([rng.permutation(n_exp)[:k] for _ in range(T)])
+    ids[: T * 3 // 4, 0] = 2                 # most tokens choose expert 2 first
+    x = rng.standard_normal((T, n_in)).astype(np.float32)
+    xs = rng.standard_normal((T, k * n_in)).astype(np.float32)
+    for slot_input, inp in ((False, x), (True, xs)):
+        g = Graph()
+        g.linear_id(g.buffer("x", inp.shape[1]), w, g.buffer("route", 2 * k), k, "y", slot_input=slot_input)
+        got = run_ops(g, {"x": inp, "route": route_rows(ids)}, T, "y")
+        for e in range(n_exp):
+            d = Graph()
+            d.linear(d.buffer("x", n_in), expert(w, e), "y")
+            for j in range(k):
+                rows = np.nonzero(ids[:, j] == e)[0]
+                if len(rows) == 0:
+                    continue
+                src = inp[:, j * n_in:(j + 1) * n_in] if slot_input else inp
+                want = run_ops(d, {"x": np.ascontiguousarray(src[rows])}, len(rows), "y")
+                np.testing.assert_array_equal(got[rows, j * n_out:(j + 1) * n_out], want)
+
+
+def test_moe_sum_and_ids_out_of_range():
+    """The weighted sum of the slots (into or over y), and a route whose ids
+    are no experts' (negative, too large): those slots are left alone, no crash."""
+    rng = np.random.default_rng(0)
+    T, n, k = 5, 40, 3
+    e = rng.standard_normal((T, k * n)).astype(np.float32)
+    wts = rng.uniform(0, 1, (T, k)).astype(np.float32)
+    route = np.concatenate([np.zeros((T, k), np.float32), wts], axis=1)
+    y0 = rng.standard_normal((T, n)).astype(np.float32)
+    want = sum(wts[:, j:j + 1] * e[:, j * n:(j + 1) * n] for j in range(k))
+    for accumulate in (False, True):
+        g = Graph()
+        g.moe_sum(g.buffer("e", k * n), g.buffer("route", 2 * k), k, "y", accumulate=accumulate)
+        got = run_ops(g, {"e": e, "route": route, "y": y0}, T, "y")
+        np.testing.assert_allclose(got, want + y0 if accumulate else want, rtol=1e-6, atol=1e-6)
+
+    w = experts_tensor(QT.Q8_0, 64, 32, 4)
+    g = Graph()
+    g.linear_id(g.buffer("x", 64), w, g.buffer("route", 4), 2, "y")
+    bad = route_rows(np.array([[-1, 1], [4, 1e9], [3, -7]]))
+    y = run_ops(g, {"x": rng.standard_normal((3, 64)).astype(np.float32), "route": bad,
+                    "y": np.full((3, 64), 7.0, np.float32)}, 3, "y")
+    assert (y[0, :32] == 7).all() and (y[1] == 7).all() and (y[2, 32:] == 7).all()
+    assert not (y[0, 32:] == 7).all() and not (y[2, :32] == 7).all()
+
+
+def test_experts_stay_on_the_cpu(tmp_path):
+    """The GPU backend has no expert kernels: auto runs a mixture of experts on
+    the CPU even with a device there; asking for GPU layers is one clear error."""
+    from pyllm.arch import load_architecture
+    from pyllm.backend.base import Shape
+    from pyllm.backend.cpu import CpuBackend
+    from pyllm.backend.select import make_backend
+    from pyllm.errors import BackendError
+    from pyllm.model_file import ModelFile
+    arch = load_architecture(ModelFile(synth.write_mixtral(tmp_path / "m.gguf", QT.Q8_0)))
+    g = Graph()
+    arch.build(g)
+    be, plan = make_backend(g, 1, Shape(8, 8, 4, 16), "auto", device="sim")
+    assert isinstance(be, CpuBackend) and plan is None
+    be.close()
+    with pytest.raises(BackendError, match="mixture-of-experts models run on the CPU only"):
+        make_backend(g, 1, Shape(8, 8, 4, 16), 2, device="sim")
