@@ -86,7 +86,7 @@ ARCH_KINDS = {
                      "vocab_size", "attention.head_count", "attention.head_count_kv", "attention.key_length",
                      "attention.value_length", "attention.sliding_window", "rope.dimension_count",
                      "rope.scaling.original_context_length", "expert_count", "expert_used_count",
-                     "expert_feed_forward_length"), _COUNT),
+                     "expert_feed_forward_length", "expert_shared_feed_forward_length"), _COUNT),
     **dict.fromkeys(("attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon", "rope.freq_base", "rope.freq_base_swa",
                      "rope.scaling.factor", "rope.scale_linear", "rope.scaling.attn_factor",
                      "final_logit_softcapping", "attn_logit_softcapping", "logit_scale", "residual_scale",

@@ -95,7 +95,7 @@ class Reference:
     """Dequantizes an architecture's weights once, then runs whole sequences."""
 
     FAMILIES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "granite", "smollm3", "olmo2", "phi2",
-                "starcoder2", "stablelm", "command-r", "cohere2", "ernie4_5", "exaone", "exaone4", "qwen3moe", "olmoe")
+                "starcoder2", "stablelm", "command-r", "cohere2", "ernie4_5", "exaone", "exaone4", "qwen3moe", "olmoe", "granitemoe")
 
     def __init__(self, arch: Architecture):
         self.arch = arch

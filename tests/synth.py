@@ -123,7 +123,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
       biases      attn_output, ffn_up and ffn_down biases; out_bias: output.bias
       rope_dim    rotated dims per head (default: all)
       experts     > 0: every FFN is that many experts (ffn_gate_inp, ffn_*_exps), experts_used
-                  chosen per token, each n_ff_exp wide (written as expert_feed_forward_length; default n_ff)
+                  chosen per token, each n_ff_exp wide (written as expert_feed_forward_length, which
+                  only Qwen3-MoE reads; default n_ff)
       keys        extra metadata: {"sliding_window": 8, ...} -> writer.add_<name>(value)
     head_dim defaults to n_embd / n_head; otherwise it is written as key_length."""
     rng = np.random.default_rng(seed)
@@ -295,7 +296,7 @@ def write_gemma2(path: str | Path, qtype: QT = QT.Q8_0, window: int = 8, attn_so
 
 def write_granite(path: str | Path, qtype: QT = QT.Q8_0, embedding_scale: float = 12.0,
                   residual_scale: float = 0.22, attention_scale: float = 0.015625, logit_scale: float = 8.0,
-                  rope: Optional[bool] = None, **kw) -> str:
+                  rope: Optional[bool] = None, arch: str = "granite", **kw) -> str:
     """Granite 3: Llama's layout and Granite 3.x's multipliers (the softmax
     scale 1/64 is not 1/sqrt(head_dim) = 1/8); a multiplier of None is not
     written; rope=False writes rope.scaling.finetuned = false (no RoPE)."""
@@ -303,7 +304,13 @@ def write_granite(path: str | Path, qtype: QT = QT.Q8_0, embedding_scale: float 
             "attention_scale": attention_scale, "logit_scale": logit_scale, "rope_scaling_finetuned": rope,
             **kw.pop("keys", {})}
     kw.setdefault("tied", True)
-    return write_model(path, "granite", qtype, keys={k: v for k, v in keys.items() if v is not None}, **kw)
+    return write_model(path, arch, qtype, keys={k: v for k, v in keys.items() if v is not None}, **kw)
+
+
+def write_granitemoe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """Granite 3.x MoE: Granite's multipliers, 8 experts (n_ff wide, as llama.cpp reads them), 2 chosen."""
+    kw.setdefault("experts", 8)
+    return write_granite(path, qtype, arch="granitemoe", **kw)
 
 
 def write_smollm3(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
@@ -399,7 +406,7 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "smollm3": write_smollm3, "olmo2": write_olmo2, "phi2": write_phi2, "starcoder2": write_starcoder2,
            "stablelm": write_stablelm, "command-r": write_command_r, "cohere2": write_cohere2,
            "ernie4_5": write_ernie4_5, "exaone": write_exaone, "exaone4": write_exaone4, "mixtral": write_mixtral,
-           "qwen3moe": write_qwen3moe, "olmoe": write_olmoe}
+           "qwen3moe": write_qwen3moe, "olmoe": write_olmoe, "granitemoe": write_granitemoe}
 
 
 def _gguf_string(x: str) -> bytes:

@@ -51,6 +51,7 @@ FAMILIES = {
     "mixtral": (synth.write_mixtral, {}),
     "qwen3moe": (synth.write_qwen3moe, {}),
     "olmoe": (synth.write_olmoe, {}),
+    "granitemoe": (synth.write_granitemoe, {}),
 }
 TYPES = [QT.F32, QT.Q8_0, QT.Q4_K, QT.IQ4_NL]
 
@@ -370,7 +371,7 @@ def test_family_errors(tmp_path):
     with pytest.raises(UnsupportedModelError, match="soft-capping"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="gpt-neox")
-    with pytest.raises(UnsupportedModelError, match="'gpt-neox' is not supported.*cohere2, command-r, ernie4_5, exaone, exaone4, gemma2, gemma3, granite, llama, olmo2, olmoe, phi2, phi3, qwen2, qwen3, qwen3moe, smollm3, stablelm, starcoder2"):
+    with pytest.raises(UnsupportedModelError, match="'gpt-neox' is not supported.*cohere2, command-r, ernie4_5, exaone, exaone4, gemma2, gemma3, granite, granitemoe, llama, olmo2, olmoe, phi2, phi3, qwen2, qwen3, qwen3moe, smollm3, stablelm, starcoder2"):
         load_architecture(ModelFile(p))
 
 

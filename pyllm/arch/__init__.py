@@ -11,7 +11,7 @@ from .ernie4_5 import Ernie4_5
 from .exaone import Exaone, Exaone4
 from .gemma2 import Gemma2
 from .gemma3 import Gemma3
-from .granite import Granite
+from .granite import Granite, GraniteMoe
 from .llama import Llama
 from .olmo2 import Olmo2, Olmoe
 from .phi2 import Phi2
@@ -42,6 +42,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "exaone4": Exaone4,
     "qwen3moe": Qwen3Moe,
     "olmoe": Olmoe,
+    "granitemoe": GraniteMoe,
 }
 
 

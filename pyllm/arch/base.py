@@ -93,7 +93,7 @@ class HParams:
         if n_experts > 0 and not experts:
             raise UnsupportedModelError(f"{mf.path}: mixture-of-experts {mf.architecture} models "
                                         f"({mf.architecture}.expert_count = {n_experts}) are not supported; pyllm "
-                                        f"runs experts for llama (Mixtral), qwen3moe and olmoe")
+                                        f"runs experts for llama (Mixtral), qwen3moe, olmoe and granitemoe")
         if hp.n_layer > len(mf.tensors):  # every layer has tensors: a larger count is corrupt
             raise ModelFileError(f"{mf.path}: block_count {hp.n_layer} is more than the file's "
                                  f"{len(mf.tensors)} tensors; the file is corrupt")
@@ -212,6 +212,7 @@ class Architecture:
     gated = True         # False: the FFN is down(act(up h)), no gate (Phi-2, StarCoder 2)
     experts = False      # may the file be a mixture of experts (Mixtral, Qwen3-MoE)?
     moe_norm = True      # MoE: divide the chosen experts' gate values by their sum
+    expert_ff_key = False  # MoE: experts are expert_feed_forward_length wide (Qwen3-MoE), else n_ff
     attn_softcap = 0.0   # > 0: attention scores become c * tanh(s / c) (Gemma 2)
     final_softcap = 0.0  # > 0: the logits likewise
     residual_scale = 1.0  # each branch's output joins the residual times this (Granite)
@@ -327,7 +328,7 @@ class Architecture:
         k = int(mf.arch_require("expert_used_count"))
         if not 0 < k <= n_experts:
             raise ModelFileError(f"{mf.path}: {mf.architecture}.expert_used_count = {k} is not in 1..{n_experts}")
-        n_ff = int(mf.arch_get("expert_feed_forward_length", hp.n_ff))
+        n_ff = int(mf.arch_require("expert_feed_forward_length")) if self.expert_ff_key else hp.n_ff
         return Moe(router=self.weight(p + "ffn_gate_inp.weight", hp.n_embd, n_experts),
                    gate=self.expert_weights(p + "ffn_gate_exps.weight", hp.n_embd, n_ff, n_experts),
                    up=self.expert_weights(p + "ffn_up_exps.weight", hp.n_embd, n_ff, n_experts),

@@ -32,6 +32,7 @@ class Qwen3Moe(Qwen3):
     picks `expert_used_count` per token, weighted by their renormalized softmax."""
     name = "qwen3moe"
     experts = True
+    expert_ff_key = True
 
     def moe_weights(self, i: int):
         m = super().moe_weights(i)
