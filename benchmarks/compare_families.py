@@ -71,6 +71,8 @@ FAMILIES = {
     "qwen3moe": ("qwen3moe", {}),                                  # 16 experts of 256, 4 per token
     "olmoe": ("olmoe", {}),                                        # weights not renormalized
     "granitemoe": ("granitemoe", {}),                              # Granite's multipliers around the experts
+    "granitemoe-shared": ("granitemoe", {"shared_expert": 256}),   # + a shared expert
+    "qwen2moe": ("qwen2moe", {}),                                  # + a sigmoid-gated shared expert
 }
 # llama.cpp's LLAMA_FTYPE_MOSTLY_* (what `llama-quantize` calls them)
 LLAMA_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL"]

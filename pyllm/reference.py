@@ -95,7 +95,7 @@ class Reference:
     """Dequantizes an architecture's weights once, then runs whole sequences."""
 
     FAMILIES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "granite", "smollm3", "olmo2", "phi2",
-                "starcoder2", "stablelm", "command-r", "cohere2", "ernie4_5", "exaone", "exaone4", "qwen3moe", "olmoe", "granitemoe")
+                "starcoder2", "stablelm", "command-r", "cohere2", "ernie4_5", "exaone", "exaone4", "qwen3moe", "olmoe", "granitemoe", "qwen2moe")
 
     def __init__(self, arch: Architecture):
         self.arch = arch
@@ -157,6 +157,11 @@ class Reference:
         for t in range(h.shape[0]):
             for j, e in enumerate(top[t]):
                 out[t] += weights[t, j] * (down[e] @ (act(gate[e] @ h[t]) * (up[e] @ h[t])))
+        if m.shared is not None:
+            s = self._ffn(h, m.shared, act)
+            if m.shared_gate is not None:
+                s = s / (1.0 + np.exp(-(h @ self.w(m.shared_gate).T)))
+            out = out + s
         return out
 
     def _linear(self, x: np.ndarray, w: Tensor, b: np.ndarray | None) -> np.ndarray:

@@ -106,7 +106,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 ffn_norm: bool = True,
                 gated: bool = True, biases: bool = False, out_bias: bool = False,
                 rope_dim: Optional[int] = None, experts: int = 0, experts_used: int = 2,
-                n_ff_exp: Optional[int] = None, keys: Optional[dict] = None,
+                n_ff_exp: Optional[int] = None, shared_expert: int = 0, shared_gate: bool = False,
+                keys: Optional[dict] = None,
                 drop_tensor: Optional[str] = None, bad_shape: Optional[str] = None) -> str:
     """A tiny decoder of family `arch`, every matrix in `qtype`, tensors named
     as llama.cpp expects:
@@ -124,7 +125,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
       rope_dim    rotated dims per head (default: all)
       experts     > 0: every FFN is that many experts (ffn_gate_inp, ffn_*_exps), experts_used
                   chosen per token, each n_ff_exp wide (written as expert_feed_forward_length, which
-                  only Qwen3-MoE reads; default n_ff)
+                  only Qwen3-MoE reads; default n_ff); shared_expert: also a shared expert that
+                  wide (ffn_*_shexp), with shared_gate its ffn_gate_inp_shexp vector (Qwen2-MoE)
       keys        extra metadata: {"sliding_window": 8, ...} -> writer.add_<name>(value)
     head_dim defaults to n_embd / n_head; otherwise it is written as key_length."""
     rng = np.random.default_rng(seed)
@@ -142,6 +144,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
         w.add_expert_used_count(experts_used)
         if n_ff_exp:
             w.add_expert_feed_forward_length(n_ff_exp)
+        if shared_expert:
+            w.add_expert_shared_feed_forward_length(shared_expert)
     if layer_norm:
         w.add_layer_norm_eps(1e-5)
     else:
@@ -220,6 +224,12 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
             for name, n_in, n_out in (("gate", n_embd, n_exp_ff), ("up", n_embd, n_exp_ff), ("down", n_exp_ff, n_embd)):
                 arr, raw = weight(qtype, n_in, n_out * experts, rng)
                 add(p + f"ffn_{name}_exps.weight", (arr.reshape(experts, n_out, -1), raw))
+            if shared_expert:
+                add(p + "ffn_gate_shexp.weight", weight(qtype, n_embd, shared_expert, rng))
+                add(p + "ffn_up_shexp.weight", weight(qtype, n_embd, shared_expert, rng))
+                add(p + "ffn_down_shexp.weight", weight(qtype, shared_expert, n_embd, rng))
+            if shared_gate:
+                add(p + "ffn_gate_inp_shexp.weight", ((rng.standard_normal(n_embd) / 4).astype(np.float32), None))
         elif fused_up:
             add(p + "ffn_up.weight", weight(qtype, n_embd, 2 * n_ff, rng))
         else:
@@ -394,6 +404,14 @@ def write_qwen3moe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_model(path, "qwen3moe", qtype, qk_norm=True, rope_base=1e6, **kw)
 
 
+def write_qwen2moe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """Qwen2-MoE: Qwen 2's biases, 8 experts of 256, 2 chosen, and a gated shared expert of 512."""
+    kw.setdefault("experts", 8)
+    kw.setdefault("n_ff_exp", 256)
+    kw.setdefault("shared_expert", 512)
+    return write_model(path, "qwen2moe", qtype, qkv_bias=True, shared_gate=True, rope_base=1e6, **kw)
+
+
 def write_olmoe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     """OLMoE: pre-norms, q/k norms over all heads, 8 experts, 2 chosen (weights not renormalized)."""
     kw.setdefault("experts", 8)
@@ -406,7 +424,8 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "smollm3": write_smollm3, "olmo2": write_olmo2, "phi2": write_phi2, "starcoder2": write_starcoder2,
            "stablelm": write_stablelm, "command-r": write_command_r, "cohere2": write_cohere2,
            "ernie4_5": write_ernie4_5, "exaone": write_exaone, "exaone4": write_exaone4, "mixtral": write_mixtral,
-           "qwen3moe": write_qwen3moe, "olmoe": write_olmoe, "granitemoe": write_granitemoe}
+           "qwen3moe": write_qwen3moe, "olmoe": write_olmoe, "granitemoe": write_granitemoe,
+           "qwen2moe": write_qwen2moe}
 
 
 def _gguf_string(x: str) -> bytes:

@@ -52,6 +52,8 @@ FAMILIES = {
     "qwen3moe": (synth.write_qwen3moe, {}),
     "olmoe": (synth.write_olmoe, {}),
     "granitemoe": (synth.write_granitemoe, {}),
+    "granitemoe-shared": (synth.write_granitemoe, {"shared_expert": 256}),
+    "qwen2moe": (synth.write_qwen2moe, {}),
 }
 TYPES = [QT.F32, QT.Q8_0, QT.Q4_K, QT.IQ4_NL]
 
@@ -337,6 +339,44 @@ def test_cohere_and_exaone_layers(tmp_path):
     assert ex.rope_mode == ROPE_NEOX and ex.layers[0].attn_norm is not None
 
 
+def test_mixture_of_experts_layouts(tmp_path):
+    """What each MoE family reads as llama.cpp does: experts' width (n_ff, or
+    expert_feed_forward_length for Qwen3-MoE, or n_ff / k for Qwen2-MoE
+    without the key), renormalized weights or not, the shared expert and its
+    sigmoid gate; each of those parts moves the logits."""
+    tokens = list(np.random.default_rng(1).integers(0, 512, 40))
+    mx = load_architecture(ModelFile(synth.write_mixtral(tmp_path / "mx.gguf", QT.F32)))
+    m = mx.layers[0].ffn
+    assert isinstance(m, Moe) and (m.n_experts, m.k, m.norm, m.gate.shape) == (8, 2, True, (256, 512, 8))
+    ref = Reference(mx).forward(tokens)
+    for layer in mx.layers:   # the top 2 of 8 hold most of the softmax here: a small, real change
+        layer.ffn.norm = False
+    assert compare(Reference(mx).forward(tokens), ref)[0] > 5e-3   # the C core is 2.5e-4 away
+    q3 = load_architecture(ModelFile(synth.write_qwen3moe(tmp_path / "q3.gguf", QT.F32)))
+    assert q3.layers[1].ffn.gate.shape == (256, 256, 16) and q3.layers[1].ffn.k == 4
+    with pytest.raises(ModelFileError, match="qwen3moe.expert_feed_forward_length"):
+        load_architecture(ModelFile(synth.rewrite_metadata(tmp_path / "q3.gguf", tmp_path / "nk.gguf",
+                                                           {"qwen3moe.expert_feed_forward_length": None})))
+    assert not load_architecture(ModelFile(synth.write_olmoe(tmp_path / "o.gguf", QT.F32))).layers[0].ffn.norm
+
+    q2 = load_architecture(ModelFile(synth.write_qwen2moe(tmp_path / "q2.gguf", QT.F32)))
+    m = q2.layers[0].ffn
+    assert not m.norm and m.gate.shape == (256, 256, 8) and m.shared.w_up.shape == (256, 512)
+    assert m.shared_gate.shape == (256,) and q2.layers[0].attn.bq is not None
+    ref = Reference(q2).forward(tokens)
+    for layer in q2.layers:
+        layer.ffn.shared_gate = None
+    assert compare(Reference(q2).forward(tokens), ref)[0] > 0.05
+    for layer in q2.layers:
+        layer.ffn.shared = None
+    assert compare(Reference(q2).forward(tokens), ref)[0] > 0.05
+    nk = synth.rewrite_metadata(tmp_path / "q2.gguf", tmp_path / "q2n.gguf", {"qwen2moe.expert_feed_forward_length": None,
+                                                                              "qwen2moe.feed_forward_length": 512})
+    assert load_architecture(ModelFile(nk)).layers[0].ffn.gate.shape == (256, 256, 8)   # 512 / 2 chosen
+    gs = load_architecture(ModelFile(synth.write_granitemoe(tmp_path / "gs.gguf", QT.F32, shared_expert=256)))
+    assert gs.layers[0].ffn.shared.w_gate.shape == (256, 256) and gs.layers[0].ffn.shared_gate is None
+
+
 def rope_type(name):
     import gguf
     return gguf.RopeScalingType[name]
@@ -371,7 +411,7 @@ def test_family_errors(tmp_path):
     with pytest.raises(UnsupportedModelError, match="soft-capping"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="gpt-neox")
-    with pytest.raises(UnsupportedModelError, match="'gpt-neox' is not supported.*cohere2, command-r, ernie4_5, exaone, exaone4, gemma2, gemma3, granite, granitemoe, llama, olmo2, olmoe, phi2, phi3, qwen2, qwen3, qwen3moe, smollm3, stablelm, starcoder2"):
+    with pytest.raises(UnsupportedModelError, match="'gpt-neox' is not supported.*cohere2, command-r, ernie4_5, exaone, exaone4, gemma2, gemma3, granite, granitemoe, llama, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, smollm3, stablelm, starcoder2"):
         load_architecture(ModelFile(p))
 
 

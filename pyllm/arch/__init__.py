@@ -16,7 +16,7 @@ from .llama import Llama
 from .olmo2 import Olmo2, Olmoe
 from .phi2 import Phi2
 from .phi3 import Phi3
-from .qwen2 import Qwen2
+from .qwen2 import Qwen2, Qwen2Moe
 from .qwen3 import Qwen3, Qwen3Moe
 from .smollm3 import SmolLM3
 from .stablelm import StableLM
@@ -43,6 +43,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "qwen3moe": Qwen3Moe,
     "olmoe": Olmoe,
     "granitemoe": GraniteMoe,
+    "qwen2moe": Qwen2Moe,
 }
 
 

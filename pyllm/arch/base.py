@@ -93,7 +93,7 @@ class HParams:
         if n_experts > 0 and not experts:
             raise UnsupportedModelError(f"{mf.path}: mixture-of-experts {mf.architecture} models "
                                         f"({mf.architecture}.expert_count = {n_experts}) are not supported; pyllm "
-                                        f"runs experts for llama (Mixtral), qwen3moe, olmoe and granitemoe")
+                                        f"runs experts for llama (Mixtral), qwen2moe, qwen3moe, olmoe and granitemoe")
         if hp.n_layer > len(mf.tensors):  # every layer has tensors: a larger count is corrupt
             raise ModelFileError(f"{mf.path}: block_count {hp.n_layer} is more than the file's "
                                  f"{len(mf.tensors)} tensors; the file is corrupt")
@@ -173,6 +173,8 @@ class Moe:
     gating: int = MOE_SOFTMAX
     norm: bool = True
     scale: float = 1.0
+    shared: Optional[Ffn] = None          # an expert every token uses, added to the sum
+    shared_gate: Optional[Tensor] = None  # its weight sigmoid(shared_gate h) (Qwen2-MoE), else 1
 
     @property
     def n_experts(self) -> int:
@@ -328,12 +330,27 @@ class Architecture:
         k = int(mf.arch_require("expert_used_count"))
         if not 0 < k <= n_experts:
             raise ModelFileError(f"{mf.path}: {mf.architecture}.expert_used_count = {k} is not in 1..{n_experts}")
-        n_ff = int(mf.arch_require("expert_feed_forward_length")) if self.expert_ff_key else hp.n_ff
+        n_ff = self.expert_width(k)
         return Moe(router=self.weight(p + "ffn_gate_inp.weight", hp.n_embd, n_experts),
                    gate=self.expert_weights(p + "ffn_gate_exps.weight", hp.n_embd, n_ff, n_experts),
                    up=self.expert_weights(p + "ffn_up_exps.weight", hp.n_embd, n_ff, n_experts),
                    down=self.expert_weights(p + "ffn_down_exps.weight", n_ff, hp.n_embd, n_experts),
-                   k=k, norm=self.moe_norm)
+                   k=k, norm=self.moe_norm, shared=self.shared_expert(i))
+
+    def expert_width(self, k: int) -> int:
+        """n_ff of each expert: expert_feed_forward_length where the family reads it, else n_ff."""
+        return int(self.mf.arch_require("expert_feed_forward_length")) if self.expert_ff_key else self.hp.n_ff
+
+    def shared_expert(self, i: int) -> Optional[Ffn]:
+        """Layer i's shared expert (ffn_{gate,up,down}_shexp, expert_shared_feed_forward_length
+        wide, else n_ff), if the file has one."""
+        hp, p, mf = self.hp, f"blk.{i}.", self.mf
+        if not mf.has_tensor(p + "ffn_up_shexp.weight"):
+            return None
+        n = int(mf.arch_get("expert_shared_feed_forward_length", 0)) or hp.n_ff
+        return Ffn(w_up=self.weight(p + "ffn_up_shexp.weight", hp.n_embd, n),
+                   w_gate=self.weight(p + "ffn_gate_shexp.weight", hp.n_embd, n),
+                   w_down=self.weight(p + "ffn_down_shexp.weight", n, hp.n_embd))
 
     # -- per-layer settings ----------------------------------------------------------
     def layer_rope(self, i: int) -> Rope:

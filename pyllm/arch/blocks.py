@@ -10,7 +10,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..graph import MOE_NORM, NORM_LAYER, Graph, View
+from ..graph import MOE_NORM, MOE_SIGMOID, NORM_LAYER, Graph, View
 from .base import Architecture, Attn, Ffn, Layer, Moe
 
 
@@ -50,13 +50,21 @@ def attention(g: Graph, arch: Architecture, h: View, a: Attn, layer: int, out: s
 
 
 def moe_ffn(g: Graph, h: View, m: Moe, kind: int, out: str | View, accumulate: bool = True) -> View:
-    """out (+)= sum over the k experts e the router picks of w_e Wdown_e (act(Wgate_e h) * Wup_e h)."""
+    """out (+)= sum over the k experts e the router picks of w_e Wdown_e (act(Wgate_e h) * Wup_e h),
+    plus the shared expert's FFN, times sigmoid(Wg h) where it is gated."""
     logits = g.linear(h, m.router, "router")
     route = g.moe_route(logits, m.k, m.gating | (MOE_NORM if m.norm else 0), "route", scale=m.scale)
     gate = g.linear_id(h, m.gate, route, m.k, "gate_e")
     act = g.glu(gate, g.linear_id(h, m.up, route, m.k, "up_e"), kind, gate)
     down = g.linear_id(act, m.down, route, m.k, "down_e", slot_input=True)
-    return g.moe_sum(down, route, m.k, out, accumulate=accumulate)
+    y = g.moe_sum(down, route, m.k, out, accumulate=accumulate)
+    if m.shared is not None:   # + (sigmoid(Wg h) *) the shared expert's FFN
+        s = ffn(g, h, m.shared, kind, "shexp", accumulate=False)
+        if m.shared_gate is None:
+            return g.add(s, y)
+        weight = g.moe_route(g.linear(h, m.shared_gate, "shexp_gate"), 1, MOE_SIGMOID, "shexp_route")
+        g.moe_sum(s, weight, 1, y, accumulate=True)
+    return y
 
 
 def ffn(g: Graph, h: View, f: Ffn | Moe, kind: int, out: str | View, accumulate: bool = True) -> View:

@@ -16,7 +16,7 @@ What decides what, as llama.cpp reads a granite file:
 """
 from __future__ import annotations
 
-from ..errors import ModelFileError, UnsupportedModelError
+from ..errors import ModelFileError
 from ..graph import Graph
 from .base import Rope
 from .blocks import attention, ffn, output_head
@@ -67,14 +67,12 @@ class Granite(Llama):
 
 class GraniteMoe(Granite):
     """Granite 3.x MoE (`granitemoe`): Granite's multipliers, and every FFN a
-    mixture of experts (the router's softmax over the chosen ones, renormalized).
-    The shared-expert variant (`expert_shared_feed_forward_length`) is refused."""
+    mixture of experts (the router's softmax over the chosen ones, renormalized),
+    plus an ungated shared expert where the file has one."""
     name = "granitemoe"
     experts = True
 
     def moe_weights(self, i: int):
-        if int(self.mf.arch_get("expert_shared_feed_forward_length", 0)) > 0:
-            raise UnsupportedModelError(f"{self.mf.path}: granitemoe with a shared expert is not supported yet")
         m = super().moe_weights(i)
         if m is None:
             raise ModelFileError(f"{self.mf.path}: granitemoe layer {i} has no experts (expert_count is 0)")

@@ -10,6 +10,7 @@ Hugging Face's layout). The output matrix may be tied to the embedding
 """
 from __future__ import annotations
 
+from ..errors import ModelFileError
 from ..graph import ROPE_NEOX
 from .llama import Llama
 
@@ -22,3 +23,31 @@ class Qwen2(Llama):
 
     def sliding_window(self) -> int:
         return 0
+
+
+class Qwen2Moe(Qwen2):
+    """Qwen 1.5 / Qwen 2 MoE (`qwen2moe`): Qwen 2's attention; every FFN is a
+    mixture of experts (the chosen softmax weights used as they are) plus a
+    shared expert weighted by sigmoid(w . h), w = ffn_gate_inp_shexp.
+
+    As llama.cpp reads it: experts are expert_feed_forward_length wide (absent:
+    n_ff / expert_used_count), the shared expert
+    expert_shared_feed_forward_length (absent: n_ff)."""
+    name = "qwen2moe"
+    experts = True
+    moe_norm = False
+
+    def expert_width(self, k: int) -> int:
+        return int(self.mf.arch_get("expert_feed_forward_length", 0)) or self.hp.n_ff // k
+
+    def moe_weights(self, i: int):
+        m = super().moe_weights(i)
+        p = f"blk.{i}."
+        if m is None or m.shared is None:
+            raise ModelFileError(f"{self.mf.path}: qwen2moe layer {i} lacks its experts or shared expert "
+                                 f"({p}ffn_gate_inp.weight, {p}ffn_up_shexp.weight)")
+        m.shared_gate = self.mf.tensor(p + "ffn_gate_inp_shexp.weight")
+        if m.shared_gate.shape not in ((self.hp.n_embd,), (self.hp.n_embd, 1)) or m.shared_gate.type != 0:
+            raise ModelFileError(f"{self.mf.path}: {p}ffn_gate_inp_shexp.weight should be {self.hp.n_embd} F32 "
+                                 f"values, is {list(m.shared_gate.shape)} {m.shared_gate.type_name}")
+        return m
