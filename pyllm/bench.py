@@ -12,7 +12,6 @@ import resource
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Optional
 
 import numpy as np
 

@@ -15,7 +15,7 @@ from pyllm.backend.base import CONTROL, D2H, H2D, LOGITS, WEIGHTS, ACTIVATIONS, 
 from pyllm.backend.cpu import CpuBackend, HostDevice
 from pyllm.backend.placement import DeviceSpec, Hardware, LinkSpec, Planner
 from pyllm.backend.sim import SimDevice
-from pyllm.backend.split import SplitBackend, make_schedule, op_units
+from pyllm.backend.split import SplitBackend, op_units
 from pyllm.graph import Graph
 from pyllm.model_file import ModelFile
 

@@ -265,13 +265,27 @@ class Architecture:
         n = self.hp.n_embd
         return self.vector(name + ".weight", n), (self.vector(name + ".bias", n) if bias else None)
 
+    def refuse_tensor(self, name: str, what: str) -> None:
+        """UnsupportedModelError if the file has tensor `name` (a variant, `what`, pyllm does not run)."""
+        if self.mf.has_tensor(name):
+            raise UnsupportedModelError(f"{self.mf.path}: {self.name} with {what} is not supported yet")
+
+    def read_ends(self, norm_bias: bool = False, tied: bool = True) -> None:
+        """The token embedding, the output norm (with its bias in LayerNorm
+        families) and the logits matrix (tied to the embedding when absent, if
+        the family allows it)."""
+        hp = self.hp
+        self.tok_embd = self.weight("token_embd.weight", hp.n_embd, hp.n_vocab)
+        self.out_norm, self.out_norm_b = self.norm_weights("output_norm", bias=norm_bias)
+        self.output = self.output_weight() if tied else self.weight("output.weight", hp.n_embd, hp.n_vocab)
+
     def output_weight(self) -> Tensor:
         """The logits projection; tied to the token embedding when absent."""
         hp = self.hp
         name = "output.weight" if self.mf.has_tensor("output.weight") else "token_embd.weight"
         return self.weight(name, hp.n_embd, hp.n_vocab)
 
-    def attention_weights(self, i: int, qk_norm: bool = False, biases: bool = False) -> Attn:
+    def attention_weights(self, i: int, qk_norm: bool | str = False, biases: bool = False) -> Attn:
         """Layer i's attention: separate or fused q/k/v, optional biases; q/k
         norms and q/k/v biases required when the family says so."""
         hp, p = self.hp, f"blk.{i}."
@@ -288,9 +302,10 @@ class Architecture:
             a.bq = need_bias(p + "attn_q.bias", hp.q_dim)
             a.bk = need_bias(p + "attn_k.bias", hp.kv_dim)
             a.bv = need_bias(p + "attn_v.bias", hp.kv_dim)
-        if qk_norm:
-            a.q_norm = self.vector(p + "attn_q_norm.weight", hp.head_dim)
-            a.k_norm = self.vector(p + "attn_k_norm.weight", hp.head_dim)
+        if qk_norm:   # one weight per head dim, or "full": as wide as q and k
+            full = qk_norm == "full"
+            a.q_norm = self.vector(p + "attn_q_norm.weight", hp.q_dim if full else hp.head_dim)
+            a.k_norm = self.vector(p + "attn_k_norm.weight", hp.kv_dim if full else hp.head_dim)
         return a
 
     def ffn_weights(self, i: int) -> Ffn:

@@ -18,7 +18,7 @@ As llama.cpp reads these files:
 """
 from __future__ import annotations
 
-from ..errors import ModelFileError, UnsupportedModelError
+from ..errors import ModelFileError
 from ..graph import GLU_SILU, NORM_LAYER, ROPE_NORM
 from .base import Layer, Rope
 from .blocks import PreNormDecoder
@@ -35,13 +35,9 @@ class CommandR(PreNormDecoder):
     def __init__(self, mf, n_ctx=None):
         super().__init__(mf, n_ctx)
         hp = self.hp
-        if mf.has_tensor("blk.0.attn_q_norm.weight"):
-            raise UnsupportedModelError(f"{mf.path}: {self.name} with per-head q/k norms (Command R+) is not "
-                                        f"supported yet")
+        self.refuse_tensor("blk.0.attn_q_norm.weight", "per-head q/k norms (Command R+)")
         self.logit_scale = float(mf.arch_require("logit_scale"))
-        self.tok_embd = self.weight("token_embd.weight", hp.n_embd, hp.n_vocab)
-        self.out_norm, _ = self.norm_weights("output_norm", bias=False)
-        self.output = self.output_weight()
+        self.read_ends()
         self.rope_freqs = self.optional_vector("rope_freqs.weight", hp.rope_dim // 2)
         self.layers = [Layer(attn_norm=self.norm_weights(f"blk.{i}.attn_norm", bias=False)[0],
                              attn=self.attention_weights(i), ffn_norm=None, ffn=self.ffn_weights(i), parallel=True)

@@ -43,9 +43,7 @@ class Exaone4(PostNormDecoder):
     def __init__(self, mf, n_ctx=None):
         super().__init__(mf, n_ctx)
         hp = self.hp
-        self.tok_embd = self.weight("token_embd.weight", hp.n_embd, hp.n_vocab)
-        self.out_norm = self.vector("output_norm.weight", hp.n_embd)
-        self.output = self.output_weight()
+        self.read_ends()
         self.rope_freqs = self.optional_vector("rope_freqs.weight", hp.rope_dim // 2)
         self.window = int(mf.arch_get("attention.sliding_window", SWA_WINDOW)) if hp.n_layer == N_LAYER_SWA else 0
         self.layers = []

@@ -51,9 +51,7 @@ class Gemma3(PostNormDecoder):
         super().__init__(mf, n_ctx)
         hp = self.hp
         self.read_softcaps()
-        self.tok_embd = self.weight("token_embd.weight", hp.n_embd, hp.n_vocab)
-        self.out_norm = self.vector("output_norm.weight", hp.n_embd)
-        self.output = self.output_weight()
+        self.read_ends()
         self.window, self.is_swa = self.sliding_layers()
         self.swa_rope_base = float(mf.arch_get("rope.freq_base_swa", SWA_ROPE_BASE))
         if self.swa_rope_base <= 0:

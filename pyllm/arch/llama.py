@@ -43,9 +43,7 @@ class Llama(Architecture):
     def __init__(self, mf, n_ctx=None):
         super().__init__(mf, n_ctx)
         hp = self.hp
-        self.tok_embd = self.weight("token_embd.weight", hp.n_embd, hp.n_vocab)
-        self.out_norm = self.vector("output_norm.weight", hp.n_embd)
-        self.output = self.output_weight()
+        self.read_ends()
         self.rope_freqs = self.optional_vector("rope_freqs.weight", hp.rope_dim // 2)
         self.window = self.sliding_window()
         self.layers = [Layer(attn_norm=self.vector(f"blk.{i}.attn_norm.weight", hp.n_embd),

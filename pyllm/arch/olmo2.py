@@ -34,15 +34,11 @@ class Olmo2(PostNormDecoder):
         if window > 0:
             raise UnsupportedModelError(f"{mf.path}: olmo2 with sliding-window layers (OLMo 3, window "
                                         f"{window}) is not supported yet")
-        self.tok_embd = self.weight("token_embd.weight", hp.n_embd, hp.n_vocab)
-        self.out_norm = self.vector("output_norm.weight", hp.n_embd)
-        self.output = self.output_weight()
+        self.read_ends()
         self.layers = []
         for i in range(hp.n_layer):
             p = f"blk.{i}."
-            attn = self.attention_weights(i)
-            attn.q_norm = self.vector(p + "attn_q_norm.weight", hp.q_dim)
-            attn.k_norm = self.vector(p + "attn_k_norm.weight", hp.kv_dim)
+            attn = self.attention_weights(i, qk_norm="full")
             self.layers.append(Layer(
                 attn_norm=None, attn=attn,
                 post_attn_norm=self.vector(p + "post_attention_norm.weight", hp.n_embd),
@@ -69,15 +65,11 @@ class Olmoe(PreNormDecoder):
     def __init__(self, mf, n_ctx=None):
         super().__init__(mf, n_ctx)
         hp = self.hp
-        self.tok_embd = self.weight("token_embd.weight", hp.n_embd, hp.n_vocab)
-        self.out_norm = self.vector("output_norm.weight", hp.n_embd)
-        self.output = self.output_weight()
+        self.read_ends()
         self.layers = []
         for i in range(hp.n_layer):
             p = f"blk.{i}."
-            attn = self.attention_weights(i)
-            attn.q_norm = self.vector(p + "attn_q_norm.weight", hp.q_dim)
-            attn.k_norm = self.vector(p + "attn_k_norm.weight", hp.kv_dim)
+            attn = self.attention_weights(i, qk_norm="full")
             moe = self.moe_weights(i)
             if moe is None:
                 raise ModelFileError(f"{mf.path}: olmoe needs experts in every layer; layer {i} has none")

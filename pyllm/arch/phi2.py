@@ -30,9 +30,7 @@ class Phi2(PreNormDecoder):
     def __init__(self, mf, n_ctx=None):
         super().__init__(mf, n_ctx)
         hp = self.hp
-        self.tok_embd = self.weight("token_embd.weight", hp.n_embd, hp.n_vocab)
-        self.out_norm, self.out_norm_b = self.norm_weights("output_norm")
-        self.output = self.weight("output.weight", hp.n_embd, hp.n_vocab)
+        self.read_ends(norm_bias=True, tied=False)
         self.out_bias = self.vector("output.bias", hp.n_vocab)
         self.layers = []
         for i in range(hp.n_layer):

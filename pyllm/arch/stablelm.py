@@ -16,7 +16,6 @@ q/k LayerNorms (a weight for every head) are refused.
 """
 from __future__ import annotations
 
-from ..errors import UnsupportedModelError
 from ..graph import GLU_SILU, NORM_LAYER, ROPE_NEOX
 from .base import Layer
 from .blocks import PreNormDecoder
@@ -31,12 +30,8 @@ class StableLM(PreNormDecoder):
     def __init__(self, mf, n_ctx=None):
         super().__init__(mf, n_ctx)
         hp = self.hp
-        if mf.has_tensor("blk.0.attn_q_norm.weight"):
-            raise UnsupportedModelError(f"{mf.path}: stablelm with per-head q/k norms (StableLM 2 12B) is not "
-                                        f"supported yet")
-        self.tok_embd = self.weight("token_embd.weight", hp.n_embd, hp.n_vocab)
-        self.out_norm, self.out_norm_b = self.norm_weights("output_norm")
-        self.output = self.weight("output.weight", hp.n_embd, hp.n_vocab)
+        self.refuse_tensor("blk.0.attn_q_norm.weight", "per-head q/k norms (StableLM 2 12B)")
+        self.read_ends(norm_bias=True, tied=False)
         self.layers = []
         for i in range(hp.n_layer):
             p = f"blk.{i}."

@@ -28,9 +28,7 @@ class StarCoder2(PreNormDecoder):
     def __init__(self, mf, n_ctx=None):
         super().__init__(mf, n_ctx)
         hp = self.hp
-        self.tok_embd = self.weight("token_embd.weight", hp.n_embd, hp.n_vocab)
-        self.out_norm, self.out_norm_b = self.norm_weights("output_norm")
-        self.output = self.output_weight()
+        self.read_ends(norm_bias=True)
         self.layers = []
         for i in range(hp.n_layer):
             p = f"blk.{i}."
