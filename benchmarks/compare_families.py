@@ -51,6 +51,9 @@ FAMILIES = {
     "gemma2": ("gemma2", {}),                                      # caps from the file (0.5 and 30)
     "gemma2-defaults": ("gemma2", {"attn_softcap": None, "final_softcap": None}),  # no caps in the file: 50 and 30
     "gemma3": ("gemma3", {}),
+    "gemma3-global": ("gemma3", {"window": 0}),                    # no sliding window: llama.cpp's other graph
+    "gemma3-cap": ("gemma3", {"keys": {"final_logit_softcapping": 5.0}}),
+    "gemma3-global-cap": ("gemma3", {"window": 0, "keys": {"final_logit_softcapping": 5.0}}),
     "granite": ("granite", {}),                                    # Granite 3.x's four multipliers
     "granite-norope": ("granite", {"rope": False, "attention_scale": None}),  # RoPE off; 1/sqrt(head_dim)
     "smollm3": ("smollm3", {}),                                    # layer 3 of 4 without RoPE

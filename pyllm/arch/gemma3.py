@@ -23,6 +23,9 @@ What decides what, as llama.cpp reads a gemma3 file:
 - A local layer at position p attends over positions p - window + 1 .. p.
 - Queries are scaled by 1/sqrt(head_dim) (256 on all sizes but the 27B,
   which uses 1/sqrt(n_embd / n_head)).
+- `final_logit_softcapping`, where a file has it (the released models do
+  not), caps the logits: c * tanh(logits / c). llama.cpp 0.3.36 does so with
+  or without sliding windows; later llama.cpp caps only files without them.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ import math
 
 import numpy as np
 
-from ..errors import ModelFileError, UnsupportedModelError
+from ..errors import ModelFileError
 from ..graph import GLU_GELU_TANH, ROPE_NEOX
 from .base import Layer, Rope
 from .blocks import PostNormDecoder
@@ -72,10 +75,7 @@ class Gemma3(PostNormDecoder):
             ))
 
     def read_softcaps(self) -> None:
-        softcap = float(self.mf.arch_get("final_logit_softcapping", 0.0) or 0.0)
-        if softcap > 0:
-            raise UnsupportedModelError(f"{self.mf.path}: gemma3 with final logit soft-capping ({softcap}) "
-                                        f"is not supported yet")
+        self.final_softcap = float(self.mf.arch_get("final_logit_softcapping", 0.0) or 0.0)
 
     def sliding_layers(self) -> tuple[int, list[bool]]:
         """(window, which layers use it), from the window and pattern keys"""
