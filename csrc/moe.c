@@ -24,35 +24,35 @@
 #define ID_CHUNK 32      /* output rows per work item */
 #define GATHER_ROWS 64   /* activation rows gathered per gemm call */
 
+/* the k largest logits of x[0..n), in order, ties to the lower id (gating is monotonic: the
+ * same experts as the k largest gate values); y[j] = id, y[k + j] = its gate value */
+static void route_row(const float *x, int n, int k, int type, float scale, float *y) {
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < n; e++) {
+            int taken = 0;
+            for (int c = 0; c < j; c++) taken |= (int)y[c] == e;
+            if (!taken && (best < 0 || x[e] > x[best])) best = e;
+        }
+        y[j] = (float)best;
+    }
+    float sum = 0.0f, wsum = 0.0f;
+    const float m = x[(int)y[0]];
+    if (!(type & MOE_SIGMOID))
+        for (int e = 0; e < n; e++) sum += expf(x[e] - m);
+    for (int j = 0; j < k; j++) {
+        const float v = x[(int)y[j]];
+        y[k + j] = type & MOE_SIGMOID ? 1.0f / (1.0f + expf(-v)) : expf(v - m) / sum;
+        wsum += y[k + j];
+    }
+    for (int j = 0; j < k; j++) y[k + j] = (type & MOE_NORM ? y[k + j] / wsum : y[k + j]) * scale;
+}
+
 void op_moe_route(const pyllm_op *op, const op_rows *r, int ith, int nth) {
-    const int n = (int)op->n_in, k = op->n_head;
-    const int sigmoid = op->type & MOE_SIGMOID, renorm = op->type & MOE_NORM;
-    float *p = r->scratch; /* [n] gate values */
     int64_t lo, hi;
     split_range(r->rows, ith, nth, 1, &lo, &hi);
-    for (int64_t t = lo; t < hi; t++) {
-        const float *x = IN_ROW(op, r, t);
-        float *y = OUT_ROW(op, t);
-        if (sigmoid) {
-            for (int e = 0; e < n; e++) p[e] = 1.0f / (1.0f + expf(-x[e]));
-        } else {
-            float m = x[0], sum = 0.0f;
-            for (int e = 1; e < n; e++) m = x[e] > m ? x[e] : m;
-            for (int e = 0; e < n; e++) sum += p[e] = expf(x[e] - m);
-            for (int e = 0; e < n; e++) p[e] /= sum;
-        }
-        /* the k largest, in order; ties to the lower id. A chosen entry is set to -inf. */
-        float wsum = 0.0f;
-        for (int j = 0; j < k; j++) {
-            int best = 0;
-            for (int e = 1; e < n; e++) best = p[e] > p[best] ? e : best;
-            y[j] = (float)best;
-            y[k + j] = p[best];
-            wsum += p[best];
-            p[best] = -INFINITY;
-        }
-        for (int j = 0; j < k; j++) y[k + j] = (renorm ? y[k + j] / wsum : y[k + j]) * op->scale;
-    }
+    for (int64_t t = lo; t < hi; t++)
+        route_row(IN_ROW(op, r, t), (int)op->n_in, op->n_head, op->type, op->scale, OUT_ROW(op, t));
 }
 
 /* expert id of slot j of row t, or -1 if the route row holds no valid id there */

@@ -147,7 +147,7 @@ class Reference:
         else:
             e = np.exp(logits.astype(np.float64) - logits.max(axis=1, keepdims=True))
             p = e / e.sum(axis=1, keepdims=True)
-        top = np.argsort(-p, axis=1, kind="stable")[:, :m.k]
+        top = np.argsort(-logits, axis=1, kind="stable")[:, :m.k]   # gating is monotonic: the k best logits
         weights = np.take_along_axis(p, top, axis=1)
         if m.norm:
             weights = weights / weights.sum(axis=1, keepdims=True)

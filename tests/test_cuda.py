@@ -40,7 +40,8 @@ from pyllm.backend.cpu import CpuBackend, HostDevice
 from pyllm.backend.placement import DeviceSpec, Hardware, LinkSpec, Planner
 from pyllm.backend.split import SplitBackend
 from pyllm.errors import InvalidArgumentError
-from pyllm.graph import ACT_F32, GLU_GELU_TANH, GLU_SILU, OP_ATTENTION, ROPE_NEOX, ROPE_NORM, Graph, act_format
+from pyllm.graph import (ACT_F32, GLU_GELU_TANH, GLU_SILU, MOE_NORM, MOE_SIGMOID, MOE_SOFTMAX, OP_ATTENTION, ROPE_NEOX,
+                         ROPE_NORM, Graph, act_format)
 from pyllm.model_file import ModelFile, Tensor
 
 GPU_OK, WHY = cuda.available()
@@ -461,6 +462,48 @@ def test_op_matches_the_core(devices, case):
             np.testing.assert_allclose(gpu[name], cpu[name], rtol=4e-6, atol=1e-30)
 
 
+@pytest.mark.parametrize("case", ["route-softmax-norm", "route-sigmoid", "matmul-id-q4_k", "matmul-id-q8_0-slots",
+                                  "matmul-id-f16", "moe-sum"])
+def test_moe_op_matches_the_core(devices, case):
+    """The mixture-of-experts ops: the route (same experts, weights to float
+    rounding), each (token, slot) through its expert (shared input, or one
+    slice per slot), the weighted sum; 12 tokens, 6 of 8 experts used by
+    several of them, one route id out of range (its slot left alone)."""
+    from test_moe import experts_tensor
+    rng = np.random.default_rng(len(case))
+    n, k, n_exp = 12, 3, 8
+    g = Graph()
+    ids = np.stack([rng.permutation(n_exp)[:k] for _ in range(n)]).astype(np.float32)
+    ids[5, 1] = 99.0
+    route = np.concatenate([ids, rng.uniform(0, 1, (n, k)).astype(np.float32)], axis=1)
+    if case.startswith("route"):
+        gating = MOE_SOFTMAX | MOE_NORM if case == "route-softmax-norm" else MOE_SIGMOID
+        g.moe_route(g.buffer("logits", 40), k, gating, "route", scale=1.5)
+        inputs, outputs = {"logits": (rng.standard_normal((n, 40)) * 3).astype(np.float32)}, ["route"]
+    elif case == "moe-sum":
+        g.moe_sum(g.buffer("e", k * 256), g.buffer("route", 2 * k), k, "y", accumulate=True)
+        inputs = {"e": rng.standard_normal((n, k * 256)).astype(np.float32), "route": route,
+                  "y": rng.standard_normal((n, 256)).astype(np.float32)}
+        outputs = ["y"]
+    else:
+        qtype = {"q4_k": QT.Q4_K, "q8_0": QT.Q8_0, "f16": QT.F16}[case.split("-")[2]]
+        slots = case.endswith("slots")
+        w = experts_tensor(qtype, 256, 64, n_exp)
+        g.linear_id(g.buffer("x", 256 * (k if slots else 1)), w, g.buffer("route", 2 * k), k, "out", slot_input=slots)
+        inputs = {"x": rng.standard_normal((n, 256 * (k if slots else 1))).astype(np.float32), "route": route,
+                  "out": np.full((n, k * 64), 7.0, np.float32)}
+        outputs = ["out"]
+    cpu, gpu = run_both(devices, g, inputs, n, outputs)
+    for name in outputs:
+        if case.startswith("route"):
+            np.testing.assert_array_equal(gpu[name][:, :k], cpu[name][:, :k])
+            np.testing.assert_allclose(gpu[name][:, k:], cpu[name][:, k:], rtol=1e-5)
+        else:
+            close_to_float_rounding(gpu[name], cpu[name], 2e-5)
+    if case.startswith("matmul-id"):
+        assert (gpu["out"][5, 64:128] == 7.0).all()
+
+
 @pytest.mark.parametrize("n_head,n_kv_head,hd,window,softcap", [
     (4, 2, 64, 0, 0.0),      # grouped-query heads
     (2, 1, 256, 37, 5.0),    # one KV head (Gemma), a sliding window, soft-capped scores
@@ -722,7 +765,8 @@ def close_enough(got, ref, float_weights):
                                           ("qwen2", QT.Q4_1), ("qwen3", QT.Q6_K), ("phi3", QT.Q5_K),
                                           ("gemma2", QT.Q8_0), ("gemma3", QT.F16), ("granite", QT.Q4_K),
                                           ("smollm3", QT.Q8_0), ("olmo2", QT.F16), ("phi2", QT.Q8_0),
-                                          ("starcoder2", QT.Q4_K), ("stablelm", QT.F16), ("cohere2", QT.Q8_0)],
+                                          ("starcoder2", QT.Q4_K), ("stablelm", QT.F16), ("cohere2", QT.Q8_0),
+                                          ("mixtral", QT.Q4_K), ("qwen2moe", QT.Q8_0)],
                          ids=lambda x: getattr(x, "name", x))
 def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     """300 positions over shuffled 16-position blocks: several attention tiles,
@@ -730,7 +774,8 @@ def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     and logits), GQA, q/k norms per head and over all of q and k (OLMo 2),
     biases, fused projections, both RoPE modes and layers without RoPE
     (SmolLM3), Granite's residual and logit scales, LayerNorm, the parallel
-    block and the ungated GELU FFN (Phi-2, StarCoder 2, StableLM)."""
+    block and the ungated GELU FFN (Phi-2, StarCoder 2, StableLM), mixtures
+    of experts with and without a gated shared expert."""
     host, gpu = devices
     path = synth.WRITERS[family](tmp_path / "m.gguf", qtype)
     _, g = build(path)

@@ -46,6 +46,21 @@ __device__ __forceinline__ void store(float *y, float v, const float *bias, int 
     *y = accumulate ? *y + v : v;
 }
 
+/* weight group g (unpacked: q, scale a, offset b) against activation row x's group g */
+template <int ACT>
+__device__ __forceinline__ float group_dot(const int q[4], float a, float b, const uint8_t *x, int g) {
+    int qa[4];
+    float da;
+    act16<ACT>(x, g, qa, da);
+    int isum = 0, asum = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        isum = __dp4a(q[i], qa[i], isum);
+        asum = __dp4a(0x01010101, qa[i], asum);
+    }
+    return a * (da * (float)isum) + b * (da * (float)asum);
+}
+
 /* ---- quantized weights, decode ---- */
 
 template <int T, int NR>
@@ -66,20 +81,8 @@ mmv_q(const uint8_t *__restrict__ W, size_t row_bytes, int n_groups, int n_out, 
         float a, b;
         unpack16<T>(w, g, q, a, b);
 #pragma unroll
-        for (int r = 0; r < NR; r++) {
-            if (r < n_rows) {
-                int qa[4];
-                float da;
-                act16<ACT>(X + (size_t)r * x_row_bytes, g, qa, da);
-                int isum = 0, asum = 0;
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    isum = __dp4a(q[i], qa[i], isum);
-                    asum = __dp4a(0x01010101, qa[i], asum);
-                }
-                acc[r] += a * (da * (float)isum) + b * (da * (float)asum);
-            }
-        }
+        for (int r = 0; r < NR; r++)
+            if (r < n_rows) acc[r] += group_dot<ACT>(q, a, b, X + (size_t)r * x_row_bytes, g);
     }
 #pragma unroll
     for (int r = 0; r < NR; r++) {
@@ -254,6 +257,77 @@ mmf(const uint8_t *__restrict__ W, size_t row_bytes, int64_t n, int n_out, const
     }
 }
 
+/* ---- experts (OP_MATMUL_ID): one warp per output row of one (token, slot) ---- */
+
+/* the expert of slot j of row t (route ids are floats), or -1 */
+__device__ __forceinline__ int slot_expert(const float *route, int64_t route_stride, int t, int j, int n_experts) {
+    const float id = route[(int64_t)t * route_stride + j];
+    return id >= 0.0f && id < (float)n_experts ? (int)id : -1;
+}
+
+template <int T>
+__global__ void __launch_bounds__(MMV_WARPS * 32)
+mmv_id_q(const uint8_t *__restrict__ W, size_t row_bytes, int n_groups, int n_out, int n_experts, int k,
+         const float *__restrict__ route, int64_t route_stride, const uint8_t *__restrict__ X, size_t x_row_bytes,
+         size_t slot_bytes, float *__restrict__ Y, int64_t y_stride) {
+    constexpr int ACT = fmt<T>::act;
+    const int lane = threadIdx.x & 31;
+    const int col = blockIdx.x * MMV_WARPS + (threadIdx.x >> 5);
+    const int t = blockIdx.y / k, j = blockIdx.y % k;
+    const int e = slot_expert(route, route_stride, t, j, n_experts);
+    if (col >= n_out || e < 0) return;
+    const uint8_t *w = W + ((size_t)e * n_out + col) * row_bytes;
+    const uint8_t *x = X + (size_t)t * x_row_bytes + (size_t)j * slot_bytes;
+    float acc = 0.0f;
+    for (int g = lane; g < n_groups; g += 32) {
+        int q[4];
+        float a, b;
+        unpack16<T>(w, g, q, a, b);
+        acc += group_dot<ACT>(q, a, b, x, g);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) Y[(int64_t)t * y_stride + (int64_t)j * n_out + col] = acc;
+}
+
+template <int T>
+__global__ void __launch_bounds__(MMV_WARPS * 32)
+mmv_id_f(const uint8_t *__restrict__ W, size_t row_bytes, int64_t n, int n_out, int n_experts, int k,
+         const float *__restrict__ route, int64_t route_stride, const float *__restrict__ X, int64_t x_stride,
+         int64_t slot_floats, float *__restrict__ Y, int64_t y_stride) {
+    const int lane = threadIdx.x & 31;
+    const int col = blockIdx.x * MMV_WARPS + (threadIdx.x >> 5);
+    const int t = blockIdx.y / k, j = blockIdx.y % k;
+    const int e = slot_expert(route, route_stride, t, j, n_experts);
+    if (col >= n_out || e < 0) return;
+    const uint8_t *w = W + ((size_t)e * n_out + col) * row_bytes;
+    const float *x = X + (int64_t)t * x_stride + (int64_t)j * slot_floats;
+    float acc = 0.0f;
+    for (int64_t i = lane; i < n; i += 32) acc += load_wf<T>(w, i) * x[i];
+    acc = warp_sum(acc);
+    if (lane == 0) Y[(int64_t)t * y_stride + (int64_t)j * n_out + col] = acc;
+}
+
+template <int T>
+static void matmul_id(const pyllm_op *op, const exec &e) {
+    const int64_t n = op->n_in;
+    const int k = op->n_head, n_out = (int)op->n_out;
+    const bool slot_input = op->flags & OPF_SLOT_INPUT;
+    const dim3 grid(blocks_for(n_out, MMV_WARPS), e.rows * k);
+    if constexpr (fmt<T>::act == ACT_F32) {
+        const size_t row_bytes = (size_t)n * fmt<T>::bytes;
+        PQ_LAUNCH(grid, MMV_WARPS * 32, 0, e.stream, mmv_id_f<T>)(
+            (const uint8_t *)op->w, row_bytes, n, n_out, op->n_kv_head, k, op->x2, op->x2_stride, op->x, op->x_stride,
+            slot_input ? n : 0, op->y, op->y_stride);
+    } else {
+        const size_t row_bytes = (size_t)(n / fmt<T>::block) * fmt<T>::bytes;
+        const size_t slot_bytes = act_row_bytes(fmt<T>::act, n);
+        PQ_LAUNCH(grid, MMV_WARPS * 32, 0, e.stream, mmv_id_q<T>)(
+            (const uint8_t *)op->w, row_bytes, (int)(n / 16), n_out, op->n_kv_head, k, op->x2, op->x2_stride,
+            (const uint8_t *)op->xq, slot_input ? slot_bytes * k : slot_bytes, slot_input ? slot_bytes : 0, op->y,
+            op->y_stride);
+    }
+}
+
 /* ---- launch ---- */
 
 template <int T>
@@ -315,6 +389,26 @@ void launch_matmul(const pyllm_op *op, const exec &e) {
     case T_Q4_K: matmul_q<T_Q4_K>(op, e); break;
     case T_Q5_K: matmul_q<T_Q5_K>(op, e); break;
     case T_Q6_K: matmul_q<T_Q6_K>(op, e); break;
+    default: break;   /* rejected by pyllm_cuda_check */
+    }
+}
+
+void launch_matmul_id(const pyllm_op *op, const exec &e) {
+    switch (op->type) {
+    case T_F32: matmul_id<T_F32>(op, e); break;
+    case T_F16: matmul_id<T_F16>(op, e); break;
+    case T_BF16: matmul_id<T_BF16>(op, e); break;
+    case T_Q4_0: matmul_id<T_Q4_0>(op, e); break;
+    case T_Q4_1: matmul_id<T_Q4_1>(op, e); break;
+    case T_Q5_0: matmul_id<T_Q5_0>(op, e); break;
+    case T_Q5_1: matmul_id<T_Q5_1>(op, e); break;
+    case T_Q8_0: matmul_id<T_Q8_0>(op, e); break;
+    case T_IQ4_NL: matmul_id<T_IQ4_NL>(op, e); break;
+    case T_Q2_K: matmul_id<T_Q2_K>(op, e); break;
+    case T_Q3_K: matmul_id<T_Q3_K>(op, e); break;
+    case T_Q4_K: matmul_id<T_Q4_K>(op, e); break;
+    case T_Q5_K: matmul_id<T_Q5_K>(op, e); break;
+    case T_Q6_K: matmul_id<T_Q6_K>(op, e); break;
     default: break;   /* rejected by pyllm_cuda_check */
     }
 }

@@ -179,4 +179,60 @@ void launch_scale(const pyllm_op *op, const exec &e) {
     PQ_LAUNCH(grid, 256, 0, e.stream, scale_kernel)(op->y, op->y_stride, op->n_in, op->scale, op->softcap);
 }
 
+
+/* ---- mixture of experts (csrc/moe.c): the route, and the weighted sum of the experts' outputs ---- */
+
+/* one thread per row, as the CPU (csrc/moe.c route_row): the k largest logits in order (ties to
+ * the lower id), then their gate values */
+__global__ void moe_route_kernel(const float *__restrict__ X, int64_t x_stride, float *__restrict__ Y,
+                                 int64_t y_stride, int n, int k, int type, float scale, int rows) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= rows) return;
+    const float *x = X + (int64_t)t * x_stride;
+    float *y = Y + (int64_t)t * y_stride;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < n; e++) {
+            bool taken = false;
+            for (int c = 0; c < j; c++) taken |= (int)y[c] == e;
+            if (!taken && (best < 0 || x[e] > x[best])) best = e;
+        }
+        y[j] = (float)best;
+    }
+    float sum = 0.0f, wsum = 0.0f;
+    const float m = x[(int)y[0]];
+    if (!(type & MOE_SIGMOID))
+        for (int e = 0; e < n; e++) sum += expf(x[e] - m);
+    for (int j = 0; j < k; j++) {
+        const float v = x[(int)y[j]];
+        y[k + j] = (type & MOE_SIGMOID) ? 1.0f / (1.0f + expf(-v)) : expf(v - m) / sum;
+        wsum += y[k + j];
+    }
+    for (int j = 0; j < k; j++) y[k + j] = ((type & MOE_NORM) ? y[k + j] / wsum : y[k + j]) * scale;
+}
+
+void launch_moe_route(const pyllm_op *op, const exec &e) {
+    PQ_LAUNCH(blocks_for(e.rows, 64), 64, 0, e.stream, moe_route_kernel)(op->x, op->x_stride, op->y, op->y_stride,
+                                                                       (int)op->n_in, op->n_head, op->type,
+                                                                       op->scale, e.rows);
+}
+
+__global__ void moe_sum_kernel(const float *__restrict__ X, int64_t x_stride, const float *__restrict__ R,
+                               int64_t r_stride, float *Y, int64_t y_stride, int64_t n, int k, bool accumulate) {
+    const int t = blockIdx.y;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float *x = X + (int64_t)t * x_stride, *w = R + (int64_t)t * r_stride + k;
+    float s = 0.0f;
+    for (int j = 0; j < k; j++) s += w[j] * x[(int64_t)j * n + i];
+    float *y = Y + (int64_t)t * y_stride + i;
+    *y = accumulate ? *y + s : s;
+}
+
+void launch_moe_sum(const pyllm_op *op, const exec &e) {
+    dim3 grid(blocks_for(op->n_in, 256), e.rows);
+    PQ_LAUNCH(grid, 256, 0, e.stream, moe_sum_kernel)(op->x, op->x_stride, op->x2, op->x2_stride, op->y, op->y_stride,
+                                                      op->n_in, op->n_head, (op->flags & OPF_ACCUMULATE) != 0);
+}
+
 }  // namespace pq

@@ -266,6 +266,31 @@ static int check_op(const pyllm_op *op) {
     case OP_SCALE:
         if (!op->y || op->n_in <= 0) return fail("missing output");
         return 0;
+    case OP_MOE_ROUTE:
+        if (op->type & ~(MOE_SIGMOID | MOE_NORM)) return fail("unknown expert gating %d", op->type);
+        if (!op->x || !op->y || op->n_in <= 0 || op->n_head <= 0 || op->n_head > op->n_in)
+            return fail("moe route: choosing %d of %lld experts", op->n_head, (long long)op->n_in);
+        if (op->y_stride < 2 * op->n_head || op->x_stride < op->n_in) return fail("moe route: bad sizes");
+        return 0;
+    case OP_MATMUL_ID: {
+        type_info t = info(op->type);
+        if (!t.block) return fail("weight type %d is not supported by the CUDA kernels", op->type);
+        if (op->n_in <= 0 || op->n_in % t.block || (t.act != ACT_F32 && op->n_in % 32))
+            return fail("row length %lld is not a whole number of blocks", (long long)op->n_in);
+        if (op->n_out <= 0 || op->n_out > INT32_MAX || op->n_head <= 0 || op->n_kv_head < op->n_head || !op->w ||
+            !op->y || !op->x2)
+            return fail("matmul_id: missing weights, route or output");
+        if (t.act == ACT_F32 ? !op->x : !op->xq) return fail("matmul_id input missing");
+        if (op->y_stride < op->n_out * op->n_head || op->x2_stride < 2 * op->n_head)
+            return fail("matmul_id: output or route stride too small");
+        if (t.act == ACT_F32 && op->x_stride < op->n_in * (op->flags & OPF_SLOT_INPUT ? op->n_head : 1))
+            return fail("matmul_id: input stride too small");
+        return 0;
+    }
+    case OP_MOE_SUM:
+        if (!op->x || !op->x2 || !op->y || op->n_in <= 0 || op->n_head <= 0) return fail("moe sum: missing buffers");
+        if (op->x_stride < op->n_in * op->n_head || op->x2_stride < 2 * op->n_head) return fail("moe sum: bad strides");
+        return 0;
     default:
         return fail("unknown op kind %d", op->kind);
     }
@@ -330,8 +355,9 @@ static int send(pyllm_cuda *ctx, int32_t *dst, const int32_t *src, int n) {
 }
 
 static const char *kind_name(int k) {
-    static const char *names[] = {"?", "embed", "rmsnorm", "quantize", "matmul", "rope", "kv_store",
-                                  "attention", "glu", "add", "scale"};
+    static const char *names[OP_KIND_COUNT] = {"?", "embed", "rmsnorm", "quantize", "matmul", "rope", "kv_store",
+                                               "attention", "glu", "add", "scale", "moe_route", "matmul_id",
+                                               "moe_sum"};
     return k > 0 && k < OP_KIND_COUNT ? names[k] : "?";
 }
 
@@ -393,6 +419,9 @@ int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_
         case OP_GLU: launch_glu(op, e); break;
         case OP_ADD: launch_add(op, e); break;
         case OP_SCALE: launch_scale(op, e); break;
+        case OP_MOE_ROUTE: launch_moe_route(op, e); break;
+        case OP_MATMUL_ID: launch_matmul_id(op, e); break;
+        case OP_MOE_SUM: launch_moe_sum(op, e); break;
         default: return fail("op %d: unknown kind %d", i, op->kind);
         }
         cudaError_t err = cudaPeekAtLastError();

@@ -58,7 +58,8 @@ from typing import Any, Optional
 import numpy as np
 
 from ..errors import BackendError, InvalidArgumentError
-from ..graph import (OP_ATTENTION, OP_EMBED, OP_KV_STORE, OP_MATMUL, OPF_LAST_ROWS, OPF_OUT_ROWS, Graph)
+from ..graph import (OP_ATTENTION, OP_EMBED, OP_KV_STORE, OP_MATMUL, OP_MATMUL_ID, OPF_LAST_ROWS, OPF_OUT_ROWS,
+                     Graph)
 from ..units import fmt_bytes, fmt_rate
 from .base import D2H, H2D, Range, Shape
 from .lowering import memory_plan, step_needs
@@ -125,6 +126,10 @@ def op_cost(op, n: int, n_out: int, ctx: float) -> tuple[float, float]:
     if op.kind == OP_MATMUL:
         act = rows * (op.n_in + op.n_out) * 4
         return op.weight.nbytes + act, 2.0 * op.n_in * op.n_out * rows
+    if op.kind == OP_MATMUL_ID:   # the experts the step's tokens chose: k of n each, at most all
+        used = min(1.0, rows * op.n_head / op.n_kv_head)
+        act = rows * op.n_head * (op.n_in + op.n_out) * 4
+        return op.weight.nbytes * used + act, 2.0 * op.n_in * op.n_out * rows * op.n_head
     if op.kind == OP_EMBED:
         return rows * (op.weight.row_bytes + op.n_in * 4), 0.0
     if op.kind == OP_ATTENTION:

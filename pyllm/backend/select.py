@@ -20,7 +20,6 @@ import os
 from typing import Any, Optional
 
 from ..errors import BackendError, InvalidArgumentError
-from ..graph import MOE_OPS
 from .base import Backend, Device, Shape
 from .cpu import CpuBackend, HostDevice
 
@@ -64,21 +63,12 @@ def make_backend(graph, n_threads: int, shape: Shape, n_gpu_layers: Any = "auto"
         if ngl == 0:
             log.debug("n_gpu_layers=0: running on the CPU")
             return _cpu(graph, host, shape), None
-        experts = any(op.kind in MOE_OPS for op in graph.ops)   # the GPU backend has no expert kernels yet
-        if experts and ngl != "auto":
-            raise BackendError(f"n_gpu_layers={ngl}: mixture-of-experts models run on the CPU only so far; "
-                               f"use n_gpu_layers 0 or auto")
         gpu, why = gpu_device(device, host)
         if gpu is None:
             if ngl != "auto":
                 raise BackendError(f"n_gpu_layers={ngl} asks for a GPU, but {why}; use n_gpu_layers 0 or auto "
                                    f"(or PYLLM_DEVICE=sim to try split execution on a simulated device)")
             log.debug("no GPU (%s): running on the CPU", why)
-            return _cpu(graph, host, shape), None
-        if experts:
-            gpu.close()
-            gpu = None
-            log.info("mixture-of-experts model: running on the CPU (the GPU backend has no expert kernels yet)")
             return _cpu(graph, host, shape), None
         if ngl == "auto" and getattr(gpu, "emulated", False):
             gpu.close()
