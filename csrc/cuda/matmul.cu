@@ -15,6 +15,8 @@
  * - float weights (F32, F16, BF16) read the float activations: the same two
  *   shapes with float products.
  */
+#include <type_traits>
+
 #include "quant.cuh"
 
 namespace pq {
@@ -373,44 +375,41 @@ static void matmul_f(const pyllm_op *op, const exec &e) {
     }
 }
 
-void launch_matmul(const pyllm_op *op, const exec &e) {
-    switch (op->type) {
-    case T_F32: matmul_f<T_F32>(op, e); break;
-    case T_F16: matmul_f<T_F16>(op, e); break;
-    case T_BF16: matmul_f<T_BF16>(op, e); break;
-    case T_Q4_0: matmul_q<T_Q4_0>(op, e); break;
-    case T_Q4_1: matmul_q<T_Q4_1>(op, e); break;
-    case T_Q5_0: matmul_q<T_Q5_0>(op, e); break;
-    case T_Q5_1: matmul_q<T_Q5_1>(op, e); break;
-    case T_Q8_0: matmul_q<T_Q8_0>(op, e); break;
-    case T_IQ4_NL: matmul_q<T_IQ4_NL>(op, e); break;
-    case T_Q2_K: matmul_q<T_Q2_K>(op, e); break;
-    case T_Q3_K: matmul_q<T_Q3_K>(op, e); break;
-    case T_Q4_K: matmul_q<T_Q4_K>(op, e); break;
-    case T_Q5_K: matmul_q<T_Q5_K>(op, e); break;
-    case T_Q6_K: matmul_q<T_Q6_K>(op, e); break;
-    default: break;   /* rejected by pyllm_cuda_check */
+/* f(std::integral_constant<int, T>) for the weight type T of a type id (nothing for others:
+ * pyllm_cuda_check rejects them) */
+template <typename F>
+static void by_type(int type, F &&f) {
+    switch (type) {
+    case T_F32: f(std::integral_constant<int, T_F32>{}); break;
+    case T_F16: f(std::integral_constant<int, T_F16>{}); break;
+    case T_BF16: f(std::integral_constant<int, T_BF16>{}); break;
+    case T_Q4_0: f(std::integral_constant<int, T_Q4_0>{}); break;
+    case T_Q4_1: f(std::integral_constant<int, T_Q4_1>{}); break;
+    case T_Q5_0: f(std::integral_constant<int, T_Q5_0>{}); break;
+    case T_Q5_1: f(std::integral_constant<int, T_Q5_1>{}); break;
+    case T_Q8_0: f(std::integral_constant<int, T_Q8_0>{}); break;
+    case T_IQ4_NL: f(std::integral_constant<int, T_IQ4_NL>{}); break;
+    case T_Q2_K: f(std::integral_constant<int, T_Q2_K>{}); break;
+    case T_Q3_K: f(std::integral_constant<int, T_Q3_K>{}); break;
+    case T_Q4_K: f(std::integral_constant<int, T_Q4_K>{}); break;
+    case T_Q5_K: f(std::integral_constant<int, T_Q5_K>{}); break;
+    case T_Q6_K: f(std::integral_constant<int, T_Q6_K>{}); break;
+    default: break;
     }
 }
 
+void launch_matmul(const pyllm_op *op, const exec &e) {
+    by_type(op->type, [&](auto t) {
+        constexpr int T = decltype(t)::value;
+        if constexpr (fmt<T>::act == ACT_F32)
+            matmul_f<T>(op, e);
+        else
+            matmul_q<T>(op, e);
+    });
+}
+
 void launch_matmul_id(const pyllm_op *op, const exec &e) {
-    switch (op->type) {
-    case T_F32: matmul_id<T_F32>(op, e); break;
-    case T_F16: matmul_id<T_F16>(op, e); break;
-    case T_BF16: matmul_id<T_BF16>(op, e); break;
-    case T_Q4_0: matmul_id<T_Q4_0>(op, e); break;
-    case T_Q4_1: matmul_id<T_Q4_1>(op, e); break;
-    case T_Q5_0: matmul_id<T_Q5_0>(op, e); break;
-    case T_Q5_1: matmul_id<T_Q5_1>(op, e); break;
-    case T_Q8_0: matmul_id<T_Q8_0>(op, e); break;
-    case T_IQ4_NL: matmul_id<T_IQ4_NL>(op, e); break;
-    case T_Q2_K: matmul_id<T_Q2_K>(op, e); break;
-    case T_Q3_K: matmul_id<T_Q3_K>(op, e); break;
-    case T_Q4_K: matmul_id<T_Q4_K>(op, e); break;
-    case T_Q5_K: matmul_id<T_Q5_K>(op, e); break;
-    case T_Q6_K: matmul_id<T_Q6_K>(op, e); break;
-    default: break;   /* rejected by pyllm_cuda_check */
-    }
+    by_type(op->type, [&](auto t) { matmul_id<decltype(t)::value>(op, e); });
 }
 
 /* ---- activation quantization: d = amax / 127, q = round-to-nearest-even(x / d) ---- */
