@@ -31,7 +31,6 @@ OP_NAMES = {OP_EMBED: "embed", OP_RMSNORM: "rmsnorm", OP_QUANTIZE: "quantize", O
             OP_ROPE: "rope", OP_KV_STORE: "kv_store", OP_ATTENTION: "attention", OP_GLU: "glu",
             OP_ADD: "add", OP_SCALE: "scale", OP_MOE_ROUTE: "moe_route", OP_MATMUL_ID: "matmul_id",
             OP_MOE_SUM: "moe_sum"}
-MOE_OPS = frozenset({OP_MOE_ROUTE, OP_MATMUL_ID, OP_MOE_SUM})
 OPF_ACCUMULATE, OPF_LAST_ROWS, OPF_NO_SYNC, OPF_OUT_ROWS, OPF_SLOT_INPUT = 1, 2, 4, 8, 16
 GLU_SILU, GLU_GELU_TANH = 0, 1
 NORM_RMS, NORM_LAYER = 0, 1

@@ -267,11 +267,13 @@ __device__ __forceinline__ int slot_expert(const float *route, int64_t route_str
     return id >= 0.0f && id < (float)n_experts ? (int)id : -1;
 }
 
+/* X: the activations, quantized (x_row_bytes per input row) or float (then in bytes too);
+ * slot j of a row starts slot_bytes * j into it (0: every slot reads the whole row) */
 template <int T>
 __global__ void __launch_bounds__(MMV_WARPS * 32)
-mmv_id_q(const uint8_t *__restrict__ W, size_t row_bytes, int n_groups, int n_out, int n_experts, int k,
-         const float *__restrict__ route, int64_t route_stride, const uint8_t *__restrict__ X, size_t x_row_bytes,
-         size_t slot_bytes, float *__restrict__ Y, int64_t y_stride) {
+mmv_id(const uint8_t *__restrict__ W, size_t row_bytes, int64_t n, int n_out, int n_experts, int k,
+       const float *__restrict__ route, int64_t route_stride, const uint8_t *__restrict__ X, size_t x_row_bytes,
+       size_t slot_bytes, float *__restrict__ Y, int64_t y_stride) {
     constexpr int ACT = fmt<T>::act;
     const int lane = threadIdx.x & 31;
     const int col = blockIdx.x * MMV_WARPS + (threadIdx.x >> 5);
@@ -281,30 +283,17 @@ mmv_id_q(const uint8_t *__restrict__ W, size_t row_bytes, int n_groups, int n_ou
     const uint8_t *w = W + ((size_t)e * n_out + col) * row_bytes;
     const uint8_t *x = X + (size_t)t * x_row_bytes + (size_t)j * slot_bytes;
     float acc = 0.0f;
-    for (int g = lane; g < n_groups; g += 32) {
-        int q[4];
-        float a, b;
-        unpack16<T>(w, g, q, a, b);
-        acc += group_dot<ACT>(q, a, b, x, g);
+    if constexpr (ACT == ACT_F32) {
+        const float *xf = reinterpret_cast<const float *>(x);
+        for (int64_t i = lane; i < n; i += 32) acc += load_wf<T>(w, i) * xf[i];
+    } else {
+        for (int g = lane; g < (int)(n / 16); g += 32) {
+            int q[4];
+            float a, b;
+            unpack16<T>(w, g, q, a, b);
+            acc += group_dot<ACT>(q, a, b, x, g);
+        }
     }
-    acc = warp_sum(acc);
-    if (lane == 0) Y[(int64_t)t * y_stride + (int64_t)j * n_out + col] = acc;
-}
-
-template <int T>
-__global__ void __launch_bounds__(MMV_WARPS * 32)
-mmv_id_f(const uint8_t *__restrict__ W, size_t row_bytes, int64_t n, int n_out, int n_experts, int k,
-         const float *__restrict__ route, int64_t route_stride, const float *__restrict__ X, int64_t x_stride,
-         int64_t slot_floats, float *__restrict__ Y, int64_t y_stride) {
-    const int lane = threadIdx.x & 31;
-    const int col = blockIdx.x * MMV_WARPS + (threadIdx.x >> 5);
-    const int t = blockIdx.y / k, j = blockIdx.y % k;
-    const int e = slot_expert(route, route_stride, t, j, n_experts);
-    if (col >= n_out || e < 0) return;
-    const uint8_t *w = W + ((size_t)e * n_out + col) * row_bytes;
-    const float *x = X + (int64_t)t * x_stride + (int64_t)j * slot_floats;
-    float acc = 0.0f;
-    for (int64_t i = lane; i < n; i += 32) acc += load_wf<T>(w, i) * x[i];
     acc = warp_sum(acc);
     if (lane == 0) Y[(int64_t)t * y_stride + (int64_t)j * n_out + col] = acc;
 }
@@ -314,20 +303,15 @@ static void matmul_id(const pyllm_op *op, const exec &e) {
     const int64_t n = op->n_in;
     const int k = op->n_head, n_out = (int)op->n_out;
     const bool slot_input = op->flags & OPF_SLOT_INPUT;
+    const bool f32 = fmt<T>::act == ACT_F32;
+    const size_t row_bytes = (size_t)(n / fmt<T>::block) * fmt<T>::bytes;
+    const size_t slot_bytes = f32 ? (size_t)n * sizeof(float) : act_row_bytes(fmt<T>::act, n);
+    const size_t x_row_bytes = f32 ? (size_t)op->x_stride * sizeof(float) : slot_input ? slot_bytes * k : slot_bytes;
+    const uint8_t *x = f32 ? (const uint8_t *)op->x : (const uint8_t *)op->xq;
     const dim3 grid(blocks_for(n_out, MMV_WARPS), e.rows * k);
-    if constexpr (fmt<T>::act == ACT_F32) {
-        const size_t row_bytes = (size_t)n * fmt<T>::bytes;
-        PQ_LAUNCH(grid, MMV_WARPS * 32, 0, e.stream, mmv_id_f<T>)(
-            (const uint8_t *)op->w, row_bytes, n, n_out, op->n_kv_head, k, op->x2, op->x2_stride, op->x, op->x_stride,
-            slot_input ? n : 0, op->y, op->y_stride);
-    } else {
-        const size_t row_bytes = (size_t)(n / fmt<T>::block) * fmt<T>::bytes;
-        const size_t slot_bytes = act_row_bytes(fmt<T>::act, n);
-        PQ_LAUNCH(grid, MMV_WARPS * 32, 0, e.stream, mmv_id_q<T>)(
-            (const uint8_t *)op->w, row_bytes, (int)(n / 16), n_out, op->n_kv_head, k, op->x2, op->x2_stride,
-            (const uint8_t *)op->xq, slot_input ? slot_bytes * k : slot_bytes, slot_input ? slot_bytes : 0, op->y,
-            op->y_stride);
-    }
+    PQ_LAUNCH(grid, MMV_WARPS * 32, 0, e.stream, mmv_id<T>)((const uint8_t *)op->w, row_bytes, n, n_out,
+                                                          op->n_kv_head, k, op->x2, op->x2_stride, x, x_row_bytes,
+                                                          slot_input ? slot_bytes : 0, op->y, op->y_stride);
 }
 
 /* ---- launch ---- */

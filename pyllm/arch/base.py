@@ -124,6 +124,28 @@ class Rope:
     scale: float = 1.0
     factors: Optional[np.ndarray] = None
 
+    def off(self) -> "Rope":
+        """The same layer without rotation (a NoPE layer)."""
+        return Rope(self.mode, 0, self.base)
+
+
+class LocalGlobalLayers:
+    """Mixin: 3 of every 4 layers attend over `self.window` tokens with RoPE;
+    every 4th (i % 4 == 3) over the whole context without RoPE (Command R7B,
+    EXAONE 4 32B). No window: every layer global, with RoPE."""
+    PERIOD = 4
+    window: int
+
+    def is_global(self, i: int) -> bool:
+        return self.window > 0 and i % self.PERIOD == self.PERIOD - 1
+
+    def layer_window(self, i: int) -> int:
+        return 0 if self.is_global(i) else self.window
+
+    def layer_rope(self, i: int) -> Rope:
+        r = super().layer_rope(i)
+        return r.off() if self.is_global(i) else r
+
 
 @dataclass
 class Attn:
@@ -212,9 +234,10 @@ class Architecture:
     glu = GLU_SILU
     fused_ffn = False    # may ffn_up hold [gate | up] with no ffn_gate (Phi-3)?
     gated = True         # False: the FFN is down(act(up h)), no gate (Phi-2, StarCoder 2)
-    experts = False      # may the file be a mixture of experts (Mixtral, Qwen3-MoE)?
+    # may the file be a mixture of experts: False, True (Mixtral: if expert_count says so) or
+    # "required" (Qwen3-MoE); each family says for itself, subclasses do not inherit it
+    experts: bool | str = False
     moe_norm = True      # MoE: divide the chosen experts' gate values by their sum
-    expert_ff_key = False  # MoE: experts are expert_feed_forward_length wide (Qwen3-MoE), else n_ff
     attn_softcap = 0.0   # > 0: attention scores become c * tanh(s / c) (Gemma 2)
     final_softcap = 0.0  # > 0: the logits likewise
     residual_scale = 1.0  # each branch's output joins the residual times this (Granite)
@@ -223,12 +246,17 @@ class Architecture:
     out_norm_b: Optional[np.ndarray] = None   # LayerNorm bias of the output norm
     out_bias: Optional[np.ndarray] = None     # bias of the logits (Phi-2)
 
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        cls.experts = cls.__dict__.get("experts", False)
+
     def __init__(self, mf: ModelFile, n_ctx: Optional[int] = None):
         """n_ctx: the context the model will run with, for families whose math
         depends on it (Phi-3's long-context RoPE factors); None: not known."""
         self.mf = mf
         self.n_ctx = n_ctx
-        self.hp = HParams.read(mf, self.rope_scalings, layer_norm=self.norm == NORM_LAYER, experts=self.experts)
+        self.hp = HParams.read(mf, self.rope_scalings, layer_norm=self.norm == NORM_LAYER,
+                               experts=bool(self.experts))
         self.rope_freqs: Optional[np.ndarray] = None   # llama3-style per-pair divisors
         self.window = 0                                 # sliding window of every layer, 0 = none
 
@@ -341,6 +369,9 @@ class Architecture:
         hp, p, mf = self.hp, f"blk.{i}.", self.mf
         n_experts = int(mf.arch_get("expert_count", 0))
         if n_experts <= 0:
+            if self.experts == "required":
+                raise ModelFileError(f"{mf.path}: {mf.architecture} needs experts, but "
+                                     f"{mf.architecture}.expert_count is {n_experts}")
             return None
         k = int(mf.arch_require("expert_used_count"))
         if not 0 < k <= n_experts:
@@ -353,8 +384,9 @@ class Architecture:
                    k=k, norm=self.moe_norm, shared=self.shared_expert(i))
 
     def expert_width(self, k: int) -> int:
-        """n_ff of each expert: expert_feed_forward_length where the family reads it, else n_ff."""
-        return int(self.mf.arch_require("expert_feed_forward_length")) if self.expert_ff_key else self.hp.n_ff
+        """n_ff of each expert (Mixtral, OLMoE, Granite MoE: n_ff; families that read
+        expert_feed_forward_length override this)."""
+        return self.hp.n_ff
 
     def shared_expert(self, i: int) -> Optional[Ffn]:
         """Layer i's shared expert (ffn_{gate,up,down}_shexp, expert_shared_feed_forward_length

@@ -20,10 +20,8 @@ from __future__ import annotations
 
 from ..errors import ModelFileError
 from ..graph import GLU_SILU, NORM_LAYER, ROPE_NORM
-from .base import Layer, Rope
+from .base import Layer, LocalGlobalLayers
 from .blocks import PreNormDecoder
-
-SWA_PERIOD = 4
 
 
 class CommandR(PreNormDecoder):
@@ -44,7 +42,7 @@ class CommandR(PreNormDecoder):
                        for i in range(hp.n_layer)]
 
 
-class Cohere2(CommandR):
+class Cohere2(LocalGlobalLayers, CommandR):
     name = "cohere2"
 
     def __init__(self, mf, n_ctx=None):
@@ -52,13 +50,3 @@ class Cohere2(CommandR):
         self.window = int(mf.arch_require("attention.sliding_window"))
         if self.window <= 0:
             raise ModelFileError(f"{mf.path}: cohere2.attention.sliding_window = {self.window} is not positive")
-
-    def is_global(self, i: int) -> bool:
-        return i % SWA_PERIOD == SWA_PERIOD - 1
-
-    def layer_window(self, i: int) -> int:
-        return 0 if self.is_global(i) else self.window
-
-    def layer_rope(self, i: int) -> Rope:
-        r = super().layer_rope(i)
-        return Rope(r.mode, 0, r.base) if self.is_global(i) else r

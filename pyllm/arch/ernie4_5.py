@@ -8,7 +8,6 @@ from .llama import Llama
 
 class Ernie4_5(Llama):
     name = "ernie4_5"
-    experts = False   # Mixtral-style experts are read for llama files only
 
     def sliding_window(self) -> int:
         return 0

@@ -20,23 +20,22 @@ whole context in every layer.
 from __future__ import annotations
 
 from ..graph import ROPE_NEOX
-from .base import Layer, Rope
+from .base import Layer, LocalGlobalLayers
 from .blocks import PostNormDecoder
 from .llama import Llama
 
-SWA_PERIOD, SWA_WINDOW, N_LAYER_SWA = 4, 4096, 64
+SWA_WINDOW, N_LAYER_SWA = 4096, 64
 
 
 class Exaone(Llama):
     name = "exaone"
-    experts = False   # Mixtral-style experts are read for llama files only
     rope_mode = ROPE_NEOX
 
     def sliding_window(self) -> int:
         return 0
 
 
-class Exaone4(PostNormDecoder):
+class Exaone4(LocalGlobalLayers, PostNormDecoder):
     name = "exaone4"
     rope_mode = ROPE_NEOX
 
@@ -54,13 +53,3 @@ class Exaone4(PostNormDecoder):
                 post_attn_norm=self.vector(p + "post_attention_norm.weight", hp.n_embd),
                 ffn_norm=None, ffn=self.ffn_weights(i),
                 post_ffn_norm=self.vector(p + "post_ffw_norm.weight", hp.n_embd)))
-
-    def is_global(self, i: int) -> bool:
-        return self.window > 0 and i % SWA_PERIOD == SWA_PERIOD - 1
-
-    def layer_window(self, i: int) -> int:
-        return 0 if self.is_global(i) else self.window
-
-    def layer_rope(self, i: int) -> Rope:
-        r = super().layer_rope(i)
-        return Rope(r.mode, 0, r.base) if self.is_global(i) else r

@@ -25,7 +25,6 @@ from .llama import Llama
 
 class Granite(Llama):
     name = "granite"
-    experts = False   # Mixtral-style experts are read for llama files only
 
     def __init__(self, mf, n_ctx=None):
         super().__init__(mf, n_ctx)
@@ -43,7 +42,7 @@ class Granite(Llama):
 
     def layer_rope(self, i: int) -> Rope:
         r = super().layer_rope(i)
-        return r if self.use_rope else Rope(r.mode, 0, r.base)
+        return r if self.use_rope else r.off()
 
     @property
     def attn_scale(self) -> float:
@@ -70,10 +69,4 @@ class GraniteMoe(Granite):
     mixture of experts (the router's softmax over the chosen ones, renormalized),
     plus an ungated shared expert where the file has one."""
     name = "granitemoe"
-    experts = True
-
-    def moe_weights(self, i: int):
-        m = super().moe_weights(i)
-        if m is None:
-            raise ModelFileError(f"{self.mf.path}: granitemoe layer {i} has no experts (expert_count is 0)")
-        return m
+    experts = "required"

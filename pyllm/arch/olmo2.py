@@ -16,7 +16,7 @@ are refused.
 """
 from __future__ import annotations
 
-from ..errors import ModelFileError, UnsupportedModelError
+from ..errors import UnsupportedModelError
 from ..graph import GLU_SILU, ROPE_NEOX
 from .base import Layer
 from .blocks import PostNormDecoder, PreNormDecoder
@@ -59,7 +59,7 @@ class Olmoe(PreNormDecoder):
     name = "olmoe"
     rope_mode = ROPE_NEOX
     glu = GLU_SILU
-    experts = True
+    experts = "required"
     moe_norm = False
 
     def __init__(self, mf, n_ctx=None):
@@ -70,8 +70,6 @@ class Olmoe(PreNormDecoder):
         for i in range(hp.n_layer):
             p = f"blk.{i}."
             attn = self.attention_weights(i, qk_norm="full")
-            moe = self.moe_weights(i)
-            if moe is None:
-                raise ModelFileError(f"{mf.path}: olmoe needs experts in every layer; layer {i} has none")
             self.layers.append(Layer(attn_norm=self.vector(p + "attn_norm.weight", hp.n_embd), attn=attn,
-                                     ffn_norm=self.vector(p + "ffn_norm.weight", hp.n_embd), ffn=moe))
+                                     ffn_norm=self.vector(p + "ffn_norm.weight", hp.n_embd),
+                                     ffn=self.moe_weights(i)))

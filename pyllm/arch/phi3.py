@@ -34,7 +34,6 @@ from .llama import Llama
 
 class Phi3(Llama):
     name = "phi3"
-    experts = False   # Mixtral-style experts are read for llama files only
     rope_mode = ROPE_NEOX
     rope_scalings = ROPE_SCALINGS + ("longrope",)
     fused_ffn = True

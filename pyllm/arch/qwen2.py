@@ -17,7 +17,6 @@ from .llama import Llama
 
 class Qwen2(Llama):
     name = "qwen2"
-    experts = False   # Mixtral-style experts are read for llama files only
     rope_mode = ROPE_NEOX
     qkv_bias = True
 
@@ -34,7 +33,7 @@ class Qwen2Moe(Qwen2):
     n_ff / expert_used_count), the shared expert
     expert_shared_feed_forward_length (absent: n_ff)."""
     name = "qwen2moe"
-    experts = True
+    experts = "required"
     moe_norm = False
 
     def expert_width(self, k: int) -> int:
@@ -43,9 +42,8 @@ class Qwen2Moe(Qwen2):
     def moe_weights(self, i: int):
         m = super().moe_weights(i)
         p = f"blk.{i}."
-        if m is None or m.shared is None:
-            raise ModelFileError(f"{self.mf.path}: qwen2moe layer {i} lacks its experts or shared expert "
-                                 f"({p}ffn_gate_inp.weight, {p}ffn_up_shexp.weight)")
+        if m.shared is None:
+            raise ModelFileError(f"{self.mf.path}: qwen2moe layer {i} lacks its shared expert ({p}ffn_up_shexp.weight)")
         m.shared_gate = self.mf.tensor(p + "ffn_gate_inp_shexp.weight")
         if m.shared_gate.shape not in ((self.hp.n_embd,), (self.hp.n_embd, 1)) or m.shared_gate.type != 0:
             raise ModelFileError(f"{self.mf.path}: {p}ffn_gate_inp_shexp.weight should be {self.hp.n_embd} F32 "

@@ -11,14 +11,12 @@ no biases, no sliding window.
 """
 from __future__ import annotations
 
-from ..errors import ModelFileError
 from ..graph import ROPE_NEOX
 from .llama import Llama
 
 
 class Qwen3(Llama):
     name = "qwen3"
-    experts = False   # Mixtral-style experts are read for llama files only
     rope_mode = ROPE_NEOX
     qk_norm = True
 
@@ -31,11 +29,7 @@ class Qwen3Moe(Qwen3):
     `expert_count` experts of `expert_feed_forward_length`, of which the router
     picks `expert_used_count` per token, weighted by their renormalized softmax."""
     name = "qwen3moe"
-    experts = True
-    expert_ff_key = True
+    experts = "required"
 
-    def moe_weights(self, i: int):
-        m = super().moe_weights(i)
-        if m is None:
-            raise ModelFileError(f"{self.mf.path}: qwen3moe layer {i} has no experts (blk.{i}.ffn_gate_inp.weight)")
-        return m
+    def expert_width(self, k: int) -> int:
+        return int(self.mf.arch_require("expert_feed_forward_length"))

@@ -21,11 +21,10 @@ NO_ROPE_PERIOD = 4
 
 class SmolLM3(Llama):
     name = "smollm3"
-    experts = False   # Mixtral-style experts are read for llama files only
 
     def sliding_window(self) -> int:
         return 0
 
     def layer_rope(self, i: int) -> Rope:
         r = super().layer_rope(i)
-        return Rope(r.mode, 0, r.base) if (i + 1) % NO_ROPE_PERIOD == 0 else r
+        return r.off() if (i + 1) % NO_ROPE_PERIOD == 0 else r
