@@ -32,15 +32,22 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from gguf import RopeScalingType
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+# YaRN over an original context of 256: with head size 64 the ramp runs over pairs 0..13 of 32
+YARN = {"rope_scaling_type": RopeScalingType.YARN, "rope_scaling_factor": 4.0, "rope_scaling_orig_ctx_len": 256}
+
 # row label: (writer name, writer keywords[, context both engines run with, default 64])
 FAMILIES = {
     "llama": ("llama", {}),
     "llama3": ("llama", {"rope_freqs": True, "rope_base": 500000.0}),
+    "llama-yarn": ("llama", {"keys": YARN}),
+    "qwen2-yarn": ("qwen2", {"keys": YARN}),                       # NEOX pairs
+    "llama3-yarn": ("llama", {"rope_freqs": True, "keys": YARN}),  # with per-pair divisors of its own
     "mistral": ("mistral", {"window": 4096}),          # window longer than the test: llama.cpp ignores the key
     "mistral-swa16": ("mistral", {"window": 16}),      # window inside the test: the engines part ways after it
     "qwen2": ("qwen2", {}),

@@ -89,6 +89,8 @@ ARCH_KINDS = {
                      "expert_feed_forward_length", "expert_shared_feed_forward_length"), _COUNT),
     **dict.fromkeys(("attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon", "rope.freq_base", "rope.freq_base_swa",
                      "rope.scaling.factor", "rope.scale_linear", "rope.scaling.attn_factor",
+                     "rope.scaling.yarn_ext_factor", "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow",
+                     "rope.scaling.yarn_log_multiplier",
                      "final_logit_softcapping", "attn_logit_softcapping", "logit_scale", "residual_scale",
                      "embedding_scale", "attention.scale"), _NUMBER),
     "rope.scaling.type": _TEXT,

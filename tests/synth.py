@@ -127,7 +127,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                   chosen per token, each n_ff_exp wide (written as expert_feed_forward_length, which
                   only Qwen3-MoE reads; default n_ff); shared_expert: also a shared expert that
                   wide (ffn_*_shexp), with shared_gate its ffn_gate_inp_shexp vector (Qwen2-MoE)
-      keys        extra metadata: {"sliding_window": 8, ...} -> writer.add_<name>(value)
+      keys        extra metadata: {"sliding_window": 8, ...} -> writer.add_<name>(value);
+                  a dotted name ("rope.scaling.x") is written as the float key {arch}.<name>
     head_dim defaults to n_embd / n_head; otherwise it is written as key_length."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
@@ -156,7 +157,10 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
         w.add_key_length(hd)
         w.add_value_length(hd)
     for name, value in (keys or {}).items():
-        getattr(w, f"add_{name}")(value)
+        if "." in name:   # a key the writer has no method for: "{arch}.name" as a float
+            w.add_float32(f"{arch}.{name}", float(value))
+        else:
+            getattr(w, f"add_{name}")(value)
     if tokenizer_from is not None:
         n_vocab = copy_tokenizer(w, tokenizer_from)
     else:

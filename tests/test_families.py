@@ -129,6 +129,33 @@ def test_family_settings(tmp_path):
     assert p3.attn_scale == pytest.approx(1 / 8)
 
 
+def test_yarn(tmp_path):
+    """YaRN as ggml computes it (head size 64, base 10000, original context 256,
+    factor 4): pairs below floor(64 ln(256 / (32 2 pi)) / (2 ln 10000)) = 0 keep
+    their frequency, pairs from ceil(64 ln(256 / (2 pi)) / (2 ln 10000)) = 13 on
+    are divided by 4, a linear ramp between; cos and sin grow by 1 + 0.1 ln 4,
+    so q.k by its square. Checked against llama.cpp in compare_families.py."""
+    yarn = {"rope_scaling_type": rope_type("YARN"), "rope_scaling_factor": 4.0, "rope_scaling_orig_ctx_len": 256}
+    path = synth.write_llama(tmp_path / "y.gguf", QT.F32, keys=yarn)
+    arch = load_architecture(ModelFile(path))
+    r = arch.layer_rope(1)
+    assert r.scale == 1.0 and arch.hp.rope_scaling == "yarn" and r.factors.shape == (32,)
+    keep = 1 - np.arange(32) / 13                     # share of the original frequency, pairs 0..12
+    want = np.where(np.arange(32) < 13, 1 / (0.25 * (1 - keep) + keep), 4.0)
+    np.testing.assert_allclose(r.factors, want, rtol=1e-6)
+    assert arch.attn_scale == pytest.approx((1 + 0.1 * np.log(4)) ** 2 / 8)
+    _, out, ref = run_both(path)
+    assert compare(out, ref)[0] < 1e-3
+    # no ramp (ext_factor 0): plain interpolation, no attention factor
+    flat = load_architecture(ModelFile(synth.write_llama(tmp_path / "f.gguf", QT.F32,
+                                                         keys={**yarn, "rope_scaling_yarn_ext_factor": 0.0})))
+    np.testing.assert_allclose(flat.layer_rope(0).factors, 4.0)
+    assert flat.attn_scale == pytest.approx(1 / 8)
+    # Llama 3's own divisors multiply YaRN's
+    l3 = load_architecture(ModelFile(synth.write_llama(tmp_path / "l3.gguf", QT.F32, rope_freqs=True, keys=yarn)))
+    np.testing.assert_allclose(l3.layer_rope(0).factors, want * l3.rope_freqs, rtol=1e-6)
+
+
 def test_phi3_long_rope_factors(tmp_path):
     """Short factors up to the original context (256 in the file), long beyond
     it; the attention factor scales q.k by its square either way."""
@@ -418,8 +445,13 @@ def test_family_errors(tmp_path):
     with pytest.raises(ModelFileError, match="'blk.0.ffn_gate.weight' is missing"):
         load_architecture(ModelFile(p))
     # unsupported settings say what is supported
-    p = synth.write_llama(tmp_path / "y.gguf", QT.F32, keys={"rope_scaling_type": rope_type("YARN")})
+    p = synth.write_gemma3(tmp_path / "y.gguf", QT.F32, keys={"rope_scaling_type": rope_type("YARN")})
     with pytest.raises(UnsupportedModelError, match="RoPE scaling 'yarn'.*supported: none, linear"):
+        load_architecture(ModelFile(p))
+    p = synth.write_llama(tmp_path / "yl.gguf", QT.F32, keys={"rope_scaling_type": rope_type("YARN"),
+                                                              "rope_scaling_factor": 4.0,
+                                                              "rope.scaling.yarn_log_multiplier": 0.1})
+    with pytest.raises(UnsupportedModelError, match="yarn_log_multiplier"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="gpt-neox")
     with pytest.raises(UnsupportedModelError, match="'gpt-neox' is not supported.*cohere2, command-r, ernie4_5, exaone, exaone4, gemma2, gemma3, granite, granitemoe, llama, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, smollm3, stablelm, starcoder2"):

@@ -18,7 +18,22 @@ from ..model_file import ModelFile, Tensor, type_name
 
 
 # RoPE scaling types every family runs; a family adds its own (Phi-3: longrope)
-ROPE_SCALINGS = ("none", "linear")
+ROPE_SCALINGS = ("none", "linear", "yarn")
+
+
+def yarn_divisors(n_rot: int, base: float, freq_scale: float, orig_ctx: int, beta_fast: float,
+                  beta_slow: float, ext_factor: float) -> np.ndarray:
+    """YaRN's frequencies as per-pair divisors of base^(-2i/n_rot), as ggml's rope
+    computes them: a pair that turns more than beta_fast times over the original
+    context keeps its frequency, one that turns fewer than beta_slow times is
+    interpolated (times freq_scale), with a linear ramp between the two."""
+    def pair_turning(n_turns: float) -> float:   # the pair index that turns n_turns times in orig_ctx
+        return n_rot * math.log(orig_ctx / (n_turns * 2 * math.pi)) / (2 * math.log(base))
+    low = max(0.0, math.floor(pair_turning(beta_fast)))
+    high = min(n_rot - 1.0, math.ceil(pair_turning(beta_slow)))
+    keep = 1.0 - np.clip((np.arange(n_rot // 2) - low) / max(0.001, high - low), 0.0, 1.0)
+    mix = keep * ext_factor
+    return (1.0 / (freq_scale * (1.0 - mix) + mix)).astype(np.float32)
 
 
 @dataclass
@@ -36,7 +51,9 @@ class HParams:
     rope_dim: int
     rope_freq_scale: float
     rope_scaling: str = "none"
-    rope_attn_factor: float = 1.0   # rope.scaling.attn_factor: multiplies cos and sin (so q.k by its square)
+    rope_attn_factor: float = 1.0   # multiplies cos and sin (so q.k by its square): rope.scaling.attn_factor,
+                                    # times YaRN's 1 + 0.1 ln(factor)
+    rope_yarn: Optional[np.ndarray] = None   # YaRN: per-pair divisors, which replace rope_freq_scale
 
     @classmethod
     def read(cls, mf: ModelFile, rope_scalings: tuple = ROPE_SCALINGS, layer_norm: bool = False,
@@ -61,12 +78,13 @@ class HParams:
         scaling = str(mf.arch_get("rope.scaling.type", "linear"))
         factor = float(mf.arch_get("rope.scaling.factor", mf.arch_get("rope.scale_linear", 0.0)) or 0.0)
         freq_scale = 1.0
-        if scaling == "linear":
-            freq_scale = 1.0 / factor if factor > 0 else 1.0
-            scaling = "linear" if factor > 0 and factor != 1.0 else "none"
-        elif scaling not in rope_scalings:
+        if scaling not in rope_scalings and scaling != "linear":
             raise UnsupportedModelError(f"{mf.path}: RoPE scaling {scaling!r} is not supported for "
                                         f"{mf.architecture} (supported: {', '.join(rope_scalings)})")
+        if scaling in ("linear", "yarn"):   # a factor of 1 (or none) scales nothing
+            freq_scale = 1.0 / factor if factor > 0 else 1.0
+            scaling = scaling if freq_scale != 1.0 else "none"
+        attn_factor = float(mf.arch_get("rope.scaling.attn_factor", 1.0) or 1.0)
         hp = cls(
             n_vocab=n_vocab,
             n_embd=n_embd,
@@ -82,8 +100,10 @@ class HParams:
             rope_dim=int(mf.arch_get("rope.dimension_count", head_dim)),
             rope_freq_scale=freq_scale,
             rope_scaling=scaling,
-            rope_attn_factor=float(mf.arch_get("rope.scaling.attn_factor", 1.0) or 1.0),
+            rope_attn_factor=attn_factor,
         )
+        if scaling == "yarn":
+            hp.read_yarn(mf)
         for name in ("n_embd", "n_layer", "n_ff", "head_dim", "n_vocab", "rope_dim", "rope_base"):
             if getattr(hp, name) <= 0:
                 raise ModelFileError(f"{mf.path}: hyperparameter {name} = {getattr(hp, name)} is not positive")
@@ -104,6 +124,21 @@ class HParams:
             raise UnsupportedModelError(f"{mf.path}: a RoPE attention factor with partial rotation "
                                         f"({hp.rope_dim} of {hp.head_dim} dims) is not supported")
         return hp
+
+    def read_yarn(self, mf: ModelFile) -> None:
+        """YaRN as llama.cpp runs it: the per-pair frequencies of yarn_divisors
+        and cos and sin times 1 + 0.1 ln(factor) (ggml's rope applies it)."""
+        if mf.arch_get("rope.scaling.yarn_log_multiplier", 0.0):
+            raise UnsupportedModelError(f"{mf.path}: YaRN with rope.scaling.yarn_log_multiplier (DeepSeek's "
+                                        f"attention temperature) is not supported")
+        orig_ctx = int(mf.arch_get("rope.scaling.original_context_length", 0) or self.n_ctx_train)
+        ext_factor = float(mf.arch_get("rope.scaling.yarn_ext_factor", -1.0))
+        ext_factor = 1.0 if ext_factor < 0 else ext_factor    # negative: not set
+        self.rope_yarn = yarn_divisors(self.rope_dim, self.rope_base, self.rope_freq_scale, orig_ctx,
+                                       float(mf.arch_get("rope.scaling.yarn_beta_fast", 32.0)),
+                                       float(mf.arch_get("rope.scaling.yarn_beta_slow", 1.0)), ext_factor)
+        if ext_factor != 0.0:
+            self.rope_attn_factor *= 1.0 + 0.1 * math.log(1.0 / self.rope_freq_scale)
 
     @property
     def q_dim(self) -> int:
@@ -402,6 +437,9 @@ class Architecture:
     # -- per-layer settings ----------------------------------------------------------
     def layer_rope(self, i: int) -> Rope:
         hp = self.hp
+        if hp.rope_yarn is not None:
+            factors = hp.rope_yarn if self.rope_freqs is None else hp.rope_yarn * self.rope_freqs
+            return Rope(self.rope_mode, hp.rope_dim, hp.rope_base, 1.0, factors)
         return Rope(self.rope_mode, hp.rope_dim, hp.rope_base, hp.rope_freq_scale, self.rope_freqs)
 
     def layer_window(self, i: int) -> int:

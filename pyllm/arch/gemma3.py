@@ -49,6 +49,7 @@ class Gemma3(PostNormDecoder):
     glu = GLU_GELU_TANH
     qk_norm = True
     n_layer_27b = N_LAYER_27B
+    rope_scalings = ("none", "linear")   # layer_rope below builds its own Rope: no YaRN here
 
     def __init__(self, mf, n_ctx=None):
         super().__init__(mf, n_ctx)
