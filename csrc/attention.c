@@ -131,11 +131,18 @@ static void state_merge(float *total, const float *part, int hd) {
     scale_add(total + 2, ct, part + 2, cp, hd);
 }
 
-static void state_output(const float *state, float *y, int hd) {
-    const float inv = 1.0f / state[1];
+/* y = the state's output; a head's sink logit (gpt-oss; -INFINITY: none) joins
+ * the normalizer as one more score whose value is zero */
+static void state_output(const float *state, float *y, int hd, float sink) {
+    const float M = state[0] > sink ? state[0] : sink, c = expf(state[0] - M);
+    const float inv = c / (state[1] * c + expf(sink - M));
     float *restrict out = y;
     const float *restrict acc = state + 2;
     for (int d = 0; d < hd; d++) out[d] = acc[d] * inv;
+}
+
+static float head_sink(const pyllm_op *op, int h) {
+    return op->w ? ((const float *)op->w)[h] : -INFINITY;
 }
 
 /* scratch of a work item after its states: one block's K and V rows, the
@@ -250,7 +257,7 @@ static void attend_tile(const pyllm_op *op, const op_rows *r, int kvh, int64_t t
     for (int64_t t = t0; t < t1; t++)
         for (int g = 0; g < group; g++)
             state_output(total + ((t - t0) * group + g) * sf, op->y + t * op->y_stride + (int64_t)(kvh * group + g) * hd,
-                         hd);
+                         hd, head_sink(op, kvh * group + g));
 }
 
 /* One row (decode) on several threads: items are (KV head,
@@ -283,7 +290,7 @@ static void attend_split(const pyllm_op *op, const op_rows *r, int32_t seg0, int
         state_init(total, 1, hd);
         for (int s = 0; s < n_seg; s++)
             state_merge(total, r->shared + ((size_t)(s * op->n_kv_head + kvh) * group + g) * sf, hd);
-        state_output(total, op->y + (int64_t)h * hd, hd);
+        state_output(total, op->y + (int64_t)h * hd, hd, head_sink(op, h));
     }
 }
 

@@ -80,6 +80,13 @@ static void group_by_expert(const pyllm_op *op, const op_rows *r, int *start, in
         }
 }
 
+/* y[0 .. nrows) += expert e's bias of output rows c0 .. (gpt-oss) */
+static void add_expert_bias(const pyllm_op *op, int e, int64_t c0, int nrows, float *y) {
+    if (!op->bias) return;
+    const float *b = op->bias + (int64_t)e * op->n_out + c0;
+    for (int i = 0; i < nrows; i++) y[i] += b[i];
+}
+
 void op_matmul_id(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     (void)ith;
     (void)nth;
@@ -117,6 +124,7 @@ void op_matmul_id(const pyllm_op *op, const op_rows *r, int ith, int nth) {
             gemv_rows(type, n, w, row_bytes, nrows,
                       act_base + (size_t)t * in_row_bytes + (slot_input ? (size_t)j * slot_bytes : 0),
                       OUT_ROW(op, t) + (int64_t)j * n_out + c0);
+            add_expert_bias(op, e, c0, nrows, OUT_ROW(op, t) + (int64_t)j * n_out + c0);
             continue;
         }
         for (int p0 = start[e]; p0 < start[e + 1]; p0 += GATHER_ROWS) {
@@ -131,6 +139,7 @@ void op_matmul_id(const pyllm_op *op, const op_rows *r, int ith, int nth) {
                 const int t = pairs[p0 + i] / k, j = pairs[p0 + i] % k;
                 memcpy(OUT_ROW(op, t) + (int64_t)j * n_out + c0, part + (size_t)i * ID_CHUNK,
                        sizeof(float) * (size_t)nrows);
+                add_expert_bias(op, e, c0, nrows, OUT_ROW(op, t) + (int64_t)j * n_out + c0);
             }
         }
     }

@@ -139,6 +139,14 @@ void op_kv_store(const pyllm_op *op, const op_rows *r, int ith, int nth) {
 }
 
 /* y = act(x) * x2, elementwise over rows of n_in */
+/* gpt-oss's gate: min(g, c) sigmoid(a min(g, c)) (clamp(u, -c, c) + 1) */
+static void glu_swiglu_oai(int64_t n, const float *g, const float *u, float *y, float a, float c) {
+    for (int64_t i = 0; i < n; i++) {
+        const float x = fminf(g[i], c), v = fminf(fmaxf(u[i], -c), c);
+        y[i] = x / (1.0f + expf(-a * x)) * (v + 1.0f);
+    }
+}
+
 void op_glu(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     /* no x2: a plain activation, act(g) * 1 (exact) through the same kernels */
     static const float ones[256] = {[0 ... 255] = 1.0f};
@@ -152,7 +160,10 @@ void op_glu(const pyllm_op *op, const op_rows *r, int ith, int nth) {
         float *y = OUT_ROW(op, t);
         /* y = silu(g) * u = g / (1 + exp(-g)) * u, or
          * y = gelu_tanh(g) * u = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * u */
-        (op->type == GLU_GELU_TANH ? K.glu_gelu_tanh : K.glu_silu)(i1 - i0, g + i0, u, y + i0);
+        if (op->type == GLU_SWIGLU_OAI)
+            glu_swiglu_oai(i1 - i0, g + i0, u, y + i0, op->scale, op->softcap);
+        else
+            (op->type == GLU_GELU_TANH ? K.glu_gelu_tanh : K.glu_silu)(i1 - i0, g + i0, u, y + i0);
         lo += i1 - i0;
     }
 }

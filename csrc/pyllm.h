@@ -18,7 +18,8 @@ enum pyllm_op_kind {
     OP_MATMUL = 4,    /* y[t, :n_out] (+)= W x[t] (+ bias); reads xq unless W takes f32 */
     OP_ROPE = 5,      /* rotate n_head heads of x[t] and n_kv_head heads of x2[t] by pos[t] */
     OP_KV_STORE = 6,  /* cache[pos[t]] = (k = x[t], v = x2[t]), as f16, through the block table */
-    OP_ATTENTION = 7, /* y[t] = softmax(scale * q[t] K^T) V over positions <= pos[t] (window) */
+    OP_ATTENTION = 7, /* y[t] = softmax(scale * q[t] K^T) V over positions <= pos[t] (window); w: NULL, or
+                         one sink logit per head (float[n_head]) that joins the softmax with no value */
     OP_GLU = 8,       /* y[t] = act(x[t]) * x2[t]; type = GLU_*; x2 NULL: y[t] = act(x[t]) */
     OP_ADD = 9,       /* y[t] += x[t] */
     OP_SCALE = 10,    /* y[t] *= scale; then y = softcap * tanh(y / softcap) if softcap > 0 */
@@ -26,7 +27,7 @@ enum pyllm_op_kind {
                           logits x[t]; type = MOE_* (gating, renormalized weights); weights * scale */
     OP_MATMUL_ID = 12, /* y[t, j n_out..] = W[e] x_j[t] for slots j < n_head, e = x2[t, j] (the
                           route's ids, of n_kv_head experts); W[e]: the expert's n_out rows; x_j[t]
-                          = x[t], or its j-th n_in slice with OPF_SLOT_INPUT */
+                          = x[t], or its j-th n_in slice with OPF_SLOT_INPUT; + bias[e] ([n_kv_head][n_out]) */
     OP_MOE_SUM = 13,  /* y[t] (+)= sum_j x2[t, n_head + j] x[t, j n_in ..] (the route's weights) */
     OP_KIND_COUNT = 14
 };
@@ -40,7 +41,8 @@ enum pyllm_op_flags {
     OPF_SLOT_INPUT = 16 /* MATMUL_ID: each slot reads its own slice of the input row */
 };
 
-enum pyllm_glu { GLU_SILU = 0, GLU_GELU_TANH = 1 };
+/* GLU_SWIGLU_OAI (gpt-oss): g' = min(g, c), y = g' sigmoid(a g') (clamp(u, -c, c) + 1), a = scale, c = softcap */
+enum pyllm_glu { GLU_SILU = 0, GLU_GELU_TANH = 1, GLU_SWIGLU_OAI = 2 };
 enum pyllm_norm { NORM_RMS = 0, NORM_LAYER = 1 };
 /* MOE_ROUTE type: gating (softmax over all experts, or each expert's sigmoid), | MOE_NORM to
  * divide the chosen experts' weights by their sum */

@@ -32,7 +32,8 @@ OP_NAMES = {OP_EMBED: "embed", OP_RMSNORM: "rmsnorm", OP_QUANTIZE: "quantize", O
             OP_ADD: "add", OP_SCALE: "scale", OP_MOE_ROUTE: "moe_route", OP_MATMUL_ID: "matmul_id",
             OP_MOE_SUM: "moe_sum"}
 OPF_ACCUMULATE, OPF_LAST_ROWS, OPF_NO_SYNC, OPF_OUT_ROWS, OPF_SLOT_INPUT = 1, 2, 4, 8, 16
-GLU_SILU, GLU_GELU_TANH = 0, 1
+GLU_SILU, GLU_GELU_TANH, GLU_SWIGLU_OAI = 0, 1, 2
+SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0    # gpt-oss's constants (llama.cpp's too)
 NORM_RMS, NORM_LAYER = 0, 1
 MOE_SOFTMAX, MOE_SIGMOID, MOE_NORM = 0, 1, 2
 ROPE_NORM, ROPE_NEOX = 0, 2
@@ -246,17 +247,21 @@ class Graph:
                    {logits.name}, {y.name})
         return y
 
-    def linear_id(self, x: View, w: Tensor, route: View, k: int, out: str | View, slot_input: bool = False) -> View:
-        """out[:, j n_out : (j+1) n_out] = W[e_j] x for the k experts e_j of each row's
-        route; W is 3-D, GGUF shape (n_in, n_out, n_experts). slot_input: slot j reads
-        columns j n_in : (j+1) n_in of x (the experts' own activations)."""
+    def linear_id(self, x: View, w: Tensor, route: View, k: int, out: str | View, slot_input: bool = False,
+                  bias: Optional[np.ndarray] = None) -> View:
+        """out[:, j n_out : (j+1) n_out] = W[e_j] x (+ bias[e_j]) for the k experts e_j of
+        each row's route; W is 3-D, GGUF shape (n_in, n_out, n_experts), bias [n_experts, n_out].
+        slot_input: slot j reads columns j n_in : (j+1) n_in of x (the experts' own activations)."""
         n_in, n_out, n_experts = w.shape
         assert x.width == n_in * (k if slot_input else 1), f"{w.name}: input width {x.width}"
         y = self._out(out, k * n_out)
         act = act_format(w.type)
         xq = None if act == ACT_F32 else self.quantized(x, act)
         reads = {x.name if xq is None else xq.name, route.name}
-        self._emit(Op(OP_MATMUL_ID, flags=OPF_SLOT_INPUT if slot_input else 0, type=w.type, weight=w, x=x,
+        if bias is not None:
+            assert bias.shape == (n_experts, n_out), f"{w.name}: bias shape {bias.shape}"
+            bias = np.ascontiguousarray(bias, dtype=np.float32).reshape(-1)
+        self._emit(Op(OP_MATMUL_ID, flags=OPF_SLOT_INPUT if slot_input else 0, type=w.type, weight=w, bias=bias, x=x,
                       x2=route, xq=xq, y=y, n_in=n_in, n_out=n_out, n_head=k, n_kv_head=n_experts), reads, {y.name})
         return y
 
@@ -278,8 +283,10 @@ class Graph:
                       freq_factors=freq_factors), names, names)
 
     def attention(self, q: View, k: View, v: View, n_head: int, n_kv_head: int, head_dim: int,
-                  scale: float, out: str | View, window: int = 0, softcap: float = 0.0) -> View:
-        """Stores this step's k, v in the layer's KV cache, then attends over it."""
+                  scale: float, out: str | View, window: int = 0, softcap: float = 0.0,
+                  sinks: Optional[np.ndarray] = None) -> View:
+        """Stores this step's k, v in the layer's KV cache, then attends over it.
+        sinks: one logit per head that joins its softmax with no value (gpt-oss)."""
         layer = self.layer
         self.kv_layers[layer] = (n_kv_head, head_dim)
         kv = f"kv{layer}"
@@ -287,14 +294,17 @@ class Graph:
                       kv_layer=layer), {k.name, v.name}, {kv})
         y = self._out(out, n_head * head_dim)
         self._emit(Op(OP_ATTENTION, x=q, y=y, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
-                      scale=scale, window=window, softcap=softcap, kv_layer=layer),
+                      scale=scale, window=window, softcap=softcap, kv_layer=layer, vector=sinks),
                    {q.name, kv}, {y.name})
         return y
 
     def glu(self, gate: View, up: View, kind: int, out: str | View) -> View:
-        """out = act(gate) * up"""
+        """out = act(gate) * up; GLU_SWIGLU_OAI: min(g, c) sigmoid(a min(g, c)) (clamp(up, -c, c) + 1),
+        a = SWIGLU_OAI_ALPHA, c = SWIGLU_OAI_LIMIT"""
         y = self._out(out, gate.width)
-        self._emit(Op(OP_GLU, type=kind, x=gate, x2=up, y=y, n_in=gate.width), {gate.name, up.name}, {y.name})
+        oai = kind == GLU_SWIGLU_OAI
+        self._emit(Op(OP_GLU, type=kind, x=gate, x2=up, y=y, n_in=gate.width, scale=SWIGLU_OAI_ALPHA if oai else 1.0,
+                      softcap=SWIGLU_OAI_LIMIT if oai else 0.0), {gate.name, up.name}, {y.name})
         return y
 
     def act(self, x: View, kind: int, out: str | View) -> View:

@@ -13,7 +13,7 @@ from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from .arch.base import Architecture, Moe
-from .graph import GLU_GELU_TANH, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX
+from .graph import GLU_GELU_TANH, GLU_SWIGLU_OAI, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from .model_file import Tensor
 
 
@@ -50,6 +50,21 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
+def swiglu_oai(g: np.ndarray, u: np.ndarray, alpha: float = SWIGLU_OAI_ALPHA,
+               limit: float = SWIGLU_OAI_LIMIT) -> np.ndarray:
+    """gpt-oss's gate: min(g, limit) sigmoid(alpha min(g, limit)) (clamp(u, -limit, limit) + 1)."""
+    g = np.minimum(g, limit)
+    return g / (1.0 + np.exp(-alpha * g)) * (np.clip(u, -limit, limit) + 1.0)
+
+
+def glu(kind: int):
+    """The gated activation act(g) * u of GLU kind `kind`, as a function of (g, u)."""
+    if kind == GLU_SWIGLU_OAI:
+        return swiglu_oai
+    act = gelu_tanh if kind == GLU_GELU_TANH else silu
+    return lambda g, u: act(g) * u
+
+
 def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool,
          freq_scale: float = 1.0, factors: np.ndarray | None = None) -> np.ndarray:
     """Rotates the first n_rot dims of each head. x: [T, heads, head_dim].
@@ -71,8 +86,9 @@ def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool,
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window: int = 0,
-              softcap: float = 0.0) -> np.ndarray:
-    """Causal attention. q: [T, H, d], k/v: [T, Hkv, d] -> [T, H*d]."""
+              softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
+    """Causal attention. q: [T, H, d], k/v: [T, Hkv, d] -> [T, H*d]. sinks: one logit
+    per head, one more score of each softmax whose value is zero."""
     T, H, d = q.shape
     group = H // k.shape[1]
     k = np.repeat(k, group, axis=1)
@@ -85,9 +101,11 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window:
     if window > 0:
         allowed &= j > i - window
     scores = np.where(allowed[None], scores, -np.inf)
-    scores -= scores.max(axis=-1, keepdims=True)
-    p = np.exp(scores)
-    p /= p.sum(axis=-1, keepdims=True)
+    sink = np.full((H, T, 1), -np.inf) if sinks is None else np.broadcast_to(
+        sinks.astype(np.float64)[:, None, None], (H, T, 1))
+    m = np.maximum(scores.max(axis=-1, keepdims=True), sink)
+    p = np.exp(scores - m)
+    p /= p.sum(axis=-1, keepdims=True) + np.exp(sink - m)
     return np.einsum("hts,shd->thd", p, v.astype(np.float64)).reshape(T, H * d).astype(np.float32)
 
 
@@ -95,10 +113,14 @@ class Reference:
     """Dequantizes an architecture's weights once, then runs whole sequences."""
 
     FAMILIES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "granite", "smollm3", "olmo2", "phi2",
-                "starcoder2", "stablelm", "command-r", "cohere2", "ernie4_5", "exaone", "exaone4", "qwen3moe", "olmoe", "granitemoe", "qwen2moe")
+                "starcoder2", "stablelm", "command-r", "cohere2", "ernie4_5", "exaone", "exaone4", "qwen3moe", "olmoe", "granitemoe", "qwen2moe",
+                "gpt-oss")
 
-    def __init__(self, arch: Architecture):
+    def __init__(self, arch: Architecture, kv_f16: bool = False):
+        """kv_f16: round k and v to f16 before attending, as both engines' KV caches
+        store them (at F32 that rounding is the engines' main difference from here)."""
         self.arch = arch
+        self.kv_f16 = kv_f16
         self._cache: dict[str, np.ndarray] = {}
 
     def w(self, t: Tensor) -> np.ndarray:
@@ -122,17 +144,17 @@ class Reference:
         return rmsnorm(x, w, self.arch.hp.eps)
 
     def _ffn(self, h: np.ndarray, F, act) -> np.ndarray:
-        """Wdown (act(Wgate h) * Wup h), Wdown act(Wup h) ungated, or the experts' sum."""
+        """Wdown act(Wgate h, Wup h), Wdown act(Wup h, 1) ungated, or the experts' sum."""
         if isinstance(F, Moe):
             return self._moe(h, F, act)
         if not F.gated:
-            z = act(self._linear(h, F.w_up, F.b_up))
+            z = act(self._linear(h, F.w_up, F.b_up), np.float32(1.0))
         else:
             if F.w_gate is not None:
                 gate, up = self._linear(h, F.w_gate, F.b_gate), self._linear(h, F.w_up, F.b_up)
             else:   # fused [gate | up]
                 gate, up = np.split(self._linear(h, F.w_up, F.b_up), 2, axis=1)
-            z = act(gate) * up
+            z = act(gate, up)
         return self._linear(z, F.w_down, F.b_down)
 
     def _experts(self, t: Tensor) -> np.ndarray:
@@ -141,7 +163,7 @@ class Reference:
 
     def _moe(self, h: np.ndarray, m: Moe, act) -> np.ndarray:
         """sum over the k experts with the largest gate values of (weight) * expert FFN(h)."""
-        logits = h @ self.w(m.router).T
+        logits = self._linear(h, m.router, m.b_router)
         if m.gating == MOE_SIGMOID:
             p = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
         else:
@@ -153,10 +175,14 @@ class Reference:
             weights = weights / weights.sum(axis=1, keepdims=True)
         weights = (weights * m.scale).astype(np.float32)
         gate, up, down = self._experts(m.gate), self._experts(m.up), self._experts(m.down)
+
+        def bias(b, e):
+            return 0.0 if b is None else b[e]
         out = np.zeros_like(h)
         for t in range(h.shape[0]):
             for j, e in enumerate(top[t]):
-                out[t] += weights[t, j] * (down[e] @ (act(gate[e] @ h[t]) * (up[e] @ h[t])))
+                z = act(gate[e] @ h[t] + bias(m.b_gate, e), up[e] @ h[t] + bias(m.b_up, e))
+                out[t] += weights[t, j] * (down[e] @ z + bias(m.b_down, e))
         if m.shared is not None:
             s = self._ffn(h, m.shared, act)
             if m.shared_gate is not None:
@@ -182,7 +208,7 @@ class Reference:
         a, hp = self.arch, self.arch.hp
         T, H, Hkv, d = len(tokens), hp.n_head, hp.n_head_kv, hp.head_dim
         pos = np.arange(T)
-        act = gelu_tanh if a.glu == GLU_GELU_TANH else silu
+        act = glu(a.glu)
         x = self.w(a.tok_embd)[tokens] * np.float32(a.embed_scale)
         for i, L in enumerate(a.layers):
             A, F = L.attn, L.ffn
@@ -199,7 +225,9 @@ class Reference:
             r = a.layer_rope(i)
             q = rope(q, pos, r.n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors)
             k = rope(k, pos, r.n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors)
-            o = self._linear(attention(q, k, v, a.attn_scale, a.layer_window(i), a.attn_softcap), A.wo, A.bo)
+            if self.kv_f16:
+                k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
+            o = self._linear(attention(q, k, v, a.attn_scale, a.layer_window(i), a.attn_softcap, A.sinks), A.wo, A.bo)
             if L.post_attn_norm is not None:
                 o = rmsnorm(o, L.post_attn_norm, hp.eps)
             if not L.parallel:   # parallel: the FFN reads the attention's h

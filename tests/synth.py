@@ -103,7 +103,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 rope_freqs: bool = False, qkv_bias: bool = False, qk_norm: bool = False,
                 fused_qkv: bool = False, fused_up: bool = False, post_norms: bool = False, pre_norms: bool = True,
                 rope_factors: bool = False, layer_norm: bool = False, norm_bias: Optional[bool] = None,
-                ffn_norm: bool = True,
+                ffn_norm: bool | str = True, sinks: bool = False, expert_biases: bool = False,
                 gated: bool = True, biases: bool = False, out_bias: bool = False,
                 rope_dim: Optional[int] = None, experts: int = 0, experts_used: int = 2,
                 n_ff_exp: Optional[int] = None, shared_expert: int = 0, shared_gate: bool = False,
@@ -120,13 +120,16 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
       rope_freqs  rope_freqs.weight (Llama 3); rope_factors: rope_factors_{short,long} (Phi-3 128k)
       layer_norm  LayerNorm epsilon key and .bias of every norm (Phi-2, StarCoder 2, StableLM);
                   norm_bias=False: no biases (Command R)
-      ffn_norm    False: no ffn_norm (Phi-2's parallel block); gated: False: no ffn_gate
+      ffn_norm    False: no ffn_norm (Phi-2's parallel block); a name: that tensor instead
+                  (gpt-oss: "post_attention_norm"); gated: False: no ffn_gate
+      sinks       attn_sinks.weight, one logit per head (gpt-oss)
       biases      attn_output, ffn_up and ffn_down biases; out_bias: output.bias
       rope_dim    rotated dims per head (default: all)
       experts     > 0: every FFN is that many experts (ffn_gate_inp, ffn_*_exps), experts_used
                   chosen per token, each n_ff_exp wide (written as expert_feed_forward_length, which
                   only Qwen3-MoE reads; default n_ff); shared_expert: also a shared expert that
-                  wide (ffn_*_shexp), with shared_gate its ffn_gate_inp_shexp vector (Qwen2-MoE)
+                  wide (ffn_*_shexp), with shared_gate its ffn_gate_inp_shexp vector (Qwen2-MoE);
+                  expert_biases: ffn_gate_inp.bias and ffn_{gate,up,down}_exps.bias (gpt-oss)
       keys        extra metadata: {"sliding_window": 8, ...} -> writer.add_<name>(value);
                   a dotted name ("rope.scaling.x") is written as the float key {arch}.<name>
     head_dim defaults to n_embd / n_head; otherwise it is written as key_length."""
@@ -218,16 +221,22 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
         add(p + "attn_output.weight", weight(qtype, q_dim, n_embd, rng))
         if biases:
             add(p + "attn_output.bias", bias(n_embd))
+        if sinks:
+            add(p + "attn_sinks.weight", (rng.standard_normal(n_head).astype(np.float32), None))
         if post_norms:
             add(p + "post_attention_norm.weight", norm(n_embd))
         if pre_norms and ffn_norm:
-            norms(p + "ffn_norm", n_embd)
+            norms(p + (ffn_norm if isinstance(ffn_norm, str) else "ffn_norm"), n_embd)
         if experts:
             n_exp_ff = n_ff_exp or n_ff
             add(p + "ffn_gate_inp.weight", weight(QT.F32, n_embd, experts, rng, scale=1.0))
             for name, n_in, n_out in (("gate", n_embd, n_exp_ff), ("up", n_embd, n_exp_ff), ("down", n_exp_ff, n_embd)):
                 arr, raw = weight(qtype, n_in, n_out * experts, rng)
                 add(p + f"ffn_{name}_exps.weight", (arr.reshape(experts, n_out, -1), raw))
+                if expert_biases:
+                    add(p + f"ffn_{name}_exps.bias", bias((experts, n_out)))
+            if expert_biases:
+                add(p + "ffn_gate_inp.bias", bias(experts))
             if shared_expert:
                 add(p + "ffn_gate_shexp.weight", weight(qtype, n_embd, shared_expert, rng))
                 add(p + "ffn_up_shexp.weight", weight(qtype, n_embd, shared_expert, rng))
@@ -242,7 +251,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
             add(p + "ffn_up.weight", weight(qtype, n_embd, n_ff, rng))
         if not experts:
             add(p + "ffn_down.weight", weight(qtype, n_ff, n_embd, rng))
-        if biases:
+        if biases and not experts:
             add(p + "ffn_up.bias", bias(n_ff))
             add(p + "ffn_down.bias", bias(n_embd))
         if post_norms:
@@ -423,13 +432,27 @@ def write_olmoe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_model(path, "olmoe", qtype, qk_norm="full", rope_base=10000.0, **kw)
 
 
+def write_gpt_oss(path: str | Path, qtype: QT = QT.Q8_0, window: int = 8, **kw) -> str:
+    """gpt-oss: biases on q/k/v/o, the router and every expert matrix; attention sinks;
+    post_attention_norm as the FFN's input norm; even layers over a window; heads of 64
+    wider than n_embd (8 x 64 over 256, as the 20B's 64 x 64 over 2880)."""
+    kw.setdefault("experts", 16)        # the 20B: 4 of 32
+    kw.setdefault("experts_used", 4)
+    kw.setdefault("n_ff_exp", 256)
+    kw.setdefault("n_head", 8)
+    kw.setdefault("head_dim", 64)
+    keys = {"sliding_window": window, **kw.pop("keys", {})}
+    return write_model(path, "gpt-oss", qtype, qkv_bias=True, biases=True, sinks=True, expert_biases=True,
+                       ffn_norm="post_attention_norm", rope_base=150000.0, keys=keys, **kw)
+
+
 WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
            "phi3": write_phi3, "gemma2": write_gemma2, "gemma3": write_gemma3, "granite": write_granite,
            "smollm3": write_smollm3, "olmo2": write_olmo2, "phi2": write_phi2, "starcoder2": write_starcoder2,
            "stablelm": write_stablelm, "command-r": write_command_r, "cohere2": write_cohere2,
            "ernie4_5": write_ernie4_5, "exaone": write_exaone, "exaone4": write_exaone4, "mixtral": write_mixtral,
            "qwen3moe": write_qwen3moe, "olmoe": write_olmoe, "granitemoe": write_granitemoe,
-           "qwen2moe": write_qwen2moe}
+           "qwen2moe": write_qwen2moe, "gpt-oss": write_gpt_oss}
 
 
 def _gguf_string(x: str) -> bytes:

@@ -40,7 +40,7 @@ from pyllm.backend.cpu import CpuBackend, HostDevice
 from pyllm.backend.placement import DeviceSpec, Hardware, LinkSpec, Planner
 from pyllm.backend.split import SplitBackend
 from pyllm.errors import InvalidArgumentError
-from pyllm.graph import (ACT_F32, GLU_GELU_TANH, GLU_SILU, MOE_NORM, MOE_SIGMOID, MOE_SOFTMAX, OP_ATTENTION, ROPE_NEOX,
+from pyllm.graph import (ACT_F32, GLU_GELU_TANH, GLU_SILU, GLU_SWIGLU_OAI, MOE_NORM, MOE_SIGMOID, MOE_SOFTMAX, OP_ATTENTION, ROPE_NEOX,
                          ROPE_NORM, Graph, act_format)
 from pyllm.model_file import ModelFile, Tensor
 
@@ -423,6 +423,10 @@ def op_case(case: str, rng):
         return g, inputs, ["x", "k"], pos, False
     elif case in ("glu-silu", "glu-gelu"):
         g.glu(x, second["up"], GLU_SILU if case == "glu-silu" else GLU_GELU_TANH, "out")
+    elif case == "glu-swiglu-oai":        # gates and ups past the clamp at +-7
+        inputs["x"] *= 6
+        inputs["up"] *= 6
+        g.glu(x, second["up"], GLU_SWIGLU_OAI, "out")
     elif case == "add":
         g.add(x, second["y"])
         return g, inputs, ["y"], pos, True
@@ -438,7 +442,7 @@ def op_case(case: str, rng):
 
 
 OP_CASES = ["rmsnorm", "rmsnorm-groups", "layernorm", "layernorm-nobias", "rope-norm", "rope-neox", "glu-silu",
-            "glu-gelu", "act-gelu", "add", "scale", "head-rmsnorm", "head-layernorm", "head-glu-gelu", "head-add",
+            "glu-gelu", "glu-swiglu-oai", "act-gelu", "add", "scale", "head-rmsnorm", "head-layernorm", "head-glu-gelu", "head-add",
             "head-linear-q4_k", "head-linear-f16"]
 
 
@@ -463,12 +467,13 @@ def test_op_matches_the_core(devices, case):
 
 
 @pytest.mark.parametrize("case", ["route-softmax-norm", "route-sigmoid", "matmul-id-q4_k", "matmul-id-q8_0-slots",
-                                  "matmul-id-f16", "moe-sum"])
+                                  "matmul-id-f16", "matmul-id-q8_0-bias", "moe-sum"])
 def test_moe_op_matches_the_core(devices, case):
     """The mixture-of-experts ops: the route (same experts, weights to float
     rounding), each (token, slot) through its expert (shared input, or one
     slice per slot), the weighted sum; 12 tokens, 6 of 8 experts used by
-    several of them, one route id out of range (its slot left alone)."""
+    several of them, one route id out of range (its slot left alone); a bias
+    per expert (gpt-oss)."""
     from test_moe import experts_tensor
     rng = np.random.default_rng(len(case))
     n, k, n_exp = 12, 3, 8
@@ -489,7 +494,9 @@ def test_moe_op_matches_the_core(devices, case):
         qtype = {"q4_k": QT.Q4_K, "q8_0": QT.Q8_0, "f16": QT.F16}[case.split("-")[2]]
         slots = case.endswith("slots")
         w = experts_tensor(qtype, 256, 64, n_exp)
-        g.linear_id(g.buffer("x", 256 * (k if slots else 1)), w, g.buffer("route", 2 * k), k, "out", slot_input=slots)
+        bias = rng.standard_normal((n_exp, 64)).astype(np.float32) if case.endswith("bias") else None
+        g.linear_id(g.buffer("x", 256 * (k if slots else 1)), w, g.buffer("route", 2 * k), k, "out", slot_input=slots,
+                    bias=bias)
         inputs = {"x": rng.standard_normal((n, 256 * (k if slots else 1))).astype(np.float32), "route": route,
                   "out": np.full((n, k * 64), 7.0, np.float32)}
         outputs = ["out"]
@@ -504,12 +511,13 @@ def test_moe_op_matches_the_core(devices, case):
         assert (gpu["out"][5, 64:128] == 7.0).all()
 
 
-@pytest.mark.parametrize("n_head,n_kv_head,hd,window,softcap", [
-    (4, 2, 64, 0, 0.0),      # grouped-query heads
-    (2, 1, 256, 37, 5.0),    # one KV head (Gemma), a sliding window, soft-capped scores
-    (3, 3, 80, 0, 0.0),      # a head size that is no multiple of 32
-], ids=["gqa", "window-softcap-hd256", "hd80"])
-def test_kv_store_and_attention_match_the_core(devices, n_head, n_kv_head, hd, window, softcap):
+@pytest.mark.parametrize("n_head,n_kv_head,hd,window,softcap,sinks", [
+    (4, 2, 64, 0, 0.0, False),      # grouped-query heads
+    (2, 1, 256, 37, 5.0, False),    # one KV head (Gemma), a sliding window, soft-capped scores
+    (3, 3, 80, 0, 0.0, False),      # a head size that is no multiple of 32
+    (8, 2, 64, 16, 0.0, True),      # a sink logit per head (gpt-oss), windowed
+], ids=["gqa", "window-softcap-hd256", "hd80", "sinks-window"])
+def test_kv_store_and_attention_match_the_core(devices, n_head, n_kv_head, hd, window, softcap, sinks):
     """160 positions (two attention tiles) through a shuffled block table: the
     KV cache bit for bit (f16 rounding is exact on both), every row's
     attention to float rounding."""
@@ -518,7 +526,8 @@ def test_kv_store_and_attention_match_the_core(devices, n_head, n_kv_head, hd, w
     g = Graph()
     g.layer = 0
     q, k, v = g.buffer("q", n_head * hd), g.buffer("k", n_kv_head * hd), g.buffer("v", n_kv_head * hd)
-    g.attention(q, k, v, n_head, n_kv_head, hd, 1.0 / np.sqrt(hd), "y", window=window, softcap=softcap)
+    sink = (rng.standard_normal(n_head) * 3).astype(np.float32) if sinks else None
+    g.attention(q, k, v, n_head, n_kv_head, hd, 1.0 / np.sqrt(hd), "y", window=window, softcap=softcap, sinks=sink)
     inputs = {name: (rng.standard_normal((n, b.width)) * 2).astype(np.float32) for name, b in g.buffers.items()
               if name != "y"}
     table = list(rng.permutation(12))[:n // bs]
@@ -766,7 +775,7 @@ def close_enough(got, ref, float_weights):
                                           ("gemma2", QT.Q8_0), ("gemma3", QT.F16), ("granite", QT.Q4_K),
                                           ("smollm3", QT.Q8_0), ("olmo2", QT.F16), ("phi2", QT.Q8_0),
                                           ("starcoder2", QT.Q4_K), ("stablelm", QT.F16), ("cohere2", QT.Q8_0),
-                                          ("mixtral", QT.Q4_K), ("qwen2moe", QT.Q8_0)],
+                                          ("mixtral", QT.Q4_K), ("qwen2moe", QT.Q8_0), ("gpt-oss", QT.Q8_0)],
                          ids=lambda x: getattr(x, "name", x))
 def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     """300 positions over shuffled 16-position blocks: several attention tiles,
@@ -775,7 +784,8 @@ def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     biases, fused projections, both RoPE modes and layers without RoPE
     (SmolLM3), Granite's residual and logit scales, LayerNorm, the parallel
     block and the ungated GELU FFN (Phi-2, StarCoder 2, StableLM), mixtures
-    of experts with and without a gated shared expert."""
+    of experts with and without a gated shared expert, gpt-oss's sinks,
+    biased experts and swiglu_oai."""
     host, gpu = devices
     path = synth.WRITERS[family](tmp_path / "m.gguf", qtype)
     _, g = build(path)

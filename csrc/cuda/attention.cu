@@ -2,7 +2,8 @@
  *
  * For query row t at position p and head h (KV head h / group):
  *     y = sum_j softmax_j(scale * q.k_j) v_j   over j in [max(0, p - window + 1), p]
- * (scores soft-capped as softcap * tanh(s / softcap) when softcap > 0).
+ * (scores soft-capped as softcap * tanh(s / softcap) when softcap > 0; a head's sink
+ * logit, when given, joins the softmax's normalizer).
  *
  * One block of 128 threads per (head, query row). It walks the visible
  * positions in tiles of 128: each warp scores every 4th position of the tile
@@ -28,7 +29,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
 attention_kernel(const float *__restrict__ Q, int64_t q_stride, float *__restrict__ Y, int64_t y_stride,
                  const __half *__restrict__ Kc, const __half *__restrict__ Vc, const int32_t *__restrict__ pos,
                  const int32_t *__restrict__ table, int block_size, int n_head, int n_kv_head, int hd, float scale,
-                 float softcap, int window) {
+                 float softcap, int window, const float *__restrict__ sinks) {
     PQ_EXTERN_SHARED(float, sm);
     float *s_q = sm;                                              /* hd */
     float *s_p = s_q + hd;                                        /* ATT_TILE scores, then weights */
@@ -87,7 +88,12 @@ attention_kernel(const float *__restrict__ Q, int64_t q_stride, float *__restric
         m = m_new;
         __syncthreads();                   /* before the next tile overwrites s_p, s_off */
     }
-    const float inv = 1.0f / l;
+    /* a sink logit (gpt-oss) joins the normalizer as a score with no value */
+    float inv = 1.0f / l;
+    if (sinks) {
+        const float M = fmaxf(m, sinks[h]), c = expf(m - M);
+        inv = c / (l * c + expf(sinks[h] - M));
+    }
 #pragma unroll
     for (int i = 0; i < MAX_HEAD_DIM / ATT_THREADS; i++) {
         const int d = tid + i * ATT_THREADS;
@@ -100,7 +106,8 @@ void launch_attention(const pyllm_op *op, const exec &e) {
     const size_t smem = (size_t)((op->head_dim + ATT_TILE + 1) & ~1) * sizeof(float) + ATT_TILE * sizeof(long long);
     PQ_LAUNCH(grid, ATT_THREADS, smem, e.stream, attention_kernel)(
         op->x, op->x_stride, op->y, op->y_stride, (const __half *)op->k_cache, (const __half *)op->v_cache, e.pos,
-        e.table, e.block_size, op->n_head, op->n_kv_head, op->head_dim, op->scale, op->softcap, op->window);
+        e.table, e.block_size, op->n_head, op->n_kv_head, op->head_dim, op->scale, op->softcap, op->window,
+        (const float *)op->w);
 }
 
 }  // namespace pq

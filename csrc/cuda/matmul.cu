@@ -273,7 +273,7 @@ template <int T>
 __global__ void __launch_bounds__(MMV_WARPS * 32)
 mmv_id(const uint8_t *__restrict__ W, size_t row_bytes, int64_t n, int n_out, int n_experts, int k,
        const float *__restrict__ route, int64_t route_stride, const uint8_t *__restrict__ X, size_t x_row_bytes,
-       size_t slot_bytes, float *__restrict__ Y, int64_t y_stride) {
+       size_t slot_bytes, float *__restrict__ Y, int64_t y_stride, const float *__restrict__ bias) {
     constexpr int ACT = fmt<T>::act;
     const int lane = threadIdx.x & 31;
     const int col = blockIdx.x * MMV_WARPS + (threadIdx.x >> 5);
@@ -295,7 +295,7 @@ mmv_id(const uint8_t *__restrict__ W, size_t row_bytes, int64_t n, int n_out, in
         }
     }
     acc = warp_sum(acc);
-    if (lane == 0) Y[(int64_t)t * y_stride + (int64_t)j * n_out + col] = acc;
+    if (lane == 0) Y[(int64_t)t * y_stride + (int64_t)j * n_out + col] = acc + (bias ? bias[(int64_t)e * n_out + col] : 0.0f);
 }
 
 template <int T>
@@ -311,7 +311,7 @@ static void matmul_id(const pyllm_op *op, const exec &e) {
     const dim3 grid(blocks_for(n_out, MMV_WARPS), e.rows * k);
     PQ_LAUNCH(grid, MMV_WARPS * 32, 0, e.stream, mmv_id<T>)((const uint8_t *)op->w, row_bytes, n, n_out,
                                                           op->n_kv_head, k, op->x2, op->x2_stride, x, x_row_bytes,
-                                                          slot_input ? slot_bytes : 0, op->y, op->y_stride);
+                                                          slot_input ? slot_bytes : 0, op->y, op->y_stride, op->bias);
 }
 
 /* ---- launch ---- */

@@ -136,20 +136,28 @@ __device__ __forceinline__ float gelu_tanh(float x) {
     return x / (1.0f + expf(-c2 * (x + 0.044715f * x * x * x)));
 }
 
+/* gpt-oss: min(g, c) sigmoid(a min(g, c)) (clamp(u, -c, c) + 1) */
+__device__ __forceinline__ float swiglu_oai(float g, float u, float a, float c) {
+    const float x = fminf(g, c);
+    return x / (1.0f + expf(-a * x)) * (fminf(fmaxf(u, -c), c) + 1.0f);
+}
+
 __global__ void glu_kernel(const float *__restrict__ G, int64_t g_stride, const float *__restrict__ U, int64_t u_stride,
-                           float *__restrict__ Y, int64_t y_stride, int64_t n, int kind) {
+                           float *__restrict__ Y, int64_t y_stride, int64_t n, int kind, float alpha, float limit) {
     const int t = blockIdx.y;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float g = G[(int64_t)t * g_stride + i], u = U ? U[(int64_t)t * u_stride + i] : 1.0f;
-    Y[(int64_t)t * y_stride + i] = (kind == GLU_GELU_TANH ? gelu_tanh(g) : silu(g)) * u;
+    Y[(int64_t)t * y_stride + i] = kind == GLU_SWIGLU_OAI ? swiglu_oai(g, u, alpha, limit)
+                                                          : (kind == GLU_GELU_TANH ? gelu_tanh(g) : silu(g)) * u;
 }
 
 void launch_glu(const pyllm_op *op, const exec &e) {  /* no x2: y = act(x) */
     dim3 grid(blocks_for(op->n_in, 256), e.rows);
     PQ_LAUNCH(grid, 256, 0, e.stream, glu_kernel)(op->x + (int64_t)e.row0 * op->x_stride, op->x_stride,
                                                   op->x2 ? op->x2 + (int64_t)e.row0 * op->x2_stride : nullptr,
-                                                  op->x2_stride, op->y, op->y_stride, op->n_in, op->type);
+                                                  op->x2_stride, op->y, op->y_stride, op->n_in, op->type, op->scale,
+                                                  op->softcap);
 }
 
 __global__ void add_kernel(const float *__restrict__ X, int64_t x_stride, float *Y, int64_t y_stride, int64_t n) {

@@ -200,6 +200,7 @@ class Attn:
     bo: Optional[np.ndarray] = None
     q_norm: Optional[np.ndarray] = None
     k_norm: Optional[np.ndarray] = None
+    sinks: Optional[np.ndarray] = None    # one logit per head that joins its softmax with no value (gpt-oss)
 
 
 @dataclass
@@ -231,6 +232,10 @@ class Moe:
     norm: bool = True
     scale: float = 1.0
     shared: Optional[Ffn] = None          # an expert every token uses, added to the sum
+    b_router: Optional[np.ndarray] = None               # biases (gpt-oss): the router's [n_experts],
+    b_gate: Optional[np.ndarray] = None                 # and each expert's, [n_experts, n_out]
+    b_up: Optional[np.ndarray] = None
+    b_down: Optional[np.ndarray] = None
     shared_gate: Optional[Tensor] = None  # its weight sigmoid(shared_gate h) (Qwen2-MoE), else 1
 
     @property
@@ -321,6 +326,18 @@ class Architecture:
 
     def optional_vector(self, name: str, n: int) -> Optional[np.ndarray]:
         return self.vector(name, n) if self.mf.has_tensor(name) else None
+
+    def expert_biases(self, name: str, n: int, n_experts: int) -> Optional[np.ndarray]:
+        """A 2-D float tensor of one bias of n per expert (GGUF shape (n, n_experts)) as
+        [n_experts, n], if the file has it."""
+        if not self.mf.has_tensor(name):
+            return None
+        t = self.mf.tensor(name)
+        if t.shape != (n, n_experts) or t.type not in (0, 1):
+            raise ModelFileError(f"{self.mf.path}: tensor {name} is {t.type_name} {list(t.shape)}, "
+                                 f"expected F32 or F16 {[n, n_experts]}")
+        return (t.data.view(np.float32) if t.type == 0 else t.data.view(np.float16).astype(np.float32)
+                ).reshape(n_experts, n)
 
     def norm_weights(self, name: str, bias: bool = True) -> tuple[np.ndarray, Optional[np.ndarray]]:
         """(weight, bias) of norm `name` ("blk.0.attn_norm"); the bias required
@@ -416,7 +433,11 @@ class Architecture:
                    gate=self.expert_weights(p + "ffn_gate_exps.weight", hp.n_embd, n_ff, n_experts),
                    up=self.expert_weights(p + "ffn_up_exps.weight", hp.n_embd, n_ff, n_experts),
                    down=self.expert_weights(p + "ffn_down_exps.weight", n_ff, hp.n_embd, n_experts),
-                   k=k, norm=self.moe_norm, shared=self.shared_expert(i))
+                   k=k, norm=self.moe_norm, shared=self.shared_expert(i),
+                   b_router=self.optional_vector(p + "ffn_gate_inp.bias", n_experts),
+                   b_gate=self.expert_biases(p + "ffn_gate_exps.bias", n_ff, n_experts),
+                   b_up=self.expert_biases(p + "ffn_up_exps.bias", n_ff, n_experts),
+                   b_down=self.expert_biases(p + "ffn_down_exps.bias", hp.n_embd, n_experts))
 
     def expert_width(self, k: int) -> int:
         """n_ff of each expert (Mixtral, OLMoE, Granite MoE: n_ff; families that read

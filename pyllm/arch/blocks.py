@@ -45,18 +45,18 @@ def attention(g: Graph, arch: Architecture, h: View, a: Attn, layer: int, out: s
     if r.n_rot:  # NoPE layers rotate nothing
         g.rope(q, k, hp.n_head, hp.n_head_kv, hp.head_dim, r.n_rot, r.mode, r.base, r.scale, r.factors)
     att = g.attention(q, k, v, hp.n_head, hp.n_head_kv, hp.head_dim, arch.attn_scale, "attn",
-                      window=arch.layer_window(layer), softcap=arch.attn_softcap)
+                      window=arch.layer_window(layer), softcap=arch.attn_softcap, sinks=a.sinks)
     return g.linear(att, a.wo, out, bias=a.bo, accumulate=accumulate)
 
 
 def moe_ffn(g: Graph, h: View, m: Moe, kind: int, out: str | View, accumulate: bool = True) -> View:
     """out (+)= sum over the k experts e the router picks of w_e Wdown_e (act(Wgate_e h) * Wup_e h),
-    plus the shared expert's FFN, times sigmoid(Wg h) where it is gated."""
-    logits = g.linear(h, m.router, "router")
+    plus the shared expert's FFN, times sigmoid(Wg h) where it is gated (biases where given)."""
+    logits = g.linear(h, m.router, "router", bias=m.b_router)
     route = g.moe_route(logits, m.k, m.gating | (MOE_NORM if m.norm else 0), "route", scale=m.scale)
-    gate = g.linear_id(h, m.gate, route, m.k, "gate_e")
-    act = g.glu(gate, g.linear_id(h, m.up, route, m.k, "up_e"), kind, gate)
-    down = g.linear_id(act, m.down, route, m.k, "down_e", slot_input=True)
+    gate = g.linear_id(h, m.gate, route, m.k, "gate_e", bias=m.b_gate)
+    act = g.glu(gate, g.linear_id(h, m.up, route, m.k, "up_e", bias=m.b_up), kind, gate)
+    down = g.linear_id(act, m.down, route, m.k, "down_e", slot_input=True, bias=m.b_down)
     y = g.moe_sum(down, route, m.k, out, accumulate=accumulate)
     if m.shared is not None:   # + (sigmoid(Wg h) *) the shared expert's FFN
         s = ffn(g, h, m.shared, kind, "shexp", accumulate=False)
