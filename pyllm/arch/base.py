@@ -113,7 +113,8 @@ class HParams:
         if n_experts > 0 and not experts:
             raise UnsupportedModelError(f"{mf.path}: mixture-of-experts {mf.architecture} models "
                                         f"({mf.architecture}.expert_count = {n_experts}) are not supported; pyllm "
-                                        f"runs experts for llama (Mixtral), qwen2moe, qwen3moe, olmoe and granitemoe")
+                                        f"runs experts for llama (Mixtral), qwen2moe, qwen3moe, olmoe, granitemoe "
+                                        f"and gpt-oss")
         if hp.n_layer > len(mf.tensors):  # every layer has tensors: a larger count is corrupt
             raise ModelFileError(f"{mf.path}: block_count {hp.n_layer} is more than the file's "
                                  f"{len(mf.tensors)} tensors; the file is corrupt")
