@@ -65,6 +65,7 @@ FAMILIES = {
     "granite-norope": ("granite", {"rope": False, "attention_scale": None}),  # RoPE off; 1/sqrt(head_dim)
     "smollm3": ("smollm3", {}),                                    # layer 3 of 4 without RoPE
     "olmo2": ("olmo2", {}),
+    "olmo3": ("olmo2", {"n_layer": 4, "keys": {"sliding_window": 8, **YARN}}),   # layers 0-2 local, plain RoPE
     "phi2": ("phi2", {}),                                          # parallel block, fused q/k/v
     "phi2-head80": ("phi2", {"n_embd": 320, "n_ff": 1280, "fused_qkv": False}),  # Phi-2's head size
     "starcoder2": ("starcoder2", {}),

@@ -32,6 +32,7 @@ class LayerGroup:
     rope_freq_scale: float
     rope_freq_factors: bool
     window: int
+    attn_scale: float
 
 
 @dataclass
@@ -101,6 +102,8 @@ class ModelInfo:
             if grp.rope_freq_factors:
                 rope += ", per-pair frequency factors"
             attn = f"sliding window {grp.window}" if grp.window else "whole context"
+            if grp.attn_scale != self.attn_scale:   # layers that scale q.k their own way (OLMo 3)
+                attn += f", softmax scale {grp.attn_scale:.6g}"
             rows.append(("", f"{which}: {rope}; attention over {attn}"))
         attention = f"softmax scale {self.attn_scale:.6g}"
         if self.attn_softcap > 0:
@@ -181,9 +184,10 @@ def model_info(path: str, n_ctx: Optional[int] = None, n_batch: int = N_BATCH,
     groups: list[LayerGroup] = []
     for i in range(hp.n_layer):
         r = arch.layer_rope(i)
-        key = (r.n_rot, r.base, r.scale, r.factors is not None, arch.layer_window(i))
+        key = (r.n_rot, r.base, r.scale, r.factors is not None, arch.layer_window(i), arch.layer_attn_scale(i))
         for grp in groups:
-            if (grp.rope_dims, grp.rope_base, grp.rope_freq_scale, grp.rope_freq_factors, grp.window) == key:
+            if (grp.rope_dims, grp.rope_base, grp.rope_freq_scale, grp.rope_freq_factors, grp.window,
+                    grp.attn_scale) == key:
                 grp.layers.append(i)
                 break
         else:

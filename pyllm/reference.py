@@ -227,7 +227,7 @@ class Reference:
             k = rope(k, pos, r.n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors)
             if self.kv_f16:
                 k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
-            o = self._linear(attention(q, k, v, a.attn_scale, a.layer_window(i), a.attn_softcap, A.sinks), A.wo, A.bo)
+            o = self._linear(attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i), a.attn_softcap, A.sinks), A.wo, A.bo)
             if L.post_attn_norm is not None:
                 o = rmsnorm(o, L.post_attn_norm, hp.eps)
             if not L.parallel:   # parallel: the FFN reads the attention's h

@@ -44,6 +44,8 @@ FAMILIES = {
     "granite-norope": (synth.write_granite, {"rope": False}),
     "smollm3": (synth.write_smollm3, {}),
     "olmo2": (synth.write_olmo2, {}),
+    "olmo3": (synth.write_olmo2, {"n_layer": 4, "keys": {"sliding_window": 8, "rope_scaling_type": rope_type("YARN"),
+                                                         "rope_scaling_factor": 8.0, "rope_scaling_orig_ctx_len": 64}}),
     "phi2": (synth.write_phi2, {}),
     "starcoder2": (synth.write_starcoder2, {}),
     "stablelm": (synth.write_stablelm, {}),
@@ -296,7 +298,8 @@ def test_smollm3_no_rope_layers(tmp_path):
 
 def test_olmo2_norms(tmp_path):
     """No input norms; q/k norms over all of q and k (not per head), which is
-    not the per-head norm; OLMo 3's sliding window is refused."""
+    not the per-head norm. OLMo 3: layers 0-2 of every 4 windowed with plain
+    RoPE and scale, the 4th global with the file's YaRN and its attention factor."""
     o = load_architecture(ModelFile(synth.write_olmo2(tmp_path / "o.gguf", QT.F32)))
     L = o.layers[0]
     assert L.attn_norm is None and L.ffn_norm is None and L.post_attn_norm is not None
@@ -306,9 +309,18 @@ def test_olmo2_norms(tmp_path):
     for layer in o.layers:   # the same weights applied per head instead
         layer.attn.q_norm, layer.attn.k_norm = layer.attn.q_norm[:64], layer.attn.k_norm[:64]
     assert compare(Reference(o).forward(tokens), ref)[0] > 0.05
-    p = synth.write_olmo2(tmp_path / "w.gguf", QT.F32, keys={"sliding_window": 4096})
-    with pytest.raises(UnsupportedModelError, match="sliding-window"):
-        load_architecture(ModelFile(p))
+    yarn = {"rope_scaling_type": rope_type("YARN"), "rope_scaling_factor": 8.0, "rope_scaling_orig_ctx_len": 64}
+    o3 = load_architecture(ModelFile(synth.write_olmo2(tmp_path / "w.gguf", QT.F32, n_layer=8,
+                                                       keys={"sliding_window": 8, **yarn})))
+    assert [o3.layer_window(i) for i in range(8)] == [8, 8, 8, 0] * 2
+    local, glob = o3.layer_rope(0), o3.layer_rope(3)
+    assert local.factors is None and local.scale == 1.0 and local.base == glob.base == 500000.0
+    assert glob.factors is not None and glob.factors.max() == pytest.approx(8.0)
+    assert o3.layer_attn_scale(0) == pytest.approx(1 / 8)
+    assert o3.layer_attn_scale(3) == pytest.approx((1 + 0.1 * np.log(8)) ** 2 / 8)
+    flags = load_architecture(ModelFile(synth.write_olmo2(tmp_path / "f.gguf", QT.F32, n_layer=3, keys={
+        "sliding_window": 8, "sliding_window_pattern": [True, False, True]})))
+    assert [flags.layer_window(i) for i in range(3)] == [8, 0, 8]
     p = synth.write_olmo2(tmp_path / "k.gguf", QT.F32, qk_norm=True)   # per-head norms: not OLMo 2's shape
     with pytest.raises(ModelFileError, match="attn_q_norm.weight has shape \\[64\\], expected \\[256\\]"):
         load_architecture(ModelFile(p))

@@ -165,6 +165,24 @@ class Rope:
         return Rope(self.mode, 0, self.base)
 
 
+def sliding_layers(mf: ModelFile, n_layer: int, period: int) -> tuple[int, list[bool]]:
+    """(window, which layers use it) from attention.sliding_window and
+    attention.sliding_window_pattern, as llama.cpp reads them: the pattern is a
+    flag per layer, or a period n (default `period`) whose last layer of each n
+    is global; no window (or 0): no layer is windowed."""
+    window = int(mf.arch_get("attention.sliding_window", 0) or 0)
+    pattern = mf.arch_get("attention.sliding_window_pattern", period)
+    if window <= 0:
+        return window, [False] * n_layer
+    if isinstance(pattern, (list, np.ndarray)):
+        if len(pattern) != n_layer:
+            raise ModelFileError(f"{mf.path}: sliding_window_pattern has {len(pattern)} flags for "
+                                 f"{n_layer} layers")
+        return window, [bool(f) for f in pattern]
+    n = int(pattern)
+    return window, [n == 0 or i % n < n - 1 for i in range(n_layer)]
+
+
 class LocalGlobalLayers:
     """Mixin: 3 of every 4 layers attend over `self.window` tokens with RoPE;
     every 4th (i % 4 == 3) over the whole context without RoPE (Command R7B,
@@ -467,6 +485,10 @@ class Architecture:
     def layer_window(self, i: int) -> int:
         """Sliding attention window of layer i in tokens (0: the whole context)."""
         return self.window
+
+    def layer_attn_scale(self, i: int) -> float:
+        """Softmax scale of layer i's q.k (the family's, unless its layers differ: OLMo 3)."""
+        return self.attn_scale
 
     @property
     def attn_scale(self) -> float:

@@ -44,7 +44,7 @@ def attention(g: Graph, arch: Architecture, h: View, a: Attn, layer: int, out: s
     r = arch.layer_rope(layer)
     if r.n_rot:  # NoPE layers rotate nothing
         g.rope(q, k, hp.n_head, hp.n_head_kv, hp.head_dim, r.n_rot, r.mode, r.base, r.scale, r.factors)
-    att = g.attention(q, k, v, hp.n_head, hp.n_head_kv, hp.head_dim, arch.attn_scale, "attn",
+    att = g.attention(q, k, v, hp.n_head, hp.n_head_kv, hp.head_dim, arch.layer_attn_scale(layer), "attn",
                       window=arch.layer_window(layer), softcap=arch.attn_softcap, sinks=a.sinks)
     return g.linear(att, a.wo, out, bias=a.bo, accumulate=accumulate)
 

@@ -31,11 +31,9 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from ..errors import ModelFileError
 from ..graph import GLU_GELU_TANH, ROPE_NEOX
-from .base import Layer, Rope
+from .base import Layer, Rope, sliding_layers
 from .blocks import PostNormDecoder
 
 SWA_PERIOD = 6          # llama.cpp's default layer pattern for gemma3
@@ -80,18 +78,7 @@ class Gemma3(PostNormDecoder):
 
     def sliding_layers(self) -> tuple[int, list[bool]]:
         """(window, which layers use it), from the window and pattern keys"""
-        mf, n_layer = self.mf, self.hp.n_layer
-        window = int(mf.arch_get("attention.sliding_window", 0) or 0)
-        pattern = mf.arch_get("attention.sliding_window_pattern", SWA_PERIOD)
-        if window <= 0:
-            return window, [False] * n_layer
-        if isinstance(pattern, (list, np.ndarray)):
-            if len(pattern) != n_layer:
-                raise ModelFileError(f"{mf.path}: sliding_window_pattern has {len(pattern)} flags for "
-                                     f"{n_layer} layers")
-            return window, [bool(f) for f in pattern]
-        n = int(pattern)
-        return window, [n == 0 or i % n < n - 1 for i in range(n_layer)]
+        return sliding_layers(self.mf, self.hp.n_layer, SWA_PERIOD)
 
     # -- per-layer settings ----------------------------------------------------------
     def layer_window(self, i: int) -> int:

@@ -11,15 +11,23 @@ over the whole of q and of k.
     logits = Wout rmsnorm(x)
 
 The attention and FFN read the residual stream x itself: there is no input
-norm. Files with `olmo2.attention.sliding_window` (OLMo 3's local layers)
-are refused.
+norm.
+
+OLMo 3 (the same arch name, with `attention.sliding_window`): 3 of every 4
+layers (or `attention.sliding_window_pattern`) attend over the window with
+plain RoPE (base `rope.freq_base_swa`, else the file's); the others over the
+whole context with the file's RoPE scaling (YaRN in the released files) and
+its attention factor, as llama.cpp runs them.
 """
 from __future__ import annotations
 
-from ..errors import UnsupportedModelError
+import math
+
 from ..graph import GLU_SILU, ROPE_NEOX
-from .base import Layer
+from .base import Layer, Rope, sliding_layers
 from .blocks import PostNormDecoder, PreNormDecoder
+
+SWA_PERIOD = 4   # OLMo 3: layers 0-2 of every 4 local
 
 
 class Olmo2(PostNormDecoder):
@@ -30,10 +38,8 @@ class Olmo2(PostNormDecoder):
     def __init__(self, mf, n_ctx=None):
         super().__init__(mf, n_ctx)
         hp = self.hp
-        window = int(mf.arch_get("attention.sliding_window", 0) or 0)
-        if window > 0:
-            raise UnsupportedModelError(f"{mf.path}: olmo2 with sliding-window layers (OLMo 3, window "
-                                        f"{window}) is not supported yet")
+        self.window, self.is_swa = sliding_layers(mf, hp.n_layer, SWA_PERIOD)
+        self.swa_rope_base = float(mf.arch_get("rope.freq_base_swa", hp.rope_base))
         self.read_ends()
         self.layers = []
         for i in range(hp.n_layer):
@@ -45,6 +51,17 @@ class Olmo2(PostNormDecoder):
                 ffn_norm=None, ffn=self.ffn_weights(i),
                 post_ffn_norm=self.vector(p + "post_ffw_norm.weight", hp.n_embd),
             ))
+
+    def layer_window(self, i: int) -> int:
+        return self.window if self.is_swa[i] else 0
+
+    def layer_rope(self, i: int) -> Rope:
+        if self.is_swa[i]:   # unscaled
+            return Rope(self.rope_mode, self.hp.rope_dim, self.swa_rope_base)
+        return super().layer_rope(i)
+
+    def layer_attn_scale(self, i: int) -> float:
+        return 1.0 / math.sqrt(self.hp.head_dim) if self.is_swa[i] else self.attn_scale
 
 
 class Olmoe(PreNormDecoder):
