@@ -84,6 +84,8 @@ FAMILIES = {
     "granitemoe": ("granitemoe", {}),                              # Granite's multipliers around the experts
     "granitemoe-shared": ("granitemoe", {"shared_expert": 256}),   # + a shared expert
     "qwen2moe": ("qwen2moe", {}),                                  # + a sigmoid-gated shared expert
+    "glm4": ("glm4", {}),                                          # pre and post norms, fused qkv + bias, half RoPE
+    "glm4-split": ("glm4", {"fused_qkv": False}),
     "gpt-oss": ("gpt-oss", {}),                                    # sinks, biased experts, swiglu_oai, window 8
     "gpt-oss-yarn": ("gpt-oss", {"keys": {**YARN, "rope_scaling_factor": 32.0}}),   # the released files' YaRN
 }

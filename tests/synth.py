@@ -446,13 +446,21 @@ def write_gpt_oss(path: str | Path, qtype: QT = QT.Q8_0, window: int = 8, **kw) 
                        ffn_norm="post_attention_norm", rope_base=150000.0, keys=keys, **kw)
 
 
+def write_glm4(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """GLM-4: input and output norms on each branch, fused q/k/v with bias, fused
+    [gate | up], half of each head rotated."""
+    kw.setdefault("rope_dim", 32)
+    kw.setdefault("fused_qkv", True)
+    return write_model(path, "glm4", qtype, qkv_bias=True, fused_up=True, post_norms=True, **kw)
+
+
 WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
            "phi3": write_phi3, "gemma2": write_gemma2, "gemma3": write_gemma3, "granite": write_granite,
            "smollm3": write_smollm3, "olmo2": write_olmo2, "phi2": write_phi2, "starcoder2": write_starcoder2,
            "stablelm": write_stablelm, "command-r": write_command_r, "cohere2": write_cohere2,
            "ernie4_5": write_ernie4_5, "exaone": write_exaone, "exaone4": write_exaone4, "mixtral": write_mixtral,
            "qwen3moe": write_qwen3moe, "olmoe": write_olmoe, "granitemoe": write_granitemoe,
-           "qwen2moe": write_qwen2moe, "gpt-oss": write_gpt_oss}
+           "qwen2moe": write_qwen2moe, "gpt-oss": write_gpt_oss, "glm4": write_glm4}
 
 
 def _gguf_string(x: str) -> bytes:

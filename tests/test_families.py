@@ -61,6 +61,7 @@ FAMILIES = {
     "granitemoe": (synth.write_granitemoe, {}),
     "granitemoe-shared": (synth.write_granitemoe, {"shared_expert": 256}),
     "qwen2moe": (synth.write_qwen2moe, {}),
+    "glm4": (synth.write_glm4, {}),                          # pre and post norms, fused qkv + bias, half RoPE
     "gpt-oss": (synth.write_gpt_oss, {}),                    # sinks, biased experts, swiglu_oai, window 8
     "gpt-oss-yarn": (synth.write_gpt_oss, {"keys": {"rope_scaling_type": rope_type("YARN"),
                                                     "rope_scaling_factor": 32.0, "rope_scaling_orig_ctx_len": 64}}),
@@ -481,6 +482,26 @@ def test_gpt_oss_layers(tmp_path):
     assert rel < 3e-4 and agree == 1.0, rel   # measured 1.4e-4 over 4 layers, as much at the first 40 as after
 
 
+def test_glm4_layers(tmp_path):
+    """GLM-4 as llama.cpp reads it: all four norms, the fused q/k/v with its bias
+    and the fused [gate | up], adjacent-pair RoPE over half of each head; split
+    q/k/v files load too."""
+    path = synth.write_glm4(tmp_path / "g.gguf", QT.F32)
+    g = load_architecture(ModelFile(path))
+    L = g.layers[0]
+    assert L.attn.wqkv.shape == (256, 512) and L.attn.bqkv.shape == (512,) and L.ffn.w_up.shape == (256, 1024)
+    assert all(n.shape == (256,) for n in (L.attn_norm, L.post_attn_norm, L.ffn_norm, L.post_ffn_norm))
+    r = g.layer_rope(1)
+    assert (r.mode, r.n_rot) == (ROPE_NORM, 32)
+    split = load_architecture(ModelFile(synth.write_glm4(tmp_path / "s.gguf", QT.F32, fused_qkv=False)))
+    assert split.layers[1].attn.wq.shape == (256, 256) and split.layers[1].attn.bk.shape == (128,)
+    tokens = list(np.random.default_rng(1).integers(0, 512, 40))
+    ref = Reference(g).forward(tokens)
+    for layer in g.layers:
+        layer.post_ffn_norm = np.ones(256, np.float32)
+    assert compare(Reference(g).forward(tokens), ref)[0] > 0.05
+
+
 def test_gemma3_decode_steps_equal_batch(tmp_path):
     """Windowed layers read the paged cache right one token at a time too."""
     _, be = build(synth.write_gemma3(tmp_path / "d.gguf", QT.Q8_0, window=5))
@@ -512,7 +533,7 @@ def test_family_errors(tmp_path):
     with pytest.raises(UnsupportedModelError, match="yarn_log_multiplier"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="gpt-neox")
-    with pytest.raises(UnsupportedModelError, match="'gpt-neox' is not supported.*cohere2, command-r, ernie4_5, exaone, exaone4, gemma2, gemma3, gpt-oss, granite, granitemoe, llama, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, smollm3, stablelm, starcoder2"):
+    with pytest.raises(UnsupportedModelError, match="'gpt-neox' is not supported.*cohere2, command-r, ernie4_5, exaone, exaone4, gemma2, gemma3, glm4, gpt-oss, granite, granitemoe, llama, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, smollm3, stablelm, starcoder2"):
         load_architecture(ModelFile(p))
 
 

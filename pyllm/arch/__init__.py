@@ -11,6 +11,7 @@ from .ernie4_5 import Ernie4_5
 from .exaone import Exaone, Exaone4
 from .gemma2 import Gemma2
 from .gemma3 import Gemma3
+from .glm4 import Glm4
 from .gpt_oss import GptOss
 from .granite import Granite, GraniteMoe
 from .llama import Llama
@@ -46,6 +47,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "granitemoe": GraniteMoe,
     "qwen2moe": Qwen2Moe,
     "gpt-oss": GptOss,
+    "glm4": Glm4,
 }
 
 
