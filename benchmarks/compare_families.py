@@ -86,6 +86,9 @@ FAMILIES = {
     "qwen2moe": ("qwen2moe", {}),                                  # + a sigmoid-gated shared expert
     "glm4": ("glm4", {}),                                          # pre and post norms, fused qkv + bias, half RoPE
     "glm4-split": ("glm4", {"fused_qkv": False}),
+    "nemotron": ("nemotron", {}),                                  # LayerNorm + biases, relu^2, partial NEOX
+    "nemotron-biases": ("nemotron", {"biases": True}),             # + attention output and FFN biases
+    "arcee": ("arcee", {}),
     "gpt-oss": ("gpt-oss", {}),                                    # sinks, biased experts, swiglu_oai, window 8
     "gpt-oss-yarn": ("gpt-oss", {"keys": {**YARN, "rope_scaling_factor": 32.0}}),   # the released files' YaRN
 }

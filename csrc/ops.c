@@ -147,6 +147,14 @@ static void glu_swiglu_oai(int64_t n, const float *g, const float *u, float *y, 
     }
 }
 
+/* Nemotron's and Arcee's activation: max(g, 0)^2 u */
+static void glu_relu_sqr(int64_t n, const float *g, const float *u, float *y) {
+    for (int64_t i = 0; i < n; i++) {
+        const float x = g[i] > 0.0f ? g[i] : 0.0f;
+        y[i] = x * x * u[i];
+    }
+}
+
 void op_glu(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     /* no x2: a plain activation, act(g) * 1 (exact) through the same kernels */
     static const float ones[256] = {[0 ... 255] = 1.0f};
@@ -162,6 +170,8 @@ void op_glu(const pyllm_op *op, const op_rows *r, int ith, int nth) {
          * y = gelu_tanh(g) * u = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * u */
         if (op->type == GLU_SWIGLU_OAI)
             glu_swiglu_oai(i1 - i0, g + i0, u, y + i0, op->scale, op->softcap);
+        else if (op->type == GLU_RELU_SQR)
+            glu_relu_sqr(i1 - i0, g + i0, u, y + i0);
         else
             (op->type == GLU_GELU_TANH ? K.glu_gelu_tanh : K.glu_silu)(i1 - i0, g + i0, u, y + i0);
         lo += i1 - i0;

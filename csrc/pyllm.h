@@ -41,8 +41,9 @@ enum pyllm_op_flags {
     OPF_SLOT_INPUT = 16 /* MATMUL_ID: each slot reads its own slice of the input row */
 };
 
-/* GLU_SWIGLU_OAI (gpt-oss): g' = min(g, c), y = g' sigmoid(a g') (clamp(u, -c, c) + 1), a = scale, c = softcap */
-enum pyllm_glu { GLU_SILU = 0, GLU_GELU_TANH = 1, GLU_SWIGLU_OAI = 2 };
+/* GLU_SWIGLU_OAI (gpt-oss): g' = min(g, c), y = g' sigmoid(a g') (clamp(u, -c, c) + 1), a = scale, c = softcap;
+ * GLU_RELU_SQR (Nemotron, Arcee): y = max(g, 0)^2 u */
+enum pyllm_glu { GLU_SILU = 0, GLU_GELU_TANH = 1, GLU_SWIGLU_OAI = 2, GLU_RELU_SQR = 3 };
 enum pyllm_norm { NORM_RMS = 0, NORM_LAYER = 1 };
 /* MOE_ROUTE type: gating (softmax over all experts, or each expert's sigmoid), | MOE_NORM to
  * divide the chosen experts' weights by their sum */

@@ -32,7 +32,7 @@ OP_NAMES = {OP_EMBED: "embed", OP_RMSNORM: "rmsnorm", OP_QUANTIZE: "quantize", O
             OP_ADD: "add", OP_SCALE: "scale", OP_MOE_ROUTE: "moe_route", OP_MATMUL_ID: "matmul_id",
             OP_MOE_SUM: "moe_sum"}
 OPF_ACCUMULATE, OPF_LAST_ROWS, OPF_NO_SYNC, OPF_OUT_ROWS, OPF_SLOT_INPUT = 1, 2, 4, 8, 16
-GLU_SILU, GLU_GELU_TANH, GLU_SWIGLU_OAI = 0, 1, 2
+GLU_SILU, GLU_GELU_TANH, GLU_SWIGLU_OAI, GLU_RELU_SQR = 0, 1, 2, 3
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0    # gpt-oss's constants (llama.cpp's too)
 NORM_RMS, NORM_LAYER = 0, 1
 MOE_SOFTMAX, MOE_SIGMOID, MOE_NORM = 0, 1, 2

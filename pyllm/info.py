@@ -14,7 +14,7 @@ from typing import Optional
 
 from .arch import load_architecture
 from .arch.base import Moe
-from .graph import GLU_GELU_TANH, NORM_LAYER, ROPE_NEOX, Graph, act_row_bytes
+from .graph import GLU_GELU_TANH, GLU_RELU_SQR, GLU_SWIGLU_OAI, NORM_LAYER, ROPE_NEOX, Graph, act_row_bytes
 from .model_file import ModelFile
 
 from .defaults import BLOCK_SIZE, DEFAULT_MAX_CTX, N_BATCH, N_OUT_MAX
@@ -148,7 +148,7 @@ def describe_block(arch) -> str:
         where = f"{norm} before attention and FFN, side by side (one norm)"
     else:
         where = f"{norm} before attention and FFN" + (", and after each" if L.post_attn_norm is not None else "")
-    act = "gelu_tanh" if arch.glu == GLU_GELU_TANH else "silu"
+    act = {GLU_GELU_TANH: "gelu_tanh", GLU_SWIGLU_OAI: "swiglu_oai", GLU_RELU_SQR: "relu^2"}.get(arch.glu, "silu")
     if isinstance(L.ffn, Moe):
         m = L.ffn
         ffn = (f"FFN: {m.k} of {m.n_experts} experts per token, each {act}(gate) * up, weighted by their "

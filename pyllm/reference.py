@@ -13,7 +13,7 @@ from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from .arch.base import Architecture, Moe
-from .graph import GLU_GELU_TANH, GLU_SWIGLU_OAI, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
+from .graph import GLU_GELU_TANH, GLU_RELU_SQR, GLU_SWIGLU_OAI, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from .model_file import Tensor
 
 
@@ -61,6 +61,8 @@ def glu(kind: int):
     """The gated activation act(g) * u of GLU kind `kind`, as a function of (g, u)."""
     if kind == GLU_SWIGLU_OAI:
         return swiglu_oai
+    if kind == GLU_RELU_SQR:
+        return lambda g, u: np.maximum(g, 0) ** 2 * u
     act = gelu_tanh if kind == GLU_GELU_TANH else silu
     return lambda g, u: act(g) * u
 
@@ -114,7 +116,7 @@ class Reference:
 
     FAMILIES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "granite", "smollm3", "olmo2", "phi2",
                 "starcoder2", "stablelm", "command-r", "cohere2", "ernie4_5", "exaone", "exaone4", "qwen3moe", "olmoe", "granitemoe", "qwen2moe",
-                "gpt-oss", "glm4")
+                "gpt-oss", "glm4", "nemotron", "arcee")
 
     def __init__(self, arch: Architecture, kv_f16: bool = False):
         """kv_f16: round k and v to f16 before attending, as both engines' KV caches

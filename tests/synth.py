@@ -454,13 +454,25 @@ def write_glm4(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_model(path, "glm4", qtype, qkv_bias=True, fused_up=True, post_norms=True, **kw)
 
 
+def write_nemotron(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """Nemotron: LayerNorm with biases, ungated relu^2 FFN, half of each head rotated (NEOX)."""
+    kw.setdefault("rope_dim", 32)
+    return write_model(path, "nemotron", qtype, layer_norm=True, gated=False, **kw)
+
+
+def write_arcee(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """Arcee: the Llama block with an ungated relu^2 FFN."""
+    return write_model(path, "arcee", qtype, gated=False, **kw)
+
+
 WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
            "phi3": write_phi3, "gemma2": write_gemma2, "gemma3": write_gemma3, "granite": write_granite,
            "smollm3": write_smollm3, "olmo2": write_olmo2, "phi2": write_phi2, "starcoder2": write_starcoder2,
            "stablelm": write_stablelm, "command-r": write_command_r, "cohere2": write_cohere2,
            "ernie4_5": write_ernie4_5, "exaone": write_exaone, "exaone4": write_exaone4, "mixtral": write_mixtral,
            "qwen3moe": write_qwen3moe, "olmoe": write_olmoe, "granitemoe": write_granitemoe,
-           "qwen2moe": write_qwen2moe, "gpt-oss": write_gpt_oss, "glm4": write_glm4}
+           "qwen2moe": write_qwen2moe, "gpt-oss": write_gpt_oss, "glm4": write_glm4, "nemotron": write_nemotron,
+           "arcee": write_arcee}
 
 
 def _gguf_string(x: str) -> bytes:

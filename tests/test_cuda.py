@@ -40,7 +40,7 @@ from pyllm.backend.cpu import CpuBackend, HostDevice
 from pyllm.backend.placement import DeviceSpec, Hardware, LinkSpec, Planner
 from pyllm.backend.split import SplitBackend
 from pyllm.errors import InvalidArgumentError
-from pyllm.graph import (ACT_F32, GLU_GELU_TANH, GLU_SILU, GLU_SWIGLU_OAI, MOE_NORM, MOE_SIGMOID, MOE_SOFTMAX, OP_ATTENTION, ROPE_NEOX,
+from pyllm.graph import (ACT_F32, GLU_GELU_TANH, GLU_RELU_SQR, GLU_SILU, GLU_SWIGLU_OAI, MOE_NORM, MOE_SIGMOID, MOE_SOFTMAX, OP_ATTENTION, ROPE_NEOX,
                          ROPE_NORM, Graph, act_format)
 from pyllm.model_file import ModelFile, Tensor
 
@@ -411,8 +411,8 @@ def op_case(case: str, rng):
     elif case in ("layernorm", "layernorm-nobias"):   # rows far from zero mean
         inputs["x"] += (rng.uniform(-50, 50, (n, 1))).astype(np.float32)
         g.layernorm(x, w, rng.standard_normal(256).astype(np.float32) if case == "layernorm" else None, 1e-5, "out")
-    elif case == "act-gelu":              # an ungated FFN's activation: a GLU op without up
-        g.act(x, GLU_GELU_TANH, "out")
+    elif case in ("act-gelu", "act-relu-sqr"):   # an ungated FFN's activation: a GLU op without up
+        g.act(x, GLU_GELU_TANH if case == "act-gelu" else GLU_RELU_SQR, "out")
     elif case in ("rope-norm", "rope-neox"):
         k = second["k"]
         if case == "rope-norm":
@@ -442,7 +442,7 @@ def op_case(case: str, rng):
 
 
 OP_CASES = ["rmsnorm", "rmsnorm-groups", "layernorm", "layernorm-nobias", "rope-norm", "rope-neox", "glu-silu",
-            "glu-gelu", "glu-swiglu-oai", "act-gelu", "add", "scale", "head-rmsnorm", "head-layernorm", "head-glu-gelu", "head-add",
+            "glu-gelu", "glu-swiglu-oai", "act-gelu", "act-relu-sqr", "add", "scale", "head-rmsnorm", "head-layernorm", "head-glu-gelu", "head-add",
             "head-linear-q4_k", "head-linear-f16"]
 
 
@@ -775,7 +775,8 @@ def close_enough(got, ref, float_weights):
                                           ("gemma2", QT.Q8_0), ("gemma3", QT.F16), ("granite", QT.Q4_K),
                                           ("smollm3", QT.Q8_0), ("olmo2", QT.F16), ("phi2", QT.Q8_0),
                                           ("starcoder2", QT.Q4_K), ("stablelm", QT.F16), ("cohere2", QT.Q8_0),
-                                          ("mixtral", QT.Q4_K), ("qwen2moe", QT.Q8_0), ("gpt-oss", QT.Q8_0)],
+                                          ("mixtral", QT.Q4_K), ("qwen2moe", QT.Q8_0), ("gpt-oss", QT.Q8_0),
+                                          ("nemotron", QT.Q4_K)],
                          ids=lambda x: getattr(x, "name", x))
 def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     """300 positions over shuffled 16-position blocks: several attention tiles,
@@ -785,7 +786,7 @@ def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     (SmolLM3), Granite's residual and logit scales, LayerNorm, the parallel
     block and the ungated GELU FFN (Phi-2, StarCoder 2, StableLM), mixtures
     of experts with and without a gated shared expert, gpt-oss's sinks,
-    biased experts and swiglu_oai."""
+    biased experts and swiglu_oai, Nemotron's relu^2."""
     host, gpu = devices
     path = synth.WRITERS[family](tmp_path / "m.gguf", qtype)
     _, g = build(path)

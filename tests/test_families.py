@@ -62,6 +62,8 @@ FAMILIES = {
     "granitemoe-shared": (synth.write_granitemoe, {"shared_expert": 256}),
     "qwen2moe": (synth.write_qwen2moe, {}),
     "glm4": (synth.write_glm4, {}),                          # pre and post norms, fused qkv + bias, half RoPE
+    "nemotron": (synth.write_nemotron, {"biases": True}),    # LayerNorm + biases, relu^2, partial NEOX
+    "arcee": (synth.write_arcee, {}),
     "gpt-oss": (synth.write_gpt_oss, {}),                    # sinks, biased experts, swiglu_oai, window 8
     "gpt-oss-yarn": (synth.write_gpt_oss, {"keys": {"rope_scaling_type": rope_type("YARN"),
                                                     "rope_scaling_factor": 32.0, "rope_scaling_orig_ctx_len": 64}}),
@@ -533,7 +535,7 @@ def test_family_errors(tmp_path):
     with pytest.raises(UnsupportedModelError, match="yarn_log_multiplier"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="gpt-neox")
-    with pytest.raises(UnsupportedModelError, match="'gpt-neox' is not supported.*cohere2, command-r, ernie4_5, exaone, exaone4, gemma2, gemma3, glm4, gpt-oss, granite, granitemoe, llama, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, smollm3, stablelm, starcoder2"):
+    with pytest.raises(UnsupportedModelError, match="'gpt-neox' is not supported.*arcee, cohere2, command-r, ernie4_5, exaone, exaone4, gemma2, gemma3, glm4, gpt-oss, granite, granitemoe, llama, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, smollm3, stablelm, starcoder2"):
         load_architecture(ModelFile(p))
 
 

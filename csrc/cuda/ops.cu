@@ -148,8 +148,14 @@ __global__ void glu_kernel(const float *__restrict__ G, int64_t g_stride, const 
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float g = G[(int64_t)t * g_stride + i], u = U ? U[(int64_t)t * u_stride + i] : 1.0f;
-    Y[(int64_t)t * y_stride + i] = kind == GLU_SWIGLU_OAI ? swiglu_oai(g, u, alpha, limit)
-                                                          : (kind == GLU_GELU_TANH ? gelu_tanh(g) : silu(g)) * u;
+    float a;
+    switch (kind) {
+    case GLU_SWIGLU_OAI: Y[(int64_t)t * y_stride + i] = swiglu_oai(g, u, alpha, limit); return;
+    case GLU_RELU_SQR: a = fmaxf(g, 0.0f); a *= a; break;
+    case GLU_GELU_TANH: a = gelu_tanh(g); break;
+    default: a = silu(g);
+    }
+    Y[(int64_t)t * y_stride + i] = a * u;
 }
 
 void launch_glu(const pyllm_op *op, const exec &e) {  /* no x2: y = act(x) */

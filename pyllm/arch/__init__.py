@@ -15,6 +15,7 @@ from .glm4 import Glm4
 from .gpt_oss import GptOss
 from .granite import Granite, GraniteMoe
 from .llama import Llama
+from .nemotron import Arcee, Nemotron
 from .olmo2 import Olmo2, Olmoe
 from .phi2 import Phi2
 from .phi3 import Phi3
@@ -48,6 +49,8 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "qwen2moe": Qwen2Moe,
     "gpt-oss": GptOss,
     "glm4": Glm4,
+    "nemotron": Nemotron,
+    "arcee": Arcee,
 }
 
 
