@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.text import Text
 
 from pyllm.errors import InvalidArgumentError, PyllmError
+from pyllm.reasoning import ANSWER, THINKING
 
 from .common import err, handle_errors, model_path
 from .options import (CtxSize, FreqPenalty, LogitBias, MinP, ModelOpt, PresPenalty, RepeatLastN, RepeatPenalty,
@@ -170,11 +171,17 @@ class ChatRepl:
         if turn.dropped:
             self.status(f"[context full: dropped the {turn.dropped} oldest "
                         f"turn{'s' if turn.dropped > 1 else ''} to make room]", style="yellow")
-        wrote = ""
+        wrote, kind = "", ANSWER
         with self.interrupt.catching(turn.cancel) as stop:
             try:
-                for piece in turn:
-                    self.out.print(piece, end="", markup=False, highlight=False, soft_wrap=True)
+                for kind_now, piece in turn.parts():   # thinking dimmed, then the answer
+                    if kind_now != kind and wrote and not wrote.endswith("\n"):
+                        self.out.print()
+                    if kind_now != kind and kind_now == ANSWER and wrote:
+                        self.out.print()
+                    kind = kind_now
+                    self.out.print(piece, end="", style="dim" if kind == THINKING else None, markup=False,
+                                   highlight=False, soft_wrap=True)
                     self.out.file.flush()
                     wrote = piece
                     if stop.hit:

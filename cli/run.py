@@ -101,18 +101,26 @@ def run(
                 c = gen.run()
                 out = {"text": c.text, "finish_reason": c.finish_reason, "model": str(m.path),
                        "seed": seed_used, "chat": chat, **c.metrics.as_dict(), "tokens": c.tokens}
+                if chat:   # a reasoning model's thinking apart from its answer
+                    out["thinking"], out["answer"] = gen.reasoning()
                 if profile:
                     out["profile"] = {p.phase: p.as_dict() for p in generation.profiles}
                 sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
                 sys.stdout.flush()
                 return
-            last = "\n"
-            try:
-                for piece in gen:
+            last, thought = "\n", "\n"
+            try:   # a reasoning model's thinking goes to stderr (dimmed), the answer to stdout
+                for kind, piece in (gen.parts() if chat else (("answer", p) for p in gen)):
+                    if kind == "thinking":
+                        err.print(piece, end="", style="dim", markup=False, highlight=False, soft_wrap=True)
+                        thought = piece
+                        continue
                     sys.stdout.write(piece)
                     sys.stdout.flush()
                     last = piece
             finally:
+                if not thought.endswith("\n"):
+                    err.print()
                 if not last.endswith("\n"):
                     sys.stdout.write("\n")
                 sys.stdout.flush()

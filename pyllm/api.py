@@ -25,6 +25,7 @@ from .engine import Completion, Engine, Generation
 from .errors import InvalidArgumentError, TemplateError
 from .graph import Graph
 from .model_file import ModelFile
+from .reasoning import prompt_opens_thinking, split_pieces, split_reasoning
 from .sampling import Sampler, SamplingParams
 from .tokenizer import load_tokenizer
 
@@ -254,7 +255,7 @@ class Model:
         stop_ids, stop_texts = self.chat_stop()
         gen = self.engine.generate(self._seq, prompt, self._max_tokens(max_tokens), self._sampler(sampling),
                                    _stop_list(stop) + stop_texts, stop_ids)
-        return ChatStream(gen, lambda c: self._record_chat(text, prompt, c))
+        return ChatStream(gen, lambda c: self._record_chat(text, prompt, c), prompt_opens_thinking(text))
 
     # -- lifetime ----------------------------------------------------------------
     def close(self) -> None:
@@ -278,10 +279,11 @@ class ChatStream:
     (also after a break or close()) `completion` holds the result and the
     model remembers the turn's tokens for the next one."""
 
-    def __init__(self, generation: Generation, on_done):
+    def __init__(self, generation: Generation, on_done, start_thinking: bool = False):
         self.generation = generation
         self._on_done = on_done
         self._it: Optional[Iterator[str]] = None
+        self.start_thinking = start_thinking   # the prompt opened a <think>: the reply starts in it
 
     @property
     def completion(self) -> Optional[Completion]:
@@ -304,6 +306,15 @@ class ChatStream:
             it.close()
             if self.generation.completion is not None:
                 self._on_done(self.generation.completion)
+
+    def parts(self) -> Iterator[tuple[str, str]]:
+        """Iterates the reply as ("thinking" | "answer", text) parts, reasoning
+        markup removed (pyllm.reasoning)."""
+        return split_pieces(self, self.start_thinking)
+
+    def reasoning(self) -> tuple[str, str]:
+        """(thinking, answer) of the finished reply."""
+        return split_reasoning(self.completion.text if self.completion else "", self.start_thinking)
 
     def cancel(self) -> None:
         """Asks the reply to stop at the next step, also while the prompt is

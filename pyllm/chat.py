@@ -13,6 +13,10 @@ reuses the KV cache of what it has seen (see Model.chat), so turn N computes
 only the new user message. When the conversation no longer fits the context,
 the oldest turns are dropped (the system prompt stays) and `dropped` says how
 many; a reply cut short by a full context ends with finish_reason "context".
+
+A reasoning model's thinking (<think> tags, gpt-oss's analysis channel) is
+not kept in the history: only the answer is (pyllm.reasoning); Turn.parts()
+streams the two apart.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from typing import Any, Iterator, Optional
 from .engine import Completion, Metrics
 from .errors import ContextFullError, InvalidArgumentError
 from .chat_template import normalize_messages
+from .reasoning import split_pieces, split_reasoning
 
 SAVE_FORMAT = "pyllm-chat/1"
 
@@ -64,7 +69,11 @@ class Turn:
             self._stream.close()
             c = self._stream.completion
             if c is not None:
-                self.session._finish(self.user, c)
+                self.session._finish(self.user, c, self._stream.start_thinking)
+
+    def parts(self) -> Iterator[tuple[str, str]]:
+        """Iterates the reply as ("thinking" | "answer", text) parts, markup removed."""
+        return split_pieces(self, self._stream.start_thinking)
 
     def cancel(self) -> None:
         """Stops the reply at the next step (safe in a signal handler)."""
@@ -150,11 +159,11 @@ class ChatSession:
         self.stats.dropped_turns += dropped
         return Turn(self, text, stream, dropped, len(tokens))
 
-    def _finish(self, user: str, c: Completion) -> None:
+    def _finish(self, user: str, c: Completion, start_thinking: bool = False) -> None:
         if c.finish_reason == "interrupted" and not c.text.strip():
             return          # stopped before it said anything: as if never asked
         self.messages.append({"role": "user", "content": user})
-        self.messages.append({"role": "assistant", "content": c.text})
+        self.messages.append({"role": "assistant", "content": split_reasoning(c.text, start_thinking)[1]})
         s = self.stats
         s.turns += 1
         s.prompt_tokens += c.metrics.prompt_tokens
