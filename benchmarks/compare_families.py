@@ -89,6 +89,10 @@ FAMILIES = {
     "nemotron": ("nemotron", {}),                                  # LayerNorm + biases, relu^2, partial NEOX
     "nemotron-biases": ("nemotron", {"biases": True}),             # + attention output and FFN biases
     "arcee": ("arcee", {}),
+    "gptneox": ("gptneox", {}),                                    # two norms side by side, biases, 1/4 RoPE
+    "gptneox-sequential": ("gptneox", {"parallel": False}),
+    "falcon": ("falcon", {}),                                      # 7B: one norm, multi-query
+    "falcon-40b": ("falcon", {"norm2": True, "n_head_kv": 2}),     # 40B: the attention's own norm
     "gpt-oss": ("gpt-oss", {}),                                    # sinks, biased experts, swiglu_oai, window 8
     "gpt-oss-yarn": ("gpt-oss", {"keys": {**YARN, "rope_scaling_factor": 32.0}}),   # the released files' YaRN
 }

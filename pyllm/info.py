@@ -145,7 +145,7 @@ def describe_block(arch) -> str:
     if L.attn_norm is None:
         where = f"{norm} after attention and FFN (no input norms)"
     elif L.parallel:
-        where = f"{norm} before attention and FFN, side by side (one norm)"
+        where = f"{norm} before attention and FFN, side by side ({'two norms' if L.ffn_norm is not None else 'one norm'})"
     else:
         where = f"{norm} before attention and FFN" + (", and after each" if L.post_attn_norm is not None else "")
     act = {GLU_GELU_TANH: "gelu_tanh", GLU_SWIGLU_OAI: "swiglu_oai", GLU_RELU_SQR: "relu^2"}.get(arch.glu, "silu")

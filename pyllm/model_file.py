@@ -95,6 +95,7 @@ ARCH_KINDS = {
                      "embedding_scale", "attention.scale"), _NUMBER),
     "rope.scaling.type": _TEXT,
     "rope.scaling.finetuned": _FLAG,
+    "use_parallel_residual": _FLAG,
     "attention.sliding_window_pattern": _COUNT_OR_FLAGS,
 }
 

@@ -116,7 +116,7 @@ class Reference:
 
     FAMILIES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "granite", "smollm3", "olmo2", "phi2",
                 "starcoder2", "stablelm", "command-r", "cohere2", "ernie4_5", "exaone", "exaone4", "qwen3moe", "olmoe", "granitemoe", "qwen2moe",
-                "gpt-oss", "glm4", "nemotron", "arcee")
+                "gpt-oss", "glm4", "nemotron", "arcee", "gptneox", "falcon")
 
     def __init__(self, arch: Architecture, kv_f16: bool = False):
         """kv_f16: round k and v to f16 before attending, as both engines' KV caches
@@ -232,8 +232,10 @@ class Reference:
             o = self._linear(attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i), a.attn_softcap, A.sinks), A.wo, A.bo)
             if L.post_attn_norm is not None:
                 o = rmsnorm(o, L.post_attn_norm, hp.eps)
-            if not L.parallel:   # parallel: the FFN reads the attention's h
+            if not L.parallel:   # parallel: the FFN reads the attention's h, or its own norm of x
                 x = x + o * np.float32(a.residual_scale)
+                h = self._norm(x, L.ffn_norm, L.ffn_norm_b)
+            elif L.ffn_norm is not None:
                 h = self._norm(x, L.ffn_norm, L.ffn_norm_b)
             f = self._ffn(h, F, act)
             if L.post_ffn_norm is not None:

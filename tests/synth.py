@@ -104,6 +104,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 fused_qkv: bool = False, fused_up: bool = False, post_norms: bool = False, pre_norms: bool = True,
                 rope_factors: bool = False, layer_norm: bool = False, norm_bias: Optional[bool] = None,
                 ffn_norm: bool | str = True, sinks: bool = False, expert_biases: bool = False,
+                extra_norms: tuple = (),
                 gated: bool = True, biases: bool = False, out_bias: bool = False,
                 rope_dim: Optional[int] = None, experts: int = 0, experts_used: int = 2,
                 n_ff_exp: Optional[int] = None, shared_expert: int = 0, shared_gate: bool = False,
@@ -123,6 +124,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
       ffn_norm    False: no ffn_norm (Phi-2's parallel block); a name: that tensor instead
                   (gpt-oss: "post_attention_norm"); gated: False: no ffn_gate
       sinks       attn_sinks.weight, one logit per head (gpt-oss)
+      extra_norms more norms per layer by name ("attn_norm_2": Falcon 40B)
       biases      attn_output, ffn_up and ffn_down biases; out_bias: output.bias
       rope_dim    rotated dims per head (default: all)
       experts     > 0: every FFN is that many experts (ffn_gate_inp, ffn_*_exps), experts_used
@@ -203,6 +205,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
         p = f"blk.{i}."
         if pre_norms:
             norms(p + "attn_norm", n_embd)
+        for name in extra_norms:
+            norms(p + name, n_embd)
         if fused_qkv:
             add(p + "attn_qkv.weight", weight(qtype, n_embd, q_dim + 2 * kv_dim, rng))
             if qkv_bias:
@@ -465,6 +469,23 @@ def write_arcee(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_model(path, "arcee", qtype, gated=False, **kw)
 
 
+def write_gptneox(path: str | Path, qtype: QT = QT.Q8_0, parallel: bool = True, **kw) -> str:
+    """GPT-NeoX (Pythia): LayerNorm, fused q/k/v, biases everywhere, ungated GELU, a quarter
+    of each head rotated (NEOX); parallel: attention and FFN side by side, each its own norm."""
+    kw.setdefault("rope_dim", 16)
+    keys = {"parallel_residual": parallel, **kw.pop("keys", {})}
+    return write_model(path, "gptneox", qtype, layer_norm=True, fused_qkv=True, qkv_bias=True, biases=True,
+                       gated=False, keys=keys, **kw)
+
+
+def write_falcon(path: str | Path, qtype: QT = QT.Q8_0, norm2: bool = False, **kw) -> str:
+    """Falcon: LayerNorm, fused q/k/v, one KV head, ungated GELU, attention and FFN side by side
+    on one norm (7B), or with the attention on its own attn_norm_2 (norm2: 40B)."""
+    kw.setdefault("n_head_kv", 1)
+    return write_model(path, "falcon", qtype, layer_norm=True, fused_qkv=True, gated=False, ffn_norm=False,
+                       extra_norms=("attn_norm_2",) if norm2 else (), **kw)
+
+
 WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
            "phi3": write_phi3, "gemma2": write_gemma2, "gemma3": write_gemma3, "granite": write_granite,
            "smollm3": write_smollm3, "olmo2": write_olmo2, "phi2": write_phi2, "starcoder2": write_starcoder2,
@@ -472,7 +493,7 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "ernie4_5": write_ernie4_5, "exaone": write_exaone, "exaone4": write_exaone4, "mixtral": write_mixtral,
            "qwen3moe": write_qwen3moe, "olmoe": write_olmoe, "granitemoe": write_granitemoe,
            "qwen2moe": write_qwen2moe, "gpt-oss": write_gpt_oss, "glm4": write_glm4, "nemotron": write_nemotron,
-           "arcee": write_arcee}
+           "arcee": write_arcee, "gptneox": write_gptneox, "falcon": write_falcon}
 
 
 def _gguf_string(x: str) -> bytes:

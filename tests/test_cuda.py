@@ -776,7 +776,7 @@ def close_enough(got, ref, float_weights):
                                           ("smollm3", QT.Q8_0), ("olmo2", QT.F16), ("phi2", QT.Q8_0),
                                           ("starcoder2", QT.Q4_K), ("stablelm", QT.F16), ("cohere2", QT.Q8_0),
                                           ("mixtral", QT.Q4_K), ("qwen2moe", QT.Q8_0), ("gpt-oss", QT.Q8_0),
-                                          ("nemotron", QT.Q4_K)],
+                                          ("nemotron", QT.Q4_K), ("gptneox", QT.Q8_0)],
                          ids=lambda x: getattr(x, "name", x))
 def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     """300 positions over shuffled 16-position blocks: several attention tiles,
@@ -786,7 +786,8 @@ def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     (SmolLM3), Granite's residual and logit scales, LayerNorm, the parallel
     block and the ungated GELU FFN (Phi-2, StarCoder 2, StableLM), mixtures
     of experts with and without a gated shared expert, gpt-oss's sinks,
-    biased experts and swiglu_oai, Nemotron's relu^2."""
+    biased experts and swiglu_oai, Nemotron's relu^2, GPT-NeoX's two norms
+    side by side."""
     host, gpu = devices
     path = synth.WRITERS[family](tmp_path / "m.gguf", qtype)
     _, g = build(path)

@@ -64,6 +64,10 @@ FAMILIES = {
     "glm4": (synth.write_glm4, {}),                          # pre and post norms, fused qkv + bias, half RoPE
     "nemotron": (synth.write_nemotron, {"biases": True}),    # LayerNorm + biases, relu^2, partial NEOX
     "arcee": (synth.write_arcee, {}),
+    "gptneox": (synth.write_gptneox, {}),                    # two norms side by side, biases, 1/4 RoPE
+    "gptneox-sequential": (synth.write_gptneox, {"parallel": False}),
+    "falcon": (synth.write_falcon, {}),                      # one norm, one KV head
+    "falcon-40b": (synth.write_falcon, {"norm2": True, "n_head_kv": 2}),
     "gpt-oss": (synth.write_gpt_oss, {}),                    # sinks, biased experts, swiglu_oai, window 8
     "gpt-oss-yarn": (synth.write_gpt_oss, {"keys": {"rope_scaling_type": rope_type("YARN"),
                                                     "rope_scaling_factor": 32.0, "rope_scaling_orig_ctx_len": 64}}),
@@ -504,6 +508,29 @@ def test_glm4_layers(tmp_path):
     assert compare(Reference(g).forward(tokens), ref)[0] > 0.05
 
 
+def test_parallel_blocks_with_two_norms(tmp_path):
+    """GPT-NeoX: attention and FFN side by side, each on its own norm of x
+    (use_parallel_residual; false: one after the other); Falcon 40B: the
+    attention on attn_norm_2, the FFN on attn_norm; Falcon 7B: one norm."""
+    tokens = list(np.random.default_rng(1).integers(0, 512, 40))
+    nx = load_architecture(ModelFile(synth.write_gptneox(tmp_path / "n.gguf", QT.F32)))
+    L = nx.layers[0]
+    assert L.parallel and L.ffn_norm is not None and L.attn.bqkv is not None and not L.ffn.gated
+    assert not load_architecture(ModelFile(synth.write_gptneox(tmp_path / "s.gguf", QT.F32, parallel=False))
+                                 ).layers[0].parallel
+    ref = Reference(nx).forward(tokens)
+    for layer in nx.layers:   # one norm for both: a real change
+        layer.ffn_norm, layer.ffn_norm_b = None, None
+    assert compare(Reference(nx).forward(tokens), ref)[0] > 0.05
+    path = synth.write_falcon(tmp_path / "f.gguf", QT.F32, norm2=True)
+    f40, mf = load_architecture(ModelFile(path)), ModelFile(path)
+    L = f40.layers[1]
+    np.testing.assert_array_equal(L.attn_norm, mf.tensor("blk.1.attn_norm_2.weight").data.view(np.float32))
+    np.testing.assert_array_equal(L.ffn_norm, mf.tensor("blk.1.attn_norm.weight").data.view(np.float32))
+    f7 = load_architecture(ModelFile(synth.write_falcon(tmp_path / "f7.gguf", QT.F32)))
+    assert f7.layers[0].parallel and f7.layers[0].ffn_norm is None and f7.hp.n_head_kv == 1
+
+
 def test_gemma3_decode_steps_equal_batch(tmp_path):
     """Windowed layers read the paged cache right one token at a time too."""
     _, be = build(synth.write_gemma3(tmp_path / "d.gguf", QT.Q8_0, window=5))
@@ -534,8 +561,8 @@ def test_family_errors(tmp_path):
                                                               "rope.scaling.yarn_log_multiplier": 0.1})
     with pytest.raises(UnsupportedModelError, match="yarn_log_multiplier"):
         load_architecture(ModelFile(p))
-    p = synth.write_llama(tmp_path / "u.gguf", arch="gpt-neox")
-    with pytest.raises(UnsupportedModelError, match="'gpt-neox' is not supported.*arcee, cohere2, command-r, ernie4_5, exaone, exaone4, gemma2, gemma3, glm4, gpt-oss, granite, granitemoe, llama, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, smollm3, stablelm, starcoder2"):
+    p = synth.write_llama(tmp_path / "u.gguf", arch="gpt2")
+    with pytest.raises(UnsupportedModelError, match="'gpt2' is not supported.*arcee, cohere2, command-r, ernie4_5, exaone, exaone4, falcon, gemma2, gemma3, glm4, gpt-oss, gptneox, granite, granitemoe, llama, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, smollm3, stablelm, starcoder2"):
         load_architecture(ModelFile(p))
 
 

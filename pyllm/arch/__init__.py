@@ -13,6 +13,7 @@ from .gemma2 import Gemma2
 from .gemma3 import Gemma3
 from .glm4 import Glm4
 from .gpt_oss import GptOss
+from .gptneox import Falcon, GptNeoX
 from .granite import Granite, GraniteMoe
 from .llama import Llama
 from .nemotron import Arcee, Nemotron
@@ -51,6 +52,8 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "glm4": Glm4,
     "nemotron": Nemotron,
     "arcee": Arcee,
+    "gptneox": GptNeoX,
+    "falcon": Falcon,
 }
 
 

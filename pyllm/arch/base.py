@@ -267,7 +267,8 @@ class Layer:
     """One transformer block: x += attn(norm(x)); x += ffn(norm(x)), with
     optional norms on each branch's output before it joins the residual (Gemma).
     OLMo 2 has only those: its input norms are None. LayerNorm families give
-    their norms' biases. Parallel: x += attn(h) + ffn(h), h = norm(x) (Phi-2)."""
+    their norms' biases. Parallel: x += attn(h) + ffn(h), h = norm(x) (Phi-2); with
+    an ffn_norm too, the FFN reads its own norm of the same x (GPT-NeoX, Falcon 40B)."""
     attn_norm: Optional[np.ndarray]
     attn: Attn
     ffn_norm: Optional[np.ndarray]

@@ -85,12 +85,16 @@ def ffn(g: Graph, h: View, f: Ffn | Moe, kind: int, out: str | View, accumulate:
 
 
 def pre_norm_block(g: Graph, arch: Architecture, L: Layer, layer: int, x: View) -> None:
-    """x += attn(norm(x)); x += ffn(norm(x)); parallel: h = norm(x), x += attn(h) + ffn(h)."""
+    """x += attn(norm(x)); x += ffn(norm(x)); parallel: h = norm(x), x += attn(h) + ffn(h),
+    or with two norms x += attn(norm1(x)) + ffn(norm2(x))."""
     h = norm(g, arch, x, L.attn_norm, L.attn_norm_b, "h")
+    h_ffn = h
+    if L.parallel and L.ffn_norm is not None:   # before the attention adds to x
+        h_ffn = norm(g, arch, x, L.ffn_norm, L.ffn_norm_b, "h_ffn")
     attention(g, arch, h, L.attn, layer, out=x)
     if not L.parallel:
-        h = norm(g, arch, x, L.ffn_norm, L.ffn_norm_b, "h")
-    ffn(g, h, L.ffn, arch.glu, out=x)
+        h_ffn = norm(g, arch, x, L.ffn_norm, L.ffn_norm_b, "h")
+    ffn(g, h_ffn, L.ffn, arch.glu, out=x)
 
 
 def post_norm_block(g: Graph, arch: Architecture, L: Layer, layer: int, x: View) -> None:
