@@ -93,6 +93,9 @@ FAMILIES = {
     "gptneox-sequential": ("gptneox", {"parallel": False}),
     "falcon": ("falcon", {}),                                      # 7B: one norm, multi-query
     "falcon-40b": ("falcon", {"norm2": True, "n_head_kv": 2}),     # 40B: the attention's own norm
+    "lfm2": ("lfm2", {}),                                          # layers 0, 1, 3 short convolutions
+    "lfm2-seed1": ("lfm2", {"seed": 1}),
+    "lfm2-conv-first": ("lfm2", {"n_layer": 6, "conv_layers": (0, 1, 2, 4, 5)}),
     "gpt-oss": ("gpt-oss", {}),                                    # sinks, biased experts, swiglu_oai, window 8
     "gpt-oss-yarn": ("gpt-oss", {"keys": {**YARN, "rope_scaling_factor": 32.0}}),   # the released files' YaRN
 }

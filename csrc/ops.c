@@ -138,6 +138,30 @@ void op_kv_store(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     }
 }
 
+/* y[t, c] = sum_j w[c][j] s[p - L + 1 + j, c], p = pos[t], L = n_head taps, s the layer's
+ * stored rows (channels split between the k and v pools), 0 before position 0 */
+void op_shortconv(const pyllm_op *op, const op_rows *r, int ith, int nth) {
+    const pyllm_step *st = r->step;
+    const int taps = op->n_head;
+    const int64_t n = op->n_in, half = n / 2;
+    const float *w = (const float *)op->w;
+    int64_t lo, hi;
+    split_range(r->rows, ith, nth, 1, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) {
+        float *y = OUT_ROW(op, t);
+        memset(y, 0, sizeof(float) * (size_t)n);
+        for (int j = 0; j < taps; j++) {
+            const int32_t p = st->pos[t] - taps + 1 + j;
+            if (p < 0) continue;
+            const size_t slot = (size_t)st->block_table[p / st->block_size] * st->block_size + p % st->block_size;
+            float *s = r->scratch; /* the stored row at p, as float */
+            K.f16_to_f32(op->k_cache + slot * half, half, 1, s, half);
+            K.f16_to_f32(op->v_cache + slot * half, n - half, 1, s + half, n - half);
+            for (int64_t c = 0; c < n; c++) y[c] += w[c * taps + j] * s[c];
+        }
+    }
+}
+
 /* y = act(x) * x2, elementwise over rows of n_in */
 /* gpt-oss's gate: min(g, c) sigmoid(a min(g, c)) (clamp(u, -c, c) + 1) */
 static void glu_swiglu_oai(int64_t n, const float *g, const float *u, float *y, float a, float c) {
@@ -172,6 +196,8 @@ void op_glu(const pyllm_op *op, const op_rows *r, int ith, int nth) {
             glu_swiglu_oai(i1 - i0, g + i0, u, y + i0, op->scale, op->softcap);
         else if (op->type == GLU_RELU_SQR)
             glu_relu_sqr(i1 - i0, g + i0, u, y + i0);
+        else if (op->type == GLU_MUL)
+            for (int64_t i = i0; i < i1; i++) y[i] = g[i] * u[i - i0];
         else
             (op->type == GLU_GELU_TANH ? K.glu_gelu_tanh : K.glu_silu)(i1 - i0, g + i0, u, y + i0);
         lo += i1 - i0;

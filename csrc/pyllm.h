@@ -29,7 +29,11 @@ enum pyllm_op_kind {
                           route's ids, of n_kv_head experts); W[e]: the expert's n_out rows; x_j[t]
                           = x[t], or its j-th n_in slice with OPF_SLOT_INPUT; + bias[e] ([n_kv_head][n_out]) */
     OP_MOE_SUM = 13,  /* y[t] (+)= sum_j x2[t, n_head + j] x[t, j n_in ..] (the route's weights) */
-    OP_KIND_COUNT = 14
+    OP_SHORTCONV = 14, /* y[t, c] = sum_{j < n_head} w[c n_head + j] s[pos[t] - n_head + 1 + j, c] for channels
+                          c < n_in: a causal depthwise convolution (LFM2) over the rows a KV_STORE put in this
+                          layer's pools, channels [0, n_in/2) in k_cache, the rest in v_cache (f16); s = 0
+                          before position 0 */
+    OP_KIND_COUNT = 15
 };
 
 enum pyllm_op_flags {
@@ -42,8 +46,8 @@ enum pyllm_op_flags {
 };
 
 /* GLU_SWIGLU_OAI (gpt-oss): g' = min(g, c), y = g' sigmoid(a g') (clamp(u, -c, c) + 1), a = scale, c = softcap;
- * GLU_RELU_SQR (Nemotron, Arcee): y = max(g, 0)^2 u */
-enum pyllm_glu { GLU_SILU = 0, GLU_GELU_TANH = 1, GLU_SWIGLU_OAI = 2, GLU_RELU_SQR = 3 };
+ * GLU_RELU_SQR (Nemotron, Arcee): y = max(g, 0)^2 u; GLU_MUL: y = g u (LFM2's gates) */
+enum pyllm_glu { GLU_SILU = 0, GLU_GELU_TANH = 1, GLU_SWIGLU_OAI = 2, GLU_RELU_SQR = 3, GLU_MUL = 4 };
 enum pyllm_norm { NORM_RMS = 0, NORM_LAYER = 1 };
 /* MOE_ROUTE type: gating (softmax over all experts, or each expert's sigmoid), | MOE_NORM to
  * divide the chosen experts' weights by their sum */

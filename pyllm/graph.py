@@ -26,13 +26,13 @@ from .model_file import Tensor
 # op kinds and flags: csrc/pyllm.h
 OP_EMBED, OP_RMSNORM, OP_QUANTIZE, OP_MATMUL, OP_ROPE = 1, 2, 3, 4, 5
 OP_KV_STORE, OP_ATTENTION, OP_GLU, OP_ADD, OP_SCALE = 6, 7, 8, 9, 10
-OP_MOE_ROUTE, OP_MATMUL_ID, OP_MOE_SUM = 11, 12, 13
+OP_MOE_ROUTE, OP_MATMUL_ID, OP_MOE_SUM, OP_SHORTCONV = 11, 12, 13, 14
 OP_NAMES = {OP_EMBED: "embed", OP_RMSNORM: "rmsnorm", OP_QUANTIZE: "quantize", OP_MATMUL: "matmul",
             OP_ROPE: "rope", OP_KV_STORE: "kv_store", OP_ATTENTION: "attention", OP_GLU: "glu",
             OP_ADD: "add", OP_SCALE: "scale", OP_MOE_ROUTE: "moe_route", OP_MATMUL_ID: "matmul_id",
-            OP_MOE_SUM: "moe_sum"}
+            OP_MOE_SUM: "moe_sum", OP_SHORTCONV: "shortconv"}
 OPF_ACCUMULATE, OPF_LAST_ROWS, OPF_NO_SYNC, OPF_OUT_ROWS, OPF_SLOT_INPUT = 1, 2, 4, 8, 16
-GLU_SILU, GLU_GELU_TANH, GLU_SWIGLU_OAI, GLU_RELU_SQR = 0, 1, 2, 3
+GLU_SILU, GLU_GELU_TANH, GLU_SWIGLU_OAI, GLU_RELU_SQR, GLU_MUL = 0, 1, 2, 3, 4
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0    # gpt-oss's constants (llama.cpp's too)
 NORM_RMS, NORM_LAYER = 0, 1
 MOE_SOFTMAX, MOE_SIGMOID, MOE_NORM = 0, 1, 2
@@ -296,6 +296,25 @@ class Graph:
         self._emit(Op(OP_ATTENTION, x=q, y=y, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
                       scale=scale, window=window, softcap=softcap, kv_layer=layer, vector=sinks),
                    {q.name, kv}, {y.name})
+        return y
+
+    def shortconv(self, x: View, w: np.ndarray, out: str | View) -> View:
+        """out[t] = sum_j w[:, j] x[pos[t] - L + 1 + j] (L = w.shape[1] taps, 0 before position
+        0): a causal depthwise convolution over positions (LFM2). The rows of x go to the
+        layer's KV pools first (half the channels as "keys", half as "values", f16), so a
+        step reads earlier positions from there, and a cached prefix serves as attention's does."""
+        n, taps = w.shape
+        assert x.width == n and n % 2 == 0, f"shortconv of {n} channels on rows of {x.width}"
+        layer, half = self.layer, n // 2
+        head_dim = next(d for d in (128, 64, 32, 16, 8, 4, 2, 1) if half % d == 0)
+        self.kv_layers[layer] = (half // head_dim, head_dim)
+        kv = f"kv{layer}"
+        self._emit(Op(OP_KV_STORE, x=x.cols(0, half), x2=x.cols(half, half), n_head=half // head_dim,
+                      n_kv_head=half // head_dim,
+                      head_dim=head_dim, kv_layer=layer), {x.name}, {kv})
+        y = self._out(out, n)
+        self._emit(Op(OP_SHORTCONV, vector=np.ascontiguousarray(w, dtype=np.float32), y=y, n_in=n, n_head=taps,
+                      n_kv_head=half // head_dim, head_dim=head_dim, kv_layer=layer), {kv}, {y.name})
         return y
 
     def glu(self, gate: View, up: View, kind: int, out: str | View) -> View:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from .arch import load_architecture
-from .arch.base import Moe
+from .arch.base import Moe, ShortConv
 from .graph import GLU_GELU_TANH, GLU_RELU_SQR, GLU_SWIGLU_OAI, NORM_LAYER, ROPE_NEOX, Graph, act_row_bytes
 from .model_file import ModelFile
 
@@ -156,8 +156,13 @@ def describe_block(arch) -> str:
     else:
         ffn = f"FFN {act}(gate) * up" if L.ffn.gated else f"FFN {act}(up), not gated"
     qk = ""
-    if L.attn.q_norm is not None:
-        qk = "; q/k RMSNorm " + ("per head" if len(L.attn.q_norm) == arch.hp.head_dim else "over all heads")
+    attn = next((x.attn for x in arch.layers if not isinstance(x.attn, ShortConv)), None)
+    if attn is not None and attn.q_norm is not None:
+        qk = "; q/k RMSNorm " + ("per head" if len(attn.q_norm) == arch.hp.head_dim else "over all heads")
+    convs = [i for i, x in enumerate(arch.layers) if isinstance(x.attn, ShortConv)]
+    if convs:   # LFM2
+        qk += (f"; layers {_ranges(convs)}: a short convolution of {arch.layers[convs[0]].attn.conv.shape[1]} "
+               f"taps in place of attention")
     return f"{where}; {ffn}{qk}"
 
 

@@ -71,6 +71,7 @@ _TEXTS = (lambda v: isinstance(v, list) and (not v or isinstance(v[0], str)), "a
 _NUMBERS = (_is_array_of("iuf"), "an array of numbers")
 _INTS = (_is_array_of("iu"), "an array of integers")
 _COUNT_OR_FLAGS = (lambda v: _is_count(v) or _is_array_of("biu")(v), "an integer or an array of flags")
+_COUNT_OR_COUNTS = (lambda v: _is_count(v) or _is_array_of("iu")(v), "an integer or an array of integers")
 
 METADATA_KINDS = {
     "general.architecture": _TEXT, "general.name": _TEXT, "general.alignment": _COUNT,
@@ -83,7 +84,7 @@ METADATA_KINDS = {
 # "{architecture}.KEY", checked when read (a family pyllm does not run may use a key differently)
 ARCH_KINDS = {
     **dict.fromkeys(("block_count", "context_length", "embedding_length", "feed_forward_length",
-                     "vocab_size", "attention.head_count", "attention.head_count_kv", "attention.key_length",
+                     "vocab_size", "attention.head_count", "attention.key_length",
                      "attention.value_length", "attention.sliding_window", "rope.dimension_count",
                      "rope.scaling.original_context_length", "expert_count", "expert_used_count",
                      "expert_feed_forward_length", "expert_shared_feed_forward_length"), _COUNT),
@@ -97,6 +98,8 @@ ARCH_KINDS = {
     "rope.scaling.finetuned": _FLAG,
     "use_parallel_residual": _FLAG,
     "attention.sliding_window_pattern": _COUNT_OR_FLAGS,
+    "attention.head_count_kv": _COUNT_OR_COUNTS,
+    "shortconv.l_cache": _COUNT,
 }
 
 

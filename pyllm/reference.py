@@ -12,7 +12,7 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from .arch.base import Architecture, Moe
+from .arch.base import Architecture, Moe, ShortConv
 from .graph import GLU_GELU_TANH, GLU_RELU_SQR, GLU_SWIGLU_OAI, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from .model_file import Tensor
 
@@ -116,7 +116,7 @@ class Reference:
 
     FAMILIES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "granite", "smollm3", "olmo2", "phi2",
                 "starcoder2", "stablelm", "command-r", "cohere2", "ernie4_5", "exaone", "exaone4", "qwen3moe", "olmoe", "granitemoe", "qwen2moe",
-                "gpt-oss", "glm4", "nemotron", "arcee", "gptneox", "falcon")
+                "gpt-oss", "glm4", "nemotron", "arcee", "gptneox", "falcon", "lfm2")
 
     def __init__(self, arch: Architecture, kv_f16: bool = False):
         """kv_f16: round k and v to f16 before attending, as both engines' KV caches
@@ -192,6 +192,39 @@ class Reference:
             out = out + s
         return out
 
+    def _attention(self, h: np.ndarray, A, i: int) -> np.ndarray:
+        """Wo attention(rope(norm?(Wq h + bq)), rope(norm?(Wk h + bk)), Wv h + bv) + bo for layer i."""
+        a, hp = self.arch, self.arch.hp
+        T, H, Hkv, d = h.shape[0], hp.n_head, hp.n_head_kv, hp.head_dim
+        pos = np.arange(T)
+        if A.wqkv is not None:
+            qkv = self._linear(h, A.wqkv, A.bqkv)
+            q, k, v = np.split(qkv, [hp.q_dim, hp.q_dim + hp.kv_dim], axis=1)
+        else:
+            q, k, v = self._linear(h, A.wq, A.bq), self._linear(h, A.wk, A.bk), self._linear(h, A.wv, A.bv)
+        if A.q_norm is not None:  # over each head, or over all of q and of k (OLMo 2)
+            q = rmsnorm(q.reshape(T, -1, len(A.q_norm)), A.q_norm, hp.eps)
+            k = rmsnorm(k.reshape(T, -1, len(A.k_norm)), A.k_norm, hp.eps)
+        q, k, v = q.reshape(T, H, d), k.reshape(T, Hkv, d), v.reshape(T, Hkv, d)
+        r = a.layer_rope(i)
+        q = rope(q, pos, r.n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors)
+        k = rope(k, pos, r.n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors)
+        if self.kv_f16:
+            k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
+        att = attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i), a.attn_softcap, A.sinks)
+        return self._linear(att, A.wo, A.bo)
+
+    def _short_conv(self, h: np.ndarray, s: ShortConv) -> np.ndarray:
+        """out_proj (c * conv(b * x)), [b | c | x] = in_proj h; conv causal over positions."""
+        b, c, x = np.split(self._linear(h, s.in_proj, None), 3, axis=1)
+        bx = b * x
+        if self.kv_f16:   # the engines keep the conv's inputs in the f16 KV pools
+            bx = bx.astype(np.float16).astype(np.float32)
+        taps = s.conv.shape[1]
+        padded = np.concatenate([np.zeros((taps - 1, bx.shape[1]), np.float32), bx])
+        conv = sum(s.conv[:, j] * padded[j:j + len(bx)] for j in range(taps))
+        return self._linear(c * conv, s.out_proj, None)
+
     def _linear(self, x: np.ndarray, w: Tensor, b: np.ndarray | None) -> np.ndarray:
         y = x @ self.w(w).T
         return y if b is None else y + b
@@ -208,28 +241,12 @@ class Reference:
         and the FFN of one h; an ungated FFN is Wdown act(Wup h).
         Fused q/k/v and gate/up matrices are split by rows here."""
         a, hp = self.arch, self.arch.hp
-        T, H, Hkv, d = len(tokens), hp.n_head, hp.n_head_kv, hp.head_dim
-        pos = np.arange(T)
         act = glu(a.glu)
         x = self.w(a.tok_embd)[tokens] * np.float32(a.embed_scale)
         for i, L in enumerate(a.layers):
-            A, F = L.attn, L.ffn
+            F = L.ffn
             h = self._norm(x, L.attn_norm, L.attn_norm_b)
-            if A.wqkv is not None:
-                qkv = self._linear(h, A.wqkv, A.bqkv)
-                q, k, v = np.split(qkv, [hp.q_dim, hp.q_dim + hp.kv_dim], axis=1)
-            else:
-                q, k, v = self._linear(h, A.wq, A.bq), self._linear(h, A.wk, A.bk), self._linear(h, A.wv, A.bv)
-            if A.q_norm is not None:  # over each head, or over all of q and of k (OLMo 2)
-                q = rmsnorm(q.reshape(T, -1, len(A.q_norm)), A.q_norm, hp.eps)
-                k = rmsnorm(k.reshape(T, -1, len(A.k_norm)), A.k_norm, hp.eps)
-            q, k, v = q.reshape(T, H, d), k.reshape(T, Hkv, d), v.reshape(T, Hkv, d)
-            r = a.layer_rope(i)
-            q = rope(q, pos, r.n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors)
-            k = rope(k, pos, r.n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors)
-            if self.kv_f16:
-                k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
-            o = self._linear(attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i), a.attn_softcap, A.sinks), A.wo, A.bo)
+            o = self._short_conv(h, L.attn) if isinstance(L.attn, ShortConv) else self._attention(h, L.attn, i)
             if L.post_attn_norm is not None:
                 o = rmsnorm(o, L.post_attn_norm, hp.eps)
             if not L.parallel:   # parallel: the FFN reads the attention's h, or its own norm of x

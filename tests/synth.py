@@ -104,7 +104,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 fused_qkv: bool = False, fused_up: bool = False, post_norms: bool = False, pre_norms: bool = True,
                 rope_factors: bool = False, layer_norm: bool = False, norm_bias: Optional[bool] = None,
                 ffn_norm: bool | str = True, sinks: bool = False, expert_biases: bool = False,
-                extra_norms: tuple = (),
+                extra_norms: tuple = (), conv_layers: tuple = (), conv_taps: int = 3,
                 gated: bool = True, biases: bool = False, out_bias: bool = False,
                 rope_dim: Optional[int] = None, experts: int = 0, experts_used: int = 2,
                 n_ff_exp: Optional[int] = None, shared_expert: int = 0, shared_gate: bool = False,
@@ -125,6 +125,9 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                   (gpt-oss: "post_attention_norm"); gated: False: no ffn_gate
       sinks       attn_sinks.weight, one logit per head (gpt-oss)
       extra_norms more norms per layer by name ("attn_norm_2": Falcon 40B)
+      conv_layers layers with a short convolution (shortconv.{in_proj,conv,out_proj}) in place of
+                  attention, head_count_kv then a list with 0 for them, the output norm named
+                  token_embd_norm and the output tied (LFM2)
       biases      attn_output, ffn_up and ffn_down biases; out_bias: output.bias
       rope_dim    rotated dims per head (default: all)
       experts     > 0: every FFN is that many experts (ffn_gate_inp, ffn_*_exps), experts_used
@@ -144,7 +147,10 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
     w.add_embedding_length(n_embd)
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
+    w.add_head_count_kv([0 if i in conv_layers else n_head_kv for i in range(n_layer)] if conv_layers else n_head_kv)
+    if conv_layers:
+        w.add_uint32(f"{arch}.shortconv.l_cache", conv_taps)
+        tied = True
     if experts:
         w.add_expert_count(experts)
         w.add_expert_used_count(experts_used)
@@ -191,7 +197,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
             add(name + ".bias", bias(n))
 
     add("token_embd.weight", weight(embd_type or qtype, n_embd, n_vocab, rng, scale=1.0))
-    norms("output_norm", n_embd)
+    norms("token_embd_norm" if conv_layers else "output_norm", n_embd)
     if not tied:
         add("output.weight", weight(qtype, n_embd, n_vocab, rng))
     if out_bias:
@@ -207,26 +213,31 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
             norms(p + "attn_norm", n_embd)
         for name in extra_norms:
             norms(p + name, n_embd)
-        if fused_qkv:
-            add(p + "attn_qkv.weight", weight(qtype, n_embd, q_dim + 2 * kv_dim, rng))
-            if qkv_bias:
-                add(p + "attn_qkv.bias", bias(q_dim + 2 * kv_dim))
+        if i in conv_layers:
+            add(p + "shortconv.in_proj.weight", weight(qtype, n_embd, 3 * n_embd, rng))
+            add(p + "shortconv.conv.weight", ((rng.standard_normal((n_embd, conv_taps)) / 2).astype(np.float32), None))
+            add(p + "shortconv.out_proj.weight", weight(qtype, n_embd, n_embd, rng))
         else:
-            add(p + "attn_q.weight", weight(qtype, n_embd, q_dim, rng))
-            add(p + "attn_k.weight", weight(qtype, n_embd, kv_dim, rng))
-            add(p + "attn_v.weight", weight(qtype, n_embd, kv_dim, rng))
-        if qkv_bias and not fused_qkv:
-            add(p + "attn_q.bias", bias(q_dim))
-            add(p + "attn_k.bias", bias(kv_dim))
-            add(p + "attn_v.bias", bias(kv_dim))
-        if qk_norm:
-            add(p + "attn_q_norm.weight", norm(q_dim if qk_norm == "full" else hd))
-            add(p + "attn_k_norm.weight", norm(kv_dim if qk_norm == "full" else hd))
-        add(p + "attn_output.weight", weight(qtype, q_dim, n_embd, rng))
-        if biases:
-            add(p + "attn_output.bias", bias(n_embd))
-        if sinks:
-            add(p + "attn_sinks.weight", (rng.standard_normal(n_head).astype(np.float32), None))
+            if fused_qkv:
+                add(p + "attn_qkv.weight", weight(qtype, n_embd, q_dim + 2 * kv_dim, rng))
+                if qkv_bias:
+                    add(p + "attn_qkv.bias", bias(q_dim + 2 * kv_dim))
+            else:
+                add(p + "attn_q.weight", weight(qtype, n_embd, q_dim, rng))
+                add(p + "attn_k.weight", weight(qtype, n_embd, kv_dim, rng))
+                add(p + "attn_v.weight", weight(qtype, n_embd, kv_dim, rng))
+            if qkv_bias and not fused_qkv:
+                add(p + "attn_q.bias", bias(q_dim))
+                add(p + "attn_k.bias", bias(kv_dim))
+                add(p + "attn_v.bias", bias(kv_dim))
+            if qk_norm:
+                add(p + "attn_q_norm.weight", norm(q_dim if qk_norm == "full" else hd))
+                add(p + "attn_k_norm.weight", norm(kv_dim if qk_norm == "full" else hd))
+            add(p + "attn_output.weight", weight(qtype, q_dim, n_embd, rng))
+            if biases:
+                add(p + "attn_output.bias", bias(n_embd))
+            if sinks:
+                add(p + "attn_sinks.weight", (rng.standard_normal(n_head).astype(np.float32), None))
         if post_norms:
             add(p + "post_attention_norm.weight", norm(n_embd))
         if pre_norms and ffn_norm:
@@ -486,6 +497,13 @@ def write_falcon(path: str | Path, qtype: QT = QT.Q8_0, norm2: bool = False, **k
                        extra_norms=("attn_norm_2",) if norm2 else (), **kw)
 
 
+def write_lfm2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """LFM2: 4 layers, 0, 1 and 3 short convolutions (3 taps), 2 attention with per-head q/k norms."""
+    kw.setdefault("n_layer", 4)
+    kw.setdefault("conv_layers", (0, 1, 3))
+    return write_model(path, "lfm2", qtype, qk_norm=True, rope_base=1e6, **kw)
+
+
 WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
            "phi3": write_phi3, "gemma2": write_gemma2, "gemma3": write_gemma3, "granite": write_granite,
            "smollm3": write_smollm3, "olmo2": write_olmo2, "phi2": write_phi2, "starcoder2": write_starcoder2,
@@ -493,7 +511,8 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "ernie4_5": write_ernie4_5, "exaone": write_exaone, "exaone4": write_exaone4, "mixtral": write_mixtral,
            "qwen3moe": write_qwen3moe, "olmoe": write_olmoe, "granitemoe": write_granitemoe,
            "qwen2moe": write_qwen2moe, "gpt-oss": write_gpt_oss, "glm4": write_glm4, "nemotron": write_nemotron,
-           "arcee": write_arcee, "gptneox": write_gptneox, "falcon": write_falcon}
+           "arcee": write_arcee, "gptneox": write_gptneox, "falcon": write_falcon,
+           "lfm2": write_lfm2}
 
 
 def _gguf_string(x: str) -> bytes:

@@ -40,7 +40,7 @@ from pyllm.backend.cpu import CpuBackend, HostDevice
 from pyllm.backend.placement import DeviceSpec, Hardware, LinkSpec, Planner
 from pyllm.backend.split import SplitBackend
 from pyllm.errors import InvalidArgumentError
-from pyllm.graph import (ACT_F32, GLU_GELU_TANH, GLU_RELU_SQR, GLU_SILU, GLU_SWIGLU_OAI, MOE_NORM, MOE_SIGMOID, MOE_SOFTMAX, OP_ATTENTION, ROPE_NEOX,
+from pyllm.graph import (ACT_F32, GLU_GELU_TANH, GLU_MUL, GLU_RELU_SQR, GLU_SILU, GLU_SWIGLU_OAI, MOE_NORM, MOE_SIGMOID, MOE_SOFTMAX, OP_ATTENTION, ROPE_NEOX,
                          ROPE_NORM, Graph, act_format)
 from pyllm.model_file import ModelFile, Tensor
 
@@ -423,6 +423,8 @@ def op_case(case: str, rng):
         return g, inputs, ["x", "k"], pos, False
     elif case in ("glu-silu", "glu-gelu"):
         g.glu(x, second["up"], GLU_SILU if case == "glu-silu" else GLU_GELU_TANH, "out")
+    elif case == "glu-mul":               # LFM2's gates
+        g.glu(x, second["up"], GLU_MUL, "out")
     elif case == "glu-swiglu-oai":        # gates and ups past the clamp at +-7
         inputs["x"] *= 6
         inputs["up"] *= 6
@@ -442,7 +444,7 @@ def op_case(case: str, rng):
 
 
 OP_CASES = ["rmsnorm", "rmsnorm-groups", "layernorm", "layernorm-nobias", "rope-norm", "rope-neox", "glu-silu",
-            "glu-gelu", "glu-swiglu-oai", "act-gelu", "act-relu-sqr", "add", "scale", "head-rmsnorm", "head-layernorm", "head-glu-gelu", "head-add",
+            "glu-gelu", "glu-swiglu-oai", "glu-mul", "act-gelu", "act-relu-sqr", "add", "scale", "head-rmsnorm", "head-layernorm", "head-glu-gelu", "head-add",
             "head-linear-q4_k", "head-linear-f16"]
 
 
@@ -776,7 +778,8 @@ def close_enough(got, ref, float_weights):
                                           ("smollm3", QT.Q8_0), ("olmo2", QT.F16), ("phi2", QT.Q8_0),
                                           ("starcoder2", QT.Q4_K), ("stablelm", QT.F16), ("cohere2", QT.Q8_0),
                                           ("mixtral", QT.Q4_K), ("qwen2moe", QT.Q8_0), ("gpt-oss", QT.Q8_0),
-                                          ("nemotron", QT.Q4_K), ("gptneox", QT.Q8_0)],
+                                          ("nemotron", QT.Q4_K), ("gptneox", QT.Q8_0),
+                                          ("lfm2", QT.Q8_0)],
                          ids=lambda x: getattr(x, "name", x))
 def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     """300 positions over shuffled 16-position blocks: several attention tiles,
@@ -787,7 +790,7 @@ def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     block and the ungated GELU FFN (Phi-2, StarCoder 2, StableLM), mixtures
     of experts with and without a gated shared expert, gpt-oss's sinks,
     biased experts and swiglu_oai, Nemotron's relu^2, GPT-NeoX's two norms
-    side by side."""
+    side by side, LFM2's short convolutions over the KV pools."""
     host, gpu = devices
     path = synth.WRITERS[family](tmp_path / "m.gguf", qtype)
     _, g = build(path)

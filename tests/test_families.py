@@ -68,11 +68,17 @@ FAMILIES = {
     "gptneox-sequential": (synth.write_gptneox, {"parallel": False}),
     "falcon": (synth.write_falcon, {}),                      # one norm, one KV head
     "falcon-40b": (synth.write_falcon, {"norm2": True, "n_head_kv": 2}),
+    "lfm2": (synth.write_lfm2, {}),                          # short convolutions in layers 0, 1, 3
     "gpt-oss": (synth.write_gpt_oss, {}),                    # sinks, biased experts, swiglu_oai, window 8
     "gpt-oss-yarn": (synth.write_gpt_oss, {"keys": {"rope_scaling_type": rope_type("YARN"),
                                                     "rope_scaling_factor": 32.0, "rope_scaling_orig_ctx_len": 64}}),
 }
 TYPES = [QT.F32, QT.Q8_0, QT.Q4_K, QT.IQ4_NL]
+# LFM2 multiplies two projections in its conv layers (b * x, then c * conv): the error of
+# Q4_K's 8-bit activations (one scale per 256) compounds there. Measured at Q4_K over seeds
+# 0-2: 3.6%, 10.6%, 2.5% of the spread; llama.cpp's own Q4_K_M files are as far from the
+# reference as pyllm on them (3.35% and 3.36%, benchmarks/compare_families.py)
+QUANT_TOLERANCE = {("lfm2", QT.Q4_K): 0.05}
 
 
 def run_both(path, n_tokens=40, n_ctx=None, kv_f16=False):
@@ -112,7 +118,7 @@ def test_family_matches_reference(tmp_path, family, qtype):
         assert compare(out, ref)[1] >= 0.9
     else:
         rel, agree = compare(out, ref)
-        assert rel < 0.03, rel
+        assert rel < QUANT_TOLERANCE.get((family, qtype), 0.03), rel
         assert agree == 1.0
 
 
@@ -531,6 +537,45 @@ def test_parallel_blocks_with_two_norms(tmp_path):
     assert f7.layers[0].parallel and f7.layers[0].ffn_norm is None and f7.hp.n_head_kv == 1
 
 
+def test_lfm2_short_convolutions(tmp_path):
+    """LFM2 as llama.cpp reads it: head_count_kv per layer, 0 for the short
+    convolution layers; the conv weighs positions p-2, p-1, p in that order.
+    The conv's inputs live in the KV pools: decode one token at a time and
+    chunked prefill give the batch's logits bit for bit, over 200 positions
+    (blocks of 16: taps across block boundaries), and match the reference."""
+    from pyllm.backend.cpu import CpuBackend
+    path = synth.write_lfm2(tmp_path / "l.gguf", QT.F32)
+    lf = load_architecture(ModelFile(path))
+    assert [type(L.attn).__name__ for L in lf.layers] == ["ShortConv", "ShortConv", "Attn", "ShortConv"]
+    assert lf.hp.kv_heads == [0, 0, 2, 0] and lf.layers[0].attn.conv.shape == (256, 3)
+    assert lf.layers[2].attn.q_norm.shape == (64,) and lf.output.name == "token_embd.weight"
+    tokens = list(np.random.default_rng(1).integers(0, 512, 40))
+    ref = Reference(lf).forward(tokens)
+    for layer in lf.layers:   # the taps the other way round
+        if layer.attn.__class__.__name__ == "ShortConv":
+            layer.attn.conv = layer.attn.conv[:, ::-1].copy()
+    assert compare(Reference(lf).forward(tokens), ref)[0] > 0.05
+    lf = load_architecture(ModelFile(path))
+    g = Graph()
+    lf.build(g)
+    be = CpuBackend(g, 2, 64, 64, 16, 16)
+    tokens = [int(t) for t in np.random.default_rng(2).integers(0, 512, 200)]
+    table = list(np.random.default_rng(0).permutation(16))[:13]
+    batch = np.concatenate([be.forward(tokens[i:i + 64], i, table, 64).copy() for i in range(0, 192, 64)] +
+                           [be.forward(tokens[192:], 192, table, 8).copy()])
+    chunks = np.concatenate([be.forward(tokens[i:i + 5], i, table, 5).copy() for i in range(0, 200, 5)])
+    steps = np.concatenate([be.forward([t], i, table, 1).copy() for i, t in enumerate(tokens)])
+    be.close()
+    np.testing.assert_array_equal(chunks, batch)
+    np.testing.assert_array_equal(steps, batch)
+    rel, agree = compare(batch, Reference(lf, kv_f16=True).forward(tokens))
+    assert rel < 1e-4 and agree == 1.0, rel
+    # a per-layer KV head list only where the family has layers without attention
+    p = synth.write_llama(tmp_path / "kv.gguf", QT.F32, conv_layers=(1,), arch="llama")
+    with pytest.raises(UnsupportedModelError, match="key/value heads per layer"):
+        load_architecture(ModelFile(p))
+
+
 def test_gemma3_decode_steps_equal_batch(tmp_path):
     """Windowed layers read the paged cache right one token at a time too."""
     _, be = build(synth.write_gemma3(tmp_path / "d.gguf", QT.Q8_0, window=5))
@@ -562,7 +607,7 @@ def test_family_errors(tmp_path):
     with pytest.raises(UnsupportedModelError, match="yarn_log_multiplier"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="gpt2")
-    with pytest.raises(UnsupportedModelError, match="'gpt2' is not supported.*arcee, cohere2, command-r, ernie4_5, exaone, exaone4, falcon, gemma2, gemma3, glm4, gpt-oss, gptneox, granite, granitemoe, llama, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, smollm3, stablelm, starcoder2"):
+    with pytest.raises(UnsupportedModelError, match="'gpt2' is not supported.*arcee, cohere2, command-r, ernie4_5, exaone, exaone4, falcon, gemma2, gemma3, glm4, gpt-oss, gptneox, granite, granitemoe, lfm2, llama, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, smollm3, stablelm, starcoder2"):
         load_architecture(ModelFile(p))
 
 

@@ -258,7 +258,7 @@ static int check_op(const pyllm_op *op) {
         if (op->kind == OP_ATTENTION && !op->y) return fail("missing output");
         return 0;
     case OP_GLU:
-        if (op->type < GLU_SILU || op->type > GLU_RELU_SQR)
+        if (op->type < GLU_SILU || op->type > GLU_MUL)
             return fail("unknown gate activation %d", op->type);
         if (op->type == GLU_SWIGLU_OAI && (!op->x2 || !(op->softcap > 0.0f)))
             return fail("swiglu_oai: needs the up input and a clamp limit > 0");
@@ -293,6 +293,12 @@ static int check_op(const pyllm_op *op) {
     case OP_MOE_SUM:
         if (!op->x || !op->x2 || !op->y || op->n_in <= 0 || op->n_head <= 0) return fail("moe sum: missing buffers");
         if (op->x_stride < op->n_in * op->n_head || op->x2_stride < 2 * op->n_head) return fail("moe sum: bad strides");
+        return 0;
+    case OP_SHORTCONV:
+        if (!op->w || !op->y || !op->k_cache || !op->v_cache) return fail("shortconv: missing weights, pools or output");
+        if (op->n_in <= 1 || op->n_in % 2 || op->n_head < 1 || op->n_head > 64 || op->y_stride < op->n_in ||
+            (int64_t)op->n_kv_head * op->head_dim * 2 != op->n_in)
+            return fail("shortconv: %lld channels, %d taps", (long long)op->n_in, op->n_head);
         return 0;
     default:
         return fail("unknown op kind %d", op->kind);
@@ -360,7 +366,7 @@ static int send(pyllm_cuda *ctx, int32_t *dst, const int32_t *src, int n) {
 static const char *kind_name(int k) {
     static const char *names[OP_KIND_COUNT] = {"?", "embed", "rmsnorm", "quantize", "matmul", "rope", "kv_store",
                                                "attention", "glu", "add", "scale", "moe_route", "matmul_id",
-                                               "moe_sum"};
+                                               "moe_sum", "shortconv"};
     return k > 0 && k < OP_KIND_COUNT ? names[k] : "?";
 }
 
@@ -425,6 +431,7 @@ int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_
         case OP_MOE_ROUTE: launch_moe_route(op, e); break;
         case OP_MATMUL_ID: launch_matmul_id(op, e); break;
         case OP_MOE_SUM: launch_moe_sum(op, e); break;
+        case OP_SHORTCONV: launch_shortconv(op, e); break;
         default: return fail("op %d: unknown kind %d", i, op->kind);
         }
         cudaError_t err = cudaPeekAtLastError();

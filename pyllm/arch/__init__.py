@@ -15,6 +15,7 @@ from .glm4 import Glm4
 from .gpt_oss import GptOss
 from .gptneox import Falcon, GptNeoX
 from .granite import Granite, GraniteMoe
+from .lfm2 import Lfm2
 from .llama import Llama
 from .nemotron import Arcee, Nemotron
 from .olmo2 import Olmo2, Olmoe
@@ -54,6 +55,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "arcee": Arcee,
     "gptneox": GptNeoX,
     "falcon": Falcon,
+    "lfm2": Lfm2,
 }
 
 

@@ -54,16 +54,30 @@ class HParams:
     rope_attn_factor: float = 1.0   # multiplies cos and sin (so q.k by its square): rope.scaling.attn_factor,
                                     # times YaRN's 1 + 0.1 ln(factor)
     rope_yarn: Optional[np.ndarray] = None   # YaRN: per-pair divisors, which replace rope_freq_scale
+    kv_heads: Optional[list] = None          # per layer, where the file gives a list (0: no attention, LFM2)
 
     @classmethod
     def read(cls, mf: ModelFile, rope_scalings: tuple = ROPE_SCALINGS, layer_norm: bool = False,
-             experts: bool = False) -> "HParams":
+             experts: bool = False, kv_per_layer: bool = False) -> "HParams":
         """layer_norm: the family normalizes with LayerNorm, whose epsilon is
         under attention.layer_norm_epsilon (RMSNorm's: layer_norm_rms_epsilon).
-        experts: the family runs mixture-of-experts files (expert_count > 0)."""
+        experts: the family runs mixture-of-experts files (expert_count > 0).
+        kv_per_layer: attention.head_count_kv may be a list, one count per layer,
+        0 for a layer without attention (LFM2's convolution layers)."""
         n_embd = int(mf.arch_require("embedding_length"))
         n_head = int(mf.arch_require("attention.head_count"))
-        n_head_kv = int(mf.arch_get("attention.head_count_kv", n_head))
+        kv = mf.arch_get("attention.head_count_kv", n_head)
+        kv_heads = [int(v) for v in kv] if isinstance(kv, (list, np.ndarray)) else None
+        if kv_heads is not None:
+            n_layer = int(mf.arch_require("block_count"))
+            used = set(kv_heads) - {0}
+            if not kv_per_layer or len(used) > 1:
+                raise UnsupportedModelError(f"{mf.path}: {mf.architecture} with key/value heads per layer "
+                                            f"({sorted(set(kv_heads))}) is not supported")
+            if len(kv_heads) != n_layer or not used or min(kv_heads) < 0:
+                raise ModelFileError(f"{mf.path}: head_count_kv has {len(kv_heads)} entries for {n_layer} "
+                                     f"layers, or no layer with attention; the file is corrupt")
+        n_head_kv = max(kv_heads) if kv_heads else int(kv)
         if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
             raise ModelFileError(f"{mf.path}: {n_head} attention heads cannot share {n_head_kv} key/value heads")
         head_dim = int(mf.arch_get("attention.key_length", n_embd // n_head))
@@ -101,6 +115,7 @@ class HParams:
             rope_freq_scale=freq_scale,
             rope_scaling=scaling,
             rope_attn_factor=attn_factor,
+            kv_heads=kv_heads,
         )
         if scaling == "yarn":
             hp.read_yarn(mf)
@@ -223,6 +238,16 @@ class Attn:
 
 
 @dataclass
+class ShortConv:
+    """A layer's short convolution in place of attention (LFM2):
+    [b | c | x] = in_proj h ; y = c * conv(b * x) ; out = out_proj y, where conv
+    is causal and depthwise over positions: conv[:, j] weighs position p - L + 1 + j."""
+    in_proj: Tensor
+    conv: np.ndarray          # [n_embd, L] float32
+    out_proj: Tensor
+
+
+@dataclass
 class Ffn:
     """A gated feed-forward: down(act(gate h) * up h). With w_gate None, w_up
     is fused: its output rows are [gate | up] (2 n_ff of them). Not gated:
@@ -270,7 +295,7 @@ class Layer:
     their norms' biases. Parallel: x += attn(h) + ffn(h), h = norm(x) (Phi-2); with
     an ffn_norm too, the FFN reads its own norm of the same x (GPT-NeoX, Falcon 40B)."""
     attn_norm: Optional[np.ndarray]
-    attn: Attn
+    attn: Attn | ShortConv
     ffn_norm: Optional[np.ndarray]
     ffn: Ffn | Moe
     post_attn_norm: Optional[np.ndarray] = None
@@ -298,6 +323,7 @@ class Architecture:
     # "required" (Qwen3-MoE); each family says for itself, subclasses do not inherit it
     experts: bool | str = False
     moe_norm = True      # MoE: divide the chosen experts' gate values by their sum
+    kv_per_layer = False  # head_count_kv may list a count per layer, 0 for a layer without attention
     attn_softcap = 0.0   # > 0: attention scores become c * tanh(s / c) (Gemma 2)
     final_softcap = 0.0  # > 0: the logits likewise
     residual_scale = 1.0  # each branch's output joins the residual times this (Granite)
@@ -316,7 +342,7 @@ class Architecture:
         self.mf = mf
         self.n_ctx = n_ctx
         self.hp = HParams.read(mf, self.rope_scalings, layer_norm=self.norm == NORM_LAYER,
-                               experts=bool(self.experts))
+                               experts=bool(self.experts), kv_per_layer=self.kv_per_layer)
         self.rope_freqs: Optional[np.ndarray] = None   # llama3-style per-pair divisors
         self.window = 0                                 # sliding window of every layer, 0 = none
 

@@ -10,8 +10,8 @@ from typing import Optional
 
 import numpy as np
 
-from ..graph import MOE_NORM, MOE_SIGMOID, NORM_LAYER, Graph, View
-from .base import Architecture, Attn, Ffn, Layer, Moe
+from ..graph import GLU_MUL, MOE_NORM, MOE_SIGMOID, NORM_LAYER, Graph, View
+from .base import Architecture, Attn, Ffn, Layer, Moe, ShortConv
 
 
 def norm(g: Graph, arch: Architecture, x: View, w: np.ndarray, b: Optional[np.ndarray], out: str | View) -> View:
@@ -32,10 +32,22 @@ def project_qkv(g: Graph, h: View, a: Attn, arch: Architecture) -> tuple[View, V
             g.linear(h, a.wv, "v", bias=a.bv))
 
 
-def attention(g: Graph, arch: Architecture, h: View, a: Attn, layer: int, out: str | View,
+def short_conv(g: Graph, h: View, s: ShortConv, out: str | View, accumulate: bool = True) -> View:
+    """out (+)= out_proj (c * conv(b * x)), [b | c | x] = in_proj h (LFM2)."""
+    n = s.conv.shape[0]
+    bcx = g.linear(h, s.in_proj, "bcx")
+    b, c, x = bcx.cols(0, n), bcx.cols(n, n), bcx.cols(2 * n, n)
+    conv = g.shortconv(g.glu(b, x, GLU_MUL, "bx"), s.conv, "conv")
+    return g.linear(g.glu(c, conv, GLU_MUL, conv), s.out_proj, out, accumulate=accumulate)
+
+
+def attention(g: Graph, arch: Architecture, h: View, a: Attn | ShortConv, layer: int, out: str | View,
               accumulate: bool = True) -> View:
     """out (+)= Wo attention(rope(norm(Wq h)), rope(norm(Wk h)), Wv h) for layer `layer`:
-    q/k norms per head when the layer has them, the layer's RoPE and window."""
+    q/k norms per head when the layer has them, the layer's RoPE and window (or the
+    layer's short convolution, where it has one in place of attention)."""
+    if isinstance(a, ShortConv):
+        return short_conv(g, h, a, out, accumulate)
     hp = arch.hp
     q, k, v = project_qkv(g, h, a, arch)
     if a.q_norm is not None:  # per head, or over the whole of q and of k (OLMo 2)

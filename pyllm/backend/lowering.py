@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..graph import OP_ATTENTION, OP_EMBED, OP_KV_STORE, OP_MATMUL, OP_ROPE, Graph, Op, View
+from ..graph import OP_EMBED, OP_MATMUL, OP_ROPE, Graph, Op, View
 from ..model_file import Tensor
 from .base import Range, Shape
 
@@ -152,5 +152,5 @@ def step_needs(ops: Sequence[Op]) -> tuple[bool, bool, bool]:
     """Which of the step's arrays (tokens, positions, block table) these ops
     read: what a device must be sent before it runs them."""
     kinds = {op.kind for op in ops}
-    return (OP_EMBED in kinds, bool(kinds & {OP_ROPE, OP_KV_STORE, OP_ATTENTION}),
-            bool(kinds & {OP_KV_STORE, OP_ATTENTION}))
+    kv = any(op.kv_layer >= 0 for op in ops)   # KV_STORE, ATTENTION, SHORTCONV: positions through the table
+    return OP_EMBED in kinds, kv or OP_ROPE in kinds, kv

@@ -58,7 +58,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..errors import BackendError, InvalidArgumentError
-from ..graph import (OP_ATTENTION, OP_EMBED, OP_KV_STORE, OP_MATMUL, OP_MATMUL_ID, OPF_LAST_ROWS, OPF_OUT_ROWS,
+from ..graph import (OP_ATTENTION, OP_EMBED, OP_KV_STORE, OP_MATMUL, OP_MATMUL_ID, OP_SHORTCONV, OPF_LAST_ROWS, OPF_OUT_ROWS,
                      Graph)
 from ..units import fmt_bytes, fmt_rate
 from .base import D2H, H2D, Range, Shape
@@ -140,6 +140,8 @@ def op_cost(op, n: int, n_out: int, ctx: float) -> tuple[float, float]:
             4.0 * op.n_head * op.head_dim * seen * rows
     if op.kind == OP_KV_STORE:
         return rows * op.n_kv_head * op.head_dim * (8 + 4), 0.0
+    if op.kind == OP_SHORTCONV:   # taps stored rows (f16) per output row
+        return rows * op.n_in * (2 * op.n_head + 4), 2.0 * op.n_in * op.n_head * rows
     width = sum(v.width for v in (op.x, op.x2, op.y) if v is not None) or op.n_in
     return rows * width * 4 * 2, 0.0
 
@@ -404,7 +406,7 @@ class Planner:
         GPU, streamed, except their KV-cache ops."""
         devs, flags = [], []
         for u, op in zip(self.units, self.graph.ops):
-            if isinstance(u, int) and units[u] == HOST and op.kind not in (OP_KV_STORE, OP_ATTENTION):
+            if isinstance(u, int) and units[u] == HOST and op.kv_layer < 0:
                 devs.append(GPU)
                 flags.append(True)
             else:

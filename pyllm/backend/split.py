@@ -32,7 +32,7 @@ from typing import Optional, Sequence as Seq
 import numpy as np
 
 from ..errors import BackendError
-from ..graph import OP_ATTENTION, OP_KV_STORE, OP_MATMUL, OPF_LAST_ROWS, Graph
+from ..graph import OP_MATMUL, OPF_LAST_ROWS, Graph
 from .base import ACTIVATIONS, CONTROL, D2H, H2D, LOGITS, WEIGHTS, Backend, Device, Range, Shape, StepData
 from .cpu import check_step_args
 from .lowering import step_needs
@@ -173,7 +173,7 @@ def make_schedule(graph: Graph, op_device: Seq[str], streamed: Optional[Seq[bool
     # the KV pool of a layer lives with its KV_STORE; its ATTENTION must be there too
     kv_home: dict[str, str] = {}
     for i, op in enumerate(graph.ops):
-        if op.kind in (OP_KV_STORE, OP_ATTENTION):
+        if op.kv_layer >= 0:   # KV_STORE, ATTENTION, SHORTCONV
             home = kv_home.setdefault(f"kv{op.kv_layer}", op_device[i])
             if home != op_device[i]:
                 raise BackendError(f"layer {op.kv_layer}: its KV cache would be split between {home} and "

@@ -1,0 +1,64 @@
+"""LFM2 (`lfm2`: Liquid's LFM2 350M..2.6B): a pre-norm decoder whose layers
+mix tokens either by attention or by a short causal convolution.
+
+    h = rmsnorm(x)
+    attention layers:    q, k = rmsnorm_per_head(Wq h), rmsnorm_per_head(Wk h) ; rope(q, k)    # NEOX
+                         x += Wo attention(q, K, Wv h)
+    convolution layers:  [b | c | u] = Win h ; x += Wout (c * conv(b * u))
+    h = rmsnorm(x) ; x += Wdown (silu(Wgate h) * Wup h)
+    logits = Wout rmsnorm(x)      # the norm is stored as token_embd_norm; Wout tied to the embedding
+
+`attention.head_count_kv` is a list, 0 for a convolution layer. conv is
+depthwise over positions with `shortconv.l_cache` taps (3): channel c at
+position p sums w[c, j] (b * u)[p - 2 + j]. Its inputs are kept in the
+layer's KV pools (f16, like attention's keys), so a cached prefix is reused
+exactly as attention's is; llama.cpp keeps only the last two, in f32.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ModelFileError, UnsupportedModelError
+from ..graph import GLU_SILU, ROPE_NEOX
+from .base import Layer, ShortConv
+from .blocks import PreNormDecoder
+
+
+class Lfm2(PreNormDecoder):
+    name = "lfm2"
+    rope_mode = ROPE_NEOX
+    glu = GLU_SILU
+    kv_per_layer = True
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        hp = self.hp
+        if mf.arch_get("attention.sliding_window"):
+            raise UnsupportedModelError(f"{mf.path}: lfm2 with sliding-window layers is not supported yet")
+        self.tok_embd = self.weight("token_embd.weight", hp.n_embd, hp.n_vocab)
+        self.out_norm, self.out_norm_b = self.vector("token_embd_norm.weight", hp.n_embd), None
+        self.output = self.output_weight()
+        taps = int(mf.arch_require("shortconv.l_cache"))
+        if not 1 < taps <= 64:
+            raise ModelFileError(f"{mf.path}: lfm2.shortconv.l_cache = {taps} is not in 2..64")
+        kv_heads = hp.kv_heads or [hp.n_head_kv] * hp.n_layer
+        self.layers = []
+        for i in range(hp.n_layer):
+            p = f"blk.{i}."
+            if kv_heads[i]:
+                mixer = self.attention_weights(i, qk_norm=True)
+            else:
+                mixer = ShortConv(in_proj=self.weight(p + "shortconv.in_proj.weight", hp.n_embd, 3 * hp.n_embd),
+                                  conv=self.conv_weight(p + "shortconv.conv.weight", taps),
+                                  out_proj=self.weight(p + "shortconv.out_proj.weight", hp.n_embd, hp.n_embd))
+            self.layers.append(Layer(attn_norm=self.vector(p + "attn_norm.weight", hp.n_embd), attn=mixer,
+                                     ffn_norm=self.vector(p + "ffn_norm.weight", hp.n_embd), ffn=self.ffn_weights(i)))
+
+    def conv_weight(self, name: str, taps: int):
+        """The [n_embd, taps] float32 weights of a depthwise convolution (GGUF shape (taps, n_embd))."""
+        t = self.mf.tensor(name)
+        if t.shape != (taps, self.hp.n_embd) or t.type not in (0, 1):
+            raise ModelFileError(f"{self.mf.path}: tensor {name} is {t.type_name} {list(t.shape)}, expected "
+                                 f"F32 or F16 {[taps, self.hp.n_embd]}")
+        a = t.data.view(np.float32) if t.type == 0 else t.data.view(np.float16).astype(np.float32)
+        return a.reshape(self.hp.n_embd, taps)
