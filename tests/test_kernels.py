@@ -1112,14 +1112,16 @@ int main(void) {
     const int sdot = strcmp(pyllm_level_name(ISA_NEON), "neon+dotprod") == 0;
     static kernel_table plain;
     kernels_fill_neon(&plain);
-    const int types[11] = {T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1, T_Q8_0, T_IQ4_NL, T_Q2_K, T_Q3_K, T_Q4_K, T_Q5_K, T_Q6_K};
-    /* byte offsets of each type's fp16 scale d and min (-1: none); random bytes elsewhere */
-    const int d_off[11] = {0, 0, 0, 0, 0, 0, 80, 108, 0, 0, 208}, m_off[11] = {-1, 2, -1, 2, -1, -1, 82, -1, 2, 2, -1};
+    const int types[12] = {T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1, T_Q8_0, T_IQ4_NL, T_MXFP4, T_Q2_K, T_Q3_K, T_Q4_K, T_Q5_K,
+                           T_Q6_K};
+    /* byte offsets of each type's fp16 scale d and min (-1: none; MXFP4: its E8M0 byte at 0, made
+     * 100..140 as in real files, with about one block in 16 at 0 or 1); random bytes elsewhere */
+    const int d_off[12] = {0, 0, 0, 0, 0, 0, 0, 80, 108, 0, 0, 208}, m_off[12] = {-1, 2, -1, 2, -1, -1, -1, 82, -1, 2, 2, -1};
     const int lens32[4] = {32, 32 * 7, 32 * 18, 2048}, lensK[3] = {256, 256 * 3, 2048};
     static uint8_t w[8][4096], acts[6][4096];
     static float x[6][4096], o0[4096], o1[4096];
     uint8_t *a0 = acts[0];
-    for (int ti = 0; ti < 11; ti++) {
+    for (int ti = 0; ti < 12; ti++) {
         const int t = types[ti];
         const type_traits *tt = type_info(t);
         const int bs = tt->block_size, act = tt->act, group = bs == 32 ? 32 : 16;
@@ -1131,6 +1133,10 @@ int main(void) {
                 for (int b = 0; b < nb * tt->type_size; b++) w[r][b] = (uint8_t)rnd();
                 for (int b = 0; b < nb; b++) {
                     uint8_t *blk = w[r] + b * tt->type_size;
+                    if (t == T_MXFP4) {
+                        blk[0] = rnd() % 16 ? (uint8_t)(100 + rnd() % 41) : (uint8_t)(rnd() % 2);
+                        continue;
+                    }
                     f16_t d = fp32_to_fp16((0.5f + (rnd() % 1000) / 666.0f) * 1e-2f * ((rnd() & 1) ? 1 : -1));
                     memcpy(blk + d_off[ti], &d, 2);
                     if (m_off[ti] >= 0) { f16_t m = fp32_to_fp16(frnd() * 0.1f); memcpy(blk + m_off[ti], &m, 2); }
