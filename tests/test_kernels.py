@@ -422,7 +422,7 @@ def test_gemm_equals_scalar_vec_dot(isa, tname):
 
 
 @pytest.mark.parametrize("isa", level_params(LEVELS))
-def test_mxfp4_subnormal_scales(isa):
+def test_mxfp4_subnormal_scales_in_vec_dot_gemv_gemm(isa):
     """MXFP4 rows of only the smallest exponents (e = 0, 1: subnormal scales
     2^-128, 2^-127; e = 2, 3 the first normal ones), where any slip in the
     scale decode would show: vec_dot, gemv and gemm against the scalar
