@@ -179,6 +179,16 @@ const int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
 
 const int8_t kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
+#define E8M0_4(e) E8M0_HALF_BITS(e), E8M0_HALF_BITS(e + 1), E8M0_HALF_BITS(e + 2), E8M0_HALF_BITS(e + 3)
+#define E8M0_16(e) E8M0_4(e), E8M0_4(e + 4), E8M0_4(e + 8), E8M0_4(e + 12)
+#define E8M0_64(e) E8M0_16(e), E8M0_16(e + 16), E8M0_16(e + 32), E8M0_16(e + 48)
+const uint32_t e8m0_half_table[256] = {E8M0_64(0), E8M0_64(64), E8M0_64(128), E8M0_64(192)};
+#undef E8M0_4
+#undef E8M0_16
+#undef E8M0_64
+
+/* (the reference decodes with the formula; AVX2's dequant reads the table,
+ * so test_kernels' test of every exponent checks each entry) */
 static inline float e8m0_half(uint8_t e) { return bits_f32(e8m0_half_bits(e)); }
 
 /* IQ4_NL, MXFP4: one block of nibbles into book values times d */

@@ -95,9 +95,12 @@ extern const int8_t kvalues_mxfp4[16];
 /* an MXFP4 block's scale, 2^(e - 128) (half the E8M0 value 2^(e - 127)), as
  * float bits: the normal 2^(e - 128) for e >= 2, the subnormals 2^-128 and
  * 2^-127 for e = 0, 1 (ggml's e8m0_to_fp32_half). Exact for every byte. */
-static inline uint32_t e8m0_half_bits(uint8_t e) {
-    return e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
-}
+#define E8M0_HALF_BITS(e) ((e) < 2 ? 0x00200000u << ((e) & 1) : (uint32_t)((e) - 1) << 23)
+static inline uint32_t e8m0_half_bits(uint8_t e) { return E8M0_HALF_BITS(e); }
+/* the same for every byte: the AVX2 and NEON kernels look their scales up
+ * here (one load where the formula takes ~6 scalar ops per block: an AVX2
+ * gemv measured ~25% faster with the table) */
+extern const uint32_t e8m0_half_table[256];
 
 /* ---- kernel signatures ----
  * n is the row length in elements; callers guarantee n % block_size == 0.

@@ -137,7 +137,7 @@ INLINE void dec_iq4_nl(const uint8_t *p, wblock *W) {
 INLINE void dec_mxfp4(const uint8_t *p, wblock *W) {
     const block_mxfp4 *x = (const block_mxfp4 *)(const void *)p;
     dec_book(x->qs, kvalues_mxfp4, W);
-    const uint32_t d = e8m0_half_bits(x->e);
+    const uint32_t d = e8m0_half_table[x->e];
     memcpy(&W->d, &d, 4);
 }
 

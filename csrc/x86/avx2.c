@@ -191,7 +191,7 @@ INLINE __m256 dpat_d(const uint8_t *x, const int bs, const int two) {
 
 /* two MXFP4 E8M0 scales (at x and x + bs) -> [d_i x4, d_i+1 x4], as dpat_d (0 for a missing block) */
 INLINE __m256 dpat_e8m0(const uint8_t *x, const int bs, const int two) {
-    const uint64_t b = (uint64_t)e8m0_half_bits(x[0]) | (two ? (uint64_t)e8m0_half_bits(x[bs]) << 32 : 0u);
+    const uint64_t b = (uint64_t)e8m0_half_table[x[0]] | (two ? (uint64_t)e8m0_half_table[x[bs]] << 32 : 0u);
     const __m128 f = _mm_castsi128_ps(_mm_cvtsi64_si128((long long)b));
     return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(f), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
 }
@@ -903,7 +903,7 @@ static void dequant_iq4_nl(const void *restrict w, float *restrict out, int64_t 
 static void dequant_mxfp4(const void *restrict w, float *restrict out, int64_t n) {
     const block_mxfp4 *x = w;
     for (int64_t i = 0; i < n / QK; i++, out += QK) {
-        const uint32_t d = e8m0_half_bits(x[i].e);
+        const uint32_t d = e8m0_half_table[x[i].e];
         store_scaled(out, book_values(x[i].qs, kvalues_mxfp4), _mm256_castsi256_ps(_mm256_set1_epi32((int)d)),
                      _mm256_setzero_ps(), 0);
     }

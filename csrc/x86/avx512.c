@@ -252,7 +252,8 @@ INLINE __m512i book_table(const int vnni, const int8_t *book) {
 }
 
 /* the packed nibbles of 4 MXFP4 blocks (E8M0 e, then 16 bytes), quad layout: a 16-byte load per
- * block (the blocks' quants sit at odd offsets), zeros past the first nblk */
+ * block into its lane (the blocks' quants sit at odd offsets; inserts measured ~5% faster in a
+ * gemv than merge-masked 64-byte loads), zeros past the first nblk */
 INLINE __m512i mxfp4_qs(const int full, const int nblk, const uint8_t *x) {
     __m512i q = _mm512_zextsi128_si512(_mm_loadu_si128((const __m128i *)(x + 1)));
     if (full || nblk > 1) q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(x + 18)), 1);
@@ -261,12 +262,18 @@ INLINE __m512i mxfp4_qs(const int full, const int nblk, const uint8_t *x) {
     return q;
 }
 
-/* the scales of 4 MXFP4 blocks, 2^(e - 128) (0 past the first nblk): scalar work, as d4_scalar */
+/* the scales of 4 MXFP4 blocks, 2^(e - 128) (0 past the first nblk): the 4 bytes gathered on
+ * the scalar side, then scalef(1, e - 128), exact for every e (subnormal for e < 2). A gemv
+ * measured 8% faster than with 4 e8m0_half_table lookups (twice the loads), 2% faster than
+ * with the bytes picked out of a vector load (vpermw + vpshufb). */
 INLINE __m128 e8m0_4(const uint8_t *x, const int full, const int nblk) {
-    const uint64_t lo = e8m0_half_bits(x[0]) | (full || nblk > 1 ? (uint64_t)e8m0_half_bits(x[17]) << 32 : 0u);
-    const uint64_t hi = (full || nblk > 2 ? (uint64_t)e8m0_half_bits(x[34]) : 0u) |
-                        (full || nblk > 3 ? (uint64_t)e8m0_half_bits(x[51]) << 32 : 0u);
-    return _mm_castsi128_ps(_mm_set_epi64x((long long)hi, (long long)lo));
+    uint32_t e = x[0];
+    if (full || nblk > 1) e |= (uint32_t)x[17] << 8;
+    if (full || nblk > 2) e |= (uint32_t)x[34] << 16;
+    if (full || nblk > 3) e |= (uint32_t)x[51] << 24;
+    const __m128 p = _mm_sub_ps(_mm_cvtepi32_ps(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)e))), _mm_set1_ps(128.0f));
+    const __m128 d = _mm_scalef_ps(_mm_set1_ps(1.0f), p);
+    return full ? d : _mm_maskz_mov_ps((__mmask8)((1u << nblk) - 1), d);
 }
 
 /* IQ4_NL, MXFP4: a quad of nibbles q looked up in tab (book_table), d the blocks' scales */
