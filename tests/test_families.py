@@ -55,7 +55,7 @@ FAMILIES = {
     "granitemoe-shared": (synth.write_granitemoe, {"shared_expert": 256}),
     "qwen2moe": (synth.write_qwen2moe, {}),
 }
-TYPES = [QT.F32, QT.Q8_0, QT.Q4_K, QT.IQ4_NL]
+TYPES = [QT.F32, QT.Q8_0, QT.Q4_K, QT.IQ4_NL, QT.MXFP4]
 
 
 def run_both(path, n_tokens=40, n_ctx=None):
