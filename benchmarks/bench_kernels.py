@@ -44,7 +44,7 @@ TYPES = {  # name: (ggml id, block size, block bytes, act)
     "Q4_1": (3, 32, 20, 1), "Q8_0": (8, 32, 34, 1), "Q5_0": (6, 32, 22, 1),
     "Q4_K": (12, 256, 144, 2), "Q6_K": (14, 256, 210, 2), "Q4_0": (2, 32, 18, 1),
     "Q5_1": (7, 32, 24, 1), "Q5_K": (13, 256, 176, 2), "Q3_K": (11, 256, 110, 2),
-    "Q2_K": (10, 256, 84, 2), "IQ4_NL": (20, 32, 18, 1),
+    "Q2_K": (10, 256, 84, 2), "IQ4_NL": (20, 32, 18, 1), "MXFP4": (39, 32, 17, 1),
     "F16": (1, 1, 2, 0), "BF16": (30, 1, 2, 0), "F32": (0, 1, 4, 0),
 }
 # (rows, n): rows of the weight matrix, n = row length (input width)
@@ -58,6 +58,9 @@ def random_matrix(tname, rows, n, rng):
     if tname in ("F16", "BF16"):
         return rng.standard_normal(rows * n).astype(np.float16).view(np.uint8)
     raw = rng.integers(0, 256, size=(rows * n // bs, ts), dtype=np.uint8)
+    if tname == "MXFP4":  # E8M0 exponents as in real files
+        raw[:, 0] = rng.integers(110, 130, size=len(raw))
+        return raw.reshape(-1)
     # finite fp16 scales everywhere a scale may sit (bytes 0..3 and the K-quant tails)
     half = np.array([0.01], dtype=np.float16).view(np.uint8)
     for off in {"Q2_K": (80, 82), "Q3_K": (108,), "Q6_K": (208,)}.get(tname, (0, 2)):

@@ -31,10 +31,11 @@ const char *pyllm_error(void) { return err_buf; }
 
 typedef struct {
     double op_ns[OP_KIND_COUNT];
-    double matmul_type_ns[32];
+    double matmul_type_ns[PROFILE_TYPE_COUNT]; /* by type id */
     double busy_ns;
     char pad[64];
 } thread_profile;
+_Static_assert((int)PROFILE_TYPE_COUNT >= (int)T_COUNT, "every weight type has a profile slot");
 
 struct pyllm_ctx {
     threadpool *pool;
@@ -286,7 +287,7 @@ static void run_job(void *arg, int ith, int nth) {
             double dt = now_ns() - t0;
             prof->op_ns[op->kind] += dt;
             prof->busy_ns += dt;
-            if (op->kind == OP_MATMUL) prof->matmul_type_ns[op->type & 31] += dt;
+            if (op->kind == OP_MATMUL && (unsigned)op->type < PROFILE_TYPE_COUNT) prof->matmul_type_ns[op->type] += dt;
         } else {
             exec_op(op, j->step, scratch, j->ctx->shared, &j->ctx->counters[i], ith, nth);
         }
@@ -323,10 +324,10 @@ void pyllm_profile_reset(pyllm_ctx *ctx) {
 void pyllm_profile_read(const pyllm_ctx *ctx, double *op_ns, double *thread_busy_ns, double *matmul_type_ns,
                         double *wall_ns) {
     for (int k = 0; k < OP_KIND_COUNT; k++) op_ns[k] = 0;
-    for (int k = 0; k < 32; k++) matmul_type_ns[k] = 0;
+    for (int k = 0; k < PROFILE_TYPE_COUNT; k++) matmul_type_ns[k] = 0;
     for (int t = 0; t < ctx->n_threads; t++) {
         for (int k = 0; k < OP_KIND_COUNT; k++) op_ns[k] += ctx->prof[t].op_ns[k];
-        for (int k = 0; k < 32; k++) matmul_type_ns[k] += ctx->prof[t].matmul_type_ns[k];
+        for (int k = 0; k < PROFILE_TYPE_COUNT; k++) matmul_type_ns[k] += ctx->prof[t].matmul_type_ns[k];
         thread_busy_ns[t] = ctx->prof[t].busy_ns;
     }
     *wall_ns = ctx->wall_ns;

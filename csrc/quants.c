@@ -12,7 +12,7 @@
  *     (x * (1/d)); SIMD variants reproduce these bit for bit.
  *
  * Element order inside the blocks (from ggml):
- *   Q4_0/Q4_1/IQ4_NL: element j (j < 16) is qs[j] & 15, element j+16 is qs[j] >> 4.
+ *   Q4_0/Q4_1/IQ4_NL/MXFP4: element j (j < 16) is qs[j] & 15, element j+16 is qs[j] >> 4.
  *   Q5_0/Q5_1: as Q4, plus bit j of the little-endian uint32 qh is bit 4 of element j.
  *   Q2_K/Q3_K: 256 elements in 2 halves of 128; in half h, element 32*s + l
  *     (s < 4, l < 32) is (qs[32*h + l] >> 2*s) & 3. 16 sub-blocks of 16.
@@ -177,15 +177,36 @@ static void dequant_q8_0(const void *restrict w, float *restrict out, int64_t n)
 const int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                   1,    13,   25,  38,  53,  69,  89,  113};
 
+const int8_t kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+#define E8M0_4(e) E8M0_HALF_BITS(e), E8M0_HALF_BITS(e + 1), E8M0_HALF_BITS(e + 2), E8M0_HALF_BITS(e + 3)
+#define E8M0_16(e) E8M0_4(e), E8M0_4(e + 4), E8M0_4(e + 8), E8M0_4(e + 12)
+#define E8M0_64(e) E8M0_16(e), E8M0_16(e + 16), E8M0_16(e + 32), E8M0_16(e + 48)
+const uint32_t e8m0_half_table[256] = {E8M0_64(0), E8M0_64(64), E8M0_64(128), E8M0_64(192)};
+#undef E8M0_4
+#undef E8M0_16
+#undef E8M0_64
+
+/* (the reference decodes with the formula; AVX2's dequant reads the table,
+ * so test_kernels' test of every exponent checks each entry) */
+static inline float e8m0_half(uint8_t e) { return bits_f32(e8m0_half_bits(e)); }
+
+/* IQ4_NL, MXFP4: one block of nibbles into book values times d */
+static inline void dequant_book(const uint8_t *qs, const int8_t *book, float d, float *out) {
+    for (int j = 0; j < QK / 2; j++) {
+        out[j] = d * (float)book[qs[j] & 0x0f];
+        out[j + QK / 2] = d * (float)book[qs[j] >> 4];
+    }
+}
+
 static void dequant_iq4_nl(const void *restrict w, float *restrict out, int64_t n) {
     const block_iq4_nl *b = w;
-    for (int64_t i = 0; i < n / QK; i++, out += QK) {
-        const float d = F16(b[i].d);
-        for (int j = 0; j < QK / 2; j++) {
-            out[j] = d * (float)kvalues_iq4nl[b[i].qs[j] & 0x0f];
-            out[j + QK / 2] = d * (float)kvalues_iq4nl[b[i].qs[j] >> 4];
-        }
-    }
+    for (int64_t i = 0; i < n / QK; i++, out += QK) dequant_book(b[i].qs, kvalues_iq4nl, F16(b[i].d), out);
+}
+
+static void dequant_mxfp4(const void *restrict w, float *restrict out, int64_t n) {
+    const block_mxfp4 *b = w;
+    for (int64_t i = 0; i < n / QK; i++, out += QK) dequant_book(b[i].qs, kvalues_mxfp4, e8m0_half(b[i].e), out);
 }
 
 /* Q2_K/Q3_K: the 2-bit field of element k (0..255) */
@@ -447,17 +468,28 @@ static float vec_dot_q8_0(int64_t n, const void *restrict w, const void *restric
     return sum;
 }
 
+/* IQ4_NL, MXFP4: the int dot of one block's book values with 32 activations */
+static inline int dot_book(const uint8_t *qs, const int8_t *book, const int8_t *a) {
+    int isum = 0;
+    for (int j = 0; j < QK / 2; j++) isum += book[qs[j] & 0x0f] * a[j] + book[qs[j] >> 4] * a[j + QK / 2];
+    return isum;
+}
+
 static float vec_dot_iq4_nl(int64_t n, const void *restrict w, const void *restrict a) {
     const block_iq4_nl *x = w;
     const block_q8_32 *y = a;
     float sum = 0.0f;
-    for (int64_t i = 0; i < n / QK; i++) {
-        int isum = 0;
-        for (int j = 0; j < QK / 2; j++)
-            isum += kvalues_iq4nl[x[i].qs[j] & 0x0f] * y[i].qs[j] +
-                    kvalues_iq4nl[x[i].qs[j] >> 4] * y[i].qs[j + QK / 2];
-        sum += F16(x[i].d) * y[i].d * (float)isum;
-    }
+    for (int64_t i = 0; i < n / QK; i++)
+        sum += F16(x[i].d) * y[i].d * (float)dot_book(x[i].qs, kvalues_iq4nl, y[i].qs);
+    return sum;
+}
+
+static float vec_dot_mxfp4(int64_t n, const void *restrict w, const void *restrict a) {
+    const block_mxfp4 *x = w;
+    const block_q8_32 *y = a;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK; i++)
+        sum += e8m0_half(x[i].e) * y[i].d * (float)dot_book(x[i].qs, kvalues_mxfp4, y[i].qs);
     return sum;
 }
 
@@ -672,6 +704,7 @@ static const type_traits TRAITS[T_COUNT] = {
     [T_Q5_1] = {"Q5_1", QK, sizeof(block_q5_1), ACT_Q8_32},
     [T_Q8_0] = {"Q8_0", QK, sizeof(block_q8_0), ACT_Q8_32},
     [T_IQ4_NL] = {"IQ4_NL", QK, sizeof(block_iq4_nl), ACT_Q8_32},
+    [T_MXFP4] = {"MXFP4", QK, sizeof(block_mxfp4), ACT_Q8_32},
     [T_Q2_K] = {"Q2_K", QK_K, sizeof(block_q2_K), ACT_Q8_K},
     [T_Q3_K] = {"Q3_K", QK_K, sizeof(block_q3_K), ACT_Q8_K},
     [T_Q4_K] = {"Q4_K", QK_K, sizeof(block_q4_K), ACT_Q8_K},
@@ -685,6 +718,7 @@ _Static_assert(sizeof(block_q5_0) == 22, "q5_0");
 _Static_assert(sizeof(block_q5_1) == 24, "q5_1");
 _Static_assert(sizeof(block_q8_0) == 34, "q8_0");
 _Static_assert(sizeof(block_iq4_nl) == 18, "iq4_nl");
+_Static_assert(sizeof(block_mxfp4) == 17, "mxfp4");
 _Static_assert(sizeof(block_q2_K) == 84, "q2_K");
 _Static_assert(sizeof(block_q3_K) == 110, "q3_K");
 _Static_assert(sizeof(block_q4_K) == 144, "q4_K");
@@ -725,7 +759,7 @@ void kernels_fill_scalar(kernel_table *t) {
     t->vec_dot[T] = vec_dot_##name;
     SET(T_F32, f32) SET(T_F16, f16) SET(T_BF16, bf16)
     SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
-    SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl)
+    SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
     SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K) SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K)
 #undef SET
     /* no scalar gemv: the matmul loops over vec_dot */

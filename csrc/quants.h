@@ -3,7 +3,7 @@
  * Weight formats are GGUF's (type ids are ggml's). Activations are quantized
  * once per matmul into one of two formats of our own:
  *   - block_q8_32 for the 32-element formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
- *     IQ4_NL). It keeps d as float and also s = d * sum(qs), which the formats
+ *     IQ4_NL, MXFP4). It keeps d as float and also s = d * sum(qs), which the formats
  *     with an offset (Q4_1, Q5_1) and with a fixed bias (Q4_0: q - 8) need.
  *   - block_q8_K for the 256-element K-quants (llama.cpp's Q8_K layout).
  * Float weights (F32, F16, BF16) take float32 activations as they are.
@@ -24,7 +24,7 @@ enum {
     T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7,
     T_Q8_0 = 8, T_Q8_1 = 9, T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12,
     T_Q5_K = 13, T_Q6_K = 14, T_Q8_K = 15, T_IQ4_NL = 20, T_BF16 = 30,
-    T_COUNT = 31
+    T_MXFP4 = 39, T_COUNT = 40
 };
 
 /* activation formats (the `act` of a weight type) */
@@ -43,6 +43,7 @@ typedef struct { f16_t d; uint8_t qh[4]; uint8_t qs[QK / 2]; } block_q5_0; /* 22
 typedef struct { f16_t d, m; uint8_t qh[4]; uint8_t qs[QK / 2]; } block_q5_1; /* 24 B */
 typedef struct { f16_t d; int8_t qs[QK]; } block_q8_0;                     /* 34 B */
 typedef struct { f16_t d; uint8_t qs[QK / 2]; } block_iq4_nl;             /* 18 B */
+typedef struct { uint8_t e; uint8_t qs[QK / 2]; } block_mxfp4;            /* 17 B: e an E8M0 exponent */
 typedef struct {
     uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; f16_t d, dmin;
 } block_q2_K;                                                              /* 84 B */
@@ -69,12 +70,14 @@ typedef struct {
 #define HAS_MIN_q5_1 1
 #define HAS_MIN_q8_0 0
 #define HAS_MIN_iq4_nl 0
+#define HAS_MIN_mxfp4 0
 #define SIGNED_q4_0 0
 #define SIGNED_q4_1 0
 #define SIGNED_q5_0 0
 #define SIGNED_q5_1 0
 #define SIGNED_q8_0 1
 #define SIGNED_iq4_nl 1
+#define SIGNED_mxfp4 1
 
 /* ---- activation blocks (ours; never stored in files) ---- */
 typedef struct { float d; float s; int8_t qs[QK]; } block_q8_32;          /* s = d*sum(qs) */
@@ -82,6 +85,22 @@ typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_
 
 /* the 16 IQ4_NL code values (a non-linear 4-bit grid) */
 extern const int8_t kvalues_iq4nl[16];
+/* the 16 MXFP4 code values: the E2M1 values (0, 0.5, 1, 1.5, 2, 3, 4, 6 and
+ * their negatives) doubled, so that they are integers; the block scale is
+ * halved to match (e8m0_half_bits). IQ4_NL and MXFP4 are both "a nibble
+ * indexes 16 int8 values, times a block scale", and the SIMD kernels share
+ * that code, each format bringing its table and its scale decode. */
+extern const int8_t kvalues_mxfp4[16];
+
+/* an MXFP4 block's scale, 2^(e - 128) (half the E8M0 value 2^(e - 127)), as
+ * float bits: the normal 2^(e - 128) for e >= 2, the subnormals 2^-128 and
+ * 2^-127 for e = 0, 1 (ggml's e8m0_to_fp32_half). Exact for every byte. */
+#define E8M0_HALF_BITS(e) ((e) < 2 ? 0x00200000u << ((e) & 1) : (uint32_t)((e) - 1) << 23)
+static inline uint32_t e8m0_half_bits(uint8_t e) { return E8M0_HALF_BITS(e); }
+/* the same for every byte: the AVX2 and NEON kernels look their scales up
+ * here (one load where the formula takes ~6 scalar ops per block: an AVX2
+ * gemv measured ~25% faster with the table) */
+extern const uint32_t e8m0_half_table[256];
 
 /* ---- kernel signatures ----
  * n is the row length in elements; callers guarantee n % block_size == 0.

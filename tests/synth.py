@@ -1,9 +1,10 @@
 """Tiny synthetic GGUF models for tests: random weights, real layouts.
 
 Tensors are named and shaped as llama.cpp expects. Weights of the types
-gguf.quants can quantize are quantized from random floats; the K-quants and
-IQ4_NL are random blocks with sane scales (the reference dequantizes the
-same bytes, so any valid block pattern is as good as a quantized one).
+gguf.quants can quantize (MXFP4 included) are quantized from random floats;
+the K-quants and IQ4_NL are random blocks with sane scales (the reference
+dequantizes the same bytes, so any valid block pattern is as good as a
+quantized one).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ SCALE_FIELDS = {
     QT.Q2_K: ([80], [82]), QT.Q3_K: ([108], []),
     QT.Q4_K: ([0], [2]), QT.Q5_K: ([0], [2]), QT.Q6_K: ([208], []),
 }
-QUANTIZABLE = {QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0}
+QUANTIZABLE = {QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.MXFP4}
 
 
 # roughly the largest |quant value x sub-block scale| of each format, so that

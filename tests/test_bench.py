@@ -84,3 +84,24 @@ def test_depth_fills_the_context_first(smollm2_path):
         B.run_pp(m, 8, depth=40)
         B.run_tg(m, 2, depth=40)
     assert calls == [(0, 40), (40, 8), (0, 40), (40, 1), (41, 1)]
+
+
+def test_profile_counts_matmuls_by_type_id(tmp_path):
+    """every weight type has its own slot in the profile, MXFP4 (type id 39,
+    past the 32 slots of old) too: a synthetic MXFP4 model's matmul time is
+    MXFP4's, not Q5_1's (39 & 31)"""
+    import synth
+    from gguf.constants import GGMLQuantizationType as QT
+    from pyllm.arch import load_architecture
+    from pyllm.backend.cpu import CpuBackend
+    from pyllm.bench import read_profile
+    from pyllm.graph import Graph
+    from pyllm.model_file import ModelFile
+    g = Graph()
+    load_architecture(ModelFile(synth.write_llama(tmp_path / "m.gguf", QT.MXFP4))).build(g)
+    be = CpuBackend(g, 1, 8, 8, 4, 16)
+    be.profile(True)
+    be.forward([1, 2, 3], 0, [0], 3)
+    p = read_profile(be, "prefill", 1, 1.0)
+    assert set(p.matmul_by_type_s) == {"MXFP4"} and p.matmul_by_type_s["MXFP4"] > 0
+    assert abs(p.matmul_by_type_s["MXFP4"] - p.op_s["matmul"]) <= 1e-9 * p.op_s["matmul"]

@@ -46,7 +46,7 @@ from pyllm.model_file import ModelFile, Tensor
 
 GPU_OK, WHY = cuda.available()
 
-ALL_TYPES = [QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.IQ4_NL,
+ALL_TYPES = [QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.IQ4_NL, QT.MXFP4,
              QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K]
 
 
@@ -94,7 +94,7 @@ def test_kernel_weight_readings_on_the_host(qtype):
     from pyllm._native import ffi as core_ffi, lib as core
     ffi, lib = _hosttest()
     n_in, rows = 512, 3
-    w = tensor(qtype, n_in, rows, seed=int(qtype))
+    w = tensor(qtype, n_in, rows, seed=int(qtype), e_range=(100, 140))   # MXFP4: every exponent of real files
     raw = w.data.reshape(rows, -1)
     ref = gguf.quants.dequantize(raw, qtype).reshape(rows, n_in).astype(np.float32)
     for r in range(rows):
@@ -289,9 +289,17 @@ def devices(request):
     host.close()
 
 
-def tensor(qtype, n_in, n_out, seed=0, name="w"):
+def tensor(qtype, n_in, n_out, seed=0, name="w", e_range=None):
+    """A weight matrix of random values. e_range = (lo, hi): MXFP4 block
+    exponents at random in lo..hi (gguf's quantizer gives these weights only
+    a few, around 120) and every 8th block's 0 or 1 (the subnormal scales)."""
     arr, _ = synth.weight(qtype, n_in, n_out, np.random.default_rng(seed))
     data = np.ascontiguousarray(arr).view(np.uint8).reshape(-1)
+    if qtype == QT.MXFP4 and e_range:
+        blocks = data.reshape(-1, 17)
+        e = np.random.default_rng(seed + 1).integers(e_range[0], e_range[1] + 1, len(blocks))
+        e[3::8] = np.arange(len(e[3::8])) % 2
+        blocks[:, 0] = e
     return Tensor(name, int(qtype), (n_in, n_out), 0, data.nbytes, data)
 
 
@@ -353,7 +361,7 @@ def run_both(devices, g, inputs: dict, n: int, outputs, table=(0,), pos=None, to
 def test_matmul_matches_the_core(devices, qtype, rows):
     n_in = 512 if qtype in (QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K) else 576
     n_out = 203                               # not a multiple of any tile (4 rows, 64 rows)
-    w = tensor(qtype, n_in, n_out)
+    w = tensor(qtype, n_in, n_out, e_range=(118, 124))   # MXFP4: a range in which every block counts
     bias = np.random.default_rng(5).standard_normal(n_out).astype(np.float32)
     g = Graph()
     x = g.buffer("x", n_in)
@@ -372,7 +380,7 @@ def test_matmul_matches_the_core(devices, qtype, rows):
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
 def test_embedding_is_bit_exact(devices, qtype):
     n = 256
-    w = tensor(qtype, n, 300)
+    w = tensor(qtype, n, 300, e_range=(100, 140))
     g = Graph()
     g.embed(w, "x", scale=1.7)
     tokens = [0, 299, 17, 17, 150]
@@ -469,7 +477,8 @@ def test_op_matches_the_core(devices, case):
 
 
 @pytest.mark.parametrize("case", ["route-softmax-norm", "route-sigmoid", "matmul-id-q4_k", "matmul-id-q8_0-slots",
-                                  "matmul-id-f16", "matmul-id-q8_0-bias", "moe-sum"])
+                                  "matmul-id-f16", "matmul-id-q8_0-bias", "matmul-id-mxfp4-slots",
+                                  "moe-sum"])
 def test_moe_op_matches_the_core(devices, case):
     """The mixture-of-experts ops: the route (same experts, weights to float
     rounding), each (token, slot) through its expert (shared input, or one
@@ -493,7 +502,7 @@ def test_moe_op_matches_the_core(devices, case):
                   "y": rng.standard_normal((n, 256)).astype(np.float32)}
         outputs = ["y"]
     else:
-        qtype = {"q4_k": QT.Q4_K, "q8_0": QT.Q8_0, "f16": QT.F16}[case.split("-")[2]]
+        qtype = {"q4_k": QT.Q4_K, "q8_0": QT.Q8_0, "f16": QT.F16, "mxfp4": QT.MXFP4}[case.split("-")[2]]
         slots = case.endswith("slots")
         w = experts_tensor(qtype, 256, 64, n_exp)
         bias = rng.standard_normal((n_exp, 64)).astype(np.float32) if case.endswith("bias") else None

@@ -25,6 +25,7 @@ max|w| in the group * sum|x| in the group.
 
 Run with -s to see which kernels each level provides.
 """
+import itertools
 import os
 import shutil
 import subprocess
@@ -54,6 +55,7 @@ TYPES = {
     "Q5_1": (7, 32, 24, ACT_Q8_32),
     "Q8_0": (8, 32, 34, ACT_Q8_32),
     "IQ4_NL": (20, 32, 18, ACT_Q8_32),
+    "MXFP4": (39, 32, 17, ACT_Q8_32),
     "Q2_K": (10, 256, 84, ACT_Q8_K),
     "Q3_K": (11, 256, 110, ACT_Q8_K),
     "Q4_K": (12, 256, 144, ACT_Q8_K),
@@ -63,7 +65,8 @@ TYPES = {
 PRIORITY = ["Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q6_K", "Q4_0"]
 GEMV_REQUIRED = ["Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q6_K"]
 
-# byte offsets of the fp16 scale fields in each block: (d fields, min fields)
+# byte offsets of the fp16 scale fields in each block: (d fields, min fields);
+# MXFP4's scale is a byte exponent (mxfp4_exponents)
 SCALE_FIELDS = {
     "Q4_0": ([0], []), "Q5_0": ([0], []), "Q8_0": ([0], []), "IQ4_NL": ([0], []),
     "Q4_1": ([0], [2]), "Q5_1": ([0], [2]),
@@ -106,9 +109,24 @@ def fptr(a):
 
 
 # ---------------------------------------------------------------- data
+def mxfp4_exponents(rng, nrows, nb):
+    """E8M0 exponents for nrows rows of nb MXFP4 blocks: each row a window of 9
+    around its own centre in 104..136, so that every exponent of 100..140 (what
+    real files hold) turns up and every block of a row counts in its dot
+    product, and about one block in 16 with e < 2 (the subnormal scales)."""
+    e = rng.integers(104, 137, size=(nrows, 1)) + rng.integers(-4, 5, size=(nrows, nb))
+    tiny = rng.random((nrows, nb)) < 1 / 16
+    e[tiny] = rng.integers(0, 2, size=int(tiny.sum()))
+    return e.astype(np.uint8)
+
+
 def random_weights(tname, n, rng, nrows=1):
     """nrows rows of n elements of type tname, as raw GGUF bytes (uint8)."""
     tid, bs, ts, _ = TYPES[tname]
+    if tname == "MXFP4":
+        raw = rng.integers(0, 256, size=(nrows, n // bs, ts), dtype=np.uint8)
+        raw[:, :, 0] = mxfp4_exponents(rng, nrows, n // bs)
+        return raw.reshape(nrows, -1)
     if tname == "F32":
         return rng.standard_normal(nrows * n).astype(np.float32).view(np.uint8).reshape(nrows, -1)
     if tname == "F16":
@@ -189,7 +207,7 @@ def test_scalar_dequant_equals_gguf(tname):
         np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32), err_msg=f"n={n}")
 
 
-@pytest.mark.parametrize("tname", type_params(["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]))
+@pytest.mark.parametrize("tname", type_params(["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4"]))
 def test_scalar_dequant_of_gguf_quantize(tname):
     """blocks made by gguf's own quantizer (realistic data, not just random bytes)"""
     from gguf.quants import quantize as gguf_quantize
@@ -198,7 +216,37 @@ def test_scalar_dequant_of_gguf_quantize(tname):
     w = gguf_quantize(x, GT(TYPES[tname][0]))
     got = dequant(0, tname, w, x.size)
     np.testing.assert_array_equal(got, gguf_deq(tname, w))
-    assert np.abs(got - x).max() < 0.2  # and it is the data we quantized
+    if tname == "MXFP4":
+        # and it is the data we quantized: the block scale d = 2^(e - 128) puts the block's
+        # max at 8..16 d, E2M1 steps are at most 4 d and values above 12 d round down to it
+        d = np.repeat(np.ldexp(1.0, w.reshape(-1, 17)[:, 0].astype(np.int64) - 128), 32)
+        assert (np.abs(got - x) <= 4 * d).all() and (np.abs(got - x) <= 2 * d).mean() > 0.95
+    else:
+        assert np.abs(got - x).max() < 0.2  # and it is the data we quantized
+
+
+def test_mxfp4_every_exponent_and_nibble():
+    """MXFP4's scale decode on every E8M0 byte (0 and 1: subnormal scales; 255:
+    2^127, whose larger values overflow to inf as in gguf) and every nibble:
+    scalar == gguf, every SIMD level == scalar, bit for bit"""
+    rng = np.random.default_rng(15)
+    raw = rng.integers(0, 256, size=(256, 17), dtype=np.uint8)
+    raw[:, 0] = np.arange(256)
+    raw[:, 1:9] = (np.arange(16, dtype=np.uint8) * 17).reshape(2, 8).repeat(128, axis=0)  # every nibble, both halves
+    w = raw.reshape(1, -1)
+    with np.errstate(over="ignore"):
+        ref = gguf_deq("MXFP4", w)
+    got = dequant(0, "MXFP4", w, 256 * 32)
+    assert np.isinf(got).any()
+    np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+    vals = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float64)
+    for e in [0, 1, 2, 127, 128, 200]:  # and it means 2^(e - 128) times the doubled E2M1 value
+        blk = got[32 * e:32 * e + 32].astype(np.float64)
+        np.testing.assert_array_equal(blk[:16], vals[raw[e, 1:] & 15] * 2.0 ** (e - 128))
+        np.testing.assert_array_equal(blk[16:], vals[raw[e, 1:] >> 4] * 2.0 ** (e - 128))
+    for isa in SIMD_LEVELS:
+        out = dequant(isa, "MXFP4", w, 256 * 32)
+        np.testing.assert_array_equal(out.view(np.uint32), got.view(np.uint32), err_msg=ISA_NAMES[isa])
 
 
 @pytest.mark.parametrize("tname", type_params())
@@ -372,6 +420,45 @@ def test_gemm_equals_scalar_vec_dot(isa, tname):
                 mag = magnitude(tname, gguf_deq(tname, w[r]), xs[t])
                 assert abs(out[t * os_ + r] - ref) <= TOL_SIMD * mag, (n, nrows, ncols, t, r, out[t * os_ + r], ref)
     assert lib.pyllm_kernel_gemm(isa, 4, 32, ffi.NULL, 18, 1, ffi.NULL, 40, 1, ffi.NULL, 1) == -1
+
+
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_mxfp4_edge_scales_in_vec_dot_gemv_gemm(isa):
+    """MXFP4 rows of only the smallest exponents (e = 0, 1: subnormal scales
+    2^-128, 2^-127; e = 2, 3 the first normal ones), and rows of exponents
+    past what real files hold (141..200), where any slip in a scale decode
+    would show: vec_dot, gemv and gemm against the scalar vec_dot, and the
+    scalar against float64 (with subnormal scales d * da is subnormal too, so
+    each block's product may round off by 2^-150 absolute, times |isum|)"""
+    rng = np.random.default_rng(16)
+    tid = TYPES["MXFP4"][0]
+    for (elo, ehi), (n, nrows, ncols) in itertools.product([(0, 3), (141, 200)],
+                                                            [(32 * 5, 7, 3), (32 * 18, 4, 5), (32 * 21, 5, 2)]):
+        nb = n // 32
+        w = rng.integers(0, 256, size=(nrows, nb, 17), dtype=np.uint8)
+        w[:, :, 0] = rng.integers(elo, ehi + 1, size=(nrows, nb))
+        w = w.reshape(nrows, -1)
+        xs = rng.standard_normal((ncols, n)).astype(np.float32)
+        ab = act_bytes(ACT_Q8_32, n)
+        acts = np.stack([quantize(0, ACT_Q8_32, xs[t]) for t in range(ncols)])
+        out = np.full(ncols * nrows, np.nan, dtype=np.float32)
+        assert lib.pyllm_kernel_gemm(isa, tid, n, ptr(w), w.shape[1], nrows, ptr(acts), ab, ncols, fptr(out),
+                                     nrows) == 0
+        for t in range(ncols):
+            gv = gemv_call(isa, "MXFP4", n, np.ascontiguousarray(w).reshape(-1), w.shape[1], nrows,
+                           np.ascontiguousarray(acts[t]))
+            av, _ = act_values(ACT_Q8_32, acts[t], n)
+            for r in range(nrows):
+                wf = gguf_deq("MXFP4", w[r]).astype(np.float64)
+                assert 0 < np.abs(wf).max() < (2.0**-120 if ehi < 128 else 2.0**76)
+                ref = vec_dot(0, "MXFP4", n, w[r], acts[t])
+                mag = magnitude("MXFP4", wf, xs[t])
+                # |isum| <= 32 * 12 * 127 per block
+                assert abs(ref - float(np.dot(wf, av))) <= 1e-5 * mag + nb * 32 * 12 * 127 * 2.0**-150, (n, r, t)
+                assert abs(ref) > 1e-7 * mag
+                for got in (vec_dot(isa, "MXFP4", n, w[r], acts[t]), gv[r], out[t * nrows + r]):
+                    assert abs(got - ref) <= TOL_SIMD * mag, (n, r, t, got, ref)
+                assert gv[r] == out[t * nrows + r] == vec_dot(isa, "MXFP4", n, w[r], acts[t])
 
 
 # ---------------------------------------------------------------- determinism (exact)
@@ -846,7 +933,7 @@ def test_levels_and_api_validation():
         assert lib.pyllm_set_level(cpu) == cpu and lib.pyllm_get_level() == cpu
     finally:
         lib.pyllm_set_level(before)
-    for t in [4, 5, 9, 15, 16, 19, 21, 29, 31, -1, 1000]:
+    for t in [4, 5, 9, 15, 16, 19, 21, 29, 31, 38, 40, -1, 1000]:
         assert lib.pyllm_type_supported(t) == 0 and lib.pyllm_type_act(t) == -1
     for name, (tid, bs, ts, act) in TYPES.items():
         assert lib.pyllm_type_supported(tid) == 1 and lib.pyllm_type_act(tid) == act, name
@@ -1028,14 +1115,16 @@ int main(void) {
     const int sdot = strcmp(pyllm_level_name(ISA_NEON), "neon+dotprod") == 0;
     static kernel_table plain;
     kernels_fill_neon(&plain);
-    const int types[11] = {T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1, T_Q8_0, T_IQ4_NL, T_Q2_K, T_Q3_K, T_Q4_K, T_Q5_K, T_Q6_K};
-    /* byte offsets of each type's fp16 scale d and min (-1: none); random bytes elsewhere */
-    const int d_off[11] = {0, 0, 0, 0, 0, 0, 80, 108, 0, 0, 208}, m_off[11] = {-1, 2, -1, 2, -1, -1, 82, -1, 2, 2, -1};
+    const int types[12] = {T_Q4_0, T_Q4_1, T_Q5_0, T_Q5_1, T_Q8_0, T_IQ4_NL, T_MXFP4, T_Q2_K, T_Q3_K, T_Q4_K, T_Q5_K,
+                           T_Q6_K};
+    /* byte offsets of each type's fp16 scale d and min (-1: none; MXFP4: its E8M0 byte at 0, made
+     * 100..140 as in real files, with about one block in 16 at 0 or 1); random bytes elsewhere */
+    const int d_off[12] = {0, 0, 0, 0, 0, 0, 0, 80, 108, 0, 0, 208}, m_off[12] = {-1, 2, -1, 2, -1, -1, -1, 82, -1, 2, 2, -1};
     const int lens32[4] = {32, 32 * 7, 32 * 18, 2048}, lensK[3] = {256, 256 * 3, 2048};
     static uint8_t w[8][4096], acts[6][4096];
     static float x[6][4096], o0[4096], o1[4096];
     uint8_t *a0 = acts[0];
-    for (int ti = 0; ti < 11; ti++) {
+    for (int ti = 0; ti < 12; ti++) {
         const int t = types[ti];
         const type_traits *tt = type_info(t);
         const int bs = tt->block_size, act = tt->act, group = bs == 32 ? 32 : 16;
@@ -1047,6 +1136,10 @@ int main(void) {
                 for (int b = 0; b < nb * tt->type_size; b++) w[r][b] = (uint8_t)rnd();
                 for (int b = 0; b < nb; b++) {
                     uint8_t *blk = w[r] + b * tt->type_size;
+                    if (t == T_MXFP4) {
+                        blk[0] = rnd() % 16 ? (uint8_t)(100 + rnd() % 41) : (uint8_t)(rnd() % 2);
+                        continue;
+                    }
                     f16_t d = fp32_to_fp16((0.5f + (rnd() % 1000) / 666.0f) * 1e-2f * ((rnd() & 1) ? 1 : -1));
                     memcpy(blk + d_off[ti], &d, 2);
                     if (m_off[ti] >= 0) { f16_t m = fp32_to_fp16(frnd() * 0.1f); memcpy(blk + m_off[ti], &m, 2); }

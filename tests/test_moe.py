@@ -56,7 +56,7 @@ def test_route_picks_the_k_best(gating):
     np.testing.assert_allclose(got[:, k:], 1.5 * w, rtol=2e-6)
 
 
-@pytest.mark.parametrize("qtype", [QT.F32, QT.F16, QT.Q8_0, QT.Q4_K, QT.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [QT.F32, QT.F16, QT.Q8_0, QT.Q4_K, QT.Q6_K, QT.MXFP4], ids=lambda t: t.name)
 @pytest.mark.parametrize("T", [1, 3, 100])
 def test_matmul_id_is_the_chosen_experts_matmul(qtype, T):
     """Shared input (gate/up) and one slice per slot (down); 100 tokens put

@@ -1,7 +1,7 @@
 /* neon.c: AArch64 Advanced SIMD kernels (compiled only on aarch64).
  *
  * Provides every quantized format's vec_dot, gemv and gemm (Q4_0, Q4_1,
- * Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K..Q6_K), dequant of Q4_0, Q4_1, Q8_0,
+ * Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, Q2_K..Q6_K), dequant of Q4_0, Q4_1, Q8_0,
  * quantize_act for Q8_32 and Q8_K, the float helpers and the vector math of
  * GLU and attention; everything else comes from quants.c.
  *
@@ -120,13 +120,25 @@ INLINE void dec_q8_0(const uint8_t *p, wblock *W) {
     W->d = h2f(x->d);
 }
 
-INLINE void dec_iq4_nl(const uint8_t *p, wblock *W) {
-    const block_iq4_nl *x = (const block_iq4_nl *)(const void *)p;
-    const int8x16_t tab = vld1q_s8(kvalues_iq4nl);
-    const uint8x16_t v = vld1q_u8(x->qs);
+/* IQ4_NL, MXFP4: the 16 bytes of nibbles at qs as book values */
+INLINE void dec_book(const uint8_t *qs, const int8_t *book, wblock *W) {
+    const int8x16_t tab = vld1q_s8(book);
+    const uint8x16_t v = vld1q_u8(qs);
     W->lo = vqtbl1q_s8(tab, vandq_u8(v, vdupq_n_u8(0x0f)));
     W->hi = vqtbl1q_s8(tab, vshrq_n_u8(v, 4));
+}
+
+INLINE void dec_iq4_nl(const uint8_t *p, wblock *W) {
+    const block_iq4_nl *x = (const block_iq4_nl *)(const void *)p;
+    dec_book(x->qs, kvalues_iq4nl, W);
     W->d = h2f(x->d);
+}
+
+INLINE void dec_mxfp4(const uint8_t *p, wblock *W) {
+    const block_mxfp4 *x = (const block_mxfp4 *)(const void *)p;
+    dec_book(x->qs, kvalues_mxfp4, W);
+    const uint32_t d = e8m0_half_table[x->e];
+    memcpy(&W->d, &d, 4);
 }
 
 INLINE void step32(const wblock *W, const block_q8_32 *y, const int min, float32x4_t *acc, float *accm) {
@@ -189,6 +201,7 @@ DEFINE_Q32(q5_0, block_q5_0)
 DEFINE_Q32(q5_1, block_q5_1)
 DEFINE_Q32(q8_0, block_q8_0)
 DEFINE_Q32(iq4_nl, block_iq4_nl)
+DEFINE_Q32(mxfp4, block_mxfp4)
 
 /* ------------------------------------------------------------------ */
 /* K-quants x Q8_K                                                     */
@@ -790,7 +803,7 @@ void KERNELS_FILL_NEON(kernel_table *t) {
     t->dequant[T_Q8_0] = dequant_q8_0;
 #define SET(T, name) t->vec_dot[T] = vec_dot_##name, t->gemv[T] = gemv_##name, t->gemm[T] = gemm_##name;
     SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1) SET(T_Q8_0, q8_0)
-    SET(T_IQ4_NL, iq4_nl) SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K) SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K)
+    SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4) SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K) SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K)
     SET(T_Q6_K, q6_K)
 #undef SET
     t->vec_dot[T_F16] = vec_dot_f16;

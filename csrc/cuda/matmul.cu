@@ -373,6 +373,7 @@ static void by_type(int type, F &&f) {
     case T_Q5_1: f(std::integral_constant<int, T_Q5_1>{}); break;
     case T_Q8_0: f(std::integral_constant<int, T_Q8_0>{}); break;
     case T_IQ4_NL: f(std::integral_constant<int, T_IQ4_NL>{}); break;
+    case T_MXFP4: f(std::integral_constant<int, T_MXFP4>{}); break;
     case T_Q2_K: f(std::integral_constant<int, T_Q2_K>{}); break;
     case T_Q3_K: f(std::integral_constant<int, T_Q3_K>{}); break;
     case T_Q4_K: f(std::integral_constant<int, T_Q4_K>{}); break;

@@ -15,7 +15,8 @@
  *   so the embedding lookup gives the CPU's floats bit for bit.
  *
  * Blocks sit at byte offsets that are only 2-byte aligned (18, 20, 22, 34
- * bytes per block), so everything is read with byte loads.
+ * bytes per block) or not aligned at all (MXFP4: 17), so everything is read
+ * with byte loads.
  *
  * Everything here is __host__ __device__ (PQ_HD): hosttest.cu compiles the
  * same code for the CPU, so tests check these readings against the C core
@@ -93,18 +94,26 @@ PQ_HD uint32_t pack4(int a, int b, int c, int d) {
            ((uint32_t)(d & 0xff) << 24);
 }
 
+/* the 16 values a nibble stands for in IQ4_NL (its non-linear grid) and in
+ * MXFP4 (the E2M1 values doubled), as csrc/quants.c */
 __constant__ const int8_t kvalues_iq4nl_dev[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                                    1,    13,   25,  38,  53,  69,  89,  113};
 static const int8_t kvalues_iq4nl_host[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                               1,    13,   25,  38,  53,  69,  89,  113};
+__constant__ const int8_t kvalues_mxfp4_dev[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+static const int8_t kvalues_mxfp4_host[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
-PQ_HD int kvalue(int i) {
+template <int T> PQ_HD int kvalue(int i) {
+    static_assert(T == T_IQ4_NL || T == T_MXFP4, "a format with a table of values");
 #ifdef __CUDA_ARCH__
-    return kvalues_iq4nl_dev[i];
+    return T == T_MXFP4 ? kvalues_mxfp4_dev[i] : kvalues_iq4nl_dev[i];
 #else
-    return kvalues_iq4nl_host[i];
+    return T == T_MXFP4 ? kvalues_mxfp4_host[i] : kvalues_iq4nl_host[i];
 #endif
 }
+
+/* MXFP4's block scale: 2^(e - 128) for the E8M0 byte e, subnormal for e < 2 (e8m0_half_bits, quants.h) */
+PQ_HD float e8m0_half(uint8_t e) { return bits_float(e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23); }
 
 /* Q4_K/Q5_K: 6-bit scale and min of sub-block j (0..7) */
 PQ_HD void scale_min_k4(int j, const uint8_t *q, int &sc, int &m) {
@@ -133,6 +142,7 @@ template <> struct fmt<T_Q5_0> { static constexpr int block = 32, bytes = 22, ac
 template <> struct fmt<T_Q5_1> { static constexpr int block = 32, bytes = 24, act = ACT_Q8_32; };
 template <> struct fmt<T_Q8_0> { static constexpr int block = 32, bytes = 34, act = ACT_Q8_32; };
 template <> struct fmt<T_IQ4_NL> { static constexpr int block = 32, bytes = 18, act = ACT_Q8_32; };
+template <> struct fmt<T_MXFP4> { static constexpr int block = 32, bytes = 17, act = ACT_Q8_32; };
 template <> struct fmt<T_Q2_K> { static constexpr int block = 256, bytes = 84, act = ACT_Q8_K; };
 template <> struct fmt<T_Q3_K> { static constexpr int block = 256, bytes = 110, act = ACT_Q8_K; };
 template <> struct fmt<T_Q4_K> { static constexpr int block = 256, bytes = 144, act = ACT_Q8_K; };
@@ -206,17 +216,27 @@ template <> PQ_HD void unpack16<T_Q8_0>(const uint8_t *row, int g, int q[4], flo
     b = 0.0f;
 }
 
+/* IQ4_NL, MXFP4: the values of the 16 nibbles of half sh / 4 (0: low, 1: high) of the qs at p */
+template <int T> PQ_HD void kvalues16(const uint8_t *p, int sh, int q[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++, p += 4)
+        q[i] = (int)pack4(kvalue<T>((p[0] >> sh) & 15), kvalue<T>((p[1] >> sh) & 15),
+                          kvalue<T>((p[2] >> sh) & 15), kvalue<T>((p[3] >> sh) & 15));
+}
+
 /* IQ4_NL: w = d kvalues[nibble] */
 template <> PQ_HD void unpack16<T_IQ4_NL>(const uint8_t *row, int g, int q[4], float &a, float &b) {
     const uint8_t *blk = row + (size_t)(g >> 1) * 18;
-    const int sh = (g & 1) * 4;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const uint8_t *p = blk + 2 + 4 * i;
-        q[i] = (int)pack4(kvalue((p[0] >> sh) & 15), kvalue((p[1] >> sh) & 15),
-                          kvalue((p[2] >> sh) & 15), kvalue((p[3] >> sh) & 15));
-    }
+    kvalues16<T_IQ4_NL>(blk + 2, (g & 1) * 4, q);
     a = ld_f16(blk);
+    b = 0.0f;
+}
+
+/* MXFP4: an E8M0 byte, then IQ4_NL's nibbles; w = 2^(e - 128) kvalues[nibble] */
+template <> PQ_HD void unpack16<T_MXFP4>(const uint8_t *row, int g, int q[4], float &a, float &b) {
+    const uint8_t *blk = row + (size_t)(g >> 1) * 17;
+    kvalues16<T_MXFP4>(blk + 1, (g & 1) * 4, q);
+    a = e8m0_half(blk[0]);
     b = 0.0f;
 }
 
@@ -338,7 +358,11 @@ PQ_HD float dequant(int type, const uint8_t *row, int64_t k) {
     }
     case T_IQ4_NL: {
         const uint8_t *b = row + (k >> 5) * 18;
-        return mul_rn(ld_f16(b), (float)kvalue(nib(b + 2, (int)(k & 31))));
+        return mul_rn(ld_f16(b), (float)kvalue<T_IQ4_NL>(nib(b + 2, (int)(k & 31))));
+    }
+    case T_MXFP4: {
+        const uint8_t *b = row + (k >> 5) * 17;
+        return mul_rn(e8m0_half(b[0]), (float)kvalue<T_MXFP4>(nib(b + 1, (int)(k & 31))));
     }
     case T_Q2_K: {
         const uint8_t *b = row + (k >> 8) * 84;

@@ -58,6 +58,7 @@ type_info info(int type) {
     case T_Q5_1: return {32, 24, ACT_Q8_32};
     case T_Q8_0: return {32, 34, ACT_Q8_32};
     case T_IQ4_NL: return {32, 18, ACT_Q8_32};
+    case T_MXFP4: return {32, 17, ACT_Q8_32};
     case T_Q2_K: return {256, 84, ACT_Q8_K};
     case T_Q3_K: return {256, 110, ACT_Q8_K};
     case T_Q4_K: return {256, 144, ACT_Q8_K};

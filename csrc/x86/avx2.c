@@ -108,9 +108,9 @@ INLINE __m256i move_bit(__m256i v, int b, int t) {
     return b <= t ? _mm256_sll_epi16(v, _mm_cvtsi32_si128(t - b)) : _mm256_srl_epi16(v, _mm_cvtsi32_si128(b - t));
 }
 
-/* the IQ4_NL values of a block's 32 nibbles, in element order */
-INLINE __m256i iq4nl_values(const uint8_t *qs) {
-    const __m128i k = _mm_loadu_si128((const __m128i *)kvalues_iq4nl);
+/* the book values (IQ4_NL's or MXFP4's 16 int8) of a block's 32 nibbles, in element order */
+INLINE __m256i book_values(const uint8_t *qs, const int8_t *book) {
+    const __m128i k = _mm_loadu_si128((const __m128i *)book);
     return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(k), unpack_nibbles(qs));
 }
 
@@ -120,8 +120,8 @@ INLINE __m256i iq4nl_values(const uint8_t *qs) {
 /* Two blocks go through one 256-bit dot: the low 128-bit lane holds block
  * i, the high one block i+1. A row's pair (decoded once per row):
  *     lo = [w_i[0:16] w_i+1[0:16]],  hi = [w_i[16:32] w_i+1[16:32]]
- * (unsigned 0..15 / 0..31 for Q4_x / Q5_x; signed values for Q8_0 and
- * IQ4_NL, which go through |w| and sign-adjusted activations), the scales
+ * (unsigned 0..15 / 0..31 for Q4_x / Q5_x; signed values for Q8_0,
+ * IQ4_NL and MXFP4, which go through |w| and sign-adjusted activations), the scales
  * dpat = [d_i x4, d_i+1 x4] and, with a min, mz = [0 m_i 0 m_i+1 0 0 0 0].
  * An activation row's pair (prepared once, shared by every weight row): its
  * quants in the same layout, -c * (the sum of each int32 lane's 8
@@ -189,6 +189,13 @@ INLINE __m256 dpat_d(const uint8_t *x, const int bs, const int two) {
     return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(f), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
 }
 
+/* two MXFP4 E8M0 scales (at x and x + bs) -> [d_i x4, d_i+1 x4], as dpat_d (0 for a missing block) */
+INLINE __m256 dpat_e8m0(const uint8_t *x, const int bs, const int two) {
+    const uint64_t b = (uint64_t)e8m0_half_table[x[0]] | (two ? (uint64_t)e8m0_half_table[x[bs]] << 32 : 0u);
+    const __m128 f = _mm_castsi128_ps(_mm_cvtsi64_si128((long long)b));
+    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(f), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+}
+
 /* two fp16 (d, m) pairs (at x and x + bs) -> dpat, mz */
 INLINE void dm_pat(const uint8_t *x, const int bs, const int two, wpair *W) {
     const uint64_t h = (uint64_t)ld32(x) | (two ? (uint64_t)ld32(x + bs) << 32 : 0u);
@@ -242,14 +249,24 @@ INLINE void dec_q8_0(const uint8_t *x, const int two, wpair *W) {
     W->dpat = dpat_d(x, 34, two);
 }
 
-INLINE void dec_iq4_nl(const uint8_t *x, const int two, wpair *W) {
-    nibbles_pair(load2x128(x + 2, x + 20, two), W);
-    const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kvalues_iq4nl));
+/* IQ4_NL, MXFP4: the nibbles of a pair (q) as book values, signed */
+INLINE void book_pair(__m256i q, const int8_t *book, wpair *W) {
+    nibbles_pair(q, W);
+    const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)book));
     W->lo = _mm256_shuffle_epi8(tab, W->lo);
     W->hi = _mm256_shuffle_epi8(tab, W->hi);
     W->alo = _mm256_sign_epi8(W->lo, W->lo);
     W->ahi = _mm256_sign_epi8(W->hi, W->hi);
+}
+
+INLINE void dec_iq4_nl(const uint8_t *x, const int two, wpair *W) {
+    book_pair(load2x128(x + 2, x + 20, two), kvalues_iq4nl, W);
     W->dpat = dpat_d(x, 18, two);
+}
+
+INLINE void dec_mxfp4(const uint8_t *x, const int two, wpair *W) {
+    book_pair(load2x128(x + 1, x + 18, two), kvalues_mxfp4, W);
+    W->dpat = dpat_e8m0(x, 17, two);
 }
 
 /* offset c the activation side folds in (signed weights and mins: quants.h) */
@@ -259,6 +276,7 @@ INLINE void dec_iq4_nl(const uint8_t *x, const int two, wpair *W) {
 #define C_q5_1 0
 #define C_q8_0 0
 #define C_iq4_nl 0
+#define C_mxfp4 0
 
 /* one (row, activation row) pair step */
 INLINE __m256 pair_step(const wpair *W, const actp *A, const int sgn, const int c, const int min, __m256 acc) {
@@ -398,6 +416,8 @@ INLINE __m256 pair_step(const wpair *W, const actp *A, const int sgn, const int 
 #define GEMM_T_q8_0 4
 #define GEMM_R_iq4_nl 2
 #define GEMM_T_iq4_nl 4
+#define GEMM_R_mxfp4 2
+#define GEMM_T_mxfp4 4
 _Static_assert(2 * ACT_PAIRS % RED_BLOCKS == 0, "activation chunks hold whole groups");
 
 DEFINE_Q32(q4_0, block_q4_0)
@@ -406,6 +426,7 @@ DEFINE_Q32(q5_0, block_q5_0)
 DEFINE_Q32(q5_1, block_q5_1)
 DEFINE_Q32(q8_0, block_q8_0)
 DEFINE_Q32(iq4_nl, block_iq4_nl)
+DEFINE_Q32(mxfp4, block_mxfp4)
 /* ------------------------------------------------------------------ */
 /* K-quants: one step per super-block                                  */
 /* ------------------------------------------------------------------ */
@@ -875,7 +896,17 @@ static void dequant_q8_0(const void *restrict w, float *restrict out, int64_t n)
 static void dequant_iq4_nl(const void *restrict w, float *restrict out, int64_t n) {
     const block_iq4_nl *x = w;
     for (int64_t i = 0; i < n / QK; i++, out += QK)
-        store_scaled(out, iq4nl_values(x[i].qs), _mm256_set1_ps(_cvtsh_ss(x[i].d)), _mm256_setzero_ps(), 0);
+        store_scaled(out, book_values(x[i].qs, kvalues_iq4nl), _mm256_set1_ps(_cvtsh_ss(x[i].d)),
+                     _mm256_setzero_ps(), 0);
+}
+
+static void dequant_mxfp4(const void *restrict w, float *restrict out, int64_t n) {
+    const block_mxfp4 *x = w;
+    for (int64_t i = 0; i < n / QK; i++, out += QK) {
+        const uint32_t d = e8m0_half_table[x[i].e];
+        store_scaled(out, book_values(x[i].qs, kvalues_mxfp4), _mm256_castsi256_ps(_mm256_set1_epi32((int)d)),
+                     _mm256_setzero_ps(), 0);
+    }
 }
 
 /* 16 elements: (d * sc) * q - (dmin * m), as the reference */
@@ -1374,7 +1405,7 @@ void KERNELS_FILL_AVX2(kernel_table *t) {
     t->vec_dot[T] = vec_dot_##name;     \
     t->gemv[T] = gemv_##name;
     SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
-    SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl)
+    SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
     SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K) SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K)
     SET(T_F16, f16) SET(T_BF16, bf16)
 #undef SET
@@ -1384,6 +1415,7 @@ void KERNELS_FILL_AVX2(kernel_table *t) {
     t->gemm[T_Q5_1] = gemm_q5_1;
     t->gemm[T_Q8_0] = gemm_q8_0;
     t->gemm[T_IQ4_NL] = gemm_iq4_nl;
+    t->gemm[T_MXFP4] = gemm_mxfp4;
     t->gemm[T_Q2_K] = gemm_q2_K;
     t->gemm[T_Q3_K] = gemm_q3_K;
     t->gemm[T_Q4_K] = gemm_q4_K;

@@ -19,11 +19,14 @@
  * block first, so that the float work is one convert and FMA per 16 blocks
  * (gemm, which stores its operands in that layout, needs no reduction).
  * Weights are made unsigned with a per-format offset c (Q4_0: q = u - 8,
- * Q5_0: u - 16, Q8_0 and IQ4_NL: u - 128 via xor 0x80); the activation side
+ * Q5_0: u - 16, Q8_0, IQ4_NL and MXFP4: u - 128 via xor 0x80); the activation side
  * precomputes -c * sum(a) per lane, which seeds the vpdpbusd accumulator, so
  * the int32 dot is exact. Q4_1/Q5_1 mins: lanes 2k+1 += m_k * s_k, one
  * masked FMA per quad. Without VNNI: vpmaddubsw + vpmaddwd, and
- * the signed formats (Q8_0, IQ4_NL) use |w| and sign-adjusted activations.
+ * the signed formats (Q8_0, IQ4_NL, MXFP4) use |w| and sign-adjusted activations.
+ * MXFP4's 17-byte blocks put its quants at odd offsets, which the word and
+ * dword permutes cannot gather: it loads each block's 16 quant bytes into
+ * its 128-bit lane instead (mxfp4_qs).
  * A row's last partial quad uses masked loads (zeros past the row's end).
  * gemv prepares the activation quads once per call (ACT_CHUNK at a time)
  * and streams 4 rows at a time against them, prefetching the weights
@@ -223,40 +226,74 @@ typedef struct {
     __m256 dm;
 } qres;
 
-INLINE void qi_q4_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, qres *Q) {
+/* the packed nibbles of 4 blocks of Q4_0's and IQ4_NL's layout (fp16 d, then 16 bytes), quad layout */
+INLINE __m512i q4_quad(const int full, const int nblk, const uint8_t *x) {
     const __m512i L0 = LDW(x, 0, 18), L1 = LDW(x, 8, 18);
-    const __m512i q = _mm512_permutex2var_epi16(
+    return _mm512_permutex2var_epi16(
         L0,
         IDX16(1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15, 16, 17, 19, 20, 21, 22, 23, 24, 25, 26,
                           56, 57, 58, 59, 60, 61, 62, 63),
         L1);
+}
+
+INLINE void qi_q4_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, qres *Q) {
+    const __m512i q = q4_quad(full, nblk, x);
     __m512i dot = dpbusd(vnni, A->negc, nib_lo(q), A->lo);
     Q->dot = dpbusd(vnni, dot, nib_hi(q), A->hi);
     Q->dd = _mm_mul_ps(_mm_cvtph_ps(d4_scalar(x, 18, full, nblk)), A->da);
 }
 
-INLINE __m512i iq4nl_table(const int vnni) {
-    /* kvalues + 128 as unsigned bytes (VNNI), or the signed values */
-    const __m128i k = _mm_loadu_si128((const __m128i *)kvalues_iq4nl);
+/* IQ4_NL, MXFP4: the book (16 int8 values) as a shuffle table: + 128 as
+ * unsigned bytes (VNNI), or the signed values */
+INLINE __m512i book_table(const int vnni, const int8_t *book) {
+    const __m128i k = _mm_loadu_si128((const __m128i *)book);
     const __m128i t = vnni ? _mm_xor_si128(k, _mm_set1_epi8((char)0x80)) : k;
     return _mm512_broadcast_i32x4(t);
 }
 
-INLINE void qi_iq4_nl(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, qres *Q) {
-    const __m512i L0 = LDW(x, 0, 18), L1 = LDW(x, 8, 18);
-    const __m512i q = _mm512_permutex2var_epi16(
-        L0,
-        IDX16(1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15, 16, 17, 19, 20, 21, 22, 23, 24, 25, 26,
-                          56, 57, 58, 59, 60, 61, 62, 63),
-        L1);
-    const __m512i tab = iq4nl_table(vnni);
+/* the packed nibbles of 4 MXFP4 blocks (E8M0 e, then 16 bytes), quad layout: a 16-byte load per
+ * block into its lane (the blocks' quants sit at odd offsets; inserts measured ~5% faster in a
+ * gemv than merge-masked 64-byte loads), zeros past the first nblk */
+INLINE __m512i mxfp4_qs(const int full, const int nblk, const uint8_t *x) {
+    __m512i q = _mm512_zextsi128_si512(_mm_loadu_si128((const __m128i *)(x + 1)));
+    if (full || nblk > 1) q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(x + 18)), 1);
+    if (full || nblk > 2) q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(x + 35)), 2);
+    if (full || nblk > 3) q = _mm512_inserti32x4(q, _mm_loadu_si128((const __m128i *)(x + 52)), 3);
+    return q;
+}
+
+/* the scales of 4 MXFP4 blocks, 2^(e - 128) (0 past the first nblk): the 4 bytes gathered on
+ * the scalar side, then scalef(1, e - 128), exact for every e (subnormal for e < 2). A gemv
+ * measured 8% faster than with 4 e8m0_half_table lookups (twice the loads), 2% faster than
+ * with the bytes picked out of a vector load (vpermw + vpshufb). */
+INLINE __m128 e8m0_4(const uint8_t *x, const int full, const int nblk) {
+    uint32_t e = x[0];
+    if (full || nblk > 1) e |= (uint32_t)x[17] << 8;
+    if (full || nblk > 2) e |= (uint32_t)x[34] << 16;
+    if (full || nblk > 3) e |= (uint32_t)x[51] << 24;
+    const __m128 p = _mm_sub_ps(_mm_cvtepi32_ps(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)e))), _mm_set1_ps(128.0f));
+    const __m128 d = _mm_scalef_ps(_mm_set1_ps(1.0f), p);
+    return full ? d : _mm_maskz_mov_ps((__mmask8)((1u << nblk) - 1), d);
+}
+
+/* IQ4_NL, MXFP4: a quad of nibbles q looked up in tab (book_table), d the blocks' scales */
+INLINE void qi_book(const int vnni, __m512i q, __m512i tab, __m128 d, const act4 *A, qres *Q) {
     const __m512i vlo = _mm512_shuffle_epi8(tab, nib_lo(q)), vhi = _mm512_shuffle_epi8(tab, nib_hi(q));
     if (vnni) {
         Q->dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(A->negc, vlo, A->lo), vhi, A->hi);
     } else {
         Q->dot = dot_s8s8(dot_s8s8(_mm512_setzero_si512(), vlo, A->lo), vhi, A->hi);
     }
-    Q->dd = _mm_mul_ps(_mm_cvtph_ps(d4_scalar(x, 18, full, nblk)), A->da);
+    Q->dd = _mm_mul_ps(d, A->da);
+}
+
+INLINE void qi_iq4_nl(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, qres *Q) {
+    qi_book(vnni, q4_quad(full, nblk, x), book_table(vnni, kvalues_iq4nl),
+            _mm_cvtph_ps(d4_scalar(x, 18, full, nblk)), A, Q);
+}
+
+INLINE void qi_mxfp4(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, qres *Q) {
+    qi_book(vnni, mxfp4_qs(full, nblk, x), book_table(vnni, kvalues_mxfp4), e8m0_4(x, full, nblk), A, Q);
 }
 
 INLINE void qi_q4_1(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, qres *Q) {
@@ -353,6 +390,7 @@ DEFINE_QUAD(q5_0)
 DEFINE_QUAD(q5_1)
 DEFINE_QUAD(q8_0)
 DEFINE_QUAD(iq4_nl)
+DEFINE_QUAD(mxfp4)
 
 /* ---- hexes: 16 blocks (4 quads) with one int32 lane per block ----
  * Lane 4k + q of a hex vector belongs to block 4q + k of the hex ("M
@@ -450,6 +488,7 @@ DEFINE_HEX(q5_0, block_q5_0)
 DEFINE_HEX(q5_1, block_q5_1)
 DEFINE_HEX(q8_0, block_q8_0)
 DEFINE_HEX(iq4_nl, block_iq4_nl)
+DEFINE_HEX(mxfp4, block_mxfp4)
 
 /* Q4_1, two quads at once: the (d, m) pairs of 8 blocks go through one
  * vcvtph2ps, multiply and add (ds16: the two quads' activation (d, s) pairs) */
@@ -513,6 +552,7 @@ INLINE void pair_q4_1(const int vnni, int rem, const uint8_t *x0, const uint8_t 
 #define OCT_q5_1 0
 #define OCT_q8_0 0
 #define OCT_iq4_nl 0
+#define OCT_mxfp4 0
 /* formats with a two-row step for the last 1-2 blocks */
 #define PAIR_q4_0 0
 #define PAIR_q4_1 1
@@ -520,16 +560,19 @@ INLINE void pair_q4_1(const int vnni, int rem, const uint8_t *x0, const uint8_t 
 #define PAIR_q5_1 0
 #define PAIR_q8_0 0
 #define PAIR_iq4_nl 0
+#define PAIR_mxfp4 0
 #define pair_q4_0(...) ((void)0)
 #define pair_q5_0(...) ((void)0)
 #define pair_q5_1(...) ((void)0)
 #define pair_q8_0(...) ((void)0)
 #define pair_iq4_nl(...) ((void)0)
+#define pair_mxfp4(...) ((void)0)
 #define oct_q4_0(...) ((void)0)
 #define oct_q5_0(...) ((void)0)
 #define oct_q5_1(...) ((void)0)
 #define oct_q8_0(...) ((void)0)
 #define oct_iq4_nl(...) ((void)0)
+#define oct_mxfp4(...) ((void)0)
 
 #define C_q4_0(v) 8
 #define C_q4_1(v) 0
@@ -537,6 +580,7 @@ INLINE void pair_q4_1(const int vnni, int rem, const uint8_t *x0, const uint8_t 
 #define C_q5_1(v) 0
 #define C_q8_0(v) ((v) ? 128 : 0)
 #define C_iq4_nl(v) ((v) ? 128 : 0)
+#define C_mxfp4(v) ((v) ? 128 : 0)
 
 /* the activation quads of blocks [i, i + nblk), nblk <= 4 (missing blocks: zeros) */
 INLINE void act4_prep(const block_q8_32 *y, int nblk, const int c, const int vnni, act4 *A) {
@@ -696,6 +740,7 @@ DEFINE_ROWS(q5_0, block_q5_0)
 DEFINE_ROWS(q5_1, block_q5_1)
 DEFINE_ROWS(q8_0, block_q8_0)
 DEFINE_ROWS(iq4_nl, block_iq4_nl)
+DEFINE_ROWS(mxfp4, block_mxfp4)
 
 /* ------------------------------------------------------------------ */
 /* the gemm kernels' buffers                                              */
@@ -757,7 +802,7 @@ _Static_assert(4 * GEMM_CHUNK == RED_BLOCKS, "a gemm chunk is one reduction grou
 _Static_assert(GEMM_WBUF + GEMM_TP * 4096 <= GEMM_SCRATCH, "32-element gemm buffers fit the scratch");
 
 /* a row's quad, decoded: lo/hi quants in the quad layout (unsigned with
- * offset c, or signed for the no-VNNI path of Q8_0/IQ4_NL), dpat the
+ * offset c, or signed for the no-VNNI path of Q8_0/IQ4_NL/MXFP4), dpat the
  * blocks' d as [d0 x4, ...], mz (Q4_1/Q5_1) m_k in lanes 2k+1 */
 typedef struct {
     __m512i lo, hi;
@@ -793,18 +838,23 @@ INLINE __m512 dpat_of(__m128i dh) { return spread4(_mm_cvtph_ps(dh)); }
 
 INLINE void dec_q4_0(const int vnni, const int full, const int nblk, const uint8_t *x, wquad *W) {
     (void)vnni;
-    const __m512i L0 = LDW(x, 0, 18), L1 = LDW(x, 8, 18);
-    const __m512i q = _mm512_permutex2var_epi16(
-        L0, IDX16(1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15, 16, 17, 19, 20, 21, 22, 23, 24, 25, 26, 56, 57, 58, 59, 60, 61, 62, 63),
-        L1);
+    const __m512i q = q4_quad(full, nblk, x);
     W->lo = nib_lo(q), W->hi = nib_hi(q);
     W->dpat = dpat_of(d4_scalar(x, 18, full, nblk));
 }
 
+/* IQ4_NL, MXFP4: a quad of nibbles q looked up in tab (book_table), d the blocks' scales */
+INLINE void dec_book(__m512i q, __m512i tab, __m128 d, wquad *W) {
+    W->lo = _mm512_shuffle_epi8(tab, nib_lo(q)), W->hi = _mm512_shuffle_epi8(tab, nib_hi(q));
+    W->dpat = spread4(d);
+}
+
 INLINE void dec_iq4_nl(const int vnni, const int full, const int nblk, const uint8_t *x, wquad *W) {
-    dec_q4_0(vnni, full, nblk, x, W);
-    const __m512i tab = iq4nl_table(vnni);
-    W->lo = _mm512_shuffle_epi8(tab, W->lo), W->hi = _mm512_shuffle_epi8(tab, W->hi);
+    dec_book(q4_quad(full, nblk, x), book_table(vnni, kvalues_iq4nl), _mm_cvtph_ps(d4_scalar(x, 18, full, nblk)), W);
+}
+
+INLINE void dec_mxfp4(const int vnni, const int full, const int nblk, const uint8_t *x, wquad *W) {
+    dec_book(mxfp4_qs(full, nblk, x), book_table(vnni, kvalues_mxfp4), e8m0_4(x, full, nblk), W);
 }
 
 INLINE void dec_q4_1(const int vnni, const int full, const int nblk, const uint8_t *x, wquad *W) {
@@ -1130,6 +1180,7 @@ DEFINE_GEMM(q5_0, block_q5_0)
 DEFINE_GEMM(q5_1, block_q5_1)
 DEFINE_GEMM(q8_0, block_q8_0)
 DEFINE_GEMM(iq4_nl, block_iq4_nl)
+DEFINE_GEMM(mxfp4, block_mxfp4)
 
 /* ------------------------------------------------------------------ */
 /* K-quants                                                              */
@@ -1868,7 +1919,7 @@ void kernels_fill_avx512(kernel_table *t) {
     t->gemv[T] = gemv_##name##_vnni;          \
     t->gemm[T] = gemm_##name##_vnni;
         SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
-        SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl)
+        SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
         SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K) SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K)
 #undef SET
     } else {
@@ -1877,7 +1928,7 @@ void kernels_fill_avx512(kernel_table *t) {
     t->gemv[T] = gemv_##name##_bw;          \
     t->gemm[T] = gemm_##name##_bw;
         SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
-        SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl)
+        SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
         SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K) SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K)
 #undef SET
     }

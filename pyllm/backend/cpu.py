@@ -317,7 +317,7 @@ class CpuBackend(Backend):
 def read_core_profile(ctx, n_threads: int) -> dict:
     op_ns = ffi.new("double[]", 16)
     busy = ffi.new("double[]", n_threads)
-    by_type = ffi.new("double[]", 32)
+    by_type = ffi.new("double[]", lib.PROFILE_TYPE_COUNT)
     wall = ffi.new("double *")
     lib.pyllm_profile_read(ctx, op_ns, busy, by_type, wall)
     return {"op_ns": list(op_ns)[:lib.OP_KIND_COUNT], "thread_busy_ns": list(busy),

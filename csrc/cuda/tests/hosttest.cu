@@ -24,6 +24,7 @@ int pq_host_unpack16(int type, const uint8_t *row, int g, int32_t *q16, float *a
     case T_Q5_1: unpack<T_Q5_1>(row, g, q16, a, b); return 0;
     case T_Q8_0: unpack<T_Q8_0>(row, g, q16, a, b); return 0;
     case T_IQ4_NL: unpack<T_IQ4_NL>(row, g, q16, a, b); return 0;
+    case T_MXFP4: unpack<T_MXFP4>(row, g, q16, a, b); return 0;
     case T_Q2_K: unpack<T_Q2_K>(row, g, q16, a, b); return 0;
     case T_Q3_K: unpack<T_Q3_K>(row, g, q16, a, b); return 0;
     case T_Q4_K: unpack<T_Q4_K>(row, g, q16, a, b); return 0;
