@@ -20,29 +20,18 @@ from __future__ import annotations
 from ..graph import GLU_GELU_TANH, NORM_LAYER, ROPE_NEOX
 from .base import Layer
 from .blocks import PreNormDecoder
+from .starcoder2 import StarCoder2
 
 
-class GptNeoX(PreNormDecoder):
+class GptNeoX(StarCoder2):
+    """StarCoder 2's weights with q/k/v biases required, the output untied and,
+    by default, the parallel block with two norms."""
     name = "gptneox"
-    rope_mode = ROPE_NEOX
-    glu = GLU_GELU_TANH
-    norm = NORM_LAYER
-    gated = False
+    qkv_biases = True
+    tied_output = False
 
-    def __init__(self, mf, n_ctx=None):
-        super().__init__(mf, n_ctx)
-        hp = self.hp
-        parallel = bool(mf.arch_get("use_parallel_residual", True))
-        self.read_ends(norm_bias=True, tied=False)
-        self.layers = []
-        for i in range(hp.n_layer):
-            p = f"blk.{i}."
-            attn, ffn = self.attention_weights(i, biases=True), self.ffn_weights(i)
-            attn.bo = self.vector(p + "attn_output.bias", hp.n_embd)
-            ffn.b_up, ffn.b_down = self.vector(p + "ffn_up.bias", hp.n_ff), self.vector(p + "ffn_down.bias", hp.n_embd)
-            (an, an_b), (fn, fn_b) = self.norm_weights(p + "attn_norm"), self.norm_weights(p + "ffn_norm")
-            self.layers.append(Layer(attn_norm=an, attn_norm_b=an_b, attn=attn, ffn_norm=fn, ffn_norm_b=fn_b,
-                                     ffn=ffn, parallel=parallel))
+    def parallel_residual(self) -> bool:
+        return bool(self.mf.arch_get("use_parallel_residual", True))
 
 
 class Falcon(PreNormDecoder):

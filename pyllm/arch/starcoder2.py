@@ -24,16 +24,25 @@ class StarCoder2(PreNormDecoder):
     glu = GLU_GELU_TANH
     norm = NORM_LAYER
     gated = False
+    qkv_biases = False     # required (GPT-NeoX), else as the file has them
+    tied_output = True     # the logits may reuse the embedding
 
     def __init__(self, mf, n_ctx=None):
         super().__init__(mf, n_ctx)
-        hp = self.hp
-        self.read_ends(norm_bias=True)
-        self.layers = []
-        for i in range(hp.n_layer):
-            p = f"blk.{i}."
-            attn, ffn = self.attention_weights(i), self.ffn_weights(i)
-            attn.bo = self.vector(p + "attn_output.bias", hp.n_embd)
-            ffn.b_up, ffn.b_down = self.vector(p + "ffn_up.bias", hp.n_ff), self.vector(p + "ffn_down.bias", hp.n_embd)
-            (an, an_b), (fn, fn_b) = self.norm_weights(p + "attn_norm"), self.norm_weights(p + "ffn_norm")
-            self.layers.append(Layer(attn_norm=an, attn_norm_b=an_b, attn=attn, ffn_norm=fn, ffn_norm_b=fn_b, ffn=ffn))
+        self.read_ends(norm_bias=True, tied=self.tied_output)
+        parallel = self.parallel_residual()
+        self.layers = [self.biased_layer(i, parallel) for i in range(self.hp.n_layer)]
+
+    def parallel_residual(self) -> bool:
+        return False
+
+    def biased_layer(self, i: int, parallel: bool) -> Layer:
+        """Layer i with LayerNorms (weight and bias) before attention and FFN and
+        biases on the attention output and both FFN matrices."""
+        hp, p = self.hp, f"blk.{i}."
+        attn, ffn = self.attention_weights(i, biases=self.qkv_biases), self.ffn_weights(i)
+        attn.bo = self.vector(p + "attn_output.bias", hp.n_embd)
+        ffn.b_up, ffn.b_down = self.vector(p + "ffn_up.bias", hp.n_ff), self.vector(p + "ffn_down.bias", hp.n_embd)
+        (an, an_b), (fn, fn_b) = self.norm_weights(p + "attn_norm"), self.norm_weights(p + "ffn_norm")
+        return Layer(attn_norm=an, attn_norm_b=an_b, attn=attn, ffn_norm=fn, ffn_norm_b=fn_b, ffn=ffn,
+                     parallel=parallel)
