@@ -96,6 +96,10 @@ FAMILIES = {
     "lfm2": ("lfm2", {}),                                          # layers 0, 1, 3 short convolutions
     "lfm2-seed1": ("lfm2", {"seed": 1}),
     "lfm2-conv-first": ("lfm2", {"n_layer": 6, "conv_layers": (0, 1, 2, 4, 5)}),
+    "mistral3": ("mistral3", {}),                                  # YaRN without its factor; temperature, L=16
+    "mistral3-notemp": ("mistral3", {"temperature": False}),
+    "mistral3-logmul1": ("mistral3", {"keys": {"rope.scaling.yarn_log_multiplier": 1.0}}),
+    "mistral3-logmul01": ("mistral3", {"keys": {"rope.scaling.yarn_log_multiplier": 0.1}}),
     "gpt-oss": ("gpt-oss", {}),                                    # sinks, biased experts, swiglu_oai, window 8
     "gpt-oss-yarn": ("gpt-oss", {"keys": {**YARN, "rope_scaling_factor": 32.0}}),   # the released files' YaRN
 }

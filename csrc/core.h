@@ -62,6 +62,7 @@ void op_rope(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_kv_store(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_attention(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_shortconv(const pyllm_op *op, const op_rows *r, int ith, int nth);
+void op_pos_scale(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_glu(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_add(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_scale(const pyllm_op *op, const op_rows *r, int ith, int nth);

@@ -162,6 +162,19 @@ void op_shortconv(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     }
 }
 
+/* y[t] *= 1 + scale ln(1 + floor((pos[t] + eps) / window)), the factor in double as llama.cpp
+ * computes it */
+void op_pos_scale(const pyllm_op *op, const op_rows *r, int ith, int nth) {
+    int64_t lo, hi;
+    split_range(r->rows, ith, nth, 1, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) {
+        const float steps = floorf(((float)r->step->pos[t] + op->eps) / (float)op->window);
+        const float f = (float)(log((double)steps + 1.0) * op->scale + 1.0);
+        float *y = OUT_ROW(op, t);
+        for (int64_t i = 0; i < op->n_in; i++) y[i] *= f;
+    }
+}
+
 /* y = act(x) * x2, elementwise over rows of n_in */
 /* gpt-oss's gate: min(g, c) sigmoid(a min(g, c)) (clamp(u, -c, c) + 1) */
 static void glu_swiglu_oai(int64_t n, const float *g, const float *u, float *y, float a, float c) {

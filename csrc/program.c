@@ -183,6 +183,10 @@ static int check_op(const pyllm_op *op) {
             return fail("shortconv: pools of %d x %d halves do not hold %lld channels", op->n_kv_head, op->head_dim,
                         (long long)op->n_in);
         return 0;
+    case OP_POS_SCALE:
+        if (!op->y || op->n_in <= 0 || op->y_stride < op->n_in || op->window < 1)
+            return fail("pos_scale: missing rows, or a period of %d positions", op->window);
+        return 0;
     case OP_MOE_SUM:
         if (!op->x || !op->x2 || !op->y || op->n_in <= 0 || op->n_head <= 0) return fail("moe sum: missing buffers");
         if (op->x_stride < op->n_in * op->n_head || op->x2_stride < 2 * op->n_head) return fail("moe sum: bad strides");
@@ -272,6 +276,7 @@ static void exec_op(const pyllm_op *op, const pyllm_step *st, float *scratch, fl
     case OP_MATMUL_ID: op_matmul_id(op, &r, ith, nth); break;
     case OP_MOE_SUM: op_moe_sum(op, &r, ith, nth); break;
     case OP_SHORTCONV: op_shortconv(op, &r, ith, nth); break;
+    case OP_POS_SCALE: op_pos_scale(op, &r, ith, nth); break;
     }
 }
 

@@ -33,7 +33,9 @@ enum pyllm_op_kind {
                           c < n_in: a causal depthwise convolution (LFM2) over the rows a KV_STORE put in this
                           layer's pools, channels [0, n_in/2) in k_cache, the rest in v_cache (f16); s = 0
                           before position 0 */
-    OP_KIND_COUNT = 15
+    OP_POS_SCALE = 15, /* y[t, :n_in] *= 1 + scale ln(1 + floor((pos[t] + eps) / window)): the attention
+                          temperature of long positions on q (Llama 4, Mistral 3) */
+    OP_KIND_COUNT = 16
 };
 
 enum pyllm_op_flags {

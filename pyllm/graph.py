@@ -26,11 +26,11 @@ from .model_file import Tensor
 # op kinds and flags: csrc/pyllm.h
 OP_EMBED, OP_RMSNORM, OP_QUANTIZE, OP_MATMUL, OP_ROPE = 1, 2, 3, 4, 5
 OP_KV_STORE, OP_ATTENTION, OP_GLU, OP_ADD, OP_SCALE = 6, 7, 8, 9, 10
-OP_MOE_ROUTE, OP_MATMUL_ID, OP_MOE_SUM, OP_SHORTCONV = 11, 12, 13, 14
+OP_MOE_ROUTE, OP_MATMUL_ID, OP_MOE_SUM, OP_SHORTCONV, OP_POS_SCALE = 11, 12, 13, 14, 15
 OP_NAMES = {OP_EMBED: "embed", OP_RMSNORM: "rmsnorm", OP_QUANTIZE: "quantize", OP_MATMUL: "matmul",
             OP_ROPE: "rope", OP_KV_STORE: "kv_store", OP_ATTENTION: "attention", OP_GLU: "glu",
             OP_ADD: "add", OP_SCALE: "scale", OP_MOE_ROUTE: "moe_route", OP_MATMUL_ID: "matmul_id",
-            OP_MOE_SUM: "moe_sum", OP_SHORTCONV: "shortconv"}
+            OP_MOE_SUM: "moe_sum", OP_SHORTCONV: "shortconv", OP_POS_SCALE: "pos_scale"}
 OPF_ACCUMULATE, OPF_LAST_ROWS, OPF_NO_SYNC, OPF_OUT_ROWS, OPF_SLOT_INPUT = 1, 2, 4, 8, 16
 GLU_SILU, GLU_GELU_TANH, GLU_SWIGLU_OAI, GLU_RELU_SQR, GLU_MUL = 0, 1, 2, 3, 4
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0    # gpt-oss's constants (llama.cpp's too)
@@ -315,6 +315,12 @@ class Graph:
         y = self._out(out, n)
         self._emit(Op(OP_SHORTCONV, vector=np.ascontiguousarray(w, dtype=np.float32), y=y, n_in=n, n_head=taps,
                       n_kv_head=half // head_dim, head_dim=head_dim, kv_layer=layer), {kv}, {y.name})
+        return y
+
+    def pos_scale(self, y: View, s: float, period: int, offset: float = 0.0) -> View:
+        """y[t] *= 1 + s ln(1 + floor((pos[t] + offset) / period)): the attention temperature
+        of long positions, on q (Llama 4, Mistral 3)"""
+        self._emit(Op(OP_POS_SCALE, y=y, n_in=y.width, scale=s, window=period, eps=offset), {y.name}, {y.name})
         return y
 
     def glu(self, gate: View, up: View, kind: int, out: str | View) -> View:

@@ -97,6 +97,8 @@ ARCH_KINDS = {
     "rope.scaling.type": _TEXT,
     "rope.scaling.finetuned": _FLAG,
     "use_parallel_residual": _FLAG,
+    "attention.temperature_scale": _NUMBER,
+    "attention.temperature_length": _COUNT,
     "attention.sliding_window_pattern": _COUNT_OR_FLAGS,
     "attention.head_count_kv": _COUNT_OR_COUNTS,
     "shortconv.l_cache": _COUNT,

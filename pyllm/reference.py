@@ -116,7 +116,7 @@ class Reference:
 
     FAMILIES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "granite", "smollm3", "olmo2", "phi2",
                 "starcoder2", "stablelm", "command-r", "cohere2", "ernie4_5", "exaone", "exaone4", "qwen3moe", "olmoe", "granitemoe", "qwen2moe",
-                "gpt-oss", "glm4", "nemotron", "arcee", "gptneox", "falcon", "lfm2")
+                "gpt-oss", "glm4", "nemotron", "arcee", "gptneox", "falcon", "lfm2", "mistral3")
 
     def __init__(self, arch: Architecture, kv_f16: bool = False):
         """kv_f16: round k and v to f16 before attending, as both engines' KV caches
@@ -209,6 +209,9 @@ class Reference:
         r = a.layer_rope(i)
         q = rope(q, pos, r.n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors)
         k = rope(k, pos, r.n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors)
+        if a.attn_temperature is not None:   # q *= 1 + s ln(1 + floor((p + offset) / period))
+            s, period, offset = a.attn_temperature
+            q = q * (np.log(np.floor((pos + offset) / period) + 1.0) * s + 1.0).astype(np.float32)[:, None, None]
         if self.kv_f16:
             k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
         att = attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i), a.attn_softcap, A.sinks)

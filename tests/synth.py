@@ -137,7 +137,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                   wide (ffn_*_shexp), with shared_gate its ffn_gate_inp_shexp vector (Qwen2-MoE);
                   expert_biases: ffn_gate_inp.bias and ffn_{gate,up,down}_exps.bias (gpt-oss)
       keys        extra metadata: {"sliding_window": 8, ...} -> writer.add_<name>(value);
-                  a dotted name ("rope.scaling.x") is written as the float key {arch}.<name>
+                  a dotted name ("rope.scaling.x") is written as the key {arch}.<name> (uint32 or float32)
     head_dim defaults to n_embd / n_head; otherwise it is written as key_length."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
@@ -169,8 +169,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
         w.add_key_length(hd)
         w.add_value_length(hd)
     for name, value in (keys or {}).items():
-        if "." in name:   # a key the writer has no method for: "{arch}.name" as a float
-            w.add_float32(f"{arch}.{name}", float(value))
+        if "." in name:   # a key the writer has no method for: "{arch}.name", an int or a float
+            (w.add_uint32 if isinstance(value, int) else w.add_float32)(f"{arch}.{name}", value)
         else:
             getattr(w, f"add_{name}")(value)
     if tokenizer_from is not None:
@@ -505,6 +505,16 @@ def write_lfm2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_model(path, "lfm2", qtype, qk_norm=True, rope_base=1e6, **kw)
 
 
+def write_mistral3(path: str | Path, qtype: QT = QT.Q8_0, temperature: bool = True, **kw) -> str:
+    """Mistral 3: Llama with YaRN (factor 4 over 16 tokens here) and, with temperature,
+    the attention temperature of long positions (scale 0.1, period the original 16)."""
+    keys = {"rope_scaling_type": gguf.RopeScalingType.YARN, "rope_scaling_factor": 4.0,
+            "rope_scaling_orig_ctx_len": 16, **kw.pop("keys", {})}
+    if temperature:
+        keys["attention.temperature_scale"] = 0.1
+    return write_model(path, "mistral3", qtype, rope_base=1e6, keys=keys, **kw)
+
+
 WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
            "phi3": write_phi3, "gemma2": write_gemma2, "gemma3": write_gemma3, "granite": write_granite,
            "smollm3": write_smollm3, "olmo2": write_olmo2, "phi2": write_phi2, "starcoder2": write_starcoder2,
@@ -513,7 +523,7 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "qwen3moe": write_qwen3moe, "olmoe": write_olmoe, "granitemoe": write_granitemoe,
            "qwen2moe": write_qwen2moe, "gpt-oss": write_gpt_oss, "glm4": write_glm4, "nemotron": write_nemotron,
            "arcee": write_arcee, "gptneox": write_gptneox, "falcon": write_falcon,
-           "lfm2": write_lfm2}
+           "lfm2": write_lfm2, "mistral3": write_mistral3}
 
 
 def _gguf_string(x: str) -> bytes:

@@ -431,6 +431,9 @@ def op_case(case: str, rng):
         return g, inputs, ["x", "k"], pos, False
     elif case in ("glu-silu", "glu-gelu"):
         g.glu(x, second["up"], GLU_SILU if case == "glu-silu" else GLU_GELU_TANH, "out")
+    elif case == "pos-scale":             # Mistral 3's attention temperature, positions up to 5120
+        g.pos_scale(x, 0.1, 16)
+        return g, inputs, ["x"], pos, False
     elif case == "glu-mul":               # LFM2's gates
         g.glu(x, second["up"], GLU_MUL, "out")
     elif case == "glu-swiglu-oai":        # gates and ups past the clamp at +-7
@@ -452,7 +455,7 @@ def op_case(case: str, rng):
 
 
 OP_CASES = ["rmsnorm", "rmsnorm-groups", "layernorm", "layernorm-nobias", "rope-norm", "rope-neox", "glu-silu",
-            "glu-gelu", "glu-swiglu-oai", "glu-mul", "act-gelu", "act-relu-sqr", "add", "scale", "head-rmsnorm", "head-layernorm", "head-glu-gelu", "head-add",
+            "glu-gelu", "glu-swiglu-oai", "glu-mul", "pos-scale", "act-gelu", "act-relu-sqr", "add", "scale", "head-rmsnorm", "head-layernorm", "head-glu-gelu", "head-add",
             "head-linear-q4_k", "head-linear-f16"]
 
 
@@ -788,7 +791,7 @@ def close_enough(got, ref, float_weights):
                                           ("starcoder2", QT.Q4_K), ("stablelm", QT.F16), ("cohere2", QT.Q8_0),
                                           ("mixtral", QT.Q4_K), ("qwen2moe", QT.Q8_0), ("gpt-oss", QT.Q8_0),
                                           ("nemotron", QT.Q4_K), ("gptneox", QT.Q8_0),
-                                          ("lfm2", QT.Q8_0)],
+                                          ("lfm2", QT.Q8_0), ("mistral3", QT.Q4_K)],
                          ids=lambda x: getattr(x, "name", x))
 def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     """300 positions over shuffled 16-position blocks: several attention tiles,

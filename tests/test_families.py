@@ -69,6 +69,7 @@ FAMILIES = {
     "falcon": (synth.write_falcon, {}),                      # one norm, one KV head
     "falcon-40b": (synth.write_falcon, {"norm2": True, "n_head_kv": 2}),
     "lfm2": (synth.write_lfm2, {}),                          # short convolutions in layers 0, 1, 3
+    "mistral3": (synth.write_mistral3, {}),                  # YaRN, the attention temperature (period 16)
     "gpt-oss": (synth.write_gpt_oss, {}),                    # sinks, biased experts, swiglu_oai, window 8
     "gpt-oss-yarn": (synth.write_gpt_oss, {"keys": {"rope_scaling_type": rope_type("YARN"),
                                                     "rope_scaling_factor": 32.0, "rope_scaling_orig_ctx_len": 64}}),
@@ -181,6 +182,11 @@ def test_yarn(tmp_path):
                                                          keys={**yarn, "rope_scaling_yarn_ext_factor": 0.0})))
     np.testing.assert_allclose(flat.layer_rope(0).factors, 4.0)
     assert flat.attn_scale == pytest.approx(1 / 8)
+    # a log multiplier a divides the factor by 1 + 0.1 a ln(factor) (HF's mscale_all_dim: 1 cancels it)
+    for a in (1.0, 0.1):
+        m = load_architecture(ModelFile(synth.write_llama(tmp_path / f"m{a}.gguf", QT.F32, keys={
+            **yarn, "rope.scaling.yarn_log_multiplier": a})))
+        assert m.attn_scale == pytest.approx(((1 + 0.1 * np.log(4)) / (1 + 0.1 * a * np.log(4))) ** 2 / 8)
     # Llama 3's own divisors multiply YaRN's
     l3 = load_architecture(ModelFile(synth.write_llama(tmp_path / "l3.gguf", QT.F32, rope_freqs=True, keys=yarn)))
     np.testing.assert_allclose(l3.layer_rope(0).factors, want * l3.rope_freqs, rtol=1e-6)
@@ -580,6 +586,26 @@ def test_lfm2_short_convolutions(tmp_path):
         load_architecture(ModelFile(p))
 
 
+def test_mistral3_attention_temperature(tmp_path):
+    """Mistral 3: q scaled by 1 + 0.1 ln(1 + floor(p / 16)) from position 16 on
+    (the period: the original context when temperature_length is absent); the
+    same logits over the first 16 positions without it, others after."""
+    path = synth.write_mistral3(tmp_path / "m.gguf", QT.F32)
+    m3 = load_architecture(ModelFile(path))
+    assert m3.attn_temperature == (pytest.approx(0.1), 16, 0.0) and m3.hp.rope_scaling == "yarn"
+    assert load_architecture(ModelFile(synth.write_mistral3(tmp_path / "l.gguf", QT.F32, keys={
+        "attention.temperature_length": 8}))).attn_temperature[1] == 8
+    tokens = list(np.random.default_rng(1).integers(0, 512, 40))
+    ref = Reference(m3).forward(tokens)
+    m3.attn_temperature = None
+    plain = Reference(m3).forward(tokens)
+    np.testing.assert_array_equal(plain[:16], ref[:16])
+    assert compare(plain[16:], ref[16:])[0] > 0.01
+    with pytest.raises(ModelFileError, match="temperature_scale"):
+        load_architecture(ModelFile(synth.write_mistral3(tmp_path / "n.gguf", QT.F32, keys={
+            "rope_scaling_type": rope_type("NONE"), "rope_scaling_orig_ctx_len": 0})))
+
+
 def test_gemma3_decode_steps_equal_batch(tmp_path):
     """Windowed layers read the paged cache right one token at a time too."""
     _, be = build(synth.write_gemma3(tmp_path / "d.gguf", QT.Q8_0, window=5))
@@ -605,13 +631,8 @@ def test_family_errors(tmp_path):
     p = synth.write_gemma3(tmp_path / "y.gguf", QT.F32, keys={"rope_scaling_type": rope_type("YARN")})
     with pytest.raises(UnsupportedModelError, match="RoPE scaling 'yarn'.*supported: none, linear"):
         load_architecture(ModelFile(p))
-    p = synth.write_llama(tmp_path / "yl.gguf", QT.F32, keys={"rope_scaling_type": rope_type("YARN"),
-                                                              "rope_scaling_factor": 4.0,
-                                                              "rope.scaling.yarn_log_multiplier": 0.1})
-    with pytest.raises(UnsupportedModelError, match="yarn_log_multiplier"):
-        load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="gpt2")
-    with pytest.raises(UnsupportedModelError, match="'gpt2' is not supported.*arcee, cohere2, command-r, ernie4_5, exaone, exaone4, falcon, gemma2, gemma3, glm4, gpt-oss, gptneox, granite, granitemoe, lfm2, llama, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, smollm3, stablelm, starcoder2"):
+    with pytest.raises(UnsupportedModelError, match="'gpt2' is not supported.*arcee, cohere2, command-r, ernie4_5, exaone, exaone4, falcon, gemma2, gemma3, glm4, gpt-oss, gptneox, granite, granitemoe, lfm2, llama, mistral3, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, smollm3, stablelm, starcoder2"):
         load_architecture(ModelFile(p))
 
 

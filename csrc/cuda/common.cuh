@@ -90,6 +90,7 @@ void launch_moe_route(const pyllm_op *op, const exec &e);
 void launch_matmul_id(const pyllm_op *op, const exec &e);
 void launch_moe_sum(const pyllm_op *op, const exec &e);
 void launch_shortconv(const pyllm_op *op, const exec &e);
+void launch_pos_scale(const pyllm_op *op, const exec &e);
 
 constexpr int MAX_HEAD_DIM = 512;
 constexpr int MAX_KV_BLOCK = 1024;

@@ -154,6 +154,23 @@ void launch_shortconv(const pyllm_op *op, const exec &e) {
                                                         op->n_in, op->y, op->y_stride);
 }
 
+/* y[t] *= 1 + s ln(1 + floor((pos[t] + off) / period)): attention temperature on q, the factor
+ * in double as the C core computes it */
+__global__ void pos_scale_kernel(float *Y, int64_t y_stride, int64_t n, const int32_t *__restrict__ pos, float s,
+                                 float off, int period) {
+    const int t = blockIdx.y;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float steps = floorf(((float)pos[t] + off) / (float)period);
+    Y[(int64_t)t * y_stride + i] *= (float)(log((double)steps + 1.0) * s + 1.0);
+}
+
+void launch_pos_scale(const pyllm_op *op, const exec &e) {
+    dim3 grid(blocks_for(op->n_in, 256), e.rows);
+    PQ_LAUNCH(grid, 256, 0, e.stream, pos_scale_kernel)(op->y, op->y_stride, op->n_in, e.pos, op->scale, op->eps,
+                                                        op->window);
+}
+
 /* ---- elementwise ---- */
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }

@@ -295,6 +295,10 @@ static int check_op(const pyllm_op *op) {
         if (!op->x || !op->x2 || !op->y || op->n_in <= 0 || op->n_head <= 0) return fail("moe sum: missing buffers");
         if (op->x_stride < op->n_in * op->n_head || op->x2_stride < 2 * op->n_head) return fail("moe sum: bad strides");
         return 0;
+    case OP_POS_SCALE:
+        if (!op->y || op->n_in <= 0 || op->y_stride < op->n_in || op->window < 1)
+            return fail("pos_scale: missing rows, or a period of %d positions", op->window);
+        return 0;
     case OP_SHORTCONV:
         if (!op->w || !op->y || !op->k_cache || !op->v_cache) return fail("shortconv: missing weights, pools or output");
         if (op->n_in <= 1 || op->n_in % 2 || op->n_head < 1 || op->n_head > 64 || op->y_stride < op->n_in ||
@@ -367,7 +371,7 @@ static int send(pyllm_cuda *ctx, int32_t *dst, const int32_t *src, int n) {
 static const char *kind_name(int k) {
     static const char *names[OP_KIND_COUNT] = {"?", "embed", "rmsnorm", "quantize", "matmul", "rope", "kv_store",
                                                "attention", "glu", "add", "scale", "moe_route", "matmul_id",
-                                               "moe_sum", "shortconv"};
+                                               "moe_sum", "shortconv", "pos_scale"};
     return k > 0 && k < OP_KIND_COUNT ? names[k] : "?";
 }
 
@@ -381,8 +385,8 @@ int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_
     for (int i = 0; i < n_ops; i++) {
         const int k = ops[i].kind;
         need_tokens |= k == OP_EMBED;
-        need_pos |= k == OP_ROPE || k == OP_KV_STORE || k == OP_ATTENTION;
-        need_table |= k == OP_KV_STORE || k == OP_ATTENTION;
+        need_pos |= k == OP_ROPE || k == OP_KV_STORE || k == OP_ATTENTION || k == OP_SHORTCONV || k == OP_POS_SCALE;
+        need_table |= k == OP_KV_STORE || k == OP_ATTENTION || k == OP_SHORTCONV;
     }
     if (new_step) ctx->sent = 0;
     if (grow(&ctx->d_tokens, &ctx->cap_tokens, st->n_tokens, &ctx->sent, 1) ||
@@ -433,6 +437,7 @@ int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_
         case OP_MATMUL_ID: launch_matmul_id(op, e); break;
         case OP_MOE_SUM: launch_moe_sum(op, e); break;
         case OP_SHORTCONV: launch_shortconv(op, e); break;
+        case OP_POS_SCALE: launch_pos_scale(op, e); break;
         default: return fail("op %d: unknown kind %d", i, op->kind);
         }
         cudaError_t err = cudaPeekAtLastError();

@@ -16,7 +16,7 @@ from .gpt_oss import GptOss
 from .gptneox import Falcon, GptNeoX
 from .granite import Granite, GraniteMoe
 from .lfm2 import Lfm2
-from .llama import Llama
+from .llama import Llama, Mistral3
 from .nemotron import Arcee, Nemotron
 from .olmo2 import Olmo2, Olmoe
 from .phi2 import Phi2
@@ -56,6 +56,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "gptneox": GptNeoX,
     "falcon": Falcon,
     "lfm2": Lfm2,
+    "mistral3": Mistral3,
 }
 
 

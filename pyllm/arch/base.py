@@ -142,11 +142,10 @@ class HParams:
         return hp
 
     def read_yarn(self, mf: ModelFile) -> None:
-        """YaRN as llama.cpp runs it: the per-pair frequencies of yarn_divisors
-        and cos and sin times 1 + 0.1 ln(factor) (ggml's rope applies it)."""
-        if mf.arch_get("rope.scaling.yarn_log_multiplier", 0.0):
-            raise UnsupportedModelError(f"{mf.path}: YaRN with rope.scaling.yarn_log_multiplier (DeepSeek's "
-                                        f"attention temperature) is not supported")
+        """YaRN as llama.cpp runs it: the per-pair frequencies of yarn_divisors,
+        and cos and sin times m(1) / m(rope.scaling.yarn_log_multiplier) with
+        m(a) = 1 + 0.1 a ln(factor), m(0) = 1 (HF's mscale / mscale_all_dim: with
+        no multiplier, 1 + 0.1 ln(factor); with 1, nothing)."""
         orig_ctx = int(mf.arch_get("rope.scaling.original_context_length", 0) or self.n_ctx_train)
         ext_factor = float(mf.arch_get("rope.scaling.yarn_ext_factor", -1.0))
         ext_factor = 1.0 if ext_factor < 0 else ext_factor    # negative: not set
@@ -154,7 +153,11 @@ class HParams:
                                        float(mf.arch_get("rope.scaling.yarn_beta_fast", 32.0)),
                                        float(mf.arch_get("rope.scaling.yarn_beta_slow", 1.0)), ext_factor)
         if ext_factor != 0.0:
-            self.rope_attn_factor *= 1.0 + 0.1 * math.log(1.0 / self.rope_freq_scale)
+            log_mul = float(mf.arch_get("rope.scaling.yarn_log_multiplier", 0.0) or 0.0)
+
+            def mscale(a: float) -> float:
+                return 1.0 + 0.1 * a * math.log(1.0 / self.rope_freq_scale)
+            self.rope_attn_factor *= mscale(1.0) / (mscale(log_mul) if log_mul else 1.0)
 
     @property
     def q_dim(self) -> int:
@@ -324,6 +327,7 @@ class Architecture:
     experts: bool | str = False
     moe_norm = True      # MoE: divide the chosen experts' gate values by their sum
     kv_per_layer = False  # head_count_kv may list a count per layer, 0 for a layer without attention
+    attn_temperature: Optional[tuple] = None   # (s, period, offset): q *= 1 + s ln(1 + floor((p + offset) / period))
     attn_softcap = 0.0   # > 0: attention scores become c * tanh(s / c) (Gemma 2)
     final_softcap = 0.0  # > 0: the logits likewise
     residual_scale = 1.0  # each branch's output joins the residual times this (Granite)

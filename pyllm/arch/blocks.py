@@ -56,6 +56,8 @@ def attention(g: Graph, arch: Architecture, h: View, a: Attn | ShortConv, layer:
     r = arch.layer_rope(layer)
     if r.n_rot:  # NoPE layers rotate nothing
         g.rope(q, k, hp.n_head, hp.n_head_kv, hp.head_dim, r.n_rot, r.mode, r.base, r.scale, r.factors)
+    if arch.attn_temperature is not None:   # (s, period, offset): q scaled by position (Mistral 3)
+        g.pos_scale(q, *arch.attn_temperature)
     att = g.attention(q, k, v, hp.n_head, hp.n_head_kv, hp.head_dim, arch.layer_attn_scale(layer), "attn",
                       window=arch.layer_window(layer), softcap=arch.attn_softcap, sinks=a.sinks)
     return g.linear(att, a.wo, out, bias=a.bo, accumulate=accumulate)

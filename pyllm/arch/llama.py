@@ -27,6 +27,7 @@ of the chosen router logits as weights.
 """
 from __future__ import annotations
 
+from ..errors import ModelFileError
 from ..graph import GLU_SILU, ROPE_NORM, Graph
 from .base import Architecture, Layer
 from .blocks import attention, ffn, output_head
@@ -63,3 +64,22 @@ class Llama(Architecture):
             attention(g, self, g.rmsnorm(x, L.attn_norm, hp.eps, "h"), L.attn, i, out=x)
             ffn(g, g.rmsnorm(x, L.ffn_norm, hp.eps, "h"), L.ffn, self.glu, out=x)
         output_head(g, self, x)
+
+
+class Mistral3(Llama):
+    """Mistral 3 (`mistral3`: Ministral 3 3B/8B/14B, Mistral Small 3.x text): the
+    Llama block (YaRN in the released files) and, where `attention.temperature_scale`
+    s is set, q scaled by 1 + s ln(1 + floor(p / L)) at position p, L the original
+    context (`attention.temperature_length`, else `rope.scaling.original_context_length`)."""
+    name = "mistral3"
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        s = float(mf.arch_get("attention.temperature_scale", 0.0) or 0.0)
+        if s:
+            period = int(mf.arch_get("attention.temperature_length", 0) or
+                         mf.arch_get("rope.scaling.original_context_length", 0) or 0)
+            if period <= 0:
+                raise ModelFileError(f"{mf.path}: attention.temperature_scale is set but neither "
+                                     f"attention.temperature_length nor the original context length is")
+            self.attn_temperature = (s, period, 0.0)
