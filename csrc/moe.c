@@ -24,25 +24,35 @@
 #define ID_CHUNK 32      /* output rows per work item */
 #define GATHER_ROWS 64   /* activation rows gathered per gemm call */
 
-/* the k largest logits of x[0..n), in order, ties to the lower id (gating is monotonic: the
- * same experts as the k largest gate values); y[j] = id, y[k + j] = its gate value */
-static void route_row(const float *x, int n, int k, int type, float scale, float *y) {
+/* expert e's gate value: its sigmoid, or its softmax over all (m the largest logit, sum the
+ * exponentials' sum) */
+static inline float gate_value(const float *x, int e, int sigmoid, float m, float sum) {
+    return sigmoid ? 1.0f / (1.0f + expf(-x[e])) : expf(x[e] - m) / sum;
+}
+
+/* The k experts of x[0..n) with the largest logits, in order, ties to the lower id (gating is
+ * monotonic: the same as the k largest gate values), or with a selection bias the k largest
+ * gate value + bias[e] (ERNIE 4.5 MoE, DeepSeek V3); y[j] = id, y[k + j] = its gate value
+ * (the bias only chooses) */
+static void route_row(const float *x, int n, int k, int type, float scale, const float *bias, float *y) {
+    const int sigmoid = type & MOE_SIGMOID;
+    float m = x[0], sum = 0.0f, wsum = 0.0f;
+    for (int e = 1; e < n; e++) m = x[e] > m ? x[e] : m;
+    if (!sigmoid)
+        for (int e = 0; e < n; e++) sum += expf(x[e] - m);
     for (int j = 0; j < k; j++) {
         int best = -1;
+        float best_key = 0.0f;
         for (int e = 0; e < n; e++) {
             int taken = 0;
             for (int c = 0; c < j; c++) taken |= (int)y[c] == e;
-            if (!taken && (best < 0 || x[e] > x[best])) best = e;
+            const float key = bias ? gate_value(x, e, sigmoid, m, sum) + bias[e] : x[e];
+            if (!taken && (best < 0 || key > best_key)) best = e, best_key = key;
         }
         y[j] = (float)best;
     }
-    float sum = 0.0f, wsum = 0.0f;
-    const float m = x[(int)y[0]];
-    if (!(type & MOE_SIGMOID))
-        for (int e = 0; e < n; e++) sum += expf(x[e] - m);
     for (int j = 0; j < k; j++) {
-        const float v = x[(int)y[j]];
-        y[k + j] = type & MOE_SIGMOID ? 1.0f / (1.0f + expf(-v)) : expf(v - m) / sum;
+        y[k + j] = gate_value(x, (int)y[j], sigmoid, m, sum);
         wsum += y[k + j];
     }
     for (int j = 0; j < k; j++) y[k + j] = (type & MOE_NORM ? y[k + j] / wsum : y[k + j]) * scale;
@@ -52,7 +62,7 @@ void op_moe_route(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     int64_t lo, hi;
     split_range(r->rows, ith, nth, 1, &lo, &hi);
     for (int64_t t = lo; t < hi; t++)
-        route_row(IN_ROW(op, r, t), (int)op->n_in, op->n_head, op->type, op->scale, OUT_ROW(op, t));
+        route_row(IN_ROW(op, r, t), (int)op->n_in, op->n_head, op->type, op->scale, op->bias, OUT_ROW(op, t));
 }
 
 /* expert id of slot j of row t, or -1 if the route row holds no valid id there */

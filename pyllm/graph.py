@@ -239,11 +239,14 @@ class Graph:
         return y
 
     # -- mixture of experts (csrc/moe.c) -----------------------------------------
-    def moe_route(self, logits: View, k: int, gating: int, out: str | View, scale: float = 1.0) -> View:
-        """out = [ids | weights] of the k experts with the largest gate values
-        (gating: MOE_SOFTMAX or MOE_SIGMOID, | MOE_NORM to renormalize), weights * scale"""
+    def moe_route(self, logits: View, k: int, gating: int, out: str | View, scale: float = 1.0,
+                  select_bias: Optional[np.ndarray] = None) -> View:
+        """out = [ids | weights] of the k experts with the largest gate values (+ select_bias,
+        which only chooses) (gating: MOE_SOFTMAX or MOE_SIGMOID, | MOE_NORM to renormalize),
+        weights * scale"""
         y = self._out(out, 2 * k)
-        self._emit(Op(OP_MOE_ROUTE, type=gating, x=logits, y=y, n_in=logits.width, n_head=k, scale=scale),
+        self._emit(Op(OP_MOE_ROUTE, type=gating, x=logits, y=y, n_in=logits.width, n_head=k, scale=scale,
+                      bias=select_bias),
                    {logits.name}, {y.name})
         return y
 

@@ -116,7 +116,7 @@ class Reference:
 
     FAMILIES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "granite", "smollm3", "olmo2", "phi2",
                 "starcoder2", "stablelm", "command-r", "cohere2", "ernie4_5", "exaone", "exaone4", "qwen3moe", "olmoe", "granitemoe", "qwen2moe",
-                "gpt-oss", "glm4", "nemotron", "arcee", "gptneox", "falcon", "lfm2", "mistral3")
+                "gpt-oss", "glm4", "nemotron", "arcee", "gptneox", "falcon", "lfm2", "mistral3", "ernie4_5-moe")
 
     def __init__(self, arch: Architecture, kv_f16: bool = False):
         """kv_f16: round k and v to f16 before attending, as both engines' KV caches
@@ -171,7 +171,9 @@ class Reference:
         else:
             e = np.exp(logits.astype(np.float64) - logits.max(axis=1, keepdims=True))
             p = e / e.sum(axis=1, keepdims=True)
-        top = np.argsort(-logits, axis=1, kind="stable")[:, :m.k]   # gating is monotonic: the k best logits
+        # gating is monotonic: the k best logits, unless a selection bias joins the gate values
+        key = logits if m.b_select is None else (p + m.b_select).astype(np.float32)
+        top = np.argsort(-key, axis=1, kind="stable")[:, :m.k]
         weights = np.take_along_axis(p, top, axis=1)
         if m.norm:
             weights = weights / weights.sum(axis=1, keepdims=True)

@@ -106,6 +106,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 rope_factors: bool = False, layer_norm: bool = False, norm_bias: Optional[bool] = None,
                 ffn_norm: bool | str = True, sinks: bool = False, expert_biases: bool = False,
                 extra_norms: tuple = (), conv_layers: tuple = (), conv_taps: int = 3,
+                dense_layers: tuple = (), select_bias: bool = False,
                 gated: bool = True, biases: bool = False, out_bias: bool = False,
                 rope_dim: Optional[int] = None, experts: int = 0, experts_used: int = 2,
                 n_ff_exp: Optional[int] = None, shared_expert: int = 0, shared_gate: bool = False,
@@ -135,7 +136,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                   chosen per token, each n_ff_exp wide (written as expert_feed_forward_length, which
                   only Qwen3-MoE reads; default n_ff); shared_expert: also a shared expert that
                   wide (ffn_*_shexp), with shared_gate its ffn_gate_inp_shexp vector (Qwen2-MoE);
-                  expert_biases: ffn_gate_inp.bias and ffn_{gate,up,down}_exps.bias (gpt-oss)
+                  expert_biases: ffn_gate_inp.bias and ffn_{gate,up,down}_exps.bias (gpt-oss);
+                  select_bias: exp_probs_b.bias; dense_layers: layers with a dense FFN instead (ERNIE)
       keys        extra metadata: {"sliding_window": 8, ...} -> writer.add_<name>(value);
                   a dotted name ("rope.scaling.x") is written as the key {arch}.<name> (uint32 or float32)
     head_dim defaults to n_embd / n_head; otherwise it is written as key_length."""
@@ -243,7 +245,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
             add(p + "post_attention_norm.weight", norm(n_embd))
         if pre_norms and ffn_norm:
             norms(p + (ffn_norm if isinstance(ffn_norm, str) else "ffn_norm"), n_embd)
-        if experts:
+        moe = experts and i not in dense_layers
+        if moe:
             n_exp_ff = n_ff_exp or n_ff
             add(p + "ffn_gate_inp.weight", weight(QT.F32, n_embd, experts, rng, scale=1.0))
             for name, n_in, n_out in (("gate", n_embd, n_exp_ff), ("up", n_embd, n_exp_ff), ("down", n_exp_ff, n_embd)):
@@ -253,6 +256,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                     add(p + f"ffn_{name}_exps.bias", bias((experts, n_out)))
             if expert_biases:
                 add(p + "ffn_gate_inp.bias", bias(experts))
+            if select_bias:   # on the softmax's scale: enough to change some choices
+                add(p + "exp_probs_b.bias", ((0.2 * rng.random(experts)).astype(np.float32), None))
             if shared_expert:
                 add(p + "ffn_gate_shexp.weight", weight(qtype, n_embd, shared_expert, rng))
                 add(p + "ffn_up_shexp.weight", weight(qtype, n_embd, shared_expert, rng))
@@ -265,9 +270,9 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
             if gated:
                 add(p + "ffn_gate.weight", weight(qtype, n_embd, n_ff, rng))
             add(p + "ffn_up.weight", weight(qtype, n_embd, n_ff, rng))
-        if not experts:
+        if not moe:
             add(p + "ffn_down.weight", weight(qtype, n_ff, n_embd, rng))
-        if biases and not experts:
+        if biases and not moe:
             add(p + "ffn_up.bias", bias(n_ff))
             add(p + "ffn_down.bias", bias(n_embd))
         if post_norms:
@@ -515,6 +520,18 @@ def write_mistral3(path: str | Path, qtype: QT = QT.Q8_0, temperature: bool = Tr
     return write_model(path, "mistral3", qtype, rope_base=1e6, keys=keys, **kw)
 
 
+def write_ernie4_5_moe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """ERNIE 4.5 MoE: layer 0 dense, then experts (16 of 256, 4 chosen by softmax + exp_probs_b)
+    and a shared expert of 512."""
+    kw.setdefault("experts", 16)
+    kw.setdefault("experts_used", 4)
+    kw.setdefault("n_ff_exp", 256)
+    kw.setdefault("dense_layers", (0,))
+    keys = {"leading_dense_block_count": 1, "interleave_moe_layer_step": 1, **kw.pop("keys", {})}
+    return write_model(path, "ernie4_5-moe", qtype, select_bias=True, shared_expert=512,
+                       tied=True, keys=keys, **kw)
+
+
 WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
            "phi3": write_phi3, "gemma2": write_gemma2, "gemma3": write_gemma3, "granite": write_granite,
            "smollm3": write_smollm3, "olmo2": write_olmo2, "phi2": write_phi2, "starcoder2": write_starcoder2,
@@ -523,7 +540,7 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "qwen3moe": write_qwen3moe, "olmoe": write_olmoe, "granitemoe": write_granitemoe,
            "qwen2moe": write_qwen2moe, "gpt-oss": write_gpt_oss, "glm4": write_glm4, "nemotron": write_nemotron,
            "arcee": write_arcee, "gptneox": write_gptneox, "falcon": write_falcon,
-           "lfm2": write_lfm2, "mistral3": write_mistral3}
+           "lfm2": write_lfm2, "mistral3": write_mistral3, "ernie4_5-moe": write_ernie4_5_moe}
 
 
 def _gguf_string(x: str) -> bytes:

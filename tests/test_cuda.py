@@ -479,7 +479,7 @@ def test_op_matches_the_core(devices, case):
             np.testing.assert_allclose(gpu[name], cpu[name], rtol=4e-6, atol=1e-30)
 
 
-@pytest.mark.parametrize("case", ["route-softmax-norm", "route-sigmoid", "matmul-id-q4_k", "matmul-id-q8_0-slots",
+@pytest.mark.parametrize("case", ["route-softmax-norm", "route-sigmoid", "route-select-bias", "matmul-id-q4_k", "matmul-id-q8_0-slots",
                                   "matmul-id-f16", "matmul-id-q8_0-bias", "matmul-id-mxfp4-slots",
                                   "moe-sum"])
 def test_moe_op_matches_the_core(devices, case):
@@ -496,8 +496,9 @@ def test_moe_op_matches_the_core(devices, case):
     ids[5, 1] = 99.0
     route = np.concatenate([ids, rng.uniform(0, 1, (n, k)).astype(np.float32)], axis=1)
     if case.startswith("route"):
-        gating = MOE_SOFTMAX | MOE_NORM if case == "route-softmax-norm" else MOE_SIGMOID
-        g.moe_route(g.buffer("logits", 40), k, gating, "route", scale=1.5)
+        gating = MOE_SIGMOID if case == "route-sigmoid" else MOE_SOFTMAX | MOE_NORM
+        bias = rng.uniform(0, 0.3, 40).astype(np.float32) if case == "route-select-bias" else None
+        g.moe_route(g.buffer("logits", 40), k, gating, "route", scale=1.5, select_bias=bias)
         inputs, outputs = {"logits": (rng.standard_normal((n, 40)) * 3).astype(np.float32)}, ["route"]
     elif case == "moe-sum":
         g.moe_sum(g.buffer("e", k * 256), g.buffer("route", 2 * k), k, "y", accumulate=True)
@@ -791,7 +792,8 @@ def close_enough(got, ref, float_weights):
                                           ("starcoder2", QT.Q4_K), ("stablelm", QT.F16), ("cohere2", QT.Q8_0),
                                           ("mixtral", QT.Q4_K), ("qwen2moe", QT.Q8_0), ("gpt-oss", QT.Q8_0),
                                           ("nemotron", QT.Q4_K), ("gptneox", QT.Q8_0),
-                                          ("lfm2", QT.Q8_0), ("mistral3", QT.Q4_K)],
+                                          ("lfm2", QT.Q8_0), ("mistral3", QT.Q4_K),
+                                          ("ernie4_5-moe", QT.Q8_0)],
                          ids=lambda x: getattr(x, "name", x))
 def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     """300 positions over shuffled 16-position blocks: several attention tiles,

@@ -70,6 +70,7 @@ FAMILIES = {
     "falcon-40b": (synth.write_falcon, {"norm2": True, "n_head_kv": 2}),
     "lfm2": (synth.write_lfm2, {}),                          # short convolutions in layers 0, 1, 3
     "mistral3": (synth.write_mistral3, {}),                  # YaRN, the attention temperature (period 16)
+    "ernie4_5-moe": (synth.write_ernie4_5_moe, {}),          # layer 0 dense; exp_probs_b chooses; shared
     "gpt-oss": (synth.write_gpt_oss, {}),                    # sinks, biased experts, swiglu_oai, window 8
     "gpt-oss-yarn": (synth.write_gpt_oss, {"keys": {"rope_scaling_type": rope_type("YARN"),
                                                     "rope_scaling_factor": 32.0, "rope_scaling_orig_ctx_len": 64}}),
@@ -460,6 +461,16 @@ def test_mixture_of_experts_layouts(tmp_path):
     nk = synth.rewrite_metadata(tmp_path / "q2.gguf", tmp_path / "q2n.gguf", {"qwen2moe.expert_feed_forward_length": None,
                                                                               "qwen2moe.feed_forward_length": 512})
     assert load_architecture(ModelFile(nk)).layers[0].ffn.gate.shape == (256, 256, 8)   # 512 / 2 chosen
+    er = load_architecture(ModelFile(synth.write_ernie4_5_moe(tmp_path / "er.gguf", QT.F32, n_layer=4,
+                                                              dense_layers=(0, 2), keys={"interleave_moe_layer_step": 2})))   # layer 0 dense (leading), then experts every 2nd layer: 1 and 3
+    assert [isinstance(L.ffn, Moe) for L in er.layers] == [False, True, False, True]
+    m = er.layers[1].ffn
+    assert m.b_select.shape == (16,) and m.shared.w_up.shape == (256, 512) and m.norm
+    ref = Reference(er).forward(tokens)
+    for layer in er.layers:
+        if isinstance(layer.ffn, Moe):
+            layer.ffn.b_select = None
+    assert compare(Reference(er).forward(tokens), ref)[0] > 5e-3   # the C core is 2e-5 away
     gs = load_architecture(ModelFile(synth.write_granitemoe(tmp_path / "gs.gguf", QT.F32, shared_expert=256)))
     assert gs.layers[0].ffn.shared.w_gate.shape == (256, 256) and gs.layers[0].ffn.shared_gate is None
 
@@ -632,7 +643,7 @@ def test_family_errors(tmp_path):
     with pytest.raises(UnsupportedModelError, match="RoPE scaling 'yarn'.*supported: none, linear"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="gpt2")
-    with pytest.raises(UnsupportedModelError, match="'gpt2' is not supported.*arcee, cohere2, command-r, ernie4_5, exaone, exaone4, falcon, gemma2, gemma3, glm4, gpt-oss, gptneox, granite, granitemoe, lfm2, llama, mistral3, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, smollm3, stablelm, starcoder2"):
+    with pytest.raises(UnsupportedModelError, match="'gpt2' is not supported.*arcee, cohere2, command-r, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, gemma2, gemma3, glm4, gpt-oss, gptneox, granite, granitemoe, lfm2, llama, mistral3, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, smollm3, stablelm, starcoder2"):
         load_architecture(ModelFile(p))
 
 

@@ -33,26 +33,35 @@ def route_rows(ids: np.ndarray) -> np.ndarray:
     return np.concatenate([ids.astype(np.float32), np.ones_like(ids, np.float32)], axis=1)
 
 
+@pytest.mark.parametrize("select", [False, True], ids=["", "select-bias"])
 @pytest.mark.parametrize("gating", [MOE_SOFTMAX, MOE_SOFTMAX | MOE_NORM, MOE_SIGMOID, MOE_SIGMOID | MOE_NORM],
                          ids=["softmax", "softmax-norm", "sigmoid", "sigmoid-norm"])
-def test_route_picks_the_k_best(gating):
+def test_route_picks_the_k_best(gating, select):
+    """The k best gate values (by the logits: gating is monotonic), or with a
+    selection bias the k best gate value + bias; weighted by the gate values."""
     rng = np.random.default_rng(gating)
     n, k, T = 60, 6, 9
     logits = (rng.standard_normal((T, n)) * 3).astype(np.float32)
     logits[0, :] = 0.5                      # all tied: the lowest ids win, in order
+    # a bias on the gate values' scale, 0 for the first k experts (row 0 stays a tie among them)
+    bias = np.concatenate([np.zeros(k), rng.uniform(0, 0.3, n - k)]).astype(np.float32) if select else None
     g = Graph()
-    g.moe_route(g.buffer("logits", n), k, gating, "route", scale=1.5)
+    g.moe_route(g.buffer("logits", n), k, gating, "route", scale=1.5, select_bias=bias)
     got = run_ops(g, {"logits": logits}, T, "route")
     x = logits.astype(np.float64)
     p = 1 / (1 + np.exp(-x)) if gating & MOE_SIGMOID else np.exp(x - x.max(1, keepdims=True))
     if not gating & MOE_SIGMOID:
         p /= p.sum(1, keepdims=True)
-    ids = np.argsort(-x, axis=1, kind="stable")[:, :k]   # the k best logits = the k best gate values
+    ids = np.argsort(-(x if bias is None else p + bias), axis=1, kind="stable")[:, :k]
+    if bias is not None:   # the bias changed some choices, or the test would not see it
+        assert (ids != np.argsort(-x, axis=1, kind="stable")[:, :k]).any()
+        ids[0] = np.argsort(-(p[0] + bias), kind="stable")[:k]
     w = np.take_along_axis(p, ids, axis=1)
     if gating & MOE_NORM:
         w /= w.sum(1, keepdims=True)
     np.testing.assert_array_equal(got[:, :k], ids)
-    assert list(got[0, :k]) == list(range(k))
+    if bias is None:
+        assert list(got[0, :k]) == list(range(k))
     np.testing.assert_allclose(got[:, k:], 1.5 * w, rtol=2e-6)
 
 

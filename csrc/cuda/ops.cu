@@ -245,28 +245,37 @@ void launch_scale(const pyllm_op *op, const exec &e) {
 
 /* one thread per row, as the CPU (csrc/moe.c route_row): the k largest logits in order (ties to
  * the lower id), then their gate values */
+__device__ __forceinline__ float gate_value(const float *x, int e, bool sigmoid, float m, float sum) {
+    return sigmoid ? 1.0f / (1.0f + expf(-x[e])) : expf(x[e] - m) / sum;
+}
+
+/* as csrc/moe.c route_row: the k best logits, or with a selection bias the k best gate value +
+ * bias[e]; then their gate values */
 __global__ void moe_route_kernel(const float *__restrict__ X, int64_t x_stride, float *__restrict__ Y,
-                                 int64_t y_stride, int n, int k, int type, float scale, int rows) {
+                                 int64_t y_stride, int n, int k, int type, float scale, const float *__restrict__ bias,
+                                 int rows) {
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= rows) return;
     const float *x = X + (int64_t)t * x_stride;
     float *y = Y + (int64_t)t * y_stride;
+    const bool sigmoid = type & MOE_SIGMOID;
+    float m = x[0], sum = 0.0f, wsum = 0.0f;
+    for (int e = 1; e < n; e++) m = x[e] > m ? x[e] : m;
+    if (!sigmoid)
+        for (int e = 0; e < n; e++) sum += expf(x[e] - m);
     for (int j = 0; j < k; j++) {
         int best = -1;
+        float best_key = 0.0f;
         for (int e = 0; e < n; e++) {
             bool taken = false;
             for (int c = 0; c < j; c++) taken |= (int)y[c] == e;
-            if (!taken && (best < 0 || x[e] > x[best])) best = e;
+            const float key = bias ? gate_value(x, e, sigmoid, m, sum) + bias[e] : x[e];
+            if (!taken && (best < 0 || key > best_key)) best = e, best_key = key;
         }
         y[j] = (float)best;
     }
-    float sum = 0.0f, wsum = 0.0f;
-    const float m = x[(int)y[0]];
-    if (!(type & MOE_SIGMOID))
-        for (int e = 0; e < n; e++) sum += expf(x[e] - m);
     for (int j = 0; j < k; j++) {
-        const float v = x[(int)y[j]];
-        y[k + j] = (type & MOE_SIGMOID) ? 1.0f / (1.0f + expf(-v)) : expf(v - m) / sum;
+        y[k + j] = gate_value(x, (int)y[j], sigmoid, m, sum);
         wsum += y[k + j];
     }
     for (int j = 0; j < k; j++) y[k + j] = ((type & MOE_NORM) ? y[k + j] / wsum : y[k + j]) * scale;
@@ -275,7 +284,7 @@ __global__ void moe_route_kernel(const float *__restrict__ X, int64_t x_stride, 
 void launch_moe_route(const pyllm_op *op, const exec &e) {
     PQ_LAUNCH(blocks_for(e.rows, 64), 64, 0, e.stream, moe_route_kernel)(op->x, op->x_stride, op->y, op->y_stride,
                                                                        (int)op->n_in, op->n_head, op->type,
-                                                                       op->scale, e.rows);
+                                                                       op->scale, op->bias, e.rows);
 }
 
 __global__ void moe_sum_kernel(const float *__restrict__ X, int64_t x_stride, const float *__restrict__ R,

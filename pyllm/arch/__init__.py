@@ -7,7 +7,7 @@ from ..errors import UnsupportedModelError
 from ..model_file import ModelFile
 from .base import Architecture, HParams
 from .command_r import Cohere2, CommandR
-from .ernie4_5 import Ernie4_5
+from .ernie4_5 import Ernie4_5, Ernie4_5Moe
 from .exaone import Exaone, Exaone4
 from .gemma2 import Gemma2
 from .gemma3 import Gemma3
@@ -57,6 +57,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "falcon": Falcon,
     "lfm2": Lfm2,
     "mistral3": Mistral3,
+    "ernie4_5-moe": Ernie4_5Moe,
 }
 
 

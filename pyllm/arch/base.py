@@ -128,8 +128,8 @@ class HParams:
         if n_experts > 0 and not experts:
             raise UnsupportedModelError(f"{mf.path}: mixture-of-experts {mf.architecture} models "
                                         f"({mf.architecture}.expert_count = {n_experts}) are not supported; pyllm "
-                                        f"runs experts for llama (Mixtral), qwen2moe, qwen3moe, olmoe, granitemoe "
-                                        f"and gpt-oss")
+                                        f"runs experts for llama (Mixtral), qwen2moe, qwen3moe, olmoe, granitemoe, "
+                                        f"gpt-oss and ernie4_5-moe")
         if hp.n_layer > len(mf.tensors):  # every layer has tensors: a larger count is corrupt
             raise ModelFileError(f"{mf.path}: block_count {hp.n_layer} is more than the file's "
                                  f"{len(mf.tensors)} tensors; the file is corrupt")
@@ -279,6 +279,7 @@ class Moe:
     norm: bool = True
     scale: float = 1.0
     shared: Optional[Ffn] = None          # an expert every token uses, added to the sum
+    b_select: Optional[np.ndarray] = None               # added to the gate values to choose, not to weigh
     b_router: Optional[np.ndarray] = None               # biases (gpt-oss): the router's [n_experts],
     b_gate: Optional[np.ndarray] = None                 # and each expert's, [n_experts, n_out]
     b_up: Optional[np.ndarray] = None
@@ -470,6 +471,8 @@ class Architecture:
         """Layer i's experts, or None when the file says it has none (a dense model)."""
         hp, p, mf = self.hp, f"blk.{i}.", self.mf
         n_experts = int(mf.arch_get("expert_count", 0))
+        if n_experts > 0 and not self.moe_layer(i):
+            return None
         if n_experts <= 0:
             if self.experts == "required":
                 raise ModelFileError(f"{mf.path}: {mf.architecture} needs experts, but "
@@ -485,9 +488,14 @@ class Architecture:
                    down=self.expert_weights(p + "ffn_down_exps.weight", n_ff, hp.n_embd, n_experts),
                    k=k, norm=self.moe_norm, shared=self.shared_expert(i),
                    b_router=self.optional_vector(p + "ffn_gate_inp.bias", n_experts),
+                   b_select=self.optional_vector(p + "exp_probs_b.bias", n_experts),
                    b_gate=self.expert_biases(p + "ffn_gate_exps.bias", n_ff, n_experts),
                    b_up=self.expert_biases(p + "ffn_up_exps.bias", n_ff, n_experts),
                    b_down=self.expert_biases(p + "ffn_down_exps.bias", hp.n_embd, n_experts))
+
+    def moe_layer(self, i: int) -> bool:
+        """Is layer i's FFN the experts (in a MoE file)? Every layer's, unless a family says otherwise."""
+        return True
 
     def expert_width(self, k: int) -> int:
         """n_ff of each expert (Mixtral, OLMoE, Granite MoE: n_ff; families that read

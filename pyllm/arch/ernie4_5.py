@@ -11,3 +11,25 @@ class Ernie4_5(Llama):
 
     def sliding_window(self) -> int:
         return 0
+
+
+class Ernie4_5Moe(Ernie4_5):
+    """ERNIE 4.5 MoE (`ernie4_5-moe`: 21B-A3B, 300B-A47B): the dense model's block
+    with experts in every `interleave_moe_layer_step`-th layer after the first
+    `leading_dense_block_count` (dense FFNs elsewhere): the router's softmax
+    weighs the chosen experts (renormalized), but `exp_probs_b` is added to it
+    to choose them; a shared expert (expert_shared_feed_forward_length wide)
+    joins every token's sum."""
+    name = "ernie4_5-moe"
+    experts = "required"
+
+    def moe_layer(self, i: int) -> bool:
+        mf = self.mf
+        lead = int(mf.arch_get("leading_dense_block_count", 0) or 0)
+        step = int(mf.arch_get("interleave_moe_layer_step", 1) or 1)
+        return i >= lead and (i + 1) % step == 0
+
+    def expert_width(self, k: int) -> int:
+        return int(self.mf.arch_require("expert_feed_forward_length"))
+
+
