@@ -101,6 +101,8 @@ FAMILIES = {
     "mistral3-logmul1": ("mistral3", {"keys": {"rope.scaling.yarn_log_multiplier": 1.0}}),
     "mistral3-logmul01": ("mistral3", {"keys": {"rope.scaling.yarn_log_multiplier": 0.1}}),
     "ernie4_5-moe": ("ernie4_5-moe", {}),                          # softmax + exp_probs_b chooses, 2 shared
+    "gpt2": ("gpt2", {}),                                          # learned positions, no RoPE
+    "starcoder": ("starcoder", {}),                                # + one KV head
     "gpt-oss": ("gpt-oss", {}),                                    # sinks, biased experts, swiglu_oai, window 8
     "gpt-oss-yarn": ("gpt-oss", {"keys": {**YARN, "rope_scaling_factor": 32.0}}),   # the released files' YaRN
 }

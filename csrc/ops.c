@@ -9,14 +9,18 @@
 /* y[t] = dequant(w row tokens[t]) * scale */
 void op_embed(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     size_t row_bytes = weight_row_bytes(op->type, op->n_in);
+    const int32_t *ids = op->flags & OPF_BY_POS ? r->step->pos : r->step->tokens;
     int64_t lo, hi;
     split_range(r->rows, ith, nth, 1, &lo, &hi);
     for (int64_t t = lo; t < hi; t++) {
-        const uint8_t *row = (const uint8_t *)op->w + (size_t)r->step->tokens[t] * row_bytes;
+        const uint8_t *row = (const uint8_t *)op->w + (size_t)ids[t] * row_bytes;
         float *y = OUT_ROW(op, t);
-        K.dequant[op->type](row, y, op->n_in);
+        float *e = op->flags & OPF_ACCUMULATE ? r->scratch : y;   /* added to y below */
+        K.dequant[op->type](row, e, op->n_in);
         if (op->scale != 1.0f)
-            for (int64_t i = 0; i < op->n_in; i++) y[i] *= op->scale;
+            for (int64_t i = 0; i < op->n_in; i++) e[i] *= op->scale;
+        if (e != y)
+            for (int64_t i = 0; i < op->n_in; i++) y[i] += e[i];
     }
 }
 

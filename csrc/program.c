@@ -112,6 +112,8 @@ static int check_op(const pyllm_op *op) {
             if (tt->act == ACT_F32 ? !op->x : !op->xq) return fail("matmul input missing");
             if (tt->act == ACT_F32 && op->x_stride < op->n_in) return fail("input stride below row length");
             if (op->y_stride < op->n_out) return fail("output stride below row length");
+        } else if (op->n_in > SCRATCH_FLOATS) {
+            return fail("embedding rows of %lld are more than the core's scratch holds", (long long)op->n_in);
         } else if (op->y_stride < op->n_in) {
             return fail("output stride below row length");
         }
@@ -236,9 +238,13 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
             return fail("a step of %d tokens through %d experts of %lld inputs needs more scratch than the core "
                         "has", st->n_tokens, ops[i].n_kv_head, (long long)ops[i].n_in);
         if (ops[i].kind != OP_EMBED) continue;
-        for (int t = 0; t < st->n_tokens; t++)
-            if (st->tokens[t] < 0 || st->tokens[t] >= ops[i].n_out)
-                return fail("token id %d outside the vocabulary of %lld", st->tokens[t], (long long)ops[i].n_out);
+        const int by_pos = ops[i].flags & OPF_BY_POS;
+        for (int t = 0; t < st->n_tokens; t++) {
+            const int32_t id = by_pos ? st->pos[t] : st->tokens[t];
+            if (id < 0 || id >= ops[i].n_out)
+                return fail(by_pos ? "position %d outside the model's %lld learned positions"
+                                   : "token id %d outside the vocabulary of %lld", id, (long long)ops[i].n_out);
+        }
     }
     return 0;
 }

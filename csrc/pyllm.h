@@ -45,7 +45,9 @@ enum pyllm_op_flags {
                            first op of the output head) */
     OPF_NO_SYNC = 4,    /* no barrier after this op (the next op does not touch its output) */
     OPF_OUT_ROWS = 8,   /* only rows 0 .. step.n_out-1 (the rest of the output head) */
-    OPF_SLOT_INPUT = 16 /* MATMUL_ID: each slot reads its own slice of the input row */
+    OPF_SLOT_INPUT = 16, /* MATMUL_ID: each slot reads its own slice of the input row */
+    OPF_BY_POS = 32     /* EMBED: the rows of the positions, not of the tokens (learned position
+                           embeddings: GPT-2); with OPF_ACCUMULATE added into y */
 };
 
 /* GLU_SWIGLU_OAI (gpt-oss): g' = min(g, c), y = g' sigmoid(a g') (clamp(u, -c, c) + 1), a = scale, c = softcap;

@@ -70,6 +70,9 @@ class Model:
             n_ctx = min(DEFAULT_MAX_CTX, hp.n_ctx_train)
         if n_ctx < 1:
             raise InvalidArgumentError(f"n_ctx must be positive, not {n_ctx}")
+        if self.arch.pos_embd is not None and n_ctx > hp.n_ctx_train:
+            raise InvalidArgumentError(f"{self.path}: {self.arch.name} learned positions for {hp.n_ctx_train} "
+                                       f"tokens; use a context of at most that (-c {hp.n_ctx_train})")
         if n_ctx > hp.n_ctx_train:
             log.warning("a context of %d tokens is longer than the %d the model was trained on: "
                         "expect worse text past %d", n_ctx, hp.n_ctx_train, hp.n_ctx_train)

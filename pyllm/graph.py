@@ -31,7 +31,7 @@ OP_NAMES = {OP_EMBED: "embed", OP_RMSNORM: "rmsnorm", OP_QUANTIZE: "quantize", O
             OP_ROPE: "rope", OP_KV_STORE: "kv_store", OP_ATTENTION: "attention", OP_GLU: "glu",
             OP_ADD: "add", OP_SCALE: "scale", OP_MOE_ROUTE: "moe_route", OP_MATMUL_ID: "matmul_id",
             OP_MOE_SUM: "moe_sum", OP_SHORTCONV: "shortconv", OP_POS_SCALE: "pos_scale"}
-OPF_ACCUMULATE, OPF_LAST_ROWS, OPF_NO_SYNC, OPF_OUT_ROWS, OPF_SLOT_INPUT = 1, 2, 4, 8, 16
+OPF_ACCUMULATE, OPF_LAST_ROWS, OPF_NO_SYNC, OPF_OUT_ROWS, OPF_SLOT_INPUT, OPF_BY_POS = 1, 2, 4, 8, 16, 32
 GLU_SILU, GLU_GELU_TANH, GLU_SWIGLU_OAI, GLU_RELU_SQR, GLU_MUL = 0, 1, 2, 3, 4
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0    # gpt-oss's constants (llama.cpp's too)
 NORM_RMS, NORM_LAYER = 0, 1
@@ -183,11 +183,14 @@ class Graph:
         self._head = True
 
     # -- ops -------------------------------------------------------------------
-    def embed(self, w: Tensor, out: str = "x", scale: float = 1.0) -> View:
-        n_in, n_vocab = w.shape
+    def embed(self, w: Tensor, out: str | View = "x", scale: float = 1.0, by_pos: bool = False) -> View:
+        """out = scale * w's rows of the tokens; by_pos: out += w's rows of the positions
+        (learned position embeddings)"""
+        n_in, n_rows = w.shape
         y = self._out(out, n_in)
-        self._emit(Op(OP_EMBED, type=w.type, weight=w, y=y, n_in=n_in, n_out=n_vocab, scale=scale),
-                   set(), {y.name})
+        flags = OPF_BY_POS | OPF_ACCUMULATE if by_pos else 0
+        self._emit(Op(OP_EMBED, flags=flags, type=w.type, weight=w, y=y, n_in=n_in, n_out=n_rows, scale=scale),
+                   {y.name} if by_pos else set(), {y.name})
         return y
 
     def rmsnorm(self, x: View, w: np.ndarray, eps: float, out: str | View, groups: int = 1) -> View:

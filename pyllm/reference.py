@@ -116,7 +116,7 @@ class Reference:
 
     FAMILIES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "granite", "smollm3", "olmo2", "phi2",
                 "starcoder2", "stablelm", "command-r", "cohere2", "ernie4_5", "exaone", "exaone4", "qwen3moe", "olmoe", "granitemoe", "qwen2moe",
-                "gpt-oss", "glm4", "nemotron", "arcee", "gptneox", "falcon", "lfm2", "mistral3", "ernie4_5-moe")
+                "gpt-oss", "glm4", "nemotron", "arcee", "gptneox", "falcon", "lfm2", "mistral3", "ernie4_5-moe", "gpt2", "starcoder")
 
     def __init__(self, arch: Architecture, kv_f16: bool = False):
         """kv_f16: round k and v to f16 before attending, as both engines' KV caches
@@ -248,6 +248,8 @@ class Reference:
         a, hp = self.arch, self.arch.hp
         act = glu(a.glu)
         x = self.w(a.tok_embd)[tokens] * np.float32(a.embed_scale)
+        if a.pos_embd is not None:   # learned positions (GPT-2)
+            x = x + self.w(a.pos_embd)[np.arange(len(tokens))]
         for i, L in enumerate(a.layers):
             F = L.ffn
             h = self._norm(x, L.attn_norm, L.attn_norm_b)

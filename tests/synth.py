@@ -106,7 +106,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 rope_factors: bool = False, layer_norm: bool = False, norm_bias: Optional[bool] = None,
                 ffn_norm: bool | str = True, sinks: bool = False, expert_biases: bool = False,
                 extra_norms: tuple = (), conv_layers: tuple = (), conv_taps: int = 3,
-                dense_layers: tuple = (), select_bias: bool = False,
+                dense_layers: tuple = (), select_bias: bool = False, pos_embd: bool = False,
                 gated: bool = True, biases: bool = False, out_bias: bool = False,
                 rope_dim: Optional[int] = None, experts: int = 0, experts_used: int = 2,
                 n_ff_exp: Optional[int] = None, shared_expert: int = 0, shared_gate: bool = False,
@@ -200,6 +200,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
             add(name + ".bias", bias(n))
 
     add("token_embd.weight", weight(embd_type or qtype, n_embd, n_vocab, rng, scale=1.0))
+    if pos_embd:   # learned positions, one row per position of the context (512)
+        add("position_embd.weight", ((rng.standard_normal((512, n_embd)) * 0.5).astype(np.float32), None))
     norms("token_embd_norm" if conv_layers else "output_norm", n_embd)
     if not tied:
         add("output.weight", weight(qtype, n_embd, n_vocab, rng))
@@ -532,6 +534,20 @@ def write_ernie4_5_moe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
                        tied=True, keys=keys, **kw)
 
 
+def write_gpt2(path: str | Path, qtype: QT = QT.Q8_0, arch: str = "gpt2", **kw) -> str:
+    """GPT-2: learned positions (position_embd, context_length rows), no RoPE, LayerNorm,
+    fused q/k/v with biases, ungated GELU, biases everywhere; the output tied."""
+    kw.setdefault("tied", True)
+    return write_model(path, arch, qtype, layer_norm=True, fused_qkv=True, qkv_bias=True, biases=True,
+                       gated=False, pos_embd=True, **kw)
+
+
+def write_starcoder(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """StarCoder (v1): GPT-2's layout with one key/value head."""
+    kw.setdefault("n_head_kv", 1)
+    return write_gpt2(path, qtype, arch="starcoder", **kw)
+
+
 WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
            "phi3": write_phi3, "gemma2": write_gemma2, "gemma3": write_gemma3, "granite": write_granite,
            "smollm3": write_smollm3, "olmo2": write_olmo2, "phi2": write_phi2, "starcoder2": write_starcoder2,
@@ -540,7 +556,8 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "qwen3moe": write_qwen3moe, "olmoe": write_olmoe, "granitemoe": write_granitemoe,
            "qwen2moe": write_qwen2moe, "gpt-oss": write_gpt_oss, "glm4": write_glm4, "nemotron": write_nemotron,
            "arcee": write_arcee, "gptneox": write_gptneox, "falcon": write_falcon,
-           "lfm2": write_lfm2, "mistral3": write_mistral3, "ernie4_5-moe": write_ernie4_5_moe}
+           "lfm2": write_lfm2, "mistral3": write_mistral3, "ernie4_5-moe": write_ernie4_5_moe,
+           "gpt2": write_gpt2, "starcoder": write_starcoder}
 
 
 def _gguf_string(x: str) -> bytes:

@@ -21,7 +21,7 @@ from pyllm.errors import ModelFileError, UnsupportedModelError
 from pyllm.arch.base import Moe
 from pyllm.arch.llama import Llama
 from pyllm.graph import GLU_GELU_TANH, GLU_SILU, NORM_LAYER, NORM_RMS, OP_ROPE, ROPE_NEOX, ROPE_NORM, Graph
-from pyllm.model_file import ModelFile
+from pyllm.model_file import ModelFile, Tensor
 from pyllm.reference import Reference, dequant
 from test_forward import build, compare
 
@@ -71,6 +71,8 @@ FAMILIES = {
     "lfm2": (synth.write_lfm2, {}),                          # short convolutions in layers 0, 1, 3
     "mistral3": (synth.write_mistral3, {}),                  # YaRN, the attention temperature (period 16)
     "ernie4_5-moe": (synth.write_ernie4_5_moe, {}),          # layer 0 dense; exp_probs_b chooses; shared
+    "gpt2": (synth.write_gpt2, {}),                          # learned positions, no RoPE
+    "starcoder": (synth.write_starcoder, {}),
     "gpt-oss": (synth.write_gpt_oss, {}),                    # sinks, biased experts, swiglu_oai, window 8
     "gpt-oss-yarn": (synth.write_gpt_oss, {"keys": {"rope_scaling_type": rope_type("YARN"),
                                                     "rope_scaling_factor": 32.0, "rope_scaling_orig_ctx_len": 64}}),
@@ -617,6 +619,36 @@ def test_mistral3_attention_temperature(tmp_path):
             "rope_scaling_type": rope_type("NONE"), "rope_scaling_orig_ctx_len": 0})))
 
 
+def test_learned_positions(tmp_path):
+    """GPT-2: the positions' embeddings join the tokens' (shuffling them moves the
+    logits); decode gives the batch's logits; a position past the table is a clear
+    error in the core, and a context longer than it is refused up front."""
+    from pyllm import Model
+    from pyllm.backend.cpu import CpuBackend
+    from pyllm.errors import InvalidArgumentError
+    path = synth.write_gpt2(tmp_path / "g.gguf", QT.F32)
+    g2 = load_architecture(ModelFile(path))
+    assert g2.pos_embd.shape == (256, 512) and g2.layer_rope(0).n_rot == 0 and g2.layers[0].attn.bqkv is not None
+    tokens = list(np.random.default_rng(1).integers(0, 512, 40))
+    ref = Reference(g2).forward(tokens)
+    g2.pos_embd = Tensor("p", 0, (256, 512), 0, 0, np.ascontiguousarray(
+        Reference(g2).w(g2.pos_embd)[::-1]).view(np.uint8).reshape(-1))
+    assert compare(Reference(g2).forward(tokens), ref)[0] > 0.05
+    g2 = load_architecture(ModelFile(path))
+    graph = Graph()
+    g2.build(graph)
+    be = CpuBackend(graph, 2, 64, 64, 40, 16)
+    table = list(range(40))
+    batch = be.forward(tokens, 0, table, len(tokens)).copy()
+    steps = np.concatenate([be.forward([t], i, table, 1).copy() for i, t in enumerate(tokens)])
+    np.testing.assert_array_equal(steps, batch)
+    with pytest.raises(InvalidArgumentError, match="position 600 outside the model's 512 learned positions"):
+        be.forward([5], 600, table, 1)
+    be.close()
+    with pytest.raises(InvalidArgumentError, match="learned positions for 512 tokens.*-c 512"):
+        Model(path, n_ctx=1024)
+
+
 def test_gemma3_decode_steps_equal_batch(tmp_path):
     """Windowed layers read the paged cache right one token at a time too."""
     _, be = build(synth.write_gemma3(tmp_path / "d.gguf", QT.Q8_0, window=5))
@@ -642,8 +674,8 @@ def test_family_errors(tmp_path):
     p = synth.write_gemma3(tmp_path / "y.gguf", QT.F32, keys={"rope_scaling_type": rope_type("YARN")})
     with pytest.raises(UnsupportedModelError, match="RoPE scaling 'yarn'.*supported: none, linear"):
         load_architecture(ModelFile(p))
-    p = synth.write_llama(tmp_path / "u.gguf", arch="gpt2")
-    with pytest.raises(UnsupportedModelError, match="'gpt2' is not supported.*arcee, cohere2, command-r, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, gemma2, gemma3, glm4, gpt-oss, gptneox, granite, granitemoe, lfm2, llama, mistral3, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, smollm3, stablelm, starcoder2"):
+    p = synth.write_llama(tmp_path / "u.gguf", arch="bloom")
+    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*arcee, cohere2, command-r, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, gemma2, gemma3, glm4, gpt-oss, gpt2, gptneox, granite, granitemoe, lfm2, llama, mistral3, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, smollm3, stablelm, starcoder, starcoder2"):
         load_architecture(ModelFile(p))
 
 

@@ -57,7 +57,7 @@ def run_steps(be, tokens, n_prefill):
 
 
 @pytest.mark.parametrize("family,qtype", [("llama", QT.Q4_K), ("gemma3", QT.Q8_0), ("qwen2", QT.Q4_1),
-                                          ("lfm2", QT.Q8_0)],
+                                          ("lfm2", QT.Q8_0), ("gpt2", QT.Q8_0)],
                          ids=lambda x: getattr(x, "name", x))
 @pytest.mark.parametrize("ngl", [0, 1, 3, "all"], ids=lambda n: f"ngl{n}")
 def test_split_equals_cpu(tmp_path, family, qtype, ngl):

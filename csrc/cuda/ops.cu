@@ -9,20 +9,24 @@ namespace pq {
 
 /* ---- embedding: y[t] = dequant(W row tokens[t]) * scale ---- */
 
+/* y[t] (+)= scale W[ids[t]]: ids the tokens, or the positions (learned position embeddings) */
 __global__ void embed_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int type, int64_t n,
-                             const int32_t *__restrict__ tokens, float *__restrict__ Y, int64_t y_stride, float scale) {
+                             const int32_t *__restrict__ ids, float *__restrict__ Y, int64_t y_stride, float scale,
+                             bool accumulate) {
     const int t = blockIdx.y;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float v = dequant(type, W + (size_t)tokens[t] * row_bytes, i);
+    float v = dequant(type, W + (size_t)ids[t] * row_bytes, i);
     if (scale != 1.0f) v *= scale;
-    Y[(int64_t)t * y_stride + i] = v;
+    float *y = Y + (int64_t)t * y_stride + i;
+    *y = accumulate ? *y + v : v;
 }
 
 void launch_embed(const pyllm_op *op, const exec &e) {
     dim3 grid(blocks_for(op->n_in, 256), e.rows);
     PQ_LAUNCH(grid, 256, 0, e.stream, embed_kernel)((const uint8_t *)op->w, weight_row_bytes(op->type, op->n_in),
-                                                    op->type, op->n_in, e.tokens, op->y, op->y_stride, op->scale);
+                                                    op->type, op->n_in, op->flags & OPF_BY_POS ? e.pos : e.tokens, op->y,
+                                                    op->y_stride, op->scale, (op->flags & OPF_ACCUMULATE) != 0);
 }
 
 /* ---- RMSNorm / LayerNorm over groups of n: one block of 256 per (group, row); sums in double as the CPU ---- */

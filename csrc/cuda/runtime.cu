@@ -343,9 +343,13 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
             return fail("position %d outside the %lld the block table holds", st->pos[t], (long long)capacity);
     for (int i = 0; i < n_ops; i++) {
         if (ops[i].kind != OP_EMBED) continue;
-        for (int t = 0; t < st->n_tokens; t++)
-            if (st->tokens[t] < 0 || st->tokens[t] >= ops[i].n_out)
-                return fail("token id %d outside the vocabulary of %lld", st->tokens[t], (long long)ops[i].n_out);
+        const int by_pos = ops[i].flags & OPF_BY_POS;
+        for (int t = 0; t < st->n_tokens; t++) {
+            const int32_t id = by_pos ? st->pos[t] : st->tokens[t];
+            if (id < 0 || id >= ops[i].n_out)
+                return fail(by_pos ? "position %d outside the model's %lld learned positions"
+                                   : "token id %d outside the vocabulary of %lld", id, (long long)ops[i].n_out);
+        }
     }
     return 0;
 }
@@ -384,8 +388,8 @@ int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_
     bool need_tokens = false, need_pos = false, need_table = false;
     for (int i = 0; i < n_ops; i++) {
         const int k = ops[i].kind;
-        need_tokens |= k == OP_EMBED;
-        need_pos |= k == OP_ROPE || k == OP_KV_STORE || k == OP_ATTENTION || k == OP_SHORTCONV || k == OP_POS_SCALE;
+        need_tokens |= k == OP_EMBED && !(ops[i].flags & OPF_BY_POS);
+        need_pos |= (k == OP_EMBED && (ops[i].flags & OPF_BY_POS)) || k == OP_ROPE || k == OP_KV_STORE || k == OP_ATTENTION || k == OP_SHORTCONV || k == OP_POS_SCALE;
         need_table |= k == OP_KV_STORE || k == OP_ATTENTION || k == OP_SHORTCONV;
     }
     if (new_step) ctx->sent = 0;

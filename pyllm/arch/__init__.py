@@ -12,6 +12,7 @@ from .exaone import Exaone, Exaone4
 from .gemma2 import Gemma2
 from .gemma3 import Gemma3
 from .glm4 import Glm4
+from .gpt2 import Gpt2, StarCoder
 from .gpt_oss import GptOss
 from .gptneox import Falcon, GptNeoX
 from .granite import Granite, GraniteMoe
@@ -58,6 +59,8 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "lfm2": Lfm2,
     "mistral3": Mistral3,
     "ernie4_5-moe": Ernie4_5Moe,
+    "gpt2": Gpt2,
+    "starcoder": StarCoder,
 }
 
 

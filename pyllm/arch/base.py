@@ -336,6 +336,7 @@ class Architecture:
     norm = NORM_RMS       # or NORM_LAYER: LayerNorm, with biases where the file has them
     out_norm_b: Optional[np.ndarray] = None   # LayerNorm bias of the output norm
     out_bias: Optional[np.ndarray] = None     # bias of the logits (Phi-2)
+    pos_embd: Optional[Tensor] = None         # learned position embeddings (GPT-2): one row per position
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)

@@ -124,11 +124,20 @@ def post_norm_block(g: Graph, arch: Architecture, L: Layer, layer: int, x: View)
     g.add(g.rmsnorm(o, L.post_ffn_norm, eps, o), x)
 
 
+def embed(g: Graph, arch: Architecture) -> View:
+    """x = the tokens' embeddings (times the family's scale), plus the positions' where
+    the family learned them (GPT-2)."""
+    x = g.embed(arch.tok_embd, "x", scale=arch.embed_scale)
+    if arch.pos_embd is not None:
+        g.embed(arch.pos_embd, x, by_pos=True)
+    return x
+
+
 class PreNormDecoder(Architecture):
     """A family whose every layer is a pre_norm_block (Phi-2, StarCoder 2, StableLM, Command R)."""
 
     def build(self, g: Graph) -> None:
-        x = g.embed(self.tok_embd, "x", scale=self.embed_scale)
+        x = embed(g, self)
         for i, L in enumerate(self.layers):
             g.layer = i
             pre_norm_block(g, self, L, i, x)
@@ -139,7 +148,7 @@ class PostNormDecoder(Architecture):
     """A family whose every layer is a post_norm_block (Gemma 2/3, OLMo 2, EXAONE 4)."""
 
     def build(self, g: Graph) -> None:
-        x = g.embed(self.tok_embd, "x", scale=self.embed_scale)
+        x = embed(g, self)
         for i, L in enumerate(self.layers):
             g.layer = i
             post_norm_block(g, self, L, i, x)

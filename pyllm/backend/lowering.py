@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..graph import OP_EMBED, OP_MATMUL, OP_POS_SCALE, OP_ROPE, Graph, Op, View
+from ..graph import OP_EMBED, OP_MATMUL, OP_POS_SCALE, OP_ROPE, OPF_BY_POS, Graph, Op, View
 from ..model_file import Tensor
 from .base import Range, Shape
 
@@ -153,4 +153,7 @@ def step_needs(ops: Sequence[Op]) -> tuple[bool, bool, bool]:
     read: what a device must be sent before it runs them."""
     kinds = {op.kind for op in ops}
     kv = any(op.kv_layer >= 0 for op in ops)   # KV_STORE, ATTENTION, SHORTCONV: positions through the table
-    return OP_EMBED in kinds, kv or bool(kinds & {OP_ROPE, OP_POS_SCALE}), kv
+    embeds = [op for op in ops if op.kind == OP_EMBED]
+    by_pos = any(op.flags & OPF_BY_POS for op in embeds)   # learned position embeddings
+    return (any(not op.flags & OPF_BY_POS for op in embeds),
+            kv or by_pos or bool(kinds & {OP_ROPE, OP_POS_SCALE}), kv)
