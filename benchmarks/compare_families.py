@@ -103,6 +103,8 @@ FAMILIES = {
     "ernie4_5-moe": ("ernie4_5-moe", {}),                          # softmax + exp_probs_b chooses, 2 shared
     "gpt2": ("gpt2", {}),                                          # learned positions, no RoPE
     "starcoder": ("starcoder", {}),                                # + one KV head
+    "qwen2vl": ("qwen2vl", {}),                                    # text through M-RoPE
+    "qwen3vl": ("qwen3vl", {}),                                    # text through interleaved M-RoPE
     "gpt-oss": ("gpt-oss", {}),                                    # sinks, biased experts, swiglu_oai, window 8
     "gpt-oss-yarn": ("gpt-oss", {"keys": {**YARN, "rope_scaling_factor": 32.0}}),   # the released files' YaRN
 }

@@ -116,7 +116,7 @@ class Reference:
 
     FAMILIES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "granite", "smollm3", "olmo2", "phi2",
                 "starcoder2", "stablelm", "command-r", "cohere2", "ernie4_5", "exaone", "exaone4", "qwen3moe", "olmoe", "granitemoe", "qwen2moe",
-                "gpt-oss", "glm4", "nemotron", "arcee", "gptneox", "falcon", "lfm2", "mistral3", "ernie4_5-moe", "gpt2", "starcoder")
+                "gpt-oss", "glm4", "nemotron", "arcee", "gptneox", "falcon", "lfm2", "mistral3", "ernie4_5-moe", "gpt2", "starcoder", "qwen2vl", "qwen3vl")
 
     def __init__(self, arch: Architecture, kv_f16: bool = False):
         """kv_f16: round k and v to f16 before attending, as both engines' KV caches

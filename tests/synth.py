@@ -548,6 +548,19 @@ def write_starcoder(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_gpt2(path, qtype, arch="starcoder", **kw)
 
 
+def write_qwen2vl(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """Qwen 2 VL's language model: Qwen 2 with M-RoPE sections (time, height, width) of 8, 12, 12 pairs."""
+    keys = {"rope_dimension_sections": [8, 12, 12, 0], **kw.pop("keys", {})}
+    return write_model(path, "qwen2vl", qtype, qkv_bias=True, rope_base=1e6, keys=keys, **kw)
+
+
+def write_qwen3vl(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """Qwen 3 VL's language model: Qwen 3 (heads of 128) with interleaved M-RoPE sections 24, 20, 20."""
+    keys = {"rope_dimension_sections": [24, 20, 20, 0], **kw.pop("keys", {})}
+    kw.setdefault("head_dim", 128)
+    return write_model(path, "qwen3vl", qtype, qk_norm=True, rope_base=5e6, keys=keys, **kw)
+
+
 WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
            "phi3": write_phi3, "gemma2": write_gemma2, "gemma3": write_gemma3, "granite": write_granite,
            "smollm3": write_smollm3, "olmo2": write_olmo2, "phi2": write_phi2, "starcoder2": write_starcoder2,
@@ -557,7 +570,7 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "qwen2moe": write_qwen2moe, "gpt-oss": write_gpt_oss, "glm4": write_glm4, "nemotron": write_nemotron,
            "arcee": write_arcee, "gptneox": write_gptneox, "falcon": write_falcon,
            "lfm2": write_lfm2, "mistral3": write_mistral3, "ernie4_5-moe": write_ernie4_5_moe,
-           "gpt2": write_gpt2, "starcoder": write_starcoder}
+           "gpt2": write_gpt2, "starcoder": write_starcoder, "qwen2vl": write_qwen2vl, "qwen3vl": write_qwen3vl}
 
 
 def _gguf_string(x: str) -> bytes:

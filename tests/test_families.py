@@ -73,6 +73,8 @@ FAMILIES = {
     "ernie4_5-moe": (synth.write_ernie4_5_moe, {}),          # layer 0 dense; exp_probs_b chooses; shared
     "gpt2": (synth.write_gpt2, {}),                          # learned positions, no RoPE
     "starcoder": (synth.write_starcoder, {}),
+    "qwen2vl": (synth.write_qwen2vl, {}),                    # text through M-RoPE: NEOX
+    "qwen3vl": (synth.write_qwen3vl, {}),
     "gpt-oss": (synth.write_gpt_oss, {}),                    # sinks, biased experts, swiglu_oai, window 8
     "gpt-oss-yarn": (synth.write_gpt_oss, {"keys": {"rope_scaling_type": rope_type("YARN"),
                                                     "rope_scaling_factor": 32.0, "rope_scaling_orig_ctx_len": 64}}),
@@ -675,7 +677,7 @@ def test_family_errors(tmp_path):
     with pytest.raises(UnsupportedModelError, match="RoPE scaling 'yarn'.*supported: none, linear"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="bloom")
-    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*arcee, cohere2, command-r, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, gemma2, gemma3, glm4, gpt-oss, gpt2, gptneox, granite, granitemoe, lfm2, llama, mistral3, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen3, qwen3moe, smollm3, stablelm, starcoder, starcoder2"):
+    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*arcee, cohere2, command-r, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, gemma2, gemma3, glm4, gpt-oss, gpt2, gptneox, granite, granitemoe, lfm2, llama, mistral3, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen3moe, qwen3vl, smollm3, stablelm, starcoder, starcoder2"):
         load_architecture(ModelFile(p))
 
 

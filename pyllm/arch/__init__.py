@@ -22,8 +22,8 @@ from .nemotron import Arcee, Nemotron
 from .olmo2 import Olmo2, Olmoe
 from .phi2 import Phi2
 from .phi3 import Phi3
-from .qwen2 import Qwen2, Qwen2Moe
-from .qwen3 import Qwen3, Qwen3Moe
+from .qwen2 import Qwen2, Qwen2Moe, Qwen2VL
+from .qwen3 import Qwen3, Qwen3Moe, Qwen3VL
 from .smollm3 import SmolLM3
 from .stablelm import StableLM
 from .starcoder2 import StarCoder2
@@ -61,6 +61,8 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "ernie4_5-moe": Ernie4_5Moe,
     "gpt2": Gpt2,
     "starcoder": StarCoder,
+    "qwen2vl": Qwen2VL,
+    "qwen3vl": Qwen3VL,
 }
 
 

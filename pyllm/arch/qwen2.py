@@ -49,3 +49,11 @@ class Qwen2Moe(Qwen2):
             raise ModelFileError(f"{self.mf.path}: {p}ffn_gate_inp_shexp.weight should be {self.hp.n_embd} F32 "
                                  f"values, is {list(m.shared_gate.shape)} {m.shared_gate.type_name}")
         return m
+
+
+class Qwen2VL(Qwen2):
+    """Qwen 2 VL / Qwen 2.5 VL's language model (`qwen2vl`), on text: M-RoPE gives
+    each section of a head's pairs its own position (time, height, width), and a
+    text token has the same one in all three, so its rotation is NEOX RoPE's. The
+    vision encoder (a separate mmproj file) is not run; text in, text out."""
+    name = "qwen2vl"

@@ -33,3 +33,10 @@ class Qwen3Moe(Qwen3):
 
     def expert_width(self, k: int) -> int:
         return int(self.mf.arch_require("expert_feed_forward_length"))
+
+
+class Qwen3VL(Qwen3):
+    """Qwen 3 VL's language model (`qwen3vl`), on text: interleaved M-RoPE, which for
+    a text token (one position in every section) is NEOX RoPE; DeepStack adds visual
+    features to image tokens only. The vision encoder is not run."""
+    name = "qwen3vl"
