@@ -179,12 +179,19 @@ void op_pos_scale(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     }
 }
 
-/* y = act(x) * x2, elementwise over rows of n_in */
-/* gpt-oss's gate: min(g, c) sigmoid(a min(g, c)) (clamp(u, -c, c) + 1) */
+/* gpt-oss's gate: x sigmoid(a x) (clamp(u, -c, c) + 1), x = min(g, c), as silu(a x) / a through
+ * the level's SIMD silu (a scalar expf loop was 20x slower than the SiLU GLU) */
 static void glu_swiglu_oai(int64_t n, const float *g, const float *u, float *y, float a, float c) {
-    for (int64_t i = 0; i < n; i++) {
-        const float x = fminf(g[i], c), v = fminf(fmaxf(u[i], -c), c);
-        y[i] = x / (1.0f + expf(-a * x)) * (v + 1.0f);
+    float ax[256], v[256];
+    for (int64_t i0 = 0; i0 < n; i0 += 256) {
+        const int m = n - i0 < 256 ? (int)(n - i0) : 256;
+        for (int i = 0; i < m; i++) {   /* comparisons, not fminf/fmaxf: these vectorize */
+            const float x = g[i0 + i] < c ? g[i0 + i] : c, w = u[i0 + i];
+            ax[i] = a * x;
+            v[i] = (w < -c ? -c : w > c ? c : w) + 1.0f;
+        }
+        K.glu_silu(m, ax, v, y + i0);
+        for (int i = 0; i < m; i++) y[i0 + i] /= a;
     }
 }
 

@@ -298,7 +298,8 @@ static void run_job(void *arg, int ith, int nth) {
             double dt = now_ns() - t0;
             prof->op_ns[op->kind] += dt;
             prof->busy_ns += dt;
-            if (op->kind == OP_MATMUL && (unsigned)op->type < PROFILE_TYPE_COUNT) prof->matmul_type_ns[op->type] += dt;
+            if ((op->kind == OP_MATMUL || op->kind == OP_MATMUL_ID) && (unsigned)op->type < PROFILE_TYPE_COUNT)
+                prof->matmul_type_ns[op->type] += dt;   /* experts' products too */
         } else {
             exec_op(op, j->step, scratch, j->ctx->shared, &j->ctx->counters[i], ith, nth);
         }

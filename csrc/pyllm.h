@@ -126,7 +126,7 @@ void pyllm_profile_reset(pyllm_ctx *ctx);
 /* matmul_type_ns entries: one per ggml type id 0..39 (MXFP4 is 39) */
 enum pyllm_profile_sizes { PROFILE_TYPE_COUNT = 40 };
 /* ns spent per op kind (summed over threads) in [OP_KIND_COUNT]; busy ns per thread in [n_threads];
- * matmul ns by weight type id in [PROFILE_TYPE_COUNT] */
+ * MATMUL and MATMUL_ID ns by weight type id in [PROFILE_TYPE_COUNT] */
 void pyllm_profile_read(const pyllm_ctx *ctx, double *op_ns, double *thread_busy_ns, double *matmul_type_ns,
                         double *wall_ns);
 

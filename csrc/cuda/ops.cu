@@ -186,10 +186,10 @@ __device__ __forceinline__ float gelu_tanh(float x) {
     return x / (1.0f + expf(-c2 * (x + 0.044715f * x * x * x)));
 }
 
-/* gpt-oss: min(g, c) sigmoid(a min(g, c)) (clamp(u, -c, c) + 1) */
+/* gpt-oss: x sigmoid(a x) (clamp(u, -c, c) + 1), x = min(g, c), as silu(a x) / a like the C core */
 __device__ __forceinline__ float swiglu_oai(float g, float u, float a, float c) {
-    const float x = fminf(g, c);
-    return x / (1.0f + expf(-a * x)) * (fminf(fmaxf(u, -c), c) + 1.0f);
+    const float ax = a * fminf(g, c);
+    return silu(ax) * (fminf(fmaxf(u, -c), c) + 1.0f) / a;
 }
 
 __global__ void glu_kernel(const float *__restrict__ G, int64_t g_stride, const float *__restrict__ U, int64_t u_stride,

@@ -315,7 +315,7 @@ class CpuBackend(Backend):
 
 
 def read_core_profile(ctx, n_threads: int) -> dict:
-    op_ns = ffi.new("double[]", 16)
+    op_ns = ffi.new("double[]", lib.OP_KIND_COUNT)
     busy = ffi.new("double[]", n_threads)
     by_type = ffi.new("double[]", lib.PROFILE_TYPE_COUNT)
     wall = ffi.new("double *")
