@@ -192,6 +192,10 @@ def test_yarn(tmp_path):
         m = load_architecture(ModelFile(synth.write_llama(tmp_path / f"m{a}.gguf", QT.F32, keys={
             **yarn, "rope.scaling.yarn_log_multiplier": a})))
         assert m.attn_scale == pytest.approx(((1 + 0.1 * np.log(4)) / (1 + 0.1 * a * np.log(4))) ** 2 / 8)
+    # a file whose YaRN numbers cannot be used says so
+    for bad in ({"rope.scaling.yarn_beta_fast": 0.0}, {"rope_scaling_orig_ctx_len": 0, "context_length": 0}):
+        with pytest.raises(ModelFileError, match="YaRN needs a positive"):
+            load_architecture(ModelFile(synth.write_llama(tmp_path / "bad.gguf", QT.F32, keys={**yarn, **bad})))
     # Llama 3's own divisors multiply YaRN's
     l3 = load_architecture(ModelFile(synth.write_llama(tmp_path / "l3.gguf", QT.F32, rope_freqs=True, keys=yarn)))
     np.testing.assert_allclose(l3.layer_rope(0).factors, want * l3.rope_freqs, rtol=1e-6)

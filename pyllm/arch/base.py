@@ -149,9 +149,13 @@ class HParams:
         orig_ctx = int(mf.arch_get("rope.scaling.original_context_length", 0) or self.n_ctx_train)
         ext_factor = float(mf.arch_get("rope.scaling.yarn_ext_factor", -1.0))
         ext_factor = 1.0 if ext_factor < 0 else ext_factor    # negative: not set
+        beta_fast = float(mf.arch_get("rope.scaling.yarn_beta_fast", 32.0))
+        beta_slow = float(mf.arch_get("rope.scaling.yarn_beta_slow", 1.0))
+        if orig_ctx <= 0 or beta_fast <= 0 or beta_slow <= 0:
+            raise ModelFileError(f"{mf.path}: YaRN needs a positive original context and betas "
+                                 f"(got {orig_ctx}, {beta_fast}, {beta_slow}); the file is corrupt")
         self.rope_yarn = yarn_divisors(self.rope_dim, self.rope_base, self.rope_freq_scale, orig_ctx,
-                                       float(mf.arch_get("rope.scaling.yarn_beta_fast", 32.0)),
-                                       float(mf.arch_get("rope.scaling.yarn_beta_slow", 1.0)), ext_factor)
+                                       beta_fast, beta_slow, ext_factor)
         if ext_factor != 0.0:
             log_mul = float(mf.arch_get("rope.scaling.yarn_log_multiplier", 0.0) or 0.0)
 
