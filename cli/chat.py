@@ -175,10 +175,11 @@ class ChatRepl:
         with self.interrupt.catching(turn.cancel) as stop:
             try:
                 for kind_now, piece in turn.parts():   # thinking dimmed, then the answer
-                    if kind_now != kind and wrote and not wrote.endswith("\n"):
-                        self.out.print()
-                    if kind_now != kind and kind_now == ANSWER and wrote:
-                        self.out.print()
+                    if kind_now != kind and wrote:   # the thinking ends its line, then a blank line
+                        if not wrote.endswith("\n"):
+                            self.out.print()
+                        if kind_now == ANSWER:
+                            self.out.print()
                     kind = kind_now
                     self.out.print(piece, end="", style="dim" if kind == THINKING else None, markup=False,
                                    highlight=False, soft_wrap=True)

@@ -32,22 +32,26 @@ static inline float gate_value(const float *x, int e, int sigmoid, float m, floa
 
 /* The k experts of x[0..n) with the largest logits, in order, ties to the lower id (gating is
  * monotonic: the same as the k largest gate values), or with a selection bias the k largest
- * gate value + bias[e] (ERNIE 4.5 MoE, DeepSeek V3); y[j] = id, y[k + j] = its gate value
- * (the bias only chooses) */
-static void route_row(const float *x, int n, int k, int type, float scale, const float *bias, float *y) {
+ * gate value + bias[e] (ERNIE 4.5 MoE, DeepSeek V3), those keys made once in `keys` [n];
+ * y[j] = id, y[k + j] = its gate value (the bias only chooses) */
+static void route_row(const float *x, int n, int k, int type, float scale, const float *bias, float *keys,
+                      float *y) {
     const int sigmoid = type & MOE_SIGMOID;
     float m = x[0], sum = 0.0f, wsum = 0.0f;
     for (int e = 1; e < n; e++) m = x[e] > m ? x[e] : m;
     if (!sigmoid)
         for (int e = 0; e < n; e++) sum += expf(x[e] - m);
+    const float *key = x;
+    if (bias) {
+        for (int e = 0; e < n; e++) keys[e] = gate_value(x, e, sigmoid, m, sum) + bias[e];
+        key = keys;
+    }
     for (int j = 0; j < k; j++) {
         int best = -1;
-        float best_key = 0.0f;
         for (int e = 0; e < n; e++) {
             int taken = 0;
             for (int c = 0; c < j; c++) taken |= (int)y[c] == e;
-            const float key = bias ? gate_value(x, e, sigmoid, m, sum) + bias[e] : x[e];
-            if (!taken && (best < 0 || key > best_key)) best = e, best_key = key;
+            if (!taken && (best < 0 || key[e] > key[best])) best = e;
         }
         y[j] = (float)best;
     }
@@ -62,7 +66,8 @@ void op_moe_route(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     int64_t lo, hi;
     split_range(r->rows, ith, nth, 1, &lo, &hi);
     for (int64_t t = lo; t < hi; t++)
-        route_row(IN_ROW(op, r, t), (int)op->n_in, op->n_head, op->type, op->scale, op->bias, OUT_ROW(op, t));
+        route_row(IN_ROW(op, r, t), (int)op->n_in, op->n_head, op->type, op->scale, op->bias, r->scratch,
+                  OUT_ROW(op, t));
 }
 
 /* expert id of slot j of row t, or -1 if the route row holds no valid id there */

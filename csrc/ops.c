@@ -5,8 +5,8 @@
 
 #include "core.h"
 
-
-/* y[t] = dequant(w row tokens[t]) * scale */
+/* y[t] = dequant(w row tokens[t]) * scale; OPF_BY_POS: the row of pos[t] (learned positions),
+ * with OPF_ACCUMULATE added into y */
 void op_embed(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     size_t row_bytes = weight_row_bytes(op->type, op->n_in);
     const int32_t *ids = op->flags & OPF_BY_POS ? r->step->pos : r->step->tokens;

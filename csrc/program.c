@@ -158,7 +158,8 @@ static int check_op(const pyllm_op *op) {
         return 0;
     case OP_MOE_ROUTE:
         if (op->type & ~(MOE_SIGMOID | MOE_NORM)) return fail("unknown expert gating %d", op->type);
-        if (!op->x || !op->y || op->n_in <= 0 || op->n_head <= 0 || op->n_head > op->n_in)
+        if (!op->x || !op->y || op->n_in <= 0 || op->n_head <= 0 || op->n_head > op->n_in ||
+            op->n_in > SCRATCH_FLOATS)
             return fail("moe route: choosing %d of %lld experts", op->n_head, (long long)op->n_in);
         if (op->y_stride < 2 * op->n_head || op->x_stride < op->n_in)
             return fail("moe route: bad sizes");

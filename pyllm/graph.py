@@ -293,16 +293,20 @@ class Graph:
                   sinks: Optional[np.ndarray] = None) -> View:
         """Stores this step's k, v in the layer's KV cache, then attends over it.
         sinks: one logit per head that joins its softmax with no value (gpt-oss)."""
-        layer = self.layer
-        self.kv_layers[layer] = (n_kv_head, head_dim)
-        kv = f"kv{layer}"
-        self._emit(Op(OP_KV_STORE, x=k, x2=v, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
-                      kv_layer=layer), {k.name, v.name}, {kv})
+        kv = self._store_kv(k, v, n_head, n_kv_head, head_dim)
         y = self._out(out, n_head * head_dim)
         self._emit(Op(OP_ATTENTION, x=q, y=y, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
-                      scale=scale, window=window, softcap=softcap, kv_layer=layer, vector=sinks),
+                      scale=scale, window=window, softcap=softcap, kv_layer=self.layer, vector=sinks),
                    {q.name, kv}, {y.name})
         return y
+
+    def _store_kv(self, k: View, v: View, n_head: int, n_kv_head: int, head_dim: int) -> str:
+        """The KV_STORE of this step's rows into the current layer's pools; the pools' name."""
+        self.kv_layers[self.layer] = (n_kv_head, head_dim)
+        kv = f"kv{self.layer}"
+        self._emit(Op(OP_KV_STORE, x=k, x2=v, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
+                      kv_layer=self.layer), {k.name, v.name}, {kv})
+        return kv
 
     def shortconv(self, x: View, w: np.ndarray, out: str | View) -> View:
         """out[t] = sum_j w[:, j] x[pos[t] - L + 1 + j] (L = w.shape[1] taps, 0 before position
@@ -311,16 +315,13 @@ class Graph:
         step reads earlier positions from there, and a cached prefix serves as attention's does."""
         n, taps = w.shape
         assert x.width == n and n % 2 == 0, f"shortconv of {n} channels on rows of {x.width}"
-        layer, half = self.layer, n // 2
+        half = n // 2
         head_dim = next(d for d in (128, 64, 32, 16, 8, 4, 2, 1) if half % d == 0)
-        self.kv_layers[layer] = (half // head_dim, head_dim)
-        kv = f"kv{layer}"
-        self._emit(Op(OP_KV_STORE, x=x.cols(0, half), x2=x.cols(half, half), n_head=half // head_dim,
-                      n_kv_head=half // head_dim,
-                      head_dim=head_dim, kv_layer=layer), {x.name}, {kv})
+        heads = half // head_dim
+        kv = self._store_kv(x.cols(0, half), x.cols(half, half), heads, heads, head_dim)
         y = self._out(out, n)
         self._emit(Op(OP_SHORTCONV, vector=np.ascontiguousarray(w, dtype=np.float32), y=y, n_in=n, n_head=taps,
-                      n_kv_head=half // head_dim, head_dim=head_dim, kv_layer=layer), {kv}, {y.name})
+                      n_kv_head=heads, head_dim=head_dim, kv_layer=self.layer), {kv}, {y.name})
         return y
 
     def pos_scale(self, y: View, s: float, period: int, offset: float = 0.0) -> View:

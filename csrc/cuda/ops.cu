@@ -247,14 +247,13 @@ void launch_scale(const pyllm_op *op, const exec &e) {
 
 /* ---- mixture of experts (csrc/moe.c): the route, and the weighted sum of the experts' outputs ---- */
 
-/* one thread per row, as the CPU (csrc/moe.c route_row): the k largest logits in order (ties to
- * the lower id), then their gate values */
 __device__ __forceinline__ float gate_value(const float *x, int e, bool sigmoid, float m, float sum) {
     return sigmoid ? 1.0f / (1.0f + expf(-x[e])) : expf(x[e] - m) / sum;
 }
 
-/* as csrc/moe.c route_row: the k best logits, or with a selection bias the k best gate value +
- * bias[e]; then their gate values */
+/* one thread per row, as csrc/moe.c route_row: the k best logits in order (ties to the lower
+ * id), or with a selection bias the k best gate value + bias[e] (each made where it is compared:
+ * a thread has no room for n of them); then their gate values */
 __global__ void moe_route_kernel(const float *__restrict__ X, int64_t x_stride, float *__restrict__ Y,
                                  int64_t y_stride, int n, int k, int type, float scale, const float *__restrict__ bias,
                                  int rows) {

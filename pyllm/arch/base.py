@@ -369,31 +369,27 @@ class Architecture:
                                         f"does not run yet (supported: {supported})")
         return t
 
+    def floats(self, name: str, *shape: int) -> np.ndarray:
+        """An F32 or F16 tensor of GGUF shape `shape` as float32, in numpy's order
+        (the reversed shape: one row per last GGUF dimension)."""
+        t = self.mf.tensor(name)
+        if t.shape != shape:
+            raise ModelFileError(f"{self.mf.path}: tensor {name} has shape {list(t.shape)}, expected {list(shape)}")
+        if t.type not in (0, 1):
+            raise UnsupportedModelError(f"{self.mf.path}: tensor {name} has type {t.type_name}; expected F32 or F16")
+        a = t.data.view(np.float32) if t.type == 0 else t.data.view(np.float16).astype(np.float32)
+        return a.reshape(shape[::-1])
+
     def vector(self, name: str, n: int) -> np.ndarray:
         """A 1-D float tensor (norm weight, bias) as float32."""
-        t = self.mf.tensor(name)
-        if t.shape != (n,):
-            raise ModelFileError(f"{self.mf.path}: tensor {name} has shape {list(t.shape)}, expected [{n}]")
-        if t.type == 0:
-            return t.data.view(np.float32)
-        if t.type == 1:
-            return t.data.view(np.float16).astype(np.float32)
-        raise UnsupportedModelError(f"{self.mf.path}: vector {name} has type {t.type_name}; expected F32 or F16")
+        return self.floats(name, n)
 
     def optional_vector(self, name: str, n: int) -> Optional[np.ndarray]:
         return self.vector(name, n) if self.mf.has_tensor(name) else None
 
     def expert_biases(self, name: str, n: int, n_experts: int) -> Optional[np.ndarray]:
-        """A 2-D float tensor of one bias of n per expert (GGUF shape (n, n_experts)) as
-        [n_experts, n], if the file has it."""
-        if not self.mf.has_tensor(name):
-            return None
-        t = self.mf.tensor(name)
-        if t.shape != (n, n_experts) or t.type not in (0, 1):
-            raise ModelFileError(f"{self.mf.path}: tensor {name} is {t.type_name} {list(t.shape)}, "
-                                 f"expected F32 or F16 {[n, n_experts]}")
-        return (t.data.view(np.float32) if t.type == 0 else t.data.view(np.float16).astype(np.float32)
-                ).reshape(n_experts, n)
+        """One bias of n per expert as [n_experts, n], if the file has it."""
+        return self.floats(name, n, n_experts) if self.mf.has_tensor(name) else None
 
     def norm_weights(self, name: str, bias: bool = True) -> tuple[np.ndarray, Optional[np.ndarray]]:
         """(weight, bias) of norm `name` ("blk.0.attn_norm"); the bias required
@@ -406,13 +402,13 @@ class Architecture:
         if self.mf.has_tensor(name):
             raise UnsupportedModelError(f"{self.mf.path}: {self.name} with {what} is not supported yet")
 
-    def read_ends(self, norm_bias: bool = False, tied: bool = True) -> None:
-        """The token embedding, the output norm (with its bias in LayerNorm
-        families) and the logits matrix (tied to the embedding when absent, if
-        the family allows it)."""
+    def read_ends(self, norm_bias: bool = False, tied: bool = True, out_norm: str = "output_norm") -> None:
+        """The token embedding, the output norm `out_norm` (with its bias in LayerNorm
+        families) and the logits matrix (tied to the embedding when absent, if the
+        family allows it)."""
         hp = self.hp
         self.tok_embd = self.weight("token_embd.weight", hp.n_embd, hp.n_vocab)
-        self.out_norm, self.out_norm_b = self.norm_weights("output_norm", bias=norm_bias)
+        self.out_norm, self.out_norm_b = self.norm_weights(out_norm, bias=norm_bias)
         self.output = self.output_weight() if tied else self.weight("output.weight", hp.n_embd, hp.n_vocab)
 
     def output_weight(self) -> Tensor:

@@ -145,7 +145,18 @@ class PreNormDecoder(Architecture):
 
 
 class PostNormDecoder(Architecture):
-    """A family whose every layer is a post_norm_block (Gemma 2/3, OLMo 2, EXAONE 4)."""
+    """A family whose every layer is a post_norm_block (Gemma 2/3, OLMo 2, EXAONE 4, GLM-4)."""
+
+    def post_norm_layer(self, i: int, attn: Attn, input_norms: bool = True) -> Layer:
+        """Layer i: post_attention_norm and post_ffw_norm after the branches, and with
+        input_norms attn_norm and ffn_norm before them (OLMo 2, EXAONE 4: none)."""
+        hp, p = self.hp, f"blk.{i}."
+
+        def norm_of(name: str, present: bool = True) -> Optional[np.ndarray]:
+            return self.vector(p + name + ".weight", hp.n_embd) if present else None
+        return Layer(attn_norm=norm_of("attn_norm", input_norms), attn=attn,
+                     post_attn_norm=norm_of("post_attention_norm"), ffn_norm=norm_of("ffn_norm", input_norms),
+                     ffn=self.ffn_weights(i), post_ffn_norm=norm_of("post_ffw_norm"))
 
     def build(self, g: Graph) -> None:
         x = embed(g, self)

@@ -20,7 +20,7 @@ whole context in every layer.
 from __future__ import annotations
 
 from ..graph import ROPE_NEOX
-from .base import Layer, LocalGlobalLayers
+from .base import LocalGlobalLayers
 from .blocks import PostNormDecoder
 from .llama import Llama
 
@@ -45,11 +45,5 @@ class Exaone4(LocalGlobalLayers, PostNormDecoder):
         self.read_ends()
         self.rope_freqs = self.optional_vector("rope_freqs.weight", hp.rope_dim // 2)
         self.window = int(mf.arch_get("attention.sliding_window", SWA_WINDOW)) if hp.n_layer == N_LAYER_SWA else 0
-        self.layers = []
-        for i in range(hp.n_layer):
-            p = f"blk.{i}."
-            self.layers.append(Layer(
-                attn_norm=None, attn=self.attention_weights(i, qk_norm=True),
-                post_attn_norm=self.vector(p + "post_attention_norm.weight", hp.n_embd),
-                ffn_norm=None, ffn=self.ffn_weights(i),
-                post_ffn_norm=self.vector(p + "post_ffw_norm.weight", hp.n_embd)))
+        self.layers = [self.post_norm_layer(i, self.attention_weights(i, qk_norm=True), input_norms=False)
+                       for i in range(hp.n_layer)]

@@ -33,7 +33,7 @@ import math
 
 from ..errors import ModelFileError
 from ..graph import GLU_GELU_TANH, ROPE_NEOX
-from .base import Layer, Rope, sliding_layers
+from .base import Rope, sliding_layers
 from .blocks import PostNormDecoder
 
 SWA_PERIOD = 6          # llama.cpp's default layer pattern for gemma3
@@ -61,17 +61,8 @@ class Gemma3(PostNormDecoder):
 
         wide = hp.n_layer == self.n_layer_27b  # the 27B: n_embd / n_head, not head_dim
         self.query_scale = 1.0 / math.sqrt(hp.n_embd / hp.n_head if wide else hp.head_dim)
-        self.layers = []
-        for i in range(hp.n_layer):
-            p = f"blk.{i}."
-            self.layers.append(Layer(
-                attn_norm=self.vector(p + "attn_norm.weight", hp.n_embd),
-                attn=self.attention_weights(i, qk_norm=self.qk_norm),
-                post_attn_norm=self.vector(p + "post_attention_norm.weight", hp.n_embd),
-                ffn_norm=self.vector(p + "ffn_norm.weight", hp.n_embd),
-                ffn=self.ffn_weights(i),
-                post_ffn_norm=self.vector(p + "post_ffw_norm.weight", hp.n_embd),
-            ))
+        self.layers = [self.post_norm_layer(i, self.attention_weights(i, qk_norm=self.qk_norm))
+                       for i in range(hp.n_layer)]
 
     def read_softcaps(self) -> None:
         self.final_softcap = float(self.mf.arch_get("final_logit_softcapping", 0.0) or 0.0)

@@ -13,7 +13,6 @@ separate q/k/v tensors (and biases) load too.
 from __future__ import annotations
 
 from ..graph import GLU_SILU, ROPE_NORM
-from .base import Layer
 from .blocks import PostNormDecoder
 
 
@@ -25,13 +24,5 @@ class Glm4(PostNormDecoder):
 
     def __init__(self, mf, n_ctx=None):
         super().__init__(mf, n_ctx)
-        hp = self.hp
         self.read_ends()
-        self.layers = []
-        for i in range(hp.n_layer):
-            p = f"blk.{i}."
-            self.layers.append(Layer(
-                attn_norm=self.vector(p + "attn_norm.weight", hp.n_embd), attn=self.attention_weights(i),
-                post_attn_norm=self.vector(p + "post_attention_norm.weight", hp.n_embd),
-                ffn_norm=self.vector(p + "ffn_norm.weight", hp.n_embd), ffn=self.ffn_weights(i),
-                post_ffn_norm=self.vector(p + "post_ffw_norm.weight", hp.n_embd)))
+        self.layers = [self.post_norm_layer(i, self.attention_weights(i)) for i in range(self.hp.n_layer)]

@@ -29,7 +29,7 @@ class Gpt2(StarCoder2):
         self.pos_embd = self.weight("position_embd.weight", self.hp.n_embd, self.hp.n_ctx_train)
 
     def layer_rope(self, i: int) -> Rope:
-        return Rope(self.rope_mode, 0, self.hp.rope_base)   # positions come from pos_embd
+        return super().layer_rope(i).off()   # positions come from pos_embd
 
 
 class StarCoder(Gpt2):

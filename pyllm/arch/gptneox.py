@@ -48,11 +48,10 @@ class Falcon(PreNormDecoder):
         self.layers = []
         for i in range(hp.n_layer):
             p = f"blk.{i}."
-            h, h_b = self.norm_weights(p + "attn_norm")
-            if mf.has_tensor(p + "attn_norm_2.weight"):   # 40B: the attention reads its own norm
-                an, an_b = self.norm_weights(p + "attn_norm_2")
-                fn, fn_b = h, h_b
-            else:
-                (an, an_b), fn, fn_b = (h, h_b), None, None
+            norm1 = self.norm_weights(p + "attn_norm")
+            if mf.has_tensor(p + "attn_norm_2.weight"):   # 40B: the attention reads its own norm, the FFN norm1
+                (an, an_b), (fn, fn_b) = self.norm_weights(p + "attn_norm_2"), norm1
+            else:                                         # 7B: one norm for both
+                (an, an_b), (fn, fn_b) = norm1, (None, None)
             self.layers.append(Layer(attn_norm=an, attn_norm_b=an_b, attn=self.attention_weights(i),
                                      ffn_norm=fn, ffn_norm_b=fn_b, ffn=self.ffn_weights(i), parallel=True))

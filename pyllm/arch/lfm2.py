@@ -16,8 +16,6 @@ exactly as attention's is; llama.cpp keeps only the last two, in f32.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ..errors import ModelFileError, UnsupportedModelError
 from ..graph import GLU_SILU, ROPE_NEOX
 from .base import Layer, ShortConv
@@ -35,9 +33,7 @@ class Lfm2(PreNormDecoder):
         hp = self.hp
         if mf.arch_get("attention.sliding_window"):
             raise UnsupportedModelError(f"{mf.path}: lfm2 with sliding-window layers is not supported yet")
-        self.tok_embd = self.weight("token_embd.weight", hp.n_embd, hp.n_vocab)
-        self.out_norm, self.out_norm_b = self.vector("token_embd_norm.weight", hp.n_embd), None
-        self.output = self.output_weight()
+        self.read_ends(out_norm="token_embd_norm")
         taps = int(mf.arch_require("shortconv.l_cache"))
         if not 1 < taps <= 64:
             raise ModelFileError(f"{mf.path}: lfm2.shortconv.l_cache = {taps} is not in 2..64")
@@ -49,16 +45,7 @@ class Lfm2(PreNormDecoder):
                 mixer = self.attention_weights(i, qk_norm=True)
             else:
                 mixer = ShortConv(in_proj=self.weight(p + "shortconv.in_proj.weight", hp.n_embd, 3 * hp.n_embd),
-                                  conv=self.conv_weight(p + "shortconv.conv.weight", taps),
+                                  conv=self.floats(p + "shortconv.conv.weight", taps, hp.n_embd),
                                   out_proj=self.weight(p + "shortconv.out_proj.weight", hp.n_embd, hp.n_embd))
             self.layers.append(Layer(attn_norm=self.vector(p + "attn_norm.weight", hp.n_embd), attn=mixer,
                                      ffn_norm=self.vector(p + "ffn_norm.weight", hp.n_embd), ffn=self.ffn_weights(i)))
-
-    def conv_weight(self, name: str, taps: int):
-        """The [n_embd, taps] float32 weights of a depthwise convolution (GGUF shape (taps, n_embd))."""
-        t = self.mf.tensor(name)
-        if t.shape != (taps, self.hp.n_embd) or t.type not in (0, 1):
-            raise ModelFileError(f"{self.mf.path}: tensor {name} is {t.type_name} {list(t.shape)}, expected "
-                                 f"F32 or F16 {[taps, self.hp.n_embd]}")
-        a = t.data.view(np.float32) if t.type == 0 else t.data.view(np.float16).astype(np.float32)
-        return a.reshape(self.hp.n_embd, taps)

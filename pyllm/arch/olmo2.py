@@ -41,16 +41,8 @@ class Olmo2(PostNormDecoder):
         self.window, self.is_swa = sliding_layers(mf, hp.n_layer, SWA_PERIOD)
         self.swa_rope_base = float(mf.arch_get("rope.freq_base_swa", hp.rope_base))
         self.read_ends()
-        self.layers = []
-        for i in range(hp.n_layer):
-            p = f"blk.{i}."
-            attn = self.attention_weights(i, qk_norm="full")
-            self.layers.append(Layer(
-                attn_norm=None, attn=attn,
-                post_attn_norm=self.vector(p + "post_attention_norm.weight", hp.n_embd),
-                ffn_norm=None, ffn=self.ffn_weights(i),
-                post_ffn_norm=self.vector(p + "post_ffw_norm.weight", hp.n_embd),
-            ))
+        self.layers = [self.post_norm_layer(i, self.attention_weights(i, qk_norm="full"), input_norms=False)
+                       for i in range(hp.n_layer)]
 
     def layer_window(self, i: int) -> int:
         return self.window if self.is_swa[i] else 0
