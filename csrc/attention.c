@@ -2,6 +2,8 @@
  *
  * For query row t at position p and head h (key/value head h / group):
  *     y = sum_j softmax_j(scale * q.k_j) v_j     over j in [max(0, p-window+1), p]
+ * (keys of head_dim, values of head_dim_v; with OPF_V_IN_K a value is the first
+ * head_dim_v dims of its key row: MLA's latent, stored once).
  *
  * K and V live in f16 blocks of B positions; the step's block table maps
  * position j to block table[j / B], slot j % B.
@@ -32,15 +34,18 @@
 
 #include "core.h"
 
-#define Q_TILE 16      /* query rows per work item */
+#define Q_TILE 16      /* query rows per work item, fewer where many query heads share a KV head */
 #define SEGMENT 128    /* positions per segment (a multiple of any block size used) */
 
-/* per query row and head: running max, normalizer, then head_dim accumulators */
+/* per query row and head: running max, normalizer, then head_dim_v accumulators */
 #define STATE_FLOATS(hd) (2 + (size_t)(hd))
 
-size_t attention_scratch_floats(int head_dim, int group, int block_size) {
-    const size_t nq = (size_t)Q_TILE * group; /* query vectors per work item */
-    return 2 * nq * STATE_FLOATS(head_dim) + 2 * (size_t)block_size * head_dim + nq * head_dim +
+/* query rows per work item: Q_TILE, or as many as keep 256 query vectors (MQA over 16+ heads) */
+static inline int tile_rows(int group) { return group >= 256 ? 1 : group > 16 ? 256 / group : Q_TILE; }
+
+size_t attention_scratch_floats(int head_dim, int head_dim_v, int group, int block_size) {
+    const size_t nq = (size_t)tile_rows(group) * group; /* query vectors per work item */
+    return 2 * nq * STATE_FLOATS(head_dim_v) + (size_t)block_size * (head_dim + head_dim_v) + nq * head_dim +
            nq * (size_t)block_size;
 }
 
@@ -149,12 +154,12 @@ static float head_sink(const pyllm_op *op, int h) {
  * item's queries packed, and one block's scores of every query */
 typedef struct { float *kb, *vb, *qs, *scores; } item_scratch;
 
-static item_scratch item_scratch_at(float *p, int hd, int group, int block_size) {
+static item_scratch item_scratch_at(float *p, int hd, int hd_v, int group, int block_size) {
     item_scratch w;
     w.kb = p;
     w.vb = w.kb + (size_t)block_size * hd;
-    w.qs = w.vb + (size_t)block_size * hd;
-    w.scores = w.qs + (size_t)Q_TILE * group * hd;
+    w.qs = w.vb + (size_t)block_size * hd_v;
+    w.scores = w.qs + (size_t)tile_rows(group) * group * hd;
     return w;
 }
 
@@ -185,10 +190,14 @@ static void whole_block_sums(item_scratch w, const f16_t *vc, int64_t stride, in
 static void attend_range(const pyllm_op *op, const op_rows *r, int kvh, int64_t t0, int64_t t1, int32_t from,
                          int32_t to, float *state, item_scratch w) {
     const pyllm_step *st = r->step;
-    const int hd = op->head_dim, B = st->block_size;
+    const int hd = op->head_dim, hd_v = value_dim(op), B = st->block_size;
     const int group = op->n_head / op->n_kv_head;
-    const int64_t kv_dim = (int64_t)op->n_kv_head * hd;
-    const size_t sf = STATE_FLOATS(hd);
+    const int v_in_k = op->flags & OPF_V_IN_K;
+    /* f16 between positions in the K pool and in the V pool (the K pool's, values read from keys) */
+    const int64_t kv_dim = (int64_t)op->n_kv_head * hd, v_dim = v_in_k ? kv_dim : (int64_t)op->n_kv_head * hd_v;
+    const f16_t *v_pool = v_in_k ? op->k_cache : op->v_cache;
+    const int64_t v_head = v_in_k ? hd : hd_v; /* f16 from one KV head's values to the next's */
+    const size_t sf = STATE_FLOATS(hd_v);
     const int32_t *pos = st->pos;
 
     for (int32_t blk = from / B; blk <= to / B; blk++) {
@@ -198,14 +207,14 @@ static void attend_range(const pyllm_op *op, const op_rows *r, int kvh, int64_t 
         const int n = j1 - j0 + 1;
         if (blk < to / B) /* the next block's K and V rows, read while this one is worked on */
             for (int32_t i = 0; i < B; i++) {
-                size_t slot = ((size_t)st->block_table[blk + 1] * B + (size_t)i) * kv_dim + (size_t)kvh * hd;
-                for (int b = 0; b < hd * (int)sizeof(f16_t); b += 64) {
-                    __builtin_prefetch((const char *)(op->k_cache + slot) + b);
-                    __builtin_prefetch((const char *)(op->v_cache + slot) + b);
-                }
+                const size_t row = (size_t)st->block_table[blk + 1] * B + (size_t)i;
+                const char *kp = (const char *)(op->k_cache + row * kv_dim + (size_t)kvh * hd);
+                const char *vp = (const char *)(v_pool + row * v_dim + (size_t)kvh * v_head);
+                for (int b = 0; b < hd * (int)sizeof(f16_t); b += 64) __builtin_prefetch(kp + b);
+                for (int b = 0; !v_in_k && b < hd_v * (int)sizeof(f16_t); b += 64) __builtin_prefetch(vp + b);
             }
-        const size_t slot = (base + (size_t)(j0 - blk * B)) * kv_dim + (size_t)kvh * hd;
-        const f16_t *kc = op->k_cache + slot, *vc = op->v_cache + slot;
+        const size_t row = base + (size_t)(j0 - blk * B);
+        const f16_t *kc = op->k_cache + row * kv_dim + (size_t)kvh * hd, *vc = v_pool + row * v_dim + kvh * v_head;
         block_scores(w.qs, (int)((t1 - t0) * group), kc, kv_dim, n, hd, w.kb, w.scores);
         /* each row's softmax step over the part of [j0, j1] it sees; the
          * weighted sums of V for runs of rows that see all of it at once */
@@ -215,26 +224,26 @@ static void attend_range(const pyllm_op *op, const op_rows *r, int kvh, int64_t 
             const int32_t a = first > j0 ? first : j0, b = pos[t] < j1 ? pos[t] : j1;
             for (int g = 0; a <= b && g < group; g++) {
                 int64_t q = (t - t0) * group + g;
-                softmax_step(state + q * sf, w.scores + q * n + (a - j0), b - a + 1, hd, op->scale, op->softcap);
+                softmax_step(state + q * sf, w.scores + q * n + (a - j0), b - a + 1, hd_v, op->scale, op->softcap);
             }
             if (a == j0 && b == j1) continue; /* the run goes on */
-            whole_block_sums(w, vc, kv_dim, run, t, t0, group, n, hd, state, sf);
+            whole_block_sums(w, vc, v_dim, run, t, t0, group, n, hd_v, state, sf);
             run = t + 1;
             if (a <= b) { /* this row alone, over the part it sees */
                 int64_t q0 = (t - t0) * group;
-                weighted_sum(group, w.scores + q0 * n + (a - j0), n, vc + (int64_t)(a - j0) * kv_dim, kv_dim, b - a + 1,
-                             hd, w.vb, state + q0 * sf, sf);
+                weighted_sum(group, w.scores + q0 * n + (a - j0), n, vc + (int64_t)(a - j0) * v_dim, v_dim, b - a + 1,
+                             hd_v, w.vb, state + q0 * sf, sf);
             }
         }
-        whole_block_sums(w, vc, kv_dim, run, t1, t0, group, n, hd, state, sf);
+        whole_block_sums(w, vc, v_dim, run, t1, t0, group, n, hd_v, state, sf);
     }
 }
 
 /* rows t0..t1, every head of KV head kvh, over all they see: into y */
 static void attend_tile(const pyllm_op *op, const op_rows *r, int kvh, int64_t t0, int64_t t1) {
-    const int hd = op->head_dim, group = op->n_head / op->n_kv_head;
+    const int hd = op->head_dim, hd_v = value_dim(op), group = op->n_head / op->n_kv_head;
     const int32_t *pos = r->step->pos;
-    const size_t sf = STATE_FLOATS(hd);
+    const size_t sf = STATE_FLOATS(hd_v);
     const int64_t n_states = (t1 - t0) * group;
     int32_t lo = INT32_MAX, hi = 0; /* the positions any row of the tile sees */
     for (int64_t t = t0; t < t1; t++) {
@@ -243,32 +252,33 @@ static void attend_tile(const pyllm_op *op, const op_rows *r, int kvh, int64_t t
     }
     /* scratch: the total and the current segment's state of every (row, head),
      * then the item's working space */
-    float *total = r->scratch, *seg = total + (size_t)Q_TILE * group * sf;
-    const item_scratch w = item_scratch_at(seg + (size_t)Q_TILE * group * sf, hd, group, r->step->block_size);
+    const size_t tile_states = (size_t)tile_rows(group) * group;
+    float *total = r->scratch, *seg = total + tile_states * sf;
+    const item_scratch w = item_scratch_at(seg + tile_states * sf, hd, hd_v, group, r->step->block_size);
     pack_queries(op, kvh, t0, t1, w.qs);
-    state_init(total, n_states, hd);
+    state_init(total, n_states, hd_v);
     for (int32_t k = lo / SEGMENT; k <= hi / SEGMENT; k++) {
         int32_t from = k * SEGMENT > lo ? k * SEGMENT : lo;
         int32_t to = (k + 1) * SEGMENT - 1 < hi ? (k + 1) * SEGMENT - 1 : hi;
-        state_init(seg, n_states, hd);
+        state_init(seg, n_states, hd_v);
         attend_range(op, r, kvh, t0, t1, from, to, seg, w);
-        for (int64_t i = 0; i < n_states; i++) state_merge(total + i * sf, seg + i * sf, hd);
+        for (int64_t i = 0; i < n_states; i++) state_merge(total + i * sf, seg + i * sf, hd_v);
     }
     for (int64_t t = t0; t < t1; t++)
         for (int g = 0; g < group; g++)
-            state_output(total + ((t - t0) * group + g) * sf, op->y + t * op->y_stride + (int64_t)(kvh * group + g) * hd,
-                         hd, head_sink(op, kvh * group + g));
+            state_output(total + ((t - t0) * group + g) * sf,
+                         op->y + t * op->y_stride + (int64_t)(kvh * group + g) * hd_v, hd_v, head_sink(op, kvh * group + g));
 }
 
 /* One row (decode) on several threads: items are (KV head,
  * segment); each item's state goes to the shared scratch, and whoever
  * finishes the last item merges them in order, as attend_tile does. */
 static void attend_split(const pyllm_op *op, const op_rows *r, int32_t seg0, int n_seg, int ith, int nth) {
-    const int hd = op->head_dim, group = op->n_head / op->n_kv_head;
-    const size_t sf = STATE_FLOATS(hd);
+    const int hd = op->head_dim, hd_v = value_dim(op), group = op->n_head / op->n_kv_head;
+    const size_t sf = STATE_FLOATS(hd_v);
     const int32_t p = r->step->pos[0], first = first_visible(op, p);
     const int64_t items = (int64_t)op->n_kv_head * n_seg;
-    const item_scratch w = item_scratch_at(r->scratch, hd, group, r->step->block_size);
+    const item_scratch w = item_scratch_at(r->scratch, hd, hd_v, group, r->step->block_size);
     int64_t lo, hi;
     split_range(items, ith, nth, 1, &lo, &hi);
     for (int64_t item = lo; item < hi; item++) {
@@ -277,7 +287,7 @@ static void attend_split(const pyllm_op *op, const op_rows *r, int32_t seg0, int
         int32_t from = k * SEGMENT > first ? k * SEGMENT : first;
         int32_t to = (k + 1) * SEGMENT - 1 < p ? (k + 1) * SEGMENT - 1 : p;
         float *state = r->shared + (size_t)item * group * sf;
-        state_init(state, group, hd);
+        state_init(state, group, hd_v);
         pack_queries(op, kvh, 0, 1, w.qs);
         attend_range(op, r, kvh, 0, 1, from, to, state, w);
     }
@@ -287,10 +297,10 @@ static void attend_split(const pyllm_op *op, const op_rows *r, int32_t seg0, int
     float *total = r->scratch;
     for (int h = 0; h < op->n_head; h++) {
         int kvh = h / group, g = h % group;
-        state_init(total, 1, hd);
+        state_init(total, 1, hd_v);
         for (int s = 0; s < n_seg; s++)
-            state_merge(total, r->shared + ((size_t)(s * op->n_kv_head + kvh) * group + g) * sf, hd);
-        state_output(total, op->y + (int64_t)h * hd, hd, head_sink(op, h));
+            state_merge(total, r->shared + ((size_t)(s * op->n_kv_head + kvh) * group + g) * sf, hd_v);
+        state_output(total, op->y + (int64_t)h * hd_v, hd_v, head_sink(op, h));
     }
 }
 
@@ -302,7 +312,7 @@ void op_attention(const pyllm_op *op, const op_rows *r, int ith, int nth) {
         const int32_t p = r->step->pos[0], seg0 = first_visible(op, p) / SEGMENT;
         const int n_seg = p / SEGMENT - seg0 + 1;
         const size_t need = (size_t)op->n_kv_head * n_seg * (op->n_head / op->n_kv_head) *
-                            STATE_FLOATS(op->head_dim);
+                            STATE_FLOATS(value_dim(op));
         if (n_seg > 1 && need <= SHARED_FLOATS) {
             attend_split(op, r, seg0, n_seg, ith, nth);
             return;
@@ -311,11 +321,12 @@ void op_attention(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     /* items handed out one at a time, last tiles first: a causal prompt's
      * later rows see more positions (a fixed split gave the last thread
      * most of the work) */
-    const int64_t tiles = (r->rows + Q_TILE - 1) / Q_TILE, items = tiles * op->n_kv_head;
+    const int rows = tile_rows(op->n_head / op->n_kv_head);
+    const int64_t tiles = (r->rows + rows - 1) / rows, items = tiles * op->n_kv_head;
     for (int64_t item; (item = atomic_fetch_add_explicit(r->counter, 1, memory_order_relaxed)) < items;) {
         int kvh = (int)(item % op->n_kv_head);
-        int64_t t0 = (tiles - 1 - item / op->n_kv_head) * Q_TILE;
-        int64_t t1 = t0 + Q_TILE < r->rows ? t0 + Q_TILE : r->rows;
+        int64_t t0 = (tiles - 1 - item / op->n_kv_head) * rows;
+        int64_t t1 = t0 + rows < r->rows ? t0 + rows : r->rows;
         attend_tile(op, r, kvh, t0, t1);
     }
 }

@@ -14,7 +14,7 @@
 #include "pyllm.h"
 #include "quants.h"
 
-#define MAX_HEAD_DIM 512
+#define MAX_HEAD_DIM 576 /* MLA's keys: a 512-dim latent and 64 rotated dims */
 #define MAX_KV_BLOCK 1024 /* positions per KV block */
 
 typedef struct {
@@ -33,8 +33,11 @@ typedef struct {
 #define IN_ROW(op, r, t) ((op)->x + (int64_t)((r)->row0 + (t)) * (op)->x_stride)
 #define OUT_ROW(op, t) ((op)->y + (int64_t)(t) * (op)->y_stride)
 
+/* KV_STORE / ATTENTION: value dims per head (head_dim_v 0 means head_dim) */
+static inline int value_dim(const pyllm_op *op) { return op->head_dim_v > 0 ? op->head_dim_v : op->head_dim; }
+
 /* floats of scratch an attention work item needs (attention.c) */
-size_t attention_scratch_floats(int head_dim, int group, int block_size);
+size_t attention_scratch_floats(int head_dim, int head_dim_v, int group, int block_size);
 int64_t matmul_scratch_floats(int64_t rows);
 int64_t matmul_id_scratch_floats(const pyllm_op *op, int64_t rows);
 
@@ -69,5 +72,6 @@ void op_scale(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_moe_route(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_matmul_id(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_moe_sum(const pyllm_op *op, const op_rows *r, int ith, int nth);
+void op_copy(const pyllm_op *op, const op_rows *r, int ith, int nth);
 
 #endif

@@ -72,6 +72,7 @@ void op_moe_route(const pyllm_op *op, const op_rows *r, int ith, int nth) {
 
 /* expert id of slot j of row t, or -1 if the route row holds no valid id there */
 static inline int slot_expert(const pyllm_op *op, const op_rows *r, int t, int j) {
+    if (!op->x2) return j; /* no route: a matrix per slot (per head) */
     const float id = op->x2[(int64_t)(r->row0 + t) * op->x2_stride + j];
     return id >= 0.0f && id < (float)op->n_kv_head ? (int)id : -1;
 }

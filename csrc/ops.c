@@ -128,18 +128,29 @@ void op_rope(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     }
 }
 
-/* k_cache[pos] = x[t], v_cache[pos] = x2[t] (as f16), through the block table */
+/* k_cache[pos] = x[t], v_cache[pos] = x2[t] (as f16), through the block table; the keys
+ * alone where the values are read from them (OPF_V_IN_K) */
 void op_kv_store(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     const pyllm_step *st = r->step;
-    int64_t kv_dim = (int64_t)op->n_kv_head * op->head_dim;
+    const int64_t k_dim = (int64_t)op->n_kv_head * op->head_dim, v_dim = (int64_t)op->n_kv_head * value_dim(op);
     int64_t lo, hi;
     split_range(r->rows, ith, nth, 1, &lo, &hi);
     for (int64_t t = lo; t < hi; t++) {
         int32_t p = st->pos[t];
         size_t slot = (size_t)st->block_table[p / st->block_size] * st->block_size + p % st->block_size;
-        K.f32_to_f16(op->x + t * op->x_stride, op->k_cache + slot * kv_dim, kv_dim);
-        K.f32_to_f16(op->x2 + t * op->x2_stride, op->v_cache + slot * kv_dim, kv_dim);
+        K.f32_to_f16(op->x + t * op->x_stride, op->k_cache + slot * k_dim, k_dim);
+        if (!(op->flags & OPF_V_IN_K)) K.f32_to_f16(op->x2 + t * op->x2_stride, op->v_cache + slot * v_dim, v_dim);
     }
+}
+
+/* y[t, g head_dim + i] = x[t, g n_out + i]: columns gathered by group */
+void op_copy(const pyllm_op *op, const op_rows *r, int ith, int nth) {
+    int64_t lo, hi;
+    split_range(r->rows, ith, nth, 1, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++)
+        for (int g = 0; g < op->n_head; g++)
+            memcpy(OUT_ROW(op, t) + (int64_t)g * op->head_dim, IN_ROW(op, r, t) + (int64_t)g * op->n_out,
+                   sizeof(float) * (size_t)op->n_in);
 }
 
 /* y[t, c] = sum_j w[c][j] s[p - L + 1 + j, c], p = pos[t], L = n_head taps, s the layer's

@@ -137,11 +137,15 @@ static int check_op(const pyllm_op *op) {
         return 0;
     case OP_KV_STORE:
     case OP_ATTENTION:
-        if (op->head_dim <= 0 || op->head_dim > MAX_HEAD_DIM) return fail("head size %d unsupported", op->head_dim);
+        if (op->head_dim <= 0 || op->head_dim > MAX_HEAD_DIM || op->head_dim_v < 0 || value_dim(op) > MAX_HEAD_DIM)
+            return fail("head size %d / %d unsupported", op->head_dim, op->head_dim_v);
+        if (op->flags & OPF_V_IN_K && value_dim(op) > op->head_dim)
+            return fail("values of %d dims cannot be read from keys of %d", value_dim(op), op->head_dim);
         if (op->n_kv_head <= 0 || op->n_head <= 0 || op->n_head % op->n_kv_head)
             return fail("%d query heads cannot share %d key/value heads", op->n_head, op->n_kv_head);
-        if (!op->k_cache || !op->v_cache || !op->x) return fail("missing KV cache or input");
-        if (op->kind == OP_KV_STORE && !op->x2) return fail("missing values");
+        if (!op->k_cache || !op->x || (!op->v_cache && !(op->flags & OPF_V_IN_K)))
+            return fail("missing KV cache or input");
+        if (op->kind == OP_KV_STORE && !op->x2 && !(op->flags & OPF_V_IN_K)) return fail("missing values");
         if (op->kind == OP_ATTENTION && !op->y) return fail("missing output");
         return 0;
     case OP_GLU:
@@ -169,10 +173,12 @@ static int check_op(const pyllm_op *op) {
         if (!tt || !K.vec_dot[op->type]) return fail("weight type %d is not supported by the kernels", op->type);
         if (op->n_in <= 0 || op->n_in % tt->block_size)
             return fail("row length %lld is not a whole number of %s blocks", (long long)op->n_in, tt->name);
-        if (op->n_out <= 0 || op->n_head <= 0 || op->n_kv_head < op->n_head || !op->w || !op->y || !op->x2)
-            return fail("matmul_id: missing weights, route or output");
+        if (op->n_out <= 0 || op->n_head <= 0 || op->n_kv_head < op->n_head || !op->w || !op->y)
+            return fail("matmul_id: missing weights or output");
+        if (!op->x2 && op->n_kv_head != op->n_head)   /* no route: slot j's matrix is j */
+            return fail("matmul_id without a route: %d slots for %d matrices", op->n_head, op->n_kv_head);
         if (tt->act == ACT_F32 ? !op->x : !op->xq) return fail("matmul_id input missing");
-        if (op->y_stride < op->n_out * op->n_head || op->x2_stride < 2 * op->n_head)
+        if (op->y_stride < op->n_out * op->n_head || (op->x2 && op->x2_stride < 2 * op->n_head))
             return fail("matmul_id: output or route stride too small");
         if (tt->act == ACT_F32 && op->x_stride < op->n_in * (op->flags & OPF_SLOT_INPUT ? op->n_head : 1))
             return fail("matmul_id: input stride too small");
@@ -189,6 +195,13 @@ static int check_op(const pyllm_op *op) {
     case OP_POS_SCALE:
         if (!op->y || op->n_in <= 0 || op->y_stride < op->n_in || op->window < 1)
             return fail("pos_scale: missing rows, or a period of %d positions", op->window);
+        return 0;
+    case OP_COPY:
+        if (!op->x || !op->y || op->n_in <= 0 || op->n_head <= 0 || op->n_out < 0 || op->head_dim < 0)
+            return fail("copy: missing rows, or %lld floats in %d groups", (long long)op->n_in, op->n_head);
+        if (op->x_stride < (op->n_head - 1) * op->n_out + op->n_in ||
+            op->y_stride < (int64_t)(op->n_head - 1) * op->head_dim + op->n_in)
+            return fail("copy: %d groups of %lld floats outside the rows", op->n_head, (long long)op->n_in);
         return 0;
     case OP_MOE_SUM:
         if (!op->x || !op->x2 || !op->y || op->n_in <= 0 || op->n_head <= 0) return fail("moe sum: missing buffers");
@@ -230,7 +243,8 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
             return fail("position %d outside the %lld the block table holds", st->pos[t], (long long)capacity);
     for (int i = 0; i < n_ops; i++) {
         if (ops[i].kind == OP_ATTENTION &&
-            attention_scratch_floats(ops[i].head_dim, ops[i].n_head / ops[i].n_kv_head, st->block_size) >
+            attention_scratch_floats(ops[i].head_dim, value_dim(&ops[i]), ops[i].n_head / ops[i].n_kv_head,
+                                     st->block_size) >
                 SCRATCH_FLOATS)
             return fail("attention with head size %d, %d heads per KV head and %d-position blocks needs more "
                         "scratch than the core has", ops[i].head_dim, ops[i].n_head / ops[i].n_kv_head,
@@ -284,6 +298,7 @@ static void exec_op(const pyllm_op *op, const pyllm_step *st, float *scratch, fl
     case OP_MOE_SUM: op_moe_sum(op, &r, ith, nth); break;
     case OP_SHORTCONV: op_shortconv(op, &r, ith, nth); break;
     case OP_POS_SCALE: op_pos_scale(op, &r, ith, nth); break;
+    case OP_COPY: op_copy(op, &r, ith, nth); break;
     }
 }
 

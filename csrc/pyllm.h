@@ -17,9 +17,11 @@ enum pyllm_op_kind {
     OP_QUANTIZE = 3,  /* xq[t] = quantize(x[t]) to activation format `type` (n_in elements) */
     OP_MATMUL = 4,    /* y[t, :n_out] (+)= W x[t] (+ bias); reads xq unless W takes f32 */
     OP_ROPE = 5,      /* rotate n_head heads of x[t] and n_kv_head heads of x2[t] by pos[t] */
-    OP_KV_STORE = 6,  /* cache[pos[t]] = (k = x[t], v = x2[t]), as f16, through the block table */
-    OP_ATTENTION = 7, /* y[t] = softmax(scale * q[t] K^T) V over positions <= pos[t] (window); w: NULL, or
-                         one sink logit per head (float[n_head]) that joins the softmax with no value */
+    OP_KV_STORE = 6,  /* cache[pos[t]] = (k = x[t], v = x2[t]), as f16, through the block table; with
+                         OPF_V_IN_K the keys alone */
+    OP_ATTENTION = 7, /* y[t] = softmax(scale * q[t] K^T) V over positions <= pos[t] (window): keys of
+                         head_dim, values (and y's heads) of head_dim_v; w: NULL, or one sink logit per head
+                         (float[n_head]) that joins the softmax with no value */
     OP_GLU = 8,       /* y[t] = act(x[t]) * x2[t]; type = GLU_*; x2 NULL: y[t] = act(x[t]) */
     OP_ADD = 9,       /* y[t] += x[t] */
     OP_SCALE = 10,    /* y[t] *= scale; then y = softcap * tanh(y / softcap) if softcap > 0 */
@@ -27,8 +29,9 @@ enum pyllm_op_kind {
                           logits x[t]; type = MOE_* (gating, renormalized weights); weights * scale;
                           bias: NULL, or per expert, added to the gate values to choose (not to weigh) */
     OP_MATMUL_ID = 12, /* y[t, j n_out..] = W[e] x_j[t] for slots j < n_head, e = x2[t, j] (the
-                          route's ids, of n_kv_head experts); W[e]: the expert's n_out rows; x_j[t]
-                          = x[t], or its j-th n_in slice with OPF_SLOT_INPUT; + bias[e] ([n_kv_head][n_out]) */
+                          route's ids, of n_kv_head experts; x2 NULL: e = j, a matrix per head); W[e]: the
+                          expert's n_out rows; x_j[t] = x[t], or its j-th n_in slice with OPF_SLOT_INPUT;
+                          + bias[e] ([n_kv_head][n_out]) */
     OP_MOE_SUM = 13,  /* y[t] (+)= sum_j x2[t, n_head + j] x[t, j n_in ..] (the route's weights) */
     OP_SHORTCONV = 14, /* y[t, c] = sum_{j < n_head} w[c n_head + j] s[pos[t] - n_head + 1 + j, c] for channels
                           c < n_in: a causal depthwise convolution (LFM2) over the rows a KV_STORE put in this
@@ -36,7 +39,9 @@ enum pyllm_op_kind {
                           before position 0 */
     OP_POS_SCALE = 15, /* y[t, :n_in] *= 1 + scale ln(1 + floor((pos[t] + eps) / window)): the attention
                           temperature of long positions on q (Llama 4, Mistral 3) */
-    OP_KIND_COUNT = 16
+    OP_COPY = 16,     /* y[t, g head_dim + i] = x[t, g n_out + i] for i < n_in, groups g < n_head: columns
+                         gathered by group (n_out 0: every group copies the same n_in) */
+    OP_KIND_COUNT = 17
 };
 
 enum pyllm_op_flags {
@@ -46,8 +51,10 @@ enum pyllm_op_flags {
     OPF_NO_SYNC = 4,    /* no barrier after this op (the next op does not touch its output) */
     OPF_OUT_ROWS = 8,   /* only rows 0 .. step.n_out-1 (the rest of the output head) */
     OPF_SLOT_INPUT = 16, /* MATMUL_ID: each slot reads its own slice of the input row */
-    OPF_BY_POS = 32     /* EMBED: the rows of the positions, not of the tokens (learned position
+    OPF_BY_POS = 32,    /* EMBED: the rows of the positions, not of the tokens (learned position
                            embeddings: GPT-2); with OPF_ACCUMULATE added into y */
+    OPF_V_IN_K = 64     /* KV_STORE, ATTENTION: no value pool; a KV head's values are the first head_dim_v
+                           dims of its keys (MLA's latent: DeepSeek 2/3) */
 };
 
 /* GLU_SWIGLU_OAI (gpt-oss): g' = min(g, c), y = g' sigmoid(a g') (clamp(u, -c, c) + 1), a = scale, c = softcap;
@@ -78,6 +85,7 @@ typedef struct pyllm_op {
     int32_t n_head;        /* query heads (ROPE, ATTENTION); groups per row (RMSNORM) */
     int32_t n_kv_head;
     int32_t head_dim;
+    int32_t head_dim_v;    /* KV_STORE, ATTENTION: value dims per head (0: head_dim) */
     int32_t n_rot;         /* ROPE: leading dims of each head that rotate */
     int32_t rope_mode;     /* ROPE_* */
     int32_t window;        /* ATTENTION: sliding window in tokens, 0 = none */
@@ -88,7 +96,7 @@ typedef struct pyllm_op {
     const float *freq_factors; /* ROPE: per-pair divisors (llama3 rope_freqs), or NULL */
     float softcap;         /* ATTENTION (scores), SCALE (outputs): tanh soft-capping, 0 = none */
     uint16_t *k_cache;     /* KV_STORE/ATTENTION: this layer's pools, */
-    uint16_t *v_cache;     /*   [pool blocks][block_size][n_kv_head * head_dim] f16 */
+    uint16_t *v_cache;     /*   [pool blocks][block_size][n_kv_head * head_dim (_v)] f16 */
 } pyllm_op;
 
 /* one forward step: a batch of tokens of one sequence */

@@ -100,7 +100,7 @@ def decode_bytes_per_token(model, n_ctx_tokens: int = 0) -> int:
     g = model.graph
     weights = sum(op.weight.nbytes for op in g.ops if op.kind == OP_MATMUL)
     weights += sum(op.weight.nbytes * op.n_head // op.n_kv_head for op in g.ops if op.kind == OP_MATMUL_ID)
-    kv_per_token = sum(2 * n_kv * hd * 2 for n_kv, hd in g.kv_layers.values())
+    kv_per_token = sum((dk + dv) * 2 for dk, dv in g.kv_layers.values())
     return weights + kv_per_token * n_ctx_tokens
 
 

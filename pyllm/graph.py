@@ -27,11 +27,13 @@ from .model_file import Tensor
 OP_EMBED, OP_RMSNORM, OP_QUANTIZE, OP_MATMUL, OP_ROPE = 1, 2, 3, 4, 5
 OP_KV_STORE, OP_ATTENTION, OP_GLU, OP_ADD, OP_SCALE = 6, 7, 8, 9, 10
 OP_MOE_ROUTE, OP_MATMUL_ID, OP_MOE_SUM, OP_SHORTCONV, OP_POS_SCALE = 11, 12, 13, 14, 15
+OP_COPY = 16
 OP_NAMES = {OP_EMBED: "embed", OP_RMSNORM: "rmsnorm", OP_QUANTIZE: "quantize", OP_MATMUL: "matmul",
             OP_ROPE: "rope", OP_KV_STORE: "kv_store", OP_ATTENTION: "attention", OP_GLU: "glu",
             OP_ADD: "add", OP_SCALE: "scale", OP_MOE_ROUTE: "moe_route", OP_MATMUL_ID: "matmul_id",
-            OP_MOE_SUM: "moe_sum", OP_SHORTCONV: "shortconv", OP_POS_SCALE: "pos_scale"}
+            OP_MOE_SUM: "moe_sum", OP_SHORTCONV: "shortconv", OP_POS_SCALE: "pos_scale", OP_COPY: "copy"}
 OPF_ACCUMULATE, OPF_LAST_ROWS, OPF_NO_SYNC, OPF_OUT_ROWS, OPF_SLOT_INPUT, OPF_BY_POS = 1, 2, 4, 8, 16, 32
+OPF_V_IN_K = 64
 GLU_SILU, GLU_GELU_TANH, GLU_SWIGLU_OAI, GLU_RELU_SQR, GLU_MUL = 0, 1, 2, 3, 4
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0    # gpt-oss's constants (llama.cpp's too)
 NORM_RMS, NORM_LAYER = 0, 1
@@ -112,6 +114,7 @@ class Op:
     n_head: int = 0
     n_kv_head: int = 0
     head_dim: int = 0
+    head_dim_v: int = 0                    # KV_STORE / ATTENTION: value dims per head (0: head_dim)
     n_rot: int = 0
     rope_mode: int = 0
     window: int = 0
@@ -133,7 +136,7 @@ class Graph:
         self.ops: list[Op] = []
         self.buffers: dict[str, Buffer] = {}
         self.qbuffers: dict[str, QBuffer] = {}
-        self.kv_layers: dict[int, tuple[int, int]] = {}   # layer -> (n_kv_head, head_dim)
+        self.kv_layers: dict[int, tuple[int, int]] = {}   # layer -> f16 per position in its (K, V) pools
         self._version: dict[str, int] = {}                # writes seen per buffer
         self._quantized: dict[tuple[str, int, int], tuple[int, QBuffer]] = {}
         self._epoch_reads: set = set()
@@ -271,6 +274,18 @@ class Graph:
                       x2=route, xq=xq, y=y, n_in=n_in, n_out=n_out, n_head=k, n_kv_head=n_experts), reads, {y.name})
         return y
 
+    def linear_heads(self, x: View, w: Tensor, out: str | View) -> View:
+        """out[:, h n_out : (h+1) n_out] = W[h] x[:, h n_in : (h+1) n_in]: a matrix per head
+        (MLA's up-projections), W 3-D of GGUF shape (n_in, n_out, heads)"""
+        n_in, n_out, heads = w.shape
+        assert x.width == n_in * heads, f"{w.name}: input width {x.width}"
+        y = self._out(out, heads * n_out)
+        act = act_format(w.type)
+        xq = None if act == ACT_F32 else self.quantized(x, act)
+        self._emit(Op(OP_MATMUL_ID, flags=OPF_SLOT_INPUT, type=w.type, weight=w, x=x, xq=xq, y=y, n_in=n_in,
+                      n_out=n_out, n_head=heads, n_kv_head=heads), {x.name if xq is None else xq.name}, {y.name})
+        return y
+
     def moe_sum(self, experts: View, route: View, k: int, out: str | View, accumulate: bool = False) -> View:
         """out (+)= sum_j weight_j experts[:, j n : (j+1) n], the route's weights"""
         n = experts.width // k
@@ -288,24 +303,33 @@ class Graph:
                       n_rot=n_rot, rope_mode=mode, freq_base=freq_base, freq_scale=freq_scale,
                       freq_factors=freq_factors), names, names)
 
-    def attention(self, q: View, k: View, v: View, n_head: int, n_kv_head: int, head_dim: int,
+    def attention(self, q: View, k: View, v: Optional[View], n_head: int, n_kv_head: int, head_dim: int,
                   scale: float, out: str | View, window: int = 0, softcap: float = 0.0,
-                  sinks: Optional[np.ndarray] = None) -> View:
+                  sinks: Optional[np.ndarray] = None, head_dim_v: int = 0) -> View:
         """Stores this step's k, v in the layer's KV cache, then attends over it.
-        sinks: one logit per head that joins its softmax with no value (gpt-oss)."""
-        kv = self._store_kv(k, v, n_head, n_kv_head, head_dim)
-        y = self._out(out, n_head * head_dim)
-        self._emit(Op(OP_ATTENTION, x=q, y=y, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
-                      scale=scale, window=window, softcap=softcap, kv_layer=self.layer, vector=sinks),
+        sinks: one logit per head that joins its softmax with no value (gpt-oss).
+        head_dim_v: value dims per head, when not head_dim; v None: a KV head's values
+        are the first head_dim_v dims of its keys, stored once (MLA's latent)."""
+        head_dim_v = head_dim_v or head_dim
+        kv = self._store_kv(k, v, n_head, n_kv_head, head_dim, head_dim_v)
+        y = self._out(out, n_head * head_dim_v)
+        self._emit(Op(OP_ATTENTION, flags=OPF_V_IN_K if v is None else 0, x=q, y=y, n_head=n_head,
+                      n_kv_head=n_kv_head, head_dim=head_dim, head_dim_v=head_dim_v, scale=scale, window=window,
+                      softcap=softcap, kv_layer=self.layer, vector=sinks),
                    {q.name, kv}, {y.name})
         return y
 
-    def _store_kv(self, k: View, v: View, n_head: int, n_kv_head: int, head_dim: int) -> str:
-        """The KV_STORE of this step's rows into the current layer's pools; the pools' name."""
-        self.kv_layers[self.layer] = (n_kv_head, head_dim)
+    def _store_kv(self, k: View, v: Optional[View], n_head: int, n_kv_head: int, head_dim: int,
+                  head_dim_v: int = 0) -> str:
+        """The KV_STORE of this step's rows into the current layer's pools (keys alone
+        when v is None); the pools' name."""
+        head_dim_v = head_dim_v or head_dim
+        assert v is not None or head_dim_v <= head_dim
+        self.kv_layers[self.layer] = (n_kv_head * head_dim, 0 if v is None else n_kv_head * head_dim_v)
         kv = f"kv{self.layer}"
-        self._emit(Op(OP_KV_STORE, x=k, x2=v, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
-                      kv_layer=self.layer), {k.name, v.name}, {kv})
+        self._emit(Op(OP_KV_STORE, flags=OPF_V_IN_K if v is None else 0, x=k, x2=v, n_head=n_head,
+                      n_kv_head=n_kv_head, head_dim=head_dim, head_dim_v=head_dim_v, kv_layer=self.layer),
+                   {k.name} | ({v.name} if v is not None else set()), {kv})
         return kv
 
     def shortconv(self, x: View, w: np.ndarray, out: str | View) -> View:
@@ -329,6 +353,14 @@ class Graph:
         of long positions, on q (Llama 4, Mistral 3)"""
         self._emit(Op(OP_POS_SCALE, y=y, n_in=y.width, scale=s, window=period, eps=offset), {y.name}, {y.name})
         return y
+
+    def copy(self, x: View, out: View, n: int, groups: int, x_step: int, out_step: int) -> View:
+        """out[:, g out_step + i] = x[:, g x_step + i] for i < n, g < groups: columns gathered
+        by group (a concatenation of heads' parts; x_step 0: the same n columns into every group)"""
+        assert x.name != out.name and (groups - 1) * x_step + n <= x.width and (groups - 1) * out_step + n <= out.width
+        self._emit(Op(OP_COPY, x=x, y=out, n_in=n, n_head=groups, n_out=x_step, head_dim=out_step),
+                   {x.name}, {out.name})
+        return out
 
     def glu(self, gate: View, up: View, kind: int, out: str | View) -> View:
         """out = act(gate) * up; GLU_SWIGLU_OAI: min(g, c) sigmoid(a min(g, c)) (clamp(up, -c, c) + 1),

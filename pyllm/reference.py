@@ -13,7 +13,7 @@ from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from .arch import ARCHITECTURES
-from .arch.base import Architecture, Moe, ShortConv
+from .arch.base import Architecture, Mla, Moe, ShortConv
 from .graph import GLU_GELU_TANH, GLU_RELU_SQR, GLU_SWIGLU_OAI, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from .model_file import Tensor
 
@@ -90,8 +90,8 @@ def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool,
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window: int = 0,
               softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
-    """Causal attention. q: [T, H, d], k/v: [T, Hkv, d] -> [T, H*d]. sinks: one logit
-    per head, one more score of each softmax whose value is zero."""
+    """Causal attention. q: [T, H, d], k: [T, Hkv, d], v: [T, Hkv, dv] -> [T, H*dv]. sinks:
+    one logit per head, one more score of each softmax whose value is zero."""
     T, H, d = q.shape
     group = H // k.shape[1]
     k = np.repeat(k, group, axis=1)
@@ -109,7 +109,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window:
     m = np.maximum(scores.max(axis=-1, keepdims=True), sink)
     p = np.exp(scores - m)
     p /= p.sum(axis=-1, keepdims=True) + np.exp(sink - m)
-    return np.einsum("hts,shd->thd", p, v.astype(np.float64)).reshape(T, H * d).astype(np.float32)
+    return np.einsum("hts,shd->thd", p, v.astype(np.float64)).reshape(T, -1).astype(np.float32)
 
 
 class Reference:
@@ -216,6 +216,33 @@ class Reference:
         att = attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i), a.attn_softcap, A.sinks)
         return self._linear(att, A.wo, A.bo)
 
+    def _latent_attention(self, h: np.ndarray, A: Mla, i: int) -> np.ndarray:
+        """Multi-head latent attention as DeepSeek-V2 writes it, with every head's key and
+        value decompressed: [c | k_pe] = Wkv_a h, c normed; k_i = [Wk_i c | rope(k_pe)],
+        v_i = Wv_i c, q_i = [q_nope_i | rope(q_pe_i)]; Wo [attention_i]_i."""
+        a, hp = self.arch, self.arch.hp
+        T, H, nope, n_rot, lat = h.shape[0], hp.n_head, a.nope, hp.rope_dim, a.kv_lora
+        pos = np.arange(T)
+        if A.wq is not None:
+            q = self._linear(h, A.wq, None)
+        else:
+            q = self._linear(rmsnorm(self._linear(h, A.wq_a, None), A.q_a_norm, hp.eps), A.wq_b, None)
+        q = q.reshape(T, H, nope + n_rot)
+        kv = self._linear(h, A.wkv_a, None)
+        c, k_pe = rmsnorm(kv[:, :lat], A.kv_a_norm, hp.eps), kv[:, None, lat:]
+        r = a.layer_rope(i)
+        q_pe = rope(q[:, :, nope:], pos, n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors)
+        k_pe = rope(k_pe, pos, n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors)
+        if self.kv_f16:   # the engines cache c and k_pe in f16
+            c, k_pe = c.astype(np.float16).astype(np.float32), k_pe.astype(np.float16).astype(np.float32)
+        wk = self._experts(A.wk_b).transpose(0, 2, 1)    # [H, nope, lat]: Wk_i
+        wv = self._experts(A.wv_b)                       # [H, v_dim, lat]: Wv_i
+        k = np.concatenate([np.einsum("hnl,tl->thn", wk, c), np.broadcast_to(k_pe, (T, H, n_rot))], axis=2)
+        v = np.einsum("hvl,tl->thv", wv, c)
+        att = attention(np.concatenate([q[:, :, :nope], q_pe], axis=2), k, v, a.layer_attn_scale(i),
+                        a.layer_window(i))
+        return self._linear(att, A.wo, None)
+
     def _short_conv(self, h: np.ndarray, s: ShortConv) -> np.ndarray:
         """out_proj (c * conv(b * x)), [b | c | x] = in_proj h; conv causal over positions."""
         b, c, x = np.split(self._linear(h, s.in_proj, None), 3, axis=1)
@@ -250,7 +277,12 @@ class Reference:
         for i, L in enumerate(a.layers):
             F = L.ffn
             h = self._norm(x, L.attn_norm, L.attn_norm_b)
-            o = self._short_conv(h, L.attn) if isinstance(L.attn, ShortConv) else self._attention(h, L.attn, i)
+            if isinstance(L.attn, ShortConv):
+                o = self._short_conv(h, L.attn)
+            elif isinstance(L.attn, Mla):
+                o = self._latent_attention(h, L.attn, i)
+            else:
+                o = self._attention(h, L.attn, i)
             if L.post_attn_norm is not None:
                 o = rmsnorm(o, L.post_attn_norm, hp.eps)
             if not L.parallel:   # parallel: the FFN reads the attention's h, or its own norm of x

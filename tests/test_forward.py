@@ -17,7 +17,7 @@ from pyllm._native import lib
 from pyllm.arch import load_architecture
 from pyllm.backend.cpu import CpuBackend
 from pyllm.graph import Graph
-from pyllm.model_file import ModelFile
+from pyllm.model_file import ModelFile, Tensor
 from pyllm.reference import Reference
 
 FLOAT_TYPES = [QT.F32, QT.F16, QT.BF16]
@@ -259,3 +259,111 @@ def test_ungated_activation_op():
         ref = rows / (1 + np.exp(-rows)) if kind == GLU_SILU else \
             0.5 * rows * (1 + np.tanh(np.sqrt(2 / np.pi) * (rows + 0.044715 * rows.astype(np.float64) ** 3)))
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+# -- the ops multi-head latent attention adds (DeepSeek 2/3) -----------------------------------------
+
+def run_kv_graph(g, inputs: dict, pos, table, output: str, block_size: int = 16, n_blocks: int = 16,
+                 n_threads: int = 2):
+    """Graph g with a KV cache of n_blocks on the host: one step of len(pos) rows at positions pos
+    through block table `table`; (the rows of `output`, the program) -- close it when done."""
+    from pyllm.backend.base import Range, Shape, StepData
+    from pyllm.backend.cpu import HostDevice
+    n = len(pos)
+    prog = HostDevice(n_threads).bind(g, [Range(0, len(g.ops))], Shape(n, n, n_blocks, block_size))
+    for name, a in inputs.items():
+        prog.write(name, 0, a)
+    prog.run(0, StepData(np.zeros(n, np.int32), np.asarray(pos, np.int32), np.asarray(table, np.int32), n))
+    return np.array(prog.read(output, 0, n)), prog
+
+
+def test_copy_op_gathers_and_broadcasts():
+    """OP_COPY: heads' parts gathered into a wider row, and one part broadcast into every group
+    (a row of q_nope | q_pe parts concatenated per head), bit for bit."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((7, 5 * 24)).astype(np.float32)
+    g = Graph()
+    src, out = g.buffer("x", 5 * 24), g.buffer("out", 5 * 40)
+    g.copy(src.cols(3, src.width - 3), out, 17, 5, 24, 40)        # 17 floats from 3 + 24 g to 40 g
+    g.copy(src.cols(100, 9), out.cols(20, out.width - 20), 9, 5, 0, 40)   # the same 9 into every group
+    got = run_ops(g, {"x": x, "out": np.full((7, 200), -1.0, np.float32)}, 7, "out")
+    want = np.full((7, 5, 40), -1.0, np.float32)
+    want[:, :, :17] = x.reshape(7, 5, 24)[:, :, 3:20]
+    want[:, :, 20:29] = x[:, None, 100:109]
+    np.testing.assert_array_equal(got, want.reshape(7, 200))
+
+
+@pytest.mark.parametrize("qtype", [QT.F16, QT.Q8_0, QT.Q5_0], ids=lambda t: t.name)
+def test_linear_heads_is_each_heads_own_matmul(qtype):
+    """A matrix per head (OP_MATMUL_ID without a route): head h of the output is exactly the
+    plain matmul of head h's slice of the input by matrix h (the kernels' per-row contract),
+    for a decode row and a batch."""
+    from test_moe import experts_tensor
+    heads, n_in, n_out = 6, 128, 48
+    w = experts_tensor(qtype, n_in, n_out, heads)
+    per_head = w.nbytes // heads
+    rng = np.random.default_rng(5)
+    for rows in (1, 9):
+        x = rng.standard_normal((rows, heads * n_in)).astype(np.float32)
+        g = Graph()
+        g.linear_heads(g.buffer("x", heads * n_in), w, "y")
+        got = run_ops(g, {"x": x}, rows, "y")
+        for h in range(heads):
+            wh = Tensor(f"w{h}", w.type, (n_in, n_out), 0, per_head, w.data[h * per_head:(h + 1) * per_head])
+            one = Graph()
+            one.linear(one.buffer("x", n_in), wh, "y")
+            want = run_ops(one, {"x": np.ascontiguousarray(x[:, h * n_in:(h + 1) * n_in])}, rows, "y")
+            np.testing.assert_array_equal(got[:, h * n_out:(h + 1) * n_out], want)
+
+
+MLA_CASES = {   # n_head, n_kv_head, key dims, value dims, values read from the keys
+    "k192-v128": (4, 4, 192, 128, False),
+    "mqa-576-512-v-in-k": (16, 1, 576, 512, True),
+    "mqa-20-heads": (20, 1, 576, 512, True),     # more heads than a 16-row tile keeps
+}
+
+
+@pytest.mark.parametrize("level", [0, None], ids=["scalar", "best"])
+@pytest.mark.parametrize("case", list(MLA_CASES))
+def test_attention_with_value_dims_of_its_own(case, level):
+    """Attention whose values are narrower than its keys, stored apart or read from the first
+    dims of the keys (MLA's latent, one pool): 70 rows through a shuffled block table against
+    float64 attention over the f16-rounded keys and values; then the last row again as a decode
+    step on 2 threads (its context in segments shared out), bit for bit the batch's row."""
+    from pyllm.reference import attention
+    n_head, n_kv, hd, hd_v, v_in_k = MLA_CASES[case]
+    rng = np.random.default_rng(hd + n_head)
+    n, bs = 200 if v_in_k else 70, 16
+    q = rng.standard_normal((n, n_head * hd)).astype(np.float32)
+    k = rng.standard_normal((n, n_kv * hd)).astype(np.float32)
+    v = rng.standard_normal((n, n_kv * hd_v)).astype(np.float32)
+    g = Graph()
+    g.layer = 0
+    vv = None if v_in_k else g.buffer("v", n_kv * hd_v)
+    g.attention(g.buffer("q", n_head * hd), g.buffer("k", n_kv * hd), vv, n_head, n_kv, hd, 0.05, "y",
+                head_dim_v=hd_v)
+    inputs = {"q": q, "k": k} if v_in_k else {"q": q, "k": k, "v": v}
+    table = list(rng.permutation(16))[:-(-n // bs)]
+    best = lib.pyllm_get_level()
+    try:
+        if level is not None:
+            assert lib.pyllm_set_level(level) == 0
+        got, prog = run_kv_graph(g, inputs, np.arange(n), table, "y")
+        assert prog.v_cache[0].size == (0 if v_in_k else 16 * bs * n_kv * hd_v)
+        prog.close()
+        k16 = k.astype(np.float16).astype(np.float32).reshape(n, n_kv, hd)
+        v16 = k16[:, :, :hd_v] if v_in_k else v.astype(np.float16).astype(np.float32).reshape(n, n_kv, hd_v)
+        want = attention(q.reshape(n, n_head, hd), k16, v16, 0.05)
+        assert got.shape == (n, n_head * hd_v)
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+        # the last row alone, its keys and values already in the cache from the batch
+        _, prog = run_kv_graph(g, inputs, np.arange(n), table, "y")
+        one = {name: a[-1:] for name, a in inputs.items()}
+        for name, a in one.items():
+            prog.write(name, 0, a)
+        from pyllm.backend.base import StepData
+        prog.run(0, StepData(np.zeros(1, np.int32), np.array([n - 1], np.int32), np.asarray(table, np.int32), 1))
+        np.testing.assert_array_equal(np.array(prog.read("y", 0, 1)), got[-1:])
+        prog.close()
+    finally:
+        lib.pyllm_set_level(best)

@@ -58,12 +58,14 @@ class HParams:
 
     @classmethod
     def read(cls, mf: ModelFile, rope_scalings: tuple = ROPE_SCALINGS, layer_norm: bool = False,
-             experts: bool = False, kv_per_layer: bool = False) -> "HParams":
+             experts: bool = False, kv_per_layer: bool = False, own_head_dims: bool = False) -> "HParams":
         """layer_norm: the family normalizes with LayerNorm, whose epsilon is
         under attention.layer_norm_epsilon (RMSNorm's: layer_norm_rms_epsilon).
         experts: the family runs mixture-of-experts files (expert_count > 0).
         kv_per_layer: attention.head_count_kv may be a list, one count per layer,
-        0 for a layer without attention (LFM2's convolution layers)."""
+        0 for a layer without attention (LFM2's convolution layers).
+        own_head_dims: the family reads its key and value head sizes itself (MLA: they
+        differ, and the file's key_length is the latent's); head_dim is key_length here."""
         n_embd = int(mf.arch_require("embedding_length"))
         n_head = int(mf.arch_require("attention.head_count"))
         kv = mf.arch_get("attention.head_count_kv", n_head)
@@ -82,7 +84,7 @@ class HParams:
             raise ModelFileError(f"{mf.path}: {n_head} attention heads cannot share {n_head_kv} key/value heads")
         head_dim = int(mf.arch_get("attention.key_length", n_embd // n_head))
         v_dim = int(mf.arch_get("attention.value_length", head_dim))
-        if v_dim != head_dim:
+        if v_dim != head_dim and not own_head_dims:
             raise UnsupportedModelError(f"{mf.path}: key heads of {head_dim} and value heads of {v_dim} "
                                         f"differ; pyllm runs equal key and value head sizes only")
         tokens = mf.get("tokenizer.ggml.tokens")
@@ -133,10 +135,10 @@ class HParams:
         if hp.n_layer > len(mf.tensors):  # every layer has tensors: a larger count is corrupt
             raise ModelFileError(f"{mf.path}: block_count {hp.n_layer} is more than the file's "
                                  f"{len(mf.tensors)} tensors; the file is corrupt")
-        if hp.head_dim > 512 or hp.rope_dim > hp.head_dim or hp.rope_dim % 2:
+        if (hp.head_dim > 512 and not own_head_dims) or hp.rope_dim > hp.head_dim or hp.rope_dim % 2:
             raise UnsupportedModelError(f"{mf.path}: head size {hp.head_dim} with {hp.rope_dim} rotated "
                                         f"dims is not supported (head size at most 512)")
-        if hp.rope_attn_factor != 1.0 and hp.rope_dim != hp.head_dim:
+        if hp.rope_attn_factor != 1.0 and hp.rope_dim != hp.head_dim and not own_head_dims:
             raise UnsupportedModelError(f"{mf.path}: a RoPE attention factor with partial rotation "
                                         f"({hp.rope_dim} of {hp.head_dim} dims) is not supported")
         return hp
@@ -255,6 +257,24 @@ class ShortConv:
 
 
 @dataclass
+class Mla:
+    """A layer's multi-head latent attention (DeepSeek 2/3). Per token, a latent c (kv_lora
+    wide) and one rotated key part k_pe shared by every head: [c | k_pe] = wkv_a h, c
+    normed. Head i's key is [Wk_i c | k_pe] and its value Wv_i c; q comes from wq h, or
+    from wq_b norm(wq_a h). wk_b holds Wk_i transposed (GGUF shape (nope, kv_lora, heads)),
+    so q_i's latent part Wk_i^T q_nope_i meets c itself: the cache keeps [c | k_pe] alone."""
+    wkv_a: Tensor
+    kv_a_norm: np.ndarray
+    wk_b: Tensor
+    wv_b: Tensor            # GGUF shape (kv_lora, v_dim, heads)
+    wo: Tensor
+    wq: Optional[Tensor] = None
+    wq_a: Optional[Tensor] = None
+    q_a_norm: Optional[np.ndarray] = None
+    wq_b: Optional[Tensor] = None
+
+
+@dataclass
 class Ffn:
     """A gated feed-forward: down(act(gate h) * up h). With w_gate None, w_up
     is fused: its output rows are [gate | up] (2 n_ff of them). Not gated:
@@ -303,7 +323,7 @@ class Layer:
     their norms' biases. Parallel: x += attn(h) + ffn(h), h = norm(x) (Phi-2); with
     an ffn_norm too, the FFN reads its own norm of the same x (GPT-NeoX, Falcon 40B)."""
     attn_norm: Optional[np.ndarray]
-    attn: Attn | ShortConv
+    attn: Attn | ShortConv | Mla
     ffn_norm: Optional[np.ndarray]
     ffn: Ffn | Moe
     post_attn_norm: Optional[np.ndarray] = None
@@ -332,6 +352,7 @@ class Architecture:
     experts: bool | str = False
     moe_norm = True      # MoE: divide the chosen experts' gate values by their sum
     kv_per_layer = False  # head_count_kv may list a count per layer, 0 for a layer without attention
+    own_head_dims = False  # the family reads its key and value head sizes itself (MLA)
     attn_temperature: Optional[tuple] = None   # (s, period, offset): q *= 1 + s ln(1 + floor((p + offset) / period))
     attn_softcap = 0.0   # > 0: attention scores become c * tanh(s / c) (Gemma 2)
     final_softcap = 0.0  # > 0: the logits likewise
@@ -352,7 +373,8 @@ class Architecture:
         self.mf = mf
         self.n_ctx = n_ctx
         self.hp = HParams.read(mf, self.rope_scalings, layer_norm=self.norm == NORM_LAYER,
-                               experts=bool(self.experts), kv_per_layer=self.kv_per_layer)
+                               experts=bool(self.experts), kv_per_layer=self.kv_per_layer,
+                               own_head_dims=self.own_head_dims)
         self.rope_freqs: Optional[np.ndarray] = None   # llama3-style per-pair divisors
         self.window = 0                                 # sliding window of every layer, 0 = none
 

@@ -128,9 +128,9 @@ class CoreProgram(Program):
         self.qbuffers = {name: aligned_zeros((rows, nb), np.uint8) for name, (rows, nb) in mp.qbuffers.items()}
         self.k_cache: dict[int, np.ndarray] = {}
         self.v_cache: dict[int, np.ndarray] = {}
-        for layer, (blocks, bs, kv_dim) in mp.kv.items():
-            self.k_cache[layer] = aligned_zeros((blocks, bs, kv_dim), np.float16)
-            self.v_cache[layer] = aligned_zeros((blocks, bs, kv_dim), np.float16)
+        for layer, (blocks, bs, k_dim, v_dim) in mp.kv.items():
+            self.k_cache[layer] = aligned_zeros((blocks, bs, k_dim), np.float16)
+            self.v_cache[layer] = aligned_zeros((blocks, bs, v_dim), np.float16)
         self.weights = {name: self._place_weight(t) for name, t in mp.tensors.items()}
         self.vectors = {key: self._place_vector(a) for key, a in mp.vectors.items()}
         self.staging = aligned_zeros((max(mp.staging, 1),), np.uint8)
@@ -192,7 +192,8 @@ class CoreProgram(Program):
         return self.qbuffers[name].ctypes.data
 
     def kv(self, layer: int) -> tuple[int, int]:
-        return self.k_cache[layer].ctypes.data, self.v_cache[layer].ctypes.data
+        k, v = self.k_cache[layer], self.v_cache[layer]
+        return k.ctypes.data, (v if v.size else k).ctypes.data
 
     # -- running -----------------------------------------------------------------------------------
     def _send(self, what: str, src: np.ndarray, dst: np.ndarray) -> None:

@@ -273,8 +273,10 @@ class CudaProgram(Program):
             self.buffers = {name: (self._alloc(rows * width * 4, zero=True), width * 4, width)
                             for name, (rows, width) in mp.buffers.items()}
             self.qbuffers = {name: (self._alloc(rows * nb, zero=True), nb, nb) for name, (rows, nb) in mp.qbuffers.items()}
-            self.kv_pools = {layer: (self._alloc(b * s * d * 2, zero=True), self._alloc(b * s * d * 2, zero=True))
-                             for layer, (b, s, d) in mp.kv.items()}
+            self.kv_pools = {}
+            for layer, (b, s, dk, dv) in mp.kv.items():
+                k = self._alloc(b * s * dk * 2, zero=True)
+                self.kv_pools[layer] = (k, self._alloc(b * s * dv * 2, zero=True) if dv else k)
             self.weights = {}
             for name, t in mp.tensors.items():
                 self.weights[name] = self._alloc(t.nbytes)

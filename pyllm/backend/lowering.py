@@ -34,7 +34,7 @@ def op_vectors(op: Op) -> list[np.ndarray]:
 class MemoryPlan:
     buffers: dict[str, tuple[int, int]] = field(default_factory=dict)    # name -> (rows, floats per row)
     qbuffers: dict[str, tuple[int, int]] = field(default_factory=dict)   # name -> (rows, bytes per row)
-    kv: dict[int, tuple[int, int, int]] = field(default_factory=dict)    # layer -> (blocks, block size, kv dim)
+    kv: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)  # layer -> (blocks, block size, K dim, V dim)
     tensors: dict[str, Tensor] = field(default_factory=dict)             # resident weights, by tensor name
     vectors: dict[int, np.ndarray] = field(default_factory=dict)         # id -> float32 vector
     streamed: dict[int, tuple[Tensor, int]] = field(default_factory=dict)  # op index -> (weight, staging offset)
@@ -44,7 +44,7 @@ class MemoryPlan:
         return {
             "weights": sum(t.nbytes for t in self.tensors.values()),
             "vectors": sum(v.size * 4 for v in self.vectors.values()),
-            "kv": sum(2 * b * s * d * 2 for b, s, d in self.kv.values()),
+            "kv": sum(b * s * (dk + dv) * 2 for b, s, dk, dv in self.kv.values()),
             "buffers": sum(r * w * 4 for r, w in self.buffers.values()) +
                        sum(r * w for r, w in self.qbuffers.values()),
             "staging": self.staging,
@@ -69,8 +69,7 @@ def memory_plan(graph: Graph, ranges: Sequence[Range], shape: Shape) -> MemoryPl
             if op.xq is not None:
                 mp.qbuffers[op.xq.name] = (shape.n_batch, op.xq.row_bytes)
             if op.kv_layer >= 0:
-                n_kv_head, head_dim = graph.kv_layers[op.kv_layer]
-                mp.kv[op.kv_layer] = (shape.n_blocks, shape.block_size, n_kv_head * head_dim)
+                mp.kv[op.kv_layer] = (shape.n_blocks, shape.block_size, *graph.kv_layers[op.kv_layer])
             for a in op_vectors(op):
                 mp.vectors[id(a)] = a
             if op.weight is not None:
@@ -94,7 +93,7 @@ class Addresses:
     def vector(self, a: np.ndarray) -> int: ...
     def view(self, v: View) -> tuple[int, int]: ...     # (address of the first row, stride in floats)
     def qbuffer(self, name: str) -> int: ...
-    def kv(self, layer: int) -> tuple[int, int]: ...
+    def kv(self, layer: int) -> tuple[int, int]: ...    # (K pool, V pool: the K pool's when it has none)
 
 
 def fill_record(ffi, rec, index: int, op: Op, addr: Addresses) -> None:
@@ -120,7 +119,7 @@ def fill_record(ffi, rec, index: int, op: Op, addr: Addresses) -> None:
             setattr(rec, stride_field, stride)
     rec.xq = p("void *", None if op.xq is None else addr.qbuffer(op.xq.name))
     rec.n_in, rec.n_out = op.n_in, op.n_out
-    rec.n_head, rec.n_kv_head, rec.head_dim = op.n_head, op.n_kv_head, op.head_dim
+    rec.n_head, rec.n_kv_head, rec.head_dim, rec.head_dim_v = op.n_head, op.n_kv_head, op.head_dim, op.head_dim_v
     rec.n_rot, rec.rope_mode, rec.window = op.n_rot, op.rope_mode, op.window
     rec.eps, rec.scale, rec.softcap = op.eps, op.scale, op.softcap
     rec.freq_base, rec.freq_scale = op.freq_base, op.freq_scale

@@ -58,7 +58,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..errors import BackendError, InvalidArgumentError
-from ..graph import (OP_ATTENTION, OP_EMBED, OP_KV_STORE, OP_MATMUL, OP_MATMUL_ID, OP_SHORTCONV, OPF_LAST_ROWS, OPF_OUT_ROWS,
+from ..graph import (OP_ATTENTION, OP_EMBED, OP_KV_STORE, OP_MATMUL, OP_MATMUL_ID, OP_SHORTCONV, OPF_LAST_ROWS, OPF_OUT_ROWS, OPF_V_IN_K,
                      Graph)
 from ..units import fmt_bytes, fmt_rate
 from .base import D2H, H2D, Range, Shape
@@ -134,12 +134,15 @@ def op_cost(op, n: int, n_out: int, ctx: float) -> tuple[float, float]:
         return rows * (op.weight.row_bytes + op.n_in * 4), 0.0
     if op.kind == OP_ATTENTION:
         seen = min(ctx, op.window) if op.window > 0 else ctx
-        kv_dim = op.n_kv_head * op.head_dim
-        tiles = max(1.0, rows / 16)           # K/V read once per tile of query rows
-        return seen * kv_dim * 4 * tiles + rows * op.n_head * op.head_dim * 8, \
-            4.0 * op.n_head * op.head_dim * seen * rows
-    if op.kind == OP_KV_STORE:
-        return rows * op.n_kv_head * op.head_dim * (8 + 4), 0.0
+        hd_v = op.head_dim_v or op.head_dim
+        pooled = op.n_kv_head * (op.head_dim + (0 if op.flags & OPF_V_IN_K else hd_v))   # f16 per position
+        group = op.n_head // op.n_kv_head
+        tiles = max(1.0, rows / (16 if group <= 16 else max(1, 256 // group)))   # K/V read once per tile
+        return seen * pooled * 2 * tiles + rows * op.n_head * (op.head_dim + hd_v) * 4, \
+            2.0 * op.n_head * (op.head_dim + hd_v) * seen * rows
+    if op.kind == OP_KV_STORE:   # f32 in, f16 out
+        stored = op.n_kv_head * (op.head_dim + (0 if op.flags & OPF_V_IN_K else op.head_dim_v or op.head_dim))
+        return rows * stored * (4 + 2), 0.0
     if op.kind == OP_SHORTCONV:   # taps stored rows (f16) per output row
         return rows * op.n_in * (2 * op.n_head + 4), 2.0 * op.n_in * op.n_head * rows
     width = sum(v.width for v in (op.x, op.x2, op.y) if v is not None) or op.n_in
