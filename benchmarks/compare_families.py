@@ -101,6 +101,14 @@ FAMILIES = {
     "mistral3-logmul1": ("mistral3", {"keys": {"rope.scaling.yarn_log_multiplier": 1.0}}),
     "mistral3-logmul01": ("mistral3", {"keys": {"rope.scaling.yarn_log_multiplier": 0.1}}),
     "ernie4_5-moe": ("ernie4_5-moe", {}),                          # softmax + exp_probs_b chooses, 2 shared
+    # DeepSeek 2: llama.cpp takes a file of 26 or 27 layers for a Lite one (q without q_a/q_b)
+    "deepseek2": ("deepseek2", {"q_lora": 256}),     # MLA (split k_b/v_b), softmax experts, 2 shared
+    # (dense layers only: 27 layers of random experts flip choices and amplify any difference)
+    "deepseek2-lite": ("deepseek2", {"n_layer": 27, "dense_layers": tuple(range(27)),
+                                     "keys": {"leading_dense_block_count": 27}}),
+    "deepseek2-kv_b": ("deepseek2", {"q_lora": 256, "split": False}),   # a file from before the split
+    "deepseek2-v3": ("deepseek2", {"q_lora": 256, "sigmoid": True}),    # sigmoid + exp_probs_b, renormalized
+    "deepseek2-yarn": ("deepseek2", {"q_lora": 256, "keys": {**YARN, "rope.scaling.yarn_log_multiplier": 0.0707}}),
     "gpt2": ("gpt2", {}),                                          # learned positions, no RoPE
     "starcoder": ("starcoder", {}),                                # + one KV head
     "qwen2vl": ("qwen2vl", {}),                                    # text through M-RoPE

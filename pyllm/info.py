@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from .arch import load_architecture
-from .arch.base import Moe, ShortConv
-from .graph import GLU_GELU_TANH, GLU_RELU_SQR, GLU_SWIGLU_OAI, NORM_LAYER, ROPE_NEOX, Graph, act_row_bytes
+from .arch.base import Attn, Mla, Moe, ShortConv
+from .graph import GLU_GELU_TANH, GLU_RELU_SQR, GLU_SWIGLU_OAI, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX, Graph, act_row_bytes
 from .model_file import ModelFile
 
 from .defaults import BLOCK_SIZE, DEFAULT_MAX_CTX, N_BATCH, N_OUT_MAX
@@ -149,16 +149,22 @@ def describe_block(arch) -> str:
     else:
         where = f"{norm} before attention and FFN" + (", and after each" if L.post_attn_norm is not None else "")
     act = {GLU_GELU_TANH: "gelu_tanh", GLU_SWIGLU_OAI: "swiglu_oai", GLU_RELU_SQR: "relu^2"}.get(arch.glu, "silu")
-    if isinstance(L.ffn, Moe):
-        m = L.ffn
+    moe_layers = [i for i, x in enumerate(arch.layers) if isinstance(x.ffn, Moe)]
+    if moe_layers:
+        m = arch.layers[moe_layers[0]].ffn
         ffn = (f"FFN: {m.k} of {m.n_experts} experts per token, each {act}(gate) * up, weighted by their "
-               f"{'renormalized ' if m.norm else ''}router softmax")
+               f"{'renormalized ' if m.norm else ''}router {'sigmoids' if m.gating == MOE_SIGMOID else 'softmax'}")
+        if len(moe_layers) < len(arch.layers):   # dense leading or interleaved layers (DeepSeek, ERNIE)
+            ffn += f" in layers {_ranges(moe_layers)}, dense elsewhere"
     else:
         ffn = f"FFN {act}(gate) * up" if L.ffn.gated else f"FFN {act}(up), not gated"
     qk = ""
-    attn = next((x.attn for x in arch.layers if not isinstance(x.attn, ShortConv)), None)
+    attn = next((x.attn for x in arch.layers if isinstance(x.attn, Attn)), None)
     if attn is not None and attn.q_norm is not None:
         qk = "; q/k RMSNorm " + ("per head" if len(attn.q_norm) == arch.hp.head_dim else "over all heads")
+    if isinstance(L.attn, Mla):   # DeepSeek 2/3
+        qk = (f"; latent attention (MLA): a {arch.kv_lora}-dim latent and {arch.hp.rope_dim} rotated dims "
+              f"cached per position, heads of {arch.hp.head_dim} key and {arch.v_dim} value dims")
     convs = [i for i, x in enumerate(arch.layers) if isinstance(x.attn, ShortConv)]
     if convs:   # LFM2
         qk += (f"; layers {_ranges(convs)}: a short convolution of {arch.layers[convs[0]].attn.conv.shape[1]} "
@@ -181,7 +187,7 @@ def model_info(path: str, n_ctx: Optional[int] = None, n_batch: int = N_BATCH,
 
     # memory, as CpuBackend allocates it for this context
     n_blocks = -(-n_ctx // block_size)
-    kv = sum(2 * n_blocks * block_size * n_kv * hd * 2 for n_kv, hd in g.kv_layers.values())
+    kv = sum(n_blocks * block_size * (dk + dv) * 2 for dk, dv in g.kv_layers.values())
     rows_batch = min(n_batch, n_ctx)
     act = sum((rows_batch if b.rows == "batch" else n_out_max) * b.width * 4 for b in g.buffers.values())
     act += sum(rows_batch * act_row_bytes(q.act, q.n) for q in g.qbuffers.values())

@@ -110,7 +110,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 gated: bool = True, biases: bool = False, out_bias: bool = False,
                 rope_dim: Optional[int] = None, experts: int = 0, experts_used: int = 2,
                 n_ff_exp: Optional[int] = None, shared_expert: int = 0, shared_gate: bool = False,
-                keys: Optional[dict] = None,
+                mla: Optional[dict] = None, keys: Optional[dict] = None,
                 drop_tensor: Optional[str] = None, bad_shape: Optional[str] = None) -> str:
     """A tiny decoder of family `arch`, every matrix in `qtype`, tensors named
     as llama.cpp expects:
@@ -138,6 +138,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                   wide (ffn_*_shexp), with shared_gate its ffn_gate_inp_shexp vector (Qwen2-MoE);
                   expert_biases: ffn_gate_inp.bias and ffn_{gate,up,down}_exps.bias (gpt-oss);
                   select_bias: exp_probs_b.bias; dense_layers: layers with a dense FFN instead (ERNIE)
+      mla         latent attention in place of q/k/v (DeepSeek 2): {"kv_lora", "nope", "rope", "v",
+                  "q_lora" (0: attn_q), "split" (attn_k_b + attn_v_b, else one attn_kv_b)}
       keys        extra metadata: {"sliding_window": 8, ...} -> writer.add_<name>(value);
                   a dotted name ("rope.scaling.x") is written as the key {arch}.<name> (uint32 or float32)
     head_dim defaults to n_embd / n_head; otherwise it is written as key_length."""
@@ -166,8 +168,23 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
     else:
         w.add_layer_norm_rms_eps(1e-5 if arch != "gemma3" else 1e-6)
     w.add_rope_freq_base(rope_base)
-    w.add_rope_dimension_count(rope_dim or hd)
-    if head_dim:
+    if not mla:
+        w.add_rope_dimension_count(rope_dim or hd)
+    if mla:   # the latent's sizes as key/value_length in split files (llama.cpp's MQA view)
+        qk = mla["nope"] + mla["rope"]
+        w.add_kv_lora_rank(mla["kv_lora"])
+        w.add_q_lora_rank(mla.get("q_lora", 0))
+        w.add_rope_dimension_count(mla["rope"])
+        if mla.get("split", True):
+            w.add_key_length(mla["kv_lora"] + mla["rope"])
+            w.add_value_length(mla["kv_lora"])
+            w.add_key_length_mla(qk)
+            w.add_value_length_mla(mla["v"])
+        else:
+            w.add_key_length(qk)
+            w.add_value_length(mla["v"])
+        q_dim = n_head * mla["v"]   # attn_output's input
+    elif head_dim:
         w.add_key_length(hd)
         w.add_value_length(hd)
     for name, value in (keys or {}).items():
@@ -222,6 +239,24 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
             add(p + "shortconv.in_proj.weight", weight(qtype, n_embd, 3 * n_embd, rng))
             add(p + "shortconv.conv.weight", ((rng.standard_normal((n_embd, conv_taps)) / 2).astype(np.float32), None))
             add(p + "shortconv.out_proj.weight", weight(qtype, n_embd, n_embd, rng))
+        elif mla:
+            qk, lat = mla["nope"] + mla["rope"], mla["kv_lora"]
+            if mla.get("q_lora", 0):
+                add(p + "attn_q_a.weight", weight(qtype, n_embd, mla["q_lora"], rng))
+                add(p + "attn_q_a_norm.weight", norm(mla["q_lora"]))
+                add(p + "attn_q_b.weight", weight(qtype, mla["q_lora"], n_head * qk, rng))
+            else:
+                add(p + "attn_q.weight", weight(qtype, n_embd, n_head * qk, rng))
+            add(p + "attn_kv_a_mqa.weight", weight(qtype, n_embd, lat + mla["rope"], rng))
+            add(p + "attn_kv_a_norm.weight", norm(lat))
+            if mla.get("split", True):   # per head: Wk_i^T (lat rows of nope), Wv_i (v rows of lat)
+                arr, raw = weight(mla.get("kb_type", qtype), mla["nope"], lat * n_head, rng)
+                add(p + "attn_k_b.weight", (arr.reshape(n_head, lat, -1), raw))
+                arr, raw = weight(qtype, lat, mla["v"] * n_head, rng)
+                add(p + "attn_v_b.weight", (arr.reshape(n_head, mla["v"], -1), raw))
+            else:
+                add(p + "attn_kv_b.weight", weight(qtype, lat, n_head * (mla["nope"] + mla["v"]), rng))
+            add(p + "attn_output.weight", weight(qtype, q_dim, n_embd, rng))
         else:
             if fused_qkv:
                 add(p + "attn_qkv.weight", weight(qtype, n_embd, q_dim + 2 * kv_dim, rng))
@@ -561,6 +596,28 @@ def write_qwen3vl(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_model(path, "qwen3vl", qtype, qk_norm=True, rope_base=5e6, keys=keys, **kw)
 
 
+def write_deepseek2(path: str | Path, qtype: QT = QT.Q8_0, split: bool = True, q_lora: int = 0,
+                    sigmoid: bool = False, **kw) -> str:
+    """DeepSeek 2: latent attention (latent 256, heads of 64 unrotated + 32 rotated dims, values of 64;
+    q_lora > 0: q through attn_q_a/attn_q_b, as V2 and V3), layer 0 dense, then 16 experts of 256
+    (4 chosen, weights times 1.5) and 2 shared experts; sigmoid: V3's gating (sigmoid, exp_probs_b,
+    renormalized). split: attn_k_b + attn_v_b (llama.cpp's converter since 2025), else attn_kv_b.
+    attn_k_b is Q8_0 when qtype's blocks do not fit its 64-wide rows (llama.cpp's fallback)."""
+    kw.setdefault("experts", 16)
+    kw.setdefault("experts_used", 4)
+    kw.setdefault("n_ff_exp", 256)
+    kw.setdefault("dense_layers", (0,))
+    kb_type = qtype if gguf.GGML_QUANT_SIZES[qtype][0] <= 64 else QT.Q8_0
+    mla = {"kv_lora": 256, "nope": 64, "rope": 32, "v": 64, "q_lora": q_lora, "split": split, "kb_type": kb_type}
+    kw.setdefault("n_head_kv", 1 if split else kw.get("n_head", 4))   # the converter's: MQA over the latent, or MHA
+    keys = {"leading_dense_block_count": 1, "expert_shared_count": 2, "expert_weights_scale": 1.5,
+            **kw.pop("keys", {})}
+    if sigmoid:
+        keys.update(expert_gating_func=gguf.ExpertGatingFuncType.SIGMOID, expert_weights_norm=True)
+    return write_model(path, "deepseek2", qtype, mla=mla, select_bias=sigmoid, shared_expert=512, keys=keys,
+                       **kw)
+
+
 WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
            "phi3": write_phi3, "gemma2": write_gemma2, "gemma3": write_gemma3, "granite": write_granite,
            "smollm3": write_smollm3, "olmo2": write_olmo2, "phi2": write_phi2, "starcoder2": write_starcoder2,
@@ -570,7 +627,8 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "qwen2moe": write_qwen2moe, "gpt-oss": write_gpt_oss, "glm4": write_glm4, "nemotron": write_nemotron,
            "arcee": write_arcee, "gptneox": write_gptneox, "falcon": write_falcon,
            "lfm2": write_lfm2, "mistral3": write_mistral3, "ernie4_5-moe": write_ernie4_5_moe,
-           "gpt2": write_gpt2, "starcoder": write_starcoder, "qwen2vl": write_qwen2vl, "qwen3vl": write_qwen3vl}
+           "gpt2": write_gpt2, "starcoder": write_starcoder, "qwen2vl": write_qwen2vl, "qwen3vl": write_qwen3vl,
+           "deepseek2": write_deepseek2}
 
 
 def _gguf_string(x: str) -> bytes:

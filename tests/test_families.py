@@ -78,6 +78,12 @@ FAMILIES = {
     "gpt-oss": (synth.write_gpt_oss, {}),                    # sinks, biased experts, swiglu_oai, window 8
     "gpt-oss-yarn": (synth.write_gpt_oss, {"keys": {"rope_scaling_type": rope_type("YARN"),
                                                     "rope_scaling_factor": 32.0, "rope_scaling_orig_ctx_len": 64}}),
+    "deepseek2": (synth.write_deepseek2, {}),                # MLA, q from attn_q (Lite); softmax experts, shared
+    "deepseek2-kv_b": (synth.write_deepseek2, {"split": False}),   # attn_kv_b split when the file opens
+    "deepseek2-v3": (synth.write_deepseek2, {"q_lora": 256, "sigmoid": True}),   # q_a/q_b; sigmoid + exp_probs_b
+    "deepseek2-yarn": (synth.write_deepseek2, {"keys": {"rope_scaling_type": rope_type("YARN"), "rope_scaling_factor": 4.0,
+                                                        "rope_scaling_orig_ctx_len": 64,
+                                                        "rope.scaling.yarn_log_multiplier": 0.0707}}),
 }
 TYPES = [QT.F32, QT.Q8_0, QT.Q4_K, QT.IQ4_NL, QT.MXFP4]
 # LFM2 multiplies two projections in its conv layers (b * x, then c * conv): the error of
@@ -88,7 +94,10 @@ QUANT_TOLERANCE = {("lfm2", QT.Q4_K): 0.05}
 # share of positions within 3% for a quantized MoE (see the test): gpt-oss with its files' YaRN
 # (factor 32) sharpens every softmax by 1.35^2; measured 80% at MXFP4, while on llama.cpp's own
 # MXFP4_MOE file of it pyllm and llama.cpp are 2.45% and 2.29% from the reference
-MOE_CLOSE = {("gpt-oss-yarn", QT.MXFP4): 0.8}
+# DeepSeek 2 with YaRN (m^2 = 1.2 here) likewise: measured over seeds 0-2, 0.85/0.825/0.925 at Q8_0
+# and 0.775/0.95/0.8 at IQ4_NL; at llama.cpp's Q8_0 file pyllm and llama.cpp are 3.8% and 2.9%
+# from the reference, 2.7% from each other
+MOE_CLOSE = {("gpt-oss-yarn", QT.MXFP4): 0.8, ("deepseek2-yarn", QT.Q8_0): 0.8, ("deepseek2-yarn", QT.IQ4_NL): 0.75}
 
 
 def run_both(path, n_tokens=40, n_ctx=None, kv_f16=False):
@@ -681,7 +690,41 @@ def test_family_errors(tmp_path):
     with pytest.raises(UnsupportedModelError, match="RoPE scaling 'yarn'.*supported: none, linear"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="bloom")
-    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*arcee, cohere2, command-r, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, gemma2, gemma3, glm4, gpt-oss, gpt2, gptneox, granite, granitemoe, lfm2, llama, mistral3, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen3moe, qwen3vl, smollm3, stablelm, starcoder, starcoder2"):
+    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*arcee, cohere2, command-r, deepseek2, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, gemma2, gemma3, glm4, gpt-oss, gpt2, gptneox, granite, granitemoe, lfm2, llama, mistral3, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen3moe, qwen3vl, smollm3, stablelm, starcoder, starcoder2"):
+        load_architecture(ModelFile(p))
+
+
+def test_deepseek2_latent_attention(tmp_path):
+    """MLA caches the latent and the rotated key part alone (one f16 row of kv_lora + rope per
+    position and layer, no value pool); a file from before the split of attn_kv_b runs the same
+    math as the split file made from it: the same logits to float rounding (its Wk_i^T kept as
+    F16, the split file's in F32 here)."""
+    p = synth.write_deepseek2(tmp_path / "s.gguf", QT.F32)
+    arch, be = build(p)
+    assert be.graph.kv_layers == {0: (256 + 32, 0), 1: (256 + 32, 0)}
+    assert be.program.v_cache[0].size == 0
+    legacy = load_architecture(ModelFile(synth.write_deepseek2(tmp_path / "l.gguf", QT.F32, split=False)))
+    a = legacy.layers[1].attn
+    assert a.wk_b.type == QT.F16 and a.wk_b.shape == (64, 256, 4) and a.wv_b.shape == (256, 64, 4)
+    kv_b = dequant(legacy.mf.tensor("blk.1.attn_kv_b.weight")).reshape(4, 128, 256)
+    np.testing.assert_array_equal(dequant(a.wv_b).reshape(4, 64, 256), kv_b[:, 64:])
+    np.testing.assert_array_equal(dequant(a.wk_b).reshape(4, 256, 64),
+                                  kv_b[:, :64].transpose(0, 2, 1).astype(np.float16).astype(np.float32))
+
+
+def test_deepseek2_errors(tmp_path):
+    p = synth.write_deepseek2(tmp_path / "g.gguf", QT.F32, keys={"expert_group_count": 8, "expert_group_used_count": 4})
+    with pytest.raises(UnsupportedModelError, match="expert routing by groups"):
+        load_architecture(ModelFile(p))
+    p = synth.write_deepseek2(tmp_path / "t.gguf", QT.F32, keys={"attention.temperature_scale": 0.1})
+    with pytest.raises(UnsupportedModelError, match="attention temperature"):
+        load_architecture(ModelFile(p))
+    from types import SimpleNamespace   # a gating id gguf has no name for
+    p = synth.write_deepseek2(tmp_path / "f.gguf", QT.F32, keys={"expert_gating_func": SimpleNamespace(value=3)})
+    with pytest.raises(UnsupportedModelError, match="gating function 3"):
+        load_architecture(ModelFile(p))
+    p = synth.write_deepseek2(tmp_path / "k.gguf", QT.F32, drop_tensor="blk.1.attn_v_b.weight")
+    with pytest.raises(ModelFileError, match="'blk.1.attn_v_b.weight' is missing"):
         load_architecture(ModelFile(p))
 
 

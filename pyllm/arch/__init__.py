@@ -7,6 +7,7 @@ from ..errors import UnsupportedModelError
 from ..model_file import ModelFile
 from .base import Architecture, HParams
 from .command_r import Cohere2, CommandR
+from .deepseek2 import Deepseek2
 from .ernie4_5 import Ernie4_5, Ernie4_5Moe
 from .exaone import Exaone, Exaone4
 from .gemma2 import Gemma2
@@ -63,6 +64,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "starcoder": StarCoder,
     "qwen2vl": Qwen2VL,
     "qwen3vl": Qwen3VL,
+    "deepseek2": Deepseek2,
 }
 
 
