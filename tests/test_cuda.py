@@ -304,12 +304,17 @@ def tensor(qtype, n_in, n_out, seed=0, name="w", e_range=None):
 
 
 def read_kv(prog, layer):
-    """(K pool, V pool) of a layer as f16 bits, from a host or a CUDA program."""
+    """(K pool, V pool) of a layer as f16 bits, from a host or a CUDA program; V None where
+    the layer has no value pool (OPF_V_IN_K: the values are read from the keys)."""
+    blocks, bs, dk, dv = prog.plan.kv[layer]
     if not isinstance(prog, cuda.CudaProgram):
-        return prog.k_cache[layer].view(np.uint16).copy(), prog.v_cache[layer].view(np.uint16).copy()
+        return prog.k_cache[layer].view(np.uint16).copy(), prog.v_cache[layer].view(np.uint16).copy() if dv else None
     out = []
-    for ptr in prog.kv(layer):
-        a = np.empty(prog.plan.kv[layer], np.uint16)
+    for ptr, d in zip(prog.kv(layer), (dk, dv)):
+        if not d:
+            out.append(None)
+            continue
+        a = np.empty((blocks, bs, d), np.uint16)
         assert prog.lib.pyllm_cuda_download(prog.ctx, prog.ffi.from_buffer(a), ptr, a.nbytes) == 0
         out.append(a)
     return tuple(out)
@@ -320,7 +325,7 @@ def run_both(devices, g, inputs: dict, n: int, outputs, table=(0,), pos=None, to
     """Runs graph g on the host and on the GPU from the same inputs; returns
     ({name: host rows}, {name: gpu rows}): n rows of each output (n_out of the
     output head's), and the K, V pools of the layers in kv as "k<layer>",
-    "v<layer>". The emulator runs the program once per thread order of
+    "v<layer>" (no "v<layer>" for a layer without a V pool). The emulator runs the program once per thread order of
     EMU_ORDERS, and the orders must agree bit for bit."""
     n_out = n_out or n
     shape = shape or Shape(max(n, 1), max(n_out, 1), max(len(table), 1), 16)
@@ -337,7 +342,10 @@ def run_both(devices, g, inputs: dict, n: int, outputs, table=(0,), pos=None, to
             b = g.buffers.get(name)
             out[name] = np.array(prog.read(name, 0, n_out if b is not None and b.rows == "out" else n))
         for layer in kv:
-            out[f"k{layer}"], out[f"v{layer}"] = read_kv(prog, layer)
+            k, v = read_kv(prog, layer)
+            out[f"k{layer}"] = k
+            if v is not None:
+                out[f"v{layer}"] = v
         prog.close()
         return out
 
@@ -409,7 +417,8 @@ def op_case(case: str, rng):
     for name in ("up", "y", "k"):         # second inputs: batch rows, made before the head
         second[name] = g.buffer(name, 128 if name == "k" else 256)
         inputs[name] = rng.standard_normal((n, second[name].width)).astype(np.float32)
-    if case.startswith("head-"):          # the head's first op reads the last n_out rows
+    head = case.startswith("head-")
+    if head:                              # the head's first op reads the last n_out rows
         g.head()
         case = case[5:]
     if case == "rmsnorm":
@@ -446,6 +455,19 @@ def op_case(case: str, rng):
     elif case == "scale":
         g.scale(x, 0.37)
         return g, inputs, ["x"], pos, True
+    elif case in ("copy-gather", "copy-broadcast"):
+        # MLA's concatenations: 4 groups of 40 columns from every 60th of x (from column 8)
+        # into every 48th of out (from column 6), the 8 between left alone; or the same 32
+        # columns (a shared rotated key) into every group of 96
+        gather = case == "copy-gather"
+        out = g.buffer("out", 200 if gather else 4 * 96)
+        if gather:
+            g.copy(x.cols(8, 248), out.cols(6, 190), 40, 4, 60, 48)
+        else:
+            g.copy(x.cols(200, 32), out.cols(64, 320), 32, 4, 0, 96)
+        if not head:                      # out's other columns: what was there before
+            inputs["out"] = rng.standard_normal((n, out.width)).astype(np.float32)
+        return g, inputs, ["out"], pos, True
     elif case in ("linear-q4_k", "linear-f16"):
         wt = tensor(QT.Q4_K if case == "linear-q4_k" else QT.F16, 256, 40)
         g.linear(x, wt, "out")
@@ -456,7 +478,7 @@ def op_case(case: str, rng):
 
 OP_CASES = ["rmsnorm", "rmsnorm-groups", "layernorm", "layernorm-nobias", "rope-norm", "rope-neox", "glu-silu",
             "glu-gelu", "glu-swiglu-oai", "glu-mul", "pos-scale", "act-gelu", "act-relu-sqr", "add", "scale", "head-rmsnorm", "head-layernorm", "head-glu-gelu", "head-add",
-            "head-linear-q4_k", "head-linear-f16"]
+            "head-linear-q4_k", "head-linear-f16", "copy-gather", "copy-broadcast", "head-copy-gather"]
 
 
 @pytest.mark.parametrize("case", OP_CASES)
@@ -481,13 +503,15 @@ def test_op_matches_the_core(devices, case):
 
 @pytest.mark.parametrize("case", ["route-softmax-norm", "route-sigmoid", "route-select-bias", "matmul-id-q4_k", "matmul-id-q8_0-slots",
                                   "matmul-id-f16", "matmul-id-q8_0-bias", "matmul-id-mxfp4-slots",
-                                  "moe-sum"])
+                                  "moe-sum", "matmul-heads-q8_0", "matmul-heads-f16"])
 def test_moe_op_matches_the_core(devices, case):
     """The mixture-of-experts ops: the route (same experts, weights to float
     rounding), each (token, slot) through its expert (shared input, or one
     slice per slot), the weighted sum; 12 tokens, 6 of 8 experts used by
     several of them, one route id out of range (its slot left alone); a bias
-    per expert (gpt-oss)."""
+    per expert (gpt-oss). matmul-heads: MATMUL_ID with no route, a matrix per
+    head on its slice of the input (MLA's up-projections), the heads inside a
+    wider buffer."""
     from test_moe import experts_tensor
     rng = np.random.default_rng(len(case))
     n, k, n_exp = 12, 3, 8
@@ -505,6 +529,13 @@ def test_moe_op_matches_the_core(devices, case):
         inputs = {"e": rng.standard_normal((n, k * 256)).astype(np.float32), "route": route,
                   "y": rng.standard_normal((n, 256)).astype(np.float32)}
         outputs = ["y"]
+    elif case.startswith("matmul-heads"):
+        heads, n_in = 4, 128
+        w = experts_tensor({"q8_0": QT.Q8_0, "f16": QT.F16}[case.split("-")[2]], n_in, 64, heads)
+        g.linear_heads(g.buffer("x", 64 + heads * n_in).cols(64, heads * n_in), w, "out")
+        inputs = {"x": rng.standard_normal((n, 64 + heads * n_in)).astype(np.float32),
+                  "out": np.full((n, heads * 64), 7.0, np.float32)}
+        outputs = ["out"] + list(g.qbuffers)
     else:
         qtype = {"q4_k": QT.Q4_K, "q8_0": QT.Q8_0, "f16": QT.F16, "mxfp4": QT.MXFP4}[case.split("-")[2]]
         slots = case.endswith("slots")
@@ -517,7 +548,9 @@ def test_moe_op_matches_the_core(devices, case):
         outputs = ["out"]
     cpu, gpu = run_both(devices, g, inputs, n, outputs)
     for name in outputs:
-        if case.startswith("route"):
+        if name in g.qbuffers:            # the heads' activations quantized byte for byte
+            np.testing.assert_array_equal(gpu[name], cpu[name])
+        elif case.startswith("route"):
             np.testing.assert_array_equal(gpu[name][:, :k], cpu[name][:, :k])
             np.testing.assert_allclose(gpu[name][:, k:], cpu[name][:, k:], rtol=1e-5)
         else:
@@ -526,30 +559,43 @@ def test_moe_op_matches_the_core(devices, case):
         assert (gpu["out"][5, 64:128] == 7.0).all()
 
 
-@pytest.mark.parametrize("n_head,n_kv_head,hd,window,softcap,sinks", [
-    (4, 2, 64, 0, 0.0, False),      # grouped-query heads
-    (2, 1, 256, 37, 5.0, False),    # one KV head (Gemma), a sliding window, soft-capped scores
-    (3, 3, 80, 0, 0.0, False),      # a head size that is no multiple of 32
-    (8, 2, 64, 16, 0.0, True),      # a sink logit per head (gpt-oss), windowed
-], ids=["gqa", "window-softcap-hd256", "hd80", "sinks-window"])
-def test_kv_store_and_attention_match_the_core(devices, n_head, n_kv_head, hd, window, softcap, sinks):
+@pytest.mark.parametrize("n_head,n_kv_head,hd,window,softcap,sinks,hd_v,v_in_k", [
+    (4, 2, 64, 0, 0.0, False, 0, False),       # grouped-query heads
+    (2, 1, 256, 37, 5.0, False, 0, False),     # one KV head (Gemma), a sliding window, soft-capped scores
+    (3, 3, 80, 0, 0.0, False, 0, False),       # a head size that is no multiple of 32
+    (8, 2, 64, 16, 0.0, True, 0, False),       # a sink logit per head (gpt-oss), windowed
+    (4, 4, 192, 0, 0.0, False, 128, False),    # keys of 192, values of 128 (MLA without the latent trick)
+    (2, 1, 576, 21, 0.0, False, 0, False),     # the largest head: 5 value dims per thread
+    (16, 1, 576, 0, 0.0, False, 512, True),    # MLA: one 576-dim key row per position, values its first 512
+    (4, 2, 80, 0, 0.0, False, 48, True),       # values in the keys of 2 KV heads, sizes no multiple of 32
+], ids=["gqa", "window-softcap-hd256", "hd80", "sinks-window", "k192-v128", "hd576", "mla-v-in-k",
+        "v-in-k-gqa-hd80"])
+def test_kv_store_and_attention_match_the_core(devices, n_head, n_kv_head, hd, window, softcap, sinks, hd_v,
+                                               v_in_k):
     """160 positions (two attention tiles) through a shuffled block table: the
-    KV cache bit for bit (f16 rounding is exact on both), every row's
-    attention to float rounding."""
-    rng = np.random.default_rng(hd)
+    KV cache bit for bit (f16 rounding is exact on both; a layer whose values
+    are its keys' first dims has no V pool), every row's attention to float
+    rounding."""
+    rng = np.random.default_rng(hd + hd_v)
     n, bs = 160, 16
     g = Graph()
     g.layer = 0
-    q, k, v = g.buffer("q", n_head * hd), g.buffer("k", n_kv_head * hd), g.buffer("v", n_kv_head * hd)
+    q, k = g.buffer("q", n_head * hd), g.buffer("k", n_kv_head * hd)
+    v = None if v_in_k else g.buffer("v", n_kv_head * (hd_v or hd))
     sink = (rng.standard_normal(n_head) * 3).astype(np.float32) if sinks else None
-    g.attention(q, k, v, n_head, n_kv_head, hd, 1.0 / np.sqrt(hd), "y", window=window, softcap=softcap, sinks=sink)
+    g.attention(q, k, v, n_head, n_kv_head, hd, 1.0 / np.sqrt(hd), "y", window=window, softcap=softcap, sinks=sink,
+                head_dim_v=hd_v)
+    assert g.buffers["y"].width == n_head * (hd_v or hd)
     inputs = {name: (rng.standard_normal((n, b.width)) * 2).astype(np.float32) for name, b in g.buffers.items()
               if name != "y"}
     table = list(rng.permutation(12))[:n // bs]
     cpu, gpu = run_both(devices, g, inputs, n, ["y"], table=table, pos=np.arange(n), kv=[0],
                         shape=Shape(n, n, 12, bs))
     np.testing.assert_array_equal(gpu["k0"], cpu["k0"])
-    np.testing.assert_array_equal(gpu["v0"], cpu["v0"])
+    if v_in_k:
+        assert "v0" not in cpu and "v0" not in gpu
+    else:
+        np.testing.assert_array_equal(gpu["v0"], cpu["v0"])
     close_to_float_rounding(gpu["y"], cpu["y"], 2e-6)
 
 
@@ -793,7 +839,7 @@ def close_enough(got, ref, float_weights):
                                           ("mixtral", QT.Q4_K), ("qwen2moe", QT.Q8_0), ("gpt-oss", QT.Q8_0),
                                           ("nemotron", QT.Q4_K), ("gptneox", QT.Q8_0),
                                           ("lfm2", QT.Q8_0), ("mistral3", QT.Q4_K),
-                                          ("ernie4_5-moe", QT.Q8_0), ("gpt2", QT.Q8_0)],
+                                          ("ernie4_5-moe", QT.Q8_0), ("gpt2", QT.Q8_0), ("deepseek2", QT.Q8_0)],
                          ids=lambda x: getattr(x, "name", x))
 def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     """300 positions over shuffled 16-position blocks: several attention tiles,
@@ -804,7 +850,8 @@ def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     block and the ungated GELU FFN (Phi-2, StarCoder 2, StableLM), mixtures
     of experts with and without a gated shared expert, gpt-oss's sinks,
     biased experts and swiglu_oai, Nemotron's relu^2, GPT-NeoX's two norms
-    side by side, LFM2's short convolutions over the KV pools."""
+    side by side, LFM2's short convolutions over the KV pools, DeepSeek 2's
+    latent attention (values read from the keys, a matrix per head, copies)."""
     host, gpu = devices
     path = synth.WRITERS[family](tmp_path / "m.gguf", qtype)
     _, g = build(path)

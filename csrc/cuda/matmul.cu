@@ -261,8 +261,9 @@ mmf(const uint8_t *__restrict__ W, size_t row_bytes, int64_t n, int n_out, const
 
 /* ---- experts (OP_MATMUL_ID): one warp per output row of one (token, slot) ---- */
 
-/* the expert of slot j of row t (route ids are floats), or -1 */
+/* the expert of slot j of row t (route ids are floats), or -1; no route: matrix j (one per head) */
 __device__ __forceinline__ int slot_expert(const float *route, int64_t route_stride, int t, int j, int n_experts) {
+    if (!route) return j;
     const float id = route[(int64_t)t * route_stride + j];
     return id >= 0.0f && id < (float)n_experts ? (int)id : -1;
 }

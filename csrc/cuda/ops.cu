@@ -1,7 +1,7 @@
 /* ops.cu: embedding lookup, RMSNorm, RoPE, KV-cache writes, gated
  * activations, elementwise ops: the arithmetic of csrc/ops.c, one thread per
  * element (or per row for the reductions). Rows are read as csrc/ops.c reads
- * them: embed, rmsnorm, quantize, glu and add start at row0 (the head's
+ * them: embed, rmsnorm, quantize, glu, add and copy start at row0 (the head's
  * OPF_LAST_ROWS); rope and kv_store use the step's rows 0.. directly. */
 #include "quant.cuh"
 
@@ -107,26 +107,53 @@ void launch_rope(const pyllm_op *op, const exec &e) {
                                                    op->freq_base, op->freq_scale, op->freq_factors);
 }
 
-/* ---- KV store: cache[slot of pos[t]] = f16(k[t]), f16(v[t]) ---- */
+/* ---- KV store: cache[slot of pos[t]] = f16(k[t]), f16(v[t]); the keys alone with OPF_V_IN_K ---- */
 
+/* k_dim, v_dim: f16 per position in each pool (v_dim 0: no value pool, the values live in the keys) */
 __global__ void kv_store_kernel(const float *__restrict__ Kx, int64_t k_stride, const float *__restrict__ Vx,
                                 int64_t v_stride, __half *kc, __half *vc, const int32_t *__restrict__ pos,
-                                const int32_t *__restrict__ table, int block_size, int64_t kv_dim) {
+                                const int32_t *__restrict__ table, int block_size, int64_t k_dim, int64_t v_dim) {
     const int t = blockIdx.y;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= kv_dim) return;
+    if (i >= k_dim && i >= v_dim) return;
     const int p = pos[t];
     const int64_t slot = (int64_t)table[p / block_size] * block_size + p % block_size;
-    kc[slot * kv_dim + i] = __float2half_rn(Kx[(int64_t)t * k_stride + i]);
-    vc[slot * kv_dim + i] = __float2half_rn(Vx[(int64_t)t * v_stride + i]);
+    if (i < k_dim) kc[slot * k_dim + i] = __float2half_rn(Kx[(int64_t)t * k_stride + i]);
+    if (i < v_dim) vc[slot * v_dim + i] = __float2half_rn(Vx[(int64_t)t * v_stride + i]);
 }
 
 void launch_kv_store(const pyllm_op *op, const exec &e) {
-    const int64_t kv_dim = (int64_t)op->n_kv_head * op->head_dim;
-    dim3 grid(blocks_for(kv_dim, 256), e.rows);
-    PQ_LAUNCH(grid, 256, 0, e.stream, kv_store_kernel)(op->x, op->x_stride, op->x2, op->x2_stride,
-                                                       (__half *)op->k_cache, (__half *)op->v_cache, e.pos, e.table,
-                                                       e.block_size, kv_dim);
+    const bool v_in_k = op->flags & OPF_V_IN_K;
+    const int64_t k_dim = (int64_t)op->n_kv_head * op->head_dim;
+    const int64_t v_dim = v_in_k ? 0 : (int64_t)op->n_kv_head * (op->head_dim_v > 0 ? op->head_dim_v : op->head_dim);
+    dim3 grid(blocks_for(k_dim > v_dim ? k_dim : v_dim, 256), e.rows);
+    PQ_LAUNCH(grid, 256, 0, e.stream, kv_store_kernel)(op->x, op->x_stride, v_in_k ? nullptr : op->x2, op->x2_stride,
+                                                       (__half *)op->k_cache, v_in_k ? nullptr : (__half *)op->v_cache,
+                                                       e.pos, e.table, e.block_size, k_dim, v_dim);
+}
+
+/* ---- copy: y[t, g step_y + i] = x[t, g step_x + i], i < n, g < groups (csrc/ops.c op_copy) ---- */
+
+/* One thread per output column c of the span the groups cover. Where groups overlap
+ * (step_y < n) the C core's later group overwrites the earlier, so c takes the last group
+ * starting at or before it; a column in a gap between groups (step_y > n) is left alone. Each
+ * column has one writer: no order between threads matters. */
+__global__ void copy_kernel(const float *__restrict__ X, int64_t x_stride, float *__restrict__ Y, int64_t y_stride,
+                            int64_t n, int groups, int64_t step_x, int64_t step_y, int64_t span) {
+    const int t = blockIdx.y;
+    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= span) return;
+    const int64_t g = step_y > 0 && c / step_y < groups ? c / step_y : groups - 1;
+    const int64_t i = c - g * step_y;
+    if (i < n) Y[(int64_t)t * y_stride + c] = X[(int64_t)t * x_stride + g * step_x + i];
+}
+
+void launch_copy(const pyllm_op *op, const exec &e) {
+    const int64_t span = (int64_t)(op->n_head - 1) * op->head_dim + op->n_in;
+    dim3 grid(blocks_for(span, 256), e.rows);
+    PQ_LAUNCH(grid, 256, 0, e.stream, copy_kernel)(op->x + (int64_t)e.row0 * op->x_stride, op->x_stride, op->y,
+                                                   op->y_stride, op->n_in, op->n_head, op->n_out, (int64_t)op->head_dim,
+                                                   span);
 }
 
 /* y[t, c] = sum_j w[c][j] s[pos[t] - L + 1 + j, c]: LFM2's causal depthwise convolution over the

@@ -42,8 +42,9 @@ int pyllm_cuda_type_supported(int type);
 /* checks a program once: 0, or the index + 1 of the first op this backend cannot run */
 int pyllm_cuda_check(const pyllm_op *ops, int n_ops);
 /* runs ops[0 .. n_ops) for one step and waits for them; 0 or -1. Before the kernels it copies
- * what the ops read of the step (tokens: EMBED; positions: ROPE, KV_STORE, ATTENTION; block
- * table: KV_STORE, ATTENTION) to the device. new_step = 1 forgets what earlier calls sent; a
+ * what the ops read of the step (tokens: EMBED; positions: ROPE, POS_SCALE, KV_STORE, ATTENTION,
+ * SHORTCONV, EMBED by position instead of the tokens; block table: KV_STORE, ATTENTION,
+ * SHORTCONV) to the device. new_step = 1 forgets what earlier calls sent; a
  * caller running several op ranges of one step passes 0 after the first, and only what was
  * not sent yet is sent. */
 int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_step *step, int new_step);

@@ -251,13 +251,20 @@ static int check_op(const pyllm_op *op) {
         return 0;
     case OP_KV_STORE:
     case OP_ATTENTION:
-        if (op->head_dim <= 0 || op->head_dim > MAX_HEAD_DIM) return fail("head size %d unsupported", op->head_dim);
+    {
+        const int hd_v = op->head_dim_v > 0 ? op->head_dim_v : op->head_dim;
+        const bool v_in_k = op->flags & OPF_V_IN_K;
+        if (op->head_dim <= 0 || op->head_dim > MAX_HEAD_DIM || op->head_dim_v < 0 || hd_v > MAX_HEAD_DIM)
+            return fail("head size %d / %d unsupported", op->head_dim, op->head_dim_v);
+        if (v_in_k && hd_v > op->head_dim)
+            return fail("values of %d dims cannot be read from keys of %d", hd_v, op->head_dim);
         if (op->n_kv_head <= 0 || op->n_head <= 0 || op->n_head % op->n_kv_head)
             return fail("%d query heads cannot share %d key/value heads", op->n_head, op->n_kv_head);
-        if (!op->k_cache || !op->v_cache || !op->x) return fail("missing KV cache or input");
-        if (op->kind == OP_KV_STORE && !op->x2) return fail("missing values");
+        if (!op->k_cache || !op->x || (!op->v_cache && !v_in_k)) return fail("missing KV cache or input");
+        if (op->kind == OP_KV_STORE && !op->x2 && !v_in_k) return fail("missing values");
         if (op->kind == OP_ATTENTION && !op->y) return fail("missing output");
         return 0;
+    }
     case OP_GLU:
         if (op->type < GLU_SILU || op->type > GLU_MUL)
             return fail("unknown gate activation %d", op->type);
@@ -282,10 +289,12 @@ static int check_op(const pyllm_op *op) {
         if (op->n_in <= 0 || op->n_in % t.block || (t.act != ACT_F32 && op->n_in % 32))
             return fail("row length %lld is not a whole number of blocks", (long long)op->n_in);
         if (op->n_out <= 0 || op->n_out > INT32_MAX || op->n_head <= 0 || op->n_kv_head < op->n_head || !op->w ||
-            !op->y || !op->x2)
-            return fail("matmul_id: missing weights, route or output");
+            !op->y)
+            return fail("matmul_id: missing weights or output");
+        if (!op->x2 && op->n_kv_head != op->n_head)   /* no route: slot j's matrix is j */
+            return fail("matmul_id without a route: %d slots for %d matrices", op->n_head, op->n_kv_head);
         if (t.act == ACT_F32 ? !op->x : !op->xq) return fail("matmul_id input missing");
-        if (op->y_stride < op->n_out * op->n_head || op->x2_stride < 2 * op->n_head)
+        if (op->y_stride < op->n_out * op->n_head || (op->x2 && op->x2_stride < 2 * op->n_head))
             return fail("matmul_id: output or route stride too small");
         if (t.act == ACT_F32 && op->x_stride < op->n_in * (op->flags & OPF_SLOT_INPUT ? op->n_head : 1))
             return fail("matmul_id: input stride too small");
@@ -298,6 +307,13 @@ static int check_op(const pyllm_op *op) {
     case OP_POS_SCALE:
         if (!op->y || op->n_in <= 0 || op->y_stride < op->n_in || op->window < 1)
             return fail("pos_scale: missing rows, or a period of %d positions", op->window);
+        return 0;
+    case OP_COPY:
+        if (!op->x || !op->y || op->n_in <= 0 || op->n_head <= 0 || op->n_out < 0 || op->head_dim < 0)
+            return fail("copy: missing rows, or %lld floats in %d groups", (long long)op->n_in, op->n_head);
+        if (op->x_stride < (op->n_head - 1) * op->n_out + op->n_in ||
+            op->y_stride < (int64_t)(op->n_head - 1) * op->head_dim + op->n_in)
+            return fail("copy: %d groups of %lld floats outside the rows", op->n_head, (long long)op->n_in);
         return 0;
     case OP_SHORTCONV:
         if (!op->w || !op->y || !op->k_cache || !op->v_cache) return fail("shortconv: missing weights, pools or output");
@@ -375,7 +391,7 @@ static int send(pyllm_cuda *ctx, int32_t *dst, const int32_t *src, int n) {
 static const char *kind_name(int k) {
     static const char *names[OP_KIND_COUNT] = {"?", "embed", "rmsnorm", "quantize", "matmul", "rope", "kv_store",
                                                "attention", "glu", "add", "scale", "moe_route", "matmul_id",
-                                               "moe_sum", "shortconv", "pos_scale"};
+                                               "moe_sum", "shortconv", "pos_scale", "copy"};
     return k > 0 && k < OP_KIND_COUNT ? names[k] : "?";
 }
 
@@ -384,7 +400,8 @@ int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_
     if (check_step(ops, n_ops, st) != 0) return -1;
     CU(cudaSetDevice(ctx->device));
 
-    /* send what these ops read of the step, as the Python side predicts (lowering.step_needs) */
+    /* send what these ops read of the step, as the Python side predicts (lowering.step_needs);
+     * the others (COPY, MATMUL_ID, ...) read none of it */
     bool need_tokens = false, need_pos = false, need_table = false;
     for (int i = 0; i < n_ops; i++) {
         const int k = ops[i].kind;
@@ -442,6 +459,7 @@ int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_
         case OP_MOE_SUM: launch_moe_sum(op, e); break;
         case OP_SHORTCONV: launch_shortconv(op, e); break;
         case OP_POS_SCALE: launch_pos_scale(op, e); break;
+        case OP_COPY: launch_copy(op, e); break;
         default: return fail("op %d: unknown kind %d", i, op->kind);
         }
         cudaError_t err = cudaPeekAtLastError();
