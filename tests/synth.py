@@ -597,24 +597,27 @@ def write_qwen3vl(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
 
 
 def write_deepseek2(path: str | Path, qtype: QT = QT.Q8_0, split: bool = True, q_lora: int = 0,
-                    sigmoid: bool = False, **kw) -> str:
+                    sigmoid: bool = False, dims: Optional[dict] = None, **kw) -> str:
     """DeepSeek 2: latent attention (latent 256, heads of 64 unrotated + 32 rotated dims, values of 64;
     q_lora > 0: q through attn_q_a/attn_q_b, as V2 and V3), layer 0 dense, then 16 experts of 256
-    (4 chosen, weights times 1.5) and 2 shared experts; sigmoid: V3's gating (sigmoid, exp_probs_b,
+    (4 chosen, weights times 1.5) and 2 shared experts (dense FFN 768 wide); sigmoid: V3's gating (sigmoid, exp_probs_b,
     renormalized). split: attn_k_b + attn_v_b (llama.cpp's converter since 2025), else attn_kv_b.
-    attn_k_b is Q8_0 when qtype's blocks do not fit its 64-wide rows (llama.cpp's fallback)."""
+    attn_k_b is Q8_0 when qtype's blocks do not fit its 64-wide rows (llama.cpp's fallback).
+    dims: other sizes of the latent attention ({"kv_lora": 512, "nope": 128, "rope": 64, "v": 128})."""
     kw.setdefault("experts", 16)
     kw.setdefault("experts_used", 4)
     kw.setdefault("n_ff_exp", 256)
     kw.setdefault("dense_layers", (0,))
+    kw.setdefault("n_ff", 1024)   # the dense FFN wider than the shared experts, as in the released files
     kb_type = qtype if gguf.GGML_QUANT_SIZES[qtype][0] <= 64 else QT.Q8_0
-    mla = {"kv_lora": 256, "nope": 64, "rope": 32, "v": 64, "q_lora": q_lora, "split": split, "kb_type": kb_type}
+    mla = {"kv_lora": 256, "nope": 64, "rope": 32, "v": 64, **(dims or {}), "q_lora": q_lora, "split": split,
+           "kb_type": kb_type}
     kw.setdefault("n_head_kv", 1 if split else kw.get("n_head", 4))   # the converter's: MQA over the latent, or MHA
     keys = {"leading_dense_block_count": 1, "expert_shared_count": 2, "expert_weights_scale": 1.5,
             **kw.pop("keys", {})}
     if sigmoid:
         keys.update(expert_gating_func=gguf.ExpertGatingFuncType.SIGMOID, expert_weights_norm=True)
-    return write_model(path, "deepseek2", qtype, mla=mla, select_bias=sigmoid, shared_expert=512, keys=keys,
+    return write_model(path, "deepseek2", qtype, mla=mla, select_bias=sigmoid, shared_expert=2 * kw["n_ff_exp"], keys=keys,
                        **kw)
 
 

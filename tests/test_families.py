@@ -94,10 +94,15 @@ QUANT_TOLERANCE = {("lfm2", QT.Q4_K): 0.05}
 # share of positions within 3% for a quantized MoE (see the test): gpt-oss with its files' YaRN
 # (factor 32) sharpens every softmax by 1.35^2; measured 80% at MXFP4, while on llama.cpp's own
 # MXFP4_MOE file of it pyllm and llama.cpp are 2.45% and 2.29% from the reference
-# DeepSeek 2 with YaRN (m^2 = 1.2 here) likewise: measured over seeds 0-2, 0.85/0.825/0.925 at Q8_0
-# and 0.775/0.95/0.8 at IQ4_NL; at llama.cpp's Q8_0 file pyllm and llama.cpp are 3.8% and 2.9%
-# from the reference, 2.7% from each other
-MOE_CLOSE = {("gpt-oss-yarn", QT.MXFP4): 0.8, ("deepseek2-yarn", QT.Q8_0): 0.8, ("deepseek2-yarn", QT.IQ4_NL): 0.75}
+# DeepSeek 2, measured over seeds 0-2: the unsplit file at IQ4_NL 0.8/0.925/0.925; with YaRN
+# (m^2 = 1.2 sharpens the scores) 0.925/0.8/0.825 at Q8_0 and 0.85/0.875/0.85 at IQ4_NL. At
+# llama.cpp's Q8_0 file of the YaRN model pyllm and llama.cpp are 3.8% and 2.9% from the
+# reference, 2.7% from each other
+MOE_CLOSE = {("gpt-oss-yarn", QT.MXFP4): 0.8, ("deepseek2-kv_b", QT.IQ4_NL): 0.8, ("deepseek2-yarn", QT.Q8_0): 0.8,
+             ("deepseek2-yarn", QT.IQ4_NL): 0.8}
+# F32 rel beyond 1e-4: DeepSeek 2 with YaRN, 8.6e-5/1.25e-4/6.2e-5 over seeds 0-2 (without YaRN
+# at most 7.5e-5); its engine takes q against the latent, the reference k_i = Wk_i c
+F32_TOLERANCE = {"deepseek2-yarn": 1.5e-4}
 
 
 def run_both(path, n_tokens=40, n_ctx=None, kv_f16=False):
@@ -121,11 +126,11 @@ def test_family_matches_reference(tmp_path, family, qtype):
     writer, kw = FAMILIES[family]
     f32 = qtype == QT.F32
     # at F32 the reference rounds k and v to f16 as the KV cache stores them: every family
-    # is then within 3.4e-5 of it (measured), 3-50x closer than without that rounding
+    # is then within 3.4e-5 of it (measured; DeepSeek 2 7.5e-5, see F32_TOLERANCE), 3-50x closer than without it
     arch, out, ref = run_both(writer(tmp_path / "m.gguf", qtype, **kw), kv_f16=f32)
     if f32:   # top-1 everywhere but at near-ties (OLMo 2 has one of 2e-4 of the spread)
         rel, agree = compare(out, ref, margin=0.01)
-        assert rel < 1e-4, rel
+        assert rel < F32_TOLERANCE.get(family, 1e-4), rel
         assert agree == 1.0
     elif any(isinstance(L.ffn, Moe) for L in arch.layers):
         # 8-bit activations move the router's logits a little; where two experts

@@ -74,7 +74,7 @@ def moe_ffn(g: Graph, h: View, m: Moe, kind: int, out: str | View, accumulate: b
     down = g.linear_id(act, m.down, route, m.k, "down_e", slot_input=True, bias=m.b_down)
     y = g.moe_sum(down, route, m.k, out, accumulate=accumulate)
     if m.shared is not None:   # + (sigmoid(Wg h) *) the shared expert's FFN
-        s = ffn(g, h, m.shared, kind, "shexp", accumulate=False)
+        s = ffn(g, h, m.shared, kind, "shexp", accumulate=False, names="shared_")
         if m.shared_gate is None:
             return g.add(s, y)
         weight = g.moe_route(g.linear(h, m.shared_gate, "shexp_gate"), 1, MOE_SIGMOID, "shexp_route")
@@ -82,21 +82,24 @@ def moe_ffn(g: Graph, h: View, m: Moe, kind: int, out: str | View, accumulate: b
     return y
 
 
-def ffn(g: Graph, h: View, f: Ffn | Moe, kind: int, out: str | View, accumulate: bool = True) -> View:
+def ffn(g: Graph, h: View, f: Ffn | Moe, kind: int, out: str | View, accumulate: bool = True,
+        names: str = "") -> View:
     """out (+)= Wdown (act(Wgate h) * Wup h); a fused up matrix gives [gate | up];
-    ungated: out (+)= Wdown act(Wup h); a mixture of experts: moe_ffn."""
+    ungated: out (+)= Wdown act(Wup h); a mixture of experts: moe_ffn. names: a prefix
+    for its buffers (a shared expert's are not as wide as the dense layers' FFN)."""
     if isinstance(f, Moe):
         return moe_ffn(g, h, f, kind, out, accumulate)
     if not f.gated:
-        up = g.linear(h, f.w_up, "up", bias=f.b_up)
+        up = g.linear(h, f.w_up, names + "up", bias=f.b_up)
         return g.linear(g.act(up, kind, up), f.w_down, out, bias=f.b_down, accumulate=accumulate)
     if f.w_gate is not None:
-        gate, up = g.linear(h, f.w_gate, "gate", bias=f.b_gate), g.linear(h, f.w_up, "up", bias=f.b_up)
+        gate = g.linear(h, f.w_gate, names + "gate", bias=f.b_gate)
+        up = g.linear(h, f.w_up, names + "up", bias=f.b_up)
     else:
-        gate_up = g.linear(h, f.w_up, "gate_up", bias=f.b_up)
+        gate_up = g.linear(h, f.w_up, names + "gate_up", bias=f.b_up)
         n = gate_up.width // 2
         gate, up = gate_up.cols(0, n), gate_up.cols(n, n)
-    return g.linear(g.glu(gate, up, kind, "ffn"), f.w_down, out, bias=f.b_down, accumulate=accumulate)
+    return g.linear(g.glu(gate, up, kind, names + "ffn"), f.w_down, out, bias=f.b_down, accumulate=accumulate)
 
 
 def pre_norm_block(g: Graph, arch: Architecture, L: Layer, layer: int, x: View) -> None:
