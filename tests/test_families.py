@@ -717,6 +717,18 @@ def test_deepseek2_latent_attention(tmp_path):
                                   kv_b[:, :64].transpose(0, 2, 1).astype(np.float16).astype(np.float32))
 
 
+def test_deepseek2_default_gating(tmp_path):
+    """Without expert_gating_func a file's experts are gated by softmax (DeepSeek V2), except for
+    GLM-4.7-Flash's shape (47 layers, 154880 tokens), by sigmoids, as llama.cpp reads them."""
+    from pyllm.graph import MOE_SIGMOID, MOE_SOFTMAX
+    v2 = load_architecture(ModelFile(synth.write_deepseek2(tmp_path / "v2.gguf", QT.F32)))
+    assert v2.layers[1].ffn.gating == MOE_SOFTMAX
+    glm = ModelFile(synth.write_deepseek2(tmp_path / "glm.gguf", QT.F32, n_layer=47, n_vocab=154880, n_embd=32,
+                                          n_ff=32, n_ff_exp=32, experts=4, experts_used=2,
+                                          dims={"kv_lora": 32, "nope": 32, "rope": 32, "v": 32}))
+    assert load_architecture(glm).layers[1].ffn.gating == MOE_SIGMOID
+
+
 def test_deepseek2_errors(tmp_path):
     p = synth.write_deepseek2(tmp_path / "g.gguf", QT.F32, keys={"expert_group_count": 8, "expert_group_used_count": 4})
     with pytest.raises(UnsupportedModelError, match="expert routing by groups"):

@@ -82,7 +82,7 @@ class Deepseek2(Architecture):
                                         f"yet (DeepSeek V3/R1, Kimi K2)")
         hp.head_dim = qk_dim   # the softmax's 1/sqrt(d) is over the heads' keys, nope + rope
         self.gating = {GATING_SOFTMAX: MOE_SOFTMAX, GATING_SIGMOID: MOE_SIGMOID}.get(
-            int(mf.arch_get("expert_gating_func", GATING_SOFTMAX) or GATING_SOFTMAX))
+            int(mf.arch_get("expert_gating_func", 0) or self.default_gating()))
         if self.gating is None:
             raise UnsupportedModelError(f"{mf.path}: expert gating function "
                                         f"{mf.arch_get('expert_gating_func')} is not supported")
@@ -136,6 +136,12 @@ class Deepseek2(Architecture):
             m.norm = bool(mf.arch_get("expert_weights_norm", False))
             m.scale = float(mf.arch_get("expert_weights_scale", 1.0) or 1.0)
         return m
+
+    def default_gating(self) -> int:
+        """The gating of a file that does not say: softmax (DeepSeek V2/V2.5), but sigmoids for
+        GLM-4.7-Flash, recognized as llama.cpp recognizes it (47 or 48 layers, 154880 tokens)."""
+        hp = self.hp
+        return GATING_SIGMOID if hp.n_layer in (47, 48) and hp.n_vocab == 154880 else GATING_SOFTMAX
 
     def moe_layer(self, i: int) -> bool:
         return i >= int(self.mf.arch_get("leading_dense_block_count", 0) or 0)
