@@ -110,7 +110,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 gated: bool = True, biases: bool = False, out_bias: bool = False,
                 rope_dim: Optional[int] = None, experts: int = 0, experts_used: int = 2,
                 n_ff_exp: Optional[int] = None, shared_expert: int = 0, shared_gate: bool = False,
-                mla: Optional[dict] = None, keys: Optional[dict] = None,
+                mla: Optional[dict] = None, keys: Optional[dict] = None, extra_tensors: Optional[dict] = None,
                 drop_tensor: Optional[str] = None, bad_shape: Optional[str] = None) -> str:
     """A tiny decoder of family `arch`, every matrix in `qtype`, tensors named
     as llama.cpp expects:
@@ -140,6 +140,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                   select_bias: exp_probs_b.bias; dense_layers: layers with a dense FFN instead (ERNIE)
       mla         latent attention in place of q/k/v (DeepSeek 2): {"kv_lora", "nope", "rope", "v",
                   "q_lora" (0: attn_q), "split" (attn_k_b + attn_v_b, else one attn_kv_b)}
+      extra_tensors more float32 tensors by name (present in the file, not used)
       keys        extra metadata: {"sliding_window": 8, ...} -> writer.add_<name>(value);
                   a dotted name ("rope.scaling.x") is written as the key {arch}.<name> (uint32 or float32)
     head_dim defaults to n_embd / n_head; otherwise it is written as key_length."""
@@ -314,6 +315,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
             add(p + "ffn_down.bias", bias(n_embd))
         if post_norms:
             add(p + "post_ffw_norm.weight", norm(n_embd))
+    for name, arr in (extra_tensors or {}).items():
+        add(name, (np.asarray(arr, np.float32), None))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -621,6 +624,32 @@ def write_deepseek2(path: str | Path, qtype: QT = QT.Q8_0, split: bool = True, q
                        **kw)
 
 
+def write_glm4moe(path: str | Path, qtype: QT = QT.Q8_0, nextn: bool = True, **kw) -> str:
+    """GLM-4.5: q/k/v biases, NEOX RoPE on half of each head, the FFN's norm named
+    post_attention_norm; layer 0 dense (768), then 16 experts of 256 (4 chosen by sigmoid +
+    exp_probs_b, renormalized, times 1.5) and one shared expert; qk_norm=True: per-head q/k
+    norms (the 355B). nextn: one more block, the multi-token prediction layer (its nextn.*
+    tensors too), which is not run."""
+    kw.setdefault("experts", 16)
+    kw.setdefault("experts_used", 4)
+    kw.setdefault("n_ff_exp", 256)
+    kw.setdefault("n_ff", 768)
+    kw.setdefault("dense_layers", (0,))
+    n_layer, n_embd = kw.setdefault("n_layer", 2), kw.setdefault("n_embd", 256)
+    hd = kw.get("head_dim") or n_embd // kw.get("n_head", 4)
+    keys = {"leading_dense_block_count": 1, "expert_shared_count": 1, "expert_weights_scale": 1.5,
+            "expert_weights_norm": True, **kw.pop("keys", {})}
+    extra = {}
+    if nextn:   # block n_layer is the MTP layer: a whole block plus its own projections and norms
+        kw["n_layer"] = n_layer + 1
+        keys["nextn_predict_layers"] = 1
+        rng = np.random.default_rng(7)
+        extra = {f"blk.{n_layer}.nextn.eh_proj.weight": rng.standard_normal((n_embd, 2 * n_embd)) / 16,
+                 f"blk.{n_layer}.nextn.enorm.weight": np.ones(n_embd), f"blk.{n_layer}.nextn.hnorm.weight": np.ones(n_embd)}
+    return write_model(path, "glm4moe", qtype, qkv_bias=True, ffn_norm="post_attention_norm", rope_dim=hd // 2,
+                       select_bias=True, shared_expert=kw["n_ff_exp"], keys=keys, extra_tensors=extra, **kw)
+
+
 WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
            "phi3": write_phi3, "gemma2": write_gemma2, "gemma3": write_gemma3, "granite": write_granite,
            "smollm3": write_smollm3, "olmo2": write_olmo2, "phi2": write_phi2, "starcoder2": write_starcoder2,
@@ -631,7 +660,7 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "arcee": write_arcee, "gptneox": write_gptneox, "falcon": write_falcon,
            "lfm2": write_lfm2, "mistral3": write_mistral3, "ernie4_5-moe": write_ernie4_5_moe,
            "gpt2": write_gpt2, "starcoder": write_starcoder, "qwen2vl": write_qwen2vl, "qwen3vl": write_qwen3vl,
-           "deepseek2": write_deepseek2}
+           "deepseek2": write_deepseek2, "glm4moe": write_glm4moe}
 
 
 def _gguf_string(x: str) -> bytes:

@@ -78,6 +78,8 @@ FAMILIES = {
     "gpt-oss": (synth.write_gpt_oss, {}),                    # sinks, biased experts, swiglu_oai, window 8
     "gpt-oss-yarn": (synth.write_gpt_oss, {"keys": {"rope_scaling_type": rope_type("YARN"),
                                                     "rope_scaling_factor": 32.0, "rope_scaling_orig_ctx_len": 64}}),
+    "glm4moe": (synth.write_glm4moe, {}),                    # NEOX half RoPE, sigmoid experts; MTP block not run
+    "glm4moe-qknorm": (synth.write_glm4moe, {"qk_norm": True}),
     "deepseek2": (synth.write_deepseek2, {}),                # MLA, q from attn_q (Lite); softmax experts, shared
     "deepseek2-kv_b": (synth.write_deepseek2, {"split": False}),   # attn_kv_b split when the file opens
     "deepseek2-v3": (synth.write_deepseek2, {"q_lora": 256, "sigmoid": True}),   # q_a/q_b; sigmoid + exp_probs_b
@@ -695,7 +697,7 @@ def test_family_errors(tmp_path):
     with pytest.raises(UnsupportedModelError, match="RoPE scaling 'yarn'.*supported: none, linear"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="bloom")
-    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*arcee, cohere2, command-r, deepseek2, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, gemma2, gemma3, glm4, gpt-oss, gpt2, gptneox, granite, granitemoe, lfm2, llama, mistral3, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen3moe, qwen3vl, smollm3, stablelm, starcoder, starcoder2"):
+    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*arcee, cohere2, command-r, deepseek2, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, gemma2, gemma3, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitemoe, lfm2, llama, mistral3, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen3moe, qwen3vl, smollm3, stablelm, starcoder, starcoder2"):
         load_architecture(ModelFile(p))
 
 
@@ -727,6 +729,16 @@ def test_deepseek2_default_gating(tmp_path):
                                           n_ff=32, n_ff_exp=32, experts=4, experts_used=2,
                                           dims={"kv_lora": 32, "nope": 32, "rope": 32, "v": 32}))
     assert load_architecture(glm).layers[1].ffn.gating == MOE_SIGMOID
+
+
+def test_glm4moe_skips_its_prediction_layer(tmp_path):
+    """GLM-4.5's last block (nextn_predict_layers) predicts a further token for speculative
+    decoding: the model is the blocks before it; a count that leaves no block is refused."""
+    arch = load_architecture(ModelFile(synth.write_glm4moe(tmp_path / "g.gguf", QT.F32)))
+    assert arch.hp.n_layer == 2 and len(arch.layers) == 2 and arch.mf.has_tensor("blk.2.nextn.eh_proj.weight")
+    p = synth.write_glm4moe(tmp_path / "b.gguf", QT.F32, nextn=False, keys={"nextn_predict_layers": 2})
+    with pytest.raises(ModelFileError, match="nextn_predict_layers 2 of 2 blocks"):
+        load_architecture(ModelFile(p))
 
 
 def test_deepseek2_errors(tmp_path):

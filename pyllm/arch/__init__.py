@@ -12,7 +12,7 @@ from .ernie4_5 import Ernie4_5, Ernie4_5Moe
 from .exaone import Exaone, Exaone4
 from .gemma2 import Gemma2
 from .gemma3 import Gemma3
-from .glm4 import Glm4
+from .glm4 import Glm4, Glm4Moe
 from .gpt2 import Gpt2, StarCoder
 from .gpt_oss import GptOss
 from .gptneox import Falcon, GptNeoX
@@ -65,6 +65,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "qwen2vl": Qwen2VL,
     "qwen3vl": Qwen3VL,
     "deepseek2": Deepseek2,
+    "glm4moe": Glm4Moe,
 }
 
 

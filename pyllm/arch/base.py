@@ -13,7 +13,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import ModelFileError, UnsupportedModelError
-from ..graph import GLU_SILU, MOE_SOFTMAX, NORM_LAYER, NORM_RMS, ROPE_NORM, SUPPORTED_WEIGHT_TYPES, Graph
+from ..graph import GLU_SILU, MOE_SIGMOID, MOE_SOFTMAX, NORM_LAYER, NORM_RMS, ROPE_NORM, SUPPORTED_WEIGHT_TYPES, Graph
 from ..model_file import ModelFile, Tensor, type_name
 
 
@@ -205,6 +205,52 @@ def sliding_layers(mf: ModelFile, n_layer: int, period: int) -> tuple[int, list[
         return window, [bool(f) for f in pattern]
     n = int(pattern)
     return window, [n == 0 or i % n < n - 1 for i in range(n_layer)]
+
+
+GATING_SOFTMAX, GATING_SIGMOID = 1, 2   # expert_gating_func in the file
+
+
+class SharedExpertsMoe:
+    """Mixin: DeepSeek's mixture of experts, which GLM-4.5 shares: dense FFNs in the first
+    `leading_dense_block_count` layers, experts after; each expert expert_feed_forward_length
+    wide; expert_shared_count shared experts, run as one FFN that many widths wide; the
+    gating (expert_gating_func: softmax or sigmoids, else default_gating()), renormalization
+    (expert_weights_norm) and scale (expert_weights_scale) as the file says; exp_probs_b
+    chooses where present."""
+    mf: ModelFile
+    hp: HParams
+
+    def default_gating(self) -> int:
+        return GATING_SOFTMAX
+
+    def experts_of(self, i: int) -> Optional[Moe]:
+        """Layer i's experts with the file's gating, or None in the leading dense layers."""
+        m = self.moe_weights(i)
+        if m is not None:
+            mf = self.mf
+            func = int(mf.arch_get("expert_gating_func", 0) or self.default_gating())
+            if func not in (GATING_SOFTMAX, GATING_SIGMOID):
+                raise UnsupportedModelError(f"{mf.path}: expert gating function {func} is not supported")
+            m.gating = MOE_SIGMOID if func == GATING_SIGMOID else MOE_SOFTMAX
+            m.norm = bool(mf.arch_get("expert_weights_norm", False))
+            m.scale = float(mf.arch_get("expert_weights_scale", 1.0) or 1.0)
+        return m
+
+    def moe_layer(self, i: int) -> bool:
+        return i >= int(self.mf.arch_get("leading_dense_block_count", 0) or 0)
+
+    def expert_width(self, k: int) -> int:
+        return int(self.mf.arch_require("expert_feed_forward_length"))
+
+    def shared_expert(self, i: int) -> Optional[Ffn]:
+        hp, p, mf = self.hp, f"blk.{i}.", self.mf
+        n_shared = int(mf.arch_get("expert_shared_count", 0) or 0)
+        if n_shared <= 0:
+            return None
+        n = n_shared * self.expert_width(0)
+        return Ffn(w_up=self.weight(p + "ffn_up_shexp.weight", hp.n_embd, n),
+                   w_gate=self.weight(p + "ffn_gate_shexp.weight", hp.n_embd, n),
+                   w_down=self.weight(p + "ffn_down_shexp.weight", n, hp.n_embd))
 
 
 class LocalGlobalLayers:

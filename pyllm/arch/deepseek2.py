@@ -39,16 +39,15 @@ from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from ..errors import ModelFileError, UnsupportedModelError
-from ..graph import MOE_SIGMOID, MOE_SOFTMAX, ROPE_NORM, Graph, View
+from ..graph import ROPE_NORM, Graph, View
 from ..model_file import Tensor
-from .base import Architecture, Ffn, Layer, Mla
+from .base import GATING_SIGMOID, GATING_SOFTMAX, Architecture, Layer, Mla, SharedExpertsMoe
 from .blocks import embed, ffn, output_head
 
-GATING_SOFTMAX, GATING_SIGMOID = 1, 2   # expert_gating_func in the file
 MAX_KEY_DIMS = 576                      # csrc/core.h MAX_HEAD_DIM
 
 
-class Deepseek2(Architecture):
+class Deepseek2(SharedExpertsMoe, Architecture):
     name = "deepseek2"
     rope_mode = ROPE_NORM
     experts = True
@@ -81,11 +80,6 @@ class Deepseek2(Architecture):
             raise UnsupportedModelError(f"{mf.path}: expert routing by groups ({groups} groups) is not supported "
                                         f"yet (DeepSeek V3/R1, Kimi K2)")
         hp.head_dim = qk_dim   # the softmax's 1/sqrt(d) is over the heads' keys, nope + rope
-        self.gating = {GATING_SOFTMAX: MOE_SOFTMAX, GATING_SIGMOID: MOE_SIGMOID}.get(
-            int(mf.arch_get("expert_gating_func", 0) or self.default_gating()))
-        if self.gating is None:
-            raise UnsupportedModelError(f"{mf.path}: expert gating function "
-                                        f"{mf.arch_get('expert_gating_func')} is not supported")
         self.read_ends()
         self.layers = [Layer(attn_norm=self.vector(f"blk.{i}.attn_norm.weight", hp.n_embd), attn=self.mla_weights(i),
                              ffn_norm=self.vector(f"blk.{i}.ffn_norm.weight", hp.n_embd),
@@ -127,38 +121,11 @@ class Deepseek2(Architecture):
         return (Tensor(name.format("k"), int(GGMLQuantizationType.F16), (nope, lat, H), 0, wk.nbytes, wk),
                 Tensor(name.format("v"), t.type, (lat, v, H), 0, wv.nbytes, wv))
 
-    def experts_of(self, i: int):
-        """Layer i's experts with DeepSeek's gating, or None in the leading dense layers."""
-        m = self.moe_weights(i)
-        if m is not None:
-            mf = self.mf
-            m.gating = self.gating
-            m.norm = bool(mf.arch_get("expert_weights_norm", False))
-            m.scale = float(mf.arch_get("expert_weights_scale", 1.0) or 1.0)
-        return m
-
     def default_gating(self) -> int:
-        """The gating of a file that does not say: softmax (DeepSeek V2/V2.5), but sigmoids for
-        GLM-4.7-Flash, recognized as llama.cpp recognizes it (47 or 48 layers, 154880 tokens)."""
+        """Softmax (DeepSeek V2/V2.5 files do not say), but sigmoids for GLM-4.7-Flash,
+        recognized as llama.cpp recognizes it (47 or 48 layers, 154880 tokens)."""
         hp = self.hp
         return GATING_SIGMOID if hp.n_layer in (47, 48) and hp.n_vocab == 154880 else GATING_SOFTMAX
-
-    def moe_layer(self, i: int) -> bool:
-        return i >= int(self.mf.arch_get("leading_dense_block_count", 0) or 0)
-
-    def expert_width(self, k: int) -> int:
-        return int(self.mf.arch_require("expert_feed_forward_length"))
-
-    def shared_expert(self, i: int):
-        """The shared experts as one FFN, expert_shared_count expert widths wide."""
-        hp, p, mf = self.hp, f"blk.{i}.", self.mf
-        n_shared = int(mf.arch_get("expert_shared_count", 0) or 0)
-        if n_shared <= 0:
-            return None
-        n = n_shared * self.expert_width(0)
-        return Ffn(w_up=self.weight(p + "ffn_up_shexp.weight", hp.n_embd, n),
-                   w_gate=self.weight(p + "ffn_gate_shexp.weight", hp.n_embd, n),
-                   w_down=self.weight(p + "ffn_down_shexp.weight", n, hp.n_embd))
 
     # -- settings ------------------------------------------------------------------------------------
     @property

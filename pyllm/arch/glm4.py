@@ -12,8 +12,10 @@ separate q/k/v tensors (and biases) load too.
 """
 from __future__ import annotations
 
-from ..graph import GLU_SILU, ROPE_NORM
-from .blocks import PostNormDecoder
+from ..errors import ModelFileError
+from ..graph import GLU_SILU, ROPE_NEOX, ROPE_NORM
+from .base import GATING_SIGMOID, Layer, SharedExpertsMoe
+from .blocks import PostNormDecoder, PreNormDecoder
 
 
 class Glm4(PostNormDecoder):
@@ -26,3 +28,34 @@ class Glm4(PostNormDecoder):
         super().__init__(mf, n_ctx)
         self.read_ends()
         self.layers = [self.post_norm_layer(i, self.attention_weights(i)) for i in range(self.hp.n_layer)]
+
+
+class Glm4Moe(SharedExpertsMoe, PreNormDecoder):
+    """GLM-4.5 / 4.6 (`glm4moe`: GLM-4.5-Air 106B-A12B, GLM-4.5 355B-A32B): a pre-norm block
+    (the FFN's norm is the file's post_attention_norm) with q/k/v biases, per-head q/k norms
+    where the file has them (355B), NEOX RoPE on half of each head, and DeepSeek's experts
+    after the leading dense layers: sigmoid gates (the default), exp_probs_b to choose,
+    renormalized, shared experts. The last `nextn_predict_layers` blocks are the multi-token
+    prediction head (speculative decoding); they are not run, as in llama.cpp."""
+    name = "glm4moe"
+    rope_mode = ROPE_NEOX
+    experts = "required"
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        hp = self.hp
+        nextn = int(mf.arch_get("nextn_predict_layers", 0) or 0)
+        if not 0 <= nextn < hp.n_layer:
+            raise ModelFileError(f"{mf.path}: nextn_predict_layers {nextn} of {hp.n_layer} blocks; the file is corrupt")
+        hp.n_layer -= nextn
+        self.read_ends()
+        self.layers = []
+        for i in range(hp.n_layer):
+            p = f"blk.{i}."
+            attn = self.attention_weights(i, qk_norm=mf.has_tensor(p + "attn_q_norm.weight"))
+            self.layers.append(Layer(attn_norm=self.vector(p + "attn_norm.weight", hp.n_embd), attn=attn,
+                                     ffn_norm=self.vector(p + "post_attention_norm.weight", hp.n_embd),
+                                     ffn=self.experts_of(i) or self.ffn_weights(i)))
+
+    def default_gating(self) -> int:
+        return GATING_SIGMOID
