@@ -88,7 +88,7 @@ class Deepseek2(SharedExpertsMoe, Architecture):
 
     # -- weights -------------------------------------------------------------------------------------
     def mla_weights(self, i: int) -> Mla:
-        hp, p, mf = self.hp, f"blk.{i}.", self.mf
+        hp, p = self.hp, f"blk.{i}."
         H, qk = hp.n_head, self.nope + hp.rope_dim
         a = Mla(wkv_a=self.weight(p + "attn_kv_a_mqa.weight", hp.n_embd, self.kv_lora + hp.rope_dim),
                 kv_a_norm=self.vector(p + "attn_kv_a_norm.weight", self.kv_lora),
