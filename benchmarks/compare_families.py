@@ -108,6 +108,7 @@ FAMILIES = {
                                      "keys": {"leading_dense_block_count": 27}}),
     "deepseek2-kv_b": ("deepseek2", {"q_lora": 256, "split": False}),   # a file from before the split
     "deepseek2-v3": ("deepseek2", {"q_lora": 256, "sigmoid": True}),    # sigmoid + exp_probs_b, renormalized
+    "lfm2moe": ("lfm2moe", {}),                      # LFM2 + sigmoid experts after a dense layer
     "glm4moe": ("glm4moe", {}),                      # half NEOX RoPE, biases, sigmoid experts, MTP block unused
     "glm4moe-qknorm": ("glm4moe", {"qk_norm": True}),  # per-head q/k norms (GLM-4.5 355B)
     "deepseek2-yarn": ("deepseek2", {"q_lora": 256, "keys": {**YARN, "rope.scaling.yarn_log_multiplier": 0.0707}}),

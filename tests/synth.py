@@ -547,7 +547,20 @@ def write_lfm2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     """LFM2: 4 layers, 0, 1 and 3 short convolutions (3 taps), 2 attention with per-head q/k norms."""
     kw.setdefault("n_layer", 4)
     kw.setdefault("conv_layers", (0, 1, 3))
-    return write_model(path, "lfm2", qtype, qk_norm=True, rope_base=1e6, **kw)
+    kw.setdefault("arch", "lfm2")
+    return write_model(path, qtype=qtype, qk_norm=True, rope_base=1e6, **kw)
+
+
+def write_lfm2moe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """LFM2 MoE: LFM2's 4 layers (0, 1, 3 convolutions), layer 0 with a dense FFN, then 8 experts
+    of 256, 4 chosen by sigmoid + exp_probs_b, renormalized."""
+    kw.setdefault("experts", 8)
+    kw.setdefault("experts_used", 4)
+    kw.setdefault("n_ff_exp", 256)
+    kw.setdefault("dense_layers", (0,))
+    keys = {"leading_dense_block_count": 1, "expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID,
+            **kw.pop("keys", {})}
+    return write_lfm2(path, qtype, arch="lfm2moe", select_bias=True, keys=keys, **kw)
 
 
 def write_mistral3(path: str | Path, qtype: QT = QT.Q8_0, temperature: bool = True, **kw) -> str:
@@ -658,7 +671,7 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "qwen3moe": write_qwen3moe, "olmoe": write_olmoe, "granitemoe": write_granitemoe,
            "qwen2moe": write_qwen2moe, "gpt-oss": write_gpt_oss, "glm4": write_glm4, "nemotron": write_nemotron,
            "arcee": write_arcee, "gptneox": write_gptneox, "falcon": write_falcon,
-           "lfm2": write_lfm2, "mistral3": write_mistral3, "ernie4_5-moe": write_ernie4_5_moe,
+           "lfm2": write_lfm2, "lfm2moe": write_lfm2moe, "mistral3": write_mistral3, "ernie4_5-moe": write_ernie4_5_moe,
            "gpt2": write_gpt2, "starcoder": write_starcoder, "qwen2vl": write_qwen2vl, "qwen3vl": write_qwen3vl,
            "deepseek2": write_deepseek2, "glm4moe": write_glm4moe}
 

@@ -78,6 +78,7 @@ FAMILIES = {
     "gpt-oss": (synth.write_gpt_oss, {}),                    # sinks, biased experts, swiglu_oai, window 8
     "gpt-oss-yarn": (synth.write_gpt_oss, {"keys": {"rope_scaling_type": rope_type("YARN"),
                                                     "rope_scaling_factor": 32.0, "rope_scaling_orig_ctx_len": 64}}),
+    "lfm2moe": (synth.write_lfm2moe, {}),                    # LFM2's layers, sigmoid experts after layer 0
     "glm4moe": (synth.write_glm4moe, {}),                    # NEOX half RoPE, sigmoid experts; MTP block not run
     "glm4moe-qknorm": (synth.write_glm4moe, {"qk_norm": True}),
     "deepseek2": (synth.write_deepseek2, {}),                # MLA, q from attn_q (Lite); softmax experts, shared
@@ -100,7 +101,10 @@ QUANT_TOLERANCE = {("lfm2", QT.Q4_K): 0.05}
 # (m^2 = 1.2 sharpens the scores) 0.925/0.8/0.825 at Q8_0 and 0.85/0.875/0.85 at IQ4_NL. At
 # llama.cpp's Q8_0 file of the YaRN model pyllm and llama.cpp are 3.8% and 2.9% from the
 # reference, 2.7% from each other
-MOE_CLOSE = {("gpt-oss-yarn", QT.MXFP4): 0.8, ("deepseek2-kv_b", QT.IQ4_NL): 0.8, ("deepseek2-yarn", QT.Q8_0): 0.8,
+# LFM2 MoE (its convolutions compound errors, as LFM2's do), IQ4_NL: 0.775/0.625/0.85 over seeds
+# 0-2, top-1 agreement 100% in each; at llama.cpp's Q8_0 file pyllm and llama.cpp are 6.0% and
+# 5.4% from the reference (16 experts; with these 8: 3.6% and 3.7%)
+MOE_CLOSE = {("gpt-oss-yarn", QT.MXFP4): 0.8, ("lfm2moe", QT.IQ4_NL): 0.6, ("deepseek2-kv_b", QT.IQ4_NL): 0.8, ("deepseek2-yarn", QT.Q8_0): 0.8,
              ("deepseek2-yarn", QT.IQ4_NL): 0.8}
 # F32 rel beyond 1e-4: DeepSeek 2 with YaRN, 8.6e-5/1.25e-4/6.2e-5 over seeds 0-2 (without YaRN
 # at most 7.5e-5); its engine takes q against the latent, the reference k_i = Wk_i c
@@ -697,7 +701,7 @@ def test_family_errors(tmp_path):
     with pytest.raises(UnsupportedModelError, match="RoPE scaling 'yarn'.*supported: none, linear"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="bloom")
-    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*arcee, cohere2, command-r, deepseek2, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, gemma2, gemma3, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitemoe, lfm2, llama, mistral3, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen3moe, qwen3vl, smollm3, stablelm, starcoder, starcoder2"):
+    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*arcee, cohere2, command-r, deepseek2, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, gemma2, gemma3, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitemoe, lfm2, lfm2moe, llama, mistral3, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen3moe, qwen3vl, smollm3, stablelm, starcoder, starcoder2"):
         load_architecture(ModelFile(p))
 
 

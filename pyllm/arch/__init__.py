@@ -17,7 +17,7 @@ from .gpt2 import Gpt2, StarCoder
 from .gpt_oss import GptOss
 from .gptneox import Falcon, GptNeoX
 from .granite import Granite, GraniteMoe
-from .lfm2 import Lfm2
+from .lfm2 import Lfm2, Lfm2Moe
 from .llama import Llama, Mistral3
 from .nemotron import Arcee, Nemotron
 from .olmo2 import Olmo2, Olmoe
@@ -66,6 +66,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "qwen3vl": Qwen3VL,
     "deepseek2": Deepseek2,
     "glm4moe": Glm4Moe,
+    "lfm2moe": Lfm2Moe,
 }
 
 

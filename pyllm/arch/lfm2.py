@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ..errors import ModelFileError, UnsupportedModelError
 from ..graph import GLU_SILU, ROPE_NEOX
-from .base import Layer, ShortConv
+from .base import GATING_SIGMOID, Layer, SharedExpertsMoe, ShortConv
 from .blocks import PreNormDecoder
 
 
@@ -48,4 +48,26 @@ class Lfm2(PreNormDecoder):
                                   conv=self.floats(p + "shortconv.conv.weight", taps, hp.n_embd),
                                   out_proj=self.weight(p + "shortconv.out_proj.weight", hp.n_embd, hp.n_embd))
             self.layers.append(Layer(attn_norm=self.vector(p + "attn_norm.weight", hp.n_embd), attn=mixer,
-                                     ffn_norm=self.vector(p + "ffn_norm.weight", hp.n_embd), ffn=self.ffn_weights(i)))
+                                     ffn_norm=self.vector(p + "ffn_norm.weight", hp.n_embd), ffn=self.ffn_of(i)))
+
+    def ffn_of(self, i: int):
+        return self.ffn_weights(i)
+
+
+class Lfm2Moe(SharedExpertsMoe, Lfm2):
+    """LFM2 MoE (`lfm2moe`: LFM2-8B-A1B): LFM2's layers with experts in place of the FFN
+    after `leading_dense_block_count` dense ones: the router's sigmoids (+ exp_probs_b to
+    choose) weigh the chosen experts, always renormalized, as llama.cpp runs it; no
+    shared expert."""
+    name = "lfm2moe"
+    experts = "required"
+
+    def default_gating(self) -> int:
+        return GATING_SIGMOID
+
+    def ffn_of(self, i: int):
+        m = self.experts_of(i)
+        if m is None:
+            return self.ffn_weights(i)
+        m.norm, m.scale = True, 1.0   # llama.cpp's lfm2moe ignores expert_weights_norm/scale
+        return m
