@@ -108,6 +108,8 @@ FAMILIES = {
                                      "keys": {"leading_dense_block_count": 27}}),
     "deepseek2-kv_b": ("deepseek2", {"q_lora": 256, "split": False}),   # a file from before the split
     "deepseek2-v3": ("deepseek2", {"q_lora": 256, "sigmoid": True}),    # sigmoid + exp_probs_b, renormalized
+    "deepseek2-v3-groups": ("deepseek2", {"q_lora": 256, "sigmoid": True,     # + 4 expert groups, 2 kept
+                                          "keys": {"expert_group_count": 4, "expert_group_used_count": 2}}),
     "lfm2moe": ("lfm2moe", {}),                      # LFM2 + sigmoid experts after a dense layer
     "glm4moe": ("glm4moe", {}),                      # half NEOX RoPE, biases, sigmoid experts, MTP block unused
     "glm4moe-qknorm": ("glm4moe", {"qk_norm": True}),  # per-head q/k norms (GLM-4.5 355B)

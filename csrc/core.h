@@ -16,6 +16,7 @@
 
 #define MAX_HEAD_DIM 576 /* MLA's keys: a 512-dim latent and 64 rotated dims */
 #define MAX_KV_BLOCK 1024 /* positions per KV block */
+#define MAX_EXPERT_GROUPS 64 /* MOE_ROUTE's groups (DeepSeek V3: 8) */
 
 typedef struct {
     const pyllm_step *step;

@@ -30,20 +30,47 @@ static inline float gate_value(const float *x, int e, int sigmoid, float m, floa
     return sigmoid ? 1.0f / (1.0f + expf(-x[e])) : expf(x[e] - m) / sum;
 }
 
+/* DeepSeek V3's group limit on the keys of n experts in `groups` equal groups: only the
+ * `used` groups whose two best keys sum highest (ties to the lower group) keep theirs; the
+ * others' become -INFINITY */
+static void limit_groups(float *key, int n, int groups, int used) {
+    const int per = n / groups;
+    float score[MAX_EXPERT_GROUPS];
+    for (int g = 0; g < groups; g++) {
+        float b1 = -INFINITY, b2 = -INFINITY;
+        for (int e = g * per; e < (g + 1) * per; e++) {
+            if (key[e] > b1) b2 = b1, b1 = key[e];
+            else if (key[e] > b2) b2 = key[e];
+        }
+        score[g] = per > 1 ? b1 + b2 : b1;
+    }
+    uint64_t chosen = 0;
+    for (int j = 0; j < used; j++) {
+        int best = -1;
+        for (int g = 0; g < groups; g++)
+            if (!(chosen >> g & 1) && (best < 0 || score[g] > score[best])) best = g;
+        chosen |= (uint64_t)1 << best;
+    }
+    for (int e = 0; e < n; e++)
+        if (!(chosen >> (e / per) & 1)) key[e] = -INFINITY;
+}
+
 /* The k experts of x[0..n) with the largest logits, in order, ties to the lower id (gating is
  * monotonic: the same as the k largest gate values), or with a selection bias the k largest
- * gate value + bias[e] (ERNIE 4.5 MoE, DeepSeek V3), those keys made once in `keys` [n];
- * y[j] = id, y[k + j] = its gate value (the bias only chooses) */
-static void route_row(const float *x, int n, int k, int type, float scale, const float *bias, float *keys,
-                      float *y) {
+ * gate value + bias[e] (ERNIE 4.5 MoE, DeepSeek V3), or within the groups limit_groups keeps,
+ * those keys made once in `keys` [n]; y[j] = id, y[k + j] = its gate value (the bias only
+ * chooses) */
+static void route_row(const float *x, int n, int k, int type, float scale, const float *bias, int groups,
+                      int groups_used, float *keys, float *y) {
     const int sigmoid = type & MOE_SIGMOID;
     float m = x[0], sum = 0.0f, wsum = 0.0f;
     for (int e = 1; e < n; e++) m = x[e] > m ? x[e] : m;
     if (!sigmoid)
         for (int e = 0; e < n; e++) sum += expf(x[e] - m);
     const float *key = x;
-    if (bias) {
-        for (int e = 0; e < n; e++) keys[e] = gate_value(x, e, sigmoid, m, sum) + bias[e];
+    if (bias || groups > 1) {   /* groups are scored by gate values, not logits */
+        for (int e = 0; e < n; e++) keys[e] = gate_value(x, e, sigmoid, m, sum) + (bias ? bias[e] : 0.0f);
+        if (groups > 1) limit_groups(keys, n, groups, groups_used);
         key = keys;
     }
     for (int j = 0; j < k; j++) {
@@ -66,8 +93,8 @@ void op_moe_route(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     int64_t lo, hi;
     split_range(r->rows, ith, nth, 1, &lo, &hi);
     for (int64_t t = lo; t < hi; t++)
-        route_row(IN_ROW(op, r, t), (int)op->n_in, op->n_head, op->type, op->scale, op->bias, r->scratch,
-                  OUT_ROW(op, t));
+        route_row(IN_ROW(op, r, t), (int)op->n_in, op->n_head, op->type, op->scale, op->bias, op->n_kv_head,
+                  op->head_dim, r->scratch, OUT_ROW(op, t));
 }
 
 /* expert id of slot j of row t, or -1 if the route row holds no valid id there */

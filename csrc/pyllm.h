@@ -27,7 +27,9 @@ enum pyllm_op_kind {
     OP_SCALE = 10,    /* y[t] *= scale; then y = softcap * tanh(y / softcap) if softcap > 0 */
     OP_MOE_ROUTE = 11, /* y[t] = [ids | weights] of the n_head best of n_in experts, from router
                           logits x[t]; type = MOE_* (gating, renormalized weights); weights * scale;
-                          bias: NULL, or per expert, added to the gate values to choose (not to weigh) */
+                          bias: NULL, or per expert, added to the gate values to choose (not to weigh);
+                          n_kv_head > 1: the experts form that many equal groups, and only the head_dim
+                          groups whose two best gate values (+ bias) sum highest are chosen from */
     OP_MATMUL_ID = 12, /* y[t, j n_out..] = W[e] x_j[t] for slots j < n_head, e = x2[t, j] (the
                           route's ids, of n_kv_head experts; x2 NULL: e = j, a matrix per head); W[e]: the
                           expert's n_out rows; x_j[t] = x[t], or its j-th n_in slice with OPF_SLOT_INPUT;

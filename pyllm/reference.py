@@ -169,7 +169,18 @@ class Reference:
             e = np.exp(logits.astype(np.float64) - logits.max(axis=1, keepdims=True))
             p = e / e.sum(axis=1, keepdims=True)
         # gating is monotonic: the k best logits, unless a selection bias joins the gate values
-        key = logits if m.b_select is None else (p + m.b_select).astype(np.float32)
+        if m.b_select is None and not m.groups[0]:
+            key = logits
+        else:   # groups are scored by gate values too
+            key = (p + (0.0 if m.b_select is None else m.b_select)).astype(np.float32)
+        if m.groups[0]:   # only the groups whose two best keys sum highest (DeepSeek V3)
+            n, used = m.groups
+            per_group = key.reshape(len(key), n, -1)
+            score = np.sort(per_group, axis=2)[:, :, -2:].sum(axis=2)
+            keep = np.argsort(-score, axis=1, kind="stable")[:, :used]
+            masked = np.full_like(per_group, -np.inf)
+            np.put_along_axis(masked, keep[:, :, None], np.take_along_axis(per_group, keep[:, :, None], axis=1), axis=1)
+            key = masked.reshape(len(key), -1)
         top = np.argsort(-key, axis=1, kind="stable")[:, :m.k]
         weights = np.take_along_axis(p, top, axis=1)
         if m.norm:

@@ -501,7 +501,7 @@ def test_op_matches_the_core(devices, case):
             np.testing.assert_allclose(gpu[name], cpu[name], rtol=4e-6, atol=1e-30)
 
 
-@pytest.mark.parametrize("case", ["route-softmax-norm", "route-sigmoid", "route-select-bias", "matmul-id-q4_k", "matmul-id-q8_0-slots",
+@pytest.mark.parametrize("case", ["route-softmax-norm", "route-sigmoid", "route-select-bias", "route-groups", "matmul-id-q4_k", "matmul-id-q8_0-slots",
                                   "matmul-id-f16", "matmul-id-q8_0-bias", "matmul-id-mxfp4-slots",
                                   "moe-sum", "matmul-heads-q8_0", "matmul-heads-f16"])
 def test_moe_op_matches_the_core(devices, case):
@@ -521,8 +521,9 @@ def test_moe_op_matches_the_core(devices, case):
     route = np.concatenate([ids, rng.uniform(0, 1, (n, k)).astype(np.float32)], axis=1)
     if case.startswith("route"):
         gating = MOE_SIGMOID if case == "route-sigmoid" else MOE_SOFTMAX | MOE_NORM
-        bias = rng.uniform(0, 0.3, 40).astype(np.float32) if case == "route-select-bias" else None
-        g.moe_route(g.buffer("logits", 40), k, gating, "route", scale=1.5, select_bias=bias)
+        bias = rng.uniform(0, 0.3, 40).astype(np.float32) if case in ("route-select-bias", "route-groups") else None
+        groups = (8, 3) if case == "route-groups" else (0, 0)   # 40 experts in 8 groups, 3 kept (DeepSeek V3)
+        g.moe_route(g.buffer("logits", 40), k, gating, "route", scale=1.5, select_bias=bias, groups=groups)
         inputs, outputs = {"logits": (rng.standard_normal((n, 40)) * 3).astype(np.float32)}, ["route"]
     elif case == "moe-sum":
         g.moe_sum(g.buffer("e", k * 256), g.buffer("route", 2 * k), k, "y", accumulate=True)

@@ -84,6 +84,8 @@ FAMILIES = {
     "deepseek2": (synth.write_deepseek2, {}),                # MLA, q from attn_q (Lite); softmax experts, shared
     "deepseek2-kv_b": (synth.write_deepseek2, {"split": False}),   # attn_kv_b split when the file opens
     "deepseek2-v3": (synth.write_deepseek2, {"q_lora": 256, "sigmoid": True}),   # q_a/q_b; sigmoid + exp_probs_b
+    "deepseek2-v3-groups": (synth.write_deepseek2, {"q_lora": 256, "sigmoid": True,   # 4 groups of experts, 2 kept
+                                                    "keys": {"expert_group_count": 4, "expert_group_used_count": 2}}),
     "deepseek2-yarn": (synth.write_deepseek2, {"keys": {"rope_scaling_type": rope_type("YARN"), "rope_scaling_factor": 4.0,
                                                         "rope_scaling_orig_ctx_len": 64,
                                                         "rope.scaling.yarn_log_multiplier": 0.0707}}),
@@ -746,8 +748,8 @@ def test_glm4moe_skips_its_prediction_layer(tmp_path):
 
 
 def test_deepseek2_errors(tmp_path):
-    p = synth.write_deepseek2(tmp_path / "g.gguf", QT.F32, keys={"expert_group_count": 8, "expert_group_used_count": 4})
-    with pytest.raises(UnsupportedModelError, match="expert routing by groups"):
+    p = synth.write_deepseek2(tmp_path / "g.gguf", QT.F32, keys={"expert_group_count": 8, "expert_group_used_count": 1})
+    with pytest.raises(ModelFileError, match="4 of 16 experts from 1 of 8 expert groups"):
         load_architecture(ModelFile(p))
     p = synth.write_deepseek2(tmp_path / "t.gguf", QT.F32, keys={"attention.temperature_scale": 0.1})
     with pytest.raises(UnsupportedModelError, match="attention temperature"):

@@ -65,6 +65,39 @@ def test_route_picks_the_k_best(gating, select):
     np.testing.assert_allclose(got[:, k:], 1.5 * w, rtol=2e-6)
 
 
+@pytest.mark.parametrize("select", [False, True], ids=["", "select-bias"])
+@pytest.mark.parametrize("gating", [MOE_SOFTMAX, MOE_SIGMOID | MOE_NORM], ids=["softmax", "sigmoid-norm"])
+def test_route_within_the_best_groups(gating, select):
+    """DeepSeek V3's group limit: 64 experts in 8 groups, 6 chosen from the 3 groups whose two
+    best gate values (+ bias) sum highest, against numpy; the limit changes some choices (else
+    the test would not see it), and every choice lies in a chosen group."""
+    rng = np.random.default_rng(gating + 7)
+    n, k, T, groups, used = 64, 6, 40, 8, 3
+    logits = (rng.standard_normal((T, n)) * 2).astype(np.float32)
+    bias = rng.uniform(0, 0.3, n).astype(np.float32) if select else None
+    g = Graph()
+    g.moe_route(g.buffer("logits", n), k, gating, "route", scale=2.5, select_bias=bias, groups=(groups, used))
+    got = run_ops(g, {"logits": logits}, T, "route")
+    x = logits.astype(np.float64)
+    p = 1 / (1 + np.exp(-x)) if gating & MOE_SIGMOID else np.exp(x - x.max(1, keepdims=True))
+    if not gating & MOE_SIGMOID:
+        p /= p.sum(1, keepdims=True)
+    key = p + (0 if bias is None else bias)
+    per = key.reshape(T, groups, n // groups)
+    top2 = np.sort(per, axis=2)[:, :, -2:].sum(axis=2)
+    kept = np.argsort(-top2, axis=1, kind="stable")[:, :used]
+    mask = np.zeros((T, groups), bool)
+    np.put_along_axis(mask, kept, True, axis=1)
+    ids = np.argsort(-np.where(np.repeat(mask, n // groups, axis=1), key, -np.inf), axis=1, kind="stable")[:, :k]
+    assert (ids != np.argsort(-key, axis=1, kind="stable")[:, :k]).any()
+    np.testing.assert_array_equal(got[:, :k], ids)
+    assert np.take_along_axis(mask, ids // (n // groups), axis=1).all()
+    w = np.take_along_axis(p, ids, axis=1)
+    if gating & MOE_NORM:
+        w /= w.sum(1, keepdims=True)
+    np.testing.assert_allclose(got[:, k:], 2.5 * w, rtol=2e-6)
+
+
 @pytest.mark.parametrize("qtype", [QT.F32, QT.F16, QT.Q8_0, QT.Q4_K, QT.Q6_K, QT.MXFP4], ids=lambda t: t.name)
 @pytest.mark.parametrize("T", [1, 3, 100])
 def test_matmul_id_is_the_chosen_experts_matmul(qtype, T):

@@ -280,10 +280,11 @@ __device__ __forceinline__ float gate_value(const float *x, int e, bool sigmoid,
 
 /* one thread per row, as csrc/moe.c route_row: the k best logits in order (ties to the lower
  * id), or with a selection bias the k best gate value + bias[e] (each made where it is compared:
- * a thread has no room for n of them); then their gate values */
+ * a thread has no room for n of them), within the groups route_row's limit_groups keeps when
+ * there are groups (bit g of `chosen`); then their gate values */
 __global__ void moe_route_kernel(const float *__restrict__ X, int64_t x_stride, float *__restrict__ Y,
                                  int64_t y_stride, int n, int k, int type, float scale, const float *__restrict__ bias,
-                                 int rows) {
+                                 int groups, int groups_used, int rows) {
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= rows) return;
     const float *x = X + (int64_t)t * x_stride;
@@ -293,13 +294,36 @@ __global__ void moe_route_kernel(const float *__restrict__ X, int64_t x_stride, 
     for (int e = 1; e < n; e++) m = x[e] > m ? x[e] : m;
     if (!sigmoid)
         for (int e = 0; e < n; e++) sum += expf(x[e] - m);
+    const bool keyed = bias || groups > 1;   /* groups are scored by gate values, not logits */
+    auto key_of = [&](int e) { return keyed ? gate_value(x, e, sigmoid, m, sum) + (bias ? bias[e] : 0.0f) : x[e]; };
+    unsigned long long chosen = ~0ull;
+    const int per = groups > 1 ? n / groups : n;
+    if (groups > 1) {
+        float score[64];   /* MAX_EXPERT_GROUPS */
+        for (int g = 0; g < groups; g++) {
+            float b1 = -INFINITY, b2 = -INFINITY;
+            for (int e = g * per; e < (g + 1) * per; e++) {
+                const float v = key_of(e);
+                if (v > b1) b2 = b1, b1 = v;
+                else if (v > b2) b2 = v;
+            }
+            score[g] = per > 1 ? b1 + b2 : b1;
+        }
+        chosen = 0;
+        for (int j = 0; j < groups_used; j++) {
+            int best = -1;
+            for (int g = 0; g < groups; g++)
+                if (!(chosen >> g & 1) && (best < 0 || score[g] > score[best])) best = g;
+            chosen |= 1ull << best;
+        }
+    }
     for (int j = 0; j < k; j++) {
         int best = -1;
         float best_key = 0.0f;
         for (int e = 0; e < n; e++) {
             bool taken = false;
             for (int c = 0; c < j; c++) taken |= (int)y[c] == e;
-            const float key = bias ? gate_value(x, e, sigmoid, m, sum) + bias[e] : x[e];
+            const float key = chosen >> (e / per) & 1 ? key_of(e) : -INFINITY;
             if (!taken && (best < 0 || key > best_key)) best = e, best_key = key;
         }
         y[j] = (float)best;
@@ -314,7 +338,8 @@ __global__ void moe_route_kernel(const float *__restrict__ X, int64_t x_stride, 
 void launch_moe_route(const pyllm_op *op, const exec &e) {
     PQ_LAUNCH(blocks_for(e.rows, 64), 64, 0, e.stream, moe_route_kernel)(op->x, op->x_stride, op->y, op->y_stride,
                                                                        (int)op->n_in, op->n_head, op->type,
-                                                                       op->scale, op->bias, e.rows);
+                                                                       op->scale, op->bias, op->n_kv_head,
+                                                                       op->head_dim, e.rows);
 }
 
 __global__ void moe_sum_kernel(const float *__restrict__ X, int64_t x_stride, const float *__restrict__ R,

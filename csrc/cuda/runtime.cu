@@ -282,6 +282,11 @@ static int check_op(const pyllm_op *op) {
         if (!op->x || !op->y || op->n_in <= 0 || op->n_head <= 0 || op->n_head > op->n_in)
             return fail("moe route: choosing %d of %lld experts", op->n_head, (long long)op->n_in);
         if (op->y_stride < 2 * op->n_head || op->x_stride < op->n_in) return fail("moe route: bad sizes");
+        if (op->n_kv_head > 1 &&
+            (op->n_kv_head > 64 || op->n_in % op->n_kv_head || op->head_dim < 1 || op->head_dim > op->n_kv_head ||
+             (int64_t)op->head_dim * (op->n_in / op->n_kv_head) < op->n_head))   /* 64: MAX_EXPERT_GROUPS */
+            return fail("moe route: %d of %lld experts from %d of %d groups", op->n_head, (long long)op->n_in,
+                        op->head_dim, op->n_kv_head);
         return 0;
     case OP_MATMUL_ID: {
         type_info t = info(op->type);

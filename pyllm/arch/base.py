@@ -234,7 +234,21 @@ class SharedExpertsMoe:
             m.gating = MOE_SIGMOID if func == GATING_SIGMOID else MOE_SOFTMAX
             m.norm = bool(mf.arch_get("expert_weights_norm", False))
             m.scale = float(mf.arch_get("expert_weights_scale", 1.0) or 1.0)
+            m.groups = self.expert_groups(m)
         return m
+
+    def expert_groups(self, m: Moe) -> tuple[int, int]:
+        """(expert_group_count, expert_group_used_count) where the file limits the choice to
+        groups, else (0, 0); checked against the experts."""
+        mf = self.mf
+        n = int(mf.arch_get("expert_group_count", 0) or 0)
+        if n <= 1:
+            return (0, 0)
+        used = int(mf.arch_get("expert_group_used_count", 0) or 0)
+        if n > 64 or m.n_experts % n or not 0 < used <= n or used * (m.n_experts // n) < m.k:
+            raise ModelFileError(f"{mf.path}: {m.k} of {m.n_experts} experts from {used} of {n} expert groups "
+                                 f"(at most 64 groups); the file is corrupt or not supported")
+        return (n, used)
 
     def moe_layer(self, i: int) -> bool:
         return i >= int(self.mf.arch_get("leading_dense_block_count", 0) or 0)
@@ -355,6 +369,7 @@ class Moe:
     b_up: Optional[np.ndarray] = None
     b_down: Optional[np.ndarray] = None
     shared_gate: Optional[Tensor] = None  # its weight sigmoid(shared_gate h) (Qwen2-MoE), else 1
+    groups: tuple[int, int] = (0, 0)      # (groups, used): choose within the best groups (DeepSeek V3)
 
     @property
     def n_experts(self) -> int:

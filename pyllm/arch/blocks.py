@@ -68,7 +68,7 @@ def moe_ffn(g: Graph, h: View, m: Moe, kind: int, out: str | View, accumulate: b
     plus the shared expert's FFN, times sigmoid(Wg h) where it is gated (biases where given)."""
     logits = g.linear(h, m.router, "router", bias=m.b_router)
     route = g.moe_route(logits, m.k, m.gating | (MOE_NORM if m.norm else 0), "route", scale=m.scale,
-                        select_bias=m.b_select)
+                        select_bias=m.b_select, groups=m.groups)
     gate = g.linear_id(h, m.gate, route, m.k, "gate_e", bias=m.b_gate)
     act = g.glu(gate, g.linear_id(h, m.up, route, m.k, "up_e", bias=m.b_up), kind, gate)
     down = g.linear_id(act, m.down, route, m.k, "down_e", slot_input=True, bias=m.b_down)

@@ -25,8 +25,9 @@ rows are, per head, [Wk_i ; Wv_i]; they are split here when the model is opened
 
 The router's gate values are a softmax (V2) or sigmoids (V3, with exp_probs_b to choose
 by), renormalized over the chosen experts where expert_weights_norm says, times
-expert_weights_scale; the shared experts (expert_shared_count of them) are one FFN of
-that many expert widths. YaRN, where the file sets it, scales the softmax by m^2 and
+expert_weights_scale, chosen within the expert_group_used_count best of
+expert_group_count groups where the file sets them (V3, Kimi K2); the shared experts
+(expert_shared_count of them) are one FFN of that many expert widths. YaRN, where the file sets it, scales the softmax by m^2 and
 leaves RoPE's cos and sin alone: m = 1 + yarn_log_multiplier ln(factor), the converter
 having written 0.1 mscale_all_dim as the multiplier (HF's yarn_get_mscale).
 """
@@ -75,10 +76,6 @@ class Deepseek2(SharedExpertsMoe, Architecture):
         if float(mf.arch_get("attention.temperature_scale", 0.0) or 0.0):
             raise UnsupportedModelError(f"{mf.path}: deepseek2 with an attention temperature (Mistral Large 3) "
                                         f"is not supported yet")
-        groups = int(mf.arch_get("expert_group_count", 1) or 1)
-        if groups > 1 and int(mf.arch_get("expert_group_used_count", groups) or groups) < groups:
-            raise UnsupportedModelError(f"{mf.path}: expert routing by groups ({groups} groups) is not supported "
-                                        f"yet (DeepSeek V3/R1, Kimi K2)")
         hp.head_dim = qk_dim   # the softmax's 1/sqrt(d) is over the heads' keys, nope + rope
         self.read_ends()
         self.layers = [Layer(attn_norm=self.vector(f"blk.{i}.attn_norm.weight", hp.n_embd), attn=self.mla_weights(i),
