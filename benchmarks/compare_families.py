@@ -111,6 +111,7 @@ FAMILIES = {
     "deepseek2-v3-groups": ("deepseek2", {"q_lora": 256, "sigmoid": True,     # + 4 expert groups, 2 kept
                                           "keys": {"expert_group_count": 4, "expert_group_used_count": 2}}),
     "lfm2moe": ("lfm2moe", {}),                      # LFM2 + sigmoid experts after a dense layer
+    "bailingmoe2": ("bailingmoe2", {}),              # fused qkv + q/k norms, grouped sigmoid experts, MTP block
     "glm4moe": ("glm4moe", {}),                      # half NEOX RoPE, biases, sigmoid experts, MTP block unused
     "glm4moe-qknorm": ("glm4moe", {"qk_norm": True}),  # per-head q/k norms (GLM-4.5 355B)
     "deepseek2-yarn": ("deepseek2", {"q_lora": 256, "keys": {**YARN, "rope.scaling.yarn_log_multiplier": 0.0707}}),

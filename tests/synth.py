@@ -637,6 +637,29 @@ def write_deepseek2(path: str | Path, qtype: QT = QT.Q8_0, split: bool = True, q
                        **kw)
 
 
+def write_bailingmoe2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """BailingMoE 2 (Ling 2.0): fused q/k/v, per-head q/k norms, NEOX RoPE on half of each head;
+    layer 0 dense (768), then 16 experts of 256 in 4 groups (2 kept), 4 chosen by sigmoid +
+    exp_probs_b, renormalized, times 2.5, and a shared expert of 512 (its own width); one more
+    block for multi-token prediction (with its nextn.* and layer_output_norm), not run."""
+    kw.setdefault("experts", 16)
+    kw.setdefault("experts_used", 4)
+    kw.setdefault("n_ff_exp", 256)
+    kw.setdefault("n_ff", 768)
+    kw.setdefault("dense_layers", (0,))
+    n_layer, n_embd = kw.pop("n_layer", 2), kw.setdefault("n_embd", 256)
+    hd = n_embd // kw.get("n_head", 4)
+    keys = {"leading_dense_block_count": 1, "expert_shared_count": 1, "expert_weights_scale": 2.5,
+            "expert_weights_norm": True, "expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID,
+            "expert_group_count": 4, "expert_group_used_count": 2, "nextn_predict_layers": 1, **kw.pop("keys", {})}
+    rng = np.random.default_rng(7)
+    extra = {f"blk.{n_layer}.nextn.eh_proj.weight": rng.standard_normal((n_embd, 2 * n_embd)) / 16,
+             f"blk.{n_layer}.nextn.enorm.weight": np.ones(n_embd), f"blk.{n_layer}.nextn.hnorm.weight": np.ones(n_embd),
+             f"blk.{n_layer}.layer_output_norm.weight": np.ones(n_embd)}
+    return write_model(path, "bailingmoe2", qtype, n_layer=n_layer + 1, fused_qkv=True, qk_norm=True,
+                       rope_dim=hd // 2, select_bias=True, shared_expert=512, keys=keys, extra_tensors=extra, **kw)
+
+
 def write_glm4moe(path: str | Path, qtype: QT = QT.Q8_0, nextn: bool = True, **kw) -> str:
     """GLM-4.5: q/k/v biases, NEOX RoPE on half of each head, the FFN's norm named
     post_attention_norm; layer 0 dense (768), then 16 experts of 256 (4 chosen by sigmoid +
@@ -673,7 +696,7 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "arcee": write_arcee, "gptneox": write_gptneox, "falcon": write_falcon,
            "lfm2": write_lfm2, "lfm2moe": write_lfm2moe, "mistral3": write_mistral3, "ernie4_5-moe": write_ernie4_5_moe,
            "gpt2": write_gpt2, "starcoder": write_starcoder, "qwen2vl": write_qwen2vl, "qwen3vl": write_qwen3vl,
-           "deepseek2": write_deepseek2, "glm4moe": write_glm4moe}
+           "deepseek2": write_deepseek2, "glm4moe": write_glm4moe, "bailingmoe2": write_bailingmoe2}
 
 
 def _gguf_string(x: str) -> bytes:

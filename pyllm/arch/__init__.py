@@ -6,6 +6,7 @@ from typing import Optional
 from ..errors import UnsupportedModelError
 from ..model_file import ModelFile
 from .base import Architecture, HParams
+from .bailingmoe2 import BailingMoe2
 from .command_r import Cohere2, CommandR
 from .deepseek2 import Deepseek2
 from .ernie4_5 import Ernie4_5, Ernie4_5Moe
@@ -67,6 +68,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "deepseek2": Deepseek2,
     "glm4moe": Glm4Moe,
     "lfm2moe": Lfm2Moe,
+    "bailingmoe2": BailingMoe2,
 }
 
 

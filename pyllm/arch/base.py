@@ -256,12 +256,16 @@ class SharedExpertsMoe:
     def expert_width(self, k: int) -> int:
         return int(self.mf.arch_require("expert_feed_forward_length"))
 
+    def shared_width(self) -> int:
+        """One shared expert's width: an expert's (BailingMoE 2 may give its own)."""
+        return self.expert_width(0)
+
     def shared_expert(self, i: int) -> Optional[Ffn]:
         hp, p, mf = self.hp, f"blk.{i}.", self.mf
         n_shared = int(mf.arch_get("expert_shared_count", 0) or 0)
         if n_shared <= 0:
             return None
-        n = n_shared * self.expert_width(0)
+        n = n_shared * self.shared_width()
         return Ffn(w_up=self.weight(p + "ffn_up_shexp.weight", hp.n_embd, n),
                    w_gate=self.weight(p + "ffn_gate_shexp.weight", hp.n_embd, n),
                    w_down=self.weight(p + "ffn_down_shexp.weight", n, hp.n_embd))
@@ -479,6 +483,15 @@ class Architecture:
         when `bias` (LayerNorm families), else absent."""
         n = self.hp.n_embd
         return self.vector(name + ".weight", n), (self.vector(name + ".bias", n) if bias else None)
+
+    def drop_prediction_layers(self) -> None:
+        """Leaves out the last `nextn_predict_layers` blocks: multi-token prediction heads for
+        speculative decoding (GLM-4.5, BailingMoE 2), which llama.cpp loads but does not run."""
+        mf, hp = self.mf, self.hp
+        nextn = int(mf.arch_get("nextn_predict_layers", 0) or 0)
+        if not 0 <= nextn < hp.n_layer:
+            raise ModelFileError(f"{mf.path}: nextn_predict_layers {nextn} of {hp.n_layer} blocks; the file is corrupt")
+        hp.n_layer -= nextn
 
     def refuse_tensor(self, name: str, what: str) -> None:
         """UnsupportedModelError if the file has tensor `name` (a variant, `what`, pyllm does not run)."""

@@ -12,7 +12,6 @@ separate q/k/v tensors (and biases) load too.
 """
 from __future__ import annotations
 
-from ..errors import ModelFileError
 from ..graph import GLU_SILU, ROPE_NEOX, ROPE_NORM
 from .base import GATING_SIGMOID, Layer, SharedExpertsMoe
 from .blocks import PostNormDecoder, PreNormDecoder
@@ -44,10 +43,7 @@ class Glm4Moe(SharedExpertsMoe, PreNormDecoder):
     def __init__(self, mf, n_ctx=None):
         super().__init__(mf, n_ctx)
         hp = self.hp
-        nextn = int(mf.arch_get("nextn_predict_layers", 0) or 0)
-        if not 0 <= nextn < hp.n_layer:
-            raise ModelFileError(f"{mf.path}: nextn_predict_layers {nextn} of {hp.n_layer} blocks; the file is corrupt")
-        hp.n_layer -= nextn
+        self.drop_prediction_layers()
         self.read_ends()
         self.layers = []
         for i in range(hp.n_layer):
