@@ -212,13 +212,18 @@ class Reference:
             q, k, v = np.split(qkv, [hp.q_dim, hp.q_dim + hp.kv_dim], axis=1)
         else:
             q, k, v = self._linear(h, A.wq, A.bq), self._linear(h, A.wk, A.bk), self._linear(h, A.wv, A.bv)
-        if A.q_norm is not None:  # over each head, or over all of q and of k (OLMo 2)
-            q = rmsnorm(q.reshape(T, -1, len(A.q_norm)), A.q_norm, hp.eps)
-            k = rmsnorm(k.reshape(T, -1, len(A.k_norm)), A.k_norm, hp.eps)
+        def qk_norms(q, k):   # over each head, or over all of q and of k (OLMo 2)
+            return (rmsnorm(q.reshape(T, -1, len(A.q_norm)), A.q_norm, hp.eps),
+                    rmsnorm(k.reshape(T, -1, len(A.k_norm)), A.k_norm, hp.eps))
+        if A.q_norm is not None and not a.qk_norm_after_rope:
+            q, k = qk_norms(q, k)
         q, k, v = q.reshape(T, H, d), k.reshape(T, Hkv, d), v.reshape(T, Hkv, d)
         r = a.layer_rope(i)
         q = rope(q, pos, r.n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors)
         k = rope(k, pos, r.n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors)
+        if A.q_norm is not None and a.qk_norm_after_rope:   # Hunyuan: norms of the rotated q and k
+            q, k = qk_norms(q, k)
+            q, k = q.reshape(T, H, d), k.reshape(T, Hkv, d)
         if a.attn_temperature is not None:   # q *= 1 + s ln(1 + floor((p + offset) / period))
             s, period, offset = a.attn_temperature
             q = q * (np.log(np.floor((pos + offset) / period) + 1.0) * s + 1.0).astype(np.float32)[:, None, None]

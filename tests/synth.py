@@ -660,6 +660,11 @@ def write_bailingmoe2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
                        rope_dim=hd // 2, select_bias=True, shared_expert=512, keys=keys, extra_tensors=extra, **kw)
 
 
+def write_hunyuan_dense(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """Hunyuan dense: Llama with per-head q/k norms (taken after RoPE) and NEOX RoPE."""
+    return write_model(path, "hunyuan-dense", qtype, qk_norm=True, rope_base=1e6, **kw)
+
+
 def write_glm4moe(path: str | Path, qtype: QT = QT.Q8_0, nextn: bool = True, **kw) -> str:
     """GLM-4.5: q/k/v biases, NEOX RoPE on half of each head, the FFN's norm named
     post_attention_norm; layer 0 dense (768), then 16 experts of 256 (4 chosen by sigmoid +
@@ -696,7 +701,8 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "arcee": write_arcee, "gptneox": write_gptneox, "falcon": write_falcon,
            "lfm2": write_lfm2, "lfm2moe": write_lfm2moe, "mistral3": write_mistral3, "ernie4_5-moe": write_ernie4_5_moe,
            "gpt2": write_gpt2, "starcoder": write_starcoder, "qwen2vl": write_qwen2vl, "qwen3vl": write_qwen3vl,
-           "deepseek2": write_deepseek2, "glm4moe": write_glm4moe, "bailingmoe2": write_bailingmoe2}
+           "deepseek2": write_deepseek2, "glm4moe": write_glm4moe, "bailingmoe2": write_bailingmoe2,
+           "hunyuan-dense": write_hunyuan_dense}
 
 
 def _gguf_string(x: str) -> bytes:

@@ -80,6 +80,7 @@ FAMILIES = {
                                                     "rope_scaling_factor": 32.0, "rope_scaling_orig_ctx_len": 64}}),
     "lfm2moe": (synth.write_lfm2moe, {}),                    # LFM2's layers, sigmoid experts after layer 0
     "bailingmoe2": (synth.write_bailingmoe2, {}),            # fused qkv, q/k norms; grouped sigmoid experts
+    "hunyuan-dense": (synth.write_hunyuan_dense, {}),        # q/k norms after RoPE
     "glm4moe": (synth.write_glm4moe, {}),                    # NEOX half RoPE, sigmoid experts; MTP block not run
     "glm4moe-qknorm": (synth.write_glm4moe, {"qk_norm": True}),
     "deepseek2": (synth.write_deepseek2, {}),                # MLA, q from attn_q (Lite); softmax experts, shared
@@ -704,7 +705,7 @@ def test_family_errors(tmp_path):
     with pytest.raises(UnsupportedModelError, match="RoPE scaling 'yarn'.*supported: none, linear"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="bloom")
-    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*arcee, bailingmoe2, cohere2, command-r, deepseek2, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, gemma2, gemma3, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitemoe, lfm2, lfm2moe, llama, mistral3, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen3moe, qwen3vl, smollm3, stablelm, starcoder, starcoder2"):
+    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*arcee, bailingmoe2, cohere2, command-r, deepseek2, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, gemma2, gemma3, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitemoe, hunyuan-dense, lfm2, lfm2moe, llama, mistral3, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen3moe, qwen3vl, smollm3, stablelm, starcoder, starcoder2"):
         load_architecture(ModelFile(p))
 
 

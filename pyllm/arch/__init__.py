@@ -18,6 +18,7 @@ from .gpt2 import Gpt2, StarCoder
 from .gpt_oss import GptOss
 from .gptneox import Falcon, GptNeoX
 from .granite import Granite, GraniteMoe
+from .hunyuan import HunyuanDense
 from .lfm2 import Lfm2, Lfm2Moe
 from .llama import Llama, Mistral3
 from .nemotron import Arcee, Nemotron
@@ -69,6 +70,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "glm4moe": Glm4Moe,
     "lfm2moe": Lfm2Moe,
     "bailingmoe2": BailingMoe2,
+    "hunyuan-dense": HunyuanDense,
 }
 
 

@@ -418,6 +418,7 @@ class Architecture:
     moe_norm = True      # MoE: divide the chosen experts' gate values by their sum
     kv_per_layer = False  # head_count_kv may list a count per layer, 0 for a layer without attention
     own_head_dims = False  # the family reads its key and value head sizes itself (MLA)
+    qk_norm_after_rope = False  # q/k norms on the rotated q and k (Hunyuan), not before RoPE
     attn_temperature: Optional[tuple] = None   # (s, period, offset): q *= 1 + s ln(1 + floor((p + offset) / period))
     attn_softcap = 0.0   # > 0: attention scores become c * tanh(s / c) (Gemma 2)
     final_softcap = 0.0  # > 0: the logits likewise

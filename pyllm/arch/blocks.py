@@ -50,12 +50,17 @@ def attention(g: Graph, arch: Architecture, h: View, a: Attn | ShortConv, layer:
         return short_conv(g, h, a, out, accumulate)
     hp = arch.hp
     q, k, v = project_qkv(g, h, a, arch)
-    if a.q_norm is not None:  # per head, or over the whole of q and of k (OLMo 2)
+
+    def qk_norms() -> None:   # per head, or over the whole of q and of k (OLMo 2)
         g.rmsnorm(q, a.q_norm, hp.eps, q, groups=q.width // len(a.q_norm))
         g.rmsnorm(k, a.k_norm, hp.eps, k, groups=k.width // len(a.k_norm))
+    if a.q_norm is not None and not arch.qk_norm_after_rope:
+        qk_norms()
     r = arch.layer_rope(layer)
     if r.n_rot:  # NoPE layers rotate nothing
         g.rope(q, k, hp.n_head, hp.n_head_kv, hp.head_dim, r.n_rot, r.mode, r.base, r.scale, r.factors)
+    if a.q_norm is not None and arch.qk_norm_after_rope:   # Hunyuan
+        qk_norms()
     if arch.attn_temperature is not None:   # (s, period, offset): q scaled by position (Mistral 3)
         g.pos_scale(q, *arch.attn_temperature)
     att = g.attention(q, k, v, hp.n_head, hp.n_head_kv, hp.head_dim, arch.layer_attn_scale(layer), "attn",

@@ -1,0 +1,26 @@
+"""Hunyuan dense (`hunyuan-dense`: Tencent's Hunyuan 0.5B/1.8B/4B/7B): the Llama block with
+NEOX RoPE and per-head RMSNorms of q and k taken after the rotation, not before it.
+
+    h = rmsnorm(x) ; q, k, v = Wq h, Wk h, Wv h ; rope(q, k)
+    q, k = rmsnorm_per_head(q), rmsnorm_per_head(k)
+    x += Wo attention(q, K, V) (+ bo)
+    h = rmsnorm(x) ; x += Wdown (silu(Wgate h) * Wup h)
+
+The released models' NTK-alpha RoPE scaling is folded into rope.freq_base by the
+converter, so the file's base is used as it is.
+"""
+from __future__ import annotations
+
+from ..graph import ROPE_NEOX
+from .llama import Llama
+
+
+class HunyuanDense(Llama):
+    name = "hunyuan-dense"
+    rope_mode = ROPE_NEOX
+    qk_norm = True
+    qk_norm_after_rope = True
+    experts = False
+
+    def sliding_window(self) -> int:
+        return 0
