@@ -113,6 +113,7 @@ FAMILIES = {
     "lfm2moe": ("lfm2moe", {}),                      # LFM2 + sigmoid experts after a dense layer
     "bailingmoe2": ("bailingmoe2", {}),              # fused qkv + q/k norms, grouped sigmoid experts, MTP block
     "hunyuan-dense": ("hunyuan-dense", {}),          # q/k norms after RoPE
+    "llama4": ("llama4", {}),                        # NoPE every 4th layer, weightless q/k norms, input-weighted expert
     "glm4moe": ("glm4moe", {}),                      # half NEOX RoPE, biases, sigmoid experts, MTP block unused
     "glm4moe-qknorm": ("glm4moe", {"qk_norm": True}),  # per-head q/k norms (GLM-4.5 355B)
     "deepseek2-yarn": ("deepseek2", {"q_lora": 256, "keys": {**YARN, "rope.scaling.yarn_log_multiplier": 0.0707}}),

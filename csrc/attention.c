@@ -2,7 +2,8 @@
  *
  * For query row t at position p and head h (key/value head h / group):
  *     y = sum_j softmax_j(scale * q.k_j) v_j     over j in [max(0, p-window+1), p]
- * (keys of head_dim, values of head_dim_v; with OPF_V_IN_K a value is the first
+ * (OPF_CHUNKED: over [p - p % window, p] instead; keys of head_dim, values of
+ * head_dim_v; with OPF_V_IN_K a value is the first
  * head_dim_v dims of its key row: MLA's latent, stored once).
  *
  * K and V live in f16 blocks of B positions; the step's block table maps
@@ -112,8 +113,9 @@ static void weighted_sum(int nq, const float *w, int64_t ws, const f16_t *vc, in
     for (int q = 0; q < nq; q++) K.wsum_f32(hd, n, w + q * ws, vb, hd, state + q * sf + 2);
 }
 
-/* the first position row t sees */
+/* the first position row t sees: the window's, or its chunk's (OPF_CHUNKED) */
 static inline int32_t first_visible(const pyllm_op *op, int32_t p) {
+    if (op->window > 0 && op->flags & OPF_CHUNKED) return p - p % op->window;
     return op->window > 0 && p - op->window + 1 > 0 ? p - op->window + 1 : 0;
 }
 

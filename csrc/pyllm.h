@@ -55,8 +55,9 @@ enum pyllm_op_flags {
     OPF_SLOT_INPUT = 16, /* MATMUL_ID: each slot reads its own slice of the input row */
     OPF_BY_POS = 32,    /* EMBED: the rows of the positions, not of the tokens (learned position
                            embeddings: GPT-2); with OPF_ACCUMULATE added into y */
-    OPF_V_IN_K = 64     /* KV_STORE, ATTENTION: no value pool; a KV head's values are the first head_dim_v
+    OPF_V_IN_K = 64,    /* KV_STORE, ATTENTION: no value pool; a KV head's values are the first head_dim_v
                            dims of its keys (MLA's latent: DeepSeek 2/3) */
+    OPF_CHUNKED = 128   /* ATTENTION: `window` is a chunk: position p sees [p - p % window, p] (Llama 4) */
 };
 
 /* GLU_SWIGLU_OAI (gpt-oss): g' = min(g, c), y = g' sigmoid(a g') (clamp(u, -c, c) + 1), a = scale, c = softcap;

@@ -33,7 +33,7 @@ OP_NAMES = {OP_EMBED: "embed", OP_RMSNORM: "rmsnorm", OP_QUANTIZE: "quantize", O
             OP_ADD: "add", OP_SCALE: "scale", OP_MOE_ROUTE: "moe_route", OP_MATMUL_ID: "matmul_id",
             OP_MOE_SUM: "moe_sum", OP_SHORTCONV: "shortconv", OP_POS_SCALE: "pos_scale", OP_COPY: "copy"}
 OPF_ACCUMULATE, OPF_LAST_ROWS, OPF_NO_SYNC, OPF_OUT_ROWS, OPF_SLOT_INPUT, OPF_BY_POS = 1, 2, 4, 8, 16, 32
-OPF_V_IN_K = 64
+OPF_V_IN_K, OPF_CHUNKED = 64, 128
 GLU_SILU, GLU_GELU_TANH, GLU_SWIGLU_OAI, GLU_RELU_SQR, GLU_MUL = 0, 1, 2, 3, 4
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0    # gpt-oss's constants (llama.cpp's too)
 NORM_RMS, NORM_LAYER = 0, 1
@@ -306,15 +306,17 @@ class Graph:
 
     def attention(self, q: View, k: View, v: Optional[View], n_head: int, n_kv_head: int, head_dim: int,
                   scale: float, out: str | View, window: int = 0, softcap: float = 0.0,
-                  sinks: Optional[np.ndarray] = None, head_dim_v: int = 0) -> View:
-        """Stores this step's k, v in the layer's KV cache, then attends over it.
+                  sinks: Optional[np.ndarray] = None, head_dim_v: int = 0, chunked: bool = False) -> View:
+        """Stores this step's k, v in the layer's KV cache, then attends over it (over the
+        last `window` positions, or with chunked over those of the position's chunk of `window`).
         sinks: one logit per head that joins its softmax with no value (gpt-oss).
         head_dim_v: value dims per head, when not head_dim; v None: a KV head's values
         are the first head_dim_v dims of its keys, stored once (MLA's latent)."""
         head_dim_v = head_dim_v or head_dim
         kv = self._store_kv(k, v, n_head, n_kv_head, head_dim, head_dim_v)
         y = self._out(out, n_head * head_dim_v)
-        self._emit(Op(OP_ATTENTION, flags=OPF_V_IN_K if v is None else 0, x=q, y=y, n_head=n_head,
+        flags = (OPF_V_IN_K if v is None else 0) | (OPF_CHUNKED if chunked and window > 0 else 0)
+        self._emit(Op(OP_ATTENTION, flags=flags, x=q, y=y, n_head=n_head,
                       n_kv_head=n_kv_head, head_dim=head_dim, head_dim_v=head_dim_v, scale=scale, window=window,
                       softcap=softcap, kv_layer=self.layer, vector=sinks),
                    {q.name, kv}, {y.name})

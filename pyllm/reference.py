@@ -89,9 +89,10 @@ def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool,
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window: int = 0,
-              softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
+              softcap: float = 0.0, sinks: np.ndarray | None = None, chunked: bool = False) -> np.ndarray:
     """Causal attention. q: [T, H, d], k: [T, Hkv, d], v: [T, Hkv, dv] -> [T, H*dv]. sinks:
-    one logit per head, one more score of each softmax whose value is zero."""
+    one logit per head, one more score of each softmax whose value is zero. window: over the
+    last `window` positions, or with chunked over those of the position's chunk of `window`."""
     T, H, d = q.shape
     group = H // k.shape[1]
     k = np.repeat(k, group, axis=1)
@@ -102,7 +103,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window:
     i, j = np.arange(T)[:, None], np.arange(T)[None, :]
     allowed = j <= i
     if window > 0:
-        allowed &= j > i - window
+        allowed &= j >= i - i % window if chunked else j > i - window
     scores = np.where(allowed[None], scores, -np.inf)
     sink = np.full((H, T, 1), -np.inf) if sinks is None else np.broadcast_to(
         sinks.astype(np.float64)[:, None, None], (H, T, 1))
@@ -193,8 +194,9 @@ class Reference:
         out = np.zeros_like(h)
         for t in range(h.shape[0]):
             for j, e in enumerate(top[t]):
-                z = act(gate[e] @ h[t] + bias(m.b_gate, e), up[e] @ h[t] + bias(m.b_up, e))
-                out[t] += weights[t, j] * (down[e] @ z + bias(m.b_down, e))
+                x = h[t] * weights[t, j] if m.weight_input else h[t]   # Llama 4 weighs the input
+                z = act(gate[e] @ x + bias(m.b_gate, e), up[e] @ x + bias(m.b_up, e))
+                out[t] += (1.0 if m.weight_input else weights[t, j]) * (down[e] @ z + bias(m.b_down, e))
         if m.shared is not None:
             s = self._ffn(h, m.shared, act)
             if m.shared_gate is not None:
@@ -224,12 +226,13 @@ class Reference:
         if A.q_norm is not None and a.qk_norm_after_rope:   # Hunyuan: norms of the rotated q and k
             q, k = qk_norms(q, k)
             q, k = q.reshape(T, H, d), k.reshape(T, Hkv, d)
-        if a.attn_temperature is not None:   # q *= 1 + s ln(1 + floor((p + offset) / period))
-            s, period, offset = a.attn_temperature
+        temperature = a.layer_attn_temperature(i)
+        if temperature is not None:   # q *= 1 + s ln(1 + floor((p + offset) / period))
+            s, period, offset = temperature
             q = q * (np.log(np.floor((pos + offset) / period) + 1.0) * s + 1.0).astype(np.float32)[:, None, None]
         if self.kv_f16:
             k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
-        att = attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i), a.attn_softcap, A.sinks)
+        att = attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i), a.attn_softcap, A.sinks, a.chunked_window)
         return self._linear(att, A.wo, A.bo)
 
     def _latent_attention(self, h: np.ndarray, A: Mla, i: int) -> np.ndarray:

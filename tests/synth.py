@@ -111,6 +111,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 rope_dim: Optional[int] = None, experts: int = 0, experts_used: int = 2,
                 n_ff_exp: Optional[int] = None, shared_expert: int = 0, shared_gate: bool = False,
                 mla: Optional[dict] = None, keys: Optional[dict] = None, extra_tensors: Optional[dict] = None,
+                context_length: int = 512,
                 drop_tensor: Optional[str] = None, bad_shape: Optional[str] = None) -> str:
     """A tiny decoder of family `arch`, every matrix in `qtype`, tensors named
     as llama.cpp expects:
@@ -149,7 +150,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
     hd = head_dim or n_embd // n_head
     q_dim, kv_dim = n_head * hd, n_head_kv * hd
     w.add_block_count(n_layer)
-    w.add_context_length(512)
+    w.add_context_length(context_length)
     w.add_embedding_length(n_embd)
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
@@ -665,6 +666,20 @@ def write_hunyuan_dense(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_model(path, "hunyuan-dense", qtype, qk_norm=True, rope_base=1e6, **kw)
 
 
+def write_llama4(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """Llama 4: 4 layers (layer 3 without RoPE, attending over everything), experts in layers 1
+    and 3 (interleave step 2; dense FFNs of 768 in 0 and 2): 8 of 256, one chosen by its
+    sigmoid, which scales its input; a shared expert as wide."""
+    kw.setdefault("n_layer", 4)
+    kw.setdefault("experts", 8)
+    kw.setdefault("experts_used", 1)
+    kw.setdefault("n_ff_exp", 256)
+    kw.setdefault("n_ff", 768)
+    kw.setdefault("dense_layers", tuple(i for i in range(kw["n_layer"]) if (i + 1) % 2))
+    keys = {"interleave_moe_layer_step": 2, **kw.pop("keys", {})}
+    return write_model(path, "llama4", qtype, rope_base=500000.0, shared_expert=kw["n_ff_exp"], keys=keys, **kw)
+
+
 def write_glm4moe(path: str | Path, qtype: QT = QT.Q8_0, nextn: bool = True, **kw) -> str:
     """GLM-4.5: q/k/v biases, NEOX RoPE on half of each head, the FFN's norm named
     post_attention_norm; layer 0 dense (768), then 16 experts of 256 (4 chosen by sigmoid +
@@ -702,7 +717,7 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "lfm2": write_lfm2, "lfm2moe": write_lfm2moe, "mistral3": write_mistral3, "ernie4_5-moe": write_ernie4_5_moe,
            "gpt2": write_gpt2, "starcoder": write_starcoder, "qwen2vl": write_qwen2vl, "qwen3vl": write_qwen3vl,
            "deepseek2": write_deepseek2, "glm4moe": write_glm4moe, "bailingmoe2": write_bailingmoe2,
-           "hunyuan-dense": write_hunyuan_dense}
+           "hunyuan-dense": write_hunyuan_dense, "llama4": write_llama4}
 
 
 def _gguf_string(x: str) -> bytes:

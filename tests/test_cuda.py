@@ -560,19 +560,20 @@ def test_moe_op_matches_the_core(devices, case):
         assert (gpu["out"][5, 64:128] == 7.0).all()
 
 
-@pytest.mark.parametrize("n_head,n_kv_head,hd,window,softcap,sinks,hd_v,v_in_k", [
-    (4, 2, 64, 0, 0.0, False, 0, False),       # grouped-query heads
-    (2, 1, 256, 37, 5.0, False, 0, False),     # one KV head (Gemma), a sliding window, soft-capped scores
-    (3, 3, 80, 0, 0.0, False, 0, False),       # a head size that is no multiple of 32
-    (8, 2, 64, 16, 0.0, True, 0, False),       # a sink logit per head (gpt-oss), windowed
-    (4, 4, 192, 0, 0.0, False, 128, False),    # keys of 192, values of 128 (MLA without the latent trick)
-    (2, 1, 576, 21, 0.0, False, 0, False),     # the largest head: 5 value dims per thread
-    (16, 1, 576, 0, 0.0, False, 512, True),    # MLA: one 576-dim key row per position, values its first 512
-    (4, 2, 80, 0, 0.0, False, 48, True),       # values in the keys of 2 KV heads, sizes no multiple of 32
+@pytest.mark.parametrize("n_head,n_kv_head,hd,window,softcap,sinks,hd_v,v_in_k,chunked", [
+    (4, 2, 64, 0, 0.0, False, 0, False, False),       # grouped-query heads
+    (2, 1, 256, 37, 5.0, False, 0, False, False),     # one KV head (Gemma), a sliding window, soft-capped scores
+    (3, 3, 80, 0, 0.0, False, 0, False, False),       # a head size that is no multiple of 32
+    (8, 2, 64, 16, 0.0, True, 0, False, False),       # a sink logit per head (gpt-oss), windowed
+    (4, 4, 192, 0, 0.0, False, 128, False, False),    # keys of 192, values of 128 (MLA without the latent trick)
+    (2, 1, 576, 21, 0.0, False, 0, False, False),     # the largest head: 5 value dims per thread
+    (16, 1, 576, 0, 0.0, False, 512, True, False),    # MLA: one 576-dim key row per position, values its first 512
+    (4, 2, 80, 0, 0.0, False, 48, True, False),       # values in the keys of 2 KV heads, sizes no multiple of 32
+    (4, 2, 64, 16, 0.0, False, 0, False, True),  # Llama 4's chunks: position p sees p - p % 16 ..
 ], ids=["gqa", "window-softcap-hd256", "hd80", "sinks-window", "k192-v128", "hd576", "mla-v-in-k",
-        "v-in-k-gqa-hd80"])
+        "v-in-k-gqa-hd80", "chunked"])
 def test_kv_store_and_attention_match_the_core(devices, n_head, n_kv_head, hd, window, softcap, sinks, hd_v,
-                                               v_in_k):
+                                               v_in_k, chunked):
     """160 positions (two attention tiles) through a shuffled block table: the
     KV cache bit for bit (f16 rounding is exact on both; a layer whose values
     are its keys' first dims has no V pool), every row's attention to float
@@ -585,7 +586,7 @@ def test_kv_store_and_attention_match_the_core(devices, n_head, n_kv_head, hd, w
     v = None if v_in_k else g.buffer("v", n_kv_head * (hd_v or hd))
     sink = (rng.standard_normal(n_head) * 3).astype(np.float32) if sinks else None
     g.attention(q, k, v, n_head, n_kv_head, hd, 1.0 / np.sqrt(hd), "y", window=window, softcap=softcap, sinks=sink,
-                head_dim_v=hd_v)
+                head_dim_v=hd_v, chunked=chunked)
     assert g.buffers["y"].width == n_head * (hd_v or hd)
     inputs = {name: (rng.standard_normal((n, b.width)) * 2).astype(np.float32) for name, b in g.buffers.items()
               if name != "y"}
@@ -842,7 +843,7 @@ def close_enough(got, ref, float_weights):
                                           ("lfm2", QT.Q8_0), ("mistral3", QT.Q4_K),
                                           ("ernie4_5-moe", QT.Q8_0), ("gpt2", QT.Q8_0), ("deepseek2", QT.Q8_0), ("glm4moe", QT.Q4_K),
                                           ("lfm2moe", QT.Q8_0), ("bailingmoe2", QT.F16),
-                                          ("hunyuan-dense", QT.Q4_K)],
+                                          ("hunyuan-dense", QT.Q4_K), ("llama4", QT.Q8_0)],
                          ids=lambda x: getattr(x, "name", x))
 def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     """300 positions over shuffled 16-position blocks: several attention tiles,

@@ -81,6 +81,7 @@ FAMILIES = {
     "lfm2moe": (synth.write_lfm2moe, {}),                    # LFM2's layers, sigmoid experts after layer 0
     "bailingmoe2": (synth.write_bailingmoe2, {}),            # fused qkv, q/k norms; grouped sigmoid experts
     "hunyuan-dense": (synth.write_hunyuan_dense, {}),        # q/k norms after RoPE
+    "llama4": (synth.write_llama4, {}),                      # NoPE layer 3, weightless q/k norms, input-weighted expert
     "glm4moe": (synth.write_glm4moe, {}),                    # NEOX half RoPE, sigmoid experts; MTP block not run
     "glm4moe-qknorm": (synth.write_glm4moe, {"qk_norm": True}),
     "deepseek2": (synth.write_deepseek2, {}),                # MLA, q from attn_q (Lite); softmax experts, shared
@@ -705,7 +706,7 @@ def test_family_errors(tmp_path):
     with pytest.raises(UnsupportedModelError, match="RoPE scaling 'yarn'.*supported: none, linear"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="bloom")
-    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*arcee, bailingmoe2, cohere2, command-r, deepseek2, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, gemma2, gemma3, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitemoe, hunyuan-dense, lfm2, lfm2moe, llama, mistral3, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen3moe, qwen3vl, smollm3, stablelm, starcoder, starcoder2"):
+    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*arcee, bailingmoe2, cohere2, command-r, deepseek2, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, gemma2, gemma3, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitemoe, hunyuan-dense, lfm2, lfm2moe, llama, llama4, mistral3, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen3moe, qwen3vl, smollm3, stablelm, starcoder, starcoder2"):
         load_architecture(ModelFile(p))
 
 
@@ -746,6 +747,31 @@ def test_glm4moe_skips_its_prediction_layer(tmp_path):
     assert arch.hp.n_layer == 2 and len(arch.layers) == 2 and arch.mf.has_tensor("blk.2.nextn.eh_proj.weight")
     p = synth.write_glm4moe(tmp_path / "b.gguf", QT.F32, nextn=False, keys={"nextn_predict_layers": 2})
     with pytest.raises(ModelFileError, match="nextn_predict_layers 2 of 2 blocks"):
+        load_architecture(ModelFile(p))
+
+
+def test_llama4_chunks_and_temperature(tmp_path, monkeypatch):
+    """Llama 4's chunked layers (here chunks of 8, not 8192) and its NoPE layer's temperature (here
+    per 8 positions) against the reference over 40 positions: the chunks and the temperature each
+    change the logits, and both engines agree on them (llama.cpp at the real sizes, past 8192
+    tokens: benchmarks/compare_long_context.py)."""
+    from pyllm.arch import llama4
+    path = synth.write_llama4(tmp_path / "l.gguf", QT.F32)
+    plain = run_both(path, kv_f16=True)[1]
+    monkeypatch.setattr(llama4, "CHUNK", 8)
+    monkeypatch.setattr(llama4, "TEMPERATURE", (0.5, 8, 1.0))
+    arch, out, ref = run_both(path, kv_f16=True)
+    assert arch.layer_window(0) == 8 and arch.layer_window(3) == 0
+    assert compare(out, ref, margin=0.01)[0] < 1e-4
+    assert compare(out, plain)[0] > 0.05
+
+
+def test_llama4_errors(tmp_path):
+    p = synth.write_llama4(tmp_path / "k.gguf", QT.F32, experts_used=2)
+    with pytest.raises(UnsupportedModelError, match="2 experts per token"):
+        load_architecture(ModelFile(p))
+    p = synth.write_llama4(tmp_path / "w.gguf", QT.F32, keys={"sliding_window": 0})
+    with pytest.raises(UnsupportedModelError, match="without chunked attention"):
         load_architecture(ModelFile(p))
 
 

@@ -367,3 +367,36 @@ def test_attention_with_value_dims_of_its_own(case, level):
         prog.close()
     finally:
         lib.pyllm_set_level(best)
+
+
+@pytest.mark.parametrize("level", [0, None], ids=["scalar", "best"])
+def test_chunked_attention(level):
+    """OPF_CHUNKED (Llama 4): position p attends over [p - p % 16, p], 200 rows against float64;
+    the last row again as a 2-thread decode step, bit for bit the batch's."""
+    from pyllm.backend.base import StepData
+    from pyllm.reference import attention
+    rng = np.random.default_rng(11)
+    n, n_head, n_kv, hd = 200, 4, 2, 64
+    q, k, v = (rng.standard_normal((n, w)).astype(np.float32) for w in (n_head * hd, n_kv * hd, n_kv * hd))
+    g = Graph()
+    g.layer = 0
+    g.attention(g.buffer("q", n_head * hd), g.buffer("k", n_kv * hd), g.buffer("v", n_kv * hd), n_head, n_kv, hd,
+                0.125, "y", window=16, chunked=True)
+    table = list(range(13))
+    best = lib.pyllm_get_level()
+    try:
+        if level is not None:
+            assert lib.pyllm_set_level(level) == 0
+        got, prog = run_kv_graph(g, {"q": q, "k": k, "v": v}, np.arange(n), table, "y")
+        for name, a in {"q": q, "k": k, "v": v}.items():
+            prog.write(name, 0, a[-1:])
+        prog.run(0, StepData(np.zeros(1, np.int32), np.array([n - 1], np.int32), np.asarray(table, np.int32), 1))
+        np.testing.assert_array_equal(np.array(prog.read("y", 0, 1)), got[-1:])
+        prog.close()
+    finally:
+        lib.pyllm_set_level(best)
+    f16 = [a.astype(np.float16).astype(np.float32).reshape(n, n_kv, hd) for a in (k, v)]
+    want = attention(q.reshape(n, n_head, hd), *f16, 0.125, window=16, chunked=True)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+    sliding = attention(q.reshape(n, n_head, hd), *f16, 0.125, window=16)
+    assert np.abs(got - sliding).max() > 0.1   # not the sliding window of the same width

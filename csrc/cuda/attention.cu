@@ -53,7 +53,8 @@ attention_kernel(const float *__restrict__ Q, int64_t q_stride, float *__restric
 
     for (int d = tid; d < hd; d += ATT_THREADS) s_q[d] = Q[(int64_t)t * q_stride + (int64_t)h * hd + d];
     const int p = pos[t];
-    const int first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+    /* window < 0: a chunk of -window positions (OPF_CHUNKED, Llama 4) */
+    const int first = window < 0 ? p - p % -window : window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
     float m = -FLT_MAX, l = 0.0f;
     float acc[NV];
 #pragma unroll
@@ -119,7 +120,8 @@ static void attention(const pyllm_op *op, const exec &e, int hd_v, const __half 
     const size_t smem = (size_t)((op->head_dim + ATT_TILE + 1) & ~1) * sizeof(float) + ATT_TILE * sizeof(long long);
     PQ_LAUNCH(grid, ATT_THREADS, smem, e.stream, attention_kernel<NV>)(
         op->x, op->x_stride, op->y, op->y_stride, (const __half *)op->k_cache, vc, e.pos, e.table, e.block_size,
-        op->n_head, op->n_kv_head, op->head_dim, hd_v, v_stride, v_head, op->scale, op->softcap, op->window,
+        op->n_head, op->n_kv_head, op->head_dim, hd_v, v_stride, v_head, op->scale, op->softcap,
+        op->flags & OPF_CHUNKED ? -op->window : op->window,
         (const float *)op->w);
 }
 

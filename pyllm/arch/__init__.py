@@ -21,6 +21,7 @@ from .granite import Granite, GraniteMoe
 from .hunyuan import HunyuanDense
 from .lfm2 import Lfm2, Lfm2Moe
 from .llama import Llama, Mistral3
+from .llama4 import Llama4
 from .nemotron import Arcee, Nemotron
 from .olmo2 import Olmo2, Olmoe
 from .phi2 import Phi2
@@ -71,6 +72,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "lfm2moe": Lfm2Moe,
     "bailingmoe2": BailingMoe2,
     "hunyuan-dense": HunyuanDense,
+    "llama4": Llama4,
 }
 
 

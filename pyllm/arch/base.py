@@ -374,6 +374,7 @@ class Moe:
     b_down: Optional[np.ndarray] = None
     shared_gate: Optional[Tensor] = None  # its weight sigmoid(shared_gate h) (Qwen2-MoE), else 1
     groups: tuple[int, int] = (0, 0)      # (groups, used): choose within the best groups (DeepSeek V3)
+    weight_input: bool = False            # the (one) expert's weight scales its input, not its output (Llama 4)
 
     @property
     def n_experts(self) -> int:
@@ -419,6 +420,7 @@ class Architecture:
     kv_per_layer = False  # head_count_kv may list a count per layer, 0 for a layer without attention
     own_head_dims = False  # the family reads its key and value head sizes itself (MLA)
     qk_norm_after_rope = False  # q/k norms on the rotated q and k (Hunyuan), not before RoPE
+    chunked_window = False  # a layer's window is a chunk: position p sees p - p % window.. (Llama 4)
     attn_temperature: Optional[tuple] = None   # (s, period, offset): q *= 1 + s ln(1 + floor((p + offset) / period))
     attn_softcap = 0.0   # > 0: attention scores become c * tanh(s / c) (Gemma 2)
     final_softcap = 0.0  # > 0: the logits likewise
@@ -622,6 +624,11 @@ class Architecture:
     def layer_window(self, i: int) -> int:
         """Sliding attention window of layer i in tokens (0: the whole context)."""
         return self.window
+
+    def layer_attn_temperature(self, i: int) -> Optional[tuple]:
+        """(s, period, offset) of layer i's attention temperature (the family's, unless its
+        layers differ: Llama 4's NoPE layers alone), or None."""
+        return self.attn_temperature
 
     def layer_attn_scale(self, i: int) -> float:
         """Softmax scale of layer i's q.k (the family's, unless its layers differ: OLMo 3)."""

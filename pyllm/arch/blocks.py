@@ -61,23 +61,30 @@ def attention(g: Graph, arch: Architecture, h: View, a: Attn | ShortConv, layer:
         g.rope(q, k, hp.n_head, hp.n_head_kv, hp.head_dim, r.n_rot, r.mode, r.base, r.scale, r.factors)
     if a.q_norm is not None and arch.qk_norm_after_rope:   # Hunyuan
         qk_norms()
-    if arch.attn_temperature is not None:   # (s, period, offset): q scaled by position (Mistral 3)
-        g.pos_scale(q, *arch.attn_temperature)
+    temperature = arch.layer_attn_temperature(layer)
+    if temperature is not None:   # (s, period, offset): q scaled by position (Mistral 3, Llama 4)
+        g.pos_scale(q, *temperature)
     att = g.attention(q, k, v, hp.n_head, hp.n_head_kv, hp.head_dim, arch.layer_attn_scale(layer), "attn",
-                      window=arch.layer_window(layer), softcap=arch.attn_softcap, sinks=a.sinks)
+                      window=arch.layer_window(layer), softcap=arch.attn_softcap, sinks=a.sinks,
+                      chunked=arch.chunked_window)
     return g.linear(att, a.wo, out, bias=a.bo, accumulate=accumulate)
 
 
 def moe_ffn(g: Graph, h: View, m: Moe, kind: int, out: str | View, accumulate: bool = True) -> View:
-    """out (+)= sum over the k experts e the router picks of w_e Wdown_e (act(Wgate_e h) * Wup_e h),
-    plus the shared expert's FFN, times sigmoid(Wg h) where it is gated (biases where given)."""
+    """out (+)= sum over the k experts e the router picks of w_e Wdown_e (act(Wgate_e h) * Wup_e h)
+    (with weight_input, one expert's Wdown_e (act(Wgate_e w_e h) * Wup_e w_e h)), plus the shared
+    expert's FFN, times sigmoid(Wg h) where it is gated (biases where given)."""
     logits = g.linear(h, m.router, "router", bias=m.b_router)
     route = g.moe_route(logits, m.k, m.gating | (MOE_NORM if m.norm else 0), "route", scale=m.scale,
                         select_bias=m.b_select, groups=m.groups)
-    gate = g.linear_id(h, m.gate, route, m.k, "gate_e", bias=m.b_gate)
-    act = g.glu(gate, g.linear_id(h, m.up, route, m.k, "up_e", bias=m.b_up), kind, gate)
+    x = g.moe_sum(h, route, 1, "moe_in") if m.weight_input else h   # w_e h (Llama 4: k = 1)
+    gate = g.linear_id(x, m.gate, route, m.k, "gate_e", bias=m.b_gate)
+    act = g.glu(gate, g.linear_id(x, m.up, route, m.k, "up_e", bias=m.b_up), kind, gate)
     down = g.linear_id(act, m.down, route, m.k, "down_e", slot_input=True, bias=m.b_down)
-    y = g.moe_sum(down, route, m.k, out, accumulate=accumulate)
+    if m.weight_input:
+        y = g.add(down, out) if accumulate else down
+    else:
+        y = g.moe_sum(down, route, m.k, out, accumulate=accumulate)
     if m.shared is not None:   # + (sigmoid(Wg h) *) the shared expert's FFN
         s = ffn(g, h, m.shared, kind, "shexp", accumulate=False, names="shared_")
         if m.shared_gate is None:
