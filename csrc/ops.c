@@ -214,6 +214,11 @@ static void glu_relu_sqr(int64_t n, const float *g, const float *u, float *y) {
     }
 }
 
+/* SmallThinker's experts: max(g, 0) u (a comparison: fmaxf does not vectorize here) */
+static void glu_relu(int64_t n, const float *g, const float *u, float *y) {
+    for (int64_t i = 0; i < n; i++) y[i] = (g[i] > 0.0f ? g[i] : 0.0f) * u[i];
+}
+
 void op_glu(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     /* no x2: a plain activation, act(g) * 1 (exact) through the same kernels */
     static const float ones[256] = {[0 ... 255] = 1.0f};
@@ -231,6 +236,8 @@ void op_glu(const pyllm_op *op, const op_rows *r, int ith, int nth) {
             glu_swiglu_oai(i1 - i0, g + i0, u, y + i0, op->scale, op->softcap);
         else if (op->type == GLU_RELU_SQR)
             glu_relu_sqr(i1 - i0, g + i0, u, y + i0);
+        else if (op->type == GLU_RELU)
+            glu_relu(i1 - i0, g + i0, u, y + i0);
         else if (op->type == GLU_MUL)
             for (int64_t i = i0; i < i1; i++) y[i] = g[i] * u[i - i0];
         else

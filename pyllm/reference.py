@@ -14,7 +14,7 @@ from gguf.quants import dequantize
 
 from .arch import ARCHITECTURES
 from .arch.base import Architecture, Mla, Moe, ShortConv
-from .graph import GLU_GELU_TANH, GLU_RELU_SQR, GLU_SWIGLU_OAI, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
+from .graph import GLU_GELU_TANH, GLU_RELU, GLU_RELU_SQR, GLU_SWIGLU_OAI, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from .model_file import Tensor
 
 
@@ -64,6 +64,8 @@ def glu(kind: int):
         return swiglu_oai
     if kind == GLU_RELU_SQR:
         return lambda g, u: np.maximum(g, 0) ** 2 * u
+    if kind == GLU_RELU:
+        return lambda g, u: np.maximum(g, 0) * u
     act = gelu_tanh if kind == GLU_GELU_TANH else silu
     return lambda g, u: act(g) * u
 
@@ -143,10 +145,11 @@ class Reference:
             return layernorm(x, w, b, self.arch.hp.eps)
         return rmsnorm(x, w, self.arch.hp.eps)
 
-    def _ffn(self, h: np.ndarray, F, act) -> np.ndarray:
-        """Wdown act(Wgate h, Wup h), Wdown act(Wup h, 1) ungated, or the experts' sum."""
+    def _ffn(self, h: np.ndarray, F, act, router_x: np.ndarray | None = None) -> np.ndarray:
+        """Wdown act(Wgate h, Wup h), Wdown act(Wup h, 1) ungated, or the experts' sum (routed by
+        router_x where the family routes by the layer's input)."""
         if isinstance(F, Moe):
-            return self._moe(h, F, act)
+            return self._moe(h, F, act, h if router_x is None else router_x)
         if not F.gated:
             z = act(self._linear(h, F.w_up, F.b_up), np.float32(1.0))
         else:
@@ -161,9 +164,9 @@ class Reference:
         """A 3-D expert tensor as float32 [n_experts, n_out, n_in]."""
         return self.w(t).reshape(t.shape[2], t.shape[1], t.shape[0])
 
-    def _moe(self, h: np.ndarray, m: Moe, act) -> np.ndarray:
-        """sum over the k experts with the largest gate values of (weight) * expert FFN(h)."""
-        logits = self._linear(h, m.router, m.b_router)
+    def _moe(self, h: np.ndarray, m: Moe, act, router_x: np.ndarray) -> np.ndarray:
+        """sum over the k experts with the largest gate values (of router_x) of (weight) * expert FFN(h)."""
+        logits = self._linear(router_x, m.router, m.b_router)
         if m.gating == MOE_SIGMOID:
             p = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
         else:
@@ -295,6 +298,7 @@ class Reference:
             x = x + self.w(a.pos_embd)[np.arange(len(tokens))]
         for i, L in enumerate(a.layers):
             F = L.ffn
+            router_x = x if isinstance(F, Moe) and F.router_on_input else None   # SmallThinker
             h = self._norm(x, L.attn_norm, L.attn_norm_b)
             if isinstance(L.attn, ShortConv):
                 o = self._short_conv(h, L.attn)
@@ -309,7 +313,7 @@ class Reference:
                 h = self._norm(x, L.ffn_norm, L.ffn_norm_b)
             elif L.ffn_norm is not None:
                 h = self._norm(x, L.ffn_norm, L.ffn_norm_b)
-            f = self._ffn(h, F, act)
+            f = self._ffn(h, F, act, router_x)
             if L.post_ffn_norm is not None:
                 f = rmsnorm(f, L.post_ffn_norm, hp.eps)
             if L.parallel:

@@ -555,10 +555,8 @@ def write_lfm2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
 def write_lfm2moe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     """LFM2 MoE: LFM2's 4 layers (0, 1, 3 convolutions), layer 0 with a dense FFN, then 8 experts
     of 256, 4 chosen by sigmoid + exp_probs_b, renormalized."""
-    kw.setdefault("experts", 8)
-    kw.setdefault("experts_used", 4)
-    kw.setdefault("n_ff_exp", 256)
-    kw.setdefault("dense_layers", (0,))
+    kw.setdefault("n_ff", 512)
+    moe_defaults(kw, experts=8)
     keys = {"leading_dense_block_count": 1, "expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID,
             **kw.pop("keys", {})}
     return write_lfm2(path, qtype, arch="lfm2moe", select_bias=True, keys=keys, **kw)
@@ -638,27 +636,39 @@ def write_deepseek2(path: str | Path, qtype: QT = QT.Q8_0, split: bool = True, q
                        **kw)
 
 
+def moe_defaults(kw: dict, experts: int = 16, used: int = 4, dense: tuple = (0,)) -> None:
+    """A MoE writer's defaults: `experts` of 256, `used` chosen per token, dense FFNs of 768 in
+    the `dense` layers."""
+    for name, value in (("experts", experts), ("experts_used", used), ("n_ff_exp", 256), ("n_ff", 768),
+                        ("dense_layers", dense)):
+        kw.setdefault(name, value)
+
+
+def mtp_tensors(layer: int, n_embd: int, output_norm: bool = False) -> dict:
+    """The tensors of a multi-token-prediction block `layer` beyond an ordinary block's: its
+    nextn.* projection and norms (and layer_output_norm: BailingMoE 2)."""
+    rng = np.random.default_rng(7)
+    extra = {f"blk.{layer}.nextn.eh_proj.weight": rng.standard_normal((n_embd, 2 * n_embd)) / 16,
+             f"blk.{layer}.nextn.enorm.weight": np.ones(n_embd), f"blk.{layer}.nextn.hnorm.weight": np.ones(n_embd)}
+    if output_norm:
+        extra[f"blk.{layer}.layer_output_norm.weight"] = np.ones(n_embd)
+    return extra
+
+
 def write_bailingmoe2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     """BailingMoE 2 (Ling 2.0): fused q/k/v, per-head q/k norms, NEOX RoPE on half of each head;
     layer 0 dense (768), then 16 experts of 256 in 4 groups (2 kept), 4 chosen by sigmoid +
     exp_probs_b, renormalized, times 2.5, and a shared expert of 512 (its own width); one more
     block for multi-token prediction (with its nextn.* and layer_output_norm), not run."""
-    kw.setdefault("experts", 16)
-    kw.setdefault("experts_used", 4)
-    kw.setdefault("n_ff_exp", 256)
-    kw.setdefault("n_ff", 768)
-    kw.setdefault("dense_layers", (0,))
+    moe_defaults(kw)
     n_layer, n_embd = kw.pop("n_layer", 2), kw.setdefault("n_embd", 256)
     hd = n_embd // kw.get("n_head", 4)
     keys = {"leading_dense_block_count": 1, "expert_shared_count": 1, "expert_weights_scale": 2.5,
             "expert_weights_norm": True, "expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID,
             "expert_group_count": 4, "expert_group_used_count": 2, "nextn_predict_layers": 1, **kw.pop("keys", {})}
-    rng = np.random.default_rng(7)
-    extra = {f"blk.{n_layer}.nextn.eh_proj.weight": rng.standard_normal((n_embd, 2 * n_embd)) / 16,
-             f"blk.{n_layer}.nextn.enorm.weight": np.ones(n_embd), f"blk.{n_layer}.nextn.hnorm.weight": np.ones(n_embd),
-             f"blk.{n_layer}.layer_output_norm.weight": np.ones(n_embd)}
     return write_model(path, "bailingmoe2", qtype, n_layer=n_layer + 1, fused_qkv=True, qk_norm=True,
-                       rope_dim=hd // 2, select_bias=True, shared_expert=512, keys=keys, extra_tensors=extra, **kw)
+                       rope_dim=hd // 2, select_bias=True, shared_expert=512, keys=keys,
+                       extra_tensors=mtp_tensors(n_layer, n_embd, output_norm=True), **kw)
 
 
 def write_hunyuan_dense(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
@@ -671,13 +681,20 @@ def write_llama4(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     and 3 (interleave step 2; dense FFNs of 768 in 0 and 2): 8 of 256, one chosen by its
     sigmoid, which scales its input; a shared expert as wide."""
     kw.setdefault("n_layer", 4)
-    kw.setdefault("experts", 8)
-    kw.setdefault("experts_used", 1)
-    kw.setdefault("n_ff_exp", 256)
-    kw.setdefault("n_ff", 768)
-    kw.setdefault("dense_layers", tuple(i for i in range(kw["n_layer"]) if (i + 1) % 2))
+    moe_defaults(kw, experts=8, used=1, dense=tuple(i for i in range(kw["n_layer"]) if (i + 1) % 2))
     keys = {"interleave_moe_layer_step": 2, **kw.pop("keys", {})}
     return write_model(path, "llama4", qtype, rope_base=500000.0, shared_expert=kw["n_ff_exp"], keys=keys, **kw)
+
+
+def write_smallthinker(path: str | Path, qtype: QT = QT.Q8_0, window: bool = True, **kw) -> str:
+    """SmallThinker: 5 layers of 8 experts of 256 (2 chosen, ReLU-gated, routed by the layer's
+    input); with window a sliding window in the file (layers 0 and 4 then full and without
+    RoPE, the others windowed: 4096 as llama.cpp reads it)."""
+    kw.setdefault("n_layer", 5)
+    moe_defaults(kw, experts=8, used=2, dense=())
+    keys = {**({"sliding_window": 4096} if window else {}), "expert_gating_func": gguf.ExpertGatingFuncType.SOFTMAX,
+            **kw.pop("keys", {})}
+    return write_model(path, "smallthinker", qtype, rope_base=1e6, keys=keys, **kw)
 
 
 def write_glm4moe(path: str | Path, qtype: QT = QT.Q8_0, nextn: bool = True, **kw) -> str:
@@ -686,11 +703,7 @@ def write_glm4moe(path: str | Path, qtype: QT = QT.Q8_0, nextn: bool = True, **k
     exp_probs_b, renormalized, times 1.5) and one shared expert; qk_norm=True: per-head q/k
     norms (the 355B). nextn: one more block, the multi-token prediction layer (its nextn.*
     tensors too), which is not run."""
-    kw.setdefault("experts", 16)
-    kw.setdefault("experts_used", 4)
-    kw.setdefault("n_ff_exp", 256)
-    kw.setdefault("n_ff", 768)
-    kw.setdefault("dense_layers", (0,))
+    moe_defaults(kw)
     n_layer, n_embd = kw.setdefault("n_layer", 2), kw.setdefault("n_embd", 256)
     hd = kw.get("head_dim") or n_embd // kw.get("n_head", 4)
     keys = {"leading_dense_block_count": 1, "expert_shared_count": 1, "expert_weights_scale": 1.5,
@@ -699,9 +712,7 @@ def write_glm4moe(path: str | Path, qtype: QT = QT.Q8_0, nextn: bool = True, **k
     if nextn:   # block n_layer is the MTP layer: a whole block plus its own projections and norms
         kw["n_layer"] = n_layer + 1
         keys["nextn_predict_layers"] = 1
-        rng = np.random.default_rng(7)
-        extra = {f"blk.{n_layer}.nextn.eh_proj.weight": rng.standard_normal((n_embd, 2 * n_embd)) / 16,
-                 f"blk.{n_layer}.nextn.enorm.weight": np.ones(n_embd), f"blk.{n_layer}.nextn.hnorm.weight": np.ones(n_embd)}
+        extra = mtp_tensors(n_layer, n_embd)
     return write_model(path, "glm4moe", qtype, qkv_bias=True, ffn_norm="post_attention_norm", rope_dim=hd // 2,
                        select_bias=True, shared_expert=kw["n_ff_exp"], keys=keys, extra_tensors=extra, **kw)
 
@@ -717,7 +728,7 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "lfm2": write_lfm2, "lfm2moe": write_lfm2moe, "mistral3": write_mistral3, "ernie4_5-moe": write_ernie4_5_moe,
            "gpt2": write_gpt2, "starcoder": write_starcoder, "qwen2vl": write_qwen2vl, "qwen3vl": write_qwen3vl,
            "deepseek2": write_deepseek2, "glm4moe": write_glm4moe, "bailingmoe2": write_bailingmoe2,
-           "hunyuan-dense": write_hunyuan_dense, "llama4": write_llama4}
+           "hunyuan-dense": write_hunyuan_dense, "llama4": write_llama4, "smallthinker": write_smallthinker}
 
 
 def _gguf_string(x: str) -> bytes:

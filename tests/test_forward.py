@@ -400,3 +400,14 @@ def test_chunked_attention(level):
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
     sliding = attention(q.reshape(n, n_head, hd), *f16, 0.125, window=16)
     assert np.abs(got - sliding).max() > 0.1   # not the sliding window of the same width
+
+
+def test_relu_glu_op():
+    """GLU_RELU (SmallThinker's experts): max(g, 0) * u, exactly, on a row longer than a chunk."""
+    from pyllm.graph import GLU_RELU
+    rng = np.random.default_rng(2)
+    g_rows, u_rows = (rng.standard_normal((3, 1000)).astype(np.float32) for _ in range(2))
+    g = Graph()
+    g.glu(g.buffer("g", 1000), g.buffer("u", 1000), GLU_RELU, "out")
+    got = run_ops(g, {"g": g_rows, "u": u_rows}, 3, "out")
+    np.testing.assert_array_equal(got, np.maximum(g_rows, 0) * u_rows)

@@ -28,6 +28,7 @@ from .phi2 import Phi2
 from .phi3 import Phi3
 from .qwen2 import Qwen2, Qwen2Moe, Qwen2VL
 from .qwen3 import Qwen3, Qwen3Moe, Qwen3VL
+from .smallthinker import SmallThinker
 from .smollm3 import SmolLM3
 from .stablelm import StableLM
 from .starcoder2 import StarCoder2
@@ -73,6 +74,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "bailingmoe2": BailingMoe2,
     "hunyuan-dense": HunyuanDense,
     "llama4": Llama4,
+    "smallthinker": SmallThinker,
 }
 
 

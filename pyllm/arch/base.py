@@ -375,6 +375,7 @@ class Moe:
     shared_gate: Optional[Tensor] = None  # its weight sigmoid(shared_gate h) (Qwen2-MoE), else 1
     groups: tuple[int, int] = (0, 0)      # (groups, used): choose within the best groups (DeepSeek V3)
     weight_input: bool = False            # the (one) expert's weight scales its input, not its output (Llama 4)
+    router_on_input: bool = False         # the router reads the layer's input, not the FFN's norm (SmallThinker)
 
     @property
     def n_experts(self) -> int:

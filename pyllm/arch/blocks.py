@@ -70,11 +70,14 @@ def attention(g: Graph, arch: Architecture, h: View, a: Attn | ShortConv, layer:
     return g.linear(att, a.wo, out, bias=a.bo, accumulate=accumulate)
 
 
-def moe_ffn(g: Graph, h: View, m: Moe, kind: int, out: str | View, accumulate: bool = True) -> View:
+def moe_ffn(g: Graph, h: View, m: Moe, kind: int, out: str | View, accumulate: bool = True,
+            logits: Optional[View] = None) -> View:
     """out (+)= sum over the k experts e the router picks of w_e Wdown_e (act(Wgate_e h) * Wup_e h)
     (with weight_input, one expert's Wdown_e (act(Wgate_e w_e h) * Wup_e w_e h)), plus the shared
-    expert's FFN, times sigmoid(Wg h) where it is gated (biases where given)."""
-    logits = g.linear(h, m.router, "router", bias=m.b_router)
+    expert's FFN, times sigmoid(Wg h) where it is gated (biases where given). logits: the
+    router's, made earlier from another input (router_on_input)."""
+    if logits is None:
+        logits = g.linear(h, m.router, "router", bias=m.b_router)
     route = g.moe_route(logits, m.k, m.gating | (MOE_NORM if m.norm else 0), "route", scale=m.scale,
                         select_bias=m.b_select, groups=m.groups)
     x = g.moe_sum(h, route, 1, "moe_in") if m.weight_input else h   # w_e h (Llama 4: k = 1)
@@ -95,12 +98,12 @@ def moe_ffn(g: Graph, h: View, m: Moe, kind: int, out: str | View, accumulate: b
 
 
 def ffn(g: Graph, h: View, f: Ffn | Moe, kind: int, out: str | View, accumulate: bool = True,
-        names: str = "") -> View:
+        names: str = "", logits: Optional[View] = None) -> View:
     """out (+)= Wdown (act(Wgate h) * Wup h); a fused up matrix gives [gate | up];
     ungated: out (+)= Wdown act(Wup h); a mixture of experts: moe_ffn. names: a prefix
     for its buffers (a shared expert's are not as wide as the dense layers' FFN)."""
     if isinstance(f, Moe):
-        return moe_ffn(g, h, f, kind, out, accumulate)
+        return moe_ffn(g, h, f, kind, out, accumulate, logits)
     if not f.gated:
         up = g.linear(h, f.w_up, names + "up", bias=f.b_up)
         return g.linear(g.act(up, kind, up), f.w_down, out, bias=f.b_down, accumulate=accumulate)
@@ -117,6 +120,9 @@ def ffn(g: Graph, h: View, f: Ffn | Moe, kind: int, out: str | View, accumulate:
 def pre_norm_block(g: Graph, arch: Architecture, L: Layer, layer: int, x: View) -> None:
     """x += attn(norm(x)); x += ffn(norm(x)); parallel: h = norm(x), x += attn(h) + ffn(h),
     or with two norms x += attn(norm1(x)) + ffn(norm2(x))."""
+    logits = None
+    if isinstance(L.ffn, Moe) and L.ffn.router_on_input:   # routed by the layer's input (SmallThinker)
+        logits = g.linear(x, L.ffn.router, "router", bias=L.ffn.b_router)
     h = norm(g, arch, x, L.attn_norm, L.attn_norm_b, "h")
     h_ffn = h
     if L.parallel and L.ffn_norm is not None:   # before the attention adds to x
@@ -124,7 +130,7 @@ def pre_norm_block(g: Graph, arch: Architecture, L: Layer, layer: int, x: View) 
     attention(g, arch, h, L.attn, layer, out=x)
     if not L.parallel:
         h_ffn = norm(g, arch, x, L.ffn_norm, L.ffn_norm_b, "h")
-    ffn(g, h_ffn, L.ffn, arch.glu, out=x)
+    ffn(g, h_ffn, L.ffn, arch.glu, out=x, logits=logits)
 
 
 def post_norm_block(g: Graph, arch: Architecture, L: Layer, layer: int, x: View) -> None:
