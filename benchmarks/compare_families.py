@@ -116,6 +116,7 @@ FAMILIES = {
     "llama4": ("llama4", {}),                        # NoPE every 4th layer, weightless q/k norms, input-weighted expert
     "smallthinker": ("smallthinker", {}),            # ReLU experts routed by the layer input, NoPE layer 0
     "smallthinker-nowindow": ("smallthinker", {"window": False}),
+    "dots1": ("dots1", {}),                          # Qwen 3 attention + DeepSeek V3 experts
     "glm4moe": ("glm4moe", {}),                      # half NEOX RoPE, biases, sigmoid experts, MTP block unused
     "glm4moe-qknorm": ("glm4moe", {"qk_norm": True}),  # per-head q/k norms (GLM-4.5 355B)
     "deepseek2-yarn": ("deepseek2", {"q_lora": 256, "keys": {**YARN, "rope.scaling.yarn_log_multiplier": 0.0707}}),

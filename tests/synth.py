@@ -697,6 +697,17 @@ def write_smallthinker(path: str | Path, qtype: QT = QT.Q8_0, window: bool = Tru
     return write_model(path, "smallthinker", qtype, rope_base=1e6, keys=keys, **kw)
 
 
+def write_dots1(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """dots.llm1: Qwen 3's attention; layer 0 dense (768), then 16 experts of 256, 4 chosen by
+    sigmoid + exp_probs_b, renormalized, times 2.5, and 2 shared experts."""
+    moe_defaults(kw)
+    kw.setdefault("n_head_kv", kw.get("n_head", 4))   # llama.cpp loads its K and V as wide as q (the released MHA)
+    keys = {"leading_dense_block_count": 1, "expert_shared_count": 2, "expert_weights_scale": 2.5,
+            "expert_weights_norm": True, "expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID, **kw.pop("keys", {})}
+    return write_model(path, "dots1", qtype, qk_norm=True, rope_base=1e6, select_bias=True, shared_expert=512,
+                       keys=keys, **kw)
+
+
 def write_glm4moe(path: str | Path, qtype: QT = QT.Q8_0, nextn: bool = True, **kw) -> str:
     """GLM-4.5: q/k/v biases, NEOX RoPE on half of each head, the FFN's norm named
     post_attention_norm; layer 0 dense (768), then 16 experts of 256 (4 chosen by sigmoid +
@@ -728,7 +739,8 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "lfm2": write_lfm2, "lfm2moe": write_lfm2moe, "mistral3": write_mistral3, "ernie4_5-moe": write_ernie4_5_moe,
            "gpt2": write_gpt2, "starcoder": write_starcoder, "qwen2vl": write_qwen2vl, "qwen3vl": write_qwen3vl,
            "deepseek2": write_deepseek2, "glm4moe": write_glm4moe, "bailingmoe2": write_bailingmoe2,
-           "hunyuan-dense": write_hunyuan_dense, "llama4": write_llama4, "smallthinker": write_smallthinker}
+           "hunyuan-dense": write_hunyuan_dense, "llama4": write_llama4, "smallthinker": write_smallthinker,
+           "dots1": write_dots1}
 
 
 def _gguf_string(x: str) -> bytes:

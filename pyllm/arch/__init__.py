@@ -27,7 +27,7 @@ from .olmo2 import Olmo2, Olmoe
 from .phi2 import Phi2
 from .phi3 import Phi3
 from .qwen2 import Qwen2, Qwen2Moe, Qwen2VL
-from .qwen3 import Qwen3, Qwen3Moe, Qwen3VL
+from .qwen3 import Dots1, Qwen3, Qwen3Moe, Qwen3VL
 from .smallthinker import SmallThinker
 from .smollm3 import SmolLM3
 from .stablelm import StableLM
@@ -75,6 +75,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "hunyuan-dense": HunyuanDense,
     "llama4": Llama4,
     "smallthinker": SmallThinker,
+    "dots1": Dots1,
 }
 
 

@@ -12,6 +12,7 @@ no biases, no sliding window.
 from __future__ import annotations
 
 from ..graph import ROPE_NEOX
+from .base import Architecture, Layer, SharedExpertsMoe
 from .llama import Llama
 
 
@@ -40,3 +41,21 @@ class Qwen3VL(Qwen3):
     a text token (one position in every section) is NEOX RoPE; DeepStack adds visual
     features to image tokens only. The vision encoder is not run."""
     name = "qwen3vl"
+
+
+class Dots1(SharedExpertsMoe, Qwen3):
+    """dots.llm1 (`dots1`: rednote's 142B-A14B): Qwen 3's attention (per-head q/k norms,
+    NEOX RoPE) and DeepSeek's experts after the leading dense layers (the file's gating,
+    exp_probs_b to choose, renormalized and scaled as it says, shared experts)."""
+    name = "dots1"
+    experts = "required"
+
+    def __init__(self, mf, n_ctx=None):
+        Architecture.__init__(self, mf, n_ctx)
+        hp = self.hp
+        self.read_ends()
+        self.layers = [Layer(attn_norm=self.vector(f"blk.{i}.attn_norm.weight", hp.n_embd),
+                             attn=self.attention_weights(i, qk_norm=True),
+                             ffn_norm=self.vector(f"blk.{i}.ffn_norm.weight", hp.n_embd),
+                             ffn=self.experts_of(i) or self.ffn_weights(i))
+                       for i in range(hp.n_layer)]
