@@ -33,6 +33,8 @@ class LayerGroup:
     rope_freq_factors: bool
     window: int
     attn_scale: float
+    chunked: bool = False                    # the window is a chunk (Llama 4)
+    temperature: Optional[tuple] = None      # (s, period, offset): q scaled by position
 
 
 @dataclass
@@ -101,7 +103,11 @@ class ModelInfo:
                 rope += f", position scale {grp.rope_freq_scale:g}"
             if grp.rope_freq_factors:
                 rope += ", per-pair frequency factors"
-            attn = f"sliding window {grp.window}" if grp.window else "whole context"
+            attn = (f"{'chunks' if grp.chunked else 'sliding window'} of {grp.window}" if grp.window
+                    else "whole context")
+            if grp.temperature is not None:   # Mistral 3, Llama 4
+                s, period, offset = grp.temperature
+                attn += f", q times 1 + {s:g} ln(1 + floor((p + {offset:g}) / {period}))"
             if grp.attn_scale != self.attn_scale:   # layers that scale q.k their own way (OLMo 3)
                 attn += f", softmax scale {grp.attn_scale:.6g}"
             rows.append(("", f"{which}: {rope}; attention over {attn}"))
@@ -155,6 +161,10 @@ def describe_block(arch) -> str:
         m = arch.layers[moe_layers[0]].ffn
         ffn = (f"FFN: {m.k} of {m.n_experts} experts per token, each {act}(gate) * up, weighted by their "
                f"{'renormalized ' if m.norm else ''}router {'sigmoids' if m.gating == MOE_SIGMOID else 'softmax'}")
+        if m.weight_input:
+            ffn += " (the weight scaling the expert's input)"
+        if m.router_on_input:
+            ffn += ", routed by the layer's input"
         if len(moe_layers) < len(arch.layers):   # dense leading or interleaved layers (DeepSeek, ERNIE)
             ffn += f" in layers {_ranges(moe_layers)}, dense elsewhere"
     else:
@@ -196,10 +206,12 @@ def model_info(path: str, n_ctx: Optional[int] = None, n_batch: int = N_BATCH,
     groups: list[LayerGroup] = []
     for i in range(hp.n_layer):
         r = arch.layer_rope(i)
-        key = (r.n_rot, r.base, r.scale, r.factors is not None, arch.layer_window(i), arch.layer_attn_scale(i))
+        window = arch.layer_window(i)
+        key = (r.n_rot, r.base, r.scale, r.factors is not None, window, arch.layer_attn_scale(i),
+               arch.chunked_window and window > 0, arch.layer_attn_temperature(i))
         for grp in groups:
             if (grp.rope_dims, grp.rope_base, grp.rope_freq_scale, grp.rope_freq_factors, grp.window,
-                    grp.attn_scale) == key:
+                    grp.attn_scale, grp.chunked, grp.temperature) == key:
                 grp.layers.append(i)
                 break
         else:

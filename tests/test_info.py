@@ -97,3 +97,20 @@ def test_info_other_families(tmp_path):
     assert model_info(synth.write_olmo2(tmp_path / "o2.gguf", QT.Q8_0), n_ctx=64).block == \
         "RMSNorm after attention and FFN (no input norms); FFN silu(gate) * up; q/k RMSNorm over all heads"
     assert g2.block == "RMSNorm before attention and FFN, and after each; FFN gelu_tanh(gate) * up"
+
+
+def test_info_families_of_this_kind(tmp_path):
+    """What `pyllm info` says of latent attention, chunks and a q temperature, experts in later
+    layers, and routers on the layer's input; MLA's KV cache is the latent and k_pe alone."""
+    ds = model_info(synth.write_deepseek2(tmp_path / "d.gguf", QT.Q8_0), n_ctx=64)
+    assert ds.kv_bytes == 2 * 64 * (256 + 32) * 2   # 2 layers, one f16 row of latent + rotated dims
+    assert "latent attention (MLA): a 256-dim latent and 32 rotated dims cached per position, heads of 96 key " \
+           "and 64 value dims" in ds.block
+    assert "4 of 16 experts per token" in ds.block and "in layers 1, dense elsewhere" in ds.block
+    l4 = model_info(synth.write_llama4(tmp_path / "l.gguf", QT.Q8_0), n_ctx=64).format()
+    assert "layers 0-2: base 500000; attention over chunks of 8192" in l4
+    assert "layer 3: no RoPE; attention over whole context, q times 1 + 0.1 ln(1 + floor((p + 1) / 8192))" in l4
+    assert "router sigmoids (the weight scaling the expert's input)" in l4
+    st = model_info(synth.write_smallthinker(tmp_path / "s.gguf", QT.Q8_0), n_ctx=64)
+    assert "relu(gate) * up" in st.block and "routed by the layer's input" in st.block
+    assert [(grp.layers, grp.window) for grp in st.layer_groups] == [([0, 4], 0), ([1, 2, 3], 4096)]
