@@ -219,6 +219,11 @@ static void glu_relu(int64_t n, const float *g, const float *u, float *y) {
     for (int64_t i = 0; i < n; i++) y[i] = (g[i] > 0.0f ? g[i] : 0.0f) * u[i];
 }
 
+/* gated attention's output gate: sigmoid(g) u */
+static void glu_sigmoid(int64_t n, const float *g, const float *u, float *y) {
+    for (int64_t i = 0; i < n; i++) y[i] = u[i] / (1.0f + expf(-g[i]));
+}
+
 void op_glu(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     /* no x2: a plain activation, act(g) * 1 (exact) through the same kernels */
     static const float ones[256] = {[0 ... 255] = 1.0f};
@@ -238,6 +243,8 @@ void op_glu(const pyllm_op *op, const op_rows *r, int ith, int nth) {
             glu_relu_sqr(i1 - i0, g + i0, u, y + i0);
         else if (op->type == GLU_RELU)
             glu_relu(i1 - i0, g + i0, u, y + i0);
+        else if (op->type == GLU_SIGMOID)
+            glu_sigmoid(i1 - i0, g + i0, u, y + i0);
         else if (op->type == GLU_MUL)
             for (int64_t i = i0; i < i1; i++) y[i] = g[i] * u[i - i0];
         else

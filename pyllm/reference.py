@@ -236,6 +236,8 @@ class Reference:
         if self.kv_f16:
             k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
         att = attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i), a.attn_softcap, A.sinks, a.chunked_window)
+        if A.gate is not None:   # gated attention (AFMoE)
+            att = att / (1.0 + np.exp(-self._linear(h, A.gate, None)))
         return self._linear(att, A.wo, A.bo)
 
     def _latent_attention(self, h: np.ndarray, A: Mla, i: int) -> np.ndarray:

@@ -708,6 +708,23 @@ def write_dots1(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
                        keys=keys, **kw)
 
 
+def write_afmoe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """AFMoE (Trinity): 4 layers, norms before and after each branch, per-head q/k norms, an output
+    gate on attention (attn_gate), NEOX RoPE and a window of 8 in layers 0-2, layer 3 global and
+    without RoPE; layer 0 dense (768), then 16 experts of 256 (4 chosen by sigmoid + exp_probs_b,
+    renormalized, times 2.5) and one shared expert."""
+    kw.setdefault("n_layer", 4)
+    moe_defaults(kw)
+    n_layer, n_embd, n_head = kw["n_layer"], kw.setdefault("n_embd", 256), kw.get("n_head", 4)
+    rng = np.random.default_rng(9)
+    gates = {f"blk.{i}.attn_gate.weight": rng.standard_normal((n_head * (n_embd // n_head), n_embd)) / 16
+             for i in range(n_layer)}
+    keys = {"leading_dense_block_count": 1, "expert_shared_count": 1, "expert_weights_scale": 2.5,
+            "expert_weights_norm": True, "sliding_window": 8, **kw.pop("keys", {})}
+    return write_model(path, "afmoe", qtype, qk_norm=True, post_norms=True, rope_base=1e4, select_bias=True,
+                       shared_expert=kw["n_ff_exp"], keys=keys, extra_tensors=gates, **kw)
+
+
 def write_glm4moe(path: str | Path, qtype: QT = QT.Q8_0, nextn: bool = True, **kw) -> str:
     """GLM-4.5: q/k/v biases, NEOX RoPE on half of each head, the FFN's norm named
     post_attention_norm; layer 0 dense (768), then 16 experts of 256 (4 chosen by sigmoid +
@@ -740,7 +757,7 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "gpt2": write_gpt2, "starcoder": write_starcoder, "qwen2vl": write_qwen2vl, "qwen3vl": write_qwen3vl,
            "deepseek2": write_deepseek2, "glm4moe": write_glm4moe, "bailingmoe2": write_bailingmoe2,
            "hunyuan-dense": write_hunyuan_dense, "llama4": write_llama4, "smallthinker": write_smallthinker,
-           "dots1": write_dots1}
+           "dots1": write_dots1, "afmoe": write_afmoe}
 
 
 def _gguf_string(x: str) -> bytes:

@@ -40,7 +40,7 @@ from pyllm.backend.cpu import CpuBackend, HostDevice
 from pyllm.backend.placement import DeviceSpec, Hardware, LinkSpec, Planner
 from pyllm.backend.split import SplitBackend
 from pyllm.errors import InvalidArgumentError
-from pyllm.graph import (ACT_F32, GLU_GELU_TANH, GLU_MUL, GLU_RELU, GLU_RELU_SQR, GLU_SILU, GLU_SWIGLU_OAI, MOE_NORM, MOE_SIGMOID, MOE_SOFTMAX, OP_ATTENTION, ROPE_NEOX,
+from pyllm.graph import (ACT_F32, GLU_GELU_TANH, GLU_MUL, GLU_RELU, GLU_SIGMOID, GLU_RELU_SQR, GLU_SILU, GLU_SWIGLU_OAI, MOE_NORM, MOE_SIGMOID, MOE_SOFTMAX, OP_ATTENTION, ROPE_NEOX,
                          ROPE_NORM, Graph, act_format)
 from pyllm.model_file import ModelFile, Tensor
 
@@ -447,6 +447,8 @@ def op_case(case: str, rng):
         g.glu(x, second["up"], GLU_MUL, "out")
     elif case == "glu-relu":              # SmallThinker's experts
         g.glu(x, second["up"], GLU_RELU, "out")
+    elif case == "glu-sigmoid":           # gated attention (AFMoE)
+        g.glu(x, second["up"], GLU_SIGMOID, "out")
     elif case == "glu-swiglu-oai":        # gates and ups past the clamp at +-7
         inputs["x"] *= 6
         inputs["up"] *= 6
@@ -479,7 +481,7 @@ def op_case(case: str, rng):
 
 
 OP_CASES = ["rmsnorm", "rmsnorm-groups", "layernorm", "layernorm-nobias", "rope-norm", "rope-neox", "glu-silu",
-            "glu-gelu", "glu-swiglu-oai", "glu-mul", "glu-relu", "pos-scale", "act-gelu", "act-relu-sqr", "add", "scale", "head-rmsnorm", "head-layernorm", "head-glu-gelu", "head-add",
+            "glu-gelu", "glu-swiglu-oai", "glu-mul", "glu-relu", "glu-sigmoid", "pos-scale", "act-gelu", "act-relu-sqr", "add", "scale", "head-rmsnorm", "head-layernorm", "head-glu-gelu", "head-add",
             "head-linear-q4_k", "head-linear-f16", "copy-gather", "copy-broadcast", "head-copy-gather"]
 
 
@@ -846,7 +848,7 @@ def close_enough(got, ref, float_weights):
                                           ("ernie4_5-moe", QT.Q8_0), ("gpt2", QT.Q8_0), ("deepseek2", QT.Q8_0), ("glm4moe", QT.Q4_K),
                                           ("lfm2moe", QT.Q8_0), ("bailingmoe2", QT.F16),
                                           ("hunyuan-dense", QT.Q4_K), ("llama4", QT.Q8_0), ("smallthinker", QT.Q4_K),
-                                          ("dots1", QT.Q8_0)],
+                                          ("dots1", QT.Q8_0), ("afmoe", QT.Q8_0)],
                          ids=lambda x: getattr(x, "name", x))
 def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     """300 positions over shuffled 16-position blocks: several attention tiles,

@@ -402,12 +402,18 @@ def test_chunked_attention(level):
     assert np.abs(got - sliding).max() > 0.1   # not the sliding window of the same width
 
 
-def test_relu_glu_op():
-    """GLU_RELU (SmallThinker's experts): max(g, 0) * u, exactly, on a row longer than a chunk."""
-    from pyllm.graph import GLU_RELU
+def test_relu_and_sigmoid_glu_ops():
+    """GLU_RELU (SmallThinker's experts): max(g, 0) * u, exactly; GLU_SIGMOID (gated attention):
+    sigmoid(g) * u to float rounding, gates out to +-30; rows longer than a chunk."""
+    from pyllm.graph import GLU_RELU, GLU_SIGMOID
     rng = np.random.default_rng(2)
-    g_rows, u_rows = (rng.standard_normal((3, 1000)).astype(np.float32) for _ in range(2))
-    g = Graph()
-    g.glu(g.buffer("g", 1000), g.buffer("u", 1000), GLU_RELU, "out")
-    got = run_ops(g, {"g": g_rows, "u": u_rows}, 3, "out")
-    np.testing.assert_array_equal(got, np.maximum(g_rows, 0) * u_rows)
+    g_rows, u_rows = (rng.standard_normal((3, 1000)).astype(np.float32) * 8 for _ in range(2))
+    for kind in (GLU_RELU, GLU_SIGMOID):
+        g = Graph()
+        g.glu(g.buffer("g", 1000), g.buffer("u", 1000), kind, "out")
+        got = run_ops(g, {"g": g_rows, "u": u_rows}, 3, "out")
+        if kind == GLU_RELU:
+            np.testing.assert_array_equal(got, np.maximum(g_rows, 0) * u_rows)
+        else:
+            want = u_rows / (1.0 + np.exp(-g_rows.astype(np.float64)))
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-30)

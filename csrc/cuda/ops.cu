@@ -231,6 +231,7 @@ __global__ void glu_kernel(const float *__restrict__ G, int64_t g_stride, const 
     case GLU_RELU_SQR: a = fmaxf(g, 0.0f); a *= a; break;
     case GLU_MUL: a = g; break;
     case GLU_RELU: a = fmaxf(g, 0.0f); break;
+    case GLU_SIGMOID: a = 1.0f / (1.0f + expf(-g)); break;
     case GLU_GELU_TANH: a = gelu_tanh(g); break;
     default: a = silu(g);
     }

@@ -6,6 +6,7 @@ from typing import Optional
 from ..errors import UnsupportedModelError
 from ..model_file import ModelFile
 from .base import Architecture, HParams
+from .afmoe import Afmoe
 from .bailingmoe2 import BailingMoe2
 from .command_r import Cohere2, CommandR
 from .deepseek2 import Deepseek2
@@ -76,6 +77,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "llama4": Llama4,
     "smallthinker": SmallThinker,
     "dots1": Dots1,
+    "afmoe": Afmoe,
 }
 
 

@@ -308,6 +308,7 @@ class Attn:
     q_norm: Optional[np.ndarray] = None
     k_norm: Optional[np.ndarray] = None
     sinks: Optional[np.ndarray] = None    # one logit per head that joins its softmax with no value (gpt-oss)
+    gate: Optional[Tensor] = None         # the output gate: Wo (attention * sigmoid(Wgate h)) (AFMoE)
 
 
 @dataclass

@@ -10,7 +10,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..graph import GLU_MUL, MOE_NORM, MOE_SIGMOID, NORM_LAYER, Graph, View
+from ..graph import GLU_MUL, GLU_SIGMOID, MOE_NORM, MOE_SIGMOID, NORM_LAYER, Graph, View
 from .base import Architecture, Attn, Ffn, Layer, Moe, ShortConv
 
 
@@ -67,6 +67,8 @@ def attention(g: Graph, arch: Architecture, h: View, a: Attn | ShortConv, layer:
     att = g.attention(q, k, v, hp.n_head, hp.n_head_kv, hp.head_dim, arch.layer_attn_scale(layer), "attn",
                       window=arch.layer_window(layer), softcap=arch.attn_softcap, sinks=a.sinks,
                       chunked=arch.chunked_window)
+    if a.gate is not None:   # gated attention: each output element times sigmoid(Wgate h)
+        g.glu(g.linear(h, a.gate, "attn_gate"), att, GLU_SIGMOID, att)
     return g.linear(att, a.wo, out, bias=a.bo, accumulate=accumulate)
 
 
@@ -168,16 +170,17 @@ class PreNormDecoder(Architecture):
 class PostNormDecoder(Architecture):
     """A family whose every layer is a post_norm_block (Gemma 2/3, OLMo 2, EXAONE 4, GLM-4)."""
 
-    def post_norm_layer(self, i: int, attn: Attn, input_norms: bool = True) -> Layer:
+    def post_norm_layer(self, i: int, attn: Attn, input_norms: bool = True, ffn: Optional[Ffn | Moe] = None) -> Layer:
         """Layer i: post_attention_norm and post_ffw_norm after the branches, and with
-        input_norms attn_norm and ffn_norm before them (OLMo 2, EXAONE 4: none)."""
+        input_norms attn_norm and ffn_norm before them (OLMo 2, EXAONE 4: none); its FFN
+        `ffn`, else the dense one."""
         hp, p = self.hp, f"blk.{i}."
 
         def norm_of(name: str, present: bool = True) -> Optional[np.ndarray]:
             return self.vector(p + name + ".weight", hp.n_embd) if present else None
         return Layer(attn_norm=norm_of("attn_norm", input_norms), attn=attn,
                      post_attn_norm=norm_of("post_attention_norm"), ffn_norm=norm_of("ffn_norm", input_norms),
-                     ffn=self.ffn_weights(i), post_ffn_norm=norm_of("post_ffw_norm"))
+                     ffn=ffn or self.ffn_weights(i), post_ffn_norm=norm_of("post_ffw_norm"))
 
     def build(self, g: Graph) -> None:
         x = embed(g, self)
