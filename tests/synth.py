@@ -476,7 +476,9 @@ def write_qwen3moe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     kw.setdefault("experts_used", 4)
     kw.setdefault("n_ff_exp", 256)
     kw.setdefault("head_dim", 128)
-    return write_model(path, "qwen3moe", qtype, qk_norm=True, rope_base=1e6, **kw)
+    kw.setdefault("arch", "qwen3moe")
+    kw.setdefault("rope_base", 1e6)
+    return write_model(path, qtype=qtype, qk_norm=True, **kw)
 
 
 def write_qwen2moe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
@@ -725,6 +727,14 @@ def write_afmoe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
                        shared_expert=kw["n_ff_exp"], keys=keys, extra_tensors=gates, **kw)
 
 
+def write_qwen3vlmoe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """Qwen 3 VL MoE's language model: Qwen3-MoE (heads of 128, 16 experts of 256, 4 chosen) with
+    interleaved M-RoPE sections 24, 20, 20."""
+    keys = {"rope_dimension_sections": [24, 20, 20, 0], **kw.pop("keys", {})}
+    kw.setdefault("head_dim", 128)
+    return write_qwen3moe(path, qtype, arch="qwen3vlmoe", rope_base=5e6, keys=keys, **kw)
+
+
 def write_glm4moe(path: str | Path, qtype: QT = QT.Q8_0, nextn: bool = True, **kw) -> str:
     """GLM-4.5: q/k/v biases, NEOX RoPE on half of each head, the FFN's norm named
     post_attention_norm; layer 0 dense (768), then 16 experts of 256 (4 chosen by sigmoid +
@@ -757,7 +767,7 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "gpt2": write_gpt2, "starcoder": write_starcoder, "qwen2vl": write_qwen2vl, "qwen3vl": write_qwen3vl,
            "deepseek2": write_deepseek2, "glm4moe": write_glm4moe, "bailingmoe2": write_bailingmoe2,
            "hunyuan-dense": write_hunyuan_dense, "llama4": write_llama4, "smallthinker": write_smallthinker,
-           "dots1": write_dots1, "afmoe": write_afmoe}
+           "dots1": write_dots1, "afmoe": write_afmoe, "qwen3vlmoe": write_qwen3vlmoe}
 
 
 def _gguf_string(x: str) -> bytes:

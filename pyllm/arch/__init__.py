@@ -28,7 +28,7 @@ from .olmo2 import Olmo2, Olmoe
 from .phi2 import Phi2
 from .phi3 import Phi3
 from .qwen2 import Qwen2, Qwen2Moe, Qwen2VL
-from .qwen3 import Dots1, Qwen3, Qwen3Moe, Qwen3VL
+from .qwen3 import Dots1, Qwen3, Qwen3Moe, Qwen3VL, Qwen3VLMoe
 from .smallthinker import SmallThinker
 from .smollm3 import SmolLM3
 from .stablelm import StableLM
@@ -78,6 +78,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "smallthinker": SmallThinker,
     "dots1": Dots1,
     "afmoe": Afmoe,
+    "qwen3vlmoe": Qwen3VLMoe,
 }
 
 

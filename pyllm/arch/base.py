@@ -128,10 +128,9 @@ class HParams:
             raise ModelFileError(f"{mf.path}: the norm epsilon {hp.eps} is negative; the file is corrupt")
         n_experts = int(mf.arch_get("expert_count", 0))
         if n_experts > 0 and not experts:
-            raise UnsupportedModelError(f"{mf.path}: mixture-of-experts {mf.architecture} models "
-                                        f"({mf.architecture}.expert_count = {n_experts}) are not supported; pyllm "
-                                        f"runs experts for llama (Mixtral), qwen2moe, qwen3moe, olmoe, granitemoe, "
-                                        f"gpt-oss and ernie4_5-moe")
+            raise UnsupportedModelError(f"{mf.path}: {mf.architecture} with experts ({mf.architecture}.expert_count "
+                                        f"= {n_experts}) is not supported; pyllm runs {mf.architecture} files "
+                                        f"without experts")
         if hp.n_layer > len(mf.tensors):  # every layer has tensors: a larger count is corrupt
             raise ModelFileError(f"{mf.path}: block_count {hp.n_layer} is more than the file's "
                                  f"{len(mf.tensors)} tensors; the file is corrupt")

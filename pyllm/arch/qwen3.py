@@ -43,6 +43,13 @@ class Qwen3VL(Qwen3):
     name = "qwen3vl"
 
 
+class Qwen3VLMoe(Qwen3Moe):
+    """Qwen 3 VL MoE's language model (`qwen3vlmoe`: Qwen3-VL-30B-A3B, 235B-A22B), on text:
+    Qwen3-MoE with interleaved M-RoPE, NEOX RoPE for a text token (as Qwen3VL)."""
+    name = "qwen3vlmoe"
+    experts = "required"
+
+
 class Dots1(SharedExpertsMoe, Qwen3):
     """dots.llm1 (`dots1`: rednote's 142B-A14B): Qwen 3's attention (per-head q/k norms,
     NEOX RoPE) and DeepSeek's experts after the leading dense layers (the file's gating,
