@@ -718,6 +718,9 @@ def test_family_errors(tmp_path):
     p = synth.write_gemma3(tmp_path / "y.gguf", QT.F32, keys={"rope_scaling_type": rope_type("YARN")})
     with pytest.raises(UnsupportedModelError, match="RoPE scaling 'yarn'.*supported: none, linear"):
         load_architecture(ModelFile(p))
+    p = synth.write_model(tmp_path / "e.gguf", "phi3", QT.F32, experts=4, fused_qkv=True, fused_up=True)
+    with pytest.raises(UnsupportedModelError, match="phi3 with experts .phi3.expert_count = 4. is not supported"):
+        load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="bloom")
     with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*afmoe, arcee, bailingmoe2, cohere2, command-r, deepseek2, dots1, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, gemma2, gemma3, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitemoe, hunyuan-dense, lfm2, lfm2moe, llama, llama4, mistral3, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen3moe, qwen3vl, qwen3vlmoe, smallthinker, smollm3, stablelm, starcoder, starcoder2"):
         load_architecture(ModelFile(p))
