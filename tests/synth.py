@@ -675,7 +675,8 @@ def write_bailingmoe2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
 
 def write_hunyuan_dense(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     """Hunyuan dense: Llama with per-head q/k norms (taken after RoPE) and NEOX RoPE."""
-    return write_model(path, "hunyuan-dense", qtype, qk_norm=True, rope_base=1e6, **kw)
+    kw.setdefault("arch", "hunyuan-dense")
+    return write_model(path, qtype=qtype, qk_norm=True, rope_base=1e6, **kw)
 
 
 def write_llama4(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
@@ -735,6 +736,14 @@ def write_qwen3vlmoe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_qwen3moe(path, qtype, arch="qwen3vlmoe", rope_base=5e6, keys=keys, **kw)
 
 
+def write_hunyuan_moe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """Hunyuan MoE: Hunyuan dense's attention, 8 experts as wide as n_ff (512), 2 chosen, and a
+    shared expert of 256."""
+    kw.setdefault("experts", 8)
+    kw.setdefault("n_ff_exp", kw.get("n_ff", 512))   # llama.cpp requires the key; the experts are n_ff wide
+    return write_hunyuan_dense(path, qtype, arch="hunyuan-moe", shared_expert=256, **kw)
+
+
 def write_glm4moe(path: str | Path, qtype: QT = QT.Q8_0, nextn: bool = True, **kw) -> str:
     """GLM-4.5: q/k/v biases, NEOX RoPE on half of each head, the FFN's norm named
     post_attention_norm; layer 0 dense (768), then 16 experts of 256 (4 chosen by sigmoid +
@@ -767,7 +776,8 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "gpt2": write_gpt2, "starcoder": write_starcoder, "qwen2vl": write_qwen2vl, "qwen3vl": write_qwen3vl,
            "deepseek2": write_deepseek2, "glm4moe": write_glm4moe, "bailingmoe2": write_bailingmoe2,
            "hunyuan-dense": write_hunyuan_dense, "llama4": write_llama4, "smallthinker": write_smallthinker,
-           "dots1": write_dots1, "afmoe": write_afmoe, "qwen3vlmoe": write_qwen3vlmoe}
+           "dots1": write_dots1, "afmoe": write_afmoe, "qwen3vlmoe": write_qwen3vlmoe,
+           "hunyuan-moe": write_hunyuan_moe}
 
 
 def _gguf_string(x: str) -> bytes:

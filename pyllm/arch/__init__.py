@@ -19,7 +19,7 @@ from .gpt2 import Gpt2, StarCoder
 from .gpt_oss import GptOss
 from .gptneox import Falcon, GptNeoX
 from .granite import Granite, GraniteMoe
-from .hunyuan import HunyuanDense
+from .hunyuan import HunyuanDense, HunyuanMoe
 from .lfm2 import Lfm2, Lfm2Moe
 from .llama import Llama, Mistral3
 from .llama4 import Llama4
@@ -79,6 +79,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "dots1": Dots1,
     "afmoe": Afmoe,
     "qwen3vlmoe": Qwen3VLMoe,
+    "hunyuan-moe": HunyuanMoe,
 }
 
 

@@ -24,3 +24,12 @@ class HunyuanDense(Llama):
 
     def sliding_window(self) -> int:
         return 0
+
+
+class HunyuanMoe(HunyuanDense):
+    """Hunyuan MoE (`hunyuan-moe`: Hunyuan-A13B): the dense model's attention; every layer's FFN
+    is `expert_count` experts as wide as feed_forward_length (softmax, renormalized; llama.cpp
+    reads no expert_weights_scale for it, nor does pyllm) plus a shared expert
+    (expert_shared_feed_forward_length)."""
+    name = "hunyuan-moe"
+    experts = "required"

@@ -65,8 +65,7 @@ class Llama4(PreNormDecoder):
                 attn.q_norm = attn.k_norm = np.ones(hp.head_dim, np.float32)
             ffn = self.moe_weights(i) if self.moe_layer(i) else self.ffn_weights(i)
             if self.moe_layer(i):
-                ffn.gating, ffn.norm, ffn.weight_input = MOE_SIGMOID, False, True
-                ffn.scale = float(mf.arch_get("expert_weights_scale", 0.0) or 0.0) or 1.0
+                ffn.gating, ffn.norm, ffn.weight_input = MOE_SIGMOID, False, True   # llama.cpp reads no scale
             self.layers.append(Layer(attn_norm=self.vector(p + "attn_norm.weight", hp.n_embd), attn=attn,
                                      ffn_norm=self.vector(p + "ffn_norm.weight", hp.n_embd), ffn=ffn))
 

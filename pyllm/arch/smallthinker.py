@@ -51,8 +51,7 @@ class SmallThinker(PreNormDecoder):
         for i in range(hp.n_layer):
             p = f"blk.{i}."
             m = self.moe_weights(i)
-            m.gating, m.norm, m.router_on_input = gating, True, True
-            m.scale = float(mf.arch_get("expert_weights_scale", 0.0) or 0.0) or 1.0
+            m.gating, m.norm, m.router_on_input = gating, True, True   # no expert_weights_scale, as llama.cpp
             self.layers.append(Layer(attn_norm=self.vector(p + "attn_norm.weight", hp.n_embd),
                                      attn=self.attention_weights(i),
                                      ffn_norm=self.vector(p + "ffn_norm.weight", hp.n_embd), ffn=m))
