@@ -120,6 +120,7 @@ FAMILIES = {
     "afmoe": ("afmoe", {}),                          # gated attention, pre+post norms, window 8, NoPE layer 3
     "qwen3vlmoe": ("qwen3vlmoe", {}),                # Qwen3-MoE's text through interleaved M-RoPE
     "hunyuan-moe": ("hunyuan-moe", {}),              # + softmax experts as wide as n_ff, a shared expert
+    "seed_oss": ("seed_oss", {}),                    # Llama + biases, NEOX, post_attention_norm as the FFN norm
     "glm4moe": ("glm4moe", {}),                      # half NEOX RoPE, biases, sigmoid experts, MTP block unused
     "glm4moe-qknorm": ("glm4moe", {"qk_norm": True}),  # per-head q/k norms (GLM-4.5 355B)
     "deepseek2-yarn": ("deepseek2", {"q_lora": 256, "keys": {**YARN, "rope.scaling.yarn_log_multiplier": 0.0707}}),

@@ -744,6 +744,13 @@ def write_hunyuan_moe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_hunyuan_dense(path, qtype, arch="hunyuan-moe", shared_expert=256, **kw)
 
 
+def write_seed_oss(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """Seed-OSS: Llama with q/k/v biases, NEOX RoPE, the FFN's norm named post_attention_norm and
+    heads of 128 (wider than n_embd / n_head)."""
+    kw.setdefault("head_dim", 128)
+    return write_model(path, "seed_oss", qtype, qkv_bias=True, ffn_norm="post_attention_norm", rope_base=1e7, **kw)
+
+
 def write_glm4moe(path: str | Path, qtype: QT = QT.Q8_0, nextn: bool = True, **kw) -> str:
     """GLM-4.5: q/k/v biases, NEOX RoPE on half of each head, the FFN's norm named
     post_attention_norm; layer 0 dense (768), then 16 experts of 256 (4 chosen by sigmoid +
@@ -777,7 +784,7 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "deepseek2": write_deepseek2, "glm4moe": write_glm4moe, "bailingmoe2": write_bailingmoe2,
            "hunyuan-dense": write_hunyuan_dense, "llama4": write_llama4, "smallthinker": write_smallthinker,
            "dots1": write_dots1, "afmoe": write_afmoe, "qwen3vlmoe": write_qwen3vlmoe,
-           "hunyuan-moe": write_hunyuan_moe}
+           "hunyuan-moe": write_hunyuan_moe, "seed_oss": write_seed_oss}
 
 
 def _gguf_string(x: str) -> bytes:

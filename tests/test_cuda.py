@@ -848,7 +848,7 @@ def close_enough(got, ref, float_weights):
                                           ("ernie4_5-moe", QT.Q8_0), ("gpt2", QT.Q8_0), ("deepseek2", QT.Q8_0), ("glm4moe", QT.Q4_K),
                                           ("lfm2moe", QT.Q8_0), ("bailingmoe2", QT.F16),
                                           ("hunyuan-dense", QT.Q4_K), ("llama4", QT.Q8_0), ("smallthinker", QT.Q4_K),
-                                          ("dots1", QT.Q8_0), ("afmoe", QT.Q8_0), ("hunyuan-moe", QT.Q4_K)],
+                                          ("dots1", QT.Q8_0), ("afmoe", QT.Q8_0), ("hunyuan-moe", QT.Q4_K), ("seed_oss", QT.Q8_0)],
                          ids=lambda x: getattr(x, "name", x))
 def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     """300 positions over shuffled 16-position blocks: several attention tiles,

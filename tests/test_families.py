@@ -88,6 +88,7 @@ FAMILIES = {
     "afmoe": (synth.write_afmoe, {}),                        # gated attention, pre+post norms, window, NoPE layer 3
     "qwen3vlmoe": (synth.write_qwen3vlmoe, {}),
     "hunyuan-moe": (synth.write_hunyuan_moe, {}),
+    "seed_oss": (synth.write_seed_oss, {}),
     "glm4moe": (synth.write_glm4moe, {}),                    # NEOX half RoPE, sigmoid experts; MTP block not run
     "glm4moe-qknorm": (synth.write_glm4moe, {"qk_norm": True}),
     "deepseek2": (synth.write_deepseek2, {}),                # MLA, q from attn_q (Lite); softmax experts, shared
@@ -723,7 +724,7 @@ def test_family_errors(tmp_path):
     with pytest.raises(UnsupportedModelError, match="phi3 with experts .phi3.expert_count = 4. is not supported"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="bloom")
-    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*afmoe, arcee, bailingmoe2, cohere2, command-r, deepseek2, dots1, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, gemma2, gemma3, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitemoe, hunyuan-dense, hunyuan-moe, lfm2, lfm2moe, llama, llama4, mistral3, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen3moe, qwen3vl, qwen3vlmoe, smallthinker, smollm3, stablelm, starcoder, starcoder2"):
+    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*afmoe, arcee, bailingmoe2, cohere2, command-r, deepseek2, dots1, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, gemma2, gemma3, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitemoe, hunyuan-dense, hunyuan-moe, lfm2, lfm2moe, llama, llama4, mistral3, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen3moe, qwen3vl, qwen3vlmoe, seed_oss, smallthinker, smollm3, stablelm, starcoder, starcoder2"):
         load_architecture(ModelFile(p))
 
 

@@ -21,7 +21,7 @@ from .gptneox import Falcon, GptNeoX
 from .granite import Granite, GraniteMoe
 from .hunyuan import HunyuanDense, HunyuanMoe
 from .lfm2 import Lfm2, Lfm2Moe
-from .llama import Llama, Mistral3
+from .llama import Llama, Mistral3, SeedOss
 from .llama4 import Llama4
 from .nemotron import Arcee, Nemotron
 from .olmo2 import Olmo2, Olmoe
@@ -80,6 +80,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "afmoe": Afmoe,
     "qwen3vlmoe": Qwen3VLMoe,
     "hunyuan-moe": HunyuanMoe,
+    "seed_oss": SeedOss,
 }
 
 

@@ -28,7 +28,7 @@ of the chosen router logits as weights.
 from __future__ import annotations
 
 from ..errors import ModelFileError
-from ..graph import GLU_SILU, ROPE_NORM, Graph
+from ..graph import GLU_SILU, ROPE_NEOX, ROPE_NORM, Graph
 from .base import Architecture, Layer
 from .blocks import attention, ffn, output_head
 
@@ -40,6 +40,7 @@ class Llama(Architecture):
     qk_norm = False      # per-head q/k RMSNorm weights required (Qwen 3)
     qkv_bias = False     # q/k/v biases required (Qwen 2)
     experts = True       # Mixtral
+    ffn_norm_name = "ffn_norm"   # the FFN's input norm (Seed-OSS: post_attention_norm)
 
     def __init__(self, mf, n_ctx=None):
         super().__init__(mf, n_ctx)
@@ -49,7 +50,7 @@ class Llama(Architecture):
         self.window = self.sliding_window()
         self.layers = [Layer(attn_norm=self.vector(f"blk.{i}.attn_norm.weight", hp.n_embd),
                              attn=self.attention_weights(i, qk_norm=self.qk_norm, biases=self.qkv_bias),
-                             ffn_norm=self.vector(f"blk.{i}.ffn_norm.weight", hp.n_embd),
+                             ffn_norm=self.vector(f"blk.{i}.{self.ffn_norm_name}.weight", hp.n_embd),
                              ffn=self.moe_weights(i) or self.ffn_weights(i))
                        for i in range(hp.n_layer)]
 
@@ -83,3 +84,20 @@ class Mistral3(Llama):
                 raise ModelFileError(f"{mf.path}: attention.temperature_scale is set but neither "
                                      f"attention.temperature_length nor the original context length is")
             self.attn_temperature = (s, period, 0.0)
+
+
+class SeedOss(Llama):
+    """Seed-OSS (`seed_oss`: ByteDance's Seed-OSS-36B): the Llama block with NEOX RoPE, q/k/v
+    biases where the file has them, the FFN's norm stored as post_attention_norm, and the
+    softmax scale of attention.scale where set."""
+    name = "seed_oss"
+    rope_mode = ROPE_NEOX
+    experts = False
+    ffn_norm_name = "post_attention_norm"
+
+    def sliding_window(self) -> int:
+        return 0
+
+    @property
+    def attn_scale(self) -> float:
+        return float(self.mf.arch_get("attention.scale", 0.0) or 0.0) or super().attn_scale
