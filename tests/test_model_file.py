@@ -161,7 +161,7 @@ def test_absurd_hyperparameters_are_refused_before_allocation(tmp_path):
             (llama, "llama.block_count", 2**31 - 1, "block_count 2147483647 is more than"),
             (llama, "llama.rope.freq_base", -1.0, "rope_base = -1.0 is not positive"),
             (llama, "llama.expert_count", 8, "'llama.expert_used_count' is missing"),   # a Mixtral's, incomplete
-            (phi3, "phi3.expert_count", 8, "mixture-of-experts phi3 .* not supported")):
+            (phi3, "phi3.expert_count", 8, "phi3 with experts .* not supported")):
         bad = synth.rewrite_metadata(base, tmp_path / "bad.gguf", {key: value})
         with pytest.raises((ModelFileError, UnsupportedModelError), match=match):
             Model(bad, n_ctx=64).close()
