@@ -260,14 +260,11 @@ class SharedExpertsMoe:
         return self.expert_width(0)
 
     def shared_expert(self, i: int) -> Optional[Ffn]:
-        hp, p, mf = self.hp, f"blk.{i}.", self.mf
+        mf = self.mf
         n_shared = int(mf.arch_get("expert_shared_count", 0) or 0)
         if n_shared <= 0:
             return None
-        n = n_shared * self.shared_width()
-        return Ffn(w_up=self.weight(p + "ffn_up_shexp.weight", hp.n_embd, n),
-                   w_gate=self.weight(p + "ffn_gate_shexp.weight", hp.n_embd, n),
-                   w_down=self.weight(p + "ffn_down_shexp.weight", n, hp.n_embd))
+        return self.shared_ffn(i, n_shared * self.shared_width())
 
 
 class LocalGlobalLayers:
@@ -606,10 +603,13 @@ class Architecture:
     def shared_expert(self, i: int) -> Optional[Ffn]:
         """Layer i's shared expert (ffn_{gate,up,down}_shexp, expert_shared_feed_forward_length
         wide, else n_ff), if the file has one."""
-        hp, p, mf = self.hp, f"blk.{i}.", self.mf
-        if not mf.has_tensor(p + "ffn_up_shexp.weight"):
+        if not self.mf.has_tensor(f"blk.{i}.ffn_up_shexp.weight"):
             return None
-        n = int(mf.arch_get("expert_shared_feed_forward_length", 0)) or hp.n_ff
+        return self.shared_ffn(i, int(self.mf.arch_get("expert_shared_feed_forward_length", 0)) or self.hp.n_ff)
+
+    def shared_ffn(self, i: int, n: int) -> Ffn:
+        """Layer i's shared expert ffn_{gate,up,down}_shexp, n wide."""
+        hp, p = self.hp, f"blk.{i}."
         return Ffn(w_up=self.weight(p + "ffn_up_shexp.weight", hp.n_embd, n),
                    w_gate=self.weight(p + "ffn_gate_shexp.weight", hp.n_embd, n),
                    w_down=self.weight(p + "ffn_down_shexp.weight", n, hp.n_embd))

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import UnsupportedModelError
 from ..graph import MOE_SIGMOID, ROPE_NORM
-from .base import Ffn, Layer, Rope
+from .base import Layer, Rope
 from .blocks import PreNormDecoder
 
 CHUNK = 8192          # attention chunk of the chunked layers
@@ -80,10 +80,7 @@ class Llama4(PreNormDecoder):
 
     def shared_expert(self, i: int):
         """The shared expert, as wide as a routed one."""
-        hp, p, n = self.hp, f"blk.{i}.", self.expert_width(1)
-        return Ffn(w_up=self.weight(p + "ffn_up_shexp.weight", hp.n_embd, n),
-                   w_gate=self.weight(p + "ffn_gate_shexp.weight", hp.n_embd, n),
-                   w_down=self.weight(p + "ffn_down_shexp.weight", n, hp.n_embd))
+        return self.shared_ffn(i, self.expert_width(1))
 
     def layer_window(self, i: int) -> int:
         """The chunk of the chunked layers (i % period < period - 1), 0 for the others."""
