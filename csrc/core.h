@@ -74,5 +74,7 @@ void op_moe_route(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_matmul_id(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_moe_sum(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_copy(const pyllm_op *op, const op_rows *r, int ith, int nth);
+void op_ssm_conv(const pyllm_op *op, const op_rows *r, int ith, int nth);
+void op_ssm_scan(const pyllm_op *op, const op_rows *r, int ith, int nth);
 
 #endif

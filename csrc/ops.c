@@ -47,9 +47,9 @@ static double row_sum_sq(const float *x, int64_t n, float c) {
 /* RMSNorm: y = x / sqrt(mean(x^2) + eps) * w. LayerNorm (type NORM_LAYER), as
  * ggml_norm: y = (x - mean) / sqrt(mean((x - mean)^2) + eps) * w + bias.
  * Over groups of n_in elements (n_head groups per row: one per head for q/k
- * norms, 1 otherwise). */
+ * norms, 1 otherwise), all with the same weights or, OPF_GROUP_WEIGHTS, each its own. */
 void op_rmsnorm(const pyllm_op *op, const op_rows *r, int ith, int nth) {
-    const float *w = op->w, *b = op->bias;
+    const float *b = op->bias;
     int64_t n = op->n_in, groups = op->n_head > 0 ? op->n_head : 1;
     int64_t lo, hi;
     split_range((int64_t)r->rows * groups, ith, nth, 1, &lo, &hi);
@@ -57,6 +57,7 @@ void op_rmsnorm(const pyllm_op *op, const op_rows *r, int ith, int nth) {
         int64_t t = item / groups, g = item % groups;
         const float *x = IN_ROW(op, r, t) + g * n;
         float *y = OUT_ROW(op, t) + g * n;
+        const float *w = op->flags & OPF_GROUP_WEIGHTS ? (const float *)op->w + g * n : (const float *)op->w;
         const float mean = op->type == NORM_LAYER ? (float)(row_sum(x, n) / (double)n) : 0.0f;
         const float inv = (float)(1.0 / sqrt(row_sum_sq(x, n, mean) / (double)n + (double)op->eps));
         if (b)

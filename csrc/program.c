@@ -208,6 +208,21 @@ static int check_op(const pyllm_op *op) {
             op->y_stride < (int64_t)(op->n_head - 1) * op->head_dim + op->n_in)
             return fail("copy: %d groups of %lld floats outside the rows", op->n_head, (long long)op->n_in);
         return 0;
+    case OP_SSM_CONV:
+        if (!op->w || !op->x || !op->y || !op->state) return fail("ssm_conv: missing weights, state or rows");
+        if (op->n_in <= 0 || op->n_head < 1 || op->n_head > 64 || op->x_stride < op->n_in || op->y_stride < op->n_in)
+            return fail("ssm_conv: %lld channels, %d taps", (long long)op->n_in, op->n_head);
+        return 0;
+    case OP_SSM_SCAN:
+        if (!op->w || !op->x || !op->x2 || !op->y || !op->state) return fail("ssm_scan: missing weights, state or rows");
+        if (op->n_in <= 0 || op->n_in > SCRATCH_FLOATS || op->n_head <= 0 || op->head_dim <= 0 || op->n_kv_head <= 0 ||
+            op->n_head % op->n_kv_head || (op->n_rot != 1 && op->n_rot != op->n_in))
+            return fail("ssm_scan: %d heads of %d in %d groups, state %lld, %d decays per head", op->n_head,
+                        op->head_dim, op->n_kv_head, (long long)op->n_in, op->n_rot);
+        if (op->x_stride < (int64_t)op->n_head * op->head_dim + 2 * op->n_kv_head * op->n_in ||
+            op->x2_stride < op->n_head || op->y_stride < (int64_t)op->n_head * op->head_dim)
+            return fail("ssm_scan: rows too short for the heads, B and C");
+        return 0;
     case OP_MOE_SUM:
         if (!op->x || !op->x2 || !op->y || op->n_in <= 0 || op->n_head <= 0) return fail("moe sum: missing buffers");
         if (op->x_stride < op->n_in * op->n_head || op->x2_stride < 2 * op->n_head) return fail("moe sum: bad strides");
@@ -247,6 +262,12 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
         if (st->pos[t] < 0 || st->pos[t] >= capacity)
             return fail("position %d outside the %lld the block table holds", st->pos[t], (long long)capacity);
     for (int i = 0; i < n_ops; i++) {
+        if (ops[i].kind == OP_SSM_CONV || ops[i].kind == OP_SSM_SCAN) {   /* a state carries one sequence on */
+            for (int t = 1; t < st->n_tokens; t++)
+                if (st->pos[t] != st->pos[0] + t)
+                    return fail("a recurrent layer's step needs consecutive positions (%d after %d)", st->pos[t],
+                                st->pos[t - 1]);
+        }
         if (ops[i].kind == OP_ATTENTION &&
             attention_scratch_floats(ops[i].head_dim, value_dim(&ops[i]), ops[i].n_head / ops[i].n_kv_head,
                                      st->block_size) >
@@ -304,6 +325,8 @@ static void exec_op(const pyllm_op *op, const pyllm_step *st, float *scratch, fl
     case OP_SHORTCONV: op_shortconv(op, &r, ith, nth); break;
     case OP_POS_SCALE: op_pos_scale(op, &r, ith, nth); break;
     case OP_COPY: op_copy(op, &r, ith, nth); break;
+    case OP_SSM_CONV: op_ssm_conv(op, &r, ith, nth); break;
+    case OP_SSM_SCAN: op_ssm_scan(op, &r, ith, nth); break;
     }
 }
 

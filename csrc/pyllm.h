@@ -43,7 +43,15 @@ enum pyllm_op_kind {
                           temperature of long positions on q (Llama 4, Mistral 3) */
     OP_COPY = 16,     /* y[t, g head_dim + i] = x[t, g n_out + i] for i < n_in, groups g < n_head: columns
                          gathered by group (n_out 0: every group copies the same n_in) */
-    OP_KIND_COUNT = 17
+    OP_SSM_CONV = 17, /* y[t, c] = bias[c] + sum_{j < n_head} w[c n_head + j] z[t + j, c] for channels c < n_in, z = the
+                         n_head - 1 rows of `state` (this layer's inputs before the step) then x's rows; `state` then
+                         keeps z's last n_head - 1 rows: Mamba's causal depthwise convolution (bias may be NULL) */
+    OP_SSM_SCAN = 18, /* Mamba's selective scan, n_head heads of head_dim channels, d_state = n_in, n_kv_head groups
+                         of B and C: dt = softplus(x2[t, h] + bias[h]); state[h, p] = state[h, p] exp(dt A[h])
+                         + dt x[t, h P + p] B[t, g]; y[t, h P + p] = state[h, p] . C[t, g] + D[h] x[t, h P + p];
+                         x's row is [x | B | C], w is [A (n_head x n_rot: 1, or d_state per head) | D (n_head)],
+                         state is [n_head][head_dim][d_state] */
+    OP_KIND_COUNT = 19
 };
 
 enum pyllm_op_flags {
@@ -57,7 +65,8 @@ enum pyllm_op_flags {
                            embeddings: GPT-2); with OPF_ACCUMULATE added into y */
     OPF_V_IN_K = 64,    /* KV_STORE, ATTENTION: no value pool; a KV head's values are the first head_dim_v
                            dims of its keys (MLA's latent: DeepSeek 2/3) */
-    OPF_CHUNKED = 128   /* ATTENTION: `window` is a chunk: position p sees [p - p % window, p] (Llama 4) */
+    OPF_CHUNKED = 128,  /* ATTENTION: `window` is a chunk: position p sees [p - p % window, p] (Llama 4) */
+    OPF_GROUP_WEIGHTS = 256 /* RMSNORM: each of the n_head groups has its own n_in weights (Mamba 2's norm) */
 };
 
 /* GLU_SWIGLU_OAI (gpt-oss): g' = min(g, c), y = g' sigmoid(a g') (clamp(u, -c, c) + 1), a = scale, c = softcap;
@@ -102,6 +111,8 @@ typedef struct pyllm_op {
     float softcap;         /* ATTENTION (scores), SCALE (outputs): tanh soft-capping, 0 = none */
     uint16_t *k_cache;     /* KV_STORE/ATTENTION: this layer's pools, */
     uint16_t *v_cache;     /*   [pool blocks][block_size][n_kv_head * head_dim (_v)] f16 */
+    float *state;          /* SSM_CONV/SSM_SCAN: the layer's recurrent state, carried from step to step; a step
+                              starting at position 0 starts from zeros */
 } pyllm_op;
 
 /* one forward step: a batch of tokens of one sequence */

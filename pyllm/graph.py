@@ -27,13 +27,14 @@ from .model_file import Tensor
 OP_EMBED, OP_RMSNORM, OP_QUANTIZE, OP_MATMUL, OP_ROPE = 1, 2, 3, 4, 5
 OP_KV_STORE, OP_ATTENTION, OP_GLU, OP_ADD, OP_SCALE = 6, 7, 8, 9, 10
 OP_MOE_ROUTE, OP_MATMUL_ID, OP_MOE_SUM, OP_SHORTCONV, OP_POS_SCALE = 11, 12, 13, 14, 15
-OP_COPY = 16
+OP_COPY, OP_SSM_CONV, OP_SSM_SCAN = 16, 17, 18
 OP_NAMES = {OP_EMBED: "embed", OP_RMSNORM: "rmsnorm", OP_QUANTIZE: "quantize", OP_MATMUL: "matmul",
             OP_ROPE: "rope", OP_KV_STORE: "kv_store", OP_ATTENTION: "attention", OP_GLU: "glu",
             OP_ADD: "add", OP_SCALE: "scale", OP_MOE_ROUTE: "moe_route", OP_MATMUL_ID: "matmul_id",
-            OP_MOE_SUM: "moe_sum", OP_SHORTCONV: "shortconv", OP_POS_SCALE: "pos_scale", OP_COPY: "copy"}
+            OP_MOE_SUM: "moe_sum", OP_SHORTCONV: "shortconv", OP_POS_SCALE: "pos_scale", OP_COPY: "copy",
+            OP_SSM_CONV: "ssm_conv", OP_SSM_SCAN: "ssm_scan"}
 OPF_ACCUMULATE, OPF_LAST_ROWS, OPF_NO_SYNC, OPF_OUT_ROWS, OPF_SLOT_INPUT, OPF_BY_POS = 1, 2, 4, 8, 16, 32
-OPF_V_IN_K, OPF_CHUNKED = 64, 128
+OPF_V_IN_K, OPF_CHUNKED, OPF_GROUP_WEIGHTS = 64, 128, 256
 GLU_SILU, GLU_GELU_TANH, GLU_SWIGLU_OAI, GLU_RELU_SQR, GLU_MUL, GLU_RELU, GLU_SIGMOID = 0, 1, 2, 3, 4, 5, 6
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0    # gpt-oss's constants (llama.cpp's too)
 NORM_RMS, NORM_LAYER = 0, 1
@@ -125,6 +126,7 @@ class Op:
     freq_factors: Optional[np.ndarray] = None
     softcap: float = 0.0
     kv_layer: int = -1                     # KV_STORE / ATTENTION: which layer's cache
+    state: Optional[str] = None            # SSM_CONV / SSM_SCAN: which recurrent state (Graph.states)
     reads: frozenset = field(default_factory=frozenset)
     writes: frozenset = field(default_factory=frozenset)
 
@@ -137,6 +139,7 @@ class Graph:
         self.buffers: dict[str, Buffer] = {}
         self.qbuffers: dict[str, QBuffer] = {}
         self.kv_layers: dict[int, tuple[int, int]] = {}   # layer -> f16 per position in its (K, V) pools
+        self.states: dict[str, int] = {}                  # recurrent state -> its floats (one sequence's)
         self._version: dict[str, int] = {}                # writes seen per buffer
         self._quantized: dict[tuple[str, int, int], tuple[int, QBuffer]] = {}
         self._epoch_reads: set = set()
@@ -197,12 +200,14 @@ class Graph:
         return y
 
     def rmsnorm(self, x: View, w: np.ndarray, eps: float, out: str | View, groups: int = 1) -> View:
-        """RMSNorm over `groups` equal parts of each row (one per head for q/k norms)."""
+        """RMSNorm over `groups` equal parts of each row (one per head for q/k norms), with
+        the same weights for each (w of a part's width) or each its own (w as wide as x)."""
         n = x.width // groups
-        assert n * groups == x.width and w.shape == (n,)
+        own = groups > 1 and w.shape == (x.width,)
+        assert n * groups == x.width and (w.shape == (n,) or own)
         y = self._out(out, x.width)
-        self._emit(Op(OP_RMSNORM, vector=w, x=x, y=y, n_in=n, n_head=groups, eps=eps),
-                   {x.name}, {y.name})
+        self._emit(Op(OP_RMSNORM, flags=OPF_GROUP_WEIGHTS if own else 0, vector=w, x=x, y=y, n_in=n, n_head=groups,
+                      eps=eps), {x.name}, {y.name})
         return y
 
     def layernorm(self, x: View, w: np.ndarray, b: Optional[np.ndarray], eps: float, out: str | View) -> View:
@@ -349,6 +354,37 @@ class Graph:
         y = self._out(out, n)
         self._emit(Op(OP_SHORTCONV, vector=np.ascontiguousarray(w, dtype=np.float32), y=y, n_in=n, n_head=taps,
                       n_kv_head=heads, head_dim=head_dim, kv_layer=self.layer), {kv}, {y.name})
+        return y
+
+    # -- state-space layers (csrc/ssm.c) ---------------------------------------------
+    def ssm_conv(self, x: View, w: np.ndarray, bias: Optional[np.ndarray], out: str | View) -> View:
+        """out[t] = bias + sum_j w[:, j] z[t + j], z = the K - 1 rows of x before this step (the
+        layer's conv state) then this step's: Mamba's causal depthwise convolution of K = w.shape[1]
+        taps. The state goes on with the sequence; a step at position 0 starts from zeros."""
+        n, taps = w.shape
+        assert x.width == n and (bias is None or bias.shape == (n,)), f"ssm_conv of {n} channels on rows of {x.width}"
+        name = f"conv{self.layer}"
+        self.states[name] = (taps - 1) * n
+        y = self._out(out, n)
+        self._emit(Op(OP_SSM_CONV, vector=np.ascontiguousarray(w, dtype=np.float32), bias=bias, x=x, y=y, n_in=n,
+                      n_head=taps, state=name), {x.name, name}, {y.name, name})
+        return y
+
+    def ssm_scan(self, xbc: View, dt: View, a: np.ndarray, d: np.ndarray, dt_bias: Optional[np.ndarray],
+                 heads: int, head_dim: int, groups: int, d_state: int, out: str | View) -> View:
+        """Mamba's selective scan over this step's rows, from the layer's SSM state on:
+        xbc's row is [x (heads x head_dim) | B (groups x d_state) | C (groups x d_state)], dt one
+        value per head; a: the decay rates A, one per head (Mamba 2) or per head and state
+        (Mamba 1); d: the skip D per head (csrc/pyllm.h, OP_SSM_SCAN)."""
+        assert xbc.width == heads * head_dim + 2 * groups * d_state and dt.width == heads and heads % groups == 0
+        assert a.size in (heads, heads * d_state) and d.shape == (heads,)
+        name = f"ssm{self.layer}"
+        self.states[name] = heads * head_dim * d_state
+        y = self._out(out, heads * head_dim)
+        w = np.concatenate([np.asarray(a, np.float32).reshape(-1), np.asarray(d, np.float32)])
+        self._emit(Op(OP_SSM_SCAN, vector=w, bias=dt_bias, x=xbc, x2=dt, y=y, n_in=d_state, n_head=heads,
+                      n_kv_head=groups, head_dim=head_dim, n_rot=a.size // heads, state=name),
+                   {xbc.name, dt.name, name}, {y.name, name})
         return y
 
     def pos_scale(self, y: View, s: float, period: int, offset: float = 0.0) -> View:

@@ -131,6 +131,7 @@ class CoreProgram(Program):
         for layer, (blocks, bs, k_dim, v_dim) in mp.kv.items():
             self.k_cache[layer] = aligned_zeros((blocks, bs, k_dim), np.float16)
             self.v_cache[layer] = aligned_zeros((blocks, bs, v_dim), np.float16)
+        self.states = {name: aligned_zeros((floats,), np.float32) for name, floats in mp.states.items()}
         self.weights = {name: self._place_weight(t) for name, t in mp.tensors.items()}
         self.vectors = {key: self._place_vector(a) for key, a in mp.vectors.items()}
         self.staging = aligned_zeros((max(mp.staging, 1),), np.uint8)
@@ -154,7 +155,7 @@ class CoreProgram(Program):
         so that a context too long for it fails here, with a remedy, rather
         than in the allocator or, pages being touched lazily, in the OOM killer."""
         need = mp.bytes()
-        total = need["kv"] + need["buffers"] + need["staging"]
+        total = need["kv"] + need["state"] + need["buffers"] + need["staging"]
         free = available_memory()
         if free is None or total <= free:
             return
@@ -164,7 +165,7 @@ class CoreProgram(Program):
         block = self.shape.block_size
         positions = self.shape.n_blocks * block
         per_position = need["kv"] // positions
-        fits = max(0, (free - need["buffers"] - need["staging"]) // per_position) // block * block
+        fits = max(0, (free - need["buffers"] - need["staging"] - need["state"]) // per_position) // block * block
         raise DeviceMemoryError(f"a context of {positions} tokens needs {fmt_bytes(need['kv'])} for its KV cache "
                                 f"({fmt_bytes(per_position)} per token) but this machine has {fmt_bytes(free)} of "
                                 f"memory available; use a smaller context (-c / n_ctx {fits} or less)")
@@ -194,6 +195,9 @@ class CoreProgram(Program):
     def kv(self, layer: int) -> tuple[int, int]:
         k, v = self.k_cache[layer], self.v_cache[layer]
         return k.ctypes.data, (v if v.size else k).ctypes.data
+
+    def state(self, name: str) -> int:
+        return self.states[name].ctypes.data
 
     # -- running -----------------------------------------------------------------------------------
     def _send(self, what: str, src: np.ndarray, dst: np.ndarray) -> None:

@@ -277,6 +277,7 @@ class CudaProgram(Program):
             for layer, (b, s, dk, dv) in mp.kv.items():
                 k = self._alloc(b * s * dk * 2, zero=True)
                 self.kv_pools[layer] = (k, self._alloc(b * s * dv * 2, zero=True) if dv else k)
+            self.states = {name: self._alloc(floats * 4, zero=True) for name, floats in mp.states.items()}
             self.weights = {}
             for name, t in mp.tensors.items():
                 self.weights[name] = self._alloc(t.nbytes)
@@ -333,6 +334,9 @@ class CudaProgram(Program):
 
     def kv(self, layer: int) -> tuple[int, int]:
         return self.kv_pools[layer]
+
+    def state(self, name: str) -> int:
+        return self.states[name]
 
     # -- running ------------------------------------------------------------------------------------
     def run(self, index: int, step: StepData) -> None:

@@ -35,6 +35,7 @@ class MemoryPlan:
     buffers: dict[str, tuple[int, int]] = field(default_factory=dict)    # name -> (rows, floats per row)
     qbuffers: dict[str, tuple[int, int]] = field(default_factory=dict)   # name -> (rows, bytes per row)
     kv: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)  # layer -> (blocks, block size, K dim, V dim)
+    states: dict[str, int] = field(default_factory=dict)                 # recurrent state -> floats
     tensors: dict[str, Tensor] = field(default_factory=dict)             # resident weights, by tensor name
     vectors: dict[int, np.ndarray] = field(default_factory=dict)         # id -> float32 vector
     streamed: dict[int, tuple[Tensor, int]] = field(default_factory=dict)  # op index -> (weight, staging offset)
@@ -45,6 +46,7 @@ class MemoryPlan:
             "weights": sum(t.nbytes for t in self.tensors.values()),
             "vectors": sum(v.size * 4 for v in self.vectors.values()),
             "kv": sum(b * s * (dk + dv) * 2 for b, s, dk, dv in self.kv.values()),
+            "state": sum(self.states.values()) * 4,
             "buffers": sum(r * w * 4 for r, w in self.buffers.values()) +
                        sum(r * w for r, w in self.qbuffers.values()),
             "staging": self.staging,
@@ -70,6 +72,8 @@ def memory_plan(graph: Graph, ranges: Sequence[Range], shape: Shape) -> MemoryPl
                 mp.qbuffers[op.xq.name] = (shape.n_batch, op.xq.row_bytes)
             if op.kv_layer >= 0:
                 mp.kv[op.kv_layer] = (shape.n_blocks, shape.block_size, *graph.kv_layers[op.kv_layer])
+            if op.state is not None:
+                mp.states[op.state] = graph.states[op.state]
             for a in op_vectors(op):
                 mp.vectors[id(a)] = a
             if op.weight is not None:
@@ -94,6 +98,7 @@ class Addresses:
     def view(self, v: View) -> tuple[int, int]: ...     # (address of the first row, stride in floats)
     def qbuffer(self, name: str) -> int: ...
     def kv(self, layer: int) -> tuple[int, int]: ...    # (K pool, V pool: the K pool's when it has none)
+    def state(self, name: str) -> int: ...              # a recurrent state (float32)
 
 
 def fill_record(ffi, rec, index: int, op: Op, addr: Addresses) -> None:
@@ -129,6 +134,7 @@ def fill_record(ffi, rec, index: int, op: Op, addr: Addresses) -> None:
         rec.k_cache, rec.v_cache = p("uint16_t *", k), p("uint16_t *", v)
     else:
         rec.k_cache = rec.v_cache = ffi.NULL
+    rec.state = p("float *", None if op.state is None else addr.state(op.state))
 
 
 def step_record(ffi, shape: Shape):
@@ -152,7 +158,8 @@ def step_needs(ops: Sequence[Op]) -> tuple[bool, bool, bool]:
     read: what a device must be sent before it runs them."""
     kinds = {op.kind for op in ops}
     kv = any(op.kv_layer >= 0 for op in ops)   # KV_STORE, ATTENTION, SHORTCONV: positions through the table
+    recurrent = any(op.state is not None for op in ops)   # SSM ops: position 0 resets the state
     embeds = [op for op in ops if op.kind == OP_EMBED]
     by_pos = any(op.flags & OPF_BY_POS for op in embeds)   # learned position embeddings
     return (any(not op.flags & OPF_BY_POS for op in embeds),
-            kv or by_pos or bool(kinds & {OP_ROPE, OP_POS_SCALE}), kv)
+            kv or by_pos or recurrent or bool(kinds & {OP_ROPE, OP_POS_SCALE}), kv)

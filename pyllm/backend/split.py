@@ -170,13 +170,14 @@ def make_schedule(graph: Graph, op_device: Seq[str], streamed: Optional[Seq[bool
         else:
             segments.append(Segment(op_device[i], i, i + 1, streamed[i]))
 
-    # the KV pool of a layer lives with its KV_STORE; its ATTENTION must be there too
+    # the KV pool of a layer lives with its KV_STORE; its ATTENTION must be there too (and a
+    # recurrent state stays where its op runs: they never cross the bus)
     kv_home: dict[str, str] = {}
     for i, op in enumerate(graph.ops):
-        if op.kv_layer >= 0:   # KV_STORE, ATTENTION, SHORTCONV
-            home = kv_home.setdefault(f"kv{op.kv_layer}", op_device[i])
+        for name in ([f"kv{op.kv_layer}"] if op.kv_layer >= 0 else []) + ([op.state] if op.state else []):
+            home = kv_home.setdefault(name, op_device[i])
             if home != op_device[i]:
-                raise BackendError(f"layer {op.kv_layer}: its KV cache would be split between {home} and "
+                raise BackendError(f"layer {op.layer}: its cache {name} would be split between {home} and "
                                    f"{op_device[i]}")
     kv_names = set(kv_home)
 
