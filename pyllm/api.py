@@ -93,7 +93,8 @@ class Model:
         self.backend, self.plan = make_backend(self.graph, n_threads,
                                                Shape(min(n_batch, n_ctx), N_OUT_MAX, n_blocks, BLOCK_SIZE),
                                                n_gpu_layers, device)
-        self.engine = Engine(self.backend, self.tokenizer, n_ctx, min(n_batch, n_ctx), BLOCK_SIZE, n_blocks)
+        self.engine = Engine(self.backend, self.tokenizer, n_ctx, min(n_batch, n_ctx), BLOCK_SIZE, n_blocks,
+                             recurrent=bool(self.graph.states))
         self._seq = self.engine.new_sequence()
         self._chat_cache: list[tuple[str, list[int]]] = []   # (text, its tokens) of the last chat, in order
 

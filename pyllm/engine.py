@@ -65,11 +65,12 @@ class Completion:
 
 
 class Engine:
-    def __init__(self, backend, tokenizer, n_ctx: int, n_batch: int, block_size: int, n_blocks: int):
+    def __init__(self, backend, tokenizer, n_ctx: int, n_batch: int, block_size: int, n_blocks: int,
+                 recurrent: bool = False):
         self.backend = backend
         self.tokenizer = tokenizer
         self.n_ctx, self.n_batch = n_ctx, n_batch
-        self.pool = BlockPool(n_blocks, block_size)
+        self.pool = BlockPool(n_blocks, block_size, recurrent)
 
     def new_sequence(self) -> Sequence:
         return Sequence(self.pool, self.n_ctx)
@@ -81,13 +82,23 @@ class Engine:
         the last n_out of them (a view valid until the next step). If
         cancelled() turns true, stops between chunks (raising Cancelled) with
         seq holding the chunks done so far."""
+        if self.pool.recurrent and not seq.owns_state:
+            # another sequence ran since this one's last step: the state is theirs, so this
+            # one's tokens run again from position 0 first
+            tokens = list(seq.tokens) + list(tokens)
+            seq.truncate(0)
         seq.reserve(len(tokens))
+        self.pool.state_owner = seq
         logits = None
         for i in range(0, len(tokens), self.n_batch):
             if cancelled is not None and cancelled():
                 raise Cancelled()
             chunk = tokens[i:i + self.n_batch]
-            logits = self.backend.forward(chunk, len(seq), seq.blocks, min(n_out, len(chunk)))
+            try:
+                logits = self.backend.forward(chunk, len(seq), seq.blocks, min(n_out, len(chunk)))
+            except BaseException:
+                self.pool.state_owner = None   # a step cut short may have moved the state on
+                raise
             seq.commit(chunk)
         return logits
 
@@ -111,6 +122,7 @@ class Engine:
         if len(tokens) > self.n_ctx:
             raise ContextFullError(f"{len(tokens)} tokens do not fit in the context of {self.n_ctx}")
         seq = self.new_sequence()
+        self.pool.state_owner = seq   # a recurrent state starts again at position 0
         try:
             out = np.empty((len(tokens), self.backend.n_vocab), dtype=np.float32)
             step = min(self.n_batch, self.backend.n_out_max)

@@ -11,6 +11,12 @@ them again. Blocks are reference counted; a full block nobody uses stays
 cached until the pool needs it (least recently released goes first). A full,
 hashed block is never written again: a sequence that diverges inside one
 gives it up and recomputes from the block's start.
+
+A recurrent model (Mamba's layers) also carries a state from position to
+position, one per model: it holds exactly the tokens one sequence ran, its
+owner. Such a sequence keeps its cached prefix only when that is the whole of
+what it ran and it still owns the state; otherwise it starts again from
+position 0 (no prefix is taken from other sequences either).
 """
 from __future__ import annotations
 
@@ -28,8 +34,10 @@ def _chain_hash(parent: bytes, tokens: Seq[int]) -> bytes:
 
 
 class BlockPool:
-    def __init__(self, n_blocks: int, block_size: int):
+    def __init__(self, n_blocks: int, block_size: int, recurrent: bool = False):
         self.n_blocks, self.block_size = n_blocks, block_size
+        self.recurrent = recurrent
+        self.state_owner: Optional["Sequence"] = None   # recurrent: the sequence the state holds
         self.refs = [0] * n_blocks
         self.hash_of: list[Optional[bytes]] = [None] * n_blocks
         self.by_hash: dict[bytes, int] = {}
@@ -97,6 +105,9 @@ class Sequence:
         limit = min(len(self.tokens), len(tokens) - 1)
         while keep < limit and self.tokens[keep] == tokens[keep]:
             keep += 1
+        if self.pool.recurrent:   # the state holds all of self.tokens, or is another sequence's
+            self.truncate(keep if keep == len(self.tokens) and self.owns_state else 0)
+            return len(self.tokens)
         self.truncate(keep)
         # extend with full blocks other sequences left in the cache
         while len(self.tokens) % B == 0 and len(self.tokens) + B <= len(tokens) - 1:
@@ -117,6 +128,8 @@ class Sequence:
         rewritten, so if n falls inside one, that whole block goes too."""
         B = self.pool.block_size
         n = max(0, min(n, len(self.tokens)))
+        if self.pool.recurrent and n < len(self.tokens):
+            n = 0   # a state cannot be rewound: from the start
         if n % B and n // B < len(self._hashes):
             n = n // B * B
         keep_blocks = (n + B - 1) // B
@@ -125,6 +138,11 @@ class Sequence:
         del self.blocks[keep_blocks:]
         del self._hashes[n // B:]
         del self.tokens[n:]
+
+    @property
+    def owns_state(self) -> bool:
+        """Recurrent: the model's state holds this sequence's tokens."""
+        return self.pool.state_owner is self
 
     def reserve(self, n_new: int) -> None:
         """Makes room for n_new more positions (allocating blocks)."""
