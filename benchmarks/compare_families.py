@@ -83,6 +83,9 @@ FAMILIES = {
     "olmoe": ("olmoe", {}),                                        # weights not renormalized
     "granitemoe": ("granitemoe", {}),                              # Granite's multipliers around the experts
     "granitemoe-shared": ("granitemoe", {"shared_expert": 256}),   # + a shared expert
+    "granitehybrid": ("granitehybrid", {}),                        # Mamba 2 layers 0, 1, 3; attention 2
+    "granitehybrid-groups": ("granitehybrid", {"ssm": {"groups": 2, "heads": 16}, "rope": True}),
+    "granitehybrid-moe": ("granitehybrid", {"experts": 8}),        # + experts and a shared expert
     "qwen2moe": ("qwen2moe", {}),                                  # + a sigmoid-gated shared expert
     "glm4": ("glm4", {}),                                          # pre and post norms, fused qkv + bias, half RoPE
     "glm4-split": ("glm4", {"fused_qkv": False}),

@@ -13,7 +13,7 @@ from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from .arch import ARCHITECTURES
-from .arch.base import Architecture, Mla, Moe, ShortConv
+from .arch.base import Architecture, Mla, Moe, ShortConv, Ssm
 from .graph import GLU_GELU_TANH, GLU_RELU, GLU_RELU_SQR, GLU_SWIGLU_OAI, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from .model_file import Tensor
 
@@ -278,6 +278,33 @@ class Reference:
         conv = sum(s.conv[:, j] * padded[j:j + len(bx)] for j in range(taps))
         return self._linear(c * conv, s.out_proj, None)
 
+    def _ssm(self, h: np.ndarray, s: Ssm) -> np.ndarray:
+        """Mamba 2: out_proj norm(y * silu(z)), [z | xBC | dt] = in_proj h, xBC = silu(conv(xBC) + b),
+        y_t = C_t . s_t + D x_t with s_t = exp(dt_t A) s_{t-1} + dt_t x_t B_t^T per head, dt_t =
+        softplus(dt + dt_bias); the norm is an RMSNorm of each of the groups."""
+        T, H, P, G, N = h.shape[0], s.heads, s.head_dim, s.groups, s.d_state
+        d_inner, channels = H * P, s.conv.shape[0]
+        zxbcdt = self._linear(h, s.in_proj, None)
+        z, xbc, dt = np.split(zxbcdt, [d_inner, d_inner + channels], axis=1)
+        taps = s.conv.shape[1]
+        padded = np.concatenate([np.zeros((taps - 1, channels), np.float32), xbc])
+        xbc = silu(sum(s.conv[:, j] * padded[j:j + T] for j in range(taps)) + (0.0 if s.conv_bias is None else s.conv_bias))
+        x, B, C = np.split(xbc, [d_inner, d_inner + G * N], axis=1)
+        x, B, C = x.reshape(T, H, P), B.reshape(T, G, N), C.reshape(T, G, N)
+        dt = dt.astype(np.float64) + s.dt_bias
+        dt = np.where(dt > 20.0, dt, np.log1p(np.exp(np.minimum(dt, 20.0))))   # softplus, [T, H]
+        group = np.arange(H) // (H // G)
+        state = np.zeros((H, P, N))
+        y = np.empty((T, H, P))
+        for t in range(T):
+            decay = np.exp(dt[t] * s.a)                                    # [H]
+            state = state * decay[:, None, None] + (dt[t][:, None] * x[t])[:, :, None] * B[t][group][:, None, :]
+            y[t] = np.einsum("hpn,hn->hp", state, C[t][group]) + s.d[:, None] * x[t]
+        y = (y.reshape(T, d_inner) * silu(z)).astype(np.float32)
+        if s.norm is not None:
+            y = (rmsnorm(y.reshape(T, G, -1), s.norm.reshape(G, -1), self.arch.hp.eps)).reshape(T, d_inner)
+        return self._linear(y, s.out_proj, None)
+
     def _linear(self, x: np.ndarray, w: Tensor, b: np.ndarray | None) -> np.ndarray:
         y = x @ self.w(w).T
         return y if b is None else y + b
@@ -304,6 +331,8 @@ class Reference:
             h = self._norm(x, L.attn_norm, L.attn_norm_b)
             if isinstance(L.attn, ShortConv):
                 o = self._short_conv(h, L.attn)
+            elif isinstance(L.attn, Ssm):
+                o = self._ssm(h, L.attn)
             elif isinstance(L.attn, Mla):
                 o = self._latent_attention(h, L.attn, i)
             else:

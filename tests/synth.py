@@ -111,7 +111,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 rope_dim: Optional[int] = None, experts: int = 0, experts_used: int = 2,
                 n_ff_exp: Optional[int] = None, shared_expert: int = 0, shared_gate: bool = False,
                 mla: Optional[dict] = None, keys: Optional[dict] = None, extra_tensors: Optional[dict] = None,
-                context_length: int = 512,
+                context_length: int = 512, ssm_layers: tuple = (), ssm: Optional[dict] = None,
                 drop_tensor: Optional[str] = None, bad_shape: Optional[str] = None) -> str:
     """A tiny decoder of family `arch`, every matrix in `qtype`, tensors named
     as llama.cpp expects:
@@ -141,6 +141,9 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                   select_bias: exp_probs_b.bias; dense_layers: layers with a dense FFN instead (ERNIE)
       mla         latent attention in place of q/k/v (DeepSeek 2): {"kv_lora", "nope", "rope", "v",
                   "q_lora" (0: attn_q), "split" (attn_k_b + attn_v_b, else one attn_kv_b)}
+      ssm_layers  layers with a Mamba 2 mixer (ssm_{in,conv1d,dt,a,d,norm,out}) in place of attention,
+                  head_count_kv then a list with 0 for them; ssm: its sizes {"d_inner" (2 n_embd),
+                  "d_state" (16), "heads" (8), "groups" (1), "d_conv" (4)}, written as the ssm.* keys
       extra_tensors more float32 tensors by name (present in the file, not used)
       keys        extra metadata: {"sliding_window": 8, ...} -> writer.add_<name>(value);
                   a dotted name ("rope.scaling.x") is written as the key {arch}.<name> (uint32 or float32)
@@ -154,7 +157,15 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
     w.add_embedding_length(n_embd)
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
-    w.add_head_count_kv([0 if i in conv_layers else n_head_kv for i in range(n_layer)] if conv_layers else n_head_kv)
+    mixers = set(conv_layers) | set(ssm_layers)
+    w.add_head_count_kv([0 if i in mixers else n_head_kv for i in range(n_layer)] if mixers else n_head_kv)
+    if ssm_layers:
+        ssm = {"d_inner": 2 * n_embd, "d_state": 16, "heads": 8, "groups": 1, "d_conv": 4, **(ssm or {})}
+        w.add_ssm_conv_kernel(ssm["d_conv"])
+        w.add_ssm_inner_size(ssm["d_inner"])
+        w.add_ssm_state_size(ssm["d_state"])
+        w.add_ssm_time_step_rank(ssm["heads"])
+        w.add_ssm_group_count(ssm["groups"])
     if conv_layers:
         w.add_uint32(f"{arch}.shortconv.l_cache", conv_taps)
         tied = True
@@ -237,7 +248,20 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
             norms(p + "attn_norm", n_embd)
         for name in extra_norms:
             norms(p + name, n_embd)
-        if i in conv_layers:
+        if i in ssm_layers:
+            d_inner, heads, groups, d_state = ssm["d_inner"], ssm["heads"], ssm["groups"], ssm["d_state"]
+            channels = d_inner + 2 * groups * d_state
+            add(p + "ssm_in.weight", weight(qtype, n_embd, d_inner + channels + heads, rng))
+            add(p + "ssm_conv1d.weight", ((rng.standard_normal((channels, ssm["d_conv"])) / 2).astype(np.float32), None))
+            add(p + "ssm_conv1d.bias", bias(channels))
+            # softplus(dt + bias) around 0.1..1 and A in [-8, -1], as Mamba initializes them
+            add(p + "ssm_dt.bias", (rng.uniform(-2.0, 0.5, heads).astype(np.float32), None))
+            add(p + "ssm_a", ((-np.exp(rng.uniform(0, np.log(8), (heads, 1)))).astype(np.float32), None))
+            add(p + "ssm_d", ((1.0 + 0.1 * rng.standard_normal((heads, 1))).astype(np.float32), None))
+            add(p + "ssm_norm.weight", ((1.0 + 0.1 * rng.standard_normal((groups, d_inner // groups))).astype(np.float32),
+                                        None))
+            add(p + "ssm_out.weight", weight(qtype, d_inner, n_embd, rng))
+        elif i in conv_layers:
             add(p + "shortconv.in_proj.weight", weight(qtype, n_embd, 3 * n_embd, rng))
             add(p + "shortconv.conv.weight", ((rng.standard_normal((n_embd, conv_taps)) / 2).astype(np.float32), None))
             add(p + "shortconv.out_proj.weight", weight(qtype, n_embd, n_embd, rng))
@@ -546,6 +570,19 @@ def write_falcon(path: str | Path, qtype: QT = QT.Q8_0, norm2: bool = False, **k
                        extra_norms=("attn_norm_2",) if norm2 else (), **kw)
 
 
+def write_granitehybrid(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """Granite 4.0-H: Granite's multipliers, 4 layers of which 0, 1 and 3 are Mamba 2 mixers
+    (8 heads of 64, state 16, 1 group) and 2 attention without RoPE (rope.scaling.finetuned
+    false, as Granite 4.0-H files say), every layer with a dense FFN; experts=n: experts
+    with a shared expert of n_ff, as granite-4.0-h-tiny."""
+    kw.setdefault("n_layer", 4)
+    kw.setdefault("ssm_layers", (0, 1, 3))
+    kw.setdefault("rope", False)
+    if kw.get("experts"):
+        kw.setdefault("shared_expert", kw.get("n_ff", 512))
+    return write_granite(path, qtype, arch="granitehybrid", **kw)
+
+
 def write_lfm2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     """LFM2: 4 layers, 0, 1 and 3 short convolutions (3 taps), 2 attention with per-head q/k norms."""
     kw.setdefault("n_layer", 4)
@@ -777,6 +814,7 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "stablelm": write_stablelm, "command-r": write_command_r, "cohere2": write_cohere2,
            "ernie4_5": write_ernie4_5, "exaone": write_exaone, "exaone4": write_exaone4, "mixtral": write_mixtral,
            "qwen3moe": write_qwen3moe, "olmoe": write_olmoe, "granitemoe": write_granitemoe,
+           "granitehybrid": write_granitehybrid,
            "qwen2moe": write_qwen2moe, "gpt-oss": write_gpt_oss, "glm4": write_glm4, "nemotron": write_nemotron,
            "arcee": write_arcee, "gptneox": write_gptneox, "falcon": write_falcon,
            "lfm2": write_lfm2, "lfm2moe": write_lfm2moe, "mistral3": write_mistral3, "ernie4_5-moe": write_ernie4_5_moe,

@@ -18,7 +18,7 @@ from .glm4 import Glm4, Glm4Moe
 from .gpt2 import Gpt2, StarCoder
 from .gpt_oss import GptOss
 from .gptneox import Falcon, GptNeoX
-from .granite import Granite, GraniteMoe
+from .granite import Granite, GraniteHybrid, GraniteMoe
 from .hunyuan import HunyuanDense, HunyuanMoe
 from .lfm2 import Lfm2, Lfm2Moe
 from .llama import Llama, Mistral3, SeedOss
@@ -55,6 +55,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "qwen3moe": Qwen3Moe,
     "olmoe": Olmoe,
     "granitemoe": GraniteMoe,
+    "granitehybrid": GraniteHybrid,
     "qwen2moe": Qwen2Moe,
     "gpt-oss": GptOss,
     "glm4": Glm4,

@@ -318,6 +318,27 @@ class ShortConv:
 
 
 @dataclass
+class Ssm:
+    """A layer's Mamba 2 mixer in place of attention (Granite 4.0-H, Nemotron-H):
+    [z | xBC | dt] = in_proj h ; xBC = silu(conv(xBC) + conv_bias), conv causal and
+    depthwise over positions ; [x | B | C] = xBC ; y = scan(x, dt + dt_bias, A, B, C) + D x ;
+    out = out_proj norm(y * silu(z)), the RMSNorm by groups (each its own weights).
+    The scan carries a state per head: s = s exp(dt A) + dt x B ; y = s . C."""
+    in_proj: Tensor
+    conv: np.ndarray                  # [channels, d_conv] float32, channels = d_inner + 2 groups d_state
+    conv_bias: Optional[np.ndarray]
+    dt_bias: np.ndarray               # [heads]
+    a: np.ndarray                     # [heads]: A, the (negative) decay rate
+    d: np.ndarray                     # [heads]: D, the skip
+    norm: Optional[np.ndarray]        # [d_inner]: groups of d_inner / groups
+    out_proj: Tensor
+    heads: int
+    head_dim: int
+    groups: int
+    d_state: int
+
+
+@dataclass
 class Mla:
     """A layer's multi-head latent attention (DeepSeek 2/3). Per token, a latent c (kv_lora
     wide) and one rotated key part k_pe shared by every head: [c | k_pe] = wkv_a h, c
@@ -387,7 +408,7 @@ class Layer:
     their norms' biases. Parallel: x += attn(h) + ffn(h), h = norm(x) (Phi-2); with
     an ffn_norm too, the FFN reads its own norm of the same x (GPT-NeoX, Falcon 40B)."""
     attn_norm: Optional[np.ndarray]
-    attn: Attn | ShortConv | Mla
+    attn: Attn | ShortConv | Mla | Ssm
     ffn_norm: Optional[np.ndarray]
     ffn: Ffn | Moe
     post_attn_norm: Optional[np.ndarray] = None
@@ -459,9 +480,15 @@ class Architecture:
 
     def floats(self, name: str, *shape: int) -> np.ndarray:
         """An F32 or F16 tensor of GGUF shape `shape` as float32, in numpy's order
-        (the reversed shape: one row per last GGUF dimension)."""
+        (the reversed shape: one row per last GGUF dimension). Trailing dimensions of 1 may
+        be left out in the file, as ggml writes them."""
         t = self.mf.tensor(name)
-        if t.shape != shape:
+
+        def trimmed(s: tuple) -> tuple:
+            while len(s) > 1 and s[-1] == 1:
+                s = s[:-1]
+            return tuple(s)
+        if trimmed(tuple(t.shape)) != trimmed(shape):
             raise ModelFileError(f"{self.mf.path}: tensor {name} has shape {list(t.shape)}, expected {list(shape)}")
         if t.type not in (0, 1):
             raise UnsupportedModelError(f"{self.mf.path}: tensor {name} has type {t.type_name}; expected F32 or F16")
@@ -553,6 +580,28 @@ class Architecture:
                        b_gate=self.optional_vector(p + "ffn_gate.bias", hp.n_ff), b_down=b_down)
         return Ffn(w_up=self.weight(p + "ffn_up.weight", hp.n_embd, 2 * hp.n_ff), w_down=down,
                    b_up=self.optional_vector(p + "ffn_up.bias", 2 * hp.n_ff), b_down=b_down)
+
+    def ssm_weights(self, i: int) -> Ssm:
+        """Layer i's Mamba 2 mixer, sized by the file's ssm.* keys (time_step_rank is the
+        number of heads, as llama.cpp reads it)."""
+        mf, hp, p = self.mf, self.hp, f"blk.{i}."
+        d_conv, d_inner, d_state, heads, groups = (int(mf.arch_require("ssm." + k)) for k in (
+            "conv_kernel", "inner_size", "state_size", "time_step_rank", "group_count"))
+        if (min(d_conv, d_inner, d_state, heads, groups) <= 0 or d_inner % heads or heads % groups or d_conv > 64
+                or d_inner % groups):
+            raise ModelFileError(f"{mf.path}: Mamba 2 sizes (conv {d_conv}, inner {d_inner}, state {d_state}, "
+                                 f"{heads} heads, {groups} groups) do not fit together; the file is corrupt")
+        channels = d_inner + 2 * groups * d_state
+        return Ssm(in_proj=self.weight(p + "ssm_in.weight", hp.n_embd, d_inner + channels + heads),
+                   conv=self.floats(p + "ssm_conv1d.weight", d_conv, channels),
+                   conv_bias=self.optional_vector(p + "ssm_conv1d.bias", channels),
+                   dt_bias=self.vector(p + "ssm_dt.bias", heads),
+                   a=self.floats(p + "ssm_a", 1, heads).reshape(heads),
+                   d=self.floats(p + "ssm_d", 1, heads).reshape(heads),
+                   norm=(self.floats(p + "ssm_norm.weight", d_inner // groups, groups).reshape(d_inner)
+                         if mf.has_tensor(p + "ssm_norm.weight") else None),
+                   out_proj=self.weight(p + "ssm_out.weight", d_inner, hp.n_embd),
+                   heads=heads, head_dim=d_inner // heads, groups=groups, d_state=d_state)
 
     def expert_weights(self, name: str, n_in: int, n_out: int, n_experts: int) -> Tensor:
         """A 3-D expert tensor: n_experts matrices of n_out rows of n_in, of a type we run."""

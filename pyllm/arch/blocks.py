@@ -10,8 +10,8 @@ from typing import Optional
 
 import numpy as np
 
-from ..graph import GLU_MUL, GLU_SIGMOID, MOE_NORM, MOE_SIGMOID, NORM_LAYER, Graph, View
-from .base import Architecture, Attn, Ffn, Layer, Moe, ShortConv
+from ..graph import GLU_MUL, GLU_SIGMOID, GLU_SILU, MOE_NORM, MOE_SIGMOID, NORM_LAYER, Graph, View
+from .base import Architecture, Attn, Ffn, Layer, Moe, ShortConv, Ssm
 
 
 def norm(g: Graph, arch: Architecture, x: View, w: np.ndarray, b: Optional[np.ndarray], out: str | View) -> View:
@@ -41,13 +41,29 @@ def short_conv(g: Graph, h: View, s: ShortConv, out: str | View, accumulate: boo
     return g.linear(g.glu(c, conv, GLU_MUL, conv), s.out_proj, out, accumulate=accumulate)
 
 
-def attention(g: Graph, arch: Architecture, h: View, a: Attn | ShortConv, layer: int, out: str | View,
+def ssm_mixer(g: Graph, h: View, s: Ssm, eps: float, out: str | View, accumulate: bool = True) -> View:
+    """out (+)= out_proj norm(scan(silu(conv(xBC))) * silu(z)), [z | xBC | dt] = in_proj h: Mamba 2."""
+    d_inner = s.heads * s.head_dim
+    channels = s.conv.shape[0]
+    zxbcdt = g.linear(h, s.in_proj, "zxbcdt")
+    z, xbc, dt = zxbcdt.cols(0, d_inner), zxbcdt.cols(d_inner, channels), zxbcdt.cols(d_inner + channels, s.heads)
+    conv = g.act(g.ssm_conv(xbc, s.conv, s.conv_bias, "ssm_xbc"), GLU_SILU, "ssm_xbc")
+    y = g.ssm_scan(conv, dt, s.a, s.d, s.dt_bias, s.heads, s.head_dim, s.groups, s.d_state, "ssm_y")
+    y = g.glu(z, y, GLU_SILU, y)
+    if s.norm is not None:
+        g.rmsnorm(y, s.norm, eps, y, groups=s.groups)
+    return g.linear(y, s.out_proj, out, accumulate=accumulate)
+
+
+def attention(g: Graph, arch: Architecture, h: View, a: Attn | ShortConv | Ssm, layer: int, out: str | View,
               accumulate: bool = True) -> View:
     """out (+)= Wo attention(rope(norm(Wq h)), rope(norm(Wk h)), Wv h) for layer `layer`:
     q/k norms per head when the layer has them, the layer's RoPE and window (or the
-    layer's short convolution, where it has one in place of attention)."""
+    layer's short convolution or Mamba 2 mixer, where it has one in place of attention)."""
     if isinstance(a, ShortConv):
         return short_conv(g, h, a, out, accumulate)
+    if isinstance(a, Ssm):
+        return ssm_mixer(g, h, a, arch.hp.eps, out, accumulate)
     hp = arch.hp
     q, k, v = project_qkv(g, h, a, arch)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ..errors import ModelFileError
 from ..graph import Graph
-from .base import Rope
+from .base import Architecture, Layer, Rope
 from .blocks import attention, ffn, output_head
 from .llama import Llama
 
@@ -28,7 +28,11 @@ class Granite(Llama):
 
     def __init__(self, mf, n_ctx=None):
         super().__init__(mf, n_ctx)
-        divisor = float(mf.arch_require("logit_scale"))
+        self.read_granite_scales(mf)
+
+    def read_granite_scales(self, mf, logit_scale_required: bool = True) -> None:
+        """The four multipliers (absent or 0: none) and the RoPE switch."""
+        divisor = float(mf.arch_require("logit_scale") if logit_scale_required else mf.arch_get("logit_scale", 0.0) or 1.0)
         if divisor <= 0:
             raise ModelFileError(f"{mf.path}: granite.logit_scale = {divisor} is not positive; the file is corrupt")
         self.logit_scale = 1.0 / divisor
@@ -70,3 +74,33 @@ class GraniteMoe(Granite):
     plus an ungated shared expert where the file has one."""
     name = "granitemoe"
     experts = "required"
+
+
+class GraniteHybrid(Granite):
+    """Granite 4.0-H (`granitehybrid`): Granite's multipliers over a stack whose layers mix
+    tokens by a Mamba 2 mixer (head_count_kv 0) or by attention (GQA; usually without RoPE:
+    rope.scaling.finetuned false), every layer then its FFN: dense SwiGLU, or experts (the
+    router's softmax over the chosen ones, renormalized) plus a shared expert where the
+    file has one (expert_shared_feed_forward_length wide).
+
+        h = rmsnorm(x) ; x += residual_scale * (mamba2(h) or attention(h))
+        h = rmsnorm(x) ; x += residual_scale * ffn(h)
+    """
+    name = "granitehybrid"
+    kv_per_layer = True
+    experts = True
+
+    def __init__(self, mf, n_ctx=None):
+        Architecture.__init__(self, mf, n_ctx)
+        hp = self.hp
+        self.read_granite_scales(mf, logit_scale_required=False)
+        self.read_ends()
+        self.rope_freqs = self.optional_vector("rope_freqs.weight", hp.rope_dim // 2)
+        kv_heads = hp.kv_heads or [hp.n_head_kv] * hp.n_layer
+        self.layers = []
+        for i in range(hp.n_layer):
+            p = f"blk.{i}."
+            mixer = self.attention_weights(i) if kv_heads[i] else self.ssm_weights(i)
+            self.layers.append(Layer(attn_norm=self.vector(p + "attn_norm.weight", hp.n_embd), attn=mixer,
+                                     ffn_norm=self.vector(p + "ffn_norm.weight", hp.n_embd),
+                                     ffn=self.moe_weights(i) or self.ffn_weights(i)))

@@ -1,0 +1,222 @@
+"""State-space layers (csrc/ssm.c): the recurrent ops against numpy, their state carried
+across steps and reset at position 0, and the engine's rule for a model with a state."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+import synth
+from pyllm._native import lib
+from pyllm.backend.base import Range, Shape, StepData
+from pyllm.backend.cpu import HostDevice
+from pyllm.errors import InvalidArgumentError
+from pyllm.graph import Graph
+
+LEVELS = [lvl for lvl in range(4) if lib.pyllm_level_available(lvl)]
+
+
+@pytest.fixture
+def level():
+    """Runs a test at every ISA level this CPU has (the scan's dot product is dispatched)."""
+    before = lib.pyllm_get_level()
+    yield
+    lib.pyllm_set_level(before)
+
+
+def run_steps(g: Graph, inputs: dict, steps: list[tuple[int, int]], output: str, n_threads: int = 2) -> np.ndarray:
+    """Runs graph g over rows [a, b) of each input for each (a, b) of `steps`, as one step at
+    positions a.. each (the program, and its state, kept between them); output's rows, stacked."""
+    n = max(b - a for a, b in steps)
+    prog = HostDevice(n_threads).bind(g, [Range(0, len(g.ops))], Shape(n, n, 64, 16))
+    out = []
+    try:
+        for a, b in steps:
+            for name, rows in inputs.items():
+                prog.write(name, 0, rows[a:b])
+            pos = np.arange(a, b, dtype=np.int32)
+            prog.run(0, StepData(np.zeros(b - a, np.int32), pos, np.arange(64, dtype=np.int32), b - a))
+            out.append(np.array(prog.read(output, 0, b - a)))
+    finally:
+        prog.close()
+    return np.concatenate(out)
+
+
+def conv_numpy(x: np.ndarray, w: np.ndarray, bias) -> np.ndarray:
+    taps = w.shape[1]
+    padded = np.concatenate([np.zeros((taps - 1, x.shape[1])), x.astype(np.float64)])
+    return sum(w[:, j] * padded[j:j + len(x)] for j in range(taps)) + (0 if bias is None else bias)
+
+
+def scan_numpy(xbc, dt, a, d, dt_bias, H, P, G, N) -> np.ndarray:
+    """The selective scan in float64, token by token (Mamba 2: a per head; Mamba 1: per head and state)."""
+    T = len(xbc)
+    x, B, C = xbc[:, :H * P].reshape(T, H, P), xbc[:, H * P:H * P + G * N], xbc[:, H * P + G * N:]
+    B, C = B.reshape(T, G, N).astype(np.float64), C.reshape(T, G, N).astype(np.float64)
+    dtv = dt.astype(np.float64) + (0 if dt_bias is None else dt_bias)
+    dtv = np.where(dtv > 20, dtv, np.log1p(np.exp(np.minimum(dtv, 20))))
+    grp = np.arange(H) // (H // G)
+    A = np.asarray(a, np.float64).reshape(H, -1)       # [H, 1] or [H, N]
+    s = np.zeros((H, P, N))
+    y = np.empty((T, H, P))
+    for t in range(T):
+        s = s * np.exp(dtv[t][:, None] * A)[:, None, :] + (dtv[t][:, None] * x[t])[:, :, None] * B[t][grp][:, None, :]
+        y[t] = np.einsum("hpn,hn->hp", s, C[t][grp]) + d[:, None] * x[t]
+    return y.reshape(T, H * P)
+
+
+# a few steps of one sequence, then a new one from position 0 (the state must start again)
+STEPS = [(0, 5), (5, 6), (6, 7), (7, 19)]
+
+
+@pytest.mark.parametrize("channels,taps,with_bias", [(77, 4, True), (64, 2, False), (5, 7, True)])
+def test_ssm_conv_carries_its_state_across_steps(channels, taps, with_bias):
+    """OP_SSM_CONV over steps of 5, 1, 1 and 12 rows equals the causal convolution of the whole
+    sequence (the state holds the last taps - 1 inputs; steps shorter than that included), and a
+    second sequence from position 0 is not mixed with the first one's state."""
+    rng = np.random.default_rng(channels)
+    x = rng.standard_normal((19, channels)).astype(np.float32)
+    w = rng.standard_normal((channels, taps)).astype(np.float32)
+    bias = rng.standard_normal(channels).astype(np.float32) if with_bias else None
+    g = Graph()
+    g.ssm_conv(g.buffer("x", channels), w, bias, "out")
+    got = run_steps(g, {"x": np.concatenate([x, x[:6]])}, STEPS + [(19, 22), (22, 25)], "out")
+    want = conv_numpy(x, w, bias)
+    np.testing.assert_allclose(got[:19], want, rtol=1e-5, atol=1e-5)
+    # rows 19.. are positions 19.. of the same program: the sequence goes on, not a fresh one
+    np.testing.assert_allclose(got[19:], conv_numpy(np.concatenate([x, x[:6]]), w, bias)[19:], rtol=1e-5, atol=1e-5)
+
+
+def test_ssm_conv_restarts_at_position_zero():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((12, 40)).astype(np.float32)
+    w = rng.standard_normal((40, 4)).astype(np.float32)
+    g = Graph()
+    g.ssm_conv(g.buffer("x", 40), w, None, "out")
+    prog = HostDevice(2).bind(g, [Range(0, 1)], Shape(12, 12, 4, 16))
+    table = np.arange(4, dtype=np.int32)
+    try:
+        outs = []
+        for rows in (x, x[6:]):   # a second sequence of the last 6 rows, from position 0
+            prog.write("x", 0, rows)
+            prog.run(0, StepData(np.zeros(len(rows), np.int32), np.arange(len(rows), dtype=np.int32), table, 1))
+            outs.append(np.array(prog.read("out", 0, len(rows))))
+    finally:
+        prog.close()
+    np.testing.assert_allclose(outs[1], conv_numpy(x[6:], w, None), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("lvl", LEVELS)
+@pytest.mark.parametrize("case", ["mamba2", "mamba2-groups", "mamba1", "no-bias"])
+def test_ssm_scan_against_numpy(level, lvl, case):
+    """OP_SSM_SCAN at every ISA level against a float64 scan, over the steps of STEPS: heads of
+    odd widths, a state size no multiple of 8 (the dispatched dot product's tail), dt past
+    softplus's threshold of 20, groups of B and C shared by heads, and Mamba 1's decay per state."""
+    lib.pyllm_set_level(lvl)
+    H, P, G, N = {"mamba2": (4, 5, 1, 19), "mamba2-groups": (6, 3, 3, 16), "mamba1": (7, 1, 1, 9),
+                  "no-bias": (2, 8, 2, 33)}[case]
+    rng = np.random.default_rng(len(case))
+    T = 19
+    xbc = rng.standard_normal((T, H * P + 2 * G * N)).astype(np.float32)
+    dt = rng.uniform(-3, 2, (T, H)).astype(np.float32)
+    dt[3, 0] = 25.0   # softplus(x) = x above 20
+    a = -np.exp(rng.uniform(0, 2, H * (N if case == "mamba1" else 1))).astype(np.float32)
+    d = rng.standard_normal(H).astype(np.float32)
+    dt_bias = None if case == "no-bias" else rng.uniform(-1, 1, H).astype(np.float32)
+    g = Graph()
+    g.ssm_scan(g.buffer("xbc", xbc.shape[1]), g.buffer("dt", H), a, d, dt_bias, H, P, G, N, "y")
+    got = run_steps(g, {"xbc": xbc, "dt": dt}, STEPS, "y")
+    want = scan_numpy(xbc, dt, a, d, dt_bias, H, P, G, N)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+
+
+def test_rmsnorm_with_a_weight_per_group():
+    """OPF_GROUP_WEIGHTS: each group's RMSNorm with its own slice of a row-wide weight (Mamba 2's norm)."""
+    from test_forward import run_ops
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 4 * 24)).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, 4 * 24).astype(np.float32)
+    g = Graph()
+    g.rmsnorm(g.buffer("x", 96), w, 1e-5, "out", groups=4)
+    got = run_ops(g, {"x": x}, 3, "out")
+    xg = x.reshape(3, 4, 24).astype(np.float64)
+    want = (xg / np.sqrt((xg ** 2).mean(2, keepdims=True) + 1e-5)).reshape(3, 96) * w
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_recurrent_step_needs_consecutive_positions():
+    g = Graph()
+    g.ssm_conv(g.buffer("x", 16), np.ones((16, 4), np.float32), None, "out")
+    prog = HostDevice(1).bind(g, [Range(0, 1)], Shape(4, 4, 4, 16))
+    try:
+        with pytest.raises(InvalidArgumentError, match="consecutive positions"):
+            prog.run(0, StepData(np.zeros(3, np.int32), np.array([4, 5, 7], np.int32), np.arange(4, dtype=np.int32), 1))
+    finally:
+        prog.close()
+
+
+# -- a model with a state, through the engine ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    from pyllm import Model
+    path = synth.write_granitehybrid(tmp_path_factory.mktemp("ssm") / "gh.gguf", QT.Q8_0)
+    with Model(str(path), n_ctx=256, n_batch=32, n_threads=2, n_gpu_layers=0) as m:
+        yield m
+
+
+def fresh_logits(model, tokens) -> np.ndarray:
+    return model.engine.logits(tokens)[-1]
+
+
+def test_engine_reuses_a_recurrent_prefix_only_whole(hybrid):
+    """A recurrent model keeps what a sequence ran only when the next prompt extends all of it
+    (the next chat turn); a prompt that diverges runs again from position 0. Both give the
+    logits of a fresh context."""
+    eng = hybrid.engine
+    rng = np.random.default_rng(0)
+    base = [int(t) for t in rng.integers(1, 500, 50)]
+    seq = eng.new_sequence()
+    logits, reused = eng.prefill(seq, base)
+    assert reused == 0
+    longer = base + [7, 8, 9]
+    logits, reused = eng.prefill(seq, longer)
+    assert reused == len(base)
+    np.testing.assert_allclose(logits, fresh_logits(hybrid, longer), rtol=1e-4, atol=1e-4)
+    diverged = base[:30] + [11, 12]
+    seq_logits, reused = eng.prefill(seq, diverged)
+    assert reused == 0   # a state cannot go back to position 30
+    np.testing.assert_allclose(seq_logits, fresh_logits(hybrid, diverged), rtol=1e-4, atol=1e-4)
+    seq.release()
+
+
+def test_engine_runs_a_sequence_again_when_another_took_the_state(hybrid):
+    """Two sequences taking turns on one model: each step of one after the other ran recomputes
+    its tokens from position 0, so decoding either still gives a fresh context's logits."""
+    eng = hybrid.engine
+    a, b = eng.new_sequence(), eng.new_sequence()
+    ta, tb = [5, 6, 7, 8, 9], [40, 41, 42]
+    eng.prefill(a, ta)
+    eng.prefill(b, tb)
+    got = eng._run(a, [10])[-1].copy()   # a's next token, after b moved the state on
+    assert len(a) == len(ta) + 1 and a.owns_state and not b.owns_state
+    np.testing.assert_allclose(got, fresh_logits(hybrid, ta + [10]), rtol=1e-4, atol=1e-4)
+    _, reused = eng.prefill(b, tb + [43])
+    assert reused == 0
+    a.release()
+    b.release()
+
+
+def test_chat_turns_on_a_hybrid_model_reuse_the_state(hybrid):
+    """Generating twice where the second prompt extends the first's text + reply: the second
+    prefill reuses everything the first ran."""
+    from pyllm.sampling import Sampler
+    eng = hybrid.engine
+    seq = eng.new_sequence()
+    prompt = [3, 4, 5, 6]
+    c = eng.generate(seq, prompt, 5, Sampler(temperature=0.0), stop_ids=set()).run()
+    assert c.finish_reason == "length"
+    ran = len(seq)
+    c2 = eng.generate(seq, prompt + c.tokens + [9, 9], 2, Sampler(temperature=0.0), stop_ids=set()).run()
+    assert c2.metrics.reused_tokens == ran
+    seq.release()
