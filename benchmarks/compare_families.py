@@ -86,6 +86,7 @@ FAMILIES = {
     "granitehybrid": ("granitehybrid", {}),                        # Mamba 2 layers 0, 1, 3; attention 2
     "granitehybrid-groups": ("granitehybrid", {"ssm": {"groups": 2, "heads": 16}, "rope": True}),
     "granitehybrid-moe": ("granitehybrid", {"experts": 8}),        # + experts and a shared expert
+    "nemotron_h": ("nemotron_h", {}),                              # one branch per layer: Mamba 2, attention, FFN
     "qwen2moe": ("qwen2moe", {}),                                  # + a sigmoid-gated shared expert
     "glm4": ("glm4", {}),                                          # pre and post norms, fused qkv + bias, half RoPE
     "glm4-split": ("glm4", {"fused_qkv": False}),

@@ -83,12 +83,13 @@ METADATA_KINDS = {
 }
 # "{architecture}.KEY", checked when read (a family pyllm does not run may use a key differently)
 ARCH_KINDS = {
-    **dict.fromkeys(("block_count", "context_length", "embedding_length", "feed_forward_length",
+    **dict.fromkeys(("block_count", "context_length", "embedding_length",
                      "vocab_size", "attention.head_count", "attention.key_length",
                      "attention.value_length", "attention.sliding_window", "rope.dimension_count",
                      "rope.scaling.original_context_length", "expert_count", "expert_used_count",
                      "expert_feed_forward_length", "expert_shared_feed_forward_length",
-                     "leading_dense_block_count", "interleave_moe_layer_step"), _COUNT),
+                     "leading_dense_block_count", "interleave_moe_layer_step", "ssm.conv_kernel",
+                     "ssm.inner_size", "ssm.state_size", "ssm.time_step_rank", "ssm.group_count"), _COUNT),
     **dict.fromkeys(("attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon", "rope.freq_base", "rope.freq_base_swa",
                      "rope.scaling.factor", "rope.scale_linear", "rope.scaling.attn_factor",
                      "rope.scaling.yarn_ext_factor", "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow",
@@ -102,6 +103,7 @@ ARCH_KINDS = {
     "attention.temperature_length": _COUNT,
     "attention.sliding_window_pattern": _COUNT_OR_FLAGS,
     "attention.head_count_kv": _COUNT_OR_COUNTS,
+    "feed_forward_length": _COUNT_OR_COUNTS,
     "shortconv.l_cache": _COUNT,
 }
 

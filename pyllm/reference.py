@@ -329,7 +329,9 @@ class Reference:
             F = L.ffn
             router_x = x if isinstance(F, Moe) and F.router_on_input else None   # SmallThinker
             h = self._norm(x, L.attn_norm, L.attn_norm_b)
-            if isinstance(L.attn, ShortConv):
+            if L.attn is None:   # a layer of its FFN alone (Nemotron-H)
+                o = None
+            elif isinstance(L.attn, ShortConv):
                 o = self._short_conv(h, L.attn)
             elif isinstance(L.attn, Ssm):
                 o = self._ssm(h, L.attn)
@@ -337,10 +339,13 @@ class Reference:
                 o = self._latent_attention(h, L.attn, i)
             else:
                 o = self._attention(h, L.attn, i)
-            if L.post_attn_norm is not None:
+            if o is not None and L.post_attn_norm is not None:
                 o = rmsnorm(o, L.post_attn_norm, hp.eps)
             if not L.parallel:   # parallel: the FFN reads the attention's h, or its own norm of x
-                x = x + o * np.float32(a.residual_scale)
+                if o is not None:
+                    x = x + o * np.float32(a.residual_scale)
+                if F is None:   # a layer of its mixer alone
+                    continue
                 h = self._norm(x, L.ffn_norm, L.ffn_norm_b)
             elif L.ffn_norm is not None:
                 h = self._norm(x, L.ffn_norm, L.ffn_norm_b)

@@ -112,6 +112,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 n_ff_exp: Optional[int] = None, shared_expert: int = 0, shared_gate: bool = False,
                 mla: Optional[dict] = None, keys: Optional[dict] = None, extra_tensors: Optional[dict] = None,
                 context_length: int = 512, ssm_layers: tuple = (), ssm: Optional[dict] = None,
+                mlp_layers: tuple = (),
                 drop_tensor: Optional[str] = None, bad_shape: Optional[str] = None) -> str:
     """A tiny decoder of family `arch`, every matrix in `qtype`, tensors named
     as llama.cpp expects:
@@ -144,6 +145,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
       ssm_layers  layers with a Mamba 2 mixer (ssm_{in,conv1d,dt,a,d,norm,out}) in place of attention,
                   head_count_kv then a list with 0 for them; ssm: its sizes {"d_inner" (2 n_embd),
                   "d_state" (16), "heads" (8), "groups" (1), "d_conv" (4)}, written as the ssm.* keys
+      mlp_layers  one branch per layer (Nemotron-H): these layers an FFN alone (attn_norm its norm),
+                  the others a mixer alone; feed_forward_length a list, 0 for the mixers
       extra_tensors more float32 tensors by name (present in the file, not used)
       keys        extra metadata: {"sliding_window": 8, ...} -> writer.add_<name>(value);
                   a dotted name ("rope.scaling.x") is written as the key {arch}.<name> (uint32 or float32)
@@ -155,9 +158,9 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
     w.add_block_count(n_layer)
     w.add_context_length(context_length)
     w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
+    w.add_feed_forward_length([n_ff if i in mlp_layers else 0 for i in range(n_layer)] if mlp_layers else n_ff)
     w.add_head_count(n_head)
-    mixers = set(conv_layers) | set(ssm_layers)
+    mixers = set(conv_layers) | set(ssm_layers) | set(mlp_layers)
     w.add_head_count_kv([0 if i in mixers else n_head_kv for i in range(n_layer)] if mixers else n_head_kv)
     if ssm_layers:
         ssm = {"d_inner": 2 * n_embd, "d_state": 16, "heads": 8, "groups": 1, "d_conv": 4, **(ssm or {})}
@@ -248,7 +251,9 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
             norms(p + "attn_norm", n_embd)
         for name in extra_norms:
             norms(p + name, n_embd)
-        if i in ssm_layers:
+        if i in mlp_layers:
+            pass
+        elif i in ssm_layers:
             d_inner, heads, groups, d_state = ssm["d_inner"], ssm["heads"], ssm["groups"], ssm["d_state"]
             channels = d_inner + 2 * groups * d_state
             add(p + "ssm_in.weight", weight(qtype, n_embd, d_inner + channels + heads, rng))
@@ -306,7 +311,9 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 add(p + "attn_sinks.weight", (rng.standard_normal(n_head).astype(np.float32), None))
         if post_norms:
             add(p + "post_attention_norm.weight", norm(n_embd))
-        if pre_norms and ffn_norm:
+        if mlp_layers and i not in mlp_layers:
+            continue   # a mixer alone
+        if pre_norms and ffn_norm and not mlp_layers:
             norms(p + (ffn_norm if isinstance(ffn_norm, str) else "ffn_norm"), n_embd)
         moe = experts and i not in dense_layers
         if moe:
@@ -583,6 +590,17 @@ def write_granitehybrid(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_granite(path, qtype, arch="granitehybrid", **kw)
 
 
+def write_nemotron_h(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """Nemotron-H: 6 single-branch layers, Mamba 2 (8 heads of 64, 2 groups) in 0 and 3,
+    attention (no RoPE) in 2, the ungated relu^2 FFN in 1, 4 and 5."""
+    kw.setdefault("n_layer", 6)
+    kw.setdefault("ssm_layers", (0, 3))
+    kw.setdefault("mlp_layers", (1, 4, 5))
+    kw.setdefault("ssm", {"groups": 2})
+    keys = {"layer_norm_eps": 1e-5, **kw.pop("keys", {})}   # llama.cpp requires it, and reads the RMS one
+    return write_model(path, "nemotron_h", qtype, gated=False, keys=keys, **kw)
+
+
 def write_lfm2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     """LFM2: 4 layers, 0, 1 and 3 short convolutions (3 taps), 2 attention with per-head q/k norms."""
     kw.setdefault("n_layer", 4)
@@ -814,7 +832,7 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "stablelm": write_stablelm, "command-r": write_command_r, "cohere2": write_cohere2,
            "ernie4_5": write_ernie4_5, "exaone": write_exaone, "exaone4": write_exaone4, "mixtral": write_mixtral,
            "qwen3moe": write_qwen3moe, "olmoe": write_olmoe, "granitemoe": write_granitemoe,
-           "granitehybrid": write_granitehybrid,
+           "granitehybrid": write_granitehybrid, "nemotron_h": write_nemotron_h,
            "qwen2moe": write_qwen2moe, "gpt-oss": write_gpt_oss, "glm4": write_glm4, "nemotron": write_nemotron,
            "arcee": write_arcee, "gptneox": write_gptneox, "falcon": write_falcon,
            "lfm2": write_lfm2, "lfm2moe": write_lfm2moe, "mistral3": write_mistral3, "ernie4_5-moe": write_ernie4_5_moe,

@@ -63,6 +63,7 @@ FAMILIES = {
     "granitehybrid": (synth.write_granitehybrid, {}),        # Mamba 2 mixers in layers 0, 1, 3
     "granitehybrid-groups": (synth.write_granitehybrid, {"ssm": {"groups": 2, "heads": 16}, "rope": True}),
     "granitehybrid-moe": (synth.write_granitehybrid, {"experts": 8}),
+    "nemotron_h": (synth.write_nemotron_h, {}),              # one branch a layer: Mamba 2, attention or FFN
     "qwen2moe": (synth.write_qwen2moe, {}),
     "glm4": (synth.write_glm4, {}),                          # pre and post norms, fused qkv + bias, half RoPE
     "nemotron": (synth.write_nemotron, {"biases": True}),    # LayerNorm + biases, relu^2, partial NEOX
@@ -727,7 +728,7 @@ def test_family_errors(tmp_path):
     with pytest.raises(UnsupportedModelError, match="phi3 with experts .phi3.expert_count = 4. is not supported"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="bloom")
-    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*afmoe, arcee, bailingmoe2, cohere2, command-r, deepseek2, dots1, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, gemma2, gemma3, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitehybrid, granitemoe, hunyuan-dense, hunyuan-moe, lfm2, lfm2moe, llama, llama4, mistral3, nemotron, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen3moe, qwen3vl, qwen3vlmoe, seed_oss, smallthinker, smollm3, stablelm, starcoder, starcoder2"):
+    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*afmoe, arcee, bailingmoe2, cohere2, command-r, deepseek2, dots1, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, gemma2, gemma3, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitehybrid, granitemoe, hunyuan-dense, hunyuan-moe, lfm2, lfm2moe, llama, llama4, mistral3, nemotron, nemotron_h, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen3moe, qwen3vl, qwen3vlmoe, seed_oss, smallthinker, smollm3, stablelm, starcoder, starcoder2"):
         load_architecture(ModelFile(p))
 
 

@@ -23,7 +23,7 @@ from .hunyuan import HunyuanDense, HunyuanMoe
 from .lfm2 import Lfm2, Lfm2Moe
 from .llama import Llama, Mistral3, SeedOss
 from .llama4 import Llama4
-from .nemotron import Arcee, Nemotron
+from .nemotron import Arcee, Nemotron, NemotronH
 from .olmo2 import Olmo2, Olmoe
 from .phi2 import Phi2
 from .phi3 import Phi3
@@ -60,6 +60,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "gpt-oss": GptOss,
     "glm4": Glm4,
     "nemotron": Nemotron,
+    "nemotron_h": NemotronH,
     "arcee": Arcee,
     "gptneox": GptNeoX,
     "falcon": Falcon,

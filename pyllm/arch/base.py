@@ -55,6 +55,7 @@ class HParams:
                                     # times YaRN's 1 + 0.1 ln(factor)
     rope_yarn: Optional[np.ndarray] = None   # YaRN: per-pair divisors, which replace rope_freq_scale
     kv_heads: Optional[list] = None          # per layer, where the file gives a list (0: no attention, LFM2)
+    ff_widths: Optional[list] = None         # per layer, where the file gives a list (0: no FFN, Nemotron-H)
 
     @classmethod
     def read(cls, mf: ModelFile, rope_scalings: tuple = ROPE_SCALINGS, layer_norm: bool = False,
@@ -63,7 +64,8 @@ class HParams:
         under attention.layer_norm_epsilon (RMSNorm's: layer_norm_rms_epsilon).
         experts: the family runs mixture-of-experts files (expert_count > 0).
         kv_per_layer: attention.head_count_kv may be a list, one count per layer,
-        0 for a layer without attention (LFM2's convolution layers).
+        0 for a layer without attention (LFM2's convolution layers), and so may
+        feed_forward_length (0: a layer without FFN; n_ff is then the widest).
         own_head_dims: the family reads its key and value head sizes itself (MLA: they
         differ, and the file's key_length is the latent's); head_dim is key_length here."""
         n_embd = int(mf.arch_require("embedding_length"))
@@ -80,6 +82,15 @@ class HParams:
                 raise ModelFileError(f"{mf.path}: head_count_kv has {len(kv_heads)} entries for {n_layer} "
                                      f"layers, or no layer with attention; the file is corrupt")
         n_head_kv = max(kv_heads) if kv_heads else int(kv)
+        ff = mf.arch_require("feed_forward_length")
+        ff_widths = [int(v) for v in ff] if isinstance(ff, (list, np.ndarray)) else None
+        if ff_widths is not None:
+            n_layer = int(mf.arch_require("block_count"))
+            if not kv_per_layer:
+                raise UnsupportedModelError(f"{mf.path}: {mf.architecture} with FFN widths per layer is not supported")
+            if len(ff_widths) != n_layer or min(ff_widths, default=-1) < 0:
+                raise ModelFileError(f"{mf.path}: feed_forward_length has {len(ff_widths)} entries for {n_layer} "
+                                     f"layers; the file is corrupt")
         if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
             raise ModelFileError(f"{mf.path}: {n_head} attention heads cannot share {n_head_kv} key/value heads")
         head_dim = int(mf.arch_get("attention.key_length", n_embd // n_head))
@@ -108,7 +119,7 @@ class HParams:
             n_head=n_head,
             n_head_kv=n_head_kv,
             head_dim=head_dim,
-            n_ff=int(mf.arch_require("feed_forward_length")),
+            n_ff=max(ff_widths) if ff_widths else int(ff),
             eps=float(mf.arch_get("attention.layer_norm_epsilon" if layer_norm else
                                   "attention.layer_norm_rms_epsilon", 1e-5)),
             n_ctx_train=int(mf.arch_get("context_length", 2048)),
@@ -118,6 +129,7 @@ class HParams:
             rope_scaling=scaling,
             rope_attn_factor=attn_factor,
             kv_heads=kv_heads,
+            ff_widths=ff_widths,
         )
         if scaling == "yarn":
             hp.read_yarn(mf)
@@ -163,6 +175,10 @@ class HParams:
             def mscale(a: float) -> float:
                 return 1.0 + 0.1 * a * math.log(1.0 / self.rope_freq_scale)
             self.rope_attn_factor *= mscale(1.0) / (mscale(log_mul) if log_mul else 1.0)
+
+    def layer_ff(self, i: int) -> int:
+        """Layer i's FFN width (0: the layer has none)."""
+        return self.ff_widths[i] if self.ff_widths else self.n_ff
 
     @property
     def q_dim(self) -> int:
@@ -408,9 +424,9 @@ class Layer:
     their norms' biases. Parallel: x += attn(h) + ffn(h), h = norm(x) (Phi-2); with
     an ffn_norm too, the FFN reads its own norm of the same x (GPT-NeoX, Falcon 40B)."""
     attn_norm: Optional[np.ndarray]
-    attn: Attn | ShortConv | Mla | Ssm
+    attn: Optional[Attn | ShortConv | Mla | Ssm]   # None: a layer of its FFN alone (Nemotron-H)
     ffn_norm: Optional[np.ndarray]
-    ffn: Ffn | Moe
+    ffn: Optional[Ffn | Moe]                        # None: a layer of its mixer alone
     post_attn_norm: Optional[np.ndarray] = None
     post_ffn_norm: Optional[np.ndarray] = None
     attn_norm_b: Optional[np.ndarray] = None
@@ -567,19 +583,19 @@ class Architecture:
     def ffn_weights(self, i: int) -> Ffn:
         """Layer i's FFN: ffn_gate + ffn_up, or one ffn_up of 2 n_ff rows [gate | up];
         for an ungated family, ffn_up alone."""
-        hp, p = self.hp, f"blk.{i}."
-        down = self.weight(p + "ffn_down.weight", hp.n_ff, hp.n_embd)
+        hp, p, n_ff = self.hp, f"blk.{i}.", self.hp.layer_ff(i)
+        down = self.weight(p + "ffn_down.weight", n_ff, hp.n_embd)
         b_down = self.optional_vector(p + "ffn_down.bias", hp.n_embd)
         if not self.gated:
-            return Ffn(w_up=self.weight(p + "ffn_up.weight", hp.n_embd, hp.n_ff), w_down=down,
-                       b_up=self.optional_vector(p + "ffn_up.bias", hp.n_ff), b_down=b_down, gated=False)
+            return Ffn(w_up=self.weight(p + "ffn_up.weight", hp.n_embd, n_ff), w_down=down,
+                       b_up=self.optional_vector(p + "ffn_up.bias", n_ff), b_down=b_down, gated=False)
         if not self.fused_ffn or self.mf.has_tensor(p + "ffn_gate.weight"):
-            return Ffn(w_up=self.weight(p + "ffn_up.weight", hp.n_embd, hp.n_ff), w_down=down,
-                       w_gate=self.weight(p + "ffn_gate.weight", hp.n_embd, hp.n_ff),
-                       b_up=self.optional_vector(p + "ffn_up.bias", hp.n_ff),
-                       b_gate=self.optional_vector(p + "ffn_gate.bias", hp.n_ff), b_down=b_down)
-        return Ffn(w_up=self.weight(p + "ffn_up.weight", hp.n_embd, 2 * hp.n_ff), w_down=down,
-                   b_up=self.optional_vector(p + "ffn_up.bias", 2 * hp.n_ff), b_down=b_down)
+            return Ffn(w_up=self.weight(p + "ffn_up.weight", hp.n_embd, n_ff), w_down=down,
+                       w_gate=self.weight(p + "ffn_gate.weight", hp.n_embd, n_ff),
+                       b_up=self.optional_vector(p + "ffn_up.bias", n_ff),
+                       b_gate=self.optional_vector(p + "ffn_gate.bias", n_ff), b_down=b_down)
+        return Ffn(w_up=self.weight(p + "ffn_up.weight", hp.n_embd, 2 * n_ff), w_down=down,
+                   b_up=self.optional_vector(p + "ffn_up.bias", 2 * n_ff), b_down=b_down)
 
     def ssm_weights(self, i: int) -> Ssm:
         """Layer i's Mamba 2 mixer, sized by the file's ssm.* keys (time_step_rank is the

@@ -9,12 +9,19 @@ Nemotron:
 with biases on every norm (the converter folds Nemotron's "1 +" into the weights).
 
 Arcee is the Llama block with that FFN: RMSNorm, adjacent-pair RoPE.
+
+Nemotron-H (`nemotron_h`: Nemotron-H 8B, Nemotron Nano 9B/12B v2) is a hybrid whose
+layers each have one branch, x += mixer(rmsnorm(x)), the mixer one of
+    a Mamba 2 mixer       head_count_kv and feed_forward_length 0 for the layer
+    attention             feed_forward_length 0 (GQA, no RoPE)
+    an FFN                Wdown relu(Wup h)^2
+as llama.cpp tells them apart.
 """
 from __future__ import annotations
 
-from ..graph import GLU_RELU_SQR, NORM_LAYER, NORM_RMS, ROPE_NEOX, ROPE_NORM
-from .base import Layer
-from .blocks import PreNormDecoder
+from ..graph import GLU_RELU_SQR, NORM_LAYER, NORM_RMS, ROPE_NEOX, ROPE_NORM, Graph
+from .base import Architecture, Layer, Rope
+from .blocks import PreNormDecoder, attention, embed, ffn, output_head
 
 
 class Nemotron(PreNormDecoder):
@@ -42,3 +49,37 @@ class Arcee(Nemotron):
     name = "arcee"
     rope_mode = ROPE_NORM
     norm = NORM_RMS
+
+
+class NemotronH(Architecture):
+    name = "nemotron_h"
+    glu = GLU_RELU_SQR
+    gated = False
+    kv_per_layer = True
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        hp = self.hp
+        self.read_ends()
+        kv_heads = hp.kv_heads or [hp.n_head_kv] * hp.n_layer
+        self.layers = []
+        for i in range(hp.n_layer):
+            norm = self.vector(f"blk.{i}.attn_norm.weight", hp.n_embd)
+            if hp.layer_ff(i):
+                self.layers.append(Layer(attn_norm=None, attn=None, ffn_norm=norm, ffn=self.ffn_weights(i)))
+            else:
+                mixer = self.attention_weights(i) if kv_heads[i] else self.ssm_weights(i)
+                self.layers.append(Layer(attn_norm=norm, attn=mixer, ffn_norm=None, ffn=None))
+
+    def layer_rope(self, i: int) -> Rope:
+        return super().layer_rope(i).off()
+
+    def build(self, g: Graph) -> None:
+        x = embed(g, self)
+        for i, L in enumerate(self.layers):
+            g.layer = i
+            if L.attn is not None:
+                attention(g, self, g.rmsnorm(x, L.attn_norm, self.hp.eps, "h"), L.attn, i, out=x)
+            else:
+                ffn(g, g.rmsnorm(x, L.ffn_norm, self.hp.eps, "h"), L.ffn, self.glu, out=x)
+        output_head(g, self, x)
