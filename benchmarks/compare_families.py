@@ -87,6 +87,7 @@ FAMILIES = {
     "granitehybrid-groups": ("granitehybrid", {"ssm": {"groups": 2, "heads": 16}, "rope": True}),
     "granitehybrid-moe": ("granitehybrid", {"experts": 8}),        # + experts and a shared expert
     "nemotron_h": ("nemotron_h", {}),                              # one branch per layer: Mamba 2, attention, FFN
+    "nemotron_h_moe": ("nemotron_h_moe", {}),                      # ungated relu^2 experts + shared expert
     "qwen2moe": ("qwen2moe", {}),                                  # + a sigmoid-gated shared expert
     "glm4": ("glm4", {}),                                          # pre and post norms, fused qkv + bias, half RoPE
     "glm4-split": ("glm4", {"fused_qkv": False}),

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from .arch import load_architecture
-from .arch.base import Attn, Mla, Moe, ShortConv
+from .arch.base import Attn, Mla, Moe, ShortConv, Ssm
 from .graph import GLU_GELU_TANH, GLU_RELU, GLU_RELU_SQR, GLU_SWIGLU_OAI, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX, Graph, act_row_bytes
 from .model_file import ModelFile
 
@@ -68,11 +68,12 @@ class ModelInfo:
     weight_bytes: int
     kv_bytes: int
     activation_bytes: int
+    state_bytes: int = 0      # recurrent layers' state (Mamba): a fixed size, whatever the context
     notes: list[str] = field(default_factory=list)
 
     @property
     def total_bytes(self) -> int:
-        return self.weight_bytes + self.kv_bytes + self.activation_bytes
+        return self.weight_bytes + self.kv_bytes + self.state_bytes + self.activation_bytes
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -122,7 +123,9 @@ class ModelInfo:
             ("chat template", "present" if self.chat_template else "none"),
             ("memory", f"{self.total_bytes / mib:.1f} MiB at {self.n_ctx} tokens: weights "
                        f"{self.weight_bytes / mib:.1f} MiB (mmapped from the file), KV cache "
-                       f"{self.kv_bytes / mib:.1f} MiB, activations {self.activation_bytes / mib:.1f} MiB"),
+                       f"{self.kv_bytes / mib:.1f} MiB, "
+                       + (f"recurrent state {self.state_bytes / mib:.1f} MiB, " if self.state_bytes else "")
+                       + f"activations {self.activation_bytes / mib:.1f} MiB"),
         ]
         rows += [("note", n) for n in self.notes]
         return "\n".join(f"{k:<14} {v}" for k, v in rows)
@@ -168,7 +171,12 @@ def describe_block(arch) -> str:
         if len(moe_layers) < len(arch.layers):   # dense leading or interleaved layers (DeepSeek, ERNIE)
             ffn += f" in layers {_ranges(moe_layers)}, dense elsewhere"
     else:
-        ffn = f"FFN {act}(gate) * up" if L.ffn.gated else f"FFN {act}(up), not gated"
+        F = next(x.ffn for x in arch.layers if x.ffn is not None)
+        ffn = f"FFN {act}(gate) * up" if F.gated else f"FFN {act}(up), not gated"
+    alone = [i for i, x in enumerate(arch.layers) if x.attn is None or x.ffn is None]
+    if alone:   # Nemotron-H
+        ffn += " (one branch per layer: the FFN in layers " + _ranges(
+            [i for i, x in enumerate(arch.layers) if x.attn is None]) + ")"
     qk = ""
     attn = next((x.attn for x in arch.layers if isinstance(x.attn, Attn)), None)
     if attn is not None and attn.q_norm is not None:
@@ -180,6 +188,12 @@ def describe_block(arch) -> str:
     if convs:   # LFM2
         qk += (f"; layers {_ranges(convs)}: a short convolution of {arch.layers[convs[0]].attn.conv.shape[1]} "
                f"taps in place of attention")
+    ssms = [i for i, x in enumerate(arch.layers) if isinstance(x.attn, Ssm)]
+    if ssms:   # Granite 4.0-H, Nemotron-H
+        m = arch.layers[ssms[0]].attn
+        qk += (f"; layers {_ranges(ssms)}: a Mamba 2 mixer in place of attention ({m.heads} heads of {m.head_dim}, "
+               f"a state of {m.d_state} per channel, {m.groups} group{'s' if m.groups > 1 else ''}, a convolution "
+               f"of {m.conv.shape[1]} taps)")
     return f"{where}; {ffn}{qk}"
 
 
@@ -227,6 +241,9 @@ def model_info(path: str, n_ctx: Optional[int] = None, n_batch: int = N_BATCH,
     notes = []
     if arch.name == "llama" and arch.window:
         notes.append("llama.cpp ignores llama.attention.sliding_window; pyllm applies it")
+    if g.states:
+        notes.append("recurrent layers: a prompt reuses the cache only when it extends all of the previous one "
+                     "(the next chat turn); otherwise it is computed again from the start")
     if arch.residual_scale != 1.0 or arch.logit_scale != 1.0:
         notes.append(f"embeddings x {arch.embed_scale:g}, each block's output x {arch.residual_scale:g} "
                      f"into the residual, logits x {arch.logit_scale:g}")
@@ -242,4 +259,5 @@ def model_info(path: str, n_ctx: Optional[int] = None, n_batch: int = N_BATCH,
         attn_softcap=arch.attn_softcap, final_softcap=arch.final_softcap, layer_groups=groups,
         vocab_type=VOCAB_TYPES.get(vocab_model, vocab_model or "none"), n_vocab=hp.n_vocab,
         chat_template=bool(mf.get("tokenizer.chat_template")),
-        file_bytes=mf.file_size, weight_bytes=mf.weight_bytes, kv_bytes=kv, activation_bytes=act, notes=notes)
+        file_bytes=mf.file_size, weight_bytes=mf.weight_bytes, kv_bytes=kv, activation_bytes=act,
+        state_bytes=4 * sum(g.states.values()), notes=notes)

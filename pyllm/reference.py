@@ -190,7 +190,8 @@ class Reference:
         if m.norm:
             weights = weights / weights.sum(axis=1, keepdims=True)
         weights = (weights * m.scale).astype(np.float32)
-        gate, up, down = self._experts(m.gate), self._experts(m.up), self._experts(m.down)
+        gate = None if m.gate is None else self._experts(m.gate)   # None: ungated, act(up x)
+        up, down = self._experts(m.up), self._experts(m.down)
 
         def bias(b, e):
             return 0.0 if b is None else b[e]
@@ -198,7 +199,8 @@ class Reference:
         for t in range(h.shape[0]):
             for j, e in enumerate(top[t]):
                 x = h[t] * weights[t, j] if m.weight_input else h[t]   # Llama 4 weighs the input
-                z = act(gate[e] @ x + bias(m.b_gate, e), up[e] @ x + bias(m.b_up, e))
+                u = up[e] @ x + bias(m.b_up, e)
+                z = act(u, np.float32(1.0)) if gate is None else act(gate[e] @ x + bias(m.b_gate, e), u)
                 out[t] += (1.0 if m.weight_input else weights[t, j]) * (down[e] @ z + bias(m.b_down, e))
         if m.shared is not None:
             s = self._ffn(h, m.shared, act)

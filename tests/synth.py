@@ -319,7 +319,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
         if moe:
             n_exp_ff = n_ff_exp or n_ff
             add(p + "ffn_gate_inp.weight", weight(QT.F32, n_embd, experts, rng, scale=1.0))
-            for name, n_in, n_out in (("gate", n_embd, n_exp_ff), ("up", n_embd, n_exp_ff), ("down", n_exp_ff, n_embd)):
+            for name, n_in, n_out in ((("gate", n_embd, n_exp_ff),) if gated else ()) + (
+                    ("up", n_embd, n_exp_ff), ("down", n_exp_ff, n_embd)):
                 arr, raw = weight(qtype, n_in, n_out * experts, rng)
                 add(p + f"ffn_{name}_exps.weight", (arr.reshape(experts, n_out, -1), raw))
                 if expert_biases:
@@ -329,7 +330,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
             if select_bias:   # on the softmax's scale: enough to change some choices
                 add(p + "exp_probs_b.bias", ((0.2 * rng.random(experts)).astype(np.float32), None))
             if shared_expert:
-                add(p + "ffn_gate_shexp.weight", weight(qtype, n_embd, shared_expert, rng))
+                if gated:
+                    add(p + "ffn_gate_shexp.weight", weight(qtype, n_embd, shared_expert, rng))
                 add(p + "ffn_up_shexp.weight", weight(qtype, n_embd, shared_expert, rng))
                 add(p + "ffn_down_shexp.weight", weight(qtype, shared_expert, n_embd, rng))
             if shared_gate:
@@ -598,7 +600,17 @@ def write_nemotron_h(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     kw.setdefault("mlp_layers", (1, 4, 5))
     kw.setdefault("ssm", {"groups": 2})
     keys = {"layer_norm_eps": 1e-5, **kw.pop("keys", {})}   # llama.cpp requires it, and reads the RMS one
-    return write_model(path, "nemotron_h", qtype, gated=False, keys=keys, **kw)
+    return write_model(path, kw.pop("arch", "nemotron_h"), qtype, gated=False, keys=keys, **kw)
+
+
+def write_nemotron_h_moe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """Nemotron 3 Nano's layout: Nemotron-H's layers with 8 ungated relu^2 experts of 256 (4
+    chosen by sigmoid + exp_probs_b, renormalized, x 2.5) and an ungated shared expert of 512
+    in place of each FFN."""
+    moe_defaults(kw, experts=8, dense=())
+    kw.setdefault("shared_expert", 512)
+    keys = {"expert_weights_norm": True, "expert_weights_scale": 2.5, **kw.pop("keys", {})}
+    return write_nemotron_h(path, qtype, arch="nemotron_h_moe", select_bias=True, keys=keys, **kw)
 
 
 def write_lfm2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
@@ -833,6 +845,7 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "ernie4_5": write_ernie4_5, "exaone": write_exaone, "exaone4": write_exaone4, "mixtral": write_mixtral,
            "qwen3moe": write_qwen3moe, "olmoe": write_olmoe, "granitemoe": write_granitemoe,
            "granitehybrid": write_granitehybrid, "nemotron_h": write_nemotron_h,
+           "nemotron_h_moe": write_nemotron_h_moe,
            "qwen2moe": write_qwen2moe, "gpt-oss": write_gpt_oss, "glm4": write_glm4, "nemotron": write_nemotron,
            "arcee": write_arcee, "gptneox": write_gptneox, "falcon": write_falcon,
            "lfm2": write_lfm2, "lfm2moe": write_lfm2moe, "mistral3": write_mistral3, "ernie4_5-moe": write_ernie4_5_moe,

@@ -64,6 +64,7 @@ FAMILIES = {
     "granitehybrid-groups": (synth.write_granitehybrid, {"ssm": {"groups": 2, "heads": 16}, "rope": True}),
     "granitehybrid-moe": (synth.write_granitehybrid, {"experts": 8}),
     "nemotron_h": (synth.write_nemotron_h, {}),              # one branch a layer: Mamba 2, attention or FFN
+    "nemotron_h_moe": (synth.write_nemotron_h_moe, {}),      # ungated relu^2 experts, sigmoid routes
     "qwen2moe": (synth.write_qwen2moe, {}),
     "glm4": (synth.write_glm4, {}),                          # pre and post norms, fused qkv + bias, half RoPE
     "nemotron": (synth.write_nemotron, {"biases": True}),    # LayerNorm + biases, relu^2, partial NEOX
@@ -147,7 +148,13 @@ def build_ctx(path, n_ctx):
 # 0-2 (one expert choice flipped early changes everything after), while Q4_K stayed at 1.0. Its
 # quantized files are compared with llama.cpp instead (benchmarks/compare_families.py: both
 # engines as far from the reference); here F32 and Q4_K only.
-FAMILY_TYPES = {"smallthinker": (QT.F32, QT.Q4_K), "smallthinker-nowindow": (QT.F32, QT.Q4_K)}
+# Nemotron 3 Nano's layout (nemotron_h_moe): relu^2 experts after Mamba 2 layers sit ~2% from the
+# reference per position at Q8_0 (the dense nemotron_h too), and a flipped expert choice jumps
+# 7-54% there; positions within 3% over seeds 0-2: Q8_0 0.625/0.5/0.7, MXFP4 0.6/0.625/0.575,
+# IQ4_NL 1.0/0.975/1.0, Q4_K 1.0 each. On llama.cpp's own Q8_0 file of seed 0 pyllm and llama.cpp
+# are 13.1% and 14.3% from the reference (benchmarks/compare_families.py): F32, Q4_K and IQ4_NL here.
+FAMILY_TYPES = {"smallthinker": (QT.F32, QT.Q4_K), "smallthinker-nowindow": (QT.F32, QT.Q4_K),
+                "nemotron_h_moe": (QT.F32, QT.Q4_K, QT.IQ4_NL)}
 
 
 @pytest.mark.parametrize("family,qtype", [(f, t) for f in FAMILIES for t in FAMILY_TYPES.get(f, TYPES)],
@@ -728,7 +735,7 @@ def test_family_errors(tmp_path):
     with pytest.raises(UnsupportedModelError, match="phi3 with experts .phi3.expert_count = 4. is not supported"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="bloom")
-    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*afmoe, arcee, bailingmoe2, cohere2, command-r, deepseek2, dots1, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, gemma2, gemma3, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitehybrid, granitemoe, hunyuan-dense, hunyuan-moe, lfm2, lfm2moe, llama, llama4, mistral3, nemotron, nemotron_h, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen3moe, qwen3vl, qwen3vlmoe, seed_oss, smallthinker, smollm3, stablelm, starcoder, starcoder2"):
+    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*afmoe, arcee, bailingmoe2, cohere2, command-r, deepseek2, dots1, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, gemma2, gemma3, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitehybrid, granitemoe, hunyuan-dense, hunyuan-moe, lfm2, lfm2moe, llama, llama4, mistral3, nemotron, nemotron_h, nemotron_h_moe, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen3moe, qwen3vl, qwen3vlmoe, seed_oss, smallthinker, smollm3, stablelm, starcoder, starcoder2"):
         load_architecture(ModelFile(p))
 
 

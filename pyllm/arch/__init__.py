@@ -23,7 +23,7 @@ from .hunyuan import HunyuanDense, HunyuanMoe
 from .lfm2 import Lfm2, Lfm2Moe
 from .llama import Llama, Mistral3, SeedOss
 from .llama4 import Llama4
-from .nemotron import Arcee, Nemotron, NemotronH
+from .nemotron import Arcee, Nemotron, NemotronH, NemotronHMoe
 from .olmo2 import Olmo2, Olmoe
 from .phi2 import Phi2
 from .phi3 import Phi3
@@ -61,6 +61,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "glm4": Glm4,
     "nemotron": Nemotron,
     "nemotron_h": NemotronH,
+    "nemotron_h_moe": NemotronHMoe,
     "arcee": Arcee,
     "gptneox": GptNeoX,
     "falcon": Falcon,

@@ -393,7 +393,7 @@ class Moe:
     FFN with 3-D weights (n_in, n_out, n_experts); their outputs are summed
     with the chosen gate values as weights (divided by their sum if `norm`)."""
     router: Tensor
-    gate: Tensor
+    gate: Optional[Tensor]                # None: ungated experts, Wdown_e act(Wup_e h) (Nemotron-H)
     up: Tensor
     down: Tensor
     k: int
@@ -413,7 +413,7 @@ class Moe:
 
     @property
     def n_experts(self) -> int:
-        return self.gate.shape[2]
+        return self.up.shape[2]
 
 
 @dataclass
@@ -646,7 +646,8 @@ class Architecture:
             raise ModelFileError(f"{mf.path}: {mf.architecture}.expert_used_count = {k} is not in 1..{n_experts}")
         n_ff = self.expert_width(k)
         return Moe(router=self.weight(p + "ffn_gate_inp.weight", hp.n_embd, n_experts),
-                   gate=self.expert_weights(p + "ffn_gate_exps.weight", hp.n_embd, n_ff, n_experts),
+                   gate=(self.expert_weights(p + "ffn_gate_exps.weight", hp.n_embd, n_ff, n_experts)
+                         if self.gated else None),
                    up=self.expert_weights(p + "ffn_up_exps.weight", hp.n_embd, n_ff, n_experts),
                    down=self.expert_weights(p + "ffn_down_exps.weight", n_ff, hp.n_embd, n_experts),
                    k=k, norm=self.moe_norm, shared=self.shared_expert(i),
@@ -676,8 +677,8 @@ class Architecture:
         """Layer i's shared expert ffn_{gate,up,down}_shexp, n wide."""
         hp, p = self.hp, f"blk.{i}."
         return Ffn(w_up=self.weight(p + "ffn_up_shexp.weight", hp.n_embd, n),
-                   w_gate=self.weight(p + "ffn_gate_shexp.weight", hp.n_embd, n),
-                   w_down=self.weight(p + "ffn_down_shexp.weight", n, hp.n_embd))
+                   w_gate=self.weight(p + "ffn_gate_shexp.weight", hp.n_embd, n) if self.gated else None,
+                   w_down=self.weight(p + "ffn_down_shexp.weight", n, hp.n_embd), gated=self.gated)
 
     # -- per-layer settings ----------------------------------------------------------
     def layer_rope(self, i: int) -> Rope:

@@ -91,7 +91,7 @@ def attention(g: Graph, arch: Architecture, h: View, a: Attn | ShortConv | Ssm, 
 def moe_ffn(g: Graph, h: View, m: Moe, kind: int, out: str | View, accumulate: bool = True,
             logits: Optional[View] = None) -> View:
     """out (+)= sum over the k experts e the router picks of w_e Wdown_e (act(Wgate_e h) * Wup_e h)
-    (with weight_input, one expert's Wdown_e (act(Wgate_e w_e h) * Wup_e w_e h)), plus the shared
+    (ungated: Wdown_e act(Wup_e h); with weight_input, one expert's Wdown_e (act(Wgate_e w_e h) * Wup_e w_e h)), plus the shared
     expert's FFN, times sigmoid(Wg h) where it is gated (biases where given). logits: the
     router's, made earlier from another input (router_on_input)."""
     if logits is None:
@@ -99,8 +99,12 @@ def moe_ffn(g: Graph, h: View, m: Moe, kind: int, out: str | View, accumulate: b
     route = g.moe_route(logits, m.k, m.gating | (MOE_NORM if m.norm else 0), "route", scale=m.scale,
                         select_bias=m.b_select, groups=m.groups)
     x = g.moe_sum(h, route, 1, "moe_in") if m.weight_input else h   # w_e h (Llama 4: k = 1)
-    gate = g.linear_id(x, m.gate, route, m.k, "gate_e", bias=m.b_gate)
-    act = g.glu(gate, g.linear_id(x, m.up, route, m.k, "up_e", bias=m.b_up), kind, gate)
+    up = g.linear_id(x, m.up, route, m.k, "up_e", bias=m.b_up)
+    if m.gate is None:   # ungated experts: act(Wup_e x)
+        act = g.act(up, kind, up)
+    else:
+        gate = g.linear_id(x, m.gate, route, m.k, "gate_e", bias=m.b_gate)
+        act = g.glu(gate, up, kind, gate)
     down = g.linear_id(act, m.down, route, m.k, "down_e", slot_input=True, bias=m.b_down)
     if m.weight_input:
         y = g.add(down, out) if accumulate else down

@@ -15,11 +15,14 @@ layers each have one branch, x += mixer(rmsnorm(x)), the mixer one of
     a Mamba 2 mixer       head_count_kv and feed_forward_length 0 for the layer
     attention             feed_forward_length 0 (GQA, no RoPE)
     an FFN                Wdown relu(Wup h)^2
-as llama.cpp tells them apart.
+as llama.cpp tells them apart. `nemotron_h_moe` (Nemotron 3 Nano 30B-A3B) has experts
+in place of the FFN: ungated relu^2 experts chosen by the router's sigmoids (+ exp_probs_b
+to choose), renormalized and scaled as the file says, plus an ungated shared expert.
 """
 from __future__ import annotations
 
-from ..graph import GLU_RELU_SQR, NORM_LAYER, NORM_RMS, ROPE_NEOX, ROPE_NORM, Graph
+from ..errors import UnsupportedModelError
+from ..graph import GLU_RELU_SQR, MOE_SIGMOID, NORM_LAYER, NORM_RMS, ROPE_NEOX, ROPE_NORM, Graph
 from .base import Architecture, Layer, Rope
 from .blocks import PreNormDecoder, attention, embed, ffn, output_head
 
@@ -66,10 +69,13 @@ class NemotronH(Architecture):
         for i in range(hp.n_layer):
             norm = self.vector(f"blk.{i}.attn_norm.weight", hp.n_embd)
             if hp.layer_ff(i):
-                self.layers.append(Layer(attn_norm=None, attn=None, ffn_norm=norm, ffn=self.ffn_weights(i)))
+                self.layers.append(Layer(attn_norm=None, attn=None, ffn_norm=norm, ffn=self.ffn_of(i)))
             else:
                 mixer = self.attention_weights(i) if kv_heads[i] else self.ssm_weights(i)
                 self.layers.append(Layer(attn_norm=norm, attn=mixer, ffn_norm=None, ffn=None))
+
+    def ffn_of(self, i: int):
+        return self.ffn_weights(i)
 
     def layer_rope(self, i: int) -> Rope:
         return super().layer_rope(i).off()
@@ -83,3 +89,27 @@ class NemotronH(Architecture):
             else:
                 ffn(g, g.rmsnorm(x, L.ffn_norm, self.hp.eps, "h"), L.ffn, self.glu, out=x)
         output_head(g, self, x)
+
+
+class NemotronHMoe(NemotronH):
+    name = "nemotron_h_moe"
+    experts = "required"
+
+    def ffn_of(self, i: int):
+        mf = self.mf
+        self.refuse_tensor(f"blk.{i}.ffn_latent_down.weight", "experts in a latent space (Nemotron 3 Super)")
+        m = self.moe_weights(i)
+        m.gating = MOE_SIGMOID
+        m.norm = bool(mf.arch_get("expert_weights_norm", False))
+        m.scale = float(mf.arch_get("expert_weights_scale", 0.0) or 1.0)
+        return m
+
+    def expert_width(self, k: int) -> int:
+        return int(self.mf.arch_get("expert_feed_forward_length", 0) or 0) or self.hp.n_ff // k
+
+    def shared_expert(self, i: int):
+        n = int(self.mf.arch_get("expert_shared_feed_forward_length", 0) or 0)
+        if n <= 0:
+            raise UnsupportedModelError(f"{self.mf.path}: nemotron_h_moe without a shared expert width "
+                                        f"(expert_shared_feed_forward_length) is not supported")
+        return self.shared_ffn(i, n)
