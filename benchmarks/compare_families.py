@@ -88,6 +88,8 @@ FAMILIES = {
     "granitehybrid-moe": ("granitehybrid", {"experts": 8}),        # + experts and a shared expert
     "nemotron_h": ("nemotron_h", {}),                              # one branch per layer: Mamba 2, attention, FFN
     "nemotron_h_moe": ("nemotron_h_moe", {}),                      # ungated relu^2 experts + shared expert
+    "mamba2": ("mamba2", {}),                                      # Mamba 2 mixers alone
+    "mamba2-groups": ("mamba2", {"ssm": {"groups": 4, "heads": 16, "d_state": 64}}),
     "qwen2moe": ("qwen2moe", {}),                                  # + a sigmoid-gated shared expert
     "glm4": ("glm4", {}),                                          # pre and post norms, fused qkv + bias, half RoPE
     "glm4-split": ("glm4", {"fused_qkv": False}),

@@ -80,22 +80,31 @@ class ModelInfo:
         d["total_bytes"] = self.total_bytes
         return d
 
+    def _memory(self) -> str:
+        return _memory_line(self)
+
     def format(self) -> str:
         """The human-readable report `pyllm info` prints."""
         mib = 1 << 20
         rows = [
             ("model", self.path),
             ("name", self.name or "-"),
-            ("architecture", f"{self.architecture}: {self.n_layer} layers, {self.n_embd} wide, {self.n_head} "
-                             f"heads of {self.head_dim}, {self.n_head_kv} KV heads, FFN {self.n_ff}"),
+            ("architecture", f"{self.architecture}: {self.n_layer} layers, {self.n_embd} wide, " + (
+                f"{self.n_head} heads of {self.head_dim}, {self.n_head_kv} KV heads, FFN {self.n_ff}" if self.n_head
+                else "no attention, no FFN")),
             ("parameters", f"{self.n_params / 1e6:.1f} M ({self.n_params:,})"),
             ("tensor types", ", ".join(f"{k} {v}" for k, v in self.tensor_types.items())
              + (f" (file type {self.file_type})" if self.file_type else "")),
             ("block", self.block),
             ("context", f"{self.n_ctx_train} trained, {self.n_ctx} chosen (-c)"),
-            ("RoPE", f"{self.rope_mode}, {self.rope_dims} of {self.head_dim} dims rotated, scaling "
-                     f"{self.rope_scaling}"),
         ]
+        if not self.n_head:   # Mamba 2: nothing below is about it
+            rows += [("vocabulary", f"{self.vocab_type}, {self.n_vocab} tokens"),
+                     ("chat template", "present" if self.chat_template else "none"),
+                     ("memory", self._memory())]
+            return "\n".join(f"{k:<14} {v}" for k, v in rows + [("note", n) for n in self.notes])
+        rows.append(("RoPE", f"{self.rope_mode}, {self.rope_dims} of {self.head_dim} dims rotated, scaling "
+                             f"{self.rope_scaling}"))
         for grp in self.layer_groups:
             which = ("all layers" if len(grp.layers) == self.n_layer else
                      f"layer{'s' if len(grp.layers) > 1 else ''} {_ranges(grp.layers)}")
@@ -121,14 +130,18 @@ class ModelInfo:
             ("attention", attention),
             ("vocabulary", f"{self.vocab_type}, {self.n_vocab} tokens"),
             ("chat template", "present" if self.chat_template else "none"),
-            ("memory", f"{self.total_bytes / mib:.1f} MiB at {self.n_ctx} tokens: weights "
-                       f"{self.weight_bytes / mib:.1f} MiB (mmapped from the file), KV cache "
-                       f"{self.kv_bytes / mib:.1f} MiB, "
-                       + (f"recurrent state {self.state_bytes / mib:.1f} MiB, " if self.state_bytes else "")
-                       + f"activations {self.activation_bytes / mib:.1f} MiB"),
+            ("memory", self._memory()),
         ]
         rows += [("note", n) for n in self.notes]
         return "\n".join(f"{k:<14} {v}" for k, v in rows)
+
+
+def _memory_line(info: "ModelInfo") -> str:
+    mib = 1 << 20
+    return (f"{info.total_bytes / mib:.1f} MiB at {info.n_ctx} tokens: weights {info.weight_bytes / mib:.1f} MiB "
+            f"(mmapped from the file), KV cache {info.kv_bytes / mib:.1f} MiB, "
+            + (f"recurrent state {info.state_bytes / mib:.1f} MiB, " if info.state_bytes else "")
+            + f"activations {info.activation_bytes / mib:.1f} MiB")
 
 
 def _num(x: float) -> str:
@@ -171,9 +184,9 @@ def describe_block(arch) -> str:
         if len(moe_layers) < len(arch.layers):   # dense leading or interleaved layers (DeepSeek, ERNIE)
             ffn += f" in layers {_ranges(moe_layers)}, dense elsewhere"
     else:
-        F = next(x.ffn for x in arch.layers if x.ffn is not None)
-        ffn = f"FFN {act}(gate) * up" if F.gated else f"FFN {act}(up), not gated"
-    alone = [i for i, x in enumerate(arch.layers) if x.attn is None or x.ffn is None]
+        F = next((x.ffn for x in arch.layers if x.ffn is not None), None)
+        ffn = "no FFN" if F is None else f"FFN {act}(gate) * up" if F.gated else f"FFN {act}(up), not gated"
+    alone = [i for i, x in enumerate(arch.layers) if x.attn is None]
     if alone:   # Nemotron-H
         ffn += " (one branch per layer: the FFN in layers " + _ranges(
             [i for i, x in enumerate(arch.layers) if x.attn is None]) + ")"

@@ -112,7 +112,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 n_ff_exp: Optional[int] = None, shared_expert: int = 0, shared_gate: bool = False,
                 mla: Optional[dict] = None, keys: Optional[dict] = None, extra_tensors: Optional[dict] = None,
                 context_length: int = 512, ssm_layers: tuple = (), ssm: Optional[dict] = None,
-                mlp_layers: tuple = (),
+                mlp_layers: tuple = (), no_attention: bool = False,
                 drop_tensor: Optional[str] = None, bad_shape: Optional[str] = None) -> str:
     """A tiny decoder of family `arch`, every matrix in `qtype`, tensors named
     as llama.cpp expects:
@@ -145,6 +145,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
       ssm_layers  layers with a Mamba 2 mixer (ssm_{in,conv1d,dt,a,d,norm,out}) in place of attention,
                   head_count_kv then a list with 0 for them; ssm: its sizes {"d_inner" (2 n_embd),
                   "d_state" (16), "heads" (8), "groups" (1), "d_conv" (4)}, written as the ssm.* keys
+      no_attention  no attention keys or FFN at all: head_count 0 (Mamba 2, every layer in ssm_layers)
       mlp_layers  one branch per layer (Nemotron-H): these layers an FFN alone (attn_norm its norm),
                   the others a mixer alone; feed_forward_length a list, 0 for the mixers
       extra_tensors more float32 tensors by name (present in the file, not used)
@@ -153,7 +154,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
     head_dim defaults to n_embd / n_head; otherwise it is written as key_length."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
-    hd = head_dim or n_embd // n_head
+    hd = 0 if no_attention else head_dim or n_embd // n_head
     q_dim, kv_dim = n_head * hd, n_head_kv * hd
     w.add_block_count(n_layer)
     w.add_context_length(context_length)
@@ -161,7 +162,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
     w.add_feed_forward_length([n_ff if i in mlp_layers else 0 for i in range(n_layer)] if mlp_layers else n_ff)
     w.add_head_count(n_head)
     mixers = set(conv_layers) | set(ssm_layers) | set(mlp_layers)
-    w.add_head_count_kv([0 if i in mixers else n_head_kv for i in range(n_layer)] if mixers else n_head_kv)
+    if not no_attention:
+        w.add_head_count_kv([0 if i in mixers else n_head_kv for i in range(n_layer)] if mixers else n_head_kv)
     if ssm_layers:
         ssm = {"d_inner": 2 * n_embd, "d_state": 16, "heads": 8, "groups": 1, "d_conv": 4, **(ssm or {})}
         w.add_ssm_conv_kernel(ssm["d_conv"])
@@ -183,8 +185,9 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
         w.add_layer_norm_eps(1e-5)
     else:
         w.add_layer_norm_rms_eps(1e-5 if arch != "gemma3" else 1e-6)
-    w.add_rope_freq_base(rope_base)
-    if not mla:
+    if not no_attention:
+        w.add_rope_freq_base(rope_base)
+    if not mla and not no_attention:
         w.add_rope_dimension_count(rope_dim or hd)
     if mla:   # the latent's sizes as key/value_length in split files (llama.cpp's MQA view)
         qk = mla["nope"] + mla["rope"]
@@ -311,7 +314,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 add(p + "attn_sinks.weight", (rng.standard_normal(n_head).astype(np.float32), None))
         if post_norms:
             add(p + "post_attention_norm.weight", norm(n_embd))
-        if mlp_layers and i not in mlp_layers:
+        if (mlp_layers and i not in mlp_layers) or no_attention:
             continue   # a mixer alone
         if pre_norms and ffn_norm and not mlp_layers:
             norms(p + (ffn_norm if isinstance(ffn_norm, str) else "ffn_norm"), n_embd)
@@ -613,6 +616,14 @@ def write_nemotron_h_moe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_nemotron_h(path, qtype, arch="nemotron_h_moe", select_bias=True, keys=keys, **kw)
 
 
+def write_mamba2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """Mamba 2: 3 layers of Mamba 2 mixers alone (8 heads of 64, 1 group), head_count and
+    feed_forward_length 0 and no attention keys, as the converter writes them."""
+    kw.setdefault("n_layer", 3)
+    kw.setdefault("ssm_layers", tuple(range(kw["n_layer"])))
+    return write_model(path, "mamba2", qtype, n_head=0, n_ff=0, no_attention=True, **kw)
+
+
 def write_lfm2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     """LFM2: 4 layers, 0, 1 and 3 short convolutions (3 taps), 2 attention with per-head q/k norms."""
     kw.setdefault("n_layer", 4)
@@ -845,7 +856,7 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "ernie4_5": write_ernie4_5, "exaone": write_exaone, "exaone4": write_exaone4, "mixtral": write_mixtral,
            "qwen3moe": write_qwen3moe, "olmoe": write_olmoe, "granitemoe": write_granitemoe,
            "granitehybrid": write_granitehybrid, "nemotron_h": write_nemotron_h,
-           "nemotron_h_moe": write_nemotron_h_moe,
+           "nemotron_h_moe": write_nemotron_h_moe, "mamba2": write_mamba2,
            "qwen2moe": write_qwen2moe, "gpt-oss": write_gpt_oss, "glm4": write_glm4, "nemotron": write_nemotron,
            "arcee": write_arcee, "gptneox": write_gptneox, "falcon": write_falcon,
            "lfm2": write_lfm2, "lfm2moe": write_lfm2moe, "mistral3": write_mistral3, "ernie4_5-moe": write_ernie4_5_moe,

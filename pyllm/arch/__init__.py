@@ -23,6 +23,7 @@ from .hunyuan import HunyuanDense, HunyuanMoe
 from .lfm2 import Lfm2, Lfm2Moe
 from .llama import Llama, Mistral3, SeedOss
 from .llama4 import Llama4
+from .mamba2 import Mamba2
 from .nemotron import Arcee, Nemotron, NemotronH, NemotronHMoe
 from .olmo2 import Olmo2, Olmoe
 from .phi2 import Phi2
@@ -62,6 +63,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "nemotron": Nemotron,
     "nemotron_h": NemotronH,
     "nemotron_h_moe": NemotronHMoe,
+    "mamba2": Mamba2,
     "arcee": Arcee,
     "gptneox": GptNeoX,
     "falcon": Falcon,

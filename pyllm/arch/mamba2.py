@@ -1,0 +1,57 @@
+"""Mamba 2 (`mamba2`: state-spaces' mamba2-130m..2.7b, Codestral Mamba 7B): a stack of
+Mamba 2 mixers and nothing else, no attention and no FFN.
+
+    x = embed(tokens)
+    for each layer:  x += mamba2(rmsnorm(x))     # Ssm in base.py: conv, selective scan, gated norm
+    logits = Wout rmsnorm(x)
+
+The file has no attention keys (its head_count and feed_forward_length are 0, as the
+converter writes them); the ssm.* keys size the mixers.
+"""
+from __future__ import annotations
+
+from ..errors import ModelFileError
+from ..graph import Graph
+from .base import Architecture, HParams, Layer
+from .blocks import attention, embed, output_head
+
+
+class Mamba2(Architecture):
+    name = "mamba2"
+
+    def __init__(self, mf, n_ctx=None):
+        self.mf, self.n_ctx = mf, n_ctx
+        self.hp = attention_free_hparams(mf)
+        self.rope_freqs, self.window = None, 0
+        self.read_ends()
+        self.layers = [Layer(attn_norm=self.vector(f"blk.{i}.attn_norm.weight", self.hp.n_embd),
+                             attn=self.ssm_weights(i), ffn_norm=None, ffn=None) for i in range(self.hp.n_layer)]
+
+    @property
+    def attn_scale(self) -> float:
+        return 0.0   # no attention
+
+    def build(self, g: Graph) -> None:
+        x = embed(g, self)
+        for i, L in enumerate(self.layers):
+            g.layer = i
+            attention(g, self, g.rmsnorm(x, L.attn_norm, self.hp.eps, "h"), L.attn, i, out=x)
+        output_head(g, self, x)
+
+
+def attention_free_hparams(mf) -> HParams:
+    """The hyperparameters of a family without attention or FFN: their sizes 0."""
+    tokens = mf.get("tokenizer.ggml.tokens")
+    hp = HParams(n_vocab=len(tokens) if tokens is not None else int(mf.arch_require("vocab_size")),
+                 n_embd=int(mf.arch_require("embedding_length")), n_layer=int(mf.arch_require("block_count")),
+                 n_head=0, n_head_kv=0, head_dim=0, n_ff=0,
+                 eps=float(mf.arch_get("attention.layer_norm_rms_epsilon", 1e-5)),
+                 n_ctx_train=int(mf.arch_get("context_length", 1 << 20)), rope_base=10000.0, rope_dim=0,
+                 rope_freq_scale=1.0)
+    for name in ("n_embd", "n_layer", "n_vocab"):
+        if getattr(hp, name) <= 0:
+            raise ModelFileError(f"{mf.path}: hyperparameter {name} = {getattr(hp, name)} is not positive")
+    if hp.n_layer > len(mf.tensors):
+        raise ModelFileError(f"{mf.path}: block_count {hp.n_layer} is more than the file's {len(mf.tensors)} "
+                             f"tensors; the file is corrupt")
+    return hp
