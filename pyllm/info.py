@@ -85,7 +85,6 @@ class ModelInfo:
 
     def format(self) -> str:
         """The human-readable report `pyllm info` prints."""
-        mib = 1 << 20
         rows = [
             ("model", self.path),
             ("name", self.name or "-"),
