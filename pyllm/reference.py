@@ -341,6 +341,8 @@ class Reference:
                 o = self._latent_attention(h, L.attn, i)
             else:
                 o = self._attention(h, L.attn, i)
+            if L.ssm is not None:   # a Mamba 2 mixer beside the attention (Falcon-H1)
+                o = o + self._ssm(h, L.ssm)
             if o is not None and L.post_attn_norm is not None:
                 o = rmsnorm(o, L.post_attn_norm, hp.eps)
             if not L.parallel:   # parallel: the FFN reads the attention's h, or its own norm of x

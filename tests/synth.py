@@ -112,7 +112,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 n_ff_exp: Optional[int] = None, shared_expert: int = 0, shared_gate: bool = False,
                 mla: Optional[dict] = None, keys: Optional[dict] = None, extra_tensors: Optional[dict] = None,
                 context_length: int = 512, ssm_layers: tuple = (), ssm: Optional[dict] = None,
-                mlp_layers: tuple = (), no_attention: bool = False,
+                mlp_layers: tuple = (), no_attention: bool = False, parallel_ssm: bool = False,
+                bare_ffn_norm: bool = False,
                 drop_tensor: Optional[str] = None, bad_shape: Optional[str] = None) -> str:
     """A tiny decoder of family `arch`, every matrix in `qtype`, tensors named
     as llama.cpp expects:
@@ -145,6 +146,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
       ssm_layers  layers with a Mamba 2 mixer (ssm_{in,conv1d,dt,a,d,norm,out}) in place of attention,
                   head_count_kv then a list with 0 for them; ssm: its sizes {"d_inner" (2 n_embd),
                   "d_state" (16), "heads" (8), "groups" (1), "d_conv" (4)}, written as the ssm.* keys
+      parallel_ssm  the ssm_layers have attention too, beside the Mamba 2 mixer (Falcon-H1);
+                  bare_ffn_norm: the FFN norm named blk.N.ffn_norm, without ".weight" (Falcon-H1)
       no_attention  no attention keys or FFN at all: head_count 0 (Mamba 2, every layer in ssm_layers)
       mlp_layers  one branch per layer (Nemotron-H): these layers an FFN alone (attn_norm its norm),
                   the others a mixer alone; feed_forward_length a list, 0 for the mixers
@@ -161,7 +164,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
     w.add_embedding_length(n_embd)
     w.add_feed_forward_length([n_ff if i in mlp_layers else 0 for i in range(n_layer)] if mlp_layers else n_ff)
     w.add_head_count(n_head)
-    mixers = set(conv_layers) | set(ssm_layers) | set(mlp_layers)
+    mixers = set(conv_layers) | (set() if parallel_ssm else set(ssm_layers)) | set(mlp_layers)
     if not no_attention:
         w.add_head_count_kv([0 if i in mixers else n_head_kv for i in range(n_layer)] if mixers else n_head_kv)
     if ssm_layers:
@@ -254,9 +257,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
             norms(p + "attn_norm", n_embd)
         for name in extra_norms:
             norms(p + name, n_embd)
-        if i in mlp_layers:
-            pass
-        elif i in ssm_layers:
+        if i in ssm_layers:
             d_inner, heads, groups, d_state = ssm["d_inner"], ssm["heads"], ssm["groups"], ssm["d_state"]
             channels = d_inner + 2 * groups * d_state
             add(p + "ssm_in.weight", weight(qtype, n_embd, d_inner + channels + heads, rng))
@@ -269,6 +270,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
             add(p + "ssm_norm.weight", ((1.0 + 0.1 * rng.standard_normal((groups, d_inner // groups))).astype(np.float32),
                                         None))
             add(p + "ssm_out.weight", weight(qtype, d_inner, n_embd, rng))
+        if i in mlp_layers or (i in ssm_layers and not parallel_ssm):
+            pass
         elif i in conv_layers:
             add(p + "shortconv.in_proj.weight", weight(qtype, n_embd, 3 * n_embd, rng))
             add(p + "shortconv.conv.weight", ((rng.standard_normal((n_embd, conv_taps)) / 2).astype(np.float32), None))
@@ -317,7 +320,10 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
         if (mlp_layers and i not in mlp_layers) or no_attention:
             continue   # a mixer alone
         if pre_norms and ffn_norm and not mlp_layers:
-            norms(p + (ffn_norm if isinstance(ffn_norm, str) else "ffn_norm"), n_embd)
+            if bare_ffn_norm:
+                add(p + "ffn_norm", norm(n_embd))
+            else:
+                norms(p + (ffn_norm if isinstance(ffn_norm, str) else "ffn_norm"), n_embd)
         moe = experts and i not in dense_layers
         if moe:
             n_exp_ff = n_ff_exp or n_ff
@@ -624,6 +630,15 @@ def write_mamba2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_model(path, "mamba2", qtype, n_head=0, n_ff=0, no_attention=True, **kw)
 
 
+def write_falcon_h1(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """Falcon-H1: 3 layers, each attention (NEOX RoPE) and a Mamba 2 mixer (8 heads of 64,
+    state 16, 1 group) side by side on the same norm, then a SwiGLU FFN."""
+    kw.setdefault("n_layer", 3)
+    kw.setdefault("ssm_layers", tuple(range(kw["n_layer"])))
+    # its FFN norm has no ".weight" in its name in the files llama.cpp loads
+    return write_model(path, "falcon-h1", qtype, parallel_ssm=True, bare_ffn_norm=True, **kw)
+
+
 def write_lfm2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     """LFM2: 4 layers, 0, 1 and 3 short convolutions (3 taps), 2 attention with per-head q/k norms."""
     kw.setdefault("n_layer", 4)
@@ -857,6 +872,7 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "qwen3moe": write_qwen3moe, "olmoe": write_olmoe, "granitemoe": write_granitemoe,
            "granitehybrid": write_granitehybrid, "nemotron_h": write_nemotron_h,
            "nemotron_h_moe": write_nemotron_h_moe, "mamba2": write_mamba2,
+           "falcon-h1": write_falcon_h1,
            "qwen2moe": write_qwen2moe, "gpt-oss": write_gpt_oss, "glm4": write_glm4, "nemotron": write_nemotron,
            "arcee": write_arcee, "gptneox": write_gptneox, "falcon": write_falcon,
            "lfm2": write_lfm2, "lfm2moe": write_lfm2moe, "mistral3": write_mistral3, "ernie4_5-moe": write_ernie4_5_moe,

@@ -22,6 +22,7 @@ from .granite import Granite, GraniteHybrid, GraniteMoe
 from .hunyuan import HunyuanDense, HunyuanMoe
 from .lfm2 import Lfm2, Lfm2Moe
 from .llama import Llama, Mistral3, SeedOss
+from .falcon_h1 import FalconH1
 from .llama4 import Llama4
 from .mamba2 import Mamba2
 from .nemotron import Arcee, Nemotron, NemotronH, NemotronHMoe
@@ -64,6 +65,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "nemotron_h": NemotronH,
     "nemotron_h_moe": NemotronHMoe,
     "mamba2": Mamba2,
+    "falcon-h1": FalconH1,
     "arcee": Arcee,
     "gptneox": GptNeoX,
     "falcon": Falcon,

@@ -432,6 +432,7 @@ class Layer:
     attn_norm_b: Optional[np.ndarray] = None
     ffn_norm_b: Optional[np.ndarray] = None
     parallel: bool = False
+    ssm: Optional[Ssm] = None      # a Mamba 2 mixer beside the attention, on the same norm (Falcon-H1)
 
 
 class Architecture:
