@@ -203,8 +203,8 @@ def describe_block(arch) -> str:
     ssms = [i for i, x in enumerate(arch.layers) if isinstance(x.attn, Ssm) or x.ssm is not None]
     if ssms:   # Granite 4.0-H, Nemotron-H, Mamba 2; Falcon-H1 beside the attention
         first = arch.layers[ssms[0]]
-        m, where = (first.ssm, "beside") if first.ssm is not None else (first.attn, "in place of")
-        qk += (f"; layers {_ranges(ssms)}: a Mamba 2 mixer {where} attention ({m.heads} heads of {m.head_dim}, "
+        m, side = (first.ssm, "beside") if first.ssm is not None else (first.attn, "in place of")
+        qk += (f"; layers {_ranges(ssms)}: a Mamba 2 mixer {side} attention ({m.heads} heads of {m.head_dim}, "
                f"a state of {m.d_state} per channel, {m.groups} group{'s' if m.groups > 1 else ''}, a convolution "
                f"of {m.conv.shape[1]} taps)")
     return f"{where}; {ffn}{qk}"
