@@ -39,7 +39,7 @@ from pyllm.backend.base import CONTROL, D2H, H2D, Range, Shape, StepData
 from pyllm.backend.cpu import CpuBackend, HostDevice
 from pyllm.backend.placement import DeviceSpec, Hardware, LinkSpec, Planner
 from pyllm.backend.split import SplitBackend
-from pyllm.errors import InvalidArgumentError
+from pyllm.errors import BackendError, InvalidArgumentError
 from pyllm.graph import (ACT_F32, GLU_GELU_TANH, GLU_MUL, GLU_RELU, GLU_SIGMOID, GLU_RELU_SQR, GLU_SILU, GLU_SWIGLU_OAI, MOE_NORM, MOE_SIGMOID, MOE_SOFTMAX, OP_ATTENTION, ROPE_NEOX,
                          ROPE_NORM, Graph, act_format)
 from pyllm.model_file import ModelFile, Tensor
@@ -179,9 +179,12 @@ class HostBackedCudaLib:
         if new_step:
             self.sent = 0
         need = 0
-        for i in range(n):   # what the library sends of the step
-            k = ops[i].kind
-            need |= (k == 1) | ((k in (5, 6, 7)) << 1) | ((k in (6, 7)) << 2)
+        for i in range(n):   # what the library sends of the step (pyllm_cuda_run)
+            k, by_pos = ops[i].kind, bool(ops[i].flags & 32)   # OPF_BY_POS: an EMBED of the positions
+            # tokens: EMBED; positions: ROPE, KV_STORE, ATTENTION, SHORTCONV, POS_SCALE, SSM_CONV,
+            # SSM_SCAN (position 0 resets the state), EMBED by position; table: KV_STORE, ATTENTION, SHORTCONV
+            need |= ((k == 1 and not by_pos) | ((k in (5, 6, 7, 14, 15, 17, 18) or (k == 1 and by_pos)) << 1)
+                     | ((k in (6, 7, 14)) << 2))
         for bit, nbytes in ((1, 4 * st.n_tokens), (2, 4 * st.n_tokens), (4, 4 * st.n_table)):
             if need & bit and not self.sent & bit:
                 self.h2d += nbytes
@@ -425,6 +428,8 @@ def op_case(case: str, rng):
         g.rmsnorm(x, w, 1e-6, "out")
     elif case == "rmsnorm-groups":        # q/k norms: one per head
         g.rmsnorm(x, w[:64], 1e-5, "out", groups=4)
+    elif case == "rmsnorm-group-weights":   # Mamba 2's norm: each group its own slice of w (OPF_GROUP_WEIGHTS)
+        g.rmsnorm(x, w, 1e-5, "out", groups=4)
     elif case in ("layernorm", "layernorm-nobias"):   # rows far from zero mean
         inputs["x"] += (rng.uniform(-50, 50, (n, 1))).astype(np.float32)
         g.layernorm(x, w, rng.standard_normal(256).astype(np.float32) if case == "layernorm" else None, 1e-5, "out")
@@ -480,9 +485,10 @@ def op_case(case: str, rng):
     return g, inputs, ["out"], pos, False
 
 
-OP_CASES = ["rmsnorm", "rmsnorm-groups", "layernorm", "layernorm-nobias", "rope-norm", "rope-neox", "glu-silu",
-            "glu-gelu", "glu-swiglu-oai", "glu-mul", "glu-relu", "glu-sigmoid", "pos-scale", "act-gelu", "act-relu-sqr", "add", "scale", "head-rmsnorm", "head-layernorm", "head-glu-gelu", "head-add",
-            "head-linear-q4_k", "head-linear-f16", "copy-gather", "copy-broadcast", "head-copy-gather"]
+OP_CASES = ["rmsnorm", "rmsnorm-groups", "rmsnorm-group-weights", "layernorm", "layernorm-nobias", "rope-norm",
+            "rope-neox", "glu-silu", "glu-gelu", "glu-swiglu-oai", "glu-mul", "glu-relu", "glu-sigmoid", "pos-scale", "act-gelu", "act-relu-sqr", "add", "scale", "head-rmsnorm", "head-layernorm", "head-glu-gelu", "head-add",
+            "head-linear-q4_k", "head-linear-f16", "copy-gather", "copy-broadcast", "head-copy-gather",
+            "head-rmsnorm-group-weights"]
 
 
 @pytest.mark.parametrize("case", OP_CASES)
@@ -503,6 +509,113 @@ def test_op_matches_the_core(devices, case):
             close_to_float_rounding(gpu[name], cpu[name], 2e-5 if "linear" in case else 1e-6)
         if "glu" in case or "act" in case:   # element by element too: gates down to -10 give results near 1e-30
             np.testing.assert_allclose(gpu[name], cpu[name], rtol=4e-6, atol=1e-30)
+
+
+def run_steps_both(devices, g, inputs: dict, steps, output: str):
+    """run_both over several steps of one program: step (a, b, p) runs rows [a, b) of each
+    input at positions p.., the program (and its recurrent state) kept from step to step.
+    Returns ({output: stacked rows, state name: final state}, the same from the GPU); the
+    emulator under every thread order of EMU_ORDERS, which must agree bit for bit."""
+    n = max(b - a for a, b, _ in steps)
+    shape = Shape(n, n, 8, 16)
+    table = np.arange(8, dtype=np.int32)
+
+    def run(dev):
+        prog = dev.bind(g, [Range(0, len(g.ops))], shape)
+        rows = []
+        try:
+            for a, b, p in steps:
+                for name, x in inputs.items():
+                    prog.write(name, 0, x[a:b])
+                prog.run(0, StepData(np.zeros(b - a, np.int32), np.arange(p, p + b - a, dtype=np.int32), table, b - a))
+                rows.append(np.array(prog.read(output, 0, b - a)))
+            out = {output: np.concatenate(rows)}
+            for name, floats in g.states.items():
+                if isinstance(prog, cuda.CudaProgram):
+                    st = np.empty(floats, np.float32)
+                    assert prog.lib.pyllm_cuda_download(prog.ctx, prog.ffi.from_buffer(st), prog.state(name),
+                                                        st.nbytes) == 0
+                else:
+                    st = prog.states[name].copy()
+                out[name] = st
+        finally:
+            prog.close()
+        return out
+
+    host, gpu = devices
+    if not getattr(gpu, "emulated", False):
+        return run(host), run(gpu)
+    results = []
+    for order, seed in EMU_ORDERS:
+        gpu.set_order(order, seed)
+        results.append(run(gpu))
+    gpu.set_order("forward")
+    for (order, _), r in zip(EMU_ORDERS[1:], results[1:]):
+        for name in results[0]:
+            np.testing.assert_array_equal(r[name], results[0][name],
+                                          err_msg=f"{name}: thread order {order} changes the result (a race)")
+    return run(host), results[0]
+
+
+# steps of one sequence (5 rows, two of 1: shorter than a 7-tap convolution's state, then 12), then
+# a new sequence from position 0 whose first step must not see the old state
+SSM_STEPS = [(0, 5, 0), (5, 6, 5), (6, 7, 6), (7, 19, 7), (19, 25, 0), (25, 27, 6)]
+SSM_CASES = {   # (heads, head_dim, groups, d_state)
+    "scan-mamba2": (4, 5, 1, 19),          # one decay per head, an odd d_state
+    "scan-mamba2-groups": (6, 3, 3, 16),   # B and C shared by pairs of heads
+    "scan-mamba1": (7, 1, 1, 9),           # a decay per head and state
+    "scan-no-bias": (2, 8, 2, 33),         # no dt bias; d_state past one warp's 32 lanes
+    "scan-wide": (3, 2, 1, 200),           # d_state past the 128 a lane keeps in registers
+    "scan-wide-mamba1": (2, 3, 2, 161),
+}
+
+
+@pytest.mark.parametrize("case", ["conv-bias", "conv-7-taps", "conv-2-taps"] + list(SSM_CASES))
+def test_ssm_op_matches_the_core(devices, case):
+    """The state-space ops (csrc/ssm.c) against the C core over the steps of SSM_STEPS: the outputs
+    of every step, and the state they leave (the convolution's last K - 1 inputs, the scan's
+    [heads][head_dim][d_state]), so what one step carries to the next in device memory is what the
+    core carries; a step at position 0 starting from zeros. Inputs are views inside wider rows (as
+    the columns of a Mamba layer's fused projection). dt reaches past softplus's threshold of 20."""
+    rng = np.random.default_rng(len(case))
+    T = SSM_STEPS[-1][1]
+    g = Graph()
+    if case.startswith("conv"):
+        n, taps, bias = {"conv-bias": (77, 4, True), "conv-7-taps": (5, 7, False), "conv-2-taps": (64, 2, True)}[case]
+        w = rng.standard_normal((n, taps)).astype(np.float32)
+        b = rng.standard_normal(n).astype(np.float32) if bias else None
+        g.ssm_conv(g.buffer("in", n + 11).cols(8, n), w, b, "out")
+        inputs = {"in": rng.standard_normal((T, n + 11)).astype(np.float32)}
+        output, tol = "out", 1e-6
+    else:
+        H, P, G, N = SSM_CASES[case]
+        width = H * P + 2 * G * N
+        src = g.buffer("in", width + H + 3)   # [x | B | C | 3 others | dt]
+        a = -np.exp(rng.uniform(0, 2, H * (N if "mamba1" in case else 1))).astype(np.float32)
+        d = rng.standard_normal(H).astype(np.float32)
+        dt_bias = None if case == "scan-no-bias" else rng.uniform(-1, 1, H).astype(np.float32)
+        g.ssm_scan(src.cols(0, width), src.cols(width + 3, H), a, d, dt_bias, H, P, G, N, "y")
+        x = rng.standard_normal((T, width + H + 3)).astype(np.float32)
+        x[:, width + 3:] = rng.uniform(-3, 2, (T, H))
+        x[3, width + 3] = 25.0            # softplus(v) = v above 20
+        inputs, output, tol = {"in": x}, "y", 1e-5
+    cpu, gpu = run_steps_both(devices, g, inputs, SSM_STEPS, output)
+    assert set(cpu) == {output} | set(g.states)
+    for name in cpu:
+        close_to_float_rounding(gpu[name], cpu[name], tol)
+
+
+def test_a_recurrent_step_needs_consecutive_positions_on_the_gpu(devices):
+    """pyllm_cuda_run refuses a step of an SSM op whose positions are not consecutive, as the core does."""
+    host, gpu = devices
+    g = Graph()
+    g.ssm_conv(g.buffer("x", 16), np.ones((16, 4), np.float32), None, "out")
+    prog = gpu.bind(g, [Range(0, 1)], Shape(4, 4, 4, 16))
+    try:
+        with pytest.raises(BackendError, match="consecutive positions"):
+            prog.run(0, StepData(np.zeros(3, np.int32), np.array([4, 5, 7], np.int32), np.arange(4, dtype=np.int32), 1))
+    finally:
+        prog.close()
 
 
 @pytest.mark.parametrize("case", ["route-softmax-norm", "route-sigmoid", "route-select-bias", "route-groups", "matmul-id-q4_k", "matmul-id-q8_0-slots",
@@ -848,7 +961,8 @@ def close_enough(got, ref, float_weights):
                                           ("ernie4_5-moe", QT.Q8_0), ("gpt2", QT.Q8_0), ("deepseek2", QT.Q8_0), ("glm4moe", QT.Q4_K),
                                           ("lfm2moe", QT.Q8_0), ("bailingmoe2", QT.F16),
                                           ("hunyuan-dense", QT.Q4_K), ("llama4", QT.Q8_0), ("smallthinker", QT.Q4_K),
-                                          ("dots1", QT.Q8_0), ("afmoe", QT.Q8_0), ("hunyuan-moe", QT.Q4_K), ("seed_oss", QT.Q8_0)],
+                                          ("dots1", QT.Q8_0), ("afmoe", QT.Q8_0), ("hunyuan-moe", QT.Q4_K), ("seed_oss", QT.Q8_0),
+                                          ("granitehybrid", QT.Q8_0), ("granitehybrid", QT.F16), ("nemotron_h", QT.Q8_0)],
                          ids=lambda x: getattr(x, "name", x))
 def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     """300 positions over shuffled 16-position blocks: several attention tiles,
@@ -860,7 +974,11 @@ def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     of experts with and without a gated shared expert, gpt-oss's sinks,
     biased experts and swiglu_oai, Nemotron's relu^2, GPT-NeoX's two norms
     side by side, LFM2's short convolutions over the KV pools, DeepSeek 2's
-    latent attention (values read from the keys, a matrix per head, copies)."""
+    latent attention (values read from the keys, a matrix per head, copies),
+    Mamba 2 layers beside attention (Granite 4.0-H, Nemotron-H): the
+    convolution and the selective scan with their states carried in device
+    memory across the prefill's chunks and every decode step; Nemotron-H's
+    two groups of B and C and its norm with a weight per group."""
     host, gpu = devices
     path = synth.WRITERS[family](tmp_path / "m.gguf", qtype)
     _, g = build(path)

@@ -92,6 +92,8 @@ void launch_moe_sum(const pyllm_op *op, const exec &e);
 void launch_shortconv(const pyllm_op *op, const exec &e);
 void launch_pos_scale(const pyllm_op *op, const exec &e);
 void launch_copy(const pyllm_op *op, const exec &e);
+void launch_ssm_conv(const pyllm_op *op, const exec &e);
+void launch_ssm_scan(const pyllm_op *op, const exec &e);
 
 constexpr int MAX_HEAD_DIM = 576;   /* as csrc/core.h: MLA keys, a 512-dim latent and 64 rotated */
 constexpr int MAX_KV_BLOCK = 1024;

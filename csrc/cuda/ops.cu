@@ -43,12 +43,15 @@ __device__ double block_sum_double(double v) {
     return s;
 }
 
+/* group_weights (OPF_GROUP_WEIGHTS): group g scales by its own n weights, w + g n (Mamba 2's norm);
+ * otherwise every group by the same w */
 __global__ void rmsnorm_kernel(const float *__restrict__ X, int64_t x_stride, float *Y, int64_t y_stride,
-                               const float *__restrict__ w, const float *__restrict__ b, int64_t n, float eps,
-                               int layer_norm) {
+                               const float *__restrict__ W, const float *__restrict__ b, int64_t n, float eps,
+                               int layer_norm, bool group_weights) {
     const int g = blockIdx.x, t = blockIdx.y;
     const float *x = X + (int64_t)t * x_stride + (int64_t)g * n;
     float *y = Y + (int64_t)t * y_stride + (int64_t)g * n;
+    const float *w = group_weights ? W + (int64_t)g * n : W;
     float mean = 0.0f;
     if (layer_norm) {
         double s = 0.0;
@@ -69,7 +72,8 @@ void launch_rmsnorm(const pyllm_op *op, const exec &e) {
     dim3 grid(groups, e.rows);
     PQ_LAUNCH(grid, 256, 0, e.stream, rmsnorm_kernel)(op->x + (int64_t)e.row0 * op->x_stride, op->x_stride, op->y,
                                                       op->y_stride, (const float *)op->w, op->bias, op->n_in,
-                                                      op->eps, op->type == NORM_LAYER);
+                                                      op->eps, op->type == NORM_LAYER,
+                                                      (op->flags & OPF_GROUP_WEIGHTS) != 0);
 }
 
 /* ---- RoPE: theta_i = pos * freq_scale * base^(-2i/n_rot) / factors[i], in double as the CPU ---- */
@@ -183,6 +187,113 @@ void launch_shortconv(const pyllm_op *op, const exec &e) {
     PQ_LAUNCH(grid, 256, 0, e.stream, shortconv_kernel)((const float *)op->w, op->n_head, (const __half *)op->k_cache,
                                                         (const __half *)op->v_cache, e.pos, e.table, e.block_size,
                                                         op->n_in, op->y, op->y_stride);
+}
+
+/* ---- state-space layers (csrc/ssm.c): Mamba's convolution and selective scan ----
+ *
+ * Both carry a state in device memory from one step to the next (op->state, allocated and
+ * zeroed by the host); a step whose first position is 0 starts from zeros instead of reading
+ * it. A step's tokens are consecutive positions (pyllm_cuda_run checks), and both kernels
+ * walk them in order inside the kernel: the recurrence runs along the tokens, the
+ * parallelism is across channels. */
+
+/* y[t, c] = bias[c] + sum_j w[c K + j] z[t + j, c], z = the K - 1 rows of the state, then the step's
+ * rows; afterwards the state holds z's last K - 1 rows. One thread per channel (channels are
+ * independent), summing in tap order as the C core does; z is read where it lies, not copied. */
+__global__ void ssm_conv_kernel(const float *__restrict__ X, int64_t x_stride, float *__restrict__ Y,
+                                int64_t y_stride, const float *__restrict__ W, const float *__restrict__ bias,
+                                float *state, int taps, int64_t n, int rows, const int32_t *__restrict__ pos) {
+    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= n) return;
+    const int keep = taps - 1;
+    const bool fresh = pos[0] == 0;   /* a new sequence: the state's rows count as zeros */
+    auto z = [&](int k) {
+        return k < keep ? (fresh ? 0.0f : state[(int64_t)k * n + c]) : X[(int64_t)(k - keep) * x_stride + c];
+    };
+    for (int t = 0; t < rows; t++) {
+        float acc = bias ? bias[c] : 0.0f;
+        for (int j = 0; j < taps; j++) acc += W[c * taps + j] * z(t + j);
+        Y[(int64_t)t * y_stride + c] = acc;
+    }
+    /* in place, in ascending order: z(rows + i) is state row rows + i > i (a step shorter than
+     * the state) or an input row, so nothing is read after it was overwritten */
+    for (int i = 0; i < keep; i++) state[(int64_t)i * n + c] = z(rows + i);
+}
+
+void launch_ssm_conv(const pyllm_op *op, const exec &e) {
+    PQ_LAUNCH(blocks_for(op->n_in, 128), 128, 0, e.stream, ssm_conv_kernel)(
+        op->x + (int64_t)e.row0 * op->x_stride, op->x_stride, op->y, op->y_stride, (const float *)op->w, op->bias,
+        op->state, op->n_head, op->n_in, e.rows, e.pos);
+}
+
+constexpr int SCAN_ROWS = 4;   /* (head, channel) rows per block, a warp each */
+constexpr int SCAN_REGS = 4;   /* state values a lane keeps in registers: all of a d_state up to 128 */
+
+/* The selective scan of one (head h, channel p) row per warp, over the step's tokens in order:
+ *   dt = softplus(dt_in[t, h] + bias[h]),  g = h / (H / G)
+ *   s[i] = s[i] exp(dt A[h, i]) + dt x[t, h P + p] B[t, g, i]     (A[h, i] = A[h] when a_n = 1)
+ *   y[t, h P + p] = sum_i s[i] C[t, g, i] + D[h] x[t, h P + p]
+ * with x's row [x (H P) | B (G N) | C (G N)]. Lane l owns the state values i = l + 32 k: the
+ * first SCAN_REGS of them stay in registers for the whole step (read once, written back at the
+ * end), any further ones (d_state > 128) are updated in place in the state; no other thread
+ * touches a lane's values, so only the dot product needs the warp (a shuffle sum). */
+__global__ void __launch_bounds__(32 * SCAN_ROWS)
+ssm_scan_kernel(const float *__restrict__ X, int64_t x_stride, const float *__restrict__ DT, int64_t dt_stride,
+                float *__restrict__ Y, int64_t y_stride, float *__restrict__ state, const float *__restrict__ A,
+                const float *__restrict__ D, const float *__restrict__ bias, const int32_t *__restrict__ pos,
+                int rows, int H, int P, int G, int64_t N, int a_n) {
+    const int64_t row = (int64_t)blockIdx.x * SCAN_ROWS + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (row >= (int64_t)H * P) return;   /* a whole warp: the rows past the last */
+    const int h = (int)(row / P), g = h / (H / G);
+    const float *a = A + (int64_t)h * a_n;
+    float *s = state + row * N;
+    const bool fresh = pos[0] == 0;   /* a new sequence starts from a zero state */
+    float reg[SCAN_REGS];
+#pragma unroll
+    for (int k = 0; k < SCAN_REGS; k++) {
+        const int64_t i = lane + 32 * k;
+        reg[k] = i < N && !fresh ? s[i] : 0.0f;
+    }
+    if (fresh)
+        for (int64_t i = lane + 32 * SCAN_REGS; i < N; i += 32) s[i] = 0.0f;
+    for (int t = 0; t < rows; t++) {
+        const float *x = X + (int64_t)t * x_stride;
+        const float *B = x + (int64_t)H * P + g * N, *C = x + (int64_t)H * P + G * N + g * N;
+        const float v = DT[(int64_t)t * dt_stride + h] + (bias ? bias[h] : 0.0f);
+        const float dt = v > 20.0f ? v : log1pf(expf(v));   /* softplus, as the C core */
+        const float xdt = x[row] * dt;
+        const float decay = a_n == 1 ? expf(dt * a[0]) : 0.0f;   /* Mamba 2: one decay per head */
+        float dot = 0.0f;
+#pragma unroll
+        for (int k = 0; k < SCAN_REGS; k++) {
+            const int64_t i = lane + 32 * k;
+            if (i < N) {
+                reg[k] = reg[k] * (a_n == 1 ? decay : expf(dt * a[i])) + B[i] * xdt;
+                dot += reg[k] * C[i];
+            }
+        }
+        for (int64_t i = lane + 32 * SCAN_REGS; i < N; i += 32) {
+            s[i] = s[i] * (a_n == 1 ? decay : expf(dt * a[i])) + B[i] * xdt;
+            dot += s[i] * C[i];
+        }
+        dot = warp_sum(dot);
+        if (lane == 0) Y[(int64_t)t * y_stride + row] = dot + D[h] * x[row];
+    }
+#pragma unroll
+    for (int k = 0; k < SCAN_REGS; k++) {
+        const int64_t i = lane + 32 * k;
+        if (i < N) s[i] = reg[k];
+    }
+}
+
+void launch_ssm_scan(const pyllm_op *op, const exec &e) {
+    const int64_t H = op->n_head, a_n = op->n_rot;
+    const float *A = (const float *)op->w, *D = A + H * a_n;   /* w = [A (H a_n) | D (H)] */
+    PQ_LAUNCH(blocks_for(H * op->head_dim, SCAN_ROWS), 32 * SCAN_ROWS, 0, e.stream, ssm_scan_kernel)(
+        op->x + (int64_t)e.row0 * op->x_stride, op->x_stride, op->x2 + (int64_t)e.row0 * op->x2_stride,
+        op->x2_stride, op->y, op->y_stride, op->state, A, D, op->bias, e.pos, e.rows, op->n_head, op->head_dim,
+        op->n_kv_head, op->n_in, op->n_rot);
 }
 
 /* y[t] *= 1 + s ln(1 + floor((pos[t] + off) / period)): attention temperature on q, the factor

@@ -326,6 +326,21 @@ static int check_op(const pyllm_op *op) {
             (int64_t)op->n_kv_head * op->head_dim * 2 != op->n_in)
             return fail("shortconv: %lld channels, %d taps", (long long)op->n_in, op->n_head);
         return 0;
+    case OP_SSM_CONV:
+        if (!op->w || !op->x || !op->y || !op->state) return fail("ssm_conv: missing weights, state or rows");
+        if (op->n_in <= 0 || op->n_head < 1 || op->n_head > 64 || op->x_stride < op->n_in || op->y_stride < op->n_in)
+            return fail("ssm_conv: %lld channels, %d taps", (long long)op->n_in, op->n_head);
+        return 0;
+    case OP_SSM_SCAN:   /* as the C core, less its scratch limit on d_state: the kernel keeps no copy */
+        if (!op->w || !op->x || !op->x2 || !op->y || !op->state) return fail("ssm_scan: missing weights, state or rows");
+        if (op->n_in <= 0 || op->n_in > INT32_MAX || op->n_head <= 0 || op->head_dim <= 0 || op->n_kv_head <= 0 ||
+            op->n_head % op->n_kv_head || (op->n_rot != 1 && op->n_rot != op->n_in))
+            return fail("ssm_scan: %d heads of %d in %d groups, state %lld, %d decays per head", op->n_head,
+                        op->head_dim, op->n_kv_head, (long long)op->n_in, op->n_rot);
+        if (op->x_stride < (int64_t)op->n_head * op->head_dim + 2 * op->n_kv_head * op->n_in ||
+            op->x2_stride < op->n_head || op->y_stride < (int64_t)op->n_head * op->head_dim)
+            return fail("ssm_scan: rows too short for the heads, B and C");
+        return 0;
     default:
         return fail("unknown op kind %d", op->kind);
     }
@@ -363,6 +378,12 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
         if (st->pos[t] < 0 || st->pos[t] >= capacity)
             return fail("position %d outside the %lld the block table holds", st->pos[t], (long long)capacity);
     for (int i = 0; i < n_ops; i++) {
+        if (ops[i].kind == OP_SSM_CONV || ops[i].kind == OP_SSM_SCAN) {   /* a state carries one sequence on */
+            for (int t = 1; t < st->n_tokens; t++)
+                if (st->pos[t] != st->pos[0] + t)
+                    return fail("a recurrent layer's step needs consecutive positions (%d after %d)", st->pos[t],
+                                st->pos[t - 1]);
+        }
         if (ops[i].kind != OP_EMBED) continue;
         const int by_pos = ops[i].flags & OPF_BY_POS;
         for (int t = 0; t < st->n_tokens; t++) {
@@ -396,7 +417,8 @@ static int send(pyllm_cuda *ctx, int32_t *dst, const int32_t *src, int n) {
 static const char *kind_name(int k) {
     static const char *names[OP_KIND_COUNT] = {"?", "embed", "rmsnorm", "quantize", "matmul", "rope", "kv_store",
                                                "attention", "glu", "add", "scale", "moe_route", "matmul_id",
-                                               "moe_sum", "shortconv", "pos_scale", "copy"};
+                                               "moe_sum", "shortconv", "pos_scale", "copy", "ssm_conv",
+                                               "ssm_scan"};
     return k > 0 && k < OP_KIND_COUNT ? names[k] : "?";
 }
 
@@ -405,13 +427,14 @@ int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_
     if (check_step(ops, n_ops, st) != 0) return -1;
     CU(cudaSetDevice(ctx->device));
 
-    /* send what these ops read of the step, as the Python side predicts (lowering.step_needs);
+    /* send what these ops read of the step, as the Python side predicts (lowering.step_needs;
+     * the SSM ops read the first position: 0 starts a sequence, and its state, from zeros);
      * the others (COPY, MATMUL_ID, ...) read none of it */
     bool need_tokens = false, need_pos = false, need_table = false;
     for (int i = 0; i < n_ops; i++) {
         const int k = ops[i].kind;
         need_tokens |= k == OP_EMBED && !(ops[i].flags & OPF_BY_POS);
-        need_pos |= (k == OP_EMBED && (ops[i].flags & OPF_BY_POS)) || k == OP_ROPE || k == OP_KV_STORE || k == OP_ATTENTION || k == OP_SHORTCONV || k == OP_POS_SCALE;
+        need_pos |= (k == OP_EMBED && (ops[i].flags & OPF_BY_POS)) || k == OP_ROPE || k == OP_KV_STORE || k == OP_ATTENTION || k == OP_SHORTCONV || k == OP_POS_SCALE || k == OP_SSM_CONV || k == OP_SSM_SCAN;
         need_table |= k == OP_KV_STORE || k == OP_ATTENTION || k == OP_SHORTCONV;
     }
     if (new_step) ctx->sent = 0;
@@ -465,6 +488,8 @@ int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_
         case OP_SHORTCONV: launch_shortconv(op, e); break;
         case OP_POS_SCALE: launch_pos_scale(op, e); break;
         case OP_COPY: launch_copy(op, e); break;
+        case OP_SSM_CONV: launch_ssm_conv(op, e); break;
+        case OP_SSM_SCAN: launch_ssm_scan(op, e); break;
         default: return fail("op %d: unknown kind %d", i, op->kind);
         }
         cudaError_t err = cudaPeekAtLastError();
