@@ -106,6 +106,7 @@ static void overlay(kernel_table *dst, const kernel_table *src) {
     OV(dot_f16_f32);
     OV(axpy_f16);
     OV(dot_f32);
+    OV(ssm_scan_row);
     OV(glu_silu);
     OV(glu_gelu_tanh);
     OV(exp_sum);

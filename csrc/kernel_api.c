@@ -73,6 +73,7 @@ int pyllm_kernel_provided(int isa, int kind, int type) {
         case 5: return own.wsum_many_f32 != NULL;
         case 6: return own.wsum_many_f16 != NULL;
         case 7: return own.softcap != NULL;
+        case 8: return own.ssm_scan_row != NULL;
         default: return 0;
         }
     default: return 0;
@@ -231,4 +232,14 @@ int pyllm_kernel_wsum_f16(int isa, int64_t n, int rows, int nq, const float *w, 
     const int rc = pyllm_kernel_wsum(isa, n, rows, nq, w, ws, xf, n, y, ys);
     free(xf);
     return rc;
+}
+
+int pyllm_kernel_ssm_scan_row(int isa, int64_t n, float *s, int n_tok, const float *bc, int64_t bc_stride,
+                              int64_t c_off, const float *x, int64_t x_stride, const float *dt, const float *decay,
+                              float *y, int64_t y_stride) {
+    const kernel_table *t = table_for(isa);
+    if (!t || n < 1 || n_tok < 1 || !s || !bc || !x || !dt || !decay || !y || c_off < n || bc_stride < c_off + n)
+        return -1;
+    t->ssm_scan_row(n, s, n_tok, bc, bc_stride, c_off, x, x_stride, dt, decay, y, y_stride);
+    return 0;
 }

@@ -210,12 +210,13 @@ static int check_op(const pyllm_op *op) {
         return 0;
     case OP_SSM_CONV:
         if (!op->w || !op->x || !op->y || !op->state) return fail("ssm_conv: missing weights, state or rows");
-        if (op->n_in <= 0 || op->n_head < 1 || op->n_head > 64 || op->x_stride < op->n_in || op->y_stride < op->n_in)
+        if (op->n_in <= 0 || op->n_head < 1 || op->n_head > 64 || op->x_stride < op->n_in || op->y_stride < op->n_in ||
+            op->n_in * op->n_head > SCRATCH_FLOATS)
             return fail("ssm_conv: %lld channels, %d taps", (long long)op->n_in, op->n_head);
         return 0;
     case OP_SSM_SCAN:
         if (!op->w || !op->x || !op->x2 || !op->y || !op->state) return fail("ssm_scan: missing weights, state or rows");
-        if (op->n_in <= 0 || op->n_in > SCRATCH_FLOATS || op->n_head <= 0 || op->head_dim <= 0 || op->n_kv_head <= 0 ||
+        if (op->n_in <= 0 || op->n_in > SCRATCH_FLOATS / 2 || op->n_head <= 0 || op->head_dim <= 0 || op->n_kv_head <= 0 ||
             op->n_head % op->n_kv_head || (op->n_rot != 1 && op->n_rot != op->n_in))
             return fail("ssm_scan: %d heads of %d in %d groups, state %lld, %d decays per head", op->n_head,
                         op->head_dim, op->n_kv_head, (long long)op->n_in, op->n_rot);
@@ -262,6 +263,9 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
         if (st->pos[t] < 0 || st->pos[t] >= capacity)
             return fail("position %d outside the %lld the block table holds", st->pos[t], (long long)capacity);
     for (int i = 0; i < n_ops; i++) {
+        if (ops[i].kind == OP_SSM_SCAN && ops[i].n_in + 2 * (int64_t)st->n_tokens > SCRATCH_FLOATS)
+            return fail("a step of %d tokens through a scan of %lld states needs more scratch than the core has",
+                        st->n_tokens, (long long)ops[i].n_in);
         if (ops[i].kind == OP_SSM_CONV || ops[i].kind == OP_SSM_SCAN) {   /* a state carries one sequence on */
             for (int t = 1; t < st->n_tokens; t++)
                 if (st->pos[t] != st->pos[0] + t)

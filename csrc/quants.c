@@ -690,6 +690,23 @@ static void wsum_f32(int64_t n, int rows, const float *restrict w, const float *
     for (int i = 0; i < rows; i++) axpy_f32(n, w[i], x + (int64_t)i * ld, y);
 }
 
+/* ssm_scan_row: each state value one multiply and one multiply-add per token (the SIMD
+ * levels fuse the add: within 1 ulp of each other per step), the dot product in float */
+static void ssm_scan_row(int64_t n, float *restrict s, int n_tok, const float *bc, int64_t bc_stride, int64_t c_off,
+                         const float *x, int64_t x_stride, const float *dt, const float *decay, float *y,
+                         int64_t y_stride) {
+    for (int t = 0; t < n_tok; t++) {
+        const float *B = bc + t * bc_stride, *C = B + c_off;
+        const float xdt = x[t * x_stride] * dt[t], d = decay[t];
+        float sum = 0.0f;
+        for (int64_t i = 0; i < n; i++) {
+            s[i] = s[i] * d + B[i] * xdt;
+            sum += s[i] * C[i];
+        }
+        y[t * y_stride] = sum;
+    }
+}
+
 /* ------------------------------------------------------------------ */
 /* type traits                                                          */
 /* ------------------------------------------------------------------ */
@@ -777,4 +794,5 @@ void kernels_fill_scalar(kernel_table *t) {
     t->softcap = softcap;
     t->axpy_f32 = axpy_f32;
     t->wsum_f32 = wsum_f32;
+    t->ssm_scan_row = ssm_scan_row;
 }

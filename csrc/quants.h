@@ -210,6 +210,12 @@ typedef struct {
     /* out[i] += s * f16_to_f32(a[i]) */
     void (*axpy_f16)(int64_t n, float s, const f16_t *restrict a, float *restrict out);
     float (*dot_f32)(int64_t n, const float *restrict a, const float *restrict b);
+    /* one row of Mamba 2's selective scan over n_tok tokens, its state s[n] carried on:
+     *   s = s * decay[t] + (x[t x_stride] dt[t]) B_t ;  y[t y_stride] = s . C_t
+     * with B_t = bc + t bc_stride and C_t = B_t + c_off (the scan's state update; see ssm.c) */
+    void (*ssm_scan_row)(int64_t n, float *restrict s, int n_tok, const float *bc, int64_t bc_stride, int64_t c_off,
+                         const float *x, int64_t x_stride, const float *dt, const float *decay, float *y,
+                         int64_t y_stride);
     /* vector math of the non-matmul ops (GLU, attention); the error bounds of
      * each level are stated with the scalar references in quants.c. Each
      * element's result depends only on its inputs, never on n or on where the

@@ -13,7 +13,9 @@
 #include "core.h"
 
 /* y[t, c] = bias[c] + sum_j w[c K + j] z[t + j, c], z = [state rows (K - 1) ; x rows (T)];
- * then state = the last K - 1 rows of z. Threads split the channels. */
+ * then state = the last K - 1 rows of z. Threads split the channels; each works row by row
+ * over its channels (contiguous, so the loops vectorize), with its share of w transposed
+ * into scratch ([K][channels]). */
 void op_ssm_conv(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     const pyllm_step *st = r->step;
     const int taps = op->n_head, keep = taps - 1, n_tok = r->rows;
@@ -23,18 +25,30 @@ void op_ssm_conv(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     const int fresh = st->pos[0] == 0;
     int64_t lo, hi;
     split_range(n, ith, nth, 16, &lo, &hi);
-    float z[64];   /* one channel's window: taps <= 64 (program.c) */
-    for (int64_t c = lo; c < hi; c++) {
-        for (int i = 0; i < keep; i++) z[i] = fresh ? 0.0f : state[(int64_t)i * n + c];
-        for (int t = 0; t < n_tok; t++) {
-            z[keep] = IN_ROW(op, r, t)[c];
-            float acc = bias ? bias[c] : 0.0f;
-            for (int j = 0; j < taps; j++) acc += w[c * taps + j] * z[j];
-            OUT_ROW(op, t)[c] = acc;
-            memmove(z, z + 1, sizeof(float) * (size_t)keep);
+    const int64_t m = hi - lo;
+    if (m <= 0) return;
+    float *wt = r->scratch;   /* [taps][m]: tap j of channel lo + c at wt[j m + c] */
+    for (int64_t c = 0; c < m; c++)
+        for (int j = 0; j < taps; j++) wt[j * m + c] = w[(lo + c) * taps + j];
+    if (fresh)
+        for (int i = 0; i < keep; i++) memset(state + i * n + lo, 0, sizeof(float) * (size_t)m);
+    /* row k of z, from channel lo on */
+#define Z(k) ((k) < keep ? state + (int64_t)(k) * n + lo : IN_ROW(op, r, (k) - keep) + lo)
+    for (int t = 0; t < n_tok; t++) {
+        float *y = OUT_ROW(op, t) + lo;
+        if (bias)
+            memcpy(y, bias + lo, sizeof(float) * (size_t)m);
+        else
+            memset(y, 0, sizeof(float) * (size_t)m);
+        for (int j = 0; j < taps; j++) {
+            const float *z = Z(t + j), *wj = wt + j * m;
+            for (int64_t c = 0; c < m; c++) y[c] += wj[c] * z[c];
         }
-        for (int i = 0; i < keep; i++) state[(int64_t)i * n + c] = z[i];
     }
+    /* in ascending order: row n_tok + i of z is a later state row or an input row, so nothing
+     * is read after it was overwritten */
+    for (int i = 0; i < keep; i++) memmove(state + (int64_t)i * n + lo, Z(n_tok + i), sizeof(float) * (size_t)m);
+#undef Z
 }
 
 /* softplus as ggml computes it: x itself above 20, where log1p(exp(x)) rounds to x */
@@ -46,32 +60,43 @@ static inline float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); 
  *   y[t, h P + p] = s[h, p, :] . C[t, g, :] + D[h] x[t, h P + p]
  * with x's row [x (n_head P) | B (groups N) | C (groups N)], w = [A (n_head n_rot) | D (n_head)]:
  * n_rot = 1 (Mamba 2: one decay per head) or d_state (Mamba 1: one per state). Threads split
- * the (head, channel) rows; each row's state stays in cache across the step's tokens. */
+ * the (head, channel) rows; each row's state stays in cache across the step's tokens, and a
+ * head's dt and decay are worked out once per token for all of its rows (the transcendentals
+ * cost more than the state update otherwise). */
 void op_ssm_scan(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     const pyllm_step *st = r->step;
     const int64_t N = op->n_in, P = op->head_dim, H = op->n_head, G = op->n_kv_head, a_n = op->n_rot;
     const float *A = op->w, *D = (const float *)op->w + H * a_n, *bias = op->bias;
-    const int fresh = st->pos[0] == 0;
-    float *decay = r->scratch;   /* [N]: exp(dt A) when A is per state */
+    const int fresh = st->pos[0] == 0, n_tok = r->rows;
+    float *dts = r->scratch, *decays = r->scratch + n_tok;   /* [n_tok] each: this head's dt, exp(dt A) */
+    float *decay = r->scratch + 2 * n_tok;                   /* [N]: exp(dt A) when A is per state */
     int64_t lo, hi;
     split_range(H * P, ith, nth, 1, &lo, &hi);
-    for (int64_t row = lo; row < hi; row++) {
-        const int64_t h = row / P, g = h / (H / G);
-        float *s = op->state + row * N;
-        if (fresh) memset(s, 0, sizeof(float) * (size_t)N);
-        for (int t = 0; t < r->rows; t++) {
-            const float *x = IN_ROW(op, r, t);
-            const float *B = x + H * P + g * N, *C = x + H * P + G * N + g * N;
-            const float dt = softplus(op->x2[(int64_t)(r->row0 + t) * op->x2_stride + h] + (bias ? bias[h] : 0.0f));
-            const float xdt = x[row] * dt;
-            if (a_n == 1) {
-                const float dA = expf(dt * A[h]);
-                for (int64_t i = 0; i < N; i++) s[i] = s[i] * dA + B[i] * xdt;
-            } else {
-                for (int64_t i = 0; i < N; i++) decay[i] = expf(dt * A[h * N + i]);
-                for (int64_t i = 0; i < N; i++) s[i] = s[i] * decay[i] + B[i] * xdt;
-            }
-            OUT_ROW(op, t)[row] = K.dot_f32(N, s, C) + D[h] * x[row];
+    for (int64_t row0 = lo; row0 < hi;) {
+        const int64_t h = row0 / P, g = h / (H / G), row1 = (h + 1) * P < hi ? (h + 1) * P : hi;
+        for (int t = 0; t < n_tok; t++) {
+            dts[t] = softplus(op->x2[(int64_t)(r->row0 + t) * op->x2_stride + h] + (bias ? bias[h] : 0.0f));
+            decays[t] = a_n == 1 ? expf(dts[t] * A[h]) : 0.0f;
         }
+        for (int64_t row = row0; row < row1; row++) {
+            float *s = op->state + row * N;
+            if (fresh) memset(s, 0, sizeof(float) * (size_t)N);
+            if (a_n == 1) {   /* the level's kernel, then the skip */
+                const float *x0 = IN_ROW(op, r, 0);
+                K.ssm_scan_row(N, s, n_tok, x0 + H * P + g * N, op->x_stride, G * N, x0 + row, op->x_stride, dts,
+                               decays, OUT_ROW(op, 0) + row, op->y_stride);
+                for (int t = 0; t < n_tok; t++) OUT_ROW(op, t)[row] += D[h] * IN_ROW(op, r, t)[row];
+                continue;
+            }
+            for (int t = 0; t < n_tok; t++) {
+                const float *x = IN_ROW(op, r, t);
+                const float *B = x + H * P + g * N, *C = x + H * P + G * N + g * N;
+                const float xdt = x[row] * dts[t];   /* Mamba 1: a decay per state */
+                for (int64_t i = 0; i < N; i++) decay[i] = expf(dts[t] * A[h * N + i]);
+                for (int64_t i = 0; i < N; i++) s[i] = s[i] * decay[i] + B[i] * xdt;
+                OUT_ROW(op, t)[row] = K.dot_f32(N, s, C) + D[h] * x[row];
+            }
+        }
+        row0 = row1;
     }
 }

@@ -837,6 +837,43 @@ def test_axpy_f32(isa):
                 np.testing.assert_array_equal(yy, y[off:])
 
 
+def ssm_scan_row(isa, s, bc, c_off, x, dt, decay, n_tok):
+    """Runs level isa's ssm_scan_row over rows of bc ([B | ... | C ...] per token) and a column of x; (y, s)."""
+    s = s.copy()
+    y = np.full((n_tok, 3), np.nan, dtype=np.float32)   # a column of y, 3 apart
+    rc = lib.pyllm_kernel_ssm_scan_row(isa, s.size, fptr(s), n_tok, fptr(bc), bc.shape[1], c_off, fptr(x), x.shape[1],
+                                       fptr(dt), fptr(decay), fptr(y), 3)
+    assert rc == 0
+    return y[:, 0].copy(), s
+
+
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_ssm_scan_row(isa):
+    """One row of Mamba 2's scan against float64, and each level against the scalar
+    reference: state sizes around the 8-, 16- and 32-wide steps and their tails, one token
+    and many, the state carried in place; each step of a state value is within a few ulp."""
+    assert lib.pyllm_kernel_provided(isa, 5, 8) or ISA_NAMES[isa] == "neon"   # NEON runs the scalar one
+    rng = np.random.default_rng(18)
+    for n, n_tok in [(1, 1), (7, 3), (8, 2), (16, 5), (19, 4), (33, 2), (64, 9), (128, 17), (130, 3), (200, 1)]:
+        c_off = n + 3
+        bc = rng.standard_normal((n_tok, c_off + n + 5)).astype(np.float32)
+        x = rng.standard_normal((n_tok, 4)).astype(np.float32)
+        dt = rng.uniform(0.01, 2.0, n_tok).astype(np.float32)
+        decay = np.exp(-dt * rng.uniform(1, 8)).astype(np.float32)
+        s0 = rng.standard_normal(n).astype(np.float32)
+        y, s = ssm_scan_row(isa, s0, bc, c_off, x, dt, decay, n_tok)
+        exact = s0.astype(np.float64)
+        want, mag = np.empty(n_tok), np.empty(n_tok)
+        for t in range(n_tok):
+            B, C = bc[t, :n].astype(np.float64), bc[t, c_off:c_off + n].astype(np.float64)
+            exact = exact * float(decay[t]) + float(np.float32(x[t, 0] * dt[t])) * B
+            want[t], mag[t] = exact @ C, np.abs(exact) @ np.abs(C)
+        np.testing.assert_allclose(s, exact, rtol=0, atol=1e-6 * (1 + np.abs(exact).max()) * n_tok)
+        assert (np.abs(y - want) <= 1e-6 * n_tok * (mag + 1)).all(), (n, n_tok)
+        ref_y, ref_s = ssm_scan_row(0, s0, bc, c_off, x, dt, decay, n_tok)
+        np.testing.assert_allclose(s, ref_s, rtol=0, atol=4 * n_tok * np.spacing(np.abs(ref_s).max()))
+
+
 @pytest.mark.parametrize("isa", level_params(LEVELS))
 def test_wsum_f32(isa):
     rng = np.random.default_rng(17)

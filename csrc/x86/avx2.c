@@ -1382,6 +1382,36 @@ static void softcap(int64_t n, float *s, float scale, float cap) {
     }
 }
 
+/* ssm_scan_row: 8 states per step, s = fma(B, xdt, s * decay), the dot with C in two
+ * accumulators (the state stays in L1 across the tokens; its tail masked) */
+static void ssm_scan_row(int64_t n, float *restrict s, int n_tok, const float *bc, int64_t bc_stride, int64_t c_off,
+                         const float *x, int64_t x_stride, const float *dt, const float *decay, float *y,
+                         int64_t y_stride) {
+    for (int t = 0; t < n_tok; t++) {
+        const float *B = bc + t * bc_stride, *C = B + c_off;
+        const __m256 xdt = _mm256_set1_ps(x[t * x_stride] * dt[t]), d = _mm256_set1_ps(decay[t]);
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            const __m256 s0 = _mm256_fmadd_ps(_mm256_loadu_ps(B + i), xdt, _mm256_mul_ps(_mm256_loadu_ps(s + i), d));
+            const __m256 s1 = _mm256_fmadd_ps(_mm256_loadu_ps(B + i + 8), xdt,
+                                              _mm256_mul_ps(_mm256_loadu_ps(s + i + 8), d));
+            _mm256_storeu_ps(s + i, s0);
+            _mm256_storeu_ps(s + i + 8, s1);
+            acc0 = _mm256_fmadd_ps(s0, _mm256_loadu_ps(C + i), acc0);
+            acc1 = _mm256_fmadd_ps(s1, _mm256_loadu_ps(C + i + 8), acc1);
+        }
+        for (; i < n; i += 8) {
+            const __m256i k = tail_mask8(n - i < 8 ? n - i : 8);
+            const __m256 s0 = _mm256_fmadd_ps(_mm256_maskload_ps(B + i, k), xdt,
+                                              _mm256_mul_ps(_mm256_maskload_ps(s + i, k), d));
+            _mm256_maskstore_ps(s + i, k, s0);
+            acc0 = _mm256_fmadd_ps(s0, _mm256_maskload_ps(C + i, k), acc0);
+        }
+        y[t * y_stride] = hsum8(_mm256_add_ps(acc0, acc1));
+    }
+}
+
 static void axpy_f32(int64_t n, float a, const float *restrict x, float *restrict y) {
     const __m256 av = _mm256_set1_ps(a);
     int64_t i = 0;
@@ -1435,6 +1465,7 @@ void KERNELS_FILL_AVX2(kernel_table *t) {
     t->dot_f16_f32 = dot_f16_f32;
     t->axpy_f16 = axpy_f16;
     t->dot_f32 = dot_f32;
+    t->ssm_scan_row = ssm_scan_row;
     t->glu_silu = glu_silu;
     t->glu_gelu_tanh = glu_gelu_tanh;
     t->exp_sum = exp_sum;

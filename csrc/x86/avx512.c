@@ -1901,6 +1901,36 @@ static void axpy_f32(int64_t n, float a, const float *restrict x, float *restric
     }
 }
 
+/* ssm_scan_row: 16 states per step, s = fma(B, xdt, s * decay), the dot with C in one
+ * accumulator per 16 (the state stays in L1 across the tokens; its tail masked) */
+static void ssm_scan_row(int64_t n, float *restrict s, int n_tok, const float *bc, int64_t bc_stride, int64_t c_off,
+                         const float *x, int64_t x_stride, const float *dt, const float *decay, float *y,
+                         int64_t y_stride) {
+    for (int t = 0; t < n_tok; t++) {
+        const float *B = bc + t * bc_stride, *C = B + c_off;
+        const __m512 xdt = _mm512_set1_ps(x[t * x_stride] * dt[t]), d = _mm512_set1_ps(decay[t]);
+        __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+        int64_t i = 0;
+        for (; i + 32 <= n; i += 32) {
+            const __m512 s0 = _mm512_fmadd_ps(_mm512_loadu_ps(B + i), xdt, _mm512_mul_ps(_mm512_loadu_ps(s + i), d));
+            const __m512 s1 = _mm512_fmadd_ps(_mm512_loadu_ps(B + i + 16), xdt,
+                                              _mm512_mul_ps(_mm512_loadu_ps(s + i + 16), d));
+            _mm512_storeu_ps(s + i, s0);
+            _mm512_storeu_ps(s + i + 16, s1);
+            acc0 = _mm512_fmadd_ps(s0, _mm512_loadu_ps(C + i), acc0);
+            acc1 = _mm512_fmadd_ps(s1, _mm512_loadu_ps(C + i + 16), acc1);
+        }
+        for (; i < n; i += 16) {
+            const __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : tail_mask16(n - i);
+            const __m512 s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, B + i), xdt,
+                                              _mm512_mul_ps(_mm512_maskz_loadu_ps(k, s + i), d));
+            _mm512_mask_storeu_ps(s + i, k, s0);
+            acc0 = _mm512_fmadd_ps(s0, _mm512_maskz_loadu_ps(k, C + i), acc0);
+        }
+        y[t * y_stride] = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    }
+}
+
 /* K/V cache rows to float: 16 halves per convert, the row's tail masked */
 static void f16_to_f32_rows(const f16_t *restrict x, int64_t x_stride, int rows, float *restrict out, int64_t n) {
     for (int r = 0; r < rows; r++, x += x_stride, out += n) {
@@ -1947,6 +1977,7 @@ void kernels_fill_avx512(kernel_table *t) {
     t->softcap = softcap;
     t->axpy_f32 = axpy_f32;
     t->wsum_f32 = wsum_f32;
+    t->ssm_scan_row = ssm_scan_row;
     t->wsum_many_f32 = wsum_many_f32;
     t->wsum_many_f16 = wsum_many_f16;
     t->f16_to_f32 = f16_to_f32_rows;
