@@ -323,6 +323,24 @@ def read_kv(prog, layer):
     return tuple(out)
 
 
+def on_host_and_gpu(devices, run):
+    """(run(host), run(gpu)) for run(device) -> {name: array}; the emulator runs it once per
+    thread order of EMU_ORDERS, and the orders must agree bit for bit."""
+    host, gpu = devices
+    if not getattr(gpu, "emulated", False):
+        return run(host), run(gpu)
+    results = []
+    for order, seed in EMU_ORDERS:
+        gpu.set_order(order, seed)
+        results.append(run(gpu))
+    gpu.set_order("forward")
+    for (order, _), r in zip(EMU_ORDERS[1:], results[1:]):
+        for name in results[0]:
+            np.testing.assert_array_equal(r[name], results[0][name],
+                                          err_msg=f"{name}: thread order {order} changes the result (a race)")
+    return run(host), results[0]
+
+
 def run_both(devices, g, inputs: dict, n: int, outputs, table=(0,), pos=None, tokens=None, shape=None,
              n_out=None, kv=()):
     """Runs graph g on the host and on the GPU from the same inputs; returns
@@ -352,19 +370,7 @@ def run_both(devices, g, inputs: dict, n: int, outputs, table=(0,), pos=None, to
         prog.close()
         return out
 
-    host, gpu = devices
-    if not getattr(gpu, "emulated", False):
-        return run(host), run(gpu)
-    results = []
-    for order, seed in EMU_ORDERS:
-        gpu.set_order(order, seed)
-        results.append(run(gpu))
-    gpu.set_order("forward")
-    for (order, _), r in zip(EMU_ORDERS[1:], results[1:]):
-        for name in results[0]:
-            np.testing.assert_array_equal(r[name], results[0][name],
-                                          err_msg=f"{name}: thread order {order} changes the result (a race)")
-    return run(host), results[0]
+    return on_host_and_gpu(devices, run)
 
 
 @pytest.mark.parametrize("rows", [1, 5, 40])
@@ -542,19 +548,7 @@ def run_steps_both(devices, g, inputs: dict, steps, output: str):
             prog.close()
         return out
 
-    host, gpu = devices
-    if not getattr(gpu, "emulated", False):
-        return run(host), run(gpu)
-    results = []
-    for order, seed in EMU_ORDERS:
-        gpu.set_order(order, seed)
-        results.append(run(gpu))
-    gpu.set_order("forward")
-    for (order, _), r in zip(EMU_ORDERS[1:], results[1:]):
-        for name in results[0]:
-            np.testing.assert_array_equal(r[name], results[0][name],
-                                          err_msg=f"{name}: thread order {order} changes the result (a race)")
-    return run(host), results[0]
+    return on_host_and_gpu(devices, run)
 
 
 # steps of one sequence (5 rows, two of 1: shorter than a 7-tap convolution's state, then 12), then
