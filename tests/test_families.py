@@ -749,6 +749,26 @@ def test_family_errors(tmp_path):
         load_architecture(ModelFile(p))
 
 
+def test_state_space_family_errors(tmp_path):
+    """FFN widths per layer only where a family reads them, with one per layer; Mamba 2 sizes
+    that do not fit together; a latent-space expert file (Nemotron 3 Super) refused by name."""
+    p = synth.rewrite_metadata(synth.write_llama(tmp_path / "w.gguf", QT.F32), tmp_path / "w2.gguf",
+                               {"llama.feed_forward_length": np.array([512, 512], np.int32)})
+    with pytest.raises(UnsupportedModelError, match="llama with FFN widths per layer is not supported"):
+        load_architecture(ModelFile(p))
+    p = synth.rewrite_metadata(synth.write_nemotron_h(tmp_path / "n.gguf", QT.F32), tmp_path / "n2.gguf",
+                               {"nemotron_h.feed_forward_length": np.array([0, 512, 0], np.int32)})
+    with pytest.raises(ModelFileError, match="feed_forward_length has 3 entries for 6 layers"):
+        load_architecture(ModelFile(p))
+    p = synth.write_granitehybrid(tmp_path / "g.gguf", QT.F32, ssm={"heads": 7})   # 512 inner dims in 7 heads
+    with pytest.raises(ModelFileError, match="Mamba 2 sizes .* do not fit together"):
+        load_architecture(ModelFile(p))
+    p = synth.write_nemotron_h_moe(tmp_path / "s.gguf", QT.F32,
+                                   extra_tensors={"blk.1.ffn_latent_down.weight": np.zeros((8, 256))})
+    with pytest.raises(UnsupportedModelError, match="experts in a latent space"):
+        load_architecture(ModelFile(p))
+
+
 def test_deepseek2_latent_attention(tmp_path):
     """MLA caches the latent and the rotated key part alone (one f16 row of kv_lora + rope per
     position and layer, no value pool); a file from before the split of attn_kv_b runs the same
