@@ -76,5 +76,6 @@ void op_moe_sum(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_copy(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_ssm_conv(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_ssm_scan(const pyllm_op *op, const op_rows *r, int ith, int nth);
+void op_delta_net(const pyllm_op *op, const op_rows *r, int ith, int nth);
 
 #endif

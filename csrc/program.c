@@ -224,6 +224,16 @@ static int check_op(const pyllm_op *op) {
             op->x2_stride < op->n_head || op->y_stride < (int64_t)op->n_head * op->head_dim)
             return fail("ssm_scan: rows too short for the heads, B and C");
         return 0;
+    case OP_DELTA_NET:
+        if (!op->w || !op->x || !op->x2 || !op->y || !op->state) return fail("delta_net: missing weights, state or rows");
+        if (op->n_head <= 0 || op->n_kv_head <= 0 || op->n_head % op->n_kv_head || op->head_dim <= 0 ||
+            op->head_dim_v <= 0 || 2 * op->head_dim + op->head_dim_v > SCRATCH_FLOATS || !(op->eps >= 0.0f))
+            return fail("delta_net: %d value heads of %d over %d key heads of %d", op->n_head, op->head_dim_v,
+                        op->n_kv_head, op->head_dim);
+        if (op->x_stride < 2 * (int64_t)op->n_kv_head * op->head_dim + (int64_t)op->n_head * op->head_dim_v ||
+            op->x2_stride < 2 * (int64_t)op->n_head || op->y_stride < (int64_t)op->n_head * op->head_dim_v)
+            return fail("delta_net: rows too short for q, k, v and the gates");
+        return 0;
     case OP_MOE_SUM:
         if (!op->x || !op->x2 || !op->y || op->n_in <= 0 || op->n_head <= 0) return fail("moe sum: missing buffers");
         if (op->x_stride < op->n_in * op->n_head || op->x2_stride < 2 * op->n_head) return fail("moe sum: bad strides");
@@ -266,7 +276,8 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
         if (ops[i].kind == OP_SSM_SCAN && ops[i].n_in + 2 * (int64_t)st->n_tokens > SCRATCH_FLOATS)
             return fail("a step of %d tokens through a scan of %lld states needs more scratch than the core has",
                         st->n_tokens, (long long)ops[i].n_in);
-        if (ops[i].kind == OP_SSM_CONV || ops[i].kind == OP_SSM_SCAN) {   /* a state carries one sequence on */
+        if (ops[i].kind == OP_SSM_CONV || ops[i].kind == OP_SSM_SCAN || ops[i].kind == OP_DELTA_NET) {
+            /* a state carries one sequence on */
             for (int t = 1; t < st->n_tokens; t++)
                 if (st->pos[t] != st->pos[0] + t)
                     return fail("a recurrent layer's step needs consecutive positions (%d after %d)", st->pos[t],
@@ -331,6 +342,7 @@ static void exec_op(const pyllm_op *op, const pyllm_step *st, float *scratch, fl
     case OP_COPY: op_copy(op, &r, ith, nth); break;
     case OP_SSM_CONV: op_ssm_conv(op, &r, ith, nth); break;
     case OP_SSM_SCAN: op_ssm_scan(op, &r, ith, nth); break;
+    case OP_DELTA_NET: op_delta_net(op, &r, ith, nth); break;
     }
 }
 

@@ -51,7 +51,12 @@ enum pyllm_op_kind {
                          + dt x[t, h P + p] B[t, g]; y[t, h P + p] = state[h, p] . C[t, g] + D[h] x[t, h P + p];
                          x's row is [x | B | C], w is [A (n_head x n_rot: 1, or d_state per head) | D (n_head)],
                          state is [n_head][head_dim][d_state] */
-    OP_KIND_COUNT = 19
+    OP_DELTA_NET = 19, /* the gated delta rule (Qwen3.5's linear attention), n_head value heads of head_dim_v over
+                          n_kv_head key heads of head_dim (value head h reads key head h % n_kv_head): x's row is
+                          [q | k | v], x2's [a | b] (n_head each), w = [A | dt bias] (n_head each); q and k divided by
+                          max(|q|, eps), q by sqrt(head_dim) too; g = exp(A softplus(a + dt bias)), beta = sigmoid(b);
+                          S = g S; S += k ((v - S^T k) beta)^T; y = S^T q, S the head's [head_dim][head_dim_v] state */
+    OP_KIND_COUNT = 20
 };
 
 enum pyllm_op_flags {
@@ -111,7 +116,7 @@ typedef struct pyllm_op {
     float softcap;         /* ATTENTION (scores), SCALE (outputs): tanh soft-capping, 0 = none */
     uint16_t *k_cache;     /* KV_STORE/ATTENTION: this layer's pools, */
     uint16_t *v_cache;     /*   [pool blocks][block_size][n_kv_head * head_dim (_v)] f16 */
-    float *state;          /* SSM_CONV/SSM_SCAN: the layer's recurrent state, carried from step to step; a step
+    float *state;          /* SSM_CONV/SSM_SCAN/DELTA_NET: the layer's recurrent state, carried from step to step; a step
                               starting at position 0 starts from zeros */
 } pyllm_op;
 

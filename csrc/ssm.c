@@ -1,4 +1,5 @@
-/* ssm.c: the recurrent ops of state-space layers (Mamba 1 and 2).
+/* ssm.c: the recurrent ops of state-space layers (Mamba 1 and 2) and of linear
+ * attention (the gated delta rule of Qwen3.5).
  *
  * Unlike attention, which rereads every earlier position from the KV cache,
  * these layers carry a fixed-size state from one position to the next: the
@@ -98,5 +99,67 @@ void op_ssm_scan(const pyllm_op *op, const op_rows *r, int ith, int nth) {
             }
         }
         row0 = row1;
+    }
+}
+
+/* x / max(|x|, eps) in place, the sum of squares in double (ggml's l2_norm) */
+static void l2_normalize(float *x, int64_t n, float eps) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
+    const float norm = sqrtf((float)sum), scale = 1.0f / (norm > eps ? norm : eps);
+    for (int64_t i = 0; i < n; i++) x[i] *= scale;
+}
+
+static inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* The gated delta rule per value head h (csrc/pyllm.h, OP_DELTA_NET), token by token:
+ *   S = g S ;  u = S^T k ;  S += k ((v - u) beta)^T ;  y = S^T q
+ * with q, k the head's key head's, L2-normalized (q also / sqrt(dk)). S is [dk][dv], row i the
+ * values stored under key dim i: each pass walks the rows, so every inner loop is a contiguous
+ * axpy over dv. Threads split the value heads; q, k, d and u live in scratch. */
+void op_delta_net(const pyllm_op *op, const op_rows *r, int ith, int nth) {
+    const pyllm_step *st = r->step;
+    const int64_t H = op->n_head, Hk = op->n_kv_head, dk = op->head_dim, dv = op->head_dim_v;
+    const float *A = op->w, *dt_bias = (const float *)op->w + H;
+    const int fresh = st->pos[0] == 0;
+    const float q_scale = 1.0f / sqrtf((float)dk);
+    float *q = r->scratch, *k = q + dk, *u = k + dk;   /* [dk], [dk], [dv] */
+    int64_t lo, hi;
+    split_range(H, ith, nth, 1, &lo, &hi);
+    for (int64_t h = lo; h < hi; h++) {
+        float *S = op->state + h * dk * dv;
+        const int64_t hk = h % Hk;
+        if (fresh) memset(S, 0, sizeof(float) * (size_t)(dk * dv));
+        for (int t = 0; t < r->rows; t++) {
+            const float *x = IN_ROW(op, r, t), *ab = op->x2 + (int64_t)(r->row0 + t) * op->x2_stride;
+            const float *v = x + 2 * Hk * dk + h * dv;
+            memcpy(q, x + hk * dk, sizeof(float) * (size_t)dk);
+            memcpy(k, x + Hk * dk + hk * dk, sizeof(float) * (size_t)dk);
+            l2_normalize(q, dk, op->eps);
+            l2_normalize(k, dk, op->eps);
+            const float g = expf(A[h] * softplus(ab[h] + dt_bias[h])), beta = sigmoid(ab[H + h]);
+            /* S = g S and u = S^T k in one pass over the rows */
+            memset(u, 0, sizeof(float) * (size_t)dv);
+            for (int64_t i = 0; i < dk; i++) {
+                float *Si = S + i * dv;
+                const float ki = k[i];
+                for (int64_t j = 0; j < dv; j++) {
+                    Si[j] *= g;
+                    u[j] += Si[j] * ki;
+                }
+            }
+            for (int64_t j = 0; j < dv; j++) u[j] = (v[j] - u[j]) * beta;   /* u becomes d */
+            /* S += k d^T and y = S^T q (q scaled) in one pass */
+            float *y = OUT_ROW(op, t) + h * dv;
+            memset(y, 0, sizeof(float) * (size_t)dv);
+            for (int64_t i = 0; i < dk; i++) {
+                float *Si = S + i * dv;
+                const float ki = k[i], qi = q[i] * q_scale;
+                for (int64_t j = 0; j < dv; j++) {
+                    Si[j] += ki * u[j];
+                    y[j] += Si[j] * qi;
+                }
+            }
+        }
     }
 }

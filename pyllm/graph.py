@@ -27,12 +27,12 @@ from .model_file import Tensor
 OP_EMBED, OP_RMSNORM, OP_QUANTIZE, OP_MATMUL, OP_ROPE = 1, 2, 3, 4, 5
 OP_KV_STORE, OP_ATTENTION, OP_GLU, OP_ADD, OP_SCALE = 6, 7, 8, 9, 10
 OP_MOE_ROUTE, OP_MATMUL_ID, OP_MOE_SUM, OP_SHORTCONV, OP_POS_SCALE = 11, 12, 13, 14, 15
-OP_COPY, OP_SSM_CONV, OP_SSM_SCAN = 16, 17, 18
+OP_COPY, OP_SSM_CONV, OP_SSM_SCAN, OP_DELTA_NET = 16, 17, 18, 19
 OP_NAMES = {OP_EMBED: "embed", OP_RMSNORM: "rmsnorm", OP_QUANTIZE: "quantize", OP_MATMUL: "matmul",
             OP_ROPE: "rope", OP_KV_STORE: "kv_store", OP_ATTENTION: "attention", OP_GLU: "glu",
             OP_ADD: "add", OP_SCALE: "scale", OP_MOE_ROUTE: "moe_route", OP_MATMUL_ID: "matmul_id",
             OP_MOE_SUM: "moe_sum", OP_SHORTCONV: "shortconv", OP_POS_SCALE: "pos_scale", OP_COPY: "copy",
-            OP_SSM_CONV: "ssm_conv", OP_SSM_SCAN: "ssm_scan"}
+            OP_SSM_CONV: "ssm_conv", OP_SSM_SCAN: "ssm_scan", OP_DELTA_NET: "delta_net"}
 OPF_ACCUMULATE, OPF_LAST_ROWS, OPF_NO_SYNC, OPF_OUT_ROWS, OPF_SLOT_INPUT, OPF_BY_POS = 1, 2, 4, 8, 16, 32
 OPF_V_IN_K, OPF_CHUNKED, OPF_GROUP_WEIGHTS = 64, 128, 256
 GLU_SILU, GLU_GELU_TANH, GLU_SWIGLU_OAI, GLU_RELU_SQR, GLU_MUL, GLU_RELU, GLU_SIGMOID = 0, 1, 2, 3, 4, 5, 6
@@ -385,6 +385,23 @@ class Graph:
         self._emit(Op(OP_SSM_SCAN, vector=w, bias=dt_bias, x=xbc, x2=dt, y=y, n_in=d_state, n_head=heads,
                       n_kv_head=groups, head_dim=head_dim, n_rot=a.size // heads, state=name),
                    {xbc.name, dt.name, name}, {y.name, name})
+        return y
+
+    def delta_net(self, qkv: View, ab: View, a: np.ndarray, dt_bias: np.ndarray, heads: int, kv_heads: int,
+                  head_dim: int, head_dim_v: int, eps: float, out: str | View) -> View:
+        """The gated delta rule over this step's rows, from the layer's state on (Qwen3.5's
+        linear attention): qkv's row [q | k | v] (kv_heads x head_dim twice, heads x head_dim_v),
+        ab's [a | b] (heads each); per value head S = g S, S += k ((v - S^T k) beta)^T, out = S^T q
+        with q, k L2-normalized, g = exp(A softplus(a + dt_bias)), beta = sigmoid(b)
+        (csrc/pyllm.h, OP_DELTA_NET)."""
+        assert qkv.width == 2 * kv_heads * head_dim + heads * head_dim_v and ab.width == 2 * heads
+        assert heads % kv_heads == 0 and a.shape == (heads,) and dt_bias.shape == (heads,)
+        name = f"delta{self.layer}"
+        self.states[name] = heads * head_dim * head_dim_v
+        y = self._out(out, heads * head_dim_v)
+        w = np.concatenate([np.asarray(a, np.float32), np.asarray(dt_bias, np.float32)])
+        self._emit(Op(OP_DELTA_NET, vector=w, x=qkv, x2=ab, y=y, n_head=heads, n_kv_head=kv_heads, head_dim=head_dim,
+                      head_dim_v=head_dim_v, eps=eps, state=name), {qkv.name, ab.name, name}, {y.name, name})
         return y
 
     def pos_scale(self, y: View, s: float, period: int, offset: float = 0.0) -> View:
