@@ -13,7 +13,7 @@ from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from .arch import ARCHITECTURES
-from .arch.base import Architecture, Mla, Moe, ShortConv, Ssm
+from .arch.base import Architecture, DeltaNet, Mla, Moe, ShortConv, Ssm
 from .graph import GLU_GELU_TANH, GLU_RELU, GLU_RELU_SQR, GLU_SWIGLU_OAI, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from .model_file import Tensor
 
@@ -214,9 +214,14 @@ class Reference:
         a, hp = self.arch, self.arch.hp
         T, H, Hkv, d = h.shape[0], hp.n_head, hp.n_head_kv, hp.head_dim
         pos = np.arange(T)
+        gate = None
         if A.wqkv is not None:
             qkv = self._linear(h, A.wqkv, A.bqkv)
             q, k, v = np.split(qkv, [hp.q_dim, hp.q_dim + hp.kv_dim], axis=1)
+        elif A.q_gated:   # wq's rows [q_h | gate_h] per head (Qwen3.5)
+            qg = self._linear(h, A.wq, A.bq).reshape(T, H, 2 * d)
+            q, gate = qg[:, :, :d].reshape(T, -1), qg[:, :, d:].reshape(T, -1)
+            k, v = self._linear(h, A.wk, A.bk), self._linear(h, A.wv, A.bv)
         else:
             q, k, v = self._linear(h, A.wq, A.bq), self._linear(h, A.wk, A.bk), self._linear(h, A.wv, A.bv)
         def qk_norms(q, k):   # over each head, or over all of q and of k (OLMo 2)
@@ -239,7 +244,9 @@ class Reference:
             k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
         att = attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i), a.attn_softcap, A.sinks, a.chunked_window)
         if A.gate is not None:   # gated attention (AFMoE)
-            att = att / (1.0 + np.exp(-self._linear(h, A.gate, None)))
+            gate = self._linear(h, A.gate, None)
+        if gate is not None:
+            att = att / (1.0 + np.exp(-gate))
         return self._linear(att, A.wo, A.bo)
 
     def _latent_attention(self, h: np.ndarray, A: Mla, i: int) -> np.ndarray:
@@ -307,6 +314,34 @@ class Reference:
             y = (rmsnorm(y.reshape(T, G, -1), s.norm.reshape(G, -1), self.arch.hp.eps)).reshape(T, d_inner)
         return self._linear(y, s.out_proj, None)
 
+    def _delta_net(self, h: np.ndarray, d: DeltaNet) -> np.ndarray:
+        """The gated delta rule as Qwen3.5 writes it, token by token, in float64: [q | k | v] =
+        silu(conv(Wqkv h)); per value head (key head h % kv_heads) q, k / max(|.|, eps), q also
+        / sqrt(dk); S = g S + k (beta (v - S^T k))^T, o = S^T q; then rmsnorm_per_head(o) * silu(Wz h)."""
+        T, H, Hk, dk, dv, eps = h.shape[0], d.heads, d.kv_heads, d.head_dim, d.head_dim_v, self.arch.hp.eps
+        qkv = self._linear(h, d.wqkv, None)
+        taps = d.conv.shape[1]
+        padded = np.concatenate([np.zeros((taps - 1, qkv.shape[1]), np.float32), qkv])
+        qkv = silu(sum(d.conv[:, j] * padded[j:j + T] for j in range(taps))).astype(np.float64)
+        q, k, v = np.split(qkv, [Hk * dk, 2 * Hk * dk], axis=1)
+
+        def l2(x):   # [T, Hk, dk] -> per head x / max(|x|, eps)
+            return x / np.maximum(np.sqrt((x ** 2).sum(-1, keepdims=True)), eps)
+        q, k = l2(q.reshape(T, Hk, dk))[:, np.arange(H) % Hk] / np.sqrt(dk), l2(k.reshape(T, Hk, dk))[:, np.arange(H) % Hk]
+        v = v.reshape(T, H, dv)
+        a = self._linear(h, d.w_alpha, None).astype(np.float64) + d.dt_bias
+        g = np.exp(d.a * np.where(a > 20.0, a, np.log1p(np.exp(np.minimum(a, 20.0)))))       # [T, H]
+        beta = 1.0 / (1.0 + np.exp(-self._linear(h, d.w_beta, None).astype(np.float64)))   # [T, H]
+        S = np.zeros((H, dk, dv))
+        o = np.empty((T, H, dv))
+        for t in range(T):
+            S = S * g[t][:, None, None]
+            err = (v[t] - np.einsum("hij,hi->hj", S, k[t])) * beta[t][:, None]
+            S = S + k[t][:, :, None] * err[:, None, :]
+            o[t] = np.einsum("hij,hi->hj", S, q[t])
+        y = rmsnorm(o.astype(np.float32), d.norm, self.arch.hp.eps).reshape(T, H * dv)
+        return self._linear(y * silu(self._linear(h, d.wz, None)), d.out_proj, None)
+
     def _linear(self, x: np.ndarray, w: Tensor, b: np.ndarray | None) -> np.ndarray:
         y = x @ self.w(w).T
         return y if b is None else y + b
@@ -337,6 +372,8 @@ class Reference:
                 o = self._short_conv(h, L.attn)
             elif isinstance(L.attn, Ssm):
                 o = self._ssm(h, L.attn)
+            elif isinstance(L.attn, DeltaNet):
+                o = self._delta_net(h, L.attn)
             elif isinstance(L.attn, Mla):
                 o = self._latent_attention(h, L.attn, i)
             else:

@@ -113,7 +113,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 mla: Optional[dict] = None, keys: Optional[dict] = None, extra_tensors: Optional[dict] = None,
                 context_length: int = 512, ssm_layers: tuple = (), ssm: Optional[dict] = None,
                 mlp_layers: tuple = (), no_attention: bool = False, parallel_ssm: bool = False,
-                bare_ffn_norm: bool = False,
+                bare_ffn_norm: bool = False, delta_layers: tuple = (), delta: Optional[dict] = None,
+                q_gated: bool = False, array_keys: Optional[dict] = None,
                 drop_tensor: Optional[str] = None, bad_shape: Optional[str] = None) -> str:
     """A tiny decoder of family `arch`, every matrix in `qtype`, tensors named
     as llama.cpp expects:
@@ -149,6 +150,10 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
       parallel_ssm  the ssm_layers have attention too, beside the Mamba 2 mixer (Falcon-H1);
                   bare_ffn_norm: the FFN norm named blk.N.ffn_norm, without ".weight" (Falcon-H1)
       no_attention  no attention keys or FFN at all: head_count 0 (Mamba 2, every layer in ssm_layers)
+      delta_layers  layers with linear attention by the gated delta rule (attn_qkv, attn_gate, ssm_{conv1d,
+                  dt,a,alpha,beta,norm,out}: Qwen3.5); delta: its sizes {"heads" (4 value heads), "kv_heads"
+                  (2), "head_dim" (64, keys and values), "d_conv" (4)}, written as the ssm.* keys
+      q_gated     attn_q twice as wide: [q_h | gate_h] per head (Qwen3.5's full attention)
       mlp_layers  one branch per layer (Nemotron-H): these layers an FFN alone (attn_norm its norm),
                   the others a mixer alone; feed_forward_length a list, 0 for the mixers
       extra_tensors more float32 tensors by name (present in the file, not used)
@@ -174,6 +179,13 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
         w.add_ssm_state_size(ssm["d_state"])
         w.add_ssm_time_step_rank(ssm["heads"])
         w.add_ssm_group_count(ssm["groups"])
+    if delta_layers:
+        delta = {"heads": 4, "kv_heads": 2, "head_dim": 64, "d_conv": 4, **(delta or {})}
+        w.add_ssm_conv_kernel(delta["d_conv"])
+        w.add_ssm_inner_size(delta["heads"] * delta["head_dim"])
+        w.add_ssm_state_size(delta["head_dim"])
+        w.add_ssm_time_step_rank(delta["heads"])
+        w.add_ssm_group_count(delta["kv_heads"])
     if conv_layers:
         w.add_uint32(f"{arch}.shortconv.l_cache", conv_taps)
         tied = True
@@ -209,6 +221,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
     elif head_dim:
         w.add_key_length(hd)
         w.add_value_length(hd)
+    for name, value in (array_keys or {}).items():   # "{arch}.name": an array of numbers
+        w.add_array(f"{arch}.{name}", [int(x) for x in value])
     for name, value in (keys or {}).items():
         if "." in name:   # a key the writer has no method for: "{arch}.name", an int or a float
             (w.add_uint32 if isinstance(value, int) else w.add_float32)(f"{arch}.{name}", value)
@@ -270,7 +284,19 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
             add(p + "ssm_norm.weight", ((1.0 + 0.1 * rng.standard_normal((groups, d_inner // groups))).astype(np.float32),
                                         None))
             add(p + "ssm_out.weight", weight(qtype, d_inner, n_embd, rng))
-        if i in mlp_layers or (i in ssm_layers and not parallel_ssm):
+        if i in delta_layers:
+            H, Hk, hdd = delta["heads"], delta["kv_heads"], delta["head_dim"]
+            channels = 2 * Hk * hdd + H * hdd
+            add(p + "attn_qkv.weight", weight(qtype, n_embd, channels, rng))
+            add(p + "attn_gate.weight", weight(qtype, n_embd, H * hdd, rng))
+            add(p + "ssm_conv1d.weight", ((rng.standard_normal((channels, delta["d_conv"])) / 2).astype(np.float32), None))
+            add(p + "ssm_dt.bias", (rng.uniform(-2.0, 0.5, H).astype(np.float32), None))
+            add(p + "ssm_a", ((-np.exp(rng.uniform(0, np.log(8), H))).astype(np.float32), None))
+            add(p + "ssm_alpha.weight", weight(qtype, n_embd, H, rng))
+            add(p + "ssm_beta.weight", weight(qtype, n_embd, H, rng))
+            add(p + "ssm_norm.weight", norm(hdd))
+            add(p + "ssm_out.weight", weight(qtype, H * hdd, n_embd, rng))
+        elif i in mlp_layers or (i in ssm_layers and not parallel_ssm):
             pass
         elif i in conv_layers:
             add(p + "shortconv.in_proj.weight", weight(qtype, n_embd, 3 * n_embd, rng))
@@ -300,7 +326,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 if qkv_bias:
                     add(p + "attn_qkv.bias", bias(q_dim + 2 * kv_dim))
             else:
-                add(p + "attn_q.weight", weight(qtype, n_embd, q_dim, rng))
+                add(p + "attn_q.weight", weight(qtype, n_embd, 2 * q_dim if q_gated else q_dim, rng))
                 add(p + "attn_k.weight", weight(qtype, n_embd, kv_dim, rng))
                 add(p + "attn_v.weight", weight(qtype, n_embd, kv_dim, rng))
             if qkv_bias and not fused_qkv:
@@ -639,6 +665,19 @@ def write_falcon_h1(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_model(path, "falcon-h1", qtype, parallel_ssm=True, bare_ffn_norm=True, **kw)
 
 
+def write_qwen35(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """Qwen3.5: 4 layers, 0-2 linear attention (4 value heads over 2 key heads of 64), 3 gated
+    full attention with per-head q/k norms and NEOX RoPE on 16 of 64 dims (M-RoPE sections
+    3, 3, 2, 0), the FFN norm stored as post_attention_norm."""
+    kw.setdefault("n_layer", 4)
+    interval = kw.pop("interval", 4)
+    kw.setdefault("delta_layers", tuple(i for i in range(kw["n_layer"]) if (i + 1) % interval))
+    keys = {"full_attention_interval": interval, **kw.pop("keys", {})}
+    extra_keys = {"rope.dimension_sections": np.array([3, 3, 2, 0], np.int32)}
+    return write_model(path, "qwen35", qtype, qk_norm=True, q_gated=True, rope_dim=16, rope_base=1e7,
+                       ffn_norm="post_attention_norm", keys=keys, array_keys=extra_keys, **kw)
+
+
 def write_lfm2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     """LFM2: 4 layers, 0, 1 and 3 short convolutions (3 taps), 2 attention with per-head q/k norms."""
     kw.setdefault("n_layer", 4)
@@ -872,7 +911,7 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "qwen3moe": write_qwen3moe, "olmoe": write_olmoe, "granitemoe": write_granitemoe,
            "granitehybrid": write_granitehybrid, "nemotron_h": write_nemotron_h,
            "nemotron_h_moe": write_nemotron_h_moe, "mamba2": write_mamba2,
-           "falcon-h1": write_falcon_h1,
+           "falcon-h1": write_falcon_h1, "qwen35": write_qwen35,
            "qwen2moe": write_qwen2moe, "gpt-oss": write_gpt_oss, "glm4": write_glm4, "nemotron": write_nemotron,
            "arcee": write_arcee, "gptneox": write_gptneox, "falcon": write_falcon,
            "lfm2": write_lfm2, "lfm2moe": write_lfm2moe, "mistral3": write_mistral3, "ernie4_5-moe": write_ernie4_5_moe,

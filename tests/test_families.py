@@ -67,6 +67,8 @@ FAMILIES = {
     "nemotron_h_moe": (synth.write_nemotron_h_moe, {}),      # ungated relu^2 experts, sigmoid routes
     "mamba2": (synth.write_mamba2, {}),                      # Mamba 2 mixers alone
     "falcon-h1": (synth.write_falcon_h1, {}),                # attention and Mamba 2 side by side
+    "qwen35": (synth.write_qwen35, {}),                      # the gated delta rule in layers 0-2
+    "qwen35-mha": (synth.write_qwen35, {"delta": {"kv_heads": 4}, "n_layer": 5}),
     "mamba2-groups": (synth.write_mamba2, {"ssm": {"groups": 4, "heads": 16, "d_state": 64}}),
     "qwen2moe": (synth.write_qwen2moe, {}),
     "glm4": (synth.write_glm4, {}),                          # pre and post norms, fused qkv + bias, half RoPE
@@ -745,7 +747,7 @@ def test_family_errors(tmp_path):
     with pytest.raises(UnsupportedModelError, match="phi3 with experts .phi3.expert_count = 4. is not supported"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="bloom")
-    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*afmoe, arcee, bailingmoe2, cohere2, command-r, deepseek2, dots1, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, falcon-h1, gemma2, gemma3, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitehybrid, granitemoe, hunyuan-dense, hunyuan-moe, lfm2, lfm2moe, llama, llama4, mamba2, mistral3, nemotron, nemotron_h, nemotron_h_moe, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen3moe, qwen3vl, qwen3vlmoe, seed_oss, smallthinker, smollm3, stablelm, starcoder, starcoder2"):
+    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*afmoe, arcee, bailingmoe2, cohere2, command-r, deepseek2, dots1, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, falcon-h1, gemma2, gemma3, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitehybrid, granitemoe, hunyuan-dense, hunyuan-moe, lfm2, lfm2moe, llama, llama4, mamba2, mistral3, nemotron, nemotron_h, nemotron_h_moe, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen35, qwen3moe, qwen3vl, qwen3vlmoe, seed_oss, smallthinker, smollm3, stablelm, starcoder, starcoder2"):
         load_architecture(ModelFile(p))
 
 

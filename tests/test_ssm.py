@@ -130,6 +130,48 @@ def test_ssm_scan_against_numpy(level, lvl, case):
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
 
 
+def delta_numpy(qkv, ab, a, dt_bias, H, Hk, dk, dv, eps) -> np.ndarray:
+    """The gated delta rule in float64, token by token (value head h reads key head h % Hk)."""
+    T = len(qkv)
+    q, k, v = qkv[:, :Hk * dk], qkv[:, Hk * dk:2 * Hk * dk], qkv[:, 2 * Hk * dk:]
+    S = np.zeros((H, dk, dv))
+    y = np.empty((T, H, dv))
+    for t in range(T):
+        for h in range(H):
+            hk = h % Hk
+            qh, kh = q[t, hk * dk:(hk + 1) * dk].astype(np.float64), k[t, hk * dk:(hk + 1) * dk].astype(np.float64)
+            qh = qh / max(np.sqrt((qh ** 2).sum()), eps) / np.sqrt(dk)
+            kh = kh / max(np.sqrt((kh ** 2).sum()), eps)
+            x = float(ab[t, h]) + float(dt_bias[h])
+            g = np.exp(float(a[h]) * (x if x > 20 else np.log1p(np.exp(x))))
+            beta = 1.0 / (1.0 + np.exp(-float(ab[t, H + h])))
+            S[h] *= g
+            S[h] += np.outer(kh, (v[t, h * dv:(h + 1) * dv] - S[h].T @ kh) * beta)
+            y[t, h] = S[h].T @ qh
+    return y.reshape(T, H * dv)
+
+
+@pytest.mark.parametrize("case", ["grouped", "mha", "odd", "wide"])
+def test_delta_net_against_numpy(case):
+    """OP_DELTA_NET against a float64 delta rule over the steps of STEPS: key heads shared by
+    value heads (h % Hk), key and value heads of other sizes, odd sizes, a gate past softplus's
+    threshold, and a near-zero key (the eps floor of the L2 norm)."""
+    H, Hk, dk, dv = {"grouped": (4, 2, 16, 16), "mha": (3, 3, 8, 8), "odd": (6, 3, 7, 5), "wide": (2, 1, 64, 128)}[case]
+    rng = np.random.default_rng(len(case) + 7)
+    T = 19
+    qkv = rng.standard_normal((T, 2 * Hk * dk + H * dv)).astype(np.float32)
+    qkv[4, Hk * dk:Hk * dk + dk] = 1e-9   # |k| below eps
+    ab = rng.standard_normal((T, 2 * H)).astype(np.float32)
+    ab[2, 0] = 30.0
+    a = -np.exp(rng.uniform(0, 2, H)).astype(np.float32)
+    dt_bias = rng.uniform(-1, 1, H).astype(np.float32)
+    g = Graph()
+    g.delta_net(g.buffer("qkv", qkv.shape[1]), g.buffer("ab", 2 * H), a, dt_bias, H, Hk, dk, dv, 1e-6, "y")
+    got = run_steps(g, {"qkv": qkv, "ab": ab}, STEPS, "y")
+    want = delta_numpy(qkv, ab, a, dt_bias, H, Hk, dk, dv, 1e-6)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+
+
 def test_rmsnorm_with_a_weight_per_group():
     """OPF_GROUP_WEIGHTS: each group's RMSNorm with its own slice of a row-wide weight (Mamba 2's norm)."""
     from test_forward import run_ops

@@ -321,6 +321,7 @@ class Attn:
     k_norm: Optional[np.ndarray] = None
     sinks: Optional[np.ndarray] = None    # one logit per head that joins its softmax with no value (gpt-oss)
     gate: Optional[Tensor] = None         # the output gate: Wo (attention * sigmoid(Wgate h)) (AFMoE)
+    q_gated: bool = False                 # wq's rows are [q_h | gate_h] per head, the gate as above (Qwen3.5)
 
 
 @dataclass
@@ -352,6 +353,29 @@ class Ssm:
     head_dim: int
     groups: int
     d_state: int
+
+
+@dataclass
+class DeltaNet:
+    """A layer's linear attention by the gated delta rule (Qwen3.5) in place of attention:
+    [q | k | v] = silu(conv(Wqkv h)), conv causal and depthwise over positions ;
+    a, b = Walpha h, Wbeta h ; per value head (reading key head h % kv_heads) a state S of
+    head_dim x head_dim_v: S = g S, S += k ((v - S^T k) beta)^T, o = S^T q, with q, k
+    L2-normalized, g = exp(A softplus(a + dt_bias)), beta = sigmoid(b) ;
+    out = out_proj (rmsnorm_per_head(o) * silu(Wz h))."""
+    wqkv: Tensor
+    wz: Tensor
+    w_alpha: Tensor
+    w_beta: Tensor
+    conv: np.ndarray                  # [channels, d_conv] float32
+    dt_bias: np.ndarray               # [heads]
+    a: np.ndarray                     # [heads]: A, the (negative) decay rate
+    norm: np.ndarray                  # [head_dim_v], shared by the heads
+    out_proj: Tensor
+    heads: int
+    kv_heads: int
+    head_dim: int
+    head_dim_v: int
 
 
 @dataclass
@@ -424,7 +448,7 @@ class Layer:
     their norms' biases. Parallel: x += attn(h) + ffn(h), h = norm(x) (Phi-2); with
     an ffn_norm too, the FFN reads its own norm of the same x (GPT-NeoX, Falcon 40B)."""
     attn_norm: Optional[np.ndarray]
-    attn: Optional[Attn | ShortConv | Mla | Ssm]   # None: a layer of its FFN alone (Nemotron-H)
+    attn: Optional[Attn | ShortConv | Mla | Ssm | DeltaNet]   # None: a layer of its FFN alone (Nemotron-H)
     ffn_norm: Optional[np.ndarray]
     ffn: Optional[Ffn | Moe]                        # None: a layer of its mixer alone
     post_attn_norm: Optional[np.ndarray] = None

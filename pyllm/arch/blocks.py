@@ -11,7 +11,7 @@ from typing import Optional
 import numpy as np
 
 from ..graph import GLU_MUL, GLU_SIGMOID, GLU_SILU, MOE_NORM, MOE_SIGMOID, NORM_LAYER, Graph, View
-from .base import Architecture, Attn, Ffn, Layer, Moe, ShortConv, Ssm
+from .base import Architecture, Attn, DeltaNet, Ffn, Layer, Moe, ShortConv, Ssm
 
 
 def norm(g: Graph, arch: Architecture, x: View, w: np.ndarray, b: Optional[np.ndarray], out: str | View) -> View:
@@ -55,8 +55,31 @@ def ssm_mixer(g: Graph, h: View, s: Ssm, eps: float, out: str | View, accumulate
     return g.linear(y, s.out_proj, out, accumulate=accumulate)
 
 
-def attention(g: Graph, arch: Architecture, h: View, a: Attn | ShortConv | Ssm, layer: int, out: str | View,
-              accumulate: bool = True) -> View:
+def delta_net_mixer(g: Graph, h: View, d: DeltaNet, eps: float, out: str | View, accumulate: bool = True) -> View:
+    """out (+)= out_proj (rmsnorm_per_head(delta(q, k, v)) * silu(Wz h)), [q | k | v] =
+    silu(conv(Wqkv h)): the gated delta rule (Qwen3.5)."""
+    qkv = g.act(g.ssm_conv(g.linear(h, d.wqkv, "dn_qkv"), d.conv, None, "dn_conv"), GLU_SILU, "dn_conv")
+    ab = g.buffer("dn_ab", 2 * d.heads)
+    g.linear(h, d.w_alpha, ab.cols(0, d.heads))
+    g.linear(h, d.w_beta, ab.cols(d.heads, d.heads))
+    y = g.delta_net(qkv, ab, d.a, d.dt_bias, d.heads, d.kv_heads, d.head_dim, d.head_dim_v, eps, "dn_y")
+    g.rmsnorm(y, d.norm, eps, y, groups=d.heads)
+    g.glu(g.linear(h, d.wz, "dn_z"), y, GLU_SILU, y)
+    return g.linear(y, d.out_proj, out, accumulate=accumulate)
+
+
+def gated_q(g: Graph, h: View, a: Attn, arch: Architecture) -> tuple[View, View]:
+    """(q, gate) from one wq whose rows are [q_h | gate_h] per head (Qwen3.5), each gathered
+    into rows of its own."""
+    hp = arch.hp
+    hd, n = hp.head_dim, hp.n_head
+    qg = g.linear(h, a.wq, "qg", bias=a.bq)
+    q = g.copy(qg, g.buffer("q", hp.q_dim), hd, n, 2 * hd, hd)
+    return q, g.copy(qg.cols(hd, qg.width - hd), g.buffer("attn_gate", hp.q_dim), hd, n, 2 * hd, hd)
+
+
+def attention(g: Graph, arch: Architecture, h: View, a: Attn | ShortConv | Ssm | DeltaNet, layer: int,
+              out: str | View, accumulate: bool = True) -> View:
     """out (+)= Wo attention(rope(norm(Wq h)), rope(norm(Wk h)), Wv h) for layer `layer`:
     q/k norms per head when the layer has them, the layer's RoPE and window (or the
     layer's short convolution or Mamba 2 mixer, where it has one in place of attention)."""
@@ -64,8 +87,15 @@ def attention(g: Graph, arch: Architecture, h: View, a: Attn | ShortConv | Ssm, 
         return short_conv(g, h, a, out, accumulate)
     if isinstance(a, Ssm):
         return ssm_mixer(g, h, a, arch.hp.eps, out, accumulate)
+    if isinstance(a, DeltaNet):
+        return delta_net_mixer(g, h, a, arch.hp.eps, out, accumulate)
     hp = arch.hp
-    q, k, v = project_qkv(g, h, a, arch)
+    gate = None
+    if a.q_gated:
+        q, gate = gated_q(g, h, a, arch)
+        k, v = g.linear(h, a.wk, "k", bias=a.bk), g.linear(h, a.wv, "v", bias=a.bv)
+    else:
+        q, k, v = project_qkv(g, h, a, arch)
 
     def qk_norms() -> None:   # per head, or over the whole of q and of k (OLMo 2)
         g.rmsnorm(q, a.q_norm, hp.eps, q, groups=q.width // len(a.q_norm))
@@ -84,7 +114,9 @@ def attention(g: Graph, arch: Architecture, h: View, a: Attn | ShortConv | Ssm, 
                       window=arch.layer_window(layer), softcap=arch.attn_softcap, sinks=a.sinks,
                       chunked=arch.chunked_window)
     if a.gate is not None:   # gated attention: each output element times sigmoid(Wgate h)
-        g.glu(g.linear(h, a.gate, "attn_gate"), att, GLU_SIGMOID, att)
+        gate = g.linear(h, a.gate, "attn_gate")
+    if gate is not None:
+        g.glu(gate, att, GLU_SIGMOID, att)
     return g.linear(att, a.wo, out, bias=a.bo, accumulate=accumulate)
 
 

@@ -1,0 +1,90 @@
+"""Qwen3.5 (`qwen35`: Qwen3.5 0.8B..27B): three of every four layers mix tokens by linear
+attention (the gated delta rule, DeltaNet in base.py), the fourth by gated full attention.
+
+    h = rmsnorm(x)
+    linear layers:  x += out_proj (rmsnorm_per_head(delta(q, k, v)) * silu(Wz h))
+    full layers:    [q_h | g_h] = Wq h ; q, k = rmsnorm_per_head(q), rmsnorm_per_head(Wk h) ; rope(q, k)
+                    x += Wo (attention(q, K, V) * sigmoid(g))                  # NEOX, partial
+    h = rmsnorm(x) ; x += Wdown (silu(Wgate h) * Wup h)   # the norm stored as post_attention_norm
+    logits = Wout rmsnorm(x)
+
+As llama.cpp reads the file: a layer is linear unless `attention.recurrent_layers` says
+otherwise, or, without it, (i + 1) % full_attention_interval (default 4) is 0; the
+ssm.* keys size the linear layers (state_size: both head sizes, group_count: key
+heads, time_step_rank: value heads); M-RoPE's sections give a text token NEOX RoPE;
+the multi-token prediction blocks after the last layer are left out.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ModelFileError
+from ..graph import GLU_SILU, ROPE_NEOX
+from .base import Attn, DeltaNet, Layer
+from .blocks import PreNormDecoder
+
+
+class Qwen35(PreNormDecoder):
+    name = "qwen35"
+    rope_mode = ROPE_NEOX
+    glu = GLU_SILU
+    kv_per_layer = True
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        self.drop_prediction_layers()
+        hp = self.hp
+        self.read_ends()
+        linear = self.linear_layers()
+        self.layers = []
+        for i in range(hp.n_layer):
+            p = f"blk.{i}."
+            self.layers.append(Layer(attn_norm=self.vector(p + "attn_norm.weight", hp.n_embd),
+                                     attn=self.delta_net_weights(i) if linear[i] else self.gated_attention(i),
+                                     ffn_norm=self.vector(p + "post_attention_norm.weight", hp.n_embd),
+                                     ffn=self.ffn_of(i)))
+
+    def ffn_of(self, i: int):
+        return self.ffn_weights(i)
+
+    def linear_layers(self) -> list[bool]:
+        mf, n = self.mf, self.hp.n_layer
+        flags = mf.arch_get("attention.recurrent_layers")
+        if flags is not None:
+            if len(flags) < n:
+                raise ModelFileError(f"{mf.path}: attention.recurrent_layers has {len(flags)} flags for {n} layers")
+            return [bool(f) for f in list(flags)[:n]]
+        interval = int(mf.arch_get("full_attention_interval", 4) or 4)
+        if interval < 1:
+            raise ModelFileError(f"{mf.path}: full_attention_interval {interval} is not positive")
+        return [(i + 1) % interval != 0 for i in range(n)]
+
+    def gated_attention(self, i: int) -> Attn:
+        hp, p = self.hp, f"blk.{i}."
+        return Attn(wo=self.weight(p + "attn_output.weight", hp.q_dim, hp.n_embd),
+                    wq=self.weight(p + "attn_q.weight", hp.n_embd, 2 * hp.q_dim),
+                    wk=self.weight(p + "attn_k.weight", hp.n_embd, hp.kv_dim),
+                    wv=self.weight(p + "attn_v.weight", hp.n_embd, hp.kv_dim),
+                    q_norm=self.vector(p + "attn_q_norm.weight", hp.head_dim),
+                    k_norm=self.vector(p + "attn_k_norm.weight", hp.head_dim), q_gated=True)
+
+    def delta_net_weights(self, i: int) -> DeltaNet:
+        mf, hp, p = self.mf, self.hp, f"blk.{i}."
+        d_conv, d_inner, d_head, heads, kv_heads = (int(mf.arch_require("ssm." + k)) for k in (
+            "conv_kernel", "inner_size", "state_size", "time_step_rank", "group_count"))
+        if (min(d_conv, d_inner, d_head, heads, kv_heads) <= 0 or d_conv > 64 or heads % kv_heads
+                or d_inner != heads * d_head):
+            raise ModelFileError(f"{mf.path}: linear attention sizes (conv {d_conv}, inner {d_inner}, heads of "
+                                 f"{d_head}, {heads} value and {kv_heads} key heads) do not fit together; the file "
+                                 f"is corrupt")
+        channels = 2 * kv_heads * d_head + d_inner
+        return DeltaNet(wqkv=self.weight(p + "attn_qkv.weight", hp.n_embd, channels),
+                        wz=self.weight(p + "attn_gate.weight", hp.n_embd, d_inner),
+                        w_alpha=self.weight(p + "ssm_alpha.weight", hp.n_embd, heads),
+                        w_beta=self.weight(p + "ssm_beta.weight", hp.n_embd, heads),
+                        conv=self.floats(p + "ssm_conv1d.weight", d_conv, channels),
+                        dt_bias=self.vector(p + "ssm_dt.bias", heads),
+                        a=np.ascontiguousarray(self.vector(p + "ssm_a", heads)),
+                        norm=self.vector(p + "ssm_norm.weight", d_head),
+                        out_proj=self.weight(p + "ssm_out.weight", d_inner, hp.n_embd),
+                        heads=heads, kv_heads=kv_heads, head_dim=d_head, head_dim_v=d_head)
