@@ -599,11 +599,71 @@ def test_ssm_op_matches_the_core(devices, case):
         close_to_float_rounding(gpu[name], cpu[name], tol)
 
 
-def test_a_recurrent_step_needs_consecutive_positions_on_the_gpu(devices):
-    """pyllm_cuda_run refuses a step of an SSM op whose positions are not consecutive, as the core does."""
+DELTA_CASES = {   # (value heads, key heads, head_dim, head_dim_v)
+    "delta-heads": (3, 3, 16, 24),         # a key head per value head, dk != dv
+    "delta-grouped": (4, 2, 32, 48),       # value heads 0, 2 and 1, 3 share a key head; dv past one warp
+    "delta-odd": (3, 1, 19, 13),           # odd sizes: fewer columns than a warp's lanes
+    "delta-128": (2, 1, 128, 128),         # Qwen3.5's head sizes: all of a column in registers
+    "delta-wide-keys": (2, 2, 150, 70),    # head_dim past the 128 a lane keeps in registers
+}
+
+
+@pytest.mark.parametrize("case", list(DELTA_CASES))
+def test_delta_net_op_matches_the_core(devices, case):
+    """The gated delta rule (csrc/ssm.c op_delta_net) against the C core over the steps of
+    SSM_STEPS: the outputs of every step and the [heads][head_dim][head_dim_v] state they leave, a
+    step at position 0 starting from zeros. q, k, v and the gates are views inside wider rows; one
+    gate input reaches past softplus's threshold of 20, and one row's q of key head 0 is zero (its
+    norm below eps)."""
+    rng = np.random.default_rng(len(case))
+    H, Hk, dk, dv = DELTA_CASES[case]
+    T = SSM_STEPS[-1][1]
+    width = 2 * Hk * dk + H * dv
+    g = Graph()
+    qkv, gates = g.buffer("in", width + 5), g.buffer("gates", 2 * H + 3)
+    a = -np.exp(rng.uniform(-2, 0.5, H)).astype(np.float32)
+    dt_bias = rng.uniform(-1, 1, H).astype(np.float32)
+    g.delta_net(qkv.cols(3, width), gates.cols(1, 2 * H), a, dt_bias, H, Hk, dk, dv, 1e-6, "y")
+    x = rng.standard_normal((T, width + 5)).astype(np.float32)
+    x[2, 3:3 + dk] = 0.0                  # q of key head 0: zero
+    ab = rng.uniform(-3, 3, (T, 2 * H + 3)).astype(np.float32)
+    ab[3, 1] = 25.0                       # head 0's gate: softplus(v) = v above 20
+    ab[8, 1 + H - 1] = 21.0               # the last head's too, in another step
+    cpu, gpu = run_steps_both(devices, g, {"in": x, "gates": ab}, SSM_STEPS, "y")
+    assert set(cpu) == {"y"} | set(g.states)
+    for name in cpu:
+        close_to_float_rounding(gpu[name], cpu[name], 1e-5)
+
+
+def test_the_gpu_refuses_a_delta_net_key_head_past_its_shared_memory(devices):
+    """A token's normalized q and k of one key head live in the kernel's 48 KB of shared memory:
+    a longer head_dim (which the core runs) is refused when the program is bound, not at launch."""
     host, gpu = devices
     g = Graph()
-    g.ssm_conv(g.buffer("x", 16), np.ones((16, 4), np.float32), None, "out")
+    dk = 6145   # DELTA_MAX_HEAD_DIM + 1
+    g.delta_net(g.buffer("x", 2 * dk + 1), g.buffer("ab", 2), -np.ones(1, np.float32), np.zeros(1, np.float32),
+                1, 1, dk, 1, 1e-6, "out")
+    host.bind(g, [Range(0, 1)], Shape(4, 4, 4, 16)).close()
+    with pytest.raises(BackendError, match="delta_net: 1 value heads of 1 over 1 key heads of 6145"):
+        gpu.bind(g, [Range(0, 1)], Shape(4, 4, 4, 16))
+
+
+def recurrent_graph(kind: str) -> Graph:
+    g = Graph()
+    if kind == "ssm_conv":
+        g.ssm_conv(g.buffer("x", 16), np.ones((16, 4), np.float32), None, "out")
+    else:
+        g.delta_net(g.buffer("x", 2 * 8 + 2 * 4), g.buffer("ab", 4), -np.ones(2, np.float32), np.zeros(2, np.float32),
+                    2, 1, 8, 4, 1e-6, "out")
+    return g
+
+
+@pytest.mark.parametrize("kind", ["ssm_conv", "delta_net"])
+def test_a_recurrent_step_needs_consecutive_positions_on_the_gpu(devices, kind):
+    """pyllm_cuda_run refuses a step of a recurrent op (an SSM op, the gated delta rule) whose
+    positions are not consecutive, as the core does."""
+    host, gpu = devices
+    g = recurrent_graph(kind)
     prog = gpu.bind(g, [Range(0, 1)], Shape(4, 4, 4, 16))
     try:
         with pytest.raises(BackendError, match="consecutive positions"):
@@ -956,7 +1016,8 @@ def close_enough(got, ref, float_weights):
                                           ("lfm2moe", QT.Q8_0), ("bailingmoe2", QT.F16),
                                           ("hunyuan-dense", QT.Q4_K), ("llama4", QT.Q8_0), ("smallthinker", QT.Q4_K),
                                           ("dots1", QT.Q8_0), ("afmoe", QT.Q8_0), ("hunyuan-moe", QT.Q4_K), ("seed_oss", QT.Q8_0),
-                                          ("granitehybrid", QT.Q8_0), ("granitehybrid", QT.F16), ("nemotron_h", QT.Q8_0)],
+                                          ("granitehybrid", QT.Q8_0), ("granitehybrid", QT.F16), ("nemotron_h", QT.Q8_0),
+                                          ("qwen35", QT.Q8_0)],
                          ids=lambda x: getattr(x, "name", x))
 def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     """300 positions over shuffled 16-position blocks: several attention tiles,
@@ -972,7 +1033,9 @@ def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     Mamba 2 layers beside attention (Granite 4.0-H, Nemotron-H): the
     convolution and the selective scan with their states carried in device
     memory across the prefill's chunks and every decode step; Nemotron-H's
-    two groups of B and C and its norm with a weight per group."""
+    two groups of B and C and its norm with a weight per group; Qwen3.5's linear attention (the
+    gated delta rule, 4 value heads over 2 key heads, its state carried in device memory like
+    Mamba's) beside gated full attention."""
     host, gpu = devices
     path = synth.WRITERS[family](tmp_path / "m.gguf", qtype)
     _, g = build(path)

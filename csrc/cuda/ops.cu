@@ -296,6 +296,111 @@ void launch_ssm_scan(const pyllm_op *op, const exec &e) {
         op->n_kv_head, op->n_in, op->n_rot);
 }
 
+/* ---- linear attention (csrc/ssm.c op_delta_net): the gated delta rule of Qwen3.5 ----
+ *
+ * Per value head h (key head hk = h % Hk), token by token over the step's rows in order:
+ *   q, k = the key head's, each / max(|.|, eps), q also / sqrt(dk)
+ *   g = exp(A[h] softplus(a[t, h] + dt_bias[h])),  beta = sigmoid(b[t, h])
+ *   S = g S;  u = S^T k;  S += k ((v - u) beta)^T;  y[t, h dv + j] = (S^T q)[j]
+ * with S the head's [dk][dv] state (row i: the values under key dim i), x's row
+ * [q (Hk dk) | k (Hk dk) | v (H dv)], x2's [a (H) | b (H)], w = [A (H) | dt_bias (H)].
+ *
+ * A block is one warp, for DELTA_COLS columns j of one head's S (grid: heads x column
+ * chunks). Lane l owns column j = chunk DELTA_COLS + l: its first DELTA_REGS values (key dims)
+ * stay in registers for the whole step, any further ones are updated in place in the state,
+ * and no other thread touches them, so u[j] and y[j] are sums inside one thread, over i in
+ * ascending order as the C core adds them. The warp only works together on the two norms:
+ * every lane squares and sums its key dims in double (as the core), a shuffle sum adds the
+ * lanes' partial sums, and the normalized q and k go to shared memory for the lanes to read. */
+constexpr int DELTA_COLS = 32;
+constexpr int DELTA_REGS = 128;   /* all of a head_dim up to 128 (Qwen3.5's) in registers */
+
+__global__ void __launch_bounds__(DELTA_COLS)
+delta_net_kernel(const float *__restrict__ X, int64_t x_stride, const float *__restrict__ AB, int64_t ab_stride,
+                 float *__restrict__ Y, int64_t y_stride, float *__restrict__ state, const float *__restrict__ W,
+                 const int32_t *__restrict__ pos, int rows, int H, int Hk, int dk, int dv, float eps) {
+    PQ_EXTERN_SHARED(float, sm);   /* [dk] q, normalized, then [dk] k */
+    float *sq = sm, *sk = sm + dk;
+    const int h = blockIdx.x, lane = threadIdx.x, hk = h % Hk;
+    const int j = blockIdx.y * DELTA_COLS + lane;
+    const bool owner = j < dv;   /* lanes past the last column still help with the norms */
+    float *s = state + (int64_t)h * dk * dv + j;   /* column j: s[i dv] */
+    const bool fresh = pos[0] == 0;   /* a new sequence starts from a zero state */
+    const float A = W[h], dt_bias = W[H + h];
+    const float q_scale = 1.0f / sqrtf((float)dk);
+    float reg[DELTA_REGS];
+#pragma unroll
+    for (int i = 0; i < DELTA_REGS; i++) reg[i] = owner && i < dk && !fresh ? s[(int64_t)i * dv] : 0.0f;
+    if (owner && fresh)
+        for (int i = DELTA_REGS; i < dk; i++) s[(int64_t)i * dv] = 0.0f;
+    for (int t = 0; t < rows; t++) {
+        const float *x = X + (int64_t)t * x_stride, *ab = AB + (int64_t)t * ab_stride;
+        const float *q = x + (int64_t)hk * dk, *k = x + (int64_t)Hk * dk + (int64_t)hk * dk;
+        double qq = 0.0, kk = 0.0;
+        for (int i = lane; i < dk; i += DELTA_COLS) {
+            qq += (double)(q[i] * q[i]);
+            kk += (double)(k[i] * k[i]);
+        }
+        qq = warp_sum_double(qq);
+        kk = warp_sum_double(kk);
+        const float qn = sqrtf((float)qq), kn = sqrtf((float)kk);
+        const float qs = 1.0f / (qn > eps ? qn : eps), ks = 1.0f / (kn > eps ? kn : eps);
+        for (int i = lane; i < dk; i += DELTA_COLS) {
+            sq[i] = q[i] * qs;
+            sk[i] = k[i] * ks;
+        }
+        __syncwarp();
+        const float v = ab[h] + dt_bias;
+        const float sp = v > 20.0f ? v : log1pf(expf(v));   /* softplus, as the C core */
+        const float g = expf(A * sp), beta = 1.0f / (1.0f + expf(-ab[H + h]));
+        if (owner) {
+            /* S = g S and u = S^T k in one pass over the key dims */
+            float u = 0.0f;
+#pragma unroll
+            for (int i = 0; i < DELTA_REGS; i++)
+                if (i < dk) {
+                    reg[i] *= g;
+                    u += reg[i] * sk[i];
+                }
+            for (int i = DELTA_REGS; i < dk; i++) {
+                float *si = s + (int64_t)i * dv;
+                *si *= g;
+                u += *si * sk[i];
+            }
+            const float d = (x[(int64_t)2 * Hk * dk + (int64_t)h * dv + j] - u) * beta;
+            /* S += k d^T and y = S^T q in one pass */
+            float y = 0.0f;
+#pragma unroll
+            for (int i = 0; i < DELTA_REGS; i++)
+                if (i < dk) {
+                    reg[i] += sk[i] * d;
+                    y += reg[i] * (sq[i] * q_scale);
+                }
+            for (int i = DELTA_REGS; i < dk; i++) {
+                float *si = s + (int64_t)i * dv;
+                *si += sk[i] * d;
+                y += *si * (sq[i] * q_scale);
+            }
+            Y[(int64_t)t * y_stride + (int64_t)h * dv + j] = y;
+        }
+        __syncwarp();   /* sq, sk are rewritten for the next token */
+    }
+    if (owner) {
+#pragma unroll
+        for (int i = 0; i < DELTA_REGS; i++)
+            if (i < dk) s[(int64_t)i * dv] = reg[i];
+    }
+}
+
+void launch_delta_net(const pyllm_op *op, const exec &e) {
+    dim3 grid(op->n_head, blocks_for(op->head_dim_v, DELTA_COLS));
+    const size_t smem = 2 * (size_t)op->head_dim * sizeof(float);
+    PQ_LAUNCH(grid, DELTA_COLS, smem, e.stream, delta_net_kernel)(
+        op->x + (int64_t)e.row0 * op->x_stride, op->x_stride, op->x2 + (int64_t)e.row0 * op->x2_stride,
+        op->x2_stride, op->y, op->y_stride, op->state, (const float *)op->w, e.pos, e.rows, op->n_head,
+        op->n_kv_head, op->head_dim, op->head_dim_v, op->eps);
+}
+
 /* y[t] *= 1 + s ln(1 + floor((pos[t] + off) / period)): attention temperature on q, the factor
  * in double as the C core computes it */
 __global__ void pos_scale_kernel(float *Y, int64_t y_stride, int64_t n, const int32_t *__restrict__ pos, float s,

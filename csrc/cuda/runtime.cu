@@ -341,6 +341,17 @@ static int check_op(const pyllm_op *op) {
             op->x2_stride < op->n_head || op->y_stride < (int64_t)op->n_head * op->head_dim)
             return fail("ssm_scan: rows too short for the heads, B and C");
         return 0;
+    case OP_DELTA_NET:   /* as the C core (its scratch limit too), and the kernel's shared-memory limit on head_dim */
+        if (!op->w || !op->x || !op->x2 || !op->y || !op->state) return fail("delta_net: missing weights, state or rows");
+        if (op->n_head <= 0 || op->n_kv_head <= 0 || op->n_head % op->n_kv_head || op->head_dim <= 0 ||
+            op->head_dim > DELTA_MAX_HEAD_DIM || op->head_dim_v <= 0 ||
+            2 * (int64_t)op->head_dim + op->head_dim_v > (1 << 20) || !(op->eps >= 0.0f))
+            return fail("delta_net: %d value heads of %d over %d key heads of %d", op->n_head, op->head_dim_v,
+                        op->n_kv_head, op->head_dim);
+        if (op->x_stride < 2 * (int64_t)op->n_kv_head * op->head_dim + (int64_t)op->n_head * op->head_dim_v ||
+            op->x2_stride < 2 * (int64_t)op->n_head || op->y_stride < (int64_t)op->n_head * op->head_dim_v)
+            return fail("delta_net: rows too short for q, k, v and the gates");
+        return 0;
     default:
         return fail("unknown op kind %d", op->kind);
     }
@@ -378,7 +389,8 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
         if (st->pos[t] < 0 || st->pos[t] >= capacity)
             return fail("position %d outside the %lld the block table holds", st->pos[t], (long long)capacity);
     for (int i = 0; i < n_ops; i++) {
-        if (ops[i].kind == OP_SSM_CONV || ops[i].kind == OP_SSM_SCAN) {   /* a state carries one sequence on */
+        if (ops[i].kind == OP_SSM_CONV || ops[i].kind == OP_SSM_SCAN || ops[i].kind == OP_DELTA_NET) {
+            /* a state carries one sequence on */
             for (int t = 1; t < st->n_tokens; t++)
                 if (st->pos[t] != st->pos[0] + t)
                     return fail("a recurrent layer's step needs consecutive positions (%d after %d)", st->pos[t],
@@ -418,7 +430,7 @@ static const char *kind_name(int k) {
     static const char *names[OP_KIND_COUNT] = {"?", "embed", "rmsnorm", "quantize", "matmul", "rope", "kv_store",
                                                "attention", "glu", "add", "scale", "moe_route", "matmul_id",
                                                "moe_sum", "shortconv", "pos_scale", "copy", "ssm_conv",
-                                               "ssm_scan"};
+                                               "ssm_scan", "delta_net"};
     return k > 0 && k < OP_KIND_COUNT ? names[k] : "?";
 }
 
@@ -428,13 +440,14 @@ int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_
     CU(cudaSetDevice(ctx->device));
 
     /* send what these ops read of the step, as the Python side predicts (lowering.step_needs;
-     * the SSM ops read the first position: 0 starts a sequence, and its state, from zeros);
+     * the recurrent ops (SSM_CONV, SSM_SCAN, DELTA_NET) read the first position: 0 starts a sequence,
+     * and its state, from zeros);
      * the others (COPY, MATMUL_ID, ...) read none of it */
     bool need_tokens = false, need_pos = false, need_table = false;
     for (int i = 0; i < n_ops; i++) {
         const int k = ops[i].kind;
         need_tokens |= k == OP_EMBED && !(ops[i].flags & OPF_BY_POS);
-        need_pos |= (k == OP_EMBED && (ops[i].flags & OPF_BY_POS)) || k == OP_ROPE || k == OP_KV_STORE || k == OP_ATTENTION || k == OP_SHORTCONV || k == OP_POS_SCALE || k == OP_SSM_CONV || k == OP_SSM_SCAN;
+        need_pos |= (k == OP_EMBED && (ops[i].flags & OPF_BY_POS)) || k == OP_ROPE || k == OP_KV_STORE || k == OP_ATTENTION || k == OP_SHORTCONV || k == OP_POS_SCALE || k == OP_SSM_CONV || k == OP_SSM_SCAN || k == OP_DELTA_NET;
         need_table |= k == OP_KV_STORE || k == OP_ATTENTION || k == OP_SHORTCONV;
     }
     if (new_step) ctx->sent = 0;
@@ -490,6 +503,7 @@ int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_
         case OP_COPY: launch_copy(op, e); break;
         case OP_SSM_CONV: launch_ssm_conv(op, e); break;
         case OP_SSM_SCAN: launch_ssm_scan(op, e); break;
+        case OP_DELTA_NET: launch_delta_net(op, e); break;
         default: return fail("op %d: unknown kind %d", i, op->kind);
         }
         cudaError_t err = cudaPeekAtLastError();
