@@ -674,8 +674,16 @@ def write_qwen35(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     kw.setdefault("delta_layers", tuple(i for i in range(kw["n_layer"]) if (i + 1) % interval))
     keys = {"full_attention_interval": interval, **kw.pop("keys", {})}
     extra_keys = {"rope.dimension_sections": np.array([3, 3, 2, 0], np.int32)}
-    return write_model(path, "qwen35", qtype, qk_norm=True, q_gated=True, rope_dim=16, rope_base=1e7,
+    return write_model(path, kw.pop("arch", "qwen35"), qtype, qk_norm=True, q_gated=True, rope_dim=16, rope_base=1e7,
                        ffn_norm="post_attention_norm", keys=keys, array_keys=extra_keys, **kw)
+
+
+def write_qwen35moe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """Qwen3.5 MoE: Qwen3.5's layers with 8 experts of 256 (2 chosen) and a gated shared expert of 512."""
+    kw.setdefault("experts", 8)
+    kw.setdefault("n_ff_exp", 256)
+    kw.setdefault("shared_expert", 512)
+    return write_qwen35(path, qtype, arch="qwen35moe", shared_gate=True, **kw)
 
 
 def write_lfm2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
@@ -911,7 +919,7 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "qwen3moe": write_qwen3moe, "olmoe": write_olmoe, "granitemoe": write_granitemoe,
            "granitehybrid": write_granitehybrid, "nemotron_h": write_nemotron_h,
            "nemotron_h_moe": write_nemotron_h_moe, "mamba2": write_mamba2,
-           "falcon-h1": write_falcon_h1, "qwen35": write_qwen35,
+           "falcon-h1": write_falcon_h1, "qwen35": write_qwen35, "qwen35moe": write_qwen35moe,
            "qwen2moe": write_qwen2moe, "gpt-oss": write_gpt_oss, "glm4": write_glm4, "nemotron": write_nemotron,
            "arcee": write_arcee, "gptneox": write_gptneox, "falcon": write_falcon,
            "lfm2": write_lfm2, "lfm2moe": write_lfm2moe, "mistral3": write_mistral3, "ernie4_5-moe": write_ernie4_5_moe,

@@ -31,7 +31,7 @@ from .phi2 import Phi2
 from .phi3 import Phi3
 from .qwen2 import Qwen2, Qwen2Moe, Qwen2VL
 from .qwen3 import Dots1, Qwen3, Qwen3Moe, Qwen3VL, Qwen3VLMoe
-from .qwen35 import Qwen35
+from .qwen35 import Qwen35, Qwen35Moe
 from .smallthinker import SmallThinker
 from .smollm3 import SmolLM3
 from .stablelm import StableLM
@@ -68,6 +68,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "mamba2": Mamba2,
     "falcon-h1": FalconH1,
     "qwen35": Qwen35,
+    "qwen35moe": Qwen35Moe,
     "arcee": Arcee,
     "gptneox": GptNeoX,
     "falcon": Falcon,

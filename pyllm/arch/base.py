@@ -698,6 +698,15 @@ class Architecture:
             return None
         return self.shared_ffn(i, int(self.mf.arch_get("expert_shared_feed_forward_length", 0)) or self.hp.n_ff)
 
+    def shared_expert_gate(self, i: int) -> Tensor:
+        """Layer i's ffn_gate_inp_shexp: the shared expert weighted by sigmoid(w . h) (Qwen2-MoE, Qwen3.5 MoE)."""
+        p = f"blk.{i}."
+        t = self.mf.tensor(p + "ffn_gate_inp_shexp.weight")
+        if t.shape not in ((self.hp.n_embd,), (self.hp.n_embd, 1)) or t.type != 0:
+            raise ModelFileError(f"{self.mf.path}: {p}ffn_gate_inp_shexp.weight should be {self.hp.n_embd} F32 "
+                                 f"values, is {list(t.shape)} {t.type_name}")
+        return t
+
     def shared_ffn(self, i: int, n: int) -> Ffn:
         """Layer i's shared expert ffn_{gate,up,down}_shexp, n wide."""
         hp, p = self.hp, f"blk.{i}."

@@ -44,10 +44,7 @@ class Qwen2Moe(Qwen2):
         p = f"blk.{i}."
         if m.shared is None:
             raise ModelFileError(f"{self.mf.path}: qwen2moe layer {i} lacks its shared expert ({p}ffn_up_shexp.weight)")
-        m.shared_gate = self.mf.tensor(p + "ffn_gate_inp_shexp.weight")
-        if m.shared_gate.shape not in ((self.hp.n_embd,), (self.hp.n_embd, 1)) or m.shared_gate.type != 0:
-            raise ModelFileError(f"{self.mf.path}: {p}ffn_gate_inp_shexp.weight should be {self.hp.n_embd} F32 "
-                                 f"values, is {list(m.shared_gate.shape)} {m.shared_gate.type_name}")
+        m.shared_gate = self.shared_expert_gate(i)
         return m
 
 

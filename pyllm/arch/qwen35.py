@@ -13,6 +13,10 @@ otherwise, or, without it, (i + 1) % full_attention_interval (default 4) is 0; t
 ssm.* keys size the linear layers (state_size: both head sizes, group_count: key
 heads, time_step_rank: value heads); M-RoPE's sections give a text token NEOX RoPE;
 the multi-token prediction blocks after the last layer are left out.
+
+Qwen3.5 MoE (`qwen35moe`) has experts for every FFN: the router's softmax over the chosen
+ones, renormalized (times expert_weights_scale where set), plus a shared expert weighted
+by sigmoid(w . h) where the file has one.
 """
 from __future__ import annotations
 
@@ -88,3 +92,18 @@ class Qwen35(PreNormDecoder):
                         norm=self.vector(p + "ssm_norm.weight", d_head),
                         out_proj=self.weight(p + "ssm_out.weight", d_inner, hp.n_embd),
                         heads=heads, kv_heads=kv_heads, head_dim=d_head, head_dim_v=d_head)
+
+
+class Qwen35Moe(Qwen35):
+    name = "qwen35moe"
+    experts = "required"
+
+    def ffn_of(self, i: int):
+        m = self.moe_weights(i)
+        m.scale = float(self.mf.arch_get("expert_weights_scale", 0.0) or 1.0)
+        if m.shared is not None:
+            m.shared_gate = self.shared_expert_gate(i)
+        return m
+
+    def expert_width(self, k: int) -> int:
+        return int(self.mf.arch_get("expert_feed_forward_length", 0) or 0) or self.hp.n_ff // k
