@@ -113,17 +113,19 @@ static void l2_normalize(float *x, int64_t n, float eps) {
 static inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 /* The gated delta rule per value head h (csrc/pyllm.h, OP_DELTA_NET), token by token:
- *   S = g S ;  u = S^T k ;  S += k ((v - u) beta)^T ;  y = S^T q
- * with q, k the head's key head's, L2-normalized (q also / sqrt(dk)). S is [dk][dv], row i the
- * values stored under key dim i: each pass walks the rows, so every inner loop is a contiguous
- * axpy over dv. Threads split the value heads; q, k, d and u live in scratch. */
+ *   S' = g S + k d^T,  d = (v - g S^T k) beta,  y = S'^T q = g S^T q + (k . q) d
+ * with q, k the head's key head's, L2-normalized (q also / sqrt(dk)): the same rule as
+ * S = g S; S += k ((v - S^T k) beta)^T; y = S^T q, in two passes over S instead of four (the
+ * first only reads it: u = S^T k and w = S^T q through the level's axpy, row by row). S is
+ * [dk][dv], row i the values stored under key dim i. Threads split the value heads; q, k, u
+ * and w live in scratch. */
 void op_delta_net(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     const pyllm_step *st = r->step;
     const int64_t H = op->n_head, Hk = op->n_kv_head, dk = op->head_dim, dv = op->head_dim_v;
     const float *A = op->w, *dt_bias = (const float *)op->w + H;
     const int fresh = st->pos[0] == 0;
     const float q_scale = 1.0f / sqrtf((float)dk);
-    float *q = r->scratch, *k = q + dk, *u = k + dk;   /* [dk], [dk], [dv] */
+    float *q = r->scratch, *k = q + dk, *u = k + dk, *w = u + dv;   /* [dk], [dk], [dv], [dv] */
     int64_t lo, hi;
     split_range(H, ith, nth, 1, &lo, &hi);
     for (int64_t h = lo; h < hi; h++) {
@@ -137,28 +139,24 @@ void op_delta_net(const pyllm_op *op, const op_rows *r, int ith, int nth) {
             memcpy(k, x + Hk * dk + hk * dk, sizeof(float) * (size_t)dk);
             l2_normalize(q, dk, op->eps);
             l2_normalize(k, dk, op->eps);
+            for (int64_t i = 0; i < dk; i++) q[i] *= q_scale;
             const float g = expf(A[h] * softplus(ab[h] + dt_bias[h])), beta = sigmoid(ab[H + h]);
-            /* S = g S and u = S^T k in one pass over the rows */
             memset(u, 0, sizeof(float) * (size_t)dv);
-            for (int64_t i = 0; i < dk; i++) {
+            memset(w, 0, sizeof(float) * (size_t)dv);
+            for (int64_t i = 0; i < dk; i++) {   /* u = S^T k, w = S^T q */
+                K.axpy_f32(dv, k[i], S + i * dv, u);
+                K.axpy_f32(dv, q[i], S + i * dv, w);
+            }
+            const float kq = K.dot_f32(dk, k, q);
+            float *y = OUT_ROW(op, t) + h * dv;
+            for (int64_t j = 0; j < dv; j++) {
+                u[j] = (v[j] - g * u[j]) * beta;   /* u becomes d */
+                y[j] = g * w[j] + kq * u[j];
+            }
+            for (int64_t i = 0; i < dk; i++) {   /* S = g S + k d^T */
                 float *Si = S + i * dv;
                 const float ki = k[i];
-                for (int64_t j = 0; j < dv; j++) {
-                    Si[j] *= g;
-                    u[j] += Si[j] * ki;
-                }
-            }
-            for (int64_t j = 0; j < dv; j++) u[j] = (v[j] - u[j]) * beta;   /* u becomes d */
-            /* S += k d^T and y = S^T q (q scaled) in one pass */
-            float *y = OUT_ROW(op, t) + h * dv;
-            memset(y, 0, sizeof(float) * (size_t)dv);
-            for (int64_t i = 0; i < dk; i++) {
-                float *Si = S + i * dv;
-                const float ki = k[i], qi = q[i] * q_scale;
-                for (int64_t j = 0; j < dv; j++) {
-                    Si[j] += ki * u[j];
-                    y[j] += Si[j] * qi;
-                }
+                for (int64_t j = 0; j < dv; j++) Si[j] = Si[j] * g + ki * u[j];
             }
         }
     }

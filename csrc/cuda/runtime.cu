@@ -345,7 +345,7 @@ static int check_op(const pyllm_op *op) {
         if (!op->w || !op->x || !op->x2 || !op->y || !op->state) return fail("delta_net: missing weights, state or rows");
         if (op->n_head <= 0 || op->n_kv_head <= 0 || op->n_head % op->n_kv_head || op->head_dim <= 0 ||
             op->head_dim > DELTA_MAX_HEAD_DIM || op->head_dim_v <= 0 ||
-            2 * (int64_t)op->head_dim + op->head_dim_v > (1 << 20) || !(op->eps >= 0.0f))
+            2 * ((int64_t)op->head_dim + op->head_dim_v) > (1 << 20) || !(op->eps >= 0.0f))
             return fail("delta_net: %d value heads of %d over %d key heads of %d", op->n_head, op->head_dim_v,
                         op->n_kv_head, op->head_dim);
         if (op->x_stride < 2 * (int64_t)op->n_kv_head * op->head_dim + (int64_t)op->n_head * op->head_dim_v ||
