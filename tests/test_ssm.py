@@ -151,11 +151,14 @@ def delta_numpy(qkv, ab, a, dt_bias, H, Hk, dk, dv, eps) -> np.ndarray:
     return y.reshape(T, H * dv)
 
 
+@pytest.mark.parametrize("lvl", LEVELS)
 @pytest.mark.parametrize("case", ["grouped", "mha", "odd", "wide"])
-def test_delta_net_against_numpy(case):
-    """OP_DELTA_NET against a float64 delta rule over the steps of STEPS: key heads shared by
-    value heads (h % Hk), key and value heads of other sizes, odd sizes, a gate past softplus's
-    threshold, and a near-zero key (the eps floor of the L2 norm)."""
+def test_delta_net_against_numpy(level, lvl, case):
+    """OP_DELTA_NET at every ISA level (its axpy and dot are dispatched) against a float64 delta
+    rule over the steps of STEPS: key heads shared by value heads (h % Hk), key and value heads
+    of other sizes, odd sizes, a gate past softplus's threshold, and a near-zero key (the eps
+    floor of the L2 norm)."""
+    lib.pyllm_set_level(lvl)
     H, Hk, dk, dv = {"grouped": (4, 2, 16, 16), "mha": (3, 3, 8, 8), "odd": (6, 3, 7, 5), "wide": (2, 1, 64, 128)}[case]
     rng = np.random.default_rng(len(case) + 7)
     T = 19
