@@ -65,7 +65,6 @@ void op_matmul(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_rope(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_kv_store(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_attention(const pyllm_op *op, const op_rows *r, int ith, int nth);
-void op_shortconv(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_pos_scale(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_glu(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_add(const pyllm_op *op, const op_rows *r, int ith, int nth);

@@ -154,30 +154,6 @@ void op_copy(const pyllm_op *op, const op_rows *r, int ith, int nth) {
                    sizeof(float) * (size_t)op->n_in);
 }
 
-/* y[t, c] = sum_j w[c][j] s[p - L + 1 + j, c], p = pos[t], L = n_head taps, s the layer's
- * stored rows (channels split between the k and v pools), 0 before position 0 */
-void op_shortconv(const pyllm_op *op, const op_rows *r, int ith, int nth) {
-    const pyllm_step *st = r->step;
-    const int taps = op->n_head;
-    const int64_t n = op->n_in, half = n / 2;
-    const float *w = (const float *)op->w;
-    int64_t lo, hi;
-    split_range(r->rows, ith, nth, 1, &lo, &hi);
-    for (int64_t t = lo; t < hi; t++) {
-        float *y = OUT_ROW(op, t);
-        memset(y, 0, sizeof(float) * (size_t)n);
-        for (int j = 0; j < taps; j++) {
-            const int32_t p = st->pos[t] - taps + 1 + j;
-            if (p < 0) continue;
-            const size_t slot = (size_t)st->block_table[p / st->block_size] * st->block_size + p % st->block_size;
-            float *s = r->scratch; /* the stored row at p, as float */
-            K.f16_to_f32(op->k_cache + slot * half, half, 1, s, half);
-            K.f16_to_f32(op->v_cache + slot * half, n - half, 1, s + half, n - half);
-            for (int64_t c = 0; c < n; c++) y[c] += w[c * taps + j] * s[c];
-        }
-    }
-}
-
 /* y[t] *= 1 + scale ln(1 + floor((pos[t] + eps) / window)), the factor in double as llama.cpp
  * computes it */
 void op_pos_scale(const pyllm_op *op, const op_rows *r, int ith, int nth) {

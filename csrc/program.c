@@ -188,15 +188,6 @@ static int check_op(const pyllm_op *op) {
         if (tt->act == ACT_F32 && op->x_stride < op->n_in * (op->flags & OPF_SLOT_INPUT ? op->n_head : 1))
             return fail("matmul_id: input stride too small");
         return 0;
-    case OP_SHORTCONV:
-        if (!op->w || !op->y || !op->k_cache || !op->v_cache) return fail("shortconv: missing weights, pools or output");
-        if (op->n_in <= 1 || op->n_in % 2 || op->n_in > SCRATCH_FLOATS || op->n_head < 1 || op->n_head > 64 ||
-            op->y_stride < op->n_in)
-            return fail("shortconv: %lld channels, %d taps", (long long)op->n_in, op->n_head);
-        if ((int64_t)op->n_kv_head * op->head_dim * 2 != op->n_in)
-            return fail("shortconv: pools of %d x %d halves do not hold %lld channels", op->n_kv_head, op->head_dim,
-                        (long long)op->n_in);
-        return 0;
     case OP_POS_SCALE:
         if (!op->y || op->n_in <= 0 || op->y_stride < op->n_in || op->window < 1)
             return fail("pos_scale: missing rows, or a period of %d positions", op->window);
@@ -337,7 +328,6 @@ static void exec_op(const pyllm_op *op, const pyllm_step *st, float *scratch, fl
     case OP_MOE_ROUTE: op_moe_route(op, &r, ith, nth); break;
     case OP_MATMUL_ID: op_matmul_id(op, &r, ith, nth); break;
     case OP_MOE_SUM: op_moe_sum(op, &r, ith, nth); break;
-    case OP_SHORTCONV: op_shortconv(op, &r, ith, nth); break;
     case OP_POS_SCALE: op_pos_scale(op, &r, ith, nth); break;
     case OP_COPY: op_copy(op, &r, ith, nth); break;
     case OP_SSM_CONV: op_ssm_conv(op, &r, ith, nth); break;

@@ -35,10 +35,7 @@ enum pyllm_op_kind {
                           expert's n_out rows; x_j[t] = x[t], or its j-th n_in slice with OPF_SLOT_INPUT;
                           + bias[e] ([n_kv_head][n_out]) */
     OP_MOE_SUM = 13,  /* y[t] (+)= sum_j x2[t, n_head + j] x[t, j n_in ..] (the route's weights) */
-    OP_SHORTCONV = 14, /* y[t, c] = sum_{j < n_head} w[c n_head + j] s[pos[t] - n_head + 1 + j, c] for channels
-                          c < n_in: a causal depthwise convolution (LFM2) over the rows a KV_STORE put in this
-                          layer's pools, channels [0, n_in/2) in k_cache, the rest in v_cache (f16); s = 0
-                          before position 0 */
+    /* 14: free (LFM2's convolution runs as OP_SSM_CONV) */
     OP_POS_SCALE = 15, /* y[t, :n_in] *= 1 + scale ln(1 + floor((pos[t] + eps) / window)): the attention
                           temperature of long positions on q (Llama 4, Mistral 3) */
     OP_COPY = 16,     /* y[t, g head_dim + i] = x[t, g n_out + i] for i < n_in, groups g < n_head: columns

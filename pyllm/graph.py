@@ -26,12 +26,12 @@ from .model_file import Tensor
 # op kinds and flags: csrc/pyllm.h
 OP_EMBED, OP_RMSNORM, OP_QUANTIZE, OP_MATMUL, OP_ROPE = 1, 2, 3, 4, 5
 OP_KV_STORE, OP_ATTENTION, OP_GLU, OP_ADD, OP_SCALE = 6, 7, 8, 9, 10
-OP_MOE_ROUTE, OP_MATMUL_ID, OP_MOE_SUM, OP_SHORTCONV, OP_POS_SCALE = 11, 12, 13, 14, 15
+OP_MOE_ROUTE, OP_MATMUL_ID, OP_MOE_SUM, OP_POS_SCALE = 11, 12, 13, 15   # 14: free
 OP_COPY, OP_SSM_CONV, OP_SSM_SCAN, OP_DELTA_NET = 16, 17, 18, 19
 OP_NAMES = {OP_EMBED: "embed", OP_RMSNORM: "rmsnorm", OP_QUANTIZE: "quantize", OP_MATMUL: "matmul",
             OP_ROPE: "rope", OP_KV_STORE: "kv_store", OP_ATTENTION: "attention", OP_GLU: "glu",
             OP_ADD: "add", OP_SCALE: "scale", OP_MOE_ROUTE: "moe_route", OP_MATMUL_ID: "matmul_id",
-            OP_MOE_SUM: "moe_sum", OP_SHORTCONV: "shortconv", OP_POS_SCALE: "pos_scale", OP_COPY: "copy",
+            OP_MOE_SUM: "moe_sum", OP_POS_SCALE: "pos_scale", OP_COPY: "copy",
             OP_SSM_CONV: "ssm_conv", OP_SSM_SCAN: "ssm_scan", OP_DELTA_NET: "delta_net"}
 OPF_ACCUMULATE, OPF_LAST_ROWS, OPF_NO_SYNC, OPF_OUT_ROWS, OPF_SLOT_INPUT, OPF_BY_POS = 1, 2, 4, 8, 16, 32
 OPF_V_IN_K, OPF_CHUNKED, OPF_GROUP_WEIGHTS = 64, 128, 256
@@ -339,22 +339,6 @@ class Graph:
                       n_kv_head=n_kv_head, head_dim=head_dim, head_dim_v=head_dim_v, kv_layer=self.layer),
                    {k.name} | ({v.name} if v is not None else set()), {kv})
         return kv
-
-    def shortconv(self, x: View, w: np.ndarray, out: str | View) -> View:
-        """out[t] = sum_j w[:, j] x[pos[t] - L + 1 + j] (L = w.shape[1] taps, 0 before position
-        0): a causal depthwise convolution over positions (LFM2). The rows of x go to the
-        layer's KV pools first (half the channels as "keys", half as "values", f16), so a
-        step reads earlier positions from there, and a cached prefix serves as attention's does."""
-        n, taps = w.shape
-        assert x.width == n and n % 2 == 0, f"shortconv of {n} channels on rows of {x.width}"
-        half = n // 2
-        head_dim = next(d for d in (128, 64, 32, 16, 8, 4, 2, 1) if half % d == 0)
-        heads = half // head_dim
-        kv = self._store_kv(x.cols(0, half), x.cols(half, half), heads, heads, head_dim)
-        y = self._out(out, n)
-        self._emit(Op(OP_SHORTCONV, vector=np.ascontiguousarray(w, dtype=np.float32), y=y, n_in=n, n_head=taps,
-                      n_kv_head=heads, head_dim=head_dim, kv_layer=self.layer), {kv}, {y.name})
-        return y
 
     # -- state-space layers (csrc/ssm.c) ---------------------------------------------
     def ssm_conv(self, x: View, w: np.ndarray, bias: Optional[np.ndarray], out: str | View) -> View:

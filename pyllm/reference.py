@@ -280,8 +280,6 @@ class Reference:
         """out_proj (c * conv(b * x)), [b | c | x] = in_proj h; conv causal over positions."""
         b, c, x = np.split(self._linear(h, s.in_proj, None), 3, axis=1)
         bx = b * x
-        if self.kv_f16:   # the engines keep the conv's inputs in the f16 KV pools
-            bx = bx.astype(np.float16).astype(np.float32)
         taps = s.conv.shape[1]
         padded = np.concatenate([np.zeros((taps - 1, bx.shape[1]), np.float32), bx])
         conv = sum(s.conv[:, j] * padded[j:j + len(bx)] for j in range(taps))

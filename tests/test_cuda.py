@@ -181,10 +181,10 @@ class HostBackedCudaLib:
         need = 0
         for i in range(n):   # what the library sends of the step (pyllm_cuda_run)
             k, by_pos = ops[i].kind, bool(ops[i].flags & 32)   # OPF_BY_POS: an EMBED of the positions
-            # tokens: EMBED; positions: ROPE, KV_STORE, ATTENTION, SHORTCONV, POS_SCALE, SSM_CONV,
-            # SSM_SCAN (position 0 resets the state), EMBED by position; table: KV_STORE, ATTENTION, SHORTCONV
-            need |= ((k == 1 and not by_pos) | ((k in (5, 6, 7, 14, 15, 17, 18) or (k == 1 and by_pos)) << 1)
-                     | ((k in (6, 7, 14)) << 2))
+            # tokens: EMBED; positions: ROPE, KV_STORE, ATTENTION, POS_SCALE, SSM_CONV, SSM_SCAN,
+            # DELTA_NET (position 0 resets the state), EMBED by position; table: KV_STORE, ATTENTION
+            need |= ((k == 1 and not by_pos) | ((k in (5, 6, 7, 15, 17, 18, 19) or (k == 1 and by_pos)) << 1)
+                     | ((k in (6, 7)) << 2))
         for bit, nbytes in ((1, 4 * st.n_tokens), (2, 4 * st.n_tokens), (4, 4 * st.n_table)):
             if need & bit and not self.sent & bit:
                 self.h2d += nbytes

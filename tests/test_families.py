@@ -124,10 +124,10 @@ QUANT_TOLERANCE = {("lfm2", QT.Q4_K): 0.05}
 # (m^2 = 1.2 sharpens the scores) 0.925/0.8/0.825 at Q8_0 and 0.85/0.875/0.85 at IQ4_NL. At
 # llama.cpp's Q8_0 file of the YaRN model pyllm and llama.cpp are 3.8% and 2.9% from the
 # reference, 2.7% from each other
-# LFM2 MoE (its convolutions compound errors, as LFM2's do), IQ4_NL: 0.775/0.625/0.85 over seeds
-# 0-2, top-1 agreement 100% in each; at llama.cpp's Q8_0 file pyllm and llama.cpp are 6.0% and
-# 5.4% from the reference (16 experts; with these 8: 3.6% and 3.7%)
-MOE_CLOSE = {("gpt-oss-yarn", QT.MXFP4): 0.8, ("lfm2moe", QT.IQ4_NL): 0.6, ("deepseek2-kv_b", QT.IQ4_NL): 0.8, ("deepseek2-yarn", QT.Q8_0): 0.8,
+# LFM2 MoE (its convolutions compound errors, as LFM2's do), with the convolution's state in f32:
+# IQ4_NL 0.8/0.65/0.725 and Q8_0 0.825/0.775/0.9 over seeds 0-2, top-1 agreement 100% in each; at
+# llama.cpp's Q8_0 file pyllm and llama.cpp are 3.68% and 3.68% from the reference
+MOE_CLOSE = {("gpt-oss-yarn", QT.MXFP4): 0.8, ("lfm2moe", QT.IQ4_NL): 0.6, ("lfm2moe", QT.Q8_0): 0.75, ("deepseek2-kv_b", QT.IQ4_NL): 0.8, ("deepseek2-yarn", QT.Q8_0): 0.8,
              ("deepseek2-yarn", QT.IQ4_NL): 0.8}
 # F32 rel beyond 1e-4: DeepSeek 2 with YaRN, 8.6e-5/1.25e-4/6.2e-5 over seeds 0-2 (without YaRN
 # at most 7.5e-5); its engine takes q against the latent, the reference k_i = Wk_i c

@@ -89,7 +89,6 @@ void launch_scale(const pyllm_op *op, const exec &e);
 void launch_moe_route(const pyllm_op *op, const exec &e);
 void launch_matmul_id(const pyllm_op *op, const exec &e);
 void launch_moe_sum(const pyllm_op *op, const exec &e);
-void launch_shortconv(const pyllm_op *op, const exec &e);
 void launch_pos_scale(const pyllm_op *op, const exec &e);
 void launch_copy(const pyllm_op *op, const exec &e);
 void launch_ssm_conv(const pyllm_op *op, const exec &e);

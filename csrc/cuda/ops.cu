@@ -160,35 +160,6 @@ void launch_copy(const pyllm_op *op, const exec &e) {
                                                    span);
 }
 
-/* y[t, c] = sum_j w[c][j] s[pos[t] - L + 1 + j, c]: LFM2's causal depthwise convolution over the
- * rows the layer's KV_STORE keeps (channels [0, n/2) in the k pool, the rest in the v pool) */
-__global__ void shortconv_kernel(const float *__restrict__ W, int taps, const __half *__restrict__ kc,
-                                 const __half *__restrict__ vc, const int32_t *__restrict__ pos,
-                                 const int32_t *__restrict__ table, int block_size, int64_t n,
-                                 float *__restrict__ Y, int64_t y_stride) {
-    const int t = blockIdx.y;
-    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= n) return;
-    const int64_t half = n / 2;
-    const __half *pool = c < half ? kc : vc;
-    const int64_t ch = c < half ? c : c - half;
-    float acc = 0.0f;
-    for (int j = 0; j < taps; j++) {   /* in tap order, as the C core sums */
-        const int p = pos[t] - taps + 1 + j;
-        if (p < 0) continue;
-        const int64_t slot = (int64_t)table[p / block_size] * block_size + p % block_size;
-        acc += W[c * taps + j] * __half2float(pool[slot * half + ch]);
-    }
-    Y[(int64_t)t * y_stride + c] = acc;
-}
-
-void launch_shortconv(const pyllm_op *op, const exec &e) {
-    dim3 grid(blocks_for(op->n_in, 256), e.rows);
-    PQ_LAUNCH(grid, 256, 0, e.stream, shortconv_kernel)((const float *)op->w, op->n_head, (const __half *)op->k_cache,
-                                                        (const __half *)op->v_cache, e.pos, e.table, e.block_size,
-                                                        op->n_in, op->y, op->y_stride);
-}
-
 /* ---- state-space layers (csrc/ssm.c): Mamba's convolution and selective scan ----
  *
  * Both carry a state in device memory from one step to the next (op->state, allocated and

@@ -320,12 +320,6 @@ static int check_op(const pyllm_op *op) {
             op->y_stride < (int64_t)(op->n_head - 1) * op->head_dim + op->n_in)
             return fail("copy: %d groups of %lld floats outside the rows", op->n_head, (long long)op->n_in);
         return 0;
-    case OP_SHORTCONV:
-        if (!op->w || !op->y || !op->k_cache || !op->v_cache) return fail("shortconv: missing weights, pools or output");
-        if (op->n_in <= 1 || op->n_in % 2 || op->n_head < 1 || op->n_head > 64 || op->y_stride < op->n_in ||
-            (int64_t)op->n_kv_head * op->head_dim * 2 != op->n_in)
-            return fail("shortconv: %lld channels, %d taps", (long long)op->n_in, op->n_head);
-        return 0;
     case OP_SSM_CONV:
         if (!op->w || !op->x || !op->y || !op->state) return fail("ssm_conv: missing weights, state or rows");
         if (op->n_in <= 0 || op->n_head < 1 || op->n_head > 64 || op->x_stride < op->n_in || op->y_stride < op->n_in)
@@ -429,7 +423,7 @@ static int send(pyllm_cuda *ctx, int32_t *dst, const int32_t *src, int n) {
 static const char *kind_name(int k) {
     static const char *names[OP_KIND_COUNT] = {"?", "embed", "rmsnorm", "quantize", "matmul", "rope", "kv_store",
                                                "attention", "glu", "add", "scale", "moe_route", "matmul_id",
-                                               "moe_sum", "shortconv", "pos_scale", "copy", "ssm_conv",
+                                               "moe_sum", "(free)", "pos_scale", "copy", "ssm_conv",
                                                "ssm_scan", "delta_net"};
     return k > 0 && k < OP_KIND_COUNT ? names[k] : "?";
 }
@@ -447,8 +441,8 @@ int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_
     for (int i = 0; i < n_ops; i++) {
         const int k = ops[i].kind;
         need_tokens |= k == OP_EMBED && !(ops[i].flags & OPF_BY_POS);
-        need_pos |= (k == OP_EMBED && (ops[i].flags & OPF_BY_POS)) || k == OP_ROPE || k == OP_KV_STORE || k == OP_ATTENTION || k == OP_SHORTCONV || k == OP_POS_SCALE || k == OP_SSM_CONV || k == OP_SSM_SCAN || k == OP_DELTA_NET;
-        need_table |= k == OP_KV_STORE || k == OP_ATTENTION || k == OP_SHORTCONV;
+        need_pos |= (k == OP_EMBED && (ops[i].flags & OPF_BY_POS)) || k == OP_ROPE || k == OP_KV_STORE || k == OP_ATTENTION || k == OP_POS_SCALE || k == OP_SSM_CONV || k == OP_SSM_SCAN || k == OP_DELTA_NET;
+        need_table |= k == OP_KV_STORE || k == OP_ATTENTION;
     }
     if (new_step) ctx->sent = 0;
     if (grow(&ctx->d_tokens, &ctx->cap_tokens, st->n_tokens, &ctx->sent, 1) ||
@@ -498,7 +492,6 @@ int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_
         case OP_MOE_ROUTE: launch_moe_route(op, e); break;
         case OP_MATMUL_ID: launch_matmul_id(op, e); break;
         case OP_MOE_SUM: launch_moe_sum(op, e); break;
-        case OP_SHORTCONV: launch_shortconv(op, e); break;
         case OP_POS_SCALE: launch_pos_scale(op, e); break;
         case OP_COPY: launch_copy(op, e); break;
         case OP_SSM_CONV: launch_ssm_conv(op, e); break;

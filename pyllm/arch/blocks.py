@@ -37,7 +37,7 @@ def short_conv(g: Graph, h: View, s: ShortConv, out: str | View, accumulate: boo
     n = s.conv.shape[0]
     bcx = g.linear(h, s.in_proj, "bcx")
     b, c, x = bcx.cols(0, n), bcx.cols(n, n), bcx.cols(2 * n, n)
-    conv = g.shortconv(g.glu(b, x, GLU_MUL, "bx"), s.conv, "conv")
+    conv = g.ssm_conv(g.glu(b, x, GLU_MUL, "bx"), s.conv, None, "conv")
     return g.linear(g.glu(c, conv, GLU_MUL, conv), s.out_proj, out, accumulate=accumulate)
 
 

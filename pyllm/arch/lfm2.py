@@ -10,9 +10,10 @@ mix tokens either by attention or by a short causal convolution.
 
 `attention.head_count_kv` is a list, 0 for a convolution layer. conv is
 depthwise over positions with `shortconv.l_cache` taps (3): channel c at
-position p sums w[c, j] (b * u)[p - 2 + j]. Its inputs are kept in the
-layer's KV pools (f16, like attention's keys), so a cached prefix is reused
-exactly as attention's is; llama.cpp keeps only the last two, in f32.
+position p sums w[c, j] (b * u)[p - 2 + j]. The last two inputs are kept as a
+recurrent state (OP_SSM_CONV, f32, as llama.cpp keeps them): a few KB per layer
+where a copy per position would grow with the context, and the model then
+follows the recurrent prefix rule (pyllm/kv_cache.py).
 """
 from __future__ import annotations
 

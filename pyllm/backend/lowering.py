@@ -157,7 +157,7 @@ def step_needs(ops: Sequence[Op]) -> tuple[bool, bool, bool]:
     """Which of the step's arrays (tokens, positions, block table) these ops
     read: what a device must be sent before it runs them."""
     kinds = {op.kind for op in ops}
-    kv = any(op.kv_layer >= 0 for op in ops)   # KV_STORE, ATTENTION, SHORTCONV: positions through the table
+    kv = any(op.kv_layer >= 0 for op in ops)   # KV_STORE, ATTENTION: positions through the table
     recurrent = any(op.state is not None for op in ops)   # SSM ops: position 0 resets the state
     embeds = [op for op in ops if op.kind == OP_EMBED]
     by_pos = any(op.flags & OPF_BY_POS for op in embeds)   # learned position embeddings

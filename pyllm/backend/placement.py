@@ -58,8 +58,8 @@ from typing import Any, Optional
 import numpy as np
 
 from ..errors import BackendError, InvalidArgumentError
-from ..graph import (OP_ATTENTION, OP_DELTA_NET, OP_EMBED, OP_KV_STORE, OP_MATMUL, OP_MATMUL_ID, OP_SHORTCONV,
-                     OP_SSM_CONV, OP_SSM_SCAN, OPF_LAST_ROWS, OPF_OUT_ROWS, OPF_V_IN_K, Graph)
+from ..graph import (OP_ATTENTION, OP_DELTA_NET, OP_EMBED, OP_KV_STORE, OP_MATMUL, OP_MATMUL_ID, OP_SSM_CONV,
+                     OP_SSM_SCAN, OPF_LAST_ROWS, OPF_OUT_ROWS, OPF_V_IN_K, Graph)
 from ..units import fmt_bytes, fmt_rate
 from .base import D2H, H2D, Range, Shape
 from .lowering import memory_plan, step_needs
@@ -143,8 +143,6 @@ def op_cost(op, n: int, n_out: int, ctx: float) -> tuple[float, float]:
     if op.kind == OP_KV_STORE:   # f32 in, f16 out
         stored = op.n_kv_head * (op.head_dim + (0 if op.flags & OPF_V_IN_K else op.head_dim_v or op.head_dim))
         return rows * stored * (4 + 2), 0.0
-    if op.kind == OP_SHORTCONV:   # taps stored rows (f16) per output row
-        return rows * op.n_in * (2 * op.n_head + 4), 2.0 * op.n_in * op.n_head * rows
     if op.kind == OP_SSM_SCAN:   # the state read and written once per step; ~6 FLOPs per state value and token
         states = op.n_head * op.head_dim * op.n_in
         return states * 4 * 2 + rows * (op.x.width + op.y.width) * 4, 6.0 * states * rows
