@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from .arch import load_architecture
-from .arch.base import Attn, Mla, Moe, ShortConv, Ssm
+from .arch.base import Attn, DeltaNet, Mla, Moe, ShortConv, Ssm
 from .graph import GLU_GELU_TANH, GLU_RELU, GLU_RELU_SQR, GLU_SWIGLU_OAI, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX, Graph, act_row_bytes
 from .model_file import ModelFile
 
@@ -207,6 +207,12 @@ def describe_block(arch) -> str:
         qk += (f"; layers {_ranges(ssms)}: a Mamba 2 mixer {side} attention ({m.heads} heads of {m.head_dim}, "
                f"a state of {m.d_state} per channel, {m.groups} group{'s' if m.groups > 1 else ''}, a convolution "
                f"of {m.conv.shape[1]} taps)")
+    deltas = [i for i, x in enumerate(arch.layers) if isinstance(x.attn, DeltaNet)]
+    if deltas:   # Qwen3.5
+        d = arch.layers[deltas[0]].attn
+        qk += (f"; layers {_ranges(deltas)}: linear attention by the gated delta rule in place of attention "
+               f"({d.heads} value heads over {d.kv_heads} key heads of {d.head_dim}), the others' attention "
+               f"gated by sigmoid")
     return f"{where}; {ffn}{qk}"
 
 
