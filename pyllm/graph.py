@@ -341,14 +341,19 @@ class Graph:
         return kv
 
     # -- state-space layers (csrc/ssm.c) ---------------------------------------------
+    def _state(self, kind: str, floats: int) -> str:
+        """Registers the current layer's recurrent state of `kind` (floats per sequence); its name."""
+        name = f"{kind}{self.layer}"
+        self.states[name] = floats
+        return name
+
     def ssm_conv(self, x: View, w: np.ndarray, bias: Optional[np.ndarray], out: str | View) -> View:
         """out[t] = bias + sum_j w[:, j] z[t + j], z = the K - 1 rows of x before this step (the
         layer's conv state) then this step's: Mamba's causal depthwise convolution of K = w.shape[1]
         taps. The state goes on with the sequence; a step at position 0 starts from zeros."""
         n, taps = w.shape
         assert x.width == n and (bias is None or bias.shape == (n,)), f"ssm_conv of {n} channels on rows of {x.width}"
-        name = f"conv{self.layer}"
-        self.states[name] = (taps - 1) * n
+        name = self._state("conv", (taps - 1) * n)
         y = self._out(out, n)
         self._emit(Op(OP_SSM_CONV, vector=np.ascontiguousarray(w, dtype=np.float32), bias=bias, x=x, y=y, n_in=n,
                       n_head=taps, state=name), {x.name, name}, {y.name, name})
@@ -362,8 +367,7 @@ class Graph:
         (Mamba 1); d: the skip D per head (csrc/pyllm.h, OP_SSM_SCAN)."""
         assert xbc.width == heads * head_dim + 2 * groups * d_state and dt.width == heads and heads % groups == 0
         assert a.size in (heads, heads * d_state) and d.shape == (heads,)
-        name = f"ssm{self.layer}"
-        self.states[name] = heads * head_dim * d_state
+        name = self._state("ssm", heads * head_dim * d_state)
         y = self._out(out, heads * head_dim)
         w = np.concatenate([np.asarray(a, np.float32).reshape(-1), np.asarray(d, np.float32)])
         self._emit(Op(OP_SSM_SCAN, vector=w, bias=dt_bias, x=xbc, x2=dt, y=y, n_in=d_state, n_head=heads,
@@ -380,8 +384,7 @@ class Graph:
         (csrc/pyllm.h, OP_DELTA_NET)."""
         assert qkv.width == 2 * kv_heads * head_dim + heads * head_dim_v and ab.width == 2 * heads
         assert heads % kv_heads == 0 and a.shape == (heads,) and dt_bias.shape == (heads,)
-        name = f"delta{self.layer}"
-        self.states[name] = heads * head_dim * head_dim_v
+        name = self._state("delta", heads * head_dim * head_dim_v)
         y = self._out(out, heads * head_dim_v)
         w = np.concatenate([np.asarray(a, np.float32), np.asarray(dt_bias, np.float32)])
         self._emit(Op(OP_DELTA_NET, vector=w, x=qkv, x2=ab, y=y, n_head=heads, n_kv_head=kv_heads, head_dim=head_dim,

@@ -70,6 +70,14 @@ def glu(kind: int):
     return lambda g, u: act(g) * u
 
 
+def causal_conv(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Causal depthwise convolution over positions: y[t, c] = sum_j w[c, j] x[t - L + 1 + j, c],
+    L = w.shape[1] taps, zeros before position 0. x: [T, channels]."""
+    taps = w.shape[1]
+    padded = np.concatenate([np.zeros((taps - 1, x.shape[1]), np.float32), x])
+    return sum(w[:, j] * padded[j:j + len(x)] for j in range(taps))
+
+
 def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool,
          freq_scale: float = 1.0, factors: np.ndarray | None = None) -> np.ndarray:
     """Rotates the first n_rot dims of each head. x: [T, heads, head_dim].
@@ -279,11 +287,7 @@ class Reference:
     def _short_conv(self, h: np.ndarray, s: ShortConv) -> np.ndarray:
         """out_proj (c * conv(b * x)), [b | c | x] = in_proj h; conv causal over positions."""
         b, c, x = np.split(self._linear(h, s.in_proj, None), 3, axis=1)
-        bx = b * x
-        taps = s.conv.shape[1]
-        padded = np.concatenate([np.zeros((taps - 1, bx.shape[1]), np.float32), bx])
-        conv = sum(s.conv[:, j] * padded[j:j + len(bx)] for j in range(taps))
-        return self._linear(c * conv, s.out_proj, None)
+        return self._linear(c * causal_conv(b * x, s.conv), s.out_proj, None)
 
     def _ssm(self, h: np.ndarray, s: Ssm) -> np.ndarray:
         """Mamba 2: out_proj norm(y * silu(z)), [z | xBC | dt] = in_proj h, xBC = silu(conv(xBC) + b),
@@ -293,9 +297,7 @@ class Reference:
         d_inner, channels = H * P, s.conv.shape[0]
         zxbcdt = self._linear(h, s.in_proj, None)
         z, xbc, dt = np.split(zxbcdt, [d_inner, d_inner + channels], axis=1)
-        taps = s.conv.shape[1]
-        padded = np.concatenate([np.zeros((taps - 1, channels), np.float32), xbc])
-        xbc = silu(sum(s.conv[:, j] * padded[j:j + T] for j in range(taps)) + (0.0 if s.conv_bias is None else s.conv_bias))
+        xbc = silu(causal_conv(xbc, s.conv) + (0.0 if s.conv_bias is None else s.conv_bias))
         x, B, C = np.split(xbc, [d_inner, d_inner + G * N], axis=1)
         x, B, C = x.reshape(T, H, P), B.reshape(T, G, N), C.reshape(T, G, N)
         dt = dt.astype(np.float64) + s.dt_bias
@@ -318,9 +320,7 @@ class Reference:
         / sqrt(dk); S = g S + k (beta (v - S^T k))^T, o = S^T q; then rmsnorm_per_head(o) * silu(Wz h)."""
         T, H, Hk, dk, dv, eps = h.shape[0], d.heads, d.kv_heads, d.head_dim, d.head_dim_v, self.arch.hp.eps
         qkv = self._linear(h, d.wqkv, None)
-        taps = d.conv.shape[1]
-        padded = np.concatenate([np.zeros((taps - 1, qkv.shape[1]), np.float32), qkv])
-        qkv = silu(sum(d.conv[:, j] * padded[j:j + T] for j in range(taps))).astype(np.float64)
+        qkv = silu(causal_conv(qkv, d.conv)).astype(np.float64)
         q, k, v = np.split(qkv, [Hk * dk, 2 * Hk * dk], axis=1)
 
         def l2(x):   # [T, Hk, dk] -> per head x / max(|x|, eps)

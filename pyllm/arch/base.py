@@ -622,12 +622,16 @@ class Architecture:
         return Ffn(w_up=self.weight(p + "ffn_up.weight", hp.n_embd, 2 * n_ff), w_down=down,
                    b_up=self.optional_vector(p + "ffn_up.bias", 2 * n_ff), b_down=b_down)
 
+    def ssm_sizes(self) -> tuple[int, int, int, int, int]:
+        """The ssm.* keys: (conv_kernel, inner_size, state_size, time_step_rank, group_count)."""
+        return tuple(int(self.mf.arch_require("ssm." + k)) for k in (
+            "conv_kernel", "inner_size", "state_size", "time_step_rank", "group_count"))
+
     def ssm_weights(self, i: int) -> Ssm:
         """Layer i's Mamba 2 mixer, sized by the file's ssm.* keys (time_step_rank is the
         number of heads, as llama.cpp reads it)."""
         mf, hp, p = self.mf, self.hp, f"blk.{i}."
-        d_conv, d_inner, d_state, heads, groups = (int(mf.arch_require("ssm." + k)) for k in (
-            "conv_kernel", "inner_size", "state_size", "time_step_rank", "group_count"))
+        d_conv, d_inner, d_state, heads, groups = self.ssm_sizes()
         if (min(d_conv, d_inner, d_state, heads, groups) <= 0 or d_inner % heads or heads % groups or d_conv > 64
                 or d_inner % groups):
             raise ModelFileError(f"{mf.path}: Mamba 2 sizes (conv {d_conv}, inner {d_inner}, state {d_state}, "

@@ -74,8 +74,7 @@ class Qwen35(PreNormDecoder):
 
     def delta_net_weights(self, i: int) -> DeltaNet:
         mf, hp, p = self.mf, self.hp, f"blk.{i}."
-        d_conv, d_inner, d_head, heads, kv_heads = (int(mf.arch_require("ssm." + k)) for k in (
-            "conv_kernel", "inner_size", "state_size", "time_step_rank", "group_count"))
+        d_conv, d_inner, d_head, heads, kv_heads = self.ssm_sizes()   # state_size: both head sizes
         if (min(d_conv, d_inner, d_head, heads, kv_heads) <= 0 or d_conv > 64 or heads % kv_heads
                 or d_inner != heads * d_head):
             raise ModelFileError(f"{mf.path}: linear attention sizes (conv {d_conv}, inner {d_inner}, heads of "
