@@ -58,6 +58,9 @@ FAMILIES = {
     "gemma2": ("gemma2", {}),                                      # caps from the file (0.5 and 30)
     "gemma2-defaults": ("gemma2", {"attn_softcap": None, "final_softcap": None}),  # no caps in the file: 50 and 30
     "gemma3": ("gemma3", {}),
+    "gemma4": ("gemma4", {}),                                      # E2B-like: per-layer inputs, shared KV layers
+    "gemma4-31b": ("gemma4", {"per_layer": 0, "shared_kv": 0}),    # 31B-like: neither; global values from Wk h
+    "gemma4-vproj": ("gemma4", {"v_from_k": False}),               # every layer with its own attn_v
     "gemma3-global": ("gemma3", {"window": 0}),                    # no sliding window: llama.cpp's other graph
     "gemma3-cap": ("gemma3", {"keys": {"final_logit_softcapping": 5.0}}),
     "gemma3-global-cap": ("gemma3", {"window": 0, "keys": {"final_logit_softcapping": 5.0}}),

@@ -309,21 +309,29 @@ class Graph:
                       n_rot=n_rot, rope_mode=mode, freq_base=freq_base, freq_scale=freq_scale,
                       freq_factors=freq_factors), names, names)
 
-    def attention(self, q: View, k: View, v: Optional[View], n_head: int, n_kv_head: int, head_dim: int,
+    def attention(self, q: View, k: Optional[View], v: Optional[View], n_head: int, n_kv_head: int, head_dim: int,
                   scale: float, out: str | View, window: int = 0, softcap: float = 0.0,
-                  sinks: Optional[np.ndarray] = None, head_dim_v: int = 0, chunked: bool = False) -> View:
+                  sinks: Optional[np.ndarray] = None, head_dim_v: int = 0, chunked: bool = False,
+                  kv_from: int = -1) -> View:
         """Stores this step's k, v in the layer's KV cache, then attends over it (over the
         last `window` positions, or with chunked over those of the position's chunk of `window`).
         sinks: one logit per head that joins its softmax with no value (gpt-oss).
         head_dim_v: value dims per head, when not head_dim; v None: a KV head's values
-        are the first head_dim_v dims of its keys, stored once (MLA's latent)."""
+        are the first head_dim_v dims of its keys, stored once (MLA's latent).
+        kv_from >= 0: stores nothing (k, v None) and attends over the cache of that earlier
+        layer, which this step has already filled (Gemma 4's shared KV layers)."""
         head_dim_v = head_dim_v or head_dim
-        kv = self._store_kv(k, v, n_head, n_kv_head, head_dim, head_dim_v)
+        if kv_from >= 0:
+            assert k is None and v is None and kv_from in self.kv_layers, "shared KV: an earlier layer's cache"
+            kv, kv_layer = f"kv{kv_from}", kv_from
+            v_in_k = self.kv_layers[kv_from][1] == 0
+        else:
+            kv, kv_layer, v_in_k = self._store_kv(k, v, n_head, n_kv_head, head_dim, head_dim_v), self.layer, v is None
         y = self._out(out, n_head * head_dim_v)
-        flags = (OPF_V_IN_K if v is None else 0) | (OPF_CHUNKED if chunked and window > 0 else 0)
+        flags = (OPF_V_IN_K if v_in_k else 0) | (OPF_CHUNKED if chunked and window > 0 else 0)
         self._emit(Op(OP_ATTENTION, flags=flags, x=q, y=y, n_head=n_head,
                       n_kv_head=n_kv_head, head_dim=head_dim, head_dim_v=head_dim_v, scale=scale, window=window,
-                      softcap=softcap, kv_layer=self.layer, vector=sinks),
+                      softcap=softcap, kv_layer=kv_layer, vector=sinks),
                    {q.name, kv}, {y.name})
         return y
 

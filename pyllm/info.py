@@ -16,10 +16,12 @@ from .arch import load_architecture
 from .arch.base import Attn, DeltaNet, Mla, Moe, ShortConv, Ssm
 from .graph import GLU_GELU_TANH, GLU_RELU, GLU_RELU_SQR, GLU_SWIGLU_OAI, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX, Graph, act_row_bytes
 from .model_file import ModelFile
+from .units import fmt_layers
 
 from .defaults import BLOCK_SIZE, DEFAULT_MAX_CTX, N_BATCH, N_OUT_MAX
 
-VOCAB_TYPES = {"gpt2": "BPE (GPT-2 style)", "llama": "SentencePiece", "bert": "WordPiece",
+VOCAB_TYPES = {"gpt2": "BPE (GPT-2 style)", "gemma4": "BPE over UTF-8 (Gemma 4)", "llama": "SentencePiece",
+               "bert": "WordPiece",
                "t5": "Unigram (T5)", "rwkv": "RWKV"}
 
 
@@ -106,8 +108,10 @@ class ModelInfo:
                              f"{self.rope_scaling}"))
         for grp in self.layer_groups:
             which = ("all layers" if len(grp.layers) == self.n_layer else
-                     f"layer{'s' if len(grp.layers) > 1 else ''} {_ranges(grp.layers)}")
+                     f"layer{'s' if len(grp.layers) > 1 else ''} {fmt_layers(grp.layers)}")
             rope = f"base {_num(grp.rope_base)}" if grp.rope_dims else "no RoPE"
+            if grp.rope_dims and grp.rope_dims != self.rope_dims:   # layers of their own head size (Gemma 4)
+                rope += f", {grp.rope_dims} dims rotated"
             if grp.rope_freq_scale != 1.0:
                 rope += f", position scale {grp.rope_freq_scale:g}"
             if grp.rope_freq_factors:
@@ -147,17 +151,6 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
-def _ranges(xs: list[int]) -> str:
-    out, start = [], None
-    for i, x in enumerate(xs):
-        if start is None:
-            start = x
-        if i + 1 == len(xs) or xs[i + 1] != x + 1:
-            out.append(str(start) if start == x else f"{start}-{x}")
-            start = None
-    return ",".join(out)
-
-
 def describe_block(arch) -> str:
     """One line on how arch's layers are wired, e.g. "LayerNorm before attention
     and FFN, side by side (one norm); FFN gelu_tanh(up), not gated"."""
@@ -181,39 +174,39 @@ def describe_block(arch) -> str:
         if m.router_on_input:
             ffn += ", routed by the layer's input"
         if len(moe_layers) < len(arch.layers):   # dense leading or interleaved layers (DeepSeek, ERNIE)
-            ffn += f" in layers {_ranges(moe_layers)}, dense elsewhere"
+            ffn += f" in layers {fmt_layers(moe_layers)}, dense elsewhere"
     else:
         F = next((x.ffn for x in arch.layers if x.ffn is not None), None)
         ffn = "no FFN" if F is None else f"FFN {act}(gate) * up" if F.gated else f"FFN {act}(up), not gated"
     alone = [i for i, x in enumerate(arch.layers) if x.attn is None]
     if alone:   # Nemotron-H
-        ffn += " (one branch per layer: the FFN in layers " + _ranges(
+        ffn += " (one branch per layer: the FFN in layers " + fmt_layers(
             [i for i, x in enumerate(arch.layers) if x.attn is None]) + ")"
     qk = ""
     attn = next((x.attn for x in arch.layers if isinstance(x.attn, Attn)), None)
     if attn is not None and attn.q_norm is not None:
-        qk = "; q/k RMSNorm " + ("per head" if len(attn.q_norm) == arch.hp.head_dim else "over all heads")
+        qk = "; q/k RMSNorm " + ("per head" if len(attn.q_norm) <= arch.hp.head_dim else "over all heads")
     if isinstance(L.attn, Mla):   # DeepSeek 2/3
         qk = (f"; latent attention (MLA): a {arch.kv_lora}-dim latent and {arch.hp.rope_dim} rotated dims "
               f"cached per position, heads of {arch.hp.head_dim} key and {arch.v_dim} value dims")
     convs = [i for i, x in enumerate(arch.layers) if isinstance(x.attn, ShortConv)]
     if convs:   # LFM2
-        qk += (f"; layers {_ranges(convs)}: a short convolution of {arch.layers[convs[0]].attn.conv.shape[1]} "
+        qk += (f"; layers {fmt_layers(convs)}: a short convolution of {arch.layers[convs[0]].attn.conv.shape[1]} "
                f"taps in place of attention")
     ssms = [i for i, x in enumerate(arch.layers) if isinstance(x.attn, Ssm) or x.ssm is not None]
     if ssms:   # Granite 4.0-H, Nemotron-H, Mamba 2; Falcon-H1 beside the attention
         first = arch.layers[ssms[0]]
         m, side = (first.ssm, "beside") if first.ssm is not None else (first.attn, "in place of")
-        qk += (f"; layers {_ranges(ssms)}: a Mamba 2 mixer {side} attention ({m.heads} heads of {m.head_dim}, "
+        qk += (f"; layers {fmt_layers(ssms)}: a Mamba 2 mixer {side} attention ({m.heads} heads of {m.head_dim}, "
                f"a state of {m.d_state} per channel, {m.groups} group{'s' if m.groups > 1 else ''}, a convolution "
                f"of {m.conv.shape[1]} taps)")
     deltas = [i for i, x in enumerate(arch.layers) if isinstance(x.attn, DeltaNet)]
     if deltas:   # Qwen3.5
         d = arch.layers[deltas[0]].attn
-        qk += (f"; layers {_ranges(deltas)}: linear attention by the gated delta rule in place of attention "
+        qk += (f"; layers {fmt_layers(deltas)}: linear attention by the gated delta rule in place of attention "
                f"({d.heads} value heads over {d.kv_heads} key heads of {d.head_dim}), the others' attention "
                f"gated by sigmoid")
-    return f"{where}; {ffn}{qk}"
+    return f"{where}; {ffn}{qk}{arch.block_notes()}"
 
 
 def model_info(path: str, n_ctx: Optional[int] = None, n_batch: int = N_BATCH,

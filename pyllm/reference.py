@@ -14,6 +14,7 @@ from gguf.quants import dequantize
 
 from .arch import ARCHITECTURES
 from .arch.base import Architecture, DeltaNet, Mla, Moe, ShortConv, Ssm
+from .arch.gemma4 import Gemma4
 from .graph import GLU_GELU_TANH, GLU_RELU, GLU_RELU_SQR, GLU_SWIGLU_OAI, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from .model_file import Tensor
 
@@ -143,7 +144,8 @@ class Reference:
         (every registered family is a variant of _decoder)."""
         if type(self.arch) is not ARCHITECTURES.get(self.arch.name):
             raise NotImplementedError(f"no reference forward for {self.arch.name}")
-        return self._decoder(np.asarray(tokens, dtype=np.int64))
+        tokens = np.asarray(tokens, dtype=np.int64)
+        return self._gemma4(tokens) if isinstance(self.arch, Gemma4) else self._decoder(tokens)
 
     def _norm(self, x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None = None) -> np.ndarray:
         """The family's input norm (RMSNorm, or LayerNorm with bias b); none if w is None."""
@@ -396,6 +398,52 @@ class Reference:
             x = x + f * np.float32(a.residual_scale)
         logits = self._linear(self._norm(x, a.out_norm, a.out_norm_b), a.output, a.out_bias)
         logits = logits * np.float32(a.logit_scale)
+        if a.final_softcap > 0:
+            logits = a.final_softcap * np.tanh(logits / a.final_softcap)
+        return logits
+
+    def _gemma4(self, tokens: np.ndarray) -> np.ndarray:
+        """Gemma 4 (pyllm/arch/gemma4.py): per-layer head shapes, values normed without weights,
+        the last layers attending over earlier layers' keys and values, per-layer inputs and
+        scales:
+            ple = (rmsnorm_per_layer(Wple x / sqrt(n_embd)) + embed_ple(tokens) sqrt(n_pl)) / sqrt(2)
+            per layer: q = rope(qnorm(Wq h)), k = rope(knorm(Wk h)), v = rmsnorm(Wv h or Wk h)
+                       x += post(Wo attn) ; x += post(ffn) ; x += post(Wproj (gelu(Wg x) * ple_i)) ; x *= s_i"""
+        a, hp = self.arch, self.arch.hp
+        T, eps, pos = len(tokens), hp.eps, np.arange(len(tokens))
+        act = glu(a.glu)
+        x = self.w(a.tok_embd)[tokens] * np.float32(a.embed_scale)
+        if a.n_per_layer:
+            n = a.n_per_layer
+            proj = (x @ self.w(a.ple_proj).T) * np.float32(1.0 / np.sqrt(hp.n_embd))
+            proj = rmsnorm(proj.reshape(T, hp.n_layer, n), a.ple_proj_norm, eps)
+            tok = self.w(a.ple_embd)[tokens].reshape(T, hp.n_layer, n) * np.float32(np.sqrt(n))
+            ple = (proj + tok) * np.float32(1.0 / np.sqrt(2.0))
+        caches: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for i, L in enumerate(a.layers):
+            geo, A, r = a.geometry[i], L.attn, a.layer_rope(i)
+            H, Hkv, d = hp.n_head, geo.n_kv_head, geo.head_dim
+            h = rmsnorm(x, L.attn_norm, eps)
+            q = rmsnorm(self._linear(h, A.wq, None).reshape(T, H, d), A.q_norm, eps)
+            q = rope(q, pos, r.n_rot, r.base, True, r.scale, r.factors)
+            if geo.kv_layer == i:
+                k = self._linear(h, A.wk, None).reshape(T, Hkv, d)
+                v = rmsnorm(k if A.wv is None else self._linear(h, A.wv, None).reshape(T, Hkv, d),
+                            np.ones(d, np.float32), eps)
+                k = rope(rmsnorm(k, A.k_norm, eps), pos, r.n_rot, r.base, True, r.scale, r.factors)
+                if self.kv_f16:
+                    k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
+                caches[i] = (k, v)
+            k, v = caches[geo.kv_layer]
+            att = attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i))
+            x = x + rmsnorm(self._linear(att, A.wo, None), L.post_attn_norm, eps)
+            x = x + rmsnorm(self._ffn(rmsnorm(x, L.ffn_norm, eps), L.ffn, act), L.post_ffn_norm, eps)
+            pl = a.per_layer_input[i]
+            if pl is not None:
+                t = gelu_tanh(self._linear(x, pl.gate, None)) * ple[:, i]
+                x = x + rmsnorm(self._linear(t, pl.proj, None), pl.post_norm, eps)
+            x = x * np.float32(a.out_scale[i])
+        logits = self._linear(rmsnorm(x, a.out_norm, eps), a.output, None)
         if a.final_softcap > 0:
             logits = a.final_softcap * np.tanh(logits / a.final_softcap)
         return logits

@@ -66,3 +66,15 @@ def fmt_bytes(n: float) -> str:
 
 def fmt_rate(bps: float) -> str:
     return f"{bps / 1e9:.1f} GB/s" if bps >= 1e9 else f"{bps / 1e6:.0f} MB/s"
+
+
+def fmt_layers(xs: list[int]) -> str:
+    """[0, 1, 2, 4] -> '0-2,4' (layer numbers as ranges)."""
+    out, start = [], None
+    for i, x in enumerate(xs):
+        if start is None:
+            start = x
+        if i + 1 == len(xs) or xs[i + 1] != x + 1:
+            out.append(str(start) if start == x else f"{start}-{x}")
+            start = None
+    return ",".join(out)

@@ -911,8 +911,144 @@ def write_glm4moe(path: str | Path, qtype: QT = QT.Q8_0, nextn: bool = True, **k
                        select_bias=True, shared_expert=kw["n_ff_exp"], keys=keys, extra_tensors=extra, **kw)
 
 
+
+def write_gemma4(path: str | Path, qtype: QT = QT.Q8_0, *, n_embd: int = 256, n_head: int = 4, n_ff: int = 512,
+                 swa: tuple = (1, 1, 1, 0, 1, 0), swa_head: tuple = (64, 2), full_head: tuple = (128, 1),
+                 shared_kv: int = 2, per_layer: int = 32, v_from_k: bool = True, window: int = 8,
+                 n_vocab: int = 512, tokenizer_from: Optional[dict] = None, embd_type: Optional[QT] = None,
+                 seed: int = 0, drop_tensor: Optional[str] = None) -> str:
+    """A tiny Gemma 4: layers local (swa flags) or global, with heads of (head_dim, kv_heads)
+    swa_head or full_head; the last shared_kv layers without keys or values (their FFNs twice
+    as wide, as E2B's); per_layer > 0: per-layer inputs that wide (E2B, E4B); v_from_k: the
+    global layers without attn_v (their values from Wk h, as the 31B's)."""
+    rng = np.random.default_rng(seed)
+    n_layer = len(swa)
+    n_own = n_layer - shared_kv
+    w = gguf.GGUFWriter(str(path), "gemma4")
+    w.add_block_count(n_layer)
+    w.add_context_length(512)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length([n_ff if i < n_own else 2 * n_ff for i in range(n_layer)] if shared_kv else n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv([swa_head[1] if f else full_head[1] for f in swa])
+    w.add_key_length(full_head[0])
+    w.add_value_length(full_head[0])
+    w.add_key_length_swa(swa_head[0])
+    w.add_value_length_swa(swa_head[0])
+    w.add_rope_dimension_count(full_head[0])
+    w.add_rope_dimension_count_swa(swa_head[0])
+    w.add_rope_freq_base(1e6)
+    w.add_rope_freq_base_swa(1e4)
+    w.add_sliding_window(window)
+    w.add_sliding_window_pattern([bool(f) for f in swa])
+    w.add_shared_kv_layers(shared_kv)
+    w.add_embedding_length_per_layer_input(per_layer)
+    w.add_final_logit_softcapping(30.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    n_vocab = copy_tokenizer(w, tokenizer_from) if tokenizer_from is not None else small_vocab(w, n_vocab)
+
+    def add(name, array_and_type):
+        if name != drop_tensor:
+            w.add_tensor(name, array_and_type[0], raw_dtype=array_and_type[1])
+
+    def norm(n):
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32), None
+
+    def mat(n_in, n_out, qt=None, scale=None):   # rows too short for the type: Q8_0, as llama.cpp's quantizer
+        qt = qt or qtype
+        return weight(qt if n_in % GGML_QUANT_SIZES[qt][0] == 0 else QT.Q8_0, n_in, n_out, rng, scale)
+
+    add("token_embd.weight", weight(embd_type or qtype, n_embd, n_vocab, rng, scale=1.0))
+    add("output_norm.weight", norm(n_embd))
+    rotated = full_head[0] // 8   # "proportional" RoPE: a quarter of the global heads' dims turn
+    add("rope_freqs.weight", (np.array([1.0] * rotated + [1e30] * (full_head[0] // 2 - rotated), np.float32), None))
+    if per_layer:
+        add("per_layer_token_embd.weight", mat(per_layer * n_layer, n_vocab, embd_type or qtype,
+                                                   scale=1.0 / np.sqrt(per_layer)))   # ~1 once scaled
+        add("per_layer_model_proj.weight", mat(n_embd, per_layer * n_layer))
+        add("per_layer_proj_norm.weight", norm(per_layer))
+    for i, local in enumerate(swa):
+        p = f"blk.{i}."
+        hd, kvh = swa_head if local else full_head
+        ff = n_ff if i < n_own else 2 * n_ff
+        add(p + "attn_norm.weight", norm(n_embd))
+        add(p + "attn_q.weight", mat(n_embd, n_head * hd))
+        add(p + "attn_q_norm.weight", (norm(hd)[0] * hd ** -0.25, None))   # q.k is not scaled: norms
+                                                                             # of hd^-1/4 keep scores ~1
+        if i < n_own:
+            add(p + "attn_k.weight", mat(n_embd, kvh * hd))
+            if local or not v_from_k:
+                add(p + "attn_v.weight", mat(n_embd, kvh * hd))
+            add(p + "attn_k_norm.weight", (norm(hd)[0] * hd ** -0.25, None))
+        add(p + "attn_output.weight", mat(n_head * hd, n_embd))
+        add(p + "post_attention_norm.weight", norm(n_embd))
+        add(p + "ffn_norm.weight", norm(n_embd))
+        add(p + "ffn_gate.weight", mat(n_embd, ff))
+        add(p + "ffn_up.weight", mat(n_embd, ff))
+        add(p + "ffn_down.weight", mat(ff, n_embd))
+        add(p + "post_ffw_norm.weight", norm(n_embd))
+        if per_layer:
+            add(p + "inp_gate.weight", mat(n_embd, per_layer))
+            add(p + "proj.weight", mat(per_layer, n_embd))
+            add(p + "post_norm.weight", norm(n_embd))
+        add(p + "layer_output_scale.weight", (rng.uniform(0.5, 1.0, 1).astype(np.float32), None))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+def gemma4_vocab(md: dict) -> dict:
+    """A 'gemma4' tokenizer made from Gemma 3's SentencePiece vocabulary (no real Gemma 4
+    vocabulary is on PyPI): the same tokens, with BPE merges derived as Hugging Face's
+    SentencePiece extractor does, every split of a normal token into two tokens, the merged
+    token's score first. The metadata md with its tokenizer keys replaced."""
+    tokens, scores = list(md["tokenizer.ggml.tokens"]), md["tokenizer.ggml.scores"]
+    types = md["tokenizer.ggml.token_type"]
+    ids = {t: i for i, t in enumerate(tokens)}
+    merges = []
+    for i, t in enumerate(tokens):
+        if int(types[i]) != 1 or len(t) < 2 or " " in t:
+            continue
+        for j in range(1, len(t)):
+            a, b = ids.get(t[:j]), ids.get(t[j:])
+            if a is not None and b is not None:
+                merges.append((-float(scores[i]), i, a, b))
+    merges.sort()
+    return {**md, "tokenizer.ggml.model": "gemma4", "tokenizer.ggml.pre": "gemma4",
+            "tokenizer.ggml.merges": [f"{tokens[a]} {tokens[b]}" for _, _, a, b in merges]}
+
+
+def write_metadata_only(src: str | Path, dst: str | Path, md: dict) -> str:
+    """A GGUF without tensors holding src's metadata with md's values where they differ (for a
+    vocabulary-only load); types follow src's keys, new string arrays are written as such."""
+    reader = gguf.GGUFReader(str(src))
+    arch = str(md["general.architecture"])
+    w = gguf.GGUFWriter(str(dst), arch)
+    done = {"general.architecture"}
+    for field in reader.fields.values():
+        name = field.name
+        if name.startswith("GGUF.") or name in done:
+            continue
+        done.add(name)
+        vtype = field.types[0]
+        sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY else None
+        value = md[name] if name in md else field.contents()
+        w.add_key_value(name, value.tolist() if isinstance(value, np.ndarray) else value, vtype, sub_type=sub)
+    for name, value in md.items():
+        if name not in done and not name.startswith("GGUF."):
+            if isinstance(value, list):
+                w.add_key_value(name, value, gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.STRING)
+            else:
+                w.add_key_value(name, value, gguf.GGUFValueType.STRING)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    return str(dst)
+
 WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
-           "phi3": write_phi3, "gemma2": write_gemma2, "gemma3": write_gemma3, "granite": write_granite,
+           "phi3": write_phi3, "gemma2": write_gemma2, "gemma3": write_gemma3, "gemma4": write_gemma4, "granite": write_granite,
            "smollm3": write_smollm3, "olmo2": write_olmo2, "phi2": write_phi2, "starcoder2": write_starcoder2,
            "stablelm": write_stablelm, "command-r": write_command_r, "cohere2": write_cohere2,
            "ernie4_5": write_ernie4_5, "exaone": write_exaone, "exaone4": write_exaone4, "mixtral": write_mixtral,

@@ -1017,7 +1017,7 @@ def close_enough(got, ref, float_weights):
                                           ("hunyuan-dense", QT.Q4_K), ("llama4", QT.Q8_0), ("smallthinker", QT.Q4_K),
                                           ("dots1", QT.Q8_0), ("afmoe", QT.Q8_0), ("hunyuan-moe", QT.Q4_K), ("seed_oss", QT.Q8_0),
                                           ("granitehybrid", QT.Q8_0), ("granitehybrid", QT.F16), ("nemotron_h", QT.Q8_0),
-                                          ("qwen35", QT.Q8_0)],
+                                          ("qwen35", QT.Q8_0), ("gemma4", QT.Q8_0)],
                          ids=lambda x: getattr(x, "name", x))
 def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     """300 positions over shuffled 16-position blocks: several attention tiles,
@@ -1035,7 +1035,8 @@ def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     memory across the prefill's chunks and every decode step; Nemotron-H's
     two groups of B and C and its norm with a weight per group; Qwen3.5's linear attention (the
     gated delta rule, 4 value heads over 2 key heads, its state carried in device memory like
-    Mamba's) beside gated full attention."""
+    Mamba's) beside gated full attention; Gemma 4's heads of two sizes, values normed without
+    weights, shared KV layers attending over earlier layers' caches and per-layer inputs."""
     host, gpu = devices
     path = synth.WRITERS[family](tmp_path / "m.gguf", qtype)
     _, g = build(path)

@@ -40,6 +40,9 @@ FAMILIES = {
     "phi3-longrope": (synth.write_phi3, {"long_rope": True}),
     "gemma2": (synth.write_gemma2, {}),                      # caps 1 and 2: tanh bends scores and logits
     "gemma3": (synth.write_gemma3, {}),
+    "gemma4": (synth.write_gemma4, {}),                                     # per-layer inputs, shared KV
+    "gemma4-31b": (synth.write_gemma4, {"per_layer": 0, "shared_kv": 0}),   # neither; values from Wk h
+    "gemma4-vproj": (synth.write_gemma4, {"v_from_k": False, "seed": 1}),
     "granite": (synth.write_granite, {}),
     "granite-norope": (synth.write_granite, {"rope": False}),
     "smollm3": (synth.write_smollm3, {}),
@@ -322,6 +325,46 @@ def test_gemma3_final_softcap(tmp_path):
         g.final_softcap = 0.0
         assert compare(Reference(g).forward(list(np.random.default_rng(1).integers(0, 512, 40))), ref)[0] > 0.05
     assert load_architecture(ModelFile(synth.write_gemma3(tmp_path / "n.gguf", QT.F32))).final_softcap == 0.0
+
+
+def test_gemma4_layers(tmp_path):
+    """Local and global layers of their own head shapes, RoPE and windows; the shared KV layers
+    read layer n - 2's (local) or n - 1's (global) cache and have none of their own; per-layer
+    inputs and scales; decoding token by token equals the batch."""
+    path = synth.write_gemma4(tmp_path / "g.gguf", QT.Q8_0, window=5)
+    g = load_architecture(ModelFile(path))
+    assert [(geo.head_dim, geo.n_kv_head, geo.kv_layer) for geo in g.geometry] == [
+        (64, 2, 0), (64, 2, 1), (64, 2, 2), (128, 1, 3), (64, 2, 2), (128, 1, 3)]
+    assert [g.layer_window(i) for i in range(6)] == [5, 5, 5, 0, 5, 0]
+    local, full = g.layer_rope(0), g.layer_rope(3)
+    assert (local.n_rot, local.base, local.factors) == (64, 1e4, None)
+    assert (full.n_rot, full.base) == (128, 1e6) and list(full.factors[15:17]) == [1.0, 1e30]
+    assert g.attn_scale == 1.0 and g.embed_scale == 16.0 and g.final_softcap == 30.0
+    assert g.layers[3].attn.wv is None and g.layers[0].attn.wv is not None and g.layers[4].attn.wk is None
+    assert [g.hp.layer_ff(i) for i in range(6)] == [512] * 4 + [1024] * 2
+    assert g.n_per_layer == 32 and g.per_layer_input[5].proj.shape == (32, 256)
+    assert all(0.5 <= s <= 1.0 for s in g.out_scale)
+    graph = Graph()
+    g.build(graph)
+    assert graph.kv_layers == {0: (128, 128), 1: (128, 128), 2: (128, 128), 3: (128, 128)}   # f16 per position
+    _, be = build(path)
+    tokens = list(np.random.default_rng(3).integers(0, 512, 23))
+    table = [4, 1]
+    batch = be.forward(tokens, 0, table, len(tokens)).copy()
+    steps = np.stack([be.forward([t], i, table, 1)[0].copy() for i, t in enumerate(tokens)])
+    np.testing.assert_array_equal(steps, batch)
+
+    # what llama.cpp refuses or pyllm does not run yet
+    for kw, error, match in (
+            ({"shared_kv": 3}, ModelFileError, "3 shared KV layers of 6: the two layers before them"),
+            ({"drop_tensor": "rope_freqs.weight"}, ModelFileError, "'rope_freqs.weight' is missing"),
+            ({"drop_tensor": "blk.2.inp_gate.weight"}, ModelFileError, "'blk.2.inp_gate.weight' is missing")):
+        with pytest.raises(error, match=match):
+            load_architecture(ModelFile(synth.write_gemma4(tmp_path / "e.gguf", QT.F32, **kw)))
+    p = synth.rewrite_metadata(synth.write_gemma4(tmp_path / "p.gguf", QT.F32), tmp_path / "p2.gguf",
+                               {"gemma4.attention.sliding_window_pattern": 6})
+    with pytest.raises(ModelFileError, match="needs attention.sliding_window_pattern, one flag per layer"):
+        load_architecture(ModelFile(p))
 
 
 def test_gemma2_layers(tmp_path):
@@ -754,7 +797,7 @@ def test_family_errors(tmp_path):
     with pytest.raises(UnsupportedModelError, match="phi3 with experts .phi3.expert_count = 4. is not supported"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="bloom")
-    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*afmoe, arcee, bailingmoe2, cohere2, command-r, deepseek2, dots1, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, falcon-h1, gemma2, gemma3, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitehybrid, granitemoe, hunyuan-dense, hunyuan-moe, lfm2, lfm2moe, llama, llama4, mamba2, mistral3, nemotron, nemotron_h, nemotron_h_moe, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen35, qwen35moe, qwen3moe, qwen3vl, qwen3vlmoe, seed_oss, smallthinker, smollm3, stablelm, starcoder, starcoder2"):
+    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*afmoe, arcee, bailingmoe2, cohere2, command-r, deepseek2, dots1, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, falcon-h1, gemma2, gemma3, gemma4, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitehybrid, granitemoe, hunyuan-dense, hunyuan-moe, lfm2, lfm2moe, llama, llama4, mamba2, mistral3, nemotron, nemotron_h, nemotron_h_moe, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen35, qwen35moe, qwen3moe, qwen3vl, qwen3vlmoe, seed_oss, smallthinker, smollm3, stablelm, starcoder, starcoder2"):
         load_architecture(ModelFile(p))
 
 

@@ -99,6 +99,31 @@ def test_split_equals_cpu(tmp_path, family, qtype, ngl):
     host.close()
 
 
+@pytest.mark.parametrize("ngl", [1, 2, 3, 5, "all"], ids=lambda n: f"ngl{n}")
+def test_split_gemma4_shared_kv(tmp_path, ngl):
+    """Gemma 4's shared KV layers on the GPU while the layers whose caches they read stay on the
+    CPU: their attention runs beside those caches (q and the output cross the bus), the logits
+    equal the CPU's and the counted bytes the plan's."""
+    path = synth.write_gemma4(tmp_path / "m.gguf", QT.Q8_0)
+    arch, g = build(path)
+    host = HostDevice(2)
+    tokens = [int(t) for t in np.random.default_rng(3).integers(2, 500, 44)]
+    ref = run_steps(CpuBackend(g, 2, 64, 64, 8, 16, device=host), tokens, 40)
+    plan = Planner(g, hardware(), SHAPE).plan(ngl)
+    kv_ops = [i for i, op in enumerate(g.ops) if op.kv_layer >= 0]
+    shared = [i for i in kv_ops if g.ops[i].kv_layer != g.ops[i].layer]
+    assert shared and all(plan.op_devices[i] == plan.op_devices[next(j for j in kv_ops if g.ops[j].layer ==
+                                                                   g.ops[i].kv_layer)] for i in shared)
+    be, sim = split_for(g, plan, host)
+    np.testing.assert_array_equal(run_steps(be, tokens, 40), ref)
+    sim.bus.reset()
+    be.forward([7], 44, TABLE, 1)
+    predicted = {(d, k): v for (dev, d, k), v in plan.schedules(g)["resident"].bus_bytes(1, 1, len(TABLE)).items()}
+    assert dict(sim.bus.bytes) == predicted
+    be.close()
+    host.close()
+
+
 def test_split_prefill_moves_only_the_last_rows_to_the_head(tmp_path):
     """The head's first op reads the last n_out rows of x: with the head on
     the CPU and the layers on the GPU, a 40-token prefill wanting one row of

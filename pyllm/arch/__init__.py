@@ -14,6 +14,7 @@ from .ernie4_5 import Ernie4_5, Ernie4_5Moe
 from .exaone import Exaone, Exaone4
 from .gemma2 import Gemma2
 from .gemma3 import Gemma3
+from .gemma4 import Gemma4
 from .glm4 import Glm4, Glm4Moe
 from .gpt2 import Gpt2, StarCoder
 from .gpt_oss import GptOss
@@ -44,6 +45,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "phi3": Phi3,
     "gemma2": Gemma2,
     "gemma3": Gemma3,
+    "gemma4": Gemma4,
     "granite": Granite,
     "smollm3": SmolLM3,
     "olmo2": Olmo2,

@@ -59,13 +59,14 @@ class HParams:
 
     @classmethod
     def read(cls, mf: ModelFile, rope_scalings: tuple = ROPE_SCALINGS, layer_norm: bool = False,
-             experts: bool = False, kv_per_layer: bool = False, own_head_dims: bool = False) -> "HParams":
+             experts: bool = False, kv_per_layer: bool | str = False, own_head_dims: bool = False) -> "HParams":
         """layer_norm: the family normalizes with LayerNorm, whose epsilon is
         under attention.layer_norm_epsilon (RMSNorm's: layer_norm_rms_epsilon).
         experts: the family runs mixture-of-experts files (expert_count > 0).
         kv_per_layer: attention.head_count_kv may be a list, one count per layer,
         0 for a layer without attention (LFM2's convolution layers), and so may
-        feed_forward_length (0: a layer without FFN; n_ff is then the widest).
+        feed_forward_length (0: a layer without FFN; n_ff is then the widest); "mixed": the
+        layers' counts may differ (Gemma 4's global layers; n_head_kv is then the largest).
         own_head_dims: the family reads its key and value head sizes itself (MLA: they
         differ, and the file's key_length is the latent's); head_dim is key_length here."""
         n_embd = int(mf.arch_require("embedding_length"))
@@ -75,7 +76,7 @@ class HParams:
         if kv_heads is not None:
             n_layer = int(mf.arch_require("block_count"))
             used = set(kv_heads) - {0}
-            if not kv_per_layer or len(used) > 1:
+            if not kv_per_layer or (len(used) > 1 and kv_per_layer != "mixed"):
                 raise UnsupportedModelError(f"{mf.path}: {mf.architecture} with key/value heads per layer "
                                             f"({sorted(set(kv_heads))}) is not supported")
             if len(kv_heads) != n_layer or not used or min(kv_heads) < 0:
@@ -477,7 +478,8 @@ class Architecture:
     # "required" (Qwen3-MoE); each family says for itself, subclasses do not inherit it
     experts: bool | str = False
     moe_norm = True      # MoE: divide the chosen experts' gate values by their sum
-    kv_per_layer = False  # head_count_kv may list a count per layer, 0 for a layer without attention
+    kv_per_layer: bool | str = False  # head_count_kv may list a count per layer, 0 for a layer without
+                                      # attention ("mixed": counts that differ, Gemma 4)
     own_head_dims = False  # the family reads its key and value head sizes itself (MLA)
     qk_norm_after_rope = False  # q/k norms on the rotated q and k (Hunyuan), not before RoPE
     chunked_window = False  # a layer's window is a chunk: position p sees p - p % window.. (Llama 4)
@@ -748,6 +750,10 @@ class Architecture:
     @property
     def embed_scale(self) -> float:
         return 1.0
+
+    def block_notes(self) -> str:
+        """What `pyllm info`'s block line cannot read off the layers (Gemma 4's shapes), "; "-led."""
+        return ""
 
     def build(self, g: Graph) -> None:  # pragma: no cover - every family overrides it
         raise NotImplementedError

@@ -408,18 +408,25 @@ class Planner:
         return m
 
     def op_devices(self, units: dict) -> list[str]:
-        return [units[u] for u in self.units]
+        """Each op runs where its layer is, except an attention over another layer's cache
+        (Gemma 4's shared KV layers): it runs where that cache is, its q and output crossing."""
+        devs = [units[u] for u in self.units]
+        home = {op.kv_layer: devs[i] for i, op in enumerate(self.graph.ops) if op.kind == OP_KV_STORE}
+        for i, op in enumerate(self.graph.ops):
+            if op.kind == OP_ATTENTION and op.kv_layer in home:
+                devs[i] = home[op.kv_layer]
+        return devs
 
     def stream_devices(self, units: dict) -> tuple[list[str], list[bool]]:
         """The streaming schedule: the ops of CPU-resident layers run on the
         GPU, streamed, except their KV-cache ops."""
         devs, flags = [], []
-        for u, op in zip(self.units, self.graph.ops):
+        for u, op, dev in zip(self.units, self.graph.ops, self.op_devices(units)):
             if isinstance(u, int) and units[u] == HOST and op.kv_layer < 0 and op.state is None:
                 devs.append(GPU)
                 flags.append(True)
             else:
-                devs.append(units[u])
+                devs.append(dev)
                 flags.append(False)
         return devs, flags
 

@@ -1,0 +1,231 @@
+"""Gemma 4 (text: E2B, E4B, 31B; 26B-A4B with experts): Gemma 3's block with layers of
+two shapes, per-layer token inputs, KV caches shared by the last layers, and a scalar per layer.
+
+    x = embed(tokens) * sqrt(n_embd)
+    ple = (rmsnorm_per_layer(Wple x / sqrt(n_embd)) + embed_ple(tokens) * sqrt(n_pl)) / sqrt(2)
+    for each layer i:
+        h = rmsnorm(x) ; q = rmsnorm_per_head(Wq h) ; rope(q)            # NEOX
+        own cache:  k = Wk h ; v = rmsnorm_per_head(Wv h, no weight)     # Wv absent: v from k
+                    k = rmsnorm_per_head(k) ; rope(k) ; store k, v
+        x += rmsnorm(Wo attention(q, K, V))      # scale 1: the q/k norms carry it
+        h = rmsnorm(x) ; x += rmsnorm(Wdown (gelu_tanh(Wgate h) * Wup h))
+        x += rmsnorm(Wproj (gelu_tanh(Wgate_pl x) * ple_i))                # with per-layer inputs
+        x *= out_scale_i
+    logits = cap * tanh(Wout rmsnorm(x) / cap)           # Wout tied to the embedding
+
+What decides what, as llama.cpp reads a gemma4 file:
+- `attention.sliding_window_pattern` (one flag per layer) marks the local layers, which
+  attend over `attention.sliding_window` tokens with heads of `attention.key_length_swa`,
+  `rope.dimension_count_swa` rotated dims and RoPE base `rope.freq_base_swa`. The global
+  layers have heads of `attention.key_length` and the file's RoPE base and scaling; their
+  "proportional" partial rotation is `rope_freqs.weight`, 1 for the rotated pairs and
+  1e30 (no rotation) for the rest. `attention.head_count_kv` may give each layer its count.
+- The last `attention.shared_kv_layers` layers compute no keys or values: with
+  n = block_count - shared_kv_layers, a local one reads layer n - 2's cache, a global one
+  layer n - 1's (llama.cpp's rule, which assumes those two are local and global).
+- `embedding_length_per_layer_input` > 0 (E2B, E4B) adds the per-layer inputs
+  (per_layer_token_embd, per_layer_model_proj, per_layer_proj_norm; per layer inp_gate,
+  proj, post_norm). `feed_forward_length` may be a list (wider FFNs in the shared layers).
+- `layer_output_scale.weight`, where present, scales the whole residual after the layer.
+- The norms' weights are used as stored (Gemma 4 has no 1 + w).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+import numpy as np
+
+from ..errors import ModelFileError, UnsupportedModelError
+from ..graph import GLU_GELU_TANH, ROPE_NEOX, Graph, View
+from ..model_file import Tensor
+from ..units import fmt_layers
+from .base import Architecture, Attn, Layer, Rope, sliding_layers
+from .blocks import embed, ffn, output_head
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """One layer's attention shape: heads of head_dim, n_kv_head key/value heads, and the
+    layer whose cache it attends over (itself, or an earlier one: a shared KV layer)."""
+    head_dim: int
+    n_kv_head: int
+    kv_layer: int
+
+
+@dataclass
+class PerLayerInput:
+    """A layer's use of its per-layer input: x += rmsnorm(proj (gelu_tanh(gate x) * ple_i))."""
+    gate: Tensor
+    proj: Tensor
+    post_norm: np.ndarray
+
+
+class Gemma4(Architecture):
+    name = "gemma4"
+    rope_mode = ROPE_NEOX
+    glu = GLU_GELU_TANH
+    kv_per_layer = "mixed"
+    rope_scalings = ("none", "linear")
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        hp = self.hp
+        self.read_ends()
+        self.final_softcap = float(mf.arch_get("final_logit_softcapping", 0.0) or 0.0)
+        if not isinstance(mf.arch_get("attention.sliding_window_pattern"), (list, np.ndarray)):
+            raise ModelFileError(f"{mf.path}: gemma4 needs attention.sliding_window_pattern, one flag per layer")
+        self.window, self.is_swa = sliding_layers(mf, hp.n_layer, 0)
+        self.swa_head_dim = int(mf.arch_require("attention.key_length_swa"))
+        for key, full in (("value_length", hp.head_dim), ("value_length_swa", self.swa_head_dim)):
+            if int(mf.arch_get("attention." + key, full)) != full:
+                raise UnsupportedModelError(f"{mf.path}: gemma4 with value heads unlike its key heads ({key})")
+        self.swa_rope_dim = int(mf.arch_get("rope.dimension_count_swa", self.swa_head_dim))
+        self.swa_rope_base = float(mf.arch_get("rope.freq_base_swa", hp.rope_base))
+        if not (0 < self.swa_head_dim <= 512 and 0 < self.swa_rope_dim <= self.swa_head_dim
+                and self.swa_rope_dim % 2 == 0 and self.swa_rope_base > 0):
+            raise ModelFileError(f"{mf.path}: local heads of {self.swa_head_dim} with {self.swa_rope_dim} rotated "
+                                 f"dims and RoPE base {self.swa_rope_base}; the file is corrupt")
+        self.rope_freqs = (self.vector("rope_freqs.weight", hp.rope_dim // 2)
+                           if not all(self.is_swa) else None)
+
+        n_shared = int(mf.arch_get("attention.shared_kv_layers", 0) or 0)
+        self.n_own_kv = n_own = hp.n_layer - n_shared
+        if not 0 <= n_shared < hp.n_layer or (n_shared and (n_own < 2 or not self.is_swa[n_own - 2]
+                                                            or self.is_swa[n_own - 1])):
+            raise ModelFileError(f"{mf.path}: {n_shared} shared KV layers of {hp.n_layer}: the two layers before "
+                                 f"them must be a local and a global one")
+        self.geometry = [self.layer_geometry(i) for i in range(hp.n_layer)]
+        for i, geo in enumerate(self.geometry):
+            if hp.n_head % geo.n_kv_head:
+                raise ModelFileError(f"{mf.path}: layer {i}: {hp.n_head} heads cannot share {geo.n_kv_head} "
+                                     f"key/value heads")
+
+        self.n_per_layer = n_pl = int(mf.arch_get("embedding_length_per_layer_input", 0) or 0)
+        self.ple_embd = self.ple_proj = self.ple_proj_norm = None
+        if n_pl > 0:
+            self.ple_embd = self.weight("per_layer_token_embd.weight", n_pl * hp.n_layer, hp.n_vocab)
+            self.ple_proj = self.weight("per_layer_model_proj.weight", hp.n_embd, n_pl * hp.n_layer)
+            self.ple_proj_norm = self.vector("per_layer_proj_norm.weight", n_pl)
+        self.layers = [self.layer(i) for i in range(hp.n_layer)]
+        self.per_layer_input = [self.per_layer_weights(i) if n_pl else None for i in range(hp.n_layer)]
+        self.out_scale = [self.layer_scale(i) for i in range(hp.n_layer)]
+
+    # -- tensors -----------------------------------------------------------------------
+    def layer_geometry(self, i: int) -> Geometry:
+        hp = self.hp
+        kv_heads = hp.kv_heads[i] if hp.kv_heads else hp.n_head_kv
+        source = i if i < self.n_own_kv else self.n_own_kv - (2 if self.is_swa[i] else 1)
+        return Geometry(self.swa_head_dim if self.is_swa[i] else hp.head_dim, kv_heads, source)
+
+    def layer(self, i: int) -> Layer:
+        hp, p, geo = self.hp, f"blk.{i}.", self.geometry[i]
+        q_dim, kv_dim, own = hp.n_head * geo.head_dim, geo.n_kv_head * geo.head_dim, geo.kv_layer == i
+        if self.mf.has_tensor(p + "ffn_gate_inp.weight"):
+            raise UnsupportedModelError(f"{self.mf.path}: gemma4 with experts (26B-A4B) is not supported yet")
+        attn = Attn(wo=self.weight(p + "attn_output.weight", q_dim, hp.n_embd),
+                    wq=self.weight(p + "attn_q.weight", hp.n_embd, q_dim),
+                    q_norm=self.vector(p + "attn_q_norm.weight", geo.head_dim))
+        if own:   # without attn_v, the values come from Wk h (before the key norm)
+            attn.wk = self.weight(p + "attn_k.weight", hp.n_embd, kv_dim)
+            attn.wv = self.weight(p + "attn_v.weight", hp.n_embd, kv_dim) if self.mf.has_tensor(
+                p + "attn_v.weight") else None
+            attn.k_norm = self.vector(p + "attn_k_norm.weight", geo.head_dim)
+
+        def norm_of(name: str) -> np.ndarray:
+            return self.vector(p + name + ".weight", hp.n_embd)
+        return Layer(attn_norm=norm_of("attn_norm"), attn=attn, post_attn_norm=norm_of("post_attention_norm"),
+                     ffn_norm=norm_of("ffn_norm"), ffn=self.ffn_weights(i), post_ffn_norm=norm_of("post_ffw_norm"))
+
+    def per_layer_weights(self, i: int) -> PerLayerInput:
+        hp, p, n_pl = self.hp, f"blk.{i}.", self.n_per_layer
+        return PerLayerInput(gate=self.weight(p + "inp_gate.weight", hp.n_embd, n_pl),
+                             proj=self.weight(p + "proj.weight", n_pl, hp.n_embd),
+                             post_norm=self.vector(p + "post_norm.weight", hp.n_embd))
+
+    def layer_scale(self, i: int) -> float:
+        name = f"blk.{i}.layer_output_scale.weight"
+        return float(self.vector(name, 1)[0]) if self.mf.has_tensor(name) else 1.0
+
+    # -- per-layer settings ----------------------------------------------------------
+    def layer_window(self, i: int) -> int:
+        return self.window if self.is_swa[i] else 0
+
+    def layer_rope(self, i: int) -> Rope:
+        hp = self.hp
+        if self.is_swa[i]:
+            return Rope(self.rope_mode, self.swa_rope_dim, self.swa_rope_base, 1.0)
+        return Rope(self.rope_mode, hp.rope_dim, hp.rope_base, hp.rope_freq_scale, self.rope_freqs)
+
+    @property
+    def attn_scale(self) -> float:
+        return self.hp.rope_attn_factor ** 2
+
+    @property
+    def embed_scale(self) -> float:
+        return math.sqrt(self.hp.n_embd)
+
+    def block_notes(self) -> str:
+        shapes: dict[tuple, list[int]] = {}
+        for i, geo in enumerate(self.geometry):
+            shapes.setdefault((geo.head_dim, geo.n_kv_head), []).append(i)
+        notes = "; " + ", ".join(f"layers {fmt_layers(ls)}: heads of {hd} ({kvh} KV)" for (hd, kvh), ls in shapes.items())
+        shared = [i for i, geo in enumerate(self.geometry) if geo.kv_layer != i]
+        if shared:
+            notes += (f"; layers {fmt_layers(shared)} attend over the keys and values of layers "
+                      f"{self.n_own_kv - 2} (local) and {self.n_own_kv - 1} (global)")
+        if self.n_per_layer:
+            notes += f"; per-layer inputs of {self.n_per_layer}"
+        if any(s != 1.0 for s in self.out_scale):
+            notes += "; each layer's output scaled"
+        return notes
+
+    # -- the forward step --------------------------------------------------------------
+    def build(self, g: Graph) -> None:
+        hp, eps = self.hp, self.hp.eps
+        x = embed(g, self)
+        ple = self.per_layer_inputs(g, x) if self.n_per_layer else None
+        for i, L in enumerate(self.layers):
+            g.layer = i
+            o = self.attention(g, g.rmsnorm(x, L.attn_norm, eps, "h"), i)
+            g.add(g.rmsnorm(o, L.post_attn_norm, eps, o), x)
+            o = ffn(g, g.rmsnorm(x, L.ffn_norm, eps, "h"), L.ffn, self.glu, "o", accumulate=False,
+                    names=f"ff{hp.layer_ff(i)}_")   # the shared KV layers' FFNs may be wider
+            g.add(g.rmsnorm(o, L.post_ffn_norm, eps, o), x)
+            pl = self.per_layer_input[i]
+            if pl is not None:
+                n = self.n_per_layer
+                t = g.glu(g.linear(x, pl.gate, "pl_gate"), ple.cols(i * n, n), GLU_GELU_TANH, "pl_gate")
+                o = g.linear(t, pl.proj, "o")
+                g.add(g.rmsnorm(o, pl.post_norm, eps, o), x)
+            if self.out_scale[i] != 1.0:
+                g.scale(x, self.out_scale[i])
+        output_head(g, self, x)
+
+    def per_layer_inputs(self, g: Graph, x: View) -> View:
+        """Every layer's input of n_pl per token, side by side: (rmsnorm_per_layer(Wple x /
+        sqrt(n_embd)) + embed_ple(tokens) * sqrt(n_pl)) / sqrt(2)."""
+        hp, n = self.hp, self.n_per_layer
+        ple = g.linear(x, self.ple_proj, "ple")
+        g.scale(ple, 1.0 / math.sqrt(hp.n_embd))
+        g.rmsnorm(ple, self.ple_proj_norm, hp.eps, ple, groups=hp.n_layer)
+        g.add(g.embed(self.ple_embd, "ple_tok", scale=math.sqrt(n)), ple)
+        return g.scale(ple, 1.0 / math.sqrt(2.0))
+
+    def attention(self, g: Graph, h: View, i: int) -> View:
+        """Wo attention(q, K, V) of layer i, in buffers named by the layer's shape (the local and
+        global layers' heads differ)."""
+        hp, eps, geo, a = self.hp, self.hp.eps, self.geometry[i], self.layers[i].attn
+        hd, kvh, tag = geo.head_dim, geo.n_kv_head, f"{geo.head_dim}x{geo.n_kv_head}"
+        q = g.linear(h, a.wq, "q" + tag)
+        g.rmsnorm(q, a.q_norm, eps, q, groups=hp.n_head)
+        r = self.layer_rope(i)
+        k = v = None
+        if geo.kv_layer == i:
+            k = g.linear(h, a.wk, "k" + tag)
+            v = g.rmsnorm(k if a.wv is None else g.linear(h, a.wv, "v" + tag), np.ones(hd, np.float32), eps,
+                          "v" + tag, groups=kvh)
+            g.rmsnorm(k, a.k_norm, eps, k, groups=kvh)
+        g.rope(q, k, hp.n_head, kvh, hd, r.n_rot, r.mode, r.base, r.scale, r.factors)
+        att = g.attention(q, k, v, hp.n_head, kvh, hd, self.layer_attn_scale(i), "att" + tag,
+                          window=self.layer_window(i), kv_from=-1 if geo.kv_layer == i else geo.kv_layer)
+        return g.linear(att, a.wo, "o")
