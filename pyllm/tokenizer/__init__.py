@@ -11,8 +11,9 @@
     print(stream.flush())
 
 Two implementations behind one interface (`Tokenizer`):
-'gpt2' (byte-level BPE, `BPETokenizer`) and 'llama' (SentencePiece,
-`SPMTokenizer`). `tokenizer.ggml.model` chooses.
+'gpt2' (byte-level BPE, `BPETokenizer`; 'gemma4' is its raw UTF-8 variant,
+`Gemma4Tokenizer`) and 'llama' (SentencePiece, `SPMTokenizer`).
+`tokenizer.ggml.model` chooses.
 """
 from __future__ import annotations
 
@@ -21,15 +22,16 @@ from typing import Any
 
 from ..errors import ModelFileError, UnsupportedModelError
 from .base import StreamDecoder, TokenAttr, Tokenizer
-from .bpe import BPETokenizer
+from .bpe import BPETokenizer, Gemma4Tokenizer
 from .spm import SPMTokenizer
 
-__all__ = ["Tokenizer", "BPETokenizer", "SPMTokenizer", "StreamDecoder", "TokenAttr",
+__all__ = ["Tokenizer", "BPETokenizer", "Gemma4Tokenizer", "SPMTokenizer", "StreamDecoder", "TokenAttr",
            "load_tokenizer", "SUPPORTED_MODELS"]
 
 _IMPLEMENTATIONS: dict[str, type[Tokenizer]] = {
     "gpt2": BPETokenizer,
     "llama": SPMTokenizer,
+    "gemma4": Gemma4Tokenizer,
 }
 SUPPORTED_MODELS = tuple(_IMPLEMENTATIONS)
 

@@ -13,7 +13,7 @@ import heapq
 import logging
 from collections.abc import Mapping
 from functools import lru_cache
-from typing import Any
+from typing import Any, Optional
 
 from ..errors import ModelFileError
 from . import pretokenize
@@ -47,8 +47,10 @@ class BPETokenizer(Tokenizer):
     _default_ids = {"bos": 11, "eos": 11, "unk": None}
     _default_add_bos = False
 
+    forced_pre: Optional[str] = None   # the pre-tokenizer whatever tokenizer.ggml.pre says
+
     def __init__(self, md: Mapping[str, Any]):
-        pre_name = md.get("tokenizer.ggml.pre")
+        pre_name = self.forced_pre or md.get("tokenizer.ggml.pre")
         if not pre_name:
             log.warning("the model names no BPE pre-tokenizer (tokenizer.ggml.pre): using "
                         "'default'; llama.cpp warns that generation quality will suffer")
@@ -173,3 +175,11 @@ class BPETokenizer(Tokenizer):
             else:
                 out += b"[UNK_BYTE_0x" + c.encode("utf-8").hex().encode() + text.encode("utf-8") + b"]"
         return bytes(out)
+
+
+class Gemma4Tokenizer(BPETokenizer):
+    """Gemma 4's 'gemma4' tokenizer model: BPE over raw UTF-8 with spaces as U+2581 and
+    <0xXX> byte tokens, split only into runs of newlines and of the rest; llama.cpp takes
+    the 'gemma4' pre-tokenizer whatever tokenizer.ggml.pre says."""
+    model = "gemma4"
+    forced_pre = "gemma4"
