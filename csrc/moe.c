@@ -59,9 +59,9 @@ static void limit_groups(float *key, int n, int groups, int used) {
  * monotonic: the same as the k largest gate values), or with a selection bias the k largest
  * gate value + bias[e] (ERNIE 4.5 MoE, DeepSeek V3), or within the groups limit_groups keeps,
  * those keys made once in `keys` [n]; y[j] = id, y[k + j] = its gate value (the bias only
- * chooses) */
-static void route_row(const float *x, int n, int k, int type, float scale, const float *bias, int groups,
-                      int groups_used, float *keys, float *y) {
+ * chooses), times expert_scale[id] where given (Gemma 4's per-expert scales) */
+static void route_row(const float *x, int n, int k, int type, float scale, const float *bias,
+                      const float *expert_scale, int groups, int groups_used, float *keys, float *y) {
     const int sigmoid = type & MOE_SIGMOID;
     float m = x[0], sum = 0.0f, wsum = 0.0f;
     for (int e = 1; e < n; e++) m = x[e] > m ? x[e] : m;
@@ -86,15 +86,18 @@ static void route_row(const float *x, int n, int k, int type, float scale, const
         y[k + j] = gate_value(x, (int)y[j], sigmoid, m, sum);
         wsum += y[k + j];
     }
-    for (int j = 0; j < k; j++) y[k + j] = (type & MOE_NORM ? y[k + j] / wsum : y[k + j]) * scale;
+    for (int j = 0; j < k; j++) {
+        y[k + j] = (type & MOE_NORM ? y[k + j] / wsum : y[k + j]) * scale;
+        if (expert_scale) y[k + j] *= expert_scale[(int)y[j]];
+    }
 }
 
 void op_moe_route(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     int64_t lo, hi;
     split_range(r->rows, ith, nth, 1, &lo, &hi);
     for (int64_t t = lo; t < hi; t++)
-        route_row(IN_ROW(op, r, t), (int)op->n_in, op->n_head, op->type, op->scale, op->bias, op->n_kv_head,
-                  op->head_dim, r->scratch, OUT_ROW(op, t));
+        route_row(IN_ROW(op, r, t), (int)op->n_in, op->n_head, op->type, op->scale, op->bias,
+                  (const float *)op->w, op->n_kv_head, op->head_dim, r->scratch, OUT_ROW(op, t));
 }
 
 /* expert id of slot j of row t, or -1 if the route row holds no valid id there */

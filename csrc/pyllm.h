@@ -29,7 +29,8 @@ enum pyllm_op_kind {
                           logits x[t]; type = MOE_* (gating, renormalized weights); weights * scale;
                           bias: NULL, or per expert, added to the gate values to choose (not to weigh);
                           n_kv_head > 1: the experts form that many equal groups, and only the head_dim
-                          groups whose two best gate values (+ bias) sum highest are chosen from */
+                          groups whose two best gate values (+ bias) sum highest are chosen from;
+                          w: NULL, or a scale per expert multiplying its weight (Gemma 4) */
     OP_MATMUL_ID = 12, /* y[t, j n_out..] = W[e] x_j[t] for slots j < n_head, e = x2[t, j] (the
                           route's ids, of n_kv_head experts; x2 NULL: e = j, a matrix per head); W[e]: the
                           expert's n_out rows; x_j[t] = x[t], or its j-th n_in slice with OPF_SLOT_INPUT;

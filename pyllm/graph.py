@@ -251,14 +251,17 @@ class Graph:
 
     # -- mixture of experts (csrc/moe.c) -----------------------------------------
     def moe_route(self, logits: View, k: int, gating: int, out: str | View, scale: float = 1.0,
-                  select_bias: Optional[np.ndarray] = None, groups: tuple[int, int] = (0, 0)) -> View:
+                  select_bias: Optional[np.ndarray] = None, groups: tuple[int, int] = (0, 0),
+                  expert_scale: Optional[np.ndarray] = None) -> View:
         """out = [ids | weights] of the k experts with the largest gate values (+ select_bias,
         which only chooses) (gating: MOE_SOFTMAX or MOE_SIGMOID, | MOE_NORM to renormalize),
-        weights * scale; groups (n, used): the experts in n equal groups, chosen from the
-        `used` groups whose two best gate values (+ bias) sum highest (DeepSeek V3)"""
+        weights * scale (* expert_scale[id], one per expert: Gemma 4); groups (n, used): the
+        experts in n equal groups, chosen from the `used` groups whose two best gate values
+        (+ bias) sum highest (DeepSeek V3)"""
+        assert expert_scale is None or expert_scale.shape == (logits.width,)
         y = self._out(out, 2 * k)
         self._emit(Op(OP_MOE_ROUTE, type=gating, x=logits, y=y, n_in=logits.width, n_head=k, scale=scale,
-                      bias=select_bias, n_kv_head=groups[0], head_dim=groups[1]),
+                      bias=select_bias, vector=expert_scale, n_kv_head=groups[0], head_dim=groups[1]),
                    {logits.name}, {y.name})
         return y
 

@@ -200,6 +200,8 @@ class Reference:
         if m.norm:
             weights = weights / weights.sum(axis=1, keepdims=True)
         weights = (weights * m.scale).astype(np.float32)
+        if m.expert_scale is not None:   # Gemma 4: each expert's weight times its scale
+            weights = weights * m.expert_scale[top]
         gate = None if m.gate is None else self._experts(m.gate)   # None: ungated, act(up x)
         up, down = self._experts(m.up), self._experts(m.down)
 
@@ -210,7 +212,10 @@ class Reference:
             for j, e in enumerate(top[t]):
                 x = h[t] * weights[t, j] if m.weight_input else h[t]   # Llama 4 weighs the input
                 u = up[e] @ x + bias(m.b_up, e)
-                z = act(u, np.float32(1.0)) if gate is None else act(gate[e] @ x + bias(m.b_gate, e), u)
+                if m.gate_up:   # rows [gate | up]
+                    z = act(*np.split(u, 2))
+                else:
+                    z = act(u, np.float32(1.0)) if gate is None else act(gate[e] @ x + bias(m.b_gate, e), u)
                 out[t] += (1.0 if m.weight_input else weights[t, j]) * (down[e] @ z + bias(m.b_down, e))
         if m.shared is not None:
             s = self._ffn(h, m.shared, act)
@@ -437,7 +442,13 @@ class Reference:
             k, v = caches[geo.kv_layer]
             att = attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i))
             x = x + rmsnorm(self._linear(att, A.wo, None), L.post_attn_norm, eps)
-            x = x + rmsnorm(self._ffn(rmsnorm(x, L.ffn_norm, eps), L.ffn, act), L.post_ffn_norm, eps)
+            f = self._ffn(rmsnorm(x, L.ffn_norm, eps), L.ffn, act)
+            br = a.experts_of[i]
+            if br is not None:   # + the experts, routed by rmsnorm(x) * router_norm
+                f = rmsnorm(f, br.dense_post_norm, eps) + rmsnorm(
+                    self._moe(rmsnorm(x, br.pre_norm, eps), br.moe, act, rmsnorm(x, br.router_norm, eps)),
+                    br.post_norm, eps)
+            x = x + rmsnorm(f, L.post_ffn_norm, eps)
             pl = a.per_layer_input[i]
             if pl is not None:
                 t = gelu_tanh(self._linear(x, pl.gate, None)) * ple[:, i]

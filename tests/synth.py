@@ -916,11 +916,14 @@ def write_gemma4(path: str | Path, qtype: QT = QT.Q8_0, *, n_embd: int = 256, n_
                  swa: tuple = (1, 1, 1, 0, 1, 0), swa_head: tuple = (64, 2), full_head: tuple = (128, 1),
                  shared_kv: int = 2, per_layer: int = 32, v_from_k: bool = True, window: int = 8,
                  n_vocab: int = 512, tokenizer_from: Optional[dict] = None, embd_type: Optional[QT] = None,
+                 experts: int = 0, experts_used: int = 2, n_ff_exp: int = 256, fused_experts: bool = True,
                  seed: int = 0, drop_tensor: Optional[str] = None) -> str:
     """A tiny Gemma 4: layers local (swa flags) or global, with heads of (head_dim, kv_heads)
     swa_head or full_head; the last shared_kv layers without keys or values (their FFNs twice
     as wide, as E2B's); per_layer > 0: per-layer inputs that wide (E2B, E4B); v_from_k: the
-    global layers without attn_v (their values from Wk h, as the 31B's)."""
+    global layers without attn_v (their values from Wk h, as the 31B's); experts > 0: that many
+    experts beside every dense FFN, experts_used per token, n_ff_exp wide, their gate and up
+    fused (ffn_gate_up_exps) or not, scaled per expert (26B-A4B)."""
     rng = np.random.default_rng(seed)
     n_layer = len(swa)
     n_own = n_layer - shared_kv
@@ -945,6 +948,10 @@ def write_gemma4(path: str | Path, qtype: QT = QT.Q8_0, *, n_embd: int = 256, n_
     w.add_embedding_length_per_layer_input(per_layer)
     w.add_final_logit_softcapping(30.0)
     w.add_layer_norm_rms_eps(1e-6)
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(experts_used)
+        w.add_expert_feed_forward_length(n_ff_exp)
     n_vocab = copy_tokenizer(w, tokenizer_from) if tokenizer_from is not None else small_vocab(w, n_vocab)
 
     def add(name, array_and_type):
@@ -987,6 +994,17 @@ def write_gemma4(path: str | Path, qtype: QT = QT.Q8_0, *, n_embd: int = 256, n_
         add(p + "ffn_up.weight", mat(n_embd, ff))
         add(p + "ffn_down.weight", mat(ff, n_embd))
         add(p + "post_ffw_norm.weight", norm(n_embd))
+        if experts:
+            add(p + "ffn_gate_inp.weight", weight(QT.F32, n_embd, experts, rng, scale=1.0))
+            add(p + "ffn_gate_inp.scale", norm(n_embd))
+            for name in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
+                add(p + name + ".weight", norm(n_embd))
+            for name, n_in, n_out in (((("gate_up", n_embd, 2 * n_ff_exp),) if fused_experts else
+                                       (("gate", n_embd, n_ff_exp), ("up", n_embd, n_ff_exp))) +
+                                      (("down", n_ff_exp, n_embd),)):
+                arr, raw = mat(n_in, n_out * experts)
+                add(p + f"ffn_{name}_exps.weight", (arr.reshape(experts, n_out, -1), raw))
+            add(p + "ffn_down_exps.scale", (rng.uniform(0.5, 1.5, experts).astype(np.float32), None))
         if per_layer:
             add(p + "inp_gate.weight", mat(n_embd, per_layer))
             add(p + "proj.weight", mat(per_layer, n_embd))

@@ -672,7 +672,8 @@ def test_a_recurrent_step_needs_consecutive_positions_on_the_gpu(devices, kind):
         prog.close()
 
 
-@pytest.mark.parametrize("case", ["route-softmax-norm", "route-sigmoid", "route-select-bias", "route-groups", "matmul-id-q4_k", "matmul-id-q8_0-slots",
+@pytest.mark.parametrize("case", ["route-softmax-norm", "route-sigmoid", "route-select-bias", "route-groups",
+                                  "route-expert-scale", "matmul-id-q4_k", "matmul-id-q8_0-slots",
                                   "matmul-id-f16", "matmul-id-q8_0-bias", "matmul-id-mxfp4-slots",
                                   "moe-sum", "matmul-heads-q8_0", "matmul-heads-f16"])
 def test_moe_op_matches_the_core(devices, case):
@@ -680,7 +681,7 @@ def test_moe_op_matches_the_core(devices, case):
     rounding), each (token, slot) through its expert (shared input, or one
     slice per slot), the weighted sum; 12 tokens, 6 of 8 experts used by
     several of them, one route id out of range (its slot left alone); a bias
-    per expert (gpt-oss). matmul-heads: MATMUL_ID with no route, a matrix per
+    per expert (gpt-oss); a scale per expert (Gemma 4). matmul-heads: MATMUL_ID with no route, a matrix per
     head on its slice of the input (MLA's up-projections), the heads inside a
     wider buffer."""
     from test_moe import experts_tensor
@@ -694,7 +695,9 @@ def test_moe_op_matches_the_core(devices, case):
         gating = MOE_SIGMOID if case == "route-sigmoid" else MOE_SOFTMAX | MOE_NORM
         bias = rng.uniform(0, 0.3, 40).astype(np.float32) if case in ("route-select-bias", "route-groups") else None
         groups = (8, 3) if case == "route-groups" else (0, 0)   # 40 experts in 8 groups, 3 kept (DeepSeek V3)
-        g.moe_route(g.buffer("logits", 40), k, gating, "route", scale=1.5, select_bias=bias, groups=groups)
+        scales = rng.uniform(0.25, 4.0, 40).astype(np.float32) if case == "route-expert-scale" else None   # Gemma 4
+        g.moe_route(g.buffer("logits", 40), k, gating, "route", scale=1.5, select_bias=bias, groups=groups,
+                    expert_scale=scales)
         inputs, outputs = {"logits": (rng.standard_normal((n, 40)) * 3).astype(np.float32)}, ["route"]
     elif case == "moe-sum":
         g.moe_sum(g.buffer("e", k * 256), g.buffer("route", 2 * k), k, "y", accumulate=True)

@@ -43,6 +43,7 @@ FAMILIES = {
     "gemma4": (synth.write_gemma4, {}),                                     # per-layer inputs, shared KV
     "gemma4-31b": (synth.write_gemma4, {"per_layer": 0, "shared_kv": 0}),   # neither; values from Wk h
     "gemma4-vproj": (synth.write_gemma4, {"v_from_k": False, "seed": 1}),
+    "gemma4-moe": (synth.write_gemma4, {"experts": 8, "per_layer": 0, "shared_kv": 0}),   # 26B-A4B-like
     "granite": (synth.write_granite, {}),
     "granite-norope": (synth.write_granite, {"rope": False}),
     "smollm3": (synth.write_smollm3, {}),

@@ -65,6 +65,23 @@ def test_route_picks_the_k_best(gating, select):
     np.testing.assert_allclose(got[:, k:], 1.5 * w, rtol=2e-6)
 
 
+def test_route_scales_each_expert():
+    """Gemma 4: each chosen expert's (renormalized) weight times its own scale, after the choice
+    (which the scales do not change)."""
+    rng = np.random.default_rng(4)
+    n, k, T = 16, 4, 7
+    logits = (rng.standard_normal((T, n)) * 3).astype(np.float32)
+    scales = rng.uniform(0.25, 4.0, n).astype(np.float32)
+    g = Graph()
+    g.moe_route(g.buffer("logits", n), k, MOE_SOFTMAX | MOE_NORM, "route", scale=1.5, expert_scale=scales)
+    got = run_ops(g, {"logits": logits}, T, "route")
+    ids = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    w = np.take_along_axis(p, ids, axis=1)
+    np.testing.assert_array_equal(got[:, :k], ids)
+    np.testing.assert_allclose(got[:, k:], 1.5 * w / w.sum(1, keepdims=True) * scales[ids], rtol=2e-6)
+
+
 @pytest.mark.parametrize("select", [False, True], ids=["", "select-bias"])
 @pytest.mark.parametrize("gating", [MOE_SOFTMAX, MOE_SIGMOID | MOE_NORM], ids=["softmax", "sigmoid-norm"])
 def test_route_within_the_best_groups(gating, select):

@@ -473,7 +473,7 @@ __device__ __forceinline__ float gate_value(const float *x, int e, bool sigmoid,
  * there are groups (bit g of `chosen`); then their gate values */
 __global__ void moe_route_kernel(const float *__restrict__ X, int64_t x_stride, float *__restrict__ Y,
                                  int64_t y_stride, int n, int k, int type, float scale, const float *__restrict__ bias,
-                                 int groups, int groups_used, int rows) {
+                                 const float *__restrict__ expert_scale, int groups, int groups_used, int rows) {
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= rows) return;
     const float *x = X + (int64_t)t * x_stride;
@@ -521,14 +521,17 @@ __global__ void moe_route_kernel(const float *__restrict__ X, int64_t x_stride, 
         y[k + j] = gate_value(x, (int)y[j], sigmoid, m, sum);
         wsum += y[k + j];
     }
-    for (int j = 0; j < k; j++) y[k + j] = ((type & MOE_NORM) ? y[k + j] / wsum : y[k + j]) * scale;
+    for (int j = 0; j < k; j++) {
+        y[k + j] = ((type & MOE_NORM) ? y[k + j] / wsum : y[k + j]) * scale;
+        if (expert_scale) y[k + j] *= expert_scale[(int)y[j]];
+    }
 }
 
 void launch_moe_route(const pyllm_op *op, const exec &e) {
     PQ_LAUNCH(blocks_for(e.rows, 64), 64, 0, e.stream, moe_route_kernel)(op->x, op->x_stride, op->y, op->y_stride,
                                                                        (int)op->n_in, op->n_head, op->type,
-                                                                       op->scale, op->bias, op->n_kv_head,
-                                                                       op->head_dim, e.rows);
+                                                                       op->scale, op->bias, (const float *)op->w,
+                                                                       op->n_kv_head, op->head_dim, e.rows);
 }
 
 __global__ void moe_sum_kernel(const float *__restrict__ X, int64_t x_stride, const float *__restrict__ R,

@@ -435,6 +435,8 @@ class Moe:
     groups: tuple[int, int] = (0, 0)      # (groups, used): choose within the best groups (DeepSeek V3)
     weight_input: bool = False            # the (one) expert's weight scales its input, not its output (Llama 4)
     router_on_input: bool = False         # the router reads the layer's input, not the FFN's norm (SmallThinker)
+    expert_scale: Optional[np.ndarray] = None   # [n_experts]: each expert's weight times its scale (Gemma 4)
+    gate_up: bool = False                 # gate None, up fused: each expert's rows [gate | up] (Gemma 4)
 
     @property
     def n_experts(self) -> int:

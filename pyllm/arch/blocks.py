@@ -129,10 +129,14 @@ def moe_ffn(g: Graph, h: View, m: Moe, kind: int, out: str | View, accumulate: b
     if logits is None:
         logits = g.linear(h, m.router, "router", bias=m.b_router)
     route = g.moe_route(logits, m.k, m.gating | (MOE_NORM if m.norm else 0), "route", scale=m.scale,
-                        select_bias=m.b_select, groups=m.groups)
+                        select_bias=m.b_select, groups=m.groups, expert_scale=m.expert_scale)
     x = g.moe_sum(h, route, 1, "moe_in") if m.weight_input else h   # w_e h (Llama 4: k = 1)
     up = g.linear_id(x, m.up, route, m.k, "up_e", bias=m.b_up)
-    if m.gate is None:   # ungated experts: act(Wup_e x)
+    if m.gate_up:   # each slot's rows [gate | up]: gathered into gates and ups of their own
+        n = m.up.shape[1] // 2
+        gate = g.copy(up, g.buffer("gate_e", m.k * n), n, m.k, 2 * n, n)
+        act = g.glu(gate, g.copy(up.cols(n, up.width - n), g.buffer("up_e2", m.k * n), n, m.k, 2 * n, n), kind, gate)
+    elif m.gate is None:   # ungated experts: act(Wup_e x)
         act = g.act(up, kind, up)
     else:
         gate = g.linear_id(x, m.gate, route, m.k, "gate_e", bias=m.b_gate)

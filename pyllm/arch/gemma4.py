@@ -13,6 +13,12 @@ two shapes, per-layer token inputs, KV caches shared by the last layers, and a s
         x *= out_scale_i
     logits = cap * tanh(Wout rmsnorm(x) / cap)           # Wout tied to the embedding
 
+With experts (26B-A4B) the FFN step is two branches on the same x, each with its norms:
+        x += rmsnorm(rmsnorm_1(ffn(rmsnorm(x))) + rmsnorm_2(experts(rmsnorm_pre2(x))))
+the router reading rmsnorm(x) * ffn_gate_inp.scale / sqrt(n_embd); the k best of a softmax,
+renormalized, each expert's weight times its ffn_down_exps.scale; experts' gate and up
+fused (ffn_gate_up_exps, rows [gate | up]) or not.
+
 What decides what, as llama.cpp reads a gemma4 file:
 - `attention.sliding_window_pattern` (one flag per layer) marks the local layers, which
   attend over `attention.sliding_window` tokens with heads of `attention.key_length_swa`,
@@ -33,13 +39,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 import numpy as np
 
 from ..errors import ModelFileError, UnsupportedModelError
-from ..graph import GLU_GELU_TANH, ROPE_NEOX, Graph, View
+from ..graph import GLU_GELU_TANH, MOE_SOFTMAX, ROPE_NEOX, Graph, View
 from ..model_file import Tensor
 from ..units import fmt_layers
-from .base import Architecture, Attn, Layer, Rope, sliding_layers
+from .base import Architecture, Attn, Layer, Moe, Rope, sliding_layers
 from .blocks import embed, ffn, output_head
 
 
@@ -50,6 +57,18 @@ class Geometry:
     head_dim: int
     n_kv_head: int
     kv_layer: int
+
+
+@dataclass
+class ExpertBranch:
+    """The experts beside a layer's dense FFN (26B-A4B), each branch with its own norms:
+    o = post_1(ffn(ffn_norm(x))) + post_2(experts(pre_2(x))), the router reading
+    rmsnorm(x) * router_norm, router_norm = ffn_gate_inp.scale / sqrt(n_embd)."""
+    moe: Moe
+    pre_norm: np.ndarray          # pre_ffw_norm_2
+    post_norm: np.ndarray         # post_ffw_norm_2
+    dense_post_norm: np.ndarray   # post_ffw_norm_1
+    router_norm: np.ndarray
 
 
 @dataclass
@@ -66,6 +85,7 @@ class Gemma4(Architecture):
     glu = GLU_GELU_TANH
     kv_per_layer = "mixed"
     rope_scalings = ("none", "linear")
+    experts = True
 
     def __init__(self, mf, n_ctx=None):
         super().__init__(mf, n_ctx)
@@ -107,6 +127,7 @@ class Gemma4(Architecture):
             self.ple_proj = self.weight("per_layer_model_proj.weight", hp.n_embd, n_pl * hp.n_layer)
             self.ple_proj_norm = self.vector("per_layer_proj_norm.weight", n_pl)
         self.layers = [self.layer(i) for i in range(hp.n_layer)]
+        self.experts_of = [self.expert_branch(i) for i in range(hp.n_layer)]
         self.per_layer_input = [self.per_layer_weights(i) if n_pl else None for i in range(hp.n_layer)]
         self.out_scale = [self.layer_scale(i) for i in range(hp.n_layer)]
 
@@ -120,8 +141,6 @@ class Gemma4(Architecture):
     def layer(self, i: int) -> Layer:
         hp, p, geo = self.hp, f"blk.{i}.", self.geometry[i]
         q_dim, kv_dim, own = hp.n_head * geo.head_dim, geo.n_kv_head * geo.head_dim, geo.kv_layer == i
-        if self.mf.has_tensor(p + "ffn_gate_inp.weight"):
-            raise UnsupportedModelError(f"{self.mf.path}: gemma4 with experts (26B-A4B) is not supported yet")
         attn = Attn(wo=self.weight(p + "attn_output.weight", q_dim, hp.n_embd),
                     wq=self.weight(p + "attn_q.weight", hp.n_embd, q_dim),
                     q_norm=self.vector(p + "attn_q_norm.weight", geo.head_dim))
@@ -135,6 +154,29 @@ class Gemma4(Architecture):
             return self.vector(p + name + ".weight", hp.n_embd)
         return Layer(attn_norm=norm_of("attn_norm"), attn=attn, post_attn_norm=norm_of("post_attention_norm"),
                      ffn_norm=norm_of("ffn_norm"), ffn=self.ffn_weights(i), post_ffn_norm=norm_of("post_ffw_norm"))
+
+    def expert_branch(self, i: int) -> Optional[ExpertBranch]:
+        """Layer i's experts (where the file has ffn_gate_inp), fused [gate | up] or not."""
+        mf, hp, p = self.mf, self.hp, f"blk.{i}."
+        if not mf.has_tensor(p + "ffn_gate_inp.weight"):
+            return None
+        n_exp, k = int(mf.arch_get("expert_count", 0) or 0), int(mf.arch_get("expert_used_count", 0) or 0)
+        n_ff = int(mf.arch_require("expert_feed_forward_length"))
+        if not 0 < k <= n_exp or n_ff <= 0:
+            raise ModelFileError(f"{mf.path}: {k} of {n_exp} experts of {n_ff}; the file is corrupt")
+        fused = mf.has_tensor(p + "ffn_gate_up_exps.weight")
+        moe = Moe(router=self.weight(p + "ffn_gate_inp.weight", hp.n_embd, n_exp),
+                  gate=None if fused else self.expert_weights(p + "ffn_gate_exps.weight", hp.n_embd, n_ff, n_exp),
+                  up=(self.expert_weights(p + "ffn_gate_up_exps.weight", hp.n_embd, 2 * n_ff, n_exp) if fused else
+                      self.expert_weights(p + "ffn_up_exps.weight", hp.n_embd, n_ff, n_exp)),
+                  down=self.expert_weights(p + "ffn_down_exps.weight", n_ff, hp.n_embd, n_exp),
+                  k=k, gating=MOE_SOFTMAX, norm=True, gate_up=fused,
+                  expert_scale=self.optional_vector(p + "ffn_down_exps.scale", n_exp))
+
+        def norm_of(name: str) -> np.ndarray:
+            return self.vector(p + name + ".weight", hp.n_embd)
+        return ExpertBranch(moe, norm_of("pre_ffw_norm_2"), norm_of("post_ffw_norm_2"), norm_of("post_ffw_norm_1"),
+                            self.vector(p + "ffn_gate_inp.scale", hp.n_embd) / np.float32(math.sqrt(hp.n_embd)))
 
     def per_layer_weights(self, i: int) -> PerLayerInput:
         hp, p, n_pl = self.hp, f"blk.{i}.", self.n_per_layer
@@ -175,6 +217,11 @@ class Gemma4(Architecture):
                       f"{self.n_own_kv - 2} (local) and {self.n_own_kv - 1} (global)")
         if self.n_per_layer:
             notes += f"; per-layer inputs of {self.n_per_layer}"
+        moe = [i for i, br in enumerate(self.experts_of) if br is not None]
+        if moe:
+            m = self.experts_of[moe[0]].moe
+            notes += (f"; layers {fmt_layers(moe)}: {m.k} of {m.n_experts} experts beside the dense FFN, each "
+                      f"gelu_tanh(gate) * up, weighted by their renormalized router softmax times a scale per expert")
         if any(s != 1.0 for s in self.out_scale):
             notes += "; each layer's output scaled"
         return notes
@@ -190,6 +237,13 @@ class Gemma4(Architecture):
             g.add(g.rmsnorm(o, L.post_attn_norm, eps, o), x)
             o = ffn(g, g.rmsnorm(x, L.ffn_norm, eps, "h"), L.ffn, self.glu, "o", accumulate=False,
                     names=f"ff{hp.layer_ff(i)}_")   # the shared KV layers' FFNs may be wider
+            br = self.experts_of[i]
+            if br is not None:   # + the experts' branch
+                g.rmsnorm(o, br.dense_post_norm, eps, o)
+                logits = g.linear(g.rmsnorm(x, br.router_norm, eps, "h_router"), br.moe.router, "router")
+                e = ffn(g, g.rmsnorm(x, br.pre_norm, eps, "h"), br.moe, self.glu, "o_moe", accumulate=False,
+                        logits=logits)
+                g.add(g.rmsnorm(e, br.post_norm, eps, e), o)
             g.add(g.rmsnorm(o, L.post_ffn_norm, eps, o), x)
             pl = self.per_layer_input[i]
             if pl is not None:
