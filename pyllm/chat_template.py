@@ -46,7 +46,8 @@ GEMMA_ARCHS = frozenset({"gemma", "gemma2", "gemma3", "gemma3n", "gemma-embeddin
 
 # end-of-turn markers templates use (looked for in a template's source)
 END_OF_TURN_TEXTS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", "<|end_of_text|>",
-                     "<|endoftext|>", "<end_of_utterance>", "<|return|>", "<｜end▁of▁sentence｜>", "</s>")
+                     "<|endoftext|>", "<end_of_utterance>", "<|return|>", "<｜end▁of▁sentence｜>", "</s>",
+                     "<turn|>")
 
 MAX_RENDERED_CHARS = 8_000_000     # a template may not render more than this
 MAX_RANGE = 10_000                 # range() in a template yields at most this many items

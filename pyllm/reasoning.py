@@ -3,8 +3,9 @@
 Reasoning models write their thinking before the answer, in one of two ways:
   - think tags (Qwen 3, DeepSeek-R1 and its distills, SmolLM3):
         <think>thinking</think>answer
-    Some templates open the <think> in the prompt itself: then the reply
-    starts inside the thinking (start_thinking=True).
+    or Gemma 4's thought channel, <|channel>thought\nthinking<channel|>answer.
+    Some templates open the thinking in the prompt itself: then the reply
+    starts inside it (start_thinking=True).
   - OpenAI's harmony format (gpt-oss): messages on channels,
         <|channel|>analysis<|message|>thinking<|end|><|start|>assistant<|channel|>final<|message|>answer
     "final" is the answer; every other channel (analysis, commentary) counts
@@ -20,8 +21,10 @@ from typing import Iterable, Iterator, Optional
 THINKING, ANSWER = "thinking", "answer"
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+THOUGHT_OPEN, THOUGHT_CLOSE = "<|channel>thought", "<channel|>"   # Gemma 4
 CHANNEL, MESSAGE, END, START = "<|channel|>", "<|message|>", "<|end|>", "<|start|>"
-_MARKERS = (THINK_OPEN, THINK_CLOSE, CHANNEL, MESSAGE, END, START, "<|return|>", "<|call|>", "<|constrain|>")
+_MARKERS = (THINK_OPEN, THINK_CLOSE, THOUGHT_OPEN, THOUGHT_CLOSE, CHANNEL, MESSAGE, END, START, "<|return|>",
+            "<|call|>", "<|constrain|>")
 
 
 def _held_back(text: str) -> int:
@@ -106,16 +109,18 @@ class ReasoningSplitter:
             head = self._buf.lstrip()
             if not head:
                 return False
-            for marker, nxt in ((THINK_OPEN, "think"), (CHANNEL, "header")):
+            for marker, nxt in ((THINK_OPEN, "think"), (THOUGHT_OPEN, "think"), (CHANNEL, "header")):
                 if head.startswith(marker):
                     self._buf, self._mode = head[len(marker):], nxt
+                    self._strip = marker == THOUGHT_OPEN   # the newline after it
                     return True
                 if marker.startswith(head):
                     return False   # could still be the marker
             self._mode = "answer"
             return True
-        if mode == "think":
-            if self._take_until(out, THINK_CLOSE, THINKING):
+        if mode == "think":   # up to whichever closing marker comes first
+            close = min((THINK_CLOSE, THOUGHT_CLOSE), key=lambda m: (self._buf.find(m) < 0, self._buf.find(m)))
+            if self._take_until(out, close, THINKING):
                 self._mode, self._strip = "answer", True
                 return True
             return False
@@ -164,13 +169,15 @@ def split_reasoning(text: str, start_thinking: bool = False) -> tuple[str, str]:
     """(thinking, answer) of a whole reply; a reply without reasoning markup
     is all answer, as it is."""
     parts = list(split_pieces([text], start_thinking))
-    if all(k == ANSWER for k, _ in parts) and not start_thinking and THINK_OPEN not in text and CHANNEL not in text:
+    if all(k == ANSWER for k, _ in parts) and not start_thinking and not any(
+            m in text for m in (THINK_OPEN, THOUGHT_OPEN, CHANNEL)):
         return "", text
     return ("".join(t for k, t in parts if k == THINKING).strip(),
             "".join(t for k, t in parts if k == ANSWER).strip())
 
 
 def prompt_opens_thinking(prompt: str) -> bool:
-    """Does the rendered prompt end inside a <think> (DeepSeek-R1's templates)?"""
+    """Does the rendered prompt end inside a <think> (DeepSeek-R1's templates) or Gemma 4's
+    thought channel?"""
     tail = prompt.rstrip()
-    return tail.endswith(THINK_OPEN)
+    return tail.endswith(THINK_OPEN) or tail.endswith(THOUGHT_OPEN)

@@ -76,6 +76,27 @@ def test_file_template_renders_like_transformers():
     assert out.startswith(t.render(CONV[:2]) + "Hello!")
 
 
+# Gemma 4's template, in the shape of its generation prompt: <|turn>ROLE ... <turn|>, and with
+# thinking off an empty thought channel the reply starts after
+GEMMA4_TEMPLATE = """\
+{{- bos_token -}}
+{%- for m in messages -%}
+    {{- '<|turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n' + m['content'] | trim + '<turn|>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|turn>model\n' -}}
+    {%- if not enable_thinking | default(false) -%}{{- '<|channel>thought\n<channel|>' -}}{%- endif -%}
+{%- endif -%}
+"""
+
+
+def test_gemma4_template_ends_turns_with_its_marker():
+    t = ChatTemplate.for_model({"general.architecture": "gemma4", "tokenizer.chat_template": GEMMA4_TEMPLATE},
+                               FakeTokenizer())
+    assert t.name == "file" and t.end_of_turn == ("<turn|>",)
+    assert t.render(CONV[1:2]) == "<s><|turn>user\nHi<turn|>\n<|turn>model\n<|channel>thought\n<channel|>"
+
+
 def test_helpers_hf_templates_use():
     t = ChatTemplate.from_source("{{ messages[0].content | tojson }}|{{ strftime_now('%Y') | length }}|"
                                  "{{ {'b': 1, 'a': [1, 2]} | tojson(sort_keys=true) }}|{{ tools | length }}")

@@ -18,6 +18,11 @@ CASES = [
      "<|constrain|>json<|message|>{}<|call|>", False, "one\n{}", ""),
     ("<|channel|>final<|message|>Straight to it.", False, "", "Straight to it."),
     ("<|channel|>analysis<|message|>thinking, cut", False, "thinking, cut", ""),
+    # Gemma 4's thought channel
+    ("<|channel>thought\nThe user wants 2 + 2.<channel|>It is 4.", False, "The user wants 2 + 2.", "It is 4."),
+    ("<|channel>thought\n<channel|>No thinking.", False, "", "No thinking."),
+    ("weighing it</think> no: <channel|> closes Gemma's", True, "weighing it", "no: <channel|> closes Gemma's"),
+    ("still weighing<channel|>Answer.", True, "still weighing", "Answer."),
 ]
 
 
@@ -52,6 +57,8 @@ def test_thinking_streams_before_the_answer():
 
 def test_prompt_opens_thinking():
     assert prompt_opens_thinking("<｜Assistant｜><think>\n")
+    assert prompt_opens_thinking("<|turn>model\n<|channel>thought\n")
+    assert not prompt_opens_thinking("<|turn>model\n<|channel>thought\n<channel|>")
     assert not prompt_opens_thinking("<|im_start|>assistant\n")
 
 
