@@ -22,7 +22,8 @@ from pyllm.reasoning import ANSWER, THINKING
 
 from .common import err, handle_errors, model_path
 from .options import (CtxSize, FreqPenalty, LogitBias, MinP, ModelOpt, PresPenalty, RepeatLastN, RepeatPenalty,
-                      Seed, TemplateOpt, Temp, Threads, TopK, TopP, TypicalP, sampling_kwargs, template_arg)
+                      Seed, TemplateOpt, Temp, Think, Threads, TopK, TopP, TypicalP, sampling_kwargs,
+                      template_arg, thinking_note)
 from .options import NGpuLayers
 
 HELP = """\
@@ -36,6 +37,7 @@ Ctrl-C stops a reply (or clears the line); Ctrl-D or /exit leaves.
   /save FILE     save the conversation as JSON
   /load FILE     load a saved conversation
   /stats         token counts, KV-cache reuse and speed
+  /think on|off  a reasoning model thinks before answering, or not (/think alone shows it)
   /exit          leave (also /quit, /bye)
 
 Start a message with // to send text that begins with /."""
@@ -149,6 +151,17 @@ class ChatRepl:
                 raise InvalidArgumentError("/load needs a file name")
             s.load(os.path.expanduser(arg))
             self.status(f"loaded {len(s.messages)} messages from {arg}")
+        elif name == "/think":
+            m = s.model
+            if arg in ("on", "off"):
+                m.think = arg == "on"
+                self.status(thinking_note(m, m.think, f"/think {arg}") or f"thinking {arg} from the next reply")
+            elif arg:
+                raise InvalidArgumentError("/think takes on or off")
+            else:
+                self.status("thinking: as the chat template decides" if m.think is None else
+                            f"thinking {'on' if m.think else 'off'}" + ("" if m.chat_template.has_thinking_switch
+                                                                      else " (the template has no switch)"))
         elif name == "/stats":
             st, m = s.stats, s.model
             used = len(m._seq)
@@ -239,6 +252,7 @@ def chat(
     n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="tokens per reply at most "
                                            "(-1 = until the reply ends)")] = -1,
     chat_template: TemplateOpt = None,
+    think: Think = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="a stats line after each reply: prompt "
                                           "tokens, reused tokens, TTFT, tokens/s")] = False,
     threads: Threads = None,
@@ -266,8 +280,11 @@ def chat(
 
         path = model_path(model)
         with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template,
-                   n_gpu_layers=n_gpu_layers) as m:
+                   n_gpu_layers=n_gpu_layers, think=think) as m:
             t = m.chat_template          # checked now: a bad template stops here, before any input
+            note = thinking_note(m, think)
+            if note:
+                err.print(Text.assemble(("warning: ", "yellow"), note), soft_wrap=True)
             session = ChatSession(m, system=system, max_tokens=None if n_predict < 0 else n_predict, **sampling)
             interactive = sys.stdin.isatty()
             if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 reach the tokenizer (-> U+FFFD)

@@ -22,6 +22,18 @@ TemplateOpt = Annotated[Optional[str], typer.Option(
     "--chat-template", help="chat template: 'chatml', 'gemma', or a file holding a Jinja template "
     "(default: the model file's own, else a fallback for its architecture)")]
 Stop = Annotated[list[str], typer.Option("--stop", help="stop at this text (repeatable)")]
+Think = Annotated[Optional[bool], typer.Option(
+    "--think/--no-think", help="a reasoning model thinks before answering, or not (the chat template's "
+    "enable_thinking; default: as the template decides)")]
+
+
+def thinking_note(model, think: Optional[bool], asked: Optional[str] = None) -> Optional[str]:
+    """The warning for --think / --no-think (or `asked`, e.g. "/think on") when the chat template
+    has no such switch."""
+    if think is None or model.chat_template.has_thinking_switch:
+        return None
+    asked = asked or f"--{'think' if think else 'no-think'}"
+    return f"{asked} does nothing: this model's chat template has no enable_thinking switch"
 
 Temp = Annotated[float, typer.Option("--temp", help="temperature; 0 = greedy", rich_help_panel=SAMPLING)]
 TopK = Annotated[int, typer.Option("--top-k", help="keep the k most likely tokens (0 = off)",

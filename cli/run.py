@@ -16,7 +16,8 @@ from pyllm.errors import InvalidArgumentError
 
 from .common import err, handle_errors, model_path
 from .options import (CtxSize, FreqPenalty, LogitBias, MinP, ModelOpt, PresPenalty, RepeatLastN, RepeatPenalty,
-                      Seed, Stop, TemplateOpt, Temp, Threads, TopK, TopP, TypicalP, sampling_kwargs, template_arg)
+                      Seed, Stop, TemplateOpt, Temp, Think, Threads, TopK, TopP, TypicalP, sampling_kwargs,
+                      template_arg, thinking_note)
 from .options import NGpuLayers
 
 
@@ -49,6 +50,7 @@ def run(
                                        "chat template, stop at the end of the reply")] = False,
     system: Annotated[Optional[str], typer.Option("--system", help="system prompt (with --chat)")] = None,
     chat_template: TemplateOpt = None,
+    think: Think = None,
     stop: Stop = [],
     profile: Annotated[bool, typer.Option("--profile", help="afterwards, on stderr: where the prefill's and "
                                           "the decode's time went (per op, weight type, thread; Python)")] = False,
@@ -83,9 +85,14 @@ def run(
 
         path = model_path(model)
         with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template,
-                   n_gpu_layers=n_gpu_layers) as m:
+                   n_gpu_layers=n_gpu_layers, think=think) as m:
             max_tokens = None if n_predict < 0 else n_predict
+            if think is not None and not chat:
+                raise InvalidArgumentError(f"--{'think' if think else 'no-think'} needs --chat")
             if chat:
+                note = thinking_note(m, think)
+                if note:
+                    err.print(f"warning: {note}", style="yellow", highlight=False, soft_wrap=True)
                 messages = ([{"role": "system", "content": system}] if system else []) + \
                            [{"role": "user", "content": text}]
                 gen = m.chat(messages, max_tokens=max_tokens, stop=stop, stream=True, **sampling)

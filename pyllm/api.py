@@ -55,7 +55,7 @@ class Model:
 
     def __init__(self, model: Optional[str | os.PathLike] = None, n_ctx: Optional[int] = None,
                  n_threads: Optional[int] = None, n_batch: int = N_BATCH, n_gpu_layers: Any = None,
-                 chat_template: Optional[str] = None, device: Optional[str] = None):
+                 chat_template: Optional[str] = None, device: Optional[str] = None, think: Optional[bool] = None):
         self.backend = None
         name = registry.DEFAULT_MODEL if model is None else str(model)
         if name in registry.MODELS and not registry.local_path(name).is_file():
@@ -85,6 +85,7 @@ class Model:
         self._template: Optional[ChatTemplate] = None
         if chat_template is not None:
             self._template = self._load_template()   # a bad template fails here, before anything runs
+        self.think = think   # chat: thinking on or off (enable_thinking), None: as the template decides
         self.n_ctx, self.n_batch, self.n_threads = n_ctx, n_batch, n_threads
         n_blocks = (n_ctx + BLOCK_SIZE - 1) // BLOCK_SIZE
         self.arch.n_ctx = n_ctx   # families whose math depends on it (Phi-3's RoPE factors)
@@ -193,8 +194,11 @@ class Model:
         return self._template
 
     def apply_chat_template(self, messages: Seq[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
-        """The prompt text the chat template makes of `messages`."""
-        return self.chat_template.render(messages, add_generation_prompt)
+        """The prompt text the chat template makes of `messages` (with enable_thinking = self.think
+        where that is set)."""
+        if self.think is None:
+            return self.chat_template.render(messages, add_generation_prompt)
+        return self.chat_template.render(messages, add_generation_prompt, enable_thinking=bool(self.think))
 
     def chat_stop(self) -> tuple[set[int], list[str]]:
         """What ends a chat reply: token ids (end-of-generation tokens and the

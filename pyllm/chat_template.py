@@ -49,6 +49,8 @@ END_OF_TURN_TEXTS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", "<|
                      "<|endoftext|>", "<end_of_utterance>", "<|return|>", "<｜end▁of▁sentence｜>", "</s>",
                      "<turn|>")
 
+THINKING_SWITCH = "enable_thinking"   # the template variable that turns a model's thinking on or off
+
 MAX_RENDERED_CHARS = 8_000_000     # a template may not render more than this
 MAX_RANGE = 10_000                 # range() in a template yields at most this many items
 
@@ -232,6 +234,8 @@ class ChatTemplate:
             if not end_of_turn:
                 end_of_turn = tuple(t for t in END_OF_TURN_TEXTS if t in source)
         self.end_of_turn: tuple[str, ...] = tuple(end_of_turn)
+        # the Hugging Face switch of reasoning templates (Qwen 3, Gemma 4, SmolLM3, ...)
+        self.has_thinking_switch = source is not None and THINKING_SWITCH in source
 
     @classmethod
     def from_source(cls, source: str, bos_token: str = "", eos_token: str = "", name: str = "custom",

@@ -151,6 +151,9 @@ def test_chat_in_a_terminal(smollm2_path, capsys):
         t.send("/stats\r")
         t.read_until(r"turns 5 · context \d+/2048 tokens", 10)
         t.read_until(r">>> ", 10)
+        t.send("/think on\r")   # SmolLM2's template has no thinking switch: said so
+        t.read_until(r"/think on does nothing: this model's chat template has no enable_thinking switch", 10)
+        t.read_until(r">>> ", 10)
         t.send("/exit\r")
         assert t.proc.wait(timeout=15) == 0
     finally:

@@ -93,8 +93,10 @@ GEMMA4_TEMPLATE = """\
 def test_gemma4_template_ends_turns_with_its_marker():
     t = ChatTemplate.for_model({"general.architecture": "gemma4", "tokenizer.chat_template": GEMMA4_TEMPLATE},
                                FakeTokenizer())
-    assert t.name == "file" and t.end_of_turn == ("<turn|>",)
+    assert t.name == "file" and t.end_of_turn == ("<turn|>",) and t.has_thinking_switch
     assert t.render(CONV[1:2]) == "<s><|turn>user\nHi<turn|>\n<|turn>model\n<|channel>thought\n<channel|>"
+    assert t.render(CONV[1:2], enable_thinking=True) == "<s><|turn>user\nHi<turn|>\n<|turn>model\n"
+    assert not ChatTemplate.from_source(HF_TEMPLATE).has_thinking_switch
 
 
 def test_helpers_hf_templates_use():

@@ -67,6 +67,29 @@ def test_bad_input_exits_2(smollm2_path, tmp_path):
     one_error_line(pyllm("run", "-m", smollm2_path, "-p", "x", "-l", "nonsense"), "--logit-bias")
     one_error_line(pyllm("run", "-m", smollm2_path, "-p", "x", "--system", "s"), "--system needs --chat")
     one_error_line(pyllm("run", "-m", smollm2_path, "--chat", input=""), "the prompt is empty")
+    one_error_line(pyllm("run", "-m", smollm2_path, "-p", "x", "--think"), "--think needs --chat")
+
+
+def test_think_switch(smollm2_path, tmp_path):
+    """--think / --no-think set the template's enable_thinking; a template without that
+    switch gets a warning (SmolLM2's), one with it renders each way."""
+    r = pyllm("run", "-m", smollm2_path, "--chat", "-p", "hi", "-n", "2", "--no-think")
+    assert r.returncode == 0 and "--no-think does nothing: this model's chat template has no enable_thinking" \
+        in r.stderr
+    (tmp_path / "t.jinja").write_text("{{ 'T' if enable_thinking is defined and enable_thinking else 'N' }}:"
+                                      "{{ messages[-1].content }}")
+    for flag in ("--think", "--no-think"):
+        j = pyllm("run", "-m", smollm2_path, "--chat", "-p", "hi", "-n", "1", "--json", "--temp", "0",
+                  "--chat-template", str(tmp_path / "t.jinja"), flag)
+        assert j.returncode == 0 and "warning" not in j.stderr, j.stderr
+    from pyllm import Model
+    with Model(smollm2_path, n_ctx=64, chat_template=(tmp_path / "t.jinja").read_text(), think=True) as m:
+        assert m.apply_chat_template([{"role": "user", "content": "hi"}]) == "T:hi"
+        m.think = False
+        assert m.apply_chat_template([{"role": "user", "content": "hi"}]) == "N:hi"
+        m.think = None
+        assert m.apply_chat_template([{"role": "user", "content": "hi"}]) == "N:hi"
+        assert m.chat_template.has_thinking_switch
 
 
 def test_template_reaching_python_internals_is_refused(smollm2_path, tmp_path):
