@@ -912,6 +912,16 @@ def write_glm4moe(path: str | Path, qtype: QT = QT.Q8_0, nextn: bool = True, **k
 
 
 
+def write_minimax_m2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """MiniMax-M2: q/k norms as wide as q and k, half of each head rotated, 8 experts (2 chosen
+    by sigmoids + exp_probs_b, renormalized)."""
+    kw.setdefault("n_ff", 256)   # the experts' width (feed_forward_length and expert_feed_forward_length agree)
+    moe_defaults(kw, experts=8, used=2, dense=())
+    hd = kw.get("head_dim") or kw.get("n_embd", 256) // kw.get("n_head", 4)
+    keys = {"expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID, **kw.pop("keys", {})}
+    return write_model(path, "minimax-m2", qtype, qk_norm="full", rope_dim=hd // 2, select_bias=True, keys=keys,
+                       **kw)
+
 def write_gemma4(path: str | Path, qtype: QT = QT.Q8_0, *, n_embd: int = 256, n_head: int = 4, n_ff: int = 512,
                  swa: tuple = (1, 1, 1, 0, 1, 0), swa_head: tuple = (64, 2), full_head: tuple = (128, 1),
                  shared_kv: int = 2, per_layer: int = 32, v_from_k: bool = True, window: int = 8,
@@ -1081,7 +1091,8 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "deepseek2": write_deepseek2, "glm4moe": write_glm4moe, "bailingmoe2": write_bailingmoe2,
            "hunyuan-dense": write_hunyuan_dense, "llama4": write_llama4, "smallthinker": write_smallthinker,
            "dots1": write_dots1, "afmoe": write_afmoe, "qwen3vlmoe": write_qwen3vlmoe,
-           "hunyuan-moe": write_hunyuan_moe, "seed_oss": write_seed_oss}
+           "hunyuan-moe": write_hunyuan_moe, "seed_oss": write_seed_oss,
+           "minimax-m2": write_minimax_m2}
 
 
 def _gguf_string(x: str) -> bytes:

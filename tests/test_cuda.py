@@ -1020,7 +1020,7 @@ def close_enough(got, ref, float_weights):
                                           ("hunyuan-dense", QT.Q4_K), ("llama4", QT.Q8_0), ("smallthinker", QT.Q4_K),
                                           ("dots1", QT.Q8_0), ("afmoe", QT.Q8_0), ("hunyuan-moe", QT.Q4_K), ("seed_oss", QT.Q8_0),
                                           ("granitehybrid", QT.Q8_0), ("granitehybrid", QT.F16), ("nemotron_h", QT.Q8_0),
-                                          ("qwen35", QT.Q8_0), ("gemma4", QT.Q8_0)],
+                                          ("qwen35", QT.Q8_0), ("gemma4", QT.Q8_0), ("minimax-m2", QT.Q4_K)],
                          ids=lambda x: getattr(x, "name", x))
 def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     """300 positions over shuffled 16-position blocks: several attention tiles,

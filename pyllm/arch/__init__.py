@@ -26,6 +26,7 @@ from .llama import Llama, Mistral3, SeedOss
 from .falcon_h1 import FalconH1
 from .llama4 import Llama4
 from .mamba2 import Mamba2
+from .minimax import MinimaxM2
 from .nemotron import Arcee, Nemotron, NemotronH, NemotronHMoe
 from .olmo2 import Olmo2, Olmoe
 from .phi2 import Phi2
@@ -93,6 +94,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "qwen3vlmoe": Qwen3VLMoe,
     "hunyuan-moe": HunyuanMoe,
     "seed_oss": SeedOss,
+    "minimax-m2": MinimaxM2,
 }
 
 
