@@ -99,6 +99,8 @@ FAMILIES = {
     "qwen35": ("qwen35", {}),                                      # gated delta rule in 3 of 4 layers
     "qwen35-mha": ("qwen35", {"delta": {"kv_heads": 4}, "n_layer": 5}),  # as many key as value heads
     "qwen35moe": ("qwen35moe", {}),                                # + experts and a gated shared expert
+    "qwen3next": ("qwen3next", {}),                                # key heads in groups, one ssm_ba
+    "qwen3next-legacy": ("qwen3next", {"legacy": True}),           # one ssm_in of [q | k | v | z] per key head
     "mamba2-groups": ("mamba2", {"ssm": {"groups": 4, "heads": 16, "d_state": 64}}),
     "qwen2moe": ("qwen2moe", {}),                                  # + a sigmoid-gated shared expert
     "glm4": ("glm4", {}),                                          # pre and post norms, fused qkv + bias, half RoPE

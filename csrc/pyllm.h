@@ -69,7 +69,9 @@ enum pyllm_op_flags {
     OPF_V_IN_K = 64,    /* KV_STORE, ATTENTION: no value pool; a KV head's values are the first head_dim_v
                            dims of its keys (MLA's latent: DeepSeek 2/3) */
     OPF_CHUNKED = 128,  /* ATTENTION: `window` is a chunk: position p sees [p - p % window, p] (Llama 4) */
-    OPF_GROUP_WEIGHTS = 256 /* RMSNORM: each of the n_head groups has its own n_in weights (Mamba 2's norm) */
+    OPF_GROUP_WEIGHTS = 256, /* RMSNORM: each of the n_head groups has its own n_in weights (Mamba 2's norm) */
+    OPF_KV_GROUPED = 512     /* DELTA_NET: value head h reads key head h / (n_head / n_kv_head) (Qwen3-Next),
+                                else h % n_kv_head (Qwen3.5) */
 };
 
 /* GLU_SWIGLU_OAI (gpt-oss): g' = min(g, c), y = g' sigmoid(a g') (clamp(u, -c, c) + 1), a = scale, c = softcap;

@@ -130,7 +130,7 @@ void op_delta_net(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     split_range(H, ith, nth, 1, &lo, &hi);
     for (int64_t h = lo; h < hi; h++) {
         float *S = op->state + h * dk * dv;
-        const int64_t hk = h % Hk;
+        const int64_t hk = op->flags & OPF_KV_GROUPED ? h / (H / Hk) : h % Hk;
         if (fresh) memset(S, 0, sizeof(float) * (size_t)(dk * dv));
         for (int t = 0; t < r->rows; t++) {
             const float *x = IN_ROW(op, r, t), *ab = op->x2 + (int64_t)(r->row0 + t) * op->x2_stride;

@@ -34,7 +34,7 @@ OP_NAMES = {OP_EMBED: "embed", OP_RMSNORM: "rmsnorm", OP_QUANTIZE: "quantize", O
             OP_MOE_SUM: "moe_sum", OP_POS_SCALE: "pos_scale", OP_COPY: "copy",
             OP_SSM_CONV: "ssm_conv", OP_SSM_SCAN: "ssm_scan", OP_DELTA_NET: "delta_net"}
 OPF_ACCUMULATE, OPF_LAST_ROWS, OPF_NO_SYNC, OPF_OUT_ROWS, OPF_SLOT_INPUT, OPF_BY_POS = 1, 2, 4, 8, 16, 32
-OPF_V_IN_K, OPF_CHUNKED, OPF_GROUP_WEIGHTS = 64, 128, 256
+OPF_V_IN_K, OPF_CHUNKED, OPF_GROUP_WEIGHTS, OPF_KV_GROUPED = 64, 128, 256, 512
 GLU_SILU, GLU_GELU_TANH, GLU_SWIGLU_OAI, GLU_RELU_SQR, GLU_MUL, GLU_RELU, GLU_SIGMOID = 0, 1, 2, 3, 4, 5, 6
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0    # gpt-oss's constants (llama.cpp's too)
 NORM_RMS, NORM_LAYER = 0, 1
@@ -387,19 +387,21 @@ class Graph:
         return y
 
     def delta_net(self, qkv: View, ab: View, a: np.ndarray, dt_bias: np.ndarray, heads: int, kv_heads: int,
-                  head_dim: int, head_dim_v: int, eps: float, out: str | View) -> View:
+                  head_dim: int, head_dim_v: int, eps: float, out: str | View, grouped: bool = False) -> View:
         """The gated delta rule over this step's rows, from the layer's state on (Qwen3.5's
         linear attention): qkv's row [q | k | v] (kv_heads x head_dim twice, heads x head_dim_v),
         ab's [a | b] (heads each); per value head S = g S, S += k ((v - S^T k) beta)^T, out = S^T q
-        with q, k L2-normalized, g = exp(A softplus(a + dt_bias)), beta = sigmoid(b)
+        with q, k L2-normalized, g = exp(A softplus(a + dt_bias)), beta = sigmoid(b); value head h
+        reads key head h % kv_heads, or with grouped h // (heads / kv_heads) (Qwen3-Next)
         (csrc/pyllm.h, OP_DELTA_NET)."""
         assert qkv.width == 2 * kv_heads * head_dim + heads * head_dim_v and ab.width == 2 * heads
         assert heads % kv_heads == 0 and a.shape == (heads,) and dt_bias.shape == (heads,)
         name = self._state("delta", heads * head_dim * head_dim_v)
         y = self._out(out, heads * head_dim_v)
         w = np.concatenate([np.asarray(a, np.float32), np.asarray(dt_bias, np.float32)])
-        self._emit(Op(OP_DELTA_NET, vector=w, x=qkv, x2=ab, y=y, n_head=heads, n_kv_head=kv_heads, head_dim=head_dim,
-                      head_dim_v=head_dim_v, eps=eps, state=name), {qkv.name, ab.name, name}, {y.name, name})
+        self._emit(Op(OP_DELTA_NET, flags=OPF_KV_GROUPED if grouped else 0, vector=w, x=qkv, x2=ab, y=y, n_head=heads,
+                      n_kv_head=kv_heads, head_dim=head_dim, head_dim_v=head_dim_v, eps=eps, state=name),
+                   {qkv.name, ab.name, name}, {y.name, name})
         return y
 
     def pos_scale(self, y: View, s: float, period: int, offset: float = 0.0) -> View:

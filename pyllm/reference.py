@@ -323,20 +323,34 @@ class Reference:
 
     def _delta_net(self, h: np.ndarray, d: DeltaNet) -> np.ndarray:
         """The gated delta rule as Qwen3.5 writes it, token by token, in float64: [q | k | v] =
-        silu(conv(Wqkv h)); per value head (key head h % kv_heads) q, k / max(|.|, eps), q also
-        / sqrt(dk); S = g S + k (beta (v - S^T k))^T, o = S^T q; then rmsnorm_per_head(o) * silu(Wz h)."""
+        silu(conv(Wqkv h)); per value head (key head h % kv_heads, or h // r grouped, r = heads /
+        kv_heads) q, k / max(|.|, eps), q also / sqrt(dk); S = g S + k (beta (v - S^T k))^T,
+        o = S^T q; then rmsnorm_per_head(o) * silu(Wz h). Qwen3-Next's fused projections are split
+        per key head: ssm_in [q | k | v_r | z_r], ssm_ba [b_r | a_r]."""
         T, H, Hk, dk, dv, eps = h.shape[0], d.heads, d.kv_heads, d.head_dim, d.head_dim_v, self.arch.hp.eps
-        qkv = self._linear(h, d.wqkv, None)
+        r = H // Hk
+        if d.w_qkvz is None:
+            qkv, z = self._linear(h, d.wqkv, None), self._linear(h, d.wz, None)
+        else:
+            q, k, v, z = np.split(self._linear(h, d.w_qkvz, None).reshape(T, Hk, -1), [dk, 2 * dk, 2 * dk + r * dv],
+                                  axis=2)
+            qkv = np.concatenate([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], axis=1)
+            z = z.reshape(T, -1)
         qkv = silu(causal_conv(qkv, d.conv)).astype(np.float64)
         q, k, v = np.split(qkv, [Hk * dk, 2 * Hk * dk], axis=1)
 
         def l2(x):   # [T, Hk, dk] -> per head x / max(|x|, eps)
             return x / np.maximum(np.sqrt((x ** 2).sum(-1, keepdims=True)), eps)
-        q, k = l2(q.reshape(T, Hk, dk))[:, np.arange(H) % Hk] / np.sqrt(dk), l2(k.reshape(T, Hk, dk))[:, np.arange(H) % Hk]
+        key_head = np.arange(H) // r if d.grouped_kv else np.arange(H) % Hk
+        q, k = l2(q.reshape(T, Hk, dk))[:, key_head] / np.sqrt(dk), l2(k.reshape(T, Hk, dk))[:, key_head]
         v = v.reshape(T, H, dv)
-        a = self._linear(h, d.w_alpha, None).astype(np.float64) + d.dt_bias
+        if d.w_ba is None:
+            a, b = self._linear(h, d.w_alpha, None), self._linear(h, d.w_beta, None)
+        else:
+            b, a = (x.reshape(T, H) for x in np.split(self._linear(h, d.w_ba, None).reshape(T, Hk, 2 * r), 2, axis=2))
+        a = a.astype(np.float64) + d.dt_bias
         g = np.exp(d.a * np.where(a > 20.0, a, np.log1p(np.exp(np.minimum(a, 20.0)))))       # [T, H]
-        beta = 1.0 / (1.0 + np.exp(-self._linear(h, d.w_beta, None).astype(np.float64)))   # [T, H]
+        beta = 1.0 / (1.0 + np.exp(-b.astype(np.float64)))   # [T, H]
         S = np.zeros((H, dk, dv))
         o = np.empty((T, H, dv))
         for t in range(T):
@@ -345,7 +359,7 @@ class Reference:
             S = S + k[t][:, :, None] * err[:, None, :]
             o[t] = np.einsum("hij,hi->hj", S, q[t])
         y = rmsnorm(o.astype(np.float32), d.norm, self.arch.hp.eps).reshape(T, H * dv)
-        return self._linear(y * silu(self._linear(h, d.wz, None)), d.out_proj, None)
+        return self._linear(y * silu(z), d.out_proj, None)
 
     def _linear(self, x: np.ndarray, w: Tensor, b: np.ndarray | None) -> np.ndarray:
         y = x @ self.w(w).T

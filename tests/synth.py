@@ -152,7 +152,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
       no_attention  no attention keys or FFN at all: head_count 0 (Mamba 2, every layer in ssm_layers)
       delta_layers  layers with linear attention by the gated delta rule (attn_qkv, attn_gate, ssm_{conv1d,
                   dt,a,alpha,beta,norm,out}: Qwen3.5); delta: its sizes {"heads" (4 value heads), "kv_heads"
-                  (2), "head_dim" (64, keys and values), "d_conv" (4)}, written as the ssm.* keys
+                  (2), "head_dim" (64, keys and values), "d_conv" (4)}, written as the ssm.* keys, and
+                  Qwen3-Next's fused projections {"fused_ba": ssm_ba, "ssm_in": ssm_in for attn_qkv + attn_gate}
       q_gated     attn_q twice as wide: [q_h | gate_h] per head (Qwen3.5's full attention)
       mlp_layers  one branch per layer (Nemotron-H): these layers an FFN alone (attn_norm its norm),
                   the others a mixer alone; feed_forward_length a list, 0 for the mixers
@@ -287,13 +288,19 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
         if i in delta_layers:
             H, Hk, hdd = delta["heads"], delta["kv_heads"], delta["head_dim"]
             channels = 2 * Hk * hdd + H * hdd
-            add(p + "attn_qkv.weight", weight(qtype, n_embd, channels, rng))
-            add(p + "attn_gate.weight", weight(qtype, n_embd, H * hdd, rng))
+            if delta.get("ssm_in"):   # Qwen3-Next's older files: [q | k | v | z] per key head
+                add(p + "ssm_in.weight", weight(qtype, n_embd, channels + H * hdd, rng))
+            else:
+                add(p + "attn_qkv.weight", weight(qtype, n_embd, channels, rng))
+                add(p + "attn_gate.weight", weight(qtype, n_embd, H * hdd, rng))
             add(p + "ssm_conv1d.weight", ((rng.standard_normal((channels, delta["d_conv"])) / 2).astype(np.float32), None))
             add(p + "ssm_dt.bias", (rng.uniform(-2.0, 0.5, H).astype(np.float32), None))
             add(p + "ssm_a", ((-np.exp(rng.uniform(0, np.log(8), H))).astype(np.float32), None))
-            add(p + "ssm_alpha.weight", weight(qtype, n_embd, H, rng))
-            add(p + "ssm_beta.weight", weight(qtype, n_embd, H, rng))
+            if delta.get("fused_ba"):   # Qwen3-Next: [b | a] per key head
+                add(p + "ssm_ba.weight", weight(qtype, n_embd, 2 * H, rng))
+            else:
+                add(p + "ssm_alpha.weight", weight(qtype, n_embd, H, rng))
+                add(p + "ssm_beta.weight", weight(qtype, n_embd, H, rng))
             add(p + "ssm_norm.weight", norm(hdd))
             add(p + "ssm_out.weight", weight(qtype, H * hdd, n_embd, rng))
         elif i in mlp_layers or (i in ssm_layers and not parallel_ssm):
@@ -683,7 +690,15 @@ def write_qwen35moe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     kw.setdefault("experts", 8)
     kw.setdefault("n_ff_exp", 256)
     kw.setdefault("shared_expert", 512)
-    return write_qwen35(path, qtype, arch="qwen35moe", shared_gate=True, **kw)
+    kw.setdefault("arch", "qwen35moe")
+    return write_qwen35(path, qtype, shared_gate=True, **kw)
+
+
+def write_qwen3next(path: str | Path, qtype: QT = QT.Q8_0, legacy: bool = False, **kw) -> str:
+    """Qwen3-Next: Qwen3.5 MoE's layout with 4 value heads over 2 key heads read in groups, a and b
+    in one ssm_ba; legacy: one ssm_in in place of attn_qkv and attn_gate (its older files)."""
+    kw.setdefault("delta", {"fused_ba": True, "ssm_in": legacy})
+    return write_qwen35moe(path, qtype, arch="qwen3next", **kw)
 
 
 def write_lfm2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
@@ -1083,7 +1098,7 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "qwen3moe": write_qwen3moe, "olmoe": write_olmoe, "granitemoe": write_granitemoe,
            "granitehybrid": write_granitehybrid, "nemotron_h": write_nemotron_h,
            "nemotron_h_moe": write_nemotron_h_moe, "mamba2": write_mamba2,
-           "falcon-h1": write_falcon_h1, "qwen35": write_qwen35, "qwen35moe": write_qwen35moe,
+           "falcon-h1": write_falcon_h1, "qwen35": write_qwen35, "qwen35moe": write_qwen35moe, "qwen3next": write_qwen3next,
            "qwen2moe": write_qwen2moe, "gpt-oss": write_gpt_oss, "glm4": write_glm4, "nemotron": write_nemotron,
            "arcee": write_arcee, "gptneox": write_gptneox, "falcon": write_falcon,
            "lfm2": write_lfm2, "lfm2moe": write_lfm2moe, "mistral3": write_mistral3, "ernie4_5-moe": write_ernie4_5_moe,

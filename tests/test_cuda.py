@@ -602,6 +602,7 @@ def test_ssm_op_matches_the_core(devices, case):
 DELTA_CASES = {   # (value heads, key heads, head_dim, head_dim_v)
     "delta-heads": (3, 3, 16, 24),         # a key head per value head, dk != dv
     "delta-grouped": (4, 2, 32, 48),       # value heads 0, 2 and 1, 3 share a key head; dv past one warp
+    "delta-in-groups": (6, 2, 32, 16),     # value heads 0-2 and 3-5 share a key head (Qwen3-Next)
     "delta-odd": (3, 1, 19, 13),           # odd sizes: fewer columns than a warp's lanes
     "delta-128": (2, 1, 128, 128),         # Qwen3.5's head sizes: all of a column in registers
     "delta-wide-keys": (2, 2, 150, 70),    # head_dim past the 128 a lane keeps in registers
@@ -623,7 +624,8 @@ def test_delta_net_op_matches_the_core(devices, case):
     qkv, gates = g.buffer("in", width + 5), g.buffer("gates", 2 * H + 3)
     a = -np.exp(rng.uniform(-2, 0.5, H)).astype(np.float32)
     dt_bias = rng.uniform(-1, 1, H).astype(np.float32)
-    g.delta_net(qkv.cols(3, width), gates.cols(1, 2 * H), a, dt_bias, H, Hk, dk, dv, 1e-6, "y")
+    g.delta_net(qkv.cols(3, width), gates.cols(1, 2 * H), a, dt_bias, H, Hk, dk, dv, 1e-6, "y",
+                grouped=case == "delta-in-groups")
     x = rng.standard_normal((T, width + 5)).astype(np.float32)
     x[2, 3:3 + dk] = 0.0                  # q of key head 0: zero
     ab = rng.uniform(-3, 3, (T, 2 * H + 3)).astype(np.float32)

@@ -45,6 +45,8 @@ FAMILIES = {
     "gemma4-vproj": (synth.write_gemma4, {"v_from_k": False, "seed": 1}),
     "gemma4-moe": (synth.write_gemma4, {"experts": 8, "per_layer": 0, "shared_kv": 0}),   # 26B-A4B-like
     "minimax-m2": (synth.write_minimax_m2, {}),
+    "qwen3next": (synth.write_qwen3next, {}),
+    "qwen3next-legacy": (synth.write_qwen3next, {"legacy": True}),
     "granite": (synth.write_granite, {}),
     "granite-norope": (synth.write_granite, {"rope": False}),
     "smollm3": (synth.write_smollm3, {}),
@@ -174,8 +176,11 @@ def build_ctx(path, n_ctx):
 # share within 3% was 0.55/0.53/0.45 (Q8_0), 0.83/0.68/0.63 (IQ4_NL), 0.5/0.7/0.45 (MXFP4) over
 # seeds 0-2, Q4_K 0.98/1.0/1.0. On llama.cpp's Q8_0 file of seed 0 pyllm and llama.cpp are 7.3% and
 # 5.2% from the reference and 4.4% apart, top-1 equal where clear: F32 and Q4_K here.
+# Qwen3-Next (the same layers, key heads read in groups): within 3% over seeds 0-2 Q8_0 0.85/0.65/0.47,
+# IQ4_NL 0.82/0.65/0.93, Q4_K 1.0 each; on llama.cpp's Q8_0 file of seed 0 pyllm and llama.cpp are
+# 5.3% and 5.0% from the reference (top-1 95% where clear): F32 and Q4_K here.
 FAMILY_TYPES = {"smallthinker": (QT.F32, QT.Q4_K), "smallthinker-nowindow": (QT.F32, QT.Q4_K),
-                "qwen35moe": (QT.F32, QT.Q4_K),
+                "qwen35moe": (QT.F32, QT.Q4_K), "qwen3next": (QT.F32, QT.Q4_K), "qwen3next-legacy": (QT.F32, QT.Q4_K),
                 "nemotron_h_moe": (QT.F32, QT.Q4_K, QT.IQ4_NL),
                 "mamba2": (QT.F32, QT.Q8_0, QT.IQ4_NL, QT.MXFP4),
                 "mamba2-groups": (QT.F32, QT.Q4_K, QT.IQ4_NL, QT.MXFP4)}
@@ -799,7 +804,7 @@ def test_family_errors(tmp_path):
     with pytest.raises(UnsupportedModelError, match="phi3 with experts .phi3.expert_count = 4. is not supported"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="bloom")
-    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*afmoe, arcee, bailingmoe2, cohere2, command-r, deepseek2, dots1, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, falcon-h1, gemma2, gemma3, gemma4, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitehybrid, granitemoe, hunyuan-dense, hunyuan-moe, lfm2, lfm2moe, llama, llama4, mamba2, minimax-m2, mistral3, nemotron, nemotron_h, nemotron_h_moe, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen35, qwen35moe, qwen3moe, qwen3vl, qwen3vlmoe, seed_oss, smallthinker, smollm3, stablelm, starcoder, starcoder2"):
+    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*afmoe, arcee, bailingmoe2, cohere2, command-r, deepseek2, dots1, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, falcon-h1, gemma2, gemma3, gemma4, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitehybrid, granitemoe, hunyuan-dense, hunyuan-moe, lfm2, lfm2moe, llama, llama4, mamba2, minimax-m2, mistral3, nemotron, nemotron_h, nemotron_h_moe, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen35, qwen35moe, qwen3moe, qwen3next, qwen3vl, qwen3vlmoe, seed_oss, smallthinker, smollm3, stablelm, starcoder, starcoder2"):
         load_architecture(ModelFile(p))
 
 

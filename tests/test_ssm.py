@@ -130,15 +130,16 @@ def test_ssm_scan_against_numpy(level, lvl, case):
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
 
 
-def delta_numpy(qkv, ab, a, dt_bias, H, Hk, dk, dv, eps) -> np.ndarray:
-    """The gated delta rule in float64, token by token (value head h reads key head h % Hk)."""
+def delta_numpy(qkv, ab, a, dt_bias, H, Hk, dk, dv, eps, grouped=False) -> np.ndarray:
+    """The gated delta rule in float64, token by token (value head h reads key head h % Hk, or
+    grouped h // (H / Hk))."""
     T = len(qkv)
     q, k, v = qkv[:, :Hk * dk], qkv[:, Hk * dk:2 * Hk * dk], qkv[:, 2 * Hk * dk:]
     S = np.zeros((H, dk, dv))
     y = np.empty((T, H, dv))
     for t in range(T):
         for h in range(H):
-            hk = h % Hk
+            hk = h // (H // Hk) if grouped else h % Hk
             qh, kh = q[t, hk * dk:(hk + 1) * dk].astype(np.float64), k[t, hk * dk:(hk + 1) * dk].astype(np.float64)
             qh = qh / max(np.sqrt((qh ** 2).sum()), eps) / np.sqrt(dk)
             kh = kh / max(np.sqrt((kh ** 2).sum()), eps)
@@ -152,14 +153,16 @@ def delta_numpy(qkv, ab, a, dt_bias, H, Hk, dk, dv, eps) -> np.ndarray:
 
 
 @pytest.mark.parametrize("lvl", LEVELS)
-@pytest.mark.parametrize("case", ["grouped", "mha", "odd", "wide"])
+@pytest.mark.parametrize("case", ["grouped", "in-groups", "mha", "odd", "wide"])
 def test_delta_net_against_numpy(level, lvl, case):
     """OP_DELTA_NET at every ISA level (its axpy and dot are dispatched) against a float64 delta
-    rule over the steps of STEPS: key heads shared by value heads (h % Hk), key and value heads
-    of other sizes, odd sizes, a gate past softplus's threshold, and a near-zero key (the eps
-    floor of the L2 norm)."""
+    rule over the steps of STEPS: key heads shared by value heads (h % Hk, or h // (H / Hk) in
+    groups: Qwen3-Next), key and value heads of other sizes, odd sizes, a gate past softplus's
+    threshold, and a near-zero key (the eps floor of the L2 norm)."""
     lib.pyllm_set_level(lvl)
-    H, Hk, dk, dv = {"grouped": (4, 2, 16, 16), "mha": (3, 3, 8, 8), "odd": (6, 3, 7, 5), "wide": (2, 1, 64, 128)}[case]
+    H, Hk, dk, dv = {"grouped": (4, 2, 16, 16), "in-groups": (6, 2, 16, 8), "mha": (3, 3, 8, 8), "odd": (6, 3, 7, 5),
+                     "wide": (2, 1, 64, 128)}[case]
+    in_groups = case == "in-groups"
     rng = np.random.default_rng(len(case) + 7)
     T = 19
     qkv = rng.standard_normal((T, 2 * Hk * dk + H * dv)).astype(np.float32)
@@ -169,9 +172,12 @@ def test_delta_net_against_numpy(level, lvl, case):
     a = -np.exp(rng.uniform(0, 2, H)).astype(np.float32)
     dt_bias = rng.uniform(-1, 1, H).astype(np.float32)
     g = Graph()
-    g.delta_net(g.buffer("qkv", qkv.shape[1]), g.buffer("ab", 2 * H), a, dt_bias, H, Hk, dk, dv, 1e-6, "y")
+    g.delta_net(g.buffer("qkv", qkv.shape[1]), g.buffer("ab", 2 * H), a, dt_bias, H, Hk, dk, dv, 1e-6, "y",
+                grouped=in_groups)
     got = run_steps(g, {"qkv": qkv, "ab": ab}, STEPS, "y")
-    want = delta_numpy(qkv, ab, a, dt_bias, H, Hk, dk, dv, 1e-6)
+    want = delta_numpy(qkv, ab, a, dt_bias, H, Hk, dk, dv, 1e-6, grouped=in_groups)
+    if in_groups:   # the other mapping is another answer: the test sees which one ran
+        assert np.abs(delta_numpy(qkv, ab, a, dt_bias, H, Hk, dk, dv, 1e-6) - want).max() > 0.1 * np.abs(want).max()
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
 
 

@@ -269,7 +269,7 @@ void launch_ssm_scan(const pyllm_op *op, const exec &e) {
 
 /* ---- linear attention (csrc/ssm.c op_delta_net): the gated delta rule of Qwen3.5 ----
  *
- * Per value head h (key head hk = h % Hk), token by token over the step's rows in order:
+ * Per value head h (key head hk = h % Hk, or h / (H / Hk) grouped), token by token over the step's rows in order:
  *   q, k = the key head's, each / max(|.|, eps), q also / sqrt(dk)
  *   g = exp(A[h] softplus(a[t, h] + dt_bias[h])),  beta = sigmoid(b[t, h])
  *   S = g S;  u = S^T k;  S += k ((v - u) beta)^T;  y[t, h dv + j] = (S^T q)[j]
@@ -289,10 +289,10 @@ constexpr int DELTA_REGS = 128;   /* all of a head_dim up to 128 (Qwen3.5's) in 
 __global__ void __launch_bounds__(DELTA_COLS)
 delta_net_kernel(const float *__restrict__ X, int64_t x_stride, const float *__restrict__ AB, int64_t ab_stride,
                  float *__restrict__ Y, int64_t y_stride, float *__restrict__ state, const float *__restrict__ W,
-                 const int32_t *__restrict__ pos, int rows, int H, int Hk, int dk, int dv, float eps) {
+                 const int32_t *__restrict__ pos, int rows, int H, int Hk, int dk, int dv, float eps, bool grouped) {
     PQ_EXTERN_SHARED(float, sm);   /* [dk] q, normalized, then [dk] k */
     float *sq = sm, *sk = sm + dk;
-    const int h = blockIdx.x, lane = threadIdx.x, hk = h % Hk;
+    const int h = blockIdx.x, lane = threadIdx.x, hk = grouped ? h / (H / Hk) : h % Hk;
     const int j = blockIdx.y * DELTA_COLS + lane;
     const bool owner = j < dv;   /* lanes past the last column still help with the norms */
     float *s = state + (int64_t)h * dk * dv + j;   /* column j: s[i dv] */
@@ -369,7 +369,7 @@ void launch_delta_net(const pyllm_op *op, const exec &e) {
     PQ_LAUNCH(grid, DELTA_COLS, smem, e.stream, delta_net_kernel)(
         op->x + (int64_t)e.row0 * op->x_stride, op->x_stride, op->x2 + (int64_t)e.row0 * op->x2_stride,
         op->x2_stride, op->y, op->y_stride, op->state, (const float *)op->w, e.pos, e.rows, op->n_head,
-        op->n_kv_head, op->head_dim, op->head_dim_v, op->eps);
+        op->n_kv_head, op->head_dim, op->head_dim_v, op->eps, (op->flags & OPF_KV_GROUPED) != 0);
 }
 
 /* y[t] *= 1 + s ln(1 + floor((pos[t] + off) / period)): attention temperature on q, the factor

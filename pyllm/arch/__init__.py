@@ -33,7 +33,7 @@ from .phi2 import Phi2
 from .phi3 import Phi3
 from .qwen2 import Qwen2, Qwen2Moe, Qwen2VL
 from .qwen3 import Dots1, Qwen3, Qwen3Moe, Qwen3VL, Qwen3VLMoe
-from .qwen35 import Qwen35, Qwen35Moe
+from .qwen35 import Qwen35, Qwen35Moe, Qwen3Next
 from .smallthinker import SmallThinker
 from .smollm3 import SmolLM3
 from .stablelm import StableLM
@@ -72,6 +72,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "falcon-h1": FalconH1,
     "qwen35": Qwen35,
     "qwen35moe": Qwen35Moe,
+    "qwen3next": Qwen3Next,
     "arcee": Arcee,
     "gptneox": GptNeoX,
     "falcon": Falcon,

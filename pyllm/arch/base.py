@@ -363,11 +363,14 @@ class DeltaNet:
     a, b = Walpha h, Wbeta h ; per value head (reading key head h % kv_heads) a state S of
     head_dim x head_dim_v: S = g S, S += k ((v - S^T k) beta)^T, o = S^T q, with q, k
     L2-normalized, g = exp(A softplus(a + dt_bias)), beta = sigmoid(b) ;
-    out = out_proj (rmsnorm_per_head(o) * silu(Wz h))."""
-    wqkv: Tensor
-    wz: Tensor
-    w_alpha: Tensor
-    w_beta: Tensor
+    out = out_proj (rmsnorm_per_head(o) * silu(Wz h)).
+    Qwen3-Next: value head h reads key head h // (heads / kv_heads) (grouped_kv); a and b from
+    one w_ba whose rows are [b (r) | a (r)] per key head, r = heads / kv_heads; older files
+    have one w_qkvz (ssm_in) of rows [q | k | v (r heads) | z (r heads)] per key head."""
+    wqkv: Optional[Tensor]
+    wz: Optional[Tensor]
+    w_alpha: Optional[Tensor]
+    w_beta: Optional[Tensor]
     conv: np.ndarray                  # [channels, d_conv] float32
     dt_bias: np.ndarray               # [heads]
     a: np.ndarray                     # [heads]: A, the (negative) decay rate
@@ -377,6 +380,9 @@ class DeltaNet:
     kv_heads: int
     head_dim: int
     head_dim_v: int
+    grouped_kv: bool = False
+    w_ba: Optional[Tensor] = None
+    w_qkvz: Optional[Tensor] = None
 
 
 @dataclass

@@ -57,14 +57,31 @@ def ssm_mixer(g: Graph, h: View, s: Ssm, eps: float, out: str | View, accumulate
 
 def delta_net_mixer(g: Graph, h: View, d: DeltaNet, eps: float, out: str | View, accumulate: bool = True) -> View:
     """out (+)= out_proj (rmsnorm_per_head(delta(q, k, v)) * silu(Wz h)), [q | k | v] =
-    silu(conv(Wqkv h)): the gated delta rule (Qwen3.5)."""
-    qkv = g.act(g.ssm_conv(g.linear(h, d.wqkv, "dn_qkv"), d.conv, None, "dn_conv"), GLU_SILU, "dn_conv")
+    silu(conv(Wqkv h)): the gated delta rule (Qwen3.5, Qwen3-Next: the fused projections'
+    per-key-head parts gathered by COPY)."""
+    Hk, r, dk, dv = d.kv_heads, d.heads // d.kv_heads, d.head_dim, d.head_dim_v
+    if d.w_qkvz is None:
+        qkv, z = g.linear(h, d.wqkv, "dn_qkv"), g.linear(h, d.wz, "dn_z")
+    else:   # per key head [q | k | v (r heads) | z (r heads)]
+        step = 2 * dk + 2 * r * dv
+        qkvz = g.linear(h, d.w_qkvz, "dn_qkvz")
+        qkv = g.buffer("dn_qkv", 2 * Hk * dk + d.heads * dv)
+        for offset, col, n in ((0, 0, dk), (dk, Hk * dk, dk), (2 * dk, 2 * Hk * dk, r * dv)):
+            g.copy(qkvz.cols(offset, qkvz.width - offset), qkv.cols(col, qkv.width - col), n, Hk, step, n)
+        z = g.copy(qkvz.cols(2 * dk + r * dv, qkvz.width - 2 * dk - r * dv), g.buffer("dn_z", d.heads * dv),
+                   r * dv, Hk, step, r * dv)
+    qkv = g.act(g.ssm_conv(qkv, d.conv, None, "dn_conv"), GLU_SILU, "dn_conv")
     ab = g.buffer("dn_ab", 2 * d.heads)
-    g.linear(h, d.w_alpha, ab.cols(0, d.heads))
-    g.linear(h, d.w_beta, ab.cols(d.heads, d.heads))
-    y = g.delta_net(qkv, ab, d.a, d.dt_bias, d.heads, d.kv_heads, d.head_dim, d.head_dim_v, eps, "dn_y")
+    if d.w_ba is None:
+        g.linear(h, d.w_alpha, ab.cols(0, d.heads))
+        g.linear(h, d.w_beta, ab.cols(d.heads, d.heads))
+    else:   # per key head [b (r) | a (r)]
+        ba = g.linear(h, d.w_ba, "dn_ba")
+        g.copy(ba.cols(r, ba.width - r), ab.cols(0, d.heads), r, Hk, 2 * r, r)
+        g.copy(ba, ab.cols(d.heads, d.heads), r, Hk, 2 * r, r)
+    y = g.delta_net(qkv, ab, d.a, d.dt_bias, d.heads, Hk, dk, dv, eps, "dn_y", grouped=d.grouped_kv)
     g.rmsnorm(y, d.norm, eps, y, groups=d.heads)
-    g.glu(g.linear(h, d.wz, "dn_z"), y, GLU_SILU, y)
+    g.glu(z, y, GLU_SILU, y)
     return g.linear(y, d.out_proj, out, accumulate=accumulate)
 
 

@@ -16,7 +16,8 @@ the multi-token prediction blocks after the last layer are left out.
 
 Qwen3.5 MoE (`qwen35moe`) has experts for every FFN: the router's softmax over the chosen
 ones, renormalized (times expert_weights_scale where set), plus a shared expert weighted
-by sigmoid(w . h) where the file has one.
+by sigmoid(w . h) where the file has one. Qwen3-Next (`qwen3next`) is Qwen3.5 MoE with its
+linear attention's heads and fused projections laid out per key head (Qwen3Next below).
 """
 from __future__ import annotations
 
@@ -73,6 +74,16 @@ class Qwen35(PreNormDecoder):
                     k_norm=self.vector(p + "attn_k_norm.weight", hp.head_dim), q_gated=True)
 
     def delta_net_weights(self, i: int) -> DeltaNet:
+        d = self.delta_net_sizes(i)
+        p, hp = f"blk.{i}.", self.hp
+        d.wqkv = self.weight(p + "attn_qkv.weight", hp.n_embd, d.conv.shape[0])
+        d.wz = self.weight(p + "attn_gate.weight", hp.n_embd, d.heads * d.head_dim_v)
+        d.w_alpha = self.weight(p + "ssm_alpha.weight", hp.n_embd, d.heads)
+        d.w_beta = self.weight(p + "ssm_beta.weight", hp.n_embd, d.heads)
+        return d
+
+    def delta_net_sizes(self, i: int) -> DeltaNet:
+        """Layer i's linear attention sized by the ssm.* keys, without its input projections."""
         mf, hp, p = self.mf, self.hp, f"blk.{i}."
         d_conv, d_inner, d_head, heads, kv_heads = self.ssm_sizes()   # state_size: both head sizes
         if (min(d_conv, d_inner, d_head, heads, kv_heads) <= 0 or d_conv > 64 or heads % kv_heads
@@ -81,10 +92,7 @@ class Qwen35(PreNormDecoder):
                                  f"{d_head}, {heads} value and {kv_heads} key heads) do not fit together; the file "
                                  f"is corrupt")
         channels = 2 * kv_heads * d_head + d_inner
-        return DeltaNet(wqkv=self.weight(p + "attn_qkv.weight", hp.n_embd, channels),
-                        wz=self.weight(p + "attn_gate.weight", hp.n_embd, d_inner),
-                        w_alpha=self.weight(p + "ssm_alpha.weight", hp.n_embd, heads),
-                        w_beta=self.weight(p + "ssm_beta.weight", hp.n_embd, heads),
+        return DeltaNet(wqkv=None, wz=None, w_alpha=None, w_beta=None,
                         conv=self.floats(p + "ssm_conv1d.weight", d_conv, channels),
                         dt_bias=self.vector(p + "ssm_dt.bias", heads),
                         a=np.ascontiguousarray(self.vector(p + "ssm_a", heads)),
@@ -106,3 +114,25 @@ class Qwen35Moe(Qwen35):
 
     def expert_width(self, k: int) -> int:
         return int(self.mf.arch_get("expert_feed_forward_length", 0) or 0) or self.hp.n_ff // k
+
+
+class Qwen3Next(Qwen35Moe):
+    """Qwen3-Next (`qwen3next`: 80B-A3B): Qwen3.5 MoE's layers, but value head h of the linear
+    attention reads key head h // (heads / kv_heads), and its a and b come from one ssm_ba
+    ([b | a] per key head); older files have one ssm_in ([q | k | v | z] per key head) in place of
+    attn_qkv and attn_gate."""
+    name = "qwen3next"
+    experts = "required"
+
+    def delta_net_weights(self, i: int) -> DeltaNet:
+        d = self.delta_net_sizes(i)
+        mf, hp, p = self.mf, self.hp, f"blk.{i}."
+        d.grouped_kv = True
+        inner = d.heads * d.head_dim_v
+        if mf.has_tensor(p + "ssm_in.weight"):
+            d.w_qkvz = self.weight(p + "ssm_in.weight", hp.n_embd, d.conv.shape[0] + inner)
+        else:
+            d.wqkv = self.weight(p + "attn_qkv.weight", hp.n_embd, d.conv.shape[0])
+            d.wz = self.weight(p + "attn_gate.weight", hp.n_embd, inner)
+        d.w_ba = self.weight(p + "ssm_ba.weight", hp.n_embd, 2 * d.heads)
+        return d
