@@ -64,6 +64,7 @@ FAMILIES = {
     "gemma4-moe": ("gemma4", {"experts": 8, "per_layer": 0, "shared_kv": 0}),   # 26B-A4B-like, fused gate_up
     "gemma4-moe-split": ("gemma4", {"experts": 8, "fused_experts": False}),     # separate gate and up experts
     "minimax-m2": ("minimax-m2", {}),
+    "apertus": ("apertus", {}),
     "gemma3-global": ("gemma3", {"window": 0}),                    # no sliding window: llama.cpp's other graph
     "gemma3-cap": ("gemma3", {"keys": {"final_logit_softcapping": 5.0}}),
     "gemma3-global-cap": ("gemma3", {"window": 0, "keys": {"final_logit_softcapping": 5.0}}),

@@ -201,6 +201,14 @@ static void glu_sigmoid(int64_t n, const float *g, const float *u, float *y) {
     for (int64_t i = 0; i < n; i++) y[i] = u[i] / (1.0f + expf(-g[i]));
 }
 
+/* Apertus's xIELU, p = [alpha_n, alpha_p, beta, eps]: a quadratic for g > 0, an exponential below */
+static void glu_xielu(int64_t n, const float *g, const float *u, float *y, const float *p) {
+    for (int64_t i = 0; i < n; i++) {
+        const float x = g[i];
+        y[i] = (x > 0.0f ? p[1] * x * x + p[2] * x : (expm1f(fminf(x, p[3])) - x) * p[0] + p[2] * x) * u[i];
+    }
+}
+
 void op_glu(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     /* no x2: a plain activation, act(g) * 1 (exact) through the same kernels */
     static const float ones[256] = {[0 ... 255] = 1.0f};
@@ -222,6 +230,8 @@ void op_glu(const pyllm_op *op, const op_rows *r, int ith, int nth) {
             glu_relu(i1 - i0, g + i0, u, y + i0);
         else if (op->type == GLU_SIGMOID)
             glu_sigmoid(i1 - i0, g + i0, u, y + i0);
+        else if (op->type == GLU_XIELU)
+            glu_xielu(i1 - i0, g + i0, u, y + i0, op->w);
         else if (op->type == GLU_MUL)
             for (int64_t i = i0; i < i1; i++) y[i] = g[i] * u[i - i0];
         else

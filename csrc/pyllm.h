@@ -76,9 +76,11 @@ enum pyllm_op_flags {
 
 /* GLU_SWIGLU_OAI (gpt-oss): g' = min(g, c), y = g' sigmoid(a g') (clamp(u, -c, c) + 1), a = scale, c = softcap;
  * GLU_RELU_SQR (Nemotron, Arcee): y = max(g, 0)^2 u; GLU_MUL: y = g u (LFM2's gates);
- * GLU_RELU (SmallThinker's experts): y = max(g, 0) u; GLU_SIGMOID (gated attention): y = sigmoid(g) u */
+ * GLU_RELU (SmallThinker's experts): y = max(g, 0) u; GLU_SIGMOID (gated attention): y = sigmoid(g) u;
+ * GLU_XIELU (Apertus), w = [alpha_n, alpha_p, beta, eps]: y = (g > 0 ? alpha_p g^2 + beta g
+ * : (expm1(min(g, eps)) - g) alpha_n + beta g) u */
 enum pyllm_glu { GLU_SILU = 0, GLU_GELU_TANH = 1, GLU_SWIGLU_OAI = 2, GLU_RELU_SQR = 3, GLU_MUL = 4, GLU_RELU = 5,
-                 GLU_SIGMOID = 6 };
+                 GLU_SIGMOID = 6, GLU_XIELU = 7 };
 enum pyllm_norm { NORM_RMS = 0, NORM_LAYER = 1 };
 /* MOE_ROUTE type: gating (softmax over all experts, or each expert's sigmoid), | MOE_NORM to
  * divide the chosen experts' weights by their sum */

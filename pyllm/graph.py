@@ -35,7 +35,7 @@ OP_NAMES = {OP_EMBED: "embed", OP_RMSNORM: "rmsnorm", OP_QUANTIZE: "quantize", O
             OP_SSM_CONV: "ssm_conv", OP_SSM_SCAN: "ssm_scan", OP_DELTA_NET: "delta_net"}
 OPF_ACCUMULATE, OPF_LAST_ROWS, OPF_NO_SYNC, OPF_OUT_ROWS, OPF_SLOT_INPUT, OPF_BY_POS = 1, 2, 4, 8, 16, 32
 OPF_V_IN_K, OPF_CHUNKED, OPF_GROUP_WEIGHTS, OPF_KV_GROUPED = 64, 128, 256, 512
-GLU_SILU, GLU_GELU_TANH, GLU_SWIGLU_OAI, GLU_RELU_SQR, GLU_MUL, GLU_RELU, GLU_SIGMOID = 0, 1, 2, 3, 4, 5, 6
+GLU_SILU, GLU_GELU_TANH, GLU_SWIGLU_OAI, GLU_RELU_SQR, GLU_MUL, GLU_RELU, GLU_SIGMOID, GLU_XIELU = 0, 1, 2, 3, 4, 5, 6, 7
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0    # gpt-oss's constants (llama.cpp's too)
 NORM_RMS, NORM_LAYER = 0, 1
 MOE_SOFTMAX, MOE_SIGMOID, MOE_NORM = 0, 1, 2
@@ -418,19 +418,22 @@ class Graph:
                    {x.name}, {out.name})
         return out
 
-    def glu(self, gate: View, up: View, kind: int, out: str | View) -> View:
+    def glu(self, gate: View, up: View, kind: int, out: str | View, params: Optional[np.ndarray] = None) -> View:
         """out = act(gate) * up; GLU_SWIGLU_OAI: min(g, c) sigmoid(a min(g, c)) (clamp(up, -c, c) + 1),
-        a = SWIGLU_OAI_ALPHA, c = SWIGLU_OAI_LIMIT"""
+        a = SWIGLU_OAI_ALPHA, c = SWIGLU_OAI_LIMIT; params: GLU_XIELU's [alpha_n, alpha_p, beta, eps]"""
+        assert (params is not None and params.shape == (4,)) == (kind == GLU_XIELU)
         y = self._out(out, gate.width)
         oai = kind == GLU_SWIGLU_OAI
         self._emit(Op(OP_GLU, type=kind, x=gate, x2=up, y=y, n_in=gate.width, scale=SWIGLU_OAI_ALPHA if oai else 1.0,
-                      softcap=SWIGLU_OAI_LIMIT if oai else 0.0), {gate.name, up.name}, {y.name})
+                      softcap=SWIGLU_OAI_LIMIT if oai else 0.0, vector=params), {gate.name, up.name}, {y.name})
         return y
 
-    def act(self, x: View, kind: int, out: str | View) -> View:
-        """out = act(x): the activation of an ungated FFN (a GLU op without its up input)"""
+    def act(self, x: View, kind: int, out: str | View, params: Optional[np.ndarray] = None) -> View:
+        """out = act(x): the activation of an ungated FFN (a GLU op without its up input); params:
+        GLU_XIELU's [alpha_n, alpha_p, beta, eps]"""
+        assert (params is not None and params.shape == (4,)) == (kind == GLU_XIELU)
         y = self._out(out, x.width)
-        self._emit(Op(OP_GLU, type=kind, x=x, y=y, n_in=x.width), {x.name}, {y.name})
+        self._emit(Op(OP_GLU, type=kind, x=x, y=y, n_in=x.width, vector=params), {x.name}, {y.name})
         return y
 
     def add(self, x: View, into: View) -> View:

@@ -14,7 +14,7 @@ from typing import Optional
 
 from .arch import load_architecture
 from .arch.base import Attn, DeltaNet, Mla, Moe, ShortConv, Ssm
-from .graph import GLU_GELU_TANH, GLU_RELU, GLU_RELU_SQR, GLU_SWIGLU_OAI, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX, Graph, act_row_bytes
+from .graph import GLU_GELU_TANH, GLU_RELU, GLU_RELU_SQR, GLU_SWIGLU_OAI, GLU_XIELU, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX, Graph, act_row_bytes
 from .model_file import ModelFile
 from .units import fmt_layers
 
@@ -163,7 +163,7 @@ def describe_block(arch) -> str:
     else:
         where = f"{norm} before attention and FFN" + (", and after each" if L.post_attn_norm is not None else "")
     act = {GLU_GELU_TANH: "gelu_tanh", GLU_SWIGLU_OAI: "swiglu_oai", GLU_RELU_SQR: "relu^2",
-           GLU_RELU: "relu"}.get(arch.glu, "silu")
+           GLU_RELU: "relu", GLU_XIELU: "xielu"}.get(arch.glu, "silu")
     moe_layers = [i for i, x in enumerate(arch.layers) if isinstance(x.ffn, Moe)]
     if moe_layers:
         m = arch.layers[moe_layers[0]].ffn

@@ -52,6 +52,12 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
+def xielu(x: np.ndarray, alpha_n: float, alpha_p: float, beta: float, eps: float) -> np.ndarray:
+    """Apertus's activation: alpha_p x^2 + beta x above 0, (expm1(min(x, eps)) - x) alpha_n + beta x below."""
+    return np.where(x > 0, alpha_p * x * x + beta * x,
+                    (np.expm1(np.minimum(x, eps)) - x) * alpha_n + beta * x).astype(np.float32)
+
+
 def swiglu_oai(g: np.ndarray, u: np.ndarray, alpha: float = SWIGLU_OAI_ALPHA,
                limit: float = SWIGLU_OAI_LIMIT) -> np.ndarray:
     """gpt-oss's gate: min(g, limit) sigmoid(alpha min(g, limit)) (clamp(u, -limit, limit) + 1)."""
@@ -160,7 +166,9 @@ class Reference:
         router_x where the family routes by the layer's input)."""
         if isinstance(F, Moe):
             return self._moe(h, F, act, h if router_x is None else router_x)
-        if not F.gated:
+        if not F.gated and F.act_params is not None:   # xIELU (Apertus)
+            z = xielu(self._linear(h, F.w_up, F.b_up), *F.act_params)
+        elif not F.gated:
             z = act(self._linear(h, F.w_up, F.b_up), np.float32(1.0))
         else:
             if F.w_gate is not None:

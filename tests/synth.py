@@ -114,7 +114,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 context_length: int = 512, ssm_layers: tuple = (), ssm: Optional[dict] = None,
                 mlp_layers: tuple = (), no_attention: bool = False, parallel_ssm: bool = False,
                 bare_ffn_norm: bool = False, delta_layers: tuple = (), delta: Optional[dict] = None,
-                q_gated: bool = False, array_keys: Optional[dict] = None,
+                q_gated: bool = False, array_keys: Optional[dict] = None, float_arrays: Optional[dict] = None,
                 drop_tensor: Optional[str] = None, bad_shape: Optional[str] = None) -> str:
     """A tiny decoder of family `arch`, every matrix in `qtype`, tensors named
     as llama.cpp expects:
@@ -158,6 +158,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
       mlp_layers  one branch per layer (Nemotron-H): these layers an FFN alone (attn_norm its norm),
                   the others a mixer alone; feed_forward_length a list, 0 for the mixers
       extra_tensors more float32 tensors by name (present in the file, not used)
+      float_arrays  keys written as they are named, each an array of float32 (Apertus's xielu.*)
       keys        extra metadata: {"sliding_window": 8, ...} -> writer.add_<name>(value);
                   a dotted name ("rope.scaling.x") is written as the key {arch}.<name> (uint32 or float32)
     head_dim defaults to n_embd / n_head; otherwise it is written as key_length."""
@@ -224,6 +225,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
         w.add_value_length(hd)
     for name, value in (array_keys or {}).items():   # "{arch}.name": an array of numbers
         w.add_array(f"{arch}.{name}", [int(x) for x in value])
+    for name, value in (float_arrays or {}).items():   # a key as named, an array of float32
+        w.add_key_value(name, [float(x) for x in value], gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.FLOAT32)
     for name, value in (keys or {}).items():
         if "." in name:   # a key the writer has no method for: "{arch}.name", an int or a float
             (w.add_uint32 if isinstance(value, int) else w.add_float32)(f"{arch}.{name}", value)
@@ -927,6 +930,17 @@ def write_glm4moe(path: str | Path, qtype: QT = QT.Q8_0, nextn: bool = True, **k
 
 
 
+def write_apertus(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """Apertus: per-head q/k norms, rope_freqs, an ungated FFN with xIELU whose parameters differ by
+    layer (alpha_p and alpha_n near the released ones' ~0.8-1.5, beta 0.5, eps -1e-6)."""
+    rng = np.random.default_rng(kw.get("seed", 0) + 100)
+    n_layer = kw.get("n_layer", 2)
+    extra = {"xielu.alpha_n": rng.uniform(0.8, 1.5, n_layer).tolist(), "xielu.alpha_p": rng.uniform(0.8, 1.5, n_layer).tolist(),
+             "xielu.beta": [0.5] * n_layer, "xielu.eps": [-1e-6] * n_layer}
+    return write_model(path, "apertus", qtype, qk_norm=True, rope_freqs=True, rope_base=500000.0, gated=False,
+                       float_arrays=extra, **kw)
+
+
 def write_minimax_m2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     """MiniMax-M2: q/k norms as wide as q and k, half of each head rotated, 8 experts (2 chosen
     by sigmoids + exp_probs_b, renormalized)."""
@@ -1107,7 +1121,7 @@ WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2,
            "hunyuan-dense": write_hunyuan_dense, "llama4": write_llama4, "smallthinker": write_smallthinker,
            "dots1": write_dots1, "afmoe": write_afmoe, "qwen3vlmoe": write_qwen3vlmoe,
            "hunyuan-moe": write_hunyuan_moe, "seed_oss": write_seed_oss,
-           "minimax-m2": write_minimax_m2}
+           "minimax-m2": write_minimax_m2, "apertus": write_apertus}
 
 
 def _gguf_string(x: str) -> bytes:

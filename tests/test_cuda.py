@@ -40,7 +40,8 @@ from pyllm.backend.cpu import CpuBackend, HostDevice
 from pyllm.backend.placement import DeviceSpec, Hardware, LinkSpec, Planner
 from pyllm.backend.split import SplitBackend
 from pyllm.errors import BackendError, InvalidArgumentError
-from pyllm.graph import (ACT_F32, GLU_GELU_TANH, GLU_MUL, GLU_RELU, GLU_SIGMOID, GLU_RELU_SQR, GLU_SILU, GLU_SWIGLU_OAI, MOE_NORM, MOE_SIGMOID, MOE_SOFTMAX, OP_ATTENTION, ROPE_NEOX,
+from pyllm.graph import (ACT_F32, GLU_GELU_TANH, GLU_MUL, GLU_RELU, GLU_SIGMOID, GLU_RELU_SQR, GLU_SILU, GLU_SWIGLU_OAI,
+                         GLU_XIELU, MOE_NORM, MOE_SIGMOID, MOE_SOFTMAX, OP_ATTENTION, ROPE_NEOX,
                          ROPE_NORM, Graph, act_format)
 from pyllm.model_file import ModelFile, Tensor
 
@@ -441,6 +442,8 @@ def op_case(case: str, rng):
         g.layernorm(x, w, rng.standard_normal(256).astype(np.float32) if case == "layernorm" else None, 1e-5, "out")
     elif case in ("act-gelu", "act-relu-sqr"):   # an ungated FFN's activation: a GLU op without up
         g.act(x, GLU_GELU_TANH if case == "act-gelu" else GLU_RELU_SQR, "out")
+    elif case == "act-xielu":   # Apertus's activation, its [a_n, a_p, beta, eps] (eps far from 0: the clamp shows)
+        g.act(x, GLU_XIELU, "out", params=np.array([1.3, 0.9, 0.5, -0.25], np.float32))
     elif case in ("rope-norm", "rope-neox"):
         k = second["k"]
         if case == "rope-norm":
@@ -492,7 +495,7 @@ def op_case(case: str, rng):
 
 
 OP_CASES = ["rmsnorm", "rmsnorm-groups", "rmsnorm-group-weights", "layernorm", "layernorm-nobias", "rope-norm",
-            "rope-neox", "glu-silu", "glu-gelu", "glu-swiglu-oai", "glu-mul", "glu-relu", "glu-sigmoid", "pos-scale", "act-gelu", "act-relu-sqr", "add", "scale", "head-rmsnorm", "head-layernorm", "head-glu-gelu", "head-add",
+            "rope-neox", "glu-silu", "glu-gelu", "glu-swiglu-oai", "glu-mul", "glu-relu", "glu-sigmoid", "pos-scale", "act-gelu", "act-relu-sqr", "act-xielu", "add", "scale", "head-rmsnorm", "head-layernorm", "head-glu-gelu", "head-add",
             "head-linear-q4_k", "head-linear-f16", "copy-gather", "copy-broadcast", "head-copy-gather",
             "head-rmsnorm-group-weights"]
 

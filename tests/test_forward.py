@@ -402,6 +402,26 @@ def test_chunked_attention(level):
     assert np.abs(got - sliding).max() > 0.1   # not the sliding window of the same width
 
 
+def test_xielu_activation():
+    """GLU_XIELU (Apertus's ungated FFN), with and without an up input: a_p g^2 + beta g above 0,
+    (expm1(min(g, eps)) - g) a_n + beta g at and below it, to float rounding; an eps far from 0
+    so that the clamp shows; rows longer than a chunk."""
+    from pyllm.graph import GLU_XIELU
+    from pyllm.reference import xielu
+    rng = np.random.default_rng(3)
+    g_rows, u_rows = (rng.standard_normal((3, 1000)).astype(np.float32) * 4 for _ in range(2))
+    g_rows[0, :5] = [0.0, -0.0, 1e-30, -1e-30, -0.3]
+    params = np.array([1.3, 0.9, 0.5, -0.25], np.float32)   # a_n, a_p, beta, eps
+    want = xielu(g_rows.astype(np.float64), *params.astype(np.float64))
+    assert np.abs(want - xielu(g_rows.astype(np.float64), *params[:3], -1e-6)).max() > 0.01   # eps matters
+    g = Graph()
+    g.act(g.buffer("g", 1000), GLU_XIELU, "out", params=params)
+    np.testing.assert_allclose(run_ops(g, {"g": g_rows}, 3, "out"), want, rtol=2e-6, atol=1e-6)
+    g = Graph()
+    g.glu(g.buffer("g", 1000), g.buffer("u", 1000), GLU_XIELU, "out", params=params)
+    np.testing.assert_allclose(run_ops(g, {"g": g_rows, "u": u_rows}, 3, "out"), want * u_rows, rtol=2e-6, atol=1e-5)
+
+
 def test_relu_and_sigmoid_glu_ops():
     """GLU_RELU (SmallThinker's experts): max(g, 0) * u, exactly; GLU_SIGMOID (gated attention):
     sigmoid(g) * u to float rounding, gates out to +-30; rows longer than a chunk."""

@@ -407,7 +407,8 @@ __device__ __forceinline__ float swiglu_oai(float g, float u, float a, float c) 
 }
 
 __global__ void glu_kernel(const float *__restrict__ G, int64_t g_stride, const float *__restrict__ U, int64_t u_stride,
-                           float *__restrict__ Y, int64_t y_stride, int64_t n, int kind, float alpha, float limit) {
+                           float *__restrict__ Y, int64_t y_stride, int64_t n, int kind, float alpha, float limit,
+                           const float *__restrict__ p) {
     const int t = blockIdx.y;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
@@ -420,6 +421,7 @@ __global__ void glu_kernel(const float *__restrict__ G, int64_t g_stride, const 
     case GLU_RELU: a = fmaxf(g, 0.0f); break;
     case GLU_SIGMOID: a = 1.0f / (1.0f + expf(-g)); break;
     case GLU_GELU_TANH: a = gelu_tanh(g); break;
+    case GLU_XIELU: a = g > 0.0f ? p[1] * g * g + p[2] * g : (expm1f(fminf(g, p[3])) - g) * p[0] + p[2] * g; break;
     default: a = silu(g);
     }
     Y[(int64_t)t * y_stride + i] = a * u;
@@ -430,7 +432,7 @@ void launch_glu(const pyllm_op *op, const exec &e) {  /* no x2: y = act(x) */
     PQ_LAUNCH(grid, 256, 0, e.stream, glu_kernel)(op->x + (int64_t)e.row0 * op->x_stride, op->x_stride,
                                                   op->x2 ? op->x2 + (int64_t)e.row0 * op->x2_stride : nullptr,
                                                   op->x2_stride, op->y, op->y_stride, op->n_in, op->type, op->scale,
-                                                  op->softcap);
+                                                  op->softcap, (const float *)op->w);
 }
 
 __global__ void add_kernel(const float *__restrict__ X, int64_t x_stride, float *Y, int64_t y_stride, int64_t n) {

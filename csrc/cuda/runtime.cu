@@ -266,8 +266,9 @@ static int check_op(const pyllm_op *op) {
         return 0;
     }
     case OP_GLU:
-        if (op->type < GLU_SILU || op->type > GLU_SIGMOID)
+        if (op->type < GLU_SILU || op->type > GLU_XIELU)
             return fail("unknown gate activation %d", op->type);
+        if (op->type == GLU_XIELU && !op->w) return fail("xielu: needs its 4 parameters");
         if (op->type == GLU_SWIGLU_OAI && (!op->x2 || !(op->softcap > 0.0f)))
             return fail("swiglu_oai: needs the up input and a clamp limit > 0");
         /* fall through */

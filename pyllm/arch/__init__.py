@@ -7,6 +7,7 @@ from ..errors import UnsupportedModelError
 from ..model_file import ModelFile
 from .base import Architecture, HParams
 from .afmoe import Afmoe
+from .apertus import Apertus
 from .bailingmoe2 import BailingMoe2
 from .command_r import Cohere2, CommandR
 from .deepseek2 import Deepseek2
@@ -96,6 +97,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "hunyuan-moe": HunyuanMoe,
     "seed_oss": SeedOss,
     "minimax-m2": MinimaxM2,
+    "apertus": Apertus,
 }
 
 

@@ -415,6 +415,7 @@ class Ffn:
     b_gate: Optional[np.ndarray] = None
     b_down: Optional[np.ndarray] = None
     gated: bool = True
+    act_params: Optional[np.ndarray] = None   # the activation's own: xIELU's [alpha_n, alpha_p, beta, eps] (Apertus)
 
 
 @dataclass

@@ -181,7 +181,7 @@ def ffn(g: Graph, h: View, f: Ffn | Moe, kind: int, out: str | View, accumulate:
         return moe_ffn(g, h, f, kind, out, accumulate, logits)
     if not f.gated:
         up = g.linear(h, f.w_up, names + "up", bias=f.b_up)
-        return g.linear(g.act(up, kind, up), f.w_down, out, bias=f.b_down, accumulate=accumulate)
+        return g.linear(g.act(up, kind, up, params=f.act_params), f.w_down, out, bias=f.b_down, accumulate=accumulate)
     if f.w_gate is not None:
         gate = g.linear(h, f.w_gate, names + "gate", bias=f.b_gate)
         up = g.linear(h, f.w_up, names + "up", bias=f.b_up)
