@@ -326,6 +326,7 @@ class Graph:
         head_dim_v = head_dim_v or head_dim
         if kv_from >= 0:
             assert k is None and v is None and kv_from in self.kv_layers, "shared KV: an earlier layer's cache"
+            assert self.kv_layers[kv_from][0] == n_kv_head * head_dim, "shared KV: rows of another shape"
             kv, kv_layer = f"kv{kv_from}", kv_from
             v_in_k = self.kv_layers[kv_from][1] == 0
         else:

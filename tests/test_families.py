@@ -369,6 +369,10 @@ def test_gemma4_layers(tmp_path):
             ({"drop_tensor": "blk.2.inp_gate.weight"}, ModelFileError, "'blk.2.inp_gate.weight' is missing")):
         with pytest.raises(error, match=match):
             load_architecture(ModelFile(synth.write_gemma4(tmp_path / "e.gguf", QT.F32, **kw)))
+    p = synth.rewrite_metadata(synth.write_gemma4(tmp_path / "k.gguf", QT.F32), tmp_path / "k2.gguf",
+                               {"gemma4.attention.head_count_kv": np.array([2, 2, 2, 1, 4, 1], np.int32)})
+    with pytest.raises(ModelFileError, match="layer 4 shares layer 2's cache but has 4 key/value heads of 64"):
+        load_architecture(ModelFile(p))
     p = synth.rewrite_metadata(synth.write_gemma4(tmp_path / "p.gguf", QT.F32), tmp_path / "p2.gguf",
                                {"gemma4.attention.sliding_window_pattern": 6})
     with pytest.raises(ModelFileError, match="needs attention.sliding_window_pattern, one flag per layer"):

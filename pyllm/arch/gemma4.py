@@ -119,6 +119,11 @@ class Gemma4(Architecture):
             if hp.n_head % geo.n_kv_head:
                 raise ModelFileError(f"{mf.path}: layer {i}: {hp.n_head} heads cannot share {geo.n_kv_head} "
                                      f"key/value heads")
+            src = self.geometry[geo.kv_layer]
+            if (src.head_dim, src.n_kv_head) != (geo.head_dim, geo.n_kv_head):   # it reads src's cache rows
+                raise ModelFileError(f"{mf.path}: layer {i} shares layer {geo.kv_layer}'s cache but has "
+                                     f"{geo.n_kv_head} key/value heads of {geo.head_dim}, not "
+                                     f"{src.n_kv_head} of {src.head_dim}; the file is corrupt")
 
         self.n_per_layer = n_pl = int(mf.arch_get("embedding_length_per_layer_input", 0) or 0)
         self.ple_embd = self.ple_proj = self.ple_proj_norm = None
