@@ -16,6 +16,7 @@ from .arch import load_architecture
 from .arch.base import Attn, DeltaNet, Mla, Moe, ShortConv, Ssm
 from .graph import GLU_GELU_TANH, GLU_RELU, GLU_RELU_SQR, GLU_SWIGLU_OAI, GLU_XIELU, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX, Graph, act_row_bytes
 from .model_file import ModelFile
+from .chat_template import THINKING_SWITCH
 from .units import fmt_layers
 
 from .defaults import BLOCK_SIZE, DEFAULT_MAX_CTX, N_BATCH, N_OUT_MAX
@@ -71,6 +72,7 @@ class ModelInfo:
     kv_bytes: int
     activation_bytes: int
     state_bytes: int = 0      # recurrent layers' state (Mamba): a fixed size, whatever the context
+    thinking_switch: bool = False   # the chat template has enable_thinking (--think / --no-think)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -84,6 +86,11 @@ class ModelInfo:
 
     def _memory(self) -> str:
         return _memory_line(self)
+
+    def _template(self) -> str:
+        if not self.chat_template:
+            return "none"
+        return "present, with a thinking switch (--think / --no-think)" if self.thinking_switch else "present"
 
     def format(self) -> str:
         """The human-readable report `pyllm info` prints."""
@@ -101,7 +108,7 @@ class ModelInfo:
         ]
         if not self.n_head:   # Mamba 2: nothing below is about it
             rows += [("vocabulary", f"{self.vocab_type}, {self.n_vocab} tokens"),
-                     ("chat template", "present" if self.chat_template else "none"),
+                     ("chat template", self._template()),
                      ("memory", self._memory())]
             return "\n".join(f"{k:<14} {v}" for k, v in rows + [("note", n) for n in self.notes])
         rows.append(("RoPE", f"{self.rope_mode}, {self.rope_dims} of {self.head_dim} dims rotated, scaling "
@@ -132,7 +139,7 @@ class ModelInfo:
         rows += [
             ("attention", attention),
             ("vocabulary", f"{self.vocab_type}, {self.n_vocab} tokens"),
-            ("chat template", "present" if self.chat_template else "none"),
+            ("chat template", self._template()),
             ("memory", self._memory()),
         ]
         rows += [("note", n) for n in self.notes]
@@ -271,5 +278,6 @@ def model_info(path: str, n_ctx: Optional[int] = None, n_batch: int = N_BATCH,
         attn_softcap=arch.attn_softcap, final_softcap=arch.final_softcap, layer_groups=groups,
         vocab_type=VOCAB_TYPES.get(vocab_model, vocab_model or "none"), n_vocab=hp.n_vocab,
         chat_template=bool(mf.get("tokenizer.chat_template")),
+        thinking_switch=THINKING_SWITCH in str(mf.get("tokenizer.chat_template") or ""),
         file_bytes=mf.file_size, weight_bytes=mf.weight_bytes, kv_bytes=kv, activation_bytes=act,
         state_bytes=4 * sum(g.states.values()), notes=notes)

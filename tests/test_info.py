@@ -59,7 +59,7 @@ def test_info_cli_on_both_models(smollm2_path, gemma3_path):
     assert "normal (adjacent pairs), 64 of 64 dims rotated" in lines["RoPE"]
     assert "all layers: base 100000; attention over whole context" in r.output
     assert lines["vocabulary"] == "BPE (GPT-2 style), 49152 tokens"
-    assert "chat template  present" in r.output
+    assert "chat template  present\n" in r.output   # SmolLM2's has no enable_thinking switch
     assert "KV cache 45.0 MiB" in lines["memory"]          # 30 x 2048 x 2 x 192 x 2 bytes
 
     r = CliRunner().invoke(app, ["info", "-m", gemma3_path, "--json"])
@@ -114,3 +114,16 @@ def test_info_families_of_this_kind(tmp_path):
     st = model_info(synth.write_smallthinker(tmp_path / "s.gguf", QT.Q8_0), n_ctx=64)
     assert "relu(gate) * up" in st.block and "routed by the layer's input" in st.block
     assert [(grp.layers, grp.window) for grp in st.layer_groups] == [([0, 4], 0), ([1, 2, 3], 4096)]
+
+
+def test_info_names_a_thinking_switch(tmp_path):
+    """A chat template with enable_thinking is reported as one --think / --no-think can set."""
+    import synth
+    from pyllm.info import model_info
+    plain = synth.write_llama(tmp_path / "p.gguf")
+    assert model_info(plain).thinking_switch is False
+    p = synth.rewrite_metadata(plain, tmp_path / "t.gguf",
+                               {"tokenizer.chat_template": "{{ 'T' if enable_thinking else 'N' }}"})
+    info = model_info(p)
+    assert info.thinking_switch and "chat template  present, with a thinking switch (--think / --no-think)" in info.format()
+
