@@ -373,6 +373,10 @@ def test_gemma4_layers(tmp_path):
                                {"gemma4.attention.head_count_kv": np.array([2, 2, 2, 1, 4, 1], np.int32)})
     with pytest.raises(ModelFileError, match="layer 4 shares layer 2's cache but has 4 key/value heads of 64"):
         load_architecture(ModelFile(p))
+    p = synth.rewrite_metadata(synth.write_gemma4(tmp_path / "z.gguf", QT.F32), tmp_path / "z2.gguf",
+                               {"gemma4.attention.head_count_kv": np.array([2, 0, 2, 1, 2, 1], np.int32)})
+    with pytest.raises(ModelFileError, match="layer 1: 4 heads cannot share 0 key/value heads"):
+        load_architecture(ModelFile(p))
     p = synth.rewrite_metadata(synth.write_gemma4(tmp_path / "p.gguf", QT.F32), tmp_path / "p2.gguf",
                                {"gemma4.attention.sliding_window_pattern": 6})
     with pytest.raises(ModelFileError, match="needs attention.sliding_window_pattern, one flag per layer"):

@@ -116,7 +116,7 @@ class Gemma4(Architecture):
                                  f"them must be a local and a global one")
         self.geometry = [self.layer_geometry(i) for i in range(hp.n_layer)]
         for i, geo in enumerate(self.geometry):
-            if hp.n_head % geo.n_kv_head:
+            if geo.n_kv_head <= 0 or hp.n_head % geo.n_kv_head:
                 raise ModelFileError(f"{mf.path}: layer {i}: {hp.n_head} heads cannot share {geo.n_kv_head} "
                                      f"key/value heads")
             src = self.geometry[geo.kv_layer]
