@@ -308,6 +308,8 @@ def main() -> int:
     args = ap.parse_args()
 
     sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "tests"))
+    import synth   # the derived vocabularies (DERIVED)
     from pyllm.model_file import ModelFile
     from pyllm.errors import UnsupportedModelError
     from pyllm.tokenizer import load_tokenizer
@@ -349,8 +351,6 @@ def main() -> int:
         md.update(overrides)
         derive = DERIVED.get(name)
         if derive:
-            sys.path.insert(0, str(ROOT / "tests"))
-            import synth
             md = getattr(synth, derive)(md)
             path = synth.write_metadata_only(path, os.path.join(tempfile.gettempdir(), f"{derive}.gguf"), md)
         info = peer.ask(path, overrides, "info")

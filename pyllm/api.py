@@ -19,7 +19,7 @@ from .arch import load_architecture
 from .backend.base import Shape
 from .backend.cpu import physical_cores
 from .backend.select import make_backend
-from .chat_template import BUILTIN as BUILTIN_TEMPLATES, ChatTemplate
+from .chat_template import BUILTIN as BUILTIN_TEMPLATES, THINKING_SWITCH, ChatTemplate
 from .defaults import BLOCK_SIZE, DEFAULT_MAX_CTX, N_BATCH, N_OUT_MAX
 from .engine import Completion, Engine, Generation
 from .errors import InvalidArgumentError, TemplateError
@@ -196,9 +196,8 @@ class Model:
     def apply_chat_template(self, messages: Seq[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
         """The prompt text the chat template makes of `messages` (with enable_thinking = self.think
         where that is set)."""
-        if self.think is None:
-            return self.chat_template.render(messages, add_generation_prompt)
-        return self.chat_template.render(messages, add_generation_prompt, enable_thinking=bool(self.think))
+        variables = {} if self.think is None else {THINKING_SWITCH: bool(self.think)}
+        return self.chat_template.render(messages, add_generation_prompt, **variables)
 
     def chat_stop(self) -> tuple[set[int], list[str]]:
         """What ends a chat reply: token ids (end-of-generation tokens and the

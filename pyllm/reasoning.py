@@ -119,7 +119,8 @@ class ReasoningSplitter:
             self._mode = "answer"
             return True
         if mode == "think":   # up to whichever closing marker comes first
-            close = min((THINK_CLOSE, THOUGHT_CLOSE), key=lambda m: (self._buf.find(m) < 0, self._buf.find(m)))
+            found = [(i, m) for m in (THINK_CLOSE, THOUGHT_CLOSE) if (i := self._buf.find(m)) >= 0]
+            close = min(found)[1] if found else THINK_CLOSE
             if self._take_until(out, close, THINKING):
                 self._mode, self._strip = "answer", True
                 return True

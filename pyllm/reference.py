@@ -465,7 +465,7 @@ class Reference:
             att = attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i))
             x = x + rmsnorm(self._linear(att, A.wo, None), L.post_attn_norm, eps)
             f = self._ffn(rmsnorm(x, L.ffn_norm, eps), L.ffn, act)
-            br = a.experts_of[i]
+            br = a.expert_branches[i]
             if br is not None:   # + the experts, routed by rmsnorm(x) * router_norm
                 f = rmsnorm(f, br.dense_post_norm, eps) + rmsnorm(
                     self._moe(rmsnorm(x, br.pre_norm, eps), br.moe, act, rmsnorm(x, br.router_norm, eps)),

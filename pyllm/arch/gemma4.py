@@ -46,8 +46,8 @@ from ..errors import ModelFileError, UnsupportedModelError
 from ..graph import GLU_GELU_TANH, MOE_SOFTMAX, ROPE_NEOX, Graph, View
 from ..model_file import Tensor
 from ..units import fmt_layers
-from .base import Architecture, Attn, Layer, Moe, Rope, sliding_layers
-from .blocks import embed, ffn, output_head
+from .base import Attn, Layer, Moe, Rope, sliding_layers
+from .blocks import PostNormDecoder, embed, ffn, output_head
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class PerLayerInput:
     post_norm: np.ndarray
 
 
-class Gemma4(Architecture):
+class Gemma4(PostNormDecoder):
     name = "gemma4"
     rope_mode = ROPE_NEOX
     glu = GLU_GELU_TANH
@@ -132,7 +132,7 @@ class Gemma4(Architecture):
             self.ple_proj = self.weight("per_layer_model_proj.weight", hp.n_embd, n_pl * hp.n_layer)
             self.ple_proj_norm = self.vector("per_layer_proj_norm.weight", n_pl)
         self.layers = [self.layer(i) for i in range(hp.n_layer)]
-        self.experts_of = [self.expert_branch(i) for i in range(hp.n_layer)]
+        self.expert_branches = [self.expert_branch(i) for i in range(hp.n_layer)]
         self.per_layer_input = [self.per_layer_weights(i) if n_pl else None for i in range(hp.n_layer)]
         self.out_scale = [self.layer_scale(i) for i in range(hp.n_layer)]
 
@@ -154,11 +154,7 @@ class Gemma4(Architecture):
             attn.wv = self.weight(p + "attn_v.weight", hp.n_embd, kv_dim) if self.mf.has_tensor(
                 p + "attn_v.weight") else None
             attn.k_norm = self.vector(p + "attn_k_norm.weight", geo.head_dim)
-
-        def norm_of(name: str) -> np.ndarray:
-            return self.vector(p + name + ".weight", hp.n_embd)
-        return Layer(attn_norm=norm_of("attn_norm"), attn=attn, post_attn_norm=norm_of("post_attention_norm"),
-                     ffn_norm=norm_of("ffn_norm"), ffn=self.ffn_weights(i), post_ffn_norm=norm_of("post_ffw_norm"))
+        return self.post_norm_layer(i, attn)
 
     def expert_branch(self, i: int) -> Optional[ExpertBranch]:
         """Layer i's experts (where the file has ffn_gate_inp), fused [gate | up] or not."""
@@ -222,9 +218,9 @@ class Gemma4(Architecture):
                       f"{self.n_own_kv - 2} (local) and {self.n_own_kv - 1} (global)")
         if self.n_per_layer:
             notes += f"; per-layer inputs of {self.n_per_layer}"
-        moe = [i for i, br in enumerate(self.experts_of) if br is not None]
+        moe = [i for i, br in enumerate(self.expert_branches) if br is not None]
         if moe:
-            m = self.experts_of[moe[0]].moe
+            m = self.expert_branches[moe[0]].moe
             notes += (f"; layers {fmt_layers(moe)}: {m.k} of {m.n_experts} experts beside the dense FFN, each "
                       f"gelu_tanh(gate) * up, weighted by their renormalized router softmax times a scale per expert")
         if any(s != 1.0 for s in self.out_scale):
@@ -242,7 +238,7 @@ class Gemma4(Architecture):
             g.add(g.rmsnorm(o, L.post_attn_norm, eps, o), x)
             o = ffn(g, g.rmsnorm(x, L.ffn_norm, eps, "h"), L.ffn, self.glu, "o", accumulate=False,
                     names=f"ff{hp.layer_ff(i)}_")   # the shared KV layers' FFNs may be wider
-            br = self.experts_of[i]
+            br = self.expert_branches[i]
             if br is not None:   # + the experts' branch
                 g.rmsnorm(o, br.dense_post_norm, eps, o)
                 logits = g.linear(g.rmsnorm(x, br.router_norm, eps, "h_router"), br.moe.router, "router")
