@@ -57,6 +57,7 @@ FAMILIES = {
     "phi3-longrope-ctx512": ("phi3", {"long_rope": True}, 512),    # context 512 > 256: long factors
     "gemma2": ("gemma2", {}),                                      # caps from the file (0.5 and 30)
     "gemma2-defaults": ("gemma2", {"attn_softcap": None, "final_softcap": None}),  # no caps in the file: 50 and 30
+    "gemma": ("gemma", {}),                                        # head_dim 128 over n_embd 256, 4 heads
     "gemma3": ("gemma3", {}),
     "gemma4": ("gemma4", {}),                                      # E2B-like: per-layer inputs, shared KV layers
     "gemma4-31b": ("gemma4", {"per_layer": 0, "shared_kv": 0}),    # 31B-like: neither; global values from Wk h

@@ -443,6 +443,14 @@ def write_gemma3(path: str | Path, qtype: QT = QT.Q8_0, window: int = 8, **kw) -
     return write_model(path, "gemma3", qtype, qk_norm=True, post_norms=True, rope_base=1e6, keys=keys, **kw)
 
 
+def write_gemma(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """Gemma 1: Llama's layout, tied output; head_dim 128 by default, wider than
+    n_embd / n_head (as on the 7B: 16 heads of 256 over 3072)."""
+    kw.setdefault("tied", True)
+    kw.setdefault("head_dim", 128)
+    return write_model(path, "gemma", qtype, **kw)
+
+
 def write_gemma2(path: str | Path, qtype: QT = QT.Q8_0, window: int = 8, attn_softcap: float = 0.5,
                  final_softcap: float = 30.0, **kw) -> str:
     """Gemma 2: post norms, tied output, no q/k norms. The attention cap is
@@ -1105,7 +1113,7 @@ def write_metadata_only(src: str | Path, dst: str | Path, md: dict) -> str:
     return str(dst)
 
 WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
-           "phi3": write_phi3, "gemma2": write_gemma2, "gemma3": write_gemma3, "gemma4": write_gemma4, "granite": write_granite,
+           "phi3": write_phi3, "gemma": write_gemma, "gemma2": write_gemma2, "gemma3": write_gemma3, "gemma4": write_gemma4, "granite": write_granite,
            "smollm3": write_smollm3, "olmo2": write_olmo2, "phi2": write_phi2, "starcoder2": write_starcoder2,
            "stablelm": write_stablelm, "command-r": write_command_r, "cohere2": write_cohere2,
            "ernie4_5": write_ernie4_5, "exaone": write_exaone, "exaone4": write_exaone4, "mixtral": write_mixtral,

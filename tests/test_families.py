@@ -38,6 +38,7 @@ FAMILIES = {
     "qwen3": (synth.write_qwen3, {}),
     "phi3": (synth.write_phi3, {}),
     "phi3-longrope": (synth.write_phi3, {"long_rope": True}),
+    "gemma": (synth.write_gemma, {}),
     "gemma2": (synth.write_gemma2, {}),                      # caps 1 and 2: tanh bends scores and logits
     "gemma3": (synth.write_gemma3, {}),
     "gemma4": (synth.write_gemma4, {}),                                     # per-layer inputs, shared KV
@@ -319,6 +320,16 @@ def test_gemma3_layers(tmp_path):
     assert [load_architecture(ModelFile(p3)).layer_window(i) for i in range(4)] == [8, 0, 0, 8]
     p4 = synth.write_gemma3(tmp_path / "p4.gguf", QT.F32, n_layer=6, window=0)
     assert not any(load_architecture(ModelFile(p4)).layer_window(i) for i in range(6))
+
+
+def test_gemma_settings(tmp_path):
+    """Gemma 1: NEOX RoPE, GELU, x scaled by sqrt(n_embd), q.k by 1/sqrt(head_dim)
+    (head_dim 128 here, not n_embd / n_head = 64); the logits come from the token
+    embedding even where a file also has output.weight, as llama.cpp reads it."""
+    g = load_architecture(ModelFile(synth.write_gemma(tmp_path / "g.gguf", QT.F32, tied=False)))
+    assert g.rope_mode == ROPE_NEOX and g.glu == GLU_GELU_TANH and g.layer_window(0) == 0
+    assert g.embed_scale == pytest.approx(16.0) and g.attn_scale == pytest.approx(1 / math.sqrt(128))
+    assert g.mf.has_tensor("output.weight") and g.output.name == "token_embd.weight"
 
 
 def test_gemma3_final_softcap(tmp_path):
@@ -813,7 +824,7 @@ def test_family_errors(tmp_path):
     with pytest.raises(UnsupportedModelError, match="phi3 with experts .phi3.expert_count = 4. is not supported"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="bloom")
-    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*afmoe, apertus, arcee, bailingmoe2, cohere2, command-r, deepseek2, dots1, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, falcon-h1, gemma2, gemma3, gemma4, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitehybrid, granitemoe, hunyuan-dense, hunyuan-moe, lfm2, lfm2moe, llama, llama4, mamba2, minimax-m2, mistral3, nemotron, nemotron_h, nemotron_h_moe, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen35, qwen35moe, qwen3moe, qwen3next, qwen3vl, qwen3vlmoe, seed_oss, smallthinker, smollm3, stablelm, starcoder, starcoder2"):
+    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*afmoe, apertus, arcee, bailingmoe2, cohere2, command-r, deepseek2, dots1, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, falcon-h1, gemma, gemma2, gemma3, gemma4, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitehybrid, granitemoe, hunyuan-dense, hunyuan-moe, lfm2, lfm2moe, llama, llama4, mamba2, minimax-m2, mistral3, nemotron, nemotron_h, nemotron_h_moe, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen35, qwen35moe, qwen3moe, qwen3next, qwen3vl, qwen3vlmoe, seed_oss, smallthinker, smollm3, stablelm, starcoder, starcoder2"):
         load_architecture(ModelFile(p))
 
 

@@ -13,6 +13,7 @@ from .command_r import Cohere2, CommandR
 from .deepseek2 import Deepseek2
 from .ernie4_5 import Ernie4_5, Ernie4_5Moe
 from .exaone import Exaone, Exaone4
+from .gemma import Gemma
 from .gemma2 import Gemma2
 from .gemma3 import Gemma3
 from .gemma4 import Gemma4
@@ -45,6 +46,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "qwen2": Qwen2,
     "qwen3": Qwen3,
     "phi3": Phi3,
+    "gemma": Gemma,
     "gemma2": Gemma2,
     "gemma3": Gemma3,
     "gemma4": Gemma4,

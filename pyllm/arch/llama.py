@@ -59,7 +59,7 @@ class Llama(Architecture):
 
     def build(self, g: Graph) -> None:
         hp = self.hp
-        x = g.embed(self.tok_embd, "x")
+        x = g.embed(self.tok_embd, "x", scale=self.embed_scale)
         for i, L in enumerate(self.layers):
             g.layer = i
             attention(g, self, g.rmsnorm(x, L.attn_norm, hp.eps, "h"), L.attn, i, out=x)
