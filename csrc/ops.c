@@ -234,20 +234,26 @@ void op_glu(const pyllm_op *op, const op_rows *r, int ith, int nth) {
             glu_xielu(i1 - i0, g + i0, u, y + i0, op->w);
         else if (op->type == GLU_MUL)
             for (int64_t i = i0; i < i1; i++) y[i] = g[i] * u[i - i0];
+        else if (op->type == GLU_TANH)
+            for (int64_t i = i0; i < i1; i++) y[i] = tanhf(g[i]) * u[i - i0];
         else
             (op->type == GLU_GELU_TANH ? K.glu_gelu_tanh : K.glu_silu)(i1 - i0, g + i0, u, y + i0);
         lo += i1 - i0;
     }
 }
 
-/* y += x */
+/* y += scale * x (scale -1: a difference, exact) */
 void op_add(const pyllm_op *op, const op_rows *r, int ith, int nth) {
+    const float s = op->scale;
     int64_t n = op->n_in, lo, hi;
     split_range(r->rows, ith, nth, 1, &lo, &hi);
     for (int64_t t = lo; t < hi; t++) {
         const float *x = IN_ROW(op, r, t);
         float *y = OUT_ROW(op, t);
-        for (int64_t i = 0; i < n; i++) y[i] += x[i];
+        if (s == 1.0f)
+            for (int64_t i = 0; i < n; i++) y[i] += x[i];
+        else
+            for (int64_t i = 0; i < n; i++) y[i] += s * x[i];
     }
 }
 
@@ -256,16 +262,69 @@ void op_add(const pyllm_op *op, const op_rows *r, int ith, int nth) {
  * logits is a whole vocabulary. */
 void op_scale(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     const int64_t n = op->n_in;
-    const float s = op->scale, cap = op->softcap;
+    const float s = op->scale, cap = op->softcap, *col = (const float *)op->w;
     int64_t lo, hi;
     split_range((int64_t)r->rows * n, ith, nth, 64, &lo, &hi);
     for (int64_t k = lo; k < hi;) {
         const int64_t t = k / n, i0 = k % n, i1 = n < i0 + (hi - k) ? n : i0 + (hi - k);
         float *y = OUT_ROW(op, t);
+        if (col)
+            for (int64_t i = i0; i < i1; i++) y[i] *= col[i];
         if (cap > 0)
             K.softcap(i1 - i0, y + i0, s, cap);
-        else
+        else if (s != 1.0f)
             for (int64_t i = i0; i < i1; i++) y[i] *= s;
         k += i1 - i0;
+    }
+}
+
+/* y[t, stream j] (+)= sum_k c[t, j K + k] x[t, stream k], c = x2's row: K streams mixed into
+ * n_head by a matrix per row (AltUp's prediction and correction). Split by (row, stream). */
+void op_mix(const pyllm_op *op, const op_rows *r, int ith, int nth) {
+    const int64_t n = op->n_in;
+    const int S = op->n_head, Kx = op->n_kv_head;
+    int64_t lo, hi;
+    split_range((int64_t)r->rows * S, ith, nth, 1, &lo, &hi);
+    for (int64_t item = lo; item < hi; item++) {
+        const int64_t t = item / S;
+        const int j = (int)(item % S);
+        const float *x = IN_ROW(op, r, t);
+        const float *c = op->x2 + (int64_t)(r->row0 + t) * op->x2_stride + (int64_t)j * Kx;
+        float *y = OUT_ROW(op, t) + (int64_t)j * n;
+        if (!(op->flags & OPF_ACCUMULATE))
+            memset(y, 0, sizeof(float) * (size_t)n);
+        for (int k = 0; k < Kx; k++) {
+            const float ck = c[k], *xk = x + (int64_t)k * n;
+            for (int64_t i = 0; i < n; i++) y[i] += ck * xk[i];
+        }
+    }
+}
+
+/* y's groups each scaled to the norm of x's row: y_g *= |x| / |y_g| (norms in double) */
+void op_match_norm(const pyllm_op *op, const op_rows *r, int ith, int nth) {
+    const int64_t n = op->n_in, groups = op->n_head;
+    int64_t lo, hi;
+    split_range((int64_t)r->rows * groups, ith, nth, 1, &lo, &hi);
+    for (int64_t item = lo; item < hi; item++) {
+        const int64_t t = item / groups, g = item % groups;
+        float *y = OUT_ROW(op, t) + g * n;
+        const float f = (float)sqrt(row_sum_sq(IN_ROW(op, r, t), n, 0.0f) / row_sum_sq(y, n, 0.0f));
+        for (int64_t i = 0; i < n; i++) y[i] *= f;
+    }
+}
+
+/* y = max(x - (mean + scale std), 0), std = sqrt(sum (x - mean)^2 / (n - 1)): the values above the
+ * normal fit's quantile, shifted down by it (Gemma 3n's gaussian top-k of the FFN gate) */
+void op_sparsify(const pyllm_op *op, const op_rows *r, int ith, int nth) {
+    const int64_t n = op->n_in;
+    int64_t lo, hi;
+    split_range(r->rows, ith, nth, 1, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) {
+        const float *x = IN_ROW(op, r, t);
+        float *y = OUT_ROW(op, t);
+        const double mean = row_sum(x, n) / (double)n;
+        const double std = sqrt(row_sum_sq(x, n, (float)mean) / (double)(n > 1 ? n - 1 : 1));
+        const float cut = (float)(mean + (double)op->scale * std);
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] > cut ? x[i] - cut : 0.0f;
     }
 }

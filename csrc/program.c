@@ -149,7 +149,7 @@ static int check_op(const pyllm_op *op) {
         if (op->kind == OP_ATTENTION && !op->y) return fail("missing output");
         return 0;
     case OP_GLU:
-        if (op->type < GLU_SILU || op->type > GLU_XIELU)
+        if (op->type < GLU_SILU || op->type > GLU_TANH)
             return fail("unknown gate activation %d", op->type);
         if (op->type == GLU_XIELU && !op->w) return fail("xielu: needs its 4 parameters");
         if (op->type == GLU_SWIGLU_OAI && (!op->x2 || !(op->softcap > 0.0f)))
@@ -229,6 +229,23 @@ static int check_op(const pyllm_op *op) {
     case OP_MOE_SUM:
         if (!op->x || !op->x2 || !op->y || op->n_in <= 0 || op->n_head <= 0) return fail("moe sum: missing buffers");
         if (op->x_stride < op->n_in * op->n_head || op->x2_stride < 2 * op->n_head) return fail("moe sum: bad strides");
+        return 0;
+    case OP_MIX:
+        if (!op->x || !op->x2 || !op->y || op->n_in <= 0 || op->n_head <= 0 || op->n_kv_head <= 0)
+            return fail("mix: missing rows, or %d streams of %lld from %d", op->n_head, (long long)op->n_in,
+                        op->n_kv_head);
+        if (op->x_stride < op->n_in * op->n_kv_head || op->y_stride < op->n_in * op->n_head ||
+            op->x2_stride < (int64_t)op->n_head * op->n_kv_head)
+            return fail("mix: rows too short for %d streams from %d", op->n_head, op->n_kv_head);
+        return 0;
+    case OP_MATCH_NORM:
+        if (!op->x || !op->y || op->n_in <= 0 || op->n_head <= 0 || op->x_stride < op->n_in ||
+            op->y_stride < op->n_in * op->n_head)
+            return fail("match_norm: missing rows, or %d groups of %lld outside them", op->n_head, (long long)op->n_in);
+        return 0;
+    case OP_SPARSIFY:
+        if (!op->x || !op->y || op->n_in <= 0 || op->x_stride < op->n_in || op->y_stride < op->n_in)
+            return fail("sparsify: missing rows");
         return 0;
     default:
         return fail("unknown op kind %d", op->kind);
@@ -331,6 +348,9 @@ static void exec_op(const pyllm_op *op, const pyllm_step *st, float *scratch, fl
     case OP_MOE_SUM: op_moe_sum(op, &r, ith, nth); break;
     case OP_POS_SCALE: op_pos_scale(op, &r, ith, nth); break;
     case OP_COPY: op_copy(op, &r, ith, nth); break;
+    case OP_MIX: op_mix(op, &r, ith, nth); break;
+    case OP_MATCH_NORM: op_match_norm(op, &r, ith, nth); break;
+    case OP_SPARSIFY: op_sparsify(op, &r, ith, nth); break;
     case OP_SSM_CONV: op_ssm_conv(op, &r, ith, nth); break;
     case OP_SSM_SCAN: op_ssm_scan(op, &r, ith, nth); break;
     case OP_DELTA_NET: op_delta_net(op, &r, ith, nth); break;

@@ -23,8 +23,9 @@ enum pyllm_op_kind {
                          head_dim, values (and y's heads) of head_dim_v; w: NULL, or one sink logit per head
                          (float[n_head]) that joins the softmax with no value */
     OP_GLU = 8,       /* y[t] = act(x[t]) * x2[t]; type = GLU_*; x2 NULL: y[t] = act(x[t]) */
-    OP_ADD = 9,       /* y[t] += x[t] */
-    OP_SCALE = 10,    /* y[t] *= scale; then y = softcap * tanh(y / softcap) if softcap > 0 */
+    OP_ADD = 9,       /* y[t] += scale * x[t] */
+    OP_SCALE = 10,    /* y[t] *= scale (w: NULL, or float[n_in], a factor per column too); then
+                         y = softcap * tanh(y / softcap) if softcap > 0 */
     OP_MOE_ROUTE = 11, /* y[t] = [ids | weights] of the n_head best of n_in experts, from router
                           logits x[t]; type = MOE_* (gating, renormalized weights); weights * scale;
                           bias: NULL, or per expert, added to the gate values to choose (not to weigh);
@@ -36,7 +37,9 @@ enum pyllm_op_kind {
                           expert's n_out rows; x_j[t] = x[t], or its j-th n_in slice with OPF_SLOT_INPUT;
                           + bias[e] ([n_kv_head][n_out]) */
     OP_MOE_SUM = 13,  /* y[t] (+)= sum_j x2[t, n_head + j] x[t, j n_in ..] (the route's weights) */
-    /* 14: free (LFM2's convolution runs as OP_SSM_CONV) */
+    OP_MIX = 14,      /* y[t, j n_in + i] (+)= sum_{k < n_kv_head} x2[t, j n_kv_head + k] x[t, k n_in + i] for streams
+                         j < n_head: n_kv_head streams of n_in mixed into n_head by a matrix per row (Gemma 3n's
+                         AltUp); y must not overlap x */
     OP_POS_SCALE = 15, /* y[t, :n_in] *= 1 + scale ln(1 + floor((pos[t] + eps) / window)): the attention
                           temperature of long positions on q (Llama 4, Mistral 3) */
     OP_COPY = 16,     /* y[t, g head_dim + i] = x[t, g n_out + i] for i < n_in, groups g < n_head: columns
@@ -54,11 +57,15 @@ enum pyllm_op_kind {
                           [q | k | v], x2's [a | b] (n_head each), w = [A | dt bias] (n_head each); q and k divided by
                           max(|q|, eps), q by sqrt(head_dim) too; g = exp(A softplus(a + dt bias)), beta = sigmoid(b);
                           S = g S; S += k ((v - S^T k) beta)^T; y = S^T q, S the head's [head_dim][head_dim_v] state */
-    OP_KIND_COUNT = 20
+    OP_MATCH_NORM = 20, /* y[t, g n_in ..] *= |x[t, :n_in]| / |y[t, g n_in ..]| for groups g < n_head: each group
+                           rescaled to the Euclidean norm of x's row (Gemma 3n's AltUp streams) */
+    OP_SPARSIFY = 21, /* y[t] = max(x[t] - (mean + scale std), 0) over the row's n_in, std with n - 1: Gemma 3n's
+                         activation sparsity (keeps what is above the scale-sigma quantile of a normal fit) */
+    OP_KIND_COUNT = 22
 };
 
 enum pyllm_op_flags {
-    OPF_ACCUMULATE = 1, /* MATMUL, MOE_SUM: add into y instead of overwriting */
+    OPF_ACCUMULATE = 1, /* MATMUL, MOE_SUM, MIX: add into y instead of overwriting */
     OPF_LAST_ROWS = 2,  /* reads the last step.n_out input rows, writes output rows 0.. (the
                            first op of the output head) */
     OPF_NO_SYNC = 4,    /* no barrier after this op (the next op does not touch its output) */
@@ -78,9 +85,9 @@ enum pyllm_op_flags {
  * GLU_RELU_SQR (Nemotron, Arcee): y = max(g, 0)^2 u; GLU_MUL: y = g u (LFM2's gates);
  * GLU_RELU (SmallThinker's experts): y = max(g, 0) u; GLU_SIGMOID (gated attention): y = sigmoid(g) u;
  * GLU_XIELU (Apertus), w = [alpha_n, alpha_p, beta, eps]: y = (g > 0 ? alpha_p g^2 + beta g
- * : (expm1(min(g, eps)) - g) alpha_n + beta g) u */
+ * : (expm1(min(g, eps)) - g) alpha_n + beta g) u; GLU_TANH (Gemma 3n's AltUp router): y = tanh(g) u */
 enum pyllm_glu { GLU_SILU = 0, GLU_GELU_TANH = 1, GLU_SWIGLU_OAI = 2, GLU_RELU_SQR = 3, GLU_MUL = 4, GLU_RELU = 5,
-                 GLU_SIGMOID = 6, GLU_XIELU = 7 };
+                 GLU_SIGMOID = 6, GLU_XIELU = 7, GLU_TANH = 8 };
 enum pyllm_norm { NORM_RMS = 0, NORM_LAYER = 1 };
 /* MOE_ROUTE type: gating (softmax over all experts, or each expert's sigmoid), | MOE_NORM to
  * divide the chosen experts' weights by their sum */

@@ -26,16 +26,18 @@ from .model_file import Tensor
 # op kinds and flags: csrc/pyllm.h
 OP_EMBED, OP_RMSNORM, OP_QUANTIZE, OP_MATMUL, OP_ROPE = 1, 2, 3, 4, 5
 OP_KV_STORE, OP_ATTENTION, OP_GLU, OP_ADD, OP_SCALE = 6, 7, 8, 9, 10
-OP_MOE_ROUTE, OP_MATMUL_ID, OP_MOE_SUM, OP_POS_SCALE = 11, 12, 13, 15   # 14: free
-OP_COPY, OP_SSM_CONV, OP_SSM_SCAN, OP_DELTA_NET = 16, 17, 18, 19
+OP_MOE_ROUTE, OP_MATMUL_ID, OP_MOE_SUM, OP_MIX, OP_POS_SCALE = 11, 12, 13, 14, 15
+OP_COPY, OP_SSM_CONV, OP_SSM_SCAN, OP_DELTA_NET, OP_MATCH_NORM, OP_SPARSIFY = 16, 17, 18, 19, 20, 21
 OP_NAMES = {OP_EMBED: "embed", OP_RMSNORM: "rmsnorm", OP_QUANTIZE: "quantize", OP_MATMUL: "matmul",
             OP_ROPE: "rope", OP_KV_STORE: "kv_store", OP_ATTENTION: "attention", OP_GLU: "glu",
             OP_ADD: "add", OP_SCALE: "scale", OP_MOE_ROUTE: "moe_route", OP_MATMUL_ID: "matmul_id",
             OP_MOE_SUM: "moe_sum", OP_POS_SCALE: "pos_scale", OP_COPY: "copy",
-            OP_SSM_CONV: "ssm_conv", OP_SSM_SCAN: "ssm_scan", OP_DELTA_NET: "delta_net"}
+            OP_SSM_CONV: "ssm_conv", OP_SSM_SCAN: "ssm_scan", OP_DELTA_NET: "delta_net", OP_MIX: "mix",
+            OP_MATCH_NORM: "match_norm", OP_SPARSIFY: "sparsify"}
 OPF_ACCUMULATE, OPF_LAST_ROWS, OPF_NO_SYNC, OPF_OUT_ROWS, OPF_SLOT_INPUT, OPF_BY_POS = 1, 2, 4, 8, 16, 32
 OPF_V_IN_K, OPF_CHUNKED, OPF_GROUP_WEIGHTS, OPF_KV_GROUPED = 64, 128, 256, 512
 GLU_SILU, GLU_GELU_TANH, GLU_SWIGLU_OAI, GLU_RELU_SQR, GLU_MUL, GLU_RELU, GLU_SIGMOID, GLU_XIELU = 0, 1, 2, 3, 4, 5, 6, 7
+GLU_TANH = 8
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0    # gpt-oss's constants (llama.cpp's too)
 NORM_RMS, NORM_LAYER = 0, 1
 MOE_SOFTMAX, MOE_SIGMOID, MOE_NORM = 0, 1, 2
@@ -161,6 +163,10 @@ class Graph:
     def _out(self, out: str | View, width: int) -> View:
         return out if isinstance(out, View) else self.buffer(out, width)
 
+    @staticmethod
+    def _out_name(out: str | View) -> str:
+        return out.name if isinstance(out, View) else out
+
     # -- op emission -------------------------------------------------------------
     def _emit(self, op: Op, reads: set, writes: set) -> Op:
         op.layer = self.layer
@@ -283,15 +289,17 @@ class Graph:
                       x2=route, xq=xq, y=y, n_in=n_in, n_out=n_out, n_head=k, n_kv_head=n_experts), reads, {y.name})
         return y
 
-    def linear_heads(self, x: View, w: Tensor, out: str | View) -> View:
+    def linear_heads(self, x: View, w: Tensor, out: str | View, shared_input: bool = False) -> View:
         """out[:, h n_out : (h+1) n_out] = W[h] x[:, h n_in : (h+1) n_in]: a matrix per head
-        (MLA's up-projections), W 3-D of GGUF shape (n_in, n_out, heads)"""
+        (MLA's up-projections), W 3-D of GGUF shape (n_in, n_out, heads); shared_input: every
+        W[h] reads all of x (Gemma 3n's AltUp projections)"""
         n_in, n_out, heads = w.shape
-        assert x.width == n_in * heads, f"{w.name}: input width {x.width}"
+        assert x.width == n_in * (1 if shared_input else heads), f"{w.name}: input width {x.width}"
         y = self._out(out, heads * n_out)
         act = act_format(w.type)
         xq = None if act == ACT_F32 else self.quantized(x, act)
-        self._emit(Op(OP_MATMUL_ID, flags=OPF_SLOT_INPUT, type=w.type, weight=w, x=x, xq=xq, y=y, n_in=n_in,
+        self._emit(Op(OP_MATMUL_ID, flags=0 if shared_input else OPF_SLOT_INPUT, type=w.type, weight=w, x=x, xq=xq,
+                      y=y, n_in=n_in,
                       n_out=n_out, n_head=heads, n_kv_head=heads), {x.name if xq is None else xq.name}, {y.name})
         return y
 
@@ -437,13 +445,42 @@ class Graph:
         self._emit(Op(OP_GLU, type=kind, x=x, y=y, n_in=x.width, vector=params), {x.name}, {y.name})
         return y
 
-    def add(self, x: View, into: View) -> View:
-        self._emit(Op(OP_ADD, x=x, y=into, n_in=x.width), {x.name, into.name}, {into.name})
+    def add(self, x: View, into: View, s: float = 1.0) -> View:
+        """into += s * x (s = -1: a difference)"""
+        self._emit(Op(OP_ADD, x=x, y=into, n_in=x.width, scale=s), {x.name, into.name}, {into.name})
         return into
 
-    def scale(self, y: View, s: float, softcap: float = 0.0) -> View:
-        """y *= s; then, with softcap > 0, y = softcap * tanh(y / softcap)"""
-        self._emit(Op(OP_SCALE, y=y, n_in=y.width, scale=s, softcap=softcap), {y.name}, {y.name})
+    def scale(self, y: View, s: float, softcap: float = 0.0, columns: Optional[np.ndarray] = None) -> View:
+        """y *= s (and by a factor per column, where given); then, with softcap > 0,
+        y = softcap * tanh(y / softcap)"""
+        assert columns is None or columns.shape == (y.width,)
+        self._emit(Op(OP_SCALE, y=y, n_in=y.width, scale=s, softcap=softcap, vector=columns), {y.name}, {y.name})
+        return y
+
+    def mix(self, x: View, coefs: View, n: int, out: str | View, accumulate: bool = False) -> View:
+        """out[:, j n : (j+1) n] (+)= sum_k coefs[:, j K + k] x[:, k n : (k+1) n]: the K = x.width / n
+        streams of x mixed into coefs.width / K streams by a matrix per token (Gemma 3n's AltUp)"""
+        n_x = x.width // n
+        n_y = coefs.width // n_x
+        assert x.width == n_x * n and coefs.width == n_y * n_x and x.name != self._out_name(out)
+        y = self._out(out, n_y * n)
+        assert y.width == n_y * n
+        self._emit(Op(OP_MIX, flags=OPF_ACCUMULATE if accumulate else 0, x=x, x2=coefs, y=y, n_in=n, n_head=n_y,
+                      n_kv_head=n_x), {x.name, coefs.name} | ({y.name} if accumulate else set()), {y.name})
+        return y
+
+    def match_norm(self, y: View, target: View) -> View:
+        """each target.width-wide group of y scaled to the Euclidean norm of target's row"""
+        groups = y.width // target.width
+        assert groups * target.width == y.width
+        self._emit(Op(OP_MATCH_NORM, x=target, y=y, n_in=target.width, n_head=groups), {y.name, target.name},
+                   {y.name})
+        return y
+
+    def sparsify(self, x: View, s: float, out: str | View) -> View:
+        """out = max(x - (mean(x) + s std(x)), 0) per row (std with n - 1): Gemma 3n's FFN gate sparsity"""
+        y = self._out(out, x.width)
+        self._emit(Op(OP_SPARSIFY, x=x, y=y, n_in=x.width, scale=s), {x.name}, {y.name})
         return y
 
     # -- summary -----------------------------------------------------------------

@@ -41,7 +41,7 @@ from pyllm.backend.placement import DeviceSpec, Hardware, LinkSpec, Planner
 from pyllm.backend.split import SplitBackend
 from pyllm.errors import BackendError, InvalidArgumentError
 from pyllm.graph import (ACT_F32, GLU_GELU_TANH, GLU_MUL, GLU_RELU, GLU_SIGMOID, GLU_RELU_SQR, GLU_SILU, GLU_SWIGLU_OAI,
-                         GLU_XIELU, MOE_NORM, MOE_SIGMOID, MOE_SOFTMAX, OP_ATTENTION, ROPE_NEOX,
+                         GLU_TANH, GLU_XIELU, MOE_NORM, MOE_SIGMOID, MOE_SOFTMAX, OP_ATTENTION, ROPE_NEOX,
                          ROPE_NORM, Graph, act_format)
 from pyllm.model_file import ModelFile, Tensor
 
@@ -427,6 +427,9 @@ def op_case(case: str, rng):
     for name in ("up", "y", "k"):         # second inputs: batch rows, made before the head
         second[name] = g.buffer(name, 128 if name == "k" else 256)
         inputs[name] = rng.standard_normal((n, second[name].width)).astype(np.float32)
+    if "mix" in case:                     # AltUp's coefficients: 16 per row (a 4x4 matrix)
+        second["c"] = g.buffer("c", 16)
+        inputs["c"] = rng.standard_normal((n, 16)).astype(np.float32)
     head = case.startswith("head-")
     if head:                              # the head's first op reads the last n_out rows
         g.head()
@@ -486,6 +489,27 @@ def op_case(case: str, rng):
         if not head:                      # out's other columns: what was there before
             inputs["out"] = rng.standard_normal((n, out.width)).astype(np.float32)
         return g, inputs, ["out"], pos, True
+    elif case in ("mix", "mix-accumulate"):   # Gemma 3n's AltUp: 4 streams of 64 by a 4x4 matrix per
+        c = second["c"]                         # row, or 1 stream into 4 (its correction), added to out
+        if case == "mix":
+            g.mix(x, c, 64, "out")
+        else:
+            inputs["out"] = rng.standard_normal((n, 256)).astype(np.float32)
+            g.mix(x.cols(0, 64), c.cols(0, 4), 64, g.buffer("out", 256), accumulate=True)
+    elif case == "match-norm":                 # 3 groups of 64 scaled to the norm of y's first 64
+        g.match_norm(x.cols(0, 192), second["y"].cols(0, 64))
+        return g, inputs, ["x"], pos, False
+    elif case == "sparsify":                   # rows far from zero mean: the mean is part of the cut
+        inputs["x"] += (rng.uniform(-20, 20, (n, 1))).astype(np.float32)
+        g.sparsify(x, 1.6448533535003662, "out")
+    elif case == "act-tanh":
+        g.act(x, GLU_TANH, "out")
+    elif case == "sub":                        # add with a factor: a difference
+        g.add(x, second["y"], -1.0)
+        return g, inputs, ["y"], pos, True
+    elif case == "scale-columns":              # a factor per column (AltUp's correct_scale)
+        g.scale(x, 0.5, columns=w)
+        return g, inputs, ["x"], pos, True
     elif case in ("linear-q4_k", "linear-f16"):
         wt = tensor(QT.Q4_K if case == "linear-q4_k" else QT.F16, 256, 40)
         g.linear(x, wt, "out")
@@ -497,7 +521,8 @@ def op_case(case: str, rng):
 OP_CASES = ["rmsnorm", "rmsnorm-groups", "rmsnorm-group-weights", "layernorm", "layernorm-nobias", "rope-norm",
             "rope-neox", "glu-silu", "glu-gelu", "glu-swiglu-oai", "glu-mul", "glu-relu", "glu-sigmoid", "pos-scale", "act-gelu", "act-relu-sqr", "act-xielu", "add", "scale", "head-rmsnorm", "head-layernorm", "head-glu-gelu", "head-add",
             "head-linear-q4_k", "head-linear-f16", "copy-gather", "copy-broadcast", "head-copy-gather",
-            "head-rmsnorm-group-weights"]
+            "head-rmsnorm-group-weights", "mix", "mix-accumulate", "head-mix", "match-norm", "sparsify",
+            "head-sparsify", "act-tanh", "sub", "scale-columns"]
 
 
 @pytest.mark.parametrize("case", OP_CASES)
@@ -1025,7 +1050,8 @@ def close_enough(got, ref, float_weights):
                                           ("hunyuan-dense", QT.Q4_K), ("llama4", QT.Q8_0), ("smallthinker", QT.Q4_K),
                                           ("dots1", QT.Q8_0), ("afmoe", QT.Q8_0), ("hunyuan-moe", QT.Q4_K), ("seed_oss", QT.Q8_0),
                                           ("granitehybrid", QT.Q8_0), ("granitehybrid", QT.F16), ("nemotron_h", QT.Q8_0),
-                                          ("qwen35", QT.Q8_0), ("gemma4", QT.Q8_0), ("minimax-m2", QT.Q4_K)],
+                                          ("qwen35", QT.Q8_0), ("gemma4", QT.Q8_0), ("minimax-m2", QT.Q4_K),
+                                          ("gemma3n", QT.Q8_0)],
                          ids=lambda x: getattr(x, "name", x))
 def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     """300 positions over shuffled 16-position blocks: several attention tiles,
@@ -1044,7 +1070,8 @@ def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     two groups of B and C and its norm with a weight per group; Qwen3.5's linear attention (the
     gated delta rule, 4 value heads over 2 key heads, its state carried in device memory like
     Mamba's) beside gated full attention; Gemma 4's heads of two sizes, values normed without
-    weights, shared KV layers attending over earlier layers' caches and per-layer inputs."""
+    weights, shared KV layers attending over earlier layers' caches and per-layer inputs; Gemma 3n's
+    AltUp streams (mixed by a matrix per token, rescaled to a norm) and sparse FFN gates."""
     host, gpu = devices
     path = synth.WRITERS[family](tmp_path / "m.gguf", qtype)
     _, g = build(path)

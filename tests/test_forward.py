@@ -261,6 +261,63 @@ def test_ungated_activation_op():
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
 
 
+# -- the ops Gemma 3n's AltUp and activation sparsity add ---------------------------------------------
+
+@pytest.mark.parametrize("n", [1, 37, 256])
+def test_altup_ops(n):
+    """OP_MIX (streams mixed by a matrix per row, overwriting or added), OP_MATCH_NORM (groups
+    rescaled to another row's norm), OP_SPARSIFY (x - (mean + s std), above 0), tanh, and add's
+    and scale's factors, against float64 numpy on rows of odd widths."""
+    from pyllm.graph import GLU_TANH
+    rng = np.random.default_rng(n)
+    T = 5
+    xs = rng.standard_normal((T, 4 * n)).astype(np.float32)
+    c = rng.standard_normal((T, 16)).astype(np.float32)
+    y0 = rng.standard_normal((T, 4 * n)).astype(np.float32)
+    mixed = np.einsum("tjk,tki->tji", c.reshape(T, 4, 4).astype(np.float64), xs.reshape(T, 4, n)).reshape(T, 4 * n)
+    for accumulate in (False, True):
+        g = Graph()
+        g.mix(g.buffer("xs", 4 * n), g.buffer("c", 16), n, "out", accumulate=accumulate)
+        got = run_ops(g, {"xs": xs, "c": c, "out": y0}, T, "out")
+        np.testing.assert_allclose(got, mixed + (y0 if accumulate else 0), rtol=0, atol=1e-5 * np.abs(mixed).max())
+    g = Graph()   # one stream into four: the correction's innovation times a coefficient per stream
+    g.mix(g.buffer("v", n), g.buffer("c", 4), n, "out", accumulate=True)
+    got = run_ops(g, {"v": xs[:, :n], "c": c[:, :4], "out": y0}, T, "out")
+    want = y0 + (c[:, :4, None] * xs[:, None, :n]).reshape(T, 4 * n)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+    g = Graph()
+    g.match_norm(g.buffer("y", 3 * n), g.buffer("t", n))
+    got = run_ops(g, {"y": y0[:, :3 * n], "t": xs[:, :n]}, T, "y").reshape(T, 3, n)
+    y64 = y0[:, :3 * n].reshape(T, 3, n).astype(np.float64)
+    want = y64 * np.linalg.norm(xs[:, :n].astype(np.float64), axis=1)[:, None, None] / np.linalg.norm(y64, axis=2,
+                                                                                                      keepdims=True)
+    np.testing.assert_allclose(got, want, rtol=2e-6)
+
+    rows = (xs + rng.uniform(-30, 30, (T, 1))).astype(np.float32)   # the mean matters
+    g = Graph()
+    g.sparsify(g.buffer("x", 4 * n), 1.6448533535003662, "out")
+    got = run_ops(g, {"x": rows}, T, "out")
+    r64 = rows.astype(np.float64)
+    cut = r64.mean(1, keepdims=True) + 1.6448533535003662 * r64.std(1, ddof=1, keepdims=True)
+    want = np.maximum(r64 - cut, 0)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * max(1.0, np.abs(r64).max()))
+    if n > 1:
+        assert 0 < (got > 0).mean() < 0.2   # about 5% above the 95% quantile of a normal fit
+
+    g = Graph()
+    g.act(g.buffer("x", n), GLU_TANH, "out")
+    np.testing.assert_allclose(run_ops(g, {"x": xs[:, :n] * 3}, T, "out"), np.tanh(xs[:, :n] * 3.0), rtol=2e-6,
+                               atol=1e-7)
+    cols = rng.uniform(0.5, 2, n).astype(np.float32)
+    g = Graph()
+    x, y = g.buffer("x", n), g.buffer("y", n)
+    g.add(x, y, -1.0)
+    g.scale(y, 0.5, columns=cols)
+    got = run_ops(g, {"x": xs[:, :n], "y": y0[:, :n]}, T, "y")
+    np.testing.assert_array_equal(got, (y0[:, :n] - xs[:, :n]) * cols * np.float32(0.5))
+
+
 # -- the ops multi-head latent attention adds (DeepSeek 2/3) -----------------------------------------
 
 def run_kv_graph(g, inputs: dict, pos, table, output: str, block_size: int = 16, n_blocks: int = 16,

@@ -422,6 +422,7 @@ __global__ void glu_kernel(const float *__restrict__ G, int64_t g_stride, const 
     case GLU_SIGMOID: a = 1.0f / (1.0f + expf(-g)); break;
     case GLU_GELU_TANH: a = gelu_tanh(g); break;
     case GLU_XIELU: a = g > 0.0f ? p[1] * g * g + p[2] * g : (expm1f(fminf(g, p[3])) - g) * p[0] + p[2] * g; break;
+    case GLU_TANH: a = tanhf(g); break;
     default: a = silu(g);
     }
     Y[(int64_t)t * y_stride + i] = a * u;
@@ -435,31 +436,110 @@ void launch_glu(const pyllm_op *op, const exec &e) {  /* no x2: y = act(x) */
                                                   op->softcap, (const float *)op->w);
 }
 
-__global__ void add_kernel(const float *__restrict__ X, int64_t x_stride, float *Y, int64_t y_stride, int64_t n) {
+/* y += s x (s = -1: a difference) */
+__global__ void add_kernel(const float *__restrict__ X, int64_t x_stride, float *Y, int64_t y_stride, int64_t n,
+                           float s) {
     const int t = blockIdx.y;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) Y[(int64_t)t * y_stride + i] += X[(int64_t)t * x_stride + i];
+    if (i >= n) return;
+    const float x = X[(int64_t)t * x_stride + i];
+    Y[(int64_t)t * y_stride + i] += s == 1.0f ? x : s * x;
 }
 
 void launch_add(const pyllm_op *op, const exec &e) {
     dim3 grid(blocks_for(op->n_in, 256), e.rows);
     PQ_LAUNCH(grid, 256, 0, e.stream, add_kernel)(op->x + (int64_t)e.row0 * op->x_stride, op->x_stride, op->y,
-                                                  op->y_stride, op->n_in);
+                                                  op->y_stride, op->n_in, op->scale);
 }
 
-/* y *= s, then with softcap > 0 y = softcap * tanh(y / softcap) */
-__global__ void scale_kernel(float *Y, int64_t y_stride, int64_t n, float s, float softcap) {
+/* y *= col[i] (where given) and s, then with softcap > 0 y = softcap * tanh(y / softcap) */
+__global__ void scale_kernel(float *Y, int64_t y_stride, int64_t n, float s, float softcap,
+                             const float *__restrict__ col) {
     const int t = blockIdx.y;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float v = Y[(int64_t)t * y_stride + i] * s;
+    float v = Y[(int64_t)t * y_stride + i];
+    if (col) v *= col[i];
+    v *= s;
     if (softcap > 0.0f) v = softcap * tanhf(v / softcap);
     Y[(int64_t)t * y_stride + i] = v;
 }
 
 void launch_scale(const pyllm_op *op, const exec &e) {
     dim3 grid(blocks_for(op->n_in, 256), e.rows);
-    PQ_LAUNCH(grid, 256, 0, e.stream, scale_kernel)(op->y, op->y_stride, op->n_in, op->scale, op->softcap);
+    PQ_LAUNCH(grid, 256, 0, e.stream, scale_kernel)(op->y, op->y_stride, op->n_in, op->scale, op->softcap,
+                                                    (const float *)op->w);
+}
+
+/* ---- Gemma 3n's AltUp streams and FFN sparsity ---- */
+
+/* y[t, j n + i] (+)= sum_k c[t, j K + k] x[t, k n + i]: one thread per (stream j, column i) */
+__global__ void mix_kernel(const float *__restrict__ X, int64_t x_stride, const float *__restrict__ C,
+                           int64_t c_stride, float *__restrict__ Y, int64_t y_stride, int64_t n, int n_y, int n_x,
+                           bool accumulate) {
+    const int t = blockIdx.y;
+    const int64_t item = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (item >= n * n_y) return;
+    const int j = (int)(item / n);
+    const int64_t i = item % n;
+    const float *c = C + (int64_t)t * c_stride + (int64_t)j * n_x, *x = X + (int64_t)t * x_stride + i;
+    float *y = Y + (int64_t)t * y_stride + item;
+    float acc = accumulate ? *y : 0.0f;
+    for (int k = 0; k < n_x; k++) acc += c[k] * x[(int64_t)k * n];
+    *y = acc;
+}
+
+void launch_mix(const pyllm_op *op, const exec &e) {
+    dim3 grid(blocks_for(op->n_in * op->n_head, 256), e.rows);
+    PQ_LAUNCH(grid, 256, 0, e.stream, mix_kernel)(op->x + (int64_t)e.row0 * op->x_stride, op->x_stride,
+                                                  op->x2 + (int64_t)e.row0 * op->x2_stride, op->x2_stride, op->y,
+                                                  op->y_stride, op->n_in, op->n_head, op->n_kv_head,
+                                                  (op->flags & OPF_ACCUMULATE) != 0);
+}
+
+/* y's group g *= |x| / |y_g|: a block per (group, row), the sums in double as the C core */
+__global__ void match_norm_kernel(const float *__restrict__ X, int64_t x_stride, float *Y, int64_t y_stride,
+                                  int64_t n) {
+    const int g = blockIdx.x, t = blockIdx.y;
+    const float *x = X + (int64_t)t * x_stride;
+    float *y = Y + (int64_t)t * y_stride + (int64_t)g * n;
+    double sx = 0.0, sy = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        sx += (double)x[i] * x[i];
+        sy += (double)y[i] * y[i];
+    }
+    sx = block_sum_double(sx);
+    sy = block_sum_double(sy);
+    const float f = (float)sqrt(sx / sy);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) y[i] *= f;
+}
+
+void launch_match_norm(const pyllm_op *op, const exec &e) {
+    dim3 grid(op->n_head, e.rows);
+    PQ_LAUNCH(grid, 256, 0, e.stream, match_norm_kernel)(op->x + (int64_t)e.row0 * op->x_stride, op->x_stride, op->y,
+                                                         op->y_stride, op->n_in);
+}
+
+/* y = max(x - (mean + s std), 0) over each row, std with n - 1: a block per row */
+__global__ void sparsify_kernel(const float *__restrict__ X, int64_t x_stride, float *Y, int64_t y_stride, int64_t n,
+                                float s) {
+    const int t = blockIdx.x;
+    const float *x = X + (int64_t)t * x_stride;
+    float *y = Y + (int64_t)t * y_stride;
+    double sum = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += (double)x[i];
+    const double mean = block_sum_double(sum) / (double)n;
+    const float m = (float)mean;
+    double ss = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += (double)(x[i] - m) * (x[i] - m);
+    const double std = sqrt(block_sum_double(ss) / (double)(n > 1 ? n - 1 : 1));
+    const float cut = (float)(mean + (double)s * std);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) y[i] = x[i] > cut ? x[i] - cut : 0.0f;
+}
+
+void launch_sparsify(const pyllm_op *op, const exec &e) {
+    PQ_LAUNCH(dim3(e.rows), 256, 0, e.stream, sparsify_kernel)(op->x + (int64_t)e.row0 * op->x_stride, op->x_stride,
+                                                               op->y, op->y_stride, op->n_in, op->scale);
 }
 
 

@@ -266,7 +266,7 @@ static int check_op(const pyllm_op *op) {
         return 0;
     }
     case OP_GLU:
-        if (op->type < GLU_SILU || op->type > GLU_XIELU)
+        if (op->type < GLU_SILU || op->type > GLU_TANH)
             return fail("unknown gate activation %d", op->type);
         if (op->type == GLU_XIELU && !op->w) return fail("xielu: needs its 4 parameters");
         if (op->type == GLU_SWIGLU_OAI && (!op->x2 || !(op->softcap > 0.0f)))
@@ -309,6 +309,23 @@ static int check_op(const pyllm_op *op) {
     case OP_MOE_SUM:
         if (!op->x || !op->x2 || !op->y || op->n_in <= 0 || op->n_head <= 0) return fail("moe sum: missing buffers");
         if (op->x_stride < op->n_in * op->n_head || op->x2_stride < 2 * op->n_head) return fail("moe sum: bad strides");
+        return 0;
+    case OP_MIX:
+        if (!op->x || !op->x2 || !op->y || op->n_in <= 0 || op->n_head <= 0 || op->n_kv_head <= 0)
+            return fail("mix: missing rows, or %d streams of %lld from %d", op->n_head, (long long)op->n_in,
+                        op->n_kv_head);
+        if (op->x_stride < op->n_in * op->n_kv_head || op->y_stride < op->n_in * op->n_head ||
+            op->x2_stride < (int64_t)op->n_head * op->n_kv_head)
+            return fail("mix: rows too short for %d streams from %d", op->n_head, op->n_kv_head);
+        return 0;
+    case OP_MATCH_NORM:
+        if (!op->x || !op->y || op->n_in <= 0 || op->n_head <= 0 || op->x_stride < op->n_in ||
+            op->y_stride < op->n_in * op->n_head)
+            return fail("match_norm: missing rows, or %d groups of %lld outside them", op->n_head, (long long)op->n_in);
+        return 0;
+    case OP_SPARSIFY:
+        if (!op->x || !op->y || op->n_in <= 0 || op->x_stride < op->n_in || op->y_stride < op->n_in)
+            return fail("sparsify: missing rows");
         return 0;
     case OP_POS_SCALE:
         if (!op->y || op->n_in <= 0 || op->y_stride < op->n_in || op->window < 1)
@@ -424,8 +441,8 @@ static int send(pyllm_cuda *ctx, int32_t *dst, const int32_t *src, int n) {
 static const char *kind_name(int k) {
     static const char *names[OP_KIND_COUNT] = {"?", "embed", "rmsnorm", "quantize", "matmul", "rope", "kv_store",
                                                "attention", "glu", "add", "scale", "moe_route", "matmul_id",
-                                               "moe_sum", "(free)", "pos_scale", "copy", "ssm_conv",
-                                               "ssm_scan", "delta_net"};
+                                               "moe_sum", "mix", "pos_scale", "copy", "ssm_conv",
+                                               "ssm_scan", "delta_net", "match_norm", "sparsify"};
     return k > 0 && k < OP_KIND_COUNT ? names[k] : "?";
 }
 
@@ -495,6 +512,9 @@ int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_
         case OP_MOE_SUM: launch_moe_sum(op, e); break;
         case OP_POS_SCALE: launch_pos_scale(op, e); break;
         case OP_COPY: launch_copy(op, e); break;
+        case OP_MIX: launch_mix(op, e); break;
+        case OP_MATCH_NORM: launch_match_norm(op, e); break;
+        case OP_SPARSIFY: launch_sparsify(op, e); break;
         case OP_SSM_CONV: launch_ssm_conv(op, e); break;
         case OP_SSM_SCAN: launch_ssm_scan(op, e); break;
         case OP_DELTA_NET: launch_delta_net(op, e); break;
