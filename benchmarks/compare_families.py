@@ -59,6 +59,8 @@ FAMILIES = {
     "gemma2-defaults": ("gemma2", {"attn_softcap": None, "final_softcap": None}),  # no caps in the file: 50 and 30
     "gemma": ("gemma", {}),                                        # head_dim 128 over n_embd 256, 4 heads
     "gemma3": ("gemma3", {}),
+    "gemma3n": ("gemma3n", {}),                                    # AltUp, LAuReL, sparse gates over 7 layers
+    "gemma3n-25": ("gemma3n", {"n_layer": 25}),                    # layers 20-24 share 18's and 19's caches
     "gemma4": ("gemma4", {}),                                      # E2B-like: per-layer inputs, shared KV layers
     "gemma4-31b": ("gemma4", {"per_layer": 0, "shared_kv": 0}),    # 31B-like: neither; global values from Wk h
     "gemma4-vproj": ("gemma4", {"v_from_k": False}),               # every layer with its own attn_v

@@ -14,6 +14,7 @@ from gguf.quants import dequantize
 
 from .arch import ARCHITECTURES
 from .arch.base import Architecture, DeltaNet, Mla, Moe, ShortConv, Ssm
+from .arch.gemma3n import Gemma3n
 from .arch.gemma4 import Gemma4
 from .graph import GLU_GELU_TANH, GLU_RELU, GLU_RELU_SQR, GLU_SWIGLU_OAI, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from .model_file import Tensor
@@ -151,6 +152,8 @@ class Reference:
         if type(self.arch) is not ARCHITECTURES.get(self.arch.name):
             raise NotImplementedError(f"no reference forward for {self.arch.name}")
         tokens = np.asarray(tokens, dtype=np.int64)
+        if isinstance(self.arch, Gemma3n):
+            return self._gemma3n(tokens)
         return self._gemma4(tokens) if isinstance(self.arch, Gemma4) else self._decoder(tokens)
 
     def _norm(self, x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None = None) -> np.ndarray:
@@ -437,33 +440,15 @@ class Reference:
             per layer: q = rope(qnorm(Wq h)), k = rope(knorm(Wk h)), v = rmsnorm(Wv h or Wk h)
                        x += post(Wo attn) ; x += post(ffn) ; x += post(Wproj (gelu(Wg x) * ple_i)) ; x *= s_i"""
         a, hp = self.arch, self.arch.hp
-        T, eps, pos = len(tokens), hp.eps, np.arange(len(tokens))
+        eps = hp.eps
         act = glu(a.glu)
         x = self.w(a.tok_embd)[tokens] * np.float32(a.embed_scale)
         if a.n_per_layer:
-            n = a.n_per_layer
-            proj = (x @ self.w(a.ple_proj).T) * np.float32(1.0 / np.sqrt(hp.n_embd))
-            proj = rmsnorm(proj.reshape(T, hp.n_layer, n), a.ple_proj_norm, eps)
-            tok = self.w(a.ple_embd)[tokens].reshape(T, hp.n_layer, n) * np.float32(np.sqrt(n))
-            ple = (proj + tok) * np.float32(1.0 / np.sqrt(2.0))
+            ple = self._per_layer_inputs(x, tokens)
         caches: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         for i, L in enumerate(a.layers):
-            geo, A, r = a.geometry[i], L.attn, a.layer_rope(i)
-            H, Hkv, d = hp.n_head, geo.n_kv_head, geo.head_dim
             h = rmsnorm(x, L.attn_norm, eps)
-            q = rmsnorm(self._linear(h, A.wq, None).reshape(T, H, d), A.q_norm, eps)
-            q = rope(q, pos, r.n_rot, r.base, True, r.scale, r.factors)
-            if geo.kv_layer == i:
-                k = self._linear(h, A.wk, None).reshape(T, Hkv, d)
-                v = rmsnorm(k if A.wv is None else self._linear(h, A.wv, None).reshape(T, Hkv, d),
-                            np.ones(d, np.float32), eps)
-                k = rope(rmsnorm(k, A.k_norm, eps), pos, r.n_rot, r.base, True, r.scale, r.factors)
-                if self.kv_f16:
-                    k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
-                caches[i] = (k, v)
-            k, v = caches[geo.kv_layer]
-            att = attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i))
-            x = x + rmsnorm(self._linear(att, A.wo, None), L.post_attn_norm, eps)
+            x = x + rmsnorm(self._shared_kv_attention(h, i, caches), L.post_attn_norm, eps)
             f = self._ffn(rmsnorm(x, L.ffn_norm, eps), L.ffn, act)
             br = a.expert_branches[i]
             if br is not None:   # + the experts, routed by rmsnorm(x) * router_norm
@@ -476,7 +461,89 @@ class Reference:
                 t = gelu_tanh(self._linear(x, pl.gate, None)) * ple[:, i]
                 x = x + rmsnorm(self._linear(t, pl.proj, None), pl.post_norm, eps)
             x = x * np.float32(a.out_scale[i])
-        logits = self._linear(rmsnorm(x, a.out_norm, eps), a.output, None)
+        return self._capped_logits(x)
+
+    def _per_layer_inputs(self, x: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """Gemma 4's and 3n's per-layer inputs [T, n_layer, n_pl]:
+            (rmsnorm_per_layer(Wple x / sqrt(n_embd)) + embed_ple(tokens) sqrt(n_pl)) / sqrt(2)"""
+        a, hp, T, n = self.arch, self.arch.hp, len(tokens), self.arch.n_per_layer
+        proj = (x @ self.w(a.ple_proj).T) * np.float32(1.0 / np.sqrt(hp.n_embd))
+        proj = rmsnorm(proj.reshape(T, hp.n_layer, n), a.ple_proj_norm, hp.eps)
+        tok = self.w(a.ple_embd)[tokens].reshape(T, hp.n_layer, n) * np.float32(np.sqrt(n))
+        return (proj + tok) * np.float32(1.0 / np.sqrt(2.0))
+
+    def _shared_kv_attention(self, h: np.ndarray, i: int, caches: dict) -> np.ndarray:
+        """Gemma 4's and 3n's attention of layer i: q = rope(qnorm(Wq h)); with its own cache
+        k = rope(knorm(Wk h)), v = rmsnorm(Wv h or Wk h) (kept in caches[i]), else the keys and
+        values of the layer it shares; Wo attention(q, K, V)."""
+        a, hp, T = self.arch, self.arch.hp, len(h)
+        geo, A, r, pos = a.geometry[i], a.layers[i].attn, a.layer_rope(i), np.arange(len(h))
+        H, Hkv, d = hp.n_head, geo.n_kv_head, geo.head_dim
+        q = rmsnorm(self._linear(h, A.wq, None).reshape(T, H, d), A.q_norm, hp.eps)
+        q = rope(q, pos, r.n_rot, r.base, True, r.scale, r.factors)
+        if geo.kv_layer == i:
+            k = self._linear(h, A.wk, None).reshape(T, Hkv, d)
+            v = rmsnorm(k if A.wv is None else self._linear(h, A.wv, None).reshape(T, Hkv, d),
+                        np.ones(d, np.float32), hp.eps)
+            k = rope(rmsnorm(k, A.k_norm, hp.eps), pos, r.n_rot, r.base, True, r.scale, r.factors)
+            if self.kv_f16:
+                k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
+            caches[i] = (k, v)
+        k, v = caches[geo.kv_layer]
+        return self._linear(attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i)), A.wo, None)
+
+    def _capped_logits(self, x: np.ndarray) -> np.ndarray:
+        a = self.arch
+        logits = self._linear(rmsnorm(x, a.out_norm, a.hp.eps), a.output, None)
         if a.final_softcap > 0:
             logits = a.final_softcap * np.tanh(logits / a.final_softcap)
         return logits
+
+    def _gemma3n(self, tokens: np.ndarray) -> np.ndarray:
+        """Gemma 3n (pyllm/arch/gemma3n.py): the residual as S streams x[:, j] (AltUp), each layer
+        predicting them from stream 0's router values, running stream 0 through LAuReL, the
+        attention (Gemma 4's) and a sparse-gated FFN, and correcting them by its output:
+            r(v) = tanh(Wrouter rmsnorm(v) / n_embd)
+            p_j = x_j + sum_k (Wpredict r(x_0))[j S + k] x_k ; h = rmsnorm(p_0)
+            a = (p_0 + post(attn(h)) + h + rmsnorm(Wr Wl h)) / sqrt(2) ; o = a + post(ffn(a))
+            c_j = p_j + (1 + Wcorrect r(o))_j (o - p_0)
+            x_0 = c_0 ; x_j = c_j + rmsnorm(Wproj (gelu(Wgate (c_0 * s)) * ple_i)), j >= 1
+        streams 1.. start as Wproj_j x_0 and end as Wunembd_j x_j, each rescaled to |x_0|; the
+        output reads their mean."""
+        a, hp = self.arch, self.arch.hp
+        T, eps, S, n = len(tokens), hp.eps, a.n_streams, hp.n_embd
+
+        def matched(y, x):   # y [T, m, n] rescaled to |x| [T, n] per token
+            return y * (np.linalg.norm(x, axis=-1)[:, None, None] / np.linalg.norm(y, axis=-1, keepdims=True))
+
+        def router(v, A):
+            return np.tanh(self._linear(rmsnorm(v, A.router_norm, eps), A.router, None))
+
+        x0 = self.w(a.tok_embd)[tokens] * np.float32(a.embed_scale)
+        ple = self._per_layer_inputs(x0, tokens)
+        proj = self.w(a.altup_proj).reshape(S - 1, n, n)
+        x = np.concatenate([x0[:, None], matched(np.einsum("jon,tn->tjo", proj, x0), x0)], axis=1)
+        caches: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for i, L in enumerate(a.layers):
+            A, P = a.altup[i], a.per_layer_input[i]
+            coef = self._linear(router(x[:, 0], A), A.predict, None).reshape(T, S, S)
+            p = x + np.einsum("tjk,tkn->tjn", coef, x)
+            h = rmsnorm(p[:, 0], L.attn_norm, eps)
+            laurel = h + rmsnorm(self._linear(self._linear(h, A.laurel_l, None), A.laurel_r, None), A.laurel_norm, eps)
+            att = p[:, 0] + rmsnorm(self._shared_kv_attention(h, i, caches), L.post_attn_norm, eps)
+            act_in = (att + laurel) * np.float32(1.0 / np.sqrt(2.0))
+            hf = rmsnorm(act_in, L.ffn_norm, eps)
+            gate = self._linear(hf, L.ffn.w_gate, None)
+            z = a.sparsity[i]
+            if z is not None:   # keep what is above the mean + z std of a normal fit, shifted down
+                cut = gate.mean(1, keepdims=True) + np.float32(z) * gate.std(1, ddof=1, keepdims=True)
+                gate = np.maximum(gate - cut, 0)
+            f = self._linear(gelu_tanh(gate) * self._linear(hf, L.ffn.w_up, None), L.ffn.w_down, None)
+            o = act_in + rmsnorm(f, L.post_ffn_norm, eps)
+            c = 1 + self._linear(router(o, A), A.correct, None)
+            x = p + c[:, :, None] * (o - p[:, 0])[:, None]
+            t = gelu_tanh(self._linear(x[:, 0] * A.correct_scale, P.gate, None)) * ple[:, i]
+            x[:, 1:] += rmsnorm(self._linear(t, P.proj, None), P.post_norm, eps)[:, None]
+        unembd = self.w(a.altup_unembd).reshape(S - 1, n, n)
+        rest = matched(np.einsum("jon,tjn->tjo", unembd, x[:, 1:]), x[:, 0])
+        return self._capped_logits((x[:, 0] + rest.sum(1)) / np.float32(S))

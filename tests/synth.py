@@ -1064,6 +1064,98 @@ def write_gemma4(path: str | Path, qtype: QT = QT.Q8_0, *, n_embd: int = 256, n_
     return str(path)
 
 
+def write_gemma3n(path: str | Path, qtype: QT = QT.Q8_0, *, n_embd: int = 256, n_head: int = 4, n_head_kv: int = 2,
+                  head_dim: int = 64, n_ff: int = 512, n_layer: int = 7, shared_kv: Optional[int] = None,
+                  window: int = 8, n_altup: int = 4, per_layer: int = 256, laurel_rank: int = 64,
+                  sparsity: Optional[list] = None, n_vocab: int = 512, tokenizer_from: Optional[dict] = None,
+                  embd_type: Optional[QT] = None, seed: int = 0, drop_tensor: Optional[str] = None) -> str:
+    """A tiny Gemma 3n: every fifth layer global (4, 9, ...), the others local over `window`
+    tokens; layers from 20 on (shared_kv: the last that many) reading earlier layers' caches; the
+    residual as n_altup AltUp streams; LAuReL of laurel_rank; per-layer inputs per_layer wide;
+    activation sparsity 0.95 in layers 0-9 (sparsity: a share per layer). llama.cpp fixes the
+    per-layer width at 256, the rank at 64 and 20 layers with their own caches, so the
+    defaults are those (n_layer=25 shares; these random models' streams compound the
+    engines' rounding over many layers: 7 by default)."""
+    rng = np.random.default_rng(seed)
+    shared_kv = max(0, n_layer - 20) if shared_kv is None else shared_kv
+    w = gguf.GGUFWriter(str(path), "gemma3n")
+    w.add_block_count(n_layer)
+    w.add_context_length(512)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length([n_ff] * n_layer)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(1e6)
+    w.add_rope_freq_base_swa(1e4)
+    w.add_sliding_window(window)
+    w.add_sliding_window_pattern([i % 5 < 4 for i in range(n_layer)])
+    w.add_shared_kv_layers(shared_kv)
+    w.add_embedding_length_per_layer_input(per_layer)
+    w.add_altup_num_inputs(n_altup)
+    w.add_altup_active_idx(0)
+    w.add_activation_sparsity_scale(sparsity if sparsity is not None else
+                                    [0.95 if i < 10 else 0.0 for i in range(n_layer)])
+    w.add_final_logit_softcapping(30.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    n_vocab = copy_tokenizer(w, tokenizer_from) if tokenizer_from is not None else small_vocab(w, n_vocab)
+
+    def add(name, array_and_type):
+        if name != drop_tensor:
+            w.add_tensor(name, array_and_type[0], raw_dtype=array_and_type[1])
+
+    def norm(n, scale=1.0):
+        return ((1.0 + 0.1 * rng.standard_normal(n)) * scale).astype(np.float32), None
+
+    def mat(n_in, n_out, qt=None, scale=None):   # rows too short for the type: Q8_0, or F32 below 32
+        qt = qt or qtype
+        if n_in % GGML_QUANT_SIZES[qt][0]:
+            qt = QT.Q8_0 if n_in % 32 == 0 else QT.F32
+        return weight(qt, n_in, n_out, rng, scale)
+
+    add("token_embd.weight", weight(embd_type or qtype, n_embd, n_vocab, rng, scale=1.0))
+    add("output_norm.weight", norm(n_embd))
+    add("per_layer_token_embd.weight", mat(per_layer * n_layer, n_vocab, embd_type or qtype,
+                                           scale=1.0 / np.sqrt(per_layer)))
+    add("per_layer_model_proj.weight", mat(n_embd, per_layer * n_layer))
+    add("per_layer_proj_norm.weight", norm(per_layer))
+    for name in ("altup_proj.weight", "altup_unembd_proj.weight"):
+        arr, raw = mat(n_embd, n_embd * (n_altup - 1))
+        add(name, (arr.reshape(n_altup - 1, n_embd, -1), raw))
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        add(p + "attn_norm.weight", norm(n_embd))
+        add(p + "attn_q.weight", mat(n_embd, n_head * head_dim))
+        add(p + "attn_q_norm.weight", norm(head_dim, head_dim ** -0.25))   # q.k is not scaled: the norms
+        add(p + "attn_k.weight", mat(n_embd, n_head_kv * head_dim))         # keep scores ~1; the shared KV
+        add(p + "attn_v.weight", mat(n_embd, n_head_kv * head_dim))         # layers have keys and values
+        add(p + "attn_k_norm.weight", norm(head_dim, head_dim ** -0.25))    # too, unused (as released)
+        add(p + "attn_output.weight", mat(n_head * head_dim, n_embd))
+        add(p + "post_attention_norm.weight", norm(n_embd))
+        add(p + "ffn_norm.weight", norm(n_embd))
+        add(p + "ffn_gate.weight", mat(n_embd, n_ff))
+        add(p + "ffn_up.weight", mat(n_embd, n_ff))
+        add(p + "ffn_down.weight", mat(n_ff, n_embd))
+        add(p + "post_ffw_norm.weight", norm(n_embd))
+        add(p + "inp_gate.weight", mat(n_embd, per_layer))
+        add(p + "proj.weight", mat(per_layer, n_embd))
+        add(p + "post_norm.weight", norm(n_embd))
+        add(p + "altup_router.weight", mat(n_embd, n_altup, scale=1.0))    # router values of ~0.5
+        add(p + "altup_router_norm.weight", norm(n_embd, np.sqrt(n_embd)))
+        add(p + "altup_predict_coef.weight", mat(n_altup, n_altup * n_altup, QT.F32, scale=0.05))
+        add(p + "altup_correct_coef.weight", mat(n_altup, n_altup, QT.F32, scale=0.05))
+        add(p + "altup_correct_scale.weight", norm(n_embd))
+        add(p + "laurel_l.weight", mat(n_embd, laurel_rank))
+        add(p + "laurel_r.weight", mat(laurel_rank, n_embd))
+        add(p + "laurel_post_norm.weight", norm(n_embd))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
 def gemma4_vocab(md: dict) -> dict:
     """A 'gemma4' tokenizer made from Gemma 3's SentencePiece vocabulary (no real Gemma 4
     vocabulary is on PyPI): the same tokens, with BPE merges derived as Hugging Face's
@@ -1113,7 +1205,7 @@ def write_metadata_only(src: str | Path, dst: str | Path, md: dict) -> str:
     return str(dst)
 
 WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
-           "phi3": write_phi3, "gemma": write_gemma, "gemma2": write_gemma2, "gemma3": write_gemma3, "gemma4": write_gemma4, "granite": write_granite,
+           "phi3": write_phi3, "gemma": write_gemma, "gemma2": write_gemma2, "gemma3": write_gemma3, "gemma3n": write_gemma3n, "gemma4": write_gemma4, "granite": write_granite,
            "smollm3": write_smollm3, "olmo2": write_olmo2, "phi2": write_phi2, "starcoder2": write_starcoder2,
            "stablelm": write_stablelm, "command-r": write_command_r, "cohere2": write_cohere2,
            "ernie4_5": write_ernie4_5, "exaone": write_exaone, "exaone4": write_exaone4, "mixtral": write_mixtral,

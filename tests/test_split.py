@@ -124,6 +124,29 @@ def test_split_gemma4_shared_kv(tmp_path, ngl):
     host.close()
 
 
+@pytest.mark.parametrize("ngl", [1, 4, 6, "all"], ids=lambda n: f"ngl{n}")
+def test_split_gemma3n_streams(tmp_path, ngl):
+    """Gemma 3n split between the CPU and the sim device: the residual crosses as its 4 AltUp
+    streams and the per-layer inputs with it; the logits equal the CPU's, the counted bytes the
+    plan's, and a decode step moves the streams (4 n_embd floats) across each boundary."""
+    path = synth.write_gemma3n(tmp_path / "m.gguf", QT.Q8_0, n_layer=7, shared_kv=2)
+    arch, g = build(path)
+    host = HostDevice(2)
+    tokens = [int(t) for t in np.random.default_rng(3).integers(2, 500, 44)]
+    ref = run_steps(CpuBackend(g, 2, 64, 64, 8, 16, device=host), tokens, 40)
+    plan = Planner(g, hardware(), SHAPE).plan(ngl)
+    be, sim = split_for(g, plan, host)
+    np.testing.assert_array_equal(run_steps(be, tokens, 40), ref)
+    sim.bus.reset()
+    be.forward([7], 44, TABLE, 1)
+    predicted = {(d, k): v for (dev, d, k), v in plan.schedules(g)["resident"].bus_bytes(1, 1, len(TABLE)).items()}
+    assert dict(sim.bus.bytes) == predicted
+    if ngl != "all":   # the layers' streams go up to the GPU's first layer
+        assert sim.bus.bytes[(H2D, ACTIVATIONS)] >= 4 * arch.n_streams * arch.hp.n_embd
+    be.close()
+    host.close()
+
+
 def test_split_prefill_moves_only_the_last_rows_to_the_head(tmp_path):
     """The head's first op reads the last n_out rows of x: with the head on
     the CPU and the layers on the GPU, a 40-token prefill wanting one row of

@@ -16,6 +16,7 @@ from .exaone import Exaone, Exaone4
 from .gemma import Gemma
 from .gemma2 import Gemma2
 from .gemma3 import Gemma3
+from .gemma3n import Gemma3n
 from .gemma4 import Gemma4
 from .glm4 import Glm4, Glm4Moe
 from .gpt2 import Gpt2, StarCoder
@@ -49,6 +50,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "gemma": Gemma,
     "gemma2": Gemma2,
     "gemma3": Gemma3,
+    "gemma3n": Gemma3n,
     "gemma4": Gemma4,
     "granite": Granite,
     "smollm3": SmolLM3,
