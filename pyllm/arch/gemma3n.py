@@ -94,21 +94,7 @@ class Gemma3n(Gemma4):
         if not 2 <= S <= 16:
             raise ModelFileError(f"{mf.path}: altup.num_inputs = {S}; the file is corrupt")
 
-        n_shared = int(mf.arch_get("attention.shared_kv_layers", max(0, hp.n_layer - OWN_KV_LAYERS)) or 0)
-        self.n_own_kv = n_own = hp.n_layer - n_shared
-        if not 0 <= n_shared < hp.n_layer or (n_shared and (n_own < 2 or not self.is_swa[n_own - 2]
-                                                            or self.is_swa[n_own - 1])):
-            raise ModelFileError(f"{mf.path}: {n_shared} shared KV layers of {hp.n_layer}: the two layers before "
-                                 f"them must be a local and a global one")
-        self.geometry = [self.layer_geometry(i) for i in range(hp.n_layer)]
-        for i, geo in enumerate(self.geometry):
-            if geo.n_kv_head <= 0 or hp.n_head % geo.n_kv_head:
-                raise ModelFileError(f"{mf.path}: layer {i}: {hp.n_head} heads cannot share {geo.n_kv_head} "
-                                     f"key/value heads")
-            src = self.geometry[geo.kv_layer]
-            if src.n_kv_head != geo.n_kv_head:
-                raise ModelFileError(f"{mf.path}: layer {i} shares layer {geo.kv_layer}'s cache but has "
-                                     f"{geo.n_kv_head} key/value heads, not {src.n_kv_head}; the file is corrupt")
+        self.read_geometry(int(mf.arch_get("attention.shared_kv_layers", max(0, hp.n_layer - OWN_KV_LAYERS)) or 0))
         self.sparsity = self.read_sparsity()
 
         ple_embd = mf.tensor("per_layer_token_embd.weight")
@@ -176,10 +162,7 @@ class Gemma3n(Gemma4):
 
     def block_notes(self) -> str:
         notes = f"; the residual as {self.n_streams} AltUp streams; LAuReL rank {self.laurel_rank}"
-        shared = [i for i, geo in enumerate(self.geometry) if geo.kv_layer != i]
-        if shared:
-            notes += (f"; layers {fmt_layers(shared)} attend over the keys and values of layers "
-                      f"{self.n_own_kv - 2} (local) and {self.n_own_kv - 1} (global)")
+        notes += self.shared_kv_note()
         sparse = [i for i, z in enumerate(self.sparsity) if z is not None]
         if sparse:
             notes += f"; layers {fmt_layers(sparse)}: FFN gate above mean + {self.sparsity[sparse[0]]:.3f} std"

@@ -108,7 +108,24 @@ class Gemma4(PostNormDecoder):
         self.rope_freqs = (self.vector("rope_freqs.weight", hp.rope_dim // 2)
                            if not all(self.is_swa) else None)
 
-        n_shared = int(mf.arch_get("attention.shared_kv_layers", 0) or 0)
+        self.read_geometry(int(mf.arch_get("attention.shared_kv_layers", 0) or 0))
+
+        self.n_per_layer = n_pl = int(mf.arch_get("embedding_length_per_layer_input", 0) or 0)
+        self.ple_embd = self.ple_proj = self.ple_proj_norm = None
+        if n_pl > 0:
+            self.ple_embd = self.weight("per_layer_token_embd.weight", n_pl * hp.n_layer, hp.n_vocab)
+            self.ple_proj = self.weight("per_layer_model_proj.weight", hp.n_embd, n_pl * hp.n_layer)
+            self.ple_proj_norm = self.vector("per_layer_proj_norm.weight", n_pl)
+        self.layers = [self.layer(i) for i in range(hp.n_layer)]
+        self.expert_branches = [self.expert_branch(i) for i in range(hp.n_layer)]
+        self.per_layer_input = [self.per_layer_weights(i) if n_pl else None for i in range(hp.n_layer)]
+        self.out_scale = [self.layer_scale(i) for i in range(hp.n_layer)]
+
+    # -- tensors -----------------------------------------------------------------------
+    def read_geometry(self, n_shared: int) -> None:
+        """Every layer's Geometry, the last n_shared reading the caches of layers n - 2 (local)
+        and n - 1 (global), n = block_count - n_shared; checked against the heads."""
+        hp, mf = self.hp, self.mf
         self.n_own_kv = n_own = hp.n_layer - n_shared
         if not 0 <= n_shared < hp.n_layer or (n_shared and (n_own < 2 or not self.is_swa[n_own - 2]
                                                             or self.is_swa[n_own - 1])):
@@ -125,18 +142,6 @@ class Gemma4(PostNormDecoder):
                                      f"{geo.n_kv_head} key/value heads of {geo.head_dim}, not "
                                      f"{src.n_kv_head} of {src.head_dim}; the file is corrupt")
 
-        self.n_per_layer = n_pl = int(mf.arch_get("embedding_length_per_layer_input", 0) or 0)
-        self.ple_embd = self.ple_proj = self.ple_proj_norm = None
-        if n_pl > 0:
-            self.ple_embd = self.weight("per_layer_token_embd.weight", n_pl * hp.n_layer, hp.n_vocab)
-            self.ple_proj = self.weight("per_layer_model_proj.weight", hp.n_embd, n_pl * hp.n_layer)
-            self.ple_proj_norm = self.vector("per_layer_proj_norm.weight", n_pl)
-        self.layers = [self.layer(i) for i in range(hp.n_layer)]
-        self.expert_branches = [self.expert_branch(i) for i in range(hp.n_layer)]
-        self.per_layer_input = [self.per_layer_weights(i) if n_pl else None for i in range(hp.n_layer)]
-        self.out_scale = [self.layer_scale(i) for i in range(hp.n_layer)]
-
-    # -- tensors -----------------------------------------------------------------------
     def layer_geometry(self, i: int) -> Geometry:
         hp = self.hp
         kv_heads = hp.kv_heads[i] if hp.kv_heads else hp.n_head_kv
@@ -212,10 +217,7 @@ class Gemma4(PostNormDecoder):
         for i, geo in enumerate(self.geometry):
             shapes.setdefault((geo.head_dim, geo.n_kv_head), []).append(i)
         notes = "; " + ", ".join(f"layers {fmt_layers(ls)}: heads of {hd} ({kvh} KV)" for (hd, kvh), ls in shapes.items())
-        shared = [i for i, geo in enumerate(self.geometry) if geo.kv_layer != i]
-        if shared:
-            notes += (f"; layers {fmt_layers(shared)} attend over the keys and values of layers "
-                      f"{self.n_own_kv - 2} (local) and {self.n_own_kv - 1} (global)")
+        notes += self.shared_kv_note()
         if self.n_per_layer:
             notes += f"; per-layer inputs of {self.n_per_layer}"
         moe = [i for i, br in enumerate(self.expert_branches) if br is not None]
@@ -226,6 +228,13 @@ class Gemma4(PostNormDecoder):
         if any(s != 1.0 for s in self.out_scale):
             notes += "; each layer's output scaled"
         return notes
+
+    def shared_kv_note(self) -> str:
+        shared = [i for i, geo in enumerate(self.geometry) if geo.kv_layer != i]
+        if not shared:
+            return ""
+        return (f"; layers {fmt_layers(shared)} attend over the keys and values of layers "
+                f"{self.n_own_kv - 2} (local) and {self.n_own_kv - 1} (global)")
 
     # -- the forward step --------------------------------------------------------------
     def build(self, g: Graph) -> None:
