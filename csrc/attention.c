@@ -2,7 +2,8 @@
  *
  * For query row t at position p and head h (key/value head h / group):
  *     y = sum_j softmax_j(scale * q.k_j) v_j     over j in [max(0, p-window+1), p]
- * (OPF_CHUNKED: over [p - p % window, p] instead; keys of head_dim, values of
+ * (OPF_CHUNKED: over [p - p % window, p] instead; OPF_NON_CAUSAL: over [0, the
+ * step's last position], every row alike; keys of head_dim, values of
  * head_dim_v; with OPF_V_IN_K a value is the first
  * head_dim_v dims of its key row: MLA's latent, stored once).
  *
@@ -119,6 +120,11 @@ static inline int32_t first_visible(const pyllm_op *op, int32_t p) {
     return op->window > 0 && p - op->window + 1 > 0 ? p - op->window + 1 : 0;
 }
 
+/* the last position row t (at position p) sees: its own, or with OPF_NON_CAUSAL the step's last */
+static inline int32_t last_visible(const pyllm_op *op, const pyllm_step *st, int32_t p) {
+    return op->flags & OPF_NON_CAUSAL ? st->pos[st->n_tokens - 1] : p;
+}
+
 static void state_init(float *state, int64_t n, int hd) {
     const size_t sf = STATE_FLOATS(hd);
     for (int64_t i = 0; i < n; i++) {
@@ -222,8 +228,8 @@ static void attend_range(const pyllm_op *op, const op_rows *r, int kvh, int64_t 
          * weighted sums of V for runs of rows that see all of it at once */
         int64_t run = t0; /* first row of the current run of such rows */
         for (int64_t t = t0; t < t1; t++) {
-            const int32_t first = first_visible(op, pos[t]);
-            const int32_t a = first > j0 ? first : j0, b = pos[t] < j1 ? pos[t] : j1;
+            const int32_t first = first_visible(op, pos[t]), last = last_visible(op, st, pos[t]);
+            const int32_t a = first > j0 ? first : j0, b = last < j1 ? last : j1;
             for (int g = 0; a <= b && g < group; g++) {
                 int64_t q = (t - t0) * group + g;
                 softmax_step(state + q * sf, w.scores + q * n + (a - j0), b - a + 1, hd_v, op->scale, op->softcap);
@@ -250,7 +256,7 @@ static void attend_tile(const pyllm_op *op, const op_rows *r, int kvh, int64_t t
     int32_t lo = INT32_MAX, hi = 0; /* the positions any row of the tile sees */
     for (int64_t t = t0; t < t1; t++) {
         if (first_visible(op, pos[t]) < lo) lo = first_visible(op, pos[t]);
-        if (pos[t] > hi) hi = pos[t];
+        if (last_visible(op, r->step, pos[t]) > hi) hi = last_visible(op, r->step, pos[t]);
     }
     /* scratch: the total and the current segment's state of every (row, head),
      * then the item's working space */

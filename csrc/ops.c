@@ -248,7 +248,7 @@ void op_add(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     int64_t n = op->n_in, lo, hi;
     split_range(r->rows, ith, nth, 1, &lo, &hi);
     for (int64_t t = lo; t < hi; t++) {
-        const float *x = IN_ROW(op, r, t);
+        const float *x = op->x ? IN_ROW(op, r, t) : (const float *)op->w; /* no x: one row w for every row */
         float *y = OUT_ROW(op, t);
         if (s == 1.0f)
             for (int64_t i = 0; i < n; i++) y[i] += x[i];

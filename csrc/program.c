@@ -156,7 +156,7 @@ static int check_op(const pyllm_op *op) {
             return fail("swiglu_oai: needs the up input and a clamp limit > 0");
         /* fall through */
     case OP_ADD:
-        if (!op->x) return fail("missing input");
+        if (!op->x && !(op->kind == OP_ADD && op->w)) return fail("missing input");
         /* fall through */
     case OP_SCALE:
         if (!op->y || op->n_in <= 0) return fail("missing output");
@@ -285,12 +285,14 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
         if (ops[i].kind == OP_SSM_SCAN && ops[i].n_in + 2 * (int64_t)st->n_tokens > SCRATCH_FLOATS)
             return fail("a step of %d tokens through a scan of %lld states needs more scratch than the core has",
                         st->n_tokens, (long long)ops[i].n_in);
-        if (ops[i].kind == OP_SSM_CONV || ops[i].kind == OP_SSM_SCAN || ops[i].kind == OP_DELTA_NET) {
-            /* a state carries one sequence on */
+        if (ops[i].kind == OP_SSM_CONV || ops[i].kind == OP_SSM_SCAN || ops[i].kind == OP_DELTA_NET ||
+            (ops[i].kind == OP_ATTENTION && ops[i].flags & OPF_NON_CAUSAL)) {
+            /* a state carries one sequence on; every row of a bidirectional attention sees up to the last */
             for (int t = 1; t < st->n_tokens; t++)
                 if (st->pos[t] != st->pos[0] + t)
-                    return fail("a recurrent layer's step needs consecutive positions (%d after %d)", st->pos[t],
-                                st->pos[t - 1]);
+                    return fail("a %s step needs consecutive positions (%d after %d)",
+                                ops[i].kind == OP_ATTENTION ? "bidirectional attention's" : "recurrent layer's",
+                                st->pos[t], st->pos[t - 1]);
         }
         if (ops[i].kind == OP_ATTENTION &&
             attention_scratch_floats(ops[i].head_dim, value_dim(&ops[i]), ops[i].n_head / ops[i].n_kv_head,

@@ -23,7 +23,7 @@ enum pyllm_op_kind {
                          head_dim, values (and y's heads) of head_dim_v; w: NULL, or one sink logit per head
                          (float[n_head]) that joins the softmax with no value */
     OP_GLU = 8,       /* y[t] = act(x[t]) * x2[t]; type = GLU_*; x2 NULL: y[t] = act(x[t]) */
-    OP_ADD = 9,       /* y[t] += scale * x[t] */
+    OP_ADD = 9,       /* y[t] += scale * x[t]; x NULL: y[t] += scale * w, float[n_in] (a row added to every row) */
     OP_SCALE = 10,    /* y[t] *= scale (w: NULL, or float[n_in], a factor per column too); then
                          y = softcap * tanh(y / softcap) if softcap > 0 */
     OP_MOE_ROUTE = 11, /* y[t] = [ids | weights] of the n_head best of n_in experts, from router
@@ -77,8 +77,10 @@ enum pyllm_op_flags {
                            dims of its keys (MLA's latent: DeepSeek 2/3) */
     OPF_CHUNKED = 128,  /* ATTENTION: `window` is a chunk: position p sees [p - p % window, p] (Llama 4) */
     OPF_GROUP_WEIGHTS = 256, /* RMSNORM: each of the n_head groups has its own n_in weights (Mamba 2's norm) */
-    OPF_KV_GROUPED = 512     /* DELTA_NET: value head h reads key head h / (n_head / n_kv_head) (Qwen3-Next),
+    OPF_KV_GROUPED = 512,    /* DELTA_NET: value head h reads key head h / (n_head / n_kv_head) (Qwen3-Next),
                                 else h % n_kv_head (Qwen3.5) */
+    OPF_NON_CAUSAL = 1024    /* ATTENTION: every row sees every position up to the step's last (an encoder's
+                                bidirectional attention: BERT); the step's positions must be consecutive */
 };
 
 /* GLU_SWIGLU_OAI (gpt-oss): g' = min(g, c), y = g' sigmoid(a g') (clamp(u, -c, c) + 1), a = scale, c = softcap;

@@ -35,7 +35,7 @@ OP_NAMES = {OP_EMBED: "embed", OP_RMSNORM: "rmsnorm", OP_QUANTIZE: "quantize", O
             OP_SSM_CONV: "ssm_conv", OP_SSM_SCAN: "ssm_scan", OP_DELTA_NET: "delta_net", OP_MIX: "mix",
             OP_MATCH_NORM: "match_norm", OP_SPARSIFY: "sparsify"}
 OPF_ACCUMULATE, OPF_LAST_ROWS, OPF_NO_SYNC, OPF_OUT_ROWS, OPF_SLOT_INPUT, OPF_BY_POS = 1, 2, 4, 8, 16, 32
-OPF_V_IN_K, OPF_CHUNKED, OPF_GROUP_WEIGHTS, OPF_KV_GROUPED = 64, 128, 256, 512
+OPF_V_IN_K, OPF_CHUNKED, OPF_GROUP_WEIGHTS, OPF_KV_GROUPED, OPF_NON_CAUSAL = 64, 128, 256, 512, 1024
 GLU_SILU, GLU_GELU_TANH, GLU_SWIGLU_OAI, GLU_RELU_SQR, GLU_MUL, GLU_RELU, GLU_SIGMOID, GLU_XIELU = 0, 1, 2, 3, 4, 5, 6, 7
 GLU_TANH = 8
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0    # gpt-oss's constants (llama.cpp's too)
@@ -136,7 +136,10 @@ class Op:
 class Graph:
     """Builds the op list of one forward step."""
 
-    def __init__(self) -> None:
+    def __init__(self, embeddings: bool = False) -> None:
+        """embeddings: the output head ends at the final norm (the rows an embedding is pooled
+        from), not at the logits."""
+        self.embeddings = embeddings
         self.ops: list[Op] = []
         self.buffers: dict[str, Buffer] = {}
         self.qbuffers: dict[str, QBuffer] = {}
@@ -323,14 +326,17 @@ class Graph:
     def attention(self, q: View, k: Optional[View], v: Optional[View], n_head: int, n_kv_head: int, head_dim: int,
                   scale: float, out: str | View, window: int = 0, softcap: float = 0.0,
                   sinks: Optional[np.ndarray] = None, head_dim_v: int = 0, chunked: bool = False,
-                  kv_from: int = -1) -> View:
+                  kv_from: int = -1, causal: bool = True) -> View:
         """Stores this step's k, v in the layer's KV cache, then attends over it (over the
         last `window` positions, or with chunked over those of the position's chunk of `window`).
         sinks: one logit per head that joins its softmax with no value (gpt-oss).
         head_dim_v: value dims per head, when not head_dim; v None: a KV head's values
         are the first head_dim_v dims of its keys, stored once (MLA's latent).
         kv_from >= 0: stores nothing (k, v None) and attends over the cache of that earlier
-        layer, which this step has already filled (Gemma 4's shared KV layers)."""
+        layer, which this step has already filled (Gemma 4's shared KV layers).
+        causal False: every row attends over all positions up to the step's last (an
+        encoder's bidirectional attention: the whole sequence must be one step)."""
+        assert causal or window == 0, "a bidirectional attention has no window"
         head_dim_v = head_dim_v or head_dim
         if kv_from >= 0:
             assert k is None and v is None and kv_from in self.kv_layers, "shared KV: an earlier layer's cache"
@@ -340,7 +346,8 @@ class Graph:
         else:
             kv, kv_layer, v_in_k = self._store_kv(k, v, n_head, n_kv_head, head_dim, head_dim_v), self.layer, v is None
         y = self._out(out, n_head * head_dim_v)
-        flags = (OPF_V_IN_K if v_in_k else 0) | (OPF_CHUNKED if chunked and window > 0 else 0)
+        flags = (OPF_V_IN_K if v_in_k else 0) | (OPF_CHUNKED if chunked and window > 0 else 0) | \
+            (0 if causal else OPF_NON_CAUSAL)
         self._emit(Op(OP_ATTENTION, flags=flags, x=q, y=y, n_head=n_head,
                       n_kv_head=n_kv_head, head_dim=head_dim, head_dim_v=head_dim_v, scale=scale, window=window,
                       softcap=softcap, kv_layer=kv_layer, vector=sinks),
@@ -448,6 +455,13 @@ class Graph:
     def add(self, x: View, into: View, s: float = 1.0) -> View:
         """into += s * x (s = -1: a difference)"""
         self._emit(Op(OP_ADD, x=x, y=into, n_in=x.width, scale=s), {x.name, into.name}, {into.name})
+        return into
+
+    def add_row(self, v: np.ndarray, into: View) -> View:
+        """into[t] += v for every row t (BERT's token-type embedding, the same for every token)"""
+        assert v.shape == (into.width,)
+        self._emit(Op(OP_ADD, vector=np.ascontiguousarray(v, dtype=np.float32), y=into, n_in=into.width),
+                   {into.name}, {into.name})
         return into
 
     def scale(self, y: View, s: float, softcap: float = 0.0, columns: Optional[np.ndarray] = None) -> View:

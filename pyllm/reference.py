@@ -14,6 +14,7 @@ from gguf.quants import dequantize
 
 from .arch import ARCHITECTURES
 from .arch.base import Architecture, DeltaNet, Mla, Moe, ShortConv, Ssm
+from .arch.bert import Bert
 from .arch.gemma3n import Gemma3n
 from .arch.gemma4 import Gemma4
 from .graph import GLU_GELU_TANH, GLU_RELU, GLU_RELU_SQR, GLU_SWIGLU_OAI, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
@@ -107,8 +108,9 @@ def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool,
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window: int = 0,
-              softcap: float = 0.0, sinks: np.ndarray | None = None, chunked: bool = False) -> np.ndarray:
-    """Causal attention. q: [T, H, d], k: [T, Hkv, d], v: [T, Hkv, dv] -> [T, H*dv]. sinks:
+              softcap: float = 0.0, sinks: np.ndarray | None = None, chunked: bool = False,
+              causal: bool = True) -> np.ndarray:
+    """Causal attention (causal False: every position sees every other, an encoder's). q: [T, H, d], k: [T, Hkv, d], v: [T, Hkv, dv] -> [T, H*dv]. sinks:
     one logit per head, one more score of each softmax whose value is zero. window: over the
     last `window` positions, or with chunked over those of the position's chunk of `window`."""
     T, H, d = q.shape
@@ -119,7 +121,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window:
     if softcap > 0:
         scores = softcap * np.tanh(scores / softcap)
     i, j = np.arange(T)[:, None], np.arange(T)[None, :]
-    allowed = j <= i
+    allowed = j <= i if causal else np.ones((T, T), bool)
     if window > 0:
         allowed &= j >= i - i % window if chunked else j > i - window
     scores = np.where(allowed[None], scores, -np.inf)
@@ -146,15 +148,46 @@ class Reference:
             self._cache[t.name] = dequant(t)
         return self._cache[t.name]
 
-    def forward(self, tokens) -> np.ndarray:
-        """Logits [T, vocab] for every position of `tokens`, from an empty context
-        (every registered family is a variant of _decoder)."""
+    def forward(self, tokens, embeddings: bool = False) -> np.ndarray:
+        """Logits [T, vocab] for every position of `tokens`, from an empty context (every
+        registered family is a variant of _decoder, or an encoder); with embeddings, or for an
+        encoder, the rows an embedding is pooled from [T, n_embd]: the final norm's output."""
         if type(self.arch) is not ARCHITECTURES.get(self.arch.name):
             raise NotImplementedError(f"no reference forward for {self.arch.name}")
         tokens = np.asarray(tokens, dtype=np.int64)
-        if isinstance(self.arch, Gemma3n):
-            return self._gemma3n(tokens)
-        return self._gemma4(tokens) if isinstance(self.arch, Gemma4) else self._decoder(tokens)
+        body = self._gemma3n if isinstance(self.arch, Gemma3n) else self._gemma4 if isinstance(self.arch, Gemma4) \
+            else self._encoder if isinstance(self.arch, Bert) else self._decoder
+        return self._head(body(tokens), embeddings)
+
+    def _head(self, x: np.ndarray, embeddings: bool) -> np.ndarray:
+        """logit_scale * (Wout norm(x) + b?), soft-capped where the family says; norm(x) alone
+        for embeddings; x itself for an encoder (its last layer ends in a norm)."""
+        a = self.arch
+        if a.out_norm is None:
+            return x
+        h = self._norm(x, a.out_norm, a.out_norm_b)
+        if embeddings:
+            return h
+        logits = self._linear(h, a.output, a.out_bias) * np.float32(a.logit_scale)
+        if a.final_softcap > 0:
+            logits = a.final_softcap * np.tanh(logits / a.final_softcap)
+        return logits
+
+    def _encoder(self, tokens: np.ndarray) -> np.ndarray:
+        """BERT (pyllm/arch/bert.py): x = layernorm(embed + token type 0 + positions), then per
+        layer x = layernorm(x + attn(x)), x = layernorm(x + ffn(x)), attention bidirectional."""
+        a, hp = self.arch, self.arch.hp
+        x = self.w(a.tok_embd)[tokens]
+        if a.pos_embd is not None:
+            x = x + self.w(a.pos_embd)[np.arange(len(tokens))]
+        if a.type_row is not None:
+            x = x + a.type_row
+        x = layernorm(x, a.embd_norm, a.embd_norm_b, hp.eps)
+        act = glu(a.glu)
+        for i, L in enumerate(a.layers):
+            x = layernorm(x + self._attention(x, L.attn, i), L.attn_norm, L.attn_norm_b, hp.eps)
+            x = layernorm(x + self._ffn(x, L.ffn, act), L.ffn_norm, L.ffn_norm_b, hp.eps)
+        return x
 
     def _norm(self, x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None = None) -> np.ndarray:
         """The family's input norm (RMSNorm, or LayerNorm with bias b); none if w is None."""
@@ -268,7 +301,8 @@ class Reference:
             q = q * (np.log(np.floor((pos + offset) / period) + 1.0) * s + 1.0).astype(np.float32)[:, None, None]
         if self.kv_f16:
             k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
-        att = attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i), a.attn_softcap, A.sinks, a.chunked_window)
+        att = attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i), a.attn_softcap, A.sinks, a.chunked_window,
+                        a.causal)
         if A.gate is not None:   # gated attention (AFMoE)
             gate = self._linear(h, A.gate, None)
         if gate is not None:
@@ -426,11 +460,7 @@ class Reference:
             if L.parallel:
                 f = f + o
             x = x + f * np.float32(a.residual_scale)
-        logits = self._linear(self._norm(x, a.out_norm, a.out_norm_b), a.output, a.out_bias)
-        logits = logits * np.float32(a.logit_scale)
-        if a.final_softcap > 0:
-            logits = a.final_softcap * np.tanh(logits / a.final_softcap)
-        return logits
+        return x
 
     def _gemma4(self, tokens: np.ndarray) -> np.ndarray:
         """Gemma 4 (pyllm/arch/gemma4.py): per-layer head shapes, values normed without weights,
@@ -461,7 +491,7 @@ class Reference:
                 t = gelu_tanh(self._linear(x, pl.gate, None)) * ple[:, i]
                 x = x + rmsnorm(self._linear(t, pl.proj, None), pl.post_norm, eps)
             x = x * np.float32(a.out_scale[i])
-        return self._capped_logits(x)
+        return x
 
     def _per_layer_inputs(self, x: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         """Gemma 4's and 3n's per-layer inputs [T, n_layer, n_pl]:
@@ -491,13 +521,6 @@ class Reference:
             caches[i] = (k, v)
         k, v = caches[geo.kv_layer]
         return self._linear(attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i)), A.wo, None)
-
-    def _capped_logits(self, x: np.ndarray) -> np.ndarray:
-        a = self.arch
-        logits = self._linear(rmsnorm(x, a.out_norm, a.hp.eps), a.output, None)
-        if a.final_softcap > 0:
-            logits = a.final_softcap * np.tanh(logits / a.final_softcap)
-        return logits
 
     def _gemma3n(self, tokens: np.ndarray) -> np.ndarray:
         """Gemma 3n (pyllm/arch/gemma3n.py): the residual as S streams x[:, j] (AltUp), each layer
@@ -546,4 +569,4 @@ class Reference:
             x[:, 1:] += rmsnorm(self._linear(t, P.proj, None), P.post_norm, eps)[:, None]
         unembd = self.w(a.altup_unembd).reshape(S - 1, n, n)
         rest = matched(np.einsum("jon,tjn->tjo", unembd, x[:, 1:]), x[:, 0])
-        return self._capped_logits((x[:, 0] + rest.sum(1)) / np.float32(S))
+        return (x[:, 0] + rest.sum(1)) / np.float32(S)

@@ -760,6 +760,89 @@ def write_gpt2(path: str | Path, qtype: QT = QT.Q8_0, arch: str = "gpt2", **kw) 
                        gated=False, pos_embd=True, **kw)
 
 
+def wordpiece_vocab(w: gguf.GGUFWriter, n_vocab: int = 512) -> int:
+    """A made-up WordPiece vocabulary as llama.cpp's converter writes one: [PAD] [UNK] [CLS]
+    [SEP] [MASK] (control tokens), then word starts (U+2581 ...) and continuations."""
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    words = [f"\u2581w{i}" if i % 2 else f"p{i}" for i in range(n_vocab - len(specials))]
+    w.add_tokenizer_model("bert")
+    w.add_token_list(specials + words)
+    w.add_token_types([3] * len(specials) + [1] * len(words))
+    for key, tid in (("bos", 2), ("eos", 3), ("unknown", 1), ("seperator", 3), ("padding", 0), ("mask", 4)):
+        w.add_uint32(f"tokenizer.ggml.{key}_token_id", tid)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(True)
+    return n_vocab
+
+
+def write_bert(path: str | Path, qtype: QT = QT.Q8_0, arch: str = "bert", *, n_embd: int = 256, n_layer: int = 2,
+               n_head: int = 4, n_ff: int = 512, n_vocab: int = 512, context_length: int = 512, pooling: int = 1,
+               embd_type: Optional[QT] = None, tokenizer_from: Optional[dict] = None, seed: int = 0,
+               drop_tensor: Optional[str] = None) -> str:
+    """A tiny sentence encoder, tensors as llama.cpp's converter names them: bert (learned positions,
+    q/k/v and every layer with biases, ungated GELU FFN) or nomic-bert (RoPE, a fused attn_qkv, a
+    SwiGLU FFN, no biases); LayerNorms with biases after each residual sum, token type embeddings of
+    2 types, pooling as llama.cpp numbers it (1: mean)."""
+    rng = np.random.default_rng(seed)
+    nomic = arch == "nomic-bert"
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(n_layer)
+    w.add_context_length(context_length)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_layer_norm_eps(1e-12)
+    w.add_causal_attention(False)
+    w.add_pooling_type(gguf.PoolingType(pooling))
+    w.add_token_type_count(2)
+    if nomic:
+        w.add_rope_freq_base(1000.0)
+    n_vocab = copy_tokenizer(w, tokenizer_from) if tokenizer_from is not None else wordpiece_vocab(w, n_vocab)
+
+    def add(name, array_and_type):
+        if name != drop_tensor:
+            w.add_tensor(name, array_and_type[0], raw_dtype=array_and_type[1])
+
+    def vec(n, centre=0.0, spread=0.1):   # F32 vectors: norm weights about 1, biases about 0
+        return (centre + spread * rng.standard_normal(n)).astype(np.float32), None
+
+    add("token_embd.weight", weight(embd_type or qtype, n_embd, n_vocab, rng, scale=1.0))
+    if not nomic:
+        add("position_embd.weight", ((rng.standard_normal((context_length, n_embd)) * 0.5).astype(np.float32), None))
+    add("token_types.weight", ((rng.standard_normal((2, n_embd)) * 0.5).astype(np.float32), None))
+    add("token_embd_norm.weight", vec(n_embd, 1.0))
+    add("token_embd_norm.bias", vec(n_embd))
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        if nomic:
+            add(p + "attn_qkv.weight", weight(qtype, n_embd, 3 * n_embd, rng))
+        else:
+            for m in ("q", "k", "v"):
+                add(p + f"attn_{m}.weight", weight(qtype, n_embd, n_embd, rng))
+                add(p + f"attn_{m}.bias", vec(n_embd))
+        add(p + "attn_output.weight", weight(qtype, n_embd, n_embd, rng))
+        add(p + "ffn_up.weight", weight(qtype, n_embd, n_ff, rng))
+        if nomic:
+            add(p + "ffn_gate.weight", weight(qtype, n_embd, n_ff, rng))
+        else:
+            add(p + "attn_output.bias", vec(n_embd))
+            add(p + "ffn_up.bias", vec(n_ff))
+            add(p + "ffn_down.bias", vec(n_embd))
+        add(p + "ffn_down.weight", weight(qtype, n_ff, n_embd, rng))
+        for norm in ("attn_output_norm", "layer_output_norm"):
+            add(p + norm + ".weight", vec(n_embd, 1.0))
+            add(p + norm + ".bias", vec(n_embd))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+def write_nomic_bert(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    return write_bert(path, qtype, "nomic-bert", **kw)
+
+
 def write_starcoder(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     """StarCoder (v1): GPT-2's layout with one key/value head."""
     kw.setdefault("n_head_kv", 1)
@@ -1204,7 +1287,7 @@ def write_metadata_only(src: str | Path, dst: str | Path, md: dict) -> str:
     w.close()
     return str(dst)
 
-WRITERS = {"llama": write_llama, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
+WRITERS = {"llama": write_llama, "bert": write_bert, "nomic-bert": write_nomic_bert, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
            "phi3": write_phi3, "gemma": write_gemma, "gemma2": write_gemma2, "gemma3": write_gemma3, "gemma3n": write_gemma3n, "gemma4": write_gemma4, "granite": write_granite,
            "smollm3": write_smollm3, "olmo2": write_olmo2, "phi2": write_phi2, "starcoder2": write_starcoder2,
            "stablelm": write_stablelm, "command-r": write_command_r, "cohere2": write_cohere2,

@@ -510,6 +510,9 @@ def op_case(case: str, rng):
     elif case == "scale-columns":              # a factor per column (AltUp's correct_scale)
         g.scale(x, 0.5, columns=w)
         return g, inputs, ["x"], pos, True
+    elif case == "add-row":                    # one row added to every row (BERT's token-type embedding)
+        g.add_row(w, x)
+        return g, inputs, ["x"], pos, True
     elif case in ("linear-q4_k", "linear-f16"):
         wt = tensor(QT.Q4_K if case == "linear-q4_k" else QT.F16, 256, 40)
         g.linear(x, wt, "out")
@@ -522,7 +525,7 @@ OP_CASES = ["rmsnorm", "rmsnorm-groups", "rmsnorm-group-weights", "layernorm", "
             "rope-neox", "glu-silu", "glu-gelu", "glu-swiglu-oai", "glu-mul", "glu-relu", "glu-sigmoid", "pos-scale", "act-gelu", "act-relu-sqr", "act-xielu", "add", "scale", "head-rmsnorm", "head-layernorm", "head-glu-gelu", "head-add",
             "head-linear-q4_k", "head-linear-f16", "copy-gather", "copy-broadcast", "head-copy-gather",
             "head-rmsnorm-group-weights", "mix", "mix-accumulate", "head-mix", "match-norm", "sparsify",
-            "head-sparsify", "act-tanh", "sub", "scale-columns"]
+            "head-sparsify", "act-tanh", "sub", "scale-columns", "add-row", "head-add-row"]
 
 
 @pytest.mark.parametrize("case", OP_CASES)
@@ -766,6 +769,7 @@ def test_moe_op_matches_the_core(devices, case):
 
 @pytest.mark.parametrize("n_head,n_kv_head,hd,window,softcap,sinks,hd_v,v_in_k,chunked", [
     (4, 2, 64, 0, 0.0, False, 0, False, False),       # grouped-query heads
+    (4, 2, 48, 0, 0.0, False, 0, False, None),        # bidirectional (BERT): every row sees every position
     (2, 1, 256, 37, 5.0, False, 0, False, False),     # one KV head (Gemma), a sliding window, soft-capped scores
     (3, 3, 80, 0, 0.0, False, 0, False, False),       # a head size that is no multiple of 32
     (8, 2, 64, 16, 0.0, True, 0, False, False),       # a sink logit per head (gpt-oss), windowed
@@ -774,14 +778,14 @@ def test_moe_op_matches_the_core(devices, case):
     (16, 1, 576, 0, 0.0, False, 512, True, False),    # MLA: one 576-dim key row per position, values its first 512
     (4, 2, 80, 0, 0.0, False, 48, True, False),       # values in the keys of 2 KV heads, sizes no multiple of 32
     (4, 2, 64, 16, 0.0, False, 0, False, True),  # Llama 4's chunks: position p sees p - p % 16 ..
-], ids=["gqa", "window-softcap-hd256", "hd80", "sinks-window", "k192-v128", "hd576", "mla-v-in-k",
+], ids=["gqa", "bidirectional", "window-softcap-hd256", "hd80", "sinks-window", "k192-v128", "hd576", "mla-v-in-k",
         "v-in-k-gqa-hd80", "chunked"])
 def test_kv_store_and_attention_match_the_core(devices, n_head, n_kv_head, hd, window, softcap, sinks, hd_v,
                                                v_in_k, chunked):
     """160 positions (two attention tiles) through a shuffled block table: the
     KV cache bit for bit (f16 rounding is exact on both; a layer whose values
     are its keys' first dims has no V pool), every row's attention to float
-    rounding."""
+    rounding. chunked None: a bidirectional attention."""
     rng = np.random.default_rng(hd + hd_v)
     n, bs = 160, 16
     g = Graph()
@@ -790,7 +794,7 @@ def test_kv_store_and_attention_match_the_core(devices, n_head, n_kv_head, hd, w
     v = None if v_in_k else g.buffer("v", n_kv_head * (hd_v or hd))
     sink = (rng.standard_normal(n_head) * 3).astype(np.float32) if sinks else None
     g.attention(q, k, v, n_head, n_kv_head, hd, 1.0 / np.sqrt(hd), "y", window=window, softcap=softcap, sinks=sink,
-                head_dim_v=hd_v, chunked=chunked)
+                head_dim_v=hd_v, chunked=bool(chunked), causal=chunked is not None)
     assert g.buffers["y"].width == n_head * (hd_v or hd)
     inputs = {name: (rng.standard_normal((n, b.width)) * 2).astype(np.float32) for name, b in g.buffers.items()
               if name != "y"}

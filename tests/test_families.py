@@ -33,6 +33,8 @@ def rope_type(name):
 
 FAMILIES = {
     "llama3": (synth.write_llama, {"rope_freqs": True, "rope_base": 500000.0}),
+    "bert": (synth.write_bert, {}),                          # an encoder: bidirectional, its rows out
+    "nomic-bert": (synth.write_nomic_bert, {}),
     "mistral": (synth.write_mistral, {"window": 12}),         # window shorter than the 40 tokens
     "qwen2": (synth.write_qwen2, {}),
     "qwen3": (synth.write_qwen3, {}),

@@ -459,6 +459,56 @@ def test_chunked_attention(level):
     assert np.abs(got - sliding).max() > 0.1   # not the sliding window of the same width
 
 
+@pytest.mark.parametrize("level", [0, None], ids=["scalar", "best"])
+def test_bidirectional_attention(level):
+    """OPF_NON_CAUSAL (BERT): every row attends over every position of the step, 150 rows (two
+    segments, a partial last block) through a shuffled block table against float64; then a
+    second step of 7 rows sees all 157 positions, and a one-row step all 158."""
+    from pyllm.backend.base import StepData
+    from pyllm.reference import attention
+    rng = np.random.default_rng(5)
+    n, n_head, n_kv, hd = 150, 4, 2, 48
+    q, k, v = (rng.standard_normal((n + 8, w)).astype(np.float32) for w in (n_head * hd, n_kv * hd, n_kv * hd))
+    g = Graph()
+    g.layer = 0
+    g.attention(g.buffer("q", n_head * hd), g.buffer("k", n_kv * hd), g.buffer("v", n_kv * hd), n_head, n_kv, hd,
+                0.125, "y", causal=False)
+    table = list(rng.permutation(12))[:10]
+    f16 = [a.astype(np.float16).astype(np.float32).reshape(-1, n_kv, hd) for a in (k, v)]
+    qh = q.reshape(-1, n_head, hd)
+    best = lib.pyllm_get_level()
+    try:
+        if level is not None:
+            assert lib.pyllm_set_level(level) == 0
+        got, prog = run_kv_graph(g, {"q": q[:n], "k": k[:n], "v": v[:n]}, np.arange(n), table, "y")
+        want = attention(qh[:n], f16[0][:n], f16[1][:n], 0.125, causal=False)
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+        causal = attention(qh[:n], f16[0][:n], f16[1][:n], 0.125)
+        assert np.abs(got[0] - causal[0]).max() > 0.1   # row 0 sees the positions after it
+        for lo, hi in ((n, n + 7), (n + 7, n + 8)):     # later steps: every position so far
+            for name, a in {"q": q, "k": k, "v": v}.items():
+                prog.write(name, 0, a[lo:hi])
+            prog.run(0, StepData(np.zeros(hi - lo, np.int32), np.arange(lo, hi, dtype=np.int32),
+                                 np.asarray(table, np.int32), hi - lo))
+            want = attention(qh[:hi], f16[0][:hi], f16[1][:hi], 0.125, causal=False)[lo:hi]
+            np.testing.assert_allclose(np.array(prog.read("y", 0, hi - lo)), want, rtol=0,
+                                       atol=2e-5 * np.abs(want).max())
+        prog.close()
+    finally:
+        lib.pyllm_set_level(best)
+
+
+def test_add_row():
+    """OP_ADD without an input buffer: the same row (BERT's token-type embedding) added to
+    every row, exactly; rows longer than a chunk."""
+    rng = np.random.default_rng(4)
+    rows = rng.standard_normal((5, 1000)).astype(np.float32)
+    v = rng.standard_normal(1000).astype(np.float32)
+    g = Graph()
+    g.add_row(v, g.buffer("x", 1000))
+    np.testing.assert_array_equal(run_ops(g, {"x": rows}, 5, "x"), rows + v)
+
+
 def test_xielu_activation():
     """GLU_XIELU (Apertus's ungated FFN), with and without an up input: a_p g^2 + beta g above 0,
     (expm1(min(g, eps)) - g) a_n + beta g at and below it, to float rounding; an eps far from 0

@@ -58,7 +58,7 @@ def run_steps(be, tokens, n_prefill):
 
 @pytest.mark.parametrize("family,qtype", [("llama", QT.Q4_K), ("gemma3", QT.Q8_0), ("qwen2", QT.Q4_1),
                                           ("lfm2", QT.Q8_0), ("gpt2", QT.Q8_0), ("granitehybrid", QT.Q8_0),
-                                          ("qwen35", QT.Q8_0)],
+                                          ("qwen35", QT.Q8_0), ("bert", QT.Q8_0)],
                          ids=lambda x: getattr(x, "name", x))
 @pytest.mark.parametrize("ngl", [0, 1, 3, "all"], ids=lambda n: f"ngl{n}")
 def test_split_equals_cpu(tmp_path, family, qtype, ngl):
@@ -80,7 +80,7 @@ def test_split_equals_cpu(tmp_path, family, qtype, ngl):
     counted = {k: v for k, v in sim.bus.bytes.items()}
     predicted = {(d, k): v for (dev, d, k), v in plan.schedules(g)["resident"].bus_bytes(1, 1, len(TABLE)).items()}
     assert counted == predicted
-    E, V = arch.hp.n_embd, arch.hp.n_vocab
+    E, V = arch.hp.n_embd, g.ops[-1].y.width     # V: the logits' width (an encoder's rows: n_embd)
     expect = {}
     if plan.uses_gpu:
         # positions, the block table where the GPU holds a KV cache (a GPU of Mamba layers alone does

@@ -2,6 +2,7 @@
  *
  * For query row t at position p and head h (KV head h / group):
  *     y = sum_j softmax_j(scale * q.k_j) v_j   over j in [max(0, p - window + 1), p]
+ * (OPF_NON_CAUSAL: over [0, the step's last position], every row alike)
  * (scores soft-capped as softcap * tanh(s / softcap) when softcap > 0; a head's sink
  * logit, when given, joins the softmax's normalizer). Keys have head_dim dims, values
  * and y's heads head_dim_v; with OPF_V_IN_K there is no V pool and a value is the first
@@ -40,7 +41,7 @@ attention_kernel(const float *__restrict__ Q, int64_t q_stride, float *__restric
                  const __half *__restrict__ Kc, const __half *__restrict__ Vc, const int32_t *__restrict__ pos,
                  const int32_t *__restrict__ table, int block_size, int n_head, int n_kv_head, int hd, int hd_v,
                  int64_t v_stride, int64_t v_head, float scale, float softcap, int window,
-                 const float *__restrict__ sinks) {
+                 const float *__restrict__ sinks, bool non_causal) {
     PQ_EXTERN_SHARED(float, sm);
     float *s_q = sm;                                              /* hd */
     float *s_p = s_q + hd;                                        /* ATT_TILE scores, then weights */
@@ -55,14 +56,15 @@ attention_kernel(const float *__restrict__ Q, int64_t q_stride, float *__restric
     const int p = pos[t];
     /* window < 0: a chunk of -window positions (OPF_CHUNKED, Llama 4) */
     const int first = window < 0 ? p - p % -window : window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+    const int last = non_causal ? pos[gridDim.y - 1] : p;   /* a grid row per step row */
     float m = -FLT_MAX, l = 0.0f;
     float acc[NV];
 #pragma unroll
     for (int i = 0; i < NV; i++) acc[i] = 0.0f;
     __syncthreads();
 
-    for (int j0 = first; j0 <= p; j0 += ATT_TILE) {
-        const int n = min(ATT_TILE, p - j0 + 1);
+    for (int j0 = first; j0 <= last; j0 += ATT_TILE) {
+        const int n = min(ATT_TILE, last - j0 + 1);
         for (int jj = warp; jj < n; jj += ATT_THREADS / 32) {
             const int j = j0 + jj;
             const long long slot = (long long)table[j / block_size] * block_size + j % block_size;
@@ -122,7 +124,7 @@ static void attention(const pyllm_op *op, const exec &e, int hd_v, const __half 
         op->x, op->x_stride, op->y, op->y_stride, (const __half *)op->k_cache, vc, e.pos, e.table, e.block_size,
         op->n_head, op->n_kv_head, op->head_dim, hd_v, v_stride, v_head, op->scale, op->softcap,
         op->flags & OPF_CHUNKED ? -op->window : op->window,
-        (const float *)op->w);
+        (const float *)op->w, (op->flags & OPF_NON_CAUSAL) != 0);
 }
 
 void launch_attention(const pyllm_op *op, const exec &e) {

@@ -448,8 +448,10 @@ __global__ void add_kernel(const float *__restrict__ X, int64_t x_stride, float 
 
 void launch_add(const pyllm_op *op, const exec &e) {
     dim3 grid(blocks_for(op->n_in, 256), e.rows);
-    PQ_LAUNCH(grid, 256, 0, e.stream, add_kernel)(op->x + (int64_t)e.row0 * op->x_stride, op->x_stride, op->y,
-                                                  op->y_stride, op->n_in, op->scale);
+    /* no x: the one row in w, added to every row (stride 0) */
+    const float *x = op->x ? op->x + (int64_t)e.row0 * op->x_stride : (const float *)op->w;
+    PQ_LAUNCH(grid, 256, 0, e.stream, add_kernel)(x, op->x ? op->x_stride : 0, op->y, op->y_stride, op->n_in,
+                                                  op->scale);
 }
 
 /* y *= col[i] (where given) and s, then with softcap > 0 y = softcap * tanh(y / softcap) */

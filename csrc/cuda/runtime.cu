@@ -273,7 +273,7 @@ static int check_op(const pyllm_op *op) {
             return fail("swiglu_oai: needs the up input and a clamp limit > 0");
         /* fall through */
     case OP_ADD:
-        if (!op->x) return fail("missing input");
+        if (!op->x && !(op->kind == OP_ADD && op->w)) return fail("missing input");
         /* fall through */
     case OP_SCALE:
         if (!op->y || op->n_in <= 0) return fail("missing output");
@@ -401,12 +401,14 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
         if (st->pos[t] < 0 || st->pos[t] >= capacity)
             return fail("position %d outside the %lld the block table holds", st->pos[t], (long long)capacity);
     for (int i = 0; i < n_ops; i++) {
-        if (ops[i].kind == OP_SSM_CONV || ops[i].kind == OP_SSM_SCAN || ops[i].kind == OP_DELTA_NET) {
-            /* a state carries one sequence on */
+        if (ops[i].kind == OP_SSM_CONV || ops[i].kind == OP_SSM_SCAN || ops[i].kind == OP_DELTA_NET ||
+            (ops[i].kind == OP_ATTENTION && ops[i].flags & OPF_NON_CAUSAL)) {
+            /* a state carries one sequence on; every row of a bidirectional attention sees up to the last */
             for (int t = 1; t < st->n_tokens; t++)
                 if (st->pos[t] != st->pos[0] + t)
-                    return fail("a recurrent layer's step needs consecutive positions (%d after %d)", st->pos[t],
-                                st->pos[t - 1]);
+                    return fail("a %s step needs consecutive positions (%d after %d)",
+                                ops[i].kind == OP_ATTENTION ? "bidirectional attention's" : "recurrent layer's",
+                                st->pos[t], st->pos[t - 1]);
         }
         if (ops[i].kind != OP_EMBED) continue;
         const int by_pos = ops[i].flags & OPF_BY_POS;

@@ -9,6 +9,7 @@ from .base import Architecture, HParams
 from .afmoe import Afmoe
 from .apertus import Apertus
 from .bailingmoe2 import BailingMoe2
+from .bert import Bert, NomicBert
 from .command_r import Cohere2, CommandR
 from .deepseek2 import Deepseek2
 from .ernie4_5 import Ernie4_5, Ernie4_5Moe
@@ -44,6 +45,8 @@ from .starcoder2 import StarCoder2
 
 ARCHITECTURES: dict[str, type[Architecture]] = {
     "llama": Llama,      # also Mistral 7B and SmolLM2 files
+    "bert": Bert,        # sentence encoders: embeddings only
+    "nomic-bert": NomicBert,
     "qwen2": Qwen2,
     "qwen3": Qwen3,
     "phi3": Phi3,

@@ -492,6 +492,7 @@ class Architecture:
     own_head_dims = False  # the family reads its key and value head sizes itself (MLA)
     qk_norm_after_rope = False  # q/k norms on the rotated q and k (Hunyuan), not before RoPE
     chunked_window = False  # a layer's window is a chunk: position p sees p - p % window.. (Llama 4)
+    causal = True        # False: every token attends over every other (BERT); the model embeds, never generates
     attn_temperature: Optional[tuple] = None   # (s, period, offset): q *= 1 + s ln(1 + floor((p + offset) / period))
     attn_softcap = 0.0   # > 0: attention scores become c * tanh(s / c) (Gemma 2)
     final_softcap = 0.0  # > 0: the logits likewise
@@ -759,6 +760,19 @@ class Architecture:
     @property
     def embed_scale(self) -> float:
         return 1.0
+
+    def pooling(self) -> Optional[str]:
+        """How the file says its output rows become one embedding ({arch}.pooling_type, as
+        llama.cpp numbers it): "mean", "cls" (the first row), "last", or None (not said:
+        one embedding per token)."""
+        kind = self.mf.arch_get("pooling_type", None)
+        names = {0: None, 1: "mean", 2: "cls", 3: "last"}
+        if kind is None:
+            return None
+        if not isinstance(kind, (int, np.integer)) or int(kind) not in names:
+            raise UnsupportedModelError(f"{self.mf.path}: pooling type {kind!r} is not supported "
+                                        f"(pyllm pools by mean, cls or last)")
+        return names[int(kind)]
 
     def block_notes(self) -> str:
         """What `pyllm info`'s block line cannot read off the layers (Gemma 4's shapes), "; "-led."""

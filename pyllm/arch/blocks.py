@@ -129,7 +129,7 @@ def attention(g: Graph, arch: Architecture, h: View, a: Attn | ShortConv | Ssm |
         g.pos_scale(q, *temperature)
     att = g.attention(q, k, v, hp.n_head, hp.n_head_kv, hp.head_dim, arch.layer_attn_scale(layer), "attn",
                       window=arch.layer_window(layer), softcap=arch.attn_softcap, sinks=a.sinks,
-                      chunked=arch.chunked_window)
+                      chunked=arch.chunked_window, causal=arch.causal)
     if a.gate is not None:   # gated attention: each output element times sigmoid(Wgate h)
         gate = g.linear(h, a.gate, "attn_gate")
     if gate is not None:
@@ -265,11 +265,14 @@ class PostNormDecoder(Architecture):
 
 def output_head(g: Graph, arch: Architecture, x: View) -> View:
     """logits = Wout norm(x) (+ bias), on the rows whose logits are wanted (scaled
-    and soft-capped where the family says)."""
+    and soft-capped where the family says); a graph built for embeddings ends at
+    norm(x), the rows Model.embed pools."""
     g.layer = -1
     g.head()
-    logits = g.linear(norm(g, arch, x, arch.out_norm, arch.out_norm_b, "out_norm"), arch.output, "logits",
-                      bias=arch.out_bias)
+    h = norm(g, arch, x, arch.out_norm, arch.out_norm_b, "out_norm")
+    if g.embeddings:
+        return h
+    logits = g.linear(h, arch.output, "logits", bias=arch.out_bias)
     if arch.final_softcap > 0 or arch.logit_scale != 1.0:
         g.scale(logits, arch.logit_scale, softcap=arch.final_softcap)
     return logits

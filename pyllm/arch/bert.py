@@ -1,0 +1,91 @@
+"""BERT sentence encoders (`bert`: all-MiniLM, bge, e5, GTE ...) and Nomic's
+(`nomic-bert`: nomic-embed-text): every token attends over every other, LayerNorm
+after each residual sum, and the output is the last layer's rows, pooled into
+one embedding per text (Model.embed), not logits.
+
+    x = layernorm(embed(tokens) + token_types[0] + embed_position(positions))   # positions: bert only
+    for each layer:
+        q, k, v = Wq x + bq, Wk x + bk, Wv x + bv    # or one fused Wqkv; nomic-bert: rope(q, k) NEOX
+        x = layernorm(x + Wo attention(q, K, V) + bo)         # bidirectional, scale 1/sqrt(head_dim)
+        x = layernorm(x + Wdown gelu(Wup x + bup) + bdown)    # nomic-bert: Wdown (silu(Wgate x) * Wup x)
+    embeddings = x (every row; Model.embed pools them as {arch}.pooling_type says)
+
+As llama.cpp runs them: every token's type is 0 ("sentence A"), GELU is the
+tanh form, the biases llama.cpp takes as optional are optional here too.
+"""
+from __future__ import annotations
+
+from ..errors import ModelFileError
+from ..graph import GLU_GELU_TANH, GLU_SILU, NORM_LAYER, ROPE_NEOX, Graph, View
+from .base import Architecture, Layer, Rope
+from .blocks import attention, embed, ffn
+
+
+class Bert(Architecture):
+    name = "bert"
+    norm = NORM_LAYER
+    causal = False
+    gated = False
+    glu = GLU_GELU_TANH
+    learned_positions = True   # position_embd (bert); nomic-bert rotates q and k instead
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        hp = self.hp
+        n_types = int(mf.get("tokenizer.ggml.token_type_count", 1) or 1)
+        self.tok_embd = self.weight("token_embd.weight", hp.n_embd, hp.n_vocab)
+        if self.learned_positions:
+            self.pos_embd = self.weight("position_embd.weight", hp.n_embd, hp.n_ctx_train)
+        self.type_row = None   # token type 0's embedding, added to every token
+        if mf.has_tensor("token_types.weight"):
+            t = mf.tensor("token_types.weight")
+            if len(t.shape) != 2 or t.shape[0] != hp.n_embd or t.shape[1] < 1:
+                raise ModelFileError(f"{mf.path}: token_types.weight has shape {list(t.shape)}; "
+                                     f"the file is corrupt")
+            self.type_row = self.floats("token_types.weight", hp.n_embd, t.shape[1])[0]
+        elif n_types > 1:
+            raise ModelFileError(f"{mf.path}: {n_types} token types but no token_types.weight; the file is corrupt")
+        self.embd_norm, self.embd_norm_b = self.norm_weights("token_embd_norm")
+        self.out_norm = None   # the last layer's norm is the output
+        self.layers = [self.encoder_layer(i) for i in range(hp.n_layer)]
+
+    def encoder_layer(self, i: int) -> Layer:
+        """Layer i: attention then attn_output_norm, FFN then layer_output_norm (both LayerNorms
+        of the residual sum)."""
+        p = f"blk.{i}."
+        (an, an_b), (fn, fn_b) = self.norm_weights(p + "attn_output_norm"), self.norm_weights(p + "layer_output_norm")
+        return Layer(attn=self.attention_weights(i), attn_norm=an, attn_norm_b=an_b, ffn=self.ffn_weights(i),
+                     ffn_norm=fn, ffn_norm_b=fn_b)
+
+    def layer_rope(self, i: int) -> Rope:
+        return super().layer_rope(i).off() if self.learned_positions else super().layer_rope(i)
+
+    def build(self, g: Graph) -> None:
+        hp = self.hp
+        x = embed(g, self)
+        if self.type_row is not None:
+            g.add_row(self.type_row, x)
+        g.layernorm(x, self.embd_norm, self.embd_norm_b, hp.eps, x)
+        for i, L in enumerate(self.layers):
+            g.layer = i
+            attention(g, self, x, L.attn, i, out=x)
+            g.layernorm(x, L.attn_norm, L.attn_norm_b, hp.eps, x)
+            ffn(g, x, L.ffn, self.glu, out=x)
+            g.layernorm(x, L.ffn_norm, L.ffn_norm_b, hp.eps, x)
+        encoder_output(g, x)
+
+
+class NomicBert(Bert):
+    """Nomic's BERT (`nomic-bert`): RoPE (NEOX) for positions, a fused Wqkv, a SwiGLU FFN."""
+    name = "nomic-bert"
+    rope_mode = ROPE_NEOX
+    gated = True
+    glu = GLU_SILU
+    learned_positions = False
+
+
+def encoder_output(g: Graph, x: View) -> View:
+    """The output head of an encoder: its rows as they are (a copy the engine reads)."""
+    g.layer = -1
+    g.head()
+    return g.copy(x, g.buffer("embd", x.width), x.width, 1, 0, 0)
