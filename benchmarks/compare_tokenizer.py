@@ -11,11 +11,15 @@ process from its own virtual environment; pyllm never imports it.
 
 What is compared, per model configuration (real files, and the SmolLM2 /
 Gemma 3 vocabularies with tokenizer.ggml.pre or add_space_prefix overridden,
+the MiniLM (BERT, WordPiece) one with its normalizer switches overridden,
 which llama.cpp applies through kv_overrides and we apply to the metadata):
 ids for curated tricky strings and seeded random strings (with and without
 BOS, parse_special on and off), llama_detokenize of those ids (all four flag
 combinations), token_to_piece of every token (special on and off), the EOG
 set, BOS/EOS ids and add_bos.
+
+--write replaces the configurations that ran in the cases file and keeps the
+others (those left out by --only, or whose model file is missing).
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ VENDORED_LLAMA_CPP = {"0.3.36": "0c1e57098bba43ac29e6e3b677cdceebdd22334f"}
 
 SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA = "gemma-3-270m-q4_k_m.gguf"
+MINILM = "all-MiniLM-L6-v2.F16.gguf"
 
 # name -> (file, kv overrides)
 CONFIGS: dict[str, tuple[str, dict]] = {
@@ -60,6 +65,13 @@ CONFIGS["smollm2+pre=gpt2 (unknown)"] = (SMOL, {"tokenizer.ggml.pre": "gpt2"})
 # merges: llama.cpp reads a metadata-only copy written with them)
 DERIVED: dict[str, str] = {"gemma3+model=gemma4": "gemma4_vocab"}
 CONFIGS["gemma3+model=gemma4"] = (GEMMA, {})
+# BERT's WordPiece (uncased vocabulary: lowercase, and strip_accents following it, are on)
+_LOWER = "tokenizer.ggml.normalizer.lowercase"
+_STRIP = "tokenizer.ggml.normalizer.strip_accents"
+CONFIGS["minilm"] = (MINILM, {})
+CONFIGS["minilm+lowercase=false"] = (MINILM, {_LOWER: False})   # strip_accents follows: off
+CONFIGS["minilm+strip_accents=false"] = (MINILM, {_STRIP: False})
+CONFIGS["minilm+lowercase=false+strip_accents=true"] = (MINILM, {_LOWER: False, _STRIP: True})
 
 # The strings every configuration is checked on (and that the tests hard-code
 # for the real models).
@@ -113,6 +125,35 @@ CURATED = [
     "The quick brown fox jumps over the lazy dog. " * 3,
 ]
 
+# More strings for WordPiece ('bert') vocabularies: normalisation, word
+# splitting, greedy matching, [UNK] and BERT's special tokens.
+WPM_CURATED = [
+    "Café naïve Ångström résumé CRÈME BRÛLÉE",
+    "Ａｍｅｌｉｅ ﬁne ℌ ﬀ Ω Å K",
+    "İstanbul ΣΊΣΥΦΟΣ straße",
+    "HeLLo WoRLD, MiXeD CaSe",
+    "wait... what?!?! (yes) [no] {maybe} -- end.",
+    "$100 50% x^2 ~home `code` a+b=c <tag> a|b #1 @me \\path",
+    "€5 © 2024 ® ™ ° ± × ÷ ¶ §",
+    "中文字符和日本語の文字, 한국어 텍스트",
+    "👋🏽 hi 🤖🧑‍💻 ok",
+    "tab\tnew\nline\r\nvt\x0bff\x0c fs\x1cgs\x1d us\x1f end",
+    "nul\x00in\x00word and \ufffd replaced\ufffdhere",
+    "zero\u200bwidth\ufeffbom\u00adsoft\ue000private",
+    "non\u00a0breaking\u2009thin\u3000wide\u0085next\u2028line",
+    "e\u0301 a\u0308 n\u0303 combining",
+    "pneumonoultramicroscopicsilicovolcanoconiosis supercalifragilisticexpialidocious",
+    "a" * 60 + " " + "ab" * 40,
+    "unaffable playing tokenization retokenized",
+    "ᚠᛇᚻ᛫ᛒᛦᚦ helloᚠworld ꙮ 𓀀 qwxz",
+    "[CLS] hello [SEP] world [MASK] [PAD] [UNK]",
+    "the [MASK] is[MASK]here and [mask] [SEP][SEP]",
+    "[MASK",
+    "1,234.56 3.14e-10 0x1F",
+    "don't won't it's I'm you're we've",
+    "\u2581 lower one eighth block",
+]
+
 
 def wide_strings(n: int, seed: int = 99) -> list[str]:
     """Random code points from all of Unicode (no surrogates), mixed with ASCII:
@@ -134,7 +175,7 @@ def wide_strings(n: int, seed: int = 99) -> list[str]:
     return out
 
 
-def fuzz_strings(n: int, seed: int = 1234) -> list[str]:
+def fuzz_strings(n: int, seed: int = 1234, extra_words: tuple[str, ...] = ()) -> list[str]:
     rng = random.Random(seed)
     pools = [
         "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
@@ -156,7 +197,7 @@ def fuzz_strings(n: int, seed: int = 1234) -> list[str]:
     ]
     words = ["'s", "'LL", "'re", "<|im_start|>", "<|im_end|>", "<start_of_turn>", "<end_of_turn>",
              "<bos>", "</s>", "<s>", "<0x41>", "  ", "\n\n", "\t\t", "hello", " the", "123456",
-             "<table>", "<|endoftext|>", "<unk>"]
+             "<table>", "<|endoftext|>", "<unk>", *extra_words]
     out = []
     for _ in range(n):
         k = rng.randint(1, 40)
@@ -168,6 +209,10 @@ def fuzz_strings(n: int, seed: int = 1234) -> list[str]:
                 parts.append(rng.choice(rng.choice(pools)))
         out.append("".join(parts))
     return out
+
+
+WPM_FUZZ_WORDS = ("[MASK]", "[SEP]", "[CLS]", "[UNK]", "[PAD]", "[mask]", "ing", "Ångström", "CAFÉ",
+                  "\x00", "\ufffd", "\u200b", "$", "^", "`", "~", "€", "©", "ᚠ", "x" * 30)
 
 
 # --------------------------------------------------------------------------
@@ -224,6 +269,11 @@ def main():
             f.restype, f.argtypes = ctypes.c_uint16, [ctypes.c_uint32]
             import array
             res = array.array("H", (f(cp) for cp in range(0x110000))).tobytes().hex()
+        elif op == "unicode_lower":
+            f = llama_cpp.llama_cpp._lib._Z15unicode_tolowerj
+            f.restype, f.argtypes = ctypes.c_uint32, [ctypes.c_uint32]
+            import array
+            res = array.array("I", (f(cp) for cp in range(0x110000))).tobytes().hex()
         elif op == "detokenize":
             res = []
             for ids, remove_special, unparse_special in req["items"]:
@@ -291,6 +341,88 @@ def compare_unicode(peer: Peer, any_model: str) -> int:
     return len(bad)
 
 
+def write_every_code_point_vocab(path: str) -> str:
+    """A metadata-only 'bert' GGUF whose vocabulary has every code point but NUL
+    twice: '▁' + it (a word's start) and it alone (a continuation). (llama.cpp
+    reads token texts as C strings: a NUL would cut '▁' + NUL down to '▁'.)"""
+    import gguf
+    tokens = ["[PAD]"] + [f"[unused{i}]" for i in range(99)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    types = [3] + [1] * 99 + [3] * 4
+    for cp in range(1, 0x110000):
+        if not 0xD800 <= cp < 0xE000:
+            tokens += ["\u2581" + chr(cp), chr(cp)]
+    types += [1] * (len(tokens) - len(types))
+    w = gguf.GGUFWriter(path, "bert")
+    w.add_tokenizer_model("bert")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    return path
+
+
+def compare_wpm_unicode(peer: Peer, any_model: str, flags) -> int:
+    """WordPiece's code point handling vs llama.cpp's, every code point: the
+    classes (pyllm.tokenizer.wpm.code_point_class) and the lowercase mapping
+    against llama.cpp's own functions, then end to end ('NFD' included):
+    'a' + the code point + 'a' tokenized over a vocabulary holding every code
+    point, under each setting of lowercase and strip_accents. Returns the
+    number of differences."""
+    import array
+    from pyllm.tokenizer import load_tokenizer, wpm
+    low = array.array("I")
+    low.frombytes(bytes.fromhex(peer.ask(any_model, {}, "unicode_lower")))
+    bad = 0
+    for cp in range(0x110000):
+        if 0xD800 <= cp < 0xE000:
+            continue
+        fl = flags[cp]
+        theirs = (wpm._WHITESPACE if fl & 0x100 else wpm._CONTROL if fl & 0x80 else
+                  wpm._MARK if fl & 0x10 else wpm._PUNCT if fl & 0x20 else
+                  wpm._SYMBOL if fl & 0x40 and cp < 0x7F else wpm._OTHER)
+        ours = wpm.code_point_class(cp)
+        if ours == wpm._SYMBOL and cp >= 0x7F:  # only ASCII symbols count
+            ours = wpm._OTHER
+        if ours != theirs or wpm.simple_lower(cp) != low[cp]:
+            if bad < 20:
+                print(f"  U+{cp:04X}: class ours {ours} llama.cpp {theirs} (flags {fl:04X}); "
+                      f"lowercase ours U+{wpm.simple_lower(cp):04X} llama.cpp U+{low[cp]:04X}")
+            bad += 1
+    print(f"wordpiece unicode classes and lowercase: {bad} code points differ")
+
+    path = write_every_code_point_vocab(os.path.join(tempfile.gettempdir(), "pyllm-every-code-point.gguf"))
+    from pyllm.model_file import ModelFile
+    with ModelFile(path) as mf:
+        md = dict(mf.metadata)
+    cps = [cp for cp in range(1, 0x110000) if not 0xD800 <= cp < 0xE000]
+    chunks = [cps[i:i + 8192] for i in range(0, len(cps), 8192)]
+    texts = [" ".join(f"a{chr(cp)}a" for cp in chunk) for chunk in chunks]
+    for lowercase in (True, False):
+        for strip in (True, False):
+            overrides = {_LOWER: lowercase, _STRIP: strip}
+            tok = load_tokenizer({**md, **overrides})
+            expected = peer.ask(path, overrides, "tokenize", [(t, False, False) for t in texts])
+            n_bad = 0
+            for chunk, text, theirs in zip(chunks, texts, expected):
+                if tok.encode(text, add_bos=False, add_eos=False) == theirs:
+                    continue
+                words = [f"a{chr(cp)}a" for cp in chunk]
+                per_word = peer.ask(path, overrides, "tokenize", [(w, False, False) for w in words])
+                for cp, word, ids in zip(chunk, words, per_word):
+                    ours = tok.encode(word, add_bos=False, add_eos=False)
+                    if ours != ids:
+                        if n_bad < 10:
+                            print(f"  U+{cp:04X} lowercase={lowercase} strip_accents={strip}: "
+                                  f"ours {[tok.token_text(i) for i in ours]} "
+                                  f"llama.cpp {[tok.token_text(i) for i in ids]}")
+                        n_bad += 1
+            print(f"wordpiece every code point, lowercase={lowercase} strip_accents={strip}: "
+                  f"{n_bad} differ")
+            bad += n_bad
+    return bad
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=os.environ.get("PYLLM_MODELS", "/tmp/models"))
@@ -322,9 +454,17 @@ def main() -> int:
             print(f"unicode: {total_bad_unicode} code points classified differently")
         else:
             print("unicode: every code point is classified as llama.cpp does")
+        import array
+        flags = array.array("H")
+        flags.frombytes(bytes.fromhex(peer.ask(os.path.join(args.models, SMOL), {}, "unicode_flags")))
+        wpm_bad = compare_wpm_unicode(peer, os.path.join(args.models, SMOL), flags)
+        print("wordpiece unicode: " + (f"{wpm_bad} differences" if wpm_bad else
+                                       "every code point is handled as llama.cpp does"))
     fuzz = fuzz_strings(args.fuzz) + wide_strings(args.wide)
+    wpm_fuzz = fuzz_strings(args.fuzz, extra_words=WPM_FUZZ_WORDS) + wide_strings(args.wide)
     for f in args.files:
         fuzz.append(Path(f).read_text(encoding="utf-8", errors="replace"))
+        wpm_fuzz.append(fuzz[-1])
     flags = [(True, False), (False, False), (True, True), (False, True)]  # (add_special, parse_special)
 
     metadata_cache: dict[str, dict] = {}
@@ -394,7 +534,9 @@ def main() -> int:
                                 f"ours {tok.token_to_piece(i, special=special)!r} "
                                 f"llama.cpp {bytes.fromhex(info[key][i])!r}")
 
-        texts = CURATED + fuzz
+        wordpiece = md.get("tokenizer.ggml.model") == "bert"
+        curated = CURATED + WPM_CURATED if wordpiece else CURATED
+        texts = curated + (wpm_fuzz if wordpiece else fuzz)
         items = [(t, a, p) for t in texts for a, p in flags]
         expected = peer.ask(path, overrides, "tokenize", items)
         n_ok = 0
@@ -434,7 +576,7 @@ def main() -> int:
         # parse_special off (the special token split does not depend on the
         # pre-tokenizer).
         real = "tokenizer.ggml.pre" not in overrides   # derived vocabularies count as real
-        n_curated = len(CURATED) * len(flags)  # items start with the curated strings
+        n_curated = len(curated) * len(flags)  # items start with the curated strings
         cases = [[t, a, p, ids] for (t, a, p), ids in zip(items[:n_curated], expected[:n_curated])
                  if real or (a and not p)]
         det_cases = []
@@ -459,6 +601,13 @@ def main() -> int:
         }
     peer.close()
     if args.write:
+        # keep the configurations that did not run (--only, missing files)
+        if DATA.exists():
+            old = json.loads(DATA.read_text(encoding="utf-8"))["configs"]
+            kept = [name for name in old if name not in data["configs"]]
+            if kept:
+                print(f"kept from {DATA.name} as they were: {', '.join(kept)}")
+            data["configs"] = {**old, **data["configs"]}
         DATA.parent.mkdir(parents=True, exist_ok=True)
         with open(DATA, "w", encoding="utf-8") as f:
             json.dump(data, f, ensure_ascii=False, indent=None, separators=(",", ":"))

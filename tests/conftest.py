@@ -24,6 +24,12 @@ def gemma3_path() -> str:
 
 
 @pytest.fixture(scope="session")
+def minilm_path() -> str:
+    """all-MiniLM-L6-v2, a real BERT sentence encoder, converted from its wheel's safetensors."""
+    return ensure_model("all-minilm-l6-v2")
+
+
+@pytest.fixture(scope="session")
 def model_path():
     """model_path(file_name) -> the path of that registry model's file, fetched if absent."""
     by_file = {m.file: name for name, m in registry.MODELS.items()}

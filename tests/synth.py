@@ -8,6 +8,7 @@ quantized one).
 """
 from __future__ import annotations
 
+import json
 import struct
 from pathlib import Path
 from typing import Optional
@@ -841,6 +842,60 @@ def write_bert(path: str | Path, qtype: QT = QT.Q8_0, arch: str = "bert", *, n_e
 
 def write_nomic_bert(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_bert(path, qtype, "nomic-bert", **kw)
+
+
+def write_safetensors(path: Path, tensors: dict) -> None:
+    """A .safetensors file of float32 / int64 arrays."""
+    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
+    for name, a in tensors.items():
+        b = np.ascontiguousarray(a).tobytes()
+        header[name] = {"dtype": {np.float32: "F32", np.int64: "I64"}[a.dtype.type], "shape": list(a.shape),
+                        "data_offsets": [offset, offset + len(b)]}
+        blobs.append(b)
+        offset += len(b)
+    h = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def write_hf_bert(src: Path, n_embd: int = 64, n_layer: int = 2, n_head: int = 4, n_ff: int = 128,
+                  seed: int = 0) -> tuple[Path, dict, list]:
+    """A Hugging Face BertModel folder in sentence-transformers' layout (config.json, vocab.txt,
+    model.safetensors, a mean Pooling module), random weights: (folder, its tensors, vocabulary)."""
+    rng = np.random.default_rng(seed)
+    vocab = ["[PAD]"] + [f"[unused{i}]" for i in range(3)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat",
+                                                              "sat", "##s", "mat", ".", "on"]
+    src = Path(src)
+    (src / "1_Pooling").mkdir(parents=True)
+    (src / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    (src / "config.json").write_text(json.dumps({
+        "model_type": "bert", "hidden_size": n_embd, "num_hidden_layers": n_layer, "num_attention_heads": n_head,
+        "intermediate_size": n_ff, "max_position_embeddings": 32, "layer_norm_eps": 1e-12, "type_vocab_size": 2,
+        "hidden_act": "gelu", "position_embedding_type": "absolute"}))
+    (src / "special_tokens_map.json").write_text(json.dumps(
+        {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]", "mask_token": "[MASK]"}))
+    (src / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    (src / "modules.json").write_text(json.dumps([{"idx": 0, "path": "", "type": "sentence_transformers.models.Transformer"},
+                                                  {"idx": 1, "path": "1_Pooling",
+                                                   "type": "sentence_transformers.models.Pooling"}]))
+    (src / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+
+    def r(*shape, scale=0.2, centre=0.0):
+        return (centre + scale * rng.standard_normal(shape)).astype(np.float32)
+    t = {"embeddings.position_ids": np.arange(32, dtype=np.int64)[None],
+         "embeddings.word_embeddings.weight": r(len(vocab), n_embd, scale=1.0),
+         "embeddings.position_embeddings.weight": r(32, n_embd), "embeddings.token_type_embeddings.weight": r(2, n_embd),
+         "embeddings.LayerNorm.weight": r(n_embd, centre=1.0), "embeddings.LayerNorm.bias": r(n_embd),
+         "pooler.dense.weight": r(n_embd, n_embd), "pooler.dense.bias": r(n_embd)}
+    for i in range(n_layer):
+        p = f"encoder.layer.{i}."
+        for m in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"):
+            t[p + m + ".weight"], t[p + m + ".bias"] = r(n_embd, n_embd), r(n_embd)
+        t[p + "intermediate.dense.weight"], t[p + "intermediate.dense.bias"] = r(n_ff, n_embd), r(n_ff)
+        t[p + "output.dense.weight"], t[p + "output.dense.bias"] = r(n_embd, n_ff), r(n_embd)
+        for m in ("attention.output.LayerNorm", "output.LayerNorm"):
+            t[p + m + ".weight"], t[p + m + ".bias"] = r(n_embd, centre=1.0), r(n_embd)
+    write_safetensors(src / "model.safetensors", t)
+    return src, t, vocab
 
 
 def write_starcoder(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:

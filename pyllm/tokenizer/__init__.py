@@ -10,9 +10,10 @@
     for i in generated: print(stream.push(i), end="")
     print(stream.flush())
 
-Two implementations behind one interface (`Tokenizer`):
+Three implementations behind one interface (`Tokenizer`):
 'gpt2' (byte-level BPE, `BPETokenizer`; 'gemma4' is its raw UTF-8 variant,
-`Gemma4Tokenizer`) and 'llama' (SentencePiece, `SPMTokenizer`).
+`Gemma4Tokenizer`), 'llama' (SentencePiece, `SPMTokenizer`) and 'bert'
+(WordPiece, `WPMTokenizer`, for BERT embedding models).
 `tokenizer.ggml.model` chooses.
 """
 from __future__ import annotations
@@ -24,14 +25,16 @@ from ..errors import ModelFileError, UnsupportedModelError
 from .base import StreamDecoder, TokenAttr, Tokenizer
 from .bpe import BPETokenizer, Gemma4Tokenizer
 from .spm import SPMTokenizer
+from .wpm import WPMTokenizer
 
-__all__ = ["Tokenizer", "BPETokenizer", "Gemma4Tokenizer", "SPMTokenizer", "StreamDecoder", "TokenAttr",
-           "load_tokenizer", "SUPPORTED_MODELS"]
+__all__ = ["Tokenizer", "BPETokenizer", "Gemma4Tokenizer", "SPMTokenizer", "WPMTokenizer", "StreamDecoder",
+           "TokenAttr", "load_tokenizer", "SUPPORTED_MODELS"]
 
 _IMPLEMENTATIONS: dict[str, type[Tokenizer]] = {
     "gpt2": BPETokenizer,
     "llama": SPMTokenizer,
     "gemma4": Gemma4Tokenizer,
+    "bert": WPMTokenizer,
 }
 SUPPORTED_MODELS = tuple(_IMPLEMENTATIONS)
 
