@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Optional
 
@@ -44,6 +45,7 @@ def bench(
 
     with handle_errors():
         path = model_path(model)
+        _generates(path)
         thread_list = _ints(threads, "--threads") or [physical_cores()]
         if 0 in thread_list:
             raise InvalidArgumentError("--threads takes thread counts of 1 or more")
@@ -110,3 +112,13 @@ def bench(
         if machine_bw and not extra:
             out.print(machine_bw)
         out.print(f"peak RSS {info['peak_rss_mb']} MB", style="dim", soft_wrap=True)
+
+
+def _generates(path: str) -> None:
+    """InvalidArgumentError for an embedding model: pp and tg are generation's measures."""
+    from pyllm.arch import load_architecture
+    from pyllm.model_file import ModelFile
+    with ModelFile(path) as mf:
+        if not load_architecture(mf).causal:
+            raise InvalidArgumentError(f"{os.path.basename(path)} is an embedding model ({mf.architecture}): pyllm bench "
+                                       f"measures generation; time embeddings with benchmarks/compare_embeddings.py")

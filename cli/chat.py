@@ -281,6 +281,7 @@ def chat(
         path = model_path(model)
         with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template,
                    n_gpu_layers=n_gpu_layers, think=think) as m:
+            m.require_generation()       # an embedding model cannot chat: say so before any input
             t = m.chat_template          # checked now: a bad template stops here, before any input
             note = thinking_note(m, think)
             if note:

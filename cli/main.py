@@ -10,12 +10,13 @@ from pyllm import registry
 from .bench import bench
 from .chat import chat
 from .common import handle_errors, pull
+from .embed import embed
 from .info import info
 from .plan import plan
 from .run import run
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Run GGUF language models locally: chat, one-shot prompts, benchmarks.")
+                  help="Run GGUF language models locally: chat, one-shot prompts, embeddings, benchmarks.")
 
 
 @app.command("list")
@@ -44,6 +45,7 @@ def pull_model(name: str = typer.Argument(registry.DEFAULT_MODEL, help="registry
 
 app.command()(run)
 app.command()(chat)
+app.command()(embed)
 app.command("bench")(bench)
 app.command("info")(info)
 app.command("plan")(plan)

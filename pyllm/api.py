@@ -22,7 +22,7 @@ from .backend.select import make_backend
 from .chat_template import BUILTIN as BUILTIN_TEMPLATES, THINKING_SWITCH, ChatTemplate
 from .defaults import BLOCK_SIZE, DEFAULT_MAX_CTX, N_BATCH, N_OUT_MAX
 from .engine import Completion, Engine, Generation
-from .errors import InvalidArgumentError, TemplateError
+from .errors import ContextFullError, InvalidArgumentError, TemplateError
 from .graph import Graph
 from .model_file import ModelFile
 from .reasoning import prompt_opens_thinking, split_pieces, split_reasoning
@@ -32,6 +32,7 @@ from .tokenizer import load_tokenizer
 log = logging.getLogger("pyllm")
 
 _SAMPLING_KEYS = tuple(f.name for f in dataclasses.fields(SamplingParams))
+POOLINGS = ("mean", "cls", "last", "none")   # how embed() makes one vector of a text's output rows
 
 
 class Model:
@@ -48,14 +49,17 @@ class Model:
     "sim" (a simulated GPU, for tests) or "cpu"; `plan` is the placement
     (None on the CPU alone). chat_template: None uses the file's template (or
     a fallback, see `pyllm.chat_template`); "chatml" or "gemma" pick a
-    built-in format; any other text is a Jinja template.
+    built-in format; any other text is a Jinja template. embedding: load the
+    model to embed text (`embed`) instead of generating; None: for encoders
+    (BERT) only, which cannot generate.
 
     Use it as a context manager, or call close(), to free the native memory.
     """
 
     def __init__(self, model: Optional[str | os.PathLike] = None, n_ctx: Optional[int] = None,
                  n_threads: Optional[int] = None, n_batch: int = N_BATCH, n_gpu_layers: Any = None,
-                 chat_template: Optional[str] = None, device: Optional[str] = None, think: Optional[bool] = None):
+                 chat_template: Optional[str] = None, device: Optional[str] = None, think: Optional[bool] = None,
+                 embedding: Optional[bool] = None):
         self.backend = None
         name = registry.DEFAULT_MODEL if model is None else str(model)
         if name in registry.MODELS and not registry.local_path(name).is_file():
@@ -66,6 +70,11 @@ class Model:
         self.arch = load_architecture(self.file)
         self.tokenizer = load_tokenizer(self.file.metadata)
         hp = self.arch.hp
+        self.embedding = not self.arch.causal if embedding is None else bool(embedding)
+        if not self.embedding and not self.arch.causal:
+            raise InvalidArgumentError(f"{self.path.name} is an embedding model ({self.arch.name}): it embeds text "
+                                       f"(Model(..., embedding=True), `pyllm embed`), it cannot generate")
+        self.pooling = self.arch.pooling() or "none"   # how `embed` makes one vector of a text's rows
         if n_ctx is None:
             n_ctx = min(DEFAULT_MAX_CTX, hp.n_ctx_train)
         if n_ctx < 1:
@@ -86,13 +95,16 @@ class Model:
         if chat_template is not None:
             self._template = self._load_template()   # a bad template fails here, before anything runs
         self.think = think   # chat: thinking on or off (enable_thinking), None: as the template decides
+        if not self.arch.causal:
+            n_batch = n_ctx   # every token attends over the whole text: one step holds it all
         self.n_ctx, self.n_batch, self.n_threads = n_ctx, n_batch, n_threads
         n_blocks = (n_ctx + BLOCK_SIZE - 1) // BLOCK_SIZE
         self.arch.n_ctx = n_ctx   # families whose math depends on it (Phi-3's RoPE factors)
-        self.graph = Graph()
+        self.graph = Graph(embeddings=self.embedding)
         self.arch.build(self.graph)
+        n_out = min(n_batch, n_ctx) if self.embedding else N_OUT_MAX   # an embedding may pool every row
         self.backend, self.plan = make_backend(self.graph, n_threads,
-                                               Shape(min(n_batch, n_ctx), N_OUT_MAX, n_blocks, BLOCK_SIZE),
+                                               Shape(min(n_batch, n_ctx), n_out, n_blocks, BLOCK_SIZE),
                                                n_gpu_layers, device)
         self.engine = Engine(self.backend, self.tokenizer, n_ctx, min(n_batch, n_ctx), BLOCK_SIZE, n_blocks,
                              recurrent=bool(self.graph.states))
@@ -113,13 +125,81 @@ class Model:
         """The text of token ids (special tokens written out)."""
         return self.tokenizer.decode(list(ids))
 
-    def logits(self, token_ids: Seq[int]) -> np.ndarray:
-        """float32 [len(token_ids), n_vocab]: the logits at every position, from a fresh context."""
+    def _check_ids(self, token_ids: Seq[int]) -> list[int]:
         ids = [int(t) for t in token_ids]
         bad = [t for t in ids if not 0 <= t < self.n_vocab]
         if bad:
             raise InvalidArgumentError(f"token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})")
-        return self.engine.logits(ids)
+        return ids
+
+    def require_generation(self) -> None:
+        """InvalidArgumentError if this model embeds instead of generating (an encoder, or
+        loaded with embedding=True)."""
+        if not self.arch.causal:
+            raise InvalidArgumentError(f"{self.path.name} is an embedding model ({self.arch.name}): it cannot "
+                                       f"generate; use embed() (`pyllm embed`)")
+        if self.embedding:
+            raise InvalidArgumentError(f"{self.path.name} is loaded for embeddings: use embed(), or load it "
+                                       f"without embedding=True to generate")
+
+    def logits(self, token_ids: Seq[int]) -> np.ndarray:
+        """float32 [len(token_ids), n_vocab]: the logits at every position, from a fresh context."""
+        self.require_generation()
+        return self.engine.logits(self._check_ids(token_ids))
+
+    # -- embeddings --------------------------------------------------------------
+    def embed(self, text: str | Seq[str], pooling: Optional[str] = None, normalize: bool = True,
+              truncate: bool = False) -> np.ndarray:
+        """The embedding of a text, float32 [n_embd], or of each of a list of texts, [len, n_embd].
+
+        The text is tokenized as the model file says (BERT: [CLS] text [SEP]),
+        run through the model from a fresh context, and its output rows pooled
+        (pooling None: as the file says, `self.pooling`; "mean", "cls" (the
+        first row), "last", or "none": every token's row, [T, n_embd] per text)
+        and with normalize scaled to unit length (as llama.cpp's and ollama's
+        embeddings are). A text longer than the context is an error, or with
+        truncate cut to fit (keeping the end-of-text token the tokenizer adds).
+        The model must be loaded with embedding=True (encoders always are)."""
+        texts = [text] if isinstance(text, str) else list(text)
+        if not all(isinstance(t, str) for t in texts):
+            raise InvalidArgumentError("embed() takes a str or a list of str")
+        vectors = [self.embed_tokens(self.embedding_tokens(t, truncate), pooling, normalize) for t in texts]
+        if isinstance(text, str):
+            return vectors[0]
+        if (pooling or self.pooling) == "none":
+            return vectors   # a [T, n_embd] array per text: their lengths differ
+        return np.stack(vectors) if vectors else np.zeros((0, self.arch.hp.n_embd), np.float32)
+
+    def embedding_tokens(self, text: str, truncate: bool = False) -> list[int]:
+        """The token ids `embed` runs for `text` (see there)."""
+        ids = self.tokenize(text)
+        if not ids:
+            raise InvalidArgumentError("nothing to embed: the text is empty")
+        if len(ids) > self.n_ctx:
+            if not truncate:
+                larger = ", or a larger context with -c" if self.n_ctx < self.arch.hp.n_ctx_train else ""
+                raise ContextFullError(f"the text has {len(ids)} tokens; the model embeds at most {self.n_ctx} "
+                                       f"(use truncate=True / --truncate to cut it{larger})")
+            # an end mark the tokenizer adds (BERT's [SEP], an EOS) stays: the last of the empty text's ids
+            marked = self.tokenize("")[-1:] == ids[-1:] and self.tokenizer.is_special(ids[-1])
+            ids = ids[:self.n_ctx - 1] + ids[-1:] if marked else ids[:self.n_ctx]
+        return ids
+
+    def embed_tokens(self, token_ids: Seq[int], pooling: Optional[str] = None, normalize: bool = True) -> np.ndarray:
+        """The embedding of token ids (see embed)."""
+        if not self.embedding:
+            raise InvalidArgumentError(f"{self.path.name} is loaded for generation; load it with "
+                                       f"Model(..., embedding=True) to embed")
+        pooling = pooling or self.pooling
+        if pooling not in POOLINGS:
+            raise InvalidArgumentError(f"pooling must be one of {', '.join(POOLINGS)}, not {pooling!r}")
+        rows = self.engine.logits(self._check_ids(token_ids))   # the output rows: the final norm's
+        v = {"mean": lambda: rows.mean(axis=0, dtype=np.float64), "cls": lambda: rows[0], "last": lambda: rows[-1],
+             "none": lambda: rows}[pooling]().astype(np.float32)
+        if normalize:
+            norm = np.linalg.norm(v.astype(np.float64), axis=-1, keepdims=True)
+            v = np.where(norm > 0, v / np.maximum(norm, 1e-300), 0.0).astype(np.float32)
+        return v
 
     # -- generation --------------------------------------------------------------
     def _sampler(self, sampling: Mapping[str, Any]) -> Sampler:
@@ -137,13 +217,8 @@ class Model:
 
     def _generation(self, prompt: str | Seq[int], max_tokens: Optional[int], stop: Optional[Seq[str]],
                     sampling: Mapping[str, Any], profile: bool = False) -> Generation:
-        if isinstance(prompt, str):
-            ids = self.tokenize(prompt, special=True)
-        else:
-            ids = [int(t) for t in prompt]
-            bad = [t for t in ids if not 0 <= t < self.n_vocab]
-            if bad:
-                raise InvalidArgumentError(f"token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})")
+        self.require_generation()
+        ids = self.tokenize(prompt, special=True) if isinstance(prompt, str) else self._check_ids(prompt)
         return self.engine.generate(self._seq, ids, self._max_tokens(max_tokens), self._sampler(sampling),
                                     _stop_list(stop), profile=profile)
 
@@ -253,6 +328,7 @@ class Model:
         extend the same conversation reuse the KV cache of the earlier turns.
         max_tokens None: until the reply ends or the context is full.
         Sampling keywords as generate()."""
+        self.require_generation()
         text, prompt = self._chat_prompt(messages)
         chat = self._chat_stream(text, prompt, max_tokens, stop, sampling)
         return chat if stream else chat.run()

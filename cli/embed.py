@@ -1,0 +1,98 @@
+"""`pyllm embed`: texts in, embedding vectors out; made for shell scripts.
+
+Each text is a TEXT argument, or a line of -f FILE or of stdin. stdout gets one
+JSON array of floats per text, a line each (or, with --json, one object);
+everything else goes to stderr. Exit codes as `pyllm run`'s.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Annotated, Optional
+
+import numpy as np
+import typer
+
+from pyllm.errors import InvalidArgumentError
+
+from .common import handle_errors, model_path
+from .options import CtxSize, ModelOpt, NGpuLayers, Threads
+
+
+def read_texts(texts: list[str], file: Optional[str]) -> list[str]:
+    """The arguments, else the lines of FILE, else of stdin (blank lines skipped)."""
+    if texts and file is not None:
+        raise InvalidArgumentError("give the texts as arguments or with -f, not both")
+    if texts:
+        return texts
+    if file is not None:
+        try:
+            with open(file, encoding="utf-8", errors="surrogateescape") as f:
+                lines = f.read().splitlines()
+        except OSError as e:
+            raise InvalidArgumentError(f"cannot read {file}: {e.strerror}") from None
+    elif sys.stdin is None or sys.stdin.isatty():
+        raise InvalidArgumentError("no text: give TEXT arguments, -f FILE (a text per line), or pipe lines in")
+    else:
+        stdin = getattr(sys.stdin, "buffer", None)
+        lines = (stdin.read().decode("utf-8", "surrogateescape") if stdin is not None else sys.stdin.read()).splitlines()
+    lines = [line for line in lines if line.strip()]
+    if not lines:
+        raise InvalidArgumentError("no text to embed: the input is empty")
+    return lines
+
+
+def vector_json(v: np.ndarray) -> str:
+    """A vector as a JSON array; 9 significant digits give every float32 back exactly."""
+    if not np.isfinite(v).all():
+        raise InvalidArgumentError("the model computed a non-finite embedding; the file is corrupt or badly quantized")
+    if v.ndim == 2:
+        return "[" + ",".join(vector_json(row) for row in v) + "]"
+    return "[" + ",".join(f"{x:.9g}" for x in v.tolist()) + "]"
+
+
+def embed(
+    texts: Annotated[Optional[list[str]], typer.Argument(help="texts to embed (else -f, else stdin: a text per line)",
+                                                         show_default=False)] = None,
+    file: Annotated[Optional[str], typer.Option("-f", "--file", help="embed each line of this file")] = None,
+    model: ModelOpt = None,
+    pooling: Annotated[Optional[str], typer.Option(
+        "--pooling", help="how a text's token rows become one vector: mean, cls, last, or none (one vector per "
+        "token); default: as the model file says")] = None,
+    normalize: Annotated[bool, typer.Option("--normalize/--no-normalize", help="scale each vector to unit length")]
+    = True,
+    truncate: Annotated[bool, typer.Option("--truncate", help="cut a text longer than the context instead of "
+                                           "failing")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object: model, embeddings, token counts, "
+                                          "timing")] = False,
+    threads: Threads = None,
+    ctx_size: CtxSize = None,
+    n_gpu_layers: NGpuLayers = "auto",
+) -> None:
+    """Print the embedding of each text (a sentence encoder such as all-minilm-l6-v2, or any model)."""
+    with handle_errors():
+        items = read_texts(texts or [], file)
+        from pyllm import Model
+
+        path = model_path(model)
+        t0 = time.perf_counter()
+        with Model(path, n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers, embedding=True) as m:
+            load_s = time.perf_counter() - t0
+            lines, counts = [], []
+            for text in items:
+                ids = m.embedding_tokens(text, truncate)
+                counts.append(len(ids))
+                line = vector_json(m.embed_tokens(ids, pooling, normalize))
+                if as_json:
+                    lines.append(line)
+                else:
+                    sys.stdout.write(line + "\n")
+                    sys.stdout.flush()
+            if as_json:
+                total = time.perf_counter() - t0
+                head = json.dumps({"model": str(m.path), "pooling": pooling or m.pooling, "normalized": normalize,
+                                   "dims": m.arch.hp.n_embd, "prompt_tokens": sum(counts), "tokens": counts,
+                                   "load_s": round(load_s, 6), "total_s": round(total, 6)})
+                sys.stdout.write(head[:-1] + ', "embeddings": [' + ",".join(lines) + "]}\n")
+                sys.stdout.flush()
