@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.text import Text
 
 from pyllm import registry
-from pyllm.errors import PyllmError
+from pyllm.errors import InvalidArgumentError, PyllmError
 
 err = Console(stderr=True, highlight=False)
 
@@ -56,6 +56,22 @@ def handle_errors() -> Iterator[None]:
         except (OSError, ValueError):
             pass
         raise typer.Exit(0)
+
+
+def read_input(file: Optional[str], what: str, missing: str) -> str:
+    """The text of `file`, else of stdin; InvalidArgumentError `missing` when stdin is a terminal.
+    Bytes that are not UTF-8 stay as surrogate escapes (as in argv): the tokenizer turns them
+    into U+FFFD, as llama.cpp does, with a warning."""
+    if file is not None:
+        try:
+            with open(file, encoding="utf-8", errors="surrogateescape") as f:
+                return f.read()
+        except OSError as e:
+            raise InvalidArgumentError(f"cannot read the {what} {file}: {e.strerror}") from None
+    if sys.stdin is None or sys.stdin.isatty():
+        raise InvalidArgumentError(missing)
+    stdin = getattr(sys.stdin, "buffer", None)
+    return stdin.read().decode("utf-8", "surrogateescape") if stdin is not None else sys.stdin.read()
 
 
 def model_path(model: Optional[str], quiet: bool = False) -> str:

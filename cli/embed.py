@@ -16,7 +16,7 @@ import typer
 
 from pyllm.errors import InvalidArgumentError
 
-from .common import handle_errors, model_path
+from .common import handle_errors, model_path, read_input
 from .options import CtxSize, ModelOpt, NGpuLayers, Threads
 
 
@@ -26,18 +26,8 @@ def read_texts(texts: list[str], file: Optional[str]) -> list[str]:
         raise InvalidArgumentError("give the texts as arguments or with -f, not both")
     if texts:
         return texts
-    if file is not None:
-        try:
-            with open(file, encoding="utf-8", errors="surrogateescape") as f:
-                lines = f.read().splitlines()
-        except OSError as e:
-            raise InvalidArgumentError(f"cannot read {file}: {e.strerror}") from None
-    elif sys.stdin is None or sys.stdin.isatty():
-        raise InvalidArgumentError("no text: give TEXT arguments, -f FILE (a text per line), or pipe lines in")
-    else:
-        stdin = getattr(sys.stdin, "buffer", None)
-        lines = (stdin.read().decode("utf-8", "surrogateescape") if stdin is not None else sys.stdin.read()).splitlines()
-    lines = [line for line in lines if line.strip()]
+    lines = read_input(file, "file", "no text: give TEXT arguments, -f FILE (a text per line), or pipe lines in")
+    lines = [line for line in lines.splitlines() if line.strip()]
     if not lines:
         raise InvalidArgumentError("no text to embed: the input is empty")
     return lines

@@ -14,7 +14,7 @@ import typer
 
 from pyllm.errors import InvalidArgumentError
 
-from .common import err, handle_errors, model_path
+from .common import err, handle_errors, model_path, read_input
 from .options import (CtxSize, FreqPenalty, LogitBias, MinP, ModelOpt, PresPenalty, RepeatLastN, RepeatPenalty,
                       Seed, Stop, TemplateOpt, Temp, Think, Threads, TopK, TopP, TypicalP, sampling_kwargs,
                       template_arg, thinking_note)
@@ -26,18 +26,7 @@ def read_prompt(prompt: Optional[str], file: Optional[str]) -> str:
         raise InvalidArgumentError("give the prompt with -p or -f, not both")
     if prompt is not None:
         return prompt
-    # bytes that are not UTF-8 stay as surrogate escapes (as in argv); the
-    # tokenizer turns them into U+FFFD, as llama.cpp does, with a warning
-    if file is not None:
-        try:
-            with open(file, encoding="utf-8", errors="surrogateescape") as f:
-                return f.read()
-        except OSError as e:
-            raise InvalidArgumentError(f"cannot read the prompt file {file}: {e.strerror}") from None
-    if sys.stdin is None or sys.stdin.isatty():
-        raise InvalidArgumentError("no prompt: give -p TEXT, -f FILE, or pipe text into pyllm run")
-    stdin = getattr(sys.stdin, "buffer", None)
-    return stdin.read().decode("utf-8", "surrogateescape") if stdin is not None else sys.stdin.read()
+    return read_input(file, "prompt file", "no prompt: give -p TEXT, -f FILE, or pipe text into pyllm run")
 
 
 def run(
