@@ -10,7 +10,9 @@ both engines and from pyllm/reference.py:
 
 Models: the registry's all-minilm-l6-v2 (a real BERT, converted by pyllm.convert),
 and with --synthetic random bert and nomic-bert encoders (tests/synth.py, all-MiniLM's
-vocabulary copied in) at F32 and as llama.cpp's quantizer makes them (Q8_0, Q4_K_M).
+vocabulary copied in) and a random Qwen 3 decoder pooled by its last token or by the mean
+(as Qwen3-Embedding files say; SmolLM2's vocabulary), at F32 and as llama.cpp's
+quantizer makes them (Q8_0, Q4_K_M).
 
 Speed (--speed): texts per second embedding a batch of sentences (8-60 words) and of
 long documents (about 500 tokens), pyllm and llama.cpp alternating, median of -r runs,
@@ -172,8 +174,14 @@ def main() -> int:
         out.mkdir(parents=True, exist_ok=True)
         vocab = ModelFile(str(registry.fetch("all-minilm-l6-v2"))).metadata
         job = {"quantize": []}
-        for arch in ("bert", "nomic-bert"):
-            src = synth.write_bert(out / f"{arch}-F32.gguf", synth.QT.F32, arch, tokenizer_from=vocab)
+        smol = ModelFile(str(registry.fetch("smollm2-135m"))).metadata
+        for arch in ("bert", "nomic-bert", "qwen3-last", "qwen3-mean"):
+            if arch.startswith("qwen3"):   # a decoder embedding as Qwen3-Embedding does (causal; last token)
+                plain = synth.write_qwen3(out / f"{arch}-plain.gguf", synth.QT.F32, tokenizer_from=smol)
+                src = synth.rewrite_metadata(plain, out / f"{arch}-F32.gguf",
+                                             {"qwen3.pooling_type": POOLING_TYPES[arch.split("-")[1]]})
+            else:
+                src = synth.write_bert(out / f"{arch}-F32.gguf", synth.QT.F32, arch, tokenizer_from=vocab)
             files.append((f"{arch}-F32", src))
             for t in ("Q8_0", "Q4_K_M"):
                 job["quantize"].append({"src": src, "dst": str(out / f"{arch}-{t}.gguf"), "type": t})
