@@ -14,9 +14,11 @@ from .embed import embed
 from .info import info
 from .plan import plan
 from .run import run
+from .serve import serve
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Run GGUF language models locally: chat, one-shot prompts, embeddings, benchmarks.")
+                  help="Run GGUF language models locally: chat, one-shot prompts, embeddings, an OpenAI-style "
+                       "server, benchmarks.")
 
 
 @app.command("list")
@@ -46,6 +48,7 @@ def pull_model(name: str = typer.Argument(registry.DEFAULT_MODEL, help="registry
 app.command()(run)
 app.command()(chat)
 app.command()(embed)
+app.command()(serve)
 app.command("bench")(bench)
 app.command("info")(info)
 app.command("plan")(plan)

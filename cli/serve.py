@@ -1,0 +1,59 @@
+"""`pyllm serve`: one model behind OpenAI's HTTP API (pyllm/server.py), until Ctrl-C."""
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from pyllm.errors import InvalidArgumentError
+
+from .common import err, handle_errors, model_path
+from .options import CtxSize, ModelOpt, NGpuLayers, TemplateOpt, Think, Threads, template_arg
+
+
+def registry_name(model: Optional[str]) -> Optional[str]:
+    """The name clients see: the registry's, else (None) the file's stem."""
+    from pyllm import registry
+    if model is None:
+        return registry.DEFAULT_MODEL
+    return model if model in registry.MODELS else None
+
+
+def serve(
+    model: ModelOpt = None,
+    host: Annotated[str, typer.Option("--host", help="address to listen on (0.0.0.0: every interface; "
+                                      "the API has no authentication)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="port to listen on (0: any free one)")] = 8080,
+    embedding: Annotated[bool, typer.Option("--embedding", help="load the model for /v1/embeddings instead of "
+                                            "generation (an encoder such as BERT always is)")] = False,
+    pooling: Annotated[Optional[str], typer.Option("--pooling", help="with --embedding: mean, cls or last "
+                                                   "(default: as the model file says)")] = None,
+    chat_template: TemplateOpt = None,
+    think: Think = None,
+    threads: Threads = None,
+    ctx_size: CtxSize = None,
+    n_gpu_layers: NGpuLayers = "auto",
+) -> None:
+    """Serve a model over HTTP with OpenAI's API: /v1/chat/completions, /v1/completions, /v1/embeddings."""
+    with handle_errors():
+        if not 0 <= port <= 65535:
+            raise InvalidArgumentError(f"--port must be in 0..65535, not {port}")
+        if pooling is not None and pooling not in ("mean", "cls", "last"):
+            raise InvalidArgumentError(f"--pooling must be mean, cls or last, not {pooling!r}")
+        from pyllm import Model
+        from pyllm.server import make_server
+
+        path = model_path(model)
+        with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template_arg(chat_template),
+                   n_gpu_layers=n_gpu_layers, think=think, embedding=True if embedding else None) as m:
+            if pooling is not None:
+                m.pooling = pooling
+            try:
+                server = make_server(m, host, port, name=registry_name(model))
+            except OSError as e:
+                raise InvalidArgumentError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+            with server:
+                what = "embeddings" if m.embedding else "chat and completions"
+                err.print(f"pyllm serve · {server.name} ({what}, context {m.n_ctx}) · listening on {server.url} "
+                          f"(OpenAI API under /v1) · Ctrl-C to stop", highlight=False, soft_wrap=True)
+                server.serve_forever()

@@ -1,0 +1,221 @@
+"""pyllm.server (`pyllm serve`): OpenAI's API over HTTP, against the same Model called directly."""
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from pyllm import Model
+from pyllm.server import make_server
+
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def serving(model):
+    server = make_server(model, "127.0.0.1", 0, name="test-model")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_path):
+    with Model(smollm2_path, n_threads=2, n_ctx=1024) as m:
+        server = serving(m)
+        yield m, server.url, server
+        server.shutdown()
+        server.server_close()
+
+
+def call(url, path, body=None, method=None, raw=None):
+    """(status, parsed JSON body) of one request."""
+    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url + path, data=data, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def events(url, path, body):
+    """The server-sent events of a streamed request: the JSON objects, then '[DONE]'."""
+    req = urllib.request.Request(url + path, data=json.dumps({**body, "stream": True}).encode())
+    with urllib.request.urlopen(req, timeout=120) as r:
+        assert r.headers["Content-Type"] == "text/event-stream"
+        chunks = [c for c in r.read().decode().split("\n\n") if c]
+    assert all(c.startswith("data: ") for c in chunks)
+    return [json.loads(c[6:]) if c[6:] != "[DONE]" else "[DONE]" for c in chunks]
+
+
+def test_health_and_models(smol):
+    _, url, _ = smol
+    assert call(url, "/health") == (200, {"status": "ok"})
+    status, body = call(url, "/v1/models")
+    assert status == 200 and [m["id"] for m in body["data"]] == ["test-model"]
+
+
+def test_chat_completion_equals_the_model(smol):
+    m, url, server = smol
+    want = m.chat(CHAT, temperature=0, max_tokens=12)
+    status, body = call(url, "/v1/chat/completions", {"model": "x", "messages": CHAT, "temperature": 0,
+                                                       "max_tokens": 12})
+    assert status == 200 and body["object"] == "chat.completion" and body["model"] == "test-model"
+    choice = body["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": want.text}
+    assert choice["finish_reason"] == {"length": "length", "stop": "stop"}[want.finish_reason]
+    assert body["usage"] == {"prompt_tokens": want.metrics.prompt_tokens, "completion_tokens": len(want.tokens),
+                             "total_tokens": want.metrics.prompt_tokens + len(want.tokens)}
+    # content as a list of text parts, as OpenAI's clients may send it
+    parts = [{"role": "user", "content": [{"type": "text", "text": "What is the capital "},
+                                          {"type": "text", "text": "of France?"}]}]
+    assert call(url, "/v1/chat/completions", {"messages": parts, "temperature": 0, "max_tokens": 12})[1][
+        "choices"][0]["message"]["content"] == want.text
+
+
+def test_chat_stream(smol):
+    m, url, server = smol
+    want = m.chat(CHAT, temperature=0, max_tokens=12)
+    got = events(url, "/v1/chat/completions", {"messages": CHAT, "temperature": 0, "max_tokens": 12})
+    assert got[-1] == "[DONE]"
+    chunks = got[:-1]
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"} and len({c["id"] for c in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert text == want.text and len(chunks) > 3
+    assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "length"
+    assert chunks[-1]["usage"]["completion_tokens"] == 12
+
+
+def test_completions_and_stop(smol):
+    m, url, server = smol
+    want = m.generate("The capital of France is", temperature=0, max_tokens=16)
+    status, body = call(url, "/v1/completions", {"prompt": "The capital of France is", "temperature": 0})
+    assert status == 200 and body["object"] == "text_completion"
+    assert body["choices"][0]["text"] == want.text   # 16 tokens: OpenAI's default
+    cut = want.text.split()[1]
+    status, body = call(url, "/v1/completions", {"prompt": "The capital of France is", "temperature": 0,
+                                                 "stop": [cut], "max_tokens": 16})
+    assert body["choices"][0]["finish_reason"] == "stop" and cut not in body["choices"][0]["text"]
+    streamed = events(url, "/v1/completions", {"prompt": "The capital of France is", "temperature": 0})
+    assert "".join(c["choices"][0]["text"] for c in streamed[:-1]) == want.text
+    ids = m.tokenize("The capital of France is")
+    assert call(url, "/v1/completions", {"prompt": ids, "temperature": 0})[1]["choices"][0]["text"] == want.text
+
+
+def test_sampling_fields_reach_the_sampler(smol):
+    """seed makes a sampled reply repeat; logit_bias bans a token, as Model takes them."""
+    m, url, server = smol
+    body = {"messages": CHAT, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 7, "max_tokens": 10}
+    a, b = (call(url, "/v1/chat/completions", body)[1]["choices"][0]["message"]["content"] for _ in range(2))
+    assert a == b == m.chat(CHAT, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7, max_tokens=10).text
+    greedy = m.chat(CHAT, temperature=0, max_tokens=1).tokens[0]
+    banned = call(url, "/v1/chat/completions", {"messages": CHAT, "temperature": 0, "max_tokens": 1,
+                                                "logit_bias": {str(greedy): -100}})[1]
+    assert m.tokenize(banned["choices"][0]["message"]["content"])[:1] != [greedy]
+
+
+def test_errors(smol):
+    _, url, _ = smol
+    cases = [
+        ("/v1/chat/completions", None, b"{bad", 400, "not valid JSON"),
+        ("/v1/chat/completions", {"messages": []}, None, 400, "messages must be a non-empty list"),
+        ("/v1/chat/completions", {"messages": CHAT, "n": 2}, None, 400, "n > 1"),
+        ("/v1/chat/completions", {"messages": CHAT, "temperature": -1}, None, 400, "temperature"),
+        ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 0}, None, 400, "max_tokens"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, None, 400,
+         "other than text"),
+        ("/v1/completions", {"prompt": ""}, None, 400, "empty"),
+        ("/v1/completions", {"prompt": ["a", "b"]}, None, 400, "one prompt per request"),
+        ("/v1/completions", {"prompt": [10 ** 9]}, None, 400, "outside the vocabulary"),
+        ("/v1/embeddings", {"input": "x"}, None, 400, "embedding model"),
+        ("/v1/nothing", {}, None, 404, "no such endpoint"),
+    ]
+    for path, body, raw, status, text in cases:
+        got, out = call(url, path, body, raw=raw)
+        assert got == status and text in out["error"]["message"] and out["error"]["code"] == status, (path, out)
+    assert call(url, "/v1/chat/completions")[0] == 405   # GET
+    assert call(url, "/health", {})[0] == 405            # POST
+    big = urllib.request.Request(url + "/v1/completions", data=b"{}", headers={"Content-Length": str(1 << 30)})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(big, timeout=30)
+    assert e.value.code == 413
+
+
+def test_a_client_that_goes_away_stops_its_reply(smol):
+    """Read the first event of a long reply, hang up: the server stops generating (it is free
+    again well before 500 tokens would take) and answers the next request."""
+    m, url, server = smol
+    host, port = url.rsplit(":", 1)
+    body = json.dumps({"messages": CHAT, "max_tokens": 500, "temperature": 0.8, "top_k": 0, "min_p": 0.0,
+                       "logit_bias": {str(t): -100 for t in m.tokenizer.eog_ids}, "stream": True}).encode()
+    with socket.create_connection((host.removeprefix("http://"), int(port)), timeout=60) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        got = b""
+        while b"data: " not in got:
+            got += s.recv(4096)
+    prompt = len(m.chat_tokens(CHAT))
+    with server.lock:   # the reply has stopped: it holds the prompt and the few tokens before the hang-up
+        assert prompt < len(m._seq) < prompt + 100
+    status, out = call(url, "/v1/chat/completions", {"messages": CHAT, "temperature": 0, "max_tokens": 3})
+    assert status == 200 and out["usage"]["completion_tokens"] == 3
+
+
+def test_requests_wait_their_turn(smol):
+    """Four requests at once: each gets its own whole reply (the model runs one at a time)."""
+    m, url, server = smol
+    want = m.chat(CHAT, temperature=0, max_tokens=8).text
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(call(url, "/v1/chat/completions", {
+        "messages": CHAT, "temperature": 0, "max_tokens": 8}))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [(s, b["choices"][0]["message"]["content"]) for s, b in results] == [(200, want)] * 4
+
+
+def test_embeddings(minilm_path):
+    with Model(minilm_path, n_threads=2) as m:
+        server = serving(m)
+        try:
+            texts = ["The cat sits on the mat.", "A kitten rests on a rug."]
+            status, body = call(server.url, "/v1/embeddings", {"input": texts, "model": "x"})
+            assert status == 200 and [d["index"] for d in body["data"]] == [0, 1]
+            np.testing.assert_array_equal(np.array([d["embedding"] for d in body["data"]], np.float32), m.embed(texts))
+            assert body["usage"]["prompt_tokens"] == sum(len(m.tokenize(t)) for t in texts)
+            status, body = call(server.url, "/v1/embeddings", {"input": texts[0], "encoding_format": "base64"})
+            v = np.frombuffer(base64.b64decode(body["data"][0]["embedding"]), "<f4")
+            np.testing.assert_array_equal(v, m.embed(texts[0]))
+            ids = m.tokenize(texts[0])
+            np.testing.assert_array_equal(call(server.url, "/v1/embeddings", {"input": ids})[1]["data"][0]["embedding"],
+                                          m.embed(texts[0]).tolist())
+            status, body = call(server.url, "/v1/chat/completions", {"messages": CHAT})
+            assert status == 400 and "embedding model" in body["error"]["message"]
+            assert call(server.url, "/v1/embeddings", {"input": "word " * 600})[0] == 400
+        finally:
+            server.shutdown()
+            server.server_close()
+
+
+def test_cli_serve_and_ctrl_c(smollm2_path):
+    """`pyllm serve --port 0` says where it listens, answers, and stops on Ctrl-C with exit 130."""
+    p = subprocess.Popen([sys.executable, "-m", "pyllm.cli.main", "serve", "-m", smollm2_path, "--port", "0",
+                          "-t", "1"], stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "300"})
+    try:
+        line = p.stderr.readline()
+        assert "listening on http://127.0.0.1:" in line, line
+        url = line.split("listening on ")[1].split()[0]
+        assert call(url, "/health") == (200, {"status": "ok"})
+        assert call(url, "/v1/completions", {"prompt": "Hello", "max_tokens": 2})[0] == 200
+    finally:
+        p.send_signal(signal.SIGINT)
+        rc = p.wait(timeout=30)
+    assert rc == 130
