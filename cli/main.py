@@ -29,7 +29,8 @@ def list_models() -> None:
             path = registry.local_path(name)
             state = "downloaded" if path.is_file() else "not downloaded"
             default = " (default)" if name == registry.DEFAULT_MODEL else ""
-            print(f"{name}{default}\t{m.size / 1e6:.0f} MB\t{state}\t{m.description}")
+            size = path.stat().st_size if path.is_file() else m.size   # a converted model: its download until then
+            print(f"{name}{default}\t{size / 1e6:.0f} MB\t{state}\t{m.description}")
         folder = registry.models_dir()
         known = {m.file for m in registry.MODELS.values()}
         for path in sorted(folder.glob("*.gguf")) if folder.is_dir() else []:
