@@ -12,7 +12,7 @@ install: $(VENV)/.installed models
 
 $(VENV)/.installed: pyproject.toml setup.py pyllm/_build_native.py $(CSRC)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
+	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip 'setuptools>=77'
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
 	touch $@
 
