@@ -3,7 +3,8 @@
  * For query row t at position p and head h (key/value head h / group):
  *     y = sum_j softmax_j(scale * q.k_j) v_j     over j in [max(0, p-window+1), p]
  * (OPF_CHUNKED: over [p - p % window, p] instead; OPF_NON_CAUSAL: over [0, the
- * step's last position], every row alike; keys of head_dim, values of
+ * step's last position], every row alike, or with a window over the positions
+ * within window / 2 of p either way; keys of head_dim, values of
  * head_dim_v; with OPF_V_IN_K a value is the first
  * head_dim_v dims of its key row: MLA's latent, stored once).
  *
@@ -114,15 +115,19 @@ static void weighted_sum(int nq, const float *w, int64_t ws, const f16_t *vc, in
     for (int q = 0; q < nq; q++) K.wsum_f32(hd, n, w + q * ws, vb, hd, state + q * sf + 2);
 }
 
-/* the first position row t sees: the window's, or its chunk's (OPF_CHUNKED) */
+/* the first position row t sees: the window's (OPF_NON_CAUSAL: half of it back), or its chunk's (OPF_CHUNKED) */
 static inline int32_t first_visible(const pyllm_op *op, int32_t p) {
     if (op->window > 0 && op->flags & OPF_CHUNKED) return p - p % op->window;
-    return op->window > 0 && p - op->window + 1 > 0 ? p - op->window + 1 : 0;
+    const int32_t back = op->flags & OPF_NON_CAUSAL ? op->window / 2 : op->window - 1;
+    return op->window > 0 && p - back > 0 ? p - back : 0;
 }
 
-/* the last position row t (at position p) sees: its own, or with OPF_NON_CAUSAL the step's last */
+/* the last position row t (at position p) sees: its own, or with OPF_NON_CAUSAL the step's last
+ * (a window: at most half of it ahead) */
 static inline int32_t last_visible(const pyllm_op *op, const pyllm_step *st, int32_t p) {
-    return op->flags & OPF_NON_CAUSAL ? st->pos[st->n_tokens - 1] : p;
+    if (!(op->flags & OPF_NON_CAUSAL)) return p;
+    const int32_t last = st->pos[st->n_tokens - 1];
+    return op->window > 0 && p + op->window / 2 < last ? p + op->window / 2 : last;
 }
 
 static void state_init(float *state, int64_t n, int hd) {

@@ -80,7 +80,8 @@ enum pyllm_op_flags {
     OPF_KV_GROUPED = 512,    /* DELTA_NET: value head h reads key head h / (n_head / n_kv_head) (Qwen3-Next),
                                 else h % n_kv_head (Qwen3.5) */
     OPF_NON_CAUSAL = 1024    /* ATTENTION: every row sees every position up to the step's last (an encoder's
-                                bidirectional attention: BERT); the step's positions must be consecutive */
+                                bidirectional attention: BERT), with a window those within window / 2 of its
+                                own either way (EmbeddingGemma); the step's positions must be consecutive */
 };
 
 /* GLU_SWIGLU_OAI (gpt-oss): g' = min(g, c), y = g' sigmoid(a g') (clamp(u, -c, c) + 1), a = scale, c = softcap;

@@ -335,8 +335,9 @@ class Graph:
         kv_from >= 0: stores nothing (k, v None) and attends over the cache of that earlier
         layer, which this step has already filled (Gemma 4's shared KV layers).
         causal False: every row attends over all positions up to the step's last (an
-        encoder's bidirectional attention: the whole sequence must be one step)."""
-        assert causal or window == 0, "a bidirectional attention has no window"
+        encoder's bidirectional attention: the whole sequence must be one step), with a
+        window over those within window // 2 of its own either way."""
+        assert causal or not chunked, "a bidirectional attention has no chunks"
         head_dim_v = head_dim_v or head_dim
         if kv_from >= 0:
             assert k is None and v is None and kv_from in self.kv_layers, "shared KV: an earlier layer's cache"

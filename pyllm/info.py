@@ -73,6 +73,7 @@ class ModelInfo:
     activation_bytes: int
     state_bytes: int = 0      # recurrent layers' state (Mamba): a fixed size, whatever the context
     pooling: str = ""         # an encoder's: how its rows become one embedding ("none": one per token)
+    dense_out: list = field(default_factory=list)   # widths through an embedding's dense projections
     thinking_switch: bool = False   # the chat template has enable_thinking (--think / --no-think)
     notes: list[str] = field(default_factory=list)
 
@@ -126,6 +127,8 @@ class ModelInfo:
                 rope += ", per-pair frequency factors"
             attn = (f"{'chunks' if grp.chunked else 'sliding window'} of {grp.window}" if grp.window
                     else "whole context")
+            if grp.window and self.pooling:   # an encoder's window reaches both ways
+                attn = f"the {grp.window // 2} positions either way"
             if grp.temperature is not None:   # Mistral 3, Llama 4
                 s, period, offset = grp.temperature
                 attn += f", q times 1 + {s:g} ln(1 + floor((p + {offset:g}) / {period}))"
@@ -139,8 +142,9 @@ class ModelInfo:
             attention += f"; logits soft-capped at {self.final_softcap:g}"
         rows += [
             ("attention", attention),
-            *([("embeddings", f"{self.n_embd} dims, {self.pooling} pooling of the rows (`pyllm embed`); "
-                              f"no text generation")] if self.pooling else []),
+            *([("embeddings", f"{self.n_embd} dims, {self.pooling} pooling of the rows (`pyllm embed`)"
+                              + (f", through dense projections {' -> '.join(map(str, self.dense_out))}"
+                                 if self.dense_out else "") + "; no text generation")] if self.pooling else []),
             ("vocabulary", f"{self.vocab_type}, {self.n_vocab} tokens"),
             ("chat template", self._template()),
             ("memory", self._memory()),
@@ -166,8 +170,8 @@ def describe_block(arch) -> str:
     and FFN, side by side (one norm); FFN gelu_tanh(up), not gated"."""
     L = arch.layers[0]
     norm = "LayerNorm" if arch.norm == NORM_LAYER else "RMSNorm"
-    if not arch.causal:   # BERT: the norms take the residual sums
-        where = f"{norm} of the residual after attention and after the FFN; attention both ways (an encoder)"
+    if arch.norm_after_residual:   # BERT: the norms take the residual sums
+        where = f"{norm} of the residual after attention and after the FFN"
     elif L.attn_norm is None:
         where = f"{norm} after attention and FFN (no input norms)"
     elif L.parallel:
@@ -218,7 +222,8 @@ def describe_block(arch) -> str:
         qk += (f"; layers {fmt_layers(deltas)}: linear attention by the gated delta rule in place of attention "
                f"({d.heads} value heads over {d.kv_heads} key heads of {d.head_dim}), the others' attention "
                f"gated by sigmoid")
-    return f"{where}; {ffn}{qk}{arch.block_notes()}"
+    both_ways = "" if arch.causal else "; attention both ways (an encoder)"
+    return f"{where}{both_ways}; {ffn}{qk}{arch.block_notes()}"
 
 
 def model_info(path: str, n_ctx: Optional[int] = None, n_batch: int = N_BATCH,
@@ -286,4 +291,5 @@ def model_info(path: str, n_ctx: Optional[int] = None, n_batch: int = N_BATCH,
         thinking_switch=THINKING_SWITCH in str(mf.get("tokenizer.chat_template") or ""),
         file_bytes=mf.file_size, weight_bytes=mf.weight_bytes, kv_bytes=kv, activation_bytes=act,
         state_bytes=4 * sum(g.states.values()), notes=notes,
-        pooling="" if arch.causal else arch.pooling() or "none")
+        pooling="" if arch.causal else arch.pooling() or "none",
+        dense_out=[hp.n_embd] + [w.shape[1] for w, _ in arch.dense_out] if arch.dense_out else [])

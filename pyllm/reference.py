@@ -110,7 +110,8 @@ def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool,
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window: int = 0,
               softcap: float = 0.0, sinks: np.ndarray | None = None, chunked: bool = False,
               causal: bool = True) -> np.ndarray:
-    """Causal attention (causal False: every position sees every other, an encoder's). q: [T, H, d], k: [T, Hkv, d], v: [T, Hkv, dv] -> [T, H*dv]. sinks:
+    """Causal attention (causal False: every position sees every other, an encoder's, or with a
+    window those within window // 2 either way). q: [T, H, d], k: [T, Hkv, d], v: [T, Hkv, dv] -> [T, H*dv]. sinks:
     one logit per head, one more score of each softmax whose value is zero. window: over the
     last `window` positions, or with chunked over those of the position's chunk of `window`."""
     T, H, d = q.shape
@@ -122,7 +123,9 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window:
         scores = softcap * np.tanh(scores / softcap)
     i, j = np.arange(T)[:, None], np.arange(T)[None, :]
     allowed = j <= i if causal else np.ones((T, T), bool)
-    if window > 0:
+    if window > 0 and not causal:   # a bidirectional window: half of it either way (EmbeddingGemma)
+        allowed &= np.abs(i - j) <= window // 2
+    elif window > 0:
         allowed &= j >= i - i % window if chunked else j > i - window
     scores = np.where(allowed[None], scores, -np.inf)
     sink = np.full((H, T, 1), -np.inf) if sinks is None else np.broadcast_to(
@@ -160,13 +163,16 @@ class Reference:
         return self._head(body(tokens), embeddings)
 
     def _head(self, x: np.ndarray, embeddings: bool) -> np.ndarray:
-        """logit_scale * (Wout norm(x) + b?), soft-capped where the family says; norm(x) alone
-        for embeddings; x itself for an encoder (its last layer ends in a norm)."""
+        """logit_scale * (Wout norm(x) + b?), soft-capped where the family says; for embeddings
+        (and an encoder) norm(x) through the file's dense projections; x itself for BERT (its last
+        layer ends in a norm)."""
         a = self.arch
         if a.out_norm is None:
             return x
         h = self._norm(x, a.out_norm, a.out_norm_b)
-        if embeddings:
+        if embeddings or not a.causal:
+            for w, b in a.dense_out:
+                h = self._linear(h, w, b)
             return h
         logits = self._linear(h, a.output, a.out_bias) * np.float32(a.logit_scale)
         if a.final_softcap > 0:

@@ -444,6 +444,30 @@ def write_gemma3(path: str | Path, qtype: QT = QT.Q8_0, window: int = 8, **kw) -
     return write_model(path, "gemma3", qtype, qk_norm=True, post_norms=True, rope_base=1e6, keys=keys, **kw)
 
 
+def write_gemma_embedding(path: str | Path, qtype: QT = QT.Q8_0, window: int = 8, dense: int = 384,
+                          **kw) -> str:
+    """EmbeddingGemma: Gemma 3's layers attending both ways (the local ones over 4 positions either
+    side), mean pooling, dense projections n_embd -> dense -> n_embd after the final norm (0: none)."""
+    kw.setdefault("n_layer", 6)
+    kw.setdefault("tied", True)
+    kw.setdefault("n_head_kv", 1)
+    n_embd = kw.setdefault("n_embd", 256)
+    keys = {"sliding_window": window, "pooling_type": gguf.PoolingType.MEAN, "causal_attention": False,
+            **kw.pop("keys", {})}
+    extra = {}
+    if dense:
+        rng = np.random.default_rng(kw.get("seed", 0) + 100)
+        extra = {"dense_2.weight": (rng.standard_normal((dense, n_embd)) / np.sqrt(n_embd)).astype(np.float32),
+                 "dense_3.weight": (rng.standard_normal((n_embd, dense)) / np.sqrt(dense)).astype(np.float32)}
+    plain = write_model(Path(str(path) + ".plain"), "gemma-embedding", qtype, qk_norm=True, post_norms=True,
+                        rope_base=1e6, keys=keys, extra_tensors=extra, **kw)
+    sizes = {"dense_2_feat_in": n_embd, "dense_2_feat_out": dense, "dense_3_feat_in": dense,
+             "dense_3_feat_out": n_embd} if dense else {}   # llama.cpp sizes the tensors by these keys
+    rewrite_metadata(plain, path, {f"gemma-embedding.{k}": v for k, v in sizes.items()})
+    Path(plain).unlink()
+    return str(path)
+
+
 def write_gemma(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     """Gemma 1: Llama's layout, tied output; head_dim 128 by default, wider than
     n_embd / n_head (as on the 7B: 16 heads of 256 over 3072)."""
@@ -1343,7 +1367,7 @@ def write_metadata_only(src: str | Path, dst: str | Path, md: dict) -> str:
     return str(dst)
 
 WRITERS = {"llama": write_llama, "bert": write_bert, "nomic-bert": write_nomic_bert, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
-           "phi3": write_phi3, "gemma": write_gemma, "gemma2": write_gemma2, "gemma3": write_gemma3, "gemma3n": write_gemma3n, "gemma4": write_gemma4, "granite": write_granite,
+           "phi3": write_phi3, "gemma": write_gemma, "gemma2": write_gemma2, "gemma3": write_gemma3, "gemma-embedding": write_gemma_embedding, "gemma3n": write_gemma3n, "gemma4": write_gemma4, "granite": write_granite,
            "smollm3": write_smollm3, "olmo2": write_olmo2, "phi2": write_phi2, "starcoder2": write_starcoder2,
            "stablelm": write_stablelm, "command-r": write_command_r, "cohere2": write_cohere2,
            "ernie4_5": write_ernie4_5, "exaone": write_exaone, "exaone4": write_exaone4, "mixtral": write_mixtral,

@@ -770,6 +770,7 @@ def test_moe_op_matches_the_core(devices, case):
 @pytest.mark.parametrize("n_head,n_kv_head,hd,window,softcap,sinks,hd_v,v_in_k,chunked", [
     (4, 2, 64, 0, 0.0, False, 0, False, False),       # grouped-query heads
     (4, 2, 48, 0, 0.0, False, 0, False, None),        # bidirectional (BERT): every row sees every position
+    (4, 1, 64, 40, 0.0, False, 0, False, None),       # bidirectional, a window of 20 either way (EmbeddingGemma)
     (2, 1, 256, 37, 5.0, False, 0, False, False),     # one KV head (Gemma), a sliding window, soft-capped scores
     (3, 3, 80, 0, 0.0, False, 0, False, False),       # a head size that is no multiple of 32
     (8, 2, 64, 16, 0.0, True, 0, False, False),       # a sink logit per head (gpt-oss), windowed
@@ -778,7 +779,7 @@ def test_moe_op_matches_the_core(devices, case):
     (16, 1, 576, 0, 0.0, False, 512, True, False),    # MLA: one 576-dim key row per position, values its first 512
     (4, 2, 80, 0, 0.0, False, 48, True, False),       # values in the keys of 2 KV heads, sizes no multiple of 32
     (4, 2, 64, 16, 0.0, False, 0, False, True),  # Llama 4's chunks: position p sees p - p % 16 ..
-], ids=["gqa", "bidirectional", "window-softcap-hd256", "hd80", "sinks-window", "k192-v128", "hd576", "mla-v-in-k",
+], ids=["gqa", "bidirectional", "bidirectional-window", "window-softcap-hd256", "hd80", "sinks-window", "k192-v128", "hd576", "mla-v-in-k",
         "v-in-k-gqa-hd80", "chunked"])
 def test_kv_store_and_attention_match_the_core(devices, n_head, n_kv_head, hd, window, softcap, sinks, hd_v,
                                                v_in_k, chunked):

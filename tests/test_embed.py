@@ -234,3 +234,21 @@ def test_convert_refuses_what_it_cannot_read(tmp_path):
     (src / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_max_tokens": True}))
     with pytest.raises(UnsupportedModelError, match="pooling"):
         convert_bert(src, tmp_path / "x.gguf")
+
+
+def test_gemma_embedding(tmp_path):
+    """EmbeddingGemma (synthetic): 6 layers attending both ways, the local ones over 4 positions
+    either side; the mean of the rows through the dense projections, as the reference computes
+    them; `pyllm info` says so."""
+    path = synth.write_gemma_embedding(tmp_path / "m.gguf", synth.QT.F32)
+    with Model(path, n_threads=2) as m:
+        assert m.embedding and m.pooling == "mean" and [w.shape for w, _ in m.arch.dense_out] == [(256, 384), (384, 256)]
+        ids = [int(t) for t in np.random.default_rng(2).integers(1, 500, 30)]
+        ref = Reference(m.arch, kv_f16=True).forward(ids)
+        assert ref.shape == (30, 256)
+        got = m.embed_tokens(ids, normalize=False)
+        np.testing.assert_allclose(got, ref.mean(0), rtol=0, atol=1e-4 * np.abs(ref).max())
+        with pytest.raises(InvalidArgumentError, match="embedding model"):
+            m.generate([1, 2, 3])
+    r = run_cli("info", "-m", path)
+    assert "through dense projections 256 -> 384 -> 256" in r.stdout and "the 4 positions either way" in r.stdout

@@ -43,6 +43,7 @@ FAMILIES = {
     "gemma": (synth.write_gemma, {}),
     "gemma2": (synth.write_gemma2, {}),                      # caps 1 and 2: tanh bends scores and logits
     "gemma3": (synth.write_gemma3, {}),
+    "gemma-embedding": (synth.write_gemma_embedding, {}),   # both ways, a window of 4 either side; dense out
     "gemma3n": (synth.write_gemma3n, {"n_layer": 7, "shared_kv": 2}),       # AltUp, LAuReL, sparse gates
     "gemma4": (synth.write_gemma4, {}),                                     # per-layer inputs, shared KV
     "gemma4-31b": (synth.write_gemma4, {"per_layer": 0, "shared_kv": 0}),   # neither; values from Wk h
@@ -827,7 +828,7 @@ def test_family_errors(tmp_path):
     with pytest.raises(UnsupportedModelError, match="phi3 with experts .phi3.expert_count = 4. is not supported"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="bloom")
-    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*afmoe, apertus, arcee, bailingmoe2, bert, cohere2, command-r, deepseek2, dots1, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, falcon-h1, gemma, gemma2, gemma3, gemma3n, gemma4, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitehybrid, granitemoe, hunyuan-dense, hunyuan-moe, lfm2, lfm2moe, llama, llama4, mamba2, minimax-m2, mistral3, nemotron, nemotron_h, nemotron_h_moe, nomic-bert, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen35, qwen35moe, qwen3moe, qwen3next, qwen3vl, qwen3vlmoe, seed_oss, smallthinker, smollm3, stablelm, starcoder, starcoder2"):
+    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*afmoe, apertus, arcee, bailingmoe2, bert, cohere2, command-r, deepseek2, dots1, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, falcon-h1, gemma, gemma-embedding, gemma2, gemma3, gemma3n, gemma4, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitehybrid, granitemoe, hunyuan-dense, hunyuan-moe, lfm2, lfm2moe, llama, llama4, mamba2, minimax-m2, mistral3, nemotron, nemotron_h, nemotron_h_moe, nomic-bert, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen35, qwen35moe, qwen3moe, qwen3next, qwen3vl, qwen3vlmoe, seed_oss, smallthinker, smollm3, stablelm, starcoder, starcoder2"):
         load_architecture(ModelFile(p))
 
 

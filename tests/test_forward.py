@@ -459,11 +459,13 @@ def test_chunked_attention(level):
     assert np.abs(got - sliding).max() > 0.1   # not the sliding window of the same width
 
 
+@pytest.mark.parametrize("window", [0, 24], ids=["whole", "window24"])
 @pytest.mark.parametrize("level", [0, None], ids=["scalar", "best"])
-def test_bidirectional_attention(level):
-    """OPF_NON_CAUSAL (BERT): every row attends over every position of the step, 150 rows (two
-    segments, a partial last block) through a shuffled block table against float64; then a
-    second step of 7 rows sees all 157 positions, and a one-row step all 158."""
+def test_bidirectional_attention(level, window):
+    """OPF_NON_CAUSAL (BERT): every row attends over every position of the step (with a window,
+    EmbeddingGemma's: those within 12 either way), 150 rows (two segments, a partial last block)
+    through a shuffled block table against float64; then a second step of 7 rows sees all 157
+    positions (or its window of them), and a one-row step all 158."""
     from pyllm.backend.base import StepData
     from pyllm.reference import attention
     rng = np.random.default_rng(5)
@@ -472,7 +474,7 @@ def test_bidirectional_attention(level):
     g = Graph()
     g.layer = 0
     g.attention(g.buffer("q", n_head * hd), g.buffer("k", n_kv * hd), g.buffer("v", n_kv * hd), n_head, n_kv, hd,
-                0.125, "y", causal=False)
+                0.125, "y", causal=False, window=window)
     table = list(rng.permutation(12))[:10]
     f16 = [a.astype(np.float16).astype(np.float32).reshape(-1, n_kv, hd) for a in (k, v)]
     qh = q.reshape(-1, n_head, hd)
@@ -481,16 +483,19 @@ def test_bidirectional_attention(level):
         if level is not None:
             assert lib.pyllm_set_level(level) == 0
         got, prog = run_kv_graph(g, {"q": q[:n], "k": k[:n], "v": v[:n]}, np.arange(n), table, "y")
-        want = attention(qh[:n], f16[0][:n], f16[1][:n], 0.125, causal=False)
+        want = attention(qh[:n], f16[0][:n], f16[1][:n], 0.125, causal=False, window=window)
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
         causal = attention(qh[:n], f16[0][:n], f16[1][:n], 0.125)
         assert np.abs(got[0] - causal[0]).max() > 0.1   # row 0 sees the positions after it
+        if window:   # and not every position
+            whole = attention(qh[:n], f16[0][:n], f16[1][:n], 0.125, causal=False)
+            assert np.abs(got[0] - whole[0]).max() > 0.1
         for lo, hi in ((n, n + 7), (n + 7, n + 8)):     # later steps: every position so far
             for name, a in {"q": q, "k": k, "v": v}.items():
                 prog.write(name, 0, a[lo:hi])
             prog.run(0, StepData(np.zeros(hi - lo, np.int32), np.arange(lo, hi, dtype=np.int32),
                                  np.asarray(table, np.int32), hi - lo))
-            want = attention(qh[:hi], f16[0][:hi], f16[1][:hi], 0.125, causal=False)[lo:hi]
+            want = attention(qh[:hi], f16[0][:hi], f16[1][:hi], 0.125, causal=False, window=window)[lo:hi]
             np.testing.assert_allclose(np.array(prog.read("y", 0, hi - lo)), want, rtol=0,
                                        atol=2e-5 * np.abs(want).max())
         prog.close()

@@ -2,7 +2,8 @@
  *
  * For query row t at position p and head h (KV head h / group):
  *     y = sum_j softmax_j(scale * q.k_j) v_j   over j in [max(0, p - window + 1), p]
- * (OPF_NON_CAUSAL: over [0, the step's last position], every row alike)
+ * (OPF_NON_CAUSAL: over [0, the step's last position], every row alike, or with a window over
+ * the positions within window / 2 of p either way)
  * (scores soft-capped as softcap * tanh(s / softcap) when softcap > 0; a head's sink
  * logit, when given, joins the softmax's normalizer). Keys have head_dim dims, values
  * and y's heads head_dim_v; with OPF_V_IN_K there is no V pool and a value is the first
@@ -55,8 +56,10 @@ attention_kernel(const float *__restrict__ Q, int64_t q_stride, float *__restric
     for (int d = tid; d < hd; d += ATT_THREADS) s_q[d] = Q[(int64_t)t * q_stride + (int64_t)h * hd + d];
     const int p = pos[t];
     /* window < 0: a chunk of -window positions (OPF_CHUNKED, Llama 4) */
-    const int first = window < 0 ? p - p % -window : window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-    const int last = non_causal ? pos[gridDim.y - 1] : p;   /* a grid row per step row */
+    const int back = non_causal ? window / 2 : window - 1;   /* bidirectional: half the window either way */
+    const int first = window < 0 ? p - p % -window : window > 0 && p - back > 0 ? p - back : 0;
+    int last = non_causal ? pos[gridDim.y - 1] : p;          /* a grid row per step row */
+    if (non_causal && window > 0 && p + window / 2 < last) last = p + window / 2;
     float m = -FLT_MAX, l = 0.0f;
     float acc[NV];
 #pragma unroll

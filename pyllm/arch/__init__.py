@@ -16,7 +16,7 @@ from .ernie4_5 import Ernie4_5, Ernie4_5Moe
 from .exaone import Exaone, Exaone4
 from .gemma import Gemma
 from .gemma2 import Gemma2
-from .gemma3 import Gemma3
+from .gemma3 import Gemma3, GemmaEmbedding
 from .gemma3n import Gemma3n
 from .gemma4 import Gemma4
 from .glm4 import Glm4, Glm4Moe
@@ -53,6 +53,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "gemma": Gemma,
     "gemma2": Gemma2,
     "gemma3": Gemma3,
+    "gemma-embedding": GemmaEmbedding,   # EmbeddingGemma: embeddings only
     "gemma3n": Gemma3n,
     "gemma4": Gemma4,
     "granite": Granite,

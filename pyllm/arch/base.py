@@ -493,6 +493,7 @@ class Architecture:
     qk_norm_after_rope = False  # q/k norms on the rotated q and k (Hunyuan), not before RoPE
     chunked_window = False  # a layer's window is a chunk: position p sees p - p % window.. (Llama 4)
     causal = True        # False: every token attends over every other (BERT); the model embeds, never generates
+    norm_after_residual = False   # the layer's norms take the residual sums, x = norm(x + f(x)) (BERT)
     attn_temperature: Optional[tuple] = None   # (s, period, offset): q *= 1 + s ln(1 + floor((p + offset) / period))
     attn_softcap = 0.0   # > 0: attention scores become c * tanh(s / c) (Gemma 2)
     final_softcap = 0.0  # > 0: the logits likewise
@@ -502,6 +503,7 @@ class Architecture:
     out_norm_b: Optional[np.ndarray] = None   # LayerNorm bias of the output norm
     out_bias: Optional[np.ndarray] = None     # bias of the logits (Phi-2)
     pos_embd: Optional[Tensor] = None         # learned position embeddings (GPT-2): one row per position
+    dense_out: tuple = ()                     # (weight, bias) projections of an embedding after the final norm
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -587,6 +589,22 @@ class Architecture:
         self.tok_embd = self.weight("token_embd.weight", hp.n_embd, hp.n_vocab)
         self.out_norm, self.out_norm_b = self.norm_weights(out_norm, bias=norm_bias)
         self.output = self.output_weight() if tied else self.weight("output.weight", hp.n_embd, hp.n_vocab)
+
+    def read_dense_out(self) -> None:
+        """sentence-transformers' dense projections, where the file has them (dense_2, dense_3:
+        EmbeddingGemma): an embedding goes through them after the final norm, as llama.cpp
+        applies them after pooling (the same thing: pooling is linear)."""
+        width, out = self.hp.n_embd, []
+        for name in ("dense_2", "dense_3"):
+            if not self.mf.has_tensor(name + ".weight"):
+                continue
+            t = self.mf.tensor(name + ".weight")
+            if len(t.shape) != 2 or t.shape[0] != width:
+                raise ModelFileError(f"{self.mf.path}: {name}.weight has shape {list(t.shape)}, expected [{width}, n]; "
+                                     f"the file is corrupt")
+            out.append((self.weight(name + ".weight", width, t.shape[1]), self.optional_vector(name + ".bias", t.shape[1])))
+            width = t.shape[1]
+        self.dense_out = tuple(out)
 
     def output_weight(self) -> Tensor:
         """The logits projection; tied to the token embedding when absent."""

@@ -25,6 +25,7 @@ class Bert(Architecture):
     name = "bert"
     norm = NORM_LAYER
     causal = False
+    norm_after_residual = True
     gated = False
     glu = GLU_GELU_TANH
     learned_positions = True   # position_embd (bert); nomic-bert rotates q and k instead

@@ -266,11 +266,13 @@ class PostNormDecoder(Architecture):
 def output_head(g: Graph, arch: Architecture, x: View) -> View:
     """logits = Wout norm(x) (+ bias), on the rows whose logits are wanted (scaled
     and soft-capped where the family says); a graph built for embeddings ends at
-    norm(x), the rows Model.embed pools."""
+    norm(x) (through the file's dense projections), the rows Model.embed pools."""
     g.layer = -1
     g.head()
     h = norm(g, arch, x, arch.out_norm, arch.out_norm_b, "out_norm")
-    if g.embeddings:
+    if g.embeddings or not arch.causal:   # an encoder's output is always its embedding rows
+        for i, (w, b) in enumerate(arch.dense_out):   # sentence-transformers' projections (EmbeddingGemma)
+            h = g.linear(h, w, f"dense_{i + 2}", bias=b)
         return h
     logits = g.linear(h, arch.output, "logits", bias=arch.out_bias)
     if arch.final_softcap > 0 or arch.logit_scale != 1.0:

@@ -63,6 +63,7 @@ class Gemma3(PostNormDecoder):
         self.query_scale = 1.0 / math.sqrt(hp.n_embd / hp.n_head if wide else hp.head_dim)
         self.layers = [self.post_norm_layer(i, self.attention_weights(i, qk_norm=self.qk_norm))
                        for i in range(hp.n_layer)]
+        self.read_dense_out()
 
     def read_softcaps(self) -> None:
         self.final_softcap = float(self.mf.arch_get("final_logit_softcapping", 0.0) or 0.0)
@@ -88,3 +89,13 @@ class Gemma3(PostNormDecoder):
     @property
     def embed_scale(self) -> float:
         return math.sqrt(self.hp.n_embd)
+
+
+class GemmaEmbedding(Gemma3):
+    """EmbeddingGemma (`gemma-embedding`): Gemma 3's layers, every token attending both ways
+    (a local layer over the window / 2 positions either side of its own), queries scaled by
+    1/sqrt(head_dim) at every size; its embedding goes on through the dense projections
+    (dense_2, dense_3) after the final norm. It embeds and does not generate."""
+    name = "gemma-embedding"
+    causal = False
+    n_layer_27b = -1
