@@ -6,6 +6,11 @@
     GET  /v1/models             the one model
     GET  /health                {"status": "ok"}
 
+and ollama's, for the tools written against it (streamed as JSON lines, ollama's default):
+
+    POST /api/chat, /api/generate (a prompt through the chat template; raw: as it is), /api/embed
+    GET  /api/tags, /api/version
+
 One model and one KV cache: requests run one at a time (a lock; /health answers
 meanwhile), and a chat that resends its history reuses the cache of the turns
 before, as `pyllm chat` does. Sampling takes OpenAI's fields (temperature,
@@ -14,8 +19,8 @@ llama.cpp's (top_k, min_p, typical_p, repeat_penalty); unset ones keep
 llama.cpp's defaults. A reasoning model's thinking comes apart from the answer,
 as `reasoning_content` (llama-server's and DeepSeek's field). A client that
 goes away mid-stream stops its reply. Errors are OpenAI's
-{"error": {"message", "type", "code"}}: 400 for a bad request, 404, 405, 413,
-500 when the model fails.
+{"error": {"message", "type", "code"}} (under /api/, ollama's {"error": message}):
+400 for a bad request, 404, 405, 413, 500 when the model fails.
 
     from pyllm import Model
     from pyllm.server import make_server
@@ -25,6 +30,7 @@ goes away mid-stream stops its reply. Errors are OpenAI's
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 import logging
 import threading
@@ -145,37 +151,41 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- routing ----------------------------------------------------------------------------------
     def do_GET(self) -> None:
-        self._route({"/health": self.health, "/v1/models": self.models}, {"/v1/chat/completions", "/v1/completions",
-                                                                        "/v1/embeddings"})
+        self._route(GET_ROUTES, POST_ROUTES)
 
     def do_POST(self) -> None:
-        self._route({"/v1/chat/completions": self.chat, "/v1/completions": self.completions,
-                     "/v1/embeddings": self.embeddings}, {"/health", "/v1/models"})
+        self._route(POST_ROUTES, GET_ROUTES)
 
-    def _route(self, routes: dict, other_method: set) -> None:
+    def _route(self, routes: dict, other_method: dict) -> None:
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
         t0 = time.perf_counter()
         try:
             if path in routes:
-                routes[path]()
+                routes[path](self)
             elif path in other_method:
                 raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, f"{self.command} is not allowed on {path}")
             else:
                 raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint: {path} (see /v1/models, "
-                                   f"/v1/chat/completions, /v1/completions, /v1/embeddings, /health)")
+                                   f"/v1/chat/completions, /v1/completions, /v1/embeddings, /health, /api/chat, "
+                                   f"/api/generate, /api/embed, /api/tags)")
         except RequestError as e:
-            self.send_json(e.status, {"error": {"message": str(e), "type": e.kind, "code": e.status}})
+            self.send_error_json(path, e.status, str(e), e.kind)
         except (InvalidArgumentError, ContextFullError, TemplateError) as e:
-            self.send_json(HTTPStatus.BAD_REQUEST, {"error": {"message": str(e), "type": "invalid_request_error",
-                                                              "code": 400}})
+            self.send_error_json(path, HTTPStatus.BAD_REQUEST, str(e), "invalid_request_error")
         except (BrokenPipeError, ConnectionResetError):
             pass   # the client went away
         except Exception as e:   # the model failed (PyllmError) or a bug: the server goes on
             if not isinstance(e, PyllmError):
                 log.error("internal error on %s %s:\n%s", self.command, path, traceback.format_exc())
-            self.send_json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": {"message": str(e) or type(e).__name__,
-                                                                        "type": "server_error", "code": 500}})
+            self.send_error_json(path, HTTPStatus.INTERNAL_SERVER_ERROR, str(e) or type(e).__name__, "server_error")
         log.info("%s %s %.2f s", self.command, path, time.perf_counter() - t0)
+
+    def send_error_json(self, path: str, status: int, message: str, kind: str) -> None:
+        """OpenAI's error object, or under /api/ ollama's."""
+        if path.startswith("/api/"):
+            self.send_json(status, {"error": message})
+        else:
+            self.send_json(status, {"error": {"message": message, "type": kind, "code": int(status)}})
 
     # -- plumbing ---------------------------------------------------------------------------------
     def read_json(self) -> dict:
@@ -201,6 +211,17 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def send_lines(self, lines: Iterator[dict]) -> None:
+        """JSON lines (ollama's streams), one object each; the connection closes after."""
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", "application/x-ndjson")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        for line in lines:
+            self.wfile.write(json.dumps(line, ensure_ascii=False).encode("utf-8") + b"\n")
+            self.wfile.flush()
 
     def send_events(self, events: Iterator[dict]) -> None:
         """Server-sent events, one `data: JSON` each, then `data: [DONE]`; the connection closes after."""
@@ -238,7 +259,7 @@ class Handler(BaseHTTPRequestHandler):
             stream = m.chat(messages, max_tokens=max_tokens, stop=body.get("stop"), stream=True, **sampling)
             head = self.envelope("chat.completion.chunk" if body.get("stream") else "chat.completion", "chatcmpl")
             if body.get("stream"):
-                self._stream(stream, stream.parts(), stream.close, head, lambda kind, text: {
+                self._stream(stream, *reply_parts(stream), head, lambda kind, text: {
                     "delta": {"reasoning_content" if kind == "thinking" else "content": text}},
                     {"delta": {"role": "assistant", "content": ""}})
                 return
@@ -270,9 +291,7 @@ class Handler(BaseHTTPRequestHandler):
             gen = m.stream(prompt, max_tokens=max_tokens, stop=body.get("stop"), **sampling)
             head = self.envelope("text_completion", "cmpl")
             if body.get("stream"):
-                pieces = iter(gen)
-                self._stream(gen, ((None, piece) for piece in pieces), pieces.close, head,
-                             lambda kind, text: {"text": text, "logprobs": None})
+                self._stream(gen, *reply_parts(gen), head, lambda kind, text: {"text": text, "logprobs": None})
                 return
             c = gen.run()
             self.send_json(HTTPStatus.OK, {**head, "choices": [
@@ -299,6 +318,15 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             close()   # a reply cut short by the client stops here (the chat keeps its turn as far as it got)
 
+    @staticmethod
+    def _check_embeddings(m) -> None:
+        if not m.embedding:
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"{m.path.name} generates text; serve an embedding model, "
+                               f"or this one with --embedding, for embeddings")
+        if m.pooling == "none":
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"{m.path.name} does not say how to pool its rows into "
+                               f"one vector; start the server with --pooling mean|cls|last")
+
     def embeddings(self) -> None:
         body = self.read_json()
         inputs = body.get("input")
@@ -312,12 +340,7 @@ class Handler(BaseHTTPRequestHandler):
             raise InvalidArgumentError(f"encoding_format must be float or base64, not {fmt!r}")
         m = self.server.model
         with self.server.lock:
-            if not m.embedding:
-                raise RequestError(HTTPStatus.BAD_REQUEST, f"{m.path.name} generates text; serve an embedding model, "
-                                   f"or this one with --embedding, for /v1/embeddings")
-            if m.pooling == "none":
-                raise RequestError(HTTPStatus.BAD_REQUEST, f"{m.path.name} does not say how to pool its rows into "
-                                   f"one vector; start the server with --pooling mean|cls|last")
+            self._check_embeddings(m)
             data, tokens = [], 0
             for i, item in enumerate(inputs):
                 ids = m.embedding_tokens(item) if isinstance(item, str) else item
@@ -328,6 +351,141 @@ class Handler(BaseHTTPRequestHandler):
                 data.append({"object": "embedding", "index": i, "embedding": vector})
         self.send_json(HTTPStatus.OK, {"object": "list", "data": data, "model": self.server.name,
                                        "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+
+    # -- ollama's API -------------------------------------------------------------------------------
+    def ollama_version(self) -> None:
+        from . import __version__
+        self.send_json(HTTPStatus.OK, {"version": __version__})
+
+    def ollama_tags(self) -> None:
+        m = self.server.model
+        hist = m.file.type_histogram()
+        self.send_json(HTTPStatus.OK, {"models": [{
+            "name": self.server.name, "model": self.server.name, "size": m.file.file_size, "digest": "",
+            "modified_at": iso_time(m.path.stat().st_mtime),
+            "details": {"format": "gguf", "family": m.arch.name, "families": [m.arch.name],
+                        "parameter_size": f"{m.file.n_params / 1e6:.0f}M",
+                        "quantization_level": max(hist, key=hist.get) if hist else ""}}]})
+
+    def ollama_chat(self) -> None:
+        body = self.read_json()
+        messages = messages_of(body)
+        self._ollama_reply(body, lambda m, max_tokens, stop, sampling: m.chat(
+            messages, max_tokens=max_tokens, stop=stop, stream=True, **sampling), "message")
+
+    def ollama_generate(self) -> None:
+        body = self.read_json()
+        prompt, system = body.get("prompt") or "", body.get("system")
+        if not isinstance(prompt, str) or (system is not None and not isinstance(system, str)):
+            raise InvalidArgumentError("prompt and system must be text")
+        if not prompt:   # ollama's way to load a model: nothing to generate
+            self.send_json(HTTPStatus.OK, {"model": self.server.name, "created_at": iso_time(), "response": "",
+                                           "done": True, "done_reason": "load"})
+            return
+        if body.get("raw"):
+            self._ollama_reply(body, lambda m, max_tokens, stop, sampling: m.stream(
+                prompt, max_tokens=max_tokens, stop=stop, **sampling), "response")
+            return
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        self._ollama_reply(body, lambda m, max_tokens, stop, sampling: m.chat(
+            messages, max_tokens=max_tokens, stop=stop, stream=True, **sampling), "response")
+
+    def _ollama_reply(self, body: dict, start, field: str) -> None:
+        """A reply as ollama sends one: JSON lines (stream, the default) or one object. start(model,
+        max_tokens, stop, sampling) begins it; field: "message" (chat: {role, content, thinking})
+        or "response" (generate: the text, and thinking beside it)."""
+        for unsupported in ("format", "tools", "images"):
+            if body.get(unsupported):
+                raise InvalidArgumentError(f"{unsupported} is not supported by pyllm serve")
+        options = body.get("options") or {}
+        if not isinstance(options, dict):
+            raise InvalidArgumentError("options must be an object")
+        sampling = sampling_of({k: v for k, v in options.items() if k in SAMPLING})
+        n = options.get("num_predict")   # -1 (the default) and -2: until the reply ends or the context is full
+        max_tokens = None if n is None or (isinstance(n, int) and n < 0) else max_tokens_of({"max_tokens": n})
+
+        def fields(thinking: str, text: str) -> dict:
+            if field == "message":
+                return {"message": {"role": "assistant", "content": text, **({"thinking": thinking} if thinking else {})}}
+            return {"response": text, **({"thinking": thinking} if thinking else {})}
+
+        def head() -> dict:
+            return {"model": self.server.name, "created_at": iso_time()}
+
+        m = self.server.model
+        with self.server.lock:
+            m.require_generation()
+            think = m.think
+            m.think = bool(body["think"]) if "think" in body else think
+            try:
+                reply = start(m, max_tokens, options.get("stop"), sampling)
+            finally:
+                m.think = think
+            parts, close = reply_parts(reply)
+            try:
+                if body.get("stream", True):
+                    def lines() -> Iterator[dict]:
+                        for kind, text in parts:
+                            if text:
+                                yield {**head(), **(fields(text, "") if kind == "thinking" else fields("", text)),
+                                       "done": False}
+                        c = reply.completion
+                        yield {**head(), **fields("", ""), "done": True, "done_reason": FINISH[c.finish_reason],
+                               **ollama_counts(c)}
+                    self.send_lines(lines())
+                    return
+                chunks = list(parts)
+                c = reply.completion
+                self.send_json(HTTPStatus.OK, {
+                    **head(), **fields("".join(t for k, t in chunks if k == "thinking"),
+                                       "".join(t for k, t in chunks if k != "thinking")),
+                    "done": True, "done_reason": FINISH[c.finish_reason], **ollama_counts(c)})
+            finally:
+                close()   # a client that went away stops the reply here
+
+    def ollama_embed(self) -> None:
+        body = self.read_json()
+        inputs = body.get("input")
+        inputs = [inputs] if isinstance(inputs, str) else inputs
+        if not isinstance(inputs, list) or not all(isinstance(t, str) for t in inputs):
+            raise InvalidArgumentError("input must be a text or a list of texts")
+        m = self.server.model
+        t0 = time.perf_counter()
+        with self.server.lock:
+            self._check_embeddings(m)
+            ids = [m.embedding_tokens(t, truncate=body.get("truncate", True)) for t in inputs]
+            vectors = [[float(x) for x in m.embed_tokens(i)] for i in ids]
+        self.send_json(HTTPStatus.OK, {"model": self.server.name, "embeddings": vectors,
+                                       "total_duration": int((time.perf_counter() - t0) * 1e9), "load_duration": 0,
+                                       "prompt_eval_count": sum(map(len, ids))})
+
+
+GET_ROUTES = {"/health": Handler.health, "/v1/models": Handler.models, "/api/tags": Handler.ollama_tags,
+              "/api/version": Handler.ollama_version}
+POST_ROUTES = {"/v1/chat/completions": Handler.chat, "/v1/completions": Handler.completions,
+               "/v1/embeddings": Handler.embeddings, "/api/chat": Handler.ollama_chat,
+               "/api/generate": Handler.ollama_generate, "/api/embed": Handler.ollama_embed}
+
+
+def reply_parts(reply) -> tuple[Iterator[tuple[str, str]], Any]:
+    """((kind, text) parts, close) of a reply: a chat's (its thinking apart), or a raw completion's."""
+    if hasattr(reply, "parts"):   # a ChatStream
+        return reply.parts(), reply.close
+    pieces = iter(reply)
+    return (("answer", p) for p in pieces), pieces.close
+
+
+def iso_time(t: Optional[float] = None) -> str:
+    return datetime.datetime.fromtimestamp(time.time() if t is None else t, datetime.timezone.utc).isoformat()
+
+
+def ollama_counts(c) -> dict:
+    """ollama's token counts and durations (nanoseconds) of a finished reply."""
+    m = c.metrics
+    return {"total_duration": int(m.total_s * 1e9), "load_duration": 0, "prompt_eval_count": m.prompt_tokens,
+            "prompt_eval_duration": int(m.prefill_s * 1e9), "eval_count": m.generated_tokens,
+            "eval_duration": int(m.decode_s * 1e9)}
 
 
 def usage(c) -> dict:

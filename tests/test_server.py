@@ -219,3 +219,65 @@ def test_cli_serve_and_ctrl_c(smollm2_path):
         p.send_signal(signal.SIGINT)
         rc = p.wait(timeout=30)
     assert rc == 130
+
+
+# -- ollama's API -----------------------------------------------------------------------------------
+
+def lines(url, path, body):
+    """The JSON lines of a streamed ollama request."""
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode())
+    with urllib.request.urlopen(req, timeout=120) as r:
+        assert r.headers["Content-Type"] == "application/x-ndjson"
+        return [json.loads(line) for line in r.read().decode().splitlines()]
+
+
+def test_ollama_chat_and_generate(smol):
+    m, url, _ = smol
+    want = m.chat(CHAT, temperature=0, max_tokens=10)
+    options = {"temperature": 0, "num_predict": 10}
+    status, body = call(url, "/api/chat", {"model": "x", "messages": CHAT, "stream": False, "options": options})
+    assert status == 200 and body["done"] and body["done_reason"] == "length"
+    assert body["message"] == {"role": "assistant", "content": want.text}
+    assert (body["prompt_eval_count"], body["eval_count"]) == (want.metrics.prompt_tokens, 10)
+    streamed = lines(url, "/api/chat", {"messages": CHAT, "options": options})   # stream: ollama's default
+    assert [x["done"] for x in streamed] == [False] * (len(streamed) - 1) + [True]
+    assert "".join(x["message"]["content"] for x in streamed) == want.text
+    # generate: the prompt as the user's message through the chat template; raw: as it is
+    status, body = call(url, "/api/generate", {"prompt": CHAT[0]["content"], "stream": False, "options": options})
+    assert body["response"] == want.text and body["done_reason"] == "length"
+    raw = m.generate("The capital of France is", temperature=0, max_tokens=10)
+    streamed = lines(url, "/api/generate", {"prompt": "The capital of France is", "raw": True, "options": options})
+    assert "".join(x["response"] for x in streamed) == raw.text and streamed[-1]["eval_count"] == 10
+    assert call(url, "/api/generate", {"model": "x"})[1]["done_reason"] == "load"   # ollama's way to load
+
+
+def test_ollama_tags_version_and_errors(smol):
+    m, url, _ = smol
+    status, body = call(url, "/api/tags")
+    assert status == 200 and body["models"][0]["name"] == "test-model"
+    assert body["models"][0]["details"]["family"] == "llama" and body["models"][0]["size"] == m.file.file_size
+    assert call(url, "/api/version")[1]["version"]
+    for req, text in (({"messages": CHAT, "format": "json"}, "format is not supported"),
+                      ({"messages": CHAT, "options": {"temperature": "hot"}}, "temperature"),
+                      ({"messages": "hi"}, "messages must be")):
+        status, body = call(url, "/api/chat", {**req, "stream": False})
+        assert status == 400 and text in body["error"], body   # ollama's error: a string
+    status, body = call(url, "/api/embed", {"input": "x"})
+    assert status == 400 and "embedding model" in body["error"]
+
+
+def test_ollama_embed(minilm_path):
+    with Model(minilm_path, n_threads=2) as m:
+        server = serving(m)
+        try:
+            texts = ["The cat sits on the mat.", "A kitten rests on a rug."]
+            status, body = call(server.url, "/api/embed", {"model": "x", "input": texts})
+            assert status == 200 and body["prompt_eval_count"] == sum(len(m.tokenize(t)) for t in texts)
+            np.testing.assert_array_equal(np.array(body["embeddings"], np.float32), m.embed(texts))
+            # ollama truncates by default
+            assert len(call(server.url, "/api/embed", {"input": "word " * 600})[1]["embeddings"][0]) == 384
+            status, body = call(server.url, "/api/embed", {"input": "word " * 600, "truncate": False})
+            assert status == 400 and "truncate" in body["error"]
+        finally:
+            server.shutdown()
+            server.server_close()
