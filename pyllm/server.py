@@ -17,7 +17,8 @@ before, as `pyllm chat` does. Sampling takes OpenAI's fields (temperature,
 top_p, max_tokens, stop, seed, presence/frequency_penalty, logit_bias) and
 llama.cpp's (top_k, min_p, typical_p, repeat_penalty); unset ones keep
 llama.cpp's defaults. A reasoning model's thinking comes apart from the answer,
-as `reasoning_content` (llama-server's and DeepSeek's field). A client that
+as `reasoning_content` (llama-server's and DeepSeek's field), and
+chat_template_kwargs.enable_thinking (ollama's think) turns it on or off. A client that
 goes away mid-stream stops its reply. Errors are OpenAI's
 {"error": {"message", "type", "code"}} (under /api/, ollama's {"error": message}):
 400 for a bad request, 404, 405, 413, 500 when the model fails.
@@ -30,6 +31,7 @@ goes away mid-stream stops its reply. Errors are OpenAI's
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import json
 import logging
@@ -253,10 +255,14 @@ class Handler(BaseHTTPRequestHandler):
         body = self.read_json()
         one_choice(body)
         messages, sampling, max_tokens = messages_of(body), sampling_of(body), max_tokens_of(body)
+        kwargs = body.get("chat_template_kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise InvalidArgumentError("chat_template_kwargs must be an object")
         m = self.server.model
         with self.server.lock:
             m.require_generation()
-            stream = m.chat(messages, max_tokens=max_tokens, stop=body.get("stop"), stream=True, **sampling)
+            with enable_thinking(m, kwargs.get("enable_thinking")):   # llama-server's switch
+                stream = m.chat(messages, max_tokens=max_tokens, stop=body.get("stop"), stream=True, **sampling)
             head = self.envelope("chat.completion.chunk" if body.get("stream") else "chat.completion", "chatcmpl")
             if body.get("stream"):
                 self._stream(stream, *reply_parts(stream), head, lambda kind, text: {
@@ -416,12 +422,8 @@ class Handler(BaseHTTPRequestHandler):
         m = self.server.model
         with self.server.lock:
             m.require_generation()
-            think = m.think
-            m.think = bool(body["think"]) if "think" in body else think
-            try:
+            with enable_thinking(m, body.get("think")):
                 reply = start(m, max_tokens, options.get("stop"), sampling)
-            finally:
-                m.think = think
             parts, close = reply_parts(reply)
             try:
                 if body.get("stream", True):
@@ -466,6 +468,19 @@ GET_ROUTES = {"/health": Handler.health, "/v1/models": Handler.models, "/api/tag
 POST_ROUTES = {"/v1/chat/completions": Handler.chat, "/v1/completions": Handler.completions,
                "/v1/embeddings": Handler.embeddings, "/api/chat": Handler.ollama_chat,
                "/api/generate": Handler.ollama_generate, "/api/embed": Handler.ollama_embed}
+
+
+@contextlib.contextmanager
+def enable_thinking(model, on: Optional[bool]) -> Iterator[None]:
+    """The chat template's enable_thinking set to `on` (None: as the server runs) while a request
+    renders its prompt."""
+    before = model.think
+    if on is not None:
+        model.think = bool(on)
+    try:
+        yield
+    finally:
+        model.think = before
 
 
 def reply_parts(reply) -> tuple[Iterator[tuple[str, str]], Any]:

@@ -281,3 +281,36 @@ def test_ollama_embed(minilm_path):
         finally:
             server.shutdown()
             server.server_close()
+
+
+def test_thinking_switch_and_decoder_embeddings(smollm2_path):
+    """chat_template_kwargs.enable_thinking (OpenAI's route) and think (ollama's) reach the template
+    for that request only; a decoder served with embedding=True and a pooling embeds."""
+    template = ("{% for m in messages %}{{ m.content }}{% endfor %}"
+                "{% if enable_thinking is defined and not enable_thinking %} no thinking{% endif %}")
+    with Model(smollm2_path, n_threads=2, chat_template=template) as m:
+        server = serving(m)
+        try:
+            def prompt_tokens(**extra):
+                body = {"messages": CHAT, "max_tokens": 1, "temperature": 0, **extra}
+                return call(server.url, "/v1/chat/completions", body)[1]["usage"]["prompt_tokens"]
+            plain = prompt_tokens()
+            assert prompt_tokens(chat_template_kwargs={"enable_thinking": False}) == plain + 2
+            assert prompt_tokens() == plain and m.think is None
+            out = call(server.url, "/api/chat", {"messages": CHAT, "think": False, "stream": False,
+                                                 "options": {"num_predict": 1}})[1]
+            assert out["prompt_eval_count"] == plain + 2
+        finally:
+            server.shutdown()
+            server.server_close()
+    with Model(smollm2_path, n_threads=2, embedding=True) as m:
+        m.pooling = "last"
+        server = serving(m)
+        try:
+            body = call(server.url, "/v1/embeddings", {"input": ["Hello world", "Bonjour"]})[1]
+            np.testing.assert_array_equal(np.array([d["embedding"] for d in body["data"]], np.float32),
+                                          m.embed(["Hello world", "Bonjour"]))
+            assert len(body["data"][0]["embedding"]) == 576
+        finally:
+            server.shutdown()
+            server.server_close()
