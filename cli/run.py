@@ -45,6 +45,8 @@ def run(
                                           "the decode's time went (per op, weight type, thread; Python)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object: text, finish reason, "
                                           "token counts, timings")] = False,
+    fmt: Annotated[Optional[str], typer.Option("--format", help="json: the reply is one JSON object (it ends "
+                                               "when the object closes)")] = None,
     threads: Threads = None,
     ctx_size: CtxSize = None,
     n_gpu_layers: NGpuLayers = "auto",
@@ -84,12 +86,12 @@ def run(
                     err.print(f"warning: {note}", style="yellow", highlight=False, soft_wrap=True)
                 messages = ([{"role": "system", "content": system}] if system else []) + \
                            [{"role": "user", "content": text}]
-                gen = m.chat(messages, max_tokens=max_tokens, stop=stop, stream=True, **sampling)
+                gen = m.chat(messages, max_tokens=max_tokens, stop=stop, stream=True, format=fmt, **sampling)
                 seed_used = gen.seed
             else:
                 if not text:
                     raise InvalidArgumentError("the prompt is empty")
-                gen = m.stream(text, max_tokens=max_tokens, stop=stop, **sampling)
+                gen = m.stream(text, max_tokens=max_tokens, stop=stop, format=fmt, **sampling)
                 seed_used = gen.sampler.seed
             generation = getattr(gen, "generation", gen)   # a chat stream wraps the engine's generation
             generation.profile = profile

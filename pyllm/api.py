@@ -23,6 +23,7 @@ from .chat_template import BUILTIN as BUILTIN_TEMPLATES, THINKING_SWITCH, ChatTe
 from .defaults import BLOCK_SIZE, DEFAULT_MAX_CTX, N_BATCH, N_OUT_MAX
 from .engine import Completion, Engine, Generation
 from .errors import ContextFullError, InvalidArgumentError, TemplateError
+from .grammar import constraint_for
 from .graph import Graph
 from .model_file import ModelFile
 from .reasoning import prompt_opens_thinking, split_pieces, split_reasoning
@@ -216,14 +217,14 @@ class Model:
         return int(max_tokens)
 
     def _generation(self, prompt: str | Seq[int], max_tokens: Optional[int], stop: Optional[Seq[str]],
-                    sampling: Mapping[str, Any], profile: bool = False) -> Generation:
+                    sampling: Mapping[str, Any], profile: bool = False, format: Optional[str] = None) -> Generation:
         self.require_generation()
         ids = self.tokenize(prompt, special=True) if isinstance(prompt, str) else self._check_ids(prompt)
         return self.engine.generate(self._seq, ids, self._max_tokens(max_tokens), self._sampler(sampling),
-                                    _stop_list(stop), profile=profile)
+                                    _stop_list(stop), profile=profile, constraint=constraint_for(format, self.tokenizer))
 
     def generate(self, prompt: str | Seq[int], max_tokens: Optional[int] = 128, stop: Optional[Seq[str]] = None,
-                 **sampling: Any) -> Completion:
+                 format: Optional[str] = None, **sampling: Any) -> Completion:
         """Completes `prompt` (text or token ids) as raw text, no chat template.
 
         Returns a Completion: text, tokens, finish_reason ("stop": an
@@ -235,16 +236,18 @@ class Model:
         greedy), top_k 40, top_p 0.95, min_p 0.05, typical_p 1.0,
         repeat_penalty 1.0, repeat_last_n 64, frequency_penalty 0,
         presence_penalty 0, logit_bias {token id: bias}, seed (None: random).
+
+        format "json": the reply is one JSON object, and ends when it closes (pyllm.grammar).
         """
-        return self._generation(prompt, max_tokens, stop, sampling).run()
+        return self._generation(prompt, max_tokens, stop, sampling, format=format).run()
 
     def stream(self, prompt: str | Seq[int], max_tokens: Optional[int] = 128, stop: Optional[Seq[str]] = None,
-               profile: bool = False, **sampling: Any) -> Generation:
+               profile: bool = False, format: Optional[str] = None, **sampling: Any) -> Generation:
         """Like generate(), but iterating yields the text as it is decoded;
         `.completion` holds the result afterwards (also after a break). With
         profile=True, `.profiles` says afterwards where the prefill's and the
         decode's time went (per op kind, per weight type, per thread, Python)."""
-        return self._generation(prompt, max_tokens, stop, sampling, profile)
+        return self._generation(prompt, max_tokens, stop, sampling, profile, format)
 
     # -- chat --------------------------------------------------------------------
     def _load_template(self) -> ChatTemplate:
@@ -318,7 +321,8 @@ class Model:
             self._chat_cache.append((c.text, list(c.tokens)))
 
     def chat(self, messages: Seq[Mapping[str, Any]], max_tokens: Optional[int] = None,
-             stop: Optional[Seq[str]] = None, stream: bool = False, **sampling: Any) -> Completion | "ChatStream":
+             stop: Optional[Seq[str]] = None, stream: bool = False, format: Optional[str] = None,
+             **sampling: Any) -> Completion | "ChatStream":
         """The assistant's reply to OpenAI-style messages
         ([{"role": "system" | "user" | "assistant", "content": "..."}, ...]),
         rendered with the chat template and stopped at the end of the turn.
@@ -327,17 +331,18 @@ class Model:
         ChatStream that yields the text as it comes. Successive calls that
         extend the same conversation reuse the KV cache of the earlier turns.
         max_tokens None: until the reply ends or the context is full.
-        Sampling keywords as generate()."""
+        Sampling keywords and format as generate()."""
         self.require_generation()
         text, prompt = self._chat_prompt(messages)
-        chat = self._chat_stream(text, prompt, max_tokens, stop, sampling)
+        chat = self._chat_stream(text, prompt, max_tokens, stop, sampling, format)
         return chat if stream else chat.run()
 
     def _chat_stream(self, text: str, prompt: list[int], max_tokens: Optional[int], stop: Optional[Seq[str]],
-                     sampling: Mapping[str, Any]) -> "ChatStream":
+                     sampling: Mapping[str, Any], format: Optional[str] = None) -> "ChatStream":
         stop_ids, stop_texts = self.chat_stop()
         gen = self.engine.generate(self._seq, prompt, self._max_tokens(max_tokens), self._sampler(sampling),
-                                   _stop_list(stop) + stop_texts, stop_ids)
+                                   _stop_list(stop) + stop_texts, stop_ids,
+                                   constraint=constraint_for(format, self.tokenizer))
         return ChatStream(gen, lambda c: self._record_chat(text, prompt, c), prompt_opens_thinking(text))
 
     # -- lifetime ----------------------------------------------------------------

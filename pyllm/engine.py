@@ -137,9 +137,11 @@ class Engine:
 
     # -- generation ------------------------------------------------------------------
     def generate(self, seq: Sequence, prompt: Seq[int], max_tokens: int, sampler: Sampler,
-                 stop: Seq[str] = (), stop_ids: Optional[set[int]] = None, profile: bool = False) -> "Generation":
+                 stop: Seq[str] = (), stop_ids: Optional[set[int]] = None, profile: bool = False,
+                 constraint=None) -> "Generation":
+        """constraint: which tokens may come (pyllm.grammar); the reply ends when it is done."""
         return Generation(self, seq, list(prompt), max_tokens, sampler, list(stop),
-                          self.tokenizer.eog_ids if stop_ids is None else stop_ids, profile)
+                          self.tokenizer.eog_ids if stop_ids is None else stop_ids, profile, constraint)
 
 
 class Generation:
@@ -147,12 +149,13 @@ class Generation:
     a break) `completion` holds the text, tokens, finish reason and metrics."""
 
     def __init__(self, engine: Engine, seq: Sequence, prompt: list[int], max_tokens: int,
-                 sampler: Sampler, stop: list[str], stop_ids: set[int], profile: bool = False):
+                 sampler: Sampler, stop: list[str], stop_ids: set[int], profile: bool = False, constraint=None):
         self.engine, self.seq, self.prompt = engine, seq, prompt
         self.max_tokens, self.sampler, self.stop, self.stop_ids = max_tokens, sampler, stop, stop_ids
         self.completion: Optional[Completion] = None
         self.cancelled = False
         self.profile = profile
+        self.constraint = constraint
         self.profiles: list = []  # with profile: where the prefill's and the decode's time went
 
     def cancel(self) -> None:
@@ -190,6 +193,10 @@ class Generation:
                         f"overflow; the file is corrupt or badly quantized: download it again or try another")
                 ts = time.perf_counter()
                 tok = self.sampler(logits, history)
+                if self.constraint is not None:
+                    if not self.constraint.allows(tok):   # draw again among the tokens it allows
+                        tok = self.sampler(np.where(self.constraint.mask(), logits, -np.inf), history)
+                    self.constraint.advance(tok)
                 sampling_s += time.perf_counter() - ts
                 if t_first is None:
                     t_first = time.perf_counter()
@@ -204,7 +211,7 @@ class Generation:
                 if out:
                     emitted.append(out)
                     yield out
-                if hit_stop_string:
+                if hit_stop_string or (self.constraint is not None and self.constraint.done):
                     finish = "stop"
                     break
                 if len(tokens) >= self.max_tokens:

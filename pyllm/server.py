@@ -18,7 +18,9 @@ top_p, max_tokens, stop, seed, presence/frequency_penalty, logit_bias) and
 llama.cpp's (top_k, min_p, typical_p, repeat_penalty); unset ones keep
 llama.cpp's defaults. A reasoning model's thinking comes apart from the answer,
 as `reasoning_content` (llama-server's and DeepSeek's field), and
-chat_template_kwargs.enable_thinking (ollama's think) turns it on or off. A client that
+chat_template_kwargs.enable_thinking (ollama's think) turns it on or off.
+response_format json_object (ollama's format "json") makes the reply one JSON
+object (pyllm.grammar). A client that
 goes away mid-stream stops its reply. Errors are OpenAI's
 {"error": {"message", "type", "code"}} (under /api/, ollama's {"error": message}):
 400 for a bad request, 404, 405, 413, 500 when the model fails.
@@ -135,6 +137,17 @@ def messages_of(body: dict) -> list[dict]:
             raise InvalidArgumentError("a message's content must be text")
         out.append({**m, "content": content})
     return out
+
+
+def openai_format(body: dict) -> Optional[str]:
+    """response_format: text (None) or json_object ("json"); a JSON schema is not supported."""
+    rf = body.get("response_format")
+    kind = rf.get("type") if isinstance(rf, dict) else rf
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return "json"
+    raise InvalidArgumentError(f"response_format {kind!r} is not supported (text or json_object)")
 
 
 def one_choice(body: dict) -> None:
@@ -258,11 +271,13 @@ class Handler(BaseHTTPRequestHandler):
         kwargs = body.get("chat_template_kwargs") or {}
         if not isinstance(kwargs, dict):
             raise InvalidArgumentError("chat_template_kwargs must be an object")
+        fmt = openai_format(body)
         m = self.server.model
         with self.server.lock:
             m.require_generation()
             with enable_thinking(m, kwargs.get("enable_thinking")):   # llama-server's switch
-                stream = m.chat(messages, max_tokens=max_tokens, stop=body.get("stop"), stream=True, **sampling)
+                stream = m.chat(messages, max_tokens=max_tokens, stop=body.get("stop"), stream=True, format=fmt,
+                                **sampling)
             head = self.envelope("chat.completion.chunk" if body.get("stream") else "chat.completion", "chatcmpl")
             if body.get("stream"):
                 self._stream(stream, *reply_parts(stream), head, lambda kind, text: {
@@ -294,7 +309,8 @@ class Handler(BaseHTTPRequestHandler):
                 raise InvalidArgumentError("the prompt is empty")
             if not ({"max_tokens", "max_completion_tokens"} & set(body)):
                 max_tokens = 16   # OpenAI's default for completions
-            gen = m.stream(prompt, max_tokens=max_tokens, stop=body.get("stop"), **sampling)
+            gen = m.stream(prompt, max_tokens=max_tokens, stop=body.get("stop"), format=openai_format(body),
+                           **sampling)
             head = self.envelope("text_completion", "cmpl")
             if body.get("stream"):
                 self._stream(gen, *reply_parts(gen), head, lambda kind, text: {"text": text, "logprobs": None})
@@ -401,9 +417,12 @@ class Handler(BaseHTTPRequestHandler):
         """A reply as ollama sends one: JSON lines (stream, the default) or one object. start(model,
         max_tokens, stop, sampling) begins it; field: "message" (chat: {role, content, thinking})
         or "response" (generate: the text, and thinking beside it)."""
-        for unsupported in ("format", "tools", "images"):
+        for unsupported in ("tools", "images"):
             if body.get(unsupported):
                 raise InvalidArgumentError(f"{unsupported} is not supported by pyllm serve")
+        fmt = body.get("format") or None
+        if fmt is not None and fmt != "json":
+            raise InvalidArgumentError('format takes "json" (a JSON schema is not supported)')
         options = body.get("options") or {}
         if not isinstance(options, dict):
             raise InvalidArgumentError("options must be an object")
@@ -423,7 +442,7 @@ class Handler(BaseHTTPRequestHandler):
         with self.server.lock:
             m.require_generation()
             with enable_thinking(m, body.get("think")):
-                reply = start(m, max_tokens, options.get("stop"), sampling)
+                reply = start(m, max_tokens, options.get("stop"), {**sampling, "format": fmt})
             parts, close = reply_parts(reply)
             try:
                 if body.get("stream", True):

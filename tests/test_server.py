@@ -257,7 +257,7 @@ def test_ollama_tags_version_and_errors(smol):
     assert status == 200 and body["models"][0]["name"] == "test-model"
     assert body["models"][0]["details"]["family"] == "llama" and body["models"][0]["size"] == m.file.file_size
     assert call(url, "/api/version")[1]["version"]
-    for req, text in (({"messages": CHAT, "format": "json"}, "format is not supported"),
+    for req, text in (({"messages": CHAT, "format": "xml"}, 'format takes "json"'),
                       ({"messages": CHAT, "options": {"temperature": "hot"}}, "temperature"),
                       ({"messages": "hi"}, "messages must be")):
         status, body = call(url, "/api/chat", {**req, "stream": False})
@@ -314,3 +314,22 @@ def test_thinking_switch_and_decoder_embeddings(smollm2_path):
         finally:
             server.shutdown()
             server.server_close()
+
+
+def test_json_format(smol):
+    """OpenAI's response_format json_object and ollama's format "json": the reply of Model.chat's
+    format="json", one JSON object."""
+    m, url, _ = smol
+    ask = [{"role": "user", "content": "Give me a JSON object describing a cat with name and age."}]
+    want = m.chat(ask, temperature=0, max_tokens=150, format="json")
+    assert want.finish_reason == "stop" and isinstance(json.loads(want.text), dict)
+    body = call(url, "/v1/chat/completions", {"messages": ask, "temperature": 0, "max_tokens": 150,
+                                              "response_format": {"type": "json_object"}})[1]
+    assert body["choices"][0]["message"]["content"] == want.text and body["choices"][0]["finish_reason"] == "stop"
+    out = call(url, "/api/chat", {"messages": ask, "format": "json", "stream": False,
+                                  "options": {"temperature": 0, "num_predict": 150}})[1]
+    assert out["message"]["content"] == want.text and out["done_reason"] == "stop"
+    status, body = call(url, "/v1/chat/completions", {"messages": ask, "response_format": {"type": "json_schema"}})
+    assert status == 400 and "json_schema" in body["error"]["message"]
+    status, body = call(url, "/api/chat", {"messages": ask, "format": {"type": "object"}, "stream": False})
+    assert status == 400 and "schema is not supported" in body["error"]

@@ -307,6 +307,7 @@ class Tokenizer:
         self.eog_ids: frozenset[int] = frozenset(eog)
         self._attr_list: list[int] = self._attrs.tolist()
         self._piece_cache: dict[int, bytes] = {}
+        self._all_pieces: list[bytes] | None = None
         # special tokens to look for in text, keyed by their first two characters,
         # in llama.cpp's order; one table with control/unknown tokens (for
         # parse_special) and one without
@@ -490,6 +491,12 @@ class Tokenizer:
             piece = piece[1:]
             lstrip -= 1
         return piece
+
+    def all_pieces(self) -> list[bytes]:
+        """token_to_piece of every token, in id order (computed once)."""
+        if self._all_pieces is None:
+            self._all_pieces = [self.token_to_piece(t) for t in range(self.n_vocab)]
+        return self._all_pieces
 
     def detokenize(self, ids: Sequence[int], remove_special: bool = False,
                    unparse_special: bool = False) -> bytes:
