@@ -16,7 +16,7 @@ import typer
 
 from pyllm.errors import InvalidArgumentError
 
-from .common import handle_errors, model_path, read_input
+from .common import err, handle_errors, model_path, read_input
 from .options import CtxSize, ModelOpt, NGpuLayers, Threads
 
 
@@ -69,6 +69,10 @@ def embed(
         t0 = time.perf_counter()
         with Model(path, n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers, embedding=True) as m:
             load_s = time.perf_counter() - t0
+            if pooling is None and m.pooling == "none":
+                err.print(f"note: {m.path.name} does not say how to pool its tokens' rows: a vector per token "
+                          f"(--pooling mean|cls|last makes one per text)", style="cyan", highlight=False,
+                          soft_wrap=True)
             lines, counts = [], []
             for text in items:
                 ids = m.embedding_tokens(text, truncate)
