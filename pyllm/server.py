@@ -53,10 +53,9 @@ log = logging.getLogger("pyllm")
 
 MAX_BODY = 32 << 20     # bytes of one request body
 FINISH = {"stop": "stop", "length": "length", "context": "length", "interrupted": "stop"}
-# request field -> Model sampling keyword (OpenAI's names, then llama.cpp's extras)
-SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-            "typical_p": "typical_p", "repeat_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n",
-            "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty", "seed": "seed"}
+# the request fields that are Model sampling keywords of the same name (OpenAI's, ollama's options, llama.cpp's)
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repeat_penalty", "repeat_last_n",
+            "presence_penalty", "frequency_penalty", "seed")
 
 
 class RequestError(Exception):
@@ -92,10 +91,7 @@ def make_server(model, host: str = "127.0.0.1", port: int = 8080, name: Optional
 
 def sampling_of(body: dict) -> dict:
     """Model sampling keywords from a request's fields."""
-    out = {}
-    for field, key in SAMPLING.items():
-        if body.get(field) is not None:
-            out[key] = body[field]
+    out = {name: body[name] for name in SAMPLING if body.get(name) is not None}
     bias = body.get("logit_bias")
     if bias:
         if not isinstance(bias, dict):
