@@ -169,7 +169,7 @@ class Model:
             return vectors[0]
         if (pooling or self.pooling) == "none":
             return vectors   # a [T, n_embd] array per text: their lengths differ
-        return np.stack(vectors) if vectors else np.zeros((0, self.arch.hp.n_embd), np.float32)
+        return np.stack(vectors) if vectors else np.zeros((0, self.backend.n_vocab), np.float32)   # the rows' width
 
     def embedding_tokens(self, text: str, truncate: bool = False) -> list[int]:
         """The token ids `embed` runs for `text` (see there)."""
