@@ -86,7 +86,7 @@ def embed(
             if as_json:
                 total = time.perf_counter() - t0
                 head = json.dumps({"model": str(m.path), "pooling": pooling or m.pooling, "normalized": normalize,
-                                   "dims": m.arch.hp.n_embd, "prompt_tokens": sum(counts), "tokens": counts,
+                                   "dims": m.embedding_dims, "prompt_tokens": sum(counts), "tokens": counts,
                                    "load_s": round(load_s, 6), "total_s": round(total, 6)})
                 sys.stdout.write(head[:-1] + ', "embeddings": [' + ",".join(lines) + "]}\n")
                 sys.stdout.flush()

@@ -169,7 +169,12 @@ class Model:
             return vectors[0]
         if (pooling or self.pooling) == "none":
             return vectors   # a [T, n_embd] array per text: their lengths differ
-        return np.stack(vectors) if vectors else np.zeros((0, self.backend.n_vocab), np.float32)   # the rows' width
+        return np.stack(vectors) if vectors else np.zeros((0, self.embedding_dims), np.float32)
+
+    @property
+    def embedding_dims(self) -> int:
+        """The width of an embedding: the output rows' (n_embd, or the dense projections' last)."""
+        return self.backend.n_vocab
 
     def embedding_tokens(self, text: str, truncate: bool = False) -> list[int]:
         """The token ids `embed` runs for `text` (see there)."""

