@@ -123,6 +123,13 @@ CURATED = [
     "<s></s> and <0x41> <unused0> [multimodal]",
     "<start_of_image><end_of_image>",
     "The quick brown fox jumps over the lazy dog. " * 3,
+    # code points llama.cpp's Unicode 15.1 knows (15.0: Kawi, CJK Ext H; 15.1:
+    # Ext I) and newer ones it treats as unassigned (16.0: Garay, emoji; 17.0:
+    # the riyal sign, Ext J; 18.0, which regex 2026.11 knows: Armenian, a
+    # currency sign, CJK), next to ASCII letters, digits and punctuation
+    "ab\U00011F04\U00011F05cd \U00031350\U00031351x \U0002EBF0y 12\U00011F5034",
+    "ab\U00010D50\U00010D51cd x\U0001FAE9\U0001FAEAy 5\u20c1 \u20c1\u20c1! z\U000323B0\U000323B1.",
+    "ab\u0558cd 7\u20c2 \u20c2\u20c3? x\U0003D000\U0003D001y \U00012550\U0001255112",
 ]
 
 # More strings for WordPiece ('bert') vocabularies: normalisation, word

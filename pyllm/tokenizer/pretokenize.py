@@ -20,26 +20,27 @@ text, so that the classes behave exactly as llama.cpp's do: e.g. `\\s` is the
 Unicode White_Space set, non-ASCII letters have no case (which matters for the
 tekken / gpt-4o patterns), and `\\p{Lu}` means any letter.
 
-The Unicode properties come from the `regex` package's tables (Unicode 17
-with regex 2026.x). llama.cpp's tables are Unicode 15.1, so code points first
-assigned in Unicode 16.0 and 17.0 are treated as unassigned here, as llama.cpp
-does (_NEWER_THAN_15_1). benchmarks/compare_tokenizer.py --unicode checks
+The classes come from llama.cpp's Unicode version, 15.1 (pyllm.tokenizer.unicode),
+not from the `regex` package's tables, which follow newer versions; regex only
+runs in ASCII mode here. benchmarks/compare_tokenizer.py --unicode checks
 every code point against llama.cpp's own classifier.
 """
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 
 import regex
 
 from ..errors import UnsupportedModelError
+from . import unicode
 
 # --- Unicode classes --------------------------------------------------------
 
 _WS_STANDIN = 0x0B          # any non-ASCII whitespace (as llama.cpp)
 _OTHER_STANDIN = 0xD0       # separators that are not whitespace, controls, unassigned
-_STANDIN = {"N": 0xD1, "L": 0xD2, "P": 0xD3, "M": 0xD4, "S": 0xD5}
+# keyed by class letter (pyllm.tokenizer.unicode's NUMBER, LETTER, ...)
+_STANDIN = {unicode.NUMBER: 0xD1, unicode.LETTER: 0xD2, unicode.PUNCTUATION: 0xD3,
+            unicode.MARK: 0xD4, unicode.SYMBOL: 0xD5}
 
 # ASCII members of each category, as llama.cpp's k_ucat_map (regex class syntax)
 _ASCII_MEMBERS = {
@@ -53,56 +54,14 @@ _ASCII_MEMBERS = {
 _UCAT = {"\\p{N}": "N", "\\p{L}": "L", "\\p{P}": "P", "\\p{M}": "M", "\\p{S}": "S",
          "\\p{Lu}": "L", "\\p{Ll}": "L", "\\p{Lt}": "L", "\\p{Lm}": "L", "\\p{Lo}": "L"}
 
-# Code points first assigned after Unicode 15.1 (in 16.0 and 17.0) that the
-# `regex` package knows: unassigned for llama.cpp. Found by comparing every code
-# point with llama.cpp's unicode_cpt_flags_from_cpt (compare_tokenizer.py --unicode).
-_NEWER_THAN_15_1 = (
-    (0x0088F, 0x0088F), (0x00897, 0x00897), (0x00C5C, 0x00C5C), (0x00CDC, 0x00CDC),
-    (0x01ACF, 0x01ADD), (0x01AE0, 0x01AEB), (0x01B4E, 0x01B4F), (0x01B7F, 0x01B7F),
-    (0x01C89, 0x01C8A), (0x020C1, 0x020C1), (0x02427, 0x02429), (0x02B96, 0x02B96),
-    (0x031E4, 0x031E5), (0x0A7CB, 0x0A7CF), (0x0A7D2, 0x0A7D2), (0x0A7D4, 0x0A7D4),
-    (0x0A7DA, 0x0A7DC), (0x0A7F1, 0x0A7F1), (0x0FBC3, 0x0FBD2), (0x0FD90, 0x0FD91),
-    (0x0FDC8, 0x0FDCE), (0x105C0, 0x105F3), (0x10940, 0x10959), (0x10D40, 0x10D65),
-    (0x10D69, 0x10D85), (0x10D8E, 0x10D8F), (0x10EC2, 0x10EC7), (0x10ED0, 0x10ED8),
-    (0x10EFA, 0x10EFC), (0x11380, 0x11389), (0x1138B, 0x1138B), (0x1138E, 0x1138E),
-    (0x11390, 0x113B5), (0x113B7, 0x113C0), (0x113C2, 0x113C2), (0x113C5, 0x113C5),
-    (0x113C7, 0x113CA), (0x113CC, 0x113D5), (0x113D7, 0x113D8), (0x113E1, 0x113E2),
-    (0x116D0, 0x116E3), (0x11B60, 0x11B67), (0x11BC0, 0x11BE1), (0x11BF0, 0x11BF9),
-    (0x11DB0, 0x11DDB), (0x11DE0, 0x11DE9), (0x11F5A, 0x11F5A), (0x13460, 0x143FA),
-    (0x16100, 0x16139), (0x16D40, 0x16D79), (0x16EA0, 0x16EB8), (0x16EBB, 0x16ED3),
-    (0x16FF2, 0x16FF6), (0x187F8, 0x187FF), (0x18CFF, 0x18CFF), (0x18D09, 0x18D1E),
-    (0x18D80, 0x18DF2), (0x1CC00, 0x1CCFC), (0x1CD00, 0x1CEB3), (0x1CEBA, 0x1CED0),
-    (0x1CEE0, 0x1CEF0), (0x1E5D0, 0x1E5FA), (0x1E5FF, 0x1E5FF), (0x1E6C0, 0x1E6DE),
-    (0x1E6E0, 0x1E6F5), (0x1E6FE, 0x1E6FF), (0x1F6D8, 0x1F6D8), (0x1F777, 0x1F77A),
-    (0x1F8B2, 0x1F8BB), (0x1F8C0, 0x1F8C1), (0x1F8D0, 0x1F8D8), (0x1FA54, 0x1FA57),
-    (0x1FA89, 0x1FA8A), (0x1FA8E, 0x1FA8F), (0x1FABE, 0x1FABE), (0x1FAC6, 0x1FAC6),
-    (0x1FAC8, 0x1FAC8), (0x1FACD, 0x1FACD), (0x1FADC, 0x1FADC), (0x1FADF, 0x1FADF),
-    (0x1FAE9, 0x1FAEA), (0x1FAEF, 0x1FAEF), (0x1FBCB, 0x1FBEF), (0x1FBFA, 0x1FBFA),
-    (0x2B73A, 0x2B73F), (0x2CEA2, 0x2CEAD), (0x323B0, 0x33479),
-)
-_NEWER_STARTS = [start for start, _ in _NEWER_THAN_15_1]
-
-_CLASSIFY = regex.compile(r"(\p{White_Space})|(\p{N})|(\p{L})|(\p{P})|(\p{M})|(\p{S})")
-_GROUP_STANDIN = (None, _WS_STANDIN, _STANDIN["N"], _STANDIN["L"], _STANDIN["P"],
-                  _STANDIN["M"], _STANDIN["S"])
-
-
-def _is_newer_than_15_1(cp: int) -> bool:
-    i = bisect.bisect_right(_NEWER_STARTS, cp) - 1
-    return i >= 0 and cp <= _NEWER_THAN_15_1[i][1]
+_CLASS_STANDIN = {unicode.WHITESPACE: _WS_STANDIN, **_STANDIN}
 
 
 class _CollapseTable(dict):
     """str.translate table: code point -> its class stand-in (ASCII kept)."""
 
     def __missing__(self, cp: int) -> int:
-        if cp < 128:
-            value = cp
-        elif _is_newer_than_15_1(cp):
-            value = _OTHER_STANDIN
-        else:
-            m = _CLASSIFY.match(chr(cp))
-            value = _GROUP_STANDIN[m.lastindex] if m else _OTHER_STANDIN
+        value = cp if cp < 128 else _CLASS_STANDIN.get(unicode.code_point_class(cp), _OTHER_STANDIN)
         self[cp] = value
         return value
 
@@ -111,11 +70,7 @@ class _WhitespaceTable(dict):
     """str.translate table: non-ASCII whitespace -> U+000B, the rest kept."""
 
     def __missing__(self, cp: int) -> int:
-        value = cp
-        if cp >= 128:
-            m = _CLASSIFY.match(chr(cp))
-            if m and m.lastindex == 1:
-                value = _WS_STANDIN
+        value = _WS_STANDIN if cp >= 128 and unicode.code_point_class(cp) == unicode.WHITESPACE else cp
         self[cp] = value
         return value
 

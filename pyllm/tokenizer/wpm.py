@@ -30,53 +30,22 @@ from functools import lru_cache
 from typing import Any
 
 from ..errors import InvalidArgumentError
+from . import unicode
 from .base import Tokenizer
-from .pretokenize import _is_newer_than_15_1
 
 WORD_CACHE_SIZE = 1 << 16
 
-# llama.cpp's code point classes that matter here, from the Unicode general
-# category: control is Cc, Cf, Co and Cs (unassigned code points, Cn, stay
-# in words like letters do); symbols only matter below U+007F.
+# llama.cpp's code point classes that matter here (symbols only matter
+# below U+007F; unassigned code points stay in words like letters do)
 _WHITESPACE, _CONTROL, _MARK, _PUNCT, _SYMBOL, _OTHER = range(6)
-_CATEGORY_CLASS = {"Cc": _CONTROL, "Cf": _CONTROL, "Co": _CONTROL, "Cs": _CONTROL,
-                   "Mn": _MARK, "Mc": _MARK, "Me": _MARK,
-                   "Pc": _PUNCT, "Pd": _PUNCT, "Ps": _PUNCT, "Pe": _PUNCT, "Pi": _PUNCT,
-                   "Pf": _PUNCT, "Po": _PUNCT,
-                   "Sm": _SYMBOL, "Sc": _SYMBOL, "Sk": _SYMBOL, "So": _SYMBOL}
-
-# Unicode's White_Space property, the list llama.cpp hard-codes (not Python's
-# str.isspace(), which also takes U+001C..U+001F: controls for llama.cpp)
-_WHITESPACE_CPS = frozenset([*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B),
-                             0x2028, 0x2029, 0x202F, 0x205F, 0x3000])
-
-# Marks, punctuation and format controls first assigned in Unicode 15.0, which
-# llama.cpp's tables (15.1) know and Python 3.11's unicodedata (14.0) does not.
-# (No other code point of 15.0 or 15.1 changes a word: the rest are letters,
-# digits and non-ASCII symbols, with no case or decomposition.)
-_ADDED_IN_15 = (
-    (0x00CF3, 0x00CF3, _MARK), (0x00ECE, 0x00ECE, _MARK), (0x10EFD, 0x10EFF, _MARK),
-    (0x11241, 0x11241, _MARK), (0x11B00, 0x11B09, _PUNCT), (0x11F00, 0x11F01, _MARK),
-    (0x11F03, 0x11F03, _MARK), (0x11F34, 0x11F3A, _MARK), (0x11F3E, 0x11F42, _MARK),
-    (0x11F43, 0x11F4F, _PUNCT), (0x13439, 0x1343F, _CONTROL), (0x13440, 0x13440, _MARK),
-    (0x13447, 0x13455, _MARK), (0x1E08F, 0x1E08F, _MARK), (0x1E4EC, 0x1E4EF, _MARK),
-)
+_CLASS = {unicode.WHITESPACE: _WHITESPACE, unicode.CONTROL: _CONTROL, unicode.MARK: _MARK,
+          unicode.PUNCTUATION: _PUNCT, unicode.SYMBOL: _SYMBOL}
 
 
 def code_point_class(cp: int) -> int:
     """The class llama.cpp gives the code point: _WHITESPACE, _CONTROL, _MARK,
-    _PUNCT, _SYMBOL or _OTHER (letters, digits, separators that are not
-    whitespace, unassigned)."""
-    if cp in _WHITESPACE_CPS:
-        return _WHITESPACE
-    if _is_newer_than_15_1(cp):  # unassigned in llama.cpp's tables
-        return _OTHER
-    category = unicodedata.category(chr(cp))
-    if category == "Cn":
-        for first, last, kind in _ADDED_IN_15:
-            if first <= cp <= last:
-                return kind
-    return _CATEGORY_CLASS.get(category, _OTHER)
+    _PUNCT, _SYMBOL or _OTHER (letters, digits, unassigned)."""
+    return _CLASS.get(unicode.code_point_class(cp), _OTHER)
 
 
 def is_chinese_char(cp: int) -> bool:
@@ -87,17 +56,20 @@ def is_chinese_char(cp: int) -> bool:
             or 0xF900 <= cp <= 0xFAFF or 0x2F800 <= cp <= 0x2FA1F)
 
 
+# nfd_first and simple_lower use the installed Python's unicodedata. Code
+# points assigned in 15.0 or 15.1 that it may not know have neither case nor
+# decomposition, so they come back unchanged either way.
 def nfd_first(cp: int) -> int:
     """The first code point of the NFD decomposition: llama.cpp's 'NFD' keeps
     only that one (é -> e, 한 -> ᄒ, the leading jamo)."""
-    if _is_newer_than_15_1(cp):
+    if not unicode.is_assigned(cp):  # in llama.cpp's Unicode 15.1
         return cp
     return ord(unicodedata.normalize("NFD", chr(cp))[0])
 
 
 def simple_lower(cp: int) -> int:
     """The simple (one code point) lowercase mapping, as unicode_tolower."""
-    if _is_newer_than_15_1(cp):
+    if not unicode.is_assigned(cp):  # in llama.cpp's Unicode 15.1
         return cp
     low = chr(cp).lower()
     # str.lower() is the full mapping; only U+0130 (İ) lowers to two code
