@@ -4,8 +4,8 @@
     with Model() as m:                       # the default model, SmolLM2-135M
         print(m.generate("Once upon a time", max_tokens=32).text)
 """
-from .errors import (BackendError, ContextFullError, DownloadError, InvalidArgumentError, ModelFileError,
-                     ModelNotFoundError, PyllmError, TemplateError, UnsupportedModelError)
+from .errors import (BackendError, ContextFullError, DownloadError, GrammarError, InvalidArgumentError,
+                     ModelFileError, ModelNotFoundError, PyllmError, TemplateError, UnsupportedModelError)
 
 __version__ = "0.1.0"
 
@@ -22,4 +22,4 @@ def __getattr__(name):
 
 
 __all__ = ["Model", "ChatSession", "PyllmError", "ModelFileError", "UnsupportedModelError", "ModelNotFoundError",
-           "DownloadError", "ContextFullError", "TemplateError", "InvalidArgumentError", "BackendError"]
+           "DownloadError", "ContextFullError", "TemplateError", "InvalidArgumentError", "GrammarError", "BackendError"]

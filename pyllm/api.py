@@ -23,7 +23,7 @@ from .chat_template import BUILTIN as BUILTIN_TEMPLATES, THINKING_SWITCH, ChatTe
 from .defaults import BLOCK_SIZE, DEFAULT_MAX_CTX, N_BATCH, N_OUT_MAX
 from .engine import Completion, Engine, Generation
 from .errors import ContextFullError, InvalidArgumentError, TemplateError
-from .grammar import constraint_for
+from .grammar import Format, constraint_for
 from .graph import Graph
 from .model_file import ModelFile
 from .reasoning import prompt_opens_thinking, split_pieces, split_reasoning
@@ -222,14 +222,16 @@ class Model:
         return int(max_tokens)
 
     def _generation(self, prompt: str | Seq[int], max_tokens: Optional[int], stop: Optional[Seq[str]],
-                    sampling: Mapping[str, Any], profile: bool = False, format: Optional[str] = None) -> Generation:
+                    sampling: Mapping[str, Any], profile: bool = False, format: Format = None,
+                    grammar: Optional[str] = None) -> Generation:
         self.require_generation()
         ids = self.tokenize(prompt, special=True) if isinstance(prompt, str) else self._check_ids(prompt)
+        constraint = constraint_for(self.tokenizer, format, grammar)
         return self.engine.generate(self._seq, ids, self._max_tokens(max_tokens), self._sampler(sampling),
-                                    _stop_list(stop), profile=profile, constraint=constraint_for(format, self.tokenizer))
+                                    _stop_list(stop), profile=profile, constraint=constraint)
 
     def generate(self, prompt: str | Seq[int], max_tokens: Optional[int] = 128, stop: Optional[Seq[str]] = None,
-                 format: Optional[str] = None, **sampling: Any) -> Completion:
+                 format: Format = None, grammar: Optional[str] = None, **sampling: Any) -> Completion:
         """Completes `prompt` (text or token ids) as raw text, no chat template.
 
         Returns a Completion: text, tokens, finish_reason ("stop": an
@@ -242,17 +244,20 @@ class Model:
         repeat_penalty 1.0, repeat_last_n 64, frequency_penalty 0,
         presence_penalty 0, logit_bias {token id: bias}, seed (None: random).
 
-        format "json": the reply is one JSON object, and ends when it closes (pyllm.grammar).
+        Constrained output (pyllm.grammar): format "json" makes the reply one
+        JSON object, a JSON schema (a dict) one JSON value valid for it; the
+        reply ends when it closes. grammar: GBNF text (llama.cpp's --grammar).
         """
-        return self._generation(prompt, max_tokens, stop, sampling, format=format).run()
+        return self._generation(prompt, max_tokens, stop, sampling, format=format, grammar=grammar).run()
 
     def stream(self, prompt: str | Seq[int], max_tokens: Optional[int] = 128, stop: Optional[Seq[str]] = None,
-               profile: bool = False, format: Optional[str] = None, **sampling: Any) -> Generation:
+               profile: bool = False, format: Format = None, grammar: Optional[str] = None,
+               **sampling: Any) -> Generation:
         """Like generate(), but iterating yields the text as it is decoded;
         `.completion` holds the result afterwards (also after a break). With
         profile=True, `.profiles` says afterwards where the prefill's and the
         decode's time went (per op kind, per weight type, per thread, Python)."""
-        return self._generation(prompt, max_tokens, stop, sampling, profile, format)
+        return self._generation(prompt, max_tokens, stop, sampling, profile, format, grammar)
 
     # -- chat --------------------------------------------------------------------
     def _load_template(self) -> ChatTemplate:
@@ -326,8 +331,8 @@ class Model:
             self._chat_cache.append((c.text, list(c.tokens)))
 
     def chat(self, messages: Seq[Mapping[str, Any]], max_tokens: Optional[int] = None,
-             stop: Optional[Seq[str]] = None, stream: bool = False, format: Optional[str] = None,
-             **sampling: Any) -> Completion | "ChatStream":
+             stop: Optional[Seq[str]] = None, stream: bool = False, format: Format = None,
+             grammar: Optional[str] = None, **sampling: Any) -> Completion | "ChatStream":
         """The assistant's reply to OpenAI-style messages
         ([{"role": "system" | "user" | "assistant", "content": "..."}, ...]),
         rendered with the chat template and stopped at the end of the turn.
@@ -336,18 +341,19 @@ class Model:
         ChatStream that yields the text as it comes. Successive calls that
         extend the same conversation reuse the KV cache of the earlier turns.
         max_tokens None: until the reply ends or the context is full.
-        Sampling keywords and format as generate()."""
+        Sampling keywords, format and grammar as generate()."""
         self.require_generation()
         text, prompt = self._chat_prompt(messages)
-        chat = self._chat_stream(text, prompt, max_tokens, stop, sampling, format)
+        chat = self._chat_stream(text, prompt, max_tokens, stop, sampling, format, grammar)
         return chat if stream else chat.run()
 
     def _chat_stream(self, text: str, prompt: list[int], max_tokens: Optional[int], stop: Optional[Seq[str]],
-                     sampling: Mapping[str, Any], format: Optional[str] = None) -> "ChatStream":
+                     sampling: Mapping[str, Any], format: Format = None,
+                     grammar: Optional[str] = None) -> "ChatStream":
         stop_ids, stop_texts = self.chat_stop()
+        constraint = constraint_for(self.tokenizer, format, grammar, end_ids=stop_ids)
         gen = self.engine.generate(self._seq, prompt, self._max_tokens(max_tokens), self._sampler(sampling),
-                                   _stop_list(stop) + stop_texts, stop_ids,
-                                   constraint=constraint_for(format, self.tokenizer))
+                                   _stop_list(stop) + stop_texts, stop_ids, constraint=constraint)
         return ChatStream(gen, lambda c: self._record_chat(text, prompt, c), prompt_opens_thinking(text))
 
     # -- lifetime ----------------------------------------------------------------

@@ -40,3 +40,8 @@ class InvalidArgumentError(PyllmError, ValueError):
 
 class BackendError(PyllmError):
     """The native core or a device failed."""
+
+
+class GrammarError(InvalidArgumentError):
+    """A grammar (GBNF) or JSON schema for constrained output is invalid or
+    uses something pyllm does not support."""
