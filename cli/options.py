@@ -1,6 +1,7 @@
 """Options that several commands share: the model, the context, sampling."""
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Annotated, Any, Optional
@@ -95,3 +96,46 @@ def template_arg(value: Optional[str]) -> Optional[str]:
                                    f"and cannot read it as a file: {e.strerror}") from None
     except UnicodeDecodeError:
         raise InvalidArgumentError(f"--chat-template {value}: the file is not UTF-8 text") from None
+
+
+CONSTRAINED = "Constrained output (one of these)"
+FormatOpt = Annotated[Optional[str], typer.Option(
+    "--format", help="json: the reply is one JSON object (it ends when the object closes); or a JSON schema",
+    rich_help_panel=CONSTRAINED)]
+GrammarOpt = Annotated[Optional[str], typer.Option(
+    "--grammar", help="a GBNF grammar (llama.cpp's) the reply follows", rich_help_panel=CONSTRAINED)]
+GrammarFile = Annotated[Optional[str], typer.Option(
+    "--grammar-file", help="read the GBNF grammar from this file", rich_help_panel=CONSTRAINED)]
+JsonSchema = Annotated[Optional[str], typer.Option(
+    "-j", "--json-schema", help="a JSON schema (JSON text): the reply is one JSON value valid for it",
+    rich_help_panel=CONSTRAINED)]
+JsonSchemaFile = Annotated[Optional[str], typer.Option(
+    "--json-schema-file", help="read the JSON schema from this file", rich_help_panel=CONSTRAINED)]
+
+
+def constraint_kwargs(fmt: Optional[str], grammar: Optional[str], grammar_file: Optional[str],
+                      json_schema: Optional[str], json_schema_file: Optional[str]) -> dict[str, Any]:
+    """format= / grammar= for Model.generate and Model.chat, from the command line."""
+    from .common import read_input
+    given = [name for name, value in (("--format", fmt), ("--grammar", grammar), ("--grammar-file", grammar_file),
+                                      ("--json-schema", json_schema), ("--json-schema-file", json_schema_file))
+             if value is not None]
+    if len(given) > 1:
+        raise InvalidArgumentError(f"give one of {' and '.join(given)}, not both")
+    if grammar_file is not None:
+        return {"grammar": read_input(grammar_file, "grammar file", "")}
+    if grammar is not None:
+        return {"grammar": grammar}
+    if json_schema_file is not None:
+        json_schema = read_input(json_schema_file, "JSON schema file", "")
+    elif fmt is not None and fmt != "json":
+        if not fmt.lstrip().startswith("{"):
+            raise InvalidArgumentError(f"--format takes json or a JSON schema, not {fmt!r}")
+        json_schema = fmt
+    if json_schema is None:
+        return {"format": fmt}
+    try:
+        schema = json.loads(json_schema)
+    except json.JSONDecodeError as e:
+        raise InvalidArgumentError(f"the JSON schema is not JSON: {e}") from None
+    return {"format": schema}

@@ -15,9 +15,10 @@ import typer
 from pyllm.errors import InvalidArgumentError
 
 from .common import err, handle_errors, model_path, read_input
-from .options import (CtxSize, FreqPenalty, LogitBias, MinP, ModelOpt, PresPenalty, RepeatLastN, RepeatPenalty,
-                      Seed, Stop, TemplateOpt, Temp, Think, Threads, TopK, TopP, TypicalP, sampling_kwargs,
-                      template_arg, thinking_note)
+from .options import (CtxSize, FormatOpt, FreqPenalty, GrammarFile, GrammarOpt, JsonSchema, JsonSchemaFile,
+                      LogitBias, MinP, ModelOpt, PresPenalty, RepeatLastN, RepeatPenalty, Seed, Stop, TemplateOpt,
+                      Temp, Think, Threads, TopK, TopP, TypicalP, constraint_kwargs, sampling_kwargs, template_arg,
+                      thinking_note)
 from .options import NGpuLayers
 
 
@@ -45,8 +46,11 @@ def run(
                                           "the decode's time went (per op, weight type, thread; Python)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object: text, finish reason, "
                                           "token counts, timings")] = False,
-    fmt: Annotated[Optional[str], typer.Option("--format", help="json: the reply is one JSON object (it ends "
-                                               "when the object closes)")] = None,
+    fmt: FormatOpt = None,
+    grammar: GrammarOpt = None,
+    grammar_file: GrammarFile = None,
+    json_schema: JsonSchema = None,
+    json_schema_file: JsonSchemaFile = None,
     threads: Threads = None,
     ctx_size: CtxSize = None,
     n_gpu_layers: NGpuLayers = "auto",
@@ -68,6 +72,7 @@ def run(
             raise InvalidArgumentError("--system needs --chat")
         sampling = sampling_kwargs(temp, top_k, top_p, min_p, typical_p, repeat_penalty, repeat_last_n,
                                    frequency_penalty, presence_penalty, logit_bias, seed)
+        sampling.update(constraint_kwargs(fmt, grammar, grammar_file, json_schema, json_schema_file))
         text = read_prompt(prompt, file)
         if not text.strip() and chat:
             raise InvalidArgumentError("the prompt is empty")
@@ -86,12 +91,12 @@ def run(
                     err.print(f"warning: {note}", style="yellow", highlight=False, soft_wrap=True)
                 messages = ([{"role": "system", "content": system}] if system else []) + \
                            [{"role": "user", "content": text}]
-                gen = m.chat(messages, max_tokens=max_tokens, stop=stop, stream=True, format=fmt, **sampling)
+                gen = m.chat(messages, max_tokens=max_tokens, stop=stop, stream=True, **sampling)
                 seed_used = gen.seed
             else:
                 if not text:
                     raise InvalidArgumentError("the prompt is empty")
-                gen = m.stream(text, max_tokens=max_tokens, stop=stop, format=fmt, **sampling)
+                gen = m.stream(text, max_tokens=max_tokens, stop=stop, **sampling)
                 seed_used = gen.sampler.seed
             generation = getattr(gen, "generation", gen)   # a chat stream wraps the engine's generation
             generation.profile = profile

@@ -188,3 +188,28 @@ def test_cli_format_json(smollm2_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert isinstance(json.loads(r.stdout), dict)
+
+
+def test_cli_json_schema_and_grammar_file(smollm2_path, tmp_path):
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 30}},
+              "required": ["name", "age"]}
+    base = [sys.executable, "-m", "pyllm.cli.main", "run", "-m", smollm2_path, "--chat", "--temp", "0", "-n", "60",
+            "-p", "Describe a cat."]
+    r = subprocess.run(base + ["-j", json.dumps(schema)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    cat = json.loads(r.stdout)
+    assert list(cat) == ["name", "age"] and len(cat["name"]) <= 12 and 0 <= cat["age"] <= 30
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    r2 = subprocess.run(base + ["--json-schema-file", str(tmp_path / "schema.json")], capture_output=True,
+                        text=True, timeout=120)
+    assert r2.returncode == 0 and r2.stdout == r.stdout
+    (tmp_path / "g.gbnf").write_text('root ::= "A " animal "."\nanimal ::= "cat" | "dog"\n')
+    r = subprocess.run(base + ["--grammar-file", str(tmp_path / "g.gbnf")], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() in ("A cat.", "A dog.")
+    for extra, message in ((["-j", "{not json"], "not JSON"), (["-j", '{"type": "string", "pattern": "x"}'], "pattern"),
+                           (["--grammar", "root ::= root"], "left-recursive"), (["--format", "yaml"], "json or a"),
+                           (["--format", "json", "--grammar", 'root ::= "a"'], "not both")):
+        r = subprocess.run(base + extra, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
