@@ -19,7 +19,7 @@ from .arch import load_architecture
 from .backend.base import Shape
 from .backend.cpu import physical_cores
 from .backend.select import make_backend
-from .chat_template import BUILTIN as BUILTIN_TEMPLATES, THINKING_SWITCH, ChatTemplate
+from .chat_template import BUILTIN as BUILTIN_TEMPLATES, THINKING_SWITCH, ChatTemplate, normalize_messages
 from .defaults import BLOCK_SIZE, DEFAULT_MAX_CTX, N_BATCH, N_OUT_MAX
 from .engine import Completion, Engine, Generation
 from .errors import ContextFullError, InvalidArgumentError, TemplateError
@@ -29,6 +29,7 @@ from .model_file import ModelFile
 from .reasoning import prompt_opens_thinking, split_pieces, split_reasoning
 from .sampling import Sampler, SamplingParams
 from .tokenizer import load_tokenizer
+from .tools import ToolUse
 
 log = logging.getLogger("pyllm")
 
@@ -281,10 +282,12 @@ class Model:
             self._template = self._load_template()
         return self._template
 
-    def apply_chat_template(self, messages: Seq[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: Seq[Mapping[str, Any]], add_generation_prompt: bool = True,
+                            **variables: Any) -> str:
         """The prompt text the chat template makes of `messages` (with enable_thinking = self.think
-        where that is set)."""
-        variables = {} if self.think is None else {THINKING_SWITCH: bool(self.think)}
+        where that is set, and any other template `variables`, e.g. tools)."""
+        if self.think is not None:
+            variables[THINKING_SWITCH] = bool(self.think)
         return self.chat_template.render(messages, add_generation_prompt, **variables)
 
     def chat_stop(self) -> tuple[set[int], list[str]]:
@@ -304,12 +307,12 @@ class Model:
         """The prompt tokens for `messages` (see chat())."""
         return self._chat_prompt(messages)[1]
 
-    def _chat_prompt(self, messages: Seq[Mapping[str, Any]]) -> tuple[str, list[int]]:
+    def _chat_prompt(self, messages: Seq[Mapping[str, Any]], **variables: Any) -> tuple[str, list[int]]:
         """The prompt text and tokens for `messages`. Where the text repeats
         the previous chat call's prompt and reply, their tokens are reused as
         they went into the model (not re-tokenized), so the KV cache covers
         them and only the new text is computed."""
-        text = self.apply_chat_template(messages, add_generation_prompt=True)
+        text = self.apply_chat_template(messages, add_generation_prompt=True, **variables)
         tokens: list[int] = []
         done = 0
         for seg_text, seg_tokens in self._chat_cache:
@@ -332,7 +335,9 @@ class Model:
 
     def chat(self, messages: Seq[Mapping[str, Any]], max_tokens: Optional[int] = None,
              stop: Optional[Seq[str]] = None, stream: bool = False, format: Format = None,
-             grammar: Optional[str] = None, **sampling: Any) -> Completion | "ChatStream":
+             grammar: Optional[str] = None, tools: Optional[Seq[Mapping[str, Any]]] = None,
+             tool_choice: Any = None, parallel_tool_calls: bool = False,
+             **sampling: Any) -> Completion | "ChatStream":
         """The assistant's reply to OpenAI-style messages
         ([{"role": "system" | "user" | "assistant", "content": "..."}, ...]),
         rendered with the chat template and stopped at the end of the turn.
@@ -341,20 +346,35 @@ class Model:
         ChatStream that yields the text as it comes. Successive calls that
         extend the same conversation reuse the KV cache of the earlier turns.
         max_tokens None: until the reply ends or the context is full.
-        Sampling keywords, format and grammar as generate()."""
+        Sampling keywords, format and grammar as generate().
+
+        tools: OpenAI-style function tools (pyllm.tools); tool_choice "auto"
+        (default), "none", "required" or {"type": "function", "function":
+        {"name": ...}}; parallel_tool_calls: allow several calls in one reply.
+        The Completion's tool_calls then holds the calls
+        (name, arguments, id) and its text the rest of the reply; messages
+        may carry earlier calls (an assistant's tool_calls) and their results
+        (role "tool")."""
         self.require_generation()
-        text, prompt = self._chat_prompt(messages)
-        chat = self._chat_stream(text, prompt, max_tokens, stop, sampling, format, grammar)
+        use = ToolUse(self.chat_template.source, tools, tool_choice, parallel_tool_calls) if tools is not None else None
+        if use is not None:
+            constraint = use.constraint()
+            if constraint and (format is not None or grammar is not None):
+                raise InvalidArgumentError("tools hold the reply to their own format: give no format or grammar")
+            format, grammar = constraint.get("format", format), constraint.get("grammar", grammar)
+            messages = use.messages(normalize_messages(messages))
+        text, prompt = self._chat_prompt(messages, **(use.variables if use else {}))
+        chat = self._chat_stream(text, prompt, max_tokens, stop, sampling, format, grammar, use)
         return chat if stream else chat.run()
 
     def _chat_stream(self, text: str, prompt: list[int], max_tokens: Optional[int], stop: Optional[Seq[str]],
-                     sampling: Mapping[str, Any], format: Format = None,
-                     grammar: Optional[str] = None) -> "ChatStream":
+                     sampling: Mapping[str, Any], format: Format = None, grammar: Optional[str] = None,
+                     tool_use: Optional[ToolUse] = None) -> "ChatStream":
         stop_ids, stop_texts = self.chat_stop()
         constraint = constraint_for(self.tokenizer, format, grammar, end_ids=stop_ids)
         gen = self.engine.generate(self._seq, prompt, self._max_tokens(max_tokens), self._sampler(sampling),
                                    _stop_list(stop) + stop_texts, stop_ids, constraint=constraint)
-        return ChatStream(gen, lambda c: self._record_chat(text, prompt, c), prompt_opens_thinking(text))
+        return ChatStream(gen, lambda c: self._record_chat(text, prompt, c), prompt_opens_thinking(text), tool_use)
 
     # -- lifetime ----------------------------------------------------------------
     def close(self) -> None:
@@ -378,11 +398,13 @@ class ChatStream:
     (also after a break or close()) `completion` holds the result and the
     model remembers the turn's tokens for the next one."""
 
-    def __init__(self, generation: Generation, on_done, start_thinking: bool = False):
+    def __init__(self, generation: Generation, on_done, start_thinking: bool = False,
+                 tool_use: Optional[ToolUse] = None):
         self.generation = generation
         self._on_done = on_done
         self._it: Optional[Iterator[str]] = None
         self.start_thinking = start_thinking   # the prompt opened a <think>: the reply starts in it
+        self.tool_use = tool_use
 
     @property
     def completion(self) -> Optional[Completion]:
@@ -403,8 +425,11 @@ class ChatStream:
             yield from it
         finally:
             it.close()
-            if self.generation.completion is not None:
-                self._on_done(self.generation.completion)
+            c = self.generation.completion
+            if c is not None:
+                self._on_done(c)
+                if self.tool_use is not None:   # the calls out of the reply; the text is what is left
+                    c.text, c.tool_calls = self.tool_use.parse(c.text)
 
     def parts(self) -> Iterator[tuple[str, str]]:
         """Iterates the reply as ("thinking" | "answer", text) parts, reasoning
@@ -412,7 +437,7 @@ class ChatStream:
         return split_pieces(self, self.start_thinking)
 
     def reasoning(self) -> tuple[str, str]:
-        """(thinking, answer) of the finished reply."""
+        """(thinking, answer) of the finished reply (with tools: without the calls)."""
         return split_reasoning(self.completion.text if self.completion else "", self.start_thinking)
 
     def cancel(self) -> None:

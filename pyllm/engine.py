@@ -62,6 +62,7 @@ class Completion:
     tokens: list[int]
     finish_reason: str        # "stop" (end token or stop string), "length", "context", "interrupted"
     metrics: Metrics = field(default_factory=Metrics)
+    tool_calls: list = field(default_factory=list)   # a chat with tools: the calls (pyllm.tools.ToolCall)
 
 
 class Engine:

@@ -19,9 +19,9 @@ llama.cpp's (top_k, min_p, typical_p, repeat_penalty); unset ones keep
 llama.cpp's defaults. A reasoning model's thinking comes apart from the answer,
 as `reasoning_content` (llama-server's and DeepSeek's field), and
 chat_template_kwargs.enable_thinking (ollama's think) turns it on or off.
-response_format json_object (ollama's format "json") makes the reply one JSON
-object (pyllm.grammar). A client that
-goes away mid-stream stops its reply. Errors are OpenAI's
+response_format json_object / json_schema (ollama's format "json" or a schema;
+llama-server's json_schema and grammar fields) constrain the reply (pyllm.grammar).
+A client that goes away mid-stream stops its reply. Errors are OpenAI's
 {"error": {"message", "type", "code"}} (under /api/, ollama's {"error": message}):
 400 for a bad request, 404, 405, 413, 500 when the model fails.
 
@@ -135,15 +135,29 @@ def messages_of(body: dict) -> list[dict]:
     return out
 
 
-def openai_format(body: dict) -> Optional[str]:
-    """response_format: text (None) or json_object ("json"); a JSON schema is not supported."""
+def constraint_of(body: dict) -> dict:
+    """format= / grammar= for the model from OpenAI's response_format (text, json_object, or
+    json_schema with its schema) and llama-server's own fields, json_schema and grammar."""
     rf = body.get("response_format")
     kind = rf.get("type") if isinstance(rf, dict) else rf
-    if kind in (None, "text"):
-        return None
+    given = {}
     if kind == "json_object":
-        return "json"
-    raise InvalidArgumentError(f"response_format {kind!r} is not supported (text or json_object)")
+        given["format"] = "json"
+    elif kind == "json_schema":
+        spec = rf.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, (dict, bool)):
+            raise InvalidArgumentError('response_format json_schema needs {"json_schema": {"schema": {...}}}')
+        given["format"] = schema
+    elif kind not in (None, "text"):
+        raise InvalidArgumentError(f"response_format {kind!r} is not supported (text, json_object or json_schema)")
+    if body.get("json_schema") is not None:
+        given.setdefault("format", body["json_schema"])
+    if body.get("grammar") is not None:
+        if "format" in given:
+            raise InvalidArgumentError("give a grammar or a response format, not both")
+        given["grammar"] = body["grammar"]
+    return given
 
 
 def one_choice(body: dict) -> None:
@@ -267,26 +281,40 @@ class Handler(BaseHTTPRequestHandler):
         kwargs = body.get("chat_template_kwargs") or {}
         if not isinstance(kwargs, dict):
             raise InvalidArgumentError("chat_template_kwargs must be an object")
-        fmt = openai_format(body)
+        constraint = constraint_of(body)
+        tools = body.get("tools") or None
         m = self.server.model
         with self.server.lock:
             m.require_generation()
             with enable_thinking(m, kwargs.get("enable_thinking")):   # llama-server's switch
-                stream = m.chat(messages, max_tokens=max_tokens, stop=body.get("stop"), stream=True, format=fmt,
-                                **sampling)
+                stream = m.chat(messages, max_tokens=max_tokens, stop=body.get("stop"), stream=True,
+                                tools=tools, tool_choice=body.get("tool_choice"),
+                                parallel_tool_calls=bool(body.get("parallel_tool_calls", False)), **constraint, **sampling)
             head = self.envelope("chat.completion.chunk" if body.get("stream") else "chat.completion", "chatcmpl")
-            if body.get("stream"):
+            if body.get("stream") and tools is None:
                 self._stream(stream, *reply_parts(stream), head, lambda kind, text: {
                     "delta": {"reasoning_content" if kind == "thinking" else "content": text}},
                     {"delta": {"role": "assistant", "content": ""}})
                 return
-            c = stream.run()
+            c = stream.run()   # with tools, whole: the calls are known at the end
             thinking, answer = stream.reasoning()
-            message = {"role": "assistant", "content": answer}
+            message = {"role": "assistant", "content": answer or (None if c.tool_calls else "")}
             if thinking:
                 message["reasoning_content"] = thinking
-            self.send_json(HTTPStatus.OK, {**head, "choices": [
-                {"index": 0, "message": message, "finish_reason": FINISH[c.finish_reason]}], **usage(c)})
+            if c.tool_calls:
+                message["tool_calls"] = [call.openai() for call in c.tool_calls]
+            finish = "tool_calls" if c.tool_calls else FINISH[c.finish_reason]
+            if not body.get("stream"):
+                self.send_json(HTTPStatus.OK, {**head, "choices": [
+                    {"index": 0, "message": message, "finish_reason": finish}], **usage(c)})
+                return
+            deltas = [{"role": "assistant", "content": ""}]
+            deltas += [{"reasoning_content": thinking}] if thinking else []
+            deltas += [{"content": answer}] if answer else []
+            deltas += [{"tool_calls": [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]}] \
+                if c.tool_calls else []
+            self.send_events([{**head, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+                             + [{**head, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}], **usage(c)}])
 
     def completions(self) -> None:
         body = self.read_json()
@@ -305,7 +333,7 @@ class Handler(BaseHTTPRequestHandler):
                 raise InvalidArgumentError("the prompt is empty")
             if not ({"max_tokens", "max_completion_tokens"} & set(body)):
                 max_tokens = 16   # OpenAI's default for completions
-            gen = m.stream(prompt, max_tokens=max_tokens, stop=body.get("stop"), format=openai_format(body),
+            gen = m.stream(prompt, max_tokens=max_tokens, stop=body.get("stop"), **constraint_of(body),
                            **sampling)
             head = self.envelope("text_completion", "cmpl")
             if body.get("stream"):
@@ -389,8 +417,9 @@ class Handler(BaseHTTPRequestHandler):
     def ollama_chat(self) -> None:
         body = self.read_json()
         messages = messages_of(body)
+        tools = body.get("tools") or None
         self._ollama_reply(body, lambda m, max_tokens, stop, sampling: m.chat(
-            messages, max_tokens=max_tokens, stop=stop, stream=True, **sampling), "message")
+            messages, max_tokens=max_tokens, stop=stop, stream=True, tools=tools, **sampling), "message")
 
     def ollama_generate(self) -> None:
         body = self.read_json()
@@ -413,12 +442,13 @@ class Handler(BaseHTTPRequestHandler):
         """A reply as ollama sends one: JSON lines (stream, the default) or one object. start(model,
         max_tokens, stop, sampling) begins it; field: "message" (chat: {role, content, thinking})
         or "response" (generate: the text, and thinking beside it)."""
-        for unsupported in ("tools", "images"):
-            if body.get(unsupported):
-                raise InvalidArgumentError(f"{unsupported} is not supported by pyllm serve")
-        fmt = body.get("format") or None
-        if fmt is not None and fmt != "json":
-            raise InvalidArgumentError('format takes "json" (a JSON schema is not supported)')
+        if body.get("images"):
+            raise InvalidArgumentError("images are not supported by pyllm serve (text models only)")
+        if body.get("tools") and field != "message":
+            raise InvalidArgumentError("tools take /api/chat")
+        fmt = body.get("format") or None   # "json" or a JSON schema
+        if fmt is not None and fmt != "json" and not isinstance(fmt, dict):
+            raise InvalidArgumentError('format takes "json" or a JSON schema (an object)')
         options = body.get("options") or {}
         if not isinstance(options, dict):
             raise InvalidArgumentError("options must be an object")
@@ -441,6 +471,19 @@ class Handler(BaseHTTPRequestHandler):
                 reply = start(m, max_tokens, options.get("stop"), {**sampling, "format": fmt})
             parts, close = reply_parts(reply)
             try:
+                if getattr(reply, "tool_use", None) is not None:   # whole: the calls are known at the end
+                    c = reply.run()
+                    thinking, answer = reply.reasoning()
+                    out = fields(thinking, answer)
+                    if c.tool_calls:
+                        out["message"]["tool_calls"] = [{"function": {"name": t.name, "arguments": t.arguments}}
+                                                        for t in c.tool_calls]
+                    done = {**head(), "done": True, "done_reason": FINISH[c.finish_reason], **ollama_counts(c)}
+                    if body.get("stream", True):
+                        self.send_lines(iter([{**head(), **out, "done": False}, {**done, **fields("", "")}]))
+                    else:
+                        self.send_json(HTTPStatus.OK, {**done, **out})
+                    return
                 if body.get("stream", True):
                     def lines() -> Iterator[dict]:
                         for kind, text in parts:

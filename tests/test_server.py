@@ -331,5 +331,84 @@ def test_json_format(smol):
     assert out["message"]["content"] == want.text and out["done_reason"] == "stop"
     status, body = call(url, "/v1/chat/completions", {"messages": ask, "response_format": {"type": "json_schema"}})
     assert status == 400 and "json_schema" in body["error"]["message"]
-    status, body = call(url, "/api/chat", {"messages": ask, "format": {"type": "object"}, "stream": False})
-    assert status == 400 and "schema is not supported" in body["error"]
+    status, body = call(url, "/v1/chat/completions", {"messages": ask, "response_format": {"type": "xml"}})
+    assert status == 400 and "not supported" in body["error"]["message"]
+
+
+CAT = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                        "age": {"type": "integer", "minimum": 0}},
+       "required": ["name", "age"]}
+
+
+def test_json_schema_and_grammar(smol):
+    """A JSON schema through OpenAI's response_format json_schema, ollama's format and llama-server's
+    json_schema field, and a GBNF grammar through llama-server's grammar field: each reply is
+    Model.chat's with the same schema or grammar."""
+    m, url, _ = smol
+    ask = [{"role": "user", "content": "Describe a cat as JSON."}]
+    want = m.chat(ask, temperature=0, max_tokens=80, format=CAT)
+    cat = json.loads(want.text)
+    assert want.finish_reason == "stop" and set(cat) == {"name", "age"} and isinstance(cat["age"], int)
+    body = call(url, "/v1/chat/completions", {"messages": ask, "temperature": 0, "max_tokens": 80, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "cat", "schema": CAT, "strict": True}}})[1]
+    assert body["choices"][0]["message"]["content"] == want.text
+    out = call(url, "/api/chat", {"messages": ask, "format": CAT, "stream": False,
+                                  "options": {"temperature": 0, "num_predict": 80}})[1]
+    assert out["message"]["content"] == want.text
+    body = call(url, "/v1/chat/completions", {"messages": ask, "temperature": 0, "max_tokens": 80,
+                                              "json_schema": CAT})[1]
+    assert body["choices"][0]["message"]["content"] == want.text
+    grammar = 'root ::= "The cat is " ("black" | "white" | "grey") "."'
+    want = m.chat(ask, temperature=0, max_tokens=20, grammar=grammar)
+    body = call(url, "/v1/chat/completions", {"messages": ask, "temperature": 0, "max_tokens": 20, "grammar": grammar})[1]
+    assert body["choices"][0]["message"]["content"] == want.text and want.text.startswith("The cat is ")
+    status, body = call(url, "/v1/chat/completions", {"messages": ask, "grammar": "root ::= root"})
+    assert status == 400 and "left-recursive" in body["error"]["message"]
+    status, body = call(url, "/api/chat", {"messages": ask, "format": {"type": "string", "pattern": "a+"},
+                                           "stream": False})
+    assert status == 400 and "pattern" in body["error"]
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                   "required": ["city"]}}}
+
+
+def test_tool_calls(smol):
+    """OpenAI's tools (whole and streamed) and ollama's: the calls of Model.chat with the same tools,
+    in each API's shape; a tool result in the history goes back to the model."""
+    m, url, _ = smol
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    want = m.chat(ask, tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=60)
+    assert want.tool_calls and want.text == ""
+    calls = [(t.name, t.arguments) for t in want.tool_calls]
+    req = {"messages": ask, "tools": [WEATHER], "tool_choice": "required", "temperature": 0, "max_tokens": 60}
+    status, body = call(url, "/v1/chat/completions", req)
+    choice = body["choices"][0]
+    assert status == 200 and choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    got = choice["message"]["tool_calls"]
+    assert [(t["function"]["name"], json.loads(t["function"]["arguments"])) for t in got] == calls
+    assert all(t["type"] == "function" and t["id"].startswith("call_") for t in got)
+    chunks = events(url, "/v1/chat/completions", req)
+    deltas = [c["choices"][0]["delta"] for c in chunks[:-1]]
+    streamed = [t for d in deltas for t in d.get("tool_calls", [])]
+    assert [(t["index"], t["function"]["name"], json.loads(t["function"]["arguments"])) for t in streamed] == \
+        [(i, *c) for i, c in enumerate(calls)]
+    assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls" and chunks[-1] == "[DONE]"
+    history = ask + [{"role": "assistant", "content": None, "tool_calls": got},
+                     {"role": "tool", "tool_call_id": got[0]["id"], "content": "18 degrees and sunny"}]
+    status, body = call(url, "/v1/chat/completions", {"messages": history, "tools": [WEATHER], "temperature": 0,
+                                                      "max_tokens": 40})
+    want = m.chat(history, tools=[WEATHER], temperature=0, max_tokens=40)
+    assert status == 200 and body["choices"][0]["message"]["content"] == (want.text or None)
+    ollama = {"messages": ask, "tools": [WEATHER], "options": {"temperature": 0, "num_predict": 60}}
+    out = call(url, "/api/chat", {**ollama, "stream": False})[1]
+    got = out["message"]["tool_calls"]
+    assert out["done"] and [(t["function"]["name"], t["function"]["arguments"]) for t in got] == [
+        (t.name, t.arguments) for t in m.chat(ask, tools=[WEATHER], temperature=0, max_tokens=60).tool_calls]
+    streamed = lines(url, "/api/chat", ollama)
+    assert streamed[-1]["done"] and streamed[0]["message"].get("tool_calls") == got
+    status, body = call(url, "/api/generate", {"prompt": "hi", "tools": [WEATHER], "stream": False})
+    assert status == 400 and "tools take /api/chat" in body["error"]
+    status, body = call(url, "/v1/chat/completions", {"messages": ask, "tools": [{"function": {}}]})
+    assert status == 400 and "needs a name" in body["error"]["message"]
