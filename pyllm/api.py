@@ -23,7 +23,7 @@ from .chat_template import BUILTIN as BUILTIN_TEMPLATES, THINKING_SWITCH, ChatTe
 from .defaults import BLOCK_SIZE, DEFAULT_MAX_CTX, N_BATCH, N_OUT_MAX
 from .engine import Completion, Engine, Generation
 from .errors import ContextFullError, InvalidArgumentError, TemplateError
-from .grammar import Format, constraint_for
+from .grammar import AnswerConstraint, Format, constraint_for
 from .graph import Graph
 from .model_file import ModelFile
 from .reasoning import prompt_opens_thinking, split_pieces, split_reasoning
@@ -371,10 +371,13 @@ class Model:
                      sampling: Mapping[str, Any], format: Format = None, grammar: Optional[str] = None,
                      tool_use: Optional[ToolUse] = None) -> "ChatStream":
         stop_ids, stop_texts = self.chat_stop()
+        thinking = prompt_opens_thinking(text)
         constraint = constraint_for(self.tokenizer, format, grammar, end_ids=stop_ids)
+        if constraint is not None:   # a reasoning model's thinking stays free; the grammar holds the answer
+            constraint = AnswerConstraint(constraint, thinking)
         gen = self.engine.generate(self._seq, prompt, self._max_tokens(max_tokens), self._sampler(sampling),
                                    _stop_list(stop) + stop_texts, stop_ids, constraint=constraint)
-        return ChatStream(gen, lambda c: self._record_chat(text, prompt, c), prompt_opens_thinking(text), tool_use)
+        return ChatStream(gen, lambda c: self._record_chat(text, prompt, c), thinking, tool_use)
 
     # -- lifetime ----------------------------------------------------------------
     def close(self) -> None:

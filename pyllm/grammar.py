@@ -21,6 +21,7 @@ closing brace).
 """
 from __future__ import annotations
 
+import codecs
 import weakref
 from typing import Iterable, Optional, Union
 
@@ -28,6 +29,7 @@ import numpy as np
 
 from .errors import GrammarError, InvalidArgumentError
 from .gbnf import Grammar
+from .reasoning import ANSWER, CHANNEL, THINK_OPEN, THINKING, THOUGHT_OPEN, ReasoningSplitter
 
 # One JSON object, optional whitespace before it (RFC 8259's grammar)
 JSON_OBJECT = r'''
@@ -155,12 +157,82 @@ class GrammarConstraint:
 
     def advance(self, token: int) -> None:
         if token in self.end:
-            sid = self.state if self.grammar.accepting(self.state) else -1
-        else:
-            sid = self.grammar.feed(self.state, self.vocab.pieces[token])
+            if not self.grammar.accepting(self.state):
+                raise GrammarError(f"token {token} ends the reply before the grammar is complete")
+            return
+        self.advance_bytes(self.vocab.pieces[token], f"token {token}")
+
+    def advance_bytes(self, data: bytes, what: str = "the text") -> None:
+        sid = self.grammar.feed(self.state, data)
         if sid < 0:
-            raise GrammarError(f"token {token} does not continue the constrained reply")
+            raise GrammarError(f"{what} does not continue the constrained reply")
         self.state = sid
+
+
+class AnswerConstraint:
+    """A grammar that holds a reasoning model's answer and leaves its thinking free.
+
+    The reply may open with thinking (a token that starts `<think>`, Gemma 4's
+    thought channel or a harmony channel; pyllm.reasoning) or the prompt may
+    have opened it (start_thinking); the grammar then starts where the answer
+    does, after the blanks that follow the thinking. A reply whose first token
+    opens no thinking is held to the grammar from that token, as without this."""
+
+    OPENERS = (THINK_OPEN.encode(), THOUGHT_OPEN.encode(), CHANNEL.encode())
+
+    def __init__(self, inner: GrammarConstraint, start_thinking: bool = False):
+        self.inner = inner
+        self.splitter = ReasoningSplitter(start_thinking)
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.phase = THINKING if start_thinking else "start"   # "start": the first token decides
+        self.started = False          # the grammar has taken some of the answer
+        self.blank = np.fromiter((bool(p) and not p.strip() for p in inner.vocab.pieces), dtype=bool,
+                                 count=inner.vocab.n)
+        self.opener = np.fromiter((p.lstrip().startswith(self.OPENERS) for p in inner.vocab.pieces), dtype=bool,
+                                  count=inner.vocab.n)
+
+    @property
+    def done(self) -> bool:
+        return self.phase == ANSWER and self.started and self.inner.done
+
+    def _after_thinking(self) -> bool:
+        """The answer follows thinking, and the grammar has taken none of it: blanks may come first."""
+        return self.phase == ANSWER and not self.started
+
+    def allows(self, token: int) -> bool:
+        if self.phase == THINKING or (self.phase == "start" and self.opener[token]):
+            return True
+        if self._after_thinking() and self.blank[token]:
+            return True
+        return self.inner.allows(token)
+
+    def mask(self) -> np.ndarray:
+        if self.phase == THINKING:
+            return np.ones(self.inner.vocab.n, dtype=bool)
+        m = self.inner.mask()
+        if self.phase == "start":
+            return m | self.opener
+        return m | self.blank if self._after_thinking() else m
+
+    def advance(self, token: int) -> None:
+        piece = self.inner.vocab.pieces[token]
+        parts = self.splitter.feed(self.decoder.decode(piece))
+        if self.phase == "start" and not self.opener[token]:
+            self.phase = ANSWER   # no thinking: the grammar has the reply from here
+            self.started = True
+            self.inner.advance(token)
+        elif self.phase == ANSWER:
+            if not (self._after_thinking() and self.blank[token]):
+                self.started = True
+                self.inner.advance(token)
+        elif self.splitter.phase == ANSWER:   # the thinking closed within this token: the answer follows
+            self.phase = ANSWER
+            rest = "".join(t for kind, t in parts if kind == ANSWER).lstrip()
+            if rest:
+                self.inner.advance_bytes(rest.encode())
+                self.started = True
+        else:
+            self.phase = THINKING
 
 
 Format = Union[str, dict, bool, None]

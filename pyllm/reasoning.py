@@ -49,6 +49,16 @@ class ReasoningSplitter:
         self._wrote = False    # this message emitted something
         self._newline = False  # a thinking message ended: the next starts on a new line
 
+    @property
+    def phase(self) -> str:
+        """Where the reply is: "start" (nothing but blanks yet, or the start of a marker),
+        THINKING, or ANSWER (what comes next is answer)."""
+        if self._mode == "start":
+            return "start"
+        if self._mode == "answer" or (self._mode == "body" and self._channel == "final"):
+            return ANSWER
+        return THINKING
+
     def feed(self, piece: str) -> list[tuple[str, str]]:
         self._buf += piece
         out: list[tuple[str, str]] = []

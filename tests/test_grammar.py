@@ -213,3 +213,52 @@ def test_cli_json_schema_and_grammar_file(smollm2_path, tmp_path):
                            (["--format", "json", "--grammar", 'root ::= "a"'], "not both")):
         r = subprocess.run(base + extra, capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+THINKING_VOCAB = [b"<eos>", b"<think>", b"</think>", b"hmm", b" ", b"\n\n", b"{", b"}", b'"a"', b":", b"1", b"x",
+                  b"<|channel|>", b"final", b"<|message|>", b"analysis", b"<|end|>", b"<|start|>", b"assistant",
+                  b"</think>\n{"]
+
+
+def answer_constraint(start_thinking=False):
+    from pyllm.grammar import AnswerConstraint
+    return AnswerConstraint(constraint_for(Vocab(THINKING_VOCAB), "json"), start_thinking)
+
+
+def allowed(c):
+    mask = c.mask()
+    assert mask.tolist() == [c.allows(t) for t in range(len(THINKING_VOCAB))]   # the two ways agree
+    return {THINKING_VOCAB[t].decode() for t in range(len(THINKING_VOCAB)) if mask[t]}
+
+
+def feed(c, *pieces):
+    for p in pieces:
+        c.advance(THINKING_VOCAB.index(p))
+
+
+def test_the_answer_is_held_and_the_thinking_is_free():
+    c = answer_constraint()   # a reply that opens no thinking: the grammar from its first token
+    assert allowed(c) == {"{", " ", "\n\n", "<think>", "<|channel|>"}
+    feed(c, b"{")
+    assert allowed(c) == {"}", '"a"', " ", "\n\n"} and not c.done
+    c = answer_constraint()   # thinking, then blanks, then the answer
+    feed(c, b"<think>", b"hmm", b"}", b"x")
+    assert len(allowed(c)) == len(THINKING_VOCAB)
+    feed(c, b"</think>")
+    assert allowed(c) == {"{", " ", "\n\n"}
+    feed(c, b"\n\n", b" ", b"{", b'"a"', b":", b"1")
+    assert not c.done and "x" not in allowed(c)
+    feed(c, b"}")
+    assert c.done and allowed(c) == {"<eos>"}
+    c = answer_constraint(start_thinking=True)   # the prompt opened the thinking
+    assert len(allowed(c)) == len(THINKING_VOCAB)
+    feed(c, b"hmm", b"</think>\n{")   # the answer starts inside the token that closes the thinking
+    assert allowed(c) == {"}", '"a"', " ", "\n\n"}
+    c = answer_constraint()   # harmony: analysis is free, the final channel is the answer
+    feed(c, b"<|channel|>", b"analysis", b"<|message|>", b"hmm", b"x", b"<|end|>", b"<|start|>", b"assistant",
+         b"<|channel|>", b"final")
+    assert len(allowed(c)) == len(THINKING_VOCAB)
+    feed(c, b"<|message|>")
+    assert allowed(c) == {"{", " ", "\n\n"}
+    feed(c, b"{", b"}")
+    assert c.done
