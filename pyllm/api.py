@@ -356,23 +356,25 @@ class Model:
         may carry earlier calls (an assistant's tool_calls) and their results
         (role "tool")."""
         self.require_generation()
+        trigger = None
         use = ToolUse(self.chat_template.source, tools, tool_choice, parallel_tool_calls) if tools is not None else None
         if use is not None:
             constraint = use.constraint()
             if constraint and (format is not None or grammar is not None):
                 raise InvalidArgumentError("tools hold the reply to their own format: give no format or grammar")
             format, grammar = constraint.get("format", format), constraint.get("grammar", grammar)
+            trigger = constraint.get("trigger")
             messages = use.messages(normalize_messages(messages))
         text, prompt = self._chat_prompt(messages, **(use.variables if use else {}))
-        chat = self._chat_stream(text, prompt, max_tokens, stop, sampling, format, grammar, use)
+        chat = self._chat_stream(text, prompt, max_tokens, stop, sampling, format, grammar, use, trigger)
         return chat if stream else chat.run()
 
     def _chat_stream(self, text: str, prompt: list[int], max_tokens: Optional[int], stop: Optional[Seq[str]],
                      sampling: Mapping[str, Any], format: Format = None, grammar: Optional[str] = None,
-                     tool_use: Optional[ToolUse] = None) -> "ChatStream":
+                     tool_use: Optional[ToolUse] = None, trigger: Optional[str] = None) -> "ChatStream":
         stop_ids, stop_texts = self.chat_stop()
         thinking = prompt_opens_thinking(text)
-        constraint = constraint_for(self.tokenizer, format, grammar, end_ids=stop_ids)
+        constraint = constraint_for(self.tokenizer, format, grammar, end_ids=stop_ids, trigger=trigger)
         if constraint is not None:   # a reasoning model's thinking stays free; the grammar holds the answer
             constraint = AnswerConstraint(constraint, thinking)
         gen = self.engine.generate(self._seq, prompt, self._max_tokens(max_tokens), self._sampler(sampling),

@@ -169,6 +169,50 @@ class GrammarConstraint:
         self.state = sid
 
 
+class TriggeredConstraint:
+    """A lazy grammar (as llama.cpp's for tool calls under tool_choice auto): the text
+    is free until `trigger` appears in it, and from the trigger on (the grammar starts
+    with it) the grammar holds it. If what follows the trigger in the same token does
+    not fit the grammar, the text stays free."""
+
+    def __init__(self, inner: GrammarConstraint, trigger: bytes):
+        self.inner, self.trigger = inner, trigger
+        self.vocab, self.end = inner.vocab, inner.end
+        self.active = False
+        self.tail = b""      # the end of the free text: where a trigger may be starting
+
+    @property
+    def done(self) -> bool:
+        return self.active and self.inner.done
+
+    def allows(self, token: int) -> bool:
+        return self.inner.allows(token) if self.active else True
+
+    def mask(self) -> np.ndarray:
+        return self.inner.mask() if self.active else np.ones(self.vocab.n, dtype=bool)
+
+    def advance(self, token: int) -> None:
+        if self.active:
+            self.inner.advance(token)
+        elif token not in self.end:
+            self.advance_bytes(self.vocab.pieces[token])
+
+    def advance_bytes(self, data: bytes, what: str = "the text") -> None:
+        if self.active:
+            self.inner.advance_bytes(data, what)
+            return
+        text = self.tail + data
+        i = text.find(self.trigger) if self.trigger else -1
+        if i < 0:
+            self.tail = text[-(len(self.trigger) - 1):] if len(self.trigger) > 1 else b""
+            return
+        sid = self.inner.grammar.feed(self.inner.state, text[i:])
+        if sid >= 0:
+            self.inner.state, self.active = sid, True
+        else:
+            self.trigger = b""   # not the grammar's way: the rest stays free
+
+
 class AnswerConstraint:
     """A grammar that holds a reasoning model's answer and leaves its thinking free.
 
@@ -180,7 +224,7 @@ class AnswerConstraint:
 
     OPENERS = (THINK_OPEN.encode(), THOUGHT_OPEN.encode(), CHANNEL.encode())
 
-    def __init__(self, inner: GrammarConstraint, start_thinking: bool = False):
+    def __init__(self, inner: "GrammarConstraint | TriggeredConstraint", start_thinking: bool = False):
         self.inner = inner
         self.splitter = ReasoningSplitter(start_thinking)
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -239,9 +283,11 @@ Format = Union[str, dict, bool, None]
 
 
 def constraint_for(tokenizer, format: Format = None, grammar: Optional[str] = None,
-                   end_ids: Optional[Iterable[int]] = None) -> Optional[GrammarConstraint]:
+                   end_ids: Optional[Iterable[int]] = None,
+                   trigger: Optional[str] = None) -> "GrammarConstraint | TriggeredConstraint | None":
     """The constraint for an output `format` ("json" or a JSON schema) or a GBNF
-    `grammar`; None when neither is given."""
+    `grammar`; None when neither is given. With a trigger, the grammar applies
+    from where that text appears (TriggeredConstraint)."""
     if format is not None and grammar is not None:
         raise InvalidArgumentError("give a format or a grammar, not both")
     if grammar is not None:
@@ -257,4 +303,5 @@ def constraint_for(tokenizer, format: Format = None, grammar: Optional[str] = No
         text = schema_to_gbnf(format)
     else:
         raise InvalidArgumentError(f'format must be "json" or a JSON schema (a dict), not {format!r}')
-    return GrammarConstraint(Grammar.parse(text), tokenizer, end_ids)
+    constraint = GrammarConstraint(Grammar.parse(text), tokenizer, end_ids)
+    return TriggeredConstraint(constraint, trigger.encode()) if trigger else constraint

@@ -18,7 +18,9 @@ common/chat.cpp reads it):
 tool_choice: "auto" (the model decides), "none" (no tools), "required" (a call
 must come), or {"type": "function", "function": {"name": N}} (a call of N).
 Where a call must come, the reply is held to the format by a grammar; under
-"auto" only the generic format is (its reply is always one JSON object).
+"auto" the generic format's reply is too (it is always one JSON object), a
+Hermes call from its `<tool_call>` on (a lazy grammar, as llama.cpp's), and
+the other formats' calls are parsed afterwards.
 parallel_tool_calls (off by default, as in llama-server) lets the generic
 format's reply hold several calls; small models otherwise repeat a call.
 """
@@ -210,11 +212,13 @@ def constraint_kwargs(fmt: str, tools: list[dict], required: bool, parallel: boo
         return {}
     if fmt == "generic":
         return {"format": generic_schema(tools, required, parallel)}
+    if fmt == "hermes":   # under auto, from the first <tool_call> on (a lazy grammar)
+        block = '"<tool_call>" tc-ws call tc-ws "</tool_call>"'
+        root = f"root ::= {block} ( tc-ws {block} )*" if parallel else f"root ::= {block}"
+        grammar = f"{root}\ntc-ws ::= [ \\n]{{0,2}}\n" + schema_to_gbnf(_call_schema(tools), root="call")
+        return {"grammar": grammar} if required else {"grammar": grammar, "trigger": "<tool_call>"}
     if not required:
         return {}
-    if fmt == "hermes":
-        call = schema_to_gbnf(_call_schema(tools), root="call")
-        return {"grammar": 'root ::= "<tool_call>\\n" call "\\n</tool_call>"\n' + call}
     if fmt == "llama3":
         return {"format": _call_schema(tools, "parameters")}
     return {}   # mistral: its [TOOL_CALLS] is a special token, outside what grammars see

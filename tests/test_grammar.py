@@ -262,3 +262,32 @@ def test_the_answer_is_held_and_the_thinking_is_free():
     assert allowed(c) == {"{", " ", "\n\n"}
     feed(c, b"{", b"}")
     assert c.done
+
+
+def test_a_lazy_grammar_holds_from_its_trigger_on():
+    from pyllm.grammar import TriggeredConstraint
+    v = Vocab([b"<eos>", b"Let me ", b"check", b"<tool", b"_call>", b"{", b"}", b"x", b" <tool_call>{", b"<tool_call>x"])
+    grammar = Grammar.parse('root ::= "<tool_call>" "{" "}"')
+
+    def lazy():
+        return TriggeredConstraint(GrammarConstraint(grammar, v), b"<tool_call>")
+
+    c = lazy()
+    assert c.mask().all() and all(c.allows(t) for t in range(len(v.pieces)))   # free text, the end included
+    for t in (1, 2, 3):
+        c.advance(t)
+    assert not c.active
+    c.advance(4)   # the trigger, split across two tokens: the grammar from it on
+    assert c.active and c.mask().tolist() == [t == 5 for t in range(10)]
+    c.advance(5)
+    c.advance(6)
+    assert c.done
+    c = lazy()
+    c.advance(8)   # the trigger and what follows it in one token
+    assert c.active and [t for t in range(10) if c.allows(t)] == [6]
+    c = lazy()
+    c.advance(9)   # what follows the trigger is not the grammar's: the text stays free
+    assert not c.active and c.mask().all()
+    c.advance(3)
+    c.advance(4)
+    assert not c.active
