@@ -103,15 +103,19 @@ class Engine:
             seq.commit(chunk)
         return logits
 
-    def prefill(self, seq: Sequence, tokens: Seq[int],
-                cancelled: Optional[Callable[[], bool]] = None) -> tuple[np.ndarray, int]:
-        """Makes seq hold exactly `tokens`, reusing its cached prefix. Returns
-        the logits after the last token (a copy) and how many were reused."""
+    def check_prompt(self, tokens: Seq[int]) -> None:
+        """Refuses an empty prompt or one longer than the context."""
         if not tokens:
             raise InvalidArgumentError("the prompt is empty")
         if len(tokens) > self.n_ctx:
             raise ContextFullError(f"the prompt has {len(tokens)} tokens; the context holds {self.n_ctx} "
                                    f"(use a larger context with -c, or a shorter prompt)")
+
+    def prefill(self, seq: Sequence, tokens: Seq[int],
+                cancelled: Optional[Callable[[], bool]] = None) -> tuple[np.ndarray, int]:
+        """Makes seq hold exactly `tokens`, reusing its cached prefix. Returns
+        the logits after the last token (a copy) and how many were reused."""
+        self.check_prompt(tokens)
         reused = seq.reuse_prefix(tokens)
         logits = self._run(seq, tokens[reused:], cancelled=cancelled)
         return logits[-1].copy(), reused
@@ -140,7 +144,9 @@ class Engine:
     def generate(self, seq: Sequence, prompt: Seq[int], max_tokens: int, sampler: Sampler,
                  stop: Seq[str] = (), stop_ids: Optional[set[int]] = None, profile: bool = False,
                  constraint=None) -> "Generation":
-        """constraint: which tokens may come (pyllm.grammar); the reply ends when it is done."""
+        """constraint: which tokens may come (pyllm.grammar); the reply ends when it is done.
+        The prompt is checked now, not when the generation starts."""
+        self.check_prompt(prompt)
         return Generation(self, seq, list(prompt), max_tokens, sampler, list(stop),
                           self.tokenizer.eog_ids if stop_ids is None else stop_ids, profile, constraint)
 

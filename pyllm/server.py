@@ -193,16 +193,13 @@ class Handler(BaseHTTPRequestHandler):
                 raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint: {path} (see /v1/models, "
                                    f"/v1/chat/completions, /v1/completions, /v1/embeddings, /health, /api/chat, "
                                    f"/api/generate, /api/embed, /api/tags)")
-        except RequestError as e:
-            self.send_error_json(path, e.status, str(e), e.kind)
-        except (InvalidArgumentError, ContextFullError, TemplateError) as e:
-            self.send_error_json(path, HTTPStatus.BAD_REQUEST, str(e), "invalid_request_error")
         except (BrokenPipeError, ConnectionResetError):
             pass   # the client went away
-        except Exception as e:   # the model failed (PyllmError) or a bug: the server goes on
-            if not isinstance(e, PyllmError):
+        except Exception as e:   # a bad request, the model failed (PyllmError), or a bug: the server goes on
+            status, kind = error_status(e)
+            if status == HTTPStatus.INTERNAL_SERVER_ERROR and not isinstance(e, PyllmError):
                 log.error("internal error on %s %s:\n%s", self.command, path, traceback.format_exc())
-            self.send_error_json(path, HTTPStatus.INTERNAL_SERVER_ERROR, str(e) or type(e).__name__, "server_error")
+            self.send_error_json(path, status, str(e) or type(e).__name__, kind)
         log.info("%s %s %.2f s", self.command, path, time.perf_counter() - t0)
 
     def send_error_json(self, path: str, status: int, message: str, kind: str) -> None:
@@ -238,29 +235,48 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def send_lines(self, lines: Iterator[dict]) -> None:
-        """JSON lines (ollama's streams), one object each; the connection closes after."""
+        """JSON lines (ollama's streams), one object each; the connection closes after. An error
+        once the lines have begun is the last line, {"error": message}, as ollama sends it."""
         self.send_response(HTTPStatus.OK)
         self.send_header("Content-Type", "application/x-ndjson")
         self.send_header("Connection", "close")
         self.end_headers()
         self.close_connection = True
-        for line in lines:
-            self.wfile.write(json.dumps(line, ensure_ascii=False).encode("utf-8") + b"\n")
-            self.wfile.flush()
+        self._write_stream(lines, lambda line: json.dumps(line, ensure_ascii=False).encode("utf-8") + b"\n",
+                           lambda status, kind, message: {"error": message})
 
     def send_events(self, events: Iterator[dict]) -> None:
-        """Server-sent events, one `data: JSON` each, then `data: [DONE]`; the connection closes after."""
+        """Server-sent events, one `data: JSON` each, then `data: [DONE]`; the connection closes after.
+        An error once the events have begun is the last event, OpenAI's {"error": {...}}."""
         self.send_response(HTTPStatus.OK)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Connection", "close")
         self.end_headers()
         self.close_connection = True
-        for event in events:
-            self.wfile.write(b"data: " + json.dumps(event, ensure_ascii=False).encode("utf-8") + b"\n\n")
+        if self._write_stream(events, lambda e: b"data: " + json.dumps(e, ensure_ascii=False).encode("utf-8") + b"\n\n",
+                              lambda status, kind, message: {"error": {"message": message, "type": kind,
+                                                                       "code": int(status)}}):
+            self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
-        self.wfile.write(b"data: [DONE]\n\n")
-        self.wfile.flush()
+
+    def _write_stream(self, items: Iterator[dict], encode, error) -> bool:
+        """Writes a stream's items; False when it ended in an error, written as error(status,
+        kind, message) in the stream's own form: the 200 and the headers have gone out."""
+        try:
+            for item in items:
+                self.wfile.write(encode(item))
+                self.wfile.flush()
+            return True
+        except (BrokenPipeError, ConnectionResetError):
+            raise
+        except Exception as e:
+            status, kind = error_status(e)
+            if status == HTTPStatus.INTERNAL_SERVER_ERROR and not isinstance(e, PyllmError):
+                log.error("internal error in a stream:\n%s", traceback.format_exc())
+            self.wfile.write(encode(error(status, kind, str(e) or type(e).__name__)))
+            self.wfile.flush()
+            return False
 
     def envelope(self, kind: str, prefix: str) -> dict:
         return {"id": f"{prefix}-{uuid.uuid4().hex[:24]}", "object": kind, "created": int(time.time()),
@@ -539,6 +555,15 @@ def enable_thinking(model, on: Optional[bool]) -> Iterator[None]:
         yield
     finally:
         model.think = before
+
+
+def error_status(e: Exception) -> tuple[int, str]:
+    """The HTTP status and OpenAI error type of an exception."""
+    if isinstance(e, RequestError):
+        return e.status, e.kind
+    if isinstance(e, (InvalidArgumentError, ContextFullError, TemplateError)):
+        return HTTPStatus.BAD_REQUEST, "invalid_request_error"
+    return HTTPStatus.INTERNAL_SERVER_ERROR, "server_error"
 
 
 def reply_parts(reply) -> tuple[Iterator[tuple[str, str]], Any]:

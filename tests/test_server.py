@@ -13,7 +13,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from pyllm import Model
+from pyllm import BackendError, Model
 from pyllm.server import make_server
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
@@ -412,3 +412,33 @@ def test_tool_calls(smol):
     assert status == 400 and "tools take /api/chat" in body["error"]
     status, body = call(url, "/v1/chat/completions", {"messages": ask, "tools": [{"function": {}}]})
     assert status == 400 and "needs a name" in body["error"]["message"]
+
+
+def test_errors_before_and_after_a_stream_begins(smol, monkeypatch):
+    """A prompt past the context is refused before the stream starts (a 400); a failure once it has
+    begun ends it with an error in the stream's own form (the 200 has gone out)."""
+    m, url, _ = smol
+    long = [{"role": "user", "content": "word " * 1500}]   # past the server's 1024 tokens
+    for path, body in (("/v1/chat/completions", {"messages": long, "stream": True}),
+                       ("/v1/completions", {"prompt": "word " * 1500, "stream": True}),
+                       ("/api/chat", {"messages": long})):
+        status, out = call(url, path, body)
+        message = out["error"] if path.startswith("/api/") else out["error"]["message"]
+        assert status == 400 and "context holds 1024" in message
+    run, steps = m.engine._run, []
+
+    def failing(*args, **kwargs):   # the model fails at the third decode step
+        steps.append(1)
+        if len(steps) == 4:
+            raise BackendError("the device failed")
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(m.engine, "_run", failing)
+    chunks = events(url, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 20})
+    assert chunks[-1] == {"error": {"message": "the device failed", "type": "server_error", "code": 500}}
+    assert [c["choices"][0]["delta"] for c in chunks[:2]][0]["role"] == "assistant"
+    steps.clear()
+    out = lines(url, "/api/chat", {"messages": CHAT, "options": {"num_predict": 20}})
+    assert out[-1] == {"error": "the device failed"} and not any(line.get("done") for line in out)
+    monkeypatch.undo()
+    assert call(url, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 4})[0] == 200   # it goes on
