@@ -115,12 +115,7 @@ class _Parser:
             if c == '"':
                 start = len(seq)
                 self.i += 1
-                while True:
-                    if self.i >= len(self.text):
-                        raise self.fail("unterminated string literal")
-                    if self.text[self.i] == '"':
-                        self.i += 1
-                        break
+                while not self.closes('"', "string literal"):
                     cp = self.char()
                     seq.append(("c", ((cp, cp),), False))
                 if len(seq) == start:   # "": nothing to match; still a valid operand of * or ?
@@ -147,6 +142,15 @@ class _Parser:
                     raise self.fail(f"unexpected {c!r}")
                 self.i = m.end()
                 seq.append(("r", m.group()))
+
+    def closes(self, close: str, what: str) -> bool:
+        """Whether `close` comes next (then consumed); the end of the text is an error."""
+        if self.i >= len(self.text):
+            raise self.fail(f"unterminated {what}")
+        if self.text[self.i] == close:
+            self.i += 1
+            return True
+        return False
 
     def char(self) -> int:
         """One code point of a literal or class, escapes decoded."""
@@ -178,12 +182,7 @@ class _Parser:
         negated = self.text.startswith("^", self.i)
         self.i += negated
         ranges = []
-        while True:
-            if self.i >= len(self.text):
-                raise self.fail("unterminated character class")
-            if self.text[self.i] == "]":
-                self.i += 1
-                break
+        while not self.closes("]", "character class"):
             lo = self.char()
             hi = lo
             if self.text.startswith("-", self.i) and not self.text.startswith("-]", self.i):
