@@ -21,7 +21,7 @@ from .backend.cpu import physical_cores
 from .backend.select import make_backend
 from .chat_template import BUILTIN as BUILTIN_TEMPLATES, THINKING_SWITCH, ChatTemplate, normalize_messages
 from .defaults import BLOCK_SIZE, DEFAULT_MAX_CTX, N_BATCH, N_OUT_MAX
-from .engine import Completion, Engine, Generation
+from .engine import Completion, Engine, Generation, TokenLogprob, check_top_logprobs
 from .errors import ContextFullError, InvalidArgumentError, TemplateError
 from .grammar import AnswerConstraint, Format, constraint_for
 from .graph import Graph
@@ -149,6 +149,15 @@ class Model:
         self.require_generation()
         return self.engine.logits(self._check_ids(token_ids))
 
+    def prompt_logprobs(self, prompt: str | Seq[int], top: int = 0) -> list[Optional[TokenLogprob]]:
+        """Each token of `prompt` (text, tokenized as generate() does, or ids) with its
+        log-probability given the tokens before it, and the `top` most likely tokens
+        there (0 to 20); None for the first token, which nothing predicts. Scoring a
+        text, as lm-eval's loglikelihood does through the server's echo."""
+        self.require_generation()
+        ids = self.tokenize(prompt, special=True) if isinstance(prompt, str) else self._check_ids(prompt)
+        return self.engine.prompt_logprobs(ids, check_top_logprobs(top))
+
     # -- embeddings --------------------------------------------------------------
     def embed(self, text: str | Seq[str], pooling: Optional[str] = None, normalize: bool = True,
               truncate: bool = False) -> np.ndarray:
@@ -224,15 +233,16 @@ class Model:
 
     def _generation(self, prompt: str | Seq[int], max_tokens: Optional[int], stop: Optional[Seq[str]],
                     sampling: Mapping[str, Any], profile: bool = False, format: Format = None,
-                    grammar: Optional[str] = None) -> Generation:
+                    grammar: Optional[str] = None, logprobs: Optional[int] = None) -> Generation:
         self.require_generation()
         ids = self.tokenize(prompt, special=True) if isinstance(prompt, str) else self._check_ids(prompt)
         constraint = constraint_for(self.tokenizer, format, grammar)
         return self.engine.generate(self._seq, ids, self._max_tokens(max_tokens), self._sampler(sampling),
-                                    _stop_list(stop), profile=profile, constraint=constraint)
+                                    _stop_list(stop), profile=profile, constraint=constraint, logprobs=logprobs)
 
     def generate(self, prompt: str | Seq[int], max_tokens: Optional[int] = 128, stop: Optional[Seq[str]] = None,
-                 format: Format = None, grammar: Optional[str] = None, **sampling: Any) -> Completion:
+                 format: Format = None, grammar: Optional[str] = None, logprobs: Optional[int] = None,
+                 **sampling: Any) -> Completion:
         """Completes `prompt` (text or token ids) as raw text, no chat template.
 
         Returns a Completion: text, tokens, finish_reason ("stop": an
@@ -248,17 +258,22 @@ class Model:
         Constrained output (pyllm.grammar): format "json" makes the reply one
         JSON object, a JSON schema (a dict) one JSON value valid for it; the
         reply ends when it closes. grammar: GBNF text (llama.cpp's --grammar).
+
+        logprobs N (0 to 20): the Completion's logprobs holds each generated
+        token's log-probability under the model (before the sampling chain)
+        and the N most likely tokens at its position (see prompt_logprobs).
         """
-        return self._generation(prompt, max_tokens, stop, sampling, format=format, grammar=grammar).run()
+        return self._generation(prompt, max_tokens, stop, sampling, format=format, grammar=grammar,
+                                logprobs=logprobs).run()
 
     def stream(self, prompt: str | Seq[int], max_tokens: Optional[int] = 128, stop: Optional[Seq[str]] = None,
                profile: bool = False, format: Format = None, grammar: Optional[str] = None,
-               **sampling: Any) -> Generation:
+               logprobs: Optional[int] = None, **sampling: Any) -> Generation:
         """Like generate(), but iterating yields the text as it is decoded;
         `.completion` holds the result afterwards (also after a break). With
         profile=True, `.profiles` says afterwards where the prefill's and the
         decode's time went (per op kind, per weight type, per thread, Python)."""
-        return self._generation(prompt, max_tokens, stop, sampling, profile, format, grammar)
+        return self._generation(prompt, max_tokens, stop, sampling, profile, format, grammar, logprobs)
 
     # -- chat --------------------------------------------------------------------
     def _load_template(self) -> ChatTemplate:
@@ -336,7 +351,7 @@ class Model:
     def chat(self, messages: Seq[Mapping[str, Any]], max_tokens: Optional[int] = None,
              stop: Optional[Seq[str]] = None, stream: bool = False, format: Format = None,
              grammar: Optional[str] = None, tools: Optional[Seq[Mapping[str, Any]]] = None,
-             tool_choice: Any = None, parallel_tool_calls: bool = False,
+             tool_choice: Any = None, parallel_tool_calls: bool = False, logprobs: Optional[int] = None,
              **sampling: Any) -> Completion | "ChatStream":
         """The assistant's reply to OpenAI-style messages
         ([{"role": "system" | "user" | "assistant", "content": "..."}, ...]),
@@ -346,7 +361,7 @@ class Model:
         ChatStream that yields the text as it comes. Successive calls that
         extend the same conversation reuse the KV cache of the earlier turns.
         max_tokens None: until the reply ends or the context is full.
-        Sampling keywords, format and grammar as generate().
+        Sampling keywords, format, grammar and logprobs as generate().
 
         tools: OpenAI-style function tools (pyllm.tools); tool_choice "auto"
         (default), "none", "required" or {"type": "function", "function":
@@ -366,19 +381,20 @@ class Model:
             trigger = constraint.get("trigger")
             messages = use.messages(normalize_messages(messages))
         text, prompt = self._chat_prompt(messages, **(use.variables if use else {}))
-        chat = self._chat_stream(text, prompt, max_tokens, stop, sampling, format, grammar, use, trigger)
+        chat = self._chat_stream(text, prompt, max_tokens, stop, sampling, format, grammar, use, trigger, logprobs)
         return chat if stream else chat.run()
 
     def _chat_stream(self, text: str, prompt: list[int], max_tokens: Optional[int], stop: Optional[Seq[str]],
                      sampling: Mapping[str, Any], format: Format = None, grammar: Optional[str] = None,
-                     tool_use: Optional[ToolUse] = None, trigger: Optional[str] = None) -> "ChatStream":
+                     tool_use: Optional[ToolUse] = None, trigger: Optional[str] = None,
+                     logprobs: Optional[int] = None) -> "ChatStream":
         stop_ids, stop_texts = self.chat_stop()
         thinking = prompt_opens_thinking(text)
         constraint = constraint_for(self.tokenizer, format, grammar, end_ids=stop_ids, trigger=trigger)
         if constraint is not None:   # a reasoning model's thinking stays free; the grammar holds the answer
             constraint = AnswerConstraint(constraint, thinking)
         gen = self.engine.generate(self._seq, prompt, self._max_tokens(max_tokens), self._sampler(sampling),
-                                   _stop_list(stop) + stop_texts, stop_ids, constraint=constraint)
+                                   _stop_list(stop) + stop_texts, stop_ids, constraint=constraint, logprobs=logprobs)
         return ChatStream(gen, lambda c: self._record_chat(text, prompt, c), thinking, tool_use)
 
     # -- lifetime ----------------------------------------------------------------

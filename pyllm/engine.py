@@ -18,6 +18,41 @@ from .kv_cache import BlockPool, Sequence
 from .sampling import Sampler
 
 
+MAX_TOP_LOGPROBS = 20    # alternatives a token's log-probability may come with (OpenAI's limit)
+
+
+@dataclass
+class TokenLogprob:
+    """A token's log-probability under the model (the raw logits, before sampling's
+    penalties and temperature), with the `top` most likely tokens at that position."""
+    token: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+def token_logprob(logits: np.ndarray, token: int, top: int = 0) -> TokenLogprob:
+    """log softmax(logits)[token], and the `top` most likely (token, logprob), most likely first.
+    (Where tokens tie at the cut, which of them make the `top` is argpartition's choice.)"""
+    z = logits.astype(np.float64)
+    z -= z.max()
+    z -= np.log(np.exp(z).sum())
+    best: list[tuple[int, float]] = []
+    if top > 0:
+        idx = np.argpartition(-z, top - 1)[:top] if top < len(z) else np.arange(len(z))
+        idx = idx[np.lexsort((idx, -z[idx]))]   # most likely first; a tie by the lower id
+        best = [(int(i), float(z[i])) for i in idx]
+    return TokenLogprob(int(token), float(z[token]), best)
+
+
+def check_top_logprobs(top: Optional[int]) -> Optional[int]:
+    if top is None:
+        return None
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise InvalidArgumentError(f"logprobs takes how many alternatives to list, 0 to {MAX_TOP_LOGPROBS}, "
+                                   f"not {top!r}")
+    return top
+
+
 class Cancelled(Exception):
     """Generation.cancel() was called while the prompt was being computed."""
 
@@ -63,6 +98,7 @@ class Completion:
     finish_reason: str        # "stop" (end token or stop string), "length", "context", "interrupted"
     metrics: Metrics = field(default_factory=Metrics)
     tool_calls: list = field(default_factory=list)   # a chat with tools: the calls (pyllm.tools.ToolCall)
+    logprobs: list[TokenLogprob] = field(default_factory=list)   # with logprobs=: one a generated token
 
 
 class Engine:
@@ -120,8 +156,9 @@ class Engine:
         logits = self._run(seq, tokens[reused:], cancelled=cancelled)
         return logits[-1].copy(), reused
 
-    def logits(self, tokens: Seq[int]) -> np.ndarray:
-        """Logits at every position of `tokens`, from a fresh context: [T, vocab]."""
+    def _fresh_logits(self, tokens: Seq[int]) -> Iterator[tuple[int, np.ndarray]]:
+        """(start, logits of tokens[start:start + n]) for the chunks of `tokens` run from a
+        fresh context; each view is valid until the next chunk."""
         if not tokens:
             raise InvalidArgumentError("no tokens")
         if len(tokens) > self.n_ctx:
@@ -129,26 +166,43 @@ class Engine:
         seq = self.new_sequence()
         self.pool.state_owner = seq   # a recurrent state starts again at position 0
         try:
-            out = np.empty((len(tokens), self.backend.n_vocab), dtype=np.float32)
             step = min(self.n_batch, self.backend.n_out_max)
             seq.reserve(len(tokens))
             for i in range(0, len(tokens), step):
                 chunk = list(tokens[i:i + step])
-                out[i:i + len(chunk)] = self.backend.forward(chunk, len(seq), seq.blocks, len(chunk))
+                yield i, self.backend.forward(chunk, len(seq), seq.blocks, len(chunk))
                 seq.commit(chunk)
-            return out
         finally:
             seq.release()
+
+    def logits(self, tokens: Seq[int]) -> np.ndarray:
+        """Logits at every position of `tokens`, from a fresh context: [T, vocab]."""
+        out = np.empty((len(tokens), self.backend.n_vocab), dtype=np.float32)
+        for i, chunk in self._fresh_logits(tokens):
+            out[i:i + len(chunk)] = chunk
+        return out
+
+    def prompt_logprobs(self, tokens: Seq[int], top: int = 0) -> list[Optional[TokenLogprob]]:
+        """Each token's log-probability given those before it (None for the first), from a
+        fresh context, without keeping the [T, vocab] logits."""
+        out: list[Optional[TokenLogprob]] = [None]
+        for i, chunk in self._fresh_logits(tokens):
+            for j, row in enumerate(chunk):
+                if i + j + 1 < len(tokens):
+                    out.append(token_logprob(row, tokens[i + j + 1], top))
+        return out
 
     # -- generation ------------------------------------------------------------------
     def generate(self, seq: Sequence, prompt: Seq[int], max_tokens: int, sampler: Sampler,
                  stop: Seq[str] = (), stop_ids: Optional[set[int]] = None, profile: bool = False,
-                 constraint=None) -> "Generation":
+                 constraint=None, logprobs: Optional[int] = None) -> "Generation":
         """constraint: which tokens may come (pyllm.grammar); the reply ends when it is done.
+        logprobs: keep each generated token's log-probability and this many alternatives.
         The prompt is checked now, not when the generation starts."""
         self.check_prompt(prompt)
         return Generation(self, seq, list(prompt), max_tokens, sampler, list(stop),
-                          self.tokenizer.eog_ids if stop_ids is None else stop_ids, profile, constraint)
+                          self.tokenizer.eog_ids if stop_ids is None else stop_ids, profile, constraint,
+                          check_top_logprobs(logprobs))
 
 
 class Generation:
@@ -156,13 +210,15 @@ class Generation:
     a break) `completion` holds the text, tokens, finish reason and metrics."""
 
     def __init__(self, engine: Engine, seq: Sequence, prompt: list[int], max_tokens: int,
-                 sampler: Sampler, stop: list[str], stop_ids: set[int], profile: bool = False, constraint=None):
+                 sampler: Sampler, stop: list[str], stop_ids: set[int], profile: bool = False, constraint=None,
+                 logprobs: Optional[int] = None):
         self.engine, self.seq, self.prompt = engine, seq, prompt
         self.max_tokens, self.sampler, self.stop, self.stop_ids = max_tokens, sampler, stop, stop_ids
         self.completion: Optional[Completion] = None
         self.cancelled = False
         self.profile = profile
         self.constraint = constraint
+        self.logprobs = logprobs
         self.profiles: list = []  # with profile: where the prefill's and the decode's time went
 
     def cancel(self) -> None:
@@ -174,6 +230,7 @@ class Generation:
         eng, m = self.engine, Metrics(prompt_tokens=len(self.prompt))
         t0 = time.perf_counter()
         tokens: list[int] = []
+        logprobs: list[TokenLogprob] = []
         emitted: list[str] = []
         pending = ""       # decoded text held back: it may be the start of a stop string
         decoder = eng.tokenizer.stream_decoder()
@@ -212,6 +269,8 @@ class Generation:
                     finish = "stop"
                     break
                 tokens.append(tok)
+                if self.logprobs is not None:
+                    logprobs.append(token_logprob(logits, tok, self.logprobs))
                 history.append(tok)
                 m.generated_tokens = len(tokens)
                 out, pending, hit_stop_string = _split_stop(pending + decoder.push(tok), self.stop)
@@ -243,7 +302,7 @@ class Generation:
                 from .bench import read_profile
                 self.profiles.append(read_profile(eng.backend, "decode", m.decode_steps, m.decode_s, sampling_s))
                 eng.backend.profile(False)
-            self.completion = Completion("".join(emitted), tokens, finish, m)
+            self.completion = Completion("".join(emitted), tokens, finish, m, logprobs=logprobs)
 
     def run(self) -> Completion:
         for _ in self:

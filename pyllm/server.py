@@ -298,6 +298,7 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(kwargs, dict):
             raise InvalidArgumentError("chat_template_kwargs must be an object")
         constraint = constraint_of(body)
+        top = (body.get("top_logprobs") or 0) if body.get("logprobs") else None
         tools = body.get("tools") or None
         m = self.server.model
         with self.server.lock:
@@ -305,12 +306,14 @@ class Handler(BaseHTTPRequestHandler):
             with enable_thinking(m, kwargs.get("enable_thinking")):   # llama-server's switch
                 stream = m.chat(messages, max_tokens=max_tokens, stop=body.get("stop"), stream=True,
                                 tools=tools, tool_choice=body.get("tool_choice"),
-                                parallel_tool_calls=bool(body.get("parallel_tool_calls", False)), **constraint, **sampling)
+                                parallel_tool_calls=bool(body.get("parallel_tool_calls", False)), logprobs=top,
+                                **constraint, **sampling)
             head = self.envelope("chat.completion.chunk" if body.get("stream") else "chat.completion", "chatcmpl")
             if body.get("stream") and tools is None:
                 self._stream(stream, *reply_parts(stream), head, lambda kind, text: {
                     "delta": {"reasoning_content" if kind == "thinking" else "content": text}},
-                    {"delta": {"role": "assistant", "content": ""}})
+                    {"delta": {"role": "assistant", "content": ""}},
+                    lambda c: chat_logprobs(m, c.logprobs) if top is not None else None)
                 return
             c = stream.run()   # with tools, whole: the calls are known at the end
             thinking, answer = stream.reasoning()
@@ -320,9 +323,10 @@ class Handler(BaseHTTPRequestHandler):
             if c.tool_calls:
                 message["tool_calls"] = [call.openai() for call in c.tool_calls]
             finish = "tool_calls" if c.tool_calls else FINISH[c.finish_reason]
+            scores = {"logprobs": chat_logprobs(m, c.logprobs)} if top is not None else {}
             if not body.get("stream"):
                 self.send_json(HTTPStatus.OK, {**head, "choices": [
-                    {"index": 0, "message": message, "finish_reason": finish}], **usage(c)})
+                    {"index": 0, "message": message, "finish_reason": finish, **scores}], **usage(c)})
                 return
             deltas = [{"role": "assistant", "content": ""}]
             deltas += [{"reasoning_content": thinking}] if thinking else []
@@ -330,7 +334,8 @@ class Handler(BaseHTTPRequestHandler):
             deltas += [{"tool_calls": [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]}] \
                 if c.tool_calls else []
             self.send_events([{**head, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
-                             + [{**head, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}], **usage(c)}])
+                             + [{**head, "choices": [{"index": 0, "delta": {}, "finish_reason": finish, **scores}],
+                                 **usage(c)}])
 
     def completions(self) -> None:
         body = self.read_json()
@@ -341,7 +346,11 @@ class Handler(BaseHTTPRequestHandler):
         if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt
                                             and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt))):
             raise InvalidArgumentError("prompt must be a text or a list of token ids (one prompt per request)")
-        sampling, max_tokens = sampling_of(body), max_tokens_of(body)
+        echo, top = bool(body.get("echo")), body.get("logprobs")
+        if echo and body.get("stream"):
+            raise InvalidArgumentError("echo is not streamed: ask with stream false")
+        only_prompt = echo and body.get("max_tokens") == 0   # scoring the prompt (lm-eval's loglikelihood)
+        sampling, max_tokens = sampling_of(body), None if only_prompt else max_tokens_of(body)
         m = self.server.model
         with self.server.lock:
             m.require_generation()
@@ -349,21 +358,36 @@ class Handler(BaseHTTPRequestHandler):
                 raise InvalidArgumentError("the prompt is empty")
             if not ({"max_tokens", "max_completion_tokens"} & set(body)):
                 max_tokens = 16   # OpenAI's default for completions
-            gen = m.stream(prompt, max_tokens=max_tokens, stop=body.get("stop"), **constraint_of(body),
-                           **sampling)
+            ids = m.tokenize(prompt, special=True) if isinstance(prompt, str) else list(prompt)
+            scored = m.prompt_logprobs(ids, top) if echo and top is not None else None
             head = self.envelope("text_completion", "cmpl")
+            if only_prompt:
+                text = m.detokenize(ids)
+                self.send_json(HTTPStatus.OK, {**head, "choices": [
+                    {"index": 0, "text": text, "finish_reason": "length",
+                     "logprobs": legacy_logprobs(m, ids, scored) if scored else None}],
+                    "usage": {"prompt_tokens": len(ids), "completion_tokens": 0, "total_tokens": len(ids)}})
+                return
+            gen = m.stream(ids, max_tokens=max_tokens, stop=body.get("stop"), logprobs=top, **constraint_of(body),
+                           **sampling)
             if body.get("stream"):
-                self._stream(gen, *reply_parts(gen), head, lambda kind, text: {"text": text, "logprobs": None})
+                self._stream(gen, *reply_parts(gen), head, lambda kind, text: {"text": text, "logprobs": None},
+                             logprobs=lambda c: legacy_logprobs(m, c.tokens, c.logprobs) if top is not None else None)
                 return
             c = gen.run()
+            text, tokens, items = c.text, c.tokens, c.logprobs
+            if echo:
+                text, tokens, items = m.detokenize(ids) + text, ids + tokens, (scored or []) + items
             self.send_json(HTTPStatus.OK, {**head, "choices": [
-                {"index": 0, "text": c.text, "logprobs": None, "finish_reason": FINISH[c.finish_reason]}],
-                **usage(c)})
+                {"index": 0, "text": text, "finish_reason": FINISH[c.finish_reason],
+                 "logprobs": legacy_logprobs(m, tokens, items) if top is not None else None}], **usage(c)})
 
-    def _stream(self, gen, parts: Iterator[tuple], close, head: dict, choice, first: Optional[dict] = None) -> None:
+    def _stream(self, gen, parts: Iterator[tuple], close, head: dict, choice, first: Optional[dict] = None,
+                logprobs=lambda c: None) -> None:
         """Streams a reply (gen: its .completion when done) as chunks of `head` with choice(kind, text)
-        for each (kind, text) of parts; the last chunk carries the finish reason and the usage.
-        close() stops the reply: a client that goes away stops it there."""
+        for each (kind, text) of parts; the last chunk carries the finish reason, the usage and
+        logprobs(completion) when that is not None. close() stops the reply: a client that goes
+        away stops it there."""
         def events() -> Iterator[dict]:
             if first is not None:
                 yield {**head, "choices": [{"index": 0, **first, "finish_reason": None}]}
@@ -374,6 +398,9 @@ class Handler(BaseHTTPRequestHandler):
             last = choice(None, "")
             if "delta" in last:
                 last["delta"] = {}
+            scores = logprobs(c)
+            if scores is not None:
+                last["logprobs"] = scores
             yield {**head, "choices": [{"index": 0, **last, "finish_reason": FINISH[c.finish_reason]}], **usage(c)}
         try:
             self.send_events(events())
@@ -555,6 +582,31 @@ def enable_thinking(model, on: Optional[bool]) -> Iterator[None]:
         yield
     finally:
         model.think = before
+
+
+def chat_logprobs(m, items: list) -> dict:
+    """OpenAI's chat logprobs: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+    pieces = m.tokenizer.all_pieces()
+
+    def entry(token: int, logprob: float) -> dict:
+        return {"token": pieces[token].decode("utf-8", "replace"), "logprob": logprob, "bytes": list(pieces[token])}
+
+    return {"content": [{**entry(t.token, t.logprob), "top_logprobs": [entry(i, lp) for i, lp in t.top]}
+                        for t in items]}
+
+
+def legacy_logprobs(m, tokens: list[int], items: list) -> dict:
+    """OpenAI's completions logprobs: tokens, token_logprobs, top_logprobs ({text: logprob}) and
+    text_offset, a position each (None where nothing predicts the token: the prompt's first)."""
+    pieces = m.tokenizer.all_pieces()
+    texts = [pieces[t].decode("utf-8", "replace") for t in tokens]
+    offsets = [0]
+    for text in texts[:-1]:
+        offsets.append(offsets[-1] + len(text))
+    return {"tokens": texts, "token_logprobs": [t.logprob if t else None for t in items],
+            "top_logprobs": [{pieces[i].decode("utf-8", "replace"): lp for i, lp in t.top} if t else None
+                             for t in items],
+            "text_offset": offsets}
 
 
 def error_status(e: Exception) -> tuple[int, str]:

@@ -442,3 +442,43 @@ def test_errors_before_and_after_a_stream_begins(smol, monkeypatch):
     assert out[-1] == {"error": "the device failed"} and not any(line.get("done") for line in out)
     monkeypatch.undo()
     assert call(url, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 4})[0] == 200   # it goes on
+
+
+def test_logprobs(smol):
+    """OpenAI's logprobs: the chat's (content entries with top_logprobs, whole and streamed) and
+    the completions' (tokens, token_logprobs, top_logprobs, text_offset), with echo scoring the
+    prompt as lm-eval does; each equal to Model's."""
+    m, url, _ = smol
+    want = m.chat(CHAT, max_tokens=6, temperature=0, logprobs=3)
+    req = {"messages": CHAT, "max_tokens": 6, "temperature": 0, "logprobs": True, "top_logprobs": 3}
+    body = call(url, "/v1/chat/completions", req)[1]
+    content = body["choices"][0]["logprobs"]["content"]
+    pieces = m.tokenizer.all_pieces()
+    assert [bytes(e["bytes"]) for e in content] == [pieces[t] for t in want.tokens]
+    assert [e["logprob"] for e in content] == pytest.approx([t.logprob for t in want.logprobs], abs=1e-9)
+    assert all(e["top_logprobs"][0]["logprob"] == e["logprob"] and len(e["top_logprobs"]) == 3 for e in content)
+    streamed = events(url, "/v1/chat/completions", req)
+    assert streamed[-2]["choices"][0]["logprobs"] == body["choices"][0]["logprobs"]
+    assert "logprobs" not in call(url, "/v1/chat/completions", {**req, "logprobs": False})[1]["choices"][0]
+
+    prompt = "The capital of France is"
+    ids = m.tokenize(prompt, special=True)
+    out = call(url, "/v1/completions", {"prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 1})[1]
+    lp = out["choices"][0]["logprobs"]
+    scored = m.prompt_logprobs(ids, top=1)
+    assert out["choices"][0]["text"] == prompt and out["usage"]["completion_tokens"] == 0
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert lp["token_logprobs"][1:] == pytest.approx([t.logprob for t in scored[1:]], abs=1e-9)
+    assert "".join(lp["tokens"]) == prompt and lp["text_offset"] == [len("".join(lp["tokens"][:i]))
+                                                                     for i in range(len(ids))]
+    gen = m.generate(prompt, max_tokens=4, temperature=0, logprobs=2)
+    out = call(url, "/v1/completions", {"prompt": prompt, "max_tokens": 4, "temperature": 0, "echo": True,
+                                        "logprobs": 2})[1]["choices"][0]
+    assert out["text"] == prompt + gen.text and len(out["logprobs"]["tokens"]) == len(ids) + 4
+    assert out["logprobs"]["token_logprobs"][len(ids):] == pytest.approx([t.logprob for t in gen.logprobs], abs=1e-9)
+    chunks = events(url, "/v1/completions", {"prompt": prompt, "max_tokens": 4, "temperature": 0, "logprobs": 2})
+    assert chunks[-2]["choices"][0]["logprobs"]["token_logprobs"] == pytest.approx(
+        [t.logprob for t in gen.logprobs], abs=1e-9)
+    for bad, message in (({"logprobs": 50}, "0 to 20"), ({"echo": True, "stream": True}, "echo is not streamed")):
+        status, body = call(url, "/v1/completions", {"prompt": prompt, "max_tokens": 2, **bad})
+        assert status == 400 and message in body["error"]["message"]
