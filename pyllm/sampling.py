@@ -4,8 +4,11 @@ The chain and its defaults follow llama.cpp (common/sampling.cpp,
 src/llama-sampling.cpp):
 
     logit bias -> penalties (repeat, frequency, presence over the last
-    repeat_last_n tokens) -> top-k -> typical-p -> top-p -> min-p ->
-    temperature -> random draw
+    repeat_last_n tokens) -> top-n-sigma -> top-k -> typical-p -> top-p ->
+    min-p -> XTC -> temperature -> random draw
+
+or, with mirostat 1 or 2 (which then replaces the whole chain but the logit
+bias, as in llama.cpp): logit bias -> temperature -> mirostat's own choice.
 
 `temperature == 0` is greedy: the highest logit after the logit bias and the
 penalties (the filters cannot change which token that is, so they are skipped).
@@ -19,7 +22,9 @@ partial selection until it covers the probability mass they need).
 
 Defaults (llama.cpp's): temperature 0.8, top_k 40, top_p 0.95, min_p 0.05,
 typical_p 1.0 (off), repeat_penalty 1.0 (off), repeat_last_n 64,
-frequency_penalty 0, presence_penalty 0, no logit bias, a random seed.
+frequency_penalty 0, presence_penalty 0, top_n_sigma -1 (off),
+xtc_probability 0 (off), xtc_threshold 0.1, mirostat 0 (off), mirostat_tau
+5.0, mirostat_eta 0.1, no logit bias, a random seed.
 """
 from __future__ import annotations
 
@@ -36,7 +41,8 @@ from .errors import InvalidArgumentError
 @dataclass
 class SamplingParams:
     """Sampling settings. Disabled values: top_k 0, top_p 1, min_p 0,
-    typical_p 1, repeat_penalty 1, repeat_last_n 0 (-1 = the whole history)."""
+    typical_p 1, repeat_penalty 1, repeat_last_n 0 (-1 = the whole history),
+    top_n_sigma <= 0, xtc_probability 0 or xtc_threshold > 0.5, mirostat 0."""
     temperature: float = 0.8
     top_k: int = 40
     top_p: float = 0.95
@@ -49,16 +55,23 @@ class SamplingParams:
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     seed: Optional[int] = None
     min_keep: int = 0
+    top_n_sigma: float = -1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
 
     def validate(self) -> "SamplingParams":
         def bad(msg: str) -> InvalidArgumentError:
             return InvalidArgumentError(msg)
         for name in ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty",
-                     "frequency_penalty", "presence_penalty"):
+                     "frequency_penalty", "presence_penalty", "top_n_sigma", "xtc_probability", "xtc_threshold",
+                     "mirostat_tau", "mirostat_eta"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
                 raise bad(f"{name} must be a number, not {v!r}")
-        for name in ("top_k", "repeat_last_n", "min_keep"):
+        for name in ("top_k", "repeat_last_n", "min_keep", "mirostat"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
                 raise bad(f"{name} must be an integer, not {v!r}")
@@ -76,6 +89,12 @@ class SamplingParams:
             raise bad(f"repeat_last_n must be >= -1 (-1 = all, 0 = off), not {self.repeat_last_n}")
         if self.min_keep < 0:
             raise bad(f"min_keep must be >= 0, not {self.min_keep}")
+        if not 0 <= self.xtc_probability <= 1:
+            raise bad(f"xtc_probability must be in [0, 1] (0 = off), not {self.xtc_probability}")
+        if self.mirostat not in (0, 1, 2):
+            raise bad(f"mirostat must be 0 (off), 1 or 2 (mirostat 2.0), not {self.mirostat}")
+        if self.mirostat_tau < 0 or self.mirostat_eta < 0:
+            raise bad(f"mirostat_tau and mirostat_eta must be >= 0, not {self.mirostat_tau}, {self.mirostat_eta}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))
                                       or self.seed < 0):
             raise bad(f"seed must be a non-negative integer, not {self.seed!r}")
@@ -277,6 +296,41 @@ def typical(c: Candidates, p: float, min_keep: int = 1) -> Candidates:
     return c.take(_prefix_reaching(shifted, probs, p, True, min_keep), False)
 
 
+def top_n_sigma(c: Candidates, n: float) -> Candidates:
+    """Keeps the tokens whose logit is at least max - n * std (the standard deviation
+    of the finite logits); n <= 0 keeps all. Order is preserved."""
+    if n <= 0 or len(c) <= 1:
+        return c
+    x = c.logits
+    finite = x[x != -np.inf]
+    if not len(finite):
+        return c
+    threshold = float(finite.max()) - n * float(finite.astype(np.float64).std())
+    keep = np.flatnonzero(x >= threshold)
+    return c if len(keep) == len(c) else c.take(keep, c.sorted)
+
+
+def xtc(c: Candidates, probability: float, threshold: float, min_keep: int, rng: np.random.Generator) -> Candidates:
+    """Exclude Top Choices: with the given probability, drops every token at least
+    `threshold` likely but the least likely of them, so the reply leaves its most
+    obvious path (threshold > 0.5 can hold one token at most: off)."""
+    if probability <= 0 or threshold > 0.5 or len(c) < 2:
+        return c
+    if rng.random() > probability:
+        return c
+    probs = c.probs()
+    n_above = int(np.count_nonzero(probs >= threshold))
+    drop = n_above - 1                       # all above the threshold but the last
+    if drop <= 0 or len(c) - drop < min_keep:
+        return c
+    if c.sorted:
+        return c.take(slice(drop, len(c)), True)
+    top = _smallest(-c.logits, drop)
+    keep = np.ones(len(c), dtype=bool)
+    keep[top] = False
+    return c.take(np.flatnonzero(keep), False)
+
+
 def temperature(c: Candidates, t: float) -> Candidates:
     """Divides the logits by t (t > 0); t <= 0 keeps only the best token."""
     if t <= 0:
@@ -289,10 +343,55 @@ def temperature(c: Candidates, t: float) -> Candidates:
 
 def draw(c: Candidates, rng: np.random.Generator) -> int:
     """A token drawn from softmax(logits), walking the candidates in order."""
+    i = _draw_index(c, rng)
+    return int(c.ids[i]) if c.ids is not None else i
+
+
+def _draw_index(c: Candidates, rng: np.random.Generator) -> int:
     cum = np.cumsum(_exp_shifted(c.logits), dtype=np.float64)
     i = int(np.searchsorted(cum, rng.random() * cum[-1], side="right"))
-    i = min(i, len(c) - 1)
-    return int(c.ids[i]) if c.ids is not None else i
+    return min(i, len(c) - 1)
+
+
+class Mirostat:
+    """Mirostat (Basu et al. 2020), as llama.cpp runs it: each draw is cut to the tokens
+    whose surprise (-log2 p) keeps the text near a target surprise tau, and mu, the cut,
+    learns from the surprise of what was drawn (rate eta). Version 1 estimates the
+    distribution's Zipf exponent from the top m tokens and keeps the top k it implies;
+    version 2 keeps the tokens whose surprise is at most mu."""
+
+    M = 100   # tokens version 1 estimates the Zipf exponent from (llama.cpp's)
+
+    def __init__(self, version: int, tau: float, eta: float, n_vocab: int):
+        self.version, self.tau, self.eta, self.n_vocab = version, tau, eta, n_vocab
+        self.mu = 2.0 * tau
+
+    def __call__(self, c: Candidates, rng: np.random.Generator) -> int:
+        if self.version == 1:
+            c = top_k(c, self._k(c), 1)
+        else:
+            x = c.logits.astype(np.float64)
+            log2p = (x - x.max() - np.log(np.exp(x - x.max()).sum())) / math.log(2)
+            keep = np.flatnonzero(-log2p <= self.mu)
+            c = c.take(keep, c.sorted) if len(keep) else top_k(c, 1, 1)
+        i = _draw_index(c, rng)
+        surprise = -math.log2(float(c.probs()[i]))
+        self.mu -= self.eta * (surprise - self.tau)
+        return int(c.ids[i]) if c.ids is not None else i
+
+    def _k(self, c: Candidates) -> int:
+        """Version 1's cut: the k for which a Zipf law of the estimated exponent has
+        surprise mu, from the m most likely tokens."""
+        top = top_k(c, min(self.M, len(c)), 1)
+        p = _exp_shifted(top.logits).astype(np.float64)
+        i = np.arange(len(p) - 1)
+        t = np.log((i + 2) / (i + 1))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            b = np.log(p[:-1] / p[1:])
+            s_hat = float(np.sum(t * b) / np.sum(t * t)) if len(t) else 1.0
+            eps = s_hat - 1
+            k = ((eps * 2.0 ** self.mu) / (1 - self.n_vocab ** -eps)) ** (1 / s_hat)
+        return max(int(k), 1) if math.isfinite(k) and k < len(c) else len(c)
 
 
 class Sampler:
@@ -310,6 +409,7 @@ class Sampler:
         #: the seed in use (chosen at random when none was given), to reproduce a run
         self.seed: int = int(params.seed) if params.seed is not None else secrets.randbits(32)
         self.rng = np.random.default_rng(self.seed)
+        self.mirostat: Optional[Mirostat] = None   # its state (mu) lives as long as this sampler
 
     def adjusted_logits(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
         """The logits after the logit bias and the penalties."""
@@ -329,6 +429,7 @@ class Sampler:
         c = Candidates.of(self.adjusted_logits(logits, history))
         if p.temperature <= 0:
             return temperature(c, 0.0)
+        c = top_n_sigma(c, p.top_n_sigma)
         c = top_k(c, p.top_k, keep)
         c = typical(c, p.typical_p, keep)
         if not c.sorted and p.top_p < 1.0 and p.min_p > 0.0 and len(c) > 1:
@@ -346,9 +447,18 @@ class Sampler:
         else:
             c = top_p(c, p.top_p, keep)
         c = min_p(c, p.min_p, keep)
+        c = xtc(c, p.xtc_probability, p.xtc_threshold, p.min_keep, self.rng)
         return temperature(c, p.temperature)
 
     def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
-        if self.p.temperature <= 0:
+        p = self.p
+        if p.mirostat:   # the logit bias, the temperature, then mirostat's own cut and draw
+            x = apply_logit_bias(np.asarray(logits, dtype=np.float32), p.logit_bias)
+            if p.temperature <= 0:
+                return int(np.argmax(x))
+            if self.mirostat is None:
+                self.mirostat = Mirostat(p.mirostat, p.mirostat_tau, p.mirostat_eta, len(x))
+            return self.mirostat(temperature(Candidates.of(x), p.temperature), self.rng)
+        if p.temperature <= 0:
             return int(np.argmax(self.adjusted_logits(logits, history)))
         return draw(self.candidates(logits, history), self.rng)

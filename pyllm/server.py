@@ -55,7 +55,8 @@ MAX_BODY = 32 << 20     # bytes of one request body
 FINISH = {"stop": "stop", "length": "length", "context": "length", "interrupted": "stop"}
 # the request fields that are Model sampling keywords of the same name (OpenAI's, ollama's options, llama.cpp's)
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repeat_penalty", "repeat_last_n",
-            "presence_penalty", "frequency_penalty", "seed")
+            "presence_penalty", "frequency_penalty", "seed", "top_n_sigma", "xtc_probability", "xtc_threshold",
+            "mirostat", "mirostat_tau", "mirostat_eta")
 
 
 class RequestError(Exception):

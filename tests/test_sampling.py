@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from pyllm.errors import InvalidArgumentError
-from pyllm.sampling import (Candidates, Sampler, _smallest, apply_logit_bias, apply_penalties,
-                            min_p, temperature, top_k, top_p, typical)
+from pyllm.sampling import (Candidates, Mirostat, Sampler, _smallest, apply_logit_bias, apply_penalties,
+                            min_p, temperature, top_k, top_n_sigma, top_p, typical, xtc)
 
 # probabilities 0.5, 0.3, 0.15, 0.05 for tokens 0..3
 P4 = np.log(np.array([0.5, 0.3, 0.15, 0.05])).astype(np.float32)
@@ -156,3 +156,74 @@ def test_big_vocabulary_is_cheap():
             f()
             times.append(time.perf_counter() - t0)
         assert np.median(times) < 0.010, np.median(times)
+
+
+def test_top_n_sigma_keeps_tokens_near_the_best():
+    x = np.array([4.0, 3.0, 1.0, 0.0, -np.inf, 2.5], np.float32)
+    finite = np.array([4.0, 3.0, 1.0, 0.0, 2.5])
+    std = math.sqrt(((finite - finite.mean()) ** 2).mean())   # 1.428: the population deviation
+    for n in (0.5, 1.0, 2.0, 3.0):
+        want = [i for i in range(6) if x[i] >= 4.0 - n * std]
+        assert ids(top_n_sigma(Candidates.of(x), n)) == want, n
+    assert ids(top_n_sigma(Candidates.of(x), 1.0)) == [0, 1]               # 4 - 1.428 = 2.57 > 2.5
+    assert ids(top_n_sigma(Candidates.of(x), 1.2)) == [0, 1, 5]            # 4 - 1.714 = 2.29
+    assert ids(top_n_sigma(Candidates.of(x), -1.0)) == list(range(6))      # off
+    sorted_c = top_k(Candidates.of(x), 0 + 6)
+    assert ids(top_n_sigma(sorted_c, 1.2)) == [0, 1, 5] and top_n_sigma(sorted_c, 1.2).sorted
+
+
+class Always:
+    """An rng whose draws are all `value`."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def random(self):
+        return self.value
+
+
+def test_xtc_drops_the_top_choices_but_the_last():
+    # probabilities 0.5, 0.3, 0.15, 0.05: above 0.1 are tokens 0, 1, 2; all but token 2 go
+    assert ids(xtc(Candidates.of(P4), 1.0, 0.1, 0, Always(0.5))) == [2, 3]
+    shuffled = Candidates.of(P4[[2, 0, 3, 1]])   # tokens 0..3 hold 0.15, 0.5, 0.05, 0.3
+    assert ids(xtc(shuffled, 1.0, 0.1, 0, Always(0.5))) == [0, 2]
+    assert ids(xtc(top_k(Candidates.of(P4), 4), 1.0, 0.2, 0, Always(0.5))) == [1, 2, 3]   # sorted input
+    assert ids(xtc(Candidates.of(P4), 1.0, 0.4, 0, Always(0.5))) == [0, 1, 2, 3]   # one above: nothing
+    assert ids(xtc(Candidates.of(P4), 0.5, 0.1, 0, Always(0.6))) == [0, 1, 2, 3]   # the chance did not come
+    assert ids(xtc(Candidates.of(P4), 0.5, 0.1, 0, Always(0.5))) == [2, 3]
+    assert ids(xtc(Candidates.of(P4), 1.0, 0.6, 0, Always(0.0))) == [0, 1, 2, 3]   # threshold > 0.5: off
+    assert ids(xtc(Candidates.of(P4), 1.0, 0.1, 3, Always(0.0))) == [0, 1, 2, 3]   # would leave < min_keep
+
+
+def test_mirostat_2_cuts_at_mu_and_learns_from_the_draw():
+    m = Mirostat(2, tau=1.5, eta=0.5, n_vocab=4)
+    assert m.mu == 3.0   # 2 tau: surprise up to 3 bits, p >= 0.125: tokens 0, 1, 2 (0.5/0.95 ...)
+    token = m(Candidates.of(P4), Always(0.99))   # the last of the kept, renormalised: 0.15 / 0.95
+    assert token == 2
+    assert m.mu == pytest.approx(3.0 - 0.5 * (-math.log2(0.15 / 0.95) - 1.5))
+    m.mu = 0.5   # nothing has surprise <= 0.5 bits (p >= 0.707): the best token alone
+    assert m(Candidates.of(P4), Always(0.99)) == 0 and m.mu == pytest.approx(0.5 - 0.5 * (0 - 1.5))
+
+
+def test_mirostat_1_keeps_the_k_of_the_zipf_estimate():
+    x = np.log(1.0 / np.arange(1, 1001) ** 1.2).astype(np.float32)   # Zipf, exponent 1.2
+    m = Mirostat(1, tau=5.0, eta=0.1, n_vocab=1000)
+    eps = 0.2
+    want = int(((eps * 2 ** 10.0) / (1 - 1000 ** -eps)) ** (1 / 1.2))   # s_hat is 1.2 exactly
+    assert m._k(Candidates.of(x)) == want
+    assert 0 <= m(Candidates.of(x), Always(0.99)) < want
+
+
+def test_the_chain_with_the_new_samplers():
+    s = Sampler(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, top_n_sigma=1.2, seed=0)
+    x = np.array([4.0, 3.0, 1.0, 0.0, 2.5, -1.0], np.float32)
+    assert sorted(s.candidates(x).as_dict()) == [0, 1, 4]
+    s = Sampler(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, xtc_probability=1.0, xtc_threshold=0.1, seed=0)
+    assert sorted(s.candidates(P4).as_dict()) == [2, 3]
+    draws = [Sampler(temperature=1.0, mirostat=2, mirostat_tau=1.5, seed=7) for _ in range(2)]
+    seqs = [[d(P4) for _ in range(20)] for d in draws]
+    assert seqs[0] == seqs[1] and set(seqs[0]) <= {0, 1, 2, 3}                     # seeded
+    assert Sampler(temperature=0, mirostat=1)(P4) == 0                               # greedy stays greedy
+    for bad in ({"mirostat": 3}, {"xtc_probability": 1.5}, {"mirostat_tau": -1.0}, {"top_n_sigma": "x"}):
+        with pytest.raises(InvalidArgumentError):
+            Sampler(**bad)
