@@ -14,8 +14,9 @@ deterministic, as llama.cpp's converter does:
 - a schema without `type` takes its type from its keywords (`properties`
   means an object, `items` an array, ...).
 
-A keyword that constrains values but cannot be expressed exactly (pattern,
-multipleOf, minimum on a non-integer, not, ...) raises GrammarError naming it
+A string's `pattern` becomes grammar too (pyllm.json_pattern: the common
+regular-expression core). A keyword that constrains values but cannot be
+expressed exactly (multipleOf, minimum on a non-integer, not, ...) raises GrammarError naming it
 and where it is: a grammar that allows what the schema forbids would hand the
 caller output that fails its own validation. Annotations and unknown keywords
 are ignored, as JSON Schema says; an unknown `format` is noted in a comment.
@@ -31,6 +32,7 @@ from typing import Any, Callable, Iterator, Optional
 from urllib.parse import unquote
 
 from .errors import GrammarError
+from .json_pattern import pattern_to_gbnf
 
 # The shared rules; a grammar holds only those it uses, under these names.
 PRIMITIVES: dict[str, str] = {
@@ -74,7 +76,7 @@ TYPE_KEYWORDS = {
 UNSUPPORTED = {
     "object": TYPE_KEYWORDS["object"] - {"properties", "required", "additionalProperties"},
     "array": frozenset({"contains", "minContains", "maxContains", "unevaluatedItems", "uniqueItems"}),
-    "string": frozenset({"pattern"}),
+    "string": frozenset(),
     "number": TYPE_KEYWORDS["number"],
     "integer": frozenset({"multipleOf"}),
 }
@@ -290,6 +292,10 @@ class _Converter:
             if lo or hi is not None:
                 raise GrammarError(f"minLength/maxLength with format {fmt!r} at {path} is not supported")
             return FORMATS[fmt]
+        if "pattern" in schema:
+            if lo or hi is not None or fmt is not None:
+                raise GrammarError(f"pattern with minLength/maxLength or format at {path} is not supported")
+            return pattern_to_gbnf(schema["pattern"], "char", f"{path}/pattern")
         if fmt is not None:
             self._notes.append(f"format {fmt!r} at {path} is not enforced: any string is accepted there")
         if hi == 0:
