@@ -24,7 +24,7 @@ from .common import err, handle_errors, model_path
 from .options import (CtxSize, FreqPenalty, LogitBias, MinP, ModelOpt, PresPenalty, RepeatLastN, RepeatPenalty,
                       Seed, TemplateOpt, Temp, Think, Threads, TopK, TopP, TypicalP, sampling_kwargs,
                       template_arg, thinking_note)
-from .options import NGpuLayers
+from .options import MirostatEnt, MirostatLr, MirostatOpt, NGpuLayers, TopNSigma, XtcProbability, XtcThreshold
 
 HELP = """\
 Type a message and press Enter. A line ending in \\ continues on the next line;
@@ -269,11 +269,20 @@ def chat(
     presence_penalty: PresPenalty = 0.0,
     logit_bias: LogitBias = [],
     seed: Seed = None,
+    top_n_sigma: TopNSigma = -1.0,
+    xtc_probability: XtcProbability = 0.0,
+    xtc_threshold: XtcThreshold = 0.1,
+    mirostat: MirostatOpt = 0,
+    mirostat_lr: MirostatLr = 0.1,
+    mirostat_ent: MirostatEnt = 5.0,
 ) -> None:
     """Chat with a model in the terminal (/help inside for commands)."""
     with handle_errors():
         sampling = sampling_kwargs(temp, top_k, top_p, min_p, typical_p, repeat_penalty, repeat_last_n,
-                                   frequency_penalty, presence_penalty, logit_bias, seed)
+                                   frequency_penalty, presence_penalty, logit_bias, seed,
+                                   top_n_sigma=top_n_sigma, xtc_probability=xtc_probability,
+                                   xtc_threshold=xtc_threshold, mirostat=mirostat, mirostat_eta=mirostat_lr,
+                                   mirostat_tau=mirostat_ent)
         template = template_arg(chat_template)
         from pyllm import Model
         from pyllm.chat import ChatSession

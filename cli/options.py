@@ -59,6 +59,23 @@ LogitBias = Annotated[list[str], typer.Option(
 Seed = Annotated[Optional[int], typer.Option("-s", "--seed", help="random seed: same seed, same output "
                                              "(default: random)", rich_help_panel=SAMPLING)]
 
+TopNSigma = Annotated[float, typer.Option(
+    "--top-nsigma", help="keep tokens within n standard deviations of the best logit (-1 = off)",
+    rich_help_panel=SAMPLING)]
+XtcProbability = Annotated[float, typer.Option(
+    "--xtc-probability", help="XTC: the chance, each token, of dropping the likeliest choices (0 = off)",
+    rich_help_panel=SAMPLING)]
+XtcThreshold = Annotated[float, typer.Option(
+    "--xtc-threshold", help="XTC drops the tokens at least this likely but the least of them (> 0.5 = off)",
+    rich_help_panel=SAMPLING)]
+MirostatOpt = Annotated[int, typer.Option(
+    "--mirostat", help="mirostat 1 or 2 (2.0) in place of top-k, top-p, min-p, typical, XTC and the "
+    "penalties (0 = off)", rich_help_panel=SAMPLING)]
+MirostatLr = Annotated[float, typer.Option("--mirostat-lr", help="mirostat's learning rate, eta",
+                                           rich_help_panel=SAMPLING)]
+MirostatEnt = Annotated[float, typer.Option("--mirostat-ent", help="mirostat's target surprise, tau (bits)",
+                                            rich_help_panel=SAMPLING)]
+
 _BIAS = re.compile(r"^\s*(\d+)\s*([+-=])\s*(inf|[0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*$")
 
 
@@ -76,11 +93,13 @@ def parse_logit_bias(items: list[str]) -> dict[int, float]:
 
 def sampling_kwargs(temp: float, top_k: int, top_p: float, min_p: float, typical_p: float,
                     repeat_penalty: float, repeat_last_n: int, frequency_penalty: float,
-                    presence_penalty: float, logit_bias: list[str], seed: Optional[int]) -> dict[str, Any]:
+                    presence_penalty: float, logit_bias: list[str], seed: Optional[int],
+                    **more: Any) -> dict[str, Any]:
+    """Model sampling keywords from the flags (`more`: the others, named as SamplingParams names them)."""
     return dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
                 repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                 frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                logit_bias=parse_logit_bias(logit_bias), seed=seed)
+                logit_bias=parse_logit_bias(logit_bias), seed=seed, **more)
 
 
 def template_arg(value: Optional[str]) -> Optional[str]:

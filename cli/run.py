@@ -19,7 +19,7 @@ from .options import (CtxSize, FormatOpt, FreqPenalty, GrammarFile, GrammarOpt, 
                       LogitBias, MinP, ModelOpt, PresPenalty, RepeatLastN, RepeatPenalty, Seed, Stop, TemplateOpt,
                       Temp, Think, Threads, TopK, TopP, TypicalP, constraint_kwargs, sampling_kwargs, template_arg,
                       thinking_note)
-from .options import NGpuLayers
+from .options import MirostatEnt, MirostatLr, MirostatOpt, NGpuLayers, TopNSigma, XtcProbability, XtcThreshold
 
 
 def read_prompt(prompt: Optional[str], file: Optional[str]) -> str:
@@ -65,13 +65,22 @@ def run(
     presence_penalty: PresPenalty = 0.0,
     logit_bias: LogitBias = [],
     seed: Seed = None,
+    top_n_sigma: TopNSigma = -1.0,
+    xtc_probability: XtcProbability = 0.0,
+    xtc_threshold: XtcThreshold = 0.1,
+    mirostat: MirostatOpt = 0,
+    mirostat_lr: MirostatLr = 0.1,
+    mirostat_ent: MirostatEnt = 5.0,
 ) -> None:
     """Complete a prompt (raw text, or a chat message with --chat) and print the result."""
     with handle_errors():
         if system is not None and not chat:
             raise InvalidArgumentError("--system needs --chat")
         sampling = sampling_kwargs(temp, top_k, top_p, min_p, typical_p, repeat_penalty, repeat_last_n,
-                                   frequency_penalty, presence_penalty, logit_bias, seed)
+                                   frequency_penalty, presence_penalty, logit_bias, seed,
+                                   top_n_sigma=top_n_sigma, xtc_probability=xtc_probability,
+                                   xtc_threshold=xtc_threshold, mirostat=mirostat, mirostat_eta=mirostat_lr,
+                                   mirostat_tau=mirostat_ent)
         sampling.update(constraint_kwargs(fmt, grammar, grammar_file, json_schema, json_schema_file))
         text = read_prompt(prompt, file)
         if not text.strip() and chat:

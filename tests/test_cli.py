@@ -129,3 +129,17 @@ def test_list_shows_the_models(smollm2_path):
     assert r.returncode == 0
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("smollm2-135m"))
     assert "(default)" in line and "\tdownloaded" in line
+
+
+def test_run_takes_llama_cpp_s_other_samplers(smollm2_path):
+    """--top-nsigma, --xtc-*, --mirostat*: seeded runs repeat; a bad value is one line, exit 2."""
+    import subprocess
+    import sys
+    base = [sys.executable, "-m", "pyllm.cli.main", "run", "-m", smollm2_path, "-p", "Once upon a time", "-n", "12",
+            "-s", "3"]
+    for flags in (["--mirostat", "2", "--mirostat-ent", "3"], ["--mirostat", "1", "--mirostat-lr", "0.2"],
+                  ["--top-nsigma", "1.5", "--xtc-probability", "0.5", "--xtc-threshold", "0.05"]):
+        outs = [subprocess.run(base + flags, capture_output=True, text=True, timeout=120) for _ in range(2)]
+        assert outs[0].returncode == 0 and outs[0].stdout.strip() and outs[0].stdout == outs[1].stdout, flags
+    r = subprocess.run(base + ["--mirostat", "3"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "mirostat must be 0 (off), 1 or 2" in r.stderr
