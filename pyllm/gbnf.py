@@ -193,7 +193,7 @@ class _Parser:
                 if hi < lo:
                     raise self.fail(f"range {chr(lo)!r}-{chr(hi)!r} is backwards")
             ranges.append((lo, hi))
-        return ("c", _merge(ranges), negated)
+        return ("c", merge_ranges(ranges), negated)
 
     def repeat(self, item: tuple) -> list[tuple]:
         """The elements that replace `item` followed by a repetition operator."""
@@ -239,7 +239,8 @@ class _Parser:
         return name
 
 
-def _merge(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+def merge_ranges(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Sorted, non-overlapping (lo, hi) code point ranges covering the same code points."""
     out: list[list[int]] = []
     for lo, hi in sorted(ranges):
         if out and lo <= out[-1][1] + 1:

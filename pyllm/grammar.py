@@ -44,6 +44,7 @@ ws      ::= [ \t\n\r]*
 '''
 
 MAX_MASKS = 256     # masks kept per grammar and vocabulary
+THINKING_OPENERS = (THINK_OPEN.encode(), THOUGHT_OPEN.encode(), CHANNEL.encode())
 
 
 class Vocabulary:
@@ -53,6 +54,10 @@ class Vocabulary:
         pieces = tokenizer.all_pieces()
         self.pieces = pieces
         self.n = len(pieces)
+        # for AnswerConstraint: blank tokens, and tokens that open a reasoning model's thinking
+        self.blank = np.fromiter((bool(p) and not p.strip() for p in pieces), dtype=bool, count=self.n)
+        self.opener = np.fromiter((p.lstrip().startswith(THINKING_OPENERS) for p in pieces), dtype=bool,
+                                  count=self.n)
         eog = frozenset(tokenizer.eog_ids)
         ids = sorted((t for t in range(self.n) if pieces[t] and t not in eog), key=pieces.__getitem__)
         self.order = ids
@@ -222,18 +227,13 @@ class AnswerConstraint:
     does, after the blanks that follow the thinking. A reply whose first token
     opens no thinking is held to the grammar from that token, as without this."""
 
-    OPENERS = (THINK_OPEN.encode(), THOUGHT_OPEN.encode(), CHANNEL.encode())
-
     def __init__(self, inner: "GrammarConstraint | TriggeredConstraint", start_thinking: bool = False):
         self.inner = inner
         self.splitter = ReasoningSplitter(start_thinking)
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.phase = THINKING if start_thinking else "start"   # "start": the first token decides
         self.started = False          # the grammar has taken some of the answer
-        self.blank = np.fromiter((bool(p) and not p.strip() for p in inner.vocab.pieces), dtype=bool,
-                                 count=inner.vocab.n)
-        self.opener = np.fromiter((p.lstrip().startswith(self.OPENERS) for p in inner.vocab.pieces), dtype=bool,
-                                  count=inner.vocab.n)
+        self.blank, self.opener = inner.vocab.blank, inner.vocab.opener
 
     @property
     def done(self) -> bool:

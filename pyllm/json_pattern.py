@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 
 from .errors import GrammarError
+from .gbnf import merge_ranges
 
 MAX_CODE_POINT = 0x10FFFF
 _CLASS_ESCAPES = {
@@ -221,19 +222,9 @@ class _Parser:
         return _encoded(ranges, negated)
 
 
-def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[list[int]] = []
-    for lo, hi in sorted(ranges):
-        if out and lo <= out[-1][1] + 1:
-            out[-1][1] = max(out[-1][1], hi)
-        else:
-            out.append([lo, hi])
-    return [(lo, hi) for lo, hi in out]
-
-
 def _complement(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     out, start = [], 0
-    for lo, hi in _merged(ranges):
+    for lo, hi in merge_ranges(ranges):
         if lo > start:
             out.append((start, lo - 1))
         start = hi + 1
@@ -246,7 +237,7 @@ def _encoded(ranges: list[tuple[int, int]], negated: bool) -> str:
     """GBNF for one character of the set, as JSON writes it: the characters JSON
     writes as they are in one class, then the escaped ones (quote, backslash,
     controls) one literal each."""
-    chars = _merged(_complement(ranges) if negated else ranges)
+    chars = merge_ranges(_complement(ranges) if negated else ranges)
     plain, escaped = [], []
     for lo, hi in chars:
         for special in (0x22, 0x5C):   # '"' and '\' are escaped in JSON
@@ -256,7 +247,7 @@ def _encoded(ranges: list[tuple[int, int]], negated: bool) -> str:
             if not negated or chr(cp) in "\t\n\r\f\b":   # only those with short escapes: a narrowing
                 escaped.append(cp)
         plain.append((max(lo, 0x20), hi))
-    plain = _merged([r for lo, hi in plain if lo <= hi for r in _without_quote_and_backslash(lo, hi)])
+    plain = merge_ranges([r for lo, hi in plain if lo <= hi for r in _without_quote_and_backslash(lo, hi)])
     alternatives = []
     if plain:
         if len(plain) == 1 and plain[0][0] == plain[0][1]:
@@ -270,15 +261,9 @@ def _encoded(ranges: list[tuple[int, int]], negated: bool) -> str:
 
 
 def _without_quote_and_backslash(lo: int, hi: int) -> list[tuple[int, int]]:
-    out, start = [], lo
-    for special in (0x22, 0x5C):
-        if start <= special <= hi:
-            if special > start:
-                out.append((start, special - 1))
-            start = special + 1
-    if start <= hi:
-        out.append((start, hi))
-    return out
+    """lo..hi less '"' and '\\' (which JSON writes escaped)."""
+    return [(max(a, lo), min(b, hi)) for a, b in _complement([(0x22, 0x22), (0x5C, 0x5C)])
+            if max(a, lo) <= min(b, hi)]
 
 
 def _gbnf_literal(text: str) -> str:
