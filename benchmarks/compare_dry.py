@@ -24,6 +24,15 @@ imports it): --peer-python, default $PYLLM_PEER_PYTHON or
 /tmp/peer-avx512/bin/python.
 
     python benchmarks/compare_dry.py [-n 1000] [--seed 0] [-m models/SmolLM2-135M-Instruct.Q4_1.gguf]
+
+--generate instead runs the whole sampler on the model: greedy decoding with
+DRY (multiplier 0.8, llama.cpp's other defaults) from prompts that invite
+loops, in pyllm (Model.generate) and in llama.cpp (its DRY sampler accepting
+the prompt, then each token, ahead of an argmax). The texts are compared token
+by token; where they part, the margin between pyllm's two candidates (its
+logits after DRY) says whether llama.cpp's choice was a near-tie.
+
+    python benchmarks/compare_dry.py --generate [-n 64]
 """
 from __future__ import annotations
 
@@ -82,6 +91,98 @@ for i, case in enumerate(job["cases"]):
 np.save(job["out"], out)
 print("ok", len(job["cases"]))
 '''
+
+PEER_GENERATE = r'''
+import ctypes, json, sys
+import numpy as np
+import llama_cpp as L
+job = json.load(open(sys.argv[1]))
+llm = L.Llama(job["model"], n_ctx=2048, n_threads=2, verbose=False)
+vocab = L.llama_model_get_vocab(llm._model.model)
+n_vocab = llm.n_vocab()
+brk = [b.encode("utf-8") for b in job["breakers"]]
+arr = (ctypes.c_char_p * len(brk))(*brk)
+data = (L.llama_token_data * n_vocab)()
+view = np.ctypeslib.as_array(data)
+out = []
+for prompt in job["prompts"]:
+    s = L.llama_sampler_init_dry(vocab, job["multiplier"], 1.75, 2, 64, arr, len(brk))
+    for t in prompt:
+        L.llama_sampler_accept(s, t)
+    llm.reset()
+    llm.eval(prompt)
+    tokens = []
+    for _ in range(job["n"]):
+        view["id"] = np.arange(n_vocab, dtype=np.int32)
+        view["logit"] = np.ctypeslib.as_array(L.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(n_vocab,))
+        view["p"] = 0.0
+        cur = L.llama_token_data_array(data=data, size=n_vocab, selected=-1, sorted=False)
+        L.llama_sampler_apply(s, ctypes.byref(cur))
+        tok = int(view["id"][np.argmax(view["logit"])])
+        if L.llama_vocab_is_eog(vocab, tok):
+            break
+        tokens.append(tok)
+        L.llama_sampler_accept(s, tok)
+        llm.eval([tok])
+    L.llama_sampler_free(s)
+    out.append(tokens)
+print(json.dumps(out))
+'''
+
+LOOPY_PROMPTS = [
+    "List the numbers: one two three one two three one two three one two three",
+    "Repeat after me: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat,",
+    "def f(x):\n    return x\n\ndef f(x):\n    return x\n\ndef f(x):",
+    "<|im_start|>user\nWrite a poem about the sea.<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_start|>user\nName ten fruits, one per line.<|im_end|>\n<|im_start|>assistant\n",
+    "Once upon a time, there was a little robot who",
+]
+
+
+def generate(a) -> int:
+    from pyllm import Model
+    from pyllm.dry import DEFAULT_SEQUENCE_BREAKERS
+
+    multiplier = 0.8
+    with Model(a.model, n_ctx=2048, n_threads=2) as m:
+        prompts = [m.tokenize(p, special=True) for p in LOOPY_PROMPTS]
+        with tempfile.TemporaryDirectory() as tmp:
+            job = {"model": a.model, "prompts": prompts, "n": a.n_cases, "multiplier": multiplier,
+                   "breakers": list(DEFAULT_SEQUENCE_BREAKERS)}
+            Path(f"{tmp}/job.json").write_text(json.dumps(job))
+            r = subprocess.run([a.peer_python, "-c", PEER_GENERATE, f"{tmp}/job.json"], capture_output=True,
+                               text=True)
+        if r.returncode != 0:
+            sys.exit(f"llama.cpp side failed:\n{r.stderr[-3000:]}")
+        theirs = json.loads(r.stdout.strip().splitlines()[-1])
+        same = 0
+        for text, prompt, peer in zip(LOOPY_PROMPTS, prompts, theirs):
+            for dry in (multiplier, 0.0):
+                gen = m.generate(prompt, max_tokens=a.n_cases, temperature=0, dry_multiplier=dry)
+                if dry:
+                    ours = gen.tokens
+                else:
+                    plain = gen.tokens
+            k = next((i for i, (x, y) in enumerate(zip(ours, peer)) if x != y), min(len(ours), len(peer)))
+            print(f"{text[:50]!r}")
+            print(f"    DRY changed pyllm's text from token {next((i for i, (x, y) in enumerate(zip(ours, plain)) if x != y), '-')}"
+                  f"; pyllm and llama.cpp agree on {k} of {max(len(ours), len(peer))} tokens")
+            if ours == peer:
+                same += 1
+                continue
+            # the margin at the parting: pyllm's logits after DRY, its choice against llama.cpp's
+            from pyllm.sampling import Sampler, SamplingParams
+            sampler = m._sampler({"temperature": 0, "dry_multiplier": multiplier})
+            row = m.engine.logits(prompt + ours[:k])[-1]
+            x = sampler.adjusted_logits(row, prompt + ours[:k])
+            if k < len(ours) and k < len(peer):
+                print(f"    parted at token {k}: pyllm {m.tokenizer.decode([ours[k]])!r} ({x[ours[k]]:.3f}), "
+                      f"llama.cpp {m.tokenizer.decode([peer[k]])!r} ({x[peer[k]]:.3f}): margin "
+                      f"{x[ours[k]] - x[peer[k]]:.3f}")
+            print(f"    pyllm:     {m.tokenizer.decode(ours)!r}")
+            print(f"    llama.cpp: {m.tokenizer.decode(peer)!r}")
+        print(f"{same}/{len(prompts)} texts identical")
+    return 0
 
 
 def make_cases(tokenizer, n_cases: int, seed: int) -> tuple[list[dict], np.ndarray]:
@@ -152,7 +253,10 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--peer-python", default=os.environ.get("PYLLM_PEER_PYTHON", "/tmp/peer-avx512/bin/python"))
     ap.add_argument("-v", "--verbose", action="store_true", help="print every disagreeing case")
+    ap.add_argument("--generate", action="store_true", help="greedy decoding with DRY on the model (-n tokens)")
     a = ap.parse_args()
+    if a.generate:
+        return generate(a)
 
     from pyllm.dry import DryBreakers, DryParams, apply_dry
     from pyllm.model_file import ModelFile

@@ -25,6 +25,7 @@ from .options import (CtxSize, FreqPenalty, LogitBias, MinP, ModelOpt, PresPenal
                       Seed, TemplateOpt, Temp, Think, Threads, TopK, TopP, TypicalP, sampling_kwargs,
                       template_arg, thinking_note)
 from .options import MirostatEnt, MirostatLr, MirostatOpt, NGpuLayers, TopNSigma, XtcProbability, XtcThreshold
+from .options import DryAllowedLength, DryBase, DryMultiplier, DryPenaltyLastN, DrySequenceBreaker, dry_breakers
 
 HELP = """\
 Type a message and press Enter. A line ending in \\ continues on the next line;
@@ -275,6 +276,11 @@ def chat(
     mirostat: MirostatOpt = 0,
     mirostat_lr: MirostatLr = 0.1,
     mirostat_ent: MirostatEnt = 5.0,
+    dry_multiplier: DryMultiplier = 0.0,
+    dry_base: DryBase = 1.75,
+    dry_allowed_length: DryAllowedLength = 2,
+    dry_penalty_last_n: DryPenaltyLastN = 64,
+    dry_sequence_breaker: DrySequenceBreaker = [],
 ) -> None:
     """Chat with a model in the terminal (/help inside for commands)."""
     with handle_errors():
@@ -282,7 +288,9 @@ def chat(
                                    frequency_penalty, presence_penalty, logit_bias, seed,
                                    top_n_sigma=top_n_sigma, xtc_probability=xtc_probability,
                                    xtc_threshold=xtc_threshold, mirostat=mirostat, mirostat_eta=mirostat_lr,
-                                   mirostat_tau=mirostat_ent)
+                                   mirostat_tau=mirostat_ent, dry_multiplier=dry_multiplier, dry_base=dry_base,
+                                   dry_allowed_length=dry_allowed_length, dry_penalty_last_n=dry_penalty_last_n,
+                                   dry_sequence_breakers=dry_breakers(dry_sequence_breaker))
         template = template_arg(chat_template)
         from pyllm import Model
         from pyllm.chat import ChatSession

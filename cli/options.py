@@ -75,6 +75,25 @@ MirostatLr = Annotated[float, typer.Option("--mirostat-lr", help="mirostat's lea
                                            rich_help_panel=SAMPLING)]
 MirostatEnt = Annotated[float, typer.Option("--mirostat-ent", help="mirostat's target surprise, tau (bits)",
                                             rich_help_panel=SAMPLING)]
+DryMultiplier = Annotated[float, typer.Option(
+    "--dry-multiplier", help="DRY: penalise tokens that would lengthen a repeat of earlier text, this "
+    "strongly (0 = off; 0.8 is usual)", rich_help_panel=SAMPLING)]
+DryBase = Annotated[float, typer.Option("--dry-base", help="DRY's penalty grows by this factor per repeated "
+                                        "token (>= 1)", rich_help_panel=SAMPLING)]
+DryAllowedLength = Annotated[int, typer.Option("--dry-allowed-length", help="DRY leaves repeats shorter than "
+                                               "this alone", rich_help_panel=SAMPLING)]
+DryPenaltyLastN = Annotated[int, typer.Option("--dry-penalty-last-n", help="tokens DRY looks back over "
+                                              "(0 = off, -1 = all)", rich_help_panel=SAMPLING)]
+DrySequenceBreaker = Annotated[list[str], typer.Option(
+    "--dry-sequence-breaker", help="text a repeat may not reach back across, in place of the defaults "
+    "(newline, :, \", *); repeatable; 'none' for no breakers", rich_help_panel=SAMPLING)]
+
+
+def dry_breakers(items: list[str]) -> Optional[tuple[str, ...]]:
+    """--dry-sequence-breaker: None (the defaults) when not given; 'none' means no breakers."""
+    if not items:
+        return None
+    return tuple(item for item in items if item != "none")
 
 _BIAS = re.compile(r"^\s*(\d+)\s*([+-=])\s*(inf|[0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*$")
 
@@ -95,11 +114,13 @@ def sampling_kwargs(temp: float, top_k: int, top_p: float, min_p: float, typical
                     repeat_penalty: float, repeat_last_n: int, frequency_penalty: float,
                     presence_penalty: float, logit_bias: list[str], seed: Optional[int],
                     **more: Any) -> dict[str, Any]:
-    """Model sampling keywords from the flags (`more`: the others, named as SamplingParams names them)."""
+    """Model sampling keywords from the flags (`more`: the others, named as SamplingParams names them;
+    a None among them is left to its default)."""
     return dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
                 repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                 frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                logit_bias=parse_logit_bias(logit_bias), seed=seed, **more)
+                logit_bias=parse_logit_bias(logit_bias), seed=seed,
+                **{k: v for k, v in more.items() if v is not None})
 
 
 def template_arg(value: Optional[str]) -> Optional[str]:

@@ -20,6 +20,7 @@ from .options import (CtxSize, FormatOpt, FreqPenalty, GrammarFile, GrammarOpt, 
                       Temp, Think, Threads, TopK, TopP, TypicalP, constraint_kwargs, sampling_kwargs, template_arg,
                       thinking_note)
 from .options import MirostatEnt, MirostatLr, MirostatOpt, NGpuLayers, TopNSigma, XtcProbability, XtcThreshold
+from .options import DryAllowedLength, DryBase, DryMultiplier, DryPenaltyLastN, DrySequenceBreaker, dry_breakers
 
 
 def read_prompt(prompt: Optional[str], file: Optional[str]) -> str:
@@ -71,6 +72,11 @@ def run(
     mirostat: MirostatOpt = 0,
     mirostat_lr: MirostatLr = 0.1,
     mirostat_ent: MirostatEnt = 5.0,
+    dry_multiplier: DryMultiplier = 0.0,
+    dry_base: DryBase = 1.75,
+    dry_allowed_length: DryAllowedLength = 2,
+    dry_penalty_last_n: DryPenaltyLastN = 64,
+    dry_sequence_breaker: DrySequenceBreaker = [],
 ) -> None:
     """Complete a prompt (raw text, or a chat message with --chat) and print the result."""
     with handle_errors():
@@ -80,7 +86,9 @@ def run(
                                    frequency_penalty, presence_penalty, logit_bias, seed,
                                    top_n_sigma=top_n_sigma, xtc_probability=xtc_probability,
                                    xtc_threshold=xtc_threshold, mirostat=mirostat, mirostat_eta=mirostat_lr,
-                                   mirostat_tau=mirostat_ent)
+                                   mirostat_tau=mirostat_ent, dry_multiplier=dry_multiplier, dry_base=dry_base,
+                                   dry_allowed_length=dry_allowed_length, dry_penalty_last_n=dry_penalty_last_n,
+                                   dry_sequence_breakers=dry_breakers(dry_sequence_breaker))
         sampling.update(constraint_kwargs(fmt, grammar, grammar_file, json_schema, json_schema_file))
         text = read_prompt(prompt, file)
         if not text.strip() and chat:

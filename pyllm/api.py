@@ -21,6 +21,7 @@ from .backend.cpu import physical_cores
 from .backend.select import make_backend
 from .chat_template import BUILTIN as BUILTIN_TEMPLATES, THINKING_SWITCH, ChatTemplate, normalize_messages
 from .defaults import BLOCK_SIZE, DEFAULT_MAX_CTX, N_BATCH, N_OUT_MAX
+from .dry import DryBreakers
 from .engine import Completion, Engine, Generation, TokenLogprob, check_top_logprobs
 from .errors import ContextFullError, InvalidArgumentError, TemplateError
 from .grammar import AnswerConstraint, Format, constraint_for
@@ -112,6 +113,7 @@ class Model:
                              recurrent=bool(self.graph.states))
         self._seq = self.engine.new_sequence()
         self._chat_cache: list[tuple[str, list[int]]] = []   # (text, its tokens) of the last chat, in order
+        self._dry_breakers: dict[tuple[str, ...], DryBreakers] = {}   # DRY's breakers, per list: a vocabulary scan
 
     # -- tokens ------------------------------------------------------------------
     @property
@@ -222,7 +224,16 @@ class Model:
         unknown = sorted(set(sampling) - set(_SAMPLING_KEYS))
         if unknown:
             raise InvalidArgumentError(f"unknown sampling option {unknown[0]!r}; known: {', '.join(_SAMPLING_KEYS)}")
-        return Sampler(SamplingParams(**sampling))
+        params = SamplingParams(**sampling).validate()
+        breakers = None
+        if params.dry().enabled:
+            key = tuple(params.dry_sequence_breakers)
+            if key not in self._dry_breakers:
+                if len(self._dry_breakers) >= 8:    # a server's clients may send many lists: keep a few
+                    self._dry_breakers.pop(next(iter(self._dry_breakers)))
+                self._dry_breakers[key] = DryBreakers.from_strings(self.tokenizer, key)
+            breakers = self._dry_breakers[key]
+        return Sampler(params, dry_breakers=breakers)
 
     def _max_tokens(self, max_tokens: Optional[int]) -> int:
         if max_tokens is None or max_tokens < 0:

@@ -4,14 +4,14 @@ The chain and its defaults follow llama.cpp (common/sampling.cpp,
 src/llama-sampling.cpp):
 
     logit bias -> penalties (repeat, frequency, presence over the last
-    repeat_last_n tokens) -> top-n-sigma -> top-k -> typical-p -> top-p ->
-    min-p -> XTC -> temperature -> random draw
+    repeat_last_n tokens) -> DRY (pyllm.dry) -> top-n-sigma -> top-k ->
+    typical-p -> top-p -> min-p -> XTC -> temperature -> random draw
 
 or, with mirostat 1 or 2 (which then replaces the whole chain but the logit
 bias, as in llama.cpp): logit bias -> temperature -> mirostat's own choice.
 
-`temperature == 0` is greedy: the highest logit after the logit bias and the
-penalties (the filters cannot change which token that is, so they are skipped).
+`temperature == 0` is greedy: the highest logit after the logit bias, the
+penalties and DRY (the filters cannot change which token that is, so they are skipped).
 
 Every stage works on `Candidates`: token ids with their logits, possibly
 sorted best first. Each stage is a plain function, so tests can check one at
@@ -24,7 +24,9 @@ Defaults (llama.cpp's): temperature 0.8, top_k 40, top_p 0.95, min_p 0.05,
 typical_p 1.0 (off), repeat_penalty 1.0 (off), repeat_last_n 64,
 frequency_penalty 0, presence_penalty 0, top_n_sigma -1 (off),
 xtc_probability 0 (off), xtc_threshold 0.1, mirostat 0 (off), mirostat_tau
-5.0, mirostat_eta 0.1, no logit bias, a random seed.
+5.0, mirostat_eta 0.1, dry_multiplier 0 (off), dry_base 1.75,
+dry_allowed_length 2, dry_penalty_last_n 64, dry_sequence_breakers
+["\\n", ":", "\"", "*"], no logit bias, a random seed.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
+from .dry import DEFAULT_SEQUENCE_BREAKERS, DryBreakers, DryParams, apply_dry
 from .errors import InvalidArgumentError
 
 
@@ -42,7 +45,8 @@ from .errors import InvalidArgumentError
 class SamplingParams:
     """Sampling settings. Disabled values: top_k 0, top_p 1, min_p 0,
     typical_p 1, repeat_penalty 1, repeat_last_n 0 (-1 = the whole history),
-    top_n_sigma <= 0, xtc_probability 0 or xtc_threshold > 0.5, mirostat 0."""
+    top_n_sigma <= 0, xtc_probability 0 or xtc_threshold > 0.5, mirostat 0,
+    dry_multiplier 0 or dry_penalty_last_n 0 (-1 = the whole history)."""
     temperature: float = 0.8
     top_k: int = 40
     top_p: float = 0.95
@@ -61,17 +65,25 @@ class SamplingParams:
     mirostat: int = 0
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64
+    dry_sequence_breakers: Sequence[str] = DEFAULT_SEQUENCE_BREAKERS
+
+    def dry(self) -> DryParams:
+        return DryParams(self.dry_multiplier, self.dry_base, self.dry_allowed_length, self.dry_penalty_last_n)
 
     def validate(self) -> "SamplingParams":
         def bad(msg: str) -> InvalidArgumentError:
             return InvalidArgumentError(msg)
         for name in ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty",
                      "frequency_penalty", "presence_penalty", "top_n_sigma", "xtc_probability", "xtc_threshold",
-                     "mirostat_tau", "mirostat_eta"):
+                     "mirostat_tau", "mirostat_eta", "dry_multiplier", "dry_base"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
                 raise bad(f"{name} must be a number, not {v!r}")
-        for name in ("top_k", "repeat_last_n", "min_keep", "mirostat"):
+        for name in ("top_k", "repeat_last_n", "min_keep", "mirostat", "dry_allowed_length", "dry_penalty_last_n"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
                 raise bad(f"{name} must be an integer, not {v!r}")
@@ -95,6 +107,16 @@ class SamplingParams:
             raise bad(f"mirostat must be 0 (off), 1 or 2 (mirostat 2.0), not {self.mirostat}")
         if self.mirostat_tau < 0 or self.mirostat_eta < 0:
             raise bad(f"mirostat_tau and mirostat_eta must be >= 0, not {self.mirostat_tau}, {self.mirostat_eta}")
+        if self.dry_base < 1:
+            raise bad(f"dry_base must be >= 1 (the penalty's growth per repeated token), not {self.dry_base}")
+        if self.dry_allowed_length < 0:
+            raise bad(f"dry_allowed_length must be >= 0, not {self.dry_allowed_length}")
+        if self.dry_penalty_last_n < -1:
+            raise bad(f"dry_penalty_last_n must be >= -1 (-1 = all, 0 = off), not {self.dry_penalty_last_n}")
+        breakers = self.dry_sequence_breakers
+        if not isinstance(breakers, (list, tuple)) or not all(isinstance(b, str) for b in breakers):
+            raise bad(f"dry_sequence_breakers must be a list of strings, not {breakers!r}")
+        self.dry_sequence_breakers = tuple(breakers)
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))
                                       or self.seed < 0):
             raise bad(f"seed must be a non-negative integer, not {self.seed!r}")
@@ -398,9 +420,13 @@ class Sampler:
     """A seeded sampler chain: `sampler(logits, history) -> token id`.
 
     history: the tokens so far (prompt and generated); penalties look at its
-    last repeat_last_n entries."""
+    last repeat_last_n entries, DRY at its last dry_penalty_last_n.
+    dry_breakers: dry_sequence_breakers as token sequences of the model's
+    vocabulary (DryBreakers.from_strings; pyllm.Model keeps one per list);
+    None: DRY has no breakers."""
 
-    def __init__(self, params: Optional[SamplingParams] = None, **kwargs):
+    def __init__(self, params: Optional[SamplingParams] = None, dry_breakers: Optional[DryBreakers] = None,
+                 **kwargs):
         if params is None:
             params = SamplingParams(**kwargs)
         elif kwargs:
@@ -410,16 +436,19 @@ class Sampler:
         self.seed: int = int(params.seed) if params.seed is not None else secrets.randbits(32)
         self.rng = np.random.default_rng(self.seed)
         self.mirostat: Optional[Mirostat] = None   # its state (mu) lives as long as this sampler
+        self.dry = params.dry()
+        self.dry_breakers = dry_breakers
 
     def adjusted_logits(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
-        """The logits after the logit bias and the penalties."""
+        """The logits after the logit bias, the penalties and DRY."""
         p = self.p
         x = np.asarray(logits, dtype=np.float32)
         if x.ndim != 1 or not len(x):
             raise InvalidArgumentError(f"logits must be one non-empty row, not shape {x.shape}")
         x = apply_logit_bias(x, p.logit_bias)
-        return apply_penalties(x, history, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty,
-                               p.presence_penalty)
+        x = apply_penalties(x, history, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty,
+                            p.presence_penalty)
+        return apply_dry(x, history, self.dry, self.dry_breakers)
 
     def candidates(self, logits: np.ndarray, history: Sequence[int] = ()) -> Candidates:
         """What the final draw chooses from: the chain up to (and including)

@@ -56,7 +56,8 @@ FINISH = {"stop": "stop", "length": "length", "context": "length", "interrupted"
 # the request fields that are Model sampling keywords of the same name (OpenAI's, ollama's options, llama.cpp's)
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repeat_penalty", "repeat_last_n",
             "presence_penalty", "frequency_penalty", "seed", "top_n_sigma", "xtc_probability", "xtc_threshold",
-            "mirostat", "mirostat_tau", "mirostat_eta")
+            "mirostat", "mirostat_tau", "mirostat_eta", "dry_multiplier", "dry_base", "dry_allowed_length",
+            "dry_penalty_last_n", "dry_sequence_breakers")
 
 
 class RequestError(Exception):

@@ -143,3 +143,33 @@ def test_run_takes_llama_cpp_s_other_samplers(smollm2_path):
         assert outs[0].returncode == 0 and outs[0].stdout.strip() and outs[0].stdout == outs[1].stdout, flags
     r = subprocess.run(base + ["--mirostat", "3"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "mirostat must be 0 (off), 1 or 2" in r.stderr
+
+
+def test_run_takes_the_dry_flags(smollm2_path):
+    """--dry-*: what Model.generate gives with the same settings; --dry-sequence-breaker replaces the
+    defaults ('none': no breakers); a bad value is one line, exit 2."""
+    import subprocess
+    import sys
+    from pyllm import Model
+    loop = "one two three: one two three: one two three: one two three:"
+    base = [sys.executable, "-m", "pyllm.cli.main", "run", "-m", smollm2_path, "-p", loop, "-n", "12", "--temp", "0",
+            "--json"]
+
+    def tokens(*flags):
+        r = subprocess.run(base + list(flags), capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)["tokens"]
+    dry = ["--dry-multiplier", "1.5", "--dry-allowed-length", "1"]
+    with Model(smollm2_path) as m:
+        def want(breakers):
+            return m.generate(loop, max_tokens=12, temperature=0, dry_multiplier=1.5, dry_allowed_length=1,
+                              dry_sequence_breakers=breakers).tokens
+        plain = m.generate(loop, max_tokens=12, temperature=0).tokens
+        default, none = want(["\n", ":", '"', "*"]), want([])
+    assert len({tuple(plain), tuple(default), tuple(none)}) == 3      # the breaker ":" matters here
+    assert tokens(*dry) == default
+    assert tokens(*dry, "--dry-sequence-breaker", "none") == none
+    assert tokens(*dry, "--dry-sequence-breaker", "x", "--dry-sequence-breaker", "y") == none   # no "x" or "y" here
+    assert tokens(*dry, "--dry-sequence-breaker", ":") == default                                # no newline either
+    r = subprocess.run(base + ["--dry-penalty-last-n", "-2"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "dry_penalty_last_n must be >= -1" in r.stderr

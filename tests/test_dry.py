@@ -391,3 +391,25 @@ def test_smollm2_breakers_and_penalties(smollm2_path):
     np.testing.assert_array_equal(got, reference_dry(logits, history, MULT, BASE, 2, 64, sequences))
     comma, = set(ids(" a cat,")) - set(ids(" a cat"))
     assert logits[comma] - got[comma] > MULT                     # "," continues the loop
+
+
+def test_model_generation_applies_dry_to_prompt_and_reply(smollm2_path):
+    """Model.generate: each greedy token is the argmax of the logits after DRY over the
+    prompt and the reply so far (llama.cpp's history), with the model's breakers; DRY
+    changes a looping text, and the breakers are built once per list."""
+    from pyllm import Model
+    with Model(smollm2_path, n_ctx=512) as m:
+        prompt = m.tokenize("one two three one two three one two three one two three one two three")
+        plain = m.generate(prompt, max_tokens=8, temperature=0).tokens
+        gen = m.generate(prompt, max_tokens=8, temperature=0, dry_multiplier=MULT).tokens
+        assert gen != plain
+        breakers = DryBreakers.from_strings(m.tokenizer)
+        assert as_sequences(m._sampler({"dry_multiplier": MULT}).dry_breakers) == as_sequences(breakers)
+        assert m._sampler({"dry_multiplier": 1.0}).dry_breakers is m._sampler({"dry_multiplier": MULT}).dry_breakers
+        assert m._sampler({}).dry_breakers is None                               # DRY off: no vocabulary scan
+        for k, tok in enumerate(gen):
+            history = prompt + gen[:k]
+            want = apply_dry(m.engine.logits(history)[-1], history, DryParams(MULT, BASE, 2, 64), breakers)
+            top2 = np.sort(want)[-2:]
+            if top2[1] - top2[0] > 1e-3:                                      # not a tie
+                assert tok == int(np.argmax(want)), k

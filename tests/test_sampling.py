@@ -227,3 +227,28 @@ def test_the_chain_with_the_new_samplers():
     for bad in ({"mirostat": 3}, {"xtc_probability": 1.5}, {"mirostat_tau": -1.0}, {"top_n_sigma": "x"}):
         with pytest.raises(InvalidArgumentError):
             Sampler(**bad)
+
+
+def test_dry_in_the_chain_after_the_penalties():
+    """DRY lowers the token that would lengthen a repeat, after the repetition penalty,
+    greedy included; its settings are checked at the boundary."""
+    from pyllm.dry import DryBreakers
+    x = np.zeros(8, np.float32)
+    x[5] = 0.5                                      # the best token before DRY
+    history = [1, 2, 3, 5, 1, 2, 3]                 # "1 2 3" was followed by 5: 5 would repeat 4 tokens
+    plain = Sampler(temperature=0, repeat_penalty=2.0, repeat_last_n=64)
+    dry = Sampler(temperature=0, repeat_penalty=2.0, repeat_last_n=64, dry_multiplier=0.8, dry_base=1.75,
+                  dry_allowed_length=2)
+    assert plain(x, history) == 5 and dry(x, history) != 5
+    # 0.5 / 2 (repeat penalty) - 0.8 * 1.75 ** (3 - 2) (DRY: a match of 3 tokens, 2 allowed)
+    assert dry.adjusted_logits(x, history)[5] == pytest.approx(0.25 - 0.8 * 1.75)
+    assert dry.adjusted_logits(x, history)[[0, 4, 6, 7]].tolist() == [0.0] * 4
+    # a breaker inside the repeat (token 2): the match may not reach back past it, and only "3"
+    # (1 token, fewer than the 2 allowed) follows it
+    cut = Sampler(temperature=0, dry_multiplier=0.8, dry_breakers=DryBreakers.from_token_sequences([[2]]))
+    assert cut.adjusted_logits(x, history)[5] == 0.5
+    assert Sampler(temperature=0, dry_multiplier=0.8, dry_penalty_last_n=4).adjusted_logits(x, history)[5] == 0.5
+    for bad in ({"dry_base": 0.5}, {"dry_allowed_length": -1}, {"dry_penalty_last_n": -2},
+                {"dry_sequence_breakers": "\n"}, {"dry_sequence_breakers": [1]}, {"dry_multiplier": "x"}):
+        with pytest.raises(InvalidArgumentError):
+            Sampler(**bad)

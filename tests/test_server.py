@@ -120,6 +120,14 @@ def test_sampling_fields_reach_the_sampler(smol):
     banned = call(url, "/v1/chat/completions", {"messages": CHAT, "temperature": 0, "max_tokens": 1,
                                                 "logit_bias": {str(greedy): -100}})[1]
     assert m.tokenize(banned["choices"][0]["message"]["content"])[:1] != [greedy]
+    loop = "one two three: one two three: one two three: one two three:"
+    dry = {"dry_multiplier": 1.5, "dry_allowed_length": 1, "dry_sequence_breakers": [":"]}
+    want = m.generate(loop, max_tokens=12, temperature=0, **dry).text
+    assert want != m.generate(loop, max_tokens=12, temperature=0).text
+    got = call(url, "/v1/completions", {"prompt": loop, "max_tokens": 12, "temperature": 0, **dry})[1]
+    assert got["choices"][0]["text"] == want
+    status, bad = call(url, "/v1/completions", {"prompt": loop, "dry_sequence_breakers": "x"})
+    assert status == 400 and "dry_sequence_breakers must be a list of strings" in bad["error"]["message"]
 
 
 def test_errors(smol):
