@@ -12,6 +12,7 @@ from .chat import chat
 from .common import handle_errors, pull
 from .embed import embed
 from .info import info
+from .perplexity import perplexity
 from .plan import plan
 from .run import run
 from .serve import serve
@@ -53,6 +54,7 @@ app.command()(serve)
 app.command("bench")(bench)
 app.command("info")(info)
 app.command("plan")(plan)
+app.command("perplexity")(perplexity)
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ from .errors import ContextFullError, InvalidArgumentError, TemplateError
 from .grammar import AnswerConstraint, Format, constraint_for
 from .graph import Graph
 from .model_file import ModelFile
+from .perplexity import Perplexity, perplexity
 from .reasoning import prompt_opens_thinking, split_pieces, split_reasoning
 from .sampling import Sampler, SamplingParams
 from .tokenizer import load_tokenizer
@@ -159,6 +160,22 @@ class Model:
         self.require_generation()
         ids = self.tokenize(prompt, special=True) if isinstance(prompt, str) else self._check_ids(prompt)
         return self.engine.prompt_logprobs(ids, check_top_logprobs(top))
+
+    def perplexity(self, text: str | Seq[int], n_ctx: Optional[int] = None, max_chunks: Optional[int] = None,
+                   on_chunk=None) -> Perplexity:
+        """The perplexity of a text (or token ids) as llama.cpp's llama-perplexity
+        measures it: chunks of n_ctx tokens (default: this model's context), each
+        from an empty context starting with BOS, their second halves scored (see
+        pyllm.perplexity). max_chunks: score at most this many chunks;
+        on_chunk(i, n_chunks, running ppl) after each."""
+        self.require_generation()
+        ids = self.tokenize(text) if isinstance(text, str) else self._check_ids(text)
+        n_ctx = self.n_ctx if n_ctx is None else int(n_ctx)
+        if n_ctx > self.n_ctx:
+            raise InvalidArgumentError(f"a chunk of {n_ctx} tokens does not fit in the context of {self.n_ctx}: "
+                                       f"load the model with n_ctx={n_ctx} (-c)")
+        bos = self.tokenizer.bos_id if self.tokenizer.add_bos else None
+        return perplexity(self.engine._fresh_logits, ids, n_ctx, bos, max_chunks, on_chunk)
 
     # -- embeddings --------------------------------------------------------------
     def embed(self, text: str | Seq[str], pooling: Optional[str] = None, normalize: bool = True,

@@ -156,9 +156,10 @@ class Engine:
         logits = self._run(seq, tokens[reused:], cancelled=cancelled)
         return logits[-1].copy(), reused
 
-    def _fresh_logits(self, tokens: Seq[int]) -> Iterator[tuple[int, np.ndarray]]:
+    def _fresh_logits(self, tokens: Seq[int], skip: int = 0) -> Iterator[tuple[int, np.ndarray]]:
         """(start, logits of tokens[start:start + n]) for the chunks of `tokens` run from a
-        fresh context; each view is valid until the next chunk."""
+        fresh context, from position `skip` on (the tokens before it run without logits);
+        each view is valid until the next chunk."""
         if not tokens:
             raise InvalidArgumentError("no tokens")
         if len(tokens) > self.n_ctx:
@@ -166,9 +167,13 @@ class Engine:
         seq = self.new_sequence()
         self.pool.state_owner = seq   # a recurrent state starts again at position 0
         try:
-            step = min(self.n_batch, self.backend.n_out_max)
             seq.reserve(len(tokens))
-            for i in range(0, len(tokens), step):
+            for i in range(0, skip, self.n_batch):
+                chunk = list(tokens[i:min(i + self.n_batch, skip)])
+                self.backend.forward(chunk, len(seq), seq.blocks, 1)
+                seq.commit(chunk)
+            step = min(self.n_batch, self.backend.n_out_max)
+            for i in range(skip, len(tokens), step):
                 chunk = list(tokens[i:i + step])
                 yield i, self.backend.forward(chunk, len(seq), seq.blocks, len(chunk))
                 seq.commit(chunk)
