@@ -99,6 +99,7 @@ class Completion:
     metrics: Metrics = field(default_factory=Metrics)
     tool_calls: list = field(default_factory=list)   # a chat with tools: the calls (pyllm.tools.ToolCall)
     logprobs: list[TokenLogprob] = field(default_factory=list)   # with logprobs=: one a generated token
+    stop_string: str = ""     # the stop string that ended the reply, if one did
 
 
 class Engine:
@@ -240,7 +241,7 @@ class Generation:
         pending = ""       # decoded text held back: it may be the start of a stop string
         decoder = eng.tokenizer.stream_decoder()
         history = list(self.prompt)
-        finish, hit_stop_string = "interrupted", False
+        finish, hit_stop_string = "interrupted", ""
         t_first = None
         sampling_s = 0.0
         if self.profile:
@@ -307,7 +308,8 @@ class Generation:
                 from .bench import read_profile
                 self.profiles.append(read_profile(eng.backend, "decode", m.decode_steps, m.decode_s, sampling_s))
                 eng.backend.profile(False)
-            self.completion = Completion("".join(emitted), tokens, finish, m, logprobs=logprobs)
+            self.completion = Completion("".join(emitted), tokens, finish, m, logprobs=logprobs,
+                                         stop_string=hit_stop_string)
 
     def run(self) -> Completion:
         for _ in self:
@@ -315,18 +317,19 @@ class Generation:
         return self.completion
 
 
-def _split_stop(text: str, stop: list[str], final: bool = False) -> tuple[str, str, bool]:
-    """Splits decoded text into (emit now, hold back, stop string hit). Text
+def _split_stop(text: str, stop: list[str], final: bool = False) -> tuple[str, str, str]:
+    """Splits decoded text into (emit now, hold back, the stop string hit or ""). Text
     that could still become a stop string is held back, unless final."""
-    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
-    if cut >= 0:
-        return text[:cut], "", True
+    hits = [(i, s) for i, s in ((text.find(s), s) for s in stop) if i >= 0]
+    if hits:
+        cut, hit = min(hits, key=lambda h: h[0])
+        return text[:cut], "", hit
     if final or not stop:
-        return text, "", False
+        return text, "", ""
     hold = 0
     for s in stop:
         for k in range(min(len(s) - 1, len(text)), hold, -1):
             if text.endswith(s[:k]):
                 hold = k
                 break
-    return text[:len(text) - hold], text[len(text) - hold:], False
+    return text[:len(text) - hold], text[len(text) - hold:], ""

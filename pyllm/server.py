@@ -6,10 +6,17 @@
     GET  /v1/models             the one model
     GET  /health                {"status": "ok"}
 
+llama-server's own:
+
+    POST /completion            prompt -> content, with stop_type, timings, generation_settings
+    POST /tokenize, /detokenize, /apply-template (messages -> the prompt text)
+    GET  /props                 the model, its context, template and default settings
+
 and ollama's, for the tools written against it (streamed as JSON lines, ollama's default):
 
-    POST /api/chat, /api/generate (a prompt through the chat template; raw: as it is), /api/embed
-    GET  /api/tags, /api/version
+    POST /api/chat, /api/generate (a prompt through the chat template; raw: as it is), /api/embed,
+         /api/show (the model's details, context length, template, capabilities)
+    GET  /api/tags, /api/ps, /api/version
 
 One model and one KV cache: requests run one at a time (a lock; /health answers
 meanwhile), and a chat that resends its history reuses the cache of the turns
@@ -34,8 +41,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import datetime
 import json
+import math
 import logging
 import threading
 import time
@@ -96,6 +105,10 @@ def sampling_of(body: dict) -> dict:
     out = {name: body[name] for name in SAMPLING if body.get(name) is not None}
     bias = body.get("logit_bias")
     if bias:
+        if isinstance(bias, list):   # llama-server's [[token id, bias], ...]; a bias of false bans the token
+            if not all(isinstance(pair, list) and len(pair) == 2 for pair in bias):
+                raise InvalidArgumentError("logit_bias as a list holds [token id, bias] pairs")
+            bias = {k: -math.inf if v is False else v for k, v in bias}
         if not isinstance(bias, dict):
             raise InvalidArgumentError("logit_bias must be an object of token id -> bias")
         try:
@@ -194,7 +207,7 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint: {path} (see /v1/models, "
                                    f"/v1/chat/completions, /v1/completions, /v1/embeddings, /health, /api/chat, "
-                                   f"/api/generate, /api/embed, /api/tags)")
+                                   f"/api/generate, /api/embed, /api/tags, /completion, /tokenize, /props)")
         except (BrokenPipeError, ConnectionResetError):
             pass   # the client went away
         except Exception as e:   # a bad request, the model failed (PyllmError), or a bug: the server goes on
@@ -247,9 +260,10 @@ class Handler(BaseHTTPRequestHandler):
         self._write_stream(lines, lambda line: json.dumps(line, ensure_ascii=False).encode("utf-8") + b"\n",
                            lambda status, kind, message: {"error": message})
 
-    def send_events(self, events: Iterator[dict]) -> None:
-        """Server-sent events, one `data: JSON` each, then `data: [DONE]`; the connection closes after.
-        An error once the events have begun is the last event, OpenAI's {"error": {...}}."""
+    def send_events(self, events: Iterator[dict], done: bool = True) -> None:
+        """Server-sent events, one `data: JSON` each, then `data: [DONE]` (unless not done); the
+        connection closes after. An error once the events have begun is the last event, OpenAI's
+        {"error": {...}}."""
         self.send_response(HTTPStatus.OK)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -258,7 +272,7 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         if self._write_stream(events, lambda e: b"data: " + json.dumps(e, ensure_ascii=False).encode("utf-8") + b"\n\n",
                               lambda status, kind, message: {"error": {"message": message, "type": kind,
-                                                                       "code": int(status)}}):
+                                                                       "code": int(status)}}) and done:
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
 
@@ -444,20 +458,150 @@ class Handler(BaseHTTPRequestHandler):
                                        "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
 
+    # -- llama-server's own API -------------------------------------------------------------------
+    def llama_completion(self) -> None:
+        """POST /completion: llama-server's raw completion (n_predict, n_probs, return_tokens); its
+        stream is server-sent events without a [DONE]."""
+        body = self.read_json()
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt
+                                            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt))):
+            raise InvalidArgumentError("prompt must be a text or a list of token ids (one prompt per request)")
+        n_predict = body.get("n_predict", -1)
+        if isinstance(n_predict, bool) or not isinstance(n_predict, int):
+            raise InvalidArgumentError(f"n_predict must be an integer (-1: until the reply ends), not {n_predict!r}")
+        top = body.get("n_probs") or None
+        sampling, constraint = sampling_of(body), constraint_of(body)
+        m = self.server.model
+        with self.server.lock:
+            m.require_generation()
+            if isinstance(prompt, str) and not prompt:
+                raise InvalidArgumentError("the prompt is empty")
+            ids = m.tokenize(prompt, special=True) if isinstance(prompt, str) else m._check_ids(prompt)
+            if n_predict == 0:   # only the prompt, into the cache (a later request reuses it)
+                t0 = time.perf_counter()
+                _, reused = m.engine.prefill(m._seq, ids)
+                self.send_json(HTTPStatus.OK, llama_final(self.server.name, ids, "", [], 0, reused,
+                                                           time.perf_counter() - t0, 0.0, "limit", "", {}, body))
+                return
+            gen = m.stream(ids, max_tokens=None if n_predict < 0 else n_predict, stop=body.get("stop"),
+                           logprobs=top, **constraint, **sampling)
+            settings = {**dataclasses.asdict(gen.sampler.p), "n_predict": n_predict, "n_probs": top or 0,
+                        "stop": body.get("stop") or [], "stream": bool(body.get("stream"))}
+
+            def final(c, content: str) -> dict:
+                out = llama_final(self.server.name, ids, content, c.tokens if body.get("return_tokens") else [],
+                                  c.metrics.generated_tokens, c.metrics.reused_tokens, c.metrics.prefill_s,
+                                  c.metrics.decode_s, llama_stop_type(c), c.stop_string, settings, body)
+                if top is not None:
+                    out["completion_probabilities"] = llama_probs(m, c.logprobs)
+                return out
+            if not body.get("stream"):
+                c = gen.run()
+                self.send_json(HTTPStatus.OK, final(c, c.text))
+                return
+
+            parts, close = reply_parts(gen)
+
+            def events() -> Iterator[dict]:
+                for _, piece in parts:
+                    yield {"index": 0, "content": piece, "tokens": [], "stop": False, "id_slot": 0,
+                           "tokens_evaluated": len(ids)}
+                yield final(gen.completion, "")
+            try:
+                self.send_events(events(), done=False)
+            finally:
+                close()   # a client that went away stops the reply here
+
+    def llama_tokenize(self) -> None:
+        """POST /tokenize: {content, add_special (false), parse_special (true), with_pieces (false)}."""
+        body = self.read_json()
+        text = body.get("content")
+        if not isinstance(text, str):
+            raise InvalidArgumentError("content must be a text")
+        add_special = bool(body.get("add_special", False))
+        m = self.server.model
+        ids = m.tokenizer.encode(text, add_bos=None if add_special else False,
+                                 parse_special=bool(body.get("parse_special", True)),
+                                 add_eos=None if add_special else False)
+        if not body.get("with_pieces"):
+            self.send_json(HTTPStatus.OK, {"tokens": ids})
+            return
+        pieces = m.tokenizer.all_pieces()
+
+        def piece(t: int):   # the text, or its bytes where they are not UTF-8 on their own
+            try:
+                return pieces[t].decode("utf-8")
+            except UnicodeDecodeError:
+                return list(pieces[t])
+        self.send_json(HTTPStatus.OK, {"tokens": [{"id": t, "piece": piece(t)} for t in ids]})
+
+    def llama_detokenize(self) -> None:
+        body = self.read_json()
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise InvalidArgumentError("tokens must be a list of token ids")
+        m = self.server.model
+        self.send_json(HTTPStatus.OK, {"content": m.detokenize(m._check_ids(tokens))})
+
+    def llama_apply_template(self) -> None:
+        body = self.read_json()
+        m = self.server.model
+        self.send_json(HTTPStatus.OK, {"prompt": m.apply_chat_template(messages_of(body))})
+
+    def llama_props(self) -> None:
+        from .sampling import SamplingParams
+        m = self.server.model
+        defaults = {**dataclasses.asdict(SamplingParams()), "n_predict": -1}
+        self.send_json(HTTPStatus.OK, {
+            "default_generation_settings": {"n_ctx": m.n_ctx, "params": defaults},
+            "total_slots": 1, "model_alias": self.server.name, "model_path": str(m.path),
+            "modalities": {"vision": False, "audio": False},
+            "chat_template": (m.chat_template.source or m.chat_template.name) if m.arch.causal else "",
+            "bos_token": token_text(m, m.tokenizer.bos_id), "eos_token": token_text(m, m.tokenizer.eos_id),
+            "build_info": f"pyllm {pyllm_version()}"})
+
     # -- ollama's API -------------------------------------------------------------------------------
     def ollama_version(self) -> None:
-        from . import __version__
-        self.send_json(HTTPStatus.OK, {"version": __version__})
+        self.send_json(HTTPStatus.OK, {"version": pyllm_version()})
 
     def ollama_tags(self) -> None:
         m = self.server.model
-        hist = m.file.type_histogram()
         self.send_json(HTTPStatus.OK, {"models": [{
             "name": self.server.name, "model": self.server.name, "size": m.file.file_size, "digest": "",
-            "modified_at": iso_time(m.path.stat().st_mtime),
-            "details": {"format": "gguf", "family": m.arch.name, "families": [m.arch.name],
-                        "parameter_size": f"{m.file.n_params / 1e6:.0f}M",
-                        "quantization_level": max(hist, key=hist.get) if hist else ""}}]})
+            "modified_at": iso_time(m.path.stat().st_mtime), "details": ollama_details(m)}]})
+
+    def ollama_ps(self) -> None:
+        """GET /api/ps: the loaded model (always this one), never unloaded."""
+        m = self.server.model
+        self.send_json(HTTPStatus.OK, {"models": [{
+            "name": self.server.name, "model": self.server.name, "size": m.file.file_size, "digest": "",
+            "details": ollama_details(m), "expires_at": "2999-01-01T00:00:00Z",
+            "size_vram": sum(m.plan.gpu_memory.values()) if m.plan is not None else 0, "context_length": m.n_ctx}]})
+
+    def ollama_show(self) -> None:
+        """POST /api/show: the model's details, its GGUF metadata (model_info; the vocabulary
+        left out), chat template and capabilities, as ollama answers it."""
+        body = self.read_json()
+        name = body.get("model", body.get("name"))
+        if name is not None and name != self.server.name:
+            raise RequestError(HTTPStatus.NOT_FOUND, f"model {name!r} not found; this server has "
+                               f"{self.server.name!r}")
+        m = self.server.model
+        info = {k: (v.tolist() if isinstance(v, np.generic) else v) for k, v in m.file.metadata.items()
+                if not isinstance(v, (list, tuple, np.ndarray)) and not k.startswith("tokenizer.chat_template")}
+        info["general.parameter_count"] = m.file.n_params
+        if m.arch.causal and not m.embedding:
+            capabilities = ["completion", "tools"] + (["thinking"] if m.chat_template.has_thinking_switch else [])
+            template = m.chat_template.source or m.chat_template.name
+        else:
+            capabilities, template = ["embedding"], ""
+        self.send_json(HTTPStatus.OK, {"modelfile": "", "parameters": "", "template": template,
+                                       "details": ollama_details(m), "model_info": info,
+                                       "capabilities": capabilities,
+                                       "modified_at": iso_time(m.path.stat().st_mtime)})
 
     def ollama_chat(self) -> None:
         body = self.read_json()
@@ -566,11 +710,15 @@ class Handler(BaseHTTPRequestHandler):
                                        "prompt_eval_count": sum(map(len, ids))})
 
 
-GET_ROUTES = {"/health": Handler.health, "/v1/models": Handler.models, "/api/tags": Handler.ollama_tags,
-              "/api/version": Handler.ollama_version}
+GET_ROUTES = {"/health": Handler.health, "/v1/models": Handler.models, "/props": Handler.llama_props,
+              "/api/tags": Handler.ollama_tags, "/api/ps": Handler.ollama_ps, "/api/version": Handler.ollama_version}
 POST_ROUTES = {"/v1/chat/completions": Handler.chat, "/v1/completions": Handler.completions,
-               "/v1/embeddings": Handler.embeddings, "/api/chat": Handler.ollama_chat,
-               "/api/generate": Handler.ollama_generate, "/api/embed": Handler.ollama_embed}
+               "/v1/embeddings": Handler.embeddings,
+               "/completion": Handler.llama_completion, "/completions": Handler.llama_completion,
+               "/tokenize": Handler.llama_tokenize, "/detokenize": Handler.llama_detokenize,
+               "/apply-template": Handler.llama_apply_template,
+               "/api/chat": Handler.ollama_chat, "/api/generate": Handler.ollama_generate,
+               "/api/embed": Handler.ollama_embed, "/api/show": Handler.ollama_show}
 
 
 @contextlib.contextmanager
@@ -589,12 +737,13 @@ def enable_thinking(model, on: Optional[bool]) -> Iterator[None]:
 def chat_logprobs(m, items: list) -> dict:
     """OpenAI's chat logprobs: {"content": [{token, logprob, bytes, top_logprobs}]}."""
     pieces = m.tokenizer.all_pieces()
+    return {"content": [{**token_entry(pieces, t.token, t.logprob),
+                         "top_logprobs": [token_entry(pieces, i, lp) for i, lp in t.top]} for t in items]}
 
-    def entry(token: int, logprob: float) -> dict:
-        return {"token": pieces[token].decode("utf-8", "replace"), "logprob": logprob, "bytes": list(pieces[token])}
 
-    return {"content": [{**entry(t.token, t.logprob), "top_logprobs": [entry(i, lp) for i, lp in t.top]}
-                        for t in items]}
+def token_entry(pieces: list[bytes], token: int, logprob: float) -> dict:
+    """A token's text, log-probability and bytes, as OpenAI's and llama-server's logprobs list them."""
+    return {"token": pieces[token].decode("utf-8", "replace"), "logprob": logprob, "bytes": list(pieces[token])}
 
 
 def legacy_logprobs(m, tokens: list[int], items: list) -> dict:
@@ -628,8 +777,61 @@ def reply_parts(reply) -> tuple[Iterator[tuple[str, str]], Any]:
     return (("answer", p) for p in pieces), pieces.close
 
 
+def pyllm_version() -> str:
+    from . import __version__
+    return __version__
+
+
+def token_text(m, token: Optional[int]) -> str:
+    return "" if token is None else m.tokenizer.all_pieces()[token].decode("utf-8", "replace")
+
+
+def llama_stop_type(c) -> str:
+    """llama-server's stop_type: eos (an end token), word (a stop string), limit (n_predict or the
+    context), none (cut short)."""
+    if c.finish_reason == "stop":
+        return "word" if c.stop_string else "eos"
+    return "limit" if c.finish_reason in ("length", "context") else "none"
+
+
+def llama_final(name: str, prompt: list[int], content: str, tokens: list[int], n_predicted: int, n_cached: int,
+                prompt_s: float, predicted_s: float, stop_type: str, stopping_word: str, settings: dict,
+                body: dict) -> dict:
+    """llama-server's last /completion object, with its timings (ms)."""
+    n_prompt = len(prompt) - n_cached
+
+    def rate(n: int, seconds: float) -> tuple[float, float]:
+        return (1e3 * seconds / n if n else 0.0), (n / seconds if seconds > 0 else 0.0)
+    prompt_per_token_ms, prompt_per_second = rate(n_prompt, prompt_s)
+    predicted_per_token_ms, predicted_per_second = rate(n_predicted, predicted_s)
+    return {"index": 0, "content": content, "tokens": tokens, "id_slot": 0, "stop": True, "model": name,
+            "tokens_predicted": n_predicted, "tokens_evaluated": len(prompt), "generation_settings": settings,
+            "prompt": body.get("prompt"), "has_new_line": "\n" in content, "truncated": False,
+            "stop_type": stop_type, "stopping_word": stopping_word, "tokens_cached": len(prompt) + n_predicted,
+            "timings": {"cache_n": n_cached, "prompt_n": n_prompt, "prompt_ms": 1e3 * prompt_s,
+                        "prompt_per_token_ms": prompt_per_token_ms, "prompt_per_second": prompt_per_second,
+                        "predicted_n": n_predicted, "predicted_ms": 1e3 * predicted_s,
+                        "predicted_per_token_ms": predicted_per_token_ms,
+                        "predicted_per_second": predicted_per_second}}
+
+
+def llama_probs(m, items: list) -> list[dict]:
+    """llama-server's completion_probabilities: each token's id, text, bytes, logprob and its
+    top_logprobs."""
+    pieces = m.tokenizer.all_pieces()
+    return [{"id": t.token, **token_entry(pieces, t.token, t.logprob),
+             "top_logprobs": [{"id": i, **token_entry(pieces, i, lp)} for i, lp in t.top]} for t in items]
+
+
 def iso_time(t: Optional[float] = None) -> str:
     return datetime.datetime.fromtimestamp(time.time() if t is None else t, datetime.timezone.utc).isoformat()
+
+
+def ollama_details(m) -> dict:
+    """ollama's details of a model: format, family, size, the commonest tensor type."""
+    hist = m.file.type_histogram()
+    return {"parent_model": "", "format": "gguf", "family": m.arch.name, "families": [m.arch.name],
+            "parameter_size": f"{m.file.n_params / 1e6:.0f}M", "quantization_level": max(hist, key=hist.get) if hist else ""}
 
 
 def ollama_counts(c) -> dict:

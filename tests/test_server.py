@@ -490,3 +490,84 @@ def test_logprobs(smol):
     for bad, message in (({"logprobs": 50}, "0 to 20"), ({"echo": True, "stream": True}, "echo is not streamed")):
         status, body = call(url, "/v1/completions", {"prompt": prompt, "max_tokens": 2, **bad})
         assert status == 400 and message in body["error"]["message"]
+
+
+def test_llama_server_completion(smol):
+    """/completion: llama-server's fields, the same text as Model.generate; stop_type and
+    stopping_word; n_probs as Model's logprobs; a stream ends with the full object, no [DONE]."""
+    m, url, _ = smol
+    prompt = "The capital of France is"
+    want = m.generate(prompt, max_tokens=8, temperature=0, logprobs=2)
+    status, got = call(url, "/completion", {"prompt": prompt, "n_predict": 8, "temperature": 0, "n_probs": 2,
+                                            "return_tokens": True})
+    assert status == 200 and got["content"] == want.text and got["tokens"] == want.tokens
+    assert (got["stop"], got["stop_type"], got["stopping_word"]) == (True, "limit", "")
+    assert got["tokens_predicted"] == 8 and got["tokens_evaluated"] == len(m.tokenize(prompt, special=True))
+    t = got["timings"]
+    assert t["prompt_n"] + t["cache_n"] == got["tokens_evaluated"] and t["predicted_n"] == 8
+    assert got["generation_settings"]["temperature"] == 0 and got["generation_settings"]["n_predict"] == 8
+    probs = got["completion_probabilities"]
+    assert [p["id"] for p in probs] == want.tokens
+    for p, lp in zip(probs, want.logprobs):
+        assert p["logprob"] == pytest.approx(lp.logprob, abs=1e-6)
+        assert [(q["id"], pytest.approx(q["logprob"], abs=1e-6)) for q in p["top_logprobs"]] == lp.top
+        assert bytes(p["bytes"]) == m.tokenizer.all_pieces()[p["id"]]
+    cut = want.text.strip()[:3]
+    stopped = call(url, "/completion", {"prompt": prompt, "n_predict": 8, "temperature": 0, "stop": [cut]})[1]
+    assert (stopped["stop_type"], stopped["stopping_word"]) == ("word", cut) and cut not in stopped["content"]
+    ended = call(url, "/completion", {"prompt": m.apply_chat_template([{"role": "user", "content": "Say hi"}]),
+                                      "temperature": 0, "n_predict": -1})[1]
+    assert ended["stop_type"] == "eos"
+    streamed = events(url, "/completion", {"prompt": prompt, "n_predict": 8, "temperature": 0})
+    assert "[DONE]" not in streamed and streamed[-1]["stop"] and not any(e["stop"] for e in streamed[:-1])
+    assert "".join(e["content"] for e in streamed) == want.text and streamed[-1]["stop_type"] == "limit"
+    # n_predict 0 only computes the prompt; the next request reuses it
+    long = "Paris is the capital and largest city of France, on the Seine."
+    first = call(url, "/completion", {"prompt": long, "n_predict": 0})[1]
+    assert first["content"] == "" and first["tokens_predicted"] == 0
+    again = call(url, "/completion", {"prompt": long, "n_predict": 1, "temperature": 0})[1]
+    assert again["timings"]["cache_n"] == again["tokens_evaluated"] - 1
+    # llama-server's logit_bias pairs: false bans the token
+    greedy = want.tokens[0]
+    banned = call(url, "/completion", {"prompt": prompt, "n_predict": 1, "temperature": 0, "return_tokens": True,
+                                       "logit_bias": [[greedy, False]]})[1]
+    assert banned["tokens"] != [greedy]
+    for body, message in (({"prompt": prompt, "n_predict": "x"}, "n_predict must be an integer"),
+                          ({"prompt": {}}, "prompt must be a text"),
+                          ({"prompt": prompt, "logit_bias": [[1]]}, "[token id, bias] pairs")):
+        status, err = call(url, "/completion", body)
+        assert status == 400 and message in err["error"]["message"]
+
+
+def test_llama_server_tokenize_template_props(smol):
+    m, url, _ = smol
+    text = "Hello world<|im_end|>"
+    ids = call(url, "/tokenize", {"content": text})[1]["tokens"]
+    assert ids == m.tokenize(text, add_bos=False, special=True) and m.tokenizer.token_id("<|im_end|>") in ids
+    assert call(url, "/tokenize", {"content": text, "parse_special": False})[1]["tokens"] == m.tokenize(text)
+    pieces = call(url, "/tokenize", {"content": "héllo", "with_pieces": True})[1]["tokens"]
+    assert [p["id"] for p in pieces] == m.tokenize("héllo", add_bos=False)
+    assert b"".join(p["piece"].encode() if isinstance(p["piece"], str) else bytes(p["piece"])
+                    for p in pieces) == "héllo".encode()
+    assert call(url, "/detokenize", {"tokens": ids})[1] == {"content": m.detokenize(ids)}
+    assert call(url, "/detokenize", {"tokens": [10 ** 9]})[0] == 400
+    messages = [{"role": "user", "content": "hi"}]
+    assert call(url, "/apply-template", {"messages": messages})[1] == {"prompt": m.apply_chat_template(messages)}
+    props = call(url, "/props")[1]
+    assert props["default_generation_settings"]["n_ctx"] == m.n_ctx == 1024
+    assert props["default_generation_settings"]["params"]["top_k"] == 40 and props["total_slots"] == 1
+    assert "<|im_start|>" in props["chat_template"] and props["model_path"] == str(m.path)
+
+
+def test_ollama_show_and_ps(smol):
+    m, url, _ = smol
+    status, show = call(url, "/api/show", {"model": "test-model"})
+    assert status == 200 and show["capabilities"][:2] == ["completion", "tools"]
+    assert show["model_info"]["general.architecture"] == "llama"
+    assert show["model_info"]["llama.context_length"] == m.arch.hp.n_ctx_train
+    assert show["model_info"]["general.parameter_count"] == m.file.n_params
+    assert show["details"]["family"] == "llama" and "<|im_start|>" in show["template"]
+    assert not any(k.startswith("tokenizer.ggml.tokens") for k in show["model_info"])
+    assert call(url, "/api/show", {"model": "other"})[0] == 404
+    ps = call(url, "/api/ps")[1]["models"]
+    assert [p["name"] for p in ps] == ["test-model"] and ps[0]["context_length"] == 1024 and ps[0]["size_vram"] == 0
