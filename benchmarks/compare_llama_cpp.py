@@ -14,6 +14,7 @@ timing requests (pyllm never imports it). Install it with
 ../shared/peer/install-llama-cpp.sh; without it this script says so and exits.
 
 Usage: python benchmarks/compare_llama_cpp.py [-m MODEL] [-t 1,2] [-p 512] [-n 128] [-d 0] [-r 5] [--json]
+                                              [--cache-type f16|q8_0]
 """
 from __future__ import annotations
 
@@ -34,8 +35,9 @@ PEER_SERVER = r'''
 import json, sys, time
 import llama_cpp
 args = json.loads(sys.argv[1])
+kv = {} if args["kv_type"] == 1 else {"type_k": args["kv_type"], "type_v": args["kv_type"], "flash_attn": True}
 llm = llama_cpp.Llama(model_path=args["model"], n_ctx=args["n_ctx"], n_batch=args["n_batch"],
-                      n_threads=args["threads"], n_threads_batch=args["threads"], verbose=False)
+                      n_threads=args["threads"], n_threads_batch=args["threads"], verbose=False, **kv)
 tok = args["token"]
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
@@ -55,10 +57,11 @@ for line in sys.stdin:
 
 
 class Peer:
-    def __init__(self, model: str, threads: int, n_ctx: int, n_batch: int, token: int):
+    def __init__(self, model: str, threads: int, n_ctx: int, n_batch: int, token: int, kv_type: int = 1):
         self.proc = subprocess.Popen(
             [PEER_PYTHON, "-c", PEER_SERVER,
-             json.dumps({"model": model, "threads": threads, "n_ctx": n_ctx, "n_batch": n_batch, "token": token})],
+             json.dumps({"model": model, "threads": threads, "n_ctx": n_ctx, "n_batch": n_batch, "token": token,
+                         "kv_type": kv_type})],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         ready = self.proc.stdout.readline()
         if not ready:
@@ -96,6 +99,8 @@ def main() -> int:
     ap.add_argument("-d", "--depth", type=int, default=0, help="tokens in the context before each test")
     ap.add_argument("-r", "--reps", type=int, default=5)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--cache-type", choices=("f16", "q8_0"), default="f16",
+                    help="both engines' KV cache format (q8_0: llama.cpp with flash attention, as it requires)")
     a = ap.parse_args()
     if not peer_available():
         print(f"llama-cpp-python is not installed at {PEER_PYTHON}: run ../shared/peer/install-llama-cpp.sh "
@@ -109,8 +114,9 @@ def main() -> int:
     n_ctx = a.depth + max(a.n_prompt, a.n_gen) + 64
     results = []
     for threads in [int(x) for x in a.threads.split(",")]:
-        model = Model(a.model, n_ctx=n_ctx, n_threads=threads, n_batch=max(a.n_prompt, 1))
-        peer = Peer(str(Path(a.model).resolve()), threads, n_ctx, a.n_prompt, token)
+        model = Model(a.model, n_ctx=n_ctx, n_threads=threads, n_batch=max(a.n_prompt, 1),
+                      cache_type_k=a.cache_type, cache_type_v=a.cache_type)
+        peer = Peer(str(Path(a.model).resolve()), threads, n_ctx, a.n_prompt, token, {"f16": 1, "q8_0": 8}[a.cache_type])
         for kind, n in (("pp", a.n_prompt), ("tg", a.n_gen)):
             ours_fn = run_pp if kind == "pp" else run_tg
             ours_fn(model, min(n, 32), token)      # warm-up, excluded

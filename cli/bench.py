@@ -13,6 +13,7 @@ from rich.table import Table
 from pyllm.errors import InvalidArgumentError
 
 from .common import handle_errors, model_path
+from .options import CacheTypeK, CacheTypeV
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -38,6 +39,8 @@ def bench(
     membw: bool = typer.Option(False, "--membw", help="also measure the machine's memory read bandwidth"),
     profile: bool = typer.Option(False, "--profile", help="also print where the time goes"),
     ttft_prompt: int = typer.Option(512, "--ttft-prompt", help="prompt length for TTFT/TPOT"),
+    cache_type_k: CacheTypeK = "f16",
+    cache_type_v: CacheTypeV = "f16",
 ) -> None:
     """Measure prompt processing (pp) and decode (tg) tokens/s, TTFT, TPOT, bandwidth."""
     from pyllm import Model, bench as B
@@ -55,7 +58,7 @@ def bench(
         n_ctx = max(depths) + max([n for _, n in tests] + [ttft_prompt + 64, 512]) + 16
         rows, extra = [], {}
         for nt in thread_list:
-            with Model(path, n_ctx=n_ctx, n_threads=nt) as m:
+            with Model(path, n_ctx=n_ctx, n_threads=nt, cache_type_k=cache_type_k, cache_type_v=cache_type_v) as m:
                 info = {"model": m.path.name, "size_mb": round(m.file.weight_bytes / 1e6, 1),
                         "params_m": round(m.file.n_params / 1e6, 1), "types": m.file.type_histogram(),
                         "kernels": kernel_level(),

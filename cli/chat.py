@@ -24,7 +24,8 @@ from .common import err, handle_errors, model_path
 from .options import (CtxSize, FreqPenalty, LogitBias, MinP, ModelOpt, PresPenalty, RepeatLastN, RepeatPenalty,
                       Seed, TemplateOpt, Temp, Think, Threads, TopK, TopP, TypicalP, sampling_kwargs,
                       template_arg, thinking_note)
-from .options import MirostatEnt, MirostatLr, MirostatOpt, NGpuLayers, TopNSigma, XtcProbability, XtcThreshold
+from .options import (CacheTypeK, CacheTypeV, MirostatEnt, MirostatLr, MirostatOpt, NGpuLayers, TopNSigma,
+                      XtcProbability, XtcThreshold)
 from .options import DryAllowedLength, DryBase, DryMultiplier, DryPenaltyLastN, DrySequenceBreaker, dry_breakers
 
 HELP = """\
@@ -259,6 +260,8 @@ def chat(
     threads: Threads = None,
     ctx_size: CtxSize = None,
     n_gpu_layers: NGpuLayers = "auto",
+    cache_type_k: CacheTypeK = "f16",
+    cache_type_v: CacheTypeV = "f16",
     temp: Temp = 0.8,
     top_k: TopK = 40,
     top_p: TopP = 0.95,
@@ -297,7 +300,8 @@ def chat(
 
         path = model_path(model)
         with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template,
-                   n_gpu_layers=n_gpu_layers, think=think) as m:
+                   n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
+                   cache_type_v=cache_type_v, think=think) as m:
             m.require_generation()       # an embedding model cannot chat: say so before any input
             t = m.chat_template          # checked now: a bad template stops here, before any input
             note = thinking_note(m, think)

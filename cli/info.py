@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from .common import handle_errors, model_path
+from .options import CacheTypeK, CacheTypeV
 
 
 def info(
@@ -17,6 +18,8 @@ def info(
                                            help="context length to size the KV cache for (default: the "
                                                 "training context, at most 4096)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    cache_type_k: CacheTypeK = "f16",
+    cache_type_v: CacheTypeV = "f16",
 ) -> None:
     """Show a model's architecture, parameters, tensor types, context, RoPE,
     vocabulary, chat template and the memory it needs."""
@@ -26,7 +29,9 @@ def info(
 
         if ctx_size is not None and ctx_size < 1:
             raise InvalidArgumentError(f"the context size must be positive, not {ctx_size}")
-        report = model_info(model_path(model), n_ctx=ctx_size)
+        from pyllm.api import kv_type
+        report = model_info(model_path(model), n_ctx=ctx_size, k_type=kv_type(cache_type_k, "--cache-type-k"),
+                            v_type=kv_type(cache_type_v, "--cache-type-v"))
         if as_json:
             json.dump(report.as_dict(), sys.stdout)
             sys.stdout.write("\n")

@@ -19,7 +19,7 @@ import typer
 from pyllm.errors import InvalidArgumentError
 
 from .common import err, handle_errors, model_path, read_input
-from .options import ModelOpt, NGpuLayers, Threads
+from .options import CacheTypeK, CacheTypeV, ModelOpt, NGpuLayers, Threads
 
 
 def perplexity(
@@ -33,6 +33,8 @@ def perplexity(
                                           "running estimates, timing")] = False,
     threads: Threads = None,
     n_gpu_layers: NGpuLayers = "auto",
+    cache_type_k: CacheTypeK = "f16",
+    cache_type_v: CacheTypeV = "f16",
 ) -> None:
     """Measure a model's perplexity on a text (llama-perplexity's method)."""
     with handle_errors():
@@ -42,7 +44,8 @@ def perplexity(
         from pyllm import Model
 
         path = model_path(model)
-        with Model(path, n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers) as m:
+        with Model(path, n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
+                   cache_type_v=cache_type_v) as m:
             m.require_generation()
             ids = m.tokenize(text)
             max_chunks = None if chunks < 0 else chunks

@@ -19,7 +19,8 @@ from .options import (CtxSize, FormatOpt, FreqPenalty, GrammarFile, GrammarOpt, 
                       LogitBias, MinP, ModelOpt, PresPenalty, RepeatLastN, RepeatPenalty, Seed, Stop, TemplateOpt,
                       Temp, Think, Threads, TopK, TopP, TypicalP, constraint_kwargs, sampling_kwargs, template_arg,
                       thinking_note)
-from .options import MirostatEnt, MirostatLr, MirostatOpt, NGpuLayers, TopNSigma, XtcProbability, XtcThreshold
+from .options import (CacheTypeK, CacheTypeV, MirostatEnt, MirostatLr, MirostatOpt, NGpuLayers, TopNSigma,
+                      XtcProbability, XtcThreshold)
 from .options import DryAllowedLength, DryBase, DryMultiplier, DryPenaltyLastN, DrySequenceBreaker, dry_breakers
 
 
@@ -55,6 +56,8 @@ def run(
     threads: Threads = None,
     ctx_size: CtxSize = None,
     n_gpu_layers: NGpuLayers = "auto",
+    cache_type_k: CacheTypeK = "f16",
+    cache_type_v: CacheTypeV = "f16",
     temp: Temp = 0.8,
     top_k: TopK = 40,
     top_p: TopP = 0.95,
@@ -98,7 +101,8 @@ def run(
 
         path = model_path(model)
         with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template,
-                   n_gpu_layers=n_gpu_layers, think=think) as m:
+                   n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
+                   cache_type_v=cache_type_v, think=think) as m:
             max_tokens = None if n_predict < 0 else n_predict
             if think is not None and not chat:
                 raise InvalidArgumentError(f"--{'think' if think else 'no-think'} needs --chat")

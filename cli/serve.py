@@ -8,7 +8,7 @@ import typer
 from pyllm.errors import InvalidArgumentError
 
 from .common import err, handle_errors, model_path
-from .options import CtxSize, ModelOpt, NGpuLayers, TemplateOpt, Think, Threads, template_arg
+from .options import CacheTypeK, CacheTypeV, CtxSize, ModelOpt, NGpuLayers, TemplateOpt, Think, Threads, template_arg
 
 
 def registry_name(model: Optional[str]) -> Optional[str]:
@@ -33,6 +33,8 @@ def serve(
     threads: Threads = None,
     ctx_size: CtxSize = None,
     n_gpu_layers: NGpuLayers = "auto",
+    cache_type_k: CacheTypeK = "f16",
+    cache_type_v: CacheTypeV = "f16",
 ) -> None:
     """Serve a model over HTTP with OpenAI's API: /v1/chat/completions, /v1/completions, /v1/embeddings."""
     with handle_errors():
@@ -45,7 +47,8 @@ def serve(
 
         path = model_path(model)
         with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template_arg(chat_template),
-                   n_gpu_layers=n_gpu_layers, think=think, embedding=True if embedding else None) as m:
+                   n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
+                   cache_type_v=cache_type_v, think=think, embedding=True if embedding else None) as m:
             if pooling is not None:
                 m.pooling = pooling
             try:

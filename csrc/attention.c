@@ -8,8 +8,12 @@
  * head_dim_v; with OPF_V_IN_K a value is the first
  * head_dim_v dims of its key row: MLA's latent, stored once).
  *
- * K and V live in f16 blocks of B positions; the step's block table maps
- * position j to block table[j / B], slot j % B.
+ * K and V live in blocks of B positions; the step's block table maps
+ * position j to block table[j / B], slot j % B. A pool holds f16 rows, or
+ * Q8_0 ones (k_type / v_type): then the scores are the Q8_0 matmul's, of
+ * the keys against the queries quantized as its activations (as llama.cpp
+ * computes them over a q8_0 cache), and a block's value rows are
+ * dequantized to float before their weighted sums.
  *
  * Positions are taken in segments of SEGMENT (aligned to absolute positions).
  * Within a segment, a softmax state (running max m, normalizer l, output
@@ -46,24 +50,36 @@
 /* query rows per work item: Q_TILE, or as many as keep 256 query vectors (MQA over 16+ heads) */
 static inline int tile_rows(int group) { return group >= 256 ? 1 : group > 16 ? 256 / group : Q_TILE; }
 
+/* floats of one query vector quantized for the Q8_0 scores */
+static size_t quantized_query_floats(int hd) {
+    return (act_row_bytes(ACT_Q8_32, hd) + sizeof(float) - 1) / sizeof(float);
+}
+
 size_t attention_scratch_floats(int head_dim, int head_dim_v, int group, int block_size) {
     const size_t nq = (size_t)tile_rows(group) * group; /* query vectors per work item */
     return 2 * nq * STATE_FLOATS(head_dim_v) + (size_t)block_size * (head_dim + head_dim_v) + nq * head_dim +
-           nq * (size_t)block_size;
+           nq * quantized_query_floats(head_dim) + nq * (size_t)block_size;
 }
 
-/* scores[q * n + i] = k_i . q_q for the n f16 key rows kc (stride halves
- * apart) and the nq query rows qs, each pair with the float dot's steps
- * however many share a call: straight from the cache where the level has
- * an F16 gemm, else through float copies in kb (the same numbers) */
-static void block_scores(const float *qs, int nq, const f16_t *kc, int64_t stride, int n, int hd, float *kb,
-                         float *scores) {
+
+/* scores[q * n + i] = k_i . q_q for the n key rows kc (stride bytes apart)
+ * and the nq query rows (qs as floats, qq quantized: see pack_queries), each
+ * pair with the dot's steps however many share a call. An f16 pool: straight
+ * from the cache where the level has an F16 gemm, else through float copies
+ * in kb (the same numbers); a Q8_0 pool: the Q8_0 matmul's kernels. */
+static void block_scores(const float *qs, const void *qq, int nq, const uint8_t *kc, int k_type, int64_t stride,
+                         int n, int hd, float *kb, float *scores) {
     const size_t rb = (size_t)hd * sizeof(float);
-    if (K.gemm[T_F16]) {
-        K.gemm[T_F16](hd, kc, (size_t)stride * sizeof(f16_t), n, qs, rb, nq, scores, (size_t)n);
+    if (k_type == T_Q8_0) {
+        const size_t qrb = act_row_bytes(ACT_Q8_32, hd);
+        gemm_rows(T_Q8_0, hd, kc, (size_t)stride, n, qq, qrb, nq, scores, (size_t)n);
         return;
     }
-    K.f16_to_f32(kc, stride, n, kb, hd);
+    if (K.gemm[T_F16]) {
+        K.gemm[T_F16](hd, kc, (size_t)stride, n, qs, rb, nq, scores, (size_t)n);
+        return;
+    }
+    K.f16_to_f32((const f16_t *)kc, stride / (int64_t)sizeof(f16_t), n, kb, hd);
     gemm_rows(T_F32, hd, (const uint8_t *)kb, rb, n, (const uint8_t *)qs, rb, nq, scores, (size_t)n);
 }
 
@@ -99,15 +115,19 @@ static void softmax_step(float *state, float *s, int n, int hd, float scale, flo
 }
 
 /* acc_q += sum_i w_q[i] v_i for nq queries (weights of stride ws, states of
- * stride sf) over the n f16 value rows vc (stride halves apart): straight
- * from the cache where the level can, else through float copies in vb */
-static void weighted_sum(int nq, const float *w, int64_t ws, const f16_t *vc, int64_t stride, int n, int hd,
-                         float *vb, float *state, size_t sf) {
-    if (K.wsum_many_f16) {
-        K.wsum_many_f16(hd, n, nq, w, ws, vc, stride, state + 2, (int64_t)sf);
+ * stride sf) over the n value rows vc (stride bytes apart) of format v_type:
+ * f16 rows straight from the cache where the level can, else (and Q8_0
+ * rows always) through float copies in vb */
+static void weighted_sum(int nq, const float *w, int64_t ws, const uint8_t *vc, int v_type, int64_t stride, int n,
+                         int hd, float *vb, float *state, size_t sf) {
+    if (v_type == T_Q8_0) {
+        for (int i = 0; i < n; i++) K.dequant[T_Q8_0](vc + (size_t)i * stride, vb + (size_t)i * hd, hd);
+    } else if (K.wsum_many_f16) {
+        K.wsum_many_f16(hd, n, nq, w, ws, (const f16_t *)vc, stride / (int64_t)sizeof(f16_t), state + 2, (int64_t)sf);
         return;
+    } else {
+        K.f16_to_f32((const f16_t *)vc, stride / (int64_t)sizeof(f16_t), n, vb, hd);
     }
-    K.f16_to_f32(vc, stride, n, vb, hd);
     if (K.wsum_many_f32) {
         K.wsum_many_f32(hd, n, nq, w, ws, vb, hd, state + 2, (int64_t)sf);
         return;
@@ -164,34 +184,43 @@ static float head_sink(const pyllm_op *op, int h) {
 }
 
 /* scratch of a work item after its states: one block's K and V rows, the
- * item's queries packed, and one block's scores of every query */
-typedef struct { float *kb, *vb, *qs, *scores; } item_scratch;
+ * item's queries packed (and quantized, for a Q8_0 key pool), and one
+ * block's scores of every query */
+typedef struct { float *kb, *vb, *qs, *qq, *scores; } item_scratch;
 
 static item_scratch item_scratch_at(float *p, int hd, int hd_v, int group, int block_size) {
+    const size_t nq = (size_t)tile_rows(group) * group;
     item_scratch w;
     w.kb = p;
     w.vb = w.kb + (size_t)block_size * hd;
     w.qs = w.vb + (size_t)block_size * hd_v;
-    w.scores = w.qs + (size_t)tile_rows(group) * group * hd;
+    w.qq = w.qs + nq * hd;
+    w.scores = w.qq + nq * quantized_query_floats(hd);
     return w;
 }
 
-/* qs <- the query vectors of rows t0..t1 and the heads of KV head kvh, in
- * state order ((t - t0) * group + g) */
-static void pack_queries(const pyllm_op *op, int kvh, int64_t t0, int64_t t1, float *qs) {
+/* w.qs <- the query vectors of rows t0..t1 and the heads of KV head kvh, in
+ * state order ((t - t0) * group + g); for a Q8_0 key pool also w.qq, each
+ * quantized as the Q8_0 matmul's activations */
+static void pack_queries(const pyllm_op *op, int kvh, int64_t t0, int64_t t1, item_scratch w) {
     const int hd = op->head_dim, group = op->n_head / op->n_kv_head;
     for (int64_t t = t0; t < t1; t++)
-        memcpy(qs + (t - t0) * group * hd, op->x + t * op->x_stride + (int64_t)kvh * group * hd,
+        memcpy(w.qs + (t - t0) * group * hd, op->x + t * op->x_stride + (int64_t)kvh * group * hd,
                (size_t)group * hd * sizeof(float));
+    if (op->k_type != T_Q8_0) return;
+    const size_t qrb = act_row_bytes(ACT_Q8_32, hd);
+    for (int64_t q = 0; q < (t1 - t0) * group; q++)
+        K.quantize_act[ACT_Q8_32](w.qs + q * hd, (uint8_t *)w.qq + q * qrb, hd);
 }
 
 /* the weighted sums of V over the whole block (n rows from vc) for rows
  * [u0, u1) of the tile starting at t0 (nothing when the run is empty) */
-static void whole_block_sums(item_scratch w, const f16_t *vc, int64_t stride, int64_t u0, int64_t u1, int64_t t0,
-                             int group, int n, int hd, float *state, size_t sf) {
+static void whole_block_sums(item_scratch w, const uint8_t *vc, int v_type, int64_t stride, int64_t u0, int64_t u1,
+                             int64_t t0, int group, int n, int hd, float *state, size_t sf) {
     if (u1 <= u0) return;
     const int64_t q0 = (u0 - t0) * group;
-    weighted_sum((int)((u1 - u0) * group), w.scores + q0 * n, n, vc, stride, n, hd, w.vb, state + q0 * sf, sf);
+    weighted_sum((int)((u1 - u0) * group), w.scores + q0 * n, n, vc, v_type, stride, n, hd, w.vb, state + q0 * sf,
+                 sf);
 }
 
 /* Adds positions [from, to] (as far as each row sees them) to the softmax
@@ -206,10 +235,13 @@ static void attend_range(const pyllm_op *op, const op_rows *r, int kvh, int64_t 
     const int hd = op->head_dim, hd_v = value_dim(op), B = st->block_size;
     const int group = op->n_head / op->n_kv_head;
     const int v_in_k = op->flags & OPF_V_IN_K;
-    /* f16 between positions in the K pool and in the V pool (the K pool's, values read from keys) */
-    const int64_t kv_dim = (int64_t)op->n_kv_head * hd, v_dim = v_in_k ? kv_dim : (int64_t)op->n_kv_head * hd_v;
-    const f16_t *v_pool = v_in_k ? op->k_cache : op->v_cache;
-    const int64_t v_head = v_in_k ? hd : hd_v; /* f16 from one KV head's values to the next's */
+    const int k_type = op->k_type, v_type = v_in_k ? op->k_type : op->v_type;
+    /* bytes between positions in the K pool and in the V pool (the K pool's, values read from keys) */
+    const int64_t k_row = kv_bytes(k_type, (int64_t)op->n_kv_head * hd);
+    const int64_t v_row = v_in_k ? k_row : kv_bytes(v_type, (int64_t)op->n_kv_head * hd_v);
+    const uint8_t *k_pool = op->k_cache, *v_pool = v_in_k ? op->k_cache : op->v_cache;
+    const int64_t k_head = kv_bytes(k_type, hd), v_head = kv_bytes(v_type, v_in_k ? hd : hd_v); /* head to head */
+    const int64_t k_read = k_head, v_read = kv_bytes(v_type, hd_v); /* bytes one head's row reads */
     const size_t sf = STATE_FLOATS(hd_v);
     const int32_t *pos = st->pos;
 
@@ -221,14 +253,13 @@ static void attend_range(const pyllm_op *op, const op_rows *r, int kvh, int64_t 
         if (blk < to / B) /* the next block's K and V rows, read while this one is worked on */
             for (int32_t i = 0; i < B; i++) {
                 const size_t row = (size_t)st->block_table[blk + 1] * B + (size_t)i;
-                const char *kp = (const char *)(op->k_cache + row * kv_dim + (size_t)kvh * hd);
-                const char *vp = (const char *)(v_pool + row * v_dim + (size_t)kvh * v_head);
-                for (int b = 0; b < hd * (int)sizeof(f16_t); b += 64) __builtin_prefetch(kp + b);
-                for (int b = 0; !v_in_k && b < hd_v * (int)sizeof(f16_t); b += 64) __builtin_prefetch(vp + b);
+                const uint8_t *kp = k_pool + row * k_row + kvh * k_head, *vp = v_pool + row * v_row + kvh * v_head;
+                for (int64_t b = 0; b < k_read; b += 64) __builtin_prefetch(kp + b);
+                for (int64_t b = 0; !v_in_k && b < v_read; b += 64) __builtin_prefetch(vp + b);
             }
         const size_t row = base + (size_t)(j0 - blk * B);
-        const f16_t *kc = op->k_cache + row * kv_dim + (size_t)kvh * hd, *vc = v_pool + row * v_dim + kvh * v_head;
-        block_scores(w.qs, (int)((t1 - t0) * group), kc, kv_dim, n, hd, w.kb, w.scores);
+        const uint8_t *kc = k_pool + row * k_row + kvh * k_head, *vc = v_pool + row * v_row + kvh * v_head;
+        block_scores(w.qs, w.qq, (int)((t1 - t0) * group), kc, k_type, k_row, n, hd, w.kb, w.scores);
         /* each row's softmax step over the part of [j0, j1] it sees; the
          * weighted sums of V for runs of rows that see all of it at once */
         int64_t run = t0; /* first row of the current run of such rows */
@@ -240,15 +271,15 @@ static void attend_range(const pyllm_op *op, const op_rows *r, int kvh, int64_t 
                 softmax_step(state + q * sf, w.scores + q * n + (a - j0), b - a + 1, hd_v, op->scale, op->softcap);
             }
             if (a == j0 && b == j1) continue; /* the run goes on */
-            whole_block_sums(w, vc, v_dim, run, t, t0, group, n, hd_v, state, sf);
+            whole_block_sums(w, vc, v_type, v_row, run, t, t0, group, n, hd_v, state, sf);
             run = t + 1;
             if (a <= b) { /* this row alone, over the part it sees */
                 int64_t q0 = (t - t0) * group;
-                weighted_sum(group, w.scores + q0 * n + (a - j0), n, vc + (int64_t)(a - j0) * v_dim, v_dim, b - a + 1,
-                             hd_v, w.vb, state + q0 * sf, sf);
+                weighted_sum(group, w.scores + q0 * n + (a - j0), n, vc + (int64_t)(a - j0) * v_row, v_type, v_row,
+                             b - a + 1, hd_v, w.vb, state + q0 * sf, sf);
             }
         }
-        whole_block_sums(w, vc, v_dim, run, t1, t0, group, n, hd_v, state, sf);
+        whole_block_sums(w, vc, v_type, v_row, run, t1, t0, group, n, hd_v, state, sf);
     }
 }
 
@@ -268,7 +299,7 @@ static void attend_tile(const pyllm_op *op, const op_rows *r, int kvh, int64_t t
     const size_t tile_states = (size_t)tile_rows(group) * group;
     float *total = r->scratch, *seg = total + tile_states * sf;
     const item_scratch w = item_scratch_at(seg + tile_states * sf, hd, hd_v, group, r->step->block_size);
-    pack_queries(op, kvh, t0, t1, w.qs);
+    pack_queries(op, kvh, t0, t1, w);
     state_init(total, n_states, hd_v);
     for (int32_t k = lo / SEGMENT; k <= hi / SEGMENT; k++) {
         int32_t from = k * SEGMENT > lo ? k * SEGMENT : lo;
@@ -301,7 +332,7 @@ static void attend_split(const pyllm_op *op, const op_rows *r, int32_t seg0, int
         int32_t to = (k + 1) * SEGMENT - 1 < p ? (k + 1) * SEGMENT - 1 : p;
         float *state = r->shared + (size_t)item * group * sf;
         state_init(state, group, hd_v);
-        pack_queries(op, kvh, 0, 1, w.qs);
+        pack_queries(op, kvh, 0, 1, w);
         attend_range(op, r, kvh, 0, 1, from, to, state, w);
     }
     if (hi == lo || atomic_fetch_add_explicit(r->counter, hi - lo, memory_order_acq_rel) + (hi - lo) != items)

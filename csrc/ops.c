@@ -129,18 +129,28 @@ void op_rope(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     }
 }
 
-/* k_cache[pos] = x[t], v_cache[pos] = x2[t] (as f16), through the block table; the keys
+/* a row of n floats into a KV pool of format type: f16, or Q8_0 blocks (each head's dims whole blocks) */
+static void kv_row_store(int type, const float *x, void *out, int64_t n) {
+    if (type == T_Q8_0)
+        quantize_row_q8_0(x, out, n);
+    else
+        K.f32_to_f16(x, out, n);
+}
+
+/* k_cache[pos] = x[t], v_cache[pos] = x2[t] (as k_type / v_type), through the block table; the keys
  * alone where the values are read from them (OPF_V_IN_K) */
 void op_kv_store(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     const pyllm_step *st = r->step;
     const int64_t k_dim = (int64_t)op->n_kv_head * op->head_dim, v_dim = (int64_t)op->n_kv_head * value_dim(op);
+    const int64_t k_row = kv_bytes(op->k_type, k_dim), v_row = kv_bytes(op->v_type, v_dim);
     int64_t lo, hi;
     split_range(r->rows, ith, nth, 1, &lo, &hi);
     for (int64_t t = lo; t < hi; t++) {
         int32_t p = st->pos[t];
         size_t slot = (size_t)st->block_table[p / st->block_size] * st->block_size + p % st->block_size;
-        K.f32_to_f16(op->x + t * op->x_stride, op->k_cache + slot * k_dim, k_dim);
-        if (!(op->flags & OPF_V_IN_K)) K.f32_to_f16(op->x2 + t * op->x2_stride, op->v_cache + slot * v_dim, v_dim);
+        kv_row_store(op->k_type, op->x + t * op->x_stride, (uint8_t *)op->k_cache + slot * k_row, k_dim);
+        if (!(op->flags & OPF_V_IN_K))
+            kv_row_store(op->v_type, op->x2 + t * op->x2_stride, (uint8_t *)op->v_cache + slot * v_row, v_dim);
     }
 }
 

@@ -145,6 +145,14 @@ static int check_op(const pyllm_op *op) {
             return fail("%d query heads cannot share %d key/value heads", op->n_head, op->n_kv_head);
         if (!op->k_cache || !op->x || (!op->v_cache && !(op->flags & OPF_V_IN_K)))
             return fail("missing KV cache or input");
+        for (int i = 0; i < 2; i++) {
+            const int type = i ? (op->flags & OPF_V_IN_K ? op->k_type : op->v_type) : op->k_type;
+            const int dims = i ? value_dim(op) : op->head_dim;
+            if (type != T_F16 && type != T_Q8_0)
+                return fail("KV cache format %d: f16 (1) or q8_0 (8) only", type);
+            if (type == T_Q8_0 && dims % QK)
+                return fail("a q8_0 KV cache needs heads of a multiple of %d dims, not %d", QK, dims);
+        }
         if (op->kind == OP_KV_STORE && !op->x2 && !(op->flags & OPF_V_IN_K)) return fail("missing values");
         if (op->kind == OP_ATTENTION && !op->y) return fail("missing output");
         return 0;

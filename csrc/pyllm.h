@@ -17,7 +17,7 @@ enum pyllm_op_kind {
     OP_QUANTIZE = 3,  /* xq[t] = quantize(x[t]) to activation format `type` (n_in elements) */
     OP_MATMUL = 4,    /* y[t, :n_out] (+)= W x[t] (+ bias); reads xq unless W takes f32 */
     OP_ROPE = 5,      /* rotate n_head heads of x[t] and n_kv_head heads of x2[t] by pos[t] */
-    OP_KV_STORE = 6,  /* cache[pos[t]] = (k = x[t], v = x2[t]), as f16, through the block table; with
+    OP_KV_STORE = 6,  /* cache[pos[t]] = (k = x[t], v = x2[t]), as k_type / v_type, through the block table; with
                          OPF_V_IN_K the keys alone */
     OP_ATTENTION = 7, /* y[t] = softmax(scale * q[t] K^T) V over positions <= pos[t] (window): keys of
                          head_dim, values (and y's heads) of head_dim_v; w: NULL, or one sink logit per head
@@ -126,8 +126,10 @@ typedef struct pyllm_op {
     float freq_scale;      /* ROPE: linear position scaling (1 = none) */
     const float *freq_factors; /* ROPE: per-pair divisors (llama3 rope_freqs), or NULL */
     float softcap;         /* ATTENTION (scores), SCALE (outputs): tanh soft-capping, 0 = none */
-    uint16_t *k_cache;     /* KV_STORE/ATTENTION: this layer's pools, */
-    uint16_t *v_cache;     /*   [pool blocks][block_size][n_kv_head * head_dim (_v)] f16 */
+    void *k_cache;         /* KV_STORE/ATTENTION: this layer's pools, [pool blocks][block_size][a row of */
+    void *v_cache;         /*   n_kv_head * head_dim (_v) values in k_type / v_type] */
+    int32_t k_type;        /* KV_STORE/ATTENTION: the pools' formats, T_F16 (1) or T_Q8_0 (8: each head's */
+    int32_t v_type;        /*   dims in blocks of 32, so head_dim (_v) % 32 == 0) */
     float *state;          /* SSM_CONV/SSM_SCAN/DELTA_NET: the layer's recurrent state, carried from step to step; a step
                               starting at position 0 starts from zeros */
 } pyllm_op;

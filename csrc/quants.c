@@ -361,6 +361,12 @@ static void quantize_q8_32(const float *restrict x, void *restrict out, int64_t 
     }
 }
 
+/* the Q8_0 weight format (a KV cache's rows): q from the float scale, the scale stored as f16 */
+void quantize_row_q8_0(const float *restrict x, void *restrict out, int64_t n) {
+    block_q8_0 *y = out;
+    for (int64_t i = 0; i < n / QK; i++, x += QK) y[i].d = fp32_to_fp16(quantize_group(x, y[i].qs, QK));
+}
+
 static void quantize_q8_K(const float *restrict x, void *restrict out, int64_t n) {
     block_q8_K *y = out;
     for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {

@@ -283,6 +283,9 @@ int dispatch_init(int max_isa);          /* returns the chosen level */
 int dispatch_level(void);
 const kernel_table *dispatch_table(int isa); /* NULL if the CPU lacks that level */
 
+/* n floats (n % 32 == 0) as Q8_0 blocks: d = amax / 127 (stored as f16), q = nearest(x / d) */
+void quantize_row_q8_0(const float *restrict x, void *restrict out, int64_t n);
+
 /* scalar fp16 / bf16 conversion, exact (round to nearest even) */
 float fp16_to_fp32(f16_t h);
 f16_t fp32_to_fp16(float f);

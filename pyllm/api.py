@@ -16,7 +16,8 @@ import numpy as np
 
 from . import registry
 from .arch import load_architecture
-from .backend.base import Shape
+from .backend.base import KV_TYPES, Shape
+from .backend.lowering import check_kv_formats
 from .backend.cpu import physical_cores
 from .backend.select import make_backend
 from .chat_template import BUILTIN as BUILTIN_TEMPLATES, THINKING_SWITCH, ChatTemplate, normalize_messages
@@ -55,7 +56,9 @@ class Model:
     a fallback, see `pyllm.chat_template`); "chatml" or "gemma" pick a
     built-in format; any other text is a Jinja template. embedding: load the
     model to embed text (`embed`) instead of generating; None: for encoders
-    (BERT) only, which cannot generate.
+    (BERT) only, which cannot generate. cache_type_k / cache_type_v: the KV
+    cache's formats, "f16" or "q8_0" (half the memory, llama.cpp's -ctk/-ctv;
+    CPU only).
 
     Use it as a context manager, or call close(), to free the native memory.
     """
@@ -63,7 +66,7 @@ class Model:
     def __init__(self, model: Optional[str | os.PathLike] = None, n_ctx: Optional[int] = None,
                  n_threads: Optional[int] = None, n_batch: int = N_BATCH, n_gpu_layers: Any = None,
                  chat_template: Optional[str] = None, device: Optional[str] = None, think: Optional[bool] = None,
-                 embedding: Optional[bool] = None):
+                 embedding: Optional[bool] = None, cache_type_k: str = "f16", cache_type_v: str = "f16"):
         self.backend = None
         name = registry.DEFAULT_MODEL if model is None else str(model)
         if name in registry.MODELS and not registry.local_path(name).is_file():
@@ -107,8 +110,11 @@ class Model:
         self.graph = Graph(embeddings=self.embedding)
         self.arch.build(self.graph)
         n_out = min(n_batch, n_ctx) if self.embedding else N_OUT_MAX   # an embedding may pool every row
+        k_type, v_type = kv_type(cache_type_k, "cache_type_k"), kv_type(cache_type_v, "cache_type_v")
+        check_kv_formats(self.graph, k_type, v_type)
+        self.kv_types = (k_type, v_type)
         self.backend, self.plan = make_backend(self.graph, n_threads,
-                                               Shape(min(n_batch, n_ctx), n_out, n_blocks, BLOCK_SIZE),
+                                               Shape(min(n_batch, n_ctx), n_out, n_blocks, BLOCK_SIZE, k_type, v_type),
                                                n_gpu_layers, device)
         self.engine = Engine(self.backend, self.tokenizer, n_ctx, min(n_batch, n_ctx), BLOCK_SIZE, n_blocks,
                              recurrent=bool(self.graph.states))
@@ -504,6 +510,13 @@ class ChatStream:
         for _ in self:
             pass
         return self.completion
+
+
+def kv_type(name: Any, what: str) -> int:
+    """A KV cache format by name (KV_TYPES) -> its type id."""
+    if not isinstance(name, str) or name.lower() not in KV_TYPES:
+        raise InvalidArgumentError(f"{what} must be one of {', '.join(KV_TYPES)}, not {name!r}")
+    return KV_TYPES[name.lower()]
 
 
 def _stop_list(stop: Optional[str | Seq[str]]) -> list[str]:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .backend.base import kv_row_bytes
 from .graph import OP_MATMUL, OP_MATMUL_ID, OP_NAMES
 from .model_file import type_name
 
@@ -100,7 +101,8 @@ def decode_bytes_per_token(model, n_ctx_tokens: int = 0) -> int:
     g = model.graph
     weights = sum(op.weight.nbytes for op in g.ops if op.kind == OP_MATMUL)
     weights += sum(op.weight.nbytes * op.n_head // op.n_kv_head for op in g.ops if op.kind == OP_MATMUL_ID)
-    kv_per_token = sum((dk + dv) * 2 for dk, dv in g.kv_layers.values())
+    k_type, v_type = model.kv_types
+    kv_per_token = sum(kv_row_bytes(k_type, dk) + kv_row_bytes(v_type, dv) for dk, dv in g.kv_layers.values())
     return weights + kv_per_token * n_ctx_tokens
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from .backend.base import kv_row_bytes
 from .arch import load_architecture
 from .arch.base import Attn, DeltaNet, Mla, Moe, ShortConv, Ssm
 from .graph import GLU_GELU_TANH, GLU_RELU, GLU_RELU_SQR, GLU_SWIGLU_OAI, GLU_XIELU, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX, Graph, act_row_bytes
@@ -227,9 +228,10 @@ def describe_block(arch) -> str:
 
 
 def model_info(path: str, n_ctx: Optional[int] = None, n_batch: int = N_BATCH,
-               block_size: int = BLOCK_SIZE, n_out_max: int = N_OUT_MAX) -> ModelInfo:
+               block_size: int = BLOCK_SIZE, n_out_max: int = N_OUT_MAX, k_type: int = 1, v_type: int = 1) -> ModelInfo:
     """Reads `path` and works out what running it with a context of n_ctx
-    tokens (default: the training context, at most 4096) needs."""
+    tokens (default: the training context, at most 4096) and a KV cache in
+    formats k_type, v_type (f16: 1, q8_0: 8) needs."""
     mf = ModelFile(path)
     hp_ctx = int(mf.arch_get("context_length", 2048))
     if n_ctx is None:
@@ -241,7 +243,8 @@ def model_info(path: str, n_ctx: Optional[int] = None, n_batch: int = N_BATCH,
 
     # memory, as CpuBackend allocates it for this context
     n_blocks = -(-n_ctx // block_size)
-    kv = sum(n_blocks * block_size * (dk + dv) * 2 for dk, dv in g.kv_layers.values())
+    kv = sum(n_blocks * block_size * (kv_row_bytes(k_type, dk) + kv_row_bytes(v_type, dv))
+             for dk, dv in g.kv_layers.values())
     rows_batch = min(n_batch, n_ctx)
     act = sum((rows_batch if b.rows == "batch" else n_out_max) * b.width * 4 for b in g.buffers.values())
     act += sum(rows_batch * act_row_bytes(q.act, q.n) for q in g.qbuffers.values())

@@ -34,6 +34,19 @@ def dequant(t: Tensor) -> np.ndarray:
     return dequantize(t.data, GGMLQuantizationType(t.type)).astype(np.float32).reshape(t.rows, t.shape[0])
 
 
+def q8_round(x: np.ndarray, f16_scale: bool) -> np.ndarray:
+    """x (its last axis a multiple of 32) through 8-bit blocks of 32 and back: d = amax / 127,
+    q = nearest(x / d) (ties to even), then q * d, with d as stored: f16 in a q8_0 KV cache
+    (f16_scale), float in the Q8 activations a q8_0 cache's scores take their queries in."""
+    b = x.astype(np.float32).reshape(*x.shape[:-1], -1, 32)
+    d = np.abs(b).max(axis=-1, keepdims=True) / np.float32(127)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    q = np.rint(b * inv)
+    if f16_scale:
+        d = d.astype(np.float16).astype(np.float32)
+    return (q * d).reshape(x.shape).astype(np.float32)
+
+
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     ms = np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True)
     return (x / np.sqrt(ms + eps)).astype(np.float32) * w
@@ -139,11 +152,14 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window:
 class Reference:
     """Dequantizes an architecture's weights once, then runs whole sequences."""
 
-    def __init__(self, arch: Architecture, kv_f16: bool = False):
+    def __init__(self, arch: Architecture, kv_f16: bool = False, kv_q8_0: bool = False):
         """kv_f16: round k and v to f16 before attending, as both engines' KV caches
-        store them (at F32 that rounding is the engines' main difference from here)."""
+        store them (at F32 that rounding is the engines' main difference from here).
+        kv_q8_0: round them through q8_0 instead (a q8_0 KV cache), and the queries
+        through the Q8 activation blocks the scores then take."""
         self.arch = arch
         self.kv_f16 = kv_f16
+        self.kv_q8_0 = kv_q8_0
         self._cache: dict[str, np.ndarray] = {}
 
     def w(self, t: Tensor) -> np.ndarray:
@@ -305,8 +321,7 @@ class Reference:
         if temperature is not None:   # q *= 1 + s ln(1 + floor((p + offset) / period))
             s, period, offset = temperature
             q = q * (np.log(np.floor((pos + offset) / period) + 1.0) * s + 1.0).astype(np.float32)[:, None, None]
-        if self.kv_f16:
-            k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
+        q, k, v = self._cached(q, k, v)
         att = attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i), a.attn_softcap, A.sinks, a.chunked_window,
                         a.causal)
         if A.gate is not None:   # gated attention (AFMoE)
@@ -314,6 +329,15 @@ class Reference:
         if gate is not None:
             att = att / (1.0 + np.exp(-gate))
         return self._linear(att, A.wo, A.bo)
+
+    def _cached(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """q, k, v as attention sees them: k and v as the KV cache holds them (kv_f16, kv_q8_0),
+        q as the scores over a q8_0 cache take it."""
+        if self.kv_q8_0:
+            return q8_round(q, f16_scale=False), q8_round(k, f16_scale=True), q8_round(v, f16_scale=True)
+        if self.kv_f16:
+            return q, k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
+        return q, k, v
 
     def _latent_attention(self, h: np.ndarray, A: Mla, i: int) -> np.ndarray:
         """Multi-head latent attention as DeepSeek-V2 writes it, with every head's key and
@@ -332,6 +356,8 @@ class Reference:
         r = a.layer_rope(i)
         q_pe = rope(q[:, :, nope:], pos, n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors)
         k_pe = rope(k_pe, pos, n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors)
+        if self.kv_q8_0:
+            raise NotImplementedError("no reference for latent attention over a q8_0 KV cache")
         if self.kv_f16:   # the engines cache c and k_pe in f16
             c, k_pe = c.astype(np.float16).astype(np.float32), k_pe.astype(np.float16).astype(np.float32)
         wk = self._experts(A.wk_b).transpose(0, 2, 1)    # [H, nope, lat]: Wk_i
@@ -522,10 +548,11 @@ class Reference:
             v = rmsnorm(k if A.wv is None else self._linear(h, A.wv, None).reshape(T, Hkv, d),
                         np.ones(d, np.float32), hp.eps)
             k = rope(rmsnorm(k, A.k_norm, hp.eps), pos, r.n_rot, r.base, True, r.scale, r.factors)
-            if self.kv_f16:
-                k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
+            _, k, v = self._cached(q, k, v)
             caches[i] = (k, v)
         k, v = caches[geo.kv_layer]
+        if self.kv_q8_0:
+            q = q8_round(q, f16_scale=False)
         return self._linear(attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i)), A.wo, None)
 
     def _gemma3n(self, tokens: np.ndarray) -> np.ndarray:

@@ -310,7 +310,7 @@ def tensor(qtype, n_in, n_out, seed=0, name="w", e_range=None):
 def read_kv(prog, layer):
     """(K pool, V pool) of a layer as f16 bits, from a host or a CUDA program; V None where
     the layer has no value pool (OPF_V_IN_K: the values are read from the keys)."""
-    blocks, bs, dk, dv = prog.plan.kv[layer]
+    blocks, bs, dk, dv = prog.plan.kv[layer]   # bytes per position: f16 pools hold dk // 2 halves
     if not isinstance(prog, cuda.CudaProgram):
         return prog.k_cache[layer].view(np.uint16).copy(), prog.v_cache[layer].view(np.uint16).copy() if dv else None
     out = []
@@ -318,7 +318,7 @@ def read_kv(prog, layer):
         if not d:
             out.append(None)
             continue
-        a = np.empty((blocks, bs, d), np.uint16)
+        a = np.empty((blocks, bs, d // 2), np.uint16)
         assert prog.lib.pyllm_cuda_download(prog.ctx, prog.ffi.from_buffer(a), ptr, a.nbytes) == 0
         out.append(a)
     return tuple(out)
@@ -679,6 +679,21 @@ def test_the_gpu_refuses_a_delta_net_key_head_past_its_shared_memory(devices):
     host.bind(g, [Range(0, 1)], Shape(4, 4, 4, 16)).close()
     with pytest.raises(BackendError, match="delta_net: 1 value heads of 1 over 1 key heads of 6145"):
         gpu.bind(g, [Range(0, 1)], Shape(4, 4, 4, 16))
+
+
+def test_the_gpu_refuses_a_quantized_kv_cache(devices):
+    """The GPU's attention reads f16 pools: a q8_0 KV cache (which the core runs) is refused when the
+    program is bound, saying what to do; a graph without attention binds whatever the cache types."""
+    host, gpu = devices
+    g = Graph()
+    g.layer = 0
+    g.attention(g.buffer("q", 2 * 64), g.buffer("k", 64), g.buffer("v", 64), 2, 1, 64, 0.1, "y")
+    host.bind(g, [Range(0, len(g.ops))], Shape(4, 4, 4, 16, 8, 8)).close()
+    with pytest.raises(BackendError, match="the GPU keeps f16 KV caches only"):
+        gpu.bind(g, [Range(0, len(g.ops))], Shape(4, 4, 4, 16, 8, 1))
+    plain = Graph()
+    plain.act(plain.buffer("x", 8), GLU_TANH, "y")
+    gpu.bind(plain, [Range(0, 1)], Shape(4, 4, 4, 16, 8, 8)).close()
 
 
 def recurrent_graph(kind: str) -> Graph:

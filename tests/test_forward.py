@@ -16,6 +16,7 @@ import synth
 from pyllm._native import lib
 from pyllm.arch import load_architecture
 from pyllm.backend.cpu import CpuBackend
+from pyllm.errors import BackendError, InvalidArgumentError
 from pyllm.graph import Graph
 from pyllm.model_file import ModelFile, Tensor
 from pyllm.reference import Reference
@@ -25,11 +26,11 @@ QUANT_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q2_K, QT.Q3_K, QT
                QT.Q6_K, QT.IQ4_NL, QT.MXFP4]
 
 
-def build(path, n_batch=64, n_threads=2, n_blocks=8, block_size=16):
+def build(path, n_batch=64, n_threads=2, n_blocks=8, block_size=16, kv_type=1):
     arch = load_architecture(ModelFile(path))
     g = Graph()
     arch.build(g)
-    return arch, CpuBackend(g, n_threads, n_batch, n_batch, n_blocks, block_size)
+    return arch, CpuBackend(g, n_threads, n_batch, n_batch, n_blocks, block_size, k_type=kv_type, v_type=kv_type)
 
 
 def compare(out, ref, margin=0.05):
@@ -163,7 +164,7 @@ def test_scalar_kernels_agree_with_simd(tmp_path, qtype):
 
 
 def test_bad_steps_are_refused(tmp_path):
-    from pyllm.errors import InvalidArgumentError
+    from pyllm.errors import BackendError, InvalidArgumentError
     _, be = build(synth.write_llama(tmp_path / "b.gguf", QT.Q8_0))
     with pytest.raises(InvalidArgumentError, match="token id 999"):
         be.forward([1, 999], 0, [0], 1)
@@ -321,13 +322,14 @@ def test_altup_ops(n):
 # -- the ops multi-head latent attention adds (DeepSeek 2/3) -----------------------------------------
 
 def run_kv_graph(g, inputs: dict, pos, table, output: str, block_size: int = 16, n_blocks: int = 16,
-                 n_threads: int = 2):
-    """Graph g with a KV cache of n_blocks on the host: one step of len(pos) rows at positions pos
-    through block table `table`; (the rows of `output`, the program) -- close it when done."""
+                 n_threads: int = 2, k_type: int = 1, v_type: int = 1):
+    """Graph g with a KV cache of n_blocks (formats k_type, v_type) on the host: one step of len(pos)
+    rows at positions pos through block table `table`; (the rows of `output`, the program) -- close
+    it when done."""
     from pyllm.backend.base import Range, Shape, StepData
     from pyllm.backend.cpu import HostDevice
     n = len(pos)
-    prog = HostDevice(n_threads).bind(g, [Range(0, len(g.ops))], Shape(n, n, n_blocks, block_size))
+    prog = HostDevice(n_threads).bind(g, [Range(0, len(g.ops))], Shape(n, n, n_blocks, block_size, k_type, v_type))
     for name, a in inputs.items():
         prog.write(name, 0, a)
     prog.run(0, StepData(np.zeros(n, np.int32), np.asarray(pos, np.int32), np.asarray(table, np.int32), n))
@@ -424,6 +426,92 @@ def test_attention_with_value_dims_of_its_own(case, level):
         prog.close()
     finally:
         lib.pyllm_set_level(best)
+
+
+Q8_CACHE_CASES = {   # n_head, n_kv_head, key dims, value dims, values read from the keys, K type, V type
+    "gqa-both-q8_0": (8, 2, 64, 64, False, 8, 8),
+    "k-q8_0-v-f16": (4, 4, 128, 128, False, 8, 1),
+    "k-f16-v-q8_0": (4, 2, 96, 96, False, 1, 8),
+    "mla-v-in-k": (16, 1, 576, 512, True, 8, 8),
+}
+
+
+@pytest.mark.parametrize("level", [0, None], ids=["scalar", "best"])
+@pytest.mark.parametrize("case", list(Q8_CACHE_CASES))
+def test_attention_over_a_q8_0_cache(case, level):
+    """A q8_0 KV cache (llama.cpp's -ctk/-ctv q8_0): the pools hold exactly the Q8_0 blocks of the
+    keys and values (the scale f16, the quants from the float scale); 150 rows through a shuffled
+    block table against float64 attention over the q8_0-rounded keys and values, with the queries
+    through Q8 activation blocks where the keys are q8_0; the last row as a 2-thread decode step,
+    bit for bit the batch's."""
+    from pyllm.backend.base import StepData
+    from pyllm.reference import attention, q8_round
+    n_head, n_kv, hd, hd_v, v_in_k, k_type, v_type = Q8_CACHE_CASES[case]
+    rng = np.random.default_rng(hd + n_head + k_type)
+    n, bs = 150, 16
+    q = rng.standard_normal((n, n_head * hd)).astype(np.float32)
+    k = (rng.standard_normal((n, n_kv * hd)) * rng.uniform(0.1, 3, n_kv * hd)).astype(np.float32)
+    v = rng.standard_normal((n, n_kv * hd_v)).astype(np.float32)
+    g = Graph()
+    g.layer = 0
+    g.attention(g.buffer("q", n_head * hd), g.buffer("k", n_kv * hd), None if v_in_k else g.buffer("v", n_kv * hd_v),
+                n_head, n_kv, hd, 0.05, "y", head_dim_v=hd_v)
+    inputs = {"q": q, "k": k} if v_in_k else {"q": q, "k": k, "v": v}
+    table = list(rng.permutation(16))[:-(-n // bs)]
+    best = lib.pyllm_get_level()
+    try:
+        if level is not None:
+            assert lib.pyllm_set_level(level) == 0
+        got, prog = run_kv_graph(g, inputs, np.arange(n), table, "y", k_type=k_type, v_type=v_type)
+        # the pools: position p in slot p % bs of block table[p // bs]
+        slots = np.array([table[p // bs] * bs + p % bs for p in range(n)])
+        for pool, x, kind in ((prog.k_cache[0], k, k_type), (prog.v_cache[0], v, v_type)):
+            if pool.size == 0:
+                continue
+            rows = pool.reshape(-1, pool.shape[-1])[slots]
+            if kind == 8:
+                blocks = rows.reshape(n, -1, 34)
+                d = blocks[:, :, :2].copy().view(np.float16).astype(np.float32)
+                np.testing.assert_array_equal(blocks[:, :, 2:].view(np.int8) * d,
+                                              q8_round(x, f16_scale=True).reshape(n, -1, 32))
+            else:
+                np.testing.assert_array_equal(rows.view(np.float16), x.astype(np.float16))
+        prog.close()
+        kq = q8_round(k, True) if k_type == 8 else k.astype(np.float16).astype(np.float32)
+        kq = kq.reshape(n, n_kv, hd)
+        vq = kq[:, :, :hd_v] if v_in_k else (q8_round(v, True) if v_type == 8 else
+                                             v.astype(np.float16).astype(np.float32)).reshape(n, n_kv, hd_v)
+        qq = q8_round(q, False) if k_type == 8 else q
+        want = attention(qq.reshape(n, n_head, hd), kq, vq, 0.05)
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+        # against the f16 cache: a real difference, of q8_0's size
+        f16 = attention(q.reshape(n, n_head, hd), k.astype(np.float16).astype(np.float32).reshape(n, n_kv, hd),
+                        (k.astype(np.float16).astype(np.float32).reshape(n, n_kv, hd)[:, :, :hd_v] if v_in_k else
+                         v.astype(np.float16).astype(np.float32).reshape(n, n_kv, hd_v)), 0.05)
+        assert 1e-4 < np.abs(got - f16).max() < 0.1 * np.abs(f16).max()
+        _, prog = run_kv_graph(g, inputs, np.arange(n), table, "y", k_type=k_type, v_type=v_type)
+        for name, a in inputs.items():
+            prog.write(name, 0, a[-1:])
+        prog.run(0, StepData(np.zeros(1, np.int32), np.array([n - 1], np.int32), np.asarray(table, np.int32), 1))
+        np.testing.assert_array_equal(np.array(prog.read("y", 0, 1)), got[-1:])
+        prog.close()
+    finally:
+        lib.pyllm_set_level(best)
+
+
+def test_q8_0_cache_needs_whole_blocks_per_head():
+    """Heads of 80 dims (Phi-2) do not split into q8_0 blocks: the Python check and the C core both
+    refuse, saying what to use."""
+    from pyllm.backend.lowering import check_kv_formats
+    g = Graph()
+    g.layer = 0
+    g.attention(g.buffer("q", 2 * 80), g.buffer("k", 80), g.buffer("v", 80), 2, 1, 80, 0.1, "y")
+    with pytest.raises(InvalidArgumentError, match="multiple of 32 dims; this model's have 80: use f16"):
+        check_kv_formats(g, 8, 1)
+    check_kv_formats(g, 1, 1)
+    x = np.ones((3, 160), np.float32)
+    with pytest.raises(BackendError, match="q8_0 KV cache needs heads of a multiple of 32 dims, not 80"):
+        run_kv_graph(g, {"q": x, "k": x[:, :80], "v": x[:, :80]}, np.arange(3), [0], "y", v_type=8)
 
 
 @pytest.mark.parametrize("level", [0, None], ids=["scalar", "best"])

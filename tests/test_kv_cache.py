@@ -1,4 +1,6 @@
-"""Block allocation and prefix reuse of the paged KV cache."""
+"""Block allocation and prefix reuse of the paged KV cache; its formats (f16, q8_0) on a real model."""
+import json
+
 import pytest
 
 from pyllm.errors import ContextFullError
@@ -75,3 +77,37 @@ def test_context_full():
     a = Sequence(pool, 100)
     with pytest.raises(ContextFullError, match="KV cache is full"):
         fill(a, list(range(9)))
+
+
+def test_a_q8_0_cache_halves_the_memory_and_keeps_the_text(smollm2_path):
+    """Model(cache_type_k/v="q8_0"), llama.cpp's -ctk/-ctv q8_0: 34 bytes per 32 values where f16
+    takes 64, in the pools, `pyllm info` and the bench's bytes per token; greedy text where the
+    f16 cache's choice is clear stays the same; a format it does not know is one clear error."""
+    import subprocess
+    import sys
+
+    from pyllm import InvalidArgumentError, Model
+    from pyllm.bench import decode_bytes_per_token
+    from pyllm.info import model_info
+    prompt = "The capital of France is"
+    with Model(smollm2_path, n_ctx=256) as f16, Model(smollm2_path, n_ctx=256, cache_type_k="q8_0",
+                                                      cache_type_v="q8_0") as q8:
+        assert q8.backend.kv_bytes * 64 == f16.backend.kv_bytes * 34
+        kv_f16 = decode_bytes_per_token(f16, 100) - decode_bytes_per_token(f16, 0)
+        assert (decode_bytes_per_token(q8, 100) - decode_bytes_per_token(q8, 0)) * 64 == kv_f16 * 34
+        want, got = (m.generate(prompt, max_tokens=12, temperature=0, logprobs=2) for m in (f16, q8))
+        for a, b in zip(want.logprobs, got.logprobs):
+            if a.top[0][1] - a.top[1][1] < 0.2:     # a near-tie: either may win
+                break
+            assert a.token == b.token
+        assert want.tokens[:3] == got.tokens[:3]
+    assert model_info(smollm2_path, n_ctx=256, k_type=8, v_type=8).kv_bytes * 64 == \
+        model_info(smollm2_path, n_ctx=256).kv_bytes * 34
+    with pytest.raises(InvalidArgumentError, match="cache_type_v must be one of f16, q8_0"):
+        Model(smollm2_path, n_ctx=64, cache_type_v="q4_0")
+    cmd = [sys.executable, "-m", "pyllm.cli.main", "run", "-m", smollm2_path, "-p", prompt, "-n", "12", "--temp", "0",
+           "-c", "256", "--json"]
+    r = subprocess.run(cmd + ["-ctk", "q8_0", "-ctv", "q8_0"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and json.loads(r.stdout)["tokens"] == got.tokens
+    r = subprocess.run(cmd + ["--cache-type-k", "q5_1"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "cache_type_k must be one of f16, q8_0" in r.stderr

@@ -319,3 +319,20 @@ def test_smollm2_split_on_sim(smollm2_path, stream):
     be.close()
     cpu.close()
     host.close()
+
+
+def test_split_with_a_q8_0_kv_cache_equals_cpu(tmp_path):
+    """A q8_0 KV cache split between the CPU and the sim device: the same logits as the CPU alone,
+    bit for bit; the plan's KV bytes are q8_0's (34 bytes per 32 values against f16's 64)."""
+    path = synth.WRITERS["llama"](tmp_path / "m.gguf", QT.Q4_K, n_layer=4)
+    _, g = build(path)
+    host = HostDevice(2)
+    shape = Shape(64, 64, 8, 16, 8, 8)
+    tokens = [int(t) for t in np.random.default_rng(3).integers(2, 500, 44)]
+    ref = run_steps(CpuBackend(g, 2, 64, 64, 8, 16, device=host, k_type=8, v_type=8), tokens, 40)
+    plan = Planner(g, hardware(), shape).plan(2)
+    sim = SimDevice(host, memory=1 << 30)
+    be = SplitBackend(g, {"cpu": host, "gpu": sim}, plan.schedules(g), shape, plan.stream_min_batch)
+    np.testing.assert_array_equal(run_steps(be, tokens, 40), ref)
+    f16_plan = Planner(g, hardware(), SHAPE).plan(2)
+    assert plan.gpu_memory["kv"] * 64 == f16_plan.gpu_memory["kv"] * 34

@@ -261,6 +261,8 @@ static int check_op(const pyllm_op *op) {
         if (op->n_kv_head <= 0 || op->n_head <= 0 || op->n_head % op->n_kv_head)
             return fail("%d query heads cannot share %d key/value heads", op->n_head, op->n_kv_head);
         if (!op->k_cache || !op->x || (!op->v_cache && !v_in_k)) return fail("missing KV cache or input");
+        if (op->k_type != 1 || (!v_in_k && op->v_type != 1))
+            return fail("a KV cache in format %d / %d: the GPU keeps f16 caches only", op->k_type, op->v_type);
         if (op->kind == OP_KV_STORE && !op->x2 && !v_in_k) return fail("missing values");
         if (op->kind == OP_ATTENTION && !op->y) return fail("missing output");
         return 0;

@@ -65,13 +65,26 @@ class Backend(ABC):
             pass
 
 
+# KV cache formats: their ggml type ids (the C core's T_F16, T_Q8_0), by the names llama.cpp's -ctk/-ctv take
+KV_TYPES = {"f16": 1, "q8_0": 8}
+KV_BLOCK = {1: 1, 8: 32}          # values per block of each format
+KV_BLOCK_BYTES = {1: 2, 8: 34}    # bytes per block
+
+
+def kv_row_bytes(kv_type: int, n: int) -> int:
+    """Bytes of n values of a KV pool row in format kv_type (n a multiple of its block)."""
+    return n // KV_BLOCK[kv_type] * KV_BLOCK_BYTES[kv_type]
+
+
 @dataclass(frozen=True)
 class Shape:
-    """The sizes a program is bound for."""
+    """The sizes a program is bound for, and its KV cache's formats."""
     n_batch: int       # rows of 'batch' buffers (tokens per step, at most)
     n_out_max: int     # rows of 'out' buffers (the logits head)
     n_blocks: int      # KV blocks per layer pool
     block_size: int    # positions per KV block
+    k_type: int = 1    # KV_TYPES: the key pools' format
+    v_type: int = 1    # and the value pools'
 
 
 @dataclass(frozen=True)

@@ -128,9 +128,9 @@ class CoreProgram(Program):
         self.qbuffers = {name: aligned_zeros((rows, nb), np.uint8) for name, (rows, nb) in mp.qbuffers.items()}
         self.k_cache: dict[int, np.ndarray] = {}
         self.v_cache: dict[int, np.ndarray] = {}
-        for layer, (blocks, bs, k_dim, v_dim) in mp.kv.items():
-            self.k_cache[layer] = aligned_zeros((blocks, bs, k_dim), np.float16)
-            self.v_cache[layer] = aligned_zeros((blocks, bs, v_dim), np.float16)
+        for layer, (blocks, bs, k_bytes, v_bytes) in mp.kv.items():
+            self.k_cache[layer] = aligned_zeros((blocks, bs, k_bytes), np.uint8)
+            self.v_cache[layer] = aligned_zeros((blocks, bs, v_bytes), np.uint8)
         self.states = {name: aligned_zeros((floats,), np.float32) for name, floats in mp.states.items()}
         self.weights = {name: self._place_weight(t) for name, t in mp.tensors.items()}
         self.vectors = {key: self._place_vector(a) for key, a in mp.vectors.items()}
@@ -139,7 +139,7 @@ class CoreProgram(Program):
         self.recs = ffi.new("pyllm_op[]", len(graph.ops))
         for r in self.ranges:
             for i in range(r.lo, r.hi):
-                fill_record(ffi, self.recs[i], i, graph.ops[i], self)
+                fill_record(ffi, self.recs[i], i, graph.ops[i], self, shape)
             if lib.pyllm_program_check(self.recs + r.lo, r.hi - r.lo):
                 raise BackendError(f"the model's op program is invalid: {ffi.string(lib.pyllm_error()).decode()}")
         self.needs = [step_needs(graph.ops[r.lo:r.hi]) for r in self.ranges]
@@ -265,14 +265,15 @@ class CpuBackend(Backend):
     name = "cpu"
 
     def __init__(self, graph: Graph, n_threads: int, n_batch: int, n_out_max: int,
-                 n_blocks: int, block_size: int, device: Optional[HostDevice] = None):
+                 n_blocks: int, block_size: int, device: Optional[HostDevice] = None, k_type: int = 1,
+                 v_type: int = 1):
         self.graph = graph
         self.n_batch, self.n_out_max = n_batch, n_out_max
         self.n_blocks, self.block_size = n_blocks, block_size
         self._own_device = device is None
         self.device = device if device is not None else HostDevice(n_threads)
         self.program = self.device.bind(graph, [Range(0, len(graph.ops))], Shape(n_batch, n_out_max, n_blocks,
-                                                                                   block_size))
+                                                                                   block_size, k_type, v_type))
         p = self.program
         # what tools and tests look at
         self.buffers, self.qbuffers, self.k_cache, self.v_cache = p.buffers, p.qbuffers, p.k_cache, p.v_cache

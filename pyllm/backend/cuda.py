@@ -241,6 +241,8 @@ class CudaDevice(Device):
         link = LinkSpec(figs["h2d"], figs["d2h"], figs["latency_s"])
         return spec, link, {"gpu": f"{how} (memory free: measured now)", "link": how}
 
+    f16_kv_only = True   # its attention kernels read f16 KV pools (CudaProgram refuses others)
+
     def bind(self, graph: Graph, ranges: Sequence[Range], shape: Shape) -> "CudaProgram":
         return CudaProgram(self, graph, ranges, shape)
 
@@ -260,6 +262,9 @@ class CudaProgram(Program):
         self.device, self.graph, self.ranges, self.shape = device, graph, list(ranges), shape
         ffi, lib, ctx = device.ffi, device.lib, device.ctx
         self.ffi, self.lib, self.ctx = ffi, lib, ctx
+        if (shape.k_type, shape.v_type) != (1, 1) and any(graph.ops[i].kv_layer >= 0 for r in self.ranges
+                                                          for i in range(r.lo, r.hi)):
+            raise BackendError("the GPU keeps f16 KV caches only: use the f16 cache types, or no GPU layers (-ngl 0)")
         mp = self.plan = memory_plan(graph, self.ranges, shape)
         self.memory = mp.bytes()
         self._allocs: list[int] = []
@@ -274,9 +279,9 @@ class CudaProgram(Program):
                             for name, (rows, width) in mp.buffers.items()}
             self.qbuffers = {name: (self._alloc(rows * nb, zero=True), nb, nb) for name, (rows, nb) in mp.qbuffers.items()}
             self.kv_pools = {}
-            for layer, (b, s, dk, dv) in mp.kv.items():
-                k = self._alloc(b * s * dk * 2, zero=True)
-                self.kv_pools[layer] = (k, self._alloc(b * s * dv * 2, zero=True) if dv else k)
+            for layer, (b, s, k_bytes, v_bytes) in mp.kv.items():
+                k = self._alloc(b * s * k_bytes, zero=True)
+                self.kv_pools[layer] = (k, self._alloc(b * s * v_bytes, zero=True) if v_bytes else k)
             self.states = {name: self._alloc(floats * 4, zero=True) for name, floats in mp.states.items()}
             self.weights = {}
             for name, t in mp.tensors.items():
@@ -291,7 +296,7 @@ class CudaProgram(Program):
             self.recs = ffi.new("pyllm_op[]", len(graph.ops))
             for r in self.ranges:
                 for i in range(r.lo, r.hi):
-                    fill_record(ffi, self.recs[i], i, graph.ops[i], self)
+                    fill_record(ffi, self.recs[i], i, graph.ops[i], self, shape)
                 if lib.pyllm_cuda_check(self.recs + r.lo, r.hi - r.lo):
                     raise BackendError(f"the CUDA backend cannot run this program: {_error(lib, ffi)}")
         except BaseException:

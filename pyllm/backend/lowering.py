@@ -15,9 +15,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..graph import OP_EMBED, OP_MATMUL, OP_POS_SCALE, OP_ROPE, OPF_BY_POS, Graph, Op, View
+from ..graph import OP_EMBED, OP_MATMUL, OP_POS_SCALE, OP_ROPE, OPF_BY_POS, OPF_V_IN_K, Graph, Op, View
 from ..model_file import Tensor
-from .base import Range, Shape
+from ..errors import InvalidArgumentError
+from .base import KV_BLOCK, KV_TYPES, Range, Shape, kv_row_bytes
 
 ALIGN = 256   # device allocations and staging offsets
 
@@ -34,7 +35,8 @@ def op_vectors(op: Op) -> list[np.ndarray]:
 class MemoryPlan:
     buffers: dict[str, tuple[int, int]] = field(default_factory=dict)    # name -> (rows, floats per row)
     qbuffers: dict[str, tuple[int, int]] = field(default_factory=dict)   # name -> (rows, bytes per row)
-    kv: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)  # layer -> (blocks, block size, K dim, V dim)
+    kv: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)  # layer -> (blocks, block size, bytes per
+    #                                                                          position of K, of V (0: none))
     states: dict[str, int] = field(default_factory=dict)                 # recurrent state -> floats
     tensors: dict[str, Tensor] = field(default_factory=dict)             # resident weights, by tensor name
     vectors: dict[int, np.ndarray] = field(default_factory=dict)         # id -> float32 vector
@@ -45,7 +47,7 @@ class MemoryPlan:
         return {
             "weights": sum(t.nbytes for t in self.tensors.values()),
             "vectors": sum(v.size * 4 for v in self.vectors.values()),
-            "kv": sum(b * s * (dk + dv) * 2 for b, s, dk, dv in self.kv.values()),
+            "kv": sum(b * s * (k + v) for b, s, k, v in self.kv.values()),
             "state": sum(self.states.values()) * 4,
             "buffers": sum(r * w * 4 for r, w in self.buffers.values()) +
                        sum(r * w for r, w in self.qbuffers.values()),
@@ -71,7 +73,9 @@ def memory_plan(graph: Graph, ranges: Sequence[Range], shape: Shape) -> MemoryPl
             if op.xq is not None:
                 mp.qbuffers[op.xq.name] = (shape.n_batch, op.xq.row_bytes)
             if op.kv_layer >= 0:
-                mp.kv[op.kv_layer] = (shape.n_blocks, shape.block_size, *graph.kv_layers[op.kv_layer])
+                k_dim, v_dim = graph.kv_layers[op.kv_layer]
+                mp.kv[op.kv_layer] = (shape.n_blocks, shape.block_size, kv_row_bytes(shape.k_type, k_dim),
+                                      kv_row_bytes(shape.v_type, v_dim))
             if op.state is not None:
                 mp.states[op.state] = graph.states[op.state]
             for a in op_vectors(op):
@@ -90,6 +94,20 @@ def memory_plan(graph: Graph, ranges: Sequence[Range], shape: Shape) -> MemoryPl
     return mp
 
 
+def check_kv_formats(graph: Graph, k_type: int, v_type: int) -> None:
+    """InvalidArgumentError unless every attention layer's heads split into whole blocks of the
+    KV cache's formats (q8_0: multiples of 32 dims)."""
+    names = {t: n for n, t in KV_TYPES.items()}
+    for op in graph.ops:
+        if op.kv_layer < 0:
+            continue
+        values_type = k_type if op.flags & OPF_V_IN_K else v_type   # MLA reads its values from the keys
+        for what, kv_type, dims in (("K", k_type, op.head_dim), ("V", values_type, op.head_dim_v or op.head_dim)):
+            if dims % KV_BLOCK[kv_type]:
+                raise InvalidArgumentError(f"a {names[kv_type]} {what} cache needs heads of a multiple of "
+                                           f"{KV_BLOCK[kv_type]} dims; this model's have {dims}: use f16")
+
+
 class Addresses:
     """Where a device put what an op touches (integer addresses)."""
 
@@ -101,8 +119,8 @@ class Addresses:
     def state(self, name: str) -> int: ...              # a recurrent state (float32)
 
 
-def fill_record(ffi, rec, index: int, op: Op, addr: Addresses) -> None:
-    """Fills C record `rec` (a pyllm_op of `ffi`) for graph op `index`."""
+def fill_record(ffi, rec, index: int, op: Op, addr: Addresses, shape: Shape) -> None:
+    """Fills C record `rec` (a pyllm_op of `ffi`) for graph op `index` of a program bound for `shape`."""
     def p(ctype: str, a: Optional[int]):
         return ffi.cast(ctype, a or 0)
 
@@ -131,9 +149,10 @@ def fill_record(ffi, rec, index: int, op: Op, addr: Addresses) -> None:
     rec.freq_factors = p("float *", None if op.freq_factors is None else addr.vector(op.freq_factors))
     if op.kv_layer >= 0:
         k, v = addr.kv(op.kv_layer)
-        rec.k_cache, rec.v_cache = p("uint16_t *", k), p("uint16_t *", v)
+        rec.k_cache, rec.v_cache = p("void *", k), p("void *", v)
     else:
         rec.k_cache = rec.v_cache = ffi.NULL
+    rec.k_type, rec.v_type = shape.k_type, shape.v_type
     rec.state = p("float *", None if op.state is None else addr.state(op.state))
 
 

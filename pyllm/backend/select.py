@@ -75,6 +75,14 @@ def make_backend(graph, n_threads: int, shape: Shape, n_gpu_layers: Any = "auto"
             gpu = None
             log.debug("n_gpu_layers=auto places nothing on the CUDA emulator: running on the CPU")
             return _cpu(graph, host, shape), None
+        if (shape.k_type, shape.v_type) != (1, 1) and getattr(gpu, "f16_kv_only", False):
+            gpu.close()
+            gpu = None
+            if ngl != "auto":
+                raise BackendError("the GPU keeps f16 KV caches only: use the f16 cache types with GPU layers, "
+                                   "or n_gpu_layers 0")
+            log.info("a quantized KV cache runs on the CPU only: no layers on the GPU")
+            return _cpu(graph, host, shape), None
         hw = hardware if hardware is not None else detect(host, gpu)
         plan = Planner(graph, hw, shape).plan(ngl)
         log.debug("placement (%s): %s", plan.reason, plan.layer_ranges())
@@ -94,6 +102,6 @@ def make_backend(graph, n_threads: int, shape: Shape, n_gpu_layers: Any = "auto"
 
 def _cpu(graph, host: HostDevice, shape: Shape) -> CpuBackend:
     be = CpuBackend(graph, host.n_threads, shape.n_batch, shape.n_out_max, shape.n_blocks, shape.block_size,
-                    device=host)
+                    device=host, k_type=shape.k_type, v_type=shape.v_type)
     be._own_device = True
     return be
