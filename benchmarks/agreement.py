@@ -22,7 +22,7 @@ two is one engine being less precise or two sets of rounding going their own
 ways (top-1 counted where the reference's margin exceeds --margin).
 
 Usage: python benchmarks/agreement.py -m models/gemma-3-270m-q4_k_m.gguf
-       [--peer-python /tmp/peer-venv/bin/python] [--n-gen 48] [-t 2] [--reference]
+       [--peer-python /tmp/peer-venv/bin/python] [--n-gen 48] [-t 2] [--reference] [--cache-type q8_0]
 Exit status 1 when the totals miss --min-top1 (0.97) or --max-rel (0.08).
 """
 from __future__ import annotations
@@ -55,8 +55,9 @@ import json, sys
 import numpy as np
 import llama_cpp
 args = json.loads(sys.argv[1])
+kv = {} if args["kv_type"] == 1 else {"type_k": args["kv_type"], "type_v": args["kv_type"], "flash_attn": True}
 m = llama_cpp.Llama(model_path=args["model"], logits_all=True, n_ctx=args["n_ctx"], n_batch=args["n_ctx"],
-                    n_threads=args["threads"], verbose=False)
+                    n_threads=args["threads"], verbose=False, **kv)
 out = {}
 for i, prompt in enumerate(args["prompts"]):
     ids = m.tokenize(prompt.encode(), add_bos=True, special=False)
@@ -80,15 +81,17 @@ json.dump(out, open(f"{args['out']}/peer.json", "w"))
 '''
 
 
-def run_peer(peer_python: str, model: str, prompts: list[str], n_gen: int, threads: int, tmp: str) -> dict:
-    args = {"model": model, "prompts": prompts, "n_gen": n_gen, "threads": threads, "out": tmp, "n_ctx": 512}
+def run_peer(peer_python: str, model: str, prompts: list[str], n_gen: int, threads: int, tmp: str,
+             kv_type: int = 1) -> dict:
+    args = {"model": model, "prompts": prompts, "n_gen": n_gen, "threads": threads, "out": tmp, "n_ctx": 512,
+            "kv_type": kv_type}
     r = subprocess.run([peer_python, "-c", PEER, json.dumps(args)], capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"llama.cpp side failed:\n{r.stderr[-2000:]}")
     return {int(k): v for k, v in json.load(open(f"{tmp}/peer.json")).items()}
 
 
-def pyllm_logits(model: str, threads: int, n_max: int):
+def pyllm_logits(model: str, threads: int, n_max: int, kv_type: int = 1):
     from pyllm.arch import load_architecture
     from pyllm.backend.cpu import CpuBackend
     from pyllm.graph import Graph
@@ -99,7 +102,7 @@ def pyllm_logits(model: str, threads: int, n_max: int):
     arch.build(g)
     block = 32
     n_blocks = (n_max + block - 1) // block
-    be = CpuBackend(g, threads, n_max, n_max, n_blocks, block)
+    be = CpuBackend(g, threads, n_max, n_max, n_blocks, block, k_type=kv_type, v_type=kv_type)
 
     def run(ids: list[int], n_prompt: int) -> np.ndarray:
         out = be.forward(ids, 0, list(range(n_blocks)), len(ids))
@@ -163,16 +166,19 @@ def main() -> int:
     ap.add_argument("--min-top1", type=float, default=0.97)
     ap.add_argument("--max-rel", type=float, default=0.08)
     ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--cache-type", choices=("f16", "q8_0"), default="f16",
+                    help="both engines' KV cache format (q8_0: llama.cpp with flash attention, as it requires)")
     ap.add_argument("--reference", action="store_true",
                     help="also compare both engines with the float32 reference (slow on big models)")
     a = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.time()
-        peer = run_peer(a.peer_python, a.model, PROMPTS, a.n_gen, a.threads, tmp)
+        kv_type = {"f16": 1, "q8_0": 8}[a.cache_type]
+        peer = run_peer(a.peer_python, a.model, PROMPTS, a.n_gen, a.threads, tmp, kv_type)
         t_peer = time.time() - t0
         n_max = max(len(p["ids"]) for p in peer.values())
-        run, greedy = pyllm_logits(a.model, a.threads, n_max)
+        run, greedy = pyllm_logits(a.model, a.threads, n_max, kv_type)
         rows, total = [], None
         kept = []  # (pyllm, llama.cpp, ids, n_prompt) per prompt, for --reference
         print(f"{'prompt':<44} {'pos':>4} {'clear':>5} {'top1':>7} {'rel':>7} {'max|d|':>7} {'greedy':>7}")

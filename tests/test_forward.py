@@ -408,7 +408,7 @@ def test_attention_with_value_dims_of_its_own(case, level):
         if level is not None:
             assert lib.pyllm_set_level(level) == 0
         got, prog = run_kv_graph(g, inputs, np.arange(n), table, "y")
-        assert prog.v_cache[0].size == (0 if v_in_k else 16 * bs * n_kv * hd_v)
+        assert prog.v_cache[0].nbytes == (0 if v_in_k else 16 * bs * n_kv * hd_v * 2)   # f16
         prog.close()
         k16 = k.astype(np.float16).astype(np.float32).reshape(n, n_kv, hd)
         v16 = k16[:, :, :hd_v] if v_in_k else v.astype(np.float16).astype(np.float32).reshape(n, n_kv, hd_v)
