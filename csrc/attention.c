@@ -116,11 +116,14 @@ static void softmax_step(float *state, float *s, int n, int hd, float scale, flo
 
 /* acc_q += sum_i w_q[i] v_i for nq queries (weights of stride ws, states of
  * stride sf) over the n value rows vc (stride bytes apart) of format v_type:
- * f16 rows straight from the cache where the level can, else (and Q8_0
- * rows always) through float copies in vb */
+ * straight from the cache where the level can, else through float copies
+ * in vb */
 static void weighted_sum(int nq, const float *w, int64_t ws, const uint8_t *vc, int v_type, int64_t stride, int n,
                          int hd, float *vb, float *state, size_t sf) {
-    if (v_type == T_Q8_0) {
+    if (v_type == T_Q8_0 && K.wsum_many_q8_0) {
+        K.wsum_many_q8_0(hd, n, nq, w, ws, vc, stride, state + 2, (int64_t)sf);
+        return;
+    } else if (v_type == T_Q8_0) {
         for (int i = 0; i < n; i++) K.dequant[T_Q8_0](vc + (size_t)i * stride, vb + (size_t)i * hd, hd);
     } else if (K.wsum_many_f16) {
         K.wsum_many_f16(hd, n, nq, w, ws, (const f16_t *)vc, stride / (int64_t)sizeof(f16_t), state + 2, (int64_t)sf);

@@ -72,6 +72,7 @@ int pyllm_kernel_provided(int isa, int kind, int type) {
         case 4: return own.wsum_f32 != NULL;
         case 5: return own.wsum_many_f32 != NULL;
         case 6: return own.wsum_many_f16 != NULL;
+        case 9: return own.wsum_many_q8_0 != NULL;
         case 7: return own.softcap != NULL;
         case 8: return own.ssm_scan_row != NULL;
         default: return 0;
@@ -229,6 +230,26 @@ int pyllm_kernel_wsum_f16(int isa, int64_t n, int rows, int nq, const float *w, 
     float *xf = malloc((size_t)(rows > 0 ? rows : 1) * (size_t)(n > 0 ? n : 1) * sizeof(float));
     if (!xf) return -1;
     t->f16_to_f32(x, ld, rows, xf, n);
+    const int rc = pyllm_kernel_wsum(isa, n, rows, nq, w, ws, xf, n, y, ys);
+    free(xf);
+    return rc;
+}
+
+/* pyllm_kernel_wsum over rows of Q8_0 blocks x, ld bytes apart (n a multiple of 32): the
+ * level's wsum_many_q8_0 when it has one, else the rows dequantized and its f32 form (as
+ * attention does) */
+int pyllm_kernel_wsum_q8_0(int isa, int64_t n, int rows, int nq, const float *w, int64_t ws, const void *x,
+                           int64_t ld, float *y, int64_t ys) {
+    const kernel_table *t = table_for(isa);
+    if (!t || n % QK || !wsum_args_ok(n, rows, nq, w, ws, x, ld, y, ys) || ld < n / QK * (int64_t)sizeof(block_q8_0))
+        return -1;
+    if (t->wsum_many_q8_0) {
+        t->wsum_many_q8_0(n, rows, nq, w, ws, x, ld, y, ys);
+        return 0;
+    }
+    float *xf = malloc((size_t)(rows > 0 ? rows : 1) * (size_t)(n > 0 ? n : 1) * sizeof(float));
+    if (!xf) return -1;
+    for (int i = 0; i < rows; i++) t->dequant[T_Q8_0]((const uint8_t *)x + (size_t)i * ld, xf + (size_t)i * n, n);
     const int rc = pyllm_kernel_wsum(isa, n, rows, nq, w, ws, xf, n, y, ys);
     free(xf);
     return rc;

@@ -186,7 +186,7 @@ int pyllm_type_act(int type);           /* activation format a weight type's dot
 size_t pyllm_act_row_bytes(int act, int64_t n);
 /* does level `isa` itself provide this kernel (kind: 0 dequant, 1 vec_dot, 2 gemv, 3 quantize_act,
  * 4 gemm, 5 vector math with type = pyllm_kernel_vmath's which, or 5 for wsum_many_f32, 6 for
- * wsum_many_f16, 8 for ssm_scan_row)? */
+ * wsum_many_f16, 8 for ssm_scan_row, 9 for wsum_many_q8_0)? */
 int pyllm_kernel_provided(int isa, int kind, int type);
 /* run one kernel of one level; 0 on success, -1 if unsupported */
 int pyllm_kernel_dequant(int isa, int type, const void *w, float *out, int64_t n);
@@ -221,6 +221,10 @@ int pyllm_kernel_wsum(int isa, int64_t n, int rows, int nq, const float *w, int6
  * exactly pyllm_kernel_wsum on the rows converted to float */
 int pyllm_kernel_wsum_f16(int isa, int64_t n, int rows, int nq, const float *w, int64_t ws, const void *x, int64_t ld,
                           float *y, int64_t ys);
+/* pyllm_kernel_wsum over rows of Q8_0 blocks x, ld bytes apart, n % 32 == 0 (a q8_0 cache's V):
+ * exactly pyllm_kernel_wsum on the rows dequantized */
+int pyllm_kernel_wsum_q8_0(int isa, int64_t n, int rows, int nq, const float *w, int64_t ws, const void *x,
+                           int64_t ld, float *y, int64_t ys);
 
 /* one row of the selective scan (csrc/quants.h ssm_scan_row): for t < n_tok,
  * s = s decay[t] + x[t x_stride] dt[t] B_t, y[t y_stride] = s . C_t, B_t = bc + t bc_stride, C_t = B_t + c_off */

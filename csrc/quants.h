@@ -249,6 +249,11 @@ typedef struct {
      * NULL: callers convert the rows (f16_to_f32) and call the f32 form. */
     void (*wsum_many_f16)(int64_t n, int rows, int nq, const float *restrict w, int64_t ws,
                           const f16_t *restrict x, int64_t ld, float *restrict y, int64_t ys);
+    /* wsum_many_f32 over rows of Q8_0 blocks ld bytes apart, n a multiple of 32 (a q8_0
+     * cache's V rows): exactly wsum_many_f32 on the rows dequantized (dequant[T_Q8_0]).
+     * NULL: callers dequantize the rows and call the f32 form. */
+    void (*wsum_many_q8_0)(int64_t n, int rows, int nq, const float *restrict w, int64_t ws,
+                           const void *restrict x, int64_t ld, float *restrict y, int64_t ys);
 } kernel_table;
 
 /* ISA levels, in increasing order */

@@ -1458,3 +1458,39 @@ def test_neon_under_qemu(neon_harness, cpu, env, level):
     assert r.returncode == 0, r.stdout[-3000:]
     assert f"level {level}\n" in r.stdout
     assert "checks, 0 failed" in r.stdout and int(r.stdout.split()[-4]) > 1000
+
+
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_wsum_from_q8_0_rows_equals_wsum_on_dequantized_rows_exactly(isa):
+    """attention's weighted sum reads V straight from a q8_0 cache (rows ld bytes apart, a
+    block's rows of one KV head): exactly the float form on the rows dequantized (q * d, d the
+    block's f16 scale), for every output count; the strides' padding stays untouched. Levels
+    without the kernel dequantize first, as attention does."""
+    from pyllm.reference import q8_round
+    rng = np.random.default_rng(20)
+    assert lib.pyllm_kernel_provided(isa, 5, 9) == (isa in (1, 2))   # AVX2 and AVX-512 have it; NEON dequantizes
+    for n, rows, ld in [(64, 32, 3 * 68), (128, 16, 136), (32, 5, 40), (576, 3, 612), (96, 1, 102), (64, 0, 68)]:
+        x = (rng.standard_normal((max(rows, 1), n)) * rng.uniform(0.01, 50, (max(rows, 1), 1))).astype(np.float32)
+        blocks = np.zeros((max(rows, 1), ld), np.uint8)
+        for r in range(max(rows, 1)):   # Q8_0 rows as the cache stores them
+            b = x[r].reshape(-1, 32)
+            d = (np.abs(b).max(axis=1) / np.float32(127)).astype(np.float32)
+            inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+            q = np.rint(b * inv[:, None]).astype(np.int8)
+            row = blocks[r, :n // 32 * 34].reshape(-1, 34)
+            row[:, :2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+            row[:, 2:] = q.view(np.uint8)
+        xf = np.ascontiguousarray(q8_round(x, f16_scale=True)[:rows])
+        for nq in [1, 2, 3, 4, 5, 9]:
+            ws, ys = rows + 3, n + 5
+            w = rng.standard_normal((nq, ws)).astype(np.float32)
+            y0 = rng.standard_normal((nq, ys)).astype(np.float32)
+            y0[:, n:] = np.nan
+            got, want = y0.copy(), y0.copy()
+            xfp = fptr(xf) if xf.size else fptr(np.zeros(1, dtype=np.float32))
+            assert lib.pyllm_kernel_wsum_q8_0(isa, n, rows, nq, fptr(w), ws, ptr(blocks), ld, fptr(got), ys) == 0
+            assert lib.pyllm_kernel_wsum(isa, n, rows, nq, fptr(w), ws, xfp, n, fptr(want), ys) == 0
+            np.testing.assert_array_equal(got, want, err_msg=f"n={n} rows={rows} ld={ld} nq={nq}")
+            assert np.isnan(got[:, n:]).all()
+    assert lib.pyllm_kernel_wsum_q8_0(isa, 48, 1, 1, fptr(w), 4, ptr(blocks), 68, fptr(got), 64) == -1  # n % 32
+    assert lib.pyllm_kernel_wsum_q8_0(isa, 64, 1, 1, fptr(w), 4, ptr(blocks), 66, fptr(got), 64) == -1  # ld short

@@ -1245,24 +1245,30 @@ static void wsum_f32(int64_t n, int rows, const float *restrict w, const float *
  * are floats, or halves (half = 1: V straight from the f16 cache, each
  * converted exactly, so the same numbers; a partial last 8 goes through a
  * zero-padded copy, AVX2 having no 16-bit masked load). */
-INLINE __m256 xload8(const int half, const void *x, int64_t i, __m256i k, int m) {
-    if (!half) return _mm256_maskload_ps((const float *)x + i, k);
+enum { X_F32 = 0, X_F16 = 1, X_Q8_0 = 2 };
+
+INLINE __m256 xload8(const int fmt, const void *x, int64_t i, __m256i k, int m) {
+    if (fmt == X_Q8_0) { /* a q8_0 cache's 8 values (n a multiple of 32): q * d, as dequant_q8_0 */
+        const block_q8_0 *b = (const block_q8_0 *)x + i / QK;
+        const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + i % QK))));
+        return _mm256_mul_ps(q, _mm256_set1_ps(_cvtsh_ss(b->d)));
+    }
+    if (fmt == X_F32) return _mm256_maskload_ps((const float *)x + i, k);
     if (m == 8) return load_f16x8((const f16_t *)x + i);
     f16_t pad[8] = {0};
     memcpy(pad, (const f16_t *)x + i, (size_t)m * sizeof(f16_t));
     return load_f16x8(pad);
 }
 
-INLINE void wsum_chunk(const int half, const int Q, const int V, __m256i k, int m, int rows, const float *w,
-                       int64_t ws, const void *x, int64_t ld, float *y, int64_t ys) {
+INLINE void wsum_chunk(const int fmt, const int Q, const int V, __m256i k, int m, int rows, const float *w,
+                       int64_t ws, const void *x, int64_t j, size_t row_bytes, float *y, int64_t ys) {
     const __m256i all = _mm256_set1_epi32(-1);
-    const size_t row_bytes = (size_t)ld * (half ? 2 : 4);
     __m256 acc[2][4];
     for (int q = 0; q < Q; q++)
         for (int v = 0; v < V; v++) acc[q][v] = _mm256_maskload_ps(y + q * ys + 8 * v, v == V - 1 ? k : all);
     for (int i = 0; i < rows; i++, x = (const char *)x + row_bytes) {
         __m256 xv[4];
-        for (int v = 0; v < V; v++) xv[v] = xload8(half, x, 8 * v, v == V - 1 ? k : all, v == V - 1 ? m : 8);
+        for (int v = 0; v < V; v++) xv[v] = xload8(fmt, x, j + 8 * v, v == V - 1 ? k : all, v == V - 1 ? m : 8);
         for (int q = 0; q < Q; q++) {
             const __m256 wv = _mm256_broadcast_ss(w + q * ws + i);
             for (int v = 0; v < V; v++) acc[q][v] = _mm256_fmadd_ps(wv, xv[v], acc[q][v]);
@@ -1272,33 +1278,38 @@ INLINE void wsum_chunk(const int half, const int Q, const int V, __m256i k, int 
         for (int v = 0; v < V; v++) _mm256_maskstore_ps(y + q * ys + 8 * v, v == V - 1 ? k : all, acc[q][v]);
 }
 
-INLINE void wsum_q(const int half, const int Q, int64_t n, int rows, const float *w, int64_t ws, const void *x,
-                   int64_t ld, float *y, int64_t ys) {
-    const int es = half ? 2 : 4;
+INLINE void wsum_q(const int fmt, const int Q, int64_t n, int rows, const float *w, int64_t ws, const void *x,
+                   size_t row_bytes, float *y, int64_t ys) {
     int64_t j = 0;
-    for (; j + 32 <= n; j += 32)
-        wsum_chunk(half, Q, 4, _mm256_set1_epi32(-1), 8, rows, w, ws, (const char *)x + j * es, ld, y + j, ys);
+    for (; j + 32 <= n; j += 32) wsum_chunk(fmt, Q, 4, _mm256_set1_epi32(-1), 8, rows, w, ws, x, j, row_bytes, y + j, ys);
     for (; j < n; j += 8) {
         const int m = n - j < 8 ? (int)(n - j) : 8;
-        wsum_chunk(half, Q, 1, tail_mask8(n - j), m, rows, w, ws, (const char *)x + j * es, ld, y + j, ys);
+        wsum_chunk(fmt, Q, 1, tail_mask8(n - j), m, rows, w, ws, x, j, row_bytes, y + j, ys);
     }
 }
 
-INLINE void wsum_many(const int half, int64_t n, int rows, int nq, const float *w, int64_t ws, const void *x,
+/* ld: elements between rows (X_F32, X_F16), bytes (X_Q8_0) */
+INLINE void wsum_many(const int fmt, int64_t n, int rows, int nq, const float *w, int64_t ws, const void *x,
                       int64_t ld, float *y, int64_t ys) {
+    const size_t rb = fmt == X_Q8_0 ? (size_t)ld : (size_t)ld * (fmt == X_F16 ? 2 : 4);
     int q = 0;
-    for (; q + 2 <= nq; q += 2) wsum_q(half, 2, n, rows, w + q * ws, ws, x, ld, y + q * ys, ys);
-    if (q < nq) wsum_q(half, 1, n, rows, w + q * ws, ws, x, ld, y + q * ys, ys);
+    for (; q + 2 <= nq; q += 2) wsum_q(fmt, 2, n, rows, w + q * ws, ws, x, rb, y + q * ys, ys);
+    if (q < nq) wsum_q(fmt, 1, n, rows, w + q * ws, ws, x, rb, y + q * ys, ys);
 }
 
 static void wsum_many_f32(int64_t n, int rows, int nq, const float *restrict w, int64_t ws, const float *restrict x,
                           int64_t ld, float *restrict y, int64_t ys) {
-    wsum_many(0, n, rows, nq, w, ws, x, ld, y, ys);
+    wsum_many(X_F32, n, rows, nq, w, ws, x, ld, y, ys);
 }
 
 static void wsum_many_f16(int64_t n, int rows, int nq, const float *restrict w, int64_t ws, const f16_t *restrict x,
                           int64_t ld, float *restrict y, int64_t ys) {
-    wsum_many(1, n, rows, nq, w, ws, x, ld, y, ys);
+    wsum_many(X_F16, n, rows, nq, w, ws, x, ld, y, ys);
+}
+
+static void wsum_many_q8_0(int64_t n, int rows, int nq, const float *restrict w, int64_t ws, const void *restrict x,
+                           int64_t ld, float *restrict y, int64_t ys) {
+    wsum_many(X_Q8_0, n, rows, nq, w, ws, x, ld, y, ys);
 }
 
 /* Float-weight gemm (F32: attention's scores; F16: the same straight from
@@ -1474,4 +1485,5 @@ void KERNELS_FILL_AVX2(kernel_table *t) {
     t->wsum_f32 = wsum_f32;
     t->wsum_many_f32 = wsum_many_f32;
     t->wsum_many_f16 = wsum_many_f16;
+    t->wsum_many_q8_0 = wsum_many_q8_0;
 }

@@ -1807,21 +1807,29 @@ static void wsum_f32(int64_t n, int rows, const float *restrict w, const float *
 /* wsum_f32 for Q outputs at once, columns [j, j + 16V): each x load
  * shared by the Q outputs; an element's steps are wsum_f32's (rows in
  * order, one FMA each), whatever the chunking. k masks the last 16. x rows
- * are floats, or halves (half = 1: V straight from the f16 cache, each
- * converted exactly, so the same numbers). */
-INLINE __m512 xload(const int half, const void *x, int64_t i, __mmask16 k) {
-    return half ? fload_f16(x, i, k) : fload_f32(x, i, k);
+ * (row_bytes apart) are floats (fmt 0), halves (fmt 1: V straight from the
+ * f16 cache) or Q8_0 blocks (fmt 2: a q8_0 cache, n a multiple of 32; each
+ * value q * d as dequant_q8_0 gives it), each converted exactly, so the
+ * same numbers as the float form on converted rows. */
+enum { X_F32 = 0, X_F16 = 1, X_Q8_0 = 2 };
+
+INLINE __m512 xload(const int fmt, const void *row, int64_t i, __mmask16 k) {
+    if (fmt == X_Q8_0) {
+        const block_q8_0 *b = (const block_q8_0 *)row + i / QK;
+        const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b->qs + i % QK))));
+        return _mm512_mul_ps(q, _mm512_set1_ps(_cvtsh_ss(b->d)));
+    }
+    return fmt == X_F16 ? fload_f16(row, i, k) : fload_f32(row, i, k);
 }
 
-INLINE void wsum_chunk(const int half, const int Q, const int V, __mmask16 k, int rows, const float *w, int64_t ws,
-                       const void *x, int64_t ld, float *y, int64_t ys) {
+INLINE void wsum_chunk(const int fmt, const int Q, const int V, __mmask16 k, int rows, const float *w, int64_t ws,
+                       const void *x, int64_t j, size_t row_bytes, float *y, int64_t ys) {
     __m512 acc[4][4];
-    const size_t row_bytes = (size_t)ld * (half ? 2 : 4);
     for (int q = 0; q < Q; q++)
         for (int v = 0; v < V; v++) acc[q][v] = _mm512_maskz_loadu_ps(v == V - 1 ? k : 0xffff, y + q * ys + 16 * v);
     for (int i = 0; i < rows; i++, x = (const char *)x + row_bytes) {
         __m512 xv[4];
-        for (int v = 0; v < V; v++) xv[v] = xload(half, x, 16 * v, v == V - 1 ? k : 0xffff);
+        for (int v = 0; v < V; v++) xv[v] = xload(fmt, x, j + 16 * v, v == V - 1 ? k : 0xffff);
         for (int q = 0; q < Q; q++) {
             const __m512 wv = _mm512_set1_ps(w[q * ws + i]);
             for (int v = 0; v < V; v++) acc[q][v] = _mm512_fmadd_ps(wv, xv[v], acc[q][v]);
@@ -1831,34 +1839,39 @@ INLINE void wsum_chunk(const int half, const int Q, const int V, __mmask16 k, in
         for (int v = 0; v < V; v++) _mm512_mask_storeu_ps(y + q * ys + 16 * v, v == V - 1 ? k : 0xffff, acc[q][v]);
 }
 
-INLINE void wsum_q(const int half, const int Q, int64_t n, int rows, const float *w, int64_t ws, const void *x,
-                   int64_t ld, float *y, int64_t ys) {
-    const int es = half ? 2 : 4;
+INLINE void wsum_q(const int fmt, const int Q, int64_t n, int rows, const float *w, int64_t ws, const void *x,
+                   size_t row_bytes, float *y, int64_t ys) {
     int64_t j = 0;
-    for (; j + 64 <= n; j += 64) wsum_chunk(half, Q, 4, 0xffff, rows, w, ws, (const char *)x + j * es, ld, y + j, ys);
-    for (; j < n; j += 16)
-        wsum_chunk(half, Q, 1, tail_mask16(n - j), rows, w, ws, (const char *)x + j * es, ld, y + j, ys);
+    for (; j + 64 <= n; j += 64) wsum_chunk(fmt, Q, 4, 0xffff, rows, w, ws, x, j, row_bytes, y + j, ys);
+    for (; j < n; j += 16) wsum_chunk(fmt, Q, 1, tail_mask16(n - j), rows, w, ws, x, j, row_bytes, y + j, ys);
 }
 
-INLINE void wsum_many(const int half, int64_t n, int rows, int nq, const float *w, int64_t ws, const void *x,
+/* ld: elements between rows (fmt 0, 1), bytes (fmt 2) */
+INLINE void wsum_many(const int fmt, int64_t n, int rows, int nq, const float *w, int64_t ws, const void *x,
                       int64_t ld, float *y, int64_t ys) {
+    const size_t rb = fmt == X_Q8_0 ? (size_t)ld : (size_t)ld * (fmt == X_F16 ? 2 : 4);
     int q = 0;
-    for (; q + 4 <= nq; q += 4) wsum_q(half, 4, n, rows, w + q * ws, ws, x, ld, y + q * ys, ys);
+    for (; q + 4 <= nq; q += 4) wsum_q(fmt, 4, n, rows, w + q * ws, ws, x, rb, y + q * ys, ys);
     switch (nq - q) {
-    case 3: wsum_q(half, 3, n, rows, w + q * ws, ws, x, ld, y + q * ys, ys); break;
-    case 2: wsum_q(half, 2, n, rows, w + q * ws, ws, x, ld, y + q * ys, ys); break;
-    case 1: wsum_q(half, 1, n, rows, w + q * ws, ws, x, ld, y + q * ys, ys); break;
+    case 3: wsum_q(fmt, 3, n, rows, w + q * ws, ws, x, rb, y + q * ys, ys); break;
+    case 2: wsum_q(fmt, 2, n, rows, w + q * ws, ws, x, rb, y + q * ys, ys); break;
+    case 1: wsum_q(fmt, 1, n, rows, w + q * ws, ws, x, rb, y + q * ys, ys); break;
     }
 }
 
 static void wsum_many_f32(int64_t n, int rows, int nq, const float *restrict w, int64_t ws, const float *restrict x,
                           int64_t ld, float *restrict y, int64_t ys) {
-    wsum_many(0, n, rows, nq, w, ws, x, ld, y, ys);
+    wsum_many(X_F32, n, rows, nq, w, ws, x, ld, y, ys);
 }
 
 static void wsum_many_f16(int64_t n, int rows, int nq, const float *restrict w, int64_t ws, const f16_t *restrict x,
                           int64_t ld, float *restrict y, int64_t ys) {
-    wsum_many(1, n, rows, nq, w, ws, x, ld, y, ys);
+    wsum_many(X_F16, n, rows, nq, w, ws, x, ld, y, ys);
+}
+
+static void wsum_many_q8_0(int64_t n, int rows, int nq, const float *restrict w, int64_t ws, const void *restrict x,
+                           int64_t ld, float *restrict y, int64_t ys) {
+    wsum_many(X_Q8_0, n, rows, nq, w, ws, x, ld, y, ys);
 }
 
 /* avx2.c's tanh8 (same branches, polynomial and clamp), 16 lanes */
@@ -1980,5 +1993,6 @@ void kernels_fill_avx512(kernel_table *t) {
     t->ssm_scan_row = ssm_scan_row;
     t->wsum_many_f32 = wsum_many_f32;
     t->wsum_many_f16 = wsum_many_f16;
+    t->wsum_many_q8_0 = wsum_many_q8_0;
     t->f16_to_f32 = f16_to_f32_rows;
 }
