@@ -171,7 +171,6 @@ def generate(a) -> int:
                 same += 1
                 continue
             # the margin at the parting: pyllm's logits after DRY, its choice against llama.cpp's
-            from pyllm.sampling import Sampler, SamplingParams
             sampler = m._sampler({"temperature": 0, "dry_multiplier": multiplier})
             row = m.engine.logits(prompt + ours[:k])[-1]
             x = sampler.adjusted_logits(row, prompt + ours[:k])

@@ -164,7 +164,7 @@ def test_scalar_kernels_agree_with_simd(tmp_path, qtype):
 
 
 def test_bad_steps_are_refused(tmp_path):
-    from pyllm.errors import BackendError, InvalidArgumentError
+    from pyllm.errors import InvalidArgumentError
     _, be = build(synth.write_llama(tmp_path / "b.gguf", QT.Q8_0))
     with pytest.raises(InvalidArgumentError, match="token id 999"):
         be.forward([1, 999], 0, [0], 1)
@@ -375,6 +375,29 @@ def test_linear_heads_is_each_heads_own_matmul(qtype):
             np.testing.assert_array_equal(got[:, h * n_out:(h + 1) * n_out], want)
 
 
+def attention_graph(n_head, n_kv, hd, hd_v, v_in_k, q, k, v):
+    """(a one-op attention graph of scale 0.05 into "y", its inputs): values of hd_v dims stored apart,
+    or read from the keys (v_in_k)."""
+    g = Graph()
+    g.layer = 0
+    g.attention(g.buffer("q", n_head * hd), g.buffer("k", n_kv * hd), None if v_in_k else g.buffer("v", n_kv * hd_v),
+                n_head, n_kv, hd, 0.05, "y", head_dim_v=hd_v)
+    return g, ({"q": q, "k": k} if v_in_k else {"q": q, "k": k, "v": v})
+
+
+def assert_decode_row_is_the_batch_row(g, inputs: dict, table, got, **kv_types):
+    """The last row of a batch run again alone as a decode step (2 threads: its context in segments
+    shared out), its keys and values already in the cache from the batch: bit for bit the batch's row."""
+    from pyllm.backend.base import StepData
+    n = len(got)
+    _, prog = run_kv_graph(g, inputs, np.arange(n), table, "y", **kv_types)
+    for name, a in inputs.items():
+        prog.write(name, 0, a[-1:])
+    prog.run(0, StepData(np.zeros(1, np.int32), np.array([n - 1], np.int32), np.asarray(table, np.int32), 1))
+    np.testing.assert_array_equal(np.array(prog.read("y", 0, 1)), got[-1:])
+    prog.close()
+
+
 MLA_CASES = {   # n_head, n_kv_head, key dims, value dims, values read from the keys
     "k192-v128": (4, 4, 192, 128, False),
     "mqa-576-512-v-in-k": (16, 1, 576, 512, True),
@@ -396,12 +419,7 @@ def test_attention_with_value_dims_of_its_own(case, level):
     q = rng.standard_normal((n, n_head * hd)).astype(np.float32)
     k = rng.standard_normal((n, n_kv * hd)).astype(np.float32)
     v = rng.standard_normal((n, n_kv * hd_v)).astype(np.float32)
-    g = Graph()
-    g.layer = 0
-    vv = None if v_in_k else g.buffer("v", n_kv * hd_v)
-    g.attention(g.buffer("q", n_head * hd), g.buffer("k", n_kv * hd), vv, n_head, n_kv, hd, 0.05, "y",
-                head_dim_v=hd_v)
-    inputs = {"q": q, "k": k} if v_in_k else {"q": q, "k": k, "v": v}
+    g, inputs = attention_graph(n_head, n_kv, hd, hd_v, v_in_k, q, k, v)
     table = list(rng.permutation(16))[:-(-n // bs)]
     best = lib.pyllm_get_level()
     try:
@@ -415,15 +433,7 @@ def test_attention_with_value_dims_of_its_own(case, level):
         want = attention(q.reshape(n, n_head, hd), k16, v16, 0.05)
         assert got.shape == (n, n_head * hd_v)
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
-        # the last row alone, its keys and values already in the cache from the batch
-        _, prog = run_kv_graph(g, inputs, np.arange(n), table, "y")
-        one = {name: a[-1:] for name, a in inputs.items()}
-        for name, a in one.items():
-            prog.write(name, 0, a)
-        from pyllm.backend.base import StepData
-        prog.run(0, StepData(np.zeros(1, np.int32), np.array([n - 1], np.int32), np.asarray(table, np.int32), 1))
-        np.testing.assert_array_equal(np.array(prog.read("y", 0, 1)), got[-1:])
-        prog.close()
+        assert_decode_row_is_the_batch_row(g, inputs, table, got)
     finally:
         lib.pyllm_set_level(best)
 
@@ -444,7 +454,6 @@ def test_attention_over_a_q8_0_cache(case, level):
     block table against float64 attention over the q8_0-rounded keys and values, with the queries
     through Q8 activation blocks where the keys are q8_0; the last row as a 2-thread decode step,
     bit for bit the batch's."""
-    from pyllm.backend.base import StepData
     from pyllm.reference import attention, q8_round
     n_head, n_kv, hd, hd_v, v_in_k, k_type, v_type = Q8_CACHE_CASES[case]
     rng = np.random.default_rng(hd + n_head + k_type)
@@ -452,11 +461,7 @@ def test_attention_over_a_q8_0_cache(case, level):
     q = rng.standard_normal((n, n_head * hd)).astype(np.float32)
     k = (rng.standard_normal((n, n_kv * hd)) * rng.uniform(0.1, 3, n_kv * hd)).astype(np.float32)
     v = rng.standard_normal((n, n_kv * hd_v)).astype(np.float32)
-    g = Graph()
-    g.layer = 0
-    g.attention(g.buffer("q", n_head * hd), g.buffer("k", n_kv * hd), None if v_in_k else g.buffer("v", n_kv * hd_v),
-                n_head, n_kv, hd, 0.05, "y", head_dim_v=hd_v)
-    inputs = {"q": q, "k": k} if v_in_k else {"q": q, "k": k, "v": v}
+    g, inputs = attention_graph(n_head, n_kv, hd, hd_v, v_in_k, q, k, v)
     table = list(rng.permutation(16))[:-(-n // bs)]
     best = lib.pyllm_get_level()
     try:
@@ -489,12 +494,7 @@ def test_attention_over_a_q8_0_cache(case, level):
                         (k.astype(np.float16).astype(np.float32).reshape(n, n_kv, hd)[:, :, :hd_v] if v_in_k else
                          v.astype(np.float16).astype(np.float32).reshape(n, n_kv, hd_v)), 0.05)
         assert 1e-4 < np.abs(got - f16).max() < 0.1 * np.abs(f16).max()
-        _, prog = run_kv_graph(g, inputs, np.arange(n), table, "y", k_type=k_type, v_type=v_type)
-        for name, a in inputs.items():
-            prog.write(name, 0, a[-1:])
-        prog.run(0, StepData(np.zeros(1, np.int32), np.array([n - 1], np.int32), np.asarray(table, np.int32), 1))
-        np.testing.assert_array_equal(np.array(prog.read("y", 0, 1)), got[-1:])
-        prog.close()
+        assert_decode_row_is_the_batch_row(g, inputs, table, got, k_type=k_type, v_type=v_type)
     finally:
         lib.pyllm_set_level(best)
 

@@ -921,16 +921,13 @@ def test_wsum_many_equals_wsum_exactly(isa):
 
 
 
-@pytest.mark.parametrize("isa", level_params(LEVELS))
-def test_wsum_from_f16_rows_equals_wsum_on_floats_exactly(isa):
-    """attention's weighted sum reads V straight from the f16 cache (rows ld
-    halves apart, a block's rows of one KV head): exactly the float form on
-    the rows converted, for every output count and column tail (AVX2 pads a
-    partial last 8 through a copy); the strides' padding stays untouched"""
-    rng = np.random.default_rng(19)
-    for n, rows, ld in [(64, 32, 192), (256, 16, 256), (33, 5, 40), (100, 1, 100), (7, 3, 9), (128, 0, 128)]:
-        xh = rng.standard_normal((max(rows, 1), ld)).astype(np.float16)
-        xf = np.ascontiguousarray(xh[:rows, :n].astype(np.float32))
+def check_wsum_from_stored_rows(isa, kernel, cases, stored_rows, seed):
+    """kernel (pyllm_kernel_wsum_f16 or _q8_0) on rows as a cache stores them against
+    pyllm_kernel_wsum on those rows as floats, bit for bit, for every output count; the
+    strides' padding stays untouched. stored_rows(rng, n, rows, ld) -> (stored, as floats)."""
+    rng = np.random.default_rng(seed)
+    for n, rows, ld in cases:
+        stored, xf = stored_rows(rng, n, rows, ld)
         for nq in [1, 2, 3, 4, 5, 9]:
             ws, ys = rows + 3, n + 5
             w = rng.standard_normal((nq, ws)).astype(np.float32)
@@ -938,11 +935,53 @@ def test_wsum_from_f16_rows_equals_wsum_on_floats_exactly(isa):
             y0[:, n:] = np.nan
             got, want = y0.copy(), y0.copy()
             xfp = fptr(xf) if xf.size else fptr(np.zeros(1, dtype=np.float32))
-            assert lib.pyllm_kernel_wsum_f16(isa, n, rows, nq, fptr(w), ws, ptr(xh), ld, fptr(got), ys) == 0
+            assert kernel(isa, n, rows, nq, fptr(w), ws, ptr(stored), ld, fptr(got), ys) == 0
             assert lib.pyllm_kernel_wsum(isa, n, rows, nq, fptr(w), ws, xfp, n, fptr(want), ys) == 0
             np.testing.assert_array_equal(got, want, err_msg=f"n={n} rows={rows} ld={ld} nq={nq}")
             assert np.isnan(got[:, n:]).all()
+    return stored, w, got
+
+
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_wsum_from_f16_rows_equals_wsum_on_floats_exactly(isa):
+    """attention's weighted sum reads V straight from the f16 cache (rows ld
+    halves apart, a block's rows of one KV head): exactly the float form on
+    the rows converted, for every output count and column tail (AVX2 pads a
+    partial last 8 through a copy)"""
+    def f16_rows(rng, n, rows, ld):
+        xh = rng.standard_normal((max(rows, 1), ld)).astype(np.float16)
+        return xh, np.ascontiguousarray(xh[:rows, :n].astype(np.float32))
+    xh, w, got = check_wsum_from_stored_rows(
+        isa, lib.pyllm_kernel_wsum_f16,
+        [(64, 32, 192), (256, 16, 256), (33, 5, 40), (100, 1, 100), (7, 3, 9), (128, 0, 128)], f16_rows, 19)
     assert lib.pyllm_kernel_wsum_f16(isa, 8, 4, 1, fptr(w), 4, ptr(xh), 7, fptr(got), 8) == -1  # ld < n
+
+
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_wsum_from_q8_0_rows_equals_wsum_on_dequantized_rows_exactly(isa):
+    """attention's weighted sum reads V straight from a q8_0 cache (rows ld bytes apart, a
+    block's rows of one KV head): exactly the float form on the rows dequantized (q * d, d the
+    block's f16 scale). Levels without the kernel dequantize first, as attention does."""
+    from pyllm.reference import q8_round
+    assert lib.pyllm_kernel_provided(isa, 5, 9) == (isa in (1, 2))   # AVX2 and AVX-512 have it; NEON dequantizes
+
+    def q8_0_rows(rng, n, rows, ld):
+        x = (rng.standard_normal((max(rows, 1), n)) * rng.uniform(0.01, 50, (max(rows, 1), 1))).astype(np.float32)
+        blocks = np.zeros((max(rows, 1), ld), np.uint8)
+        for r in range(max(rows, 1)):   # Q8_0 rows as the cache stores them
+            b = x[r].reshape(-1, 32)
+            d = (np.abs(b).max(axis=1) / np.float32(127)).astype(np.float32)
+            inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+            row = blocks[r, :n // 32 * 34].reshape(-1, 34)
+            row[:, :2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+            row[:, 2:] = np.rint(b * inv[:, None]).astype(np.int8).view(np.uint8)
+        return blocks, np.ascontiguousarray(q8_round(x, f16_scale=True)[:rows])
+    blocks, w, got = check_wsum_from_stored_rows(
+        isa, lib.pyllm_kernel_wsum_q8_0,
+        [(64, 32, 3 * 68), (128, 16, 136), (32, 5, 40), (576, 3, 612), (96, 1, 102), (64, 0, 68)], q8_0_rows, 20)
+    assert lib.pyllm_kernel_wsum_q8_0(isa, 48, 1, 1, fptr(w), 4, ptr(blocks), 68, fptr(got), 64) == -1  # n % 32
+    assert lib.pyllm_kernel_wsum_q8_0(isa, 64, 1, 1, fptr(w), 4, ptr(blocks), 66, fptr(got), 64) == -1  # ld short
+
 
 def test_vmath_provided():
     """AVX2 and AVX-512 have their own vector math; bad arguments are refused"""
@@ -1459,38 +1498,3 @@ def test_neon_under_qemu(neon_harness, cpu, env, level):
     assert f"level {level}\n" in r.stdout
     assert "checks, 0 failed" in r.stdout and int(r.stdout.split()[-4]) > 1000
 
-
-@pytest.mark.parametrize("isa", level_params(LEVELS))
-def test_wsum_from_q8_0_rows_equals_wsum_on_dequantized_rows_exactly(isa):
-    """attention's weighted sum reads V straight from a q8_0 cache (rows ld bytes apart, a
-    block's rows of one KV head): exactly the float form on the rows dequantized (q * d, d the
-    block's f16 scale), for every output count; the strides' padding stays untouched. Levels
-    without the kernel dequantize first, as attention does."""
-    from pyllm.reference import q8_round
-    rng = np.random.default_rng(20)
-    assert lib.pyllm_kernel_provided(isa, 5, 9) == (isa in (1, 2))   # AVX2 and AVX-512 have it; NEON dequantizes
-    for n, rows, ld in [(64, 32, 3 * 68), (128, 16, 136), (32, 5, 40), (576, 3, 612), (96, 1, 102), (64, 0, 68)]:
-        x = (rng.standard_normal((max(rows, 1), n)) * rng.uniform(0.01, 50, (max(rows, 1), 1))).astype(np.float32)
-        blocks = np.zeros((max(rows, 1), ld), np.uint8)
-        for r in range(max(rows, 1)):   # Q8_0 rows as the cache stores them
-            b = x[r].reshape(-1, 32)
-            d = (np.abs(b).max(axis=1) / np.float32(127)).astype(np.float32)
-            inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
-            q = np.rint(b * inv[:, None]).astype(np.int8)
-            row = blocks[r, :n // 32 * 34].reshape(-1, 34)
-            row[:, :2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
-            row[:, 2:] = q.view(np.uint8)
-        xf = np.ascontiguousarray(q8_round(x, f16_scale=True)[:rows])
-        for nq in [1, 2, 3, 4, 5, 9]:
-            ws, ys = rows + 3, n + 5
-            w = rng.standard_normal((nq, ws)).astype(np.float32)
-            y0 = rng.standard_normal((nq, ys)).astype(np.float32)
-            y0[:, n:] = np.nan
-            got, want = y0.copy(), y0.copy()
-            xfp = fptr(xf) if xf.size else fptr(np.zeros(1, dtype=np.float32))
-            assert lib.pyllm_kernel_wsum_q8_0(isa, n, rows, nq, fptr(w), ws, ptr(blocks), ld, fptr(got), ys) == 0
-            assert lib.pyllm_kernel_wsum(isa, n, rows, nq, fptr(w), ws, xfp, n, fptr(want), ys) == 0
-            np.testing.assert_array_equal(got, want, err_msg=f"n={n} rows={rows} ld={ld} nq={nq}")
-            assert np.isnan(got[:, n:]).all()
-    assert lib.pyllm_kernel_wsum_q8_0(isa, 48, 1, 1, fptr(w), 4, ptr(blocks), 68, fptr(got), 64) == -1  # n % 32
-    assert lib.pyllm_kernel_wsum_q8_0(isa, 64, 1, 1, fptr(w), 4, ptr(blocks), 66, fptr(got), 64) == -1  # ld short
