@@ -26,6 +26,7 @@ from .options import (CtxSize, FreqPenalty, LogitBias, MinP, ModelOpt, PresPenal
                       template_arg, thinking_note)
 from .options import (CacheTypeK, CacheTypeV, MirostatEnt, MirostatLr, MirostatOpt, NGpuLayers, TopNSigma,
                       XtcProbability, XtcThreshold)
+from .options import FormatOpt, GrammarFile, GrammarOpt, JsonSchema, JsonSchemaFile, constraint_kwargs
 from .options import DryAllowedLength, DryBase, DryMultiplier, DryPenaltyLastN, DrySequenceBreaker, dry_breakers
 
 HELP = """\
@@ -257,6 +258,11 @@ def chat(
     think: Think = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="a stats line after each reply: prompt "
                                           "tokens, reused tokens, TTFT, tokens/s")] = False,
+    fmt: FormatOpt = None,
+    grammar: GrammarOpt = None,
+    grammar_file: GrammarFile = None,
+    json_schema: JsonSchema = None,
+    json_schema_file: JsonSchemaFile = None,
     threads: Threads = None,
     ctx_size: CtxSize = None,
     n_gpu_layers: NGpuLayers = "auto",
@@ -294,6 +300,7 @@ def chat(
                                    mirostat_tau=mirostat_ent, dry_multiplier=dry_multiplier, dry_base=dry_base,
                                    dry_allowed_length=dry_allowed_length, dry_penalty_last_n=dry_penalty_last_n,
                                    dry_sequence_breakers=dry_breakers(dry_sequence_breaker))
+        sampling.update(constraint_kwargs(fmt, grammar, grammar_file, json_schema, json_schema_file))
         template = template_arg(chat_template)
         from pyllm import Model
         from pyllm.chat import ChatSession

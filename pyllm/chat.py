@@ -27,6 +27,7 @@ from typing import Any, Iterator, Optional
 
 from .engine import Completion, Metrics
 from .errors import ContextFullError, InvalidArgumentError
+from .grammar import Format, constraint_for
 from .chat_template import normalize_messages
 from .reasoning import split_pieces, split_reasoning
 
@@ -95,12 +96,16 @@ class ChatSession:
     """Messages so far, a system prompt, and sampling settings for `model`.
 
     max_tokens: per reply (None: until the reply ends or the context is
-    full). Other keywords are sampling settings (see Model.generate)."""
+    full). format / grammar: every reply's constraint (see Model.chat).
+    Other keywords are sampling settings (see Model.generate)."""
 
-    def __init__(self, model, system: Optional[str] = None, max_tokens: Optional[int] = None, **sampling: Any):
+    def __init__(self, model, system: Optional[str] = None, max_tokens: Optional[int] = None, format: Format = None,
+                 grammar: Optional[str] = None, **sampling: Any):
         self.model = model
         self.system = system or None
         self.max_tokens = max_tokens
+        self.format, self.grammar = format, grammar
+        constraint_for(model.tokenizer, format, grammar)   # a bad grammar or schema fails now
         self.sampling = sampling
         self.messages: list[dict[str, str]] = []     # user and assistant turns, oldest first
         self.stats = SessionStats()
@@ -154,7 +159,8 @@ class ChatSession:
         if len(tokens) >= n_ctx:
             raise ContextFullError(f"the message needs {len(tokens)} tokens with the system prompt; the context "
                                    f"holds {n_ctx} (use a larger context with -c, or a shorter message)")
-        stream = self.model._chat_stream(prompt_text, tokens, max_tokens, None, {**self.sampling, **sampling})
+        stream = self.model._chat_stream(prompt_text, tokens, max_tokens, None, {**self.sampling, **sampling},
+                                         self.format, self.grammar)
         self.messages = kept
         self.stats.dropped_turns += dropped
         return Turn(self, text, stream, dropped, len(tokens))

@@ -173,3 +173,27 @@ def test_gemma_without_a_template_uses_its_turn_format(gemma3_path, caplog):
         msgs += [{"role": "assistant", "content": c1.text}, {"role": "user", "content": "Bye"}]
         c2 = m.chat(msgs, max_tokens=2, **GREEDY)
         assert c2.metrics.reused_tokens >= c1.metrics.prompt_tokens + c1.metrics.generated_tokens - 1
+
+
+def test_session_replies_follow_a_schema(model, smollm2_path):
+    """ChatSession(format=schema) holds every reply to the schema, over several turns (the
+    conversation itself stays free text); `pyllm chat -j` does the same from the terminal; a
+    bad grammar is refused before the first turn."""
+    import subprocess
+    import sys
+
+    from pyllm.errors import GrammarError
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    s = ChatSession(model, format=schema, max_tokens=60, **GREEDY)
+    for ask in ("Give me a person.", "Another one, older."):
+        reply = json.loads(s.send(ask).run().text)
+        assert set(reply) == {"name", "age"} and isinstance(reply["name"], str) and isinstance(reply["age"], int)
+    assert [m["role"] for m in s.messages] == ["user", "assistant"] * 2
+    with pytest.raises(GrammarError):
+        ChatSession(model, grammar="root ::= (")
+    r = subprocess.run([sys.executable, "-m", "pyllm.cli.main", "chat", "-m", smollm2_path, "--temp", "0", "-n", "60",
+                        "-j", json.dumps(schema)], input="Give me a person.\n", capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert set(json.loads(r.stdout[r.stdout.index("{"):r.stdout.rindex("}") + 1])) == {"name", "age"}
