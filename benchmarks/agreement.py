@@ -166,15 +166,15 @@ def main() -> int:
     ap.add_argument("--min-top1", type=float, default=0.97)
     ap.add_argument("--max-rel", type=float, default=0.08)
     ap.add_argument("--json", help="also write the figures to this file")
-    ap.add_argument("--cache-type", choices=("f16", "q8_0"), default="f16",
-                    help="both engines' KV cache format (q8_0: llama.cpp with flash attention, as it requires)")
+    ap.add_argument("--cache-type", choices=("f16", "q8_0", "q4_0"), default="f16",
+                    help="both engines' KV cache format (quantized: llama.cpp with flash attention, as it requires)")
     ap.add_argument("--reference", action="store_true",
                     help="also compare both engines with the float32 reference (slow on big models)")
     a = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.time()
-        kv_type = {"f16": 1, "q8_0": 8}[a.cache_type]
+        kv_type = {"f16": 1, "q8_0": 8, "q4_0": 2}[a.cache_type]
         peer = run_peer(a.peer_python, a.model, PROMPTS, a.n_gen, a.threads, tmp, kv_type)
         t_peer = time.time() - t0
         n_max = max(len(p["ids"]) for p in peer.values())

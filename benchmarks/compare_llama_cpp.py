@@ -99,8 +99,8 @@ def main() -> int:
     ap.add_argument("-d", "--depth", type=int, default=0, help="tokens in the context before each test")
     ap.add_argument("-r", "--reps", type=int, default=5)
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--cache-type", choices=("f16", "q8_0"), default="f16",
-                    help="both engines' KV cache format (q8_0: llama.cpp with flash attention, as it requires)")
+    ap.add_argument("--cache-type", choices=("f16", "q8_0", "q4_0"), default="f16",
+                    help="both engines' KV cache format (quantized: llama.cpp with flash attention, as it requires)")
     a = ap.parse_args()
     if not peer_available():
         print(f"llama-cpp-python is not installed at {PEER_PYTHON}: run ../shared/peer/install-llama-cpp.sh "
@@ -116,7 +116,7 @@ def main() -> int:
     for threads in [int(x) for x in a.threads.split(",")]:
         model = Model(a.model, n_ctx=n_ctx, n_threads=threads, n_batch=max(a.n_prompt, 1),
                       cache_type_k=a.cache_type, cache_type_v=a.cache_type)
-        peer = Peer(str(Path(a.model).resolve()), threads, n_ctx, a.n_prompt, token, {"f16": 1, "q8_0": 8}[a.cache_type])
+        peer = Peer(str(Path(a.model).resolve()), threads, n_ctx, a.n_prompt, token, {"f16": 1, "q8_0": 8, "q4_0": 2}[a.cache_type])
         for kind, n in (("pp", a.n_prompt), ("tg", a.n_gen)):
             ours_fn = run_pp if kind == "pp" else run_tg
             ours_fn(model, min(n, 32), token)      # warm-up, excluded

@@ -19,9 +19,9 @@ CtxSize = Annotated[Optional[int], typer.Option("-c", "--ctx-size", help="contex
                                                 "or the model's own, if smaller)")]
 NGpuLayers = Annotated[str, typer.Option("-ngl", "--n-gpu-layers", help="layers on the GPU: auto (the planner "
                                          "places them; the CPU alone when there is no GPU), all, or a number")]
-CacheTypeK = Annotated[str, typer.Option("-ctk", "--cache-type-k", help="the KV cache's keys: f16, or q8_0 (half "
-                                         "the memory, a little less exact; CPU only)")]
-CacheTypeV = Annotated[str, typer.Option("-ctv", "--cache-type-v", help="the KV cache's values: f16 or q8_0")]
+CacheTypeK = Annotated[str, typer.Option("-ctk", "--cache-type-k", help="the KV cache's keys: f16, q8_0 (about "
+                                         "half the memory) or q4_0 (a quarter), less exact; CPU only")]
+CacheTypeV = Annotated[str, typer.Option("-ctv", "--cache-type-v", help="the KV cache's values: f16, q8_0 or q4_0")]
 TemplateOpt = Annotated[Optional[str], typer.Option(
     "--chat-template", help="chat template: 'chatml', 'gemma', or a file holding a Jinja template "
     "(default: the model file's own, else a fallback for its architecture)")]

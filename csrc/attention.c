@@ -10,10 +10,10 @@
  *
  * K and V live in blocks of B positions; the step's block table maps
  * position j to block table[j / B], slot j % B. A pool holds f16 rows, or
- * Q8_0 ones (k_type / v_type): then the scores are the Q8_0 matmul's, of
- * the keys against the queries quantized as its activations (as llama.cpp
- * computes them over a q8_0 cache), and a block's value rows are
- * dequantized to float before their weighted sums.
+ * Q8_0 / Q4_0 ones (k_type / v_type): then the scores are that type's
+ * matmul's, of the keys against the queries quantized as its activations
+ * (as llama.cpp computes them over a quantized cache), and the weighted
+ * sums read the value rows dequantized.
  *
  * Positions are taken in segments of SEGMENT (aligned to absolute positions).
  * Within a segment, a softmax state (running max m, normalizer l, output
@@ -50,7 +50,8 @@
 /* query rows per work item: Q_TILE, or as many as keep 256 query vectors (MQA over 16+ heads) */
 static inline int tile_rows(int group) { return group >= 256 ? 1 : group > 16 ? 256 / group : Q_TILE; }
 
-/* floats of one query vector quantized for the Q8_0 scores */
+/* floats of one query vector quantized for the scores over a quantized K pool (both Q8_0 and
+ * Q4_0 take their activations as ACT_Q8_32 blocks) */
 static size_t quantized_query_floats(int hd) {
     return (act_row_bytes(ACT_Q8_32, hd) + sizeof(float) - 1) / sizeof(float);
 }
@@ -66,13 +67,13 @@ size_t attention_scratch_floats(int head_dim, int head_dim_v, int group, int blo
  * and the nq query rows (qs as floats, qq quantized: see pack_queries), each
  * pair with the dot's steps however many share a call. An f16 pool: straight
  * from the cache where the level has an F16 gemm, else through float copies
- * in kb (the same numbers); a Q8_0 pool: the Q8_0 matmul's kernels. */
+ * in kb (the same numbers); a quantized pool: its matmul's kernels. */
 static void block_scores(const float *qs, const void *qq, int nq, const uint8_t *kc, int k_type, int64_t stride,
                          int n, int hd, float *kb, float *scores) {
     const size_t rb = (size_t)hd * sizeof(float);
-    if (k_type == T_Q8_0) {
-        const size_t qrb = act_row_bytes(ACT_Q8_32, hd);
-        gemm_rows(T_Q8_0, hd, kc, (size_t)stride, n, qq, qrb, nq, scores, (size_t)n);
+    if (k_type != T_F16) {
+        const size_t qrb = act_row_bytes(type_info(k_type)->act, hd);
+        gemm_rows(k_type, hd, kc, (size_t)stride, n, qq, qrb, nq, scores, (size_t)n);
         return;
     }
     if (K.gemm[T_F16]) {
@@ -123,8 +124,8 @@ static void weighted_sum(int nq, const float *w, int64_t ws, const uint8_t *vc, 
     if (v_type == T_Q8_0 && K.wsum_many_q8_0) {
         K.wsum_many_q8_0(hd, n, nq, w, ws, vc, stride, state + 2, (int64_t)sf);
         return;
-    } else if (v_type == T_Q8_0) {
-        for (int i = 0; i < n; i++) K.dequant[T_Q8_0](vc + (size_t)i * stride, vb + (size_t)i * hd, hd);
+    } else if (v_type != T_F16) {
+        for (int i = 0; i < n; i++) K.dequant[v_type](vc + (size_t)i * stride, vb + (size_t)i * hd, hd);
     } else if (K.wsum_many_f16) {
         K.wsum_many_f16(hd, n, nq, w, ws, (const f16_t *)vc, stride / (int64_t)sizeof(f16_t), state + 2, (int64_t)sf);
         return;
@@ -186,6 +187,13 @@ static float head_sink(const pyllm_op *op, int h) {
     return op->w ? ((const float *)op->w)[h] : -INFINITY;
 }
 
+/* head h's output from its state, rotated back where the values were stored rotated */
+static void head_output(const pyllm_op *op, const float *state, float *y, int h) {
+    const int hd_v = value_dim(op);
+    state_output(state, y, hd_v, head_sink(op, h));
+    if (op->v_rot > 0) hadamard_rotate(y, hd_v, op->v_rot);
+}
+
 /* scratch of a work item after its states: one block's K and V rows, the
  * item's queries packed (and quantized, for a Q8_0 key pool), and one
  * block's scores of every query */
@@ -203,17 +211,18 @@ static item_scratch item_scratch_at(float *p, int hd, int hd_v, int group, int b
 }
 
 /* w.qs <- the query vectors of rows t0..t1 and the heads of KV head kvh, in
- * state order ((t - t0) * group + g); for a Q8_0 key pool also w.qq, each
- * quantized as the Q8_0 matmul's activations */
+ * state order ((t - t0) * group + g); for a quantized key pool also w.qq,
+ * each quantized as that type's matmul takes its activations */
 static void pack_queries(const pyllm_op *op, int kvh, int64_t t0, int64_t t1, item_scratch w) {
     const int hd = op->head_dim, group = op->n_head / op->n_kv_head;
     for (int64_t t = t0; t < t1; t++)
         memcpy(w.qs + (t - t0) * group * hd, op->x + t * op->x_stride + (int64_t)kvh * group * hd,
                (size_t)group * hd * sizeof(float));
-    if (op->k_type != T_Q8_0) return;
-    const size_t qrb = act_row_bytes(ACT_Q8_32, hd);
-    for (int64_t q = 0; q < (t1 - t0) * group; q++)
-        K.quantize_act[ACT_Q8_32](w.qs + q * hd, (uint8_t *)w.qq + q * qrb, hd);
+    if (op->k_rot > 0) hadamard_rotate(w.qs, (t1 - t0) * group * hd, op->k_rot); /* as the keys were stored */
+    if (op->k_type == T_F16) return;
+    const int act = type_info(op->k_type)->act;
+    const size_t qrb = act_row_bytes(act, hd);
+    for (int64_t q = 0; q < (t1 - t0) * group; q++) K.quantize_act[act](w.qs + q * hd, (uint8_t *)w.qq + q * qrb, hd);
 }
 
 /* the weighted sums of V over the whole block (n rows from vc) for rows
@@ -313,8 +322,8 @@ static void attend_tile(const pyllm_op *op, const op_rows *r, int kvh, int64_t t
     }
     for (int64_t t = t0; t < t1; t++)
         for (int g = 0; g < group; g++)
-            state_output(total + ((t - t0) * group + g) * sf,
-                         op->y + t * op->y_stride + (int64_t)(kvh * group + g) * hd_v, hd_v, head_sink(op, kvh * group + g));
+            head_output(op, total + ((t - t0) * group + g) * sf, op->y + t * op->y_stride + (int64_t)(kvh * group + g) * hd_v,
+                        kvh * group + g);
 }
 
 /* One row (decode) on several threads: items are (KV head,
@@ -347,7 +356,7 @@ static void attend_split(const pyllm_op *op, const op_rows *r, int32_t seg0, int
         state_init(total, 1, hd_v);
         for (int s = 0; s < n_seg; s++)
             state_merge(total, r->shared + ((size_t)(s * op->n_kv_head + kvh) * group + g) * sf, hd_v);
-        state_output(total, op->y + (int64_t)h * hd_v, hd_v, head_sink(op, h));
+        head_output(op, total, op->y + (int64_t)h * hd_v, h);
     }
 }
 

@@ -64,10 +64,12 @@ void op_quantize(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_matmul(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_rope(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_kv_store(const pyllm_op *op, const op_rows *r, int ith, int nth);
-/* bytes of n values of a KV pool in format type (T_F16, or T_Q8_0 with n % 32 == 0) */
-static inline int64_t kv_bytes(int type, int64_t n) {
-    return type == T_Q8_0 ? n / QK * (int64_t)sizeof(block_q8_0) : n * (int64_t)sizeof(f16_t);
-}
+/* x[0..n) <- the orthonormal Walsh-Hadamard matrix (Sylvester's order, 1/sqrt(piece) entries) times
+ * each piece of `piece` values (a power of 2 dividing n); its own inverse */
+void hadamard_rotate(float *x, int64_t n, int piece);
+
+/* bytes of n values of a KV pool in format type (T_F16, or T_Q8_0 / T_Q4_0 with n % 32 == 0) */
+static inline int64_t kv_bytes(int type, int64_t n) { return (int64_t)weight_row_bytes(type, n); }
 void op_attention(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_pos_scale(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_glu(const pyllm_op *op, const op_rows *r, int ith, int nth);

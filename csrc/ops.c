@@ -129,16 +129,43 @@ void op_rope(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     }
 }
 
-/* a row of n floats into a KV pool of format type: f16, or Q8_0 blocks (each head's dims whole blocks) */
+/* a row of n floats into a KV pool of format type: f16, or Q8_0 / Q4_0 blocks (each head's dims whole blocks) */
 static void kv_row_store(int type, const float *x, void *out, int64_t n) {
     if (type == T_Q8_0)
         quantize_row_q8_0(x, out, n);
+    else if (type == T_Q4_0)
+        quantize_row_q4_0(x, out, n);
     else
         K.f32_to_f16(x, out, n);
 }
 
-/* k_cache[pos] = x[t], v_cache[pos] = x2[t] (as k_type / v_type), through the block table; the keys
- * alone where the values are read from them (OPF_V_IN_K) */
+void hadamard_rotate(float *x, int64_t n, int piece) {
+    const float scale = 1.0f / sqrtf((float)piece);
+    for (int64_t p = 0; p < n; p += piece) {
+        float *v = x + p;
+        for (int h = 1; h < piece; h *= 2) /* the fast transform: butterflies of span h */
+            for (int i = 0; i < piece; i += 2 * h)
+                for (int j = i; j < i + h; j++) {
+                    const float a = v[j], b = v[j + h];
+                    v[j] = a + b;
+                    v[j + h] = a - b;
+                }
+        for (int i = 0; i < piece; i++) v[i] *= scale;
+    }
+}
+
+/* a row of n floats into a KV pool, rotated first in pieces of rot (0: as it is) */
+static void kv_row_put(int type, int rot, const float *x, void *out, int64_t n, float *tmp) {
+    if (rot > 0) {
+        memcpy(tmp, x, (size_t)n * sizeof(float));
+        hadamard_rotate(tmp, n, rot);
+        x = tmp;
+    }
+    kv_row_store(type, x, out, n);
+}
+
+/* k_cache[pos] = x[t], v_cache[pos] = x2[t] (as k_type / v_type, rotated by k_rot / v_rot), through
+ * the block table; the keys alone where the values are read from them (OPF_V_IN_K) */
 void op_kv_store(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     const pyllm_step *st = r->step;
     const int64_t k_dim = (int64_t)op->n_kv_head * op->head_dim, v_dim = (int64_t)op->n_kv_head * value_dim(op);
@@ -148,9 +175,11 @@ void op_kv_store(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     for (int64_t t = lo; t < hi; t++) {
         int32_t p = st->pos[t];
         size_t slot = (size_t)st->block_table[p / st->block_size] * st->block_size + p % st->block_size;
-        kv_row_store(op->k_type, op->x + t * op->x_stride, (uint8_t *)op->k_cache + slot * k_row, k_dim);
+        kv_row_put(op->k_type, op->k_rot, op->x + t * op->x_stride, (uint8_t *)op->k_cache + slot * k_row, k_dim,
+                   r->scratch);
         if (!(op->flags & OPF_V_IN_K))
-            kv_row_store(op->v_type, op->x2 + t * op->x2_stride, (uint8_t *)op->v_cache + slot * v_row, v_dim);
+            kv_row_put(op->v_type, op->v_rot, op->x2 + t * op->x2_stride, (uint8_t *)op->v_cache + slot * v_row,
+                       v_dim, r->scratch);
     }
 }
 

@@ -148,10 +148,14 @@ static int check_op(const pyllm_op *op) {
         for (int i = 0; i < 2; i++) {
             const int type = i ? (op->flags & OPF_V_IN_K ? op->k_type : op->v_type) : op->k_type;
             const int dims = i ? value_dim(op) : op->head_dim;
-            if (type != T_F16 && type != T_Q8_0)
-                return fail("KV cache format %d: f16 (1) or q8_0 (8) only", type);
-            if (type == T_Q8_0 && dims % QK)
-                return fail("a q8_0 KV cache needs heads of a multiple of %d dims, not %d", QK, dims);
+            if (type != T_F16 && type != T_Q8_0 && type != T_Q4_0)
+                return fail("KV cache format %d: f16 (1), q8_0 (8) or q4_0 (2) only", type);
+            if (type != T_F16 && dims % QK)
+                return fail("a %s KV cache needs heads of a multiple of %d dims, not %d", type_info(type)->name, QK,
+                            dims);
+            const int rot = i ? op->v_rot : op->k_rot;
+            if (rot < 0 || (rot > 0 && (rot & (rot - 1) || dims % rot || (i && op->flags & OPF_V_IN_K))))
+                return fail("a KV rotation in pieces of %d cannot rotate heads of %d dims", rot, dims);
         }
         if (op->kind == OP_KV_STORE && !op->x2 && !(op->flags & OPF_V_IN_K)) return fail("missing values");
         if (op->kind == OP_ATTENTION && !op->y) return fail("missing output");

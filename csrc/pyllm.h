@@ -128,8 +128,11 @@ typedef struct pyllm_op {
     float softcap;         /* ATTENTION (scores), SCALE (outputs): tanh soft-capping, 0 = none */
     void *k_cache;         /* KV_STORE/ATTENTION: this layer's pools, [pool blocks][block_size][a row of */
     void *v_cache;         /*   n_kv_head * head_dim (_v) values in k_type / v_type] */
-    int32_t k_type;        /* KV_STORE/ATTENTION: the pools' formats, T_F16 (1) or T_Q8_0 (8: each head's */
-    int32_t v_type;        /*   dims in blocks of 32, so head_dim (_v) % 32 == 0) */
+    int32_t k_type;        /* KV_STORE/ATTENTION: the pools' formats, T_F16 (1), T_Q8_0 (8) or T_Q4_0 (2) */
+    int32_t v_type;        /*   (quantized: each head's dims whole blocks of 32) */
+    int32_t k_rot;         /* KV_STORE/ATTENTION: keys (and queries) rotated by the Walsh-Hadamard matrix in */
+    int32_t v_rot;         /*   pieces of k_rot dims before a quantized pool stores them; values by v_rot, the
+                              output rotated back (llama.cpp's for quantized caches); 0: none */
     float *state;          /* SSM_CONV/SSM_SCAN/DELTA_NET: the layer's recurrent state, carried from step to step; a step
                               starting at position 0 starts from zeros */
 } pyllm_op;

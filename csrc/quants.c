@@ -367,6 +367,26 @@ void quantize_row_q8_0(const float *restrict x, void *restrict out, int64_t n) {
     for (int64_t i = 0; i < n / QK; i++, x += QK) y[i].d = fp32_to_fp16(quantize_group(x, y[i].qs, QK));
 }
 
+/* the Q4_0 weight format (a KV cache's rows), as llama.cpp's reference quantizer: d = m / -8 for the
+ * value m of largest magnitude (the first), q = min(15, trunc(x / d + 8.5)), the scale stored as f16 */
+void quantize_row_q4_0(const float *restrict x, void *restrict out, int64_t n) {
+    block_q4_0 *y = out;
+    for (int64_t i = 0; i < n / QK; i++, x += QK) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < QK; j++)
+            if (amax < fabsf(x[j])) {
+                amax = fabsf(x[j]);
+                max = x[j];
+            }
+        const float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = fp32_to_fp16(d);
+        for (int j = 0; j < QK / 2; j++) {
+            const int q0 = (int)(int8_t)(x[j] * id + 8.5f), q1 = (int)(int8_t)(x[QK / 2 + j] * id + 8.5f);
+            y[i].qs[j] = (uint8_t)((q0 < 15 ? q0 : 15) | (q1 < 15 ? q1 : 15) << 4);
+        }
+    }
+}
+
 static void quantize_q8_K(const float *restrict x, void *restrict out, int64_t n) {
     block_q8_K *y = out;
     for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {

@@ -290,6 +290,8 @@ const kernel_table *dispatch_table(int isa); /* NULL if the CPU lacks that level
 
 /* n floats (n % 32 == 0) as Q8_0 blocks: d = amax / 127 (stored as f16), q = nearest(x / d) */
 void quantize_row_q8_0(const float *restrict x, void *restrict out, int64_t n);
+/* n floats (n % 32 == 0) as Q4_0 blocks (llama.cpp's reference quantizer, see quants.c) */
+void quantize_row_q4_0(const float *restrict x, void *restrict out, int64_t n);
 
 /* scalar fp16 / bf16 conversion, exact (round to nearest even) */
 float fp16_to_fp32(f16_t h);

@@ -57,8 +57,8 @@ class Model:
     built-in format; any other text is a Jinja template. embedding: load the
     model to embed text (`embed`) instead of generating; None: for encoders
     (BERT) only, which cannot generate. cache_type_k / cache_type_v: the KV
-    cache's formats, "f16" or "q8_0" (half the memory, llama.cpp's -ctk/-ctv;
-    CPU only).
+    cache's formats, "f16", "q8_0" (about half the memory) or "q4_0" (about a
+    quarter), as llama.cpp's -ctk/-ctv (CPU only).
 
     Use it as a context manager, or call close(), to free the native memory.
     """

@@ -8,6 +8,8 @@ pyllm/arch, not the op program.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
@@ -45,6 +47,51 @@ def q8_round(x: np.ndarray, f16_scale: bool) -> np.ndarray:
     if f16_scale:
         d = d.astype(np.float16).astype(np.float32)
     return (q * d).reshape(x.shape).astype(np.float32)
+
+
+def q4_0_round(x: np.ndarray) -> np.ndarray:
+    """x (its last axis a multiple of 32) through a q4_0 KV cache and back, as llama.cpp's
+    reference quantizer writes it: per block of 32, m the value of largest magnitude (the first),
+    d = m / -8, q = min(15, trunc(x / d + 8.5)), read back as (q - 8) * d with d stored as f16."""
+    b = x.astype(np.float32).reshape(*x.shape[:-1], -1, 32)
+    first = np.argmax(np.abs(b), axis=-1)[..., None]
+    d = np.take_along_axis(b, first, axis=-1) / np.float32(-8)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    q = np.minimum(15, np.trunc(b * inv + np.float32(8.5)))
+    return ((q - 8) * d.astype(np.float16).astype(np.float32)).reshape(x.shape).astype(np.float32)
+
+
+KV_ROUND = {"f16": lambda x: x.astype(np.float16).astype(np.float32),   # what a KV cache of each format
+            "q8_0": lambda x: q8_round(x, f16_scale=True), "q4_0": q4_0_round}   # holds of a value
+
+
+def hadamard_rotate(x: np.ndarray, piece: int) -> np.ndarray:
+    """x's last axis in pieces of `piece` (a power of 2), each times the orthonormal Walsh-Hadamard
+    matrix (Sylvester's order, entries +-1/sqrt(piece)): symmetric, its own inverse."""
+    h = np.ones((1, 1))
+    while len(h) < piece:
+        h = np.block([[h, h], [h, -h]])
+    parts = x.astype(np.float64).reshape(*x.shape[:-1], -1, piece)
+    return (parts @ (h / np.sqrt(piece))).reshape(x.shape).astype(np.float32)
+
+
+def kv_as_attended(x: np.ndarray, fmt: str, rot: int = 0) -> np.ndarray:
+    """Keys or values as attention over a KV cache of format fmt sees them: rounded as the cache
+    holds them; rotated by the Walsh-Hadamard pieces of `rot` first (llama.cpp's rotation of a
+    quantized cache) and back after, which leaves the attention itself unchanged."""
+    if not rot:
+        return KV_ROUND[fmt](x)
+    return hadamard_rotate(KV_ROUND[fmt](hadamard_rotate(x, rot)), rot)
+
+
+def queries_as_attended(q: np.ndarray, k_fmt: str, rot: int = 0) -> np.ndarray:
+    """Queries as the scores against keys of format k_fmt take them: as they are against f16 keys;
+    through Q8 activation blocks (in the keys' rotation) against quantized ones."""
+    if k_fmt == "f16":
+        return q
+    if not rot:
+        return q8_round(q, f16_scale=False)
+    return hadamard_rotate(q8_round(hadamard_rotate(q, rot), f16_scale=False), rot)
 
 
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -152,14 +199,23 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window:
 class Reference:
     """Dequantizes an architecture's weights once, then runs whole sequences."""
 
-    def __init__(self, arch: Architecture, kv_f16: bool = False, kv_q8_0: bool = False):
+    def __init__(self, arch: Architecture, kv_f16: bool = False, kv_quant: Optional[str] = None):
         """kv_f16: round k and v to f16 before attending, as both engines' KV caches
         store them (at F32 that rounding is the engines' main difference from here).
-        kv_q8_0: round them through q8_0 instead (a q8_0 KV cache), and the queries
-        through the Q8 activation blocks the scores then take."""
+        kv_quant "q8_0" or "q4_0": round them through that format instead (a quantized
+        KV cache, with its Walsh-Hadamard rotation where the engines rotate), and the
+        queries through the Q8 activation blocks the scores then take."""
         self.arch = arch
         self.kv_f16 = kv_f16
-        self.kv_q8_0 = kv_q8_0
+        self.kv_quant = kv_quant
+        self.kv_rot = (0, 0)
+        if kv_quant:
+            from .backend.base import KV_TYPES
+            from .backend.lowering import kv_rotations
+            from .graph import Graph
+            g = Graph()
+            arch.build(g)
+            self.kv_rot = kv_rotations(g, KV_TYPES[kv_quant], KV_TYPES[kv_quant])
         self._cache: dict[str, np.ndarray] = {}
 
     def w(self, t: Tensor) -> np.ndarray:
@@ -331,10 +387,12 @@ class Reference:
         return self._linear(att, A.wo, A.bo)
 
     def _cached(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """q, k, v as attention sees them: k and v as the KV cache holds them (kv_f16, kv_q8_0),
-        q as the scores over a q8_0 cache take it."""
-        if self.kv_q8_0:
-            return q8_round(q, f16_scale=False), q8_round(k, f16_scale=True), q8_round(v, f16_scale=True)
+        """q, k, v as attention sees them: k and v as the KV cache holds them (kv_f16, kv_quant),
+        q as the scores over a quantized cache take it."""
+        if self.kv_quant:
+            k_rot, v_rot = self.kv_rot
+            return (queries_as_attended(q, self.kv_quant, k_rot), kv_as_attended(k, self.kv_quant, k_rot),
+                    kv_as_attended(v, self.kv_quant, v_rot))
         if self.kv_f16:
             return q, k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
         return q, k, v
@@ -356,8 +414,8 @@ class Reference:
         r = a.layer_rope(i)
         q_pe = rope(q[:, :, nope:], pos, n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors)
         k_pe = rope(k_pe, pos, n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors)
-        if self.kv_q8_0:
-            raise NotImplementedError("no reference for latent attention over a q8_0 KV cache")
+        if self.kv_quant:
+            raise NotImplementedError("no reference for latent attention over a quantized KV cache")
         if self.kv_f16:   # the engines cache c and k_pe in f16
             c, k_pe = c.astype(np.float16).astype(np.float32), k_pe.astype(np.float16).astype(np.float32)
         wk = self._experts(A.wk_b).transpose(0, 2, 1)    # [H, nope, lat]: Wk_i
@@ -551,8 +609,8 @@ class Reference:
             _, k, v = self._cached(q, k, v)
             caches[i] = (k, v)
         k, v = caches[geo.kv_layer]
-        if self.kv_q8_0:
-            q = q8_round(q, f16_scale=False)
+        if self.kv_quant:
+            q = queries_as_attended(q, self.kv_quant, self.kv_rot[0])
         return self._linear(attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i)), A.wo, None)
 
     def _gemma3n(self, tokens: np.ndarray) -> np.ndarray:

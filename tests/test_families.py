@@ -154,21 +154,24 @@ def run_both(path, n_tokens=40, n_ctx=None, kv_f16=False):
     return arch, out, Reference(arch, kv_f16=kv_f16).forward(tokens)
 
 
+@pytest.mark.parametrize("kv", ["q8_0", "q4_0"])
 @pytest.mark.parametrize("family", ["llama3", "mistral", "qwen3", "gemma2", "gemma3", "gemma4"])
-def test_q8_0_kv_cache_matches_the_reference(tmp_path, family):
-    """A q8_0 KV cache (-ctk/-ctv q8_0) on F32 weights against the reference that rounds keys,
-    values and the scores' queries as that cache does. Measured: 3e-7..1.05e-4 from it (a float
-    difference before the rounding can move one int8 step), 8e-4..5.5e-3 from the f16 cache's
-    logits: the reference accounts for over 90% of what the cache changes."""
+def test_quantized_kv_cache_matches_the_reference(tmp_path, family, kv):
+    """A q8_0 or q4_0 KV cache (-ctk/-ctv) on F32 weights against the reference that rotates and
+    rounds keys, values and the scores' queries as that cache does. Measured, q8_0: 5e-7..4.3e-4
+    from it (a float difference before the rounding, the rotation's float32 sums among them, can
+    move one quantization step), 7.8e-4..5.5e-3 from the f16 cache's logits; q4_0: 5e-7..3.9e-4
+    from it, 1.1e-2..7.1e-2 from f16: the reference accounts for most of what the cache changes."""
+    from pyllm.backend.base import KV_TYPES
     writer, kw = FAMILIES[family]
     path = writer(tmp_path / "m.gguf", QT.F32, **kw)
     tokens = list(np.random.default_rng(1).integers(0, 512, 40))
-    arch, be = build(path, kv_type=8)
+    arch, be = build(path, kv_type=KV_TYPES[kv])
     out = be.forward(tokens, 0, [0, 1, 2], len(tokens)).copy()
-    rel, agree = compare(out, Reference(arch, kv_q8_0=True).forward(tokens), margin=0.01)
+    rel, agree = compare(out, Reference(arch, kv_quant=kv).forward(tokens), margin=0.01)
     _, f16 = build(path)
     from_f16 = compare(out, f16.forward(tokens, 0, [0, 1, 2], len(tokens)))[0]
-    assert rel < 3e-4 and rel < 0.1 * from_f16 and agree == 1.0, (rel, from_f16)
+    assert rel < 1e-3 and rel < 0.25 * from_f16 and agree == 1.0, (rel, from_f16)
 
 
 def build_ctx(path, n_ctx):

@@ -79,10 +79,11 @@ def test_context_full():
         fill(a, list(range(9)))
 
 
-def test_a_q8_0_cache_halves_the_memory_and_keeps_the_text(smollm2_path):
+def test_quantized_caches_save_memory_and_keep_the_text(smollm2_path):
     """Model(cache_type_k/v="q8_0"), llama.cpp's -ctk/-ctv q8_0: 34 bytes per 32 values where f16
     takes 64, in the pools, `pyllm info` and the bench's bytes per token; greedy text where the
-    f16 cache's choice is clear stays the same; a format it does not know is one clear error."""
+    f16 cache's choice is clear stays the same; q4_0: 18 bytes per 32; a format it does not know
+    is one clear error."""
     import subprocess
     import sys
 
@@ -101,13 +102,16 @@ def test_a_q8_0_cache_halves_the_memory_and_keeps_the_text(smollm2_path):
                 break
             assert a.token == b.token
         assert want.tokens[:3] == got.tokens[:3]
+        with Model(smollm2_path, n_ctx=256, cache_type_k="q4_0", cache_type_v="q4_0") as q4:
+            assert q4.backend.kv_bytes * 64 == f16.backend.kv_bytes * 18
+            assert q4.generate(prompt, max_tokens=3, temperature=0).tokens == want.tokens[:3]
     assert model_info(smollm2_path, n_ctx=256, k_type=8, v_type=8).kv_bytes * 64 == \
         model_info(smollm2_path, n_ctx=256).kv_bytes * 34
-    with pytest.raises(InvalidArgumentError, match="cache_type_v must be one of f16, q8_0"):
-        Model(smollm2_path, n_ctx=64, cache_type_v="q4_0")
+    with pytest.raises(InvalidArgumentError, match="cache_type_v must be one of f16, q8_0, q4_0"):
+        Model(smollm2_path, n_ctx=64, cache_type_v="q5_1")
     cmd = [sys.executable, "-m", "pyllm.cli.main", "run", "-m", smollm2_path, "-p", prompt, "-n", "12", "--temp", "0",
            "-c", "256", "--json"]
     r = subprocess.run(cmd + ["-ctk", "q8_0", "-ctv", "q8_0"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and json.loads(r.stdout)["tokens"] == got.tokens
     r = subprocess.run(cmd + ["--cache-type-k", "q5_1"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "cache_type_k must be one of f16, q8_0" in r.stderr
+    assert r.returncode == 2 and "cache_type_k must be one of f16, q8_0, q4_0" in r.stderr

@@ -66,9 +66,9 @@ class Backend(ABC):
 
 
 # KV cache formats: their ggml type ids (the C core's T_F16, T_Q8_0), by the names llama.cpp's -ctk/-ctv take
-KV_TYPES = {"f16": 1, "q8_0": 8}
-KV_BLOCK = {1: 1, 8: 32}          # values per block of each format
-KV_BLOCK_BYTES = {1: 2, 8: 34}    # bytes per block
+KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}
+KV_BLOCK = {1: 1, 8: 32, 2: 32}          # values per block of each format
+KV_BLOCK_BYTES = {1: 2, 8: 34, 2: 18}    # bytes per block
 
 
 def kv_row_bytes(kv_type: int, n: int) -> int:

@@ -25,7 +25,7 @@ from ..graph import Graph, View
 from ..model_file import Tensor
 from ..units import fmt_bytes
 from .base import ACTIVATIONS, Backend, Device, DeviceMemoryError, Program, Range, Shape, StepData
-from .lowering import fill_record, memory_plan, step_needs, step_record
+from .lowering import fill_record, kv_rotations, memory_plan, step_needs, step_record
 
 ALIGN = 64
 
@@ -137,9 +137,10 @@ class CoreProgram(Program):
         self.staging = aligned_zeros((max(mp.staging, 1),), np.uint8)
 
         self.recs = ffi.new("pyllm_op[]", len(graph.ops))
+        kv_rot = kv_rotations(graph, shape.k_type, shape.v_type)
         for r in self.ranges:
             for i in range(r.lo, r.hi):
-                fill_record(ffi, self.recs[i], i, graph.ops[i], self, shape)
+                fill_record(ffi, self.recs[i], i, graph.ops[i], self, shape, kv_rot)
             if lib.pyllm_program_check(self.recs + r.lo, r.hi - r.lo):
                 raise BackendError(f"the model's op program is invalid: {ffi.string(lib.pyllm_error()).decode()}")
         self.needs = [step_needs(graph.ops[r.lo:r.hi]) for r in self.ranges]

@@ -108,6 +108,26 @@ def check_kv_formats(graph: Graph, k_type: int, v_type: int) -> None:
                                            f"{KV_BLOCK[kv_type]} dims; this model's have {dims}: use f16")
 
 
+def kv_rotations(graph: Graph, k_type: int, v_type: int) -> tuple[int, int]:
+    """(k_rot, v_rot): the Walsh-Hadamard pieces llama.cpp rotates keys (and queries) and values by
+    before a quantized cache stores them, spreading a head's outlying dims over its piece (0: none).
+    As llama.cpp decides, model-wide: keys when every attention layer's heads have the same size, a
+    multiple of 64, in the largest power-of-2 piece (from 64) dividing it; values likewise, in
+    pieces of 64. Not for values read from the keys (latent attention)."""
+    ops = [op for op in graph.ops if op.kv_layer >= 0]
+    if not ops or any(op.flags & OPF_V_IN_K for op in ops):
+        return 0, 0
+    k_dims, v_dims = {op.head_dim for op in ops}, {op.head_dim_v or op.head_dim for op in ops}
+    k_rot = v_rot = 0
+    if k_type != KV_TYPES["f16"] and len(k_dims) == 1 and next(iter(k_dims)) % 64 == 0:
+        k_rot = 64
+        while next(iter(k_dims)) % (2 * k_rot) == 0:
+            k_rot *= 2
+    if v_type != KV_TYPES["f16"] and len(v_dims) == 1 and next(iter(v_dims)) % 64 == 0:
+        v_rot = 64
+    return k_rot, v_rot
+
+
 class Addresses:
     """Where a device put what an op touches (integer addresses)."""
 
@@ -119,8 +139,9 @@ class Addresses:
     def state(self, name: str) -> int: ...              # a recurrent state (float32)
 
 
-def fill_record(ffi, rec, index: int, op: Op, addr: Addresses, shape: Shape) -> None:
-    """Fills C record `rec` (a pyllm_op of `ffi`) for graph op `index` of a program bound for `shape`."""
+def fill_record(ffi, rec, index: int, op: Op, addr: Addresses, shape: Shape, kv_rot: tuple[int, int] = (0, 0)) -> None:
+    """Fills C record `rec` (a pyllm_op of `ffi`) for graph op `index` of a program bound for `shape`
+    (kv_rot: kv_rotations of its graph)."""
     def p(ctype: str, a: Optional[int]):
         return ffi.cast(ctype, a or 0)
 
@@ -153,6 +174,7 @@ def fill_record(ffi, rec, index: int, op: Op, addr: Addresses, shape: Shape) -> 
     else:
         rec.k_cache = rec.v_cache = ffi.NULL
     rec.k_type, rec.v_type = shape.k_type, shape.v_type
+    rec.k_rot, rec.v_rot = kv_rot if op.kv_layer >= 0 else (0, 0)
     rec.state = p("float *", None if op.state is None else addr.state(op.state))
 
 
