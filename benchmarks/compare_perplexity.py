@@ -22,6 +22,7 @@ weights dequantized, float64 math, KV rounded to f16 as both engines store it)
 and prints how far each engine's nll is from it.
 
     python benchmarks/compare_perplexity.py [-m MODEL] [-c 512] [--chunks 16] [-t 2] [-f FILE] [--reference 1]
+                                            [--cache-type f16|q8_0|q4_0]
 """
 from __future__ import annotations
 
@@ -45,8 +46,9 @@ import numpy as np
 import llama_cpp as L
 job = json.load(open(sys.argv[1]))
 n_ctx = job["n_ctx"]
+kv = {} if job["kv_type"] == 1 else {"type_k": job["kv_type"], "type_v": job["kv_type"], "flash_attn": True}
 llm = L.Llama(job["model"], n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=job["threads"],
-              n_threads_batch=job["threads"], logits_all=True, verbose=False)
+              n_threads_batch=job["threads"], logits_all=True, verbose=False, **kv)
 first = n_ctx // 2
 nll = []
 t0 = time.perf_counter()
@@ -75,6 +77,8 @@ def main() -> int:
     ap.add_argument("--chunks", type=int, default=16)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--reference", type=int, default=0, help="chunks to score with pyllm.reference too")
+    ap.add_argument("--cache-type", choices=("f16", "q8_0", "q4_0"), default="f16",
+                    help="both engines' KV cache format (quantized: llama.cpp with flash attention, as it requires)")
     ap.add_argument("--peer-python", default=os.environ.get("PYLLM_PEER_PYTHON", "/tmp/peer-avx512/bin/python"))
     a = ap.parse_args()
 
@@ -82,7 +86,8 @@ def main() -> int:
     from pyllm.perplexity import chunk_nll
 
     text = Path(a.file).read_text(encoding="utf-8") if a.file else default_text()
-    with Model(a.model, n_ctx=a.ctx_size, n_threads=a.threads) as m:
+    with Model(a.model, n_ctx=a.ctx_size, n_threads=a.threads, cache_type_k=a.cache_type,
+               cache_type_v=a.cache_type) as m:
         ids = m.tokenize(text)
         t0 = time.perf_counter()
         result = m.perplexity(ids, max_chunks=a.chunks)
@@ -96,14 +101,15 @@ def main() -> int:
         ref = None
         if a.reference:
             from pyllm.reference import Reference
-            reference = Reference(m.arch, kv_f16=True)
+            reference = Reference(m.arch, kv_f16=True, kv_quant=None if a.cache_type == "f16" else a.cache_type)
 
             def reference_logits(tokens, skip):
                 yield skip, reference.forward(tokens)[skip:].astype(np.float32)
             ref = np.concatenate([chunk_nll(reference_logits, c, a.ctx_size // 2) for c in chunks[:a.reference]])
 
     with tempfile.TemporaryDirectory() as tmp:
-        job = {"model": a.model, "n_ctx": a.ctx_size, "threads": a.threads, "chunks": chunks}
+        job = {"model": a.model, "n_ctx": a.ctx_size, "threads": a.threads, "chunks": chunks,
+               "kv_type": {"f16": 1, "q8_0": 8, "q4_0": 2}[a.cache_type]}
         Path(f"{tmp}/job.json").write_text(json.dumps(job))
         r = subprocess.run([a.peer_python, "-c", PEER, f"{tmp}/job.json"], capture_output=True, text=True)
     if r.returncode != 0:
