@@ -105,7 +105,8 @@ class ChatSession:
         self.system = system or None
         self.max_tokens = max_tokens
         self.format, self.grammar = format, grammar
-        constraint_for(model.tokenizer, format, grammar)   # a bad grammar or schema fails now
+        if format is not None or grammar is not None:   # a bad grammar or schema fails now
+            constraint_for(model.tokenizer, format, grammar)
         self.sampling = sampling
         self.messages: list[dict[str, str]] = []     # user and assistant turns, oldest first
         self.stats = SessionStats()

@@ -96,7 +96,7 @@ class _Model:
         self.prompts.append(msgs)
         return text, list(range(len(text) // 4))
 
-    def _chat_stream(self, text, tokens, max_tokens, stop, sampling):
+    def _chat_stream(self, text, tokens, max_tokens, stop, sampling, format=None, grammar=None):
         from pyllm.api import ChatStream
         from pyllm.reasoning import prompt_opens_thinking
         reply = self.replies.pop(0).removeprefix("R1:")
