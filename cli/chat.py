@@ -28,6 +28,8 @@ from .options import (CacheTypeK, CacheTypeV, MirostatEnt, MirostatLr, MirostatO
                       XtcProbability, XtcThreshold)
 from .options import FormatOpt, GrammarFile, GrammarOpt, JsonSchema, JsonSchemaFile, constraint_kwargs
 from .options import DryAllowedLength, DryBase, DryMultiplier, DryPenaltyLastN, DrySequenceBreaker, dry_breakers
+from .options import (ModelDraft, SpecDraftMax, SpecDraftMin, SpecNgramSize, SpecPMin, SpecType,
+                      speculative_kwargs)
 
 HELP = """\
 Type a message and press Enter. A line ending in \\ continues on the next line;
@@ -122,7 +124,9 @@ class ChatRepl:
         m = c.metrics
         return (f"prompt {m.prompt_tokens} tok (reused {m.reused_tokens}, computed "
                 f"{m.prompt_tokens - m.reused_tokens}) · TTFT {m.ttft_s:.3f} s · {m.generated_tokens} tok at "
-                f"{m.decode_tokens_per_s:.1f} tok/s · {c.finish_reason}")
+                f"{m.decode_tokens_per_s:.1f} tok/s · " + (
+                    f"guesses kept {m.accepted_tokens}/{m.draft_tokens} · " if m.draft_tokens else "") +
+                f"{c.finish_reason}")
 
     # -- commands ------------------------------------------------------------------------
     def command(self, line: str) -> bool:
@@ -268,6 +272,12 @@ def chat(
     n_gpu_layers: NGpuLayers = "auto",
     cache_type_k: CacheTypeK = "f16",
     cache_type_v: CacheTypeV = "f16",
+    spec_type: SpecType = None,
+    model_draft: ModelDraft = None,
+    spec_draft_max: SpecDraftMax = 16,
+    spec_draft_min: SpecDraftMin = 0,
+    spec_ngram_size: SpecNgramSize = 12,
+    spec_p_min: SpecPMin = 0.75,
     temp: Temp = 0.8,
     top_k: TopK = 40,
     top_p: TopP = 0.95,
@@ -308,7 +318,8 @@ def chat(
         path = model_path(model)
         with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template,
                    n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
-                   cache_type_v=cache_type_v, think=think) as m:
+                   cache_type_v=cache_type_v, think=think,
+                   **speculative_kwargs(spec_type, model_draft, spec_draft_max, spec_draft_min, spec_ngram_size, spec_p_min)) as m:
             m.require_generation()       # an embedding model cannot chat: say so before any input
             t = m.chat_template          # checked now: a bad template stops here, before any input
             note = thinking_note(m, think)

@@ -22,6 +22,34 @@ NGpuLayers = Annotated[str, typer.Option("-ngl", "--n-gpu-layers", help="layers 
 CacheTypeK = Annotated[str, typer.Option("-ctk", "--cache-type-k", help="the KV cache's keys: f16, q8_0 (about "
                                          "half the memory) or q4_0 (a quarter), less exact; CPU only")]
 CacheTypeV = Annotated[str, typer.Option("-ctv", "--cache-type-v", help="the KV cache's values: f16, q8_0 or q4_0")]
+SPECULATIVE = "Speculative decoding (the same text; faster where the guesses hold)"
+SpecType = Annotated[Optional[str], typer.Option(
+    "--spec-type", help="none; ngram-simple: guess from the prompt's and reply's own repeats (editing code, "
+    "quoting, summarizing); draft: a draft model guesses (-md; the default with -md)",
+    rich_help_panel=SPECULATIVE)]
+ModelDraft = Annotated[Optional[str], typer.Option(
+    "-md", "--model-draft", help="a small model with the same vocabulary that guesses the next tokens (a "
+    "registry name or a .gguf path)", rich_help_panel=SPECULATIVE)]
+SpecDraftMax = Annotated[int, typer.Option("--spec-draft-n-max", "--draft-max", help="tokens guessed per step "
+                                           "at most (1..31)", rich_help_panel=SPECULATIVE)]
+SpecDraftMin = Annotated[int, typer.Option("--spec-draft-n-min", "--draft-min", help="shorter guesses are not "
+                                           "run", rich_help_panel=SPECULATIVE)]
+SpecNgramSize = Annotated[int, typer.Option("--spec-ngram-size-n", "--spec-ngram-simple-size-n",
+                                            help="ngram-simple: how many of the last tokens must match",
+                                            rich_help_panel=SPECULATIVE)]
+SpecPMin = Annotated[float, typer.Option("--spec-draft-p-min", "--draft-p-min", help="a draft model stops "
+                                         "guessing where its best token is less likely than this",
+                                         rich_help_panel=SPECULATIVE)]
+
+
+def speculative_kwargs(spec_type: Optional[str], model_draft: Optional[str], draft_max: int, draft_min: int,
+                       ngram_size: int, p_min: float) -> dict[str, Any]:
+    """Model's speculative decoding keywords from the flags."""
+    from .common import model_path
+    return dict(spec_type=spec_type, draft_model=None if model_draft is None else model_path(model_draft),
+                spec_draft_max=draft_max, spec_draft_min=draft_min, spec_ngram_size=ngram_size, spec_p_min=p_min)
+
+
 TemplateOpt = Annotated[Optional[str], typer.Option(
     "--chat-template", help="chat template: 'chatml', 'gemma', or a file holding a Jinja template "
     "(default: the model file's own, else a fallback for its architecture)")]

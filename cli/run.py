@@ -22,6 +22,8 @@ from .options import (CtxSize, FormatOpt, FreqPenalty, GrammarFile, GrammarOpt, 
 from .options import (CacheTypeK, CacheTypeV, MirostatEnt, MirostatLr, MirostatOpt, NGpuLayers, TopNSigma,
                       XtcProbability, XtcThreshold)
 from .options import DryAllowedLength, DryBase, DryMultiplier, DryPenaltyLastN, DrySequenceBreaker, dry_breakers
+from .options import (ModelDraft, SpecDraftMax, SpecDraftMin, SpecNgramSize, SpecPMin, SpecType,
+                      speculative_kwargs)
 
 
 def read_prompt(prompt: Optional[str], file: Optional[str]) -> str:
@@ -58,6 +60,12 @@ def run(
     n_gpu_layers: NGpuLayers = "auto",
     cache_type_k: CacheTypeK = "f16",
     cache_type_v: CacheTypeV = "f16",
+    spec_type: SpecType = None,
+    model_draft: ModelDraft = None,
+    spec_draft_max: SpecDraftMax = 16,
+    spec_draft_min: SpecDraftMin = 0,
+    spec_ngram_size: SpecNgramSize = 12,
+    spec_p_min: SpecPMin = 0.75,
     temp: Temp = 0.8,
     top_k: TopK = 40,
     top_p: TopP = 0.95,
@@ -102,7 +110,8 @@ def run(
         path = model_path(model)
         with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template,
                    n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
-                   cache_type_v=cache_type_v, think=think) as m:
+                   cache_type_v=cache_type_v, think=think,
+                   **speculative_kwargs(spec_type, model_draft, spec_draft_max, spec_draft_min, spec_ngram_size, spec_p_min)) as m:
             max_tokens = None if n_predict < 0 else n_predict
             if think is not None and not chat:
                 raise InvalidArgumentError(f"--{'think' if think else 'no-think'} needs --chat")

@@ -9,6 +9,8 @@ from pyllm.errors import InvalidArgumentError
 
 from .common import err, handle_errors, model_path
 from .options import CacheTypeK, CacheTypeV, CtxSize, ModelOpt, NGpuLayers, TemplateOpt, Think, Threads, template_arg
+from .options import (ModelDraft, SpecDraftMax, SpecDraftMin, SpecNgramSize, SpecPMin, SpecType,
+                      speculative_kwargs)
 
 
 def registry_name(model: Optional[str]) -> Optional[str]:
@@ -35,6 +37,12 @@ def serve(
     n_gpu_layers: NGpuLayers = "auto",
     cache_type_k: CacheTypeK = "f16",
     cache_type_v: CacheTypeV = "f16",
+    spec_type: SpecType = None,
+    model_draft: ModelDraft = None,
+    spec_draft_max: SpecDraftMax = 16,
+    spec_draft_min: SpecDraftMin = 0,
+    spec_ngram_size: SpecNgramSize = 12,
+    spec_p_min: SpecPMin = 0.75,
 ) -> None:
     """Serve a model over HTTP with OpenAI's API: /v1/chat/completions, /v1/completions, /v1/embeddings."""
     with handle_errors():
@@ -48,7 +56,8 @@ def serve(
         path = model_path(model)
         with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template_arg(chat_template),
                    n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
-                   cache_type_v=cache_type_v, think=think, embedding=True if embedding else None) as m:
+                   cache_type_v=cache_type_v, think=think, embedding=True if embedding else None,
+                   **speculative_kwargs(spec_type, model_draft, spec_draft_max, spec_draft_min, spec_ngram_size, spec_p_min)) as m:
             if pooling is not None:
                 m.pooling = pooling
             try:

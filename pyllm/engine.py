@@ -3,7 +3,8 @@
 The engine owns a backend (which runs steps) and the KV block pool. A
 request names a Sequence; its cached prefix is reused, the rest of the
 prompt is prefilled in chunks of n_batch tokens, and tokens are then decoded
-one step at a time until a stop rule fires.
+one step at a time until a stop rule fires. With a drafter (speculative
+decoding, pyllm.speculative) a step also runs the tokens guessed to follow.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import numpy as np
 from .errors import ContextFullError, InvalidArgumentError, ModelFileError
 from .kv_cache import BlockPool, Sequence
 from .sampling import Sampler
+from .speculative import DraftLength, SpecParams
 
 
 MAX_TOP_LOGPROBS = 20    # alternatives a token's log-probability may come with (OpenAI's limit)
@@ -65,6 +67,8 @@ class Metrics:
     prefill_s: float = 0.0       # computing the prompt (time to first token, less sampling)
     decode_s: float = 0.0        # first token sampled -> last token
     decode_steps: int = 0        # forward steps after the prompt
+    draft_tokens: int = 0        # speculative decoding: tokens guessed and run ahead
+    accepted_tokens: int = 0     # ... and of those, the ones the sampler then drew
     ttft_s: float = 0.0          # request start -> first token sampled
     total_s: float = 0.0
 
@@ -74,13 +78,23 @@ class Metrics:
         return computed / self.prefill_s if self.prefill_s > 0 else 0.0
 
     @property
+    def decode_tokens(self) -> int:
+        """tokens drawn after the first: one a step, and the step's guesses kept"""
+        return self.decode_steps + self.accepted_tokens
+
+    @property
     def decode_tokens_per_s(self) -> float:
-        return self.decode_steps / self.decode_s if self.decode_s > 0 else 0.0
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
 
     @property
     def tpot_s(self) -> float:
         """time per output token after the first"""
-        return self.decode_s / self.decode_steps if self.decode_steps else 0.0
+        return self.decode_s / self.decode_tokens if self.decode_tokens else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        """speculative decoding: the share of the guessed tokens kept"""
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
 
     def as_dict(self) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "reused_tokens": self.reused_tokens,
@@ -88,7 +102,9 @@ class Metrics:
                 "prefill_s": round(self.prefill_s, 6), "decode_s": round(self.decode_s, 6),
                 "total_s": round(self.total_s, 6),
                 "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 2),
-                "decode_tokens_per_s": round(self.decode_tokens_per_s, 2)}
+                "decode_tokens_per_s": round(self.decode_tokens_per_s, 2)} | (
+                    {"draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens}
+                    if self.draft_tokens else {})
 
 
 @dataclass
@@ -109,6 +125,8 @@ class Engine:
         self.tokenizer = tokenizer
         self.n_ctx, self.n_batch = n_ctx, n_batch
         self.pool = BlockPool(n_blocks, block_size, recurrent)
+        self.drafter = None          # speculative decoding's guesser (pyllm.speculative), if any
+        self.spec = SpecParams()
 
     def new_sequence(self) -> Sequence:
         return Sequence(self.pool, self.n_ctx)
@@ -244,6 +262,12 @@ class Generation:
         finish, hit_stop_string = "interrupted", ""
         t_first = None
         sampling_s = 0.0
+        # speculative decoding: the last step's guesses (the cache holds them past the
+        # token that step ran), how many of them the sampler has drawn, and their logits
+        draft: list[int] = []
+        kept = 0
+        rows = None
+        length = DraftLength(eng.spec) if eng.drafter is not None else None
         if self.profile:
             eng.backend.profile(True)
         try:
@@ -289,17 +313,32 @@ class Generation:
                 if len(tokens) >= self.max_tokens:
                     finish = "length"
                     break
-                if len(self.seq) + 1 > eng.n_ctx:
+                if len(history) > eng.n_ctx:
                     finish = "context"
                     break
-                logits = eng._run(self.seq, [tok])[-1]
+                if kept < len(draft) and tok == draft[kept]:   # guessed: its logits are computed
+                    kept += 1
+                    m.accepted_tokens += 1
+                    logits = rows[kept]
+                    continue
+                if draft:   # forget the guesses after the first miss
+                    length.update(len(draft), kept)
+                    self.seq.truncate(len(self.seq) - (len(draft) - kept))
+                    draft, kept = [], 0
+                guess = self._draft(history, len(tokens), length.now) if length is not None else []
+                rows = eng._run(self.seq, [tok] + guess, n_out=1 + len(guess))
+                draft = guess
+                logits = rows[0]
                 m.decode_steps += 1
+                m.draft_tokens += len(guess)
             if not hit_stop_string:
                 out, _, _ = _split_stop(pending + decoder.flush(), self.stop, final=True)
                 if out:
                     emitted.append(out)
                     yield out
         finally:
+            if kept < len(draft):   # the cache keeps only tokens of the reply
+                self.seq.truncate(len(self.seq) - (len(draft) - kept))
             end = time.perf_counter()
             m.total_s = end - t0
             if t_first is not None:
@@ -310,6 +349,16 @@ class Generation:
                 eng.backend.profile(False)
             self.completion = Completion("".join(emitted), tokens, finish, m, logprobs=logprobs,
                                          stop_string=hit_stop_string)
+
+    def _draft(self, history: list[int], n_generated: int, n_max: int) -> list[int]:
+        """The drafter's guess at the tokens after `history`, as long as the step, the
+        context and max_tokens leave room for (none if shorter than draft_min)."""
+        eng = self.engine
+        room = min(self.max_tokens - n_generated - 1, eng.n_ctx - len(history),
+                   eng.n_batch - 1, eng.backend.n_out_max - 1)
+        n = min(room, n_max)
+        guess = eng.drafter.draft(history, n) if n > 0 else []
+        return guess if len(guess) >= max(1, eng.spec.draft_min) else []
 
     def run(self) -> Completion:
         for _ in self:

@@ -76,6 +76,13 @@ class BlockPool:
         self.hash_of[b] = h
         self.by_hash[h] = b
 
+    def unregister(self, b: int) -> None:
+        """Block b is about to be rewritten: it no longer holds its prefix."""
+        h = self.hash_of[b]
+        if h is not None:
+            del self.by_hash[h]
+            self.hash_of[b] = None
+
     def lookup(self, h: bytes) -> Optional[int]:
         return self.by_hash.get(h)
 
@@ -124,14 +131,19 @@ class Sequence:
         return len(self.tokens)
 
     def truncate(self, n: int) -> None:
-        """Forgets positions n and after. A hashed (shared) block is never
-        rewritten, so if n falls inside one, that whole block goes too."""
+        """Forgets positions n and after. A hashed block another sequence shares is
+        never rewritten, so if n falls inside one, that whole block goes too; one
+        this sequence holds alone forgets its hash and keeps its first positions."""
         B = self.pool.block_size
         n = max(0, min(n, len(self.tokens)))
         if self.pool.recurrent and n < len(self.tokens):
             n = 0   # a state cannot be rewound: from the start
         if n % B and n // B < len(self._hashes):
-            n = n // B * B
+            b = self.blocks[n // B]
+            if self.pool.refs[b] == 1:
+                self.pool.unregister(b)
+            else:
+                n = n // B * B
         keep_blocks = (n + B - 1) // B
         for b in self.blocks[keep_blocks:]:
             self.pool.release(b)

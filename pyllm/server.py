@@ -495,6 +495,8 @@ class Handler(BaseHTTPRequestHandler):
                 out = llama_final(self.server.name, ids, content, c.tokens if body.get("return_tokens") else [],
                                   c.metrics.generated_tokens, c.metrics.reused_tokens, c.metrics.prefill_s,
                                   c.metrics.decode_s, llama_stop_type(c), c.stop_string, settings, body)
+                if c.metrics.draft_tokens:   # speculative decoding, as llama-server reports it
+                    out["timings"].update(draft_n=c.metrics.draft_tokens, draft_n_accepted=c.metrics.accepted_tokens)
                 if top is not None:
                     out["completion_probabilities"] = llama_probs(m, c.logprobs)
                 return out
@@ -847,4 +849,5 @@ def usage(c) -> dict:
     return {"usage": {"prompt_tokens": m.prompt_tokens, "completion_tokens": m.generated_tokens,
                       "total_tokens": m.prompt_tokens + m.generated_tokens},
             "timings": {"cached_tokens": m.reused_tokens, "ttft_s": round(m.ttft_s, 6),
-                        "decode_tokens_per_s": round(m.decode_tokens_per_s, 2)}}
+                        "decode_tokens_per_s": round(m.decode_tokens_per_s, 2)} | (
+                {"draft_n": m.draft_tokens, "draft_n_accepted": m.accepted_tokens} if m.draft_tokens else {})}

@@ -29,16 +29,32 @@ def test_same_sequence_keeps_its_history():
     fill(seq, list(range(10)))
     # the next turn extends the history: all 10 reused, only the new ones computed
     assert fill(seq, list(range(10)) + [50, 51, 52]) == 10
-    # diverging at 6, inside the full (hashed, shareable) block [4..7]: recompute from 4
-    assert fill(seq, list(range(6)) + [99, 98]) == 4
+    # diverging at 6, inside the full block [4..7] that only this sequence holds: the block
+    # forgets its hash (it is rewritten) and keeps positions 4 and 5
+    assert fill(seq, list(range(6)) + [99, 98]) == 6
     assert seq.tokens == list(range(6)) + [99, 98]
+    other = Sequence(pool, 32)
+    assert fill(other, list(range(8)) + [1]) == 4   # [4..7] is no longer offered
+
+
+def test_diverging_inside_a_shared_block_recomputes_it():
+    pool = BlockPool(8, 4)
+    a, b = Sequence(pool, 32), Sequence(pool, 32)
+    fill(a, list(range(9)))
+    assert fill(b, list(range(9))) == 8
+    shared = a.blocks[1]
+    assert pool.refs[shared] == 2
+    # b diverges at 6, inside the block a also holds: b gives it up and recomputes from 4
+    assert fill(b, list(range(6)) + [99]) == 4
+    assert b.blocks[1] != shared and pool.refs[shared] == 1
+    assert fill(Sequence(pool, 32), list(range(9))) == 8   # a's block is still found
 
 
 def test_at_least_one_token_is_computed():
     pool = BlockPool(8, 4)
     seq = Sequence(pool, 32)
     fill(seq, list(range(8)))
-    assert seq.reuse_prefix(list(range(8))) == 4  # the last token must run to give logits
+    assert seq.reuse_prefix(list(range(8))) == 7  # the last token must run to give logits
 
 
 def test_other_sequence_reuses_full_blocks():
