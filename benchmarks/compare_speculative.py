@@ -93,7 +93,7 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--task", action="append", choices=sorted(TASKS))
     ap.add_argument("--draft-max", type=int, default=16)
-    ap.add_argument("--ngram", type=int, default=12)
+    ap.add_argument("--ngram", type=int, default=6)
     ap.add_argument("--num-pred", type=int, default=10, help="llama-cpp-python's num_pred_tokens")
     ap.add_argument("--peer-python", default=os.environ.get("PYLLM_PEER_PYTHON", "/tmp/peer-avx512/bin/python"))
     args = ap.parse_args()

@@ -276,7 +276,7 @@ def chat(
     model_draft: ModelDraft = None,
     spec_draft_max: SpecDraftMax = 16,
     spec_draft_min: SpecDraftMin = 0,
-    spec_ngram_size: SpecNgramSize = 12,
+    spec_ngram_size: SpecNgramSize = 6,
     spec_p_min: SpecPMin = 0.75,
     temp: Temp = 0.8,
     top_k: TopK = 40,

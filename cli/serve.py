@@ -41,7 +41,7 @@ def serve(
     model_draft: ModelDraft = None,
     spec_draft_max: SpecDraftMax = 16,
     spec_draft_min: SpecDraftMin = 0,
-    spec_ngram_size: SpecNgramSize = 12,
+    spec_ngram_size: SpecNgramSize = 6,
     spec_p_min: SpecPMin = 0.75,
 ) -> None:
     """Serve a model over HTTP with OpenAI's API: /v1/chat/completions, /v1/completions, /v1/embeddings."""

@@ -77,7 +77,7 @@ class Model:
                  chat_template: Optional[str] = None, device: Optional[str] = None, think: Optional[bool] = None,
                  embedding: Optional[bool] = None, cache_type_k: str = "f16", cache_type_v: str = "f16",
                  spec_type: Optional[str] = None, draft_model: Optional[str | os.PathLike] = None,
-                 spec_draft_max: int = 16, spec_draft_min: int = 0, spec_ngram_size: int = 12,
+                 spec_draft_max: int = 16, spec_draft_min: int = 0, spec_ngram_size: int = 6,
                  spec_p_min: float = 0.75):
         self.backend = None
         self.draft: Optional[Model] = None

@@ -33,11 +33,13 @@ SPEC_TYPES = ("none", "ngram-simple", "draft")
 class SpecParams:
     """How far to guess. draft_max: tokens per draft at most (llama.cpp's
     --spec-draft-n-max); draft_min: shorter drafts are not run (--spec-draft-n-min);
-    ngram_size: how many of the last tokens must match (--spec-ngram-simple-size-n);
+    ngram_size: how many of the last tokens must match (--spec-ngram-size-n; llama.cpp's 12
+    waits longer after each divergence: 6 did better on the tasks of
+    benchmarks/compare_speculative.py, and 4 or less guessed wrong too often on free text);
     p_min: a draft model stops guessing where its top token is less likely."""
     draft_max: int = 16
     draft_min: int = 0
-    ngram_size: int = 12
+    ngram_size: int = 6
     p_min: float = 0.75
 
     def validate(self) -> "SpecParams":
