@@ -101,6 +101,7 @@ class _Parser:
     def sequence(self, nested: bool) -> list[tuple]:
         """Elements up to '|', ')' (when nested), the next rule or the end."""
         seq: list[tuple] = []
+        last = 0   # where the last operand starts: a literal is several elements, and *+?{} take it whole
         while True:
             self.skip()
             if self.i >= len(self.text):
@@ -112,6 +113,8 @@ class _Parser:
                 raise self.fail("unmatched ')'")
             if not nested and _RULE_START.match(self.text, self.i):
                 return seq
+            if c not in "*+?{":
+                last = len(seq)
             if c == '"':
                 start = len(seq)
                 self.i += 1
@@ -135,7 +138,8 @@ class _Parser:
             elif c in "*+?{":
                 if not seq:
                     raise self.fail(f"'{c}' has nothing to repeat")
-                seq[-1:] = self.repeat(seq[-1])
+                operand = seq[last:]
+                seq[last:] = self.repeat(operand[0] if len(operand) == 1 else ("r", self.new_rule([operand])))
             else:
                 m = _NAME.match(self.text, self.i)
                 if not m:

@@ -53,6 +53,9 @@ answer ::= "yes" [, ] [a-z]+
     ('root ::= "[" (item ("," item)*)? "]"\nitem ::= [0-9]+ | root', ["[]", "[1,[2,[]],33]"], ["[1,]", "[", "[[]"]),
     ("root ::= (\n  \"a\" |\n  \"\\x62\\u00e9\\U0001F642\"\n)\n", ["a", "bé🙂"], ["b", "ab"]),
     ('root ::= [\\]\\[\\-a-c^]+', ["]-[", "ab^c"], ["d", ""]),
+    # a repetition takes a whole string literal, as llama.cpp's: "ab"? is ("ab")?, not "a" "b"?
+    ('root ::= "<|t|>"? "{" "ab"* "cd"{2} "ef"+', ["{cdcdef", "<|t|>{ababcdcdefef"],
+     ["<|t{cdcdef", "{acdcdef", "{cdef", "{cdcd", "{cdcdf"]),
 ])
 def test_grammars_accept_their_language(grammar, good, bad):
     g = Grammar.parse(grammar)
@@ -265,12 +268,12 @@ def test_the_answer_is_held_and_the_thinking_is_free():
 
 
 def test_a_lazy_grammar_holds_from_its_trigger_on():
-    from pyllm.grammar import TriggeredConstraint
+    from pyllm.grammar import Trigger, TriggeredConstraint
     v = Vocab([b"<eos>", b"Let me ", b"check", b"<tool", b"_call>", b"{", b"}", b"x", b" <tool_call>{", b"<tool_call>x"])
     grammar = Grammar.parse('root ::= "<tool_call>" "{" "}"')
 
     def lazy():
-        return TriggeredConstraint(GrammarConstraint(grammar, v), b"<tool_call>")
+        return TriggeredConstraint(GrammarConstraint(grammar, v), Trigger(("<tool_call>",)))
 
     c = lazy()
     assert c.mask().all() and all(c.allows(t) for t in range(len(v.pieces)))   # free text, the end included
@@ -290,4 +293,38 @@ def test_a_lazy_grammar_holds_from_its_trigger_on():
     assert not c.active and c.mask().all()
     c.advance(3)
     c.advance(4)
+    assert not c.active
+
+
+def test_a_lazy_grammar_at_the_start_of_the_reply():
+    """Llama 3's calls: the grammar holds a reply that begins with '{"' or <|python_tag|> (after
+    blanks), and never one that began as prose, even if '{"' comes later."""
+    from pyllm.grammar import Trigger, TriggeredConstraint
+    v = Vocab([b"<eos>", b" ", b"{", b'"', b"a", b"}", b"<|python_tag|>", b"Sure: ", b'{"'])
+    grammar = Grammar.parse('root ::= "<|python_tag|>"? "{" [\x22] "a" [\x22] "}"')
+
+    def lazy():
+        return TriggeredConstraint(GrammarConstraint(grammar, v), Trigger(('{"', "<|python_tag|>"), at_start=True))
+
+    def feed(c, *pieces):
+        for p in pieces:
+            c.advance(v.pieces.index(p))
+
+    def allowed(c):
+        return {v.pieces[t].decode() for t in range(len(v.pieces)) if c.mask()[t]}
+
+    c = lazy()
+    feed(c, b" ", b"{")          # blanks, then the start of a trigger word: still free
+    assert not c.active and c.mask().all()
+    feed(c, b'"')
+    assert c.active and allowed(c) == {"a"}
+    c = lazy()
+    feed(c, b"<|python_tag|>")
+    assert c.active and allowed(c) == {"{", '{"'}
+    c = lazy()
+    feed(c, b"Sure: ", b'{"')    # prose first: the reply stays free
+    assert not c.active and c.mask().all()
+    c = lazy()
+    feed(c, b"{", b"a")          # '{' then not '"': not a call
+    feed(c, b'{"')
     assert not c.active
