@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import codecs
 import weakref
+from dataclasses import dataclass
 from typing import Iterable, Optional, Union
 
 import numpy as np
@@ -174,17 +175,28 @@ class GrammarConstraint:
         self.state = sid
 
 
+@dataclass(frozen=True)
+class Trigger:
+    """Where a lazy grammar takes hold: at the first of `words` to appear in the text;
+    with at_start, only where the text begins with one of them (after blanks)."""
+    words: tuple[str, ...]
+    at_start: bool = False
+
+
 class TriggeredConstraint:
     """A lazy grammar (as llama.cpp's for tool calls under tool_choice auto): the text
-    is free until `trigger` appears in it, and from the trigger on (the grammar starts
-    with it) the grammar holds it. If what follows the trigger in the same token does
-    not fit the grammar, the text stays free."""
+    is free until a trigger word appears in it, and from that word on (the grammar
+    starts with it) the grammar holds it. If what follows the word in the same token
+    does not fit the grammar, or (at_start) the text began otherwise, it stays free."""
 
-    def __init__(self, inner: GrammarConstraint, trigger: bytes):
-        self.inner, self.trigger = inner, trigger
+    def __init__(self, inner: GrammarConstraint, trigger: Trigger):
+        self.inner = inner
+        self.words = [w.encode() for w in trigger.words if w]
+        self.at_start = trigger.at_start
         self.vocab, self.end = inner.vocab, inner.end
         self.active = False
         self.tail = b""      # the end of the free text: where a trigger may be starting
+        self.keep = max((len(w) for w in self.words), default=1) - 1
 
     @property
     def done(self) -> bool:
@@ -206,16 +218,23 @@ class TriggeredConstraint:
         if self.active:
             self.inner.advance_bytes(data, what)
             return
-        text = self.tail + data
-        i = text.find(self.trigger) if self.trigger else -1
-        if i < 0:
-            self.tail = text[-(len(self.trigger) - 1):] if len(self.trigger) > 1 else b""
+        if not self.words:
             return
-        sid = self.inner.grammar.feed(self.inner.state, text[i:])
+        text = self.tail + data
+        if self.at_start:
+            text = text.lstrip()
+            if not any(w.startswith(text[:len(w)]) for w in self.words):
+                self.words = []       # the reply began otherwise: it stays free
+                return
+        found = [i for i in (text.find(w) for w in self.words) if i >= 0]
+        if not found:   # at_start: all of it is the start of a word so far
+            self.tail = text if self.at_start else text[-self.keep:] if self.keep else b""
+            return
+        sid = self.inner.grammar.feed(self.inner.state, text[min(found):])
         if sid >= 0:
             self.inner.state, self.active = sid, True
         else:
-            self.trigger = b""   # not the grammar's way: the rest stays free
+            self.words = []   # not the grammar's way: the rest stays free
 
 
 class AnswerConstraint:
@@ -284,10 +303,10 @@ Format = Union[str, dict, bool, None]
 
 def constraint_for(tokenizer, format: Format = None, grammar: Optional[str] = None,
                    end_ids: Optional[Iterable[int]] = None,
-                   trigger: Optional[str] = None) -> "GrammarConstraint | TriggeredConstraint | None":
+                   trigger: "str | Trigger | None" = None) -> "GrammarConstraint | TriggeredConstraint | None":
     """The constraint for an output `format` ("json" or a JSON schema) or a GBNF
-    `grammar`; None when neither is given. With a trigger, the grammar applies
-    from where that text appears (TriggeredConstraint)."""
+    `grammar`; None when neither is given. With a trigger (a word or a Trigger), the
+    grammar applies from where it appears (TriggeredConstraint)."""
     if format is not None and grammar is not None:
         raise InvalidArgumentError("give a format or a grammar, not both")
     if grammar is not None:
@@ -304,4 +323,6 @@ def constraint_for(tokenizer, format: Format = None, grammar: Optional[str] = No
     else:
         raise InvalidArgumentError(f'format must be "json" or a JSON schema (a dict), not {format!r}')
     constraint = GrammarConstraint(Grammar.parse(text), tokenizer, end_ids)
-    return TriggeredConstraint(constraint, trigger.encode()) if trigger else constraint
+    if isinstance(trigger, str):
+        trigger = Trigger((trigger,))
+    return TriggeredConstraint(constraint, trigger) if trigger else constraint
