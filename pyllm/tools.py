@@ -18,9 +18,10 @@ common/chat.cpp reads it):
 tool_choice: "auto" (the model decides), "none" (no tools), "required" (a call
 must come), or {"type": "function", "function": {"name": N}} (a call of N).
 Where a call must come, the reply is held to the format by a grammar; under
-"auto" the generic format's reply is too (it is always one JSON object), a
-Hermes call from its `<tool_call>` on (a lazy grammar, as llama.cpp's), and
-the other formats' calls are parsed afterwards.
+"auto" the generic format's reply is too (it is always one JSON object), and
+the native formats' calls are from where they start (lazy grammars, as
+llama.cpp's): a Hermes call from its `<tool_call>`, a Mistral call from its
+`[TOOL_CALLS]`, a Llama 3 reply that begins with `{"` or `<|python_tag|>`.
 parallel_tool_calls (off by default, as in llama-server) lets the generic
 format's reply hold several calls; small models otherwise repeat a call.
 """
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .errors import InvalidArgumentError
+from .grammar import Trigger
 
 FORMATS = ("hermes", "llama3", "mistral", "generic")
 
@@ -212,16 +214,21 @@ def constraint_kwargs(fmt: str, tools: list[dict], required: bool, parallel: boo
         return {}
     if fmt == "generic":
         return {"format": generic_schema(tools, required, parallel)}
-    if fmt == "hermes":   # under auto, from the first <tool_call> on (a lazy grammar)
+    if fmt == "hermes":   # under auto, from the first <tool_call> on
         block = '"<tool_call>" tc-ws call tc-ws "</tool_call>"'
         root = f"root ::= {block} ( tc-ws {block} )*" if parallel else f"root ::= {block}"
-        grammar = f"{root}\ntc-ws ::= [ \\n]{{0,2}}\n" + schema_to_gbnf(_call_schema(tools), root="call")
-        return {"grammar": grammar} if required else {"grammar": grammar, "trigger": "<tool_call>"}
-    if not required:
-        return {}
-    if fmt == "llama3":
-        return {"format": _call_schema(tools, "parameters")}
-    return {}   # mistral: its [TOOL_CALLS] is a special token, outside what grammars see
+        trigger = Trigger(("<tool_call>",))
+    elif fmt == "mistral":   # under auto, from [TOOL_CALLS] on (a special token: its text is its piece)
+        calls = 'call ( tc-ws "," tc-ws call )*' if parallel else "call"
+        root = f'root ::= "[TOOL_CALLS]" tc-ws "[" tc-ws {calls} tc-ws "]"'
+        trigger = Trigger(("[TOOL_CALLS]",))
+    else:   # llama3; under auto, a reply that begins as a call is one
+        calls = 'call ( tc-ws ";" tc-ws call )*' if parallel else "call"
+        root = f'root ::= "<|python_tag|>"? tc-ws {calls}'
+        trigger = Trigger(('{"', "<|python_tag|>"), at_start=True)
+    arguments = "parameters" if fmt == "llama3" else "arguments"
+    grammar = f"{root}\ntc-ws ::= [ \\n]{{0,2}}\n" + schema_to_gbnf(_call_schema(tools, arguments), root="call")
+    return {"grammar": grammar} if required else {"grammar": grammar, "trigger": trigger}
 
 
 # --- the reply --------------------------------------------------------------------------

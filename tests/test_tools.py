@@ -193,3 +193,77 @@ def test_hermes_tool_calls(smol):
         assert c.finish_reason in ("stop", "length")
     finally:
         m._template = saved
+
+
+# Llama 3.1-style and Mistral-style templates (how they render tools), written for these tests
+LLAMA3 = """{%- if tools %}<|im_start|>system
+Respond with a JSON function call {"name": function name, "parameters": dictionary of argument name and its value}, \
+or answer in words. Functions: {% for t in tools %}{{ t | tojson }} {% endfor %}<|python_tag|><|im_end|>
+{% endif %}
+{%- for message in messages %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+MISTRAL = """{%- for message in messages %}
+{%- if loop.last and tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}
+{%- if message.role == "user" %}[INST]{{ message.content }}[/INST]{% else %}{{ message.content }}</s>{% endif %}
+{%- endfor %}[TOOL_CALLS]"""
+
+
+def _with_template(m, source, fn):
+    from pyllm.chat_template import ChatTemplate
+    saved = m._template
+    try:
+        m._template = ChatTemplate.from_source(source)
+        return fn()
+    finally:
+        m._template = saved
+
+
+@pytest.mark.parametrize("source, fmt", [(LLAMA3, "llama3"), (MISTRAL, "mistral")])
+def test_native_formats_hold_a_required_call(smol, source, fmt):
+    """tool_choice required: the reply is one call in the template's own format."""
+    assert detect_format(source) == fmt
+    c = _with_template(smol, source, lambda: smol.chat(ASK, tools=TOOLS, tool_choice="required", temperature=0,
+                                                        max_tokens=80))
+    assert c.finish_reason == "stop" and len(c.tool_calls) == 1 and c.text == ""
+    assert c.tool_calls[0].name in ("get_weather", "add")
+    c = _with_template(smol, source, lambda: smol.chat(ASK, tools=[WEATHER], tool_choice="required",
+                                                        temperature=1.0, seed=3, max_tokens=80))
+    assert c.tool_calls[0].name == "get_weather" and isinstance(c.tool_calls[0].arguments["city"], str)
+
+
+@pytest.mark.parametrize("fmt, call, prose", [
+    ("llama3", '{"name": "add", "parameters": {"a": 1, "b": 2}}', 'Sure: {"name": "add"} is not a call'),
+    ("llama3", '<|python_tag|>{"name": "add", "parameters": {"a": 1, "b": 2}}', "The answer is 3."),
+    ("mistral", 'Let me add.[TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": 2}}]', "It is 3 [TOOL"),
+    ("hermes", 'Let me add.<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>', "<tool 3"),
+])
+def test_auto_calls_are_held_from_where_they_start(smol, fmt, call, prose):
+    """tool_choice auto: text stays free until a call starts (a Llama 3 reply only at its start);
+    from there the grammar holds the call to the tools' schemas, and it ends where the call does."""
+    from pyllm.grammar import constraint_for
+    from pyllm.tools import constraint_kwargs
+    kw = constraint_kwargs(fmt, check_tools(TOOLS), required=False)
+    tok = smol.tokenizer
+
+    def constrained(text):
+        c = constraint_for(tok, grammar=kw["grammar"], trigger=kw["trigger"])
+        for t in smol.tokenize(text, add_bos=False, special=True):
+            assert c.allows(t), text
+            c.advance(t)
+        return c
+    c = constrained(call)
+    assert c.active and c.done
+    c = constrained(call[:call.index('"a"') + 1])   # inside the call: only its schema's keys may come
+    assert c.active and c.allows(smol.tokenize("a", add_bos=False)[0])
+    assert not c.allows(smol.tokenize("x", add_bos=False)[0])
+    c = constrained(prose)
+    assert not c.active and c.mask().all()
+
+
+def test_auto_tool_use_with_native_templates_still_answers(smol):
+    for source in (LLAMA3, MISTRAL):
+        c = _with_template(smol, source, lambda: smol.chat(ASK, tools=TOOLS, temperature=0, max_tokens=40))
+        assert c.finish_reason in ("stop", "length")
