@@ -128,9 +128,10 @@ def test_chat_in_a_terminal(smollm2_path, capsys):
         t.send(question + "\r")
         _, s3 = reply_stats(t)
         ttft1, ttft2, ttft3 = s1["ttft"], s2["ttft"], s3["ttft"]
-        # turn 2 computed no more than the fresh prompt did, so its TTFT is about the same,
-        # far below turn 1's (which computed the whole passage)
-        assert s2["computed"] <= s3["computed"] + 2
+        # turn 2 computed no more than the fresh prompt holds (which itself reuses the cached
+        # template tokens before the question), so its TTFT is about the same, far below
+        # turn 1's (which computed the whole passage)
+        assert s2["computed"] <= s3["prompt"] and s3["reused"] > 0
         assert ttft2 < 2.0 * ttft3 + 0.15, (ttft2, ttft3)
         assert ttft2 < ttft1
 
