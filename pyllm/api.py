@@ -539,8 +539,22 @@ class ChatStream:
 
     def parts(self) -> Iterator[tuple[str, str]]:
         """Iterates the reply as ("thinking" | "answer", text) parts, reasoning
-        markup removed (pyllm.reasoning)."""
-        return split_pieces(self, self.start_thinking)
+        markup removed (pyllm.reasoning). With tools, the answer leaves out the calls
+        (and what may become one, until it is known); the completion's tool_calls
+        hold them at the end."""
+        parts = split_pieces(self, self.start_thinking)
+        return parts if self.tool_use is None else self._tool_parts(parts)
+
+    def _tool_parts(self, parts: Iterator[tuple[str, str]]) -> Iterator[tuple[str, str]]:
+        shown = self.tool_use.answer_stream()
+        for kind, text in parts:
+            text = text if kind == "thinking" else shown.push(text)
+            if text:
+                yield kind, text
+        if self.completion is not None:   # parsed by now: its text is the reply less its calls
+            rest = shown.finish(self.reasoning()[1])
+            if rest:
+                yield "answer", rest
 
     def reasoning(self) -> tuple[str, str]:
         """(thinking, answer) of the finished reply (with tools: without the calls)."""

@@ -325,13 +325,13 @@ class Handler(BaseHTTPRequestHandler):
                                 parallel_tool_calls=bool(body.get("parallel_tool_calls", False)), logprobs=top,
                                 **constraint, **sampling)
             head = self.envelope("chat.completion.chunk" if body.get("stream") else "chat.completion", "chatcmpl")
-            if body.get("stream") and tools is None:
+            if body.get("stream"):   # with tools, the calls come after the answer's text
                 self._stream(stream, *reply_parts(stream), head, lambda kind, text: {
                     "delta": {"reasoning_content" if kind == "thinking" else "content": text}},
                     {"delta": {"role": "assistant", "content": ""}},
                     lambda c: chat_logprobs(m, c.logprobs) if top is not None else None)
                 return
-            c = stream.run()   # with tools, whole: the calls are known at the end
+            c = stream.run()
             thinking, answer = stream.reasoning()
             message = {"role": "assistant", "content": answer or (None if c.tool_calls else "")}
             if thinking:
@@ -340,18 +340,8 @@ class Handler(BaseHTTPRequestHandler):
                 message["tool_calls"] = [call.openai() for call in c.tool_calls]
             finish = "tool_calls" if c.tool_calls else FINISH[c.finish_reason]
             scores = {"logprobs": chat_logprobs(m, c.logprobs)} if top is not None else {}
-            if not body.get("stream"):
-                self.send_json(HTTPStatus.OK, {**head, "choices": [
-                    {"index": 0, "message": message, "finish_reason": finish, **scores}], **usage(c)})
-                return
-            deltas = [{"role": "assistant", "content": ""}]
-            deltas += [{"reasoning_content": thinking}] if thinking else []
-            deltas += [{"content": answer}] if answer else []
-            deltas += [{"tool_calls": [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]}] \
-                if c.tool_calls else []
-            self.send_events([{**head, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
-                             + [{**head, "choices": [{"index": 0, "delta": {}, "finish_reason": finish, **scores}],
-                                 **usage(c)}])
+            self.send_json(HTTPStatus.OK, {**head, "choices": [
+                {"index": 0, "message": message, "finish_reason": finish, **scores}], **usage(c)})
 
     def completions(self) -> None:
         body = self.read_json()
@@ -401,9 +391,9 @@ class Handler(BaseHTTPRequestHandler):
     def _stream(self, gen, parts: Iterator[tuple], close, head: dict, choice, first: Optional[dict] = None,
                 logprobs=lambda c: None) -> None:
         """Streams a reply (gen: its .completion when done) as chunks of `head` with choice(kind, text)
-        for each (kind, text) of parts; the last chunk carries the finish reason, the usage and
-        logprobs(completion) when that is not None. close() stops the reply: a client that goes
-        away stops it there."""
+        for each (kind, text) of parts; then a chat's tool calls, if it made any; the last chunk
+        carries the finish reason, the usage and logprobs(completion) when that is not None.
+        close() stops the reply: a client that goes away stops it there."""
         def events() -> Iterator[dict]:
             if first is not None:
                 yield {**head, "choices": [{"index": 0, **first, "finish_reason": None}]}
@@ -411,13 +401,17 @@ class Handler(BaseHTTPRequestHandler):
                 if text:
                     yield {**head, "choices": [{"index": 0, **choice(kind, text), "finish_reason": None}]}
             c = gen.completion
+            if c.tool_calls:
+                calls = [{"index": i, **call.openai()} for i, call in enumerate(c.tool_calls)]
+                yield {**head, "choices": [{"index": 0, "delta": {"tool_calls": calls}, "finish_reason": None}]}
             last = choice(None, "")
             if "delta" in last:
                 last["delta"] = {}
             scores = logprobs(c)
             if scores is not None:
                 last["logprobs"] = scores
-            yield {**head, "choices": [{"index": 0, **last, "finish_reason": FINISH[c.finish_reason]}], **usage(c)}
+            finish = "tool_calls" if c.tool_calls else FINISH[c.finish_reason]
+            yield {**head, "choices": [{"index": 0, **last, "finish_reason": finish}], **usage(c)}
         try:
             self.send_events(events())
         finally:
@@ -661,36 +655,31 @@ class Handler(BaseHTTPRequestHandler):
             with enable_thinking(m, body.get("think")):
                 reply = start(m, max_tokens, options.get("stop"), {**sampling, "format": fmt})
             parts, close = reply_parts(reply)
+            def with_calls(out: dict, c) -> dict:
+                if c.tool_calls:   # ollama's calls: arguments as an object
+                    out["message"]["tool_calls"] = [{"function": {"name": t.name, "arguments": t.arguments}}
+                                                    for t in c.tool_calls]
+                return out
             try:
-                if getattr(reply, "tool_use", None) is not None:   # whole: the calls are known at the end
-                    c = reply.run()
-                    thinking, answer = reply.reasoning()
-                    out = fields(thinking, answer)
-                    if c.tool_calls:
-                        out["message"]["tool_calls"] = [{"function": {"name": t.name, "arguments": t.arguments}}
-                                                        for t in c.tool_calls]
-                    done = {**head(), "done": True, "done_reason": FINISH[c.finish_reason], **ollama_counts(c)}
-                    if body.get("stream", True):
-                        self.send_lines(iter([{**head(), **out, "done": False}, {**done, **fields("", "")}]))
-                    else:
-                        self.send_json(HTTPStatus.OK, {**done, **out})
-                    return
-                if body.get("stream", True):
+                if body.get("stream", True):   # with tools, the calls come after the answer's text
                     def lines() -> Iterator[dict]:
                         for kind, text in parts:
                             if text:
                                 yield {**head(), **(fields(text, "") if kind == "thinking" else fields("", text)),
                                        "done": False}
                         c = reply.completion
+                        if c.tool_calls:
+                            yield {**head(), **with_calls(fields("", ""), c), "done": False}
                         yield {**head(), **fields("", ""), "done": True, "done_reason": FINISH[c.finish_reason],
                                **ollama_counts(c)}
                     self.send_lines(lines())
                     return
                 chunks = list(parts)
                 c = reply.completion
+                thinking, answer = reply.reasoning() if getattr(reply, "tool_use", None) is not None else (
+                    "".join(t for k, t in chunks if k == "thinking"), "".join(t for k, t in chunks if k != "thinking"))
                 self.send_json(HTTPStatus.OK, {
-                    **head(), **fields("".join(t for k, t in chunks if k == "thinking"),
-                                       "".join(t for k, t in chunks if k != "thinking")),
+                    **head(), **with_calls(fields(thinking, answer), c),
                     "done": True, "done_reason": FINISH[c.finish_reason], **ollama_counts(c)})
             finally:
                 close()   # a client that went away stops the reply here

@@ -300,6 +300,113 @@ def parse_reply(fmt: str, text: str) -> tuple[str, list[ToolCall]]:
     return text, []
 
 
+# --- streaming --------------------------------------------------------------------------
+
+_GENERIC_ANSWER = re.compile(r'\s*\{\s*"response"\s*:\s*"')
+_JSON_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+
+
+class AnswerStream:
+    """The answer of a reply with tools, as it streams: the text a client may see now,
+    never a call nor what may still become one. Hermes and Mistral replies stream up to
+    the call's opening word (a possible start of it held back); a Llama 3 reply streams
+    unless it begins as a call; the generic format's reply is JSON, and the text of its
+    "response" streams as its string is decoded. finish() gives what the final parse
+    found beyond what was streamed."""
+
+    def __init__(self, fmt: str):
+        self.fmt = fmt
+        self.text = ""        # the reply so far
+        self.shown = ""       # what push() gave out
+        self.held = False     # a call (or what may be one) started: nothing more streams
+        self.at = -1          # generic: where the response string's next character is
+        self.word = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]"}.get(fmt, "")
+
+    def push(self, piece: str) -> str:
+        self.text += piece
+        if self.held:
+            return ""
+        out = getattr(self, "_" + ("word" if self.word else self.fmt))()
+        self.shown += out
+        return out
+
+    def _word(self) -> str:
+        i = self.text.find(self.word)
+        if i >= 0:
+            self.held = True
+            return self.text[len(self.shown):i]
+        keep = next((k for k in range(min(len(self.word) - 1, len(self.text)), 0, -1)
+                     if self.text.endswith(self.word[:k])), 0)
+        return self.text[len(self.shown):len(self.text) - keep]
+
+    def _llama3(self) -> str:
+        if self.shown:
+            return self.text[len(self.shown):]
+        head = self.text.lstrip()
+        if not head:
+            return ""
+        if head.startswith("{") or "<|python_tag|>".startswith(head[:14]):
+            self.held = True    # a call, or the start of one: the final parse decides
+            return ""
+        return self.text
+
+    def _generic(self) -> str:
+        if self.at < 0:
+            m = _GENERIC_ANSWER.match(self.text)
+            if m is None:
+                compact = re.sub(r"\s", "", self.text)
+                if not '{"response":"'.startswith(compact):
+                    self.held = True   # calls, not an answer
+                return ""
+            self.at = m.end()
+        out = []
+        t, i = self.text, self.at
+        while i < len(t):
+            c = t[i]
+            if c == '"':
+                self.held = True       # the string closed
+                break
+            if c != "\\":
+                out.append(c)
+                i += 1
+                continue
+            if i + 1 >= len(t):
+                break                  # an escape cut in two: wait for the rest
+            e = t[i + 1]
+            if e != "u":
+                out.append(_JSON_ESCAPES.get(e, e))
+                i += 2
+                continue
+            if i + 6 > len(t):
+                break
+            cp = _hex4(t[i + 2:i + 6])
+            if 0xD800 <= cp < 0xDC00:  # a surrogate pair: wait for its low half
+                if i + 12 > len(t):
+                    break
+                low = _hex4(t[i + 8:i + 12]) if t[i + 6:i + 8] == "\\u" else -1
+                if 0xDC00 <= low < 0xE000:
+                    cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00)
+                    i += 6
+            out.append(chr(cp) if 0 <= cp and not 0xD800 <= cp < 0xE000 else "\ufffd")
+            i += 6
+        self.at = i
+        return "".join(out)
+
+    def _none(self) -> str:
+        return self.text[len(self.shown):]
+
+    def finish(self, content: str) -> str:
+        """What of the final content (the reply less its calls) is still to be shown."""
+        return content[len(self.shown):] if content.startswith(self.shown) else ""
+
+
+def _hex4(digits: str) -> int:
+    try:
+        return int(digits, 16) if len(digits) == 4 else -1
+    except ValueError:
+        return -1
+
+
 # --- one request ------------------------------------------------------------------------
 
 class ToolUse:
@@ -324,6 +431,9 @@ class ToolUse:
 
     def constraint(self) -> dict:
         return constraint_kwargs(self.format, self.tools, self.required, self.parallel)
+
+    def answer_stream(self) -> AnswerStream:
+        return AnswerStream(self.format if self.tools else "none")
 
     def parse(self, answer: str) -> tuple[str, list[ToolCall]]:
         if not self.tools:

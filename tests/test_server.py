@@ -409,6 +409,15 @@ def test_tool_calls(smol):
                                                       "max_tokens": 40})
     want = m.chat(history, tools=[WEATHER], temperature=0, max_tokens=40)
     assert status == 200 and body["choices"][0]["message"]["content"] == (want.text or None)
+    # an answer with tools streams as it comes (the generic format's "response", decoded from its JSON);
+    # SmolLM2 would rather call the tool again: tokens that spell "tool..." are banned
+    no_call = {t: -100 for t, p in enumerate(m.tokenizer.all_pieces()) if p.lstrip(b' "').startswith(b"tool")}
+    want = m.chat(history, tools=[WEATHER], temperature=0, max_tokens=60, logit_bias=no_call)
+    chunks = events(url, "/v1/chat/completions", {"messages": history, "tools": [WEATHER], "temperature": 0,
+                                                  "max_tokens": 60, "logit_bias": no_call})
+    pieces = [c["choices"][0]["delta"].get("content") for c in chunks[1:-2]]
+    assert not want.tool_calls and len(want.text) > 10
+    assert "".join(pieces) == want.text and len(pieces) > 3 and not any("response" in p for p in pieces)
     ollama = {"messages": ask, "tools": [WEATHER], "options": {"temperature": 0, "num_predict": 60}}
     out = call(url, "/api/chat", {**ollama, "stream": False})[1]
     got = out["message"]["tool_calls"]

@@ -267,3 +267,25 @@ def test_auto_tool_use_with_native_templates_still_answers(smol):
     for source in (LLAMA3, MISTRAL):
         c = _with_template(smol, source, lambda: smol.chat(ASK, tools=TOOLS, temperature=0, max_tokens=40))
         assert c.finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("fmt, reply, content, shown", [
+    ("hermes", 'Let me check.<tool_call>\n{"name": "add"}\n</tool_call>', "Let me check.", "Let me check."),
+    ("hermes", "An answer with <tool in it", "An answer with <tool in it", "An answer with <tool in it"),
+    ("mistral", 'Ok.[TOOL_CALLS][{"name": "add"}]', "Ok.", "Ok."),
+    ("llama3", '  {"name": "add", "parameters": {}}', "", ""),
+    ("llama3", "The answer is 4.", "The answer is 4.", "The answer is 4."),
+    ("llama3", "{not a call} then text", "{not a call} then text", ""),      # held, given whole at the end
+    ("generic", '{ "response" :\n "Hi \\"you\\"\\n\\ud83d\\ude00 \\u00e9" }', 'Hi "you"\n\U0001F600 é',
+     'Hi "you"\n\U0001F600 é'),
+    ("generic", '{"tool_calls": [{"name": "add", "arguments": {}}]}', "", ""),
+])
+@pytest.mark.parametrize("step", [1, 2, 5])
+def test_an_answer_with_tools_streams_without_its_calls(fmt, reply, content, shown, step):
+    """Streamed pieces hold no call markup, whatever the pieces' cuts (an escape or a call's
+    opening word cut in two); with the end's rest they make the final content."""
+    from pyllm.tools import AnswerStream
+    a = AnswerStream(fmt)
+    pieces = [a.push(reply[i:i + step]) for i in range(0, len(reply), step)]
+    assert "".join(pieces) == shown
+    assert "".join(pieces) + a.finish(content) == content
