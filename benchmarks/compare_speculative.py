@@ -99,8 +99,8 @@ def main() -> None:
     args = ap.parse_args()
     from pyllm import Model, registry
 
-    print(f"| model | task | pyllm plain tok/s | pyllm ngram tok/s | speed-up | kept/guessed | same tokens "
-          f"| llama.cpp plain | llama.cpp lookup | speed-up | pyllm ngram / llama.cpp lookup |")
+    print("| model | task | pyllm plain tok/s | pyllm ngram tok/s | speed-up | kept/guessed | same tokens "
+          "| llama.cpp plain | llama.cpp lookup | speed-up | pyllm ngram / llama.cpp lookup |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.model or ["smollm2-135m", "gemma3-270m"]:
         path = str(registry.resolve(name))

@@ -14,6 +14,7 @@ from .embed import embed
 from .info import info
 from .perplexity import perplexity
 from .plan import plan
+from .quantize import quantize
 from .run import run
 from .serve import serve
 
@@ -55,6 +56,7 @@ app.command("bench")(bench)
 app.command("info")(info)
 app.command("plan")(plan)
 app.command("perplexity")(perplexity)
+app.command("quantize")(quantize)
 
 
 def main() -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import bisect
 import functools
 import re
-from typing import Optional
 
 from .errors import GrammarError
 

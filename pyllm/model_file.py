@@ -253,11 +253,14 @@ class ModelFile:
                                  f"{n_kv} metadata entries)")
 
         self.metadata: dict[str, Any] = {}
+        self.metadata_spans: dict[str, tuple[int, int]] = {}   # key -> its entry's bytes (to copy it as it is)
         for i in range(n_kv):
+            start = c.pos
             key = c.string(f"metadata key #{i}")
             label = printable(key)
             vtype = c.u32(f"type of {label}")
             self.metadata[key] = c.value(vtype, label)
+            self.metadata_spans[key] = (start, c.pos)
         for key in self.metadata:
             kind = METADATA_KINDS.get(key)
             if kind is None and key.startswith("tokenizer.ggml.") and key.endswith("_token_id"):
@@ -356,6 +359,11 @@ class ModelFile:
 
     def has_tensor(self, name: str) -> bool:
         return name in self.tensors
+
+    def metadata_entry(self, key: str) -> bytes:
+        """The key's whole entry (key, value type, value) as the file holds it."""
+        start, end = self.metadata_spans[key]
+        return bytes(self._mmap[start:end])
 
     def type_histogram(self) -> dict[str, int]:
         hist: dict[str, int] = {}

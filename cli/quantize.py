@@ -1,0 +1,47 @@
+"""`pyllm quantize`: a GGUF model in fewer bits, as llama-quantize makes it
+(pyllm/quantize.py says which tensors get which type).
+
+stderr: each tensor as it is written, then the sizes before and after.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Annotated
+
+import typer
+
+from pyllm.errors import InvalidArgumentError
+
+from .common import err, handle_errors, model_path
+
+
+def quantize(
+    model: Annotated[str, typer.Argument(help="the model to quantize: a .gguf path or a registry name; its "
+                                         "matrices F32, F16 or BF16")],
+    output: Annotated[str, typer.Argument(help="the .gguf file to write")],
+    type: Annotated[str, typer.Argument(help="Q4_K_M (the usual choice), Q4_K_S, Q5_K_M, Q5_K_S, Q6_K, Q8_0, "
+                                        "Q4_0, Q4_1, Q5_0, Q5_1, F16 or BF16")],
+    allow_requantize: Annotated[bool, typer.Option("--allow-requantize", help="quantize matrices that are already "
+                                                   "quantized (from their dequantized values; it loses more)")] = False,
+    pure: Annotated[bool, typer.Option("--pure", help="every matrix in TYPE: no Q6_K output, no _M mix")] = False,
+) -> None:
+    """Quantize a GGUF model to a smaller type (llama-quantize's types and rules)."""
+    with handle_errors():
+        from pyllm.quantize import FTYPES, quantize_file
+        ftype = type.upper()
+        if ftype not in FTYPES:
+            raise InvalidArgumentError(f"unknown type {type!r}; pyllm quantizes to {', '.join(FTYPES)}")
+        path = model_path(model, quiet=True)
+        if os.path.isdir(output):
+            raise InvalidArgumentError(f"{output} is a folder: give the output file's path")
+        t0 = time.perf_counter()
+
+        def progress(name: str, qtype, done: int, total: int) -> None:
+            err.print(f"[{done:4d}/{total}] {name:<40} {qtype.name}", highlight=False, soft_wrap=True)
+        p = quantize_file(path, output, ftype, allow_requantize=allow_requantize, pure=pure, progress=progress)
+        before, after = os.path.getsize(path), os.path.getsize(output)
+        mix = ", ".join(f"{n} {k}" for k, n in sorted(p.histogram().items(), key=lambda kv: -kv[1]))
+        err.print(f"{output}: {ftype}, {after / 1e6:.1f} MB from {before / 1e6:.1f} MB "
+                  f"({after / before:.1%}) in {time.perf_counter() - t0:.1f} s; tensors: {mix}", highlight=False,
+                  soft_wrap=True)

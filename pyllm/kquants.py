@@ -1,0 +1,325 @@
+"""Q4_K, Q5_K and Q6_K quantizers: numpy ports of llama.cpp's reference ones.
+
+These are the functions ggml-quants.c calls when there is no importance
+matrix (quantize_row_q4_K_ref, _q5_K_ref, _q6_K_ref); their output is the
+byte layout GGUF files carry, which gguf.quants.dequantize decodes. Each
+function takes float32 [rows, n] (n a multiple of 256) and returns uint8
+[rows, n // 256 * block_bytes]. All of a tensor's blocks are done at once:
+the loops run only over the search steps, never over blocks.
+
+What the formats store, per super-block of 256 values:
+
+Q4_K (144 bytes): 8 sub-blocks of 32. Value = d*sc_j*q - dmin*m_j, q in 0..15.
+    d, dmin   fp16, the super-block scales of the scales and of the mins
+    scales    12 bytes: eight 6-bit sc_j and eight 6-bit m_j, packed: bytes
+              0..3 hold sc_0..3, bytes 4..7 hold m_0..3 (low 6 bits each);
+              bytes 8..11 hold the low nibbles of sc_4..7 (low) and m_4..7
+              (high); the top 2 bits of sc_4..7 / m_4..7 go to the top 2 bits
+              of bytes 0..3 / 4..7
+    qs        128 bytes: in each 64-value chunk, byte l holds q[l] in its low
+              nibble and q[l+32] in its high nibble
+Q5_K (176 bytes): as Q4_K with q in 0..31; d, dmin, scales[12], then
+    qh        32 bytes: bit 2c of qh[l] is bit 4 of q[64c+l], bit 2c+1 is
+              bit 4 of q[64c+32+l] (c = 0..3)
+    qs        128 bytes: the low 4 bits of q, packed as Q4_K's qs
+Q6_K (210 bytes): 16 sub-blocks of 16. Value = d*sc_j*(q - 32), q in 0..63.
+    ql        128 bytes: low 4 bits of q; in each 128-value half, ql[l] holds
+              q[l] (low nibble) and q[l+64] (high), ql[l+32] holds q[l+32]
+              and q[l+96]
+    qh        64 bytes: high 2 bits; in each half, qh[l] holds those of
+              q[l], q[l+32], q[l+64], q[l+96] at bits 0, 2, 4, 6
+    scales    16 int8 sc_j
+    d         fp16
+
+How the scales are searched (nearest_int is llama.cpp's round-half-to-even
+on float32: np.rint in the searches, where its argument stays within
+nmax + 1, and the 1.5*2^23 trick itself, _nearest_int, where it may not):
+
+make_qx_quants (Q6_K, symmetric, per sub-block of 16, nmax = 32): with max the
+    value of largest |x| (signed), try iscale = -(nmax + 0.1*k)/max for k = 0
+    and k = -9..9; l = clamp(nearest_int(iscale*x), -nmax, nmax-1); with
+    weights w = x^2 the best scale for those l is s = sum(w*x*l)/sum(w*l*l),
+    and its weighted squared error is sum(w*x^2) - s*sum(w*x*l), so the try
+    with the largest s*sum(w*x*l) wins.
+make_qkx2_quants (Q4_K/Q5_K, affine, per sub-block of 32, weights
+    w = rms(sub-block) + |x|): start from min = min(x, 0), scale =
+    (max - min)/nmax; then for k = 0..nstep take iscale = (nmax + rmin +
+    rdelta*k)/(max - min), round l = clamp(nearest_int(iscale*(x - min)), 0,
+    nmax), fit scale and min to those l by weighted least squares (min
+    clamped to <= 0), keep it if its weighted squared error is smaller. A kept
+    try also moves `min`, which the later tries then round against (as in
+    llama.cpp).
+
+Then per super-block the sub-block scales (and mins) are themselves quantized
+to 6 bits (Q4_K/Q5_K, against the largest) or int8 (Q6_K, the largest |scale|
+maps to -128), the super-block scale is stored as fp16, and every value is
+re-rounded against the scale the decoder will actually use. A sub-block whose
+decoded scale is 0 keeps the l of its search, as llama.cpp's `continue` does
+(they decode to -dmin*m, or 0, whatever they hold).
+
+Arithmetic is float32 in llama.cpp's order of operations, and sums run
+sequentially (numpy reduces over axis 0 of a [position, sub-block] array one
+row after another, like the C loop), so the output is llama.cpp's bit for bit
+(checked against llama-cpp-python 0.3.36's libggml-base, whose compiler does
+not fuse or reorder these float operations; tests/test_kquants.py pins it).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["quantize_q4_k", "quantize_q5_k", "quantize_q6_k"]
+
+QK_K = 256
+BLOCK_BYTES = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
+CHUNK_BLOCKS = 256         # super-blocks per pass: bounds memory; ~256 KiB arrays stay in cache
+GROUP_MAX_EPS = np.float32(1e-15)
+
+_f = np.float32
+
+
+def _nearest(v):
+    """Round half to even, in place (v is a float32 temporary). For the
+    searches, whose arguments are bounded by nmax + 1 for finite input."""
+    return np.rint(v, out=v)
+
+
+def _nearest_int(v):
+    """llama.cpp's nearest_int, bit for bit: add 1.5*2^23 in float32 and read
+    the integer from the mantissa. Round half to even for |v| <= 4194303, and
+    beyond that (inf, nan after an fp16 overflow of d) the same int as C gets."""
+    b = (np.asarray(v, dtype=np.float32) + _f(12582912)).view(np.int32)
+    return (b & 0x7FFFFF) - 0x400000
+
+
+def make_qx_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric scale search, rmse_type 1 (weights x^2), for sub-blocks.
+
+    x: float32 [n, S], column s one sub-block (position-major, so that sums
+    over axis 0 are sequential). Returns (scale [S], L [n, S] uint8 = l + nmax;
+    all-zero sub-blocks give scale 0 and L 0).
+    """
+    S = x.shape[1]
+    cols = np.arange(S)
+    mx = x[np.argmax(np.abs(x), axis=0), cols]           # signed value of largest |x|, first one
+    zero = np.abs(mx) < GROUP_MAX_EPS
+    mx = np.where(zero, _f(1), mx)                        # keep the all-zero columns finite
+    w = x * x
+    wx = w * x                                            # C: w*x[i]*l == (w*x)*l
+
+    def fit(iscale):
+        l = _nearest(iscale * x)
+        np.clip(l, -nmax, nmax - 1, out=l)
+        sumlx = (wx * l).sum(axis=0)
+        wl = w * l
+        wl *= l
+        return sumlx, wl.sum(axis=0)
+
+    best_is = _f(-nmax) / mx
+    sumlx, suml2 = fit(best_is)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.where(suml2 != 0, sumlx / suml2, _f(0))
+    best = scale * sumlx
+    for k in range(-9, 10):
+        if k == 0:
+            continue
+        iscale = -(_f(nmax) + _f(0.1) * _f(k)) / mx
+        sumlx, suml2 = fit(iscale)
+        # s*sumlx is the error reduction of the best scale s for these l
+        better = (suml2 > 0) & (sumlx * sumlx > best * suml2)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            s = sumlx / suml2
+        scale = np.where(better, s, scale)
+        best = np.where(better, s * sumlx, best)
+        best_is = np.where(better, iscale, best_is)
+    # L of the winning try (recomputed: same float ops, so the same l)
+    L = _nearest(best_is * x)
+    np.clip(L, -nmax, nmax - 1, out=L)
+    L += nmax
+    L[:, zero] = 0
+    scale[zero] = 0
+    return scale, L.astype(np.uint8)
+
+
+def make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float,
+                     rdelta: float, nstep: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Affine (scale, min) search with weights w, for sub-blocks.
+
+    x, w: float32 [n, S], column s one sub-block. Returns (scale [S],
+    the_min [S] = -min >= 0, L [n, S] uint8 in 0..nmax), value ~ scale*L - the_min.
+    """
+    mn = np.minimum(x.min(axis=0), _f(0))
+    mx = x.max(axis=0)
+    sum_w = w.sum(axis=0)
+    sum_x = (w * x).sum(axis=0)
+    flat = mx == mn                                       # nothing to spread: L = 0, scale 0
+    nmax_f = _f(nmax)
+    tmp = np.empty_like(x)
+
+    def round_l(iscale, base):
+        l = np.subtract(x, base, out=np.empty_like(x))
+        l *= iscale
+        _nearest(l)
+        return np.clip(l, 0, nmax_f, out=l)
+
+    def werr(scale, l, m):
+        e = np.multiply(l, scale, out=tmp)                # (scale*l + min - x)^2 * w
+        e += m
+        e -= x
+        e *= e
+        e *= w
+        return e.sum(axis=0)
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        best_is = np.where(flat, _f(0), nmax_f / (mx - mn))
+        scale = np.where(flat, _f(0), _f(1) / best_is)
+        best_base = mn.copy()                            # the min the winning l were rounded against
+        best_err = werr(scale, round_l(best_is, mn), mn)
+        for k in range(nstep + 1):
+            iscale = (_f(rmin) + _f(rdelta) * _f(k) + nmax_f) / (mx - mn)
+            l = round_l(iscale, mn)
+            wl = w * l
+            sum_l = wl.sum(axis=0)
+            sum_xl = np.multiply(wl, x, out=tmp).sum(axis=0)
+            wl *= l
+            sum_l2 = wl.sum(axis=0)
+            D = sum_w * sum_l2 - sum_l * sum_l
+            this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
+            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
+            pos = this_min > 0                             # a positive min is not storable
+            this_min[pos] = 0
+            this_scale = np.where(pos, sum_xl / sum_l2, this_scale)
+            err = werr(this_scale, l, this_min)
+            better = (D > 0) & (err < best_err) & ~flat
+            best_err = np.where(better, err, best_err)
+            scale = np.where(better, this_scale, scale)
+            best_is = np.where(better, iscale, best_is)
+            best_base = np.where(better, mn, best_base)
+            mn = np.where(better, this_min, mn)            # later tries round against the new min
+    L = round_l(best_is, best_base)
+    return scale, -mn, L.astype(np.uint8)
+
+
+def _blocks(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] % QK_K:
+        raise ValueError(f"expected float32 [rows, n] with n a multiple of {QK_K}, got {x.shape}")
+    return x.reshape(-1, QK_K)
+
+
+def _chunked(x: np.ndarray, block_bytes: int, fn) -> np.ndarray:
+    xb = _blocks(x)
+    rows, n = np.shape(x)
+    out = np.empty((xb.shape[0], block_bytes), dtype=np.uint8)
+    # fp16 overflow of d (|x| beyond ~1e6) gives inf/nan as in C; no warnings
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        for i in range(0, xb.shape[0], CHUNK_BLOCKS):
+            out[i:i + CHUNK_BLOCKS] = fn(xb[i:i + CHUNK_BLOCKS])
+    return out.reshape(rows, n // QK_K * block_bytes)
+
+
+def _fp16_bytes(v: np.ndarray) -> np.ndarray:
+    return v.astype("<f2").view(np.uint8).reshape(-1, 2)
+
+
+def _q45_k_blocks(xb: np.ndarray, nmax: int, rmin: float, nstep: int):
+    """The part Q4_K and Q5_K share: scales, mins, their packing, and L."""
+    nb = xb.shape[0]
+    xt = np.ascontiguousarray(xb.reshape(nb * 8, 32).T)     # [32, sub-blocks]
+    av_x = np.sqrt((xt * xt).sum(axis=0) / _f(32))
+    w = av_x + np.abs(xt)                                   # favour large values, floor at the rms
+    scales, mins, L = make_qkx2_quants(xt, w, nmax, rmin, 0.1, nstep)
+    scales = scales.reshape(nb, 8)
+    mins = mins.reshape(nb, 8)
+
+    # 6-bit sub-block scales and mins against the largest of each
+    max_scale = np.maximum(scales.max(axis=1), _f(0))
+    max_min = np.maximum(mins.max(axis=1), _f(0))
+    with np.errstate(divide="ignore"):
+        inv_scale = np.where(max_scale > 0, _f(63) / max_scale, _f(0))
+        inv_min = np.where(max_min > 0, _f(63) / max_min, _f(0))
+    # C stores nearest_int into a uint8 before MIN(63, .): a negative wraps to >= 64 -> 63
+    ls = np.minimum(_nearest_int(inv_scale[:, None] * scales) & 0xFF, 63).astype(np.uint8)
+    lm = np.minimum(_nearest_int(inv_min[:, None] * mins) & 0xFF, 63).astype(np.uint8)
+    sc_bytes = np.empty((nb, 12), dtype=np.uint8)
+    sc_bytes[:, 0:4] = ls[:, :4] | ((ls[:, 4:] >> 4) << 6)
+    sc_bytes[:, 4:8] = lm[:, :4] | ((lm[:, 4:] >> 4) << 6)
+    sc_bytes[:, 8:12] = (ls[:, 4:] & 0xF) | ((lm[:, 4:] & 0xF) << 4)
+    d = (max_scale / _f(63)).astype(np.float16)
+    dmin = (max_min / _f(63)).astype(np.float16)
+
+    # re-round every value against the scale and min the decoder will use
+    dd = d.astype(np.float32)[:, None] * ls                 # [nb, 8]
+    dm = dmin.astype(np.float32)[:, None] * lm
+    xs = xb.reshape(nb, 8, 32)
+    Lq = np.clip(_nearest_int((xs + dm[:, :, None]) / dd[:, :, None]), 0, nmax).astype(np.uint8)
+    keep = np.broadcast_to((dd == 0)[:, :, None], Lq.shape)     # scale 0: keep the search's l
+    np.copyto(Lq, L.T.reshape(nb, 8, 32), where=keep)
+    L = Lq
+    head = np.concatenate([_fp16_bytes(d), _fp16_bytes(dmin), sc_bytes], axis=1)
+    return head, L.reshape(nb, 4, 2, 32)                    # [block, 64-chunk, half, l]
+
+
+def _q4_k_chunk(xb: np.ndarray) -> np.ndarray:
+    head, L = _q45_k_blocks(xb, 15, -1.0, 20)
+    qs = L[:, :, 0] | (L[:, :, 1] << 4)                     # [nb, 4, 32]
+    return np.concatenate([head, qs.reshape(-1, 128)], axis=1)
+
+
+def _q5_k_chunk(xb: np.ndarray) -> np.ndarray:
+    head, L = _q45_k_blocks(xb, 31, -0.5, 15)
+    nb = L.shape[0]
+    qs = (L[:, :, 0] & 0xF) | ((L[:, :, 1] & 0xF) << 4)     # [nb, 4, 32]
+    # bit 4 of each q: chunk c's first half -> bit 2c, second half -> bit 2c+1
+    shift = (2 * np.arange(4)[:, None] + np.arange(2)[None, :]).astype(np.uint8)
+    qh = ((L >> 4) << shift[None, :, :, None]).reshape(nb, 8, 32)
+    qh = np.bitwise_or.reduce(qh, axis=1)
+    return np.concatenate([head, qh, qs.reshape(nb, 128)], axis=1)
+
+
+def _q6_k_chunk(xb: np.ndarray) -> np.ndarray:
+    nb = xb.shape[0]
+    xt = np.ascontiguousarray(xb.reshape(nb * 16, 16).T)   # [16, sub-blocks]
+    scales, L = make_qx_quants(xt, 32)
+    scales = scales.reshape(nb, 16)
+
+    # int8 sub-block scales; the one of largest |scale| (first such) maps to -128
+    max_scale = scales[np.arange(nb), np.argmax(np.abs(scales), axis=1)]
+    zero_block = np.abs(max_scale) < GROUP_MAX_EPS
+    max_scale = np.where(zero_block, _f(1), max_scale)
+    iscale = _f(-128) / max_scale
+    d = (_f(1) / iscale).astype(np.float16)
+    sc = np.minimum(_nearest_int(iscale[:, None] * scales), 127).astype(np.int8)
+
+    # re-round every value against d*sc as the decoder will use it
+    dd = d.astype(np.float32)[:, None] * sc                 # [nb, 16]
+    xs = xb.reshape(nb, 16, 16)
+    Lq = (np.clip(_nearest_int(xs / dd[:, :, None]), -32, 31) + 32).astype(np.uint8)
+    keep = np.broadcast_to((dd == 0)[:, :, None], Lq.shape)     # scale 0: keep the search's l
+    np.copyto(Lq, L.T.reshape(nb, 16, 16), where=keep)
+    L = Lq
+
+    L = L.reshape(nb, 2, 4, 32)                             # [block, 128-half, quarter, l]
+    lo = L & 0xF
+    ql = np.concatenate([lo[:, :, 0] | (lo[:, :, 2] << 4),
+                         lo[:, :, 1] | (lo[:, :, 3] << 4)], axis=2)   # [nb, 2, 64]
+    hi = L >> 4
+    qh = hi[:, :, 0] | (hi[:, :, 1] << 2) | (hi[:, :, 2] << 4) | (hi[:, :, 3] << 6)  # [nb, 2, 32]
+    out = np.concatenate([ql.reshape(nb, 128), qh.reshape(nb, 64),
+                          sc.view(np.uint8), _fp16_bytes(d)], axis=1)
+    out[zero_block] = 0                                     # all-zero block: all-zero bytes
+    return out
+
+
+def quantize_q4_k(x: np.ndarray) -> np.ndarray:
+    """float32 [rows, n] -> Q4_K bytes uint8 [rows, n // 256 * 144]."""
+    return _chunked(x, BLOCK_BYTES["q4_k"], _q4_k_chunk)
+
+
+def quantize_q5_k(x: np.ndarray) -> np.ndarray:
+    """float32 [rows, n] -> Q5_K bytes uint8 [rows, n // 256 * 176]."""
+    return _chunked(x, BLOCK_BYTES["q5_k"], _q5_k_chunk)
+
+
+def quantize_q6_k(x: np.ndarray) -> np.ndarray:
+    """float32 [rows, n] -> Q6_K bytes uint8 [rows, n // 256 * 210]."""
+    return _chunked(x, BLOCK_BYTES["q6_k"], _q6_k_chunk)

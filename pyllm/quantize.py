@@ -1,0 +1,249 @@
+"""Quantizing a GGUF model, as llama-quantize does: `pyllm quantize IN OUT TYPE`.
+
+The file's metadata is copied as it is (byte for byte), with general.file_type
+set to the new type; each tensor is either copied as it is or, if it is a
+weight matrix, quantized from its float values (F32, F16, BF16; a quantized
+tensor only with allow_requantize, from its dequantized values).
+
+Which tensors are quantized, and to what, follows llama.cpp's rules for the
+types offered here:
+- matrices whose name ends in "weight" (not the norms, the MoE router
+  ffn_gate_inp, position and token-type embeddings, convolution kernels of
+  state-space layers, RWKV's time-mix vectors) are quantized; vectors stay;
+- the output matrix (the token embeddings where the output is tied to them)
+  becomes Q6_K, or Q8_0 for a Q8_0 file or rows not a multiple of 256;
+- the _M mixes give more bits where the error costs most: Q6_K for the value
+  projections and FFN down-projections of the first and last eighth of the
+  layers and every third one between (Q4_K_M, Q5_K_M), a fused QKV gets Q5_K
+  (Q4_K_M) or Q6_K (Q5_K_M); Q4_K_S gives the first 4 value projections and
+  the first eighth of the down-projections Q5_K;
+- a row length the type's block does not divide falls back as llama.cpp
+  does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; then F16).
+
+The legacy formats (Q4_0 ... Q8_0, BF16) are quantized by the gguf package's
+reference quantizers (the same bytes as llama.cpp's); the K formats by
+pyllm.kquants.
+"""
+from __future__ import annotations
+
+import os
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
+
+from .errors import InvalidArgumentError, ModelFileError
+from .model_file import ModelFile
+
+# name -> (the type most matrices get, llama.cpp's general.file_type)
+FTYPES: dict[str, tuple[T, int]] = {
+    "F16": (T.F16, 1), "BF16": (T.BF16, 32), "Q8_0": (T.Q8_0, 7),
+    "Q4_0": (T.Q4_0, 2), "Q4_1": (T.Q4_1, 3), "Q5_0": (T.Q5_0, 8), "Q5_1": (T.Q5_1, 9),
+    "Q4_K_S": (T.Q4_K, 14), "Q4_K_M": (T.Q4_K, 15), "Q5_K_S": (T.Q5_K, 16), "Q5_K_M": (T.Q5_K, 17),
+    "Q6_K": (T.Q6_K, 18),
+}
+FLOAT_SOURCES = (T.F32, T.F16, T.BF16)
+FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
+QUANTIZATION_VERSION = 2    # general.quantization_version of files with quantized tensors
+
+_KEEP = re.compile(r"_norm\.weight$|ffn_gate_inp\.weight$|^pos(ition)?_embd\.|^token_types\.|ssm_conv1d|"
+                   r"shortconv\.conv\.weight$|time_mix_(first|w0|w1|w2|v0|v1|v2|a0|a1|a2|g1|g2|decay_w1|decay_w2|"
+                   r"lerp_fused)\.weight$|attn_rel_b\.weight$")
+_LAYER = re.compile(r"^blk\.(\d+)\.")
+
+
+def is_quantizable(name: str, shape: tuple[int, ...]) -> bool:
+    """Whether llama.cpp would quantize this tensor: a matrix of weights, not one of those it keeps."""
+    return len(shape) >= 2 and name.endswith("weight") and not _KEEP.search(name)
+
+
+def _more_bits(i: int, n: int) -> bool:
+    """llama.cpp's layers that get more bits in the _M mixes: the first and last eighth, every third between."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+@dataclass
+class Plan:
+    """Each tensor's type in the new file."""
+    types: dict[str, T]
+    ftype: str
+
+    def histogram(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for t in self.types.values():
+            out[t.name] = out.get(t.name, 0) + 1
+        return out
+
+
+def plan(model: ModelFile, ftype: str, allow_requantize: bool = False, pure: bool = False) -> Plan:
+    """The type of every tensor of `model` quantized to `ftype` (one of FTYPES)."""
+    if ftype not in FTYPES:
+        raise InvalidArgumentError(f"unknown type {ftype!r}; pyllm quantizes to {', '.join(FTYPES)}")
+    default, _ = FTYPES[ftype]
+    names = list(model.tensors)
+    tied = "output.weight" not in model.tensors
+    n_layer = int(model.arch_get("block_count", 0) or 0)
+    # llama.cpp counts the value projections in layer order (files often list blk.10 before blk.2)
+    attn_v = sorted((n for n in names if n.endswith("attn_v.weight")), key=_layer_of)
+    types: dict[str, T] = {}
+    for name, t in model.tensors.items():
+        source = T(t.type)
+        if not is_quantizable(name, t.shape):
+            types[name] = source
+            continue
+        if source not in FLOAT_SOURCES and not allow_requantize:
+            raise InvalidArgumentError(f"{name} is already {source.name}: quantizing it again loses more; give "
+                                       f"an F32/F16/BF16 file, or allow requantizing (--allow-requantize)")
+        new = default
+        if not pure and default not in (T.F16, T.BF16):
+            new = _mixed_type(name, t.shape[0], ftype, default, tied, n_layer, attn_v)
+        types[name] = _fit(new, t.shape[0])
+    return Plan(types, ftype)
+
+
+def _layer_of(name: str) -> int:
+    m = _LAYER.match(name)
+    return int(m.group(1)) if m else -1
+
+
+def _mixed_type(name: str, row: int, ftype: str, default: T, tied: bool, n_layer: int, attn_v: list[str]) -> T:
+    if name == "output.weight" or (tied and name == "token_embd.weight"):
+        return T.Q8_0 if default == T.Q8_0 or row % 256 else T.Q6_K
+    layer = max(0, _layer_of(name))
+    if name.endswith("attn_v.weight"):
+        i = attn_v.index(name)
+        if ftype in ("Q4_K_M", "Q5_K_M") and _more_bits(i, len(attn_v)):
+            return T.Q6_K
+        if ftype == "Q4_K_S" and i < 4:
+            return T.Q5_K
+    elif re.search(r"ffn_down(_exps)?\.weight$", name):
+        if ftype in ("Q4_K_M", "Q5_K_M") and _more_bits(layer, n_layer):
+            return T.Q6_K
+        if ftype == "Q4_K_S" and layer < n_layer // 8:
+            return T.Q5_K
+    elif name.endswith("attn_qkv.weight"):
+        if ftype == "Q4_K_M":
+            return T.Q5_K
+        if ftype == "Q5_K_M":
+            return T.Q6_K
+    return default
+
+
+def _fit(new: T, row: int) -> T:
+    """The type itself if its blocks divide the row, else llama.cpp's fallback (then F16)."""
+    if row % GGML_QUANT_SIZES[new][0] == 0:
+        return new
+    new = FALLBACK.get(new, new)
+    return new if row % GGML_QUANT_SIZES[new][0] == 0 else T.F16
+
+
+# -- converting one tensor ------------------------------------------------------------------
+
+def _as_float32(t, rows: slice) -> np.ndarray:
+    """Rows of tensor `t` as float32 [rows, row length]."""
+    source, row = T(t.type), t.shape[0]
+    raw = t.data.reshape(t.rows, t.row_bytes)[rows]
+    if source == T.F32:
+        return raw.view(np.float32).reshape(-1, row)
+    if source == T.F16:
+        return raw.view(np.float16).astype(np.float32).reshape(-1, row)
+    if source == T.BF16:
+        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(-1, row)
+    from gguf.quants import dequantize
+    return dequantize(np.ascontiguousarray(raw), source).reshape(-1, row).astype(np.float32)
+
+
+def _quantizer(new: T) -> Callable[[np.ndarray], np.ndarray]:
+    if new == T.F32:
+        return lambda x: x.astype(np.float32).view(np.uint8)
+    if new == T.F16:
+        return lambda x: x.astype(np.float16).view(np.uint8)
+    if new in (T.Q4_K, T.Q5_K, T.Q6_K):
+        from . import kquants
+        return {T.Q4_K: kquants.quantize_q4_k, T.Q5_K: kquants.quantize_q5_k, T.Q6_K: kquants.quantize_q6_k}[new]
+    from gguf.quants import quantize
+    return lambda x: quantize(x, new)
+
+
+def tensor_bytes(shape: tuple[int, ...], qtype: T) -> int:
+    block, size = GGML_QUANT_SIZES[qtype]
+    return int(np.prod(shape)) // block * size
+
+
+CHUNK_ELEMENTS = 1 << 24   # floats converted at a time: bounds memory on large tensors
+
+
+def write_tensor(f, t, new: T) -> None:
+    """Writes tensor `t` as type `new` (its bytes as they are if the type does not change)."""
+    if new == T(t.type):
+        f.write(memoryview(t.data))
+        return
+    convert = _quantizer(new)
+    step = max(1, CHUNK_ELEMENTS // t.shape[0])
+    for start in range(0, t.rows, step):
+        x = _as_float32(t, slice(start, start + step))
+        if not np.isfinite(x).all():
+            raise ModelFileError(f"{t.name} holds NaN or infinite values; the file is corrupt")
+        f.write(np.ascontiguousarray(convert(x)).tobytes())
+
+
+# -- the file ----------------------------------------------------------------------------------
+
+def _kv_u32(key: str, value: int) -> bytes:
+    k = key.encode()
+    return struct.pack("<Q", len(k)) + k + struct.pack("<II", 4, value)
+
+
+def _tensor_info(name: str, shape: tuple[int, ...], qtype: T, offset: int) -> bytes:
+    n = name.encode()
+    return (struct.pack("<Q", len(n)) + n + struct.pack("<I", len(shape)) +
+            b"".join(struct.pack("<Q", d) for d in shape) + struct.pack("<IQ", int(qtype), offset))
+
+
+def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, allow_requantize: bool = False,
+                  pure: bool = False, progress: Optional[Callable[[str, T, int, int], None]] = None) -> Plan:
+    """Writes `src` quantized to `ftype` at `dst` (written to a temporary name, then moved into place).
+    progress(name, type, done tensors, all tensors) is called after each tensor."""
+    src, dst = Path(src), Path(dst)
+    if src.resolve() == dst.resolve():
+        raise InvalidArgumentError("the output would overwrite the input: give another output path")
+    model = ModelFile(src)
+    try:
+        p = plan(model, ftype, allow_requantize, pure)
+        alignment = int(model.get("general.alignment", 32))
+        replaced = ("general.file_type", "general.quantization_version")
+        kv = [model.metadata_entry(k) for k in model.metadata if k not in replaced]
+        kv.append(_kv_u32("general.file_type", FTYPES[ftype][1]))
+        if any(t not in (T.F32, T.F16, T.BF16) for t in p.types.values()):
+            kv.append(_kv_u32("general.quantization_version", QUANTIZATION_VERSION))
+        infos, offset, sizes = [], 0, []
+        for name, t in model.tensors.items():
+            size = tensor_bytes(t.shape, p.types[name])
+            infos.append(_tensor_info(name, t.shape, p.types[name], offset))
+            sizes.append(size)
+            offset += (size + alignment - 1) // alignment * alignment
+        tmp = dst.with_name(dst.name + ".part")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(b"GGUF" + struct.pack("<IQQ", 3, len(infos), len(kv)))
+                f.write(b"".join(kv) + b"".join(infos))
+                f.write(b"\0" * (-f.tell() % alignment))
+                for i, (name, t) in enumerate(model.tensors.items()):
+                    start = f.tell()
+                    write_tensor(f, t, p.types[name])
+                    if f.tell() - start != sizes[i]:
+                        raise AssertionError(f"{name}: wrote {f.tell() - start} bytes, planned {sizes[i]}")
+                    f.write(b"\0" * (-f.tell() % alignment))
+                    if progress is not None:
+                        progress(name, p.types[name], i + 1, len(infos))
+            os.replace(tmp, dst)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return p
+    finally:
+        model.close()
