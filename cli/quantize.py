@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -25,10 +25,15 @@ def quantize(
     allow_requantize: Annotated[bool, typer.Option("--allow-requantize", help="quantize matrices that are already "
                                                    "quantized (from their dequantized values; it loses more)")] = False,
     pure: Annotated[bool, typer.Option("--pure", help="every matrix in TYPE: no Q6_K output, no _M mix")] = False,
+    output_tensor_type: Annotated[Optional[str], typer.Option(
+        "--output-tensor-type", help="the output matrix's type (the token embeddings' where they are tied), e.g. "
+        "q8_0")] = None,
+    token_embedding_type: Annotated[Optional[str], typer.Option(
+        "--token-embedding-type", help="the token embeddings' type, e.g. q8_0")] = None,
 ) -> None:
     """Quantize a GGUF model to a smaller type (llama-quantize's types and rules)."""
     with handle_errors():
-        from pyllm.quantize import FTYPES, quantize_file
+        from pyllm.quantize import FTYPES, quantize_file, tensor_type
         ftype = type.upper()
         if ftype not in FTYPES:
             raise InvalidArgumentError(f"unknown type {type!r}; pyllm quantizes to {', '.join(FTYPES)}")
@@ -39,7 +44,11 @@ def quantize(
 
         def progress(name: str, qtype, done: int, total: int) -> None:
             err.print(f"[{done:4d}/{total}] {name:<40} {qtype.name}", highlight=False, soft_wrap=True)
-        p = quantize_file(path, output, ftype, allow_requantize=allow_requantize, pure=pure, progress=progress)
+        out_type = None if output_tensor_type is None else tensor_type(output_tensor_type, "--output-tensor-type")
+        emb_type = None if token_embedding_type is None else tensor_type(token_embedding_type,
+                                                                          "--token-embedding-type")
+        p = quantize_file(path, output, ftype, allow_requantize=allow_requantize, pure=pure, progress=progress,
+                          output_type=out_type, embedding_type=emb_type)
         before, after = os.path.getsize(path), os.path.getsize(output)
         mix = ", ".join(f"{n} {k}" for k, n in sorted(p.histogram().items(), key=lambda kv: -kv[1]))
         err.print(f"{output}: {ftype}, {after / 1e6:.1f} MB from {before / 1e6:.1f} MB "

@@ -79,8 +79,23 @@ class Plan:
         return out
 
 
-def plan(model: ModelFile, ftype: str, allow_requantize: bool = False, pure: bool = False) -> Plan:
-    """The type of every tensor of `model` quantized to `ftype` (one of FTYPES)."""
+TENSOR_TYPES = {t.name: t for t in (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K,
+                                     T.Q6_K)}
+
+
+def tensor_type(name: str, what: str) -> T:
+    """A single tensor type by name (--output-tensor-type, --token-embedding-type)."""
+    t = TENSOR_TYPES.get(str(name).upper())
+    if t is None:
+        raise InvalidArgumentError(f"{what} must be one of {', '.join(TENSOR_TYPES)}, not {name!r}")
+    return t
+
+
+def plan(model: ModelFile, ftype: str, allow_requantize: bool = False, pure: bool = False,
+         output_type: Optional[T] = None, embedding_type: Optional[T] = None) -> Plan:
+    """The type of every tensor of `model` quantized to `ftype` (one of FTYPES); output_type and
+    embedding_type override the output matrix's (the token embeddings' when tied) and the token
+    embeddings' types, as llama-quantize's --output-tensor-type and --token-embedding-type."""
     if ftype not in FTYPES:
         raise InvalidArgumentError(f"unknown type {ftype!r}; pyllm quantizes to {', '.join(FTYPES)}")
     default, _ = FTYPES[ftype]
@@ -101,6 +116,11 @@ def plan(model: ModelFile, ftype: str, allow_requantize: bool = False, pure: boo
         new = default
         if not pure and default not in (T.F16, T.BF16):
             new = _mixed_type(name, t.shape[0], ftype, default, tied, n_layer, attn_v)
+        is_output = name == "output.weight" or (tied and name == "token_embd.weight")
+        if output_type is not None and is_output:
+            new = output_type
+        elif embedding_type is not None and name == "token_embd.weight":
+            new = embedding_type
         types[name] = _fit(new, t.shape[0])
     return Plan(types, ftype)
 
@@ -205,7 +225,8 @@ def _tensor_info(name: str, shape: tuple[int, ...], qtype: T, offset: int) -> by
 
 
 def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, allow_requantize: bool = False,
-                  pure: bool = False, progress: Optional[Callable[[str, T, int, int], None]] = None) -> Plan:
+                  pure: bool = False, progress: Optional[Callable[[str, T, int, int], None]] = None,
+                  output_type: Optional[T] = None, embedding_type: Optional[T] = None) -> Plan:
     """Writes `src` quantized to `ftype` at `dst` (written to a temporary name, then moved into place).
     progress(name, type, done tensors, all tensors) is called after each tensor."""
     src, dst = Path(src), Path(dst)
@@ -213,7 +234,7 @@ def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, al
         raise InvalidArgumentError("the output would overwrite the input: give another output path")
     model = ModelFile(src)
     try:
-        p = plan(model, ftype, allow_requantize, pure)
+        p = plan(model, ftype, allow_requantize, pure, output_type, embedding_type)
         alignment = int(model.get("general.alignment", 32))
         replaced = ("general.file_type", "general.quantization_version")
         kv = [model.metadata_entry(k) for k in model.metadata if k not in replaced]

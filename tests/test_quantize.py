@@ -159,3 +159,27 @@ def test_value_projections_count_in_layer_order(tmp_path):
         assert [i for i in range(12) if t[f"blk.{i}.attn_v.weight"] == QT.Q6_K] == [0, 3, 6, 9, 10, 11]
     finally:
         m.close()
+
+
+def test_output_and_embedding_types_can_be_chosen(f32_model, tmp_path):
+    from pyllm.quantize import tensor_type
+    m = ModelFile(f32_model)
+    try:
+        t = plan(m, "Q4_K_M", output_type=QT.Q8_0, embedding_type=QT.Q6_K).types
+        assert t["output.weight"] == QT.Q8_0 and t["token_embd.weight"] == QT.Q6_K
+        assert t["blk.1.attn_q.weight"] == QT.Q4_K
+    finally:
+        m.close()
+    assert tensor_type("q8_0", "x") == QT.Q8_0
+    with pytest.raises(InvalidArgumentError, match="--output-tensor-type must be one of"):
+        tensor_type("q3_k", "--output-tensor-type")
+    from test_cli import pyllm
+    r = pyllm("quantize", f32_model, str(tmp_path / "o.gguf"), "Q4_0", "--output-tensor-type", "f16",
+              "--token-embedding-type", "q8_0")
+    assert r.returncode == 0, r.stderr
+    got = ModelFile(tmp_path / "o.gguf")
+    try:
+        assert QT(got.tensors["output.weight"].type) == QT.F16
+        assert QT(got.tensors["token_embd.weight"].type) == QT.Q8_0
+    finally:
+        got.close()
