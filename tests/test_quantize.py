@@ -183,3 +183,18 @@ def test_output_and_embedding_types_can_be_chosen(f32_model, tmp_path):
         assert QT(got.tensors["token_embd.weight"].type) == QT.Q8_0
     finally:
         got.close()
+
+
+def test_a_tensor_with_nan_fails_and_leaves_no_file(f32_model, tmp_path):
+    from pyllm.errors import ModelFileError
+    bad = tmp_path / "nan.gguf"
+    data = bytearray(open(f32_model, "rb").read())
+    m = ModelFile(f32_model)
+    t = m.tensors["blk.5.ffn_up.weight"]
+    offset = t.offset + 4 * 1000
+    m.close()
+    data[offset:offset + 4] = struct.pack("<f", float("nan"))
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ModelFileError, match="blk.5.ffn_up.weight holds NaN"):
+        quantize_file(bad, tmp_path / "out.gguf", "Q4_K_M")
+    assert not (tmp_path / "out.gguf").exists() and not (tmp_path / "out.gguf.part").exists()
