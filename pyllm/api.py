@@ -25,7 +25,7 @@ from .defaults import BLOCK_SIZE, DEFAULT_MAX_CTX, N_BATCH, N_OUT_MAX
 from .dry import DryBreakers
 from .engine import Completion, Engine, Generation, TokenLogprob, check_top_logprobs
 from .errors import ContextFullError, InvalidArgumentError, TemplateError
-from .grammar import AnswerConstraint, Format, constraint_for
+from .grammar import AnswerConstraint, Format, Trigger, constraint_for
 from .graph import Graph
 from .model_file import ModelFile
 from .perplexity import Perplexity, perplexity
@@ -468,7 +468,7 @@ class Model:
 
     def _chat_stream(self, text: str, prompt: list[int], max_tokens: Optional[int], stop: Optional[Seq[str]],
                      sampling: Mapping[str, Any], format: Format = None, grammar: Optional[str] = None,
-                     tool_use: Optional[ToolUse] = None, trigger: Optional[str] = None,
+                     tool_use: Optional[ToolUse] = None, trigger: Optional[Trigger] = None,
                      logprobs: Optional[int] = None) -> "ChatStream":
         stop_ids, stop_texts = self.chat_stop()
         thinking = prompt_opens_thinking(text)

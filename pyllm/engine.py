@@ -91,11 +91,6 @@ class Metrics:
         """time per output token after the first"""
         return self.decode_s / self.decode_tokens if self.decode_tokens else 0.0
 
-    @property
-    def acceptance(self) -> float:
-        """speculative decoding: the share of the guessed tokens kept"""
-        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
-
     def as_dict(self) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "reused_tokens": self.reused_tokens,
                 "generated_tokens": self.generated_tokens, "ttft_s": round(self.ttft_s, 6),
@@ -303,7 +298,7 @@ class Generation:
                     logprobs.append(token_logprob(logits, tok, self.logprobs))
                 history.append(tok)
                 m.generated_tokens = len(tokens)
-                out, pending, hit_stop_string = _split_stop(pending + decoder.push(tok), self.stop)
+                out, pending, hit_stop_string = split_stop(pending + decoder.push(tok), self.stop)
                 if out:
                     emitted.append(out)
                     yield out
@@ -332,7 +327,7 @@ class Generation:
                 m.decode_steps += 1
                 m.draft_tokens += len(guess)
             if not hit_stop_string:
-                out, _, _ = _split_stop(pending + decoder.flush(), self.stop, final=True)
+                out, _, _ = split_stop(pending + decoder.flush(), self.stop, final=True)
                 if out:
                     emitted.append(out)
                     yield out
@@ -366,7 +361,7 @@ class Generation:
         return self.completion
 
 
-def _split_stop(text: str, stop: list[str], final: bool = False) -> tuple[str, str, str]:
+def split_stop(text: str, stop: list[str], final: bool = False) -> tuple[str, str, str]:
     """Splits decoded text into (emit now, hold back, the stop string hit or ""). Text
     that could still become a stop string is held back, unless final."""
     hits = [(i, s) for i, s in ((text.find(s), s) for s in stop) if i >= 0]

@@ -303,10 +303,10 @@ Format = Union[str, dict, bool, None]
 
 def constraint_for(tokenizer, format: Format = None, grammar: Optional[str] = None,
                    end_ids: Optional[Iterable[int]] = None,
-                   trigger: "str | Trigger | None" = None) -> "GrammarConstraint | TriggeredConstraint | None":
+                   trigger: Optional[Trigger] = None) -> "GrammarConstraint | TriggeredConstraint | None":
     """The constraint for an output `format` ("json" or a JSON schema) or a GBNF
-    `grammar`; None when neither is given. With a trigger (a word or a Trigger), the
-    grammar applies from where it appears (TriggeredConstraint)."""
+    `grammar`; None when neither is given. With a trigger, the grammar applies
+    from where it appears (TriggeredConstraint)."""
     if format is not None and grammar is not None:
         raise InvalidArgumentError("give a format or a grammar, not both")
     if grammar is not None:
@@ -323,6 +323,4 @@ def constraint_for(tokenizer, format: Format = None, grammar: Optional[str] = No
     else:
         raise InvalidArgumentError(f'format must be "json" or a JSON schema (a dict), not {format!r}')
     constraint = GrammarConstraint(Grammar.parse(text), tokenizer, end_ids)
-    if isinstance(trigger, str):
-        trigger = Trigger((trigger,))
     return TriggeredConstraint(constraint, trigger) if trigger else constraint

@@ -15,12 +15,12 @@ Drafters (llama.cpp's --spec-type names):
   pays off where the reply repeats its context: editing code, quoting,
   summarizing, a reasoning model restating its thinking.
 - "draft": a small model with the same vocabulary decodes the draft greedily
-  (pyllm.api attaches it: DraftModel).
+  (Model(draft_model=...) loads it).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence as Seq
+from typing import Sequence as Seq
 
 import numpy as np
 
@@ -118,9 +118,6 @@ class DraftModelDrafter:
             logits = eng._run(self.seq, [tok])[-1]
         return out
 
-    def close(self) -> None:
-        self.seq.release()
-
 
 def _top_probability(logits: np.ndarray, top: int) -> float:
     z = logits - logits[top]
@@ -133,8 +130,7 @@ class DraftLength:
     costs the step's extra rows for nothing."""
 
     def __init__(self, params: SpecParams):
-        self.max, self.min = params.draft_max, params.draft_min
-        self.now = params.draft_max
+        self.max = self.now = params.draft_max
 
     def update(self, drafted: int, kept: int) -> None:
         self.now = self.max if kept == drafted else max(2, min(self.max, 2 * kept))
@@ -149,14 +145,8 @@ def check_same_vocabulary(target, draft, draft_name: str) -> None:
                                    f"the model {target.n_vocab}): use a smaller model of the same family")
 
 
-def make_drafter(spec_type: Optional[str], params: SpecParams, draft_engine=None, n_vocab: int = 0):
-    """The drafter for `spec_type` (None or "none": no speculation)."""
-    if spec_type in (None, "none"):
-        return None
+def make_drafter(spec_type: str, params: SpecParams, draft_engine=None, n_vocab: int = 0):
+    """The drafter for `spec_type`, "ngram-simple" or "draft" (with the draft model's engine)."""
     if spec_type == "ngram-simple":
         return NgramDrafter(params)
-    if spec_type == "draft":
-        if draft_engine is None:
-            raise InvalidArgumentError("speculative type 'draft' needs a draft model (-md/--model-draft)")
-        return DraftModelDrafter(draft_engine, params, n_vocab)
-    raise InvalidArgumentError(f"unknown speculative decoding type {spec_type!r}; known: {', '.join(SPEC_TYPES)}")
+    return DraftModelDrafter(draft_engine, params, n_vocab)

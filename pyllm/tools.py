@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .errors import InvalidArgumentError
+from .engine import split_stop
 from .grammar import Trigger
 
 FORMATS = ("hermes", "llama3", "mistral", "generic")
@@ -331,13 +332,9 @@ class AnswerStream:
         return out
 
     def _word(self) -> str:
-        i = self.text.find(self.word)
-        if i >= 0:
-            self.held = True
-            return self.text[len(self.shown):i]
-        keep = next((k for k in range(min(len(self.word) - 1, len(self.text)), 0, -1)
-                     if self.text.endswith(self.word[:k])), 0)
-        return self.text[len(self.shown):len(self.text) - keep]
+        out, _, hit = split_stop(self.text[len(self.shown):], [self.word])   # held back as a stop string is
+        self.held = bool(hit)
+        return out
 
     def _llama3(self) -> str:
         if self.shown:
