@@ -70,7 +70,6 @@ def _more_bits(i: int, n: int) -> bool:
 class Plan:
     """Each tensor's type in the new file."""
     types: dict[str, T]
-    ftype: str
 
     def histogram(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -122,7 +121,7 @@ def plan(model: ModelFile, ftype: str, allow_requantize: bool = False, pure: boo
         elif embedding_type is not None and name == "token_embd.weight":
             new = embedding_type
         types[name] = _fit(new, t.shape[0])
-    return Plan(types, ftype)
+    return Plan(types)
 
 
 def _layer_of(name: str) -> int:
