@@ -244,6 +244,7 @@ static void whole_block_sums(item_scratch w, const uint8_t *vc, int v_type, int6
 static void attend_range(const pyllm_op *op, const op_rows *r, int kvh, int64_t t0, int64_t t1, int32_t from,
                          int32_t to, float *state, item_scratch w) {
     const pyllm_step *st = r->step;
+    const int32_t *table = row_blocks(st, t0); /* every row of the item is of one sequence */
     const int hd = op->head_dim, hd_v = value_dim(op), B = st->block_size;
     const int group = op->n_head / op->n_kv_head;
     const int v_in_k = op->flags & OPF_V_IN_K;
@@ -258,13 +259,13 @@ static void attend_range(const pyllm_op *op, const op_rows *r, int kvh, int64_t 
     const int32_t *pos = st->pos;
 
     for (int32_t blk = from / B; blk <= to / B; blk++) {
-        const size_t base = (size_t)st->block_table[blk] * B;
+        const size_t base = (size_t)table[blk] * B;
         int32_t j0 = blk * B > from ? blk * B : from;
         int32_t j1 = (blk + 1) * B - 1 < to ? (blk + 1) * B - 1 : to;
         const int n = j1 - j0 + 1;
         if (blk < to / B) /* the next block's K and V rows, read while this one is worked on */
             for (int32_t i = 0; i < B; i++) {
-                const size_t row = (size_t)st->block_table[blk + 1] * B + (size_t)i;
+                const size_t row = (size_t)table[blk + 1] * B + (size_t)i;
                 const uint8_t *kp = k_pool + row * k_row + kvh * k_head, *vp = v_pool + row * v_row + kvh * v_head;
                 for (int64_t b = 0; b < k_read; b += 64) __builtin_prefetch(kp + b);
                 for (int64_t b = 0; !v_in_k && b < v_read; b += 64) __builtin_prefetch(vp + b);
@@ -376,8 +377,9 @@ void op_attention(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     }
     /* items handed out one at a time, last tiles first: a causal prompt's
      * later rows see more positions (a fixed split gave the last thread
-     * most of the work) */
-    const int rows = tile_rows(op->n_head / op->n_kv_head);
+     * most of the work). Rows of several sequences: a row to a tile, as
+     * each reads its own sequence's blocks. */
+    const int rows = r->step->row_table ? 1 : tile_rows(op->n_head / op->n_kv_head);
     const int64_t tiles = (r->rows + rows - 1) / rows, items = tiles * op->n_kv_head;
     for (int64_t item; (item = atomic_fetch_add_explicit(r->counter, 1, memory_order_relaxed)) < items;) {
         int kvh = (int)(item % op->n_kv_head);

@@ -34,6 +34,11 @@ typedef struct {
 #define IN_ROW(op, r, t) ((op)->x + (int64_t)((r)->row0 + (t)) * (op)->x_stride)
 #define OUT_ROW(op, t) ((op)->y + (int64_t)(t) * (op)->y_stride)
 
+/* KV_STORE / ATTENTION: the block table of row t's sequence (pyllm_step.row_table) */
+static inline const int32_t *row_blocks(const pyllm_step *st, int64_t t) {
+    return st->row_table ? st->block_table + st->row_table[t] : st->block_table;
+}
+
 /* KV_STORE / ATTENTION: value dims per head (head_dim_v 0 means head_dim) */
 static inline int value_dim(const pyllm_op *op) { return op->head_dim_v > 0 ? op->head_dim_v : op->head_dim; }
 

@@ -173,8 +173,8 @@ void op_kv_store(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     int64_t lo, hi;
     split_range(r->rows, ith, nth, 1, &lo, &hi);
     for (int64_t t = lo; t < hi; t++) {
-        int32_t p = st->pos[t];
-        size_t slot = (size_t)st->block_table[p / st->block_size] * st->block_size + p % st->block_size;
+        const int32_t p = st->pos[t], *table = row_blocks(st, t);
+        size_t slot = (size_t)table[p / st->block_size] * st->block_size + p % st->block_size;
         kv_row_put(op->k_type, op->k_rot, op->x + t * op->x_stride, (uint8_t *)op->k_cache + slot * k_row, k_dim,
                    r->scratch);
         if (!(op->flags & OPF_V_IN_K))

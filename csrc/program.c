@@ -289,11 +289,19 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
     for (int i = 0; i < st->n_table; i++)
         if (st->block_table[i] < 0 || st->block_table[i] >= st->pool_blocks)
             return fail("KV block id %d outside the pool of %d", st->block_table[i], st->pool_blocks);
-    int64_t capacity = (int64_t)st->n_table * st->block_size;
-    for (int t = 0; t < st->n_tokens; t++)
+    for (int t = 0; t < st->n_tokens; t++) {
+        const int32_t first = st->row_table ? st->row_table[t] : 0;
+        if (first < 0 || first >= st->n_table)
+            return fail("row %d's block table starts at %d, outside the %d entries", t, first, st->n_table);
+        const int64_t capacity = (int64_t)(st->n_table - first) * st->block_size;
         if (st->pos[t] < 0 || st->pos[t] >= capacity)
             return fail("position %d outside the %lld the block table holds", st->pos[t], (long long)capacity);
+    }
     for (int i = 0; i < n_ops; i++) {
+        if (st->row_table && ops[i].state)
+            return fail("a step of several sequences through a recurrent layer (its state is one sequence's)");
+        if (st->row_table && ops[i].kind == OP_ATTENTION && ops[i].flags & OPF_NON_CAUSAL)
+            return fail("a step of several sequences through bidirectional attention");
         if (ops[i].kind == OP_SSM_SCAN && ops[i].n_in + 2 * (int64_t)st->n_tokens > SCRATCH_FLOATS)
             return fail("a step of %d tokens through a scan of %lld states needs more scratch than the core has",
                         st->n_tokens, (long long)ops[i].n_in);

@@ -137,7 +137,7 @@ typedef struct pyllm_op {
                               starting at position 0 starts from zeros */
 } pyllm_op;
 
-/* one forward step: a batch of tokens of one sequence */
+/* one forward step: a batch of tokens of one sequence, or of several (row_table) */
 typedef struct pyllm_step {
     int32_t n_tokens;            /* rows in this batch (>= 1) */
     int32_t n_out;               /* rows the OPF_LAST_ROWS ops compute (1..n_tokens) */
@@ -147,6 +147,9 @@ typedef struct pyllm_step {
     int32_t n_table;             /* entries in block_table */
     int32_t block_size;          /* tokens per KV block (B) */
     int32_t pool_blocks;         /* blocks in each layer's pool (ids must be below) */
+    const int32_t *row_table;    /* NULL: every row is of one sequence, whose table is block_table. Else
+                                    [n_tokens]: where row t's sequence's table begins in block_table (rows
+                                    of several sequences in one step; attention-only models) */
 } pyllm_step;
 
 /* ---- the engine context: thread pool, profile ---- */

@@ -393,6 +393,7 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
     if (st->n_tokens < 1) return fail("empty batch");
     if (st->n_out < 1 || st->n_out > st->n_tokens) return fail("n_out %d outside 1..%d", st->n_out, st->n_tokens);
     if (!st->tokens || !st->pos) return fail("missing tokens or positions");
+    if (st->row_table) return fail("a step of several sequences runs on the CPU only");
     if (st->block_size < 1 || st->block_size > MAX_KV_BLOCK || !st->block_table || st->n_table < 1)
         return fail("missing KV block table, or blocks of %d positions (at most %d)", st->block_size, MAX_KV_BLOCK);
     for (int i = 0; i < st->n_table; i++)

@@ -39,6 +39,7 @@ class Backend(ABC):
     n_batch: int          # most tokens one step takes
     n_out_max: int        # most logits rows one step returns
     n_vocab: int
+    batches_sequences: bool = False   # has forward_batch: one step over rows of several sequences
 
     @abstractmethod
     def forward(self, tokens: Sequence[int], start_pos: int, block_table: Sequence[int], n_out: int) -> np.ndarray:

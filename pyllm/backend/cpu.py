@@ -21,7 +21,7 @@ import numpy as np
 
 from .._native import ffi, lib
 from ..errors import BackendError, InvalidArgumentError
-from ..graph import Graph, View
+from ..graph import OP_ATTENTION, OPF_NON_CAUSAL, Graph, View
 from ..model_file import Tensor
 from ..units import fmt_bytes
 from .base import ACTIVATIONS, Backend, Device, DeviceMemoryError, Program, Range, Shape, StepData
@@ -283,6 +283,10 @@ class CpuBackend(Backend):
         self.ctx, self.n_threads = self.device.ctx, self.device.n_threads
         self.logits = self.buffers[graph.ops[-1].y.name]
         self.n_vocab = self.logits.shape[1]
+        # a step may hold rows of several sequences (forward_batch) unless a layer's state is one
+        # sequence's or every row sees every other (an encoder)
+        self.batches_sequences = not any(op.state is not None or op.flags & OPF_NON_CAUSAL and op.kind == OP_ATTENTION
+                                         for op in graph.ops)
 
     # -- running -----------------------------------------------------------------
     def forward(self, tokens: Seq[int], start_pos: int, block_table: Seq[int], n_out: int) -> np.ndarray:
@@ -299,6 +303,35 @@ class CpuBackend(Backend):
         if lib.pyllm_run(self.ctx, self.ops, len(self.graph.ops), st) != 0:
             raise InvalidArgumentError(ffi.string(lib.pyllm_error()).decode())
         return self.logits[:n_out]
+
+    def forward_batch(self, steps: Seq[tuple[Seq[int], int, Seq[int]]]) -> np.ndarray:
+        """Runs several sequences' steps as one: each (tokens, start_pos,
+        block_table) appends tokens at positions start_pos.. of its own
+        sequence. Returns the logits of every row, the sequences' rows in
+        order: a [rows, vocab] view, valid until the next step. An attention
+        model's decode steps (and speculative ones) batched this way read each
+        weight once for all sequences."""
+        n = sum(len(tokens) for tokens, _, _ in steps)
+        n_table = sum(len(table) for _, _, table in steps)
+        check_step_args(n, n, 1, self.n_batch, self.n_out_max, self.n_blocks)
+        tokens, pos = np.empty(n, np.int32), np.empty(n, np.int32)
+        row_table, table = np.empty(n, np.int32), np.empty(max(n_table, 1), np.int32)
+        row = first = 0
+        for toks, start, blocks in steps:
+            k = len(toks)
+            tokens[row:row + k] = toks
+            pos[row:row + k] = np.arange(start, start + k, dtype=np.int32)
+            row_table[row:row + k] = first
+            table[first:first + len(blocks)] = blocks
+            row, first = row + k, first + len(blocks)
+        st = ffi.new("pyllm_step *", {
+            "n_tokens": n, "n_out": n, "tokens": ffi.from_buffer("int32_t[]", tokens),
+            "pos": ffi.from_buffer("int32_t[]", pos), "block_table": ffi.from_buffer("int32_t[]", table),
+            "n_table": n_table, "block_size": self.step.block_size, "pool_blocks": self.step.pool_blocks,
+            "row_table": ffi.from_buffer("int32_t[]", row_table)})
+        if lib.pyllm_run(self.ctx, self.ops, len(self.graph.ops), st) != 0:
+            raise InvalidArgumentError(ffi.string(lib.pyllm_error()).decode())
+        return self.logits[:n]
 
     # -- profile -----------------------------------------------------------------
     def profile(self, on: bool) -> None:
