@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import dataclasses
+import functools
 import logging
 from typing import Any, Iterator, Mapping, Optional, Sequence as Seq
 
@@ -31,6 +32,7 @@ from .model_file import ModelFile
 from .perplexity import Perplexity, perplexity
 from .reasoning import prompt_opens_thinking, split_pieces, split_reasoning
 from .sampling import Sampler, SamplingParams
+from .slots import Slot, Slots
 from .speculative import SPEC_TYPES, SpecParams, check_same_vocabulary, make_drafter
 from .tokenizer import load_tokenizer
 from .tools import ToolUse
@@ -131,14 +133,14 @@ class Model:
                                                n_gpu_layers, device)
         self.engine = Engine(self.backend, self.tokenizer, n_ctx, min(n_batch, n_ctx), BLOCK_SIZE, n_blocks,
                              recurrent=bool(self.graph.states))
-        self._seq = self.engine.new_sequence()
+        self._own_slot = Slot(self.engine.new_sequence())   # the conversation, unless a thread holds a slot
+        self.slots: Optional[Slots] = None
         try:
             self._speculate(spec_type, draft_model, SpecParams(spec_draft_max, spec_draft_min, spec_ngram_size,
                                                                spec_p_min))
         except BaseException:
             self.close()
             raise
-        self._chat_cache: list[tuple[str, list[int]]] = []   # (text, its tokens) of the last chat, in order
         self._dry_breakers: dict[tuple[str, ...], DryBreakers] = {}   # DRY's breakers, per list: a vocabulary scan
 
     def _speculate(self, spec_type: Optional[str], draft_model, params: SpecParams) -> None:
@@ -167,8 +169,39 @@ class Model:
                 raise InvalidArgumentError(f"the draft model {self.draft.path.name} keeps a recurrent state; "
                                            f"use a transformer as the draft model")
         self.engine.spec = params
-        self.engine.drafter = make_drafter(spec_type, params, self.draft.engine if self.draft else None,
-                                           self.tokenizer.n_vocab)
+        self.engine.new_drafter = functools.partial(make_drafter, spec_type, params,
+                                                    self.draft.engine if self.draft else None, self.tokenizer.n_vocab)
+
+    # -- parallel conversations -----------------------------------------------------
+    def parallel(self, n: int) -> Slots:
+        """Lets up to n threads generate at once (a server's --parallel), each inside
+        `with model.slots.take():`, on its own slot of the KV cache; their decode steps run
+        batched (pyllm.batching). Returns model.slots. A model with a recurrent state (one
+        sequence's) runs one request at a time: n becomes 1, with a warning."""
+        if not 1 <= n <= 256:
+            raise InvalidArgumentError(f"the number of parallel requests must be in 1..256, not {n}")
+        if n > 1 and self.engine.pool.recurrent:
+            log.warning("%s keeps a recurrent state for one sequence: requests run one at a time", self.arch.name)
+            n = 1
+        if self.slots is not None:   # slots made before give their cache back
+            for slot in self.slots.slots:
+                slot.seq.release()
+        if n > 1:
+            self.engine.parallel()
+            if self.draft is not None:
+                self.draft.engine.parallel()
+        self.slots = Slots(self.engine, n)
+        return self.slots
+
+    @property
+    def _slot(self) -> Slot:
+        """The conversation this thread runs on: the slot it holds, else the model's own."""
+        held = self.slots.current if self.slots is not None else None
+        return held if held is not None else self._own_slot
+
+    @property
+    def _seq(self):
+        return self._slot.seq
 
     # -- tokens ------------------------------------------------------------------
     @property
@@ -412,7 +445,7 @@ class Model:
         text = self.apply_chat_template(messages, add_generation_prompt=True, **variables)
         tokens: list[int] = []
         done = 0
-        for seg_text, seg_tokens in self._chat_cache:
+        for seg_text, seg_tokens in self._slot.chat_cache:
             if not text.startswith(seg_text, done):
                 break
             tokens += seg_tokens
@@ -425,10 +458,10 @@ class Model:
             tokens += self.tokenizer.encode(text[done:], add_bos=False, parse_special=True)
         return text, tokens
 
-    def _record_chat(self, prompt_text: str, prompt_tokens: list[int], c: Completion) -> None:
-        self._chat_cache = [(prompt_text, list(prompt_tokens))]
+    def _record_chat(self, slot: Slot, prompt_text: str, prompt_tokens: list[int], c: Completion) -> None:
+        slot.chat_cache = [(prompt_text, list(prompt_tokens))]
         if c.tokens and self.tokenizer.decode(c.tokens) == c.text:
-            self._chat_cache.append((c.text, list(c.tokens)))
+            slot.chat_cache.append((c.text, list(c.tokens)))
 
     def chat(self, messages: Seq[Mapping[str, Any]], max_tokens: Optional[int] = None,
              stop: Optional[Seq[str]] = None, stream: bool = False, format: Format = None,
@@ -475,9 +508,10 @@ class Model:
         constraint = constraint_for(self.tokenizer, format, grammar, end_ids=stop_ids, trigger=trigger)
         if constraint is not None:   # a reasoning model's thinking stays free; the grammar holds the answer
             constraint = AnswerConstraint(constraint, thinking)
-        gen = self.engine.generate(self._seq, prompt, self._max_tokens(max_tokens), self._sampler(sampling),
+        slot = self._slot
+        gen = self.engine.generate(slot.seq, prompt, self._max_tokens(max_tokens), self._sampler(sampling),
                                    _stop_list(stop) + stop_texts, stop_ids, constraint=constraint, logprobs=logprobs)
-        return ChatStream(gen, lambda c: self._record_chat(text, prompt, c), thinking, tool_use)
+        return ChatStream(gen, lambda c: self._record_chat(slot, text, prompt, c), thinking, tool_use)
 
     # -- lifetime ----------------------------------------------------------------
     def close(self) -> None:

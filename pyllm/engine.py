@@ -5,6 +5,8 @@ request names a Sequence; its cached prefix is reused, the rest of the
 prompt is prefilled in chunks of n_batch tokens, and tokens are then decoded
 one step at a time until a stop rule fires. With a drafter (speculative
 decoding, pyllm.speculative) a step also runs the tokens guessed to follow.
+With parallel(n), up to n threads generate at once, each on its own
+Sequence, their decode steps batched (pyllm.batching).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Callable, Iterator, Optional, Sequence as Seq
 
 import numpy as np
 
+from .batching import StepBatcher
 from .errors import ContextFullError, InvalidArgumentError, ModelFileError
 from .kv_cache import BlockPool, Sequence
 from .sampling import Sampler
@@ -120,11 +123,23 @@ class Engine:
         self.tokenizer = tokenizer
         self.n_ctx, self.n_batch = n_ctx, n_batch
         self.pool = BlockPool(n_blocks, block_size, recurrent)
-        self.drafter = None          # speculative decoding's guesser (pyllm.speculative), if any
+        self.new_drafter = None      # speculative decoding: makes a generation's guesser (pyllm.speculative)
         self.spec = SpecParams()
+        self.batcher: Optional[StepBatcher] = None   # several threads' steps, batched (parallel)
 
     def new_sequence(self) -> Sequence:
         return Sequence(self.pool, self.n_ctx)
+
+    def parallel(self) -> None:
+        """Lets several threads run steps at once, each on its own sequence: their steps go
+        through one StepBatcher (one at a time, decode steps batched where the backend can)."""
+        if self.batcher is None:
+            self.batcher = StepBatcher(self.backend, min(self.n_batch, self.backend.n_out_max))
+
+    def _forward(self, tokens: Seq[int], start_pos: int, block_table: Seq[int], n_out: int) -> np.ndarray:
+        if self.batcher is not None:
+            return self.batcher.forward(tokens, start_pos, block_table, n_out)
+        return self.backend.forward(tokens, start_pos, block_table, n_out)
 
     # -- running tokens through the model ---------------------------------------------
     def _run(self, seq: Sequence, tokens: Seq[int], n_out: int = 1,
@@ -146,7 +161,7 @@ class Engine:
                 raise Cancelled()
             chunk = tokens[i:i + self.n_batch]
             try:
-                logits = self.backend.forward(chunk, len(seq), seq.blocks, min(n_out, len(chunk)))
+                logits = self._forward(chunk, len(seq), seq.blocks, min(n_out, len(chunk)))
             except BaseException:
                 self.pool.state_owner = None   # a step cut short may have moved the state on
                 raise
@@ -184,12 +199,12 @@ class Engine:
             seq.reserve(len(tokens))
             for i in range(0, skip, self.n_batch):
                 chunk = list(tokens[i:min(i + self.n_batch, skip)])
-                self.backend.forward(chunk, len(seq), seq.blocks, 1)
+                self._forward(chunk, len(seq), seq.blocks, 1)
                 seq.commit(chunk)
             step = min(self.n_batch, self.backend.n_out_max)
             for i in range(skip, len(tokens), step):
                 chunk = list(tokens[i:i + step])
-                yield i, self.backend.forward(chunk, len(seq), seq.blocks, len(chunk))
+                yield i, self._forward(chunk, len(seq), seq.blocks, len(chunk))
                 seq.commit(chunk)
         finally:
             seq.release()
@@ -259,12 +274,15 @@ class Generation:
         sampling_s = 0.0
         # speculative decoding: the last step's guesses (the cache holds them past the
         # token that step ran), how many of them the sampler has drawn, and their logits
+        drafter = eng.new_drafter() if eng.new_drafter is not None else None
+        length = DraftLength(eng.spec) if drafter is not None else None
         draft: list[int] = []
         kept = 0
         rows = None
-        length = DraftLength(eng.spec) if eng.drafter is not None else None
         if self.profile:
             eng.backend.profile(True)
+        if eng.batcher is not None:
+            eng.batcher.join()
         try:
             try:
                 logits, m.reused_tokens = eng.prefill(self.seq, self.prompt, lambda: self.cancelled)
@@ -320,8 +338,12 @@ class Generation:
                     length.update(len(draft), kept)
                     self.seq.truncate(len(self.seq) - (len(draft) - kept))
                     draft, kept = [], 0
-                guess = self._draft(history, len(tokens), length.now) if length is not None else []
-                rows = eng._run(self.seq, [tok] + guess, n_out=1 + len(guess))
+                guess = self._draft(drafter, history, len(tokens), length.now) if drafter is not None else []
+                try:
+                    rows = eng._run(self.seq, [tok] + guess, n_out=1 + len(guess))
+                except ContextFullError:   # the KV cache is full (its blocks held by other sequences)
+                    finish = "context"
+                    break
                 draft = guess
                 logits = rows[0]
                 m.decode_steps += 1
@@ -334,6 +356,10 @@ class Generation:
         finally:
             if kept < len(draft):   # the cache keeps only tokens of the reply
                 self.seq.truncate(len(self.seq) - (len(draft) - kept))
+            if drafter is not None:
+                drafter.close()
+            if eng.batcher is not None:
+                eng.batcher.leave()
             end = time.perf_counter()
             m.total_s = end - t0
             if t_first is not None:
@@ -345,14 +371,14 @@ class Generation:
             self.completion = Completion("".join(emitted), tokens, finish, m, logprobs=logprobs,
                                          stop_string=hit_stop_string)
 
-    def _draft(self, history: list[int], n_generated: int, n_max: int) -> list[int]:
+    def _draft(self, drafter, history: list[int], n_generated: int, n_max: int) -> list[int]:
         """The drafter's guess at the tokens after `history`, as long as the step, the
         context and max_tokens leave room for (none if shorter than draft_min)."""
         eng = self.engine
         room = min(self.max_tokens - n_generated - 1, eng.n_ctx - len(history),
                    eng.n_batch - 1, eng.backend.n_out_max - 1)
         n = min(room, n_max)
-        guess = eng.drafter.draft(history, n) if n > 0 else []
+        guess = drafter.draft(history, n) if n > 0 else []
         return guess if len(guess) >= max(1, eng.spec.draft_min) else []
 
     def run(self) -> Completion:

@@ -17,12 +17,17 @@ position, one per model: it holds exactly the tokens one sequence ran, its
 owner. Such a sequence keeps its cached prefix only when that is the whole of
 what it ran and it still owns the state; otherwise it starts again from
 position 0 (no prefix is taken from other sequences either).
+
+Several threads may hold sequences of one pool (a server's parallel
+requests): the pool's lock makes each sequence operation atomic, and a pool
+that runs out asks its `reclaim` hook (idle conversations) to give blocks back.
 """
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections import OrderedDict
-from typing import Optional, Sequence as Seq
+from typing import Callable, Optional, Sequence as Seq
 
 import numpy as np
 
@@ -43,8 +48,12 @@ class BlockPool:
         self.by_hash: dict[bytes, int] = {}
         self.free: list[int] = list(range(n_blocks - 1, -1, -1))  # never used: pop from the end
         self.cached: OrderedDict[int, None] = OrderedDict()         # refs == 0 but hashed
+        self.lock = threading.RLock()     # sequences of several threads
+        self.reclaim: Optional[Callable[[], bool]] = None   # frees an idle sequence's blocks; False: none left
 
     def allocate(self) -> int:
+        while not (self.free or self.cached) and self.reclaim is not None and self.reclaim():
+            pass
         if self.free:
             b = self.free.pop()
         elif self.cached:
@@ -107,49 +116,51 @@ class Sequence:
         """Keeps (or takes from the pool's cache) the longest cached prefix of
         `tokens`; returns its length: the positions that need no compute.
         At least one token is always left to compute, so a step has logits."""
-        B = self.pool.block_size
-        keep = 0
-        limit = min(len(self.tokens), len(tokens) - 1)
-        while keep < limit and self.tokens[keep] == tokens[keep]:
-            keep += 1
-        if self.pool.recurrent:   # the state holds all of self.tokens, or is another sequence's
-            self.truncate(keep if keep == len(self.tokens) and self.owns_state else 0)
+        with self.pool.lock:
+            B = self.pool.block_size
+            keep = 0
+            limit = min(len(self.tokens), len(tokens) - 1)
+            while keep < limit and self.tokens[keep] == tokens[keep]:
+                keep += 1
+            if self.pool.recurrent:   # the state holds all of self.tokens, or is another sequence's
+                self.truncate(keep if keep == len(self.tokens) and self.owns_state else 0)
+                return len(self.tokens)
+            self.truncate(keep)
+            # extend with full blocks other sequences left in the cache
+            while len(self.tokens) % B == 0 and len(self.tokens) + B <= len(tokens) - 1:
+                start = len(self.tokens)
+                parent = self._hashes[-1] if self._hashes else b""
+                h = _chain_hash(parent, tokens[start:start + B])
+                b = self.pool.lookup(h)
+                if b is None:
+                    break
+                self.pool.take(b)
+                self.blocks.append(b)
+                self._hashes.append(h)
+                self.tokens.extend(tokens[start:start + B])
             return len(self.tokens)
-        self.truncate(keep)
-        # extend with full blocks other sequences left in the cache
-        while len(self.tokens) % B == 0 and len(self.tokens) + B <= len(tokens) - 1:
-            start = len(self.tokens)
-            parent = self._hashes[-1] if self._hashes else b""
-            h = _chain_hash(parent, tokens[start:start + B])
-            b = self.pool.lookup(h)
-            if b is None:
-                break
-            self.pool.take(b)
-            self.blocks.append(b)
-            self._hashes.append(h)
-            self.tokens.extend(tokens[start:start + B])
-        return len(self.tokens)
 
     def truncate(self, n: int) -> None:
         """Forgets positions n and after. A hashed block another sequence shares is
         never rewritten, so if n falls inside one, that whole block goes too; one
         this sequence holds alone forgets its hash and keeps its first positions."""
-        B = self.pool.block_size
-        n = max(0, min(n, len(self.tokens)))
-        if self.pool.recurrent and n < len(self.tokens):
-            n = 0   # a state cannot be rewound: from the start
-        if n % B and n // B < len(self._hashes):
-            b = self.blocks[n // B]
-            if self.pool.refs[b] == 1:
-                self.pool.unregister(b)
-            else:
-                n = n // B * B
-        keep_blocks = (n + B - 1) // B
-        for b in self.blocks[keep_blocks:]:
-            self.pool.release(b)
-        del self.blocks[keep_blocks:]
-        del self._hashes[n // B:]
-        del self.tokens[n:]
+        with self.pool.lock:
+            B = self.pool.block_size
+            n = max(0, min(n, len(self.tokens)))
+            if self.pool.recurrent and n < len(self.tokens):
+                n = 0   # a state cannot be rewound: from the start
+            if n % B and n // B < len(self._hashes):
+                b = self.blocks[n // B]
+                if self.pool.refs[b] == 1:
+                    self.pool.unregister(b)
+                else:
+                    n = n // B * B
+            keep_blocks = (n + B - 1) // B
+            for b in self.blocks[keep_blocks:]:
+                self.pool.release(b)
+            del self.blocks[keep_blocks:]
+            del self._hashes[n // B:]
+            del self.tokens[n:]
 
     @property
     def owns_state(self) -> bool:
@@ -158,25 +169,27 @@ class Sequence:
 
     def reserve(self, n_new: int) -> None:
         """Makes room for n_new more positions (allocating blocks)."""
-        total = len(self.tokens) + n_new
-        if total > self.n_ctx:
-            raise ContextFullError(f"{total} tokens do not fit in the context of {self.n_ctx}; "
-                                   f"use a larger context (-c) or a shorter prompt")
-        B = self.pool.block_size
-        while len(self.blocks) * B < total:
-            self.blocks.append(self.pool.allocate())
+        with self.pool.lock:
+            total = len(self.tokens) + n_new
+            if total > self.n_ctx:
+                raise ContextFullError(f"{total} tokens do not fit in the context of {self.n_ctx}; "
+                                       f"use a larger context (-c) or a shorter prompt")
+            B = self.pool.block_size
+            while len(self.blocks) * B < total:
+                self.blocks.append(self.pool.allocate())
 
     def commit(self, tokens: Seq[int]) -> None:
         """Records that the K/V of `tokens` (following the current ones) is now
         in the cache, and registers the blocks they complete."""
-        B = self.pool.block_size
-        self.tokens.extend(int(t) for t in tokens)
-        while (len(self._hashes) + 1) * B <= len(self.tokens):
-            i = len(self._hashes)
-            parent = self._hashes[-1] if self._hashes else b""
-            h = _chain_hash(parent, self.tokens[i * B:(i + 1) * B])
-            self._hashes.append(h)
-            self.pool.register(self.blocks[i], h)
+        with self.pool.lock:
+            B = self.pool.block_size
+            self.tokens.extend(int(t) for t in tokens)
+            while (len(self._hashes) + 1) * B <= len(self.tokens):
+                i = len(self._hashes)
+                parent = self._hashes[-1] if self._hashes else b""
+                h = _chain_hash(parent, self.tokens[i * B:(i + 1) * B])
+                self._hashes.append(h)
+                self.pool.register(self.blocks[i], h)
 
     def release(self) -> None:
         self.truncate(0)

@@ -80,6 +80,9 @@ class NgramDrafter:
         for end in range(max(n, start), len(h)):
             self.after[tuple(h[end - n:end])] = end
 
+    def close(self) -> None:
+        pass
+
     def draft(self, history: Seq[int], n_max: int) -> list[int]:
         """Up to n_max tokens expected to follow `history` (possibly none)."""
         self._follow(history)
@@ -101,6 +104,10 @@ class DraftModelDrafter:
         self.engine, self.p_min = engine, params.p_min
         self.n_vocab = n_vocab          # the target's: a draft token past it cannot be right
         self.seq = engine.new_sequence()
+
+    def close(self) -> None:
+        """Gives the draft's cache back (its full blocks stay cached for the next draft's prefix)."""
+        self.seq.release()
 
     def draft(self, history: Seq[int], n_max: int) -> list[int]:
         eng = self.engine

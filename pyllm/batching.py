@@ -1,0 +1,140 @@
+"""Several requests on one model at once: their steps, batched.
+
+A server with `--parallel N` runs up to N generations at the same time, each
+on its own thread and its own KV-cache sequence. Their forward steps meet
+here. One step runs at a time; the decode steps of the generations that are
+waiting together (one token each, or a speculative step's few) run as one
+step over the rows of all of them (Backend.forward_batch), so each weight is
+read once for every sequence: on a memory-bound machine N replies cost about
+what one does. A step whose rows are not all wanted (a prompt chunk: only its
+last row's logits) runs alone, between batches.
+
+There is no scheduler thread: the thread whose step is due runs the batch it
+belongs to (or the oldest one) and hands every other thread its rows. A batch
+starts when every generation in progress has its step queued, or when the
+oldest queued step has waited MAX_WAIT_S (a generation busy elsewhere, e.g.
+writing to a slow client, holds the others up no longer than that).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Sequence as Seq
+
+import numpy as np
+
+MAX_WAIT_S = 0.005   # how long a queued step waits for the other generations' steps
+
+
+@dataclass
+class _Step:
+    tokens: list[int]
+    start: int
+    table: list[int]
+    n_out: int
+    queued_at: float = field(default_factory=time.perf_counter)
+    logits: Optional[np.ndarray] = None
+    error: Optional[BaseException] = None
+    done: bool = False
+
+    @property
+    def batchable(self) -> bool:
+        """Every row's logits are wanted: its rows can join other sequences' in one step."""
+        return self.n_out == len(self.tokens)
+
+
+class StepBatcher:
+    """Runs the steps that several threads ask for on one backend: one at a
+    time, with the steps of generations that are waiting together batched."""
+
+    def __init__(self, backend, max_rows: int, max_wait_s: float = MAX_WAIT_S):
+        self.backend = backend
+        self.max_rows = max_rows          # rows one batched step holds (the backend's n_out_max)
+        self.max_wait_s = max_wait_s
+        self.batching = getattr(backend, "batches_sequences", False)   # else: one step after another
+        self._cv = threading.Condition()
+        self._queue: list[_Step] = []
+        self._running = False
+        self._members = 0                 # generations in progress (they will ask for steps again)
+        self.batches = 0                  # steps run, and how many sequences' steps they held
+        self.batched_steps = 0
+
+    def join(self) -> None:
+        """A generation starts: until it leaves, batches wait (briefly) for its next step."""
+        with self._cv:
+            self._members += 1
+
+    def leave(self) -> None:
+        with self._cv:
+            self._members -= 1
+            self._cv.notify_all()     # a batch waiting for this one's step can start
+
+    def forward(self, tokens: Seq[int], start_pos: int, block_table: Seq[int], n_out: int) -> np.ndarray:
+        """As Backend.forward, from any thread; returns a copy of the logits rows."""
+        step = _Step(list(tokens), start_pos, list(block_table), n_out)
+        with self._cv:
+            self._queue.append(step)
+            self._cv.notify_all()
+        while True:
+            with self._cv:
+                while not step.done and (self._running or not self._due()):
+                    self._cv.wait(self._wait_time())
+                if step.done:
+                    break
+                batch = self._take()
+                self._running = True
+            try:
+                self._run(batch)
+            finally:
+                with self._cv:
+                    self._running = False
+                    self._cv.notify_all()
+        if step.error is not None:
+            raise step.error
+        return step.logits
+
+    # -- under the lock ------------------------------------------------------------------------
+    def _due(self) -> bool:
+        if not self._queue or not self.batching:
+            return bool(self._queue)
+        waited = time.perf_counter() - self._queue[0].queued_at
+        return len(self._queue) >= self._members or waited >= self.max_wait_s
+
+    def _wait_time(self) -> Optional[float]:
+        if self._running or not self._queue:
+            return None      # woken when the step running ends, or a step is queued
+        return max(0.0, self._queue[0].queued_at + self.max_wait_s - time.perf_counter())
+
+    def _take(self) -> list[_Step]:
+        """The oldest queued step, with every other batchable one that fits beside it."""
+        first = self._queue.pop(0)
+        batch = [first]
+        if first.batchable and self.batching:
+            rows = len(first.tokens)
+            for s in list(self._queue):
+                if s.batchable and rows + len(s.tokens) <= self.max_rows:
+                    batch.append(s)
+                    rows += len(s.tokens)
+                    self._queue.remove(s)
+        return batch
+
+    # -- outside the lock ----------------------------------------------------------------------
+    def _run(self, batch: list[_Step]) -> None:
+        try:
+            if len(batch) == 1:
+                s = batch[0]
+                s.logits = self.backend.forward(s.tokens, s.start, s.table, s.n_out).copy()
+            else:
+                rows = self.backend.forward_batch([(s.tokens, s.start, s.table) for s in batch])
+                row = 0
+                for s in batch:
+                    s.logits = rows[row:row + len(s.tokens)].copy()
+                    row += len(s.tokens)
+        except BaseException as e:   # each waiting thread raises it
+            for s in batch:
+                s.error = e
+        self.batches += 1
+        self.batched_steps += len(batch)
+        for s in batch:
+            s.done = True

@@ -1,0 +1,74 @@
+"""Conversations that run at once on one model: a server's `--parallel N`.
+
+A slot is one conversation's place in the model: its sequence in the KV
+cache and the text and tokens of its last chat, so that its next turn
+reuses them (llama-server's slots). A thread takes a free slot for the
+length of a request; while it holds it, the Model's generate, stream and
+chat on that thread run on the slot (Model.parallel). Requests beyond N wait
+for a slot. Free slots keep their cache for the next request, the one
+released last going first (one client's next turn finds its own); when the
+KV cache runs out, the least recently used free slot gives its blocks back
+(its full blocks stay cached, reusable by their hash).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+from .kv_cache import Sequence
+
+
+@dataclass
+class Slot:
+    seq: Sequence
+    chat_cache: list = field(default_factory=list)   # (text, tokens) of the last chat (Model._chat_prompt)
+    released_at: float = 0.0
+
+
+class Slots:
+    def __init__(self, engine, n: int):
+        self.slots = [Slot(engine.new_sequence()) for _ in range(n)]
+        self._free = list(self.slots)      # the last released at the end
+        self._cv = threading.Condition()
+        self._local = threading.local()
+        engine.pool.reclaim = self.reclaim
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    @property
+    def current(self) -> Optional[Slot]:
+        """The slot this thread holds, if any."""
+        return getattr(self._local, "slot", None)
+
+    @contextmanager
+    def take(self) -> Iterator[Slot]:
+        """Holds a free slot (waiting for one) for this thread until the block ends."""
+        with self._cv:
+            while not self._free:
+                self._cv.wait()
+            slot = self._free.pop()
+        self._local.slot = slot
+        try:
+            yield slot
+        finally:
+            self._local.slot = None
+            with self._cv:
+                slot.released_at = time.monotonic()
+                self._free.append(slot)
+                self._cv.notify()
+
+    def reclaim(self) -> bool:
+        """The KV cache is full: the least recently used free slot that holds blocks lets
+        them go. False when no free slot holds any. (Called by the pool, under its lock.)"""
+        with self._cv:
+            holding = [s for s in self._free if s.seq.blocks]
+            if not holding:
+                return False
+            slot = min(holding, key=lambda s: s.released_at)
+            slot.seq.release()
+            slot.chat_cache = []
+            return True
