@@ -13,6 +13,9 @@ from .options import (ModelDraft, SpecDraftMax, SpecDraftMin, SpecNgramSize, Spe
                       speculative_kwargs)
 
 
+DEFAULT_PARALLEL = 4   # llama-server's default number of slots
+
+
 def registry_name(model: Optional[str]) -> Optional[str]:
     """The name clients see: the registry's, else (None) the file's stem."""
     from pyllm import registry
@@ -43,6 +46,10 @@ def serve(
     spec_draft_min: SpecDraftMin = 0,
     spec_ngram_size: SpecNgramSize = 6,
     spec_p_min: SpecPMin = 0.75,
+    parallel: Annotated[Optional[int], typer.Option(
+        "--parallel", "-np", help="requests run at once, their decode steps batched; more wait for a slot "
+        "(default 4, or 1 where steps cannot hold several sequences: recurrent models, GPU offload). "
+        "They share the context's KV cache (-c)")] = None,
 ) -> None:
     """Serve a model over HTTP with OpenAI's API: /v1/chat/completions, /v1/completions, /v1/embeddings."""
     with handle_errors():
@@ -60,12 +67,15 @@ def serve(
                    **speculative_kwargs(spec_type, model_draft, spec_draft_max, spec_draft_min, spec_ngram_size, spec_p_min)) as m:
             if pooling is not None:
                 m.pooling = pooling
+            if parallel is None:
+                parallel = DEFAULT_PARALLEL if m.backend.batches_sequences else 1
             try:
-                server = make_server(m, host, port, name=registry_name(model))
+                server = make_server(m, host, port, name=registry_name(model), parallel=parallel)
             except OSError as e:
                 raise InvalidArgumentError(f"cannot listen on {host}:{port}: {e.strerror}") from None
             with server:
                 what = "embeddings" if m.embedding else "chat and completions"
-                err.print(f"pyllm serve · {server.name} ({what}, context {m.n_ctx}) · listening on {server.url} "
+                slots = f", {len(server.slots)} requests at once" if len(server.slots) > 1 else ""
+                err.print(f"pyllm serve · {server.name} ({what}, context {m.n_ctx}{slots}) · listening on {server.url} "
                           f"(OpenAI API under /v1) · Ctrl-C to stop", highlight=False, soft_wrap=True)
                 server.serve_forever()

@@ -18,9 +18,11 @@ and ollama's, for the tools written against it (streamed as JSON lines, ollama's
          /api/show (the model's details, context length, template, capabilities)
     GET  /api/tags, /api/ps, /api/version
 
-One model and one KV cache: requests run one at a time (a lock; /health answers
-meanwhile), and a chat that resends its history reuses the cache of the turns
-before, as `pyllm chat` does. Sampling takes OpenAI's fields (temperature,
+One model and one KV cache. Up to `parallel` requests run at once, each holding
+a slot (pyllm.slots: a sequence of the cache and its last chat), their decode
+steps batched (pyllm.batching); more wait for a slot, and /health answers
+meanwhile. A chat that resends its history reuses the cache of the turns before,
+as `pyllm chat` does. Sampling takes OpenAI's fields (temperature,
 top_p, max_tokens, stop, seed, presence/frequency_penalty, logit_bias) and
 llama.cpp's (top_k, min_p, typical_p, repeat_penalty); unset ones keep
 llama.cpp's defaults. A reasoning model's thinking comes apart from the answer,
@@ -80,11 +82,11 @@ class RequestError(Exception):
 class Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, model, address: tuple[str, int], name: Optional[str] = None):
+    def __init__(self, model, address: tuple[str, int], name: Optional[str] = None, parallel: int = 1):
         super().__init__(address, Handler)
         self.model = model
         self.name = name or model.path.stem
-        self.lock = threading.Lock()      # one request at a time through the model
+        self.slots = model.parallel(parallel)   # requests that run at once; the rest wait for a slot
         self.created = int(time.time())
 
     @property
@@ -93,9 +95,11 @@ class Server(ThreadingHTTPServer):
         return f"http://{host}:{port}"
 
 
-def make_server(model, host: str = "127.0.0.1", port: int = 8080, name: Optional[str] = None) -> Server:
-    """A server for `model` (a pyllm.Model) bound to host:port (0: any free port; see .url)."""
-    return Server(model, (host, port), name)
+def make_server(model, host: str = "127.0.0.1", port: int = 8080, name: Optional[str] = None,
+                parallel: int = 1) -> Server:
+    """A server for `model` (a pyllm.Model) bound to host:port (0: any free port; see .url),
+    running up to `parallel` requests at once (their decode steps batched)."""
+    return Server(model, (host, port), name, parallel)
 
 
 # -- requests -> Model calls ----------------------------------------------------------------------
@@ -317,7 +321,7 @@ class Handler(BaseHTTPRequestHandler):
         top = (body.get("top_logprobs") or 0) if body.get("logprobs") else None
         tools = body.get("tools") or None
         m = self.server.model
-        with self.server.lock:
+        with self.server.slots.take():
             m.require_generation()
             with enable_thinking(m, kwargs.get("enable_thinking")):   # llama-server's switch
                 stream = m.chat(messages, max_tokens=max_tokens, stop=body.get("stop"), stream=True,
@@ -358,7 +362,7 @@ class Handler(BaseHTTPRequestHandler):
         only_prompt = echo and body.get("max_tokens") == 0   # scoring the prompt (lm-eval's loglikelihood)
         sampling, max_tokens = sampling_of(body), None if only_prompt else max_tokens_of(body)
         m = self.server.model
-        with self.server.lock:
+        with self.server.slots.take():
             m.require_generation()
             if isinstance(prompt, str) and not prompt:
                 raise InvalidArgumentError("the prompt is empty")
@@ -438,7 +442,7 @@ class Handler(BaseHTTPRequestHandler):
         if fmt not in ("float", "base64"):
             raise InvalidArgumentError(f"encoding_format must be float or base64, not {fmt!r}")
         m = self.server.model
-        with self.server.lock:
+        with self.server.slots.take():
             self._check_embeddings(m)
             data, tokens = [], 0
             for i, item in enumerate(inputs):
@@ -469,7 +473,7 @@ class Handler(BaseHTTPRequestHandler):
         top = body.get("n_probs") or None
         sampling, constraint = sampling_of(body), constraint_of(body)
         m = self.server.model
-        with self.server.lock:
+        with self.server.slots.take():
             m.require_generation()
             if isinstance(prompt, str) and not prompt:
                 raise InvalidArgumentError("the prompt is empty")
@@ -553,7 +557,7 @@ class Handler(BaseHTTPRequestHandler):
         defaults = {**dataclasses.asdict(SamplingParams()), "n_predict": -1}
         self.send_json(HTTPStatus.OK, {
             "default_generation_settings": {"n_ctx": m.n_ctx, "params": defaults},
-            "total_slots": 1, "model_alias": self.server.name, "model_path": str(m.path),
+            "total_slots": len(self.server.slots), "model_alias": self.server.name, "model_path": str(m.path),
             "modalities": {"vision": False, "audio": False},
             "chat_template": (m.chat_template.source or m.chat_template.name) if m.arch.causal else "",
             "bos_token": token_text(m, m.tokenizer.bos_id), "eos_token": token_text(m, m.tokenizer.eos_id),
@@ -650,7 +654,7 @@ class Handler(BaseHTTPRequestHandler):
             return {"model": self.server.name, "created_at": iso_time()}
 
         m = self.server.model
-        with self.server.lock:
+        with self.server.slots.take():
             m.require_generation()
             with enable_thinking(m, body.get("think")):
                 reply = start(m, max_tokens, options.get("stop"), {**sampling, "format": fmt})
@@ -692,7 +696,7 @@ class Handler(BaseHTTPRequestHandler):
             raise InvalidArgumentError("input must be a text or a list of texts")
         m = self.server.model
         t0 = time.perf_counter()
-        with self.server.lock:
+        with self.server.slots.take():
             self._check_embeddings(m)
             ids = [m.embedding_tokens(t, truncate=body.get("truncate", True)) for t in inputs]
             vectors = [[float(x) for x in m.embed_tokens(i)] for i in ids]
@@ -716,13 +720,17 @@ POST_ROUTES = {"/v1/chat/completions": Handler.chat, "/v1/completions": Handler.
 def enable_thinking(model, on: Optional[bool]) -> Iterator[None]:
     """The chat template's enable_thinking set to `on` (None: as the server runs) while a request
     renders its prompt."""
-    before = model.think
-    if on is not None:
-        model.think = bool(on)
-    try:
-        yield
-    finally:
-        model.think = before
+    with _THINK_LOCK:   # parallel requests: one renders its prompt at a time
+        before = model.think
+        if on is not None:
+            model.think = bool(on)
+        try:
+            yield
+        finally:
+            model.think = before
+
+
+_THINK_LOCK = threading.Lock()
 
 
 def chat_logprobs(m, items: list) -> dict:

@@ -170,7 +170,7 @@ def test_a_client_that_goes_away_stops_its_reply(smol):
         while b"data: " not in got:
             got += s.recv(4096)
     prompt = len(m.chat_tokens(CHAT))
-    with server.lock:   # the reply has stopped: it holds the prompt and the few tokens before the hang-up
+    with server.slots.take():   # the reply has stopped: it holds the prompt and the few tokens before the hang-up
         assert prompt < len(m._seq) < prompt + 100
     status, out = call(url, "/v1/chat/completions", {"messages": CHAT, "temperature": 0, "max_tokens": 3})
     assert status == 200 and out["usage"]["completion_tokens"] == 3

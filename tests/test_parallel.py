@@ -1,0 +1,245 @@
+"""Several sequences at once: a step over rows of several sequences (CpuBackend.forward_batch),
+the StepBatcher that makes such steps from several threads' generations, the slots a server's
+parallel requests take, and the server itself with --parallel. A batched row must be the row
+the sequence's own step computes, bit for bit, so parallel requests get the text they get alone."""
+import json
+import threading
+import urllib.request
+
+import numpy as np
+import pytest
+
+import synth
+from gguf import GGMLQuantizationType as QT
+
+from pyllm import Model
+from pyllm.errors import InvalidArgumentError
+
+PROMPTS = ["Write a story about a dragon.", "Explain photosynthesis.", "List ten fruits.", "What is Python?"]
+
+
+def own_rows(m, prefixes, steps):
+    """Each sequence's rows computed alone: its prefix, then its step's tokens, in steps of its own."""
+    out = []
+    for prefix, toks in zip(prefixes, steps):
+        s = m.engine.new_sequence()
+        m.engine.prefill(s, prefix)
+        out.append(m.engine._run(s, toks, n_out=len(toks)).copy())
+        s.release()
+    return out
+
+
+def batched_rows(m, prefixes, steps):
+    seqs = []
+    for prefix in prefixes:
+        s = m.engine.new_sequence()
+        m.engine.prefill(s, prefix)
+        seqs.append(s)
+    for s, toks in zip(seqs, steps):
+        s.reserve(len(toks))
+    rows = m.backend.forward_batch([(toks, len(s), s.blocks) for s, toks in zip(seqs, steps)]).copy()
+    for s in seqs:
+        s.release()
+    out, r = [], 0
+    for toks in steps:
+        out.append(rows[r:r + len(toks)])
+        r += len(toks)
+    return out
+
+
+def check_batch_matches(m, n_vocab, rng):
+    # prefixes of several lengths: inside a block, across blocks, past a sliding window
+    prefixes = [list(rng.integers(1, n_vocab, n)) for n in (5, 33, 70, 1)]
+    steps = [list(rng.integers(1, n_vocab, k)) for k in (1, 3, 1, 2)]   # decode steps, and speculative ones
+    want, got = own_rows(m, prefixes, steps), batched_rows(m, prefixes, steps)
+    for a, b in zip(want, got):
+        assert a.shape == b.shape and np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "gpt-oss", "deepseek2", "llama4", "gemma4", "qwen3moe"])
+def test_a_batched_step_gives_each_sequence_its_own_rows(tmp_path, arch):
+    """Sliding windows (gemma3, gpt-oss's sinks), chunked attention (llama4), latent attention
+    (deepseek2), layers reading another layer's cache (gemma4), experts (qwen3moe)."""
+    path = synth.WRITERS[arch](tmp_path / f"{arch}.gguf", QT.Q8_0)
+    with Model(path, n_threads=2, n_ctx=256) as m:
+        assert m.backend.batches_sequences
+        check_batch_matches(m, m.n_vocab, np.random.default_rng(1))
+
+
+def test_a_batched_step_over_a_quantized_cache(tmp_path):
+    path = synth.write_llama(tmp_path / "llama.gguf", QT.Q4_K, n_embd=256)
+    with Model(path, n_threads=2, n_ctx=256, cache_type_k="q8_0", cache_type_v="q8_0") as m:
+        check_batch_matches(m, m.n_vocab, np.random.default_rng(2))
+
+
+def test_one_thread_batches_like_two(tmp_path):
+    path = synth.write_llama(tmp_path / "llama.gguf", QT.Q4_0)
+    rng = np.random.default_rng(3)
+    prefixes = [list(rng.integers(1, 500, n)) for n in (40, 9, 130)]
+    steps = [[7], [8], [9]]
+    with Model(path, n_threads=1, n_ctx=256) as one, Model(path, n_threads=2, n_ctx=256) as two:
+        for a, b in zip(batched_rows(one, prefixes, steps), batched_rows(two, prefixes, steps)):
+            assert np.array_equal(a, b)
+
+
+def test_recurrent_and_encoder_models_do_not_batch(tmp_path):
+    with Model(synth.write_mamba2(tmp_path / "m.gguf"), n_threads=1, n_ctx=64) as m:
+        assert not m.backend.batches_sequences
+        s, t = m.engine.new_sequence(), m.engine.new_sequence()
+        s.reserve(1)
+        t.reserve(1)
+        with pytest.raises(InvalidArgumentError, match="recurrent"):   # the core refuses it too
+            m.backend.forward_batch([([1], 0, s.blocks), ([2], 0, t.blocks)])
+        assert m.parallel(4) is m.slots and len(m.slots) == 1           # one request at a time
+    with Model(synth.write_bert(tmp_path / "b.gguf"), n_threads=1) as m:
+        assert not m.backend.batches_sequences
+
+
+def test_the_core_checks_every_rows_block_table(tmp_path):
+    from pyllm._native import ffi, lib
+    with Model(synth.write_llama(tmp_path / "l.gguf"), n_threads=1, n_ctx=64) as m:
+        b = m.backend
+        tokens, pos = np.array([1, 2], np.int32), np.array([0, 40], np.int32)
+        table = np.array([0, 1], np.int32)
+        for rows, why in (([0, 2], "outside the 2 entries"), ([0, -1], "outside the 2 entries"),
+                          ([0, 1], "position 40 outside the 32")):
+            row_table = np.array(rows, np.int32)
+            st = ffi.new("pyllm_step *", {
+                "n_tokens": 2, "n_out": 2, "tokens": ffi.from_buffer("int32_t[]", tokens),
+                "pos": ffi.from_buffer("int32_t[]", pos), "block_table": ffi.from_buffer("int32_t[]", table),
+                "n_table": 2, "block_size": b.step.block_size, "pool_blocks": b.step.pool_blocks,
+                "row_table": ffi.from_buffer("int32_t[]", row_table)})
+            assert lib.pyllm_run(b.ctx, b.ops, len(b.graph.ops), st) != 0
+            assert why in ffi.string(lib.pyllm_error()).decode()
+
+
+# -- generations on several threads -----------------------------------------------------------------
+
+def chat_on_threads(m, prompts, **kw):
+    out = [None] * len(prompts)
+
+    def run(i):
+        with m.slots.take():
+            out[i] = m.chat([{"role": "user", "content": prompts[i]}], **kw)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    return out
+
+
+@pytest.fixture(scope="module")
+def smol_parallel(smollm2_path):
+    with Model(smollm2_path, n_threads=2, n_ctx=2048) as m:
+        yield m
+
+
+def test_parallel_chats_are_the_chats_alone(smol_parallel):
+    m = smol_parallel
+    kw = dict(temperature=0, max_tokens=24, logit_bias={t: -float("inf") for t in m.tokenizer.eog_ids})
+    alone = [m.chat([{"role": "user", "content": p}], **kw) for p in PROMPTS]
+    m.parallel(4)
+    together = chat_on_threads(m, PROMPTS, **kw)
+    assert [c.tokens for c in together] == [c.tokens for c in alone]
+    b = m.engine.batcher
+    assert b.batched_steps > b.batches   # some steps held several sequences
+    # seeded sampling too: a request's draws depend on its own seed only
+    kw = dict(temperature=0.9, seed=5, max_tokens=16)
+    alone = [m.chat([{"role": "user", "content": p}], **kw).tokens for p in PROMPTS]
+    assert [c.tokens for c in chat_on_threads(m, PROMPTS, **kw)] == alone
+
+
+def test_a_slot_keeps_its_conversation(smol_parallel):
+    m = smol_parallel
+    slots = m.parallel(2)
+    ask = [{"role": "user", "content": "Name a fruit."}]
+    with slots.take():
+        first = m.chat(ask, temperature=0, max_tokens=8)
+    ask += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And a vegetable?"}]
+    with slots.take():   # the slot released last comes back: the first turn is in its cache
+        again = m.chat(ask, temperature=0, max_tokens=8)
+    assert again.metrics.reused_tokens >= first.metrics.prompt_tokens
+
+
+def test_a_full_cache_takes_back_idle_slots(smollm2_path):
+    """Two slots in a cache of 256 positions: a request of 200 fits once the idle slot's blocks go."""
+    with Model(smollm2_path, n_threads=2, n_ctx=256) as m:
+        slots = m.parallel(2)
+        first, second = " ".join(["alpha beta gamma delta"] * 40), " ".join(["red green blue yellow"] * 40)
+        assert 150 < len(m.tokenize(first)) < 250 and 150 < len(m.tokenize(second)) < 250
+        other_held, done = threading.Event(), threading.Event()
+
+        def hold_the_other():
+            with slots.take():
+                other_held.set()
+                done.wait(60)
+        t = threading.Thread(target=hold_the_other)
+        with slots.take() as x:
+            t.start()
+            assert other_held.wait(60)
+            m.generate(first, max_tokens=4, temperature=0)
+        assert len(x.seq.blocks) >= 5     # idle, it keeps its cache
+        done.set()
+        t.join()
+        with slots.take() as y:           # the other slot: released last
+            assert y is not x
+            c = m.generate(second, max_tokens=4, temperature=0)
+        assert c.finish_reason == "length" and x.seq.blocks == [] and x.chat_cache == []
+
+
+def test_requests_that_fill_the_cache_between_them_end_with_context(smollm2_path):
+    with Model(smollm2_path, n_threads=2, n_ctx=128) as m:
+        m.parallel(2)
+        kw = dict(temperature=0, max_tokens=100, logit_bias={t: -float("inf") for t in m.tokenizer.eog_ids})
+        out = chat_on_threads(m, ["Tell me a long story.", "Write a long poem."], **kw)
+        assert "context" in [c.finish_reason for c in out]
+        assert all(len(c.tokens) > 10 for c in out)
+
+
+def test_parallel_with_speculative_decoding(smollm2_path):
+    text = "def square(x):\n    return x * x\n\ndef cube(x):\n    return x * x * x\n"
+    prompts = [f"Copy this code exactly:\n{text}", f"Repeat it:\n{text}{text}"]
+    with Model(smollm2_path, n_threads=2, n_ctx=1024) as plain:
+        kw = dict(temperature=0, max_tokens=40)
+        want = [plain.chat([{"role": "user", "content": p}], **kw).tokens for p in prompts]
+    with Model(smollm2_path, n_threads=2, n_ctx=1024, spec_type="ngram-simple") as m:
+        m.parallel(2)
+        got = chat_on_threads(m, prompts, **kw)
+        assert [c.tokens for c in got] == want
+        assert sum(c.metrics.accepted_tokens for c in got) > 0
+
+
+# -- the server --------------------------------------------------------------------------------------
+
+def post(url, body):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.load(r)
+
+
+def test_the_server_answers_requests_at_once(smollm2_path):
+    from pyllm.server import make_server
+    with Model(smollm2_path, n_threads=2, n_ctx=2048) as m:
+        body = lambda p: {"messages": [{"role": "user", "content": p}], "max_tokens": 16, "temperature": 0}
+        alone = [m.chat(body(p)["messages"], temperature=0, max_tokens=16).text for p in PROMPTS]
+        server = make_server(m, "127.0.0.1", 0, parallel=4)
+        t = threading.Thread(target=server.serve_forever, daemon=True)
+        t.start()
+        try:
+            out = [None] * len(PROMPTS)
+
+            def ask(i):
+                out[i] = post(server.url + "/v1/chat/completions", body(PROMPTS[i]))
+            threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(PROMPTS))]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(timeout=300)
+            assert [o["choices"][0]["message"]["content"] for o in out] == alone
+            with urllib.request.urlopen(server.url + "/props", timeout=30) as r:
+                assert json.load(r)["total_slots"] == 4
+            assert m.engine.batcher.batched_steps > m.engine.batcher.batches
+        finally:
+            server.shutdown()
+            server.server_close()
