@@ -11,7 +11,7 @@ $PYLLM_PEER_PYTHON or /tmp/peer-avx512/bin/python) decodes the N sequences in on
 llama_batch per step (one token of each sequence, a unified KV cache), its own
 batched decoding with no server around it.
 
-Prompts are random tokens (npp each, different per sequence); decoding is greedy with
+Prompts are stretches of npp tokens of the README, one for each sequence; decoding is greedy with
 the end-of-generation tokens banned, so every sequence makes ntg tokens. The decode rate
 is N (ntg - 1) / (time(ntg) - time(1)): the prompts' time cancels out. Runs alternate
 between the engines, --reps times; the best of each is kept.
@@ -61,8 +61,13 @@ for npl in job["npl"]:
     def run(ntg):
         L.llama_memory_clear(L.llama_get_memory(ctx), True)
         t0 = time.perf_counter()
-        last = []
-        for s in range(npl):   # each prompt in its own decode call, as a server takes them
+        def greedy(i):
+            row = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy()
+            row[banned] = -np.inf
+            return int(np.argmax(row))
+
+        toks = []
+        for s in range(npl):   # each prompt in its own decode calls, as a server takes them
             prompt = job["prompts"][s]
             for c in range(0, len(prompt), 512):
                 chunk = prompt[c:c + 512]
@@ -70,24 +75,18 @@ for npl in job["npl"]:
                 for i, t in enumerate(chunk):
                     add(i, t, c + i, s, int(c + i == len(prompt) - 1))
                 assert L.llama_decode(ctx, batch) == 0
-            last.append(len(chunk) - 1)
+            toks.append(greedy(len(chunk) - 1))
         pos = [len(p) for p in job["prompts"][:npl]]
-        made = [[] for _ in range(npl)]
-        for step in range(ntg):
-            toks = []
-            for s in range(npl):
-                row = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, last[s]), shape=(n_vocab,)).copy()
-                row[banned] = -np.inf
-                toks.append(int(np.argmax(row)))
-                made[s].append(toks[-1])
-            if step == ntg - 1:
-                break
+        made = [[t] for t in toks]
+        for step in range(1, ntg):
             batch.n_tokens = npl
             for s in range(npl):
                 add(s, toks[s], pos[s], s, 1)
                 pos[s] += 1
-            last = list(range(npl))
             assert L.llama_decode(ctx, batch) == 0
+            toks = [greedy(s) for s in range(npl)]
+            for s in range(npl):
+                made[s].append(toks[s])
         return time.perf_counter() - t0, made
 
     t1, _ = run(1)
@@ -99,8 +98,20 @@ print(json.dumps(out))
 '''
 
 
+def forget_cache(m) -> None:
+    """Every run computes its prompts (llama.cpp's runs start from a cleared cache too)."""
+    pool = m.engine.pool
+    with pool.lock:
+        for b in list(pool.cached):
+            pool.unregister(b)
+            pool.free.append(b)
+        pool.cached.clear()
+
+
 def pyllm_run(m, prompts, ntg, banned, parallel: bool):
     """(seconds, tokens of each sequence) for the prompts generated at once (or one by one)."""
+    m.parallel(len(prompts))   # fresh slots (the old ones give their blocks back)
+    forget_cache(m)
     out = [None] * len(prompts)
     bias = {t: -float("inf") for t in banned}
 
@@ -138,8 +149,9 @@ def main() -> None:
         path = registry.resolve(name)
         n_ctx = max(npls) * (args.npp + args.ntg) + 64
         with Model(path, n_threads=args.threads, n_ctx=n_ctx) as m:
-            rng = np.random.default_rng(0)
-            prompts = [[int(t) for t in rng.integers(100, min(m.n_vocab, 30000), args.npp)] for _ in range(max(npls))]
+            text = m.tokenize((ROOT / "README.md").read_text())   # a different stretch of it for each sequence
+            step = (len(text) - args.npp) // max(npls)
+            prompts = [text[i * step:i * step + args.npp] for i in range(max(npls))]
             banned = sorted(m.tokenizer.eog_ids)
             job = {"model": str(path), "n_ctx": n_ctx, "threads": args.threads, "prompts": prompts,
                    "banned": banned, "npl": npls, "ntg": args.ntg}
@@ -147,7 +159,6 @@ def main() -> None:
             for _ in range(args.reps):
                 for npl in npls:
                     for mode in ("alone", "parallel"):
-                        m.parallel(npl)
                         t1, _ = pyllm_run(m, prompts[:npl], 1, banned, mode == "parallel")
                         tn, toks = pyllm_run(m, prompts[:npl], args.ntg, banned, mode == "parallel")
                         rate = npl * (args.ntg - 1) / (tn - t1)
