@@ -7,7 +7,9 @@ waiting together (one token each, or a speculative step's few) run as one
 step over the rows of all of them (Backend.forward_batch), so each weight is
 read once for every sequence: on a memory-bound machine N replies cost about
 what one does. A step whose rows are not all wanted (a prompt chunk: only its
-last row's logits) runs alone, between batches.
+last row's logits) joins a batch as its first rows, so that the replies under
+way go on while a new prompt is read (llama-server's continuous batching); one
+such chunk a step.
 
 There is no scheduler thread: the thread whose step is due runs the batch it
 belongs to (or the oldest one) and hands every other thread its rows. A batch
@@ -48,9 +50,10 @@ class StepBatcher:
     """Runs the steps that several threads ask for on one backend: one at a
     time, with the steps of generations that are waiting together batched."""
 
-    def __init__(self, backend, max_rows: int, max_wait_s: float = MAX_WAIT_S):
+    def __init__(self, backend, max_wait_s: float = MAX_WAIT_S):
         self.backend = backend
-        self.max_rows = max_rows          # rows one batched step holds (the backend's n_out_max)
+        self.max_rows = backend.n_batch         # rows one step holds
+        self.max_out = backend.n_out_max        # rows of logits it returns
         self.max_wait_s = max_wait_s
         self.batching = getattr(backend, "batches_sequences", False)   # else: one step after another
         self._cv = threading.Condition()
@@ -107,17 +110,28 @@ class StepBatcher:
         return max(0.0, self._queue[0].queued_at + self.max_wait_s - time.perf_counter())
 
     def _take(self) -> list[_Step]:
-        """The oldest queued step, with every other batchable one that fits beside it."""
+        """The oldest queued step, with whatever fits beside it: every batchable step, and
+        one prompt chunk (it goes first: the logits rows a step returns are its last)."""
         first = self._queue.pop(0)
-        batch = [first]
-        if first.batchable and self.batching:
-            rows = len(first.tokens)
-            for s in list(self._queue):
-                if s.batchable and rows + len(s.tokens) <= self.max_rows:
+        if not self.batching:
+            return [first]
+        chunk = None if first.batchable else first
+        batch = [] if chunk else [first]
+        rows = len(first.tokens)
+        outs = first.n_out
+        for s in list(self._queue):
+            if s.batchable:
+                fits = outs + s.n_out <= self.max_out
+            else:
+                fits = chunk is None
+            if fits and rows + len(s.tokens) <= self.max_rows:
+                if s.batchable:
                     batch.append(s)
-                    rows += len(s.tokens)
-                    self._queue.remove(s)
-        return batch
+                else:
+                    chunk = s
+                rows, outs = rows + len(s.tokens), outs + s.n_out
+                self._queue.remove(s)
+        return ([chunk] if chunk else []) + batch
 
     # -- outside the lock ----------------------------------------------------------------------
     def _run(self, batch: list[_Step]) -> None:
@@ -125,12 +139,13 @@ class StepBatcher:
             if len(batch) == 1:
                 s = batch[0]
                 s.logits = self.backend.forward(s.tokens, s.start, s.table, s.n_out).copy()
-            else:
-                rows = self.backend.forward_batch([(s.tokens, s.start, s.table) for s in batch])
+            else:   # the logits rows: each step's last n_out rows (a prompt chunk's only where it is first)
+                rows = self.backend.forward_batch([(s.tokens, s.start, s.table) for s in batch],
+                                                  sum(s.n_out for s in batch))
                 row = 0
                 for s in batch:
-                    s.logits = rows[row:row + len(s.tokens)].copy()
-                    row += len(s.tokens)
+                    s.logits = rows[row:row + s.n_out].copy()
+                    row += s.n_out
         except BaseException as e:   # each waiting thread raises it
             for s in batch:
                 s.error = e

@@ -134,7 +134,7 @@ class Engine:
         """Lets several threads run steps at once, each on its own sequence: their steps go
         through one StepBatcher (one at a time, decode steps batched where the backend can)."""
         if self.batcher is None:
-            self.batcher = StepBatcher(self.backend, min(self.n_batch, self.backend.n_out_max))
+            self.batcher = StepBatcher(self.backend)
 
     def _forward(self, tokens: Seq[int], start_pos: int, block_table: Seq[int], n_out: int) -> np.ndarray:
         if self.batcher is not None:

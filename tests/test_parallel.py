@@ -24,7 +24,7 @@ def own_rows(m, prefixes, steps):
     for prefix, toks in zip(prefixes, steps):
         s = m.engine.new_sequence()
         m.engine.prefill(s, prefix)
-        out.append(m.engine._run(s, toks, n_out=len(toks)).copy())
+        out.append(m.engine._run(s, toks, n_out=min(len(toks), m.backend.n_out_max)).copy())
         s.release()
     return out
 
@@ -70,6 +70,29 @@ def test_a_batched_step_over_a_quantized_cache(tmp_path):
     path = synth.write_llama(tmp_path / "llama.gguf", QT.Q4_K, n_embd=256)
     with Model(path, n_threads=2, n_ctx=256, cache_type_k="q8_0", cache_type_v="q8_0") as m:
         check_batch_matches(m, m.n_vocab, np.random.default_rng(2))
+
+
+def test_a_prompt_chunk_rides_along_first(tmp_path):
+    """A prompt chunk first, two decode steps after it: the step returns the chunk's last row
+    and the decode rows, each what its own step gives."""
+    path = synth.write_gemma3(tmp_path / "g.gguf", QT.Q4_0)
+    rng = np.random.default_rng(4)
+    with Model(path, n_threads=2, n_ctx=256) as m:
+        chunk, prefixes = list(rng.integers(1, 500, 40)), [list(rng.integers(1, 500, n)) for n in (12, 50)]
+        want_chunk = own_rows(m, [[3]], [chunk])[0][-1]
+        want = own_rows(m, prefixes, [[5], [6]])
+        seqs = []
+        for prefix in [[3]] + prefixes:
+            s = m.engine.new_sequence()
+            m.engine.prefill(s, prefix)
+            seqs.append(s)
+        steps = [chunk, [5], [6]]
+        for s, toks in zip(seqs, steps):
+            s.reserve(len(toks))
+        rows = m.backend.forward_batch([(t, len(s), s.blocks) for s, t in zip(seqs, steps)], n_out=3)
+        assert rows.shape[0] == 3
+        assert np.array_equal(rows[0], want_chunk)
+        assert np.array_equal(rows[1], want[0][0]) and np.array_equal(rows[2], want[1][0])
 
 
 def test_one_thread_batches_like_two(tmp_path):

@@ -304,16 +304,18 @@ class CpuBackend(Backend):
             raise InvalidArgumentError(ffi.string(lib.pyllm_error()).decode())
         return self.logits[:n_out]
 
-    def forward_batch(self, steps: Seq[tuple[Seq[int], int, Seq[int]]]) -> np.ndarray:
+    def forward_batch(self, steps: Seq[tuple[Seq[int], int, Seq[int]]], n_out: Optional[int] = None) -> np.ndarray:
         """Runs several sequences' steps as one: each (tokens, start_pos,
         block_table) appends tokens at positions start_pos.. of its own
-        sequence. Returns the logits of every row, the sequences' rows in
-        order: a [rows, vocab] view, valid until the next step. An attention
-        model's decode steps (and speculative ones) batched this way read each
-        weight once for all sequences."""
+        sequence. Returns the logits of the last n_out rows (None: every row),
+        the sequences' rows in order: a [n_out, vocab] view, valid until the
+        next step. An attention model's decode steps (and speculative ones)
+        batched this way read each weight once for all sequences; a prompt
+        chunk put first rides along, its last row's logits among the n_out."""
         n = sum(len(tokens) for tokens, _, _ in steps)
         n_table = sum(len(table) for _, _, table in steps)
-        check_step_args(n, n, 1, self.n_batch, self.n_out_max, self.n_blocks)
+        n_out = n if n_out is None else n_out
+        check_step_args(n, n_out, 1, self.n_batch, self.n_out_max, self.n_blocks)
         tokens, pos = np.empty(n, np.int32), np.empty(n, np.int32)
         row_table, table = np.empty(n, np.int32), np.empty(max(n_table, 1), np.int32)
         row = first = 0
@@ -325,13 +327,13 @@ class CpuBackend(Backend):
             table[first:first + len(blocks)] = blocks
             row, first = row + k, first + len(blocks)
         st = ffi.new("pyllm_step *", {
-            "n_tokens": n, "n_out": n, "tokens": ffi.from_buffer("int32_t[]", tokens),
+            "n_tokens": n, "n_out": n_out, "tokens": ffi.from_buffer("int32_t[]", tokens),
             "pos": ffi.from_buffer("int32_t[]", pos), "block_table": ffi.from_buffer("int32_t[]", table),
             "n_table": n_table, "block_size": self.step.block_size, "pool_blocks": self.step.pool_blocks,
             "row_table": ffi.from_buffer("int32_t[]", row_table)})
         if lib.pyllm_run(self.ctx, self.ops, len(self.graph.ops), st) != 0:
             raise InvalidArgumentError(ffi.string(lib.pyllm_error()).decode())
-        return self.logits[:n]
+        return self.logits[:n_out]
 
     # -- profile -----------------------------------------------------------------
     def profile(self, on: bool) -> None:
