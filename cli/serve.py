@@ -1,6 +1,7 @@
 """`pyllm serve`: one model behind OpenAI's HTTP API (pyllm/server.py), until Ctrl-C."""
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated, Optional
 
 import typer
@@ -11,9 +12,6 @@ from .common import err, handle_errors, model_path
 from .options import CacheTypeK, CacheTypeV, CtxSize, ModelOpt, NGpuLayers, TemplateOpt, Think, Threads, template_arg
 from .options import (ModelDraft, SpecDraftMax, SpecDraftMin, SpecNgramSize, SpecPMin, SpecType,
                       speculative_kwargs)
-
-
-DEFAULT_PARALLEL = 4   # llama-server's default number of slots
 
 
 def registry_name(model: Optional[str]) -> Optional[str]:
@@ -61,21 +59,29 @@ def serve(
         from pyllm.server import make_server
 
         path = model_path(model)
-        with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template_arg(chat_template),
-                   n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
-                   cache_type_v=cache_type_v, think=think, embedding=True if embedding else None,
-                   **speculative_kwargs(spec_type, model_draft, spec_draft_max, spec_draft_min, spec_ngram_size, spec_p_min)) as m:
+
+        def load(file):
+            m = Model(file, n_ctx=ctx_size, n_threads=threads, chat_template=template_arg(chat_template),
+                      n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
+                      cache_type_v=cache_type_v, think=think, embedding=True if embedding else None,
+                      **speculative_kwargs(spec_type, model_draft, spec_draft_max, spec_draft_min, spec_ngram_size,
+                                           spec_p_min))
             if pooling is not None:
                 m.pooling = pooling
-            if parallel is None:
-                parallel = DEFAULT_PARALLEL if m.backend.batches_sequences else 1
+            return m
+
+        # without -m, a request may name any model on disk (ollama's way); with -m, this one answers
+        switching = model is None and model_draft is None
+        with load(path) as m:
             try:
-                server = make_server(m, host, port, name=registry_name(model), parallel=parallel)
+                server = make_server(m, host, port, name=registry_name(model), parallel=parallel,
+                                     load=load if switching else None)
             except OSError as e:
                 raise InvalidArgumentError(f"cannot listen on {host}:{port}: {e.strerror}") from None
-            with server:
+            with server, contextlib.closing(server.host):   # the model loaded last, which may not be m
                 what = "embeddings" if m.embedding else "chat and completions"
                 slots = f", {len(server.slots)} requests at once" if len(server.slots) > 1 else ""
-                err.print(f"pyllm serve · {server.name} ({what}, context {m.n_ctx}{slots}) · listening on {server.url} "
+                others = ", others loaded when asked for" if switching else ""
+                err.print(f"pyllm serve · {server.name} ({what}, context {m.n_ctx}{slots}{others}) · listening on {server.url} "
                           f"(OpenAI API under /v1) · Ctrl-C to stop", highlight=False, soft_wrap=True)
                 server.serve_forever()

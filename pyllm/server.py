@@ -54,11 +54,14 @@ import traceback
 import uuid
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterator, Optional
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
-from .errors import ContextFullError, InvalidArgumentError, PyllmError, TemplateError
+from .errors import ContextFullError, InvalidArgumentError, ModelNotFoundError, PyllmError, TemplateError
+from .model_file import ModelFile
+from .model_host import ModelHost
 
 log = logging.getLogger("pyllm")
 
@@ -82,12 +85,24 @@ class RequestError(Exception):
 class Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, model, address: tuple[str, int], name: Optional[str] = None, parallel: int = 1):
+    def __init__(self, model, address: tuple[str, int], name: Optional[str] = None, parallel: Optional[int] = 1,
+                 load: Optional[Callable[[Path], Any]] = None):
         super().__init__(address, Handler)
-        self.model = model
-        self.name = name or model.path.stem
-        self.slots = model.parallel(parallel)   # requests that run at once; the rest wait for a slot
+        self.host = ModelHost(model, name or model.path.stem, parallel, load)
         self.created = int(time.time())
+
+    # the loaded model, its name and slots (the same throughout a request: host.use holds them)
+    @property
+    def model(self):
+        return self.host.model
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    @property
+    def slots(self):
+        return self.host.slots
 
     @property
     def url(self) -> str:
@@ -96,10 +111,12 @@ class Server(ThreadingHTTPServer):
 
 
 def make_server(model, host: str = "127.0.0.1", port: int = 8080, name: Optional[str] = None,
-                parallel: int = 1) -> Server:
+                parallel: Optional[int] = 1, load: Optional[Callable[[Path], Any]] = None) -> Server:
     """A server for `model` (a pyllm.Model) bound to host:port (0: any free port; see .url),
-    running up to `parallel` requests at once (their decode steps batched)."""
-    return Server(model, (host, port), name, parallel)
+    running up to `parallel` requests at once (their decode steps batched; None: as many as
+    suits the model). With load(path) -> Model, a request may name any model on disk and the
+    server switches to it (pyllm.model_host)."""
+    return Server(model, (host, port), name, parallel, load)
 
 
 # -- requests -> Model calls ----------------------------------------------------------------------
@@ -308,7 +325,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def models(self) -> None:
         self.send_json(HTTPStatus.OK, {"object": "list", "data": [
-            {"id": self.server.name, "object": "model", "created": self.server.created, "owned_by": "pyllm"}]})
+            {"id": name, "object": "model", "created": self.server.created, "owned_by": "pyllm"}
+            for name, _ in self.server.host.available()]})
 
     def chat(self) -> None:
         body = self.read_json()
@@ -320,8 +338,7 @@ class Handler(BaseHTTPRequestHandler):
         constraint = constraint_of(body)
         top = (body.get("top_logprobs") or 0) if body.get("logprobs") else None
         tools = body.get("tools") or None
-        m = self.server.model
-        with self.server.slots.take():
+        with self.server.host.use(body.get("model")) as m:
             m.require_generation()
             with enable_thinking(m, kwargs.get("enable_thinking")):   # llama-server's switch
                 stream = m.chat(messages, max_tokens=max_tokens, stop=body.get("stop"), stream=True,
@@ -361,8 +378,7 @@ class Handler(BaseHTTPRequestHandler):
             raise InvalidArgumentError("echo is not streamed: ask with stream false")
         only_prompt = echo and body.get("max_tokens") == 0   # scoring the prompt (lm-eval's loglikelihood)
         sampling, max_tokens = sampling_of(body), None if only_prompt else max_tokens_of(body)
-        m = self.server.model
-        with self.server.slots.take():
+        with self.server.host.use(body.get("model")) as m:
             m.require_generation()
             if isinstance(prompt, str) and not prompt:
                 raise InvalidArgumentError("the prompt is empty")
@@ -441,8 +457,8 @@ class Handler(BaseHTTPRequestHandler):
         fmt = body.get("encoding_format", "float")
         if fmt not in ("float", "base64"):
             raise InvalidArgumentError(f"encoding_format must be float or base64, not {fmt!r}")
-        m = self.server.model
-        with self.server.slots.take():
+        with self.server.host.use(body.get("model")) as m:
+            name = self.server.name
             self._check_embeddings(m)
             data, tokens = [], 0
             for i, item in enumerate(inputs):
@@ -452,7 +468,7 @@ class Handler(BaseHTTPRequestHandler):
                 vector = base64.b64encode(v.astype("<f4").tobytes()).decode() if fmt == "base64" else \
                     [float(x) for x in v]
                 data.append({"object": "embedding", "index": i, "embedding": vector})
-        self.send_json(HTTPStatus.OK, {"object": "list", "data": data, "model": self.server.name,
+        self.send_json(HTTPStatus.OK, {"object": "list", "data": data, "model": name,
                                        "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
 
@@ -472,8 +488,7 @@ class Handler(BaseHTTPRequestHandler):
             raise InvalidArgumentError(f"n_predict must be an integer (-1: until the reply ends), not {n_predict!r}")
         top = body.get("n_probs") or None
         sampling, constraint = sampling_of(body), constraint_of(body)
-        m = self.server.model
-        with self.server.slots.take():
+        with self.server.host.use(body.get("model")) as m:
             m.require_generation()
             if isinstance(prompt, str) and not prompt:
                 raise InvalidArgumentError("the prompt is empty")
@@ -568,17 +583,23 @@ class Handler(BaseHTTPRequestHandler):
         self.send_json(HTTPStatus.OK, {"version": pyllm_version()})
 
     def ollama_tags(self) -> None:
-        m = self.server.model
-        self.send_json(HTTPStatus.OK, {"models": [{
-            "name": self.server.name, "model": self.server.name, "size": m.file.file_size, "digest": "",
-            "modified_at": iso_time(m.path.stat().st_mtime), "details": ollama_details(m)}]})
+        """GET /api/tags: every model a request may name (the loaded one first)."""
+        models = []
+        for name, path in self.server.host.available():
+            try:
+                details = ollama_details(self.server.model.file if name == self.server.name else ModelFile(path))
+            except PyllmError:   # a file in the models folder that does not open: not listed
+                continue
+            models.append({"name": name, "model": name, "size": path.stat().st_size, "digest": "",
+                           "modified_at": iso_time(path.stat().st_mtime), "details": details})
+        self.send_json(HTTPStatus.OK, {"models": models})
 
     def ollama_ps(self) -> None:
         """GET /api/ps: the loaded model (always this one), never unloaded."""
         m = self.server.model
         self.send_json(HTTPStatus.OK, {"models": [{
             "name": self.server.name, "model": self.server.name, "size": m.file.file_size, "digest": "",
-            "details": ollama_details(m), "expires_at": "2999-01-01T00:00:00Z",
+            "details": ollama_details(m.file), "expires_at": "2999-01-01T00:00:00Z",
             "size_vram": sum(m.plan.gpu_memory.values()) if m.plan is not None else 0, "context_length": m.n_ctx}]})
 
     def ollama_show(self) -> None:
@@ -586,10 +607,13 @@ class Handler(BaseHTTPRequestHandler):
         left out), chat template and capabilities, as ollama answers it."""
         body = self.read_json()
         name = body.get("model", body.get("name"))
-        if name is not None and name != self.server.name:
+        if name is not None and self.server.host.load is None and name.removesuffix(":latest") != self.server.name:
             raise RequestError(HTTPStatus.NOT_FOUND, f"model {name!r} not found; this server has "
                                f"{self.server.name!r}")
-        m = self.server.model
+        with self.server.host.use(name) as m:   # loaded, if it was not
+            self._show(m)
+
+    def _show(self, m) -> None:
         info = {k: (v.tolist() if isinstance(v, np.generic) else v) for k, v in m.file.metadata.items()
                 if not isinstance(v, (list, tuple, np.ndarray)) and not k.startswith("tokenizer.chat_template")}
         info["general.parameter_count"] = m.file.n_params
@@ -599,7 +623,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             capabilities, template = ["embedding"], ""
         self.send_json(HTTPStatus.OK, {"modelfile": "", "parameters": "", "template": template,
-                                       "details": ollama_details(m), "model_info": info,
+                                       "details": ollama_details(m.file), "model_info": info,
                                        "capabilities": capabilities,
                                        "modified_at": iso_time(m.path.stat().st_mtime)})
 
@@ -616,7 +640,9 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(prompt, str) or (system is not None and not isinstance(system, str)):
             raise InvalidArgumentError("prompt and system must be text")
         if not prompt:   # ollama's way to load a model: nothing to generate
-            self.send_json(HTTPStatus.OK, {"model": self.server.name, "created_at": iso_time(), "response": "",
+            with self.server.host.use(body.get("model")):
+                name = self.server.name
+            self.send_json(HTTPStatus.OK, {"model": name, "created_at": iso_time(), "response": "",
                                            "done": True, "done_reason": "load"})
             return
         if body.get("raw"):
@@ -653,8 +679,7 @@ class Handler(BaseHTTPRequestHandler):
         def head() -> dict:
             return {"model": self.server.name, "created_at": iso_time()}
 
-        m = self.server.model
-        with self.server.slots.take():
+        with self.server.host.use(body.get("model")) as m:
             m.require_generation()
             with enable_thinking(m, body.get("think")):
                 reply = start(m, max_tokens, options.get("stop"), {**sampling, "format": fmt})
@@ -694,13 +719,13 @@ class Handler(BaseHTTPRequestHandler):
         inputs = [inputs] if isinstance(inputs, str) else inputs
         if not isinstance(inputs, list) or not all(isinstance(t, str) for t in inputs):
             raise InvalidArgumentError("input must be a text or a list of texts")
-        m = self.server.model
         t0 = time.perf_counter()
-        with self.server.slots.take():
+        with self.server.host.use(body.get("model")) as m:
+            name = self.server.name
             self._check_embeddings(m)
             ids = [m.embedding_tokens(t, truncate=body.get("truncate", True)) for t in inputs]
             vectors = [[float(x) for x in m.embed_tokens(i)] for i in ids]
-        self.send_json(HTTPStatus.OK, {"model": self.server.name, "embeddings": vectors,
+        self.send_json(HTTPStatus.OK, {"model": name, "embeddings": vectors,
                                        "total_duration": int((time.perf_counter() - t0) * 1e9), "load_duration": 0,
                                        "prompt_eval_count": sum(map(len, ids))})
 
@@ -763,6 +788,8 @@ def error_status(e: Exception) -> tuple[int, str]:
     """The HTTP status and OpenAI error type of an exception."""
     if isinstance(e, RequestError):
         return e.status, e.kind
+    if isinstance(e, ModelNotFoundError):
+        return HTTPStatus.NOT_FOUND, "not_found_error"
     if isinstance(e, (InvalidArgumentError, ContextFullError, TemplateError)):
         return HTTPStatus.BAD_REQUEST, "invalid_request_error"
     return HTTPStatus.INTERNAL_SERVER_ERROR, "server_error"
@@ -826,11 +853,12 @@ def iso_time(t: Optional[float] = None) -> str:
     return datetime.datetime.fromtimestamp(time.time() if t is None else t, datetime.timezone.utc).isoformat()
 
 
-def ollama_details(m) -> dict:
-    """ollama's details of a model: format, family, size, the commonest tensor type."""
-    hist = m.file.type_histogram()
-    return {"parent_model": "", "format": "gguf", "family": m.arch.name, "families": [m.arch.name],
-            "parameter_size": f"{m.file.n_params / 1e6:.0f}M", "quantization_level": max(hist, key=hist.get) if hist else ""}
+def ollama_details(f: ModelFile) -> dict:
+    """ollama's details of a model file: format, family, size, the commonest tensor type."""
+    hist = f.type_histogram()
+    family = str(f.metadata.get("general.architecture", ""))
+    return {"parent_model": "", "format": "gguf", "family": family, "families": [family],
+            "parameter_size": f"{f.n_params / 1e6:.0f}M", "quantization_level": max(hist, key=hist.get) if hist else ""}
 
 
 def ollama_counts(c) -> dict:

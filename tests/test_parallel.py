@@ -4,6 +4,7 @@ parallel requests take, and the server itself with --parallel. A batched row mus
 the sequence's own step computes, bit for bit, so parallel requests get the text they get alone."""
 import json
 import threading
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -263,6 +264,67 @@ def test_the_server_answers_requests_at_once(smollm2_path):
             with urllib.request.urlopen(server.url + "/props", timeout=30) as r:
                 assert json.load(r)["total_slots"] == 4
             assert m.engine.batcher.batched_steps > m.engine.batcher.batches
+        finally:
+            server.shutdown()
+            server.server_close()
+
+
+# -- several models on one server (ollama's way) ------------------------------------------------------
+
+def test_the_server_switches_to_the_model_a_request_names(tmp_path, monkeypatch):
+    from pyllm.server import make_server
+    monkeypatch.setenv("PYLLM_MODELS", str(tmp_path))
+    a, b = synth.write_llama(tmp_path / "a.gguf"), synth.write_gemma3(tmp_path / "b.gguf")
+    load = lambda path: Model(path, n_ctx=128, n_threads=1)   # noqa: E731
+    prompt = [5, 6, 7, 8]
+    want = {}
+    for name, path in (("a", a), ("b", b)):
+        with load(path) as m:
+            want[name] = m.generate(prompt, max_tokens=6, temperature=0).text
+    assert want["a"] != want["b"]
+    server = make_server(load(a), "127.0.0.1", 0, name="a", parallel=None, load=load)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        def complete(model):
+            return post(server.url + "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 6,
+                                                         "temperature": 0})["choices"][0]["text"]
+        with urllib.request.urlopen(server.url + "/api/tags", timeout=30) as r:
+            assert {t["name"] for t in json.load(r)["models"]} == {"a", "b"}
+        assert complete("b") == want["b"] and server.name == "b"
+        with urllib.request.urlopen(server.url + "/api/ps", timeout=30) as r:
+            assert [p["name"] for p in json.load(r)["models"]] == ["b"]
+        assert complete("a:latest") == want["a"] and server.name == "a"
+        assert complete(None) == want["a"]          # no name: the loaded model
+        with pytest.raises(urllib.error.HTTPError) as e:
+            complete("nothing-like-it")
+        assert e.value.code == 404 and "a, b" in json.load(e.value)["error"]["message"]
+        # requests for both at once: each answered by its own model
+        names = ["a", "b", "a", "b", "b", "a"]
+        out = [None] * len(names)
+
+        def ask(i):
+            out[i] = complete(names[i])
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(names))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert out == [want[n] for n in names]
+    finally:
+        server.shutdown()
+        server.server_close()
+        server.host.close()
+
+
+def test_a_server_given_one_model_answers_every_name_with_it(smollm2_path):
+    from pyllm.server import make_server
+    with Model(smollm2_path, n_threads=2, n_ctx=512) as m:
+        server = make_server(m, "127.0.0.1", 0, name="smol")
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            out = post(server.url + "/v1/chat/completions", {"model": "gpt-4o", "max_tokens": 2, "messages": [
+                {"role": "user", "content": "Hi"}]})
+            assert out["model"] == "smol" and out["choices"][0]["message"]["content"]
         finally:
             server.shutdown()
             server.server_close()
