@@ -24,6 +24,12 @@
  * from it, SEG_BITS each). A thread takes the chunks of its own segment
  * front to back, then helps with the others' (from their fronts) until
  * every chunk is taken: the balance of a shared counter, chunk by chunk.
+ * A step of a few tokens (a batch of sequences' decode steps, or a token
+ * and its guesses) is bound by the weights' stream as decode is: where the
+ * level's gemm streams the weights once for up to K.gemm_streams activation
+ * rows (AVX-512), the step takes it (from 2 rows on) with the same
+ * contiguous per-thread segments; elsewhere, up to GEMV_MAX_ROWS tokens go
+ * through a gemv each over chunks that stay in cache.
  * Any split gives the same results: a row's gemv result does not depend on
  * the rows that share the call (quants.h). */
 #include <stdatomic.h>
@@ -92,12 +98,13 @@ void op_matmul(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     const uint8_t *act_base = act == ACT_F32 ? (const uint8_t *)(op->x + (int64_t)r->row0 * op->x_stride)
                                              : (const uint8_t *)op->xq + (size_t)r->row0 * act_bytes;
     const int accumulate = op->flags & OPF_ACCUMULATE;
-    const int by_gemv = r->rows <= GEMV_MAX_ROWS;
+    const int by_gemv = r->rows <= GEMV_MAX_ROWS && (r->rows == 1 || r->rows > K.gemm_streams[type]);
     const int chunk = chunk_rows(op->n_out, by_gemv ? 1 : r->rows, nth);
     const int64_t n_chunks = (op->n_out + chunk - 1) / chunk;
     float *part = r->scratch; /* [rows][chunk] */
     const int nseg = nth < MAX_SEGS ? nth : MAX_SEGS;
-    const int segmented = by_gemv && n_chunks / nseg + 1 + nth < (1 << SEG_BITS) - 1;
+    const int streams = !by_gemv && r->rows <= K.gemm_streams[type]; /* gemm as a gemv of several rows */
+    const int segmented = (by_gemv || streams) && n_chunks / nseg + 1 + nth < (1 << SEG_BITS) - 1;
     const int home = ith * nseg / nth;
     int left = 0;
 

@@ -200,6 +200,8 @@ typedef struct {
     vec_dot_fn vec_dot[T_COUNT];
     gemv_fn gemv[T_COUNT];
     gemm_fn gemm[T_COUNT];
+    int gemm_streams[T_COUNT];     /* up to this many activation rows, gemm streams the weights once as gemv
+                                      does (cheaper than a gemv per row): matmul.c then takes it for 2 rows too */
     quantize_fn quantize_act[3];   /* by ACT_*; ACT_F32 entry is a plain copy */
     /* float helpers used by attention and the KV cache */
     void (*f32_to_f16)(const float *restrict x, f16_t *restrict out, int64_t n);

@@ -517,8 +517,10 @@ def test_gemm_equals_gemv_exactly(isa, tname):
     tid, bs, _, act = TYPES[tname]
     for n in det_lengths(tname):
         # (45, 19): more rows than one pass of decoded weights holds and
-        # more activation rows than one prepared panel (AVX-512 gemm)
-        for nrows, ncols in [(7, 5), (16, 9), (1, 1), (4, 4), (5, 2), (45, 19)]:
+        # more activation rows than one prepared panel (AVX-512 gemm); up to
+        # 8 activation rows the AVX-512 gemm streams the weights (few_*, kfew_*):
+        # every count of them
+        for nrows, ncols in [(7, 5), (16, 9), (1, 1), (4, 4), (5, 2), (45, 19), (3, 3), (9, 6), (2, 7), (6, 8)]:
             if n > 4096 and nrows > 5 or nrows > 16 and n not in (32 * 70, 256 * 9):
                 continue
             w, _, _ = make_case(tname, n, rng, nrows)

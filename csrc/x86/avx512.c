@@ -392,6 +392,93 @@ DEFINE_QUAD(q8_0)
 DEFINE_QUAD(iq4_nl)
 DEFINE_QUAD(mxfp4)
 
+/* ---- a quad's weight side alone (VNNI), for gemm with few activation rows ----
+ * qw_*: the unsigned bytes a VNNI qi_* dots with the activation (lo, hi, quad
+ * layout) and the blocks' d (or [d m] pairs): the same integers and scales as
+ * qi_*, decoded once and dotted with several activation rows (qw_dot). */
+typedef struct {
+    __m512i lo, hi;
+    __m128 d;
+    __m256 dm;
+} qwd;
+
+INLINE void qw_q4_0(const int full, const int nblk, const uint8_t *x, qwd *W) {
+    const __m512i q = q4_quad(full, nblk, x);
+    W->lo = nib_lo(q), W->hi = nib_hi(q);
+    W->d = _mm_cvtph_ps(d4_scalar(x, 18, full, nblk));
+}
+
+INLINE void qw_iq4_nl(const int full, const int nblk, const uint8_t *x, qwd *W) {
+    const __m512i q = q4_quad(full, nblk, x), tab = book_table(1, kvalues_iq4nl);
+    W->lo = _mm512_shuffle_epi8(tab, nib_lo(q)), W->hi = _mm512_shuffle_epi8(tab, nib_hi(q));
+    W->d = _mm_cvtph_ps(d4_scalar(x, 18, full, nblk));
+}
+
+INLINE void qw_mxfp4(const int full, const int nblk, const uint8_t *x, qwd *W) {
+    const __m512i q = mxfp4_qs(full, nblk, x), tab = book_table(1, kvalues_mxfp4);
+    W->lo = _mm512_shuffle_epi8(tab, nib_lo(q)), W->hi = _mm512_shuffle_epi8(tab, nib_hi(q));
+    W->d = e8m0_4(x, full, nblk);
+}
+
+INLINE void qw_q4_1(const int full, const int nblk, const uint8_t *x, qwd *W) {
+    const __m512i L0 = LDW(x, 0, 20), L1 = LDW(x, 16, 20);
+    const __m512i q = _mm512_permutex2var_epi32(
+        L0, _mm512_setr_epi32(1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 13, 14, 28, 29, 30, 31), L1);
+    W->lo = nib_lo(q), W->hi = nib_hi(q);
+    W->dm = _mm256_cvtph_ps(_mm512_castsi512_si128(
+        _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 5, 10, 15, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), L0)));
+}
+
+INLINE void qw_q5_0(const int full, const int nblk, const uint8_t *x, qwd *W) {
+    const __m512i L0 = LDW(x, 0, 22), L1 = LDW(x, 24, 22);
+    const __m512i q = _mm512_permutex2var_epi16(
+        L0,
+        IDX16(3, 4, 5, 6, 7, 8, 9, 10, 14, 15, 16, 17, 18, 19, 20, 21, 45, 46, 47, 48, 49, 50, 51, 52,
+                          56, 57, 58, 59, 60, 61, 62, 63),
+        L1);
+    __mmask64 klo, khi;
+    q5_masks(QH(x, 2, 22, 0), QH(x, 2, 22, 1), QH(x, 2, 22, 2), QH(x, 2, 22, 3), &klo, &khi);
+    const __m512i b4 = _mm512_set1_epi8(0x10), lo = nib_lo(q), hi = nib_hi(q);
+    W->lo = _mm512_mask_add_epi8(lo, klo, lo, b4), W->hi = _mm512_mask_add_epi8(hi, khi, hi, b4);
+    W->d = _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi16(
+        L0, IDX16(0, 11, 22, 53, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+        L1)));
+}
+
+INLINE void qw_q5_1(const int full, const int nblk, const uint8_t *x, qwd *W) {
+    const __m512i L0 = LDW(x, 0, 24), L1 = LDW(x, 32, 24);
+    const __m512i q = _mm512_permutex2var_epi32(
+        L0, _mm512_setr_epi32(2, 3, 4, 5, 8, 9, 10, 11, 22, 23, 24, 25, 28, 29, 30, 31), L1);
+    __mmask64 klo, khi;
+    q5_masks(QH(x, 4, 24, 0), QH(x, 4, 24, 1), QH(x, 4, 24, 2), QH(x, 4, 24, 3), &klo, &khi);
+    const __m512i b4 = _mm512_set1_epi8(0x10), lo = nib_lo(q), hi = nib_hi(q);
+    W->lo = _mm512_mask_add_epi8(lo, klo, lo, b4), W->hi = _mm512_mask_add_epi8(hi, khi, hi, b4);
+    W->dm = _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi32(
+        L0, _mm512_setr_epi32(0, 6, 12, 26, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), L1)));
+}
+
+INLINE void qw_q8_0(const int full, const int nblk, const uint8_t *x, qwd *W) {
+    const __m512i S0 = LDW(x, 0, 34), S1 = LDW(x, 64, 34);
+    const __m512i T0 = LDW(x, 16, 34), T1 = LDW(x, 72, 34);
+    const __m512i f = _mm512_set1_epi8((char)0x80);
+    W->lo = _mm512_xor_si512(_mm512_permutex2var_epi16(
+        S0,
+        IDX16(1, 2, 3, 4, 5, 6, 7, 8, 18, 19, 20, 21, 22, 23, 24, 25, 35, 36, 37, 38, 39, 40, 41, 42,
+                          52, 53, 54, 55, 56, 57, 58, 59),
+        S1), f);
+    W->hi = _mm512_xor_si512(_mm512_permutex2var_epi16(
+        T0,
+        IDX16(1, 2, 3, 4, 5, 6, 7, 8, 18, 19, 20, 21, 22, 23, 24, 25, 39, 40, 41, 42, 43, 44, 45, 46,
+                          56, 57, 58, 59, 60, 61, 62, 63),
+        T1), f);
+    W->d = _mm_cvtph_ps(d4_scalar(x, 34, full, nblk));
+}
+
+/* the activation's quad dotted with a decoded one (its -c * sum seed: 0 for the formats with mins) */
+INLINE __m512i qw_dot(const qwd *W, const act4 *A) {
+    return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(A->negc, W->lo, A->lo), W->hi, A->hi);
+}
+
 /* ---- hexes: 16 blocks (4 quads) with one int32 lane per block ----
  * Lane 4k + q of a hex vector belongs to block 4q + k of the hex ("M
  * order": what reducing the 4 quads' dots with two rounds of unpacks gives).
@@ -750,6 +837,10 @@ DEFINE_ROWS(mxfp4, block_mxfp4)
  * stack (musl gives threads 128 KB): one heap buffer per thread, allocated
  * at its first gemm and freed when the thread exits. */
 #define GEMM_SCRATCH (192 * 1024)
+/* With this few activation rows the weights' stream is the cost, not their decode: the
+ * K-quant gemm then decodes each super-block once in place and dots it with every
+ * activation row (kfew_*), instead of decoding tiles into buffers */
+#define GEMM_FEW_COLS 8
 
 static pthread_key_t gemm_scratch_key;
 static pthread_once_t gemm_scratch_once = PTHREAD_ONCE_INIT;
@@ -987,6 +1078,96 @@ typedef struct {
     aq *q; __m256 *qd;
 } abufs;
 
+/* activation quads per pass of few_* (whole RED_BLOCKS groups) */
+#define FEW_QUADS 32
+_Static_assert(4 * FEW_QUADS % RED_BLOCKS == 0, "a pass of few_* holds whole groups");
+
+#define DEFINE_FEW(name, block_t)                                                                          \
+    /* gemm with few activation rows (VNNI): the weights stream once, as in gemv, each quad decoded once  \
+     * (qw_*) and dotted with every activation row. Per (row, activation row) exactly rows_*'s float      \
+     * steps: hexes (the products d * da taken in M order, as m_order4 of them would be), then quads. */  \
+    INLINE void few_##name##_t(const int ncols, int64_t n, const void *w, size_t rb, int nrows, const void *a, \
+                               size_t as, float *out, size_t os) {                                           \
+        const int64_t nb = n / QK;                                                                           \
+        const int mins = HAS_MIN_##name;                                                                     \
+        act4(*const Ab)[FEW_QUADS] = (act4(*)[FEW_QUADS])(void *)gemm_scratch();                             \
+        acth(*const Hb)[FEW_QUADS / 4] = (acth(*)[FEW_QUADS / 4])(void *)(Ab + GEMM_FEW_COLS);               \
+        for (int t = 0; t < ncols; t++)                                                                      \
+            for (int r = 0; r < nrows; r++) out[t * os + r] = 0.0f;                                          \
+        for (int64_t c0 = 0; c0 < nb; c0 += 4 * FEW_QUADS) {                                                 \
+            const int64_t cb = nb - c0 < 4 * FEW_QUADS ? nb - c0 : 4 * FEW_QUADS;                            \
+            for (int t = 0; t < ncols; t++) {                                                                \
+                const block_q8_32 *y = (const block_q8_32 *)(const void *)((const char *)a + (size_t)t * as) + c0; \
+                for (int64_t i = 0; i < cb; i += 4)                                                          \
+                    act4_prep(y + i, cb - i < 4 ? (int)(cb - i) : 4, C_##name(1), 1, &Ab[t][i / 4]);        \
+                for (int64_t h = 0; h < cb / 16; h++) acth_of(&Ab[t][4 * h], &Hb[t][h]);                     \
+            }                                                                                                \
+            const char *p = (const char *)w + (size_t)c0 * sizeof(block_t);                                  \
+            const gemv_pf pf = gemv_prefetch_plan(1, rb, (size_t)cb * sizeof(block_t));                      \
+            for (int r = 0; r < nrows; r++, p += rb)                                                         \
+                for (int64_t g0 = 0; g0 < cb; g0 += RED_BLOCKS) {                                            \
+                    const int64_t g1 = cb - g0 < RED_BLOCKS ? cb : g0 + RED_BLOCKS;                          \
+                    __m512 acc[GEMM_FEW_COLS];                                                               \
+                    for (int t = 0; t < ncols; t++) acc[t] = _mm512_setzero_ps();                            \
+                    int64_t i = g0;                                                                          \
+                    for (; i + 16 <= g1; i += 16) {                                                          \
+                        const size_t off = (size_t)i * sizeof(block_t);                                     \
+                        gemv_prefetch_step(&pf, 1, (uintptr_t)p + off, off, 16 * sizeof(block_t));           \
+                        qwd Wq[4];                                                                         \
+                        for (int q = 0; q < 4; q++) qw_##name(1, 4, (const uint8_t *)p + off + 4 * q * sizeof(block_t), &Wq[q]); \
+                        const __m512 dM = mins ? m_order_pairs(Wq[0].dm, Wq[1].dm, Wq[2].dm, Wq[3].dm, 0)       \
+                                               : m_order4(Wq[0].d, Wq[1].d, Wq[2].d, Wq[3].d);             \
+                        const __m512 mM = mins ? m_order_pairs(Wq[0].dm, Wq[1].dm, Wq[2].dm, Wq[3].dm, 1)       \
+                                               : _mm512_setzero_ps();                                        \
+                        for (int t = 0; t < ncols; t++) {                                                    \
+                            const act4 *A = &Ab[t][i / 4];                                                   \
+                            const acth *H = &Hb[t][i / 16];                                                  \
+                            const __m512 dot = _mm512_cvtepi32_ps(red4i(qw_dot(&Wq[0], &A[0]), qw_dot(&Wq[1], &A[1]), \
+                                                                        qw_dot(&Wq[2], &A[2]), qw_dot(&Wq[3], &A[3]))); \
+                            acc[t] = _mm512_fmadd_ps(dot, _mm512_mul_ps(dM, H->da), acc[t]);                 \
+                            if (mins) acc[t] = _mm512_fmadd_ps(mM, H->s, acc[t]);                            \
+                        }                                                                                    \
+                    }                                                                                        \
+                    for (; i < g1; i += 4) {                                                                 \
+                        const int nblk = g1 - i < 4 ? (int)(g1 - i) : 4;                                     \
+                        const size_t off = (size_t)i * sizeof(block_t);                                     \
+                        gemv_prefetch_step(&pf, 1, (uintptr_t)p + off, off, 4 * sizeof(block_t));            \
+                        qwd Wq;                                                                            \
+                        if (nblk == 4)                                                                       \
+                            qw_##name(1, 4, (const uint8_t *)p + off, &Wq);                                  \
+                        else                                                                                 \
+                            qw_##name(0, nblk, (const uint8_t *)p + off, &Wq);                               \
+                        for (int t = 0; t < ncols; t++) {                                                    \
+                            const act4 *A = &Ab[t][i / 4];                                                   \
+                            qres Q;                                                                          \
+                            Q.dot = qw_dot(&Wq, A);                                                          \
+                            Q.dd = mins ? _mm_setzero_ps() : _mm_mul_ps(Wq.d, A->da);                        \
+                            Q.dm = Wq.dm;                                                                    \
+                            quad_fin(mins, &Q, A, &acc[t]);                                                  \
+                        }                                                                                    \
+                    }                                                                                        \
+                    for (int t = 0; t < ncols; t++) out[t * os + r] += hsum16(acc[t]);                       \
+                }                                                                                            \
+        }                                                                                                    \
+    }
+
+#define DEFINE_FEW_CALL(name)                                                                              \
+    /* ncols as a compile-time constant in each case: the accumulators stay in registers */                \
+    static void few_##name(int64_t n, const void *w, size_t rb, int nrows, const void *a, size_t as, int ncols, \
+                           float *out, size_t os) {                                                          \
+        switch (ncols) {                                                                                     \
+        case 1: few_##name##_t(1, n, w, rb, nrows, a, as, out, os); break;                                   \
+        case 2: few_##name##_t(2, n, w, rb, nrows, a, as, out, os); break;                                   \
+        case 3: few_##name##_t(3, n, w, rb, nrows, a, as, out, os); break;                                   \
+        case 4: few_##name##_t(4, n, w, rb, nrows, a, as, out, os); break;                                   \
+        case 5: few_##name##_t(5, n, w, rb, nrows, a, as, out, os); break;                                   \
+        case 6: few_##name##_t(6, n, w, rb, nrows, a, as, out, os); break;                                   \
+        case 7: few_##name##_t(7, n, w, rb, nrows, a, as, out, os); break;                                   \
+        default: few_##name##_t(8, n, w, rb, nrows, a, as, out, os); break;                                  \
+        }                                                                                                    \
+    }
+_Static_assert(GEMM_FEW_COLS == 8, "few_*'s cases cover 1..GEMM_FEW_COLS");
+
 #define DEFINE_GEMM(name, block_t)                                                                         \
     /* R rows x T activation rows over one group (nh hexes, nq quads), from the buffers (W: the first    \
      * row's hexes/quads at index wi (row r: + r * nh / r * nq), A: the first activation row's at ai);    \
@@ -1110,6 +1291,10 @@ typedef struct {
     }                                                                                                       \
     INLINE void gemm_##name##_impl(const int vnni, int64_t n, const void *w, size_t rb, int nrows,         \
                                    const void *a, size_t as, int ncols, float *out, size_t os) {            \
+        if (vnni && ncols <= GEMM_FEW_COLS) {                                                               \
+            few_##name(n, w, rb, nrows, a, as, ncols, out, os);                                             \
+            return;                                                                                         \
+        }                                                                                                   \
         const int64_t nb = n / QK;                                                                          \
         const int mins = HAS_MIN_##name, sgn = !vnni && SIGNED_##name;                                          \
         unsigned char *const wmem = gemm_scratch(), *const amem = wmem + GEMM_WBUF;                         \
@@ -1174,12 +1359,26 @@ typedef struct {
     }                                                                                                       \
     DEFINE_VARIANTS(name)
 
+DEFINE_FEW(q4_0, block_q4_0)
+DEFINE_FEW_CALL(q4_0)
 DEFINE_GEMM(q4_0, block_q4_0)
+DEFINE_FEW(q4_1, block_q4_1)
+DEFINE_FEW_CALL(q4_1)
 DEFINE_GEMM(q4_1, block_q4_1)
+DEFINE_FEW(q5_0, block_q5_0)
+DEFINE_FEW_CALL(q5_0)
 DEFINE_GEMM(q5_0, block_q5_0)
+DEFINE_FEW(q5_1, block_q5_1)
+DEFINE_FEW_CALL(q5_1)
 DEFINE_GEMM(q5_1, block_q5_1)
+DEFINE_FEW(q8_0, block_q8_0)
+DEFINE_FEW_CALL(q8_0)
 DEFINE_GEMM(q8_0, block_q8_0)
+DEFINE_FEW(iq4_nl, block_iq4_nl)
+DEFINE_FEW_CALL(iq4_nl)
 DEFINE_GEMM(iq4_nl, block_iq4_nl)
+DEFINE_FEW(mxfp4, block_mxfp4)
+DEFINE_FEW_CALL(mxfp4)
 DEFINE_GEMM(mxfp4, block_mxfp4)
 
 /* ------------------------------------------------------------------ */
@@ -1433,6 +1632,9 @@ typedef struct {
 } aKg;
 
 _Static_assert(GEMMK_WBUF + GEMMK_TP * RED_SB * (sizeof(aKg) + 64) <= GEMM_SCRATCH, "K-quant gemm buffers fit the scratch");
+_Static_assert(GEMM_FEW_COLS * FEW_QUADS * (sizeof(act4) + sizeof(acth) / 4) <= GEMM_SCRATCH,
+               "few_*'s activation quads fit the scratch");
+_Static_assert(GEMM_FEW_COLS * KACT_CHUNK * sizeof(aKs) <= GEMM_SCRATCH, "kfew's activation super-blocks fit the scratch");
 
 #define DEFINE_K512(name, block_t)                                                                          \
     /* R rows against one activation row (vec_dot, gemv); Ab: the prepared super-blocks or NULL */         \
@@ -1530,8 +1732,55 @@ _Static_assert(GEMMK_WBUF + GEMMK_TP * RED_SB * (sizeof(aKg) + 64) <= GEMM_SCRAT
             }                                                                                               \
         }                                                                                                   \
     }                                                                                                       \
+    /* gemm with few activation rows (a decode step of several sequences, or of guessed tokens):        \
+     * the weights stream once, as in gemv, each super-block decoded once and dotted with every            \
+     * activation row; per (row, activation row) exactly krows' float steps */                            \
+    INLINE void kfew_##name##_t(const int ncols, const int vnni, int64_t n, const void *w, size_t rb,       \
+                                int nrows, const void *a, size_t as, float *out, size_t os) {               \
+        const int64_t nsb = n / QK_K;                                                                       \
+        aKs(*const Ab)[KACT_CHUNK] = (aKs(*)[KACT_CHUNK])(void *)gemm_scratch(); /* [ncols][KACT_CHUNK] */  \
+        for (int t = 0; t < ncols; t++)                                                                     \
+            for (int r = 0; r < nrows; r++) out[t * os + r] = 0.0f;                                         \
+        for (int64_t c0 = 0; c0 < nsb; c0 += KACT_CHUNK) {                                                  \
+            const int64_t cb = nsb - c0 < KACT_CHUNK ? nsb - c0 : KACT_CHUNK;                               \
+            for (int t = 0; t < ncols; t++)                                                                 \
+                for (int64_t i = 0; i < cb; i++)                                                            \
+                    act_##name((const block_q8_K *)(const void *)((const char *)a + (size_t)t * as) + c0 + i, &Ab[t][i]); \
+            const char *p = (const char *)w + (size_t)c0 * sizeof(block_t);                                 \
+            const gemv_pf pf = gemv_prefetch_plan(1, rb, (size_t)cb * sizeof(block_t));                     \
+            for (int r = 0; r < nrows; r++, p += rb)                                                        \
+                for (int64_t g0 = 0; g0 < cb; g0 += RED_SB) {                                               \
+                    const int64_t g1 = cb - g0 < RED_SB ? cb : g0 + RED_SB;                                 \
+                    __m512 acc[GEMM_FEW_COLS];                                                              \
+                    for (int t = 0; t < ncols; t++) acc[t] = _mm512_setzero_ps();                           \
+                    for (int64_t i = g0; i < g1; i++) {                                                     \
+                        gemv_prefetch_step(&pf, 1, (uintptr_t)(p + i * sizeof(block_t)), i * sizeof(block_t), sizeof(block_t)); \
+                        wKs W;                                                                              \
+                        dec_##name((const block_t *)(const void *)p + i, &W);                               \
+                        for (int t = 0; t < ncols; t++) {                                                   \
+                            const aKs *A = &Ab[t][i];                                                       \
+                            __m512i d[4];                                                                   \
+                            for (int q = 0; q < 4; q++) d[q] = dpbusd(vnni, _mm512_setzero_si512(), W.v[q], A->a[q]); \
+                            const __m512i isum = _mm512_add_epi32(red4i(d[0], d[1], d[2], d[3]), A->seed);  \
+                            acc[t] = k_fin(K_MIN_##name, isum, W.dsc, W.nmin, A, acc[t]);                   \
+                        }                                                                                   \
+                    }                                                                                       \
+                    for (int t = 0; t < ncols; t++) out[t * os + r] += hsum16(acc[t]);                      \
+                }                                                                                           \
+        }                                                                                                   \
+    }                                                                                                       \
     INLINE void gemm_##name##_impl(const int vnni, int64_t n, const void *w, size_t rb, int nrows,         \
                                    const void *a, size_t as, int ncols, float *out, size_t os) {            \
+        switch (ncols) { /* few activation rows: kfew, ncols a compile-time constant in each case */       \
+        case 1: kfew_##name##_t(1, vnni, n, w, rb, nrows, a, as, out, os); return;                          \
+        case 2: kfew_##name##_t(2, vnni, n, w, rb, nrows, a, as, out, os); return;                          \
+        case 3: kfew_##name##_t(3, vnni, n, w, rb, nrows, a, as, out, os); return;                          \
+        case 4: kfew_##name##_t(4, vnni, n, w, rb, nrows, a, as, out, os); return;                          \
+        case 5: kfew_##name##_t(5, vnni, n, w, rb, nrows, a, as, out, os); return;                          \
+        case 6: kfew_##name##_t(6, vnni, n, w, rb, nrows, a, as, out, os); return;                          \
+        case 7: kfew_##name##_t(7, vnni, n, w, rb, nrows, a, as, out, os); return;                          \
+        case 8: kfew_##name##_t(8, vnni, n, w, rb, nrows, a, as, out, os); return;                          \
+        }                                                                                                   \
         const int64_t nsb = n / QK_K;                                                                       \
         const int mins = K_MIN_##name;                                                                      \
         unsigned char *const wmem = gemm_scratch();                                                         \
@@ -1965,6 +2214,7 @@ void kernels_fill_avx512(kernel_table *t) {
         SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
         SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K) SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K)
 #undef SET
+        for (int T = 0; T < T_COUNT; T++) t->gemm_streams[T] = t->gemm[T] && T != T_F32 && T != T_F16 && T != T_BF16 ? GEMM_FEW_COLS : 0;
     } else {
 #define SET(T, name)                        \
     t->vec_dot[T] = vec_dot_##name##_bw;    \
@@ -1974,6 +2224,9 @@ void kernels_fill_avx512(kernel_table *t) {
         SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
         SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K) SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K)
 #undef SET
+        /* without VNNI only the K-quants' gemm has the streaming path (few_* is VNNI's) */
+        t->gemm_streams[T_Q4_K] = t->gemm_streams[T_Q5_K] = t->gemm_streams[T_Q6_K] = GEMM_FEW_COLS;
+        t->gemm_streams[T_Q2_K] = t->gemm_streams[T_Q3_K] = GEMM_FEW_COLS;
     }
     t->vec_dot[T_F32] = vec_dot_f32;
     t->gemv[T_F32] = gemv_f32;
