@@ -236,13 +236,6 @@ INLINE __m512i q4_quad(const int full, const int nblk, const uint8_t *x) {
         L1);
 }
 
-INLINE void qi_q4_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, qres *Q) {
-    const __m512i q = q4_quad(full, nblk, x);
-    __m512i dot = dpbusd(vnni, A->negc, nib_lo(q), A->lo);
-    Q->dot = dpbusd(vnni, dot, nib_hi(q), A->hi);
-    Q->dd = _mm_mul_ps(_mm_cvtph_ps(d4_scalar(x, 18, full, nblk)), A->da);
-}
-
 /* IQ4_NL, MXFP4: the book (16 int8 values) as a shuffle table: + 128 as
  * unsigned bytes (VNNI), or the signed values */
 INLINE __m512i book_table(const int vnni, const int8_t *book) {
@@ -276,38 +269,52 @@ INLINE __m128 e8m0_4(const uint8_t *x, const int full, const int nblk) {
     return full ? d : _mm_maskz_mov_ps((__mmask8)((1u << nblk) - 1), d);
 }
 
-/* IQ4_NL, MXFP4: a quad of nibbles q looked up in tab (book_table), d the blocks' scales */
-INLINE void qi_book(const int vnni, __m512i q, __m512i tab, __m128 d, const act4 *A, qres *Q) {
-    const __m512i vlo = _mm512_shuffle_epi8(tab, nib_lo(q)), vhi = _mm512_shuffle_epi8(tab, nib_hi(q));
-    if (vnni) {
-        Q->dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(A->negc, vlo, A->lo), vhi, A->hi);
-    } else {
-        Q->dot = dot_s8s8(dot_s8s8(_mm512_setzero_si512(), vlo, A->lo), vhi, A->hi);
-    }
-    Q->dd = _mm_mul_ps(d, A->da);
+
+/* qw_*: a quad's weight side: the bytes its dot takes (lo, hi, quad layout;
+ * unsigned with the format's offset c, or on the no-VNNI path of the signed
+ * formats the signed values) and the blocks' d, or [d m] pairs (Q4_1, Q5_1).
+ * A gemm with few activation rows decodes a quad once and dots it with each. */
+typedef struct {
+    __m512i lo, hi;
+    __m128 d;
+    __m256 dm;
+} qwd;
+
+INLINE void qw_q4_0(const int vnni, const int full, const int nblk, const uint8_t *x, qwd *W) {
+    (void)vnni;
+    const __m512i q = q4_quad(full, nblk, x);
+    W->lo = nib_lo(q), W->hi = nib_hi(q);
+    W->d = _mm_cvtph_ps(d4_scalar(x, 18, full, nblk));
 }
 
-INLINE void qi_iq4_nl(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, qres *Q) {
-    qi_book(vnni, q4_quad(full, nblk, x), book_table(vnni, kvalues_iq4nl),
-            _mm_cvtph_ps(d4_scalar(x, 18, full, nblk)), A, Q);
+/* IQ4_NL, MXFP4: a quad of nibbles q looked up in the book */
+INLINE void qw_book(const int vnni, __m512i q, const int8_t *book, qwd *W) {
+    const __m512i tab = book_table(vnni, book);
+    W->lo = _mm512_shuffle_epi8(tab, nib_lo(q)), W->hi = _mm512_shuffle_epi8(tab, nib_hi(q));
 }
 
-INLINE void qi_mxfp4(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, qres *Q) {
-    qi_book(vnni, mxfp4_qs(full, nblk, x), book_table(vnni, kvalues_mxfp4), e8m0_4(x, full, nblk), A, Q);
+INLINE void qw_iq4_nl(const int vnni, const int full, const int nblk, const uint8_t *x, qwd *W) {
+    qw_book(vnni, q4_quad(full, nblk, x), kvalues_iq4nl, W);
+    W->d = _mm_cvtph_ps(d4_scalar(x, 18, full, nblk));
 }
 
-INLINE void qi_q4_1(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, qres *Q) {
+INLINE void qw_mxfp4(const int vnni, const int full, const int nblk, const uint8_t *x, qwd *W) {
+    qw_book(vnni, mxfp4_qs(full, nblk, x), kvalues_mxfp4, W);
+    W->d = e8m0_4(x, full, nblk);
+}
+
+INLINE void qw_q4_1(const int vnni, const int full, const int nblk, const uint8_t *x, qwd *W) {
+    (void)vnni;
     const __m512i L0 = LDW(x, 0, 20), L1 = LDW(x, 16, 20);
     const __m512i q = _mm512_permutex2var_epi32(
         L0, _mm512_setr_epi32(1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 13, 14, 28, 29, 30, 31), L1);
-    __m512i dot = dpbusd(vnni, _mm512_setzero_si512(), nib_lo(q), A->lo);
-    Q->dot = dpbusd(vnni, dot, nib_hi(q), A->hi);
-    const __m128i dm = _mm512_castsi512_si128(
-        _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 5, 10, 15, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), L0));
-    Q->dm = _mm256_cvtph_ps(dm);
+    W->lo = nib_lo(q), W->hi = nib_hi(q);
+    W->dm = _mm256_cvtph_ps(_mm512_castsi512_si128(
+        _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 5, 10, 15, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), L0)));
 }
 
-INLINE void qi_q5_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, qres *Q) {
+INLINE void qw_q5_0(const int vnni, const int full, const int nblk, const uint8_t *x, qwd *W) {
+    (void)vnni;
     const __m512i L0 = LDW(x, 0, 22), L1 = LDW(x, 24, 22);
     const __m512i q = _mm512_permutex2var_epi16(
         L0,
@@ -316,55 +323,69 @@ INLINE void qi_q5_0(const int vnni, const int full, const int nblk, const uint8_
         L1);
     __mmask64 klo, khi;
     q5_masks(QH(x, 2, 22, 0), QH(x, 2, 22, 1), QH(x, 2, 22, 2), QH(x, 2, 22, 3), &klo, &khi);
-    const __m512i b4 = _mm512_set1_epi8(0x10);
-    const __m512i lo = nib_lo(q), hi = nib_hi(q);
-    __m512i dot = dpbusd(vnni, A->negc, _mm512_mask_add_epi8(lo, klo, lo, b4), A->lo);
-    Q->dot = dpbusd(vnni, dot, _mm512_mask_add_epi8(hi, khi, hi, b4), A->hi);
+    const __m512i b4 = _mm512_set1_epi8(0x10), lo = nib_lo(q), hi = nib_hi(q);
+    W->lo = _mm512_mask_add_epi8(lo, klo, lo, b4), W->hi = _mm512_mask_add_epi8(hi, khi, hi, b4);
     /* (d through the vector side here: the 5th bits already keep the scalar ports busy) */
-    const __m128i dh = _mm512_castsi512_si128(_mm512_permutex2var_epi16(
+    W->d = _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi16(
         L0, IDX16(0, 11, 22, 53, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-        L1));
-    Q->dd = _mm_mul_ps(_mm_cvtph_ps(dh), A->da);
+        L1)));
 }
 
-INLINE void qi_q5_1(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, qres *Q) {
+INLINE void qw_q5_1(const int vnni, const int full, const int nblk, const uint8_t *x, qwd *W) {
+    (void)vnni;
     const __m512i L0 = LDW(x, 0, 24), L1 = LDW(x, 32, 24);
     const __m512i q = _mm512_permutex2var_epi32(
         L0, _mm512_setr_epi32(2, 3, 4, 5, 8, 9, 10, 11, 22, 23, 24, 25, 28, 29, 30, 31), L1);
     __mmask64 klo, khi;
     q5_masks(QH(x, 4, 24, 0), QH(x, 4, 24, 1), QH(x, 4, 24, 2), QH(x, 4, 24, 3), &klo, &khi);
-    const __m512i b4 = _mm512_set1_epi8(0x10);
-    const __m512i lo = nib_lo(q), hi = nib_hi(q);
-    __m512i dot = dpbusd(vnni, _mm512_setzero_si512(), _mm512_mask_add_epi8(lo, klo, lo, b4), A->lo);
-    Q->dot = dpbusd(vnni, dot, _mm512_mask_add_epi8(hi, khi, hi, b4), A->hi);
-    const __m128i dm = _mm512_castsi512_si128(_mm512_permutex2var_epi32(
-        L0, _mm512_setr_epi32(0, 6, 12, 26, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), L1));
-    Q->dm = _mm256_cvtph_ps(dm);
+    const __m512i b4 = _mm512_set1_epi8(0x10), lo = nib_lo(q), hi = nib_hi(q);
+    W->lo = _mm512_mask_add_epi8(lo, klo, lo, b4), W->hi = _mm512_mask_add_epi8(hi, khi, hi, b4);
+    W->dm = _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi32(
+        L0, _mm512_setr_epi32(0, 6, 12, 26, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), L1)));
 }
 
-INLINE void qi_q8_0(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A, qres *Q) {
+INLINE void qw_q8_0(const int vnni, const int full, const int nblk, const uint8_t *x, qwd *W) {
     const __m512i S0 = LDW(x, 0, 34), S1 = LDW(x, 64, 34);
     const __m512i T0 = LDW(x, 16, 34), T1 = LDW(x, 72, 34);
-    const __m512i qlo = _mm512_permutex2var_epi16(
+    const __m512i f = vnni ? _mm512_set1_epi8((char)0x80) : _mm512_setzero_si512();  /* VNNI: unsigned, + 128 */
+    W->lo = _mm512_xor_si512(_mm512_permutex2var_epi16(
         S0,
         IDX16(1, 2, 3, 4, 5, 6, 7, 8, 18, 19, 20, 21, 22, 23, 24, 25, 35, 36, 37, 38, 39, 40, 41, 42,
                           52, 53, 54, 55, 56, 57, 58, 59),
-        S1);
-    const __m512i qhi = _mm512_permutex2var_epi16(
+        S1), f);
+    W->hi = _mm512_xor_si512(_mm512_permutex2var_epi16(
         T0,
         IDX16(1, 2, 3, 4, 5, 6, 7, 8, 18, 19, 20, 21, 22, 23, 24, 25, 39, 40, 41, 42, 43, 44, 45, 46,
                           56, 57, 58, 59, 60, 61, 62, 63),
-        T1);
-    if (vnni) {
-        const __m512i f = _mm512_set1_epi8((char)0x80);
-        Q->dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(A->negc, _mm512_xor_si512(qlo, f), A->lo),
-                                     _mm512_xor_si512(qhi, f), A->hi);
-    } else {
-        Q->dot = dot_s8s8(dot_s8s8(_mm512_setzero_si512(), qlo, A->lo), qhi, A->hi);
-    }
-    Q->dd = _mm_mul_ps(_mm_cvtph_ps(d4_scalar(x, 34, full, nblk)), A->da);
+        T1), f);
+    W->d = _mm_cvtph_ps(d4_scalar(x, 34, full, nblk));
 }
 
+/* a decoded quad's int32 dot with the activation's (seeded with its -c * sum; the no-VNNI
+ * path of the signed formats: signed bytes on both sides) */
+INLINE __m512i qw_dot(const int vnni, const int sgn, const qwd *W, const act4 *A) {
+    if (sgn && !vnni) return dot_s8s8(dot_s8s8(_mm512_setzero_si512(), W->lo, A->lo), W->hi, A->hi);
+    return dpbusd(vnni, dpbusd(vnni, A->negc, W->lo, A->lo), W->hi, A->hi);
+}
+
+#define DEFINE_QI(name)                                                                                    \
+    INLINE void qi_##name(const int vnni, const int full, const int nblk, const uint8_t *x, const act4 *A,  \
+                          qres *Q) {                                                                        \
+        qwd W;                                                                                              \
+        qw_##name(vnni, full, nblk, x, &W);                                                                 \
+        Q->dot = qw_dot(vnni, SIGNED_##name, &W, A);                                                        \
+        if (HAS_MIN_##name)                                                                                 \
+            Q->dm = W.dm;                                                                                   \
+        else                                                                                                \
+            Q->dd = _mm_mul_ps(W.d, A->da);                                                                 \
+    }
+DEFINE_QI(q4_0)
+DEFINE_QI(q4_1)
+DEFINE_QI(q5_0)
+DEFINE_QI(q5_1)
+DEFINE_QI(q8_0)
+DEFINE_QI(iq4_nl)
+DEFINE_QI(mxfp4)
 
 /* the float steps of a quad */
 INLINE void quad_fin(const int mins, const qres *Q, const act4 *A, __m512 *acc) {
@@ -391,93 +412,6 @@ DEFINE_QUAD(q5_1)
 DEFINE_QUAD(q8_0)
 DEFINE_QUAD(iq4_nl)
 DEFINE_QUAD(mxfp4)
-
-/* ---- a quad's weight side alone (VNNI), for gemm with few activation rows ----
- * qw_*: the unsigned bytes a VNNI qi_* dots with the activation (lo, hi, quad
- * layout) and the blocks' d (or [d m] pairs): the same integers and scales as
- * qi_*, decoded once and dotted with several activation rows (qw_dot). */
-typedef struct {
-    __m512i lo, hi;
-    __m128 d;
-    __m256 dm;
-} qwd;
-
-INLINE void qw_q4_0(const int full, const int nblk, const uint8_t *x, qwd *W) {
-    const __m512i q = q4_quad(full, nblk, x);
-    W->lo = nib_lo(q), W->hi = nib_hi(q);
-    W->d = _mm_cvtph_ps(d4_scalar(x, 18, full, nblk));
-}
-
-INLINE void qw_iq4_nl(const int full, const int nblk, const uint8_t *x, qwd *W) {
-    const __m512i q = q4_quad(full, nblk, x), tab = book_table(1, kvalues_iq4nl);
-    W->lo = _mm512_shuffle_epi8(tab, nib_lo(q)), W->hi = _mm512_shuffle_epi8(tab, nib_hi(q));
-    W->d = _mm_cvtph_ps(d4_scalar(x, 18, full, nblk));
-}
-
-INLINE void qw_mxfp4(const int full, const int nblk, const uint8_t *x, qwd *W) {
-    const __m512i q = mxfp4_qs(full, nblk, x), tab = book_table(1, kvalues_mxfp4);
-    W->lo = _mm512_shuffle_epi8(tab, nib_lo(q)), W->hi = _mm512_shuffle_epi8(tab, nib_hi(q));
-    W->d = e8m0_4(x, full, nblk);
-}
-
-INLINE void qw_q4_1(const int full, const int nblk, const uint8_t *x, qwd *W) {
-    const __m512i L0 = LDW(x, 0, 20), L1 = LDW(x, 16, 20);
-    const __m512i q = _mm512_permutex2var_epi32(
-        L0, _mm512_setr_epi32(1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 13, 14, 28, 29, 30, 31), L1);
-    W->lo = nib_lo(q), W->hi = nib_hi(q);
-    W->dm = _mm256_cvtph_ps(_mm512_castsi512_si128(
-        _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 5, 10, 15, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), L0)));
-}
-
-INLINE void qw_q5_0(const int full, const int nblk, const uint8_t *x, qwd *W) {
-    const __m512i L0 = LDW(x, 0, 22), L1 = LDW(x, 24, 22);
-    const __m512i q = _mm512_permutex2var_epi16(
-        L0,
-        IDX16(3, 4, 5, 6, 7, 8, 9, 10, 14, 15, 16, 17, 18, 19, 20, 21, 45, 46, 47, 48, 49, 50, 51, 52,
-                          56, 57, 58, 59, 60, 61, 62, 63),
-        L1);
-    __mmask64 klo, khi;
-    q5_masks(QH(x, 2, 22, 0), QH(x, 2, 22, 1), QH(x, 2, 22, 2), QH(x, 2, 22, 3), &klo, &khi);
-    const __m512i b4 = _mm512_set1_epi8(0x10), lo = nib_lo(q), hi = nib_hi(q);
-    W->lo = _mm512_mask_add_epi8(lo, klo, lo, b4), W->hi = _mm512_mask_add_epi8(hi, khi, hi, b4);
-    W->d = _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi16(
-        L0, IDX16(0, 11, 22, 53, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-        L1)));
-}
-
-INLINE void qw_q5_1(const int full, const int nblk, const uint8_t *x, qwd *W) {
-    const __m512i L0 = LDW(x, 0, 24), L1 = LDW(x, 32, 24);
-    const __m512i q = _mm512_permutex2var_epi32(
-        L0, _mm512_setr_epi32(2, 3, 4, 5, 8, 9, 10, 11, 22, 23, 24, 25, 28, 29, 30, 31), L1);
-    __mmask64 klo, khi;
-    q5_masks(QH(x, 4, 24, 0), QH(x, 4, 24, 1), QH(x, 4, 24, 2), QH(x, 4, 24, 3), &klo, &khi);
-    const __m512i b4 = _mm512_set1_epi8(0x10), lo = nib_lo(q), hi = nib_hi(q);
-    W->lo = _mm512_mask_add_epi8(lo, klo, lo, b4), W->hi = _mm512_mask_add_epi8(hi, khi, hi, b4);
-    W->dm = _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi32(
-        L0, _mm512_setr_epi32(0, 6, 12, 26, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), L1)));
-}
-
-INLINE void qw_q8_0(const int full, const int nblk, const uint8_t *x, qwd *W) {
-    const __m512i S0 = LDW(x, 0, 34), S1 = LDW(x, 64, 34);
-    const __m512i T0 = LDW(x, 16, 34), T1 = LDW(x, 72, 34);
-    const __m512i f = _mm512_set1_epi8((char)0x80);
-    W->lo = _mm512_xor_si512(_mm512_permutex2var_epi16(
-        S0,
-        IDX16(1, 2, 3, 4, 5, 6, 7, 8, 18, 19, 20, 21, 22, 23, 24, 25, 35, 36, 37, 38, 39, 40, 41, 42,
-                          52, 53, 54, 55, 56, 57, 58, 59),
-        S1), f);
-    W->hi = _mm512_xor_si512(_mm512_permutex2var_epi16(
-        T0,
-        IDX16(1, 2, 3, 4, 5, 6, 7, 8, 18, 19, 20, 21, 22, 23, 24, 25, 39, 40, 41, 42, 43, 44, 45, 46,
-                          56, 57, 58, 59, 60, 61, 62, 63),
-        T1), f);
-    W->d = _mm_cvtph_ps(d4_scalar(x, 34, full, nblk));
-}
-
-/* the activation's quad dotted with a decoded one (its -c * sum seed: 0 for the formats with mins) */
-INLINE __m512i qw_dot(const qwd *W, const act4 *A) {
-    return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(A->negc, W->lo, A->lo), W->hi, A->hi);
-}
 
 /* ---- hexes: 16 blocks (4 quads) with one int32 lane per block ----
  * Lane 4k + q of a hex vector belongs to block 4q + k of the hex ("M
@@ -934,7 +868,6 @@ INLINE void dec_q4_0(const int vnni, const int full, const int nblk, const uint8
     W->dpat = dpat_of(d4_scalar(x, 18, full, nblk));
 }
 
-/* IQ4_NL, MXFP4: a quad of nibbles q looked up in tab (book_table), d the blocks' scales */
 INLINE void dec_book(__m512i q, __m512i tab, __m128 d, wquad *W) {
     W->lo = _mm512_shuffle_epi8(tab, nib_lo(q)), W->hi = _mm512_shuffle_epi8(tab, nib_hi(q));
     W->dpat = spread4(d);
@@ -1114,7 +1047,7 @@ _Static_assert(4 * FEW_QUADS % RED_BLOCKS == 0, "a pass of few_* holds whole gro
                         const size_t off = (size_t)i * sizeof(block_t);                                     \
                         gemv_prefetch_step(&pf, 1, (uintptr_t)p + off, off, 16 * sizeof(block_t));           \
                         qwd Wq[4];                                                                         \
-                        for (int q = 0; q < 4; q++) qw_##name(1, 4, (const uint8_t *)p + off + 4 * q * sizeof(block_t), &Wq[q]); \
+                        for (int q = 0; q < 4; q++) qw_##name(1, 1, 4, (const uint8_t *)p + off + 4 * q * sizeof(block_t), &Wq[q]); \
                         const __m512 dM = mins ? m_order_pairs(Wq[0].dm, Wq[1].dm, Wq[2].dm, Wq[3].dm, 0)       \
                                                : m_order4(Wq[0].d, Wq[1].d, Wq[2].d, Wq[3].d);             \
                         const __m512 mM = mins ? m_order_pairs(Wq[0].dm, Wq[1].dm, Wq[2].dm, Wq[3].dm, 1)       \
@@ -1122,8 +1055,8 @@ _Static_assert(4 * FEW_QUADS % RED_BLOCKS == 0, "a pass of few_* holds whole gro
                         for (int t = 0; t < ncols; t++) {                                                    \
                             const act4 *A = &Ab[t][i / 4];                                                   \
                             const acth *H = &Hb[t][i / 16];                                                  \
-                            const __m512 dot = _mm512_cvtepi32_ps(red4i(qw_dot(&Wq[0], &A[0]), qw_dot(&Wq[1], &A[1]), \
-                                                                        qw_dot(&Wq[2], &A[2]), qw_dot(&Wq[3], &A[3]))); \
+                            const __m512 dot = _mm512_cvtepi32_ps(red4i(qw_dot(1, 0, &Wq[0], &A[0]), qw_dot(1, 0, &Wq[1], &A[1]), \
+                                                                        qw_dot(1, 0, &Wq[2], &A[2]), qw_dot(1, 0, &Wq[3], &A[3]))); \
                             acc[t] = _mm512_fmadd_ps(dot, _mm512_mul_ps(dM, H->da), acc[t]);                 \
                             if (mins) acc[t] = _mm512_fmadd_ps(mM, H->s, acc[t]);                            \
                         }                                                                                    \
@@ -1134,13 +1067,13 @@ _Static_assert(4 * FEW_QUADS % RED_BLOCKS == 0, "a pass of few_* holds whole gro
                         gemv_prefetch_step(&pf, 1, (uintptr_t)p + off, off, 4 * sizeof(block_t));            \
                         qwd Wq;                                                                            \
                         if (nblk == 4)                                                                       \
-                            qw_##name(1, 4, (const uint8_t *)p + off, &Wq);                                  \
+                            qw_##name(1, 1, 4, (const uint8_t *)p + off, &Wq);                                  \
                         else                                                                                 \
-                            qw_##name(0, nblk, (const uint8_t *)p + off, &Wq);                               \
+                            qw_##name(1, 0, nblk, (const uint8_t *)p + off, &Wq);                               \
                         for (int t = 0; t < ncols; t++) {                                                    \
                             const act4 *A = &Ab[t][i / 4];                                                   \
                             qres Q;                                                                          \
-                            Q.dot = qw_dot(&Wq, A);                                                          \
+                            Q.dot = qw_dot(1, 0, &Wq, A);                                                          \
                             Q.dd = mins ? _mm_setzero_ps() : _mm_mul_ps(Wq.d, A->da);                        \
                             Q.dm = Wq.dm;                                                                    \
                             quad_fin(mins, &Q, A, &acc[t]);                                                  \
