@@ -13,9 +13,12 @@ such chunk a step.
 
 There is no scheduler thread: the thread whose step is due runs the batch it
 belongs to (or the oldest one) and hands every other thread its rows. A batch
-starts when every generation in progress has its step queued, or when the
-oldest queued step has waited MAX_WAIT_S (a generation busy elsewhere, e.g.
-writing to a slow client, holds the others up no longer than that).
+starts when every generation in progress has its step queued, or MAX_WAIT_S
+after the later of its oldest step's queueing and the end of the last step
+(the generations that step served sample their next token meanwhile; without
+that grace they would fall behind and the steps would split into two groups
+taking turns). A generation busy elsewhere, e.g. writing to a slow client,
+holds the others up no longer than that.
 """
 from __future__ import annotations
 
@@ -59,6 +62,7 @@ class StepBatcher:
         self._cv = threading.Condition()
         self._queue: list[_Step] = []
         self._running = False
+        self._free_since = 0.0            # when the last step ended
         self._members = 0                 # generations in progress (they will ask for steps again)
         self.batches = 0                  # steps run, and how many sequences' steps they held
         self.batched_steps = 0
@@ -92,6 +96,7 @@ class StepBatcher:
             finally:
                 with self._cv:
                     self._running = False
+                    self._free_since = time.perf_counter()
                     self._cv.notify_all()
         if step.error is not None:
             raise step.error
@@ -101,13 +106,15 @@ class StepBatcher:
     def _due(self) -> bool:
         if not self._queue or not self.batching:
             return bool(self._queue)
-        waited = time.perf_counter() - self._queue[0].queued_at
-        return len(self._queue) >= self._members or waited >= self.max_wait_s
+        return len(self._queue) >= self._members or time.perf_counter() >= self._deadline()
+
+    def _deadline(self) -> float:
+        return max(self._queue[0].queued_at, self._free_since) + self.max_wait_s
 
     def _wait_time(self) -> Optional[float]:
         if self._running or not self._queue:
             return None      # woken when the step running ends, or a step is queued
-        return max(0.0, self._queue[0].queued_at + self.max_wait_s - time.perf_counter())
+        return max(0.0, self._deadline() - time.perf_counter())
 
     def _take(self) -> list[_Step]:
         """The oldest queued step, with whatever fits beside it: every batchable step, and
