@@ -348,3 +348,33 @@ def test_api_pull_reports_as_ollama(smollm2_path):
         finally:
             server.shutdown()
             server.server_close()
+
+
+def test_pyllm_serve_without_m_serves_the_models_folder(smollm2_path, tmp_path):
+    """The command line's wiring: the default model first, another of the folder when named."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+    from pyllm import registry
+    repo = Path(__file__).resolve().parent.parent
+    os.symlink(smollm2_path, tmp_path / registry.MODELS[registry.DEFAULT_MODEL].file)
+    synth.write_llama(tmp_path / "tiny.gguf")
+    env = {**os.environ, "PYLLM_MODELS": str(tmp_path), "PYTHONPATH": str(repo)}
+    p = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--port", "0", "-t", "1", "-c", "256"], cwd=repo,
+                         env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        line = ""
+        while "listening on" not in line:
+            line = p.stderr.readline()
+            assert line, "the server ended before listening"
+        assert "4 requests at once" in line and "others loaded when asked for" in line
+        url = re.search(r"http://[0-9.:]+", line).group(0)
+        with urllib.request.urlopen(url + "/api/tags", timeout=60) as r:
+            assert {m["name"] for m in json.load(r)["models"]} == {registry.DEFAULT_MODEL, "tiny"}
+        out = post(url + "/v1/completions", {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 3, "temperature": 0})
+        assert out["model"] == "tiny" and out["usage"]["completion_tokens"] == 3
+    finally:
+        p.terminate()
+        p.wait(timeout=60)
