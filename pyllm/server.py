@@ -11,6 +11,7 @@ llama-server's own:
     POST /completion            prompt -> content, with stop_type, timings, generation_settings
     POST /tokenize, /detokenize, /apply-template (messages -> the prompt text)
     GET  /props                 the model, its context, template and default settings
+    GET  /slots                 each slot: held by a request or not, tokens its cache keeps
 
 and ollama's, for the tools written against it (streamed as JSON lines, ollama's default):
 
@@ -569,6 +570,13 @@ class Handler(BaseHTTPRequestHandler):
         m = self.server.model
         self.send_json(HTTPStatus.OK, {"prompt": m.apply_chat_template(messages_of(body))})
 
+    def llama_slots(self) -> None:
+        """GET /slots: llama-server's view of the slots: each one's id, context, whether a request
+        holds it, and how many tokens of its conversation the KV cache keeps."""
+        m = self.server.model
+        self.send_json(HTTPStatus.OK, [{"id": i, "n_ctx": m.n_ctx, "is_processing": busy, "n_past": len(slot.seq)}
+                                       for i, (slot, busy) in enumerate(self.server.slots.states())])
+
     def llama_props(self) -> None:
         from .sampling import SamplingParams
         m = self.server.model
@@ -776,6 +784,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 GET_ROUTES = {"/health": Handler.health, "/v1/models": Handler.models, "/props": Handler.llama_props,
+              "/slots": Handler.llama_slots,
               "/api/tags": Handler.ollama_tags, "/api/ps": Handler.ollama_ps, "/api/version": Handler.ollama_version}
 POST_ROUTES = {"/v1/chat/completions": Handler.chat, "/v1/completions": Handler.completions,
                "/v1/embeddings": Handler.embeddings,

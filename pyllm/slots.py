@@ -39,6 +39,11 @@ class Slots:
     def __len__(self) -> int:
         return len(self.slots)
 
+    def states(self) -> list[tuple[Slot, bool]]:
+        """Each slot and whether a request holds it."""
+        with self._cv:
+            return [(slot, slot not in self._free) for slot in self.slots]
+
     @property
     def current(self) -> Optional[Slot]:
         """The slot this thread holds, if any."""

@@ -263,6 +263,10 @@ def test_the_server_answers_requests_at_once(smollm2_path):
             assert [o["choices"][0]["message"]["content"] for o in out] == alone
             with urllib.request.urlopen(server.url + "/props", timeout=30) as r:
                 assert json.load(r)["total_slots"] == 4
+            with urllib.request.urlopen(server.url + "/slots", timeout=30) as r:
+                slots = json.load(r)
+            assert [s["id"] for s in slots] == [0, 1, 2, 3] and not any(s["is_processing"] for s in slots)
+            assert sum(s["n_past"] > 0 for s in slots) >= 2   # the slots the requests took keep their conversations
             assert m.engine.batcher.batched_steps > m.engine.batcher.batches
         finally:
             server.shutdown()
