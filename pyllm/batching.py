@@ -9,7 +9,8 @@ read once for every sequence: on a memory-bound machine N replies cost about
 what one does. A step whose rows are not all wanted (a prompt chunk: only its
 last row's logits) joins a batch as its first rows, so that the replies under
 way go on while a new prompt is read (llama-server's continuous batching); one
-such chunk a step.
+such chunk a step (the engine cuts prompts into chunks that leave room for the
+others' rows).
 
 There is no scheduler thread: the thread whose step is due runs the batch it
 belongs to (or the oldest one) and hands every other thread its rows. A batch
@@ -66,6 +67,7 @@ class StepBatcher:
         self._members = 0                 # generations in progress (they will ask for steps again)
         self.batches = 0                  # steps run, and how many sequences' steps they held
         self.batched_steps = 0
+        self.chunks_along = 0             # prompt chunks that rode along with decode steps
 
     def join(self) -> None:
         """A generation starts: until it leaves, batches wait (briefly) for its next step."""
@@ -158,5 +160,6 @@ class StepBatcher:
                 s.error = e
         self.batches += 1
         self.batched_steps += len(batch)
+        self.chunks_along += len(batch) > 1 and not batch[0].batchable
         for s in batch:
             s.done = True

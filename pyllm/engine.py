@@ -156,10 +156,12 @@ class Engine:
         seq.reserve(len(tokens))
         self.pool.state_owner = seq
         logits = None
-        for i in range(0, len(tokens), self.n_batch):
+        # with parallel generations, chunks leave room in a step for the others' decode rows
+        size = self.n_batch if self.batcher is None else max(1, self.n_batch - self.batcher.max_out)
+        for i in range(0, len(tokens), size):
             if cancelled is not None and cancelled():
                 raise Cancelled()
-            chunk = tokens[i:i + self.n_batch]
+            chunk = tokens[i:i + size]
             try:
                 logits = self._forward(chunk, len(seq), seq.blocks, min(n_out, len(chunk)))
             except BaseException:

@@ -382,3 +382,36 @@ def test_pyllm_serve_without_m_serves_the_models_folder(smollm2_path, tmp_path):
     finally:
         p.terminate()
         p.wait(timeout=60)
+
+
+def test_a_long_prompt_does_not_stop_the_replies_under_way(smollm2_path):
+    """A prompt of more than one chunk arrives while another reply decodes: its chunks ride along
+    with that reply's steps (each leaves room for them), and both replies are what they are alone."""
+    long_prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 120)   # ~1200 tokens
+    with Model(smollm2_path, n_threads=2, n_ctx=2048) as m:
+        kw = dict(temperature=0, logit_bias={t: -float("inf") for t in m.tokenizer.eog_ids})
+        m.parallel(2)
+        out = [None, None]
+        started = threading.Event()
+
+        def short():
+            with m.slots.take():
+                gen = m.stream("Once upon a time", max_tokens=60, **kw)
+                for i, _ in enumerate(gen):
+                    if i == 2:
+                        started.set()
+                out[0] = gen.completion.tokens
+
+        def long():
+            started.wait(60)
+            with m.slots.take():
+                out[1] = m.generate(long_prompt, max_tokens=4, **kw).tokens
+        threads = [threading.Thread(target=short), threading.Thread(target=long)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert m.engine.batcher.chunks_along >= 2   # (the prompt was not in the cache yet)
+        alone = [m.generate("Once upon a time", max_tokens=60, **kw).tokens,
+                 m.generate(long_prompt, max_tokens=4, **kw).tokens]
+        assert out == alone
