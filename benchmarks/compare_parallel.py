@@ -98,20 +98,10 @@ print(json.dumps(out))
 '''
 
 
-def forget_cache(m) -> None:
-    """Every run computes its prompts (llama.cpp's runs start from a cleared cache too)."""
-    pool = m.engine.pool
-    with pool.lock:
-        for b in list(pool.cached):
-            pool.unregister(b)
-            pool.free.append(b)
-        pool.cached.clear()
-
-
 def pyllm_run(m, prompts, ntg, banned, parallel: bool):
     """(seconds, tokens of each sequence) for the prompts generated at once (or one by one)."""
     m.parallel(len(prompts))   # fresh slots (the old ones give their blocks back)
-    forget_cache(m)
+    m.engine.pool.forget_cached()   # every run computes its prompts (llama.cpp's start from a cleared cache too)
     out = [None] * len(prompts)
     bias = {t: -float("inf") for t in banned}
 

@@ -413,11 +413,12 @@ class Model:
         return self._template
 
     def apply_chat_template(self, messages: Seq[Mapping[str, Any]], add_generation_prompt: bool = True,
-                            **variables: Any) -> str:
-        """The prompt text the chat template makes of `messages` (with enable_thinking = self.think
-        where that is set, and any other template `variables`, e.g. tools)."""
-        if self.think is not None:
-            variables[THINKING_SWITCH] = bool(self.think)
+                            think: Optional[bool] = None, **variables: Any) -> str:
+        """The prompt text the chat template makes of `messages` (with enable_thinking = think,
+        else self.think, where that is set, and any other template `variables`, e.g. tools)."""
+        think = self.think if think is None else think
+        if think is not None:
+            variables[THINKING_SWITCH] = bool(think)
         return self.chat_template.render(messages, add_generation_prompt, **variables)
 
     def chat_stop(self) -> tuple[set[int], list[str]]:
@@ -437,12 +438,13 @@ class Model:
         """The prompt tokens for `messages` (see chat())."""
         return self._chat_prompt(messages)[1]
 
-    def _chat_prompt(self, messages: Seq[Mapping[str, Any]], **variables: Any) -> tuple[str, list[int]]:
+    def _chat_prompt(self, messages: Seq[Mapping[str, Any]], think: Optional[bool] = None,
+                     **variables: Any) -> tuple[str, list[int]]:
         """The prompt text and tokens for `messages`. Where the text repeats
         the previous chat call's prompt and reply, their tokens are reused as
         they went into the model (not re-tokenized), so the KV cache covers
         them and only the new text is computed."""
-        text = self.apply_chat_template(messages, add_generation_prompt=True, **variables)
+        text = self.apply_chat_template(messages, add_generation_prompt=True, think=think, **variables)
         tokens: list[int] = []
         done = 0
         for seg_text, seg_tokens in self._slot.chat_cache:
@@ -467,7 +469,7 @@ class Model:
              stop: Optional[Seq[str]] = None, stream: bool = False, format: Format = None,
              grammar: Optional[str] = None, tools: Optional[Seq[Mapping[str, Any]]] = None,
              tool_choice: Any = None, parallel_tool_calls: bool = False, logprobs: Optional[int] = None,
-             **sampling: Any) -> Completion | "ChatStream":
+             think: Optional[bool] = None, **sampling: Any) -> Completion | "ChatStream":
         """The assistant's reply to OpenAI-style messages
         ([{"role": "system" | "user" | "assistant", "content": "..."}, ...]),
         rendered with the chat template and stopped at the end of the turn.
@@ -484,7 +486,7 @@ class Model:
         The Completion's tool_calls then holds the calls
         (name, arguments, id) and its text the rest of the reply; messages
         may carry earlier calls (an assistant's tool_calls) and their results
-        (role "tool")."""
+        (role "tool"). think: this reply's enable_thinking (None: the model's setting)."""
         self.require_generation()
         trigger = None
         use = ToolUse(self.chat_template.source, tools, tool_choice, parallel_tool_calls) if tools is not None else None
@@ -495,7 +497,7 @@ class Model:
             format, grammar = constraint.get("format", format), constraint.get("grammar", grammar)
             trigger = constraint.get("trigger")
             messages = use.messages(normalize_messages(messages))
-        text, prompt = self._chat_prompt(messages, **(use.variables if use else {}))
+        text, prompt = self._chat_prompt(messages, think, **(use.variables if use else {}))
         chat = self._chat_stream(text, prompt, max_tokens, stop, sampling, format, grammar, use, trigger, logprobs)
         return chat if stream else chat.run()
 

@@ -157,7 +157,8 @@ class Engine:
         self.pool.state_owner = seq
         logits = None
         # with parallel generations, chunks leave room in a step for the others' decode rows
-        size = self.n_batch if self.batcher is None else max(1, self.n_batch - self.batcher.max_out)
+        batching = self.batcher is not None and self.batcher.batching
+        size = max(1, self.n_batch - self.batcher.max_out) if batching else self.n_batch
         for i in range(0, len(tokens), size):
             if cancelled is not None and cancelled():
                 raise Cancelled()

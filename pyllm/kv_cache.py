@@ -92,6 +92,14 @@ class BlockPool:
             del self.by_hash[h]
             self.hash_of[b] = None
 
+    def forget_cached(self) -> None:
+        """Drops every cached prefix nobody holds (benchmarks: each run computes its prompts)."""
+        with self.lock:
+            for b in self.cached:
+                self.unregister(b)
+                self.free.append(b)
+            self.cached.clear()
+
     def lookup(self, h: bytes) -> Optional[int]:
         return self.by_hash.get(h)
 

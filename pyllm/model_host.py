@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
@@ -69,6 +69,8 @@ class ModelHost:
         if not requested or self.load is None:
             return None
         name = requested.removesuffix(":latest")
+        if name == self.name:   # the loaded one: no need to look at the folder
+            return name, Path(self.model.path)
         available = self.available()
         for n, path in available:
             if n == name:
@@ -78,9 +80,10 @@ class ModelHost:
 
     # -- running a request -------------------------------------------------------------------
     @contextmanager
-    def use(self, requested: Optional[str] = None) -> Iterator[object]:
-        """The model a request names, loaded (switching to it if need be), with a slot of it
-        held for this thread until the block ends."""
+    def use(self, requested: Optional[str] = None, slot: bool = True) -> Iterator[object]:
+        """The model a request names, loaded (switching to it if need be) and kept until the
+        block ends, with a slot of it held for this thread (slot=False: a request that only
+        reads about the model)."""
         want = self.resolve(requested)
         with self._cv:
             waiting_to_switch = False   # counted in _switchers
@@ -109,7 +112,7 @@ class ModelHost:
                     self._users += loaded   # in at once: no other switch comes between
                     self._cv.notify_all()
         try:
-            with self.slots.take():
+            with self.slots.take() if slot else nullcontext():
                 yield self.model
         finally:
             with self._cv:

@@ -44,7 +44,6 @@ A client that goes away mid-stream stops its reply. Errors are OpenAI's
 from __future__ import annotations
 
 import base64
-import contextlib
 import dataclasses
 import datetime
 import json
@@ -344,11 +343,10 @@ class Handler(BaseHTTPRequestHandler):
         tools = body.get("tools") or None
         with self.server.host.use(body.get("model")) as m:
             m.require_generation()
-            with enable_thinking(m, kwargs.get("enable_thinking")):   # llama-server's switch
-                stream = m.chat(messages, max_tokens=max_tokens, stop=body.get("stop"), stream=True,
-                                tools=tools, tool_choice=body.get("tool_choice"),
-                                parallel_tool_calls=bool(body.get("parallel_tool_calls", False)), logprobs=top,
-                                **constraint, **sampling)
+            stream = m.chat(messages, max_tokens=max_tokens, stop=body.get("stop"), stream=True,
+                            tools=tools, tool_choice=body.get("tool_choice"),
+                            parallel_tool_calls=bool(body.get("parallel_tool_calls", False)), logprobs=top,
+                            think=flag(kwargs.get("enable_thinking")), **constraint, **sampling)   # llama-server's switch
             head = self.envelope("chat.completion.chunk" if body.get("stream") else "chat.completion", "chatcmpl")
             if body.get("stream"):   # with tools, the calls come after the answer's text
                 self._stream(stream, *reply_parts(stream), head, lambda kind, text: {
@@ -621,7 +619,7 @@ class Handler(BaseHTTPRequestHandler):
         if name is not None and self.server.host.load is None and name.removesuffix(":latest") != self.server.name:
             raise RequestError(HTTPStatus.NOT_FOUND, f"model {name!r} not found; this server has "
                                f"{self.server.name!r}")
-        with self.server.host.use(name) as m:   # loaded, if it was not
+        with self.server.host.use(name, slot=False) as m:   # loaded, if it was not
             self._show(m)
 
     def _show(self, m) -> None:
@@ -684,8 +682,8 @@ class Handler(BaseHTTPRequestHandler):
         body = self.read_json()
         messages = messages_of(body)
         tools = body.get("tools") or None
-        self._ollama_reply(body, lambda m, max_tokens, stop, sampling: m.chat(
-            messages, max_tokens=max_tokens, stop=stop, stream=True, tools=tools, **sampling), "message")
+        self._ollama_reply(body, lambda m, max_tokens, stop, sampling, think: m.chat(
+            messages, max_tokens=max_tokens, stop=stop, stream=True, tools=tools, think=think, **sampling), "message")
 
     def ollama_generate(self) -> None:
         body = self.read_json()
@@ -693,22 +691,22 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(prompt, str) or (system is not None and not isinstance(system, str)):
             raise InvalidArgumentError("prompt and system must be text")
         if not prompt:   # ollama's way to load a model: nothing to generate
-            with self.server.host.use(body.get("model")):
+            with self.server.host.use(body.get("model"), slot=False):
                 name = self.server.name
             self.send_json(HTTPStatus.OK, {"model": name, "created_at": iso_time(), "response": "",
                                            "done": True, "done_reason": "load"})
             return
         if body.get("raw"):
-            self._ollama_reply(body, lambda m, max_tokens, stop, sampling: m.stream(
-                prompt, max_tokens=max_tokens, stop=stop, **sampling), "response")
+            self._ollama_reply(body, lambda m, max_tokens, stop, sampling, think: m.stream(
+                prompt, max_tokens=max_tokens, stop=stop, **sampling), "response")   # raw: no template
             return
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-        self._ollama_reply(body, lambda m, max_tokens, stop, sampling: m.chat(
-            messages, max_tokens=max_tokens, stop=stop, stream=True, **sampling), "response")
+        self._ollama_reply(body, lambda m, max_tokens, stop, sampling, think: m.chat(
+            messages, max_tokens=max_tokens, stop=stop, stream=True, think=think, **sampling), "response")
 
     def _ollama_reply(self, body: dict, start, field: str) -> None:
         """A reply as ollama sends one: JSON lines (stream, the default) or one object. start(model,
-        max_tokens, stop, sampling) begins it; field: "message" (chat: {role, content, thinking})
+        max_tokens, stop, sampling, think) begins it; field: "message" (chat: {role, content, thinking})
         or "response" (generate: the text, and thinking beside it)."""
         if body.get("images"):
             raise InvalidArgumentError("images are not supported by pyllm serve (text models only)")
@@ -734,8 +732,7 @@ class Handler(BaseHTTPRequestHandler):
 
         with self.server.host.use(body.get("model")) as m:
             m.require_generation()
-            with enable_thinking(m, body.get("think")):
-                reply = start(m, max_tokens, options.get("stop"), {**sampling, "format": fmt})
+            reply = start(m, max_tokens, options.get("stop"), {**sampling, "format": fmt}, flag(body.get("think")))
             parts, close = reply_parts(reply)
             def with_calls(out: dict, c) -> dict:
                 if c.tool_calls:   # ollama's calls: arguments as an object
@@ -795,21 +792,9 @@ POST_ROUTES = {"/v1/chat/completions": Handler.chat, "/v1/completions": Handler.
                "/api/embed": Handler.ollama_embed, "/api/pull": Handler.ollama_pull, "/api/show": Handler.ollama_show}
 
 
-@contextlib.contextmanager
-def enable_thinking(model, on: Optional[bool]) -> Iterator[None]:
-    """The chat template's enable_thinking set to `on` (None: as the server runs) while a request
-    renders its prompt."""
-    with _THINK_LOCK:   # parallel requests: one renders its prompt at a time
-        before = model.think
-        if on is not None:
-            model.think = bool(on)
-        try:
-            yield
-        finally:
-            model.think = before
-
-
-_THINK_LOCK = threading.Lock()
+def flag(value: Any) -> Optional[bool]:
+    """A request's on/off switch: None when absent."""
+    return None if value is None else bool(value)
 
 
 def chat_logprobs(m, items: list) -> dict:

@@ -775,6 +775,20 @@ DEFINE_ROWS(mxfp4, block_mxfp4)
  * K-quant gemm then decodes each super-block once in place and dots it with every
  * activation row (kfew_*), instead of decoding tiles into buffers */
 #define GEMM_FEW_COLS 8
+/* f(C, ...) with C the constant equal to ncols (1..GEMM_FEW_COLS): each case compiled with its
+ * own constant, so the per-row accumulators of the few-rows kernels stay in registers */
+#define FEW_CASES(ncols, f, ...)                                                                           \
+    switch (ncols) {                                                                                       \
+    case 1: f(1, __VA_ARGS__); break;                                                                      \
+    case 2: f(2, __VA_ARGS__); break;                                                                      \
+    case 3: f(3, __VA_ARGS__); break;                                                                      \
+    case 4: f(4, __VA_ARGS__); break;                                                                      \
+    case 5: f(5, __VA_ARGS__); break;                                                                      \
+    case 6: f(6, __VA_ARGS__); break;                                                                      \
+    case 7: f(7, __VA_ARGS__); break;                                                                      \
+    default: f(8, __VA_ARGS__); break;                                                                     \
+    }
+_Static_assert(GEMM_FEW_COLS == 8, "FEW_CASES covers 1..GEMM_FEW_COLS");
 
 static pthread_key_t gemm_scratch_key;
 static pthread_once_t gemm_scratch_once = PTHREAD_ONCE_INIT;
@@ -1082,24 +1096,11 @@ _Static_assert(4 * FEW_QUADS % RED_BLOCKS == 0, "a pass of few_* holds whole gro
                     for (int t = 0; t < ncols; t++) out[t * os + r] += hsum16(acc[t]);                       \
                 }                                                                                            \
         }                                                                                                    \
-    }
-
-#define DEFINE_FEW_CALL(name)                                                                              \
-    /* ncols as a compile-time constant in each case: the accumulators stay in registers */                \
+    }                                                                                                    \
     static void few_##name(int64_t n, const void *w, size_t rb, int nrows, const void *a, size_t as, int ncols, \
                            float *out, size_t os) {                                                          \
-        switch (ncols) {                                                                                     \
-        case 1: few_##name##_t(1, n, w, rb, nrows, a, as, out, os); break;                                   \
-        case 2: few_##name##_t(2, n, w, rb, nrows, a, as, out, os); break;                                   \
-        case 3: few_##name##_t(3, n, w, rb, nrows, a, as, out, os); break;                                   \
-        case 4: few_##name##_t(4, n, w, rb, nrows, a, as, out, os); break;                                   \
-        case 5: few_##name##_t(5, n, w, rb, nrows, a, as, out, os); break;                                   \
-        case 6: few_##name##_t(6, n, w, rb, nrows, a, as, out, os); break;                                   \
-        case 7: few_##name##_t(7, n, w, rb, nrows, a, as, out, os); break;                                   \
-        default: few_##name##_t(8, n, w, rb, nrows, a, as, out, os); break;                                  \
-        }                                                                                                    \
+        FEW_CASES(ncols, few_##name##_t, n, w, rb, nrows, a, as, out, os)                                    \
     }
-_Static_assert(GEMM_FEW_COLS == 8, "few_*'s cases cover 1..GEMM_FEW_COLS");
 
 #define DEFINE_GEMM(name, block_t)                                                                         \
     /* R rows x T activation rows over one group (nh hexes, nq quads), from the buffers (W: the first    \
@@ -1293,25 +1294,18 @@ _Static_assert(GEMM_FEW_COLS == 8, "few_*'s cases cover 1..GEMM_FEW_COLS");
     DEFINE_VARIANTS(name)
 
 DEFINE_FEW(q4_0, block_q4_0)
-DEFINE_FEW_CALL(q4_0)
 DEFINE_GEMM(q4_0, block_q4_0)
 DEFINE_FEW(q4_1, block_q4_1)
-DEFINE_FEW_CALL(q4_1)
 DEFINE_GEMM(q4_1, block_q4_1)
 DEFINE_FEW(q5_0, block_q5_0)
-DEFINE_FEW_CALL(q5_0)
 DEFINE_GEMM(q5_0, block_q5_0)
 DEFINE_FEW(q5_1, block_q5_1)
-DEFINE_FEW_CALL(q5_1)
 DEFINE_GEMM(q5_1, block_q5_1)
 DEFINE_FEW(q8_0, block_q8_0)
-DEFINE_FEW_CALL(q8_0)
 DEFINE_GEMM(q8_0, block_q8_0)
 DEFINE_FEW(iq4_nl, block_iq4_nl)
-DEFINE_FEW_CALL(iq4_nl)
 DEFINE_GEMM(iq4_nl, block_iq4_nl)
 DEFINE_FEW(mxfp4, block_mxfp4)
-DEFINE_FEW_CALL(mxfp4)
 DEFINE_GEMM(mxfp4, block_mxfp4)
 
 /* ------------------------------------------------------------------ */
@@ -1704,15 +1698,9 @@ _Static_assert(GEMM_FEW_COLS * KACT_CHUNK * sizeof(aKs) <= GEMM_SCRATCH, "kfew's
     }                                                                                                       \
     INLINE void gemm_##name##_impl(const int vnni, int64_t n, const void *w, size_t rb, int nrows,         \
                                    const void *a, size_t as, int ncols, float *out, size_t os) {            \
-        switch (ncols) { /* few activation rows: kfew, ncols a compile-time constant in each case */       \
-        case 1: kfew_##name##_t(1, vnni, n, w, rb, nrows, a, as, out, os); return;                          \
-        case 2: kfew_##name##_t(2, vnni, n, w, rb, nrows, a, as, out, os); return;                          \
-        case 3: kfew_##name##_t(3, vnni, n, w, rb, nrows, a, as, out, os); return;                          \
-        case 4: kfew_##name##_t(4, vnni, n, w, rb, nrows, a, as, out, os); return;                          \
-        case 5: kfew_##name##_t(5, vnni, n, w, rb, nrows, a, as, out, os); return;                          \
-        case 6: kfew_##name##_t(6, vnni, n, w, rb, nrows, a, as, out, os); return;                          \
-        case 7: kfew_##name##_t(7, vnni, n, w, rb, nrows, a, as, out, os); return;                          \
-        case 8: kfew_##name##_t(8, vnni, n, w, rb, nrows, a, as, out, os); return;                          \
+        if (ncols <= GEMM_FEW_COLS) { /* few activation rows: kfew */                                       \
+            FEW_CASES(ncols, kfew_##name##_t, vnni, n, w, rb, nrows, a, as, out, os)                        \
+            return;                                                                                         \
         }                                                                                                   \
         const int64_t nsb = n / QK_K;                                                                       \
         const int mins = K_MIN_##name;                                                                      \
