@@ -14,7 +14,7 @@ timing requests (pyllm never imports it). Install it with
 ../shared/peer/install-llama-cpp.sh; without it this script says so and exits.
 
 Usage: python benchmarks/compare_llama_cpp.py [-m MODEL] [-t 1,2] [-p 512] [-n 128] [-d 0] [-r 5] [--json]
-                                              [--cache-type f16|q8_0]
+                                              [--cache-type f16|q8_0] [--lora FILE[:SCALE]]
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -36,8 +37,9 @@ import json, sys, time
 import llama_cpp
 args = json.loads(sys.argv[1])
 kv = {} if args["kv_type"] == 1 else {"type_k": args["kv_type"], "type_v": args["kv_type"], "flash_attn": True}
+lora = {"lora_path": args["lora"][0], "lora_scale": args["lora"][1]} if args["lora"] else {}
 llm = llama_cpp.Llama(model_path=args["model"], n_ctx=args["n_ctx"], n_batch=args["n_batch"],
-                      n_threads=args["threads"], n_threads_batch=args["threads"], verbose=False, **kv)
+                      n_threads=args["threads"], n_threads_batch=args["threads"], verbose=False, **kv, **lora)
 tok = args["token"]
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
@@ -57,11 +59,12 @@ for line in sys.stdin:
 
 
 class Peer:
-    def __init__(self, model: str, threads: int, n_ctx: int, n_batch: int, token: int, kv_type: int = 1):
+    def __init__(self, model: str, threads: int, n_ctx: int, n_batch: int, token: int, kv_type: int = 1,
+                 lora: Optional[tuple[str, float]] = None):
         self.proc = subprocess.Popen(
             [PEER_PYTHON, "-c", PEER_SERVER,
              json.dumps({"model": model, "threads": threads, "n_ctx": n_ctx, "n_batch": n_batch, "token": token,
-                         "kv_type": kv_type})],
+                         "kv_type": kv_type, "lora": lora})],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         ready = self.proc.stdout.readline()
         if not ready:
@@ -101,6 +104,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--cache-type", choices=("f16", "q8_0", "q4_0"), default="f16",
                     help="both engines' KV cache format (quantized: llama.cpp with flash attention, as it requires)")
+    ap.add_argument("--lora", help="FILE or FILE:SCALE: both engines apply this LoRA adapter")
     a = ap.parse_args()
     if not peer_available():
         print(f"llama-cpp-python is not installed at {PEER_PYTHON}: run ../shared/peer/install-llama-cpp.sh "
@@ -111,12 +115,18 @@ def main() -> int:
     from pyllm.bench import run_pp, run_tg, test_name
 
     token = 100
+    lora = None
+    if a.lora:
+        from pyllm.lora import parse_scaled
+        lora = parse_scaled(a.lora) if ":" in a.lora else (a.lora, 1.0)
+        lora = (str(Path(lora[0]).resolve()), lora[1])
     n_ctx = a.depth + max(a.n_prompt, a.n_gen) + 64
     results = []
     for threads in [int(x) for x in a.threads.split(",")]:
         model = Model(a.model, n_ctx=n_ctx, n_threads=threads, n_batch=max(a.n_prompt, 1),
-                      cache_type_k=a.cache_type, cache_type_v=a.cache_type)
-        peer = Peer(str(Path(a.model).resolve()), threads, n_ctx, a.n_prompt, token, {"f16": 1, "q8_0": 8, "q4_0": 2}[a.cache_type])
+                      cache_type_k=a.cache_type, cache_type_v=a.cache_type, lora=[lora] if lora else None)
+        peer = Peer(str(Path(a.model).resolve()), threads, n_ctx, a.n_prompt, token,
+                    {"f16": 1, "q8_0": 8, "q4_0": 2}[a.cache_type], lora)
         for kind, n in (("pp", a.n_prompt), ("tg", a.n_gen)):
             ours_fn = run_pp if kind == "pp" else run_tg
             ours_fn(model, min(n, 32), token)      # warm-up, excluded

@@ -28,6 +28,7 @@ from .options import (CacheTypeK, CacheTypeV, MirostatEnt, MirostatLr, MirostatO
                       XtcProbability, XtcThreshold)
 from .options import FormatOpt, GrammarFile, GrammarOpt, JsonSchema, JsonSchemaFile, constraint_kwargs
 from .options import DryAllowedLength, DryBase, DryMultiplier, DryPenaltyLastN, DrySequenceBreaker, dry_breakers
+from .options import LoraOpt, LoraScaledOpt, lora_specs
 from .options import (ModelDraft, SpecDraftMax, SpecDraftMin, SpecNgramSize, SpecPMin, SpecType,
                       speculative_kwargs)
 
@@ -272,6 +273,8 @@ def chat(
     n_gpu_layers: NGpuLayers = "auto",
     cache_type_k: CacheTypeK = "f16",
     cache_type_v: CacheTypeV = "f16",
+    lora: LoraOpt = [],
+    lora_scaled: LoraScaledOpt = [],
     spec_type: SpecType = None,
     model_draft: ModelDraft = None,
     spec_draft_max: SpecDraftMax = 16,
@@ -318,7 +321,7 @@ def chat(
         path = model_path(model)
         with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template,
                    n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
-                   cache_type_v=cache_type_v, think=think,
+                   cache_type_v=cache_type_v, think=think, lora=lora_specs(lora, lora_scaled),
                    **speculative_kwargs(spec_type, model_draft, spec_draft_max, spec_draft_min, spec_ngram_size, spec_p_min)) as m:
             m.require_generation()       # an embedding model cannot chat: say so before any input
             t = m.chat_template          # checked now: a bad template stops here, before any input

@@ -50,6 +50,24 @@ def speculative_kwargs(spec_type: Optional[str], model_draft: Optional[str], dra
                 spec_draft_max=draft_max, spec_draft_min=draft_min, spec_ngram_size=ngram_size, spec_p_min=p_min)
 
 
+ADAPTERS = "LoRA adapters"
+LoraOpt = Annotated[list[str], typer.Option(
+    "--lora", help="apply this LoRA adapter (a GGUF file from llama.cpp's convert_lora_to_gguf.py); "
+    "repeatable, or comma-separated", rich_help_panel=ADAPTERS)]
+LoraScaledOpt = Annotated[list[str], typer.Option(
+    "--lora-scaled", help="FILE:SCALE, an adapter at that scale (0.5: half its effect); repeatable, or "
+    "comma-separated", rich_help_panel=ADAPTERS)]
+
+
+def lora_specs(lora: list[str], lora_scaled: list[str]) -> list[tuple[str, float]]:
+    """Model's lora= from --lora and --lora-scaled (each repeatable or comma-separated, as llama.cpp's)."""
+    from pyllm.lora import parse_scaled
+
+    def items(values: list[str]) -> list[str]:
+        return [item for value in values for item in value.split(",") if item]
+    return [(path, 1.0) for path in items(lora)] + [parse_scaled(spec) for spec in items(lora_scaled)]
+
+
 TemplateOpt = Annotated[Optional[str], typer.Option(
     "--chat-template", help="chat template: 'chatml', 'gemma', or a file holding a Jinja template "
     "(default: the model file's own, else a fallback for its architecture)")]

@@ -19,7 +19,7 @@ import typer
 from pyllm.errors import InvalidArgumentError
 
 from .common import err, handle_errors, model_path, read_input
-from .options import CacheTypeK, CacheTypeV, ModelOpt, NGpuLayers, Threads
+from .options import CacheTypeK, CacheTypeV, LoraOpt, LoraScaledOpt, ModelOpt, NGpuLayers, Threads, lora_specs
 
 
 def perplexity(
@@ -35,6 +35,8 @@ def perplexity(
     n_gpu_layers: NGpuLayers = "auto",
     cache_type_k: CacheTypeK = "f16",
     cache_type_v: CacheTypeV = "f16",
+    lora: LoraOpt = [],
+    lora_scaled: LoraScaledOpt = [],
 ) -> None:
     """Measure a model's perplexity on a text (llama-perplexity's method)."""
     with handle_errors():
@@ -45,7 +47,7 @@ def perplexity(
 
         path = model_path(model)
         with Model(path, n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
-                   cache_type_v=cache_type_v) as m:
+                   cache_type_v=cache_type_v, lora=lora_specs(lora, lora_scaled)) as m:
             m.require_generation()
             ids = m.tokenize(text)
             max_chunks = None if chunks < 0 else chunks

@@ -22,6 +22,7 @@ from .options import (CtxSize, FormatOpt, FreqPenalty, GrammarFile, GrammarOpt, 
 from .options import (CacheTypeK, CacheTypeV, MirostatEnt, MirostatLr, MirostatOpt, NGpuLayers, TopNSigma,
                       XtcProbability, XtcThreshold)
 from .options import DryAllowedLength, DryBase, DryMultiplier, DryPenaltyLastN, DrySequenceBreaker, dry_breakers
+from .options import LoraOpt, LoraScaledOpt, lora_specs
 from .options import (ModelDraft, SpecDraftMax, SpecDraftMin, SpecNgramSize, SpecPMin, SpecType,
                       speculative_kwargs)
 
@@ -60,6 +61,8 @@ def run(
     n_gpu_layers: NGpuLayers = "auto",
     cache_type_k: CacheTypeK = "f16",
     cache_type_v: CacheTypeV = "f16",
+    lora: LoraOpt = [],
+    lora_scaled: LoraScaledOpt = [],
     spec_type: SpecType = None,
     model_draft: ModelDraft = None,
     spec_draft_max: SpecDraftMax = 16,
@@ -110,7 +113,7 @@ def run(
         path = model_path(model)
         with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template,
                    n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
-                   cache_type_v=cache_type_v, think=think,
+                   cache_type_v=cache_type_v, think=think, lora=lora_specs(lora, lora_scaled),
                    **speculative_kwargs(spec_type, model_draft, spec_draft_max, spec_draft_min, spec_ngram_size, spec_p_min)) as m:
             max_tokens = None if n_predict < 0 else n_predict
             if think is not None and not chat:

@@ -10,6 +10,7 @@ from pyllm.errors import InvalidArgumentError
 
 from .common import err, handle_errors, model_path
 from .options import CacheTypeK, CacheTypeV, CtxSize, ModelOpt, NGpuLayers, TemplateOpt, Think, Threads, template_arg
+from .options import LoraOpt, LoraScaledOpt, lora_specs
 from .options import (ModelDraft, SpecDraftMax, SpecDraftMin, SpecNgramSize, SpecPMin, SpecType,
                       speculative_kwargs)
 
@@ -38,6 +39,8 @@ def serve(
     n_gpu_layers: NGpuLayers = "auto",
     cache_type_k: CacheTypeK = "f16",
     cache_type_v: CacheTypeV = "f16",
+    lora: LoraOpt = [],
+    lora_scaled: LoraScaledOpt = [],
     spec_type: SpecType = None,
     model_draft: ModelDraft = None,
     spec_draft_max: SpecDraftMax = 16,
@@ -64,6 +67,7 @@ def serve(
             m = Model(file, n_ctx=ctx_size, n_threads=threads, chat_template=template_arg(chat_template),
                       n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
                       cache_type_v=cache_type_v, think=think, embedding=True if embedding else None,
+                      lora=lora_specs(lora, lora_scaled),
                       **speculative_kwargs(spec_type, model_draft, spec_draft_max, spec_draft_min, spec_ngram_size,
                                            spec_p_min))
             if pooling is not None:
@@ -71,7 +75,7 @@ def serve(
             return m
 
         # without -m, a request may name any model on disk (ollama's way); with -m, this one answers
-        switching = model is None and model_draft is None
+        switching = model is None and model_draft is None and not (lora or lora_scaled)
         with load(path) as m:
             try:
                 server = make_server(m, host, port, name=registry_name(model), parallel=parallel,

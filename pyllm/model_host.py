@@ -119,6 +119,23 @@ class ModelHost:
                 self._users -= 1
                 self._cv.notify_all()
 
+    @contextmanager
+    def exclusive(self) -> Iterator[object]:
+        """The loaded model with no request running on it (new ones wait, as behind a switch):
+        for changes a generation under way must not see (a LoRA adapter's scale)."""
+        with self._cv:
+            self._switchers += 1
+            while self._switching or self._users:
+                self._cv.wait()
+            self._switchers -= 1
+            self._switching = True
+        try:
+            yield self.model
+        finally:
+            with self._cv:
+                self._switching = False
+                self._cv.notify_all()
+
     def _switch(self, name: str, path: Path) -> None:
         """Replaces the loaded model by the one at path; if it fails to load, the old one comes back."""
         old_name, old_path = self.name, Path(self.model.path)

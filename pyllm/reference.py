@@ -8,7 +8,7 @@ pyllm/arch, not the op program.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 from gguf.constants import GGMLQuantizationType
@@ -20,6 +20,7 @@ from .arch.bert import Bert
 from .arch.gemma3n import Gemma3n
 from .arch.gemma4 import Gemma4
 from .graph import GLU_GELU_TANH, GLU_RELU, GLU_RELU_SQR, GLU_SWIGLU_OAI, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
+from .lora import TOKEN_EMBD
 from .model_file import Tensor
 
 
@@ -199,7 +200,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window:
 class Reference:
     """Dequantizes an architecture's weights once, then runs whole sequences."""
 
-    def __init__(self, arch: Architecture, kv_f16: bool = False, kv_quant: Optional[str] = None):
+    def __init__(self, arch: Architecture, kv_f16: bool = False, kv_quant: Optional[str] = None,
+                 lora: Sequence = ()):
         """kv_f16: round k and v to f16 before attending, as both engines' KV caches
         store them (at F32 that rounding is the engines' main difference from here).
         kv_quant "q8_0" or "q4_0": round them through that format instead (a quantized
@@ -217,11 +219,28 @@ class Reference:
             arch.build(g)
             self.kv_rot = kv_rotations(g, KV_TYPES[kv_quant], KV_TYPES[kv_quant])
         self._cache: dict[str, np.ndarray] = {}
+        # LoRA adapters merged into the weights (W + s B A), the way llama.cpp's export-lora
+        # bakes them in; the token embedding's pair is stored the other way round (A: a row
+        # of r per token), so its rows get s A B^T, and a tied output head keeps plain E
+        self._embed_delta: Optional[np.ndarray] = None
+        for adapter in lora:
+            for p in adapter.pairs:
+                s = np.float32(adapter.effective_scale(p))
+                if p.target == TOKEN_EMBD:
+                    d = s * (dequant(p.a) @ dequant(p.b).T)
+                    self._embed_delta = d if self._embed_delta is None else self._embed_delta + d
+                else:
+                    self._cache[p.target] = self.w(arch.mf.tensor(p.target)) + s * (dequant(p.b) @ dequant(p.a))
 
     def w(self, t: Tensor) -> np.ndarray:
         if t.name not in self._cache:
             self._cache[t.name] = dequant(t)
         return self._cache[t.name]
+
+    def _token_rows(self, tokens: np.ndarray) -> np.ndarray:
+        """The token embedding's rows of `tokens` (with a LoRA adapter's delta)."""
+        rows = self.w(self.arch.tok_embd)[tokens]
+        return rows if self._embed_delta is None else rows + self._embed_delta[tokens]
 
     def forward(self, tokens, embeddings: bool = False) -> np.ndarray:
         """Logits [T, vocab] for every position of `tokens`, from an empty context (every
@@ -255,7 +274,7 @@ class Reference:
         """BERT (pyllm/arch/bert.py): x = layernorm(embed + token type 0 + positions), then per
         layer x = layernorm(x + attn(x)), x = layernorm(x + ffn(x)), attention bidirectional."""
         a, hp = self.arch, self.arch.hp
-        x = self.w(a.tok_embd)[tokens]
+        x = self._token_rows(tokens)
         if a.pos_embd is not None:
             x = x + self.w(a.pos_embd)[np.arange(len(tokens))]
         if a.type_row is not None:
@@ -513,7 +532,7 @@ class Reference:
         Fused q/k/v and gate/up matrices are split by rows here."""
         a, hp = self.arch, self.arch.hp
         act = glu(a.glu)
-        x = self.w(a.tok_embd)[tokens] * np.float32(a.embed_scale)
+        x = self._token_rows(tokens) * np.float32(a.embed_scale)
         if a.pos_embd is not None:   # learned positions (GPT-2)
             x = x + self.w(a.pos_embd)[np.arange(len(tokens))]
         for i, L in enumerate(a.layers):
@@ -562,7 +581,7 @@ class Reference:
         a, hp = self.arch, self.arch.hp
         eps = hp.eps
         act = glu(a.glu)
-        x = self.w(a.tok_embd)[tokens] * np.float32(a.embed_scale)
+        x = self._token_rows(tokens) * np.float32(a.embed_scale)
         if a.n_per_layer:
             ple = self._per_layer_inputs(x, tokens)
         caches: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -633,7 +652,7 @@ class Reference:
         def router(v, A):
             return np.tanh(self._linear(rmsnorm(v, A.router_norm, eps), A.router, None))
 
-        x0 = self.w(a.tok_embd)[tokens] * np.float32(a.embed_scale)
+        x0 = self._token_rows(tokens) * np.float32(a.embed_scale)
         ple = self._per_layer_inputs(x0, tokens)
         proj = self.w(a.altup_proj).reshape(S - 1, n, n)
         x = np.concatenate([x0[:, None], matched(np.einsum("jon,tn->tjo", proj, x0), x0)], axis=1)

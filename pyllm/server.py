@@ -12,6 +12,7 @@ llama-server's own:
     POST /tokenize, /detokenize, /apply-template (messages -> the prompt text)
     GET  /props                 the model, its context, template and default settings
     GET  /slots                 each slot: held by a request or not, tokens its cache keeps
+    GET  /lora-adapters         the LoRA adapters loaded (--lora) and their scales; POST sets them
 
 and ollama's, for the tools written against it (streamed as JSON lines, ollama's default):
 
@@ -250,6 +251,12 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- plumbing ---------------------------------------------------------------------------------
     def read_json(self) -> dict:
+        body = self.read_json_value()
+        if not isinstance(body, dict):
+            raise RequestError(HTTPStatus.BAD_REQUEST, "the body must be a JSON object")
+        return body
+
+    def read_json_value(self) -> Any:
         try:
             n = int(self.headers.get("Content-Length", ""))
         except ValueError:
@@ -261,8 +268,6 @@ class Handler(BaseHTTPRequestHandler):
             body = json.loads(self.rfile.read(n) if n > 0 else b"")
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not valid JSON: {e}") from None
-        if not isinstance(body, dict):
-            raise RequestError(HTTPStatus.BAD_REQUEST, "the body must be a JSON object")
         return body
 
     def send_json(self, status: int, obj: Any) -> None:
@@ -575,6 +580,26 @@ class Handler(BaseHTTPRequestHandler):
         self.send_json(HTTPStatus.OK, [{"id": i, "n_ctx": m.n_ctx, "is_processing": busy, "n_past": len(slot.seq)}
                                        for i, (slot, busy) in enumerate(self.server.slots.states())])
 
+    def lora_adapters(self) -> None:
+        """GET /lora-adapters: llama-server's list of the adapters loaded (--lora), with their scales."""
+        m = self.server.model
+        self.send_json(HTTPStatus.OK, [{"id": i, "path": a.path, "scale": a.scale} for i, a in enumerate(m.adapters)])
+
+    def set_lora_adapters(self) -> None:
+        """POST /lora-adapters [{"id": 0, "scale": 0.5}, ...]: new scales (0: off) for the
+        requests that follow; once the requests under way are done, as the cache they read
+        was computed under the old scales (it is dropped)."""
+        body = self.read_json_value()
+        if not isinstance(body, list) or not all(isinstance(e, dict) and "id" in e and "scale" in e for e in body):
+            raise InvalidArgumentError('the body must be a list of {"id": N, "scale": S}')
+        with self.server.host.exclusive() as m:
+            for e in body:   # all checked before any is set
+                if not isinstance(e["id"], int) or not 0 <= e["id"] < len(m.adapters):
+                    raise InvalidArgumentError(f"no LoRA adapter {e['id']!r}: this server has {len(m.adapters)}")
+            for e in body:
+                m.set_lora_scale(e["id"], e["scale"])
+        self.lora_adapters()
+
     def llama_props(self) -> None:
         from .sampling import SamplingParams
         m = self.server.model
@@ -781,13 +806,13 @@ class Handler(BaseHTTPRequestHandler):
 
 
 GET_ROUTES = {"/health": Handler.health, "/v1/models": Handler.models, "/props": Handler.llama_props,
-              "/slots": Handler.llama_slots,
+              "/slots": Handler.llama_slots, "/lora-adapters": Handler.lora_adapters,
               "/api/tags": Handler.ollama_tags, "/api/ps": Handler.ollama_ps, "/api/version": Handler.ollama_version}
 POST_ROUTES = {"/v1/chat/completions": Handler.chat, "/v1/completions": Handler.completions,
                "/v1/embeddings": Handler.embeddings,
                "/completion": Handler.llama_completion, "/completions": Handler.llama_completion,
                "/tokenize": Handler.llama_tokenize, "/detokenize": Handler.llama_detokenize,
-               "/apply-template": Handler.llama_apply_template,
+               "/apply-template": Handler.llama_apply_template, "/lora-adapters": Handler.set_lora_adapters,
                "/api/chat": Handler.ollama_chat, "/api/generate": Handler.ollama_generate,
                "/api/embed": Handler.ollama_embed, "/api/pull": Handler.ollama_pull, "/api/show": Handler.ollama_show}
 

@@ -1455,3 +1455,51 @@ def rewrite_metadata(src: str | Path, dst: str | Path, changes: dict) -> str:
             out += f.read()
     Path(dst).write_bytes(out)
     return str(dst)
+
+
+LORA_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def write_lora(path: str | Path, model_path: str | Path, targets: Optional[list[str]] = None, rank: int = 8,
+               qtype: QT = QT.F16, alpha: Optional[float] = 16.0, size: float = 1.0, seed: int = 0,
+               arch: Optional[str] = None, extra: Optional[dict] = None) -> str:
+    """A LoRA adapter in llama.cpp's GGUF layout for the model at model_path: random A
+    (r rows of n_in) and B (n_out rows of r) for each target tensor (default: every
+    layer's attention and FFN matrices), so that B A x is about `size` times W x's scale
+    for unit x. token_embd.weight's pair is stored the other way round (A: a row of r per
+    token, B: n_embd rows of r). extra: more tensors (name -> float32 array) as they are."""
+    from pyllm.model_file import ModelFile
+    rng = np.random.default_rng(seed)
+    with ModelFile(model_path) as mf:
+        if targets is None:
+            targets = [n for n in mf.tensors if n.startswith("blk.") and n.split(".")[2] in LORA_TARGETS]
+        shapes = {n: mf.tensor(n).shape for n in targets}
+        model_arch = mf.architecture
+    w = gguf.GGUFWriter(str(path), arch or model_arch)
+    w.add_type("adapter")
+    w.add_string("adapter.type", "lora")
+    if alpha is not None:
+        w.add_float32("adapter.lora.alpha", alpha)
+
+    def add(name: str, rows: int, n_in: int, scale: float) -> None:
+        f = (rng.standard_normal((rows, n_in)) * scale).astype(np.float32)
+        if qtype == QT.F32:
+            w.add_tensor(name, f)
+        elif qtype == QT.F16:
+            w.add_tensor(name, f.astype(np.float16))
+        else:
+            w.add_tensor(name, gguf.quants.quantize(f, qtype), raw_dtype=qtype)
+    for name, (n_in, n_out) in shapes.items():
+        if name == "token_embd.weight":   # (n_embd, n_vocab): A a row of r per token, B n_embd rows of r
+            add(name + ".lora_a", n_out, rank, size)
+            add(name + ".lora_b", n_in, rank, 1.0 / np.sqrt(rank))
+        else:
+            add(name + ".lora_a", rank, n_in, 1.0 / np.sqrt(n_in))
+            add(name + ".lora_b", n_out, rank, size / np.sqrt(rank))
+    for name, value in (extra or {}).items():
+        w.add_tensor(name, np.asarray(value, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
