@@ -1,13 +1,26 @@
-"""Q4_K, Q5_K and Q6_K quantizers: numpy ports of llama.cpp's reference ones.
+"""Q2_K, Q3_K, Q4_K, Q5_K and Q6_K quantizers: numpy ports of llama.cpp's reference ones.
 
 These are the functions ggml-quants.c calls when there is no importance
-matrix (quantize_row_q4_K_ref, _q5_K_ref, _q6_K_ref); their output is the
+matrix (quantize_row_q2_K_ref, _q3_K_ref, _q4_K_ref, _q5_K_ref, _q6_K_ref); their output is the
 byte layout GGUF files carry, which gguf.quants.dequantize decodes. Each
 function takes float32 [rows, n] (n a multiple of 256) and returns uint8
 [rows, n // 256 * block_bytes]. All of a tensor's blocks are done at once:
 the loops run only over the search steps, never over blocks.
 
 What the formats store, per super-block of 256 values:
+
+Q2_K (84 bytes): 16 sub-blocks of 16. Value = d*(sc_j & 15)*q - dmin*(sc_j >> 4), q in 0..3.
+    scales    16 bytes: sc_j, its scale in the low nibble and its min in the high one
+    qs        64 bytes: in each 128-value half, byte l holds q[l], q[l+32],
+              q[l+64], q[l+96] at bits 0, 2, 4, 6
+    d, dmin   fp16
+Q3_K (110 bytes): 16 sub-blocks of 16. Value = d*(sc_j - 32)*(q - 4), q in 0..7.
+    hmask     32 bytes: bit b of hmask[l] is bit 2 of q[32b + l]
+    qs        64 bytes: the low 2 bits of q, packed as Q2_K's
+    scales    12 bytes: sixteen 6-bit sc_j: bytes 0..7 hold the low nibbles
+              of sc_0..7 (low) and sc_8..15 (high); byte 8 + j%4 holds the top
+              2 bits of sc_j at bits 2*(j/4)
+    d         fp16
 
 Q4_K (144 bytes): 8 sub-blocks of 32. Value = d*sc_j*q - dmin*m_j, q in 0..15.
     d, dmin   fp16, the super-block scales of the scales and of the mins
@@ -41,8 +54,14 @@ make_qx_quants (Q6_K, symmetric, per sub-block of 16, nmax = 32): with max the
     weights w = x^2 the best scale for those l is s = sum(w*x*l)/sum(w*l*l),
     and its weighted squared error is sum(w*x^2) - s*sum(w*x*l), so the try
     with the largest s*sum(w*x*l) wins.
+make_q3_quants (Q3_K, symmetric, per sub-block of 16, nmax = 4): l =
+    clamp(nearest_int(-nmax/max * x), -nmax, nmax-1), then up to 5 passes of
+    coordinate descent: each l in turn is moved to the value the best scale
+    for the others would give it, kept if sum(w*x*l)^2 / sum(w*l*l) grows
+    (w = x^2); the scale is sum(w*x*l) / sum(w*l*l).
 make_qkx2_quants (Q4_K/Q5_K, affine, per sub-block of 32, weights
-    w = rms(sub-block) + |x|): start from min = min(x, 0), scale =
+    w = rms(sub-block) + |x|; Q2_K per sub-block of 16, w = |x|, and the
+    weighted absolute error instead of the squared one): start from min = min(x, 0), scale =
     (max - min)/nmax; then for k = 0..nstep take iscale = (nmax + rmin +
     rdelta*k)/(max - min), round l = clamp(nearest_int(iscale*(x - min)), 0,
     nmax), fit scale and min to those l by weighted least squares (min
@@ -67,10 +86,10 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["quantize_q4_k", "quantize_q5_k", "quantize_q6_k"]
+__all__ = ["quantize_q2_k", "quantize_q3_k", "quantize_q4_k", "quantize_q5_k", "quantize_q6_k"]
 
 QK_K = 256
-BLOCK_BYTES = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
+BLOCK_BYTES = {"q2_k": 84, "q3_k": 110, "q4_k": 144, "q5_k": 176, "q6_k": 210}
 CHUNK_BLOCKS = 256         # super-blocks per pass: bounds memory; ~256 KiB arrays stay in cache
 GROUP_MAX_EPS = np.float32(1e-15)
 
@@ -140,12 +159,52 @@ def make_qx_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
     return scale, L.astype(np.uint8)
 
 
+def make_q3_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric scale search by coordinate descent (do_rmse), for sub-blocks.
+
+    x: float32 [n, S], column s one sub-block. Returns (scale [S], L [n, S] uint8 =
+    l + nmax; all-zero sub-blocks give scale 0 and L 0). C stops a sub-block after a
+    pass that changes nothing; the passes after such a pass change nothing either,
+    so every column runs all 5 here.
+    """
+    S = x.shape[1]
+    mx = x[np.argmax(np.abs(x), axis=0), np.arange(S)]
+    zero = np.abs(mx) < GROUP_MAX_EPS
+    mx = np.where(zero, _f(1), mx)
+    L = _nearest(_f(-nmax) / mx * x)
+    np.clip(L, -nmax, nmax - 1, out=L)
+    w = x * x
+    wx = w * x
+    sumlx = (wx * L).sum(axis=0)
+    suml2 = ((w * L) * L).sum(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        for _ in range(5):
+            for i in range(x.shape[0]):
+                li = L[i]
+                slx = sumlx - wx[i] * li
+                sl2 = suml2 - (w[i] * li) * li
+                new_l = np.clip(_nearest_int((x[i] * sl2) / slx), -nmax, nmax - 1).astype(np.float32)
+                slx_new = slx + wx[i] * new_l
+                sl2_new = sl2 + (w[i] * new_l) * new_l
+                take = (slx > 0) & (new_l != li) & (sl2_new > 0) & \
+                    ((slx_new * slx_new) * suml2 > (sumlx * sumlx) * sl2_new)
+                L[i] = np.where(take, new_l, li)
+                sumlx = np.where(take, slx_new, sumlx)
+                suml2 = np.where(take, sl2_new, suml2)
+        scale = sumlx / suml2
+    L += nmax
+    L[:, zero] = 0
+    scale[zero] = 0
+    return scale, L.astype(np.uint8)
+
+
 def make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float,
-                     rdelta: float, nstep: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                     rdelta: float, nstep: int, use_mad: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Affine (scale, min) search with weights w, for sub-blocks.
 
     x, w: float32 [n, S], column s one sub-block. Returns (scale [S],
     the_min [S] = -min >= 0, L [n, S] uint8 in 0..nmax), value ~ scale*L - the_min.
+    use_mad: weigh the absolute error (Q2_K), not the squared one.
     """
     mn = np.minimum(x.min(axis=0), _f(0))
     mx = x.max(axis=0)
@@ -162,10 +221,13 @@ def make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float,
         return np.clip(l, 0, nmax_f, out=l)
 
     def werr(scale, l, m):
-        e = np.multiply(l, scale, out=tmp)                # (scale*l + min - x)^2 * w
+        e = np.multiply(l, scale, out=tmp)                # (scale*l + min - x)^2 * w, or |.| * w
         e += m
         e -= x
-        e *= e
+        if use_mad:
+            np.abs(e, out=e)
+        else:
+            e *= e
         e *= w
         return e.sum(axis=0)
 
@@ -259,6 +321,73 @@ def _q45_k_blocks(xb: np.ndarray, nmax: int, rmin: float, nstep: int):
     return head, L.reshape(nb, 4, 2, 32)                    # [block, 64-chunk, half, l]
 
 
+def _pack_2bit(L: np.ndarray) -> np.ndarray:
+    """[nb, 256] values 0..3 -> [nb, 64] bytes: per 128-value half, byte l holds values
+    l, l+32, l+64, l+96 at bits 0, 2, 4, 6 (Q2_K's and Q3_K's qs)."""
+    L = L.reshape(-1, 2, 4, 32)
+    return (L[:, :, 0] | (L[:, :, 1] << 2) | (L[:, :, 2] << 4) | (L[:, :, 3] << 6)).reshape(-1, 64)
+
+
+def _q2_k_chunk(xb: np.ndarray) -> np.ndarray:
+    nb = xb.shape[0]
+    xt = np.ascontiguousarray(xb.reshape(nb * 16, 16).T)   # [16, sub-blocks]
+    scales, mins, L = make_qkx2_quants(xt, np.abs(xt), 3, -0.5, 0.1, 15, use_mad=True)
+    scales = scales.reshape(nb, 16)
+    mins = mins.reshape(nb, 16)
+
+    # 4-bit sub-block scales and mins against the largest of each (C stores an int in a
+    # uint8, then ors the min's shifted int in: both keep their low 8 bits)
+    max_scale = np.maximum(scales.max(axis=1), _f(0))
+    max_min = np.maximum(mins.max(axis=1), _f(0))
+    with np.errstate(divide="ignore"):
+        inv_scale = np.where(max_scale > 0, _f(15) / max_scale, _f(0))
+        inv_min = np.where(max_min > 0, _f(15) / max_min, _f(0))
+    ls = np.where(max_scale[:, None] > 0, _nearest_int(inv_scale[:, None] * scales), 0)
+    lm = np.where(max_min[:, None] > 0, _nearest_int(inv_min[:, None] * mins), 0)
+    sc = ((ls & 0xFF) | ((lm << 4) & 0xFF)).astype(np.uint8)
+    d = np.where(max_scale > 0, max_scale / _f(15), _f(0)).astype(np.float16)
+    dmin = np.where(max_min > 0, max_min / _f(15), _f(0)).astype(np.float16)
+
+    # re-round every value against the scale and min the decoder will use
+    dd = d.astype(np.float32)[:, None] * (sc & 0xF)         # [nb, 16]
+    dm = dmin.astype(np.float32)[:, None] * (sc >> 4)
+    xs = xb.reshape(nb, 16, 16)
+    Lq = np.clip(_nearest_int((xs + dm[:, :, None]) / dd[:, :, None]), 0, 3).astype(np.uint8)
+    keep = np.broadcast_to((dd == 0)[:, :, None], Lq.shape)     # scale 0: keep the search's l
+    np.copyto(Lq, L.T.reshape(nb, 16, 16), where=keep)
+    return np.concatenate([sc, _pack_2bit(Lq), _fp16_bytes(d), _fp16_bytes(dmin)], axis=1)
+
+
+def _q3_k_chunk(xb: np.ndarray) -> np.ndarray:
+    nb = xb.shape[0]
+    xt = np.ascontiguousarray(xb.reshape(nb * 16, 16).T)   # [16, sub-blocks]
+    scales, L = make_q3_quants(xt, 4)
+    scales = scales.reshape(nb, 16)
+
+    # 6-bit sub-block scales; the one of largest |scale| (first such) maps to -32
+    max_scale = scales[np.arange(nb), np.argmax(np.abs(scales), axis=1)]
+    some = max_scale != 0
+    iscale = _f(-32) / np.where(some, max_scale, _f(1))
+    l = _nearest_int(iscale[:, None] * scales)
+    l = ((l + 128) & 0xFF) - 128                            # C keeps it in an int8_t
+    l = np.where(some[:, None], np.clip(l, -32, 31) + 32, 0).astype(np.uint8)
+    sc_bytes = np.zeros((nb, 12), dtype=np.uint8)
+    sc_bytes[:, :8] = (l[:, :8] & 0xF) | ((l[:, 8:] & 0xF) << 4)
+    high = (l >> 4).reshape(nb, 4, 4) << (2 * np.arange(4, dtype=np.uint8))[None, :, None]
+    sc_bytes[:, 8:] = np.bitwise_or.reduce(high, axis=1)    # byte 8 + j%4, bits 2*(j/4)
+    d = np.where(some, _f(1) / iscale, _f(0)).astype(np.float16)
+
+    # re-round every value against d*(sc - 32) as the decoder will use it
+    dd = d.astype(np.float32)[:, None] * (l.astype(np.int32) - 32)   # [nb, 16]
+    xs = xb.reshape(nb, 16, 16)
+    Lq = (np.clip(_nearest_int(xs / dd[:, :, None]), -4, 3) + 4).astype(np.uint8)
+    keep = np.broadcast_to((dd == 0)[:, :, None], Lq.shape)     # scale 0: keep the search's l
+    np.copyto(Lq, L.T.reshape(nb, 16, 16), where=keep)
+    Lq = Lq.reshape(nb, 8, 32)
+    hmask = np.bitwise_or.reduce((Lq >> 2) << np.arange(8, dtype=np.uint8)[None, :, None], axis=1)
+    return np.concatenate([hmask, _pack_2bit(Lq & 3), sc_bytes, _fp16_bytes(d)], axis=1)
+
+
 def _q4_k_chunk(xb: np.ndarray) -> np.ndarray:
     head, L = _q45_k_blocks(xb, 15, -1.0, 20)
     qs = L[:, :, 0] | (L[:, :, 1] << 4)                     # [nb, 4, 32]
@@ -308,6 +437,16 @@ def _q6_k_chunk(xb: np.ndarray) -> np.ndarray:
                           sc.view(np.uint8), _fp16_bytes(d)], axis=1)
     out[zero_block] = 0                                     # all-zero block: all-zero bytes
     return out
+
+
+def quantize_q2_k(x: np.ndarray) -> np.ndarray:
+    """float32 [rows, n] -> Q2_K bytes uint8 [rows, n // 256 * 84]."""
+    return _chunked(x, BLOCK_BYTES["q2_k"], _q2_k_chunk)
+
+
+def quantize_q3_k(x: np.ndarray) -> np.ndarray:
+    """float32 [rows, n] -> Q3_K bytes uint8 [rows, n // 256 * 110]."""
+    return _chunked(x, BLOCK_BYTES["q3_k"], _q3_k_chunk)
 
 
 def quantize_q4_k(x: np.ndarray) -> np.ndarray:

@@ -11,14 +11,19 @@ types offered here:
   ffn_gate_inp, position and token-type embeddings, convolution kernels of
   state-space layers, RWKV's time-mix vectors) are quantized; vectors stay;
 - the output matrix (the token embeddings where the output is tied to them)
-  becomes Q6_K, or Q8_0 for a Q8_0 file or rows not a multiple of 256;
-- the _M mixes give more bits where the error costs most: Q6_K for the value
+  becomes Q6_K, or Q8_0 for a Q8_0 file, rows not a multiple of 256, or Falcon;
+- the mixes give more bits where the error costs most: Q6_K for the value
   projections and FFN down-projections of the first and last eighth of the
   layers and every third one between (Q4_K_M, Q5_K_M), a fused QKV gets Q5_K
   (Q4_K_M) or Q6_K (Q5_K_M); Q4_K_S gives the first 4 value projections and
-  the first eighth of the down-projections Q5_K;
+  the first eighth of the down-projections Q5_K; Q2_K gives the value
+  projections Q3_K (Q4_K with 4+ query heads per KV head), the attention
+  outputs and down-projections Q3_K; Q3_K_M the first 2 value projections
+  Q5_K and the rest Q4_K, the attention outputs and down-projections Q4_K
+  (Q5_K for the first sixteenth of the latter); Q3_K_L all three Q5_K;
+  Q3_K_S nothing; models of 8 experts get Q8_0 value and key projections;
 - a row length the type's block does not divide falls back as llama.cpp
-  does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; then F16).
+  does (Q2_K, Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; then F16).
 
 The legacy formats (Q4_0 ... Q8_0, BF16) are quantized by the gguf package's
 reference quantizers (the same bytes as llama.cpp's); the K formats by
@@ -45,9 +50,10 @@ FTYPES: dict[str, tuple[T, int]] = {
     "Q4_0": (T.Q4_0, 2), "Q4_1": (T.Q4_1, 3), "Q5_0": (T.Q5_0, 8), "Q5_1": (T.Q5_1, 9),
     "Q4_K_S": (T.Q4_K, 14), "Q4_K_M": (T.Q4_K, 15), "Q5_K_S": (T.Q5_K, 16), "Q5_K_M": (T.Q5_K, 17),
     "Q6_K": (T.Q6_K, 18),
+    "Q2_K": (T.Q2_K, 10), "Q3_K_S": (T.Q3_K, 11), "Q3_K_M": (T.Q3_K, 12), "Q3_K_L": (T.Q3_K, 13),
 }
 FLOAT_SOURCES = (T.F32, T.F16, T.BF16)
-FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
+FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
 QUANTIZATION_VERSION = 2    # general.quantization_version of files with quantized tensors
 
 _KEEP = re.compile(r"_norm\.weight$|ffn_gate_inp\.weight$|^pos(ition)?_embd\.|^token_types\.|ssm_conv1d|"
@@ -78,8 +84,8 @@ class Plan:
         return out
 
 
-TENSOR_TYPES = {t.name: t for t in (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K,
-                                     T.Q6_K)}
+TENSOR_TYPES = {t.name: t for t in (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K,
+                                     T.Q4_K, T.Q5_K, T.Q6_K)}
 
 
 def tensor_type(name: str, what: str) -> T:
@@ -98,11 +104,9 @@ def plan(model: ModelFile, ftype: str, allow_requantize: bool = False, pure: boo
     if ftype not in FTYPES:
         raise InvalidArgumentError(f"unknown type {ftype!r}; pyllm quantizes to {', '.join(FTYPES)}")
     default, _ = FTYPES[ftype]
-    names = list(model.tensors)
     tied = "output.weight" not in model.tensors
-    n_layer = int(model.arch_get("block_count", 0) or 0)
     # llama.cpp counts the value projections in layer order (files often list blk.10 before blk.2)
-    attn_v = sorted((n for n in names if n.endswith("attn_v.weight")), key=_layer_of)
+    mix = _mix_of(model, ftype, default, tied)
     types: dict[str, T] = {}
     for name, t in model.tensors.items():
         source = T(t.type)
@@ -114,7 +118,7 @@ def plan(model: ModelFile, ftype: str, allow_requantize: bool = False, pure: boo
                                        f"an F32/F16/BF16 file, or allow requantizing (--allow-requantize)")
         new = default
         if not pure and default not in (T.F16, T.BF16):
-            new = _mixed_type(name, t.shape[0], ftype, default, tied, n_layer, attn_v)
+            new = _mixed_type(name, t.shape[0], mix)
         is_output = name == "output.weight" or (tied and name == "token_embd.weight")
         if output_type is not None and is_output:
             new = output_type
@@ -129,26 +133,76 @@ def _layer_of(name: str) -> int:
     return int(m.group(1)) if m else -1
 
 
-def _mixed_type(name: str, row: int, ftype: str, default: T, tied: bool, n_layer: int, attn_v: list[str]) -> T:
-    if name == "output.weight" or (tied and name == "token_embd.weight"):
-        return T.Q8_0 if default == T.Q8_0 or row % 256 else T.Q6_K
+@dataclass
+class Mix:
+    """What llama.cpp's per-tensor rules look at besides the tensor itself."""
+    ftype: str
+    default: T
+    tied: bool
+    n_layer: int
+    attn_v: list[str]      # the value projections in layer order
+    n_gqa: int             # query heads per KV head (layer 0's)
+    n_expert: int
+    falcon: bool
+
+
+def _mix_of(model: ModelFile, ftype: str, default: T, tied: bool) -> Mix:
+    def first(key: str, fallback: int) -> int:
+        v = model.arch_get(key, fallback)
+        return int(v[0] if isinstance(v, (list, tuple)) and v else v or fallback)
+    n_head = first("attention.head_count", 1)
+    n_kv = first("attention.head_count_kv", n_head)
+    attn_v = sorted((n for n in model.tensors if n.endswith("attn_v.weight")), key=_layer_of)
+    return Mix(ftype, default, tied, int(model.arch_get("block_count", 0) or 0), attn_v,
+               n_head // n_kv if n_kv else 1, first("expert_count", 0), model.architecture == "falcon")
+
+
+def _mixed_type(name: str, row: int, mix: Mix) -> T:
+    """llama.cpp's llama_tensor_get_type for the types offered here."""
+    ftype, default = mix.ftype, mix.default
+    if name == "output.weight" or (mix.tied and name == "token_embd.weight"):
+        return T.Q8_0 if default == T.Q8_0 or row % 256 or mix.falcon else T.Q6_K
     layer = max(0, _layer_of(name))
     if name.endswith("attn_v.weight"):
-        i = attn_v.index(name)
-        if ftype in ("Q4_K_M", "Q5_K_M") and _more_bits(i, len(attn_v)):
-            return T.Q6_K
-        if ftype == "Q4_K_S" and i < 4:
-            return T.Q5_K
-    elif re.search(r"ffn_down(_exps)?\.weight$", name):
-        if ftype in ("Q4_K_M", "Q5_K_M") and _more_bits(layer, n_layer):
-            return T.Q6_K
-        if ftype == "Q4_K_S" and layer < n_layer // 8:
-            return T.Q5_K
-    elif name.endswith("attn_qkv.weight"):
+        i = mix.attn_v.index(name)
+        new = default
+        if ftype == "Q2_K":
+            new = T.Q4_K if mix.n_gqa >= 4 else T.Q3_K
+        elif ftype == "Q3_K_M":
+            new = T.Q5_K if i < 2 else T.Q4_K
+        elif ftype == "Q3_K_L":
+            new = T.Q5_K
+        elif ftype in ("Q4_K_M", "Q5_K_M") and _more_bits(i, len(mix.attn_v)):
+            new = T.Q6_K
+        elif ftype == "Q4_K_S" and i < 4:
+            new = T.Q5_K
+        return T.Q8_0 if mix.n_expert == 8 else new
+    if name.endswith("attn_k.weight"):
+        return T.Q8_0 if mix.n_expert == 8 else default
+    if re.search(r"ffn_down(_exps)?\.weight$", name):
+        n = mix.n_layer
+        if ftype == "Q2_K":
+            return T.Q3_K
+        if ftype == "Q3_K_M":
+            return T.Q5_K if layer < n // 16 else T.Q4_K if not mix.falcon or _more_bits(layer, n) else T.Q3_K
+        if ftype == "Q3_K_L":
+            return T.Q4_K if mix.falcon else T.Q5_K
         if ftype == "Q4_K_M":
-            return T.Q5_K
-        if ftype == "Q5_K_M":
+            if mix.falcon:
+                return T.Q6_K if layer < n // 16 else T.Q5_K if _more_bits(layer, n) else T.Q4_K
+            return T.Q6_K if _more_bits(layer, n) else default
+        if ftype == "Q5_K_M" and _more_bits(layer, n):
             return T.Q6_K
+        if ftype == "Q4_K_S" and not mix.falcon and layer < n // 8:
+            return T.Q5_K
+    elif name.endswith("attn_output.weight"):
+        if mix.falcon:
+            return T.Q4_K if ftype == "Q3_K_L" else default
+        if mix.n_expert == 8:
+            return T.Q5_K if ftype in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M") else default
+        return {"Q2_K": T.Q3_K, "Q3_K_M": T.Q4_K, "Q3_K_L": T.Q5_K}.get(ftype, default)
+    elif name.endswith("attn_qkv.weight"):
+        return {"Q3_K_M": T.Q4_K, "Q3_K_L": T.Q4_K, "Q4_K_M": T.Q5_K, "Q5_K_M": T.Q6_K}.get(ftype, default)
     return default
 
 
@@ -181,9 +235,10 @@ def _quantizer(new: T) -> Callable[[np.ndarray], np.ndarray]:
         return lambda x: x.astype(np.float32).view(np.uint8)
     if new == T.F16:
         return lambda x: x.astype(np.float16).view(np.uint8)
-    if new in (T.Q4_K, T.Q5_K, T.Q6_K):
+    if new in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K):
         from . import kquants
-        return {T.Q4_K: kquants.quantize_q4_k, T.Q5_K: kquants.quantize_q5_k, T.Q6_K: kquants.quantize_q6_k}[new]
+        return {T.Q2_K: kquants.quantize_q2_k, T.Q3_K: kquants.quantize_q3_k, T.Q4_K: kquants.quantize_q4_k,
+                T.Q5_K: kquants.quantize_q5_k, T.Q6_K: kquants.quantize_q6_k}[new]
     from gguf.quants import quantize
     return lambda x: quantize(x, new)
 

@@ -1,4 +1,4 @@
-"""Tests of pyllm.kquants, the numpy Q4_K / Q5_K / Q6_K quantizers.
+"""Tests of pyllm.kquants, the numpy Q2_K / Q3_K / Q4_K / Q5_K / Q6_K quantizers.
 
 gguf.quants.dequantize is the ground truth for the byte layout. For each format:
   * the dequantized values are close to the input (relative RMS error bounds
@@ -23,8 +23,11 @@ from gguf.quants import dequantize
 from pyllm import kquants as kq
 
 # name: (quantize, gguf type, bytes a block, bound normal, bound heavy-tailed)
-# measured (64 x 4096): normal 0.072 / 0.036 / 0.018, Student-t(3) 0.093 / 0.047 / 0.026
+# measured (64 x 4096, worst row): Q4_K / Q5_K / Q6_K normal 0.072 / 0.036 / 0.018, Student-t(3)
+# 0.093 / 0.047 / 0.026; Q2_K / Q3_K normal 0.305 / 0.155, Student-t(3) 0.378 / 0.202
 FORMATS = {
+    "q2_k": (kq.quantize_q2_k, GT.Q2_K, 84, 0.33, 0.42),
+    "q3_k": (kq.quantize_q3_k, GT.Q3_K, 110, 0.17, 0.23),
     "q4_k": (kq.quantize_q4_k, GT.Q4_K, 144, 0.085, 0.125),
     "q5_k": (kq.quantize_q5_k, GT.Q5_K, 176, 0.043, 0.065),
     "q6_k": (kq.quantize_q6_k, GT.Q6_K, 210, 0.022, 0.036),
@@ -163,6 +166,27 @@ def test_qx_search_beats_first_guess():
     assert not scale.any() and not L.any()
 
 
+def test_q3_descent_beats_first_guess():
+    """Q3_K's coordinate descent ends at a weighted error no worse than its first rounding
+    (with that rounding's best scale), usually better; all-zero sub-blocks give scale 0, L 0."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_t(4, (16, 3000)).astype(np.float32)
+    scale, L = kq.make_q3_quants(x, 4)
+    assert L.max() <= 7
+    l = L.astype(np.float64) - 4
+    x64 = x.astype(np.float64)
+    w = x64 * x64
+    err = (w * (scale * l - x64) ** 2).sum(axis=0)
+    mx = x64[np.abs(x64).argmax(axis=0), np.arange(x.shape[1])]
+    l0 = np.clip(np.rint(-4 / mx * x64), -4, 3)
+    s0 = (w * x64 * l0).sum(axis=0) / (w * l0 * l0).sum(axis=0)
+    err0 = (w * (s0 * l0 - x64) ** 2).sum(axis=0)
+    assert (err <= err0 + 1e-6 * (w * x64 * x64).sum(axis=0)).all()
+    assert (err < err0 * 0.99).mean() > 0.08           # measured: 12.6% of sub-blocks gain over 1%
+    scale, L = kq.make_q3_quants(np.zeros((16, 2), np.float32), 4)
+    assert not scale.any() and not L.any()
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_chunking_does_not_change_bytes(fmt, monkeypatch):
     x = np.random.default_rng(5).standard_normal((5, 768)).astype(np.float32)
@@ -192,6 +216,8 @@ def golden_input():
 
 
 GOLDEN = {
+    "q2_k": "cb76a476e5909d0346537602b7cc3ff7e606d8cc3af930bb0f3482079d3c02a4",
+    "q3_k": "624d07d1d0b89a20cd9d57a1dfa59f9d747c13e50631beb2f166023f93f1e285",
     "q4_k": "f68c5cd863659ae672ea8ad601c99762403097d69f5ff3f7050b2e5fe5db036f",
     "q5_k": "d228b3b4821af49eab2171a8b36a260402df989df6829e5492b28fe492dec428",
     "q6_k": "6a05d593d110c63e1bb08b527053d94e752fa46966c4879d744c385837541a8a",

@@ -56,8 +56,31 @@ def test_the_mixes(f32_model):
         q40 = plan(m, "Q4_0").types
         assert q40["output.weight"] == QT.Q6_K and q40["blk.0.ffn_down.weight"] == QT.Q4_0
         assert set(plan(m, "Q4_0", pure=True).types.values()) == {QT.Q4_0, QT.F32}
+        # the 2- and 3-bit mixes (8 layers: n_layer/16 = 0, so no down-projection gets Q5_K in Q3_K_M)
+        q2k = plan(m, "Q2_K").types
+        assert q2k["output.weight"] == QT.Q6_K and q2k["blk.2.attn_q.weight"] == QT.Q2_K
+        assert q2k["blk.2.attn_v.weight"] == QT.Q3_K      # 2 query heads per KV head (4+: Q4_K, below)
+        assert q2k["blk.2.attn_output.weight"] == QT.Q3_K and q2k["blk.2.ffn_down.weight"] == QT.Q3_K
+        q3km = plan(m, "Q3_K_M").types
+        assert [q3km[f"blk.{i}.attn_v.weight"] for i in range(8)] == [QT.Q5_K] * 2 + [QT.Q4_K] * 6
+        assert q3km["blk.0.ffn_down.weight"] == QT.Q4_K and q3km["blk.5.attn_output.weight"] == QT.Q4_K
+        assert q3km["blk.5.ffn_up.weight"] == QT.Q3_K
+        q3kl = plan(m, "Q3_K_L").types
+        assert {q3kl[f"blk.4.{n}.weight"] for n in ("attn_v", "attn_output", "ffn_down")} == {QT.Q5_K}
+        q3ks = plan(m, "Q3_K_S").types
+        assert {q3ks[f"blk.4.{n}.weight"] for n in ("attn_v", "attn_output", "ffn_down", "attn_q")} == {QT.Q3_K}
         with pytest.raises(InvalidArgumentError, match="unknown type"):
-            plan(m, "Q3_K_M")
+            plan(m, "IQ4_XS")
+    finally:
+        m.close()
+
+
+def test_q2_k_value_projections_with_grouped_heads(tmp_path):
+    """Q2_K gives the value projections Q4_K where 4 or more query heads share a KV head."""
+    path = synth.write_model(tmp_path / "gqa.gguf", "llama", QT.F32, n_layer=2, n_head=4, n_head_kv=1)
+    m = ModelFile(path)
+    try:
+        assert plan(m, "Q2_K").types["blk.1.attn_v.weight"] == QT.Q4_K
     finally:
         m.close()
 
@@ -74,17 +97,18 @@ def test_a_row_the_blocks_do_not_divide_falls_back(tmp_path):
         assert t["blk.0.attn_v.weight"] == QT.Q5_0         # with 2 layers, the last gets more bits:
         assert t["blk.1.attn_v.weight"] == QT.Q8_0         # Q6_K -> Q8_0
         assert t["blk.1.ffn_down.weight"] == QT.Q8_0       # rows of 544, Q6_K -> Q8_0
+        assert plan(m, "Q3_K_S").types["blk.1.attn_q.weight"] == QT.Q4_0   # Q3_K -> Q4_0
     finally:
         m.close()
 
 
 # every format's relative RMS error on these random weights (measured, with margin)
 ERROR = {QT.F16: 1e-3, QT.BF16: 5e-3, QT.Q8_0: 0.01, QT.Q6_K: 0.03, QT.Q5_1: 0.05, QT.Q5_0: 0.06, QT.Q5_K: 0.05,
-         QT.Q4_1: 0.1, QT.Q4_0: 0.12, QT.Q4_K: 0.1}
+         QT.Q4_1: 0.1, QT.Q4_0: 0.12, QT.Q4_K: 0.1, QT.Q3_K: 0.18, QT.Q2_K: 0.34}
 
 
 @pytest.mark.parametrize("ftype", ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q6_K", "Q5_K_M",
-                                   "Q4_K_M", "Q4_K_S"])
+                                   "Q4_K_M", "Q4_K_S", "Q3_K_L", "Q3_K_M", "Q3_K_S", "Q2_K"])
 def test_the_file_decodes_to_its_source(f32_model, tmp_path, ftype):
     """The written file: the metadata as it was (file type changed), every tensor of the planned type
     decoding to its source within the format's error, vectors copied bit for bit."""
@@ -93,7 +117,8 @@ def test_the_file_decodes_to_its_source(f32_model, tmp_path, ftype):
     src, got = ModelFile(f32_model), ModelFile(out)
     try:
         assert got.get("general.file_type") == {"F16": 1, "BF16": 32, "Q8_0": 7, "Q4_0": 2, "Q4_1": 3, "Q5_0": 8,
-                                                 "Q5_1": 9, "Q6_K": 18, "Q5_K_M": 17, "Q4_K_M": 15, "Q4_K_S": 14}[ftype]
+                                                 "Q5_1": 9, "Q6_K": 18, "Q5_K_M": 17, "Q4_K_M": 15, "Q4_K_S": 14,
+                                                 "Q3_K_L": 13, "Q3_K_M": 12, "Q3_K_S": 11, "Q2_K": 10}[ftype]
         for key in src.metadata:
             if key != "general.file_type":
                 assert src.metadata_entry(key) == got.metadata_entry(key), key
@@ -142,7 +167,7 @@ def test_pyllm_quantize_cli(f32_model, tmp_path):
     assert "Q4_K_M" in r.stderr and "Q6_K" in r.stderr and r.stdout == ""
     r = pyllm("run", "-m", str(out), "-p", "hello", "-n", "4", "--temp", "0", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["generated_tokens"] >= 1, r.stderr
-    one_error_line(pyllm("quantize", f32_model, str(tmp_path / "y.gguf"), "q3_k_m"), "unknown type")
+    one_error_line(pyllm("quantize", f32_model, str(tmp_path / "y.gguf"), "iq4_xs"), "unknown type")
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 0))
     one_error_line(pyllm("quantize", str(bad), str(tmp_path / "z.gguf"), "q8_0"))
@@ -172,7 +197,7 @@ def test_output_and_embedding_types_can_be_chosen(f32_model, tmp_path):
         m.close()
     assert tensor_type("q8_0", "x") == QT.Q8_0
     with pytest.raises(InvalidArgumentError, match="--output-tensor-type must be one of"):
-        tensor_type("q3_k", "--output-tensor-type")
+        tensor_type("iq4_xs", "--output-tensor-type")
     from test_cli import pyllm
     r = pyllm("quantize", f32_model, str(tmp_path / "o.gguf"), "Q4_0", "--output-tensor-type", "f16",
               "--token-embedding-type", "q8_0")
