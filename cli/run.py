@@ -44,6 +44,9 @@ def run(
     chat: Annotated[bool, typer.Option("--chat", help="treat the prompt as a user message: apply the model's "
                                        "chat template, stop at the end of the reply")] = False,
     system: Annotated[Optional[str], typer.Option("--system", help="system prompt (with --chat)")] = None,
+    suffix: Annotated[Optional[str], typer.Option("--suffix", help="fill in the middle: the text after the gap, "
+                                                  "the prompt being the text before it (a code model with FIM "
+                                                  "tokens)")] = None,
     chat_template: TemplateOpt = None,
     think: Think = None,
     stop: Stop = [],
@@ -96,6 +99,8 @@ def run(
     with handle_errors():
         if system is not None and not chat:
             raise InvalidArgumentError("--system needs --chat")
+        if suffix is not None and chat:
+            raise InvalidArgumentError("--suffix fills in the middle of raw text: not with --chat")
         sampling = sampling_kwargs(temp, top_k, top_p, min_p, typical_p, repeat_penalty, repeat_last_n,
                                    frequency_penalty, presence_penalty, logit_bias, seed,
                                    top_n_sigma=top_n_sigma, xtc_probability=xtc_probability,
@@ -126,6 +131,11 @@ def run(
                            [{"role": "user", "content": text}]
                 gen = m.chat(messages, max_tokens=max_tokens, stop=stop, stream=True, **sampling)
                 seed_used = gen.seed
+            elif suffix is not None:   # the code between the prompt and the suffix
+                from pyllm.infill import psm_prompt
+                gen = m.stream(psm_prompt(m.tokenizer, m.path.name, text, suffix), max_tokens=max_tokens,
+                               stop=stop, **sampling)
+                seed_used = gen.sampler.seed
             else:
                 if not text:
                     raise InvalidArgumentError("the prompt is empty")

@@ -28,6 +28,7 @@ from .engine import Completion, Engine, Generation, TokenLogprob, check_top_logp
 from .errors import ContextFullError, InvalidArgumentError, TemplateError
 from .grammar import AnswerConstraint, Format, Trigger, constraint_for
 from .graph import Graph
+from .infill import server_prompt
 from .lora import LoraAdapter, check_applied, graph_pairs, open_adapters
 from .model_file import ModelFile
 from .perplexity import Perplexity, perplexity
@@ -415,6 +416,22 @@ class Model:
         profile=True, `.profiles` says afterwards where the prefill's and the
         decode's time went (per op kind, per weight type, per thread, Python)."""
         return self._generation(prompt, max_tokens, stop, sampling, profile, format, grammar, logprobs)
+
+    def infill_prompt(self, prefix: str, suffix: str = "", prompt: str = "", extra: Optional[list] = None,
+                      max_tokens: Optional[int] = None) -> list[int]:
+        """The token ids of a fill-in-the-middle prompt, laid out as llama-server's /infill does
+        (pyllm.infill): extra is the project's other files as [{"filename", "text"}], prompt text
+        that follows the prefix; UnsupportedModelError for a model without FIM tokens."""
+        self.require_generation()
+        return server_prompt(self.tokenizer, self.path.name, prefix, suffix, prompt, extra, self.n_batch,
+                             self.n_ctx, -1 if max_tokens is None else max_tokens)
+
+    def infill(self, prefix: str, suffix: str = "", prompt: str = "", extra: Optional[list] = None,
+               max_tokens: Optional[int] = 128, stream: bool = False, **kwargs: Any) -> Completion | Generation:
+        """The code between `prefix` and `suffix` (fill in the middle), for a code model trained
+        with FIM tokens; the other arguments as generate()'s (stream=True: as stream())."""
+        ids = self.infill_prompt(prefix, suffix, prompt, extra, max_tokens)
+        return (self.stream if stream else self.generate)(ids, max_tokens=max_tokens, **kwargs)
 
     # -- chat --------------------------------------------------------------------
     def _load_template(self) -> ChatTemplate:

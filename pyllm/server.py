@@ -9,6 +9,7 @@
 llama-server's own:
 
     POST /completion            prompt -> content, with stop_type, timings, generation_settings
+    POST /infill                fill in the middle: input_prefix, input_suffix (input_extra) -> content
     POST /tokenize, /detokenize, /apply-template (messages -> the prompt text)
     GET  /props                 the model, its context, template and default settings
     GET  /slots                 each slot: held by a request or not, tokens its cache keeps
@@ -63,7 +64,9 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from . import registry
-from .errors import ContextFullError, InvalidArgumentError, ModelNotFoundError, PyllmError, TemplateError
+from .errors import (ContextFullError, InvalidArgumentError, ModelNotFoundError, PyllmError, TemplateError,
+                     UnsupportedModelError)
+from .infill import check_extra, psm_prompt
 from .model_file import ModelFile
 from .model_host import ModelHost
 
@@ -232,7 +235,7 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint: {path} (see /v1/models, "
                                    f"/v1/chat/completions, /v1/completions, /v1/embeddings, /health, /api/chat, "
-                                   f"/api/generate, /api/embed, /api/tags, /completion, /tokenize, /props)")
+                                   f"/api/generate, /api/embed, /api/tags, /completion, /infill, /tokenize, /props)")
         except (BrokenPipeError, ConnectionResetError):
             pass   # the client went away
         except Exception as e:   # a bad request, the model failed (PyllmError), or a bug: the server goes on
@@ -385,13 +388,19 @@ class Handler(BaseHTTPRequestHandler):
             raise InvalidArgumentError("echo is not streamed: ask with stream false")
         only_prompt = echo and body.get("max_tokens") == 0   # scoring the prompt (lm-eval's loglikelihood)
         sampling, max_tokens = sampling_of(body), None if only_prompt else max_tokens_of(body)
+        suffix = body.get("suffix")
+        if suffix is not None and not (isinstance(suffix, str) and isinstance(prompt, str)):
+            raise InvalidArgumentError("suffix (fill in the middle) must be text, after a prompt of text")
         with self.server.host.use(body.get("model")) as m:
             m.require_generation()
-            if isinstance(prompt, str) and not prompt:
+            if isinstance(prompt, str) and not prompt and suffix is None:
                 raise InvalidArgumentError("the prompt is empty")
             if not ({"max_tokens", "max_completion_tokens"} & set(body)):
                 max_tokens = 16   # OpenAI's default for completions
-            ids = m.tokenize(prompt, special=True) if isinstance(prompt, str) else list(prompt)
+            if suffix is not None:   # the code between prompt and suffix
+                ids = psm_prompt(m.tokenizer, m.path.name, prompt, suffix)
+            else:
+                ids = m.tokenize(prompt, special=True) if isinstance(prompt, str) else list(prompt)
             scored = m.prompt_logprobs(ids, top) if echo and top is not None else None
             head = self.envelope("text_completion", "cmpl")
             if only_prompt:
@@ -490,6 +499,27 @@ class Handler(BaseHTTPRequestHandler):
         if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt
                                             and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt))):
             raise InvalidArgumentError("prompt must be a text or a list of token ids (one prompt per request)")
+
+        def ids_of(m, n_predict: int) -> list[int]:
+            if isinstance(prompt, str) and not prompt:
+                raise InvalidArgumentError("the prompt is empty")
+            return m.tokenize(prompt, special=True) if isinstance(prompt, str) else m._check_ids(prompt)
+        self._llama_complete(body, ids_of)
+
+    def llama_infill(self) -> None:
+        """POST /infill: llama-server's fill in the middle (llama.vim, llama.vscode): input_prefix,
+        input_suffix, input_extra (the project's other files, [{"filename", "text"}]) and prompt
+        (text after the prefix) laid out as pyllm.infill says; the rest as /completion."""
+        body = self.read_json()
+        prefix, suffix, prompt = (body.get(k, "") for k in ("input_prefix", "input_suffix", "prompt"))
+        if not all(isinstance(v, str) for v in (prefix, suffix, prompt)):
+            raise InvalidArgumentError("input_prefix, input_suffix and prompt must be text")
+        extra = check_extra(body.get("input_extra"))
+        self._llama_complete(body, lambda m, n_predict: m.infill_prompt(
+            prefix, suffix, prompt, extra, None if n_predict < 0 else n_predict))
+
+    def _llama_complete(self, body: dict, ids_of) -> None:
+        """The reply of /completion and /infill to the prompt ids_of(model, n_predict) gives."""
         n_predict = body.get("n_predict", -1)
         if isinstance(n_predict, bool) or not isinstance(n_predict, int):
             raise InvalidArgumentError(f"n_predict must be an integer (-1: until the reply ends), not {n_predict!r}")
@@ -497,9 +527,7 @@ class Handler(BaseHTTPRequestHandler):
         sampling, constraint = sampling_of(body), constraint_of(body)
         with self.server.host.use(body.get("model")) as m:
             m.require_generation()
-            if isinstance(prompt, str) and not prompt:
-                raise InvalidArgumentError("the prompt is empty")
-            ids = m.tokenize(prompt, special=True) if isinstance(prompt, str) else m._check_ids(prompt)
+            ids = ids_of(m, n_predict)
             if n_predict == 0:   # only the prompt, into the cache (a later request reuses it)
                 t0 = time.perf_counter()
                 _, reused = m.engine.prefill(m._seq, ids)
@@ -715,6 +743,14 @@ class Handler(BaseHTTPRequestHandler):
         prompt, system = body.get("prompt") or "", body.get("system")
         if not isinstance(prompt, str) or (system is not None and not isinstance(system, str)):
             raise InvalidArgumentError("prompt and system must be text")
+        suffix = body.get("suffix")
+        if suffix is not None and not isinstance(suffix, str):
+            raise InvalidArgumentError("suffix must be text")
+        if suffix:   # fill in the middle: the code between prompt and suffix
+            self._ollama_reply(body, lambda m, max_tokens, stop, sampling, think: m.stream(
+                psm_prompt(m.tokenizer, m.path.name, prompt, suffix), max_tokens=max_tokens, stop=stop,
+                **sampling), "response")
+            return
         if not prompt:   # ollama's way to load a model: nothing to generate
             with self.server.host.use(body.get("model"), slot=False):
                 name = self.server.name
@@ -811,6 +847,7 @@ GET_ROUTES = {"/health": Handler.health, "/v1/models": Handler.models, "/props":
 POST_ROUTES = {"/v1/chat/completions": Handler.chat, "/v1/completions": Handler.completions,
                "/v1/embeddings": Handler.embeddings,
                "/completion": Handler.llama_completion, "/completions": Handler.llama_completion,
+               "/infill": Handler.llama_infill,
                "/tokenize": Handler.llama_tokenize, "/detokenize": Handler.llama_detokenize,
                "/apply-template": Handler.llama_apply_template, "/lora-adapters": Handler.set_lora_adapters,
                "/api/chat": Handler.ollama_chat, "/api/generate": Handler.ollama_generate,
@@ -856,6 +893,8 @@ def error_status(e: Exception) -> tuple[int, str]:
         return HTTPStatus.NOT_FOUND, "not_found_error"
     if isinstance(e, (InvalidArgumentError, ContextFullError, TemplateError)):
         return HTTPStatus.BAD_REQUEST, "invalid_request_error"
+    if isinstance(e, UnsupportedModelError):   # e.g. infill with a model that has no FIM tokens
+        return HTTPStatus.NOT_IMPLEMENTED, "not_supported_error"
     return HTTPStatus.INTERNAL_SERVER_ERROR, "server_error"
 
 
