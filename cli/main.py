@@ -12,6 +12,7 @@ from .chat import chat
 from .common import handle_errors, pull
 from .embed import embed
 from .info import info
+from .imatrix import imatrix
 from .perplexity import perplexity
 from .plan import plan
 from .quantize import quantize
@@ -57,6 +58,7 @@ app.command("info")(info)
 app.command("plan")(plan)
 app.command("perplexity")(perplexity)
 app.command("quantize")(quantize)
+app.command("imatrix")(imatrix)
 
 
 def main() -> None:

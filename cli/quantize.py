@@ -30,6 +30,9 @@ def quantize(
         "q8_0")] = None,
     token_embedding_type: Annotated[Optional[str], typer.Option(
         "--token-embedding-type", help="the token embeddings' type, e.g. q8_0")] = None,
+    imatrix: Annotated[Optional[str], typer.Option(
+        "--imatrix", help="an importance matrix (`pyllm imatrix`, or llama-imatrix's GGUF): the K types spend "
+        "their error where the model's inputs are small")] = None,
 ) -> None:
     """Quantize a GGUF model to a smaller type (llama-quantize's types and rules)."""
     with handle_errors():
@@ -48,9 +51,10 @@ def quantize(
         emb_type = None if token_embedding_type is None else tensor_type(token_embedding_type,
                                                                           "--token-embedding-type")
         p = quantize_file(path, output, ftype, allow_requantize=allow_requantize, pure=pure, progress=progress,
-                          output_type=out_type, embedding_type=emb_type)
+                          output_type=out_type, embedding_type=emb_type, imatrix=imatrix)
         before, after = os.path.getsize(path), os.path.getsize(output)
         mix = ", ".join(f"{n} {k}" for k, n in sorted(p.histogram().items(), key=lambda kv: -kv[1]))
+        weighed = f"; {len(p.importance)} weighed by {imatrix}" if imatrix else ""
         err.print(f"{output}: {ftype}, {after / 1e6:.1f} MB from {before / 1e6:.1f} MB "
-                  f"({after / before:.1%}) in {time.perf_counter() - t0:.1f} s; tensors: {mix}", highlight=False,
-                  soft_wrap=True)
+                  f"({after / before:.1%}) in {time.perf_counter() - t0:.1f} s; tensors: {mix}{weighed}",
+                  highlight=False, soft_wrap=True)

@@ -367,3 +367,15 @@ void op_sparsify(const pyllm_op *op, const op_rows *r, int ith, int nth) {
         for (int64_t i = 0; i < n; i++) y[i] = x[i] > cut ? x[i] - cut : 0.0f;
     }
 }
+
+/* w[i] += sum over the step's rows of x[t, i]^2, row after row (llama-imatrix's order); the
+ * threads take columns, so each accumulator has one writer */
+void op_sumsq(const pyllm_op *op, const op_rows *r, int ith, int nth) {
+    float *acc = (float *)op->w;
+    int64_t lo, hi;
+    split_range(op->n_in, ith, nth, 16, &lo, &hi);
+    for (int t = 0; t < r->rows; t++) {
+        const float *x = IN_ROW(op, r, t);
+        for (int64_t i = lo; i < hi; i++) acc[i] += x[i] * x[i];
+    }
+}

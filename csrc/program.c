@@ -259,6 +259,10 @@ static int check_op(const pyllm_op *op) {
         if (!op->x || !op->y || op->n_in <= 0 || op->x_stride < op->n_in || op->y_stride < op->n_in)
             return fail("sparsify: missing rows");
         return 0;
+    case OP_SUMSQ:
+        if (!op->x || !op->w || op->n_in <= 0 || op->x_stride < op->n_in)
+            return fail("sumsq: missing rows or accumulator");
+        return 0;
     default:
         return fail("unknown op kind %d", op->kind);
     }
@@ -373,6 +377,7 @@ static void exec_op(const pyllm_op *op, const pyllm_step *st, float *scratch, fl
     case OP_MIX: op_mix(op, &r, ith, nth); break;
     case OP_MATCH_NORM: op_match_norm(op, &r, ith, nth); break;
     case OP_SPARSIFY: op_sparsify(op, &r, ith, nth); break;
+    case OP_SUMSQ: op_sumsq(op, &r, ith, nth); break;
     case OP_SSM_CONV: op_ssm_conv(op, &r, ith, nth); break;
     case OP_SSM_SCAN: op_ssm_scan(op, &r, ith, nth); break;
     case OP_DELTA_NET: op_delta_net(op, &r, ith, nth); break;

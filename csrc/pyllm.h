@@ -61,7 +61,9 @@ enum pyllm_op_kind {
                            rescaled to the Euclidean norm of x's row (Gemma 3n's AltUp streams) */
     OP_SPARSIFY = 21, /* y[t] = max(x[t] - (mean + scale std), 0) over the row's n_in, std with n - 1: Gemma 3n's
                          activation sparsity (keeps what is above the scale-sigma quantile of a normal fit) */
-    OP_KIND_COUNT = 22
+    OP_SUMSQ = 22,    /* w[i] += x[t, i]^2 summed over the step's rows t, i < n_in, w a float accumulator that
+                         outlives the step: the activation statistics of an importance matrix (pyllm imatrix) */
+    OP_KIND_COUNT = 23
 };
 
 enum pyllm_op_flags {

@@ -27,13 +27,13 @@ from .model_file import Tensor
 OP_EMBED, OP_RMSNORM, OP_QUANTIZE, OP_MATMUL, OP_ROPE = 1, 2, 3, 4, 5
 OP_KV_STORE, OP_ATTENTION, OP_GLU, OP_ADD, OP_SCALE = 6, 7, 8, 9, 10
 OP_MOE_ROUTE, OP_MATMUL_ID, OP_MOE_SUM, OP_MIX, OP_POS_SCALE = 11, 12, 13, 14, 15
-OP_COPY, OP_SSM_CONV, OP_SSM_SCAN, OP_DELTA_NET, OP_MATCH_NORM, OP_SPARSIFY = 16, 17, 18, 19, 20, 21
+OP_COPY, OP_SSM_CONV, OP_SSM_SCAN, OP_DELTA_NET, OP_MATCH_NORM, OP_SPARSIFY, OP_SUMSQ = 16, 17, 18, 19, 20, 21, 22
 OP_NAMES = {OP_EMBED: "embed", OP_RMSNORM: "rmsnorm", OP_QUANTIZE: "quantize", OP_MATMUL: "matmul",
             OP_ROPE: "rope", OP_KV_STORE: "kv_store", OP_ATTENTION: "attention", OP_GLU: "glu",
             OP_ADD: "add", OP_SCALE: "scale", OP_MOE_ROUTE: "moe_route", OP_MATMUL_ID: "matmul_id",
             OP_MOE_SUM: "moe_sum", OP_POS_SCALE: "pos_scale", OP_COPY: "copy",
             OP_SSM_CONV: "ssm_conv", OP_SSM_SCAN: "ssm_scan", OP_DELTA_NET: "delta_net", OP_MIX: "mix",
-            OP_MATCH_NORM: "match_norm", OP_SPARSIFY: "sparsify"}
+            OP_MATCH_NORM: "match_norm", OP_SPARSIFY: "sparsify", OP_SUMSQ: "sumsq"}
 OPF_ACCUMULATE, OPF_LAST_ROWS, OPF_NO_SYNC, OPF_OUT_ROWS, OPF_SLOT_INPUT, OPF_BY_POS = 1, 2, 4, 8, 16, 32
 OPF_V_IN_K, OPF_CHUNKED, OPF_GROUP_WEIGHTS, OPF_KV_GROUPED, OPF_NON_CAUSAL = 64, 128, 256, 512, 1024
 GLU_SILU, GLU_GELU_TANH, GLU_SWIGLU_OAI, GLU_RELU_SQR, GLU_MUL, GLU_RELU, GLU_SIGMOID, GLU_XIELU = 0, 1, 2, 3, 4, 5, 6, 7
@@ -137,14 +137,18 @@ class Graph:
     """Builds the op list of one forward step."""
 
     def __init__(self, embeddings: bool = False, lora: Optional[dict] = None,
-                 lora_embed: Optional[dict] = None) -> None:
+                 lora_embed: Optional[dict] = None, imatrix: Optional[dict] = None) -> None:
         """embeddings: the output head ends at the final norm (the rows an embedding is pooled
         from), not at the logits. lora / lora_embed: weight name -> [(s A, B), ...], LoRA pairs
-        (pyllm/lora.py) added to the linear layers / the embedding lookups of those weights."""
+        (pyllm/lora.py) added to the linear layers / the embedding lookups of those weights.
+        imatrix: a dict to fill with weight name -> float32 accumulator of the squares of its
+        inputs (pyllm/imatrix.py), for the layers' matrices (blk.*), as llama-imatrix collects."""
         self.embeddings = embeddings
         self.lora = lora or {}
         self.lora_embed = lora_embed or {}
         self.lora_used: set[str] = set()                  # the weights whose pairs were applied
+        self.imatrix = imatrix
+        self.imatrix_reads: dict[str, int] = {}           # weight name -> products per step it is in
         self.ops: list[Op] = []
         self.buffers: dict[str, Buffer] = {}
         self.qbuffers: dict[str, QBuffer] = {}
@@ -255,6 +259,10 @@ class Graph:
         n_in, n_out = w.shape[0], w.rows
         assert n_in == x.width, f"{w.name}: input width {x.width} != {n_in}"
         y = self._out(out, n_out)
+        if self.imatrix is not None and not self._head and w.name.startswith("blk."):
+            acc = self.imatrix.setdefault(w.name, np.zeros(n_in, np.float32))
+            self.imatrix_reads[w.name] = self.imatrix_reads.get(w.name, 0) + 1
+            self._emit(Op(OP_SUMSQ, x=x, vector=acc, n_in=n_in), {x.name}, {f"imatrix:{w.name}"})
         act = act_format(w.type)
         reads = {x.name}
         xq = None

@@ -44,6 +44,13 @@ Q6_K (210 bytes): 16 sub-blocks of 16. Value = d*sc_j*(q - 32), q in 0..63.
     scales    16 int8 sc_j
     d         fp16
 
+With an importance matrix (each column's mean square input, `pyllm imatrix`), the
+_impl quantizers llama-quantize --imatrix runs: the values weighted by
+qw * sqrt(sigma2 + x^2) (sigma2 the super-block's mean square, doubled for Q3_K..Q5_K;
+Q6_K takes qw alone), make_qkx3_quants' search (make_qkx2's with rmin -0.9, rdelta 0.05,
+36 steps) for the affine formats, and the sub-block scales and mins coded by
+make_qp_quants (or make_qx_quants for Q3_K) weighted by the sub-blocks' total weight.
+
 How the scales are searched (nearest_int is llama.cpp's round-half-to-even
 on float32: np.rint in the searches, where its argument stays within
 nmax + 1, and the 1.5*2^23 trick itself, _nearest_int, where it may not):
@@ -110,10 +117,10 @@ def _nearest_int(v):
     return (b & 0x7FFFFF) - 0x400000
 
 
-def make_qx_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric scale search, rmse_type 1 (weights x^2), for sub-blocks.
+def make_qx_quants(x: np.ndarray, nmax: int, qw: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric scale search, rmse_type 1 (weights x^2, or qw), for sub-blocks.
 
-    x: float32 [n, S], column s one sub-block (position-major, so that sums
+    x (qw): float32 [n, S], column s one sub-block (position-major, so that sums
     over axis 0 are sequential). Returns (scale [S], L [n, S] uint8 = l + nmax;
     all-zero sub-blocks give scale 0 and L 0).
     """
@@ -122,7 +129,7 @@ def make_qx_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
     mx = x[np.argmax(np.abs(x), axis=0), cols]           # signed value of largest |x|, first one
     zero = np.abs(mx) < GROUP_MAX_EPS
     mx = np.where(zero, _f(1), mx)                        # keep the all-zero columns finite
-    w = x * x
+    w = x * x if qw is None else qw
     wx = w * x                                            # C: w*x[i]*l == (w*x)*l
 
     def fit(iscale):
@@ -198,6 +205,52 @@ def make_q3_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
     return scale, L.astype(np.uint8)
 
 
+def make_qp_quants(x: np.ndarray, nmax: int, qw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Scale search for non-negative values (the sub-block scales or mins of an
+    importance-weighted super-block), weights qw: the best of 9 trial scales by weighted
+    squared error, then coordinate descent as make_q3_quants'. x, qw: float32 [n, S].
+    Returns (scale [S], L [n, S] uint8 in 0..nmax; an all-zero column gives 0 and 0)."""
+    mx = np.maximum(x.max(axis=0), _f(0))                 # C starts its max at 0
+    zero = mx == 0
+    mx = np.where(zero, _f(1), mx)
+    iscale = _f(nmax) / mx
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        L = (_nearest_int(iscale * x) & 0xFF).astype(np.float32)   # stored in a uint8
+        e = x - (_f(1) / iscale) * L
+        best = ((qw * e) * e).sum(axis=0)
+        for k in (-4, -3, -2, -1, 1, 2, 3, 4):
+            iscale_k = (_f(0.1) * _f(k) + _f(nmax)) / mx
+            lk = np.minimum(_nearest_int(iscale_k * x), nmax).astype(np.float32)
+            e = x - (_f(1) / iscale_k) * lk
+            mse = ((qw * e) * e).sum(axis=0)
+            better = mse < best
+            best = np.where(better, mse, best)
+            iscale = np.where(better, iscale_k, iscale)
+        l = np.minimum(_nearest_int(iscale * x), nmax).astype(np.float32)
+        qx = qw * x
+        sumlx = (qx * l).sum(axis=0)
+        suml2 = ((qw * l) * l).sum(axis=0)
+        L = (l.astype(np.int64) & 0xFF).astype(np.float32)
+        for _ in range(5):
+            for i in range(x.shape[0]):
+                li = L[i]
+                slx = sumlx - qx[i] * li
+                sl2 = suml2 - (qw[i] * li) * li
+                new_l = np.minimum(_nearest_int((x[i] * sl2) / slx), nmax).astype(np.float32)
+                slx_new = slx + qx[i] * new_l
+                sl2_new = sl2 + (qw[i] * new_l) * new_l
+                take = (slx > 0) & (sl2 > 0) & (new_l != li) & \
+                    ((slx_new * slx_new) * suml2 > (sumlx * sumlx) * sl2_new)
+                L[i] = np.where(take, (new_l.astype(np.int64) & 0xFF).astype(np.float32), li)
+                sumlx = np.where(take, slx_new, sumlx)
+                suml2 = np.where(take, sl2_new, suml2)
+        scale = sumlx / suml2
+    L = L.astype(np.uint8)
+    L[:, zero] = 0
+    scale[zero] = 0
+    return scale, L
+
+
 def make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float,
                      rdelta: float, nstep: int, use_mad: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Affine (scale, min) search with weights w, for sub-blocks.
@@ -268,24 +321,51 @@ def _blocks(x: np.ndarray) -> np.ndarray:
     return x.reshape(-1, QK_K)
 
 
-def _chunked(x: np.ndarray, block_bytes: int, fn) -> np.ndarray:
+def _chunked(x: np.ndarray, block_bytes: int, fn, qw: np.ndarray | None = None) -> np.ndarray:
+    """fn over the super-blocks of x, CHUNK_BLOCKS at a time; with qw (an importance per
+    column, [n]), fn(blocks, their columns' importances)."""
     xb = _blocks(x)
     rows, n = np.shape(x)
+    if qw is not None:
+        qw = np.asarray(qw, dtype=np.float32)
+        if qw.shape != (n,):
+            raise ValueError(f"expected {n} importances, one per column, got {qw.shape}")
+        qwb = np.tile(qw.reshape(-1, QK_K), (rows, 1))      # each super-block's columns
     out = np.empty((xb.shape[0], block_bytes), dtype=np.uint8)
     # fp16 overflow of d (|x| beyond ~1e6) gives inf/nan as in C; no warnings
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         for i in range(0, xb.shape[0], CHUNK_BLOCKS):
-            out[i:i + CHUNK_BLOCKS] = fn(xb[i:i + CHUNK_BLOCKS])
+            part = xb[i:i + CHUNK_BLOCKS]
+            out[i:i + CHUNK_BLOCKS] = fn(part) if qw is None else fn(part, qwb[i:i + CHUNK_BLOCKS])
     return out.reshape(rows, n // QK_K * block_bytes)
+
+
+def _importance(xb: np.ndarray, qwb: np.ndarray, sub: int, factor: int) -> tuple[np.ndarray, np.ndarray]:
+    """The _impl quantizers' per-value weights qw * sqrt(sigma2 + x^2), sigma2 = factor *
+    sum(x^2) / 256 over the super-block; (x, weights) position-major by sub-blocks of `sub`."""
+    xfull = np.ascontiguousarray(xb.T)                      # [256, nb]: sequential sums
+    sigma2 = (_f(factor) * (xfull * xfull).sum(axis=0)) / _f(QK_K)
+    xt = np.ascontiguousarray(xb.reshape(-1, sub).T)        # [sub, sub-blocks]
+    qt = np.ascontiguousarray(qwb.reshape(-1, sub).T)
+    return xt, qt * np.sqrt(np.repeat(sigma2, QK_K // sub)[None, :] + xt * xt)
 
 
 def _fp16_bytes(v: np.ndarray) -> np.ndarray:
     return v.astype("<f2").view(np.uint8).reshape(-1, 2)
 
 
-def _q45_k_blocks(xb: np.ndarray, nmax: int, rmin: float, nstep: int):
-    """The part Q4_K and Q5_K share: scales, mins, their packing, and L."""
+def _q45_k_blocks(xb: np.ndarray, nmax: int, rmin: float, nstep: int, qwb: np.ndarray | None = None):
+    """The part Q4_K and Q5_K share: scales, mins, their packing, and L. With qwb (the
+    columns' importances, [nb, 256]): quantize_row_q4_K_impl's / _q5_K_impl's search."""
     nb = xb.shape[0]
+    if qwb is not None:
+        xt, w = _importance(xb, qwb, 32, 2)
+        sw = w.sum(axis=0).reshape(nb, 8).T
+        scales, mins, L = make_qkx2_quants(xt, w, nmax, -0.9, 0.05, 36)
+        d_block, ls = make_qp_quants(np.ascontiguousarray(scales.reshape(nb, 8).T), 63, sw)
+        m_block, lm = make_qp_quants(np.ascontiguousarray(mins.reshape(nb, 8).T), 63, sw)
+        return _q45_k_finish(xb, nmax, L, np.minimum(ls.T, 63), np.minimum(lm.T, 63),
+                             d_block.astype(np.float16), m_block.astype(np.float16))
     xt = np.ascontiguousarray(xb.reshape(nb * 8, 32).T)     # [32, sub-blocks]
     av_x = np.sqrt((xt * xt).sum(axis=0) / _f(32))
     w = av_x + np.abs(xt)                                   # favour large values, floor at the rms
@@ -302,12 +382,19 @@ def _q45_k_blocks(xb: np.ndarray, nmax: int, rmin: float, nstep: int):
     # C stores nearest_int into a uint8 before MIN(63, .): a negative wraps to >= 64 -> 63
     ls = np.minimum(_nearest_int(inv_scale[:, None] * scales) & 0xFF, 63).astype(np.uint8)
     lm = np.minimum(_nearest_int(inv_min[:, None] * mins) & 0xFF, 63).astype(np.uint8)
+    d = (max_scale / _f(63)).astype(np.float16)
+    dmin = (max_min / _f(63)).astype(np.float16)
+    return _q45_k_finish(xb, nmax, L, ls, lm, d, dmin)
+
+
+def _q45_k_finish(xb, nmax, L, ls, lm, d, dmin):
+    """Packs the 6-bit scales and mins, re-rounds the values against them."""
+    nb = xb.shape[0]
+    ls, lm = ls.astype(np.uint8), lm.astype(np.uint8)
     sc_bytes = np.empty((nb, 12), dtype=np.uint8)
     sc_bytes[:, 0:4] = ls[:, :4] | ((ls[:, 4:] >> 4) << 6)
     sc_bytes[:, 4:8] = lm[:, :4] | ((lm[:, 4:] >> 4) << 6)
     sc_bytes[:, 8:12] = (ls[:, 4:] & 0xF) | ((lm[:, 4:] & 0xF) << 4)
-    d = (max_scale / _f(63)).astype(np.float16)
-    dmin = (max_min / _f(63)).astype(np.float16)
 
     # re-round every value against the scale and min the decoder will use
     dd = d.astype(np.float32)[:, None] * ls                 # [nb, 8]
@@ -328,8 +415,16 @@ def _pack_2bit(L: np.ndarray) -> np.ndarray:
     return (L[:, :, 0] | (L[:, :, 1] << 2) | (L[:, :, 2] << 4) | (L[:, :, 3] << 6)).reshape(-1, 64)
 
 
-def _q2_k_chunk(xb: np.ndarray) -> np.ndarray:
+def _q2_k_chunk(xb: np.ndarray, qwb: np.ndarray | None = None) -> np.ndarray:
     nb = xb.shape[0]
+    if qwb is not None:   # quantize_row_q2_K_impl: importance-weighted searches, 4-bit codes by make_qp_quants
+        xt, w = _importance(xb, qwb, 16, 1)
+        sw = np.ascontiguousarray(w.sum(axis=0).reshape(nb, 16).T)
+        scales, mins, L = make_qkx2_quants(xt, w, 3, -0.9, 0.05, 36)
+        dm, ls = make_qp_quants(np.ascontiguousarray(scales.reshape(nb, 16).T), 15, sw)
+        mm, lm = make_qp_quants(np.ascontiguousarray(mins.reshape(nb, 16).T), 15, sw)
+        sc = (ls.T | (lm.T << 4)).astype(np.uint8)
+        return _q2_k_finish(xb, L, sc, dm.astype(np.float16), mm.astype(np.float16))
     xt = np.ascontiguousarray(xb.reshape(nb * 16, 16).T)   # [16, sub-blocks]
     scales, mins, L = make_qkx2_quants(xt, np.abs(xt), 3, -0.5, 0.1, 15, use_mad=True)
     scales = scales.reshape(nb, 16)
@@ -347,8 +442,12 @@ def _q2_k_chunk(xb: np.ndarray) -> np.ndarray:
     sc = ((ls & 0xFF) | ((lm << 4) & 0xFF)).astype(np.uint8)
     d = np.where(max_scale > 0, max_scale / _f(15), _f(0)).astype(np.float16)
     dmin = np.where(max_min > 0, max_min / _f(15), _f(0)).astype(np.float16)
+    return _q2_k_finish(xb, L, sc, d, dmin)
 
-    # re-round every value against the scale and min the decoder will use
+
+def _q2_k_finish(xb, L, sc, d, dmin):
+    """Re-rounds every value against the scale and min the decoder will use; packs."""
+    nb = xb.shape[0]
     dd = d.astype(np.float32)[:, None] * (sc & 0xF)         # [nb, 16]
     dm = dmin.astype(np.float32)[:, None] * (sc >> 4)
     xs = xb.reshape(nb, 16, 16)
@@ -358,8 +457,14 @@ def _q2_k_chunk(xb: np.ndarray) -> np.ndarray:
     return np.concatenate([sc, _pack_2bit(Lq), _fp16_bytes(d), _fp16_bytes(dmin)], axis=1)
 
 
-def _q3_k_chunk(xb: np.ndarray) -> np.ndarray:
+def _q3_k_chunk(xb: np.ndarray, qwb: np.ndarray | None = None) -> np.ndarray:
     nb = xb.shape[0]
+    if qwb is not None:   # quantize_row_q3_K_impl: weighted make_qx_quants for the values and the scales
+        xt, w = _importance(xb, qwb, 16, 2)
+        sw = np.ascontiguousarray(w.sum(axis=0).reshape(nb, 16).T)
+        scales, L = make_qx_quants(xt, 4, w)
+        d_block, ls = make_qx_quants(np.ascontiguousarray(scales.reshape(nb, 16).T), 32, sw)
+        return _q3_k_finish(xb, L, ls.T, d_block.astype(np.float16))
     xt = np.ascontiguousarray(xb.reshape(nb * 16, 16).T)   # [16, sub-blocks]
     scales, L = make_q3_quants(xt, 4)
     scales = scales.reshape(nb, 16)
@@ -371,11 +476,18 @@ def _q3_k_chunk(xb: np.ndarray) -> np.ndarray:
     l = _nearest_int(iscale[:, None] * scales)
     l = ((l + 128) & 0xFF) - 128                            # C keeps it in an int8_t
     l = np.where(some[:, None], np.clip(l, -32, 31) + 32, 0).astype(np.uint8)
+    d = np.where(some, _f(1) / iscale, _f(0)).astype(np.float16)
+    return _q3_k_finish(xb, L, l, d)
+
+
+def _q3_k_finish(xb, L, l, d):
+    """Packs the 6-bit scale codes l (0..63, the scale being l - 32), re-rounds the values, packs."""
+    nb = xb.shape[0]
+    l = l.astype(np.uint8)
     sc_bytes = np.zeros((nb, 12), dtype=np.uint8)
     sc_bytes[:, :8] = (l[:, :8] & 0xF) | ((l[:, 8:] & 0xF) << 4)
     high = (l >> 4).reshape(nb, 4, 4) << (2 * np.arange(4, dtype=np.uint8))[None, :, None]
     sc_bytes[:, 8:] = np.bitwise_or.reduce(high, axis=1)    # byte 8 + j%4, bits 2*(j/4)
-    d = np.where(some, _f(1) / iscale, _f(0)).astype(np.float16)
 
     # re-round every value against d*(sc - 32) as the decoder will use it
     dd = d.astype(np.float32)[:, None] * (l.astype(np.int32) - 32)   # [nb, 16]
@@ -388,14 +500,14 @@ def _q3_k_chunk(xb: np.ndarray) -> np.ndarray:
     return np.concatenate([hmask, _pack_2bit(Lq & 3), sc_bytes, _fp16_bytes(d)], axis=1)
 
 
-def _q4_k_chunk(xb: np.ndarray) -> np.ndarray:
-    head, L = _q45_k_blocks(xb, 15, -1.0, 20)
+def _q4_k_chunk(xb: np.ndarray, qwb: np.ndarray | None = None) -> np.ndarray:
+    head, L = _q45_k_blocks(xb, 15, -1.0, 20, qwb)
     qs = L[:, :, 0] | (L[:, :, 1] << 4)                     # [nb, 4, 32]
     return np.concatenate([head, qs.reshape(-1, 128)], axis=1)
 
 
-def _q5_k_chunk(xb: np.ndarray) -> np.ndarray:
-    head, L = _q45_k_blocks(xb, 31, -0.5, 15)
+def _q5_k_chunk(xb: np.ndarray, qwb: np.ndarray | None = None) -> np.ndarray:
+    head, L = _q45_k_blocks(xb, 31, -0.5, 15, qwb)
     nb = L.shape[0]
     qs = (L[:, :, 0] & 0xF) | ((L[:, :, 1] & 0xF) << 4)     # [nb, 4, 32]
     # bit 4 of each q: chunk c's first half -> bit 2c, second half -> bit 2c+1
@@ -405,10 +517,11 @@ def _q5_k_chunk(xb: np.ndarray) -> np.ndarray:
     return np.concatenate([head, qh, qs.reshape(nb, 128)], axis=1)
 
 
-def _q6_k_chunk(xb: np.ndarray) -> np.ndarray:
+def _q6_k_chunk(xb: np.ndarray, qwb: np.ndarray | None = None) -> np.ndarray:
     nb = xb.shape[0]
     xt = np.ascontiguousarray(xb.reshape(nb * 16, 16).T)   # [16, sub-blocks]
-    scales, L = make_qx_quants(xt, 32)
+    qt = None if qwb is None else np.ascontiguousarray(qwb.reshape(nb * 16, 16).T)   # _impl: the importances
+    scales, L = make_qx_quants(xt, 32, qt)
     scales = scales.reshape(nb, 16)
 
     # int8 sub-block scales; the one of largest |scale| (first such) maps to -128
@@ -439,26 +552,31 @@ def _q6_k_chunk(xb: np.ndarray) -> np.ndarray:
     return out
 
 
-def quantize_q2_k(x: np.ndarray) -> np.ndarray:
-    """float32 [rows, n] -> Q2_K bytes uint8 [rows, n // 256 * 84]."""
-    return _chunked(x, BLOCK_BYTES["q2_k"], _q2_k_chunk)
+def quantize_q2_k(x: np.ndarray, imatrix: np.ndarray | None = None) -> np.ndarray:
+    """float32 [rows, n] -> Q2_K bytes uint8 [rows, n // 256 * 84]; imatrix: each
+    column's importance ([n], the mean of its input's square), llama.cpp's _impl quantizer."""
+    return _chunked(x, BLOCK_BYTES["q2_k"], _q2_k_chunk, imatrix)
 
 
-def quantize_q3_k(x: np.ndarray) -> np.ndarray:
-    """float32 [rows, n] -> Q3_K bytes uint8 [rows, n // 256 * 110]."""
-    return _chunked(x, BLOCK_BYTES["q3_k"], _q3_k_chunk)
+def quantize_q3_k(x: np.ndarray, imatrix: np.ndarray | None = None) -> np.ndarray:
+    """float32 [rows, n] -> Q3_K bytes uint8 [rows, n // 256 * 110]; imatrix: each
+    column's importance ([n], the mean of its input's square), llama.cpp's _impl quantizer."""
+    return _chunked(x, BLOCK_BYTES["q3_k"], _q3_k_chunk, imatrix)
 
 
-def quantize_q4_k(x: np.ndarray) -> np.ndarray:
-    """float32 [rows, n] -> Q4_K bytes uint8 [rows, n // 256 * 144]."""
-    return _chunked(x, BLOCK_BYTES["q4_k"], _q4_k_chunk)
+def quantize_q4_k(x: np.ndarray, imatrix: np.ndarray | None = None) -> np.ndarray:
+    """float32 [rows, n] -> Q4_K bytes uint8 [rows, n // 256 * 144]; imatrix: each
+    column's importance ([n], the mean of its input's square), llama.cpp's _impl quantizer."""
+    return _chunked(x, BLOCK_BYTES["q4_k"], _q4_k_chunk, imatrix)
 
 
-def quantize_q5_k(x: np.ndarray) -> np.ndarray:
-    """float32 [rows, n] -> Q5_K bytes uint8 [rows, n // 256 * 176]."""
-    return _chunked(x, BLOCK_BYTES["q5_k"], _q5_k_chunk)
+def quantize_q5_k(x: np.ndarray, imatrix: np.ndarray | None = None) -> np.ndarray:
+    """float32 [rows, n] -> Q5_K bytes uint8 [rows, n // 256 * 176]; imatrix: each
+    column's importance ([n], the mean of its input's square), llama.cpp's _impl quantizer."""
+    return _chunked(x, BLOCK_BYTES["q5_k"], _q5_k_chunk, imatrix)
 
 
-def quantize_q6_k(x: np.ndarray) -> np.ndarray:
-    """float32 [rows, n] -> Q6_K bytes uint8 [rows, n // 256 * 210]."""
-    return _chunked(x, BLOCK_BYTES["q6_k"], _q6_k_chunk)
+def quantize_q6_k(x: np.ndarray, imatrix: np.ndarray | None = None) -> np.ndarray:
+    """float32 [rows, n] -> Q6_K bytes uint8 [rows, n // 256 * 210]; imatrix: each
+    column's importance ([n], the mean of its input's square), llama.cpp's _impl quantizer."""
+    return _chunked(x, BLOCK_BYTES["q6_k"], _q6_k_chunk, imatrix)

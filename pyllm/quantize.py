@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -76,6 +76,7 @@ def _more_bits(i: int, n: int) -> bool:
 class Plan:
     """Each tensor's type in the new file."""
     types: dict[str, T]
+    importance: list[str] = field(default_factory=list)   # the tensors an importance matrix weighed
 
     def histogram(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -251,12 +252,19 @@ def tensor_bytes(shape: tuple[int, ...], qtype: T) -> int:
 CHUNK_ELEMENTS = 1 << 24   # floats converted at a time: bounds memory on large tensors
 
 
-def write_tensor(f, t, new: T) -> None:
-    """Writes tensor `t` as type `new` (its bytes as they are if the type does not change)."""
+K_TYPES = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K)   # the types whose quantizers take an importance matrix
+
+
+def write_tensor(f, t, new: T, importance: Optional[np.ndarray] = None) -> None:
+    """Writes tensor `t` as type `new` (its bytes as they are if the type does not change);
+    importance: its columns' (a K type's quantizer weighs the error by them)."""
     if new == T(t.type):
         f.write(memoryview(t.data))
         return
     convert = _quantizer(new)
+    if importance is not None and new in K_TYPES:
+        plain = convert
+        convert = lambda x: plain(x, importance)   # noqa: E731
     step = max(1, CHUNK_ELEMENTS // t.shape[0])
     for start in range(0, t.rows, step):
         x = _as_float32(t, slice(start, start + step))
@@ -272,6 +280,41 @@ def _kv_u32(key: str, value: int) -> bytes:
     return struct.pack("<Q", len(k)) + k + struct.pack("<II", 4, value)
 
 
+def _kv_i32(key: str, value: int) -> bytes:
+    k = key.encode()
+    return struct.pack("<Q", len(k)) + k + struct.pack("<Ii", 5, value)
+
+
+def _kv_str(key: str, value: str) -> bytes:
+    k, v = key.encode(), value.encode()
+    return struct.pack("<Q", len(k)) + k + struct.pack("<IQ", 8, len(v)) + v
+
+
+def importances(model: ModelFile, p: Plan, imatrix_path: str | os.PathLike, ftype: str) -> tuple[dict, list[bytes]]:
+    """name -> column importances for the tensors `p` quantizes to a K type, from an imatrix
+    file (llama-imatrix's or pyllm imatrix's), and the metadata llama-quantize records of it."""
+    from .imatrix import Imatrix
+    if FTYPES[ftype][0] not in K_TYPES:
+        raise InvalidArgumentError(f"--imatrix is for the K types here (Q2_K .. Q6_K and their mixes), not {ftype}")
+    im = Imatrix.load(imatrix_path)
+    means = im.mean_squares()
+    out = {}
+    for name, new in p.types.items():
+        if new not in K_TYPES or new == T(model.tensors[name].type) or name not in means:
+            continue
+        n_in = model.tensors[name].shape[0]
+        if means[name].shape != (n_in,):
+            raise ModelFileError(f"{imatrix_path}: {name} has {means[name].size} importances, the model's matrix "
+                                 f"{n_in} columns: the importance matrix is for another model")
+        out[name] = means[name]
+    meta = [_kv_str("quantize.imatrix.file", str(imatrix_path)), _kv_i32("quantize.imatrix.entries_count", len(means))]
+    if im.datasets:
+        meta.append(_kv_str("quantize.imatrix.dataset", im.datasets[0]))
+    if im.chunks > 0:
+        meta.append(_kv_i32("quantize.imatrix.chunks_count", im.chunks))
+    return out, meta
+
+
 def _tensor_info(name: str, shape: tuple[int, ...], qtype: T, offset: int) -> bytes:
     n = name.encode()
     return (struct.pack("<Q", len(n)) + n + struct.pack("<I", len(shape)) +
@@ -280,9 +323,12 @@ def _tensor_info(name: str, shape: tuple[int, ...], qtype: T, offset: int) -> by
 
 def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, allow_requantize: bool = False,
                   pure: bool = False, progress: Optional[Callable[[str, T, int, int], None]] = None,
-                  output_type: Optional[T] = None, embedding_type: Optional[T] = None) -> Plan:
+                  output_type: Optional[T] = None, embedding_type: Optional[T] = None,
+                  imatrix: Optional[str | os.PathLike] = None) -> Plan:
     """Writes `src` quantized to `ftype` at `dst` (written to a temporary name, then moved into place).
-    progress(name, type, done tensors, all tensors) is called after each tensor."""
+    progress(name, type, done tensors, all tensors) is called after each tensor. imatrix: an
+    importance matrix file; the K types' quantizers then weigh each column's error by it
+    (the matrices it has no entry for are quantized without, as llama-quantize does)."""
     src, dst = Path(src), Path(dst)
     if src.resolve() == dst.resolve():
         raise InvalidArgumentError("the output would overwrite the input: give another output path")
@@ -290,9 +336,12 @@ def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, al
     try:
         p = plan(model, ftype, allow_requantize, pure, output_type, embedding_type)
         alignment = int(model.get("general.alignment", 32))
+        weights, imatrix_meta = importances(model, p, imatrix, ftype) if imatrix is not None else ({}, [])
         replaced = ("general.file_type", "general.quantization_version")
-        kv = [model.metadata_entry(k) for k in model.metadata if k not in replaced]
+        kv = [model.metadata_entry(k) for k in model.metadata
+              if k not in replaced and not k.startswith("quantize.imatrix.")]
         kv.append(_kv_u32("general.file_type", FTYPES[ftype][1]))
+        kv += imatrix_meta
         if any(t not in (T.F32, T.F16, T.BF16) for t in p.types.values()):
             kv.append(_kv_u32("general.quantization_version", QUANTIZATION_VERSION))
         infos, offset, sizes = [], 0, []
@@ -309,7 +358,7 @@ def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, al
                 f.write(b"\0" * (-f.tell() % alignment))
                 for i, (name, t) in enumerate(model.tensors.items()):
                     start = f.tell()
-                    write_tensor(f, t, p.types[name])
+                    write_tensor(f, t, p.types[name], weights.get(name))
                     if f.tell() - start != sizes[i]:
                         raise AssertionError(f"{name}: wrote {f.tell() - start} bytes, planned {sizes[i]}")
                     f.write(b"\0" * (-f.tell() % alignment))
@@ -319,6 +368,7 @@ def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, al
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+        p.importance = sorted(weights)
         return p
     finally:
         model.close()

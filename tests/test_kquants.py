@@ -11,7 +11,9 @@ gguf.quants.dequantize is the ground truth for the byte layout. For each format:
   * chunking over super-blocks does not change the bytes;
   * bit-identity with llama.cpp's reference quantizers on a fixed input: the
     digests were made by llama.cpp's quantize_row_q*_K_ref (libggml-base,
-    llama-cpp-python 0.3.36) on golden_input(), once, by hand.
+    llama-cpp-python 0.3.36) on golden_input(), once, by hand; and with an
+    importance matrix, by its quantize_q*_K with golden_importance() (the
+    _impl quantizers llama-quantize --imatrix runs).
 """
 import hashlib
 
@@ -228,3 +230,40 @@ GOLDEN = {
 def test_bit_identical_to_llama_cpp(fmt):
     q = FORMATS[fmt][0](golden_input())
     assert hashlib.sha256(q.tobytes()).hexdigest() == GOLDEN[fmt]
+
+
+def golden_importance():
+    """[1024] float32 column importances (positive, spread over two orders of magnitude)."""
+    return (np.random.default_rng(9).random(1024) * 2 + 0.01).astype(np.float32)
+
+
+GOLDEN_IMATRIX = {
+    "q2_k": "874e8fa42f38f850282f4d40b4ebc7bfc1962e5782345e241e8638c212e08715",
+    "q3_k": "cfe1a168847ad669bbd3826daa7cdfe4b5ae6239478cb7e9505eab1cdd0abf0d",
+    "q4_k": "dca4a85631efca6c6573abf501b30791169b3c3f698c8d9cc91b5b7fe2b85549",
+    "q5_k": "1c207b2716a2302dcb123145e5b389071b2db7b0d083b7f04d36a5fc3bf48ae1",
+    "q6_k": "3e4dd634a059f995ad12bad7c33893f7811f020e8390bbe3b2e42a9ddf930116",
+}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_importance_weighted_bit_identical_to_llama_cpp(fmt):
+    q = FORMATS[fmt][0](golden_input(), golden_importance())
+    assert hashlib.sha256(q.tobytes()).hexdigest() == GOLDEN_IMATRIX[fmt]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_importance_moves_the_error_to_unimportant_columns(fmt):
+    """With half the columns 100 times as important, their error shrinks against plain
+    quantization, and the format still decodes close to the input."""
+    *_, bound_normal, _ = FORMATS[fmt]
+    x = np.random.default_rng(11).standard_normal((32, 1024)).astype(np.float32)
+    qw = np.where(np.arange(1024) % 2 == 0, 100.0, 1.0).astype(np.float32)
+    plain, weighted = roundtrip(fmt, x)[1], dequantize(FORMATS[fmt][0](x, qw), FORMATS[fmt][1]).reshape(x.shape)
+    important = np.arange(1024) % 2 == 0
+    err_plain = ((plain - x)[:, important] ** 2).mean()
+    err_weighted = ((weighted - x)[:, important] ** 2).mean()
+    assert err_weighted < 0.9 * err_plain, (err_weighted, err_plain)
+    assert rel_rms(x, weighted).max() < 1.5 * bound_normal
+    with pytest.raises(ValueError, match="importances"):
+        FORMATS[fmt][0](x, qw[:512])

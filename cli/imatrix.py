@@ -1,0 +1,53 @@
+"""`pyllm imatrix`: an importance matrix for `pyllm quantize --imatrix`, as llama-imatrix makes one.
+
+stderr: the progress, chunk by chunk, and what was written.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Annotated, Optional
+
+import typer
+
+from pyllm.errors import InvalidArgumentError
+
+from .common import err, handle_errors, model_path, read_input
+from .options import ModelOpt, Threads
+
+
+def imatrix(
+    file: Annotated[Optional[str], typer.Option("-f", "--file", help="the calibration text (else stdin): text "
+                                                "like what the model will read")] = None,
+    output: Annotated[str, typer.Option("-o", "--output", help="the importance matrix file to write "
+                                        "(llama.cpp's imatrix GGUF)")] = "imatrix.gguf",
+    model: ModelOpt = None,
+    ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", help="tokens per chunk (llama-imatrix's "
+                                          "default)")] = 512,
+    chunks: Annotated[int, typer.Option("--chunks", help="use at most this many chunks (-1 = all)")] = -1,
+    threads: Threads = None,
+) -> None:
+    """Compute an importance matrix (llama-imatrix's) for quantizing with --imatrix."""
+    with handle_errors():
+        if chunks == 0 or chunks < -1:
+            raise InvalidArgumentError(f"--chunks must be at least 1 (or -1 for all), not {chunks}")
+        if os.path.isdir(output):
+            raise InvalidArgumentError(f"{output} is a folder: give the output file's path")
+        text = read_input(file, "file", "no text: give -f FILE or pipe the text in")
+        from pyllm.backend.cpu import physical_cores
+        from pyllm.imatrix import compute
+        from pyllm.model_file import ModelFile
+
+        path = model_path(model)
+        t0 = time.perf_counter()
+
+        def progress(i: int, n: int) -> None:
+            err.print(f"[{i + 1}/{n}] {(i + 1) * ctx_size} tokens, {time.perf_counter() - t0:.1f} s",
+                      highlight=False)
+        im = compute(path, text, n_ctx=ctx_size, n_threads=threads or physical_cores(),
+                     max_chunks=None if chunks < 0 else chunks,
+                     dataset=os.path.basename(file) if file else "stdin", on_chunk=progress)
+        with ModelFile(path) as mf:
+            im.save(output, mf.architecture)
+        err.print(f"{output}: {len(im.sums)} matrices, {im.chunks} chunks of {im.chunk_size} tokens, "
+                  f"in {time.perf_counter() - t0:.1f} s", highlight=False, soft_wrap=True)

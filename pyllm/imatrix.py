@@ -1,0 +1,145 @@
+"""Importance matrices, as llama.cpp's llama-imatrix computes them: `pyllm imatrix`.
+
+For every weight matrix of the layers (blk.*), the mean over a calibration text's
+tokens of the square of each input column, x_i^2: how much each column of the
+weight matters to the output. `pyllm quantize --imatrix` (and llama-quantize)
+then spends the quantization error where the squares are small.
+
+The text runs as llama-imatrix runs it: tokenized whole (with BOS where the model
+adds one), cut into chunks of n_ctx tokens (the rest dropped), each chunk from an
+empty context with its first token replaced by BOS where the model adds one. The
+forward step carries an OP_SUMSQ before each layer matrix's product (Graph's
+imatrix mode) that adds its input rows' squares into a float32 accumulator, row
+after row as llama-imatrix does. Expert matrices (MoE) are not collected.
+
+The file is llama.cpp's imatrix GGUF: general.type "imatrix", per matrix
+`NAME.in_sum2` (F32, the sums, [n_in, 1]) and `NAME.counts` (F32, the rows summed,
+[1, 1]), and imatrix.datasets, imatrix.chunk_count, imatrix.chunk_size.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from .errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
+
+SUMS, COUNTS = ".in_sum2", ".counts"
+
+
+@dataclass
+class Imatrix:
+    sums: dict[str, np.ndarray] = field(default_factory=dict)   # weight name -> float32 [n_in]: sum of x_i^2
+    counts: dict[str, int] = field(default_factory=dict)        # weight name -> input rows summed
+    datasets: list[str] = field(default_factory=list)
+    chunks: int = 0
+    chunk_size: int = 0
+
+    def mean_squares(self) -> dict[str, np.ndarray]:
+        """weight name -> the mean of x_i^2 per column (llama-quantize's importance; 1 for a
+        matrix that saw no input)."""
+        return {name: (s / np.float32(self.counts[name]) if self.counts.get(name) else np.ones_like(s))
+                for name, s in self.sums.items()}
+
+    def save(self, path: str | os.PathLike, architecture: str) -> None:
+        import gguf
+        w = gguf.GGUFWriter(str(path), architecture)
+        w.add_type("imatrix")
+        w.add_array("imatrix.datasets", list(self.datasets))
+        w.add_uint32("imatrix.chunk_count", self.chunks)
+        w.add_uint32("imatrix.chunk_size", self.chunk_size)
+        for name in sorted(self.sums):
+            w.add_tensor(name + SUMS, self.sums[name].astype(np.float32).reshape(1, -1))
+            w.add_tensor(name + COUNTS, np.array([[self.counts.get(name, 0)]], dtype=np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Imatrix":
+        from .model_file import ModelFile
+        if not Path(path).is_file():
+            raise InvalidArgumentError(f"no importance matrix at {path}")
+        try:
+            mf = ModelFile(path)
+        except ModelFileError:
+            raise ModelFileError(f"{path} is not an imatrix GGUF file (llama-imatrix's older .dat format is not "
+                                 f"read: convert it with `llama-imatrix --in-file {path} -o new.gguf`, or make "
+                                 f"one with `pyllm imatrix`)") from None
+        with mf:
+            if mf.get("general.type") != "imatrix":
+                raise ModelFileError(f"{path} is not an importance matrix (general.type {mf.get('general.type')!r})")
+            out = cls(datasets=[str(d) for d in mf.get("imatrix.datasets", [])],
+                      chunks=int(mf.get("imatrix.chunk_count", 0)), chunk_size=int(mf.get("imatrix.chunk_size", 0)))
+            for tname, t in mf.tensors.items():
+                if not tname.endswith(SUMS):
+                    continue
+                name = tname[:-len(SUMS)]
+                c = mf.tensors.get(name + COUNTS)
+                if c is None or t.type != 0 or c.type != 0:
+                    raise ModelFileError(f"{path}: {name} needs F32 {SUMS} and {COUNTS} tensors")
+                if c.n_elements != 1:
+                    raise UnsupportedModelError(f"{path}: {name} holds {c.n_elements} matrices (experts); "
+                                                f"pyllm reads importance matrices of plain matrices only")
+                out.sums[name] = t.data.view(np.float32).copy()
+                out.counts[name] = int(c.data.view(np.float32)[0])
+        return out
+
+
+def compute(model: str | os.PathLike, text: str, n_ctx: int = 512, n_threads: int = 2, n_batch: int = 512,
+            max_chunks: Optional[int] = None, dataset: str = "",
+            on_chunk: Optional[Callable[[int, int], None]] = None) -> Imatrix:
+    """The importance matrix of `model` on `text` (see the module's doc); on_chunk(i, n) after each chunk."""
+    from .arch import load_architecture
+    from .backend.cpu import CpuBackend
+    from .defaults import BLOCK_SIZE
+    from .graph import OP_MATMUL_ID, Graph
+    from .model_file import ModelFile
+    from .tokenizer import load_tokenizer
+
+    if n_ctx < 2:
+        raise InvalidArgumentError(f"the chunk size (-c) must be at least 2 tokens, not {n_ctx}")
+    mf = ModelFile(model)
+    arch = load_architecture(mf, n_ctx=n_ctx)
+    if not arch.causal:
+        raise UnsupportedModelError(f"{Path(model).name} is an embedding model: pyllm imatrix runs generating models")
+    tok = load_tokenizer(mf.metadata)
+    sums: dict[str, np.ndarray] = {}
+    g = Graph(imatrix=sums)
+    arch.build(g)
+    if g.states:
+        raise UnsupportedModelError(f"{arch.name} keeps a recurrent state: pyllm imatrix runs transformer models")
+    if not sums:
+        raise UnsupportedModelError(f"{Path(model).name} has no layer matrices to collect")
+    if any(op.kind == OP_MATMUL_ID for op in g.ops):
+        import logging
+        logging.getLogger("pyllm").warning("the expert matrices of this mixture of experts are not collected: "
+                                           "their quantization will not use the importance matrix")
+    ids = tok.encode(text, add_bos=None)
+    n_chunks = len(ids) // n_ctx
+    if max_chunks is not None:
+        n_chunks = min(n_chunks, max_chunks)
+    if n_chunks < 1:
+        raise InvalidArgumentError(f"the text has {len(ids)} tokens: at least one chunk of {n_ctx} is needed "
+                                   f"(a longer text, or a smaller -c)")
+    n_batch = min(n_batch, n_ctx)
+    n_blocks = (n_ctx + BLOCK_SIZE - 1) // BLOCK_SIZE
+    backend = CpuBackend(g, n_threads, n_batch, 1, n_blocks, BLOCK_SIZE)
+    table = list(range(n_blocks))
+    try:
+        for c in range(n_chunks):
+            chunk = ids[c * n_ctx:(c + 1) * n_ctx]
+            if tok.add_bos and tok.bos_id is not None:
+                chunk[0] = tok.bos_id
+            for start in range(0, n_ctx, n_batch):
+                backend.forward(chunk[start:start + n_batch], start, table, 1)
+            if on_chunk is not None:
+                on_chunk(c, n_chunks)
+    finally:
+        backend.close()
+    counts = {name: reads * n_chunks * n_ctx for name, reads in g.imatrix_reads.items()}
+    return Imatrix(sums, counts, [dataset] if dataset else [], n_chunks, n_ctx)

@@ -1,0 +1,135 @@
+"""Importance matrices (pyllm/imatrix.py) and quantizing with them (pyllm quantize --imatrix).
+
+The sums of squares are checked against the numpy reference's inputs to the same
+matrices on the same chunk; the weighted quantizers themselves are checked bit for
+bit against llama.cpp's in test_kquants.py.
+"""
+import numpy as np
+import pytest
+from gguf.constants import GGMLQuantizationType as QT
+
+import synth
+from test_cli import one_error_line, pyllm
+from pyllm import kquants
+from pyllm.arch import load_architecture
+from pyllm.errors import InvalidArgumentError, ModelFileError
+from pyllm.imatrix import Imatrix, compute
+from pyllm.model_file import ModelFile
+from pyllm.quantize import quantize_file
+from pyllm.reference import Reference
+from pyllm.tokenizer import load_tokenizer
+
+TEXT = "the quick brown fox jumps over the lazy dog; " * 40
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """An F32 llama whose rows are whole K-quant super-blocks (256), BOS added to a text."""
+    path = synth.write_model(tmp_path_factory.mktemp("im") / "m.gguf", "llama", QT.F32, n_layer=2, n_embd=256,
+                             n_ff=512, n_vocab=512)
+    return synth.rewrite_metadata(path, str(path).replace("m.gguf", "bos.gguf"), {"tokenizer.ggml.add_bos_token": True})
+
+
+class Recording(Reference):
+    """The reference, summing the squares of every layer matrix's input rows."""
+
+    def __init__(self, arch):
+        super().__init__(arch)
+        self.sums, self.rows = {}, {}
+
+    def _linear(self, x, w, b):
+        if w.name.startswith("blk."):
+            x64 = np.asarray(x, dtype=np.float64)
+            self.sums[w.name] = self.sums.get(w.name, 0) + (x64 * x64).sum(axis=0)
+            self.rows[w.name] = self.rows.get(w.name, 0) + x64.shape[0]
+        return super()._linear(x, w, b)
+
+
+def test_sums_of_squares_match_the_reference(model):
+    """Two chunks of 64 tokens, each from an empty context with BOS first: every layer matrix's
+    sums within float32 rounding of the reference's, counted in rows; the output head is not
+    collected (llama-imatrix's default)."""
+    im = compute(model, TEXT, n_ctx=64, n_batch=32, max_chunks=2, dataset="text")
+    mf = ModelFile(model)
+    tok = load_tokenizer(mf.metadata)
+    ids = tok.encode(TEXT, add_bos=None)
+    assert ids[0] == tok.bos_id
+    ref = Recording(load_architecture(mf))
+    for c in range(2):
+        chunk = ids[c * 64:(c + 1) * 64]
+        chunk[0] = tok.bos_id
+        ref.forward(chunk)
+    assert set(im.sums) == set(ref.sums) and "output.weight" not in im.sums
+    for name, s in im.sums.items():
+        np.testing.assert_allclose(s, ref.sums[name], rtol=2e-3, atol=1e-6 * ref.sums[name].max())
+        assert im.counts[name] == ref.rows[name] == 128
+    assert (im.chunks, im.chunk_size, im.datasets) == (2, 64, ["text"])
+
+
+def test_file_round_trip_and_means(model, tmp_path):
+    im = compute(model, TEXT, n_ctx=64, max_chunks=1)
+    im.counts["blk.0.attn_q.weight"] = 0   # a matrix that saw nothing: importance 1, as llama-quantize reads it
+    im.save(tmp_path / "im.gguf", "llama")
+    back = Imatrix.load(tmp_path / "im.gguf")
+    mf = ModelFile(tmp_path / "im.gguf")
+    assert mf.get("general.type") == "imatrix" and mf.tensors["blk.1.ffn_down.weight.in_sum2"].shape == (512, 1)
+    mf.close()
+    assert back.chunks == 1 and back.chunk_size == 64 and set(back.sums) == set(im.sums)
+    means = back.mean_squares()
+    np.testing.assert_array_equal(means["blk.0.attn_q.weight"], 1)
+    name = "blk.1.ffn_up.weight"
+    np.testing.assert_allclose(means[name], im.sums[name] / 64, rtol=1e-6)
+    with pytest.raises(ModelFileError, match="not an importance matrix"):
+        Imatrix.load(model)
+    with pytest.raises(InvalidArgumentError, match="no importance matrix"):
+        Imatrix.load(tmp_path / "missing.gguf")
+    with pytest.raises(InvalidArgumentError, match="at least one chunk"):
+        compute(model, "short", n_ctx=64)
+
+
+def test_quantizing_with_it(model, tmp_path):
+    """The K-type matrices it has entries for are quantized by the weighted quantizers with
+    its means; the rest as without; llama-quantize's metadata records the file."""
+    im = compute(model, TEXT, n_ctx=64, max_chunks=2, dataset="text")
+    del im.sums["blk.1.attn_k.weight"]   # no entry: quantized without
+    im.save(tmp_path / "im.gguf", "llama")
+    p = quantize_file(model, tmp_path / "q.gguf", "Q4_K_M", imatrix=tmp_path / "im.gguf")
+    plain = tmp_path / "plain.gguf"
+    quantize_file(model, plain, "Q4_K_M")
+    src, got, ref = ModelFile(model), ModelFile(tmp_path / "q.gguf"), ModelFile(plain)
+    means = Imatrix.load(tmp_path / "im.gguf").mean_squares()
+    try:
+        assert "blk.0.attn_q.weight" in p.importance and "blk.1.attn_k.weight" not in p.importance
+        for name in ("blk.0.attn_q.weight", "blk.1.ffn_down.weight", "blk.0.attn_v.weight"):
+            t = got.tensors[name]
+            x = src.tensors[name].data.view(np.float32).reshape(t.rows, t.shape[0])
+            quant = {QT.Q4_K: kquants.quantize_q4_k, QT.Q6_K: kquants.quantize_q6_k}[QT(t.type)]
+            assert bytes(t.data) == quant(x, means[name]).tobytes(), name
+            assert bytes(t.data) != bytes(ref.tensors[name].data), name
+        assert bytes(got.tensors["blk.1.attn_k.weight"].data) == bytes(ref.tensors["blk.1.attn_k.weight"].data)
+        assert got.get("quantize.imatrix.file") == str(tmp_path / "im.gguf")
+        assert got.get("quantize.imatrix.dataset") == "text" and got.get("quantize.imatrix.chunks_count") == 2
+        assert got.get("quantize.imatrix.entries_count") == len(means)
+    finally:
+        for f in (src, got, ref):
+            f.close()
+    with pytest.raises(InvalidArgumentError, match="K types"):
+        quantize_file(model, tmp_path / "q40.gguf", "Q4_0", imatrix=tmp_path / "im.gguf")
+    other = synth.write_model(tmp_path / "wide.gguf", "llama", QT.F32, n_layer=2, n_embd=512, n_ff=512, n_vocab=512)
+    with pytest.raises(ModelFileError, match="for another model"):
+        quantize_file(other, tmp_path / "x.gguf", "Q4_K_M", imatrix=tmp_path / "im.gguf")
+
+
+def test_cli(model, tmp_path):
+    (tmp_path / "t.txt").write_text(TEXT)
+    r = pyllm("imatrix", "-m", model, "-f", str(tmp_path / "t.txt"), "-c", "64", "--chunks", "2",
+              "-o", str(tmp_path / "im.gguf"), "-t", "2")
+    assert r.returncode == 0, r.stderr
+    assert "[2/2]" in r.stderr and "14 matrices, 2 chunks of 64 tokens" in r.stderr
+    r = pyllm("quantize", model, str(tmp_path / "q.gguf"), "q3_k_m", "--imatrix", str(tmp_path / "im.gguf"))
+    assert r.returncode == 0, r.stderr
+    assert "14 weighed by" in r.stderr
+    one_error_line(pyllm("imatrix", "-m", model, "-f", str(tmp_path / "t.txt"), "-c", "100000", "-o",
+                         str(tmp_path / "x.gguf")), "at least one chunk")
+    one_error_line(pyllm("quantize", model, str(tmp_path / "y.gguf"), "q8_0", "--imatrix",
+                         str(tmp_path / "im.gguf")), "K types")
