@@ -31,8 +31,8 @@ def quantize(
     token_embedding_type: Annotated[Optional[str], typer.Option(
         "--token-embedding-type", help="the token embeddings' type, e.g. q8_0")] = None,
     imatrix: Annotated[Optional[str], typer.Option(
-        "--imatrix", help="an importance matrix (`pyllm imatrix`, or llama-imatrix's GGUF): the K types spend "
-        "their error where the model's inputs are small")] = None,
+        "--imatrix", help="an importance matrix (`pyllm imatrix`, or llama-imatrix's GGUF): the quantizers "
+        "spend their error where the model's inputs are small")] = None,
 ) -> None:
     """Quantize a GGUF model to a smaller type (llama-quantize's types and rules)."""
     with handle_errors():

@@ -1,4 +1,6 @@
-"""Q2_K, Q3_K, Q4_K, Q5_K and Q6_K quantizers: numpy ports of llama.cpp's reference ones.
+"""Q2_K, Q3_K, Q4_K, Q5_K and Q6_K quantizers: numpy ports of llama.cpp's reference ones
+(and, with an importance matrix, of its weighted ones for these and the legacy Q4_0, Q4_1,
+Q5_0, Q5_1 at the end: quantize_row_q4_0_impl ... q5_1_impl).
 
 These are the functions ggml-quants.c calls when there is no importance
 matrix (quantize_row_q2_K_ref, _q3_K_ref, _q4_K_ref, _q5_K_ref, _q6_K_ref); their output is the
@@ -91,9 +93,12 @@ not fuse or reorder these float operations; tests/test_kquants.py pins it).
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
-__all__ = ["quantize_q2_k", "quantize_q3_k", "quantize_q4_k", "quantize_q5_k", "quantize_q6_k"]
+__all__ = ["quantize_q2_k", "quantize_q3_k", "quantize_q4_k", "quantize_q5_k", "quantize_q6_k",
+           "quantize_legacy_weighted"]
 
 QK_K = 256
 BLOCK_BYTES = {"q2_k": 84, "q3_k": 110, "q4_k": 144, "q5_k": 176, "q6_k": 210}
@@ -101,6 +106,24 @@ CHUNK_BLOCKS = 256         # super-blocks per pass: bounds memory; ~256 KiB arra
 GROUP_MAX_EPS = np.float32(1e-15)
 
 _f = np.float32
+
+
+def _columns(fn):
+    """For a search over columns [n, S]: numpy sums axis 0 of a [n, S] array row after row,
+    as C's loops do, only when S > 1 (one column is a contiguous run, summed pairwise), so a
+    single column runs as two and is sliced back."""
+    @functools.wraps(fn)
+    def run(x, *args, **kw):
+        if x.shape[1] != 1:
+            return fn(x, *args, **kw)
+        wide = [np.repeat(a, 2, axis=1) if isinstance(a, np.ndarray) and a.ndim == 2 else a for a in args]
+        return tuple(r[..., :1] for r in fn(np.repeat(x, 2, axis=1), *wide, **kw))
+    return run
+
+
+def _sum0(a: np.ndarray) -> np.ndarray:
+    """The sums over axis 0 of [n, S], row after row (C's order) also when S is 1."""
+    return a.sum(axis=0) if a.shape[1] != 1 else np.repeat(a, 2, axis=1).sum(axis=0)[:1]
 
 
 def _nearest(v):
@@ -117,6 +140,7 @@ def _nearest_int(v):
     return (b & 0x7FFFFF) - 0x400000
 
 
+@_columns
 def make_qx_quants(x: np.ndarray, nmax: int, qw: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric scale search, rmse_type 1 (weights x^2, or qw), for sub-blocks.
 
@@ -166,6 +190,7 @@ def make_qx_quants(x: np.ndarray, nmax: int, qw: np.ndarray | None = None) -> tu
     return scale, L.astype(np.uint8)
 
 
+@_columns
 def make_q3_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric scale search by coordinate descent (do_rmse), for sub-blocks.
 
@@ -205,6 +230,7 @@ def make_q3_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
     return scale, L.astype(np.uint8)
 
 
+@_columns
 def make_qp_quants(x: np.ndarray, nmax: int, qw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Scale search for non-negative values (the sub-block scales or mins of an
     importance-weighted super-block), weights qw: the best of 9 trial scales by weighted
@@ -251,6 +277,7 @@ def make_qp_quants(x: np.ndarray, nmax: int, qw: np.ndarray) -> tuple[np.ndarray
     return scale, L
 
 
+@_columns
 def make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float,
                      rdelta: float, nstep: int, use_mad: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Affine (scale, min) search with weights w, for sub-blocks.
@@ -344,7 +371,7 @@ def _importance(xb: np.ndarray, qwb: np.ndarray, sub: int, factor: int) -> tuple
     """The _impl quantizers' per-value weights qw * sqrt(sigma2 + x^2), sigma2 = factor *
     sum(x^2) / 256 over the super-block; (x, weights) position-major by sub-blocks of `sub`."""
     xfull = np.ascontiguousarray(xb.T)                      # [256, nb]: sequential sums
-    sigma2 = (_f(factor) * (xfull * xfull).sum(axis=0)) / _f(QK_K)
+    sigma2 = (_f(factor) * _sum0(xfull * xfull)) / _f(QK_K)
     xt = np.ascontiguousarray(xb.reshape(-1, sub).T)        # [sub, sub-blocks]
     qt = np.ascontiguousarray(qwb.reshape(-1, sub).T)
     return xt, qt * np.sqrt(np.repeat(sigma2, QK_K // sub)[None, :] + xt * xt)
@@ -580,3 +607,47 @@ def quantize_q6_k(x: np.ndarray, imatrix: np.ndarray | None = None) -> np.ndarra
     """float32 [rows, n] -> Q6_K bytes uint8 [rows, n // 256 * 210]; imatrix: each
     column's importance ([n], the mean of its input's square), llama.cpp's _impl quantizer."""
     return _chunked(x, BLOCK_BYTES["q6_k"], _q6_k_chunk, imatrix)
+
+
+# -- the legacy formats with an importance matrix ---------------------------------------------------------------
+# Blocks of 32, weighted by qw * sqrt(sigma2 + x^2) with sigma2 the ROW's mean square; no
+# re-rounding against the stored fp16 scale (as in llama.cpp). Q4_0 / Q5_0: weighted
+# make_qx_quants (nmax 8 / 16, L = l + nmax); Q4_1 / Q5_1: make_qkx3_quants (nmax 15 / 31).
+LEGACY_BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q5_0": 22, "q5_1": 24}
+_LEGACY_NMAX = {"q4_0": 8, "q4_1": 15, "q5_0": 16, "q5_1": 31}
+
+
+def _legacy_rows(x: np.ndarray, qw: np.ndarray, fmt: str) -> np.ndarray:
+    rows, n = x.shape
+    nb = n // 32
+    xt_rows = np.ascontiguousarray(x.T)
+    sigma2 = _sum0(xt_rows * xt_rows) / _f(n)                         # [rows], sequential sums
+    xt = np.ascontiguousarray(x.reshape(-1, 32).T)                    # [32, blocks]
+    qt = np.tile(np.ascontiguousarray(qw.reshape(nb, 32).T), (1, rows))
+    w = qt * np.sqrt(np.repeat(sigma2, nb)[None, :] + xt * xt)
+    nmax = _LEGACY_NMAX[fmt]
+    if fmt in ("q4_0", "q5_0"):
+        d, L = make_qx_quants(xt, nmax, w)
+        head = [_fp16_bytes(d.astype(np.float16))]
+    else:
+        d, the_min, L = make_qkx2_quants(xt, w, nmax, -0.9, 0.05, 36)
+        head = [_fp16_bytes(d.astype(np.float16)), _fp16_bytes((-the_min).astype(np.float16))]
+    L = np.ascontiguousarray(L.T)                                     # [blocks, 32]
+    qs = (L[:, :16] & 0xF) | ((L[:, 16:] & 0xF) << 4)
+    if fmt in ("q5_0", "q5_1"):                                       # bit 4 of value j -> bit j of qh
+        qh = np.packbits((L >> 4).astype(np.uint8), axis=1, bitorder="little")
+        head.append(qh)
+    return np.concatenate(head + [qs.astype(np.uint8)], axis=1).reshape(rows, nb * LEGACY_BLOCK_BYTES[fmt])
+
+
+def quantize_legacy_weighted(x: np.ndarray, imatrix: np.ndarray, fmt: str) -> np.ndarray:
+    """float32 [rows, n] (n a multiple of 32) -> fmt ("q4_0", "q4_1", "q5_0" or "q5_1") bytes
+    [rows, n // 32 * block bytes], weighted by imatrix ([n]) as llama.cpp's _impl quantizers."""
+    x = np.asarray(x, dtype=np.float32)
+    qw = np.asarray(imatrix, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] % 32 or qw.shape != (x.shape[1],):
+        raise ValueError(f"expected float32 [rows, n], n a multiple of 32, and n importances; got {x.shape}, "
+                         f"{qw.shape}")
+    step = max(1, CHUNK_BLOCKS * 8 // (x.shape[1] // 32))             # rows per pass
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        return np.concatenate([_legacy_rows(x[i:i + step], qw, fmt) for i in range(0, x.shape[0], step)])

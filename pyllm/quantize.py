@@ -98,7 +98,7 @@ def tensor_type(name: str, what: str) -> T:
 
 
 def plan(model: ModelFile, ftype: str, allow_requantize: bool = False, pure: bool = False,
-         output_type: Optional[T] = None, embedding_type: Optional[T] = None) -> Plan:
+         output_type: Optional[T] = None, embedding_type: Optional[T] = None, has_imatrix: bool = False) -> Plan:
     """The type of every tensor of `model` quantized to `ftype` (one of FTYPES); output_type and
     embedding_type override the output matrix's (the token embeddings' when tied) and the token
     embeddings' types, as llama-quantize's --output-tensor-type and --token-embedding-type."""
@@ -107,7 +107,7 @@ def plan(model: ModelFile, ftype: str, allow_requantize: bool = False, pure: boo
     default, _ = FTYPES[ftype]
     tied = "output.weight" not in model.tensors
     # llama.cpp counts the value projections in layer order (files often list blk.10 before blk.2)
-    mix = _mix_of(model, ftype, default, tied)
+    mix = _mix_of(model, ftype, default, tied, has_imatrix)
     types: dict[str, T] = {}
     for name, t in model.tensors.items():
         source = T(t.type)
@@ -145,9 +145,10 @@ class Mix:
     n_gqa: int             # query heads per KV head (layer 0's)
     n_expert: int
     falcon: bool
+    has_imatrix: bool = False
 
 
-def _mix_of(model: ModelFile, ftype: str, default: T, tied: bool) -> Mix:
+def _mix_of(model: ModelFile, ftype: str, default: T, tied: bool, has_imatrix: bool = False) -> Mix:
     def first(key: str, fallback: int) -> int:
         v = model.arch_get(key, fallback)
         return int(v[0] if isinstance(v, (list, tuple)) and v else v or fallback)
@@ -155,7 +156,7 @@ def _mix_of(model: ModelFile, ftype: str, default: T, tied: bool) -> Mix:
     n_kv = first("attention.head_count_kv", n_head)
     attn_v = sorted((n for n in model.tensors if n.endswith("attn_v.weight")), key=_layer_of)
     return Mix(ftype, default, tied, int(model.arch_get("block_count", 0) or 0), attn_v,
-               n_head // n_kv if n_kv else 1, first("expert_count", 0), model.architecture == "falcon")
+               n_head // n_kv if n_kv else 1, first("expert_count", 0), model.architecture == "falcon", has_imatrix)
 
 
 def _mixed_type(name: str, row: int, mix: Mix) -> T:
@@ -196,6 +197,8 @@ def _mixed_type(name: str, row: int, mix: Mix) -> T:
             return T.Q6_K
         if ftype == "Q4_K_S" and not mix.falcon and layer < n // 8:
             return T.Q5_K
+        if ftype in ("Q4_0", "Q5_0") and mix.has_imatrix and layer < n // 8:   # against their first layers' outliers
+            return T.Q4_1 if ftype == "Q4_0" else T.Q5_1
     elif name.endswith("attn_output.weight"):
         if mix.falcon:
             return T.Q4_K if ftype == "Q3_K_L" else default
@@ -252,7 +255,9 @@ def tensor_bytes(shape: tuple[int, ...], qtype: T) -> int:
 CHUNK_ELEMENTS = 1 << 24   # floats converted at a time: bounds memory on large tensors
 
 
-K_TYPES = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K)   # the types whose quantizers take an importance matrix
+K_TYPES = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K)
+LEGACY_WEIGHTED = {T.Q4_0: "q4_0", T.Q4_1: "q4_1", T.Q5_0: "q5_0", T.Q5_1: "q5_1"}
+WEIGHTED_TYPES = (*K_TYPES, *LEGACY_WEIGHTED)   # the types whose quantizers take an importance matrix (not Q8_0)
 
 
 def write_tensor(f, t, new: T, importance: Optional[np.ndarray] = None) -> None:
@@ -265,6 +270,9 @@ def write_tensor(f, t, new: T, importance: Optional[np.ndarray] = None) -> None:
     if importance is not None and new in K_TYPES:
         plain = convert
         convert = lambda x: plain(x, importance)   # noqa: E731
+    elif importance is not None and new in LEGACY_WEIGHTED:
+        from .kquants import quantize_legacy_weighted
+        convert = lambda x: quantize_legacy_weighted(x, importance, LEGACY_WEIGHTED[new])   # noqa: E731
     step = max(1, CHUNK_ELEMENTS // t.shape[0])
     for start in range(0, t.rows, step):
         x = _as_float32(t, slice(start, start + step))
@@ -291,16 +299,14 @@ def _kv_str(key: str, value: str) -> bytes:
 
 
 def importances(model: ModelFile, p: Plan, imatrix_path: str | os.PathLike, ftype: str) -> tuple[dict, list[bytes]]:
-    """name -> column importances for the tensors `p` quantizes to a K type, from an imatrix
+    """name -> column importances for the tensors `p` quantizes to a type that weighs by them, from an imatrix
     file (llama-imatrix's or pyllm imatrix's), and the metadata llama-quantize records of it."""
     from .imatrix import Imatrix
-    if FTYPES[ftype][0] not in K_TYPES:
-        raise InvalidArgumentError(f"--imatrix is for the K types here (Q2_K .. Q6_K and their mixes), not {ftype}")
     im = Imatrix.load(imatrix_path)
     means = im.mean_squares()
     out = {}
     for name, new in p.types.items():
-        if new not in K_TYPES or new == T(model.tensors[name].type) or name not in means:
+        if new not in WEIGHTED_TYPES or new == T(model.tensors[name].type) or name not in means:
             continue
         n_in = model.tensors[name].shape[0]
         if means[name].shape != (n_in,):
@@ -327,14 +333,14 @@ def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, al
                   imatrix: Optional[str | os.PathLike] = None) -> Plan:
     """Writes `src` quantized to `ftype` at `dst` (written to a temporary name, then moved into place).
     progress(name, type, done tensors, all tensors) is called after each tensor. imatrix: an
-    importance matrix file; the K types' quantizers then weigh each column's error by it
+    importance matrix file; the quantizers (Q8_0's aside) then weigh each column's error by it
     (the matrices it has no entry for are quantized without, as llama-quantize does)."""
     src, dst = Path(src), Path(dst)
     if src.resolve() == dst.resolve():
         raise InvalidArgumentError("the output would overwrite the input: give another output path")
     model = ModelFile(src)
     try:
-        p = plan(model, ftype, allow_requantize, pure, output_type, embedding_type)
+        p = plan(model, ftype, allow_requantize, pure, output_type, embedding_type, has_imatrix=imatrix is not None)
         alignment = int(model.get("general.alignment", 32))
         weights, imatrix_meta = importances(model, p, imatrix, ftype) if imatrix is not None else ({}, [])
         replaced = ("general.file_type", "general.quantization_version")

@@ -97,6 +97,7 @@ def test_quantizing_with_it(model, tmp_path):
     plain = tmp_path / "plain.gguf"
     quantize_file(model, plain, "Q4_K_M")
     src, got, ref = ModelFile(model), ModelFile(tmp_path / "q.gguf"), ModelFile(plain)
+    keep_src = ModelFile(model)
     means = Imatrix.load(tmp_path / "im.gguf").mean_squares()
     try:
         assert "blk.0.attn_q.weight" in p.importance and "blk.1.attn_k.weight" not in p.importance
@@ -111,10 +112,17 @@ def test_quantizing_with_it(model, tmp_path):
         assert got.get("quantize.imatrix.dataset") == "text" and got.get("quantize.imatrix.chunks_count") == 2
         assert got.get("quantize.imatrix.entries_count") == len(means)
     finally:
-        for f in (src, got, ref):
+        for f in (got, ref):
             f.close()
-    with pytest.raises(InvalidArgumentError, match="K types"):
-        quantize_file(model, tmp_path / "q40.gguf", "Q4_0", imatrix=tmp_path / "im.gguf")
+    src = keep_src
+    # the legacy types take it too, and Q4_0's first eighth of down-projections becomes Q4_1 with one
+    p = quantize_file(model, tmp_path / "q40.gguf", "Q4_0", imatrix=tmp_path / "im.gguf")
+    assert p.types["blk.1.ffn_down.weight"] == QT.Q4_0 and "blk.1.ffn_down.weight" in p.importance
+    got = ModelFile(tmp_path / "q40.gguf")
+    t = got.tensors["blk.1.ffn_up.weight"]
+    x = src.tensors["blk.1.ffn_up.weight"].data.view(np.float32).reshape(t.rows, t.shape[0])
+    assert bytes(t.data) == kquants.quantize_legacy_weighted(x, means["blk.1.ffn_up.weight"], "q4_0").tobytes()
+    got.close()
     other = synth.write_model(tmp_path / "wide.gguf", "llama", QT.F32, n_layer=2, n_embd=512, n_ff=512, n_vocab=512)
     with pytest.raises(ModelFileError, match="for another model"):
         quantize_file(other, tmp_path / "x.gguf", "Q4_K_M", imatrix=tmp_path / "im.gguf")
@@ -132,4 +140,4 @@ def test_cli(model, tmp_path):
     one_error_line(pyllm("imatrix", "-m", model, "-f", str(tmp_path / "t.txt"), "-c", "100000", "-o",
                          str(tmp_path / "x.gguf")), "at least one chunk")
     one_error_line(pyllm("quantize", model, str(tmp_path / "y.gguf"), "q8_0", "--imatrix",
-                         str(tmp_path / "im.gguf")), "K types")
+                         str(tmp_path / "missing.gguf")), "no importance matrix")

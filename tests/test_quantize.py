@@ -69,6 +69,10 @@ def test_the_mixes(f32_model):
         assert {q3kl[f"blk.4.{n}.weight"] for n in ("attn_v", "attn_output", "ffn_down")} == {QT.Q5_K}
         q3ks = plan(m, "Q3_K_S").types
         assert {q3ks[f"blk.4.{n}.weight"] for n in ("attn_v", "attn_output", "ffn_down", "attn_q")} == {QT.Q3_K}
+        # with an importance matrix, Q4_0 / Q5_0 guard their first eighth of down-projections (llama.cpp)
+        assert plan(m, "Q4_0", has_imatrix=True).types["blk.0.ffn_down.weight"] == QT.Q4_1
+        assert plan(m, "Q5_0", has_imatrix=True).types["blk.0.ffn_down.weight"] == QT.Q5_1
+        assert plan(m, "Q5_0", has_imatrix=True).types["blk.1.ffn_down.weight"] == QT.Q5_0
         with pytest.raises(InvalidArgumentError, match="unknown type"):
             plan(m, "IQ4_XS")
     finally:
