@@ -7,12 +7,13 @@ error (one line on stderr), 130 interrupted.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Annotated, Optional
 
 import typer
 
-from pyllm.errors import InvalidArgumentError
+from pyllm.errors import InvalidArgumentError, PyllmError
 
 from .common import err, handle_errors, model_path, read_input
 from .options import (CtxSize, FormatOpt, FreqPenalty, GrammarFile, GrammarOpt, JsonSchema, JsonSchemaFile,
@@ -50,6 +51,12 @@ def run(
     chat_template: TemplateOpt = None,
     think: Think = None,
     stop: Stop = [],
+    prompt_cache: Annotated[Optional[str], typer.Option(
+        "--prompt-cache", help="a file keeping the prompt's KV cache: the next run whose prompt starts the same "
+        "reads it instead of computing it (llama-cli's)")] = None,
+    prompt_cache_all: Annotated[bool, typer.Option("--prompt-cache-all", help="keep the reply in it too")] = False,
+    prompt_cache_ro: Annotated[bool, typer.Option("--prompt-cache-ro", help="read the prompt cache, do not "
+                                                  "update it")] = False,
     profile: Annotated[bool, typer.Option("--profile", help="afterwards, on stderr: where the prefill's and "
                                           "the decode's time went (per op, weight type, thread; Python)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object: text, finish reason, "
@@ -121,6 +128,16 @@ def run(
                    cache_type_v=cache_type_v, think=think, lora=lora_specs(lora, lora_scaled),
                    **speculative_kwargs(spec_type, model_draft, spec_draft_max, spec_draft_min, spec_ngram_size, spec_p_min)) as m:
             max_tokens = None if n_predict < 0 else n_predict
+            if prompt_cache is not None and os.path.exists(prompt_cache):
+                try:
+                    m.load_state(prompt_cache)
+                except PyllmError as e:   # another model's, or damaged: computed afresh and overwritten
+                    err.print(f"warning: --prompt-cache not used: {e}", style="yellow", highlight=False,
+                              soft_wrap=True)
+
+            def save_cache(c) -> None:
+                if prompt_cache is not None and not prompt_cache_ro:
+                    m.save_state(prompt_cache, None if prompt_cache_all else c.metrics.prompt_tokens)
             if think is not None and not chat:
                 raise InvalidArgumentError(f"--{'think' if think else 'no-think'} needs --chat")
             if chat:
@@ -145,6 +162,7 @@ def run(
             generation.profile = profile
             if as_json:
                 c = gen.run()
+                save_cache(c)
                 out = {"text": c.text, "finish_reason": c.finish_reason, "model": str(m.path),
                        "seed": seed_used, "chat": chat, **c.metrics.as_dict(), "tokens": c.tokens}
                 if chat:   # a reasoning model's thinking apart from its answer
@@ -170,6 +188,7 @@ def run(
                 if not last.endswith("\n"):
                     sys.stdout.write("\n")
                 sys.stdout.flush()
+            save_cache(generation.completion)
             print_profile(generation)
 
 

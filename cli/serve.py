@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Annotated, Optional
 
 import typer
@@ -47,6 +48,9 @@ def serve(
     spec_draft_min: SpecDraftMin = 0,
     spec_ngram_size: SpecNgramSize = 6,
     spec_p_min: SpecPMin = 0.75,
+    slot_save_path: Annotated[Optional[str], typer.Option(
+        "--slot-save-path", help="a folder for POST /slots/ID?action=save|restore (a conversation's KV cache, "
+        "llama-server's)")] = None,
     parallel: Annotated[Optional[int], typer.Option(
         "--parallel", "-np", help="requests run at once, their decode steps batched; more wait for a slot "
         "(default 4, or 1 where steps cannot hold several sequences: recurrent models, GPU offload). "
@@ -56,6 +60,8 @@ def serve(
     with handle_errors():
         if not 0 <= port <= 65535:
             raise InvalidArgumentError(f"--port must be in 0..65535, not {port}")
+        if slot_save_path is not None and not os.path.isdir(slot_save_path):
+            raise InvalidArgumentError(f"--slot-save-path {slot_save_path}: no such folder")
         if pooling is not None and pooling not in ("mean", "cls", "last"):
             raise InvalidArgumentError(f"--pooling must be mean, cls or last, not {pooling!r}")
         from pyllm import Model
@@ -79,7 +85,7 @@ def serve(
         with load(path) as m:
             try:
                 server = make_server(m, host, port, name=registry_name(model), parallel=parallel,
-                                     load=load if switching else None)
+                                     load=load if switching else None, slot_save_path=slot_save_path)
             except OSError as e:
                 raise InvalidArgumentError(f"cannot listen on {host}:{port}: {e.strerror}") from None
             with server, contextlib.closing(server.host):   # the model loaded last, which may not be m

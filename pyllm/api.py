@@ -35,6 +35,7 @@ from .perplexity import Perplexity, perplexity
 from .reasoning import prompt_opens_thinking, split_pieces, split_reasoning
 from .sampling import Sampler, SamplingParams
 from .slots import Slot, Slots
+from .state import load as load_state, save as save_state
 from .speculative import SPEC_TYPES, SpecParams, check_same_vocabulary, make_drafter
 from .tokenizer import load_tokenizer
 from .tools import ToolUse
@@ -184,6 +185,20 @@ class Model:
         self.engine.spec = params
         self.engine.new_drafter = functools.partial(make_drafter, spec_type, params,
                                                     self.draft.engine if self.draft else None, self.tokenizer.n_vocab)
+
+    # -- the conversation on disk ---------------------------------------------------
+    def save_state(self, path: str | os.PathLike, n_tokens: Optional[int] = None) -> int:
+        """Saves the tokens this conversation's KV cache holds (the first n_tokens of them) and
+        their keys and values to `path` (pyllm.state), as llama-cli's --prompt-cache does;
+        returns the bytes written."""
+        return save_state(self, self._seq, path, n_tokens)
+
+    def load_state(self, path: str | os.PathLike) -> int:
+        """Puts a saved conversation back into the KV cache: a prompt that starts with its tokens
+        then continues from them. Returns how many tokens it holds."""
+        n = load_state(self, self._seq, path)
+        self._slot.chat_cache = []
+        return n
 
     # -- LoRA adapters --------------------------------------------------------------
     def set_lora_scale(self, index: int, scale: float) -> None:

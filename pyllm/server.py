@@ -14,6 +14,7 @@ llama-server's own:
     GET  /props                 the model, its context, template and default settings
     GET  /slots                 each slot: held by a request or not, tokens its cache keeps
     GET  /lora-adapters         the LoRA adapters loaded (--lora) and their scales; POST sets them
+    POST /slots/ID?action=save|restore|erase   a slot's conversation to and from --slot-save-path
 
 and ollama's, for the tools written against it (streamed as JSON lines, ollama's default):
 
@@ -50,6 +51,7 @@ import dataclasses
 import datetime
 import json
 import math
+import os
 import logging
 import queue
 import threading
@@ -67,6 +69,7 @@ from . import registry
 from .errors import (ContextFullError, InvalidArgumentError, ModelNotFoundError, PyllmError, TemplateError,
                      UnsupportedModelError)
 from .infill import check_extra, psm_prompt
+from .state import load as load_state, save as save_state
 from .model_file import ModelFile
 from .model_host import ModelHost
 
@@ -93,10 +96,11 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, model, address: tuple[str, int], name: Optional[str] = None, parallel: Optional[int] = 1,
-                 load: Optional[Callable[[Path], Any]] = None):
+                 load: Optional[Callable[[Path], Any]] = None, slot_save_path: Optional[str | os.PathLike] = None):
         super().__init__(address, Handler)
         self.host = ModelHost(model, name or model.path.stem, parallel, load)
         self.created = int(time.time())
+        self.slot_save_path = None if slot_save_path is None else Path(slot_save_path)
 
     # the loaded model, its name and slots (the same throughout a request: host.use holds them)
     @property
@@ -118,12 +122,14 @@ class Server(ThreadingHTTPServer):
 
 
 def make_server(model, host: str = "127.0.0.1", port: int = 8080, name: Optional[str] = None,
-                parallel: Optional[int] = 1, load: Optional[Callable[[Path], Any]] = None) -> Server:
+                parallel: Optional[int] = 1, load: Optional[Callable[[Path], Any]] = None,
+                slot_save_path: Optional[str | os.PathLike] = None) -> Server:
     """A server for `model` (a pyllm.Model) bound to host:port (0: any free port; see .url),
     running up to `parallel` requests at once (their decode steps batched; None: as many as
     suits the model). With load(path) -> Model, a request may name any model on disk and the
-    server switches to it (pyllm.model_host)."""
-    return Server(model, (host, port), name, parallel, load)
+    server switches to it (pyllm.model_host). slot_save_path: the folder POST
+    /slots/ID?action=save|restore writes and reads conversations in (llama-server's)."""
+    return Server(model, (host, port), name, parallel, load, slot_save_path)
 
 
 # -- requests -> Model calls ----------------------------------------------------------------------
@@ -230,6 +236,8 @@ class Handler(BaseHTTPRequestHandler):
         try:
             if path in routes:
                 routes[path](self)
+            elif path.startswith("/slots/") and self.command == "POST":
+                self.slot_action(path[len("/slots/"):])
             elif path in other_method:
                 raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, f"{self.command} is not allowed on {path}")
             else:
@@ -607,6 +615,48 @@ class Handler(BaseHTTPRequestHandler):
         m = self.server.model
         self.send_json(HTTPStatus.OK, [{"id": i, "n_ctx": m.n_ctx, "is_processing": busy, "n_past": len(slot.seq)}
                                        for i, (slot, busy) in enumerate(self.server.slots.states())])
+
+    def slot_action(self, slot_id: str) -> None:
+        """POST /slots/ID?action=save|restore|erase: llama-server's slot persistence. save and
+        restore take {"filename": NAME} in the --slot-save-path folder (pyllm.state); erase
+        forgets the slot's conversation. They wait for the requests under way."""
+        from urllib.parse import parse_qs, urlsplit
+        action = parse_qs(urlsplit(self.path).query).get("action", [""])[0]
+        if action not in ("save", "restore", "erase"):
+            raise InvalidArgumentError(f"action must be save, restore or erase, not {action!r}")
+        body = self.read_json() if action != "erase" else {}
+        if action != "erase" and self.server.slot_save_path is None:
+            raise RequestError(HTTPStatus.NOT_IMPLEMENTED, "this server keeps no slot files: start it with "
+                               "--slot-save-path DIR", "not_supported_error")
+        filename = body.get("filename")
+        if action != "erase" and (not isinstance(filename, str) or not filename or filename.startswith(".")
+                                  or any(c in filename for c in '/\\:\0') or len(filename) > 255):
+            raise InvalidArgumentError("filename must be a plain file name (no folders) in the slot save folder")
+        with self.server.host.exclusive() as m:
+            slots = self.server.slots.slots
+            if not slot_id.isdigit() or int(slot_id) >= len(slots):
+                raise InvalidArgumentError(f"no slot {slot_id!r}: this server has slots 0..{len(slots) - 1}")
+            i = int(slot_id)
+            slot = slots[i]
+            t0 = time.perf_counter()
+            if action == "erase":
+                n = len(slot.seq)
+                slot.seq.release()
+                slot.chat_cache = []
+                self.send_json(HTTPStatus.OK, {"id_slot": i, "n_erased": n})
+                return
+            path = self.server.slot_save_path / filename
+            if action == "save":
+                written = save_state(m, slot.seq, path)
+                self.send_json(HTTPStatus.OK, {"id_slot": i, "filename": filename, "n_saved": len(slot.seq),
+                                               "n_written": written,
+                                               "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}})
+            else:
+                n = load_state(m, slot.seq, path)
+                slot.chat_cache = []
+                self.send_json(HTTPStatus.OK, {"id_slot": i, "filename": filename, "n_restored": n,
+                                               "n_read": path.stat().st_size,
+                                               "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3}})
 
     def lora_adapters(self) -> None:
         """GET /lora-adapters: llama-server's list of the adapters loaded (--lora), with their scales."""
