@@ -48,6 +48,8 @@ def serve(
     spec_draft_min: SpecDraftMin = 0,
     spec_ngram_size: SpecNgramSize = 6,
     spec_p_min: SpecPMin = 0.75,
+    metrics: Annotated[bool, typer.Option("--metrics", help="serve GET /metrics (Prometheus' format, "
+                                          "llama-server's counters)")] = False,
     slot_save_path: Annotated[Optional[str], typer.Option(
         "--slot-save-path", help="a folder for POST /slots/ID?action=save|restore (a conversation's KV cache, "
         "llama-server's)")] = None,
@@ -85,7 +87,8 @@ def serve(
         with load(path) as m:
             try:
                 server = make_server(m, host, port, name=registry_name(model), parallel=parallel,
-                                     load=load if switching else None, slot_save_path=slot_save_path)
+                                     load=load if switching else None, slot_save_path=slot_save_path,
+                                     metrics=metrics)
             except OSError as e:
                 raise InvalidArgumentError(f"cannot listen on {host}:{port}: {e.strerror}") from None
             with server, contextlib.closing(server.host):   # the model loaded last, which may not be m

@@ -10,6 +10,7 @@ Sequence, their decode steps batched (pyllm.batching).
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional, Sequence as Seq
@@ -106,6 +107,27 @@ class Metrics:
 
 
 @dataclass
+class Totals:
+    """What an engine has done since it was made (the server's /metrics)."""
+    prompt_tokens: int = 0       # computed, not reused from the cache
+    prompt_s: float = 0.0
+    predicted_tokens: int = 0
+    predicted_s: float = 0.0
+    generations: int = 0
+    steps: int = 0               # forward steps of the generations' sequences (several share a batched one)
+    tokens_max: int = 0          # the most tokens one step held
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, m: "Metrics") -> None:
+        with self.lock:
+            self.prompt_tokens += m.prompt_tokens - m.reused_tokens
+            self.prompt_s += m.prefill_s
+            self.predicted_tokens += m.generated_tokens
+            self.predicted_s += m.decode_s
+            self.generations += 1
+
+
+@dataclass
 class Completion:
     text: str
     tokens: list[int]
@@ -123,6 +145,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.n_ctx, self.n_batch = n_ctx, n_batch
         self.pool = BlockPool(n_blocks, block_size, recurrent)
+        self.totals = Totals()
         self.new_drafter = None      # speculative decoding: makes a generation's guesser (pyllm.speculative)
         self.spec = SpecParams()
         self.batcher: Optional[StepBatcher] = None   # several threads' steps, batched (parallel)
@@ -137,6 +160,8 @@ class Engine:
             self.batcher = StepBatcher(self.backend)
 
     def _forward(self, tokens: Seq[int], start_pos: int, block_table: Seq[int], n_out: int) -> np.ndarray:
+        self.totals.steps += 1
+        self.totals.tokens_max = max(self.totals.tokens_max, len(tokens))
         if self.batcher is not None:
             return self.batcher.forward(tokens, start_pos, block_table, n_out)
         return self.backend.forward(tokens, start_pos, block_table, n_out)
@@ -373,6 +398,7 @@ class Generation:
                 eng.backend.profile(False)
             self.completion = Completion("".join(emitted), tokens, finish, m, logprobs=logprobs,
                                          stop_string=hit_stop_string)
+            eng.totals.add(m)
 
     def _draft(self, drafter, history: list[int], n_generated: int, n_max: int) -> list[int]:
         """The drafter's guess at the tokens after `history`, as long as the step, the

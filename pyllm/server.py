@@ -15,6 +15,7 @@ llama-server's own:
     GET  /slots                 each slot: held by a request or not, tokens its cache keeps
     GET  /lora-adapters         the LoRA adapters loaded (--lora) and their scales; POST sets them
     POST /slots/ID?action=save|restore|erase   a slot's conversation to and from --slot-save-path
+    GET  /metrics               Prometheus counters: tokens and seconds of prompts and replies, steps (--metrics)
 
 and ollama's, for the tools written against it (streamed as JSON lines, ollama's default):
 
@@ -96,8 +97,10 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, model, address: tuple[str, int], name: Optional[str] = None, parallel: Optional[int] = 1,
-                 load: Optional[Callable[[Path], Any]] = None, slot_save_path: Optional[str | os.PathLike] = None):
+                 load: Optional[Callable[[Path], Any]] = None, slot_save_path: Optional[str | os.PathLike] = None,
+                 metrics: bool = False):
         super().__init__(address, Handler)
+        self.metrics = metrics
         self.host = ModelHost(model, name or model.path.stem, parallel, load)
         self.created = int(time.time())
         self.slot_save_path = None if slot_save_path is None else Path(slot_save_path)
@@ -123,13 +126,14 @@ class Server(ThreadingHTTPServer):
 
 def make_server(model, host: str = "127.0.0.1", port: int = 8080, name: Optional[str] = None,
                 parallel: Optional[int] = 1, load: Optional[Callable[[Path], Any]] = None,
-                slot_save_path: Optional[str | os.PathLike] = None) -> Server:
+                slot_save_path: Optional[str | os.PathLike] = None, metrics: bool = False) -> Server:
     """A server for `model` (a pyllm.Model) bound to host:port (0: any free port; see .url),
     running up to `parallel` requests at once (their decode steps batched; None: as many as
     suits the model). With load(path) -> Model, a request may name any model on disk and the
     server switches to it (pyllm.model_host). slot_save_path: the folder POST
-    /slots/ID?action=save|restore writes and reads conversations in (llama-server's)."""
-    return Server(model, (host, port), name, parallel, load, slot_save_path)
+    /slots/ID?action=save|restore writes and reads conversations in (llama-server's). metrics:
+    serve GET /metrics."""
+    return Server(model, (host, port), name, parallel, load, slot_save_path, metrics)
 
 
 # -- requests -> Model calls ----------------------------------------------------------------------
@@ -658,6 +662,39 @@ class Handler(BaseHTTPRequestHandler):
                                                "n_read": path.stat().st_size,
                                                "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3}})
 
+    def metrics(self) -> None:
+        """GET /metrics: llama-server's counters in Prometheus' text format (with --metrics)."""
+        if not self.server.metrics:
+            raise RequestError(HTTPStatus.NOT_IMPLEMENTED, "this server does not serve metrics: start it with "
+                               "--metrics", "not_supported_error")
+        m, slots = self.server.model, self.server.slots
+        t = m.engine.totals
+        busy = sum(b for _, b in slots.states())
+        batcher = m.engine.batcher
+        per_step = batcher.batched_steps / batcher.batches if batcher is not None and batcher.batches else 1.0
+        rows = [("prompt_tokens_total", "counter", "Number of prompt tokens processed.", t.prompt_tokens),
+                ("prompt_seconds_total", "counter", "Prompt process time", t.prompt_s),
+                ("tokens_predicted_total", "counter", "Number of generation tokens processed.", t.predicted_tokens),
+                ("tokens_predicted_seconds_total", "counter", "Predict process time", t.predicted_s),
+                ("n_decode_total", "counter", "Total number of llama_decode() calls",
+                 batcher.batches if batcher is not None else t.steps),
+                ("n_tokens_max", "counter", "Largest observed n_tokens.", t.tokens_max),
+                ("n_busy_slots_per_decode", "counter", "Average number of busy slots per llama_decode() call",
+                 per_step),
+                ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.",
+                 t.prompt_tokens / t.prompt_s if t.prompt_s else 0.0),
+                ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.",
+                 t.predicted_tokens / t.predicted_s if t.predicted_s else 0.0),
+                ("requests_processing", "gauge", "Number of requests processing.", busy),
+                ("requests_deferred", "gauge", "Number of requests deferred.", slots.waiting)]
+        text = "".join(f"# HELP llamacpp:{name} {help}\n# TYPE llamacpp:{name} {kind}\nllamacpp:{name} {value}\n"
+                       for name, kind, help, value in rows).encode()
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(text)))
+        self.end_headers()
+        self.wfile.write(text)
+
     def lora_adapters(self) -> None:
         """GET /lora-adapters: llama-server's list of the adapters loaded (--lora), with their scales."""
         m = self.server.model
@@ -892,7 +929,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 GET_ROUTES = {"/health": Handler.health, "/v1/models": Handler.models, "/props": Handler.llama_props,
-              "/slots": Handler.llama_slots, "/lora-adapters": Handler.lora_adapters,
+              "/slots": Handler.llama_slots, "/lora-adapters": Handler.lora_adapters, "/metrics": Handler.metrics,
               "/api/tags": Handler.ollama_tags, "/api/ps": Handler.ollama_ps, "/api/version": Handler.ollama_version}
 POST_ROUTES = {"/v1/chat/completions": Handler.chat, "/v1/completions": Handler.completions,
                "/v1/embeddings": Handler.embeddings,

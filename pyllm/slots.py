@@ -34,6 +34,7 @@ class Slots:
         self._free = list(self.slots)      # the last released at the end
         self._cv = threading.Condition()
         self._local = threading.local()
+        self.waiting = 0   # threads waiting for a free slot
         engine.pool.reclaim = self.reclaim
 
     def __len__(self) -> int:
@@ -53,8 +54,12 @@ class Slots:
     def take(self) -> Iterator[Slot]:
         """Holds a free slot (waiting for one) for this thread until the block ends."""
         with self._cv:
-            while not self._free:
-                self._cv.wait()
+            self.waiting += 1
+            try:
+                while not self._free:
+                    self._cv.wait()
+            finally:
+                self.waiting -= 1
             slot = self._free.pop()
         self._local.slot = slot
         try:

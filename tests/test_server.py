@@ -580,3 +580,39 @@ def test_ollama_show_and_ps(smol):
     assert call(url, "/api/show", {"model": "other"})[0] == 404
     ps = call(url, "/api/ps")[1]["models"]
     assert [p["name"] for p in ps] == ["test-model"] and ps[0]["context_length"] == 1024 and ps[0]["size_vram"] == 0
+
+
+def test_server_metrics(tmp_path):
+    """GET /metrics (with metrics on): llama-server's counters after one completion."""
+    from gguf.constants import GGMLQuantizationType as QT
+    import synth
+    prompt = [int(t) for t in np.random.default_rng(5).integers(3, 500, 20)]
+    with Model(synth.write_llama(tmp_path / "m.gguf", QT.Q8_0), n_threads=2) as m:
+        for on in (True, False):
+            server = make_server(m, "127.0.0.1", 0, parallel=1, metrics=on)
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            try:
+                if not on:
+                    with pytest.raises(urllib.error.HTTPError) as e:
+                        urllib.request.urlopen(server.url + "/metrics", timeout=60)
+                    assert e.value.code == 501
+                    continue
+                before = m.engine.totals.prompt_tokens
+                req = urllib.request.Request(server.url + "/completion", data=json.dumps(
+                    {"prompt": prompt, "n_predict": 5, "temperature": 0}).encode())
+                with urllib.request.urlopen(req, timeout=60) as r:
+                    out = json.load(r)
+                with urllib.request.urlopen(server.url + "/metrics", timeout=60) as r:
+                    assert r.headers["Content-Type"].startswith("text/plain")
+                    text = r.read().decode()
+                values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+                          if not line.startswith("#")}
+                assert "# TYPE llamacpp:prompt_tokens_total counter" in text
+                assert values["llamacpp:prompt_tokens_total"] == before + 20
+                assert values["llamacpp:tokens_predicted_total"] >= out["tokens_predicted"] > 0
+                assert values["llamacpp:n_decode_total"] >= out["tokens_predicted"]
+                assert values["llamacpp:requests_processing"] == 0 and values["llamacpp:requests_deferred"] == 0
+                assert values["llamacpp:prompt_tokens_seconds"] > 0
+            finally:
+                server.shutdown()
+                server.server_close()

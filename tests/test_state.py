@@ -134,3 +134,4 @@ def test_server_slot_save_restore_erase(llama, tmp_path):
         finally:
             server.shutdown()
             server.server_close()
+
