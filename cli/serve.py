@@ -48,6 +48,9 @@ def serve(
     spec_draft_min: SpecDraftMin = 0,
     spec_ngram_size: SpecNgramSize = 6,
     spec_p_min: SpecPMin = 0.75,
+    keep_alive: Annotated[Optional[str], typer.Option(
+        "--keep-alive", help="how long an idle model stays loaded (5m, 1h, 30s; -1: for ever); default 5m "
+        "without -m (ollama's), for ever with -m (llama-server's); a request's keep_alive overrides it")] = None,
     metrics: Annotated[bool, typer.Option("--metrics", help="serve GET /metrics (Prometheus' format, "
                                           "llama-server's counters)")] = False,
     slot_save_path: Annotated[Optional[str], typer.Option(
@@ -67,7 +70,10 @@ def serve(
         if pooling is not None and pooling not in ("mean", "cls", "last"):
             raise InvalidArgumentError(f"--pooling must be mean, cls or last, not {pooling!r}")
         from pyllm import Model
+        from pyllm.model_host import keep_alive_seconds
         from pyllm.server import make_server
+
+        idle_s = None if keep_alive is None else keep_alive_seconds(keep_alive)
 
         path = model_path(model)
 
@@ -88,7 +94,7 @@ def serve(
             try:
                 server = make_server(m, host, port, name=registry_name(model), parallel=parallel,
                                      load=load if switching else None, slot_save_path=slot_save_path,
-                                     metrics=metrics)
+                                     metrics=metrics, keep_alive=idle_s)
             except OSError as e:
                 raise InvalidArgumentError(f"cannot listen on {host}:{port}: {e.strerror}") from None
             with server, contextlib.closing(server.host):   # the model loaded last, which may not be m

@@ -13,7 +13,10 @@ the loaded model while they run (pyllm.slots).
 from __future__ import annotations
 
 import logging
+import math
+import re
 import threading
+import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Callable, Iterator, Optional
@@ -24,23 +27,50 @@ from .errors import ModelNotFoundError
 log = logging.getLogger("pyllm")
 
 DEFAULT_PARALLEL = 4   # requests at once where steps can batch (llama-server's default number of slots)
+DEFAULT_KEEP_ALIVE_S = 300.0   # ollama's: a model unloads five minutes after its last request
+
+
+def keep_alive_seconds(value) -> float:
+    """ollama's keep_alive: seconds as a number, or a duration text ("5m", "1h30m", "45s",
+    "0"); negative: for ever (inf)."""
+    from .errors import InvalidArgumentError
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and value.strip():
+        text = value.strip()
+        sign = -1.0 if text.startswith("-") else 1.0
+        parts = re.findall(r"(\d+(?:\.\d*)?)(ms|h|m|s)?", text.lstrip("+-"))
+        if not parts or "".join(n + u for n, u in parts) != text.lstrip("+-"):
+            raise InvalidArgumentError(f"keep_alive must be seconds or a duration such as 5m, 1h or 30s, "
+                                       f"not {value!r}")
+        unit = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "": 1.0}
+        seconds = sign * sum(float(n) * unit[u] for n, u in parts)
+    else:
+        raise InvalidArgumentError(f"keep_alive must be seconds or a duration such as 5m, not {value!r}")
+    return math.inf if seconds < 0 else seconds
 
 
 class ModelHost:
     def __init__(self, model, name: str, parallel: Optional[int] = None,
-                 load: Optional[Callable[[Path], object]] = None):
+                 load: Optional[Callable[[Path], object]] = None, keep_alive: Optional[float] = None):
         """parallel: requests at once (None: DEFAULT_PARALLEL where the model's steps can hold
         several sequences, else 1). load(path) -> Model: how to load another model, or None to
-        serve this one only."""
+        serve this one only. keep_alive: idle seconds before the model unloads (None: 5 minutes
+        with a loader, for ever without)."""
         self.parallel, self.load = parallel, load
+        self.keep_alive = (DEFAULT_KEEP_ALIVE_S if load is not None else math.inf) if keep_alive is None \
+            else keep_alive
         self._cv = threading.Condition()
         self._users = 0            # requests running on the loaded model
         self._switchers = 0        # requests waiting to load another
         self._switching = False
+        self._load_lock = threading.Lock()   # one reload after an unload
+        self._timer: Optional[threading.Timer] = None
+        self.expires_at = math.inf           # time.monotonic() at which the idle model unloads
         self._install(model, name)
 
     def _install(self, model, name: str) -> None:
-        self.model, self.name = model, name
+        self.model, self.name, self.path = model, name, Path(model.path)
         n = self.parallel
         if n is None:
             n = DEFAULT_PARALLEL if model.backend.batches_sequences else 1
@@ -49,9 +79,9 @@ class ModelHost:
     # -- what a request may name -------------------------------------------------------------
     def available(self) -> list[tuple[str, Path]]:
         """(name, file) of every model a request may name, the loaded one first."""
-        out = {self.name: Path(self.model.path)}
+        out = {self.name: self.path}
         if self.load is not None:
-            seen = {Path(self.model.path).resolve()}
+            seen = {self.path.resolve()}
             for name, path in registry.installed():
                 if path.resolve() not in seen:
                     out[name] = path
@@ -70,7 +100,7 @@ class ModelHost:
             return None
         name = requested.removesuffix(":latest")
         if name == self.name:   # the loaded one: no need to look at the folder
-            return name, Path(self.model.path)
+            return name, self.path
         available = self.available()
         for n, path in available:
             if n == name:
@@ -80,10 +110,12 @@ class ModelHost:
 
     # -- running a request -------------------------------------------------------------------
     @contextmanager
-    def use(self, requested: Optional[str] = None, slot: bool = True) -> Iterator[object]:
+    def use(self, requested: Optional[str] = None, slot: bool = True,
+            keep_alive: Optional[float] = None) -> Iterator[object]:
         """The model a request names, loaded (switching to it if need be) and kept until the
         block ends, with a slot of it held for this thread (slot=False: a request that only
-        reads about the model)."""
+        reads about the model); keep_alive: the idle seconds it stays loaded after (None: the
+        host's)."""
         want = self.resolve(requested)
         with self._cv:
             waiting_to_switch = False   # counted in _switchers
@@ -112,12 +144,61 @@ class ModelHost:
                     self._users += loaded   # in at once: no other switch comes between
                     self._cv.notify_all()
         try:
+            self._reload()
             with self.slots.take() if slot else nullcontext():
                 yield self.model
         finally:
             with self._cv:
                 self._users -= 1
+                if self._users == 0:
+                    self._idle(self.keep_alive if keep_alive is None else keep_alive)
                 self._cv.notify_all()
+
+    # -- keep-alive ----------------------------------------------------------------------------
+    def _reload(self) -> None:
+        """(as a user) loads the model again if an idle timeout unloaded it."""
+        with self._load_lock:
+            if self.model is None:
+                log.info("loading %s again", self.name)
+                self._install(self.load(self.path), self.name)
+
+    def current(self):
+        """The model, loaded again if it was unloaded (for requests that only read about it)."""
+        if self.model is not None:
+            return self.model
+        with self.use(None, slot=False) as m:
+            return m
+
+    def _idle(self, keep_alive: float) -> None:
+        """(under the lock, no user left) the model unloads keep_alive seconds from now."""
+        self.expires_at = time.monotonic() + keep_alive
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if math.isfinite(keep_alive) and self.load is not None:
+            self._timer = threading.Timer(keep_alive, self._expire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _expire(self) -> None:
+        with self._cv:
+            if self.model is None or self._users or self._switching or self._switchers \
+                    or time.monotonic() < self.expires_at - 1e-3:
+                return
+            log.info("unloading %s: idle for its keep-alive", self.name)
+            self.model.close()
+            self.model = self.slots = None
+            self.expires_at = math.inf
+
+    def unload(self) -> bool:
+        """Unloads the model now if no request is using it (ollama's keep_alive 0 on a load
+        request); False if it is in use or not loaded."""
+        with self._cv:
+            if self._users or self.model is None or self.load is None:
+                return False
+            self.expires_at = time.monotonic()
+        self._expire()
+        return self.model is None
 
     @contextmanager
     def exclusive(self) -> Iterator[object]:
@@ -130,6 +211,7 @@ class ModelHost:
             self._switchers -= 1
             self._switching = True
         try:
+            self._reload()
             yield self.model
         finally:
             with self._cv:
@@ -138,9 +220,11 @@ class ModelHost:
 
     def _switch(self, name: str, path: Path) -> None:
         """Replaces the loaded model by the one at path; if it fails to load, the old one comes back."""
-        old_name, old_path = self.name, Path(self.model.path)
+        old_name, old_path = self.name, self.path
         log.info("loading %s in place of %s", name, old_name)
-        self.model.close()
+        if self.model is not None:
+            self.model.close()
+            self.model = None
         try:
             model = self.load(path)
         except BaseException:
@@ -149,4 +233,7 @@ class ModelHost:
         self._install(model, name)
 
     def close(self) -> None:
-        self.model.close()
+        if self._timer is not None:
+            self._timer.cancel()
+        if self.model is not None:
+            self.model.close()

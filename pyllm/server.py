@@ -72,7 +72,7 @@ from .errors import (ContextFullError, InvalidArgumentError, ModelNotFoundError,
 from .infill import check_extra, psm_prompt
 from .state import load as load_state, save as save_state
 from .model_file import ModelFile
-from .model_host import ModelHost
+from .model_host import ModelHost, keep_alive_seconds
 
 log = logging.getLogger("pyllm")
 
@@ -98,17 +98,17 @@ class Server(ThreadingHTTPServer):
 
     def __init__(self, model, address: tuple[str, int], name: Optional[str] = None, parallel: Optional[int] = 1,
                  load: Optional[Callable[[Path], Any]] = None, slot_save_path: Optional[str | os.PathLike] = None,
-                 metrics: bool = False):
+                 metrics: bool = False, keep_alive: Optional[float] = None):
         super().__init__(address, Handler)
         self.metrics = metrics
-        self.host = ModelHost(model, name or model.path.stem, parallel, load)
+        self.host = ModelHost(model, name or model.path.stem, parallel, load, keep_alive)
         self.created = int(time.time())
         self.slot_save_path = None if slot_save_path is None else Path(slot_save_path)
 
     # the loaded model, its name and slots (the same throughout a request: host.use holds them)
     @property
     def model(self):
-        return self.host.model
+        return self.host.current()   # loaded again if its keep-alive had unloaded it
 
     @property
     def name(self) -> str:
@@ -116,6 +116,7 @@ class Server(ThreadingHTTPServer):
 
     @property
     def slots(self):
+        self.host.current()
         return self.host.slots
 
     @property
@@ -126,14 +127,16 @@ class Server(ThreadingHTTPServer):
 
 def make_server(model, host: str = "127.0.0.1", port: int = 8080, name: Optional[str] = None,
                 parallel: Optional[int] = 1, load: Optional[Callable[[Path], Any]] = None,
-                slot_save_path: Optional[str | os.PathLike] = None, metrics: bool = False) -> Server:
+                slot_save_path: Optional[str | os.PathLike] = None, metrics: bool = False,
+                keep_alive: Optional[float] = None) -> Server:
     """A server for `model` (a pyllm.Model) bound to host:port (0: any free port; see .url),
     running up to `parallel` requests at once (their decode steps batched; None: as many as
     suits the model). With load(path) -> Model, a request may name any model on disk and the
     server switches to it (pyllm.model_host). slot_save_path: the folder POST
     /slots/ID?action=save|restore writes and reads conversations in (llama-server's). metrics:
-    serve GET /metrics."""
-    return Server(model, (host, port), name, parallel, load, slot_save_path, metrics)
+    serve GET /metrics. keep_alive: idle seconds before a model unloads (pyllm.model_host;
+    None: 5 minutes with a loader, for ever without)."""
+    return Server(model, (host, port), name, parallel, load, slot_save_path, metrics, keep_alive)
 
 
 # -- requests -> Model calls ----------------------------------------------------------------------
@@ -736,7 +739,9 @@ class Handler(BaseHTTPRequestHandler):
         models = []
         for name, path in self.server.host.available():
             try:
-                details = ollama_details(self.server.model.file if name == self.server.name else ModelFile(path))
+                loaded = self.server.host.model   # listing does not load a model its keep-alive unloaded
+                details = ollama_details(loaded.file if loaded is not None and name == self.server.host.name
+                                         else ModelFile(path))
             except PyllmError:   # a file in the models folder that does not open: not listed
                 continue
             models.append({"name": name, "model": name, "size": path.stat().st_size, "digest": "",
@@ -744,11 +749,17 @@ class Handler(BaseHTTPRequestHandler):
         self.send_json(HTTPStatus.OK, {"models": models})
 
     def ollama_ps(self) -> None:
-        """GET /api/ps: the loaded model (always this one), never unloaded."""
-        m = self.server.model
+        """GET /api/ps: the loaded model, if its keep-alive has not unloaded it, and when it will."""
+        host = self.server.host
+        m = host.model
+        if m is None:
+            self.send_json(HTTPStatus.OK, {"models": []})
+            return
+        left = host.expires_at - time.monotonic()
+        expires = "2999-01-01T00:00:00Z" if not math.isfinite(left) else iso_time(time.time() + max(0.0, left))
         self.send_json(HTTPStatus.OK, {"models": [{
             "name": self.server.name, "model": self.server.name, "size": m.file.file_size, "digest": "",
-            "details": ollama_details(m.file), "expires_at": "2999-01-01T00:00:00Z",
+            "details": ollama_details(m.file), "expires_at": expires,
             "size_vram": sum(m.plan.gpu_memory.values()) if m.plan is not None else 0, "context_length": m.n_ctx}]})
 
     def ollama_show(self) -> None:
@@ -820,6 +831,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def ollama_chat(self) -> None:
         body = self.read_json()
+        if body.get("messages") == []:   # ollama's way to load (or, keep_alive 0, unload) a model
+            self._ollama_load(body, "message")
+            return
         messages = messages_of(body)
         tools = body.get("tools") or None
         self._ollama_reply(body, lambda m, max_tokens, stop, sampling, think: m.chat(
@@ -838,11 +852,8 @@ class Handler(BaseHTTPRequestHandler):
                 psm_prompt(m.tokenizer, m.path.name, prompt, suffix), max_tokens=max_tokens, stop=stop,
                 **sampling), "response")
             return
-        if not prompt:   # ollama's way to load a model: nothing to generate
-            with self.server.host.use(body.get("model"), slot=False):
-                name = self.server.name
-            self.send_json(HTTPStatus.OK, {"model": name, "created_at": iso_time(), "response": "",
-                                           "done": True, "done_reason": "load"})
+        if not prompt:   # ollama's way to load (or, keep_alive 0, unload) a model: nothing to generate
+            self._ollama_load(body, "response")
             return
         if body.get("raw"):
             self._ollama_reply(body, lambda m, max_tokens, stop, sampling, think: m.stream(
@@ -851,6 +862,25 @@ class Handler(BaseHTTPRequestHandler):
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         self._ollama_reply(body, lambda m, max_tokens, stop, sampling, think: m.chat(
             messages, max_tokens=max_tokens, stop=stop, stream=True, think=think, **sampling), "response")
+
+    def _ollama_load(self, body: dict, field: str) -> None:
+        """A load request (no prompt, no messages): loads the model named, or with keep_alive 0
+        unloads it (`ollama stop`)."""
+        keep_alive = keep_alive_of(body)
+        host = self.server.host
+        answer = {"message": {"role": "assistant", "content": ""}} if field == "message" else {"response": ""}
+        if keep_alive == 0:
+            want = host.resolve(body.get("model"))
+            name = want[0] if want is not None else host.name
+            if name == host.name:
+                host.unload()
+            self.send_json(HTTPStatus.OK, {"model": name, "created_at": iso_time(), **answer, "done": True,
+                                           "done_reason": "unload"})
+            return
+        with host.use(body.get("model"), slot=False, keep_alive=keep_alive):
+            name = self.server.name
+        self.send_json(HTTPStatus.OK, {"model": name, "created_at": iso_time(), **answer, "done": True,
+                                       "done_reason": "load"})
 
     def _ollama_reply(self, body: dict, start, field: str) -> None:
         """A reply as ollama sends one: JSON lines (stream, the default) or one object. start(model,
@@ -878,7 +908,7 @@ class Handler(BaseHTTPRequestHandler):
         def head() -> dict:
             return {"model": self.server.name, "created_at": iso_time()}
 
-        with self.server.host.use(body.get("model")) as m:
+        with self.server.host.use(body.get("model"), keep_alive=keep_alive_of(body)) as m:
             m.require_generation()
             reply = start(m, max_tokens, options.get("stop"), {**sampling, "format": fmt}, flag(body.get("think")))
             parts, close = reply_parts(reply)
@@ -939,6 +969,12 @@ POST_ROUTES = {"/v1/chat/completions": Handler.chat, "/v1/completions": Handler.
                "/apply-template": Handler.llama_apply_template, "/lora-adapters": Handler.set_lora_adapters,
                "/api/chat": Handler.ollama_chat, "/api/generate": Handler.ollama_generate,
                "/api/embed": Handler.ollama_embed, "/api/pull": Handler.ollama_pull, "/api/show": Handler.ollama_show}
+
+
+def keep_alive_of(body: dict) -> Optional[float]:
+    """A request's keep_alive in seconds (inf: for ever), None when absent."""
+    value = body.get("keep_alive")
+    return None if value is None else keep_alive_seconds(value)
 
 
 def flag(value: Any) -> Optional[bool]:

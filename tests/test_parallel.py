@@ -4,6 +4,7 @@ parallel requests take, and the server itself with --parallel. A batched row mus
 the sequence's own step computes, bit for bit, so parallel requests get the text they get alone."""
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -314,6 +315,60 @@ def test_the_server_switches_to_the_model_a_request_names(tmp_path, monkeypatch)
         for t in threads:
             t.join(timeout=300)
         assert out == [want[n] for n in names]
+    finally:
+        server.shutdown()
+        server.server_close()
+        server.host.close()
+
+
+def test_keep_alive_unloads_an_idle_model_and_the_next_request_loads_it(tmp_path, monkeypatch):
+    """ollama's keep_alive: 0 unloads as soon as the request is done (and on a load request:
+    `ollama stop`), a duration schedules it, negative keeps the model; /api/ps shows it; the
+    next request loads the model again and answers as before."""
+    from pyllm.model_host import keep_alive_seconds
+    from pyllm.server import make_server
+    monkeypatch.setenv("PYLLM_MODELS", str(tmp_path))
+    a = synth.write_llama(tmp_path / "a.gguf")
+    loads = []
+
+    def load(path):
+        loads.append(path)
+        return Model(path, n_ctx=128, n_threads=1)
+    assert [keep_alive_seconds(v) for v in ("5m", "1h30m", "45s", "0", 12, "-1", -3)] == \
+        [300, 5400, 45, 0, 12, float("inf"), float("inf")]
+    with pytest.raises(InvalidArgumentError):
+        keep_alive_seconds("soon")
+    server = make_server(load(a), "127.0.0.1", 0, name="a", load=load)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def ps():
+        with urllib.request.urlopen(server.url + "/api/ps", timeout=30) as r:
+            return json.load(r)["models"]
+
+    def generate(**kw):
+        return post(server.url + "/api/generate", {"model": "a", "prompt": "hi", "stream": False, "raw": True,
+                                                   "options": {"num_predict": 4, "temperature": 0}, **kw})
+    try:
+        first = generate()["response"]
+        assert server.host.model is not None and len(loads) == 1
+        assert 290 < server.host.expires_at - time.monotonic() <= 300   # ollama's default: five minutes
+        expires = ps()[0]["expires_at"]
+        assert expires.startswith(str(time.gmtime().tm_year))   # five minutes from now, not "never"
+        assert generate(keep_alive=0)["response"] == first
+        for _ in range(100):   # the timer fires at once
+            if server.host.model is None:
+                break
+            time.sleep(0.05)
+        assert server.host.model is None and ps() == []
+        with urllib.request.urlopen(server.url + "/api/tags", timeout=30) as r:   # listing does not load it
+            assert [t["name"] for t in json.load(r)["models"]] == ["a"]
+        assert server.host.model is None
+        assert generate(keep_alive=-1)["response"] == first and len(loads) == 2
+        assert ps()[0]["expires_at"].startswith("2999")
+        stop = post(server.url + "/api/generate", {"model": "a", "keep_alive": 0})   # ollama stop
+        assert stop["done_reason"] == "unload" and server.host.model is None
+        assert post(server.url + "/api/chat", {"model": "a", "messages": []})["done_reason"] == "load"
+        assert server.host.model is not None and len(loads) == 3
     finally:
         server.shutdown()
         server.server_close()
