@@ -8,16 +8,12 @@ model). On SmolLM2 so marked, llama.cpp computes the same top tokens from the sa
 PSM prompt (checked by hand with llama-cpp-python when this was written: top-5 equal at
 both positions looked at, logits within 0.4).
 """
-import json
-import threading
-import urllib.error
-import urllib.request
-
 import pytest
 from gguf.constants import GGMLQuantizationType as QT
 
 import synth
 from test_cli import one_error_line, pyllm
+from test_server import call, served
 from pyllm import Model
 from pyllm.errors import InvalidArgumentError, UnsupportedModelError
 from pyllm.infill import CHUNK_SEPARATOR, psm_prompt, server_prompt
@@ -102,44 +98,24 @@ def test_infill_generates_from_that_prompt(fim):
 
 
 def test_server_infill_and_suffix(fim, plain):
-    from pyllm.server import make_server
     with Model(fim, n_threads=2) as m:
         want_infill = m.infill("ab", "cd", prompt="e", max_tokens=6, temperature=0).text
         want_psm = m.generate(psm_prompt(m.tokenizer, "x", "ab", "cd"), max_tokens=6, temperature=0).text
-        server = make_server(m, "127.0.0.1", 0)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        try:
-            def call(path, body):
-                req = urllib.request.Request(server.url + path, data=json.dumps(body).encode(),
-                                             headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(req, timeout=60) as r:
-                    return json.load(r)
-            got = call("/infill", {"input_prefix": "ab", "input_suffix": "cd", "prompt": "e", "n_predict": 6,
-                                   "temperature": 0})
-            assert got["content"] == want_infill
-            got = call("/v1/completions", {"prompt": "ab", "suffix": "cd", "max_tokens": 6, "temperature": 0})
-            assert got["choices"][0]["text"] == want_psm
-            got = call("/api/generate", {"prompt": "ab", "suffix": "cd", "stream": False,
-                                         "options": {"num_predict": 6, "temperature": 0}})
-            assert got["response"] == want_psm
-            with pytest.raises(urllib.error.HTTPError) as e:
-                call("/infill", {"input_prefix": 3})
-            assert e.value.code == 400
-        finally:
-            server.shutdown()
-            server.server_close()
+        with served(m) as server:
+            status, got = call(server.url, "/infill", {"input_prefix": "ab", "input_suffix": "cd", "prompt": "e",
+                                                       "n_predict": 6, "temperature": 0})
+            assert status == 200 and got["content"] == want_infill
+            status, got = call(server.url, "/v1/completions", {"prompt": "ab", "suffix": "cd", "max_tokens": 6,
+                                                               "temperature": 0})
+            assert status == 200 and got["choices"][0]["text"] == want_psm
+            status, got = call(server.url, "/api/generate", {"prompt": "ab", "suffix": "cd", "stream": False,
+                                                             "options": {"num_predict": 6, "temperature": 0}})
+            assert status == 200 and got["response"] == want_psm
+            assert call(server.url, "/infill", {"input_prefix": 3})[0] == 400
     with Model(plain, n_threads=2) as m:
-        server = make_server(m, "127.0.0.1", 0)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        try:
-            req = urllib.request.Request(server.url + "/infill", data=b'{"input_prefix": "a"}',
-                                         headers={"Content-Type": "application/json"})
-            with pytest.raises(urllib.error.HTTPError) as e:
-                urllib.request.urlopen(req, timeout=60)
-            assert e.value.code == 501 and "fill-in-the-middle" in json.load(e.value)["error"]["message"]
-        finally:
-            server.shutdown()
-            server.server_close()
+        with served(m) as server:
+            status, out = call(server.url, "/infill", {"input_prefix": "a"})
+            assert status == 501 and "fill-in-the-middle" in out["error"]["message"]
 
 
 def test_cli_run_suffix(fim, plain):

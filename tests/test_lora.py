@@ -8,10 +8,7 @@ Tolerances: pyllm keeps s A in F16, so on float weights the logits sit about
 1e-3 of their spread from the merged float32 reference (without an adapter:
 about 1e-4, the f16 KV cache alone).
 """
-import json
 import threading
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
@@ -19,6 +16,7 @@ from gguf.constants import GGMLQuantizationType as QT
 
 import synth
 from test_cli import one_error_line, pyllm
+from test_server import call, served
 from pyllm import Model
 from pyllm.arch import load_architecture
 from pyllm.errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
@@ -228,29 +226,16 @@ def test_cli_run_with_an_adapter(tmp_path, llama):
 def test_server_lists_and_rescales_adapters(tmp_path, llama):
     """llama-server's GET/POST /lora-adapters: the list with each adapter's scale, and new scales
     that the next request runs with."""
-    from pyllm.server import make_server
     adapter = synth.write_lora(tmp_path / "a.gguf", llama, size=0.5)
     prompt = list(TOKENS[:10])
     with Model(llama, n_threads=2, lora=[(adapter, 0.3)]) as fresh:
         want = fresh.generate(prompt, max_tokens=6, temperature=0).tokens
     with Model(llama, n_threads=2, lora=[adapter]) as m:
-        server = make_server(m, "127.0.0.1", 0, parallel=1)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        try:
-            def call(path, body=None):
-                req = urllib.request.Request(server.url + path, method="POST" if body is not None else "GET",
-                                             data=None if body is None else json.dumps(body).encode(),
-                                             headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(req, timeout=60) as r:
-                    return json.load(r)
-            assert call("/lora-adapters") == [{"id": 0, "path": adapter, "scale": 1.0}]
-            call("/lora-adapters", [{"id": 0, "scale": 0.3}])
-            assert call("/lora-adapters")[0]["scale"] == 0.3
-            got = call("/completion", {"prompt": prompt, "n_predict": 6, "temperature": 0, "return_tokens": True})
-            assert got["tokens"] == want
-            with pytest.raises(urllib.error.HTTPError) as e:
-                call("/lora-adapters", [{"id": 3, "scale": 1}])
-            assert e.value.code == 400
-        finally:
-            server.shutdown()
-            server.server_close()
+        with served(m, parallel=1) as server:
+            assert call(server.url, "/lora-adapters") == (200, [{"id": 0, "path": adapter, "scale": 1.0}])
+            assert call(server.url, "/lora-adapters", [{"id": 0, "scale": 0.3}])[0] == 200
+            assert call(server.url, "/lora-adapters")[1][0]["scale"] == 0.3
+            status, got = call(server.url, "/completion", {"prompt": prompt, "n_predict": 6, "temperature": 0,
+                                                           "return_tokens": True})
+            assert status == 200 and got["tokens"] == want
+            assert call(server.url, "/lora-adapters", [{"id": 3, "scale": 1}])[0] == 400

@@ -9,6 +9,7 @@ import sys
 import threading
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -23,6 +24,18 @@ def serving(model):
     server = make_server(model, "127.0.0.1", 0, name="test-model")
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
+
+
+@contextmanager
+def served(model, **kw):
+    """A server for `model` on a free port (make_server's keywords), shut down afterwards."""
+    server = make_server(model, "127.0.0.1", 0, **kw)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -583,36 +596,25 @@ def test_ollama_show_and_ps(smol):
 
 
 def test_server_metrics(tmp_path):
-    """GET /metrics (with metrics on): llama-server's counters after one completion."""
+    """GET /metrics (with --metrics): llama-server's counters after one completion; 501 without."""
     from gguf.constants import GGMLQuantizationType as QT
     import synth
     prompt = [int(t) for t in np.random.default_rng(5).integers(3, 500, 20)]
     with Model(synth.write_llama(tmp_path / "m.gguf", QT.Q8_0), n_threads=2) as m:
-        for on in (True, False):
-            server = make_server(m, "127.0.0.1", 0, parallel=1, metrics=on)
-            threading.Thread(target=server.serve_forever, daemon=True).start()
-            try:
-                if not on:
-                    with pytest.raises(urllib.error.HTTPError) as e:
-                        urllib.request.urlopen(server.url + "/metrics", timeout=60)
-                    assert e.value.code == 501
-                    continue
-                before = m.engine.totals.prompt_tokens
-                req = urllib.request.Request(server.url + "/completion", data=json.dumps(
-                    {"prompt": prompt, "n_predict": 5, "temperature": 0}).encode())
-                with urllib.request.urlopen(req, timeout=60) as r:
-                    out = json.load(r)
-                with urllib.request.urlopen(server.url + "/metrics", timeout=60) as r:
-                    assert r.headers["Content-Type"].startswith("text/plain")
-                    text = r.read().decode()
-                values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
-                          if not line.startswith("#")}
-                assert "# TYPE llamacpp:prompt_tokens_total counter" in text
-                assert values["llamacpp:prompt_tokens_total"] == before + 20
-                assert values["llamacpp:tokens_predicted_total"] >= out["tokens_predicted"] > 0
-                assert values["llamacpp:n_decode_total"] >= out["tokens_predicted"]
-                assert values["llamacpp:requests_processing"] == 0 and values["llamacpp:requests_deferred"] == 0
-                assert values["llamacpp:prompt_tokens_seconds"] > 0
-            finally:
-                server.shutdown()
-                server.server_close()
+        with served(m, parallel=1) as server:
+            status, _ = call(server.url, "/metrics")
+            assert status == 501
+        with served(m, parallel=1, metrics=True) as server:
+            before = m.engine.totals.prompt_tokens
+            status, out = call(server.url, "/completion", {"prompt": prompt, "n_predict": 5, "temperature": 0})
+            assert status == 200
+            with urllib.request.urlopen(server.url + "/metrics", timeout=60) as r:
+                assert r.headers["Content-Type"].startswith("text/plain")
+                text = r.read().decode()
+    values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if not line.startswith("#")}
+    assert "# TYPE llamacpp:prompt_tokens_total counter" in text
+    assert values["llamacpp:prompt_tokens_total"] == before + 20
+    assert values["llamacpp:tokens_predicted_total"] >= out["tokens_predicted"] > 0
+    assert values["llamacpp:n_decode_total"] >= out["tokens_predicted"]
+    assert values["llamacpp:requests_processing"] == 0 and values["llamacpp:requests_deferred"] == 0
+    assert values["llamacpp:prompt_tokens_seconds"] > 0

@@ -1,9 +1,6 @@
 """A conversation's KV cache on disk (pyllm/state.py): Model.save_state / load_state,
 `pyllm run --prompt-cache`, and the server's POST /slots/ID?action=save|restore|erase."""
 import json
-import threading
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
@@ -11,6 +8,7 @@ from gguf.constants import GGMLQuantizationType as QT
 
 import synth
 from test_cli import pyllm
+from test_server import call, served
 from pyllm import Model
 from pyllm.errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
 
@@ -91,47 +89,27 @@ def test_cli_prompt_cache(smollm2_path, tmp_path):
 
 
 def test_server_slot_save_restore_erase(llama, tmp_path):
-    from pyllm.server import make_server
     with Model(llama, n_threads=2) as m:
-        server = make_server(m, "127.0.0.1", 0, parallel=1, slot_save_path=tmp_path)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        try:
-            def call(path, body=None):
-                req = urllib.request.Request(server.url + path, method="POST" if body is not None else "GET",
-                                             data=None if body is None else json.dumps(body).encode(),
-                                             headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(req, timeout=60) as r:
-                    return json.load(r)
-            first = call("/completion", {"prompt": PROMPT, "n_predict": 4, "temperature": 0, "return_tokens": True})
-            n = call("/slots")[0]["n_past"]
+        with served(m, parallel=1, slot_save_path=tmp_path) as server:
+            def post(path, body):
+                status, out = call(server.url, path, body)
+                assert status == 200, out
+                return out
+            ask = {"prompt": PROMPT, "n_predict": 4, "temperature": 0, "return_tokens": True}
+            first = post("/completion", ask)
+            n = call(server.url, "/slots")[1][0]["n_past"]
             assert n == len(PROMPT) + 3
-            saved = call("/slots/0?action=save", {"filename": "conv.bin"})
+            saved = post("/slots/0?action=save", {"filename": "conv.bin"})
             assert saved["n_saved"] == n and saved["n_written"] == (tmp_path / "conv.bin").stat().st_size
-            assert call("/slots/0?action=erase", {}) == {"id_slot": 0, "n_erased": n}
-            assert call("/slots")[0]["n_past"] == 0
-            assert call("/slots/0?action=restore", {"filename": "conv.bin"})["n_restored"] == n
-            assert call("/slots")[0]["n_past"] == n
-            again = call("/completion", {"prompt": PROMPT, "n_predict": 4, "temperature": 0, "return_tokens": True})
+            assert post("/slots/0?action=erase", {}) == {"id_slot": 0, "n_erased": n}
+            assert call(server.url, "/slots")[1][0]["n_past"] == 0
+            assert post("/slots/0?action=restore", {"filename": "conv.bin"})["n_restored"] == n
+            assert call(server.url, "/slots")[1][0]["n_past"] == n
+            again = post("/completion", ask)
             assert again["tokens"] == first["tokens"] and again["timings"]["cache_n"] == len(PROMPT) - 1
-            for path, body, code in (("/slots/0?action=save", {"filename": "../x"}, 400),
-                                     ("/slots/5?action=save", {"filename": "x"}, 400),
-                                     ("/slots/0?action=fly", {}, 400),
-                                     ("/slots/0?action=restore", {"filename": "none.bin"}, 400)):
-                with pytest.raises(urllib.error.HTTPError) as e:
-                    call(path, body)
-                assert e.value.code == code, path
-        finally:
-            server.shutdown()
-            server.server_close()
-        server = make_server(m, "127.0.0.1", 0, parallel=1)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        try:
-            req = urllib.request.Request(server.url + "/slots/0?action=save", data=b'{"filename": "a"}',
-                                         headers={"Content-Type": "application/json"})
-            with pytest.raises(urllib.error.HTTPError) as e:
-                urllib.request.urlopen(req, timeout=60)
-            assert e.value.code == 501 and "--slot-save-path" in json.load(e.value)["error"]["message"]
-        finally:
-            server.shutdown()
-            server.server_close()
-
+            for path, body in (("/slots/0?action=save", {"filename": "../x"}), ("/slots/5?action=save", {"filename": "x"}),
+                               ("/slots/0?action=fly", {}), ("/slots/0?action=restore", {"filename": "none.bin"})):
+                assert call(server.url, path, body)[0] == 400, path
+        with served(m, parallel=1) as server:   # no --slot-save-path
+            status, out = call(server.url, "/slots/0?action=save", {"filename": "a"})
+            assert status == 501 and "--slot-save-path" in out["error"]["message"]
