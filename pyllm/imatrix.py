@@ -18,6 +18,7 @@ The file is llama.cpp's imatrix GGUF: general.type "imatrix", per matrix
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,8 @@ from typing import Callable, Optional
 import numpy as np
 
 from .errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
+
+log = logging.getLogger("pyllm")
 
 SUMS, COUNTS = ".in_sum2", ".counts"
 
@@ -94,19 +97,28 @@ def compute(model: str | os.PathLike, text: str, n_ctx: int = 512, n_threads: in
             max_chunks: Optional[int] = None, dataset: str = "",
             on_chunk: Optional[Callable[[int, int], None]] = None) -> Imatrix:
     """The importance matrix of `model` on `text` (see the module's doc); on_chunk(i, n) after each chunk."""
+    from .model_file import ModelFile
+
+    if n_ctx < 2:
+        raise InvalidArgumentError(f"the chunk size (-c) must be at least 2 tokens, not {n_ctx}")
+    with ModelFile(model) as mf:
+        sums, reads, n_chunks = _collect(mf, Path(model).name, text, n_ctx, n_threads, n_batch, max_chunks, on_chunk)
+    counts = {name: n * n_chunks * n_ctx for name, n in reads.items()}
+    return Imatrix(sums, counts, [dataset] if dataset else [], n_chunks, n_ctx)
+
+
+def _collect(mf, name: str, text: str, n_ctx: int, n_threads: int, n_batch: int, max_chunks: Optional[int],
+             on_chunk) -> tuple[dict, dict, int]:
+    """(sums, products per step of each matrix, chunks run) of the model in mf on text."""
     from .arch import load_architecture
     from .backend.cpu import CpuBackend
     from .defaults import BLOCK_SIZE
     from .graph import OP_MATMUL_ID, Graph
-    from .model_file import ModelFile
     from .tokenizer import load_tokenizer
 
-    if n_ctx < 2:
-        raise InvalidArgumentError(f"the chunk size (-c) must be at least 2 tokens, not {n_ctx}")
-    mf = ModelFile(model)
     arch = load_architecture(mf, n_ctx=n_ctx)
     if not arch.causal:
-        raise UnsupportedModelError(f"{Path(model).name} is an embedding model: pyllm imatrix runs generating models")
+        raise UnsupportedModelError(f"{name} is an embedding model: pyllm imatrix runs generating models")
     tok = load_tokenizer(mf.metadata)
     sums: dict[str, np.ndarray] = {}
     g = Graph(imatrix=sums)
@@ -114,10 +126,9 @@ def compute(model: str | os.PathLike, text: str, n_ctx: int = 512, n_threads: in
     if g.states:
         raise UnsupportedModelError(f"{arch.name} keeps a recurrent state: pyllm imatrix runs transformer models")
     if not sums:
-        raise UnsupportedModelError(f"{Path(model).name} has no layer matrices to collect")
+        raise UnsupportedModelError(f"{name} has no layer matrices to collect")
     if any(op.kind == OP_MATMUL_ID for op in g.ops):
-        import logging
-        logging.getLogger("pyllm").warning("the expert matrices of this mixture of experts are not collected: "
+        log.warning("the expert matrices of this mixture of experts are not collected: "
                                            "their quantization will not use the importance matrix")
     ids = tok.encode(text, add_bos=None)
     n_chunks = len(ids) // n_ctx
@@ -141,5 +152,4 @@ def compute(model: str | os.PathLike, text: str, n_ctx: int = 512, n_threads: in
                 on_chunk(c, n_chunks)
     finally:
         backend.close()
-    counts = {name: reads * n_chunks * n_ctx for name, reads in g.imatrix_reads.items()}
-    return Imatrix(sums, counts, [dataset] if dataset else [], n_chunks, n_ctx)
+    return sums, g.imatrix_reads, n_chunks

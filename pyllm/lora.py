@@ -123,24 +123,30 @@ class LoraAdapter:
         return pairs
 
     def set_scale(self, scale: float) -> None:
-        """Sets the user's multiplier (0 turns the adapter off): rewrites each s A in place."""
+        """Sets the user's multiplier (0 turns the adapter off): rewrites each s A in place (all
+        or, if one would overflow F16, none)."""
         if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale):
             raise InvalidArgumentError(f"a LoRA scale must be a finite number, not {scale!r}")
-        self.scale = float(scale)
+        scaled = []
         for p in self.pairs:
             a = dequantize(p.a.data, GGMLQuantizationType(p.a.type)).astype(np.float32)
-            sa = (a * np.float32(self.effective_scale(p))).astype(np.float16)
+            sa = (a * np.float32(self._scale_of(float(scale), p))).astype(np.float16)
             if not np.isfinite(sa).all():
                 raise InvalidArgumentError(f"{self.path}: scale {scale} overflows {p.a.name} in F16")
+            scaled.append(sa.reshape(-1).view(np.uint8))
+        self.scale = float(scale)
+        for p, sa in zip(self.pairs, scaled):
             if p.scaled_a is None:
-                data = np.empty(sa.nbytes, dtype=np.uint8)
                 p.scaled_a = replace(p.a, name=f"{self.path}:{p.a.name}", type=F16, offset=-1,
-                                     nbytes=sa.nbytes, data=data)
-            p.scaled_a.data[:] = sa.reshape(-1).view(np.uint8)
+                                     nbytes=sa.nbytes, data=np.empty(sa.nbytes, dtype=np.uint8))
+            p.scaled_a.data[:] = sa
 
     def effective_scale(self, pair: LoraPair) -> float:
         """s = scale * alpha / rank, or scale where the file gives no alpha (llama.cpp's rule)."""
-        return self.scale * self.alpha / pair.rank if self.alpha else self.scale
+        return self._scale_of(self.scale, pair)
+
+    def _scale_of(self, scale: float, pair: LoraPair) -> float:
+        return scale * self.alpha / pair.rank if self.alpha else scale
 
     def close(self) -> None:
         self.file.close()

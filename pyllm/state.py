@@ -76,34 +76,40 @@ def load(model, seq, path: str | os.PathLike) -> int:
         raise InvalidArgumentError(f"no saved state at {path}")
     try:
         data = np.load(path, allow_pickle=False)
-        header = json.loads(str(data["header"]))
-        tokens = data["tokens"]
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError) as e:
         raise ModelFileError(f"{path} is not a saved pyllm state ({e})") from None
-    want = identity(model)
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise ModelFileError(f"{path} is not a saved pyllm state")
-    different = [k for k in want if header.get(k) != want[k]]
-    if different:
-        raise InvalidArgumentError(f"{path} was saved with another setup ({', '.join(different)} differ: "
-                                   f"{', '.join(f'{header.get(k)} vs {want[k]}' for k in different)}); load it "
-                                   f"with the model and settings it was saved with")
-    n = len(tokens)
-    if tokens.ndim != 1 or not ((tokens >= 0) & (tokens < model.n_vocab)).all():
-        raise ModelFileError(f"{path}: its tokens are not this model's")
-    B = want["block_size"]
-    for layer in k_cache:
-        for name, cache in ((f"k{layer}", k_cache[layer]), (f"v{layer}", v_cache[layer])):
-            a = data[name] if name in data else None
-            shape = ((n + B - 1) // B, *cache.shape[1:]) if cache.size else cache.shape
-            if a is None or a.dtype != cache.dtype or a.shape != shape:
-                raise ModelFileError(f"{path}: the cache of layer {layer} is missing or not the model's shape")
+    with data:
+        try:
+            header = json.loads(str(data["header"]))
+            tokens = data["tokens"]
+        except (OSError, ValueError, KeyError) as e:
+            raise ModelFileError(f"{path} is not a saved pyllm state ({e})") from None
+        want = identity(model)
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            raise ModelFileError(f"{path} is not a saved pyllm state")
+        different = [k for k in want if header.get(k) != want[k]]
+        if different:
+            raise InvalidArgumentError(f"{path} was saved with another setup ({', '.join(different)} differ: "
+                                       f"{', '.join(f'{header.get(k)} vs {want[k]}' for k in different)}); load "
+                                       f"it with the model and settings it was saved with")
+        n = len(tokens)
+        if tokens.ndim != 1 or not ((tokens >= 0) & (tokens < model.n_vocab)).all():
+            raise ModelFileError(f"{path}: its tokens are not this model's")
+        B = want["block_size"]
+        blocks = {}
+        for layer in k_cache:
+            for name, cache in ((f"k{layer}", k_cache[layer]), (f"v{layer}", v_cache[layer])):
+                a = data[name] if name in data else None
+                shape = ((n + B - 1) // B, *cache.shape[1:]) if cache.size else cache.shape
+                if a is None or a.dtype != cache.dtype or a.shape != shape:
+                    raise ModelFileError(f"{path}: the cache of layer {layer} is missing or not the model's shape")
+                blocks[name] = a
     seq.release()
     seq.reserve(n)
-    blocks = np.asarray(seq.blocks, dtype=np.int64)
+    table = np.asarray(seq.blocks, dtype=np.int64)
     for layer in k_cache:
-        k_cache[layer][blocks] = data[f"k{layer}"]
+        k_cache[layer][table] = blocks[f"k{layer}"]
         if v_cache[layer].size:
-            v_cache[layer][blocks] = data[f"v{layer}"]
+            v_cache[layer][table] = blocks[f"v{layer}"]
     seq.commit(tokens.tolist())
     return n
