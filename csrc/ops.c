@@ -379,3 +379,24 @@ void op_sumsq(const pyllm_op *op, const op_rows *r, int ith, int nth) {
         for (int64_t i = lo; i < hi; i++) acc[i] += x[i] * x[i];
     }
 }
+
+/* y[t, o] (+)= sum_i x[t, i] w[i, o], w's n_in rows of n_out: each input column adds its
+ * scaled row of w into y, so the loops run along the outputs (vectorized) however few the
+ * inputs are. The threads take output columns. */
+void op_matmul_cols(const pyllm_op *op, const op_rows *r, int ith, int nth) {
+    const float *w = (const float *)op->w;
+    const int64_t n_out = op->n_out;
+    int64_t lo, hi;
+    split_range(n_out, ith, nth, 16, &lo, &hi);
+    for (int t = 0; t < r->rows; t++) {
+        const float *x = IN_ROW(op, r, t);
+        float *restrict y = OUT_ROW(op, t);
+        if (!(op->flags & OPF_ACCUMULATE))
+            for (int64_t o = lo; o < hi; o++) y[o] = 0.0f;
+        for (int64_t i = 0; i < op->n_in; i++) {
+            const float xi = x[i];
+            const float *restrict wi = w + i * n_out;
+            for (int64_t o = lo; o < hi; o++) y[o] += xi * wi[o];
+        }
+    }
+}

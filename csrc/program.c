@@ -263,6 +263,12 @@ static int check_op(const pyllm_op *op) {
         if (!op->x || !op->w || op->n_in <= 0 || op->x_stride < op->n_in)
             return fail("sumsq: missing rows or accumulator");
         return 0;
+    case OP_MATMUL_COLS:
+        if (op->type != T_F32 || !op->x || !op->w || !op->y || op->n_in <= 0 || op->n_out <= 0 ||
+            op->x_stride < op->n_in || op->y_stride < op->n_out)
+            return fail("matmul_cols: a float32 matrix of %lld x %lld and rows to match", (long long)op->n_in,
+                        (long long)op->n_out);
+        return 0;
     default:
         return fail("unknown op kind %d", op->kind);
     }
@@ -378,6 +384,7 @@ static void exec_op(const pyllm_op *op, const pyllm_step *st, float *scratch, fl
     case OP_MATCH_NORM: op_match_norm(op, &r, ith, nth); break;
     case OP_SPARSIFY: op_sparsify(op, &r, ith, nth); break;
     case OP_SUMSQ: op_sumsq(op, &r, ith, nth); break;
+    case OP_MATMUL_COLS: op_matmul_cols(op, &r, ith, nth); break;
     case OP_SSM_CONV: op_ssm_conv(op, &r, ith, nth); break;
     case OP_SSM_SCAN: op_ssm_scan(op, &r, ith, nth); break;
     case OP_DELTA_NET: op_delta_net(op, &r, ith, nth); break;

@@ -63,7 +63,10 @@ enum pyllm_op_kind {
                          activation sparsity (keeps what is above the scale-sigma quantile of a normal fit) */
     OP_SUMSQ = 22,    /* w[i] += x[t, i]^2 summed over the step's rows t, i < n_in, w a float accumulator that
                          outlives the step: the activation statistics of an importance matrix (pyllm imatrix) */
-    OP_KIND_COUNT = 23
+    OP_MATMUL_COLS = 23, /* y[t] (+)= x[t] W, W float32 stored by its n_in input rows of n_out: a matrix of few
+                            input columns (a LoRA pair's B, rank r) as r row updates of y, not n_out dot products
+                            of r */
+    OP_KIND_COUNT = 24
 };
 
 enum pyllm_op_flags {

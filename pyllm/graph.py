@@ -28,12 +28,14 @@ OP_EMBED, OP_RMSNORM, OP_QUANTIZE, OP_MATMUL, OP_ROPE = 1, 2, 3, 4, 5
 OP_KV_STORE, OP_ATTENTION, OP_GLU, OP_ADD, OP_SCALE = 6, 7, 8, 9, 10
 OP_MOE_ROUTE, OP_MATMUL_ID, OP_MOE_SUM, OP_MIX, OP_POS_SCALE = 11, 12, 13, 14, 15
 OP_COPY, OP_SSM_CONV, OP_SSM_SCAN, OP_DELTA_NET, OP_MATCH_NORM, OP_SPARSIFY, OP_SUMSQ = 16, 17, 18, 19, 20, 21, 22
+OP_MATMUL_COLS = 23
 OP_NAMES = {OP_EMBED: "embed", OP_RMSNORM: "rmsnorm", OP_QUANTIZE: "quantize", OP_MATMUL: "matmul",
             OP_ROPE: "rope", OP_KV_STORE: "kv_store", OP_ATTENTION: "attention", OP_GLU: "glu",
             OP_ADD: "add", OP_SCALE: "scale", OP_MOE_ROUTE: "moe_route", OP_MATMUL_ID: "matmul_id",
             OP_MOE_SUM: "moe_sum", OP_POS_SCALE: "pos_scale", OP_COPY: "copy",
             OP_SSM_CONV: "ssm_conv", OP_SSM_SCAN: "ssm_scan", OP_DELTA_NET: "delta_net", OP_MIX: "mix",
-            OP_MATCH_NORM: "match_norm", OP_SPARSIFY: "sparsify", OP_SUMSQ: "sumsq"}
+            OP_MATCH_NORM: "match_norm", OP_SPARSIFY: "sparsify", OP_SUMSQ: "sumsq",
+            OP_MATMUL_COLS: "matmul_cols"}
 OPF_ACCUMULATE, OPF_LAST_ROWS, OPF_NO_SYNC, OPF_OUT_ROWS, OPF_SLOT_INPUT, OPF_BY_POS = 1, 2, 4, 8, 16, 32
 OPF_V_IN_K, OPF_CHUNKED, OPF_GROUP_WEIGHTS, OPF_KV_GROUPED, OPF_NON_CAUSAL = 64, 128, 256, 512, 1024
 GLU_SILU, GLU_GELU_TANH, GLU_SWIGLU_OAI, GLU_RELU_SQR, GLU_MUL, GLU_RELU, GLU_SIGMOID, GLU_XIELU = 0, 1, 2, 3, 4, 5, 6, 7
@@ -215,9 +217,9 @@ class Graph:
         flags = OPF_BY_POS | OPF_ACCUMULATE if by_pos else 0
         self._emit(Op(OP_EMBED, flags=flags, type=w.type, weight=w, y=y, n_in=n_in, n_out=n_rows, scale=scale),
                    {y.name} if by_pos else set(), {y.name})
-        for a, b in () if by_pos else self.lora_embed.get(w.name, ()):
+        for a, b_cols in () if by_pos else self.lora_embed.get(w.name, ()):
             # the adapted row: E[t] + B (s A[t]), everything times `scale`
-            self.linear(self.embed(a, f"lora:{a.name}", scale=scale), b, y, accumulate=True)
+            self.matmul_cols(self.embed(a, f"lora:{a.name}", scale=scale), b_cols, y, accumulate=True)
             self.lora_used.add(w.name)
         return y
 
@@ -273,10 +275,20 @@ class Graph:
             reads.add(y.name)
         self._emit(Op(OP_MATMUL, flags=OPF_ACCUMULATE if accumulate else 0, type=w.type, weight=w,
                       bias=bias, x=x, xq=xq, y=y, n_in=n_in, n_out=n_out), reads, {y.name})
-        for a, b in self.lora.get(w.name, ()):
+        for a, b_cols in self.lora.get(w.name, ()):
             # y += B (s A x): the low-rank product through a buffer of r columns
-            self.linear(self.linear(x, a, f"lora:{a.name}"), b, y, accumulate=True)
+            self.matmul_cols(self.linear(x, a, f"lora:{a.name}"), b_cols, y, accumulate=True)
             self.lora_used.add(w.name)
+        return y
+
+    def matmul_cols(self, x: View, w: Tensor, out: str | View, accumulate: bool = False) -> View:
+        """out (+)= x W for an F32 W stored by its input rows (GGUF shape (n_out, n_in)): a
+        matrix of few input columns, such as a LoRA pair's B, as row updates of out."""
+        n_out, n_in = w.shape
+        assert w.type == 0 and n_in == x.width, f"{w.name}: {w.type_name} {w.shape} for {x.width} columns"
+        y = self._out(out, n_out)
+        self._emit(Op(OP_MATMUL_COLS, flags=OPF_ACCUMULATE if accumulate else 0, type=w.type, weight=w, x=x, y=y,
+                      n_in=n_in, n_out=n_out), {x.name} | ({y.name} if accumulate else set()), {y.name})
         return y
 
     # -- mixture of experts (csrc/moe.c) -----------------------------------------

@@ -12,10 +12,11 @@ up rather than multiplied: its pair is stored the other way round, A with a
 row of r per token and B with n_embd rows of r, and the adapted row of a
 token is E[t] + s B A[t] (llama.cpp's layout, made by convert_lora_to_gguf).
 
-s is folded into A once at load: pyllm keeps its own copy of s A in F16
-(the adapter's bytes stay as they are), so the forward step is two plain
-matmuls per adapted weight, and changing s (the server's /lora-adapters)
-rewrites that copy in place without rebuilding anything.
+s is folded into A once at load: pyllm keeps its own copy of s A in F16, so
+changing s (the server's /lora-adapters) rewrites that copy in place without
+rebuilding anything; and of B in float32 by its r rows (B transposed), which the
+step adds into the output scaled by A x's r values (Graph.matmul_cols): n_out dot
+products of r numbers each would cost more in overhead than in arithmetic.
 """
 from __future__ import annotations
 
@@ -41,12 +42,15 @@ F16 = int(GGMLQuantizationType.F16)
 
 @dataclass
 class LoraPair:
-    """One adapted weight: `target` (the model's tensor), A and B as in the file,
-    and the F16 copy of s A the forward step reads (a Tensor over our own bytes)."""
+    """One adapted weight: `target` (the model's tensor), A and B as in the file, the
+    F16 copy of s A the forward step reads, and B as float32 by its r rows of n_out
+    (B transposed: the step adds r scaled rows into the output, Graph.matmul_cols, where
+    n_out dot products of r numbers would each cost more than their arithmetic)."""
     target: str
     a: Tensor
     b: Tensor
     scaled_a: Optional[Tensor] = None
+    b_cols: Optional[Tensor] = None
 
     @property
     def rank(self) -> int:
@@ -118,8 +122,12 @@ class LoraAdapter:
                 raise InvalidArgumentError(f"{self.path}: {target} is {list(w.shape)} but its pair is A "
                                            f"{list(a.shape)}, B {list(b.shape)} (expected {list(want[0])}, "
                                            f"{list(want[1])}): the adapter is for another model")
+            cols = np.ascontiguousarray(
+                dequantize(b.data, GGMLQuantizationType(b.type)).astype(np.float32).reshape(b.rows, b.shape[0]).T)
             # tensor names key the backends' weights: make them unique across adapters
-            pairs.append(LoraPair(target, a, replace(b, name=f"{self.path}:{b.name}")))
+            b_cols = Tensor(f"{self.path}:{b.name}.cols", 0, (cols.shape[1], cols.shape[0]), -1, cols.nbytes,
+                            cols.reshape(-1).view(np.uint8))
+            pairs.append(LoraPair(target, a, b, b_cols=b_cols))
         return pairs
 
     def set_scale(self, scale: float) -> None:
@@ -162,7 +170,7 @@ def graph_pairs(adapters: Iterable[LoraAdapter]) -> dict[str, dict]:
     for adapter in adapters:
         for p in adapter.pairs:
             table = out["lora_embed" if p.target == TOKEN_EMBD else "lora"]
-            table.setdefault(p.target, []).append((p.scaled_a, p.b))
+            table.setdefault(p.target, []).append((p.scaled_a, p.b_cols))
     return out
 
 

@@ -41,8 +41,8 @@ from pyllm.backend.placement import DeviceSpec, Hardware, LinkSpec, Planner
 from pyllm.backend.split import SplitBackend
 from pyllm.errors import BackendError, InvalidArgumentError
 from pyllm.graph import (ACT_F32, GLU_GELU_TANH, GLU_MUL, GLU_RELU, GLU_SIGMOID, GLU_RELU_SQR, GLU_SILU, GLU_SWIGLU_OAI,
-                         GLU_TANH, GLU_XIELU, MOE_NORM, MOE_SIGMOID, MOE_SOFTMAX, OP_ATTENTION, ROPE_NEOX,
-                         ROPE_NORM, Graph, act_format)
+                         GLU_TANH, GLU_XIELU, MOE_NORM, MOE_SIGMOID, MOE_SOFTMAX, OP_ATTENTION, OP_SUMSQ, ROPE_NEOX,
+                         ROPE_NORM, Graph, Op, act_format)
 from pyllm.model_file import ModelFile, Tensor
 
 GPU_OK, WHY = cuda.available()
@@ -694,6 +694,22 @@ def test_the_gpu_refuses_a_quantized_kv_cache(devices):
     plain = Graph()
     plain.act(plain.buffer("x", 8), GLU_TANH, "y")
     gpu.bind(plain, [Range(0, 1)], Shape(4, 4, 4, 16, 8, 8)).close()
+
+
+def test_the_gpu_refuses_the_cpu_only_ops(devices):
+    """LoRA's B products (OP_MATMUL_COLS) and an importance matrix's sums (OP_SUMSQ) have no CUDA
+    kernels: binding them says to keep those layers on the CPU; the host runs them."""
+    host, gpu = devices
+    w = np.ones((4, 8), np.float32)
+    t = Tensor("b", 0, (8, 4), 0, w.nbytes, w.reshape(-1).view(np.uint8))
+    for build in (lambda g: g.matmul_cols(g.buffer("x", 4), t, "y"),
+                  lambda g: g._emit(Op(OP_SUMSQ, x=g.buffer("x", 4), vector=np.zeros(4, np.float32), n_in=4),
+                                    {"x"}, {"acc"})):
+        g = Graph()
+        build(g)
+        host.bind(g, [Range(0, len(g.ops))], Shape(4, 4, 4, 16)).close()
+        with pytest.raises(BackendError, match="-ngl 0"):
+            gpu.bind(g, [Range(0, len(g.ops))], Shape(4, 4, 4, 16))
 
 
 def recurrent_graph(kind: str) -> Graph:

@@ -657,3 +657,24 @@ def test_relu_and_sigmoid_glu_ops():
         else:
             want = u_rows / (1.0 + np.exp(-g_rows.astype(np.float64)))
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_matmul_cols_op(n_threads):
+    """OP_MATMUL_COLS (a matrix stored by its input rows: LoRA's B): y (+)= x W against numpy
+    in float64, for ranks 1..64, output widths that are not multiples of the 16-column
+    split, one row and a batch, overwriting and accumulating."""
+    rng = np.random.default_rng(6)
+    for n_in, n_out, rows in ((1, 5, 1), (8, 576, 1), (8, 1537, 9), (64, 100, 3), (3, 17, 40)):
+        x = rng.standard_normal((rows, n_in)).astype(np.float32)
+        w = rng.standard_normal((n_in, n_out)).astype(np.float32)
+        y0 = rng.standard_normal((rows, n_out)).astype(np.float32)
+        t = Tensor("w", 0, (n_out, n_in), 0, w.nbytes, w.reshape(-1).view(np.uint8))
+        for accumulate in (False, True):
+            g = Graph()
+            g.matmul_cols(g.buffer("x", n_in), t, g.buffer("y", n_out), accumulate=accumulate)
+            got = run_ops(g, {"x": x, "y": y0}, rows, "y", n_threads)
+            want = x.astype(np.float64) @ w.astype(np.float64) + (y0 if accumulate else 0)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.sqrt(n_in))
+    with pytest.raises(AssertionError):   # float32 only, as many input rows as x has columns
+        Graph().matmul_cols(Graph().buffer("x", 4), t, "y")

@@ -447,7 +447,8 @@ static const char *kind_name(int k) {
     static const char *names[OP_KIND_COUNT] = {"?", "embed", "rmsnorm", "quantize", "matmul", "rope", "kv_store",
                                                "attention", "glu", "add", "scale", "moe_route", "matmul_id",
                                                "moe_sum", "mix", "pos_scale", "copy", "ssm_conv",
-                                               "ssm_scan", "delta_net", "match_norm", "sparsify", "sumsq"};
+                                               "ssm_scan", "delta_net", "match_norm", "sparsify", "sumsq",
+                                               "matmul_cols"};
     return k > 0 && k < OP_KIND_COUNT ? names[k] : "?";
 }
 
