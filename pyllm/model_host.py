@@ -232,6 +232,13 @@ class ModelHost:
             raise
         self._install(model, name)
 
+    def forget(self) -> None:
+        """The unloaded model's file is being deleted: a request that names no model gets the
+        default one from now on."""
+        with self._cv:
+            if self.model is None:
+                self.name, self.path = registry.DEFAULT_MODEL, registry.local_path(registry.DEFAULT_MODEL)
+
     def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()

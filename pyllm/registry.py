@@ -254,6 +254,23 @@ def _convert(m: RegistryModel, wheel: Path, tmp: Path, out_path: Path, report: P
     convert_bert(src, out_path)
 
 
+def remove(name: str) -> Path:
+    """Deletes a downloaded model from the models folder (`pyllm rm`, ollama's /api/delete): a
+    registry model by name, or another .gguf file there by its name less .gguf; returns the
+    path deleted. Files outside the models folder are never touched."""
+    name = name.removesuffix(":latest")
+    if name in MODELS:
+        path = local_path(name)
+        if not path.is_file():
+            raise ModelNotFoundError(f"{name} is not downloaded (nothing to delete)")
+    else:
+        path = models_dir() / f"{name}.gguf"
+        if "/" in name or "\\" in name or not path.is_file():
+            raise ModelNotFoundError(f"no model {name!r} in {models_dir()} (see `pyllm list`)")
+    path.unlink()
+    return path
+
+
 def installed() -> list[tuple[str, Path]]:
     """Registry models present in the models folder."""
     return [(n, local_path(n)) for n in sorted(MODELS) if local_path(n).is_file()]

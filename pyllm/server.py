@@ -237,6 +237,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._route(POST_ROUTES, GET_ROUTES)
 
+    def do_DELETE(self) -> None:
+        self._route(DELETE_ROUTES, POST_ROUTES)
+
     def _route(self, routes: dict, other_method: dict) -> None:
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
         t0 = time.perf_counter()
@@ -762,6 +765,24 @@ class Handler(BaseHTTPRequestHandler):
             "details": ollama_details(m.file), "expires_at": expires,
             "size_vram": sum(m.plan.gpu_memory.values()) if m.plan is not None else 0, "context_length": m.n_ctx}]})
 
+    def ollama_delete(self) -> None:
+        """DELETE /api/delete {"model": NAME}: deletes a downloaded model (ollama's `ollama rm`);
+        the loaded one is unloaded first, if no request is using it."""
+        body = self.read_json()
+        name = body.get("model", body.get("name"))
+        if not isinstance(name, str) or not name:
+            raise InvalidArgumentError("model must be the name of a downloaded model")
+        host = self.server.host
+        if host.load is None:
+            raise InvalidArgumentError("this server serves one model (-m): delete files with `pyllm rm`")
+        if name.removesuffix(":latest") == host.name and host.model is not None and not host.unload():
+            raise InvalidArgumentError(f"{name} is in use: delete it when its requests are done")
+        if name.removesuffix(":latest") == host.name:
+            host.forget()
+        from . import registry
+        registry.remove(name)
+        self.send_json(HTTPStatus.OK, {})
+
     def ollama_show(self) -> None:
         """POST /api/show: the model's details, its GGUF metadata (model_info; the vocabulary
         left out), chat template and capabilities, as ollama answers it."""
@@ -975,6 +996,9 @@ def keep_alive_of(body: dict) -> Optional[float]:
     """A request's keep_alive in seconds (inf: for ever), None when absent."""
     value = body.get("keep_alive")
     return None if value is None else keep_alive_seconds(value)
+
+
+DELETE_ROUTES = {"/api/delete": Handler.ollama_delete}
 
 
 def flag(value: Any) -> Optional[bool]:

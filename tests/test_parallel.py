@@ -375,6 +375,40 @@ def test_keep_alive_unloads_an_idle_model_and_the_next_request_loads_it(tmp_path
         server.host.close()
 
 
+def test_deleting_models(tmp_path, monkeypatch):
+    """`pyllm rm` and ollama's DELETE /api/delete: a file of the models folder goes (the loaded
+    model unloaded first); unknown names, and paths outside the folder, are refused."""
+    from pyllm import registry
+    from pyllm.errors import ModelNotFoundError
+    from test_cli import one_error_line, pyllm
+    from test_server import call, served
+    monkeypatch.setenv("PYLLM_MODELS", str(tmp_path))
+    a, b, c = (synth.write_llama(tmp_path / f"{n}.gguf") for n in "abc")
+    synth.write_llama(tmp_path.parent / "outside.gguf")
+    with pytest.raises(ModelNotFoundError):
+        registry.remove("../outside")
+    with pytest.raises(ModelNotFoundError, match="not downloaded"):
+        registry.remove(registry.DEFAULT_MODEL)   # the registry's models are not in this folder
+    r = pyllm("rm", "c")
+    assert r.returncode == 0 and "deleted" in r.stderr and not (tmp_path / "c.gguf").exists()
+    one_error_line(pyllm("rm", "c"), "no model 'c'")
+    load = lambda path: Model(path, n_ctx=128, n_threads=1)   # noqa: E731
+    with served(load(a), name="a", load=load) as server:
+        req = urllib.request.Request(server.url + "/api/delete", data=json.dumps({"model": "b"}).encode(),
+                                     method="DELETE")
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            assert resp.status == 200
+        assert not (tmp_path / "b.gguf").exists() and server.host.model is not None
+        req = urllib.request.Request(server.url + "/api/delete", data=json.dumps({"model": "a:latest"}).encode(),
+                                     method="DELETE")
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            assert resp.status == 200
+        assert not (tmp_path / "a.gguf").exists() and server.host.model is None
+        assert call(server.url, "/api/delete", {"model": "a"}, method="DELETE")[0] == 404
+        server.host.close()
+    assert (tmp_path.parent / "outside.gguf").exists() and c
+
+
 def test_a_server_given_one_model_answers_every_name_with_it(smollm2_path):
     from pyllm.server import make_server
     with Model(smollm2_path, n_threads=2, n_ctx=512) as m:
