@@ -13,7 +13,7 @@ from rich.table import Table
 from pyllm.errors import InvalidArgumentError
 
 from .common import handle_errors, model_path
-from .options import CacheTypeK, CacheTypeV
+from .options import CacheTypeK, CacheTypeV, LoraOpt, LoraScaledOpt, lora_specs
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -41,6 +41,8 @@ def bench(
     ttft_prompt: int = typer.Option(512, "--ttft-prompt", help="prompt length for TTFT/TPOT"),
     cache_type_k: CacheTypeK = "f16",
     cache_type_v: CacheTypeV = "f16",
+    lora: LoraOpt = [],
+    lora_scaled: LoraScaledOpt = [],
 ) -> None:
     """Measure prompt processing (pp) and decode (tg) tokens/s, TTFT, TPOT, bandwidth."""
     from pyllm import Model, bench as B
@@ -58,7 +60,8 @@ def bench(
         n_ctx = max(depths) + max([n for _, n in tests] + [ttft_prompt + 64, 512]) + 16
         rows, extra = [], {}
         for nt in thread_list:
-            with Model(path, n_ctx=n_ctx, n_threads=nt, cache_type_k=cache_type_k, cache_type_v=cache_type_v) as m:
+            with Model(path, n_ctx=n_ctx, n_threads=nt, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
+                       lora=lora_specs(lora, lora_scaled)) as m:
                 info = {"model": m.path.name, "size_mb": round(m.file.weight_bytes / 1e6, 1),
                         "params_m": round(m.file.n_params / 1e6, 1), "types": m.file.type_histogram(),
                         "kernels": kernel_level(),

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .backend.base import kv_row_bytes
-from .graph import OP_MATMUL, OP_MATMUL_ID, OP_NAMES
+from .graph import OP_MATMUL, OP_MATMUL_COLS, OP_MATMUL_ID, OP_NAMES
 from .model_file import type_name
 
 
@@ -95,11 +95,11 @@ def bench(model, tests: list[tuple[str, int]], reps: int, warmup: bool = True, d
 
 
 def decode_bytes_per_token(model, n_ctx_tokens: int = 0) -> int:
-    """Bytes a decode step reads: every matmul weight once (the embedding
+    """Bytes a decode step reads: every matmul weight once (LoRA pairs' too; the embedding
     table only for one row; of each mixture of experts, the k experts a token
     uses), plus the K/V of the context so far."""
     g = model.graph
-    weights = sum(op.weight.nbytes for op in g.ops if op.kind == OP_MATMUL)
+    weights = sum(op.weight.nbytes for op in g.ops if op.kind in (OP_MATMUL, OP_MATMUL_COLS))
     weights += sum(op.weight.nbytes * op.n_head // op.n_kv_head for op in g.ops if op.kind == OP_MATMUL_ID)
     k_type, v_type = model.kv_types
     kv_per_token = sum(kv_row_bytes(k_type, dk) + kv_row_bytes(v_type, dv) for dk, dv in g.kv_layers.values())

@@ -8,6 +8,7 @@ Tolerances: pyllm keeps s A in F16, so on float weights the logits sit about
 1e-3 of their spread from the merged float32 reference (without an adapter:
 about 1e-4, the f16 KV cache alone).
 """
+import json
 import threading
 
 import numpy as np
@@ -221,6 +222,16 @@ def test_cli_run_with_an_adapter(tmp_path, llama):
     assert "LoRA adapter" in r.stderr   # a note says what was applied
     one_error_line(pyllm(*common, "--lora", llama), "not a LoRA adapter")
     one_error_line(pyllm(*common, "--lora-scaled", adapter), "FILE:SCALE")
+
+
+def test_bench_counts_the_adapter(tmp_path, llama):
+    """pyllm bench --lora: a decode step reads the adapter's s A (F16) and B (float32) too."""
+    adapter = synth.write_lora(tmp_path / "a.gguf", llama, rank=8)
+    common = ["bench", "-m", llama, "-p", "8", "-n", "4", "-r", "1", "-t", "2", "--json"]
+    plain, adapted = (json.loads(pyllm(*common, *extra).stdout)["per_threads"]["2"]["decode_bytes_per_token"]
+                      for extra in ((), ("--lora", adapter)))
+    pairs = open_adapters([adapter], ModelFile(llama))[0].pairs
+    assert adapted - plain == sum(p.scaled_a.nbytes + p.b_cols.nbytes for p in pairs)
 
 
 def test_server_lists_and_rescales_adapters(tmp_path, llama):
