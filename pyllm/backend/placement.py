@@ -58,8 +58,8 @@ from typing import Any, Optional
 import numpy as np
 
 from ..errors import BackendError, InvalidArgumentError
-from ..graph import (OP_ATTENTION, OP_DELTA_NET, OP_EMBED, OP_KV_STORE, OP_MATMUL, OP_MATMUL_ID, OP_SSM_CONV,
-                     OP_SSM_SCAN, OPF_LAST_ROWS, OPF_OUT_ROWS, OPF_V_IN_K, Graph)
+from ..graph import (OP_ATTENTION, OP_DELTA_NET, OP_EMBED, OP_KV_STORE, OP_MATMUL, OP_MATMUL_COLS, OP_MATMUL_ID,
+                     OP_SSM_CONV, OP_SSM_SCAN, OPF_LAST_ROWS, OPF_OUT_ROWS, OPF_V_IN_K, Graph)
 from ..units import fmt_bytes, fmt_rate
 from .base import D2H, H2D, Range, Shape
 from .lowering import memory_plan, step_needs
@@ -123,7 +123,7 @@ def op_cost(op, n: int, n_out: int, ctx: float) -> tuple[float, float]:
     """(bytes read and written, FLOPs) of one op for a step of n tokens whose
     rows attend over `ctx` positions on average."""
     rows = _rows(op, n, n_out)
-    if op.kind == OP_MATMUL:
+    if op.kind in (OP_MATMUL, OP_MATMUL_COLS):
         act = rows * (op.n_in + op.n_out) * 4
         return op.weight.nbytes + act, 2.0 * op.n_in * op.n_out * rows
     if op.kind == OP_MATMUL_ID:   # the experts the step's tokens chose: k of n each, at most all
