@@ -10,7 +10,7 @@ from gguf.constants import GGMLQuantizationType as QT
 
 import synth
 from test_cli import one_error_line, pyllm
-from pyllm import kquants
+from pyllm import Model, kquants
 from pyllm.arch import load_architecture
 from pyllm.errors import InvalidArgumentError, ModelFileError
 from pyllm.imatrix import Imatrix, compute
@@ -81,6 +81,8 @@ def test_file_round_trip_and_means(model, tmp_path):
     np.testing.assert_allclose(means[name], im.sums[name] / 64, rtol=1e-6)
     with pytest.raises(ModelFileError, match="not an importance matrix"):
         Imatrix.load(model)
+    with pytest.raises(InvalidArgumentError, match="is an importance matrix, not a model"):
+        Model(tmp_path / "im.gguf", n_threads=2)
     with pytest.raises(InvalidArgumentError, match="no importance matrix"):
         Imatrix.load(tmp_path / "missing.gguf")
     with pytest.raises(InvalidArgumentError, match="at least one chunk"):

@@ -181,6 +181,8 @@ def test_bad_adapters_are_refused(tmp_path, llama):
             open_adapters([str(path)], mf)
     with pytest.raises(InvalidArgumentError, match="finite"):
         open_adapters([(good, float("inf"))], mf)
+    with pytest.raises(InvalidArgumentError, match="is a LoRA adapter, not a model"):
+        Model(good, n_threads=2)
     assert open_adapters([good], mf)[0].pairs[0].target == "blk.0.attn_q.weight"
     # norm deltas are skipped, as llama.cpp skips them
     normed = synth.write_lora(tmp_path / "norm.gguf", llama, targets=["blk.0.attn_q.weight"],

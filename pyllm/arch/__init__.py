@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..errors import UnsupportedModelError
+from ..errors import InvalidArgumentError, UnsupportedModelError
 from ..model_file import ModelFile
 from .base import Architecture, HParams
 from .afmoe import Afmoe
@@ -112,6 +112,13 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
 def load_architecture(mf: ModelFile, n_ctx: Optional[int] = None) -> Architecture:
     """The family of mf, its weights checked. n_ctx: the context it will run
     with, when known (Phi-3 picks its RoPE factors by it)."""
+    kind = mf.get("general.type")
+    if kind == "adapter":
+        raise InvalidArgumentError(f"{mf.path} is a LoRA adapter, not a model: apply it to its model "
+                                   f"with --lora (Model(..., lora=[...]))")
+    if kind == "imatrix":
+        raise InvalidArgumentError(f"{mf.path} is an importance matrix, not a model: quantize with it "
+                                   f"(pyllm quantize --imatrix)")
     arch = mf.architecture
     cls = ARCHITECTURES.get(arch)
     if cls is None:
