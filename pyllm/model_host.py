@@ -111,11 +111,11 @@ class ModelHost:
     # -- running a request -------------------------------------------------------------------
     @contextmanager
     def use(self, requested: Optional[str] = None, slot: bool = True,
-            keep_alive: Optional[float] = None) -> Iterator[object]:
+            keep_alive: Optional[float] = None, slot_id: Optional[int] = None) -> Iterator[object]:
         """The model a request names, loaded (switching to it if need be) and kept until the
         block ends, with a slot of it held for this thread (slot=False: a request that only
         reads about the model); keep_alive: the idle seconds it stays loaded after (None: the
-        host's)."""
+        host's); slot_id: the slot to hold (llama-server's id_slot; None: any)."""
         want = self.resolve(requested)
         with self._cv:
             waiting_to_switch = False   # counted in _switchers
@@ -145,7 +145,7 @@ class ModelHost:
                     self._cv.notify_all()
         try:
             self._reload()
-            with self.slots.take() if slot else nullcontext():
+            with self.slots.take(slot_id) if slot else nullcontext():
                 yield self.model
         finally:
             with self._cv:

@@ -543,14 +543,19 @@ class Handler(BaseHTTPRequestHandler):
             raise InvalidArgumentError(f"n_predict must be an integer (-1: until the reply ends), not {n_predict!r}")
         top = body.get("n_probs") or None
         sampling, constraint = sampling_of(body), constraint_of(body)
-        with self.server.host.use(body.get("model")) as m:
+        slot_id = body.get("id_slot", -1)
+        if isinstance(slot_id, bool) or not isinstance(slot_id, int):
+            raise InvalidArgumentError(f"id_slot must be a slot number (-1: any), not {slot_id!r}")
+        with self.server.host.use(body.get("model"), slot_id=None if slot_id < 0 else slot_id) as m:
             m.require_generation()
+            slot_id = self.server.slots.index(self.server.slots.current)
             ids = ids_of(m, n_predict)
             if n_predict == 0:   # only the prompt, into the cache (a later request reuses it)
                 t0 = time.perf_counter()
                 _, reused = m.engine.prefill(m._seq, ids)
-                self.send_json(HTTPStatus.OK, llama_final(self.server.name, ids, "", [], 0, reused,
-                                                           time.perf_counter() - t0, 0.0, "limit", "", {}, body))
+                self.send_json(HTTPStatus.OK, {**llama_final(self.server.name, ids, "", [], 0, reused,
+                                                              time.perf_counter() - t0, 0.0, "limit", "", {}, body),
+                                               "id_slot": slot_id})
                 return
             gen = m.stream(ids, max_tokens=None if n_predict < 0 else n_predict, stop=body.get("stop"),
                            logprobs=top, **constraint, **sampling)
@@ -561,6 +566,7 @@ class Handler(BaseHTTPRequestHandler):
                 out = llama_final(self.server.name, ids, content, c.tokens if body.get("return_tokens") else [],
                                   c.metrics.generated_tokens, c.metrics.reused_tokens, c.metrics.prefill_s,
                                   c.metrics.decode_s, llama_stop_type(c), c.stop_string, settings, body)
+                out["id_slot"] = slot_id
                 if c.metrics.draft_tokens:   # speculative decoding, as llama-server reports it
                     out["timings"].update(draft_n=c.metrics.draft_tokens, draft_n_accepted=c.metrics.accepted_tokens)
                 if top is not None:
@@ -575,7 +581,7 @@ class Handler(BaseHTTPRequestHandler):
 
             def events() -> Iterator[dict]:
                 for _, piece in parts:
-                    yield {"index": 0, "content": piece, "tokens": [], "stop": False, "id_slot": 0,
+                    yield {"index": 0, "content": piece, "tokens": [], "stop": False, "id_slot": slot_id,
                            "tokens_evaluated": len(ids)}
                 yield final(gen.completion, "")
             try:

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
+from .errors import InvalidArgumentError
 from .kv_cache import Sequence
 
 
@@ -51,16 +52,24 @@ class Slots:
         return getattr(self._local, "slot", None)
 
     @contextmanager
-    def take(self) -> Iterator[Slot]:
-        """Holds a free slot (waiting for one) for this thread until the block ends."""
+    def take(self, slot_id: Optional[int] = None) -> Iterator[Slot]:
+        """Holds a free slot (waiting for one) for this thread until the block ends: the one
+        freed last, or slot `slot_id` (llama-server's id_slot)."""
+        if slot_id is not None and not 0 <= slot_id < len(self.slots):
+            raise InvalidArgumentError(f"no slot {slot_id}: there are slots 0..{len(self.slots) - 1}")
+        want = None if slot_id is None else self.slots[slot_id]
         with self._cv:
             self.waiting += 1
             try:
-                while not self._free:
+                while not self._free if want is None else want not in self._free:
                     self._cv.wait()
             finally:
                 self.waiting -= 1
-            slot = self._free.pop()
+            if want is None:
+                slot = self._free.pop()
+            else:
+                self._free.remove(want)
+                slot = want
         self._local.slot = slot
         try:
             yield slot
@@ -69,7 +78,10 @@ class Slots:
             with self._cv:
                 slot.released_at = time.monotonic()
                 self._free.append(slot)
-                self._cv.notify()
+                self._cv.notify_all()   # a thread may be waiting for this very slot
+
+    def index(self, slot: Slot) -> int:
+        return self.slots.index(slot)
 
     def reclaim(self) -> bool:
         """The KV cache is full: the least recently used free slot that holds blocks lets

@@ -110,6 +110,12 @@ def test_server_slot_save_restore_erase(llama, tmp_path):
             for path, body in (("/slots/0?action=save", {"filename": "../x"}), ("/slots/5?action=save", {"filename": "x"}),
                                ("/slots/0?action=fly", {}), ("/slots/0?action=restore", {"filename": "none.bin"})):
                 assert call(server.url, path, body)[0] == 400, path
+        with served(m, parallel=3, slot_save_path=tmp_path) as server:   # id_slot picks the slot
+            status, out = call(server.url, "/completion", {"prompt": PROMPT[:9], "n_predict": 2, "id_slot": 2})
+            assert status == 200 and out["id_slot"] == 2
+            assert [s["n_past"] for s in call(server.url, "/slots")[1]] == [0, 0, 10]
+            assert call(server.url, "/slots/2?action=save", {"filename": "two.bin"})[1]["n_saved"] == 10
+            assert call(server.url, "/completion", {"prompt": PROMPT[:9], "id_slot": 7})[0] == 400
         with served(m, parallel=1) as server:   # no --slot-save-path
             status, out = call(server.url, "/slots/0?action=save", {"filename": "a"})
             assert status == 501 and "--slot-save-path" in out["error"]["message"]
