@@ -210,8 +210,7 @@ class Model:
                                        f"(ids 0..{len(self.adapters) - 1})")
         self.adapters[index].set_scale(scale)
         for slot in [self._own_slot, *(self.slots.slots if self.slots is not None else ())]:
-            slot.seq.release()
-            slot.chat_cache = []
+            slot.forget()
         self.engine.pool.forget_cached()
 
     # -- parallel conversations -----------------------------------------------------

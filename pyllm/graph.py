@@ -141,8 +141,9 @@ class Graph:
     def __init__(self, embeddings: bool = False, lora: Optional[dict] = None,
                  lora_embed: Optional[dict] = None, imatrix: Optional[dict] = None) -> None:
         """embeddings: the output head ends at the final norm (the rows an embedding is pooled
-        from), not at the logits. lora / lora_embed: weight name -> [(s A, B), ...], LoRA pairs
-        (pyllm/lora.py) added to the linear layers / the embedding lookups of those weights.
+        from), not at the logits. lora / lora_embed: weight name -> [(s A, B by its rows), ...],
+        LoRA pairs (pyllm/lora.py) added to the linear layers / the embedding lookups of those
+        weights (matmul_cols adds the B products).
         imatrix: a dict to fill with weight name -> float32 accumulator of the squares of its
         inputs (pyllm/imatrix.py), for the layers' matrices (blk.*), as llama-imatrix collects."""
         self.embeddings = embeddings
@@ -150,7 +151,6 @@ class Graph:
         self.lora_embed = lora_embed or {}
         self.lora_used: set[str] = set()                  # the weights whose pairs were applied
         self.imatrix = imatrix
-        self.imatrix_reads: dict[str, int] = {}           # weight name -> products per step it is in
         self.ops: list[Op] = []
         self.buffers: dict[str, Buffer] = {}
         self.qbuffers: dict[str, QBuffer] = {}
@@ -263,7 +263,6 @@ class Graph:
         y = self._out(out, n_out)
         if self.imatrix is not None and not self._head and w.name.startswith("blk."):
             acc = self.imatrix.setdefault(w.name, np.zeros(n_in, np.float32))
-            self.imatrix_reads[w.name] = self.imatrix_reads.get(w.name, 0) + 1
             self._emit(Op(OP_SUMSQ, x=x, vector=acc, n_in=n_in), {x.name}, {f"imatrix:{w.name}"})
         act = act_format(w.type)
         reads = {x.name}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -113,7 +114,7 @@ def _collect(mf, name: str, text: str, n_ctx: int, n_threads: int, n_batch: int,
     from .arch import load_architecture
     from .backend.cpu import CpuBackend
     from .defaults import BLOCK_SIZE
-    from .graph import OP_MATMUL_ID, Graph
+    from .graph import OP_MATMUL_ID, OP_SUMSQ, Graph
     from .tokenizer import load_tokenizer
 
     arch = load_architecture(mf, n_ctx=n_ctx)
@@ -152,4 +153,6 @@ def _collect(mf, name: str, text: str, n_ctx: int, n_threads: int, n_batch: int,
                 on_chunk(c, n_chunks)
     finally:
         backend.close()
-    return sums, g.imatrix_reads, n_chunks
+    name_of = {id(acc): name for name, acc in sums.items()}
+    reads = Counter(name_of[id(op.vector)] for op in g.ops if op.kind == OP_SUMSQ)   # products of a matrix a step
+    return sums, reads, n_chunks

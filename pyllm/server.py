@@ -69,7 +69,7 @@ import numpy as np
 from . import registry
 from .errors import (ContextFullError, InvalidArgumentError, ModelNotFoundError, PyllmError, TemplateError,
                      UnsupportedModelError)
-from .infill import check_extra, psm_prompt
+from .infill import psm_prompt
 from .state import load as load_state, save as save_state
 from .model_file import ModelFile
 from .model_host import ModelHost, keep_alive_seconds
@@ -532,9 +532,8 @@ class Handler(BaseHTTPRequestHandler):
         prefix, suffix, prompt = (body.get(k, "") for k in ("input_prefix", "input_suffix", "prompt"))
         if not all(isinstance(v, str) for v in (prefix, suffix, prompt)):
             raise InvalidArgumentError("input_prefix, input_suffix and prompt must be text")
-        extra = check_extra(body.get("input_extra"))
         self._llama_complete(body, lambda m, n_predict: m.infill_prompt(
-            prefix, suffix, prompt, extra, None if n_predict < 0 else n_predict))
+            prefix, suffix, prompt, body.get("input_extra"), None if n_predict < 0 else n_predict))
 
     def _llama_complete(self, body: dict, ids_of) -> None:
         """The reply of /completion and /infill to the prompt ids_of(model, n_predict) gives."""
@@ -657,8 +656,7 @@ class Handler(BaseHTTPRequestHandler):
             t0 = time.perf_counter()
             if action == "erase":
                 n = len(slot.seq)
-                slot.seq.release()
-                slot.chat_cache = []
+                slot.forget()
                 self.send_json(HTTPStatus.OK, {"id_slot": i, "n_erased": n})
                 return
             path = self.server.slot_save_path / filename

@@ -28,6 +28,11 @@ class Slot:
     chat_cache: list = field(default_factory=list)   # (text, tokens) of the last chat (Model._chat_prompt)
     released_at: float = 0.0
 
+    def forget(self) -> None:
+        """Lets the conversation go: its blocks back to the pool, its last chat forgotten."""
+        self.seq.release()
+        self.chat_cache = []
+
 
 class Slots:
     def __init__(self, engine, n: int):
@@ -90,7 +95,5 @@ class Slots:
             holding = [s for s in self._free if s.seq.blocks]
             if not holding:
                 return False
-            slot = min(holding, key=lambda s: s.released_at)
-            slot.seq.release()
-            slot.chat_cache = []
+            min(holding, key=lambda s: s.released_at).forget()
             return True

@@ -232,14 +232,6 @@ GOLDEN_IMATRIX = {
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_importance_weighted_bit_identical_to_llama_cpp(fmt, monkeypatch):
-    q = FORMATS[fmt][0](golden_input(), golden_importance())
-    assert hashlib.sha256(q.tobytes()).hexdigest() == GOLDEN_IMATRIX[fmt]
-    monkeypatch.setattr(kq, "CHUNK_BLOCKS", 1)   # one super-block a pass: its sums still run in C's order
-    assert FORMATS[fmt][0](golden_input(), golden_importance()).tobytes() == q.tobytes()
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
 def test_importance_moves_the_error_to_unimportant_columns(fmt):
     """With half the columns 100 times as important, their error shrinks against plain
     quantization, and the format still decodes close to the input."""
@@ -264,15 +256,27 @@ GOLDEN_LEGACY_IMATRIX = {
 }
 
 
+def weighted_quantizer(fmt):
+    """fmt's importance-weighted quantizer: x, importances -> bytes."""
+    if fmt in FORMATS:
+        return FORMATS[fmt][0]
+    return lambda x, qw: kq.quantize_legacy_weighted(x, qw, fmt)
+
+
+@pytest.mark.parametrize("fmt", [*GOLDEN_IMATRIX, *GOLDEN_LEGACY_IMATRIX])
+def test_importance_weighted_bit_identical_to_llama_cpp(fmt, monkeypatch):
+    """The digests made as the plain ones were, by llama.cpp's quantize_q2_K .. q6_K and
+    quantize_q4_0 .. q5_1 with golden_importance() (the legacy ones: the row's mean square in
+    the weights, no re-rounding); a pass of one super-block or one row gives the same bytes."""
+    quantize = weighted_quantizer(fmt)
+    q = quantize(golden_input(), golden_importance())
+    assert hashlib.sha256(q.tobytes()).hexdigest() == {**GOLDEN_IMATRIX, **GOLDEN_LEGACY_IMATRIX}[fmt]
+    monkeypatch.setattr(kq, "CHUNK_BLOCKS", 1)   # its sums still run in C's order
+    assert quantize(golden_input(), golden_importance()).tobytes() == q.tobytes()
+
+
 @pytest.mark.parametrize("fmt", GOLDEN_LEGACY_IMATRIX)
-def test_legacy_importance_weighted_bit_identical_to_llama_cpp(fmt, monkeypatch):
-    """quantize_q4_0 .. q5_1 with importances (llama.cpp's _impl: the row's mean square in the
-    weights, no re-rounding); the digests made as the K types' were. Decodes close to the input."""
-    x = golden_input()
-    q = kq.quantize_legacy_weighted(x, golden_importance(), fmt)
-    assert hashlib.sha256(q.tobytes()).hexdigest() == GOLDEN_LEGACY_IMATRIX[fmt]
-    monkeypatch.setattr(kq, "CHUNK_BLOCKS", 1)                 # a row per pass: the same bytes
-    assert kq.quantize_legacy_weighted(x, golden_importance(), fmt).tobytes() == q.tobytes()
+def test_legacy_importance_weighted_decodes_close(fmt):
     n = np.random.default_rng(12).standard_normal((4, 512)).astype(np.float32)
     y = dequantize(kq.quantize_legacy_weighted(n, np.ones(512, np.float32), fmt), GT[fmt.upper()]).reshape(n.shape)
     assert rel_rms(n, y).max() < {"q4_0": 0.14, "q4_1": 0.12, "q5_0": 0.07, "q5_1": 0.06}[fmt]
