@@ -19,6 +19,7 @@ from .plan import plan
 from .quantize import quantize
 from .run import run
 from .serve import serve
+from .split import split
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Run GGUF language models locally: chat, one-shot prompts, embeddings, an OpenAI-style "
@@ -69,6 +70,7 @@ app.command("plan")(plan)
 app.command("perplexity")(perplexity)
 app.command("quantize")(quantize)
 app.command("imatrix")(imatrix)
+app.command("split")(split)
 
 
 def main() -> None:

@@ -52,7 +52,7 @@ def quantize(
                                                                           "--token-embedding-type")
         p = quantize_file(path, output, ftype, allow_requantize=allow_requantize, pure=pure, progress=progress,
                           output_type=out_type, embedding_type=emb_type, imatrix=imatrix)
-        before, after = os.path.getsize(path), os.path.getsize(output)
+        before, after = p.source_bytes, os.path.getsize(output)
         mix = ", ".join(f"{n} {k}" for k, n in sorted(p.histogram().items(), key=lambda kv: -kv[1]))
         weighed = f"; {len(p.importance)} weighed by {imatrix}" if imatrix else ""
         err.print(f"{output}: {ftype}, {after / 1e6:.1f} MB from {before / 1e6:.1f} MB "

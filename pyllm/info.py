@@ -9,6 +9,8 @@ every layer, in whole blocks) and the activation buffers of the op program.
 """
 from __future__ import annotations
 
+import os
+
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
@@ -271,6 +273,9 @@ def model_info(path: str, n_ctx: Optional[int] = None, n_batch: int = N_BATCH,
         file_type = f"type {ft}"
     vocab_model = str(mf.get("tokenizer.ggml.model", ""))
     notes = []
+    if len(mf.shards) > 1:
+        notes.append(f"split into {len(mf.shards)} shards, {os.path.basename(mf.shards[0])} to "
+                     f"{os.path.basename(mf.shards[-1])} (llama.cpp's gguf-split; `pyllm split --merge` joins them)")
     if arch.name == "llama" and arch.window:
         notes.append("llama.cpp ignores llama.attention.sliding_window; pyllm applies it")
     if g.states:

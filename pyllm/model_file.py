@@ -9,6 +9,12 @@ parser takes a fraction of a second and touches only the header pages.
 
 Tensor data is never copied: `ModelFile.tensor(name).data` is a read-only
 numpy uint8 view into the mapping, which the C core reads in place.
+
+A model split into shards (llama.cpp's gguf-split: NAME-00001-of-00003.gguf and
+its siblings, the first holding the metadata, each holding some tensors, all
+carrying split.no / split.count) opens from its first shard: the others are
+mapped beside it and their tensors join its table, so nothing above this file
+knows the model was split.
 """
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ from typing import Any
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from .errors import ModelFileError, ModelNotFoundError, UnsupportedModelError
+from .errors import InvalidArgumentError, ModelFileError, ModelNotFoundError, UnsupportedModelError
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -80,6 +86,7 @@ METADATA_KINDS = {
     "tokenizer.ggml.token_type": _INTS, "tokenizer.ggml.add_bos_token": _FLAG,
     "tokenizer.ggml.add_eos_token": _FLAG, "tokenizer.ggml.add_space_prefix": _FLAG,
     "tokenizer.chat_template": _TEXT,
+    "split.no": _COUNT, "split.count": _COUNT, "split.tensors.count": _COUNT,
 }
 # "{architecture}.KEY", checked when read (a family pyllm does not run may use a key differently)
 ARCH_KINDS = {
@@ -137,7 +144,7 @@ class Tensor:
     name: str
     type: int                 # ggml type id
     shape: tuple[int, ...]    # GGUF order: shape[0] is the row length
-    offset: int               # absolute offset of the data in the file
+    offset: int               # absolute offset of the data in its file (its shard's, for a split model)
     nbytes: int
     data: np.ndarray          # uint8 view into the mapping
 
@@ -214,11 +221,25 @@ class _Cursor:
         raise ModelFileError(f"{self.path}: corrupt metadata: {what} has unknown value type {vtype}")
 
 
-class ModelFile:
-    """An open GGUF file: `metadata` (key -> value), `tensors` (name -> Tensor)."""
+def shard_path(first: str, index: int, count: int) -> str:
+    """The path of shard `index` (from 0) of `count`, named as llama.cpp names them
+    (PREFIX-00002-of-00003.gguf), from the first shard's path."""
+    suffix = f"-{1:05d}-of-{count:05d}.gguf"
+    if not first.endswith(suffix):
+        raise ModelFileError(f"{first} is the first of {count} shards of a split model but is not named "
+                             f"PREFIX{suffix}, so its siblings cannot be found: rename the shards as "
+                             f"llama.cpp's gguf-split names them")
+    return f"{first[:-len(suffix)]}-{index + 1:05d}-of-{count:05d}.gguf"
 
-    def __init__(self, path: str | os.PathLike):
+
+class ModelFile:
+    """An open GGUF file: `metadata` (key -> value), `tensors` (name -> Tensor).
+    `shards` lists the files it was read from (one, unless the model is split);
+    `file_size` is their bytes together."""
+
+    def __init__(self, path: str | os.PathLike, _shard: tuple[int, int] | None = None):
         self.path = str(path)
+        self._parts: list[ModelFile] = []
         if not os.path.isfile(self.path):
             raise ModelNotFoundError(f"no model file at {self.path}; give a path to a .gguf file "
                                      f"or a registry name (see `pyllm list`)")
@@ -229,9 +250,47 @@ class ModelFile:
             self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         try:
             self._parse()
+            self._check_split(_shard)
+            if _shard is None:
+                self._open_shards()
         except BaseException:
             self.close()
             raise
+
+    # -- split models ----------------------------------------------------------
+    def _check_split(self, shard: tuple[int, int] | None) -> None:
+        index, count = int(self.get("split.no", 0)), int(self.get("split.count", 1))
+        if shard is not None and (index, count) != shard:
+            raise ModelFileError(f"{self.path} should be shard {shard[0] + 1} of {shard[1]} but says it is "
+                                 f"shard {index + 1} of {count}; the shards come from different splits")
+        if shard is None and count > 1 and index != 0:
+            raise InvalidArgumentError(
+                f"{self.path} is shard {index + 1} of {count} of a split model: give the first shard "
+                f"(...-00001-of-{count:05d}.gguf); the others are found beside it")
+
+    def _open_shards(self) -> None:
+        count = int(self.get("split.count", 1))
+        for index in range(1, count):
+            path = shard_path(self.path, index, count)
+            if not os.path.isfile(path):
+                raise ModelNotFoundError(f"{self.path} is the first of {count} shards and shard {index + 1}, "
+                                         f"{path}, is missing: put all {count} files in one folder")
+            part = ModelFile(path, _shard=(index, count))
+            self._parts.append(part)
+            for name, t in part.tensors.items():
+                if name in self.tensors:
+                    raise ModelFileError(f"{path}: tensor {printable(name)} is in two shards; "
+                                         f"the split is corrupt")
+                self.tensors[name] = t
+            self.file_size += part.file_size
+        expected = self.get("split.tensors.count")
+        if expected is not None and count > 1 and expected != len(self.tensors):
+            raise ModelFileError(f"{self.path}: the split model should hold {expected} tensors but its "
+                                 f"{count} shards hold {len(self.tensors)}; a shard is from another split")
+
+    @property
+    def shards(self) -> list[str]:
+        return [self.path] + [p.path for p in self._parts]
 
     # -- parsing -------------------------------------------------------------
     def _parse(self) -> None:
@@ -383,6 +442,8 @@ class ModelFile:
         # views into the mapping may outlive us (numpy keeps the buffer alive);
         # closing fails while they exist, and then the mapping is freed with them
         self.tensors = {}
+        for part in getattr(self, "_parts", ()):
+            part.close()
         try:
             self._mmap.close()
         except (BufferError, AttributeError):
@@ -396,3 +457,52 @@ class ModelFile:
 
     def __repr__(self) -> str:
         return f"ModelFile({self.path!r}, {self.architecture}, {len(self.tensors)} tensors)"
+
+
+# -- writing -------------------------------------------------------------------
+# A GGUF file is written as: header, metadata entries, tensor infos, padding to
+# the alignment, then each tensor's bytes padded to the alignment. Metadata is
+# passed as whole entries (ModelFile.metadata_entry copies them as they are).
+
+def kv_entry(key: str, vtype: int, value: int | str) -> bytes:
+    """One metadata entry of an integer type (a _SCALAR id) or a string (8)."""
+    k = key.encode()
+    head = struct.pack("<Q", len(k)) + k + struct.pack("<I", vtype)
+    if vtype == _STRING:
+        v = value.encode()
+        return head + struct.pack("<Q", len(v)) + v
+    return head + struct.pack(_SCALAR[vtype][0], value)
+
+
+KV_U16, KV_U32, KV_I32, KV_STRING = 2, 4, 5, _STRING
+
+
+def write_gguf(path: str | os.PathLike, kv: list[bytes], tensors: list[tuple[str, tuple[int, ...], int, int]],
+               write_data, alignment: int = DEFAULT_ALIGNMENT) -> None:
+    """Writes a GGUF file at `path` (to a temporary name, then moved into place): the metadata
+    entries `kv`, and `tensors` as (name, shape, type, bytes), whose data write_data(file, i)
+    writes for the i-th; a tensor that comes out another size than it said is an error."""
+    path = os.fspath(path)
+    infos, offset = [], 0
+    for name, shape, ttype, nbytes in tensors:
+        n = name.encode()
+        infos.append(struct.pack("<Q", len(n)) + n + struct.pack("<I", len(shape)) +
+                     b"".join(struct.pack("<Q", d) for d in shape) + struct.pack("<IQ", int(ttype), offset))
+        offset += (nbytes + alignment - 1) // alignment * alignment
+    tmp = path + ".part"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(GGUF_MAGIC + struct.pack("<IQQ", 3, len(infos), len(kv)))
+            f.write(b"".join(kv) + b"".join(infos))
+            f.write(b"\0" * (-f.tell() % alignment))
+            for i, (name, _, _, nbytes) in enumerate(tensors):
+                start = f.tell()
+                write_data(f, i)
+                if f.tell() - start != nbytes:
+                    raise AssertionError(f"{name}: wrote {f.tell() - start} bytes, planned {nbytes}")
+                f.write(b"\0" * (-f.tell() % alignment))
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import os
 import re
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -42,7 +41,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from .errors import InvalidArgumentError, ModelFileError
-from .model_file import ModelFile
+from .model_file import KV_I32, KV_STRING, KV_U32, ModelFile, kv_entry, write_gguf
 
 # name -> (the type most matrices get, llama.cpp's general.file_type)
 FTYPES: dict[str, tuple[T, int]] = {
@@ -77,6 +76,7 @@ class Plan:
     """Each tensor's type in the new file."""
     types: dict[str, T]
     importance: list[str] = field(default_factory=list)   # the tensors an importance matrix weighed
+    source_bytes: int = 0                                  # the model quantized (all its shards)
 
     def histogram(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -283,21 +283,6 @@ def write_tensor(f, t, new: T, importance: Optional[np.ndarray] = None) -> None:
 
 # -- the file ----------------------------------------------------------------------------------
 
-def _kv_u32(key: str, value: int) -> bytes:
-    k = key.encode()
-    return struct.pack("<Q", len(k)) + k + struct.pack("<II", 4, value)
-
-
-def _kv_i32(key: str, value: int) -> bytes:
-    k = key.encode()
-    return struct.pack("<Q", len(k)) + k + struct.pack("<Ii", 5, value)
-
-
-def _kv_str(key: str, value: str) -> bytes:
-    k, v = key.encode(), value.encode()
-    return struct.pack("<Q", len(k)) + k + struct.pack("<IQ", 8, len(v)) + v
-
-
 def importances(model: ModelFile, p: Plan, imatrix_path: str | os.PathLike, ftype: str) -> tuple[dict, list[bytes]]:
     """name -> column importances for the tensors `p` quantizes to a type that weighs by them, from an imatrix
     file (llama-imatrix's or pyllm imatrix's), and the metadata llama-quantize records of it."""
@@ -313,18 +298,13 @@ def importances(model: ModelFile, p: Plan, imatrix_path: str | os.PathLike, ftyp
             raise ModelFileError(f"{imatrix_path}: {name} has {means[name].size} importances, the model's matrix "
                                  f"{n_in} columns: the importance matrix is for another model")
         out[name] = means[name]
-    meta = [_kv_str("quantize.imatrix.file", str(imatrix_path)), _kv_i32("quantize.imatrix.entries_count", len(means))]
+    meta = [kv_entry("quantize.imatrix.file", KV_STRING, str(imatrix_path)),
+            kv_entry("quantize.imatrix.entries_count", KV_I32, len(means))]
     if im.datasets:
-        meta.append(_kv_str("quantize.imatrix.dataset", im.datasets[0]))
+        meta.append(kv_entry("quantize.imatrix.dataset", KV_STRING, im.datasets[0]))
     if im.chunks > 0:
-        meta.append(_kv_i32("quantize.imatrix.chunks_count", im.chunks))
+        meta.append(kv_entry("quantize.imatrix.chunks_count", KV_I32, im.chunks))
     return out, meta
-
-
-def _tensor_info(name: str, shape: tuple[int, ...], qtype: T, offset: int) -> bytes:
-    n = name.encode()
-    return (struct.pack("<Q", len(n)) + n + struct.pack("<I", len(shape)) +
-            b"".join(struct.pack("<Q", d) for d in shape) + struct.pack("<IQ", int(qtype), offset))
 
 
 def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, allow_requantize: bool = False,
@@ -344,37 +324,24 @@ def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, al
         alignment = int(model.get("general.alignment", 32))
         weights, imatrix_meta = importances(model, p, imatrix, ftype) if imatrix is not None else ({}, [])
         replaced = ("general.file_type", "general.quantization_version")
-        kv = [model.metadata_entry(k) for k in model.metadata
-              if k not in replaced and not k.startswith("quantize.imatrix.")]
-        kv.append(_kv_u32("general.file_type", FTYPES[ftype][1]))
+        kv = [model.metadata_entry(k) for k in model.metadata if k not in replaced
+              and not k.startswith("quantize.imatrix.") and not k.startswith("split.")]  # one file out
+        kv.append(kv_entry("general.file_type", KV_U32, FTYPES[ftype][1]))
         kv += imatrix_meta
         if any(t not in (T.F32, T.F16, T.BF16) for t in p.types.values()):
-            kv.append(_kv_u32("general.quantization_version", QUANTIZATION_VERSION))
-        infos, offset, sizes = [], 0, []
-        for name, t in model.tensors.items():
-            size = tensor_bytes(t.shape, p.types[name])
-            infos.append(_tensor_info(name, t.shape, p.types[name], offset))
-            sizes.append(size)
-            offset += (size + alignment - 1) // alignment * alignment
-        tmp = dst.with_name(dst.name + ".part")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(b"GGUF" + struct.pack("<IQQ", 3, len(infos), len(kv)))
-                f.write(b"".join(kv) + b"".join(infos))
-                f.write(b"\0" * (-f.tell() % alignment))
-                for i, (name, t) in enumerate(model.tensors.items()):
-                    start = f.tell()
-                    write_tensor(f, t, p.types[name], weights.get(name))
-                    if f.tell() - start != sizes[i]:
-                        raise AssertionError(f"{name}: wrote {f.tell() - start} bytes, planned {sizes[i]}")
-                    f.write(b"\0" * (-f.tell() % alignment))
-                    if progress is not None:
-                        progress(name, p.types[name], i + 1, len(infos))
-            os.replace(tmp, dst)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+            kv.append(kv_entry("general.quantization_version", KV_U32, QUANTIZATION_VERSION))
+        tensors = list(model.tensors.values())
+
+        def write_data(f, i: int) -> None:
+            t = tensors[i]
+            write_tensor(f, t, p.types[t.name], weights.get(t.name))
+            if progress is not None:
+                progress(t.name, p.types[t.name], i + 1, len(tensors))
+
+        write_gguf(dst, kv, [(t.name, t.shape, p.types[t.name], tensor_bytes(t.shape, p.types[t.name]))
+                             for t in tensors], write_data, alignment)
         p.importance = sorted(weights)
+        p.source_bytes = model.file_size
         return p
     finally:
         model.close()

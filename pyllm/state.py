@@ -30,7 +30,7 @@ VERSION = 1
 def identity(model) -> dict:
     """What a saved state must match to be loaded into `model`."""
     return {"format": FORMAT, "version": VERSION, "model": Path(model.path).name,
-            "model_bytes": Path(model.path).stat().st_size, "architecture": model.arch.name,
+            "model_bytes": model.file.file_size, "architecture": model.arch.name,
             "kv_types": list(model.kv_types), "block_size": model.engine.pool.block_size,
             "lora": [[Path(a.path).name, a.scale] for a in model.adapters]}
 
