@@ -24,6 +24,8 @@ ways (top-1 counted where the reference's margin exceeds --margin).
 Usage: python benchmarks/agreement.py -m models/gemma-3-270m-q4_k_m.gguf
        [--peer-python /tmp/peer-venv/bin/python] [--n-gen 48] [-t 2] [--reference] [--cache-type q8_0]
        [--lora ADAPTER.gguf[:SCALE]]   (a test adapter: tests/synth.py's write_lora)
+       [--control-vector CVEC.gguf[:SCALE]]   (applied on llama.cpp's side through llama_set_adapter_cvec,
+                                               as llama.cpp's common code loads --control-vector-scaled)
 Exit status 1 when the totals miss --min-top1 (0.97) or --max-rel (0.08).
 """
 from __future__ import annotations
@@ -61,6 +63,13 @@ kv = {} if args["kv_type"] == 1 else {"type_k": args["kv_type"], "type_v": args[
 lora = {"lora_path": args["lora"][0], "lora_scale": args["lora"][1]} if args["lora"] else {}
 m = llama_cpp.Llama(model_path=args["model"], logits_all=True, n_ctx=args["n_ctx"], n_batch=args["n_ctx"],
                     n_threads=args["threads"], verbose=False, **kv, **lora)
+if args["cvec"]:   # layers 1..n: their directions, as llama.cpp's common code lays them out
+    import ctypes
+    data = np.ascontiguousarray(np.load(args["cvec"]["data"]), dtype=np.float32)
+    n_embd = args["cvec"]["n_embd"]
+    rc = llama_cpp.llama_set_adapter_cvec(m.ctx, data.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), data.size,
+                                          n_embd, 1, data.size // n_embd)
+    assert rc == 0, rc
 out = {}
 for i, prompt in enumerate(args["prompts"]):
     ids = m.tokenize(prompt.encode(), add_bos=True, special=False)
@@ -85,16 +94,26 @@ json.dump(out, open(f"{args['out']}/peer.json", "w"))
 
 
 def run_peer(peer_python: str, model: str, prompts: list[str], n_gen: int, threads: int, tmp: str,
-             kv_type: int = 1, lora: Optional[tuple[str, float]] = None) -> dict:
+             kv_type: int = 1, lora: Optional[tuple[str, float]] = None, cvec: Optional[dict] = None) -> dict:
+    """cvec: layer (from 0) -> the control vector added after it, as pyllm's Graph takes them"""
+    flat = None
+    if cvec:
+        n_embd = len(next(iter(cvec.values())))
+        rows = np.zeros((max(cvec), n_embd), np.float32)
+        for layer, v in cvec.items():
+            rows[layer - 1] = v
+        np.save(f"{tmp}/cvec.npy", rows.ravel())
+        flat = {"data": f"{tmp}/cvec.npy", "n_embd": n_embd}
     args = {"model": model, "prompts": prompts, "n_gen": n_gen, "threads": threads, "out": tmp, "n_ctx": 512,
-            "kv_type": kv_type, "lora": lora}
+            "kv_type": kv_type, "lora": lora, "cvec": flat}
     r = subprocess.run([peer_python, "-c", PEER, json.dumps(args)], capture_output=True, text=True)
     if r.returncode != 0:
-        sys.exit(f"llama.cpp side failed:\n{r.stderr[-2000:]}")
+        sys.exit(f"llama.cpp side failed (status {r.returncode}):\n{r.stderr[-2000:]}{r.stdout[-500:]}")
     return {int(k): v for k, v in json.load(open(f"{tmp}/peer.json")).items()}
 
 
-def pyllm_logits(model: str, threads: int, n_max: int, kv_type: int = 1, lora: Optional[tuple[str, float]] = None):
+def pyllm_logits(model: str, threads: int, n_max: int, kv_type: int = 1, lora: Optional[tuple[str, float]] = None,
+                 cvec: Optional[dict] = None):
     from pyllm.arch import load_architecture
     from pyllm.backend.cpu import CpuBackend
     from pyllm.graph import Graph
@@ -102,7 +121,7 @@ def pyllm_logits(model: str, threads: int, n_max: int, kv_type: int = 1, lora: O
     from pyllm.model_file import ModelFile
 
     arch = load_architecture(ModelFile(model), n_ctx=512)
-    g = Graph(**graph_pairs(open_adapters([lora] if lora else [], arch.mf)))
+    g = Graph(control=cvec, **graph_pairs(open_adapters([lora] if lora else [], arch.mf)))
     arch.build(g)
     block = 32
     n_blocks = (n_max + block - 1) // block
@@ -142,7 +161,8 @@ def rel_of(c: dict) -> float:
     return float(np.sqrt(c["sq"] / c["n"]) / std)
 
 
-def against_reference(model: str, kept: list, margin: float, lora: Optional[tuple[str, float]] = None) -> None:
+def against_reference(model: str, kept: list, margin: float, lora: Optional[tuple[str, float]] = None,
+                      cvec: Optional[dict] = None) -> None:
     """prints how far each engine's logits are from the float32 reference's"""
     from pyllm.arch import load_architecture
     from pyllm.model_file import ModelFile
@@ -150,7 +170,7 @@ def against_reference(model: str, kept: list, margin: float, lora: Optional[tupl
     from pyllm.reference import Reference
 
     arch = load_architecture(ModelFile(model), n_ctx=512)
-    ref = Reference(arch, lora=open_adapters([lora] if lora else [], arch.mf))
+    ref = Reference(arch, lora=open_adapters([lora] if lora else [], arch.mf), control=cvec)
     exact = np.concatenate([ref.forward(ids)[n_prompt - 1:len(ids) - 1] for _, _, ids, n_prompt in kept])
     top2 = np.sort(exact, axis=1)[:, -2:]
     clear = (top2[:, 1] - top2[:, 0]) > margin
@@ -177,20 +197,27 @@ def main() -> int:
     ap.add_argument("--reference", action="store_true",
                     help="also compare both engines with the float32 reference (slow on big models)")
     ap.add_argument("--lora", help="FILE or FILE:SCALE: both engines apply this LoRA adapter")
+    ap.add_argument("--control-vector", help="FILE or FILE:SCALE: both engines add this control vector")
     a = ap.parse_args()
-    lora = None
+    from pyllm.lora import parse_scaled
+    lora = cvec = None
     if a.lora:
-        from pyllm.lora import parse_scaled
         path, scale = parse_scaled(a.lora) if ":" in a.lora else (a.lora, 1.0)
         lora = (str(Path(path).resolve()), scale)
+    if a.control_vector:
+        from pyllm.control_vector import combine
+        from pyllm.model_file import ModelFile
+        spec = parse_scaled(a.control_vector) if ":" in a.control_vector else (a.control_vector, 1.0)
+        with ModelFile(a.model) as mf:
+            cvec = combine([spec], int(mf.arch_require("embedding_length")), int(mf.arch_require("block_count")))
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.time()
         kv_type = {"f16": 1, "q8_0": 8, "q4_0": 2}[a.cache_type]
-        peer = run_peer(a.peer_python, a.model, PROMPTS, a.n_gen, a.threads, tmp, kv_type, lora)
+        peer = run_peer(a.peer_python, a.model, PROMPTS, a.n_gen, a.threads, tmp, kv_type, lora, cvec)
         t_peer = time.time() - t0
         n_max = max(len(p["ids"]) for p in peer.values())
-        run, greedy = pyllm_logits(a.model, a.threads, n_max, kv_type, lora)
+        run, greedy = pyllm_logits(a.model, a.threads, n_max, kv_type, lora, cvec)
         rows, total = [], None
         kept = []  # (pyllm, llama.cpp, ids, n_prompt) per prompt, for --reference
         print(f"{'prompt':<44} {'pos':>4} {'clear':>5} {'top1':>7} {'rel':>7} {'max|d|':>7} {'greedy':>7}")
@@ -224,7 +251,7 @@ def main() -> int:
         print(f"{'PASS' if ok else 'FAIL'}: top-1 {top1:.1%} (need >= {a.min_top1:.0%}), "
               f"rel {rel:.2%} (need <= {a.max_rel:.0%})")
         if a.reference:
-            against_reference(a.model, kept, a.margin, lora)
+            against_reference(a.model, kept, a.margin, lora, cvec)
         if a.json:
             json.dump({"model": a.model, "prompts": rows, "top1": top1, "rel": rel, "max": total["max"]},
                       open(a.json, "w"), indent=1)

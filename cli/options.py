@@ -59,13 +59,37 @@ LoraScaledOpt = Annotated[list[str], typer.Option(
     "comma-separated", rich_help_panel=ADAPTERS)]
 
 
+def _items(values: list[str]) -> list[str]:
+    return [item for value in values for item in value.split(",") if item]
+
+
 def lora_specs(lora: list[str], lora_scaled: list[str]) -> list[tuple[str, float]]:
     """Model's lora= from --lora and --lora-scaled (each repeatable or comma-separated, as llama.cpp's)."""
     from pyllm.lora import parse_scaled
+    return [(path, 1.0) for path in _items(lora)] + [parse_scaled(spec) for spec in _items(lora_scaled)]
 
-    def items(values: list[str]) -> list[str]:
-        return [item for value in values for item in value.split(",") if item]
-    return [(path, 1.0) for path in items(lora)] + [parse_scaled(spec) for spec in items(lora_scaled)]
+
+CONTROL = "Control vectors"
+ControlVectorOpt = Annotated[list[str], typer.Option(
+    "--control-vector", help="add this control vector (a GGUF file from llama-cvector-generator or repeng) to "
+    "the residual stream after each layer, steering the text; repeatable", rich_help_panel=CONTROL)]
+ControlVectorScaledOpt = Annotated[list[str], typer.Option(
+    "--control-vector-scaled", help="FILE:SCALE, a control vector at that strength (negative: the other way); "
+    "repeatable, the vectors add up", rich_help_panel=CONTROL)]
+ControlLayerRangeOpt = Annotated[Optional[tuple[int, int]], typer.Option(
+    "--control-vector-layer-range", help="START END: only the vectors' layers START..END (from 1) apply",
+    rich_help_panel=CONTROL)]
+
+
+def control_kwargs(vectors: list[str], scaled: list[str], layer_range) -> dict[str, Any]:
+    """Model's control vector keywords from --control-vector, --control-vector-scaled and
+    --control-vector-layer-range."""
+    from pyllm.lora import parse_scaled
+    specs = [(path, 1.0) for path in _items(vectors)] + [parse_scaled(spec, "--control-vector-scaled")
+                                                           for spec in _items(scaled)]
+    if layer_range is not None and None in layer_range:
+        layer_range = None
+    return dict(control_vectors=specs, control_vector_layer_range=layer_range)
 
 
 TemplateOpt = Annotated[Optional[str], typer.Option(
@@ -105,6 +129,8 @@ PresPenalty = Annotated[float, typer.Option("--presence-penalty", help="subtract
 LogitBias = Annotated[list[str], typer.Option(
     "-l", "--logit-bias", help="TOKEN_ID+BIAS or TOKEN_ID-BIAS, e.g. 15043+1 or 2-inf (repeatable)",
     rich_help_panel=SAMPLING)]
+IgnoreEos = Annotated[bool, typer.Option("--ignore-eos", help="never stop at the end-of-text token: write "
+                                        "until -n, a stop string or a full context", rich_help_panel=SAMPLING)]
 Seed = Annotated[Optional[int], typer.Option("-s", "--seed", help="random seed: same seed, same output "
                                              "(default: random)", rich_help_panel=SAMPLING)]
 

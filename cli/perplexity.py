@@ -19,7 +19,8 @@ import typer
 from pyllm.errors import InvalidArgumentError
 
 from .common import err, handle_errors, model_path, read_input
-from .options import CacheTypeK, CacheTypeV, LoraOpt, LoraScaledOpt, ModelOpt, NGpuLayers, Threads, lora_specs
+from .options import (CacheTypeK, CacheTypeV, ControlLayerRangeOpt, ControlVectorOpt, ControlVectorScaledOpt, LoraOpt,
+                      LoraScaledOpt, ModelOpt, NGpuLayers, Threads, control_kwargs, lora_specs)
 
 
 def perplexity(
@@ -37,6 +38,9 @@ def perplexity(
     cache_type_v: CacheTypeV = "f16",
     lora: LoraOpt = [],
     lora_scaled: LoraScaledOpt = [],
+    control_vector: ControlVectorOpt = [],
+    control_vector_scaled: ControlVectorScaledOpt = [],
+    control_vector_layer_range: ControlLayerRangeOpt = None,
 ) -> None:
     """Measure a model's perplexity on a text (llama-perplexity's method)."""
     with handle_errors():
@@ -47,7 +51,8 @@ def perplexity(
 
         path = model_path(model)
         with Model(path, n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
-                   cache_type_v=cache_type_v, lora=lora_specs(lora, lora_scaled)) as m:
+                   cache_type_v=cache_type_v, lora=lora_specs(lora, lora_scaled),
+                   **control_kwargs(control_vector, control_vector_scaled, control_vector_layer_range)) as m:
             m.require_generation()
             ids = m.tokenize(text)
             max_chunks = None if chunks < 0 else chunks

@@ -22,8 +22,10 @@ from .options import (CtxSize, FormatOpt, FreqPenalty, GrammarFile, GrammarOpt, 
                       thinking_note)
 from .options import (CacheTypeK, CacheTypeV, MirostatEnt, MirostatLr, MirostatOpt, NGpuLayers, TopNSigma,
                       XtcProbability, XtcThreshold)
+from .options import IgnoreEos
 from .options import DryAllowedLength, DryBase, DryMultiplier, DryPenaltyLastN, DrySequenceBreaker, dry_breakers
-from .options import LoraOpt, LoraScaledOpt, lora_specs
+from .options import (ControlLayerRangeOpt, ControlVectorOpt, ControlVectorScaledOpt, LoraOpt, LoraScaledOpt,
+                      control_kwargs, lora_specs)
 from .options import (ModelDraft, SpecDraftMax, SpecDraftMin, SpecNgramSize, SpecPMin, SpecType,
                       speculative_kwargs)
 
@@ -73,6 +75,9 @@ def run(
     cache_type_v: CacheTypeV = "f16",
     lora: LoraOpt = [],
     lora_scaled: LoraScaledOpt = [],
+    control_vector: ControlVectorOpt = [],
+    control_vector_scaled: ControlVectorScaledOpt = [],
+    control_vector_layer_range: ControlLayerRangeOpt = None,
     spec_type: SpecType = None,
     model_draft: ModelDraft = None,
     spec_draft_max: SpecDraftMax = 16,
@@ -89,6 +94,7 @@ def run(
     frequency_penalty: FreqPenalty = 0.0,
     presence_penalty: PresPenalty = 0.0,
     logit_bias: LogitBias = [],
+    ignore_eos: IgnoreEos = False,
     seed: Seed = None,
     top_n_sigma: TopNSigma = -1.0,
     xtc_probability: XtcProbability = 0.0,
@@ -110,7 +116,8 @@ def run(
             raise InvalidArgumentError("--suffix fills in the middle of raw text: not with --chat")
         sampling = sampling_kwargs(temp, top_k, top_p, min_p, typical_p, repeat_penalty, repeat_last_n,
                                    frequency_penalty, presence_penalty, logit_bias, seed,
-                                   top_n_sigma=top_n_sigma, xtc_probability=xtc_probability,
+                                   ignore_eos=ignore_eos, top_n_sigma=top_n_sigma,
+                                   xtc_probability=xtc_probability,
                                    xtc_threshold=xtc_threshold, mirostat=mirostat, mirostat_eta=mirostat_lr,
                                    mirostat_tau=mirostat_ent, dry_multiplier=dry_multiplier, dry_base=dry_base,
                                    dry_allowed_length=dry_allowed_length, dry_penalty_last_n=dry_penalty_last_n,
@@ -126,6 +133,7 @@ def run(
         with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template,
                    n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
                    cache_type_v=cache_type_v, think=think, lora=lora_specs(lora, lora_scaled),
+                   **control_kwargs(control_vector, control_vector_scaled, control_vector_layer_range),
                    **speculative_kwargs(spec_type, model_draft, spec_draft_max, spec_draft_min, spec_ngram_size, spec_p_min)) as m:
             max_tokens = None if n_predict < 0 else n_predict
             if prompt_cache is not None and os.path.exists(prompt_cache):

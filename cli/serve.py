@@ -11,7 +11,8 @@ from pyllm.errors import InvalidArgumentError
 
 from .common import err, handle_errors, model_path
 from .options import CacheTypeK, CacheTypeV, CtxSize, ModelOpt, NGpuLayers, TemplateOpt, Think, Threads, template_arg
-from .options import LoraOpt, LoraScaledOpt, lora_specs
+from .options import (ControlLayerRangeOpt, ControlVectorOpt, ControlVectorScaledOpt, LoraOpt, LoraScaledOpt,
+                      control_kwargs, lora_specs)
 from .options import (ModelDraft, SpecDraftMax, SpecDraftMin, SpecNgramSize, SpecPMin, SpecType,
                       speculative_kwargs)
 
@@ -42,6 +43,9 @@ def serve(
     cache_type_v: CacheTypeV = "f16",
     lora: LoraOpt = [],
     lora_scaled: LoraScaledOpt = [],
+    control_vector: ControlVectorOpt = [],
+    control_vector_scaled: ControlVectorScaledOpt = [],
+    control_vector_layer_range: ControlLayerRangeOpt = None,
     spec_type: SpecType = None,
     model_draft: ModelDraft = None,
     spec_draft_max: SpecDraftMax = 16,
@@ -82,6 +86,7 @@ def serve(
                       n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
                       cache_type_v=cache_type_v, think=think, embedding=True if embedding else None,
                       lora=lora_specs(lora, lora_scaled),
+                      **control_kwargs(control_vector, control_vector_scaled, control_vector_layer_range),
                       **speculative_kwargs(spec_type, model_draft, spec_draft_max, spec_draft_min, spec_ngram_size,
                                            spec_p_min))
             if pooling is not None:
@@ -89,7 +94,8 @@ def serve(
             return m
 
         # without -m, a request may name any model on disk (ollama's way); with -m, this one answers
-        switching = model is None and model_draft is None and not (lora or lora_scaled)
+        switching = (model is None and model_draft is None and not (lora or lora_scaled)
+                     and not (control_vector or control_vector_scaled))
         with load(path) as m:
             try:
                 server = make_server(m, host, port, name=registry_name(model), parallel=parallel,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import dataclasses
+import math
 import functools
 import logging
 from typing import Any, Iterator, Mapping, Optional, Sequence as Seq
@@ -22,10 +23,11 @@ from .backend.lowering import check_kv_formats
 from .backend.cpu import physical_cores
 from .backend.select import make_backend
 from .chat_template import BUILTIN as BUILTIN_TEMPLATES, THINKING_SWITCH, ChatTemplate, normalize_messages
+from .control_vector import combine as combine_control_vectors
 from .defaults import BLOCK_SIZE, DEFAULT_MAX_CTX, N_BATCH, N_OUT_MAX
 from .dry import DryBreakers
 from .engine import Completion, Engine, Generation, TokenLogprob, check_top_logprobs
-from .errors import ContextFullError, InvalidArgumentError, TemplateError
+from .errors import ContextFullError, InvalidArgumentError, TemplateError, UnsupportedModelError
 from .grammar import AnswerConstraint, Format, Trigger, constraint_for
 from .graph import Graph
 from .infill import server_prompt
@@ -77,6 +79,10 @@ class Model:
     lora: LoRA adapters (llama.cpp's GGUF adapter files, see pyllm.lora) applied
     at run time, each a path or a (path, scale) pair, as llama.cpp's --lora and
     --lora-scaled; `adapters` lists them and set_lora_scale() changes a scale.
+    control_vectors: control vector files (pyllm.control_vector), each a path or a
+    (path, scale) pair, added to the residual stream after each layer, as
+    llama.cpp's --control-vector(-scaled); control_vector_layer_range: (start,
+    end), the file's layers (from 1) to apply, as --control-vector-layer-range.
 
     Use it as a context manager, or call close(), to free the native memory.
     """
@@ -87,7 +93,8 @@ class Model:
                  embedding: Optional[bool] = None, cache_type_k: str = "f16", cache_type_v: str = "f16",
                  spec_type: Optional[str] = None, draft_model: Optional[str | os.PathLike] = None,
                  spec_draft_max: int = 16, spec_draft_min: int = 0, spec_ngram_size: int = 6,
-                 spec_p_min: float = 0.75, lora: Optional[Seq] = None):
+                 spec_p_min: float = 0.75, lora: Optional[Seq] = None, control_vectors: Optional[Seq] = None,
+                 control_vector_layer_range: Optional[tuple[int, int]] = None):
         self.backend = None
         self.draft: Optional[Model] = None
         self.adapters: list[LoraAdapter] = []
@@ -130,11 +137,14 @@ class Model:
         self.n_ctx, self.n_batch, self.n_threads = n_ctx, n_batch, n_threads
         n_blocks = (n_ctx + BLOCK_SIZE - 1) // BLOCK_SIZE
         self.arch.n_ctx = n_ctx   # families whose math depends on it (Phi-3's RoPE factors)
+        self.control = combine_control_vectors(control_vectors, hp.n_embd, hp.n_layer, control_vector_layer_range)
         self.adapters = open_adapters(lora, self.file)
         try:
-            self.graph = Graph(embeddings=self.embedding, **graph_pairs(self.adapters))
+            self.graph = Graph(embeddings=self.embedding, control=self.control, **graph_pairs(self.adapters))
             self.arch.build(self.graph)
             check_applied(self.adapters, self.graph.lora_used, self.arch.name)
+            if self.graph.control_used != set(self.control):
+                raise UnsupportedModelError(f"control vectors are not supported for {self.arch.name} models")
         except BaseException:
             self.close()
             raise
@@ -370,6 +380,8 @@ class Model:
         if unknown:
             raise InvalidArgumentError(f"unknown sampling option {unknown[0]!r}; known: {', '.join(_SAMPLING_KEYS)}")
         params = SamplingParams(**sampling).validate()
+        if params.ignore_eos:   # as llama.cpp: every end-of-generation token biased to -inf
+            params.logit_bias = {**params.logit_bias, **dict.fromkeys(self.tokenizer.eog_ids, -math.inf)}
         breakers = None
         if params.dry().enabled:
             key = tuple(params.dry_sequence_breakers)
@@ -409,7 +421,9 @@ class Model:
         Sampling keywords (llama.cpp's defaults): temperature 0.8 (0 =
         greedy), top_k 40, top_p 0.95, min_p 0.05, typical_p 1.0,
         repeat_penalty 1.0, repeat_last_n 64, frequency_penalty 0,
-        presence_penalty 0, logit_bias {token id: bias}, seed (None: random).
+        presence_penalty 0, logit_bias {token id: bias}, seed (None: random);
+        ignore_eos=True never ends at an end-of-generation token (llama.cpp's
+        --ignore-eos: it runs to max_tokens, a stop string or a full context).
 
         Constrained output (pyllm.grammar): format "json" makes the reply one
         JSON object, a JSON schema (a dict) one JSON value valid for it; the

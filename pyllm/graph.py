@@ -139,18 +139,23 @@ class Graph:
     """Builds the op list of one forward step."""
 
     def __init__(self, embeddings: bool = False, lora: Optional[dict] = None,
-                 lora_embed: Optional[dict] = None, imatrix: Optional[dict] = None) -> None:
+                 lora_embed: Optional[dict] = None, imatrix: Optional[dict] = None,
+                 control: Optional[dict] = None) -> None:
         """embeddings: the output head ends at the final norm (the rows an embedding is pooled
         from), not at the logits. lora / lora_embed: weight name -> [(s A, B by its rows), ...],
         LoRA pairs (pyllm/lora.py) added to the linear layers / the embedding lookups of those
         weights (matmul_cols adds the B products).
         imatrix: a dict to fill with weight name -> float32 accumulator of the squares of its
-        inputs (pyllm/imatrix.py), for the layers' matrices (blk.*), as llama-imatrix collects."""
+        inputs (pyllm/imatrix.py), for the layers' matrices (blk.*), as llama-imatrix collects.
+        control: layer -> a vector added to the residual stream after that layer (control
+        vectors, pyllm/control_vector.py), by the families whose loop is Graph.layers."""
         self.embeddings = embeddings
         self.lora = lora or {}
         self.lora_embed = lora_embed or {}
         self.lora_used: set[str] = set()                  # the weights whose pairs were applied
         self.imatrix = imatrix
+        self.control = control or {}
+        self.control_used: set[int] = set()               # the layers whose vector was added
         self.ops: list[Op] = []
         self.buffers: dict[str, Buffer] = {}
         self.qbuffers: dict[str, QBuffer] = {}
@@ -163,6 +168,17 @@ class Graph:
         self.layer = -1                                    # set by the architecture's loop
         self._head = False                                 # inside the output head
         self._head_ops = 0
+
+    def layers(self, layers: list, x: "View"):
+        """The architecture's layer loop: yields (i, layer), setting self.layer; after each
+        layer's ops, adds its control vector (if any) to the residual stream x, where
+        llama.cpp adds it (the end of the layer)."""
+        for i, layer in enumerate(layers):
+            self.layer = i
+            yield i, layer
+            if i in self.control:
+                self.add_row(self.control[i], x)
+                self.control_used.add(i)
 
     # -- buffers ---------------------------------------------------------------
     def buffer(self, name: str, width: int) -> View:

@@ -185,15 +185,15 @@ def check_applied(adapters: Iterable[LoraAdapter], applied: set[str], arch: str)
                                         f"does not run as a plain matrix product: LoRA there is not supported")
 
 
-def parse_scaled(spec: str) -> tuple[str, float]:
-    """'PATH:SCALE' (--lora-scaled) -> (PATH, SCALE)."""
+def parse_scaled(spec: str, flag: str = "--lora-scaled") -> tuple[str, float]:
+    """'PATH:SCALE' (--lora-scaled, --control-vector-scaled) -> (PATH, SCALE)."""
     path, colon, scale = spec.rpartition(":")
     try:
         if not colon or not path:
             raise ValueError
         return path, float(scale)
     except ValueError:
-        raise InvalidArgumentError(f"--lora-scaled takes FILE:SCALE (such as adapter.gguf:0.5), not {spec!r}") \
+        raise InvalidArgumentError(f"{flag} takes FILE:SCALE (such as file.gguf:0.5), not {spec!r}") \
             from None
 
 

@@ -201,13 +201,15 @@ class Reference:
     """Dequantizes an architecture's weights once, then runs whole sequences."""
 
     def __init__(self, arch: Architecture, kv_f16: bool = False, kv_quant: Optional[str] = None,
-                 lora: Sequence = ()):
+                 lora: Sequence = (), control: Optional[dict] = None):
         """kv_f16: round k and v to f16 before attending, as both engines' KV caches
         store them (at F32 that rounding is the engines' main difference from here).
         kv_quant "q8_0" or "q4_0": round them through that format instead (a quantized
         KV cache, with its Walsh-Hadamard rotation where the engines rotate), and the
-        queries through the Q8 activation blocks the scores then take."""
+        queries through the Q8 activation blocks the scores then take.
+        control: layer -> the control vector added to x after that layer."""
         self.arch = arch
+        self.control = control or {}
         self.kv_f16 = kv_f16
         self.kv_quant = kv_quant
         self.kv_rot = (0, 0)
@@ -558,17 +560,18 @@ class Reference:
             if not L.parallel:   # parallel: the FFN reads the attention's h, or its own norm of x
                 if o is not None:
                     x = x + o * np.float32(a.residual_scale)
-                if F is None:   # a layer of its mixer alone
-                    continue
                 h = self._norm(x, L.ffn_norm, L.ffn_norm_b)
             elif L.ffn_norm is not None:
                 h = self._norm(x, L.ffn_norm, L.ffn_norm_b)
-            f = self._ffn(h, F, act, router_x)
-            if L.post_ffn_norm is not None:
-                f = rmsnorm(f, L.post_ffn_norm, hp.eps)
-            if L.parallel:
-                f = f + o
-            x = x + f * np.float32(a.residual_scale)
+            if F is not None:   # else a layer of its mixer alone
+                f = self._ffn(h, F, act, router_x)
+                if L.post_ffn_norm is not None:
+                    f = rmsnorm(f, L.post_ffn_norm, hp.eps)
+                if L.parallel:
+                    f = f + o
+                x = x + f * np.float32(a.residual_scale)
+            if i in self.control:   # a control vector steers the residual after the layer
+                x = x + self.control[i]
         return x
 
     def _gemma4(self, tokens: np.ndarray) -> np.ndarray:
@@ -600,6 +603,8 @@ class Reference:
                 t = gelu_tanh(self._linear(x, pl.gate, None)) * ple[:, i]
                 x = x + rmsnorm(self._linear(t, pl.proj, None), pl.post_norm, eps)
             x = x * np.float32(a.out_scale[i])
+            if i in self.control:
+                x = x + self.control[i]
         return x
 
     def _per_layer_inputs(self, x: np.ndarray, tokens: np.ndarray) -> np.ndarray:

@@ -70,6 +70,7 @@ class SamplingParams:
     dry_allowed_length: int = 2
     dry_penalty_last_n: int = 64
     dry_sequence_breakers: Sequence[str] = DEFAULT_SEQUENCE_BREAKERS
+    ignore_eos: bool = False        # never pick an end-of-generation token (Model adds their -inf biases)
 
     def dry(self) -> DryParams:
         return DryParams(self.dry_multiplier, self.dry_base, self.dry_allowed_length, self.dry_penalty_last_n)
@@ -113,6 +114,8 @@ class SamplingParams:
             raise bad(f"dry_allowed_length must be >= 0, not {self.dry_allowed_length}")
         if self.dry_penalty_last_n < -1:
             raise bad(f"dry_penalty_last_n must be >= -1 (-1 = all, 0 = off), not {self.dry_penalty_last_n}")
+        if not isinstance(self.ignore_eos, (bool, np.bool_)):
+            raise bad(f"ignore_eos must be true or false, not {self.ignore_eos!r}")
         breakers = self.dry_sequence_breakers
         if not isinstance(breakers, (list, tuple)) or not all(isinstance(b, str) for b in breakers):
             raise bad(f"dry_sequence_breakers must be a list of strings, not {breakers!r}")

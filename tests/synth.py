@@ -1503,3 +1503,21 @@ def write_lora(path: str | Path, model_path: str | Path, targets: Optional[list[
     w.write_tensors_to_file()
     w.close()
     return str(path)
+
+
+def write_control_vector(path: str | Path, n_embd: int, layers, size: float = 1.0, seed: int = 0,
+                         model_hint: str = "llama", qtype: QT = QT.F32) -> str:
+    """A control vector in llama.cpp's layout (llama-cvector-generator, repeng): a random
+    direction.N of n_embd values, of RMS `size`, for each layer N in `layers` (from 1)."""
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "controlvector")
+    w.add_string("controlvector.model_hint", model_hint)
+    w.add_int32("controlvector.layer_count", len(list(layers)))
+    for n in layers:
+        v = (rng.standard_normal(n_embd) * size).astype(np.float32)
+        w.add_tensor(f"direction.{n}", v if qtype == QT.F32 else v.astype(np.float16), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)

@@ -173,3 +173,23 @@ def test_run_takes_the_dry_flags(smollm2_path):
     assert tokens(*dry, "--dry-sequence-breaker", ":") == default                                # no newline either
     r = subprocess.run(base + ["--dry-penalty-last-n", "-2"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "dry_penalty_last_n must be >= -1" in r.stderr
+
+
+def test_ignore_eos(smollm2_path):
+    """--ignore-eos (ignore_eos=True, the server's "ignore_eos"): the end-of-generation tokens get
+    -inf, so the text runs on to -n where it would have ended; up to there it is the same."""
+    from pyllm import Model
+    from pyllm.errors import InvalidArgumentError
+    from pyllm.server import sampling_of
+    with Model(smollm2_path, n_ctx=256) as m:
+        ended = m.generate("Hi", max_tokens=60, temperature=0)
+        assert ended.finish_reason == "stop" and len(ended.tokens) < 59   # it ends by itself here
+        on = m.generate("Hi", max_tokens=60, temperature=0, ignore_eos=True)
+        assert on.finish_reason == "length" and len(on.tokens) == 60
+        assert on.tokens[:len(ended.tokens) - 1] == ended.tokens[:-1]
+        assert not set(on.tokens) & m.tokenizer.eog_ids
+        with pytest.raises(InvalidArgumentError, match="ignore_eos"):
+            m.generate("Hi", max_tokens=2, ignore_eos="yes")
+    assert sampling_of({"ignore_eos": True, "temperature": 0}) == {"ignore_eos": True, "temperature": 0}
+    r = pyllm("run", "-m", smollm2_path, "-p", "Hi", "-n", "60", "--temp", "0", "--ignore-eos", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["tokens"] == on.tokens, r.stderr

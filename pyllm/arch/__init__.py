@@ -120,6 +120,9 @@ def load_architecture(mf: ModelFile, n_ctx: Optional[int] = None) -> Architectur
         raise InvalidArgumentError(f"{mf.path} is an importance matrix, not a model: quantize with it "
                                    f"(pyllm quantize --imatrix)")
     arch = mf.architecture
+    if arch == "controlvector":
+        raise InvalidArgumentError(f"{mf.path} is a control vector, not a model: add it to its model's "
+                                   f"layers with --control-vector (Model(..., control_vectors=[...]))")
     cls = ARCHITECTURES.get(arch)
     if cls is None:
         raise UnsupportedModelError(

@@ -234,8 +234,7 @@ class PreNormDecoder(Architecture):
 
     def build(self, g: Graph) -> None:
         x = embed(g, self)
-        for i, L in enumerate(self.layers):
-            g.layer = i
+        for i, L in g.layers(self.layers, x):
             pre_norm_block(g, self, L, i, x)
         output_head(g, self, x)
 
@@ -257,8 +256,7 @@ class PostNormDecoder(Architecture):
 
     def build(self, g: Graph) -> None:
         x = embed(g, self)
-        for i, L in enumerate(self.layers):
-            g.layer = i
+        for i, L in g.layers(self.layers, x):
             post_norm_block(g, self, L, i, x)
         output_head(g, self, x)
 

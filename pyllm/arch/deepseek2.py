@@ -138,8 +138,7 @@ class Deepseek2(SharedExpertsMoe, Architecture):
     def build(self, g: Graph) -> None:
         hp = self.hp
         x = embed(g, self)
-        for i, L in enumerate(self.layers):
-            g.layer = i
+        for i, L in g.layers(self.layers, x):
             latent_attention(g, self, g.rmsnorm(x, L.attn_norm, hp.eps, "h"), L.attn, i, out=x)
             ffn(g, g.rmsnorm(x, L.ffn_norm, hp.eps, "h"), L.ffn, self.glu, out=x)
         output_head(g, self, x)

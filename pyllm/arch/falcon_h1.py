@@ -36,8 +36,7 @@ class FalconH1(Architecture):
     def build(self, g: Graph) -> None:
         eps = self.hp.eps
         x = embed(g, self)
-        for i, L in enumerate(self.layers):
-            g.layer = i
+        for i, L in g.layers(self.layers, x):
             h = g.rmsnorm(x, L.attn_norm, eps, "h")
             attention(g, self, h, L.attn, i, out=x)
             ssm_mixer(g, h, L.ssm, eps, out=x)

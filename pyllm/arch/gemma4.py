@@ -241,8 +241,7 @@ class Gemma4(PostNormDecoder):
         hp, eps = self.hp, self.hp.eps
         x = embed(g, self)
         ple = self.per_layer_inputs(g, x) if self.n_per_layer else None
-        for i, L in enumerate(self.layers):
-            g.layer = i
+        for i, L in g.layers(self.layers, x):
             o = self.attention(g, g.rmsnorm(x, L.attn_norm, eps, "h"), i)
             g.add(g.rmsnorm(o, L.post_attn_norm, eps, o), x)
             o = ffn(g, g.rmsnorm(x, L.ffn_norm, eps, "h"), L.ffn, self.glu, "o", accumulate=False,

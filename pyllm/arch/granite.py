@@ -59,8 +59,7 @@ class Granite(Llama):
     def build(self, g: Graph) -> None:
         hp = self.hp
         x = g.embed(self.tok_embd, "x", scale=self.embed_scale)
-        for i, L in enumerate(self.layers):
-            g.layer = i
+        for i, L in g.layers(self.layers, x):
             o = attention(g, self, g.rmsnorm(x, L.attn_norm, hp.eps, "h"), L.attn, i, out="o", accumulate=False)
             g.add(g.scale(o, self.residual_scale), x)
             o = ffn(g, g.rmsnorm(x, L.ffn_norm, hp.eps, "h"), L.ffn, self.glu, out="o", accumulate=False)

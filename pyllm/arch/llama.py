@@ -60,8 +60,7 @@ class Llama(Architecture):
     def build(self, g: Graph) -> None:
         hp = self.hp
         x = g.embed(self.tok_embd, "x", scale=self.embed_scale)
-        for i, L in enumerate(self.layers):
-            g.layer = i
+        for i, L in g.layers(self.layers, x):
             attention(g, self, g.rmsnorm(x, L.attn_norm, hp.eps, "h"), L.attn, i, out=x)
             ffn(g, g.rmsnorm(x, L.ffn_norm, hp.eps, "h"), L.ffn, self.glu, out=x)
         output_head(g, self, x)

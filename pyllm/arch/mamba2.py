@@ -33,8 +33,7 @@ class Mamba2(Architecture):
 
     def build(self, g: Graph) -> None:
         x = embed(g, self)
-        for i, L in enumerate(self.layers):
-            g.layer = i
+        for i, L in g.layers(self.layers, x):
             attention(g, self, g.rmsnorm(x, L.attn_norm, self.hp.eps, "h"), L.attn, i, out=x)
         output_head(g, self, x)
 

@@ -82,8 +82,7 @@ class NemotronH(Architecture):
 
     def build(self, g: Graph) -> None:
         x = embed(g, self)
-        for i, L in enumerate(self.layers):
-            g.layer = i
+        for i, L in g.layers(self.layers, x):
             if L.attn is not None:
                 attention(g, self, g.rmsnorm(x, L.attn_norm, self.hp.eps, "h"), L.attn, i, out=x)
             else:
