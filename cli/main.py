@@ -20,6 +20,7 @@ from .quantize import quantize
 from .run import run
 from .serve import serve
 from .split import split
+from .tokenize import tokenize
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Run GGUF language models locally: chat, one-shot prompts, embeddings, an OpenAI-style "
@@ -71,6 +72,7 @@ app.command("perplexity")(perplexity)
 app.command("quantize")(quantize)
 app.command("imatrix")(imatrix)
 app.command("split")(split)
+app.command("tokenize")(tokenize)
 
 
 def main() -> None:

@@ -193,3 +193,24 @@ def test_ignore_eos(smollm2_path):
     assert sampling_of({"ignore_eos": True, "temperature": 0}) == {"ignore_eos": True, "temperature": 0}
     r = pyllm("run", "-m", smollm2_path, "-p", "Hi", "-n", "60", "--temp", "0", "--ignore-eos", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["tokens"] == on.tokens, r.stderr
+
+
+def test_tokenize(smollm2_path, gemma3_path):
+    """pyllm tokenize prints llama-tokenize's lines (`    ID -> 'PIECE'`) or --ids' list, for the
+    ids Model.tokenize gives (special text parsed, BOS as the file says; --no-bos, --no-parse-special)."""
+    from pyllm import Model
+    text = "Hello <|im_start|>wörld <start_of_turn>"
+    for path in (smollm2_path, gemma3_path):
+        with Model(path, n_ctx=64) as m:
+            want = m.tokenize(text, special=True)
+            plain = m.tokenize(text, add_bos=False)
+            pieces = [m.tokenizer.token_to_piece(t) for t in want]
+        r = subprocess.run([sys.executable, "-m", "cli.main", "tokenize", "-m", path, "-p", text, "--show-count"],
+                           cwd=REPO, capture_output=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == b"".join(b"%6d -> '%s'\n" % (t, p) for t, p in zip(want, pieces)) + \
+            b"Total number of tokens: %d\n" % len(want)
+        r = pyllm("tokenize", "-m", path, "--ids", "--no-bos", "--no-parse-special", input=text)
+        assert r.returncode == 0 and json.loads(r.stdout) == plain, r.stderr
+    assert (want[0] == 2) and (plain[0] != 2)   # Gemma's BOS, and --no-bos
+    one_error_line(pyllm("tokenize", "-m", smollm2_path, "-p", "a", "-f", "b"), "not both")

@@ -107,3 +107,14 @@ def test_cli_flags(tmp_path):
     assert r.returncode == 0 and json.loads(r.stdout)["text"] == plain["text"], r.stderr   # no layer 3 of 3
     one_error_line(pyllm("run", *args, "--control-vector-scaled", cv), "FILE:SCALE")
     one_error_line(pyllm("run", "-m", cv, "-p", "hi"), "control vector, not a model")
+
+
+def test_split_execution_adds_them_where_the_layer_runs(tmp_path):
+    """Half the layers on the simulated GPU, or all: the same logits as the CPU alone."""
+    model = synth.write_llama(tmp_path / "m.gguf", QT.Q8_0, n_layer=4)
+    cv = synth.write_control_vector(tmp_path / "cv.gguf", 256, [1, 2, 3], size=2.0)
+    with Model(model, n_threads=2, control_vectors=[cv]) as m:
+        want = m.logits(TOKENS)
+    for ngl in (2, "all"):
+        with Model(model, n_threads=2, control_vectors=[cv], device="sim", n_gpu_layers=ngl) as m:
+            np.testing.assert_allclose(m.logits(TOKENS), want, rtol=0, atol=1e-5 * np.abs(want).max())
