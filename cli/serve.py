@@ -25,10 +25,24 @@ def registry_name(model: Optional[str]) -> Optional[str]:
     return model if model in registry.MODELS else None
 
 
+def api_keys_of(keys: Optional[str], file: Optional[str]) -> list[str]:
+    """--api-key's comma-separated keys and --api-key-file's lines (blank ones skipped)."""
+    found = [k.strip() for k in (keys or "").split(",") if k.strip()]
+    if file is not None:
+        try:
+            with open(file, encoding="utf-8") as f:
+                found += [line.strip() for line in f if line.strip()]
+        except OSError as e:
+            raise InvalidArgumentError(f"cannot read the API key file {file}: {e.strerror}") from None
+        if not found:
+            raise InvalidArgumentError(f"the API key file {file} holds no key")
+    return found
+
+
 def serve(
     model: ModelOpt = None,
     host: Annotated[str, typer.Option("--host", help="address to listen on (0.0.0.0: every interface; "
-                                      "the API has no authentication)")] = "127.0.0.1",
+                                      "give it an --api-key there)")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="port to listen on (0: any free one)")] = 8080,
     embedding: Annotated[bool, typer.Option("--embedding", help="load the model for /v1/embeddings instead of "
                                             "generation (an encoder such as BERT always is)")] = False,
@@ -60,6 +74,11 @@ def serve(
     slot_save_path: Annotated[Optional[str], typer.Option(
         "--slot-save-path", help="a folder for POST /slots/ID?action=save|restore (a conversation's KV cache, "
         "llama-server's)")] = None,
+    api_key: Annotated[Optional[str], typer.Option(
+        "--api-key", envvar="PYLLM_API_KEY", help="requests must carry this key (Authorization: Bearer KEY); "
+        "several: comma-separated (llama-server's --api-key)")] = None,
+    api_key_file: Annotated[Optional[str], typer.Option(
+        "--api-key-file", help="a file of API keys, one per line (keeps them out of the process list)")] = None,
     parallel: Annotated[Optional[int], typer.Option(
         "--parallel", "-np", help="requests run at once, their decode steps batched; more wait for a slot "
         "(default 4, or 1 where steps cannot hold several sequences: recurrent models, GPU offload). "
@@ -78,6 +97,7 @@ def serve(
         from pyllm.server import make_server
 
         idle_s = None if keep_alive is None else keep_alive_seconds(keep_alive)
+        api_keys = api_keys_of(api_key, api_key_file)
 
         path = model_path(model)
 
@@ -100,13 +120,14 @@ def serve(
             try:
                 server = make_server(m, host, port, name=registry_name(model), parallel=parallel,
                                      load=load if switching else None, slot_save_path=slot_save_path,
-                                     metrics=metrics, keep_alive=idle_s)
+                                     metrics=metrics, keep_alive=idle_s, api_keys=api_keys)
             except OSError as e:
                 raise InvalidArgumentError(f"cannot listen on {host}:{port}: {e.strerror}") from None
             with server, contextlib.closing(server.host):   # the model loaded last, which may not be m
                 what = "embeddings" if m.embedding else "chat and completions"
                 slots = f", {len(server.slots)} requests at once" if len(server.slots) > 1 else ""
                 others = ", others loaded when asked for" if switching else ""
+                others += f", {len(api_keys)} API key{'s' if len(api_keys) > 1 else ''}" if api_keys else ""
                 err.print(f"pyllm serve · {server.name} ({what}, context {m.n_ctx}{slots}{others}) · listening on {server.url} "
                           f"(OpenAI API under /v1) · Ctrl-C to stop", highlight=False, soft_wrap=True)
                 server.serve_forever()

@@ -6,6 +6,9 @@
     GET  /v1/models             the one model
     GET  /health                {"status": "ok"}
 
+With API keys (--api-key), every endpoint but /health, /v1/models and /api/tags
+asks for one (Authorization: Bearer KEY, or X-Api-Key: KEY): 401 without it.
+
 llama-server's own:
 
     POST /completion            prompt -> content, with stop_type, timings, generation_settings
@@ -50,6 +53,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import datetime
+import hmac
 import json
 import math
 import os
@@ -62,7 +66,7 @@ import uuid
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
@@ -98,9 +102,10 @@ class Server(ThreadingHTTPServer):
 
     def __init__(self, model, address: tuple[str, int], name: Optional[str] = None, parallel: Optional[int] = 1,
                  load: Optional[Callable[[Path], Any]] = None, slot_save_path: Optional[str | os.PathLike] = None,
-                 metrics: bool = False, keep_alive: Optional[float] = None):
+                 metrics: bool = False, keep_alive: Optional[float] = None, api_keys: Iterable[str] = ()):
         super().__init__(address, Handler)
         self.metrics = metrics
+        self.api_keys = [k.encode() for k in api_keys]
         self.host = ModelHost(model, name or model.path.stem, parallel, load, keep_alive)
         self.created = int(time.time())
         self.slot_save_path = None if slot_save_path is None else Path(slot_save_path)
@@ -128,15 +133,17 @@ class Server(ThreadingHTTPServer):
 def make_server(model, host: str = "127.0.0.1", port: int = 8080, name: Optional[str] = None,
                 parallel: Optional[int] = 1, load: Optional[Callable[[Path], Any]] = None,
                 slot_save_path: Optional[str | os.PathLike] = None, metrics: bool = False,
-                keep_alive: Optional[float] = None) -> Server:
+                keep_alive: Optional[float] = None, api_keys: Iterable[str] = ()) -> Server:
     """A server for `model` (a pyllm.Model) bound to host:port (0: any free port; see .url),
     running up to `parallel` requests at once (their decode steps batched; None: as many as
     suits the model). With load(path) -> Model, a request may name any model on disk and the
     server switches to it (pyllm.model_host). slot_save_path: the folder POST
     /slots/ID?action=save|restore writes and reads conversations in (llama-server's). metrics:
     serve GET /metrics. keep_alive: idle seconds before a model unloads (pyllm.model_host;
-    None: 5 minutes with a loader, for ever without)."""
-    return Server(model, (host, port), name, parallel, load, slot_save_path, metrics, keep_alive)
+    None: 5 minutes with a loader, for ever without). api_keys: when given, every endpoint but
+    PUBLIC_PATHS needs one of them, as `Authorization: Bearer KEY` or `X-Api-Key: KEY`
+    (llama-server's --api-key)."""
+    return Server(model, (host, port), name, parallel, load, slot_save_path, metrics, keep_alive, api_keys)
 
 
 # -- requests -> Model calls ----------------------------------------------------------------------
@@ -244,6 +251,8 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
         t0 = time.perf_counter()
         try:
+            if self.server.api_keys and path not in PUBLIC_PATHS:
+                self._check_api_key()
             if path in routes:
                 routes[path](self)
             elif path.startswith("/slots/") and self.command == "POST":
@@ -262,6 +271,16 @@ class Handler(BaseHTTPRequestHandler):
                 log.error("internal error on %s %s:\n%s", self.command, path, traceback.format_exc())
             self.send_error_json(path, status, str(e) or type(e).__name__, kind)
         log.info("%s %s %.2f s", self.command, path, time.perf_counter() - t0)
+
+    def _check_api_key(self) -> None:
+        """One of the server's keys, as `Authorization: Bearer KEY` or `X-Api-Key: KEY`."""
+        auth = self.headers.get("Authorization", "")
+        given = auth[len("Bearer "):] if auth.startswith("Bearer ") else self.headers.get("X-Api-Key", "")
+        given_bytes = given.strip().encode("utf-8", "surrogateescape")
+        # compare_digest takes as long whatever the key: no timing hints; every key is tried
+        if not any([hmac.compare_digest(given_bytes, key) for key in self.server.api_keys]):
+            self.close_connection = True   # its body is left unread
+            raise RequestError(HTTPStatus.UNAUTHORIZED, "Invalid API Key", "authentication_error")
 
     def send_error_json(self, path: str, status: int, message: str, kind: str) -> None:
         """OpenAI's error object, or under /api/ ollama's."""
@@ -983,7 +1002,10 @@ class Handler(BaseHTTPRequestHandler):
                                        "prompt_eval_count": sum(map(len, ids))})
 
 
-GET_ROUTES = {"/health": Handler.health, "/v1/models": Handler.models, "/props": Handler.llama_props,
+# open without an API key, as llama-server leaves them: a load balancer's health check, the model list
+PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models", "/api/tags"})
+GET_ROUTES = {"/health": Handler.health, "/v1/health": Handler.health, "/v1/models": Handler.models,
+              "/models": Handler.models, "/props": Handler.llama_props,
               "/slots": Handler.llama_slots, "/lora-adapters": Handler.lora_adapters, "/metrics": Handler.metrics,
               "/api/tags": Handler.ollama_tags, "/api/ps": Handler.ollama_ps, "/api/version": Handler.ollama_version}
 POST_ROUTES = {"/v1/chat/completions": Handler.chat, "/v1/completions": Handler.completions,

@@ -47,10 +47,10 @@ def smol(smollm2_path):
         server.server_close()
 
 
-def call(url, path, body=None, method=None, raw=None):
+def call(url, path, body=None, method=None, raw=None, headers=None):
     """(status, parsed JSON body) of one request."""
     data = raw if raw is not None else None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url + path, data=data, method=method)
+    req = urllib.request.Request(url + path, data=data, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
             return r.status, json.loads(r.read())
@@ -227,15 +227,19 @@ def test_embeddings(minilm_path):
 
 
 def test_cli_serve_and_ctrl_c(smollm2_path):
-    """`pyllm serve --port 0` says where it listens, answers, and stops on Ctrl-C with exit 130."""
+    """`pyllm serve --port 0` says where it listens, answers, and stops on Ctrl-C with exit 130; the
+    API key comes from $PYLLM_API_KEY (or --api-key)."""
     p = subprocess.Popen([sys.executable, "-m", "pyllm.cli.main", "serve", "-m", smollm2_path, "--port", "0",
-                          "-t", "1"], stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "300"})
+                          "-t", "1"], stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "COLUMNS": "300", "PYLLM_API_KEY": "sesame"})
     try:
         line = p.stderr.readline()
-        assert "listening on http://127.0.0.1:" in line, line
+        assert "listening on http://127.0.0.1:" in line and "1 API key" in line, line
         url = line.split("listening on ")[1].split()[0]
         assert call(url, "/health") == (200, {"status": "ok"})
-        assert call(url, "/v1/completions", {"prompt": "Hello", "max_tokens": 2})[0] == 200
+        body = {"prompt": "Hello", "max_tokens": 2}
+        assert call(url, "/v1/completions", body)[0] == 401
+        assert call(url, "/v1/completions", body, headers={"Authorization": "Bearer sesame"})[0] == 200
     finally:
         p.send_signal(signal.SIGINT)
         rc = p.wait(timeout=30)
@@ -618,3 +622,27 @@ def test_server_metrics(tmp_path):
     assert values["llamacpp:n_decode_total"] >= out["tokens_predicted"]
     assert values["llamacpp:requests_processing"] == 0 and values["llamacpp:requests_deferred"] == 0
     assert values["llamacpp:prompt_tokens_seconds"] > 0
+
+
+def test_api_keys(smollm2_path, tmp_path):
+    """With API keys, each request but the public few needs one (Bearer or X-Api-Key): 401 in
+    OpenAI's error shape (ollama's under /api/) without it; --api-key and --api-key-file read."""
+    from cli.serve import api_keys_of
+    from pyllm.errors import InvalidArgumentError
+    body = {"prompt": "Hi", "max_tokens": 2, "temperature": 0}
+    with Model(smollm2_path, n_threads=2, n_ctx=256) as m, served(m, api_keys=["k1", "k2"], metrics=True) as s:
+        for path in ("/health", "/v1/health", "/v1/models", "/models", "/api/tags"):
+            assert call(s.url, path)[0] == 200, path
+        for headers in ({}, {"Authorization": "Bearer k3"}, {"Authorization": "k1"}, {"X-Api-Key": "k"}):
+            status, reply = call(s.url, "/v1/completions", body, headers=headers)
+            assert status == 401 and reply["error"]["type"] == "authentication_error", (headers, reply)
+        assert call(s.url, "/api/generate", {"prompt": "Hi"}) == (401, {"error": "Invalid API Key"})
+        assert call(s.url, "/metrics")[0] == 401
+        assert call(s.url, "/v1/completions", body, headers={"Authorization": "Bearer k2"})[0] == 200
+        assert call(s.url, "/tokenize", {"content": "Hi"}, headers={"X-Api-Key": "k1"})[0] == 200
+    keys = tmp_path / "keys"
+    keys.write_text("a\n\n b \n")
+    assert api_keys_of("x, y,", str(keys)) == ["x", "y", "a", "b"] and api_keys_of(None, None) == []
+    keys.write_text("\n")
+    with pytest.raises(InvalidArgumentError, match="holds no key"):
+        api_keys_of(None, str(keys))
