@@ -107,6 +107,28 @@ static inline int slot_expert(const pyllm_op *op, const op_rows *r, int t, int j
     return id >= 0.0f && id < (float)op->n_kv_head ? (int)id : -1;
 }
 
+/* OP_SUMSQ with a route: each expert's sums of squares of the inputs routed to it, and their
+ * count in the accumulator row's last column (llama-imatrix's statistics of MUL_MAT_ID). The
+ * threads take columns; thread 0 counts. */
+void op_sumsq_routed(const pyllm_op *op, const op_rows *r, int ith, int nth) {
+    float *acc = (float *)op->w;
+    const int k = op->n_head;
+    const int64_t n = op->n_in;
+    int64_t lo, hi;
+    split_range(n, ith, nth, 16, &lo, &hi);
+    for (int t = 0; t < r->rows; t++) {
+        const float *x = IN_ROW(op, r, t);
+        for (int j = 0; j < k; j++) {
+            const int e = slot_expert(op, r, t, j);
+            if (e < 0) continue;
+            const float *xj = op->flags & OPF_SLOT_INPUT ? x + (int64_t)j * n : x;
+            float *a = acc + (int64_t)e * (n + 1);
+            for (int64_t i = lo; i < hi; i++) a[i] += xj[i] * xj[i];
+            if (ith == 0) a[n] += 1.0f;
+        }
+    }
+}
+
 /* the step's (token, slot) pairs grouped by expert: pairs[start[e] .. start[e + 1]) chose e */
 static void group_by_expert(const pyllm_op *op, const op_rows *r, int *start, int *pairs) {
     const int k = op->n_head, n_exp = op->n_kv_head;

@@ -262,6 +262,9 @@ static int check_op(const pyllm_op *op) {
     case OP_SUMSQ:
         if (!op->x || !op->w || op->n_in <= 0 || op->x_stride < op->n_in)
             return fail("sumsq: missing rows or accumulator");
+        if (op->x2 && (op->n_head <= 0 || op->n_kv_head <= 0 || op->x2_stride < 2 * op->n_head ||
+                       (op->flags & OPF_SLOT_INPUT && op->x_stride < op->n_in * op->n_head)))
+            return fail("sumsq: a route of %d slots over %d experts and rows to match", op->n_head, op->n_kv_head);
         return 0;
     case OP_MATMUL_COLS:
         if (op->type != T_F32 || !op->x || !op->w || !op->y || op->n_in <= 0 || op->n_out <= 0 ||
@@ -383,7 +386,7 @@ static void exec_op(const pyllm_op *op, const pyllm_step *st, float *scratch, fl
     case OP_MIX: op_mix(op, &r, ith, nth); break;
     case OP_MATCH_NORM: op_match_norm(op, &r, ith, nth); break;
     case OP_SPARSIFY: op_sparsify(op, &r, ith, nth); break;
-    case OP_SUMSQ: op_sumsq(op, &r, ith, nth); break;
+    case OP_SUMSQ: (op->x2 ? op_sumsq_routed : op_sumsq)(op, &r, ith, nth); break;
     case OP_MATMUL_COLS: op_matmul_cols(op, &r, ith, nth); break;
     case OP_SSM_CONV: op_ssm_conv(op, &r, ith, nth); break;
     case OP_SSM_SCAN: op_ssm_scan(op, &r, ith, nth); break;

@@ -62,7 +62,10 @@ enum pyllm_op_kind {
     OP_SPARSIFY = 21, /* y[t] = max(x[t] - (mean + scale std), 0) over the row's n_in, std with n - 1: Gemma 3n's
                          activation sparsity (keeps what is above the scale-sigma quantile of a normal fit) */
     OP_SUMSQ = 22,    /* w[i] += x[t, i]^2 summed over the step's rows t, i < n_in, w a float accumulator that
-                         outlives the step: the activation statistics of an importance matrix (pyllm imatrix) */
+                         outlives the step: the activation statistics of an importance matrix (pyllm imatrix).
+                         With a route x2 (MATMUL_ID's: n_head slots of n_kv_head experts), per expert:
+                         w[e (n_in + 1) + i] += x_j[t, i]^2 and w[e (n_in + 1) + n_in] += 1 for each slot j of
+                         row t routed to e (x_j: x[t], or its j-th n_in slice with OPF_SLOT_INPUT) */
     OP_MATMUL_COLS = 23, /* y[t] (+)= x[t] W, W float32 stored by its n_in input rows of n_out: a matrix of few
                             input columns (a LoRA pair's B, rank r) as r row updates of y, not n_out dot products
                             of r */

@@ -146,7 +146,8 @@ class Graph:
         LoRA pairs (pyllm/lora.py) added to the linear layers / the embedding lookups of those
         weights (matmul_cols adds the B products).
         imatrix: a dict to fill with weight name -> float32 accumulator of the squares of its
-        inputs (pyllm/imatrix.py), for the layers' matrices (blk.*), as llama-imatrix collects.
+        inputs (pyllm/imatrix.py), for the layers' matrices (blk.*), as llama-imatrix collects;
+        an expert matrix's is [n_experts, n_in + 1], the last column counting the rows routed.
         control: layer -> a vector added to the residual stream after that layer (control
         vectors, pyllm/control_vector.py), by the families whose loop is Graph.layers."""
         self.embeddings = embeddings
@@ -330,6 +331,11 @@ class Graph:
         n_in, n_out, n_experts = w.shape
         assert x.width == n_in * (k if slot_input else 1), f"{w.name}: input width {x.width}"
         y = self._out(out, k * n_out)
+        if self.imatrix is not None and not self._head and w.name.startswith("blk."):
+            # per expert: the squares of the inputs routed to it, and their count in the last column
+            acc = self.imatrix.setdefault(w.name, np.zeros((n_experts, n_in + 1), np.float32))
+            self._emit(Op(OP_SUMSQ, flags=OPF_SLOT_INPUT if slot_input else 0, x=x, x2=route, vector=acc,
+                          n_in=n_in, n_head=k, n_kv_head=n_experts), {x.name, route.name}, {f"imatrix:{w.name}"})
         act = act_format(w.type)
         xq = None if act == ACT_F32 else self.quantized(x, act)
         reads = {x.name if xq is None else xq.name, route.name}

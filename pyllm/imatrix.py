@@ -10,11 +10,13 @@ adds one), cut into chunks of n_ctx tokens (the rest dropped), each chunk from a
 empty context with its first token replaced by BOS where the model adds one. The
 forward step carries an OP_SUMSQ before each layer matrix's product (Graph's
 imatrix mode) that adds its input rows' squares into a float32 accumulator, row
-after row as llama-imatrix does. Expert matrices (MoE) are not collected.
+after row as llama-imatrix does. An expert matrix (MoE) gets statistics per expert,
+over the rows routed to it, and a count per expert (how many rows it saw).
 
 The file is llama.cpp's imatrix GGUF: general.type "imatrix", per matrix
-`NAME.in_sum2` (F32, the sums, [n_in, 1]) and `NAME.counts` (F32, the rows summed,
-[1, 1]), and imatrix.datasets, imatrix.chunk_count, imatrix.chunk_size.
+`NAME.in_sum2` (F32, the sums, [n_in, n_mat]) and `NAME.counts` (F32, the rows summed,
+[1, n_mat]), n_mat 1, or the experts' count for an expert matrix, and imatrix.datasets,
+imatrix.chunk_count, imatrix.chunk_size.
 """
 from __future__ import annotations
 
@@ -36,17 +38,24 @@ SUMS, COUNTS = ".in_sum2", ".counts"
 
 @dataclass
 class Imatrix:
-    sums: dict[str, np.ndarray] = field(default_factory=dict)   # weight name -> float32 [n_in]: sum of x_i^2
-    counts: dict[str, int] = field(default_factory=dict)        # weight name -> input rows summed
+    # weight name -> float32 [n_in]: the sums of x_i^2, or [n_experts, n_in] for an expert matrix
+    sums: dict[str, np.ndarray] = field(default_factory=dict)
+    # weight name -> the input rows summed (an int), or per expert (an int array)
+    counts: dict[str, int | np.ndarray] = field(default_factory=dict)
     datasets: list[str] = field(default_factory=list)
     chunks: int = 0
     chunk_size: int = 0
 
     def mean_squares(self) -> dict[str, np.ndarray]:
-        """weight name -> the mean of x_i^2 per column (llama-quantize's importance; 1 for a
-        matrix that saw no input)."""
-        return {name: (s / np.float32(self.counts[name]) if self.counts.get(name) else np.ones_like(s))
-                for name, s in self.sums.items()}
+        """weight name -> the mean of x_i^2 per column (per expert: [n_experts, n_in]), llama-quantize's
+        importance; 1 for a matrix (an expert) that saw no input."""
+        out = {}
+        for name, s in self.sums.items():
+            n = np.asarray(self.counts.get(name, 0), np.float32)
+            if s.ndim == 2:
+                n = n.reshape(-1, 1)
+            out[name] = np.where(n > 0, s / np.maximum(n, 1), np.float32(1)).astype(np.float32)
+        return out
 
     def save(self, path: str | os.PathLike, architecture: str) -> None:
         import gguf
@@ -56,8 +65,9 @@ class Imatrix:
         w.add_uint32("imatrix.chunk_count", self.chunks)
         w.add_uint32("imatrix.chunk_size", self.chunk_size)
         for name in sorted(self.sums):
-            w.add_tensor(name + SUMS, self.sums[name].astype(np.float32).reshape(1, -1))
-            w.add_tensor(name + COUNTS, np.array([[self.counts.get(name, 0)]], dtype=np.float32))
+            s = self.sums[name].astype(np.float32)   # GGUF [n_in, n_mat], [1, n_mat]: numpy the other way
+            w.add_tensor(name + SUMS, s.reshape(-1, s.shape[-1]))
+            w.add_tensor(name + COUNTS, np.asarray(self.counts.get(name, 0), dtype=np.float32).reshape(-1, 1))
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
@@ -86,11 +96,13 @@ class Imatrix:
                 c = mf.tensors.get(name + COUNTS)
                 if c is None or t.type != 0 or c.type != 0:
                     raise ModelFileError(f"{path}: {name} needs F32 {SUMS} and {COUNTS} tensors")
-                if c.n_elements != 1:
-                    raise UnsupportedModelError(f"{path}: {name} holds {c.n_elements} matrices (experts); "
-                                                f"pyllm reads importance matrices of plain matrices only")
-                out.sums[name] = t.data.view(np.float32).copy()
-                out.counts[name] = int(c.data.view(np.float32)[0])
+                n_mat = c.n_elements
+                if t.n_elements % n_mat:
+                    raise ModelFileError(f"{path}: {name} has {t.n_elements} sums for {n_mat} matrices")
+                sums = t.data.view(np.float32).copy()
+                counts = c.data.view(np.float32).astype(np.int64)
+                out.sums[name] = sums if n_mat == 1 else sums.reshape(n_mat, -1)
+                out.counts[name] = int(counts[0]) if n_mat == 1 else counts
         return out
 
 
@@ -104,7 +116,10 @@ def compute(model: str | os.PathLike, text: str, n_ctx: int = 512, n_threads: in
         raise InvalidArgumentError(f"the chunk size (-c) must be at least 2 tokens, not {n_ctx}")
     with ModelFile(model) as mf:
         sums, reads, n_chunks = _collect(mf, Path(model).name, text, n_ctx, n_threads, n_batch, max_chunks, on_chunk)
-    counts = {name: n * n_chunks * n_ctx for name, n in reads.items()}
+    counts: dict[str, int | np.ndarray] = {name: n * n_chunks * n_ctx for name, n in reads.items()}
+    for name, acc in list(sums.items()):
+        if acc.ndim == 2:   # experts: the count of rows each saw is the accumulator's last column
+            sums[name], counts[name] = acc[:, :-1].copy(), acc[:, -1].astype(np.int64)
     return Imatrix(sums, counts, [dataset] if dataset else [], n_chunks, n_ctx)
 
 
@@ -114,7 +129,7 @@ def _collect(mf, name: str, text: str, n_ctx: int, n_threads: int, n_batch: int,
     from .arch import load_architecture
     from .backend.cpu import CpuBackend
     from .defaults import BLOCK_SIZE
-    from .graph import OP_MATMUL_ID, OP_SUMSQ, Graph
+    from .graph import OP_SUMSQ, Graph
     from .tokenizer import load_tokenizer
 
     arch = load_architecture(mf, n_ctx=n_ctx)
@@ -128,9 +143,6 @@ def _collect(mf, name: str, text: str, n_ctx: int, n_threads: int, n_batch: int,
         raise UnsupportedModelError(f"{arch.name} keeps a recurrent state: pyllm imatrix runs transformer models")
     if not sums:
         raise UnsupportedModelError(f"{name} has no layer matrices to collect")
-    if any(op.kind == OP_MATMUL_ID for op in g.ops):
-        log.warning("the expert matrices of this mixture of experts are not collected: "
-                                           "their quantization will not use the importance matrix")
     ids = tok.encode(text, add_bos=None)
     n_chunks = len(ids) // n_ctx
     if max_chunks is not None:
@@ -154,5 +166,6 @@ def _collect(mf, name: str, text: str, n_ctx: int, n_threads: int, n_batch: int,
     finally:
         backend.close()
     name_of = {id(acc): name for name, acc in sums.items()}
-    reads = Counter(name_of[id(op.vector)] for op in g.ops if op.kind == OP_SUMSQ)   # products of a matrix a step
+    reads = Counter(name_of[id(op.vector)] for op in g.ops
+                    if op.kind == OP_SUMSQ and op.x2 is None)   # products of a matrix a step
     return sums, reads, n_chunks

@@ -234,15 +234,21 @@ def _as_float32(t, rows: slice) -> np.ndarray:
     return dequantize(np.ascontiguousarray(raw), source).reshape(-1, row).astype(np.float32)
 
 
-def _quantizer(new: T) -> Callable[[np.ndarray], np.ndarray]:
+def _quantizer(new: T, importance: Optional[np.ndarray] = None) -> Callable[[np.ndarray], np.ndarray]:
+    """rows of float32 -> their bytes in type `new`; importance: the columns' (the weighted quantizers
+    of the K and legacy types take it, others ignore it, as llama.cpp's Q8_0 does)."""
+    if importance is not None and new in LEGACY_WEIGHTED:
+        from .kquants import quantize_legacy_weighted
+        return lambda x: quantize_legacy_weighted(x, importance, LEGACY_WEIGHTED[new])
     if new == T.F32:
         return lambda x: x.astype(np.float32).view(np.uint8)
     if new == T.F16:
         return lambda x: x.astype(np.float16).view(np.uint8)
     if new in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K):
         from . import kquants
-        return {T.Q2_K: kquants.quantize_q2_k, T.Q3_K: kquants.quantize_q3_k, T.Q4_K: kquants.quantize_q4_k,
-                T.Q5_K: kquants.quantize_q5_k, T.Q6_K: kquants.quantize_q6_k}[new]
+        k_quantize = {T.Q2_K: kquants.quantize_q2_k, T.Q3_K: kquants.quantize_q3_k, T.Q4_K: kquants.quantize_q4_k,
+                      T.Q5_K: kquants.quantize_q5_k, T.Q6_K: kquants.quantize_q6_k}[new]
+        return k_quantize if importance is None else lambda x: k_quantize(x, importance)
     from gguf.quants import quantize
     return lambda x: quantize(x, new)
 
@@ -262,23 +268,21 @@ WEIGHTED_TYPES = (*K_TYPES, *LEGACY_WEIGHTED)   # the types whose quantizers tak
 
 def write_tensor(f, t, new: T, importance: Optional[np.ndarray] = None) -> None:
     """Writes tensor `t` as type `new` (its bytes as they are if the type does not change);
-    importance: its columns' (a K type's quantizer weighs the error by them)."""
+    importance: its columns' (a K type's quantizer weighs the error by them), or for an expert
+    tensor [n_experts, n_in], each expert's for its own rows (as llama-quantize slices it)."""
     if new == T(t.type):
         f.write(memoryview(t.data))
         return
-    convert = _quantizer(new)
-    if importance is not None and new in K_TYPES:
-        plain = convert
-        convert = lambda x: plain(x, importance)   # noqa: E731
-    elif importance is not None and new in LEGACY_WEIGHTED:
-        from .kquants import quantize_legacy_weighted
-        convert = lambda x: quantize_legacy_weighted(x, importance, LEGACY_WEIGHTED[new])   # noqa: E731
-    step = max(1, CHUNK_ELEMENTS // t.shape[0])
-    for start in range(0, t.rows, step):
-        x = _as_float32(t, slice(start, start + step))
-        if not np.isfinite(x).all():
-            raise ModelFileError(f"{t.name} holds NaN or infinite values; the file is corrupt")
-        f.write(np.ascontiguousarray(convert(x)).tobytes())
+    # row groups of one importance vector: the whole matrix, or each expert's n_out rows
+    group = t.rows if importance is None or importance.ndim == 1 else t.rows // importance.shape[0]
+    step = max(1, min(group, CHUNK_ELEMENTS // t.shape[0]))
+    for g0 in range(0, t.rows, group):
+        convert = _quantizer(new, None if importance is None else importance.reshape(-1, t.shape[0])[g0 // group])
+        for start in range(g0, g0 + group, step):
+            x = _as_float32(t, slice(start, min(start + step, g0 + group)))
+            if not np.isfinite(x).all():
+                raise ModelFileError(f"{t.name} holds NaN or infinite values; the file is corrupt")
+            f.write(np.ascontiguousarray(convert(x)).tobytes())
 
 
 # -- the file ----------------------------------------------------------------------------------
@@ -293,10 +297,11 @@ def importances(model: ModelFile, p: Plan, imatrix_path: str | os.PathLike, ftyp
     for name, new in p.types.items():
         if new not in WEIGHTED_TYPES or new == T(model.tensors[name].type) or name not in means:
             continue
-        n_in = model.tensors[name].shape[0]
-        if means[name].shape != (n_in,):
-            raise ModelFileError(f"{imatrix_path}: {name} has {means[name].size} importances, the model's matrix "
-                                 f"{n_in} columns: the importance matrix is for another model")
+        shape = model.tensors[name].shape
+        want = (shape[0],) if len(shape) < 3 else (shape[2], shape[0])   # an expert tensor: a row per expert
+        if means[name].shape != want:
+            raise ModelFileError(f"{imatrix_path}: {name} has importances of shape {means[name].shape}, the "
+                                 f"model's matrix needs {want}: the importance matrix is for another model")
         out[name] = means[name]
     meta = [kv_entry("quantize.imatrix.file", KV_STRING, str(imatrix_path)),
             kv_entry("quantize.imatrix.entries_count", KV_I32, len(means))]

@@ -313,6 +313,10 @@ class Reference:
             z = act(gate, up)
         return self._linear(z, F.w_down, F.b_down)
 
+    def _expert_inputs(self, m: Moe, e: int, x: np.ndarray, z: np.ndarray) -> None:
+        """Called with each (token, expert) pair's input rows: x to the up/gate matrices, z to the
+        down matrix (a hook for tests that record them; nothing here)."""
+
     def _experts(self, t: Tensor) -> np.ndarray:
         """A 3-D expert tensor as float32 [n_experts, n_out, n_in]."""
         return self.w(t).reshape(t.shape[2], t.shape[1], t.shape[0])
@@ -359,6 +363,7 @@ class Reference:
                     z = act(*np.split(u, 2))
                 else:
                     z = act(u, np.float32(1.0)) if gate is None else act(gate[e] @ x + bias(m.b_gate, e), u)
+                self._expert_inputs(m, int(e), x, z)
                 out[t] += (1.0 if m.weight_input else weights[t, j]) * (down[e] @ z + bias(m.b_down, e))
         if m.shared is not None:
             s = self._ffn(h, m.shared, act)

@@ -31,7 +31,8 @@ def model(tmp_path_factory):
 
 
 class Recording(Reference):
-    """The reference, summing the squares of every layer matrix's input rows."""
+    """The reference, summing the squares of every layer matrix's input rows (an expert
+    matrix's per expert, over the rows routed to it)."""
 
     def __init__(self, arch):
         super().__init__(arch)
@@ -43,6 +44,16 @@ class Recording(Reference):
             self.sums[w.name] = self.sums.get(w.name, 0) + (x64 * x64).sum(axis=0)
             self.rows[w.name] = self.rows.get(w.name, 0) + x64.shape[0]
         return super()._linear(x, w, b)
+
+    def _expert_inputs(self, m, e, x, z):
+        for t, row in ((m.gate, x), (m.up, x), (m.down, z)):
+            if t is None:
+                continue
+            n_exp, n_in = t.shape[2], t.shape[0]
+            sums = self.sums.setdefault(t.name, np.zeros((n_exp, n_in)))
+            rows = self.rows.setdefault(t.name, np.zeros(n_exp, np.int64))
+            sums[e] += np.asarray(row, np.float64) ** 2
+            rows[e] += 1
 
 
 def test_sums_of_squares_match_the_reference(model):
@@ -64,6 +75,62 @@ def test_sums_of_squares_match_the_reference(model):
         np.testing.assert_allclose(s, ref.sums[name], rtol=2e-3, atol=1e-6 * ref.sums[name].max())
         assert im.counts[name] == ref.rows[name] == 128
     assert (im.chunks, im.chunk_size, im.datasets) == (2, 64, ["text"])
+
+
+@pytest.mark.parametrize("writer", [synth.write_mixtral, synth.write_qwen3moe], ids=["mixtral", "qwen3moe"])
+def test_expert_statistics_match_the_reference(tmp_path, writer):
+    """A mixture of experts: each expert matrix's sums and row counts per expert (the rows routed
+    to it: a token's input for gate/up, its own hidden row for down) as the reference routes them;
+    they survive the file (llama.cpp's [n_in, n_experts] sums, [1, n_experts] counts) and become
+    per-expert means, 1 for an expert that saw nothing."""
+    moe = writer(tmp_path / "moe.gguf", QT.F32, n_layer=2, n_embd=256, n_vocab=512)
+    im = compute(moe, TEXT, n_ctx=64, n_batch=32, max_chunks=2)
+    mf = ModelFile(moe)
+    tok = load_tokenizer(mf.metadata)
+    ids = tok.encode(TEXT, add_bos=None)
+    ref = Recording(load_architecture(mf))
+    for c in range(2):
+        ref.forward(ids[c * 64:(c + 1) * 64])
+    experts = [n for n in im.sums if "_exps" in n]
+    assert set(im.sums) == set(ref.sums) and len(experts) == 6
+    for name, s in im.sums.items():   # the down projections' inputs carry the f16 KV cache's rounding
+        np.testing.assert_allclose(s, ref.sums[name], rtol=5e-3, atol=1e-6 * ref.sums[name].max())
+        np.testing.assert_array_equal(im.counts[name], ref.rows[name])
+    k = load_architecture(mf).layers[0].ffn.k
+    for name in experts:
+        assert im.sums[name].shape[0] == mf.tensors[name].shape[2] and im.counts[name].sum() == 128 * k
+    for layer in range(2):   # each token's router input goes to k experts' up projections
+        up, router = im.sums[f"blk.{layer}.ffn_up_exps.weight"], im.sums[f"blk.{layer}.ffn_gate_inp.weight"]
+        np.testing.assert_allclose(up.sum(axis=0), k * router, rtol=1e-4)
+    im.counts[experts[0]][1] = 0   # an expert that saw nothing
+    im.save(tmp_path / "im.gguf", "llama")
+    with ModelFile(tmp_path / "im.gguf") as f:
+        n_in, n_exp = mf.tensors[experts[0]].shape[0], mf.tensors[experts[0]].shape[2]
+        assert f.tensors[experts[0] + ".in_sum2"].shape == (n_in, n_exp)
+        assert f.tensors[experts[0] + ".counts"].shape == (1, n_exp)
+    means = Imatrix.load(tmp_path / "im.gguf").mean_squares()
+    np.testing.assert_array_equal(means[experts[0]][1], 1)
+    np.testing.assert_allclose(means[experts[0]][0], im.sums[experts[0]][0] / im.counts[experts[0]][0], rtol=1e-6)
+    mf.close()
+
+
+def test_quantizing_experts_with_it(tmp_path):
+    """Each expert's rows are quantized with that expert's importances (llama-quantize's slices):
+    the same bytes as quantizing the expert alone."""
+    moe = synth.write_mixtral(tmp_path / "moe.gguf", QT.F32, n_layer=1, n_embd=256, n_vocab=512)
+    compute(moe, TEXT, n_ctx=64, max_chunks=2).save(tmp_path / "im.gguf", "llama")
+    quantize_file(moe, tmp_path / "q.gguf", "Q4_K_M", imatrix=tmp_path / "im.gguf")
+    means = Imatrix.load(tmp_path / "im.gguf").mean_squares()
+    with ModelFile(moe) as src, ModelFile(tmp_path / "q.gguf") as got:
+        for name in ("blk.0.ffn_up_exps.weight", "blk.0.ffn_down_exps.weight"):
+            t = got.tensors[name]
+            n_in, n_out, n_exp = t.shape
+            x = src.tensors[name].data.view(np.float32).reshape(n_exp, n_out, n_in)
+            quant = {QT.Q4_K: kquants.quantize_q4_k, QT.Q6_K: kquants.quantize_q6_k}[QT(t.type)]
+            want = b"".join(quant(x[e], means[name][e]).tobytes() for e in range(n_exp))
+            assert bytes(t.data) == want, name
+            # another expert's importances would give other bytes: the slices are each expert's own
+            assert quant(x[0], means[name][1]).tobytes() != want[:len(want) // n_exp], name
 
 
 def test_file_round_trip_and_means(model, tmp_path):
