@@ -129,6 +129,11 @@ PresPenalty = Annotated[float, typer.Option("--presence-penalty", help="subtract
 LogitBias = Annotated[list[str], typer.Option(
     "-l", "--logit-bias", help="TOKEN_ID+BIAS or TOKEN_ID-BIAS, e.g. 15043+1 or 2-inf (repeatable)",
     rich_help_panel=SAMPLING)]
+SamplersOpt = Annotated[Optional[str], typer.Option(
+    "--samplers", help="the chain's steps in order, ';'-separated (default penalties;dry;top_n_sigma;top_k;typ_p;"
+    "top_p;min_p;xtc;temperature; a step left out is off)", rich_help_panel=SAMPLING)]
+SamplingSeqOpt = Annotated[Optional[str], typer.Option(
+    "--sampling-seq", "--sampler-seq", help="the same as letters (default edskypmxt)", rich_help_panel=SAMPLING)]
 IgnoreEos = Annotated[bool, typer.Option("--ignore-eos", help="never stop at the end-of-text token: write "
                                         "until -n, a stop string or a full context", rich_help_panel=SAMPLING)]
 Seed = Annotated[Optional[int], typer.Option("-s", "--seed", help="random seed: same seed, same output "
@@ -183,6 +188,15 @@ def parse_logit_bias(items: list[str]) -> dict[int, float]:
         value = math.inf if m.group(3) == "inf" else float(m.group(3))
         bias[int(m.group(1))] = -value if m.group(2) == "-" else value
     return bias
+
+
+def samplers_of(samplers: Optional[str], sampling_seq: Optional[str]) -> Optional[str]:
+    """--samplers or --sampling-seq (not both): the chain's order, None for the default."""
+    if samplers is not None and sampling_seq is not None:
+        raise InvalidArgumentError("give --samplers or --sampling-seq, not both")
+    if sampling_seq is not None and ";" in sampling_seq:
+        raise InvalidArgumentError("--sampling-seq takes letters (such as kpmt); names go to --samplers")
+    return samplers if samplers is not None else sampling_seq
 
 
 def sampling_kwargs(temp: float, top_k: int, top_p: float, min_p: float, typical_p: float,

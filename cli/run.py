@@ -22,7 +22,7 @@ from .options import (CtxSize, FormatOpt, FreqPenalty, GrammarFile, GrammarOpt, 
                       thinking_note)
 from .options import (CacheTypeK, CacheTypeV, MirostatEnt, MirostatLr, MirostatOpt, NGpuLayers, TopNSigma,
                       XtcProbability, XtcThreshold)
-from .options import IgnoreEos
+from .options import IgnoreEos, SamplersOpt, SamplingSeqOpt, samplers_of
 from .options import DryAllowedLength, DryBase, DryMultiplier, DryPenaltyLastN, DrySequenceBreaker, dry_breakers
 from .options import (ControlLayerRangeOpt, ControlVectorOpt, ControlVectorScaledOpt, LoraOpt, LoraScaledOpt,
                       control_kwargs, lora_specs)
@@ -95,6 +95,8 @@ def run(
     presence_penalty: PresPenalty = 0.0,
     logit_bias: LogitBias = [],
     ignore_eos: IgnoreEos = False,
+    samplers: SamplersOpt = None,
+    sampling_seq: SamplingSeqOpt = None,
     seed: Seed = None,
     top_n_sigma: TopNSigma = -1.0,
     xtc_probability: XtcProbability = 0.0,
@@ -116,7 +118,8 @@ def run(
             raise InvalidArgumentError("--suffix fills in the middle of raw text: not with --chat")
         sampling = sampling_kwargs(temp, top_k, top_p, min_p, typical_p, repeat_penalty, repeat_last_n,
                                    frequency_penalty, presence_penalty, logit_bias, seed,
-                                   ignore_eos=ignore_eos, top_n_sigma=top_n_sigma,
+                                   ignore_eos=ignore_eos, samplers=samplers_of(samplers, sampling_seq),
+                                   top_n_sigma=top_n_sigma,
                                    xtc_probability=xtc_probability,
                                    xtc_threshold=xtc_threshold, mirostat=mirostat, mirostat_eta=mirostat_lr,
                                    mirostat_tau=mirostat_ent, dry_multiplier=dry_multiplier, dry_base=dry_base,

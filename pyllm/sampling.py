@@ -71,6 +71,7 @@ class SamplingParams:
     dry_penalty_last_n: int = 64
     dry_sequence_breakers: Sequence[str] = DEFAULT_SEQUENCE_BREAKERS
     ignore_eos: bool = False        # never pick an end-of-generation token (Model adds their -inf biases)
+    samplers: Optional[Sequence[str] | str] = None   # the chain's order (llama.cpp's --samplers); None: DEFAULT_CHAIN
 
     def dry(self) -> DryParams:
         return DryParams(self.dry_multiplier, self.dry_base, self.dry_allowed_length, self.dry_penalty_last_n)
@@ -114,6 +115,8 @@ class SamplingParams:
             raise bad(f"dry_allowed_length must be >= 0, not {self.dry_allowed_length}")
         if self.dry_penalty_last_n < -1:
             raise bad(f"dry_penalty_last_n must be >= -1 (-1 = all, 0 = off), not {self.dry_penalty_last_n}")
+        if self.samplers is not None:
+            self.samplers = chain_of(self.samplers)
         if not isinstance(self.ignore_eos, (bool, np.bool_)):
             raise bad(f"ignore_eos must be true or false, not {self.ignore_eos!r}")
         breakers = self.dry_sequence_breakers
@@ -134,6 +137,35 @@ class SamplingParams:
             bias[tid] = b
         self.logit_bias = bias
         return self
+
+
+# The chain between the logit bias and the draw, as llama.cpp names its steps (--samplers), in its
+# default order; its alternative names; --sampling-seq's one letter per step.
+DEFAULT_CHAIN = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
+_STEP_NAMES = {**{s: s for s in DEFAULT_CHAIN}, "top-k": "top_k", "top-p": "top_p", "nucleus": "top_p",
+               "typical-p": "typ_p", "typical": "typ_p", "typ-p": "typ_p", "typ": "typ_p", "min-p": "min_p",
+               "temp": "temperature", "top-n-sigma": "top_n_sigma"}
+_STEP_LETTERS = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
+                 "m": "min_p", "x": "xtc", "t": "temperature"}
+
+
+def chain_of(spec: Sequence[str] | str) -> tuple[str, ...]:
+    """The sampler steps a list of names gives (llama.cpp's --samplers, separated by ';' in a
+    string), or a string of letters (--sampling-seq, e.g. "edskypmxt")."""
+    if isinstance(spec, str):
+        if ";" not in spec and spec.strip().lower() not in _STEP_NAMES and all(ch in _STEP_LETTERS for ch in spec):
+            return tuple(_STEP_LETTERS[ch] for ch in spec)
+        spec = [name for name in spec.split(";") if name.strip()]
+    if not isinstance(spec, (list, tuple)) or not all(isinstance(s, str) for s in spec):
+        raise InvalidArgumentError(f"samplers must be a list of names or a string, not {spec!r}")
+    out = []
+    for name in spec:
+        step = _STEP_NAMES.get(name.strip().lower())
+        if step is None:
+            raise InvalidArgumentError(f"unknown sampler {name!r}; known: {', '.join(DEFAULT_CHAIN)} (or the "
+                                       f"letters {''.join(_STEP_LETTERS)})")
+        out.append(step)
+    return tuple(out)
 
 
 class Candidates:
@@ -443,24 +475,34 @@ class Sampler:
         self.dry_breakers = dry_breakers
 
     def adjusted_logits(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
-        """The logits after the logit bias, the penalties and DRY."""
+        """The logits after the logit bias, the penalties and DRY (those of them the chain has)."""
         p = self.p
         x = np.asarray(logits, dtype=np.float32)
         if x.ndim != 1 or not len(x):
             raise InvalidArgumentError(f"logits must be one non-empty row, not shape {x.shape}")
         x = apply_logit_bias(x, p.logit_bias)
-        x = apply_penalties(x, history, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty,
-                            p.presence_penalty)
-        return apply_dry(x, history, self.dry, self.dry_breakers)
+        for step in p.samplers if p.samplers is not None else DEFAULT_CHAIN:
+            if step == "penalties":
+                x = apply_penalties(x, history, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty,
+                                    p.presence_penalty)
+            elif step == "dry":
+                x = apply_dry(x, history, self.dry, self.dry_breakers)
+        return x
+
+    def _greedy(self) -> bool:
+        """Temperature 0 in the chain: the best adjusted logit, whatever the other steps."""
+        return self.p.temperature <= 0 and (self.p.samplers is None or "temperature" in self.p.samplers)
 
     def candidates(self, logits: np.ndarray, history: Sequence[int] = ()) -> Candidates:
         """What the final draw chooses from: the chain up to (and including)
         the temperature. `.as_dict()` gives {token: probability}."""
         p = self.p
+        if self._greedy():
+            return temperature(Candidates.of(self.adjusted_logits(logits, history)), 0.0)
+        if p.samplers is not None:
+            return self._chain(logits, history, p.samplers)
         keep = max(1, p.min_keep)
         c = Candidates.of(self.adjusted_logits(logits, history))
-        if p.temperature <= 0:
-            return temperature(c, 0.0)
         c = top_n_sigma(c, p.top_n_sigma)
         c = top_k(c, p.top_k, keep)
         c = typical(c, p.typical_p, keep)
@@ -482,6 +524,40 @@ class Sampler:
         c = xtc(c, p.xtc_probability, p.xtc_threshold, p.min_keep, self.rng)
         return temperature(c, p.temperature)
 
+    def _chain(self, logits: np.ndarray, history: Sequence[int], steps: Sequence[str]) -> Candidates:
+        """The chain in the order given (samplers=): each step as llama.cpp's of that name; the
+        penalties and DRY act on the candidates left at their place in it. (Temperature 0 with a
+        temperature step is greedy, as in the default chain: see _greedy.)"""
+        p = self.p
+        keep = max(1, p.min_keep)
+        c = Candidates.of(apply_logit_bias(np.asarray(logits, dtype=np.float32), p.logit_bias))
+        if c.logits.ndim != 1 or not len(c):
+            raise InvalidArgumentError(f"logits must be one non-empty row, not shape {c.logits.shape}")
+        for step in steps:
+            if step in ("penalties", "dry"):
+                full = c.logits if c.ids is None else np.full(len(logits), -np.inf, np.float32)
+                if c.ids is not None:
+                    full[c.ids] = c.logits
+                full = (apply_penalties(full, history, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty,
+                                        p.presence_penalty) if step == "penalties"
+                        else apply_dry(full, history, self.dry, self.dry_breakers))
+                c = Candidates(c.ids, full if c.ids is None else full[c.ids])
+            elif step == "top_n_sigma":
+                c = top_n_sigma(c, p.top_n_sigma)
+            elif step == "top_k":
+                c = top_k(c, p.top_k, keep)
+            elif step == "typ_p":
+                c = typical(c, p.typical_p, keep)
+            elif step == "top_p":
+                c = top_p(c, p.top_p, keep)
+            elif step == "min_p":
+                c = min_p(c, p.min_p, keep)
+            elif step == "xtc":
+                c = xtc(c, p.xtc_probability, p.xtc_threshold, p.min_keep, self.rng)
+            else:
+                c = temperature(c, p.temperature)
+        return c
+
     def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         p = self.p
         if p.mirostat:   # the logit bias, the temperature, then mirostat's own cut and draw
@@ -491,6 +567,6 @@ class Sampler:
             if self.mirostat is None:
                 self.mirostat = Mirostat(p.mirostat, p.mirostat_tau, p.mirostat_eta, len(x))
             return self.mirostat(temperature(Candidates.of(x), p.temperature), self.rng)
-        if p.temperature <= 0:
+        if self._greedy():
             return int(np.argmax(self.adjusted_logits(logits, history)))
         return draw(self.candidates(logits, history), self.rng)

@@ -86,7 +86,7 @@ FINISH = {"stop": "stop", "length": "length", "context": "length", "interrupted"
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repeat_penalty", "repeat_last_n",
             "presence_penalty", "frequency_penalty", "seed", "top_n_sigma", "xtc_probability", "xtc_threshold",
             "mirostat", "mirostat_tau", "mirostat_eta", "dry_multiplier", "dry_base", "dry_allowed_length",
-            "dry_penalty_last_n", "dry_sequence_breakers", "ignore_eos")
+            "dry_penalty_last_n", "dry_sequence_breakers", "ignore_eos", "samplers")
 
 
 class RequestError(Exception):

@@ -214,3 +214,23 @@ def test_tokenize(smollm2_path, gemma3_path):
         assert r.returncode == 0 and json.loads(r.stdout) == plain, r.stderr
     assert (want[0] == 2) and (plain[0] != 2)   # Gemma's BOS, and --no-bos
     one_error_line(pyllm("tokenize", "-m", smollm2_path, "-p", "a", "-f", "b"), "not both")
+
+
+def test_samplers_order(smollm2_path):
+    """--samplers / --sampling-seq (the server's "samplers"): the seeded text Model.generate gives
+    with that chain; a bad name or both flags is one error line."""
+    from pyllm import Model
+    from pyllm.server import sampling_of
+    prompt, kw = "Once upon a time", dict(max_tokens=12, temperature=1.5, seed=4, min_p=0.1)
+    with Model(smollm2_path, n_ctx=128) as m:
+        chain = m.generate(prompt, **kw, samplers="min_p;temperature").tokens
+        hot_first = m.generate(prompt, **kw, samplers="temperature;min_p").tokens
+    assert chain != hot_first
+    base = ["run", "-m", smollm2_path, "-p", prompt, "-n", "12", "--temp", "1.5", "-s", "4", "--min-p", "0.1",
+            "--json"]
+    for flags, want in ((["--samplers", "min_p;temperature"], chain), (["--sampling-seq", "tm"], hot_first)):
+        r = pyllm(*base, *flags)
+        assert r.returncode == 0 and json.loads(r.stdout)["tokens"] == want, (flags, r.stderr)
+    one_error_line(pyllm(*base, "--samplers", "top_q"), "unknown sampler 'top_q'")
+    one_error_line(pyllm(*base, "--samplers", "top_k", "--sampling-seq", "k"), "not both")
+    assert sampling_of({"samplers": ["top_k", "temperature"]}) == {"samplers": ["top_k", "temperature"]}

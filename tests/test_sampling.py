@@ -252,3 +252,36 @@ def test_dry_in_the_chain_after_the_penalties():
                 {"dry_sequence_breakers": "\n"}, {"dry_sequence_breakers": [1]}, {"dry_multiplier": "x"}):
         with pytest.raises(InvalidArgumentError):
             Sampler(**bad)
+
+
+def test_the_chain_in_another_order():
+    """samplers= (llama.cpp's --samplers / --sampling-seq): the default order given explicitly draws
+    what the default chain draws, seed for seed; another order is that order (min-p after a hot
+    temperature keeps more); a step left out is off (no penalties: the repeated token wins)."""
+    from pyllm.sampling import DEFAULT_CHAIN, chain_of
+    rng = np.random.default_rng(5)
+    for trial in range(40):
+        x = (rng.standard_normal(300) * 3).astype(np.float32)
+        history = rng.integers(0, 300, 20).tolist()
+        kw = dict(temperature=float(rng.choice([0.0, 0.7, 1.5])), top_k=int(rng.choice([0, 40])),
+                  top_p=float(rng.choice([1.0, 0.9])), min_p=float(rng.choice([0.0, 0.05])),
+                  typical_p=float(rng.choice([1.0, 0.95])), repeat_penalty=1.3, presence_penalty=0.2,
+                  xtc_probability=float(rng.choice([0.0, 0.5])), dry_multiplier=0.8, seed=trial)
+        want = Sampler(**kw)
+        got = Sampler(**kw, samplers=list(DEFAULT_CHAIN))
+        letters = Sampler(**kw, samplers="edskypmxt")
+        assert [want(x, history) for _ in range(5)] == [got(x, history) for _ in range(5)] == \
+            [letters(x, history) for _ in range(5)], kw
+    x = np.log(np.array([0.6, 0.25, 0.1, 0.04, 0.01])).astype(np.float32)
+    after = Sampler(temperature=3.0, top_k=0, top_p=1.0, min_p=0.2, samplers="min_p;temperature")
+    before = Sampler(temperature=3.0, top_k=0, top_p=1.0, min_p=0.2, samplers=["temperature", "min_p"])
+    assert sorted(after.candidates(x).as_dict()) == [0, 1]            # 0.25 and up of 0.6
+    assert sorted(before.candidates(x).as_dict()) == [0, 1, 2, 3, 4]  # flattened (p^(1/3)) first: all pass
+    loud = np.array([1.0, 0.9, 0.0], np.float32)
+    assert Sampler(temperature=0, repeat_penalty=2.0)(loud, [0]) == 1
+    assert Sampler(temperature=0, repeat_penalty=2.0, samplers="top_k;temperature")(loud, [0]) == 0
+    assert chain_of("temp") == ("temperature",) and chain_of("kt") == ("top_k", "temperature")
+    assert chain_of("top-k;nucleus;min-p") == ("top_k", "top_p", "min_p")
+    for bad in ("top_q", ["top_k", 3], 5):
+        with pytest.raises(InvalidArgumentError):
+            Sampler(samplers=bad)
