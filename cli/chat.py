@@ -21,6 +21,7 @@ from pyllm.errors import InvalidArgumentError, PyllmError
 from pyllm.reasoning import ANSWER, THINKING
 
 from .common import err, handle_errors, model_path
+from .options import OverrideKvOpt, overrides_of
 from .options import (CtxSize, FreqPenalty, LogitBias, MinP, ModelOpt, PresPenalty, RepeatLastN, RepeatPenalty,
                       Seed, TemplateOpt, Temp, Think, Threads, TopK, TopP, TypicalP, sampling_kwargs,
                       template_arg, thinking_note)
@@ -258,6 +259,7 @@ class ChatRepl:
 
 def chat(
     model: ModelOpt = None,
+    override_kv: OverrideKvOpt = [],
     system: Annotated[Optional[str], typer.Option("--system", help="system prompt")] = None,
     n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="tokens per reply at most "
                                            "(-1 = until the reply ends)")] = -1,
@@ -330,6 +332,7 @@ def chat(
 
         path = model_path(model)
         with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template,
+                   override_kv=overrides_of(override_kv),
                    n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
                    cache_type_v=cache_type_v, think=think, lora=lora_specs(lora, lora_scaled),
                    **control_kwargs(control_vector, control_vector_scaled, control_vector_layer_range),

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from .common import handle_errors, model_path
-from .options import CacheTypeK, CacheTypeV
+from .options import CacheTypeK, CacheTypeV, OverrideKvOpt, overrides_of
 
 
 def info(
@@ -20,6 +20,7 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     cache_type_k: CacheTypeK = "f16",
     cache_type_v: CacheTypeV = "f16",
+    override_kv: OverrideKvOpt = [],
 ) -> None:
     """Show a model's architecture, parameters, tensor types, context, RoPE,
     vocabulary, chat template and the memory it needs."""
@@ -31,7 +32,7 @@ def info(
             raise InvalidArgumentError(f"the context size must be positive, not {ctx_size}")
         from pyllm.api import kv_type
         report = model_info(model_path(model), n_ctx=ctx_size, k_type=kv_type(cache_type_k, "--cache-type-k"),
-                            v_type=kv_type(cache_type_v, "--cache-type-v"))
+                            v_type=kv_type(cache_type_v, "--cache-type-v"), overrides=overrides_of(override_kv))
         if as_json:
             json.dump(report.as_dict(), sys.stdout)
             sys.stdout.write("\n")

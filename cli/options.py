@@ -69,6 +69,17 @@ def lora_specs(lora: list[str], lora_scaled: list[str]) -> list[tuple[str, float
     return [(path, 1.0) for path in _items(lora)] + [parse_scaled(spec) for spec in _items(lora_scaled)]
 
 
+OverrideKvOpt = Annotated[list[str], typer.Option(
+    "--override-kv", help="KEY=TYPE:VALUE (TYPE int, float, bool or str): use this instead of the file's metadata, "
+    "e.g. tokenizer.ggml.add_bos_token=bool:false; repeatable")]
+
+
+def overrides_of(specs: list[str]) -> dict[str, Any]:
+    """Model's override_kv from --override-kv (repeatable)."""
+    from pyllm.model_file import parse_override
+    return dict(parse_override(spec) for spec in specs)
+
+
 CONTROL = "Control vectors"
 ControlVectorOpt = Annotated[list[str], typer.Option(
     "--control-vector", help="add this control vector (a GGUF file from llama-cvector-generator or repeng) to "

@@ -14,6 +14,7 @@ import typer
 from pyllm.errors import InvalidArgumentError
 
 from .common import err, handle_errors, model_path
+from .options import OverrideKvOpt, overrides_of
 
 
 def quantize(
@@ -33,6 +34,7 @@ def quantize(
     imatrix: Annotated[Optional[str], typer.Option(
         "--imatrix", help="an importance matrix (`pyllm imatrix`, or llama-imatrix's GGUF): the quantizers "
         "spend their error where the model's inputs are small")] = None,
+    override_kv: OverrideKvOpt = [],
 ) -> None:
     """Quantize a GGUF model to a smaller type (llama-quantize's types and rules)."""
     with handle_errors():
@@ -51,7 +53,8 @@ def quantize(
         emb_type = None if token_embedding_type is None else tensor_type(token_embedding_type,
                                                                           "--token-embedding-type")
         p = quantize_file(path, output, ftype, allow_requantize=allow_requantize, pure=pure, progress=progress,
-                          output_type=out_type, embedding_type=emb_type, imatrix=imatrix)
+                          output_type=out_type, embedding_type=emb_type, imatrix=imatrix,
+                          overrides=overrides_of(override_kv))
         before, after = p.source_bytes, os.path.getsize(output)
         mix = ", ".join(f"{n} {k}" for k, n in sorted(p.histogram().items(), key=lambda kv: -kv[1]))
         weighed = f"; {len(p.importance)} weighed by {imatrix}" if imatrix else ""

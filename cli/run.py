@@ -16,6 +16,7 @@ import typer
 from pyllm.errors import InvalidArgumentError, PyllmError
 
 from .common import err, handle_errors, model_path, read_input
+from .options import OverrideKvOpt, overrides_of
 from .options import (CtxSize, FormatOpt, FreqPenalty, GrammarFile, GrammarOpt, JsonSchema, JsonSchemaFile,
                       LogitBias, MinP, ModelOpt, PresPenalty, RepeatLastN, RepeatPenalty, Seed, Stop, TemplateOpt,
                       Temp, Think, Threads, TopK, TopP, TypicalP, constraint_kwargs, sampling_kwargs, template_arg,
@@ -42,6 +43,7 @@ def run(
     prompt: Annotated[Optional[str], typer.Option("-p", "--prompt", help="the prompt (else -f, else stdin)")] = None,
     file: Annotated[Optional[str], typer.Option("-f", "--file", help="read the prompt from this file")] = None,
     model: ModelOpt = None,
+    override_kv: OverrideKvOpt = [],
     n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="tokens to generate at most "
                                            "(-1 = until the model stops)")] = 128,
     chat: Annotated[bool, typer.Option("--chat", help="treat the prompt as a user message: apply the model's "
@@ -134,6 +136,7 @@ def run(
 
         path = model_path(model)
         with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template,
+                   override_kv=overrides_of(override_kv),
                    n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
                    cache_type_v=cache_type_v, think=think, lora=lora_specs(lora, lora_scaled),
                    **control_kwargs(control_vector, control_vector_scaled, control_vector_layer_range),

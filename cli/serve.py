@@ -10,6 +10,7 @@ import typer
 from pyllm.errors import InvalidArgumentError
 
 from .common import err, handle_errors, model_path
+from .options import OverrideKvOpt, overrides_of
 from .options import CacheTypeK, CacheTypeV, CtxSize, ModelOpt, NGpuLayers, TemplateOpt, Think, Threads, template_arg
 from .options import (ControlLayerRangeOpt, ControlVectorOpt, ControlVectorScaledOpt, LoraOpt, LoraScaledOpt,
                       control_kwargs, lora_specs)
@@ -41,6 +42,7 @@ def api_keys_of(keys: Optional[str], file: Optional[str]) -> list[str]:
 
 def serve(
     model: ModelOpt = None,
+    override_kv: OverrideKvOpt = [],
     host: Annotated[str, typer.Option("--host", help="address to listen on (0.0.0.0: every interface; "
                                       "give it an --api-key there)")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="port to listen on (0: any free one)")] = 8080,
@@ -103,6 +105,7 @@ def serve(
 
         def load(file):
             m = Model(file, n_ctx=ctx_size, n_threads=threads, chat_template=template_arg(chat_template),
+                      override_kv=overrides_of(override_kv),
                       n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
                       cache_type_v=cache_type_v, think=think, embedding=True if embedding else None,
                       lora=lora_specs(lora, lora_scaled),
@@ -115,7 +118,7 @@ def serve(
 
         # without -m, a request may name any model on disk (ollama's way); with -m, this one answers
         switching = (model is None and model_draft is None and not (lora or lora_scaled)
-                     and not (control_vector or control_vector_scaled))
+                     and not (control_vector or control_vector_scaled or override_kv))
         with load(path) as m:
             try:
                 server = make_server(m, host, port, name=registry_name(model), parallel=parallel,

@@ -14,7 +14,7 @@ import typer
 from pyllm.errors import InvalidArgumentError
 
 from .common import handle_errors, model_path, read_input
-from .options import ModelOpt
+from .options import ModelOpt, OverrideKvOpt, overrides_of
 
 
 def tokenize(
@@ -27,6 +27,7 @@ def tokenize(
     no_parse_special: Annotated[bool, typer.Option(
         "--no-parse-special", help="read special-token text such as <|im_start|> as plain text")] = False,
     show_count: Annotated[bool, typer.Option("--show-count", help="also print the number of tokens")] = False,
+    override_kv: OverrideKvOpt = [],
 ) -> None:
     """Print a text's tokens (llama-tokenize)."""
     with handle_errors():
@@ -36,7 +37,7 @@ def tokenize(
             raise InvalidArgumentError("give the text with -p or -f, not both")
         text = prompt if prompt is not None else read_input(
             file, "file", "no text: give -p TEXT, -f FILE, or pipe the text in")
-        with ModelFile(model_path(model, quiet=True)) as mf:
+        with ModelFile(model_path(model, quiet=True), overrides=overrides_of(override_kv)) as mf:
             tok = load_tokenizer(mf.metadata)
         tokens = tok.encode(text, add_bos=False if no_bos else None, parse_special=not no_parse_special)
         out = sys.stdout.buffer

