@@ -13,6 +13,7 @@ llama-server's own:
 
     POST /completion            prompt -> content, with stop_type, timings, generation_settings
     POST /infill                fill in the middle: input_prefix, input_suffix (input_extra) -> content
+    POST /embedding             content -> [{index, embedding: [vector]}] (every token's row with pooling none)
     POST /tokenize, /detokenize, /apply-template (messages -> the prompt text)
     GET  /props                 the model, its context, template and default settings
     GET  /slots                 each slot: held by a request or not, tokens its cache keeps
@@ -63,6 +64,7 @@ import threading
 import time
 import traceback
 import uuid
+from contextlib import contextmanager
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -106,6 +108,8 @@ class Server(ThreadingHTTPServer):
         super().__init__(address, Handler)
         self.metrics = metrics
         self.api_keys = [k.encode() for k in api_keys]
+        # adapter path -> its scale for requests that name none (--lora-scaled's, then POST /lora-adapters')
+        self.lora_scales: dict[str, float] = {a.path: a.scale for a in getattr(model, "adapters", ())}
         self.host = ModelHost(model, name or model.path.stem, parallel, load, keep_alive)
         self.created = int(time.time())
         self.slot_save_path = None if slot_save_path is None else Path(slot_save_path)
@@ -272,6 +276,42 @@ class Handler(BaseHTTPRequestHandler):
             self.send_error_json(path, status, str(e) or type(e).__name__, kind)
         log.info("%s %s %.2f s", self.command, path, time.perf_counter() - t0)
 
+    @contextmanager
+    def model_for(self, body: dict, **use) -> Iterator[Any]:
+        """The model the request names (host.use's keywords), with a slot, and with the LoRA
+        scales it asks for ("lora": [{"id", "scale"}], llama-server's: the adapters it leaves
+        out at 0), else the server's (POST /lora-adapters). Scales are the model's, shared by
+        every slot: changing them waits until no request runs (host.exclusive)."""
+        wanted = body.get("lora")
+        for _ in range(16):
+            with self.server.host.use(body.get("model"), **use) as m:
+                scales = self.lora_scales(m, wanted)
+                if [a.scale for a in m.adapters] == scales:
+                    yield m
+                    return
+            with self.server.host.exclusive() as m:
+                for i, s in enumerate(self.lora_scales(m, wanted)):
+                    if m.adapters[i].scale != s:
+                        m.set_lora_scale(i, s)
+        raise RequestError(HTTPStatus.SERVICE_UNAVAILABLE, "the LoRA scales kept changing under other requests: "
+                           "try again", "unavailable_error")
+
+    def lora_scales(self, m, wanted: Any) -> list[float]:
+        """The adapters' scales a request wants: its "lora" list, else the server's."""
+        if wanted is None:
+            return [self.server.lora_scales.get(a.path, a.scale) for a in m.adapters]
+        if not isinstance(wanted, list) or not all(isinstance(e, dict) and "id" in e for e in wanted):
+            raise InvalidArgumentError('lora must be a list of {"id": N, "scale": S}')
+        scales = [0.0] * len(m.adapters)
+        for e in wanted:
+            i, s = e["id"], e.get("scale", 0.0)
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(m.adapters):
+                raise InvalidArgumentError(f"no LoRA adapter {i!r}: this server has {len(m.adapters)}")
+            if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s):
+                raise InvalidArgumentError(f"a LoRA scale is a number, not {s!r}")
+            scales[i] = float(s)
+        return scales
+
     def _check_api_key(self) -> None:
         """One of the server's keys, as `Authorization: Bearer KEY` or `X-Api-Key: KEY`."""
         auth = self.headers.get("Authorization", "")
@@ -386,7 +426,7 @@ class Handler(BaseHTTPRequestHandler):
         constraint = constraint_of(body)
         top = (body.get("top_logprobs") or 0) if body.get("logprobs") else None
         tools = body.get("tools") or None
-        with self.server.host.use(body.get("model")) as m:
+        with self.model_for(body) as m:
             m.require_generation()
             stream = m.chat(messages, max_tokens=max_tokens, stop=body.get("stop"), stream=True,
                             tools=tools, tool_choice=body.get("tool_choice"),
@@ -428,7 +468,7 @@ class Handler(BaseHTTPRequestHandler):
         suffix = body.get("suffix")
         if suffix is not None and not (isinstance(suffix, str) and isinstance(prompt, str)):
             raise InvalidArgumentError("suffix (fill in the middle) must be text, after a prompt of text")
-        with self.server.host.use(body.get("model")) as m:
+        with self.model_for(body) as m:
             m.require_generation()
             if isinstance(prompt, str) and not prompt and suffix is None:
                 raise InvalidArgumentError("the prompt is empty")
@@ -491,26 +531,22 @@ class Handler(BaseHTTPRequestHandler):
             close()   # a reply cut short by the client stops here (the chat keeps its turn as far as it got)
 
     @staticmethod
-    def _check_embeddings(m) -> None:
+    def _check_embeddings(m, rows_allowed: bool = False) -> None:
+        """An embedding model, pooling to one vector (rows_allowed: or giving every token's row)."""
         if not m.embedding:
             raise RequestError(HTTPStatus.BAD_REQUEST, f"{m.path.name} generates text; serve an embedding model, "
                                f"or this one with --embedding, for embeddings")
-        if m.pooling == "none":
+        if m.pooling == "none" and not rows_allowed:
             raise RequestError(HTTPStatus.BAD_REQUEST, f"{m.path.name} does not say how to pool its rows into "
                                f"one vector; start the server with --pooling mean|cls|last")
 
     def embeddings(self) -> None:
         body = self.read_json()
-        inputs = body.get("input")
-        if isinstance(inputs, str) or (isinstance(inputs, list) and inputs and all(isinstance(t, int) for t in inputs)):
-            inputs = [inputs]
-        if not isinstance(inputs, list) or not inputs or not all(
-                isinstance(t, str) or (isinstance(t, list) and t and all(isinstance(i, int) for i in t)) for t in inputs):
-            raise InvalidArgumentError("input must be a text, a list of texts, or token ids (a list, or lists)")
+        inputs = embedding_inputs(body.get("input"), "input")
         fmt = body.get("encoding_format", "float")
         if fmt not in ("float", "base64"):
             raise InvalidArgumentError(f"encoding_format must be float or base64, not {fmt!r}")
-        with self.server.host.use(body.get("model")) as m:
+        with self.model_for(body) as m:
             name = self.server.name
             self._check_embeddings(m)
             data, tokens = [], 0
@@ -526,6 +562,24 @@ class Handler(BaseHTTPRequestHandler):
 
 
     # -- llama-server's own API -------------------------------------------------------------------
+    def llama_embedding(self) -> None:
+        """POST /embedding: llama-server's own, {"content": a text, texts or token ids} ->
+        [{"index", "embedding": [vector]}]: with pooling none every token's row, as it is;
+        else the pooled vector, Euclidean-normalized unless embd_normalize is -1."""
+        body = self.read_json()
+        inputs = embedding_inputs(body.get("content", body.get("input")), "content")
+        norm = body.get("embd_normalize", 2)
+        if norm not in (-1, 2):
+            raise InvalidArgumentError(f"embd_normalize must be 2 (Euclidean) or -1 (none), not {norm!r}")
+        with self.model_for(body) as m:
+            self._check_embeddings(m, rows_allowed=True)
+            out = []
+            for i, item in enumerate(inputs):
+                ids = m.embedding_tokens(item) if isinstance(item, str) else item
+                v = m.embed_tokens(ids, normalize=norm == 2 and m.pooling != "none")
+                out.append({"index": i, "embedding": [[float(x) for x in row] for row in np.atleast_2d(v)]})
+        self.send_json(HTTPStatus.OK, out)
+
     def llama_completion(self) -> None:
         """POST /completion: llama-server's raw completion (n_predict, n_probs, return_tokens); its
         stream is server-sent events without a [DONE]."""
@@ -564,7 +618,7 @@ class Handler(BaseHTTPRequestHandler):
         slot_id = body.get("id_slot", -1)
         if isinstance(slot_id, bool) or not isinstance(slot_id, int):
             raise InvalidArgumentError(f"id_slot must be a slot number (-1: any), not {slot_id!r}")
-        with self.server.host.use(body.get("model"), slot_id=None if slot_id < 0 else slot_id) as m:
+        with self.model_for(body, slot_id=None if slot_id < 0 else slot_id) as m:
             m.require_generation()
             slot_id = self.server.slots.index(self.server.slots.current)
             ids = ids_of(m, n_predict)
@@ -725,9 +779,11 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(text)
 
     def lora_adapters(self) -> None:
-        """GET /lora-adapters: llama-server's list of the adapters loaded (--lora), with their scales."""
-        m = self.server.model
-        self.send_json(HTTPStatus.OK, [{"id": i, "path": a.path, "scale": a.scale} for i, a in enumerate(m.adapters)])
+        """GET /lora-adapters: llama-server's list of the adapters loaded (--lora), with the scales of
+        requests that name none."""
+        m, scales = self.server.model, self.server.lora_scales
+        self.send_json(HTTPStatus.OK, [{"id": i, "path": a.path, "scale": scales.get(a.path, a.scale)}
+                                       for i, a in enumerate(m.adapters)])
 
     def set_lora_adapters(self) -> None:
         """POST /lora-adapters [{"id": 0, "scale": 0.5}, ...]: new scales (0: off) for the
@@ -742,6 +798,7 @@ class Handler(BaseHTTPRequestHandler):
                     raise InvalidArgumentError(f"no LoRA adapter {e['id']!r}: this server has {len(m.adapters)}")
             for e in body:
                 m.set_lora_scale(e["id"], e["scale"])
+                self.server.lora_scales[m.adapters[e["id"]].path] = m.adapters[e["id"]].scale
         self.lora_adapters()
 
     def llama_props(self) -> None:
@@ -952,7 +1009,7 @@ class Handler(BaseHTTPRequestHandler):
         def head() -> dict:
             return {"model": self.server.name, "created_at": iso_time()}
 
-        with self.server.host.use(body.get("model"), keep_alive=keep_alive_of(body)) as m:
+        with self.model_for(body, keep_alive=keep_alive_of(body)) as m:
             m.require_generation()
             reply = start(m, max_tokens, options.get("stop"), {**sampling, "format": fmt}, flag(body.get("think")))
             parts, close = reply_parts(reply)
@@ -992,7 +1049,7 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(inputs, list) or not all(isinstance(t, str) for t in inputs):
             raise InvalidArgumentError("input must be a text or a list of texts")
         t0 = time.perf_counter()
-        with self.server.host.use(body.get("model")) as m:
+        with self.model_for(body) as m:
             name = self.server.name
             self._check_embeddings(m)
             ids = [m.embedding_tokens(t, truncate=body.get("truncate", True)) for t in inputs]
@@ -1009,13 +1066,24 @@ GET_ROUTES = {"/health": Handler.health, "/v1/health": Handler.health, "/v1/mode
               "/slots": Handler.llama_slots, "/lora-adapters": Handler.lora_adapters, "/metrics": Handler.metrics,
               "/api/tags": Handler.ollama_tags, "/api/ps": Handler.ollama_ps, "/api/version": Handler.ollama_version}
 POST_ROUTES = {"/v1/chat/completions": Handler.chat, "/v1/completions": Handler.completions,
-               "/v1/embeddings": Handler.embeddings,
+               "/v1/embeddings": Handler.embeddings, "/embedding": Handler.llama_embedding,
+               "/embeddings": Handler.llama_embedding,
                "/completion": Handler.llama_completion, "/completions": Handler.llama_completion,
                "/infill": Handler.llama_infill,
                "/tokenize": Handler.llama_tokenize, "/detokenize": Handler.llama_detokenize,
                "/apply-template": Handler.llama_apply_template, "/lora-adapters": Handler.set_lora_adapters,
                "/api/chat": Handler.ollama_chat, "/api/generate": Handler.ollama_generate,
                "/api/embed": Handler.ollama_embed, "/api/pull": Handler.ollama_pull, "/api/show": Handler.ollama_show}
+
+
+def embedding_inputs(value: Any, field: str) -> list:
+    """An embedding request's inputs: texts or token-id lists, one or a list of them."""
+    if isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(t, int) for t in value)):
+        value = [value]
+    if not isinstance(value, list) or not value or not all(
+            isinstance(t, str) or (isinstance(t, list) and t and all(isinstance(i, int) for i in t)) for t in value):
+        raise InvalidArgumentError(f"{field} must be a text, a list of texts, or token ids (a list, or lists)")
+    return value
 
 
 def keep_alive_of(body: dict) -> Optional[float]:

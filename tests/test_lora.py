@@ -252,3 +252,28 @@ def test_server_lists_and_rescales_adapters(tmp_path, llama):
                                                            "return_tokens": True})
             assert status == 200 and got["tokens"] == want
             assert call(server.url, "/lora-adapters", [{"id": 3, "scale": 1}])[0] == 400
+
+
+def test_server_takes_scales_per_request(tmp_path, llama):
+    """A request's "lora" list (llama-server's: the adapters it leaves out at 0) runs with those
+    scales, also when requests with other scales come before and after; a request without one
+    gets the server's scales, which GET /lora-adapters still lists."""
+    adapter = synth.write_lora(tmp_path / "a.gguf", llama, size=0.5)
+    prompt = list(TOKENS[:10])
+    want = {}
+    for scale in (0.0, 0.3, 1.0):
+        with Model(llama, n_threads=2, lora=[(adapter, scale)]) as fresh:
+            want[scale] = fresh.generate(prompt, max_tokens=6, temperature=0).tokens
+    assert len({tuple(t) for t in want.values()}) == 3
+    body = {"prompt": prompt, "n_predict": 6, "temperature": 0, "return_tokens": True}
+    with Model(llama, n_threads=2, lora=[adapter]) as m, served(m, parallel=2) as server:
+        for lora, scale in (([{"id": 0, "scale": 0.3}], 0.3), (None, 1.0), ([], 0.0), ([{"id": 0}], 0.0),
+                            ([{"id": 0, "scale": 0.3}], 0.3), (None, 1.0)):
+            status, got = call(server.url, "/completion", {**body, **({} if lora is None else {"lora": lora})})
+            assert status == 200 and got["tokens"] == want[scale], (lora, got)
+        status, got = call(server.url, "/v1/completions", {"prompt": prompt, "max_tokens": 6, "temperature": 0,
+                                                           "lora": [{"id": 0, "scale": 0.3}]})
+        assert status == 200 and got["choices"][0]["text"] == m.detokenize(want[0.3])
+        assert call(server.url, "/lora-adapters")[1][0]["scale"] == 1.0
+        for bad in ([{"id": 1, "scale": 1}], [{"scale": 1}], {"id": 0}, [{"id": 0, "scale": "x"}]):
+            assert call(server.url, "/completion", {**body, "lora": bad})[0] == 400, bad

@@ -221,6 +221,19 @@ def test_embeddings(minilm_path):
             status, body = call(server.url, "/v1/chat/completions", {"messages": CHAT})
             assert status == 400 and "embedding model" in body["error"]["message"]
             assert call(server.url, "/v1/embeddings", {"input": "word " * 600})[0] == 400
+            # llama-server's own /embedding: [{index, embedding: [vector]}], normalized unless -1
+            status, body = call(server.url, "/embedding", {"content": texts})
+            assert status == 200 and [d["index"] for d in body] == [0, 1]
+            np.testing.assert_array_equal(np.array([d["embedding"][0] for d in body], np.float32), m.embed(texts))
+            status, body = call(server.url, "/embeddings", {"content": ids, "embd_normalize": -1})
+            assert status == 200, body
+            np.testing.assert_array_equal(np.float32(body[0]["embedding"][0]), m.embed(texts[0], normalize=False))
+            pooling, m.pooling = m.pooling, "none"   # every token's row, as it is
+            status, body = call(server.url, "/embedding", {"content": texts[0]})
+            np.testing.assert_array_equal(np.float32(body[0]["embedding"]), m.embed(texts[0], normalize=False))
+            assert len(body[0]["embedding"]) == len(ids)
+            m.pooling = pooling
+            assert call(server.url, "/embedding", {"content": "x", "embd_normalize": 1})[0] == 400
         finally:
             server.shutdown()
             server.server_close()
