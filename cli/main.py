@@ -12,6 +12,7 @@ from .bench import bench
 from .chat import chat
 from .common import handle_errors, pull
 from .embed import embed
+from .export_lora import export_lora
 from .info import info
 from .imatrix import imatrix
 from .perplexity import perplexity
@@ -73,6 +74,7 @@ app.command("quantize")(quantize)
 app.command("imatrix")(imatrix)
 app.command("split")(split)
 app.command("tokenize")(tokenize)
+app.command("export-lora")(export_lora)
 
 
 def main() -> None:
