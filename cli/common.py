@@ -109,3 +109,30 @@ def pull(name: str, quiet: bool = False) -> str:
         path = registry.fetch(name, report)
     err.print(f"{name} is at {path}")
     return str(path)
+
+
+_ESCAPES = {ord(k): v for k, v in {"n": b"\n", "r": b"\r", "t": b"\t", "'": b"'", '"': b'"', "\\": b"\\",
+                                    "0": b"\0", "a": b"\a", "b": b"\b", "f": b"\f", "v": b"\v", "?": b"?"}.items()}
+_HEX = b"0123456789abcdefABCDEF"
+
+
+def process_escapes(text: str) -> str:
+    """\\n, \\t, \\xNN (a byte: \\xe2\\x82\\xac is the euro sign) ... in a command-line text made into
+    what they stand for, as llama.cpp's -e/--escape (on by default there) does; any other
+    backslash stays as it is."""
+    raw = text.encode("utf-8", "surrogateescape")
+    out, i = bytearray(), 0
+    while i < len(raw):
+        if raw[i] == 0x5C and i + 1 < len(raw):   # a backslash
+            nxt, hexd = raw[i + 1], raw[i + 2:i + 4]
+            if nxt in _ESCAPES:
+                out += _ESCAPES[nxt]
+                i += 2
+                continue
+            if nxt == ord("x") and len(hexd) == 2 and all(c in _HEX for c in hexd):
+                out.append(int(hexd, 16))
+                i += 4
+                continue
+        out.append(raw[i])
+        i += 1
+    return out.decode("utf-8", "surrogateescape")

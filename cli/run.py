@@ -15,7 +15,7 @@ import typer
 
 from pyllm.errors import InvalidArgumentError, PyllmError
 
-from .common import err, handle_errors, model_path, read_input
+from .common import err, handle_errors, model_path, process_escapes, read_input
 from .options import OverrideKvOpt, overrides_of
 from .options import (CtxSize, FormatOpt, FreqPenalty, GrammarFile, GrammarOpt, JsonSchema, JsonSchemaFile,
                       LogitBias, MinP, ModelOpt, PresPenalty, RepeatLastN, RepeatPenalty, Seed, Stop, TemplateOpt,
@@ -42,6 +42,9 @@ def read_prompt(prompt: Optional[str], file: Optional[str]) -> str:
 def run(
     prompt: Annotated[Optional[str], typer.Option("-p", "--prompt", help="the prompt (else -f, else stdin)")] = None,
     file: Annotated[Optional[str], typer.Option("-f", "--file", help="read the prompt from this file")] = None,
+    escape: Annotated[bool, typer.Option("--escape/--no-escape", "-e", help="read \\n, \\t, \\\\, \\xNN ... in -p, "
+                                         "--system, --suffix and --stop as the characters they stand for "
+                                         "(llama.cpp's default; not in a file or stdin)")] = True,
     model: ModelOpt = None,
     override_kv: OverrideKvOpt = [],
     n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="tokens to generate at most "
@@ -128,6 +131,9 @@ def run(
                                    dry_allowed_length=dry_allowed_length, dry_penalty_last_n=dry_penalty_last_n,
                                    dry_sequence_breakers=dry_breakers(dry_sequence_breaker))
         sampling.update(constraint_kwargs(fmt, grammar, grammar_file, json_schema, json_schema_file))
+        if escape:
+            prompt, system, suffix = (None if t is None else process_escapes(t) for t in (prompt, system, suffix))
+            stop = [process_escapes(s) for s in stop]
         text = read_prompt(prompt, file)
         if not text.strip() and chat:
             raise InvalidArgumentError("the prompt is empty")

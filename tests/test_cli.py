@@ -234,3 +234,19 @@ def test_samplers_order(smollm2_path):
     one_error_line(pyllm(*base, "--samplers", "top_q"), "unknown sampler 'top_q'")
     one_error_line(pyllm(*base, "--samplers", "top_k", "--sampling-seq", "k"), "not both")
     assert sampling_of({"samplers": ["top_k", "temperature"]}) == {"samplers": ["top_k", "temperature"]}
+
+
+def test_escapes(smollm2_path):
+    """-p's \\n, \\t, \\xNN ... are the characters (llama.cpp's -e, on by default); --no-escape
+    keeps them as typed; other backslashes stay."""
+    from cli.common import process_escapes
+    from pyllm import Model
+    assert process_escapes(r"a\nb\tc\\d \x41 \xe2\x82\xac \q \x4") == "a\nb\tc\\d A \u20ac \\q \\x4"
+    assert process_escapes("end\\") == "end\\" and process_escapes(r"\'\"") == "'\""
+    typed = r"Line one\nLine two \xe2\x82\xac"
+    with Model(smollm2_path, n_ctx=64) as m:
+        escaped, raw = len(m.tokenize("Line one\nLine two \u20ac")), len(m.tokenize(typed))
+    assert escaped != raw
+    for flags, want in (([], escaped), (["--no-escape"], raw)):
+        r = pyllm("run", "-m", smollm2_path, "-p", typed, "-n", "1", "--temp", "0", "--json", *flags)
+        assert r.returncode == 0 and json.loads(r.stdout)["prompt_tokens"] == want, (flags, r.stderr)
