@@ -22,6 +22,8 @@ from pyllm.reasoning import ANSWER, THINKING
 
 from .common import err, handle_errors, model_path
 from .options import OverrideKvOpt, overrides_of
+from .options import (RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt,
+                      rope_overrides)
 from .options import (CtxSize, FreqPenalty, LogitBias, MinP, ModelOpt, PresPenalty, RepeatLastN, RepeatPenalty,
                       Seed, TemplateOpt, Temp, Think, Threads, TopK, TopP, TypicalP, sampling_kwargs,
                       template_arg, thinking_note)
@@ -260,6 +262,11 @@ class ChatRepl:
 def chat(
     model: ModelOpt = None,
     override_kv: OverrideKvOpt = [],
+    rope_scaling: RopeScalingOpt = None,
+    rope_scale: RopeScaleOpt = None,
+    rope_freq_base: RopeFreqBaseOpt = None,
+    rope_freq_scale: RopeFreqScaleOpt = None,
+    yarn_orig_ctx: YarnOrigCtxOpt = None,
     system: Annotated[Optional[str], typer.Option("--system", help="system prompt")] = None,
     n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="tokens per reply at most "
                                            "(-1 = until the reply ends)")] = -1,
@@ -332,7 +339,8 @@ def chat(
 
         path = model_path(model)
         with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template,
-                   override_kv=overrides_of(override_kv),
+                   override_kv={**overrides_of(override_kv), **rope_overrides(
+                       rope_scaling, rope_scale, rope_freq_base, rope_freq_scale, yarn_orig_ctx)},
                    n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
                    cache_type_v=cache_type_v, think=think, lora=lora_specs(lora, lora_scaled),
                    **control_kwargs(control_vector, control_vector_scaled, control_vector_layer_range),

@@ -80,6 +80,45 @@ def overrides_of(specs: list[str]) -> dict[str, Any]:
     return dict(parse_override(spec) for spec in specs)
 
 
+ROPE = "RoPE (longer contexts)"
+RopeScalingOpt = Annotated[Optional[str], typer.Option(
+    "--rope-scaling", help="none, linear or yarn: how positions past the training context are stretched "
+    "(default: as the file says)", rich_help_panel=ROPE)]
+RopeScaleOpt = Annotated[Optional[float], typer.Option(
+    "--rope-scale", help="stretch the context by this factor (rope.scaling.factor)", rich_help_panel=ROPE)]
+RopeFreqBaseOpt = Annotated[Optional[float], typer.Option(
+    "--rope-freq-base", help="RoPE base frequency (default: the file's)", rich_help_panel=ROPE)]
+RopeFreqScaleOpt = Annotated[Optional[float], typer.Option(
+    "--rope-freq-scale", help="RoPE frequency scale: 1/N stretches the context N times", rich_help_panel=ROPE)]
+YarnOrigCtxOpt = Annotated[Optional[int], typer.Option(
+    "--yarn-orig-ctx", help="YaRN: the context the model was trained on (default: the file's)",
+    rich_help_panel=ROPE)]
+
+
+def rope_overrides(scaling: Optional[str], scale: Optional[float], freq_base: Optional[float],
+                   freq_scale: Optional[float], yarn_orig_ctx: Optional[int]) -> dict[str, Any]:
+    """The metadata overrides llama.cpp's RoPE flags amount to, for the file's family."""
+    out: dict[str, Any] = {}
+    if scaling is not None:
+        if scaling not in ("none", "linear", "yarn"):
+            raise InvalidArgumentError(f"--rope-scaling must be none, linear or yarn, not {scaling!r}")
+        out["{arch}.rope.scaling.type"] = scaling
+    if scale is not None and freq_scale is not None:
+        raise InvalidArgumentError("give --rope-scale N or --rope-freq-scale 1/N, not both")
+    for flag, value in (("--rope-scale", scale), ("--rope-freq-scale", freq_scale), ("--rope-freq-base", freq_base)):
+        if value is not None and not value > 0:
+            raise InvalidArgumentError(f"{flag} must be positive, not {value}")
+    if scale is not None or freq_scale is not None:
+        out["{arch}.rope.scaling.factor"] = float(scale if scale is not None else 1.0 / freq_scale)
+    if freq_base is not None:
+        out["{arch}.rope.freq_base"] = float(freq_base)
+    if yarn_orig_ctx is not None:
+        if yarn_orig_ctx < 1:
+            raise InvalidArgumentError(f"--yarn-orig-ctx must be positive, not {yarn_orig_ctx}")
+        out["{arch}.rope.scaling.original_context_length"] = int(yarn_orig_ctx)
+    return out
+
+
 CONTROL = "Control vectors"
 ControlVectorOpt = Annotated[list[str], typer.Option(
     "--control-vector", help="add this control vector (a GGUF file from llama-cvector-generator or repeng) to "

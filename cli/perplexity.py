@@ -20,6 +20,8 @@ from pyllm.errors import InvalidArgumentError
 
 from .common import err, handle_errors, model_path, read_input
 from .options import OverrideKvOpt, overrides_of
+from .options import (RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt,
+                      rope_overrides)
 from .options import (CacheTypeK, CacheTypeV, ControlLayerRangeOpt, ControlVectorOpt, ControlVectorScaledOpt, LoraOpt,
                       LoraScaledOpt, ModelOpt, NGpuLayers, Threads, control_kwargs, lora_specs)
 
@@ -29,6 +31,11 @@ def perplexity(
                                                 "wikitext-2's wiki.test.raw")] = None,
     model: ModelOpt = None,
     override_kv: OverrideKvOpt = [],
+    rope_scaling: RopeScalingOpt = None,
+    rope_scale: RopeScaleOpt = None,
+    rope_freq_base: RopeFreqBaseOpt = None,
+    rope_freq_scale: RopeFreqScaleOpt = None,
+    yarn_orig_ctx: YarnOrigCtxOpt = None,
     ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", help="tokens per chunk (the context each chunk "
                                           "runs in); llama-perplexity's default")] = 512,
     chunks: Annotated[int, typer.Option("--chunks", help="score at most this many chunks (-1 = all)")] = -1,
@@ -53,7 +60,8 @@ def perplexity(
 
         path = model_path(model)
         with Model(path, n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
-                   override_kv=overrides_of(override_kv),
+                   override_kv={**overrides_of(override_kv), **rope_overrides(
+                       rope_scaling, rope_scale, rope_freq_base, rope_freq_scale, yarn_orig_ctx)},
                    cache_type_v=cache_type_v, lora=lora_specs(lora, lora_scaled),
                    **control_kwargs(control_vector, control_vector_scaled, control_vector_layer_range)) as m:
             m.require_generation()

@@ -17,6 +17,8 @@ from pyllm.errors import InvalidArgumentError, PyllmError
 
 from .common import err, handle_errors, model_path, process_escapes, read_input
 from .options import OverrideKvOpt, overrides_of
+from .options import (RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt,
+                      rope_overrides)
 from .options import (CtxSize, FormatOpt, FreqPenalty, GrammarFile, GrammarOpt, JsonSchema, JsonSchemaFile,
                       LogitBias, MinP, ModelOpt, PresPenalty, RepeatLastN, RepeatPenalty, Seed, Stop, TemplateOpt,
                       Temp, Think, Threads, TopK, TopP, TypicalP, constraint_kwargs, sampling_kwargs, template_arg,
@@ -47,6 +49,11 @@ def run(
                                          "(llama.cpp's default; not in a file or stdin)")] = True,
     model: ModelOpt = None,
     override_kv: OverrideKvOpt = [],
+    rope_scaling: RopeScalingOpt = None,
+    rope_scale: RopeScaleOpt = None,
+    rope_freq_base: RopeFreqBaseOpt = None,
+    rope_freq_scale: RopeFreqScaleOpt = None,
+    yarn_orig_ctx: YarnOrigCtxOpt = None,
     n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="tokens to generate at most "
                                            "(-1 = until the model stops)")] = 128,
     chat: Annotated[bool, typer.Option("--chat", help="treat the prompt as a user message: apply the model's "
@@ -142,7 +149,8 @@ def run(
 
         path = model_path(model)
         with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template,
-                   override_kv=overrides_of(override_kv),
+                   override_kv={**overrides_of(override_kv), **rope_overrides(
+                       rope_scaling, rope_scale, rope_freq_base, rope_freq_scale, yarn_orig_ctx)},
                    n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
                    cache_type_v=cache_type_v, think=think, lora=lora_specs(lora, lora_scaled),
                    **control_kwargs(control_vector, control_vector_scaled, control_vector_layer_range),

@@ -11,6 +11,8 @@ from pyllm.errors import InvalidArgumentError
 
 from .common import err, handle_errors, model_path
 from .options import OverrideKvOpt, overrides_of
+from .options import (RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt,
+                      rope_overrides)
 from .options import CacheTypeK, CacheTypeV, CtxSize, ModelOpt, NGpuLayers, TemplateOpt, Think, Threads, template_arg
 from .options import (ControlLayerRangeOpt, ControlVectorOpt, ControlVectorScaledOpt, LoraOpt, LoraScaledOpt,
                       control_kwargs, lora_specs)
@@ -43,6 +45,11 @@ def api_keys_of(keys: Optional[str], file: Optional[str]) -> list[str]:
 def serve(
     model: ModelOpt = None,
     override_kv: OverrideKvOpt = [],
+    rope_scaling: RopeScalingOpt = None,
+    rope_scale: RopeScaleOpt = None,
+    rope_freq_base: RopeFreqBaseOpt = None,
+    rope_freq_scale: RopeFreqScaleOpt = None,
+    yarn_orig_ctx: YarnOrigCtxOpt = None,
     host: Annotated[str, typer.Option("--host", help="address to listen on (0.0.0.0: every interface; "
                                       "give it an --api-key there)")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="port to listen on (0: any free one)")] = 8080,
@@ -100,12 +107,14 @@ def serve(
 
         idle_s = None if keep_alive is None else keep_alive_seconds(keep_alive)
         api_keys = api_keys_of(api_key, api_key_file)
+        overrides = {**overrides_of(override_kv),
+                     **rope_overrides(rope_scaling, rope_scale, rope_freq_base, rope_freq_scale, yarn_orig_ctx)}
 
         path = model_path(model)
 
         def load(file):
             m = Model(file, n_ctx=ctx_size, n_threads=threads, chat_template=template_arg(chat_template),
-                      override_kv=overrides_of(override_kv),
+                      override_kv=overrides,
                       n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
                       cache_type_v=cache_type_v, think=think, embedding=True if embedding else None,
                       lora=lora_specs(lora, lora_scaled),
@@ -118,7 +127,7 @@ def serve(
 
         # without -m, a request may name any model on disk (ollama's way); with -m, this one answers
         switching = (model is None and model_draft is None and not (lora or lora_scaled)
-                     and not (control_vector or control_vector_scaled or override_kv))
+                     and not (control_vector or control_vector_scaled or overrides))
         with load(path) as m:
             try:
                 server = make_server(m, host, port, name=registry_name(model), parallel=parallel,

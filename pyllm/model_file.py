@@ -240,7 +240,8 @@ class ModelFile:
     def __init__(self, path: str | os.PathLike, _shard: tuple[int, int] | None = None,
                  overrides: dict[str, Any] | None = None):
         """overrides: metadata key -> value (int, float, bool or str) to use instead of the
-        file's (llama.cpp's --override-kv); checked as the file's own values are."""
+        file's (llama.cpp's --override-kv); checked as the file's own values are. A key
+        "{arch}.KEY" names the file's family's KEY ("{arch}.rope.freq_base")."""
         self.path = str(path)
         self._parts: list[ModelFile] = []
         self.overrides = dict(overrides or {})
@@ -263,6 +264,9 @@ class ModelFile:
             raise
 
     def _override(self) -> None:
+        family = str(self.metadata.get("general.architecture", ""))
+        self.overrides = {key.replace("{arch}", family, 1) if key.startswith("{arch}.") else key: value
+                          for key, value in self.overrides.items()}
         for key, value in self.overrides.items():
             if not isinstance(value, (bool, int, float, str)):
                 raise InvalidArgumentError(f"override {key}: a number, a boolean or a string, not {value!r}")

@@ -34,7 +34,8 @@ def test_shards_are_planned_in_order_within_their_limits(tiny):
     with ModelFile(tiny) as mf:
         tensors = list(mf.tensors.values())
         by_count = plan_shards(tensors, max_tensors=5)
-        assert [len(s) for s in by_count] == [5] * (len(tensors) // 5) + ([len(tensors) % 5] if len(tensors) % 5 else [])
+        n = len(tensors)
+        assert [len(s) for s in by_count] == [5] * (n // 5) + ([n % 5] if n % 5 else [])
         limit = max(t.nbytes for t in tensors) + 64
         by_size = plan_shards(tensors, max_bytes=limit)
         assert [t.name for s in by_size for t in s] == [t.name for t in tensors]

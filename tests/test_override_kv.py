@@ -60,3 +60,31 @@ def test_cli(smollm2_path):
     assert r.returncode == 0 and "Renamed" in r.stdout and "metadata overridden" in r.stdout, r.stderr
     one_error_line(pyllm("run", "-m", smollm2_path, "-p", "hi", "--override-kv", "llama.context_length=int:x"),
                    "not an int")
+
+
+def test_rope_flags_are_the_file_s_keys(tmp_path):
+    """--rope-scaling/--rope-scale/--rope-freq-scale/--rope-freq-base/--yarn-orig-ctx: the same
+    logits as a file carrying those keys (the family's, through "{arch}." overrides)."""
+    from cli.options import rope_overrides
+    model = synth.write_llama(tmp_path / "m.gguf", QT.F32)
+    ids = list(range(1, 60))
+    cases = [(("linear", 2.0, None, None, None),
+              {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 2.0}),
+             ((None, None, 20000.0, 0.25, None), {"llama.rope.freq_base": 20000.0, "llama.rope.scaling.factor": 4.0}),
+             (("yarn", 4.0, None, None, 32), {"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0,
+                                              "llama.rope.scaling.original_context_length": 32})]
+    with Model(model, n_threads=2) as plain:
+        base = plain.logits(ids)
+    for flags, keys in cases:
+        want_path = synth.rewrite_metadata(model, tmp_path / "w.gguf", keys)
+        with Model(want_path, n_threads=2) as want, \
+                Model(model, n_threads=2, override_kv=rope_overrides(*flags)) as got:
+            assert np.array_equal(got.logits(ids), want.logits(ids)), flags
+            assert not np.array_equal(got.logits(ids), base), flags
+    for bad in (("cubic", None, None, None, None), (None, 2.0, None, 0.5, None), (None, -1.0, None, None, None)):
+        with pytest.raises(InvalidArgumentError):
+            rope_overrides(*bad)
+    r = pyllm("run", "-m", model, "-p", "hi", "-n", "2", "--rope-scaling", "yarn", "--rope-scale", "4",
+              "--yarn-orig-ctx", "32", "--json")
+    assert r.returncode == 0, r.stderr
+    one_error_line(pyllm("run", "-m", model, "-p", "hi", "--rope-scaling", "cubic"), "none, linear or yarn")
