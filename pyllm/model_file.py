@@ -369,7 +369,7 @@ class ModelFile:
     def _check_kind(self, key: str, kind) -> Any:
         value = self.metadata[key]
         test, what = kind
-        if not test(value) and key in getattr(self, "overrides", ()):
+        if not test(value) and key in self.overrides:
             raise InvalidArgumentError(f"override {key}={value!r}: it should be {what}")
         if not test(value):
             raise ModelFileError(f"{self.path}: metadata {printable(key)} should be {what} but is "
