@@ -5,6 +5,7 @@ stderr: the progress, chunk by chunk, and what was written.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Annotated, Optional
 
@@ -16,6 +17,13 @@ from .common import err, handle_errors, model_path, read_input
 from .options import ModelOpt, Threads
 
 
+def model_arch(imatrix_path: str) -> str:
+    """The architecture an imatrix file names (the GGUF general.architecture it was saved with)."""
+    from pyllm.model_file import ModelFile
+    with ModelFile(imatrix_path) as mf:
+        return str(mf.get("general.architecture", "llama"))
+
+
 def imatrix(
     file: Annotated[Optional[str], typer.Option("-f", "--file", help="the calibration text (else stdin): text "
                                                 "like what the model will read")] = None,
@@ -25,21 +33,35 @@ def imatrix(
     ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", help="tokens per chunk (llama-imatrix's "
                                           "default)")] = 512,
     chunks: Annotated[int, typer.Option("--chunks", help="use at most this many chunks (-1 = all)")] = -1,
+    in_file: Annotated[list[str], typer.Option(
+        "--in-file", help="an importance matrix to add this one's statistics to (repeatable; without -f and "
+        "stdin, the files are only combined)")] = [],
     threads: Threads = None,
 ) -> None:
-    """Compute an importance matrix (llama-imatrix's) for quantizing with --imatrix."""
+    """Compute an importance matrix (llama-imatrix's) for quantizing with --imatrix, or combine several."""
     with handle_errors():
         if chunks == 0 or chunks < -1:
             raise InvalidArgumentError(f"--chunks must be at least 1 (or -1 for all), not {chunks}")
         if os.path.isdir(output):
             raise InvalidArgumentError(f"{output} is a folder: give the output file's path")
-        text = read_input(file, "file", "no text: give -f FILE or pipe the text in")
         from pyllm.backend.cpu import physical_cores
-        from pyllm.imatrix import compute
+        from pyllm.imatrix import Imatrix, compute
         from pyllm.model_file import ModelFile
 
-        path = model_path(model)
         t0 = time.perf_counter()
+        combined = None
+        for f in in_file:
+            im = Imatrix.load(f)
+            combined = im if combined is None else combined.add(im)
+        piped = sys.stdin is not None and not sys.stdin.isatty()
+        text = read_input(file, "file", "no text: give -f FILE or pipe the text in") \
+            if file is not None or piped or combined is None else ""
+        if combined is not None and not text.strip():   # nothing to compute: the files combined
+            combined.save(output, model_arch(in_file[0]))
+            err.print(f"{output}: {len(combined.sums)} matrices, {combined.chunks} chunks, from {len(in_file)} "
+                      f"files", highlight=False, soft_wrap=True)
+            return
+        path = model_path(model)
 
         def progress(i: int, n: int) -> None:
             err.print(f"[{i + 1}/{n}] {(i + 1) * ctx_size} tokens, {time.perf_counter() - t0:.1f} s",
@@ -47,6 +69,8 @@ def imatrix(
         im = compute(path, text, n_ctx=ctx_size, n_threads=threads or physical_cores(),
                      max_chunks=None if chunks < 0 else chunks,
                      dataset=os.path.basename(file) if file else "stdin", on_chunk=progress)
+        if combined is not None:
+            im = combined.add(im)
         with ModelFile(path) as mf:
             im.save(output, mf.architecture)
         err.print(f"{output}: {len(im.sums)} matrices, {im.chunks} chunks of {im.chunk_size} tokens, "

@@ -57,6 +57,26 @@ class Imatrix:
             out[name] = np.where(n > 0, s / np.maximum(n, 1), np.float32(1)).astype(np.float32)
         return out
 
+    def add(self, other: "Imatrix") -> "Imatrix":
+        """The statistics of both (llama-imatrix --in-file): sums and counts added matrix by
+        matrix (expert by expert), chunks added, datasets listed; the chunk sizes must agree."""
+        if self.chunk_size and other.chunk_size and self.chunk_size != other.chunk_size:
+            raise InvalidArgumentError(f"importance matrices of chunks of {self.chunk_size} and "
+                                       f"{other.chunk_size} tokens cannot be combined: make them with one -c")
+        out = Imatrix({k: v.copy() for k, v in self.sums.items()}, dict(self.counts),
+                      self.datasets + [d for d in other.datasets if d not in self.datasets],
+                      self.chunks + other.chunks, self.chunk_size or other.chunk_size)
+        for name, s in other.sums.items():
+            if name not in out.sums:
+                out.sums[name], out.counts[name] = s.copy(), other.counts.get(name, 0)
+                continue
+            if out.sums[name].shape != s.shape:
+                raise InvalidArgumentError(f"{name} has {out.sums[name].shape} statistics in one importance "
+                                           f"matrix and {s.shape} in the other: they are of different models")
+            out.sums[name] = out.sums[name] + s
+            out.counts[name] = out.counts.get(name, 0) + other.counts.get(name, 0)
+        return out
+
     def save(self, path: str | os.PathLike, architecture: str) -> None:
         import gguf
         w = gguf.GGUFWriter(str(path), architecture)

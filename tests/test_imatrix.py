@@ -210,3 +210,36 @@ def test_cli(model, tmp_path):
                          str(tmp_path / "x.gguf")), "at least one chunk")
     one_error_line(pyllm("quantize", model, str(tmp_path / "y.gguf"), "q8_0", "--imatrix",
                          str(tmp_path / "missing.gguf")), "no importance matrix")
+
+
+def test_combining(model, tmp_path):
+    """--in-file: two runs' statistics add up matrix by matrix (experts expert by expert), their
+    chunks and datasets counted; different chunk sizes or shapes refuse; the command combines
+    files alone, or adds a new run to them."""
+    first = compute(model, TEXT, n_ctx=64, max_chunks=1, dataset="a")
+    both = compute(model, TEXT, n_ctx=64, max_chunks=2)
+    second = compute(model, "a second text, about other things, " * 20, n_ctx=64, max_chunks=1, dataset="b")
+    total = first.add(second)
+    assert total.chunks == 2 and total.datasets == ["a", "b"] and set(total.sums) == set(both.sums)
+    for name in total.sums:
+        np.testing.assert_allclose(total.sums[name], first.sums[name] + second.sums[name], rtol=1e-6)
+        assert total.counts[name] == first.counts[name] + second.counts[name] == 128
+    experts = Imatrix({"e": np.ones((3, 4), np.float32)}, {"e": np.array([1, 0, 2])}, chunks=1, chunk_size=64)
+    doubled = experts.add(experts)
+    np.testing.assert_array_equal(doubled.sums["e"], 2)
+    np.testing.assert_array_equal(doubled.counts["e"], [2, 0, 4])
+    with pytest.raises(InvalidArgumentError, match="one -c"):
+        first.add(compute(model, TEXT, n_ctx=32, max_chunks=1))
+    with pytest.raises(InvalidArgumentError, match="different models"):
+        experts.add(Imatrix({"e": np.ones(4, np.float32)}, {"e": 1}, chunk_size=64))
+    first.save(tmp_path / "a.gguf", "llama")
+    second.save(tmp_path / "b.gguf", "llama")
+    r = pyllm("imatrix", "--in-file", str(tmp_path / "a.gguf"), "--in-file", str(tmp_path / "b.gguf"),
+              "-o", str(tmp_path / "ab.gguf"), input="")
+    assert r.returncode == 0 and "2 chunks, from 2 files" in r.stderr, r.stderr
+    back = Imatrix.load(tmp_path / "ab.gguf")
+    np.testing.assert_allclose(back.sums["blk.0.attn_q.weight"], total.sums["blk.0.attn_q.weight"], rtol=1e-6)
+    (tmp_path / "t.txt").write_text(TEXT)
+    r = pyllm("imatrix", "-m", model, "-f", str(tmp_path / "t.txt"), "-c", "64", "--chunks", "1",
+              "--in-file", str(tmp_path / "ab.gguf"), "-o", str(tmp_path / "abc.gguf"))
+    assert r.returncode == 0 and Imatrix.load(tmp_path / "abc.gguf").chunks == 3, r.stderr
