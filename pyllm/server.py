@@ -285,18 +285,18 @@ class Handler(BaseHTTPRequestHandler):
         wanted = body.get("lora")
         for _ in range(16):
             with self.server.host.use(body.get("model"), **use) as m:
-                scales = self.lora_scales(m, wanted)
+                scales = self.wanted_scales(m, wanted)
                 if [a.scale for a in m.adapters] == scales:
                     yield m
                     return
             with self.server.host.exclusive() as m:
-                for i, s in enumerate(self.lora_scales(m, wanted)):
+                for i, s in enumerate(self.wanted_scales(m, wanted)):
                     if m.adapters[i].scale != s:
                         m.set_lora_scale(i, s)
         raise RequestError(HTTPStatus.SERVICE_UNAVAILABLE, "the LoRA scales kept changing under other requests: "
                            "try again", "unavailable_error")
 
-    def lora_scales(self, m, wanted: Any) -> list[float]:
+    def wanted_scales(self, m, wanted: Any) -> list[float]:
         """The adapters' scales a request wants: its "lora" list, else the server's."""
         if wanted is None:
             return [self.server.lora_scales.get(a.path, a.scale) for a in m.adapters]
