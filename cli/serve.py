@@ -86,6 +86,10 @@ def serve(
     api_key: Annotated[Optional[str], typer.Option(
         "--api-key", envvar="PYLLM_API_KEY", help="requests must carry this key (Authorization: Bearer KEY); "
         "several: comma-separated (llama-server's --api-key)")] = None,
+    ssl_key_file: Annotated[Optional[str], typer.Option(
+        "--ssl-key-file", help="serve HTTPS: the private key (PEM), with --ssl-cert-file")] = None,
+    ssl_cert_file: Annotated[Optional[str], typer.Option(
+        "--ssl-cert-file", help="serve HTTPS: the certificate (PEM), with --ssl-key-file")] = None,
     api_key_file: Annotated[Optional[str], typer.Option(
         "--api-key-file", help="a file of API keys, one per line (keeps them out of the process list)")] = None,
     parallel: Annotated[Optional[int], typer.Option(
@@ -107,6 +111,9 @@ def serve(
 
         idle_s = None if keep_alive is None else keep_alive_seconds(keep_alive)
         api_keys = api_keys_of(api_key, api_key_file)
+        if (ssl_key_file is None) != (ssl_cert_file is None):
+            raise InvalidArgumentError("HTTPS needs both --ssl-key-file and --ssl-cert-file")
+        tls = None if ssl_cert_file is None else (ssl_cert_file, ssl_key_file)
         overrides = {**overrides_of(override_kv),
                      **rope_overrides(rope_scaling, rope_scale, rope_freq_base, rope_freq_scale, yarn_orig_ctx)}
 
@@ -132,7 +139,7 @@ def serve(
             try:
                 server = make_server(m, host, port, name=registry_name(model), parallel=parallel,
                                      load=load if switching else None, slot_save_path=slot_save_path,
-                                     metrics=metrics, keep_alive=idle_s, api_keys=api_keys)
+                                     metrics=metrics, keep_alive=idle_s, api_keys=api_keys, tls=tls)
             except OSError as e:
                 raise InvalidArgumentError(f"cannot listen on {host}:{port}: {e.strerror}") from None
             with server, contextlib.closing(server.host):   # the model loaded last, which may not be m

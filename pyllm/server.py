@@ -7,7 +7,8 @@
     GET  /health                {"status": "ok"}
 
 With API keys (--api-key), every endpoint but /health, /v1/models and /api/tags
-asks for one (Authorization: Bearer KEY, or X-Api-Key: KEY): 401 without it.
+asks for one (Authorization: Bearer KEY, or X-Api-Key: KEY): 401 without it. With a
+certificate and key (--ssl-cert-file, --ssl-key-file) it speaks HTTPS.
 
 llama-server's own:
 
@@ -60,6 +61,7 @@ import math
 import os
 import logging
 import queue
+import ssl
 import threading
 import time
 import traceback
@@ -104,8 +106,19 @@ class Server(ThreadingHTTPServer):
 
     def __init__(self, model, address: tuple[str, int], name: Optional[str] = None, parallel: Optional[int] = 1,
                  load: Optional[Callable[[Path], Any]] = None, slot_save_path: Optional[str | os.PathLike] = None,
-                 metrics: bool = False, keep_alive: Optional[float] = None, api_keys: Iterable[str] = ()):
+                 metrics: bool = False, keep_alive: Optional[float] = None, api_keys: Iterable[str] = (),
+                 tls: Optional[tuple[str, str]] = None):
         super().__init__(address, Handler)
+        self.tls = tls is not None
+        if tls is not None:   # the handshake waits for the request's thread (Handler.setup), not accept()
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            try:
+                ctx.load_cert_chain(certfile=tls[0], keyfile=tls[1])
+            except (OSError, ssl.SSLError) as e:
+                self.server_close()
+                raise InvalidArgumentError(f"cannot use the TLS certificate {tls[0]} and key {tls[1]}: "
+                                           f"{getattr(e, 'strerror', None) or e}") from None
+            self.socket = ctx.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
         self.metrics = metrics
         self.api_keys = [k.encode() for k in api_keys]
         # adapter path -> its scale for requests that name none (--lora-scaled's, then POST /lora-adapters')
@@ -131,13 +144,14 @@ class Server(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{port}"
 
 
 def make_server(model, host: str = "127.0.0.1", port: int = 8080, name: Optional[str] = None,
                 parallel: Optional[int] = 1, load: Optional[Callable[[Path], Any]] = None,
                 slot_save_path: Optional[str | os.PathLike] = None, metrics: bool = False,
-                keep_alive: Optional[float] = None, api_keys: Iterable[str] = ()) -> Server:
+                keep_alive: Optional[float] = None, api_keys: Iterable[str] = (),
+                tls: Optional[tuple[str, str]] = None) -> Server:
     """A server for `model` (a pyllm.Model) bound to host:port (0: any free port; see .url),
     running up to `parallel` requests at once (their decode steps batched; None: as many as
     suits the model). With load(path) -> Model, a request may name any model on disk and the
@@ -146,8 +160,9 @@ def make_server(model, host: str = "127.0.0.1", port: int = 8080, name: Optional
     serve GET /metrics. keep_alive: idle seconds before a model unloads (pyllm.model_host;
     None: 5 minutes with a loader, for ever without). api_keys: when given, every endpoint but
     PUBLIC_PATHS needs one of them, as `Authorization: Bearer KEY` or `X-Api-Key: KEY`
-    (llama-server's --api-key)."""
-    return Server(model, (host, port), name, parallel, load, slot_save_path, metrics, keep_alive, api_keys)
+    (llama-server's --api-key). tls: (certificate file, key file), PEM: the server speaks HTTPS.
+    """
+    return Server(model, (host, port), name, parallel, load, slot_save_path, metrics, keep_alive, api_keys, tls)
 
 
 # -- requests -> Model calls ----------------------------------------------------------------------
@@ -237,6 +252,25 @@ def one_choice(body: dict) -> None:
 class Handler(BaseHTTPRequestHandler):
     server: Server
     protocol_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        self.tls_failed = False
+        if isinstance(self.request, ssl.SSLSocket):   # TLS: the handshake, in this request's thread
+            try:
+                self.request.settimeout(30)
+                self.request.do_handshake()
+                self.request.settimeout(None)
+            except (ssl.SSLError, OSError):   # a client that does not speak TLS, or went away
+                self.tls_failed = True
+        super().setup()
+
+    def handle(self) -> None:
+        if self.tls_failed:
+            return
+        try:
+            super().handle()
+        except (ssl.SSLError, ConnectionError, TimeoutError):
+            pass   # the client went away
 
     def log_message(self, fmt: str, *args) -> None:   # one line per request, through pyllm's logger
         log.debug("%s %s", self.address_string(), fmt % args)

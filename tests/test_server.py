@@ -659,3 +659,34 @@ def test_api_keys(smollm2_path, tmp_path):
     keys.write_text("\n")
     with pytest.raises(InvalidArgumentError, match="holds no key"):
         api_keys_of(None, str(keys))
+
+
+def test_https(smollm2_path):
+    """--ssl-cert-file/--ssl-key-file: the server speaks HTTPS (tests/data's self-signed certificate,
+    for localhost and 127.0.0.1, made for this test only); a client speaking plain HTTP gets
+    nothing and the server goes on; a bad certificate or half the pair is one clear error."""
+    import ssl
+    from pathlib import Path
+    from pyllm.errors import InvalidArgumentError
+    data = Path(__file__).parent / "data"
+    cert, key = str(data / "tls-test-cert.pem"), str(data / "tls-test-key.pem")
+    trust = ssl.create_default_context(cafile=cert)
+
+    def post(url, path, body, context):
+        req = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers={"X-Api-Key": "k"})
+        with urllib.request.urlopen(req, timeout=60, context=context) as r:
+            return r.status, json.loads(r.read())
+    with Model(smollm2_path, n_threads=2, n_ctx=256) as m, served(m, tls=(cert, key), api_keys=["k"]) as s:
+        assert s.url.startswith("https://127.0.0.1:")
+        with pytest.raises((urllib.error.URLError, ConnectionError)):   # plain HTTP to the TLS port
+            urllib.request.urlopen(s.url.replace("https", "http") + "/health", timeout=10)
+        status, body = post(s.url, "/v1/completions", {"prompt": "Hi", "max_tokens": 2, "temperature": 0}, trust)
+        assert status == 200 and body["usage"]["completion_tokens"] == 2
+        with pytest.raises(urllib.error.URLError):   # a client that does not trust the certificate
+            post(s.url, "/tokenize", {"content": "Hi"}, ssl.create_default_context())
+        assert post(s.url, "/tokenize", {"content": "Hi"}, trust)[0] == 200
+        with pytest.raises(InvalidArgumentError, match="cannot use the TLS certificate"):
+            make_server(m, "127.0.0.1", 0, tls=(key, key))
+    r = subprocess.run([sys.executable, "-m", "pyllm.cli.main", "serve", "-m", smollm2_path, "--ssl-key-file", key],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "both --ssl-key-file and --ssl-cert-file" in r.stderr
