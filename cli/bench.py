@@ -13,6 +13,7 @@ from rich.table import Table
 from pyllm.errors import InvalidArgumentError
 
 from .common import handle_errors, model_path
+from .options import MlockOpt, NoMmapOpt
 from .options import CacheTypeK, CacheTypeV, LoraOpt, LoraScaledOpt, lora_specs
 
 
@@ -29,6 +30,8 @@ def _ints(text: str, flag: str) -> list[int]:
 
 def bench(
     model: Optional[str] = typer.Option(None, "-m", "--model", help="registry name or .gguf path"),
+    no_mmap: NoMmapOpt = False,
+    mlock: MlockOpt = False,
     n_prompt: str = typer.Option("512", "-p", "--n-prompt", help="prompt lengths to prefill (list: 128,512)"),
     n_gen: str = typer.Option("128", "-n", "--n-gen", help="tokens to decode (list allowed)"),
     threads: str = typer.Option("", "-t", "--threads", help="thread counts (list: 1,2); default physical cores"),
@@ -61,6 +64,7 @@ def bench(
         rows, extra = [], {}
         for nt in thread_list:
             with Model(path, n_ctx=n_ctx, n_threads=nt, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
+                       use_mmap=not no_mmap, use_mlock=mlock,
                        lora=lora_specs(lora, lora_scaled)) as m:
                 info = {"model": m.path.name, "size_mb": round(m.file.weight_bytes / 1e6, 1),
                         "params_m": round(m.file.n_params / 1e6, 1), "types": m.file.type_histogram(),

@@ -21,6 +21,7 @@ from pyllm.errors import InvalidArgumentError, PyllmError
 from pyllm.reasoning import ANSWER, THINKING
 
 from .common import err, handle_errors, model_path
+from .options import MlockOpt, NoMmapOpt
 from .options import OverrideKvOpt, overrides_of
 from .options import (RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt,
                       rope_overrides)
@@ -261,6 +262,8 @@ class ChatRepl:
 
 def chat(
     model: ModelOpt = None,
+    no_mmap: NoMmapOpt = False,
+    mlock: MlockOpt = False,
     override_kv: OverrideKvOpt = [],
     rope_scaling: RopeScalingOpt = None,
     rope_scale: RopeScaleOpt = None,
@@ -339,6 +342,7 @@ def chat(
 
         path = model_path(model)
         with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template,
+                   use_mmap=not no_mmap, use_mlock=mlock,
                    override_kv={**overrides_of(override_kv), **rope_overrides(
                        rope_scaling, rope_scale, rope_freq_base, rope_freq_scale, yarn_orig_ctx)},
                    n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,

@@ -17,6 +17,7 @@ import typer
 from pyllm.errors import InvalidArgumentError
 
 from .common import err, handle_errors, model_path, read_input
+from .options import MlockOpt, NoMmapOpt
 from .options import OverrideKvOpt, overrides_of
 from .options import CtxSize, ModelOpt, NGpuLayers, Threads
 
@@ -48,6 +49,8 @@ def embed(
                                                          show_default=False)] = None,
     file: Annotated[Optional[str], typer.Option("-f", "--file", help="embed each line of this file")] = None,
     model: ModelOpt = None,
+    no_mmap: NoMmapOpt = False,
+    mlock: MlockOpt = False,
     override_kv: OverrideKvOpt = [],
     pooling: Annotated[Optional[str], typer.Option(
         "--pooling", help="how a text's token rows become one vector: mean, cls, last, or none (one vector per "
@@ -70,6 +73,7 @@ def embed(
         path = model_path(model)
         t0 = time.perf_counter()
         with Model(path, n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers, embedding=True,
+                   use_mmap=not no_mmap, use_mlock=mlock,
                    override_kv=overrides_of(override_kv)) as m:
             load_s = time.perf_counter() - t0
             if pooling is None and m.pooling == "none":

@@ -69,6 +69,10 @@ def lora_specs(lora: list[str], lora_scaled: list[str]) -> list[tuple[str, float
     return [(path, 1.0) for path in _items(lora)] + [parse_scaled(spec) for spec in _items(lora_scaled)]
 
 
+NoMmapOpt = Annotated[bool, typer.Option("--no-mmap", help="read the model into memory instead of mapping "
+                                         "the file (llama.cpp's)")]
+MlockOpt = Annotated[bool, typer.Option("--mlock", help="keep the model in RAM, never paged out (needs the "
+                                        "memory-lock limit, ulimit -l)")]
 OverrideKvOpt = Annotated[list[str], typer.Option(
     "--override-kv", help="KEY=TYPE:VALUE (TYPE int, float, bool or str): use this instead of the file's metadata, "
     "e.g. tokenizer.ggml.add_bos_token=bool:false; repeatable")]

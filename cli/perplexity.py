@@ -19,6 +19,7 @@ import typer
 from pyllm.errors import InvalidArgumentError
 
 from .common import err, handle_errors, model_path, read_input
+from .options import MlockOpt, NoMmapOpt
 from .options import OverrideKvOpt, overrides_of
 from .options import (RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt,
                       rope_overrides)
@@ -30,6 +31,8 @@ def perplexity(
     file: Annotated[Optional[str], typer.Option("-f", "--file", help="the text to score (else stdin), e.g. "
                                                 "wikitext-2's wiki.test.raw")] = None,
     model: ModelOpt = None,
+    no_mmap: NoMmapOpt = False,
+    mlock: MlockOpt = False,
     override_kv: OverrideKvOpt = [],
     rope_scaling: RopeScalingOpt = None,
     rope_scale: RopeScaleOpt = None,
@@ -60,6 +63,7 @@ def perplexity(
 
         path = model_path(model)
         with Model(path, n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
+                   use_mmap=not no_mmap, use_mlock=mlock,
                    override_kv={**overrides_of(override_kv), **rope_overrides(
                        rope_scaling, rope_scale, rope_freq_base, rope_freq_scale, yarn_orig_ctx)},
                    cache_type_v=cache_type_v, lora=lora_specs(lora, lora_scaled),

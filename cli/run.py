@@ -16,6 +16,7 @@ import typer
 from pyllm.errors import InvalidArgumentError, PyllmError
 
 from .common import err, handle_errors, model_path, process_escapes, read_input
+from .options import MlockOpt, NoMmapOpt
 from .options import OverrideKvOpt, overrides_of
 from .options import (RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt,
                       rope_overrides)
@@ -48,6 +49,8 @@ def run(
                                          "--system, --suffix and --stop as the characters they stand for "
                                          "(llama.cpp's default; not in a file or stdin)")] = True,
     model: ModelOpt = None,
+    no_mmap: NoMmapOpt = False,
+    mlock: MlockOpt = False,
     override_kv: OverrideKvOpt = [],
     rope_scaling: RopeScalingOpt = None,
     rope_scale: RopeScaleOpt = None,
@@ -149,6 +152,7 @@ def run(
 
         path = model_path(model)
         with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template,
+                   use_mmap=not no_mmap, use_mlock=mlock,
                    override_kv={**overrides_of(override_kv), **rope_overrides(
                        rope_scaling, rope_scale, rope_freq_base, rope_freq_scale, yarn_orig_ctx)},
                    n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,

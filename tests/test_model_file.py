@@ -256,3 +256,39 @@ def test_broken_files_run_or_fail_with_one_error(tmp_path):
     assert len(outcomes) == len(paths)
     assert outcomes[0] == "ok"  # the unmutated llama model runs
     assert 0.2 < outcomes.count("ok") / len(paths) < 0.8  # the mutants reach past the parser
+
+
+def test_no_mmap_and_mlock(smollm2_path, tmp_path):
+    """use_mmap=False (--no-mmap) reads the file into memory: the same logits, read-only tensor
+    views, shards too; use_mlock (--mlock) locks it where the memory-lock limit allows (root, or
+    a limit above the file's size), else says why and runs unlocked."""
+    import logging
+    import os
+    import resource
+    from pyllm import Model
+    from pyllm.gguf_split import split_model
+    ids = [1, 504, 3458, 314, 253, 1345]
+    with Model(smollm2_path, n_ctx=64, n_threads=2) as mapped, \
+            Model(smollm2_path, n_ctx=64, n_threads=2, use_mmap=False) as read:
+        assert isinstance(read.file._mmap, bytearray)
+        assert np.array_equal(mapped.logits(ids), read.logits(ids))
+        t = read.file.tensor("output_norm.weight")
+        with pytest.raises(ValueError):
+            t.data[0] = 1
+    first = split_model(smollm2_path, str(tmp_path / "s"), max_tensors=100)[0]
+    with ModelFile(first, use_mmap=False) as mf:
+        assert len(mf.shards) > 1 and all(isinstance(p._mmap, bytearray) for p in mf._parts)
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    size = os.path.getsize(smollm2_path)
+    allowed = os.geteuid() == 0 or soft == resource.RLIM_INFINITY or soft >= size
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("pyllm").addHandler(handler)
+    try:
+        with Model(smollm2_path, n_ctx=64, n_threads=2, use_mlock=True) as m:
+            assert m.locked == allowed
+            assert m.logits(ids).shape == (len(ids), m.n_vocab)
+    finally:
+        logging.getLogger("pyllm").removeHandler(handler)
+    assert allowed or any("ulimit -l" in r.getMessage() for r in records)
