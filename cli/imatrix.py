@@ -17,13 +17,6 @@ from .common import err, handle_errors, model_path, read_input
 from .options import ModelOpt, Threads
 
 
-def model_arch(imatrix_path: str) -> str:
-    """The architecture an imatrix file names (the GGUF general.architecture it was saved with)."""
-    from pyllm.model_file import ModelFile
-    with ModelFile(imatrix_path) as mf:
-        return str(mf.get("general.architecture", "llama"))
-
-
 def imatrix(
     file: Annotated[Optional[str], typer.Option("-f", "--file", help="the calibration text (else stdin): text "
                                                 "like what the model will read")] = None,
@@ -57,7 +50,7 @@ def imatrix(
         text = read_input(file, "file", "no text: give -f FILE or pipe the text in") \
             if file is not None or piped or combined is None else ""
         if combined is not None and not text.strip():   # nothing to compute: the files combined
-            combined.save(output, model_arch(in_file[0]))
+            combined.save(output, combined.architecture or "llama")
             err.print(f"{output}: {len(combined.sums)} matrices, {combined.chunks} chunks, from {len(in_file)} "
                       f"files", highlight=False, soft_wrap=True)
             return

@@ -19,19 +19,18 @@ from typing import Callable, Iterable, Optional
 
 import numpy as np
 from gguf.constants import GGMLQuantizationType as T
-from gguf.quants import dequantize
 
 from .errors import InvalidArgumentError
 from .lora import TOKEN_EMBD, open_adapters
 from .model_file import DEFAULT_ALIGNMENT, ModelFile, Tensor, write_gguf
-from .quantize import _quantizer, tensor_bytes
+from .quantize import float_rows, quantizer, tensor_bytes
 
 OUTPUT = "output.weight"
 
 
 def _floats(t: Tensor) -> np.ndarray:
-    """A 2-D tensor as float32 [rows, row length]."""
-    return dequantize(t.data, T(t.type)).astype(np.float32).reshape(t.rows, t.shape[0])
+    """A 2-D tensor as float32 [rows, row length] (possibly a read-only view of the file)."""
+    return float_rows(t, slice(0, t.rows))
 
 
 def export_lora(model: str | os.PathLike, adapters: Iterable, out: str | os.PathLike,
@@ -66,10 +65,10 @@ def export_lora(model: str | os.PathLike, adapters: Iterable, out: str | os.Path
                     w = _floats(t)
                     for s, p in pairs[name]:
                         if name == TOKEN_EMBD:   # A: a row of r per token, B: n_embd rows of r
-                            w += s * (_floats(p.a) @ _floats(p.b).T)
+                            w = w + s * (_floats(p.a) @ _floats(p.b).T)
                         else:                    # B: n_out rows of r, A: r rows of n_in
-                            w += s * (_floats(p.b) @ _floats(p.a))
-                    f.write(np.ascontiguousarray(_quantizer(T(types[name]))(w)).tobytes())
+                            w = w + s * (_floats(p.b) @ _floats(p.a))
+                    f.write(np.ascontiguousarray(quantizer(T(types[name]))(w)).tobytes())
                 if progress is not None:
                     progress(name, i + 1, len(tensors))
 

@@ -45,6 +45,7 @@ class Imatrix:
     datasets: list[str] = field(default_factory=list)
     chunks: int = 0
     chunk_size: int = 0
+    architecture: str = ""   # the model family a loaded file names
 
     def mean_squares(self) -> dict[str, np.ndarray]:
         """weight name -> the mean of x_i^2 per column (per expert: [n_experts, n_in]), llama-quantize's
@@ -65,7 +66,8 @@ class Imatrix:
                                        f"{other.chunk_size} tokens cannot be combined: make them with one -c")
         out = Imatrix({k: v.copy() for k, v in self.sums.items()}, dict(self.counts),
                       self.datasets + [d for d in other.datasets if d not in self.datasets],
-                      self.chunks + other.chunks, self.chunk_size or other.chunk_size)
+                      self.chunks + other.chunks, self.chunk_size or other.chunk_size,
+                      self.architecture or other.architecture)
         for name, s in other.sums.items():
             if name not in out.sums:
                 out.sums[name], out.counts[name] = s.copy(), other.counts.get(name, 0)
@@ -108,7 +110,8 @@ class Imatrix:
             if mf.get("general.type") != "imatrix":
                 raise ModelFileError(f"{path} is not an importance matrix (general.type {mf.get('general.type')!r})")
             out = cls(datasets=[str(d) for d in mf.get("imatrix.datasets", [])],
-                      chunks=int(mf.get("imatrix.chunk_count", 0)), chunk_size=int(mf.get("imatrix.chunk_size", 0)))
+                      chunks=int(mf.get("imatrix.chunk_count", 0)), chunk_size=int(mf.get("imatrix.chunk_size", 0)),
+                      architecture=str(mf.get("general.architecture", "")))
             for tname, t in mf.tensors.items():
                 if not tname.endswith(SUMS):
                     continue

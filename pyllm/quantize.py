@@ -220,7 +220,7 @@ def _fit(new: T, row: int) -> T:
 
 # -- converting one tensor ------------------------------------------------------------------
 
-def _as_float32(t, rows: slice) -> np.ndarray:
+def float_rows(t, rows: slice) -> np.ndarray:
     """Rows of tensor `t` as float32 [rows, row length]."""
     source, row = T(t.type), t.shape[0]
     raw = t.data.reshape(t.rows, t.row_bytes)[rows]
@@ -234,7 +234,7 @@ def _as_float32(t, rows: slice) -> np.ndarray:
     return dequantize(np.ascontiguousarray(raw), source).reshape(-1, row).astype(np.float32)
 
 
-def _quantizer(new: T, importance: Optional[np.ndarray] = None) -> Callable[[np.ndarray], np.ndarray]:
+def quantizer(new: T, importance: Optional[np.ndarray] = None) -> Callable[[np.ndarray], np.ndarray]:
     """rows of float32 -> their bytes in type `new`; importance: the columns' (the weighted quantizers
     of the K and legacy types take it, others ignore it, as llama.cpp's Q8_0 does)."""
     if importance is not None and new in LEGACY_WEIGHTED:
@@ -277,9 +277,9 @@ def write_tensor(f, t, new: T, importance: Optional[np.ndarray] = None) -> None:
     group = t.rows if importance is None or importance.ndim == 1 else t.rows // importance.shape[0]
     step = max(1, min(group, CHUNK_ELEMENTS // t.shape[0]))
     for g0 in range(0, t.rows, group):
-        convert = _quantizer(new, None if importance is None else importance.reshape(-1, t.shape[0])[g0 // group])
+        convert = quantizer(new, None if importance is None else importance.reshape(-1, t.shape[0])[g0 // group])
         for start in range(g0, g0 + group, step):
-            x = _as_float32(t, slice(start, min(start + step, g0 + group)))
+            x = float_rows(t, slice(start, min(start + step, g0 + group)))
             if not np.isfinite(x).all():
                 raise ModelFileError(f"{t.name} holds NaN or infinite values; the file is corrupt")
             f.write(np.ascontiguousarray(convert(x)).tobytes())

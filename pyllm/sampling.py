@@ -482,12 +482,17 @@ class Sampler:
             raise InvalidArgumentError(f"logits must be one non-empty row, not shape {x.shape}")
         x = apply_logit_bias(x, p.logit_bias)
         for step in p.samplers if p.samplers is not None else DEFAULT_CHAIN:
-            if step == "penalties":
-                x = apply_penalties(x, history, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty,
-                                    p.presence_penalty)
-            elif step == "dry":
-                x = apply_dry(x, history, self.dry, self.dry_breakers)
+            if step in ("penalties", "dry"):
+                x = self._penalize(step, x, history)
         return x
+
+    def _penalize(self, step: str, x: np.ndarray, history: Sequence[int]) -> np.ndarray:
+        """The "penalties" or "dry" step on a whole-vocabulary row of logits."""
+        p = self.p
+        if step == "penalties":
+            return apply_penalties(x, history, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty,
+                                   p.presence_penalty)
+        return apply_dry(x, history, self.dry, self.dry_breakers)
 
     def _greedy(self) -> bool:
         """Temperature 0 in the chain: the best adjusted logit, whatever the other steps."""
@@ -538,9 +543,7 @@ class Sampler:
                 full = c.logits if c.ids is None else np.full(len(logits), -np.inf, np.float32)
                 if c.ids is not None:
                     full[c.ids] = c.logits
-                full = (apply_penalties(full, history, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty,
-                                        p.presence_penalty) if step == "penalties"
-                        else apply_dry(full, history, self.dry, self.dry_breakers))
+                full = self._penalize(step, full, history)
                 c = Candidates(c.ids, full if c.ids is None else full[c.ids])
             elif step == "top_n_sigma":
                 c = top_n_sigma(c, p.top_n_sigma)
