@@ -6,6 +6,11 @@ ones and between quantizations of one model.
 stdout: the running estimate after each chunk ([1]12.3456,[2]...), then
 "Final estimate: PPL = ... +/- ..."; with --json one object instead.
 stderr: what is being measured and how fast it went.
+
+KL divergence, as llama-perplexity: `--kl-divergence-base FILE -f TEXT` with the
+base model saves its log-probabilities; `--kl-divergence-base FILE
+--kl-divergence` with another model (a quantization of it) compares on the
+saved tokens and prints llama-perplexity's table and statistics.
 """
 from __future__ import annotations
 
@@ -39,11 +44,18 @@ def perplexity(
     rope_freq_base: RopeFreqBaseOpt = None,
     rope_freq_scale: RopeFreqScaleOpt = None,
     yarn_orig_ctx: YarnOrigCtxOpt = None,
-    ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", help="tokens per chunk (the context each chunk "
-                                          "runs in); llama-perplexity's default")] = 512,
+    ctx_size: Annotated[Optional[int], typer.Option("-c", "--ctx-size", help="tokens per chunk (the context each "
+                                                    "chunk runs in; default 512, llama-perplexity's; with "
+                                                    "--kl-divergence the base file's)")] = None,
     chunks: Annotated[int, typer.Option("--chunks", help="score at most this many chunks (-1 = all)")] = -1,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object: ppl, error, tokens, chunks, the "
                                           "running estimates, timing")] = False,
+    kl_divergence_base: Annotated[Optional[str], typer.Option(
+        "--kl-divergence-base", help="FILE: save every scored token's log-probabilities there (llama-perplexity's "
+        "file; large: 2 bytes x vocabulary per token), or with --kl-divergence read them")] = None,
+    kl_divergence: Annotated[bool, typer.Option("--kl-divergence", help="compare this model with the base "
+                                                "model saved in --kl-divergence-base (KL divergence, change in "
+                                                "p of each token, same top token)")] = False,
     threads: Threads = None,
     n_gpu_layers: NGpuLayers = "auto",
     cache_type_k: CacheTypeK = "f16",
@@ -58,10 +70,26 @@ def perplexity(
     with handle_errors():
         if chunks == 0 or chunks < -1:
             raise InvalidArgumentError(f"--chunks must be at least 1 (or -1 for all), not {chunks}")
-        text = read_input(file, "file", "no text: give -f FILE or pipe the text in")
+        if kl_divergence and not kl_divergence_base:
+            raise InvalidArgumentError("--kl-divergence needs --kl-divergence-base FILE: the log-probabilities a "
+                                       "run of the base model with -f TEXT --kl-divergence-base FILE saved")
+        base = None
+        if kl_divergence:
+            from pyllm.perplexity import BaseLogProbs
+            base = BaseLogProbs(kl_divergence_base)
+            if file is not None:
+                err.print(f"--kl-divergence: the tokens come from {kl_divergence_base}; -f {file} is not read")
+            if ctx_size is not None and ctx_size != base.n_ctx:
+                err.print(f"--kl-divergence: chunks of {base.n_ctx} tokens, as {kl_divergence_base} was made "
+                          f"(-c {ctx_size} ignored)")
+            ctx_size = base.n_ctx
+        else:
+            text = read_input(file, "file", "no text: give -f FILE or pipe the text in")
+            ctx_size = 512 if ctx_size is None else ctx_size
         from pyllm import Model
 
         path = model_path(model)
+        max_chunks = None if chunks < 0 else chunks
         with Model(path, n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
                    use_mmap=not no_mmap, use_mlock=mlock,
                    override_kv={**overrides_of(override_kv), **rope_overrides(
@@ -69,18 +97,26 @@ def perplexity(
                    cache_type_v=cache_type_v, lora=lora_specs(lora, lora_scaled),
                    **control_kwargs(control_vector, control_vector_scaled, control_vector_layer_range)) as m:
             m.require_generation()
+            if base is not None:
+                compare(m, base, max_chunks, as_json)
+                return
             ids = m.tokenize(text)
-            max_chunks = None if chunks < 0 else chunks
             n_chunks = len(ids) // ctx_size if max_chunks is None else min(max_chunks, len(ids) // ctx_size)
             err.print(f"perplexity: {len(ids)} tokens, {n_chunks} chunks of {ctx_size}, the second half of each "
                       f"scored", soft_wrap=True)
+            if kl_divergence_base:
+                from pyllm.perplexity import record_width
+                size = 20 + 4 * n_chunks * ctx_size + 2 * n_chunks * (ctx_size - 1 - ctx_size // 2) * record_width(
+                    m.backend.n_vocab)
+                err.print(f"saving log-probabilities to {kl_divergence_base} ({size / 2 ** 20:.0f} MiB)")
             t0 = time.perf_counter()
 
             def progress(i: int, n: int, running: float) -> None:
                 if not as_json:
                     sys.stdout.write(f"[{i + 1}]{running:.4f},")
                     sys.stdout.flush()
-            result = m.perplexity(ids, max_chunks=max_chunks, on_chunk=progress)
+            result = m.perplexity(ids, max_chunks=max_chunks, on_chunk=progress,
+                                  kl_divergence_base=kl_divergence_base)
             seconds = time.perf_counter() - t0
             if as_json:
                 sys.stdout.write(json.dumps({"model": str(m.path), **result.as_dict(), "seconds": seconds}) + "\n")
@@ -88,3 +124,58 @@ def perplexity(
                 sys.stdout.write(f"\nFinal estimate: PPL = {result.ppl:.4f} +/- {result.error:.5f}\n")
             err.print(f"{result.chunks * ctx_size} tokens in {seconds:.1f} s "
                       f"({result.chunks * ctx_size / seconds:.1f} tokens/s)")
+
+
+def compare(m, base, max_chunks: Optional[int], as_json: bool) -> None:
+    """--kl-divergence: llama-perplexity's per-chunk table (running values) and its
+    final statistics, or one JSON object."""
+    n_chunks = base.n_chunks if max_chunks is None else min(max_chunks, base.n_chunks)
+    err.print(f"kl-divergence: {n_chunks} chunks of {base.n_ctx} tokens from {base.path}, the second half of "
+              f"each compared", soft_wrap=True)
+    t0 = time.perf_counter()
+    if not as_json:
+        sys.stdout.write("chunk             PPL               ln(PPL(Q)/PPL(base))          KL Divergence"
+                         "              Δp RMS            Same top p\n")
+
+    def row(i: int, n: int, so_far) -> None:
+        if as_json:
+            return
+        s = so_far.statistics()
+        (ppl, ppl_err), (ln, ln_err), (kld, kld_err) = s["ppl"], s["ln_ppl_ratio"], s["kld"]
+        (rms, rms_err), (top, top_err) = s["rms_p_diff"], s["same_top"]
+        sys.stdout.write(f"{i + 1:4d}    {ppl:9.4f} ± {ppl_err:9.4f}    {ln:10.5f} ± {ln_err:10.5f}    "
+                         f"{kld:10.5f} ± {kld_err:10.5f}    {100 * rms:6.3f} ± {100 * rms_err:6.3f} %    "
+                         f"{100 * top:6.3f} ± {100 * top_err:6.3f} %\n")
+        sys.stdout.flush()
+    result = m.kl_divergence(base.path, max_chunks=max_chunks, on_chunk=row)
+    seconds = time.perf_counter() - t0
+    s = result.statistics()
+    if as_json:
+        sys.stdout.write(json.dumps({"model": str(m.path), "base": str(base.path), **s, "seconds": seconds}) + "\n")
+    else:
+        sys.stdout.write(statistics_text(s))
+    err.print(f"{result.chunks * base.n_ctx} tokens in {seconds:.1f} s "
+              f"({result.chunks * base.n_ctx / seconds:.1f} tokens/s)")
+
+
+def statistics_text(s: dict) -> str:
+    """llama-perplexity --kl-divergence's closing statistics."""
+    def pm(key: str, fmt: str = "10.6f", scale: float = 1.0) -> str:
+        value, error = s[key]
+        return f"{scale * value:{fmt}} ± {scale * error:{fmt}}"
+    lines = ["", "====== Perplexity statistics ======",
+             f"Mean PPL(Q)                   : {pm('ppl')}",
+             f"Mean PPL(base)                : {pm('ppl_base')}",
+             f"Cor(ln(PPL(Q)), ln(PPL(base))): {100 * s['cor_ln_ppl']:6.2f}%",
+             f"Mean ln(PPL(Q)/PPL(base))     : {pm('ln_ppl_ratio')}",
+             f"Mean PPL(Q)/PPL(base)         : {pm('ppl_ratio')}",
+             f"Mean PPL(Q)-PPL(base)         : {pm('ppl_diff')}",
+             "", "====== KL divergence statistics ======",
+             f"Mean    KLD: {pm('kld')}"]
+    lines += [f"{name:7} KLD: {value:10.6f}" for name, value in s["kld_percentiles"].items()]
+    lines += ["", "====== Token probability statistics ======",
+              f"Mean    Δp: {pm('p_diff', '6.3f', 100)} %"]
+    lines += [f"{name:7} Δp: {100 * value:6.3f}%" for name, value in s["p_diff_percentiles"].items()]
+    lines += [f"RMS Δp    : {pm('rms_p_diff', '6.3f', 100)} %",
+              f"Same top p: {pm('same_top', '6.3f', 100)} %", ""]
+    return "\n".join(lines)

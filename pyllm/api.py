@@ -33,7 +33,7 @@ from .graph import Graph
 from .infill import server_prompt
 from .lora import LoraAdapter, check_applied, graph_pairs, open_adapters
 from .model_file import ModelFile
-from .perplexity import Perplexity, perplexity
+from .perplexity import BaseLogProbs, KlDivergence, LogProbsWriter, Perplexity, kl_divergence, perplexity
 from .reasoning import prompt_opens_thinking, split_pieces, split_reasoning
 from .sampling import Sampler, SamplingParams
 from .slots import Slot, Slots
@@ -307,20 +307,53 @@ class Model:
         return self.engine.prompt_logprobs(ids, check_top_logprobs(top))
 
     def perplexity(self, text: str | Seq[int], n_ctx: Optional[int] = None, max_chunks: Optional[int] = None,
-                   on_chunk=None) -> Perplexity:
+                   on_chunk=None, kl_divergence_base: Optional[str | os.PathLike] = None) -> Perplexity:
         """The perplexity of a text (or token ids) as llama.cpp's llama-perplexity
         measures it: chunks of n_ctx tokens (default: this model's context), each
         from an empty context starting with BOS, their second halves scored (see
         pyllm.perplexity). max_chunks: score at most this many chunks;
-        on_chunk(i, n_chunks, running ppl) after each."""
+        on_chunk(i, n_chunks, running ppl) after each. kl_divergence_base: also
+        save every scored token's log-probabilities to this file, for
+        kl_divergence() of another model (llama-perplexity's file: either reads it)."""
         self.require_generation()
         ids = self.tokenize(text) if isinstance(text, str) else self._check_ids(text)
-        n_ctx = self.n_ctx if n_ctx is None else int(n_ctx)
+        n_ctx = self._chunk_fits(self.n_ctx if n_ctx is None else int(n_ctx))
+        save = LogProbsWriter(kl_divergence_base, self.backend.n_vocab) if kl_divergence_base is not None else None
+        try:
+            result = perplexity(self.engine._fresh_logits, ids, n_ctx, self._chunk_bos(), max_chunks, on_chunk, save)
+        except BaseException:
+            if save is not None:
+                save.close(complete=False)
+            raise
+        if save is not None:
+            save.close(complete=True)
+        return result
+
+    def kl_divergence(self, base: str | os.PathLike, max_chunks: Optional[int] = None, on_chunk=None) -> KlDivergence:
+        """How far this model's next-token distributions are from a base model's, on
+        the tokens saved by the base's perplexity(kl_divergence_base=...) (or
+        llama-perplexity --kl-divergence-base): per token the KL divergence, the
+        change in the probability of the true token and whether the top choice is
+        the same; .statistics() summarizes them as llama-perplexity --kl-divergence.
+        max_chunks: compare at most this many chunks; on_chunk(i, n_chunks, so far)."""
+        self.require_generation()
+        saved = BaseLogProbs(base)
+        if saved.n_vocab != self.backend.n_vocab:
+            raise InvalidArgumentError(f"{base} holds log-probabilities of {saved.n_vocab} tokens, {self.path.name} "
+                                       f"has {self.backend.n_vocab}: compare models of one vocabulary")
+        self._chunk_fits(saved.n_ctx)
+        self._check_ids(saved.tokens.tolist())
+        return kl_divergence(self.engine._fresh_logits, saved, self._chunk_bos(), max_chunks, on_chunk)
+
+    def _chunk_fits(self, n_ctx: int) -> int:
         if n_ctx > self.n_ctx:
             raise InvalidArgumentError(f"a chunk of {n_ctx} tokens does not fit in the context of {self.n_ctx}: "
                                        f"load the model with n_ctx={n_ctx} (-c)")
-        bos = self.tokenizer.bos_id if self.tokenizer.add_bos else None
-        return perplexity(self.engine._fresh_logits, ids, n_ctx, bos, max_chunks, on_chunk)
+        return n_ctx
+
+    def _chunk_bos(self) -> Optional[int]:
+        """The token a perplexity chunk starts with, when the vocabulary adds one."""
+        return self.tokenizer.bos_id if self.tokenizer.add_bos else None
 
     # -- embeddings --------------------------------------------------------------
     def embed(self, text: str | Seq[str], pooling: Optional[str] = None, normalize: bool = True,
