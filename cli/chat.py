@@ -20,7 +20,7 @@ from rich.text import Text
 from pyllm.errors import InvalidArgumentError, PyllmError
 from pyllm.reasoning import ANSWER, THINKING
 
-from .common import err, handle_errors, model_path
+from .common import created_messages, err, handle_errors, model_path
 from .options import MlockOpt, NoMmapOpt
 from .options import OverrideKvOpt, overrides_of
 from .options import (RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt,
@@ -355,6 +355,7 @@ def chat(
             if note:
                 err.print(Text.assemble(("warning: ", "yellow"), note), soft_wrap=True)
             session = ChatSession(m, system=system, max_tokens=None if n_predict < 0 else n_predict, **sampling)
+            session.messages = created_messages()     # a created model's MESSAGE lines: the chat so far
             interactive = sys.stdin.isatty()
             if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 reach the tokenizer (-> U+FFFD)
                 sys.stdin.reconfigure(errors="surrogateescape")

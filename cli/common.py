@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import functools
+import inspect
 import logging
 import os
 import sys
-from typing import Iterator, Optional
+import typing
+from typing import Any, Callable, Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -75,14 +79,80 @@ def read_input(file: Optional[str], what: str, missing: str) -> str:
 
 
 def model_path(model: Optional[str], quiet: bool = False) -> str:
-    """A registry name or path -> a local file, pulling a registry model if missing."""
+    """A registry name, created model (pyllm create) or path -> a local file, pulling a
+    registry model if missing."""
     if model is None:
         model = registry.DEFAULT_MODEL
         if not quiet:
             err.print(f"using the default model, {model} (choose another with -m)")
+    created = created_model(model)
+    if created is not None:
+        model = created.source
     if model in registry.MODELS and not registry.local_path(model).is_file():
         pull(model, quiet)
     return str(registry.resolve(model))
+
+
+def created_model(model: Optional[str]):
+    """The created model (pyllm.modelfile) `model` names, with what it inherits; None
+    for a registry name, a file, or no such model."""
+    from pyllm import created
+    if model is None or model in registry.MODELS or not created.NAME.fullmatch(model):
+        return None
+    return created.resolved(model)
+
+
+# a created model's PARAMETER -> the option of run / chat / serve it is the default of
+CREATED_OPTIONS = {
+    "temperature": "temp", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "typical_p": "typical_p",
+    "repeat_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n", "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty", "seed": "seed", "num_predict": "n_predict", "num_ctx": "ctx_size",
+    "stop": "stop", "mirostat": "mirostat", "mirostat_eta": "mirostat_lr", "mirostat_tau": "mirostat_ent",
+    "num_thread": "threads", "num_gpu": "n_gpu_layers",
+}
+CREATED: contextvars.ContextVar = contextvars.ContextVar("created_model", default=None)
+
+
+def created_messages() -> list[dict[str, str]]:
+    """The conversation the running command's created model starts from (its MESSAGE lines)."""
+    model = CREATED.get()
+    return list(model.messages) if model is not None else []
+
+
+def with_created_defaults(command: Callable[..., None]) -> Callable[..., None]:
+    """The command, where -m names a created model, with that model's PARAMETERs,
+    SYSTEM, TEMPLATE and ADAPTERs as the defaults of the options not given on the
+    command line (its MESSAGEs through created_messages())."""
+    @functools.wraps(command)
+    def wrapper(ctx: typer.Context, **kwargs: Any) -> None:
+        with handle_errors():
+            created = created_model(kwargs.get("model"))
+        if created is not None:
+            def unset(option: str) -> bool:
+                source = ctx.get_parameter_source(option)
+                return option in kwargs and getattr(source, "name", "DEFAULT") in ("DEFAULT", "DEFAULT_MAP")
+            for key, value in created.parameters.items():
+                option = CREATED_OPTIONS[key]
+                if unset(option):
+                    kwargs[option] = str(value) if option == "n_gpu_layers" else value
+            if created.system is not None and unset("system") and kwargs.get("chat", True):
+                kwargs["system"] = created.system
+            if created.template is not None and unset("chat_template"):
+                kwargs["chat_template"] = created.template
+            if created.adapters and "lora" in kwargs:
+                kwargs["lora"] = created.adapters + list(kwargs["lora"])
+        token = CREATED.set(created)
+        try:
+            command(**kwargs)
+        finally:
+            CREATED.reset(token)
+
+    # typer reads the options from the signature: the command's, and the context
+    signature = inspect.signature(command, eval_str=True)
+    context = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
+    wrapper.__signature__ = signature.replace(parameters=[context, *signature.parameters.values()])
+    wrapper.__annotations__ = {"ctx": typer.Context, **typing.get_type_hints(command, include_extras=True)}
+    return wrapper
 
 
 def pull(name: str, quiet: bool = False) -> str:

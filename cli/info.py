@@ -21,6 +21,8 @@ def info(
     cache_type_k: CacheTypeK = "f16",
     cache_type_v: CacheTypeV = "f16",
     override_kv: OverrideKvOpt = [],
+    show_modelfile: bool = typer.Option(False, "--modelfile", help="a created model (pyllm create): print "
+                                        "the Modelfile it was made from"),
 ) -> None:
     """Show a model's architecture, parameters, tensor types, context, RoPE,
     vocabulary, chat template and the memory it needs."""
@@ -28,6 +30,14 @@ def info(
         from pyllm.errors import InvalidArgumentError
         from pyllm.info import model_info
 
+        if show_modelfile:
+            from .common import created_model
+            created = created_model(model)
+            if created is None:
+                raise InvalidArgumentError(f"{model or 'the default model'} is not a created model (pyllm create): "
+                                           f"it has no Modelfile")
+            sys.stdout.write(created.modelfile if created.modelfile.endswith("\n") else created.modelfile + "\n")
+            return
         if ctx_size is not None and ctx_size < 1:
             raise InvalidArgumentError(f"the context size must be positive, not {ctx_size}")
         from pyllm.api import kv_type

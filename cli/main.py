@@ -6,11 +6,11 @@ from typing import Annotated
 
 import typer
 
-from pyllm import registry
+from pyllm import created, registry
 
 from .bench import bench
 from .chat import chat
-from .common import handle_errors, pull
+from .common import handle_errors, pull, with_created_defaults
 from .embed import embed
 from .export_lora import export_lora
 from .info import info
@@ -43,6 +43,8 @@ def list_models() -> None:
         for path in sorted(folder.glob("*.gguf")) if folder.is_dir() else []:
             if path.name not in known:     # other files there: usable with -m PATH
                 print(f"{path}\t{path.stat().st_size / 1e6:.0f} MB\tlocal file")
+        for m in created.all_created():
+            print(f"{m.name}\tcreated\tFROM {m.source}")
         print(f"models folder: {folder}", file=sys.stderr)
 
 
@@ -55,17 +57,45 @@ def pull_model(name: str = typer.Argument(registry.DEFAULT_MODEL, help="registry
 
 @app.command("rm")
 def remove_models(names: Annotated[list[str], typer.Argument(
-        help="registry names, or the names of other .gguf files in the models folder (see `pyllm list`)")]) -> None:
-    """Delete downloaded models from the models folder."""
+        help="registry names, created models, or the names of other .gguf files in the models folder "
+             "(see `pyllm list`)")]) -> None:
+    """Delete downloaded models from the models folder (a created model: its definition only)."""
     with handle_errors():
         for name in names:
-            print(f"deleted {registry.remove(name)}", file=sys.stderr)
+            if name not in registry.MODELS and created.NAME.fullmatch(name) and created.remove(name):
+                print(f"deleted the created model {name}", file=sys.stderr)
+            else:
+                print(f"deleted {registry.remove(name)}", file=sys.stderr)
 
 
-app.command()(run)
-app.command()(chat)
+@app.command("create")
+def create_model(
+        name: Annotated[str, typer.Argument(help="the new model's name (e.g. mario, or mario:v2)")],
+        file: Annotated[str, typer.Option("-f", "--file", help="the Modelfile")] = "Modelfile") -> None:
+    """Create a named model from a Modelfile (ollama's): FROM a model, with PARAMETERs,
+    SYSTEM, MESSAGEs, ADAPTERs and a TEMPLATE that run, chat and serve use."""
+    with handle_errors():
+        from pathlib import Path
+
+        from pyllm.errors import InvalidArgumentError
+        path = Path(file)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as e:
+            raise InvalidArgumentError(f"cannot read the Modelfile {file}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise InvalidArgumentError(f"the Modelfile {file} is not UTF-8 text") from None
+        model = created.parse(text, name, path.resolve().parent, where=file)
+        replaced = created.created_path(name).is_file()
+        created.save(model)
+        created.resolved(name)                  # FROM a created model: no circle
+        print(f"{'replaced' if replaced else 'created'} {name} (FROM {model.source})", file=sys.stderr)
+
+
+app.command()(with_created_defaults(run))
+app.command()(with_created_defaults(chat))
 app.command()(embed)
-app.command()(serve)
+app.command()(with_created_defaults(serve))
 app.command("bench")(bench)
 app.command("info")(info)
 app.command("plan")(plan)

@@ -147,7 +147,7 @@ def control_kwargs(vectors: list[str], scaled: list[str], layer_range) -> dict[s
 
 
 TemplateOpt = Annotated[Optional[str], typer.Option(
-    "--chat-template", help="chat template: 'chatml', 'gemma', or a file holding a Jinja template "
+    "--chat-template", help="chat template: 'chatml', 'gemma', a Jinja template, or a file holding one "
     "(default: the model file's own, else a fallback for its architecture)")]
 Stop = Annotated[list[str], typer.Option("--stop", help="stop at this text (repeatable)")]
 Think = Annotated[Optional[bool], typer.Option(
@@ -267,9 +267,10 @@ def sampling_kwargs(temp: float, top_k: int, top_p: float, min_p: float, typical
 
 
 def template_arg(value: Optional[str]) -> Optional[str]:
-    """--chat-template: a built-in name, or the text of the file it names."""
+    """--chat-template: a built-in name, a Jinja template itself (as llama.cpp's flag
+    takes it), or the text of the file it names."""
     from pyllm.chat_template import BUILTIN
-    if value is None or value in BUILTIN:
+    if value is None or value in BUILTIN or "{%" in value or "{{" in value:
         return value
     try:
         with open(value, encoding="utf-8") as f:

@@ -15,7 +15,7 @@ import typer
 
 from pyllm.errors import InvalidArgumentError, PyllmError
 
-from .common import err, handle_errors, model_path, process_escapes, read_input
+from .common import created_messages, err, handle_errors, model_path, process_escapes, read_input
 from .options import MlockOpt, NoMmapOpt
 from .options import OverrideKvOpt, overrides_of
 from .options import (RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt,
@@ -176,7 +176,7 @@ def run(
                 note = thinking_note(m, think)
                 if note:
                     err.print(f"warning: {note}", style="yellow", highlight=False, soft_wrap=True)
-                messages = ([{"role": "system", "content": system}] if system else []) + \
+                messages = ([{"role": "system", "content": system}] if system else []) + created_messages() + \
                            [{"role": "user", "content": text}]
                 gen = m.chat(messages, max_tokens=max_tokens, stop=stop, stream=True, **sampling)
                 seed_used = gen.seed

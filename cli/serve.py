@@ -9,7 +9,7 @@ import typer
 
 from pyllm.errors import InvalidArgumentError
 
-from .common import err, handle_errors, model_path
+from .common import created_model, err, handle_errors, model_path
 from .options import MlockOpt, NoMmapOpt
 from .options import OverrideKvOpt, overrides_of
 from .options import (RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt,
@@ -22,11 +22,11 @@ from .options import (ModelDraft, SpecDraftMax, SpecDraftMin, SpecNgramSize, Spe
 
 
 def registry_name(model: Optional[str]) -> Optional[str]:
-    """The name clients see: the registry's, else (None) the file's stem."""
+    """The name clients see: the registry's or the created model's, else (None) the file's stem."""
     from pyllm import registry
     if model is None:
         return registry.DEFAULT_MODEL
-    return model if model in registry.MODELS else None
+    return model if model in registry.MODELS or created_model(model) is not None else None
 
 
 def api_keys_of(keys: Optional[str], file: Optional[str]) -> list[str]:

@@ -1,0 +1,190 @@
+"""Created models (ollama's Modelfile, `pyllm create`): parsing every instruction
+and refusing what is wrong, inheritance, the options a created model sets (only
+those not given), and the commands end to end on SmolLM2."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from pyllm import created
+from pyllm.errors import InvalidArgumentError, ModelNotFoundError, TemplateError
+
+JINJA = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>"
+
+
+@pytest.fixture
+def models_dir(tmp_path, monkeypatch):
+    folder = tmp_path / "models"
+    folder.mkdir()
+    monkeypatch.setenv("PYLLM_MODELS", str(folder))
+    return folder
+
+
+@pytest.fixture
+def gguf(tmp_path) -> Path:
+    path = tmp_path / "base.gguf"
+    path.write_bytes(b"GGUF" + bytes(60))
+    return path
+
+
+def test_every_instruction(gguf, tmp_path, models_dir):
+    (tmp_path / "lora.gguf").write_bytes(b"GGUF")
+    text = f'''# comment
+from {gguf.name}
+PARAMETER temperature 0.25
+parameter top_k 7
+PARAMETER stop "<|im_end|>"
+PARAMETER stop User:
+PARAMETER num_ctx 1024
+SYSTEM """You are
+a pirate."""
+MESSAGE user Who are you?
+MESSAGE assistant """Captain
+Byte."""
+ADAPTER ./lora.gguf
+TEMPLATE """{JINJA}"""
+LICENSE MIT
+'''
+    m = created.parse(text, "pirate:v2", tmp_path)
+    assert m.source == str(gguf) and m.adapters == [str(tmp_path / "lora.gguf")]
+    assert m.parameters == {"temperature": 0.25, "top_k": 7, "stop": ["<|im_end|>", "User:"], "num_ctx": 1024}
+    assert m.system == "You are\na pirate." and m.template == JINJA and m.license == ["MIT"]
+    assert m.messages == [{"role": "user", "content": "Who are you?"},
+                          {"role": "assistant", "content": "Captain\nByte."}]
+    assert created.parse('FROM smollm2-135m\nSYSTEM """one line"""', "x", tmp_path).system == "one line"
+
+
+@pytest.mark.parametrize("text,error,message", [
+    ("PARAMETER temperature 1", InvalidArgumentError, "no FROM line"),
+    ("FROM smollm2-135m\nFROM smollm2-135m", InvalidArgumentError, "a second FROM"),
+    ("FROM smollm2-135m\nRUN this", InvalidArgumentError, "unknown instruction 'RUN'"),
+    ("FROM smollm2-135m\nPARAMETER temprature 1", InvalidArgumentError, "unknown parameter 'temprature'"),
+    ("FROM smollm2-135m\nPARAMETER top_k many", InvalidArgumentError, "top_k needs a int value"),
+    ("FROM smollm2-135m\nPARAMETER seed", InvalidArgumentError, "seed needs a int value"),
+    ('FROM smollm2-135m\nSYSTEM """open', InvalidArgumentError, "not closed"),
+    ("FROM smollm2-135m\nMESSAGE system hi", InvalidArgumentError, "a SYSTEM line"),
+    ("FROM smollm2-135m\nMESSAGE bot hi", InvalidArgumentError, "user or assistant"),
+    ('FROM smollm2-135m\nTEMPLATE """{{ .System }} {{ .Prompt }}"""', InvalidArgumentError, "Go template"),
+    ('FROM smollm2-135m\nTEMPLATE """{% for %}"""', TemplateError, "not valid Jinja"),
+    ("FROM smollm2-135m\nADAPTER missing.gguf", InvalidArgumentError, "no adapter file"),
+    ("FROM nowhere.gguf", ModelNotFoundError, "does not exist"),
+    ("FROM Modelfile", InvalidArgumentError, "not a GGUF file"),
+])
+def test_refused_with_the_line(tmp_path, models_dir, text, error, message):
+    (tmp_path / "Modelfile").write_text(text)
+    with pytest.raises(error, match=message):
+        created.parse(text, "x", tmp_path)
+
+
+def test_names(tmp_path, models_dir):
+    for bad in ("", "has space", "a:b:c", "../up", "smollm2-135m"):
+        with pytest.raises(InvalidArgumentError):
+            created.parse("FROM smollm2-135m", bad, tmp_path)
+
+
+def test_saved_inherited_listed_removed(gguf, tmp_path, models_dir):
+    base = created.parse(f"FROM {gguf}\nPARAMETER temperature 0.5\nPARAMETER stop A\nSYSTEM s1\n"
+                           f"MESSAGE user hi", "base", tmp_path)
+    created.save(base)
+    child = created.parse("FROM base\nPARAMETER top_k 3\nPARAMETER stop B\n", "child:v1", tmp_path)
+    assert child.source == "base"
+    created.save(child)
+    got = created.resolved("child:v1")
+    assert got.source == str(gguf) and got.name == "child:v1"
+    assert got.parameters == {"temperature": 0.5, "top_k": 3, "stop": ["B"]}   # its own stop list wins
+    assert got.system == "s1" and got.messages == [{"role": "user", "content": "hi"}]
+    assert got.modelfile.startswith("FROM base")
+    assert [m.name for m in created.all_created()] == ["base", "child:v1"]
+    assert created.resolved("nothing") is None
+    # a circle (made by editing the files) is an error, not a hang
+    created.save(created.CreatedModel("base", "child:v1"))
+    with pytest.raises(InvalidArgumentError, match="circle"):
+        created.resolved("child:v1")
+    assert created.remove("child:v1") and not created.remove("child:v1")
+    created.created_path("base").write_text("{not json")
+    with pytest.raises(InvalidArgumentError, match="damaged"):
+        created.load("base")
+
+
+def test_created_options_are_defaults_only(gguf, tmp_path, models_dir):
+    """The wrapper sets the options not given from the created model; those given stay."""
+    from pyllm.cli.common import created_messages, with_created_defaults
+    created.save(created.parse(f"FROM {gguf}\nPARAMETER temperature 0.1\nPARAMETER num_predict 9\n"
+                                   f"PARAMETER num_gpu 0\nPARAMETER stop X\nSYSTEM be brief\nMESSAGE user hi\n"
+                                   f"TEMPLATE \"\"\"{JINJA}\"\"\"\n", "brief", tmp_path))
+    seen = {}
+
+    def command(model: Annotated[Optional[str], typer.Option("-m")] = None,
+                temp: Annotated[float, typer.Option("--temp")] = 0.8,
+                n_predict: Annotated[int, typer.Option("-n")] = 128,
+                n_gpu_layers: Annotated[str, typer.Option("-ngl")] = "auto",
+                stop: Annotated[list[str], typer.Option("--stop")] = [],
+                chat: Annotated[bool, typer.Option("--chat")] = False,
+                system: Annotated[Optional[str], typer.Option("--system")] = None,
+                chat_template: Annotated[Optional[str], typer.Option("--chat-template")] = None,
+                lora: Annotated[list[str], typer.Option("--lora")] = []) -> None:
+        seen.update(locals(), messages=created_messages())
+    app = typer.Typer()
+    app.command()(with_created_defaults(command))
+    runner = CliRunner()
+    assert runner.invoke(app, ["-m", "brief", "--chat"]).exit_code == 0
+    assert (seen["temp"], seen["n_predict"], seen["n_gpu_layers"], seen["stop"]) == (0.1, 9, "0", ["X"])
+    assert seen["system"] == "be brief" and seen["chat_template"] == JINJA
+    assert seen["messages"] == [{"role": "user", "content": "hi"}]
+    assert runner.invoke(app, ["-m", "brief", "--temp", "0.8", "-n", "2", "--system", "mine"]).exit_code == 0
+    assert (seen["temp"], seen["n_predict"], seen["system"]) == (0.8, 2, "mine")
+    assert runner.invoke(app, ["-m", "brief"]).exit_code == 0
+    assert seen["system"] is None                     # raw completion: no system prompt
+    assert runner.invoke(app, ["-m", str(gguf)]).exit_code == 0
+    assert (seen["temp"], seen["messages"]) == (0.8, [])
+
+
+def test_inline_jinja_chat_template():
+    from pyllm.cli.options import template_arg
+    assert template_arg(JINJA) == JINJA and template_arg("chatml") == "chatml"
+
+
+def cli(*args, env, cwd=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "pyllm.cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=cwd)
+
+
+def test_commands_end_to_end(smollm2_path, tmp_path):
+    from pyllm import Model
+    env = {**os.environ, "PYLLM_MODELS": str(tmp_path / "models")}
+    (tmp_path / "Modelfile").write_text(f'FROM {smollm2_path}\nPARAMETER temperature 0\nPARAMETER num_predict 8\n'
+                                        f'SYSTEM """You are a pirate."""\nMESSAGE user Who are you?\n'
+                                        f'MESSAGE assistant I be Captain Byte!\n')
+    r = cli("create", "pirate", env=env, cwd=tmp_path)
+    assert r.returncode == 0 and "created pirate" in r.stderr, r.stderr
+    r = cli("run", "-m", "pirate", "--chat", "-p", "Where is your ship?", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    with Model(smollm2_path) as m:
+        want = m.chat([{"role": "system", "content": "You are a pirate."},
+                       {"role": "user", "content": "Who are you?"},
+                       {"role": "assistant", "content": "I be Captain Byte!"},
+                       {"role": "user", "content": "Where is your ship?"}], temperature=0, max_tokens=8)
+    assert out["text"] == want.text and out["generated_tokens"] == want.metrics.generated_tokens
+    assert out["prompt_tokens"] == want.metrics.prompt_tokens
+    r = cli("run", "-m", "pirate", "--chat", "-p", "Where is your ship?", "--json", "-n", "3", env=env)
+    assert json.loads(r.stdout)["generated_tokens"] == 3
+    r = cli("list", env=env)
+    assert "pirate\tcreated\tFROM " + smollm2_path in r.stdout
+    r = cli("info", "-m", "pirate", "--modelfile", env=env)
+    assert r.stdout == (tmp_path / "Modelfile").read_text()
+    (tmp_path / "Bad").write_text("FROM smollm2-135m\nPARAMETER temprature 0.2\n")
+    r = cli("create", "bad", "-f", str(tmp_path / "Bad"), env=env)
+    assert r.returncode == 2 and f"{tmp_path / 'Bad'}:2: unknown parameter" in r.stderr and "Traceback" not in r.stderr
+    r = cli("rm", "pirate", env=env)
+    assert r.returncode == 0 and "deleted the created model pirate" in r.stderr
+    r = cli("run", "-m", "pirate", "-p", "x", env=env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
