@@ -122,13 +122,17 @@ def serve(
 
         path = model_path(model)
 
-        def load(file):
-            m = Model(file, n_ctx=ctx_size, n_threads=threads, chat_template=template_arg(chat_template),
-                      use_mmap=not no_mmap, use_mlock=mlock,
+        def load(file, created=None):
+            """The model at file; a created model's (a request named it) with its context,
+            template and adapters where the command line sets none."""
+            made = created.parameters if created is not None else {}
+            template = chat_template if chat_template is not None or created is None else created.template
+            m = Model(file, n_ctx=made.get("num_ctx") if ctx_size is None else ctx_size, n_threads=threads,
+                      chat_template=template_arg(template), use_mmap=not no_mmap, use_mlock=mlock,
                       override_kv=overrides,
                       n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
                       cache_type_v=cache_type_v, think=think, embedding=True if embedding else None,
-                      lora=lora_specs(lora, lora_scaled),
+                      lora=lora_specs((created.adapters if created is not None else []) + lora, lora_scaled),
                       **control_kwargs(control_vector, control_vector_scaled, control_vector_layer_range),
                       **speculative_kwargs(spec_type, model_draft, spec_draft_max, spec_draft_min, spec_ngram_size,
                                            spec_p_min))

@@ -256,3 +256,40 @@ def source_file(model: CreatedModel) -> Path:
     if model.source in registry.MODELS:
         return registry.local_path(model.source)
     return Path(model.source)
+
+
+# the PARAMETERs that are sampling settings (Model's keywords of the same names)
+SAMPLING_PARAMETERS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty", "repeat_last_n",
+                       "presence_penalty", "frequency_penalty", "seed", "mirostat", "mirostat_eta", "mirostat_tau")
+
+
+def request_settings(model: Optional[CreatedModel], sampling: dict, stop: Any, max_tokens: Optional[int],
+                     given_max_tokens: bool) -> tuple[dict, Any, Optional[int]]:
+    """A server request's sampling keywords, stop list and max_tokens with a created
+    model's PARAMETERs under them: each used where the request gives none."""
+    if model is None:
+        return sampling, stop, max_tokens
+    p = model.parameters
+    sampling = {**{k: p[k] for k in SAMPLING_PARAMETERS if k in p}, **sampling}
+    if stop is None:
+        stop = p.get("stop")
+    if not given_max_tokens and "num_predict" in p:
+        max_tokens = None if p["num_predict"] < 0 else p["num_predict"]
+    return sampling, stop, max_tokens
+
+
+def conversation(model: Optional[CreatedModel], messages: list[dict]) -> list[dict]:
+    """A chat request's messages after a created model's: its SYSTEM where the request
+    has no system message first, then its MESSAGEs, then the request's."""
+    if model is None:
+        return messages
+    head = messages[:1] if messages and messages[0].get("role") == "system" else []
+    if not head and model.system:
+        head = [{"role": "system", "content": model.system}]
+    return head + list(model.messages) + messages[1 if messages[:1] and messages[0].get("role") == "system" else 0:]
+
+
+def parameters_text(parameters: dict[str, Any]) -> str:
+    """PARAMETER lines' values as ollama's /api/show lists them: "name value" per line."""
+    return "\n".join(f"{k} {json.dumps(x) if isinstance(x, str) else x}" for k, v in parameters.items()
+                     for x in (v if isinstance(v, list) else [v]))

@@ -9,6 +9,11 @@ loaded at a time: a request for another waits until the requests on the
 loaded one are done (new requests for it then wait behind the switch), and
 the server loads the model it names in its place. Requests hold a slot of
 the loaded model while they run (pyllm.slots).
+
+A created model (`pyllm create`, pyllm.created) is one of the models a request
+may name: its file is loaded with its adapters, template and context
+(load(path, created)), and `created` holds its defaults while it is the loaded
+one (the server puts them under each request's settings).
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
+from . import created as created_models
 from . import registry
 from .errors import ModelNotFoundError
 
@@ -54,9 +60,9 @@ class ModelHost:
     def __init__(self, model, name: str, parallel: Optional[int] = None,
                  load: Optional[Callable[[Path], object]] = None, keep_alive: Optional[float] = None):
         """parallel: requests at once (None: DEFAULT_PARALLEL where the model's steps can hold
-        several sequences, else 1). load(path) -> Model: how to load another model, or None to
-        serve this one only. keep_alive: idle seconds before the model unloads (None: 5 minutes
-        with a loader, for ever without)."""
+        several sequences, else 1). load(path) -> Model: how to load another model (a created
+        model's file: load(path, created)), or None to serve this one only. keep_alive: idle
+        seconds before the model unloads (None: 5 minutes with a loader, for ever without)."""
         self.parallel, self.load = parallel, load
         self.keep_alive = (DEFAULT_KEEP_ALIVE_S if load is not None else math.inf) if keep_alive is None \
             else keep_alive
@@ -71,6 +77,7 @@ class ModelHost:
 
     def _install(self, model, name: str) -> None:
         self.model, self.name, self.path = model, name, Path(model.path)
+        self.created = created_of(name)
         n = self.parallel
         if n is None:
             n = DEFAULT_PARALLEL if model.backend.batches_sequences else 1
@@ -91,6 +98,11 @@ class ModelHost:
                 if path.resolve() not in seen and path.stem not in out:
                     out[path.stem] = path
                     seen.add(path.resolve())
+            for made in created_models.all_created():      # another name for a file, with its defaults
+                resolved = created_of(made.name)
+                path = created_models.source_file(resolved) if resolved is not None else None
+                if made.name not in out and path is not None and path.is_file():
+                    out[made.name] = path
         return list(out.items())
 
     def resolve(self, requested: Optional[str]) -> Optional[tuple[str, Path]]:
@@ -160,7 +172,7 @@ class ModelHost:
         with self._load_lock:
             if self.model is None:
                 log.info("loading %s again", self.name)
-                self._install(self.load(self.path), self.name)
+                self._install(self._load(self.name, self.path), self.name)
 
     def current(self):
         """The model, loaded again if it was unloaded (for requests that only read about it)."""
@@ -226,11 +238,15 @@ class ModelHost:
             self.model.close()
             self.model = None
         try:
-            model = self.load(path)
+            model = self._load(name, path)
         except BaseException:
-            self._install(self.load(old_path), old_name)
+            self._install(self._load(old_name, old_path), old_name)
             raise
         self._install(model, name)
+
+    def _load(self, name: str, path: Path):
+        created = created_of(name)
+        return self.load(path) if created is None else self.load(path, created)
 
     def forget(self) -> None:
         """The unloaded model's file is being deleted: a request that names no model gets the
@@ -244,3 +260,10 @@ class ModelHost:
             self._timer.cancel()
         if self.model is not None:
             self.model.close()
+
+
+def created_of(name: Optional[str]):
+    """The created model (with what it inherits) of that name, or None."""
+    if not name or name in registry.MODELS or not created_models.NAME.fullmatch(name):
+        return None
+    return created_models.resolved(name)

@@ -77,6 +77,8 @@ import numpy as np
 from . import registry
 from .errors import (ContextFullError, InvalidArgumentError, ModelNotFoundError, PyllmError, TemplateError,
                      UnsupportedModelError)
+from . import created as created_models
+from .created import conversation, parameters_text, request_settings
 from .infill import psm_prompt
 from .state import load as load_state, save as save_state
 from .model_file import ModelFile
@@ -330,6 +332,14 @@ class Handler(BaseHTTPRequestHandler):
         raise RequestError(HTTPStatus.SERVICE_UNAVAILABLE, "the LoRA scales kept changing under other requests: "
                            "try again", "unavailable_error")
 
+    def created_settings(self, sampling: dict, stop: Any, max_tokens: Optional[int], fields: dict,
+                         *max_fields: str) -> tuple[dict, Any, Optional[int]]:
+        """A request's settings with the loaded created model's PARAMETERs (pyllm create) under
+        them (inside model_for: the model cannot change); max_fields: the request's names for
+        max_tokens (OpenAI's by default)."""
+        given = bool(set(max_fields or ("max_tokens", "max_completion_tokens")) & set(fields))
+        return request_settings(self.server.host.created, sampling, stop, max_tokens, given)
+
     def wanted_scales(self, m, wanted: Any) -> list[float]:
         """The adapters' scales a request wants: its "lora" list, else the server's."""
         if wanted is None:
@@ -462,7 +472,9 @@ class Handler(BaseHTTPRequestHandler):
         tools = body.get("tools") or None
         with self.model_for(body) as m:
             m.require_generation()
-            stream = m.chat(messages, max_tokens=max_tokens, stop=body.get("stop"), stream=True,
+            sampling, stop, max_tokens = self.created_settings(sampling, body.get("stop"), max_tokens, body)
+            stream = m.chat(conversation(self.server.host.created, messages), max_tokens=max_tokens, stop=stop,
+                            stream=True,
                             tools=tools, tool_choice=body.get("tool_choice"),
                             parallel_tool_calls=bool(body.get("parallel_tool_calls", False)), logprobs=top,
                             think=flag(kwargs.get("enable_thinking")), **constraint, **sampling)   # llama-server's switch
@@ -506,8 +518,9 @@ class Handler(BaseHTTPRequestHandler):
             m.require_generation()
             if isinstance(prompt, str) and not prompt and suffix is None:
                 raise InvalidArgumentError("the prompt is empty")
-            if not ({"max_tokens", "max_completion_tokens"} & set(body)):
-                max_tokens = 16   # OpenAI's default for completions
+            sampling, stop, max_tokens = self.created_settings(sampling, body.get("stop"), max_tokens, body)
+            if not ({"max_tokens", "max_completion_tokens"} & set(body)) and max_tokens is None:
+                max_tokens = 16   # OpenAI's default for completions (a created model's num_predict first)
             if suffix is not None:   # the code between prompt and suffix
                 ids = psm_prompt(m.tokenizer, m.path.name, prompt, suffix)
             else:
@@ -521,8 +534,7 @@ class Handler(BaseHTTPRequestHandler):
                      "logprobs": legacy_logprobs(m, ids, scored) if scored else None}],
                     "usage": {"prompt_tokens": len(ids), "completion_tokens": 0, "total_tokens": len(ids)}})
                 return
-            gen = m.stream(ids, max_tokens=max_tokens, stop=body.get("stop"), logprobs=top, **constraint_of(body),
-                           **sampling)
+            gen = m.stream(ids, max_tokens=max_tokens, stop=stop, logprobs=top, **constraint_of(body), **sampling)
             if body.get("stream"):
                 self._stream(gen, *reply_parts(gen), head, lambda kind, text: {"text": text, "logprobs": None},
                              logprobs=lambda c: legacy_logprobs(m, c.tokens, c.logprobs) if top is not None else None)
@@ -655,6 +667,9 @@ class Handler(BaseHTTPRequestHandler):
         with self.model_for(body, slot_id=None if slot_id < 0 else slot_id) as m:
             m.require_generation()
             slot_id = self.server.slots.index(self.server.slots.current)
+            sampling, stop, max_tokens = self.created_settings(sampling, body.get("stop"),
+                                                               None if n_predict < 0 else n_predict, body, "n_predict")
+            n_predict = -1 if max_tokens is None else max_tokens
             ids = ids_of(m, n_predict)
             if n_predict == 0:   # only the prompt, into the cache (a later request reuses it)
                 t0 = time.perf_counter()
@@ -663,10 +678,9 @@ class Handler(BaseHTTPRequestHandler):
                                                               time.perf_counter() - t0, 0.0, "limit", "", {}, body),
                                                "id_slot": slot_id})
                 return
-            gen = m.stream(ids, max_tokens=None if n_predict < 0 else n_predict, stop=body.get("stop"),
-                           logprobs=top, **constraint, **sampling)
+            gen = m.stream(ids, max_tokens=max_tokens, stop=stop, logprobs=top, **constraint, **sampling)
             settings = {**dataclasses.asdict(gen.sampler.p), "n_predict": n_predict, "n_probs": top or 0,
-                        "stop": body.get("stop") or [], "stream": bool(body.get("stream"))}
+                        "stop": stop or [], "stream": bool(body.get("stream"))}
 
             def final(c, content: str) -> dict:
                 out = llama_final(self.server.name, ids, content, c.tokens if body.get("return_tokens") else [],
@@ -894,7 +908,9 @@ class Handler(BaseHTTPRequestHandler):
         if name.removesuffix(":latest") == host.name:
             host.forget()
         from . import registry
-        registry.remove(name)
+        if not any(created_models.NAME.fullmatch(n) and created_models.remove(n)    # a created model: its definition
+                   for n in dict.fromkeys((name, name.removesuffix(":latest")))):
+            registry.remove(name)
         self.send_json(HTTPStatus.OK, {})
 
     def ollama_show(self) -> None:
@@ -917,7 +933,11 @@ class Handler(BaseHTTPRequestHandler):
             template = m.chat_template.source or m.chat_template.name
         else:
             capabilities, template = ["embedding"], ""
-        self.send_json(HTTPStatus.OK, {"modelfile": "", "parameters": "", "template": template,
+        made = self.server.host.created     # a created model (pyllm create): its Modelfile and defaults
+        extra = {} if made is None or made.system is None else {"system": made.system}
+        self.send_json(HTTPStatus.OK, {"modelfile": made.modelfile if made else "",
+                                       "parameters": parameters_text(made.parameters) if made else "",
+                                       "template": template, **extra,
                                        "details": ollama_details(m.file), "model_info": info,
                                        "capabilities": capabilities,
                                        "modified_at": iso_time(m.path.stat().st_mtime)})
@@ -972,7 +992,8 @@ class Handler(BaseHTTPRequestHandler):
         messages = messages_of(body)
         tools = body.get("tools") or None
         self._ollama_reply(body, lambda m, max_tokens, stop, sampling, think: m.chat(
-            messages, max_tokens=max_tokens, stop=stop, stream=True, tools=tools, think=think, **sampling), "message")
+            conversation(self.server.host.created, messages), max_tokens=max_tokens, stop=stop, stream=True,
+            tools=tools, think=think, **sampling), "message")
 
     def ollama_generate(self) -> None:
         body = self.read_json()
@@ -996,7 +1017,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         self._ollama_reply(body, lambda m, max_tokens, stop, sampling, think: m.chat(
-            messages, max_tokens=max_tokens, stop=stop, stream=True, think=think, **sampling), "response")
+            conversation(self.server.host.created, messages), max_tokens=max_tokens, stop=stop, stream=True,
+            think=think, **sampling), "response")
 
     def _ollama_load(self, body: dict, field: str) -> None:
         """A load request (no prompt, no messages): loads the model named, or with keep_alive 0
@@ -1045,7 +1067,9 @@ class Handler(BaseHTTPRequestHandler):
 
         with self.model_for(body, keep_alive=keep_alive_of(body)) as m:
             m.require_generation()
-            reply = start(m, max_tokens, options.get("stop"), {**sampling, "format": fmt}, flag(body.get("think")))
+            sampling, stop, max_tokens = self.created_settings(sampling, options.get("stop"), max_tokens, options,
+                                                               "num_predict")
+            reply = start(m, max_tokens, stop, {**sampling, "format": fmt}, flag(body.get("think")))
             parts, close = reply_parts(reply)
             def with_calls(out: dict, c) -> dict:
                 if c.tool_calls:   # ollama's calls: arguments as an object

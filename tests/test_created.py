@@ -188,3 +188,68 @@ def test_commands_end_to_end(smollm2_path, tmp_path):
     assert r.returncode == 0 and "deleted the created model pirate" in r.stderr
     r = cli("run", "-m", "pirate", "-p", "x", env=env)
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def post(url: str, path: str, body: dict, method: str = "POST") -> dict:
+    import urllib.error
+    import urllib.request
+    data = json.dumps(body).encode() if method != "GET" else None
+    req = urllib.request.Request(url + path, data=data, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        raise AssertionError(f"{path}: {e.code} {e.read()!r}") from None
+
+
+def test_server_requests_take_a_created_model_s_defaults(smollm2_path, tmp_path, monkeypatch):
+    """Named in a request (the server switching to it, its loader given the created model) or
+    served with -m: its SYSTEM, MESSAGEs and PARAMETERs under each request's own settings."""
+    import threading
+
+    from pyllm import Model
+    from pyllm.server import make_server
+    monkeypatch.setenv("PYLLM_MODELS", str(tmp_path / "models"))
+    created.save(created.parse(f"FROM {smollm2_path}\nPARAMETER temperature 0\nPARAMETER num_predict 6\n"
+                               f"PARAMETER num_ctx 512\nSYSTEM You are a pirate.\nMESSAGE user Who are you?\n"
+                               f"MESSAGE assistant I be Captain Byte!\n", "pirate", tmp_path))
+    question = [{"role": "user", "content": "Where is your ship?"}]
+    seed = [{"role": "system", "content": "You are a pirate."}, {"role": "user", "content": "Who are you?"},
+            {"role": "assistant", "content": "I be Captain Byte!"}]
+    loaded = []
+
+    def load(path, made=None):
+        loaded.append(made.name if made else None)
+        return Model(path, n_ctx=made.parameters["num_ctx"] if made else 256, n_threads=2)
+    with load(smollm2_path) as m:
+        want = m.chat(seed + question, temperature=0, max_tokens=6).text
+        own_system = m.chat([{"role": "system", "content": "Be brief."}] + seed[1:] + question,
+                            temperature=0, max_tokens=3).text
+        plain = m.chat(question, temperature=0, max_tokens=6).text
+    server = make_server(load(smollm2_path), "127.0.0.1", 0, name="smollm2", load=load)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = server.url
+        assert "pirate" in {t["name"] for t in post(url, "/api/tags", {}, "GET")["models"]}
+        r = post(url, "/v1/chat/completions", {"model": "smollm2", "messages": question, "temperature": 0,
+                                               "max_tokens": 6})
+        assert r["choices"][0]["message"]["content"] == plain and server.host.created is None
+        r = post(url, "/v1/chat/completions", {"model": "pirate", "messages": question})
+        assert r["choices"][0]["message"]["content"] == want and loaded[-1] == "pirate"
+        assert server.host.model.n_ctx == 512 and server.host.created.name == "pirate"
+        r = post(url, "/api/chat", {"model": "pirate", "messages": question, "stream": False})
+        assert r["message"]["content"] == want
+        r = post(url, "/api/generate", {"model": "pirate", "prompt": question[0]["content"], "stream": False})
+        assert r["response"] == want
+        r = post(url, "/v1/chat/completions", {"model": "pirate", "max_tokens": 3, "messages": [
+            {"role": "system", "content": "Be brief."}] + question})     # the request's own system and length
+        assert r["choices"][0]["message"]["content"] == own_system and r["usage"]["completion_tokens"] <= 3
+        show = post(url, "/api/show", {"model": "pirate"})
+        assert show["system"] == "You are a pirate." and "temperature 0" in show["parameters"]
+        assert show["modelfile"].startswith("FROM ")
+        post(url, "/api/delete", {"model": "pirate"}, "DELETE")
+        assert created.load("pirate") is None and Path(smollm2_path).is_file()
+    finally:
+        server.shutdown()
+        server.server_close()
+        server.host.close()
