@@ -2,9 +2,10 @@
 
 The tests mirror llama-bench: `pp N` prefills N tokens into an empty
 context; `tg N` decodes N tokens one step at a time from an empty context
-(no sampling, a fixed token), so the two engines do the same work. With a
-depth D (llama-bench's -d, shown as `pp N @ dD`) the context first holds D
-tokens, prefilled untimed: the speed of a long conversation or document.
+(no sampling, a fixed token), so the two engines do the same work; `pp N+tg M`
+(llama-bench's -pg) prefills N and then decodes M, its tokens/s counting both.
+With a depth D (llama-bench's -d, shown as `pp N @ dD`) the context first holds
+D tokens, prefilled untimed: the speed of a long conversation or document.
 """
 from __future__ import annotations
 
@@ -22,9 +23,12 @@ from .model_file import type_name
 
 @dataclass
 class Result:
-    test: str                 # "pp512", "tg128"
+    test: str                 # "pp512", "tg128", "pp512+tg128", with " @ d4096" at a depth
     threads: int
     tokens_per_s: list[float] = field(default_factory=list)
+    n_prompt: int = 0         # the tokens prefilled, decoded, and in the context before (llama-bench's fields)
+    n_gen: int = 0
+    n_depth: int = 0
 
     @property
     def mean(self) -> float:
@@ -36,7 +40,8 @@ class Result:
 
     def as_dict(self) -> dict:
         return {"test": self.test, "threads": self.threads, "tokens_per_s": round(self.mean, 3),
-                "sd": round(self.sd, 3), "runs": [round(x, 3) for x in self.tokens_per_s]}
+                "sd": round(self.sd, 3), "runs": [round(x, 3) for x in self.tokens_per_s],
+                "n_prompt": self.n_prompt, "n_gen": self.n_gen, "n_depth": self.n_depth}
 
 
 def _fresh(model):
@@ -75,23 +80,43 @@ def run_tg(model, n: int, token: int = 100, depth: int = 0) -> float:
     return dt
 
 
-def test_name(kind: str, n: int, depth: int = 0) -> str:
-    return f"{kind}{n}" + (f" @ d{depth}" if depth else "")
+def run_pg(model, n_prompt: int, n_gen: int, token: int = 100, depth: int = 0) -> float:
+    """Seconds to prefill n_prompt tokens and then decode n_gen, after `depth` tokens."""
+    seq = _at_depth(model, depth, token)
+    t0 = time.perf_counter()
+    model.engine._run(seq, [token] * n_prompt)
+    for _ in range(n_gen):
+        model.engine._run(seq, [token])
+    dt = time.perf_counter() - t0
+    seq.release()
+    return dt
 
 
-def bench(model, tests: list[tuple[str, int]], reps: int, warmup: bool = True, depth: int = 0) -> list[Result]:
-    """tests: [("pp", 512), ("tg", 128)]; each run reps times after one warm-up,
-    on top of `depth` tokens already in the context."""
+def test_name(kind: str, n, depth: int = 0) -> str:
+    name = f"pp{n[0]}+tg{n[1]}" if kind == "pg" else f"{kind}{n}"
+    return name + (f" @ d{depth}" if depth else "")
+
+
+def bench(model, tests: list[tuple[str, object]], reps: int, warmup: bool = True, depth: int = 0) -> list[Result]:
+    """tests: [("pp", 512), ("tg", 128), ("pg", (512, 128))]; each run reps times after
+    one warm-up, on top of `depth` tokens already in the context."""
     results = []
     for kind, n in tests:
-        fn = run_pp if kind == "pp" else run_tg
+        n_prompt, n_gen = n if kind == "pg" else (n, 0) if kind == "pp" else (0, n)
         if warmup:
-            fn(model, min(n, 16))
-        r = Result(test_name(kind, n, depth), model.n_threads)
+            run_test(model, min(n_prompt, 16), min(n_gen, 16) if not n_prompt else 0)
+        r = Result(test_name(kind, n, depth), model.n_threads, n_prompt=n_prompt, n_gen=n_gen, n_depth=depth)
         for _ in range(reps):
-            r.tokens_per_s.append(n / fn(model, n, depth=depth))
+            r.tokens_per_s.append((n_prompt + n_gen) / run_test(model, n_prompt, n_gen, depth))
         results.append(r)
     return results
+
+
+def run_test(model, n_prompt: int, n_gen: int, depth: int = 0) -> float:
+    """Seconds of one test: a prefill, a decode, or one then the other."""
+    if n_prompt and n_gen:
+        return run_pg(model, n_prompt, n_gen, depth=depth)
+    return run_pp(model, n_prompt, depth=depth) if n_prompt else run_tg(model, n_gen, depth=depth)
 
 
 def decode_bytes_per_token(model, n_ctx_tokens: int = 0) -> int:

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 def pyllm(*args):
     r = subprocess.run([sys.executable, "-m", "pyllm.cli.main", *args], capture_output=True, text=True, timeout=300)
@@ -105,3 +107,39 @@ def test_profile_counts_matmuls_by_type_id(tmp_path):
     p = read_profile(be, "prefill", 1, 1.0)
     assert set(p.matmul_by_type_s) == {"MXFP4"} and p.matmul_by_type_s["MXFP4"] > 0
     assert abs(p.matmul_by_type_s["MXFP4"] - p.op_s["matmul"]) <= 1e-9 * p.op_s["matmul"]
+
+
+def test_bench_llama_bench_outputs_and_prompt_gen(smollm2_path, gemma3_path):
+    """-pg PP,TG, -o md|csv|jsonl (llama-bench's fields and table), several -m in turn"""
+    import csv
+    import io
+    base = ("bench", "-m", smollm2_path, "-p", "8", "-n", "2", "-pg", "8,2", "-r", "2", "-t", "1", "--ttft-prompt", "8")
+    records = [json.loads(line) for line in pyllm(*base, "-o", "jsonl").stdout.splitlines()]
+    assert [(r["test"], r["n_prompt"], r["n_gen"], r["n_depth"]) for r in records] == [
+        ("pp8", 8, 0, 0), ("tg2", 0, 2, 0), ("pp8+tg2", 8, 2, 0)]
+    for r in records:
+        assert r["model_filename"] == "SmolLM2-135M-Instruct.Q4_1.gguf" and r["n_threads"] == 1
+        assert len(r["samples_ts"]) == 2 and r["avg_ts"] == pytest.approx(sum(r["samples_ts"]) / 2, rel=1e-5)
+        assert r["backend"] == "CPU" and (r["type_k"], r["type_v"]) == ("f16", "f16")
+    rows = list(csv.DictReader(io.StringIO(pyllm(*base, "-o", "csv").stdout)))
+    assert [row["test"] for row in rows] == ["pp8", "tg2", "pp8+tg2"] and float(rows[2]["avg_ts"]) > 0
+    md = pyllm(*base, "-o", "md", "-m", gemma3_path).stdout.splitlines()
+    assert md[0] == "| model | size | params | backend | threads | test | t/s |" and len(md) == 2 + 6
+    assert [line.split(" | ")[0] for line in md[2:]] == ["| SmolLM2-135M-Instruct.Q4_1.gguf"] * 3 + \
+        ["| gemma-3-270m-q4_k_m.gguf"] * 3
+    assert md[4].split(" | ")[5] == "pp8+tg2"
+    for flags in (["-pg", "8"], ["-pg", "8,0"], ["-o", "xml"]):
+        r = subprocess.run([sys.executable, "-m", "pyllm.cli.main", "bench", "-m", smollm2_path, *flags],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "error:" in r.stderr and "Traceback" not in r.stderr, (flags, r.stderr)
+
+
+def test_prompt_then_generation_runs_both(smollm2_path):
+    from pyllm import Model
+    from pyllm import bench as B
+    with Model(smollm2_path, n_ctx=256, n_threads=1) as m:
+        calls = []
+        run = m.engine._run
+        m.engine._run = lambda seq, tokens, *a, **k: (calls.append((len(seq), len(tokens))), run(seq, tokens, *a, **k))[1]
+        B.run_pg(m, 8, 3, depth=5)
+    assert calls == [(0, 5), (5, 8), (13, 1), (14, 1), (15, 1)]
