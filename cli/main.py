@@ -92,6 +92,15 @@ def create_model(
         print(f"{'replaced' if replaced else 'created'} {name} (FROM {model.source})", file=sys.stderr)
 
 
+@app.command("cp")
+def copy_model(source: Annotated[str, typer.Argument(help="a created model, registry name or .gguf path")],
+               destination: Annotated[str, typer.Argument(help="the new created model's name")]) -> None:
+    """Copy a created model under another name (of a registry model or file: a created model FROM it)."""
+    with handle_errors():
+        model = created.copy(source, destination)
+        print(f"copied {source} to {destination} (FROM {model.source})", file=sys.stderr)
+
+
 app.command()(with_created_defaults(run))
 app.command()(with_created_defaults(chat))
 app.command()(embed)

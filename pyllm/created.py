@@ -16,10 +16,11 @@ ollama's TEMPLATE is a Go template, which pyllm does not run: a TEMPLATE here is
 Jinja (the chat templates GGUF files carry), and a Go one is refused with that
 said. Paths are relative to the Modelfile's folder and kept absolute.
 
-`pyllm create NAME -f Modelfile` checks everything and keeps the model as
-models_dir()/created/NAME.json (the Modelfile's text included, for `pyllm info
-NAME --modelfile`). A model made FROM another created model inherits its
-parameters, system prompt, messages, adapters and template, its own coming on top.
+`pyllm create NAME -f Modelfile` (or ollama's POST /api/create) checks
+everything and keeps the model as models_dir()/created/NAME.json (the Modelfile's
+text included, for `pyllm info NAME --modelfile`); `pyllm cp` (/api/copy) copies
+one. A model made FROM another created model inherits its parameters, system
+prompt, messages, adapters and template, its own coming on top.
 """
 from __future__ import annotations
 
@@ -155,6 +156,8 @@ def _source(value: str, folder: Path, at: str) -> str:
     if value in registry.MODELS or created_path(value).is_file():
         return value
     path = _path(value, folder)
+    if not path.is_file() and path.with_name(path.name + ".gguf").is_file():    # a models folder file by its stem
+        path = path.with_name(path.name + ".gguf")
     if not path.is_file():
         raise ModelNotFoundError(f"{at}: FROM {value}: not a registry model (`pyllm list`), a created model, "
                                  f"or a file ({path} does not exist)")
@@ -293,3 +296,73 @@ def parameters_text(parameters: dict[str, Any]) -> str:
     """PARAMETER lines' values as ollama's /api/show lists them: "name value" per line."""
     return "\n".join(f"{k} {json.dumps(x) if isinstance(x, str) else x}" for k, v in parameters.items()
                      for x in (v if isinstance(v, list) else [v]))
+
+
+def modelfile_text(model: CreatedModel) -> str:
+    """A Modelfile that makes `model` again (for a model made without one: ollama's /api/create)."""
+    def block(text: str) -> str:
+        return f'"""{text}"""' if "\n" in text or text != text.strip() or text.startswith('"') else text
+    lines = [f"FROM {model.source}"]
+    lines += [f"PARAMETER {k} {json.dumps(x) if isinstance(x, str) else x}" for k, v in model.parameters.items()
+              for x in (v if isinstance(v, list) else [v])]
+    if model.system is not None:
+        lines.append(f"SYSTEM {block(model.system)}")
+    if model.template is not None:
+        lines.append(f'TEMPLATE """{model.template}"""')
+    lines += [f"ADAPTER {a}" for a in model.adapters]
+    lines += [f"MESSAGE {m['role']} {block(m['content'])}" for m in model.messages]
+    lines += [f"LICENSE {block(text)}" for text in model.license]
+    return "\n".join(lines) + "\n"
+
+
+def from_request(name: str, body: dict) -> CreatedModel:
+    """ollama's /api/create: a Modelfile's text ("modelfile", the older form; its paths
+    absolute), or the fields "from", "system", "template", "parameters", "messages",
+    "license". Checked as a Modelfile is."""
+    if isinstance(body.get("modelfile"), str):
+        return parse(body["modelfile"], name, registry.models_dir(), where="modelfile")
+    if body.get("adapters") or body.get("files"):
+        raise InvalidArgumentError("adapters and files by blob digest are not supported: give a modelfile with "
+                                   "ADAPTER /path/to/adapter.gguf")
+    if body.get("quantize"):
+        raise InvalidArgumentError("quantize is not supported in /api/create: make the file with `pyllm quantize` "
+                                   "and create FROM it")
+    source = body.get("from")
+    if not isinstance(source, str) or not source:
+        raise InvalidArgumentError('/api/create needs "from" (a model this server has) or a "modelfile"')
+    lines = [f"FROM {source}"]
+    parameters = body.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise InvalidArgumentError("parameters must be an object of name -> value")
+    for key, value in parameters.items():
+        for v in value if isinstance(value, list) else [value]:
+            lines.append(f"PARAMETER {key} {json.dumps(v) if isinstance(v, str) else v}")
+    text = "\n".join(lines) + "\n"
+    model = parse(text, name, registry.models_dir(), where="/api/create")
+    for key, kind in (("system", str), ("template", str), ("license", (str, list)), ("messages", list)):
+        if body.get(key) is not None and not isinstance(body[key], kind):
+            raise InvalidArgumentError(f"{key} has the wrong type")
+    model.system = body.get("system")
+    if body.get("template") is not None:
+        model.template = _template(body["template"], "/api/create")
+    licenses = body.get("license") or []
+    model.license = [licenses] if isinstance(licenses, str) else [str(x) for x in licenses]
+    for m in body.get("messages") or []:
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise InvalidArgumentError("messages are {role: user or assistant, content: text} objects")
+        model.messages.append({"role": m["role"], "content": m["content"]})
+    model.modelfile = modelfile_text(model)
+    return model
+
+
+def copy(source: str, destination: str, folder: Optional[Path] = None) -> CreatedModel:
+    """`pyllm cp` / ollama's /api/copy: a created model's definition under another name, or
+    for a registry model or file (a path relative to folder, default the current one), a
+    created model FROM it."""
+    check_name(destination)
+    made = load(source)
+    if made is None:
+        made = CreatedModel(destination, _source(source, folder or Path.cwd(), "cp"), modelfile=f"FROM {source}\n")
+    model = CreatedModel(**{**asdict(made), "name": destination})
+    save(model)
+    return model

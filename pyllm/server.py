@@ -26,8 +26,10 @@ and ollama's, for the tools written against it (streamed as JSON lines, ollama's
 
     POST /api/chat, /api/generate (a prompt through the chat template; raw: as it is), /api/embed,
          /api/show (the model's details, context length, template, capabilities), /api/pull (a
-         registry model fetched, with progress)
+         registry model fetched, with progress), /api/create and /api/copy (created models,
+         pyllm.created: their defaults under each request's settings)
     GET  /api/tags, /api/ps, /api/version
+    DELETE /api/delete
 
 One model and one KV cache. Up to `parallel` requests run at once, each holding
 a slot (pyllm.slots: a sequence of the cache and its last chat), their decode
@@ -984,6 +986,40 @@ class Handler(BaseHTTPRequestHandler):
             *_, last_line = lines()   # the success line (an error is raised)
             self.send_json(HTTPStatus.OK, last_line)
 
+    def ollama_create(self) -> None:
+        """POST /api/create: a created model (pyllm create) from a Modelfile's text or ollama's
+        fields (from, system, template, parameters, messages, license); {status: success}, as a
+        JSON line (stream, the default) or one object."""
+        body = self.read_json()
+        name = body.get("model", body.get("name"))
+        if not isinstance(name, str) or not name:
+            raise InvalidArgumentError("model must be the new model's name")
+        if self.server.host.load is None:
+            raise InvalidArgumentError("this server serves one model (-m): create models with `pyllm create`")
+        model = created_models.from_request(name.removesuffix(":latest"), body)
+        created_models.save(model)
+        created_models.resolved(model.name)       # FROM a created model: no circle
+        self._ollama_status(body)
+
+    def ollama_copy(self) -> None:
+        """POST /api/copy {source, destination}: `pyllm cp`."""
+        body = self.read_json()
+        source, destination = body.get("source"), body.get("destination")
+        if not isinstance(source, str) or not isinstance(destination, str) or not source or not destination:
+            raise InvalidArgumentError("source and destination must be model names")
+        if self.server.host.load is None:
+            raise InvalidArgumentError("this server serves one model (-m): copy models with `pyllm cp`")
+        if source.removesuffix(":latest") not in {n for n, _ in self.server.host.available()}:
+            raise RequestError(HTTPStatus.NOT_FOUND, f"model {source!r} not found")
+        created_models.copy(source.removesuffix(":latest"), destination.removesuffix(":latest"), registry.models_dir())
+        self.send_json(HTTPStatus.OK, {})
+
+    def _ollama_status(self, body: dict) -> None:
+        if body.get("stream", True):
+            self.send_lines(iter([{"status": "success"}]))
+        else:
+            self.send_json(HTTPStatus.OK, {"status": "success"})
+
     def ollama_chat(self) -> None:
         body = self.read_json()
         if body.get("messages") == []:   # ollama's way to load (or, keep_alive 0, unload) a model
@@ -1131,7 +1167,8 @@ POST_ROUTES = {"/v1/chat/completions": Handler.chat, "/v1/completions": Handler.
                "/tokenize": Handler.llama_tokenize, "/detokenize": Handler.llama_detokenize,
                "/apply-template": Handler.llama_apply_template, "/lora-adapters": Handler.set_lora_adapters,
                "/api/chat": Handler.ollama_chat, "/api/generate": Handler.ollama_generate,
-               "/api/embed": Handler.ollama_embed, "/api/pull": Handler.ollama_pull, "/api/show": Handler.ollama_show}
+               "/api/embed": Handler.ollama_embed, "/api/pull": Handler.ollama_pull, "/api/show": Handler.ollama_show,
+               "/api/create": Handler.ollama_create, "/api/copy": Handler.ollama_copy}
 
 
 def embedding_inputs(value: Any, field: str) -> list:

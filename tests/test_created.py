@@ -253,3 +253,54 @@ def test_server_requests_take_a_created_model_s_defaults(smollm2_path, tmp_path,
         server.shutdown()
         server.server_close()
         server.host.close()
+
+
+def test_server_create_and_copy(smollm2_path, tmp_path, monkeypatch):
+    """ollama's /api/create (a Modelfile's text, or its fields) and /api/copy; pyllm cp."""
+    import shutil
+    import threading
+
+    from pyllm import Model
+    from pyllm.server import make_server
+    folder = tmp_path / "models"
+    folder.mkdir()
+    shutil.copy(smollm2_path, folder / "smol.gguf")
+    monkeypatch.setenv("PYLLM_MODELS", str(folder))
+    load = lambda path, made=None: Model(path, n_ctx=256, n_threads=2)   # noqa: E731
+    server = make_server(load(folder / "smol.gguf"), "127.0.0.1", 0, name="smol", load=load)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = server.url
+        assert post(url, "/api/create", {"model": "a", "modelfile": "FROM smol\nPARAMETER top_k 5\nSYSTEM hi\n",
+                                         "stream": False}) == {"status": "success"}
+        assert created.resolved("a").parameters == {"top_k": 5} and created.resolved("a").system == "hi"
+        r = post(url, "/api/create", {"model": "b", "from": "a", "system": "Be brief.", "stream": False,
+                                      "parameters": {"temperature": 0.2, "stop": ["X", "Y"]},
+                                      "messages": [{"role": "user", "content": "hi"}]})
+        assert r == {"status": "success"}
+        b = created.resolved("b")
+        assert b.source == str(folder / "smol.gguf") and b.system == "Be brief."
+        assert b.parameters == {"top_k": 5, "temperature": 0.2, "stop": ["X", "Y"]}
+        assert created.parse(b.modelfile, "again", folder).parameters == {"temperature": 0.2, "stop": ["X", "Y"]}
+        assert "b" in {t["name"] for t in post(url, "/api/tags", {}, "GET")["models"]}
+        assert post(url, "/api/copy", {"source": "b", "destination": "c"}) == {}
+        assert created.resolved("c").system == "Be brief."
+        post(url, "/api/copy", {"source": "smol", "destination": "d"})
+        assert created.resolved("d").source == str(folder / "smol.gguf")
+        for body, message in (({"model": "e", "from": "nowhere"}, "not a registry model"),
+                              ({"model": "e", "from": "smol", "parameters": {"temprature": 1}}, "unknown parameter"),
+                              ({"model": "e", "from": "smol", "quantize": "q4_K_M"}, "quantize is not supported"),
+                              ({"model": "smollm2-135m", "from": "smol"}, "is a registry model")):
+            with pytest.raises(AssertionError, match=message):
+                post(url, "/api/create", body)
+        with pytest.raises(AssertionError, match="404"):
+            post(url, "/api/copy", {"source": "nothing", "destination": "f"})
+    finally:
+        server.shutdown()
+        server.server_close()
+        server.host.close()
+    env = {**os.environ, "PYLLM_MODELS": str(folder)}
+    r = cli("cp", "c", "g", env=env)
+    assert r.returncode == 0 and created.resolved("g").system == "Be brief."
+    r = cli("cp", "nothing", "h", env=env)
+    assert r.returncode == 2 and "not a registry model" in r.stderr and "Traceback" not in r.stderr
