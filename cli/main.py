@@ -11,6 +11,7 @@ from pyllm import created, registry
 from .bench import bench
 from .chat import chat
 from .common import handle_errors, pull, with_created_defaults
+from .cvector import cvector_generator
 from .embed import embed
 from .export_lora import export_lora
 from .info import info
@@ -114,6 +115,7 @@ app.command("imatrix")(imatrix)
 app.command("split")(split)
 app.command("tokenize")(tokenize)
 app.command("export-lora")(export_lora)
+app.command("cvector-generator")(cvector_generator)
 
 
 def main() -> None:

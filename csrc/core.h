@@ -88,6 +88,7 @@ void op_mix(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_match_norm(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_sparsify(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_sumsq(const pyllm_op *op, const op_rows *r, int ith, int nth);
+void op_save_rows(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_sumsq_routed(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_matmul_cols(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_ssm_conv(const pyllm_op *op, const op_rows *r, int ith, int nth);

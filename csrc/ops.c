@@ -380,6 +380,20 @@ void op_sumsq(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     }
 }
 
+/* w[t, i] = x[t, i]: the step's rows (at most w's n_out) kept past the step. The threads
+ * take columns. */
+void op_save_rows(const pyllm_op *op, const op_rows *r, int ith, int nth) {
+    float *out = (float *)op->w;
+    int64_t lo, hi;
+    split_range(op->n_in, ith, nth, 16, &lo, &hi);
+    const int rows = r->rows < op->n_out ? r->rows : (int)op->n_out;
+    for (int t = 0; t < rows; t++) {
+        const float *x = IN_ROW(op, r, t);
+        float *restrict y = out + (int64_t)t * op->n_in;
+        for (int64_t i = lo; i < hi; i++) y[i] = x[i];
+    }
+}
+
 /* y[t, o] (+)= sum_i x[t, i] w[i, o], w's n_in rows of n_out: each input column adds its
  * scaled row of w into y, so the loops run along the outputs (vectorized) however few the
  * inputs are. The threads take output columns. */

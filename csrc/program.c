@@ -266,6 +266,10 @@ static int check_op(const pyllm_op *op) {
                        (op->flags & OPF_SLOT_INPUT && op->x_stride < op->n_in * op->n_head)))
             return fail("sumsq: a route of %d slots over %d experts and rows to match", op->n_head, op->n_kv_head);
         return 0;
+    case OP_SAVE_ROWS:
+        if (!op->x || !op->w || op->n_in <= 0 || op->n_out <= 0 || op->x_stride < op->n_in)
+            return fail("save_rows: missing rows, or no room for them");
+        return 0;
     case OP_MATMUL_COLS:
         if (op->type != T_F32 || !op->x || !op->w || !op->y || op->n_in <= 0 || op->n_out <= 0 ||
             op->x_stride < op->n_in || op->y_stride < op->n_out)
@@ -388,6 +392,7 @@ static void exec_op(const pyllm_op *op, const pyllm_step *st, float *scratch, fl
     case OP_SPARSIFY: op_sparsify(op, &r, ith, nth); break;
     case OP_SUMSQ: (op->x2 ? op_sumsq_routed : op_sumsq)(op, &r, ith, nth); break;
     case OP_MATMUL_COLS: op_matmul_cols(op, &r, ith, nth); break;
+    case OP_SAVE_ROWS: op_save_rows(op, &r, ith, nth); break;
     case OP_SSM_CONV: op_ssm_conv(op, &r, ith, nth); break;
     case OP_SSM_SCAN: op_ssm_scan(op, &r, ith, nth); break;
     case OP_DELTA_NET: op_delta_net(op, &r, ith, nth); break;

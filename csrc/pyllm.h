@@ -69,7 +69,10 @@ enum pyllm_op_kind {
     OP_MATMUL_COLS = 23, /* y[t] (+)= x[t] W, W float32 stored by its n_in input rows of n_out: a matrix of few
                             input columns (a LoRA pair's B, rank r) as r row updates of y, not n_out dot products
                             of r */
-    OP_KIND_COUNT = 24
+    OP_SAVE_ROWS = 24, /* w[t n_in + i] = x[t, i] for the step's rows t < n_out (w's capacity in rows), i < n_in:
+                          a copy of the rows that outlives the step (the hidden states pyllm cvector-generator
+                          reads after each layer) */
+    OP_KIND_COUNT = 25
 };
 
 enum pyllm_op_flags {

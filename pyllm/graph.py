@@ -28,14 +28,14 @@ OP_EMBED, OP_RMSNORM, OP_QUANTIZE, OP_MATMUL, OP_ROPE = 1, 2, 3, 4, 5
 OP_KV_STORE, OP_ATTENTION, OP_GLU, OP_ADD, OP_SCALE = 6, 7, 8, 9, 10
 OP_MOE_ROUTE, OP_MATMUL_ID, OP_MOE_SUM, OP_MIX, OP_POS_SCALE = 11, 12, 13, 14, 15
 OP_COPY, OP_SSM_CONV, OP_SSM_SCAN, OP_DELTA_NET, OP_MATCH_NORM, OP_SPARSIFY, OP_SUMSQ = 16, 17, 18, 19, 20, 21, 22
-OP_MATMUL_COLS = 23
+OP_MATMUL_COLS, OP_SAVE_ROWS = 23, 24
 OP_NAMES = {OP_EMBED: "embed", OP_RMSNORM: "rmsnorm", OP_QUANTIZE: "quantize", OP_MATMUL: "matmul",
             OP_ROPE: "rope", OP_KV_STORE: "kv_store", OP_ATTENTION: "attention", OP_GLU: "glu",
             OP_ADD: "add", OP_SCALE: "scale", OP_MOE_ROUTE: "moe_route", OP_MATMUL_ID: "matmul_id",
             OP_MOE_SUM: "moe_sum", OP_POS_SCALE: "pos_scale", OP_COPY: "copy",
             OP_SSM_CONV: "ssm_conv", OP_SSM_SCAN: "ssm_scan", OP_DELTA_NET: "delta_net", OP_MIX: "mix",
             OP_MATCH_NORM: "match_norm", OP_SPARSIFY: "sparsify", OP_SUMSQ: "sumsq",
-            OP_MATMUL_COLS: "matmul_cols"}
+            OP_MATMUL_COLS: "matmul_cols", OP_SAVE_ROWS: "save_rows"}
 OPF_ACCUMULATE, OPF_LAST_ROWS, OPF_NO_SYNC, OPF_OUT_ROWS, OPF_SLOT_INPUT, OPF_BY_POS = 1, 2, 4, 8, 16, 32
 OPF_V_IN_K, OPF_CHUNKED, OPF_GROUP_WEIGHTS, OPF_KV_GROUPED, OPF_NON_CAUSAL = 64, 128, 256, 512, 1024
 GLU_SILU, GLU_GELU_TANH, GLU_SWIGLU_OAI, GLU_RELU_SQR, GLU_MUL, GLU_RELU, GLU_SIGMOID, GLU_XIELU = 0, 1, 2, 3, 4, 5, 6, 7
@@ -140,7 +140,7 @@ class Graph:
 
     def __init__(self, embeddings: bool = False, lora: Optional[dict] = None,
                  lora_embed: Optional[dict] = None, imatrix: Optional[dict] = None,
-                 control: Optional[dict] = None) -> None:
+                 control: Optional[dict] = None, hidden: Optional[dict] = None) -> None:
         """embeddings: the output head ends at the final norm (the rows an embedding is pooled
         from), not at the logits. lora / lora_embed: weight name -> [(s A, B by its rows), ...],
         LoRA pairs (pyllm/lora.py) added to the linear layers / the embedding lookups of those
@@ -149,7 +149,10 @@ class Graph:
         inputs (pyllm/imatrix.py), for the layers' matrices (blk.*), as llama-imatrix collects;
         an expert matrix's is [n_experts, n_in + 1], the last column counting the rows routed.
         control: layer -> a vector added to the residual stream after that layer (control
-        vectors, pyllm/control_vector.py), by the families whose loop is Graph.layers."""
+        vectors, pyllm/control_vector.py), by the families whose loop is Graph.layers.
+        hidden: a dict of layer -> float32 [rows, n_embd] the residual stream's rows are copied
+        into after that layer (then its control vector), for the layers it holds (pyllm
+        cvector-generator; Graph.layers' families)."""
         self.embeddings = embeddings
         self.lora = lora or {}
         self.lora_embed = lora_embed or {}
@@ -157,6 +160,8 @@ class Graph:
         self.imatrix = imatrix
         self.control = control or {}
         self.control_used: set[int] = set()               # the layers whose vector was added
+        self.hidden = hidden or {}
+        self.hidden_saved: set[int] = set()               # the layers whose rows are copied out
         self.ops: list[Op] = []
         self.buffers: dict[str, Buffer] = {}
         self.qbuffers: dict[str, QBuffer] = {}
@@ -180,6 +185,9 @@ class Graph:
             if i in self.control:
                 self.add_row(self.control[i], x)
                 self.control_used.add(i)
+            if i in self.hidden:
+                self.save_rows(x, self.hidden[i])
+                self.hidden_saved.add(i)
 
     # -- buffers ---------------------------------------------------------------
     def buffer(self, name: str, width: int) -> View:
@@ -296,6 +304,13 @@ class Graph:
             self.matmul_cols(self.linear(x, a, f"lora:{a.name}"), b_cols, y, accumulate=True)
             self.lora_used.add(w.name)
         return y
+
+    def save_rows(self, x: View, out: np.ndarray) -> None:
+        """out[t] = x[t] for the step's rows (out: float32 [at most this many rows, width]),
+        kept after the step."""
+        assert out.dtype == np.float32 and out.ndim == 2 and out.shape[1] == x.width and out.flags.c_contiguous
+        self._emit(Op(OP_SAVE_ROWS, x=x, vector=out, n_in=x.width, n_out=out.shape[0]), {x.name},
+                   {f"saved:{id(out)}"})
 
     def matmul_cols(self, x: View, w: Tensor, out: str | View, accumulate: bool = False) -> View:
         """out (+)= x W for an F32 W stored by its input rows (GGUF shape (n_out, n_in)): a

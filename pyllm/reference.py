@@ -210,6 +210,7 @@ class Reference:
         control: layer -> the control vector added to x after that layer."""
         self.arch = arch
         self.control = control or {}
+        self.layer_outputs: dict[int, np.ndarray] = {}   # layer -> the residual stream after it (the last forward)
         self.kv_f16 = kv_f16
         self.kv_quant = kv_quant
         self.kv_rot = (0, 0)
@@ -577,6 +578,7 @@ class Reference:
                 x = x + f * np.float32(a.residual_scale)
             if i in self.control:   # a control vector steers the residual after the layer
                 x = x + self.control[i]
+            self.layer_outputs[i] = x
         return x
 
     def _gemma4(self, tokens: np.ndarray) -> np.ndarray:
@@ -610,6 +612,7 @@ class Reference:
             x = x * np.float32(a.out_scale[i])
             if i in self.control:
                 x = x + self.control[i]
+            self.layer_outputs[i] = x
         return x
 
     def _per_layer_inputs(self, x: np.ndarray, tokens: np.ndarray) -> np.ndarray:

@@ -697,14 +697,16 @@ def test_the_gpu_refuses_a_quantized_kv_cache(devices):
 
 
 def test_the_gpu_refuses_the_cpu_only_ops(devices):
-    """LoRA's B products (OP_MATMUL_COLS) and an importance matrix's sums (OP_SUMSQ) have no CUDA
-    kernels: binding them says to keep those layers on the CPU; the host runs them."""
+    """LoRA's B products (OP_MATMUL_COLS), an importance matrix's sums (OP_SUMSQ) and the hidden
+    states cvector-generator keeps (OP_SAVE_ROWS) have no CUDA kernels: binding them says to
+    keep those layers on the CPU; the host runs them."""
     host, gpu = devices
     w = np.ones((4, 8), np.float32)
     t = Tensor("b", 0, (8, 4), 0, w.nbytes, w.reshape(-1).view(np.uint8))
     for build in (lambda g: g.matmul_cols(g.buffer("x", 4), t, "y"),
                   lambda g: g._emit(Op(OP_SUMSQ, x=g.buffer("x", 4), vector=np.zeros(4, np.float32), n_in=4),
-                                    {"x"}, {"acc"})):
+                                    {"x"}, {"acc"}),
+                  lambda g: g.save_rows(g.buffer("x", 4), np.zeros((4, 4), np.float32))):
         g = Graph()
         build(g)
         host.bind(g, [Range(0, len(g.ops))], Shape(4, 4, 4, 16)).close()

@@ -660,6 +660,26 @@ def test_relu_and_sigmoid_glu_ops():
 
 
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_save_rows_op(n_threads):
+    """OP_SAVE_ROWS: the step's rows of a view (columns inside a wider buffer too) copied into
+    an array that outlives the step, widths not multiples of the 16-column split, and never
+    more rows than the array holds."""
+    rng = np.random.default_rng(7)
+    for width, rows, room in ((1, 1, 1), (17, 5, 8), (576, 9, 9), (40, 12, 7)):
+        g = Graph()
+        x = g.buffer("x", width + 3)
+        out = np.full((room, width), -1.0, np.float32)
+        g.save_rows(x.cols(3, width), out)
+        data = rng.standard_normal((rows, width + 3)).astype(np.float32)
+        run_ops(g, {"x": data}, rows, "x", n_threads)
+        kept = min(rows, room)
+        np.testing.assert_array_equal(out[:kept], data[:kept, 3:])
+        assert (out[kept:] == -1).all()
+    with pytest.raises(AssertionError):   # float32 rows as wide as the view
+        Graph().save_rows(Graph().buffer("x", 4), np.zeros((2, 5), np.float32))
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
 def test_matmul_cols_op(n_threads):
     """OP_MATMUL_COLS (a matrix stored by its input rows: LoRA's B): y (+)= x W against numpy
     in float64, for ranks 1..64, output widths that are not multiples of the 16-column

@@ -448,7 +448,7 @@ static const char *kind_name(int k) {
                                                "attention", "glu", "add", "scale", "moe_route", "matmul_id",
                                                "moe_sum", "mix", "pos_scale", "copy", "ssm_conv",
                                                "ssm_scan", "delta_net", "match_norm", "sparsify", "sumsq",
-                                               "matmul_cols"};
+                                               "matmul_cols", "save_rows"};
     return k > 0 && k < OP_KIND_COUNT ? names[k] : "?";
 }
 

@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..errors import BackendError, InvalidArgumentError
-from ..graph import OP_MATMUL_COLS, OP_NAMES, OP_SUMSQ, Graph, View
+from ..graph import OP_MATMUL_COLS, OP_NAMES, OP_SAVE_ROWS, OP_SUMSQ, Graph, View
 from ..model_file import Tensor
 from .base import (ACTIVATIONS, CONTROL, D2H, H2D, WEIGHTS, Bus, Device, DeviceMemoryError, Program, Range, Shape,
                    StepData)
@@ -255,7 +255,7 @@ class CudaDevice(Device):
         self.close()
 
 
-CPU_ONLY_OPS = (OP_MATMUL_COLS, OP_SUMSQ)
+CPU_ONLY_OPS = (OP_MATMUL_COLS, OP_SUMSQ, OP_SAVE_ROWS)
 
 
 class CudaProgram(Program):
