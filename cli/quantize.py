@@ -34,11 +34,16 @@ def quantize(
     imatrix: Annotated[Optional[str], typer.Option(
         "--imatrix", help="an importance matrix (`pyllm imatrix`, or llama-imatrix's GGUF): the quantizers "
         "spend their error where the model's inputs are small")] = None,
+    tensor_type_specs: Annotated[list[str], typer.Option(
+        "--tensor-type", help="PATTERN=TYPE: the tensors whose names the regular expression matches get TYPE "
+        "(e.g. attn_v=q8_0, 'ffn_down=q6_k'); repeatable, the last match winning")] = [],
+    leave_output_tensor: Annotated[bool, typer.Option(
+        "--leave-output-tensor", help="keep output.weight as it is (more quality, larger file)")] = False,
     override_kv: OverrideKvOpt = [],
 ) -> None:
     """Quantize a GGUF model to a smaller type (llama-quantize's types and rules)."""
     with handle_errors():
-        from pyllm.quantize import FTYPES, quantize_file, tensor_type
+        from pyllm.quantize import FTYPES, quantize_file, tensor_type, tensor_types
         ftype = type.upper()
         if ftype not in FTYPES:
             raise InvalidArgumentError(f"unknown type {type!r}; pyllm quantizes to {', '.join(FTYPES)}")
@@ -54,7 +59,8 @@ def quantize(
                                                                           "--token-embedding-type")
         p = quantize_file(path, output, ftype, allow_requantize=allow_requantize, pure=pure, progress=progress,
                           output_type=out_type, embedding_type=emb_type, imatrix=imatrix,
-                          overrides=overrides_of(override_kv))
+                          overrides=overrides_of(override_kv), tensor_overrides=tensor_types(tensor_type_specs),
+                          leave_output=leave_output_tensor)
         before, after = p.source_bytes, os.path.getsize(output)
         mix = ", ".join(f"{n} {k}" for k, n in sorted(p.histogram().items(), key=lambda kv: -kv[1]))
         weighed = f"; {len(p.importance)} weighed by {imatrix}" if imatrix else ""

@@ -35,7 +35,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
@@ -97,11 +97,32 @@ def tensor_type(name: str, what: str) -> T:
     return t
 
 
+def tensor_types(specs: Sequence[str]) -> list[tuple[re.Pattern, T]]:
+    """llama-quantize's --tensor-type PATTERN=TYPE: a regular expression searched in each
+    tensor's name, and the type it gets."""
+    out = []
+    for spec in specs:
+        pattern, eq, name = spec.rpartition("=")
+        if not eq or not pattern:
+            raise InvalidArgumentError(f"--tensor-type takes PATTERN=TYPE (e.g. attn_v=q8_0 or "
+                                       f"'blk\\.[0-3]\\.ffn_down=q6_k'), not {spec!r}")
+        try:
+            out.append((re.compile(pattern), tensor_type(name, "--tensor-type's type")))
+        except re.error as e:
+            raise InvalidArgumentError(f"--tensor-type {spec}: {pattern!r} is not a regular expression ({e})") \
+                from None
+    return out
+
+
 def plan(model: ModelFile, ftype: str, allow_requantize: bool = False, pure: bool = False,
-         output_type: Optional[T] = None, embedding_type: Optional[T] = None, has_imatrix: bool = False) -> Plan:
+         output_type: Optional[T] = None, embedding_type: Optional[T] = None, has_imatrix: bool = False,
+         overrides: Sequence[tuple[re.Pattern, T]] = (), leave_output: bool = False) -> Plan:
     """The type of every tensor of `model` quantized to `ftype` (one of FTYPES); output_type and
     embedding_type override the output matrix's (the token embeddings' when tied) and the token
-    embeddings' types, as llama-quantize's --output-tensor-type and --token-embedding-type."""
+    embeddings' types, as llama-quantize's --output-tensor-type and --token-embedding-type.
+    overrides: (pattern, type) pairs (--tensor-type) over the mix's choice, the last matching
+    one winning, as llama-quantize's (not with pure, nor for an F16/BF16 target); leave_output
+    keeps output.weight as it is (--leave-output-tensor)."""
     if ftype not in FTYPES:
         raise InvalidArgumentError(f"unknown type {ftype!r}; pyllm quantizes to {', '.join(FTYPES)}")
     default, _ = FTYPES[ftype]
@@ -117,9 +138,13 @@ def plan(model: ModelFile, ftype: str, allow_requantize: bool = False, pure: boo
         if source not in FLOAT_SOURCES and not allow_requantize:
             raise InvalidArgumentError(f"{name} is already {source.name}: quantizing it again loses more; give "
                                        f"an F32/F16/BF16 file, or allow requantizing (--allow-requantize)")
+        if leave_output and name == "output.weight":
+            types[name] = source
+            continue
         new = default
         if not pure and default not in (T.F16, T.BF16):
             new = _mixed_type(name, t.shape[0], mix)
+            new = next((qtype for pattern, qtype in reversed(overrides) if pattern.search(name)), new)
         is_output = name == "output.weight" or (tied and name == "token_embd.weight")
         if output_type is not None and is_output:
             new = output_type
@@ -315,18 +340,21 @@ def importances(model: ModelFile, p: Plan, imatrix_path: str | os.PathLike, ftyp
 def quantize_file(src: str | os.PathLike, dst: str | os.PathLike, ftype: str, allow_requantize: bool = False,
                   pure: bool = False, progress: Optional[Callable[[str, T, int, int], None]] = None,
                   output_type: Optional[T] = None, embedding_type: Optional[T] = None,
-                  imatrix: Optional[str | os.PathLike] = None, overrides: Optional[dict] = None) -> Plan:
+                  imatrix: Optional[str | os.PathLike] = None, overrides: Optional[dict] = None,
+                  tensor_overrides: Sequence[tuple[re.Pattern, T]] = (), leave_output: bool = False) -> Plan:
     """Writes `src` quantized to `ftype` at `dst` (written to a temporary name, then moved into place).
     progress(name, type, done tensors, all tensors) is called after each tensor. imatrix: an
     importance matrix file; the quantizers (Q8_0's aside) then weigh each column's error by it
     (the matrices it has no entry for are quantized without, as llama-quantize does). overrides:
-    metadata key -> value written instead of the source's (llama-quantize's --override-kv)."""
+    metadata key -> value written instead of the source's (llama-quantize's --override-kv).
+    tensor_overrides, leave_output: as plan()'s overrides and leave_output."""
     src, dst = Path(src), Path(dst)
     if src.resolve() == dst.resolve():
         raise InvalidArgumentError("the output would overwrite the input: give another output path")
     model = ModelFile(src, overrides=overrides)
     try:
-        p = plan(model, ftype, allow_requantize, pure, output_type, embedding_type, has_imatrix=imatrix is not None)
+        p = plan(model, ftype, allow_requantize, pure, output_type, embedding_type, has_imatrix=imatrix is not None,
+                 overrides=tensor_overrides, leave_output=leave_output)
         alignment = int(model.get("general.alignment", 32))
         weights, imatrix_meta = importances(model, p, imatrix, ftype) if imatrix is not None else ({}, [])
         replaced = ("general.file_type", "general.quantization_version")

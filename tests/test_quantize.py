@@ -214,6 +214,41 @@ def test_output_and_embedding_types_can_be_chosen(f32_model, tmp_path):
         got.close()
 
 
+def test_tensor_type_patterns_and_leave_output(f32_model, tmp_path):
+    """--tensor-type PATTERN=TYPE over the mix's choice (regex searched in the name, the last
+    matching pattern winning, not with --pure), --leave-output-tensor keeps output.weight."""
+    from pyllm.quantize import tensor_types
+    m = ModelFile(f32_model)
+    try:
+        mixed = plan(m, "Q4_K_M").types
+        over = tensor_types([r"attn_v=q8_0", r"blk\.1\.attn_v=Q5_0", "ffn_(up|gate)=q6_k"])
+        t = plan(m, "Q4_K_M", overrides=over).types
+        assert t["blk.0.attn_v.weight"] == QT.Q8_0 and t["blk.1.attn_v.weight"] == QT.Q5_0
+        assert t["blk.0.ffn_up.weight"] == t["blk.1.ffn_gate.weight"] == QT.Q6_K
+        others = [n for n in t if not any(k in n for k in ("attn_v", "ffn_up", "ffn_gate"))]
+        assert others and all(t[n] == mixed[n] for n in others)
+        assert plan(m, "Q4_K_M", overrides=over, pure=True).types["blk.0.attn_v.weight"] == QT.Q4_K
+        left = plan(m, "Q4_0", leave_output=True).types
+        assert left["output.weight"] == QT(m.tensors["output.weight"].type) == QT.F32
+        assert left["blk.0.attn_q.weight"] == QT.Q4_0
+    finally:
+        m.close()
+    for bad, message in (("attn_v", "PATTERN=TYPE"), ("attn_v=q3", "must be one of"), ("(=q8_0", "not a regular")):
+        with pytest.raises(InvalidArgumentError, match=message):
+            tensor_types([bad])
+    from test_cli import pyllm
+    r = pyllm("quantize", f32_model, str(tmp_path / "o.gguf"), "Q4_K_M", "--tensor-type", "attn_q=q8_0",
+              "--tensor-type", "blk\\.0\\.attn_q=q5_1", "--leave-output-tensor")
+    assert r.returncode == 0, r.stderr
+    got = ModelFile(tmp_path / "o.gguf")
+    try:
+        assert QT(got.tensors["blk.0.attn_q.weight"].type) == QT.Q5_1
+        assert QT(got.tensors["blk.1.attn_q.weight"].type) == QT.Q8_0
+        assert QT(got.tensors["output.weight"].type) == QT.F32
+    finally:
+        got.close()
+
+
 def test_a_tensor_with_nan_fails_and_leaves_no_file(f32_model, tmp_path):
     from pyllm.errors import ModelFileError
     bad = tmp_path / "nan.gguf"
