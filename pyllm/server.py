@@ -24,7 +24,8 @@ llama-server's own:
 
 and ollama's, for the tools written against it (streamed as JSON lines, ollama's default):
 
-    POST /api/chat, /api/generate (a prompt through the chat template; raw: as it is), /api/embed,
+    POST /api/chat, /api/generate (a prompt through the chat template; raw: as it is), /api/embed
+         (and the older /api/embeddings),
          /api/show (the model's details, context length, template, capabilities), /api/pull (a
          registry model fetched, with progress), /api/create and /api/copy (created models,
          pyllm.created: their defaults under each request's settings)
@@ -1152,6 +1153,18 @@ class Handler(BaseHTTPRequestHandler):
                                        "total_duration": int((time.perf_counter() - t0) * 1e9), "load_duration": 0,
                                        "prompt_eval_count": sum(map(len, ids))})
 
+    def ollama_embeddings(self) -> None:
+        """POST /api/embeddings {model, prompt}: ollama's older endpoint, one text's vector, not
+        normalized (as ollama answers it: {"embedding": [...]})."""
+        body = self.read_json()
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            raise InvalidArgumentError("prompt must be a text")
+        with self.model_for(body) as m:
+            self._check_embeddings(m)
+            vector = m.embed_tokens(m.embedding_tokens(prompt, truncate=True), normalize=False)
+        self.send_json(HTTPStatus.OK, {"embedding": [float(x) for x in vector]})
+
 
 # open without an API key, as llama-server leaves them: a load balancer's health check, the model list
 PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models", "/api/tags"})
@@ -1167,7 +1180,8 @@ POST_ROUTES = {"/v1/chat/completions": Handler.chat, "/v1/completions": Handler.
                "/tokenize": Handler.llama_tokenize, "/detokenize": Handler.llama_detokenize,
                "/apply-template": Handler.llama_apply_template, "/lora-adapters": Handler.set_lora_adapters,
                "/api/chat": Handler.ollama_chat, "/api/generate": Handler.ollama_generate,
-               "/api/embed": Handler.ollama_embed, "/api/pull": Handler.ollama_pull, "/api/show": Handler.ollama_show,
+               "/api/embed": Handler.ollama_embed, "/api/embeddings": Handler.ollama_embeddings,
+               "/api/pull": Handler.ollama_pull, "/api/show": Handler.ollama_show,
                "/api/create": Handler.ollama_create, "/api/copy": Handler.ollama_copy}
 
 

@@ -316,6 +316,13 @@ def test_ollama_embed(minilm_path):
             assert len(call(server.url, "/api/embed", {"input": "word " * 600})[1]["embeddings"][0]) == 384
             status, body = call(server.url, "/api/embed", {"input": "word " * 600, "truncate": False})
             assert status == 400 and "truncate" in body["error"]
+            # the older /api/embeddings: one prompt, the vector not normalized
+            status, body = call(server.url, "/api/embeddings", {"model": "x", "prompt": texts[0]})
+            assert status == 200
+            np.testing.assert_array_equal(np.array(body["embedding"], np.float32),
+                                          m.embed_tokens(m.embedding_tokens(texts[0]), normalize=False))
+            assert abs(np.linalg.norm(body["embedding"]) - 1) > 1e-3
+            assert call(server.url, "/api/embeddings", {"prompt": 5})[0] == 400
         finally:
             server.shutdown()
             server.server_close()
