@@ -74,6 +74,8 @@ def run(
     prompt_cache_all: Annotated[bool, typer.Option("--prompt-cache-all", help="keep the reply in it too")] = False,
     prompt_cache_ro: Annotated[bool, typer.Option("--prompt-cache-ro", help="read the prompt cache, do not "
                                                   "update it")] = False,
+    verbose_prompt: Annotated[bool, typer.Option("--verbose-prompt", help="first, on stderr: the prompt as it "
+                                                 "goes in and its tokens (llama-cli's)")] = False,
     profile: Annotated[bool, typer.Option("--profile", help="afterwards, on stderr: where the prefill's and "
                                           "the decode's time went (per op, weight type, thread; Python)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object: text, finish reason, "
@@ -192,6 +194,8 @@ def run(
                 seed_used = gen.sampler.seed
             generation = getattr(gen, "generation", gen)   # a chat stream wraps the engine's generation
             generation.profile = profile
+            if verbose_prompt:
+                print_prompt(m, generation.prompt)
             if as_json:
                 c = gen.run()
                 save_cache(c)
@@ -222,6 +226,16 @@ def run(
                 sys.stdout.flush()
             save_cache(generation.completion)
             print_profile(generation)
+
+
+def print_prompt(m, tokens: list[int]) -> None:
+    """llama-cli's --verbose-prompt: the prompt text, its token count, each token and its piece."""
+    err.print(f"prompt: {m.detokenize(tokens)!r}", markup=False, highlight=False, soft_wrap=True)
+    err.print(f"number of tokens in prompt = {len(tokens)}", highlight=False)
+    for t in tokens:
+        piece = m.tokenizer.token_to_piece(t).decode("utf-8", "replace")
+        err.print(f"{t:6d} -> {piece!r}", markup=False, highlight=False, soft_wrap=True)
+    err.print()
 
 
 def print_profile(generation) -> None:

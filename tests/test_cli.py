@@ -250,3 +250,16 @@ def test_escapes(smollm2_path):
     for flags, want in (([], escaped), (["--no-escape"], raw)):
         r = pyllm("run", "-m", smollm2_path, "-p", typed, "-n", "1", "--temp", "0", "--json", *flags)
         assert r.returncode == 0 and json.loads(r.stdout)["prompt_tokens"] == want, (flags, r.stderr)
+
+
+def test_run_verbose_prompt(smollm2_path):
+    """--verbose-prompt (llama-cli's): the prompt and each of its tokens on stderr, stdout untouched."""
+    r = pyllm("run", "-m", smollm2_path, "-p", "The sky is", "-n", "2", "--temp", "0", "--json", "--verbose-prompt")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    from pyllm import Model
+    with Model(smollm2_path) as m:
+        ids = m.tokenize("The sky is", special=True)
+    assert f"number of tokens in prompt = {len(ids)}" in r.stderr and out["prompt_tokens"] == len(ids)
+    lines = [ln.split(" -> ") for ln in r.stderr.splitlines() if " -> " in ln]
+    assert [int(i) for i, _ in lines] == ids and lines[1][1] == "' sky'"
