@@ -41,8 +41,8 @@ from pyllm.backend.placement import DeviceSpec, Hardware, LinkSpec, Planner
 from pyllm.backend.split import SplitBackend
 from pyllm.errors import BackendError, InvalidArgumentError
 from pyllm.graph import (ACT_F32, GLU_GELU_TANH, GLU_MUL, GLU_RELU, GLU_SIGMOID, GLU_RELU_SQR, GLU_SILU, GLU_SWIGLU_OAI,
-                         GLU_TANH, GLU_XIELU, MOE_NORM, MOE_SIGMOID, MOE_SOFTMAX, OP_ATTENTION, OP_SUMSQ, ROPE_NEOX,
-                         ROPE_NORM, Graph, Op, act_format)
+                         GLU_TANH, GLU_XIELU, MOE_NORM, MOE_SIGMOID, MOE_SOFTMAX, OP_ATTENTION, OP_MATMUL_COLS, OP_SUMSQ,
+                         ROPE_NEOX, ROPE_NORM, Graph, Op, act_format)
 from pyllm.model_file import ModelFile, Tensor
 
 GPU_OK, WHY = cuda.available()
@@ -516,6 +516,15 @@ def op_case(case: str, rng):
     elif case in ("linear-q4_k", "linear-f16"):
         wt = tensor(QT.Q4_K if case == "linear-q4_k" else QT.F16, 256, 40)
         g.linear(x, wt, "out")
+    elif case in ("matmul-cols", "matmul-cols-accumulate"):   # LoRA's B: rank 8 to 300 columns
+        b = (rng.standard_normal((8, 300)) * 0.1).astype(np.float32)
+        bt = Tensor("b", 0, (300, 8), 0, b.nbytes, b.reshape(-1).view(np.uint8))
+        if case.endswith("accumulate"):
+            second["acc"] = g.buffer("acc", 300)
+            inputs["acc"] = rng.standard_normal((n, 300)).astype(np.float32)
+            g.matmul_cols(x.cols(5, 8), bt, second["acc"], accumulate=True)
+            return g, inputs, ["acc"], pos, False
+        g.matmul_cols(x.cols(5, 8), bt, "out")
     else:
         raise ValueError(case)
     return g, inputs, ["out"], pos, False
@@ -525,7 +534,8 @@ OP_CASES = ["rmsnorm", "rmsnorm-groups", "rmsnorm-group-weights", "layernorm", "
             "rope-neox", "glu-silu", "glu-gelu", "glu-swiglu-oai", "glu-mul", "glu-relu", "glu-sigmoid", "pos-scale", "act-gelu", "act-relu-sqr", "act-xielu", "add", "scale", "head-rmsnorm", "head-layernorm", "head-glu-gelu", "head-add",
             "head-linear-q4_k", "head-linear-f16", "copy-gather", "copy-broadcast", "head-copy-gather",
             "head-rmsnorm-group-weights", "mix", "mix-accumulate", "head-mix", "match-norm", "sparsify",
-            "head-sparsify", "act-tanh", "sub", "scale-columns", "add-row", "head-add-row"]
+            "head-sparsify", "act-tanh", "sub", "scale-columns", "add-row", "head-add-row", "matmul-cols",
+            "matmul-cols-accumulate", "head-matmul-cols"]
 
 
 @pytest.mark.parametrize("case", OP_CASES)
@@ -697,14 +707,11 @@ def test_the_gpu_refuses_a_quantized_kv_cache(devices):
 
 
 def test_the_gpu_refuses_the_cpu_only_ops(devices):
-    """LoRA's B products (OP_MATMUL_COLS), an importance matrix's sums (OP_SUMSQ) and the hidden
-    states cvector-generator keeps (OP_SAVE_ROWS) have no CUDA kernels: binding them says to
-    keep those layers on the CPU; the host runs them."""
+    """An importance matrix's sums (OP_SUMSQ) and the hidden states cvector-generator keeps
+    (OP_SAVE_ROWS) write host arrays, which the CUDA kernels do not: binding them says to keep
+    those layers on the CPU; the host runs them."""
     host, gpu = devices
-    w = np.ones((4, 8), np.float32)
-    t = Tensor("b", 0, (8, 4), 0, w.nbytes, w.reshape(-1).view(np.uint8))
-    for build in (lambda g: g.matmul_cols(g.buffer("x", 4), t, "y"),
-                  lambda g: g._emit(Op(OP_SUMSQ, x=g.buffer("x", 4), vector=np.zeros(4, np.float32), n_in=4),
+    for build in (lambda g: g._emit(Op(OP_SUMSQ, x=g.buffer("x", 4), vector=np.zeros(4, np.float32), n_in=4),
                                     {"x"}, {"acc"}),
                   lambda g: g.save_rows(g.buffer("x", 4), np.zeros((4, 4), np.float32))):
         g = Graph()
@@ -1121,6 +1128,27 @@ def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     got = steps(be, tokens, table)
     be.close()
     close_enough(got, ref, qtype in (QT.F32, QT.F16, QT.BF16))
+
+
+def test_lora_on_gpu_matches_the_core(devices, tmp_path):
+    """A LoRA adapter on every layer and the token embedding with all of them on the GPU: A x as
+    a matmul, B's products (OP_MATMUL_COLS) added into the layer's output, as on the CPU."""
+    from pyllm.lora import graph_pairs, open_adapters
+    host, gpu = devices
+    path = synth.write_llama(tmp_path / "m.gguf", QT.Q8_0, n_layer=3)
+    lora = synth.write_lora(tmp_path / "a.gguf", path, targets=None, rank=8, size=0.5)
+    mf = ModelFile(path)
+    arch = load_architecture(mf)
+    g = Graph(**graph_pairs(open_adapters([(lora, 0.75)], mf)))
+    arch.build(g)
+    assert any(op.kind == OP_MATMUL_COLS for op in g.ops)
+    shape = Shape(64, 64, 8, 16)
+    tokens = [int(t) for t in np.random.default_rng(2).integers(2, 500, 90)]
+    ref = steps(CpuBackend(g, 2, 64, 64, 8, 16, device=host), tokens, [3, 0, 6, 1, 5, 2])
+    be, _ = all_on_gpu(g, host, gpu, shape)
+    got = steps(be, tokens, [3, 0, 6, 1, 5, 2])
+    be.close()
+    close_enough(got, ref, False)
 
 
 def test_attention_softcap(devices, tmp_path):

@@ -91,6 +91,7 @@ void launch_matmul_id(const pyllm_op *op, const exec &e);
 void launch_moe_sum(const pyllm_op *op, const exec &e);
 void launch_pos_scale(const pyllm_op *op, const exec &e);
 void launch_copy(const pyllm_op *op, const exec &e);
+void launch_matmul_cols(const pyllm_op *op, const exec &e);
 void launch_mix(const pyllm_op *op, const exec &e);
 void launch_match_norm(const pyllm_op *op, const exec &e);
 void launch_sparsify(const pyllm_op *op, const exec &e);

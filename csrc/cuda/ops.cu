@@ -160,6 +160,28 @@ void launch_copy(const pyllm_op *op, const exec &e) {
                                                    span);
 }
 
+/* y[t, o] (+)= sum_i x[t, i] w[i n_out + o]: w float32 stored by its n_in input rows (LoRA's B, n_in its
+ * rank). A thread per output column, adding the inputs in order as the C core does; the threads of a
+ * block read a row of w side by side. */
+__global__ void matmul_cols_kernel(const float *__restrict__ X, int64_t x_stride, const float *__restrict__ W,
+                                   float *Y, int64_t y_stride, int64_t n_in, int64_t n_out, bool accumulate) {
+    const int t = blockIdx.y;
+    const int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= n_out) return;
+    const float *x = X + (int64_t)t * x_stride;
+    float *y = Y + (int64_t)t * y_stride + o;
+    float acc = accumulate ? *y : 0.0f;
+    for (int64_t i = 0; i < n_in; i++) acc += x[i] * W[i * n_out + o];
+    *y = acc;
+}
+
+void launch_matmul_cols(const pyllm_op *op, const exec &e) {
+    dim3 grid(blocks_for(op->n_out, 256), e.rows);
+    PQ_LAUNCH(grid, 256, 0, e.stream, matmul_cols_kernel)(op->x + (int64_t)e.row0 * op->x_stride, op->x_stride,
+                                                          (const float *)op->w, op->y, op->y_stride, op->n_in,
+                                                          op->n_out, (op->flags & OPF_ACCUMULATE) != 0);
+}
+
 /* ---- state-space layers (csrc/ssm.c): Mamba's convolution and selective scan ----
  *
  * Both carry a state in device memory from one step to the next (op->state, allocated and

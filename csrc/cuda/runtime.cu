@@ -325,6 +325,12 @@ static int check_op(const pyllm_op *op) {
             op->y_stride < op->n_in * op->n_head)
             return fail("match_norm: missing rows, or %d groups of %lld outside them", op->n_head, (long long)op->n_in);
         return 0;
+    case OP_MATMUL_COLS:   /* as the C core: a float32 matrix stored by its input rows */
+        if (op->type != T_F32 || !op->x || !op->w || !op->y || op->n_in <= 0 || op->n_out <= 0 ||
+            op->x_stride < op->n_in || op->y_stride < op->n_out)
+            return fail("matmul_cols: a float32 matrix of %lld x %lld and rows to match", (long long)op->n_in,
+                        (long long)op->n_out);
+        return 0;
     case OP_SPARSIFY:
         if (!op->x || !op->y || op->n_in <= 0 || op->x_stride < op->n_in || op->y_stride < op->n_in)
             return fail("sparsify: missing rows");
@@ -518,6 +524,7 @@ int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_
         case OP_MOE_SUM: launch_moe_sum(op, e); break;
         case OP_POS_SCALE: launch_pos_scale(op, e); break;
         case OP_COPY: launch_copy(op, e); break;
+        case OP_MATMUL_COLS: launch_matmul_cols(op, e); break;
         case OP_MIX: launch_mix(op, e); break;
         case OP_MATCH_NORM: launch_match_norm(op, e); break;
         case OP_SPARSIFY: launch_sparsify(op, e); break;

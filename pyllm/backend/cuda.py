@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..errors import BackendError, InvalidArgumentError
-from ..graph import OP_MATMUL_COLS, OP_NAMES, OP_SAVE_ROWS, OP_SUMSQ, Graph, View
+from ..graph import OP_NAMES, OP_SAVE_ROWS, OP_SUMSQ, Graph, View
 from ..model_file import Tensor
 from .base import (ACTIVATIONS, CONTROL, D2H, H2D, WEIGHTS, Bus, Device, DeviceMemoryError, Program, Range, Shape,
                    StepData)
@@ -255,7 +255,7 @@ class CudaDevice(Device):
         self.close()
 
 
-CPU_ONLY_OPS = (OP_MATMUL_COLS, OP_SUMSQ, OP_SAVE_ROWS)
+CPU_ONLY_OPS = (OP_SUMSQ, OP_SAVE_ROWS)   # they write host arrays
 
 
 class CudaProgram(Program):
@@ -270,9 +270,9 @@ class CudaProgram(Program):
             raise BackendError("the GPU keeps f16 KV caches only: use the f16 cache types, or no GPU layers (-ngl 0)")
         cpu_only = {OP_NAMES[graph.ops[i].kind] for r in self.ranges for i in range(r.lo, r.hi)
                     if graph.ops[i].kind in CPU_ONLY_OPS}
-        if cpu_only:   # LoRA's B products, an importance matrix's sums: kernels the CUDA library lacks
-            raise BackendError(f"the GPU has no {', '.join(sorted(cpu_only))} kernel (LoRA adapters and "
-                               f"importance matrices run on the CPU): use no GPU layers (-ngl 0)")
+        if cpu_only:   # an importance matrix's sums, hidden states kept: host arrays the GPU does not write
+            raise BackendError(f"the GPU has no {', '.join(sorted(cpu_only))} kernel (importance matrices and "
+                               f"control vector generation run on the CPU): use no GPU layers (-ngl 0)")
         mp = self.plan = memory_plan(graph, self.ranges, shape)
         self.memory = mp.bytes()
         self._allocs: list[int] = []
