@@ -88,11 +88,30 @@ def _values(text: str, where: str) -> list[tuple[int, str, str]]:
 
 
 def _unquote(value: str) -> str:
+    """A value as written: a triple-quoted block as it is, a "string" with its JSON backslash
+    escapes read, anything else as it is."""
     if value.startswith('"""'):
         return value[3:]
     if len(value) >= 2 and value[0] == value[-1] == '"':
-        return value[1:-1]
+        try:
+            return str(json.loads(value))
+        except ValueError:
+            return value[1:-1]
     return value
+
+
+def _parameter(key: str, value, at: str):
+    """A PARAMETER's value as its type (InvalidArgumentError naming `at` if it is not one)."""
+    kind = PARAMETERS.get(key)
+    if kind is None:
+        raise InvalidArgumentError(f"{at}: unknown parameter {key!r} (pyllm takes {', '.join(sorted(PARAMETERS))})")
+    try:
+        parsed = kind(value) if value != "" and not isinstance(value, (bool, list, dict)) else None
+    except (TypeError, ValueError):
+        parsed = None
+    if parsed is None:
+        raise InvalidArgumentError(f"{at}: {key} needs a {kind.__name__} value, not {value!r}")
+    return parsed
 
 
 def _path(value: str, folder: Path) -> Path:
@@ -114,17 +133,8 @@ def parse(text: str, name: str, folder: Path, where: str = "Modelfile") -> Creat
             model.source = _source(_unquote(rest), folder, at)
         elif word == "parameter":
             key, value = (re.split(r"\s+", rest, maxsplit=1) + [""])[:2]
-            key, value = key.lower(), _unquote(value.strip())
-            kind = PARAMETERS.get(key)
-            if kind is None:
-                raise InvalidArgumentError(f"{at}: unknown parameter {key!r} (pyllm takes "
-                                           f"{', '.join(sorted(PARAMETERS))})")
-            try:
-                parsed = kind(value) if value else None
-            except ValueError:
-                parsed = None
-            if parsed is None:
-                raise InvalidArgumentError(f"{at}: {key} needs a {kind.__name__} value, not {value!r}")
+            key = key.lower()
+            parsed = _parameter(key, _unquote(value.strip()), at)
             if key == "stop":
                 model.parameters.setdefault("stop", []).append(parsed)
             else:
@@ -330,15 +340,13 @@ def from_request(name: str, body: dict) -> CreatedModel:
     source = body.get("from")
     if not isinstance(source, str) or not source:
         raise InvalidArgumentError('/api/create needs "from" (a model this server has) or a "modelfile"')
-    lines = [f"FROM {source}"]
+    model = parse(f"FROM {source}\n", name, registry.models_dir(), where="/api/create")
     parameters = body.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise InvalidArgumentError("parameters must be an object of name -> value")
     for key, value in parameters.items():
-        for v in value if isinstance(value, list) else [value]:
-            lines.append(f"PARAMETER {key} {json.dumps(v) if isinstance(v, str) else v}")
-    text = "\n".join(lines) + "\n"
-    model = parse(text, name, registry.models_dir(), where="/api/create")
+        values = [_parameter(key, v, "/api/create") for v in (value if isinstance(value, list) else [value])]
+        model.parameters[key] = values if key == "stop" else values[-1]
     for key, kind in (("system", str), ("template", str), ("license", (str, list)), ("messages", list)):
         if body.get(key) is not None and not isinstance(body[key], kind):
             raise InvalidArgumentError(f"{key} has the wrong type")

@@ -304,3 +304,17 @@ def test_server_create_and_copy(smollm2_path, tmp_path, monkeypatch):
     assert r.returncode == 0 and created.resolved("g").system == "Be brief."
     r = cli("cp", "nothing", "h", env=env)
     assert r.returncode == 2 and "not a registry model" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_quoted_values_round_trip(gguf, tmp_path, models_dir):
+    """A "string" reads its backslash escapes, and a model made without a Modelfile (ollama's
+    /api/create fields) writes one that reads back the same, quotes and newlines included."""
+    m = created.parse(f'FROM {gguf}\nPARAMETER stop "say \\"hi\\"\\n"\nPARAMETER stop plain\n', "q", tmp_path)
+    assert m.parameters["stop"] == ['say "hi"\n', "plain"]
+    made = created.from_request("r", {"from": str(gguf), "system": "two\nlines", "parameters": {
+        "stop": ['a "b"', "c\\d"], "top_k": 3}, "messages": [{"role": "user", "content": "hi there"}]})
+    again = created.parse(made.modelfile, "r2", tmp_path)
+    assert (again.parameters, again.system, again.messages) == (made.parameters, made.system, made.messages)
+    assert made.parameters == {"stop": ['a "b"', "c\\d"], "top_k": 3}
+    with pytest.raises(InvalidArgumentError, match="top_k needs a int"):
+        created.from_request("s", {"from": str(gguf), "parameters": {"top_k": [1, 2, "x"]}})
