@@ -126,7 +126,7 @@ def with_created_defaults(command: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(command)
     def wrapper(ctx: typer.Context, **kwargs: Any) -> None:
         with handle_errors():
-            created = created_model(kwargs.get("model"))
+            created = created_model(kwargs.get("model") or kwargs.get("model_arg"))
         if created is not None:
             def unset(option: str) -> bool:
                 source = ctx.get_parameter_source(option)
@@ -135,7 +135,8 @@ def with_created_defaults(command: Callable[..., None]) -> Callable[..., None]:
                 option = CREATED_OPTIONS[key]
                 if unset(option):
                     kwargs[option] = str(value) if option == "n_gpu_layers" else value
-            if created.system is not None and unset("system") and kwargs.get("chat", True):
+            chatting = kwargs.get("chat", True) or kwargs.get("model_arg") is not None   # `run NAME` chats
+            if created.system is not None and unset("system") and chatting:
                 kwargs["system"] = created.system
             if created.template is not None and unset("chat_template"):
                 kwargs["chat_template"] = created.template

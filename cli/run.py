@@ -6,6 +6,7 @@ error (one line on stderr), 130 interrupted.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
@@ -43,6 +44,10 @@ def read_prompt(prompt: Optional[str], file: Optional[str]) -> str:
 
 
 def run(
+    model_arg: Annotated[Optional[str], typer.Argument(
+        metavar="MODEL", help="the model, ollama's and llama-run's way: `pyllm run NAME [PROMPT]` answers the "
+        "prompt as a chat message (--chat implied), or without one at a terminal opens `pyllm chat`")] = None,
+    prompt_arg: Annotated[Optional[str], typer.Argument(metavar="PROMPT", help="the prompt, after MODEL")] = None,
     prompt: Annotated[Optional[str], typer.Option("-p", "--prompt", help="the prompt (else -f, else stdin)")] = None,
     file: Annotated[Optional[str], typer.Option("-f", "--file", help="read the prompt from this file")] = None,
     escape: Annotated[bool, typer.Option("--escape/--no-escape", "-e", help="read \\n, \\t, \\\\, \\xNN ... in -p, "
@@ -128,7 +133,18 @@ def run(
     dry_sequence_breaker: DrySequenceBreaker = [],
 ) -> None:
     """Complete a prompt (raw text, or a chat message with --chat) and print the result."""
+    given = dict(locals())
     with handle_errors():
+        if model_arg is not None:   # ollama's `run NAME [PROMPT]`: a chat
+            if model is not None:
+                raise InvalidArgumentError(f"the model twice: {model_arg!r} and -m {model!r}")
+            if prompt_arg is not None and (prompt is not None or file is not None):
+                raise InvalidArgumentError("the prompt twice: after the model and with -p/-f")
+            model, chat = model_arg, True
+            prompt = prompt_arg if prompt_arg is not None else prompt
+            if prompt is None and file is None and sys.stdin is not None and sys.stdin.isatty():
+                chat_instead(given, model)
+                return
         if system is not None and not chat:
             raise InvalidArgumentError("--system needs --chat")
         if suffix is not None and chat:
@@ -226,6 +242,16 @@ def run(
                 sys.stdout.flush()
             save_cache(generation.completion)
             print_profile(generation)
+
+
+def chat_instead(given: dict, model: str) -> None:
+    """`pyllm run NAME` at a terminal: `pyllm chat -m NAME` with the options run was given
+    that chat has too (the others, and those left at run's defaults, take chat's)."""
+    from .chat import chat as chat_command
+    defaults = {k: p.default for k, p in inspect.signature(run).parameters.items()}
+    wanted = inspect.signature(chat_command).parameters
+    chat_command(model=model, **{k: v for k, v in given.items()
+                                 if k in wanted and k != "model" and v != defaults.get(k)})
 
 
 def print_prompt(m, tokens: list[int]) -> None:

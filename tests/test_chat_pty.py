@@ -36,7 +36,7 @@ PASSAGE = (
 
 
 class Terminal:
-    def __init__(self, args: list[str]):
+    def __init__(self, args: list[str], command: str = "chat"):
         self.master, slave = os.openpty()
         env = {**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1", "TERM": "xterm", "COLUMNS": "200",
                "LINES": "50"}
@@ -47,7 +47,7 @@ class Terminal:
             import termios
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)     # the pty is the controlling terminal: ^C is SIGINT
 
-        self.proc = subprocess.Popen([sys.executable, "-m", "cli.main", "chat", *args], cwd=REPO, env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "cli.main", command, *args], cwd=REPO, env=env,
                                      stdin=slave, stdout=slave, stderr=slave, preexec_fn=child_setup,
                                      close_fds=True)
         os.close(slave)
@@ -164,3 +164,18 @@ def test_chat_in_a_terminal(smollm2_path, capsys):
               f"{s2['prompt']:.0f} tok, reused {s2['reused']:.0f}, computed {s2['computed']:.0f}, TTFT {ttft2:.3f} s"
               f" | fresh short prompt: {s3['prompt']:.0f} tok, computed {s3['computed']:.0f}, TTFT {ttft3:.3f} s"
               f" | after ^C: reused {s5['reused']:.0f} of {s5['prompt']:.0f}")
+
+
+def test_run_with_a_model_and_no_prompt_at_a_terminal_chats(smollm2_path):
+    """`pyllm run NAME` at a terminal (ollama's way) opens the chat, with run's options given."""
+    t = Terminal([smollm2_path, "--temp", "0", "-n", "6"], command="run")
+    try:
+        t.read_until(r"pyllm chat · .*/help for help", 60)
+        t.read_until(r">>> ", 30)
+        t.send("Hello\r")
+        t.read_until(r"reply cut at 6 tokens", 60)     # -n reached the chat
+        t.read_until(r">>> ", 30)
+        t.send("\x04")                                 # Ctrl-D leaves
+        assert t.proc.wait(timeout=30) == 0
+    finally:
+        t.close()

@@ -263,3 +263,17 @@ def test_run_verbose_prompt(smollm2_path):
     assert f"number of tokens in prompt = {len(ids)}" in r.stderr and out["prompt_tokens"] == len(ids)
     lines = [ln.split(" -> ") for ln in r.stderr.splitlines() if " -> " in ln]
     assert [int(i) for i, _ in lines] == ids and lines[1][1] == "' sky'"
+
+
+def test_run_model_and_prompt_as_arguments(smollm2_path):
+    """`pyllm run NAME PROMPT` (ollama's and llama-run's way) is `run -m NAME --chat -p PROMPT`;
+    the model or the prompt given twice is an error."""
+    args = ["-n", "5", "--temp", "0", "--json"]
+    positional = json.loads(pyllm("run", smollm2_path, "What is 2+2?", *args).stdout)
+    flags = json.loads(pyllm("run", "-m", smollm2_path, "--chat", "-p", "What is 2+2?", *args).stdout)
+    assert positional["chat"] is True and positional["text"] == flags["text"]
+    assert positional["prompt_tokens"] == flags["prompt_tokens"]
+    piped = pyllm("run", smollm2_path, *args, input="What is 2+2?")   # not a terminal: the prompt from stdin
+    assert json.loads(piped.stdout)["text"] == flags["text"]
+    one_error_line(pyllm("run", smollm2_path, "hi", "-m", smollm2_path), "the model twice")
+    one_error_line(pyllm("run", smollm2_path, "hi", "-p", "there"), "the prompt twice")
