@@ -46,6 +46,9 @@ Ctrl-C stops a reply (or clears the line); Ctrl-D or /exit leaves.
   /help          this help
   /reset         forget the conversation (the system prompt stays)
   /system TEXT   set the system prompt (/system alone shows it; /system - clears it)
+  /set parameter NAME VALUE   a sampling setting from the next reply, by ollama's names
+                 (temperature, top_k, top_p, min_p, repeat_penalty, seed, num_predict, ...)
+  /show parameters            the settings that differ from the defaults
   /save FILE     save the conversation as JSON
   /load FILE     load a saved conversation
   /stats         token counts, KV-cache reuse and speed
@@ -155,6 +158,19 @@ class ChatRepl:
             else:
                 s.system = None if arg == "-" else arg
                 self.status("system prompt cleared" if arg == "-" else "system prompt set")
+        elif name == "/set":
+            self.set(arg)
+        elif name == "/show":
+            if arg != "parameters":
+                raise InvalidArgumentError("/show takes parameters")
+            import dataclasses
+
+            from pyllm.sampling import SamplingParams
+            defaults = dataclasses.asdict(SamplingParams())
+            shown = {k: v for k, v in s.sampling.items() if k in defaults and v != defaults[k]}
+            if s.max_tokens is not None:
+                shown["num_predict"] = s.max_tokens
+            self.status("  ".join(f"{k} {v}" for k, v in shown.items()) or "all at their defaults", style="")
         elif name == "/save":
             if not arg:
                 raise InvalidArgumentError("/save needs a file name")
@@ -191,6 +207,31 @@ class ChatRepl:
         else:
             raise InvalidArgumentError(f"unknown command {name}; /help lists them")
         return True
+
+    def set(self, arg: str) -> None:
+        """/set parameter NAME VALUE (ollama's names) or /set system TEXT."""
+        from pyllm.created import PARAMETERS, SAMPLING_PARAMETERS, parameter_value
+        what, _, rest = arg.partition(" ")
+        s = self.session
+        if what == "system" and rest.strip():
+            s.system = rest.strip()
+            self.status("system prompt set")
+            return
+        key, _, value = rest.strip().partition(" ")
+        if what != "parameter" or not key or not value.strip():
+            raise InvalidArgumentError("/set takes parameter NAME VALUE (e.g. /set parameter temperature 0.2) "
+                                       "or system TEXT")
+        if key in PARAMETERS and key not in SAMPLING_PARAMETERS and key != "num_predict":
+            raise InvalidArgumentError(f"{key} is set when the chat starts ({'--stop' if key == 'stop' else 'a flag'} "
+                                       f"of pyllm chat), not during it")
+        parsed = parameter_value(key, value.strip(), "/set parameter")
+        if key == "num_predict":
+            s.max_tokens = None if parsed < 0 else parsed
+        else:
+            sampling = {**s.sampling, key: parsed}
+            s.model._sampler(sampling)                  # a bad value fails here, the session unchanged
+            s.sampling = sampling
+        self.status(f"{key} set to {parsed}")
 
     # -- a turn --------------------------------------------------------------------------
     def reply(self, text: str) -> None:

@@ -100,7 +100,7 @@ def _unquote(value: str) -> str:
     return value
 
 
-def _parameter(key: str, value, at: str):
+def parameter_value(key: str, value, at: str):
     """A PARAMETER's value as its type (InvalidArgumentError naming `at` if it is not one)."""
     kind = PARAMETERS.get(key)
     if kind is None:
@@ -134,7 +134,7 @@ def parse(text: str, name: str, folder: Path, where: str = "Modelfile") -> Creat
         elif word == "parameter":
             key, value = (re.split(r"\s+", rest, maxsplit=1) + [""])[:2]
             key = key.lower()
-            parsed = _parameter(key, _unquote(value.strip()), at)
+            parsed = parameter_value(key, _unquote(value.strip()), at)
             if key == "stop":
                 model.parameters.setdefault("stop", []).append(parsed)
             else:
@@ -345,7 +345,7 @@ def from_request(name: str, body: dict) -> CreatedModel:
     if not isinstance(parameters, dict):
         raise InvalidArgumentError("parameters must be an object of name -> value")
     for key, value in parameters.items():
-        values = [_parameter(key, v, "/api/create") for v in (value if isinstance(value, list) else [value])]
+        values = [parameter_value(key, v, "/api/create") for v in (value if isinstance(value, list) else [value])]
         model.parameters[key] = values if key == "stop" else values[-1]
     for key, kind in (("system", str), ("template", str), ("license", (str, list)), ("messages", list)):
         if body.get(key) is not None and not isinstance(body[key], kind):

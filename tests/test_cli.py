@@ -277,3 +277,22 @@ def test_run_model_and_prompt_as_arguments(smollm2_path):
     assert json.loads(piped.stdout)["text"] == flags["text"]
     one_error_line(pyllm("run", smollm2_path, "hi", "-m", smollm2_path), "the model twice")
     one_error_line(pyllm("run", smollm2_path, "hi", "-p", "there"), "the prompt twice")
+
+
+def test_chat_set_parameter(smollm2_path):
+    """ollama's /set parameter NAME VALUE in pyllm chat: the next reply follows it (greedy and
+    capped here), /show parameters lists what differs from the defaults, bad ones are one error."""
+    script = ("/show parameters\n/set parameter temperature 0\n/set parameter num_predict 4\n/show parameters\n"
+              "Hello\n/set parameter temprature 1\n/set parameter num_ctx 10\n/set parameter top_k x\n"
+              "/set system Be brief.\n/system\n")
+    r = pyllm("chat", "-m", smollm2_path, input=script)
+    assert r.returncode == 0, r.stderr
+    err = r.stderr
+    assert "all at their defaults" in err and "temperature 0.0  num_predict 4" in err
+    assert "[reply cut at 4 tokens (-n)]" in err
+    from pyllm import Model
+    with Model(smollm2_path) as m:
+        want = m.chat([{"role": "user", "content": "Hello"}], temperature=0, max_tokens=4).text
+    assert want.strip() and want.strip() in r.stdout
+    assert "unknown parameter 'temprature'" in err and "num_ctx is set when the chat starts" in err
+    assert "top_k needs a int value" in err and "system prompt: 'Be brief.'" in err
