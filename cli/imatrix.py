@@ -4,6 +4,7 @@ stderr: the progress, chunk by chunk, and what was written.
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -29,12 +30,22 @@ def imatrix(
     in_file: Annotated[list[str], typer.Option(
         "--in-file", help="an importance matrix to add this one's statistics to (repeatable; without -f and "
         "stdin, the files are only combined)")] = [],
+    chunk: Annotated[int, typer.Option("--chunk", "--from-chunk", help="skip this many chunks of the text "
+                                       "first")] = 0,
+    parse_special: Annotated[bool, typer.Option("--parse-special", help="special-token text in the file "
+                                                "(<|im_start|>, ...) becomes its token")] = False,
+    output_frequency: Annotated[int, typer.Option("-ofreq", "--output-frequency", help="write the matrix so far "
+                                                  "to -o every this many chunks (0: only at the end)")] = 10,
+    save_frequency: Annotated[int, typer.Option("--save-frequency", help="also keep a copy every this many chunks "
+                                                "(OUTPUT's name with .at_N chunks; 0: none)")] = 0,
     threads: Threads = None,
 ) -> None:
     """Compute an importance matrix (llama-imatrix's) for quantizing with --imatrix, or combine several."""
     with handle_errors():
         if chunks == 0 or chunks < -1:
             raise InvalidArgumentError(f"--chunks must be at least 1 (or -1 for all), not {chunks}")
+        if min(chunk, output_frequency, save_frequency) < 0:
+            raise InvalidArgumentError("--chunk, --output-frequency and --save-frequency take 0 or more")
         if os.path.isdir(output):
             raise InvalidArgumentError(f"{output} is a folder: give the output file's path")
         from pyllm.backend.cpu import physical_cores
@@ -59,12 +70,23 @@ def imatrix(
         def progress(i: int, n: int) -> None:
             err.print(f"[{i + 1}/{n}] {(i + 1) * ctx_size} tokens, {time.perf_counter() - t0:.1f} s",
                       highlight=False)
+        with ModelFile(path) as mf:
+            architecture = mf.architecture
+
+        def save(partial) -> None:   # the matrix so far (llama-imatrix's --output-frequency, --save-frequency)
+            whole = partial if combined is None else combined.add(partial)
+            if output_frequency and partial.chunks % output_frequency == 0:
+                whole.save(output, architecture)
+            if save_frequency and partial.chunks % save_frequency == 0:
+                stem, ext = os.path.splitext(output)
+                whole.save(f"{stem}.at_{partial.chunks}{ext or '.gguf'}", architecture)
         im = compute(path, text, n_ctx=ctx_size, n_threads=threads or physical_cores(),
                      max_chunks=None if chunks < 0 else chunks,
-                     dataset=os.path.basename(file) if file else "stdin", on_chunk=progress)
+                     dataset=os.path.basename(file) if file else "stdin", on_chunk=progress, first_chunk=chunk,
+                     parse_special=parse_special, snapshot_every=math.gcd(output_frequency, save_frequency),
+                     on_snapshot=save)
         if combined is not None:
             im = combined.add(im)
-        with ModelFile(path) as mf:
-            im.save(output, mf.architecture)
+        im.save(output, architecture)
         err.print(f"{output}: {len(im.sums)} matrices, {im.chunks} chunks of {im.chunk_size} tokens, "
                   f"in {time.perf_counter() - t0:.1f} s", highlight=False, soft_wrap=True)

@@ -131,23 +131,43 @@ class Imatrix:
 
 def compute(model: str | os.PathLike, text: str, n_ctx: int = 512, n_threads: int = 2, n_batch: int = 512,
             max_chunks: Optional[int] = None, dataset: str = "",
-            on_chunk: Optional[Callable[[int, int], None]] = None) -> Imatrix:
-    """The importance matrix of `model` on `text` (see the module's doc); on_chunk(i, n) after each chunk."""
+            on_chunk: Optional[Callable[[int, int], None]] = None, first_chunk: int = 0,
+            parse_special: bool = False, snapshot_every: int = 0,
+            on_snapshot: Optional[Callable[["Imatrix"], None]] = None) -> Imatrix:
+    """The importance matrix of `model` on `text` (see the module's doc); on_chunk(i, n) after each chunk.
+    first_chunk: chunks of the text to skip (llama-imatrix's --chunk); parse_special: special-token
+    text becomes its token (--parse-special); on_snapshot(the matrix so far) every snapshot_every
+    chunks (its --output-frequency)."""
     from .model_file import ModelFile
 
     if n_ctx < 2:
         raise InvalidArgumentError(f"the chunk size (-c) must be at least 2 tokens, not {n_ctx}")
+    if first_chunk < 0:
+        raise InvalidArgumentError(f"the first chunk must be 0 or more, not {first_chunk}")
+    datasets = [dataset] if dataset else []
     with ModelFile(model) as mf:
-        sums, reads, n_chunks = _collect(mf, Path(model).name, text, n_ctx, n_threads, n_batch, max_chunks, on_chunk)
-    counts: dict[str, int | np.ndarray] = {name: n * n_chunks * n_ctx for name, n in reads.items()}
-    for name, acc in list(sums.items()):
+        def snapshot(sums: dict, reads: Counter, chunks: int) -> None:
+            if on_snapshot is not None and snapshot_every > 0 and chunks % snapshot_every == 0:
+                on_snapshot(_matrix(sums, reads, chunks, n_ctx, datasets))
+        sums, reads, n_chunks = _collect(mf, Path(model).name, text, n_ctx, n_threads, n_batch, max_chunks, on_chunk,
+                                         first_chunk, parse_special, snapshot)
+    return _matrix(sums, reads, n_chunks, n_ctx, datasets)
+
+
+def _matrix(sums: dict[str, np.ndarray], reads: Counter, chunks: int, n_ctx: int, datasets: list[str]) -> Imatrix:
+    """The importance matrix of the accumulators after `chunks` chunks (copies: they go on)."""
+    counts: dict[str, int | np.ndarray] = {name: n * chunks * n_ctx for name, n in reads.items()}
+    out = {}
+    for name, acc in sums.items():
         if acc.ndim == 2:   # experts: the count of rows each saw is the accumulator's last column
-            sums[name], counts[name] = acc[:, :-1].copy(), acc[:, -1].astype(np.int64)
-    return Imatrix(sums, counts, [dataset] if dataset else [], n_chunks, n_ctx)
+            out[name], counts[name] = acc[:, :-1].copy(), acc[:, -1].astype(np.int64)
+        else:
+            out[name] = acc.copy()
+    return Imatrix(out, counts, list(datasets), chunks, n_ctx)
 
 
 def _collect(mf, name: str, text: str, n_ctx: int, n_threads: int, n_batch: int, max_chunks: Optional[int],
-             on_chunk) -> tuple[dict, dict, int]:
+             on_chunk, first_chunk: int, parse_special: bool, snapshot) -> tuple[dict, Counter, int]:
     """(sums, products per step of each matrix, chunks run) of the model in mf on text."""
     from .arch import load_architecture
     from .backend.cpu import CpuBackend
@@ -166,29 +186,32 @@ def _collect(mf, name: str, text: str, n_ctx: int, n_threads: int, n_batch: int,
         raise UnsupportedModelError(f"{arch.name} keeps a recurrent state: pyllm imatrix runs transformer models")
     if not sums:
         raise UnsupportedModelError(f"{name} has no layer matrices to collect")
-    ids = tok.encode(text, add_bos=None)
-    n_chunks = len(ids) // n_ctx
+    name_of = {id(acc): name for name, acc in sums.items()}
+    reads = Counter(name_of[id(op.vector)] for op in g.ops
+                    if op.kind == OP_SUMSQ and op.x2 is None)   # products of a matrix a step
+    ids = tok.encode(text, add_bos=None, parse_special=parse_special)
+    n_chunks = len(ids) // n_ctx - first_chunk
     if max_chunks is not None:
         n_chunks = min(n_chunks, max_chunks)
     if n_chunks < 1:
-        raise InvalidArgumentError(f"the text has {len(ids)} tokens: at least one chunk of {n_ctx} is needed "
-                                   f"(a longer text, or a smaller -c)")
+        need = f"{first_chunk + 1} chunks of {n_ctx} (one after the {first_chunk} skipped)" if first_chunk else \
+            f"one chunk of {n_ctx}"
+        raise InvalidArgumentError(f"the text has {len(ids)} tokens: at least {need} is needed (a longer text, "
+                                   f"or a smaller -c)")
     n_batch = min(n_batch, n_ctx)
     n_blocks = (n_ctx + BLOCK_SIZE - 1) // BLOCK_SIZE
     backend = CpuBackend(g, n_threads, n_batch, 1, n_blocks, BLOCK_SIZE)
     table = list(range(n_blocks))
     try:
         for c in range(n_chunks):
-            chunk = ids[c * n_ctx:(c + 1) * n_ctx]
+            chunk = ids[(first_chunk + c) * n_ctx:(first_chunk + c + 1) * n_ctx]
             if tok.add_bos and tok.bos_id is not None:
                 chunk[0] = tok.bos_id
             for start in range(0, n_ctx, n_batch):
                 backend.forward(chunk[start:start + n_batch], start, table, 1)
             if on_chunk is not None:
                 on_chunk(c, n_chunks)
+            snapshot(sums, reads, c + 1)
     finally:
         backend.close()
-    name_of = {id(acc): name for name, acc in sums.items()}
-    reads = Counter(name_of[id(op.vector)] for op in g.ops
-                    if op.kind == OP_SUMSQ and op.x2 is None)   # products of a matrix a step
     return sums, reads, n_chunks

@@ -243,3 +243,44 @@ def test_combining(model, tmp_path):
     r = pyllm("imatrix", "-m", model, "-f", str(tmp_path / "t.txt"), "-c", "64", "--chunks", "1",
               "--in-file", str(tmp_path / "ab.gguf"), "-o", str(tmp_path / "abc.gguf"))
     assert r.returncode == 0 and Imatrix.load(tmp_path / "abc.gguf").chunks == 3, r.stderr
+
+
+def test_skipping_chunks_and_snapshots(model, tmp_path):
+    """--chunk N skips the text's first N chunks (chunk 0 and 1 together are chunk 1 after
+    chunk 0), snapshots come every so many chunks with the statistics so far, and the
+    command writes them (-ofreq to -o, --save-frequency as copies)."""
+    first, both = compute(model, TEXT, n_ctx=64, max_chunks=1), compute(model, TEXT, n_ctx=64, max_chunks=2)
+    second = compute(model, TEXT, n_ctx=64, max_chunks=1, first_chunk=1)
+    for name in both.sums:
+        np.testing.assert_allclose(first.sums[name] + second.sums[name], both.sums[name], rtol=1e-5)
+    seen = []
+    last = compute(model, TEXT, n_ctx=64, max_chunks=3, snapshot_every=1, on_snapshot=seen.append)
+    assert [s.chunks for s in seen] == [1, 2, 3]
+    for name in both.sums:
+        np.testing.assert_allclose(seen[1].sums[name], both.sums[name], rtol=1e-6)
+        np.testing.assert_array_equal(seen[2].sums[name], last.sums[name])
+        assert seen[0].counts[name] * 2 == seen[1].counts[name] == both.counts[name]
+    with pytest.raises(InvalidArgumentError, match="one after the 100 skipped"):
+        compute(model, TEXT, n_ctx=64, first_chunk=100)
+    (tmp_path / "t.txt").write_text(TEXT)
+    out = tmp_path / "im.gguf"
+    r = pyllm("imatrix", "-m", model, "-f", str(tmp_path / "t.txt"), "-c", "64", "--chunks", "3", "--chunk", "1",
+              "-o", str(out), "-ofreq", "2", "--save-frequency", "1", "-t", "1")
+    assert r.returncode == 0, r.stderr
+    assert [Imatrix.load(tmp_path / f"im.at_{n}.gguf").chunks for n in (1, 2, 3)] == [1, 2, 3]
+    np.testing.assert_allclose(Imatrix.load(tmp_path / "im.at_1.gguf").sums["blk.0.attn_q.weight"],
+                               second.sums["blk.0.attn_q.weight"], rtol=1e-6)
+    assert Imatrix.load(out).chunks == 3
+
+
+def test_parse_special(smollm2_path):
+    """--parse-special: <|im_start|> in the text is the one token, and the statistics change with it."""
+    text = "<|im_start|>user\nHello there, how are you today?<|im_end|>\n" * 6
+    with ModelFile(smollm2_path) as mf:
+        tok = load_tokenizer(mf.metadata)
+    tok_ids = {flag: len(tok.encode(text, parse_special=flag)) for flag in (False, True)}
+    assert tok_ids[True] < tok_ids[False]
+    plain = compute(smollm2_path, text, n_ctx=32, max_chunks=1)
+    special = compute(smollm2_path, text, n_ctx=32, max_chunks=1, parse_special=True)
+    name = "blk.0.attn_q.weight"
+    assert not np.allclose(plain.sums[name], special.sums[name])
