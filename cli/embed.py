@@ -59,6 +59,8 @@ def embed(
     = True,
     truncate: Annotated[bool, typer.Option("--truncate", help="cut a text longer than the context instead of "
                                            "failing")] = False,
+    dimensions: Annotated[Optional[int], typer.Option("--dimensions", help="keep the first N values (before "
+                                                      "normalizing): a Matryoshka model's shorter embedding")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object: model, embeddings, token counts, "
                                           "timing")] = False,
     threads: Threads = None,
@@ -84,7 +86,7 @@ def embed(
             for text in items:
                 ids = m.embedding_tokens(text, truncate)
                 counts.append(len(ids))
-                line = vector_json(m.embed_tokens(ids, pooling, normalize))
+                line = vector_json(m.embed_tokens(ids, pooling, normalize, dimensions))
                 if as_json:
                     lines.append(line)
                 else:
@@ -93,7 +95,8 @@ def embed(
             if as_json:
                 total = time.perf_counter() - t0
                 head = json.dumps({"model": str(m.path), "pooling": pooling or m.pooling, "normalized": normalize,
-                                   "dims": m.embedding_dims, "prompt_tokens": sum(counts), "tokens": counts,
+                                   "dims": dimensions or m.embedding_dims, "prompt_tokens": sum(counts),
+                                   "tokens": counts,
                                    "load_s": round(load_s, 6), "total_s": round(total, 6)})
                 sys.stdout.write(head[:-1] + ', "embeddings": [' + ",".join(lines) + "]}\n")
                 sys.stdout.flush()

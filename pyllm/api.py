@@ -357,7 +357,7 @@ class Model:
 
     # -- embeddings --------------------------------------------------------------
     def embed(self, text: str | Seq[str], pooling: Optional[str] = None, normalize: bool = True,
-              truncate: bool = False) -> np.ndarray:
+              truncate: bool = False, dimensions: Optional[int] = None) -> np.ndarray:
         """The embedding of a text, float32 [n_embd], or of each of a list of texts, [len, n_embd].
 
         The text is tokenized as the model file says (BERT: [CLS] text [SEP]),
@@ -367,16 +367,19 @@ class Model:
         and with normalize scaled to unit length (as llama.cpp's and ollama's
         embeddings are). A text longer than the context is an error, or with
         truncate cut to fit (keeping the end-of-text token the tokenizer adds).
+        dimensions: keep the first this many values before normalizing (a Matryoshka-trained
+        model's shorter embedding, such as EmbeddingGemma's 512, 256, 128; OpenAI's field).
         The model must be loaded with embedding=True (encoders always are)."""
         texts = [text] if isinstance(text, str) else list(text)
         if not all(isinstance(t, str) for t in texts):
             raise InvalidArgumentError("embed() takes a str or a list of str")
-        vectors = [self.embed_tokens(self.embedding_tokens(t, truncate), pooling, normalize) for t in texts]
+        vectors = [self.embed_tokens(self.embedding_tokens(t, truncate), pooling, normalize, dimensions)
+                   for t in texts]
         if isinstance(text, str):
             return vectors[0]
         if (pooling or self.pooling) == "none":
             return vectors   # a [T, n_embd] array per text: their lengths differ
-        return np.stack(vectors) if vectors else np.zeros((0, self.embedding_dims), np.float32)
+        return np.stack(vectors) if vectors else np.zeros((0, dimensions or self.embedding_dims), np.float32)
 
     @property
     def embedding_dims(self) -> int:
@@ -398,7 +401,8 @@ class Model:
             ids = ids[:self.n_ctx - 1] + ids[-1:] if marked else ids[:self.n_ctx]
         return ids
 
-    def embed_tokens(self, token_ids: Seq[int], pooling: Optional[str] = None, normalize: bool = True) -> np.ndarray:
+    def embed_tokens(self, token_ids: Seq[int], pooling: Optional[str] = None, normalize: bool = True,
+                     dimensions: Optional[int] = None) -> np.ndarray:
         """The embedding of token ids (see embed)."""
         if not self.embedding:
             raise InvalidArgumentError(f"{self.path.name} is loaded for generation; load it with "
@@ -406,9 +410,15 @@ class Model:
         pooling = pooling or self.pooling
         if pooling not in POOLINGS:
             raise InvalidArgumentError(f"pooling must be one of {', '.join(POOLINGS)}, not {pooling!r}")
+        if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
+                                       or not 1 <= dimensions <= self.embedding_dims):
+            raise InvalidArgumentError(f"dimensions must be 1..{self.embedding_dims} (this model's embedding "
+                                       f"width), not {dimensions!r}")
         rows = self.engine.logits(self._check_ids(token_ids))   # the output rows: the final norm's
         v = {"mean": lambda: rows.mean(axis=0, dtype=np.float64), "cls": lambda: rows[0], "last": lambda: rows[-1],
              "none": lambda: rows}[pooling]().astype(np.float32)
+        if dimensions is not None:   # Matryoshka: the leading values are an embedding of their own
+            v = np.ascontiguousarray(v[..., :dimensions])
         if normalize:
             norm = np.linalg.norm(v.astype(np.float64), axis=-1, keepdims=True)
             v = np.where(norm > 0, v / np.maximum(norm, 1e-300), 0.0).astype(np.float32)

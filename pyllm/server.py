@@ -601,7 +601,7 @@ class Handler(BaseHTTPRequestHandler):
             data, tokens = [], 0
             for i, item in enumerate(inputs):
                 ids = m.embedding_tokens(item) if isinstance(item, str) else item
-                v = m.embed_tokens(ids)
+                v = m.embed_tokens(ids, dimensions=body.get("dimensions"))
                 tokens += len(ids)
                 vector = base64.b64encode(v.astype("<f4").tobytes()).decode() if fmt == "base64" else \
                     [float(x) for x in v]
@@ -1148,7 +1148,7 @@ class Handler(BaseHTTPRequestHandler):
             name = self.server.name
             self._check_embeddings(m)
             ids = [m.embedding_tokens(t, truncate=body.get("truncate", True)) for t in inputs]
-            vectors = [[float(x) for x in m.embed_tokens(i)] for i in ids]
+            vectors = [[float(x) for x in m.embed_tokens(i, dimensions=body.get("dimensions"))] for i in ids]
         self.send_json(HTTPStatus.OK, {"model": name, "embeddings": vectors,
                                        "total_duration": int((time.perf_counter() - t0) * 1e9), "load_duration": 0,
                                        "prompt_eval_count": sum(map(len, ids))})

@@ -74,6 +74,40 @@ def test_embed_pooling_and_options(minilm):
     assert minilm.embed("").shape == (384,)   # [CLS] [SEP]: BERT embeds an empty text
 
 
+def test_dimensions_keep_the_leading_values(minilm, minilm_path):
+    """dimensions N (OpenAI's field, Matryoshka embeddings): the pooled vector's first N values,
+    then normalized; the API, /v1/embeddings and ollama's /api/embed alike."""
+    full = minilm.embed_tokens(minilm.tokenize("a short text"), normalize=False)
+    short = minilm.embed("a short text", dimensions=64)
+    np.testing.assert_allclose(short, full[:64] / np.linalg.norm(full[:64]), rtol=1e-5, atol=1e-7)
+    assert minilm.embed(["a", "b"], dimensions=8).shape == (2, 8) and minilm.embed([], dimensions=8).shape == (0, 8)
+    for bad in (0, 385, 2.5, True):
+        with pytest.raises(InvalidArgumentError, match="dimensions must be 1..384"):
+            minilm.embed("x", dimensions=bad)
+    import json
+    import threading
+    import urllib.request
+
+    from pyllm.server import make_server
+    server = make_server(minilm, "127.0.0.1", 0, name="minilm")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for path, body, pick in (("/v1/embeddings", {"input": "a short text", "dimensions": 64},
+                                  lambda r: r["data"][0]["embedding"]),
+                                 ("/api/embed", {"input": "a short text", "dimensions": 64},
+                                  lambda r: r["embeddings"][0])):
+            req = urllib.request.Request(server.url + path, data=json.dumps(body).encode())
+            with urllib.request.urlopen(req, timeout=60) as r:
+                np.testing.assert_array_equal(np.array(pick(json.loads(r.read())), np.float32), short)
+    finally:
+        server.shutdown()
+        server.server_close()
+    from test_cli import pyllm
+    r = pyllm("embed", "-m", minilm_path, "--dimensions", "64", "a short text")
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_allclose(json.loads(r.stdout), short, rtol=1e-6, atol=1e-7)
+
+
 def test_embed_errors(minilm, minilm_path):
     long = "word " * 600
     with pytest.raises(ContextFullError, match="602 tokens; the model embeds at most 512 .*truncate"):
