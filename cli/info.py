@@ -30,9 +30,9 @@ def info(
         from pyllm.errors import InvalidArgumentError
         from pyllm.info import model_info
 
+        from .common import created_model
+        created = created_model(model)
         if show_modelfile:
-            from .common import created_model
-            created = created_model(model)
             if created is None:
                 raise InvalidArgumentError(f"{model or 'the default model'} is not a created model (pyllm create): "
                                            f"it has no Modelfile")
@@ -44,7 +44,24 @@ def info(
         report = model_info(model_path(model), n_ctx=ctx_size, k_type=kv_type(cache_type_k, "--cache-type-k"),
                             v_type=kv_type(cache_type_v, "--cache-type-v"), overrides=overrides_of(override_kv))
         if as_json:
-            json.dump(report.as_dict(), sys.stdout)
+            out = report.as_dict()
+            if created is not None:
+                out["created"] = {"name": created.name, "from": created.source, "parameters": created.parameters,
+                                  "system": created.system, "adapters": created.adapters,
+                                  "messages": len(created.messages), "template": created.template is not None}
+            json.dump(out, sys.stdout)
             sys.stdout.write("\n")
         else:
+            if created is not None:   # ollama's show: the defaults a created model runs with
+                from pyllm.created import parameters_text
+                print(f"{'created':<15}{created.name} FROM {created.source}")
+                for line in parameters_text(created.parameters).splitlines():
+                    print(f"{'  parameter':<15}{line}")
+                if created.system is not None:
+                    print(f"{'  system':<15}{created.system!r}")
+                for a in created.adapters:
+                    print(f"{'  adapter':<15}{a}")
+                if created.messages or created.template:
+                    print(f"{'  chat':<15}{len(created.messages)} messages to start from" +
+                          (", its own template" if created.template else ""))
             print(report.format())

@@ -181,6 +181,11 @@ def test_commands_end_to_end(smollm2_path, tmp_path):
     assert "pirate\tcreated\tFROM " + smollm2_path in r.stdout
     r = cli("info", "-m", "pirate", "--modelfile", env=env)
     assert r.stdout == (tmp_path / "Modelfile").read_text()
+    lines = cli("info", "-m", "pirate", env=env).stdout.splitlines()
+    assert lines[0].split() == ["created", "pirate", "FROM", smollm2_path]
+    assert lines[1].split() == ["parameter", "temperature", "0.0"] and "2 messages to start from" in lines[4]
+    info = json.loads(cli("info", "-m", "pirate", "--json", env=env).stdout)
+    assert info["created"]["parameters"] == {"temperature": 0.0, "num_predict": 8} and info["created"]["messages"] == 2
     (tmp_path / "Bad").write_text("FROM smollm2-135m\nPARAMETER temprature 0.2\n")
     r = cli("create", "bad", "-f", str(tmp_path / "Bad"), env=env)
     assert r.returncode == 2 and f"{tmp_path / 'Bad'}:2: unknown parameter" in r.stderr and "Traceback" not in r.stderr
