@@ -56,6 +56,11 @@ def perplexity(
     kl_divergence: Annotated[bool, typer.Option("--kl-divergence", help="compare this model with the base "
                                                 "model saved in --kl-divergence-base (KL divergence, change in "
                                                 "p of each token, same top token)")] = False,
+    hellaswag: Annotated[bool, typer.Option("--hellaswag", help="score HellaSwag instead: -f is llama.cpp's "
+                                            "hellaswag_val_full.txt (six lines a task); acc_norm after each task")]
+    = False,
+    hellaswag_tasks: Annotated[int, typer.Option("--hellaswag-tasks", help="score the file's first N tasks "
+                                                 "(-1: all; llama.cpp's default of 400 drawn at random)")] = 400,
     threads: Threads = None,
     n_gpu_layers: NGpuLayers = "auto",
     cache_type_k: CacheTypeK = "f16",
@@ -73,6 +78,10 @@ def perplexity(
         if kl_divergence and not kl_divergence_base:
             raise InvalidArgumentError("--kl-divergence needs --kl-divergence-base FILE: the log-probabilities a "
                                        "run of the base model with -f TEXT --kl-divergence-base FILE saved")
+        if hellaswag and kl_divergence:
+            raise InvalidArgumentError("--hellaswag or --kl-divergence, not both")
+        if hellaswag_tasks == 0 or hellaswag_tasks < -1:
+            raise InvalidArgumentError(f"--hellaswag-tasks must be at least 1 (or -1 for all), not {hellaswag_tasks}")
         base = None
         if kl_divergence:
             from pyllm.perplexity import BaseLogProbs
@@ -99,6 +108,9 @@ def perplexity(
             m.require_generation()
             if base is not None:
                 compare(m, base, max_chunks, as_json)
+                return
+            if hellaswag:
+                score_hellaswag(m, text, None if hellaswag_tasks < 0 else hellaswag_tasks, as_json)
                 return
             ids = m.tokenize(text)
             n_chunks = len(ids) // ctx_size if max_chunks is None else min(max_chunks, len(ids) // ctx_size)
@@ -156,6 +168,28 @@ def compare(m, base, max_chunks: Optional[int], as_json: bool) -> None:
         sys.stdout.write(statistics_text(s))
     err.print(f"{result.chunks * base.n_ctx} tokens in {seconds:.1f} s "
               f"({result.chunks * base.n_ctx / seconds:.1f} tokens/s)")
+
+
+def score_hellaswag(m, text: str, max_tasks: Optional[int], as_json: bool) -> None:
+    """--hellaswag: llama-perplexity's lines (task, acc_norm, its 95% interval) or one JSON object."""
+    from pyllm.hellaswag import read_tasks, wilson
+    tasks = read_tasks(text)
+    n = len(tasks) if max_tasks is None else min(max_tasks, len(tasks))
+    err.print(f"hellaswag: {n} of the file's {len(tasks)} tasks, the first ones", soft_wrap=True)
+    t0 = time.perf_counter()
+    if not as_json:
+        sys.stdout.write("\ntask\tacc_norm\t95% confidence interval\n")
+
+    def line(i: int, so_far) -> None:
+        if not as_json:
+            lo, hi = wilson(so_far.right, so_far.tasks)
+            sys.stdout.write(f"{i + 1}\t{100 * so_far.acc_norm:3.8f}%\t[{100 * lo:3.4f}%, {100 * hi:3.4f}%]\n")
+            sys.stdout.flush()
+    result = m.hellaswag(text, max_tasks=max_tasks, on_task=line)
+    seconds = time.perf_counter() - t0
+    if as_json:
+        sys.stdout.write(json.dumps({"model": str(m.path), **result.as_dict(), "seconds": seconds}) + "\n")
+    err.print(f"acc_norm {100 * result.acc_norm:.2f}% over {result.tasks} tasks in {seconds:.1f} s", soft_wrap=True)
 
 
 def statistics_text(s: dict) -> str:

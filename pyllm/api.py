@@ -30,6 +30,7 @@ from .engine import Completion, Engine, Generation, TokenLogprob, check_top_logp
 from .errors import ContextFullError, InvalidArgumentError, TemplateError, UnsupportedModelError
 from .grammar import AnswerConstraint, Format, Trigger, constraint_for
 from .graph import Graph
+from .hellaswag import HellaSwag, hellaswag, read_tasks as read_hellaswag
 from .infill import server_prompt
 from .lora import LoraAdapter, check_applied, graph_pairs, open_adapters
 from .model_file import ModelFile
@@ -344,6 +345,14 @@ class Model:
         self._chunk_fits(saved.n_ctx)
         self._check_ids(saved.tokens.tolist())
         return kl_divergence(self.engine._fresh_logits, saved, self._chunk_bos(), max_chunks, on_chunk)
+
+    def hellaswag(self, text: str, max_tasks: Optional[int] = None, on_task=None) -> HellaSwag:
+        """The HellaSwag score (acc_norm) of a llama.cpp hellaswag_val_full.txt's text, as
+        llama-perplexity --hellaswag computes it (pyllm.hellaswag), over its first max_tasks
+        tasks (all: None); on_task(i, so far) after each."""
+        self.require_generation()
+        tasks = read_hellaswag(text)
+        return hellaswag(self.engine._fresh_logits, self.tokenize, tasks, max_tasks, on_task)
 
     def _chunk_fits(self, n_ctx: int) -> int:
         if n_ctx > self.n_ctx:
