@@ -29,6 +29,23 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                        "server, benchmarks.")
 
 
+def print_version(asked: bool) -> None:
+    if asked:
+        import platform
+
+        from pyllm import __version__
+        from pyllm.backend.cpu import kernel_level
+        print(f"pyllm {__version__} (CPU kernels {kernel_level()}, Python {platform.python_version()})")
+        raise typer.Exit()
+
+
+@app.callback()
+def options(version: Annotated[bool, typer.Option("--version", "-v", callback=print_version, is_eager=True,
+                                                  help="print the version and the CPU kernels in use")] = False
+            ) -> None:
+    pass
+
+
 @app.command("list")
 def list_models() -> None:
     """Show the registry's models and which are downloaded."""

@@ -296,3 +296,11 @@ def test_chat_set_parameter(smollm2_path):
     assert want.strip() and want.strip() in r.stdout
     assert "unknown parameter 'temprature'" in err and "num_ctx is set when the chat starts" in err
     assert "top_k needs a int value" in err and "system prompt: 'Be brief.'" in err
+
+
+def test_version():
+    from pyllm import __version__
+    from pyllm.backend.cpu import kernel_level
+    for flag in ("--version", "-v"):
+        r = pyllm(flag)
+        assert r.returncode == 0 and r.stdout.startswith(f"pyllm {__version__} (CPU kernels {kernel_level()}")
