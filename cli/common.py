@@ -94,7 +94,7 @@ def model_path(model: Optional[str], quiet: bool = False) -> str:
 
 
 def created_model(model: Optional[str]):
-    """The created model (pyllm.modelfile) `model` names, with what it inherits; None
+    """The created model (pyllm.created) `model` names, with what it inherits; None
     for a registry name, a file, or no such model."""
     from pyllm import created
     if model is None or model in registry.MODELS or not created.NAME.fullmatch(model):

@@ -53,9 +53,10 @@ def serve(
     rope_freq_base: RopeFreqBaseOpt = None,
     rope_freq_scale: RopeFreqScaleOpt = None,
     yarn_orig_ctx: YarnOrigCtxOpt = None,
-    host: Annotated[str, typer.Option("--host", help="address to listen on (0.0.0.0: every interface; "
-                                      "give it an --api-key there)")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="port to listen on (0: any free one)")] = 8080,
+    host: Annotated[str, typer.Option("--host", envvar="PYLLM_HOST", help="address to listen on (0.0.0.0: every "
+                                      "interface; give it an --api-key there)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", envvar="PYLLM_PORT", help="port to listen on (0: any free "
+                                      "one)")] = 8080,
     embedding: Annotated[bool, typer.Option("--embedding", help="load the model for /v1/embeddings instead of "
                                             "generation (an encoder such as BERT always is)")] = False,
     pooling: Annotated[Optional[str], typer.Option("--pooling", help="with --embedding: mean, cls or last "

@@ -240,11 +240,12 @@ def test_embeddings(minilm_path):
 
 
 def test_cli_serve_and_ctrl_c(smollm2_path):
-    """`pyllm serve --port 0` says where it listens, answers, and stops on Ctrl-C with exit 130; the
-    API key comes from $PYLLM_API_KEY (or --api-key)."""
-    p = subprocess.Popen([sys.executable, "-m", "pyllm.cli.main", "serve", "-m", smollm2_path, "--port", "0",
-                          "-t", "1"], stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "COLUMNS": "300", "PYLLM_API_KEY": "sesame"})
+    """`pyllm serve` on $PYLLM_PORT 0 (--port) says where it listens, answers, and stops on Ctrl-C with
+    exit 130; the API key comes from $PYLLM_API_KEY (or --api-key)."""
+    p = subprocess.Popen([sys.executable, "-m", "pyllm.cli.main", "serve", "-m", smollm2_path, "-t", "1"],
+                         stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "COLUMNS": "300", "PYLLM_API_KEY": "sesame", "PYLLM_PORT": "0",
+                              "PYLLM_HOST": "127.0.0.1"})
     try:
         line = p.stderr.readline()
         assert "listening on http://127.0.0.1:" in line and "1 API key" in line, line
