@@ -13,8 +13,9 @@
 Instructions are case-insensitive; a value is the rest of the line, a "quoted"
 string, or a \"\"\"block\"\"\" over several lines; # starts a comment line.
 ollama's TEMPLATE is a Go template, which pyllm does not run: a TEMPLATE here is
-Jinja (the chat templates GGUF files carry), and a Go one is refused with that
-said. Paths are relative to the Modelfile's folder and kept absolute.
+Jinja (the chat templates GGUF files carry); a Go one is left out with a warning,
+the model file's own template (which it usually restates) used instead. Paths
+are relative to the Modelfile's folder and kept absolute.
 
 `pyllm create NAME -f Modelfile` (or ollama's POST /api/create) checks
 everything and keeps the model as models_dir()/created/NAME.json (the Modelfile's
@@ -25,6 +26,7 @@ prompt, messages, adapters and template, its own coming on top.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import urllib.parse
 from dataclasses import asdict, dataclass, field
@@ -33,6 +35,8 @@ from typing import Any, Optional
 
 from . import registry
 from .errors import InvalidArgumentError, ModelNotFoundError
+
+log = logging.getLogger("pyllm")
 
 # ollama's PARAMETER names pyllm honours, and their types
 PARAMETERS: dict[str, type] = {
@@ -177,11 +181,13 @@ def _source(value: str, folder: Path, at: str) -> str:
     return str(path)
 
 
-def _template(text: str, at: str) -> str:
+def _template(text: str, at: str) -> Optional[str]:
+    """A Jinja TEMPLATE, checked; None for ollama's Go template (said in a warning: the model
+    file's own template is used, which the Go one usually restates)."""
     if "{%" not in text and re.search(r"\{\{-?\s*\.", text):
-        raise InvalidArgumentError(f"{at}: TEMPLATE holds a Go template (ollama's {{{{ .Prompt }}}} form), which "
-                                   f"pyllm does not run: give a Jinja chat template, or leave TEMPLATE out to use "
-                                   f"the model's own")
+        log.warning("%s: TEMPLATE holds a Go template (ollama's {{ .Prompt }} form), which pyllm does not run: "
+                    "the model file's own chat template is used instead (give a Jinja template to change it)", at)
+        return None
     from .chat_template import ChatTemplate
     ChatTemplate.from_source(text)         # a template that does not compile fails now
     return text

@@ -72,7 +72,6 @@ LICENSE MIT
     ('FROM smollm2-135m\nSYSTEM """open', InvalidArgumentError, "not closed"),
     ("FROM smollm2-135m\nMESSAGE system hi", InvalidArgumentError, "a SYSTEM line"),
     ("FROM smollm2-135m\nMESSAGE bot hi", InvalidArgumentError, "user or assistant"),
-    ('FROM smollm2-135m\nTEMPLATE """{{ .System }} {{ .Prompt }}"""', InvalidArgumentError, "Go template"),
     ('FROM smollm2-135m\nTEMPLATE """{% for %}"""', TemplateError, "not valid Jinja"),
     ("FROM smollm2-135m\nADAPTER missing.gguf", InvalidArgumentError, "no adapter file"),
     ("FROM nowhere.gguf", ModelNotFoundError, "does not exist"),
@@ -82,6 +81,14 @@ def test_refused_with_the_line(tmp_path, models_dir, text, error, message):
     (tmp_path / "Modelfile").write_text(text)
     with pytest.raises(error, match=message):
         created.parse(text, "x", tmp_path)
+
+
+def test_a_go_template_is_left_out_with_a_warning(tmp_path, models_dir, caplog):
+    text = 'FROM smollm2-135m\nTEMPLATE """{{- if .System }}{{ .System }}{{ end }}{{ .Prompt }}"""\nSYSTEM hi\n'
+    with caplog.at_level("WARNING", logger="pyllm"):
+        m = created.parse(text, "x", tmp_path)
+    assert m.template is None and m.system == "hi"
+    assert any("Go template" in r.getMessage() and "Modelfile:2" in r.getMessage() for r in caplog.records)
 
 
 def test_names(tmp_path, models_dir):
