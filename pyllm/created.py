@@ -45,6 +45,10 @@ PARAMETERS: dict[str, type] = {
     "seed": int, "num_predict": int, "num_ctx": int, "stop": str, "mirostat": int, "mirostat_eta": float,
     "mirostat_tau": float, "num_thread": int, "num_gpu": int,
 }
+# ollama's PARAMETERs with no pyllm counterpart: left out with a warning (a misspelt name is an error)
+OLLAMA_ONLY = ("num_keep", "penalize_newline", "num_batch", "tfs_z", "main_gpu", "use_mmap", "use_mlock", "numa",
+               "low_vram", "f16_kv", "vocab_only", "logits_all", "num_gqa", "rope_frequency_base",
+               "rope_frequency_scale")
 ROLES = ("user", "assistant")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(:[A-Za-z0-9._-]+)?")
 INSTRUCTIONS = ("from", "parameter", "system", "template", "adapter", "message", "license")
@@ -138,6 +142,9 @@ def parse(text: str, name: str, folder: Path, where: str = "Modelfile") -> Creat
         elif word == "parameter":
             key, value = (re.split(r"\s+", rest, maxsplit=1) + [""])[:2]
             key = key.lower()
+            if key in OLLAMA_ONLY:
+                log.warning("%s: PARAMETER %s (ollama's) has no pyllm counterpart: left out", at, key)
+                continue
             parsed = parameter_value(key, _unquote(value.strip()), at)
             if key == "stop":
                 model.parameters.setdefault("stop", []).append(parsed)

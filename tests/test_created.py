@@ -89,6 +89,9 @@ def test_a_go_template_is_left_out_with_a_warning(tmp_path, models_dir, caplog):
         m = created.parse(text, "x", tmp_path)
     assert m.template is None and m.system == "hi"
     assert any("Go template" in r.getMessage() and "Modelfile:2" in r.getMessage() for r in caplog.records)
+    with caplog.at_level("WARNING", logger="pyllm"):     # ollama's parameters pyllm has no use for
+        m = created.parse("FROM smollm2-135m\nPARAMETER num_keep 24\nPARAMETER top_k 5\n", "y", tmp_path)
+    assert m.parameters == {"top_k": 5} and any("num_keep" in r.getMessage() for r in caplog.records)
 
 
 def test_names(tmp_path, models_dir):
