@@ -61,6 +61,10 @@ def perplexity(
     = False,
     hellaswag_tasks: Annotated[int, typer.Option("--hellaswag-tasks", help="score the file's first N tasks "
                                                  "(-1: all; llama.cpp's default of 400 drawn at random)")] = 400,
+    winogrande: Annotated[bool, typer.Option("--winogrande", help="score Winogrande instead: -f is llama.cpp's "
+                                             "CSV (index, sentence with a _, two choices, the answer)")] = False,
+    winogrande_tasks: Annotated[int, typer.Option("--winogrande-tasks", help="score N tasks drawn as llama.cpp "
+                                                  "draws them (0: all)")] = 0,
     threads: Threads = None,
     n_gpu_layers: NGpuLayers = "auto",
     cache_type_k: CacheTypeK = "f16",
@@ -78,8 +82,10 @@ def perplexity(
         if kl_divergence and not kl_divergence_base:
             raise InvalidArgumentError("--kl-divergence needs --kl-divergence-base FILE: the log-probabilities a "
                                        "run of the base model with -f TEXT --kl-divergence-base FILE saved")
-        if hellaswag and kl_divergence:
-            raise InvalidArgumentError("--hellaswag or --kl-divergence, not both")
+        if hellaswag + winogrande + kl_divergence > 1:
+            raise InvalidArgumentError("one of --hellaswag, --winogrande and --kl-divergence at a time")
+        if winogrande_tasks < 0:
+            raise InvalidArgumentError(f"--winogrande-tasks must be 0 (all) or more, not {winogrande_tasks}")
         if hellaswag_tasks == 0 or hellaswag_tasks < -1:
             raise InvalidArgumentError(f"--hellaswag-tasks must be at least 1 (or -1 for all), not {hellaswag_tasks}")
         base = None
@@ -111,6 +117,9 @@ def perplexity(
                 return
             if hellaswag:
                 score_hellaswag(m, text, None if hellaswag_tasks < 0 else hellaswag_tasks, as_json)
+                return
+            if winogrande:
+                score_winogrande(m, text, winogrande_tasks or None, as_json)
                 return
             ids = m.tokenize(text)
             n_chunks = len(ids) // ctx_size if max_chunks is None else min(max_chunks, len(ids) // ctx_size)
@@ -190,6 +199,26 @@ def score_hellaswag(m, text: str, max_tasks: Optional[int], as_json: bool) -> No
     if as_json:
         sys.stdout.write(json.dumps({"model": str(m.path), **result.as_dict(), "seconds": seconds}) + "\n")
     err.print(f"acc_norm {100 * result.acc_norm:.2f}% over {result.tasks} tasks in {seconds:.1f} s", soft_wrap=True)
+
+
+def score_winogrande(m, text: str, n_tasks: Optional[int], as_json: bool) -> None:
+    """--winogrande: llama-perplexity's line per task (task, score so far, the two choices' scores,
+    the answer given and the right one) and its final score, or one JSON object."""
+    t0 = time.perf_counter()
+
+    def line(i: int, so_far, scores, task) -> None:
+        if not as_json:
+            sys.stdout.write(f"{i + 1}\t{100 * so_far.score:.4f}\t{scores[0]:10.6f}  {scores[1]:10.6f}  "
+                             f"{so_far.answers[-1]}  {task.answer}\n")
+            sys.stdout.flush()
+    result = m.winogrande(text, n_tasks=n_tasks, on_task=line)
+    seconds = time.perf_counter() - t0
+    if as_json:
+        sys.stdout.write(json.dumps({"model": str(m.path), **result.as_dict(), "seconds": seconds}) + "\n")
+    else:
+        sys.stdout.write(f"\nFinal Winogrande score({result.tasks} tasks): {100 * result.score:.4f} +/- "
+                         f"{100 * result.error:.4f}\n")
+    err.print(f"{result.tasks} tasks in {seconds:.1f} s", soft_wrap=True)
 
 
 def statistics_text(s: dict) -> str:

@@ -31,6 +31,7 @@ from .errors import ContextFullError, InvalidArgumentError, TemplateError, Unsup
 from .grammar import AnswerConstraint, Format, Trigger, constraint_for
 from .graph import Graph
 from .hellaswag import HellaSwag, hellaswag, read_tasks as read_hellaswag
+from .winogrande import Winogrande, read_tasks as read_winogrande, winogrande
 from .infill import server_prompt
 from .lora import LoraAdapter, check_applied, graph_pairs, open_adapters
 from .model_file import ModelFile
@@ -353,6 +354,13 @@ class Model:
         self.require_generation()
         tasks = read_hellaswag(text)
         return hellaswag(self.engine._fresh_logits, self.tokenize, tasks, max_tasks, on_task)
+
+    def winogrande(self, text: str, n_tasks: Optional[int] = None, on_task=None) -> Winogrande:
+        """The Winogrande score of llama.cpp's CSV text, as llama-perplexity --winogrande computes
+        it (pyllm.winogrande), over n_tasks drawn as llama.cpp draws them (all: None);
+        on_task(i, so far, the two scores, the task) after each."""
+        self.require_generation()
+        return winogrande(self.engine._fresh_logits, self.tokenize, read_winogrande(text), n_tasks, on_task)
 
     def _chunk_fits(self, n_ctx: int) -> int:
         if n_ctx > self.n_ctx:
