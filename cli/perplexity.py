@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -65,6 +66,11 @@ def perplexity(
                                              "CSV (index, sentence with a _, two choices, the answer)")] = False,
     winogrande_tasks: Annotated[int, typer.Option("--winogrande-tasks", help="score N tasks drawn as llama.cpp "
                                                   "draws them (0: all)")] = 0,
+    multiple_choice: Annotated[bool, typer.Option("--multiple-choice", help="score a multiple-choice set "
+                                                  "instead (ARC, MMLU, TruthfulQA...): -f is llama.cpp's binary "
+                                                  "file")] = False,
+    multiple_choice_tasks: Annotated[int, typer.Option("--multiple-choice-tasks", help="score N tasks drawn as "
+                                                       "llama.cpp draws them (0: all)")] = 0,
     threads: Threads = None,
     n_gpu_layers: NGpuLayers = "auto",
     cache_type_k: CacheTypeK = "f16",
@@ -82,8 +88,13 @@ def perplexity(
         if kl_divergence and not kl_divergence_base:
             raise InvalidArgumentError("--kl-divergence needs --kl-divergence-base FILE: the log-probabilities a "
                                        "run of the base model with -f TEXT --kl-divergence-base FILE saved")
-        if hellaswag + winogrande + kl_divergence > 1:
-            raise InvalidArgumentError("one of --hellaswag, --winogrande and --kl-divergence at a time")
+        if hellaswag + winogrande + multiple_choice + kl_divergence > 1:
+            raise InvalidArgumentError("one of --hellaswag, --winogrande, --multiple-choice and --kl-divergence "
+                                       "at a time")
+        if multiple_choice_tasks < 0:
+            raise InvalidArgumentError(f"--multiple-choice-tasks must be 0 (all) or more, not {multiple_choice_tasks}")
+        if multiple_choice and file is None:
+            raise InvalidArgumentError("--multiple-choice reads its binary file from -f FILE")
         if winogrande_tasks < 0:
             raise InvalidArgumentError(f"--winogrande-tasks must be 0 (all) or more, not {winogrande_tasks}")
         if hellaswag_tasks == 0 or hellaswag_tasks < -1:
@@ -98,6 +109,12 @@ def perplexity(
                 err.print(f"--kl-divergence: chunks of {base.n_ctx} tokens, as {kl_divergence_base} was made "
                           f"(-c {ctx_size} ignored)")
             ctx_size = base.n_ctx
+        elif multiple_choice:
+            try:
+                data = Path(file).read_bytes()
+            except OSError as e:
+                raise InvalidArgumentError(f"cannot read the multiple-choice file {file}: {e.strerror}") from None
+            ctx_size = 512 if ctx_size is None else ctx_size
         else:
             text = read_input(file, "file", "no text: give -f FILE or pipe the text in")
             ctx_size = 512 if ctx_size is None else ctx_size
@@ -120,6 +137,9 @@ def perplexity(
                 return
             if winogrande:
                 score_winogrande(m, text, winogrande_tasks or None, as_json)
+                return
+            if multiple_choice:
+                score_multiple_choice(m, data, multiple_choice_tasks or None, as_json)
                 return
             ids = m.tokenize(text)
             n_chunks = len(ids) // ctx_size if max_chunks is None else min(max_chunks, len(ids) // ctx_size)
@@ -218,6 +238,30 @@ def score_winogrande(m, text: str, n_tasks: Optional[int], as_json: bool) -> Non
     else:
         sys.stdout.write(f"\nFinal Winogrande score({result.tasks} tasks): {100 * result.score:.4f} +/- "
                          f"{100 * result.error:.4f}\n")
+    err.print(f"{result.tasks} tasks in {seconds:.1f} s", soft_wrap=True)
+
+
+def score_multiple_choice(m, data: bytes, n_tasks: Optional[int], as_json: bool) -> None:
+    """--multiple-choice: llama-perplexity's lines (task, score so far) and its final result and
+    random chance, or one JSON object."""
+    from pyllm.multiple_choice import read_tasks
+    n = len(read_tasks(data, n_tasks))        # a damaged file stops here, before any output
+    err.print(f"multiple choice: {n} tasks", soft_wrap=True)
+    t0 = time.perf_counter()
+    if not as_json:
+        sys.stdout.write("\ntask\tacc_norm\n")
+
+    def line(i: int, so_far) -> None:
+        if not as_json:
+            sys.stdout.write(f"{i + 1}\t{100 * so_far.score:.8f}\n")
+            sys.stdout.flush()
+    result = m.multiple_choice(data, n_tasks=n_tasks, on_task=line)
+    seconds = time.perf_counter() - t0
+    if as_json:
+        sys.stdout.write(json.dumps({"model": str(m.path), **result.as_dict(), "seconds": seconds}) + "\n")
+    else:
+        sys.stdout.write(f"\nFinal result: {100 * result.score:.4f} +/- {100 * result.error(result.score):.4f}\n"
+                         f"Random chance: {100 * result.chance:.4f} +/- {100 * result.error(result.chance):.4f}\n")
     err.print(f"{result.tasks} tasks in {seconds:.1f} s", soft_wrap=True)
 
 

@@ -32,6 +32,7 @@ from .grammar import AnswerConstraint, Format, Trigger, constraint_for
 from .graph import Graph
 from .hellaswag import HellaSwag, hellaswag, read_tasks as read_hellaswag
 from .winogrande import Winogrande, read_tasks as read_winogrande, winogrande
+from .multiple_choice import MultipleChoice, multiple_choice, read_tasks as read_multiple_choice
 from .infill import server_prompt
 from .lora import LoraAdapter, check_applied, graph_pairs, open_adapters
 from .model_file import ModelFile
@@ -361,6 +362,13 @@ class Model:
         on_task(i, so far, the two scores, the task) after each."""
         self.require_generation()
         return winogrande(self.engine._fresh_logits, self.tokenize, read_winogrande(text), n_tasks, on_task)
+
+    def multiple_choice(self, data: bytes, n_tasks: Optional[int] = None, on_task=None) -> MultipleChoice:
+        """The multiple-choice score of a llama.cpp multiple-choice file's bytes (ARC, MMLU,
+        TruthfulQA...), as llama-perplexity --multiple-choice computes it (pyllm.multiple_choice),
+        over n_tasks drawn as llama.cpp draws them (all: None); on_task(i, so far) after each."""
+        self.require_generation()
+        return multiple_choice(self.engine._fresh_logits, self.tokenize, read_multiple_choice(data, n_tasks), on_task)
 
     def _chunk_fits(self, n_ctx: int) -> int:
         if n_ctx > self.n_ctx:
