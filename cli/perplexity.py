@@ -11,6 +11,9 @@ KL divergence, as llama-perplexity: `--kl-divergence-base FILE -f TEXT` with the
 base model saves its log-probabilities; `--kl-divergence-base FILE
 --kl-divergence` with another model (a quantization of it) compares on the
 saved tokens and prints llama-perplexity's table and statistics.
+
+And llama-perplexity's task scores: --hellaswag, --winogrande and
+--multiple-choice (-f the task file), each printed as llama.cpp prints it.
 """
 from __future__ import annotations
 
@@ -141,30 +144,36 @@ def perplexity(
             if multiple_choice:
                 score_multiple_choice(m, data, multiple_choice_tasks or None, as_json)
                 return
-            ids = m.tokenize(text)
-            n_chunks = len(ids) // ctx_size if max_chunks is None else min(max_chunks, len(ids) // ctx_size)
-            err.print(f"perplexity: {len(ids)} tokens, {n_chunks} chunks of {ctx_size}, the second half of each "
-                      f"scored", soft_wrap=True)
-            if kl_divergence_base:
-                from pyllm.perplexity import record_width
-                size = 20 + 4 * n_chunks * ctx_size + 2 * n_chunks * (ctx_size - 1 - ctx_size // 2) * record_width(
-                    m.backend.n_vocab)
-                err.print(f"saving log-probabilities to {kl_divergence_base} ({size / 2 ** 20:.0f} MiB)")
-            t0 = time.perf_counter()
+            score_perplexity(m, text, ctx_size, max_chunks, kl_divergence_base, as_json)
 
-            def progress(i: int, n: int, running: float) -> None:
-                if not as_json:
-                    sys.stdout.write(f"[{i + 1}]{running:.4f},")
-                    sys.stdout.flush()
-            result = m.perplexity(ids, max_chunks=max_chunks, on_chunk=progress,
-                                  kl_divergence_base=kl_divergence_base)
-            seconds = time.perf_counter() - t0
-            if as_json:
-                sys.stdout.write(json.dumps({"model": str(m.path), **result.as_dict(), "seconds": seconds}) + "\n")
-            else:
-                sys.stdout.write(f"\nFinal estimate: PPL = {result.ppl:.4f} +/- {result.error:.5f}\n")
-            err.print(f"{result.chunks * ctx_size} tokens in {seconds:.1f} s "
-                      f"({result.chunks * ctx_size / seconds:.1f} tokens/s)")
+
+def score_perplexity(m, text: str, ctx_size: int, max_chunks: Optional[int], kl_divergence_base: Optional[str],
+                     as_json: bool) -> None:
+    """The running estimate after each chunk and the final one (llama-perplexity's lines), or one
+    JSON object; with kl_divergence_base the log-probabilities saved there too."""
+    ids = m.tokenize(text)
+    n_chunks = len(ids) // ctx_size if max_chunks is None else min(max_chunks, len(ids) // ctx_size)
+    err.print(f"perplexity: {len(ids)} tokens, {n_chunks} chunks of {ctx_size}, the second half of each "
+              f"scored", soft_wrap=True)
+    if kl_divergence_base:
+        from pyllm.perplexity import record_width
+        size = 20 + 4 * n_chunks * ctx_size + 2 * n_chunks * (ctx_size - 1 - ctx_size // 2) * record_width(
+            m.backend.n_vocab)
+        err.print(f"saving log-probabilities to {kl_divergence_base} ({size / 2 ** 20:.0f} MiB)")
+    t0 = time.perf_counter()
+
+    def progress(i: int, n: int, running: float) -> None:
+        if not as_json:
+            sys.stdout.write(f"[{i + 1}]{running:.4f},")
+            sys.stdout.flush()
+    result = m.perplexity(ids, max_chunks=max_chunks, on_chunk=progress, kl_divergence_base=kl_divergence_base)
+    seconds = time.perf_counter() - t0
+    if as_json:
+        sys.stdout.write(json.dumps({"model": str(m.path), **result.as_dict(), "seconds": seconds}) + "\n")
+    else:
+        sys.stdout.write(f"\nFinal estimate: PPL = {result.ppl:.4f} +/- {result.error:.5f}\n")
+    err.print(f"{result.chunks * ctx_size} tokens in {seconds:.1f} s "
+              f"({result.chunks * ctx_size / seconds:.1f} tokens/s)")
 
 
 def compare(m, base, max_chunks: Optional[int], as_json: bool) -> None:
