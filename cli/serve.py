@@ -57,6 +57,9 @@ def serve(
                                       "interface; give it an --api-key there)")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", envvar="PYLLM_PORT", help="port to listen on (0: any free "
                                       "one)")] = 8080,
+    alias: Annotated[Optional[str], typer.Option("-a", "--alias", help="the model's name in replies and "
+                                                 "/v1/models (llama-server's; default: its registry name or file "
+                                                 "name)")] = None,
     embedding: Annotated[bool, typer.Option("--embedding", help="load the model for /v1/embeddings instead of "
                                             "generation (an encoder such as BERT always is)")] = False,
     pooling: Annotated[Optional[str], typer.Option("--pooling", help="with --embedding: mean, cls or last "
@@ -146,7 +149,7 @@ def serve(
                      and not (control_vector or control_vector_scaled or overrides))
         with load(path) as m:
             try:
-                server = make_server(m, host, port, name=registry_name(model), parallel=parallel,
+                server = make_server(m, host, port, name=alias or registry_name(model), parallel=parallel,
                                      load=load if switching else None, slot_save_path=slot_save_path,
                                      metrics=metrics, keep_alive=idle_s, api_keys=api_keys, tls=tls)
             except OSError as e:

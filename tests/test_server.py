@@ -242,7 +242,8 @@ def test_embeddings(minilm_path):
 def test_cli_serve_and_ctrl_c(smollm2_path):
     """`pyllm serve` on $PYLLM_PORT 0 (--port) says where it listens, answers, and stops on Ctrl-C with
     exit 130; the API key comes from $PYLLM_API_KEY (or --api-key)."""
-    p = subprocess.Popen([sys.executable, "-m", "pyllm.cli.main", "serve", "-m", smollm2_path, "-t", "1"],
+    p = subprocess.Popen([sys.executable, "-m", "pyllm.cli.main", "serve", "-m", smollm2_path, "-t", "1",
+                          "--alias", "my-model"],
                          stderr=subprocess.PIPE, text=True,
                          env={**os.environ, "COLUMNS": "300", "PYLLM_API_KEY": "sesame", "PYLLM_PORT": "0",
                               "PYLLM_HOST": "127.0.0.1"})
@@ -253,7 +254,9 @@ def test_cli_serve_and_ctrl_c(smollm2_path):
         assert call(url, "/health") == (200, {"status": "ok"})
         body = {"prompt": "Hello", "max_tokens": 2}
         assert call(url, "/v1/completions", body)[0] == 401
-        assert call(url, "/v1/completions", body, headers={"Authorization": "Bearer sesame"})[0] == 200
+        status, reply = call(url, "/v1/completions", body, headers={"Authorization": "Bearer sesame"})
+        assert status == 200 and reply["model"] == "my-model"            # --alias names it
+        assert [d["id"] for d in call(url, "/v1/models")[1]["data"]] == ["my-model"]
     finally:
         p.send_signal(signal.SIGINT)
         rc = p.wait(timeout=30)
