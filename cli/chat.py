@@ -25,6 +25,7 @@ from .options import MlockOpt, NoMmapOpt
 from .options import OverrideKvOpt, overrides_of
 from .options import (RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt,
                       rope_overrides)
+from .options import TemplateKwargsOpt, template_kwargs
 from .options import (CtxSize, FreqPenalty, LogitBias, MinP, ModelOpt, PresPenalty, RepeatLastN, RepeatPenalty,
                       Seed, TemplateOpt, Temp, Think, Threads, TopK, TopP, TypicalP, sampling_kwargs,
                       template_arg, thinking_note)
@@ -315,6 +316,7 @@ def chat(
     n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="tokens per reply at most "
                                            "(-1 = until the reply ends)")] = -1,
     chat_template: TemplateOpt = None,
+    chat_template_kwargs: TemplateKwargsOpt = None,
     think: Think = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="a stats line after each reply: prompt "
                                           "tokens, reused tokens, TTFT, tokens/s")] = False,
@@ -383,6 +385,7 @@ def chat(
 
         path = model_path(model)
         with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template,
+                   chat_template_kwargs=template_kwargs(chat_template_kwargs),
                    use_mmap=not no_mmap, use_mlock=mlock,
                    override_kv={**overrides_of(override_kv), **rope_overrides(
                        rope_scaling, rope_scale, rope_freq_base, rope_freq_scale, yarn_orig_ctx)},

@@ -149,6 +149,9 @@ def control_kwargs(vectors: list[str], scaled: list[str], layer_range) -> dict[s
 TemplateOpt = Annotated[Optional[str], typer.Option(
     "--chat-template", help="chat template: 'chatml', 'gemma', a Jinja template, or a file holding one "
     "(default: the model file's own, else a fallback for its architecture)")]
+TemplateKwargsOpt = Annotated[Optional[str], typer.Option(
+    "--chat-template-kwargs", help="JSON: variables the chat template renders with (llama.cpp's), e.g. "
+    "'{\"enable_thinking\": false}'")]
 Stop = Annotated[list[str], typer.Option("--stop", help="stop at this text (repeatable)")]
 Think = Annotated[Optional[bool], typer.Option(
     "--think/--no-think", help="a reasoning model thinks before answering, or not (the chat template's "
@@ -264,6 +267,20 @@ def sampling_kwargs(temp: float, top_k: int, top_p: float, min_p: float, typical
                 frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                 logit_bias=parse_logit_bias(logit_bias), seed=seed,
                 **{k: v for k, v in more.items() if v is not None})
+
+
+def template_kwargs(value: Optional[str]) -> Optional[dict]:
+    """--chat-template-kwargs: a JSON object."""
+    if value is None:
+        return None
+    import json
+    try:
+        out = json.loads(value)
+    except ValueError as e:
+        raise InvalidArgumentError(f"--chat-template-kwargs takes a JSON object: {e}") from None
+    if not isinstance(out, dict):
+        raise InvalidArgumentError(f"--chat-template-kwargs takes a JSON object, not {value!r}")
+    return out
 
 
 def template_arg(value: Optional[str]) -> Optional[str]:

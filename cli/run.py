@@ -21,6 +21,7 @@ from .options import MlockOpt, NoMmapOpt
 from .options import OverrideKvOpt, overrides_of
 from .options import (RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt,
                       rope_overrides)
+from .options import TemplateKwargsOpt, template_kwargs
 from .options import (CtxSize, FormatOpt, FreqPenalty, GrammarFile, GrammarOpt, JsonSchema, JsonSchemaFile,
                       LogitBias, MinP, ModelOpt, PresPenalty, RepeatLastN, RepeatPenalty, Seed, Stop, TemplateOpt,
                       Temp, Think, Threads, TopK, TopP, TypicalP, constraint_kwargs, sampling_kwargs, template_arg,
@@ -71,6 +72,7 @@ def run(
                                                   "the prompt being the text before it (a code model with FIM "
                                                   "tokens)")] = None,
     chat_template: TemplateOpt = None,
+    chat_template_kwargs: TemplateKwargsOpt = None,
     think: Think = None,
     stop: Stop = [],
     prompt_cache: Annotated[Optional[str], typer.Option(
@@ -170,6 +172,7 @@ def run(
 
         path = model_path(model)
         with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template,
+                   chat_template_kwargs=template_kwargs(chat_template_kwargs),
                    use_mmap=not no_mmap, use_mlock=mlock,
                    override_kv={**overrides_of(override_kv), **rope_overrides(
                        rope_scaling, rope_scale, rope_freq_base, rope_freq_scale, yarn_orig_ctx)},

@@ -15,6 +15,7 @@ from .options import OverrideKvOpt, overrides_of
 from .options import (RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt,
                       rope_overrides)
 from .options import CacheTypeK, CacheTypeV, CtxSize, ModelOpt, NGpuLayers, TemplateOpt, Think, Threads, template_arg
+from .options import TemplateKwargsOpt, template_kwargs
 from .options import (ControlLayerRangeOpt, ControlVectorOpt, ControlVectorScaledOpt, LoraOpt, LoraScaledOpt,
                       control_kwargs, lora_specs)
 from .options import (ModelDraft, SpecDraftMax, SpecDraftMin, SpecNgramSize, SpecPMin, SpecType,
@@ -65,6 +66,7 @@ def serve(
     pooling: Annotated[Optional[str], typer.Option("--pooling", help="with --embedding: mean, cls or last "
                                                    "(default: as the model file says)")] = None,
     chat_template: TemplateOpt = None,
+    chat_template_kwargs: TemplateKwargsOpt = None,
     think: Think = None,
     threads: Threads = None,
     ctx_size: CtxSize = None,
@@ -133,6 +135,7 @@ def serve(
             template = chat_template if chat_template is not None or created is None else created.template
             m = Model(file, n_ctx=made.get("num_ctx") if ctx_size is None else ctx_size, n_threads=threads,
                       chat_template=template_arg(template), use_mmap=not no_mmap, use_mlock=mlock,
+                      chat_template_kwargs=template_kwargs(chat_template_kwargs),
                       override_kv=overrides,
                       n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
                       cache_type_v=cache_type_v, think=think, embedding=True if embedding else None,

@@ -65,7 +65,9 @@ class Model:
     "sim" (a simulated GPU, for tests) or "cpu"; `plan` is the placement
     (None on the CPU alone). chat_template: None uses the file's template (or
     a fallback, see `pyllm.chat_template`); "chatml" or "gemma" pick a
-    built-in format; any other text is a Jinja template. embedding: load the
+    built-in format; any other text is a Jinja template; chat_template_kwargs:
+    variables every chat prompt renders with (llama.cpp's --chat-template-kwargs,
+    e.g. {"enable_thinking": False}). embedding: load the
     model to embed text (`embed`) instead of generating; None: for encoders
     (BERT) only, which cannot generate. cache_type_k / cache_type_v: the KV
     cache's formats, "f16", "q8_0" (about half the memory) or "q4_0" (about a
@@ -103,7 +105,7 @@ class Model:
                  spec_p_min: float = 0.75, lora: Optional[Seq] = None, control_vectors: Optional[Seq] = None,
                  control_vector_layer_range: Optional[tuple[int, int]] = None,
                  override_kv: Optional[Mapping[str, Any]] = None, use_mmap: bool = True,
-                 use_mlock: bool = False):
+                 use_mlock: bool = False, chat_template_kwargs: Optional[Mapping[str, Any]] = None):
         self.backend = None
         self.draft: Optional[Model] = None
         self.adapters: list[LoraAdapter] = []
@@ -142,6 +144,11 @@ class Model:
         if chat_template is not None:
             self._template = self._load_template()   # a bad template fails here, before anything runs
         self.think = think   # chat: thinking on or off (enable_thinking), None: as the template decides
+        if chat_template_kwargs is not None and not (isinstance(chat_template_kwargs, Mapping) and all(
+                isinstance(k, str) for k in chat_template_kwargs)):
+            raise InvalidArgumentError("chat_template_kwargs must map names to values, e.g. {\"enable_thinking\": "
+                                       "false}")
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})   # variables every chat prompt renders with
         if not self.arch.causal:
             n_batch = n_ctx   # every token attends over the whole text: one step holds it all
         self.n_ctx, self.n_batch, self.n_threads = n_ctx, n_batch, n_threads
@@ -563,6 +570,7 @@ class Model:
         """The prompt text the chat template makes of `messages` (with enable_thinking = think,
         else self.think, where that is set, and any other template `variables`, e.g. tools)."""
         think = self.think if think is None else think
+        variables = {**self.chat_template_kwargs, **variables}
         if think is not None:
             variables[THINKING_SWITCH] = bool(think)
         return self.chat_template.render(messages, add_generation_prompt, **variables)

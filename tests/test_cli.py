@@ -304,3 +304,22 @@ def test_version():
     for flag in ("--version", "-v"):
         r = pyllm(flag)
         assert r.returncode == 0 and r.stdout.startswith(f"pyllm {__version__} (CPU kernels {kernel_level()}")
+
+
+def test_chat_template_kwargs(smollm2_path):
+    """--chat-template-kwargs JSON (llama.cpp's): variables the template renders with, on every turn;
+    Model(chat_template_kwargs=) the same; a request's own think still wins over enable_thinking."""
+    template = "{% for m in messages %}[{{ m.role }}|{{ greeting }}]{{ m.content }}{% endfor %}[assistant]"
+    r = pyllm("run", "-m", smollm2_path, "--chat", "-p", "Hi", "-n", "1", "--verbose-prompt", "--chat-template",
+              template, "--chat-template-kwargs", '{"greeting": "hello"}')
+    assert r.returncode == 0 and "prompt: '[user|hello]Hi[assistant]'" in r.stderr, r.stderr
+    one_error_line(pyllm("run", "-m", smollm2_path, "--chat", "-p", "Hi", "--chat-template-kwargs", "[1]"),
+                   "takes a JSON object")
+    from pyllm import Model
+    from pyllm.errors import InvalidArgumentError
+    switch = "{% if enable_thinking %}T{% else %}F{% endif %}{{ messages[0].content }}"
+    with Model(smollm2_path, chat_template=switch, chat_template_kwargs={"enable_thinking": False}) as m:
+        msgs = [{"role": "user", "content": "x"}]
+        assert m.apply_chat_template(msgs) == "Fx" and m.apply_chat_template(msgs, think=True) == "Tx"
+    with pytest.raises(InvalidArgumentError, match="chat_template_kwargs must map"):
+        Model(smollm2_path, chat_template_kwargs=[("a", 1)])
