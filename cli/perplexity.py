@@ -224,10 +224,7 @@ def score_hellaswag(m, text: str, max_tasks: Optional[int], as_json: bool) -> No
             sys.stdout.write(f"{i + 1}\t{100 * so_far.acc_norm:3.8f}%\t[{100 * lo:3.4f}%, {100 * hi:3.4f}%]\n")
             sys.stdout.flush()
     result = m.hellaswag(text, max_tasks=max_tasks, on_task=line)
-    seconds = time.perf_counter() - t0
-    if as_json:
-        sys.stdout.write(json.dumps({"model": str(m.path), **result.as_dict(), "seconds": seconds}) + "\n")
-    err.print(f"acc_norm {100 * result.acc_norm:.2f}% over {result.tasks} tasks in {seconds:.1f} s", soft_wrap=True)
+    finish(m, result, t0, as_json, "", f"acc_norm {100 * result.acc_norm:.2f}% over ")
 
 
 def score_winogrande(m, text: str, n_tasks: Optional[int], as_json: bool) -> None:
@@ -241,13 +238,8 @@ def score_winogrande(m, text: str, n_tasks: Optional[int], as_json: bool) -> Non
                              f"{so_far.answers[-1]}  {task.answer}\n")
             sys.stdout.flush()
     result = m.winogrande(text, n_tasks=n_tasks, on_task=line)
-    seconds = time.perf_counter() - t0
-    if as_json:
-        sys.stdout.write(json.dumps({"model": str(m.path), **result.as_dict(), "seconds": seconds}) + "\n")
-    else:
-        sys.stdout.write(f"\nFinal Winogrande score({result.tasks} tasks): {100 * result.score:.4f} +/- "
-                         f"{100 * result.error:.4f}\n")
-    err.print(f"{result.tasks} tasks in {seconds:.1f} s", soft_wrap=True)
+    finish(m, result, t0, as_json, f"\nFinal Winogrande score({result.tasks} tasks): {100 * result.score:.4f} +/- "
+                                   f"{100 * result.error:.4f}\n")
 
 
 def score_multiple_choice(m, data: bytes, n_tasks: Optional[int], as_json: bool) -> None:
@@ -265,13 +257,18 @@ def score_multiple_choice(m, data: bytes, n_tasks: Optional[int], as_json: bool)
             sys.stdout.write(f"{i + 1}\t{100 * so_far.score:.8f}\n")
             sys.stdout.flush()
     result = m.multiple_choice(data, n_tasks=n_tasks, on_task=line)
+    score, chance = result.score, result.chance
+    finish(m, result, t0, as_json, f"\nFinal result: {100 * score:.4f} +/- {100 * result.error(score):.4f}\n"
+                                   f"Random chance: {100 * chance:.4f} +/- {100 * result.error(chance):.4f}\n")
+
+
+def finish(m, result, t0: float, as_json: bool, final: str, summary: str = "") -> None:
+    """A task score's end: one JSON object (with as_json) or llama-perplexity's final lines on
+    stdout; the tasks and the time on stderr."""
     seconds = time.perf_counter() - t0
-    if as_json:
-        sys.stdout.write(json.dumps({"model": str(m.path), **result.as_dict(), "seconds": seconds}) + "\n")
-    else:
-        sys.stdout.write(f"\nFinal result: {100 * result.score:.4f} +/- {100 * result.error(result.score):.4f}\n"
-                         f"Random chance: {100 * result.chance:.4f} +/- {100 * result.error(result.chance):.4f}\n")
-    err.print(f"{result.tasks} tasks in {seconds:.1f} s", soft_wrap=True)
+    out = json.dumps({"model": str(m.path), **result.as_dict(), "seconds": seconds}) + "\n" if as_json else final
+    sys.stdout.write(out)
+    err.print(f"{summary}{result.tasks} tasks in {seconds:.1f} s", soft_wrap=True)
 
 
 def statistics_text(s: dict) -> str:
