@@ -623,7 +623,8 @@ class Model:
              stop: Optional[Seq[str]] = None, stream: bool = False, format: Format = None,
              grammar: Optional[str] = None, tools: Optional[Seq[Mapping[str, Any]]] = None,
              tool_choice: Any = None, parallel_tool_calls: bool = False, logprobs: Optional[int] = None,
-             think: Optional[bool] = None, **sampling: Any) -> Completion | "ChatStream":
+             think: Optional[bool] = None, chat_template_kwargs: Optional[Mapping[str, Any]] = None,
+             **sampling: Any) -> Completion | "ChatStream":
         """The assistant's reply to OpenAI-style messages
         ([{"role": "system" | "user" | "assistant", "content": "..."}, ...]),
         rendered with the chat template and stopped at the end of the turn.
@@ -640,8 +641,11 @@ class Model:
         The Completion's tool_calls then holds the calls
         (name, arguments, id) and its text the rest of the reply; messages
         may carry earlier calls (an assistant's tool_calls) and their results
-        (role "tool"). think: this reply's enable_thinking (None: the model's setting)."""
+        (role "tool"). think: this reply's enable_thinking (None: the model's setting).
+        chat_template_kwargs: this reply's template variables, over the model's."""
         self.require_generation()
+        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
+            raise InvalidArgumentError("chat_template_kwargs must be an object of name -> value")
         trigger = None
         use = ToolUse(self.chat_template.source, tools, tool_choice, parallel_tool_calls) if tools is not None else None
         if use is not None:
@@ -651,7 +655,8 @@ class Model:
             format, grammar = constraint.get("format", format), constraint.get("grammar", grammar)
             trigger = constraint.get("trigger")
             messages = use.messages(normalize_messages(messages))
-        text, prompt = self._chat_prompt(messages, think, **(use.variables if use else {}))
+        text, prompt = self._chat_prompt(messages, think, **{**(chat_template_kwargs or {}),
+                                                             **(use.variables if use else {})})
         chat = self._chat_stream(text, prompt, max_tokens, stop, sampling, format, grammar, use, trigger, logprobs)
         return chat if stream else chat.run()
 

@@ -41,7 +41,8 @@ top_p, max_tokens, stop, seed, presence/frequency_penalty, logit_bias) and
 llama.cpp's (top_k, min_p, typical_p, repeat_penalty); unset ones keep
 llama.cpp's defaults. A reasoning model's thinking comes apart from the answer,
 as `reasoning_content` (llama-server's and DeepSeek's field), and
-chat_template_kwargs.enable_thinking (ollama's think) turns it on or off.
+chat_template_kwargs.enable_thinking (ollama's think) turns it on or off (the
+request's other chat_template_kwargs reach the template as they are).
 response_format json_object / json_schema (ollama's format "json" or a schema;
 llama-server's json_schema and grammar fields) constrain the reply (pyllm.grammar).
 A client that goes away mid-stream stops its reply. Errors are OpenAI's
@@ -480,7 +481,9 @@ class Handler(BaseHTTPRequestHandler):
                             stream=True,
                             tools=tools, tool_choice=body.get("tool_choice"),
                             parallel_tool_calls=bool(body.get("parallel_tool_calls", False)), logprobs=top,
-                            think=flag(kwargs.get("enable_thinking")), **constraint, **sampling)   # llama-server's switch
+                            think=flag(kwargs.get("enable_thinking")),   # llama-server's switch
+                            chat_template_kwargs={k: v for k, v in kwargs.items() if k != "enable_thinking"},
+                            **constraint, **sampling)
             head = self.envelope("chat.completion.chunk" if body.get("stream") else "chat.completion", "chatcmpl")
             if body.get("stream"):   # with tools, the calls come after the answer's text
                 self._stream(stream, *reply_parts(stream), head, lambda kind, text: {

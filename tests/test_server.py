@@ -333,10 +333,11 @@ def test_ollama_embed(minilm_path):
 
 
 def test_thinking_switch_and_decoder_embeddings(smollm2_path):
-    """chat_template_kwargs.enable_thinking (OpenAI's route) and think (ollama's) reach the template
-    for that request only; a decoder served with embedding=True and a pooling embeds."""
+    """chat_template_kwargs.enable_thinking (OpenAI's route) and think (ollama's), and any other
+    chat_template_kwargs, reach the template for that request only; a decoder served with embedding=True and a pooling embeds."""
     template = ("{% for m in messages %}{{ m.content }}{% endfor %}"
-                "{% if enable_thinking is defined and not enable_thinking %} no thinking{% endif %}")
+                "{% if enable_thinking is defined and not enable_thinking %} no thinking{% endif %}"
+                "{% if effort is defined %} effort {{ effort }}{% endif %}")
     with Model(smollm2_path, n_threads=2, chat_template=template) as m:
         server = serving(m)
         try:
@@ -346,6 +347,10 @@ def test_thinking_switch_and_decoder_embeddings(smollm2_path):
             plain = prompt_tokens()
             assert prompt_tokens(chat_template_kwargs={"enable_thinking": False}) == plain + 2
             assert prompt_tokens() == plain and m.think is None
+            # any other variable reaches the template too, for that request only
+            effort = len(m.tokenize(" effort low", add_bos=False))
+            assert prompt_tokens(chat_template_kwargs={"effort": "low"}) == plain + effort
+            assert prompt_tokens() == plain
             out = call(server.url, "/api/chat", {"messages": CHAT, "think": False, "stream": False,
                                                  "options": {"num_predict": 1}})[1]
             assert out["prompt_eval_count"] == plain + 2
