@@ -13,7 +13,7 @@ from rich.table import Table
 from pyllm.errors import InvalidArgumentError
 
 from .common import handle_errors, model_path
-from .options import MlockOpt, NoMmapOpt
+from .options import MlockOpt, NoMmapOpt, file_kwargs
 from .options import CacheTypeK, CacheTypeV, LoraOpt, LoraScaledOpt, lora_specs
 
 
@@ -117,7 +117,7 @@ def measure(path: str, tests, depths: list[int], thread_list: list[int], reps: i
     rows, extra, info = [], {}, {}
     for nt in thread_list:
         with Model(path, n_ctx=n_ctx, n_threads=nt, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
-                   use_mmap=not no_mmap, use_mlock=mlock, lora=lora) as m:
+                   **file_kwargs(no_mmap, mlock), lora=lora) as m:
             info = {"model": m.path.name, "size_mb": round(m.file.weight_bytes / 1e6, 1),
                     "params_m": round(m.file.n_params / 1e6, 1), "types": m.file.type_histogram(),
                     "kernels": kernel_level(), "backend": "CPU" if m.plan is None else "GPU+CPU",

@@ -22,9 +22,8 @@ from pyllm.reasoning import ANSWER, THINKING
 
 from .common import created_messages, err, handle_errors, model_path
 from .options import MlockOpt, NoMmapOpt
-from .options import OverrideKvOpt, overrides_of
-from .options import (RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt,
-                      rope_overrides)
+from .options import OverrideKvOpt, file_kwargs
+from .options import RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt
 from .options import TemplateKwargsOpt, template_kwargs
 from .options import (CtxSize, FreqPenalty, LogitBias, MinP, ModelOpt, PresPenalty, RepeatLastN, RepeatPenalty,
                       Seed, TemplateOpt, Temp, Think, Threads, TopK, TopP, TypicalP, sampling_kwargs,
@@ -386,9 +385,8 @@ def chat(
         path = model_path(model)
         with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template,
                    chat_template_kwargs=template_kwargs(chat_template_kwargs),
-                   use_mmap=not no_mmap, use_mlock=mlock,
-                   override_kv={**overrides_of(override_kv), **rope_overrides(
-                       rope_scaling, rope_scale, rope_freq_base, rope_freq_scale, yarn_orig_ctx)},
+                   **file_kwargs(no_mmap, mlock, override_kv, rope_scaling, rope_scale, rope_freq_base,
+                                 rope_freq_scale, yarn_orig_ctx),
                    n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
                    cache_type_v=cache_type_v, think=think, lora=lora_specs(lora, lora_scaled),
                    **control_kwargs(control_vector, control_vector_scaled, control_vector_layer_range),

@@ -18,7 +18,7 @@ from pyllm.errors import InvalidArgumentError
 
 from .common import err, handle_errors, model_path, read_input
 from .options import MlockOpt, NoMmapOpt
-from .options import OverrideKvOpt, overrides_of
+from .options import OverrideKvOpt, file_kwargs
 from .options import CtxSize, ModelOpt, NGpuLayers, Threads
 
 
@@ -75,8 +75,7 @@ def embed(
         path = model_path(model)
         t0 = time.perf_counter()
         with Model(path, n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers, embedding=True,
-                   use_mmap=not no_mmap, use_mlock=mlock,
-                   override_kv=overrides_of(override_kv)) as m:
+                   **file_kwargs(no_mmap, mlock, override_kv)) as m:
             load_s = time.perf_counter() - t0
             if pooling is None and m.pooling == "none":
                 err.print(f"note: {m.path.name} does not say how to pool its tokens' rows: a vector per token "

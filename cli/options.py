@@ -99,6 +99,16 @@ YarnOrigCtxOpt = Annotated[Optional[int], typer.Option(
     rich_help_panel=ROPE)]
 
 
+def file_kwargs(no_mmap: bool, mlock: bool, override_kv: list[str] = (), rope_scaling: Optional[str] = None,
+                rope_scale: Optional[float] = None, rope_freq_base: Optional[float] = None,
+                rope_freq_scale: Optional[float] = None, yarn_orig_ctx: Optional[int] = None) -> dict[str, Any]:
+    """Model's keywords for how the file is read: --no-mmap, --mlock, and the metadata overrides of
+    --override-kv and the RoPE flags."""
+    return {"use_mmap": not no_mmap, "use_mlock": mlock, "override_kv": {
+        **overrides_of(list(override_kv)),
+        **rope_overrides(rope_scaling, rope_scale, rope_freq_base, rope_freq_scale, yarn_orig_ctx)}}
+
+
 def rope_overrides(scaling: Optional[str], scale: Optional[float], freq_base: Optional[float],
                    freq_scale: Optional[float], yarn_orig_ctx: Optional[int]) -> dict[str, Any]:
     """The metadata overrides llama.cpp's RoPE flags amount to, for the file's family."""

@@ -29,9 +29,8 @@ from pyllm.errors import InvalidArgumentError
 
 from .common import err, handle_errors, model_path, read_input
 from .options import MlockOpt, NoMmapOpt
-from .options import OverrideKvOpt, overrides_of
-from .options import (RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt,
-                      rope_overrides)
+from .options import OverrideKvOpt, file_kwargs
+from .options import RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt
 from .options import (CacheTypeK, CacheTypeV, ControlLayerRangeOpt, ControlVectorOpt, ControlVectorScaledOpt, LoraOpt,
                       LoraScaledOpt, ModelOpt, NGpuLayers, Threads, control_kwargs, lora_specs)
 
@@ -126,9 +125,8 @@ def perplexity(
         path = model_path(model)
         max_chunks = None if chunks < 0 else chunks
         with Model(path, n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
-                   use_mmap=not no_mmap, use_mlock=mlock,
-                   override_kv={**overrides_of(override_kv), **rope_overrides(
-                       rope_scaling, rope_scale, rope_freq_base, rope_freq_scale, yarn_orig_ctx)},
+                   **file_kwargs(no_mmap, mlock, override_kv, rope_scaling, rope_scale, rope_freq_base,
+                                 rope_freq_scale, yarn_orig_ctx),
                    cache_type_v=cache_type_v, lora=lora_specs(lora, lora_scaled),
                    **control_kwargs(control_vector, control_vector_scaled, control_vector_layer_range)) as m:
             m.require_generation()
@@ -197,7 +195,7 @@ def compare(m, base, max_chunks: Optional[int], as_json: bool) -> None:
                          f"{kld:10.5f} ± {kld_err:10.5f}    {100 * rms:6.3f} ± {100 * rms_err:6.3f} %    "
                          f"{100 * top:6.3f} ± {100 * top_err:6.3f} %\n")
         sys.stdout.flush()
-    result = m.kl_divergence(base.path, max_chunks=max_chunks, on_chunk=row)
+    result = m.kl_divergence(base, max_chunks=max_chunks, on_chunk=row)
     seconds = time.perf_counter() - t0
     s = result.statistics()
     if as_json:

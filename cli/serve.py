@@ -11,9 +11,8 @@ from pyllm.errors import InvalidArgumentError
 
 from .common import created_model, err, handle_errors, model_path
 from .options import MlockOpt, NoMmapOpt
-from .options import OverrideKvOpt, overrides_of
-from .options import (RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt,
-                      rope_overrides)
+from .options import OverrideKvOpt, file_kwargs
+from .options import RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt
 from .options import CacheTypeK, CacheTypeV, CtxSize, ModelOpt, NGpuLayers, TemplateOpt, Think, Threads, template_arg
 from .options import TemplateKwargsOpt, template_kwargs
 from .options import (ControlLayerRangeOpt, ControlVectorOpt, ControlVectorScaledOpt, LoraOpt, LoraScaledOpt,
@@ -123,8 +122,8 @@ def serve(
         if (ssl_key_file is None) != (ssl_cert_file is None):
             raise InvalidArgumentError("HTTPS needs both --ssl-key-file and --ssl-cert-file")
         tls = None if ssl_cert_file is None else (ssl_cert_file, ssl_key_file)
-        overrides = {**overrides_of(override_kv),
-                     **rope_overrides(rope_scaling, rope_scale, rope_freq_base, rope_freq_scale, yarn_orig_ctx)}
+        reading = file_kwargs(no_mmap, mlock, override_kv, rope_scaling, rope_scale, rope_freq_base, rope_freq_scale,
+                              yarn_orig_ctx)
 
         path = model_path(model)
 
@@ -134,9 +133,8 @@ def serve(
             made = created.parameters if created is not None else {}
             template = chat_template if chat_template is not None or created is None else created.template
             m = Model(file, n_ctx=made.get("num_ctx") if ctx_size is None else ctx_size, n_threads=threads,
-                      chat_template=template_arg(template), use_mmap=not no_mmap, use_mlock=mlock,
+                      chat_template=template_arg(template), **reading,
                       chat_template_kwargs=template_kwargs(chat_template_kwargs),
-                      override_kv=overrides,
                       n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
                       cache_type_v=cache_type_v, think=think, embedding=True if embedding else None,
                       lora=lora_specs((created.adapters if created is not None else []) + lora, lora_scaled),
@@ -149,7 +147,7 @@ def serve(
 
         # without -m, a request may name any model on disk (ollama's way); with -m, this one answers
         switching = (model is None and model_draft is None and not (lora or lora_scaled)
-                     and not (control_vector or control_vector_scaled or overrides))
+                     and not (control_vector or control_vector_scaled or reading["override_kv"]))
         with load(path) as m:
             try:
                 server = make_server(m, host, port, name=alias or registry_name(model), parallel=parallel,

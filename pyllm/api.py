@@ -339,18 +339,20 @@ class Model:
             save.close(complete=True)
         return result
 
-    def kl_divergence(self, base: str | os.PathLike, max_chunks: Optional[int] = None, on_chunk=None) -> KlDivergence:
+    def kl_divergence(self, base: str | os.PathLike | BaseLogProbs, max_chunks: Optional[int] = None,
+                      on_chunk=None) -> KlDivergence:
         """How far this model's next-token distributions are from a base model's, on
         the tokens saved by the base's perplexity(kl_divergence_base=...) (or
         llama-perplexity --kl-divergence-base): per token the KL divergence, the
         change in the probability of the true token and whether the top choice is
         the same; .statistics() summarizes them as llama-perplexity --kl-divergence.
-        max_chunks: compare at most this many chunks; on_chunk(i, n_chunks, so far)."""
+        base: the file's path, or the file already opened (BaseLogProbs). max_chunks:
+        compare at most this many chunks; on_chunk(i, n_chunks, so far)."""
         self.require_generation()
-        saved = BaseLogProbs(base)
+        saved = base if isinstance(base, BaseLogProbs) else BaseLogProbs(base)
         if saved.n_vocab != self.backend.n_vocab:
-            raise InvalidArgumentError(f"{base} holds log-probabilities of {saved.n_vocab} tokens, {self.path.name} "
-                                       f"has {self.backend.n_vocab}: compare models of one vocabulary")
+            raise InvalidArgumentError(f"{saved.path} holds log-probabilities of {saved.n_vocab} tokens, "
+                                       f"{self.path.name} has {self.backend.n_vocab}: compare models of one vocabulary")
         self._chunk_fits(saved.n_ctx)
         self._check_ids(saved.tokens.tolist())
         return kl_divergence(self.engine._fresh_logits, saved, self._chunk_bos(), max_chunks, on_chunk)
