@@ -37,7 +37,7 @@ from .infill import server_prompt
 from .lora import LoraAdapter, check_applied, graph_pairs, open_adapters
 from .model_file import ModelFile
 from .perplexity import BaseLogProbs, KlDivergence, LogProbsWriter, Perplexity, kl_divergence, perplexity
-from .reasoning import prompt_opens_thinking, split_pieces, split_reasoning
+from .reasoning import prompt_opens_thinking, reply_starts_thinking, split_pieces, split_reasoning
 from .sampling import Sampler, SamplingParams
 from .slots import Slot, Slots
 from .state import load as load_state, save as save_state
@@ -590,17 +590,40 @@ class Model:
                 texts.append(text)
         return ids, texts
 
-    def chat_tokens(self, messages: Seq[Mapping[str, Any]]) -> list[int]:
-        """The prompt tokens for `messages` (see chat())."""
-        return self._chat_prompt(messages)[1]
+    def chat_tokens(self, messages: Seq[Mapping[str, Any]], tools: Optional[Seq[Mapping[str, Any]]] = None,
+                    tool_choice: Any = None, think: Optional[bool] = None,
+                    chat_template_kwargs: Optional[Mapping[str, Any]] = None,
+                    prefill_assistant: bool = True) -> list[int]:
+        """The prompt tokens chat() would run for these arguments (see there)."""
+        return self._chat_setup(messages, tools, tool_choice, False, think, chat_template_kwargs,
+                                prefill_assistant)[1]
 
-    def _chat_prompt(self, messages: Seq[Mapping[str, Any]], think: Optional[bool] = None,
+    def _chat_setup(self, messages: Seq[Mapping[str, Any]], tools: Optional[Seq[Mapping[str, Any]]],
+                    tool_choice: Any, parallel_tool_calls: bool, think: Optional[bool],
+                    chat_template_kwargs: Optional[Mapping[str, Any]],
+                    prefill_assistant: bool) -> tuple[str, list[int], bool, Optional[ToolUse]]:
+        """A chat's prompt text and tokens, whether the reply starts inside the thinking, and its
+        tool use (None without tools)."""
+        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
+            raise InvalidArgumentError("chat_template_kwargs must be an object of name -> value")
+        messages, prefill = normalize_messages(messages), ""
+        if prefill_assistant and messages and messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
+            prefill = messages.pop()["content"]
+        use = ToolUse(self.chat_template.source, tools, tool_choice, parallel_tool_calls) if tools is not None else None
+        if use is not None:
+            messages = use.messages(messages)
+        text, prompt = self._chat_prompt(messages, think, prefill, **{**(chat_template_kwargs or {}),
+                                                                      **(use.variables if use else {})})
+        return text, prompt, reply_starts_thinking(text[:len(text) - len(prefill)], prefill), use
+
+    def _chat_prompt(self, messages: Seq[Mapping[str, Any]], think: Optional[bool] = None, prefill: str = "",
                      **variables: Any) -> tuple[str, list[int]]:
-        """The prompt text and tokens for `messages`. Where the text repeats
+        """The prompt text and tokens for `messages`, then the start of the
+        reply, `prefill`, where one is given. Where the text repeats
         the previous chat call's prompt and reply, their tokens are reused as
         they went into the model (not re-tokenized), so the KV cache covers
         them and only the new text is computed."""
-        text = self.apply_chat_template(messages, add_generation_prompt=True, think=think, **variables)
+        text = self.apply_chat_template(messages, add_generation_prompt=True, think=think, **variables) + prefill
         tokens: list[int] = []
         done = 0
         for seg_text, seg_tokens in self._slot.chat_cache:
@@ -626,7 +649,7 @@ class Model:
              grammar: Optional[str] = None, tools: Optional[Seq[Mapping[str, Any]]] = None,
              tool_choice: Any = None, parallel_tool_calls: bool = False, logprobs: Optional[int] = None,
              think: Optional[bool] = None, chat_template_kwargs: Optional[Mapping[str, Any]] = None,
-             **sampling: Any) -> Completion | "ChatStream":
+             prefill_assistant: bool = True, **sampling: Any) -> Completion | "ChatStream":
         """The assistant's reply to OpenAI-style messages
         ([{"role": "system" | "user" | "assistant", "content": "..."}, ...]),
         rendered with the chat template and stopped at the end of the turn.
@@ -644,30 +667,33 @@ class Model:
         (name, arguments, id) and its text the rest of the reply; messages
         may carry earlier calls (an assistant's tool_calls) and their results
         (role "tool"). think: this reply's enable_thinking (None: the model's setting).
-        chat_template_kwargs: this reply's template variables, over the model's."""
+        chat_template_kwargs: this reply's template variables, over the model's.
+
+        A last message from the assistant is the start of the reply, which
+        goes on from it (llama-server's and Anthropic's prefill; the reply
+        holds only what follows); prefill_assistant=False: it is a whole turn."""
         self.require_generation()
-        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
-            raise InvalidArgumentError("chat_template_kwargs must be an object of name -> value")
+        text, prompt, thinking, use = self._chat_setup(messages, tools, tool_choice, parallel_tool_calls, think,
+                                                       chat_template_kwargs, prefill_assistant)
         trigger = None
-        use = ToolUse(self.chat_template.source, tools, tool_choice, parallel_tool_calls) if tools is not None else None
         if use is not None:
             constraint = use.constraint()
             if constraint and (format is not None or grammar is not None):
                 raise InvalidArgumentError("tools hold the reply to their own format: give no format or grammar")
             format, grammar = constraint.get("format", format), constraint.get("grammar", grammar)
             trigger = constraint.get("trigger")
-            messages = use.messages(normalize_messages(messages))
-        text, prompt = self._chat_prompt(messages, think, **{**(chat_template_kwargs or {}),
-                                                             **(use.variables if use else {})})
-        chat = self._chat_stream(text, prompt, max_tokens, stop, sampling, format, grammar, use, trigger, logprobs)
+        chat = self._chat_stream(text, prompt, max_tokens, stop, sampling, format, grammar, use, trigger, logprobs,
+                                 thinking)
         return chat if stream else chat.run()
 
     def _chat_stream(self, text: str, prompt: list[int], max_tokens: Optional[int], stop: Optional[Seq[str]],
                      sampling: Mapping[str, Any], format: Format = None, grammar: Optional[str] = None,
                      tool_use: Optional[ToolUse] = None, trigger: Optional[Trigger] = None,
-                     logprobs: Optional[int] = None) -> "ChatStream":
+                     logprobs: Optional[int] = None, thinking: Optional[bool] = None) -> "ChatStream":
+        """The reply to a chat prompt (text, and its tokens); thinking: whether the reply starts
+        inside the model's thinking (None: where the prompt opens it)."""
         stop_ids, stop_texts = self.chat_stop()
-        thinking = prompt_opens_thinking(text)
+        thinking = prompt_opens_thinking(text) if thinking is None else thinking
         constraint = constraint_for(self.tokenizer, format, grammar, end_ids=stop_ids, trigger=trigger)
         if constraint is not None:   # a reasoning model's thinking stays free; the grammar holds the answer
             constraint = AnswerConstraint(constraint, thinking)

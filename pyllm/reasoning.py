@@ -192,3 +192,11 @@ def prompt_opens_thinking(prompt: str) -> bool:
     thought channel?"""
     tail = prompt.rstrip()
     return tail.endswith(THINK_OPEN) or tail.endswith(THOUGHT_OPEN)
+
+
+def reply_starts_thinking(prompt: str, prefill: str = "") -> bool:
+    """Does a reply that goes on from `prefill` (the start of the reply, after the rendered
+    prompt) start inside the thinking?"""
+    s = ReasoningSplitter(prompt_opens_thinking(prompt))
+    s.feed(prefill)
+    return s._mode == "think"
