@@ -100,6 +100,9 @@ def serve(
         "--ssl-cert-file", help="serve HTTPS: the certificate (PEM), with --ssl-key-file")] = None,
     api_key_file: Annotated[Optional[str], typer.Option(
         "--api-key-file", help="a file of API keys, one per line (keeps them out of the process list)")] = None,
+    no_prefill_assistant: Annotated[bool, typer.Option(
+        "--no-prefill-assistant", help="a chat request's last message from the assistant is a whole turn, not "
+        "the start of the reply (llama-server's)")] = False,
     parallel: Annotated[Optional[int], typer.Option(
         "--parallel", "-np", help="requests run at once, their decode steps batched; more wait for a slot "
         "(default 4, or 1 where steps cannot hold several sequences: recurrent models, GPU offload). "
@@ -152,7 +155,8 @@ def serve(
             try:
                 server = make_server(m, host, port, name=alias or registry_name(model), parallel=parallel,
                                      load=load if switching else None, slot_save_path=slot_save_path,
-                                     metrics=metrics, keep_alive=idle_s, api_keys=api_keys, tls=tls)
+                                     metrics=metrics, keep_alive=idle_s, api_keys=api_keys, tls=tls,
+                                     prefill_assistant=not no_prefill_assistant)
             except OSError as e:
                 raise InvalidArgumentError(f"cannot listen on {host}:{port}: {e.strerror}") from None
             with server, contextlib.closing(server.host):   # the model loaded last, which may not be m

@@ -32,6 +32,12 @@ and ollama's, for the tools written against it (streamed as JSON lines, ollama's
     GET  /api/tags, /api/ps, /api/version
     DELETE /api/delete
 
+and Anthropic's Messages API, for its SDKs and Claude Code (pyllm.anthropic_api):
+
+    POST /v1/messages           messages, system, tools -> content blocks (thinking, text, tool_use);
+                                stream: its named events
+    POST /v1/messages/count_tokens   the prompt's tokens
+
 One model and one KV cache. Up to `parallel` requests run at once, each holding
 a slot (pyllm.slots: a sequence of the cache and its last chat), their decode
 steps batched (pyllm.batching); more wait for a slot, and /health answers
@@ -46,7 +52,8 @@ request's other chat_template_kwargs reach the template as they are).
 response_format json_object / json_schema (ollama's format "json" or a schema;
 llama-server's json_schema and grammar fields) constrain the reply (pyllm.grammar).
 A client that goes away mid-stream stops its reply. Errors are OpenAI's
-{"error": {"message", "type", "code"}} (under /api/, ollama's {"error": message}):
+{"error": {"message", "type", "code"}} (under /api/, ollama's {"error": message}; under
+/v1/messages, Anthropic's {"type": "error", "error": {"type", "message"}}):
 400 for a bad request, 404, 405, 413, 500 when the model fails.
 
     from pyllm import Model
@@ -78,7 +85,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
-from . import registry
+from . import anthropic_api, registry
 from .errors import (ContextFullError, InvalidArgumentError, ModelNotFoundError, PyllmError, TemplateError,
                      UnsupportedModelError)
 from . import created as created_models
@@ -113,8 +120,9 @@ class Server(ThreadingHTTPServer):
     def __init__(self, model, address: tuple[str, int], name: Optional[str] = None, parallel: Optional[int] = 1,
                  load: Optional[Callable[[Path], Any]] = None, slot_save_path: Optional[str | os.PathLike] = None,
                  metrics: bool = False, keep_alive: Optional[float] = None, api_keys: Iterable[str] = (),
-                 tls: Optional[tuple[str, str]] = None):
+                 tls: Optional[tuple[str, str]] = None, prefill_assistant: bool = True):
         super().__init__(address, Handler)
+        self.prefill_assistant = prefill_assistant
         self.tls = tls is not None
         if tls is not None:   # the handshake waits for the request's thread (Handler.setup), not accept()
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -157,7 +165,7 @@ def make_server(model, host: str = "127.0.0.1", port: int = 8080, name: Optional
                 parallel: Optional[int] = 1, load: Optional[Callable[[Path], Any]] = None,
                 slot_save_path: Optional[str | os.PathLike] = None, metrics: bool = False,
                 keep_alive: Optional[float] = None, api_keys: Iterable[str] = (),
-                tls: Optional[tuple[str, str]] = None) -> Server:
+                tls: Optional[tuple[str, str]] = None, prefill_assistant: bool = True) -> Server:
     """A server for `model` (a pyllm.Model) bound to host:port (0: any free port; see .url),
     running up to `parallel` requests at once (their decode steps batched; None: as many as
     suits the model). With load(path) -> Model, a request may name any model on disk and the
@@ -167,8 +175,11 @@ def make_server(model, host: str = "127.0.0.1", port: int = 8080, name: Optional
     None: 5 minutes with a loader, for ever without). api_keys: when given, every endpoint but
     PUBLIC_PATHS needs one of them, as `Authorization: Bearer KEY` or `X-Api-Key: KEY`
     (llama-server's --api-key). tls: (certificate file, key file), PEM: the server speaks HTTPS.
+    prefill_assistant: a chat's last message from the assistant is the start of the reply
+    (llama-server's default; False: --no-prefill-assistant, a whole turn).
     """
-    return Server(model, (host, port), name, parallel, load, slot_save_path, metrics, keep_alive, api_keys, tls)
+    return Server(model, (host, port), name, parallel, load, slot_save_path, metrics, keep_alive, api_keys, tls,
+                  prefill_assistant)
 
 
 # -- requests -> Model calls ----------------------------------------------------------------------
@@ -305,7 +316,7 @@ class Handler(BaseHTTPRequestHandler):
                 raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, f"{self.command} is not allowed on {path}")
             else:
                 raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint: {path} (see /v1/models, "
-                                   f"/v1/chat/completions, /v1/completions, /v1/embeddings, /health, /api/chat, "
+                                   f"/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/messages, /health, /api/chat, "
                                    f"/api/generate, /api/embed, /api/tags, /completion, /infill, /tokenize, /props)")
         except (BrokenPipeError, ConnectionResetError):
             pass   # the client went away
@@ -371,9 +382,11 @@ class Handler(BaseHTTPRequestHandler):
             raise RequestError(HTTPStatus.UNAUTHORIZED, "Invalid API Key", "authentication_error")
 
     def send_error_json(self, path: str, status: int, message: str, kind: str) -> None:
-        """OpenAI's error object, or under /api/ ollama's."""
+        """OpenAI's error object, or under /api/ ollama's, or under /v1/messages Anthropic's."""
         if path.startswith("/api/"):
             self.send_json(status, {"error": message})
+        elif path.startswith("/v1/messages"):
+            self.send_json(status, anthropic_api.error_body(kind, message))
         else:
             self.send_json(status, {"error": {"message": message, "type": kind, "code": int(status)}})
 
@@ -417,19 +430,27 @@ class Handler(BaseHTTPRequestHandler):
         self._write_stream(lines, lambda line: json.dumps(line, ensure_ascii=False).encode("utf-8") + b"\n",
                            lambda status, kind, message: {"error": message})
 
-    def send_events(self, events: Iterator[dict], done: bool = True) -> None:
+    def send_events(self, events: Iterator[dict], done: bool = True, named: bool = False) -> None:
         """Server-sent events, one `data: JSON` each, then `data: [DONE]` (unless not done); the
         connection closes after. An error once the events have begun is the last event, OpenAI's
-        {"error": {...}}."""
+        {"error": {...}}. named: Anthropic's stream: each event's type as its `event:` line too,
+        an error as an error event, no [DONE]."""
         self.send_response(HTTPStatus.OK)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Connection", "close")
         self.end_headers()
         self.close_connection = True
-        if self._write_stream(events, lambda e: b"data: " + json.dumps(e, ensure_ascii=False).encode("utf-8") + b"\n\n",
-                              lambda status, kind, message: {"error": {"message": message, "type": kind,
-                                                                       "code": int(status)}}) and done:
+
+        def encode(e: dict) -> bytes:
+            data = b"data: " + json.dumps(e, ensure_ascii=False).encode("utf-8") + b"\n\n"
+            return b"event: " + e["type"].encode() + b"\n" + data if named else data
+
+        def error(status: int, kind: str, message: str) -> dict:
+            if named:
+                return anthropic_api.error_body(kind, message)
+            return {"error": {"message": message, "type": kind, "code": int(status)}}
+        if self._write_stream(events, encode, error) and done and not named:
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
 
@@ -481,6 +502,7 @@ class Handler(BaseHTTPRequestHandler):
                             stream=True,
                             tools=tools, tool_choice=body.get("tool_choice"),
                             parallel_tool_calls=bool(body.get("parallel_tool_calls", False)), logprobs=top,
+                            prefill_assistant=self.server.prefill_assistant,
                             think=flag(kwargs.get("enable_thinking")),   # llama-server's switch
                             chat_template_kwargs={k: v for k, v in kwargs.items() if k != "enable_thinking"},
                             **constraint, **sampling)
@@ -502,6 +524,42 @@ class Handler(BaseHTTPRequestHandler):
             scores = {"logprobs": chat_logprobs(m, c.logprobs)} if top is not None else {}
             self.send_json(HTTPStatus.OK, {**head, "choices": [
                 {"index": 0, "message": message, "finish_reason": finish, **scores}], **usage(c)})
+
+    def anthropic_messages(self) -> None:
+        """POST /v1/messages: Anthropic's Messages API (pyllm.anthropic_api)."""
+        body = self.read_json()
+        req = anthropic_api.request_of(body)
+        with self.model_for(body) as m:
+            m.require_generation()
+            sampling, stop, max_tokens = self.created_settings(req.sampling, req.stop or None, req.max_tokens, body,
+                                                               "max_tokens")
+            stream = m.chat(conversation(self.server.host.created, req.messages), max_tokens=max_tokens, stop=stop,
+                            stream=True, tools=req.tools, tool_choice=req.tool_choice,
+                            parallel_tool_calls=req.parallel_tool_calls, think=req.think,
+                            prefill_assistant=self.server.prefill_assistant, **sampling)
+            stops = list(stop or [])
+            if req.stream:
+                parts, close = reply_parts(stream)
+                try:
+                    self.send_events(anthropic_api.stream_events(self.server.name, parts, lambda: stream.completion,
+                                                                 len(stream.generation.prompt), stops), named=True)
+                finally:
+                    close()   # a client that goes away stops the reply here
+                return
+            c = stream.run()
+            thinking, answer = stream.reasoning()
+            self.send_json(HTTPStatus.OK, anthropic_api.message(self.server.name, thinking, answer, c, stops))
+
+    def anthropic_count_tokens(self) -> None:
+        """POST /v1/messages/count_tokens: the prompt tokens a Messages request would run."""
+        body = self.read_json()
+        req = anthropic_api.request_of(body, counting=True)
+        with self.model_for(body) as m:
+            m.require_generation()
+            tokens = m.chat_tokens(conversation(self.server.host.created, req.messages), tools=req.tools,
+                                   tool_choice=req.tool_choice, think=req.think,
+                                   prefill_assistant=self.server.prefill_assistant)
+        self.send_json(HTTPStatus.OK, {"input_tokens": len(tokens)})
 
     def completions(self) -> None:
         body = self.read_json()
@@ -1033,7 +1091,7 @@ class Handler(BaseHTTPRequestHandler):
         tools = body.get("tools") or None
         self._ollama_reply(body, lambda m, max_tokens, stop, sampling, think: m.chat(
             conversation(self.server.host.created, messages), max_tokens=max_tokens, stop=stop, stream=True,
-            tools=tools, think=think, **sampling), "message")
+            tools=tools, think=think, prefill_assistant=self.server.prefill_assistant, **sampling), "message")
 
     def ollama_generate(self) -> None:
         body = self.read_json()
@@ -1185,7 +1243,8 @@ POST_ROUTES = {"/v1/chat/completions": Handler.chat, "/v1/completions": Handler.
                "/api/chat": Handler.ollama_chat, "/api/generate": Handler.ollama_generate,
                "/api/embed": Handler.ollama_embed, "/api/embeddings": Handler.ollama_embeddings,
                "/api/pull": Handler.ollama_pull, "/api/show": Handler.ollama_show,
-               "/api/create": Handler.ollama_create, "/api/copy": Handler.ollama_copy}
+               "/api/create": Handler.ollama_create, "/api/copy": Handler.ollama_copy,
+               "/v1/messages": Handler.anthropic_messages, "/v1/messages/count_tokens": Handler.anthropic_count_tokens}
 
 
 def embedding_inputs(value: Any, field: str) -> list:

@@ -706,3 +706,104 @@ def test_https(smollm2_path):
     r = subprocess.run([sys.executable, "-m", "pyllm.cli.main", "serve", "-m", smollm2_path, "--ssl-key-file", key],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "both --ssl-key-file and --ssl-cert-file" in r.stderr
+
+
+def named_events(url, path, body, headers=None):
+    """Anthropic's stream: [(event name, JSON data)], each name its data's type."""
+    req = urllib.request.Request(url + path, data=json.dumps({**body, "stream": True}).encode(), headers=headers or {})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        assert r.headers["Content-Type"] == "text/event-stream"
+        chunks = [c for c in r.read().decode().split("\n\n") if c]
+    out = []
+    for c in chunks:
+        name, data = c.split("\n")
+        assert name.startswith("event: ") and data.startswith("data: ")
+        out.append((name[7:], json.loads(data[6:])))
+        assert out[-1][1]["type"] == out[-1][0]
+    return out
+
+
+def test_anthropic_messages(smol):
+    """Anthropic's /v1/messages (whole and streamed) and /v1/messages/count_tokens: the reply,
+    stop reasons, tool uses and token counts of Model.chat with the same messages."""
+    m, url, _ = smol
+    ask = [{"role": "system", "content": "Be brief."}] + CHAT
+    want = m.chat(ask, temperature=0, max_tokens=12)
+    req = {"model": "x", "system": "Be brief.", "messages": CHAT, "max_tokens": 12, "temperature": 0}
+    status, body = call(url, "/v1/messages", req, headers={"x-api-key": "any", "anthropic-version": "2023-06-01"})
+    assert status == 200 and body["type"] == "message" and body["role"] == "assistant"
+    assert body["content"] == [{"type": "text", "text": want.text}] and body["model"] == "test-model"
+    assert body["stop_reason"] == {"stop": "end_turn", "length": "max_tokens"}[want.finish_reason]
+    usage = body["usage"]
+    assert usage["input_tokens"] + usage["cache_read_input_tokens"] == want.metrics.prompt_tokens
+    assert usage["output_tokens"] == len(want.tokens)
+    assert call(url, "/v1/messages/count_tokens", req) == (200, {"input_tokens": len(m.chat_tokens(ask))})
+    got = named_events(url, "/v1/messages", req)
+    names = [n for n, _ in got]
+    assert names[:2] == ["message_start", "content_block_start"] and names[-3:] == [
+        "content_block_stop", "message_delta", "message_stop"] and set(names[2:-3]) == {"content_block_delta"}
+    assert "".join(d["delta"]["text"] for n, d in got if n == "content_block_delta") == want.text
+    assert got[-2][1]["delta"]["stop_reason"] == body["stop_reason"] and len(got) > 6
+    # a stop sequence the reply reaches ends it there, and says which
+    cut = want.text.split()[2]
+    status, body = call(url, "/v1/messages", {**req, "stop_sequences": ["zzz", cut]})
+    assert body["content"][0]["text"] == want.text[:want.text.index(cut)]
+    assert (body["stop_reason"], body["stop_sequence"]) == ("stop_sequence", cut)
+    # a last assistant message is the start of the reply (prefill), as in /v1/chat/completions
+    start = [*CHAT, {"role": "assistant", "content": "Paris is"}]
+    want = m.chat(start, temperature=0, max_tokens=8)
+    assert call(url, "/v1/messages", {**req, "system": None, "messages": start, "max_tokens": 8})[1][
+        "content"][0]["text"] == want.text
+    assert call(url, "/v1/chat/completions", {"messages": start, "temperature": 0, "max_tokens": 8})[1][
+        "choices"][0]["message"]["content"] == want.text
+    # errors in Anthropic's shape
+    status, body = call(url, "/v1/messages", {"messages": [{"role": "user", "content": [{"type": "image"}]}]})
+    assert status == 400 and body == {"type": "error", "error": {
+        "type": "invalid_request_error", "message": "message 0 holds an image: pyllm serves text models, send text only"}}
+
+
+def test_anthropic_tool_use(smol):
+    """Tools through /v1/messages: tool_use blocks (whole and streamed) as Model.chat calls them,
+    and a tool_result in the history goes back to the model as a tool message."""
+    m, url, _ = smol
+    tool = {"name": "get_weather", "description": WEATHER["function"]["description"],
+            "input_schema": WEATHER["function"]["parameters"]}
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    want = m.chat(ask, tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=60)
+    req = {"messages": ask, "tools": [tool], "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
+           "temperature": 0, "max_tokens": 60}
+    body = call(url, "/v1/messages", req)[1]
+    uses = [b for b in body["content"] if b["type"] == "tool_use"]
+    assert body["stop_reason"] == "tool_use" and want.tool_calls
+    assert [(b["name"], b["input"]) for b in uses] == [(t.name, t.arguments) for t in want.tool_calls]
+    assert all(b["id"].startswith("toolu_") for b in uses)
+    got = named_events(url, "/v1/messages", req)
+    starts = [d["content_block"] for n, d in got if n == "content_block_start"]
+    inputs = [json.loads(d["delta"]["partial_json"]) for n, d in got
+              if n == "content_block_delta" and d["delta"]["type"] == "input_json_delta"]
+    assert [(b["type"], b["name"]) for b in starts] == [("tool_use", b["name"]) for b in uses]
+    assert inputs == [b["input"] for b in uses] and got[-2][1]["delta"]["stop_reason"] == "tool_use"
+    history = ask + [{"role": "assistant", "content": uses},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0]["id"],
+                                                   "content": "18 degrees and sunny"}]}]
+    openai_history = ask + [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": b["id"], "type": "function", "function": {"name": b["name"], "arguments": json.dumps(b["input"])}}
+        for b in uses]}, {"role": "tool", "tool_call_id": uses[0]["id"], "content": "18 degrees and sunny"}]
+    want = m.chat(openai_history, tools=[WEATHER], parallel_tool_calls=True, temperature=0, max_tokens=40)
+    body = call(url, "/v1/messages", {"messages": history, "tools": [tool], "temperature": 0, "max_tokens": 40})[1]
+    assert [b.get("text", b.get("input")) for b in body["content"]] == \
+        ([want.text] if want.text or not want.tool_calls else []) + [t.arguments for t in want.tool_calls]
+    assert call(url, "/v1/messages/count_tokens", {"messages": history, "tools": [tool]})[1] == {
+        "input_tokens": len(m.chat_tokens(openai_history, tools=[WEATHER]))}
+
+
+def test_no_prefill_assistant(smollm2_path):
+    """--no-prefill-assistant: a last assistant message is a whole turn, and the reply a new one."""
+    start = [*CHAT, {"role": "assistant", "content": "Paris is"}]
+    with Model(smollm2_path, n_threads=2, n_ctx=256) as m, served(m, prefill_assistant=False) as s:
+        want = m.chat(start, temperature=0, max_tokens=6, prefill_assistant=False)
+        assert want.metrics.prompt_tokens == len(m.chat_tokens(start, prefill_assistant=False)) > \
+            len(m.chat_tokens(start))
+        body = call(s.url, "/v1/chat/completions", {"messages": start, "temperature": 0, "max_tokens": 6})[1]
+        assert body["choices"][0]["message"]["content"] == want.text
+        assert body["usage"]["prompt_tokens"] == want.metrics.prompt_tokens
