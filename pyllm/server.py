@@ -3,6 +3,8 @@
     POST /v1/chat/completions   messages -> the assistant's reply (stream: server-sent events)
     POST /v1/completions        prompt -> its continuation, raw text (no chat template)
     POST /v1/embeddings         input (a text or a list of them) -> vectors (an embedding model)
+    POST /v1/responses          OpenAI's Responses API: input items -> output items (pyllm.responses_api);
+                                GET and DELETE /v1/responses/ID: a stored one
     GET  /v1/models             the one model
     GET  /health                {"status": "ok"}
 
@@ -85,7 +87,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
-from . import anthropic_api, registry
+from . import anthropic_api, registry, responses_api
 from .errors import (ContextFullError, InvalidArgumentError, ModelNotFoundError, PyllmError, TemplateError,
                      UnsupportedModelError)
 from . import created as created_models
@@ -140,6 +142,7 @@ class Server(ThreadingHTTPServer):
         self.host = ModelHost(model, name or model.path.stem, parallel, load, keep_alive)
         self.created = int(time.time())
         self.slot_save_path = None if slot_save_path is None else Path(slot_save_path)
+        self.responses = responses_api.ResponseStore()   # /v1/responses' stored ones
 
     # the loaded model, its name and slots (the same throughout a request: host.use holds them)
     @property
@@ -312,6 +315,8 @@ class Handler(BaseHTTPRequestHandler):
                 routes[path](self)
             elif path.startswith("/slots/") and self.command == "POST":
                 self.slot_action(path[len("/slots/"):])
+            elif path.startswith("/v1/responses/") and self.command in ("GET", "DELETE"):
+                self.stored_response(path[len("/v1/responses/"):])
             elif path in other_method:
                 raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, f"{self.command} is not allowed on {path}")
             else:
@@ -430,11 +435,12 @@ class Handler(BaseHTTPRequestHandler):
         self._write_stream(lines, lambda line: json.dumps(line, ensure_ascii=False).encode("utf-8") + b"\n",
                            lambda status, kind, message: {"error": message})
 
-    def send_events(self, events: Iterator[dict], done: bool = True, named: bool = False) -> None:
+    def send_events(self, events: Iterator[dict], done: bool = True, named: bool = False,
+                    error: Optional[Callable[[str, str], dict]] = None) -> None:
         """Server-sent events, one `data: JSON` each, then `data: [DONE]` (unless not done); the
         connection closes after. An error once the events have begun is the last event, OpenAI's
-        {"error": {...}}. named: Anthropic's stream: each event's type as its `event:` line too,
-        an error as an error event, no [DONE]."""
+        {"error": {...}}, or error(kind, message). named: each event's type as its `event:` line
+        too, and no [DONE] (Anthropic's and the Responses API's streams)."""
         self.send_response(HTTPStatus.OK)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -446,11 +452,11 @@ class Handler(BaseHTTPRequestHandler):
             data = b"data: " + json.dumps(e, ensure_ascii=False).encode("utf-8") + b"\n\n"
             return b"event: " + e["type"].encode() + b"\n" + data if named else data
 
-        def error(status: int, kind: str, message: str) -> dict:
-            if named:
-                return anthropic_api.error_body(kind, message)
+        def error_event(status: int, kind: str, message: str) -> dict:
+            if error is not None:
+                return error(kind, message)
             return {"error": {"message": message, "type": kind, "code": int(status)}}
-        if self._write_stream(events, encode, error) and done and not named:
+        if self._write_stream(events, encode, error_event) and done and not named:
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
 
@@ -542,7 +548,8 @@ class Handler(BaseHTTPRequestHandler):
                 parts, close = reply_parts(stream)
                 try:
                     self.send_events(anthropic_api.stream_events(self.server.name, parts, lambda: stream.completion,
-                                                                 len(stream.generation.prompt), stops), named=True)
+                                                                 len(stream.generation.prompt), stops),
+                                     named=True, error=anthropic_api.error_body)
                 finally:
                     close()   # a client that goes away stops the reply here
                 return
@@ -560,6 +567,66 @@ class Handler(BaseHTTPRequestHandler):
                                    tool_choice=req.tool_choice, think=req.think,
                                    prefill_assistant=self.server.prefill_assistant)
         self.send_json(HTTPStatus.OK, {"input_tokens": len(tokens)})
+
+    def openai_responses(self) -> None:
+        """POST /v1/responses: OpenAI's Responses API (pyllm.responses_api)."""
+        body = self.read_json()
+        req = responses_api.request_of(body)
+        earlier = []
+        if req.previous_response_id is not None:
+            kept = self.server.responses.get(req.previous_response_id)
+            if kept is None:
+                raise RequestError(HTTPStatus.NOT_FOUND, f"no response {req.previous_response_id!r}: the server "
+                                   f"keeps the last {responses_api.STORED} it made, in memory, until it stops",
+                                   "not_found_error")
+            earlier = kept[1]
+        messages = earlier + req.messages
+        system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+        with self.model_for(body) as m:
+            m.require_generation()
+            sampling, stop, max_tokens = self.created_settings(req.sampling, None, req.max_tokens, body,
+                                                               "max_output_tokens")
+            stream = m.chat(conversation(self.server.host.created, system + messages), max_tokens=max_tokens,
+                            stop=stop, stream=True, format=req.format, tools=req.tools, tool_choice=req.tool_choice,
+                            parallel_tool_calls=req.parallel_tool_calls, think=req.think,
+                            chat_template_kwargs=req.template_kwargs, prefill_assistant=self.server.prefill_assistant,
+                            **sampling)
+            response_id, created_at = responses_api.new_id("resp"), int(time.time())
+
+            def finish(streamed: Optional[list] = None) -> dict:
+                """The finished response (streamed: the output items sent so far, the calls to come), kept."""
+                c = stream.completion
+                thinking, answer = stream.reasoning()
+                output = responses_api.output_items(thinking, answer, c.tool_calls) if streamed is None else \
+                    streamed + [responses_api.call_item(call) for call in c.tool_calls]
+                n_thinking = len(m.tokenize(thinking, add_bos=False)) if thinking else 0
+                done = responses_api.response_object(response_id, created_at, self.server.name, req, output, c,
+                                                     n_thinking)
+                if req.store:
+                    self.server.responses.put(done, responses_api.history(messages, thinking, answer, c.tool_calls))
+                return done
+            if req.stream:
+                events = responses_api.ResponseStream(responses_api.response_object(
+                    response_id, created_at, self.server.name, req, []))
+                parts, close = reply_parts(stream)
+                try:
+                    self.send_events(events.events(parts, finish), named=True, error=events.error)
+                finally:
+                    close()   # a client that goes away stops the reply here
+                return
+            stream.run()
+            self.send_json(HTTPStatus.OK, finish())
+
+    def stored_response(self, response_id: str) -> None:
+        """GET /v1/responses/ID: a stored response; DELETE: forgets it."""
+        kept = self.server.responses.get(response_id)
+        if kept is None:
+            raise RequestError(HTTPStatus.NOT_FOUND, f"no response {response_id!r} is stored", "not_found_error")
+        if self.command == "DELETE":
+            self.server.responses.delete(response_id)
+            self.send_json(HTTPStatus.OK, {"id": response_id, "object": "response", "deleted": True})
+        else:
+            self.send_json(HTTPStatus.OK, kept[0])
 
     def completions(self) -> None:
         body = self.read_json()
@@ -1244,6 +1311,7 @@ POST_ROUTES = {"/v1/chat/completions": Handler.chat, "/v1/completions": Handler.
                "/api/embed": Handler.ollama_embed, "/api/embeddings": Handler.ollama_embeddings,
                "/api/pull": Handler.ollama_pull, "/api/show": Handler.ollama_show,
                "/api/create": Handler.ollama_create, "/api/copy": Handler.ollama_copy,
+               "/v1/responses": Handler.openai_responses,
                "/v1/messages": Handler.anthropic_messages, "/v1/messages/count_tokens": Handler.anthropic_count_tokens}
 
 

@@ -807,3 +807,77 @@ def test_no_prefill_assistant(smollm2_path):
         body = call(s.url, "/v1/chat/completions", {"messages": start, "temperature": 0, "max_tokens": 6})[1]
         assert body["choices"][0]["message"]["content"] == want.text
         assert body["usage"]["prompt_tokens"] == want.metrics.prompt_tokens
+
+
+def test_openai_responses(smol):
+    """OpenAI's /v1/responses (whole and streamed): the output of Model.chat with the same messages;
+    previous_response_id goes on from a stored response; GET and DELETE /v1/responses/ID."""
+    m, url, _ = smol
+    ask = [{"role": "system", "content": "Be brief."}] + CHAT
+    want = m.chat(ask, temperature=0, max_tokens=12)
+    req = {"model": "x", "instructions": "Be brief.", "input": CHAT[0]["content"], "max_output_tokens": 12,
+           "temperature": 0}
+    status, body = call(url, "/v1/responses", req)
+    assert status == 200 and body["object"] == "response" and body["id"].startswith("resp_")
+    assert [(i["type"], i["content"][0]["text"]) for i in body["output"]] == [("message", want.text)]
+    assert body["status"] == ("incomplete" if want.finish_reason == "length" else "completed")
+    assert body["usage"]["input_tokens"] == want.metrics.prompt_tokens and body["usage"]["output_tokens"] == len(
+        want.tokens)
+    assert call(url, f"/v1/responses/{body['id']}") == (200, body)
+    # the next turn from the stored one: its input and output before the new input, not its instructions
+    more = {"role": "user", "content": "And of Germany?"}
+    want2 = m.chat(CHAT + [{"role": "assistant", "content": want.text}, more], temperature=0, max_tokens=12)
+    status, body2 = call(url, "/v1/responses", {"previous_response_id": body["id"], "input": [more],
+                                                "max_output_tokens": 12, "temperature": 0})
+    assert status == 200 and body2["output"][0]["content"][0]["text"] == want2.text
+    assert body2["previous_response_id"] == body["id"]
+    assert call(url, f"/v1/responses/{body['id']}", method="DELETE")[1] == {
+        "id": body["id"], "object": "response", "deleted": True}
+    status, out = call(url, f"/v1/responses/{body['id']}")
+    assert status == 404 and out["error"]["type"] == "not_found_error"
+    status, out = call(url, "/v1/responses", {"previous_response_id": body["id"], "input": "Hi"})
+    assert status == 404 and "keeps the last" in out["error"]["message"]
+    # "store": false leaves nothing to go on from
+    status, kept = call(url, "/v1/responses", {"input": "Hi", "max_output_tokens": 2, "store": False})
+    assert status == 200 and call(url, f"/v1/responses/{kept['id']}")[0] == 404
+    got = named_events(url, "/v1/responses", req)
+    assert [e["sequence_number"] for _, e in got] == list(range(len(got)))
+    assert [n for n, _ in got][:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                                       "response.content_part.added"]
+    assert "".join(e["delta"] for n, e in got if n == "response.output_text.delta") == want.text
+    assert got[-1][0] == ("response.incomplete" if want.finish_reason == "length" else "response.completed")
+    assert got[-1][1]["response"]["output"][0]["content"][0]["text"] == want.text
+    status, out = call(url, "/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_file"}]}]})
+    assert status == 400 and out["error"]["message"] == "input item 0 holds a file: pyllm serves text models, " \
+                                                        "send text only"
+
+
+def test_openai_responses_tools_and_format(smol):
+    """Function tools through /v1/responses: function_call items as Model.chat calls them (whole and
+    streamed), their output back as a function_call_output item; text.format holds the reply to JSON."""
+    m, url, _ = smol
+    tool = {"type": "function", **WEATHER["function"]}
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    want = m.chat(ask, tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=60)
+    req = {"input": ask, "tools": [tool], "tool_choice": "required", "parallel_tool_calls": False,
+           "temperature": 0, "max_output_tokens": 60}
+    body = call(url, "/v1/responses", req)[1]
+    calls = [i for i in body["output"] if i["type"] == "function_call"]
+    assert body["status"] == "completed" and want.tool_calls
+    assert [(i["name"], json.loads(i["arguments"])) for i in calls] == [(t.name, t.arguments) for t in want.tool_calls]
+    got = named_events(url, "/v1/responses", req)
+    done = [e["arguments"] for n, e in got if n == "response.function_call_arguments.done"]
+    assert [json.loads(a) for a in done] == [t.arguments for t in want.tool_calls]
+    history = ask + [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}
+        for i in calls]}, {"role": "tool", "tool_call_id": calls[0]["call_id"], "content": "18 degrees"}]
+    want = m.chat(history, tools=[WEATHER], parallel_tool_calls=True, temperature=0, max_tokens=40)
+    body = call(url, "/v1/responses", {"input": ask + calls + [{"type": "function_call_output", "call_id": calls[0][
+        "call_id"], "output": "18 degrees"}], "tools": [tool], "temperature": 0, "max_output_tokens": 40})[1]
+    assert [i.get("arguments") or i["content"][0]["text"] for i in body["output"]] == \
+        ([want.text] if want.text or not want.tool_calls else []) + [t.openai()["function"]["arguments"]
+                                                                     for t in want.tool_calls]
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}
+    body = call(url, "/v1/responses", {"input": "Name a city as JSON.", "temperature": 0, "max_output_tokens": 40,
+                                       "text": {"format": {"type": "json_schema", "name": "c", "schema": schema}}})[1]
+    assert set(json.loads(body["output"][0]["content"][0]["text"])) == {"city"}
