@@ -103,6 +103,8 @@ def serve(
     no_prefill_assistant: Annotated[bool, typer.Option(
         "--no-prefill-assistant", help="a chat request's last message from the assistant is a whole turn, not "
         "the start of the reply (llama-server's)")] = False,
+    no_webui: Annotated[bool, typer.Option(
+        "--no-webui", help="serve no chat page at / (the API only)")] = False,
     parallel: Annotated[Optional[int], typer.Option(
         "--parallel", "-np", help="requests run at once, their decode steps batched; more wait for a slot "
         "(default 4, or 1 where steps cannot hold several sequences: recurrent models, GPU offload). "
@@ -156,7 +158,7 @@ def serve(
                 server = make_server(m, host, port, name=alias or registry_name(model), parallel=parallel,
                                      load=load if switching else None, slot_save_path=slot_save_path,
                                      metrics=metrics, keep_alive=idle_s, api_keys=api_keys, tls=tls,
-                                     prefill_assistant=not no_prefill_assistant)
+                                     prefill_assistant=not no_prefill_assistant, webui=not no_webui)
             except OSError as e:
                 raise InvalidArgumentError(f"cannot listen on {host}:{port}: {e.strerror}") from None
             with server, contextlib.closing(server.host):   # the model loaded last, which may not be m
@@ -165,5 +167,6 @@ def serve(
                 others = ", others loaded when asked for" if switching else ""
                 others += f", {len(api_keys)} API key{'s' if len(api_keys) > 1 else ''}" if api_keys else ""
                 err.print(f"pyllm serve · {server.name} ({what}, context {m.n_ctx}{slots}{others}) · listening on {server.url} "
-                          f"(OpenAI API under /v1) · Ctrl-C to stop", highlight=False, soft_wrap=True)
+                          f"(OpenAI API under /v1{'' if no_webui or m.embedding else ', a chat page at /'}) · "
+                          f"Ctrl-C to stop", highlight=False, soft_wrap=True)
                 server.serve_forever()

@@ -7,8 +7,9 @@
                                 GET and DELETE /v1/responses/ID: a stored one
     GET  /v1/models             the one model
     GET  /health                {"status": "ok"}
+    GET  /                      a chat page (pyllm/webui.html; --no-webui: none)
 
-With API keys (--api-key), every endpoint but /health, /v1/models and /api/tags
+With API keys (--api-key), every endpoint but the chat page, /health, /v1/models and /api/tags
 asks for one (Authorization: Bearer KEY, or X-Api-Key: KEY): 401 without it. With a
 certificate and key (--ssl-cert-file, --ssl-key-file) it speaks HTTPS.
 
@@ -100,6 +101,7 @@ from .model_host import ModelHost, keep_alive_seconds
 log = logging.getLogger("pyllm")
 
 MAX_BODY = 32 << 20     # bytes of one request body
+WEBUI = Path(__file__).with_name("webui.html")   # the chat page at /
 FINISH = {"stop": "stop", "length": "length", "context": "length", "interrupted": "stop"}
 # the request fields that are Model sampling keywords of the same name (OpenAI's, ollama's options, llama.cpp's)
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repeat_penalty", "repeat_last_n",
@@ -122,9 +124,9 @@ class Server(ThreadingHTTPServer):
     def __init__(self, model, address: tuple[str, int], name: Optional[str] = None, parallel: Optional[int] = 1,
                  load: Optional[Callable[[Path], Any]] = None, slot_save_path: Optional[str | os.PathLike] = None,
                  metrics: bool = False, keep_alive: Optional[float] = None, api_keys: Iterable[str] = (),
-                 tls: Optional[tuple[str, str]] = None, prefill_assistant: bool = True):
+                 tls: Optional[tuple[str, str]] = None, prefill_assistant: bool = True, webui: bool = True):
         super().__init__(address, Handler)
-        self.prefill_assistant = prefill_assistant
+        self.prefill_assistant, self.webui = prefill_assistant, webui
         self.tls = tls is not None
         if tls is not None:   # the handshake waits for the request's thread (Handler.setup), not accept()
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -168,7 +170,7 @@ def make_server(model, host: str = "127.0.0.1", port: int = 8080, name: Optional
                 parallel: Optional[int] = 1, load: Optional[Callable[[Path], Any]] = None,
                 slot_save_path: Optional[str | os.PathLike] = None, metrics: bool = False,
                 keep_alive: Optional[float] = None, api_keys: Iterable[str] = (),
-                tls: Optional[tuple[str, str]] = None, prefill_assistant: bool = True) -> Server:
+                tls: Optional[tuple[str, str]] = None, prefill_assistant: bool = True, webui: bool = True) -> Server:
     """A server for `model` (a pyllm.Model) bound to host:port (0: any free port; see .url),
     running up to `parallel` requests at once (their decode steps batched; None: as many as
     suits the model). With load(path) -> Model, a request may name any model on disk and the
@@ -179,10 +181,11 @@ def make_server(model, host: str = "127.0.0.1", port: int = 8080, name: Optional
     PUBLIC_PATHS needs one of them, as `Authorization: Bearer KEY` or `X-Api-Key: KEY`
     (llama-server's --api-key). tls: (certificate file, key file), PEM: the server speaks HTTPS.
     prefill_assistant: a chat's last message from the assistant is the start of the reply
-    (llama-server's default; False: --no-prefill-assistant, a whole turn).
+    (llama-server's default; False: --no-prefill-assistant, a whole turn). webui: serve the chat
+    page at / (False: --no-webui).
     """
     return Server(model, (host, port), name, parallel, load, slot_save_path, metrics, keep_alive, api_keys, tls,
-                  prefill_assistant)
+                  prefill_assistant, webui)
 
 
 # -- requests -> Model calls ----------------------------------------------------------------------
@@ -483,6 +486,21 @@ class Handler(BaseHTTPRequestHandler):
                 "model": self.server.name}
 
     # -- endpoints --------------------------------------------------------------------------------
+    def chat_page(self) -> None:
+        """GET /: the chat page (pyllm/webui.html, llama-server's web UI's counterpart)."""
+        if not self.server.webui:
+            raise RequestError(HTTPStatus.NOT_FOUND, "this server has no chat page (--no-webui); its API is under "
+                               "/v1/", "not_found_error")
+        data = WEBUI.read_bytes()
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        # the page runs its own inline script and talks to this server only
+        self.send_header("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; "
+                         "style-src 'unsafe-inline'; connect-src 'self'")
+        self.end_headers()
+        self.wfile.write(data)
+
     def health(self) -> None:
         self.send_json(HTTPStatus.OK, {"status": "ok"})
 
@@ -1295,8 +1313,8 @@ class Handler(BaseHTTPRequestHandler):
 
 
 # open without an API key, as llama-server leaves them: a load balancer's health check, the model list
-PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models", "/api/tags"})
-GET_ROUTES = {"/health": Handler.health, "/v1/health": Handler.health, "/v1/models": Handler.models,
+PUBLIC_PATHS = frozenset({"/", "/index.html", "/health", "/v1/health", "/models", "/v1/models", "/api/tags"})
+GET_ROUTES = {"/": Handler.chat_page, "/index.html": Handler.chat_page, "/health": Handler.health, "/v1/health": Handler.health, "/v1/models": Handler.models,
               "/models": Handler.models, "/props": Handler.llama_props,
               "/slots": Handler.llama_slots, "/lora-adapters": Handler.lora_adapters, "/metrics": Handler.metrics,
               "/api/tags": Handler.ollama_tags, "/api/ps": Handler.ollama_ps, "/api/version": Handler.ollama_version}

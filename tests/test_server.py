@@ -881,3 +881,23 @@ def test_openai_responses_tools_and_format(smol):
     body = call(url, "/v1/responses", {"input": "Name a city as JSON.", "temperature": 0, "max_output_tokens": 40,
                                        "text": {"format": {"type": "json_schema", "name": "c", "schema": schema}}})[1]
     assert set(json.loads(body["output"][0]["content"][0]["text"])) == {"city"}
+
+
+def test_chat_page(smollm2_path):
+    """GET / is the chat page (no key needed: it holds no data; its requests carry the key), and
+    every endpoint its script calls is one the server routes; --no-webui: a 404."""
+    import re
+    from pyllm.server import GET_ROUTES, POST_ROUTES
+    with Model(smollm2_path, n_threads=2, n_ctx=256) as m, served(m, api_keys=["k"]) as s:
+        with urllib.request.urlopen(s.url + "/", timeout=60) as r:
+            page = r.read().decode()
+            assert r.status == 200 and r.headers["Content-Type"] == "text/html; charset=utf-8"
+            assert "connect-src 'self'" in r.headers["Content-Security-Policy"]
+        assert page.startswith("<!DOCTYPE html>") and "<script>" in page
+        called = set(re.findall(r'fetch\("(/[^"]*)"', page))
+        assert called == {"/v1/chat/completions", "/props"} and called <= set(GET_ROUTES) | set(POST_ROUTES)
+        assert "innerHTML" not in page   # replies are shown as text, never as markup
+        assert call(s.url, "/props")[0] == 401
+    with Model(smollm2_path, n_threads=2, n_ctx=256) as m, served(m, webui=False) as s:
+        status, body = call(s.url, "/")
+        assert status == 404 and "--no-webui" in body["error"]["message"]
