@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Annotated, Iterator, Optional
 
 import typer
@@ -58,6 +59,8 @@ Ctrl-C stops a reply (or clears the line); Ctrl-D or /exit leaves.
 Start a message with // to send text that begins with /."""
 
 PROMPT, MORE = ">>> ", "... "
+
+HISTORY_LINES = 1000   # input lines kept between chat sessions
 
 
 class _Interrupt:
@@ -301,6 +304,37 @@ class ChatRepl:
                 self.status("[stopped]")
 
 
+def history_file() -> Optional[Path]:
+    """Where the chat keeps the lines typed, between sessions (ollama's ~/.ollama/history):
+    $PYLLM_HISTORY (empty: nowhere), else pyllm's cache folder."""
+    env = os.environ.get("PYLLM_HISTORY")
+    if env is not None:
+        return Path(env).expanduser() if env else None
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pyllm" / "chat_history"
+
+
+@contextlib.contextmanager
+def kept_history(interactive: bool) -> Iterator[None]:
+    """At a terminal: readline's line editing for input(), with the arrow keys reaching the lines
+    of earlier sessions too (the last HISTORY_LINES, written back at the end)."""
+    try:
+        import readline
+    except ImportError:
+        readline = None
+    path = history_file() if interactive and readline is not None else None
+    if path is not None:
+        readline.set_history_length(HISTORY_LINES)
+        with contextlib.suppress(OSError):
+            readline.read_history_file(path)
+    try:
+        yield
+    finally:
+        if path is not None:
+            with contextlib.suppress(OSError):   # a read-only home loses the history, not the chat
+                path.parent.mkdir(parents=True, exist_ok=True)
+                readline.write_history_file(path)
+
+
 def chat(
     model: ModelOpt = None,
     no_mmap: NoMmapOpt = False,
@@ -401,13 +435,9 @@ def chat(
             interactive = sys.stdin.isatty()
             if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 reach the tokenizer (-> U+FFFD)
                 sys.stdin.reconfigure(errors="surrogateescape")
-            if interactive:
-                try:
-                    import readline  # noqa: F401  (line editing and history for input())
-                except ImportError:
-                    pass
             out = Console(highlight=False)
             name = m.file.metadata.get("general.name") or m.path.name
             err.print(Text(f"pyllm chat · {name} · {m.arch.name}, context {m.n_ctx} tokens, "
                            f"template {t.name} · /help for help, Ctrl-D to leave", style="dim"), soft_wrap=True)
-            ChatRepl(session, out, verbose, interactive).loop()
+            with kept_history(interactive):
+                ChatRepl(session, out, verbose, interactive).loop()

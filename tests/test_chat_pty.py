@@ -36,10 +36,10 @@ PASSAGE = (
 
 
 class Terminal:
-    def __init__(self, args: list[str], command: str = "chat"):
+    def __init__(self, args: list[str], command: str = "chat", history: str = ""):
         self.master, slave = os.openpty()
         env = {**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1", "TERM": "xterm", "COLUMNS": "200",
-               "LINES": "50"}
+               "LINES": "50", "PYLLM_HISTORY": history}   # none kept unless a test asks
 
         def child_setup():
             os.setsid()
@@ -176,6 +176,34 @@ def test_run_with_a_model_and_no_prompt_at_a_terminal_chats(smollm2_path):
         t.read_until(r"reply cut at 6 tokens", 60)     # -n reached the chat
         t.read_until(r">>> ", 30)
         t.send("\x04")                                 # Ctrl-D leaves
+        assert t.proc.wait(timeout=30) == 0
+    finally:
+        t.close()
+
+
+def test_the_lines_typed_come_back_in_the_next_session(smollm2_path, tmp_path):
+    """The chat keeps the lines typed ($PYLLM_HISTORY here): the up arrow in a new session brings
+    back the last one."""
+    history = tmp_path / "history"
+    t = Terminal(["-m", smollm2_path, "--temp", "0", "-n", "2"], history=str(history))
+    try:
+        t.read_until(r">>> ", 60)
+        t.send("Name a fruit.\r")
+        t.read_until(r">>> ", 60)
+        t.send("\x04")
+        assert t.proc.wait(timeout=30) == 0
+    finally:
+        t.close()
+    assert history.read_text().splitlines()[-1] == "Name a fruit."
+    t = Terminal(["-m", smollm2_path, "--temp", "0", "-n", "2"], history=str(history))
+    try:
+        t.read_until(r">>> ", 60)
+        t.buf = ""
+        t.send("\x1b[A")                               # the up arrow: the last session's line
+        t.read_until(r"Name a fruit\.", 30)
+        t.send("\x03")                                 # Ctrl-C clears the line
+        t.read_until(r">>> ", 30)
+        t.send("\x04")
         assert t.proc.wait(timeout=30) == 0
     finally:
         t.close()
