@@ -103,6 +103,10 @@ def serve(
     no_prefill_assistant: Annotated[bool, typer.Option(
         "--no-prefill-assistant", help="a chat request's last message from the assistant is a whole turn, not "
         "the start of the reply (llama-server's)")] = False,
+    origins: Annotated[Optional[str], typer.Option(
+        "--origins", envvar="PYLLM_ORIGINS", help="web pages of these origins may call the server, besides its "
+        "own and localhost's (comma-separated; patterns such as chrome-extension://*; * for any: ollama's "
+        "OLLAMA_ORIGINS); other sites' requests are refused")] = None,
     no_webui: Annotated[bool, typer.Option(
         "--no-webui", help="serve no chat page at / (the API only)")] = False,
     parallel: Annotated[Optional[int], typer.Option(
@@ -158,7 +162,8 @@ def serve(
                 server = make_server(m, host, port, name=alias or registry_name(model), parallel=parallel,
                                      load=load if switching else None, slot_save_path=slot_save_path,
                                      metrics=metrics, keep_alive=idle_s, api_keys=api_keys, tls=tls,
-                                     prefill_assistant=not no_prefill_assistant, webui=not no_webui)
+                                     prefill_assistant=not no_prefill_assistant, webui=not no_webui,
+                                     origins=[o.strip() for o in (origins or "").split(",") if o.strip()])
             except OSError as e:
                 raise InvalidArgumentError(f"cannot listen on {host}:{port}: {e.strerror}") from None
             with server, contextlib.closing(server.host):   # the model loaded last, which may not be m

@@ -25,6 +25,7 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "context": "model_co
 
 # the server's error kinds (OpenAI's types) -> Anthropic's error types
 ERROR_TYPES = {"invalid_request_error": "invalid_request_error", "authentication_error": "authentication_error",
+               "permission_error": "permission_error",
                "not_found_error": "not_found_error", "not_supported_error": "invalid_request_error",
                "unavailable_error": "overloaded_error", "server_error": "api_error"}
 

@@ -9,7 +9,10 @@
     GET  /health                {"status": "ok"}
     GET  /                      a chat page (pyllm/webui.html; --no-webui: none)
 
-With API keys (--api-key), every endpoint but the chat page, /health, /v1/models and /api/tags
+A web page's request (it carries an Origin) is taken from the server's own pages, pages of
+localhost and the --origins given (CORS, with preflights), and refused (403) from any other
+site, so a site a person visits cannot use or change their server. With API keys (--api-key),
+every endpoint but the chat page, /health, /v1/models and /api/tags
 asks for one (Authorization: Bearer KEY, or X-Api-Key: KEY): 401 without it. With a
 certificate and key (--ssl-cert-file, --ssl-key-file) it speaks HTTPS.
 
@@ -69,16 +72,21 @@ from __future__ import annotations
 import base64
 import dataclasses
 import datetime
+import fnmatch
 import hmac
+import ipaddress
 import json
 import math
 import os
 import logging
 import queue
+import re
+import socket
 import ssl
 import threading
 import time
 import traceback
+import urllib.parse
 import uuid
 from contextlib import contextmanager
 from http import HTTPStatus
@@ -102,6 +110,7 @@ log = logging.getLogger("pyllm")
 
 MAX_BODY = 32 << 20     # bytes of one request body
 WEBUI = Path(__file__).with_name("webui.html")   # the chat page at /
+LOCAL_ORIGIN = re.compile(r"(localhost|127\.0\.0\.1|\[::1\])(:\d{1,5})?")   # a page of this machine
 FINISH = {"stop": "stop", "length": "length", "context": "length", "interrupted": "stop"}
 # the request fields that are Model sampling keywords of the same name (OpenAI's, ollama's options, llama.cpp's)
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repeat_penalty", "repeat_last_n",
@@ -124,9 +133,11 @@ class Server(ThreadingHTTPServer):
     def __init__(self, model, address: tuple[str, int], name: Optional[str] = None, parallel: Optional[int] = 1,
                  load: Optional[Callable[[Path], Any]] = None, slot_save_path: Optional[str | os.PathLike] = None,
                  metrics: bool = False, keep_alive: Optional[float] = None, api_keys: Iterable[str] = (),
-                 tls: Optional[tuple[str, str]] = None, prefill_assistant: bool = True, webui: bool = True):
+                 tls: Optional[tuple[str, str]] = None, prefill_assistant: bool = True, webui: bool = True,
+                 origins: Iterable[str] = ()):
         super().__init__(address, Handler)
-        self.prefill_assistant, self.webui = prefill_assistant, webui
+        self.prefill_assistant, self.webui, self.origins = prefill_assistant, webui, list(origins)
+        self.loopback = ipaddress.ip_address(self.server_address[0]).is_loopback
         self.tls = tls is not None
         if tls is not None:   # the handshake waits for the request's thread (Handler.setup), not accept()
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -170,7 +181,8 @@ def make_server(model, host: str = "127.0.0.1", port: int = 8080, name: Optional
                 parallel: Optional[int] = 1, load: Optional[Callable[[Path], Any]] = None,
                 slot_save_path: Optional[str | os.PathLike] = None, metrics: bool = False,
                 keep_alive: Optional[float] = None, api_keys: Iterable[str] = (),
-                tls: Optional[tuple[str, str]] = None, prefill_assistant: bool = True, webui: bool = True) -> Server:
+                tls: Optional[tuple[str, str]] = None, prefill_assistant: bool = True, webui: bool = True,
+                origins: Iterable[str] = ()) -> Server:
     """A server for `model` (a pyllm.Model) bound to host:port (0: any free port; see .url),
     running up to `parallel` requests at once (their decode steps batched; None: as many as
     suits the model). With load(path) -> Model, a request may name any model on disk and the
@@ -182,10 +194,12 @@ def make_server(model, host: str = "127.0.0.1", port: int = 8080, name: Optional
     (llama-server's --api-key). tls: (certificate file, key file), PEM: the server speaks HTTPS.
     prefill_assistant: a chat's last message from the assistant is the start of the reply
     (llama-server's default; False: --no-prefill-assistant, a whole turn). webui: serve the chat
-    page at / (False: --no-webui).
+    page at / (False: --no-webui). origins: the web pages' origins, besides the server's own and
+    localhost's, whose requests it takes (fnmatch patterns: "https://app.example.com",
+    "chrome-extension://*", "*" for all); other pages' requests are refused (403).
     """
     return Server(model, (host, port), name, parallel, load, slot_save_path, metrics, keep_alive, api_keys, tls,
-                  prefill_assistant, webui)
+                  prefill_assistant, webui, origins)
 
 
 # -- requests -> Model calls ----------------------------------------------------------------------
@@ -308,10 +322,71 @@ class Handler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         self._route(DELETE_ROUTES, POST_ROUTES)
 
+    def do_OPTIONS(self) -> None:
+        """A browser's CORS preflight: which methods and headers a page of an allowed origin may use."""
+        self.cors_origin = None
+        origin = self.headers.get("Origin")
+        try:
+            self._check_host()
+            if origin is None or not self.origin_allowed(origin):
+                raise RequestError(HTTPStatus.FORBIDDEN, refused_origin(origin), "permission_error")
+        except RequestError as e:
+            self.send_error_json(self.path, e.status, str(e), e.kind)
+            return
+        self.cors_origin = origin
+        self.send_response(HTTPStatus.NO_CONTENT)
+        self.send_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS")
+        self.send_header("Access-Control-Allow-Headers", self.headers.get("Access-Control-Request-Headers", ""))
+        self.send_header("Access-Control-Max-Age", "600")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def end_headers(self) -> None:
+        if getattr(self, "cors_origin", None):   # a page of an allowed origin may read the answer
+            self.send_header("Access-Control-Allow-Origin", self.cors_origin)
+            self.send_header("Vary", "Origin")
+        super().end_headers()
+
+    def _check_host(self) -> None:
+        """A server on this machine's loopback answers requests for it only: a Host of another name
+        is a site whose name was pointed at 127.0.0.1 (DNS rebinding) to get past the origin check."""
+        host = self.headers.get("Host")
+        if host is None or not self.server.loopback:
+            return
+        name = urllib.parse.urlsplit("//" + host).hostname or ""
+        try:
+            ipaddress.ip_address(name)
+            return
+        except ValueError:
+            pass
+        if name in ("localhost", socket.gethostname().lower()) or name.endswith((".localhost", ".local", ".internal")):
+            return
+        self.close_connection = True
+        raise RequestError(HTTPStatus.FORBIDDEN, f"this server listens on this machine only and does not answer "
+                           f"for {name!r}: use http://127.0.0.1 or http://localhost", "permission_error")
+
+    def origin_allowed(self, origin: str) -> bool:
+        """May a web page of this origin call the server? Its own pages, pages of this machine
+        (localhost), and the origins the server was given (--origins, ollama's OLLAMA_ORIGINS)."""
+        parts = urllib.parse.urlsplit(origin)
+        if parts.netloc and parts.netloc == self.headers.get("Host"):
+            return True
+        if parts.scheme in ("http", "https") and LOCAL_ORIGIN.fullmatch(parts.netloc):
+            return True
+        return any(fnmatch.fnmatchcase(origin, pattern) for pattern in self.server.origins)
+
     def _route(self, routes: dict, other_method: dict) -> None:
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
         t0 = time.perf_counter()
+        self.cors_origin = None
         try:
+            self._check_host()
+            origin = self.headers.get("Origin")
+            if origin is not None:   # a web page's request: only from an allowed origin (no cross-site use)
+                if not self.origin_allowed(origin):
+                    self.close_connection = True   # its body is left unread
+                    raise RequestError(HTTPStatus.FORBIDDEN, refused_origin(origin), "permission_error")
+                self.cors_origin = origin
             if self.server.api_keys and path not in PUBLIC_PATHS:
                 self._check_api_key()
             if path in routes:
@@ -1381,6 +1456,13 @@ def legacy_logprobs(m, tokens: list[int], items: list) -> dict:
             "top_logprobs": [{pieces[i].decode("utf-8", "replace"): lp for i, lp in t.top} if t else None
                              for t in items],
             "text_offset": offsets}
+
+
+def refused_origin(origin: Optional[str]) -> str:
+    if origin is None:
+        return "a CORS preflight needs an Origin"
+    return (f"requests from web pages of {origin} are refused: start the server with --origins {origin} "
+            f"(or $PYLLM_ORIGINS; patterns such as chrome-extension://* allowed) to let them in")
 
 
 def error_status(e: Exception) -> tuple[int, str]:

@@ -178,10 +178,13 @@ def test_a_client_that_goes_away_stops_its_reply(smol):
     body = json.dumps({"messages": CHAT, "max_tokens": 500, "temperature": 0.8, "top_k": 0, "min_p": 0.0,
                        "logit_bias": {str(t): -100 for t in m.tokenizer.eog_ids}, "stream": True}).encode()
     with socket.create_connection((host.removeprefix("http://"), int(port)), timeout=60) as s:
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % len(body)
+                  + body)
         got = b""
         while b"data: " not in got:
-            got += s.recv(4096)
+            piece = s.recv(4096)
+            assert piece, got   # the server answered and closed without streaming
+            got += piece
     prompt = len(m.chat_tokens(CHAT))
     with server.slots.take():   # the reply has stopped: it holds the prompt and the few tokens before the hang-up
         assert prompt < len(m._seq) < prompt + 100
@@ -901,3 +904,46 @@ def test_chat_page(smollm2_path):
     with Model(smollm2_path, n_threads=2, n_ctx=256) as m, served(m, webui=False) as s:
         status, body = call(s.url, "/")
         assert status == 404 and "--no-webui" in body["error"]["message"]
+
+
+def test_web_pages_of_other_sites_are_refused(smollm2_path):
+    """A request with an Origin is taken from the server's own pages, localhost's and --origins
+    (with CORS headers, and preflights answered), and refused (403) from any other site."""
+    def post(url, origin, path="/tokenize", method="POST"):
+        req = urllib.request.Request(url + path, data=b'{"content": "Hi"}' if method == "POST" else None,
+                                     method=method, headers={"Origin": origin} if origin else {})
+        if method == "OPTIONS":
+            req.add_header("Access-Control-Request-Method", "POST")
+            req.add_header("Access-Control-Request-Headers", "authorization, content-type")
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, r.headers
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers
+    with Model(smollm2_path, n_threads=2, n_ctx=256) as m, \
+            served(m, origins=["https://app.example.com", "chrome-extension://*"]) as s:
+        host = s.url[len("http://"):]
+        for origin in (None, s.url, "http://localhost:3000", "http://127.0.0.1:5173", "https://app.example.com",
+                       "chrome-extension://abcdef"):
+            status, headers = post(s.url, origin)
+            assert status == 200, origin
+            assert headers["Access-Control-Allow-Origin"] == origin, origin
+        for origin in ("https://evil.example.com", "http://app.example.com", "null", f"http://{host}.evil.com"):
+            status, headers = post(s.url, origin)
+            assert status == 403 and headers["Access-Control-Allow-Origin"] is None, origin
+        assert call(s.url, "/api/delete", {"model": "x"}, method="DELETE",
+                    headers={"Origin": "https://evil.example.com"})[1]["error"].startswith(
+            "requests from web pages of https://evil.example.com are refused: start the server with --origins")
+        status, headers = post(s.url, "https://app.example.com", method="OPTIONS")
+        assert status == 204 and headers["Access-Control-Allow-Origin"] == "https://app.example.com"
+        assert "POST" in headers["Access-Control-Allow-Methods"]
+        assert headers["Access-Control-Allow-Headers"] == "authorization, content-type"
+        assert post(s.url, "https://evil.example.com", method="OPTIONS")[0] == 403
+        # a site whose name points at 127.0.0.1 (DNS rebinding) is same-origin to the browser: its Host gives it away
+        status, body = call(s.url, "/tokenize", {"content": "Hi"}, headers={"Host": "evil.example.com:80",
+                                                                           "Origin": "http://evil.example.com:80"})
+        assert status == 403 and "does not answer for 'evil.example.com'" in body["error"]["message"]
+        for host in (f"localhost:{s.server_address[1]}", "127.0.0.1", "[::1]:8080"):
+            assert call(s.url, "/tokenize", {"content": "Hi"}, headers={"Host": host})[0] == 200, host
+    with Model(smollm2_path, n_threads=2, n_ctx=256) as m, served(m, origins=["*"]) as s:
+        assert post(s.url, "https://anywhere.example.org")[0] == 200
