@@ -12,6 +12,8 @@ from .options import CacheTypeK, CacheTypeV, OverrideKvOpt, overrides_of
 
 
 def info(
+    model_arg: Optional[str] = typer.Argument(None, metavar="MODEL", help="the model (ollama's `show NAME` "
+                                              "way; or -m)"),
     model: Optional[str] = typer.Option(None, "-m", "--model",
                                         help="model: a registry name (see `pyllm list`) or a path to a .gguf file"),
     ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size",
@@ -31,6 +33,9 @@ def info(
         from pyllm.info import model_info
 
         from .common import created_model
+        if model_arg is not None and model is not None and model_arg != model:
+            raise InvalidArgumentError(f"two models given: {model_arg} and -m {model}; give one")
+        model = model if model is not None else model_arg
         created = created_model(model)
         if show_modelfile:
             if created is None:

@@ -71,6 +71,11 @@ def test_info_cli_on_both_models(smollm2_path, gemma3_path):
 
     r = CliRunner().invoke(app, ["info", "-m", "/nonexistent.gguf"])
     assert r.exit_code == 2 and "no model file" in r.output
+    # ollama's `show NAME`: the model as an argument, the same report
+    r = CliRunner().invoke(app, ["show", gemma3_path, "--json"])
+    assert r.exit_code == 0 and json.loads(r.output) == d
+    r = CliRunner().invoke(app, ["show", gemma3_path, "-m", smollm2_path])
+    assert r.exit_code == 2 and "two models given" in r.output
 
 
 def test_info_other_families(tmp_path):
