@@ -18,6 +18,7 @@ from .info import info
 from .imatrix import imatrix
 from .perplexity import perplexity
 from .plan import plan
+from .ps import ps, stop
 from .quantize import quantize
 from .run import run
 from .serve import serve
@@ -127,6 +128,8 @@ app.command("bench")(bench)
 app.command("info")(info)
 app.command("show", help="ollama's name for info: a model's facts (pyllm info).")(info)
 app.command("plan")(plan)
+app.command("ps")(ps)
+app.command("stop")(stop)
 app.command("perplexity")(perplexity)
 app.command("quantize")(quantize)
 app.command("imatrix")(imatrix)

@@ -5,7 +5,8 @@
         print(m.generate("Once upon a time", max_tokens=32).text)
 """
 from .errors import (BackendError, ContextFullError, DownloadError, GrammarError, InvalidArgumentError,
-                     ModelFileError, ModelNotFoundError, PyllmError, TemplateError, UnsupportedModelError)
+                     ModelFileError, ModelNotFoundError, PyllmError, ServerError, TemplateError,
+                     UnsupportedModelError)
 
 __version__ = "0.1.0"
 
@@ -22,4 +23,5 @@ def __getattr__(name):
 
 
 __all__ = ["Model", "ChatSession", "PyllmError", "ModelFileError", "UnsupportedModelError", "ModelNotFoundError",
-           "DownloadError", "ContextFullError", "TemplateError", "InvalidArgumentError", "GrammarError", "BackendError"]
+           "DownloadError", "ContextFullError", "TemplateError", "InvalidArgumentError", "GrammarError", "BackendError",
+           "ServerError"]

@@ -45,3 +45,7 @@ class BackendError(PyllmError):
 class GrammarError(InvalidArgumentError):
     """A grammar (GBNF) or JSON schema for constrained output is invalid or
     uses something pyllm does not support."""
+
+
+class ServerError(PyllmError):
+    """A pyllm server (`pyllm ps`, `pyllm stop`) could not be reached or refused the request."""

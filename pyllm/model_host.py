@@ -74,6 +74,8 @@ class ModelHost:
         self._timer: Optional[threading.Timer] = None
         self.expires_at = math.inf           # time.monotonic() at which the idle model unloads
         self._install(model, name)
+        with self._cv:
+            self._idle(self.keep_alive)       # a model nobody asks for unloads too
 
     def _install(self, model, name: str) -> None:
         self.model, self.name, self.path = model, name, Path(model.path)

@@ -1287,8 +1287,11 @@ class Handler(BaseHTTPRequestHandler):
         if keep_alive == 0:
             want = host.resolve(body.get("model"))
             name = want[0] if want is not None else host.name
-            if name == host.name:
-                host.unload()
+            if name == host.name and not host.unload() and host.model is not None:
+                if host.load is None:
+                    raise InvalidArgumentError(f"this server serves {name} only (pyllm serve -m): it stays loaded")
+                raise RequestError(HTTPStatus.CONFLICT, f"{name} is answering requests: unload it when they are "
+                                   f"done", "conflict_error")
             self.send_json(HTTPStatus.OK, {"model": name, "created_at": iso_time(), **answer, "done": True,
                                            "done_reason": "unload"})
             return

@@ -3,6 +3,7 @@ the StepBatcher that makes such steps from several threads' generations, the slo
 parallel requests take, and the server itself with --parallel. A batched row must be the row
 the sequence's own step computes, bit for bit, so parallel requests get the text they get alone."""
 import json
+import os
 import threading
 import time
 import urllib.error
@@ -349,6 +350,7 @@ def test_keep_alive_unloads_an_idle_model_and_the_next_request_loads_it(tmp_path
         return post(server.url + "/api/generate", {"model": "a", "prompt": "hi", "stream": False, "raw": True,
                                                    "options": {"num_predict": 4, "temperature": 0}, **kw})
     try:
+        assert ps()[0]["expires_at"].startswith(str(time.gmtime().tm_year))   # unused since loading: it expires too
         first = generate()["response"]
         assert server.host.model is not None and len(loads) == 1
         assert 290 < server.host.expires_at - time.monotonic() <= 300   # ollama's default: five minutes
@@ -373,6 +375,42 @@ def test_keep_alive_unloads_an_idle_model_and_the_next_request_loads_it(tmp_path
         server.shutdown()
         server.server_close()
         server.host.close()
+
+
+def test_ps_and_stop_commands(tmp_path, monkeypatch):
+    """`pyllm ps` lists what a running server holds and until when; `pyllm stop NAME` unloads it
+    (a server of one model, -m, keeps it: said so); no server, one clear line."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from test_server import served
+    monkeypatch.setenv("PYLLM_MODELS", str(tmp_path))
+    a = synth.write_llama(tmp_path / "a.gguf")
+    load = lambda path: Model(path, n_ctx=128, n_threads=1)   # noqa: E731
+    with served(load(a), name="a", load=load) as server:
+        port = str(server.server_address[1])
+
+        def lines(output):   # the in-process server's own log lines ("note: GET /api/ps") apart
+            return [line for line in output.splitlines() if not line.startswith("note:")]
+        r = CliRunner().invoke(app, ["ps", "--port", port])
+        header, row = lines(r.output)
+        assert r.exit_code == 0 and header.split() == ["NAME", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"]
+        assert row.split()[:5] == ["a", f"{os.path.getsize(a) / 1e6:.0f}", "MB", "100%", "CPU"]
+        assert row.split()[5] == "128" and row.endswith(("5 minutes from now", "4 minutes from now"))
+        r = CliRunner().invoke(app, ["stop", "b", "--port", port])
+        assert r.exit_code == 2 and "b is not loaded on the server (it holds a)" in r.output
+        r = CliRunner().invoke(app, ["stop", "a", "--port", port])
+        assert r.exit_code == 0 and server.host.model is None
+        assert lines(CliRunner().invoke(app, ["ps", "--port", port]).output) == [
+            "NAME    SIZE    PROCESSOR    CONTEXT    UNTIL"]
+        server.host.close()
+    with served(load(a), name="a") as server:   # -m: this model only
+        r = CliRunner().invoke(app, ["stop", "a", "--port", str(server.server_address[1])])
+        assert r.exit_code == 2 and "serves a only (pyllm serve -m): it stays loaded" in r.output
+        assert server.host.model is not None
+        server.host.close()
+    r = CliRunner().invoke(app, ["ps", "--port", port])
+    assert r.exit_code == 2 and f"no pyllm server answers at http://127.0.0.1:{port}" in r.output
 
 
 def test_deleting_models(tmp_path, monkeypatch):
