@@ -26,7 +26,7 @@ from .defaults import BLOCK_SIZE, DEFAULT_MAX_CTX, N_BATCH, N_OUT_MAX
 
 VOCAB_TYPES = {"gpt2": "BPE (GPT-2 style)", "gemma4": "BPE over UTF-8 (Gemma 4)", "llama": "SentencePiece",
                "bert": "WordPiece",
-               "t5": "Unigram (T5)", "rwkv": "RWKV"}
+               "t5": "SentencePiece Unigram (T5, XLM-RoBERTa)", "rwkv": "RWKV"}
 
 
 @dataclass

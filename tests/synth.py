@@ -79,7 +79,87 @@ def copy_tokenizer(w: gguf.GGUFWriter, source_metadata: dict) -> int:
             add(int(md[f"tokenizer.ggml.{key}"]))
     if "tokenizer.ggml.add_bos_token" in md:
         w.add_add_bos_token(bool(md["tokenizer.ggml.add_bos_token"]))
+    for key in ("unknown_token_id", "seperator_token_id", "padding_token_id"):
+        if f"tokenizer.ggml.{key}" in md:
+            w.add_uint32(f"tokenizer.ggml.{key}", int(md[f"tokenizer.ggml.{key}"]))
+    for key in ("add_eos_token", "add_space_prefix", "remove_extra_whitespaces"):
+        if f"tokenizer.ggml.{key}" in md:
+            w.add_bool(f"tokenizer.ggml.{key}", bool(md[f"tokenizer.ggml.{key}"]))
+    if "tokenizer.ggml.precompiled_charsmap" in md:
+        w.add_array("tokenizer.ggml.precompiled_charsmap", bytes(np.asarray(md["tokenizer.ggml.precompiled_charsmap"],
+                                                                           np.uint8)))
     return len(md["tokenizer.ggml.tokens"])
+
+
+UNIGRAM_WORDS = ("hello", "world", "\ufb01nance", "\uff34\uff4f\uff4b\uff59\uff4f", "caf\u00e9", "na\u00efve",
+                 "\u6771\u4eac", "\u00fcber", "stra\u00dfe", "\u2460", "x\u00b2", "\u216b", "\uff76\uff80\uff76\uff85",
+                 "token", "izer", "model", "the", "a", "of")
+
+
+def unigram_vocab(vocab_size: int = 80, normalization: str = "nmt_nfkc", add_dummy_prefix: bool = True,
+                  remove_extra_whitespaces: bool = True, seed: int = 0) -> tuple[dict, bytes]:
+    """A SentencePiece Unigram vocabulary trained here on made-up text (compatibility characters
+    that NFKC folds, accents, CJK, digits in circles), as llama.cpp's converter writes an
+    XLM-RoBERTa one ('t5' tokenizer model, <s> <pad> </s> <unk> first, BOS and EOS added);
+    returns the GGUF tokenizer metadata and sentencepiece's own serialized model, the reference."""
+    import io
+    import random
+
+    import sentencepiece
+
+    rng = random.Random(seed)
+    lines = [" ".join(rng.choice(UNIGRAM_WORDS) + rng.choice(("", "s", "ing", "ed")) for _ in range(8))
+             for _ in range(3000)]
+    buf = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=buf, vocab_size=vocab_size, model_type="unigram",
+        normalization_rule_name=normalization, add_dummy_prefix=add_dummy_prefix,
+        remove_extra_whitespaces=remove_extra_whitespaces, character_coverage=0.98, bos_id=0, pad_id=1, eos_id=2,
+        unk_id=3, user_defined_symbols=["<sep>"], num_threads=1, minloglevel=2)
+    proto = buf.getvalue()
+    pieces, charsmap = [], b""
+    for field, value in _proto_fields(proto):
+        if field == 1:   # ModelProto.pieces: piece=1, score=2, type=3
+            p = dict(_proto_fields(value))
+            pieces.append((p[1].decode(), struct.unpack("<f", p[2])[0] if 2 in p else 0.0, p.get(3, 1)))
+        elif field == 3:   # NormalizerSpec.precompiled_charsmap=2
+            charsmap = dict(_proto_fields(value)).get(2, b"")
+    md = {"tokenizer.ggml.model": "t5", "tokenizer.ggml.tokens": [p[0] for p in pieces],
+          "tokenizer.ggml.scores": np.array([p[1] for p in pieces], np.float32),
+          "tokenizer.ggml.token_type": np.array([p[2] for p in pieces], np.int32),
+          "tokenizer.ggml.precompiled_charsmap": np.frombuffer(charsmap, np.uint8),
+          "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.padding_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
+          "tokenizer.ggml.seperator_token_id": 2, "tokenizer.ggml.unknown_token_id": 3,
+          "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": True,
+          "tokenizer.ggml.add_space_prefix": add_dummy_prefix,
+          "tokenizer.ggml.remove_extra_whitespaces": remove_extra_whitespaces}
+    return md, proto
+
+
+def _proto_fields(data: bytes) -> list[tuple[int, object]]:
+    """(field number, value) of a protobuf message's fields: varints as ints, length-delimited and
+    fixed ones as bytes (enough to read a sentencepiece model)."""
+    def varint(i: int) -> tuple[int, int]:
+        value = shift = 0
+        while True:
+            b = data[i]
+            value, shift, i = value | (b & 0x7F) << shift, shift + 7, i + 1
+            if not b & 0x80:
+                return value, i
+    out, i = [], 0
+    while i < len(data):
+        key, i = varint(i)
+        wire = key & 7
+        if wire == 0:
+            value, i = varint(i)
+        elif wire == 2:
+            n, i = varint(i)
+            value, i = data[i:i + n], i + n
+        else:   # 1: 8 bytes, 5: 4 bytes
+            n = 8 if wire == 1 else 4
+            value, i = data[i:i + n], i + n
+        out.append((key >> 3, value))
+    return out
 
 
 def small_vocab(w: gguf.GGUFWriter, n_vocab: int = 512) -> int:

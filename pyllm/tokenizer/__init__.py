@@ -10,10 +10,11 @@
     for i in generated: print(stream.push(i), end="")
     print(stream.flush())
 
-Three implementations behind one interface (`Tokenizer`):
+Implementations behind one interface (`Tokenizer`):
 'gpt2' (byte-level BPE, `BPETokenizer`; 'gemma4' is its raw UTF-8 variant,
-`Gemma4Tokenizer`), 'llama' (SentencePiece, `SPMTokenizer`) and 'bert'
-(WordPiece, `WPMTokenizer`, for BERT embedding models).
+`Gemma4Tokenizer`), 'llama' (SentencePiece BPE, `SPMTokenizer`), 't5' (SentencePiece
+Unigram, `UGMTokenizer`: T5, XLM-RoBERTa encoders) and 'bert' (WordPiece, `WPMTokenizer`,
+for BERT embedding models).
 `tokenizer.ggml.model` chooses.
 """
 from __future__ import annotations
@@ -25,9 +26,11 @@ from ..errors import ModelFileError, UnsupportedModelError
 from .base import StreamDecoder, TokenAttr, Tokenizer
 from .bpe import BPETokenizer, Gemma4Tokenizer
 from .spm import SPMTokenizer
+from .ugm import UGMTokenizer
 from .wpm import WPMTokenizer
 
-__all__ = ["Tokenizer", "BPETokenizer", "Gemma4Tokenizer", "SPMTokenizer", "WPMTokenizer", "StreamDecoder",
+__all__ = ["Tokenizer", "BPETokenizer", "Gemma4Tokenizer", "SPMTokenizer", "UGMTokenizer", "WPMTokenizer",
+           "StreamDecoder",
            "TokenAttr", "load_tokenizer", "SUPPORTED_MODELS"]
 
 _IMPLEMENTATIONS: dict[str, type[Tokenizer]] = {
@@ -35,6 +38,7 @@ _IMPLEMENTATIONS: dict[str, type[Tokenizer]] = {
     "llama": SPMTokenizer,
     "gemma4": Gemma4Tokenizer,
     "bert": WPMTokenizer,
+    "t5": UGMTokenizer,
 }
 SUPPORTED_MODELS = tuple(_IMPLEMENTATIONS)
 

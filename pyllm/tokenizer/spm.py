@@ -86,12 +86,26 @@ class _PieceHeaders(dict):
 
 
 def build_model_proto(tokens: list[str], scores: np.ndarray, byte_ids: list[int]) -> tuple[bytes, int]:
-    """A serialized sentencepiece ModelProto for the vocabulary; returns it and
+    """A serialized sentencepiece BPE ModelProto for the vocabulary; returns it and
     the id of the extra UNKNOWN piece (== len(tokens)).
 
     byte_ids: the ids of the <0xXX> tokens (BYTE pieces; byte fallback is on
     when there are 256 of them), every other token is a NORMAL piece.
     """
+    types = np.full(len(tokens), _NORMAL, dtype=np.uint8)
+    types[byte_ids] = _BYTE
+    # NormalizerSpec: name=1, add_dummy_prefix=3, remove_extra_whitespaces=4,
+    # escape_whitespaces=5 all false; no precompiled_charsmap (=2): identity
+    norm = b"\x0a\x08identity\x18\x00\x20\x00\x28\x00"
+    return model_proto(tokens, scores, types, _MODEL_BPE, None, len(byte_ids) == 256, norm)
+
+
+def model_proto(tokens: list[str], scores: np.ndarray, types: np.ndarray, model_type: int, unk_id: int | None,
+                byte_fallback: bool, normalizer: bytes) -> tuple[bytes, int]:
+    """A serialized sentencepiece ModelProto: the pieces (text, score, sentencepiece type each),
+    a TrainerSpec of model_type, and the NormalizerSpec message `normalizer`. unk_id: the
+    UNKNOWN piece; None: one is appended after the vocabulary, under a name no text produces.
+    Returns the proto and the unknown piece's id."""
     n = len(tokens)
     raws = [t.encode("utf-8") for t in tokens]
     headers = _PieceHeaders()
@@ -101,31 +115,27 @@ def build_model_proto(tokens: list[str], scores: np.ndarray, byte_ids: list[int]
     tails[:, 0] = 0x15
     tails[:, 1:5] = np.ascontiguousarray(scores[:n], dtype="<f4").view(np.uint8).reshape(n, 4)
     tails[:, 5] = 0x18
-    tails[:, 6] = _NORMAL
-    tails[byte_ids, 6] = _BYTE
+    tails[:, 6] = types[:n]
     tail_bytes = tails.tobytes()
     parts = [b"".join(chain.from_iterable(zip(heads, raws, (tail_bytes[i:i + 7]
                                                               for i in range(0, 7 * n, 7)))))]
     add = parts.append
-    unk = _UNK_NAME
-    while unk in tokens:
-        unk += "_"
-    raw = unk.encode("utf-8")
-    body = b"\x0a" + _len(len(raw)) + raw + b"\x15" + struct.pack("<f", 0.0) + b"\x18\x02"
-    add(b"\x0a" + _len(len(body)) + body)
-    unk_id = n
-    byte_fallback = len(byte_ids) == 256
-    # TrainerSpec: model_type=3 (BPE), vocab_size=4, byte_fallback=35, unk_id=40,
+    if unk_id is None:
+        unk = _UNK_NAME
+        while unk in tokens:
+            unk += "_"
+        raw = unk.encode("utf-8")
+        body = b"\x0a" + _len(len(raw)) + raw + b"\x15" + struct.pack("<f", 0.0) + b"\x18\x02"
+        add(b"\x0a" + _len(len(body)) + body)
+        unk_id, n = n, n + 1
+    # TrainerSpec: model_type=3, vocab_size=4, byte_fallback=35, unk_id=40,
     # bos_id=41, eos_id=42 (-1: none; ours are handled outside sentencepiece)
-    trainer = (b"\x18" + _varint(_MODEL_BPE) + b"\x20" + _varint(n + 1)
+    trainer = (b"\x18" + _varint(model_type) + b"\x20" + _varint(n)
                + b"\x98\x02" + (b"\x01" if byte_fallback else b"\x00")
                + b"\xc0\x02" + _varint(unk_id)
                + b"\xc8\x02" + _varint((1 << 64) - 1) + b"\xd0\x02" + _varint((1 << 64) - 1))
     add(b"\x12" + _len(len(trainer)) + trainer)
-    # NormalizerSpec: name=1, add_dummy_prefix=3, remove_extra_whitespaces=4,
-    # escape_whitespaces=5 all false; no precompiled_charsmap (=2): identity
-    norm = b"\x0a\x08identity\x18\x00\x20\x00\x28\x00"
-    add(b"\x1a" + _len(len(norm)) + norm)
+    add(b"\x1a" + _len(len(normalizer)) + normalizer)
     return b"".join(parts), unk_id
 
 

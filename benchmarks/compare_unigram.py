@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Compare pyllm's SentencePiece Unigram tokenizer ('t5': T5, XLM-RoBERTa encoders such as
+bge-m3) and an encoder with such a vocabulary with llama.cpp's.
+
+No registry model has a Unigram vocabulary, so this trains some here (tests/synth.py's
+unigram_vocab: NFKC folding or not, a space in front or not, spaces merged or not), writes each
+into a small random BERT-style encoder file, and asks llama.cpp (llama-cpp-python, in its own
+environment) for the ids of curated and random texts (with <s> </s>, and with special tokens
+parsed) and for two texts' embeddings. Dev tool only.
+
+    PYLLM_PEER_PYTHON=/tmp/peer-avx512/bin/python python3 benchmarks/compare_unigram.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+import synth  # noqa: E402
+from test_tokenizer import unigram_cases  # noqa: E402
+
+from pyllm import Model  # noqa: E402
+
+CONFIGS = {"nmt_nfkc": {}, "nmt_nfkc_cf, no prefix, spaces kept": dict(
+    normalization="nmt_nfkc_cf", add_dummy_prefix=False, remove_extra_whitespaces=False),
+    "identity, spaces kept": dict(normalization="identity", remove_extra_whitespaces=False)}
+EMBED = ["caf\u00e9 \ufb01nance hello", "Tokyo \uff34\uff4f\uff4b\uff59\uff4f world"]
+FLAGS = ((True, False), (False, True))   # (add <s> and </s>, parse special tokens)
+
+PEER = r'''
+import ctypes, json, sys
+import llama_cpp
+out = {}
+for name, c in json.load(sys.stdin).items():
+    m = llama_cpp.Llama(model_path=c["path"], embedding=True, verbose=False, n_ctx=512, pooling_type=2)
+    vocab = llama_cpp.llama_model_get_vocab(m.model)
+    ids = []
+    for add, parse in c["flags"]:
+        rows = []
+        for t in c["texts"]:
+            b = t.encode()
+            arr = (llama_cpp.llama_token * (2 * len(b) + 8))()
+            n = llama_cpp.llama_tokenize(vocab, b, len(b), arr, 2 * len(b) + 8, add, parse)
+            rows.append(list(arr[:n]))
+        ids.append(rows)
+    out[name] = {"ids": ids, "embd": m.embed(c["embed"])}
+json.dump(out, sys.stdout)
+'''
+
+
+def main() -> int:
+    python = os.environ.get("PYLLM_PEER_PYTHON", "/tmp/peer-venv/bin/python")
+    cases, ours = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (name, kw) in enumerate(CONFIGS.items()):
+            md, _ = synth.unigram_vocab(**kw)
+            path = synth.write_bert(Path(tmp) / f"unigram{i}.gguf", synth.QT.F32, tokenizer_from=md, pooling=2)
+            texts = unigram_cases(seed=7, n=1500)
+            cases[name] = {"path": path, "texts": texts, "flags": FLAGS, "embed": EMBED}
+            with Model(path, n_threads=1) as m:
+                ours[name] = {"ids": [[m.tokenizer.encode(t, add_bos=a, add_eos=a, parse_special=p) for t in texts]
+                                      for a, p in FLAGS], "embd": m.embed(EMBED)}
+        r = subprocess.run([python, "-c", PEER], input=json.dumps(cases), capture_output=True, text=True)
+    if r.returncode != 0:
+        print(r.stderr, file=sys.stderr)
+        return 1
+    theirs = json.loads(r.stdout)
+    failed = 0
+    for name in CONFIGS:
+        a, b = ours[name], theirs[name]
+        pairs = [(t, x, y) for k in range(len(FLAGS)) for t, x, y in zip(cases[name]["texts"], a["ids"][k],
+                                                                         b["ids"][k])]
+        differ = [(t, x, y) for t, x, y in pairs if x != y]
+        e, f = np.asarray(a["embd"]), np.asarray(b["embd"])
+        cos = [float(np.dot(u, v) / np.linalg.norm(u) / np.linalg.norm(v)) for u, v in zip(e, f)]
+        print(f"{name}: ids differ in {len(differ)} of {len(pairs)} tokenizations; embeddings' cosine "
+              f"{min(cos):.7f}")
+        for t, x, y in differ[:5]:
+            print(f"  {t!r}: pyllm {x} llama.cpp {y}")
+        failed += bool(differ) or min(cos) < 0.9999
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
