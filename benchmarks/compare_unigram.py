@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Compare pyllm's SentencePiece Unigram tokenizer ('t5': T5, XLM-RoBERTa encoders such as
-bge-m3) and an encoder with such a vocabulary with llama.cpp's.
+bge-m3), an encoder with such a vocabulary, and a reranker (bge-reranker-v2-m3's kind) with
+llama.cpp's.
 
 No registry model has a Unigram vocabulary, so this trains some here (tests/synth.py's
 unigram_vocab: NFKC folding or not, a space in front or not, spaces merged or not), writes each
 into a small random BERT-style encoder file, and asks llama.cpp (llama-cpp-python, in its own
 environment) for the ids of curated and random texts (with <s> </s>, and with special tokens
-parsed) and for two texts' embeddings. Dev tool only.
+parsed) and for two texts' embeddings; then a reranker of the first vocabulary (a classification
+head, rank pooling; F32 and Q8_0), each pair as pyllm builds it, scored by both. Dev tool only.
 
     PYLLM_PEER_PYTHON=/tmp/peer-avx512/bin/python python3 benchmarks/compare_unigram.py
 """
@@ -34,6 +36,7 @@ CONFIGS = {"nmt_nfkc": {}, "nmt_nfkc_cf, no prefix, spaces kept": dict(
     "identity, spaces kept": dict(normalization="identity", remove_extra_whitespaces=False)}
 EMBED = ["caf\u00e9 \ufb01nance hello", "Tokyo \uff34\uff4f\uff4b\uff59\uff4f world"]
 FLAGS = ((True, False), (False, True))   # (add <s> and </s>, parse special tokens)
+RANK_QUERIES = ["caf\u00e9 hello", "\u6771\u4eac model", "world of tokens"]
 
 PEER = r'''
 import ctypes, json, sys
@@ -52,6 +55,15 @@ for name, c in json.load(sys.stdin).items():
             rows.append(list(arr[:n]))
         ids.append(rows)
     out[name] = {"ids": ids, "embd": m.embed(c["embed"])}
+    for rank in c.get("rankers", []):   # each pair's score: the rank pooling's first value
+        r = llama_cpp.Llama(model_path=rank["path"], embedding=True, verbose=False, n_ctx=512, pooling_type=4)
+        scores = []
+        for pair in rank["pairs"]:
+            llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(r.ctx), True)
+            arr = (llama_cpp.llama_token * len(pair))(*pair)
+            assert llama_cpp.llama_decode(r.ctx, llama_cpp.llama_batch_get_one(arr, len(pair))) == 0
+            scores.append(llama_cpp.llama_get_embeddings_seq(r.ctx, 0)[0])
+        out[name].setdefault("rank", []).append(scores)
 json.dump(out, sys.stdout)
 '''
 
@@ -68,6 +80,16 @@ def main() -> int:
             with Model(path, n_threads=1) as m:
                 ours[name] = {"ids": [[m.tokenizer.encode(t, add_bos=a, add_eos=a, parse_special=p) for t in texts]
                                       for a, p in FLAGS], "embd": m.embed(EMBED)}
+            if i == 0:   # rerankers of this vocabulary, as bge-reranker-v2-m3 (<s> q </s></s> d </s>)
+                md["tokenizer.ggml.add_sep_token"] = True
+                cases[name]["rankers"], ours[name]["rank"] = [], []
+                for qtype in (synth.QT.F32, synth.QT.Q8_0):
+                    rpath = synth.write_bert(Path(tmp) / f"rank{qtype.name}.gguf", qtype, tokenizer_from=md, rank=1,
+                                             head_type=qtype)
+                    with Model(rpath, n_threads=1) as m:
+                        pairs = [m.rerank_tokens(q, d) for q in RANK_QUERIES for d in texts[:40]]
+                        cases[name]["rankers"].append({"path": rpath, "pairs": pairs})
+                        ours[name]["rank"].append([float(m.embed_tokens(p)[0]) for p in pairs])
         r = subprocess.run([python, "-c", PEER], input=json.dumps(cases), capture_output=True, text=True)
     if r.returncode != 0:
         print(r.stderr, file=sys.stderr)
@@ -86,6 +108,13 @@ def main() -> int:
         for t, x, y in differ[:5]:
             print(f"  {t!r}: pyllm {x} llama.cpp {y}")
         failed += bool(differ) or min(cos) < 0.9999
+        for qtype, x, y in zip(("F32", "Q8_0"), a.get("rank", []), b.get("rank", [])):
+            x, y = np.asarray(x), np.asarray(y)
+            same_best = np.mean([np.argmax(x[k:k + 40]) == np.argmax(y[k:k + 40]) for k in range(0, len(x), 40)])
+            corr = float(np.corrcoef(x, y)[0, 1])
+            print(f"  reranker ({qtype}): {len(x)} pairs, scores' max difference {np.abs(x - y).max():.4f} "
+                  f"(spread {y.std():.3f}), correlation {corr:.6f}, same best document {100 * same_best:.0f}%")
+            failed += corr < 0.99
     return 1 if failed else 0
 
 

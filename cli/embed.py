@@ -99,3 +99,39 @@ def embed(
                                    "load_s": round(load_s, 6), "total_s": round(total, 6)})
                 sys.stdout.write(head[:-1] + ', "embeddings": [' + ",".join(lines) + "]}\n")
                 sys.stdout.flush()
+
+
+def rerank(
+    query: Annotated[str, typer.Argument(help="the query")],
+    documents: Annotated[Optional[list[str]], typer.Argument(
+        help="the documents to rank (else -f, else stdin: a document per line)", show_default=False)] = None,
+    file: Annotated[Optional[str], typer.Option("-f", "--file", help="rank each line of this file")] = None,
+    model: ModelOpt = None,
+    top_n: Annotated[Optional[int], typer.Option("--top-n", help="print the N most relevant only")] = None,
+    truncate: Annotated[bool, typer.Option("--truncate", help="cut a document that does not fit the context "
+                                           "instead of failing")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object: results (index, score, "
+                                          "document), token count")] = False,
+    threads: Threads = None,
+    ctx_size: CtxSize = None,
+) -> None:
+    """Rank documents by relevance to a query with a reranker (bge-reranker and other cross-encoders):
+    a line each, most relevant first: score, index, document."""
+    with handle_errors():
+        items = read_texts(documents or [], file)
+        if top_n is not None and top_n < 1:
+            raise InvalidArgumentError(f"--top-n must be positive, not {top_n}")
+        from pyllm import Model
+
+        with Model(model_path(model), n_ctx=ctx_size, n_threads=threads, embedding=True) as m:
+            scores = m.rerank(query, items, truncate=truncate)
+            order = sorted(range(len(items)), key=lambda i: -scores[i])[:top_n]
+            if as_json:
+                n = sum(len(m.rerank_tokens(query, d, truncate)) for d in items)
+                json.dump({"model": str(m.path), "prompt_tokens": n, "results": [
+                    {"index": i, "score": scores[i], "document": items[i]} for i in order]}, sys.stdout,
+                    ensure_ascii=False)
+                sys.stdout.write("\n")
+            else:
+                for i in order:
+                    sys.stdout.write(f"{scores[i]:.6g}\t{i}\t{items[i]}\n")

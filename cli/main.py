@@ -12,7 +12,7 @@ from .bench import bench
 from .chat import chat
 from .common import handle_errors, pull, with_created_defaults
 from .cvector import cvector_generator
-from .embed import embed
+from .embed import embed, rerank
 from .export_lora import export_lora
 from .info import info
 from .imatrix import imatrix
@@ -123,6 +123,7 @@ def copy_model(source: Annotated[str, typer.Argument(help="a created model, regi
 app.command()(with_created_defaults(run))
 app.command()(with_created_defaults(chat))
 app.command()(embed)
+app.command()(rerank)
 app.command()(with_created_defaults(serve))
 app.command("bench")(bench)
 app.command("info")(info)

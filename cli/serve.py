@@ -167,7 +167,7 @@ def serve(
             except OSError as e:
                 raise InvalidArgumentError(f"cannot listen on {host}:{port}: {e.strerror}") from None
             with server, contextlib.closing(server.host):   # the model loaded last, which may not be m
-                what = "embeddings" if m.embedding else "chat and completions"
+                what = "reranking" if m.pooling == "rank" else "embeddings" if m.embedding else "chat and completions"
                 slots = f", {len(server.slots)} requests at once" if len(server.slots) > 1 else ""
                 others = ", others loaded when asked for" if switching else ""
                 others += f", {len(api_keys)} API key{'s' if len(api_keys) > 1 else ''}" if api_keys else ""

@@ -48,7 +48,7 @@ from .tools import ToolUse
 log = logging.getLogger("pyllm")
 
 _SAMPLING_KEYS = tuple(f.name for f in dataclasses.fields(SamplingParams))
-POOLINGS = ("mean", "cls", "last", "none")   # how embed() makes one vector of a text's output rows
+POOLINGS = ("mean", "cls", "last", "none", "rank")   # how embed() makes one vector of a text's output rows
 
 
 class Model:
@@ -415,9 +415,50 @@ class Model:
             return vectors   # a [T, n_embd] array per text: their lengths differ
         return np.stack(vectors) if vectors else np.zeros((0, dimensions or self.embedding_dims), np.float32)
 
+    def rerank(self, query: str, documents: Seq[str], truncate: bool = False) -> list[float]:
+        """How relevant each document is to the query, by a reranker (a cross-encoder such as
+        bge-reranker-v2-m3: its file ranks, {arch}.pooling_type 4): its score of the pair
+        (rerank_tokens), in the documents' order; higher is more relevant. truncate: cut a pair
+        longer than the context from the document's end, else ContextFullError."""
+        if self.pooling != "rank":
+            raise InvalidArgumentError(f"{self.path.name} is not a reranker (its file does not rank; it pools by "
+                                       f"{self.pooling})")
+        if not isinstance(query, str) or isinstance(documents, str) or not all(isinstance(d, str) for d in documents):
+            raise InvalidArgumentError("rerank() takes a query (str) and a list of documents (str)")
+        return [float(self.embed_tokens(self.rerank_tokens(query, d, truncate))[0]) for d in documents]
+
+    def rerank_tokens(self, query: str, document: str, truncate: bool = False) -> list[int]:
+        """A reranker's input for one pair, as llama-server builds it: the file's "rerank" template
+        with {query} and {document} filled in, else [BOS] query [EOS] [SEP] document [EOS] (each
+        mark where the vocabulary adds it: XLM-RoBERTa's <s> q </s></s> d </s>)."""
+        template = self.file.metadata.get("tokenizer.chat_template.rerank")
+        tok = self.tokenizer
+        if isinstance(template, str):
+            ids = tok.encode(template.replace("{query}", query).replace("{document}", document), add_bos=False,
+                             add_eos=False, parse_special=True)
+            cut = len(ids)
+        else:
+            end = tok.eos_id if tok.eos_id is not None else tok.special_ids.get("sep")
+            head = ([tok.bos_id] if tok.add_bos and tok.bos_id is not None else []) + \
+                tok.encode(query, add_bos=False, add_eos=False) + ([end] if tok.add_eos and end is not None else []) + \
+                ([tok.special_ids["sep"]] if tok.add_sep and tok.special_ids.get("sep") is not None else [])
+            ids = head + tok.encode(document, add_bos=False, add_eos=False) + \
+                ([end] if tok.add_eos and end is not None else [])
+            cut = len(ids) - (1 if tok.add_eos and end is not None else 0)   # where the document ends
+        if len(ids) > self.n_ctx:
+            over = len(ids) - self.n_ctx
+            if not truncate or isinstance(template, str) or cut - over < len(head):
+                raise ContextFullError(f"the query and document make {len(ids)} tokens; the model ranks at most "
+                                       f"{self.n_ctx} (a shorter document, truncate=True, or a larger context)")
+            ids = ids[:cut - over] + ids[cut:]
+        return ids
+
     @property
     def embedding_dims(self) -> int:
-        """The width of an embedding: the output rows' (n_embd, or the dense projections' last)."""
+        """The width of an embedding: the output rows' (n_embd, or the dense projections' last;
+        a reranker's: its scores)."""
+        if self.pooling == "rank":
+            return self.arch.rank_head.out.shape[0]
         return self.backend.n_vocab
 
     def embedding_tokens(self, text: str, truncate: bool = False) -> list[int]:
@@ -448,7 +489,11 @@ class Model:
                                        or not 1 <= dimensions <= self.embedding_dims):
             raise InvalidArgumentError(f"dimensions must be 1..{self.embedding_dims} (this model's embedding "
                                        f"width), not {dimensions!r}")
+        if pooling == "rank" and self.arch.rank_head is None:
+            raise InvalidArgumentError(f"{self.path.name} has no classification head to rank with (a reranker's)")
         rows = self.engine.logits(self._check_ids(token_ids))   # the output rows: the final norm's
+        if pooling == "rank":   # a cross-encoder's scores, from the first row, as they are (not normalized)
+            return self.arch.rank_head(rows[0])
         v = {"mean": lambda: rows.mean(axis=0, dtype=np.float64), "cls": lambda: rows[0], "last": lambda: rows[-1],
              "none": lambda: rows}[pooling]().astype(np.float32)
         if dimensions is not None:   # Matryoshka: the leading values are an embedding of their own

@@ -21,6 +21,7 @@ llama-server's own:
     POST /completion            prompt -> content, with stop_type, timings, generation_settings
     POST /infill                fill in the middle: input_prefix, input_suffix (input_extra) -> content
     POST /embedding             content -> [{index, embedding: [vector]}] (every token's row with pooling none)
+    POST /v1/rerank             query, documents -> results by relevance (a reranker; also /rerank, TEI's texts)
     POST /tokenize, /detokenize, /apply-template (messages -> the prompt text)
     GET  /props                 the model, its context, template and default settings
     GET  /slots                 each slot: held by a request or not, tokens its cache keeps
@@ -809,6 +810,43 @@ class Handler(BaseHTTPRequestHandler):
         if m.pooling == "none" and not rows_allowed:
             raise RequestError(HTTPStatus.BAD_REQUEST, f"{m.path.name} does not say how to pool its rows into "
                                f"one vector; start the server with --pooling mean|cls|last")
+        if m.pooling == "rank":
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"{m.path.name} is a reranker: it scores query and "
+                               f"document pairs at /v1/rerank, and makes no embeddings")
+
+    def rerank(self) -> None:
+        """POST /v1/rerank (and /rerank, /reranking, /v1/reranking): llama-server's reranking, in
+        Jina's and Cohere's shape ({query, documents, top_n} -> results by relevance), or TEI's
+        ({query, texts} -> [{index, score}])."""
+        body = self.read_json()
+        query, tei = body.get("query"), "documents" not in body and "texts" in body
+        documents = body.get("texts" if tei else "documents")
+        if not isinstance(query, str) or not query:
+            raise InvalidArgumentError("query must be a non-empty text")
+        if not isinstance(documents, list) or not documents:
+            raise InvalidArgumentError("documents must be a non-empty list of texts")
+        texts = [d.get("text") if isinstance(d, dict) else d for d in documents]   # Cohere's {"text": ...} too
+        if not all(isinstance(t, str) for t in texts):
+            raise InvalidArgumentError("each document must be a text (or {\"text\": ...})")
+        top_n = body.get("top_n", len(texts))
+        if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1:
+            raise InvalidArgumentError(f"top_n must be a positive integer, not {top_n!r}")
+        with self.model_for(body) as m:
+            if m.pooling != "rank":
+                raise RequestError(HTTPStatus.BAD_REQUEST, f"{m.path.name} is not a reranker; serve one (a "
+                                   f"cross-encoder such as bge-reranker-v2-m3) for /v1/rerank")
+            pairs = [m.rerank_tokens(query, t, truncate=bool(body.get("truncate", True))) for t in texts]
+            scores = [float(m.embed_tokens(ids)[0]) for ids in pairs]
+        order = sorted(range(len(texts)), key=lambda i: -scores[i])[:top_n]
+        if tei:
+            self.send_json(HTTPStatus.OK, [{"index": i, "score": scores[i], **(
+                {"text": texts[i]} if body.get("return_text") else {})} for i in order])
+            return
+        n = sum(map(len, pairs))
+        self.send_json(HTTPStatus.OK, {"model": self.server.name, "object": "list",
+                                       "usage": {"prompt_tokens": n, "total_tokens": n}, "results": [
+            {"index": i, "relevance_score": scores[i], **(
+                {"document": {"text": texts[i]}} if body.get("return_documents") else {})} for i in order]})
 
     def embeddings(self) -> None:
         body = self.read_json()
@@ -1408,6 +1446,8 @@ POST_ROUTES = {"/v1/chat/completions": Handler.chat, "/v1/completions": Handler.
                "/api/pull": Handler.ollama_pull, "/api/show": Handler.ollama_show,
                "/api/create": Handler.ollama_create, "/api/copy": Handler.ollama_copy,
                "/v1/responses": Handler.openai_responses,
+               "/rerank": Handler.rerank, "/reranking": Handler.rerank, "/v1/rerank": Handler.rerank,
+               "/v1/reranking": Handler.rerank,
                "/v1/messages": Handler.anthropic_messages, "/v1/messages/count_tokens": Handler.anthropic_count_tokens}
 
 

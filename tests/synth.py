@@ -82,7 +82,7 @@ def copy_tokenizer(w: gguf.GGUFWriter, source_metadata: dict) -> int:
     for key in ("unknown_token_id", "seperator_token_id", "padding_token_id"):
         if f"tokenizer.ggml.{key}" in md:
             w.add_uint32(f"tokenizer.ggml.{key}", int(md[f"tokenizer.ggml.{key}"]))
-    for key in ("add_eos_token", "add_space_prefix", "remove_extra_whitespaces"):
+    for key in ("add_eos_token", "add_sep_token", "add_space_prefix", "remove_extra_whitespaces"):
         if f"tokenizer.ggml.{key}" in md:
             w.add_bool(f"tokenizer.ggml.{key}", bool(md[f"tokenizer.ggml.{key}"]))
     if "tokenizer.ggml.precompiled_charsmap" in md:
@@ -883,11 +883,12 @@ def wordpiece_vocab(w: gguf.GGUFWriter, n_vocab: int = 512) -> int:
 def write_bert(path: str | Path, qtype: QT = QT.Q8_0, arch: str = "bert", *, n_embd: int = 256, n_layer: int = 2,
                n_head: int = 4, n_ff: int = 512, n_vocab: int = 512, context_length: int = 512, pooling: int = 1,
                embd_type: Optional[QT] = None, tokenizer_from: Optional[dict] = None, seed: int = 0,
-               drop_tensor: Optional[str] = None) -> str:
+               drop_tensor: Optional[str] = None, rank: int = 0, head_type: QT = QT.F32) -> str:
     """A tiny sentence encoder, tensors as llama.cpp's converter names them: bert (learned positions,
     q/k/v and every layer with biases, ungated GELU FFN) or nomic-bert (RoPE, a fused attn_qkv, a
     SwiGLU FFN, no biases); LayerNorms with biases after each residual sum, token type embeddings of
-    2 types, pooling as llama.cpp numbers it (1: mean)."""
+    2 types, pooling as llama.cpp numbers it (1: mean). rank: a cross-encoder (pooling 4) with a
+    classification head of `rank` scores (cls: dense + tanh, cls.output), its matrices of head_type."""
     rng = np.random.default_rng(seed)
     nomic = arch == "nomic-bert"
     w = gguf.GGUFWriter(str(path), arch)
@@ -898,7 +899,7 @@ def write_bert(path: str | Path, qtype: QT = QT.Q8_0, arch: str = "bert", *, n_e
     w.add_head_count(n_head)
     w.add_layer_norm_eps(1e-12)
     w.add_causal_attention(False)
-    w.add_pooling_type(gguf.PoolingType(pooling))
+    w.add_pooling_type(gguf.PoolingType(4 if rank else pooling))
     w.add_token_type_count(2)
     if nomic:
         w.add_rope_freq_base(1000.0)
@@ -937,6 +938,11 @@ def write_bert(path: str | Path, qtype: QT = QT.Q8_0, arch: str = "bert", *, n_e
         for norm in ("attn_output_norm", "layer_output_norm"):
             add(p + norm + ".weight", vec(n_embd, 1.0))
             add(p + norm + ".bias", vec(n_embd))
+    if rank:
+        add("cls.weight", weight(head_type, n_embd, n_embd, rng, scale=0.2))
+        add("cls.bias", vec(n_embd))
+        add("cls.output.weight", weight(head_type, n_embd, rank, rng, scale=0.5))
+        add("cls.output.bias", vec(rank))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -286,3 +286,58 @@ def test_gemma_embedding(tmp_path):
             m.generate([1, 2, 3])
     r = run_cli("info", "-m", path)
     assert "through dense projections 256 -> 384 -> 256" in r.stdout and "the 4 positions either way" in r.stdout
+
+
+def test_reranker(tmp_path):
+    """A cross-encoder (bge-reranker's kind: XLM-RoBERTa's vocabulary, a classification head,
+    pooling 4): each pair as llama-server builds it, <s> query </s></s> document </s> (or the file's
+    rerank template), scored by the head on the first row as the reference scores it; truncation;
+    models that do not rank say so."""
+    md, _ = synth.unigram_vocab()
+    md["tokenizer.ggml.add_sep_token"] = True
+    path = synth.write_bert(tmp_path / "rerank.gguf", synth.QT.F32, tokenizer_from=md, rank=1, context_length=64)
+    query, docs = "caf\u00e9 hello", ["hello world", "\ufb01nance token model", "\u6771\u4eac the world of izer", "a"]
+    with Model(path, n_threads=1) as m:
+        assert m.pooling == "rank" and m.embedding_dims == 1
+        tok = m.tokenizer
+        ids = m.rerank_tokens(query, docs[0])
+        assert ids == [0] + tok.encode(query, add_bos=False, add_eos=False) + [2, 2] + \
+            tok.encode(docs[0], add_bos=False, add_eos=False) + [2]
+        scores = m.rerank(query, docs)
+        n_tokens = sum(len(m.rerank_tokens(query, d)) for d in docs)
+        ref = Reference(m.arch)
+        want = [float(m.arch.rank_head(ref.forward(m.rerank_tokens(query, d))[0])[0]) for d in docs]
+        np.testing.assert_allclose(scores, want, rtol=1e-3, atol=1e-3)
+        assert len(set(np.argsort(scores))) == 4 and max(scores) - min(scores) > 1.0   # the head tells them apart
+        long = "hello world " * 40
+        with pytest.raises(ContextFullError, match="ranks at most 64"):
+            m.rerank(query, [long])
+        cut = m.rerank_tokens(query, long, truncate=True)
+        assert len(cut) == 64 and cut[-1] == 2 and cut[:len(ids) - 4] == ids[:len(ids) - 4]
+        with pytest.raises(InvalidArgumentError, match="list of documents"):
+            m.rerank(query, "hello")
+    # a template named "rerank" in the file, filled in and read with its special tokens
+    templated = synth.rewrite_metadata(path, tmp_path / "templated.gguf", {
+        "tokenizer.chat_template.rerank": "<s>query: {query}</s>doc: {document}</s>"})
+    with Model(templated, n_threads=1) as m:
+        assert m.rerank_tokens("a", "b") == m.tokenizer.encode("<s>query: a</s>doc: b</s>", add_bos=False,
+                                                               add_eos=False, parse_special=True)
+    with Model(synth.write_bert(tmp_path / "plain.gguf", synth.QT.F32, pooling=2), n_threads=1) as m:
+        with pytest.raises(InvalidArgumentError, match="is not a reranker"):
+            m.rerank("q", ["d"])
+    # `pyllm rerank`: most relevant first, score and index; --json; --top-n
+    r = run_cli("rerank", "-m", path, query, *docs)
+    assert r.returncode == 0, r.stderr
+    best = sorted(range(4), key=lambda i: -scores[i])
+    rows = [line.split("\t") for line in r.stdout.splitlines()]
+    assert [(int(i), d) for _, i, d in rows] == [(i, docs[i]) for i in best]
+    np.testing.assert_allclose([float(x) for x, _, _ in rows], [scores[i] for i in best], rtol=1e-5)
+    out = json.loads(run_cli("rerank", "-m", path, query, "--json", "--top-n", "2", stdin="\n".join(docs)).stdout)
+    assert [x["index"] for x in out["results"]] == best[:2]
+    assert out["prompt_tokens"] == n_tokens
+    r = run_cli("rerank", "-m", synth.write_bert(tmp_path / "p2.gguf", synth.QT.F32), "q", "d")
+    assert r.returncode == 2 and "is not a reranker" in r.stderr
+    decoder = synth.rewrite_metadata(synth.write_llama(tmp_path / "l.gguf"), tmp_path / "lrank.gguf",
+                                     {"llama.pooling_type": 4})
+    with pytest.raises(UnsupportedModelError, match="a reranker of architecture llama is not supported"):
+        Model(decoder, embedding=True)

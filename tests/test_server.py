@@ -947,3 +947,39 @@ def test_web_pages_of_other_sites_are_refused(smollm2_path):
             assert call(s.url, "/tokenize", {"content": "Hi"}, headers={"Host": host})[0] == 200, host
     with Model(smollm2_path, n_threads=2, n_ctx=256) as m, served(m, origins=["*"]) as s:
         assert post(s.url, "https://anywhere.example.org")[0] == 200
+
+
+def test_rerank(tmp_path, minilm_path):
+    """llama-server's /v1/rerank (and /rerank, /reranking): Model.rerank's scores, ordered by
+    relevance, top_n kept, usage counted; TEI's {texts} shape; an embedding model, or embeddings
+    from a reranker, refused with what to do."""
+    import synth
+    md, _ = synth.unigram_vocab()
+    md["tokenizer.ggml.add_sep_token"] = True
+    path = synth.write_bert(tmp_path / "rerank.gguf", synth.QT.F32, tokenizer_from=md, rank=1)
+    query, docs = "caf\u00e9 hello", ["hello world", "\ufb01nance token model", "\u6771\u4eac the world of izer", "a"]
+    with Model(path, n_threads=1) as m, served(m, name="rr") as s:
+        scores = m.rerank(query, docs)
+        best = sorted(range(4), key=lambda i: -scores[i])
+        status, body = call(s.url, "/v1/rerank", {"query": query, "documents": docs, "top_n": 3,
+                                                  "return_documents": True})
+        assert status == 200 and body["model"] == "rr" and body["object"] == "list"
+        assert [r["index"] for r in body["results"]] == best[:3]
+        np.testing.assert_allclose([r["relevance_score"] for r in body["results"]], [scores[i] for i in best[:3]],
+                                   rtol=1e-6)
+        assert [r["document"]["text"] for r in body["results"]] == [docs[i] for i in best[:3]]
+        n = sum(len(m.rerank_tokens(query, d)) for d in docs)
+        assert body["usage"] == {"prompt_tokens": n, "total_tokens": n}
+        for path_ in ("/rerank", "/reranking", "/v1/reranking"):
+            assert [r["index"] for r in call(s.url, path_, {"query": query, "documents": docs})[1]["results"]] == best
+        tei = call(s.url, "/rerank", {"query": query, "texts": docs, "return_text": True})[1]
+        assert [(r["index"], r["text"]) for r in tei] == [(i, docs[i]) for i in best]
+        for bad, says in (({"query": "", "documents": docs}, "query must be"), ({"query": "q", "documents": []},
+                          "documents must be"), ({"query": "q", "documents": docs, "top_n": 0}, "top_n must be")):
+            status, body = call(s.url, "/v1/rerank", bad)
+            assert status == 400 and says in body["error"]["message"]
+        status, body = call(s.url, "/v1/embeddings", {"input": "hello"})
+        assert status == 400 and "is a reranker" in body["error"]["message"]
+    with Model(minilm_path, n_threads=1) as m, served(m) as s:
+        status, body = call(s.url, "/v1/rerank", {"query": "q", "documents": ["d"]})
+        assert status == 400 and "is not a reranker" in body["error"]["message"]

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
+from gguf.constants import GGMLQuantizationType
+from gguf.quants import dequantize
 
 from ..errors import ModelFileError, UnsupportedModelError
 from ..graph import GLU_SILU, MOE_SIGMOID, MOE_SOFTMAX, NORM_LAYER, NORM_RMS, ROPE_NORM, SUPPORTED_WEIGHT_TYPES, Graph
@@ -469,6 +471,22 @@ class Layer:
     ssm: Optional[Ssm] = None      # a Mamba 2 mixer beside the attention, on the same norm (Falcon-H1)
 
 
+@dataclass
+class RankHead:
+    """A cross-encoder's classification head, as llama.cpp's rank pooling runs it on the first
+    row: scores = Wout tanh(W x + b) + bout (without cls.weight: Wout x + bout)."""
+    dense: Optional[tuple]          # (W [n, n], b or None)
+    out: np.ndarray                 # [n_out, n]
+    out_bias: Optional[np.ndarray]
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        h = x.astype(np.float32)
+        if self.dense is not None:
+            w, b = self.dense
+            h = np.tanh(w @ h + (b if b is not None else 0.0))
+        return (self.out @ h + (self.out_bias if self.out_bias is not None else 0.0)).astype(np.float32)
+
+
 class Architecture:
     """One model family: its tensors and its forward step.
 
@@ -504,6 +522,7 @@ class Architecture:
     out_bias: Optional[np.ndarray] = None     # bias of the logits (Phi-2)
     pos_embd: Optional[Tensor] = None         # learned position embeddings (GPT-2): one row per position
     dense_out: tuple = ()                     # (weight, bias) projections of an embedding after the final norm
+    rank_head: Optional["RankHead"] = None    # a cross-encoder's classification head (rank pooling)
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -784,13 +803,35 @@ class Architecture:
         llama.cpp numbers it): "mean", "cls" (the first row), "last", or None (not said:
         one embedding per token)."""
         kind = self.mf.arch_get("pooling_type", None)
-        names = {0: None, 1: "mean", 2: "cls", 3: "last"}
+        names = {0: None, 1: "mean", 2: "cls", 3: "last", 4: "rank"}
         if kind is None:
             return None
         if not isinstance(kind, (int, np.integer)) or int(kind) not in names:
             raise UnsupportedModelError(f"{self.mf.path}: pooling type {kind!r} is not supported "
-                                        f"(pyllm pools by mean, cls or last)")
+                                        f"(pyllm pools by mean, cls or last, or ranks)")
+        if names[int(kind)] == "rank" and self.rank_head is None:
+            raise UnsupportedModelError(f"{self.mf.path}: a reranker of architecture {self.name} is not supported "
+                                        f"(pyllm ranks with BERT-style cross-encoders: bge-reranker, ms-marco)")
         return names[int(kind)]
+
+    def read_rank_head(self) -> Optional["RankHead"]:
+        """A cross-encoder's classification head (cls, cls.output), where the file has one."""
+        if not self.mf.has_tensor("cls.output.weight"):
+            return None
+        n = self.hp.n_embd
+        dense = None
+        if self.mf.has_tensor("cls.weight"):
+            dense = (self.matrix("cls.weight", n, n), self.optional_vector("cls.bias", n))
+        n_out = math.prod(self.mf.tensor("cls.output.weight").shape) // n   # [n, n_out]; [n] for one score
+        return RankHead(dense, self.matrix("cls.output.weight", n, n_out), self.optional_vector("cls.output.bias", n_out))
+
+    def matrix(self, name: str, n_in: int, n_out: int) -> np.ndarray:
+        """A small matrix of any type as float32 [n_out, n_in] (dequantized here: heads run in numpy)."""
+        t = self.mf.tensor(name)
+        if t.shape[0] != n_in or math.prod(t.shape) != n_in * n_out:
+            raise ModelFileError(f"{self.mf.path}: tensor {name} has shape {list(t.shape)}, expected "
+                                 f"{[n_in, n_out]}; the file is corrupt")
+        return dequantize(t.data, GGMLQuantizationType(t.type)).astype(np.float32).reshape(n_out, n_in)
 
     def block_notes(self) -> str:
         """What `pyllm info`'s block line cannot read off the layers (Gemma 4's shapes), "; "-led."""

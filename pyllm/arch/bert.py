@@ -49,6 +49,7 @@ class Bert(Architecture):
         self.embd_norm, self.embd_norm_b = self.norm_weights("token_embd_norm")
         self.out_norm = None   # the last layer's norm is the output
         self.layers = [self.encoder_layer(i) for i in range(hp.n_layer)]
+        self.rank_head = self.read_rank_head()   # a cross-encoder's (bge-reranker): rank pooling scores with it
 
     def encoder_layer(self, i: int) -> Layer:
         """Layer i: attention then attn_output_norm, FFN then layer_output_norm (both LayerNorms

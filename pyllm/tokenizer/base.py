@@ -205,6 +205,8 @@ class Tokenizer:
         self.add_bos: bool = self._default_add_bos if add_bos is None else bool(add_bos)
         add_eos = md.get("tokenizer.ggml.add_eos_token")
         self.add_eos: bool = False if add_eos is None else bool(add_eos)
+        # a separator between a pair's texts (a reranker's input), llama.cpp's add_sep
+        self.add_sep: bool = bool(md.get("tokenizer.ggml.add_sep_token", False))
         self._finish_specials(ids, md)
 
     def _has(self, text: str) -> int | None:
