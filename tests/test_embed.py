@@ -337,6 +337,10 @@ def test_reranker(tmp_path):
     assert out["prompt_tokens"] == n_tokens
     r = run_cli("rerank", "-m", synth.write_bert(tmp_path / "p2.gguf", synth.QT.F32), "q", "d")
     assert r.returncode == 2 and "is not a reranker" in r.stderr
+    headless = synth.rewrite_metadata(synth.write_bert(tmp_path / "p3.gguf", synth.QT.F32), tmp_path / "h.gguf",
+                                      {"bert.pooling_type": 4})
+    with pytest.raises(ModelFileError, match="no classification head"):
+        Model(headless)
     decoder = synth.rewrite_metadata(synth.write_llama(tmp_path / "l.gguf"), tmp_path / "lrank.gguf",
                                      {"llama.pooling_type": 4})
     with pytest.raises(UnsupportedModelError, match="a reranker of architecture llama is not supported"):

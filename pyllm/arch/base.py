@@ -810,6 +810,9 @@ class Architecture:
             raise UnsupportedModelError(f"{self.mf.path}: pooling type {kind!r} is not supported "
                                         f"(pyllm pools by mean, cls or last, or ranks)")
         if names[int(kind)] == "rank" and self.rank_head is None:
+            if not self.causal:
+                raise ModelFileError(f"{self.mf.path}: the file ranks (pooling type 4) but has no classification "
+                                     f"head (cls.output.weight); the file is corrupt")
             raise UnsupportedModelError(f"{self.mf.path}: a reranker of architecture {self.name} is not supported "
                                         f"(pyllm ranks with BERT-style cross-encoders: bge-reranker, ms-marco)")
         return names[int(kind)]
