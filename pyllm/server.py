@@ -323,6 +323,17 @@ class Handler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         self._route(DELETE_ROUTES, POST_ROUTES)
 
+    def do_HEAD(self) -> None:
+        """HEAD / and /health (a load balancer's or a script's check): the headers alone."""
+        path = self.path.split("?", 1)[0].rstrip("/") or "/"
+        self.cors_origin = None
+        status = HTTPStatus.OK if path == "/health" or (path in ("/", "/index.html") and self.server.webui) \
+            else HTTPStatus.NOT_FOUND
+        self.send_response(status)
+        self.send_header("Content-Type", "text/html; charset=utf-8" if path != "/health" else "application/json")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def do_OPTIONS(self) -> None:
         """A browser's CORS preflight: which methods and headers a page of an allowed origin may use."""
         self.cors_origin = None
@@ -396,6 +407,8 @@ class Handler(BaseHTTPRequestHandler):
                 self.slot_action(path[len("/slots/"):])
             elif path.startswith("/v1/responses/") and self.command in ("GET", "DELETE"):
                 self.stored_response(path[len("/v1/responses/"):])
+            elif path.startswith("/v1/models/") and self.command == "GET":
+                self.one_model(urllib.parse.unquote(path[len("/v1/models/"):]))
             elif path in other_method:
                 raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, f"{self.command} is not allowed on {path}")
             else:
@@ -661,6 +674,16 @@ class Handler(BaseHTTPRequestHandler):
                                    tool_choice=req.tool_choice, think=req.think,
                                    prefill_assistant=self.server.prefill_assistant)
         self.send_json(HTTPStatus.OK, {"input_tokens": len(tokens)})
+
+    def one_model(self, name: str) -> None:
+        """GET /v1/models/NAME: OpenAI's model object of one the server has."""
+        for have, _ in self.server.host.available():
+            if have == name.removesuffix(":latest"):
+                self.send_json(HTTPStatus.OK, {"id": have, "object": "model", "created": self.server.created,
+                                               "owned_by": "pyllm"})
+                return
+        raise RequestError(HTTPStatus.NOT_FOUND, f"no model {name!r} here (GET /v1/models lists them)",
+                           "not_found_error")
 
     def openai_responses(self) -> None:
         """POST /v1/responses: OpenAI's Responses API (pyllm.responses_api)."""

@@ -73,6 +73,17 @@ def test_health_and_models(smol):
     assert call(url, "/health") == (200, {"status": "ok"})
     status, body = call(url, "/v1/models")
     assert status == 200 and [m["id"] for m in body["data"]] == ["test-model"]
+    assert call(url, "/v1/models/test-model") == (200, body["data"][0])   # OpenAI's retrieve
+    status, body = call(url, "/v1/models/other")
+    assert status == 404 and "no model 'other' here" in body["error"]["message"]
+    for path, want in (("/health", 200), ("/", 200), ("/nothing", 404)):   # HEAD: a health check's
+        req = urllib.request.Request(url + path, method="HEAD")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                status, data = r.status, r.read()
+        except urllib.error.HTTPError as e:
+            status, data = e.code, e.read()
+        assert (status, data) == (want, b""), path
 
 
 def test_chat_completion_equals_the_model(smol):
