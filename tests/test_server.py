@@ -909,7 +909,8 @@ def test_chat_page(smollm2_path):
             assert "connect-src 'self'" in r.headers["Content-Security-Policy"]
         assert page.startswith("<!DOCTYPE html>") and "<script>" in page
         called = set(re.findall(r'fetch\("(/[^"]*)"', page))
-        assert called == {"/v1/chat/completions", "/props"} and called <= set(GET_ROUTES) | set(POST_ROUTES)
+        assert called == {"/v1/chat/completions", "/props", "/v1/models"} and called <= set(GET_ROUTES) | set(
+            POST_ROUTES)
         assert "innerHTML" not in page   # replies are shown as text, never as markup
         assert call(s.url, "/props")[0] == 401
     with Model(smollm2_path, n_threads=2, n_ctx=256) as m, served(m, webui=False) as s:
