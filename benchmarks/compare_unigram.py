@@ -7,8 +7,10 @@ No registry model has a Unigram vocabulary, so this trains some here (tests/synt
 unigram_vocab: NFKC folding or not, a space in front or not, spaces merged or not), writes each
 into a small random BERT-style encoder file, and asks llama.cpp (llama-cpp-python, in its own
 environment) for the ids of curated and random texts (with <s> </s>, and with special tokens
-parsed) and for two texts' embeddings; then a reranker of the first vocabulary (a classification
-head, rank pooling; F32 and Q8_0), each pair as pyllm builds it, scored by both. Dev tool only.
+parsed) and for two texts' embeddings; then rerankers: a decoder of Qwen3-Reranker's kind (the
+"yes"/"no" head, softmax, the last row) on random token ids, and cross-encoders of the first
+vocabulary (a classification head, rank pooling; F32 and Q8_0), each pair as pyllm builds it,
+scored by both. Dev tool only.
 
     PYLLM_PEER_PYTHON=/tmp/peer-avx512/bin/python python3 benchmarks/compare_unigram.py
 """
@@ -80,9 +82,19 @@ def main() -> int:
             with Model(path, n_threads=1) as m:
                 ours[name] = {"ids": [[m.tokenizer.encode(t, add_bos=a, add_eos=a, parse_special=p) for t in texts]
                                       for a, p in FLAGS], "embd": m.embed(EMBED)}
+            if i == 0:   # a decoder reranker (Qwen3-Reranker's kind: yes/no rows, softmax, the last row)
+                rng = np.random.default_rng(1)
+                head = (rng.standard_normal((2, 256)) * 0.3).astype(np.float32)
+                qpath = synth.rewrite_metadata(
+                    synth.write_qwen3(Path(tmp) / "q.gguf", synth.QT.F32, extra_tensors={"cls.output.weight": head}),
+                    Path(tmp) / "qrank.gguf", {"qwen3.pooling_type": 4, "qwen3.classifier.output_labels": ["yes", "no"]})
+                with Model(qpath, n_threads=1) as m:
+                    seqs = [list(map(int, np.random.default_rng(k).integers(3, 500, 12))) for k in range(40)]
+                    cases[name]["rankers"] = [{"path": qpath, "pairs": seqs}]
+                    ours[name]["rank"] = [[float(m.embed_tokens(ids)[0]) for ids in seqs]]
             if i == 0:   # rerankers of this vocabulary, as bge-reranker-v2-m3 (<s> q </s></s> d </s>)
                 md["tokenizer.ggml.add_sep_token"] = True
-                cases[name]["rankers"], ours[name]["rank"] = [], []
+
                 for qtype in (synth.QT.F32, synth.QT.Q8_0):
                     rpath = synth.write_bert(Path(tmp) / f"rank{qtype.name}.gguf", qtype, tokenizer_from=md, rank=1,
                                              head_type=qtype)
@@ -108,7 +120,8 @@ def main() -> int:
         for t, x, y in differ[:5]:
             print(f"  {t!r}: pyllm {x} llama.cpp {y}")
         failed += bool(differ) or min(cos) < 0.9999
-        for qtype, x, y in zip(("F32", "Q8_0"), a.get("rank", []), b.get("rank", [])):
+        for qtype, x, y in zip(("Qwen3-Reranker's kind, F32", "cross-encoder, F32", "cross-encoder, Q8_0"),
+                               a.get("rank", []), b.get("rank", [])):
             x, y = np.asarray(x), np.asarray(y)
             same_best = np.mean([np.argmax(x[k:k + 40]) == np.argmax(y[k:k + 40]) for k in range(0, len(x), 40)])
             corr = float(np.corrcoef(x, y)[0, 1])

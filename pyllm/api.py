@@ -119,11 +119,12 @@ class Model:
         self.arch = load_architecture(self.file)
         self.tokenizer = load_tokenizer(self.file.metadata)
         hp = self.arch.hp
-        self.embedding = not self.arch.causal if embedding is None else bool(embedding)
+        self.pooling = self.arch.pooling() or "none"   # how `embed` makes one vector of a text's rows
+        # encoders, and rerankers (Qwen3-Reranker is a decoder), run for their output rows
+        self.embedding = (not self.arch.causal or self.pooling == "rank") if embedding is None else bool(embedding)
         if not self.embedding and not self.arch.causal:
             raise InvalidArgumentError(f"{self.path.name} is an embedding model ({self.arch.name}): it embeds text "
                                        f"(Model(..., embedding=True), `pyllm embed`), it cannot generate")
-        self.pooling = self.arch.pooling() or "none"   # how `embed` makes one vector of a text's rows
         if n_ctx is None:
             n_ctx = min(DEFAULT_MAX_CTX, hp.n_ctx_train)
         if n_ctx < 1:
@@ -492,8 +493,8 @@ class Model:
         if pooling == "rank" and self.arch.rank_head is None:
             raise InvalidArgumentError(f"{self.path.name} has no classification head to rank with (a reranker's)")
         rows = self.engine.logits(self._check_ids(token_ids))   # the output rows: the final norm's
-        if pooling == "rank":   # a cross-encoder's scores, from the first row, as they are (not normalized)
-            return self.arch.rank_head(rows[0])
+        if pooling == "rank":   # a reranker's scores: a cross-encoder's from the first row, a decoder's the last
+            return self.arch.rank_head(rows[-1] if self.arch.causal else rows[0])
         v = {"mean": lambda: rows.mean(axis=0, dtype=np.float64), "cls": lambda: rows[0], "last": lambda: rows[-1],
              "none": lambda: rows}[pooling]().astype(np.float32)
         if dimensions is not None:   # Matryoshka: the leading values are an embedding of their own

@@ -341,6 +341,19 @@ def test_reranker(tmp_path):
                                       {"bert.pooling_type": 4})
     with pytest.raises(ModelFileError, match="no classification head"):
         Model(headless)
+    # Qwen3-Reranker's kind: a decoder, its head the "yes" and "no" rows, softmax over them, on the last row
+    rng = np.random.default_rng(1)
+    head = (rng.standard_normal((2, 256)) * 0.3).astype(np.float32)
+    qwen = synth.rewrite_metadata(synth.write_qwen3(tmp_path / "q.gguf", synth.QT.F32,
+                                                    extra_tensors={"cls.output.weight": head}),
+                                  tmp_path / "qrank.gguf", {"qwen3.pooling_type": 4,
+                                                            "qwen3.classifier.output_labels": ["yes", "no"]})
+    with Model(qwen, n_threads=1) as m:
+        assert m.pooling == "rank" and m.embedding   # loaded for its rows without asking
+        ids = [5, 9, 23, 7, 11, 40, 3]
+        last = Reference(m.arch).forward(ids, embeddings=True)[-1]
+        p = np.exp(head @ last - (head @ last).max())
+        np.testing.assert_allclose(m.embed_tokens(ids), p / p.sum(), rtol=1e-3, atol=1e-4)
     decoder = synth.rewrite_metadata(synth.write_llama(tmp_path / "l.gguf"), tmp_path / "lrank.gguf",
                                      {"llama.pooling_type": 4})
     with pytest.raises(UnsupportedModelError, match="a reranker of architecture llama is not supported"):

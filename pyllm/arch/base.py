@@ -473,18 +473,24 @@ class Layer:
 
 @dataclass
 class RankHead:
-    """A cross-encoder's classification head, as llama.cpp's rank pooling runs it on the first
-    row: scores = Wout tanh(W x + b) + bout (without cls.weight: Wout x + bout)."""
+    """A reranker's classification head, as llama.cpp's rank pooling runs it on one row (a
+    cross-encoder's first, a decoder's last): scores = Wout tanh(W x + b) + bout (without
+    cls.weight: Wout x + bout); softmax: the scores as probabilities (Qwen3-Reranker's yes, no)."""
     dense: Optional[tuple]          # (W [n, n], b or None)
     out: np.ndarray                 # [n_out, n]
     out_bias: Optional[np.ndarray]
+    softmax: bool = False
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         h = x.astype(np.float32)
         if self.dense is not None:
             w, b = self.dense
             h = np.tanh(w @ h + (b if b is not None else 0.0))
-        return (self.out @ h + (self.out_bias if self.out_bias is not None else 0.0)).astype(np.float32)
+        scores = self.out @ h + (self.out_bias if self.out_bias is not None else 0.0)
+        if self.softmax:
+            e = np.exp(scores - scores.max())
+            scores = e / e.sum()
+        return scores.astype(np.float32)
 
 
 class Architecture:
@@ -809,6 +815,9 @@ class Architecture:
         if not isinstance(kind, (int, np.integer)) or int(kind) not in names:
             raise UnsupportedModelError(f"{self.mf.path}: pooling type {kind!r} is not supported "
                                         f"(pyllm pools by mean, cls or last, or ranks)")
+        if names[int(kind)] == "rank" and self.rank_head is None and self.name == "qwen3":
+            # Qwen3-Reranker: its vocabulary's "yes" and "no" rows as the head, softmax over the two, as llama.cpp
+            self.rank_head = self.read_rank_head(softmax=True)
         if names[int(kind)] == "rank" and self.rank_head is None:
             if not self.causal:
                 raise ModelFileError(f"{self.mf.path}: the file ranks (pooling type 4) but has no classification "
@@ -817,8 +826,8 @@ class Architecture:
                                         f"(pyllm ranks with BERT-style cross-encoders: bge-reranker, ms-marco)")
         return names[int(kind)]
 
-    def read_rank_head(self) -> Optional["RankHead"]:
-        """A cross-encoder's classification head (cls, cls.output), where the file has one."""
+    def read_rank_head(self, softmax: bool = False) -> Optional["RankHead"]:
+        """A reranker's classification head (cls, cls.output), where the file has one."""
         if not self.mf.has_tensor("cls.output.weight"):
             return None
         n = self.hp.n_embd
@@ -826,7 +835,8 @@ class Architecture:
         if self.mf.has_tensor("cls.weight"):
             dense = (self.matrix("cls.weight", n, n), self.optional_vector("cls.bias", n))
         n_out = math.prod(self.mf.tensor("cls.output.weight").shape) // n   # [n, n_out]; [n] for one score
-        return RankHead(dense, self.matrix("cls.output.weight", n, n_out), self.optional_vector("cls.output.bias", n_out))
+        return RankHead(dense, self.matrix("cls.output.weight", n, n_out), self.optional_vector("cls.output.bias", n_out),
+                        softmax)
 
     def matrix(self, name: str, n_in: int, n_out: int) -> np.ndarray:
         """A small matrix of any type as float32 [n_out, n_in] (dequantized here: heads run in numpy)."""
