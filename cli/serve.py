@@ -60,8 +60,11 @@ def serve(
     alias: Annotated[Optional[str], typer.Option("-a", "--alias", help="the model's name in replies and "
                                                  "/v1/models (llama-server's; default: its registry name or file "
                                                  "name)")] = None,
-    embedding: Annotated[bool, typer.Option("--embedding", help="load the model for /v1/embeddings instead of "
-                                            "generation (an encoder such as BERT always is)")] = False,
+    embedding: Annotated[bool, typer.Option("--embedding", "--embeddings", help="load the model for "
+                                            "/v1/embeddings instead of generation (an encoder such as BERT always "
+                                            "is)")] = False,
+    reranking: Annotated[bool, typer.Option("--reranking", "--rerank", help="serve /v1/rerank (llama-server's "
+                                            "flag: a reranker's file says so itself; this checks it does)")] = False,
     pooling: Annotated[Optional[str], typer.Option("--pooling", help="with --embedding: mean, cls or last "
                                                    "(default: as the model file says)")] = None,
     chat_template: TemplateOpt = None,
@@ -152,6 +155,10 @@ def serve(
                                            spec_p_min))
             if pooling is not None:
                 m.pooling = pooling
+            if reranking and m.pooling != "rank":
+                m.close()
+                raise InvalidArgumentError(f"{m.path.name} is not a reranker (its file does not rank): serve a "
+                                           f"cross-encoder such as bge-reranker-v2-m3, or Qwen3-Reranker")
             return m
 
         # without -m, a request may name any model on disk (ollama's way); with -m, this one answers

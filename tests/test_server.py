@@ -995,3 +995,6 @@ def test_rerank(tmp_path, minilm_path):
     with Model(minilm_path, n_threads=1) as m, served(m) as s:
         status, body = call(s.url, "/v1/rerank", {"query": "q", "documents": ["d"]})
         assert status == 400 and "is not a reranker" in body["error"]["message"]
+    r = subprocess.run([sys.executable, "-m", "pyllm.cli.main", "serve", "-m", minilm_path, "--reranking",
+                        "--port", "0"], capture_output=True, text=True, timeout=60)   # llama-server's flag: checked
+    assert r.returncode == 2 and "is not a reranker (its file does not rank)" in r.stderr
