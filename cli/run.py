@@ -10,6 +10,7 @@ import inspect
 import json
 import os
 import sys
+import time
 from typing import Annotated, Optional
 
 import typer
@@ -80,6 +81,10 @@ def run(
     prompt_cache_all: Annotated[bool, typer.Option("--prompt-cache-all", help="keep the reply in it too")] = False,
     prompt_cache_ro: Annotated[bool, typer.Option("--prompt-cache-ro", help="read the prompt cache, do not "
                                                   "update it")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", help="afterwards, on stderr: ollama's timings (load, "
+                                          "prompt and reply tokens, durations, rates)")] = False,
+    hide_thinking: Annotated[bool, typer.Option("--hidethinking", help="a reasoning model thinks, but its "
+                                                "thinking is not shown (ollama's)")] = False,
     verbose_prompt: Annotated[bool, typer.Option("--verbose-prompt", help="first, on stderr: the prompt as it "
                                                  "goes in and its tokens (llama-cli's)")] = False,
     profile: Annotated[bool, typer.Option("--profile", help="afterwards, on stderr: where the prefill's and "
@@ -170,6 +175,7 @@ def run(
         from pyllm import Model
 
         path = model_path(model)
+        t_load = time.perf_counter()
         with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template,
                    chat_template_kwargs=template_kwargs(chat_template_kwargs),
                    **file_kwargs(no_mmap, mlock, override_kv, rope_scaling, rope_scale, rope_freq_base,
@@ -178,6 +184,7 @@ def run(
                    cache_type_v=cache_type_v, think=think, lora=lora_specs(lora, lora_scaled),
                    **control_kwargs(control_vector, control_vector_scaled, control_vector_layer_range),
                    **speculative_kwargs(spec_type, model_draft, spec_draft_max, spec_draft_min, spec_ngram_size, spec_p_min)) as m:
+            load_s = time.perf_counter() - t_load
             max_tokens = None if n_predict < 0 else n_predict
             if prompt_cache is not None and os.path.exists(prompt_cache):
                 try:
@@ -229,8 +236,9 @@ def run(
             try:   # a reasoning model's thinking goes to stderr (dimmed), the answer to stdout
                 for kind, piece in (gen.parts() if chat else (("answer", p) for p in gen)):
                     if kind == "thinking":
-                        err.print(piece, end="", style="dim", markup=False, highlight=False, soft_wrap=True)
-                        thought = piece
+                        if not hide_thinking:
+                            err.print(piece, end="", style="dim", markup=False, highlight=False, soft_wrap=True)
+                            thought = piece
                         continue
                     sys.stdout.write(piece)
                     sys.stdout.flush()
@@ -243,6 +251,8 @@ def run(
                 sys.stdout.flush()
             save_cache(generation.completion)
             print_profile(generation)
+            if verbose and generation.completion is not None:
+                print_timings(generation.completion.metrics, load_s)
 
 
 def chat_instead(given: dict, model: str) -> None:
@@ -263,6 +273,29 @@ def print_prompt(m, tokens: list[int]) -> None:
         piece = m.tokenizer.token_to_piece(t).decode("utf-8", "replace")
         err.print(f"{t:6d} -> {piece!r}", markup=False, highlight=False, soft_wrap=True)
     err.print()
+
+
+def print_timings(metrics, load_s: float) -> None:
+    """ollama run --verbose's lines: durations, token counts and rates."""
+    def rate(n: int, s: float) -> str:
+        return f"{n / s:.2f} tokens/s" if s > 0 else "-"
+    lines = [("total duration", duration(load_s + metrics.total_s)), ("load duration", duration(load_s)),
+             ("prompt eval count", f"{metrics.prompt_tokens - metrics.reused_tokens} token(s)"),
+             ("prompt eval duration", duration(metrics.prefill_s)),
+             ("prompt eval rate", rate(metrics.prompt_tokens - metrics.reused_tokens, metrics.prefill_s)),
+             ("eval count", f"{metrics.generated_tokens} token(s)"), ("eval duration", duration(metrics.decode_s)),
+             ("eval rate", f"{metrics.decode_tokens_per_s:.2f} tokens/s")]
+    for name, value in lines:
+        err.print(f"{name + ':':<22}{value}", highlight=False)
+
+
+def duration(seconds: float) -> str:
+    """A duration as Go prints one (ollama's): 1.23456s, 56.7ms, 890µs."""
+    if seconds >= 1:
+        return f"{seconds:.6g}s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.6g}ms"
+    return f"{seconds * 1e6:.6g}µs"
 
 
 def print_profile(generation) -> None:

@@ -323,3 +323,21 @@ def test_chat_template_kwargs(smollm2_path):
         assert m.apply_chat_template(msgs) == "Fx" and m.apply_chat_template(msgs, think=True) == "Tx"
     with pytest.raises(InvalidArgumentError, match="chat_template_kwargs must map"):
         Model(smollm2_path, chat_template_kwargs=[("a", 1)])
+
+
+def test_run_verbose_and_hidethinking(smollm2_path, tmp_path):
+    """ollama's `run --verbose` (the timings after the reply, on stderr) and `--hidethinking` (the
+    model thinks, nothing of it shown): a template that opens the thinking makes SmolLM2 think."""
+    (tmp_path / "t.jinja").write_text("{{ messages[-1].content }}<think>")
+    base = ("run", "-m", smollm2_path, "--chat", "-p", "Why is the sky blue?", "-n", "6", "--temp", "0",
+            "--chat-template", str(tmp_path / "t.jinja"))
+    thinking = json.loads(pyllm(*base, "--json").stdout)["thinking"]
+    assert len(thinking) > 5
+    shown = pyllm(*base)
+    assert shown.returncode == 0 and thinking[:10] in shown.stderr
+    hidden = pyllm(*base, "--hidethinking", "--verbose")
+    assert hidden.returncode == 0 and thinking[:10] not in hidden.stderr and hidden.stdout.strip() == ""
+    lines = dict(line.split(":", 1) for line in hidden.stderr.splitlines() if ":" in line)
+    assert lines["eval count"].strip() == "6 token(s)"
+    assert lines["prompt eval rate"].strip().endswith("tokens/s")
+    assert {"total duration", "load duration", "prompt eval count", "eval duration", "eval rate"} <= set(lines)
