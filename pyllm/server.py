@@ -55,7 +55,8 @@ llama.cpp's (top_k, min_p, typical_p, repeat_penalty); unset ones keep
 llama.cpp's defaults. A reasoning model's thinking comes apart from the answer,
 as `reasoning_content` (llama-server's and DeepSeek's field), and
 chat_template_kwargs.enable_thinking (ollama's think) turns it on or off (the
-request's other chat_template_kwargs reach the template as they are).
+request's other chat_template_kwargs reach the template as they are); OpenAI's
+reasoning_effort and ollama's think levels set the template's reasoning_effort.
 response_format json_object / json_schema (ollama's format "json" or a schema;
 llama-server's json_schema and grammar fields) constrain the reply (pyllm.grammar).
 A client that goes away mid-stream stops its reply. Errors are OpenAI's
@@ -616,8 +617,8 @@ class Handler(BaseHTTPRequestHandler):
                             tools=tools, tool_choice=body.get("tool_choice"),
                             parallel_tool_calls=bool(body.get("parallel_tool_calls", False)), logprobs=top,
                             prefill_assistant=self.server.prefill_assistant,
-                            think=flag(kwargs.get("enable_thinking")),   # llama-server's switch
-                            chat_template_kwargs={k: v for k, v in kwargs.items() if k != "enable_thinking"},
+                            **thinking_of(kwargs.get("enable_thinking"), body.get("reasoning_effort"),   # llama-server's
+                                          {k: v for k, v in kwargs.items() if k != "enable_thinking"}),  # switch
                             **constraint, **sampling)
             head = self.envelope("chat.completion.chunk" if body.get("stream") else "chat.completion", "chatcmpl")
             if body.get("stream"):   # with tools, the calls come after the answer's text
@@ -1310,9 +1311,9 @@ class Handler(BaseHTTPRequestHandler):
             return
         messages = messages_of(body)
         tools = body.get("tools") or None
-        self._ollama_reply(body, lambda m, max_tokens, stop, sampling, think: m.chat(
+        self._ollama_reply(body, lambda m, max_tokens, stop, sampling, thinking: m.chat(
             conversation(self.server.host.created, messages), max_tokens=max_tokens, stop=stop, stream=True,
-            tools=tools, think=think, prefill_assistant=self.server.prefill_assistant, **sampling), "message")
+            tools=tools, prefill_assistant=self.server.prefill_assistant, **thinking, **sampling), "message")
 
     def ollama_generate(self) -> None:
         body = self.read_json()
@@ -1323,7 +1324,7 @@ class Handler(BaseHTTPRequestHandler):
         if suffix is not None and not isinstance(suffix, str):
             raise InvalidArgumentError("suffix must be text")
         if suffix:   # fill in the middle: the code between prompt and suffix
-            self._ollama_reply(body, lambda m, max_tokens, stop, sampling, think: m.stream(
+            self._ollama_reply(body, lambda m, max_tokens, stop, sampling, thinking: m.stream(
                 psm_prompt(m.tokenizer, m.path.name, prompt, suffix), max_tokens=max_tokens, stop=stop,
                 **sampling), "response")
             return
@@ -1331,13 +1332,13 @@ class Handler(BaseHTTPRequestHandler):
             self._ollama_load(body, "response")
             return
         if body.get("raw"):
-            self._ollama_reply(body, lambda m, max_tokens, stop, sampling, think: m.stream(
+            self._ollama_reply(body, lambda m, max_tokens, stop, sampling, thinking: m.stream(
                 prompt, max_tokens=max_tokens, stop=stop, **sampling), "response")   # raw: no template
             return
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-        self._ollama_reply(body, lambda m, max_tokens, stop, sampling, think: m.chat(
+        self._ollama_reply(body, lambda m, max_tokens, stop, sampling, thinking: m.chat(
             conversation(self.server.host.created, messages), max_tokens=max_tokens, stop=stop, stream=True,
-            think=think, **sampling), "response")
+            **thinking, **sampling), "response")
 
     def _ollama_load(self, body: dict, field: str) -> None:
         """A load request (no prompt, no messages): loads the model named, or with keep_alive 0
@@ -1363,7 +1364,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _ollama_reply(self, body: dict, start, field: str) -> None:
         """A reply as ollama sends one: JSON lines (stream, the default) or one object. start(model,
-        max_tokens, stop, sampling, think) begins it; field: "message" (chat: {role, content, thinking})
+        max_tokens, stop, sampling, thinking: Model.chat's think and chat_template_kwargs) begins it; field: "message" (chat: {role, content, thinking})
         or "response" (generate: the text, and thinking beside it)."""
         if body.get("images"):
             raise InvalidArgumentError("images are not supported by pyllm serve (text models only)")
@@ -1391,7 +1392,7 @@ class Handler(BaseHTTPRequestHandler):
             m.require_generation()
             sampling, stop, max_tokens = self.created_settings(sampling, options.get("stop"), max_tokens, options,
                                                                "num_predict")
-            reply = start(m, max_tokens, stop, {**sampling, "format": fmt}, flag(body.get("think")))
+            reply = start(m, max_tokens, stop, {**sampling, "format": fmt}, thinking_of(body.get("think")))
             parts, close = reply_parts(reply)
             def with_calls(out: dict, c) -> dict:
                 if c.tool_calls:   # ollama's calls: arguments as an object
@@ -1493,9 +1494,17 @@ def keep_alive_of(body: dict) -> Optional[float]:
 DELETE_ROUTES = {"/api/delete": Handler.ollama_delete}
 
 
-def flag(value: Any) -> Optional[bool]:
-    """A request's on/off switch: None when absent."""
-    return None if value is None else bool(value)
+def thinking_of(think: Any = None, effort: Any = None, variables: Optional[dict] = None) -> dict:
+    """Model.chat's think and chat_template_kwargs from a request's switch (true or false; ollama's
+    think may be a level, "low", "medium" or "high", for gpt-oss) and OpenAI's reasoning_effort
+    (the template's reasoning_effort; "none" turns thinking off); variables: the others."""
+    if isinstance(think, str):
+        if think not in ("low", "medium", "high"):
+            raise InvalidArgumentError(f"think must be true, false, or a level: low, medium or high; not {think!r}")
+        think, effort = True, think
+    switch, more = responses_api.reasoning_of({"effort": effort} if effort is not None else None)
+    return {"think": bool(think) if think is not None else switch,
+            "chat_template_kwargs": {**(variables or {}), **more}}
 
 
 def chat_logprobs(m, items: list) -> dict:

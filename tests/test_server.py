@@ -351,7 +351,8 @@ def test_thinking_switch_and_decoder_embeddings(smollm2_path):
     chat_template_kwargs, reach the template for that request only; a decoder served with embedding=True and a pooling embeds."""
     template = ("{% for m in messages %}{{ m.content }}{% endfor %}"
                 "{% if enable_thinking is defined and not enable_thinking %} no thinking{% endif %}"
-                "{% if effort is defined %} effort {{ effort }}{% endif %}")
+                "{% if effort is defined %} effort {{ effort }}{% endif %}"
+                "{% if reasoning_effort is defined %} re {{ reasoning_effort }}{% endif %}")
     with Model(smollm2_path, n_threads=2, chat_template=template) as m:
         server = serving(m)
         try:
@@ -368,6 +369,15 @@ def test_thinking_switch_and_decoder_embeddings(smollm2_path):
             out = call(server.url, "/api/chat", {"messages": CHAT, "think": False, "stream": False,
                                                  "options": {"num_predict": 1}})[1]
             assert out["prompt_eval_count"] == plain + 2
+            # OpenAI's reasoning_effort and ollama's think levels (gpt-oss's): the template's reasoning_effort
+            high = len(m.tokenize(" re high", add_bos=False))
+            assert prompt_tokens(reasoning_effort="high") == plain + high
+            assert prompt_tokens(reasoning_effort="none") == plain + 2   # thinking off
+            out = call(server.url, "/api/chat", {"messages": CHAT, "think": "high", "stream": False,
+                                                 "options": {"num_predict": 1}})[1]
+            assert out["prompt_eval_count"] == plain + high
+            status, out = call(server.url, "/api/chat", {"messages": CHAT, "think": "max", "stream": False})
+            assert status == 400 and "low, medium or high" in out["error"]
         finally:
             server.shutdown()
             server.server_close()
