@@ -4,8 +4,9 @@ ollama and vLLM serve it, so Anthropic's clients (its SDKs, Claude Code) can tal
 A request becomes Model.chat's arguments: the system prompt a first system message; text blocks
 a message's content; an assistant's tool_use blocks its OpenAI-style tool_calls and a user's
 tool_result blocks "tool" messages before the user's text; thinking blocks reasoning_content;
-tools and tool_choice OpenAI's; a last assistant message the start of the reply (Anthropic's
-prefill). The reply becomes a message object, content blocks of thinking, text and tool_use, or
+tools and tool_choice OpenAI's; output_config's format (structured outputs) the reply's JSON
+schema and its effort the template's reasoning_effort; a last assistant message the start of the
+reply (Anthropic's prefill). The reply becomes a message object, content blocks of thinking, text and tool_use, or
 its stream of named events (message_start, content_block_start/delta/stop, message_delta,
 message_stop). Images and documents are refused: pyllm serves text models.
 """
@@ -43,6 +44,8 @@ class MessagesRequest:
     tool_choice: Any = None
     parallel_tool_calls: bool = True
     think: Optional[bool] = None
+    format: Any = None                         # a JSON schema the reply keeps to (structured outputs)
+    template_kwargs: dict = field(default_factory=dict)
     stream: bool = False
 
 
@@ -55,6 +58,15 @@ def request_of(body: dict, counting: bool = False) -> MessagesRequest:
     for i, m in enumerate(messages):
         out += chat_messages(m, i)
     req = MessagesRequest(out, think=thinking_switch(body.get("thinking")))
+    config = body.get("output_config") or {}
+    if not isinstance(config, dict):
+        raise InvalidArgumentError("output_config must be an object")
+    req.format = output_schema(config.get("format", body.get("output_format")))   # output_format: the beta's name
+    effort = config.get("effort")
+    if effort is not None:
+        if effort not in ("low", "medium", "high", "xhigh", "max"):
+            raise InvalidArgumentError(f"output_config.effort must be low, medium, high, xhigh or max, not {effort!r}")
+        req.template_kwargs["reasoning_effort"] = effort if effort in ("low", "medium") else "high"
     if body.get("tools"):
         req.tools = [openai_tool(t, i) for i, t in enumerate(_list(body["tools"], "tools"))]
         req.tool_choice, req.parallel_tool_calls = openai_tool_choice(body.get("tool_choice"))
@@ -181,6 +193,15 @@ def openai_tool_choice(choice: Any) -> tuple[Any, bool]:
         return {"type": "function", "function": {"name": choice["name"]}}, parallel
     raise InvalidArgumentError('tool_choice must be {"type": "auto" | "any" | "none"} or {"type": "tool", '
                                '"name": ...}')
+
+
+def output_schema(fmt: Any) -> Any:
+    """The JSON schema of structured outputs' {"type": "json_schema", "schema": {...}}, or None."""
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise InvalidArgumentError('output_config.format must be {"type": "json_schema", "schema": {...}}')
+    return fmt["schema"]
 
 
 def thinking_switch(thinking: Any) -> Optional[bool]:

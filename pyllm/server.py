@@ -649,8 +649,9 @@ class Handler(BaseHTTPRequestHandler):
                                                                "max_tokens")
             stream = m.chat(conversation(self.server.host.created, req.messages), max_tokens=max_tokens, stop=stop,
                             stream=True, tools=req.tools, tool_choice=req.tool_choice,
-                            parallel_tool_calls=req.parallel_tool_calls, think=req.think,
-                            prefill_assistant=self.server.prefill_assistant, **sampling)
+                            parallel_tool_calls=req.parallel_tool_calls, think=req.think, format=req.format,
+                            chat_template_kwargs=req.template_kwargs, prefill_assistant=self.server.prefill_assistant,
+                            **sampling)
             stops = list(stop or [])
             if req.stream:
                 parts, close = reply_parts(stream)

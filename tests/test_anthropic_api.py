@@ -49,6 +49,12 @@ def test_a_request_becomes_chat_messages_tools_and_settings():
                          (None, "auto")]:
         got = request_of({"messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER], "tool_choice": choice})
         assert (got.tool_choice, got.parallel_tool_calls) == (want, True)
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    shaped = request_of({"messages": [{"role": "user", "content": "hi"}], "output_config": {
+        "format": {"type": "json_schema", "schema": schema}, "effort": "max"}})
+    assert shaped.format == schema and shaped.template_kwargs == {"reasoning_effort": "high"}
+    assert request_of({"messages": [{"role": "user", "content": "hi"}],   # the beta's name
+                       "output_format": {"type": "json_schema", "schema": schema}}).format == schema
     plain = request_of({"messages": [{"role": "user", "content": "hi"}], "thinking": {"type": "disabled"}})
     assert plain.tools is None and plain.think is False and plain.max_tokens is None and not plain.stream
 
@@ -67,6 +73,9 @@ def test_a_request_becomes_chat_messages_tools_and_settings():
      "tool_choice must be"),
     ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": {"type": "any"}}, "tool_choice needs tools"),
     ({"messages": [{"role": "user", "content": "hi"}], "thinking": {"type": "on"}}, "thinking must be"),
+    ({"messages": [{"role": "user", "content": "hi"}], "output_config": {"format": {"type": "json"}}},
+     "output_config.format must be"),
+    ({"messages": [{"role": "user", "content": "hi"}], "output_config": {"effort": "extreme"}}, "effort must be"),
 ])
 def test_bad_requests_say_what_is_wrong(body, says):
     with pytest.raises(InvalidArgumentError, match=says):

@@ -780,6 +780,12 @@ def test_anthropic_messages(smol):
         "content"][0]["text"] == want.text
     assert call(url, "/v1/chat/completions", {"messages": start, "temperature": 0, "max_tokens": 8})[1][
         "choices"][0]["message"]["content"] == want.text
+    # structured outputs: the reply keeps to the schema
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}
+    body = call(url, "/v1/messages", {"messages": [{"role": "user", "content": "Name a city as JSON."}],
+                                      "max_tokens": 40, "temperature": 0,
+                                      "output_config": {"format": {"type": "json_schema", "schema": schema}}})[1]
+    assert set(json.loads(body["content"][0]["text"])) == {"city"}
     # errors in Anthropic's shape
     status, body = call(url, "/v1/messages", {"messages": [{"role": "user", "content": [{"type": "image"}]}]})
     assert status == 400 and body == {"type": "error", "error": {
