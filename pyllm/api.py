@@ -617,10 +617,17 @@ class Model:
                             think: Optional[bool] = None, **variables: Any) -> str:
         """The prompt text the chat template makes of `messages` (with enable_thinking = think,
         else self.think, where that is set, and any other template `variables`, e.g. tools)."""
+        return self._render(messages, add_generation_prompt, think, variables)
+
+    def _render(self, messages: Seq[Mapping[str, Any]], add_generation_prompt: bool, think: Optional[bool],
+                variables: Mapping[str, Any]) -> str:
         think = self.think if think is None else think
         variables = {**self.chat_template_kwargs, **variables}
         if think is not None:
             variables[THINKING_SWITCH] = bool(think)
+        taken = sorted({"messages", "add_generation_prompt"} & set(variables))
+        if taken:   # the template's own variables: the chat itself sets them
+            raise InvalidArgumentError(f"chat_template_kwargs may not set {', '.join(taken)}: the chat sets it")
         return self.chat_template.render(messages, add_generation_prompt, **variables)
 
     def chat_stop(self) -> tuple[set[int], list[str]]:
@@ -658,18 +665,18 @@ class Model:
         use = ToolUse(self.chat_template.source, tools, tool_choice, parallel_tool_calls) if tools is not None else None
         if use is not None:
             messages = use.messages(messages)
-        text, prompt = self._chat_prompt(messages, think, prefill, **{**(chat_template_kwargs or {}),
-                                                                      **(use.variables if use else {})})
+        text, prompt = self._chat_prompt(messages, think, prefill, {**(chat_template_kwargs or {}),
+                                                                    **(use.variables if use else {})})
         return text, prompt, reply_starts_thinking(text[:len(text) - len(prefill)], prefill), use
 
     def _chat_prompt(self, messages: Seq[Mapping[str, Any]], think: Optional[bool] = None, prefill: str = "",
-                     **variables: Any) -> tuple[str, list[int]]:
+                     variables: Optional[Mapping[str, Any]] = None) -> tuple[str, list[int]]:
         """The prompt text and tokens for `messages`, then the start of the
         reply, `prefill`, where one is given. Where the text repeats
         the previous chat call's prompt and reply, their tokens are reused as
         they went into the model (not re-tokenized), so the KV cache covers
         them and only the new text is computed."""
-        text = self.apply_chat_template(messages, add_generation_prompt=True, think=think, **variables) + prefill
+        text = self._render(messages, True, think, variables or {}) + prefill
         tokens: list[int] = []
         done = 0
         for seg_text, seg_tokens in self._slot.chat_cache:

@@ -510,7 +510,7 @@ class Handler(BaseHTTPRequestHandler):
         return body
 
     def send_json(self, status: int, obj: Any) -> None:
-        data = json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        data = json_bytes(obj)
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -525,7 +525,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Connection", "close")
         self.end_headers()
         self.close_connection = True
-        self._write_stream(lines, lambda line: json.dumps(line, ensure_ascii=False).encode("utf-8") + b"\n",
+        self._write_stream(lines, lambda line: json_bytes(line) + b"\n",
                            lambda status, kind, message: {"error": message})
 
     def send_events(self, events: Iterator[dict], done: bool = True, named: bool = False,
@@ -542,7 +542,7 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
         def encode(e: dict) -> bytes:
-            data = b"data: " + json.dumps(e, ensure_ascii=False).encode("utf-8") + b"\n\n"
+            data = b"data: " + json_bytes(e) + b"\n\n"
             return b"event: " + e["type"].encode() + b"\n" + data if named else data
 
         def error_event(status: int, kind: str, message: str) -> dict:
@@ -1532,6 +1532,16 @@ def legacy_logprobs(m, tokens: list[int], items: list) -> dict:
             "top_logprobs": [{pieces[i].decode("utf-8", "replace"): lp for i, lp in t.top} if t else None
                              for t in items],
             "text_offset": offsets}
+
+
+def json_bytes(obj: Any) -> bytes:
+    """obj as UTF-8 JSON; text holding a lone surrogate (a request's "\\ud800", echoed back) as
+    JSON's escapes instead, which UTF-8 cannot carry."""
+    text = json.dumps(obj, ensure_ascii=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(obj).encode("ascii")
 
 
 def refused_origin(origin: Optional[str]) -> str:

@@ -1014,3 +1014,16 @@ def test_rerank(tmp_path, minilm_path):
     r = subprocess.run([sys.executable, "-m", "pyllm.cli.main", "serve", "-m", minilm_path, "--reranking",
                         "--port", "0"], capture_output=True, text=True, timeout=60)   # llama-server's flag: checked
     assert r.returncode == 2 and "is not a reranker (its file does not rank)" in r.stderr
+
+
+def test_odd_bodies_are_answered_not_crashed_on(smol):
+    """Found by throwing random bodies at the endpoints: a template variable that is the chat's own
+    (messages) is a 400; text with a lone surrogate ("\\ud800", valid JSON) echoed back comes back as
+    JSON's escape, not a 500."""
+    _, url, _ = smol
+    status, body = call(url, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 1,
+                                                      "chat_template_kwargs": {"messages": None}})
+    assert status == 400 and "may not set messages" in body["error"]["message"]
+    raw = b'{"input": "Hi", "max_output_tokens": 1, "user": "\\ud800x"}'
+    status, body = call(url, "/v1/responses", raw=raw)
+    assert status == 200 and body["user"] == "\ud800x"
