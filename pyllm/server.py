@@ -595,9 +595,15 @@ class Handler(BaseHTTPRequestHandler):
         self.send_json(HTTPStatus.OK, {"status": "ok"})
 
     def models(self) -> None:
+        names = [name for name, _ in self.server.host.available()]
+        if self.headers.get("anthropic-version"):   # Anthropic's client asks: its list's shape
+            created = iso_time(self.server.created)
+            self.send_json(HTTPStatus.OK, {"data": [{"type": "model", "id": name, "display_name": name,
+                                                     "created_at": created, "lifecycle": "active"} for name in names],
+                                           "has_more": False, "first_id": names[0], "last_id": names[-1]})
+            return
         self.send_json(HTTPStatus.OK, {"object": "list", "data": [
-            {"id": name, "object": "model", "created": self.server.created, "owned_by": "pyllm"}
-            for name, _ in self.server.host.available()]})
+            {"id": name, "object": "model", "created": self.server.created, "owned_by": "pyllm"} for name in names]})
 
     def chat(self) -> None:
         body = self.read_json()

@@ -74,6 +74,8 @@ def test_health_and_models(smol):
     status, body = call(url, "/v1/models")
     assert status == 200 and [m["id"] for m in body["data"]] == ["test-model"]
     assert call(url, "/v1/models/test-model") == (200, body["data"][0])   # OpenAI's retrieve
+    status, listed = call(url, "/v1/models", headers={"anthropic-version": "2023-06-01"})   # Anthropic's shape
+    assert [(m["type"], m["id"]) for m in listed["data"]] == [("model", "test-model")] and not listed["has_more"]
     status, body = call(url, "/v1/models/other")
     assert status == 404 and "no model 'other' here" in body["error"]["message"]
     for path, want in (("/health", 200), ("/", 200), ("/nothing", 404)):   # HEAD: a health check's
