@@ -432,27 +432,26 @@ class Model:
         """A reranker's input for one pair, as llama-server builds it: the file's "rerank" template
         with {query} and {document} filled in, else [BOS] query [EOS] [SEP] document [EOS] (each
         mark where the vocabulary adds it: XLM-RoBERTa's <s> q </s></s> d </s>)."""
-        template = self.file.metadata.get("tokenizer.chat_template.rerank")
         tok = self.tokenizer
+        template = self.file.metadata.get("tokenizer.chat_template.rerank")
         if isinstance(template, str):
-            ids = tok.encode(template.replace("{query}", query).replace("{document}", document), add_bos=False,
-                             add_eos=False, parse_special=True)
-            cut = len(ids)
+            head, doc, tail = tok.encode(template.replace("{query}", query).replace("{document}", document),
+                                         add_bos=False, add_eos=False, parse_special=True), [], []
         else:
-            end = tok.eos_id if tok.eos_id is not None else tok.special_ids.get("sep")
+            sep = tok.special_ids.get("sep")
+            end = tok.eos_id if tok.eos_id is not None else sep
+            tail = [end] if tok.add_eos and end is not None else []
             head = ([tok.bos_id] if tok.add_bos and tok.bos_id is not None else []) + \
-                tok.encode(query, add_bos=False, add_eos=False) + ([end] if tok.add_eos and end is not None else []) + \
-                ([tok.special_ids["sep"]] if tok.add_sep and tok.special_ids.get("sep") is not None else [])
-            ids = head + tok.encode(document, add_bos=False, add_eos=False) + \
-                ([end] if tok.add_eos and end is not None else [])
-            cut = len(ids) - (1 if tok.add_eos and end is not None else 0)   # where the document ends
-        if len(ids) > self.n_ctx:
-            over = len(ids) - self.n_ctx
-            if not truncate or isinstance(template, str) or cut - over < len(head):
-                raise ContextFullError(f"the query and document make {len(ids)} tokens; the model ranks at most "
-                                       f"{self.n_ctx} (a shorter document, truncate=True, or a larger context)")
-            ids = ids[:cut - over] + ids[cut:]
-        return ids
+                tok.encode(query, add_bos=False, add_eos=False) + tail + ([sep] if tok.add_sep and sep is not None else [])
+            doc = tok.encode(document, add_bos=False, add_eos=False)
+        room = self.n_ctx - len(head) - len(tail)   # for the document
+        if len(doc) > room or room < 0:
+            if not truncate or not doc or room < 1:
+                raise ContextFullError(f"the query and document make {len(head) + len(doc) + len(tail)} tokens; the "
+                                       f"model ranks at most {self.n_ctx} (a shorter document, truncate=True, or a "
+                                       f"larger context)")
+            doc = doc[:room]   # the document's end goes
+        return head + doc + tail
 
     @property
     def embedding_dims(self) -> int:
