@@ -281,9 +281,30 @@ def constraint_of(body: dict) -> dict:
     return given
 
 
-def one_choice(body: dict) -> None:
-    if body.get("n", 1) != 1:
-        raise InvalidArgumentError("n > 1 is not supported: ask once per reply")
+MAX_CHOICES = 16
+
+
+def choices_of(body: dict) -> int:
+    """How many replies a request asks for (OpenAI's n; ollama's OpenAI endpoint takes it too,
+    llama-server refuses it): they are made one after another, the prompt computed once."""
+    n = body.get("n", 1)
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
+        raise InvalidArgumentError(f"n must be 1..{MAX_CHOICES}, not {n!r}")
+    return n
+
+
+def choice_sampling(sampling: dict, i: int) -> dict:
+    """Reply i's sampling: a seeded request's replies draw from seed, seed + 1, ... (different
+    replies, each reproducible); unseeded ones each draw their own."""
+    return {**sampling, "seed": sampling["seed"] + i} if sampling.get("seed") is not None and i else sampling
+
+
+def usage_of_choices(cs: list) -> dict:
+    """usage() of one reply; of several, the prompt once and the replies' tokens summed."""
+    if len(cs) == 1:
+        return usage(cs[0])
+    prompt, replies = cs[0].metrics.prompt_tokens, sum(c.metrics.generated_tokens for c in cs)
+    return {"usage": {"prompt_tokens": prompt, "completion_tokens": replies, "total_tokens": prompt + replies}}
 
 
 # -- the handler ----------------------------------------------------------------------------------
@@ -607,7 +628,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def chat(self) -> None:
         body = self.read_json()
-        one_choice(body)
+        n = choices_of(body)
         messages, sampling, max_tokens = messages_of(body), sampling_of(body), max_tokens_of(body)
         kwargs = body.get("chat_template_kwargs") or {}
         if not isinstance(kwargs, dict):
@@ -618,32 +639,37 @@ class Handler(BaseHTTPRequestHandler):
         with self.model_for(body) as m:
             m.require_generation()
             sampling, stop, max_tokens = self.created_settings(sampling, body.get("stop"), max_tokens, body)
-            stream = m.chat(conversation(self.server.host.created, messages), max_tokens=max_tokens, stop=stop,
-                            stream=True,
-                            tools=tools, tool_choice=body.get("tool_choice"),
-                            parallel_tool_calls=bool(body.get("parallel_tool_calls", False)), logprobs=top,
-                            prefill_assistant=self.server.prefill_assistant,
-                            **thinking_of(kwargs.get("enable_thinking"), body.get("reasoning_effort"),   # llama-server's
-                                          {k: v for k, v in kwargs.items() if k != "enable_thinking"}),  # switch
-                            **constraint, **sampling)
+
+            def start(i: int):   # reply i
+                return m.chat(conversation(self.server.host.created, messages), max_tokens=max_tokens, stop=stop,
+                              stream=True, tools=tools, tool_choice=body.get("tool_choice"),
+                              parallel_tool_calls=bool(body.get("parallel_tool_calls", False)), logprobs=top,
+                              prefill_assistant=self.server.prefill_assistant,
+                              **thinking_of(kwargs.get("enable_thinking"), body.get("reasoning_effort"),   # llama-
+                                            {k: v for k, v in kwargs.items() if k != "enable_thinking"}),  # server's
+                              **constraint, **choice_sampling(sampling, i))
             head = self.envelope("chat.completion.chunk" if body.get("stream") else "chat.completion", "chatcmpl")
             if body.get("stream"):   # with tools, the calls come after the answer's text
-                self._stream(stream, *reply_parts(stream), head, lambda kind, text: {
+                self._stream(start, n, head, lambda kind, text: {
                     "delta": {"reasoning_content" if kind == "thinking" else "content": text}},
                     {"delta": {"role": "assistant", "content": ""}},
                     lambda c: chat_logprobs(m, c.logprobs) if top is not None else None)
                 return
-            c = stream.run()
-            thinking, answer = stream.reasoning()
-            message = {"role": "assistant", "content": answer or (None if c.tool_calls else "")}
-            if thinking:
-                message["reasoning_content"] = thinking
-            if c.tool_calls:
-                message["tool_calls"] = [call.openai() for call in c.tool_calls]
-            finish = "tool_calls" if c.tool_calls else FINISH[c.finish_reason]
-            scores = {"logprobs": chat_logprobs(m, c.logprobs)} if top is not None else {}
-            self.send_json(HTTPStatus.OK, {**head, "choices": [
-                {"index": 0, "message": message, "finish_reason": finish, **scores}], **usage(c)})
+            choices, done = [], []
+            for i in range(n):
+                stream = start(i)
+                c = stream.run()
+                done.append(c)
+                thinking, answer = stream.reasoning()
+                message = {"role": "assistant", "content": answer or (None if c.tool_calls else "")}
+                if thinking:
+                    message["reasoning_content"] = thinking
+                if c.tool_calls:
+                    message["tool_calls"] = [call.openai() for call in c.tool_calls]
+                finish = "tool_calls" if c.tool_calls else FINISH[c.finish_reason]
+                scores = {"logprobs": chat_logprobs(m, c.logprobs)} if top is not None else {}
+                choices.append({"index": i, "message": message, "finish_reason": finish, **scores})
+            self.send_json(HTTPStatus.OK, {**head, "choices": choices, **usage_of_choices(done)})
 
     def anthropic_messages(self) -> None:
         """POST /v1/messages: Anthropic's Messages API (pyllm.anthropic_api)."""
@@ -755,7 +781,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def completions(self) -> None:
         body = self.read_json()
-        one_choice(body)
+        n = choices_of(body)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
@@ -790,47 +816,65 @@ class Handler(BaseHTTPRequestHandler):
                      "logprobs": legacy_logprobs(m, ids, scored) if scored else None}],
                     "usage": {"prompt_tokens": len(ids), "completion_tokens": 0, "total_tokens": len(ids)}})
                 return
-            gen = m.stream(ids, max_tokens=max_tokens, stop=stop, logprobs=top, **constraint_of(body), **sampling)
+            def start(i: int):   # reply i
+                return m.stream(ids, max_tokens=max_tokens, stop=stop, logprobs=top, **constraint_of(body),
+                                **choice_sampling(sampling, i))
             if body.get("stream"):
-                self._stream(gen, *reply_parts(gen), head, lambda kind, text: {"text": text, "logprobs": None},
+                self._stream(start, n, head, lambda kind, text: {"text": text, "logprobs": None},
                              logprobs=lambda c: legacy_logprobs(m, c.tokens, c.logprobs) if top is not None else None)
                 return
-            c = gen.run()
-            text, tokens, items = c.text, c.tokens, c.logprobs
-            if echo:
-                text, tokens, items = m.detokenize(ids) + text, ids + tokens, (scored or []) + items
-            self.send_json(HTTPStatus.OK, {**head, "choices": [
-                {"index": 0, "text": text, "finish_reason": FINISH[c.finish_reason],
-                 "logprobs": legacy_logprobs(m, tokens, items) if top is not None else None}], **usage(c)})
+            choices, done = [], []
+            for i in range(n):
+                c = start(i).run()
+                done.append(c)
+                text, tokens, items = c.text, c.tokens, c.logprobs
+                if echo:
+                    text, tokens, items = m.detokenize(ids) + text, ids + tokens, (scored or []) + items
+                choices.append({"index": i, "text": text, "finish_reason": FINISH[c.finish_reason],
+                                "logprobs": legacy_logprobs(m, tokens, items) if top is not None else None})
+            self.send_json(HTTPStatus.OK, {**head, "choices": choices, **usage_of_choices(done)})
 
-    def _stream(self, gen, parts: Iterator[tuple], close, head: dict, choice, first: Optional[dict] = None,
+    def _stream(self, start, n: int, head: dict, choice, first: Optional[dict] = None,
                 logprobs=lambda c: None) -> None:
-        """Streams a reply (gen: its .completion when done) as chunks of `head` with choice(kind, text)
-        for each (kind, text) of parts; then a chat's tool calls, if it made any; the last chunk
-        carries the finish reason, the usage and logprobs(completion) when that is not None.
-        close() stops the reply: a client that goes away stops it there."""
+        """Streams n replies, one after another: start(i) begins reply i (the first before the 200
+        goes out: a request the model refuses is still a 4xx), sent as chunks of `head` with
+        choice(kind, text) for each (kind, text) of its parts at index i; then a chat's tool calls,
+        if it made any; its last chunk carries the finish reason and logprobs(completion) when that
+        is not None; the very last, the usage. A client that goes away stops the reply there."""
+        replies = [start(0)]
+        running = [reply_parts(replies[0])]   # (parts, close) of each reply begun
+
         def events() -> Iterator[dict]:
-            if first is not None:
-                yield {**head, "choices": [{"index": 0, **first, "finish_reason": None}]}
-            for kind, text in parts:
-                if text:
-                    yield {**head, "choices": [{"index": 0, **choice(kind, text), "finish_reason": None}]}
-            c = gen.completion
-            if c.tool_calls:
-                calls = [{"index": i, **call.openai()} for i, call in enumerate(c.tool_calls)]
-                yield {**head, "choices": [{"index": 0, "delta": {"tool_calls": calls}, "finish_reason": None}]}
-            last = choice(None, "")
-            if "delta" in last:
-                last["delta"] = {}
-            scores = logprobs(c)
-            if scores is not None:
-                last["logprobs"] = scores
-            finish = "tool_calls" if c.tool_calls else FINISH[c.finish_reason]
-            yield {**head, "choices": [{"index": 0, **last, "finish_reason": finish}], **usage(c)}
+            done = []
+            for i in range(n):
+                if i:
+                    replies.append(start(i))
+                    running.append(reply_parts(replies[i]))
+                gen, (parts, _) = replies[i], running[i]
+                if first is not None:
+                    yield {**head, "choices": [{"index": i, **first, "finish_reason": None}]}
+                for kind, text in parts:
+                    if text:
+                        yield {**head, "choices": [{"index": i, **choice(kind, text), "finish_reason": None}]}
+                c = gen.completion
+                done.append(c)
+                if c.tool_calls:
+                    calls = [{"index": k, **call.openai()} for k, call in enumerate(c.tool_calls)]
+                    yield {**head, "choices": [{"index": i, "delta": {"tool_calls": calls}, "finish_reason": None}]}
+                last = choice(None, "")
+                if "delta" in last:
+                    last["delta"] = {}
+                scores = logprobs(c)
+                if scores is not None:
+                    last["logprobs"] = scores
+                finish = "tool_calls" if c.tool_calls else FINISH[c.finish_reason]
+                yield {**head, "choices": [{"index": i, **last, "finish_reason": finish}],
+                       **(usage_of_choices(done) if i == n - 1 else {})}
         try:
             self.send_events(events())
         finally:
-            close()   # a reply cut short by the client stops here (the chat keeps its turn as far as it got)
+            for _, close in running:
+                close()   # a reply cut short by the client stops here (the chat keeps its turn as far as it got)
 
     @staticmethod
     def _check_embeddings(m, rows_allowed: bool = False) -> None:

@@ -161,7 +161,8 @@ def test_errors(smol):
     cases = [
         ("/v1/chat/completions", None, b"{bad", 400, "not valid JSON"),
         ("/v1/chat/completions", {"messages": []}, None, 400, "messages must be a non-empty list"),
-        ("/v1/chat/completions", {"messages": CHAT, "n": 2}, None, 400, "n > 1"),
+        ("/v1/chat/completions", {"messages": CHAT, "n": 0}, None, 400, "n must be 1..16"),
+        ("/v1/completions", {"prompt": "x", "n": 17}, None, 400, "n must be 1..16"),
         ("/v1/chat/completions", {"messages": CHAT, "temperature": -1}, None, 400, "temperature"),
         ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 0}, None, 400, "max_tokens"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, None, 400,
@@ -1029,3 +1030,29 @@ def test_odd_bodies_are_answered_not_crashed_on(smol):
     raw = b'{"input": "Hi", "max_output_tokens": 1, "user": "\\ud800x"}'
     status, body = call(url, "/v1/responses", raw=raw)
     assert status == 200 and body["user"] == "\ud800x"
+
+
+def test_several_choices(smol):
+    """OpenAI's n (llama-server refuses it; ollama's OpenAI endpoint takes it): n replies, one
+    after another, a seeded request's drawn from seed, seed + 1, ...; the usage counts the prompt
+    once; streamed, each reply's chunks at its index, the usage on the last."""
+    m, url, _ = smol
+    want = [m.chat(CHAT, max_tokens=8, temperature=1.0, seed=7 + i) for i in range(3)]
+    req = {"messages": CHAT, "max_tokens": 8, "temperature": 1.0, "seed": 7, "n": 3}
+    status, body = call(url, "/v1/chat/completions", req)
+    assert status == 200 and [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert [c["message"]["content"] for c in body["choices"]] == [w.text for w in want]
+    assert len({w.text for w in want}) > 1   # the seeds tell them apart
+    assert body["usage"] == {"prompt_tokens": want[0].metrics.prompt_tokens,
+                             "completion_tokens": sum(len(w.tokens) for w in want),
+                             "total_tokens": want[0].metrics.prompt_tokens + sum(len(w.tokens) for w in want)}
+    chunks = events(url, "/v1/chat/completions", req)[:-1]
+    for i, w in enumerate(want):
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == i]
+        assert "".join(c["delta"].get("content", "") for c in mine) == w.text
+        assert mine[-1]["finish_reason"] == {"length": "length", "stop": "stop"}[w.finish_reason]
+    assert "usage" in chunks[-1] and not any("usage" in c for c in chunks[:-1])
+    raw = [m.generate("The capital of France is", max_tokens=6, temperature=1.0, seed=3 + i).text for i in range(2)]
+    body = call(url, "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 6, "temperature": 1.0,
+                                         "seed": 3, "n": 2})[1]
+    assert [c["text"] for c in body["choices"]] == raw
