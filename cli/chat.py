@@ -49,7 +49,12 @@ Ctrl-C stops a reply (or clears the line); Ctrl-D or /exit leaves.
   /system TEXT   set the system prompt (/system alone shows it; /system - clears it)
   /set parameter NAME VALUE   a sampling setting from the next reply, by ollama's names
                  (temperature, top_k, top_p, min_p, repeat_penalty, seed, num_predict, ...)
+  /set system TEXT, /set think, /set nothink, /set verbose, /set quiet,
+  /set format json, /set noformat   (ollama's: the system prompt, thinking on/off, the stats
+                 line after each reply or not, replies held to JSON or free)
   /show parameters            the settings that differ from the defaults
+  /show info, /show system, /show template, /show license   the model's facts, the system
+                 prompt, the chat template's source, the file's license
   /save FILE     save the conversation as JSON
   /load FILE     load a saved conversation
   /stats         token counts, KV-cache reuse and speed
@@ -163,9 +168,11 @@ class ChatRepl:
                 self.status("system prompt cleared" if arg == "-" else "system prompt set")
         elif name == "/set":
             self.set(arg)
+        elif name == "/show" and arg in ("info", "system", "template", "license"):
+            self.show(arg)
         elif name == "/show":
             if arg != "parameters":
-                raise InvalidArgumentError("/show takes parameters")
+                raise InvalidArgumentError("/show takes parameters, info, system, template or license")
             import dataclasses
 
             from pyllm.sampling import SamplingParams
@@ -211,8 +218,27 @@ class ChatRepl:
             raise InvalidArgumentError(f"unknown command {name}; /help lists them")
         return True
 
+    def show(self, what: str) -> None:
+        """/show info | system | template | license (ollama's)."""
+        s, m = self.session, self.session.model
+        if what == "info":
+            from pyllm.info import model_info
+            self.out.print(model_info(str(m.path), n_ctx=m.n_ctx).format(), markup=False, highlight=False,
+                           soft_wrap=True)
+        elif what == "system":
+            self.status(s.system if s.system else "no system prompt (the chat template's default applies, if it "
+                        "has one)", style="")
+        elif what == "template":
+            t = m.chat_template
+            self.out.print(t.source or f"(the built-in {t.name} template)", markup=False, highlight=False,
+                           soft_wrap=True)
+        else:
+            license_text = m.file.metadata.get("general.license")
+            self.status(str(license_text) if license_text else "the file names no license", style="")
+
     def set(self, arg: str) -> None:
-        """/set parameter NAME VALUE (ollama's names) or /set system TEXT."""
+        """/set parameter NAME VALUE (ollama's names), /set system TEXT, and ollama's switches:
+        think, nothink, verbose, quiet, format json, noformat."""
         from pyllm.created import PARAMETERS, SAMPLING_PARAMETERS, parameter_value
         what, _, rest = arg.partition(" ")
         s = self.session
@@ -220,10 +246,24 @@ class ChatRepl:
             s.system = rest.strip()
             self.status("system prompt set")
             return
+        if what in ("think", "nothink") and not rest.strip():
+            self.command(f"/think {'on' if what == 'think' else 'off'}")
+            return
+        if what in ("verbose", "quiet") and not rest.strip():
+            self.verbose = what == "verbose"
+            self.status("a stats line after each reply" if self.verbose else "no stats line after the replies")
+            return
+        if (what, rest.strip()) in (("format", "json"), ("noformat", "")):
+            from pyllm.grammar import constraint_for
+            s.format = "json" if what == "format" else None
+            if s.format is not None:
+                constraint_for(s.model.tokenizer, s.format, s.grammar)   # with a --grammar: refused here
+            self.status("replies held to JSON" if s.format else "replies free")
+            return
         key, _, value = rest.strip().partition(" ")
         if what != "parameter" or not key or not value.strip():
-            raise InvalidArgumentError("/set takes parameter NAME VALUE (e.g. /set parameter temperature 0.2) "
-                                       "or system TEXT")
+            raise InvalidArgumentError("/set takes parameter NAME VALUE (e.g. /set parameter temperature 0.2), "
+                                       "system TEXT, think, nothink, verbose, quiet, format json or noformat")
         if key in PARAMETERS and key not in SAMPLING_PARAMETERS and key != "num_predict":
             raise InvalidArgumentError(f"{key} is set when the chat starts ({'--stop' if key == 'stop' else 'a flag'} "
                                        f"of pyllm chat), not during it")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -296,6 +297,25 @@ def test_chat_set_parameter(smollm2_path):
     assert want.strip() and want.strip() in r.stdout
     assert "unknown parameter 'temprature'" in err and "num_ctx is set when the chat starts" in err
     assert "top_k needs a int value" in err and "system prompt: 'Be brief.'" in err
+
+
+def test_chat_ollama_switches(smollm2_path):
+    """ollama's other chat commands: /set format json holds the replies to JSON until /set noformat,
+    /set verbose and quiet turn the stats line on and off, /show system, template, license, info."""
+    script = ("/set format json\nName a color.\n/set noformat\n/set verbose\nHi\n/set quiet\nHi again\n"
+              "/set system Be brief.\n/show system\n/show template\n/show license\n/show info\n/set format xml\n")
+    r = pyllm("chat", "-m", smollm2_path, "-n", "6", "--temp", "0", input=script)
+    assert r.returncode == 0, r.stderr
+    from pyllm import Model
+    with Model(smollm2_path) as m:
+        as_json = m.chat([{"role": "user", "content": "Name a color."}], temperature=0, max_tokens=6, format="json")
+        template = m.chat_template.source
+    assert as_json.text.strip() and as_json.text.strip() in r.stdout
+    assert "replies held to JSON" in r.stderr and "replies free" in r.stderr
+    assert len(re.findall(r"prompt \d+ tok \(reused", r.stderr)) == 1   # after "Hi" only
+    assert "Be brief." in r.stderr and template.splitlines()[0] in r.stdout and "apache-2.0" in r.stderr
+    assert "architecture   llama: 30 layers" in r.stdout
+    assert "/set takes parameter NAME VALUE" in r.stderr   # format xml
 
 
 def test_version():
