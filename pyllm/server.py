@@ -723,16 +723,7 @@ class Handler(BaseHTTPRequestHandler):
         """POST /v1/responses: OpenAI's Responses API (pyllm.responses_api)."""
         body = self.read_json()
         req = responses_api.request_of(body)
-        earlier = []
-        if req.previous_response_id is not None:
-            kept = self.server.responses.get(req.previous_response_id)
-            if kept is None:
-                raise RequestError(HTTPStatus.NOT_FOUND, f"no response {req.previous_response_id!r}: the server "
-                                   f"keeps the last {responses_api.STORED} it made, in memory, until it stops",
-                                   "not_found_error")
-            earlier = kept[1]
-        messages = earlier + req.messages
-        system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+        messages, system = self.responses_conversation(req)
         with self.model_for(body) as m:
             m.require_generation()
             sampling, stop, max_tokens = self.created_settings(req.sampling, None, req.max_tokens, body,
@@ -767,6 +758,32 @@ class Handler(BaseHTTPRequestHandler):
                 return
             stream.run()
             self.send_json(HTTPStatus.OK, finish())
+
+    def responses_conversation(self, req) -> tuple[list[dict], list[dict]]:
+        """(messages, system) of a Responses request: the stored conversation it goes on from
+        (previous_response_id) and its input; its instructions as a system message."""
+        earlier = []
+        if req.previous_response_id is not None:
+            kept = self.server.responses.get(req.previous_response_id)
+            if kept is None:
+                raise RequestError(HTTPStatus.NOT_FOUND, f"no response {req.previous_response_id!r}: the server "
+                                   f"keeps the last {responses_api.STORED} it made, in memory, until it stops",
+                                   "not_found_error")
+            earlier = kept[1]
+        return earlier + req.messages, [{"role": "system", "content": req.instructions}] if req.instructions else []
+
+    def responses_input_tokens(self) -> None:
+        """POST /v1/responses/input_tokens: the prompt tokens a Responses request would run."""
+        body = self.read_json()
+        req = responses_api.request_of(body)
+        messages, system = self.responses_conversation(req)
+        with self.model_for(body) as m:
+            m.require_generation()
+            tokens = m.chat_tokens(conversation(self.server.host.created, system + messages),
+                                   tools=req.tools, tool_choice=req.tool_choice, think=req.think,
+                                   chat_template_kwargs=req.template_kwargs,
+                                   prefill_assistant=self.server.prefill_assistant)
+        self.send_json(HTTPStatus.OK, {"object": "response.input_tokens", "input_tokens": len(tokens)})
 
     def stored_response(self, response_id: str) -> None:
         """GET /v1/responses/ID: a stored response; DELETE: forgets it."""
@@ -1520,7 +1537,7 @@ POST_ROUTES = {"/v1/chat/completions": Handler.chat, "/v1/completions": Handler.
                "/api/embed": Handler.ollama_embed, "/api/embeddings": Handler.ollama_embeddings,
                "/api/pull": Handler.ollama_pull, "/api/show": Handler.ollama_show,
                "/api/create": Handler.ollama_create, "/api/copy": Handler.ollama_copy,
-               "/v1/responses": Handler.openai_responses,
+               "/v1/responses": Handler.openai_responses, "/v1/responses/input_tokens": Handler.responses_input_tokens,
                "/rerank": Handler.rerank, "/reranking": Handler.rerank, "/v1/rerank": Handler.rerank,
                "/v1/reranking": Handler.rerank,
                "/v1/messages": Handler.anthropic_messages, "/v1/messages/count_tokens": Handler.anthropic_count_tokens}

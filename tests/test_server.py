@@ -857,6 +857,8 @@ def test_openai_responses(smol):
     assert body["usage"]["input_tokens"] == want.metrics.prompt_tokens and body["usage"]["output_tokens"] == len(
         want.tokens)
     assert call(url, f"/v1/responses/{body['id']}") == (200, body)
+    assert call(url, "/v1/responses/input_tokens", req) == (200, {"object": "response.input_tokens",
+                                                                  "input_tokens": len(m.chat_tokens(ask))})
     # the next turn from the stored one: its input and output before the new input, not its instructions
     more = {"role": "user", "content": "And of Germany?"}
     want2 = m.chat(CHAT + [{"role": "assistant", "content": want.text}, more], temperature=0, max_tokens=12)
