@@ -1058,3 +1058,28 @@ def test_several_choices(smol):
     body = call(url, "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 6, "temperature": 1.0,
                                          "seed": 3, "n": 2})[1]
     assert [c["text"] for c in body["choices"]] == raw
+
+
+def test_stream_errors_in_each_apis_shape(smol, monkeypatch):
+    """A failure once a stream has begun ends it with an error in that API's own form: Anthropic's
+    error event, the Responses API's numbered error event."""
+    m, url, _ = smol
+    run, steps = m.engine._run, []
+
+    def failing(*args, **kwargs):   # the model fails at the third decode step
+        steps.append(1)
+        if len(steps) == 4:
+            raise BackendError("the device failed")
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(m.engine, "_run", failing)
+    got = named_events(url, "/v1/messages", {"messages": CHAT, "max_tokens": 20})
+    assert got[0][0] == "message_start" and got[-1] == ("error", {"type": "error", "error": {
+        "type": "api_error", "message": "the device failed"}})
+    steps.clear()
+    got = named_events(url, "/v1/responses", {"input": "Hi", "max_output_tokens": 20})
+    name, last = got[-1]
+    assert name == "error" and last == {"type": "error", "sequence_number": len(got) - 1, "code": "server_error",
+                                        "message": "the device failed", "param": None}
+    monkeypatch.undo()
+    assert call(url, "/v1/messages", {"messages": CHAT, "max_tokens": 2})[0] == 200   # it goes on
