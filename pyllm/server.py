@@ -345,9 +345,13 @@ class Handler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         self._route(DELETE_ROUTES, POST_ROUTES)
 
+    def request_path(self) -> str:
+        """The request's path, without its query or a trailing slash."""
+        return self.path.split("?", 1)[0].rstrip("/") or "/"
+
     def do_HEAD(self) -> None:
         """HEAD / and /health (a load balancer's or a script's check): the headers alone."""
-        path = self.path.split("?", 1)[0].rstrip("/") or "/"
+        path = self.request_path()
         self.cors_origin = None
         status = HTTPStatus.OK if path == "/health" or (path in ("/", "/index.html") and self.server.webui) \
             else HTTPStatus.NOT_FOUND
@@ -410,7 +414,7 @@ class Handler(BaseHTTPRequestHandler):
         return any(fnmatch.fnmatchcase(origin, pattern) for pattern in self.server.origins)
 
     def _route(self, routes: dict, other_method: dict) -> None:
-        path = self.path.split("?", 1)[0].rstrip("/") or "/"
+        path = self.request_path()
         t0 = time.perf_counter()
         self.cors_origin = None
         try:
@@ -858,16 +862,17 @@ class Handler(BaseHTTPRequestHandler):
         choice(kind, text) for each (kind, text) of its parts at index i; then a chat's tool calls,
         if it made any; its last chunk carries the finish reason and logprobs(completion) when that
         is not None; the very last, the usage. A client that goes away stops the reply there."""
-        replies = [start(0)]
-        running = [reply_parts(replies[0])]   # (parts, close) of each reply begun
+        def begun(i: int) -> tuple:
+            gen = start(i)
+            return (gen, *reply_parts(gen))
+        running = [begun(0)]   # (reply, its parts, close) of each reply begun
 
         def events() -> Iterator[dict]:
             done = []
             for i in range(n):
                 if i:
-                    replies.append(start(i))
-                    running.append(reply_parts(replies[i]))
-                gen, (parts, _) = replies[i], running[i]
+                    running.append(begun(i))
+                gen, parts, _ = running[i]
                 if first is not None:
                     yield {**head, "choices": [{"index": i, **first, "finish_reason": None}]}
                 for kind, text in parts:
@@ -890,7 +895,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             self.send_events(events())
         finally:
-            for _, close in running:
+            for _, _, close in running:
                 close()   # a reply cut short by the client stops here (the chat keeps its turn as far as it got)
 
     @staticmethod

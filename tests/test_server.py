@@ -504,6 +504,21 @@ def test_tool_calls(smol):
     assert status == 400 and "needs a name" in body["error"]["message"]
 
 
+def failing_steps(m, monkeypatch) -> list:
+    """Makes the model fail ("the device failed") at the third decode step of each reply; clear
+    the list it returns before the next reply."""
+    run, steps = m.engine._run, []
+
+    def failing(*args, **kwargs):
+        steps.append(1)
+        if len(steps) == 4:
+            raise BackendError("the device failed")
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(m.engine, "_run", failing)
+    return steps
+
+
 def test_errors_before_and_after_a_stream_begins(smol, monkeypatch):
     """A prompt past the context is refused before the stream starts (a 400); a failure once it has
     begun ends it with an error in the stream's own form (the 200 has gone out)."""
@@ -515,15 +530,7 @@ def test_errors_before_and_after_a_stream_begins(smol, monkeypatch):
         status, out = call(url, path, body)
         message = out["error"] if path.startswith("/api/") else out["error"]["message"]
         assert status == 400 and "context holds 1024" in message
-    run, steps = m.engine._run, []
-
-    def failing(*args, **kwargs):   # the model fails at the third decode step
-        steps.append(1)
-        if len(steps) == 4:
-            raise BackendError("the device failed")
-        return run(*args, **kwargs)
-
-    monkeypatch.setattr(m.engine, "_run", failing)
+    steps = failing_steps(m, monkeypatch)
     chunks = events(url, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 20})
     assert chunks[-1] == {"error": {"message": "the device failed", "type": "server_error", "code": 500}}
     assert [c["choices"][0]["delta"] for c in chunks[:2]][0]["role"] == "assistant"
@@ -1064,15 +1071,7 @@ def test_stream_errors_in_each_apis_shape(smol, monkeypatch):
     """A failure once a stream has begun ends it with an error in that API's own form: Anthropic's
     error event, the Responses API's numbered error event."""
     m, url, _ = smol
-    run, steps = m.engine._run, []
-
-    def failing(*args, **kwargs):   # the model fails at the third decode step
-        steps.append(1)
-        if len(steps) == 4:
-            raise BackendError("the device failed")
-        return run(*args, **kwargs)
-
-    monkeypatch.setattr(m.engine, "_run", failing)
+    steps = failing_steps(m, monkeypatch)
     got = named_events(url, "/v1/messages", {"messages": CHAT, "max_tokens": 20})
     assert got[0][0] == "message_start" and got[-1] == ("error", {"type": "error", "error": {
         "type": "api_error", "message": "the device failed"}})

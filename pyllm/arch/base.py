@@ -815,9 +815,6 @@ class Architecture:
         if not isinstance(kind, (int, np.integer)) or int(kind) not in names:
             raise UnsupportedModelError(f"{self.mf.path}: pooling type {kind!r} is not supported "
                                         f"(pyllm pools by mean, cls or last, or ranks)")
-        if names[int(kind)] == "rank" and self.rank_head is None and self.name == "qwen3":
-            # Qwen3-Reranker: its vocabulary's "yes" and "no" rows as the head, softmax over the two, as llama.cpp
-            self.rank_head = self.read_rank_head(softmax=True)
         if names[int(kind)] == "rank" and self.rank_head is None:
             if not self.causal:
                 raise ModelFileError(f"{self.mf.path}: the file ranks (pooling type 4) but has no classification "

@@ -21,6 +21,13 @@ class Qwen3(Llama):
     rope_mode = ROPE_NEOX
     qk_norm = True
 
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        if self.name == "qwen3" and mf.arch_get("pooling_type", None) == 4:
+            # Qwen3-Reranker: its vocabulary's "yes" and "no" rows as the head, a softmax over the two
+            # (llama.cpp does this for qwen3 alone)
+            self.rank_head = self.read_rank_head(softmax=True)
+
     def sliding_window(self) -> int:
         return 0
 
