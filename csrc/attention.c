@@ -2,7 +2,9 @@
  *
  * For query row t at position p and head h (key/value head h / group):
  *     y = sum_j softmax_j(scale * q.k_j) v_j     over j in [max(0, p-window+1), p]
- * (OPF_CHUNKED: over [p - p % window, p] instead; OPF_NON_CAUSAL: over [0, the
+ * (OPF_CHUNKED: over [p - p % window, p] instead; a bidirectional step
+ * (pyllm_step.bidirectional): up to the step's last position instead of p, from
+ * the same first; OPF_NON_CAUSAL: over [0, the
  * step's last position], every row alike, or with a window over the positions
  * within window / 2 of p either way; keys of head_dim, values of
  * head_dim_v; with OPF_V_IN_K a value is the first
@@ -146,10 +148,10 @@ static inline int32_t first_visible(const pyllm_op *op, int32_t p) {
     return op->window > 0 && p - back > 0 ? p - back : 0;
 }
 
-/* the last position row t (at position p) sees: its own, or with OPF_NON_CAUSAL the step's last
- * (a window: at most half of it ahead) */
+/* the last position row t (at position p) sees: its own, or in a bidirectional step the step's last,
+ * or with OPF_NON_CAUSAL the step's last (a window: at most half of it ahead) */
 static inline int32_t last_visible(const pyllm_op *op, const pyllm_step *st, int32_t p) {
-    if (!(op->flags & OPF_NON_CAUSAL)) return p;
+    if (!(op->flags & OPF_NON_CAUSAL)) return st->bidirectional ? st->pos[st->n_tokens - 1] : p;
     const int32_t last = st->pos[st->n_tokens - 1];
     return op->window > 0 && p + op->window / 2 < last ? p + op->window / 2 : last;
 }

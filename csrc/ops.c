@@ -6,15 +6,27 @@
 #include "core.h"
 
 /* y[t] = dequant(w row tokens[t]) * scale; OPF_BY_POS: the row of pos[t] (learned positions),
- * with OPF_ACCUMULATE added into y */
+ * with OPF_ACCUMULATE added into y. A token id -1 - j: the step's media row j, unscaled (zeros
+ * with OPF_MEDIA_ZERO) */
 void op_embed(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     size_t row_bytes = weight_row_bytes(op->type, op->n_in);
     const int32_t *ids = op->flags & OPF_BY_POS ? r->step->pos : r->step->tokens;
     int64_t lo, hi;
     split_range(r->rows, ith, nth, 1, &lo, &hi);
     for (int64_t t = lo; t < hi; t++) {
-        const uint8_t *row = (const uint8_t *)op->w + (size_t)ids[t] * row_bytes;
         float *y = OUT_ROW(op, t);
+        if (ids[t] < 0) {   /* media row -1 - id (check_step: one of the step's, as wide as y's): as it is */
+            const float *m = r->step->media + (-1 - (int64_t)ids[t]) * r->step->media_width;
+            if (op->flags & OPF_MEDIA_ZERO) {
+                if (!(op->flags & OPF_ACCUMULATE)) memset(y, 0, (size_t)op->n_in * sizeof(float));
+            } else if (op->flags & OPF_ACCUMULATE) {
+                for (int64_t i = 0; i < op->n_in; i++) y[i] += m[i];
+            } else {
+                memcpy(y, m, (size_t)op->n_in * sizeof(float));
+            }
+            continue;
+        }
+        const uint8_t *row = (const uint8_t *)op->w + (size_t)ids[t] * row_bytes;
         float *e = op->flags & OPF_ACCUMULATE ? r->scratch : y;   /* added to y below */
         K.dequant[op->type](row, e, op->n_in);
         if (op->scale != 1.0f)

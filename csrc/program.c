@@ -314,6 +314,15 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
         if (st->pos[t] < 0 || st->pos[t] >= capacity)
             return fail("position %d outside the %lld the block table holds", st->pos[t], (long long)capacity);
     }
+    if (st->n_media < 0 || (st->n_media > 0 && (!st->media || st->media_width < 1)))
+        return fail("bad media rows: %d of %d floats%s", st->n_media, st->media_width, st->media ? "" : ", at NULL");
+    if (st->bidirectional) {   /* every row sees up to the step's last position: one sequence, no gaps */
+        if (st->row_table) return fail("a bidirectional step of several sequences");
+        for (int t = 1; t < st->n_tokens; t++)
+            if (st->pos[t] != st->pos[0] + t)
+                return fail("a bidirectional step needs consecutive positions (%d after %d)", st->pos[t],
+                            st->pos[t - 1]);
+    }
     for (int i = 0; i < n_ops; i++) {
         if (st->row_table && ops[i].state)
             return fail("a step of several sequences through a recurrent layer (its state is one sequence's)");
@@ -345,6 +354,18 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
         const int by_pos = ops[i].flags & OPF_BY_POS;
         for (int t = 0; t < st->n_tokens; t++) {
             const int32_t id = by_pos ? st->pos[t] : st->tokens[t];
+            if (!by_pos && id < 0) {   /* media row -1 - id */
+                const int64_t j = -1 - (int64_t)id;
+                if (ops[i].flags & OPF_NO_MEDIA)
+                    return fail("media rows through a model with per-layer token inputs are not supported");
+                if (!st->media || j >= st->n_media)
+                    return fail("token id %d names media row %lld; the step has %d", id, (long long)j,
+                                st->media ? st->n_media : 0);
+                if (!(ops[i].flags & OPF_MEDIA_ZERO) && st->media_width != ops[i].n_in)
+                    return fail("media rows are %d wide; the embedding is %lld", st->media_width,
+                                (long long)ops[i].n_in);
+                continue;
+            }
             if (id < 0 || id >= ops[i].n_out)
                 return fail(by_pos ? "position %d outside the model's %lld learned positions"
                                    : "token id %d outside the vocabulary of %lld", id, (long long)ops[i].n_out);

@@ -11,7 +11,8 @@
 /* ---- op records ---- */
 
 enum pyllm_op_kind {
-    OP_EMBED = 1,     /* y[t] = dequant(w row tokens[t]) * scale; n_in = width, n_out = vocab */
+    OP_EMBED = 1,     /* y[t] = dequant(w row tokens[t]) * scale; n_in = width, n_out = vocab; a token id
+                         -1 - j < 0 (not OPF_BY_POS): y[t] = the step's media row j as it is (no scale) */
     OP_RMSNORM = 2,   /* y[t, g] = x[t, g] / rms(x[t, g]) * w; n_head groups of n_in per row;
                          type NORM_LAYER: LayerNorm, (x - mean) / sqrt(var + eps) * w (+ bias) */
     OP_QUANTIZE = 3,  /* xq[t] = quantize(x[t]) to activation format `type` (n_in elements) */
@@ -19,7 +20,8 @@ enum pyllm_op_kind {
     OP_ROPE = 5,      /* rotate n_head heads of x[t] and n_kv_head heads of x2[t] by pos[t] */
     OP_KV_STORE = 6,  /* cache[pos[t]] = (k = x[t], v = x2[t]), as k_type / v_type, through the block table; with
                          OPF_V_IN_K the keys alone */
-    OP_ATTENTION = 7, /* y[t] = softmax(scale * q[t] K^T) V over positions <= pos[t] (window): keys of
+    OP_ATTENTION = 7, /* y[t] = softmax(scale * q[t] K^T) V over positions <= pos[t] (window; a
+                         bidirectional step: <= its last position): keys of
                          head_dim, values (and y's heads) of head_dim_v; w: NULL, or one sink logit per head
                          (float[n_head]) that joins the softmax with no value */
     OP_GLU = 8,       /* y[t] = act(x[t]) * x2[t]; type = GLU_*; x2 NULL: y[t] = act(x[t]) */
@@ -90,9 +92,12 @@ enum pyllm_op_flags {
     OPF_GROUP_WEIGHTS = 256, /* RMSNORM: each of the n_head groups has its own n_in weights (Mamba 2's norm) */
     OPF_KV_GROUPED = 512,    /* DELTA_NET: value head h reads key head h / (n_head / n_kv_head) (Qwen3-Next),
                                 else h % n_kv_head (Qwen3.5) */
-    OPF_NON_CAUSAL = 1024    /* ATTENTION: every row sees every position up to the step's last (an encoder's
+    OPF_NON_CAUSAL = 1024,   /* ATTENTION: every row sees every position up to the step's last (an encoder's
                                 bidirectional attention: BERT), with a window those within window / 2 of its
                                 own either way (EmbeddingGemma); the step's positions must be consecutive */
+    OPF_MEDIA_ZERO = 2048,   /* EMBED: a media row's id gives a row of zeros (a LoRA's A rows of the token
+                                embedding: media rows are not adapted) */
+    OPF_NO_MEDIA = 4096      /* EMBED: a media row's id is refused (per-layer token inputs: Gemma 3n, Gemma 4) */
 };
 
 /* GLU_SWIGLU_OAI (gpt-oss): g' = min(g, c), y = g' sigmoid(a g') (clamp(u, -c, c) + 1), a = scale, c = softcap;
@@ -161,6 +166,13 @@ typedef struct pyllm_step {
     const int32_t *row_table;    /* NULL: every row is of one sequence, whose table is block_table. Else
                                     [n_tokens]: where row t's sequence's table begins in block_table (rows
                                     of several sequences in one step; attention-only models) */
+    const float *media;          /* NULL, or [n_media][media_width] rows: a token id -1-j takes row j as
+                                    its embedding (unscaled, as llama.cpp feeds raw embeddings) */
+    int32_t n_media;
+    int32_t media_width;
+    int32_t bidirectional;       /* nonzero: every row of the step sees up to the step's last position
+                                    (causal attention off for this step, as llama.cpp's for Gemma 3 images);
+                                    the positions must be consecutive, of one sequence */
 } pyllm_step;
 
 /* ---- the engine context: thread pool, profile ---- */

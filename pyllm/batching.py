@@ -39,15 +39,22 @@ class _Step:
     start: int
     table: list[int]
     n_out: int
+    media: Optional[np.ndarray] = None    # an image's rows (Backend.forward)
+    bidirectional: bool = False
     queued_at: float = field(default_factory=time.perf_counter)
     logits: Optional[np.ndarray] = None
     error: Optional[BaseException] = None
     done: bool = False
 
     @property
+    def alone(self) -> bool:
+        """A step of media rows, or bidirectional: it runs by itself, never beside others."""
+        return self.media is not None or self.bidirectional
+
+    @property
     def batchable(self) -> bool:
         """Every row's logits are wanted: its rows can join other sequences' in one step."""
-        return self.n_out == len(self.tokens)
+        return self.n_out == len(self.tokens) and not self.alone
 
 
 class StepBatcher:
@@ -79,9 +86,11 @@ class StepBatcher:
             self._members -= 1
             self._cv.notify_all()     # a batch waiting for this one's step can start
 
-    def forward(self, tokens: Seq[int], start_pos: int, block_table: Seq[int], n_out: int) -> np.ndarray:
-        """As Backend.forward, from any thread; returns a copy of the logits rows."""
-        step = _Step(list(tokens), start_pos, list(block_table), n_out)
+    def forward(self, tokens: Seq[int], start_pos: int, block_table: Seq[int], n_out: int,
+                media: Optional[np.ndarray] = None, bidirectional: bool = False) -> np.ndarray:
+        """As Backend.forward, from any thread; returns a copy of the logits rows. A step
+        with media rows or bidirectional runs alone."""
+        step = _Step(list(tokens), start_pos, list(block_table), n_out, media, bool(bidirectional))
         with self._cv:
             self._queue.append(step)
             self._cv.notify_all()
@@ -122,13 +131,15 @@ class StepBatcher:
         """The oldest queued step, with whatever fits beside it: every batchable step, and
         one prompt chunk (it goes first: the logits rows a step returns are its last)."""
         first = self._queue.pop(0)
-        if not self.batching:
+        if not self.batching or first.alone:
             return [first]
         chunk = None if first.batchable else first
         batch = [] if chunk else [first]
         rows = len(first.tokens)
         outs = first.n_out
         for s in list(self._queue):
+            if s.alone:
+                continue
             if s.batchable:
                 fits = outs + s.n_out <= self.max_out
             else:
@@ -147,7 +158,8 @@ class StepBatcher:
         try:
             if len(batch) == 1:
                 s = batch[0]
-                s.logits = self.backend.forward(s.tokens, s.start, s.table, s.n_out).copy()
+                media = {"media": s.media, "bidirectional": s.bidirectional} if s.alone else {}
+                s.logits = self.backend.forward(s.tokens, s.start, s.table, s.n_out, **media).copy()
             else:   # the logits rows: each step's last n_out rows (a prompt chunk's only where it is first)
                 rows = self.backend.forward_batch([(s.tokens, s.start, s.table) for s in batch],
                                                   sum(s.n_out for s in batch))

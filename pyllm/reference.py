@@ -170,11 +170,13 @@ def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool,
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window: int = 0,
               softcap: float = 0.0, sinks: np.ndarray | None = None, chunked: bool = False,
-              causal: bool = True) -> np.ndarray:
+              causal: bool = True, spans: Sequence[tuple[int, int]] = ()) -> np.ndarray:
     """Causal attention (causal False: every position sees every other, an encoder's, or with a
     window those within window // 2 either way). q: [T, H, d], k: [T, Hkv, d], v: [T, Hkv, dv] -> [T, H*dv]. sinks:
     one logit per head, one more score of each softmax whose value is zero. window: over the
-    last `window` positions, or with chunked over those of the position's chunk of `window`."""
+    last `window` positions, or with chunked over those of the position's chunk of `window`.
+    spans: (start, end) row ranges that see each other (an image's rows, Gemma 3): a row
+    in one sees up to end - 1, back as far as the causal rule (window) says."""
     T, H, d = q.shape
     group = H // k.shape[1]
     k = np.repeat(k, group, axis=1)
@@ -183,7 +185,10 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window:
     if softcap > 0:
         scores = softcap * np.tanh(scores / softcap)
     i, j = np.arange(T)[:, None], np.arange(T)[None, :]
-    allowed = j <= i if causal else np.ones((T, T), bool)
+    last = np.arange(T)               # the last position each row sees
+    for start, end in spans:
+        last[start:end] = end - 1
+    allowed = j <= last[:, None] if causal else np.ones((T, T), bool)
     if window > 0 and not causal:   # a bidirectional window: half of it either way (EmbeddingGemma)
         allowed &= np.abs(i - j) <= window // 2
     elif window > 0:
@@ -211,6 +216,8 @@ class Reference:
         self.arch = arch
         self.control = control or {}
         self.layer_outputs: dict[int, np.ndarray] = {}   # layer -> the residual stream after it (the last forward)
+        self._media: Optional[np.ndarray] = None          # the forward's media rows and bidirectional spans
+        self._spans: list[tuple[int, int]] = []
         self.kv_f16 = kv_f16
         self.kv_quant = kv_quant
         self.kv_rot = (0, 0)
@@ -245,16 +252,50 @@ class Reference:
         rows = self.w(self.arch.tok_embd)[tokens]
         return rows if self._embed_delta is None else rows + self._embed_delta[tokens]
 
-    def forward(self, tokens, embeddings: bool = False) -> np.ndarray:
+    def _input_rows(self, tokens: np.ndarray) -> np.ndarray:
+        """x = embed(tokens) * embed_scale, where a media row's id -1 - j takes media[j] as it is
+        (no scale, no LoRA delta: the rows replace the embedding)."""
+        text = tokens >= 0
+        x = self._token_rows(np.where(text, tokens, 0)) * np.float32(self.arch.embed_scale)
+        if not text.all():
+            x[~text] = self._media[-1 - tokens[~text]]
+        return x
+
+    def forward(self, tokens, embeddings: bool = False, media: Optional[np.ndarray] = None,
+                bidirectional: Sequence[tuple[int, int]] = ()) -> np.ndarray:
         """Logits [T, vocab] for every position of `tokens`, from an empty context (every
         registered family is a variant of _decoder, or an encoder); with embeddings, or for an
-        encoder, the rows an embedding is pooled from [T, n_embd]: the final norm's output."""
+        encoder, the rows an embedding is pooled from [T, n_embd]: the final norm's output.
+        A token id -1 - j takes media[j] ([rows, n_embd]: an image's embeddings) as its input
+        embedding, as it is; bidirectional: (start, end) row spans whose rows see each other
+        (attention not causal within them: Gemma 3's image rows)."""
         if type(self.arch) is not ARCHITECTURES.get(self.arch.name):
             raise NotImplementedError(f"no reference forward for {self.arch.name}")
         tokens = np.asarray(tokens, dtype=np.int64)
-        body = self._gemma3n if isinstance(self.arch, Gemma3n) else self._gemma4 if isinstance(self.arch, Gemma4) \
-            else self._encoder if isinstance(self.arch, Bert) else self._decoder
-        return self._head(body(tokens), embeddings)
+        a, T = self.arch, len(tokens)
+        media = None if media is None else np.asarray(media, np.float32)
+        body = self._gemma3n if isinstance(a, Gemma3n) else self._gemma4 if isinstance(a, Gemma4) \
+            else self._encoder if isinstance(a, Bert) else self._decoder
+        if (tokens < 0).any():
+            if body == self._encoder or body == self._gemma3n or (body == self._gemma4 and a.n_per_layer):
+                raise ValueError(f"media rows through {a.name}: the reference takes them in decoders without "
+                                 f"per-layer token inputs only")
+            if media is None or media.ndim != 2 or media.shape[1] != a.hp.n_embd:
+                raise ValueError(f"media rows must be [rows, {a.hp.n_embd}]")
+            if -1 - tokens.min() >= len(media):
+                raise ValueError(f"token id {tokens.min()} names media row {-1 - tokens.min()}; there are "
+                                 f"{len(media)}")
+        for start, end in bidirectional:
+            if not 0 <= start < end <= T:
+                raise ValueError(f"bidirectional span ({start}, {end}) outside the {T} rows")
+        if bidirectional and body == self._encoder:
+            raise ValueError("an encoder's attention is bidirectional already")
+        self._media = media
+        self._spans = [(int(s), int(e)) for s, e in bidirectional]
+        try:
+            return self._head(body(tokens), embeddings)
+        finally:
+            self._media, self._spans = None, []
 
     def _head(self, x: np.ndarray, embeddings: bool) -> np.ndarray:
         """logit_scale * (Wout norm(x) + b?), soft-capped where the family says; for embeddings
@@ -406,7 +447,7 @@ class Reference:
             q = q * (np.log(np.floor((pos + offset) / period) + 1.0) * s + 1.0).astype(np.float32)[:, None, None]
         q, k, v = self._cached(q, k, v)
         att = attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i), a.attn_softcap, A.sinks, a.chunked_window,
-                        a.causal)
+                        a.causal, self._spans)
         if A.gate is not None:   # gated attention (AFMoE)
             gate = self._linear(h, A.gate, None)
         if gate is not None:
@@ -450,7 +491,7 @@ class Reference:
         k = np.concatenate([np.einsum("hnl,tl->thn", wk, c), np.broadcast_to(k_pe, (T, H, n_rot))], axis=2)
         v = np.einsum("hvl,tl->thv", wv, c)
         att = attention(np.concatenate([q[:, :, :nope], q_pe], axis=2), k, v, a.layer_attn_scale(i),
-                        a.layer_window(i))
+                        a.layer_window(i), spans=self._spans)
         return self._linear(att, A.wo, None)
 
     def _short_conv(self, h: np.ndarray, s: ShortConv) -> np.ndarray:
@@ -540,7 +581,7 @@ class Reference:
         Fused q/k/v and gate/up matrices are split by rows here."""
         a, hp = self.arch, self.arch.hp
         act = glu(a.glu)
-        x = self._token_rows(tokens) * np.float32(a.embed_scale)
+        x = self._input_rows(tokens)
         if a.pos_embd is not None:   # learned positions (GPT-2)
             x = x + self.w(a.pos_embd)[np.arange(len(tokens))]
         for i, L in enumerate(a.layers):
@@ -591,7 +632,7 @@ class Reference:
         a, hp = self.arch, self.arch.hp
         eps = hp.eps
         act = glu(a.glu)
-        x = self._token_rows(tokens) * np.float32(a.embed_scale)
+        x = self._input_rows(tokens)
         if a.n_per_layer:
             ple = self._per_layer_inputs(x, tokens)
         caches: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -643,7 +684,8 @@ class Reference:
         k, v = caches[geo.kv_layer]
         if self.kv_quant:
             q = queries_as_attended(q, self.kv_quant, self.kv_rot[0])
-        return self._linear(attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i)), A.wo, None)
+        return self._linear(attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i), spans=self._spans), A.wo,
+                            None)
 
     def _gemma3n(self, tokens: np.ndarray) -> np.ndarray:
         """Gemma 3n (pyllm/arch/gemma3n.py): the residual as S streams x[:, j] (AltUp), each layer

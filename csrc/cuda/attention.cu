@@ -3,7 +3,8 @@
  * For query row t at position p and head h (KV head h / group):
  *     y = sum_j softmax_j(scale * q.k_j) v_j   over j in [max(0, p - window + 1), p]
  * (OPF_NON_CAUSAL: over [0, the step's last position], every row alike, or with a window over
- * the positions within window / 2 of p either way)
+ * the positions within window / 2 of p either way; a bidirectional step: up to the step's last
+ * position instead of p, from the same first)
  * (scores soft-capped as softcap * tanh(s / softcap) when softcap > 0; a head's sink
  * logit, when given, joins the softmax's normalizer). Keys have head_dim dims, values
  * and y's heads head_dim_v; with OPF_V_IN_K there is no V pool and a value is the first
@@ -42,7 +43,7 @@ attention_kernel(const float *__restrict__ Q, int64_t q_stride, float *__restric
                  const __half *__restrict__ Kc, const __half *__restrict__ Vc, const int32_t *__restrict__ pos,
                  const int32_t *__restrict__ table, int block_size, int n_head, int n_kv_head, int hd, int hd_v,
                  int64_t v_stride, int64_t v_head, float scale, float softcap, int window,
-                 const float *__restrict__ sinks, bool non_causal) {
+                 const float *__restrict__ sinks, bool non_causal, bool bidirectional) {
     PQ_EXTERN_SHARED(float, sm);
     float *s_q = sm;                                              /* hd */
     float *s_p = s_q + hd;                                        /* ATT_TILE scores, then weights */
@@ -58,7 +59,7 @@ attention_kernel(const float *__restrict__ Q, int64_t q_stride, float *__restric
     /* window < 0: a chunk of -window positions (OPF_CHUNKED, Llama 4) */
     const int back = non_causal ? window / 2 : window - 1;   /* bidirectional: half the window either way */
     const int first = window < 0 ? p - p % -window : window > 0 && p - back > 0 ? p - back : 0;
-    int last = non_causal ? pos[gridDim.y - 1] : p;          /* a grid row per step row */
+    int last = non_causal || bidirectional ? pos[gridDim.y - 1] : p;   /* a grid row per step row */
     if (non_causal && window > 0 && p + window / 2 < last) last = p + window / 2;
     float m = -FLT_MAX, l = 0.0f;
     float acc[NV];
@@ -127,7 +128,7 @@ static void attention(const pyllm_op *op, const exec &e, int hd_v, const __half 
         op->x, op->x_stride, op->y, op->y_stride, (const __half *)op->k_cache, vc, e.pos, e.table, e.block_size,
         op->n_head, op->n_kv_head, op->head_dim, hd_v, v_stride, v_head, op->scale, op->softcap,
         op->flags & OPF_CHUNKED ? -op->window : op->window,
-        (const float *)op->w, (op->flags & OPF_NON_CAUSAL) != 0);
+        (const float *)op->w, (op->flags & OPF_NON_CAUSAL) != 0, e.bidirectional);
 }
 
 void launch_attention(const pyllm_op *op, const exec &e) {

@@ -72,6 +72,7 @@ struct exec {
     const int32_t *pos;
     const int32_t *table;
     int block_size;
+    bool bidirectional;       /* the step's rows see up to its last position (pyllm_step.bidirectional) */
     cudaStream_t stream;
 };
 

@@ -409,6 +409,11 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
     for (int t = 0; t < st->n_tokens; t++)
         if (st->pos[t] < 0 || st->pos[t] >= capacity)
             return fail("position %d outside the %lld the block table holds", st->pos[t], (long long)capacity);
+    if (st->bidirectional)   /* every row sees up to the step's last position: no gaps */
+        for (int t = 1; t < st->n_tokens; t++)
+            if (st->pos[t] != st->pos[0] + t)
+                return fail("a bidirectional step needs consecutive positions (%d after %d)", st->pos[t],
+                            st->pos[t - 1]);
     for (int i = 0; i < n_ops; i++) {
         if (ops[i].kind == OP_SSM_CONV || ops[i].kind == OP_SSM_SCAN || ops[i].kind == OP_DELTA_NET ||
             (ops[i].kind == OP_ATTENTION && ops[i].flags & OPF_NON_CAUSAL)) {
@@ -423,6 +428,8 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
         const int by_pos = ops[i].flags & OPF_BY_POS;
         for (int t = 0; t < st->n_tokens; t++) {
             const int32_t id = by_pos ? st->pos[t] : st->tokens[t];
+            if (!by_pos && id < 0)
+                return fail("token id %d is a media row: images need the token embeddings on the CPU", id);
             if (id < 0 || id >= ops[i].n_out)
                 return fail(by_pos ? "position %d outside the model's %lld learned positions"
                                    : "token id %d outside the vocabulary of %lld", id, (long long)ops[i].n_out);
@@ -497,6 +504,7 @@ int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_
     e.pos = ctx->d_pos;
     e.table = ctx->d_table;
     e.block_size = st->block_size;
+    e.bidirectional = st->bidirectional != 0;
     e.stream = ctx->stream;
     for (int i = 0; i < n_ops; i++) {
         const pyllm_op *op = &ops[i];

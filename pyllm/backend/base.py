@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..errors import BackendError
+from ..errors import BackendError, InvalidArgumentError
 
 
 class Backend(ABC):
@@ -42,9 +42,14 @@ class Backend(ABC):
     batches_sequences: bool = False   # has forward_batch: one step over rows of several sequences
 
     @abstractmethod
-    def forward(self, tokens: Sequence[int], start_pos: int, block_table: Sequence[int], n_out: int) -> np.ndarray:
+    def forward(self, tokens: Sequence[int], start_pos: int, block_table: Sequence[int], n_out: int,
+                media: Optional[np.ndarray] = None, bidirectional: bool = False) -> np.ndarray:
         """Runs one step over `tokens` at positions start_pos.. and returns the
-        logits of the last n_out of them: [n_out, vocab], valid until the next step."""
+        logits of the last n_out of them: [n_out, vocab], valid until the next step.
+        A token id -1 - j takes row j of `media` (float32 [rows, n_embd]: an image's
+        embeddings) as its input embedding, as it is (no embedding scale); bidirectional:
+        every row of the step sees every other (up to the step's last position, causal
+        attention off for this step: Gemma 3's image rows), and what is cached before."""
 
     def profile(self, on: bool) -> None:
         """Starts (or stops) collecting where time goes; resets what was collected."""
@@ -106,10 +111,31 @@ class StepData:
     table: np.ndarray      # int32 [n_table]
     n_out: int
     serial: int = 0        # which step this is: a device sends the step's arrays once per step
+    media: Optional[np.ndarray] = None   # float32 [n, width], C-contiguous: the rows token ids -1 - j name
+    bidirectional: bool = False          # every row sees up to the step's last position
 
     @property
     def n_tokens(self) -> int:
         return len(self.tokens)
+
+
+def step_media(media) -> Optional[np.ndarray]:
+    """A step's media rows as the core reads them: float32 [rows, width], C-contiguous
+    (None, or no rows: none)."""
+    if media is None:
+        return None
+    a = np.ascontiguousarray(media, dtype=np.float32)
+    if a.ndim != 2 or a.shape[1] < 1:
+        raise InvalidArgumentError(f"media rows are a [rows, width] array, not one of shape {a.shape}")
+    return a if len(a) else None
+
+
+def media_refusal(graph) -> Optional[str]:
+    """Why this graph cannot take media rows (None: it can)."""
+    from ..graph import OP_EMBED, OPF_NO_MEDIA
+    if any(op.kind == OP_EMBED and op.flags & OPF_NO_MEDIA for op in graph.ops):
+        return "media rows (images) through a model with per-layer token inputs (Gemma 3n, Gemma 4) are not supported"
+    return None
 
 
 class DeviceMemoryError(BackendError):
@@ -166,6 +192,8 @@ class Device(ABC):
     name: str = "?"
     is_host: bool = False     # its memory is the host's: no bus between it and the host
     bus: Optional[Bus] = None
+    media_rows: bool = False  # its token embedding takes a step's media rows (else they stay on the host)
+    bidirectional_steps: bool = False   # its attention runs bidirectional steps
 
     def free_memory(self) -> Optional[int]:
         """Bytes this device can still hold; None for the host (not a constraint)."""

@@ -20,11 +20,12 @@ from typing import Optional, Sequence as Seq
 import numpy as np
 
 from .._native import ffi, lib
-from ..errors import BackendError, InvalidArgumentError
+from ..errors import BackendError, InvalidArgumentError, UnsupportedModelError
 from ..graph import OP_ATTENTION, OPF_NON_CAUSAL, Graph, View
 from ..model_file import Tensor
 from ..units import fmt_bytes
-from .base import ACTIVATIONS, Backend, Device, DeviceMemoryError, Program, Range, Shape, StepData
+from .base import (ACTIVATIONS, Backend, Device, DeviceMemoryError, Program, Range, Shape, StepData, media_refusal,
+                   step_media)
 from .lowering import fill_record, kv_rotations, memory_plan, step_needs, step_record
 
 ALIGN = 64
@@ -88,6 +89,8 @@ class HostDevice(Device):
     """The host: its memory, and the C core's thread pool."""
     kind = "cpu"
     is_host = True
+    media_rows = True
+    bidirectional_steps = True
 
     def __init__(self, n_threads: int):
         self.ctx = lib.pyllm_ctx_new(n_threads)
@@ -222,6 +225,7 @@ class CoreProgram(Program):
                 dst[:len(src)] = 0  # not read by these ops; valid values for the core's step check
         st = self.step
         st.n_tokens, st.n_out, st.n_table = step.n_tokens, step.n_out, len(step.table)
+        set_step_media(st, step.media, step.bidirectional)
 
     def stream_weights(self, index: int) -> None:
         """Copies the weights of a streamed range into the staging area."""
@@ -236,8 +240,11 @@ class CoreProgram(Program):
         self.load_step(index, step)
         if r.streamed:
             self.stream_weights(index)
-        if lib.pyllm_run(self.ctx, self.recs + r.lo, r.hi - r.lo, self.step) != 0:
-            raise InvalidArgumentError(ffi.string(lib.pyllm_error()).decode())
+        try:
+            if lib.pyllm_run(self.ctx, self.recs + r.lo, r.hi - r.lo, self.step) != 0:
+                raise InvalidArgumentError(ffi.string(lib.pyllm_error()).decode())
+        finally:
+            set_step_media(self.step, None, False)   # the record outlives this step's rows
 
     def _rows(self, name: str) -> np.ndarray:
         return self.buffers[name] if name in self.buffers else self.qbuffers[name]
@@ -250,6 +257,17 @@ class CoreProgram(Program):
 
     def write(self, name: str, row0: int, data: np.ndarray, kind: str = ACTIVATIONS) -> None:
         self._rows(name)[row0:row0 + len(data)] = data
+
+
+def set_step_media(st, media: Optional[np.ndarray], bidirectional: bool) -> None:
+    """Points a (reused) step record at this step's media rows, or at none, and sets its
+    attention's direction. `media` (step_media's) must stay alive while the step runs."""
+    if media is None:
+        st.media, st.n_media, st.media_width = ffi.NULL, 0, 0
+    else:
+        st.media = ffi.cast("const float *", media.ctypes.data)
+        st.n_media, st.media_width = media.shape
+    st.bidirectional = int(bool(bidirectional))
 
 
 def check_step_args(n: int, n_out: int, n_table: int, n_batch: int, n_out_max: int, n_blocks: int) -> None:
@@ -287,21 +305,31 @@ class CpuBackend(Backend):
         # sequence's or every row sees every other (an encoder)
         self.batches_sequences = not any(op.state is not None or op.flags & OPF_NON_CAUSAL and op.kind == OP_ATTENTION
                                          for op in graph.ops)
+        self.media_refusal = media_refusal(graph)
 
     # -- running -----------------------------------------------------------------
-    def forward(self, tokens: Seq[int], start_pos: int, block_table: Seq[int], n_out: int) -> np.ndarray:
+    def forward(self, tokens: Seq[int], start_pos: int, block_table: Seq[int], n_out: int,
+                media: Optional[np.ndarray] = None, bidirectional: bool = False) -> np.ndarray:
         """Runs one step over `tokens` at positions start_pos.. and returns the
         logits of the last n_out of them: a [n_out, vocab] view, valid until
-        the next step."""
+        the next step. Token ids -1 - j: row j of `media` as their embedding;
+        bidirectional: causal attention off for this step (Backend.forward)."""
         n = len(tokens)
         check_step_args(n, n_out, len(block_table), self.n_batch, self.n_out_max, self.n_blocks)
+        media = step_media(media)
+        if media is not None and self.media_refusal:
+            raise UnsupportedModelError(self.media_refusal)
         self.tokens[:n] = tokens
         self.pos[:n] = np.arange(start_pos, start_pos + n, dtype=np.int32)
         self.table[:len(block_table)] = block_table
         st = self.step
         st.n_tokens, st.n_out, st.n_table = n, n_out, len(block_table)
-        if lib.pyllm_run(self.ctx, self.ops, len(self.graph.ops), st) != 0:
-            raise InvalidArgumentError(ffi.string(lib.pyllm_error()).decode())
+        set_step_media(st, media, bidirectional)
+        try:
+            if lib.pyllm_run(self.ctx, self.ops, len(self.graph.ops), st) != 0:
+                raise InvalidArgumentError(ffi.string(lib.pyllm_error()).decode())
+        finally:
+            set_step_media(st, None, False)   # the record outlives this step's rows
         return self.logits[:n_out]
 
     def forward_batch(self, steps: Seq[tuple[Seq[int], int, Seq[int]]], n_out: Optional[int] = None) -> np.ndarray:

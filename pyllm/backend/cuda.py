@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..errors import BackendError, InvalidArgumentError
+from ..errors import BackendError, InvalidArgumentError, UnsupportedModelError
 from ..graph import OP_NAMES, OP_SAVE_ROWS, OP_SUMSQ, Graph, View
 from ..model_file import Tensor
 from .base import (ACTIVATIONS, CONTROL, D2H, H2D, WEIGHTS, Bus, Device, DeviceMemoryError, Program, Range, Shape,
@@ -242,6 +242,8 @@ class CudaDevice(Device):
         return spec, link, {"gpu": f"{how} (memory free: measured now)", "link": how}
 
     f16_kv_only = True   # its attention kernels read f16 KV pools (CudaProgram refuses others)
+    media_rows = False   # a step's media rows stay on the host: the token embedding must too
+    bidirectional_steps = True
 
     def bind(self, graph: Graph, ranges: Sequence[Range], shape: Shape) -> "CudaProgram":
         return CudaProgram(self, graph, ranges, shape)
@@ -354,6 +356,9 @@ class CudaProgram(Program):
     # -- running ------------------------------------------------------------------------------------
     def run(self, index: int, step: StepData) -> None:
         r = self.ranges[index]
+        if step.media is not None and self.needs[index][0]:   # the range embeds the step's tokens
+            raise UnsupportedModelError(f"images need the token embeddings on the CPU; this placement puts them on "
+                                        f"{self.device.name}: use fewer GPU layers (-ngl)")
         new_step = self._sent[0] != step.serial or step.serial == 0
         if new_step:
             self._sent = (step.serial, set())
@@ -373,6 +378,7 @@ class CudaProgram(Program):
                     self.device.bus.count(H2D, WEIGHTS, t.nbytes)
         st = self.step
         st.n_tokens, st.n_out, st.n_table = n, step.n_out, len(step.table)
+        st.bidirectional = int(step.bidirectional)
         if self.lib.pyllm_cuda_run(self.ctx, self.recs + r.lo, r.hi - r.lo, st, int(new_step)) != 0:
             raise BackendError(_error(self.lib, self.ffi))
 

@@ -31,9 +31,10 @@ from typing import Optional, Sequence as Seq
 
 import numpy as np
 
-from ..errors import BackendError
-from ..graph import OP_MATMUL, OPF_LAST_ROWS, Graph
-from .base import ACTIVATIONS, CONTROL, D2H, H2D, LOGITS, WEIGHTS, Backend, Device, Range, Shape, StepData
+from ..errors import BackendError, UnsupportedModelError
+from ..graph import OP_ATTENTION, OP_EMBED, OP_MATMUL, OPF_BY_POS, OPF_LAST_ROWS, Graph
+from .base import (ACTIVATIONS, CONTROL, D2H, H2D, LOGITS, WEIGHTS, Backend, Device, Range, Shape, StepData,
+                   media_refusal, step_media)
 from .cpu import check_step_args
 from .lowering import step_needs
 
@@ -272,20 +273,27 @@ class SplitBackend(Backend):
         self.logits = host.buffers[out.name] if host.has_buffer(out.name) else \
             np.zeros((shape.n_out_max, out.width), np.float32)
         self._serial = 0
+        self.media_refusal = media_refusal(graph)
 
     def schedule_for(self, n_tokens: int) -> str:
         if self.stream_min_batch is not None and n_tokens >= self.stream_min_batch:
             return "stream"
         return "resident"
 
-    def forward(self, tokens: Seq[int], start_pos: int, block_table: Seq[int], n_out: int) -> np.ndarray:
+    def forward(self, tokens: Seq[int], start_pos: int, block_table: Seq[int], n_out: int,
+                media: Optional[np.ndarray] = None, bidirectional: bool = False) -> np.ndarray:
         n = len(tokens)
         check_step_args(n, n_out, len(block_table), self.shape.n_batch, self.shape.n_out_max, self.shape.n_blocks)
+        media = step_media(media)
+        if media is not None and self.media_refusal:
+            raise UnsupportedModelError(self.media_refusal)
         self._serial += 1
         step = StepData(np.asarray(tokens, np.int32), np.arange(start_pos, start_pos + n, dtype=np.int32),
-                        np.asarray(block_table, np.int32), n_out, self._serial)
+                        np.asarray(block_table, np.int32), n_out, self._serial, media, bool(bidirectional))
         sname = self.schedule_for(n)
         sched = self.schedules[sname]
+        if media is not None or bidirectional:
+            self._check_devices(sched, media is not None, bool(bidirectional))
         for k, seg in enumerate(sched.segments):
             for t in seg.transfers:
                 self._transfer(t, step)
@@ -293,6 +301,19 @@ class SplitBackend(Backend):
         for t in sched.final:
             self._transfer(t, step)
         return self.logits[:n_out]
+
+    def _check_devices(self, sched: Schedule, media: bool, bidirectional: bool) -> None:
+        """Refuses, before any op runs, a step whose media rows would reach a device's token
+        embedding, or whose bidirectional attention a device cannot run."""
+        for seg in sched.segments:
+            dev = self.devices[seg.device]
+            ops = self.graph.ops[seg.lo:seg.hi]
+            if media and not dev.media_rows and any(op.kind == OP_EMBED and not op.flags & OPF_BY_POS for op in ops):
+                raise UnsupportedModelError(f"images need the token embeddings on the CPU; this placement puts them on "
+                                            f"{dev.name}: use fewer GPU layers (-ngl)")
+            if bidirectional and not dev.bidirectional_steps and any(op.kind == OP_ATTENTION for op in ops):
+                raise UnsupportedModelError(f"{dev.name} cannot run a bidirectional step (an image's rows seeing "
+                                            f"each other, Gemma 3): use no GPU layers (-ngl 0)")
 
     def _transfer(self, t: Transfer, step: StepData) -> None:
         row0, rows = t.span(step.n_tokens, step.n_out)
