@@ -1607,3 +1607,76 @@ def write_control_vector(path: str | Path, n_embd: int, layers, size: float = 1.
     w.write_tensors_to_file()
     w.close()
     return str(path)
+
+
+def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head: int = 4, n_ff: int = 96,
+                 n_layer: int = 2, image_size: int = 32, patch: int = 4, merge: int = 2, seed: int = 5,
+                 qtype: QT = QT.F16, use_gelu: bool = True, pre_ln: bool = False,
+                 swapped_ffn: bool = False, projector: str = "gemma3", drop_tensor: Optional[str] = None) -> str:
+    """A tiny Gemma 3 multimodal projector (llama.cpp's mmproj GGUF, architecture "clip"): a
+    SigLIP-like encoder of `n_layer` layers over (image_size / patch)^2 patches, pooled
+    merge x merge, projected to the language model's n_out. swapped_ffn: the ffn_up/ffn_down
+    names of old conversions (fc1 named ffn_down)."""
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_bool("clip.has_text_encoder", False)
+    w.add_string("clip.projector_type", projector)
+    w.add_bool("clip.use_gelu", use_gelu)
+    w.add_uint32("clip.vision.image_size", image_size)
+    w.add_uint32("clip.vision.patch_size", patch)
+    w.add_uint32("clip.vision.embedding_length", n_embd)
+    w.add_uint32("clip.vision.feed_forward_length", n_ff)
+    w.add_uint32("clip.vision.block_count", n_layer)
+    w.add_uint32("clip.vision.attention.head_count", n_head)
+    w.add_uint32("clip.vision.projection_dim", n_out)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    if merge != 4:
+        w.add_uint32("clip.vision.projector.scale_factor", merge)
+    w.add_uint32("general.file_type", 1)
+    side = image_size // patch
+
+    def add(name: str, a: np.ndarray, t: QT = QT.F32) -> None:
+        if name == drop_tensor:
+            return
+        a = a.astype(np.float32)
+        if t == QT.F16:
+            w.add_tensor(name, a.astype(np.float16))
+        elif t == QT.F32:
+            w.add_tensor(name, a)
+        else:
+            w.add_tensor(name, gguf.quants.quantize(a, t), raw_dtype=t)
+
+    def mat(n_in: int, n_o: int, scale: float) -> np.ndarray:    # numpy [n_o, n_in] = GGUF (n_in, n_o)
+        return rng.normal(0, scale / np.sqrt(n_in), (n_o, n_in))
+
+    add("v.patch_embd.weight", rng.normal(0, 1.0 / patch, (n_embd, 3, patch, patch)), QT.F16)
+    add("v.patch_embd.bias", rng.normal(0, 0.1, n_embd))
+    add("v.position_embd.weight", rng.normal(0, 0.3, (side * side, n_embd)))   # F32: llama.cpp adds it as is
+    if pre_ln:
+        add("v.pre_ln.weight", 1 + rng.normal(0, 0.1, n_embd))
+        add("v.pre_ln.bias", rng.normal(0, 0.1, n_embd))
+    for i in range(n_layer):
+        p = f"v.blk.{i}."
+        for norm in ("ln1", "ln2"):
+            add(p + norm + ".weight", 1 + rng.normal(0, 0.1, n_embd))
+            add(p + norm + ".bias", rng.normal(0, 0.1, n_embd))
+        for m in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            add(p + m + ".weight", mat(n_embd, n_embd, 1.0), qtype)
+            add(p + m + ".bias", rng.normal(0, 0.1, n_embd))
+        up, down = ("ffn_down", "ffn_up") if swapped_ffn else ("ffn_up", "ffn_down")
+        add(p + up + ".weight", mat(n_embd, n_ff, 1.0), qtype)
+        add(p + up + ".bias", rng.normal(0, 0.1, n_ff))
+        add(p + down + ".weight", mat(n_ff, n_embd, 1.0), qtype)
+        add(p + down + ".bias", rng.normal(0, 0.1, n_embd))
+    add("v.post_ln.weight", 1 + rng.normal(0, 0.1, n_embd))
+    add("v.post_ln.bias", rng.normal(0, 0.1, n_embd))
+    add("mm.soft_emb_norm.weight", 1 + rng.normal(0, 0.1, n_embd))
+    add("mm.input_projection.weight", rng.normal(0, 1.0 / np.sqrt(n_embd), (n_embd, n_out)), QT.F16)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)

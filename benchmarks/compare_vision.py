@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Compare pyllm's vision path (an mmproj file's encoder, an image's rows in the prompt) with
+llama.cpp's mtmd.
+
+No registry model has a projector, so this writes a small random Gemma 3 language model and a
+Gemma 3 projector for it (tests/synth.py), in F32 and F16 (+ Q8_0 matrices), and asks llama.cpp
+(llama-cpp-python's mtmd, in its own environment) for:
+  - the image's embeddings (mtmd_encode_chunk), against pyllm's VisionEncoder.encode;
+  - the prompt's layout (the text chunks' token ids and the image's row count);
+  - the logits after "<text> <image> <text>" evaluated with mtmd_helper_eval_chunks (the image
+    decoded with causal attention off, as llama.cpp does for Gemma 3), against pyllm's.
+Images: a square one of the projector's size (no resampling) and a wide one (resampled and
+padded by each side's own code: a small difference is expected there). Dev tool only.
+
+    PYLLM_PEER_PYTHON=/tmp/peer-avx512/bin/python python3 benchmarks/compare_vision.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+import synth  # noqa: E402
+from gguf.constants import GGMLQuantizationType as QT  # noqa: E402
+
+from pyllm.vision import VisionEncoder  # noqa: E402
+
+PROMPT = "hello there <__media__> what is in this picture"
+
+PEER = r'''
+import ctypes, json, sys
+import numpy as np
+import llama_cpp
+import llama_cpp.mtmd_cpp as mtmd
+job = json.load(sys.stdin)
+m = llama_cpp.Llama(model_path=job["lm"], n_ctx=512, n_batch=512, n_ubatch=512, verbose=False, n_threads=2)
+p = mtmd.mtmd_context_params_default()
+p.use_gpu, p.n_threads, p.warmup, p.print_timings = False, 2, False, False
+ctx = mtmd.mtmd_init_from_file(job["mmproj"].encode(), m.model, p)
+assert ctx, "mtmd_init_from_file failed"
+out = []
+for img in job["images"]:
+    rgb = np.load(img)
+    h, w, _ = rgb.shape
+    buf = (ctypes.c_ubyte * rgb.size).from_buffer_copy(rgb.tobytes())
+    bmp = mtmd.mtmd_bitmap_init(w, h, buf)
+    chunks = mtmd.mtmd_input_chunks_init()
+    text = mtmd.mtmd_input_text(job["prompt"].encode(), len(job["prompt"].encode()), True, True)
+    arr = (ctypes.c_void_p * 1)(bmp)
+    assert mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(text), arr, 1) == 0
+    layout, embd = [], None
+    for i in range(mtmd.mtmd_input_chunks_size(chunks)):
+        c = mtmd.mtmd_input_chunks_get(chunks, i)
+        if mtmd.mtmd_input_chunk_get_type(c) == 0:
+            n = ctypes.c_size_t()
+            ids = mtmd.mtmd_input_chunk_get_tokens_text(c, ctypes.byref(n))
+            layout.append([int(ids[j]) for j in range(n.value)])
+        else:
+            n_tok = mtmd.mtmd_input_chunk_get_n_tokens(c)
+            assert mtmd.mtmd_encode_chunk(ctx, c) == 0
+            ptr = mtmd.mtmd_get_output_embd(ctx)
+            embd = np.ctypeslib.as_array(ptr, shape=(n_tok * m.n_embd(),)).reshape(n_tok, -1).copy()
+            layout.append(int(n_tok))
+    m.reset()
+    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(m.ctx), True)
+    new_past = llama_cpp.llama_pos(0)
+    assert mtmd.mtmd_helper_eval_chunks(ctx, m.ctx, chunks, 0, 0, 512, True, ctypes.byref(new_past)) == 0
+    logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(m.ctx, -1), shape=(m.n_vocab(),)).copy()
+    np.save(img + ".embd.npy", embd)
+    np.save(img + ".logits.npy", logits)
+    out.append({"layout": layout})
+    mtmd.mtmd_input_chunks_free(chunks)
+    mtmd.mtmd_bitmap_free(bmp)
+print(json.dumps(out))
+'''
+
+
+def peer(python: str, job: dict) -> list:
+    r = subprocess.run([python, "-c", PEER], input=json.dumps(job), capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise SystemExit(f"peer failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    python = os.environ.get("PYLLM_PEER_PYTHON")
+    if not python:
+        raise SystemExit("set PYLLM_PEER_PYTHON to a python with llama-cpp-python (see ../shared/peer)")
+    from pyllm import Model
+    rng = np.random.default_rng(7)
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        images = []
+        for name, shape in (("square", (32, 32, 3)), ("wide", (20, 45, 3))):
+            path = str(t / f"{name}.npy")
+            np.save(path, rng.integers(0, 256, shape, dtype=np.uint8))
+            images.append((name, path))
+        print(f"{'projector':<22} {'image':<7} {'embd max|d|':>11} {'embd cos':>9} {'layout':>7} "
+              f"{'logits max|d|':>13} {'top-1':>6}")
+        for label, proj_type, lm_type in (("F32", QT.F32, QT.F32), ("F16", QT.F16, QT.F16),
+                                          ("Q8_0 matrices", QT.Q8_0, QT.Q8_0)):
+            lm = synth.write_gemma3(t / f"lm-{label}.gguf", lm_type, n_vocab=512)
+            mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type)
+            got = peer(python, {"lm": lm, "mmproj": mm, "prompt": PROMPT, "images": [p for _, p in images]})
+            enc = VisionEncoder(mm)
+            model = Model(lm, mmproj=mm, n_ctx=512, n_threads=2)
+            for (name, path), theirs in zip(images, got):
+                from PIL import Image
+                img = Image.fromarray(np.load(path))
+                ours = enc.encode(img)
+                embd = np.load(path + ".embd.npy")
+                cos = float((ours * embd).sum() / np.linalg.norm(ours) / np.linalg.norm(embd))
+                tokens = model.media_prompt(PROMPT, [img])
+                layout = layout_of(tokens)
+                same = "same" if layout == theirs["layout"] else "DIFF"
+                lg, _ = model.engine.prefill(model.engine.new_sequence(), tokens)
+                ref = np.load(path + ".logits.npy")
+                print(f"{label:<22} {name:<7} {np.abs(ours - embd).max():11.2e} {cos:9.6f} {same:>7} "
+                      f"{np.abs(lg - ref).max():13.2e} {'same' if lg.argmax() == ref.argmax() else 'DIFF':>6}")
+                if same != "same":
+                    print("  ours:  ", layout, "\n  theirs:", theirs["layout"])
+            model.close()
+            enc.close()
+
+
+def layout_of(tokens: list) -> list:
+    """Text runs as id lists, an image's rows as their count (mtmd's chunks)."""
+    out: list = []
+    for tok in tokens:
+        if tok < 0:
+            if out and isinstance(out[-1], int):
+                out[-1] += 1
+            else:
+                out.append(1)
+        elif out and isinstance(out[-1], list):
+            out[-1].append(tok)
+        else:
+            out.append([tok])
+    return out
+
+
+if __name__ == "__main__":
+    main()

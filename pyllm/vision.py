@@ -1,0 +1,352 @@
+"""Vision encoders: llama.cpp's multimodal projector files (`--mmproj`, GGUF of
+architecture "clip") turn an image into rows of embeddings that the language
+model reads in place of tokens.
+
+    pixels = fit(image, S x S), each channel (v / 255 - mean) / std        # [3, S, S]
+    x = patches(pixels) Wpatch + bpatch + position_embd                   # [n_patches, n_embd]
+    (x = layernorm(x), where the file has pre_ln)
+    for each layer:
+        x = x + Wo attention(Wq h + bq, Wk h + bk, Wv h + bv) + bo,  h = layernorm1(x)   # every patch sees all
+        x = x + Wdown act(Wup layernorm2(x) + bup) + bdown
+    x = post_ln(x)
+    projector "gemma3": x = avg_pool(x, k x k patches); x = rmsnorm(x) * w; rows = x Wproj
+
+As llama.cpp's mtmd runs them: a patch is a stride-p convolution (here one
+matmul over unfolded patches), patches are numbered row by row, attention is
+scaled by 1/sqrt(head_dim), `clip.use_gelu` picks GELU (tanh form) over
+quick-GELU, an image that is not square keeps its aspect ratio and is padded
+with black. The encoder runs in numpy (float32, BLAS): it runs once per image,
+and its rows are kept (`MediaStore`), so a conversation does not encode the
+same picture again.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import math
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+from gguf import GGMLQuantizationType, dequantize
+
+from .errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
+from .model_file import ModelFile
+
+PROJECTORS = ("gemma3",)
+
+
+def quick_gelu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-1.702 * x))
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+
+
+def layernorm(x: np.ndarray, w: Optional[np.ndarray], b: Optional[np.ndarray], eps: float) -> np.ndarray:
+    mu = x.mean(axis=-1, keepdims=True)
+    d = x - mu
+    y = d / np.sqrt((d * d).mean(axis=-1, keepdims=True) + eps)
+    if w is not None:
+        y = y * w
+    return y + b if b is not None else y
+
+
+@dataclass
+class EncoderLayer:
+    ln1: tuple
+    ln2: tuple
+    q: tuple     # (name of the weight, bias or None)
+    k: tuple
+    v: tuple
+    out: tuple
+    up: tuple
+    down: tuple
+
+
+class VisionEncoder:
+    """An mmproj file's vision tower and projector. encode(image) -> float32
+    [n_tokens, n_embd of the language model]."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = str(path)
+        self.mf = mf = ModelFile(path)
+        if mf.architecture != "clip":
+            raise InvalidArgumentError(f"{self.path} is a {mf.architecture!r} model, not a multimodal projector "
+                                       f"(an mmproj .gguf file: architecture 'clip')")
+        if mf.get("clip.has_vision_encoder") is False:
+            raise UnsupportedModelError(f"{self.path} has no vision encoder (an audio projector?); pyllm reads "
+                                        f"images only")
+        self.projector = str(mf.get("clip.projector_type") or mf.get("clip.vision.projector_type") or "")
+        if self.projector not in PROJECTORS:
+            raise UnsupportedModelError(f"{self.path}: projector type {self.projector!r} is not supported yet "
+                                        f"(supported: {', '.join(PROJECTORS)}: Gemma 3's)")
+        need = lambda key: self._int(key)   # noqa: E731
+        self.n_embd, self.n_head = need("clip.vision.embedding_length"), need("clip.vision.attention.head_count")
+        self.n_ff, self.n_layer = need("clip.vision.feed_forward_length"), need("clip.vision.block_count")
+        self.image_size, self.patch = need("clip.vision.image_size"), need("clip.vision.patch_size")
+        self.eps = float(mf.get("clip.vision.attention.layer_norm_epsilon", 1e-6))
+        self.mean = self._triple("clip.vision.image_mean")
+        self.std = self._triple("clip.vision.image_std")
+        if self.n_embd % self.n_head or self.image_size % self.patch:
+            raise ModelFileError(f"{self.path}: {self.n_head} heads do not divide {self.n_embd}, or patches of "
+                                 f"{self.patch} do not tile {self.image_size}; the file is corrupt")
+        self.act = gelu_tanh if mf.get("clip.use_gelu", False) else quick_gelu
+        self.side = self.image_size // self.patch              # patches per side
+        self.merge = int(mf.get("clip.vision.projector.scale_factor", 4))
+        if self.merge < 1 or self.side % self.merge:
+            raise ModelFileError(f"{self.path}: a pooling of {self.merge} does not divide {self.side} patches")
+        self.n_tokens = (self.side // self.merge) ** 2
+        # the text around an image's rows, and whether they see each other (llama.cpp's mtmd: Gemma 3's do)
+        self.image_begin, self.image_end, self.bidirectional = "<start_of_image>", "<end_of_image>", True
+        proj = mf.tensor("mm.input_projection.weight") if mf.has_tensor("mm.input_projection.weight") else None
+        if proj is None or len(proj.shape) != 2 or proj.shape[1] != self.n_embd:
+            raise ModelFileError(f"{self.path}: mm.input_projection.weight is missing or not "
+                                 f"[n_text, {self.n_embd}]; the file is corrupt")
+        self.n_out = int(proj.shape[0])                    # the language model's n_embd
+        self.check_shape("v.patch_embd.weight", (self.patch, self.patch, 3, self.n_embd))
+        self.check_shape("v.position_embd.weight", (self.n_embd, self.side * self.side))
+        self.check_shape("mm.soft_emb_norm.weight", (self.n_embd,))
+        self.layers = [self._layer(i) for i in range(self.n_layer)]
+        self._lock = threading.Lock()
+
+    # -- reading the file ---------------------------------------------------------------------------
+    def _int(self, key: str) -> int:
+        v = self.mf.get(key)
+        if not isinstance(v, (int, np.integer)) or int(v) <= 0:
+            raise ModelFileError(f"{self.path}: {key} is missing or not a positive integer; is this an mmproj file?")
+        return int(v)
+
+    def _triple(self, key: str) -> np.ndarray:
+        v = self.mf.get(key)
+        try:
+            a = np.asarray(v, dtype=np.float32).reshape(3)
+        except (TypeError, ValueError):
+            raise ModelFileError(f"{self.path}: {key} is not three numbers; the file is corrupt") from None
+        if key.endswith("std") and not np.all(a > 0):
+            raise ModelFileError(f"{self.path}: {key} has a value that is not positive")
+        return a
+
+    def check_shape(self, name: str, shape: tuple) -> None:
+        if not self.mf.has_tensor(name):
+            raise ModelFileError(f"{self.path}: tensor {name} is missing; the file is corrupt")
+        got = tuple(self.mf.tensor(name).shape)
+        while len(got) > len(shape) and got[-1] == 1:
+            got = got[:-1]
+        if got != shape:
+            raise ModelFileError(f"{self.path}: tensor {name} has shape {list(got)}, expected {list(shape)}")
+
+    def _pair(self, name: str, shape: tuple) -> tuple:
+        self.check_shape(name + ".weight", shape)
+        bias = name + ".bias"
+        if self.mf.has_tensor(bias):
+            self.check_shape(bias, (shape[-1],))
+        return name + ".weight", bias if self.mf.has_tensor(bias) else None
+
+    def _layer(self, i: int) -> EncoderLayer:
+        p, n, f = f"v.blk.{i}.", self.n_embd, self.n_ff
+        up, down = p + "ffn_up", p + "ffn_down"
+        if n != f and self.mf.has_tensor(up + ".weight") and self.mf.tensor(up + ".weight").shape[0] == f:
+            up, down = down, up     # old conversions named fc1 ffn_down (llama.cpp swaps them back too)
+        return EncoderLayer(ln1=self._pair(p + "ln1", (n,)), ln2=self._pair(p + "ln2", (n,)),
+                            q=self._pair(p + "attn_q", (n, n)), k=self._pair(p + "attn_k", (n, n)),
+                            v=self._pair(p + "attn_v", (n, n)), out=self._pair(p + "attn_out", (n, n)),
+                            up=self._pair(up, (n, f)), down=self._pair(down, (f, n)))
+
+    def floats(self, name: Optional[str]) -> Optional[np.ndarray]:
+        """A tensor as float32 in numpy's order (rows = its last GGUF dimension)."""
+        if name is None:
+            return None
+        t = self.mf.tensor(name)
+        a = dequantize(t.data, GGMLQuantizationType(t.type))
+        return np.ascontiguousarray(a, dtype=np.float32).reshape(tuple(reversed(t.shape)))
+
+    def linear(self, x: np.ndarray, wb: tuple) -> np.ndarray:
+        y = x @ self.floats(wb[0]).T
+        return y + self.floats(wb[1]) if wb[1] is not None else y
+
+    def norm(self, x: np.ndarray, wb: tuple) -> np.ndarray:
+        return layernorm(x, self.floats(wb[0]), self.floats(wb[1]), self.eps)
+
+    def optional_norm(self, x: np.ndarray, name: str) -> np.ndarray:
+        if not self.mf.has_tensor(name + ".weight"):
+            return x
+        return self.norm(x, self._pair(name, (self.n_embd,)))
+
+    # -- running ------------------------------------------------------------------------------------
+    def pixels(self, image) -> np.ndarray:
+        """The image as the encoder reads it: float32 [3, S, S], normalized."""
+        rgb = fit_square(load_image(image), self.image_size)
+        x = np.asarray(rgb, dtype=np.float32).transpose(2, 0, 1) / 255.0
+        return (x - self.mean[:, None, None]) / self.std[:, None, None]
+
+    def encode(self, image) -> np.ndarray:
+        """An image (bytes, a path, a data: URL, a PIL image) -> float32 [n_tokens, n_out]."""
+        return self.encode_pixels(self.pixels(image))
+
+    def encode_pixels(self, pixels: np.ndarray) -> np.ndarray:
+        S, p, n = self.image_size, self.patch, self.n_embd
+        if pixels.shape != (3, S, S):
+            raise InvalidArgumentError(f"pixels must be [3, {S}, {S}], not {list(pixels.shape)}")
+        with self._lock:    # one image at a time: BLAS already takes every core
+            # patch (row r, column c) -> its 3 x p x p values, in the convolution weight's order
+            patches = pixels.reshape(3, self.side, p, self.side, p).transpose(1, 3, 0, 2, 4).reshape(-1, 3 * p * p)
+            x = patches @ self.floats("v.patch_embd.weight").reshape(n, -1).T
+            if self.mf.has_tensor("v.patch_embd.bias"):
+                x += self.floats("v.patch_embd.bias")
+            x += self.floats("v.position_embd.weight")
+            x = self.optional_norm(x, "v.pre_ln")
+            for L in self.layers:
+                x = x + self.attention(self.norm(x, L.ln1), L)
+                x = x + self.linear(self.act(self.linear(self.norm(x, L.ln2), L.up)), L.down)
+            x = self.optional_norm(x, "v.post_ln")
+            return self.project(x)
+
+    def attention(self, h: np.ndarray, L: EncoderLayer) -> np.ndarray:
+        T, H = h.shape[0], self.n_head
+        d = self.n_embd // H
+        q, k, v = (self.linear(h, wb).reshape(T, H, d).transpose(1, 0, 2) for wb in (L.q, L.k, L.v))
+        out = np.empty((H, T, d), np.float32)
+        for i in range(H):    # one head's [T, T] scores at a time
+            s = (q[i] @ k[i].T) * (1.0 / math.sqrt(d))
+            s = np.exp(s - s.max(axis=1, keepdims=True))
+            out[i] = (s / s.sum(axis=1, keepdims=True)) @ v[i]
+        return self.linear(out.transpose(1, 0, 2).reshape(T, self.n_embd), L.out)
+
+    def project(self, x: np.ndarray) -> np.ndarray:
+        """Gemma 3's projector: the average of each k x k patches, RMSNorm, one matmul."""
+        side, k, n = self.side, self.merge, self.n_embd
+        x = x.reshape(side // k, k, side // k, k, n).mean(axis=(1, 3)).reshape(-1, n)
+        x = x / np.sqrt((x * x).mean(axis=1, keepdims=True) + self.eps) * self.floats("mm.soft_emb_norm.weight")
+        return np.ascontiguousarray(x @ self.floats("mm.input_projection.weight"), dtype=np.float32)   # [n_embd, n_out]
+
+    def close(self) -> None:
+        self.mf.close()
+
+
+# -- images -------------------------------------------------------------------------------------------
+
+def image_bytes(image) -> bytes:
+    """The encoded bytes of an image given as bytes, a path, a data: URL or base64 text."""
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        return bytes(image)
+    if isinstance(image, os.PathLike) or (isinstance(image, str) and os.path.isfile(image)):
+        try:
+            with open(image, "rb") as f:
+                return f.read()
+        except OSError as e:
+            raise InvalidArgumentError(f"cannot read the image {image}: {e.strerror}") from None
+    if isinstance(image, str):
+        s = image.strip()
+        if s.startswith("data:"):
+            head, _, s = s.partition(",")
+            if ";base64" not in head:
+                raise InvalidArgumentError("an image data: URL must be base64 (data:image/png;base64,...)")
+        elif s.startswith(("http://", "https://")):
+            raise InvalidArgumentError("pyllm does not fetch images from the web: give the image's bytes as a "
+                                       "data: URL (data:image/png;base64,...) or base64")
+        try:
+            return base64.b64decode(s, validate=True)
+        except (binascii.Error, ValueError):
+            shown = image if len(image) < 80 else image[:77] + "..."
+            raise InvalidArgumentError(f"{shown!r} is neither an image file nor base64 image data") from None
+    raise InvalidArgumentError(f"an image is bytes, a file path, a data: URL or base64 text, not "
+                               f"{type(image).__name__}")
+
+
+def load_image(image):
+    """A PIL image in RGB, from anything image_bytes() takes (or a PIL image)."""
+    from PIL import Image, UnidentifiedImageError
+    if isinstance(image, Image.Image):
+        return image.convert("RGB")
+    data = image_bytes(image)
+    try:
+        img = Image.open(io.BytesIO(data))
+        img.load()
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
+        raise InvalidArgumentError(f"cannot decode the image ({len(data)} bytes): {e}; give a PNG, JPEG, "
+                                   f"WebP, GIF or BMP") from None
+    return img.convert("RGB")
+
+
+def fit_square(img, size: int):
+    """img scaled (bilinear) to fit size x size with its aspect ratio kept, centred on black."""
+    from PIL import Image
+    w, h = img.size
+    if (w, h) == (size, size):
+        return img
+    scale = min(size / w, size / h)
+    nw, nh = min(size, max(1, math.ceil(w * scale))), min(size, max(1, math.ceil(h * scale)))
+    canvas = Image.new("RGB", (size, size), (0, 0, 0))
+    canvas.paste(img.resize((nw, nh), Image.BILINEAR), ((size - nw) // 2, (size - nh) // 2))
+    return canvas
+
+
+# -- the rows of encoded images, by id ------------------------------------------------------------------
+
+class MediaStore:
+    """Encoded images, each under a run of negative token ids (-1-j for its row j
+    after the store's earlier rows). The same picture gets the same ids again
+    while it is kept, so a prompt that shows it again reuses the KV cache of
+    the prefix that held it; ids are never given twice to different rows."""
+
+    def __init__(self, keep: int = 32):
+        self.keep = keep
+        self._images: OrderedDict[bytes, tuple[int, np.ndarray]] = OrderedDict()   # key -> (first row, rows)
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def ids(self, key: bytes, encode) -> list[int]:
+        """The ids of the image under `key`, encoding it (encode() -> rows) if it is not kept."""
+        with self._lock:
+            if key in self._images:
+                self._images.move_to_end(key)
+                first, rows = self._images[key]
+                return [-1 - (first + j) for j in range(len(rows))]
+        rows = encode()
+        with self._lock:
+            if key not in self._images:
+                self._images[key] = (self._next, rows)
+                self._next += len(rows)
+                while len(self._images) > self.keep:
+                    self._images.popitem(last=False)
+            first, rows = self._images[key]
+            return [-1 - (first + j) for j in range(len(rows))]
+
+    def rows(self, ids: Sequence[int]) -> np.ndarray:
+        """The rows of ids (all of one image, consecutive): float32 [len(ids), n]."""
+        first = -1 - ids[0]
+        with self._lock:
+            for start, rows in self._images.values():
+                if start <= first < start + len(rows):
+                    j = first - start
+                    if j + len(ids) > len(rows) or any(-1 - t != first + i for i, t in enumerate(ids)):
+                        break
+                    return rows[j:j + len(ids)]
+        raise InvalidArgumentError("the prompt names image rows this model no longer holds (images are kept "
+                                   f"for the last {self.keep}); send the image again")
+
+    def image_of(self, token: int) -> int:
+        """Which image a media id belongs to (its first row), to cut steps between images."""
+        row = -1 - token
+        with self._lock:
+            for start, rows in self._images.values():
+                if start <= row < start + len(rows):
+                    return start
+        return -1
+
+
+def image_key(encoder: VisionEncoder, image) -> tuple[bytes, object]:
+    """(a key naming this image for this projector, the image in a form encode() takes)."""
+    from PIL import Image
+    if isinstance(image, Image.Image):
+        data = image.convert("RGB").tobytes() + repr(image.size).encode()
+    else:
+        data = image = image_bytes(image)
+    return hashlib.sha256(encoder.path.encode() + b"\0" + data).digest(), image
