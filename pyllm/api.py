@@ -22,7 +22,8 @@ from .backend.base import KV_TYPES, Shape
 from .backend.lowering import check_kv_formats
 from .backend.cpu import physical_cores
 from .backend.select import make_backend
-from .chat_template import BUILTIN as BUILTIN_TEMPLATES, THINKING_SWITCH, ChatTemplate, normalize_messages
+from .chat_template import (BUILTIN as BUILTIN_TEMPLATES, IMAGE_MARKER, NO_VISION, THINKING_SWITCH, ChatTemplate,
+                            normalize_messages)
 from .control_vector import combine as combine_control_vectors
 from .defaults import BLOCK_SIZE, DEFAULT_MAX_CTX, N_BATCH, N_OUT_MAX
 from .dry import DryBreakers
@@ -44,6 +45,7 @@ from .state import load as load_state, save as save_state
 from .speculative import SPEC_TYPES, SpecParams, check_same_vocabulary, make_drafter
 from .tokenizer import load_tokenizer
 from .tools import ToolUse
+from .vision import MediaStore, VisionEncoder, image_key
 
 log = logging.getLogger("pyllm")
 
@@ -105,8 +107,10 @@ class Model:
                  spec_p_min: float = 0.75, lora: Optional[Seq] = None, control_vectors: Optional[Seq] = None,
                  control_vector_layer_range: Optional[tuple[int, int]] = None,
                  override_kv: Optional[Mapping[str, Any]] = None, use_mmap: bool = True,
-                 use_mlock: bool = False, chat_template_kwargs: Optional[Mapping[str, Any]] = None):
+                 use_mlock: bool = False, chat_template_kwargs: Optional[Mapping[str, Any]] = None,
+                 mmproj: Optional[str | os.PathLike] = None):
         self.backend = None
+        self.vision: Optional[VisionEncoder] = None   # an mmproj file's encoder: images in prompts
         self.draft: Optional[Model] = None
         self.adapters: list[LoraAdapter] = []
         name = registry.DEFAULT_MODEL if model is None else str(model)
@@ -180,6 +184,8 @@ class Model:
         try:
             self._speculate(spec_type, draft_model, SpecParams(spec_draft_max, spec_draft_min, spec_ngram_size,
                                                                spec_p_min))
+            if mmproj is not None:
+                self._load_vision(mmproj)
         except BaseException:
             self.close()
             raise
@@ -215,6 +221,40 @@ class Model:
                                                     self.draft.engine if self.draft else None, self.tokenizer.n_vocab)
 
     # -- the conversation on disk ---------------------------------------------------
+    def _load_vision(self, path: str | os.PathLike) -> None:
+        """Opens a multimodal projector (llama.cpp's --mmproj) for this model's prompts."""
+        self.require_generation()
+        self.vision = VisionEncoder(path)
+        if self.vision.n_out != self.arch.hp.n_embd:
+            raise InvalidArgumentError(f"{path} makes image rows of {self.vision.n_out} values; {self.path.name}'s "
+                                       f"are {self.arch.hp.n_embd}: the projector belongs to another model")
+        self.engine.media = MediaStore()
+        self.engine.media_bidirectional = self.vision.bidirectional
+
+    def media_prompt(self, text: str, images: Seq[Any], add_bos: Optional[bool] = None) -> list[int]:
+        """The token ids of a prompt with images: each IMAGE_MARKER ("<__media__>") in `text` is
+        one image's rows (ids < 0, in the model's image store) between its projector's begin
+        and end tokens; without markers the images go first (llama-mtmd-cli's way). The
+        images are encoded here (the same image again is not: its rows are kept)."""
+        if self.vision is None:
+            raise InvalidArgumentError(NO_VISION)
+        images = list(images)
+        if IMAGE_MARKER not in text:
+            text = IMAGE_MARKER * len(images) + text
+        pieces = text.split(IMAGE_MARKER)
+        if len(pieces) != len(images) + 1:
+            raise InvalidArgumentError(f"the prompt marks {len(pieces) - 1} images ({IMAGE_MARKER}) but "
+                                       f"{len(images)} were given")
+        v, store = self.vision, self.engine.media
+        tokens = self.tokenizer.encode(pieces[0] + (v.image_begin if images else ""), add_bos=add_bos,
+                                       parse_special=True)
+        for i, image in enumerate(images):
+            key, image = image_key(v, image)
+            tokens += store.ids(key, lambda: v.encode(image))
+            after = v.image_end + pieces[i + 1] + (v.image_begin if i + 1 < len(images) else "")
+            tokens += self.tokenizer.encode(after, add_bos=False, parse_special=True) if after else []
+        return tokens
+
     def save_state(self, path: str | os.PathLike, n_tokens: Optional[int] = None) -> int:
         """Saves the tokens this conversation's KV cache holds (the first n_tokens of them) and
         their keys and values to `path` (pyllm.state), as llama-cli's --prompt-cache does;
@@ -530,16 +570,22 @@ class Model:
 
     def _generation(self, prompt: str | Seq[int], max_tokens: Optional[int], stop: Optional[Seq[str]],
                     sampling: Mapping[str, Any], profile: bool = False, format: Format = None,
-                    grammar: Optional[str] = None, logprobs: Optional[int] = None) -> Generation:
+                    grammar: Optional[str] = None, logprobs: Optional[int] = None,
+                    images: Optional[Seq[Any]] = None) -> Generation:
         self.require_generation()
-        ids = self.tokenize(prompt, special=True) if isinstance(prompt, str) else self._check_ids(prompt)
+        if images:
+            if not isinstance(prompt, str):
+                raise InvalidArgumentError("a prompt with images is text (with <__media__> where each goes)")
+            ids = self.media_prompt(prompt, images)
+        else:
+            ids = self.tokenize(prompt, special=True) if isinstance(prompt, str) else self._check_ids(prompt)
         constraint = constraint_for(self.tokenizer, format, grammar)
         return self.engine.generate(self._seq, ids, self._max_tokens(max_tokens), self._sampler(sampling),
                                     _stop_list(stop), profile=profile, constraint=constraint, logprobs=logprobs)
 
     def generate(self, prompt: str | Seq[int], max_tokens: Optional[int] = 128, stop: Optional[Seq[str]] = None,
                  format: Format = None, grammar: Optional[str] = None, logprobs: Optional[int] = None,
-                 **sampling: Any) -> Completion:
+                 images: Optional[Seq[Any]] = None, **sampling: Any) -> Completion:
         """Completes `prompt` (text or token ids) as raw text, no chat template.
 
         Returns a Completion: text, tokens, finish_reason ("stop": an
@@ -561,18 +607,21 @@ class Model:
         logprobs N (0 to 20): the Completion's logprobs holds each generated
         token's log-probability under the model (before the sampling chain)
         and the N most likely tokens at its position (see prompt_logprobs).
+
+        images (a model loaded with mmproj=): image files, bytes, base64 or data: URLs, each
+        placed at a "<__media__>" in the prompt, else before it (see media_prompt).
         """
         return self._generation(prompt, max_tokens, stop, sampling, format=format, grammar=grammar,
-                                logprobs=logprobs).run()
+                                logprobs=logprobs, images=images).run()
 
     def stream(self, prompt: str | Seq[int], max_tokens: Optional[int] = 128, stop: Optional[Seq[str]] = None,
                profile: bool = False, format: Format = None, grammar: Optional[str] = None,
-               logprobs: Optional[int] = None, **sampling: Any) -> Generation:
+               logprobs: Optional[int] = None, images: Optional[Seq[Any]] = None, **sampling: Any) -> Generation:
         """Like generate(), but iterating yields the text as it is decoded;
         `.completion` holds the result afterwards (also after a break). With
         profile=True, `.profiles` says afterwards where the prefill's and the
         decode's time went (per op kind, per weight type, per thread, Python)."""
-        return self._generation(prompt, max_tokens, stop, sampling, profile, format, grammar, logprobs)
+        return self._generation(prompt, max_tokens, stop, sampling, profile, format, grammar, logprobs, images)
 
     def infill_prompt(self, prefix: str, suffix: str = "", prompt: str = "", extra: Optional[list] = None,
                       max_tokens: Optional[int] = None) -> list[int]:
@@ -658,24 +707,31 @@ class Model:
         tool use (None without tools)."""
         if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
             raise InvalidArgumentError("chat_template_kwargs must be an object of name -> value")
-        messages, prefill = normalize_messages(messages), ""
+        images: Optional[list] = [] if self.vision is not None else None
+        messages, prefill = normalize_messages(messages, images), ""
         if prefill_assistant and messages and messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
             prefill = messages.pop()["content"]
         use = ToolUse(self.chat_template.source, tools, tool_choice, parallel_tool_calls) if tools is not None else None
         if use is not None:
             messages = use.messages(messages)
         text, prompt = self._chat_prompt(messages, think, prefill, {**(chat_template_kwargs or {}),
-                                                                    **(use.variables if use else {})})
+                                                                    **(use.variables if use else {})}, images)
         return text, prompt, reply_starts_thinking(text[:len(text) - len(prefill)], prefill), use
 
     def _chat_prompt(self, messages: Seq[Mapping[str, Any]], think: Optional[bool] = None, prefill: str = "",
-                     variables: Optional[Mapping[str, Any]] = None) -> tuple[str, list[int]]:
+                     variables: Optional[Mapping[str, Any]] = None,
+                     images: Optional[list] = None) -> tuple[str, list[int]]:
         """The prompt text and tokens for `messages`, then the start of the
         reply, `prefill`, where one is given. Where the text repeats
         the previous chat call's prompt and reply, their tokens are reused as
         they went into the model (not re-tokenized), so the KV cache covers
-        them and only the new text is computed."""
+        them and only the new text is computed. With images, the text is
+        tokenized afresh (a marker's text does not say which image it was);
+        the same images get the same rows, so the KV cache still covers them."""
         text = self._render(messages, True, think, variables or {}) + prefill
+        bos = self.chat_template.bos_token
+        if images:
+            return text, self.media_prompt(text, images, self.tokenizer.add_bos and not (bos and text.startswith(bos)))
         tokens: list[int] = []
         done = 0
         for seg_text, seg_tokens in self._slot.chat_cache:
@@ -684,7 +740,6 @@ class Model:
             tokens += seg_tokens
             done += len(seg_text)
         if done == 0:
-            bos = self.chat_template.bos_token
             add_bos = self.tokenizer.add_bos and not (bos and text.startswith(bos))
             return text, self.tokenizer.encode(text, add_bos=add_bos, parse_special=True)
         if done < len(text):
@@ -766,6 +821,9 @@ class Model:
         for adapter in getattr(self, "adapters", ()):   # after the backend: it reads their B
             adapter.close()
         self.adapters = []
+        if getattr(self, "vision", None) is not None:
+            self.vision.close()
+            self.vision = None
 
     def __enter__(self) -> "Model":
         return self

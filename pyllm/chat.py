@@ -20,16 +20,18 @@ streams the two apart.
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence as Seq
 
 from .engine import Completion, Metrics
 from .errors import ContextFullError, InvalidArgumentError
 from .grammar import Format, constraint_for
 from .chat_template import normalize_messages
 from .reasoning import split_pieces, split_reasoning
+from .vision import image_bytes
 
 SAVE_FORMAT = "pyllm-chat/1"
 
@@ -49,7 +51,7 @@ class Turn:
     """One reply in progress. Iterate for text pieces; `completion` holds the
     result once it is over; close() stops it where it is ("interrupted")."""
 
-    def __init__(self, session: "ChatSession", user: str, stream, dropped: int, context_tokens: int):
+    def __init__(self, session: "ChatSession", user: dict, stream, dropped: int, context_tokens: int):
         self.session, self.user, self.dropped, self.context_tokens = session, user, dropped, context_tokens
         self._stream = stream
         self._it: Optional[Iterator[str]] = None
@@ -131,9 +133,11 @@ class ChatSession:
         want = max_tokens if max_tokens and max_tokens > 0 else n_ctx
         return max(1, min(want, n_ctx // 4))
 
-    def send(self, text: str, max_tokens: Any = ..., **sampling: Any) -> Turn:
+    def send(self, text: str, max_tokens: Any = ..., images: Seq[Any] = (), **sampling: Any) -> Turn:
         """Starts the reply to `text`; iterate the Turn for its pieces.
         max_tokens and sampling keywords override the session's for this turn.
+        images: pictures that go with the message (a model with a vision
+        projector), kept in the conversation as base64.
 
         If the conversation and room for a reply (max_tokens, at most a
         quarter of the context) do not fit, the oldest exchanges are dropped;
@@ -145,10 +149,13 @@ class ChatSession:
         n_ctx = self.model.n_ctx
         kept = list(self.messages)
         dropped = 0
+        user = {"role": "user", "content": text}
+        if images:
+            user["images"] = [base64.b64encode(image_bytes(image)).decode() for image in images]
         while True:
-            msgs = ([{"role": "system", "content": self.system}] if self.system else []) + kept + \
-                   [{"role": "user", "content": text}]
-            prompt_text, tokens = self.model._chat_prompt(msgs)
+            msgs = ([{"role": "system", "content": self.system}] if self.system else []) + kept + [user]
+            shown: Optional[list] = [] if self.model.vision is not None else None
+            prompt_text, tokens = self.model._chat_prompt(normalize_messages(msgs, shown), images=shown)
             if len(tokens) + self._headroom(max_tokens) <= n_ctx or not kept:
                 break
             # drop the oldest exchange (a user turn and the reply to it)
@@ -164,12 +171,12 @@ class ChatSession:
                                          self.format, self.grammar)
         self.messages = kept
         self.stats.dropped_turns += dropped
-        return Turn(self, text, stream, dropped, len(tokens))
+        return Turn(self, user, stream, dropped, len(tokens))
 
-    def _finish(self, user: str, c: Completion, start_thinking: bool = False) -> None:
+    def _finish(self, user: dict, c: Completion, start_thinking: bool = False) -> None:
         if c.finish_reason == "interrupted" and not c.text.strip():
             return          # stopped before it said anything: as if never asked
-        self.messages.append({"role": "user", "content": user})
+        self.messages.append(user)
         self.messages.append({"role": "assistant", "content": split_reasoning(c.text, start_thinking)[1]})
         s = self.stats
         s.turns += 1

@@ -57,9 +57,32 @@ MAX_RANGE = 10_000                 # range() in a template yields at most this m
 BUILTIN = ("chatml", "gemma")
 
 
-def _message_text(content: Any) -> str:
+IMAGE_MARKER = "<__media__>"   # where an image goes in the prompt text (llama.cpp's marker)
+NO_VISION = "images need the model's vision projector: load it with --mmproj FILE (Model(..., mmproj=...))"
+
+
+IMAGE_PARTS = ("image_url", "image", "input_image")
+
+
+def _image_source(part: Mapping) -> Any:
+    """The image of an OpenAI-style content part: {"type": "image_url", "image_url": {"url": ...}},
+    or {"type": "image", "image": ...} (bytes, base64, a data: URL or a file)."""
+    if part["type"] == "image_url":
+        url = part.get("image_url")
+        url = url.get("url") if isinstance(url, Mapping) else url
+        if not isinstance(url, str):
+            raise InvalidArgumentError("an image_url part needs {'image_url': {'url': 'data:image/...;base64,...'}}")
+        return url
+    src = part.get("image", part.get("image_url"))
+    if not isinstance(src, (str, bytes)):
+        raise InvalidArgumentError(f"an {part['type']} part needs the image as base64 or a data: URL")
+    return src
+
+
+def _message_text(content: Any, images: Optional[list] = None) -> str:
     """A message's content as text: a string, None, or OpenAI-style parts
-    ([{"type": "text", "text": ...}]) joined."""
+    ([{"type": "text", "text": ...}]) joined; image parts become IMAGE_MARKER,
+    their images appended to `images` (None: images are refused)."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -69,16 +92,24 @@ def _message_text(content: Any) -> str:
         for part in content:
             if isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str):
                 texts.append(part["text"])
+            elif isinstance(part, Mapping) and part.get("type") in IMAGE_PARTS:
+                if images is None:
+                    raise InvalidArgumentError(NO_VISION)
+                images.append(_image_source(part))
+                texts.append(IMAGE_MARKER)
             else:
-                raise InvalidArgumentError("message content parts must be {'type': 'text', 'text': ...}; "
-                                           "pyllm runs text models only")
+                raise InvalidArgumentError("message content parts must be {'type': 'text', 'text': ...} or "
+                                           "{'type': 'image_url', 'image_url': {'url': ...}}")
         return "".join(texts)
     raise InvalidArgumentError(f"message content must be a string, not {type(content).__name__}")
 
 
-def normalize_messages(messages: Any) -> list[dict[str, Any]]:
+def normalize_messages(messages: Any, images: Optional[list] = None) -> list[dict[str, Any]]:
     """Checks OpenAI-style messages and returns a plain-data copy (role and
-    content strings; other JSON fields kept for templates that use them)."""
+    content strings; other JSON fields kept for templates that use them).
+    images: a list that takes the messages' images in order (image parts, and
+    ollama's "images" of a message, which go before its text), each marked in
+    the content by IMAGE_MARKER; None: a message with an image is refused."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise InvalidArgumentError("messages must be a list of {'role': ..., 'content': ...} dicts")
     out = []
@@ -88,11 +119,17 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
         role = m.get("role")
         if not isinstance(role, str) or not role:
             raise InvalidArgumentError(f"message {i} has no role (system, user or assistant)")
+        attached = m.get("images") or []
+        if attached and (images is None or not isinstance(attached, list)):
+            raise InvalidArgumentError(NO_VISION if images is None else f"message {i}'s images must be a list")
         try:
-            extra = json.loads(json.dumps({k: v for k, v in m.items() if k not in ("role", "content")}))
+            extra = json.loads(json.dumps({k: v for k, v in m.items() if k not in ("role", "content", "images")}))
         except (TypeError, ValueError):
             raise InvalidArgumentError(f"message {i} holds something that is not plain JSON data") from None
-        out.append({**extra, "role": role, "content": _message_text(m.get("content"))})
+        if attached:
+            images.extend(attached)
+        text = IMAGE_MARKER * len(attached) + _message_text(m.get("content"), images)
+        out.append({**extra, "role": role, "content": text})
     return out
 
 

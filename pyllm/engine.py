@@ -149,6 +149,8 @@ class Engine:
         self.new_drafter = None      # speculative decoding: makes a generation's guesser (pyllm.speculative)
         self.spec = SpecParams()
         self.batcher: Optional[StepBatcher] = None   # several threads' steps, batched (parallel)
+        self.media = None                # pyllm.vision.MediaStore: the rows of a prompt's images (ids < 0)
+        self.media_bidirectional = False  # an image's rows see each other (Gemma 3), so one step holds them
 
     def new_sequence(self) -> Sequence:
         return Sequence(self.pool, self.n_ctx)
@@ -162,9 +164,33 @@ class Engine:
     def _forward(self, tokens: Seq[int], start_pos: int, block_table: Seq[int], n_out: int) -> np.ndarray:
         self.totals.steps += 1
         self.totals.tokens_max = max(self.totals.tokens_max, len(tokens))
+        media = {}
+        if tokens and tokens[0] < 0:   # an image's rows: the step takes them as given embeddings
+            media = {"media": self.media.rows(tokens), "bidirectional": self.media_bidirectional}
+            tokens = [-1 - j for j in range(len(tokens))]
         if self.batcher is not None:
-            return self.batcher.forward(tokens, start_pos, block_table, n_out)
-        return self.backend.forward(tokens, start_pos, block_table, n_out)
+            return self.batcher.forward(tokens, start_pos, block_table, n_out, **media)
+        return self.backend.forward(tokens, start_pos, block_table, n_out, **media)
+
+    def _chunks(self, tokens: Seq[int], size: int) -> Iterator[Seq[int]]:
+        """tokens cut into steps of at most `size`; an image's rows never share a step with
+        text or another image (and stay in one step where they must see each other)."""
+        start = 0
+        while start < len(tokens):
+            end = start + 1
+            if tokens[start] < 0:
+                image = self.media.image_of(tokens[start])
+                while end < len(tokens) and tokens[end] < 0 and self.media.image_of(tokens[end]) == image:
+                    end += 1
+                if self.media_bidirectional and end - start > size:
+                    raise InvalidArgumentError(f"an image of {end - start} rows must be one step, and a step holds "
+                                               f"{size} tokens: use a larger batch (-b {end - start})")
+            else:
+                while end < len(tokens) and tokens[end] >= 0:
+                    end += 1
+            for i in range(start, end, size):
+                yield tokens[i:min(i + size, end)]
+            start = end
 
     # -- running tokens through the model ---------------------------------------------
     def _run(self, seq: Sequence, tokens: Seq[int], n_out: int = 1,
@@ -184,10 +210,9 @@ class Engine:
         # with parallel generations, chunks leave room in a step for the others' decode rows
         batching = self.batcher is not None and self.batcher.batching
         size = max(1, self.n_batch - self.batcher.max_out) if batching else self.n_batch
-        for i in range(0, len(tokens), size):
+        for chunk in self._chunks(tokens, size):
             if cancelled is not None and cancelled():
                 raise Cancelled()
-            chunk = tokens[i:i + size]
             try:
                 logits = self._forward(chunk, len(seq), seq.blocks, min(n_out, len(chunk)))
             except BaseException:
@@ -296,13 +321,13 @@ class Generation:
         emitted: list[str] = []
         pending = ""       # decoded text held back: it may be the start of a stop string
         decoder = eng.tokenizer.stream_decoder()
-        history = list(self.prompt)
+        history = [t for t in self.prompt if t >= 0]   # an image's rows (ids < 0) are no tokens to penalize
         finish, hit_stop_string = "interrupted", ""
         t_first = None
         sampling_s = 0.0
         # speculative decoding: the last step's guesses (the cache holds them past the
         # token that step ran), how many of them the sampler has drawn, and their logits
-        drafter = eng.new_drafter() if eng.new_drafter is not None else None
+        drafter = eng.new_drafter() if eng.new_drafter is not None and min(self.prompt) >= 0 else None
         length = DraftLength(eng.spec) if drafter is not None else None
         draft: list[int] = []
         kept = 0
@@ -354,7 +379,7 @@ class Generation:
                 if len(tokens) >= self.max_tokens:
                     finish = "length"
                     break
-                if len(history) > eng.n_ctx:
+                if len(self.prompt) + len(tokens) > eng.n_ctx:
                     finish = "context"
                     break
                 if kept < len(draft) and tok == draft[kept]:   # guessed: its logits are computed

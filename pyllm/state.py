@@ -51,6 +51,9 @@ def save(model, seq, path: str | os.PathLike, n_tokens: Optional[int] = None) ->
     returns the bytes written."""
     k_cache, v_cache = _caches(model)
     n = len(seq.tokens) if n_tokens is None else max(0, min(int(n_tokens), len(seq.tokens)))
+    if any(t < 0 for t in seq.tokens[:n]):   # an image's rows live in this process's image store only
+        raise InvalidArgumentError("a prompt with images cannot be saved as a state (its image rows are not "
+                                   "tokens a later run could check)")
     B = model.engine.pool.block_size
     blocks = np.asarray(seq.blocks[:(n + B - 1) // B], dtype=np.int64)
     arrays = {"header": np.array(json.dumps(identity(model))), "tokens": np.asarray(seq.tokens[:n], dtype=np.int32)}
