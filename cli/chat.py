@@ -21,8 +21,8 @@ from rich.text import Text
 from pyllm.errors import InvalidArgumentError, PyllmError
 from pyllm.reasoning import ANSWER, THINKING
 
-from .common import created_messages, err, handle_errors, model_path
-from .options import MlockOpt, NoMmapOpt
+from .common import created_messages, err, handle_errors, image_file, model_path
+from .options import MlockOpt, MmprojOpt, NoMmapOpt
 from .options import OverrideKvOpt, file_kwargs
 from .options import RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt
 from .options import TemplateKwargsOpt, template_kwargs
@@ -59,6 +59,7 @@ Ctrl-C stops a reply (or clears the line); Ctrl-D or /exit leaves.
   /load FILE     load a saved conversation
   /stats         token counts, KV-cache reuse and speed
   /think on|off  a reasoning model thinks before answering, or not (/think alone shows it)
+  /image FILE    show the model a picture with the next message (needs --mmproj)
   /exit          leave (also /quit, /bye)
 
 Start a message with // to send text that begins with /."""
@@ -103,6 +104,7 @@ class ChatRepl:
         # \001 \002 tell readline the escape codes take no room on the line
         self.prompt = "\001\033[1;32m\002>>> \001\033[0m\002" if color else PROMPT
         self.more = "\001\033[2m\002... \001\033[0m\002" if color else MORE
+        self.images: list[bytes] = []    # /image: pictures for the next message
 
     # -- input ---------------------------------------------------------------------------
     def _input(self, prompt: str) -> str:
@@ -202,6 +204,19 @@ class ChatRepl:
                 self.status("thinking: as the chat template decides" if m.think is None else
                             f"thinking {'on' if m.think else 'off'}" + ("" if m.chat_template.has_thinking_switch
                                                                       else " (the template has no switch)"))
+        elif name == "/image":
+            if s.model.vision is None:
+                raise InvalidArgumentError("/image needs the model's vision projector: start the chat with "
+                                           "--mmproj FILE")
+            if not arg:
+                raise InvalidArgumentError("/image needs an image file")
+            from pyllm.vision import load_image
+            path = os.path.expanduser(arg.strip("'\""))
+            data = image_file(path)
+            load_image(data)   # a file that is no image fails now, not with the next message
+            self.images.append(data)
+            self.status(f"{path}: attached to the next message ({len(self.images)} image"
+                        f"{'s' if len(self.images) > 1 else ''})")
         elif name == "/stats":
             st, m = s.stats, s.model
             used = len(m._seq)
@@ -278,7 +293,8 @@ class ChatRepl:
 
     # -- a turn --------------------------------------------------------------------------
     def reply(self, text: str) -> None:
-        turn = self.session.send(text)
+        turn = self.session.send(text, images=self.images)
+        self.images = []
         if turn.dropped:
             self.status(f"[context full: dropped the {turn.dropped} oldest "
                         f"turn{'s' if turn.dropped > 1 else ''} to make room]", style="yellow")
@@ -403,6 +419,7 @@ def chat(
     n_gpu_layers: NGpuLayers = "auto",
     cache_type_k: CacheTypeK = "f16",
     cache_type_v: CacheTypeV = "f16",
+    mmproj: MmprojOpt = None,
     lora: LoraOpt = [],
     lora_scaled: LoraScaledOpt = [],
     control_vector: ControlVectorOpt = [],
@@ -462,7 +479,7 @@ def chat(
                    **file_kwargs(no_mmap, mlock, override_kv, rope_scaling, rope_scale, rope_freq_base,
                                  rope_freq_scale, yarn_orig_ctx),
                    n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
-                   cache_type_v=cache_type_v, think=think, lora=lora_specs(lora, lora_scaled),
+                   cache_type_v=cache_type_v, think=think, lora=lora_specs(lora, lora_scaled), mmproj=mmproj,
                    **control_kwargs(control_vector, control_vector_scaled, control_vector_layer_range),
                    **speculative_kwargs(spec_type, model_draft, spec_draft_max, spec_draft_min, spec_ngram_size, spec_p_min)) as m:
             m.require_generation()       # an embedding model cannot chat: say so before any input

@@ -207,3 +207,12 @@ def process_escapes(text: str) -> str:
         out.append(raw[i])
         i += 1
     return out.decode("utf-8", "surrogateescape")
+
+
+def image_file(path: str) -> bytes:
+    """An image file (--image, /image)'s bytes (a missing file is named as such, not taken for base64)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise InvalidArgumentError(f"cannot read the image {path}: {e.strerror}") from None

@@ -69,6 +69,15 @@ def lora_specs(lora: list[str], lora_scaled: list[str]) -> list[tuple[str, float
     return [(path, 1.0) for path in _items(lora)] + [parse_scaled(spec) for spec in _items(lora_scaled)]
 
 
+VISION = "Images (a vision model)"
+MmprojOpt = Annotated[Optional[str], typer.Option(
+    "--mmproj", help="the model's multimodal projector (llama.cpp's mmproj .gguf): lets prompts hold images",
+    rich_help_panel=VISION)]
+ImageOpt = Annotated[list[str], typer.Option(
+    "--image", help="an image file for the prompt (PNG, JPEG, WebP ...; needs --mmproj); repeatable; placed at "
+    "each <__media__> in the prompt, else before it", rich_help_panel=VISION)]
+
+
 NoMmapOpt = Annotated[bool, typer.Option("--no-mmap", help="read the model into memory instead of mapping "
                                          "the file (llama.cpp's)")]
 MlockOpt = Annotated[bool, typer.Option("--mlock", help="keep the model in RAM, never paged out (needs the "

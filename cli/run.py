@@ -7,6 +7,7 @@ error (one line on stderr), 130 interrupted.
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 import os
 import sys
@@ -17,8 +18,8 @@ import typer
 
 from pyllm.errors import InvalidArgumentError, PyllmError
 
-from .common import created_messages, err, handle_errors, model_path, process_escapes, read_input
-from .options import MlockOpt, NoMmapOpt
+from .common import created_messages, err, handle_errors, image_file, model_path, process_escapes, read_input
+from .options import ImageOpt, MlockOpt, MmprojOpt, NoMmapOpt
 from .options import OverrideKvOpt, file_kwargs
 from .options import RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt
 from .options import TemplateKwargsOpt, template_kwargs
@@ -101,6 +102,8 @@ def run(
     n_gpu_layers: NGpuLayers = "auto",
     cache_type_k: CacheTypeK = "f16",
     cache_type_v: CacheTypeV = "f16",
+    mmproj: MmprojOpt = None,
+    image: ImageOpt = [],
     lora: LoraOpt = [],
     lora_scaled: LoraScaledOpt = [],
     control_vector: ControlVectorOpt = [],
@@ -155,6 +158,10 @@ def run(
             raise InvalidArgumentError("--system needs --chat")
         if suffix is not None and chat:
             raise InvalidArgumentError("--suffix fills in the middle of raw text: not with --chat")
+        if image and mmproj is None:
+            raise InvalidArgumentError("--image needs the model's vision projector: --mmproj FILE")
+        if image and (suffix is not None or prompt_cache is not None):
+            raise InvalidArgumentError("--image does not go with --suffix or --prompt-cache")
         sampling = sampling_kwargs(temp, top_k, top_p, min_p, typical_p, repeat_penalty, repeat_last_n,
                                    frequency_penalty, presence_penalty, logit_bias, seed,
                                    ignore_eos=ignore_eos, samplers=samplers_of(samplers, sampling_seq),
@@ -181,7 +188,7 @@ def run(
                    **file_kwargs(no_mmap, mlock, override_kv, rope_scaling, rope_scale, rope_freq_base,
                                  rope_freq_scale, yarn_orig_ctx),
                    n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
-                   cache_type_v=cache_type_v, think=think, lora=lora_specs(lora, lora_scaled),
+                   cache_type_v=cache_type_v, think=think, lora=lora_specs(lora, lora_scaled), mmproj=mmproj,
                    **control_kwargs(control_vector, control_vector_scaled, control_vector_layer_range),
                    **speculative_kwargs(spec_type, model_draft, spec_draft_max, spec_draft_min, spec_ngram_size, spec_p_min)) as m:
             load_s = time.perf_counter() - t_load
@@ -202,8 +209,9 @@ def run(
                 note = thinking_note(m, think)
                 if note:
                     err.print(f"warning: {note}", style="yellow", highlight=False, soft_wrap=True)
+                content = [{"type": "image", "image": image_file(f)} for f in image] + [{"type": "text", "text": text}]
                 messages = ([{"role": "system", "content": system}] if system else []) + created_messages() + \
-                           [{"role": "user", "content": text}]
+                           [{"role": "user", "content": content if image else text}]
                 gen = m.chat(messages, max_tokens=max_tokens, stop=stop, stream=True, **sampling)
                 seed_used = gen.seed
             elif suffix is not None:   # the code between the prompt and the suffix
@@ -214,7 +222,8 @@ def run(
             else:
                 if not text:
                     raise InvalidArgumentError("the prompt is empty")
-                gen = m.stream(text, max_tokens=max_tokens, stop=stop, **sampling)
+                gen = m.stream(text, max_tokens=max_tokens, stop=stop,
+                               images=[image_file(f) for f in image], **sampling)
                 seed_used = gen.sampler.seed
             generation = getattr(gen, "generation", gen)   # a chat stream wraps the engine's generation
             generation.profile = profile
@@ -267,10 +276,13 @@ def chat_instead(given: dict, model: str) -> None:
 
 def print_prompt(m, tokens: list[int]) -> None:
     """llama-cli's --verbose-prompt: the prompt text, its token count, each token and its piece."""
-    err.print(f"prompt: {m.detokenize(tokens)!r}", markup=False, highlight=False, soft_wrap=True)
+    runs = itertools.groupby(tokens, key=lambda t: t < 0)   # text, and an image's rows (ids < 0)
+    text = "".join(f"<image: {len(ids)} rows>" if image else m.detokenize(ids)
+                   for image, ids in ((image, list(ids)) for image, ids in runs))
+    err.print(f"prompt: {text!r}", markup=False, highlight=False, soft_wrap=True)
     err.print(f"number of tokens in prompt = {len(tokens)}", highlight=False)
     for t in tokens:
-        piece = m.tokenizer.token_to_piece(t).decode("utf-8", "replace")
+        piece = "<image row>" if t < 0 else m.tokenizer.token_to_piece(t).decode("utf-8", "replace")
         err.print(f"{t:6d} -> {piece!r}", markup=False, highlight=False, soft_wrap=True)
     err.print()
 

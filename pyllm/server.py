@@ -234,7 +234,8 @@ def max_tokens_of(body: dict) -> Optional[int]:
 
 
 def messages_of(body: dict) -> list[dict]:
-    """The request's messages, each content as text (OpenAI's list of text parts joined)."""
+    """The request's messages, each content as text (OpenAI's list of text parts joined), or
+    as its parts where images are among them."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidArgumentError("messages must be a non-empty list of {role, content} objects")
@@ -243,15 +244,16 @@ def messages_of(body: dict) -> list[dict]:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise InvalidArgumentError("each message must be an object with a role and a content")
         content = m.get("content")
-        if isinstance(content, list):   # [{"type": "text", "text": ...}, ...]
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise InvalidArgumentError("message content parts other than text are not supported")
-            content = "".join(p["text"] for p in content)
+        if isinstance(content, list):   # [{"type": "text", "text": ...}, ...]: text parts are joined
+            if not all(isinstance(p, dict) and isinstance(p.get("type"), str) for p in content):
+                raise InvalidArgumentError("message content parts must be objects with a type")
+            if all(p["type"] == "text" and isinstance(p.get("text"), str) for p in content):
+                content = "".join(p["text"] for p in content)
+            # else: images among them, for the model's vision projector (Model.chat checks them)
         if content is None:
             content = ""
-        if not isinstance(content, str):
-            raise InvalidArgumentError("a message's content must be text")
+        if not isinstance(content, (str, list)):
+            raise InvalidArgumentError("a message's content must be text or a list of parts")
         out.append({**m, "content": content})
     return out
 
@@ -1404,11 +1406,15 @@ class Handler(BaseHTTPRequestHandler):
         if not prompt:   # ollama's way to load (or, keep_alive 0, unload) a model: nothing to generate
             self._ollama_load(body, "response")
             return
+        images = body.get("images") or []
+        if not isinstance(images, list):
+            raise InvalidArgumentError("images must be a list of base64 images")
         if body.get("raw"):
             self._ollama_reply(body, lambda m, max_tokens, stop, sampling, thinking: m.stream(
-                prompt, max_tokens=max_tokens, stop=stop, **sampling), "response")   # raw: no template
+                prompt, max_tokens=max_tokens, stop=stop, images=images, **sampling), "response")   # raw: no template
             return
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        user = {"role": "user", "content": prompt, **({"images": images} if images else {})}
+        messages = ([{"role": "system", "content": system}] if system else []) + [user]
         self._ollama_reply(body, lambda m, max_tokens, stop, sampling, thinking: m.chat(
             conversation(self.server.host.created, messages), max_tokens=max_tokens, stop=stop, stream=True,
             **thinking, **sampling), "response")
@@ -1439,8 +1445,6 @@ class Handler(BaseHTTPRequestHandler):
         """A reply as ollama sends one: JSON lines (stream, the default) or one object. start(model,
         max_tokens, stop, sampling, thinking: Model.chat's think and chat_template_kwargs) begins it; field: "message" (chat: {role, content, thinking})
         or "response" (generate: the text, and thinking beside it)."""
-        if body.get("images"):
-            raise InvalidArgumentError("images are not supported by pyllm serve (text models only)")
         if body.get("tools") and field != "message":
             raise InvalidArgumentError("tools take /api/chat")
         fmt = body.get("format") or None   # "json" or a JSON schema

@@ -1,0 +1,326 @@
+"""Images in prompts: the vision encoder of an mmproj file (pyllm/vision.py) against a
+slow loop-by-loop numpy version written here, the image store, the prompt layout
+(llama.cpp's mtmd: <start_of_image> rows <end_of_image>), and a whole prompt with an
+image against the numpy reference with the same rows (Gemma 3: the rows see each
+other). benchmarks/compare_vision.py compares the same files with llama.cpp's mtmd.
+"""
+import base64
+import io
+import math
+
+import numpy as np
+import pytest
+from gguf.constants import GGMLQuantizationType as QT
+from PIL import Image
+
+import synth
+from pyllm import Model
+from pyllm.errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
+from pyllm.vision import MediaStore, VisionEncoder, fit_square, image_bytes, load_image
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("vision")
+    return {"lm": synth.write_gemma3(d / "lm.gguf", QT.F32, n_vocab=512),
+            "mm": synth.write_mmproj(d / "mm.gguf", n_out=256, qtype=QT.F32),
+            "mm16": synth.write_mmproj(d / "mm16.gguf", n_out=256),
+            "swapped": synth.write_mmproj(d / "swapped.gguf", n_out=256, qtype=QT.F32, swapped_ffn=True),
+            "narrow": synth.write_mmproj(d / "narrow.gguf", n_out=128), "dir": d}
+
+
+def picture(seed: int = 0, shape=(32, 32, 3)) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8))
+
+
+def png(img: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def slow_encode(enc: VisionEncoder, pixels: np.ndarray) -> np.ndarray:
+    """The encoder written out plainly: a convolution patch by patch, attention row by row,
+    pooling window by window."""
+    f, p, n = enc.floats, enc.patch, enc.n_embd
+    W, side = f("v.patch_embd.weight"), enc.side       # [n, 3, p, p]
+    x = np.zeros((side * side, n), np.float64)
+    for r in range(side):
+        for c in range(side):
+            window = pixels[:, r * p:(r + 1) * p, c * p:(c + 1) * p]
+            x[r * side + c] = np.einsum("ocij,cij->o", W, window)
+    x += f("v.patch_embd.bias") + f("v.position_embd.weight")
+
+    def ln(v, name):
+        mu, var = v.mean(-1, keepdims=True), v.var(-1, keepdims=True)
+        return (v - mu) / np.sqrt(var + enc.eps) * f(name + ".weight") + f(name + ".bias")
+
+    def lin(v, name):
+        return v @ f(name + ".weight").T + f(name + ".bias")
+
+    H, d = enc.n_head, n // enc.n_head
+    for i in range(enc.n_layer):
+        b = f"v.blk.{i}."
+        h = ln(x, b + "ln1")
+        q, k, v = lin(h, b + "attn_q"), lin(h, b + "attn_k"), lin(h, b + "attn_v")
+        att = np.zeros_like(h)
+        for head in range(H):
+            s = slice(head * d, (head + 1) * d)
+            for t in range(len(h)):
+                scores = k[:, s] @ q[t, s] / math.sqrt(d)
+                w = np.exp(scores - scores.max())
+                att[t, s] = (w / w.sum()) @ v[:, s]
+        x = x + lin(att, b + "attn_out")
+        u = lin(ln(x, b + "ln2"), b + "ffn_up")
+        x = x + lin(0.5 * u * (1 + np.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u ** 3))), b + "ffn_down")
+    x = ln(x, "v.post_ln")
+    k_, out_side = enc.merge, side // enc.merge
+    pooled = np.zeros((out_side * out_side, n))
+    for r in range(out_side):
+        for c in range(out_side):
+            cells = [x[(r * k_ + i) * side + c * k_ + j] for i in range(k_) for j in range(k_)]
+            pooled[r * out_side + c] = np.mean(cells, axis=0)
+    pooled = pooled / np.sqrt((pooled ** 2).mean(-1, keepdims=True) + enc.eps) * f("mm.soft_emb_norm.weight")
+    return pooled @ f("mm.input_projection.weight")
+
+
+def test_encoder_matches_the_plain_loops(files):
+    enc = VisionEncoder(files["mm"])
+    px = enc.pixels(picture())
+    got, want = enc.encode_pixels(px), slow_encode(enc, px.astype(np.float64))
+    assert got.shape == (16, 256) and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.abs(want).max())
+    enc.close()
+
+
+def test_pixels_are_normalized_channels_first(files):
+    enc = VisionEncoder(files["mm"])
+    img = picture(3)
+    px = enc.pixels(img)
+    raw = np.asarray(img, np.float32)
+    assert px.shape == (3, 32, 32)
+    np.testing.assert_allclose(px[1, 5, 7], (raw[5, 7, 1] / 255 - 0.5) / 0.5, rtol=1e-6)
+    enc.close()
+
+
+def test_old_ffn_names_are_swapped_back(files):
+    a, b = VisionEncoder(files["mm"]), VisionEncoder(files["swapped"])
+    img = picture(1)
+    np.testing.assert_array_equal(a.encode(img), b.encode(img))   # same seed: the same weights, other names
+    a.close()
+    b.close()
+
+
+def test_f16_projector_close_to_f32(files):
+    a, b = VisionEncoder(files["mm"]), VisionEncoder(files["mm16"])
+    x, y = a.encode(picture(2)), b.encode(picture(2))
+    assert np.abs(x - y).max() < 0.02 * np.abs(x).max()
+    assert not np.array_equal(x, y)
+    a.close()
+    b.close()
+
+
+def test_a_wide_image_keeps_its_shape_on_black():
+    img = Image.new("RGB", (40, 20), (255, 255, 255))
+    sq = np.asarray(fit_square(img, 32))
+    assert sq.shape == (32, 32, 3)
+    assert (sq[:7] == 0).all() and (sq[-7:] == 0).all()     # 16 rows of picture in the middle
+    assert (sq[9:23] == 255).all()
+    same = picture()
+    assert fit_square(same, 32) is same
+
+
+def test_image_sources(tmp_path):
+    data = png(picture())
+    path = tmp_path / "x.png"
+    path.write_bytes(data)
+    b64 = base64.b64encode(data).decode()
+    for src in (data, str(path), path, b64, "data:image/png;base64," + b64):
+        assert image_bytes(src) == data
+    assert load_image(data).size == (32, 32)
+    with pytest.raises(InvalidArgumentError, match="does not fetch"):
+        image_bytes("https://example.com/a.png")
+    with pytest.raises(InvalidArgumentError, match="neither an image file nor base64"):
+        image_bytes("not base64 at all!")
+    with pytest.raises(InvalidArgumentError, match="cannot decode the image"):
+        load_image(b"\x89PNG\r\n\x1a\n garbage")
+    with pytest.raises(InvalidArgumentError, match="must be base64"):
+        image_bytes("data:image/png,abc")
+
+
+def test_media_store_ids():
+    store = MediaStore(keep=2)
+    rows = {k: np.full((3, 4), i, np.float32) for i, k in enumerate((b"a", b"b", b"c"))}
+    a = store.ids(b"a", lambda: rows[b"a"])
+    assert a == [-1, -2, -3]
+    assert store.ids(b"a", lambda: pytest.fail("encoded twice")) == a
+    b = store.ids(b"b", lambda: rows[b"b"])
+    assert b == [-4, -5, -6]
+    np.testing.assert_array_equal(store.rows(b[1:]), rows[b"b"][1:])
+    assert store.image_of(a[2]) == 0 and store.image_of(b[0]) == 3
+    store.ids(b"c", lambda: rows[b"c"])            # keeps 2: "a" goes
+    with pytest.raises(InvalidArgumentError, match="no longer holds"):
+        store.rows(a)
+    again = store.ids(b"a", lambda: rows[b"a"])
+    assert again == [-10, -11, -12]                 # new ids: the old ones may be in a cached prefix
+
+
+def test_bad_projector_files(files, tmp_path):
+    with pytest.raises(InvalidArgumentError, match="not a multimodal projector"):
+        VisionEncoder(files["lm"])
+    broken = synth.write_mmproj(tmp_path / "broken.gguf", drop_tensor="v.blk.1.attn_k.weight")
+    with pytest.raises(ModelFileError, match="attn_k.weight is missing"):
+        VisionEncoder(broken)
+    other = synth.write_mmproj(tmp_path / "other.gguf", projector="qwen2vl_merger")
+    with pytest.raises(UnsupportedModelError, match="qwen2vl_merger"):
+        VisionEncoder(other)
+    with pytest.raises(InvalidArgumentError, match="belongs to another model"):
+        Model(files["lm"], mmproj=files["narrow"], n_ctx=128)
+
+
+def test_prompt_layout(files):
+    m = Model(files["lm"], mmproj=files["mm"], n_ctx=256)
+    begin, end = m.tokenize("<start_of_image>", special=True, add_bos=False), \
+        m.tokenize("<end_of_image>", special=True, add_bos=False)
+    ids = m.media_prompt("look: <__media__> now", [picture()])
+    first = next(i for i, t in enumerate(ids) if t < 0)
+    rows = [t for t in ids if t < 0]
+    assert len(rows) == 16 and rows == list(range(rows[0], rows[0] - 16, -1))
+    assert ids[:first] == m.tokenize("look: <start_of_image>", special=True)
+    assert ids[first + 16:] == m.tokenize("<end_of_image> now", special=True, add_bos=False)
+    assert ids[first - len(begin):first] == begin and ids[first + 16:first + 16 + len(end)] == end
+    no_marker = m.media_prompt("now", [picture()])     # the images go first; the same picture: the same rows
+    assert [t for t in no_marker if t < 0] == rows
+    with pytest.raises(InvalidArgumentError, match="marks 2 images"):
+        m.media_prompt("<__media__> and <__media__>", [picture()])
+    m.close()
+
+
+def test_text_only_model_refuses_images(files):
+    m = Model(files["lm"], n_ctx=128)
+    msg = [{"role": "user", "content": [{"type": "text", "text": "hi"},
+                                        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]
+    with pytest.raises(InvalidArgumentError, match="--mmproj"):
+        m.chat(msg, max_tokens=1)
+    with pytest.raises(InvalidArgumentError, match="--mmproj"):
+        m.generate("hi", images=[png(picture())], max_tokens=1)
+    m.close()
+
+
+def reference_logits(path: str, tokens: list, rows: np.ndarray, span: tuple) -> np.ndarray:
+    from pyllm.arch import load_architecture
+    from pyllm.model_file import ModelFile
+    from pyllm.reference import Reference
+    mf = ModelFile(path)
+    ref = Reference(load_architecture(mf))
+    local = [t if t >= 0 else -1 - (i - span[0]) for i, t in enumerate(tokens)]
+    out = ref.forward(np.array(local), media=rows, bidirectional=[span])
+    mf.close()
+    return out
+
+
+def test_a_prompt_with_an_image_matches_the_reference(files):
+    m = Model(files["lm"], mmproj=files["mm"], n_ctx=256)
+    img = picture(4)
+    ids = m.media_prompt("what is <__media__> this", [img])
+    start = next(i for i, t in enumerate(ids) if t < 0)
+    rows = m.engine.media.rows(ids[start:start + 16])
+    np.testing.assert_array_equal(rows, VisionEncoder(files["mm"]).encode(img))
+    logits, _ = m.engine.prefill(m.engine.new_sequence(), ids)
+    want = reference_logits(files["lm"], ids, rows, (start, start + 16))[-1]
+    spread = want.max() - want.min()
+    assert np.abs(logits - want).max() < 2e-4 * spread
+    causal = reference_logits(files["lm"], ids, rows, (start, start + 1))[-1]   # a span of one: causal
+    assert np.abs(causal - want).max() > 2e-3 * spread        # the rows seeing each other matters here
+    m.close()
+
+
+def test_generate_and_chat_with_an_image(files):
+    m = Model(files["lm"], mmproj=files["mm"], n_ctx=256)
+    data = png(picture(5))
+    a = m.generate("describe", images=[data], max_tokens=4, temperature=0)
+    b = m.generate("<__media__>describe", images=["data:image/png;base64," + base64.b64encode(data).decode()],
+                   max_tokens=4, temperature=0)
+    assert a.tokens == b.tokens and a.metrics.prompt_tokens == b.metrics.prompt_tokens
+    assert b.metrics.reused_tokens == b.metrics.prompt_tokens - 1       # the same image: its rows were cached
+    other = m.generate("describe", images=[png(picture(6))], max_tokens=1, temperature=0)
+    assert other.metrics.reused_tokens < a.metrics.prompt_tokens - 16   # another image: computed again
+    msgs = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64," +
+                                                                            base64.b64encode(data).decode()}},
+                                         {"type": "text", "text": "describe"}]}]
+    c = m.chat(msgs, max_tokens=3, temperature=0)
+    assert c.metrics.prompt_tokens == len(m.chat_tokens(msgs))
+    ollama_style = [{"role": "user", "content": "describe", "images": [base64.b64encode(data).decode()]}]
+    assert m.chat_tokens(ollama_style) == m.chat_tokens(msgs)
+    m.close()
+
+
+def test_chat_session_keeps_the_image(files):
+    from pyllm.chat import ChatSession
+    m = Model(files["lm"], mmproj=files["mm"], n_ctx=256)
+    s = ChatSession(m, max_tokens=3, temperature=0)
+    first = s.send("what is this", images=[png(picture(7))]).run()
+    assert first.metrics.prompt_tokens > 16
+    second = s.send("and now").run()
+    assert second.metrics.reused_tokens >= first.metrics.prompt_tokens   # the image's rows stay cached
+    assert "images" in s.messages[0]
+    m.close()
+
+
+def test_a_saved_state_refuses_image_rows(files, tmp_path):
+    m = Model(files["lm"], mmproj=files["mm"], n_ctx=256)
+    m.generate("hi", images=[png(picture())], max_tokens=1)
+    with pytest.raises(InvalidArgumentError, match="images cannot be saved"):
+        m.save_state(tmp_path / "s.npz")
+    m.close()
+
+
+def test_served_images(files):
+    from test_server import call, served
+    m = Model(files["lm"], mmproj=files["mm"], n_ctx=256)
+    data = png(picture(8))
+    b64 = base64.b64encode(data).decode()
+    parts = [{"type": "text", "text": "describe"},
+             {"type": "image_url", "image_url": {"url": "data:image/png;base64," + b64}}]
+    want = m.chat([{"role": "user", "content": parts}], max_tokens=4, temperature=0)
+    with served(m, name="vision") as server:
+        status, body = call(server.url, "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": parts}], "max_tokens": 4, "temperature": 0})
+        assert status == 200 and body["choices"][0]["message"]["content"] == want.text
+        assert body["usage"]["prompt_tokens"] == want.metrics.prompt_tokens
+        ollama = [{"role": "user", "content": "describe", "images": [b64]}]
+        status, body = call(server.url, "/api/chat", {"messages": ollama, "stream": False,
+                                                      "options": {"temperature": 0, "num_predict": 4}})
+        assert status == 200 and body["prompt_eval_count"] == len(m.chat_tokens(ollama))
+        status, body = call(server.url, "/api/generate", {"prompt": "describe", "images": [b64], "stream": False,
+                                                          "options": {"temperature": 0, "num_predict": 4}})
+        assert status == 200 and body["prompt_eval_count"] == len(m.chat_tokens(ollama))
+        status, body = call(server.url, "/api/generate", {"prompt": "x", "images": ["not an image"]})
+        assert status == 400 and "neither an image file nor base64" in body["error"]
+    m.close()
+
+
+def test_command_line(files):
+    from test_cli import one_error_line, pyllm
+    img = files["dir"] / "pic.png"
+    img.write_bytes(png(picture(9)))
+    m = Model(files["lm"], mmproj=files["mm"], n_ctx=256)
+    want = m.generate("describe", images=[str(img)], max_tokens=3, temperature=0)
+    chat = m.chat([{"role": "user", "content": "describe", "images": [str(img)]}], max_tokens=3, temperature=0)
+    m.close()
+    r = pyllm("run", "-m", files["lm"], "--mmproj", files["mm"], "--image", str(img), "-p", "describe", "-n", "3",
+              "--temp", "0", "--json", "-c", "256")
+    assert r.returncode == 0, r.stderr
+    import json
+    out = json.loads(r.stdout)
+    assert out["tokens"] == want.tokens and out["prompt_tokens"] == want.metrics.prompt_tokens
+    one_error_line(pyllm("run", "-m", files["lm"], "--image", str(img), "-p", "x"), "--mmproj")
+    one_error_line(pyllm("run", "-m", files["lm"], "--mmproj", files["mm"], "--image", "/nonexistent.png",
+                         "-p", "x"), "cannot read the image /nonexistent.png")
+    script = f"/image {img}\n/set parameter temperature 0\n/set parameter num_predict 3\ndescribe\n/image /nope.png\n"
+    r = pyllm("chat", "-m", files["lm"], "--mmproj", files["mm"], "-c", "256", input=script)
+    assert r.returncode == 0, r.stderr
+    assert chat.text and "attached to the next message (1 image)" in r.stderr and chat.text in r.stdout
+    assert "cannot read the image /nope.png" in r.stderr
+    r = pyllm("chat", "-m", files["lm"], "-c", "256", input=f"/image {img}\n")
+    assert "start the chat with --mmproj" in r.stderr
