@@ -130,11 +130,14 @@ def chat_messages(m: Any, i: int) -> list[dict]:
     role, content = m["role"], m.get("content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
-    out, texts, calls, thinking = [], [], [], []
+    out, texts, calls, thinking, parts = [], [], [], [], []
     for block in _list(content, f"{where}'s content"):
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
+            parts.append({"type": "text", "text": block["text"]})
+        elif kind == "image" and role == "user":
+            parts.append({"type": "image", "image": image_data(block.get("source"), where)})
         elif kind == "tool_result" and role == "user":
             result = block_text(block.get("content") or "", f"{where}'s tool_result")
             out.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")),
@@ -160,7 +163,17 @@ def chat_messages(m: Any, i: int) -> list[dict]:
         if thinking:
             message["reasoning_content"] = "".join(thinking)
         return [message]
-    return out + ([{"role": "user", "content": "".join(texts)}] if texts or not out else [])
+    content = parts if len(parts) > len(texts) else "".join(texts)   # images among the text: the parts
+    return out + ([{"role": "user", "content": content}] if parts or not out else [])
+
+
+def image_data(source: Any, where: str) -> str:
+    """An image block's picture as a data: URL (Anthropic's base64 source)."""
+    if isinstance(source, dict) and source.get("type") == "base64" and isinstance(source.get("data"), str):
+        return f"data:{source.get('media_type') or 'image/png'};base64,{source['data']}"
+    kind = source.get("type") if isinstance(source, dict) else None
+    raise InvalidArgumentError(f"{where}'s image has a source of type {kind!r}: give it as base64 "
+                               f"(pyllm fetches nothing from the web)")
 
 
 def openai_tool(tool: Any, i: int) -> dict:

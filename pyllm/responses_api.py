@@ -118,7 +118,7 @@ def input_messages(value: Any) -> list[dict]:
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
                 raise InvalidArgumentError(f"{where} needs a role: user, assistant, system or developer")
-            text = content_text(item.get("content"), where)
+            text = content_text(item.get("content"), where, images=role == "user")
             if role == "assistant":
                 m = assistant()
                 if m.get("tool_calls"):   # text after a call starts the next turn
@@ -150,20 +150,29 @@ def input_messages(value: Any) -> list[dict]:
     return out
 
 
-def content_text(content: Any, where: str) -> str:
-    """A message's content: text, or its text parts (input_text, output_text) joined."""
+def content_text(content: Any, where: str, images: bool = False) -> Any:
+    """A message's content: text, or its text parts (input_text, output_text) joined; images
+    True (a user's message): with input_images (data: URLs) among them, the parts as chat's
+    text and image_url parts."""
     if isinstance(content, str):
         return content
-    texts = []
+    texts, parts = [], []
     for part in _list(content, f"{where}'s content"):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
             texts.append(part["text"])
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "input_image" and images:
+            url = part.get("image_url")
+            if not isinstance(url, str):
+                raise InvalidArgumentError(f"{where}'s input_image needs an image_url (a data: URL); file_id is "
+                                           f"not supported")
+            parts.append({"type": "image_url", "image_url": {"url": url}})
         elif kind in NOT_TEXT:
             raise InvalidArgumentError(f"{where} holds {NOT_TEXT[kind]}: pyllm serves text models, send text only")
         else:
             raise InvalidArgumentError(f"{where} holds a content part of type {kind!r} where text was expected")
-    return "".join(texts)
+    return parts if len(parts) > len(texts) else "".join(texts)
 
 
 def chat_tool(tool: Any, i: int) -> dict:

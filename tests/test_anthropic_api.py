@@ -59,10 +59,20 @@ def test_a_request_becomes_chat_messages_tools_and_settings():
     assert plain.tools is None and plain.think is False and plain.max_tokens is None and not plain.stream
 
 
+def test_images_become_image_parts():
+    png = {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}
+    req = request_of({"messages": [{"role": "user", "content": [{"type": "image", "source": png},
+                                                                {"type": "text", "text": "what is it?"}]}]})
+    assert req.messages == [{"role": "user", "content": [
+        {"type": "image", "image": "data:image/png;base64,iVBORw0KGgo="}, {"type": "text", "text": "what is it?"}]}]
+
+
 @pytest.mark.parametrize("body, says", [
     ({"messages": []}, "non-empty list"),
     ({"messages": [{"role": "system", "content": "x"}]}, "role user or assistant"),
-    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "holds an image"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "u"}}]}]},
+     "source of type 'url'"),
+    ({"messages": [{"role": "assistant", "content": [{"type": "image", "source": {}}]}]}, "holds an image"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_use", "name": "f", "input": {}}]}]}, "tool_use"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens must be a positive"),
     ({"messages": [{"role": "user", "content": "hi"}], "stop_sequences": "END"}, "stop_sequences"),

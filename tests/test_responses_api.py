@@ -55,11 +55,19 @@ def test_input_items_become_chat_messages():
     assert plain.format == "json" and plain.store is False and plain.tools is None and plain.parallel_tool_calls
 
 
+def test_input_images_become_image_parts():
+    req = request_of({"input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "what is it?"}, {"type": "input_image", "image_url": "data:image/png;base64,AA=="}]}]})
+    assert req.messages == [{"role": "user", "content": [
+        {"type": "text", "text": "what is it?"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]
+
+
 @pytest.mark.parametrize("body, says", [
     ({}, "input must be a text or a non-empty list"),
     ({"input": []}, "input must be a text or a non-empty list"),
     ({"input": [{"role": "tool", "content": "x"}]}, "needs a role"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "holds an image"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]}, "needs an image_url"),
+    ({"input": [{"role": "assistant", "content": [{"type": "input_image", "image_url": "x"}]}]}, "holds an image"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "type 'item_reference'"),
     ({"input": [{"type": "function_call", "name": "f", "arguments": {"a": 1}}]}, "arguments as JSON text"),
     ({"input": "Hi", "max_output_tokens": 0}, "max_output_tokens must be a positive"),

@@ -283,6 +283,7 @@ def test_served_images(files):
     parts = [{"type": "text", "text": "describe"},
              {"type": "image_url", "image_url": {"url": "data:image/png;base64," + b64}}]
     want = m.chat([{"role": "user", "content": parts}], max_tokens=4, temperature=0)
+    assert want.text
     with served(m, name="vision") as server:
         status, body = call(server.url, "/v1/chat/completions", {
             "messages": [{"role": "user", "content": parts}], "max_tokens": 4, "temperature": 0})
@@ -295,6 +296,14 @@ def test_served_images(files):
         status, body = call(server.url, "/api/generate", {"prompt": "describe", "images": [b64], "stream": False,
                                                           "options": {"temperature": 0, "num_predict": 4}})
         assert status == 200 and body["prompt_eval_count"] == len(m.chat_tokens(ollama))
+        source = {"type": "base64", "media_type": "image/png", "data": b64}
+        status, body = call(server.url, "/v1/messages", {"max_tokens": 4, "temperature": 0, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "describe"}, {"type": "image", "source": source}]}]})
+        assert status == 200 and body["content"][0]["text"] == want.text
+        status, body = call(server.url, "/v1/responses", {"max_output_tokens": 4, "temperature": 0, "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "describe"},
+                                         {"type": "input_image", "image_url": "data:image/png;base64," + b64}]}]})
+        assert status == 200 and body["output"][-1]["content"][0]["text"] == want.text
         status, body = call(server.url, "/api/generate", {"prompt": "x", "images": ["not an image"]})
         assert status == 400 and "neither an image file nor base64" in body["error"]
     m.close()
