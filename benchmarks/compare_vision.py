@@ -10,9 +10,13 @@ Gemma 3 projector for it (tests/synth.py), in F32 and F16 (+ Q8_0 matrices), and
   - the logits after "<text> <image> <text>" evaluated with mtmd_helper_eval_chunks (the image
     decoded with causal attention off, as llama.cpp does for Gemma 3), against pyllm's.
 Images: a square one of the projector's size (no resampling) and a wide one (resampled and
-padded by each side's own code: a small difference is expected there). Dev tool only.
+padded by each side's own code: a small difference is expected there).
 
-    PYLLM_PEER_PYTHON=/tmp/peer-avx512/bin/python python3 benchmarks/compare_vision.py
+--speed: instead, times one image's encoding at Gemma 3's real size (SigLIP-So400m: 27 layers of
+1152, 896 pixels in patches of 14: 4096 patches; F16 matrices, random) in pyllm and in
+llama.cpp's mtmd, alternating, same threads; run it on a quiet machine. Dev tool only.
+
+    PYLLM_PEER_PYTHON=/tmp/peer-avx512/bin/python python3 benchmarks/compare_vision.py [--speed]
 """
 from __future__ import annotations
 
@@ -83,6 +87,61 @@ print(json.dumps(out))
 '''
 
 
+PEER_SPEED = r'''
+import ctypes, json, sys, time
+import numpy as np
+import llama_cpp
+import llama_cpp.mtmd_cpp as mtmd
+job = json.load(sys.stdin)
+m = llama_cpp.Llama(model_path=job["lm"], n_ctx=512, verbose=False, n_threads=job["threads"])
+p = mtmd.mtmd_context_params_default()
+p.use_gpu, p.n_threads, p.warmup, p.print_timings = False, job["threads"], False, False
+ctx = mtmd.mtmd_init_from_file(job["mmproj"].encode(), m.model, p)
+rgb = np.load(job["image"])
+h, w, _ = rgb.shape
+buf = (ctypes.c_ubyte * rgb.size).from_buffer_copy(rgb.tobytes())
+bmp = mtmd.mtmd_bitmap_init(w, h, buf)
+chunks = mtmd.mtmd_input_chunks_init()
+text = mtmd.mtmd_input_text(b"<__media__>", 11, True, True)
+arr = (ctypes.c_void_p * 1)(bmp)
+assert mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(text), arr, 1) == 0
+image = next(mtmd.mtmd_input_chunks_get(chunks, i) for i in range(mtmd.mtmd_input_chunks_size(chunks))
+             if mtmd.mtmd_input_chunk_get_type(mtmd.mtmd_input_chunks_get(chunks, i)) != 0)
+t = time.perf_counter()
+assert mtmd.mtmd_encode_chunk(ctx, image) == 0
+print(json.dumps({"s": time.perf_counter() - t}))
+'''
+
+
+def speed(python: str, rounds: int = 2, threads: int = 2) -> None:
+    """Gemma 3's encoder at its real size, pyllm and llama.cpp alternating."""
+    import time
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        lm = synth.write_gemma3(t / "lm.gguf", QT.Q8_0, n_embd=2560, n_layer=1, n_head=8, n_ff=256)
+        mm = synth.write_mmproj(t / "mm.gguf", n_out=2560, n_embd=1152, n_head=16, n_ff=4304, n_layer=27,
+                                image_size=896, patch=14, merge=4)
+        img = str(t / "img.npy")
+        np.save(img, np.random.default_rng(0).integers(0, 256, (896, 896, 3), dtype=np.uint8))
+        from PIL import Image
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", str(threads))
+        enc = VisionEncoder(mm)
+        pic = Image.fromarray(np.load(img))
+        ours, theirs = [], []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            enc.encode(pic)
+            ours.append(time.perf_counter() - t0)
+            r = subprocess.run([python, "-c", PEER_SPEED], input=json.dumps(
+                {"lm": lm, "mmproj": mm, "image": img, "threads": threads}), capture_output=True, text=True)
+            if r.returncode != 0:
+                raise SystemExit(f"peer failed:\n{r.stderr[-3000:]}")
+            theirs.append(json.loads(r.stdout.strip().splitlines()[-1])["s"])
+        print(f"one 896x896 image through Gemma 3's encoder (4096 patches, 27 layers), {threads} threads:")
+        print(f"  pyllm {min(ours):.2f} s   llama.cpp mtmd {min(theirs):.2f} s   "
+              f"ratio {min(theirs) / min(ours):.2f}x (best of {rounds})")
+
+
 def peer(python: str, job: dict) -> list:
     r = subprocess.run([python, "-c", PEER], input=json.dumps(job), capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
@@ -94,6 +153,9 @@ def main() -> None:
     python = os.environ.get("PYLLM_PEER_PYTHON")
     if not python:
         raise SystemExit("set PYLLM_PEER_PYTHON to a python with llama-cpp-python (see ../shared/peer)")
+    if "--speed" in sys.argv[1:]:
+        speed(python)
+        return
     from pyllm import Model
     rng = np.random.default_rng(7)
     with tempfile.TemporaryDirectory() as tmp:

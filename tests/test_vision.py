@@ -304,6 +304,8 @@ def test_served_images(files):
             {"role": "user", "content": [{"type": "input_text", "text": "describe"},
                                          {"type": "input_image", "image_url": "data:image/png;base64," + b64}]}]})
         assert status == 200 and body["output"][-1]["content"][0]["text"] == want.text
+        assert call(server.url, "/props")[1]["modalities"]["vision"] is True
+        assert "vision" in call(server.url, "/api/show", {"model": "vision"})[1]["capabilities"]
         status, body = call(server.url, "/api/generate", {"prompt": "x", "images": ["not an image"]})
         assert status == 400 and "neither an image file nor base64" in body["error"]
     m.close()
