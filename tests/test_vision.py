@@ -174,6 +174,8 @@ def test_bad_projector_files(files, tmp_path):
     other = synth.write_mmproj(tmp_path / "other.gguf", projector="qwen2vl_merger")
     with pytest.raises(UnsupportedModelError, match="qwen2vl_merger"):
         VisionEncoder(other)
+    with pytest.raises(InvalidArgumentError, match="is a multimodal projector .* --mmproj"):
+        Model(files["mm"])
     with pytest.raises(InvalidArgumentError, match="belongs to another model"):
         Model(files["lm"], mmproj=files["narrow"], n_ctx=128)
 

@@ -123,6 +123,9 @@ def load_architecture(mf: ModelFile, n_ctx: Optional[int] = None) -> Architectur
     if arch == "controlvector":
         raise InvalidArgumentError(f"{mf.path} is a control vector, not a model: add it to its model's "
                                    f"layers with --control-vector (Model(..., control_vectors=[...]))")
+    if arch == "clip":
+        raise InvalidArgumentError(f"{mf.path} is a multimodal projector (an mmproj file), not a model: give it "
+                                   f"with --mmproj beside its language model (Model(..., mmproj=...))")
     cls = ARCHITECTURES.get(arch)
     if cls is None:
         raise UnsupportedModelError(
