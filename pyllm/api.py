@@ -176,7 +176,7 @@ class Model:
         self.kv_types = (k_type, v_type)
         self.backend, self.plan = make_backend(self.graph, n_threads,
                                                Shape(min(n_batch, n_ctx), n_out, n_blocks, BLOCK_SIZE, k_type, v_type),
-                                               n_gpu_layers, device)
+                                               n_gpu_layers, device, embed_on_host=mmproj is not None)
         self.engine = Engine(self.backend, self.tokenizer, n_ctx, min(n_batch, n_ctx), BLOCK_SIZE, n_blocks,
                              recurrent=bool(self.graph.states))
         self._own_slot = Slot(self.engine.new_sequence())   # the conversation, unless a thread holds a slot

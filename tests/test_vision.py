@@ -337,3 +337,17 @@ def test_command_line(files):
     assert "cannot read the image /nope.png" in r.stderr
     r = pyllm("chat", "-m", files["lm"], "-c", "256", input=f"/image {img}\n")
     assert "start the chat with --mmproj" in r.stderr
+
+
+def test_offloaded_model_keeps_the_embedding_on_the_host(files):
+    """On a (simulated) GPU with every layer there, the token embedding stays on the host, where a
+    prompt's image rows are; the reply is the CPU's."""
+    data = png(picture(10))
+    with Model(files["lm"], mmproj=files["mm"], n_ctx=256) as cpu:
+        want = cpu.generate("describe", images=[data], max_tokens=4, temperature=0)
+    with Model(files["lm"], mmproj=files["mm"], n_ctx=256, device="sim", n_gpu_layers="all") as gpu:
+        assert gpu.plan is not None and gpu.plan.units["embed"] == "cpu" and gpu.plan.units["head"] == "gpu"
+        assert gpu.generate("describe", images=[data], max_tokens=4, temperature=0).tokens == want.tokens
+    with Model(files["lm"], mmproj=files["mm"], n_ctx=256, device="sim", n_gpu_layers=3) as half:
+        assert half.plan.units[5] == "gpu" and half.plan.units[0] == "cpu"
+        assert half.generate("describe", images=[data], max_tokens=4, temperature=0).tokens == want.tokens

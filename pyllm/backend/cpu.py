@@ -225,7 +225,8 @@ class CoreProgram(Program):
                 dst[:len(src)] = 0  # not read by these ops; valid values for the core's step check
         st = self.step
         st.n_tokens, st.n_out, st.n_table = step.n_tokens, step.n_out, len(step.table)
-        set_step_media(st, step.media, step.bidirectional)
+        # a range that reads no positions has no attention: zeros stand in for them (not consecutive)
+        set_step_media(st, step.media, step.bidirectional and "pos" in sent)
 
     def stream_weights(self, index: int) -> None:
         """Copies the weights of a streamed range into the staging area."""

@@ -323,8 +323,11 @@ class Planner:
     slightly faster decode; (0, 1) plans for decode alone."""
 
     def __init__(self, graph: Graph, hw: Hardware, shape: Shape, decode_ctx: int = 256, prefill_tokens: int = 512,
-                 objective: tuple[int, int] = (512, 128)):
+                 objective: tuple[int, int] = (512, 128), embed_on_host: bool = False):
+        """embed_on_host: the token embedding stays on the host (a prompt's image rows are
+        the host's; a GPU's embedding cannot take them)."""
         self.graph, self.hw, self.shape = graph, hw, shape
+        self.embed_on_host = embed_on_host
         self.units = op_units(graph)
         self.layers = sorted({u for u in self.units if isinstance(u, int)})
         self.decode_ctx = max(1, min(decode_ctx, shape.n_blocks * shape.block_size - 1))
@@ -444,7 +447,7 @@ class Planner:
         n = len(self.layers)
         head = "head" in self.units
         out = [(k, h, False) for k in range(n + 1) for h in ((False, True) if head else (False,))]
-        if head:
+        if head and not self.embed_on_host:
             out.append((n, True, True))
         return out
 
@@ -514,7 +517,8 @@ class Planner:
         elif ngl != "auto":
             k = n if ngl == "all" else min(ngl, n)
             head = k >= n
-            p = self.evaluate(self.unit_map(k, head, head and (self.tied or ngl == "all")), f"n_gpu_layers={ngl}")
+            embed = head and (self.tied or ngl == "all") and not self.embed_on_host
+            p = self.evaluate(self.unit_map(k, head, embed), f"n_gpu_layers={ngl}")
             budget = self.budget
             if budget is not None and p.gpu_memory_total > budget:
                 if p.stream:   # without the staging area it may still fit

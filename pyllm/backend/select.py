@@ -51,8 +51,9 @@ def gpu_device(kind: Optional[str], host: HostDevice) -> tuple[Optional[Device],
 
 
 def make_backend(graph, n_threads: int, shape: Shape, n_gpu_layers: Any = "auto", device: Optional[str] = None,
-                 hardware=None) -> tuple[Backend, Optional[object]]:
-    """(backend, plan or None). `hardware` (a placement.Hardware) skips measuring."""
+                 hardware=None, embed_on_host: bool = False) -> tuple[Backend, Optional[object]]:
+    """(backend, plan or None). `hardware` (a placement.Hardware) skips measuring; embed_on_host:
+    the token embedding stays on the host (prompts with image rows)."""
     from .placement import Planner, detect, parse_n_gpu_layers
     from .split import SplitBackend
 
@@ -84,7 +85,7 @@ def make_backend(graph, n_threads: int, shape: Shape, n_gpu_layers: Any = "auto"
             log.info("a quantized KV cache runs on the CPU only: no layers on the GPU")
             return _cpu(graph, host, shape), None
         hw = hardware if hardware is not None else detect(host, gpu)
-        plan = Planner(graph, hw, shape).plan(ngl)
+        plan = Planner(graph, hw, shape, embed_on_host=embed_on_host).plan(ngl)
         log.debug("placement (%s): %s", plan.reason, plan.layer_ranges())
         if not plan.uses_gpu:
             gpu.close()
