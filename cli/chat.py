@@ -21,7 +21,7 @@ from rich.text import Text
 from pyllm.errors import InvalidArgumentError, PyllmError
 from pyllm.reasoning import ANSWER, THINKING
 
-from .common import created_messages, err, handle_errors, image_file, model_path
+from .common import created_messages, err, handle_errors, image_file, images_in, model_path
 from .options import MlockOpt, MmprojOpt, NoMmapOpt
 from .options import OverrideKvOpt, file_kwargs
 from .options import RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt
@@ -293,6 +293,11 @@ class ChatRepl:
 
     # -- a turn --------------------------------------------------------------------------
     def reply(self, text: str) -> None:
+        if self.session.model.vision is not None:   # ollama's: an image file's path in the message shows it
+            text, shown = images_in(text)
+            self.images += shown
+            if shown:
+                self.status(f"[{len(shown)} image{'s' if len(shown) > 1 else ''} from the message]")
         turn = self.session.send(text, images=self.images)
         self.images = []
         if turn.dropped:

@@ -7,6 +7,7 @@ import functools
 import inspect
 import logging
 import os
+import re
 import sys
 import typing
 from typing import Any, Callable, Iterator, Optional
@@ -216,3 +217,22 @@ def image_file(path: str) -> bytes:
             return f.read()
     except OSError as e:
         raise InvalidArgumentError(f"cannot read the image {path}: {e.strerror}") from None
+
+
+IMAGE_PATH = re.compile(r"""(?:'([^']+\.(?:png|jpe?g|webp|gif|bmp))'|"([^"]+\.(?:png|jpe?g|webp|gif|bmp))"|"""
+                        r"""((?:[^\s'"\\]|\\ )+\.(?:png|jpe?g|webp|gif|bmp)))(?=\s|$)""", re.IGNORECASE)
+
+
+def images_in(text: str) -> tuple[str, list[bytes]]:
+    """ollama's way: paths of image files written in a message (quoted, or with \\-escaped
+    spaces) are the images it shows; they leave the text. Paths that are no files stay text."""
+    found: list[bytes] = []
+
+    def take(m: re.Match) -> str:
+        path = os.path.expanduser((m.group(1) or m.group(2) or m.group(3)).replace("\\ ", " "))
+        if not os.path.isfile(path):
+            return m.group(0)
+        found.append(image_file(path))
+        return ""
+    rest = IMAGE_PATH.sub(take, text)
+    return (re.sub(r"[ \t]{2,}", " ", rest).strip() if found else text), found

@@ -18,7 +18,8 @@ import typer
 
 from pyllm.errors import InvalidArgumentError, PyllmError
 
-from .common import created_messages, err, handle_errors, image_file, model_path, process_escapes, read_input
+from .common import (created_messages, err, handle_errors, image_file, images_in, model_path, process_escapes,
+                     read_input)
 from .options import ImageOpt, MlockOpt, MmprojOpt, NoMmapOpt
 from .options import OverrideKvOpt, file_kwargs
 from .options import RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt
@@ -209,9 +210,13 @@ def run(
                 note = thinking_note(m, think)
                 if note:
                     err.print(f"warning: {note}", style="yellow", highlight=False, soft_wrap=True)
-                content = [{"type": "image", "image": image_file(f)} for f in image] + [{"type": "text", "text": text}]
+                pictures = [image_file(f) for f in image]
+                if mmproj is not None:   # ollama's: an image file's path in the message shows it
+                    text, shown = images_in(text)
+                    pictures += shown
+                content = [{"type": "image", "image": p} for p in pictures] + [{"type": "text", "text": text}]
                 messages = ([{"role": "system", "content": system}] if system else []) + created_messages() + \
-                           [{"role": "user", "content": content if image else text}]
+                           [{"role": "user", "content": content if pictures else text}]
                 gen = m.chat(messages, max_tokens=max_tokens, stop=stop, stream=True, **sampling)
                 seed_used = gen.seed
             elif suffix is not None:   # the code between the prompt and the suffix

@@ -327,6 +327,8 @@ def test_command_line(files):
     import json
     out = json.loads(r.stdout)
     assert out["tokens"] == want.tokens and out["prompt_tokens"] == want.metrics.prompt_tokens
+    r = pyllm("run", files["lm"], f"describe {img}", "--mmproj", files["mm"], "-n", "3", "--temp", "0", "-c", "256")
+    assert r.returncode == 0 and r.stdout.strip() == chat.text.strip(), r.stderr   # ollama run's way
     one_error_line(pyllm("run", "-m", files["lm"], "--image", str(img), "-p", "x"), "--mmproj")
     one_error_line(pyllm("run", "-m", files["lm"], "--mmproj", files["mm"], "--image", "/nonexistent.png",
                          "-p", "x"), "cannot read the image /nonexistent.png")
@@ -335,6 +337,10 @@ def test_command_line(files):
     assert r.returncode == 0, r.stderr
     assert chat.text and "attached to the next message (1 image)" in r.stderr and chat.text in r.stdout
     assert "cannot read the image /nope.png" in r.stderr
+    r = pyllm("chat", "-m", files["lm"], "--mmproj", files["mm"], "-c", "256",
+              input=f"/set parameter temperature 0\n/set parameter num_predict 3\ndescribe {img}\n")
+    assert r.returncode == 0, r.stderr
+    assert "[1 image from the message]" in r.stderr and chat.text in r.stdout   # ollama's: the path shows it
     r = pyllm("chat", "-m", files["lm"], "-c", "256", input=f"/image {img}\n")
     assert "start the chat with --mmproj" in r.stderr
 
@@ -351,3 +357,13 @@ def test_offloaded_model_keeps_the_embedding_on_the_host(files):
     with Model(files["lm"], mmproj=files["mm"], n_ctx=256, device="sim", n_gpu_layers=3) as half:
         assert half.plan.units[5] == "gpu" and half.plan.units[0] == "cpu"
         assert half.generate("describe", images=[data], max_tokens=4, temperature=0).tokens == want.tokens
+
+
+def test_image_paths_in_a_message(tmp_path):
+    from cli.common import images_in
+    (tmp_path / "a b.png").write_bytes(b"A")
+    (tmp_path / "c.JPG").write_bytes(b"C")
+    text, found = images_in(f"compare {tmp_path}/c.JPG with '{tmp_path}/a b.png' please")
+    assert (text, found) == ("compare with please", [b"C", b"A"])
+    assert images_in(f"see {tmp_path}/missing.png") == (f"see {tmp_path}/missing.png", [])
+    assert images_in("a file.png\nsecond line") == ("a file.png\nsecond line", [])
