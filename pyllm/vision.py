@@ -208,15 +208,19 @@ class VisionEncoder:
             x = self.optional_norm(x, "v.post_ln")
             return self.project(x)
 
-    def attention(self, h: np.ndarray, L: EncoderLayer) -> np.ndarray:
+    def attention(self, h: np.ndarray, L: EncoderLayer, block: int = 1024) -> np.ndarray:
         T, H = h.shape[0], self.n_head
         d = self.n_embd // H
         q, k, v = (self.linear(h, wb).reshape(T, H, d).transpose(1, 0, 2) for wb in (L.q, L.k, L.v))
+        q *= 1.0 / math.sqrt(d)
         out = np.empty((H, T, d), np.float32)
-        for i in range(H):    # one head's [T, T] scores at a time
-            s = (q[i] @ k[i].T) * (1.0 / math.sqrt(d))
-            s = np.exp(s - s.max(axis=1, keepdims=True))
-            out[i] = (s / s.sum(axis=1, keepdims=True)) @ v[i]
+        for i in range(H):    # a head's scores `block` rows at a time (16 MB, not 64: ~2x faster at 4096 patches)
+            kt = np.ascontiguousarray(k[i].T)
+            for a in range(0, T, block):
+                s = q[i, a:a + block] @ kt
+                s -= s.max(axis=1, keepdims=True)
+                np.exp(s, out=s)
+                out[i, a:a + block] = (s @ v[i]) / s.sum(axis=1, keepdims=True)   # normalized after: [rows, d]
         return self.linear(out.transpose(1, 0, 2).reshape(T, self.n_embd), L.out)
 
     def project(self, x: np.ndarray) -> np.ndarray:

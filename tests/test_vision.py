@@ -93,6 +93,15 @@ def test_encoder_matches_the_plain_loops(files):
     enc.close()
 
 
+def test_attention_in_blocks_of_rows(files):
+    enc = VisionEncoder(files["mm"])
+    h = np.random.default_rng(1).standard_normal((16, enc.n_embd)).astype(np.float32)
+    whole = enc.attention(h, enc.layers[0])
+    for block in (1, 5, 16):    # 16 rows in blocks of 5: a last block of 1
+        np.testing.assert_allclose(enc.attention(h, enc.layers[0], block=block), whole, rtol=0, atol=1e-5)
+    enc.close()
+
+
 def test_pixels_are_normalized_channels_first(files):
     enc = VisionEncoder(files["mm"])
     img = picture(3)
