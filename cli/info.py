@@ -46,7 +46,20 @@ def info(
         if ctx_size is not None and ctx_size < 1:
             raise InvalidArgumentError(f"the context size must be positive, not {ctx_size}")
         from pyllm.api import kv_type
-        report = model_info(model_path(model), n_ctx=ctx_size, k_type=kv_type(cache_type_k, "--cache-type-k"),
+        path = model_path(model)
+        if is_projector(path):   # an mmproj file: its encoder, not a model
+            from pyllm.vision import VisionEncoder
+            enc = VisionEncoder(path)
+            facts = enc.describe()
+            enc.close()
+            if as_json:
+                sys.stdout.write(json.dumps(facts) + "\n")
+            else:
+                for key, value in facts.items():
+                    print(f"{key:<15}{value}")
+                print(f"{'use':<15}beside its language model: --mmproj {path}")
+            return
+        report = model_info(path, n_ctx=ctx_size, k_type=kv_type(cache_type_k, "--cache-type-k"),
                             v_type=kv_type(cache_type_v, "--cache-type-v"), overrides=overrides_of(override_kv))
         if as_json:
             out = report.as_dict()
@@ -70,3 +83,10 @@ def info(
                     print(f"{'  chat':<15}{len(created.messages)} messages to start from" +
                           (", its own template" if created.template else ""))
             print(report.format())
+
+
+def is_projector(path: str) -> bool:
+    """Whether the file at path is a multimodal projector (general.architecture clip)."""
+    from pyllm.model_file import ModelFile
+    with ModelFile(path) as mf:
+        return mf.architecture == "clip"

@@ -116,6 +116,16 @@ class VisionEncoder:
         self.layers = [self._layer(i) for i in range(self.n_layer)]
         self._lock = threading.Lock()
 
+    def describe(self) -> dict:
+        """What `pyllm info` says of a projector file."""
+        return {"path": self.path, "kind": "multimodal projector (mmproj)", "projector": self.projector,
+                "image_size": self.image_size, "patch_size": self.patch, "patches": self.side * self.side,
+                "image_tokens": self.n_tokens, "n_layer": self.n_layer, "n_embd": self.n_embd, "n_head": self.n_head,
+                "n_ff": self.n_ff, "n_embd_out": self.n_out, "n_params": self.mf.n_params,
+                "tensor_types": self.mf.type_histogram(),
+                "activation": "gelu (tanh)" if self.act is gelu_tanh else "quick-gelu",
+                "image_mean": [float(x) for x in self.mean], "image_std": [float(x) for x in self.std]}
+
     # -- reading the file ---------------------------------------------------------------------------
     def _int(self, key: str) -> int:
         v = self.mf.get(key)
