@@ -80,6 +80,7 @@ class _Generation:
 class _Model:
     """Enough of a Model for ChatSession: each reply is the next of `replies`, in pieces."""
     n_ctx = 4096
+    vision = None   # no projector: a text model
 
     def __init__(self, replies):
         self.replies, self.prompts = list(replies), []
@@ -90,7 +91,7 @@ class _Model:
     def _max_tokens(self, n):
         return n
 
-    def _chat_prompt(self, msgs):
+    def _chat_prompt(self, msgs, images=None):
         text = "".join(f"<{m['role']}>{m['content']}" for m in msgs) + "<assistant><think>\n" * (
             self.replies[0].startswith("R1:"))
         self.prompts.append(msgs)

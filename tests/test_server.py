@@ -799,9 +799,10 @@ def test_anthropic_messages(smol):
                                       "output_config": {"format": {"type": "json_schema", "schema": schema}}})[1]
     assert set(json.loads(body["content"][0]["text"])) == {"city"}
     # errors in Anthropic's shape
-    status, body = call(url, "/v1/messages", {"messages": [{"role": "user", "content": [{"type": "image"}]}]})
-    assert status == 400 and body == {"type": "error", "error": {
-        "type": "invalid_request_error", "message": "message 0 holds an image: pyllm serves text models, send text only"}}
+    picture = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    status, body = call(url, "/v1/messages", {"messages": [{"role": "user", "content": [picture]}]})
+    assert status == 400 and body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    assert "--mmproj" in body["error"]["message"]    # a text model: the projector is what images need
 
 
 def test_anthropic_tool_use(smol):
