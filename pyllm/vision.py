@@ -76,7 +76,16 @@ class VisionEncoder:
 
     def __init__(self, path: str | os.PathLike):
         self.path = str(path)
-        self.mf = mf = ModelFile(path)
+        self.mf = ModelFile(path)
+        try:
+            self._read(self.mf)
+        except BaseException:
+            self.mf.close()
+            raise
+        self._lock = threading.Lock()
+
+    def _read(self, mf: ModelFile) -> None:
+        """The hyperparameters and tensors, every shape checked."""
         if mf.architecture != "clip":
             raise InvalidArgumentError(f"{self.path} is a {mf.architecture!r} model, not a multimodal projector "
                                        f"(an mmproj .gguf file: architecture 'clip')")
@@ -87,11 +96,13 @@ class VisionEncoder:
         if self.projector not in PROJECTORS:
             raise UnsupportedModelError(f"{self.path}: projector type {self.projector!r} is not supported yet "
                                         f"(supported: {', '.join(PROJECTORS)}: Gemma 3's)")
-        need = lambda key: self._int(key)   # noqa: E731
-        self.n_embd, self.n_head = need("clip.vision.embedding_length"), need("clip.vision.attention.head_count")
-        self.n_ff, self.n_layer = need("clip.vision.feed_forward_length"), need("clip.vision.block_count")
-        self.image_size, self.patch = need("clip.vision.image_size"), need("clip.vision.patch_size")
-        self.eps = float(mf.get("clip.vision.attention.layer_norm_epsilon", 1e-6))
+        self.n_embd, self.n_head = self._int("embedding_length"), self._int("attention.head_count")
+        self.n_ff, self.n_layer = self._int("feed_forward_length"), self._int("block_count")
+        self.image_size, self.patch = self._int("image_size"), self._int("patch_size")
+        eps = mf.get("clip.vision.attention.layer_norm_epsilon", 1e-6)
+        if not isinstance(eps, (int, float)) or not 0 < eps < 1:
+            raise ModelFileError(f"{self.path}: clip.vision.attention.layer_norm_epsilon is {eps!r}; the file is corrupt")
+        self.eps = float(eps)
         self.mean = self._triple("clip.vision.image_mean")
         self.std = self._triple("clip.vision.image_std")
         if self.n_embd % self.n_head or self.image_size % self.patch:
@@ -99,8 +110,8 @@ class VisionEncoder:
                                  f"{self.patch} do not tile {self.image_size}; the file is corrupt")
         self.act = gelu_tanh if mf.get("clip.use_gelu", False) else quick_gelu
         self.side = self.image_size // self.patch              # patches per side
-        self.merge = int(mf.get("clip.vision.projector.scale_factor", 4))
-        if self.merge < 1 or self.side % self.merge:
+        self.merge = self._int("projector.scale_factor", 4)   # Gemma 3's pooling: 4 x 4 patches
+        if self.side % self.merge:
             raise ModelFileError(f"{self.path}: a pooling of {self.merge} does not divide {self.side} patches")
         self.n_tokens = (self.side // self.merge) ** 2
         # the text around an image's rows, and whether they see each other (llama.cpp's mtmd: Gemma 3's do)
@@ -114,7 +125,6 @@ class VisionEncoder:
         self.check_shape("v.position_embd.weight", (self.n_embd, self.side * self.side))
         self.check_shape("mm.soft_emb_norm.weight", (self.n_embd,))
         self.layers = [self._layer(i) for i in range(self.n_layer)]
-        self._lock = threading.Lock()
 
     def describe(self) -> dict:
         """What `pyllm info` says of a projector file."""
@@ -127,9 +137,11 @@ class VisionEncoder:
                 "image_mean": [float(x) for x in self.mean], "image_std": [float(x) for x in self.std]}
 
     # -- reading the file ---------------------------------------------------------------------------
-    def _int(self, key: str) -> int:
-        v = self.mf.get(key)
-        if not isinstance(v, (int, np.integer)) or int(v) <= 0:
+    def _int(self, name: str, default: Optional[int] = None) -> int:
+        """clip.vision.{name}, a positive integer."""
+        key = "clip.vision." + name
+        v = self.mf.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) <= 0:
             raise ModelFileError(f"{self.path}: {key} is missing or not a positive integer; is this an mmproj file?")
         return int(v)
 
