@@ -193,7 +193,6 @@ class Device(ABC):
     is_host: bool = False     # its memory is the host's: no bus between it and the host
     bus: Optional[Bus] = None
     media_rows: bool = False  # its token embedding takes a step's media rows (else they stay on the host)
-    bidirectional_steps: bool = False   # its attention runs bidirectional steps
 
     def free_memory(self) -> Optional[int]:
         """Bytes this device can still hold; None for the host (not a constraint)."""

@@ -90,7 +90,6 @@ class HostDevice(Device):
     kind = "cpu"
     is_host = True
     media_rows = True
-    bidirectional_steps = True
 
     def __init__(self, n_threads: int):
         self.ctx = lib.pyllm_ctx_new(n_threads)

@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..errors import BackendError, InvalidArgumentError, UnsupportedModelError
+from ..errors import BackendError, InvalidArgumentError
 from ..graph import OP_NAMES, OP_SAVE_ROWS, OP_SUMSQ, Graph, View
 from ..model_file import Tensor
 from .base import (ACTIVATIONS, CONTROL, D2H, H2D, WEIGHTS, Bus, Device, DeviceMemoryError, Program, Range, Shape,
@@ -243,7 +243,6 @@ class CudaDevice(Device):
 
     f16_kv_only = True   # its attention kernels read f16 KV pools (CudaProgram refuses others)
     media_rows = False   # a step's media rows stay on the host: the token embedding must too
-    bidirectional_steps = True
 
     def bind(self, graph: Graph, ranges: Sequence[Range], shape: Shape) -> "CudaProgram":
         return CudaProgram(self, graph, ranges, shape)
@@ -356,9 +355,6 @@ class CudaProgram(Program):
     # -- running ------------------------------------------------------------------------------------
     def run(self, index: int, step: StepData) -> None:
         r = self.ranges[index]
-        if step.media is not None and self.needs[index][0]:   # the range embeds the step's tokens
-            raise UnsupportedModelError(f"images need the token embeddings on the CPU; this placement puts them on "
-                                        f"{self.device.name}: use fewer GPU layers (-ngl)")
         new_step = self._sent[0] != step.serial or step.serial == 0
         if new_step:
             self._sent = (step.serial, set())

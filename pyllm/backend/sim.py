@@ -41,7 +41,6 @@ DEFAULT_MEMORY = 2 << 30
 class SimDevice(Device):
     kind = "sim"
     media_rows = False            # as a GPU's: a step's media rows stay on the host
-    bidirectional_steps = True    # the C core's attention
 
     def __init__(self, host: HostDevice, memory: int = DEFAULT_MEMORY, bus: Optional[Bus] = None,
                  mem_bw: float = 300e9, flops: float = 20e12, launch_s: float = 5e-6):

@@ -32,7 +32,7 @@ from typing import Optional, Sequence as Seq
 import numpy as np
 
 from ..errors import BackendError, UnsupportedModelError
-from ..graph import OP_ATTENTION, OP_EMBED, OP_MATMUL, OPF_BY_POS, OPF_LAST_ROWS, Graph
+from ..graph import OP_EMBED, OP_MATMUL, OPF_BY_POS, OPF_LAST_ROWS, Graph
 from .base import (ACTIVATIONS, CONTROL, D2H, H2D, LOGITS, WEIGHTS, Backend, Device, Range, Shape, StepData,
                    media_refusal, step_media)
 from .cpu import check_step_args
@@ -292,8 +292,8 @@ class SplitBackend(Backend):
                         np.asarray(block_table, np.int32), n_out, self._serial, media, bool(bidirectional))
         sname = self.schedule_for(n)
         sched = self.schedules[sname]
-        if media is not None or bidirectional:
-            self._check_devices(sched, media is not None, bool(bidirectional))
+        if media is not None:
+            self._check_media(sched)
         for k, seg in enumerate(sched.segments):
             for t in seg.transfers:
                 self._transfer(t, step)
@@ -302,18 +302,15 @@ class SplitBackend(Backend):
             self._transfer(t, step)
         return self.logits[:n_out]
 
-    def _check_devices(self, sched: Schedule, media: bool, bidirectional: bool) -> None:
+    def _check_media(self, sched: Schedule) -> None:
         """Refuses, before any op runs, a step whose media rows would reach a device's token
-        embedding, or whose bidirectional attention a device cannot run."""
+        embedding (Model keeps it on the host for a model with a projector; the core refuses too)."""
         for seg in sched.segments:
             dev = self.devices[seg.device]
-            ops = self.graph.ops[seg.lo:seg.hi]
-            if media and not dev.media_rows and any(op.kind == OP_EMBED and not op.flags & OPF_BY_POS for op in ops):
+            if not dev.media_rows and any(op.kind == OP_EMBED and not op.flags & OPF_BY_POS
+                                          for op in self.graph.ops[seg.lo:seg.hi]):
                 raise UnsupportedModelError(f"images need the token embeddings on the CPU; this placement puts them on "
                                             f"{dev.name}: use fewer GPU layers (-ngl)")
-            if bidirectional and not dev.bidirectional_steps and any(op.kind == OP_ATTENTION for op in ops):
-                raise UnsupportedModelError(f"{dev.name} cannot run a bidirectional step (an image's rows seeing "
-                                            f"each other, Gemma 3): use no GPU layers (-ngl 0)")
 
     def _transfer(self, t: Transfer, step: StepData) -> None:
         row0, rows = t.span(step.n_tokens, step.n_out)
