@@ -14,7 +14,7 @@ CSRC = os.path.join(ROOT, "csrc")
 
 # portable sources, compiled with the baseline flags of the target
 CORE_SOURCES = ["quants.c", "dispatch.c", "matmul.c", "moe.c", "attention.c", "ops.c", "ssm.c",
-                "threadpool.c", "program.c", "kernel_api.c"]
+                "threadpool.c", "program.c", "kernel_api.c", "dense.c"]
 
 # per-ISA sources and the flags each one needs (setup.py compiles them)
 ISA_SOURCES = {
