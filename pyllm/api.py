@@ -224,7 +224,7 @@ class Model:
     def _load_vision(self, path: str | os.PathLike) -> None:
         """Opens a multimodal projector (llama.cpp's --mmproj) for this model's prompts."""
         self.require_generation()
-        self.vision = VisionEncoder(path)
+        self.vision = VisionEncoder(path, n_threads=self.n_threads)
         if self.vision.n_out != self.arch.hp.n_embd:
             raise InvalidArgumentError(f"{path} makes image rows of {self.vision.n_out} values; {self.path.name}'s "
                                        f"are {self.arch.hp.n_embd}: the projector belongs to another model")

@@ -15,9 +15,11 @@ As llama.cpp's mtmd runs them: a patch is a stride-p convolution (here one
 matmul over unfolded patches), patches are numbered row by row, attention is
 scaled by 1/sqrt(head_dim), `clip.use_gelu` picks GELU (tanh form) over
 quick-GELU, an image that is not square keeps its aspect ratio and is padded
-with black. The encoder runs in numpy (float32, BLAS): it runs once per image,
-and its rows are kept (`MediaStore`), so a conversation does not encode the
-same picture again.
+with black. The encoder runs in float32: numpy's BLAS multiplies the matrices,
+the core's dense kernels (csrc/dense.c) do the softmax, activation and norms,
+and our threads split the work (rows, or attention's heads), BLAS held to one
+thread each. It runs once per image, and its rows are kept (`MediaStore`), so a
+conversation does not encode the same picture again.
 """
 from __future__ import annotations
 
@@ -29,33 +31,19 @@ import math
 import os
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
 from gguf import GGMLQuantizationType, dequantize
+from threadpoolctl import threadpool_limits
 
+from ._native import ffi, lib
 from .errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
 from .model_file import ModelFile
 
 PROJECTORS = ("gemma3",)
-
-
-def quick_gelu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-1.702 * x))
-
-
-def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
-
-
-def layernorm(x: np.ndarray, w: Optional[np.ndarray], b: Optional[np.ndarray], eps: float) -> np.ndarray:
-    mu = x.mean(axis=-1, keepdims=True)
-    d = x - mu
-    y = d / np.sqrt((d * d).mean(axis=-1, keepdims=True) + eps)
-    if w is not None:
-        y = y * w
-    return y + b if b is not None else y
 
 
 @dataclass
@@ -74,8 +62,11 @@ class VisionEncoder:
     """An mmproj file's vision tower and projector. encode(image) -> float32
     [n_tokens, n_embd of the language model]."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, n_threads: Optional[int] = None):
         self.path = str(path)
+        self.n_threads = max(1, n_threads or os.cpu_count() or 1)
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._buffers: dict = {}
         self.mf = ModelFile(path)
         try:
             self._read(self.mf)
@@ -108,7 +99,7 @@ class VisionEncoder:
         if self.n_embd % self.n_head or self.image_size % self.patch:
             raise ModelFileError(f"{self.path}: {self.n_head} heads do not divide {self.n_embd}, or patches of "
                                  f"{self.patch} do not tile {self.image_size}; the file is corrupt")
-        self.act = gelu_tanh if mf.get("clip.use_gelu", False) else quick_gelu
+        self.gelu = bool(mf.get("clip.use_gelu", False))    # else quick-gelu, x sigmoid(1.702 x)
         self.side = self.image_size // self.patch              # patches per side
         self.merge = self._int("projector.scale_factor", 4)   # Gemma 3's pooling: 4 x 4 patches
         if self.side % self.merge:
@@ -133,7 +124,7 @@ class VisionEncoder:
                 "image_tokens": self.n_tokens, "n_layer": self.n_layer, "n_embd": self.n_embd, "n_head": self.n_head,
                 "n_ff": self.n_ff, "n_embd_out": self.n_out, "n_params": self.mf.n_params,
                 "tensor_types": self.mf.type_histogram(),
-                "activation": "gelu (tanh)" if self.act is gelu_tanh else "quick-gelu",
+                "activation": "gelu (tanh)" if self.gelu else "quick-gelu",
                 "image_mean": [float(x) for x in self.mean], "image_std": [float(x) for x in self.std]}
 
     # -- reading the file ---------------------------------------------------------------------------
@@ -182,24 +173,80 @@ class VisionEncoder:
                             up=self._pair(up, (n, f)), down=self._pair(down, (f, n)))
 
     def floats(self, name: Optional[str]) -> Optional[np.ndarray]:
-        """A tensor as float32 in numpy's order (rows = its last GGUF dimension)."""
+        """A tensor as a new float32 array in numpy's order (rows = its last GGUF dimension)."""
         if name is None:
             return None
         t = self.mf.tensor(name)
-        a = dequantize(t.data, GGMLQuantizationType(t.type))
-        return np.ascontiguousarray(a, dtype=np.float32).reshape(tuple(reversed(t.shape)))
+        return self.dequantize(t, np.empty(tuple(int(v) for v in reversed(t.shape)), np.float32))
 
-    def linear(self, x: np.ndarray, wb: tuple) -> np.ndarray:
-        y = x @ self.floats(wb[0]).T
-        return y + self.floats(wb[1]) if wb[1] is not None else y
+    def dequantize(self, t, out: np.ndarray) -> np.ndarray:
+        """Tensor t as float32 into out (its size), by the core's kernels when it has the type."""
+        if lib.pyllm_type_supported(int(t.type)) and out.ndim == 2 and out.flags.c_contiguous:
+            rows, n = out.shape
+            row_bytes = t.data.nbytes // rows
+            src = np.ascontiguousarray(t.data).view(np.uint8).reshape(rows, row_bytes)
+            isa = lib.pyllm_get_level()
+            self.parallel(rows, lambda a, b: lib.pyllm_kernel_dequant(isa, int(t.type), _ptr(src[a:b], "void *"),
+                                                                   _ptr(out[a:b]), (b - a) * n))
+            return out
+        out[...] = dequantize(t.data, GGMLQuantizationType(t.type)).reshape(out.shape)
+        return out
 
-    def norm(self, x: np.ndarray, wb: tuple) -> np.ndarray:
-        return layernorm(x, self.floats(wb[0]), self.floats(wb[1]), self.eps)
+    def matrix(self, name: str) -> np.ndarray:
+        """A weight matrix [rows, cols] as float32, in a buffer kept for its shape: the next
+        matrix of that shape overwrites it (an encoder's layers dequantize into the same memory)."""
+        t = self.mf.tensor(name)
+        shape = tuple(int(v) for v in reversed(t.shape))
+        if shape not in self._buffers:
+            self._buffers[shape] = np.empty(shape, np.float32)
+        return self.dequantize(t, self._buffers[shape])
+
+    def linear(self, x: np.ndarray, wb: tuple, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """x W^T + b, into out when given; the threads take a share of the rows each."""
+        w, b = self.matrix(wb[0]), self.floats(wb[1])
+        out = np.empty((len(x), len(w)), np.float32) if out is None else out
+
+        def rows(r0: int, r1: int) -> None:
+            np.matmul(x[r0:r1], w.T, out=out[r0:r1])
+            if b is not None:
+                out[r0:r1] += b
+        self.parallel(len(x), rows)
+        return out
+
+    def norm(self, x: np.ndarray, wb: tuple, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Layer norm of each row of x (float32, contiguous), into out when given."""
+        out = np.empty_like(x) if out is None else out
+        w, b = self.floats(wb[0]), self.floats(wb[1])
+        n = x.shape[1]
+        self.parallel(len(x), lambda r0, r1: lib.pyllm_dense_layernorm(
+            _ptr(x[r0:r1]), _ptr(out[r0:r1]), r1 - r0, n, _ptr(w), _ptr(b) if b is not None else ffi.NULL,
+            self.eps))
+        return out
 
     def optional_norm(self, x: np.ndarray, name: str) -> np.ndarray:
         if not self.mf.has_tensor(name + ".weight"):
             return x
         return self.norm(x, self._pair(name, (self.n_embd,)))
+
+    def activation(self, x: np.ndarray) -> np.ndarray:
+        """act(x) in place, x float32 [rows, n] contiguous."""
+        isa, n = lib.pyllm_get_level(), x.shape[1]
+        act = lib.DENSE_GELU_TANH if self.gelu else lib.DENSE_QUICK_GELU
+        self.parallel(len(x), lambda r0, r1: lib.pyllm_dense_activation(isa, act, _ptr(x[r0:r1]), (r1 - r0) * n))
+        return x
+
+    def parallel(self, n: int, run, grain: int = 16) -> None:
+        """run(lo, hi) over [0, n) in one share per thread (at least `grain` each), this thread
+        taking the first: numpy's BLAS (held to one thread while encoding) and the C kernels let
+        go of the GIL. A nonzero return from a kernel is a bug, not the user's error."""
+        nt = max(1, min(self.n_threads, n // grain))
+        cuts = [n * i // nt for i in range(nt + 1)]
+        if nt > 1 and self._pool is None:
+            self._pool = ThreadPoolExecutor(self.n_threads - 1, thread_name_prefix="pyllm-vision")
+        rest = [self._pool.submit(run, cuts[i], cuts[i + 1]) for i in range(1, nt)]
+        codes = [run(cuts[0], cuts[1])] + [f.result() for f in rest]
+        if any(codes):
+            raise RuntimeError(f"a vision kernel refused its arguments (codes {codes})")
 
     # -- running ------------------------------------------------------------------------------------
     def pixels(self, image) -> np.ndarray:
@@ -213,37 +260,65 @@ class VisionEncoder:
         return self.encode_pixels(self.pixels(image))
 
     def encode_pixels(self, pixels: np.ndarray) -> np.ndarray:
-        S, p, n = self.image_size, self.patch, self.n_embd
+        S = self.image_size
         if pixels.shape != (3, S, S):
             raise InvalidArgumentError(f"pixels must be [3, {S}, {S}], not {list(pixels.shape)}")
-        with self._lock:    # one image at a time: BLAS already takes every core
-            # patch (row r, column c) -> its 3 x p x p values, in the convolution weight's order
-            patches = pixels.reshape(3, self.side, p, self.side, p).transpose(1, 3, 0, 2, 4).reshape(-1, 3 * p * p)
-            x = patches @ self.floats("v.patch_embd.weight").reshape(n, -1).T
-            if self.mf.has_tensor("v.patch_embd.bias"):
-                x += self.floats("v.patch_embd.bias")
-            x += self.floats("v.position_embd.weight")
-            x = self.optional_norm(x, "v.pre_ln")
-            for L in self.layers:
-                x = x + self.attention(self.norm(x, L.ln1), L)
-                x = x + self.linear(self.act(self.linear(self.norm(x, L.ln2), L.up)), L.down)
-            x = self.optional_norm(x, "v.post_ln")
-            return self.project(x)
+        # one image at a time, its work split among our threads; BLAS's own threads would only
+        # contend with them (and spin while the C kernels run)
+        with self._lock, threadpool_limits(limits=1, user_api="blas"):
+            try:
+                return self._encode(pixels.astype(np.float32))
+            finally:
+                self._buffers.clear()
 
-    def attention(self, h: np.ndarray, L: EncoderLayer, block: int = 1024) -> np.ndarray:
+    def _encode(self, pixels: np.ndarray) -> np.ndarray:
+        p, n, T = self.patch, self.n_embd, self.side * self.side
+        # patch (row r, column c) -> its 3 x p x p values, in the convolution weight's order
+        patches = pixels.reshape(3, self.side, p, self.side, p).transpose(1, 3, 0, 2, 4).reshape(T, 3 * p * p)
+        x = patches @ self.floats("v.patch_embd.weight").reshape(n, -1).T
+        if self.mf.has_tensor("v.patch_embd.bias"):
+            x += self.floats("v.patch_embd.bias")
+        x += self.floats("v.position_embd.weight")
+        x = np.ascontiguousarray(self.optional_norm(x, "v.pre_ln"))
+        # every layer works in the same buffers: a large new array costs its page faults each time
+        h, y, up = np.empty((T, n), np.float32), np.empty((T, n), np.float32), np.empty((T, self.n_ff), np.float32)
+        work = AttentionWork(T, n)
+        for L in self.layers:
+            x += self.attention(self.norm(x, L.ln1, out=h), L, work=work, out=y)
+            self.norm(x, L.ln2, out=h)
+            self.activation(self.linear(h, L.up, out=up))
+            x += self.linear(up, L.down, out=y)
+        x = self.optional_norm(x, "v.post_ln")
+        return self.project(x)
+
+    def attention(self, h: np.ndarray, L: EncoderLayer, block: int = 512, work: Optional["AttentionWork"] = None,
+                  out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Every row attends to every row, head by head, `block` query rows at a time (their
+        scores stay in the cache: 8 MB at 4096 patches); the threads share the (head, block) pairs."""
         T, H = h.shape[0], self.n_head
-        d = self.n_embd // H
-        q, k, v = (self.linear(h, wb).reshape(T, H, d).transpose(1, 0, 2) for wb in (L.q, L.k, L.v))
-        q *= 1.0 / math.sqrt(d)
-        out = np.empty((H, T, d), np.float32)
-        for i in range(H):    # a head's scores `block` rows at a time (16 MB, not 64: ~2x faster at 4096 patches)
-            kt = np.ascontiguousarray(k[i].T)
-            for a in range(0, T, block):
-                s = q[i, a:a + block] @ kt
-                s -= s.max(axis=1, keepdims=True)
-                np.exp(s, out=s)
-                out[i, a:a + block] = (s @ v[i]) / s.sum(axis=1, keepdims=True)   # normalized after: [rows, d]
-        return self.linear(out.transpose(1, 0, 2).reshape(T, self.n_embd), L.out)
+        d, n_blocks = self.n_embd // H, -(-T // block)
+        w = AttentionWork(T, self.n_embd) if work is None else work
+        q, k, v = (self.linear(h, wb, out=o) for wb, o in ((L.q, w.q), (L.k, w.k), (L.v, w.v)))
+        isa = lib.pyllm_get_level()
+
+        def pairs(lo: int, hi: int) -> int:
+            scores, sums = np.empty((min(block, T), T), np.float32), np.empty(min(block, T), np.float32)
+            head = -1
+            for u in range(lo, hi):
+                if u // n_blocks != head:
+                    head = u // n_blocks
+                    cols = slice(head * d, (head + 1) * d)
+                    qh = q[:, cols] * np.float32(1.0 / math.sqrt(d))
+                    kt, vh = np.ascontiguousarray(k[:, cols].T), np.ascontiguousarray(v[:, cols])
+                a = u % n_blocks * block
+                b = min(T, a + block)
+                s = np.matmul(qh[a:b], kt, out=scores[:b - a])
+                if lib.pyllm_dense_softmax_rows(isa, _ptr(s), b - a, T, T, _ptr(sums)):
+                    return -1
+                w.heads[a:b, cols] = (s @ vh) / sums[:b - a, None]    # normalized after: [rows, d]
+            return 0
+        self.parallel(H * n_blocks, pairs, grain=1)
+        return self.linear(w.heads, L.out, out=out)
 
     def project(self, x: np.ndarray) -> np.ndarray:
         """Gemma 3's projector: the average of each k x k patches, RMSNorm, one matmul."""
@@ -253,7 +328,21 @@ class VisionEncoder:
         return np.ascontiguousarray(x @ self.floats("mm.input_projection.weight"), dtype=np.float32)   # [n_embd, n_out]
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
         self.mf.close()
+
+
+class AttentionWork:
+    """The attention's buffers for T rows of width n, kept from layer to layer."""
+
+    def __init__(self, T: int, n: int):
+        self.q, self.k, self.v, self.heads = (np.empty((T, n), np.float32) for _ in range(4))
+
+
+def _ptr(a: np.ndarray, kind: str = "float *"):
+    return ffi.cast(kind, a.ctypes.data)
 
 
 # -- images -------------------------------------------------------------------------------------------

@@ -58,6 +58,8 @@ def slow_encode(enc: VisionEncoder, pixels: np.ndarray) -> np.ndarray:
     def lin(v, name):
         return v @ f(name + ".weight").T + f(name + ".bias")
 
+    if enc.mf.has_tensor("v.pre_ln.weight"):
+        x = ln(x, "v.pre_ln")
     H, d = enc.n_head, n // enc.n_head
     for i in range(enc.n_layer):
         b = f"v.blk.{i}."
@@ -72,7 +74,9 @@ def slow_encode(enc: VisionEncoder, pixels: np.ndarray) -> np.ndarray:
                 att[t, s] = (w / w.sum()) @ v[:, s]
         x = x + lin(att, b + "attn_out")
         u = lin(ln(x, b + "ln2"), b + "ffn_up")
-        x = x + lin(0.5 * u * (1 + np.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u ** 3))), b + "ffn_down")
+        act = 0.5 * u * (1 + np.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u ** 3))) if enc.gelu \
+            else u / (1 + np.exp(-1.702 * u))
+        x = x + lin(act, b + "ffn_down")
     x = ln(x, "v.post_ln")
     k_, out_side = enc.merge, side // enc.merge
     pooled = np.zeros((out_side * out_side, n))
@@ -91,6 +95,19 @@ def test_encoder_matches_the_plain_loops(files):
     assert got.shape == (16, 256) and got.dtype == np.float32
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.abs(want).max())
     enc.close()
+
+
+def test_any_thread_count_gives_the_plain_loops(files):
+    """Rows, (head, block) pairs and weight rows split among 1, 3 or 5 threads; quick-GELU and a
+    pre-norm as some projectors have them."""
+    path = synth.write_mmproj(files["dir"] / "quick.gguf", n_out=256, qtype=QT.F32, use_gelu=False, pre_ln=True)
+    px = None
+    for threads in (1, 3, 5):
+        enc = VisionEncoder(path, n_threads=threads)
+        px = enc.pixels(picture(4)) if px is None else px
+        want = slow_encode(enc, px.astype(np.float64))
+        np.testing.assert_allclose(enc.encode_pixels(px), want, rtol=0, atol=2e-4 * np.abs(want).max())
+        enc.close()
 
 
 def test_attention_in_blocks_of_rows(files):
