@@ -60,7 +60,7 @@ for img in job["images"]:
     text = mtmd.mtmd_input_text(job["prompt"].encode(), len(job["prompt"].encode()), True, True)
     arr = (ctypes.c_void_p * 1)(bmp)
     assert mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(text), arr, 1) == 0
-    layout, embd = [], None
+    layout, embd = [], []
     for i in range(mtmd.mtmd_input_chunks_size(chunks)):
         c = mtmd.mtmd_input_chunks_get(chunks, i)
         if mtmd.mtmd_input_chunk_get_type(c) == 0:
@@ -71,14 +71,14 @@ for img in job["images"]:
             n_tok = mtmd.mtmd_input_chunk_get_n_tokens(c)
             assert mtmd.mtmd_encode_chunk(ctx, c) == 0
             ptr = mtmd.mtmd_get_output_embd(ctx)
-            embd = np.ctypeslib.as_array(ptr, shape=(n_tok * m.n_embd(),)).reshape(n_tok, -1).copy()
+            embd.append(np.ctypeslib.as_array(ptr, shape=(n_tok * m.n_embd(),)).reshape(n_tok, -1).copy())
             layout.append(int(n_tok))
     m.reset()
     llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(m.ctx), True)
     new_past = llama_cpp.llama_pos(0)
     assert mtmd.mtmd_helper_eval_chunks(ctx, m.ctx, chunks, 0, 0, 512, True, ctypes.byref(new_past)) == 0
     logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(m.ctx, -1), shape=(m.n_vocab(),)).copy()
-    np.save(img + ".embd.npy", embd)
+    np.save(img + ".embd.npy", np.concatenate(embd))
     np.save(img + ".logits.npy", logits)
     out.append({"layout": layout})
     mtmd.mtmd_input_chunks_free(chunks)
@@ -161,16 +161,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
         images = []
-        for name, shape in (("square", (32, 32, 3)), ("wide", (20, 45, 3))):
+        for name, shape in (("square", (32, 32, 3)), ("wide", (20, 45, 3)), ("large", (70, 100, 3))):
             path = str(t / f"{name}.npy")
             np.save(path, rng.integers(0, 256, shape, dtype=np.uint8))
             images.append((name, path))
         print(f"{'projector':<22} {'image':<7} {'embd max|d|':>11} {'embd cos':>9} {'layout':>7} "
               f"{'logits max|d|':>13} {'top-1':>6}")
-        for label, proj_type, lm_type in (("F32", QT.F32, QT.F32), ("F16", QT.F16, QT.F16),
-                                          ("Q8_0 matrices", QT.Q8_0, QT.Q8_0)):
-            lm = synth.write_gemma3(t / f"lm-{label}.gguf", lm_type, n_vocab=512)
-            mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type)
+        for label, proj_type, lm_type, kind in (
+                ("gemma3 F32", QT.F32, QT.F32, "gemma3"), ("gemma3 F16", QT.F16, QT.F16, "gemma3"),
+                ("gemma3 Q8_0 matrices", QT.Q8_0, QT.Q8_0, "gemma3"),
+                ("idefics3 F32", QT.F32, QT.F32, "idefics3"), ("idefics3 F16", QT.F16, QT.F16, "idefics3")):
+            if kind == "gemma3":
+                lm = synth.write_gemma3(t / f"lm-{label}.gguf", lm_type, n_vocab=512)
+                mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type)
+            else:   # SmolVLM's: a llama model with the image tokens; images scaled to 64 and cut in tiles of 32
+                lm = synth.write_llama(t / f"lm-{label}.gguf", lm_type, n_vocab=512, image_tokens=True)
+                mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type, projector="idefics3",
+                                        merge=2, longest_edge=64)
             got = peer(python, {"lm": lm, "mmproj": mm, "prompt": PROMPT, "images": [p for _, p in images]})
             enc = VisionEncoder(mm)
             model = Model(lm, mmproj=mm, n_ctx=512, n_threads=2)

@@ -246,13 +246,16 @@ class Model:
             raise InvalidArgumentError(f"the prompt marks {len(pieces) - 1} images ({IMAGE_MARKER}) but "
                                        f"{len(images)} were given")
         v, store = self.vision, self.engine.media
-        tokens = self.tokenizer.encode(pieces[0] + (v.image_begin if images else ""), add_bos=add_bos,
-                                       parse_special=True)
-        for i, image in enumerate(images):
+
+        def text(t: str, bos: Optional[bool] = False) -> list[int]:   # each piece on its own, as mtmd
+            return self.tokenizer.encode(t, add_bos=bos, parse_special=True) if t or bos is not False else []
+        tokens = text(pieces[0], add_bos)
+        for image, after in zip(images, pieces[1:]):
             key, image = image_key(v, image)
-            tokens += store.ids(key, lambda: v.encode(image))
-            after = v.image_end + pieces[i + 1] + (v.image_begin if i + 1 < len(images) else "")
-            tokens += self.tokenizer.encode(after, add_bos=False, parse_special=True) if after else []
+            ids = store.ids(key, lambda: v.encode(image))
+            for part in v.layout(ids, image):
+                tokens += part if isinstance(part, list) else text(part)
+            tokens += text(after)
         return tokens
 
     def save_state(self, path: str | os.PathLike, n_tokens: Optional[int] = None) -> int:

@@ -10,6 +10,10 @@ model reads in place of tokens.
         x = x + Wdown act(Wup layernorm2(x) + bup) + bdown
     x = post_ln(x)
     projector "gemma3": x = avg_pool(x, k x k patches); x = rmsnorm(x) * w; rows = x Wproj
+    projector "idefics3": x = each k x k patches' rows side by side (pixel shuffle); rows = x Wfc
+
+Gemma 3 reads one image fitted into the square; Idefics3 (SmolVLM) reads the image
+as tiles of the square plus an overview, each between marker tokens (layout()).
 
 As llama.cpp's mtmd runs them: a patch is a stride-p convolution (here one
 matmul over unfolded patches), patches are numbered row by row, attention is
@@ -43,7 +47,7 @@ from ._native import ffi, lib
 from .errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
 from .model_file import ModelFile
 
-PROJECTORS = ("gemma3",)
+PROJECTORS = ("gemma3", "idefics3")
 
 
 @dataclass
@@ -86,7 +90,7 @@ class VisionEncoder:
         self.projector = str(mf.get("clip.projector_type") or mf.get("clip.vision.projector_type") or "")
         if self.projector not in PROJECTORS:
             raise UnsupportedModelError(f"{self.path}: projector type {self.projector!r} is not supported yet "
-                                        f"(supported: {', '.join(PROJECTORS)}: Gemma 3's)")
+                                        f"(supported: {', '.join(PROJECTORS)}: Gemma 3's and SmolVLM's)")
         self.n_embd, self.n_head = self._int("embedding_length"), self._int("attention.head_count")
         self.n_ff, self.n_layer = self._int("feed_forward_length"), self._int("block_count")
         self.image_size, self.patch = self._int("image_size"), self._int("patch_size")
@@ -101,27 +105,33 @@ class VisionEncoder:
                                  f"{self.patch} do not tile {self.image_size}; the file is corrupt")
         self.gelu = bool(mf.get("clip.use_gelu", False))    # else quick-gelu, x sigmoid(1.702 x)
         self.side = self.image_size // self.patch              # patches per side
-        self.merge = self._int("projector.scale_factor", 4)   # Gemma 3's pooling: 4 x 4 patches
+        # Gemma 3 pools 4 x 4 patches into a row; Idefics3 (SmolVLM) stacks s x s patches' rows
+        self.merge = self._int("projector.scale_factor", 4 if self.projector == "gemma3" else 2)
         if self.side % self.merge:
-            raise ModelFileError(f"{self.path}: a pooling of {self.merge} does not divide {self.side} patches")
-        self.n_tokens = (self.side // self.merge) ** 2
-        # the text around an image's rows, and whether they see each other (llama.cpp's mtmd: Gemma 3's do)
-        self.image_begin, self.image_end, self.bidirectional = "<start_of_image>", "<end_of_image>", True
-        proj = mf.tensor("mm.input_projection.weight") if mf.has_tensor("mm.input_projection.weight") else None
-        if proj is None or len(proj.shape) != 2 or proj.shape[1] != self.n_embd:
-            raise ModelFileError(f"{self.path}: mm.input_projection.weight is missing or not "
-                                 f"[n_text, {self.n_embd}]; the file is corrupt")
-        self.n_out = int(proj.shape[0])                    # the language model's n_embd
+            raise ModelFileError(f"{self.path}: a merge of {self.merge} does not divide {self.side} patches")
+        self.n_tokens = (self.side // self.merge) ** 2        # rows per tile
         self.check_shape("v.patch_embd.weight", (self.patch, self.patch, 3, self.n_embd))
         self.check_shape("v.position_embd.weight", (self.n_embd, self.side * self.side))
-        self.check_shape("mm.soft_emb_norm.weight", (self.n_embd,))
+        if self.projector == "gemma3":
+            # the text around an image's rows, and whether they see each other (mtmd: Gemma 3's do)
+            self.image_begin, self.image_end, self.bidirectional = "<start_of_image>", "<end_of_image>", True
+            self.n_out = self._projection("mm.input_projection.weight", self.n_embd, inputs_first=False)
+            self.check_shape("mm.soft_emb_norm.weight", (self.n_embd,))
+            self.longest_edge = self.image_size
+        else:   # idefics3: tiles of the image and a downscaled whole, each between marker tokens
+            self.image_begin, self.image_end, self.bidirectional = "", "", False
+            self.n_out = self._projection("mm.model.fc.weight", self.n_embd * self.merge ** 2, inputs_first=True)
+            # the image is scaled so its longer side is this long, then cut into tiles
+            self.longest_edge = self._int("preproc_image_size", self.image_size)
         self.layers = [self._layer(i) for i in range(self.n_layer)]
 
     def describe(self) -> dict:
         """What `pyllm info` says of a projector file."""
         return {"path": self.path, "kind": "multimodal projector (mmproj)", "projector": self.projector,
                 "image_size": self.image_size, "patch_size": self.patch, "patches": self.side * self.side,
-                "image_tokens": self.n_tokens, "n_layer": self.n_layer, "n_embd": self.n_embd, "n_head": self.n_head,
+                "image_tokens": self.n_tokens if self.projector == "gemma3" else
+                f"{self.n_tokens} per tile (tiles of the image scaled to {self.longest_edge}, and an overview)",
+                "n_layer": self.n_layer, "n_embd": self.n_embd, "n_head": self.n_head,
                 "n_ff": self.n_ff, "n_embd_out": self.n_out, "n_params": self.mf.n_params,
                 "tensor_types": self.mf.type_histogram(),
                 "activation": "gelu (tanh)" if self.gelu else "quick-gelu",
@@ -135,6 +145,16 @@ class VisionEncoder:
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) <= 0:
             raise ModelFileError(f"{self.path}: {key} is missing or not a positive integer; is this an mmproj file?")
         return int(v)
+
+    def _projection(self, name: str, n_in: int, inputs_first: bool) -> int:
+        """The projector's matrix into the language model's width: checks it takes n_in
+        and returns its width."""
+        t = self.mf.tensor(name) if self.mf.has_tensor(name) else None
+        dims = None if t is None or len(t.shape) != 2 else [int(v) for v in t.shape]
+        if dims is None or dims[0 if inputs_first else 1] != n_in:
+            raise ModelFileError(f"{self.path}: {name} is missing or does not take {n_in} inputs; the file is "
+                                 f"corrupt")
+        return dims[1 if inputs_first else 0]
 
     def _triple(self, key: str) -> np.ndarray:
         v = self.mf.get(key)
@@ -250,14 +270,62 @@ class VisionEncoder:
 
     # -- running ------------------------------------------------------------------------------------
     def pixels(self, image) -> np.ndarray:
-        """The image as the encoder reads it: float32 [3, S, S], normalized."""
-        rgb = fit_square(load_image(image), self.image_size)
+        """The image's first tile as the encoder reads it: float32 [3, S, S], normalized."""
+        return self.normalize(self.tiles(load_image(image))[0])
+
+    def normalize(self, rgb: np.ndarray) -> np.ndarray:
+        """uint8 [S, S, 3] -> float32 [3, S, S], each channel (v / 255 - mean) / std."""
         x = np.asarray(rgb, dtype=np.float32).transpose(2, 0, 1) / 255.0
         return (x - self.mean[:, None, None]) / self.std[:, None, None]
 
     def encode(self, image) -> np.ndarray:
-        """An image (bytes, a path, a data: URL, a PIL image) -> float32 [n_tokens, n_out]."""
-        return self.encode_pixels(self.pixels(image))
+        """An image (bytes, a path, a data: URL, a PIL image) -> float32 [rows, n_out]: the rows
+        of its tiles in the order layout() shows them."""
+        return np.concatenate([self.encode_pixels(self.normalize(t)) for t in self.tiles(load_image(image))])
+
+    def grid(self, width: int, height: int) -> tuple[int, int]:
+        """(columns, rows) of an Idefics3 image's tiles, as mtmd computes them: the image scaled
+        so its longer side is longest_edge (the scale in float32), each side rounded up to whole
+        tiles."""
+        S, L = self.image_size, np.float32(self.longest_edge)
+        scale = min(L / np.float32(width), L / np.float32(height))
+        return (math.ceil(float(np.float32(width) * scale) / S), math.ceil(float(np.float32(height) * scale) / S))
+
+    def tiles(self, img) -> list[np.ndarray]:
+        """An RGB PIL image as the encoder's square inputs, uint8 [S, S, 3] each. Gemma 3: the
+        image fitted into the square. Idefics3, as mtmd (and transformers' processor) does it:
+        the image scaled (Lanczos) so its longer side is longest_edge, stretched over the grid's
+        tiles, cut row by row; then that stretched image shrunk to one tile (the overview)."""
+        from PIL import Image
+        S = self.image_size
+        if self.projector == "gemma3":
+            return [np.asarray(fit_square(img, S))]
+        def resized(im, size):
+            return im if im.size == size else im.resize(size, Image.LANCZOS)
+        cols, rows = self.grid(*img.size)
+        stretched = resized(resized(img, scaled_to_longest_edge(*img.size, self.longest_edge)), (cols * S, rows * S))
+        whole = np.asarray(stretched)
+        return [whole[y * S:(y + 1) * S, x * S:(x + 1) * S] for y in range(rows) for x in range(cols)] + \
+            [np.asarray(resized(stretched, (S, S)))]
+
+    def layout(self, ids: list[int], image) -> list:
+        """The prompt around an image's rows `ids` (encode()'s): pieces of text (special tokens
+        read, each piece tokenized on its own as mtmd does) and runs of ids."""
+        if self.projector == "gemma3":
+            return [self.image_begin, ids, self.image_end]
+        cols, rows = self.grid(*image_dimensions(image))
+        T = self.n_tokens
+        if len(ids) != (cols * rows + 1) * T:
+            raise InvalidArgumentError(f"an image of {cols} x {rows} tiles has {(cols * rows + 1) * T} rows, "
+                                       f"not {len(ids)}")
+        parts: list = []
+        for y in range(rows):
+            for x in range(cols):
+                k = y * cols + x
+                parts += [f"<fake_token_around_image><row_{y + 1}_col_{x + 1}>", ids[k * T:(k + 1) * T]]
+            if y < rows - 1:
+                parts.append("\n")
+        return parts + ["\n\n", "<fake_token_around_image><global-img>", ids[-T:], "<fake_token_around_image>"]
 
     def encode_pixels(self, pixels: np.ndarray) -> np.ndarray:
         S = self.image_size
@@ -321,11 +389,19 @@ class VisionEncoder:
         return self.linear(w.heads, L.out, out=out)
 
     def project(self, x: np.ndarray) -> np.ndarray:
-        """Gemma 3's projector: the average of each k x k patches, RMSNorm, one matmul."""
+        """The encoder's rows [side * side, n_embd] into the language model's [n_tokens, n_out].
+        Gemma 3: the average of each k x k patches, RMSNorm, one matmul. Idefics3: each k x k
+        patches' rows side by side in one row (its pixel shuffle), one matmul."""
         side, k, n = self.side, self.merge, self.n_embd
-        x = x.reshape(side // k, k, side // k, k, n).mean(axis=(1, 3)).reshape(-1, n)
-        x = x / np.sqrt((x * x).mean(axis=1, keepdims=True) + self.eps) * self.floats("mm.soft_emb_norm.weight")
-        return np.ascontiguousarray(x @ self.floats("mm.input_projection.weight"), dtype=np.float32)   # [n_embd, n_out]
+        if self.projector == "gemma3":
+            x = x.reshape(side // k, k, side // k, k, n).mean(axis=(1, 3)).reshape(-1, n)
+            x = x / np.sqrt((x * x).mean(axis=1, keepdims=True) + self.eps) * self.floats("mm.soft_emb_norm.weight")
+            return np.ascontiguousarray(x @ self.floats("mm.input_projection.weight"), dtype=np.float32)
+        # patch (r, c) -> row (r // k, c // k), at column block (c % k) + k (r % k), as transformers'
+        # Idefics3 pixel_shuffle orders them
+        x = x.reshape(side, side // k, k * n).transpose(1, 0, 2).reshape(side // k, side // k, k * k * n)
+        x = x.transpose(1, 0, 2).reshape(-1, k * k * n)
+        return np.ascontiguousarray(x @ self.floats("mm.model.fc.weight").T, dtype=np.float32)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -401,6 +477,27 @@ def fit_square(img, size: int):
     canvas = Image.new("RGB", (size, size), (0, 0, 0))
     canvas.paste(img.resize((nw, nh), Image.BILINEAR), ((size - nw) // 2, (size - nh) // 2))
     return canvas
+
+
+def scaled_to_longest_edge(width: int, height: int, longest: int) -> tuple[int, int]:
+    """(width, height) with the longer side `longest`, the other in proportion, truncated and
+    then made even (transformers' Idefics3 resize, which mtmd follows)."""
+    if width >= height:
+        other = int(longest / (width / height))
+        return longest, max(1, other + other % 2)
+    other = int(longest * (width / height))
+    return max(1, other + other % 2), longest
+
+
+def image_dimensions(image) -> tuple[int, int]:
+    """(width, height) of an image (anything load_image takes), reading only its header."""
+    from PIL import Image
+    if isinstance(image, Image.Image):
+        return image.size
+    try:
+        return Image.open(io.BytesIO(image_bytes(image))).size
+    except (OSError, ValueError) as e:
+        raise InvalidArgumentError(f"cannot read the image: {e}") from None
 
 
 # -- the rows of encoded images, by id ------------------------------------------------------------------

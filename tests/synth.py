@@ -162,17 +162,25 @@ def _proto_fields(data: bytes) -> list[tuple[int, object]]:
     return out
 
 
-def small_vocab(w: gguf.GGUFWriter, n_vocab: int = 512) -> int:
-    """A made-up byte-level BPE vocabulary (enough to load; tests feed ids)."""
+# SmolVLM's image tokens (user-defined) and "\n\n" (one token, as mtmd looks it up)
+IDEFICS3_TOKENS = ["<fake_token_around_image>", "<global-img>"] + \
+    [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
+
+
+def small_vocab(w: gguf.GGUFWriter, n_vocab: int = 512, image_tokens: bool = False) -> int:
+    """A made-up byte-level BPE vocabulary (enough to load; tests feed ids). image_tokens:
+    the last ids are SmolVLM's image tokens, with "\n\n" merged into one."""
     byte_chars = [chr(c) for c in range(33, 127)] + [chr(c) for c in range(161, 173)] + \
                  [chr(c) for c in range(174, 256)] + [chr(256 + i) for i in range(68)]
-    words = ["to", "tok"]
-    tokens = byte_chars + words + [f"tok{i}" for i in range(n_vocab - len(byte_chars) - len(words))]
+    words = ["to", "tok"] + (["\u010a\u010a"] if image_tokens else [])
+    special = IDEFICS3_TOKENS if image_tokens else []
+    tokens = byte_chars + words + [f"tok{i}" for i in range(n_vocab - len(byte_chars) - len(words) - len(special))]
+    tokens += special
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
-    w.add_token_types([1] * n_vocab)
-    w.add_token_merges(["t o", "to k"])
+    w.add_token_types([1] * (n_vocab - len(special)) + [4] * len(special))
+    w.add_token_merges(["t o", "to k"] + (["\u010a \u010a"] if image_tokens else []))
     w.add_bos_token_id(0)
     w.add_eos_token_id(1)
     return n_vocab
@@ -194,7 +202,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 mla: Optional[dict] = None, keys: Optional[dict] = None, extra_tensors: Optional[dict] = None,
                 context_length: int = 512, ssm_layers: tuple = (), ssm: Optional[dict] = None,
                 mlp_layers: tuple = (), no_attention: bool = False, parallel_ssm: bool = False,
-                bare_ffn_norm: bool = False, delta_layers: tuple = (), delta: Optional[dict] = None,
+                image_tokens: bool = False, bare_ffn_norm: bool = False, delta_layers: tuple = (), delta: Optional[dict] = None,
                 q_gated: bool = False, array_keys: Optional[dict] = None, float_arrays: Optional[dict] = None,
                 drop_tensor: Optional[str] = None, bad_shape: Optional[str] = None) -> str:
     """A tiny decoder of family `arch`, every matrix in `qtype`, tensors named
@@ -316,7 +324,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
     if tokenizer_from is not None:
         n_vocab = copy_tokenizer(w, tokenizer_from)
     else:
-        n_vocab = small_vocab(w, n_vocab)
+        n_vocab = small_vocab(w, n_vocab, image_tokens=image_tokens)
 
     def add(name, array_and_type):
         if name == drop_tensor:
@@ -1612,11 +1620,13 @@ def write_control_vector(path: str | Path, n_embd: int, layers, size: float = 1.
 def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head: int = 4, n_ff: int = 96,
                  n_layer: int = 2, image_size: int = 32, patch: int = 4, merge: int = 2, seed: int = 5,
                  qtype: QT = QT.F16, use_gelu: bool = True, pre_ln: bool = False,
-                 swapped_ffn: bool = False, projector: str = "gemma3", drop_tensor: Optional[str] = None) -> str:
+                 swapped_ffn: bool = False, projector: str = "gemma3", drop_tensor: Optional[str] = None,
+                 longest_edge: int = 0) -> str:
     """A tiny Gemma 3 multimodal projector (llama.cpp's mmproj GGUF, architecture "clip"): a
     SigLIP-like encoder of `n_layer` layers over (image_size / patch)^2 patches, pooled
     merge x merge, projected to the language model's n_out. swapped_ffn: the ffn_up/ffn_down
-    names of old conversions (fc1 named ffn_down)."""
+    names of old conversions (fc1 named ffn_down). projector "idefics3": SmolVLM's instead
+    (merge x merge patches side by side, one Linear; images scaled to longest_edge and tiled)."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "clip")
     w.add_bool("clip.has_vision_encoder", True)
@@ -1633,8 +1643,10 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
     w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
     w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
-    if merge != 4:
+    if merge != 4 or projector != "gemma3":
         w.add_uint32("clip.vision.projector.scale_factor", merge)
+    if longest_edge:
+        w.add_uint32("clip.vision.preproc_image_size", longest_edge)
     w.add_uint32("general.file_type", 1)
     side = image_size // patch
 
@@ -1673,8 +1685,11 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
         add(p + down + ".bias", rng.normal(0, 0.1, n_embd))
     add("v.post_ln.weight", 1 + rng.normal(0, 0.1, n_embd))
     add("v.post_ln.bias", rng.normal(0, 0.1, n_embd))
-    add("mm.soft_emb_norm.weight", 1 + rng.normal(0, 0.1, n_embd))
-    add("mm.input_projection.weight", rng.normal(0, 1.0 / np.sqrt(n_embd), (n_embd, n_out)), QT.F16)
+    if projector == "idefics3":   # one Linear (no bias) from merge^2 patches side by side
+        add("mm.model.fc.weight", mat(n_embd * merge * merge, n_out, 1.0), QT.F16)
+    else:
+        add("mm.soft_emb_norm.weight", 1 + rng.normal(0, 0.1, n_embd))
+        add("mm.input_projection.weight", rng.normal(0, 1.0 / np.sqrt(n_embd), (n_embd, n_out)), QT.F16)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -16,7 +16,8 @@ from PIL import Image
 import synth
 from pyllm import Model
 from pyllm.errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
-from pyllm.vision import MediaStore, VisionEncoder, fit_square, image_bytes, load_image
+from pyllm.vision import (MediaStore, VisionEncoder, fit_square, image_bytes, load_image,
+                          scaled_to_longest_edge)
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,11 @@ def files(tmp_path_factory):
             "mm": synth.write_mmproj(d / "mm.gguf", n_out=256, qtype=QT.F32),
             "mm16": synth.write_mmproj(d / "mm16.gguf", n_out=256),
             "swapped": synth.write_mmproj(d / "swapped.gguf", n_out=256, qtype=QT.F32, swapped_ffn=True),
-            "narrow": synth.write_mmproj(d / "narrow.gguf", n_out=128), "dir": d}
+            "narrow": synth.write_mmproj(d / "narrow.gguf", n_out=128), "dir": d,
+            # SmolVLM's: a llama model with the image tokens, images scaled to 64 and cut in tiles of 32
+            "smol": synth.write_llama(d / "smol.gguf", QT.F32, n_vocab=512, image_tokens=True),
+            "idefics3": synth.write_mmproj(d / "idefics3.gguf", n_out=256, qtype=QT.F32, projector="idefics3",
+                                           merge=2, longest_edge=64)}
 
 
 def picture(seed: int = 0, shape=(32, 32, 3)) -> Image.Image:
@@ -79,6 +84,10 @@ def slow_encode(enc: VisionEncoder, pixels: np.ndarray) -> np.ndarray:
         x = x + lin(act, b + "ffn_down")
     x = ln(x, "v.post_ln")
     k_, out_side = enc.merge, side // enc.merge
+    if enc.projector == "idefics3":   # each k x k patches' rows side by side, row by row
+        merged = [np.concatenate([x[(r * k_ + i) * side + c * k_ + j] for i in range(k_) for j in range(k_)])
+                  for r in range(out_side) for c in range(out_side)]
+        return np.array(merged) @ f("mm.model.fc.weight").T
     pooled = np.zeros((out_side * out_side, n))
     for r in range(out_side):
         for c in range(out_side):
@@ -396,3 +405,96 @@ def test_image_paths_in_a_message(tmp_path):
     assert (text, found) == ("compare with please", [b"C", b"A"])
     assert images_in(f"see {tmp_path}/missing.png") == (f"see {tmp_path}/missing.png", [])
     assert images_in("a file.png\nsecond line") == ("a file.png\nsecond line", [])
+
+
+# -- Idefics3 (SmolVLM): tiles and an overview ------------------------------------------------------------
+
+def test_idefics3_encoder_matches_the_plain_loops(files):
+    enc = VisionEncoder(files["idefics3"], n_threads=3)
+    px = enc.pixels(picture(5))
+    want = slow_encode(enc, px.astype(np.float64))
+    got = enc.encode_pixels(px)
+    assert got.shape == (16, 256)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.abs(want).max())
+    enc.close()
+
+
+def test_idefics3_tiles(tmp_path):
+    """transformers' resize to the longest edge (the short side truncated, then made even),
+    mtmd's grid (each side rounded up to tiles), the overview made from the stretched image."""
+    assert scaled_to_longest_edge(100, 70, 64) == (64, 44)
+    assert scaled_to_longest_edge(99, 100, 64) == (64, 64)     # 63.36 -> 63, odd -> 64
+    assert scaled_to_longest_edge(60, 200, 64) == (20, 64)
+    assert scaled_to_longest_edge(300, 2, 64) == (64, 1)       # 0.43 -> 0: at least one row
+    path = synth.write_mmproj(tmp_path / "t.gguf", projector="idefics3", merge=2, longest_edge=64)
+    enc = VisionEncoder(path)
+    assert enc.grid(45, 20) == (2, 1) and enc.grid(20, 45) == (1, 2) and enc.grid(9, 13) == (2, 2)
+    assert enc.grid(32, 32) == (2, 2) and enc.grid(640, 10) == (2, 1)
+    img = picture(6, (20, 45, 3))
+    tiles = enc.tiles(img)
+    assert len(tiles) == 3 and all(t.shape == (32, 32, 3) for t in tiles)
+    stretched = img.resize((64, 28), Image.LANCZOS).resize((64, 32), Image.LANCZOS)
+    np.testing.assert_array_equal(np.hstack(tiles[:2]), np.asarray(stretched))
+    np.testing.assert_array_equal(tiles[2], np.asarray(stretched.resize((32, 32), Image.LANCZOS)))
+    assert enc.encode(img).shape == (3 * 16, 256)
+    enc.close()
+
+
+def test_idefics3_prompt_layout(files):
+    """mtmd's: per tile <fake_token_around_image><row_r_col_c> and its rows, a newline between
+    rows of tiles, then \n\n <fake_token_around_image><global-img>, the overview's rows,
+    <fake_token_around_image>; every piece tokenized on its own."""
+    m = Model(files["smol"], mmproj=files["idefics3"], n_ctx=512)
+
+    def tok(text):
+        return m.tokenize(text, special=True, add_bos=False)
+    fake, glob, nl, nl2 = tok("<fake_token_around_image>"), tok("<global-img>"), tok("\n"), tok("\n\n")
+    assert len(fake) == len(glob) == len(nl) == len(nl2) == 1      # one token each, as mtmd looks them up
+    ids = m.media_prompt("look: <__media__> now", [picture(7, (20, 45, 3))])    # 2 x 1 tiles
+    rows = [t for t in ids if t < 0]
+    assert len(rows) == 48 and rows == list(range(rows[0], rows[0] - 48, -1))
+    want = m.tokenize("look: ", special=True)
+    for k, (r, c) in enumerate([(1, 1), (1, 2)]):
+        want += fake + tok(f"<row_{r}_col_{c}>") + rows[16 * k:16 * (k + 1)]
+    want += nl2 + fake + glob + rows[32:] + fake + tok(" now")
+    assert ids == want
+    tall = m.media_prompt("<__media__>", [picture(7, (45, 20, 3))])                # 1 x 2 tiles
+    rows = [t for t in tall if t < 0]
+    want = m.tokenize("", special=True) + fake + tok("<row_1_col_1>") + rows[:16] + nl + fake + \
+        tok("<row_2_col_1>") + rows[16:32] + nl2 + fake + glob + rows[32:] + fake
+    assert tall == want
+    m.close()
+
+
+def test_an_idefics3_prompt_matches_the_reference(files):
+    """Causal: the image rows are a prompt's tokens like any other, in their tiles' runs."""
+    m = Model(files["smol"], mmproj=files["idefics3"], n_ctx=512)
+    img = picture(9, (40, 30, 3))
+    ids = m.media_prompt("what is <__media__> this", [img])
+    negative = [t for t in ids if t < 0]
+    rows = m.engine.media.rows(negative)
+    np.testing.assert_array_equal(rows, VisionEncoder(files["idefics3"]).encode(img))
+    logits, _ = m.engine.prefill(m.engine.new_sequence(), ids)
+    local, j = [], 0
+    for t in ids:
+        local.append(t if t >= 0 else -1 - j)
+        j += t < 0
+    from pyllm.arch import load_architecture
+    from pyllm.model_file import ModelFile
+    from pyllm.reference import Reference
+    mf = ModelFile(files["smol"])
+    want = Reference(load_architecture(mf)).forward(np.array(local), media=rows)[-1]
+    mf.close()
+    assert np.abs(logits - want).max() < 2e-4 * (want.max() - want.min())
+    out = m.generate("what is <__media__> this", images=[img], max_tokens=3, temperature=0)
+    assert out.metrics.prompt_tokens == len(ids)
+    m.close()
+
+
+def test_bad_idefics3_files(tmp_path):
+    no_fc = synth.write_mmproj(tmp_path / "nofc.gguf", projector="idefics3", drop_tensor="mm.model.fc.weight")
+    with pytest.raises(ModelFileError, match="mm.model.fc.weight is missing"):
+        VisionEncoder(no_fc)
+    odd = synth.write_mmproj(tmp_path / "odd.gguf", projector="idefics3", merge=3)    # 8 patches a side
+    with pytest.raises(ModelFileError, match="merge of 3"):
+        VisionEncoder(odd)
