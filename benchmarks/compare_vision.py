@@ -12,11 +12,12 @@ Gemma 3 projector for it (tests/synth.py), in F32 and F16 (+ Q8_0 matrices), and
 Images: a square one of the projector's size (no resampling) and a wide one (resampled and
 padded by each side's own code: a small difference is expected there).
 
---speed: instead, times one image's encoding at Gemma 3's real size (SigLIP-So400m: 27 layers of
-1152, 896 pixels in patches of 14: 4096 patches; F16 matrices, random) in pyllm and in
+--speed [gemma3|smolvlm]: instead, times one image's encoding at Gemma 3's real size (SigLIP-So400m:
+27 layers of 1152, 896 pixels in patches of 14: 4096 patches) or SmolVLM-256M's (SigLIP-B/16, 12
+layers of 768, a 1024x768 picture in 13 tiles of 512), F16 matrices, random, in pyllm and in
 llama.cpp's mtmd, alternating, same threads; run it on a quiet machine. Dev tool only.
 
-    PYLLM_PEER_PYTHON=/tmp/peer-avx512/bin/python python3 benchmarks/compare_vision.py [--speed]
+    PYLLM_PEER_PYTHON=/tmp/peer-avx512/bin/python python3 benchmarks/compare_vision.py [--speed [smolvlm]]
 """
 from __future__ import annotations
 
@@ -105,27 +106,38 @@ chunks = mtmd.mtmd_input_chunks_init()
 text = mtmd.mtmd_input_text(b"<__media__>", 11, True, True)
 arr = (ctypes.c_void_p * 1)(bmp)
 assert mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(text), arr, 1) == 0
-image = next(mtmd.mtmd_input_chunks_get(chunks, i) for i in range(mtmd.mtmd_input_chunks_size(chunks))
-             if mtmd.mtmd_input_chunk_get_type(mtmd.mtmd_input_chunks_get(chunks, i)) != 0)
+images = [mtmd.mtmd_input_chunks_get(chunks, i) for i in range(mtmd.mtmd_input_chunks_size(chunks))
+          if mtmd.mtmd_input_chunk_get_type(mtmd.mtmd_input_chunks_get(chunks, i)) != 0]
 t = time.perf_counter()
-assert mtmd.mtmd_encode_chunk(ctx, image) == 0
+for image in images:   # SmolVLM's tiles and overview: one chunk each
+    assert mtmd.mtmd_encode_chunk(ctx, image) == 0
 print(json.dumps({"s": time.perf_counter() - t}))
 '''
 
 
-def speed(python: str, rounds: int = 2, threads: int = 2) -> None:
-    """Gemma 3's encoder at its real size, pyllm and llama.cpp alternating."""
+def speed(python: str, kind: str = "gemma3", rounds: int = 2, threads: int = 2) -> None:
+    """An encoder at its real size, pyllm and llama.cpp alternating. gemma3: Gemma 3's
+    (SigLIP-So400m, one 896x896 image); smolvlm: SmolVLM-256M's (SigLIP-B/16 at 512, a
+    1024x768 picture scaled to 2048: 4 x 3 tiles and the overview)."""
     import time
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
-        lm = synth.write_gemma3(t / "lm.gguf", QT.Q8_0, n_embd=2560, n_layer=1, n_head=8, n_ff=256)
-        mm = synth.write_mmproj(t / "mm.gguf", n_out=2560, n_embd=1152, n_head=16, n_ff=4304, n_layer=27,
-                                image_size=896, patch=14, merge=4)
+        if kind == "gemma3":
+            lm = synth.write_gemma3(t / "lm.gguf", QT.Q8_0, n_embd=2560, n_layer=1, n_head=8, n_ff=256)
+            mm = synth.write_mmproj(t / "mm.gguf", n_out=2560, n_embd=1152, n_head=16, n_ff=4304, n_layer=27,
+                                    image_size=896, patch=14, merge=4)
+            shape, what = (896, 896, 3), "one 896x896 image through Gemma 3's encoder (4096 patches, 27 layers)"
+        else:
+            lm = synth.write_llama(t / "lm.gguf", QT.Q8_0, n_embd=576, n_layer=1, n_head=9, n_head_kv=3, n_ff=256,
+                                   image_tokens=True)
+            mm = synth.write_mmproj(t / "mm.gguf", n_out=576, n_embd=768, n_head=12, n_ff=3072, n_layer=12,
+                                    image_size=512, patch=16, merge=4, projector="idefics3", longest_edge=2048)
+            shape, what = (768, 1024, 3), ("one 1024x768 image through SmolVLM-256M's encoder (13 tiles of 1024 "
+                                           "patches, 12 layers)")
         img = str(t / "img.npy")
-        np.save(img, np.random.default_rng(0).integers(0, 256, (896, 896, 3), dtype=np.uint8))
+        np.save(img, np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8))
         from PIL import Image
-        os.environ.setdefault("OPENBLAS_NUM_THREADS", str(threads))
-        enc = VisionEncoder(mm)
+        enc = VisionEncoder(mm, n_threads=threads)
         pic = Image.fromarray(np.load(img))
         ours, theirs = [], []
         for _ in range(rounds):
@@ -137,7 +149,7 @@ def speed(python: str, rounds: int = 2, threads: int = 2) -> None:
             if r.returncode != 0:
                 raise SystemExit(f"peer failed:\n{r.stderr[-3000:]}")
             theirs.append(json.loads(r.stdout.strip().splitlines()[-1])["s"])
-        print(f"one 896x896 image through Gemma 3's encoder (4096 patches, 27 layers), {threads} threads:")
+        print(f"{what}, {threads} threads:")
         print(f"  pyllm {min(ours):.2f} s   llama.cpp mtmd {min(theirs):.2f} s   "
               f"ratio {min(theirs) / min(ours):.2f}x (best of {rounds})")
 
@@ -154,7 +166,8 @@ def main() -> None:
     if not python:
         raise SystemExit("set PYLLM_PEER_PYTHON to a python with llama-cpp-python (see ../shared/peer)")
     if "--speed" in sys.argv[1:]:
-        speed(python)
+        rest = sys.argv[sys.argv.index("--speed") + 1:]
+        speed(python, rest[0] if rest else "gemma3")
         return
     from pyllm import Model
     rng = np.random.default_rng(7)

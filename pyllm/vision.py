@@ -281,7 +281,7 @@ class VisionEncoder:
     def encode(self, image) -> np.ndarray:
         """An image (bytes, a path, a data: URL, a PIL image) -> float32 [rows, n_out]: the rows
         of its tiles in the order layout() shows them."""
-        return np.concatenate([self.encode_pixels(self.normalize(t)) for t in self.tiles(load_image(image))])
+        return self.encode_pixels(np.stack([self.normalize(t) for t in self.tiles(load_image(image))]))
 
     def grid(self, width: int, height: int) -> tuple[int, int]:
         """(columns, rows) of an Idefics3 image's tiles, as mtmd computes them: the image scaled
@@ -328,64 +328,70 @@ class VisionEncoder:
         return parts + ["\n\n", "<fake_token_around_image><global-img>", ids[-T:], "<fake_token_around_image>"]
 
     def encode_pixels(self, pixels: np.ndarray) -> np.ndarray:
+        """Normalized tiles, float [3, S, S] or [m, 3, S, S] -> their rows, [m * n_tokens, n_out]."""
         S = self.image_size
-        if pixels.shape != (3, S, S):
-            raise InvalidArgumentError(f"pixels must be [3, {S}, {S}], not {list(pixels.shape)}")
+        if pixels.shape[-3:] != (3, S, S) or pixels.ndim not in (3, 4):
+            raise InvalidArgumentError(f"pixels must be [3, {S}, {S}] or [m, 3, {S}, {S}], not {list(pixels.shape)}")
+        tiles = pixels.reshape(-1, 3, S, S).astype(np.float32)
         # one image at a time, its work split among our threads; BLAS's own threads would only
         # contend with them (and spin while the C kernels run)
         with self._lock, threadpool_limits(limits=1, user_api="blas"):
-            try:
-                return self._encode(pixels.astype(np.float32))
+            try:   # tiles 16 at a time through the layers: larger matrix products, bounded memory
+                return np.concatenate([self._encode(tiles[i:i + 16]) for i in range(0, len(tiles), 16)])
             finally:
                 self._buffers.clear()
 
-    def _encode(self, pixels: np.ndarray) -> np.ndarray:
-        p, n, T = self.patch, self.n_embd, self.side * self.side
-        # patch (row r, column c) -> its 3 x p x p values, in the convolution weight's order
-        patches = pixels.reshape(3, self.side, p, self.side, p).transpose(1, 3, 0, 2, 4).reshape(T, 3 * p * p)
+    def _encode(self, tiles: np.ndarray) -> np.ndarray:
+        p, n, P, side = self.patch, self.n_embd, self.side * self.side, self.side
+        m, T = len(tiles), len(tiles) * self.side * self.side      # tiles, and their patches in all
+        # patch (row r, column c) of each tile -> its 3 x p x p values, in the convolution weight's order
+        patches = tiles.reshape(m, 3, side, p, side, p).transpose(0, 2, 4, 1, 3, 5).reshape(T, 3 * p * p)
         x = patches @ self.floats("v.patch_embd.weight").reshape(n, -1).T
         if self.mf.has_tensor("v.patch_embd.bias"):
             x += self.floats("v.patch_embd.bias")
-        x += self.floats("v.position_embd.weight")
+        x.reshape(m, P, n)[:] += self.floats("v.position_embd.weight")
         x = np.ascontiguousarray(self.optional_norm(x, "v.pre_ln"))
         # every layer works in the same buffers: a large new array costs its page faults each time
         h, y, up = np.empty((T, n), np.float32), np.empty((T, n), np.float32), np.empty((T, self.n_ff), np.float32)
         work = AttentionWork(T, n)
         for L in self.layers:
-            x += self.attention(self.norm(x, L.ln1, out=h), L, work=work, out=y)
+            x += self.attention(self.norm(x, L.ln1, out=h), L, work=work, out=y, seq=P)
             self.norm(x, L.ln2, out=h)
             self.activation(self.linear(h, L.up, out=up))
             x += self.linear(up, L.down, out=y)
         x = self.optional_norm(x, "v.post_ln")
-        return self.project(x)
+        return np.concatenate([self.project(x[i * P:(i + 1) * P]) for i in range(m)])
 
     def attention(self, h: np.ndarray, L: EncoderLayer, block: int = 512, work: Optional["AttentionWork"] = None,
-                  out: Optional[np.ndarray] = None) -> np.ndarray:
-        """Every row attends to every row, head by head, `block` query rows at a time (their
-        scores stay in the cache: 8 MB at 4096 patches); the threads share the (head, block) pairs."""
+                  out: Optional[np.ndarray] = None, seq: Optional[int] = None) -> np.ndarray:
+        """Every row attends to every row of its tile (`seq` rows each; default all of h), head by
+        head, `block` query rows at a time (their scores stay in the cache: 8 MB at 4096 patches);
+        the threads share the (tile, head, block) units."""
         T, H = h.shape[0], self.n_head
-        d, n_blocks = self.n_embd // H, -(-T // block)
+        P = T if seq is None else seq
+        d, n_blocks = self.n_embd // H, -(-P // block)
         w = AttentionWork(T, self.n_embd) if work is None else work
         q, k, v = (self.linear(h, wb, out=o) for wb, o in ((L.q, w.q), (L.k, w.k), (L.v, w.v)))
         isa = lib.pyllm_get_level()
 
-        def pairs(lo: int, hi: int) -> int:
-            scores, sums = np.empty((min(block, T), T), np.float32), np.empty(min(block, T), np.float32)
-            head = -1
+        def units(lo: int, hi: int) -> int:
+            scores, sums = np.empty((min(block, P), P), np.float32), np.empty(min(block, P), np.float32)
+            tile_head = -1
             for u in range(lo, hi):
-                if u // n_blocks != head:
-                    head = u // n_blocks
-                    cols = slice(head * d, (head + 1) * d)
-                    qh = q[:, cols] * np.float32(1.0 / math.sqrt(d))
-                    kt, vh = np.ascontiguousarray(k[:, cols].T), np.ascontiguousarray(v[:, cols])
+                if u // n_blocks != tile_head:
+                    tile_head = u // n_blocks
+                    rows, cols = slice(tile_head // H * P, (tile_head // H + 1) * P), slice(tile_head % H * d,
+                                                                                           (tile_head % H + 1) * d)
+                    qh = q[rows, cols] * np.float32(1.0 / math.sqrt(d))
+                    kt, vh = np.ascontiguousarray(k[rows, cols].T), np.ascontiguousarray(v[rows, cols])
                 a = u % n_blocks * block
-                b = min(T, a + block)
+                b = min(P, a + block)
                 s = np.matmul(qh[a:b], kt, out=scores[:b - a])
-                if lib.pyllm_dense_softmax_rows(isa, _ptr(s), b - a, T, T, _ptr(sums)):
+                if lib.pyllm_dense_softmax_rows(isa, _ptr(s), b - a, P, P, _ptr(sums)):
                     return -1
-                w.heads[a:b, cols] = (s @ vh) / sums[:b - a, None]    # normalized after: [rows, d]
+                w.heads[rows.start + a:rows.start + b, cols] = (s @ vh) / sums[:b - a, None]   # normalized after
             return 0
-        self.parallel(H * n_blocks, pairs, grain=1)
+        self.parallel(T // P * H * n_blocks, units, grain=1)
         return self.linear(w.heads, L.out, out=out)
 
     def project(self, x: np.ndarray) -> np.ndarray:

@@ -419,6 +419,20 @@ def test_idefics3_encoder_matches_the_plain_loops(files):
     enc.close()
 
 
+def test_tiles_encoded_together_as_one_by_one(files):
+    """Several tiles go through the layers together (larger matrix products); a tile's rows
+    attend only to its own, in blocks of rows that need not divide it."""
+    enc = VisionEncoder(files["idefics3"], n_threads=2)
+    px = np.stack([enc.pixels(picture(s)) for s in (10, 11, 12)])
+    together = enc.encode_pixels(px)
+    alone = np.concatenate([enc.encode_pixels(t) for t in px])
+    np.testing.assert_allclose(together, alone, rtol=0, atol=1e-5 * np.abs(alone).max())
+    h = np.random.default_rng(2).standard_normal((3 * 64, enc.n_embd)).astype(np.float32)
+    apart = np.concatenate([enc.attention(h[i * 64:(i + 1) * 64], enc.layers[0]) for i in range(3)])
+    np.testing.assert_allclose(enc.attention(h, enc.layers[0], block=24, seq=64), apart, rtol=0, atol=1e-5)
+    enc.close()
+
+
 def test_idefics3_tiles(tmp_path):
     """transformers' resize to the longest edge (the short side truncated, then made even),
     mtmd's grid (each side rounded up to tiles), the overview made from the stretched image."""
