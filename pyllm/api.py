@@ -12,6 +12,7 @@ import dataclasses
 import math
 import functools
 import logging
+import time
 from typing import Any, Iterator, Mapping, Optional, Sequence as Seq
 
 import numpy as np
@@ -249,10 +250,17 @@ class Model:
 
         def text(t: str, bos: Optional[bool] = False) -> list[int]:   # each piece on its own, as mtmd
             return self.tokenizer.encode(t, add_bos=bos, parse_special=True) if t or bos is not False else []
+        def encode(image) -> np.ndarray:   # seconds or minutes on a CPU: say so, as llama-mtmd-cli does
+            t0 = time.perf_counter()
+            rows = v.encode(image)
+            tiles = len(rows) // v.n_tokens
+            log.info("image encoded in %.2f s: %d rows%s", time.perf_counter() - t0, len(rows),
+                     f" ({tiles - 1} tiles and an overview)" if tiles > 1 else "")
+            return rows
         tokens = text(pieces[0], add_bos)
         for image, after in zip(images, pieces[1:]):
             key, image = image_key(v, image)
-            ids = store.ids(key, lambda: v.encode(image))
+            ids = store.ids(key, lambda: encode(image))
             for part in v.layout(ids, image):
                 tokens += part if isinstance(part, list) else text(part)
             tokens += text(after)

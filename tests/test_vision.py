@@ -364,6 +364,7 @@ def test_command_line(files):
     assert out["tokens"] == want.tokens and out["prompt_tokens"] == want.metrics.prompt_tokens
     r = pyllm("run", files["lm"], f"describe {img}", "--mmproj", files["mm"], "-n", "3", "--temp", "0", "-c", "256")
     assert r.returncode == 0 and r.stdout.strip() == chat.text.strip(), r.stderr   # ollama run's way
+    assert "note: image encoded in " in r.stderr and ": 16 rows" in r.stderr          # a long pause explained
     r = pyllm("info", files["mm"], "--json")
     facts = json.loads(r.stdout)
     assert r.returncode == 0 and (facts["projector"], facts["image_tokens"], facts["n_embd_out"]) == ("gemma3", 16, 256)
