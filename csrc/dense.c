@@ -44,21 +44,26 @@ int pyllm_dense_softmax_rows(int isa, float *x, int rows, int64_t n, int64_t ld,
     return 0;
 }
 
-int pyllm_dense_activation(int isa, int act, float *x, int64_t n) {
+int pyllm_dense_activation(int isa, int act, float *x, int rows, int64_t n, const float *bias) {
     /* act(g) = act(g) * 1 through the GLU kernels, 256 at a time */
     static const float ones[256] = {[0 ... 255] = 1.0f};
     const kernel_table *t = level(isa);
-    if (!t || !x || n < 0 || (act != DENSE_GELU_TANH && act != DENSE_QUICK_GELU)) return -1;
-    for (int64_t i = 0; i < n; i += 256) {
-        const int64_t m = n - i < 256 ? n - i : 256;
-        if (act == DENSE_GELU_TANH) {
-            t->glu_gelu_tanh(m, x + i, ones, x + i);
-        } else {
-            /* x sigmoid(1.702 x) = silu(1.702 x) / 1.702 */
-            float g[256];
-            for (int64_t j = 0; j < m; j++) g[j] = 1.702f * x[i + j];
-            t->glu_silu(m, g, ones, g);
-            for (int64_t j = 0; j < m; j++) x[i + j] = g[j] / 1.702f;
+    if (!t || !x || rows < 0 || n <= 0 || (act != DENSE_GELU_TANH && act != DENSE_QUICK_GELU)) return -1;
+    float g[256];
+    for (int r = 0; r < rows; r++) {
+        float *row = x + (int64_t)r * n;
+        for (int64_t i = 0; i < n; i += 256) {
+            const int64_t m = n - i < 256 ? n - i : 256;
+            /* the bias added here, not in a pass of its own over the matrix product's output */
+            for (int64_t j = 0; j < m; j++) g[j] = bias ? row[i + j] + bias[i + j] : row[i + j];
+            if (act == DENSE_GELU_TANH) {
+                t->glu_gelu_tanh(m, g, ones, row + i);
+            } else {
+                /* x sigmoid(1.702 x) = silu(1.702 x) / 1.702 */
+                for (int64_t j = 0; j < m; j++) g[j] *= 1.702f;
+                t->glu_silu(m, g, ones, g);
+                for (int64_t j = 0; j < m; j++) row[i + j] = g[j] / 1.702f;
+            }
         }
     }
     return 0;

@@ -212,18 +212,30 @@ class VisionEncoder:
         out[...] = dequantize(t.data, GGMLQuantizationType(t.type)).reshape(out.shape)
         return out
 
-    def matrix(self, name: str) -> np.ndarray:
-        """A weight matrix [rows, cols] as float32, in a buffer kept for its shape: the next
-        matrix of that shape overwrites it (an encoder's layers dequantize into the same memory)."""
-        t = self.mf.tensor(name)
-        shape = tuple(int(v) for v in reversed(t.shape))
+    def matrix(self, *names: str) -> np.ndarray:
+        """Weight matrices [rows, cols] as float32, stacked by rows, in a buffer kept for the
+        shape: the next matrix of that shape overwrites it (an encoder's layers dequantize into
+        the same memory)."""
+        tensors = [self.mf.tensor(name) for name in names]
+        shapes = [tuple(int(v) for v in reversed(t.shape)) for t in tensors]
+        shape = (sum(r for r, _ in shapes), shapes[0][1])
         if shape not in self._buffers:
             self._buffers[shape] = np.empty(shape, np.float32)
-        return self.dequantize(t, self._buffers[shape])
+        out, row = self._buffers[shape], 0
+        for t, (rows, _) in zip(tensors, shapes):
+            self.dequantize(t, out[row:row + rows])
+            row += rows
+        return out
 
-    def linear(self, x: np.ndarray, wb: tuple, out: Optional[np.ndarray] = None) -> np.ndarray:
-        """x W^T + b, into out when given; the threads take a share of the rows each."""
-        w, b = self.matrix(wb[0]), self.floats(wb[1])
+    def linear(self, x: np.ndarray, *wbs: tuple, out: Optional[np.ndarray] = None, bias: bool = True) -> np.ndarray:
+        """x W^T + b (without b: x W^T), into out when given; several (W, b) give their outputs side
+        by side from one matrix product (attention's q, k and v). The threads take a share of the
+        rows each."""
+        w = self.matrix(*(wb[0] for wb in wbs))
+        b = None
+        if bias and any(wb[1] is not None for wb in wbs):
+            b = np.concatenate([self.floats(wb[1]) if wb[1] is not None else np.zeros(self.mf.tensor(wb[0]).shape[-1],
+                                                                                    np.float32) for wb in wbs])
         out = np.empty((len(x), len(w)), np.float32) if out is None else out
 
         def rows(r0: int, r1: int) -> None:
@@ -248,11 +260,12 @@ class VisionEncoder:
             return x
         return self.norm(x, self._pair(name, (self.n_embd,)))
 
-    def activation(self, x: np.ndarray) -> np.ndarray:
-        """act(x) in place, x float32 [rows, n] contiguous."""
+    def activation(self, x: np.ndarray, bias: Optional[np.ndarray] = None) -> np.ndarray:
+        """act(x + bias) in place, x float32 [rows, n] contiguous."""
         isa, n = lib.pyllm_get_level(), x.shape[1]
         act = lib.DENSE_GELU_TANH if self.gelu else lib.DENSE_QUICK_GELU
-        self.parallel(len(x), lambda r0, r1: lib.pyllm_dense_activation(isa, act, _ptr(x[r0:r1]), (r1 - r0) * n))
+        b = _ptr(bias) if bias is not None else ffi.NULL
+        self.parallel(len(x), lambda r0, r1: lib.pyllm_dense_activation(isa, act, _ptr(x[r0:r1]), r1 - r0, n, b))
         return x
 
     def parallel(self, n: int, run, grain: int = 16) -> None:
@@ -357,7 +370,7 @@ class VisionEncoder:
         for L in self.layers:
             x += self.attention(self.norm(x, L.ln1, out=h), L, work=work, out=y, seq=P)
             self.norm(x, L.ln2, out=h)
-            self.activation(self.linear(h, L.up, out=up))
+            self.activation(self.linear(h, L.up, out=up, bias=False), self.floats(L.up[1]))
             x += self.linear(up, L.down, out=y)
         x = self.optional_norm(x, "v.post_ln")
         return np.concatenate([self.project(x[i * P:(i + 1) * P]) for i in range(m)])
@@ -370,8 +383,10 @@ class VisionEncoder:
         T, H = h.shape[0], self.n_head
         P = T if seq is None else seq
         d, n_blocks = self.n_embd // H, -(-P // block)
-        w = AttentionWork(T, self.n_embd) if work is None else work
-        q, k, v = (self.linear(h, wb, out=o) for wb, o in ((L.q, w.q), (L.k, w.k), (L.v, w.v)))
+        n = self.n_embd
+        w = AttentionWork(T, n) if work is None else work
+        qkv = self.linear(h, L.q, L.k, L.v, out=w.qkv)
+        q, k, v = qkv[:, :n], qkv[:, n:2 * n], qkv[:, 2 * n:]
         isa = lib.pyllm_get_level()
 
         def units(lo: int, hi: int) -> int:
@@ -420,7 +435,7 @@ class AttentionWork:
     """The attention's buffers for T rows of width n, kept from layer to layer."""
 
     def __init__(self, T: int, n: int):
-        self.q, self.k, self.v, self.heads = (np.empty((T, n), np.float32) for _ in range(4))
+        self.qkv, self.heads = np.empty((T, 3 * n), np.float32), np.empty((T, n), np.float32)
 
 
 def _ptr(a: np.ndarray, kind: str = "float *"):

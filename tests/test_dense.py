@@ -61,9 +61,15 @@ def test_activation(isa, act, want, n):
     x[:min(n, 6)] = np.array([0, -0.0, 5, -5, 30, -30], np.float32)[:min(n, 6)]
     ref = want(x.astype(np.float64))
     got = x.copy()
-    assert lib.pyllm_dense_activation(isa, act, fptr(got), n) == 0
+    assert lib.pyllm_dense_activation(isa, act, fptr(got), 1, n, ffi.NULL) == 0
     # the GLU kernels' bound (quants.c): 1e-6 max(1, |x|)
     assert np.all(np.abs(got - ref) <= 1e-6 * np.maximum(1, np.abs(x)))
+    rows = (x[None, :] * np.array([[1.0], [0.5], [-2.0]], np.float32))        # 3 rows and a bias added first
+    bias = rng.standard_normal(n).astype(np.float32)
+    pre = (rows + bias).astype(np.float32)
+    got = rows.copy()
+    assert lib.pyllm_dense_activation(isa, act, fptr(got), 3, n, fptr(bias)) == 0
+    assert np.all(np.abs(got - want(pre.astype(np.float64))) <= 1e-6 * np.maximum(1, np.abs(pre)))
 
 
 @pytest.mark.parametrize("n", SIZES)
@@ -77,8 +83,8 @@ def test_levels_agree_with_scalar(n):
         np.testing.assert_allclose(total, scalar_sum, rtol=8e-6)
         for act in (lib.DENSE_GELU_TANH, lib.DENSE_QUICK_GELU):
             a, b = x.copy(), x.copy()
-            assert lib.pyllm_dense_activation(0, act, fptr(a), x.size) == 0
-            assert lib.pyllm_dense_activation(isa, act, fptr(b), x.size) == 0
+            assert lib.pyllm_dense_activation(0, act, fptr(a), 3, n, ffi.NULL) == 0
+            assert lib.pyllm_dense_activation(isa, act, fptr(b), 3, n, ffi.NULL) == 0
             assert np.all(np.abs(b - a) <= 2e-6 * np.maximum(1, np.abs(x)))
 
 
@@ -107,7 +113,8 @@ def test_bad_arguments_are_refused():
     assert lib.pyllm_dense_softmax_rows(0, ffi.NULL, 2, 8, 8, fptr(s)) == -1
     assert lib.pyllm_dense_softmax_rows(9, fptr(x), 2, 8, 8, fptr(s)) == -1         # no such level
     assert lib.pyllm_dense_softmax_rows(0, fptr(x), 0, 8, 8, fptr(s)) == 0          # no rows: nothing to do
-    assert lib.pyllm_dense_activation(0, 7, fptr(x), 16) == -1                      # no such activation
-    assert lib.pyllm_dense_activation(0, 0, fptr(x), -1) == -1
+    assert lib.pyllm_dense_activation(0, 7, fptr(x), 1, 16, ffi.NULL) == -1         # no such activation
+    assert lib.pyllm_dense_activation(0, 0, fptr(x), 1, 0, ffi.NULL) == -1
+    assert lib.pyllm_dense_activation(0, 0, fptr(x), -1, 16, ffi.NULL) == -1
     assert lib.pyllm_dense_layernorm(fptr(x), fptr(x), 2, 8, ffi.NULL, ffi.NULL, 0.0) == -1   # eps 0
     assert lib.pyllm_dense_layernorm(fptr(x), fptr(x), -1, 8, ffi.NULL, ffi.NULL, 1e-6) == -1
