@@ -248,8 +248,11 @@ class Model:
                                        f"{len(images)} were given")
         v, store = self.vision, self.engine.media
 
-        def text(t: str, bos: Optional[bool] = False) -> list[int]:   # each piece on its own, as mtmd
+        def text(t: str, bos: Optional[bool] = False) -> list[int]:
+            """a piece tokenized on its own, as mtmd does; the first may be only a BOS (bos None:
+            the model's default)"""
             return self.tokenizer.encode(t, add_bos=bos, parse_special=True) if t or bos is not False else []
+
         def encode(image) -> np.ndarray:   # seconds or minutes on a CPU: say so, as llama-mtmd-cli does
             t0 = time.perf_counter()
             rows = v.encode(image)

@@ -123,6 +123,9 @@ class VisionEncoder:
             self.n_out = self._projection("mm.model.fc.weight", self.n_embd * self.merge ** 2, inputs_first=True)
             # the image is scaled so its longer side is this long, then cut into tiles
             self.longest_edge = self._int("preproc_image_size", self.image_size)
+        if self.image_size > 4096 or self.longest_edge > 16384:   # a picture of gigabytes: a corrupt file
+            raise ModelFileError(f"{self.path}: an image size of {self.image_size} (scaled to "
+                                 f"{self.longest_edge}) is beyond any projector's; the file is corrupt")
         self.layers = [self._layer(i) for i in range(self.n_layer)]
 
     def describe(self) -> dict:

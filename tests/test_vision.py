@@ -1,8 +1,9 @@
 """Images in prompts: the vision encoder of an mmproj file (pyllm/vision.py) against a
 slow loop-by-loop numpy version written here, the image store, the prompt layout
-(llama.cpp's mtmd: <start_of_image> rows <end_of_image>), and a whole prompt with an
-image against the numpy reference with the same rows (Gemma 3: the rows see each
-other). benchmarks/compare_vision.py compares the same files with llama.cpp's mtmd.
+(llama.cpp's mtmd: Gemma 3's <start_of_image> rows <end_of_image>; SmolVLM's tiles
+and overview between marker tokens), and a whole prompt with an image against the
+numpy reference with the same rows (Gemma 3: the rows see each other; SmolVLM: causal).
+benchmarks/compare_vision.py compares the same files with llama.cpp's mtmd.
 """
 import base64
 import io
@@ -513,3 +514,6 @@ def test_bad_idefics3_files(tmp_path):
     odd = synth.write_mmproj(tmp_path / "odd.gguf", projector="idefics3", merge=3)    # 8 patches a side
     with pytest.raises(ModelFileError, match="merge of 3"):
         VisionEncoder(odd)
+    huge = synth.write_mmproj(tmp_path / "huge.gguf", projector="idefics3", longest_edge=1 << 20)
+    with pytest.raises(ModelFileError, match="beyond any projector"):
+        VisionEncoder(huge)
