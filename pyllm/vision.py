@@ -66,6 +66,8 @@ class VisionEncoder:
     """An mmproj file's vision tower and projector. encode(image) -> float32
     [n_tokens, n_embd of the language model]."""
 
+    tiles_at_once = 4    # 4 x 1024 patches: as fast as 16 here, 340 MB less at SmolVLM's size
+
     def __init__(self, path: str | os.PathLike, n_threads: Optional[int] = None):
         self.path = str(path)
         self.n_threads = max(1, n_threads or os.cpu_count() or 1)
@@ -352,8 +354,9 @@ class VisionEncoder:
         # one image at a time, its work split among our threads; BLAS's own threads would only
         # contend with them (and spin while the C kernels run)
         with self._lock, threadpool_limits(limits=1, user_api="blas"):
-            try:   # tiles 16 at a time through the layers: larger matrix products, bounded memory
-                return np.concatenate([self._encode(tiles[i:i + 16]) for i in range(0, len(tiles), 16)])
+            try:   # several tiles at a time through the layers: larger matrix products, bounded memory
+                k = self.tiles_at_once
+                return np.concatenate([self._encode(tiles[i:i + k]) for i in range(0, len(tiles), k)])
             finally:
                 self._buffers.clear()
 

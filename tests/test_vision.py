@@ -429,6 +429,8 @@ def test_tiles_encoded_together_as_one_by_one(files):
     together = enc.encode_pixels(px)
     alone = np.concatenate([enc.encode_pixels(t) for t in px])
     np.testing.assert_allclose(together, alone, rtol=0, atol=1e-5 * np.abs(alone).max())
+    enc.tiles_at_once = 2                       # two, then one
+    np.testing.assert_allclose(enc.encode_pixels(px), alone, rtol=0, atol=1e-5 * np.abs(alone).max())
     h = np.random.default_rng(2).standard_normal((3 * 64, enc.n_embd)).astype(np.float32)
     apart = np.concatenate([enc.attention(h[i * 64:(i + 1) * 64], enc.layers[0]) for i in range(3)])
     np.testing.assert_allclose(enc.attention(h, enc.layers[0], block=24, seq=64), apart, rtol=0, atol=1e-5)
