@@ -318,6 +318,7 @@ class VisionEncoder:
         S = self.image_size
         if self.projector == "gemma3":
             return [np.asarray(fit_square(img, S))]
+
         def resized(im, size):
             return im if im.size == size else im.resize(size, Image.LANCZOS)
         cols, rows = self.grid(*img.size)
