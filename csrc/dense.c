@@ -16,11 +16,6 @@
 #include "pyllm.h"
 #include "quants.h"
 
-static const kernel_table *level(int isa) {
-    dispatch_init(ISA_COUNT);
-    return dispatch_table(isa);
-}
-
 /* the largest of x[0..n), n > 0, in 16 lanes (a comparison, not fmaxf, so it vectorizes) */
 static float row_max(const float *x, int64_t n) {
     float lane[16];
@@ -35,7 +30,7 @@ static float row_max(const float *x, int64_t n) {
 }
 
 int pyllm_dense_softmax_rows(int isa, float *x, int rows, int64_t n, int64_t ld, float *sum) {
-    const kernel_table *t = level(isa);
+    const kernel_table *t = dispatch_table_ready(isa);
     if (!t || !x || !sum || rows < 0 || n <= 0 || ld < n) return -1;
     for (int r = 0; r < rows; r++) {
         float *row = x + (int64_t)r * ld;
@@ -47,7 +42,7 @@ int pyllm_dense_softmax_rows(int isa, float *x, int rows, int64_t n, int64_t ld,
 int pyllm_dense_activation(int isa, int act, float *x, int rows, int64_t n, const float *bias) {
     /* act(g) = act(g) * 1 through the GLU kernels, 256 at a time */
     static const float ones[256] = {[0 ... 255] = 1.0f};
-    const kernel_table *t = level(isa);
+    const kernel_table *t = dispatch_table_ready(isa);
     if (!t || !x || rows < 0 || n <= 0 || (act != DENSE_GELU_TANH && act != DENSE_QUICK_GELU)) return -1;
     float g[256];
     for (int r = 0; r < rows; r++) {

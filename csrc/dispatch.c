@@ -221,6 +221,11 @@ const kernel_table *dispatch_table(int isa) {
     return &tables[isa];
 }
 
+const kernel_table *dispatch_table_ready(int isa) {
+    dispatch_init(ISA_COUNT);
+    return dispatch_table(isa);
+}
+
 /* the level's own entries (not those inherited from below), for
  * pyllm_kernel_provided; NULL if unavailable */
 int dispatch_own(int isa, kernel_table *out) {

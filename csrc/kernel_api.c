@@ -20,11 +20,6 @@ int dispatch_cpu_level(void);
 const char *dispatch_level_name(int isa);
 int dispatch_own(int isa, kernel_table *out);
 
-static const kernel_table *table_for(int isa) {
-    dispatch_init(ISA_COUNT);
-    return dispatch_table(isa);
-}
-
 /* block size of `type` when n is a valid row length for it, else 0 */
 static int check_row(int type, int64_t n) {
     const type_traits *t = type_info(type);
@@ -82,14 +77,14 @@ int pyllm_kernel_provided(int isa, int kind, int type) {
 }
 
 int pyllm_kernel_dequant(int isa, int type, const void *w, float *out, int64_t n) {
-    const kernel_table *t = table_for(isa);
+    const kernel_table *t = dispatch_table_ready(isa);
     if (!t || !check_row(type, n) || !w || !out || !t->dequant[type]) return -1;
     t->dequant[type](w, out, n);
     return 0;
 }
 
 int pyllm_kernel_quantize_act(int isa, int act, const float *x, void *out, int64_t n) {
-    const kernel_table *t = table_for(isa);
+    const kernel_table *t = dispatch_table_ready(isa);
     if (!t || act < ACT_F32 || act > ACT_Q8_K || n <= 0 || !x || !out) return -1;
     const int64_t bs = act == ACT_Q8_32 ? QK : act == ACT_Q8_K ? QK_K : 1;
     if (n % bs || !t->quantize_act[act]) return -1;
@@ -98,7 +93,7 @@ int pyllm_kernel_quantize_act(int isa, int act, const float *x, void *out, int64
 }
 
 int pyllm_kernel_vec_dot(int isa, int type, int64_t n, const void *w, const void *a, float *out) {
-    const kernel_table *t = table_for(isa);
+    const kernel_table *t = dispatch_table_ready(isa);
     if (!t || !check_row(type, n) || !w || !a || !out || !t->vec_dot[type]) return -1;
     *out = t->vec_dot[type](n, w, a);
     return 0;
@@ -108,7 +103,7 @@ int pyllm_kernel_vec_dot(int isa, int type, int64_t n, const void *w, const void
  * matmul does) */
 int pyllm_kernel_gemv(int isa, int type, int64_t n, const void *w, size_t row_bytes, int nrows,
                       const void *a, float *out) {
-    const kernel_table *t = table_for(isa);
+    const kernel_table *t = dispatch_table_ready(isa);
     if (!t || !check_row(type, n) || !w || !a || !out || nrows < 0) return -1;
     if (nrows > 0 && row_bytes < weight_row_bytes(type, n)) return -1;
     if (t->gemv[type]) {
@@ -124,7 +119,7 @@ int pyllm_kernel_gemv(int isa, int type, int64_t n, const void *w, size_t row_by
  * has one, else its gemv for each activation row. */
 int pyllm_kernel_gemm(int isa, int type, int64_t n, const void *w, size_t row_bytes, int nrows, const void *a,
                       size_t a_stride, int ncols, float *out, size_t out_stride) {
-    const kernel_table *t = table_for(isa);
+    const kernel_table *t = dispatch_table_ready(isa);
     if (!t || !check_row(type, n) || !w || !a || !out || nrows < 0 || ncols < 0) return -1;
     if (nrows > 0 && row_bytes < weight_row_bytes(type, n)) return -1;
     if (ncols > 1 && (a_stride < act_row_bytes(type_info(type)->act, n) || out_stride < (size_t)nrows)) return -1;
@@ -140,14 +135,14 @@ int pyllm_kernel_gemm(int isa, int type, int64_t n, const void *w, size_t row_by
 }
 
 int pyllm_kernel_f16_rows(int isa, const void *x, int64_t x_stride, int rows, float *out, int64_t n) {
-    const kernel_table *t = table_for(isa);
+    const kernel_table *t = dispatch_table_ready(isa);
     if (!t || !x || !out || n < 0 || rows < 0 || x_stride < n) return -1;
     t->f16_to_f32(x, x_stride, rows, out, n);
     return 0;
 }
 
 int pyllm_kernel_float(int isa, int which, int64_t n, const void *a, const void *b, float s, void *out) {
-    const kernel_table *t = table_for(isa);
+    const kernel_table *t = dispatch_table_ready(isa);
     if (!t || n < 0 || !a || !out) return -1;
     switch (which) {
     case 0: t->f32_to_f16(a, out, n); return 0;
@@ -167,7 +162,7 @@ int pyllm_kernel_float(int isa, int which, int64_t n, const void *a, const void 
 
 int pyllm_kernel_vmath(int isa, int which, int64_t n, const float *a, const float *b, float s, float *out,
                        float *sum) {
-    const kernel_table *t = table_for(isa);
+    const kernel_table *t = dispatch_table_ready(isa);
     if (!t || n < 0 || !a || !out) return -1;
     switch (which) {
     case 0:
@@ -207,7 +202,7 @@ static int wsum_args_ok(int64_t n, int rows, int nq, const float *w, int64_t ws,
  * (as attention does) */
 int pyllm_kernel_wsum(int isa, int64_t n, int rows, int nq, const float *w, int64_t ws, const float *x, int64_t ld,
                       float *y, int64_t ys) {
-    const kernel_table *t = table_for(isa);
+    const kernel_table *t = dispatch_table_ready(isa);
     if (!t || !wsum_args_ok(n, rows, nq, w, ws, x, ld, y, ys)) return -1;
     if (t->wsum_many_f32) {
         t->wsum_many_f32(n, rows, nq, w, ws, x, ld, y, ys);
@@ -221,7 +216,7 @@ int pyllm_kernel_wsum(int isa, int64_t n, int rows, int nq, const float *w, int6
  * has one, else the rows converted and its f32 form (as attention does) */
 int pyllm_kernel_wsum_f16(int isa, int64_t n, int rows, int nq, const float *w, int64_t ws, const void *x, int64_t ld,
                           float *y, int64_t ys) {
-    const kernel_table *t = table_for(isa);
+    const kernel_table *t = dispatch_table_ready(isa);
     if (!t || !wsum_args_ok(n, rows, nq, w, ws, x, ld, y, ys)) return -1;
     if (t->wsum_many_f16) {
         t->wsum_many_f16(n, rows, nq, w, ws, x, ld, y, ys);
@@ -240,7 +235,7 @@ int pyllm_kernel_wsum_f16(int isa, int64_t n, int rows, int nq, const float *w, 
  * attention does) */
 int pyllm_kernel_wsum_q8_0(int isa, int64_t n, int rows, int nq, const float *w, int64_t ws, const void *x,
                            int64_t ld, float *y, int64_t ys) {
-    const kernel_table *t = table_for(isa);
+    const kernel_table *t = dispatch_table_ready(isa);
     if (!t || n % QK || !wsum_args_ok(n, rows, nq, w, ws, x, ld, y, ys) || ld < n / QK * (int64_t)sizeof(block_q8_0))
         return -1;
     if (t->wsum_many_q8_0) {
@@ -258,7 +253,7 @@ int pyllm_kernel_wsum_q8_0(int isa, int64_t n, int rows, int nq, const float *w,
 int pyllm_kernel_ssm_scan_row(int isa, int64_t n, float *s, int n_tok, const float *bc, int64_t bc_stride,
                               int64_t c_off, const float *x, int64_t x_stride, const float *dt, const float *decay,
                               float *y, int64_t y_stride) {
-    const kernel_table *t = table_for(isa);
+    const kernel_table *t = dispatch_table_ready(isa);
     if (!t || n < 1 || n_tok < 1 || !s || !bc || !x || !dt || !decay || !y || c_off < n || bc_stride < c_off + n)
         return -1;
     t->ssm_scan_row(n, s, n_tok, bc, bc_stride, c_off, x, x_stride, dt, decay, y, y_stride);

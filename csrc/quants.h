@@ -289,6 +289,8 @@ extern kernel_table K;
 int dispatch_init(int max_isa);          /* returns the chosen level */
 int dispatch_level(void);
 const kernel_table *dispatch_table(int isa); /* NULL if the CPU lacks that level */
+/* dispatch_table after the one-time set-up: for entry points called before any context exists */
+const kernel_table *dispatch_table_ready(int isa);
 
 /* n floats (n % 32 == 0) as Q8_0 blocks: d = amax / 127 (stored as f16), q = nearest(x / d) */
 void quantize_row_q8_0(const float *restrict x, void *restrict out, int64_t n);

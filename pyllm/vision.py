@@ -115,13 +115,12 @@ class VisionEncoder:
         self.check_shape("v.patch_embd.weight", (self.patch, self.patch, 3, self.n_embd))
         self.check_shape("v.position_embd.weight", (self.n_embd, self.side * self.side))
         if self.projector == "gemma3":
-            # the text around an image's rows, and whether they see each other (mtmd: Gemma 3's do)
-            self.image_begin, self.image_end, self.bidirectional = "<start_of_image>", "<end_of_image>", True
+            self.bidirectional = True    # an image's rows see each other (mtmd: Gemma 3's do)
             self.n_out = self._projection("mm.input_projection.weight", self.n_embd, inputs_first=False)
             self.check_shape("mm.soft_emb_norm.weight", (self.n_embd,))
             self.longest_edge = self.image_size
         else:   # idefics3: tiles of the image and a downscaled whole, each between marker tokens
-            self.image_begin, self.image_end, self.bidirectional = "", "", False
+            self.bidirectional = False
             self.n_out = self._projection("mm.model.fc.weight", self.n_embd * self.merge ** 2, inputs_first=True)
             # the image is scaled so its longer side is this long, then cut into tiles
             self.longest_edge = self._int("preproc_image_size", self.image_size)
@@ -331,7 +330,7 @@ class VisionEncoder:
         """The prompt around an image's rows `ids` (encode()'s): pieces of text (special tokens
         read, each piece tokenized on its own as mtmd does) and runs of ids."""
         if self.projector == "gemma3":
-            return [self.image_begin, ids, self.image_end]
+            return ["<start_of_image>", ids, "<end_of_image>"]
         cols, rows = self.grid(*image_dimensions(image))
         T = self.n_tokens
         if len(ids) != (cols * rows + 1) * T:
@@ -362,8 +361,9 @@ class VisionEncoder:
                 self._buffers.clear()
 
     def _encode(self, tiles: np.ndarray) -> np.ndarray:
-        p, n, P, side = self.patch, self.n_embd, self.side * self.side, self.side
-        m, T = len(tiles), len(tiles) * self.side * self.side      # tiles, and their patches in all
+        p, n, side = self.patch, self.n_embd, self.side
+        m, P = len(tiles), side * side
+        T = m * P                                   # the tiles' patches in all
         # patch (row r, column c) of each tile -> its 3 x p x p values, in the convolution weight's order
         patches = tiles.reshape(m, 3, side, p, side, p).transpose(0, 2, 4, 1, 3, 5).reshape(T, 3 * p * p)
         x = patches @ self.floats("v.patch_embd.weight").reshape(n, -1).T
