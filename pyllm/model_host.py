@@ -204,10 +204,15 @@ class ModelHost:
             self.model = self.slots = None
             self.expires_at = math.inf
 
-    def unload(self) -> bool:
+    def unload(self, wait: float = 2.0) -> bool:
         """Unloads the model now if no request is using it (ollama's keep_alive 0 on a load
-        request); False if it is in use or not loaded."""
+        request); False if it is in use or not loaded. Waits up to `wait` seconds for requests
+        to end: a client's next request can arrive while the thread that answered its last
+        one is still leaving `use`."""
+        deadline = time.monotonic() + wait
         with self._cv:
+            while self._users and (left := deadline - time.monotonic()) > 0:
+                self._cv.wait(left)
             if self._users or self.model is None or self.load is None:
                 return False
             self.expires_at = time.monotonic()

@@ -377,6 +377,41 @@ def test_keep_alive_unloads_an_idle_model_and_the_next_request_loads_it(tmp_path
         server.host.close()
 
 
+def test_unload_waits_briefly_for_a_request_leaving_and_refuses_a_long_one(tmp_path, monkeypatch):
+    """A client's next request (delete, `ollama stop`) can arrive while the thread that sent its
+    last reply is still leaving host.use: unload waits for it; a request that goes on past the
+    wait keeps the model loaded."""
+    from pyllm.model_host import ModelHost
+    monkeypatch.setenv("PYLLM_MODELS", str(tmp_path))
+    m = Model(synth.write_llama(tmp_path / "a.gguf"), n_ctx=64, n_threads=1)
+    host = ModelHost(m, "a", load=lambda path: Model(path, n_ctx=64, n_threads=1))
+    inside, leave = threading.Event(), threading.Event()
+
+    def request():
+        with host.use(None, slot=False):
+            inside.set()
+            leave.wait(30)
+    try:
+        for hold_s, wait_s, unloaded in ((0.2, 5.0, True), (30, 0.2, False)):
+            if host.model is None:
+                host.current()
+            inside.clear()
+            leave.clear()
+            t = threading.Thread(target=request)
+            t.start()
+            assert inside.wait(30)
+            timer = threading.Timer(hold_s, leave.set)
+            timer.start()
+            t0 = time.monotonic()
+            assert host.unload(wait=wait_s) is unloaded and (host.model is None) is unloaded
+            assert (time.monotonic() - t0 < wait_s) is unloaded
+            timer.cancel()
+            leave.set()
+            t.join(30)
+    finally:
+        host.close()
+
+
 def test_ps_and_stop_commands(tmp_path, monkeypatch):
     """`pyllm ps` lists what a running server holds and until when; `pyllm stop NAME` unloads it
     (a server of one model, -m, keeps it: said so); no server, one clear line."""
