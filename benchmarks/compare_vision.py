@@ -12,12 +12,13 @@ Gemma 3 projector for it (tests/synth.py), in F32 and F16 (+ Q8_0 matrices), and
 Images: a square one of the projector's size (no resampling) and a wide one (resampled and
 padded by each side's own code: a small difference is expected there).
 
---speed [gemma3|smolvlm]: instead, times one image's encoding at Gemma 3's real size (SigLIP-So400m:
-27 layers of 1152, 896 pixels in patches of 14: 4096 patches) or SmolVLM-256M's (SigLIP-B/16, 12
-layers of 768, a 1024x768 picture in 13 tiles of 512), F16 matrices, random, in pyllm and in
+--speed [gemma3|smolvlm|lfm2]: instead, times one image's encoding at Gemma 3's real size (SigLIP-So400m:
+27 layers of 1152, 896 pixels in patches of 14: 4096 patches), SmolVLM-256M's (SigLIP-B/16, 12
+layers of 768, a 1024x768 picture in 13 tiles of 512) or LFM2-VL-450M's (SigLIP2-B/16, a 1024x768
+picture in 6 tiles of 512 and a thumbnail), F16 matrices, random, in pyllm and in
 llama.cpp's mtmd, alternating, same threads; run it on a quiet machine. Dev tool only.
 
-    PYLLM_PEER_PYTHON=/tmp/peer-avx512/bin/python python3 benchmarks/compare_vision.py [--speed [smolvlm]]
+    PYLLM_PEER_PYTHON=/tmp/peer-avx512/bin/python python3 benchmarks/compare_vision.py [--only lfm2] [--speed [smolvlm]]
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ import numpy as np
 import llama_cpp
 import llama_cpp.mtmd_cpp as mtmd
 job = json.load(sys.stdin)
-m = llama_cpp.Llama(model_path=job["lm"], n_ctx=512, n_batch=512, n_ubatch=512, verbose=False, n_threads=2)
+m = llama_cpp.Llama(model_path=job["lm"], n_ctx=4096, n_batch=512, n_ubatch=512, verbose=False, n_threads=2)
 p = mtmd.mtmd_context_params_default()
 p.use_gpu, p.n_threads, p.warmup, p.print_timings = False, 2, False, False
 ctx = mtmd.mtmd_init_from_file(job["mmproj"].encode(), m.model, p)
@@ -118,7 +119,8 @@ print(json.dumps({"s": time.perf_counter() - t}))
 def speed(python: str, kind: str = "gemma3", rounds: int = 2, threads: int = 2) -> None:
     """An encoder at its real size, pyllm and llama.cpp alternating. gemma3: Gemma 3's
     (SigLIP-So400m, one 896x896 image); smolvlm: SmolVLM-256M's (SigLIP-B/16 at 512, a
-    1024x768 picture scaled to 2048: 4 x 3 tiles and the overview)."""
+    1024x768 picture scaled to 2048: 4 x 3 tiles and the overview); lfm2: LFM2-VL-450M's (SigLIP2-B/16,
+    the same picture in 3 x 2 tiles of 512 and a 576x416 thumbnail)."""
     import time
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
@@ -127,6 +129,13 @@ def speed(python: str, kind: str = "gemma3", rounds: int = 2, threads: int = 2) 
             mm = synth.write_mmproj(t / "mm.gguf", n_out=2560, n_embd=1152, n_head=16, n_ff=4304, n_layer=27,
                                     image_size=896, patch=14, merge=4)
             shape, what = (896, 896, 3), "one 896x896 image through Gemma 3's encoder (4096 patches, 27 layers)"
+        elif kind == "lfm2":
+            lm = synth.write_lfm2(t / "lm.gguf", QT.Q8_0, n_embd=1024, n_layer=4, n_head=16, n_head_kv=8, n_ff=256,
+                                  image_tokens="lfm2")
+            mm = synth.write_mmproj(t / "mm.gguf", n_out=1024, n_embd=768, n_head=12, n_ff=3072, n_layer=12,
+                                    image_size=256, patch=16, merge=2, projector="lfm2", n_mid=1024)
+            shape, what = (768, 1024, 3), ("one 1024x768 image through LFM2-VL-450M's encoder (6 tiles of 1024 "
+                                           "patches and a thumbnail of 936, 12 layers)")
         else:
             lm = synth.write_llama(t / "lm.gguf", QT.Q8_0, n_embd=576, n_layer=1, n_head=9, n_head_kv=3, n_ff=256,
                                    image_tokens=True)
@@ -170,31 +179,51 @@ def main() -> None:
         speed(python, rest[0] if rest else "gemma3")
         return
     from pyllm import Model
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv[1:] else ""
     rng = np.random.default_rng(7)
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
-        images = []
+        images, lfm2_images = [], []
         for name, shape in (("square", (32, 32, 3)), ("wide", (20, 45, 3)), ("large", (70, 100, 3))):
             path = str(t / f"{name}.npy")
             np.save(path, rng.integers(0, 256, shape, dtype=np.uint8))
             images.append((name, path))
-        print(f"{'projector':<22} {'image':<7} {'embd max|d|':>11} {'embd cos':>9} {'layout':>7} "
+        # LFM2's: a constant colour (the encoder alone: any resampling keeps it), the position grid's
+        # own size (no resampling), a wide one (resampled), a small one (scaled up), and large ones
+        # (tiles and a thumbnail; the tiles padded)
+        for name, shape, const in (("flat", (200, 300, 3), True), ("grid", (256, 256, 3), False),
+                                   ("wide", (300, 600, 3), False), ("small", (45, 70, 3), False),
+                                   ("flat-tiled", (700, 900, 3), True), ("tiled", (700, 900, 3), False),
+                                   ("tall-tiled", (1500, 500, 3), False)):
+            path = str(t / f"lfm2-{name}.npy")
+            np.save(path, np.broadcast_to(rng.integers(0, 256, 3, dtype=np.uint8), shape) if const else
+                    rng.integers(0, 256, shape, dtype=np.uint8))
+            lfm2_images.append((name, path))
+        print(f"{'projector':<22} {'image':<10} {'embd max|d|':>11} {'embd cos':>9} {'layout':>7} "
               f"{'logits max|d|':>13} {'top-1':>6}")
         for label, proj_type, lm_type, kind in (
                 ("gemma3 F32", QT.F32, QT.F32, "gemma3"), ("gemma3 F16", QT.F16, QT.F16, "gemma3"),
                 ("gemma3 Q8_0 matrices", QT.Q8_0, QT.Q8_0, "gemma3"),
-                ("idefics3 F32", QT.F32, QT.F32, "idefics3"), ("idefics3 F16", QT.F16, QT.F16, "idefics3")):
-            if kind == "gemma3":
+                ("idefics3 F32", QT.F32, QT.F32, "idefics3"), ("idefics3 F16", QT.F16, QT.F16, "idefics3"),
+                ("lfm2 F32", QT.F32, QT.F32, "lfm2"), ("lfm2 F16", QT.F16, QT.F16, "lfm2")):
+            if only and not label.startswith(only):
+                continue
+            pictures = lfm2_images if kind == "lfm2" else images
+            if kind == "lfm2":    # LFM2-VL's: an lfm2 model with its image tokens; a projector of 16-pixel patches
+                lm = synth.write_lfm2(t / f"lm-{label}.gguf", lm_type, n_vocab=512, image_tokens="lfm2")
+                mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type, projector="lfm2",
+                                        image_size=256, patch=16)
+            elif kind == "gemma3":
                 lm = synth.write_gemma3(t / f"lm-{label}.gguf", lm_type, n_vocab=512)
                 mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type)
             else:   # SmolVLM's: a llama model with the image tokens; images scaled to 64 and cut in tiles of 32
                 lm = synth.write_llama(t / f"lm-{label}.gguf", lm_type, n_vocab=512, image_tokens=True)
                 mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type, projector="idefics3",
                                         merge=2, longest_edge=64)
-            got = peer(python, {"lm": lm, "mmproj": mm, "prompt": PROMPT, "images": [p for _, p in images]})
+            got = peer(python, {"lm": lm, "mmproj": mm, "prompt": PROMPT, "images": [p for _, p in pictures]})
             enc = VisionEncoder(mm)
-            model = Model(lm, mmproj=mm, n_ctx=512, n_threads=2)
-            for (name, path), theirs in zip(images, got):
+            model = Model(lm, mmproj=mm, n_ctx=4096, n_threads=2)
+            for (name, path), theirs in zip(pictures, got):
                 from PIL import Image
                 img = Image.fromarray(np.load(path))
                 ours = enc.encode(img)
@@ -203,9 +232,11 @@ def main() -> None:
                 tokens = model.media_prompt(PROMPT, [img])
                 layout = layout_of(tokens)
                 same = "same" if layout == theirs["layout"] else "DIFF"
-                lg, _ = model.engine.prefill(model.engine.new_sequence(), tokens)
+                seq = model.engine.new_sequence()
+                lg, _ = model.engine.prefill(seq, tokens)
+                seq.release()
                 ref = np.load(path + ".logits.npy")
-                print(f"{label:<22} {name:<7} {np.abs(ours - embd).max():11.2e} {cos:9.6f} {same:>7} "
+                print(f"{label:<22} {name:<10} {np.abs(ours - embd).max():11.2e} {cos:9.6f} {same:>7} "
                       f"{np.abs(lg - ref).max():13.2e} {'same' if lg.argmax() == ref.argmax() else 'DIFF':>6}")
                 if same != "same":
                     print("  ours:  ", layout, "\n  theirs:", theirs["layout"])

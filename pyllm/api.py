@@ -46,7 +46,7 @@ from .state import load as load_state, save as save_state
 from .speculative import SPEC_TYPES, SpecParams, check_same_vocabulary, make_drafter
 from .tokenizer import load_tokenizer
 from .tools import ToolUse
-from .vision import MediaStore, VisionEncoder, image_key
+from .vision import MediaStore, VisionEncoder, image_dimensions, image_key
 
 log = logging.getLogger("pyllm")
 
@@ -256,9 +256,9 @@ class Model:
         def encode(image) -> np.ndarray:   # seconds or minutes on a CPU: say so, as llama-mtmd-cli does
             t0 = time.perf_counter()
             rows = v.encode(image)
-            tiles = len(rows) // v.n_tokens
+            tiles = v.plan(*image_dimensions(image)).n_tiles
             log.info("image encoded in %.2f s: %d rows%s", time.perf_counter() - t0, len(rows),
-                     f" ({tiles - 1} tiles and an overview)" if tiles > 1 else "")
+                     f" ({tiles} tiles and an overview)" if tiles else "")
             return rows
         tokens = text(pieces[0], add_bos)
         for image, after in zip(images, pieces[1:]):

@@ -11,9 +11,13 @@ model reads in place of tokens.
     x = post_ln(x)
     projector "gemma3": x = avg_pool(x, k x k patches); x = rmsnorm(x) * w; rows = x Wproj
     projector "idefics3": x = each k x k patches' rows side by side (pixel shuffle); rows = x Wfc
+    projector "lfm2": the same shuffle; rows = W2 gelu(W1 layernorm(x) + b1) + b2
 
 Gemma 3 reads one image fitted into the square; Idefics3 (SmolVLM) reads the image
 as tiles of the square plus an overview, each between marker tokens (layout()).
+LFM2-VL reads an image of any shape (its sides made multiples of 2 patches, its
+area within a budget of rows; the learned position grid resized to its patches),
+and a large one as tiles of 512 pixels plus a thumbnail.
 
 As llama.cpp's mtmd runs them: a patch is a stride-p convolution (here one
 matmul over unfolded patches), patches are numbered row by row, attention is
@@ -47,7 +51,25 @@ from ._native import ffi, lib
 from .errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
 from .model_file import ModelFile
 
-PROJECTORS = ("gemma3", "idefics3")
+PROJECTORS = ("gemma3", "idefics3", "lfm2")
+LFM2_TILE = 512              # LFM2-VL's tiles (mtmd's and its processor's constants)
+LFM2_TILES = (2, 10)         # the fewest and most tiles of a tiled image
+LFM2_ROWS = (64, 256)        # the fewest and most rows of an image read whole (and of the thumbnail)
+
+
+@dataclass(frozen=True)
+class ImagePlan:
+    """How an image is read: a grid of `cols` x `rows` tiles of `tile` (w, h) pixels, cut row by
+    row, then `whole`, the whole image scaled to (w, h) (an overview after the tiles, or the only
+    input when there are no tiles)."""
+    cols: int
+    rows: int
+    tile: tuple
+    whole: tuple
+
+    @property
+    def n_tiles(self) -> int:
+        return self.cols * self.rows
 
 
 @dataclass
@@ -92,7 +114,7 @@ class VisionEncoder:
         self.projector = str(mf.get("clip.projector_type") or mf.get("clip.vision.projector_type") or "")
         if self.projector not in PROJECTORS:
             raise UnsupportedModelError(f"{self.path}: projector type {self.projector!r} is not supported yet "
-                                        f"(supported: {', '.join(PROJECTORS)}: Gemma 3's and SmolVLM's)")
+                                        f"(supported: {', '.join(PROJECTORS)}: Gemma 3's, SmolVLM's and LFM2-VL's)")
         self.n_embd, self.n_head = self._int("embedding_length"), self._int("attention.head_count")
         self.n_ff, self.n_layer = self._int("feed_forward_length"), self._int("block_count")
         self.image_size, self.patch = self._int("image_size"), self._int("patch_size")
@@ -106,24 +128,38 @@ class VisionEncoder:
             raise ModelFileError(f"{self.path}: {self.n_head} heads do not divide {self.n_embd}, or patches of "
                                  f"{self.patch} do not tile {self.image_size}; the file is corrupt")
         self.gelu = bool(mf.get("clip.use_gelu", False))    # else quick-gelu, x sigmoid(1.702 x)
-        self.side = self.image_size // self.patch              # patches per side
-        # Gemma 3 pools 4 x 4 patches into a row; Idefics3 (SmolVLM) stacks s x s patches' rows
+        self.side = self.image_size // self.patch              # patches per side (of the learned positions)
+        # Gemma 3 pools 4 x 4 patches into a row; Idefics3 (SmolVLM) and LFM2 stack s x s patches' rows
         self.merge = self._int("projector.scale_factor", 4 if self.projector == "gemma3" else 2)
         if self.side % self.merge:
             raise ModelFileError(f"{self.path}: a merge of {self.merge} does not divide {self.side} patches")
-        self.n_tokens = (self.side // self.merge) ** 2        # rows per tile
+        self.n_tokens = (self.side // self.merge) ** 2        # rows per tile of image_size
         self.check_shape("v.patch_embd.weight", (self.patch, self.patch, 3, self.n_embd))
         self.check_shape("v.position_embd.weight", (self.n_embd, self.side * self.side))
+        self.align = self.patch * self.merge                  # LFM2: an image's sides are multiples of this
         if self.projector == "gemma3":
             self.bidirectional = True    # an image's rows see each other (mtmd: Gemma 3's do)
             self.n_out = self._projection("mm.input_projection.weight", self.n_embd, inputs_first=False)
             self.check_shape("mm.soft_emb_norm.weight", (self.n_embd,))
             self.longest_edge = self.image_size
-        else:   # idefics3: tiles of the image and a downscaled whole, each between marker tokens
+        elif self.projector == "idefics3":   # tiles of the image and a downscaled whole, between marker tokens
             self.bidirectional = False
             self.n_out = self._projection("mm.model.fc.weight", self.n_embd * self.merge ** 2, inputs_first=True)
             # the image is scaled so its longer side is this long, then cut into tiles
             self.longest_edge = self._int("preproc_image_size", self.image_size)
+        else:   # lfm2: the image at its own shape (or tiles and a thumbnail), between marker tokens
+            self.bidirectional = False
+            n_in = self.n_embd * self.merge ** 2
+            n_mid = self._projection("mm.1.weight", n_in, inputs_first=True)
+            self.n_out = self._projection("mm.2.weight", n_mid, inputs_first=True)
+            self.mlp = (self._pair("mm.1", (n_in, n_mid)), self._pair("mm.2", (n_mid, self.n_out)))
+            self.input_norm = self._pair("mm.input_norm", (n_in,)) if self.mf.has_tensor("mm.input_norm.weight") \
+                else None
+            if self.align > 64:    # real ones: 32; a larger one would make pictures of gigabytes
+                raise ModelFileError(f"{self.path}: patches of {self.patch} merged {self.merge} x {self.merge} are "
+                                     f"beyond LFM2's; the file is corrupt")
+            self.pixel_budget = tuple(r * self.align ** 2 for r in LFM2_ROWS)
+            self.longest_edge = LFM2_TILE
         if self.image_size > 4096 or self.longest_edge > 16384:   # a picture of gigabytes: a corrupt file
             raise ModelFileError(f"{self.path}: an image size of {self.image_size} (scaled to "
                                  f"{self.longest_edge}) is beyond any projector's; the file is corrupt")
@@ -134,7 +170,10 @@ class VisionEncoder:
         return {"path": self.path, "kind": "multimodal projector (mmproj)", "projector": self.projector,
                 "image_size": self.image_size, "patch_size": self.patch, "patches": self.side * self.side,
                 "image_tokens": self.n_tokens if self.projector == "gemma3" else
-                f"{self.n_tokens} per tile (tiles of the image scaled to {self.longest_edge}, and an overview)",
+                f"{self.n_tokens} per tile (tiles of the image scaled to {self.longest_edge}, and an overview)"
+                if self.projector == "idefics3" else f"{LFM2_ROWS[0]} to {LFM2_ROWS[1]} (the image at its own shape;"
+                f" a large one in tiles of {LFM2_TILE} pixels, {self.rows_of(LFM2_TILE, LFM2_TILE)} each, and a "
+                f"thumbnail)",
                 "n_layer": self.n_layer, "n_embd": self.n_embd, "n_head": self.n_head,
                 "n_ff": self.n_ff, "n_embd_out": self.n_out, "n_params": self.mf.n_params,
                 "tensor_types": self.mf.type_histogram(),
@@ -249,14 +288,16 @@ class VisionEncoder:
         self.parallel(len(x), rows)
         return out
 
-    def norm(self, x: np.ndarray, wb: tuple, out: Optional[np.ndarray] = None) -> np.ndarray:
-        """Layer norm of each row of x (float32, contiguous), into out when given."""
+    def norm(self, x: np.ndarray, wb: tuple, out: Optional[np.ndarray] = None,
+             eps: Optional[float] = None) -> np.ndarray:
+        """Layer norm of each row of x (float32, contiguous), into out when given (eps: the
+        encoder's unless given)."""
         out = np.empty_like(x) if out is None else out
         w, b = self.floats(wb[0]), self.floats(wb[1])
         n = x.shape[1]
         self.parallel(len(x), lambda r0, r1: lib.pyllm_dense_layernorm(
             _ptr(x[r0:r1]), _ptr(out[r0:r1]), r1 - r0, n, _ptr(w), _ptr(b) if b is not None else ffi.NULL,
-            self.eps))
+            self.eps if eps is None else eps))
         return out
 
     def optional_norm(self, x: np.ndarray, name: str) -> np.ndarray:
@@ -264,10 +305,11 @@ class VisionEncoder:
             return x
         return self.norm(x, self._pair(name, (self.n_embd,)))
 
-    def activation(self, x: np.ndarray, bias: Optional[np.ndarray] = None) -> np.ndarray:
-        """act(x + bias) in place, x float32 [rows, n] contiguous."""
+    def activation(self, x: np.ndarray, bias: Optional[np.ndarray] = None, gelu: Optional[bool] = None) -> np.ndarray:
+        """act(x + bias) in place, x float32 [rows, n] contiguous: GELU (tanh form) or quick-GELU,
+        the encoder's unless `gelu` says."""
         isa, n = lib.pyllm_get_level(), x.shape[1]
-        act = lib.DENSE_GELU_TANH if self.gelu else lib.DENSE_QUICK_GELU
+        act = lib.DENSE_GELU_TANH if (self.gelu if gelu is None else gelu) else lib.DENSE_QUICK_GELU
         b = _ptr(bias) if bias is not None else ffi.NULL
         self.parallel(len(x), lambda r0, r1: lib.pyllm_dense_activation(isa, act, _ptr(x[r0:r1]), r1 - r0, n, b))
         return x
@@ -287,18 +329,36 @@ class VisionEncoder:
 
     # -- running ------------------------------------------------------------------------------------
     def pixels(self, image) -> np.ndarray:
-        """The image's first tile as the encoder reads it: float32 [3, S, S], normalized."""
+        """The image's first input (tile) as the encoder reads it: float32 [3, H, W], normalized."""
         return self.normalize(self.tiles(load_image(image))[0])
 
     def normalize(self, rgb: np.ndarray) -> np.ndarray:
-        """uint8 [S, S, 3] -> float32 [3, S, S], each channel (v / 255 - mean) / std."""
+        """uint8 [H, W, 3] -> float32 [3, H, W], each channel (v / 255 - mean) / std."""
         x = np.asarray(rgb, dtype=np.float32).transpose(2, 0, 1) / 255.0
         return (x - self.mean[:, None, None]) / self.std[:, None, None]
 
     def encode(self, image) -> np.ndarray:
         """An image (bytes, a path, a data: URL, a PIL image) -> float32 [rows, n_out]: the rows
-        of its tiles in the order layout() shows them."""
-        return self.encode_pixels(np.stack([self.normalize(t) for t in self.tiles(load_image(image))]))
+        of its inputs (tiles, then the overview) in the order layout() shows them."""
+        return self.encode_pixels([self.normalize(t) for t in self.tiles(load_image(image))])
+
+    def rows_of(self, width: int, height: int) -> int:
+        """Rows an input of width x height pixels becomes."""
+        return (width // self.patch // self.merge) * (height // self.patch // self.merge)
+
+    def plan(self, width: int, height: int) -> ImagePlan:
+        """How an image of width x height pixels is read (see ImagePlan)."""
+        S = self.image_size
+        if self.projector == "gemma3":
+            return ImagePlan(0, 0, (S, S), (S, S))
+        if self.projector == "idefics3":
+            cols, rows = self.grid(width, height)
+            return ImagePlan(cols, rows, (S, S), (S, S))
+        whole = smart_resize(width, height, self.align, *self.pixel_budget)
+        if not lfm2_tiles(width, height, self.patch, self.align, self.pixel_budget[1]):
+            return ImagePlan(0, 0, (LFM2_TILE, LFM2_TILE), whole)
+        cols, rows = lfm2_grid(width, height)
+        return ImagePlan(cols, rows, (LFM2_TILE, LFM2_TILE), whole)
 
     def grid(self, width: int, height: int) -> tuple[int, int]:
         """(columns, rows) of an Idefics3 image's tiles, as mtmd computes them: the image scaled
@@ -309,21 +369,29 @@ class VisionEncoder:
         return (math.ceil(float(np.float32(width) * scale) / S), math.ceil(float(np.float32(height) * scale) / S))
 
     def tiles(self, img) -> list[np.ndarray]:
-        """An RGB PIL image as the encoder's square inputs, uint8 [S, S, 3] each. Gemma 3: the
-        image fitted into the square. Idefics3, as mtmd (and transformers' processor) does it:
-        the image scaled (Lanczos) so its longer side is longest_edge, stretched over the grid's
-        tiles, cut row by row; then that stretched image shrunk to one tile (the overview)."""
+        """An RGB PIL image as the encoder's inputs, uint8 [H, W, 3] each, in plan() order.
+        Gemma 3: the image fitted into the square. Idefics3, as mtmd (and transformers'
+        processor) does it: the image scaled (Lanczos) so its longer side is longest_edge,
+        stretched over the grid's tiles, cut row by row; then that stretched image shrunk to
+        one tile (the overview). LFM2, as mtmd does it (bilinear): the tiles cut from the image
+        fitted into the grid (centred on black), then the whole image at its planned size."""
         from PIL import Image
         S = self.image_size
         if self.projector == "gemma3":
             return [np.asarray(fit_square(img, S))]
+        plan = self.plan(*img.size)
+        if self.projector == "lfm2":
+            tw, th = plan.tile
+            grid = np.asarray(fit_bilinear(img, plan.cols * tw, plan.rows * th)) if plan.n_tiles else None
+            return [grid[y * th:(y + 1) * th, x * tw:(x + 1) * tw] for y in range(plan.rows)
+                    for x in range(plan.cols)] + [np.asarray(resize_bilinear(img, *plan.whole))]
 
         def resized(im, size):
             return im if im.size == size else im.resize(size, Image.LANCZOS)
-        cols, rows = self.grid(*img.size)
-        stretched = resized(resized(img, scaled_to_longest_edge(*img.size, self.longest_edge)), (cols * S, rows * S))
+        stretched = resized(resized(img, scaled_to_longest_edge(*img.size, self.longest_edge)),
+                            (plan.cols * S, plan.rows * S))
         whole = np.asarray(stretched)
-        return [whole[y * S:(y + 1) * S, x * S:(x + 1) * S] for y in range(rows) for x in range(cols)] + \
+        return [whole[y * S:(y + 1) * S, x * S:(x + 1) * S] for y in range(plan.rows) for x in range(plan.cols)] + \
             [np.asarray(resized(stretched, (S, S)))]
 
     def layout(self, ids: list[int], image) -> list:
@@ -331,45 +399,75 @@ class VisionEncoder:
         read, each piece tokenized on its own as mtmd does) and runs of ids."""
         if self.projector == "gemma3":
             return ["<start_of_image>", ids, "<end_of_image>"]
-        cols, rows = self.grid(*image_dimensions(image))
-        T = self.n_tokens
-        if len(ids) != (cols * rows + 1) * T:
-            raise InvalidArgumentError(f"an image of {cols} x {rows} tiles has {(cols * rows + 1) * T} rows, "
-                                       f"not {len(ids)}")
+        plan = self.plan(*image_dimensions(image))
+        per_tile, last = self.rows_of(*plan.tile) if plan.n_tiles else 0, self.rows_of(*plan.whole)
+        if len(ids) != plan.n_tiles * per_tile + last:
+            raise InvalidArgumentError(f"an image of {plan.cols} x {plan.rows} tiles has "
+                                       f"{plan.n_tiles * per_tile + last} rows, not {len(ids)}")
+        tiles = [ids[k * per_tile:(k + 1) * per_tile] for k in range(plan.n_tiles)]
+        whole = ids[len(ids) - last:]
         parts: list = []
-        for y in range(rows):
-            for x in range(cols):
-                k = y * cols + x
-                parts += [f"<fake_token_around_image><row_{y + 1}_col_{x + 1}>", ids[k * T:(k + 1) * T]]
-            if y < rows - 1:
+        if self.projector == "lfm2":
+            for k, rows in enumerate(tiles):
+                parts += [f"<|img_row_{k // plan.cols + 1}_col_{k % plan.cols + 1}|>", rows]
+            return ["<|image_start|>"] + parts + (["<|img_thumbnail|>"] if tiles else []) + [whole, "<|image_end|>"]
+        for k, rows in enumerate(tiles):
+            parts += [f"<fake_token_around_image><row_{k // plan.cols + 1}_col_{k % plan.cols + 1}>", rows]
+            if k % plan.cols == plan.cols - 1 and k < len(tiles) - 1:
                 parts.append("\n")
-        return parts + ["\n\n", "<fake_token_around_image><global-img>", ids[-T:], "<fake_token_around_image>"]
+        return parts + ["\n\n", "<fake_token_around_image><global-img>", whole, "<fake_token_around_image>"]
 
-    def encode_pixels(self, pixels: np.ndarray) -> np.ndarray:
-        """Normalized tiles, float [3, S, S] or [m, 3, S, S] -> their rows, [m * n_tokens, n_out]."""
-        S = self.image_size
-        if pixels.shape[-3:] != (3, S, S) or pixels.ndim not in (3, 4):
-            raise InvalidArgumentError(f"pixels must be [3, {S}, {S}] or [m, 3, {S}, {S}], not {list(pixels.shape)}")
-        tiles = pixels.reshape(-1, 3, S, S).astype(np.float32)
+    def encode_pixels(self, pixels) -> np.ndarray:
+        """Normalized inputs, float [3, H, W], [m, 3, H, W] or a list of [3, H, W] -> their rows
+        in order. Gemma 3 and Idefics3 read squares of image_size; LFM2 any sides that are
+        multiples of two patches."""
+        inputs = [pixels] if isinstance(pixels, np.ndarray) and pixels.ndim == 3 else list(pixels)
+        S, a = self.image_size, self.align
+        for x in inputs:
+            fits = x.shape[-2:] == (S, S) if self.projector != "lfm2" else \
+                x.shape[-2] % a == 0 and x.shape[-1] % a == 0 and x.shape[-2] > 0 and x.shape[-1] > 0
+            if x.ndim != 3 or x.shape[0] != 3 or not fits:
+                raise InvalidArgumentError(f"pixels must be [3, {S}, {S}] each, not {list(x.shape)}" if
+                                           self.projector != "lfm2" else f"pixels must be [3, H, W] with H and W "
+                                           f"multiples of {a}, not {list(x.shape)}")
         # one image at a time, its work split among our threads; BLAS's own threads would only
         # contend with them (and spin while the C kernels run)
         with self._lock, threadpool_limits(limits=1, user_api="blas"):
-            try:   # several tiles at a time through the layers: larger matrix products, bounded memory
-                k = self.tiles_at_once
-                return np.concatenate([self._encode(tiles[i:i + k]) for i in range(0, len(tiles), k)])
+            try:   # inputs of one shape several at a time: larger matrix products, bounded memory
+                out, i = [], 0
+                while i < len(inputs):
+                    j = i + 1
+                    while j < len(inputs) and j - i < self.tiles_at_once and inputs[j].shape == inputs[i].shape:
+                        j += 1
+                    out.append(self._encode(np.stack(inputs[i:j]).astype(np.float32)))
+                    i = j
+                return np.concatenate(out)
             finally:
                 self._buffers.clear()
 
+    def positions(self, rows: int, cols: int) -> np.ndarray:
+        """The learned position rows for a grid of rows x cols patches: the table itself when it
+        is that grid, else (LFM2) the table resized, bilinear with antialiasing as llama.cpp
+        (and PyTorch's interpolate) does it. [rows * cols, n_embd]"""
+        table = self.floats("v.position_embd.weight")
+        if (rows, cols) == (self.side, self.side):
+            return table
+        grid = table.reshape(self.side, self.side, self.n_embd).astype(np.float64)
+        out = np.einsum("Yy,Xx,yxn->YXn", resample_weights(self.side, rows), resample_weights(self.side, cols), grid)
+        return np.ascontiguousarray(out.reshape(rows * cols, self.n_embd), dtype=np.float32)
+
     def _encode(self, tiles: np.ndarray) -> np.ndarray:
-        p, n, side = self.patch, self.n_embd, self.side
-        m, P = len(tiles), side * side
-        T = m * P                                   # the tiles' patches in all
-        # patch (row r, column c) of each tile -> its 3 x p x p values, in the convolution weight's order
-        patches = tiles.reshape(m, 3, side, p, side, p).transpose(0, 2, 4, 1, 3, 5).reshape(T, 3 * p * p)
+        """m inputs of one shape, [m, 3, H, W] -> their rows."""
+        p, n = self.patch, self.n_embd
+        m, gh, gw = len(tiles), tiles.shape[2] // p, tiles.shape[3] // p
+        P = gh * gw
+        T = m * P                                   # the inputs' patches in all
+        # patch (row r, column c) of each input -> its 3 x p x p values, in the convolution weight's order
+        patches = tiles.reshape(m, 3, gh, p, gw, p).transpose(0, 2, 4, 1, 3, 5).reshape(T, 3 * p * p)
         x = patches @ self.floats("v.patch_embd.weight").reshape(n, -1).T
         if self.mf.has_tensor("v.patch_embd.bias"):
             x += self.floats("v.patch_embd.bias")
-        x.reshape(m, P, n)[:] += self.floats("v.position_embd.weight")
+        x.reshape(m, P, n)[:] += self.positions(gh, gw)
         x = np.ascontiguousarray(self.optional_norm(x, "v.pre_ln"))
         # every layer works in the same buffers: a large new array costs its page faults each time
         h, y, up = np.empty((T, n), np.float32), np.empty((T, n), np.float32), np.empty((T, self.n_ff), np.float32)
@@ -380,7 +478,7 @@ class VisionEncoder:
             self.activation(self.linear(h, L.up, out=up, bias=False), self.floats(L.up[1]))
             x += self.linear(up, L.down, out=y)
         x = self.optional_norm(x, "v.post_ln")
-        return np.concatenate([self.project(x[i * P:(i + 1) * P]) for i in range(m)])
+        return np.concatenate([self.project(x[i * P:(i + 1) * P], gh, gw) for i in range(m)])
 
     def attention(self, h: np.ndarray, L: EncoderLayer, block: int = 512, work: Optional["AttentionWork"] = None,
                   out: Optional[np.ndarray] = None, seq: Optional[int] = None) -> np.ndarray:
@@ -416,20 +514,25 @@ class VisionEncoder:
         self.parallel(T // P * H * n_blocks, units, grain=1)
         return self.linear(w.heads, L.out, out=out)
 
-    def project(self, x: np.ndarray) -> np.ndarray:
-        """The encoder's rows [side * side, n_embd] into the language model's [n_tokens, n_out].
-        Gemma 3: the average of each k x k patches, RMSNorm, one matmul. Idefics3: each k x k
-        patches' rows side by side in one row (its pixel shuffle), one matmul."""
-        side, k, n = self.side, self.merge, self.n_embd
+    def project(self, x: np.ndarray, rows: int, cols: int) -> np.ndarray:
+        """The encoder's rows for a grid of rows x cols patches [rows * cols, n_embd] into the
+        language model's rows [n, n_out]. Gemma 3: the average of each k x k patches, RMSNorm,
+        one matmul. Idefics3 and LFM2: each k x k patches' rows side by side in one row (their
+        pixel shuffle); then Idefics3 one matmul, LFM2 layer norm and a two-layer GELU MLP."""
+        k, n = self.merge, self.n_embd
         if self.projector == "gemma3":
-            x = x.reshape(side // k, k, side // k, k, n).mean(axis=(1, 3)).reshape(-1, n)
+            x = x.reshape(rows // k, k, cols // k, k, n).mean(axis=(1, 3)).reshape(-1, n)
             x = x / np.sqrt((x * x).mean(axis=1, keepdims=True) + self.eps) * self.floats("mm.soft_emb_norm.weight")
             return np.ascontiguousarray(x @ self.floats("mm.input_projection.weight"), dtype=np.float32)
         # patch (r, c) -> row (r // k, c // k), at column block (c % k) + k (r % k), as transformers'
-        # Idefics3 pixel_shuffle orders them
-        x = x.reshape(side, side // k, k * n).transpose(1, 0, 2).reshape(side // k, side // k, k * k * n)
-        x = x.transpose(1, 0, 2).reshape(-1, k * k * n)
-        return np.ascontiguousarray(x @ self.floats("mm.model.fc.weight").T, dtype=np.float32)
+        # Idefics3 pixel_shuffle (and mtmd's for both) orders them
+        x = x.reshape(rows // k, k, cols // k, k, n).transpose(0, 2, 1, 3, 4)
+        x = np.ascontiguousarray(x.reshape(-1, k * k * n))
+        if self.projector == "idefics3":
+            return np.ascontiguousarray(x @ self.floats("mm.model.fc.weight").T, dtype=np.float32)
+        if self.input_norm is not None:
+            x = self.norm(x, self.input_norm, eps=1e-5)      # nn.LayerNorm's default, as mtmd uses
+        return self.linear(self.activation(self.linear(x, self.mlp[0]), gelu=True), self.mlp[1])
 
     def close(self) -> None:
         if self._pool is not None:
@@ -516,6 +619,84 @@ def scaled_to_longest_edge(width: int, height: int, longest: int) -> tuple[int, 
     other = int(longest * (width / height))
     return max(1, other + other % 2), longest
 
+
+# -- LFM2-VL's sizes and resampling, as mtmd computes them --------------------------------------------
+
+def smart_resize(width: int, height: int, align: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """(width, height) made multiples of `align` with the aspect ratio about kept and the area
+    within [min_pixels, max_pixels] (transformers' smart_resize; halves round to even, as theirs)."""
+    w_bar, h_bar = (max(align, round(v / align) * align) for v in (width, height))
+    if w_bar * h_bar > max_pixels:
+        beta = math.sqrt(width * height / max_pixels)
+        w_bar, h_bar = (max(align, math.floor(v / beta / align) * align) for v in (width, height))
+    elif w_bar * h_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (width * height))
+        w_bar, h_bar = (math.ceil(v * beta / align) * align for v in (width, height))
+    return w_bar, h_bar
+
+
+def lfm2_tiles(width: int, height: int, patch: int, align: int, max_pixels: int) -> bool:
+    """Whether LFM2 cuts the image into tiles: its area, sides rounded to `align`, above twice
+    the budget of one image."""
+    w_bar, h_bar = (max(patch, round(v / align) * align) for v in (width, height))
+    return w_bar * h_bar > 2 * max_pixels
+
+
+def lfm2_grid(width: int, height: int) -> tuple[int, int]:
+    """(columns, rows) of tiles whose aspect ratio is nearest the image's, among grids of
+    LFM2_TILES tiles (fewer tiles first; on a tie the larger grid when the image fills half
+    of it)."""
+    lo, hi = LFM2_TILES
+    found = [(c, r) for n in range(lo, hi + 1) for c in range(1, n + 1) for r in range(1, n + 1) if lo <= c * r <= hi]
+    grids = sorted(dict.fromkeys(found), key=lambda g: g[0] * g[1])    # first found first, among equal areas
+    aspect, best, best_diff = np.float32(width) / np.float32(height), (1, 1), np.inf
+    for c, r in grids:
+        diff = abs(aspect - np.float32(c) / np.float32(r))
+        if diff < best_diff:
+            best, best_diff = (c, r), diff
+        elif diff == best_diff and width * height > 0.5 * LFM2_TILE * LFM2_TILE * c * r:
+            best = (c, r)
+    return best
+
+
+def resize_bilinear(img, width: int, height: int):
+    """A PIL image resized with Pillow's bilinear filter (widened when shrinking), which mtmd's
+    resampling copies to the fixed-point rounding: one pass a side, the width first (Pillow
+    itself may take the height first, which rounds differently)."""
+    from PIL import Image
+    if img.width != width:
+        img = img.resize((width, img.height), Image.BILINEAR)
+    return img if img.height == height else img.resize((width, height), Image.BILINEAR)
+
+
+def fit_bilinear(img, width: int, height: int):
+    """A PIL image scaled (resize_bilinear) to fit width x height with its aspect ratio kept,
+    centred on black (mtmd's padded resize: the sides rounded up, the scale in float32)."""
+    from PIL import Image
+    w, h = img.size
+    if (w, h) == (width, height):
+        return img
+    scale = min(np.float32(width) / np.float32(w), np.float32(height) / np.float32(h))
+    nw, nh = min(math.ceil(np.float32(w) * scale), width), min(math.ceil(np.float32(h) * scale), height)
+    canvas = Image.new("RGB", (width, height), (0, 0, 0))
+    canvas.paste(resize_bilinear(img, nw, nh), ((width - nw) // 2, (height - nh) // 2))
+    return canvas
+
+
+def resample_weights(n_in: int, n_out: int) -> np.ndarray:
+    """[n_out, n_in] weights of bilinear resampling with antialiasing (PyTorch's
+    interpolate(antialias=True), align_corners False; ggml's upscale with the antialias flag):
+    a triangle filter, widened by the shrink factor when shrinking, normalized."""
+    scale = n_in / n_out
+    support = max(scale, 1.0)
+    out = np.zeros((n_out, n_in))
+    for i in range(n_out):
+        center = scale * (i + 0.5)
+        lo, hi = max(int(center - support + 0.5), 0), min(int(center + support + 0.5), n_in)
+        j = np.arange(lo, hi)
+        w = np.maximum(0.0, 1.0 - np.abs((j - center + 0.5) / support))
+        out[i, lo:hi] = w / w.sum()
+    return out
 
 def image_dimensions(image) -> tuple[int, int]:
     """(width, height) of an image (anything load_image takes), reading only its header."""

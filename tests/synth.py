@@ -167,13 +167,18 @@ IDEFICS3_TOKENS = ["<fake_token_around_image>", "<global-img>"] + \
     [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
 
 
-def small_vocab(w: gguf.GGUFWriter, n_vocab: int = 512, image_tokens: bool = False) -> int:
+# LFM2-VL's: an image's begin and end, its thumbnail, its tiles' places (up to 10 x 10)
+LFM2_TOKENS = ["<|image_start|>", "<|image_end|>", "<|img_thumbnail|>"] + \
+    [f"<|img_row_{r}_col_{c}|>" for r in range(1, 11) for c in range(1, 11)]
+
+
+def small_vocab(w: gguf.GGUFWriter, n_vocab: int = 512, image_tokens: bool | str = False) -> int:
     """A made-up byte-level BPE vocabulary (enough to load; tests feed ids). image_tokens:
-    the last ids are SmolVLM's image tokens, with "\n\n" merged into one."""
+    the last ids are SmolVLM's image tokens, with "\n\n" merged into one ("lfm2": LFM2-VL's)."""
     byte_chars = [chr(c) for c in range(33, 127)] + [chr(c) for c in range(161, 173)] + \
                  [chr(c) for c in range(174, 256)] + [chr(256 + i) for i in range(68)]
     words = ["to", "tok"] + (["\u010a\u010a"] if image_tokens else [])
-    special = IDEFICS3_TOKENS if image_tokens else []
+    special = LFM2_TOKENS if image_tokens == "lfm2" else IDEFICS3_TOKENS if image_tokens else []
     tokens = byte_chars + words + [f"tok{i}" for i in range(n_vocab - len(byte_chars) - len(words) - len(special))]
     tokens += special
     w.add_tokenizer_model("gpt2")
@@ -202,7 +207,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 mla: Optional[dict] = None, keys: Optional[dict] = None, extra_tensors: Optional[dict] = None,
                 context_length: int = 512, ssm_layers: tuple = (), ssm: Optional[dict] = None,
                 mlp_layers: tuple = (), no_attention: bool = False, parallel_ssm: bool = False,
-                image_tokens: bool = False, bare_ffn_norm: bool = False, delta_layers: tuple = (), delta: Optional[dict] = None,
+                image_tokens: bool | str = False, bare_ffn_norm: bool = False, delta_layers: tuple = (), delta: Optional[dict] = None,
                 q_gated: bool = False, array_keys: Optional[dict] = None, float_arrays: Optional[dict] = None,
                 drop_tensor: Optional[str] = None, bad_shape: Optional[str] = None) -> str:
     """A tiny decoder of family `arch`, every matrix in `qtype`, tensors named
@@ -1621,12 +1626,14 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
                  n_layer: int = 2, image_size: int = 32, patch: int = 4, merge: int = 2, seed: int = 5,
                  qtype: QT = QT.F16, use_gelu: bool = True, pre_ln: bool = False,
                  swapped_ffn: bool = False, projector: str = "gemma3", drop_tensor: Optional[str] = None,
-                 longest_edge: int = 0) -> str:
+                 longest_edge: int = 0, n_mid: int = 80, input_norm: bool = True) -> str:
     """A tiny Gemma 3 multimodal projector (llama.cpp's mmproj GGUF, architecture "clip"): a
     SigLIP-like encoder of `n_layer` layers over (image_size / patch)^2 patches, pooled
     merge x merge, projected to the language model's n_out. swapped_ffn: the ffn_up/ffn_down
     names of old conversions (fc1 named ffn_down). projector "idefics3": SmolVLM's instead
-    (merge x merge patches side by side, one Linear; images scaled to longest_edge and tiled)."""
+    (merge x merge patches side by side, one Linear; images scaled to longest_edge and tiled);
+    "lfm2": LFM2-VL's (the same shuffle, a layer norm and a two-layer MLP of n_mid; the learned
+    positions a grid of image_size / patch a side, resized to each image's)."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "clip")
     w.add_bool("clip.has_vision_encoder", True)
@@ -1687,6 +1694,15 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
     add("v.post_ln.bias", rng.normal(0, 0.1, n_embd))
     if projector == "idefics3":   # one Linear (no bias) from merge^2 patches side by side
         add("mm.model.fc.weight", mat(n_embd * merge * merge, n_out, 1.0), QT.F16)
+    elif projector == "lfm2":     # layer norm, Linear, GELU, Linear over merge^2 patches side by side
+        n_in = n_embd * merge * merge
+        if input_norm:
+            add("mm.input_norm.weight", 1 + rng.normal(0, 0.1, n_in))
+            add("mm.input_norm.bias", rng.normal(0, 0.1, n_in))
+        add("mm.1.weight", mat(n_in, n_mid, 1.0), qtype)
+        add("mm.1.bias", rng.normal(0, 0.1, n_mid))
+        add("mm.2.weight", mat(n_mid, n_out, 1.0), qtype)
+        add("mm.2.bias", rng.normal(0, 0.1, n_out))
     else:
         add("mm.soft_emb_norm.weight", 1 + rng.normal(0, 0.1, n_embd))
         add("mm.input_projection.weight", rng.normal(0, 1.0 / np.sqrt(n_embd), (n_embd, n_out)), QT.F16)

@@ -519,3 +519,207 @@ def test_bad_idefics3_files(tmp_path):
     huge = synth.write_mmproj(tmp_path / "huge.gguf", projector="idefics3", longest_edge=1 << 20)
     with pytest.raises(ModelFileError, match="beyond any projector"):
         VisionEncoder(huge)
+
+
+# -- LFM2-VL: any shape, learned positions resized; large images as tiles and a thumbnail -----------------
+
+def slow_resize_grid(table: np.ndarray, side: int, rows: int, cols: int) -> np.ndarray:
+    """A side x side grid of rows resized to rows x cols, one output at a time: each takes the
+    inputs within its footprint (one input wide, or the shrink factor), weighted by a
+    triangle, normalized (PyTorch's bilinear interpolate with antialias)."""
+    grid = table.reshape(side, side, -1)
+
+    def taps(n_out, i):
+        scale = side / n_out
+        reach = max(scale, 1.0)
+        center = (i + 0.5) * scale
+        ws = {j: max(0.0, 1 - abs(j + 0.5 - center) / reach) for j in range(side)}
+        total = sum(ws.values())
+        return {j: w / total for j, w in ws.items() if w > 0}
+    out = np.zeros((rows, cols, grid.shape[2]))
+    for r in range(rows):
+        for c in range(cols):
+            for y, wy in taps(rows, r).items():
+                for x, wx in taps(cols, c).items():
+                    out[r, c] += wy * wx * grid[y, x]
+    return out.reshape(rows * cols, -1)
+
+
+def slow_lfm2_encode(enc: VisionEncoder, pixels: np.ndarray) -> np.ndarray:
+    """The LFM2 encoder written out plainly for one input of any shape."""
+    f, p, n = enc.floats, enc.patch, enc.n_embd
+    W = f("v.patch_embd.weight")
+    gh, gw = pixels.shape[1] // p, pixels.shape[2] // p
+    x = np.zeros((gh * gw, n))
+    for r in range(gh):
+        for c in range(gw):
+            x[r * gw + c] = np.einsum("ocij,cij->o", W, pixels[:, r * p:(r + 1) * p, c * p:(c + 1) * p])
+    x += f("v.patch_embd.bias") + slow_resize_grid(f("v.position_embd.weight"), enc.side, gh, gw)
+
+    def ln(v, name, eps=enc.eps):
+        return (v - v.mean(-1, keepdims=True)) / np.sqrt(v.var(-1, keepdims=True) + eps) * f(name + ".weight") + \
+            f(name + ".bias")
+
+    def lin(v, name):
+        return v @ f(name + ".weight").T + f(name + ".bias")
+
+    def gelu(u):
+        return 0.5 * u * (1 + np.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u ** 3)))
+    H, d = enc.n_head, n // enc.n_head
+    for i in range(enc.n_layer):
+        b = f"v.blk.{i}."
+        h = ln(x, b + "ln1")
+        q, k, v = lin(h, b + "attn_q"), lin(h, b + "attn_k"), lin(h, b + "attn_v")
+        att = np.zeros_like(h)
+        for head in range(H):
+            s = slice(head * d, (head + 1) * d)
+            scores = q[:, s] @ k[:, s].T / math.sqrt(d)
+            w = np.exp(scores - scores.max(-1, keepdims=True))
+            att[:, s] = (w / w.sum(-1, keepdims=True)) @ v[:, s]
+        x = x + lin(att, b + "attn_out")
+        x = x + lin(gelu(lin(ln(x, b + "ln2"), b + "ffn_up")), b + "ffn_down")
+    x = ln(x, "v.post_ln")
+    k_ = enc.merge
+    merged = np.array([np.concatenate([x[(r * k_ + i) * gw + c * k_ + j] for i in range(k_) for j in range(k_)])
+                       for r in range(gh // k_) for c in range(gw // k_)])
+    return lin(gelu(lin(ln(merged, "mm.input_norm", 1e-5), "mm.1")), "mm.2")
+
+
+def slow_bilinear(a: np.ndarray, width: int, height: int) -> np.ndarray:
+    """mtmd's bilinear resampling written out: Pillow's filter (a triangle, widened when
+    shrinking), weights in 22-bit fixed point, the width first then the height, each pass
+    rounded to bytes."""
+    def one_pass(src, n_out):           # resamples axis 1
+        n_in = src.shape[1]
+        scale = n_in / n_out
+        reach = max(scale, 1.0)
+        out = np.zeros((src.shape[0], n_out, 3), np.uint8)
+        for o in range(n_out):
+            center = (o + 0.5) * scale
+            lo, hi = max(int(center - reach + 0.5), 0), min(int(center + reach + 0.5), n_in)
+            ws = [max(0.0, 1 - abs((j - center + 0.5) / reach)) for j in range(lo, hi)]
+            fixed = [int(w / sum(ws) * (1 << 22) + 0.5) for w in ws]
+            acc = sum(src[:, j].astype(np.int64) * fw for j, fw in zip(range(lo, hi), fixed)) + (1 << 21)
+            out[:, o] = np.clip(acc >> 22, 0, 255)
+        return out
+    if a.shape[1] != width:
+        a = one_pass(a, width)
+    return a if a.shape[0] == height else one_pass(a.transpose(1, 0, 2), height).transpose(1, 0, 2)
+
+
+@pytest.fixture(scope="module")
+def lfm2(tmp_path_factory):
+    d = tmp_path_factory.mktemp("lfm2")
+    return {"lm": synth.write_lfm2(d / "lm.gguf", QT.F32, n_vocab=512, image_tokens="lfm2"),
+            "mm": synth.write_mmproj(d / "mm.gguf", n_out=256, qtype=QT.F32, projector="lfm2", image_size=64,
+                                     patch=16), "dir": d}
+
+
+def test_lfm2_sizes_and_tiles():
+    """transformers' smart_resize (sides multiples of 32, 64 to 256 rows), mtmd's tiling rule
+    (its test cases: halves round to even) and grids; the sizes checked against llama.cpp's
+    layouts with benchmarks/compare_vision.py."""
+    from pyllm.vision import lfm2_grid, lfm2_tiles, smart_resize
+    budget = (64 * 32 * 32, 256 * 32 * 32)
+    assert smart_resize(300, 200, 32, *budget) == (320, 224)       # too few rows: scaled up
+    assert smart_resize(70, 45, 32, *budget) == (320, 224)
+    assert smart_resize(600, 300, 32, *budget) == (608, 288)       # within: only aligned
+    assert smart_resize(900, 700, 32, *budget) == (576, 448)       # too many: scaled down
+    assert smart_resize(500, 1500, 32, *budget) == (288, 864)
+    cases = {(704, 704): False, (720, 720): False, (736, 736): True, (1024, 977): True, (1056, 384): False}
+    assert {size: lfm2_tiles(*size, 16, 32, budget[1]) for size in cases} == cases
+    assert lfm2_grid(900, 700) == (3, 2) and lfm2_grid(500, 1500) == (1, 3) and lfm2_grid(800, 700) == (2, 2)
+    assert lfm2_grid(4000, 100) == (10, 1)
+
+
+def test_lfm2_resampling_is_mtmd_s():
+    from pyllm.vision import fit_bilinear, resize_bilinear
+    rng = np.random.default_rng(11)
+    for (h, w), (tw, th) in (((17, 23), (30, 11)), ((30, 60), (61, 28)), ((12, 9), (40, 33))):
+        a = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        got = np.asarray(resize_bilinear(Image.fromarray(a), tw, th))
+        np.testing.assert_array_equal(got, slow_bilinear(a, tw, th))
+    img = picture(12, (20, 40, 3))
+    padded = np.asarray(fit_bilinear(img, 100, 100))     # 100 x 50, centred: 25 black rows above and below
+    assert padded.shape == (100, 100, 3) and not padded[:25].any() and not padded[75:].any()
+    np.testing.assert_array_equal(padded[25:75], np.asarray(resize_bilinear(img, 100, 50)))
+
+
+def test_lfm2_encoder_matches_the_plain_loops(lfm2):
+    """Inputs of other shapes than the learned 4 x 4 positions (resized both ways), through the
+    shuffle and the projector's norm and MLP; several of one shape together."""
+    enc = VisionEncoder(lfm2["mm"], n_threads=3)
+    rng = np.random.default_rng(13)
+    wide, tall = rng.uniform(-1, 1, (3, 32, 96)), rng.uniform(-1, 1, (3, 96, 64))
+    for px in (wide, tall):
+        want = slow_lfm2_encode(enc, px)
+        np.testing.assert_allclose(enc.encode_pixels(px), want, rtol=0, atol=2e-4 * np.abs(want).max())
+    both = enc.encode_pixels([wide, wide, tall])
+    alone = np.concatenate([enc.encode_pixels(wide)] * 2 + [enc.encode_pixels(tall)])
+    np.testing.assert_allclose(both, alone, rtol=0, atol=1e-5 * np.abs(alone).max())
+    table = enc.floats("v.position_embd.weight")
+    np.testing.assert_array_equal(enc.positions(4, 4), table)
+    np.testing.assert_allclose(enc.positions(3, 7), slow_resize_grid(table, 4, 3, 7), rtol=0, atol=1e-6)
+    with pytest.raises(InvalidArgumentError, match="multiples of 32"):
+        enc.encode_pixels(rng.uniform(-1, 1, (3, 40, 64)))
+    enc.close()
+
+
+def test_lfm2_prompt_layout(lfm2):
+    """mtmd's: <|image_start|> rows <|image_end|> for an image read whole; a large one's tiles
+    each after <|img_row_r_col_c|>, then <|img_thumbnail|> and the thumbnail's rows."""
+    m = Model(lfm2["lm"], mmproj=lfm2["mm"], n_ctx=2048)
+
+    def tok(text):
+        got = m.tokenize(text, special=True, add_bos=False)
+        assert len(got) == 1
+        return got
+    start, end, thumb = tok("<|image_start|>"), tok("<|image_end|>"), tok("<|img_thumbnail|>")
+    ids = m.media_prompt("look: <__media__> now", [picture(14, (45, 70, 3))])    # 320 x 224: 10 x 7 rows
+    rows = [t for t in ids if t < 0]
+    assert ids == m.tokenize("look: ", special=True) + start + rows + end + m.tokenize(" now", special=True,
+                                                                                        add_bos=False)
+    assert len(rows) == 70
+    tall = m.media_prompt("<__media__>", [picture(15, (1500, 500, 3))])      # 1 x 3 tiles, 288 x 864 thumbnail
+    rows = [t for t in tall if t < 0]
+    assert len(rows) == 3 * 256 + 9 * 27
+    want = m.tokenize("", special=True) + start
+    for r in range(3):
+        want += tok(f"<|img_row_{r + 1}_col_1|>") + rows[256 * r:256 * (r + 1)]
+    assert tall == want + thumb + rows[768:] + end
+    m.close()
+
+
+def test_an_lfm2_prompt_matches_the_reference(lfm2):
+    m = Model(lfm2["lm"], mmproj=lfm2["mm"], n_ctx=512)
+    img = picture(16, (60, 90, 3))
+    ids = m.media_prompt("what is <__media__> this", [img])
+    rows = m.engine.media.rows([t for t in ids if t < 0])
+    np.testing.assert_array_equal(rows, VisionEncoder(lfm2["mm"]).encode(img))
+    logits, _ = m.engine.prefill(m.engine.new_sequence(), ids)
+    local, j = [], 0
+    for t in ids:
+        local.append(t if t >= 0 else -1 - j)
+        j += t < 0
+    from pyllm.arch import load_architecture
+    from pyllm.model_file import ModelFile
+    from pyllm.reference import Reference
+    mf = ModelFile(lfm2["lm"])
+    want = Reference(load_architecture(mf)).forward(np.array(local), media=rows)[-1]
+    mf.close()
+    assert np.abs(logits - want).max() < 2e-4 * (want.max() - want.min())
+    m.close()
+
+
+def test_bad_lfm2_files(tmp_path):
+    no_mlp = synth.write_mmproj(tmp_path / "nomlp.gguf", projector="lfm2", image_size=64, patch=16,
+                                drop_tensor="mm.2.weight")
+    with pytest.raises(ModelFileError, match="mm.2.weight is missing"):
+        VisionEncoder(no_mlp)
+    coarse = synth.write_mmproj(tmp_path / "coarse.gguf", projector="lfm2", image_size=256, patch=64)
+    with pytest.raises(ModelFileError, match="beyond LFM2's"):
+        VisionEncoder(coarse)
+    plain = synth.write_mmproj(tmp_path / "plain.gguf", projector="lfm2", image_size=64, patch=16, input_norm=False)
+    enc = VisionEncoder(plain)                       # the projector's norm is optional (LFM2.5-VL has none)
+    assert enc.input_norm is None and enc.encode(picture(17, (40, 40, 3))).shape[1] == 256
+    enc.close()
