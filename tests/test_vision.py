@@ -45,32 +45,40 @@ def png(img: Image.Image) -> bytes:
     return buf.getvalue()
 
 
-def slow_encode(enc: VisionEncoder, pixels: np.ndarray) -> np.ndarray:
-    """The encoder written out plainly: a convolution patch by patch, attention row by row,
-    pooling window by window."""
-    f, p, n = enc.floats, enc.patch, enc.n_embd
-    W, side = f("v.patch_embd.weight"), enc.side       # [n, 3, p, p]
-    x = np.zeros((side * side, n), np.float64)
-    for r in range(side):
-        for c in range(side):
-            window = pixels[:, r * p:(r + 1) * p, c * p:(c + 1) * p]
-            x[r * side + c] = np.einsum("ocij,cij->o", W, window)
-    x += f("v.patch_embd.bias") + f("v.position_embd.weight")
+def ln(f, v, name, eps):
+    return (v - v.mean(-1, keepdims=True)) / np.sqrt(v.var(-1, keepdims=True) + eps) * f(name + ".weight") + \
+        f(name + ".bias")
 
-    def ln(v, name):
-        mu, var = v.mean(-1, keepdims=True), v.var(-1, keepdims=True)
-        return (v - mu) / np.sqrt(var + enc.eps) * f(name + ".weight") + f(name + ".bias")
 
-    def lin(v, name):
-        return v @ f(name + ".weight").T + f(name + ".bias")
+def lin(f, v, name):
+    return v @ f(name + ".weight").T + f(name + ".bias")
 
+
+def gelu(u):
+    return 0.5 * u * (1 + np.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u ** 3)))
+
+
+def slow_patches(enc: VisionEncoder, pixels: np.ndarray) -> np.ndarray:
+    """The patch convolution, patch by patch (no positions yet): [rows * cols, n_embd]."""
+    p, W = enc.patch, enc.floats("v.patch_embd.weight")          # [n, 3, p, p]
+    gh, gw = pixels.shape[1] // p, pixels.shape[2] // p
+    x = np.zeros((gh * gw, enc.n_embd))
+    for r in range(gh):
+        for c in range(gw):
+            x[r * gw + c] = np.einsum("ocij,cij->o", W, pixels[:, r * p:(r + 1) * p, c * p:(c + 1) * p])
+    return x + enc.floats("v.patch_embd.bias")
+
+
+def slow_tower(enc: VisionEncoder, x: np.ndarray) -> np.ndarray:
+    """The layers, attention row by row, and the norms around them."""
+    f, eps = enc.floats, enc.eps
     if enc.mf.has_tensor("v.pre_ln.weight"):
-        x = ln(x, "v.pre_ln")
-    H, d = enc.n_head, n // enc.n_head
+        x = ln(f, x, "v.pre_ln", eps)
+    H, d = enc.n_head, enc.n_embd // enc.n_head
     for i in range(enc.n_layer):
         b = f"v.blk.{i}."
-        h = ln(x, b + "ln1")
-        q, k, v = lin(h, b + "attn_q"), lin(h, b + "attn_k"), lin(h, b + "attn_v")
+        h = ln(f, x, b + "ln1", eps)
+        q, k, v = lin(f, h, b + "attn_q"), lin(f, h, b + "attn_k"), lin(f, h, b + "attn_v")
         att = np.zeros_like(h)
         for head in range(H):
             s = slice(head * d, (head + 1) * d)
@@ -78,17 +86,26 @@ def slow_encode(enc: VisionEncoder, pixels: np.ndarray) -> np.ndarray:
                 scores = k[:, s] @ q[t, s] / math.sqrt(d)
                 w = np.exp(scores - scores.max())
                 att[t, s] = (w / w.sum()) @ v[:, s]
-        x = x + lin(att, b + "attn_out")
-        u = lin(ln(x, b + "ln2"), b + "ffn_up")
-        act = 0.5 * u * (1 + np.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u ** 3))) if enc.gelu \
-            else u / (1 + np.exp(-1.702 * u))
-        x = x + lin(act, b + "ffn_down")
-    x = ln(x, "v.post_ln")
+        x = x + lin(f, att, b + "attn_out")
+        u = lin(f, ln(f, x, b + "ln2", eps), b + "ffn_up")
+        x = x + lin(f, gelu(u) if enc.gelu else u / (1 + np.exp(-1.702 * u)), b + "ffn_down")
+    return ln(f, x, "v.post_ln", eps)
+
+
+def side_by_side(x: np.ndarray, rows: int, cols: int, k: int) -> np.ndarray:
+    """Each k x k patches' rows in one row, row by row (the pixel shuffle)."""
+    return np.array([np.concatenate([x[(r * k + i) * cols + c * k + j] for i in range(k) for j in range(k)])
+                     for r in range(rows // k) for c in range(cols // k)])
+
+
+def slow_encode(enc: VisionEncoder, pixels: np.ndarray) -> np.ndarray:
+    """The encoder written out plainly: a convolution patch by patch, attention row by row,
+    pooling window by window."""
+    f, n, side = enc.floats, enc.n_embd, enc.side
+    x = slow_tower(enc, slow_patches(enc, pixels.astype(np.float64)) + f("v.position_embd.weight"))
     k_, out_side = enc.merge, side // enc.merge
-    if enc.projector == "idefics3":   # each k x k patches' rows side by side, row by row
-        merged = [np.concatenate([x[(r * k_ + i) * side + c * k_ + j] for i in range(k_) for j in range(k_)])
-                  for r in range(out_side) for c in range(out_side)]
-        return np.array(merged) @ f("mm.model.fc.weight").T
+    if enc.projector == "idefics3":
+        return side_by_side(x, side, side, k_) @ f("mm.model.fc.weight").T
     pooled = np.zeros((out_side * out_side, n))
     for r in range(out_side):
         for c in range(out_side):
@@ -484,14 +501,12 @@ def test_idefics3_prompt_layout(files):
     m.close()
 
 
-def test_an_idefics3_prompt_matches_the_reference(files):
-    """Causal: the image rows are a prompt's tokens like any other, in their tiles' runs."""
-    m = Model(files["smol"], mmproj=files["idefics3"], n_ctx=512)
-    img = picture(9, (40, 30, 3))
+def assert_prompt_matches_the_reference(m, lm: str, mm: str, img) -> list:
+    """The logits after "what is <image> this" (the image's rows stored as the encoder makes
+    them) against the numpy reference given the same rows; returns the prompt's ids."""
     ids = m.media_prompt("what is <__media__> this", [img])
-    negative = [t for t in ids if t < 0]
-    rows = m.engine.media.rows(negative)
-    np.testing.assert_array_equal(rows, VisionEncoder(files["idefics3"]).encode(img))
+    rows = m.engine.media.rows([t for t in ids if t < 0])
+    np.testing.assert_array_equal(rows, VisionEncoder(mm).encode(img))
     logits, _ = m.engine.prefill(m.engine.new_sequence(), ids)
     local, j = [], 0
     for t in ids:
@@ -500,10 +515,18 @@ def test_an_idefics3_prompt_matches_the_reference(files):
     from pyllm.arch import load_architecture
     from pyllm.model_file import ModelFile
     from pyllm.reference import Reference
-    mf = ModelFile(files["smol"])
+    mf = ModelFile(lm)
     want = Reference(load_architecture(mf)).forward(np.array(local), media=rows)[-1]
     mf.close()
     assert np.abs(logits - want).max() < 2e-4 * (want.max() - want.min())
+    return ids
+
+
+def test_an_idefics3_prompt_matches_the_reference(files):
+    """Causal: the image rows are a prompt's tokens like any other, in their tiles' runs."""
+    m = Model(files["smol"], mmproj=files["idefics3"], n_ctx=512)
+    img = picture(9, (40, 30, 3))
+    ids = assert_prompt_matches_the_reference(m, files["smol"], files["idefics3"], img)
     out = m.generate("what is <__media__> this", images=[img], max_tokens=3, temperature=0)
     assert out.metrics.prompt_tokens == len(ids)
     m.close()
@@ -547,42 +570,11 @@ def slow_resize_grid(table: np.ndarray, side: int, rows: int, cols: int) -> np.n
 
 def slow_lfm2_encode(enc: VisionEncoder, pixels: np.ndarray) -> np.ndarray:
     """The LFM2 encoder written out plainly for one input of any shape."""
-    f, p, n = enc.floats, enc.patch, enc.n_embd
-    W = f("v.patch_embd.weight")
-    gh, gw = pixels.shape[1] // p, pixels.shape[2] // p
-    x = np.zeros((gh * gw, n))
-    for r in range(gh):
-        for c in range(gw):
-            x[r * gw + c] = np.einsum("ocij,cij->o", W, pixels[:, r * p:(r + 1) * p, c * p:(c + 1) * p])
-    x += f("v.patch_embd.bias") + slow_resize_grid(f("v.position_embd.weight"), enc.side, gh, gw)
-
-    def ln(v, name, eps=enc.eps):
-        return (v - v.mean(-1, keepdims=True)) / np.sqrt(v.var(-1, keepdims=True) + eps) * f(name + ".weight") + \
-            f(name + ".bias")
-
-    def lin(v, name):
-        return v @ f(name + ".weight").T + f(name + ".bias")
-
-    def gelu(u):
-        return 0.5 * u * (1 + np.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u ** 3)))
-    H, d = enc.n_head, n // enc.n_head
-    for i in range(enc.n_layer):
-        b = f"v.blk.{i}."
-        h = ln(x, b + "ln1")
-        q, k, v = lin(h, b + "attn_q"), lin(h, b + "attn_k"), lin(h, b + "attn_v")
-        att = np.zeros_like(h)
-        for head in range(H):
-            s = slice(head * d, (head + 1) * d)
-            scores = q[:, s] @ k[:, s].T / math.sqrt(d)
-            w = np.exp(scores - scores.max(-1, keepdims=True))
-            att[:, s] = (w / w.sum(-1, keepdims=True)) @ v[:, s]
-        x = x + lin(att, b + "attn_out")
-        x = x + lin(gelu(lin(ln(x, b + "ln2"), b + "ffn_up")), b + "ffn_down")
-    x = ln(x, "v.post_ln")
-    k_ = enc.merge
-    merged = np.array([np.concatenate([x[(r * k_ + i) * gw + c * k_ + j] for i in range(k_) for j in range(k_)])
-                       for r in range(gh // k_) for c in range(gw // k_)])
-    return lin(gelu(lin(ln(merged, "mm.input_norm", 1e-5), "mm.1")), "mm.2")
+    f = enc.floats
+    gh, gw = pixels.shape[1] // enc.patch, pixels.shape[2] // enc.patch
+    x = slow_tower(enc, slow_patches(enc, pixels) + slow_resize_grid(f("v.position_embd.weight"), enc.side, gh, gw))
+    merged = side_by_side(x, gh, gw, enc.merge)
+    return lin(f, gelu(lin(f, ln(f, merged, "mm.input_norm", 1e-5), "mm.1")), "mm.2")
 
 
 def slow_bilinear(a: np.ndarray, width: int, height: int) -> np.ndarray:
@@ -691,23 +683,9 @@ def test_lfm2_prompt_layout(lfm2):
 
 
 def test_an_lfm2_prompt_matches_the_reference(lfm2):
+    """Causal, with LFM2's short convolutions: the image rows are tokens like any other."""
     m = Model(lfm2["lm"], mmproj=lfm2["mm"], n_ctx=512)
-    img = picture(16, (60, 90, 3))
-    ids = m.media_prompt("what is <__media__> this", [img])
-    rows = m.engine.media.rows([t for t in ids if t < 0])
-    np.testing.assert_array_equal(rows, VisionEncoder(lfm2["mm"]).encode(img))
-    logits, _ = m.engine.prefill(m.engine.new_sequence(), ids)
-    local, j = [], 0
-    for t in ids:
-        local.append(t if t >= 0 else -1 - j)
-        j += t < 0
-    from pyllm.arch import load_architecture
-    from pyllm.model_file import ModelFile
-    from pyllm.reference import Reference
-    mf = ModelFile(lfm2["lm"])
-    want = Reference(load_architecture(mf)).forward(np.array(local), media=rows)[-1]
-    mf.close()
-    assert np.abs(logits - want).max() < 2e-4 * (want.max() - want.min())
+    assert_prompt_matches_the_reference(m, lfm2["lm"], lfm2["mm"], picture(16, (60, 90, 3)))
     m.close()
 
 
