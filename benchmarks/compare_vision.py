@@ -12,10 +12,11 @@ Gemma 3 projector for it (tests/synth.py), in F32 and F16 (+ Q8_0 matrices), and
 Images: a square one of the projector's size (no resampling) and a wide one (resampled and
 padded by each side's own code: a small difference is expected there).
 
---speed [gemma3|smolvlm|lfm2]: instead, times one image's encoding at Gemma 3's real size (SigLIP-So400m:
+--speed [gemma3|smolvlm|lfm2|pixtral]: instead, times one image's encoding at Gemma 3's real size (SigLIP-So400m:
 27 layers of 1152, 896 pixels in patches of 14: 4096 patches), SmolVLM-256M's (SigLIP-B/16, 12
 layers of 768, a 1024x768 picture in 13 tiles of 512) or LFM2-VL-450M's (SigLIP2-B/16, a 1024x768
-picture in 6 tiles of 512 and a thumbnail), F16 matrices, random, in pyllm and in
+picture in 6 tiles of 512 and a thumbnail) or Mistral Small 3.1's (Pixtral-style, 24 layers of 1024, the
+picture at 1036x756 in patches of 14), F16 matrices, random, in pyllm and in
 llama.cpp's mtmd, alternating, same threads; run it on a quiet machine. Dev tool only.
 
     PYLLM_PEER_PYTHON=/tmp/peer-avx512/bin/python python3 benchmarks/compare_vision.py [--only lfm2] [--speed [smolvlm]]
@@ -116,33 +117,43 @@ print(json.dumps({"s": time.perf_counter() - t}))
 '''
 
 
+# the encoders at their real sizes: (language model writer, its shape, the projector's, the image, what it is)
+SPEED = {
+    "gemma3": (synth.write_gemma3, dict(n_embd=2560, n_head=8),
+               dict(n_embd=1152, n_head=16, n_ff=4304, n_layer=27, image_size=896, patch=14, merge=4),
+               (896, 896, 3), "one 896x896 image through Gemma 3's encoder (4096 patches, 27 layers)"),
+    "smolvlm": (synth.write_llama, dict(n_embd=576, n_head=9, n_head_kv=3, image_tokens=True),
+                dict(n_embd=768, n_head=12, n_ff=3072, n_layer=12, image_size=512, patch=16, merge=4,
+                     projector="idefics3", longest_edge=2048),
+                (768, 1024, 3), "one 1024x768 image through SmolVLM-256M's encoder (13 tiles of 1024 patches, "
+                                "12 layers)"),
+    "lfm2": (synth.write_lfm2, dict(n_embd=1024, n_head=16, n_head_kv=8, n_layer=4, image_tokens="lfm2"),
+             dict(n_embd=768, n_head=12, n_ff=3072, n_layer=12, image_size=256, patch=16, merge=2, projector="lfm2",
+                  n_mid=1024),
+             (768, 1024, 3), "one 1024x768 image through LFM2-VL-450M's encoder (6 tiles of 1024 patches and a "
+                             "thumbnail of 936, 12 layers)"),
+    "pixtral": (synth.write_llama, dict(n_embd=1024, n_head=8, n_head_kv=8, image_tokens="pixtral"),
+                dict(n_embd=1024, n_head=16, n_ff=4096, n_layer=24, image_size=1540, patch=14, merge=2,
+                     projector="pixtral", n_mid=1024),
+                (768, 1024, 3), "one 1024x768 image through Mistral Small 3.1's encoder (1036x756: 3996 patches, "
+                                "24 layers of 1024)"),
+}
+
+
 def speed(python: str, kind: str = "gemma3", rounds: int = 2, threads: int = 2) -> None:
     """An encoder at its real size, pyllm and llama.cpp alternating. gemma3: Gemma 3's
     (SigLIP-So400m, one 896x896 image); smolvlm: SmolVLM-256M's (SigLIP-B/16 at 512, a
     1024x768 picture scaled to 2048: 4 x 3 tiles and the overview); lfm2: LFM2-VL-450M's (SigLIP2-B/16,
-    the same picture in 3 x 2 tiles of 512 and a 576x416 thumbnail)."""
+    the same picture in 3 x 2 tiles of 512 and a 576x416 thumbnail); pixtral: Mistral Small 3.1's (the
+    same picture at 1036x756)."""
     import time
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
-        if kind == "gemma3":
-            lm = synth.write_gemma3(t / "lm.gguf", QT.Q8_0, n_embd=2560, n_layer=1, n_head=8, n_ff=256)
-            mm = synth.write_mmproj(t / "mm.gguf", n_out=2560, n_embd=1152, n_head=16, n_ff=4304, n_layer=27,
-                                    image_size=896, patch=14, merge=4)
-            shape, what = (896, 896, 3), "one 896x896 image through Gemma 3's encoder (4096 patches, 27 layers)"
-        elif kind == "lfm2":
-            lm = synth.write_lfm2(t / "lm.gguf", QT.Q8_0, n_embd=1024, n_layer=4, n_head=16, n_head_kv=8, n_ff=256,
-                                  image_tokens="lfm2")
-            mm = synth.write_mmproj(t / "mm.gguf", n_out=1024, n_embd=768, n_head=12, n_ff=3072, n_layer=12,
-                                    image_size=256, patch=16, merge=2, projector="lfm2", n_mid=1024)
-            shape, what = (768, 1024, 3), ("one 1024x768 image through LFM2-VL-450M's encoder (6 tiles of 1024 "
-                                           "patches and a thumbnail of 936, 12 layers)")
-        else:
-            lm = synth.write_llama(t / "lm.gguf", QT.Q8_0, n_embd=576, n_layer=1, n_head=9, n_head_kv=3, n_ff=256,
-                                   image_tokens=True)
-            mm = synth.write_mmproj(t / "mm.gguf", n_out=576, n_embd=768, n_head=12, n_ff=3072, n_layer=12,
-                                    image_size=512, patch=16, merge=4, projector="idefics3", longest_edge=2048)
-            shape, what = (768, 1024, 3), ("one 1024x768 image through SmolVLM-256M's encoder (13 tiles of 1024 "
-                                           "patches, 12 layers)")
+        if kind not in SPEED:
+            raise SystemExit(f"--speed takes one of {', '.join(SPEED)}, not {kind!r}")
+        write_lm, lm_kw, mm_kw, shape, what = SPEED[kind]
+        lm = write_lm(t / "lm.gguf", QT.Q8_0, **({"n_layer": 1, "n_ff": 256} | lm_kw))
+        mm = synth.write_mmproj(t / "mm.gguf", n_out=lm_kw["n_embd"], **mm_kw)
         img = str(t / "img.npy")
         np.save(img, np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8))
         from PIL import Image
@@ -194,7 +205,8 @@ def main() -> None:
         for name, shape, const in (("flat", (200, 300, 3), True), ("grid", (256, 256, 3), False),
                                    ("wide", (300, 600, 3), False), ("small", (45, 70, 3), False),
                                    ("flat-tiled", (700, 900, 3), True), ("tiled", (700, 900, 3), False),
-                                   ("tall-tiled", (1500, 500, 3), False)):
+                                   ("tall-tiled", (1500, 500, 3), False), ("halves", (200, 300, 3), True),
+                                   ("720", (720, 720, 3), True)):
             path = str(t / f"lfm2-{name}.npy")
             np.save(path, np.broadcast_to(rng.integers(0, 256, 3, dtype=np.uint8), shape) if const else
                     rng.integers(0, 256, shape, dtype=np.uint8))
@@ -205,11 +217,17 @@ def main() -> None:
                 ("gemma3 F32", QT.F32, QT.F32, "gemma3"), ("gemma3 F16", QT.F16, QT.F16, "gemma3"),
                 ("gemma3 Q8_0 matrices", QT.Q8_0, QT.Q8_0, "gemma3"),
                 ("idefics3 F32", QT.F32, QT.F32, "idefics3"), ("idefics3 F16", QT.F16, QT.F16, "idefics3"),
-                ("lfm2 F32", QT.F32, QT.F32, "lfm2"), ("lfm2 F16", QT.F16, QT.F16, "lfm2")):
+                ("lfm2 F32", QT.F32, QT.F32, "lfm2"), ("lfm2 F16", QT.F16, QT.F16, "lfm2"),
+                ("pixtral F32", QT.F32, QT.F32, "pixtral"), ("pixtral merge=1", QT.F32, QT.F32, "pixtral1"),
+                ("pixtral F16", QT.F16, QT.F16, "pixtral")):
             if only and not label.startswith(only):
                 continue
-            pictures = lfm2_images if kind == "lfm2" else images
-            if kind == "lfm2":    # LFM2-VL's: an lfm2 model with its image tokens; a projector of 16-pixel patches
+            pictures = lfm2_images if kind in ("lfm2", "pixtral", "pixtral1") else images
+            if kind.startswith("pixtral"):    # Mistral Small 3.x's (2 x 2 patches merged) or Pixtral 12B's
+                lm = synth.write_llama(t / f"lm-{label}.gguf", lm_type, n_vocab=512, image_tokens="pixtral")
+                mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type, projector="pixtral",
+                                        image_size=1024, patch=16, merge=1 if kind == "pixtral1" else 2)
+            elif kind == "lfm2":    # LFM2-VL's: an lfm2 model with its image tokens; a projector of 16-pixel patches
                 lm = synth.write_lfm2(t / f"lm-{label}.gguf", lm_type, n_vocab=512, image_tokens="lfm2")
                 mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type, projector="lfm2",
                                         image_size=256, patch=16)

@@ -12,12 +12,18 @@ model reads in place of tokens.
     projector "gemma3": x = avg_pool(x, k x k patches); x = rmsnorm(x) * w; rows = x Wproj
     projector "idefics3": x = each k x k patches' rows side by side (pixel shuffle); rows = x Wfc
     projector "lfm2": the same shuffle; rows = W2 gelu(W1 layernorm(x) + b1) + b2
+    projector "pixtral" (Pixtral, Mistral Small 3.x): RMS norms, no learned positions but 2D
+        RoPE on q and k (a patch's row in the first half of each head, its column in the
+        second), a gated SiLU FFN; x = each k x k patches unfolded into one row, x Wmerge (when
+        k > 1); rows = W2 gelu(W1 rmsnorm(x) + b1) + b2, and an [IMG_BREAK] row after each row
+        of the image but the last
 
 Gemma 3 reads one image fitted into the square; Idefics3 (SmolVLM) reads the image
 as tiles of the square plus an overview, each between marker tokens (layout()).
 LFM2-VL reads an image of any shape (its sides made multiples of 2 patches, its
 area within a budget of rows; the learned position grid resized to its patches),
-and a large one as tiles of 512 pixels plus a thumbnail.
+and a large one as tiles of 512 pixels plus a thumbnail. Pixtral reads an image of
+any shape too, fitted (aspect kept, black bands) into its planned size.
 
 As llama.cpp's mtmd runs them: a patch is a stride-p convolution (here one
 matmul over unfolded patches), patches are numbered row by row, attention is
@@ -51,10 +57,12 @@ from ._native import ffi, lib
 from .errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
 from .model_file import ModelFile
 
-PROJECTORS = ("gemma3", "idefics3", "lfm2")
+PROJECTORS = ("gemma3", "idefics3", "lfm2", "pixtral")
 LFM2_TILE = 512              # LFM2-VL's tiles (mtmd's and its processor's constants)
 LFM2_TILES = (2, 10)         # the fewest and most tiles of a tiled image
 LFM2_ROWS = (64, 256)        # the fewest and most rows of an image read whole (and of the thumbnail)
+PIXTRAL_ROWS = (8, 1024)     # the fewest and most rows (before the breaks) of a Pixtral image
+PIXTRAL_ROPE_BASE = 10000.0  # its 2D RoPE's (mtmd's constant)
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,7 @@ class EncoderLayer:
     out: tuple
     up: tuple
     down: tuple
+    gate: Optional[tuple] = None    # a gated FFN's (Pixtral's): down(silu(gate h) * up h)
 
 
 class VisionEncoder:
@@ -114,7 +123,8 @@ class VisionEncoder:
         self.projector = str(mf.get("clip.projector_type") or mf.get("clip.vision.projector_type") or "")
         if self.projector not in PROJECTORS:
             raise UnsupportedModelError(f"{self.path}: projector type {self.projector!r} is not supported yet "
-                                        f"(supported: {', '.join(PROJECTORS)}: Gemma 3's, SmolVLM's and LFM2-VL's)")
+                                        f"(supported: {', '.join(PROJECTORS)}: Gemma 3's, SmolVLM's, LFM2-VL's and "
+                                        f"Pixtral's / Mistral Small's)")
         self.n_embd, self.n_head = self._int("embedding_length"), self._int("attention.head_count")
         self.n_ff, self.n_layer = self._int("feed_forward_length"), self._int("block_count")
         self.image_size, self.patch = self._int("image_size"), self._int("patch_size")
@@ -129,13 +139,17 @@ class VisionEncoder:
                                  f"{self.patch} do not tile {self.image_size}; the file is corrupt")
         self.gelu = bool(mf.get("clip.use_gelu", False))    # else quick-gelu, x sigmoid(1.702 x)
         self.side = self.image_size // self.patch              # patches per side (of the learned positions)
-        # Gemma 3 pools 4 x 4 patches into a row; Idefics3 (SmolVLM) and LFM2 stack s x s patches' rows
-        self.merge = self._int("projector.scale_factor", 4 if self.projector == "gemma3" else 2)
+        # Gemma 3 pools 4 x 4 patches into a row; Idefics3 (SmolVLM) and LFM2 stack s x s patches' rows;
+        # Pixtral unfolds s x s patches (1: none, the original Pixtral)
+        self.merge = self._int("spatial_merge_size", 1) if self.projector == "pixtral" else \
+            self._int("projector.scale_factor", 4 if self.projector == "gemma3" else 2)
         if self.side % self.merge:
             raise ModelFileError(f"{self.path}: a merge of {self.merge} does not divide {self.side} patches")
         self.n_tokens = (self.side // self.merge) ** 2        # rows per tile of image_size
         self.check_shape("v.patch_embd.weight", (self.patch, self.patch, 3, self.n_embd))
-        self.check_shape("v.position_embd.weight", (self.n_embd, self.side * self.side))
+        self.rms = self.projector == "pixtral"                # its norms are RMS norms (weights only)
+        if self.projector != "pixtral":                       # Pixtral's positions are its 2D RoPE
+            self.check_shape("v.position_embd.weight", (self.n_embd, self.side * self.side))
         self.align = self.patch * self.merge                  # LFM2: an image's sides are multiples of this
         if self.projector == "gemma3":
             self.bidirectional = True    # an image's rows see each other (mtmd: Gemma 3's do)
@@ -147,7 +161,7 @@ class VisionEncoder:
             self.n_out = self._projection("mm.model.fc.weight", self.n_embd * self.merge ** 2, inputs_first=True)
             # the image is scaled so its longer side is this long, then cut into tiles
             self.longest_edge = self._int("preproc_image_size", self.image_size)
-        else:   # lfm2: the image at its own shape (or tiles and a thumbnail), between marker tokens
+        elif self.projector == "lfm2":   # the image at its own shape (or tiles and a thumbnail), between markers
             self.bidirectional = False
             n_in = self.n_embd * self.merge ** 2
             n_mid = self._projection("mm.1.weight", n_in, inputs_first=True)
@@ -160,6 +174,22 @@ class VisionEncoder:
                                      f"beyond LFM2's; the file is corrupt")
             self.pixel_budget = tuple(r * self.align ** 2 for r in LFM2_ROWS)
             self.longest_edge = LFM2_TILE
+        else:   # pixtral: the image at its own shape, its rows then [IMG_END]
+            self.bidirectional = False
+            if (self.n_embd // self.n_head) % 4 or self.align > 64:
+                raise ModelFileError(f"{self.path}: heads of {self.n_embd // self.n_head} (not a multiple of 4) or "
+                                     f"patches of {self.patch} merged {self.merge} x {self.merge} are beyond "
+                                     f"Pixtral's; the file is corrupt")
+            # Mistral Small's merge of k x k patches (with its norm); the original Pixtral has none
+            self.input_norm = self._pair("mm.input_norm", (self.n_embd,)) if self.merge > 1 else None
+            self.merger = self._pair("mm.patch_merger", (self.n_embd * self.merge ** 2, self.n_embd)) \
+                if self.merge > 1 else None
+            n_mid = self._projection("mm.1.weight", self.n_embd, inputs_first=True)
+            self.n_out = self._projection("mm.2.weight", n_mid, inputs_first=True)
+            self.mlp = (self._pair("mm.1", (self.n_embd, n_mid)), self._pair("mm.2", (n_mid, self.n_out)))
+            self.check_shape("v.token_embd.img_break", (self.n_out,))
+            self.pixel_budget = tuple(r * self.align ** 2 for r in PIXTRAL_ROWS)
+            self.longest_edge = self.image_size
         if self.image_size > 4096 or self.longest_edge > 16384:   # a picture of gigabytes: a corrupt file
             raise ModelFileError(f"{self.path}: an image size of {self.image_size} (scaled to "
                                  f"{self.longest_edge}) is beyond any projector's; the file is corrupt")
@@ -230,10 +260,11 @@ class VisionEncoder:
         up, down = p + "ffn_up", p + "ffn_down"
         if n != f and self.mf.has_tensor(up + ".weight") and self.mf.tensor(up + ".weight").shape[0] == f:
             up, down = down, up     # old conversions named fc1 ffn_down (llama.cpp swaps them back too)
+        gate = self._pair(p + "ffn_gate", (n, f)) if self.mf.has_tensor(p + "ffn_gate.weight") else None
         return EncoderLayer(ln1=self._pair(p + "ln1", (n,)), ln2=self._pair(p + "ln2", (n,)),
                             q=self._pair(p + "attn_q", (n, n)), k=self._pair(p + "attn_k", (n, n)),
                             v=self._pair(p + "attn_v", (n, n)), out=self._pair(p + "attn_out", (n, n)),
-                            up=self._pair(up, (n, f)), down=self._pair(down, (f, n)))
+                            up=self._pair(up, (n, f)), down=self._pair(down, (f, n)), gate=gate)
 
     def floats(self, name: Optional[str]) -> Optional[np.ndarray]:
         """A tensor as a new float32 array in numpy's order (rows = its last GGUF dimension)."""
@@ -291,10 +322,18 @@ class VisionEncoder:
     def norm(self, x: np.ndarray, wb: tuple, out: Optional[np.ndarray] = None,
              eps: Optional[float] = None) -> np.ndarray:
         """Layer norm of each row of x (float32, contiguous), into out when given (eps: the
-        encoder's unless given)."""
+        encoder's unless given); an RMS norm in an encoder of RMS norms (Pixtral's)."""
         out = np.empty_like(x) if out is None else out
         w, b = self.floats(wb[0]), self.floats(wb[1])
         n = x.shape[1]
+        if self.rms:
+            def rms(r0: int, r1: int) -> None:
+                v = x[r0:r1]
+                np.multiply(v, (1.0 / np.sqrt(np.einsum("ij,ij->i", v, v) / n + (self.eps if eps is None else eps)))
+                            .astype(np.float32)[:, None], out=out[r0:r1])
+                out[r0:r1] *= w
+            self.parallel(len(x), rms)
+            return out
         self.parallel(len(x), lambda r0, r1: lib.pyllm_dense_layernorm(
             _ptr(x[r0:r1]), _ptr(out[r0:r1]), r1 - r0, n, _ptr(w), _ptr(b) if b is not None else ffi.NULL,
             self.eps if eps is None else eps))
@@ -343,8 +382,9 @@ class VisionEncoder:
         return self.encode_pixels([self.normalize(t) for t in self.tiles(load_image(image))])
 
     def rows_of(self, width: int, height: int) -> int:
-        """Rows an input of width x height pixels becomes."""
-        return (width // self.patch // self.merge) * (height // self.patch // self.merge)
+        """Rows an input of width x height pixels becomes (Pixtral's with its breaks)."""
+        cols, rows = width // self.patch // self.merge, height // self.patch // self.merge
+        return cols * rows + (rows - 1 if self.projector == "pixtral" else 0)
 
     def plan(self, width: int, height: int) -> ImagePlan:
         """How an image of width x height pixels is read (see ImagePlan)."""
@@ -355,6 +395,8 @@ class VisionEncoder:
             cols, rows = self.grid(width, height)
             return ImagePlan(cols, rows, (S, S), (S, S))
         whole = smart_resize(width, height, self.align, *self.pixel_budget)
+        if self.projector == "pixtral":
+            return ImagePlan(0, 0, whole, whole)
         if not lfm2_tiles(width, height, self.patch, self.align, self.pixel_budget[1]):
             return ImagePlan(0, 0, (LFM2_TILE, LFM2_TILE), whole)
         cols, rows = lfm2_grid(width, height)
@@ -374,17 +416,20 @@ class VisionEncoder:
         processor) does it: the image scaled (Lanczos) so its longer side is longest_edge,
         stretched over the grid's tiles, cut row by row; then that stretched image shrunk to
         one tile (the overview). LFM2, as mtmd does it (bilinear): the tiles cut from the image
-        fitted into the grid (centred on black), then the whole image at its planned size."""
+        fitted into the grid (centred on black), then the whole image at its planned size.
+        Pixtral: the image fitted into its planned size (bicubic, centred on black)."""
         from PIL import Image
         S = self.image_size
         if self.projector == "gemma3":
             return [np.asarray(fit_square(img, S))]
         plan = self.plan(*img.size)
+        if self.projector == "pixtral":
+            return [np.asarray(fit(img, *plan.whole, bicubic=True))]
         if self.projector == "lfm2":
             tw, th = plan.tile
-            grid = np.asarray(fit_bilinear(img, plan.cols * tw, plan.rows * th)) if plan.n_tiles else None
+            grid = np.asarray(fit(img, plan.cols * tw, plan.rows * th)) if plan.n_tiles else None
             return [grid[y * th:(y + 1) * th, x * tw:(x + 1) * tw] for y in range(plan.rows)
-                    for x in range(plan.cols)] + [np.asarray(resize_bilinear(img, *plan.whole))]
+                    for x in range(plan.cols)] + [np.asarray(resample(img, *plan.whole))]
 
         def resized(im, size):
             return im if im.size == size else im.resize(size, Image.LANCZOS)
@@ -399,6 +444,8 @@ class VisionEncoder:
         read, each piece tokenized on its own as mtmd does) and runs of ids."""
         if self.projector == "gemma3":
             return ["<start_of_image>", ids, "<end_of_image>"]
+        if self.projector == "pixtral":
+            return [ids, "[IMG_END]"]
         plan = self.plan(*image_dimensions(image))
         per_tile, last = self.rows_of(*plan.tile) if plan.n_tiles else 0, self.rows_of(*plan.whole)
         if len(ids) != plan.n_tiles * per_tile + last:
@@ -419,17 +466,18 @@ class VisionEncoder:
 
     def encode_pixels(self, pixels) -> np.ndarray:
         """Normalized inputs, float [3, H, W], [m, 3, H, W] or a list of [3, H, W] -> their rows
-        in order. Gemma 3 and Idefics3 read squares of image_size; LFM2 any sides that are
-        multiples of two patches."""
+        in order. Gemma 3 and Idefics3 read squares of image_size; LFM2 and Pixtral any sides
+        that are multiples of their merged patches."""
         inputs = [pixels] if isinstance(pixels, np.ndarray) and pixels.ndim == 3 else list(pixels)
         S, a = self.image_size, self.align
         for x in inputs:
-            fits = x.shape[-2:] == (S, S) if self.projector != "lfm2" else \
-                x.shape[-2] % a == 0 and x.shape[-1] % a == 0 and x.shape[-2] > 0 and x.shape[-1] > 0
+            any_shape = self.projector in ("lfm2", "pixtral")
+            fits = x.shape[-2] % a == 0 and x.shape[-1] % a == 0 and x.shape[-2] > 0 and x.shape[-1] > 0 \
+                if any_shape else x.shape[-2:] == (S, S)
             if x.ndim != 3 or x.shape[0] != 3 or not fits:
-                raise InvalidArgumentError(f"pixels must be [3, {S}, {S}] each, not {list(x.shape)}" if
-                                           self.projector != "lfm2" else f"pixels must be [3, H, W] with H and W "
-                                           f"multiples of {a}, not {list(x.shape)}")
+                raise InvalidArgumentError(f"pixels must be [3, H, W] with H and W multiples of {a}, not "
+                                           f"{list(x.shape)}" if any_shape else
+                                           f"pixels must be [3, {S}, {S}] each, not {list(x.shape)}")
         # one image at a time, its work split among our threads; BLAS's own threads would only
         # contend with them (and spin while the C kernels run)
         with self._lock, threadpool_limits(limits=1, user_api="blas"):
@@ -467,24 +515,35 @@ class VisionEncoder:
         x = patches @ self.floats("v.patch_embd.weight").reshape(n, -1).T
         if self.mf.has_tensor("v.patch_embd.bias"):
             x += self.floats("v.patch_embd.bias")
-        x.reshape(m, P, n)[:] += self.positions(gh, gw)
+        if self.projector != "pixtral":
+            x.reshape(m, P, n)[:] += self.positions(gh, gw)
         x = np.ascontiguousarray(self.optional_norm(x, "v.pre_ln"))
         # every layer works in the same buffers: a large new array costs its page faults each time
-        h, y, up = np.empty((T, n), np.float32), np.empty((T, n), np.float32), np.empty((T, self.n_ff), np.float32)
+        gated = self.layers[0].gate is not None
+        h, y = np.empty((T, n), np.float32), np.empty((T, n), np.float32)
+        up = np.empty((T, self.n_ff * (2 if gated else 1)), np.float32)
         work = AttentionWork(T, n)
+        rope = rope_2d(gh, gw, n // self.n_head, PIXTRAL_ROPE_BASE) if self.projector == "pixtral" else None
         for L in self.layers:
-            x += self.attention(self.norm(x, L.ln1, out=h), L, work=work, out=y, seq=P)
+            x += self.attention(self.norm(x, L.ln1, out=h), L, work=work, out=y, seq=P, rope=rope)
             self.norm(x, L.ln2, out=h)
+            if gated:    # silu(gate h) * up h, from one matrix product
+                self.linear(h, L.gate, L.up, out=up)
+                self.parallel(T, lambda r0, r1: silu_times(up[r0:r1], self.n_ff))
+                x += self.linear(up[:, :self.n_ff], L.down, out=y)
+                continue
             self.activation(self.linear(h, L.up, out=up, bias=False), self.floats(L.up[1]))
             x += self.linear(up, L.down, out=y)
         x = self.optional_norm(x, "v.post_ln")
         return np.concatenate([self.project(x[i * P:(i + 1) * P], gh, gw) for i in range(m)])
 
     def attention(self, h: np.ndarray, L: EncoderLayer, block: int = 512, work: Optional["AttentionWork"] = None,
-                  out: Optional[np.ndarray] = None, seq: Optional[int] = None) -> np.ndarray:
+                  out: Optional[np.ndarray] = None, seq: Optional[int] = None,
+                  rope: Optional[tuple] = None) -> np.ndarray:
         """Every row attends to every row of its tile (`seq` rows each; default all of h), head by
         head, `block` query rows at a time (their scores stay in the cache: 8 MB at 4096 patches);
-        the threads share the (tile, head, block) units."""
+        the threads share the (tile, head, block) units. rope: (cos, sin) [seq, head_dim / 2] that
+        turn each head's pairs of q and k (Pixtral's 2D RoPE; rope_2d())."""
         T, H = h.shape[0], self.n_head
         P = T if seq is None else seq
         d, n_blocks = self.n_embd // H, -(-P // block)
@@ -493,6 +552,16 @@ class VisionEncoder:
         qkv = self.linear(h, L.q, L.k, L.v, out=w.qkv)
         q, k, v = qkv[:, :n], qkv[:, n:2 * n], qkv[:, 2 * n:]
         isa = lib.pyllm_get_level()
+        if rope is not None:
+            def turn(r0: int, r1: int) -> None:
+                at = np.arange(r0, r1) % P
+                cos, sin = rope[0][at][:, None], rope[1][at][:, None]
+                for x in (q[r0:r1], k[r0:r1]):
+                    pairs = x.reshape(r1 - r0, H, d // 2, 2)     # each head's (x[2i], x[2i + 1])
+                    a, b = pairs[..., 0].copy(), pairs[..., 1].copy()
+                    pairs[..., 0] = a * cos - b * sin
+                    pairs[..., 1] = a * sin + b * cos
+            self.parallel(T, turn)
 
         def units(lo: int, hi: int) -> int:
             scores, sums = np.empty((min(block, P), P), np.float32), np.empty(min(block, P), np.float32)
@@ -524,6 +593,8 @@ class VisionEncoder:
             x = x.reshape(rows // k, k, cols // k, k, n).mean(axis=(1, 3)).reshape(-1, n)
             x = x / np.sqrt((x * x).mean(axis=1, keepdims=True) + self.eps) * self.floats("mm.soft_emb_norm.weight")
             return np.ascontiguousarray(x @ self.floats("mm.input_projection.weight"), dtype=np.float32)
+        if self.projector == "pixtral":
+            return self.pixtral_rows(x, rows, cols)
         # patch (r, c) -> row (r // k, c // k), at column block (c % k) + k (r % k), as transformers'
         # Idefics3 pixel_shuffle (and mtmd's for both) orders them
         x = x.reshape(rows // k, k, cols // k, k, n).transpose(0, 2, 1, 3, 4)
@@ -533,6 +604,24 @@ class VisionEncoder:
         if self.input_norm is not None:
             x = self.norm(x, self.input_norm, eps=1e-5)      # nn.LayerNorm's default, as mtmd uses
         return self.linear(self.activation(self.linear(x, self.mlp[0]), gelu=True), self.mlp[1])
+
+    def pixtral_rows(self, x: np.ndarray, rows: int, cols: int) -> np.ndarray:
+        """Pixtral's projector: RMS norm, each k x k patches unfolded into one row (a patch's
+        channels outermost, as torch's unfold) and merged by one matmul (when k > 1), the GELU
+        MLP, then the [IMG_BREAK] row after each row of the image but the last."""
+        k = self.merge
+        if self.merger is not None:
+            x = self.norm(np.ascontiguousarray(x), self.input_norm)
+            x = x.reshape(rows // k, k, cols // k, k, self.n_embd).transpose(0, 2, 4, 1, 3)
+            x = self.linear(np.ascontiguousarray(x.reshape(-1, self.n_embd * k * k)), self.merger)
+        x = self.linear(self.activation(self.linear(np.ascontiguousarray(x), self.mlp[0]), gelu=True), self.mlp[1])
+        per_row = cols // k
+        out = np.empty((self.rows_of(cols * self.patch, rows * self.patch), self.n_out), np.float32)
+        for r in range(rows // k):
+            out[r * (per_row + 1):r * (per_row + 1) + per_row] = x[r * per_row:(r + 1) * per_row]
+            if r < rows // k - 1:
+                out[r * (per_row + 1) + per_row] = self.floats("v.token_embd.img_break")
+        return out
 
     def close(self) -> None:
         if self._pool is not None:
@@ -624,8 +713,9 @@ def scaled_to_longest_edge(width: int, height: int, longest: int) -> tuple[int, 
 
 def smart_resize(width: int, height: int, align: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
     """(width, height) made multiples of `align` with the aspect ratio about kept and the area
-    within [min_pixels, max_pixels] (transformers' smart_resize; halves round to even, as theirs)."""
-    w_bar, h_bar = (max(align, round(v / align) * align) for v in (width, height))
+    within [min_pixels, max_pixels] (transformers' smart_resize as mtmd computes it: halves
+    round away from zero, where transformers' round to even)."""
+    w_bar, h_bar = (max(align, math.floor(v / align + 0.5) * align) for v in (width, height))
     if w_bar * h_bar > max_pixels:
         beta = math.sqrt(width * height / max_pixels)
         w_bar, h_bar = (max(align, math.floor(v / beta / align) * align) for v in (width, height))
@@ -659,19 +749,20 @@ def lfm2_grid(width: int, height: int) -> tuple[int, int]:
     return best
 
 
-def resize_bilinear(img, width: int, height: int):
-    """A PIL image resized with Pillow's bilinear filter (widened when shrinking), which mtmd's
-    resampling copies to the fixed-point rounding: one pass a side, the width first (Pillow
-    itself may take the height first, which rounds differently)."""
+def resample(img, width: int, height: int, bicubic: bool = False):
+    """A PIL image resized with Pillow's bilinear (or bicubic) filter, widened when shrinking,
+    which mtmd's resampling copies to the fixed-point rounding: one pass a side, the width
+    first (Pillow itself may take the height first, which rounds differently)."""
     from PIL import Image
+    kind = Image.BICUBIC if bicubic else Image.BILINEAR
     if img.width != width:
-        img = img.resize((width, img.height), Image.BILINEAR)
-    return img if img.height == height else img.resize((width, height), Image.BILINEAR)
+        img = img.resize((width, img.height), kind)
+    return img if img.height == height else img.resize((width, height), kind)
 
 
-def fit_bilinear(img, width: int, height: int):
-    """A PIL image scaled (resize_bilinear) to fit width x height with its aspect ratio kept,
-    centred on black (mtmd's padded resize: the sides rounded up, the scale in float32)."""
+def fit(img, width: int, height: int, bicubic: bool = False):
+    """A PIL image scaled (resample) to fit width x height with its aspect ratio kept, centred
+    on black (mtmd's padded resize: the sides rounded up, the scale in float32)."""
     from PIL import Image
     w, h = img.size
     if (w, h) == (width, height):
@@ -679,8 +770,28 @@ def fit_bilinear(img, width: int, height: int):
     scale = min(np.float32(width) / np.float32(w), np.float32(height) / np.float32(h))
     nw, nh = min(math.ceil(np.float32(w) * scale), width), min(math.ceil(np.float32(h) * scale), height)
     canvas = Image.new("RGB", (width, height), (0, 0, 0))
-    canvas.paste(resize_bilinear(img, nw, nh), ((width - nw) // 2, (height - nh) // 2))
+    canvas.paste(resample(img, nw, nh, bicubic), ((width - nw) // 2, (height - nh) // 2))
     return canvas
+
+
+def rope_2d(rows: int, cols: int, head_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
+    """(cos, sin) [rows * cols, head_dim / 2] of Pixtral's 2D RoPE for a grid of patches, row by
+    row: a head's first half of pairs turns by the patch's row, at the even frequencies
+    base^(-4i / head_dim); its second half by the column, at the odd ones base^(-(4i + 2) / head_dim)
+    (as mtmd builds it from two RoPEs of half the head)."""
+    quarter = head_dim // 4
+    even = base ** (-4.0 * np.arange(quarter) / head_dim)
+    odd = base ** (-(4.0 * np.arange(quarter) + 2) / head_dim)
+    r, c = np.divmod(np.arange(rows * cols), cols)
+    theta = np.concatenate([r[:, None] * even, c[:, None] * odd], axis=1)
+    return np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
+
+
+def silu_times(gate_up: np.ndarray, n: int) -> None:
+    """rows of [gate | up] (n each) -> silu(gate) * up in the first n columns, in place."""
+    g = gate_up[:, :n]
+    np.multiply(g, 1.0 / (1.0 + np.exp(-g)), out=g)
+    g *= gate_up[:, n:]
 
 
 def resample_weights(n_in: int, n_out: int) -> np.ndarray:

@@ -172,13 +172,19 @@ LFM2_TOKENS = ["<|image_start|>", "<|image_end|>", "<|img_thumbnail|>"] + \
     [f"<|img_row_{r}_col_{c}|>" for r in range(1, 11) for c in range(1, 11)]
 
 
+# Pixtral's (Mistral Small 3.x's): [IMG] and [IMG_BREAK] (their rows come from the projector), [IMG_END]
+PIXTRAL_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
+
+
 def small_vocab(w: gguf.GGUFWriter, n_vocab: int = 512, image_tokens: bool | str = False) -> int:
     """A made-up byte-level BPE vocabulary (enough to load; tests feed ids). image_tokens:
-    the last ids are SmolVLM's image tokens, with "\n\n" merged into one ("lfm2": LFM2-VL's)."""
+    the last ids are SmolVLM's image tokens, with "\n\n" merged into one ("lfm2": LFM2-VL's;
+    "pixtral": Pixtral's)."""
     byte_chars = [chr(c) for c in range(33, 127)] + [chr(c) for c in range(161, 173)] + \
                  [chr(c) for c in range(174, 256)] + [chr(256 + i) for i in range(68)]
     words = ["to", "tok"] + (["\u010a\u010a"] if image_tokens else [])
-    special = LFM2_TOKENS if image_tokens == "lfm2" else IDEFICS3_TOKENS if image_tokens else []
+    special = {"lfm2": LFM2_TOKENS, "pixtral": PIXTRAL_TOKENS}.get(image_tokens, IDEFICS3_TOKENS) \
+        if image_tokens else []
     tokens = byte_chars + words + [f"tok{i}" for i in range(n_vocab - len(byte_chars) - len(words) - len(special))]
     tokens += special
     w.add_tokenizer_model("gpt2")
@@ -1633,13 +1639,19 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
     names of old conversions (fc1 named ffn_down). projector "idefics3": SmolVLM's instead
     (merge x merge patches side by side, one Linear; images scaled to longest_edge and tiled);
     "lfm2": LFM2-VL's (the same shuffle, a layer norm and a two-layer MLP of n_mid; the learned
-    positions a grid of image_size / patch a side, resized to each image's)."""
+    positions a grid of image_size / patch a side, resized to each image's); "pixtral":
+    Pixtral's (RMS norms, no biases, no learned positions, a gated SiLU FFN; merge x merge
+    patches unfolded and merged when merge > 1, an RMS norm and a two-layer MLP, the
+    [IMG_BREAK] row)."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "clip")
     w.add_bool("clip.has_vision_encoder", True)
     w.add_bool("clip.has_text_encoder", False)
     w.add_string("clip.projector_type", projector)
-    w.add_bool("clip.use_gelu", use_gelu)
+    pixtral = projector == "pixtral"
+    w.add_bool("clip.use_gelu", use_gelu and not pixtral)
+    if pixtral:
+        w.add_bool("clip.use_silu", True)
     w.add_uint32("clip.vision.image_size", image_size)
     w.add_uint32("clip.vision.patch_size", patch)
     w.add_uint32("clip.vision.embedding_length", n_embd)
@@ -1650,7 +1662,9 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
     w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
     w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
-    if merge != 4 or projector != "gemma3":
+    if pixtral:
+        w.add_uint32("clip.vision.spatial_merge_size", merge)
+    elif merge != 4 or projector != "gemma3":
         w.add_uint32("clip.vision.projector.scale_factor", merge)
     if longest_edge:
         w.add_uint32("clip.vision.preproc_image_size", longest_edge)
@@ -1671,27 +1685,35 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
     def mat(n_in: int, n_o: int, scale: float) -> np.ndarray:    # numpy [n_o, n_in] = GGUF (n_in, n_o)
         return rng.normal(0, scale / np.sqrt(n_in), (n_o, n_in))
 
+    def bias(name: str, n: int) -> None:     # Pixtral's have none
+        if not pixtral:
+            add(name, rng.normal(0, 0.1, n))
+
     add("v.patch_embd.weight", rng.normal(0, 1.0 / patch, (n_embd, 3, patch, patch)), QT.F16)
-    add("v.patch_embd.bias", rng.normal(0, 0.1, n_embd))
-    add("v.position_embd.weight", rng.normal(0, 0.3, (side * side, n_embd)))   # F32: llama.cpp adds it as is
-    if pre_ln:
+    bias("v.patch_embd.bias", n_embd)
+    if not pixtral:
+        add("v.position_embd.weight", rng.normal(0, 0.3, (side * side, n_embd)))   # F32: llama.cpp adds it as is
+    if pre_ln or pixtral:
         add("v.pre_ln.weight", 1 + rng.normal(0, 0.1, n_embd))
-        add("v.pre_ln.bias", rng.normal(0, 0.1, n_embd))
+        bias("v.pre_ln.bias", n_embd)
     for i in range(n_layer):
         p = f"v.blk.{i}."
         for norm in ("ln1", "ln2"):
             add(p + norm + ".weight", 1 + rng.normal(0, 0.1, n_embd))
-            add(p + norm + ".bias", rng.normal(0, 0.1, n_embd))
+            bias(p + norm + ".bias", n_embd)
         for m in ("attn_q", "attn_k", "attn_v", "attn_out"):
             add(p + m + ".weight", mat(n_embd, n_embd, 1.0), qtype)
-            add(p + m + ".bias", rng.normal(0, 0.1, n_embd))
+            bias(p + m + ".bias", n_embd)
         up, down = ("ffn_down", "ffn_up") if swapped_ffn else ("ffn_up", "ffn_down")
+        if pixtral:
+            add(p + "ffn_gate.weight", mat(n_embd, n_ff, 1.0), qtype)
         add(p + up + ".weight", mat(n_embd, n_ff, 1.0), qtype)
-        add(p + up + ".bias", rng.normal(0, 0.1, n_ff))
+        bias(p + up + ".bias", n_ff)
         add(p + down + ".weight", mat(n_ff, n_embd, 1.0), qtype)
-        add(p + down + ".bias", rng.normal(0, 0.1, n_embd))
-    add("v.post_ln.weight", 1 + rng.normal(0, 0.1, n_embd))
-    add("v.post_ln.bias", rng.normal(0, 0.1, n_embd))
+        bias(p + down + ".bias", n_embd)
+    if not pixtral:
+        add("v.post_ln.weight", 1 + rng.normal(0, 0.1, n_embd))
+        add("v.post_ln.bias", rng.normal(0, 0.1, n_embd))
     if projector == "idefics3":   # one Linear (no bias) from merge^2 patches side by side
         add("mm.model.fc.weight", mat(n_embd * merge * merge, n_out, 1.0), QT.F16)
     elif projector == "lfm2":     # layer norm, Linear, GELU, Linear over merge^2 patches side by side
@@ -1703,6 +1725,15 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
         add("mm.1.bias", rng.normal(0, 0.1, n_mid))
         add("mm.2.weight", mat(n_mid, n_out, 1.0), qtype)
         add("mm.2.bias", rng.normal(0, 0.1, n_out))
+    elif pixtral:                 # RMS norm, the unfolded patches merged, Linear, GELU, Linear; the break row
+        if merge > 1:             # Mistral Small's; the original Pixtral has neither
+            add("mm.input_norm.weight", 1 + rng.normal(0, 0.1, n_embd))
+            add("mm.patch_merger.weight", mat(n_embd * merge * merge, n_embd, 1.0), qtype)
+        add("mm.1.weight", mat(n_embd, n_mid, 1.0), qtype)
+        add("mm.1.bias", rng.normal(0, 0.1, n_mid))
+        add("mm.2.weight", mat(n_mid, n_out, 1.0), qtype)
+        add("mm.2.bias", rng.normal(0, 0.1, n_out))
+        add("v.token_embd.img_break", rng.normal(0, 1.0, n_out))
     else:
         add("mm.soft_emb_norm.weight", 1 + rng.normal(0, 0.1, n_embd))
         add("mm.input_projection.weight", rng.normal(0, 1.0 / np.sqrt(n_embd), (n_embd, n_out)), QT.F16)

@@ -625,16 +625,16 @@ def test_lfm2_sizes_and_tiles():
 
 
 def test_lfm2_resampling_is_mtmd_s():
-    from pyllm.vision import fit_bilinear, resize_bilinear
+    from pyllm.vision import fit, resample
     rng = np.random.default_rng(11)
     for (h, w), (tw, th) in (((17, 23), (30, 11)), ((30, 60), (61, 28)), ((12, 9), (40, 33))):
         a = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
-        got = np.asarray(resize_bilinear(Image.fromarray(a), tw, th))
+        got = np.asarray(resample(Image.fromarray(a), tw, th))
         np.testing.assert_array_equal(got, slow_bilinear(a, tw, th))
     img = picture(12, (20, 40, 3))
-    padded = np.asarray(fit_bilinear(img, 100, 100))     # 100 x 50, centred: 25 black rows above and below
+    padded = np.asarray(fit(img, 100, 100))     # 100 x 50, centred: 25 black rows above and below
     assert padded.shape == (100, 100, 3) and not padded[:25].any() and not padded[75:].any()
-    np.testing.assert_array_equal(padded[25:75], np.asarray(resize_bilinear(img, 100, 50)))
+    np.testing.assert_array_equal(padded[25:75], np.asarray(resample(img, 100, 50)))
 
 
 def test_lfm2_encoder_matches_the_plain_loops(lfm2):
@@ -701,3 +701,115 @@ def test_bad_lfm2_files(tmp_path):
     enc = VisionEncoder(plain)                       # the projector's norm is optional (LFM2.5-VL has none)
     assert enc.input_norm is None and enc.encode(picture(17, (40, 40, 3))).shape[1] == 256
     enc.close()
+
+
+# -- Pixtral (Mistral Small 3.x): 2D RoPE, RMS norms, gated FFN; merged patches and [IMG_BREAK] rows ------
+
+def slow_pixtral_encode(enc: VisionEncoder, pixels: np.ndarray) -> np.ndarray:
+    """Pixtral's encoder written out plainly for one input: each head's pair (2i, 2i + 1) turned
+    by the patch's row (first half of the head) or column (second half)."""
+    f, n, H, eps, k_ = enc.floats, enc.n_embd, enc.n_head, enc.eps, enc.merge
+    d = n // H
+    gh, gw = pixels.shape[1] // enc.patch, pixels.shape[2] // enc.patch
+    x = slow_patches_no_bias(enc, pixels)
+
+    def rms(v, name):
+        return v / np.sqrt((v * v).mean(-1, keepdims=True) + eps) * f(name + ".weight")
+
+    def turn(v):
+        out = v.copy()
+        for p in range(len(v)):
+            for head in range(H):
+                for i in range(d // 2):       # pair i: dims 2i, 2i + 1 of the head
+                    if i < d // 4:
+                        theta = (p // gw) * 10000.0 ** (-4 * i / d)
+                    else:
+                        theta = (p % gw) * 10000.0 ** (-(4 * (i - d // 4) + 2) / d)
+                    a, b = v[p, head * d + 2 * i], v[p, head * d + 2 * i + 1]
+                    out[p, head * d + 2 * i] = a * math.cos(theta) - b * math.sin(theta)
+                    out[p, head * d + 2 * i + 1] = a * math.sin(theta) + b * math.cos(theta)
+        return out
+    x = rms(x, "v.pre_ln")
+    for i in range(enc.n_layer):
+        b = f"v.blk.{i}."
+        h = rms(x, b + "ln1")
+        q, k, v = (turn(h @ f(b + "attn_q.weight").T), turn(h @ f(b + "attn_k.weight").T), h @ f(b + "attn_v.weight").T)
+        att = np.zeros_like(h)
+        for head in range(H):
+            s = slice(head * d, (head + 1) * d)
+            scores = q[:, s] @ k[:, s].T / math.sqrt(d)
+            w = np.exp(scores - scores.max(-1, keepdims=True))
+            att[:, s] = (w / w.sum(-1, keepdims=True)) @ v[:, s]
+        x = x + att @ f(b + "attn_out.weight").T
+        h = rms(x, b + "ln2")
+        g = h @ f(b + "ffn_gate.weight").T
+        x = x + (g / (1 + np.exp(-g)) * (h @ f(b + "ffn_up.weight").T)) @ f(b + "ffn_down.weight").T
+    if k_ > 1:     # each k x k patches: channel by channel, then row and column in the window (torch's unfold)
+        x = rms(x, "mm.input_norm")
+        x = np.array([[x[(r * k_ + ky) * gw + c * k_ + kx, ch] for ch in range(n) for ky in range(k_)
+                       for kx in range(k_)] for r in range(gh // k_) for c in range(gw // k_)])
+        x = x @ f("mm.patch_merger.weight").T
+    x = lin(f, gelu(lin(f, x, "mm.1")), "mm.2")
+    per_row, out = gw // k_, []
+    for r in range(gh // k_):
+        out += list(x[r * per_row:(r + 1) * per_row]) + ([f("v.token_embd.img_break")] if r < gh // k_ - 1 else [])
+    return np.array(out)
+
+
+def slow_patches_no_bias(enc: VisionEncoder, pixels: np.ndarray) -> np.ndarray:
+    p, W = enc.patch, enc.floats("v.patch_embd.weight")
+    gh, gw = pixels.shape[1] // p, pixels.shape[2] // p
+    return np.array([np.einsum("ocij,cij->o", W, pixels[:, r * p:(r + 1) * p, c * p:(c + 1) * p])
+                     for r in range(gh) for c in range(gw)])
+
+
+@pytest.fixture(scope="module")
+def pixtral(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pixtral")
+    return {"lm": synth.write_llama(d / "lm.gguf", QT.F32, n_vocab=512, image_tokens="pixtral"),
+            "mm": synth.write_mmproj(d / "mm.gguf", n_out=256, qtype=QT.F32, projector="pixtral", merge=2),
+            "mm1": synth.write_mmproj(d / "mm1.gguf", n_out=256, qtype=QT.F32, projector="pixtral", merge=1)}
+
+
+def test_pixtral_encoder_matches_the_plain_loops(pixtral):
+    """Mistral Small's (2 x 2 patches merged) and Pixtral 12B's (none), on inputs of other
+    shapes than square; the 2D RoPE, the gated FFN, the unfolded merge and the break rows."""
+    rng = np.random.default_rng(21)
+    for name, shape in (("mm", (3, 24, 40)), ("mm1", (3, 12, 20))):
+        enc = VisionEncoder(pixtral[name], n_threads=3)
+        px = rng.uniform(-1, 1, shape)
+        want = slow_pixtral_encode(enc, px)
+        got = enc.encode_pixels(px)
+        rows, cols = shape[1] // enc.align, shape[2] // enc.align
+        assert got.shape == (rows * cols + rows - 1, 256) == want.shape
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.abs(want).max())
+        np.testing.assert_array_equal(got[cols], enc.floats("v.token_embd.img_break"))    # after the first row
+        enc.close()
+
+
+def test_pixtral_sizes_and_layout(pixtral):
+    """mtmd's size (sides multiples of the merged patch, halves rounded away from zero, 8 to
+    1024 rows), the image fitted into it (bicubic, black bands), then its rows and [IMG_END]."""
+    from pyllm.vision import fit, smart_resize
+    assert smart_resize(300, 200, 16, 8 * 256, 1024 * 256) == (304, 208)    # 12.5 -> 13, as mtmd
+    m = Model(pixtral["lm"], mmproj=pixtral["mm"], n_ctx=512)
+    enc = m.vision
+    img = picture(22, (30, 45, 3))                 # 45 x 30 -> 48 x 32: 6 x 4 rows and 3 breaks
+    assert enc.plan(45, 30).whole == (48, 32)
+    np.testing.assert_array_equal(enc.tiles(img)[0], np.asarray(fit(img, 48, 32, bicubic=True)))
+    ids = m.media_prompt("look <__media__> now", [img])
+    rows = [t for t in ids if t < 0]
+    assert len(rows) == 6 * 4 + 3
+    assert ids == m.tokenize("look ", special=True) + rows + m.tokenize("[IMG_END]", special=True, add_bos=False) + \
+        m.tokenize(" now", special=True, add_bos=False)
+    assert_prompt_matches_the_reference(m, pixtral["lm"], pixtral["mm"], img)
+    m.close()
+
+
+def test_bad_pixtral_files(tmp_path):
+    no_break = synth.write_mmproj(tmp_path / "nobreak.gguf", projector="pixtral", drop_tensor="v.token_embd.img_break")
+    with pytest.raises(ModelFileError, match="img_break is missing"):
+        VisionEncoder(no_break)
+    odd_heads = synth.write_mmproj(tmp_path / "heads.gguf", projector="pixtral", n_embd=48, n_head=8)   # 6 a head
+    with pytest.raises(ModelFileError, match="not a multiple of 4"):
+        VisionEncoder(odd_heads)
