@@ -1,8 +1,18 @@
 """The `pyllm` command line."""
 from __future__ import annotations
 
+import signal
 import sys
 from typing import Annotated
+
+# Threads a library starts while it loads (OpenBLAS's, under numpy) inherit this thread's signal
+# mask: with Ctrl-C blocked meanwhile, they never take it, and it always reaches the main thread,
+# whose input() it must interrupt (a worker taking it would leave the prompt waiting for a key).
+_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}) \
+    if hasattr(signal, "pthread_sigmask") else None
+import numpy  # noqa: F401
+if _mask is not None:
+    signal.pthread_sigmask(signal.SIG_SETMASK, _mask)
 
 import typer
 

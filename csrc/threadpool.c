@@ -11,6 +11,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -87,17 +88,31 @@ threadpool *threadpool_new(int n_threads) {
     pthread_cond_init(&tp->cv, NULL);
     tp->threads = calloc((size_t)n_threads, sizeof(pthread_t));
     if (!tp->threads) { free(tp); return NULL; }
-    for (int i = 1; i < n_threads; i++) {
+    /* the workers never take the process's signals: Ctrl-C must reach the thread that waits on
+     * input (Python's main thread); delivered to a worker, it would wait for the next key */
+    sigset_t quiet, old;
+    sigemptyset(&quiet);
+    sigaddset(&quiet, SIGINT);
+    sigaddset(&quiet, SIGTERM);
+    sigaddset(&quiet, SIGHUP);
+    sigaddset(&quiet, SIGQUIT);
+    pthread_sigmask(SIG_BLOCK, &quiet, &old);   /* the workers inherit it */
+    int started = 1;
+    for (; started < n_threads; started++) {
         worker_arg *wa = malloc(sizeof *wa);
-        if (!wa) { tp->n = i; threadpool_free(tp); return NULL; }
+        if (!wa) break;
         wa->tp = tp;
-        wa->ith = i;
-        if (pthread_create(&tp->threads[i], NULL, worker_main, wa) != 0) {
+        wa->ith = started;
+        if (pthread_create(&tp->threads[started], NULL, worker_main, wa) != 0) {
             free(wa);
-            tp->n = i;
-            threadpool_free(tp);
-            return NULL;
+            break;
         }
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (started < n_threads) {
+        tp->n = started;
+        threadpool_free(tp);
+        return NULL;
     }
     return tp;
 }

@@ -43,6 +43,7 @@ import hashlib
 import io
 import math
 import os
+import signal
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -360,7 +361,9 @@ class VisionEncoder:
         nt = max(1, min(self.n_threads, n // grain))
         cuts = [n * i // nt for i in range(nt + 1)]
         if nt > 1 and self._pool is None:
-            self._pool = ThreadPoolExecutor(self.n_threads - 1, thread_name_prefix="pyllm-vision")
+            self._pool = ThreadPoolExecutor(self.n_threads - 1, thread_name_prefix="pyllm-vision",
+                                            initializer=signal.pthread_sigmask,   # Ctrl-C is the main thread's
+                                            initargs=(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}))
         rest = [self._pool.submit(run, cuts[i], cuts[i + 1]) for i in range(1, nt)]
         codes = [run(cuts[0], cuts[1])] + [f.result() for f in rest]
         if any(codes):

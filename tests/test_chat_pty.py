@@ -207,3 +207,37 @@ def test_the_lines_typed_come_back_in_the_next_session(smollm2_path, tmp_path):
         assert t.proc.wait(timeout=30) == 0
     finally:
         t.close()
+
+
+def blocked_signals(pid: int | str, thread: int | str) -> int:
+    """The signal mask of one thread of a process (Linux's /proc), as a bit set (bit s - 1: signal s)."""
+    for line in Path(f"/proc/{pid}/task/{thread}/status").read_text().splitlines():
+        if line.startswith("SigBlk:"):
+            return int(line.split()[1], 16)
+    raise AssertionError("no SigBlk line")
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads threads' signal masks from Linux's /proc")
+def test_ctrl_c_can_only_reach_the_main_thread(smollm2_path):
+    """At the prompt every other thread (the core's workers, OpenBLAS's) blocks SIGINT and SIGTERM:
+    the kernel gives a process's signal to any thread that takes it, and one taken by a worker
+    leaves input() waiting for the next key before the ^C shows."""
+    import signal
+    t = Terminal(["-m", smollm2_path, "-t", "3"])
+    try:
+        t.read_until(r">>> ", 60)
+        pid = t.proc.pid
+        threads = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
+        assert len(threads) >= 3                       # the main thread and at least the core's two workers
+        assert not blocked_signals(pid, pid) & (1 << (signal.SIGINT - 1))
+        for tid in threads:
+            if int(tid) != pid:
+                mask = blocked_signals(pid, tid)
+                assert mask & (1 << (signal.SIGINT - 1)) and mask & (1 << (signal.SIGTERM - 1)), (tid, hex(mask))
+        t.send("\x03")
+        t.read_until(r"\^C", 30)
+        t.read_until(r">>> ", 30)
+        t.send("\x04")
+        assert t.proc.wait(timeout=30) == 0
+    finally:
+        t.close()

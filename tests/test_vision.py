@@ -813,3 +813,18 @@ def test_bad_pixtral_files(tmp_path):
     odd_heads = synth.write_mmproj(tmp_path / "heads.gguf", projector="pixtral", n_embd=48, n_head=8)   # 6 a head
     with pytest.raises(ModelFileError, match="not a multiple of 4"):
         VisionEncoder(odd_heads)
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self/task"), reason="reads Linux's /proc")
+def test_the_encoder_s_threads_leave_ctrl_c_to_the_main_thread(files):
+    import signal
+    import threading
+    enc = VisionEncoder(files["mm"], n_threads=3)
+    enc.encode(picture(23))
+    workers = [t for t in threading.enumerate() if t.name.startswith("pyllm-vision")]
+    assert workers
+    for t in workers:
+        status = open(f"/proc/self/task/{t.native_id}/status").read()
+        mask = int(next(line for line in status.splitlines() if line.startswith("SigBlk:")).split()[1], 16)
+        assert mask & (1 << (signal.SIGINT - 1)) and mask & (1 << (signal.SIGTERM - 1))
+    enc.close()
