@@ -219,11 +219,18 @@ def main() -> None:
                 ("idefics3 F32", QT.F32, QT.F32, "idefics3"), ("idefics3 F16", QT.F16, QT.F16, "idefics3"),
                 ("lfm2 F32", QT.F32, QT.F32, "lfm2"), ("lfm2 F16", QT.F16, QT.F16, "lfm2"),
                 ("pixtral F32", QT.F32, QT.F32, "pixtral"), ("pixtral merge=1", QT.F32, QT.F32, "pixtral1"),
-                ("pixtral F16", QT.F16, QT.F16, "pixtral")):
+                ("pixtral F16", QT.F16, QT.F16, "pixtral"),
+                ("qwen2.5vl F32", QT.F32, QT.F32, "qwen2.5vl_merger"),
+                ("qwen2.5vl F16", QT.F16, QT.F16, "qwen2.5vl_merger"),
+                ("qwen2vl F32", QT.F32, QT.F32, "qwen2vl_merger")):
             if only and not label.startswith(only):
                 continue
-            pictures = lfm2_images if kind in ("lfm2", "pixtral", "pixtral1") else images
-            if kind.startswith("pixtral"):    # Mistral Small 3.x's (2 x 2 patches merged) or Pixtral 12B's
+            pictures = lfm2_images if kind in ("lfm2", "pixtral", "pixtral1") or kind.startswith("qwen") else images
+            if kind.startswith("qwen"):    # Qwen 2 / 2.5 VL's: the encoder alone (pyllm's LM lacks M-RoPE images)
+                lm = synth.write_qwen2vl(t / f"lm-{label}.gguf", lm_type, n_vocab=512, image_tokens="qwen")
+                mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type, projector=kind,
+                                        image_size=560, patch=14, n_head=4)
+            elif kind.startswith("pixtral"):    # Mistral Small 3.x's (2 x 2 patches merged) or Pixtral 12B's
                 lm = synth.write_llama(t / f"lm-{label}.gguf", lm_type, n_vocab=512, image_tokens="pixtral")
                 mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type, projector="pixtral",
                                         image_size=1024, patch=16, merge=1 if kind == "pixtral1" else 2)
@@ -240,13 +247,19 @@ def main() -> None:
                                         merge=2, longest_edge=64)
             got = peer(python, {"lm": lm, "mmproj": mm, "prompt": PROMPT, "images": [p for _, p in pictures]})
             enc = VisionEncoder(mm)
-            model = Model(lm, mmproj=mm, n_ctx=4096, n_threads=2)
+            model = None if enc.qwen else Model(lm, mmproj=mm, n_ctx=4096, n_threads=2)
             for (name, path), theirs in zip(pictures, got):
                 from PIL import Image
                 img = Image.fromarray(np.load(path))
                 ours = enc.encode(img)
                 embd = np.load(path + ".embd.npy")
+                if ours.shape != embd.shape:
+                    print(f"{label:<22} {name:<10} rows {len(ours)} against llama.cpp's {len(embd)}")
+                    continue
                 cos = float((ours * embd).sum() / np.linalg.norm(ours) / np.linalg.norm(embd))
+                if model is None:
+                    print(f"{label:<22} {name:<10} {np.abs(ours - embd).max():11.2e} {cos:9.6f}")
+                    continue
                 tokens = model.media_prompt(PROMPT, [img])
                 layout = layout_of(tokens)
                 same = "same" if layout == theirs["layout"] else "DIFF"
@@ -258,7 +271,8 @@ def main() -> None:
                       f"{np.abs(lg - ref).max():13.2e} {'same' if lg.argmax() == ref.argmax() else 'DIFF':>6}")
                 if same != "same":
                     print("  ours:  ", layout, "\n  theirs:", theirs["layout"])
-            model.close()
+            if model is not None:
+                model.close()
             enc.close()
 
 

@@ -226,6 +226,10 @@ class Model:
         """Opens a multimodal projector (llama.cpp's --mmproj) for this model's prompts."""
         self.require_generation()
         self.vision = VisionEncoder(path, n_threads=self.n_threads)
+        if self.vision.qwen:
+            raise UnsupportedModelError(f"{path}: images in Qwen 2 / 2.5 VL prompts take M-RoPE positions (a row and "
+                                        f"a column each), which pyllm's language models do not give yet; its "
+                                        f"encoder alone runs (pyllm.vision.VisionEncoder)")
         if self.vision.n_out != self.arch.hp.n_embd:
             raise InvalidArgumentError(f"{path} makes image rows of {self.vision.n_out} values; {self.path.name}'s "
                                        f"are {self.arch.hp.n_embd}: the projector belongs to another model")

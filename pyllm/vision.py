@@ -17,13 +17,20 @@ model reads in place of tokens.
         second), a gated SiLU FFN; x = each k x k patches unfolded into one row, x Wmerge (when
         k > 1); rows = W2 gelu(W1 rmsnorm(x) + b1) + b2, and an [IMG_BREAK] row after each row
         of the image but the last
+    projector "qwen2vl_merger" / "qwen2.5vl_merger": the two patch kernels of Qwen's temporal
+        patch summed (a still image is both frames), a 2D RoPE on q and k (row, then column, by
+        halves of each head); 2.5: RMS norms, a gated SiLU FFN, and attention within windows of
+        112 pixels but in every n_wa_pattern-th layer; x = 2 x 2 patches' rows side by side;
+        rows = W2 gelu(W0 x + b0) + b2 (the language model must give image rows M-RoPE
+        positions: not done yet, so only the encoder runs)
 
 Gemma 3 reads one image fitted into the square; Idefics3 (SmolVLM) reads the image
 as tiles of the square plus an overview, each between marker tokens (layout()).
 LFM2-VL reads an image of any shape (its sides made multiples of 2 patches, its
 area within a budget of rows; the learned position grid resized to its patches),
-and a large one as tiles of 512 pixels plus a thumbnail. Pixtral reads an image of
-any shape too, fitted (aspect kept, black bands) into its planned size.
+and a large one as tiles of 512 pixels plus a thumbnail. Pixtral and Qwen 2 / 2.5 VL
+read an image of any shape too, fitted (aspect kept, black bands) into its planned
+size.
 
 As llama.cpp's mtmd runs them: a patch is a stride-p convolution (here one
 matmul over unfolded patches), patches are numbered row by row, attention is
@@ -58,12 +65,15 @@ from ._native import ffi, lib
 from .errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
 from .model_file import ModelFile
 
-PROJECTORS = ("gemma3", "idefics3", "lfm2", "pixtral")
+PROJECTORS = ("gemma3", "idefics3", "lfm2", "pixtral", "qwen2vl_merger", "qwen2.5vl_merger")
+QWEN = ("qwen2vl_merger", "qwen2.5vl_merger")
 LFM2_TILE = 512              # LFM2-VL's tiles (mtmd's and its processor's constants)
 LFM2_TILES = (2, 10)         # the fewest and most tiles of a tiled image
 LFM2_ROWS = (64, 256)        # the fewest and most rows of an image read whole (and of the thumbnail)
 PIXTRAL_ROWS = (8, 1024)     # the fewest and most rows (before the breaks) of a Pixtral image
-PIXTRAL_ROPE_BASE = 10000.0  # its 2D RoPE's (mtmd's constant)
+PIXTRAL_ROPE_BASE = 10000.0  # its 2D RoPE's (mtmd's constant), and Qwen's
+QWEN_ROWS = (8, 4096)        # the fewest and most rows of a Qwen 2 / 2.5 VL image
+QWEN_WINDOW = 112            # Qwen 2.5 VL's attention windows, in pixels a side (mtmd's constant)
 
 
 @dataclass(frozen=True)
@@ -140,17 +150,22 @@ class VisionEncoder:
                                  f"{self.patch} do not tile {self.image_size}; the file is corrupt")
         self.gelu = bool(mf.get("clip.use_gelu", False))    # else quick-gelu, x sigmoid(1.702 x)
         self.side = self.image_size // self.patch              # patches per side (of the learned positions)
-        # Gemma 3 pools 4 x 4 patches into a row; Idefics3 (SmolVLM) and LFM2 stack s x s patches' rows;
-        # Pixtral unfolds s x s patches (1: none, the original Pixtral)
-        self.merge = self._int("spatial_merge_size", 1) if self.projector == "pixtral" else \
+        # Gemma 3 pools 4 x 4 patches into a row; Idefics3 (SmolVLM), LFM2 and Qwen stack s x s patches'
+        # rows; Pixtral unfolds s x s patches (1: none, the original Pixtral)
+        self.qwen = self.projector in QWEN
+        self.merge = self._int("spatial_merge_size", 1 if self.projector == "pixtral" else 2) \
+            if self.projector == "pixtral" or self.qwen else \
             self._int("projector.scale_factor", 4 if self.projector == "gemma3" else 2)
         if self.side % self.merge:
             raise ModelFileError(f"{self.path}: a merge of {self.merge} does not divide {self.side} patches")
         self.n_tokens = (self.side // self.merge) ** 2        # rows per tile of image_size
         self.check_shape("v.patch_embd.weight", (self.patch, self.patch, 3, self.n_embd))
-        self.rms = self.projector == "pixtral"                # its norms are RMS norms (weights only)
-        if self.projector != "pixtral":                       # Pixtral's positions are its 2D RoPE
+        # Pixtral's and Qwen 2.5's norms are RMS norms; their positions are a 2D RoPE
+        self.rms = self.projector in ("pixtral", "qwen2.5vl_merger")
+        if self.projector != "pixtral" and not self.qwen:
             self.check_shape("v.position_embd.weight", (self.n_embd, self.side * self.side))
+        if self.qwen:     # a still image is both frames of Qwen's temporal patch: the kernels' sum
+            self.check_shape("v.patch_embd.weight.1", (self.patch, self.patch, 3, self.n_embd))
         self.align = self.patch * self.merge                  # LFM2: an image's sides are multiples of this
         if self.projector == "gemma3":
             self.bidirectional = True    # an image's rows see each other (mtmd: Gemma 3's do)
@@ -175,6 +190,19 @@ class VisionEncoder:
                                      f"beyond LFM2's; the file is corrupt")
             self.pixel_budget = tuple(r * self.align ** 2 for r in LFM2_ROWS)
             self.longest_edge = LFM2_TILE
+        elif self.qwen:   # Qwen 2 / 2.5 VL: the image at its own shape between <|vision_start|> and <|vision_end|>
+            self.bidirectional = False
+            if (self.n_embd // self.n_head) % 4 or self.align > 64 or self.merge != 2:
+                raise ModelFileError(f"{self.path}: heads of {self.n_embd // self.n_head} (not a multiple of 4), "
+                                     f"patches of {self.patch} or a merge of {self.merge} (not 2) are beyond Qwen "
+                                     f"VL's; the file is corrupt")
+            # Qwen 2.5: every n-th layer sees the whole image, the others windows of it
+            self.window_every = self._int("n_wa_pattern") if self.projector == "qwen2.5vl_merger" else 0
+            n_mid = self._projection("mm.0.weight", self.n_embd * 4, inputs_first=True)
+            self.n_out = self._projection("mm.2.weight", n_mid, inputs_first=True)
+            self.mlp = (self._pair("mm.0", (self.n_embd * 4, n_mid)), self._pair("mm.2", (n_mid, self.n_out)))
+            self.pixel_budget = tuple(r * self.align ** 2 for r in QWEN_ROWS)
+            self.longest_edge = self.image_size
         else:   # pixtral: the image at its own shape, its rows then [IMG_END]
             self.bidirectional = False
             if (self.n_embd // self.n_head) % 4 or self.align > 64:
@@ -398,7 +426,7 @@ class VisionEncoder:
             cols, rows = self.grid(width, height)
             return ImagePlan(cols, rows, (S, S), (S, S))
         whole = smart_resize(width, height, self.align, *self.pixel_budget)
-        if self.projector == "pixtral":
+        if self.projector == "pixtral" or self.qwen:
             return ImagePlan(0, 0, whole, whole)
         if not lfm2_tiles(width, height, self.patch, self.align, self.pixel_budget[1]):
             return ImagePlan(0, 0, (LFM2_TILE, LFM2_TILE), whole)
@@ -420,13 +448,13 @@ class VisionEncoder:
         stretched over the grid's tiles, cut row by row; then that stretched image shrunk to
         one tile (the overview). LFM2, as mtmd does it (bilinear): the tiles cut from the image
         fitted into the grid (centred on black), then the whole image at its planned size.
-        Pixtral: the image fitted into its planned size (bicubic, centred on black)."""
+        Pixtral and Qwen: the image fitted into its planned size (bicubic, centred on black)."""
         from PIL import Image
         S = self.image_size
         if self.projector == "gemma3":
             return [np.asarray(fit_square(img, S))]
         plan = self.plan(*img.size)
-        if self.projector == "pixtral":
+        if self.projector == "pixtral" or self.qwen:    # mtmd's dynamic size: bicubic
             return [np.asarray(fit(img, *plan.whole, bicubic=True))]
         if self.projector == "lfm2":
             tw, th = plan.tile
@@ -449,6 +477,8 @@ class VisionEncoder:
             return ["<start_of_image>", ids, "<end_of_image>"]
         if self.projector == "pixtral":
             return [ids, "[IMG_END]"]
+        if self.qwen:
+            return ["<|vision_start|>", ids, "<|vision_end|>"]
         plan = self.plan(*image_dimensions(image))
         per_tile, last = self.rows_of(*plan.tile) if plan.n_tiles else 0, self.rows_of(*plan.whole)
         if len(ids) != plan.n_tiles * per_tile + last:
@@ -474,7 +504,7 @@ class VisionEncoder:
         inputs = [pixels] if isinstance(pixels, np.ndarray) and pixels.ndim == 3 else list(pixels)
         S, a = self.image_size, self.align
         for x in inputs:
-            any_shape = self.projector in ("lfm2", "pixtral")
+            any_shape = self.projector in ("lfm2", "pixtral") or self.qwen
             fits = x.shape[-2] % a == 0 and x.shape[-1] % a == 0 and x.shape[-2] > 0 and x.shape[-1] > 0 \
                 if any_shape else x.shape[-2:] == (S, S)
             if x.ndim != 3 or x.shape[0] != 3 or not fits:
@@ -515,10 +545,18 @@ class VisionEncoder:
         T = m * P                                   # the inputs' patches in all
         # patch (row r, column c) of each input -> its 3 x p x p values, in the convolution weight's order
         patches = tiles.reshape(m, 3, gh, p, gw, p).transpose(0, 2, 4, 1, 3, 5).reshape(T, 3 * p * p)
-        x = patches @ self.floats("v.patch_embd.weight").reshape(n, -1).T
+        kernel = self.floats("v.patch_embd.weight")
+        if self.qwen:
+            kernel += self.floats("v.patch_embd.weight.1")
+        x = patches @ kernel.reshape(n, -1).T
         if self.mf.has_tensor("v.patch_embd.bias"):
             x += self.floats("v.patch_embd.bias")
-        if self.projector != "pixtral":
+        spans = full = None
+        if self.qwen:    # the patches in window order: each window's rows together, 2 x 2 patches by 2 x 2
+            order, windows = qwen_windows(gh, gw, QWEN_WINDOW // self.patch // 2)
+            x = np.ascontiguousarray(x.reshape(m, P, n)[:, order].reshape(T, n))
+            spans = [(i * P + lo, i * P + hi) for i in range(m) for lo, hi in windows]
+        elif self.projector != "pixtral":
             x.reshape(m, P, n)[:] += self.positions(gh, gw)
         x = np.ascontiguousarray(self.optional_norm(x, "v.pre_ln"))
         # every layer works in the same buffers: a large new array costs its page faults each time
@@ -526,9 +564,16 @@ class VisionEncoder:
         h, y = np.empty((T, n), np.float32), np.empty((T, n), np.float32)
         up = np.empty((T, self.n_ff * (2 if gated else 1)), np.float32)
         work = AttentionWork(T, n)
-        rope = rope_2d(gh, gw, n // self.n_head, PIXTRAL_ROPE_BASE) if self.projector == "pixtral" else None
-        for L in self.layers:
-            x += self.attention(self.norm(x, L.ln1, out=h), L, work=work, out=y, seq=P, rope=rope)
+        rope = None
+        if self.projector == "pixtral":
+            rope = rope_2d(gh, gw, n // self.n_head, PIXTRAL_ROPE_BASE, interleave=True) + (False,)
+        elif self.qwen:
+            cos, sin = rope_2d(gh, gw, n // self.n_head, PIXTRAL_ROPE_BASE, interleave=False)
+            rope = (cos[order], sin[order], True)
+        for i, L in enumerate(self.layers):
+            windowed = spans is not None and self.window_every and (i + 1) % self.window_every
+            x += self.attention(self.norm(x, L.ln1, out=h), L, work=work, out=y, seq=P, rope=rope,
+                                spans=spans if windowed else full)
             self.norm(x, L.ln2, out=h)
             if gated:    # silu(gate h) * up h, from one matrix product
                 self.linear(h, L.gate, L.up, out=up)
@@ -542,15 +587,17 @@ class VisionEncoder:
 
     def attention(self, h: np.ndarray, L: EncoderLayer, block: int = 512, work: Optional["AttentionWork"] = None,
                   out: Optional[np.ndarray] = None, seq: Optional[int] = None,
-                  rope: Optional[tuple] = None) -> np.ndarray:
-        """Every row attends to every row of its tile (`seq` rows each; default all of h), head by
-        head, `block` query rows at a time (their scores stay in the cache: 8 MB at 4096 patches);
-        the threads share the (tile, head, block) units. rope: (cos, sin) [seq, head_dim / 2] that
-        turn each head's pairs of q and k (Pixtral's 2D RoPE; rope_2d())."""
+                  rope: Optional[tuple] = None, spans: Optional[list] = None) -> np.ndarray:
+        """Every row attends to every row of its tile (`seq` rows each; default all of h), or of
+        its span (`spans`: (start, end) row ranges, Qwen 2.5's windows), head by head, `block`
+        query rows at a time (their scores stay in the cache: 8 MB at 4096 patches); the threads
+        share the (span, head, block) units. rope: (cos, sin, halves) with cos and sin [seq,
+        head_dim / 2], turning each head's pairs of q and k: (x[2i], x[2i + 1]) (Pixtral's 2D
+        RoPE) or, halves, (x[i], x[i + head_dim / 2]) (Qwen's)."""
         T, H = h.shape[0], self.n_head
         P = T if seq is None else seq
-        d, n_blocks = self.n_embd // H, -(-P // block)
-        n = self.n_embd
+        spans = [(i, i + P) for i in range(0, T, P)] if spans is None else spans
+        d, n = self.n_embd // H, self.n_embd
         w = AttentionWork(T, n) if work is None else work
         qkv = self.linear(h, L.q, L.k, L.v, out=w.qkv)
         q, k, v = qkv[:, :n], qkv[:, n:2 * n], qkv[:, 2 * n:]
@@ -560,30 +607,33 @@ class VisionEncoder:
                 at = np.arange(r0, r1) % P
                 cos, sin = rope[0][at][:, None], rope[1][at][:, None]
                 for x in (q[r0:r1], k[r0:r1]):
-                    pairs = x.reshape(r1 - r0, H, d // 2, 2)     # each head's (x[2i], x[2i + 1])
-                    a, b = pairs[..., 0].copy(), pairs[..., 1].copy()
-                    pairs[..., 0] = a * cos - b * sin
-                    pairs[..., 1] = a * sin + b * cos
+                    heads = x.reshape(r1 - r0, H, d)
+                    # the pairs' two sides: Qwen's the head's halves, Pixtral's its even and odd dims
+                    one, two = (heads[..., :d // 2], heads[..., d // 2:]) if rope[2] else (heads[..., 0::2],
+                                                                                        heads[..., 1::2])
+                    a, b = one.copy(), two.copy()
+                    one[...] = a * cos - b * sin
+                    two[...] = a * sin + b * cos
             self.parallel(T, turn)
+        jobs = [(lo, hi, head, a) for lo, hi in spans for head in range(H) for a in range(lo, hi, block)]
+        longest = max(hi - lo for lo, hi in spans)
 
-        def units(lo: int, hi: int) -> int:
-            scores, sums = np.empty((min(block, P), P), np.float32), np.empty(min(block, P), np.float32)
-            tile_head = -1
-            for u in range(lo, hi):
-                if u // n_blocks != tile_head:
-                    tile_head = u // n_blocks
-                    rows, cols = slice(tile_head // H * P, (tile_head // H + 1) * P), slice(tile_head % H * d,
-                                                                                           (tile_head % H + 1) * d)
-                    qh = q[rows, cols] * np.float32(1.0 / math.sqrt(d))
-                    kt, vh = np.ascontiguousarray(k[rows, cols].T), np.ascontiguousarray(v[rows, cols])
-                a = u % n_blocks * block
-                b = min(P, a + block)
-                s = np.matmul(qh[a:b], kt, out=scores[:b - a])
-                if lib.pyllm_dense_softmax_rows(isa, _ptr(s), b - a, P, P, _ptr(sums)):
+        def units(first: int, last: int) -> int:
+            scores, sums = np.empty((min(block, longest), longest), np.float32), np.empty(block, np.float32)
+            current = None
+            for lo, hi, head, a in jobs[first:last]:
+                cols = slice(head * d, (head + 1) * d)
+                if current != (lo, head):
+                    current = (lo, head)
+                    qh = q[lo:hi, cols] * np.float32(1.0 / math.sqrt(d))
+                    kt, vh = np.ascontiguousarray(k[lo:hi, cols].T), np.ascontiguousarray(v[lo:hi, cols])
+                b, m = min(hi, a + block), hi - lo
+                s = np.matmul(qh[a - lo:b - lo], kt, out=scores[:b - a, :m])
+                if lib.pyllm_dense_softmax_rows(isa, _ptr(s), b - a, m, longest, _ptr(sums)):
                     return -1
-                w.heads[rows.start + a:rows.start + b, cols] = (s @ vh) / sums[:b - a, None]   # normalized after
+                w.heads[a:b, cols] = (s @ vh) / sums[:b - a, None]   # normalized after
             return 0
-        self.parallel(T // P * H * n_blocks, units, grain=1)
+        self.parallel(len(jobs), units, grain=1)
         return self.linear(w.heads, L.out, out=out)
 
     def project(self, x: np.ndarray, rows: int, cols: int) -> np.ndarray:
@@ -598,6 +648,12 @@ class VisionEncoder:
             return np.ascontiguousarray(x @ self.floats("mm.input_projection.weight"), dtype=np.float32)
         if self.projector == "pixtral":
             return self.pixtral_rows(x, rows, cols)
+        if self.qwen:    # the rows come in window order, each cell's four patches together (qwen_windows)
+            order, _ = qwen_windows(rows, cols, QWEN_WINDOW // self.patch // 2)
+            cells = np.empty((rows // 2 * (cols // 2), 4 * self.n_embd), np.float32)
+            at = [(p // cols) // 2 * (cols // 2) + (p % cols) // 2 for p in order[::4]]   # each cell's raster place
+            cells[at] = x.reshape(-1, 4 * self.n_embd)
+            return self.linear(self.activation(self.linear(cells, self.mlp[0]), gelu=True), self.mlp[1])
         # patch (r, c) -> row (r // k, c // k), at column block (c % k) + k (r % k), as transformers'
         # Idefics3 pixel_shuffle (and mtmd's for both) orders them
         x = x.reshape(rows // k, k, cols // k, k, n).transpose(0, 2, 1, 3, 4)
@@ -777,17 +833,34 @@ def fit(img, width: int, height: int, bicubic: bool = False):
     return canvas
 
 
-def rope_2d(rows: int, cols: int, head_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
-    """(cos, sin) [rows * cols, head_dim / 2] of Pixtral's 2D RoPE for a grid of patches, row by
-    row: a head's first half of pairs turns by the patch's row, at the even frequencies
-    base^(-4i / head_dim); its second half by the column, at the odd ones base^(-(4i + 2) / head_dim)
-    (as mtmd builds it from two RoPEs of half the head)."""
+def rope_2d(rows: int, cols: int, head_dim: int, base: float, interleave: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(cos, sin) [rows * cols, head_dim / 2] of a 2D RoPE for a grid of patches, row by row: a
+    head's first half of pairs turns by the patch's row at the frequencies base^(-4i / head_dim),
+    its second half by the column; interleave (Pixtral's, as mtmd builds it from two RoPEs of
+    half the head): the column's at the odd frequencies base^(-(4i + 2) / head_dim), else
+    (Qwen's) at the row's."""
     quarter = head_dim // 4
     even = base ** (-4.0 * np.arange(quarter) / head_dim)
-    odd = base ** (-(4.0 * np.arange(quarter) + 2) / head_dim)
+    odd = base ** (-(4.0 * np.arange(quarter) + 2) / head_dim) if interleave else even
     r, c = np.divmod(np.arange(rows * cols), cols)
     theta = np.concatenate([r[:, None] * even, c[:, None] * odd], axis=1)
     return np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
+
+
+def qwen_windows(rows: int, cols: int, window: int) -> tuple[list, list]:
+    """Qwen 2.5 VL's windows over a grid of rows x cols patches (merged 2 x 2 into cells; windows
+    of window x window cells from the top left, the last ones cut): (the patches' raster
+    indices in window order, each cell's four patches together, row by row; each window's
+    (start, end) in that order)."""
+    order, spans = [], []
+    for wy in range(0, rows // 2, window):
+        for wx in range(0, cols // 2, window):
+            start = len(order)
+            for cy in range(wy, min(wy + window, rows // 2)):
+                for cx in range(wx, min(wx + window, cols // 2)):
+                    order += [(2 * cy + dy) * cols + 2 * cx + dx for dy in (0, 1) for dx in (0, 1)]
+            spans.append((start, len(order)))
+    return order, spans
 
 
 def silu_times(gate_up: np.ndarray, n: int) -> None:

@@ -174,16 +174,18 @@ LFM2_TOKENS = ["<|image_start|>", "<|image_end|>", "<|img_thumbnail|>"] + \
 
 # Pixtral's (Mistral Small 3.x's): [IMG] and [IMG_BREAK] (their rows come from the projector), [IMG_END]
 PIXTRAL_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
+# Qwen 2 / 2.5 VL's
+QWEN_VL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
 
 
 def small_vocab(w: gguf.GGUFWriter, n_vocab: int = 512, image_tokens: bool | str = False) -> int:
     """A made-up byte-level BPE vocabulary (enough to load; tests feed ids). image_tokens:
     the last ids are SmolVLM's image tokens, with "\n\n" merged into one ("lfm2": LFM2-VL's;
-    "pixtral": Pixtral's)."""
+    "pixtral": Pixtral's; "qwen": Qwen 2 / 2.5 VL's)."""
     byte_chars = [chr(c) for c in range(33, 127)] + [chr(c) for c in range(161, 173)] + \
                  [chr(c) for c in range(174, 256)] + [chr(256 + i) for i in range(68)]
     words = ["to", "tok"] + (["\u010a\u010a"] if image_tokens else [])
-    special = {"lfm2": LFM2_TOKENS, "pixtral": PIXTRAL_TOKENS}.get(image_tokens, IDEFICS3_TOKENS) \
+    special = {"lfm2": LFM2_TOKENS, "pixtral": PIXTRAL_TOKENS, "qwen": QWEN_VL_TOKENS}.get(image_tokens, IDEFICS3_TOKENS) \
         if image_tokens else []
     tokens = byte_chars + words + [f"tok{i}" for i in range(n_vocab - len(byte_chars) - len(words) - len(special))]
     tokens += special
@@ -1632,7 +1634,7 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
                  n_layer: int = 2, image_size: int = 32, patch: int = 4, merge: int = 2, seed: int = 5,
                  qtype: QT = QT.F16, use_gelu: bool = True, pre_ln: bool = False,
                  swapped_ffn: bool = False, projector: str = "gemma3", drop_tensor: Optional[str] = None,
-                 longest_edge: int = 0, n_mid: int = 80, input_norm: bool = True) -> str:
+                 longest_edge: int = 0, n_mid: int = 80, input_norm: bool = True, n_wa_pattern: int = 2) -> str:
     """A tiny Gemma 3 multimodal projector (llama.cpp's mmproj GGUF, architecture "clip"): a
     SigLIP-like encoder of `n_layer` layers over (image_size / patch)^2 patches, pooled
     merge x merge, projected to the language model's n_out. swapped_ffn: the ffn_up/ffn_down
@@ -1642,16 +1644,21 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
     positions a grid of image_size / patch a side, resized to each image's); "pixtral":
     Pixtral's (RMS norms, no biases, no learned positions, a gated SiLU FFN; merge x merge
     patches unfolded and merged when merge > 1, an RMS norm and a two-layer MLP, the
-    [IMG_BREAK] row)."""
+    [IMG_BREAK] row); "qwen2vl_merger" / "qwen2.5vl_merger": Qwen 2 / 2.5 VL's (two patch
+    kernels, a 2D RoPE; 2.5: RMS norms, a gated SiLU FFN, windows of attention but every
+    n_wa_pattern-th layer; 2 x 2 patches side by side through a two-layer GELU MLP)."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "clip")
     w.add_bool("clip.has_vision_encoder", True)
     w.add_bool("clip.has_text_encoder", False)
     w.add_string("clip.projector_type", projector)
-    pixtral = projector == "pixtral"
-    w.add_bool("clip.use_gelu", use_gelu and not pixtral)
-    if pixtral:
+    pixtral, qwen, qwen25 = projector == "pixtral", projector.startswith("qwen"), projector == "qwen2.5vl_merger"
+    rms, gated = pixtral or qwen25, pixtral or qwen25    # RMS norms (weights only); a gated SiLU FFN
+    w.add_bool("clip.use_gelu", use_gelu and not gated and not qwen)    # Qwen 2 VL's: quick-GELU
+    if gated:
         w.add_bool("clip.use_silu", True)
+    if qwen25:
+        w.add_uint32("clip.vision.n_wa_pattern", n_wa_pattern)
     w.add_uint32("clip.vision.image_size", image_size)
     w.add_uint32("clip.vision.patch_size", patch)
     w.add_uint32("clip.vision.embedding_length", n_embd)
@@ -1662,7 +1669,7 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
     w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
     w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
-    if pixtral:
+    if pixtral or qwen:
         w.add_uint32("clip.vision.spatial_merge_size", merge)
     elif merge != 4 or projector != "gemma3":
         w.add_uint32("clip.vision.projector.scale_factor", merge)
@@ -1685,13 +1692,16 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
     def mat(n_in: int, n_o: int, scale: float) -> np.ndarray:    # numpy [n_o, n_in] = GGUF (n_in, n_o)
         return rng.normal(0, scale / np.sqrt(n_in), (n_o, n_in))
 
-    def bias(name: str, n: int) -> None:     # Pixtral's have none
-        if not pixtral:
+    def bias(name: str, n: int) -> None:     # Pixtral's have none, RMS norms neither
+        if not pixtral and not (rms and name.endswith(("ln1.bias", "ln2.bias", "ln.bias"))):
             add(name, rng.normal(0, 0.1, n))
 
     add("v.patch_embd.weight", rng.normal(0, 1.0 / patch, (n_embd, 3, patch, patch)), QT.F16)
-    bias("v.patch_embd.bias", n_embd)
-    if not pixtral:
+    if qwen:
+        add("v.patch_embd.weight.1", rng.normal(0, 1.0 / patch, (n_embd, 3, patch, patch)), QT.F16)
+    else:
+        bias("v.patch_embd.bias", n_embd)
+    if not pixtral and not qwen:
         add("v.position_embd.weight", rng.normal(0, 0.3, (side * side, n_embd)))   # F32: llama.cpp adds it as is
     if pre_ln or pixtral:
         add("v.pre_ln.weight", 1 + rng.normal(0, 0.1, n_embd))
@@ -1705,15 +1715,16 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
             add(p + m + ".weight", mat(n_embd, n_embd, 1.0), qtype)
             bias(p + m + ".bias", n_embd)
         up, down = ("ffn_down", "ffn_up") if swapped_ffn else ("ffn_up", "ffn_down")
-        if pixtral:
+        if gated:
             add(p + "ffn_gate.weight", mat(n_embd, n_ff, 1.0), qtype)
+            bias(p + "ffn_gate.bias", n_ff)
         add(p + up + ".weight", mat(n_embd, n_ff, 1.0), qtype)
         bias(p + up + ".bias", n_ff)
         add(p + down + ".weight", mat(n_ff, n_embd, 1.0), qtype)
         bias(p + down + ".bias", n_embd)
     if not pixtral:
         add("v.post_ln.weight", 1 + rng.normal(0, 0.1, n_embd))
-        add("v.post_ln.bias", rng.normal(0, 0.1, n_embd))
+        bias("v.post_ln.bias", n_embd)
     if projector == "idefics3":   # one Linear (no bias) from merge^2 patches side by side
         add("mm.model.fc.weight", mat(n_embd * merge * merge, n_out, 1.0), QT.F16)
     elif projector == "lfm2":     # layer norm, Linear, GELU, Linear over merge^2 patches side by side
@@ -1723,6 +1734,11 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
             add("mm.input_norm.bias", rng.normal(0, 0.1, n_in))
         add("mm.1.weight", mat(n_in, n_mid, 1.0), qtype)
         add("mm.1.bias", rng.normal(0, 0.1, n_mid))
+        add("mm.2.weight", mat(n_mid, n_out, 1.0), qtype)
+        add("mm.2.bias", rng.normal(0, 0.1, n_out))
+    elif qwen:                    # 2 x 2 patches side by side: Linear, GELU, Linear
+        add("mm.0.weight", mat(n_embd * 4, n_mid, 1.0), qtype)
+        add("mm.0.bias", rng.normal(0, 0.1, n_mid))
         add("mm.2.weight", mat(n_mid, n_out, 1.0), qtype)
         add("mm.2.bias", rng.normal(0, 0.1, n_out))
     elif pixtral:                 # RMS norm, the unfolded patches merged, Linear, GELU, Linear; the break row

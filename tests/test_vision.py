@@ -224,8 +224,8 @@ def test_bad_projector_files(files, tmp_path):
     broken = synth.write_mmproj(tmp_path / "broken.gguf", drop_tensor="v.blk.1.attn_k.weight")
     with pytest.raises(ModelFileError, match="attn_k.weight is missing"):
         VisionEncoder(broken)
-    other = synth.write_mmproj(tmp_path / "other.gguf", projector="qwen2vl_merger")
-    with pytest.raises(UnsupportedModelError, match="qwen2vl_merger"):
+    other = synth.write_mmproj(tmp_path / "other.gguf", projector="internvl")
+    with pytest.raises(UnsupportedModelError, match="internvl"):
         VisionEncoder(other)
     with pytest.raises(InvalidArgumentError, match="is a multimodal projector .* --mmproj"):
         Model(files["mm"])
@@ -828,3 +828,98 @@ def test_the_encoder_s_threads_leave_ctrl_c_to_the_main_thread(files):
         mask = int(next(line for line in status.splitlines() if line.startswith("SigBlk:")).split()[1], 16)
         assert mask & (1 << (signal.SIGINT - 1)) and mask & (1 << (signal.SIGTERM - 1))
     enc.close()
+
+
+# -- Qwen 2 / 2.5 VL: the encoder (the language model's M-RoPE image positions are not done yet) --------
+
+def slow_qwen_encode(enc: VisionEncoder, pixels: np.ndarray) -> np.ndarray:
+    """Qwen's encoder written out plainly for one input: a head's pair (i, i + d/2) turned by the
+    patch's row (first half of the pairs) or column, at 10000^(-4j/d); in Qwen 2.5 a patch of a
+    windowed layer sees only the patches of its window of 4 x 4 cells of 2 x 2 patches."""
+    f, n, H, eps = enc.floats, enc.n_embd, enc.n_head, enc.eps
+    d, p = n // H, enc.patch
+    gh, gw = pixels.shape[1] // p, pixels.shape[2] // p
+    W = f("v.patch_embd.weight") + f("v.patch_embd.weight.1")
+    x = np.array([np.einsum("ocij,cij->o", W, pixels[:, r * p:(r + 1) * p, c * p:(c + 1) * p])
+                  for r in range(gh) for c in range(gw)])
+    win = 112 // p // 2
+    window = [((q // gw) // 2 // win, (q % gw) // 2 // win) for q in range(gh * gw)]
+
+    def norm(v, name):
+        if enc.rms:
+            return v / np.sqrt((v * v).mean(-1, keepdims=True) + eps) * f(name + ".weight")
+        return ln(f, v, name, eps)
+
+    def turn(v):
+        out = v.copy()
+        for q in range(len(v)):
+            for head in range(H):
+                for j in range(d // 2):
+                    pos, jj = (q // gw, j) if j < d // 4 else (q % gw, j - d // 4)
+                    theta = pos * 10000.0 ** (-4 * jj / d)
+                    a, b = v[q, head * d + j], v[q, head * d + j + d // 2]
+                    out[q, head * d + j] = a * math.cos(theta) - b * math.sin(theta)
+                    out[q, head * d + j + d // 2] = a * math.sin(theta) + b * math.cos(theta)
+        return out
+    for i in range(enc.n_layer):
+        b = f"v.blk.{i}."
+        windowed = enc.window_every and (i + 1) % enc.window_every
+        h = norm(x, b + "ln1")
+        q, k, v = turn(lin(f, h, b + "attn_q")), turn(lin(f, h, b + "attn_k")), lin(f, h, b + "attn_v")
+        att = np.zeros_like(h)
+        for head in range(H):
+            s = slice(head * d, (head + 1) * d)
+            for t in range(len(h)):
+                seen = [u for u in range(len(h)) if not windowed or window[u] == window[t]]
+                scores = k[seen, s] @ q[t, s] / math.sqrt(d)
+                w = np.exp(scores - scores.max())
+                att[t, s] = (w / w.sum()) @ v[seen, s]
+        x = x + lin(f, att, b + "attn_out")
+        h = norm(x, b + "ln2")
+        if enc.mf.has_tensor(b + "ffn_gate.weight"):
+            g = lin(f, h, b + "ffn_gate")
+            x = x + lin(f, g / (1 + np.exp(-g)) * lin(f, h, b + "ffn_up"), b + "ffn_down")
+        else:
+            u = lin(f, h, b + "ffn_up")
+            x = x + lin(f, u / (1 + np.exp(-1.702 * u)), b + "ffn_down")
+    x = norm(x, "v.post_ln")
+    return lin(f, gelu(lin(f, side_by_side(x, gh, gw, 2), "mm.0")), "mm.2")
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    d = tmp_path_factory.mktemp("qwen")
+    return {p: synth.write_mmproj(d / f"{p}.gguf", n_out=64, qtype=QT.F32, projector=p, patch=14, image_size=56,
+                                  n_embd=32, n_ff=48, n_head=4) for p in ("qwen2.5vl_merger", "qwen2vl_merger")}
+
+
+def test_qwen_windows():
+    """Windows of 2 x 2 cells over a grid of 4 x 6 patches (2 x 3 cells): the right one cut."""
+    from pyllm.vision import qwen_windows
+    order, spans = qwen_windows(4, 6, 2)
+    assert spans == [(0, 16), (16, 24)] and sorted(order) == list(range(24))
+    assert order[:8] == [0, 1, 6, 7, 2, 3, 8, 9] and order[16:] == [4, 5, 10, 11, 16, 17, 22, 23]
+
+
+def test_qwen_encoders_match_the_plain_loops(qwen):
+    """Qwen 2.5 (windows of 4 x 4 cells in its first layer, the whole image in its second, cut
+    windows at the edges) and Qwen 2 (LayerNorm, quick-GELU, no windows)."""
+    px = np.random.default_rng(24).uniform(-1, 1, (3, 140, 196))      # 10 x 14 patches: 5 x 7 cells
+    for path in qwen.values():
+        enc = VisionEncoder(path, n_threads=3)
+        want = slow_qwen_encode(enc, px)
+        got = enc.encode_pixels(px)
+        assert got.shape == (35, 64) == want.shape
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.abs(want).max())
+        enc.close()
+
+
+def test_qwen_layout_and_the_language_model_s_refusal(qwen, tmp_path):
+    enc = VisionEncoder(qwen["qwen2.5vl_merger"])
+    img = picture(25, (100, 150, 3))
+    assert enc.plan(150, 100).whole == (140, 112) and enc.encode(img).shape == (5 * 4, 64)
+    assert enc.layout([-1, -2], img) == ["<|vision_start|>", [-1, -2], "<|vision_end|>"]
+    enc.close()
+    lm = synth.write_qwen2vl(tmp_path / "lm.gguf", n_embd=64, n_head=4, n_head_kv=2, image_tokens="qwen")
+    with pytest.raises(UnsupportedModelError, match="M-RoPE"):
+        Model(lm, mmproj=qwen["qwen2.5vl_merger"])
