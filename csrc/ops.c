@@ -128,9 +128,16 @@ void op_rope(const pyllm_op *op, const op_rows *r, int ith, int nth) {
         inv_freq[i] = op->freq_scale * pow((double)op->freq_base, -2.0 * i / op->n_rot);
         if (op->freq_factors) inv_freq[i] /= op->freq_factors[i];
     }
+    /* M-RoPE (Qwen VL): pair i turns by the row's time, height or width position, by its section */
+    const int32_t *rp = r->step->rope_pos, *sec = op->rope_sections;
+    const int64_t n = r->step->n_tokens;
     for (int64_t t = lo; t < hi; t++) {
         for (int i = 0; i < half; i++) {
-            double theta = r->step->pos[t] * inv_freq[i];
+            int32_t p = r->step->pos[t];
+            if (rp && (sec[0] | sec[1] | sec[2]))
+                p = rp[(i >= sec[0] && i < sec[0] + sec[1] ? 1 : i >= sec[0] + sec[1] && i < sec[0] + sec[1] + sec[2]
+                        ? 2 : 0) * n + t];
+            double theta = p * inv_freq[i];
             cos_t[i] = (float)cos(theta);
             sin_t[i] = (float)sin(theta);
         }

@@ -134,6 +134,10 @@ static int check_op(const pyllm_op *op) {
             return fail("rope: bad head size %d / rotated dims %d", op->head_dim, op->n_rot);
         if (op->x && op->x_stride < (int64_t)op->n_head * op->head_dim) return fail("rope: bad query stride");
         if (op->x2 && op->x2_stride < (int64_t)op->n_kv_head * op->head_dim) return fail("rope: bad key stride");
+        if (op->rope_sections[0] < 0 || op->rope_sections[1] < 0 || op->rope_sections[2] < 0 ||
+            (int64_t)op->rope_sections[0] + op->rope_sections[1] + op->rope_sections[2] > op->n_rot / 2)
+            return fail("rope: M-RoPE sections %d, %d, %d do not fit %d pairs", op->rope_sections[0],
+                        op->rope_sections[1], op->rope_sections[2], op->n_rot / 2);
         return 0;
     case OP_KV_STORE:
     case OP_ATTENTION:

@@ -141,6 +141,8 @@ typedef struct pyllm_op {
     float freq_base;       /* ROPE */
     float freq_scale;      /* ROPE: linear position scaling (1 = none) */
     const float *freq_factors; /* ROPE: per-pair divisors (llama3 rope_freqs), or NULL */
+    int32_t rope_sections[3];  /* ROPE: M-RoPE's pairs turned by a row's time, height and width positions
+                                  (pyllm_step.rope_pos), in that order, the rest by time; all 0: plain */
     float softcap;         /* ATTENTION (scores), SCALE (outputs): tanh soft-capping, 0 = none */
     void *k_cache;         /* KV_STORE/ATTENTION: this layer's pools, [pool blocks][block_size][a row of */
     void *v_cache;         /*   n_kv_head * head_dim (_v) values in k_type / v_type] */
@@ -173,6 +175,9 @@ typedef struct pyllm_step {
     int32_t bidirectional;       /* nonzero: every row of the step sees up to the step's last position
                                     (causal attention off for this step, as llama.cpp's for Gemma 3 images);
                                     the positions must be consecutive, of one sequence */
+    const int32_t *rope_pos;     /* NULL, or [3][n_tokens]: each row's M-RoPE positions (time, height, width)
+                                    for ROPE ops with rope_sections (an image's rows: row and column; NULL: pos
+                                    in all three). The cache and attention still go by pos */
 } pyllm_step;
 
 /* ---- the engine context: thread pool, profile ---- */

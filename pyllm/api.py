@@ -226,15 +226,16 @@ class Model:
         """Opens a multimodal projector (llama.cpp's --mmproj) for this model's prompts."""
         self.require_generation()
         self.vision = VisionEncoder(path, n_threads=self.n_threads)
-        if self.vision.qwen:
-            raise UnsupportedModelError(f"{path}: images in Qwen 2 / 2.5 VL prompts take M-RoPE positions (a row and "
-                                        f"a column each), which pyllm's language models do not give yet; its "
-                                        f"encoder alone runs (pyllm.vision.VisionEncoder)")
+        sections = getattr(self.arch, "rope_sections", ())
+        if self.vision.qwen and not sections:
+            raise UnsupportedModelError(f"{path}: Qwen VL's images take M-RoPE positions, which {self.arch.name} "
+                                        f"models do not have: use the projector of this model")
         if self.vision.n_out != self.arch.hp.n_embd:
             raise InvalidArgumentError(f"{path} makes image rows of {self.vision.n_out} values; {self.path.name}'s "
                                        f"are {self.arch.hp.n_embd}: the projector belongs to another model")
         self.engine.media = MediaStore()
         self.engine.media_bidirectional = self.vision.bidirectional
+        self.engine.mrope = bool(sections) and self.vision.qwen
 
     def media_prompt(self, text: str, images: Seq[Any], add_bos: Optional[bool] = None) -> list[int]:
         """The token ids of a prompt with images: each IMAGE_MARKER ("<__media__>") in `text` is
@@ -267,7 +268,7 @@ class Model:
         tokens = text(pieces[0], add_bos)
         for image, after in zip(images, pieces[1:]):
             key, image = image_key(v, image)
-            ids = store.ids(key, lambda: encode(image))
+            ids = store.ids(key, lambda: encode(image), v.mrope_grid(*image_dimensions(image)))
             for part in v.layout(ids, image):
                 tokens += part if isinstance(part, list) else text(part)
             tokens += text(after)

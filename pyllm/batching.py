@@ -41,6 +41,7 @@ class _Step:
     n_out: int
     media: Optional[np.ndarray] = None    # an image's rows (Backend.forward)
     bidirectional: bool = False
+    rope_pos: Optional[np.ndarray] = None  # M-RoPE positions (Backend.forward)
     queued_at: float = field(default_factory=time.perf_counter)
     logits: Optional[np.ndarray] = None
     error: Optional[BaseException] = None
@@ -48,8 +49,9 @@ class _Step:
 
     @property
     def alone(self) -> bool:
-        """A step of media rows, or bidirectional: it runs by itself, never beside others."""
-        return self.media is not None or self.bidirectional
+        """A step of media rows, bidirectional or with M-RoPE positions: it runs by itself,
+        never beside others."""
+        return self.media is not None or self.bidirectional or self.rope_pos is not None
 
     @property
     def batchable(self) -> bool:
@@ -87,10 +89,11 @@ class StepBatcher:
             self._cv.notify_all()     # a batch waiting for this one's step can start
 
     def forward(self, tokens: Seq[int], start_pos: int, block_table: Seq[int], n_out: int,
-                media: Optional[np.ndarray] = None, bidirectional: bool = False) -> np.ndarray:
+                media: Optional[np.ndarray] = None, bidirectional: bool = False,
+                rope_pos: Optional[np.ndarray] = None) -> np.ndarray:
         """As Backend.forward, from any thread; returns a copy of the logits rows. A step
-        with media rows or bidirectional runs alone."""
-        step = _Step(list(tokens), start_pos, list(block_table), n_out, media, bool(bidirectional))
+        with media rows, bidirectional or with M-RoPE positions runs alone."""
+        step = _Step(list(tokens), start_pos, list(block_table), n_out, media, bool(bidirectional), rope_pos)
         with self._cv:
             self._queue.append(step)
             self._cv.notify_all()
@@ -158,7 +161,8 @@ class StepBatcher:
         try:
             if len(batch) == 1:
                 s = batch[0]
-                media = {"media": s.media, "bidirectional": s.bidirectional} if s.alone else {}
+                media = {"media": s.media, "bidirectional": s.bidirectional, "rope_pos": s.rope_pos} \
+                    if s.alone else {}
                 s.logits = self.backend.forward(s.tokens, s.start, s.table, s.n_out, **media).copy()
             else:   # the logits rows: each step's last n_out rows (a prompt chunk's only where it is first)
                 rows = self.backend.forward_batch([(s.tokens, s.start, s.table) for s in batch],

@@ -151,6 +151,7 @@ class Engine:
         self.batcher: Optional[StepBatcher] = None   # several threads' steps, batched (parallel)
         self.media = None                # pyllm.vision.MediaStore: the rows of a prompt's images (ids < 0)
         self.media_bidirectional = False  # an image's rows see each other (Gemma 3), so one step holds them
+        self.mrope = False               # images take M-RoPE positions (Qwen VL: mrope_positions)
 
     def new_sequence(self) -> Sequence:
         return Sequence(self.pool, self.n_ctx)
@@ -161,16 +162,49 @@ class Engine:
         if self.batcher is None:
             self.batcher = StepBatcher(self.backend)
 
-    def _forward(self, tokens: Seq[int], start_pos: int, block_table: Seq[int], n_out: int) -> np.ndarray:
+    def _forward(self, tokens: Seq[int], seq: Sequence, n_out: int) -> np.ndarray:
+        """One step: `tokens` after the ones seq holds; the logits of the last n_out."""
         self.totals.steps += 1
         self.totals.tokens_max = max(self.totals.tokens_max, len(tokens))
+        start_pos, block_table = len(seq), seq.blocks
         media = {}
+        if self.mrope and (min(tokens) < 0 or (seq.tokens and min(seq.tokens) < 0)):
+            media["rope_pos"] = self.mrope_positions(list(seq.tokens) + list(tokens), len(seq))
         if tokens and tokens[0] < 0:   # an image's rows: the step takes them as given embeddings
-            media = {"media": self.media.rows(tokens), "bidirectional": self.media_bidirectional}
+            media |= {"media": self.media.rows(tokens), "bidirectional": self.media_bidirectional}
             tokens = [-1 - j for j in range(len(tokens))]
         if self.batcher is not None:
             return self.batcher.forward(tokens, start_pos, block_table, n_out, **media)
         return self.backend.forward(tokens, start_pos, block_table, n_out, **media)
+
+    def mrope_positions(self, tokens: Seq[int], start: int) -> np.ndarray:
+        """M-RoPE positions [3, len(tokens) - start] (time, height, width) of tokens[start:],
+        as llama.cpp's mtmd gives them: a text token has its position p in all three; an image
+        of cols x rows (its grid, MediaStore) starting at position p takes (p, p + row, p + col)
+        for its rows, and the text after it goes on from p + max(cols, rows) (so positions fall
+        behind the cache's index by the image's rows less that)."""
+        toks = np.asarray(tokens, np.int64)
+        out = np.empty((3, len(toks)), np.int64)
+        neg = np.flatnonzero(toks < 0)
+        done = shift = 0      # rows placed; cache index - position, for the text after the images so far
+        k = 0
+        while k < len(neg):
+            i0 = int(neg[k])
+            first, n_rows, (cols, rows) = self.media.image_at(int(toks[i0]))
+            j0 = -1 - int(toks[i0]) - first                   # the image's row this run starts at
+            run = 1
+            while k + run < len(neg) and neg[k + run] == i0 + run and toks[i0 + run] == toks[i0] - run \
+                    and j0 + run < n_rows:
+                run += 1
+            out[:, done:i0] = np.arange(done, i0) - shift
+            p0 = i0 - j0 - shift
+            j = j0 + np.arange(run)
+            out[0, i0:i0 + run], out[1, i0:i0 + run], out[2, i0:i0 + run] = p0, p0 + j // cols, p0 + j % cols
+            if j0 + run == n_rows:
+                shift += n_rows - max(cols, rows)
+            done, k = i0 + run, k + run
+        out[:, done:] = np.arange(done, len(toks)) - shift
+        return out[:, start:].astype(np.int32)
 
     def _chunks(self, tokens: Seq[int], size: int) -> Iterator[Seq[int]]:
         """tokens cut into steps of at most `size`; an image's rows never share a step with
@@ -214,7 +248,7 @@ class Engine:
             if cancelled is not None and cancelled():
                 raise Cancelled()
             try:
-                logits = self._forward(chunk, len(seq), seq.blocks, min(n_out, len(chunk)))
+                logits = self._forward(chunk, seq, min(n_out, len(chunk)))
             except BaseException:
                 self.pool.state_owner = None   # a step cut short may have moved the state on
                 raise
@@ -252,12 +286,12 @@ class Engine:
             seq.reserve(len(tokens))
             for i in range(0, skip, self.n_batch):
                 chunk = list(tokens[i:min(i + self.n_batch, skip)])
-                self._forward(chunk, len(seq), seq.blocks, 1)
+                self._forward(chunk, seq, 1)
                 seq.commit(chunk)
             step = min(self.n_batch, self.backend.n_out_max)
             for i in range(skip, len(tokens), step):
                 chunk = list(tokens[i:i + step])
-                yield i, self._forward(chunk, len(seq), seq.blocks, len(chunk))
+                yield i, self._forward(chunk, seq, len(chunk))
                 seq.commit(chunk)
         finally:
             seq.release()

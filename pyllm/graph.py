@@ -129,6 +129,7 @@ class Op:
     freq_base: float = 10000.0
     freq_scale: float = 1.0
     freq_factors: Optional[np.ndarray] = None
+    rope_sections: tuple = ()              # ROPE: M-RoPE's (time, height, width) pairs
     softcap: float = 0.0
     kv_layer: int = -1                     # KV_STORE / ATTENTION: which layer's cache
     state: Optional[str] = None            # SSM_CONV / SSM_SCAN: which recurrent state (Graph.states)
@@ -391,11 +392,13 @@ class Graph:
 
     def rope(self, q: Optional[View], k: Optional[View], n_head: int, n_kv_head: int, head_dim: int,
              n_rot: int, mode: int, freq_base: float, freq_scale: float = 1.0,
-             freq_factors: Optional[np.ndarray] = None) -> None:
+             freq_factors: Optional[np.ndarray] = None, sections: tuple = ()) -> None:
+        """q and k rotated (sections: M-RoPE's pairs of the time, height and width positions,
+        a step's rope_pos)."""
         names = {v.name for v in (q, k) if v is not None}
         self._emit(Op(OP_ROPE, x=q, x2=k, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
                       n_rot=n_rot, rope_mode=mode, freq_base=freq_base, freq_scale=freq_scale,
-                      freq_factors=freq_factors), names, names)
+                      freq_factors=freq_factors, rope_sections=tuple(sections)), names, names)
 
     def attention(self, q: View, k: Optional[View], v: Optional[View], n_head: int, n_kv_head: int, head_dim: int,
                   scale: float, out: str | View, window: int = 0, softcap: float = 0.0,

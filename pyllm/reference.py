@@ -149,14 +149,22 @@ def causal_conv(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool,
-         freq_scale: float = 1.0, factors: np.ndarray | None = None) -> np.ndarray:
+         freq_scale: float = 1.0, factors: np.ndarray | None = None, sections: tuple = ()) -> np.ndarray:
     """Rotates the first n_rot dims of each head. x: [T, heads, head_dim].
-    neox pairs dim i with i + n_rot/2; otherwise adjacent dims (2i, 2i+1)."""
+    neox pairs dim i with i + n_rot/2; otherwise adjacent dims (2i, 2i+1). M-RoPE
+    (sections, pos [3, T]): pair i turns by the time position if i < s0, the height's
+    if i < s0 + s1, the width's if i < s0 + s1 + s2, else the time's."""
     half = n_rot // 2
     inv_freq = base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_rot)
     if factors is not None:
         inv_freq = inv_freq / factors
-    theta = (pos.astype(np.float64) * freq_scale)[:, None] * inv_freq[None, :]   # [T, half]
+    if pos.ndim == 2:     # M-RoPE: each pair's own position
+        which = np.zeros(half, np.int64)
+        s0, s1, s2 = sections
+        which[s0:s0 + s1], which[s0 + s1:s0 + s1 + s2] = 1, 2
+        theta = (pos[which].T.astype(np.float64) * freq_scale) * inv_freq[None, :]
+    else:
+        theta = (pos.astype(np.float64) * freq_scale)[:, None] * inv_freq[None, :]   # [T, half]
     cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
     out = x.copy()
     if neox:
@@ -218,6 +226,7 @@ class Reference:
         self.layer_outputs: dict[int, np.ndarray] = {}   # layer -> the residual stream after it (the last forward)
         self._media: Optional[np.ndarray] = None          # the forward's media rows and bidirectional spans
         self._spans: list[tuple[int, int]] = []
+        self._rope_pos: Optional[np.ndarray] = None    # M-RoPE positions of the forward in progress
         self.kv_f16 = kv_f16
         self.kv_quant = kv_quant
         self.kv_rot = (0, 0)
@@ -262,13 +271,14 @@ class Reference:
         return x
 
     def forward(self, tokens, embeddings: bool = False, media: Optional[np.ndarray] = None,
-                bidirectional: Sequence[tuple[int, int]] = ()) -> np.ndarray:
+                bidirectional: Sequence[tuple[int, int]] = (), rope_pos: Optional[np.ndarray] = None) -> np.ndarray:
         """Logits [T, vocab] for every position of `tokens`, from an empty context (every
         registered family is a variant of _decoder, or an encoder); with embeddings, or for an
         encoder, the rows an embedding is pooled from [T, n_embd]: the final norm's output.
         A token id -1 - j takes media[j] ([rows, n_embd]: an image's embeddings) as its input
         embedding, as it is; bidirectional: (start, end) row spans whose rows see each other
-        (attention not causal within them: Gemma 3's image rows)."""
+        (attention not causal within them: Gemma 3's image rows); rope_pos: [3, T] M-RoPE
+        (time, height, width) positions for an architecture with rope sections."""
         if type(self.arch) is not ARCHITECTURES.get(self.arch.name):
             raise NotImplementedError(f"no reference forward for {self.arch.name}")
         tokens = np.asarray(tokens, dtype=np.int64)
@@ -292,10 +302,11 @@ class Reference:
             raise ValueError("an encoder's attention is bidirectional already")
         self._media = media
         self._spans = [(int(s), int(e)) for s, e in bidirectional]
+        self._rope_pos = None if rope_pos is None else np.asarray(rope_pos).reshape(3, T)
         try:
             return self._head(body(tokens), embeddings)
         finally:
-            self._media, self._spans = None, []
+            self._media, self._spans, self._rope_pos = None, [], None
 
     def _head(self, x: np.ndarray, embeddings: bool) -> np.ndarray:
         """logit_scale * (Wout norm(x) + b?), soft-capped where the family says; for embeddings
@@ -436,8 +447,10 @@ class Reference:
             q, k = qk_norms(q, k)
         q, k, v = q.reshape(T, H, d), k.reshape(T, Hkv, d), v.reshape(T, Hkv, d)
         r = a.layer_rope(i)
-        q = rope(q, pos, r.n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors)
-        k = rope(k, pos, r.n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors)
+        if r.sections and self._rope_pos is not None:
+            pos = self._rope_pos
+        q = rope(q, pos, r.n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors, r.sections)
+        k = rope(k, pos, r.n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors, r.sections)
         if A.q_norm is not None and a.qk_norm_after_rope:   # Hunyuan: norms of the rotated q and k
             q, k = qk_norms(q, k)
             q, k = q.reshape(T, H, d), k.reshape(T, Hkv, d)

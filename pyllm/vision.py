@@ -21,8 +21,8 @@ model reads in place of tokens.
         patch summed (a still image is both frames), a 2D RoPE on q and k (row, then column, by
         halves of each head); 2.5: RMS norms, a gated SiLU FFN, and attention within windows of
         112 pixels but in every n_wa_pattern-th layer; x = 2 x 2 patches' rows side by side;
-        rows = W2 gelu(W0 x + b0) + b2 (the language model must give image rows M-RoPE
-        positions: not done yet, so only the encoder runs)
+        rows = W2 gelu(W0 x + b0) + b2; the language model gives the rows M-RoPE positions
+        (row and column: Engine.mrope_positions)
 
 Gemma 3 reads one image fitted into the square; Idefics3 (SmolVLM) reads the image
 as tiles of the square plus an overview, each between marker tokens (layout()).
@@ -411,6 +411,14 @@ class VisionEncoder:
         """An image (bytes, a path, a data: URL, a PIL image) -> float32 [rows, n_out]: the rows
         of its inputs (tiles, then the overview) in the order layout() shows them."""
         return self.encode_pixels([self.normalize(t) for t in self.tiles(load_image(image))])
+
+    def mrope_grid(self, width: int, height: int) -> Optional[tuple]:
+        """(cols, rows) of the rows an image of width x height pixels becomes, for M-RoPE
+        positions (Qwen's), else None."""
+        if not self.qwen:
+            return None
+        w, h = self.plan(width, height).whole
+        return w // self.align, h // self.align
 
     def rows_of(self, width: int, height: int) -> int:
         """Rows an input of width x height pixels becomes (Pixtral's with its breaks)."""
@@ -906,32 +914,36 @@ class MediaStore:
 
     def __init__(self, keep: int = 32):
         self.keep = keep
-        self._images: OrderedDict[bytes, tuple[int, np.ndarray]] = OrderedDict()   # key -> (first row, rows)
+        # key -> (first row, rows, grid: (cols, rows) of an image whose rows take M-RoPE positions)
+        self._images: OrderedDict[bytes, tuple[int, np.ndarray, Optional[tuple]]] = OrderedDict()
         self._next = 0
         self._lock = threading.Lock()
 
-    def ids(self, key: bytes, encode) -> list[int]:
-        """The ids of the image under `key`, encoding it (encode() -> rows) if it is not kept."""
+    def ids(self, key: bytes, encode, grid: Optional[tuple] = None) -> list[int]:
+        """The ids of the image under `key`, encoding it (encode() -> rows) if it is not kept;
+        grid: its rows' (cols, rows) for M-RoPE positions (image_at)."""
         with self._lock:
             if key in self._images:
                 self._images.move_to_end(key)
-                first, rows = self._images[key]
+                first, rows, _ = self._images[key]
                 return [-1 - (first + j) for j in range(len(rows))]
         rows = encode()
+        if grid is not None and grid[0] * grid[1] != len(rows):
+            raise InvalidArgumentError(f"an image of {grid[0]} x {grid[1]} rows cannot have {len(rows)}")
         with self._lock:
             if key not in self._images:
-                self._images[key] = (self._next, rows)
+                self._images[key] = (self._next, rows, grid)
                 self._next += len(rows)
                 while len(self._images) > self.keep:
                     self._images.popitem(last=False)
-            first, rows = self._images[key]
+            first, rows, _ = self._images[key]
             return [-1 - (first + j) for j in range(len(rows))]
 
     def rows(self, ids: Sequence[int]) -> np.ndarray:
         """The rows of ids (all of one image, consecutive): float32 [len(ids), n]."""
         first = -1 - ids[0]
         with self._lock:
-            for start, rows in self._images.values():
+            for start, rows, _ in self._images.values():
                 if start <= first < start + len(rows):
                     j = first - start
                     if j + len(ids) > len(rows) or any(-1 - t != first + i for i, t in enumerate(ids)):
@@ -944,10 +956,21 @@ class MediaStore:
         """Which image a media id belongs to (its first row), to cut steps between images."""
         row = -1 - token
         with self._lock:
-            for start, rows in self._images.values():
+            for start, rows, _ in self._images.values():
                 if start <= row < start + len(rows):
                     return start
         return -1
+
+    def image_at(self, token: int) -> tuple[int, int, tuple]:
+        """(first row, rows, (cols, rows) of its grid) of the image a media id belongs to, for
+        M-RoPE positions (an image stored without a grid: one row of its rows)."""
+        row = -1 - token
+        with self._lock:
+            for start, rows, grid in self._images.values():
+                if start <= row < start + len(rows):
+                    return start, len(rows), grid if grid is not None else (len(rows), 1)
+        raise InvalidArgumentError("the prompt names image rows this model no longer holds (images are kept "
+                                   f"for the last {self.keep}); send the image again")
 
 
 def image_key(encoder: VisionEncoder, image) -> tuple[bytes, object]:

@@ -501,13 +501,17 @@ def test_idefics3_prompt_layout(files):
     m.close()
 
 
-def assert_prompt_matches_the_reference(m, lm: str, mm: str, img) -> list:
+def assert_prompt_matches_the_reference(m, lm: str, mm: str, img, then: tuple = ()) -> list:
     """The logits after "what is <image> this" (the image's rows stored as the encoder makes
-    them) against the numpy reference given the same rows; returns the prompt's ids."""
+    them), and after each token of `then` run one by one after it, against the numpy
+    reference given the same rows (and, for M-RoPE, the engine's positions); returns the
+    prompt's ids."""
     ids = m.media_prompt("what is <__media__> this", [img])
     rows = m.engine.media.rows([t for t in ids if t < 0])
     np.testing.assert_array_equal(rows, VisionEncoder(mm).encode(img))
-    logits, _ = m.engine.prefill(m.engine.new_sequence(), ids)
+    seq = m.engine.new_sequence()
+    logits, _ = m.engine.prefill(seq, ids)
+    got = [logits] + [m.engine._run(seq, [t])[-1].copy() for t in then]
     local, j = [], 0
     for t in ids:
         local.append(t if t >= 0 else -1 - j)
@@ -516,9 +520,14 @@ def assert_prompt_matches_the_reference(m, lm: str, mm: str, img) -> list:
     from pyllm.model_file import ModelFile
     from pyllm.reference import Reference
     mf = ModelFile(lm)
-    want = Reference(load_architecture(mf)).forward(np.array(local), media=rows)[-1]
+    every = ids + list(then)
+    rope_pos = m.engine.mrope_positions(every, 0) if m.engine.mrope else None
+    want = Reference(load_architecture(mf)).forward(np.array(local + list(then)), media=rows, rope_pos=rope_pos)
     mf.close()
-    assert np.abs(logits - want).max() < 2e-4 * (want.max() - want.min())
+    for k, lg in enumerate(got):
+        w = want[len(ids) - 1 + k]
+        assert np.abs(lg - w).max() < 2e-4 * (w.max() - w.min())
+    seq.release()
     return ids
 
 
@@ -914,12 +923,39 @@ def test_qwen_encoders_match_the_plain_loops(qwen):
         enc.close()
 
 
-def test_qwen_layout_and_the_language_model_s_refusal(qwen, tmp_path):
-    enc = VisionEncoder(qwen["qwen2.5vl_merger"])
+def test_mrope_positions():
+    """mtmd's: text at p in all three; an image of 3 x 2 rows from p = 2 at (2, 2 + row, 2 +
+    column); the text after it from 2 + max(3, 2) = 5; an image without a grid as one row."""
+    from pyllm.engine import Engine
+    store = MediaStore()
+    img = store.ids(b"a", lambda: np.zeros((6, 4), np.float32), (3, 2))
+    flat = store.ids(b"b", lambda: np.zeros((2, 4), np.float32))
+    engine = Engine.__new__(Engine)
+    engine.media = store
+    got = engine.mrope_positions([10, 11] + img + [12, 13] + flat + [14], 0)
+    assert got.tolist() == [[0, 1, 2, 2, 2, 2, 2, 2, 5, 6, 7, 7, 9],
+                            [0, 1, 2, 2, 2, 3, 3, 3, 5, 6, 7, 7, 9],
+                            [0, 1, 2, 3, 4, 2, 3, 4, 5, 6, 7, 8, 9]]
+    tail = engine.mrope_positions([10, 11] + img + [12, 13], 5)      # a step from the image's 4th row on
+    assert tail.tolist() == [[2, 2, 2, 5, 6], [3, 3, 3, 5, 6], [2, 3, 4, 5, 6]]
+    with pytest.raises(InvalidArgumentError, match="cannot have"):
+        store.ids(b"c", lambda: np.zeros((5, 4), np.float32), (3, 2))
+
+
+def test_a_qwen_prompt_matches_the_reference(tmp_path):
+    """Qwen 2.5 VL: the image's rows at M-RoPE positions (row and column), the text after them
+    and the decode steps after that at positions behind the cache's index, against the numpy
+    reference given the same positions; a model without M-RoPE refuses the projector."""
+    mm = synth.write_mmproj(tmp_path / "mm.gguf", n_out=256, qtype=QT.F32, projector="qwen2.5vl_merger", patch=14,
+                            image_size=56, n_embd=32, n_ff=48, n_head=4)
+    lm = synth.write_qwen2vl(tmp_path / "lm.gguf", QT.F32, image_tokens="qwen")
+    m = Model(lm, mmproj=mm, n_ctx=512)
+    enc = m.vision
     img = picture(25, (100, 150, 3))
-    assert enc.plan(150, 100).whole == (140, 112) and enc.encode(img).shape == (5 * 4, 64)
+    assert enc.plan(150, 100).whole == (140, 112) and enc.mrope_grid(150, 100) == (5, 4)
     assert enc.layout([-1, -2], img) == ["<|vision_start|>", [-1, -2], "<|vision_end|>"]
-    enc.close()
-    lm = synth.write_qwen2vl(tmp_path / "lm.gguf", n_embd=64, n_head=4, n_head_kv=2, image_tokens="qwen")
+    ids = assert_prompt_matches_the_reference(m, lm, mm, img, then=(40, 41, 42))
+    assert m.engine.mrope and len([t for t in ids if t < 0]) == 20
+    m.close()
     with pytest.raises(UnsupportedModelError, match="M-RoPE"):
-        Model(lm, mmproj=qwen["qwen2.5vl_merger"])
+        Model(synth.write_llama(tmp_path / "llama.gguf"), mmproj=mm)

@@ -201,6 +201,7 @@ class Rope:
     base: float
     scale: float = 1.0
     factors: Optional[np.ndarray] = None
+    sections: tuple = ()      # M-RoPE (Qwen VL): pairs turned by (time, height, width) positions
 
     def off(self) -> "Rope":
         """The same layer without rotation (a NoPE layer)."""

@@ -43,13 +43,16 @@ class Backend(ABC):
 
     @abstractmethod
     def forward(self, tokens: Sequence[int], start_pos: int, block_table: Sequence[int], n_out: int,
-                media: Optional[np.ndarray] = None, bidirectional: bool = False) -> np.ndarray:
+                media: Optional[np.ndarray] = None, bidirectional: bool = False,
+                rope_pos: Optional[np.ndarray] = None) -> np.ndarray:
         """Runs one step over `tokens` at positions start_pos.. and returns the
         logits of the last n_out of them: [n_out, vocab], valid until the next step.
         A token id -1 - j takes row j of `media` (float32 [rows, n_embd]: an image's
         embeddings) as its input embedding, as it is (no embedding scale); bidirectional:
         every row of the step sees every other (up to the step's last position, causal
-        attention off for this step: Gemma 3's image rows), and what is cached before."""
+        attention off for this step: Gemma 3's image rows), and what is cached before;
+        rope_pos: int32 [3, rows], each row's M-RoPE (time, height, width) positions for
+        the ROPE ops with sections (Qwen VL's), in place of its position."""
 
     def profile(self, on: bool) -> None:
         """Starts (or stops) collecting where time goes; resets what was collected."""
@@ -128,6 +131,17 @@ def step_media(media) -> Optional[np.ndarray]:
     if a.ndim != 2 or a.shape[1] < 1:
         raise InvalidArgumentError(f"media rows are a [rows, width] array, not one of shape {a.shape}")
     return a if len(a) else None
+
+
+def step_rope_pos(rope_pos, n: int) -> Optional[np.ndarray]:
+    """A step's M-RoPE positions as the core reads them: int32 [3, n] (time, height, width of
+    each row), C-contiguous (None: none)."""
+    if rope_pos is None:
+        return None
+    a = np.ascontiguousarray(rope_pos, dtype=np.int32)
+    if a.shape != (3, n):
+        raise InvalidArgumentError(f"M-RoPE positions are [3, {n}] for a step of {n} rows, not {list(a.shape)}")
+    return a
 
 
 def media_refusal(graph) -> Optional[str]:

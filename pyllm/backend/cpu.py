@@ -25,7 +25,7 @@ from ..graph import OP_ATTENTION, OPF_NON_CAUSAL, Graph, View
 from ..model_file import Tensor
 from ..units import fmt_bytes
 from .base import (ACTIVATIONS, Backend, Device, DeviceMemoryError, Program, Range, Shape, StepData, media_refusal,
-                   step_media)
+                   step_media, step_rope_pos)
 from .lowering import fill_record, kv_rotations, memory_plan, step_needs, step_record
 
 ALIGN = 64
@@ -309,11 +309,13 @@ class CpuBackend(Backend):
 
     # -- running -----------------------------------------------------------------
     def forward(self, tokens: Seq[int], start_pos: int, block_table: Seq[int], n_out: int,
-                media: Optional[np.ndarray] = None, bidirectional: bool = False) -> np.ndarray:
+                media: Optional[np.ndarray] = None, bidirectional: bool = False,
+                rope_pos: Optional[np.ndarray] = None) -> np.ndarray:
         """Runs one step over `tokens` at positions start_pos.. and returns the
         logits of the last n_out of them: a [n_out, vocab] view, valid until
         the next step. Token ids -1 - j: row j of `media` as their embedding;
-        bidirectional: causal attention off for this step (Backend.forward)."""
+        bidirectional: causal attention off for this step; rope_pos: M-RoPE
+        positions (Backend.forward)."""
         n = len(tokens)
         check_step_args(n, n_out, len(block_table), self.n_batch, self.n_out_max, self.n_blocks)
         media = step_media(media)
@@ -325,11 +327,14 @@ class CpuBackend(Backend):
         st = self.step
         st.n_tokens, st.n_out, st.n_table = n, n_out, len(block_table)
         set_step_media(st, media, bidirectional)
+        rope = step_rope_pos(rope_pos, n)
+        st.rope_pos = ffi.NULL if rope is None else ffi.from_buffer("int32_t[]", rope)
         try:
             if lib.pyllm_run(self.ctx, self.ops, len(self.graph.ops), st) != 0:
                 raise InvalidArgumentError(ffi.string(lib.pyllm_error()).decode())
         finally:
             set_step_media(st, None, False)   # the record outlives this step's rows
+            st.rope_pos = ffi.NULL
         return self.logits[:n_out]
 
     def forward_batch(self, steps: Seq[tuple[Seq[int], int, Seq[int]]], n_out: Optional[int] = None) -> np.ndarray:

@@ -281,7 +281,11 @@ class SplitBackend(Backend):
         return "resident"
 
     def forward(self, tokens: Seq[int], start_pos: int, block_table: Seq[int], n_out: int,
-                media: Optional[np.ndarray] = None, bidirectional: bool = False) -> np.ndarray:
+                media: Optional[np.ndarray] = None, bidirectional: bool = False,
+                rope_pos: Optional[np.ndarray] = None) -> np.ndarray:
+        if rope_pos is not None:
+            raise UnsupportedModelError("images in Qwen VL prompts (M-RoPE positions) run on the CPU alone for now: "
+                                        "load the model with -ngl 0")
         n = len(tokens)
         check_step_args(n, n_out, len(block_table), self.shape.n_batch, self.shape.n_out_max, self.shape.n_blocks)
         media = step_media(media)
