@@ -185,24 +185,22 @@ class Engine:
         behind the cache's index by the image's rows less that)."""
         toks = np.asarray(tokens, np.int64)
         out = np.empty((3, len(toks)), np.int64)
-        neg = np.flatnonzero(toks < 0)
-        done = shift = 0      # rows placed; cache index - position, for the text after the images so far
-        k = 0
-        while k < len(neg):
-            i0 = int(neg[k])
-            first, n_rows, (cols, rows) = self.media.image_at(int(toks[i0]))
-            j0 = -1 - int(toks[i0]) - first                   # the image's row this run starts at
-            run = 1
-            while k + run < len(neg) and neg[k + run] == i0 + run and toks[i0 + run] == toks[i0] - run \
-                    and j0 + run < n_rows:
-                run += 1
-            out[:, done:i0] = np.arange(done, i0) - shift
-            p0 = i0 - j0 - shift
-            j = j0 + np.arange(run)
-            out[0, i0:i0 + run], out[1, i0:i0 + run], out[2, i0:i0 + run] = p0, p0 + j // cols, p0 + j % cols
-            if j0 + run == n_rows:
-                shift += n_rows - max(cols, rows)
-            done, k = i0 + run, k + run
+        at = np.flatnonzero(toks < 0)          # where image rows are, and which rows of the store
+        store_rows = -1 - toks[at]
+        cuts = np.flatnonzero((np.diff(at) != 1) | (np.diff(store_rows) != 1)) + 1
+        done = shift = 0      # tokens placed; cache index - position, for the text after the images so far
+        for a, b in zip([0, *cuts], [*cuts, len(at)]):    # runs of consecutive rows, of one image or more
+            while a < b:
+                i0 = int(at[a])
+                first, n_rows, (cols, rows) = self.media.image_at(int(toks[i0]))
+                j0 = int(store_rows[a]) - first            # the image's row this run starts at
+                run = min(b - a, n_rows - j0)
+                out[:, done:i0] = np.arange(done, i0) - shift
+                p0, j = i0 - j0 - shift, j0 + np.arange(run)
+                out[0, i0:i0 + run], out[1, i0:i0 + run], out[2, i0:i0 + run] = p0, p0 + j // cols, p0 + j % cols
+                if j0 + run == n_rows:
+                    shift += n_rows - max(cols, rows)
+                done, a = i0 + run, a + run
         out[:, done:] = np.arange(done, len(toks)) - shift
         return out[:, start:].astype(np.int32)
 

@@ -936,6 +936,9 @@ def test_mrope_positions():
     assert got.tolist() == [[0, 1, 2, 2, 2, 2, 2, 2, 5, 6, 7, 7, 9],
                             [0, 1, 2, 2, 2, 3, 3, 3, 5, 6, 7, 7, 9],
                             [0, 1, 2, 3, 4, 2, 3, 4, 5, 6, 7, 8, 9]]
+    together = engine.mrope_positions([10] + img + flat + [11], 0)    # two images, their rows one run
+    assert together.tolist() == [[0, 1, 1, 1, 1, 1, 1, 4, 4, 6], [0, 1, 1, 1, 2, 2, 2, 4, 4, 6],
+                                 [0, 1, 2, 3, 1, 2, 3, 4, 5, 6]]
     tail = engine.mrope_positions([10, 11] + img + [12, 13], 5)      # a step from the image's 4th row on
     assert tail.tolist() == [[2, 2, 2, 5, 6], [3, 3, 3, 5, 6], [2, 3, 4, 5, 6]]
     with pytest.raises(InvalidArgumentError, match="cannot have"):
