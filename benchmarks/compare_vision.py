@@ -12,11 +12,12 @@ Gemma 3 projector for it (tests/synth.py), in F32 and F16 (+ Q8_0 matrices), and
 Images: a square one of the projector's size (no resampling) and a wide one (resampled and
 padded by each side's own code: a small difference is expected there).
 
---speed [gemma3|smolvlm|lfm2|pixtral]: instead, times one image's encoding at Gemma 3's real size (SigLIP-So400m:
+--speed [gemma3|smolvlm|lfm2|pixtral|qwen2.5vl]: instead, times one image's encoding at Gemma 3's real size (SigLIP-So400m:
 27 layers of 1152, 896 pixels in patches of 14: 4096 patches), SmolVLM-256M's (SigLIP-B/16, 12
 layers of 768, a 1024x768 picture in 13 tiles of 512) or LFM2-VL-450M's (SigLIP2-B/16, a 1024x768
-picture in 6 tiles of 512 and a thumbnail) or Mistral Small 3.1's (Pixtral-style, 24 layers of 1024, the
-picture at 1036x756 in patches of 14), F16 matrices, random, in pyllm and in
+picture in 6 tiles of 512 and a thumbnail), Mistral Small 3.1's (Pixtral-style, 24 layers of 1024, the
+picture at 1036x756 in patches of 14) or Qwen 2.5 VL's (32 layers of 1280, the same 3996 patches, windows
+of attention), F16 matrices, random, in pyllm and in
 llama.cpp's mtmd, alternating, same threads; run it on a quiet machine. Dev tool only.
 
     PYLLM_PEER_PYTHON=/tmp/peer-avx512/bin/python python3 benchmarks/compare_vision.py [--only lfm2] [--speed [smolvlm]]
@@ -137,6 +138,11 @@ SPEED = {
                      projector="pixtral", n_mid=1024),
                 (768, 1024, 3), "one 1024x768 image through Mistral Small 3.1's encoder (1036x756: 3996 patches, "
                                 "24 layers of 1024)"),
+    "qwen2.5vl": (synth.write_qwen2vl, dict(n_embd=2048, n_head=16, n_head_kv=2, image_tokens="qwen"),
+                  dict(n_embd=1280, n_head=16, n_ff=3420, n_layer=32, image_size=560, patch=14, merge=2,
+                       projector="qwen2.5vl_merger", n_mid=5120, n_wa_pattern=8),
+                  (768, 1024, 3), "one 1024x768 image through Qwen 2.5 VL's encoder (1036x756: 3996 patches, "
+                                  "32 layers of 1280, windows but every 8th)"),
 }
 
 
