@@ -228,16 +228,24 @@ class VisionEncoder:
         """What `pyllm info` says of a projector file."""
         return {"path": self.path, "kind": "multimodal projector (mmproj)", "projector": self.projector,
                 "image_size": self.image_size, "patch_size": self.patch, "patches": self.side * self.side,
-                "image_tokens": self.n_tokens if self.projector == "gemma3" else
-                f"{self.n_tokens} per tile (tiles of the image scaled to {self.longest_edge}, and an overview)"
-                if self.projector == "idefics3" else f"{LFM2_ROWS[0]} to {LFM2_ROWS[1]} (the image at its own shape;"
-                f" a large one in tiles of {LFM2_TILE} pixels, {self.rows_of(LFM2_TILE, LFM2_TILE)} each, and a "
-                f"thumbnail)",
+                "image_tokens": self.image_tokens(),
                 "n_layer": self.n_layer, "n_embd": self.n_embd, "n_head": self.n_head,
                 "n_ff": self.n_ff, "n_embd_out": self.n_out, "n_params": self.mf.n_params,
                 "tensor_types": self.mf.type_histogram(),
                 "activation": "gelu (tanh)" if self.gelu else "quick-gelu",
                 "image_mean": [float(x) for x in self.mean], "image_std": [float(x) for x in self.std]}
+
+    def image_tokens(self):
+        """How many rows an image becomes (`pyllm info`)."""
+        if self.projector == "gemma3":
+            return self.n_tokens
+        if self.projector == "idefics3":
+            return f"{self.n_tokens} per tile (tiles of the image scaled to {self.longest_edge}, and an overview)"
+        if self.projector == "lfm2":
+            return (f"{LFM2_ROWS[0]} to {LFM2_ROWS[1]} (the image at its own shape; a large one in tiles of "
+                    f"{LFM2_TILE} pixels, {self.rows_of(LFM2_TILE, LFM2_TILE)} each, and a thumbnail)")
+        lo, hi = PIXTRAL_ROWS if self.projector == "pixtral" else QWEN_ROWS
+        return f"{lo} to {hi} (the image at its own shape{', and a break after each row' if not self.qwen else ''})"
 
     # -- reading the file ---------------------------------------------------------------------------
     def _int(self, name: str, default: Optional[int] = None) -> int:

@@ -804,7 +804,7 @@ def test_pixtral_sizes_and_layout(pixtral):
     m = Model(pixtral["lm"], mmproj=pixtral["mm"], n_ctx=512)
     enc = m.vision
     img = picture(22, (30, 45, 3))                 # 45 x 30 -> 48 x 32: 6 x 4 rows and 3 breaks
-    assert enc.plan(45, 30).whole == (48, 32)
+    assert enc.plan(45, 30).whole == (48, 32) and enc.describe()["image_tokens"].startswith("8 to 1024 ")
     np.testing.assert_array_equal(enc.tiles(img)[0], np.asarray(fit(img, 48, 32, bicubic=True)))
     ids = m.media_prompt("look <__media__> now", [img])
     rows = [t for t in ids if t < 0]
@@ -956,6 +956,7 @@ def test_a_qwen_prompt_matches_the_reference(tmp_path):
     enc = m.vision
     img = picture(25, (100, 150, 3))
     assert enc.plan(150, 100).whole == (140, 112) and enc.mrope_grid(150, 100) == (5, 4)
+    assert enc.describe()["image_tokens"].startswith("8 to 4096 ")
     assert enc.layout([-1, -2], img) == ["<|vision_start|>", [-1, -2], "<|vision_end|>"]
     ids = assert_prompt_matches_the_reference(m, lm, mm, img, then=(40, 41, 42))
     assert m.engine.mrope and len([t for t in ids if t < 0]) == 20
