@@ -128,15 +128,17 @@ void op_rope(const pyllm_op *op, const op_rows *r, int ith, int nth) {
         inv_freq[i] = op->freq_scale * pow((double)op->freq_base, -2.0 * i / op->n_rot);
         if (op->freq_factors) inv_freq[i] /= op->freq_factors[i];
     }
-    /* M-RoPE (Qwen VL): pair i turns by the row's time, height or width position, by its section */
-    const int32_t *rp = r->step->rope_pos, *sec = op->rope_sections;
+    /* M-RoPE (Qwen VL): pair i turns by the row's time (0), height (1) or width (2) position, by its
+     * section; the pairs past the three sections by the time's */
+    const int32_t *sec = op->rope_sections;
+    const int32_t *rp = sec[0] | sec[1] | sec[2] ? r->step->rope_pos : NULL;
     const int64_t n = r->step->n_tokens;
+    int which[MAX_HEAD_DIM / 2];
+    for (int i = 0; i < half; i++)
+        which[i] = i < sec[0] ? 0 : i < sec[0] + sec[1] ? 1 : i < sec[0] + sec[1] + sec[2] ? 2 : 0;
     for (int64_t t = lo; t < hi; t++) {
         for (int i = 0; i < half; i++) {
-            int32_t p = r->step->pos[t];
-            if (rp && (sec[0] | sec[1] | sec[2]))
-                p = rp[(i >= sec[0] && i < sec[0] + sec[1] ? 1 : i >= sec[0] + sec[1] && i < sec[0] + sec[1] + sec[2]
-                        ? 2 : 0) * n + t];
+            const int32_t p = rp ? rp[which[i] * n + t] : r->step->pos[t];
             double theta = p * inv_freq[i];
             cos_t[i] = (float)cos(theta);
             sin_t[i] = (float)sin(theta);

@@ -963,3 +963,6 @@ def test_a_qwen_prompt_matches_the_reference(tmp_path):
     m.close()
     with pytest.raises(UnsupportedModelError, match="M-RoPE"):
         Model(synth.write_llama(tmp_path / "llama.gguf"), mmproj=mm)
+    wide = synth.write_qwen2vl(tmp_path / "wide.gguf", keys={"rope_dimension_sections": [16, 12, 12, 0]})   # 40 > 32
+    with pytest.raises(ModelFileError, match="rope.dimension_sections"):
+        Model(wide)
