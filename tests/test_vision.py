@@ -966,3 +966,19 @@ def test_a_qwen_prompt_matches_the_reference(tmp_path):
     wide = synth.write_qwen2vl(tmp_path / "wide.gguf", keys={"rope_dimension_sections": [16, 12, 12, 0]})   # 40 > 32
     with pytest.raises(ModelFileError, match="rope.dimension_sections"):
         Model(wide)
+
+
+@pytest.mark.parametrize("projector", ["gemma3", "idefics3", "lfm2", "pixtral", "qwen2.5vl_merger"])
+def test_every_projector_takes_tiny_and_extreme_images(projector, tmp_path):
+    """A 1 x 1 picture, a line of 3000 x 1 and its transpose: sized, resampled, encoded and laid
+    out, as many rows as the layout places."""
+    kw = {"idefics3": dict(longest_edge=64), "lfm2": dict(image_size=64, patch=16),
+          "qwen2.5vl_merger": dict(image_size=56, patch=14)}.get(projector, {})
+    enc = VisionEncoder(synth.write_mmproj(tmp_path / "mm.gguf", projector=projector, n_embd=32, n_ff=32, **kw))
+    for shape in ((1, 1), (1, 3000), (3000, 1)):
+        img = picture(26, shape + (3,))
+        rows = enc.encode(img)
+        ids = [-1 - i for i in range(len(rows))]
+        placed = [t for part in enc.layout(ids, img) if isinstance(part, list) for t in part]
+        assert placed == ids and np.isfinite(rows).all()
+    enc.close()
