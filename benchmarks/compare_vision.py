@@ -2,25 +2,23 @@
 """Compare pyllm's vision path (an mmproj file's encoder, an image's rows in the prompt) with
 llama.cpp's mtmd.
 
-No registry model has a projector, so this writes a small random Gemma 3 language model and a
-Gemma 3 projector for it (tests/synth.py), in F32 and F16 (+ Q8_0 matrices), and asks llama.cpp
-(llama-cpp-python's mtmd, in its own environment) for:
+No registry model has a projector, so this writes small random language models and projectors
+(tests/synth.py) for each supported projector: Gemma 3's, SmolVLM's (idefics3), LFM2-VL's,
+Pixtral's (merged and not) and Qwen 2 / 2.5 VL's, in F32 and F16 (+ Gemma 3 with Q8_0 matrices),
+and asks llama.cpp (llama-cpp-python's mtmd, in its own environment) for:
   - the image's embeddings (mtmd_encode_chunk), against pyllm's VisionEncoder.encode;
   - the prompt's layout (the text chunks' token ids and the image's row count);
-  - the logits after "<text> <image> <text>" evaluated with mtmd_helper_eval_chunks (the image
-    decoded with causal attention off, as llama.cpp does for Gemma 3), against pyllm's.
-Images: a square one of the projector's size (no resampling) and a wide one (resampled and
-padded by each side's own code: a small difference is expected there).
+  - the logits after "<text> <image> <text>" evaluated with mtmd_helper_eval_chunks (Gemma 3's
+    image with causal attention off, Qwen's at M-RoPE positions), against pyllm's.
+Images: a square, a wide and a large one for Gemma 3 and SmolVLM; for the others nine, from a
+constant colour (any resampling keeps it: the encoder alone) to tiled ones and sides with a half
+to round.
 
---speed [gemma3|smolvlm|lfm2|pixtral|qwen2.5vl]: instead, times one image's encoding at Gemma 3's real size (SigLIP-So400m:
-27 layers of 1152, 896 pixels in patches of 14: 4096 patches), SmolVLM-256M's (SigLIP-B/16, 12
-layers of 768, a 1024x768 picture in 13 tiles of 512) or LFM2-VL-450M's (SigLIP2-B/16, a 1024x768
-picture in 6 tiles of 512 and a thumbnail), Mistral Small 3.1's (Pixtral-style, 24 layers of 1024, the
-picture at 1036x756 in patches of 14) or Qwen 2.5 VL's (32 layers of 1280, the same 3996 patches, windows
-of attention), F16 matrices, random, in pyllm and in
-llama.cpp's mtmd, alternating, same threads; run it on a quiet machine. Dev tool only.
+--speed [gemma3|smolvlm|lfm2|pixtral|qwen2.5vl]: instead, times one image's encoding at a real
+size, F16 matrices, random, in pyllm and in llama.cpp's mtmd, alternating, same threads (SPEED
+lists them); run it on a quiet machine. Dev tool only.
 
-    PYLLM_PEER_PYTHON=/tmp/peer-avx512/bin/python python3 benchmarks/compare_vision.py [--only lfm2] [--speed [smolvlm]]
+    PYLLM_PEER_PYTHON=/tmp/peer-avx512/bin/python python3 benchmarks/compare_vision.py [--only lfm2] [--speed pixtral]
 """
 from __future__ import annotations
 
@@ -147,11 +145,10 @@ SPEED = {
 
 
 def speed(python: str, kind: str = "gemma3", rounds: int = 2, threads: int = 2) -> None:
-    """An encoder at its real size, pyllm and llama.cpp alternating. gemma3: Gemma 3's
-    (SigLIP-So400m, one 896x896 image); smolvlm: SmolVLM-256M's (SigLIP-B/16 at 512, a
-    1024x768 picture scaled to 2048: 4 x 3 tiles and the overview); lfm2: LFM2-VL-450M's (SigLIP2-B/16,
-    the same picture in 3 x 2 tiles of 512 and a 576x416 thumbnail); pixtral: Mistral Small 3.1's (the
-    same picture at 1036x756)."""
+    """An encoder at its real size (SPEED[kind]), pyllm and llama.cpp alternating: Gemma 3's
+    (SigLIP-So400m, one 896x896 image); for a 1024x768 picture, SmolVLM-256M's (SigLIP-B/16, 4 x 3
+    tiles of 512 and the overview), LFM2-VL-450M's (SigLIP2-B/16, 3 x 2 tiles and a 576x416
+    thumbnail), Mistral Small 3.1's and Qwen 2.5 VL's (the picture at 1036x756)."""
     import time
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
