@@ -201,6 +201,7 @@ class VisionEncoder:
             n_mid = self._projection("mm.0.weight", self.n_embd * 4, inputs_first=True)
             self.n_out = self._projection("mm.2.weight", n_mid, inputs_first=True)
             self.mlp = (self._pair("mm.0", (self.n_embd * 4, n_mid)), self._pair("mm.2", (n_mid, self.n_out)))
+            self.input_norm = None
             self.pixel_budget = tuple(r * self.align ** 2 for r in QWEN_ROWS)
             self.longest_edge = self.image_size
         else:   # pixtral: the image at its own shape, its rows then [IMG_END]
@@ -567,7 +568,7 @@ class VisionEncoder:
         x = patches @ kernel.reshape(n, -1).T
         if self.mf.has_tensor("v.patch_embd.bias"):
             x += self.floats("v.patch_embd.bias")
-        spans = full = None
+        spans = None
         if self.qwen:    # the patches in window order: each window's rows together, 2 x 2 patches by 2 x 2
             order, windows = qwen_windows(gh, gw, QWEN_WINDOW // self.patch // 2)
             x = np.ascontiguousarray(x.reshape(m, P, n)[:, order].reshape(T, n))
@@ -589,7 +590,7 @@ class VisionEncoder:
         for i, L in enumerate(self.layers):
             windowed = spans is not None and self.window_every and (i + 1) % self.window_every
             x += self.attention(self.norm(x, L.ln1, out=h), L, work=work, out=y, seq=P, rope=rope,
-                                spans=spans if windowed else full)
+                                spans=spans if windowed else None)
             self.norm(x, L.ln2, out=h)
             if gated:    # silu(gate h) * up h, from one matrix product
                 self.linear(h, L.gate, L.up, out=up)
@@ -599,6 +600,8 @@ class VisionEncoder:
             self.activation(self.linear(h, L.up, out=up, bias=False), self.floats(L.up[1]))
             x += self.linear(up, L.down, out=y)
         x = self.optional_norm(x, "v.post_ln")
+        if self.qwen:    # back in raster order for the merger
+            x = x.reshape(m, P, n)[:, np.argsort(order)].reshape(T, n)
         return np.concatenate([self.project(x[i * P:(i + 1) * P], gh, gw) for i in range(m)])
 
     def attention(self, h: np.ndarray, L: EncoderLayer, block: int = 512, work: Optional["AttentionWork"] = None,
@@ -655,8 +658,9 @@ class VisionEncoder:
     def project(self, x: np.ndarray, rows: int, cols: int) -> np.ndarray:
         """The encoder's rows for a grid of rows x cols patches [rows * cols, n_embd] into the
         language model's rows [n, n_out]. Gemma 3: the average of each k x k patches, RMSNorm,
-        one matmul. Idefics3 and LFM2: each k x k patches' rows side by side in one row (their
-        pixel shuffle); then Idefics3 one matmul, LFM2 layer norm and a two-layer GELU MLP."""
+        one matmul. Idefics3, LFM2 and Qwen: each k x k patches' rows side by side in one row
+        (their pixel shuffle); then Idefics3 one matmul, LFM2 (layer norm and) Qwen a two-layer
+        GELU MLP. Pixtral: pixtral_rows."""
         k, n = self.merge, self.n_embd
         if self.projector == "gemma3":
             x = x.reshape(rows // k, k, cols // k, k, n).mean(axis=(1, 3)).reshape(-1, n)
@@ -664,14 +668,8 @@ class VisionEncoder:
             return np.ascontiguousarray(x @ self.floats("mm.input_projection.weight"), dtype=np.float32)
         if self.projector == "pixtral":
             return self.pixtral_rows(x, rows, cols)
-        if self.qwen:    # the rows come in window order, each cell's four patches together (qwen_windows)
-            order, _ = qwen_windows(rows, cols, QWEN_WINDOW // self.patch // 2)
-            cells = np.empty((rows // 2 * (cols // 2), 4 * self.n_embd), np.float32)
-            at = [(p // cols) // 2 * (cols // 2) + (p % cols) // 2 for p in order[::4]]   # each cell's raster place
-            cells[at] = x.reshape(-1, 4 * self.n_embd)
-            return self.linear(self.activation(self.linear(cells, self.mlp[0]), gelu=True), self.mlp[1])
         # patch (r, c) -> row (r // k, c // k), at column block (c % k) + k (r % k), as transformers'
-        # Idefics3 pixel_shuffle (and mtmd's for both) orders them
+        # Idefics3 pixel_shuffle (and mtmd's for all three) orders them
         x = x.reshape(rows // k, k, cols // k, k, n).transpose(0, 2, 1, 3, 4)
         x = np.ascontiguousarray(x.reshape(-1, k * k * n))
         if self.projector == "idefics3":
@@ -962,23 +960,27 @@ class MediaStore:
 
     def image_of(self, token: int) -> int:
         """Which image a media id belongs to (its first row), to cut steps between images."""
-        row = -1 - token
-        with self._lock:
-            for start, rows, _ in self._images.values():
-                if start <= row < start + len(rows):
-                    return start
-        return -1
+        found = self._image(token)
+        return found[0] if found else -1
 
     def image_at(self, token: int) -> tuple[int, int, tuple]:
         """(first row, rows, (cols, rows) of its grid) of the image a media id belongs to, for
         M-RoPE positions (an image stored without a grid: one row of its rows)."""
+        found = self._image(token)
+        if found is None:
+            raise InvalidArgumentError("the prompt names image rows this model no longer holds (images are kept "
+                                       f"for the last {self.keep}); send the image again")
+        start, rows, grid = found
+        return start, len(rows), grid if grid is not None else (len(rows), 1)
+
+    def _image(self, token: int) -> Optional[tuple]:
+        """(first row, rows, grid) of the kept image holding a media id's row, or None."""
         row = -1 - token
         with self._lock:
             for start, rows, grid in self._images.values():
                 if start <= row < start + len(rows):
-                    return start, len(rows), grid if grid is not None else (len(rows), 1)
-        raise InvalidArgumentError("the prompt names image rows this model no longer holds (images are kept "
-                                   f"for the last {self.keep}); send the image again")
+                    return start, rows, grid
+        return None
 
 
 def image_key(encoder: VisionEncoder, image) -> tuple[bytes, object]:
