@@ -6,8 +6,8 @@
 #include "core.h"
 
 /* y[t] = dequant(w row tokens[t]) * scale; OPF_BY_POS: the row of pos[t] (learned positions),
- * with OPF_ACCUMULATE added into y. A token id -1 - j: the step's media row j, unscaled (zeros
- * with OPF_MEDIA_ZERO) */
+ * with OPF_ACCUMULATE added into y. A token id -1 - j: the step's media row j from column
+ * media_col, unscaled (zeros with OPF_MEDIA_ZERO); OPF_MEDIA_ONLY: text rows are left alone */
 void op_embed(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     size_t row_bytes = weight_row_bytes(op->type, op->n_in);
     const int32_t *ids = op->flags & OPF_BY_POS ? r->step->pos : r->step->tokens;
@@ -15,8 +15,8 @@ void op_embed(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     split_range(r->rows, ith, nth, 1, &lo, &hi);
     for (int64_t t = lo; t < hi; t++) {
         float *y = OUT_ROW(op, t);
-        if (ids[t] < 0) {   /* media row -1 - id (check_step: one of the step's, as wide as y's): as it is */
-            const float *m = r->step->media + (-1 - (int64_t)ids[t]) * r->step->media_width;
+        if (ids[t] < 0) {   /* media row -1 - id (check_step: one of the step's, holding the columns): as it is */
+            const float *m = r->step->media + (-1 - (int64_t)ids[t]) * r->step->media_width + op->media_col;
             if (op->flags & OPF_MEDIA_ZERO) {
                 if (!(op->flags & OPF_ACCUMULATE)) memset(y, 0, (size_t)op->n_in * sizeof(float));
             } else if (op->flags & OPF_ACCUMULATE) {
@@ -26,6 +26,7 @@ void op_embed(const pyllm_op *op, const op_rows *r, int ith, int nth) {
             }
             continue;
         }
+        if (op->flags & OPF_MEDIA_ONLY) continue;
         const uint8_t *row = (const uint8_t *)op->w + (size_t)ids[t] * row_bytes;
         float *e = op->flags & OPF_ACCUMULATE ? r->scratch : y;   /* added to y below */
         K.dequant[op->type](row, e, op->n_in);
@@ -129,13 +130,17 @@ void op_rope(const pyllm_op *op, const op_rows *r, int ith, int nth) {
         if (op->freq_factors) inv_freq[i] /= op->freq_factors[i];
     }
     /* M-RoPE (Qwen VL): pair i turns by the row's time (0), height (1) or width (2) position, by its
-     * section; the pairs past the three sections by the time's */
+     * section, the pairs past the three sections by the time's; interleaved (Qwen 3 VL): by i % 3
+     * while i is within three times that section */
     const int32_t *sec = op->rope_sections;
     const int32_t *rp = sec[0] | sec[1] | sec[2] ? r->step->rope_pos : NULL;
     const int64_t n = r->step->n_tokens;
     int which[MAX_HEAD_DIM / 2];
     for (int i = 0; i < half; i++)
-        which[i] = i < sec[0] ? 0 : i < sec[0] + sec[1] ? 1 : i < sec[0] + sec[1] + sec[2] ? 2 : 0;
+        if (op->flags & OPF_ROPE_INTERLEAVED)
+            which[i] = i % 3 == 1 && i < 3 * sec[1] ? 1 : i % 3 == 2 && i < 3 * sec[2] ? 2 : 0;
+        else
+            which[i] = i < sec[0] ? 0 : i < sec[0] + sec[1] ? 1 : i < sec[0] + sec[1] + sec[2] ? 2 : 0;
     for (int64_t t = lo; t < hi; t++) {
         for (int i = 0; i < half; i++) {
             const int32_t p = rp ? rp[which[i] * n + t] : r->step->pos[t];

@@ -114,6 +114,10 @@ static int check_op(const pyllm_op *op) {
             if (op->y_stride < op->n_out) return fail("output stride below row length");
         } else if (op->n_in > SCRATCH_FLOATS) {
             return fail("embedding rows of %lld are more than the core's scratch holds", (long long)op->n_in);
+        } else if (op->media_col < 0 || (op->media_col && !(op->flags & OPF_MEDIA_ONLY)) ||
+                   ((op->flags & OPF_MEDIA_ONLY) && !(op->flags & OPF_ACCUMULATE))) {
+            return fail("embed: media column %lld without OPF_MEDIA_ONLY, or that without OPF_ACCUMULATE",
+                        (long long)op->media_col);
         } else if (op->y_stride < op->n_in) {
             return fail("output stride below row length");
         }
@@ -327,6 +331,11 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
                 return fail("a bidirectional step needs consecutive positions (%d after %d)", st->pos[t],
                             st->pos[t - 1]);
     }
+    int64_t media_width = 0;   /* a media row: the embedding's columns, then DeepStack's slices */
+    for (int i = 0; i < n_ops; i++)
+        if (ops[i].kind == OP_EMBED && !(ops[i].flags & (OPF_MEDIA_ZERO | OPF_BY_POS)) &&
+            ops[i].media_col + ops[i].n_in > media_width)
+            media_width = ops[i].media_col + ops[i].n_in;
     for (int i = 0; i < n_ops; i++) {
         if (st->row_table && ops[i].state)
             return fail("a step of several sequences through a recurrent layer (its state is one sequence's)");
@@ -365,9 +374,9 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
                 if (!st->media || j >= st->n_media)
                     return fail("token id %d names media row %lld; the step has %d", id, (long long)j,
                                 st->media ? st->n_media : 0);
-                if (!(ops[i].flags & OPF_MEDIA_ZERO) && st->media_width != ops[i].n_in)
+                if (!(ops[i].flags & OPF_MEDIA_ZERO) && st->media_width != media_width)
                     return fail("media rows are %d wide; the embedding is %lld", st->media_width,
-                                (long long)ops[i].n_in);
+                                (long long)media_width);
                 continue;
             }
             if (id < 0 || id >= ops[i].n_out)

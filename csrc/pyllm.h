@@ -97,7 +97,13 @@ enum pyllm_op_flags {
                                 own either way (EmbeddingGemma); the step's positions must be consecutive */
     OPF_MEDIA_ZERO = 2048,   /* EMBED: a media row's id gives a row of zeros (a LoRA's A rows of the token
                                 embedding: media rows are not adapted) */
-    OPF_NO_MEDIA = 4096      /* EMBED: a media row's id is refused (per-layer token inputs: Gemma 3n, Gemma 4) */
+    OPF_NO_MEDIA = 4096,     /* EMBED: a media row's id is refused (per-layer token inputs: Gemma 3n, Gemma 4) */
+    OPF_MEDIA_ONLY = 8192,   /* EMBED (with OPF_ACCUMULATE): a text row is left as it is; a media row adds its
+                                columns media_col .. media_col + n_in (Qwen 3 VL's DeepStack: an image's
+                                features of deeper encoder layers, added after the first layers) */
+    OPF_ROPE_INTERLEAVED = 16384 /* ROPE: M-RoPE's sections interleaved (Qwen 3 VL): pair i turns by the height's
+                                    position if i % 3 == 1 and i < 3 s1, the width's if i % 3 == 2 and
+                                    i < 3 s2, else by the time's */
 };
 
 /* GLU_SWIGLU_OAI (gpt-oss): g' = min(g, c), y = g' sigmoid(a g') (clamp(u, -c, c) + 1), a = scale, c = softcap;
@@ -143,6 +149,7 @@ typedef struct pyllm_op {
     const float *freq_factors; /* ROPE: per-pair divisors (llama3 rope_freqs), or NULL */
     int32_t rope_sections[3];  /* ROPE: M-RoPE's pairs turned by a row's time, height and width positions
                                   (pyllm_step.rope_pos), in that order, the rest by time; all 0: plain */
+    int64_t media_col;     /* EMBED: the first column of a media row taken (OPF_MEDIA_ONLY's slice; else 0) */
     float softcap;         /* ATTENTION (scores), SCALE (outputs): tanh soft-capping, 0 = none */
     void *k_cache;         /* KV_STORE/ATTENTION: this layer's pools, [pool blocks][block_size][a row of */
     void *v_cache;         /*   n_kv_head * head_dim (_v) values in k_type / v_type] */

@@ -230,9 +230,10 @@ class Model:
         if self.vision.qwen and not sections:
             raise UnsupportedModelError(f"{path}: Qwen VL's images take M-RoPE positions, which {self.arch.name} "
                                         f"models do not have: use the projector of this model")
-        if self.vision.n_out != self.arch.hp.n_embd:
+        width = self.arch.hp.n_embd * (1 + self.arch.deepstack)   # DeepStack's slices ride along (Qwen 3 VL)
+        if self.vision.n_out != width:
             raise InvalidArgumentError(f"{path} makes image rows of {self.vision.n_out} values; {self.path.name}'s "
-                                       f"are {self.arch.hp.n_embd}: the projector belongs to another model")
+                                       f"are {width}: the projector belongs to another model")
         self.engine.media = MediaStore()
         self.engine.media_bidirectional = self.vision.bidirectional
         self.engine.mrope = bool(sections) and self.vision.qwen

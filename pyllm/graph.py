@@ -39,6 +39,8 @@ OP_NAMES = {OP_EMBED: "embed", OP_RMSNORM: "rmsnorm", OP_QUANTIZE: "quantize", O
 OPF_ACCUMULATE, OPF_LAST_ROWS, OPF_NO_SYNC, OPF_OUT_ROWS, OPF_SLOT_INPUT, OPF_BY_POS = 1, 2, 4, 8, 16, 32
 OPF_V_IN_K, OPF_CHUNKED, OPF_GROUP_WEIGHTS, OPF_KV_GROUPED, OPF_NON_CAUSAL = 64, 128, 256, 512, 1024
 OPF_MEDIA_ZERO, OPF_NO_MEDIA = 2048, 4096   # EMBED: a media row's id gives zeros / is refused
+OPF_MEDIA_ONLY = 8192          # EMBED: media rows add their columns media_col.., text rows nothing (DeepStack)
+OPF_ROPE_INTERLEAVED = 16384   # ROPE: M-RoPE's sections interleaved (Qwen 3 VL)
 GLU_SILU, GLU_GELU_TANH, GLU_SWIGLU_OAI, GLU_RELU_SQR, GLU_MUL, GLU_RELU, GLU_SIGMOID, GLU_XIELU = 0, 1, 2, 3, 4, 5, 6, 7
 GLU_TANH = 8
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0    # gpt-oss's constants (llama.cpp's too)
@@ -130,6 +132,7 @@ class Op:
     freq_scale: float = 1.0
     freq_factors: Optional[np.ndarray] = None
     rope_sections: tuple = ()              # ROPE: M-RoPE's (time, height, width) pairs
+    media_col: int = 0                     # EMBED with OPF_MEDIA_ONLY: the media rows' first column taken
     softcap: float = 0.0
     kv_layer: int = -1                     # KV_STORE / ATTENTION: which layer's cache
     state: Optional[str] = None            # SSM_CONV / SSM_SCAN: which recurrent state (Graph.states)
@@ -177,16 +180,19 @@ class Graph:
         self._head = False                                 # inside the output head
         self._head_ops = 0
 
-    def layers(self, layers: list, x: "View"):
+    def layers(self, layers: list, x: "View", deepstack: tuple = (None, 0)):
         """The architecture's layer loop: yields (i, layer), setting self.layer; after each
         layer's ops, adds its control vector (if any) to the residual stream x, where
-        llama.cpp adds it (the end of the layer)."""
+        llama.cpp adds it (the end of the layer), then, deepstack (token embedding, n): after
+        layer i < n, the media rows' slice i + 1 (add_media_columns)."""
         for i, layer in enumerate(layers):
             self.layer = i
             yield i, layer
             if i in self.control:
                 self.add_row(self.control[i], x)
                 self.control_used.add(i)
+            if i < deepstack[1]:
+                self.add_media_columns(deepstack[0], x, (i + 1) * x.width)
             if i in self.hidden:
                 self.save_rows(x, self.hidden[i])
                 self.hidden_saved.add(i)
@@ -253,6 +259,13 @@ class Graph:
             self.matmul_cols(self.embed(a, f"lora:{a.name}", scale=scale, media="zeros"), b_cols, y, accumulate=True)
             self.lora_used.add(w.name)
         return y
+
+    def add_media_columns(self, w: Tensor, x: View, col: int) -> None:
+        """x += columns col .. col + x.width of each media row (text rows unchanged): Qwen 3 VL's
+        DeepStack, an image's features from deeper encoder layers added after a first layer.
+        (w, the token embedding, is only the op's formal weight: no row of it is read.)"""
+        self._emit(Op(OP_EMBED, flags=OPF_MEDIA_ONLY | OPF_ACCUMULATE, type=w.type, weight=w, y=x, n_in=x.width,
+                      n_out=w.shape[1], media_col=col), {x.name}, {x.name})
 
     def rmsnorm(self, x: View, w: np.ndarray, eps: float, out: str | View, groups: int = 1) -> View:
         """RMSNorm over `groups` equal parts of each row (one per head for q/k norms), with
@@ -392,11 +405,12 @@ class Graph:
 
     def rope(self, q: Optional[View], k: Optional[View], n_head: int, n_kv_head: int, head_dim: int,
              n_rot: int, mode: int, freq_base: float, freq_scale: float = 1.0,
-             freq_factors: Optional[np.ndarray] = None, sections: tuple = ()) -> None:
+             freq_factors: Optional[np.ndarray] = None, sections: tuple = (), interleaved: bool = False) -> None:
         """q and k rotated (sections: M-RoPE's pairs of the time, height and width positions,
-        a step's rope_pos)."""
+        a step's rope_pos; interleaved: Qwen 3 VL's order of them)."""
         names = {v.name for v in (q, k) if v is not None}
-        self._emit(Op(OP_ROPE, x=q, x2=k, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
+        self._emit(Op(OP_ROPE, flags=OPF_ROPE_INTERLEAVED if interleaved else 0, x=q, x2=k, n_head=n_head,
+                      n_kv_head=n_kv_head, head_dim=head_dim,
                       n_rot=n_rot, rope_mode=mode, freq_base=freq_base, freq_scale=freq_scale,
                       freq_factors=freq_factors, rope_sections=tuple(sections)), names, names)
 

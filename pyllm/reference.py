@@ -149,11 +149,14 @@ def causal_conv(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool,
-         freq_scale: float = 1.0, factors: np.ndarray | None = None, sections: tuple = ()) -> np.ndarray:
+         freq_scale: float = 1.0, factors: np.ndarray | None = None, sections: tuple = (),
+         interleaved: bool = False) -> np.ndarray:
     """Rotates the first n_rot dims of each head. x: [T, heads, head_dim].
     neox pairs dim i with i + n_rot/2; otherwise adjacent dims (2i, 2i+1). M-RoPE
     (sections, pos [3, T]): pair i turns by the time position if i < s0, the height's
-    if i < s0 + s1, the width's if i < s0 + s1 + s2, else the time's."""
+    if i < s0 + s1, the width's if i < s0 + s1 + s2, else the time's; interleaved
+    (Qwen 3 VL): the height's if i % 3 == 1 and i < 3 s1, the width's if i % 3 == 2
+    and i < 3 s2, else the time's."""
     half = n_rot // 2
     inv_freq = base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_rot)
     if factors is not None:
@@ -161,7 +164,11 @@ def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool,
     if pos.ndim == 2:     # M-RoPE: each pair's own position
         which = np.zeros(half, np.int64)
         s0, s1, s2 = sections
-        which[s0:s0 + s1], which[s0 + s1:s0 + s1 + s2] = 1, 2
+        if interleaved:
+            i = np.arange(half)
+            which[(i % 3 == 1) & (i < 3 * s1)], which[(i % 3 == 2) & (i < 3 * s2)] = 1, 2
+        else:
+            which[s0:s0 + s1], which[s0 + s1:s0 + s1 + s2] = 1, 2
         theta = (pos[which].T.astype(np.float64) * freq_scale) * inv_freq[None, :]
     else:
         theta = (pos.astype(np.float64) * freq_scale)[:, None] * inv_freq[None, :]   # [T, half]
@@ -267,7 +274,7 @@ class Reference:
         text = tokens >= 0
         x = self._token_rows(np.where(text, tokens, 0)) * np.float32(self.arch.embed_scale)
         if not text.all():
-            x[~text] = self._media[-1 - tokens[~text]]
+            x[~text] = self._media[-1 - tokens[~text], :x.shape[1]]
         return x
 
     def forward(self, tokens, embeddings: bool = False, media: Optional[np.ndarray] = None,
@@ -290,8 +297,9 @@ class Reference:
             if body == self._encoder or body == self._gemma3n or (body == self._gemma4 and a.n_per_layer):
                 raise ValueError(f"media rows through {a.name}: the reference takes them in decoders without "
                                  f"per-layer token inputs only")
-            if media is None or media.ndim != 2 or media.shape[1] != a.hp.n_embd:
-                raise ValueError(f"media rows must be [rows, {a.hp.n_embd}]")
+            width = a.hp.n_embd * (1 + a.deepstack)
+            if media is None or media.ndim != 2 or media.shape[1] != width:
+                raise ValueError(f"media rows must be [rows, {width}]")
             if -1 - tokens.min() >= len(media):
                 raise ValueError(f"token id {tokens.min()} names media row {-1 - tokens.min()}; there are "
                                  f"{len(media)}")
@@ -449,8 +457,8 @@ class Reference:
         r = a.layer_rope(i)
         if r.sections and self._rope_pos is not None:
             pos = self._rope_pos
-        q = rope(q, pos, r.n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors, r.sections)
-        k = rope(k, pos, r.n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors, r.sections)
+        q = rope(q, pos, r.n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors, r.sections, r.interleaved)
+        k = rope(k, pos, r.n_rot, r.base, r.mode == ROPE_NEOX, r.scale, r.factors, r.sections, r.interleaved)
         if A.q_norm is not None and a.qk_norm_after_rope:   # Hunyuan: norms of the rotated q and k
             q, k = qk_norms(q, k)
             q, k = q.reshape(T, H, d), k.reshape(T, Hkv, d)
@@ -632,6 +640,10 @@ class Reference:
                 x = x + f * np.float32(a.residual_scale)
             if i in self.control:   # a control vector steers the residual after the layer
                 x = x + self.control[i]
+            if i < a.deepstack and (tokens < 0).any():   # DeepStack: an image row's slice i + 1
+                n, ds = hp.n_embd, np.zeros_like(x)
+                ds[tokens < 0] = self._media[-1 - tokens[tokens < 0], (i + 1) * n:(i + 2) * n]
+                x = x + ds
             self.layer_outputs[i] = x
         return x
 

@@ -23,7 +23,7 @@ from pyllm.backend.sim import SimDevice
 from pyllm.backend.split import SplitBackend
 from pyllm.batching import StepBatcher, _Step
 from pyllm.errors import InvalidArgumentError, UnsupportedModelError
-from pyllm.graph import Graph
+from pyllm.graph import OPF_ACCUMULATE, OPF_MEDIA_ONLY, Graph
 from pyllm.lora import graph_pairs, open_adapters
 from pyllm.model_file import ModelFile
 from pyllm.reference import Reference
@@ -73,6 +73,46 @@ def test_llama_media_rows_match_the_reference(tmp_path, qtype):
     # the rows are used: other media rows give other logits after them
     other = Reference(arch).forward(tokens, media=media[::-1].copy())
     assert compare(other, ref)[0] > 0.05
+
+
+def test_deepstack_slices_join_after_the_first_layers(tmp_path):
+    """Qwen 3 VL (DeepStack of 2 over 3 layers): a media row [row | slice 1 | slice 2], slice k
+    added to the residual after layer k - 1, text rows none; in one step with text rows or in
+    chunks, against the reference. Without rope positions M-RoPE is plain NEOX, as for text."""
+    arch, be = build(synth.write_qwen3vl(tmp_path / "m.gguf", QT.F32, n_layer=3, keys={"num_deepstack_layers": 2}))
+    n = arch.hp.n_embd
+    assert arch.deepstack == 2 and sum(op.flags & OPF_MEDIA_ONLY != 0 for op in be.graph.ops) == 2
+    tokens, span = prompt(6, 4, 5)
+    media = np.concatenate([media_like(arch, 4, seed) for seed in (7, 8, 9)], axis=1)
+    ref = Reference(arch).forward(tokens, media=media)
+    for out in (run_chunks(be, tokens, span, media), be.forward(tokens, 0, TABLE, len(tokens), media=media).copy()):
+        rel, agree = compare(out, ref)
+        assert rel < 1e-3 and agree == 1.0, rel
+    unstacked = media.copy()
+    unstacked[:, n:] = 0
+    assert compare(Reference(arch).forward(tokens, media=unstacked), ref)[0] > 0.05   # the slices count
+    with pytest.raises(InvalidArgumentError, match=f"media rows are {n} wide; the embedding is {3 * n}"):
+        be.forward([1, -1], 0, TABLE, 1, media=media[:, :n].copy())
+
+
+def test_the_core_checks_deepstack_ops(tmp_path):
+    """An EMBED op takes media columns after the first only as DeepStack's (OPF_MEDIA_ONLY, which
+    adds, so OPF_ACCUMULATE); a negative column is refused."""
+    _, be = build(synth.write_qwen3vl(tmp_path / "m.gguf", QT.F32, n_layer=3, keys={"num_deepstack_layers": 1}))
+    i = next(k for k, op in enumerate(be.graph.ops) if op.flags & OPF_MEDIA_ONLY)
+    rec = be.ops[i]
+    flags = rec.flags
+
+    def check(**fields):
+        rec.flags, rec.media_col = flags, be.graph.ops[i].media_col
+        for k, v in fields.items():
+            setattr(rec, k, v)
+        return lib.pyllm_program_check(be.ops + i, 1), ffi.string(lib.pyllm_error()).decode()
+    assert check()[0] == 0 and rec.media_col == 256
+    for bad in (dict(flags=flags & ~OPF_MEDIA_ONLY), dict(flags=flags & ~OPF_ACCUMULATE), dict(media_col=-1)):
+        assert check(**bad) == (1, "op 0 (layer 0): embed: media column %d without OPF_MEDIA_ONLY, or that without "
+                                   "OPF_ACCUMULATE" % bad.get("media_col", 256)), bad
+    check()
 
 
 def test_gemma3_bidirectional_media_step_matches_the_reference(tmp_path):

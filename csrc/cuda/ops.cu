@@ -23,6 +23,9 @@ __global__ void embed_kernel(const uint8_t *__restrict__ W, size_t row_bytes, in
 }
 
 void launch_embed(const pyllm_op *op, const exec &e) {
+    /* DeepStack's slices touch media rows alone, and a step of media rows never reaches a device
+       (the split backend keeps it on the host): nothing to do */
+    if (op->flags & OPF_MEDIA_ONLY) return;
     dim3 grid(blocks_for(op->n_in, 256), e.rows);
     PQ_LAUNCH(grid, 256, 0, e.stream, embed_kernel)((const uint8_t *)op->w, weight_row_bytes(op->type, op->n_in),
                                                     op->type, op->n_in, op->flags & OPF_BY_POS ? e.pos : e.tokens, op->y,

@@ -7,7 +7,7 @@ forward step in `build(graph)`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import numpy as np
@@ -202,10 +202,41 @@ class Rope:
     scale: float = 1.0
     factors: Optional[np.ndarray] = None
     sections: tuple = ()      # M-RoPE (Qwen VL): pairs turned by (time, height, width) positions
+    interleaved: bool = False  # the sections' pairs interleaved (Qwen 3 VL), not one after another
 
     def off(self) -> "Rope":
         """The same layer without rotation (a NoPE layer)."""
         return Rope(self.mode, 0, self.base)
+
+
+class MRope:
+    """M-RoPE (a mixin of the Qwen VL families): each section of a head's pairs turns by its own
+    position, time, height or width. A text token has the same one in all three, so its rotation
+    is plain RoPE's; an image's rows take (start, start + row, start + column) (the engine's rope
+    positions, Engine.mrope). The sections follow one another, or (interleaved, Qwen 3 VL) take
+    pairs i % 3 == 0, 1, 2 in turn."""
+    mrope_interleaved = False
+    mrope_required = True    # else a file without sections reads text alone (M-RoPE off)
+
+    def layer_rope(self, i: int) -> Rope:
+        r = super().layer_rope(i)
+        return replace(r, sections=self.rope_sections, interleaved=self.mrope_interleaved) if r.n_rot else r
+
+    @property
+    def rope_sections(self) -> tuple:
+        """The pairs of each head turned by the time, height and width positions (the file's
+        rope.dimension_sections; a 4th section, unused by the language model, is ignored)."""
+        got = self.mf.arch_get("rope.dimension_sections", None)
+        if got is None and not self.mrope_required:
+            return ()
+        try:
+            sections = tuple(int(v) for v in got)[:3]
+        except (TypeError, ValueError):
+            sections = ()
+        if len(sections) != 3 or min(sections) < 0 or sum(sections) > self.hp.rope_dim // 2:
+            raise ModelFileError(f"{self.mf.path}: rope.dimension_sections is {got!r}, not three sections within "
+                                 f"{self.hp.rope_dim // 2} pairs; the file is corrupt")
+        return sections
 
 
 def sliding_layers(mf: ModelFile, n_layer: int, period: int) -> tuple[int, list[bool]]:
@@ -530,6 +561,7 @@ class Architecture:
     pos_embd: Optional[Tensor] = None         # learned position embeddings (GPT-2): one row per position
     dense_out: tuple = ()                     # (weight, bias) projections of an embedding after the final norm
     rank_head: Optional["RankHead"] = None    # a cross-encoder's classification head (rank pooling)
+    deepstack = 0         # an image row's further slices added after the first layers (Qwen 3 VL: DeepStack)
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)

@@ -121,7 +121,8 @@ def attention(g: Graph, arch: Architecture, h: View, a: Attn | ShortConv | Ssm |
         qk_norms()
     r = arch.layer_rope(layer)
     if r.n_rot:  # NoPE layers rotate nothing
-        g.rope(q, k, hp.n_head, hp.n_head_kv, hp.head_dim, r.n_rot, r.mode, r.base, r.scale, r.factors, r.sections)
+        g.rope(q, k, hp.n_head, hp.n_head_kv, hp.head_dim, r.n_rot, r.mode, r.base, r.scale, r.factors, r.sections,
+               r.interleaved)
     if a.q_norm is not None and arch.qk_norm_after_rope:   # Hunyuan
         qk_norms()
     temperature = arch.layer_attn_temperature(layer)

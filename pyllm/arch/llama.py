@@ -60,7 +60,7 @@ class Llama(Architecture):
     def build(self, g: Graph) -> None:
         hp = self.hp
         x = g.embed(self.tok_embd, "x", scale=self.embed_scale)
-        for i, L in g.layers(self.layers, x):
+        for i, L in g.layers(self.layers, x, deepstack=(self.tok_embd, self.deepstack)):
             attention(g, self, g.rmsnorm(x, L.attn_norm, hp.eps, "h"), L.attn, i, out=x)
             ffn(g, g.rmsnorm(x, L.ffn_norm, hp.eps, "h"), L.ffn, self.glu, out=x)
         output_head(g, self, x)

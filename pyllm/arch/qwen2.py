@@ -10,11 +10,9 @@ Hugging Face's layout). The output matrix may be tied to the embedding
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ..errors import ModelFileError
 from ..graph import ROPE_NEOX
-from .base import Rope
+from .base import MRope
 from .llama import Llama
 
 
@@ -51,26 +49,7 @@ class Qwen2Moe(Qwen2):
         return m
 
 
-class Qwen2VL(Qwen2):
-    """Qwen 2 VL / Qwen 2.5 VL's language model (`qwen2vl`): M-RoPE gives each section of a
-    head's pairs its own position (time, height, width). A text token has the same one in
-    all three, so its rotation is NEOX RoPE's; an image's rows take (start, start + row,
-    start + column) (the engine's rope positions, Engine.mrope)."""
+class Qwen2VL(MRope, Qwen2):
+    """Qwen 2 VL / Qwen 2.5 VL's language model (`qwen2vl`): Qwen 2 with M-RoPE (MRope), its
+    sections one after another."""
     name = "qwen2vl"
-
-    def layer_rope(self, i: int) -> Rope:
-        return replace(super().layer_rope(i), sections=self.rope_sections)
-
-    @property
-    def rope_sections(self) -> tuple:
-        """The pairs of each head turned by the time, height and width positions (the file's
-        rope.dimension_sections; a 4th section, unused by the language model, is ignored)."""
-        got = self.mf.arch_get("rope.dimension_sections", None)
-        try:
-            sections = tuple(int(v) for v in got)[:3]
-        except (TypeError, ValueError):
-            sections = ()
-        if len(sections) != 3 or min(sections) < 0 or sum(sections) > self.hp.rope_dim // 2:
-            raise ModelFileError(f"{self.mf.path}: rope.dimension_sections is {got!r}, not three sections within "
-                                 f"{self.hp.rope_dim // 2} pairs; the file is corrupt")
-        return sections

@@ -12,7 +12,8 @@ no biases, no sliding window.
 from __future__ import annotations
 
 from ..graph import ROPE_NEOX
-from .base import Architecture, Layer, SharedExpertsMoe
+from ..errors import ModelFileError
+from .base import Architecture, Layer, MRope, SharedExpertsMoe
 from .llama import Llama
 
 
@@ -43,16 +44,30 @@ class Qwen3Moe(Qwen3):
         return int(self.mf.arch_require("expert_feed_forward_length"))
 
 
-class Qwen3VL(Qwen3):
-    """Qwen 3 VL's language model (`qwen3vl`), on text: interleaved M-RoPE, which for
-    a text token (one position in every section) is NEOX RoPE; DeepStack adds visual
-    features to image tokens only. The vision encoder is not run."""
+class DeepStack:
+    """Qwen 3 VL's DeepStack (a mixin): an image row is [n_embd | n_deepstack_layers slices of
+    n_embd] wide; the first slice is the layer input, slice k + 1 is added to the residual
+    after layer k < n_deepstack_layers (text rows add nothing); M-RoPE interleaved (MRope)."""
+    mrope_interleaved = True
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        n = mf.arch_get("n_deepstack_layers", 0) or 0
+        if not isinstance(n, int) or not 0 <= n < self.hp.n_layer:
+            raise ModelFileError(f"{mf.path}: n_deepstack_layers is {n!r}, not a count below the "
+                                 f"{self.hp.n_layer} layers; the file is corrupt")
+        self.deepstack = n
+        _ = self.rope_sections   # read and checked now, not at the first image
+
+
+class Qwen3VL(DeepStack, MRope, Qwen3):
+    """Qwen 3 VL's language model (`qwen3vl`): Qwen 3 with interleaved M-RoPE and DeepStack."""
     name = "qwen3vl"
 
 
-class Qwen3VLMoe(Qwen3Moe):
-    """Qwen 3 VL MoE's language model (`qwen3vlmoe`: Qwen3-VL-30B-A3B, 235B-A22B), on text:
-    Qwen3-MoE with interleaved M-RoPE, NEOX RoPE for a text token (as Qwen3VL)."""
+class Qwen3VLMoe(DeepStack, MRope, Qwen3Moe):
+    """Qwen 3 VL MoE's language model (`qwen3vlmoe`: Qwen3-VL-30B-A3B, 235B-A22B): Qwen3-MoE with
+    interleaved M-RoPE and DeepStack."""
     name = "qwen3vlmoe"
     experts = "required"
 

@@ -11,7 +11,7 @@ attention (the gated delta rule, DeltaNet in base.py), the fourth by gated full 
 As llama.cpp reads the file: a layer is linear unless `attention.recurrent_layers` says
 otherwise, or, without it, (i + 1) % full_attention_interval (default 4) is 0; the
 ssm.* keys size the linear layers (state_size: both head sizes, group_count: key
-heads, time_step_rank: value heads); M-RoPE's sections give a text token NEOX RoPE;
+heads, time_step_rank: value heads); M-RoPE's sections (interleaved) give a text token NEOX RoPE;
 the multi-token prediction blocks after the last layer are left out.
 
 Qwen3.5 MoE (`qwen35moe`) has experts for every FFN: the router's softmax over the chosen
@@ -25,12 +25,16 @@ import numpy as np
 
 from ..errors import ModelFileError
 from ..graph import GLU_SILU, ROPE_NEOX
-from .base import Attn, DeltaNet, Layer
+from .base import Attn, DeltaNet, Layer, MRope
 from .blocks import PreNormDecoder
 
 
-class Qwen35(PreNormDecoder):
+class Qwen35(MRope, PreNormDecoder):
+    """Images (Qwen3.5's projector, Qwen 3 VL's without DeepStack) take interleaved M-RoPE
+    positions, where the file has rope.dimension_sections (Qwen3-Next's have none)."""
     name = "qwen35"
+    mrope_interleaved = True
+    mrope_required = False
     rope_mode = ROPE_NEOX
     glu = GLU_SILU
     kv_per_layer = True

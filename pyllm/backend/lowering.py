@@ -169,6 +169,7 @@ def fill_record(ffi, rec, index: int, op: Op, addr: Addresses, shape: Shape, kv_
     rec.freq_base, rec.freq_scale = op.freq_base, op.freq_scale
     rec.freq_factors = p("float *", None if op.freq_factors is None else addr.vector(op.freq_factors))
     rec.rope_sections = (list(op.rope_sections) + [0, 0, 0])[:3]
+    rec.media_col = op.media_col
     if op.kv_layer >= 0:
         k, v = addr.kv(op.kv_layer)
         rec.k_cache, rec.v_cache = p("void *", k), p("void *", v)
