@@ -14,7 +14,7 @@ Images: a square, a wide and a large one for Gemma 3 and SmolVLM; for the others
 constant colour (any resampling keeps it: the encoder alone) to tiled ones and sides with a half
 to round.
 
---speed [gemma3|smolvlm|lfm2|pixtral|qwen2.5vl]: instead, times one image's encoding at a real
+--speed [gemma3|smolvlm|lfm2|pixtral|qwen2.5vl|qwen3vl]: instead, times one image's encoding at a real
 size, F16 matrices, random, in pyllm and in llama.cpp's mtmd, alternating, same threads (SPEED
 lists them); run it on a quiet machine. Dev tool only.
 
@@ -73,7 +73,7 @@ for img in job["images"]:
             n_tok = mtmd.mtmd_input_chunk_get_n_tokens(c)
             assert mtmd.mtmd_encode_chunk(ctx, c) == 0
             ptr = mtmd.mtmd_get_output_embd(ctx)
-            embd.append(np.ctypeslib.as_array(ptr, shape=(n_tok * m.n_embd(),)).reshape(n_tok, -1).copy())
+            embd.append(np.ctypeslib.as_array(ptr, shape=(n_tok * job["width"],)).reshape(n_tok, -1).copy())
             layout.append(int(n_tok))
     m.reset()
     llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(m.ctx), True)
@@ -141,6 +141,12 @@ SPEED = {
                        projector="qwen2.5vl_merger", n_mid=5120, n_wa_pattern=8),
                   (768, 1024, 3), "one 1024x768 image through Qwen 2.5 VL's encoder (1036x756: 3996 patches, "
                                   "32 layers of 1280, windows but every 8th)"),
+    "qwen3vl": (synth.write_qwen3vl, dict(n_embd=2048, n_head=16, n_head_kv=8, n_layer=4, image_tokens="qwen",
+                                          keys={"num_deepstack_layers": 3}),
+                dict(n_embd=1024, n_head=16, n_ff=4096, n_layer=24, image_size=768, patch=16, merge=2,
+                     projector="qwen3vl_merger", n_mid=4096, deepstack=(5, 11, 17)),
+                (768, 1024, 3), "one 1024x768 image through Qwen 3 VL 2B's encoder (3072 patches, 24 layers of "
+                                "1024, DeepStack from 3)"),
 }
 
 
@@ -148,7 +154,8 @@ def speed(python: str, kind: str = "gemma3", rounds: int = 2, threads: int = 2) 
     """An encoder at its real size (SPEED[kind]), pyllm and llama.cpp alternating: Gemma 3's
     (SigLIP-So400m, one 896x896 image); for a 1024x768 picture, SmolVLM-256M's (SigLIP-B/16, 4 x 3
     tiles of 512 and the overview), LFM2-VL-450M's (SigLIP2-B/16, 3 x 2 tiles and a 576x416
-    thumbnail), Mistral Small 3.1's and Qwen 2.5 VL's (the picture at 1036x756)."""
+    thumbnail), Mistral Small 3.1's and Qwen 2.5 VL's (the picture at 1036x756), Qwen 3 VL 2B's (at
+    1024x768)."""
     import time
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
@@ -225,11 +232,23 @@ def main() -> None:
                 ("pixtral F16", QT.F16, QT.F16, "pixtral"),
                 ("qwen2.5vl F32", QT.F32, QT.F32, "qwen2.5vl_merger"),
                 ("qwen2.5vl F16", QT.F16, QT.F16, "qwen2.5vl_merger"),
-                ("qwen2vl F32", QT.F32, QT.F32, "qwen2vl_merger")):
+                ("qwen2vl F32", QT.F32, QT.F32, "qwen2vl_merger"),
+                ("qwen3vl F32", QT.F32, QT.F32, "qwen3vl_merger"),
+                ("qwen3vl F16", QT.F16, QT.F16, "qwen3vl_merger"),
+                ("qwen3.5 F32", QT.F32, QT.F32, "qwen3.5")):
             if only and not label.startswith(only):
                 continue
             pictures = lfm2_images if kind in ("lfm2", "pixtral", "pixtral1") or kind.startswith("qwen") else images
-            if kind.startswith("qwen"):    # Qwen 2 / 2.5 VL's: a qwen2vl model (M-RoPE) with its image tokens
+            if kind == "qwen3vl_merger":    # Qwen 3 VL's: a qwen3vl model (interleaved M-RoPE, DeepStack of 2)
+                lm = synth.write_qwen3vl(t / f"lm-{label}.gguf", lm_type, n_vocab=512, image_tokens="qwen", n_layer=3,
+                                         keys={"num_deepstack_layers": 2})
+                mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type, projector=kind,
+                                        image_size=256, patch=16, n_head=4, deepstack=(0, 1))
+            elif kind == "qwen3.5":    # Qwen3.5's: Qwen 3 VL's projector without DeepStack, a hybrid model
+                lm = synth.write_qwen35(t / f"lm-{label}.gguf", lm_type, n_vocab=512, image_tokens="qwen")
+                mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type, projector="qwen3vl_merger",
+                                        image_size=256, patch=16, n_head=4, deepstack=())
+            elif kind.startswith("qwen"):    # Qwen 2 / 2.5 VL's: a qwen2vl model (M-RoPE) with its image tokens
                 lm = synth.write_qwen2vl(t / f"lm-{label}.gguf", lm_type, n_vocab=512, image_tokens="qwen")
                 mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type, projector=kind,
                                         image_size=560, patch=14, n_head=4)
@@ -248,8 +267,9 @@ def main() -> None:
                 lm = synth.write_llama(t / f"lm-{label}.gguf", lm_type, n_vocab=512, image_tokens=True)
                 mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type, projector="idefics3",
                                         merge=2, longest_edge=64)
-            got = peer(python, {"lm": lm, "mmproj": mm, "prompt": PROMPT, "images": [p for _, p in pictures]})
             enc = VisionEncoder(mm)
+            got = peer(python, {"lm": lm, "mmproj": mm, "prompt": PROMPT, "images": [p for _, p in pictures],
+                                "width": enc.n_out})
             model = Model(lm, mmproj=mm, n_ctx=4096, n_threads=2)
             for (name, path), theirs in zip(pictures, got):
                 from PIL import Image

@@ -23,6 +23,11 @@ model reads in place of tokens.
         112 pixels but in every n_wa_pattern-th layer; x = 2 x 2 patches' rows side by side;
         rows = W2 gelu(W0 x + b0) + b2; the language model gives the rows M-RoPE positions
         (row and column: Engine.mrope_positions)
+    projector "qwen3vl_merger" (Qwen 3 VL, Qwen3.5): Qwen 2 VL's, with a patch bias, a fused qkv
+        and learned positions resized to the image (bilinear, corners aligned); DeepStack: each
+        marked layer's output, 2 x 2 patches side by side, through its own layernorm and GELU
+        MLP, becomes a further slice of every row, rows = [merger | slice 1 | slice 2 ...] (the
+        language model adds slice k after its layer k - 1)
 
 Gemma 3 reads one image fitted into the square; Idefics3 (SmolVLM) reads the image
 as tiles of the square plus an overview, each between marker tokens (layout()).
@@ -65,8 +70,8 @@ from ._native import ffi, lib
 from .errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
 from .model_file import ModelFile
 
-PROJECTORS = ("gemma3", "idefics3", "lfm2", "pixtral", "qwen2vl_merger", "qwen2.5vl_merger")
-QWEN = ("qwen2vl_merger", "qwen2.5vl_merger")
+PROJECTORS = ("gemma3", "idefics3", "lfm2", "pixtral", "qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
+QWEN = ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
 LFM2_TILE = 512              # LFM2-VL's tiles (mtmd's and its processor's constants)
 LFM2_TILES = (2, 10)         # the fewest and most tiles of a tiled image
 LFM2_ROWS = (64, 256)        # the fewest and most rows of an image read whole (and of the thumbnail)
@@ -92,12 +97,20 @@ class ImagePlan:
 
 
 @dataclass
+class DeepStack:
+    """Qwen 3 VL: the rows of encoder layer `layer` taken aside, each 2 x 2 patches side by side,
+    through layernorm, Linear, GELU, Linear: an extra slice of each image row."""
+    layer: int
+    norm: tuple
+    fc1: tuple
+    fc2: tuple
+
+
+@dataclass
 class EncoderLayer:
     ln1: tuple
     ln2: tuple
-    q: tuple     # (name of the weight, bias or None)
-    k: tuple
-    v: tuple
+    qkv: tuple   # ((name of the weight, bias or None) of q, of k, of v), or of one fused [q | k | v]
     out: tuple
     up: tuple
     down: tuple
@@ -134,8 +147,8 @@ class VisionEncoder:
         self.projector = str(mf.get("clip.projector_type") or mf.get("clip.vision.projector_type") or "")
         if self.projector not in PROJECTORS:
             raise UnsupportedModelError(f"{self.path}: projector type {self.projector!r} is not supported yet "
-                                        f"(supported: {', '.join(PROJECTORS)}: Gemma 3's, SmolVLM's, LFM2-VL's and "
-                                        f"Pixtral's / Mistral Small's)")
+                                        f"(supported: {', '.join(PROJECTORS)}: Gemma 3's, SmolVLM's, LFM2-VL's, "
+                                        f"Pixtral's / Mistral Small's, Qwen 2 / 2.5 / 3 VL's and Qwen3.5's)")
         self.n_embd, self.n_head = self._int("embedding_length"), self._int("attention.head_count")
         self.n_ff, self.n_layer = self._int("feed_forward_length"), self._int("block_count")
         self.image_size, self.patch = self._int("image_size"), self._int("patch_size")
@@ -162,7 +175,8 @@ class VisionEncoder:
         self.check_shape("v.patch_embd.weight", (self.patch, self.patch, 3, self.n_embd))
         # Pixtral's and Qwen 2.5's norms are RMS norms; their positions are a 2D RoPE
         self.rms = self.projector in ("pixtral", "qwen2.5vl_merger")
-        if self.projector != "pixtral" and not self.qwen:
+        self.deepstack: list[DeepStack] = []
+        if self.projector != "pixtral" and self.projector not in QWEN[:2]:    # Qwen 3's are resized
             self.check_shape("v.position_embd.weight", (self.n_embd, self.side * self.side))
         if self.qwen:     # a still image is both frames of Qwen's temporal patch: the kernels' sum
             self.check_shape("v.patch_embd.weight.1", (self.patch, self.patch, 3, self.n_embd))
@@ -199,8 +213,11 @@ class VisionEncoder:
             # Qwen 2.5: every n-th layer sees the whole image, the others windows of it
             self.window_every = self._int("n_wa_pattern") if self.projector == "qwen2.5vl_merger" else 0
             n_mid = self._projection("mm.0.weight", self.n_embd * 4, inputs_first=True)
-            self.n_out = self._projection("mm.2.weight", n_mid, inputs_first=True)
-            self.mlp = (self._pair("mm.0", (self.n_embd * 4, n_mid)), self._pair("mm.2", (n_mid, self.n_out)))
+            n_lm = self._projection("mm.2.weight", n_mid, inputs_first=True)
+            self.mlp = (self._pair("mm.0", (self.n_embd * 4, n_mid)), self._pair("mm.2", (n_mid, n_lm)))
+            self.deepstack = [self._deepstack(i, n_lm) for i in range(self.n_layer)
+                              if self.mf.has_tensor(f"v.deepstack.{i}.fc1.weight")]
+            self.n_out = n_lm * (1 + len(self.deepstack))     # the row, then DeepStack's slices
             self.input_norm = None
             self.pixel_budget = tuple(r * self.align ** 2 for r in QWEN_ROWS)
             self.longest_edge = self.image_size
@@ -293,15 +310,22 @@ class VisionEncoder:
             self.check_shape(bias, (shape[-1],))
         return name + ".weight", bias if self.mf.has_tensor(bias) else None
 
+    def _deepstack(self, i: int, n_lm: int) -> DeepStack:
+        p, n = f"v.deepstack.{i}.", self.n_embd * 4
+        n_mid = self._projection(p + "fc1.weight", n, inputs_first=True)
+        return DeepStack(i, self._pair(p + "norm", (n,)), self._pair(p + "fc1", (n, n_mid)),
+                         self._pair(p + "fc2", (n_mid, n_lm)))
+
     def _layer(self, i: int) -> EncoderLayer:
         p, n, f = f"v.blk.{i}.", self.n_embd, self.n_ff
         up, down = p + "ffn_up", p + "ffn_down"
         if n != f and self.mf.has_tensor(up + ".weight") and self.mf.tensor(up + ".weight").shape[0] == f:
             up, down = down, up     # old conversions named fc1 ffn_down (llama.cpp swaps them back too)
         gate = self._pair(p + "ffn_gate", (n, f)) if self.mf.has_tensor(p + "ffn_gate.weight") else None
-        return EncoderLayer(ln1=self._pair(p + "ln1", (n,)), ln2=self._pair(p + "ln2", (n,)),
-                            q=self._pair(p + "attn_q", (n, n)), k=self._pair(p + "attn_k", (n, n)),
-                            v=self._pair(p + "attn_v", (n, n)), out=self._pair(p + "attn_out", (n, n)),
+        qkv = (self._pair(p + "attn_qkv", (n, 3 * n)),) if self.mf.has_tensor(p + "attn_qkv.weight") else \
+            tuple(self._pair(p + m, (n, n)) for m in ("attn_q", "attn_k", "attn_v"))
+        return EncoderLayer(ln1=self._pair(p + "ln1", (n,)), ln2=self._pair(p + "ln2", (n,)), qkv=qkv,
+                            out=self._pair(p + "attn_out", (n, n)),
                             up=self._pair(up, (n, f)), down=self._pair(down, (f, n)), gate=gate)
 
     def floats(self, name: Optional[str]) -> Optional[np.ndarray]:
@@ -545,13 +569,15 @@ class VisionEncoder:
 
     def positions(self, rows: int, cols: int) -> np.ndarray:
         """The learned position rows for a grid of rows x cols patches: the table itself when it
-        is that grid, else (LFM2) the table resized, bilinear with antialiasing as llama.cpp
-        (and PyTorch's interpolate) does it. [rows * cols, n_embd]"""
+        is that grid, else the table resized as llama.cpp does it: LFM2's bilinear with
+        antialiasing (PyTorch's interpolate), Qwen 3's bilinear with the corners aligned.
+        [rows * cols, n_embd]"""
         table = self.floats("v.position_embd.weight")
         if (rows, cols) == (self.side, self.side):
             return table
         grid = table.reshape(self.side, self.side, self.n_embd).astype(np.float64)
-        out = np.einsum("Yy,Xx,yxn->YXn", resample_weights(self.side, rows), resample_weights(self.side, cols), grid)
+        weights = corner_weights if self.qwen else resample_weights
+        out = np.einsum("Yy,Xx,yxn->YXn", weights(self.side, rows), weights(self.side, cols), grid)
         return np.ascontiguousarray(out.reshape(rows * cols, self.n_embd), dtype=np.float32)
 
     def _encode(self, tiles: np.ndarray) -> np.ndarray:
@@ -569,6 +595,8 @@ class VisionEncoder:
         if self.mf.has_tensor("v.patch_embd.bias"):
             x += self.floats("v.patch_embd.bias")
         spans = None
+        if self.projector == "qwen3vl_merger":
+            x.reshape(m, P, n)[:] += self.positions(gh, gw)
         if self.qwen:    # the patches in window order: each window's rows together, 2 x 2 patches by 2 x 2
             order, windows = qwen_windows(gh, gw, QWEN_WINDOW // self.patch // 2)
             x = np.ascontiguousarray(x.reshape(m, P, n)[:, order].reshape(T, n))
@@ -587,6 +615,8 @@ class VisionEncoder:
         elif self.qwen:
             cos, sin = rope_2d(gh, gw, n // self.n_head, PIXTRAL_ROPE_BASE, interleave=False)
             rope = (cos[order], sin[order], True)
+        raster = np.argsort(order) if self.qwen else None    # the rows back in raster order
+        stacked = []    # DeepStack's slices
         for i, L in enumerate(self.layers):
             windowed = spans is not None and self.window_every and (i + 1) % self.window_every
             x += self.attention(self.norm(x, L.ln1, out=h), L, work=work, out=y, seq=P, rope=rope,
@@ -596,13 +626,19 @@ class VisionEncoder:
                 self.linear(h, L.gate, L.up, out=up)
                 self.parallel(T, lambda r0, r1: silu_times(up[r0:r1], self.n_ff))
                 x += self.linear(up[:, :self.n_ff], L.down, out=y)
-                continue
-            self.activation(self.linear(h, L.up, out=up, bias=False), self.floats(L.up[1]))
-            x += self.linear(up, L.down, out=y)
+            else:
+                self.activation(self.linear(h, L.up, out=up, bias=False), self.floats(L.up[1]))
+                x += self.linear(up, L.down, out=y)
+            for ds in self.deepstack:
+                if ds.layer == i:
+                    cells = self.side_by_side(x.reshape(m, P, n)[:, raster].reshape(T, n), gh, gw)
+                    h4 = self.norm(cells, ds.norm)
+                    stacked.append(self.linear(self.activation(self.linear(h4, ds.fc1), gelu=True), ds.fc2))
         x = self.optional_norm(x, "v.post_ln")
-        if self.qwen:    # back in raster order for the merger
-            x = x.reshape(m, P, n)[:, np.argsort(order)].reshape(T, n)
-        return np.concatenate([self.project(x[i * P:(i + 1) * P], gh, gw) for i in range(m)])
+        if self.qwen:
+            x = x.reshape(m, P, n)[:, raster].reshape(T, n)
+        rows = np.concatenate([self.project(x[i * P:(i + 1) * P], gh, gw) for i in range(m)])
+        return np.concatenate([rows] + stacked, axis=1) if stacked else rows
 
     def attention(self, h: np.ndarray, L: EncoderLayer, block: int = 512, work: Optional["AttentionWork"] = None,
                   out: Optional[np.ndarray] = None, seq: Optional[int] = None,
@@ -618,7 +654,7 @@ class VisionEncoder:
         spans = [(i, i + P) for i in range(0, T, P)] if spans is None else spans
         d, n = self.n_embd // H, self.n_embd
         w = AttentionWork(T, n) if work is None else work
-        qkv = self.linear(h, L.q, L.k, L.v, out=w.qkv)
+        qkv = self.linear(h, *L.qkv, out=w.qkv)
         q, k, v = qkv[:, :n], qkv[:, n:2 * n], qkv[:, 2 * n:]
         isa = lib.pyllm_get_level()
         if rope is not None:
@@ -668,15 +704,21 @@ class VisionEncoder:
             return np.ascontiguousarray(x @ self.floats("mm.input_projection.weight"), dtype=np.float32)
         if self.projector == "pixtral":
             return self.pixtral_rows(x, rows, cols)
-        # patch (r, c) -> row (r // k, c // k), at column block (c % k) + k (r % k), as transformers'
-        # Idefics3 pixel_shuffle (and mtmd's for all three) orders them
-        x = x.reshape(rows // k, k, cols // k, k, n).transpose(0, 2, 1, 3, 4)
-        x = np.ascontiguousarray(x.reshape(-1, k * k * n))
+        x = self.side_by_side(x, rows, cols)
         if self.projector == "idefics3":
             return np.ascontiguousarray(x @ self.floats("mm.model.fc.weight").T, dtype=np.float32)
         if self.input_norm is not None:
             x = self.norm(x, self.input_norm, eps=1e-5)      # nn.LayerNorm's default, as mtmd uses
         return self.linear(self.activation(self.linear(x, self.mlp[0]), gelu=True), self.mlp[1])
+
+    def side_by_side(self, x: np.ndarray, rows: int, cols: int) -> np.ndarray:
+        """Rows of grids of rows x cols patches [m * rows * cols, n] -> each k x k patches' rows side
+        by side in one row [m * rows * cols / k^2, k^2 n]: patch (r, c) to row (r // k, c // k), at
+        column block (c % k) + k (r % k), as transformers' Idefics3 pixel_shuffle (and mtmd's for
+        Idefics3, LFM2 and Qwen) orders them."""
+        k, n = self.merge, x.shape[1]
+        x = x.reshape(-1, rows // k, k, cols // k, k, n).transpose(0, 1, 3, 2, 4, 5)
+        return np.ascontiguousarray(x.reshape(-1, k * k * n))
 
     def pixtral_rows(self, x: np.ndarray, rows: int, cols: int) -> np.ndarray:
         """Pixtral's projector: RMS norm, each k x k patches unfolded into one row (a patch's
@@ -898,6 +940,21 @@ def resample_weights(n_in: int, n_out: int) -> np.ndarray:
         w = np.maximum(0.0, 1.0 - np.abs((j - center + 0.5) / support))
         out[i, lo:hi] = w / w.sum()
     return out
+
+def corner_weights(n_in: int, n_out: int) -> np.ndarray:
+    """[n_out, n_in] weights of bilinear resampling with the corners aligned (PyTorch's
+    interpolate(align_corners=True); ggml's upscale with that flag, whose float32 arithmetic
+    this copies): output i reads input i (n_in - 1) / (n_out - 1)."""
+    out = np.zeros((n_out, n_in))
+    sf = np.float32(n_out - 1) / np.float32(n_in - 1) if n_out > 1 and n_in > 1 else np.float32(n_out / n_in)
+    for i in range(n_out):
+        at = np.float32(i) / sf
+        lo = min(int(np.floor(at)), n_in - 1)
+        hi, frac = min(lo + 1, n_in - 1), min(max(float(at) - lo, 0.0), 1.0)
+        out[i, lo] += 1.0 - frac
+        out[i, hi] += frac
+    return out
+
 
 def image_dimensions(image) -> tuple[int, int]:
     """(width, height) of an image (anything load_image takes), reading only its header."""

@@ -1634,7 +1634,8 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
                  n_layer: int = 2, image_size: int = 32, patch: int = 4, merge: int = 2, seed: int = 5,
                  qtype: QT = QT.F16, use_gelu: bool = True, pre_ln: bool = False,
                  swapped_ffn: bool = False, projector: str = "gemma3", drop_tensor: Optional[str] = None,
-                 longest_edge: int = 0, n_mid: int = 80, input_norm: bool = True, n_wa_pattern: int = 2) -> str:
+                 longest_edge: int = 0, n_mid: int = 80, input_norm: bool = True, n_wa_pattern: int = 2,
+                 deepstack: tuple = (0,)) -> str:
     """A tiny Gemma 3 multimodal projector (llama.cpp's mmproj GGUF, architecture "clip"): a
     SigLIP-like encoder of `n_layer` layers over (image_size / patch)^2 patches, pooled
     merge x merge, projected to the language model's n_out. swapped_ffn: the ffn_up/ffn_down
@@ -1646,15 +1647,19 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
     patches unfolded and merged when merge > 1, an RMS norm and a two-layer MLP, the
     [IMG_BREAK] row); "qwen2vl_merger" / "qwen2.5vl_merger": Qwen 2 / 2.5 VL's (two patch
     kernels, a 2D RoPE; 2.5: RMS norms, a gated SiLU FFN, windows of attention but every
-    n_wa_pattern-th layer; 2 x 2 patches side by side through a two-layer GELU MLP)."""
+    n_wa_pattern-th layer; 2 x 2 patches side by side through a two-layer GELU MLP);
+    "qwen3vl_merger": Qwen 3 VL's (Qwen 2's with a patch bias, learned positions resized to each
+    image, a fused qkv, GELU; the `deepstack` layers' rows through their own layernorm and MLP,
+    each a slice of n_out more in each row)."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "clip")
     w.add_bool("clip.has_vision_encoder", True)
     w.add_bool("clip.has_text_encoder", False)
     w.add_string("clip.projector_type", projector)
     pixtral, qwen, qwen25 = projector == "pixtral", projector.startswith("qwen"), projector == "qwen2.5vl_merger"
+    qwen3 = projector == "qwen3vl_merger"
     rms, gated = pixtral or qwen25, pixtral or qwen25    # RMS norms (weights only); a gated SiLU FFN
-    w.add_bool("clip.use_gelu", use_gelu and not gated and not qwen)    # Qwen 2 VL's: quick-GELU
+    w.add_bool("clip.use_gelu", use_gelu and not gated and (qwen3 or not qwen))    # Qwen 2 VL's: quick-GELU
     if gated:
         w.add_bool("clip.use_silu", True)
     if qwen25:
@@ -1699,9 +1704,9 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
     add("v.patch_embd.weight", rng.normal(0, 1.0 / patch, (n_embd, 3, patch, patch)), QT.F16)
     if qwen:
         add("v.patch_embd.weight.1", rng.normal(0, 1.0 / patch, (n_embd, 3, patch, patch)), QT.F16)
-    else:
+    if not qwen or qwen3:
         bias("v.patch_embd.bias", n_embd)
-    if not pixtral and not qwen:
+    if not pixtral and (not qwen or qwen3):
         add("v.position_embd.weight", rng.normal(0, 0.3, (side * side, n_embd)))   # F32: llama.cpp adds it as is
     if pre_ln or pixtral:
         add("v.pre_ln.weight", 1 + rng.normal(0, 0.1, n_embd))
@@ -1711,7 +1716,10 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
         for norm in ("ln1", "ln2"):
             add(p + norm + ".weight", 1 + rng.normal(0, 0.1, n_embd))
             bias(p + norm + ".bias", n_embd)
-        for m in ("attn_q", "attn_k", "attn_v", "attn_out"):
+        if qwen3:
+            add(p + "attn_qkv.weight", mat(n_embd, 3 * n_embd, 1.0), qtype)
+            bias(p + "attn_qkv.bias", 3 * n_embd)
+        for m in ("attn_out",) if qwen3 else ("attn_q", "attn_k", "attn_v", "attn_out"):
             add(p + m + ".weight", mat(n_embd, n_embd, 1.0), qtype)
             bias(p + m + ".bias", n_embd)
         up, down = ("ffn_down", "ffn_up") if swapped_ffn else ("ffn_up", "ffn_down")
@@ -1737,6 +1745,14 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
         add("mm.2.weight", mat(n_mid, n_out, 1.0), qtype)
         add("mm.2.bias", rng.normal(0, 0.1, n_out))
     elif qwen:                    # 2 x 2 patches side by side: Linear, GELU, Linear
+        for i in deepstack if qwen3 else ():    # the same from layer i's rows, after a layernorm
+            p = f"v.deepstack.{i}."
+            add(p + "norm.weight", 1 + rng.normal(0, 0.1, n_embd * 4))
+            add(p + "norm.bias", rng.normal(0, 0.1, n_embd * 4))
+            add(p + "fc1.weight", mat(n_embd * 4, n_embd * 4, 1.0), qtype)
+            add(p + "fc1.bias", rng.normal(0, 0.1, n_embd * 4))
+            add(p + "fc2.weight", mat(n_embd * 4, n_out, 1.0), qtype)
+            add(p + "fc2.bias", rng.normal(0, 0.1, n_out))
         add("mm.0.weight", mat(n_embd * 4, n_mid, 1.0), qtype)
         add("mm.0.bias", rng.normal(0, 0.1, n_mid))
         add("mm.2.weight", mat(n_mid, n_out, 1.0), qtype)

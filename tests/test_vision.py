@@ -841,16 +841,41 @@ def test_the_encoder_s_threads_leave_ctrl_c_to_the_main_thread(files):
 
 # -- Qwen 2 / 2.5 VL: the encoder (the language model's M-RoPE image positions are not done yet) --------
 
+def slow_corner_resize(table: np.ndarray, side: int, rows: int, cols: int) -> np.ndarray:
+    """A side x side grid of rows resized to rows x cols, one output at a time: output (r, c)
+    reads the grid at (r (side - 1) / (rows - 1), c (side - 1) / (cols - 1)), bilinear between
+    its four neighbours (PyTorch's interpolate with align_corners)."""
+    grid = table.reshape(side, side, -1)
+
+    def at(i, n_out):
+        v = i * (side - 1) / (n_out - 1) if n_out > 1 else 0.0
+        lo = min(int(math.floor(v)), side - 1)
+        return lo, min(lo + 1, side - 1), v - lo
+    out = np.zeros((rows, cols, grid.shape[2]))
+    for r in range(rows):
+        y0, y1, dy = at(r, rows)
+        for c in range(cols):
+            x0, x1, dx = at(c, cols)
+            out[r, c] = (grid[y0, x0] * (1 - dx) + grid[y0, x1] * dx) * (1 - dy) + \
+                (grid[y1, x0] * (1 - dx) + grid[y1, x1] * dx) * dy
+    return out.reshape(rows * cols, -1)
+
+
 def slow_qwen_encode(enc: VisionEncoder, pixels: np.ndarray) -> np.ndarray:
     """Qwen's encoder written out plainly for one input: a head's pair (i, i + d/2) turned by the
     patch's row (first half of the pairs) or column, at 10000^(-4j/d); in Qwen 2.5 a patch of a
-    windowed layer sees only the patches of its window of 4 x 4 cells of 2 x 2 patches."""
+    windowed layer sees only the patches of its window of 4 x 4 cells of 2 x 2 patches; Qwen 3
+    adds a patch bias and its learned positions resized to the image, and after each DeepStack
+    layer puts that layer's rows through their own MLP, a slice of each output row."""
     f, n, H, eps = enc.floats, enc.n_embd, enc.n_head, enc.eps
     d, p = n // H, enc.patch
     gh, gw = pixels.shape[1] // p, pixels.shape[2] // p
     W = f("v.patch_embd.weight") + f("v.patch_embd.weight.1")
     x = np.array([np.einsum("ocij,cij->o", W, pixels[:, r * p:(r + 1) * p, c * p:(c + 1) * p])
                   for r in range(gh) for c in range(gw)])
+    if enc.projector == "qwen3vl_merger":
+        x = x + f("v.patch_embd.bias") + slow_corner_resize(f("v.position_embd.weight"), enc.side, gh, gw)
+    stacked = []
     win = 112 // p // 2
     window = [((q // gw) // 2 // win, (q % gw) // 2 // win) for q in range(gh * gw)]
 
@@ -874,7 +899,11 @@ def slow_qwen_encode(enc: VisionEncoder, pixels: np.ndarray) -> np.ndarray:
         b = f"v.blk.{i}."
         windowed = enc.window_every and (i + 1) % enc.window_every
         h = norm(x, b + "ln1")
-        q, k, v = turn(lin(f, h, b + "attn_q")), turn(lin(f, h, b + "attn_k")), lin(f, h, b + "attn_v")
+        if enc.mf.has_tensor(b + "attn_qkv.weight"):
+            q, k, v = np.split(lin(f, h, b + "attn_qkv"), 3, axis=1)
+        else:
+            q, k, v = lin(f, h, b + "attn_q"), lin(f, h, b + "attn_k"), lin(f, h, b + "attn_v")
+        q, k = turn(q), turn(k)
         att = np.zeros_like(h)
         for head in range(H):
             s = slice(head * d, (head + 1) * d)
@@ -890,16 +919,21 @@ def slow_qwen_encode(enc: VisionEncoder, pixels: np.ndarray) -> np.ndarray:
             x = x + lin(f, g / (1 + np.exp(-g)) * lin(f, h, b + "ffn_up"), b + "ffn_down")
         else:
             u = lin(f, h, b + "ffn_up")
-            x = x + lin(f, u / (1 + np.exp(-1.702 * u)), b + "ffn_down")
+            x = x + lin(f, gelu(u) if enc.gelu else u / (1 + np.exp(-1.702 * u)), b + "ffn_down")
+        ds = f"v.deepstack.{i}."
+        if enc.mf.has_tensor(ds + "fc1.weight"):
+            stacked.append(lin(f, gelu(lin(f, ln(f, side_by_side(x, gh, gw, 2), ds + "norm", eps), ds + "fc1")),
+                               ds + "fc2"))
     x = norm(x, "v.post_ln")
-    return lin(f, gelu(lin(f, side_by_side(x, gh, gw, 2), "mm.0")), "mm.2")
+    return np.concatenate([lin(f, gelu(lin(f, side_by_side(x, gh, gw, 2), "mm.0")), "mm.2")] + stacked, axis=1)
 
 
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory):
     d = tmp_path_factory.mktemp("qwen")
     return {p: synth.write_mmproj(d / f"{p}.gguf", n_out=64, qtype=QT.F32, projector=p, patch=14, image_size=56,
-                                  n_embd=32, n_ff=48, n_head=4) for p in ("qwen2.5vl_merger", "qwen2vl_merger")}
+                                  n_embd=32, n_ff=48, n_head=4, n_layer=3, deepstack=(0, 2))
+            for p in ("qwen2.5vl_merger", "qwen2vl_merger", "qwen3vl_merger")}
 
 
 def test_qwen_windows():
@@ -912,13 +946,15 @@ def test_qwen_windows():
 
 def test_qwen_encoders_match_the_plain_loops(qwen):
     """Qwen 2.5 (windows of 4 x 4 cells in its first layer, the whole image in its second, cut
-    windows at the edges) and Qwen 2 (LayerNorm, quick-GELU, no windows)."""
+    windows at the edges), Qwen 2 (LayerNorm, quick-GELU, no windows) and Qwen 3 (a fused qkv,
+    GELU, its 4 x 4 positions resized to 10 x 14, DeepStack after its first and last layers:
+    rows of three slices)."""
     px = np.random.default_rng(24).uniform(-1, 1, (3, 140, 196))      # 10 x 14 patches: 5 x 7 cells
-    for path in qwen.values():
+    for kind, path in qwen.items():
         enc = VisionEncoder(path, n_threads=3)
         want = slow_qwen_encode(enc, px)
         got = enc.encode_pixels(px)
-        assert got.shape == (35, 64) == want.shape
+        assert got.shape == (35, 64 * (3 if kind == "qwen3vl_merger" else 1)) == want.shape
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.abs(want).max())
         enc.close()
 
@@ -968,12 +1004,58 @@ def test_a_qwen_prompt_matches_the_reference(tmp_path):
         Model(wide)
 
 
-@pytest.mark.parametrize("projector", ["gemma3", "idefics3", "lfm2", "pixtral", "qwen2.5vl_merger"])
+def test_a_qwen3_prompt_matches_the_reference(tmp_path):
+    """Qwen 3 VL: rows of [row | two DeepStack slices], the slices added after the language
+    model's first two layers, interleaved M-RoPE; the prompt and the decode steps after it
+    against the numpy reference, which they would not match without either (so both count)."""
+    from pyllm.arch import load_architecture
+    from pyllm.model_file import ModelFile
+    from pyllm.reference import Reference
+    mm = synth.write_mmproj(tmp_path / "mm.gguf", n_out=256, qtype=QT.F32, projector="qwen3vl_merger", patch=16,
+                            image_size=64, n_embd=32, n_ff=48, n_head=4, n_layer=3, deepstack=(0, 1))
+    lm = synth.write_qwen3vl(tmp_path / "lm.gguf", QT.F32, image_tokens="qwen", n_layer=3,
+                             keys={"num_deepstack_layers": 2})
+    m = Model(lm, mmproj=mm, n_ctx=512)
+    img = picture(27, (100, 150, 3))
+    assert m.vision.n_out == 768 and m.arch.deepstack == 2 and m.engine.mrope
+    assert m.vision.mrope_grid(150, 100) == (5, 3)
+    ids = assert_prompt_matches_the_reference(m, lm, mm, img, then=(40, 41))
+    rows = m.engine.media.rows([t for t in ids if t < 0])
+    local, j = [], 0
+    for t in ids:
+        local.append(t if t >= 0 else -1 - j)
+        j += t < 0
+    seq = m.engine.new_sequence()
+    got, _ = m.engine.prefill(seq, ids)
+    seq.release()
+    m.close()
+    mf = ModelFile(lm)
+    arch = load_architecture(mf)
+    ref = Reference(arch)
+    rope_pos = m.engine.mrope_positions(ids, 0)
+    flat = rows.copy()
+    flat[:, 256:] = 0       # DeepStack's slices off
+    unstacked = ref.forward(np.array(local), media=flat, rope_pos=rope_pos)[-1]
+    arch.mrope_interleaved = False    # the sections one after another, as Qwen 2 VL's
+    plain = Reference(arch).forward(np.array(local), media=rows, rope_pos=rope_pos)[-1]
+    mf.close()
+    span = got.max() - got.min()
+    assert np.abs(got - unstacked).max() > 1e-2 * span and np.abs(got - plain).max() > 1e-3 * span
+    with pytest.raises(InvalidArgumentError, match="another model"):     # one DeepStack slice fewer
+        Model(synth.write_qwen3vl(tmp_path / "one.gguf", QT.F32, image_tokens="qwen", n_layer=3,
+                                  keys={"num_deepstack_layers": 1}), mmproj=mm)
+    with pytest.raises(ModelFileError, match="n_deepstack_layers"):
+        Model(synth.write_qwen3vl(tmp_path / "bad.gguf", QT.F32, n_layer=2, keys={"num_deepstack_layers": 2}))
+
+
+@pytest.mark.parametrize("projector", ["gemma3", "idefics3", "lfm2", "pixtral", "qwen2.5vl_merger",
+                                       "qwen3vl_merger"])
 def test_every_projector_takes_tiny_and_extreme_images(projector, tmp_path):
     """A 1 x 1 picture, a line of 3000 x 1 and its transpose: sized, resampled, encoded and laid
     out, as many rows as the layout places."""
     kw = {"idefics3": dict(longest_edge=64), "lfm2": dict(image_size=64, patch=16),
-          "qwen2.5vl_merger": dict(image_size=56, patch=14)}.get(projector, {})
+          "qwen2.5vl_merger": dict(image_size=56, patch=14), "qwen3vl_merger": dict(image_size=64, patch=16)
+          }.get(projector, {})
     enc = VisionEncoder(synth.write_mmproj(tmp_path / "mm.gguf", projector=projector, n_embd=32, n_ff=32, **kw))
     for shape in ((1, 1), (1, 3000), (3000, 1)):
         img = picture(26, shape + (3,))
