@@ -7,7 +7,8 @@
 
 /* y[t] = dequant(w row tokens[t]) * scale; OPF_BY_POS: the row of pos[t] (learned positions),
  * with OPF_ACCUMULATE added into y. A token id -1 - j: the step's media row j from column
- * media_col, unscaled (zeros with OPF_MEDIA_ZERO); OPF_MEDIA_ONLY: text rows are left alone */
+ * media_col, unscaled (zeros with OPF_MEDIA_ZERO; w's row 0, scaled, with OPF_MEDIA_PAD);
+ * OPF_MEDIA_ONLY: text rows are left alone */
 void op_embed(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     size_t row_bytes = weight_row_bytes(op->type, op->n_in);
     const int32_t *ids = op->flags & OPF_BY_POS ? r->step->pos : r->step->tokens;
@@ -15,7 +16,8 @@ void op_embed(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     split_range(r->rows, ith, nth, 1, &lo, &hi);
     for (int64_t t = lo; t < hi; t++) {
         float *y = OUT_ROW(op, t);
-        if (ids[t] < 0) {   /* media row -1 - id (check_step: one of the step's, holding the columns): as it is */
+        if (ids[t] < 0 && !(op->flags & OPF_MEDIA_PAD)) {   /* media row -1 - id (check_step: one of the step's,
+                                                                 holding the columns): as it is */
             const float *m = r->step->media + (-1 - (int64_t)ids[t]) * r->step->media_width + op->media_col;
             if (op->flags & OPF_MEDIA_ZERO) {
                 if (!(op->flags & OPF_ACCUMULATE)) memset(y, 0, (size_t)op->n_in * sizeof(float));
@@ -27,7 +29,7 @@ void op_embed(const pyllm_op *op, const op_rows *r, int ith, int nth) {
             continue;
         }
         if (op->flags & OPF_MEDIA_ONLY) continue;
-        const uint8_t *row = (const uint8_t *)op->w + (size_t)ids[t] * row_bytes;
+        const uint8_t *row = (const uint8_t *)op->w + (size_t)(ids[t] < 0 ? 0 : ids[t]) * row_bytes;
         float *e = op->flags & OPF_ACCUMULATE ? r->scratch : y;   /* added to y below */
         K.dequant[op->type](row, e, op->n_in);
         if (op->scale != 1.0f)

@@ -333,7 +333,7 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
     }
     int64_t media_width = 0;   /* a media row: the embedding's columns, then DeepStack's slices */
     for (int i = 0; i < n_ops; i++)
-        if (ops[i].kind == OP_EMBED && !(ops[i].flags & (OPF_MEDIA_ZERO | OPF_BY_POS)) &&
+        if (ops[i].kind == OP_EMBED && !(ops[i].flags & (OPF_MEDIA_ZERO | OPF_MEDIA_PAD | OPF_BY_POS)) &&
             ops[i].media_col + ops[i].n_in > media_width)
             media_width = ops[i].media_col + ops[i].n_in;
     for (int i = 0; i < n_ops; i++) {
@@ -369,12 +369,10 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
             const int32_t id = by_pos ? st->pos[t] : st->tokens[t];
             if (!by_pos && id < 0) {   /* media row -1 - id */
                 const int64_t j = -1 - (int64_t)id;
-                if (ops[i].flags & OPF_NO_MEDIA)
-                    return fail("media rows through a model with per-layer token inputs are not supported");
                 if (!st->media || j >= st->n_media)
                     return fail("token id %d names media row %lld; the step has %d", id, (long long)j,
                                 st->media ? st->n_media : 0);
-                if (!(ops[i].flags & OPF_MEDIA_ZERO) && st->media_width != media_width)
+                if (!(ops[i].flags & (OPF_MEDIA_ZERO | OPF_MEDIA_PAD)) && st->media_width != media_width)
                     return fail("media rows are %d wide; the embedding is %lld", st->media_width,
                                 (long long)media_width);
                 continue;

@@ -97,7 +97,8 @@ enum pyllm_op_flags {
                                 own either way (EmbeddingGemma); the step's positions must be consecutive */
     OPF_MEDIA_ZERO = 2048,   /* EMBED: a media row's id gives a row of zeros (a LoRA's A rows of the token
                                 embedding: media rows are not adapted) */
-    OPF_NO_MEDIA = 4096,     /* EMBED: a media row's id is refused (per-layer token inputs: Gemma 3n, Gemma 4) */
+    OPF_MEDIA_PAD = 4096,    /* EMBED: a media row's id reads row 0, the padding token's (per-layer token inputs:
+                                Gemma 3n, Gemma 4; llama.cpp's for an image's rows) */
     OPF_MEDIA_ONLY = 8192,   /* EMBED (with OPF_ACCUMULATE): a text row is left as it is; a media row adds its
                                 columns media_col .. media_col + n_in (Qwen 3 VL's DeepStack: an image's
                                 features of deeper encoder layers, added after the first layers) */

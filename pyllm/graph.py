@@ -38,7 +38,7 @@ OP_NAMES = {OP_EMBED: "embed", OP_RMSNORM: "rmsnorm", OP_QUANTIZE: "quantize", O
             OP_MATMUL_COLS: "matmul_cols", OP_SAVE_ROWS: "save_rows"}
 OPF_ACCUMULATE, OPF_LAST_ROWS, OPF_NO_SYNC, OPF_OUT_ROWS, OPF_SLOT_INPUT, OPF_BY_POS = 1, 2, 4, 8, 16, 32
 OPF_V_IN_K, OPF_CHUNKED, OPF_GROUP_WEIGHTS, OPF_KV_GROUPED, OPF_NON_CAUSAL = 64, 128, 256, 512, 1024
-OPF_MEDIA_ZERO, OPF_NO_MEDIA = 2048, 4096   # EMBED: a media row's id gives zeros / is refused
+OPF_MEDIA_ZERO, OPF_MEDIA_PAD = 2048, 4096   # EMBED: a media row's id gives zeros / row 0 (the padding token)
 OPF_MEDIA_ONLY = 8192          # EMBED: media rows add their columns media_col.., text rows nothing (DeepStack)
 OPF_ROPE_INTERLEAVED = 16384   # ROPE: M-RoPE's sections interleaved (Qwen 3 VL)
 GLU_SILU, GLU_GELU_TANH, GLU_SWIGLU_OAI, GLU_RELU_SQR, GLU_MUL, GLU_RELU, GLU_SIGMOID, GLU_XIELU = 0, 1, 2, 3, 4, 5, 6, 7
@@ -247,11 +247,11 @@ class Graph:
         """out = scale * w's rows of the tokens; by_pos: out += w's rows of the positions
         (learned position embeddings). A step's media rows (token ids -1 - j: an image's
         embeddings) are taken as they are (media "rows": the token embedding), as zeros
-        ("zeros": a LoRA's rows of it) or refused ("refuse": per-layer token inputs)."""
+        ("zeros": a LoRA's rows of it) or as the padding token, row 0 ("pad": per-layer token inputs)."""
         n_in, n_rows = w.shape
         y = self._out(out, n_in)
         flags = OPF_BY_POS | OPF_ACCUMULATE if by_pos else {"rows": 0, "zeros": OPF_MEDIA_ZERO,
-                                                             "refuse": OPF_NO_MEDIA}[media]
+                                                             "pad": OPF_MEDIA_PAD}[media]
         self._emit(Op(OP_EMBED, flags=flags, type=w.type, weight=w, y=y, n_in=n_in, n_out=n_rows, scale=scale),
                    {y.name} if by_pos else set(), {y.name})
         for a, b_cols in () if by_pos else self.lora_embed.get(w.name, ()):

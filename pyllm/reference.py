@@ -294,9 +294,8 @@ class Reference:
         body = self._gemma3n if isinstance(a, Gemma3n) else self._gemma4 if isinstance(a, Gemma4) \
             else self._encoder if isinstance(a, Bert) else self._decoder
         if (tokens < 0).any():
-            if body == self._encoder or body == self._gemma3n or (body == self._gemma4 and a.n_per_layer):
-                raise ValueError(f"media rows through {a.name}: the reference takes them in decoders without "
-                                 f"per-layer token inputs only")
+            if body == self._encoder:
+                raise ValueError(f"media rows through {a.name}: the reference takes them in decoders only")
             width = a.hp.n_embd * (1 + a.deepstack)
             if media is None or media.ndim != 2 or media.shape[1] != width:
                 raise ValueError(f"media rows must be [rows, {width}]")
@@ -683,11 +682,12 @@ class Reference:
 
     def _per_layer_inputs(self, x: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         """Gemma 4's and 3n's per-layer inputs [T, n_layer, n_pl]:
-            (rmsnorm_per_layer(Wple x / sqrt(n_embd)) + embed_ple(tokens) sqrt(n_pl)) / sqrt(2)"""
+            (rmsnorm_per_layer(Wple x / sqrt(n_embd)) + embed_ple(tokens) sqrt(n_pl)) / sqrt(2)
+        (a media row's token: 0, the padding token, as llama.cpp takes it)"""
         a, hp, T, n = self.arch, self.arch.hp, len(tokens), self.arch.n_per_layer
         proj = (x @ self.w(a.ple_proj).T) * np.float32(1.0 / np.sqrt(hp.n_embd))
         proj = rmsnorm(proj.reshape(T, hp.n_layer, n), a.ple_proj_norm, hp.eps)
-        tok = self.w(a.ple_embd)[tokens].reshape(T, hp.n_layer, n) * np.float32(np.sqrt(n))
+        tok = self.w(a.ple_embd)[np.maximum(tokens, 0)].reshape(T, hp.n_layer, n) * np.float32(np.sqrt(n))
         return (proj + tok) * np.float32(1.0 / np.sqrt(2.0))
 
     def _shared_kv_attention(self, h: np.ndarray, i: int, caches: dict) -> np.ndarray:

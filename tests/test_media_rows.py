@@ -250,31 +250,24 @@ def test_media_rows_are_not_adapted_by_a_lora(tmp_path):
     assert compare(plain, ref)[0] > 0.05   # the adapter matters
 
 
-def test_per_layer_token_inputs_refuse_media_rows(tmp_path):
-    """Gemma 4's (and 3n's) per-layer inputs are looked up by token id: no media rows there, said
-    before the step runs (and by the core, were it asked)."""
-    arch, be = build(synth.write_gemma4(tmp_path / "g4.gguf", QT.F32))
-    with pytest.raises(UnsupportedModelError, match="per-layer token inputs"):
-        be.forward([1, -1], 0, TABLE, 1, media=np.zeros((1, arch.hp.n_embd), np.float32))
-    with pytest.raises(ValueError, match="per-layer token inputs"):
-        Reference(arch).forward([1, -1], media=np.zeros((1, arch.hp.n_embd), np.float32))
-    be.tokens[:2] = [1, -1]
-    keep = np.zeros((1, arch.hp.n_embd), np.float32)
-    st = be.step
-    st.n_tokens, st.n_out, st.n_table = 2, 1, 3
-    st.media, st.n_media, st.media_width = ffi.from_buffer("float[]", keep), 1, arch.hp.n_embd
-    try:
-        assert lib.pyllm_run(be.ctx, be.ops, len(be.graph.ops), st) == -1
-        assert "per-layer token inputs are not supported" in ffi.string(lib.pyllm_error()).decode()
-    finally:
-        st.media, st.n_media, st.media_width = ffi.NULL, 0, 0
-    # a Gemma 4 without them takes media rows
-    arch, be = build(synth.write_gemma4(tmp_path / "g4n.gguf", QT.F32, per_layer=0))
-    tokens, span = prompt(6, 3, 5)
+def test_per_layer_token_inputs_of_media_rows_are_the_padding_token(tmp_path):
+    """Gemma 4's (and 3n's) per-layer inputs are looked up by token id; a media row takes the
+    padding token's (row 0), as llama.cpp does, with the media row itself in their projection:
+    against the reference, which differs from one where the rows took another token's. A
+    Gemma 4 without per-layer inputs takes media rows as any decoder."""
+    for per_layer in (32, 0):
+        arch, be = build(synth.write_gemma4(tmp_path / f"g4-{per_layer}.gguf", QT.F32, per_layer=per_layer))
+        tokens, span = prompt(6, 3, 5)
+        media = media_like(arch, 3)
+        ref = Reference(arch).forward(tokens, media=media, bidirectional=[span])
+        out = run_chunks(be, tokens, span, media, bidirectional=True)
+        assert compare(out, ref)[0] < 1e-3
+    arch = build(synth.write_gemma4(tmp_path / "g4-32.gguf", QT.F32))[0]
     media = media_like(arch, 3)
-    ref = Reference(arch).forward(tokens, media=media, bidirectional=[span])
-    out = run_chunks(be, tokens, span, media, bidirectional=True)
-    assert compare(out, ref)[0] < 1e-3
+    base = Reference(arch).forward(tokens, media=media, bidirectional=[span])
+    padded = Reference(arch)
+    padded.w(arch.ple_embd)[0] += 1.0      # another padding row: other logits after the image
+    assert compare(padded.forward(tokens, media=media, bidirectional=[span]), base)[0] > 0.01
 
 
 def test_reference_checks_its_arguments(tmp_path):

@@ -271,7 +271,7 @@ class Gemma4(PostNormDecoder):
         ple = g.linear(x, self.ple_proj, "ple")
         g.scale(ple, 1.0 / math.sqrt(hp.n_embd))
         g.rmsnorm(ple, self.ple_proj_norm, hp.eps, ple, groups=hp.n_layer)
-        g.add(g.embed(self.ple_embd, "ple_tok", scale=math.sqrt(n), media="refuse"), ple)
+        g.add(g.embed(self.ple_embd, "ple_tok", scale=math.sqrt(n), media="pad"), ple)
         return g.scale(ple, 1.0 / math.sqrt(2.0))
 
     def attention(self, g: Graph, h: View, i: int) -> View:

@@ -144,14 +144,6 @@ def step_rope_pos(rope_pos, n: int) -> Optional[np.ndarray]:
     return a
 
 
-def media_refusal(graph) -> Optional[str]:
-    """Why this graph cannot take media rows (None: it can)."""
-    from ..graph import OP_EMBED, OPF_NO_MEDIA
-    if any(op.kind == OP_EMBED and op.flags & OPF_NO_MEDIA for op in graph.ops):
-        return "media rows (images) through a model with per-layer token inputs (Gemma 3n, Gemma 4) are not supported"
-    return None
-
-
 class DeviceMemoryError(BackendError):
     """A device cannot hold what it was asked to (over its memory budget)."""
 

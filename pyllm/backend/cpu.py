@@ -20,12 +20,12 @@ from typing import Optional, Sequence as Seq
 import numpy as np
 
 from .._native import ffi, lib
-from ..errors import BackendError, InvalidArgumentError, UnsupportedModelError
+from ..errors import BackendError, InvalidArgumentError
 from ..graph import OP_ATTENTION, OPF_NON_CAUSAL, Graph, View
 from ..model_file import Tensor
 from ..units import fmt_bytes
-from .base import (ACTIVATIONS, Backend, Device, DeviceMemoryError, Program, Range, Shape, StepData, media_refusal,
-                   step_media, step_rope_pos)
+from .base import (ACTIVATIONS, Backend, Device, DeviceMemoryError, Program, Range, Shape, StepData, step_media,
+                   step_rope_pos)
 from .lowering import fill_record, kv_rotations, memory_plan, step_needs, step_record
 
 ALIGN = 64
@@ -305,7 +305,6 @@ class CpuBackend(Backend):
         # sequence's or every row sees every other (an encoder)
         self.batches_sequences = not any(op.state is not None or op.flags & OPF_NON_CAUSAL and op.kind == OP_ATTENTION
                                          for op in graph.ops)
-        self.media_refusal = media_refusal(graph)
 
     # -- running -----------------------------------------------------------------
     def forward(self, tokens: Seq[int], start_pos: int, block_table: Seq[int], n_out: int,
@@ -319,8 +318,6 @@ class CpuBackend(Backend):
         n = len(tokens)
         check_step_args(n, n_out, len(block_table), self.n_batch, self.n_out_max, self.n_blocks)
         media = step_media(media)
-        if media is not None and self.media_refusal:
-            raise UnsupportedModelError(self.media_refusal)
         self.tokens[:n] = tokens
         self.pos[:n] = np.arange(start_pos, start_pos + n, dtype=np.int32)
         self.table[:len(block_table)] = block_table

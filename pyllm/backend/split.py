@@ -34,7 +34,7 @@ import numpy as np
 from ..errors import BackendError, UnsupportedModelError
 from ..graph import OP_EMBED, OP_MATMUL, OPF_BY_POS, OPF_LAST_ROWS, Graph
 from .base import (ACTIVATIONS, CONTROL, D2H, H2D, LOGITS, WEIGHTS, Backend, Device, Range, Shape, StepData,
-                   media_refusal, step_media)
+                   step_media)
 from .cpu import check_step_args
 from .lowering import step_needs
 
@@ -273,7 +273,6 @@ class SplitBackend(Backend):
         self.logits = host.buffers[out.name] if host.has_buffer(out.name) else \
             np.zeros((shape.n_out_max, out.width), np.float32)
         self._serial = 0
-        self.media_refusal = media_refusal(graph)
 
     def schedule_for(self, n_tokens: int) -> str:
         if self.stream_min_batch is not None and n_tokens >= self.stream_min_batch:
@@ -289,8 +288,6 @@ class SplitBackend(Backend):
         n = len(tokens)
         check_step_args(n, n_out, len(block_table), self.shape.n_batch, self.shape.n_out_max, self.shape.n_blocks)
         media = step_media(media)
-        if media is not None and self.media_refusal:
-            raise UnsupportedModelError(self.media_refusal)
         self._serial += 1
         step = StepData(np.asarray(tokens, np.int32), np.arange(start_pos, start_pos + n, dtype=np.int32),
                         np.asarray(block_table, np.int32), n_out, self._serial, media, bool(bidirectional))
