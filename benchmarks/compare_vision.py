@@ -14,7 +14,7 @@ Images: a square, a wide and a large one for Gemma 3 and SmolVLM; for the others
 constant colour (any resampling keeps it: the encoder alone) to tiled ones and sides with a half
 to round.
 
---speed [gemma3|smolvlm|lfm2|pixtral|qwen2.5vl|qwen3vl]: instead, times one image's encoding at a real
+--speed [gemma3|smolvlm|lfm2|pixtral|qwen2.5vl|qwen3vl|gemma4]: instead, times one image's encoding at a real
 size, F16 matrices, random, in pyllm and in llama.cpp's mtmd, alternating, same threads (SPEED
 lists them); run it on a quiet machine. Dev tool only.
 
@@ -147,6 +147,11 @@ SPEED = {
                      projector="qwen3vl_merger", n_mid=4096, deepstack=(5, 11, 17)),
                 (768, 1024, 3), "one 1024x768 image through Qwen 3 VL 2B's encoder (3072 patches, 24 layers of "
                                 "1024, DeepStack from 3)"),
+    "gemma4": (synth.write_gemma4, dict(n_embd=1536, n_ff=256, image_tokens="gemma4"),
+               dict(n_embd=768, n_head=12, n_ff=3072, n_layer=12, image_size=224, patch=16, merge=3,
+                    projector="gemma4v"),
+               (768, 1024, 3), "one 1024x768 image through a Gemma 4 encoder of SigLIP-B's size (1008x768: 3024 "
+                               "patches, 12 layers of 768)"),
 }
 
 
@@ -162,7 +167,8 @@ def speed(python: str, kind: str = "gemma3", rounds: int = 2, threads: int = 2) 
         if kind not in SPEED:
             raise SystemExit(f"--speed takes one of {', '.join(SPEED)}, not {kind!r}")
         write_lm, lm_kw, mm_kw, shape, what = SPEED[kind]
-        lm = write_lm(t / "lm.gguf", QT.Q8_0, **({"n_layer": 1, "n_ff": 256} | lm_kw))
+        small = {} if write_lm is synth.write_gemma4 else {"n_layer": 1, "n_ff": 256}   # Gemma 4's: its layer flags
+        lm = write_lm(t / "lm.gguf", QT.Q8_0, **(small | lm_kw))
         mm = synth.write_mmproj(t / "mm.gguf", n_out=lm_kw["n_embd"], **mm_kw)
         img = str(t / "img.npy")
         np.save(img, np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8))
@@ -235,15 +241,24 @@ def main() -> None:
                 ("qwen2vl F32", QT.F32, QT.F32, "qwen2vl_merger"),
                 ("qwen3vl F32", QT.F32, QT.F32, "qwen3vl_merger"),
                 ("qwen3vl F16", QT.F16, QT.F16, "qwen3vl_merger"),
-                ("qwen3.5 F32", QT.F32, QT.F32, "qwen3.5")):
+                ("qwen3.5 F32", QT.F32, QT.F32, "qwen3.5"),
+                ("gemma4 F32", QT.F32, QT.F32, "gemma4v"), ("gemma4 F16", QT.F16, QT.F16, "gemma4v"),
+                ("gemma4 E2B-wide", QT.F32, QT.F32, "gemma4v-causal")):
             if only and not label.startswith(only):
                 continue
-            pictures = lfm2_images if kind in ("lfm2", "pixtral", "pixtral1") or kind.startswith("qwen") else images
+            pictures = lfm2_images if kind in ("lfm2", "pixtral", "pixtral1") or kind.startswith(("qwen", "gemma4")) \
+                else images
             if kind == "qwen3vl_merger":    # Qwen 3 VL's: a qwen3vl model (interleaved M-RoPE, DeepStack of 2)
                 lm = synth.write_qwen3vl(t / f"lm-{label}.gguf", lm_type, n_vocab=512, image_tokens="qwen", n_layer=3,
                                          keys={"num_deepstack_layers": 2})
                 mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type, projector=kind,
                                         image_size=256, patch=16, n_head=4, deepstack=(0, 1))
+            elif kind.startswith("gemma4v"):    # Gemma 4's: per-layer inputs (the padding token's for an image)
+                wide = kind == "gemma4v-causal"     # E2B's width: its images are read causally
+                lm = synth.write_gemma4(t / f"lm-{label}.gguf", lm_type, n_vocab=512, image_tokens="gemma4",
+                                        **(dict(n_embd=1536, n_ff=256) if wide else {}))
+                mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=1536 if wide else 256, qtype=proj_type,
+                                        projector="gemma4v", image_size=224, patch=16, merge=3, n_head=4)
             elif kind == "qwen3.5":    # Qwen3.5's: Qwen 3 VL's projector without DeepStack, a hybrid model
                 lm = synth.write_qwen35(t / f"lm-{label}.gguf", lm_type, n_vocab=512, image_tokens="qwen")
                 mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type, projector="qwen3vl_merger",

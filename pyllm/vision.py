@@ -23,6 +23,11 @@ model reads in place of tokens.
         112 pixels but in every n_wa_pattern-th layer; x = 2 x 2 patches' rows side by side;
         rows = W2 gelu(W0 x + b0) + b2; the language model gives the rows M-RoPE positions
         (row and column: Engine.mrope_positions)
+    projector "gemma4v" (Gemma 4): pixels in [-1, 1]; positions from a table of columns plus one
+        of rows; RMS norms, also of each head of q, k (weights) and v (none), and of the attention's
+        and the FFN's outputs; a 2D RoPE (each half of a head NEOX-turned, by the column, by the
+        row), unscaled scores, a gated FFN, each layer's output scaled, matrices clamped where
+        the file says; x = avg_pool(x, 3 x 3) sqrt(n), standardized, rmsnorm(x); rows = x Wproj
     projector "qwen3vl_merger" (Qwen 3 VL, Qwen3.5): Qwen 2 VL's, with a patch bias, a fused qkv
         and learned positions resized to the image (bilinear, corners aligned); DeepStack: each
         marked layer's output, 2 x 2 patches side by side, through its own layernorm and GELU
@@ -70,7 +75,8 @@ from ._native import ffi, lib
 from .errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
 from .model_file import ModelFile
 
-PROJECTORS = ("gemma3", "idefics3", "lfm2", "pixtral", "qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
+PROJECTORS = ("gemma3", "gemma4v", "idefics3", "lfm2", "pixtral", "qwen2vl_merger", "qwen2.5vl_merger",
+              "qwen3vl_merger")
 QWEN = ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
 LFM2_TILE = 512              # LFM2-VL's tiles (mtmd's and its processor's constants)
 LFM2_TILES = (2, 10)         # the fewest and most tiles of a tiled image
@@ -79,6 +85,9 @@ PIXTRAL_ROWS = (8, 1024)     # the fewest and most rows (before the breaks) of a
 PIXTRAL_ROPE_BASE = 10000.0  # its 2D RoPE's (mtmd's constant), and Qwen's
 QWEN_ROWS = (8, 4096)        # the fewest and most rows of a Qwen 2 / 2.5 VL image
 QWEN_WINDOW = 112            # Qwen 2.5 VL's attention windows, in pixels a side (mtmd's constant)
+GEMMA4_ROWS = (70, 1120)     # the fewest and most rows of a Gemma 4 image
+GEMMA4_ROPE_BASE = 100.0     # its 2D RoPE's
+GEMMA4_CAUSAL_WIDTHS = (1536, 2560)   # E2B's and E4B's: llama.cpp's mtmd reads their images causally
 
 
 @dataclass(frozen=True)
@@ -115,6 +124,11 @@ class EncoderLayer:
     up: tuple
     down: tuple
     gate: Optional[tuple] = None    # a gated FFN's (Pixtral's): down(silu(gate h) * up h)
+    q_norm: Optional[str] = None    # Gemma 4's: RMS norms of each head of q and k (weights), of v (none);
+    k_norm: Optional[str] = None    # the attention's and the FFN's outputs normed before the residual,
+    attn_post_norm: Optional[tuple] = None   # which is scaled after the layer
+    ffn_post_norm: Optional[tuple] = None
+    out_scale: Optional[str] = None
 
 
 class VisionEncoder:
@@ -148,7 +162,7 @@ class VisionEncoder:
         if self.projector not in PROJECTORS:
             raise UnsupportedModelError(f"{self.path}: projector type {self.projector!r} is not supported yet "
                                         f"(supported: {', '.join(PROJECTORS)}: Gemma 3's, SmolVLM's, LFM2-VL's, "
-                                        f"Pixtral's / Mistral Small's, Qwen 2 / 2.5 / 3 VL's and Qwen3.5's)")
+                                        f"Pixtral's / Mistral Small's, Qwen 2 / 2.5 / 3 VL's, Qwen3.5's and Gemma 4's)")
         self.n_embd, self.n_head = self._int("embedding_length"), self._int("attention.head_count")
         self.n_ff, self.n_layer = self._int("feed_forward_length"), self._int("block_count")
         self.image_size, self.patch = self._int("image_size"), self._int("patch_size")
@@ -168,20 +182,40 @@ class VisionEncoder:
         self.qwen = self.projector in QWEN
         self.merge = self._int("spatial_merge_size", 1 if self.projector == "pixtral" else 2) \
             if self.projector == "pixtral" or self.qwen else \
-            self._int("projector.scale_factor", 4 if self.projector == "gemma3" else 2)
-        if self.side % self.merge:
+            self._int("projector.scale_factor", {"gemma3": 4, "gemma4v": 3}.get(self.projector, 2))
+        if self.side % self.merge and self.projector != "gemma4v":   # Gemma 4's image_size is unused
             raise ModelFileError(f"{self.path}: a merge of {self.merge} does not divide {self.side} patches")
         self.n_tokens = (self.side // self.merge) ** 2        # rows per tile of image_size
         self.check_shape("v.patch_embd.weight", (self.patch, self.patch, 3, self.n_embd))
         # Pixtral's and Qwen 2.5's norms are RMS norms; their positions are a 2D RoPE
-        self.rms = self.projector in ("pixtral", "qwen2.5vl_merger")
+        self.rms = self.projector in ("pixtral", "qwen2.5vl_merger", "gemma4v")
         self.deepstack: list[DeepStack] = []
-        if self.projector != "pixtral" and self.projector not in QWEN[:2]:    # Qwen 3's are resized
+        if self.projector == "gemma4v":    # a table of columns, then one of rows
+            t = self.mf.tensor("v.position_embd.weight") if self.mf.has_tensor("v.position_embd.weight") else None
+            self.n_positions = int(t.shape[1]) if t is not None and len(t.shape) == 3 else 0
+            self.check_shape("v.position_embd.weight", (self.n_embd, self.n_positions, 2))
+        elif self.projector != "pixtral" and self.projector not in QWEN[:2]:    # Qwen 3's are resized
             self.check_shape("v.position_embd.weight", (self.n_embd, self.side * self.side))
         if self.qwen:     # a still image is both frames of Qwen's temporal patch: the kernels' sum
             self.check_shape("v.patch_embd.weight.1", (self.patch, self.patch, 3, self.n_embd))
         self.align = self.patch * self.merge                  # LFM2: an image's sides are multiples of this
-        if self.projector == "gemma3":
+        self.clamps = {}    # Gemma 4: a matrix's input and output clamped to [min, max] where the file says
+        if self.projector == "gemma4v":   # the image at its own shape between <|image> and <image|>
+            self.bidirectional = True
+            self.n_out = self._projection("mm.input_projection.weight", self.n_embd, inputs_first=True)
+            if self.align > 64 or (self.n_embd // self.n_head) % 4:
+                raise ModelFileError(f"{self.path}: patches of {self.patch} pooled {self.merge} x {self.merge}, or heads "
+                                     f"of {self.n_embd // self.n_head} (not a multiple of 4), are beyond Gemma 4's; "
+                                     f"the file is corrupt")
+            for name in ("v.std_bias", "v.std_scale"):
+                if self.mf.has_tensor(name):
+                    self.check_shape(name, (self.n_embd,))
+            self.pixel_budget = tuple(r * self.align ** 2 for r in GEMMA4_ROWS)
+            self.longest_edge = self.image_size
+            for name in list(self.mf.tensors):
+                if name.endswith(".weight") and self.mf.has_tensor(name[:-7] + ".input_max"):
+                    self.clamps[name] = self._clamp(name[:-7])
+        elif self.projector == "gemma3":
             self.bidirectional = True    # an image's rows see each other (mtmd: Gemma 3's do)
             self.n_out = self._projection("mm.input_projection.weight", self.n_embd, inputs_first=False)
             self.check_shape("mm.soft_emb_norm.weight", (self.n_embd,))
@@ -262,8 +296,9 @@ class VisionEncoder:
         if self.projector == "lfm2":
             return (f"{LFM2_ROWS[0]} to {LFM2_ROWS[1]} (the image at its own shape; a large one in tiles of "
                     f"{LFM2_TILE} pixels, {self.rows_of(LFM2_TILE, LFM2_TILE)} each, and a thumbnail)")
-        lo, hi = PIXTRAL_ROWS if self.projector == "pixtral" else QWEN_ROWS
-        return f"{lo} to {hi} (the image at its own shape{', and a break after each row' if not self.qwen else ''})"
+        lo, hi = {"pixtral": PIXTRAL_ROWS, "gemma4v": GEMMA4_ROWS}.get(self.projector, QWEN_ROWS)
+        breaks = ", and a break after each row" if self.projector == "pixtral" else ""
+        return f"{lo} to {hi} (the image at its own shape{breaks})"
 
     # -- reading the file ---------------------------------------------------------------------------
     def _int(self, name: str, default: Optional[int] = None) -> int:
@@ -310,6 +345,19 @@ class VisionEncoder:
             self.check_shape(bias, (shape[-1],))
         return name + ".weight", bias if self.mf.has_tensor(bias) else None
 
+    def _clamp(self, base: str) -> tuple:
+        """(input min, max, output min, max) of a clippable matrix (Gemma 4's), unbounded where unsaid."""
+        def scalar(suffix: str, default: float) -> float:
+            name = base + suffix
+            if not self.mf.has_tensor(name):
+                return default
+            v = self.floats(name).reshape(-1)
+            if v.size != 1 or not np.isfinite(v[0]):
+                raise ModelFileError(f"{self.path}: {name} is not one finite number; the file is corrupt")
+            return float(v[0])
+        return (scalar(".input_min", -np.inf), scalar(".input_max", np.inf),
+                scalar(".output_min", -np.inf), scalar(".output_max", np.inf))
+
     def _deepstack(self, i: int, n_lm: int) -> DeepStack:
         p, n = f"v.deepstack.{i}.", self.n_embd * 4
         n_mid = self._projection(p + "fc1.weight", n, inputs_first=True)
@@ -322,11 +370,25 @@ class VisionEncoder:
         if n != f and self.mf.has_tensor(up + ".weight") and self.mf.tensor(up + ".weight").shape[0] == f:
             up, down = down, up     # old conversions named fc1 ffn_down (llama.cpp swaps them back too)
         gate = self._pair(p + "ffn_gate", (n, f)) if self.mf.has_tensor(p + "ffn_gate.weight") else None
+        extra = {}
+        if self.projector == "gemma4v":
+            d = n // self.n_head
+            for norm in ("q_norm", "k_norm"):
+                self.check_shape(f"{p}attn_{norm}.weight", (d,))
+                extra[norm] = f"{p}attn_{norm}.weight"
+            extra |= dict(attn_post_norm=self._pair(p + "attn_post_norm", (n,)),
+                          ffn_post_norm=self._pair(p + "ffn_post_norm", (n,)))
+            if self.mf.has_tensor(p + "out_scale.weight"):
+                got = tuple(self.mf.tensor(p + "out_scale.weight").shape)
+                if got not in ((1,), (n,)):
+                    raise ModelFileError(f"{self.path}: tensor {p}out_scale.weight has shape {list(got)}, expected "
+                                         f"[1] or [{n}]")
+                extra["out_scale"] = p + "out_scale.weight"
         qkv = (self._pair(p + "attn_qkv", (n, 3 * n)),) if self.mf.has_tensor(p + "attn_qkv.weight") else \
             tuple(self._pair(p + m, (n, n)) for m in ("attn_q", "attn_k", "attn_v"))
         return EncoderLayer(ln1=self._pair(p + "ln1", (n,)), ln2=self._pair(p + "ln2", (n,)), qkv=qkv,
                             out=self._pair(p + "attn_out", (n, n)),
-                            up=self._pair(up, (n, f)), down=self._pair(down, (f, n)), gate=gate)
+                            up=self._pair(up, (n, f)), down=self._pair(down, (f, n)), gate=gate, **extra)
 
     def floats(self, name: Optional[str]) -> Optional[np.ndarray]:
         """A tensor as a new float32 array in numpy's order (rows = its last GGUF dimension)."""
@@ -363,10 +425,22 @@ class VisionEncoder:
             row += rows
         return out
 
-    def linear(self, x: np.ndarray, *wbs: tuple, out: Optional[np.ndarray] = None, bias: bool = True) -> np.ndarray:
+    def linear(self, x: np.ndarray, *wbs: tuple, out: Optional[np.ndarray] = None, bias: bool = True,
+               clamp: bool = True) -> np.ndarray:
         """x W^T + b (without b: x W^T), into out when given; several (W, b) give their outputs side
         by side from one matrix product (attention's q, k and v). The threads take a share of the
-        rows each."""
+        rows each. A matrix with clamps (Gemma 4's) clips its input and its output to them."""
+        if clamp and any(wb[0] in self.clamps for wb in wbs):   # clamped matrices one at a time
+            out = np.empty((len(x), sum(int(self.mf.tensor(wb[0]).shape[-1]) for wb in wbs)), np.float32) \
+                if out is None else out
+            col = 0
+            for wb in wbs:
+                lo, hi, out_lo, out_hi = self.clamps.get(wb[0], (-np.inf, np.inf, -np.inf, np.inf))
+                width = int(self.mf.tensor(wb[0]).shape[-1])
+                part = self.linear(np.clip(x, lo, hi), wb, bias=bias, clamp=False)
+                out[:, col:col + width] = np.clip(part, out_lo, out_hi)
+                col += width
+            return out
         w = self.matrix(*(wb[0] for wb in wbs))
         b = None
         if bias and any(wb[1] is not None for wb in wbs):
@@ -467,7 +541,7 @@ class VisionEncoder:
             cols, rows = self.grid(width, height)
             return ImagePlan(cols, rows, (S, S), (S, S))
         whole = smart_resize(width, height, self.align, *self.pixel_budget)
-        if self.projector == "pixtral" or self.qwen:
+        if self.projector in ("pixtral", "gemma4v") or self.qwen:
             return ImagePlan(0, 0, whole, whole)
         if not lfm2_tiles(width, height, self.patch, self.align, self.pixel_budget[1]):
             return ImagePlan(0, 0, (LFM2_TILE, LFM2_TILE), whole)
@@ -495,7 +569,7 @@ class VisionEncoder:
         if self.projector == "gemma3":
             return [np.asarray(fit_square(img, S))]
         plan = self.plan(*img.size)
-        if self.projector == "pixtral" or self.qwen:    # mtmd's dynamic size: bicubic
+        if self.projector in ("pixtral", "gemma4v") or self.qwen:    # mtmd's dynamic size: bicubic
             return [np.asarray(fit(img, *plan.whole, bicubic=True))]
         if self.projector == "lfm2":
             tw, th = plan.tile
@@ -518,6 +592,8 @@ class VisionEncoder:
             return ["<start_of_image>", ids, "<end_of_image>"]
         if self.projector == "pixtral":
             return [ids, "[IMG_END]"]
+        if self.projector == "gemma4v":
+            return ["<|image>", ids, "<image|>"]
         if self.qwen:
             return ["<|vision_start|>", ids, "<|vision_end|>"]
         plan = self.plan(*image_dimensions(image))
@@ -545,7 +621,7 @@ class VisionEncoder:
         inputs = [pixels] if isinstance(pixels, np.ndarray) and pixels.ndim == 3 else list(pixels)
         S, a = self.image_size, self.align
         for x in inputs:
-            any_shape = self.projector in ("lfm2", "pixtral") or self.qwen
+            any_shape = self.projector in ("lfm2", "pixtral", "gemma4v") or self.qwen
             fits = x.shape[-2] % a == 0 and x.shape[-1] % a == 0 and x.shape[-2] > 0 and x.shape[-1] > 0 \
                 if any_shape else x.shape[-2:] == (S, S)
             if x.ndim != 3 or x.shape[0] != 3 or not fits:
@@ -591,6 +667,8 @@ class VisionEncoder:
         kernel = self.floats("v.patch_embd.weight")
         if self.qwen:
             kernel += self.floats("v.patch_embd.weight.1")
+        if self.projector == "gemma4v":    # pixels in [-1, 1]
+            patches = patches * 2.0 - 1.0
         x = patches @ kernel.reshape(n, -1).T
         if self.mf.has_tensor("v.patch_embd.bias"):
             x += self.floats("v.patch_embd.bias")
@@ -601,6 +679,14 @@ class VisionEncoder:
             order, windows = qwen_windows(gh, gw, QWEN_WINDOW // self.patch // 2)
             x = np.ascontiguousarray(x.reshape(m, P, n)[:, order].reshape(T, n))
             spans = [(i * P + lo, i * P + hi) for i in range(m) for lo, hi in windows]
+        elif self.projector == "gemma4v":    # a patch's column's row of one table plus its row's of the other
+            table = self.floats("v.position_embd.weight")          # [2, n_positions, n]
+            if max(gh, gw) > self.n_positions:
+                raise InvalidArgumentError(f"an image of {gw} x {gh} patches is beyond the projector's "
+                                           f"{self.n_positions} positions a side: crop the picture nearer a "
+                                           f"square")
+            r, c = np.divmod(np.arange(P), gw)
+            x.reshape(m, P, n)[:] += table[0][c] + table[1][r]
         elif self.projector != "pixtral":
             x.reshape(m, P, n)[:] += self.positions(gh, gw)
         x = np.ascontiguousarray(self.optional_norm(x, "v.pre_ln"))
@@ -611,14 +697,29 @@ class VisionEncoder:
         work = AttentionWork(T, n)
         rope = None
         if self.projector == "pixtral":
-            rope = rope_2d(gh, gw, n // self.n_head, PIXTRAL_ROPE_BASE, interleave=True) + (False,)
+            rope = rope_2d(gh, gw, n // self.n_head, PIXTRAL_ROPE_BASE, interleave=True) + ("adjacent",)
         elif self.qwen:
             cos, sin = rope_2d(gh, gw, n // self.n_head, PIXTRAL_ROPE_BASE, interleave=False)
-            rope = (cos[order], sin[order], True)
+            rope = (cos[order], sin[order], "halves")
+        elif self.projector == "gemma4v":   # the column in the first half of the head, the row in the second
+            cos, sin = rope_2d(gh, gw, n // self.n_head, GEMMA4_ROPE_BASE, interleave=False)
+            q = cos.shape[1] // 2
+            rope = (np.roll(cos, q, axis=1), np.roll(sin, q, axis=1), "quarters")
         raster = np.argsort(order) if self.qwen else None    # the rows back in raster order
         stacked = []    # DeepStack's slices
         for i, L in enumerate(self.layers):
             windowed = spans is not None and self.window_every and (i + 1) % self.window_every
+            if L.attn_post_norm is not None:    # Gemma 4: the branches' outputs normed, the layer's scaled
+                a = self.attention(self.norm(x, L.ln1, out=h), L, work=work, out=y, seq=P, rope=rope, scale=1.0)
+                x += self.norm(a, L.attn_post_norm, out=a)
+                self.norm(x, L.ln2, out=h)
+                g = self.activation(self.linear(h, L.gate))    # act(gate h) * up h
+                g *= self.linear(h, L.up)
+                f = self.linear(g, L.down, out=y)
+                x += self.norm(f, L.ffn_post_norm, out=f)
+                if L.out_scale is not None:
+                    x *= self.floats(L.out_scale)
+                continue
             x += self.attention(self.norm(x, L.ln1, out=h), L, work=work, out=y, seq=P, rope=rope,
                                 spans=spans if windowed else None)
             self.norm(x, L.ln2, out=h)
@@ -642,13 +743,16 @@ class VisionEncoder:
 
     def attention(self, h: np.ndarray, L: EncoderLayer, block: int = 512, work: Optional["AttentionWork"] = None,
                   out: Optional[np.ndarray] = None, seq: Optional[int] = None,
-                  rope: Optional[tuple] = None, spans: Optional[list] = None) -> np.ndarray:
+                  rope: Optional[tuple] = None, spans: Optional[list] = None,
+                  scale: Optional[float] = None) -> np.ndarray:
         """Every row attends to every row of its tile (`seq` rows each; default all of h), or of
         its span (`spans`: (start, end) row ranges, Qwen 2.5's windows), head by head, `block`
         query rows at a time (their scores stay in the cache: 8 MB at 4096 patches); the threads
-        share the (span, head, block) units. rope: (cos, sin, halves) with cos and sin [seq,
-        head_dim / 2], turning each head's pairs of q and k: (x[2i], x[2i + 1]) (Pixtral's 2D
-        RoPE) or, halves, (x[i], x[i + head_dim / 2]) (Qwen's)."""
+        share the (span, head, block) units; scores scaled by `scale`, else 1/sqrt(head_dim).
+        rope: (cos, sin, pairs) with cos and sin [seq, head_dim / 2], turning each head's pairs
+        of q and k: "adjacent" (x[2i], x[2i + 1]) (Pixtral's 2D RoPE), "halves" (x[i], x[i +
+        head_dim / 2]) (Qwen's) or "quarters", each half's (x[i], x[i + head_dim / 4]) (Gemma 4's).
+        Gemma 4 norms each head of q and k (RMS, the layer's weights) and of v (no weights)."""
         T, H = h.shape[0], self.n_head
         P = T if seq is None else seq
         spans = [(i, i + P) for i in range(0, T, P)] if spans is None else spans
@@ -657,18 +761,29 @@ class VisionEncoder:
         qkv = self.linear(h, *L.qkv, out=w.qkv)
         q, k, v = qkv[:, :n], qkv[:, n:2 * n], qkv[:, 2 * n:]
         isa = lib.pyllm_get_level()
+        if L.q_norm is not None:
+            def head_norms(r0: int, r1: int) -> None:
+                for x, wname in ((q, L.q_norm), (k, L.k_norm), (v, None)):
+                    heads = x[r0:r1].reshape(r1 - r0, H, d)
+                    heads *= 1.0 / np.sqrt(np.einsum("thi,thi->th", heads, heads) / d + self.eps)[..., None]
+                    if wname is not None:
+                        heads *= self.floats(wname)
+            self.parallel(T, head_norms)
         if rope is not None:
+            # the pairs' two sides: Qwen's the head's halves, Pixtral's its even and odd dims, Gemma 4's
+            # each half's quarters
+            side = {"halves": np.arange(d // 2), "adjacent": np.arange(0, d, 2),
+                    "quarters": np.concatenate([np.arange(d // 4), d // 2 + np.arange(d // 4)])}[rope[2]]
+            other = side + (d // 2 if rope[2] == "halves" else 1 if rope[2] == "adjacent" else d // 4)
+
             def turn(r0: int, r1: int) -> None:
                 at = np.arange(r0, r1) % P
                 cos, sin = rope[0][at][:, None], rope[1][at][:, None]
                 for x in (q[r0:r1], k[r0:r1]):
                     heads = x.reshape(r1 - r0, H, d)
-                    # the pairs' two sides: Qwen's the head's halves, Pixtral's its even and odd dims
-                    one, two = (heads[..., :d // 2], heads[..., d // 2:]) if rope[2] else (heads[..., 0::2],
-                                                                                        heads[..., 1::2])
-                    a, b = one.copy(), two.copy()
-                    one[...] = a * cos - b * sin
-                    two[...] = a * sin + b * cos
+                    a, b = heads[..., side], heads[..., other]
+                    heads[..., side] = a * cos - b * sin
+                    heads[..., other] = a * sin + b * cos
             self.parallel(T, turn)
         jobs = [(lo, hi, head, a) for lo, hi in spans for head in range(H) for a in range(lo, hi, block)]
         longest = max(hi - lo for lo, hi in spans)
@@ -680,7 +795,7 @@ class VisionEncoder:
                 cols = slice(head * d, (head + 1) * d)
                 if current != (lo, head):
                     current = (lo, head)
-                    qh = q[lo:hi, cols] * np.float32(1.0 / math.sqrt(d))
+                    qh = q[lo:hi, cols] * np.float32(1.0 / math.sqrt(d) if scale is None else scale)
                     kt, vh = np.ascontiguousarray(k[lo:hi, cols].T), np.ascontiguousarray(v[lo:hi, cols])
                 b, m = min(hi, a + block), hi - lo
                 s = np.matmul(qh[a - lo:b - lo], kt, out=scores[:b - a, :m])
@@ -704,6 +819,12 @@ class VisionEncoder:
             return np.ascontiguousarray(x @ self.floats("mm.input_projection.weight"), dtype=np.float32)
         if self.projector == "pixtral":
             return self.pixtral_rows(x, rows, cols)
+        if self.projector == "gemma4v":   # pooled, scaled by sqrt(n), standardized, RMS-normed, projected
+            x = x.reshape(rows // k, k, cols // k, k, n).mean(axis=(1, 3)).reshape(-1, n) * np.float32(math.sqrt(n))
+            if self.mf.has_tensor("v.std_bias"):
+                x = (x - self.floats("v.std_bias")) * self.floats("v.std_scale")
+            x = np.ascontiguousarray(x / np.sqrt((x * x).mean(axis=1, keepdims=True) + self.eps), dtype=np.float32)
+            return self.linear(x, ("mm.input_projection.weight", None))
         x = self.side_by_side(x, rows, cols)
         if self.projector == "idefics3":
             return np.ascontiguousarray(x @ self.floats("mm.model.fc.weight").T, dtype=np.float32)

@@ -176,16 +176,18 @@ LFM2_TOKENS = ["<|image_start|>", "<|image_end|>", "<|img_thumbnail|>"] + \
 PIXTRAL_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
 # Qwen 2 / 2.5 VL's
 QWEN_VL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
+GEMMA4_TOKENS = ["<|image>", "<image|>"]
 
 
 def small_vocab(w: gguf.GGUFWriter, n_vocab: int = 512, image_tokens: bool | str = False) -> int:
     """A made-up byte-level BPE vocabulary (enough to load; tests feed ids). image_tokens:
     the last ids are SmolVLM's image tokens, with "\n\n" merged into one ("lfm2": LFM2-VL's;
-    "pixtral": Pixtral's; "qwen": Qwen 2 / 2.5 VL's)."""
+    "pixtral": Pixtral's; "qwen": Qwen 2 / 2.5 VL's; "gemma4": Gemma 4's)."""
     byte_chars = [chr(c) for c in range(33, 127)] + [chr(c) for c in range(161, 173)] + \
                  [chr(c) for c in range(174, 256)] + [chr(256 + i) for i in range(68)]
     words = ["to", "tok"] + (["\u010a\u010a"] if image_tokens else [])
-    special = {"lfm2": LFM2_TOKENS, "pixtral": PIXTRAL_TOKENS, "qwen": QWEN_VL_TOKENS}.get(image_tokens, IDEFICS3_TOKENS) \
+    special = {"lfm2": LFM2_TOKENS, "pixtral": PIXTRAL_TOKENS, "qwen": QWEN_VL_TOKENS,
+               "gemma4": GEMMA4_TOKENS}.get(image_tokens, IDEFICS3_TOKENS) \
         if image_tokens else []
     tokens = byte_chars + words + [f"tok{i}" for i in range(n_vocab - len(byte_chars) - len(words) - len(special))]
     tokens += special
@@ -1233,7 +1235,7 @@ def write_gemma4(path: str | Path, qtype: QT = QT.Q8_0, *, n_embd: int = 256, n_
                  shared_kv: int = 2, per_layer: int = 32, v_from_k: bool = True, window: int = 8,
                  n_vocab: int = 512, tokenizer_from: Optional[dict] = None, embd_type: Optional[QT] = None,
                  experts: int = 0, experts_used: int = 2, n_ff_exp: int = 256, fused_experts: bool = True,
-                 seed: int = 0, drop_tensor: Optional[str] = None) -> str:
+                 seed: int = 0, drop_tensor: Optional[str] = None, image_tokens: bool | str = False) -> str:
     """A tiny Gemma 4: layers local (swa flags) or global, with heads of (head_dim, kv_heads)
     swa_head or full_head; the last shared_kv layers without keys or values (their FFNs twice
     as wide, as E2B's); per_layer > 0: per-layer inputs that wide (E2B, E4B); v_from_k: the
@@ -1268,7 +1270,8 @@ def write_gemma4(path: str | Path, qtype: QT = QT.Q8_0, *, n_embd: int = 256, n_
         w.add_expert_count(experts)
         w.add_expert_used_count(experts_used)
         w.add_expert_feed_forward_length(n_ff_exp)
-    n_vocab = copy_tokenizer(w, tokenizer_from) if tokenizer_from is not None else small_vocab(w, n_vocab)
+    n_vocab = copy_tokenizer(w, tokenizer_from) if tokenizer_from is not None else \
+        small_vocab(w, n_vocab, image_tokens=image_tokens)
 
     def add(name, array_and_type):
         if name != drop_tensor:
@@ -1630,12 +1633,64 @@ def write_control_vector(path: str | Path, n_embd: int, layers, size: float = 1.
     return str(path)
 
 
+def write_gemma4v(w, rng, n_out: int, n_embd: int, n_head: int, n_ff: int, n_layer: int, image_size: int,
+                  patch: int, merge: int, qtype: QT, use_gelu: bool, path: str, n_positions: int) -> str:
+    """Gemma 4's projector (write_mmproj's "gemma4v")."""
+    w.add_bool("clip.use_gelu", use_gelu)
+    for key, v in (("image_size", image_size), ("patch_size", patch), ("embedding_length", n_embd),
+                   ("feed_forward_length", n_ff), ("block_count", n_layer), ("attention.head_count", n_head),
+                   ("projection_dim", n_out), ("projector.scale_factor", merge)):
+        w.add_uint32(f"clip.vision.{key}", v)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    w.add_array("clip.vision.image_mean", [0.0, 0.0, 0.0])
+    w.add_array("clip.vision.image_std", [1.0, 1.0, 1.0])
+    d = n_embd // n_head
+
+    def add(name: str, a, t: QT = QT.F32) -> None:
+        a = np.asarray(a, np.float32)
+        if t == QT.F16:
+            w.add_tensor(name, a.astype(np.float16))
+        elif t == QT.F32:
+            w.add_tensor(name, a)
+        else:
+            w.add_tensor(name, gguf.quants.quantize(a, t), raw_dtype=t)
+
+    def mat(name: str, n_in: int, n_o: int, clamp: bool = True) -> None:    # with its clamps
+        add(name + ".weight", rng.normal(0, 1.0 / np.sqrt(n_in), (n_o, n_in)), qtype)
+        if clamp:
+            for suffix, v in ((".input_min", -1.5), (".input_max", 1.5), (".output_min", -1.0), (".output_max", 1.0)):
+                add(name + suffix, [v + rng.normal(0, 0.1)])
+
+    add("v.patch_embd.weight", rng.normal(0, 1.0 / patch, (n_embd, 3, patch, patch)), QT.F16)
+    add("v.position_embd.weight", rng.normal(0, 0.3, (2, n_positions, n_embd)))
+    for i in range(n_layer):
+        p = f"v.blk.{i}."
+        for norm in ("ln1", "ln2", "attn_post_norm", "ffn_post_norm"):
+            add(p + norm + ".weight", 1 + rng.normal(0, 0.1, n_embd))
+        add(p + "attn_q_norm.weight", 1 + rng.normal(0, 0.1, d))
+        add(p + "attn_k_norm.weight", 1 + rng.normal(0, 0.1, d))
+        for m in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            mat(p + m, n_embd, n_embd, clamp=m != "attn_v")
+        mat(p + "ffn_gate", n_embd, n_ff)
+        mat(p + "ffn_up", n_embd, n_ff)
+        mat(p + "ffn_down", n_ff, n_embd)
+        add(p + "out_scale.weight", [0.9 + 0.1 * i])
+    add("v.std_bias", rng.normal(0, 0.1, n_embd))
+    add("v.std_scale", 1 + rng.normal(0, 0.1, n_embd))
+    mat("mm.input_projection", n_embd, n_out)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head: int = 4, n_ff: int = 96,
                  n_layer: int = 2, image_size: int = 32, patch: int = 4, merge: int = 2, seed: int = 5,
                  qtype: QT = QT.F16, use_gelu: bool = True, pre_ln: bool = False,
                  swapped_ffn: bool = False, projector: str = "gemma3", drop_tensor: Optional[str] = None,
                  longest_edge: int = 0, n_mid: int = 80, input_norm: bool = True, n_wa_pattern: int = 2,
-                 deepstack: tuple = (0,)) -> str:
+                 deepstack: tuple = (0,), n_positions: int = 2048) -> str:
     """A tiny Gemma 3 multimodal projector (llama.cpp's mmproj GGUF, architecture "clip"): a
     SigLIP-like encoder of `n_layer` layers over (image_size / patch)^2 patches, pooled
     merge x merge, projected to the language model's n_out. swapped_ffn: the ffn_up/ffn_down
@@ -1650,7 +1705,10 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
     n_wa_pattern-th layer; 2 x 2 patches side by side through a two-layer GELU MLP);
     "qwen3vl_merger": Qwen 3 VL's (Qwen 2's with a patch bias, learned positions resized to each
     image, a fused qkv, GELU; the `deepstack` layers' rows through their own layernorm and MLP,
-    each a slice of n_out more in each row)."""
+    each a slice of n_out more in each row); "gemma4v": Gemma 4's (pixels in [-1, 1], a table
+    of column and one of row positions, RMS norms of heads of q, k and v, a 2D RoPE, norms after
+    the attention and the FFN, a gated FFN, a layer scale, clamped matrices; merge x merge
+    patches pooled, standardized, RMS-normed and projected)."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "clip")
     w.add_bool("clip.has_vision_encoder", True)
@@ -1658,6 +1716,10 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
     w.add_string("clip.projector_type", projector)
     pixtral, qwen, qwen25 = projector == "pixtral", projector.startswith("qwen"), projector == "qwen2.5vl_merger"
     qwen3 = projector == "qwen3vl_merger"
+    gemma4 = projector == "gemma4v"
+    if gemma4:
+        return write_gemma4v(w, rng, n_out, n_embd, n_head, n_ff, n_layer, image_size, patch, merge, qtype,
+                             use_gelu, str(path), n_positions)
     rms, gated = pixtral or qwen25, pixtral or qwen25    # RMS norms (weights only); a gated SiLU FFN
     w.add_bool("clip.use_gelu", use_gelu and not gated and (qwen3 or not qwen))    # Qwen 2 VL's: quick-GELU
     if gated:

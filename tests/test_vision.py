@@ -1048,14 +1048,127 @@ def test_a_qwen3_prompt_matches_the_reference(tmp_path):
         Model(synth.write_qwen3vl(tmp_path / "bad.gguf", QT.F32, n_layer=2, keys={"num_deepstack_layers": 2}))
 
 
-@pytest.mark.parametrize("projector", ["gemma3", "idefics3", "lfm2", "pixtral", "qwen2.5vl_merger",
+# -- Gemma 4: any shape, 3 x 3 patches pooled; per-layer inputs of an image's rows --------------------------
+
+def slow_gemma4_encode(enc: VisionEncoder, pixels: np.ndarray) -> np.ndarray:
+    """Gemma 4's encoder written out plainly for one input: pixels in [-1, 1]; a patch's column's
+    row of the first position table plus its row's of the second; per layer RMS norms before
+    and after the attention and the FFN, each head of q and k RMS-normed (weights) and of v (none),
+    q and k turned in pairs (i, i + d/4) of the head's first half by the patch's column, of its
+    second half by its row, at 100^(-4i/d); scores unscaled; a gated FFN; the layer scaled; every
+    matrix's input and output clamped where the file says; then 3 x 3 patches averaged, times
+    sqrt(n), standardized, RMS-normed (no weights), projected (clamped)."""
+    f, n, H, eps, p = enc.floats, enc.n_embd, enc.n_head, enc.eps, enc.patch
+    d = n // H
+    gh, gw = pixels.shape[1] // p, pixels.shape[2] // p
+    W = f("v.patch_embd.weight")
+    px = pixels * 2 - 1
+    table = f("v.position_embd.weight")
+    x = np.array([np.einsum("ocij,cij->o", W, px[:, r * p:(r + 1) * p, c * p:(c + 1) * p]) + table[0, c] + table[1, r]
+                  for r in range(gh) for c in range(gw)])
+
+    def rms(v, name=None):
+        out = v / np.sqrt((v * v).mean(-1, keepdims=True) + eps)
+        return out * f(name) if name else out
+
+    def mm(v, name):
+        lo, hi, out_lo, out_hi = enc.clamps.get(name + ".weight", (-np.inf, np.inf, -np.inf, np.inf))
+        return np.clip(np.clip(v, lo, hi) @ f(name + ".weight").T, out_lo, out_hi)
+
+    def turn(v):
+        out = v.copy()
+        for t in range(len(v)):
+            r, c = divmod(t, gw)
+            for head in range(H):
+                for half, pos in ((0, c), (1, r)):
+                    for i in range(d // 4):
+                        a, b = head * d + half * d // 2 + i, head * d + half * d // 2 + i + d // 4
+                        theta = pos * 100.0 ** (-4 * i / d)
+                        out[t, a] = v[t, a] * math.cos(theta) - v[t, b] * math.sin(theta)
+                        out[t, b] = v[t, a] * math.sin(theta) + v[t, b] * math.cos(theta)
+        return out
+    for i in range(enc.n_layer):
+        b = f"v.blk.{i}."
+        h = rms(x, b + "ln1.weight")
+        q = rms(mm(h, b + "attn_q").reshape(-1, H, d), b + "attn_q_norm.weight").reshape(-1, n)
+        k = rms(mm(h, b + "attn_k").reshape(-1, H, d), b + "attn_k_norm.weight").reshape(-1, n)
+        v = rms(mm(h, b + "attn_v").reshape(-1, H, d)).reshape(-1, n)
+        q, k = turn(q), turn(k)
+        att = np.zeros_like(h)
+        for head in range(H):
+            s = slice(head * d, (head + 1) * d)
+            for t in range(len(h)):
+                scores = k[:, s] @ q[t, s]
+                w = np.exp(scores - scores.max())
+                att[t, s] = (w / w.sum()) @ v[:, s]
+        x = x + rms(mm(att, b + "attn_out"), b + "attn_post_norm.weight")
+        h = rms(x, b + "ln2.weight")
+        g = mm(h, b + "ffn_gate")
+        act = gelu(g) if enc.gelu else g / (1 + np.exp(-1.702 * g))
+        x = (x + rms(mm(act * mm(h, b + "ffn_up"), b + "ffn_down"), b + "ffn_post_norm.weight")) * \
+            f(b + "out_scale.weight")
+    k_ = enc.merge
+    pooled = np.array([np.mean([x[(r * k_ + a) * gw + c * k_ + e] for a in range(k_) for e in range(k_)], axis=0)
+                       for r in range(gh // k_) for c in range(gw // k_)]) * math.sqrt(n)
+    pooled = (pooled - f("v.std_bias")) * f("v.std_scale")
+    return mm(rms(pooled), "mm.input_projection")
+
+
+def test_gemma4_encoder_matches_the_plain_loops(tmp_path):
+    """Gemma 4's encoder (quick-GELU as the converted files say, and GELU), 9 x 12 patches: 3 x 4 rows."""
+    px = np.random.default_rng(28).uniform(0, 1, (3, 144, 192))
+    for use_gelu in (False, True):
+        enc = VisionEncoder(synth.write_mmproj(tmp_path / f"g4-{use_gelu}.gguf", n_out=48, qtype=QT.F32,
+                                               projector="gemma4v", patch=16, image_size=224, merge=3, n_embd=32,
+                                               n_ff=48, n_head=4, use_gelu=use_gelu), n_threads=3)
+        assert len(enc.clamps) == 2 * 6 + 1 and enc.gelu == use_gelu    # all but v
+        want = slow_gemma4_encode(enc, px)
+        got = enc.encode_pixels(px)
+        assert got.shape == (12, 48) == want.shape
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.abs(want).max())
+        enc.close()
+
+
+def test_a_gemma4_prompt_matches_the_reference(tmp_path):
+    """Gemma 4 with per-layer inputs (an image row's: the padding token's, and the row itself in
+    their projection); the image's rows see each other but for E2B's and E4B's widths (mtmd's
+    rule); its sizes: sides multiples of 48 pixels, 70 to 1120 rows."""
+    mm = synth.write_mmproj(tmp_path / "mm.gguf", n_out=256, qtype=QT.F32, projector="gemma4v", patch=16,
+                            image_size=224, merge=3, n_embd=32, n_ff=48, n_head=4)
+    lm = synth.write_gemma4(tmp_path / "lm.gguf", QT.F32, image_tokens="gemma4")
+    m = Model(lm, mmproj=mm, n_ctx=512)
+    img = picture(29, (100, 150, 3))
+    enc = m.vision
+    assert enc.plan(150, 100).whole == (528, 336) and enc.rows_of(528, 336) == 77
+    assert enc.describe()["image_tokens"].startswith("70 to 1120 ")
+    assert enc.layout([-1], img) == ["<|image>", [-1], "<image|>"] and m.engine.media_bidirectional
+    ids = m.media_prompt("what is <__media__> this", [img])
+    start = next(i for i, t in enumerate(ids) if t < 0)
+    rows = m.engine.media.rows(ids[start:start + 77])
+    logits, _ = m.engine.prefill(m.engine.new_sequence(), ids)
+    want = reference_logits(lm, ids, rows, (start, start + 77))[-1]
+    assert np.abs(logits - want).max() < 2e-4 * (want.max() - want.min())
+    m.close()
+    wide = synth.write_gemma4(tmp_path / "e2b.gguf", QT.F32, image_tokens="gemma4", n_embd=1536, n_ff=128)
+    m = Model(wide, mmproj=synth.write_mmproj(tmp_path / "mm2.gguf", n_out=1536, projector="gemma4v", patch=16,
+                                              image_size=224, merge=3, n_embd=32, n_ff=48, n_head=4))
+    assert not m.engine.media_bidirectional
+    m.close()
+    small = VisionEncoder(synth.write_mmproj(tmp_path / "mm3.gguf", projector="gemma4v", patch=16, image_size=224,
+                                             merge=3, n_embd=32, n_ff=48, n_head=4, n_positions=40))
+    with pytest.raises(InvalidArgumentError, match="75 x 18 patches is beyond the projector.s 40 positions a side: crop"):
+        small.encode(picture(30, (300, 1200, 3)))
+    small.close()
+
+
+@pytest.mark.parametrize("projector", ["gemma3", "gemma4v", "idefics3", "lfm2", "pixtral", "qwen2.5vl_merger",
                                        "qwen3vl_merger"])
 def test_every_projector_takes_tiny_and_extreme_images(projector, tmp_path):
     """A 1 x 1 picture, a line of 3000 x 1 and its transpose: sized, resampled, encoded and laid
     out, as many rows as the layout places."""
     kw = {"idefics3": dict(longest_edge=64), "lfm2": dict(image_size=64, patch=16),
-          "qwen2.5vl_merger": dict(image_size=56, patch=14), "qwen3vl_merger": dict(image_size=64, patch=16)
-          }.get(projector, {})
+          "qwen2.5vl_merger": dict(image_size=56, patch=14), "qwen3vl_merger": dict(image_size=64, patch=16),
+          "gemma4v": dict(image_size=224, patch=16, merge=3)}.get(projector, {})
     enc = VisionEncoder(synth.write_mmproj(tmp_path / "mm.gguf", projector=projector, n_embd=32, n_ff=32, **kw))
     for shape in ((1, 1), (1, 3000), (3000, 1)):
         img = picture(26, shape + (3,))
