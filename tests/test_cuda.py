@@ -1205,6 +1205,32 @@ def test_split_with_the_gpu_counts_the_bus(devices, tmp_path):
     be.close()
 
 
+@pytest.mark.parametrize("family", ["qwen2vl", "qwen3vl"])
+def test_mrope_on_the_gpu_matches_the_core(devices, tmp_path, family):
+    """M-RoPE positions (an image's rows at (p, p + row, p + column)) through the GPU's RoPE: Qwen 2
+    VL's sections one after another, Qwen 3 VL's interleaved (with DeepStack's ops, which a text
+    row leaves alone); the same logits as the CPU alone, the positions sent once per step (12
+    bytes a row, as the plan predicts), and other positions give other logits."""
+    host, gpu = devices
+    path = synth.WRITERS[family](tmp_path / "m.gguf", QT.F32, n_layer=3,
+                                 **({"keys": {"num_deepstack_layers": 1}} if family == "qwen3vl" else {}))
+    _, g = build(path)
+    shape = Shape(64, 64, 8, 16)
+    tokens = [int(t) for t in np.random.default_rng(4).integers(2, 500, 30)]
+    grid = np.arange(30)
+    rope_pos = np.stack([np.full(30, 3), 3 + grid // 6, 3 + grid % 6]).astype(np.int32)
+    ref = CpuBackend(g, 2, 64, 64, 8, 16, device=host).forward(tokens, 0, [0, 1, 2], 30, rope_pos=rope_pos).copy()
+    be, plan = all_on_gpu(g, host, gpu, shape, ngl=2)
+    gpu.bus.reset()
+    got = be.forward(tokens, 0, [0, 1, 2], 30, rope_pos=rope_pos).copy()
+    close_enough(got, ref, True)
+    predicted = {(d, k): v for (dev, d, k), v in plan.schedules(g)["resident"].bus_bytes(30, 30, 3, mrope=True).items()}
+    assert dict(gpu.bus.bytes) == predicted and predicted[(H2D, CONTROL)] == 4 * 30 + 12 * 30 + 4 * 3
+    plain = be.forward(tokens, 0, [0, 1, 2], 30).copy()     # every row at its index: other logits
+    assert rel(plain, ref) > 1e-2
+    be.close()
+
+
 def clear_steps(ref: np.ndarray) -> np.ndarray:
     """The rows whose top token is not a near-tie: top-1 ahead of top-2 by
     more than 5% of the row's spread (the tolerance of close_enough)."""

@@ -99,6 +99,41 @@ def test_split_equals_cpu(tmp_path, family, qtype, ngl):
     host.close()
 
 
+@pytest.mark.parametrize("ngl", [1, 2, "all"], ids=lambda n: f"ngl{n}")
+def test_split_mrope_image_rows_equal_cpu(tmp_path, ngl):
+    """Qwen 3 VL (interleaved M-RoPE, DeepStack after layer 0): an image step (media rows at M-RoPE
+    positions) and text after it, split between the CPU and the sim device: the logits of the CPU
+    alone; the positions cross the bus once per step, 12 bytes a row, as the plan predicts."""
+    path = synth.write_qwen3vl(tmp_path / "m.gguf", QT.Q8_0, n_layer=3, keys={"num_deepstack_layers": 1})
+    arch, g = build(path)
+    host = HostDevice(2)
+    n = arch.hp.n_embd
+    media = np.random.default_rng(5).standard_normal((12, 2 * n)).astype(np.float32) * 0.05
+    img = [-1 - j for j in range(12)]
+    rope_img = np.stack([np.full(12, 4), 4 + np.arange(12) // 4, 4 + np.arange(12) % 4]).astype(np.int32)
+    rope_text = np.tile(np.arange(8, 12, dtype=np.int32), (3, 1))
+
+    def run(be):
+        out = [be.forward([5, 6, 7, 8], 0, TABLE, 4).copy(),
+               be.forward(img, 4, TABLE, 12, media=media, rope_pos=rope_img).copy(),
+               be.forward([9, 10, 11, 12], 16, TABLE, 4, rope_pos=rope_text).copy()]
+        return np.concatenate(out)
+    ref = run(CpuBackend(g, 2, 64, 64, 8, 16, device=host))
+    plan = Planner(g, hardware(), SHAPE, embed_on_host=True).plan(ngl)   # as Model places a model with a projector
+    if ngl == "all":   # all but layer 0, whose DeepStack slice is an image row's, as the embedding
+        assert plan.n_gpu_layers == 2 and plan.head_on_gpu and not plan.embed_on_gpu
+        assert Planner(g, hardware(), SHAPE, embed_on_host=True).plan().n_gpu_layers <= 2
+    be, sim = split_for(g, plan, host)
+    np.testing.assert_array_equal(run(be), ref)
+    sim.bus.reset()
+    be.forward([13, 14], 20, TABLE, 1, rope_pos=np.tile(np.arange(12, 14, dtype=np.int32), (3, 1)))
+    predicted = {(d, k): v for (dev, d, k), v in plan.schedules(g)["resident"].bus_bytes(2, 1, len(TABLE), mrope=True).items()}
+    assert dict(sim.bus.bytes) == predicted
+    assert predicted[(H2D, CONTROL)] == 4 * 2 + 12 * 2 + 4 * len(TABLE)
+    be.close()
+    host.close()
+
+
 @pytest.mark.parametrize("ngl", [1, 2, 3, 5, "all"], ids=lambda n: f"ngl{n}")
 def test_split_gemma4_shared_kv(tmp_path, ngl):
     """Gemma 4's shared KV layers on the GPU while the layers whose caches they read stay on the

@@ -839,7 +839,7 @@ def test_the_encoder_s_threads_leave_ctrl_c_to_the_main_thread(files):
     enc.close()
 
 
-# -- Qwen 2 / 2.5 VL: the encoder (the language model's M-RoPE image positions are not done yet) --------
+# -- Qwen 2 / 2.5 / 3 VL: the encoders, and the language model's M-RoPE image positions --------------------
 
 def slow_corner_resize(table: np.ndarray, side: int, rows: int, cols: int) -> np.ndarray:
     """A side x side grid of rows resized to rows x cols, one output at a time: output (r, c)

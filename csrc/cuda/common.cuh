@@ -71,6 +71,8 @@ struct exec {
     const int32_t *tokens;    /* device copies of the step's arrays */
     const int32_t *pos;
     const int32_t *table;
+    const int32_t *rope_pos;  /* [3][n_tokens] M-RoPE positions (pyllm_step.rope_pos), or NULL */
+    int n_tokens;             /* the step's rows (rope_pos's stride) */
     int block_size;
     bool bidirectional;       /* the step's rows see up to its last position (pyllm_step.bidirectional) */
     cudaStream_t stream;

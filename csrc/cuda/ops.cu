@@ -79,11 +79,19 @@ void launch_rmsnorm(const pyllm_op *op, const exec &e) {
                                                       (op->flags & OPF_GROUP_WEIGHTS) != 0);
 }
 
-/* ---- RoPE: theta_i = pos * freq_scale * base^(-2i/n_rot) / factors[i], in double as the CPU ---- */
+/* ---- RoPE: theta_i = pos * freq_scale * base^(-2i/n_rot) / factors[i], in double as the CPU;
+ * M-RoPE (rope_pos [3][n]): pair i's position the time's, height's or width's by its section
+ * (s0, s1, s2 one after another, or interleaved: i % 3 while i < 3 s), as ops.c's op_rope ---- */
+
+__device__ int mrope_which(int i, int s0, int s1, int s2, bool interleaved) {
+    if (interleaved) return i % 3 == 1 && i < 3 * s1 ? 1 : i % 3 == 2 && i < 3 * s2 ? 2 : 0;
+    return i < s0 ? 0 : i < s0 + s1 ? 1 : i < s0 + s1 + s2 ? 2 : 0;
+}
 
 __global__ void rope_kernel(float *Q, int64_t q_stride, float *K, int64_t k_stride, const int32_t *__restrict__ pos,
                             int n_head, int n_kv_head, int head_dim, int n_rot, int mode, float freq_base,
-                            float freq_scale, const float *__restrict__ factors) {
+                            float freq_scale, const float *__restrict__ factors, const int32_t *__restrict__ rope_pos,
+                            int n_tokens, int s0, int s1, int s2, bool interleaved) {
     const int t = blockIdx.y;
     const int half = n_rot / 2;
     const int nq = Q ? n_head * half : 0, nk = K ? n_kv_head * half : 0;
@@ -94,7 +102,8 @@ __global__ void rope_kernel(float *Q, int64_t q_stride, float *K, int64_t k_stri
     const int h = it / half, i = it % half;
     double inv_freq = (double)freq_scale * pow((double)freq_base, -2.0 * i / n_rot);
     if (factors) inv_freq /= factors[i];
-    const double theta = pos[t] * inv_freq;
+    const int32_t p = rope_pos ? rope_pos[mrope_which(i, s0, s1, s2, interleaved) * n_tokens + t] : pos[t];
+    const double theta = p * inv_freq;
     const float c = (float)cos(theta), s = (float)sin(theta);
     float *v = (is_k ? K + (int64_t)t * k_stride : Q + (int64_t)t * q_stride) + (int64_t)h * head_dim;
     const int a = mode == ROPE_NEOX ? i : 2 * i;
@@ -109,9 +118,12 @@ void launch_rope(const pyllm_op *op, const exec &e) {
     const int items = (op->x ? op->n_head * half : 0) + (op->x2 ? op->n_kv_head * half : 0);
     if (items == 0) return;
     dim3 grid(blocks_for(items, 128), e.rows);
+    const int32_t *sec = op->rope_sections;
     PQ_LAUNCH(grid, 128, 0, e.stream, rope_kernel)(op->x, op->x_stride, op->x2, op->x2_stride, e.pos, op->n_head,
                                                    op->n_kv_head, op->head_dim, op->n_rot, op->rope_mode,
-                                                   op->freq_base, op->freq_scale, op->freq_factors);
+                                                   op->freq_base, op->freq_scale, op->freq_factors,
+                                                   sec[0] | sec[1] | sec[2] ? e.rope_pos : NULL, e.n_tokens,
+                                                   sec[0], sec[1], sec[2], (op->flags & OPF_ROPE_INTERLEAVED) != 0);
 }
 
 /* ---- KV store: cache[slot of pos[t]] = f16(k[t]), f16(v[t]); the keys alone with OPF_V_IN_K ---- */

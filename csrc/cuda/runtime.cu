@@ -41,6 +41,8 @@ struct pyllm_cuda {
     cudaStream_t stream;
     int32_t *d_tokens, *d_pos, *d_table;   /* device copies of the step's arrays */
     int cap_tokens, cap_pos, cap_table;
+    int32_t *d_rope_pos;                   /* and of its M-RoPE positions, [3][n_tokens] */
+    int cap_rope_pos;
     int sent;                              /* step arrays sent since the step began: 1 tokens, 2 pos, 4 table */
     uint64_t h2d, d2h;                     /* bytes copied each way */
 };
@@ -138,6 +140,7 @@ void pyllm_cuda_free(pyllm_cuda *ctx) {
     cudaStreamSynchronize(ctx->stream);
     cudaFree(ctx->d_tokens);
     cudaFree(ctx->d_pos);
+    cudaFree(ctx->d_rope_pos);
     cudaFree(ctx->d_table);
     cudaStreamDestroy(ctx->stream);
     cudaGetLastError();
@@ -474,9 +477,11 @@ int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_
      * the recurrent ops (SSM_CONV, SSM_SCAN, DELTA_NET) read the first position: 0 starts a sequence,
      * and its state, from zeros);
      * the others (COPY, MATMUL_ID, ...) read none of it */
-    bool need_tokens = false, need_pos = false, need_table = false;
+    bool need_tokens = false, need_pos = false, need_table = false, need_rope_pos = false;
     for (int i = 0; i < n_ops; i++) {
         const int k = ops[i].kind;
+        const int32_t *sec = ops[i].rope_sections;
+        need_rope_pos |= k == OP_ROPE && st->rope_pos && (sec[0] | sec[1] | sec[2]);
         need_tokens |= k == OP_EMBED && !(ops[i].flags & OPF_BY_POS);
         need_pos |= (k == OP_EMBED && (ops[i].flags & OPF_BY_POS)) || k == OP_ROPE || k == OP_KV_STORE || k == OP_ATTENTION || k == OP_POS_SCALE || k == OP_SSM_CONV || k == OP_SSM_SCAN || k == OP_DELTA_NET;
         need_table |= k == OP_KV_STORE || k == OP_ATTENTION;
@@ -484,7 +489,8 @@ int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_
     if (new_step) ctx->sent = 0;
     if (grow(&ctx->d_tokens, &ctx->cap_tokens, st->n_tokens, &ctx->sent, 1) ||
         grow(&ctx->d_pos, &ctx->cap_pos, st->n_tokens, &ctx->sent, 2) ||
-        grow(&ctx->d_table, &ctx->cap_table, st->n_table, &ctx->sent, 4))
+        grow(&ctx->d_table, &ctx->cap_table, st->n_table, &ctx->sent, 4) ||
+        grow(&ctx->d_rope_pos, &ctx->cap_rope_pos, 3 * st->n_tokens, &ctx->sent, 8))
         return -1;
     if (need_tokens && !(ctx->sent & 1)) {
         if (send(ctx, ctx->d_tokens, st->tokens, st->n_tokens)) return -1;
@@ -498,11 +504,17 @@ int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_
         if (send(ctx, ctx->d_table, st->block_table, st->n_table)) return -1;
         ctx->sent |= 4;
     }
+    if (need_rope_pos && !(ctx->sent & 8)) {
+        if (send(ctx, ctx->d_rope_pos, st->rope_pos, 3 * st->n_tokens)) return -1;
+        ctx->sent |= 8;
+    }
 
     exec e;
     e.tokens = ctx->d_tokens;
     e.pos = ctx->d_pos;
     e.table = ctx->d_table;
+    e.rope_pos = need_rope_pos ? ctx->d_rope_pos : NULL;
+    e.n_tokens = st->n_tokens;
     e.block_size = st->block_size;
     e.bidirectional = st->bidirectional != 0;
     e.stream = ctx->stream;

@@ -116,6 +116,7 @@ class StepData:
     serial: int = 0        # which step this is: a device sends the step's arrays once per step
     media: Optional[np.ndarray] = None   # float32 [n, width], C-contiguous: the rows token ids -1 - j name
     bidirectional: bool = False          # every row sees up to the step's last position
+    rope_pos: Optional[np.ndarray] = None  # int32 [3, n_tokens], C-contiguous: M-RoPE positions (step_rope_pos)
 
     @property
     def n_tokens(self) -> int:

@@ -26,7 +26,7 @@ from ..model_file import Tensor
 from ..units import fmt_bytes
 from .base import (ACTIVATIONS, Backend, Device, DeviceMemoryError, Program, Range, Shape, StepData, step_media,
                    step_rope_pos)
-from .lowering import fill_record, kv_rotations, memory_plan, step_needs, step_record
+from .lowering import fill_record, kv_rotations, memory_plan, reads_rope_pos, step_needs, step_record
 
 ALIGN = 64
 
@@ -146,6 +146,7 @@ class CoreProgram(Program):
             if lib.pyllm_program_check(self.recs + r.lo, r.hi - r.lo):
                 raise BackendError(f"the model's op program is invalid: {ffi.string(lib.pyllm_error()).decode()}")
         self.needs = [step_needs(graph.ops[r.lo:r.hi]) for r in self.ranges]
+        self.mrope = [reads_rope_pos(graph.ops[r.lo:r.hi]) for r in self.ranges]
 
         # the step record points at these arrays for good; a step fills them
         self.tokens, self.pos, self.table, self.step = step_record(ffi, shape)
@@ -222,8 +223,13 @@ class CoreProgram(Program):
                 sent.add(what)
             elif what not in sent:
                 dst[:len(src)] = 0  # not read by these ops; valid values for the core's step check
+        rope = step.rope_pos if self.mrope[index] else None
+        if rope is not None and "rope_pos" not in sent:
+            self._send("rope_pos", rope, rope)
+            sent.add("rope_pos")
         st = self.step
         st.n_tokens, st.n_out, st.n_table = step.n_tokens, step.n_out, len(step.table)
+        st.rope_pos = ffi.NULL if rope is None else ffi.from_buffer("int32_t[]", rope)
         # a range that reads no positions has no attention: zeros stand in for them (not consecutive)
         set_step_media(st, step.media, step.bidirectional and "pos" in sent)
 
@@ -245,6 +251,7 @@ class CoreProgram(Program):
                 raise InvalidArgumentError(ffi.string(lib.pyllm_error()).decode())
         finally:
             set_step_media(self.step, None, False)   # the record outlives this step's rows
+            self.step.rope_pos = ffi.NULL
 
     def _rows(self, name: str) -> np.ndarray:
         return self.buffers[name] if name in self.buffers else self.qbuffers[name]

@@ -33,7 +33,7 @@ from ..graph import OP_NAMES, OP_SAVE_ROWS, OP_SUMSQ, Graph, View
 from ..model_file import Tensor
 from .base import (ACTIVATIONS, CONTROL, D2H, H2D, WEIGHTS, Bus, Device, DeviceMemoryError, Program, Range, Shape,
                    StepData)
-from .lowering import fill_record, memory_plan, step_needs, step_record
+from .lowering import fill_record, memory_plan, reads_rope_pos, step_needs, step_record
 
 REPO = Path(__file__).resolve().parent.parent.parent
 LIB_NAME = "libpyllm_cuda.so"
@@ -312,6 +312,7 @@ class CudaProgram(Program):
             self.close()
             raise
         self.needs = [step_needs(graph.ops[r.lo:r.hi]) for r in self.ranges]
+        self.mrope = [reads_rope_pos(graph.ops[r.lo:r.hi]) for r in self.ranges]
         self.tokens, self.pos, self.table, self.step = step_record(ffi, shape)
         self._sent: tuple[int, set] = (-1, set())
 
@@ -362,7 +363,9 @@ class CudaProgram(Program):
         n = step.n_tokens
         self.tokens[:n], self.pos[:n] = step.tokens, step.pos
         self.table[:len(step.table)] = step.table
-        for what, need, nbytes in zip(("tokens", "pos", "table"), self.needs[index], (4 * n, 4 * n, 4 * len(step.table))):
+        rope = step.rope_pos if self.mrope[index] else None
+        for what, need, nbytes in zip(("tokens", "pos", "table", "rope_pos"), (*self.needs[index], rope is not None),
+                                      (4 * n, 4 * n, 4 * len(step.table), 12 * n)):
             if need and what not in sent:   # what the library sends (pyllm_cuda_run)
                 self.device.bus.count(H2D, CONTROL, nbytes)
                 sent.add(what)
@@ -375,8 +378,12 @@ class CudaProgram(Program):
         st = self.step
         st.n_tokens, st.n_out, st.n_table = n, step.n_out, len(step.table)
         st.bidirectional = int(step.bidirectional)
-        if self.lib.pyllm_cuda_run(self.ctx, self.recs + r.lo, r.hi - r.lo, st, int(new_step)) != 0:
-            raise BackendError(_error(self.lib, self.ffi))
+        st.rope_pos = self.ffi.NULL if rope is None else self.ffi.from_buffer("int32_t[]", rope)
+        try:
+            if self.lib.pyllm_cuda_run(self.ctx, self.recs + r.lo, r.hi - r.lo, st, int(new_step)) != 0:
+                raise BackendError(_error(self.lib, self.ffi))
+        finally:
+            st.rope_pos = self.ffi.NULL
 
     def sync(self) -> None:
         self.lib.pyllm_cuda_sync(self.ctx)

@@ -196,6 +196,11 @@ def step_record(ffi, shape: Shape):
     return tokens, pos, table, step
 
 
+def reads_rope_pos(ops: Sequence[Op]) -> bool:
+    """Whether these ops read a step's M-RoPE positions (a ROPE op with sections)."""
+    return any(op.kind == OP_ROPE and any(op.rope_sections) for op in ops)
+
+
 def step_needs(ops: Sequence[Op]) -> tuple[bool, bool, bool]:
     """Which of the step's arrays (tokens, positions, block table) these ops
     read: what a device must be sent before it runs them."""

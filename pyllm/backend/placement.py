@@ -59,7 +59,7 @@ import numpy as np
 
 from ..errors import BackendError, InvalidArgumentError
 from ..graph import (OP_ATTENTION, OP_DELTA_NET, OP_EMBED, OP_KV_STORE, OP_MATMUL, OP_MATMUL_COLS, OP_MATMUL_ID,
-                     OP_SSM_CONV, OP_SSM_SCAN, OPF_LAST_ROWS, OPF_OUT_ROWS, OPF_V_IN_K, Graph)
+                     OP_SSM_CONV, OP_SSM_SCAN, OPF_LAST_ROWS, OPF_MEDIA_ONLY, OPF_OUT_ROWS, OPF_V_IN_K, Graph)
 from ..units import fmt_bytes, fmt_rate
 from .base import D2H, H2D, Range, Shape
 from .lowering import memory_plan, step_needs
@@ -325,11 +325,15 @@ class Planner:
     def __init__(self, graph: Graph, hw: Hardware, shape: Shape, decode_ctx: int = 256, prefill_tokens: int = 512,
                  objective: tuple[int, int] = (512, 128), embed_on_host: bool = False):
         """embed_on_host: the token embedding stays on the host (a prompt's image rows are
-        the host's; a GPU's embedding cannot take them)."""
+        the host's; a GPU's embedding cannot take them), and so do the first layers where
+        they read image rows too (Qwen 3 VL's DeepStack)."""
         self.graph, self.hw, self.shape = graph, hw, shape
         self.embed_on_host = embed_on_host
         self.units = op_units(graph)
         self.layers = sorted({u for u in self.units if isinstance(u, int)})
+        media_layers = [self.layers.index(u) + 1 for u, op in zip(self.units, graph.ops)
+                        if op.kind == OP_EMBED and op.flags & OPF_MEDIA_ONLY and isinstance(u, int)]
+        self.max_gpu_layers = len(self.layers) - (max(media_layers) if embed_on_host and media_layers else 0)
         self.decode_ctx = max(1, min(decode_ctx, shape.n_blocks * shape.block_size - 1))
         self.prefill_tokens = max(1, min(prefill_tokens, shape.n_blocks * shape.block_size))
         self.objective = objective
@@ -446,7 +450,7 @@ class Planner:
         """(GPU layers, head on the GPU, embedding on the GPU)"""
         n = len(self.layers)
         head = "head" in self.units
-        out = [(k, h, False) for k in range(n + 1) for h in ((False, True) if head else (False,))]
+        out = [(k, h, False) for k in range(self.max_gpu_layers + 1) for h in ((False, True) if head else (False,))]
         if head and not self.embed_on_host:
             out.append((n, True, True))
         return out
@@ -515,8 +519,8 @@ class Planner:
         if self.hw.gpu is None or ngl == 0:
             p = self.evaluate(cpu_units, "no GPU" if self.hw.gpu is None else "n_gpu_layers=0")
         elif ngl != "auto":
-            k = n if ngl == "all" else min(ngl, n)
-            head = k >= n
+            k = min(n if ngl == "all" else ngl, self.max_gpu_layers)
+            head = ngl == "all" or ngl >= n    # DeepStack's first layers may stay on the host, the head need not
             embed = head and (self.tied or ngl == "all") and not self.embed_on_host
             p = self.evaluate(self.unit_map(k, head, embed), f"n_gpu_layers={ngl}")
             budget = self.budget

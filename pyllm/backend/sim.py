@@ -98,7 +98,8 @@ class SimProgram(CoreProgram):
         return a
 
     def _send(self, what: str, src: np.ndarray, dst: np.ndarray) -> None:
-        dst[:len(src)] = src
+        if src is not dst:
+            dst[:len(src)] = src
         self.device.bus.count(H2D, CONTROL, src.nbytes)
 
     def stream_weights(self, index: int) -> None:

@@ -34,9 +34,9 @@ import numpy as np
 from ..errors import BackendError, UnsupportedModelError
 from ..graph import OP_EMBED, OP_MATMUL, OPF_BY_POS, OPF_LAST_ROWS, Graph
 from .base import (ACTIVATIONS, CONTROL, D2H, H2D, LOGITS, WEIGHTS, Backend, Device, Range, Shape, StepData,
-                   step_media)
+                   step_media, step_rope_pos)
 from .cpu import check_step_args
-from .lowering import step_needs
+from .lowering import reads_rope_pos, step_needs
 
 HOST = "cpu"
 ALL, LAST = "all", "last"
@@ -121,8 +121,9 @@ class Schedule:
     def transfers(self) -> list[Transfer]:
         return [t for s in self.segments for t in s.transfers] + list(self.final)
 
-    def bus_bytes(self, n_tokens: int, n_out: int, n_table: int) -> dict:
-        """Bytes one step moves on each device's bus: {(device, direction, kind): bytes}."""
+    def bus_bytes(self, n_tokens: int, n_out: int, n_table: int, mrope: bool = False) -> dict:
+        """Bytes one step moves on each device's bus: {(device, direction, kind): bytes} (mrope: a
+        step with M-RoPE positions, which go where a ROPE op with sections runs)."""
         out: dict = {}
 
         def add(dev, direction, kind, n):
@@ -140,8 +141,10 @@ class Schedule:
             if dev == HOST:
                 continue
             segs = [s for s in self.segments if s.device == dev]
-            tokens, pos, table = step_needs([op for s in segs for op in self.graph.ops[s.lo:s.hi]])
-            add(dev, H2D, CONTROL, 4 * (n_tokens * (tokens + pos) + n_table * table))
+            ops = [op for s in segs for op in self.graph.ops[s.lo:s.hi]]
+            tokens, pos, table = step_needs(ops)
+            rope_pos = 3 if mrope and reads_rope_pos(ops) else 0
+            add(dev, H2D, CONTROL, 4 * (n_tokens * (tokens + pos + rope_pos) + n_table * table))
             resident = {op.weight.name for s in segs if not s.streamed
                         for op in self.graph.ops[s.lo:s.hi] if op.weight is not None}
             add(dev, H2D, WEIGHTS, sum(op.weight.nbytes for s in segs if s.streamed
@@ -282,15 +285,13 @@ class SplitBackend(Backend):
     def forward(self, tokens: Seq[int], start_pos: int, block_table: Seq[int], n_out: int,
                 media: Optional[np.ndarray] = None, bidirectional: bool = False,
                 rope_pos: Optional[np.ndarray] = None) -> np.ndarray:
-        if rope_pos is not None:
-            raise UnsupportedModelError("images in Qwen VL prompts (M-RoPE positions) run on the CPU alone for now: "
-                                        "load the model with -ngl 0")
         n = len(tokens)
         check_step_args(n, n_out, len(block_table), self.shape.n_batch, self.shape.n_out_max, self.shape.n_blocks)
         media = step_media(media)
         self._serial += 1
         step = StepData(np.asarray(tokens, np.int32), np.arange(start_pos, start_pos + n, dtype=np.int32),
-                        np.asarray(block_table, np.int32), n_out, self._serial, media, bool(bidirectional))
+                        np.asarray(block_table, np.int32), n_out, self._serial, media, bool(bidirectional),
+                        step_rope_pos(rope_pos, n))
         sname = self.schedule_for(n)
         sched = self.schedules[sname]
         if media is not None:
