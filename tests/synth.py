@@ -1633,6 +1633,17 @@ def write_control_vector(path: str | Path, n_embd: int, layers, size: float = 1.
     return str(path)
 
 
+def add_as(w: gguf.GGUFWriter, name: str, a, t: QT = QT.F32) -> None:
+    """Tensor `a` (numbers, as float32) written as type t: F32, F16 or a quantized type."""
+    a = np.asarray(a, np.float32)
+    if t == QT.F16:
+        w.add_tensor(name, a.astype(np.float16))
+    elif t == QT.F32:
+        w.add_tensor(name, a)
+    else:
+        w.add_tensor(name, gguf.quants.quantize(a, t), raw_dtype=t)
+
+
 def write_gemma4v(w, rng, n_out: int, n_embd: int, n_head: int, n_ff: int, n_layer: int, image_size: int,
                   patch: int, merge: int, qtype: QT, use_gelu: bool, path: str, n_positions: int) -> str:
     """Gemma 4's projector (write_mmproj's "gemma4v")."""
@@ -1647,13 +1658,7 @@ def write_gemma4v(w, rng, n_out: int, n_embd: int, n_head: int, n_ff: int, n_lay
     d = n_embd // n_head
 
     def add(name: str, a, t: QT = QT.F32) -> None:
-        a = np.asarray(a, np.float32)
-        if t == QT.F16:
-            w.add_tensor(name, a.astype(np.float16))
-        elif t == QT.F32:
-            w.add_tensor(name, a)
-        else:
-            w.add_tensor(name, gguf.quants.quantize(a, t), raw_dtype=t)
+        add_as(w, name, a, t)
 
     def mat(name: str, n_in: int, n_o: int, clamp: bool = True) -> None:    # with its clamps
         add(name + ".weight", rng.normal(0, 1.0 / np.sqrt(n_in), (n_o, n_in)), qtype)
@@ -1746,15 +1751,8 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
     side = image_size // patch
 
     def add(name: str, a: np.ndarray, t: QT = QT.F32) -> None:
-        if name == drop_tensor:
-            return
-        a = a.astype(np.float32)
-        if t == QT.F16:
-            w.add_tensor(name, a.astype(np.float16))
-        elif t == QT.F32:
-            w.add_tensor(name, a)
-        else:
-            w.add_tensor(name, gguf.quants.quantize(a, t), raw_dtype=t)
+        if name != drop_tensor:
+            add_as(w, name, a, t)
 
     def mat(n_in: int, n_o: int, scale: float) -> np.ndarray:    # numpy [n_o, n_in] = GGUF (n_in, n_o)
         return rng.normal(0, scale / np.sqrt(n_in), (n_o, n_in))
