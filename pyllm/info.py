@@ -287,6 +287,13 @@ def model_info(path: str, n_ctx: Optional[int] = None, n_batch: int = N_BATCH,
     if arch.residual_scale != 1.0 or arch.logit_scale != 1.0:
         notes.append(f"embeddings x {arch.embed_scale:g}, each block's output x {arch.residual_scale:g} "
                      f"into the residual, logits x {arch.logit_scale:g}")
+    sections = getattr(arch, "rope_sections", ())
+    if sections:
+        notes.append(f"M-RoPE: an image row's time, height and width positions turn {', '.join(map(str, sections))} "
+                     f"pairs of each head{', interleaved' if arch.mrope_interleaved else ''} (text: plain RoPE)")
+    if arch.deepstack:
+        notes.append(f"DeepStack: an image row carries {arch.deepstack} more slices of {hp.n_embd}, added to the "
+                     f"residual after layers 0..{arch.deepstack - 1}")
     return ModelInfo(
         path=str(path), name=str(mf.get("general.name", "")), architecture=arch.name, file_type=file_type,
         n_params=mf.n_params, tensor_types=mf.type_histogram(),

@@ -97,6 +97,12 @@ def test_info_other_families(tmp_path):
     gr = model_info(synth.write_granite(tmp_path / "gr.gguf", QT.Q8_0), n_ctx=64).format()
     assert "softmax scale 0.015625" in gr
     assert "embeddings x 12, each block's output x 0.22 into the residual, logits x 0.125" in gr
+    q3vl = model_info(synth.write_qwen3vl(tmp_path / "q3vl.gguf", QT.Q8_0, n_layer=4,
+                                          keys={"num_deepstack_layers": 3}), n_ctx=64).format()
+    assert "M-RoPE: an image row's time, height and width positions turn 24, 20, 20 pairs of each head, " \
+        "interleaved (text: plain RoPE)" in q3vl
+    assert "DeepStack: an image row carries 3 more slices of 256, added to the residual after layers 0..2" in q3vl
+    assert "DeepStack" not in model_info(synth.write_qwen2vl(tmp_path / "q2vl.gguf", QT.Q8_0), n_ctx=64).format()
     p2 = model_info(synth.write_phi2(tmp_path / "p2.gguf", QT.Q8_0), n_ctx=64)
     assert p2.block == "LayerNorm before attention and FFN, side by side (one norm); FFN gelu_tanh(up), not gated"
     assert model_info(synth.write_olmo2(tmp_path / "o2.gguf", QT.Q8_0), n_ctx=64).block == \
