@@ -1645,7 +1645,8 @@ def add_as(w: gguf.GGUFWriter, name: str, a, t: QT = QT.F32) -> None:
 
 
 def write_gemma4v(w, rng, n_out: int, n_embd: int, n_head: int, n_ff: int, n_layer: int, image_size: int,
-                  patch: int, merge: int, qtype: QT, use_gelu: bool, path: str, n_positions: int) -> str:
+                  patch: int, merge: int, qtype: QT, use_gelu: bool, path: str, n_positions: int,
+                  drop_tensor: Optional[str] = None) -> str:
     """Gemma 4's projector (write_mmproj's "gemma4v")."""
     w.add_bool("clip.use_gelu", use_gelu)
     for key, v in (("image_size", image_size), ("patch_size", patch), ("embedding_length", n_embd),
@@ -1658,7 +1659,8 @@ def write_gemma4v(w, rng, n_out: int, n_embd: int, n_head: int, n_ff: int, n_lay
     d = n_embd // n_head
 
     def add(name: str, a, t: QT = QT.F32) -> None:
-        add_as(w, name, a, t)
+        if name != drop_tensor:
+            add_as(w, name, a, t)
 
     def mat(name: str, n_in: int, n_o: int, clamp: bool = True) -> None:    # with its clamps
         add(name + ".weight", rng.normal(0, 1.0 / np.sqrt(n_in), (n_o, n_in)), qtype)
@@ -1724,7 +1726,7 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
     gemma4 = projector == "gemma4v"
     if gemma4:
         return write_gemma4v(w, rng, n_out, n_embd, n_head, n_ff, n_layer, image_size, patch, merge, qtype,
-                             use_gelu, str(path), n_positions)
+                             use_gelu, str(path), n_positions, drop_tensor)
     rms, gated = pixtral or qwen25, pixtral or qwen25    # RMS norms (weights only); a gated SiLU FFN
     w.add_bool("clip.use_gelu", use_gelu and not gated and (qwen3 or not qwen))    # Qwen 2 VL's: quick-GELU
     if gated:

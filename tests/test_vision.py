@@ -824,6 +824,22 @@ def test_bad_pixtral_files(tmp_path):
         VisionEncoder(odd_heads)
 
 
+@pytest.mark.parametrize("projector,tensor", [("qwen3vl_merger", "v.deepstack.0.fc2.weight"),
+                                               ("qwen3vl_merger", "v.position_embd.weight"),
+                                               ("qwen3vl_merger", "v.blk.1.attn_qkv.weight"),   # then q, k, v
+                                               ("gemma4v", "v.blk.0.attn_q_norm.weight"),
+                                               ("gemma4v", "v.blk.1.ffn_post_norm.weight"),
+                                               ("gemma4v", "v.position_embd.weight"),
+                                               ("gemma4v", "mm.input_projection.weight")])
+def test_qwen3_and_gemma4_files_missing_a_tensor(tmp_path, projector, tensor):
+    """A projector file without one of its tensors is refused when opened, naming it (without a fused
+    qkv, the separate q, k and v it would then need)."""
+    path = synth.write_mmproj(tmp_path / "mm.gguf", projector=projector, patch=16, image_size=64, merge=2,
+                              n_embd=32, n_ff=48, n_head=4, drop_tensor=tensor)
+    with pytest.raises(ModelFileError, match=tensor.replace("qkv", "q").replace(".", r"\.") + " is missing"):
+        VisionEncoder(path)
+
+
 @pytest.mark.skipif(not __import__("os").path.isdir("/proc/self/task"), reason="reads Linux's /proc")
 def test_the_encoder_s_threads_leave_ctrl_c_to_the_main_thread(files):
     import signal
