@@ -47,9 +47,11 @@ import numpy as np
 import llama_cpp
 import llama_cpp.mtmd_cpp as mtmd
 job = json.load(sys.stdin)
-m = llama_cpp.Llama(model_path=job["lm"], n_ctx=4096, n_batch=512, n_ubatch=512, verbose=False, n_threads=2)
+m = llama_cpp.Llama(model_path=job["lm"], n_ctx=8192, n_batch=512, n_ubatch=512, verbose=False, n_threads=2)
 p = mtmd.mtmd_context_params_default()
 p.use_gpu, p.n_threads, p.warmup, p.print_timings = False, 2, False, False
+if job.get("tokens"):   # --image-min-tokens, --image-max-tokens
+    p.image_min_tokens, p.image_max_tokens = job["tokens"]
 ctx = mtmd.mtmd_init_from_file(job["mmproj"].encode(), m.model, p)
 assert ctx, "mtmd_init_from_file failed"
 out = []
@@ -243,7 +245,9 @@ def main() -> None:
                 ("qwen3vl F16", QT.F16, QT.F16, "qwen3vl_merger"),
                 ("qwen3.5 F32", QT.F32, QT.F32, "qwen3.5"),
                 ("gemma4 F32", QT.F32, QT.F32, "gemma4v"), ("gemma4 F16", QT.F16, QT.F16, "gemma4v"),
-                ("gemma4 E2B-wide", QT.F32, QT.F32, "gemma4v-causal")):
+                ("gemma4 E2B-wide", QT.F32, QT.F32, "gemma4v-causal"),
+                ("qwen3vl min 1024 rows", QT.F32, QT.F32, "qwen3vl_merger"),
+                ("gemma4 max 100 rows", QT.F32, QT.F32, "gemma4v")):
             if only and not label.startswith(only):
                 continue
             pictures = lfm2_images if kind in ("lfm2", "pixtral", "pixtral1") or kind.startswith(("qwen", "gemma4")) \
@@ -282,10 +286,12 @@ def main() -> None:
                 lm = synth.write_llama(t / f"lm-{label}.gguf", lm_type, n_vocab=512, image_tokens=True)
                 mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type, projector="idefics3",
                                         merge=2, longest_edge=64)
-            enc = VisionEncoder(mm)
+            tokens = (1024, 4096) if "min 1024" in label else (70, 100) if "max 100" in label else None
+            enc = VisionEncoder(mm, **(dict(min_tokens=tokens[0], max_tokens=tokens[1]) if tokens else {}))
             got = peer(python, {"lm": lm, "mmproj": mm, "prompt": PROMPT, "images": [p for _, p in pictures],
-                                "width": enc.n_out})
-            model = Model(lm, mmproj=mm, n_ctx=4096, n_threads=2)
+                                "width": enc.n_out, "tokens": tokens})
+            model = Model(lm, mmproj=mm, n_ctx=8192, n_threads=2,
+                          **(dict(image_min_tokens=tokens[0], image_max_tokens=tokens[1]) if tokens else {}))
             for (name, path), theirs in zip(pictures, got):
                 from PIL import Image
                 img = Image.fromarray(np.load(path))

@@ -22,7 +22,7 @@ from pyllm.errors import InvalidArgumentError, PyllmError
 from pyllm.reasoning import ANSWER, THINKING
 
 from .common import created_messages, err, handle_errors, image_file, images_in, model_path
-from .options import MlockOpt, MmprojOpt, NoMmapOpt
+from .options import ImageMaxTokensOpt, ImageMinTokensOpt, MlockOpt, MmprojOpt, NoMmapOpt
 from .options import OverrideKvOpt, file_kwargs
 from .options import RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt
 from .options import TemplateKwargsOpt, template_kwargs
@@ -425,6 +425,8 @@ def chat(
     cache_type_k: CacheTypeK = "f16",
     cache_type_v: CacheTypeV = "f16",
     mmproj: MmprojOpt = None,
+    image_min_tokens: ImageMinTokensOpt = None,
+    image_max_tokens: ImageMaxTokensOpt = None,
     lora: LoraOpt = [],
     lora_scaled: LoraScaledOpt = [],
     control_vector: ControlVectorOpt = [],
@@ -485,6 +487,7 @@ def chat(
                                  rope_freq_scale, yarn_orig_ctx),
                    n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
                    cache_type_v=cache_type_v, think=think, lora=lora_specs(lora, lora_scaled), mmproj=mmproj,
+                   image_min_tokens=image_min_tokens, image_max_tokens=image_max_tokens,
                    **control_kwargs(control_vector, control_vector_scaled, control_vector_layer_range),
                    **speculative_kwargs(spec_type, model_draft, spec_draft_max, spec_draft_min, spec_ngram_size, spec_p_min)) as m:
             m.require_generation()       # an embedding model cannot chat: say so before any input

@@ -20,7 +20,7 @@ from pyllm.errors import InvalidArgumentError, PyllmError
 
 from .common import (created_messages, err, handle_errors, image_file, images_in, model_path, process_escapes,
                      read_input)
-from .options import ImageOpt, MlockOpt, MmprojOpt, NoMmapOpt
+from .options import ImageMaxTokensOpt, ImageMinTokensOpt, ImageOpt, MlockOpt, MmprojOpt, NoMmapOpt
 from .options import OverrideKvOpt, file_kwargs
 from .options import RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt
 from .options import TemplateKwargsOpt, template_kwargs
@@ -104,6 +104,8 @@ def run(
     cache_type_k: CacheTypeK = "f16",
     cache_type_v: CacheTypeV = "f16",
     mmproj: MmprojOpt = None,
+    image_min_tokens: ImageMinTokensOpt = None,
+    image_max_tokens: ImageMaxTokensOpt = None,
     image: ImageOpt = [],
     lora: LoraOpt = [],
     lora_scaled: LoraScaledOpt = [],
@@ -190,6 +192,7 @@ def run(
                                  rope_freq_scale, yarn_orig_ctx),
                    n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
                    cache_type_v=cache_type_v, think=think, lora=lora_specs(lora, lora_scaled), mmproj=mmproj,
+                   image_min_tokens=image_min_tokens, image_max_tokens=image_max_tokens,
                    **control_kwargs(control_vector, control_vector_scaled, control_vector_layer_range),
                    **speculative_kwargs(spec_type, model_draft, spec_draft_max, spec_draft_min, spec_ngram_size, spec_p_min)) as m:
             load_s = time.perf_counter() - t_load

@@ -10,7 +10,7 @@ import typer
 from pyllm.errors import InvalidArgumentError
 
 from .common import created_model, err, handle_errors, model_path
-from .options import MlockOpt, MmprojOpt, NoMmapOpt
+from .options import ImageMaxTokensOpt, ImageMinTokensOpt, MlockOpt, MmprojOpt, NoMmapOpt
 from .options import OverrideKvOpt, file_kwargs
 from .options import RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt
 from .options import CacheTypeK, CacheTypeV, CtxSize, ModelOpt, NGpuLayers, TemplateOpt, Think, Threads, template_arg
@@ -76,6 +76,8 @@ def serve(
     cache_type_k: CacheTypeK = "f16",
     cache_type_v: CacheTypeV = "f16",
     mmproj: MmprojOpt = None,
+    image_min_tokens: ImageMinTokensOpt = None,
+    image_max_tokens: ImageMaxTokensOpt = None,
     lora: LoraOpt = [],
     lora_scaled: LoraScaledOpt = [],
     control_vector: ControlVectorOpt = [],
@@ -152,6 +154,7 @@ def serve(
                       cache_type_v=cache_type_v, think=think, embedding=True if embedding else None,
                       lora=lora_specs((created.adapters if created is not None else []) + lora, lora_scaled),
                       mmproj=mmproj if file == path else None,   # the -m model's projector
+                      image_min_tokens=image_min_tokens, image_max_tokens=image_max_tokens,
                       **control_kwargs(control_vector, control_vector_scaled, control_vector_layer_range),
                       **speculative_kwargs(spec_type, model_draft, spec_draft_max, spec_draft_min, spec_ngram_size,
                                            spec_p_min))

@@ -95,6 +95,9 @@ class Model:
     file's, as llama.cpp's --override-kv (e.g. {"tokenizer.ggml.add_bos_token": False}).
     use_mmap False reads the file into memory instead of mapping it (--no-mmap);
     use_mlock locks its bytes in RAM (--mlock; `locked` says whether the system let it).
+    mmproj: the model's vision projector (llama.cpp's --mmproj), for prompts with images;
+    image_min_tokens / image_max_tokens: the fewest and most rows an image becomes where the
+    projector sizes images itself (Qwen VL, Gemma 4, Pixtral, LFM2; --image-min/max-tokens).
 
     Use it as a context manager, or call close(), to free the native memory.
     """
@@ -109,7 +112,8 @@ class Model:
                  control_vector_layer_range: Optional[tuple[int, int]] = None,
                  override_kv: Optional[Mapping[str, Any]] = None, use_mmap: bool = True,
                  use_mlock: bool = False, chat_template_kwargs: Optional[Mapping[str, Any]] = None,
-                 mmproj: Optional[str | os.PathLike] = None):
+                 mmproj: Optional[str | os.PathLike] = None, image_min_tokens: Optional[int] = None,
+                 image_max_tokens: Optional[int] = None):
         self.backend = None
         self.vision: Optional[VisionEncoder] = None   # an mmproj file's encoder: images in prompts
         self.draft: Optional[Model] = None
@@ -186,7 +190,7 @@ class Model:
             self._speculate(spec_type, draft_model, SpecParams(spec_draft_max, spec_draft_min, spec_ngram_size,
                                                                spec_p_min))
             if mmproj is not None:
-                self._load_vision(mmproj)
+                self._load_vision(mmproj, image_min_tokens, image_max_tokens)
         except BaseException:
             self.close()
             raise
@@ -222,10 +226,12 @@ class Model:
                                                     self.draft.engine if self.draft else None, self.tokenizer.n_vocab)
 
     # -- the conversation on disk ---------------------------------------------------
-    def _load_vision(self, path: str | os.PathLike) -> None:
-        """Opens a multimodal projector (llama.cpp's --mmproj) for this model's prompts."""
+    def _load_vision(self, path: str | os.PathLike, min_tokens: Optional[int] = None,
+                     max_tokens: Optional[int] = None) -> None:
+        """Opens a multimodal projector (llama.cpp's --mmproj) for this model's prompts; an image
+        becomes min_tokens..max_tokens rows where the projector sizes it (None: its own limits)."""
         self.require_generation()
-        self.vision = VisionEncoder(path, n_threads=self.n_threads)
+        self.vision = VisionEncoder(path, n_threads=self.n_threads, min_tokens=min_tokens, max_tokens=max_tokens)
         sections = getattr(self.arch, "rope_sections", ())
         if self.vision.qwen and not sections:
             raise UnsupportedModelError(f"{path}: Qwen VL's images take M-RoPE positions, which {self.arch.name} "

@@ -58,6 +58,7 @@ import base64
 import binascii
 import hashlib
 import io
+import logging
 import math
 import os
 import signal
@@ -74,6 +75,8 @@ from threadpoolctl import threadpool_limits
 from ._native import ffi, lib
 from .errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
 from .model_file import ModelFile
+
+log = logging.getLogger("pyllm")
 
 PROJECTORS = ("gemma3", "gemma4v", "idefics3", "lfm2", "pixtral", "qwen2vl_merger", "qwen2.5vl_merger",
               "qwen3vl_merger")
@@ -137,7 +140,10 @@ class VisionEncoder:
 
     tiles_at_once = 4    # 4 x 1024 patches: as fast as 16 here, 340 MB less at SmolVLM's size
 
-    def __init__(self, path: str | os.PathLike, n_threads: Optional[int] = None):
+    def __init__(self, path: str | os.PathLike, n_threads: Optional[int] = None,
+                 min_tokens: Optional[int] = None, max_tokens: Optional[int] = None):
+        """min_tokens, max_tokens: llama.cpp's --image-min-tokens / --image-max-tokens, the fewest
+        and most rows an image becomes where the projector sizes images itself (None: its own)."""
         self.path = str(path)
         self.n_threads = max(1, n_threads or os.cpu_count() or 1)
         self._pool: Optional[ThreadPoolExecutor] = None
@@ -145,6 +151,7 @@ class VisionEncoder:
         self.mf = ModelFile(path)
         try:
             self._read(self.mf)
+            self.limit_tokens(min_tokens, max_tokens)
         except BaseException:
             self.mf.close()
             raise
@@ -293,12 +300,33 @@ class VisionEncoder:
             return self.n_tokens
         if self.projector == "idefics3":
             return f"{self.n_tokens} per tile (tiles of the image scaled to {self.longest_edge}, and an overview)"
+        lo, hi = (b // self.align ** 2 for b in self.pixel_budget)
         if self.projector == "lfm2":
-            return (f"{LFM2_ROWS[0]} to {LFM2_ROWS[1]} (the image at its own shape; a large one in tiles of "
+            return (f"{lo} to {hi} (the image at its own shape; a large one in tiles of "
                     f"{LFM2_TILE} pixels, {self.rows_of(LFM2_TILE, LFM2_TILE)} each, and a thumbnail)")
-        lo, hi = {"pixtral": PIXTRAL_ROWS, "gemma4v": GEMMA4_ROWS}.get(self.projector, QWEN_ROWS)
         breaks = ", and a break after each row" if self.projector == "pixtral" else ""
         return f"{lo} to {hi} (the image at its own shape{breaks})"
+
+    def limit_tokens(self, lo: Optional[int], hi: Optional[int]) -> None:
+        """Sets the fewest and most rows (merged patches) of an image read at its own shape
+        (LFM2's, Pixtral's, Qwen's, Gemma 4's; each projector's own where None), as llama.cpp's
+        --image-min-tokens and --image-max-tokens do; a projector of fixed-size tiles (Gemma 3,
+        SmolVLM) ignores them, saying so."""
+        if lo is None and hi is None:
+            return
+        for name, v in (("--image-min-tokens", lo), ("--image-max-tokens", hi)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 20):
+                raise InvalidArgumentError(f"{name} must be a positive number of image rows, not {v!r}")
+        if not hasattr(self, "pixel_budget"):
+            log.warning("%s reads images in tiles of a fixed size: the image token limits are ignored", self.projector)
+            return
+        area = self.align ** 2
+        own_lo, own_hi = (b // area for b in self.pixel_budget)
+        if lo is None or hi is None:   # one limit given: the other of its own, moved aside where they would cross
+            lo, hi = (min(own_lo, hi) if lo is None else lo), (max(own_hi, lo) if hi is None else hi)
+        if lo > hi:
+            raise InvalidArgumentError(f"an image cannot take at least {lo} and at most {hi} rows")
+        self.pixel_budget = (lo * area, hi * area)
 
     # -- reading the file ---------------------------------------------------------------------------
     def _int(self, name: str, default: Optional[int] = None) -> int:

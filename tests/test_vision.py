@@ -840,6 +840,38 @@ def test_qwen3_and_gemma4_files_missing_a_tensor(tmp_path, projector, tensor):
         VisionEncoder(path)
 
 
+def test_image_token_limits(tmp_path, files, caplog):
+    """llama.cpp's --image-min-tokens / --image-max-tokens: where the projector sizes an image, its
+    rows stay within them (a 150 x 100 picture: 15 rows by Qwen 3's own limits, at least 64 or at
+    most 6 with them; one limit past the projector's other takes it along); Gemma 3's fixed tiles
+    ignore them, saying so; nonsense is refused."""
+    mm = synth.write_mmproj(tmp_path / "mm.gguf", projector="qwen3vl_merger", patch=16, image_size=64, n_embd=32,
+                            n_ff=48, n_head=4)
+    sizes = {}
+    for lo, hi in ((None, None), (64, None), (None, 6)):
+        enc = VisionEncoder(mm, min_tokens=lo, max_tokens=hi)
+        w, h = enc.plan(150, 100).whole
+        sizes[(lo, hi)] = (w // 32) * (h // 32)
+        enc.close()
+    assert sizes[(None, None)] == 15 and 64 <= sizes[(64, None)] < 80 and sizes[(None, 6)] <= 6
+    for lo, hi, says in ((64, None, "64 to 4096 "), (None, 6, "6 to 6 "), (5000, None, "5000 to 5000 ")):
+        enc = VisionEncoder(mm, min_tokens=lo, max_tokens=hi)   # the projector's other limit, moved aside
+        assert enc.describe()["image_tokens"].startswith(says)
+        enc.close()
+    for lo, hi, why in ((0, None, "--image-min-tokens must be a positive"), (None, 2.5, "--image-max-tokens"),
+                        (100, 50, "at least 100 and at most 50")):
+        with pytest.raises(InvalidArgumentError, match=why):
+            VisionEncoder(mm, min_tokens=lo, max_tokens=hi)
+    with caplog.at_level("WARNING", logger="pyllm"):
+        VisionEncoder(files["mm"], max_tokens=16).close()
+    assert "image token limits are ignored" in caplog.text
+    m = Model(synth.write_qwen3vl(tmp_path / "lm.gguf", QT.F32, image_tokens="qwen", n_layer=2,
+                                  keys={"num_deepstack_layers": 1}), mmproj=mm,
+              image_max_tokens=6)
+    assert m.vision.pixel_budget[1] == 6 * 32 * 32
+    m.close()
+
+
 @pytest.mark.skipif(not __import__("os").path.isdir("/proc/self/task"), reason="reads Linux's /proc")
 def test_the_encoder_s_threads_leave_ctrl_c_to_the_main_thread(files):
     import signal
