@@ -64,6 +64,29 @@ int pyllm_dense_activation(int isa, int act, float *x, int rows, int64_t n, cons
     return 0;
 }
 
+int pyllm_dense_gated(int isa, int act, float *x, int rows, int64_t n) {
+    const kernel_table *t = dispatch_table_ready(isa);
+    if (!t || !x || rows < 0 || n <= 0 || (act != DENSE_GELU_TANH && act != DENSE_QUICK_GELU && act != DENSE_SILU))
+        return -1;
+    float g[256];
+    for (int r = 0; r < rows; r++) {
+        float *gate = x + (int64_t)r * 2 * n, *up = gate + n;
+        for (int64_t i = 0; i < n; i += 256) {
+            const int64_t m = n - i < 256 ? n - i : 256;
+            if (act == DENSE_GELU_TANH) {
+                t->glu_gelu_tanh(m, gate + i, up + i, gate + i);
+            } else if (act == DENSE_SILU) {
+                t->glu_silu(m, gate + i, up + i, gate + i);
+            } else {   /* x sigmoid(1.702 x) u = silu(1.702 x) u / 1.702 */
+                for (int64_t j = 0; j < m; j++) g[j] = gate[i + j] * 1.702f;
+                t->glu_silu(m, g, up + i, g);
+                for (int64_t j = 0; j < m; j++) gate[i + j] = g[j] / 1.702f;
+            }
+        }
+    }
+    return 0;
+}
+
 int pyllm_dense_layernorm(const float *x, float *y, int rows, int64_t n, const float *w, const float *b, float eps) {
     if (!x || !y || rows < 0 || n <= 0 || !(eps > 0.0f)) return -1;
     for (int r = 0; r < rows; r++) {

@@ -517,6 +517,14 @@ class VisionEncoder:
         self.parallel(len(x), lambda r0, r1: lib.pyllm_dense_activation(isa, act, _ptr(x[r0:r1]), r1 - r0, n, b))
         return x
 
+    def gated(self, gate_up: np.ndarray, act) -> np.ndarray:
+        """Rows of [gate | up] (n_ff each, contiguous) -> act(gate) * up in their first n_ff columns,
+        in place: act "silu", or the encoder's GELU (True: tanh form) or quick-GELU (False)."""
+        isa, n = lib.pyllm_get_level(), gate_up.shape[1] // 2
+        kind = lib.DENSE_SILU if act == "silu" else lib.DENSE_GELU_TANH if act else lib.DENSE_QUICK_GELU
+        self.parallel(len(gate_up), lambda r0, r1: lib.pyllm_dense_gated(isa, kind, _ptr(gate_up[r0:r1]), r1 - r0, n))
+        return gate_up
+
     def parallel(self, n: int, run, grain: int = 16) -> None:
         """run(lo, hi) over [0, n) in one share per thread (at least `grain` each), this thread
         taking the first: numpy's BLAS (held to one thread while encoding) and the C kernels let
@@ -744,9 +752,8 @@ class VisionEncoder:
                 a = self.attention(self.norm(x, L.ln1, out=h), L, work=work, out=y, seq=P, rope=rope, scale=1.0)
                 x += self.norm(a, L.attn_post_norm, out=a)
                 self.norm(x, L.ln2, out=h)
-                g = self.activation(self.linear(h, L.gate))    # act(gate h) * up h
-                g *= self.linear(h, L.up)
-                f = self.linear(g, L.down, out=y)
+                self.gated(self.linear(h, L.gate, L.up, out=up), self.gelu)   # act(gate h) * up h
+                f = self.linear(up[:, :self.n_ff], L.down, out=y)
                 x += self.norm(f, L.ffn_post_norm, out=f)
                 if L.out_scale is not None:
                     x *= self.floats(L.out_scale)
@@ -755,8 +762,7 @@ class VisionEncoder:
                                 spans=spans if windowed else None)
             self.norm(x, L.ln2, out=h)
             if gated:    # silu(gate h) * up h, from one matrix product
-                self.linear(h, L.gate, L.up, out=up)
-                self.parallel(T, lambda r0, r1: silu_times(up[r0:r1], self.n_ff))
+                self.gated(self.linear(h, L.gate, L.up, out=up), "silu")
                 x += self.linear(up[:, :self.n_ff], L.down, out=y)
             else:
                 self.activation(self.linear(h, L.up, out=up, bias=False), self.floats(L.up[1]))
@@ -1072,13 +1078,6 @@ def qwen_windows(rows: int, cols: int, window: int) -> tuple[list, list]:
                     order += [(2 * cy + dy) * cols + 2 * cx + dx for dy in (0, 1) for dx in (0, 1)]
             spans.append((start, len(order)))
     return order, spans
-
-
-def silu_times(gate_up: np.ndarray, n: int) -> None:
-    """rows of [gate | up] (n each) -> silu(gate) * up in the first n columns, in place."""
-    g = gate_up[:, :n]
-    np.multiply(g, 1.0 / (1.0 + np.exp(-g)), out=g)
-    g *= gate_up[:, n:]
 
 
 def resample_weights(n_in: int, n_out: int) -> np.ndarray:

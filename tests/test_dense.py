@@ -72,6 +72,31 @@ def test_activation(isa, act, want, n):
     assert np.all(np.abs(got - want(pre.astype(np.float64))) <= 1e-6 * np.maximum(1, np.abs(pre)))
 
 
+def silu64(x):
+    with np.errstate(over="ignore"):
+        return x / (1 + np.exp(-x))
+
+
+@pytest.mark.parametrize("isa", LEVELS)
+@pytest.mark.parametrize("act, want", [(lib.DENSE_GELU_TANH, gelu64), (lib.DENSE_QUICK_GELU, quick_gelu64),
+                                       (lib.DENSE_SILU, silu64)])
+@pytest.mark.parametrize("n", SIZES)
+def test_gated(isa, act, want, n):
+    """Rows of [gate | up]: act(gate) * up in the gate half, the up half as it was."""
+    rng = np.random.default_rng(n + 2)
+    x = (rng.standard_normal((3, 2 * n)) * rng.choice([0.1, 1, 3, 10], (3, 2 * n))).astype(np.float32)
+    x[0, :min(n, 6)] = np.array([0, -0.0, 5, -5, 30, -30], np.float32)[:min(n, 6)]
+    gate, up = x[:, :n].astype(np.float64), x[:, n:].copy()
+    ref = want(gate) * up
+    got = x.copy()
+    assert lib.pyllm_dense_gated(isa, act, fptr(got), 3, n) == 0
+    np.testing.assert_array_equal(got[:, n:], up)
+    assert np.all(np.abs(got[:, :n] - ref) <= 1e-6 * np.maximum(1, np.abs(gate)) * np.maximum(1, np.abs(up)))
+    scalar = x.copy()
+    assert lib.pyllm_dense_gated(0, act, fptr(scalar), 3, n) == 0
+    assert np.all(np.abs(got - scalar) <= 2e-6 * np.maximum(1, np.abs(x)) * np.maximum(1, np.abs(np.tile(up, 2))))
+
+
 @pytest.mark.parametrize("n", SIZES)
 def test_levels_agree_with_scalar(n):
     rng = np.random.default_rng(n + 1)
@@ -116,5 +141,9 @@ def test_bad_arguments_are_refused():
     assert lib.pyllm_dense_activation(0, 7, fptr(x), 1, 16, ffi.NULL) == -1         # no such activation
     assert lib.pyllm_dense_activation(0, 0, fptr(x), 1, 0, ffi.NULL) == -1
     assert lib.pyllm_dense_activation(0, 0, fptr(x), -1, 16, ffi.NULL) == -1
+    assert lib.pyllm_dense_gated(0, 7, fptr(x), 1, 8) == -1                           # no such activation
+    assert lib.pyllm_dense_gated(0, lib.DENSE_SILU, fptr(x), 1, 0) == -1
+    assert lib.pyllm_dense_gated(9, lib.DENSE_SILU, fptr(x), 1, 8) == -1
+    assert lib.pyllm_dense_gated(0, lib.DENSE_SILU, ffi.NULL, 1, 8) == -1
     assert lib.pyllm_dense_layernorm(fptr(x), fptr(x), 2, 8, ffi.NULL, ffi.NULL, 0.0) == -1   # eps 0
     assert lib.pyllm_dense_layernorm(fptr(x), fptr(x), -1, 8, ffi.NULL, ffi.NULL, 1e-6) == -1
