@@ -38,16 +38,16 @@ Gemma 3 reads one image fitted into the square; Idefics3 (SmolVLM) reads the ima
 as tiles of the square plus an overview, each between marker tokens (layout()).
 LFM2-VL reads an image of any shape (its sides made multiples of 2 patches, its
 area within a budget of rows; the learned position grid resized to its patches),
-and a large one as tiles of 512 pixels plus a thumbnail. Pixtral and Qwen 2 / 2.5 VL
-read an image of any shape too, fitted (aspect kept, black bands) into its planned
-size.
+and a large one as tiles of 512 pixels plus a thumbnail. Pixtral, Qwen 2 / 2.5 / 3 VL
+and Gemma 4 read an image of any shape too, fitted (aspect kept, black bands) into its
+planned size; `limit_tokens` moves that size's budget of rows (--image-min/max-tokens).
 
 As llama.cpp's mtmd runs them: a patch is a stride-p convolution (here one
 matmul over unfolded patches), patches are numbered row by row, attention is
-scaled by 1/sqrt(head_dim), `clip.use_gelu` picks GELU (tanh form) over
-quick-GELU, an image that is not square keeps its aspect ratio and is padded
+scaled by 1/sqrt(head_dim) (Gemma 4's not at all), `clip.use_gelu` picks GELU (tanh
+form) over quick-GELU, an image that is not square keeps its aspect ratio and is padded
 with black. The encoder runs in float32: numpy's BLAS multiplies the matrices,
-the core's dense kernels (csrc/dense.c) do the softmax, activation and norms,
+the core's dense kernels (csrc/dense.c) do the softmax, activations and norms,
 and our threads split the work (rows, or attention's heads), BLAS held to one
 thread each. It runs once per image, and its rows are kept (`MediaStore`), so a
 conversation does not encode the same picture again.
