@@ -46,7 +46,7 @@ from .state import load as load_state, save as save_state
 from .speculative import SPEC_TYPES, SpecParams, check_same_vocabulary, make_drafter
 from .tokenizer import load_tokenizer
 from .tools import ToolUse
-from .vision import GEMMA4_CAUSAL_WIDTHS, MediaStore, VisionEncoder, image_dimensions, image_key
+from .vision import MediaStore, VisionEncoder, image_dimensions, image_key
 
 log = logging.getLogger("pyllm")
 
@@ -241,9 +241,7 @@ class Model:
             raise InvalidArgumentError(f"{path} makes image rows of {self.vision.n_out} values; {self.path.name}'s "
                                        f"are {width}: the projector belongs to another model")
         self.engine.media = MediaStore()
-        # an image's rows see each other (Gemma 3's, 4's), but for Gemma 4 E2B's and E4B's, as llama.cpp's mtmd
-        self.engine.media_bidirectional = self.vision.bidirectional and not (
-            self.vision.projector == "gemma4v" and self.arch.hp.n_embd in GEMMA4_CAUSAL_WIDTHS)
+        self.engine.media_bidirectional = self.vision.bidirectional_for(self.arch.hp.n_embd)
         self.engine.mrope = bool(sections) and self.vision.qwen
 
     def media_prompt(self, text: str, images: Seq[Any], add_bos: Optional[bool] = None) -> list[int]:

@@ -126,10 +126,12 @@ class EncoderLayer:
     out: tuple
     up: tuple
     down: tuple
-    gate: Optional[tuple] = None    # a gated FFN's (Pixtral's): down(silu(gate h) * up h)
-    q_norm: Optional[str] = None    # Gemma 4's: RMS norms of each head of q and k (weights), of v (none);
-    k_norm: Optional[str] = None    # the attention's and the FFN's outputs normed before the residual,
-    attn_post_norm: Optional[tuple] = None   # which is scaled after the layer
+    gate: Optional[tuple] = None    # a gated FFN's: down(act(gate h) * up h)
+    # Gemma 4's: RMS norms of each head of q and k (these weights; v's without), of the attention's
+    # and the FFN's outputs before they join the residual, and a scale of the layer's output
+    q_norm: Optional[str] = None
+    k_norm: Optional[str] = None
+    attn_post_norm: Optional[tuple] = None
     ffn_post_norm: Optional[tuple] = None
     out_scale: Optional[str] = None
 
@@ -196,6 +198,8 @@ class VisionEncoder:
         self.check_shape("v.patch_embd.weight", (self.patch, self.patch, 3, self.n_embd))
         # Pixtral's and Qwen 2.5's norms are RMS norms; their positions are a 2D RoPE
         self.rms = self.projector in ("pixtral", "qwen2.5vl_merger", "gemma4v")
+        # a gated FFN's activation: Gemma 4's the file's GELU or quick-GELU, the others' (Pixtral, Qwen 2.5) SiLU
+        self.gated_act = self.gelu if self.projector == "gemma4v" else "silu"
         self.deepstack: list[DeepStack] = []
         if self.projector == "gemma4v":    # a table of columns, then one of rows
             t = self.mf.tensor("v.position_embd.weight") if self.mf.has_tensor("v.position_embd.weight") else None
@@ -282,6 +286,11 @@ class VisionEncoder:
             raise ModelFileError(f"{self.path}: an image size of {self.image_size} (scaled to "
                                  f"{self.longest_edge}) is beyond any projector's; the file is corrupt")
         self.layers = [self._layer(i) for i in range(self.n_layer)]
+
+    def bidirectional_for(self, n_embd: int) -> bool:
+        """Whether an image's rows see each other in a language model n_embd wide (Gemma 3's and 4's
+        do, but for Gemma 4 E2B's and E4B's widths, which llama.cpp's mtmd reads causally)."""
+        return self.bidirectional and not (self.projector == "gemma4v" and n_embd in GEMMA4_CAUSAL_WIDTHS)
 
     def describe(self) -> dict:
         """What `pyllm info` says of a projector file."""
@@ -519,7 +528,7 @@ class VisionEncoder:
 
     def gated(self, gate_up: np.ndarray, act) -> np.ndarray:
         """Rows of [gate | up] (n_ff each, contiguous) -> act(gate) * up in their first n_ff columns,
-        in place: act "silu", or the encoder's GELU (True: tanh form) or quick-GELU (False)."""
+        in place: act "silu", GELU (True: tanh form) or quick-GELU (False)."""
         isa, n = lib.pyllm_get_level(), gate_up.shape[1] // 2
         kind = lib.DENSE_SILU if act == "silu" else lib.DENSE_GELU_TANH if act else lib.DENSE_QUICK_GELU
         self.parallel(len(gate_up), lambda r0, r1: lib.pyllm_dense_gated(isa, kind, _ptr(gate_up[r0:r1]), r1 - r0, n))
@@ -745,28 +754,27 @@ class VisionEncoder:
             q = cos.shape[1] // 2
             rope = (np.roll(cos, q, axis=1), np.roll(sin, q, axis=1), "quarters")
         raster = np.argsort(order) if self.qwen else None    # the rows back in raster order
+        scale = 1.0 if self.projector == "gemma4v" else None   # Gemma 4's scores unscaled (q and k normed)
         stacked = []    # DeepStack's slices
         for i, L in enumerate(self.layers):
             windowed = spans is not None and self.window_every and (i + 1) % self.window_every
-            if L.attn_post_norm is not None:    # Gemma 4: the branches' outputs normed, the layer's scaled
-                a = self.attention(self.norm(x, L.ln1, out=h), L, work=work, out=y, seq=P, rope=rope, scale=1.0)
-                x += self.norm(a, L.attn_post_norm, out=a)
-                self.norm(x, L.ln2, out=h)
-                self.gated(self.linear(h, L.gate, L.up, out=up), self.gelu)   # act(gate h) * up h
-                f = self.linear(up[:, :self.n_ff], L.down, out=y)
-                x += self.norm(f, L.ffn_post_norm, out=f)
-                if L.out_scale is not None:
-                    x *= self.floats(L.out_scale)
-                continue
-            x += self.attention(self.norm(x, L.ln1, out=h), L, work=work, out=y, seq=P, rope=rope,
-                                spans=spans if windowed else None)
+            a = self.attention(self.norm(x, L.ln1, out=h), L, work=work, out=y, seq=P, rope=rope,
+                               spans=spans if windowed else None, scale=scale)
+            if L.attn_post_norm is not None:    # Gemma 4: each branch's output normed before it joins x
+                self.norm(a, L.attn_post_norm, out=a)
+            x += a
             self.norm(x, L.ln2, out=h)
-            if gated:    # silu(gate h) * up h, from one matrix product
-                self.gated(self.linear(h, L.gate, L.up, out=up), "silu")
-                x += self.linear(up[:, :self.n_ff], L.down, out=y)
+            if gated:    # act(gate h) * up h, from one matrix product
+                self.gated(self.linear(h, L.gate, L.up, out=up), self.gated_act)
+                f = self.linear(up[:, :self.n_ff], L.down, out=y)
             else:
                 self.activation(self.linear(h, L.up, out=up, bias=False), self.floats(L.up[1]))
-                x += self.linear(up, L.down, out=y)
+                f = self.linear(up, L.down, out=y)
+            if L.ffn_post_norm is not None:
+                self.norm(f, L.ffn_post_norm, out=f)
+            x += f
+            if L.out_scale is not None:
+                x *= self.floats(L.out_scale)
             for ds in self.deepstack:
                 if ds.layer == i:
                     cells = self.side_by_side(x.reshape(m, P, n)[:, raster].reshape(T, n), gh, gw)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Optional
 
 import numpy as np
@@ -222,10 +223,10 @@ class MRope:
         r = super().layer_rope(i)
         return replace(r, sections=self.rope_sections, interleaved=self.mrope_interleaved) if r.n_rot else r
 
-    @property
+    @cached_property
     def rope_sections(self) -> tuple:
         """The pairs of each head turned by the time, height and width positions (the file's
-        rope.dimension_sections; a 4th section, unused by the language model, is ignored)."""
+        rope.dimension_sections, read once; a 4th section, unused by the language model, is ignored)."""
         got = self.mf.arch_get("rope.dimension_sections", None)
         if got is None and not self.mrope_required:
             return ()
