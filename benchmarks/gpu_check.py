@@ -148,6 +148,7 @@ def main() -> int:
     ap.add_argument("--tg", type=int, default=128, help="decoded tokens of the speed test")
     a = ap.parse_args()
     report: dict = {"device": a.device}
+    t_start = time.time()
     if a.device == "emu":   # the emulator stands in for the GPU: named by $PYLLM_CUDA_LIB, used as device=cuda
         from pyllm.backend import cuda
         if cuda.emulator_path() is None:
@@ -179,7 +180,7 @@ def main() -> int:
     report["models"] = []
     failures = 0
     for label, path, kind in find_models(tmp):
-        log(f"\n== {label} [{kind}] {path}")
+        log(f"\n== {label} [{kind}] {path} ({time.time() - t_start:.0f} s)")
         entry: dict = {"label": label, "path": path, "kind": kind}
         cpu_toks, cpu_logits, n_layer = greedy(path, kind, a.tokens, 0, None)
         cpu_forced = forced(path, kind, cpu_toks, 0, None)
@@ -207,11 +208,15 @@ def main() -> int:
         for ngl in (0, half, "all", "auto"):
             rows.append(speed(path, ngl, None if ngl == 0 else a.device, a.reps, a.pp, a.tg))
         entry["speed"] = rows
-        log(f"{'ngl':>5} {f'pp{a.pp} t/s':>11} {'(plan)':>9} {f'tg{a.tg} t/s':>10} {'(plan)':>9}  placement")
+        file_bytes = os.path.getsize(path)
+        log(f"{'ngl':>5} {f'pp{a.pp} t/s':>11} {'(plan)':>9} {f'tg{a.tg} t/s':>10} {'(plan)':>9} {'GB/s':>6}  "
+            f"placement   (GB/s: the file's bytes once per decoded token)")
         for r in rows:
+            r["decode_file_gb_per_s"] = file_bytes * r["tg128"] / 1e9
             pp_p = f"{r['predicted_pp512']:.0f}" if r["predicted_pp512"] else "-"
             tg_p = f"{r['predicted_tg']:.0f}" if r["predicted_tg"] else "-"
-            log(f"{str(r['ngl']):>5} {r['pp512']:11.1f} {pp_p:>9} {r['tg128']:10.1f} {tg_p:>9}  {r['placement']}"
+            log(f"{str(r['ngl']):>5} {r['pp512']:11.1f} {pp_p:>9} {r['tg128']:10.1f} {tg_p:>9} "
+                f"{r['decode_file_gb_per_s']:6.1f}  {r['placement']}"
                 + (f" (streams from {r['stream_min_batch']})" if r["stream_min_batch"] else ""))
         b = bus_check(path, half, a.device)
         entry["bus"] = b
@@ -220,9 +225,9 @@ def main() -> int:
             f"predicted {b['predicted_per_token']} library {b['library_counted_per_token']} -> "
             f"{'EQUAL' if b['equal'] else 'DIFFERENT'}")
         report["models"].append(entry)
-    report["failures"] = failures
-    if a.out:
-        Path(a.out).write_text(json.dumps(report, indent=1, default=float))
+        report["failures"] = failures
+        if a.out:   # after each model: a run stopped at its time limit still reports what it measured
+            Path(a.out).write_text(json.dumps(report, indent=1, default=float))
     log(f"\n{failures} failure(s)")
     return 1 if failures else 0
 

@@ -6,6 +6,10 @@ per call, carried paths included. What it lacks, this puts in build/gpucheck/:
   wheels/   cffi, pycparser and gguf for CPython 3.12 (the machine's python3),
             fetched with `pip download` (the image has numpy, pyyaml, tqdm,
             requests, typer, rich, jinja2, regex, sentencepiece)
+  lib/      the CUDA library and the C core built here (`make cuda`, `make build`;
+            the core is a stripped copy of pyllm/_native.abi3.so, which any
+            CPython 3 takes): building them there would cost device minutes;
+            gpu_check.sh builds them there only where these do not load
   models/   SmolLM2-135M cut to its first --layers layers (real weights and
             vocabulary: the full 98 MB file does not fit in a call; Gemma 3
             270M's 178 MB embedding alone does not either, so gpu_check.py
@@ -22,16 +26,18 @@ per part (build/gpucheck-p1, -p2, ...), with their sizes and sha256 in
 build/gpucheck/full.json. A call carries at most 64 MiB, but what a call
 left on a warm machine stays there for the next one (a machine goes back
 after 30 s idle): so carry one folder per call, one call right after the
-other (`true` as the command; the first carries build/gpucheck too), then
-run gpu_check.sh, which joins the parts into models/ (`--join`, checking
-each file's sha256) before anything else. About 6 calls for 351 MB: the
-transfers cost device time, so do this only with minutes to spare.
+other: the first runs the tests with build/gpucheck, the parts follow with
+`true` as the command, and the last part's call runs the check, which joins
+the parts into models/ (`--join`, checking each file's sha256) first. About
+7 calls for 351 MB: the transfers cost device time, so do this only with
+minutes to spare.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -85,6 +91,22 @@ def cut_model(src: Path, dst: Path, layers: int) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def copy_libraries(dest: Path) -> None:
+    """The CUDA library (and its host-test twin) and a stripped C core, where built here."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("libpyllm_cuda.so", "libpyllm_cuda_hosttest.so"):
+        src = ROOT / "build" / name
+        if src.is_file():
+            shutil.copy2(src, dest / name)
+        else:
+            print(f"no {src} (make cuda): gpu_check.sh will build it on the machine", file=sys.stderr)
+    core = ROOT / "pyllm" / "_native.abi3.so"
+    if core.is_file():
+        subprocess.run(["strip", "--strip-debug", "-o", str(dest / core.name), str(core)], check=True)
+    else:
+        print(f"no {core} (make build): gpu_check.sh will build it on the machine", file=sys.stderr)
 
 
 def sha256(path: Path) -> str:
@@ -180,6 +202,7 @@ def main() -> None:
         return
     if not a.no_wheels:
         fetch_wheels(out / "wheels")
+    copy_libraries(out / "lib")
     from pyllm import registry
     src = registry.local_path("smollm2-135m")
     if a.full:   # the whole file goes instead of the cut one
@@ -197,11 +220,12 @@ def main() -> None:
     if a.full:
         files = [p for p in (registry.local_path("smollm2-135m"), registry.local_path("gemma3-270m")) if p.is_file()]
         folders = split_models(files, out, a.part_mib << 20)
-        print(f"{len(folders)} parts; carry each in its own call, back to back:")
+        print(f"{len(folders)} parts; the calls, back to back (a machine goes back after 30 s idle):")
+        print(f"  run(command='bash benchmarks/gpu_check.sh tests', carry={[str(out.relative_to(ROOT))]}, timeout_s=300)")
         for i, f in enumerate(folders):
-            carry = [str(out.relative_to(ROOT))] * (i == 0) + [str(f.relative_to(ROOT))]
-            print(f"  run(command='true', carry={carry})")
-        print(f"  run(command='bash benchmarks/gpu_check.sh', carry={[str(out.relative_to(ROOT))]}, timeout_s=600)")
+            last = i == len(folders) - 1
+            print(f"  run(command='{'bash benchmarks/gpu_check.sh check' if last else 'true'}', "
+                  f"carry={[str(f.relative_to(ROOT))]}{', timeout_s=600' if last else ''})")
 
 
 if __name__ == "__main__":

@@ -343,6 +343,15 @@ def test_split_over_the_cuda_emulator(tmp_path):
     check_split(tmp_path, lambda host: cuda.CudaDevice(0, library=emulator_library()), exact=False)
 
 
+def test_split_over_a_gpu(tmp_path):
+    """The same on a real GPU (skipped without one)."""
+    from test_cuda import GPU_OK, WHY
+    from pyllm.backend import cuda
+    if not GPU_OK:
+        pytest.skip(f"no usable GPU: {WHY}")
+    check_split(tmp_path, lambda host: cuda.CudaDevice(0), exact=False)
+
+
 def test_the_batcher_runs_a_media_step_alone(tmp_path):
     arch, be = build(synth.write_llama(tmp_path / "m.gguf", QT.F32))
     b = StepBatcher(be)
