@@ -555,7 +555,9 @@ def test_op_matches_the_core(devices, case):
         else:
             close_to_float_rounding(gpu[name], cpu[name], 2e-5 if "linear" in case else 1e-6)
         if "glu" in case or "act" in case:   # element by element too: gates down to -10 give results near 1e-30
-            np.testing.assert_allclose(gpu[name], cpu[name], rtol=4e-6, atol=1e-30)
+            # (an H200 measured 1.0e-5 for xIELU and 7.6e-6 for GELU: CUDA's expf and erff are
+            # within 2 ulp, glibc's within 1, and a difference of nearly equal terms widens that)
+            np.testing.assert_allclose(gpu[name], cpu[name], rtol=2e-5, atol=1e-30)
 
 
 def run_steps_both(devices, g, inputs: dict, steps, output: str):
