@@ -8,7 +8,7 @@ else models shaped like them, written here with tests/synth.py):
    layers (-ngl n/2) must give the same tokens; logits' relative RMS
    difference on the prompt, CPU vs GPU;
 2. speed: pp512 and tg128 tokens/s for ngl = 0, half, all, auto, with the
-   plan's prediction beside each;
+   plan's prediction beside each, and all without CUDA graphs;
 3. the bus: bytes per decode token counted by the device (and by the CUDA
    library itself) against the plan's prediction, split at half the layers;
 4. the measured host<->device copy rates and latency, the device's memory
@@ -207,15 +207,19 @@ def main() -> int:
         rows = []
         for ngl in (0, half, "all", "auto"):
             rows.append(speed(path, ngl, None if ngl == 0 else a.device, a.reps, a.pp, a.tg))
+        os.environ["PYLLM_CUDA_GRAPHS"] = "0"   # the same, every kernel launched by itself
+        rows.append(speed(path, "all", a.device, a.reps, a.pp, a.tg))
+        rows[-1]["ngl"] = "all, no graphs"
+        del os.environ["PYLLM_CUDA_GRAPHS"]
         entry["speed"] = rows
         file_bytes = os.path.getsize(path)
-        log(f"{'ngl':>5} {f'pp{a.pp} t/s':>11} {'(plan)':>9} {f'tg{a.tg} t/s':>10} {'(plan)':>9} {'GB/s':>6}  "
+        log(f"{'ngl':>14} {f'pp{a.pp} t/s':>11} {'(plan)':>9} {f'tg{a.tg} t/s':>10} {'(plan)':>9} {'GB/s':>6}  "
             f"placement   (GB/s: the file's bytes once per decoded token)")
         for r in rows:
             r["decode_file_gb_per_s"] = file_bytes * r["tg128"] / 1e9
             pp_p = f"{r['predicted_pp512']:.0f}" if r["predicted_pp512"] else "-"
             tg_p = f"{r['predicted_tg']:.0f}" if r["predicted_tg"] else "-"
-            log(f"{str(r['ngl']):>5} {r['pp512']:11.1f} {pp_p:>9} {r['tg128']:10.1f} {tg_p:>9} "
+            log(f"{str(r['ngl']):>14} {r['pp512']:11.1f} {pp_p:>9} {r['tg128']:10.1f} {tg_p:>9} "
                 f"{r['decode_file_gb_per_s']:6.1f}  {r['placement']}"
                 + (f" (streams from {r['stream_min_batch']})" if r["stream_min_batch"] else ""))
         b = bus_check(path, half, a.device)

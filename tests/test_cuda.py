@@ -1272,3 +1272,40 @@ def test_real_model_top_tokens_match_the_cpu(name, device, monkeypatch):
             got = m.logits(ids + toks[:-1])[len(ids) - 1:]
         assert rel(got, ref) < 0.08, (ngl, rel(got, ref))
         np.testing.assert_array_equal(got.argmax(1)[clear], np.array(toks)[clear], err_msg=f"ngl={ngl}")
+
+
+@pytest.mark.parametrize("device", ["gpu", "emu"])
+def test_decode_steps_replay_cuda_graphs(tmp_path, device, monkeypatch):
+    """A decode step's launches are captured as a CUDA graph the second time they come and
+    replayed from then on; a prefill larger than 16 rows launches one by one. The logits are
+    the same as with every kernel launched by itself (bit for bit: the same kernels, in the same
+    order), split with the CPU and all on the GPU."""
+    from pyllm import Model
+    if device == "gpu" and not GPU_OK:
+        pytest.skip(f"no usable GPU: {WHY}")
+    if device == "emu":
+        monkeypatch.setenv("PYLLM_CUDA_LIB", str(emulator_library()))
+    path = synth.write_llama(tmp_path / "m.gguf", QT.Q4_0)
+    prompt = list(range(10, 30))
+
+    def decode(graphs: bool, ngl):
+        monkeypatch.setenv("PYLLM_CUDA_GRAPHS", "1" if graphs else "0")
+        with Model(path, n_ctx=128, n_gpu_layers=ngl, device="cuda") as m:
+            be, gpu = m.backend, m.backend.devices["gpu"]
+            seq = m.engine.new_sequence()
+            seq.reserve(len(prompt) + 6)
+            rows = [be.forward(prompt, 0, seq.blocks, 1).copy()]
+            after_prefill = gpu.graph_counts()
+            for i in range(6):
+                rows.append(be.forward([40 + i], len(prompt) + i, seq.blocks, 1).copy())
+            counts = gpu.graph_counts()
+            seq.release()
+        return np.concatenate(rows), after_prefill, counts
+
+    for ngl in ("all", 1):
+        plain, _, none = decode(False, ngl)
+        graphed, after_prefill, (captured, replayed) = decode(True, ngl)
+        assert none == (0, 0) and after_prefill == (0, 0)
+        # step 1 is seen, step 2 captured, steps 3..6 replay; a program of a few ranges captures each
+        assert captured >= 1 and replayed == 4 * captured, (ngl, captured, replayed)
+        np.testing.assert_array_equal(graphed, plain, err_msg=f"ngl={ngl}")

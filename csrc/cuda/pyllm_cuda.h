@@ -6,7 +6,7 @@
  * through this API. The step record stays on the host (its tokens,
  * positions and block table are host arrays); pyllm_cuda_run copies what
  * the ops read of it to the device, then launches one kernel per op on the
- * context's stream and waits for them.
+ * context's stream (or replays them as a CUDA graph) and waits for them.
  *
  * Device pointers cross the ABI as uint64_t. Every function returns 0 (or a
  * non-zero pointer / a positive count) on success and a negative value (or
@@ -50,6 +50,12 @@ int pyllm_cuda_check(const pyllm_op *ops, int n_ops);
  * of one step passes 0 after the first, and only what was not sent yet is sent. */
 int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_step *step, int new_step);
 int pyllm_cuda_sync(pyllm_cuda *ctx);
+/* a step of at most 16 rows whose launches were seen before (the same op records, row counts and
+ * step arrays' device copies) replays them as one CUDA graph, captured the second time they come;
+ * on by default; off forgets the graphs */
+int pyllm_cuda_set_graphs(pyllm_cuda *ctx, int on);
+/* graphs captured and replayed so far */
+void pyllm_cuda_graph_counts(const pyllm_cuda *ctx, uint64_t *captured, uint64_t *replayed);
 
 /* measured copy rate in bytes/s: kind 0 host->device from pinned memory, 1 device->host to pinned,
  * 2 host->device from pageable memory, 3 device->host to pageable, 4 device->device (read + write) */

@@ -45,7 +45,38 @@ struct pyllm_cuda {
     int cap_rope_pos;
     int sent;                              /* step arrays sent since the step began: 1 tokens, 2 pos, 4 table */
     uint64_t h2d, d2h;                     /* bytes copied each way */
+    bool graphs;                           /* small steps replay CUDA graphs (pyllm_cuda_set_graphs) */
+    struct graph_slot *slots;              /* GRAPH_SLOTS of them */
+    uint64_t clock, captured, replayed;
 };
+
+/* A decode step launches a few hundred small kernels whose launch cost exceeds their run time
+ * on a big GPU. A step of at most GRAPH_MAX_TOKENS rows is captured into a CUDA graph the second
+ * time the same launches come (the same op records, row counts and device arrays: the kernels
+ * read positions, tokens and the block table from device memory, so those may change), and
+ * replayed from then on: one launch for the whole range. */
+#define GRAPH_SLOTS 8
+#define GRAPH_MAX_TOKENS 16
+
+struct graph_key {   /* everything the launchers read besides the op records; memset before use (padding) */
+    const pyllm_op *ops;
+    int n_ops, n_tokens, n_out, block_size, bidirectional;
+    const int32_t *tokens, *pos, *table, *rope_pos;
+};
+
+struct graph_slot {
+    graph_key key;
+    pyllm_op *ops;             /* a copy of the records captured: a changed record captures again */
+    cudaGraphExec_t exec;      /* NULL until captured */
+    bool failed;               /* the capture failed: these launches run one by one */
+    uint64_t used;             /* the clock when last used: the least recent slot is reused */
+};
+
+static void slot_clear(graph_slot *g) {
+    if (g->exec) cudaGraphExecDestroy(g->exec);
+    free(g->ops);
+    memset(g, 0, sizeof *g);
+}
 
 namespace pq {
 
@@ -124,10 +155,18 @@ pyllm_cuda *pyllm_cuda_new(int device) {
         return NULL;
     }
     ctx->device = device;
+    ctx->graphs = true;
+    ctx->slots = (graph_slot *)calloc(GRAPH_SLOTS, sizeof(graph_slot));
+    if (!ctx->slots) {
+        fail("out of host memory");
+        free(ctx);
+        return NULL;
+    }
     e = cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         cudaGetLastError();
         fail("cudaStreamCreate: %s", cudaGetErrorString(e));
+        free(ctx->slots);
         free(ctx);
         return NULL;
     }
@@ -142,6 +181,9 @@ void pyllm_cuda_free(pyllm_cuda *ctx) {
     cudaFree(ctx->d_pos);
     cudaFree(ctx->d_rope_pos);
     cudaFree(ctx->d_table);
+    if (ctx->slots)
+        for (int i = 0; i < GRAPH_SLOTS; i++) slot_clear(&ctx->slots[i]);
+    free(ctx->slots);
     cudaStreamDestroy(ctx->stream);
     cudaGetLastError();
     free(ctx);
@@ -468,6 +510,132 @@ static const char *kind_name(int k) {
     return k > 0 && k < OP_KIND_COUNT ? names[k] : "?";
 }
 
+/* one kernel per op, on e.stream */
+static int launch_ops(const pyllm_op *ops, int n_ops, const pyllm_step *st, exec e) {
+    for (int i = 0; i < n_ops; i++) {
+        const pyllm_op *op = &ops[i];
+        e.rows = st->n_tokens;
+        e.row0 = 0;
+        if (op->flags & OPF_LAST_ROWS) {
+            e.rows = st->n_out;
+            e.row0 = st->n_tokens - st->n_out;
+        } else if (op->flags & OPF_OUT_ROWS) {
+            e.rows = st->n_out;
+        }
+        switch (op->kind) {
+        case OP_EMBED: launch_embed(op, e); break;
+        case OP_RMSNORM: launch_rmsnorm(op, e); break;
+        case OP_QUANTIZE: launch_quantize(op, e); break;
+        case OP_MATMUL: launch_matmul(op, e); break;
+        case OP_ROPE: launch_rope(op, e); break;
+        case OP_KV_STORE: launch_kv_store(op, e); break;
+        case OP_ATTENTION: launch_attention(op, e); break;
+        case OP_GLU: launch_glu(op, e); break;
+        case OP_ADD: launch_add(op, e); break;
+        case OP_SCALE: launch_scale(op, e); break;
+        case OP_MOE_ROUTE: launch_moe_route(op, e); break;
+        case OP_MATMUL_ID: launch_matmul_id(op, e); break;
+        case OP_MOE_SUM: launch_moe_sum(op, e); break;
+        case OP_POS_SCALE: launch_pos_scale(op, e); break;
+        case OP_COPY: launch_copy(op, e); break;
+        case OP_MATMUL_COLS: launch_matmul_cols(op, e); break;
+        case OP_MIX: launch_mix(op, e); break;
+        case OP_MATCH_NORM: launch_match_norm(op, e); break;
+        case OP_SPARSIFY: launch_sparsify(op, e); break;
+        case OP_SSM_CONV: launch_ssm_conv(op, e); break;
+        case OP_SSM_SCAN: launch_ssm_scan(op, e); break;
+        case OP_DELTA_NET: launch_delta_net(op, e); break;
+        default: return fail("op %d: unknown kind %d", i, op->kind);
+        }
+        cudaError_t err = cudaPeekAtLastError();
+        if (err != cudaSuccess) {
+            cudaGetLastError();
+            return fail("op %d (layer %d, %s): launch failed: %s", i, op->layer, kind_name(op->kind),
+                        cudaGetErrorString(err));
+        }
+    }
+    return 0;
+}
+
+static graph_key key_of(const pyllm_op *ops, int n_ops, const pyllm_step *st, const exec &e) {
+    graph_key k;
+    memset(&k, 0, sizeof k);
+    k.ops = ops;
+    k.n_ops = n_ops;
+    k.n_tokens = st->n_tokens;
+    k.n_out = st->n_out;
+    k.block_size = st->block_size;
+    k.bidirectional = e.bidirectional;
+    k.tokens = e.tokens;
+    k.pos = e.pos;
+    k.table = e.table;
+    k.rope_pos = e.rope_pos;
+    return k;
+}
+
+/* the slot of these launches (captured or seen once), else the least recently used one, cleared;
+ * NULL where graphs are off or the step is too large */
+static graph_slot *graph_for(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_step *st, const exec &e) {
+    if (!ctx->graphs || st->n_tokens > GRAPH_MAX_TOKENS) return NULL;
+    const graph_key k = key_of(ops, n_ops, st, e);
+    graph_slot *oldest = &ctx->slots[0];
+    ctx->clock++;
+    for (int i = 0; i < GRAPH_SLOTS; i++) {
+        graph_slot *g = &ctx->slots[i];
+        if (g->key.ops && memcmp(&g->key, &k, sizeof k) == 0 &&
+            memcmp(g->ops, ops, (size_t)n_ops * sizeof *ops) == 0) {
+            g->used = ctx->clock;
+            return g;
+        }
+        if (g->used < oldest->used) oldest = g;
+    }
+    slot_clear(oldest);
+    oldest->used = ctx->clock;
+    return oldest;
+}
+
+static void remember(graph_slot *g, const pyllm_op *ops, int n_ops, const pyllm_step *st, const exec &e) {
+    g->ops = (pyllm_op *)malloc((size_t)n_ops * sizeof *ops);
+    if (!g->ops) return;   /* no memory to remember them: they run one by one */
+    memcpy(g->ops, ops, (size_t)n_ops * sizeof *ops);
+    g->key = key_of(ops, n_ops, st, e);
+}
+
+/* records the launches of ops into g->exec; -1 (and nothing recorded) if CUDA refuses */
+static int capture(pyllm_cuda *ctx, graph_slot *g, const pyllm_op *ops, int n_ops, const pyllm_step *st,
+                   const exec &e) {
+    CU(cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeThreadLocal));
+    const int launched = launch_ops(ops, n_ops, st, e);
+    cudaGraph_t graph = NULL;
+    const cudaError_t ended = cudaStreamEndCapture(ctx->stream, &graph);
+    cudaGetLastError();
+    if (launched != 0 || ended != cudaSuccess || !graph) {
+        if (graph) cudaGraphDestroy(graph);
+        return -1;
+    }
+    const cudaError_t made = cudaGraphInstantiate(&g->exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (made != cudaSuccess) {
+        cudaGetLastError();
+        g->exec = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+int pyllm_cuda_set_graphs(pyllm_cuda *ctx, int on) {
+    if (!ctx) return fail("null argument");
+    ctx->graphs = on != 0;
+    if (!ctx->graphs)
+        for (int i = 0; i < GRAPH_SLOTS; i++) slot_clear(&ctx->slots[i]);
+    return 0;
+}
+
+void pyllm_cuda_graph_counts(const pyllm_cuda *ctx, uint64_t *captured, uint64_t *replayed) {
+    *captured = ctx ? ctx->captured : 0;
+    *replayed = ctx ? ctx->replayed : 0;
+}
+
 int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_step *st, int new_step) {
     if (!ctx || !ops || !st || n_ops <= 0) return fail("null argument");
     if (check_step(ops, n_ops, st) != 0) return -1;
@@ -518,47 +686,21 @@ int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_
     e.block_size = st->block_size;
     e.bidirectional = st->bidirectional != 0;
     e.stream = ctx->stream;
-    for (int i = 0; i < n_ops; i++) {
-        const pyllm_op *op = &ops[i];
-        e.rows = st->n_tokens;
-        e.row0 = 0;
-        if (op->flags & OPF_LAST_ROWS) {
-            e.rows = st->n_out;
-            e.row0 = st->n_tokens - st->n_out;
-        } else if (op->flags & OPF_OUT_ROWS) {
-            e.rows = st->n_out;
+    graph_slot *g = graph_for(ctx, ops, n_ops, st, e);
+    if (g && g->exec) {
+        CU(cudaGraphLaunch(g->exec, ctx->stream));
+        ctx->replayed++;
+    } else if (g && g->key.ops && !g->failed) {   /* the second time: capture, then launch */
+        if (capture(ctx, g, ops, n_ops, st, e) == 0) {
+            CU(cudaGraphLaunch(g->exec, ctx->stream));
+            ctx->captured++;
+        } else {
+            g->failed = true;
+            if (launch_ops(ops, n_ops, st, e) != 0) return -1;
         }
-        switch (op->kind) {
-        case OP_EMBED: launch_embed(op, e); break;
-        case OP_RMSNORM: launch_rmsnorm(op, e); break;
-        case OP_QUANTIZE: launch_quantize(op, e); break;
-        case OP_MATMUL: launch_matmul(op, e); break;
-        case OP_ROPE: launch_rope(op, e); break;
-        case OP_KV_STORE: launch_kv_store(op, e); break;
-        case OP_ATTENTION: launch_attention(op, e); break;
-        case OP_GLU: launch_glu(op, e); break;
-        case OP_ADD: launch_add(op, e); break;
-        case OP_SCALE: launch_scale(op, e); break;
-        case OP_MOE_ROUTE: launch_moe_route(op, e); break;
-        case OP_MATMUL_ID: launch_matmul_id(op, e); break;
-        case OP_MOE_SUM: launch_moe_sum(op, e); break;
-        case OP_POS_SCALE: launch_pos_scale(op, e); break;
-        case OP_COPY: launch_copy(op, e); break;
-        case OP_MATMUL_COLS: launch_matmul_cols(op, e); break;
-        case OP_MIX: launch_mix(op, e); break;
-        case OP_MATCH_NORM: launch_match_norm(op, e); break;
-        case OP_SPARSIFY: launch_sparsify(op, e); break;
-        case OP_SSM_CONV: launch_ssm_conv(op, e); break;
-        case OP_SSM_SCAN: launch_ssm_scan(op, e); break;
-        case OP_DELTA_NET: launch_delta_net(op, e); break;
-        default: return fail("op %d: unknown kind %d", i, op->kind);
-        }
-        cudaError_t err = cudaPeekAtLastError();
-        if (err != cudaSuccess) {
-            cudaGetLastError();
-            return fail("op %d (layer %d, %s): launch failed: %s", i, op->layer, kind_name(op->kind),
-                        cudaGetErrorString(err));
-        }
+    } else {
+        if (launch_ops(ops, n_ops, st, e) != 0) return -1;
+        if (g) remember(g, ops, n_ops, st, e);
     }
     cudaError_t err = cudaStreamSynchronize(ctx->stream);
     if (err != cudaSuccess) {

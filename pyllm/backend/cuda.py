@@ -181,6 +181,19 @@ class CudaDevice(Device):
             raise BackendError(f"cannot start CUDA device {index}: {_error(self.lib, self.ffi)}")
         self.name = f"cuda:{index} {self.info['name']}"
         self.bus = Bus()
+        if os.environ.get("PYLLM_CUDA_GRAPHS", "1") == "0":   # to time or debug launches one by one
+            self.set_graphs(False)
+
+    def set_graphs(self, on: bool) -> None:
+        """Small steps replay their launches as CUDA graphs (the default), or launch one by one."""
+        if self.lib.pyllm_cuda_set_graphs(self.ctx, int(on)):
+            raise BackendError(_error(self.lib, self.ffi))
+
+    def graph_counts(self) -> tuple[int, int]:
+        """(graphs captured, graph replays) so far"""
+        a, b = self.ffi.new("uint64_t *"), self.ffi.new("uint64_t *")
+        self.lib.pyllm_cuda_graph_counts(self.ctx, a, b)
+        return int(a[0]), int(b[0])
 
     def set_order(self, order: str, seed: int = 0) -> None:
         """The emulator's thread order between barriers: forward, reverse or shuffle (seeded)."""
@@ -231,7 +244,7 @@ class CudaDevice(Device):
             link = LinkSpec(16e9, 16e9, 1e-5)
             self.bus.h2d_bytes_per_s, self.bus.d2h_bytes_per_s, self.bus.latency_s = link.h2d, link.d2h, link.latency_s
             return spec, link, {"gpu": "nominal (the CUDA emulator)", "link": "nominal (the CUDA emulator)"}
-        key = f"cuda:{self.info['name']}:{self.info['total_bytes']}:{self.info['cc']}"
+        key = f"cuda:{self.info['name']}:{self.info['total_bytes']}:{self.info['cc']}:graphs"   # launch cost as replayed
         figs, how = cached(key, self.measure)
         self.bus.h2d_bytes_per_s, self.bus.d2h_bytes_per_s, self.bus.latency_s = \
             figs["h2d"], figs["d2h"], figs["latency_s"]

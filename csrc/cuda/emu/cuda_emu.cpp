@@ -51,6 +51,17 @@ extern "C" {
 
 struct CUstream_st {
     cudaError_t pending;   /* a launch failure the next synchronization reports */
+    bool capturing;        /* between cudaStreamBeginCapture and cudaStreamEndCapture */
+    cudaError_t capture_error;                  /* what invalidated the capture, if anything */
+    std::vector<std::function<void()>> recorded;   /* the launches captured */
+};
+
+struct CUgraph_st {
+    std::vector<std::function<void()>> launches;
+};
+
+struct CUgraphExec_st {
+    std::vector<std::function<void()>> launches;
 };
 
 struct CUevent_st {
@@ -224,7 +235,7 @@ struct stats_state {
 } stats;
 
 std::mutex launch_lock;
-CUstream_st default_stream{cudaSuccess};
+CUstream_st default_stream{cudaSuccess, false, cudaSuccess, {}};
 std::vector<int> run_list;   /* a round's fibers, in order */
 size_t run_pos;              /* the one running */
 
@@ -562,25 +573,37 @@ uint64_t warp_exchange(unsigned mask, uint64_t value, int src_lane, const char *
 
 void *dynamic_shared(void) { return dyn_shared.data(); }
 
-void run_grid(const launch_config &c, void (*body)(void *), void *arg) {
-    std::lock_guard<std::mutex> hold(launch_lock);
-    if (order.order < 0) read_order_env();
-    stats.launches++;
+/* false, with the error set, where CUDA refuses the launch's configuration */
+bool config_ok(const launch_config &c) {
     const unsigned long long threads = (unsigned long long)c.block.x * c.block.y * c.block.z;
     const char *bad = nullptr;
     if (!c.grid.x || !c.grid.y || !c.grid.z || !threads) bad = "a dimension is 0";
     else if (threads > MAX_BLOCK_THREADS || c.block.z > 64) bad = "more than 1024 threads per block (or z > 64)";
     else if (c.grid.x > 0x7fffffffu || c.grid.y > 65535 || c.grid.z > 65535) bad = "grid too large";
     else if (c.smem > MAX_DYNAMIC_SHARED) bad = "more than 48 KiB of dynamic shared memory";
-    if (bad) {
-        char b[512];
-        snprintf(b, sizeof b, "%s<<<%s, %s, %zu>>> (%s:%d): %s", c.kernel, dims(c.grid).c_str(),
-                 dims(c.block).c_str(), c.smem, c.file, c.line, bad);
-        error_detail = b;
-        error_detail_code = cudaErrorInvalidConfiguration;
-        set_error(cudaErrorInvalidConfiguration);
-        return;
-    }
+    if (!bad) return true;
+    char b[512];
+    snprintf(b, sizeof b, "%s<<<%s, %s, %zu>>> (%s:%d): %s", c.kernel, dims(c.grid).c_str(),
+             dims(c.block).c_str(), c.smem, c.file, c.line, bad);
+    error_detail = b;
+    error_detail_code = cudaErrorInvalidConfiguration;
+    set_error(cudaErrorInvalidConfiguration);
+    return false;
+}
+
+bool capture_launch(const launch_config &c, std::function<void()> run) {
+    if (!c.stream || !c.stream->capturing) return false;
+    if (config_ok(c)) c.stream->recorded.push_back(std::move(run));
+    else c.stream->capture_error = cudaErrorInvalidConfiguration;
+    return true;
+}
+
+void run_grid(const launch_config &c, void (*body)(void *), void *arg) {
+    std::lock_guard<std::mutex> hold(launch_lock);
+    if (order.order < 0) read_order_env();
+    stats.launches++;
+    const unsigned long long threads = (unsigned long long)c.block.x * c.block.y * c.block.z;
+    if (!config_ok(c)) return;
     if (!ensure_fibers((int)threads)) {
         error_detail = "no memory for the threads' stacks";
         error_detail_code = cudaErrorMemoryAllocation;
@@ -709,6 +732,8 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidResourceHandle: s = "invalid resource handle"; break;
     case cudaErrorNotReady: s = "device not ready"; break;
     case cudaErrorLaunchFailure: s = "unspecified launch failure"; break;
+    case cudaErrorStreamCaptureUnsupported: s = "operation not permitted when stream is capturing"; break;
+    case cudaErrorStreamCaptureInvalidated: s = "operation failed due to a previous error during capture"; break;
     default: s = "unknown error"; break;
     }
     if (e != error_detail_code || error_detail.empty()) return s;
@@ -772,7 +797,15 @@ cudaError_t cudaFreeHost(void *ptr) {
 }
 
 /* copies happen at once: a launch has finished by the time it returns, so stream order holds */
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
+/* a capturing stream refuses the call, and the capture is invalidated */
+cudaError_t refuse_in_capture(cudaStream_t stream) {
+    if (!stream || !stream->capturing) return cudaSuccess;
+    stream->capture_error = cudaErrorStreamCaptureInvalidated;
+    return set_error(cudaErrorStreamCaptureUnsupported);
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+    if (refuse_in_capture(stream)) return cudaErrorStreamCaptureUnsupported;
     const bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
     const bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
     if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDeviceToDevice) return set_error(cudaErrorInvalidValue);
@@ -782,14 +815,15 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
     return cudaSuccess;
 }
 
-cudaError_t cudaMemsetAsync(void *ptr, int value, size_t bytes, cudaStream_t) {
+cudaError_t cudaMemsetAsync(void *ptr, int value, size_t bytes, cudaStream_t stream) {
+    if (refuse_in_capture(stream)) return cudaErrorStreamCaptureUnsupported;
     if (bytes && !device_range(ptr, bytes)) return set_error(cudaErrorInvalidValue);
     if (bytes) memset(ptr, value, bytes);
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned) {
-    *stream = new CUstream_st{cudaSuccess};
+    *stream = new CUstream_st{cudaSuccess, false, cudaSuccess, {}};
     return cudaSuccess;
 }
 
@@ -799,10 +833,55 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    if (refuse_in_capture(stream)) return cudaErrorStreamCaptureUnsupported;
     if (!stream) stream = &default_stream;
     const cudaError_t e = stream->pending;
     stream->pending = cudaSuccess;
     return set_error(e);
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
+    if (!stream || stream->capturing) return set_error(cudaErrorInvalidValue);   /* not the legacy stream */
+    stream->capturing = true;
+    stream->capture_error = cudaSuccess;
+    stream->recorded.clear();
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph) {
+    if (!stream || !stream->capturing) return set_error(cudaErrorInvalidValue);
+    stream->capturing = false;
+    *graph = nullptr;
+    if (stream->capture_error != cudaSuccess) {
+        stream->recorded.clear();
+        return set_error(cudaErrorStreamCaptureInvalidated);
+    }
+    *graph = new CUgraph_st{std::move(stream->recorded)};
+    stream->recorded.clear();
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long) {
+    if (!graph) return set_error(cudaErrorInvalidValue);
+    *exec = new CUgraphExec_st{graph->launches};
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+    if (!exec) return set_error(cudaErrorInvalidValue);
+    if (refuse_in_capture(stream)) return cudaErrorStreamCaptureUnsupported;
+    for (auto &launch : exec->launches) launch();
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+    delete exec;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+    delete graph;
+    return cudaSuccess;
 }
 
 cudaError_t cudaEventCreate(cudaEvent_t *event) {

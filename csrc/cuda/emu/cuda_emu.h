@@ -38,6 +38,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <tuple>
 #include <type_traits>
 
@@ -173,6 +174,8 @@ enum cudaError {
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
     cudaErrorLaunchFailure = 719,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
 };
 typedef enum cudaError cudaError_t;
 
@@ -221,6 +224,25 @@ PQEMU_API cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned f
 PQEMU_API cudaError_t cudaStreamDestroy(cudaStream_t stream);
 PQEMU_API cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 
+/* graphs: launches on a capturing stream are recorded, not run; a graph's launch runs them in
+ * order. Copies, memsets and synchronization of a capturing stream are refused (pyllm captures
+ * kernels only), and they invalidate the capture as CUDA's do */
+struct CUgraph_st;
+struct CUgraphExec_st;
+typedef CUgraph_st *cudaGraph_t;
+typedef CUgraphExec_st *cudaGraphExec_t;
+enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2,
+};
+PQEMU_API cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
+PQEMU_API cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph);
+PQEMU_API cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags);
+PQEMU_API cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
+PQEMU_API cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+PQEMU_API cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+
 PQEMU_API cudaError_t cudaEventCreate(cudaEvent_t *event);
 PQEMU_API cudaError_t cudaEventDestroy(cudaEvent_t event);
 PQEMU_API cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
@@ -254,6 +276,9 @@ struct launch_config {
 };
 /* runs body(arg) as every thread of the grid, then returns; errors go where CUDA's would */
 PQEMU_API void run_grid(const launch_config &cfg, void (*body)(void *), void *arg);
+/* on a capturing stream: checks the launch's configuration, records run for the graph and
+ * returns true; else false (the caller runs the launch now) */
+PQEMU_API bool capture_launch(const launch_config &cfg, std::function<void()> run);
 
 /* k<<<grid, block, smem, stream>>>(args) as launcher(k, cfg)(args): the arguments
  * convert to the kernel's parameter types as in a call, and every thread calls the
@@ -263,17 +288,23 @@ class launcher {
   public:
     launcher(void (*kernel)(P...), const launch_config &cfg) : kernel_(kernel), cfg_(cfg) {}
     void operator()(P... args) const {
-        struct frame {
-            void (*kernel)(P...);
-            std::tuple<P...> args;
-        } f{kernel_, std::tuple<P...>(args...)};
-        run_grid(cfg_, [](void *p) {
+        frame f{kernel_, std::tuple<P...>(args...)};
+        if (capture_launch(cfg_, [f, cfg = cfg_]() mutable { run(cfg, f); })) return;
+        run(cfg_, f);
+    }
+
+  private:
+    struct frame {
+        void (*kernel)(P...);
+        std::tuple<P...> args;
+    };
+    static void run(const launch_config &cfg, frame &f) {
+        run_grid(cfg, [](void *p) {
             frame *fr = static_cast<frame *>(p);
             std::apply(fr->kernel, fr->args);
         }, &f);
     }
 
-  private:
     void (*kernel_)(P...);
     launch_config cfg_;
 };
