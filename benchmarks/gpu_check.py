@@ -97,11 +97,76 @@ def speed(path, ngl, device, reps, pp=512, tg=128):
         res = {r.test: r.mean for r in B.bench(m, [("pp", pp), ("tg", tg)], reps)}
         plan = m.plan
         row = {"ngl": ngl, "pp512": res[f"pp{pp}"], "tg128": res[f"tg{tg}"],
+               "decode_gb_per_s": B.decode_bytes_per_token(m, pp) * res[f"tg{tg}"] / 1e9,
                "placement": plan.layer_ranges() if plan else "all on the CPU",
                "predicted_pp512": plan.prefill_tokens_per_s if plan else None,
                "predicted_tg": plan.decode_tokens_per_s if plan else None,
                "stream_min_batch": plan.stream_min_batch if plan else None}
         return row
+
+
+def log_speed(rows, a):
+    log(f"{'ngl':>14} {f'pp{a.pp} t/s':>11} {'(plan)':>9} {f'tg{a.tg} t/s':>10} {'(plan)':>9} {'GB/s':>6}  "
+        f"placement   (GB/s: the bytes a decode step reads, weights and KV, times tg)")
+    for r in rows:
+        pp_p = f"{r['predicted_pp512']:.0f}" if r["predicted_pp512"] else "-"
+        tg_p = f"{r['predicted_tg']:.0f}" if r["predicted_tg"] else "-"
+        log(f"{str(r['ngl']):>14} {r['pp512']:11.1f} {pp_p:>9} {r['tg128']:10.1f} {tg_p:>9} "
+            f"{r['decode_gb_per_s']:6.1f}  {r['placement']}"
+            + (f" (streams from {r['stream_min_batch']})" if r["stream_min_batch"] else ""))
+
+
+DECODE_TYPES = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+
+
+def decode_bandwidth(dev, n_in=4096, n_out=14336, n_mat=8) -> dict:
+    """GB/s of the decode matmul (one row) per weight type: n_mat different n_out x n_in
+    matrices (more than the L2 cache holds) in one program, random blocks."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as QT
+    from pyllm.backend.placement import time_program
+    from pyllm.graph import Graph
+    from pyllm.model_file import Tensor
+    rng = np.random.default_rng(0)
+    out = {}
+    for name in DECODE_TYPES:
+        qt = QT[name]
+        elems, size = GGML_QUANT_SIZES[qt]
+        g = Graph()
+        x = g.buffer("x", n_in)
+        nbytes = n_out * n_in // elems * size
+        for i in range(n_mat):
+            if qt == QT.F16:   # finite values: random halves hold NaNs
+                blocks = (rng.standard_normal(n_in * n_out) * 0.01).astype(np.float16).view(np.uint8)
+            else:
+                blocks = rng.integers(0, 256, size=nbytes, dtype=np.uint8)
+            g.linear(x, Tensor(f"w{i}", int(qt), (n_in, n_out), 0, nbytes, blocks), f"y{i}")
+        sec = time_program(dev, g, 1, reps=10)
+        out[name] = n_mat * nbytes / sec / 1e9
+    return out
+
+
+SHAPES = {   # the layers of popular models, random weights (speed only)
+    "Llama-3.2-1B-shaped": dict(n_embd=2048, n_layer=16, n_head=32, n_head_kv=8, n_ff=8192, n_vocab=128256),
+    "Llama-3-8B-shaped": dict(n_embd=4096, n_layer=32, n_head=32, n_head_kv=8, n_ff=14336, n_vocab=128256),
+}
+
+
+def shaped_speed(tmp: Path, a) -> list:
+    """pp512 / tg128 of the SHAPES in Q4_K (embedding and output Q6_K): all on the GPU, half
+    of the layers, and the plan's choice."""
+    import synth
+    from gguf.constants import GGMLQuantizationType as QT
+    report = []
+    for label, kw in SHAPES.items():
+        p = tmp / f"{label}.gguf"
+        t0 = time.time()
+        if not p.is_file():
+            synth.write_llama(p, QT.Q4_K, embd_type=QT.Q6_K, **kw)
+        log(f"\n== {label}: {p.stat().st_size / 1e9:.2f} GB (written in {time.time() - t0:.0f} s)")
+        rows = [speed(str(p), ngl, a.device, 1, a.pp, a.tg) for ngl in ("all", kw["n_layer"] // 2, "auto")]
+        log_speed(rows, a)
+        report.append({"label": label, "speed": rows})
+    return report
 
 
 def bus_check(path, ngl, device):
@@ -146,6 +211,9 @@ def main() -> int:
                     "use it with small --pp/--tg/--tokens)")
     ap.add_argument("--pp", type=int, default=512, help="prompt tokens of the speed test")
     ap.add_argument("--tg", type=int, default=128, help="decoded tokens of the speed test")
+    ap.add_argument("--shapes", action="store_true", help="also the speed of 1B- and 8B-shaped random models")
+    ap.add_argument("--no-models", action="store_true", help="without the SmolLM2 and Gemma 3 checks")
+    ap.add_argument("--skip-bandwidth", action="store_true", help="without the decode matmul's GB/s per type")
     a = ap.parse_args()
     report: dict = {"device": a.device}
     t_start = time.time()
@@ -177,9 +245,17 @@ def main() -> int:
 
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / "pyllm-gpucheck"
     tmp.mkdir(parents=True, exist_ok=True)
+    if a.device == "cuda" and not a.skip_bandwidth:
+        dev = cuda.CudaDevice(0)
+        bw = decode_bandwidth(dev)
+        dev.close()
+        report["decode_matmul_gb_per_s"] = bw
+        log("decode matmul (1 row, 8 x 14336 x 4096), GB/s of weights read: "
+            + ", ".join(f"{k} {v:.0f}" for k, v in bw.items())
+            + (f"   (copy: {report['measured']['mem_bw'] / 1e9:.0f})" if "measured" in report else ""))
     report["models"] = []
     failures = 0
-    for label, path, kind in find_models(tmp):
+    for label, path, kind in ([] if a.no_models else find_models(tmp)):
         log(f"\n== {label} [{kind}] {path} ({time.time() - t_start:.0f} s)")
         entry: dict = {"label": label, "path": path, "kind": kind}
         cpu_toks, cpu_logits, n_layer = greedy(path, kind, a.tokens, 0, None)
@@ -212,16 +288,7 @@ def main() -> int:
         rows[-1]["ngl"] = "all, no graphs"
         del os.environ["PYLLM_CUDA_GRAPHS"]
         entry["speed"] = rows
-        file_bytes = os.path.getsize(path)
-        log(f"{'ngl':>14} {f'pp{a.pp} t/s':>11} {'(plan)':>9} {f'tg{a.tg} t/s':>10} {'(plan)':>9} {'GB/s':>6}  "
-            f"placement   (GB/s: the file's bytes once per decoded token)")
-        for r in rows:
-            r["decode_file_gb_per_s"] = file_bytes * r["tg128"] / 1e9
-            pp_p = f"{r['predicted_pp512']:.0f}" if r["predicted_pp512"] else "-"
-            tg_p = f"{r['predicted_tg']:.0f}" if r["predicted_tg"] else "-"
-            log(f"{str(r['ngl']):>14} {r['pp512']:11.1f} {pp_p:>9} {r['tg128']:10.1f} {tg_p:>9} "
-                f"{r['decode_file_gb_per_s']:6.1f}  {r['placement']}"
-                + (f" (streams from {r['stream_min_batch']})" if r["stream_min_batch"] else ""))
+        log_speed(rows, a)
         b = bus_check(path, half, a.device)
         entry["bus"] = b
         failures += not b["equal"]
@@ -231,6 +298,10 @@ def main() -> int:
         report["models"].append(entry)
         report["failures"] = failures
         if a.out:   # after each model: a run stopped at its time limit still reports what it measured
+            Path(a.out).write_text(json.dumps(report, indent=1, default=float))
+    if a.shapes:
+        report["shapes"] = shaped_speed(tmp, a)
+        if a.out:
             Path(a.out).write_text(json.dumps(report, indent=1, default=float))
     log(f"\n{failures} failure(s)")
     return 1 if failures else 0

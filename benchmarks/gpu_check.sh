@@ -7,6 +7,7 @@
 #   check: benchmarks/gpu_check.py: greedy tokens CPU vs full and half offload, pp512/tg128 for
 #          ngl = 0, half, all, auto against the plan, bus bytes per token against the plan,
 #          measured copy rates; on the whole models when gpu_pack.py --full's parts are there
+#          (joined first, for the tests too); $GPU_CHECK_ARGS goes to gpu_check.py (--shapes ...)
 #
 # Before the calls, here:  python3 benchmarks/gpu_pack.py [--full]   (it prints the calls to make)
 # What comes back:         $OUT/gpu_check.log, $OUT/pytest.log, $OUT/gpu_check.json
@@ -46,6 +47,9 @@ python3 -c "import pyllm._native" 2>/dev/null || {
     rm -f pyllm/_native*.so; python3 setup.py -q build_ext --inplace 2>&1 | grep -v -i warning | tail -5; }
 python3 -c "import pyllm._native" || exit 4
 
+step "whole models carried in parts (gpu_pack.py --full), if any"
+python3 benchmarks/gpu_pack.py --join
+
 export PYLLM_MODELS=${PYLLM_MODELS:-$PWD/models}
 export PYLLM_CACHE=/tmp/pyllm-cache
 rc=0
@@ -60,10 +64,8 @@ if [ "$stage" = tests ] || [ "$stage" = all ]; then
     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 fi
 if [ "$stage" = check ] || [ "$stage" = all ]; then
-    step "whole models carried in parts (gpu_pack.py --full), if any"
-    python3 benchmarks/gpu_pack.py --join
     step "comparisons and speed"
-    timeout 480 python3 benchmarks/gpu_check.py --out "$OUT/gpu_check.json"
+    timeout 480 python3 benchmarks/gpu_check.py --out "$OUT/gpu_check.json" ${GPU_CHECK_ARGS:-}
     c=$?; [ $c = 0 ] || rc=$c
 fi
 step "done (rc $rc)"
