@@ -78,6 +78,7 @@ mmv_q(const uint8_t *__restrict__ W, size_t row_bytes, int n_groups, int n_out, 
     float acc[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+#pragma unroll 4   /* several groups' loads in flight: one group's are too few to cover the latency */
     for (int g = lane; g < n_groups; g += 32) {
         int q[4];
         float a, b;

@@ -573,6 +573,12 @@ uint64_t warp_exchange(unsigned mask, uint64_t value, int src_lane, const char *
 
 void *dynamic_shared(void) { return dyn_shared.data(); }
 
+void check_aligned(const void *p, int bytes, const char *file, int line) {
+    if ((uintptr_t)p % (uintptr_t)bytes)
+        fail_block("%s: a %d-byte load at %p, which is not %d-byte aligned (the GPU faults: misaligned address)",
+                   site("load", file, line).c_str(), bytes, p, bytes);
+}
+
 /* false, with the error set, where CUDA refuses the launch's configuration */
 bool config_ok(const launch_config &c) {
     const unsigned long long threads = (unsigned long long)c.block.x * c.block.y * c.block.z;

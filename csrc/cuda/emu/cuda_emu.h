@@ -266,6 +266,8 @@ PQEMU_API void block_barrier(const char *file, int line);
 PQEMU_API uint64_t warp_exchange(unsigned mask, uint64_t value, int src_lane, const char *op, const char *file,
                                  int line);
 PQEMU_API void *dynamic_shared(void);
+/* a load of `bytes` at p that the GPU needs aligned: ends the block with an error if it is not */
+PQEMU_API void check_aligned(const void *p, int bytes, const char *file, int line);
 
 struct launch_config {
     dim3 grid, block;
