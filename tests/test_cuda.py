@@ -1266,7 +1266,9 @@ def test_real_model_top_tokens_match_the_cpu(name, device, monkeypatch):
         ref = m.logits(ids + toks[:-1])[len(ids) - 1:]
     clear = clear_steps(ref)
     assert clear.sum() >= 18, clear           # the check has teeth: most steps are clear
-    assert (ref.argmax(1) == np.array(toks)).all()
+    # the prefill reproduces the greedy path where the choice is clear (decode and prefill
+    # kernels add in other orders: on an H200 machine's CPU a near-tie flipped)
+    np.testing.assert_array_equal(ref.argmax(1)[clear], np.array(toks)[clear])
     for ngl in ("all", 8):
         with Model(path, n_ctx=512, n_gpu_layers=ngl, device="cuda") as m:
             got = m.logits(ids + toks[:-1])[len(ids) - 1:]
