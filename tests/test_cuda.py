@@ -1268,14 +1268,13 @@ def test_real_model_top_tokens_match_the_cpu(name, device, monkeypatch):
         ref = m.logits(ids + toks[:-1])[len(ids) - 1:]
     clear = clear_steps(ref)
     assert clear.sum() >= 18, clear           # the check has teeth: most steps are clear
-    # the prefill reproduces the greedy path where the choice is clear (decode and prefill
-    # kernels add in other orders: on an H200 machine's CPU a near-tie flipped)
-    np.testing.assert_array_equal(ref.argmax(1)[clear], np.array(toks)[clear])
+    # against the CPU's prefill, not its decode steps: with 16 threads (an H200 machine's Xeon)
+    # those differ from its prefill by rounding, and once flipped a step past the 5% margin
     for ngl in ("all", 8):
         with Model(path, n_ctx=512, n_gpu_layers=ngl, device="cuda") as m:
             got = m.logits(ids + toks[:-1])[len(ids) - 1:]
         assert rel(got, ref) < 0.08, (ngl, rel(got, ref))
-        np.testing.assert_array_equal(got.argmax(1)[clear], np.array(toks)[clear], err_msg=f"ngl={ngl}")
+        np.testing.assert_array_equal(got.argmax(1)[clear], ref.argmax(1)[clear], err_msg=f"ngl={ngl}")
 
 
 @pytest.mark.parametrize("device", ["gpu", "emu"])

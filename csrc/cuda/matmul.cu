@@ -5,10 +5,12 @@
  * block's dot product is exactly the CPU's; only the float sums of the
  * per-group products are added in another order.
  *
- * - decode (1..8 rows): mmv, one warp per output row; each lane takes runs of
- *   4 consecutive groups of 16 weights (every 32nd run), unpacks each once and
- *   uses it for every row of the batch (__dp4a against the 8-bit
- *   activations), then the warp sums.
+ * - decode (1..8 rows): mmv, one warp per output row; each lane takes every
+ *   32nd group of 16 weights, unpacks it once and uses it for every row of
+ *   the batch (__dp4a against the 8-bit activations), then the warp sums.
+ *   (Runs of 4 consecutive groups per lane, which load a block's shared bytes
+ *   once, measured 15-40% slower on an H200: a warp's loads spread over 4x the
+ *   sectors.)
  * - prefill (more rows): mmq, tiles of 64 output rows x 32 tokens per block
  *   of 128 threads; per step of 8 groups (128 elements) the block unpacks the
  *   weight tile and loads the activation tile into shared memory once, then
@@ -24,7 +26,6 @@ namespace pq {
 
 constexpr int MMV_WARPS = 4;
 constexpr int MMV_MAX_ROWS = 8;
-constexpr int MMV_RUN = 4;   /* consecutive groups of 16 per lane and step */
 constexpr int TM = 64, TN = 32, GK = 8;   /* mmq tile: rows, tokens, groups of 16 per step */
 constexpr int TK = 32;                    /* float tile: elements per step */
 
@@ -80,20 +81,14 @@ mmv_q(const uint8_t *__restrict__ W, size_t row_bytes, int n_groups, int n_out, 
     float acc[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = 0.0f;
-    /* a lane takes MMV_RUN consecutive groups: their loads are in flight together, and the
-     * groups that share bytes (a block's low and high nibbles) load them once */
-    for (int g0 = lane * MMV_RUN; g0 < n_groups; g0 += 32 * MMV_RUN) {
+#pragma unroll 4   /* several groups' loads in flight: one group's are too few to cover the latency */
+    for (int g = lane; g < n_groups; g += 32) {
+        int q[4];
+        float a, b;
+        unpack16<T>(w, g, q, a, b);
 #pragma unroll
-        for (int k = 0; k < MMV_RUN; k++) {
-            const int g = g0 + k;
-            if (g >= n_groups) break;
-            int q[4];
-            float a, b;
-            unpack16<T>(w, g, q, a, b);
-#pragma unroll
-            for (int r = 0; r < NR; r++)
-                if (r < n_rows) acc[r] += group_dot<ACT>(q, a, b, X + (size_t)r * x_row_bytes, g);
-        }
+        for (int r = 0; r < NR; r++)
+            if (r < n_rows) acc[r] += group_dot<ACT>(q, a, b, X + (size_t)r * x_row_bytes, g);
     }
 #pragma unroll
     for (int r = 0; r < NR; r++) {
