@@ -122,26 +122,11 @@ DECODE_TYPES = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
 def decode_bandwidth(dev, n_in=4096, n_out=14336, n_mat=8) -> dict:
     """GB/s of the decode matmul (one row) per weight type: n_mat different n_out x n_in
     matrices (more than the L2 cache holds) in one program, random blocks."""
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as QT
-    from pyllm.backend.placement import time_program
-    from pyllm.graph import Graph
-    from pyllm.model_file import Tensor
-    rng = np.random.default_rng(0)
+    from pyllm.backend.placement import calibration_graph, time_program, weight_bytes
     out = {}
     for name in DECODE_TYPES:
-        qt = QT[name]
-        elems, size = GGML_QUANT_SIZES[qt]
-        g = Graph()
-        x = g.buffer("x", n_in)
-        nbytes = n_out * n_in // elems * size
-        for i in range(n_mat):
-            if qt == QT.F16:   # finite values: random halves hold NaNs
-                blocks = (rng.standard_normal(n_in * n_out) * 0.01).astype(np.float16).view(np.uint8)
-            else:
-                blocks = rng.integers(0, 256, size=nbytes, dtype=np.uint8)
-            g.linear(x, Tensor(f"w{i}", int(qt), (n_in, n_out), 0, nbytes, blocks), f"y{i}")
-        sec = time_program(dev, g, 1, reps=10)
-        out[name] = n_mat * nbytes / sec / 1e9
+        g = calibration_graph(n_in, n_out, n_mat, name)
+        out[name] = weight_bytes(g) / time_program(dev, g, 1, reps=10) / 1e9
     return out
 
 
@@ -240,8 +225,9 @@ def main() -> int:
         log(f"measured in {time.time() - t0:.1f} s: host->device {figs['h2d'] / 1e9:.1f} GB/s pageable, "
             f"{figs['h2d_pinned'] / 1e9:.1f} GB/s pinned; device->host {figs['d2h'] / 1e9:.1f} / "
             f"{figs['d2h_pinned'] / 1e9:.1f} GB/s; latency {figs['latency_s'] * 1e6:.1f} us; device memory "
-            f"{figs['mem_bw'] / 1e9:.0f} GB/s (copy); Q4_0 mmq {figs['flops'] / 1e12:.2f} TFLOP/s; "
-            f"launch {figs['launch_s'] * 1e6:.1f} us/op")
+            f"{figs['mem_bw'] / 1e9:.0f} GB/s (copy), {figs['decode_bw'] / 1e9:.0f} GB/s (Q4_K decode matmul); "
+            f"Q4_0 mmq {figs['flops'] / 1e12:.2f} TFLOP/s; launch {figs['launch_s'] * 1e6:.1f} us/op, "
+            f"small decode matmul {figs['op_s'] * 1e6:.1f} us/op")
 
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / "pyllm-gpucheck"
     tmp.mkdir(parents=True, exist_ok=True)

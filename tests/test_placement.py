@@ -216,3 +216,21 @@ def test_cli_plan(model8, tmp_path):
     assert "link: 16.0 GB/s to the GPU" in r.stdout
     r = runner.invoke(app, args + ["--vram", "1MiB", "-ngl", "all"])
     assert r.exit_code == 2 and "is free" in r.output
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_K", "F16"])
+def test_calibration_graph_is_n_matmuls_of_its_type(qtype):
+    """The programs the GPU's figures are timed with (CudaDevice.measure): n matrices of one
+    type on one input, whose bytes weight_bytes counts; they run (here on the host)."""
+    from pyllm.backend.cpu import HostDevice
+    from pyllm.graph import OP_MATMUL
+    g = P.calibration_graph(512, 40, 3, qtype)
+    mats = [op for op in g.ops if op.kind == OP_MATMUL]
+    assert len(mats) == 3 and {op.weight.type for op in mats} == {int(QT[qtype])}
+    per_row = {"Q4_0": 512 // 32 * 18, "Q4_K": 512 // 256 * 144, "F16": 512 * 2}[qtype]
+    assert P.weight_bytes(g) == 3 * 40 * per_row
+    host = HostDevice(1)
+    try:
+        assert 0 < P.time_program(host, g, 1) < 10
+    finally:
+        host.close()

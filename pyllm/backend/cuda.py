@@ -217,8 +217,10 @@ class CudaDevice(Device):
 
     def measure(self) -> dict:
         """Copy rates (pageable host memory, as pyllm copies numpy arrays), latency, device memory
-        rate, and the matmul rate and launch cost of these kernels (timed programs)."""
-        from .placement import calibration_graph, time_program
+        rate, and of these kernels (timed programs): the matmul rate, the launch cost, the rate a
+        decode matmul reads weights at (decode_bw: an H200's reached a third of its copy rate)
+        and the time of a small decode matmul (op_s: latency, not bytes, bounds it)."""
+        from .placement import calibration_graph, time_program, weight_bytes
         from ..graph import Graph
         lib, ctx = self.lib, self.ctx
         mb64 = 64 << 20
@@ -235,6 +237,10 @@ class CudaDevice(Device):
         for _ in range(200):
             g.scale(x, 1.0)
         figs["launch_s"] = time_program(self, g, 1, reps=5) / 200
+        big = calibration_graph(4096, 14336, 4, "Q4_K")   # 132 MB: more than any GPU's L2 cache
+        figs["decode_bw"] = weight_bytes(big) / time_program(self, big, 1, reps=5)
+        small = calibration_graph(576, 1536, 100)   # a small model's FFN matrix, its input quantized once
+        figs["op_s"] = time_program(self, small, 1, reps=5) / len(small.ops)
         return figs
 
     def planning_figures(self):
@@ -244,12 +250,12 @@ class CudaDevice(Device):
             link = LinkSpec(16e9, 16e9, 1e-5)
             self.bus.h2d_bytes_per_s, self.bus.d2h_bytes_per_s, self.bus.latency_s = link.h2d, link.d2h, link.latency_s
             return spec, link, {"gpu": "nominal (the CUDA emulator)", "link": "nominal (the CUDA emulator)"}
-        key = f"cuda:{self.info['name']}:{self.info['total_bytes']}:{self.info['cc']}:graphs"   # launch cost as replayed
+        key = f"cuda:{self.info['name']}:{self.info['total_bytes']}:{self.info['cc']}:decode"   # figures of 2026-12
         figs, how = cached(key, self.measure)
         self.bus.h2d_bytes_per_s, self.bus.d2h_bytes_per_s, self.bus.latency_s = \
             figs["h2d"], figs["d2h"], figs["latency_s"]
         free = self.free_memory()
-        spec = DeviceSpec(self.name, figs["mem_bw"], figs["flops"], figs["launch_s"], memory=free,
+        spec = DeviceSpec(self.name, figs["decode_bw"], figs["flops"], figs["op_s"], memory=free,
                           reserve=min(CUDA_RESERVE, free // 20))
         link = LinkSpec(figs["h2d"], figs["d2h"], figs["latency_s"])
         return spec, link, {"gpu": f"{how} (memory free: measured now)", "link": how}

@@ -617,17 +617,30 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def calibration_graph(n_in: int = 2048, n_out: int = 2048) -> Graph:
-    """One Q4_0 matmul of n_out rows of n_in, random blocks with unit scales."""
+def calibration_graph(n_in: int = 2048, n_out: int = 2048, n_mat: int = 1, qtype: str = "Q4_0") -> Graph:
+    """n_mat matmuls of n_out rows of n_in on one input (different weights: more of them than a
+    cache holds measure its memory), random blocks of qtype (Q4_0, Q4_K ...) whose scales are
+    0.01 (F16: random values)."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
     from ..model_file import Tensor
+    qt = GGMLQuantizationType[qtype]
+    elems, size = GGML_QUANT_SIZES[qt]
     rng = np.random.default_rng(0)
-    nb = n_in * n_out // 32
-    blocks = rng.integers(0, 256, size=(nb, 18), dtype=np.uint8)
-    blocks[:, 0:2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
-    t = Tensor("calibration", 2, (n_in, n_out), 0, blocks.nbytes, blocks.reshape(-1))
     g = Graph()
-    g.linear(g.buffer("x", n_in), t, "y")
+    x = g.buffer("x", n_in)
+    for i in range(n_mat):
+        if qt == GGMLQuantizationType.F16:
+            blocks = (rng.standard_normal(n_in * n_out) * 0.01).astype(np.float16).view(np.uint8)
+        else:
+            blocks = rng.integers(0, 256, size=(n_in * n_out // elems, size), dtype=np.uint8)
+            blocks[:, 0:2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)   # d (and Q4_1's m, K's dmin)
+        g.linear(x, Tensor(f"calibration{i}", int(qt), (n_in, n_out), 0, blocks.nbytes, blocks.reshape(-1)),
+                 f"y{i}")
     return g
+
+
+def weight_bytes(g: Graph) -> int:
+    return sum(op.weight.nbytes for op in g.ops if op.weight is not None)
 
 
 def time_program(device, graph: Graph, n_tokens: int, reps: int = 3) -> float:
