@@ -1312,3 +1312,27 @@ def test_decode_steps_replay_cuda_graphs(tmp_path, device, monkeypatch):
         # step 1 is seen, step 2 captured, steps 3..6 replay; a program of a few ranges captures each
         assert captured >= 1 and replayed == 4 * captured, (ngl, captured, replayed)
         np.testing.assert_array_equal(graphed, plain, err_msg=f"ngl={ngl}")
+
+
+def test_a_changed_record_captures_its_graph_again(devices):
+    """A graph holds the records it was captured with: after one of them changes (a scale
+    here), the step is not replayed from the stale graph but seen and captured again."""
+    from pyllm.graph import Graph
+    _, gpu = devices
+    g = Graph()
+    g.scale(g.buffer("x", 64), 2.0)
+    prog = gpu.bind(g, [Range(0, len(g.ops))], Shape(1, 1, 1, 1))
+    step = StepData(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32), 1)
+    x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
+    c0 = gpu.graph_counts()
+    try:
+        for i, s in enumerate((2.0, 2.0, 2.0, 3.0, 3.0, 3.0)):   # seen, captured, replayed; the same again
+            if i == 3:
+                prog.recs[0].scale = 3.0
+            prog.write("x", 0, x)
+            prog.run(0, step)
+            np.testing.assert_array_equal(prog.read("x", 0, 1), x * np.float32(s))
+        c1 = gpu.graph_counts()
+        assert (c1[0] - c0[0], c1[1] - c0[1]) == (2, 2)
+    finally:
+        prog.close()

@@ -573,25 +573,29 @@ static graph_key key_of(const pyllm_op *ops, int n_ops, const pyllm_step *st, co
     return k;
 }
 
-/* the slot of these launches (captured or seen once), else the least recently used one, cleared;
- * NULL where graphs are off or the step is too large */
+/* the slot of these launches (captured or seen once), else, cleared, the slot of the same key
+ * whose records have changed since, or the least recently used one; NULL where graphs are off
+ * or the step is too large */
 static graph_slot *graph_for(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_step *st, const exec &e) {
     if (!ctx->graphs || st->n_tokens > GRAPH_MAX_TOKENS) return NULL;
     const graph_key k = key_of(ops, n_ops, st, e);
-    graph_slot *oldest = &ctx->slots[0];
+    graph_slot *reuse = &ctx->slots[0];
     ctx->clock++;
     for (int i = 0; i < GRAPH_SLOTS; i++) {
         graph_slot *g = &ctx->slots[i];
-        if (g->key.ops && memcmp(&g->key, &k, sizeof k) == 0 &&
-            memcmp(g->ops, ops, (size_t)n_ops * sizeof *ops) == 0) {
-            g->used = ctx->clock;
-            return g;
+        if (g->key.ops && memcmp(&g->key, &k, sizeof k) == 0) {
+            if (memcmp(g->ops, ops, (size_t)n_ops * sizeof *ops) == 0) {
+                g->used = ctx->clock;
+                return g;
+            }
+            reuse = g;   /* stale: the records changed */
+            break;
         }
-        if (g->used < oldest->used) oldest = g;
+        if (g->used < reuse->used) reuse = g;
     }
-    slot_clear(oldest);
-    oldest->used = ctx->clock;
-    return oldest;
+    slot_clear(reuse);
+    reuse->used = ctx->clock;
+    return reuse;
 }
 
 static void remember(graph_slot *g, const pyllm_op *ops, int n_ops, const pyllm_step *st, const exec &e) {
