@@ -31,7 +31,7 @@ fi
 python3 -c "import cffi, gguf, numpy; print('cffi', cffi.__version__, 'numpy', numpy.__version__)" || {
     echo "cffi or gguf missing: run benchmarks/gpu_pack.py here and carry build/gpucheck"; exit 2; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm --format=csv || true
-echo "cpus: $(nproc), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(grep -m1 -o -w 'avx512_vnni\|avx_vnni\|avx512f\|avx2' /proc/cpuinfo | head -1) $(grep -o -w 'avx512_vnni\|amx_int8' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+echo "cpus: $(nproc),$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2); $(grep -o -w 'avx512f\|avx512_vnni\|avx_vnni\|amx_int8' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 
 step "libraries"
 if [ -f $CARRY/lib/libpyllm_cuda.so ] && [ ! -f build/libpyllm_cuda.so ]; then
