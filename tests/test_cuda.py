@@ -927,6 +927,23 @@ def test_emulator_reports_broken_rules(emu, case, words):
     assert selftest(emu, lib.PYLLM_CUDA_EMU_TEST_GOOD)[0] == 0
 
 
+def test_emulator_replays_a_captured_graph_and_refuses_copies_in_capture(emu):
+    """Launches on a capturing stream are recorded, not run (d[1] still 0 after the capture),
+    and run when the graph is launched; a memset on a capturing stream is refused
+    (cudaErrorStreamCaptureUnsupported, 900), as CUDA refuses it."""
+    ffi, lib = emu
+    rc, msg, out = selftest(emu, lib.PYLLM_CUDA_EMU_TEST_GRAPH)
+    assert rc == 0, msg
+    assert out[-1] == 0
+    x, y, z = np.meshgrid(np.arange(4), np.arange(2), np.arange(2), indexing="ij")
+    within = (x + 10 * y + 100 * z).transpose(2, 1, 0).reshape(-1)
+    bx, by = np.meshgrid(np.arange(2), np.arange(3), indexing="xy")
+    np.testing.assert_array_equal(out[:96], ((1000 * bx + 10000 * by).reshape(-1)[:, None] + within).reshape(-1))
+    rc, msg, _ = selftest(emu, lib.PYLLM_CUDA_EMU_TEST_COPY_IN_CAPTURE)
+    assert rc == 900 and "capturing" in msg, (rc, msg)
+    assert selftest(emu, lib.PYLLM_CUDA_EMU_TEST_GOOD)[0] == 0
+
+
 def test_emulator_poisons_dynamic_shared_memory(emu):
     """Dynamic shared memory is garbage (NaN) in every block until written, as
     on the GPU, not the zeros a buggy kernel could get away with."""
@@ -1335,3 +1352,17 @@ def test_a_changed_record_captures_its_graph_again(devices):
         assert (c1[0] - c0[0], c1[1] - c0[1]) == (2, 2)
     finally:
         prog.close()
+
+
+def test_a_gpu_is_planned_from_its_decode_matmul(fake_gpu, monkeypatch):
+    """The planner's GPU reads weights at the rate a decode matmul reached and pays the time of a
+    small one per op (CudaDevice.measure's decode_bw and op_s), not the copy rate and an empty
+    op's launch: on an H200 those over-predicted decode 2.7x."""
+    from pyllm.backend import placement
+    _, gpu, _ = fake_gpu
+    figs = {"h2d": 12e9, "d2h": 15e9, "latency_s": 6e-6, "mem_bw": 4.1e12, "flops": 13e12, "launch_s": 1.2e-6,
+            "decode_bw": 1.3e12, "op_s": 2.3e-6}
+    monkeypatch.setattr(placement, "cached", lambda key, measure: (figs, "cached"))
+    spec, link, _ = gpu.planning_figures()
+    assert (spec.mem_bw, spec.flops, spec.op_s) == (1.3e12, 13e12, 2.3e-6)
+    assert (link.h2d, link.d2h, link.latency_s) == (12e9, 15e9, 6e-6)

@@ -32,6 +32,8 @@ enum pyllm_cuda_emu_selftest_case {
     PYLLM_CUDA_EMU_TEST_DEADLOCK = 6,            /* __syncwarp against __syncthreads */
     PYLLM_CUDA_EMU_TEST_PARTIAL_WARP = 7,        /* a full mask in a 16-lane warp */
     PYLLM_CUDA_EMU_TEST_BAD_CONFIG = 8,          /* 2048 threads per block */
-    PYLLM_CUDA_EMU_TEST_SHARED_POISON = 9        /* dynamic shared memory read before written */
+    PYLLM_CUDA_EMU_TEST_SHARED_POISON = 9,       /* dynamic shared memory read before written */
+    PYLLM_CUDA_EMU_TEST_GRAPH = 10,              /* INDICES captured on a stream, then replayed twice */
+    PYLLM_CUDA_EMU_TEST_COPY_IN_CAPTURE = 11     /* a memset on a capturing stream */
 };
 int pyllm_cuda_emu_selftest(int which, float *out, int n_out, char *msg, int msg_len);

@@ -84,6 +84,32 @@ __global__ void shared_poison(float *out) {
     dyn[threadIdx.x] = 1.0f;
 }
 
+/* INDICES captured on a stream of its own: nothing may run until the graph is launched (the
+ * first value read back then is 0); with copy_inside, a memset on the capturing stream, which
+ * CUDA refuses and which invalidates the capture. The first error, else 0. */
+cudaError_t graph_case(float *d, bool copy_inside, float *first) {
+    cudaStream_t s;
+    cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (e != cudaSuccess) return e;
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t x = nullptr;
+    e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    if (e == cudaSuccess) {
+        PQ_LAUNCH(dim3(2, 3), dim3(4, 2, 2), 0, s, indices)(d);
+        e = copy_inside ? cudaMemsetAsync(d, 0, 4, s) : cudaSuccess;
+        const cudaError_t ended = cudaStreamEndCapture(s, &g);
+        if (e == cudaSuccess) e = ended;
+    }
+    if (e == cudaSuccess) e = cudaMemcpyAsync(first, d + 1, sizeof(float), cudaMemcpyDeviceToHost, s);
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&x, g, 0);
+    for (int i = 0; i < 2 && e == cudaSuccess; i++) e = cudaGraphLaunch(x, s);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+    if (x) cudaGraphExecDestroy(x);
+    if (g) cudaGraphDestroy(g);
+    cudaStreamDestroy(s);
+    return e;
+}
+
 }  // namespace
 
 extern "C" int pyllm_cuda_emu_selftest(int which, float *out, int n_out, char *msg, int msg_len) {
@@ -102,6 +128,23 @@ extern "C" int pyllm_cuda_emu_selftest(int which, float *out, int n_out, char *m
     case PYLLM_CUDA_EMU_TEST_PARTIAL_WARP: PQ_LAUNCH(1, 48, 0, 0, partial_warp)(d); break;
     case PYLLM_CUDA_EMU_TEST_BAD_CONFIG: PQ_LAUNCH(1, 2048, 0, 0, nothing)(d); break;
     case PYLLM_CUDA_EMU_TEST_SHARED_POISON: PQ_LAUNCH(2, 64, 64 * sizeof(float), 0, shared_poison)(d); break;
+    case PYLLM_CUDA_EMU_TEST_GRAPH:
+    case PYLLM_CUDA_EMU_TEST_COPY_IN_CAPTURE: {
+        float first = -1.0f;   /* out[n_out - 1]: d[1] read back between the capture and the launch */
+        e = graph_case(d, which == PYLLM_CUDA_EMU_TEST_COPY_IN_CAPTURE, &first);
+        if (e != cudaSuccess) {
+            if (msg && msg_len > 0) snprintf(msg, (size_t)msg_len, "%s", cudaGetErrorString(e));
+            cudaFree(d);
+            cudaGetLastError();
+            return (int)e;
+        }
+        cudaStreamSynchronize(0);
+        cudaMemcpyAsync(out, d, (size_t)(n_out - 1) * sizeof(float), cudaMemcpyDeviceToHost, 0);
+        out[n_out - 1] = first;
+        cudaFree(d);
+        if (msg && msg_len > 0) snprintf(msg, (size_t)msg_len, "%s", cudaGetErrorString(cudaSuccess));
+        return 0;
+    }
     default: cudaFree(d); return (int)cudaErrorInvalidValue;
     }
     /* what the launch reported, then what the synchronization does: the first error wins */
