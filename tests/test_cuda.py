@@ -1366,3 +1366,26 @@ def test_a_gpu_is_planned_from_its_decode_matmul(fake_gpu, monkeypatch):
     spec, link, _ = gpu.planning_figures()
     assert (spec.mem_bw, spec.flops, spec.op_s) == (1.3e12, 13e12, 2.3e-6)
     assert (link.h2d, link.d2h, link.latency_s) == (12e9, 15e9, 6e-6)
+
+
+def test_gpu_figures_fall_back_where_the_decode_probes_do_not_fit(monkeypatch):
+    """CudaDevice.measure's decode probes need ~180 MB of GPU memory; where they cannot be
+    placed, the decode rate and per-op cost come from the copy rate and the launch cost (a
+    third of one, twice the other: the H200's ratios) instead of failing the planning."""
+    from pyllm.backend import placement
+    real_graph, real_time = placement.calibration_graph, placement.time_program
+    monkeypatch.setattr(placement, "calibration_graph", lambda n_in=2048, n_out=2048, n_mat=1, qtype="Q4_0":
+                        real_graph(min(n_in, 256), min(n_out, 64), min(n_mat, 2), qtype))
+
+    def time_program(device, graph, n_tokens, reps=3):
+        if any(op.weight is not None and op.weight.type == int(QT.Q4_K) for op in graph.ops):
+            raise BackendError("cannot allocate 132 MB on cuda:0")
+        return real_time(device, graph, n_tokens, reps)
+    monkeypatch.setattr(placement, "time_program", time_program)
+    gpu = cuda.CudaDevice(0, library=emulator_library())
+    try:
+        figs = gpu.measure()
+    finally:
+        gpu.close()
+    assert figs["mem_bw"] > 0 and figs["launch_s"] > 0
+    assert (figs["decode_bw"], figs["op_s"]) == (figs["mem_bw"] / 3, 2 * figs["launch_s"])
