@@ -704,7 +704,7 @@ int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_
         }
     } else {
         if (launch_ops(ops, n_ops, st, e) != 0) return -1;
-        if (g) remember(g, ops, n_ops, st, e);
+        if (g && !g->key.ops) remember(g, ops, n_ops, st, e);   /* a failed capture's slot keeps its copy */
     }
     cudaError_t err = cudaStreamSynchronize(ctx->stream);
     if (err != cudaSuccess) {
