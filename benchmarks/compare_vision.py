@@ -4,17 +4,20 @@ llama.cpp's mtmd.
 
 No registry model has a projector, so this writes small random language models and projectors
 (tests/synth.py) for each supported projector: Gemma 3's, SmolVLM's (idefics3), LFM2-VL's,
-Pixtral's (merged and not) and Qwen 2 / 2.5 VL's, in F32 and F16 (+ Gemma 3 with Q8_0 matrices),
-and asks llama.cpp (llama-cpp-python's mtmd, in its own environment) for:
+Pixtral's (merged and not), Qwen 2 / 2.5 / 3 VL's, Gemma 4's and LLaVA 1.5's (and Yi-VL's), in F32
+and F16 (+ Gemma 3 with Q8_0 matrices), and asks llama.cpp (llama-cpp-python's mtmd, in its own environment) for:
   - the image's embeddings (mtmd_encode_chunk), against pyllm's VisionEncoder.encode;
   - the prompt's layout (the text chunks' token ids and the image's row count);
   - the logits after "<text> <image> <text>" evaluated with mtmd_helper_eval_chunks (Gemma 3's
     image with causal attention off, Qwen's at M-RoPE positions), against pyllm's.
-Images: a square, a wide and a large one for Gemma 3 and SmolVLM; for the others nine, from a
+LLaVA's are compared where mtmd's two known slips do not show (no class row, a last layer that
+adds nothing); "llava class row" shows the class row's place alone, and that mtmd's rows are
+those of the class row put last (the tests' plain loops in that order). Images: a square, a wide
+and a large one for Gemma 3, SmolVLM and LLaVA; for the others nine, from a
 constant colour (any resampling keeps it: the encoder alone) to tiled ones and sides with a half
 to round.
 
---speed [gemma3|smolvlm|lfm2|pixtral|qwen2.5vl|qwen3vl|gemma4]: instead, times one image's encoding at a real
+--speed [gemma3|smolvlm|lfm2|pixtral|qwen2.5vl|qwen3vl|llava|gemma4]: instead, times one image's encoding at a real
 size, F16 matrices, random, in pyllm and in llama.cpp's mtmd, alternating, same threads (SPEED
 lists them); run it on a quiet machine. Dev tool only.
 
@@ -149,6 +152,11 @@ SPEED = {
                      projector="qwen3vl_merger", n_mid=4096, deepstack=(5, 11, 17)),
                 (768, 1024, 3), "one 1024x768 image through Qwen 3 VL 2B's encoder (3072 patches, 24 layers of "
                                 "1024, DeepStack from 3)"),
+    "llava": (synth.write_llama, dict(n_embd=4096, n_head=32, n_head_kv=32),
+              dict(n_embd=1024, n_head=16, n_ff=4096, n_layer=23, image_size=336, patch=14, projector="mlp",
+                   use_gelu=False, n_mid=4096),
+              (768, 1024, 3), "one 1024x768 image through LLaVA 1.5's CLIP ViT-L/14-336 (577 rows, 23 layers of "
+                              "1024; mtmd runs 22 of them)"),
     "gemma4": (synth.write_gemma4, dict(n_embd=1536, n_ff=256, image_tokens="gemma4"),
                dict(n_embd=768, n_head=12, n_ff=3072, n_layer=12, image_size=224, patch=16, merge=3,
                     projector="gemma4v"),
@@ -244,6 +252,9 @@ def main() -> None:
                 ("qwen3vl F32", QT.F32, QT.F32, "qwen3vl_merger"),
                 ("qwen3vl F16", QT.F16, QT.F16, "qwen3vl_merger"),
                 ("qwen3.5 F32", QT.F32, QT.F32, "qwen3.5"),
+                ("llava F32", QT.F32, QT.F32, "mlp"), ("llava F16", QT.F16, QT.F16, "mlp"),
+                ("yi-vl mlp_norm F32", QT.F32, QT.F32, "mlp_norm"),
+                ("llava class row", QT.F32, QT.F32, "mlp-class"),
                 ("gemma4 F32", QT.F32, QT.F32, "gemma4v"), ("gemma4 F16", QT.F16, QT.F16, "gemma4v"),
                 ("gemma4 E2B-wide", QT.F32, QT.F32, "gemma4v-causal"),
                 ("qwen3vl min 1024 rows", QT.F32, QT.F32, "qwen3vl_merger"),
@@ -279,6 +290,15 @@ def main() -> None:
                 lm = synth.write_lfm2(t / f"lm-{label}.gguf", lm_type, n_vocab=512, image_tokens="lfm2")
                 mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type, projector="lfm2",
                                         image_size=256, patch=16)
+            elif kind.startswith("mlp"):
+                # LLaVA 1.5's: a llama model; CLIP's quick-GELU and pre-norm. mtmd puts the class row
+                # last and runs one stored layer fewer (llama.cpp issues 25814, 25817), so the like-
+                # for-like rows have no class row and a last layer that adds nothing; "mlp-class"
+                # shows what the class row's place changes
+                lm = synth.write_llama(t / f"lm-{label}.gguf", lm_type, n_vocab=512)
+                mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type, projector="mlp",
+                                        use_gelu=False, n_layer=3, class_row=kind == "mlp-class",
+                                        identity_last=True, mlp_norm=kind == "mlp_norm")
             elif kind == "gemma3":
                 lm = synth.write_gemma3(t / f"lm-{label}.gguf", lm_type, n_vocab=512)
                 mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type)
@@ -312,6 +332,10 @@ def main() -> None:
                       f"{np.abs(lg - ref).max():13.2e} {'same' if lg.argmax() == ref.argmax() else 'DIFF':>6}")
                 if same != "same":
                     print("  ours:  ", layout, "\n  theirs:", theirs["layout"])
+                if kind == "mlp-class":    # the difference is the class row's place: mtmd's order, simulated
+                    from test_vision import slow_llava_encode
+                    sim = slow_llava_encode(enc, enc.pixels(img).astype(np.float64), class_last=True)
+                    print(f"{'  mtmd order simulated':<33} {np.abs(sim - embd).max():11.2e}")
             model.close()
             enc.close()
 

@@ -172,7 +172,7 @@ def control_kwargs(vectors: list[str], scaled: list[str], layer_range) -> dict[s
 
 
 TemplateOpt = Annotated[Optional[str], typer.Option(
-    "--chat-template", help="chat template: 'chatml', 'gemma', a Jinja template, or a file holding one "
+    "--chat-template", help="chat template: 'chatml', 'gemma', 'vicuna', a Jinja template, or a file holding one "
     "(default: the model file's own, else a fallback for its architecture)")]
 TemplateKwargsOpt = Annotated[Optional[str], typer.Option(
     "--chat-template-kwargs", help="JSON: variables the chat template renders with (llama.cpp's), e.g. "

@@ -67,7 +67,7 @@ class Model:
     error without a GPU). device: None (PYLLM_DEVICE, else auto), "cuda",
     "sim" (a simulated GPU, for tests) or "cpu"; `plan` is the placement
     (None on the CPU alone). chat_template: None uses the file's template (or
-    a fallback, see `pyllm.chat_template`); "chatml" or "gemma" pick a
+    a fallback, see `pyllm.chat_template`); "chatml", "gemma" or "vicuna" pick a
     built-in format; any other text is a Jinja template; chat_template_kwargs:
     variables every chat prompt renders with (llama.cpp's --chat-template-kwargs,
     e.g. {"enable_thinking": False}). embedding: load the
@@ -241,6 +241,7 @@ class Model:
             raise InvalidArgumentError(f"{path} makes image rows of {self.vision.n_out} values; {self.path.name}'s "
                                        f"are {width}: the projector belongs to another model")
         self.engine.media = MediaStore()
+        self._template = None     # a file without a template: LLaVA's projector picks Vicuna's
         self.engine.media_bidirectional = self.vision.bidirectional_for(self.arch.hp.n_embd)
         self.engine.mrope = bool(sections) and self.vision.qwen
 
@@ -670,6 +671,10 @@ class Model:
         arg = self._template_arg
         if arg is None:
             t = ChatTemplate.for_model(self.file.metadata, self.tokenizer)
+            if t.name == "chatml" and t.note and getattr(self.vision, "projector", None) == "mlp":
+                t = ChatTemplate.builtin("vicuna", t.bos_token, t.eos_token,
+                                         note="the model file has no chat template; using Vicuna's USER: / "
+                                              "ASSISTANT: turns, LLaVA 1.5's")
             if t.note:
                 (log.warning if t.name == "chatml" else log.info)("%s", t.note)
             return t

@@ -22,6 +22,8 @@ Files without a template get a fallback chosen by architecture:
   Gemma has no system role: the system prompt goes at the start of the first
   user turn, followed by a blank line (as llama.cpp does). Message texts are
   stripped of surrounding whitespace, also as llama.cpp does.
+- a model read with LLaVA 1.5's projector (pyllm.api picks it): Vicuna's
+  `{system}\n\nUSER: {text}\nASSISTANT: {reply}</s>\n`, as llama.cpp's "vicuna".
 - anything else: ChatML, `<|im_start|>{role}\\n{text}<|im_end|>\\n` and
   `<|im_start|>assistant\\n` to prompt a reply, with a warning, since the
   model may not have been trained on it.
@@ -54,7 +56,7 @@ THINKING_SWITCH = "enable_thinking"   # the template variable that turns a model
 MAX_RENDERED_CHARS = 8_000_000     # a template may not render more than this
 MAX_RANGE = 10_000                 # range() in a template yields at most this many items
 
-BUILTIN = ("chatml", "gemma")
+BUILTIN = ("chatml", "gemma", "vicuna")
 
 
 IMAGE_MARKER = "<__media__>"   # where an image goes in the prompt text (llama.cpp's marker)
@@ -158,8 +160,17 @@ def _render_gemma(messages: list[dict], add_generation_prompt: bool) -> str:
     return "".join(parts)
 
 
+def _render_vicuna(messages: list[dict], add_generation_prompt: bool) -> str:
+    turn = {"system": "{}\n\n", "user": "USER: {}\n", "assistant": "ASSISTANT: {}</s>\n"}
+    parts = [turn[m["role"]].format(m["content"]) for m in messages if m["role"] in turn]
+    if add_generation_prompt:
+        parts.append("ASSISTANT:")
+    return "".join(parts)
+
+
 _BUILTIN_RENDER = {"chatml": (_render_chatml, ("<|im_end|>",)),
-                   "gemma": (_render_gemma, ("<end_of_turn>",))}
+                   "gemma": (_render_gemma, ("<end_of_turn>",)),
+                   "vicuna": (_render_vicuna, ("</s>",))}
 
 
 def _sandbox():
@@ -247,9 +258,9 @@ class ChatTemplate:
     """Renders a conversation into prompt text.
 
     Build one with `ChatTemplate.from_source(jinja_text, ...)`,
-    `ChatTemplate.builtin("chatml" | "gemma")`, or
+    `ChatTemplate.builtin("chatml" | "gemma" | "vicuna")`, or
     `ChatTemplate.for_model(metadata, tokenizer)` (the file's template or the
-    fallback). `name` is "file", "custom", "chatml" or "gemma"; `note` says
+    fallback). `name` is "file", "custom", "chatml", "gemma" or "vicuna"; `note` says
     why a fallback was chosen (None for a file's own template).
     """
 

@@ -28,6 +28,11 @@ model reads in place of tokens.
         and the FFN's outputs; a 2D RoPE (each half of a head NEOX-turned, by the column, by the
         row), unscaled scores, a gated FFN, each layer's output scaled, matrices clamped where
         the file says; x = avg_pool(x, 3 x 3) sqrt(n), standardized, rmsnorm(x); rows = x Wproj
+    projector "mlp" (LLaVA 1.5 and its kin; CLIP): a class row before the patches (position 0),
+        pre_ln, every stored layer (the converter already dropped the last), quick-GELU;
+        rows = W2 gelu(W0 x + b0) + b2 of each patch's row, the class row left out (Yi-VL's
+        "mlp_norm": a layer norm after each Linear). As transformers' LLaVA; llama.cpp's mtmd, as
+        of this writing, puts the class row last and runs one layer fewer (its issues 25814, 25817)
     projector "qwen3vl_merger" (Qwen 3 VL, Qwen3.5): Qwen 2 VL's, with a patch bias, a fused qkv
         and learned positions resized to the image (bilinear, corners aligned); DeepStack: each
         marked layer's output, 2 x 2 patches side by side, through its own layernorm and GELU
@@ -78,7 +83,7 @@ from .model_file import ModelFile
 
 log = logging.getLogger("pyllm")
 
-PROJECTORS = ("gemma3", "gemma4v", "idefics3", "lfm2", "pixtral", "qwen2vl_merger", "qwen2.5vl_merger",
+PROJECTORS = ("gemma3", "gemma4v", "idefics3", "lfm2", "mlp", "pixtral", "qwen2vl_merger", "qwen2.5vl_merger",
               "qwen3vl_merger")
 QWEN = ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
 LFM2_TILE = 512              # LFM2-VL's tiles (mtmd's and its processor's constants)
@@ -91,6 +96,7 @@ QWEN_WINDOW = 112            # Qwen 2.5 VL's attention windows, in pixels a side
 GEMMA4_ROWS = (70, 1120)     # the fewest and most rows of a Gemma 4 image
 GEMMA4_ROPE_BASE = 100.0     # its 2D RoPE's
 GEMMA4_CAUSAL_WIDTHS = (1536, 2560)   # E2B's and E4B's: llama.cpp's mtmd reads their images causally
+LLAVA_PAD = (122, 116, 104)  # LLaVA's padding colour (CLIP's mean, as mtmd and LLaVA's pad-to-square use)
 
 
 @dataclass(frozen=True)
@@ -171,7 +177,7 @@ class VisionEncoder:
         if self.projector not in PROJECTORS:
             raise UnsupportedModelError(f"{self.path}: projector type {self.projector!r} is not supported yet "
                                         f"(supported: {', '.join(PROJECTORS)}: Gemma 3's, SmolVLM's, LFM2-VL's, "
-                                        f"Pixtral's / Mistral Small's, Qwen 2 / 2.5 / 3 VL's, Qwen3.5's and Gemma 4's)")
+                                        f"LLaVA 1.5's, Pixtral's / Mistral Small's, Qwen 2 / 2.5 / 3 VL's, Qwen3.5's and Gemma 4's)")
         self.n_embd, self.n_head = self._int("embedding_length"), self._int("attention.head_count")
         self.n_ff, self.n_layer = self._int("feed_forward_length"), self._int("block_count")
         self.image_size, self.patch = self._int("image_size"), self._int("patch_size")
@@ -189,7 +195,8 @@ class VisionEncoder:
         # Gemma 3 pools 4 x 4 patches into a row; Idefics3 (SmolVLM), LFM2 and Qwen stack s x s patches'
         # rows; Pixtral unfolds s x s patches (1: none, the original Pixtral)
         self.qwen = self.projector in QWEN
-        self.merge = self._int("spatial_merge_size", 1 if self.projector == "pixtral" else 2) \
+        self.merge = 1 if self.projector == "mlp" else \
+            self._int("spatial_merge_size", 1 if self.projector == "pixtral" else 2) \
             if self.projector == "pixtral" or self.qwen else \
             self._int("projector.scale_factor", {"gemma3": 4, "gemma4v": 3}.get(self.projector, 2))
         if self.side % self.merge and self.projector != "gemma4v":   # Gemma 4's image_size is unused
@@ -201,12 +208,16 @@ class VisionEncoder:
         # a gated FFN's activation: Gemma 4's the file's GELU or quick-GELU, the others' (Pixtral, Qwen 2.5) SiLU
         self.gated_act = self.gelu if self.projector == "gemma4v" else "silu"
         self.deepstack: list[DeepStack] = []
+        # CLIP's (LLaVA's) class row: read with the patches (position 0), left out of the image's rows
+        self.class_row = self.projector == "mlp" and self.mf.has_tensor("v.class_embd")
+        if self.class_row:
+            self.check_shape("v.class_embd", (self.n_embd,))
         if self.projector == "gemma4v":    # a table of columns, then one of rows
             t = self.mf.tensor("v.position_embd.weight") if self.mf.has_tensor("v.position_embd.weight") else None
             self.n_positions = int(t.shape[1]) if t is not None and len(t.shape) == 3 else 0
             self.check_shape("v.position_embd.weight", (self.n_embd, self.n_positions, 2))
         elif self.projector != "pixtral" and self.projector not in QWEN[:2]:    # Qwen 3's are resized
-            self.check_shape("v.position_embd.weight", (self.n_embd, self.side * self.side))
+            self.check_shape("v.position_embd.weight", (self.n_embd, self.side * self.side + self.class_row))
         if self.qwen:     # a still image is both frames of Qwen's temporal patch: the kernels' sum
             self.check_shape("v.patch_embd.weight.1", (self.patch, self.patch, 3, self.n_embd))
         self.align = self.patch * self.merge                  # LFM2: an image's sides are multiples of this
@@ -230,6 +241,23 @@ class VisionEncoder:
             self.bidirectional = True    # an image's rows see each other (mtmd: Gemma 3's do)
             self.n_out = self._projection("mm.input_projection.weight", self.n_embd, inputs_first=False)
             self.check_shape("mm.soft_emb_norm.weight", (self.n_embd,))
+            self.longest_edge = self.image_size
+        elif self.projector == "mlp":   # LLaVA 1.5: the image fitted into the square, its rows alone
+            self.bidirectional = False
+            for key, what in (("image_grid_pinpoints", "LLaVA 1.6's image grids"),
+                              ("feature_layer", "rows from several encoder layers (Granite Vision's)")):
+                if self.mf.get("clip.vision." + key) is not None:
+                    raise UnsupportedModelError(f"{self.path}: {what} (clip.vision.{key}) are not supported yet; "
+                                                f"LLaVA 1.5's projector is")
+            n_mid = self._projection("mm.0.weight", self.n_embd, inputs_first=True)
+            self.mlp_norms = None
+            if self.mf.has_tensor("mm.3.weight"):    # Yi-VL's: a layer norm after each Linear (mtmd's mlp_norm)
+                self.n_out = self._projection("mm.3.weight", n_mid, inputs_first=True)
+                self.mlp = (self._pair("mm.0", (self.n_embd, n_mid)), self._pair("mm.3", (n_mid, self.n_out)))
+                self.mlp_norms = (self._pair("mm.1", (n_mid,)), self._pair("mm.4", (self.n_out,)))
+            else:
+                self.n_out = self._projection("mm.2.weight", n_mid, inputs_first=True)
+                self.mlp = (self._pair("mm.0", (self.n_embd, n_mid)), self._pair("mm.2", (n_mid, self.n_out)))
             self.longest_edge = self.image_size
         elif self.projector == "idefics3":   # tiles of the image and a downscaled whole, between marker tokens
             self.bidirectional = False
@@ -305,7 +333,7 @@ class VisionEncoder:
 
     def image_tokens(self):
         """How many rows an image becomes (`pyllm info`)."""
-        if self.projector == "gemma3":
+        if self.projector in ("gemma3", "mlp"):
             return self.n_tokens
         if self.projector == "idefics3":
             return f"{self.n_tokens} per tile (tiles of the image scaled to {self.longest_edge}, and an overview)"
@@ -580,7 +608,7 @@ class VisionEncoder:
     def plan(self, width: int, height: int) -> ImagePlan:
         """How an image of width x height pixels is read (see ImagePlan)."""
         S = self.image_size
-        if self.projector == "gemma3":
+        if self.projector in ("gemma3", "mlp"):
             return ImagePlan(0, 0, (S, S), (S, S))
         if self.projector == "idefics3":
             cols, rows = self.grid(width, height)
@@ -608,11 +636,14 @@ class VisionEncoder:
         stretched over the grid's tiles, cut row by row; then that stretched image shrunk to
         one tile (the overview). LFM2, as mtmd does it (bilinear): the tiles cut from the image
         fitted into the grid (centred on black), then the whole image at its planned size.
-        Pixtral and Qwen: the image fitted into its planned size (bicubic, centred on black)."""
+        Pixtral and Qwen: the image fitted into its planned size (bicubic, centred on black).
+        LLaVA: the image fitted into the square (bicubic, centred on LLAVA_PAD)."""
         from PIL import Image
         S = self.image_size
         if self.projector == "gemma3":
             return [np.asarray(fit_square(img, S))]
+        if self.projector == "mlp":
+            return [np.asarray(fit(img, S, S, bicubic=True, pad=LLAVA_PAD))]
         plan = self.plan(*img.size)
         if self.projector in ("pixtral", "gemma4v") or self.qwen:    # mtmd's dynamic size: bicubic
             return [np.asarray(fit(img, *plan.whole, bicubic=True))]
@@ -639,6 +670,8 @@ class VisionEncoder:
             return [ids, "[IMG_END]"]
         if self.projector == "gemma4v":
             return ["<|image>", ids, "<image|>"]
+        if self.projector == "mlp":
+            return [ids]
         if self.qwen:
             return ["<|vision_start|>", ids, "<|vision_end|>"]
         plan = self.plan(*image_dimensions(image))
@@ -735,6 +768,10 @@ class VisionEncoder:
                                            f"square")
             r, c = np.divmod(np.arange(P), gw)
             x.reshape(m, P, n)[:] += table[0][c] + table[1][r]
+        elif self.class_row:    # CLIP: the class row first in each input, at position 0
+            x = np.concatenate([np.broadcast_to(self.floats("v.class_embd"), (m, 1, n)), x.reshape(m, P, n)], axis=1)
+            P, T = P + 1, m * (P + 1)
+            x = (x + self.floats("v.position_embd.weight")).reshape(T, n)
         elif self.projector != "pixtral":
             x.reshape(m, P, n)[:] += self.positions(gh, gw)
         x = np.ascontiguousarray(self.optional_norm(x, "v.pre_ln"))
@@ -783,7 +820,8 @@ class VisionEncoder:
         x = self.optional_norm(x, "v.post_ln")
         if self.qwen:
             x = x.reshape(m, P, n)[:, raster].reshape(T, n)
-        rows = np.concatenate([self.project(x[i * P:(i + 1) * P], gh, gw) for i in range(m)])
+        first = int(self.class_row)     # the class row is not one of the image's rows
+        rows = np.concatenate([self.project(x[i * P + first:(i + 1) * P], gh, gw) for i in range(m)])
         return np.concatenate([rows] + stacked, axis=1) if stacked else rows
 
     def attention(self, h: np.ndarray, L: EncoderLayer, block: int = 512, work: Optional["AttentionWork"] = None,
@@ -867,6 +905,12 @@ class VisionEncoder:
             return np.ascontiguousarray(x @ self.floats("mm.input_projection.weight"), dtype=np.float32)
         if self.projector == "pixtral":
             return self.pixtral_rows(x, rows, cols)
+        if self.projector == "mlp":     # LLaVA: each patch's row through the MLP (Yi-VL's with norms)
+            x = self.linear(np.ascontiguousarray(x), self.mlp[0])
+            if self.mlp_norms:
+                x = self.norm(x, self.mlp_norms[0])
+            x = self.linear(self.activation(x, gelu=True), self.mlp[1])
+            return self.norm(x, self.mlp_norms[1]) if self.mlp_norms else x
         if self.projector == "gemma4v":   # pooled, scaled by sqrt(n), standardized, RMS-normed, projected
             x = x.reshape(rows // k, k, cols // k, k, n).mean(axis=(1, 3)).reshape(-1, n) * np.float32(math.sqrt(n))
             if self.mf.has_tensor("v.std_bias"):
@@ -1044,16 +1088,16 @@ def resample(img, width: int, height: int, bicubic: bool = False):
     return img if img.height == height else img.resize((width, height), kind)
 
 
-def fit(img, width: int, height: int, bicubic: bool = False):
+def fit(img, width: int, height: int, bicubic: bool = False, pad: tuple = (0, 0, 0)):
     """A PIL image scaled (resample) to fit width x height with its aspect ratio kept, centred
-    on black (mtmd's padded resize: the sides rounded up, the scale in float32)."""
+    on the colour `pad` (mtmd's padded resize: the sides rounded up, the scale in float32)."""
     from PIL import Image
     w, h = img.size
     if (w, h) == (width, height):
         return img
     scale = min(np.float32(width) / np.float32(w), np.float32(height) / np.float32(h))
     nw, nh = min(math.ceil(np.float32(w) * scale), width), min(math.ceil(np.float32(h) * scale), height)
-    canvas = Image.new("RGB", (width, height), (0, 0, 0))
+    canvas = Image.new("RGB", (width, height), pad)
     canvas.paste(resample(img, nw, nh, bicubic), ((width - nw) // 2, (height - nh) // 2))
     return canvas
 

@@ -1697,7 +1697,8 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
                  qtype: QT = QT.F16, use_gelu: bool = True, pre_ln: bool = False,
                  swapped_ffn: bool = False, projector: str = "gemma3", drop_tensor: Optional[str] = None,
                  longest_edge: int = 0, n_mid: int = 80, input_norm: bool = True, n_wa_pattern: int = 2,
-                 deepstack: tuple = (0,), n_positions: int = 2048) -> str:
+                 deepstack: tuple = (0,), n_positions: int = 2048, class_row: bool = True,
+                 identity_last: bool = False, mlp_norm: bool = False, keys: Optional[dict] = None) -> str:
     """A tiny Gemma 3 multimodal projector (llama.cpp's mmproj GGUF, architecture "clip"): a
     SigLIP-like encoder of `n_layer` layers over (image_size / patch)^2 patches, pooled
     merge x merge, projected to the language model's n_out. swapped_ffn: the ffn_up/ffn_down
@@ -1715,9 +1716,20 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
     each a slice of n_out more in each row); "gemma4v": Gemma 4's (pixels in [-1, 1], a table
     of column and one of row positions, RMS norms of heads of q, k and v, a 2D RoPE, norms after
     the attention and the FFN, a gated FFN, a layer scale, clamped matrices; merge x merge
-    patches pooled, standardized, RMS-normed and projected)."""
+    patches pooled, standardized, RMS-normed and projected); "mlp": LLaVA 1.5's (CLIP: a class
+    row before the patches when class_row, a pre-norm and no post-norm, quick-GELU unless
+    use_gelu; every patch's row through Linear, GELU, Linear; mlp_norm: Yi-VL's Linear, layer
+    norm, GELU, Linear, layer norm, named mm.0, mm.1, mm.3, mm.4). identity_last: the last layer
+    adds nothing to the residual (its output matrices and biases zero), so an encoder that runs
+    one layer fewer (llama.cpp's mtmd for LLaVA) gives the same rows. keys: more clip.vision.*
+    keys (name: an int or a list of ints)."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "clip")
+    for name, v in (keys or {}).items():
+        if isinstance(v, list):
+            w.add_array("clip.vision." + name, v)
+        else:
+            w.add_uint32("clip.vision." + name, v)
     w.add_bool("clip.has_vision_encoder", True)
     w.add_bool("clip.has_text_encoder", False)
     w.add_string("clip.projector_type", projector)
@@ -1727,6 +1739,7 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
     if gemma4:
         return write_gemma4v(w, rng, n_out, n_embd, n_head, n_ff, n_layer, image_size, patch, merge, qtype,
                              use_gelu, str(path), n_positions, drop_tensor)
+    llava = projector == "mlp"
     rms, gated = pixtral or qwen25, pixtral or qwen25    # RMS norms (weights only); a gated SiLU FFN
     w.add_bool("clip.use_gelu", use_gelu and not gated and (qwen3 or not qwen))    # Qwen 2 VL's: quick-GELU
     if gated:
@@ -1745,16 +1758,20 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
     w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
     if pixtral or qwen:
         w.add_uint32("clip.vision.spatial_merge_size", merge)
-    elif merge != 4 or projector != "gemma3":
+    elif not llava and (merge != 4 or projector != "gemma3"):
         w.add_uint32("clip.vision.projector.scale_factor", merge)
     if longest_edge:
         w.add_uint32("clip.vision.preproc_image_size", longest_edge)
     w.add_uint32("general.file_type", 1)
     side = image_size // patch
 
+    last = f"v.blk.{n_layer - 1}."
+    zeroed = {last + m + k for m in ("attn_out", "ffn_up" if swapped_ffn else "ffn_down")
+              for k in (".weight", ".bias")} if identity_last else set()
+
     def add(name: str, a: np.ndarray, t: QT = QT.F32) -> None:
         if name != drop_tensor:
-            add_as(w, name, a, t)
+            add_as(w, name, np.zeros_like(a) if name in zeroed else a, t)
 
     def mat(n_in: int, n_o: int, scale: float) -> np.ndarray:    # numpy [n_o, n_in] = GGUF (n_in, n_o)
         return rng.normal(0, scale / np.sqrt(n_in), (n_o, n_in))
@@ -1768,9 +1785,11 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
         add("v.patch_embd.weight.1", rng.normal(0, 1.0 / patch, (n_embd, 3, patch, patch)), QT.F16)
     if not qwen or qwen3:
         bias("v.patch_embd.bias", n_embd)
-    if not pixtral and (not qwen or qwen3):
-        add("v.position_embd.weight", rng.normal(0, 0.3, (side * side, n_embd)))   # F32: llama.cpp adds it as is
-    if pre_ln or pixtral:
+    if llava and class_row:
+        add("v.class_embd", rng.normal(0, 1.0, n_embd))
+    if not pixtral and (not qwen or qwen3):   # F32: llama.cpp adds it as is; the class row's first
+        add("v.position_embd.weight", rng.normal(0, 0.3, (side * side + (llava and class_row), n_embd)))
+    if pre_ln or pixtral or llava:
         add("v.pre_ln.weight", 1 + rng.normal(0, 0.1, n_embd))
         bias("v.pre_ln.bias", n_embd)
     for i in range(n_layer):
@@ -1792,7 +1811,7 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
         bias(p + up + ".bias", n_ff)
         add(p + down + ".weight", mat(n_ff, n_embd, 1.0), qtype)
         bias(p + down + ".bias", n_embd)
-    if not pixtral:
+    if not pixtral and not llava:
         add("v.post_ln.weight", 1 + rng.normal(0, 0.1, n_embd))
         bias("v.post_ln.bias", n_embd)
     if projector == "idefics3":   # one Linear (no bias) from merge^2 patches side by side
@@ -1819,6 +1838,17 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
         add("mm.0.bias", rng.normal(0, 0.1, n_mid))
         add("mm.2.weight", mat(n_mid, n_out, 1.0), qtype)
         add("mm.2.bias", rng.normal(0, 0.1, n_out))
+    elif llava:                   # each patch's row: Linear, GELU, Linear (Yi-VL's: layer norms after each Linear)
+        add("mm.0.weight", mat(n_embd, n_mid, 1.0), qtype)
+        add("mm.0.bias", rng.normal(0, 0.1, n_mid))
+        if mlp_norm:
+            add("mm.1.weight", 1 + rng.normal(0, 0.1, n_mid))
+            add("mm.1.bias", rng.normal(0, 0.1, n_mid))
+        add(f"mm.{3 if mlp_norm else 2}.weight", mat(n_mid, n_out, 1.0), qtype)
+        add(f"mm.{3 if mlp_norm else 2}.bias", rng.normal(0, 0.1, n_out))
+        if mlp_norm:
+            add("mm.4.weight", 1 + rng.normal(0, 0.1, n_out))
+            add("mm.4.bias", rng.normal(0, 0.1, n_out))
     elif pixtral:                 # RMS norm, the unfolded patches merged, Linear, GELU, Linear; the break row
         if merge > 1:             # Mistral Small's; the original Pixtral has neither
             add("mm.input_norm.weight", 1 + rng.normal(0, 0.1, n_embd))

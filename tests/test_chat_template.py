@@ -63,6 +63,15 @@ def test_chatml_fallback_with_a_warning():
                                   "<|im_start|>assistant\n")
 
 
+def test_vicuna_is_llama_cpp_s():
+    """llama.cpp's "vicuna" (llm_chat_apply_template): the system text and a blank line, USER: and
+    ASSISTANT: turns, a reply closed by </s>, and "ASSISTANT:" to prompt the next; texts as given
+    (it strips nothing)."""
+    t = ChatTemplate.builtin("vicuna")
+    assert t.render(CONV) == "Be brief.\n\nUSER: Hi\nASSISTANT: Hello!</s>\nUSER:   How are you?\n\nASSISTANT:"
+    assert t.end_of_turn == ("</s>",)
+
+
 def test_file_template_renders_like_transformers():
     t = ChatTemplate.for_model({"general.architecture": "llama", "tokenizer.chat_template": HF_TEMPLATE},
                                FakeTokenizer())

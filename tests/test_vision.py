@@ -89,7 +89,7 @@ def slow_tower(enc: VisionEncoder, x: np.ndarray) -> np.ndarray:
         x = x + lin(f, att, b + "attn_out")
         u = lin(f, ln(f, x, b + "ln2", eps), b + "ffn_up")
         x = x + lin(f, gelu(u) if enc.gelu else u / (1 + np.exp(-1.702 * u)), b + "ffn_down")
-    return ln(f, x, "v.post_ln", eps)
+    return ln(f, x, "v.post_ln", eps) if enc.mf.has_tensor("v.post_ln.weight") else x
 
 
 def side_by_side(x: np.ndarray, rows: int, cols: int, k: int) -> np.ndarray:
@@ -551,6 +551,105 @@ def test_bad_idefics3_files(tmp_path):
     huge = synth.write_mmproj(tmp_path / "huge.gguf", projector="idefics3", longest_edge=1 << 20)
     with pytest.raises(ModelFileError, match="beyond any projector"):
         VisionEncoder(huge)
+
+
+# -- LLaVA 1.5: CLIP (a class row, a pre-norm), every patch's row through an MLP ----------------------------
+
+def slow_llava_encode(enc: VisionEncoder, pixels: np.ndarray, class_last: bool = False) -> np.ndarray:
+    """LLaVA's encoder as transformers runs it: the class row first, then the patches, each
+    with its position; the file's layers; the patches' rows (not the class row's) through
+    Linear, GELU, Linear (Yi-VL's with a layer norm after each). class_last: as llama.cpp's mtmd
+    runs it at this writing (the class row after the patches, positions in that order, and the
+    first patch's row dropped instead of the class row's)."""
+    f = enc.floats
+    x = slow_patches(enc, pixels)
+    cls = f("v.class_embd")[None]
+    x = np.concatenate([x, cls] if class_last else [cls, x]) + f("v.position_embd.weight")
+    x = slow_tower(enc, x)[1:]
+    if enc.mf.has_tensor("mm.3.weight"):
+        h = gelu(ln(f, lin(f, x, "mm.0"), "mm.1", enc.eps))
+        return ln(f, lin(f, h, "mm.3"), "mm.4", enc.eps)
+    return lin(f, gelu(lin(f, x, "mm.0")), "mm.2")
+
+
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory):
+    d = tmp_path_factory.mktemp("llava")
+    return {"lm": synth.write_llama(d / "lm.gguf", QT.F32, n_vocab=512), "dir": d,
+            "mm": synth.write_mmproj(d / "mm.gguf", n_out=256, qtype=QT.F32, projector="mlp", use_gelu=False,
+                                     n_layer=3),
+            "yi": synth.write_mmproj(d / "yi.gguf", n_out=256, qtype=QT.F32, projector="mlp", use_gelu=False,
+                                     mlp_norm=True)}
+
+
+@pytest.mark.parametrize("which", ["mm", "yi"])
+def test_llava_encoder_matches_the_plain_loops(llava, which):
+    """Every stored layer runs (the converter already dropped CLIP's last), the class row goes
+    first and is left out of the rows; 8 x 8 patches: 64 rows, 1 to 3 threads."""
+    for threads in (1, 3):
+        enc = VisionEncoder(llava[which], n_threads=threads)
+        px = enc.pixels(picture(21, (45, 30, 3)))
+        got, want = enc.encode_pixels(px), slow_llava_encode(enc, px.astype(np.float64))
+        assert got.shape == (64, 256) and enc.image_tokens() == 64 and enc.merge == 1
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.abs(want).max())
+        # the class row's place matters: mtmd's order gives other rows
+        assert np.abs(slow_llava_encode(enc, px.astype(np.float64), class_last=True) - want).max() > \
+            0.05 * np.abs(want).max()
+        enc.close()
+
+
+def test_llava_fits_the_image_on_its_grey():
+    """A wide picture is scaled (bicubic) to the square's width and centred on LLaVA's padding
+    colour (CLIP's mean), not black."""
+    from pyllm.vision import LLAVA_PAD, fit
+    sq = np.asarray(fit(Image.new("RGB", (40, 20), (255, 255, 255)), 32, 32, bicubic=True, pad=LLAVA_PAD))
+    assert sq.shape == (32, 32, 3)
+    assert (sq[:7] == LLAVA_PAD).all() and (sq[-7:] == LLAVA_PAD).all()
+    assert (sq[9:23] == 255).all()
+
+
+def test_a_llava_prompt_matches_the_reference(llava):
+    """The image's rows alone in place of <__media__> (no marker tokens), causal like text."""
+    m = Model(llava["lm"], mmproj=llava["mm"], n_ctx=512)
+    img = picture(22, (50, 40, 3))
+    ids = assert_prompt_matches_the_reference(m, llava["lm"], llava["mm"], img, then=(40, 41))
+    first = next(i for i, t in enumerate(ids) if t < 0)
+    assert ids[:first] == m.tokenize("what is ") and sum(t < 0 for t in ids) == 64
+    assert ids[first + 64:] == m.tokenize(" this", add_bos=False)
+    m.close()
+
+
+def test_a_llava_chat_takes_vicuna_s_turns(llava):
+    """A language model without a chat template, read with LLaVA's projector: Vicuna's turns
+    (llama.cpp's "vicuna", LLaVA 1.5's), the picture's rows in the user's turn."""
+    m = Model(llava["lm"], mmproj=llava["mm"], n_ctx=512)
+    assert m.chat_template.name == "vicuna"
+    msg = [{"role": "user", "content": "what is this?", "images": [png(picture(23))]}]
+    assert m.apply_chat_template([{"role": "user", "content": "what is this?"}]) == "USER: what is this?\nASSISTANT:"
+    out = m.chat(msg, max_tokens=2, temperature=0)
+    assert out.metrics.prompt_tokens == len(m.tokenize("USER: ")) + 64 + len(m.tokenize("what is this?\nASSISTANT:",
+                                                                                      add_bos=False))
+    m.close()
+    plain = Model(llava["lm"], n_ctx=128)     # the same model without the projector: ChatML, as any llama
+    assert plain.chat_template.name == "chatml"
+    plain.close()
+
+
+def test_bad_llava_files(tmp_path):
+    grids = synth.write_mmproj(tmp_path / "grids.gguf", projector="mlp", keys={"image_grid_pinpoints": [32, 64, 64, 32]})
+    with pytest.raises(UnsupportedModelError, match="LLaVA 1.6's image grids"):
+        VisionEncoder(grids)
+    layers = synth.write_mmproj(tmp_path / "layers.gguf", projector="mlp", keys={"feature_layer": [1, 2]})
+    with pytest.raises(UnsupportedModelError, match="several encoder layers"):
+        VisionEncoder(layers)
+    for tensor in ("mm.2.weight", "v.class_embd", "v.blk.1.ffn_down.weight"):
+        path = synth.write_mmproj(tmp_path / "drop.gguf", projector="mlp", drop_tensor=tensor)
+        if tensor == "v.class_embd":    # no class row: then the position table is one row too long
+            with pytest.raises(ModelFileError, match=r"position_embd.weight has shape \[64, 65\], expected \[64, 64\]"):
+                VisionEncoder(path)
+        else:
+            with pytest.raises(ModelFileError, match=tensor.replace(".", r"\.") + " is missing"):
+                VisionEncoder(path)
 
 
 # -- LFM2-VL: any shape, learned positions resized; large images as tiles and a thumbnail -----------------
