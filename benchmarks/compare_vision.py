@@ -17,7 +17,7 @@ and a large one for Gemma 3, SmolVLM and LLaVA; for the others nine, from a
 constant colour (any resampling keeps it: the encoder alone) to tiled ones and sides with a half
 to round.
 
---speed [gemma3|smolvlm|lfm2|pixtral|qwen2.5vl|qwen3vl|llava|gemma4]: instead, times one image's encoding at a real
+--speed [gemma3|smolvlm|lfm2|pixtral|qwen2.5vl|qwen3vl|llava|internvl|gemma4]: instead, times one image's encoding at a real
 size, F16 matrices, random, in pyllm and in llama.cpp's mtmd, alternating, same threads (SPEED
 lists them); run it on a quiet machine. Dev tool only.
 
@@ -157,6 +157,11 @@ SPEED = {
                    use_gelu=False, n_mid=4096),
               (768, 1024, 3), "one 1024x768 image through LLaVA 1.5's CLIP ViT-L/14-336 (577 rows, 23 layers of "
                               "1024; mtmd runs 22 of them)"),
+    "internvl": (synth.write_qwen2, dict(n_embd=896, n_head=14, n_head_kv=2, image_tokens="internvl"),
+                 dict(n_embd=1024, n_head=16, n_ff=4096, n_layer=24, image_size=448, patch=14, merge=2,
+                      projector="internvl", n_mid=896),
+                 (448, 896, 3), "one 896x448 image through InternVL3-1B's InternViT-300M (2 tiles and the overview, "
+                                "1025 rows each, 24 layers of 1024)"),
     "gemma4": (synth.write_gemma4, dict(n_embd=1536, n_ff=256, image_tokens="gemma4"),
                dict(n_embd=768, n_head=12, n_ff=3072, n_layer=12, image_size=224, patch=16, merge=3,
                     projector="gemma4v"),
@@ -255,13 +260,16 @@ def main() -> None:
                 ("llava F32", QT.F32, QT.F32, "mlp"), ("llava F16", QT.F16, QT.F16, "mlp"),
                 ("yi-vl mlp_norm F32", QT.F32, QT.F32, "mlp_norm"),
                 ("llava class row", QT.F32, QT.F32, "mlp-class"),
+                ("internvl F32", QT.F32, QT.F32, "internvl"), ("internvl F16", QT.F16, QT.F16, "internvl"),
+                ("internvl class row", QT.F32, QT.F32, "internvl-class"),
                 ("gemma4 F32", QT.F32, QT.F32, "gemma4v"), ("gemma4 F16", QT.F16, QT.F16, "gemma4v"),
                 ("gemma4 E2B-wide", QT.F32, QT.F32, "gemma4v-causal"),
                 ("qwen3vl min 1024 rows", QT.F32, QT.F32, "qwen3vl_merger"),
                 ("gemma4 max 100 rows", QT.F32, QT.F32, "gemma4v")):
             if only and not label.startswith(only):
                 continue
-            pictures = lfm2_images if kind in ("lfm2", "pixtral", "pixtral1") or kind.startswith(("qwen", "gemma4")) \
+            pictures = lfm2_images if kind in ("lfm2", "pixtral", "pixtral1") or kind.startswith(("qwen", "gemma4",
+                                                                                                  "internvl")) \
                 else images
             if kind == "qwen3vl_merger":    # Qwen 3 VL's: a qwen3vl model (interleaved M-RoPE, DeepStack of 2)
                 lm = synth.write_qwen3vl(t / f"lm-{label}.gguf", lm_type, n_vocab=512, image_tokens="qwen", n_layer=3,
@@ -299,6 +307,12 @@ def main() -> None:
                 mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type, projector="mlp",
                                         use_gelu=False, n_layer=3, class_row=kind == "mlp-class",
                                         identity_last=True, mlp_norm=kind == "mlp_norm")
+            elif kind.startswith("internvl"):
+                # InternVL's: a qwen2 model with <img> and </img>; tiles of 64 pixels (16 rows each), at most
+                # 12. mtmd puts the class row last here too: like for like, every position the same
+                lm = synth.write_qwen2(t / f"lm-{label}.gguf", lm_type, n_vocab=512, image_tokens="internvl")
+                mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type, projector="internvl",
+                                        image_size=64, patch=8, n_layer=3, flat_positions=kind == "internvl")
             elif kind == "gemma3":
                 lm = synth.write_gemma3(t / f"lm-{label}.gguf", lm_type, n_vocab=512)
                 mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type)
@@ -323,7 +337,7 @@ def main() -> None:
                 cos = float((ours * embd).sum() / np.linalg.norm(ours) / np.linalg.norm(embd))
                 tokens = model.media_prompt(PROMPT, [img])
                 layout = layout_of(tokens)
-                same = "same" if layout == theirs["layout"] else "DIFF"
+                same = "same" if layout == merged(theirs["layout"]) else "DIFF"
                 seq = model.engine.new_sequence()
                 lg, _ = model.engine.prefill(seq, tokens)
                 seq.release()
@@ -336,8 +350,25 @@ def main() -> None:
                     from test_vision import slow_llava_encode
                     sim = slow_llava_encode(enc, enc.pixels(img).astype(np.float64), class_last=True)
                     print(f"{'  mtmd order simulated':<33} {np.abs(sim - embd).max():11.2e}")
+                if kind == "internvl-class":    # the same, tile by tile
+                    from test_vision import slow_internvl_encode
+                    sim = np.concatenate([slow_internvl_encode(enc, enc.normalize(t).astype(np.float64), class_last=True)
+                                          for t in enc.tiles(img)])
+                    print(f"{'  mtmd order simulated':<33} {np.abs(sim - embd).max():11.2e}")
             model.close()
             enc.close()
+
+
+def merged(layout: list) -> list:
+    """mtmd's chunks with the image chunks that follow each other as one run of rows (InternVL's
+    tiles and overview: one chunk each, nothing between them)."""
+    out: list = []
+    for part in layout:
+        if isinstance(part, int) and out and isinstance(out[-1], int):
+            out[-1] += part
+        else:
+            out.append(part)
+    return out
 
 
 def layout_of(tokens: list) -> list:

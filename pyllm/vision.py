@@ -33,6 +33,9 @@ model reads in place of tokens.
         rows = W2 gelu(W0 x + b0) + b2 of each patch's row, the class row left out (Yi-VL's
         "mlp_norm": a layer norm after each Linear). As transformers' LLaVA; llama.cpp's mtmd, as
         of this writing, puts the class row last and runs one layer fewer (its issues 25814, 25817)
+    projector "internvl" (InternVL 2.5 / 3 / 3.5): InternViT, a class row first (as LLaVA's; mtmd
+        puts it last here too), each branch's output scaled (ls1, ls2) before it joins x; x = each
+        2 x 2 patches side by side; rows = W3 gelu(W1 layernorm(x) + b1) + b3
     projector "qwen3vl_merger" (Qwen 3 VL, Qwen3.5): Qwen 2 VL's, with a patch bias, a fused qkv
         and learned positions resized to the image (bilinear, corners aligned); DeepStack: each
         marked layer's output, 2 x 2 patches side by side, through its own layernorm and GELU
@@ -83,7 +86,7 @@ from .model_file import ModelFile
 
 log = logging.getLogger("pyllm")
 
-PROJECTORS = ("gemma3", "gemma4v", "idefics3", "lfm2", "mlp", "pixtral", "qwen2vl_merger", "qwen2.5vl_merger",
+PROJECTORS = ("gemma3", "gemma4v", "idefics3", "internvl", "lfm2", "mlp", "pixtral", "qwen2vl_merger", "qwen2.5vl_merger",
               "qwen3vl_merger")
 QWEN = ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
 LFM2_TILE = 512              # LFM2-VL's tiles (mtmd's and its processor's constants)
@@ -96,6 +99,7 @@ QWEN_WINDOW = 112            # Qwen 2.5 VL's attention windows, in pixels a side
 GEMMA4_ROWS = (70, 1120)     # the fewest and most rows of a Gemma 4 image
 GEMMA4_ROPE_BASE = 100.0     # its 2D RoPE's
 GEMMA4_CAUSAL_WIDTHS = (1536, 2560)   # E2B's and E4B's: llama.cpp's mtmd reads their images causally
+INTERNVL_TILES = (1, 12)     # the fewest and most tiles of an InternVL image, where its file does not say
 LLAVA_PAD = (122, 116, 104)  # LLaVA's padding colour (CLIP's mean, as mtmd and LLaVA's pad-to-square use)
 
 
@@ -140,6 +144,9 @@ class EncoderLayer:
     attn_post_norm: Optional[tuple] = None
     ffn_post_norm: Optional[tuple] = None
     out_scale: Optional[str] = None
+    # InternViT's: each branch's output scaled (per channel) before it joins the residual
+    attn_scale: Optional[str] = None
+    ffn_scale: Optional[str] = None
 
 
 class VisionEncoder:
@@ -177,7 +184,7 @@ class VisionEncoder:
         if self.projector not in PROJECTORS:
             raise UnsupportedModelError(f"{self.path}: projector type {self.projector!r} is not supported yet "
                                         f"(supported: {', '.join(PROJECTORS)}: Gemma 3's, SmolVLM's, LFM2-VL's, "
-                                        f"LLaVA 1.5's, Pixtral's / Mistral Small's, Qwen 2 / 2.5 / 3 VL's, Qwen3.5's and Gemma 4's)")
+                                        f"InternVL's, LLaVA 1.5's, Pixtral's / Mistral Small's, Qwen 2 / 2.5 / 3 VL's, Qwen3.5's and Gemma 4's)")
         self.n_embd, self.n_head = self._int("embedding_length"), self._int("attention.head_count")
         self.n_ff, self.n_layer = self._int("feed_forward_length"), self._int("block_count")
         self.image_size, self.patch = self._int("image_size"), self._int("patch_size")
@@ -208,8 +215,9 @@ class VisionEncoder:
         # a gated FFN's activation: Gemma 4's the file's GELU or quick-GELU, the others' (Pixtral, Qwen 2.5) SiLU
         self.gated_act = self.gelu if self.projector == "gemma4v" else "silu"
         self.deepstack: list[DeepStack] = []
-        # CLIP's (LLaVA's) class row: read with the patches (position 0), left out of the image's rows
-        self.class_row = self.projector == "mlp" and self.mf.has_tensor("v.class_embd")
+        # CLIP's (LLaVA's) and InternViT's class row: read with the patches (position 0), left out of
+        # the image's rows
+        self.class_row = self.projector == "internvl" or (self.projector == "mlp" and self.mf.has_tensor("v.class_embd"))
         if self.class_row:
             self.check_shape("v.class_embd", (self.n_embd,))
         if self.projector == "gemma4v":    # a table of columns, then one of rows
@@ -258,6 +266,22 @@ class VisionEncoder:
             else:
                 self.n_out = self._projection("mm.2.weight", n_mid, inputs_first=True)
                 self.mlp = (self._pair("mm.0", (self.n_embd, n_mid)), self._pair("mm.2", (n_mid, self.n_out)))
+            self.longest_edge = self.image_size
+        elif self.projector == "internvl":   # tiles of the square, then an overview, between <img> and </img>
+            self.bidirectional = False
+            if self.mf.has_tensor("v.blk.0.attn_q_norm.weight"):
+                raise UnsupportedModelError(f"{self.path}: InternViT-6B's encoder (q and k norms; InternVL 26B and "
+                                            f"larger) is not supported yet; the 300M one of InternVL 1B to 14B is")
+            n_in = self.n_embd * self.merge ** 2
+            n_mid = self._projection("mm.model.mlp.1.weight", n_in, inputs_first=True)
+            self.n_out = self._projection("mm.model.mlp.3.weight", n_mid, inputs_first=True)
+            self.input_norm = self._pair("mm.model.mlp.0", (n_in,))
+            self.mlp = (self._pair("mm.model.mlp.1", (n_in, n_mid)), self._pair("mm.model.mlp.3", (n_mid, self.n_out)))
+            lo, hi = self._int("preproc_min_tiles", INTERNVL_TILES[0]), self._int("preproc_max_tiles", INTERNVL_TILES[1])
+            if lo > hi or hi > 64:
+                raise ModelFileError(f"{self.path}: {lo} to {hi} tiles an image is beyond InternVL's; the file is "
+                                     f"corrupt")
+            self.tile_grids = internvl_grids(lo, hi)
             self.longest_edge = self.image_size
         elif self.projector == "idefics3":   # tiles of the image and a downscaled whole, between marker tokens
             self.bidirectional = False
@@ -337,6 +361,9 @@ class VisionEncoder:
             return self.n_tokens
         if self.projector == "idefics3":
             return f"{self.n_tokens} per tile (tiles of the image scaled to {self.longest_edge}, and an overview)"
+        if self.projector == "internvl":
+            most = max(c * r for c, r in self.tile_grids)
+            return f"{self.n_tokens} per tile (an image past {self.image_size} pixels: up to {most} tiles and an overview)"
         lo, hi = (b // self.align ** 2 for b in self.pixel_budget)
         if self.projector == "lfm2":
             return (f"{lo} to {hi} (the image at its own shape; a large one in tiles of "
@@ -449,6 +476,10 @@ class VisionEncoder:
                     raise ModelFileError(f"{self.path}: tensor {p}out_scale.weight has shape {list(got)}, expected "
                                          f"[1] or [{n}]")
                 extra["out_scale"] = p + "out_scale.weight"
+        for scale, name in (("attn_scale", "ls1"), ("ffn_scale", "ls2")):    # InternViT's layer scales
+            if self.mf.has_tensor(f"{p}{name}.weight"):
+                self.check_shape(f"{p}{name}.weight", (n,))
+                extra[scale] = f"{p}{name}.weight"
         qkv = (self._pair(p + "attn_qkv", (n, 3 * n)),) if self.mf.has_tensor(p + "attn_qkv.weight") else \
             tuple(self._pair(p + m, (n, n)) for m in ("attn_q", "attn_k", "attn_v"))
         return EncoderLayer(ln1=self._pair(p + "ln1", (n,)), ln2=self._pair(p + "ln2", (n,)), qkv=qkv,
@@ -613,6 +644,9 @@ class VisionEncoder:
         if self.projector == "idefics3":
             cols, rows = self.grid(width, height)
             return ImagePlan(cols, rows, (S, S), (S, S))
+        if self.projector == "internvl":
+            cols, rows = best_grid(width, height, self.tile_grids, S) if width > S or height > S else (0, 0)
+            return ImagePlan(cols, rows, (S, S), (S, S))
         whole = smart_resize(width, height, self.align, *self.pixel_budget)
         if self.projector in ("pixtral", "gemma4v") or self.qwen:
             return ImagePlan(0, 0, whole, whole)
@@ -637,13 +671,20 @@ class VisionEncoder:
         one tile (the overview). LFM2, as mtmd does it (bilinear): the tiles cut from the image
         fitted into the grid (centred on black), then the whole image at its planned size.
         Pixtral and Qwen: the image fitted into its planned size (bicubic, centred on black).
-        LLaVA: the image fitted into the square (bicubic, centred on LLAVA_PAD)."""
+        LLaVA: the image fitted into the square (bicubic, centred on LLAVA_PAD). InternVL, as mtmd
+        does it: an image larger than the square as the tiles of its best grid (llava-uhd's
+        choice, best_grid), then the whole image stretched to the square (bicubic)."""
         from PIL import Image
         S = self.image_size
         if self.projector == "gemma3":
             return [np.asarray(fit_square(img, S))]
         if self.projector == "mlp":
             return [np.asarray(fit(img, S, S, bicubic=True, pad=LLAVA_PAD))]
+        if self.projector == "internvl":    # tiles cut from the image fitted into the grid (bicubic, on black)
+            plan = self.plan(*img.size)
+            grid = np.asarray(fit(img, plan.cols * S, plan.rows * S, bicubic=True)) if plan.n_tiles else None
+            return [grid[y * S:(y + 1) * S, x * S:(x + 1) * S] for y in range(plan.rows) for x in range(plan.cols)] + \
+                [np.asarray(resample(img, S, S, bicubic=True))]
         plan = self.plan(*img.size)
         if self.projector in ("pixtral", "gemma4v") or self.qwen:    # mtmd's dynamic size: bicubic
             return [np.asarray(fit(img, *plan.whole, bicubic=True))]
@@ -672,6 +713,8 @@ class VisionEncoder:
             return ["<|image>", ids, "<image|>"]
         if self.projector == "mlp":
             return [ids]
+        if self.projector == "internvl":    # the tiles' rows, then the overview's, in one run
+            return ["<img>", ids, "</img>"]
         if self.qwen:
             return ["<|vision_start|>", ids, "<|vision_end|>"]
         plan = self.plan(*image_dimensions(image))
@@ -797,6 +840,8 @@ class VisionEncoder:
             windowed = spans is not None and self.window_every and (i + 1) % self.window_every
             a = self.attention(self.norm(x, L.ln1, out=h), L, work=work, out=y, seq=P, rope=rope,
                                spans=spans if windowed else None, scale=scale)
+            if L.attn_scale is not None:
+                a *= self.floats(L.attn_scale)
             if L.attn_post_norm is not None:    # Gemma 4: each branch's output normed before it joins x
                 self.norm(a, L.attn_post_norm, out=a)
             x += a
@@ -809,6 +854,8 @@ class VisionEncoder:
                 f = self.linear(up, L.down, out=y)
             if L.ffn_post_norm is not None:
                 self.norm(f, L.ffn_post_norm, out=f)
+            if L.ffn_scale is not None:
+                f *= self.floats(L.ffn_scale)
             x += f
             if L.out_scale is not None:
                 x *= self.floats(L.out_scale)
@@ -1074,6 +1121,25 @@ def lfm2_grid(width: int, height: int) -> tuple[int, int]:
             best, best_diff = (c, r), diff
         elif diff == best_diff and width * height > 0.5 * LFM2_TILE * LFM2_TILE * c * r:
             best = (c, r)
+    return best
+
+
+def internvl_grids(lo: int, hi: int) -> list[tuple[int, int]]:
+    """InternVL's grids of lo to hi tiles, (columns, rows), in mtmd's order (columns outer)."""
+    return [(a, b) for a in range(lo, hi + 1) for b in range(max(-(-lo // a), lo), min(hi // a, hi) + 1)]
+
+
+def best_grid(width: int, height: int, grids: list, tile: int) -> tuple[int, int]:
+    """The grid whose size (in tiles) shows most of an image of width x height fitted into it,
+    the least of it wasted on a tie (llava-uhd's select_best_resolution, as mtmd computes it:
+    the fitted size truncated, the scale in float32); the first such grid."""
+    best, most, least = (1, 1), 0, None
+    for c, r in grids:
+        scale = min(np.float32(c * tile) / np.float32(width), np.float32(r * tile) / np.float32(height))
+        shown = min(int(np.float32(width) * scale) * int(np.float32(height) * scale), width * height)
+        wasted = c * r * tile * tile - shown
+        if shown > most or (shown == most and wasted < least):
+            best, most, least = (c, r), shown, wasted
     return best
 
 

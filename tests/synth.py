@@ -177,17 +177,18 @@ PIXTRAL_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
 # Qwen 2 / 2.5 VL's
 QWEN_VL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
 GEMMA4_TOKENS = ["<|image>", "<image|>"]
+INTERNVL_TOKENS = ["<img>", "</img>", "<IMG_CONTEXT>"]
 
 
 def small_vocab(w: gguf.GGUFWriter, n_vocab: int = 512, image_tokens: bool | str = False) -> int:
     """A made-up byte-level BPE vocabulary (enough to load; tests feed ids). image_tokens:
     the last ids are SmolVLM's image tokens, with "\n\n" merged into one ("lfm2": LFM2-VL's;
-    "pixtral": Pixtral's; "qwen": Qwen 2 / 2.5 VL's; "gemma4": Gemma 4's)."""
+    "pixtral": Pixtral's; "qwen": Qwen 2 / 2.5 VL's; "gemma4": Gemma 4's; "internvl": InternVL's)."""
     byte_chars = [chr(c) for c in range(33, 127)] + [chr(c) for c in range(161, 173)] + \
                  [chr(c) for c in range(174, 256)] + [chr(256 + i) for i in range(68)]
     words = ["to", "tok"] + (["\u010a\u010a"] if image_tokens else [])
     special = {"lfm2": LFM2_TOKENS, "pixtral": PIXTRAL_TOKENS, "qwen": QWEN_VL_TOKENS,
-               "gemma4": GEMMA4_TOKENS}.get(image_tokens, IDEFICS3_TOKENS) \
+               "gemma4": GEMMA4_TOKENS, "internvl": INTERNVL_TOKENS}.get(image_tokens, IDEFICS3_TOKENS) \
         if image_tokens else []
     tokens = byte_chars + words + [f"tok{i}" for i in range(n_vocab - len(byte_chars) - len(words) - len(special))]
     tokens += special
@@ -1698,7 +1699,8 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
                  swapped_ffn: bool = False, projector: str = "gemma3", drop_tensor: Optional[str] = None,
                  longest_edge: int = 0, n_mid: int = 80, input_norm: bool = True, n_wa_pattern: int = 2,
                  deepstack: tuple = (0,), n_positions: int = 2048, class_row: bool = True,
-                 identity_last: bool = False, mlp_norm: bool = False, keys: Optional[dict] = None) -> str:
+                 identity_last: bool = False, mlp_norm: bool = False, keys: Optional[dict] = None,
+                 flat_positions: bool = False) -> str:
     """A tiny Gemma 3 multimodal projector (llama.cpp's mmproj GGUF, architecture "clip"): a
     SigLIP-like encoder of `n_layer` layers over (image_size / patch)^2 patches, pooled
     merge x merge, projected to the language model's n_out. swapped_ffn: the ffn_up/ffn_down
@@ -1721,8 +1723,11 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
     use_gelu; every patch's row through Linear, GELU, Linear; mlp_norm: Yi-VL's Linear, layer
     norm, GELU, Linear, layer norm, named mm.0, mm.1, mm.3, mm.4). identity_last: the last layer
     adds nothing to the residual (its output matrices and biases zero), so an encoder that runs
-    one layer fewer (llama.cpp's mtmd for LLaVA) gives the same rows. keys: more clip.vision.*
-    keys (name: an int or a list of ints)."""
+    one layer fewer (llama.cpp's mtmd for LLaVA) gives the same rows. "internvl": InternVL's
+    (InternViT: a class row, layer scales ls1 / ls2 on each branch, GELU, no pre- or post-norm;
+    merge x merge patches side by side through a layer norm and a two-layer GELU MLP of n_mid).
+    flat_positions: every row of the position table the same (so where the class row goes does
+    not matter). keys: more clip.vision.* keys (name: an int or a list of ints)."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "clip")
     for name, v in (keys or {}).items():
@@ -1739,7 +1744,7 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
     if gemma4:
         return write_gemma4v(w, rng, n_out, n_embd, n_head, n_ff, n_layer, image_size, patch, merge, qtype,
                              use_gelu, str(path), n_positions, drop_tensor)
-    llava = projector == "mlp"
+    llava, internvl = projector == "mlp", projector == "internvl"
     rms, gated = pixtral or qwen25, pixtral or qwen25    # RMS norms (weights only); a gated SiLU FFN
     w.add_bool("clip.use_gelu", use_gelu and not gated and (qwen3 or not qwen))    # Qwen 2 VL's: quick-GELU
     if gated:
@@ -1785,10 +1790,14 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
         add("v.patch_embd.weight.1", rng.normal(0, 1.0 / patch, (n_embd, 3, patch, patch)), QT.F16)
     if not qwen or qwen3:
         bias("v.patch_embd.bias", n_embd)
-    if llava and class_row:
+    has_class = (llava or internvl) and class_row
+    if has_class:
         add("v.class_embd", rng.normal(0, 1.0, n_embd))
     if not pixtral and (not qwen or qwen3):   # F32: llama.cpp adds it as is; the class row's first
-        add("v.position_embd.weight", rng.normal(0, 0.3, (side * side + (llava and class_row), n_embd)))
+        rows = side * side + has_class
+        table = np.broadcast_to(rng.normal(0, 0.3, n_embd), (rows, n_embd)) if flat_positions else \
+            rng.normal(0, 0.3, (rows, n_embd))
+        add("v.position_embd.weight", table)
     if pre_ln or pixtral or llava:
         add("v.pre_ln.weight", 1 + rng.normal(0, 0.1, n_embd))
         bias("v.pre_ln.bias", n_embd)
@@ -1811,7 +1820,10 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
         bias(p + up + ".bias", n_ff)
         add(p + down + ".weight", mat(n_ff, n_embd, 1.0), qtype)
         bias(p + down + ".bias", n_embd)
-    if not pixtral and not llava:
+        if internvl:    # layer scales of the attention's and the FFN's outputs
+            add(p + "ls1.weight", rng.uniform(0.2, 1.5, n_embd))
+            add(p + "ls2.weight", rng.uniform(0.2, 1.5, n_embd))
+    if not pixtral and not llava and not internvl:
         add("v.post_ln.weight", 1 + rng.normal(0, 0.1, n_embd))
         bias("v.post_ln.bias", n_embd)
     if projector == "idefics3":   # one Linear (no bias) from merge^2 patches side by side
@@ -1838,6 +1850,14 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
         add("mm.0.bias", rng.normal(0, 0.1, n_mid))
         add("mm.2.weight", mat(n_mid, n_out, 1.0), qtype)
         add("mm.2.bias", rng.normal(0, 0.1, n_out))
+    elif internvl:                # merge x merge patches side by side: layer norm, Linear, GELU, Linear
+        n_in = n_embd * merge * merge
+        add("mm.model.mlp.0.weight", 1 + rng.normal(0, 0.1, n_in))
+        add("mm.model.mlp.0.bias", rng.normal(0, 0.1, n_in))
+        add("mm.model.mlp.1.weight", mat(n_in, n_mid, 1.0), qtype)
+        add("mm.model.mlp.1.bias", rng.normal(0, 0.1, n_mid))
+        add("mm.model.mlp.3.weight", mat(n_mid, n_out, 1.0), qtype)
+        add("mm.model.mlp.3.bias", rng.normal(0, 0.1, n_out))
     elif llava:                   # each patch's row: Linear, GELU, Linear (Yi-VL's: layer norms after each Linear)
         add("mm.0.weight", mat(n_embd, n_mid, 1.0), qtype)
         add("mm.0.bias", rng.normal(0, 0.1, n_mid))

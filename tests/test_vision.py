@@ -86,9 +86,10 @@ def slow_tower(enc: VisionEncoder, x: np.ndarray) -> np.ndarray:
                 scores = k[:, s] @ q[t, s] / math.sqrt(d)
                 w = np.exp(scores - scores.max())
                 att[t, s] = (w / w.sum()) @ v[:, s]
-        x = x + lin(f, att, b + "attn_out")
+        ls1, ls2 = (f(b + m + ".weight") if enc.mf.has_tensor(b + m + ".weight") else 1.0 for m in ("ls1", "ls2"))
+        x = x + lin(f, att, b + "attn_out") * ls1
         u = lin(f, ln(f, x, b + "ln2", eps), b + "ffn_up")
-        x = x + lin(f, gelu(u) if enc.gelu else u / (1 + np.exp(-1.702 * u)), b + "ffn_down")
+        x = x + lin(f, gelu(u) if enc.gelu else u / (1 + np.exp(-1.702 * u)), b + "ffn_down") * ls2
     return ln(f, x, "v.post_ln", eps) if enc.mf.has_tensor("v.post_ln.weight") else x
 
 
@@ -224,8 +225,8 @@ def test_bad_projector_files(files, tmp_path):
     broken = synth.write_mmproj(tmp_path / "broken.gguf", drop_tensor="v.blk.1.attn_k.weight")
     with pytest.raises(ModelFileError, match="attn_k.weight is missing"):
         VisionEncoder(broken)
-    other = synth.write_mmproj(tmp_path / "other.gguf", projector="internvl")
-    with pytest.raises(UnsupportedModelError, match="internvl"):
+    other = synth.write_mmproj(tmp_path / "other.gguf", projector="resampler")    # MiniCPM-V's
+    with pytest.raises(UnsupportedModelError, match="resampler"):
         VisionEncoder(other)
     with pytest.raises(InvalidArgumentError, match="is a multimodal projector .* --mmproj"):
         Model(files["mm"])
@@ -555,17 +556,27 @@ def test_bad_idefics3_files(tmp_path):
 
 # -- LLaVA 1.5: CLIP (a class row, a pre-norm), every patch's row through an MLP ----------------------------
 
-def slow_llava_encode(enc: VisionEncoder, pixels: np.ndarray, class_last: bool = False) -> np.ndarray:
-    """LLaVA's encoder as transformers runs it: the class row first, then the patches, each
-    with its position; the file's layers; the patches' rows (not the class row's) through
-    Linear, GELU, Linear (Yi-VL's with a layer norm after each). class_last: as llama.cpp's mtmd
-    runs it at this writing (the class row after the patches, positions in that order, and the
-    first patch's row dropped instead of the class row's)."""
+def slow_class_tower(enc: VisionEncoder, pixels: np.ndarray, class_last: bool = False) -> np.ndarray:
+    """A CLIP-like tower with a class row (LLaVA's, InternVL's) as transformers runs it: the class
+    row, then the patches, each with its position, through the layers; the patches' rows out.
+    class_last: as llama.cpp's mtmd runs it at this writing (the class row after the patches,
+    the positions in that order, and the first of the rows dropped instead of the class row)."""
     f = enc.floats
     x = slow_patches(enc, pixels)
     cls = f("v.class_embd")[None]
     x = np.concatenate([x, cls] if class_last else [cls, x]) + f("v.position_embd.weight")
-    x = slow_tower(enc, x)[1:]
+    x = slow_tower(enc, x)
+    return x[:-1] if class_last and enc.projector == "internvl" else x[1:]
+
+
+def slow_llava_encode(enc: VisionEncoder, pixels: np.ndarray, class_last: bool = False) -> np.ndarray:
+    """LLaVA's encoder as transformers runs it: the class row first, then the patches, each
+    with its position; the file's layers; the patches' rows (not the class row's) through
+    Linear, GELU, Linear (Yi-VL's with a layer norm after each). class_last: as llama.cpp's mtmd
+    runs it at this writing (slow_class_tower; for LLaVA it drops the first patch's row, not the
+    class row)."""
+    f = enc.floats
+    x = slow_class_tower(enc, pixels, class_last)
     if enc.mf.has_tensor("mm.3.weight"):
         h = gelu(ln(f, lin(f, x, "mm.0"), "mm.1", enc.eps))
         return ln(f, lin(f, h, "mm.3"), "mm.4", enc.eps)
@@ -650,6 +661,89 @@ def test_bad_llava_files(tmp_path):
         else:
             with pytest.raises(ModelFileError, match=tensor.replace(".", r"\.") + " is missing"):
                 VisionEncoder(path)
+
+
+# -- InternVL: InternViT (a class row, layer scales), tiles and an overview, 2 x 2 patches through an MLP ----
+
+def slow_internvl_encode(enc: VisionEncoder, pixels: np.ndarray, class_last: bool = False) -> np.ndarray:
+    """InternVL's encoder of one tile written out: the class tower, each 2 x 2 patches' rows in
+    one row, a layer norm (eps 1e-5), Linear, GELU, Linear."""
+    f, side = enc.floats, enc.side
+    x = side_by_side(slow_class_tower(enc, pixels, class_last), side, side, enc.merge)
+    return lin(f, gelu(lin(f, ln(f, x, "mm.model.mlp.0", 1e-5), "mm.model.mlp.1")), "mm.model.mlp.3")
+
+
+@pytest.fixture(scope="module")
+def internvl(tmp_path_factory):
+    d = tmp_path_factory.mktemp("internvl")
+    return {"lm": synth.write_qwen2(d / "lm.gguf", QT.F32, n_vocab=512, image_tokens="internvl"),
+            "mm": synth.write_mmproj(d / "mm.gguf", n_out=256, qtype=QT.F32, projector="internvl", n_layer=3,
+                                     keys={"preproc_max_tiles": 6})}
+
+
+def test_internvl_encoder_matches_the_plain_loops(internvl):
+    """The class row first (left out of the rows), the layer scales, 2 x 2 patches side by side,
+    the MLP; 8 x 8 patches a tile: 16 rows; 1 or 3 threads."""
+    for threads in (1, 3):
+        enc = VisionEncoder(internvl["mm"], n_threads=threads)
+        px = enc.pixels(picture(31, (30, 20, 3)))
+        got, want = enc.encode_pixels(px), slow_internvl_encode(enc, px.astype(np.float64))
+        assert got.shape == (16, 256)
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.abs(want).max())
+        assert np.abs(slow_internvl_encode(enc, px.astype(np.float64), class_last=True) - want).max() > \
+            0.05 * np.abs(want).max()
+        enc.close()
+
+
+def test_internvl_grids_and_tiles(internvl):
+    """An image within the square is read whole (stretched to it); a larger one as the tiles of the
+    grid that shows most of it (the least wasted on a tie; at most the file's 6 tiles), cut from
+    the image fitted into the grid on black, then the overview; 16 rows each."""
+    from pyllm.vision import best_grid, internvl_grids
+    grids = internvl_grids(1, 6)
+    assert grids[:7] == [(1, 1), (1, 2), (1, 3), (1, 4), (1, 5), (1, 6), (2, 1)] and len(grids) == 14
+    assert internvl_grids(2, 4) == [(2, 2)]    # mtmd's bounds: each side at least the fewest tiles
+    assert best_grid(64, 64, grids, 32) == (2, 2)       # shown whole by 2 x 2 and larger: 2 x 2 wastes least
+    # none of 6 tiles or fewer shows these whole: the most pixels (96 x 38 of 100 x 40 by 3 x 2, where
+    # 4 x 1 shows 80 x 32; 71 x 64 of 1000 x 900, where 2 x 2 and 2 x 3 show 64 x 57)
+    assert best_grid(100, 40, grids, 32) == (3, 2) and best_grid(40, 100, grids, 32) == (2, 3)
+    assert best_grid(1000, 900, grids, 32) == (3, 2)
+    enc = VisionEncoder(internvl["mm"])
+    assert enc.plan(32, 20).n_tiles == 0 and enc.plan(33, 20).n_tiles == 2
+    wide = Image.new("RGB", (100, 40), (255, 255, 255))
+    tiles = enc.tiles(wide)
+    assert len(tiles) == 7 and all(t.shape == (32, 32, 3) for t in tiles)
+    # 96 x 39 fitted into the 96 x 64 grid: 12 black rows above, 13 below
+    assert (tiles[0][:12] == 0).all() and (tiles[0][13:] == 255).all() and (tiles[4][-13:] == 0).all()
+    assert (tiles[-1] == 255).all()                                          # the overview: stretched
+    assert enc.encode(wide).shape == (7 * 16, 256)
+    enc.close()
+
+
+def test_an_internvl_prompt_matches_the_reference(internvl):
+    """<img>, the tiles' rows, the overview's, </img>; causal like text."""
+    m = Model(internvl["lm"], mmproj=internvl["mm"], n_ctx=512)
+    img = picture(32, (40, 70, 3))     # 70 x 40: whole in 3 x 2 tiles (6 x 16 rows), then the overview
+    ids = assert_prompt_matches_the_reference(m, internvl["lm"], internvl["mm"], img, then=(40,))
+    first = next(i for i, t in enumerate(ids) if t < 0)
+    assert sum(t < 0 for t in ids) == 7 * 16
+    assert ids[:first] == m.tokenize("what is <img>", special=True)
+    assert ids[first + 7 * 16:] == m.tokenize("</img> this", special=True, add_bos=False)
+    m.close()
+
+
+def test_bad_internvl_files(tmp_path):
+    for tensor in ("v.class_embd", "mm.model.mlp.0.weight", "v.blk.1.ls2.weight"):
+        path = synth.write_mmproj(tmp_path / "drop.gguf", projector="internvl", drop_tensor=tensor)
+        if tensor.endswith("ls2.weight"):    # a layer scale is optional: without it, 1
+            VisionEncoder(path).close()
+            continue
+        with pytest.raises(ModelFileError, match=tensor.replace(".", r"\.") + " is missing"):
+            VisionEncoder(path)
+    crossed = synth.write_mmproj(tmp_path / "crossed.gguf", projector="internvl",
+                                 keys={"preproc_min_tiles": 5, "preproc_max_tiles": 2})
+    with pytest.raises(ModelFileError, match="5 to 2 tiles"):
+        VisionEncoder(crossed)
 
 
 # -- LFM2-VL: any shape, learned positions resized; large images as tiles and a thumbnail -----------------
