@@ -66,7 +66,7 @@ def slow_patches(enc: VisionEncoder, pixels: np.ndarray) -> np.ndarray:
     for r in range(gh):
         for c in range(gw):
             x[r * gw + c] = np.einsum("ocij,cij->o", W, pixels[:, r * p:(r + 1) * p, c * p:(c + 1) * p])
-    return x + enc.floats("v.patch_embd.bias")
+    return x + enc.floats("v.patch_embd.bias") if enc.mf.has_tensor("v.patch_embd.bias") else x
 
 
 def slow_tower(enc: VisionEncoder, x: np.ndarray) -> np.ndarray:
