@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""pyllm's LLaVA 1.5 and InternVL image encoders against transformers' own models, the
-reference the projectors were trained with.
+"""pyllm's LLaVA 1.5 / 1.6 and InternVL image encoders against transformers' own models, the
+reference the projectors were trained with (LLaVA 1.6: also the processor's tiles and
+LLaVA-NeXT's packing of their rows).
 
 llama.cpp's mtmd, at this writing, reads the class row of both encoders after the patches and
 runs LLaVA's one layer short (its issues 25814, 25817); pyllm reads them as transformers does.
@@ -39,18 +40,31 @@ import torch
 job = json.load(sys.stdin)
 torch.manual_seed(job["seed"])
 v = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, image_size=job["image_size"], patch_size=4)
-if job["kind"] == "llava":
+text = dict(hidden_size=256, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, vocab_size=512)
+extra = {}
+if job["kind"] == "llava-next":    # LLaVA 1.6: its grids, the newline row; the processor's pixels as well
+    from transformers import (CLIPVisionConfig, LlamaConfig, LlavaNextConfig, LlavaNextForConditionalGeneration,
+                              LlavaNextImageProcessorPil)
+    from PIL import Image
+    S = job["image_size"]
+    cfg = LlavaNextConfig(vision_config=CLIPVisionConfig(num_hidden_layers=4, hidden_act="quick_gelu", **v),
+                          text_config=LlamaConfig(num_key_value_heads=4, **text), image_token_index=511,
+                          image_grid_pinpoints=job["pinpoints"])
+    model = LlavaNextForConditionalGeneration(cfg)
+    proc = LlavaNextImageProcessorPil(size={"shortest_edge": S}, crop_size={"height": S, "width": S},
+                                      image_grid_pinpoints=job["pinpoints"], image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    got = proc(images=Image.fromarray(np.load(job["image"])), return_tensors="pt")
+    np.save(job["out"] + ".pixels.npy", got["pixel_values"][0].numpy())
+    extra["image_sizes"] = got["image_sizes"]
+elif job["kind"] == "llava":
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
     cfg = LlavaConfig(vision_config=CLIPVisionConfig(num_hidden_layers=4, hidden_act="quick_gelu", **v),
-                      text_config=LlamaConfig(hidden_size=256, intermediate_size=128, num_hidden_layers=1,
-                                              num_attention_heads=4, num_key_value_heads=4, vocab_size=512),
-                      image_token_index=511)
+                      text_config=LlamaConfig(num_key_value_heads=4, **text), image_token_index=511)
     model = LlavaForConditionalGeneration(cfg)
 else:
     from transformers import InternVLConfig, InternVLForConditionalGeneration, InternVLVisionConfig, Qwen2Config
     cfg = InternVLConfig(vision_config=InternVLVisionConfig(num_hidden_layers=3, attention_bias=True, **v),
-                         text_config=Qwen2Config(hidden_size=256, intermediate_size=128, num_hidden_layers=1,
-                                                 num_attention_heads=4, num_key_value_heads=2, vocab_size=512))
+                         text_config=Qwen2Config(num_key_value_heads=2, **text))
     model = InternVLForConditionalGeneration(cfg)
 model.eval()
 with torch.no_grad():   # every weight random (initializers leave norms at 1, layer scales small, biases 0)
@@ -59,8 +73,8 @@ with torch.no_grad():   # every weight random (initializers leave norms at 1, la
             p.copy_(torch.randn_like(p) * (0.1 if p.ndim == 1 else 1.0 / max(p.shape[-1], 1) ** 0.5)
                     + (1.0 if name.endswith(("norm1.weight", "norm2.weight", "layrnorm.weight", "before.weight",
                                               "after.weight", "layer_norm.weight")) else 0.0))
-    px = torch.tensor(np.load(job["pixels"]))
-    rows = model.model.get_image_features(pixel_values=px).pooler_output
+    px = torch.tensor(np.load(job["pixels"])) if job["pixels"] else got["pixel_values"]   # "": the processor's
+    rows = model.model.get_image_features(pixel_values=px, **extra).pooler_output
     rows = torch.cat(list(rows)) if isinstance(rows, (list, tuple)) else rows.reshape(-1, rows.shape[-1])
 np.save(job["out"], rows.float().numpy())
 np.savez(job["weights"], **{k: t.float().numpy() for k, t in model.state_dict().items()
@@ -68,20 +82,26 @@ np.savez(job["weights"], **{k: t.float().numpy() for k, t in model.state_dict().
 '''
 
 
-def write_llava(path: str, w: dict, image_size: int) -> None:
-    """The legacy LLaVA converter's mmproj: CLIP without its last layer (LLaVA reads the one before)."""
+def write_llava(path: str, w: dict, image_size: int, pinpoints: list = ()) -> None:
+    """The legacy LLaVA converter's mmproj: CLIP without its last layer (LLaVA reads the one before),
+    fc1 named ffn_down and fc2 ffn_up as it names them; LLaVA 1.6's: its grids (flattened) and
+    newline row."""
     p = "model.vision_tower."
     n_layer = 1 + max(int(k.split(".")[4]) for k in w if ".layers." in k)
     out = gguf.GGUFWriter(path, "clip")
     keys(out, "mlp", w[p + "embeddings.class_embedding"].shape[0], 96, n_layer - 1, image_size, 1e-5, gelu=False)
+    if pinpoints:
+        out.add_array("clip.vision.image_grid_pinpoints", [v for pair in pinpoints for v in pair])
+        out.add_string("clip.vision.mm_patch_merge_type", "spatial_unpad")
+        out.add_tensor("model.image_newline", w["model.image_newline"])
     out.add_tensor("v.class_embd", w[p + "embeddings.class_embedding"])
     out.add_tensor("v.patch_embd.weight", w[p + "embeddings.patch_embedding.weight"].astype(np.float16))
     out.add_tensor("v.position_embd.weight", w[p + "embeddings.position_embedding.weight"])
     out.add_tensor("v.pre_ln.weight", w[p + "pre_layrnorm.weight"])
     out.add_tensor("v.pre_ln.bias", w[p + "pre_layrnorm.bias"])
     names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.out_proj": "attn_out", "layer_norm1": "ln1", "layer_norm2": "ln2", "mlp.fc1": "ffn_up",
-             "mlp.fc2": "ffn_down"}
+             "self_attn.out_proj": "attn_out", "layer_norm1": "ln1", "layer_norm2": "ln2", "mlp.fc1": "ffn_down",
+             "mlp.fc2": "ffn_up"}
     for i in range(n_layer - 1):
         for hf, ours in names.items():
             for kind in ("weight", "bias"):
@@ -139,6 +159,46 @@ def finish(out: gguf.GGUFWriter) -> None:
     out.close()
 
 
+PINPOINTS = [[32, 64], [64, 32], [64, 64], [96, 32], [32, 96]]    # LLaVA 1.6's, at a 32-pixel square
+
+
+def llava_next(python: str, t: Path, seed: int) -> None:
+    """LLaVA 1.6 on a picture: pyllm's pixels against transformers' processor's, and its rows
+    (from pyllm's pixels, through the grid, unpadded, with newline rows) against LLaVA-NeXT's."""
+    from PIL import Image
+    shape = [(20, 45, 3), (70, 33, 3), (50, 50, 3)][seed - 1]
+    rgb = np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
+    np.save(t / "img.npy", rgb)
+    S = 32
+    # the processor's grid: a first writing gives the encoder; its inputs then go to transformers
+    job = {"kind": "llava-next", "seed": seed, "image_size": S, "pinpoints": PINPOINTS, "image": str(t / "img.npy"),
+           "pixels": "", "out": str(t / "rows.npy"), "weights": str(t / "w.npz")}
+    for _ in range(2):    # the first run writes the weights and the processor's pixels; the second gets our pixels
+        r = subprocess.run([python, "-c", HF], input=json.dumps(job), capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"transformers failed:\n{r.stderr[-3000:]}")
+        path = str(t / "next.gguf")
+        write_llava(path, dict(np.load(t / "w.npz")), S, PINPOINTS)
+        enc = VisionEncoder(path, n_threads=2)
+        img = Image.fromarray(rgb)
+        tiles = [enc.normalize(x) for x in enc.tiles(img)]
+        ours_px = np.stack(tiles[-1:] + tiles[:-1])          # the whole first, as transformers orders them
+        np.save(t / "px.npy", ours_px[None])
+        job["pixels"] = str(t / "px.npy")
+    theirs_px = np.load(str(t / "rows.npy") + ".pixels.npy")
+    theirs, ours = np.load(t / "rows.npy"), enc.encode(img)
+    px = f"{np.abs(ours_px - theirs_px).max():.2e}" if ours_px.shape == theirs_px.shape else \
+        f"{list(ours_px.shape)} vs {list(theirs_px.shape)}"
+    if ours.shape != theirs.shape:
+        print(f"{'llava-1.6':<10} {seed:>4} rows {ours.shape} against transformers' {theirs.shape}")
+    else:
+        d = np.abs(ours - theirs).max()
+        cos = float((ours * theirs).sum() / np.linalg.norm(ours) / np.linalg.norm(theirs))
+        print(f"{'llava-1.6':<10} {seed:>4} {str(ours.shape):>9} {d:9.2e} {d / np.abs(theirs).max():8.1e} "
+              f"{cos:9.6f}   (a {shape[1]} x {shape[0]} picture; pixels against the processor's: {px})")
+    enc.close()
+
+
 def main() -> None:
     python = os.environ.get("PYLLM_HF_PYTHON")
     if not python:
@@ -148,6 +208,8 @@ def main() -> None:
         t = Path(tmp)
         for kind, image_size, write in (("llava", 32, write_llava), ("internvl", 32, write_internvl)):
             for seed in (1, 2, 3):
+                if kind == "llava":
+                    llava_next(python, t, seed)
                 pixels = np.random.default_rng(seed).uniform(-1, 1, (1, 3, image_size, image_size)).astype(np.float32)
                 np.save(t / "px.npy", pixels)
                 job = {"kind": kind, "seed": seed, "image_size": image_size, "pixels": str(t / "px.npy"),

@@ -260,6 +260,7 @@ def main() -> None:
                 ("llava F32", QT.F32, QT.F32, "mlp"), ("llava F16", QT.F16, QT.F16, "mlp"),
                 ("yi-vl mlp_norm F32", QT.F32, QT.F32, "mlp_norm"),
                 ("llava class row", QT.F32, QT.F32, "mlp-class"),
+                ("llava-1.6 flat", QT.F32, QT.F32, "mlp-next"),
                 ("internvl F32", QT.F32, QT.F32, "internvl"), ("internvl F16", QT.F16, QT.F16, "internvl"),
                 ("internvl class row", QT.F32, QT.F32, "internvl-class"),
                 ("gemma4 F32", QT.F32, QT.F32, "gemma4v"), ("gemma4 F16", QT.F16, QT.F16, "gemma4v"),
@@ -304,9 +305,15 @@ def main() -> None:
                 # for-like rows have no class row and a last layer that adds nothing; "mlp-class"
                 # shows what the class row's place changes
                 lm = synth.write_llama(t / f"lm-{label}.gguf", lm_type, n_vocab=512)
+                # "mlp-next": LLaVA 1.6's grids with the tiles' rows as they are ("flat": nearest mtmd's way;
+                # transformers' LLaVA-NeXT cuts and packs them, which benchmarks/compare_hf_vision.py checks).
+                # mtmd reads an image within the square whole (64 rows; transformers: the grid too), and
+                # puts the whole image's rows after the tiles' (transformers: first): compared so moved
+                pins = {"image_grid_pinpoints": [32, 64, 64, 32, 64, 64, 96, 32, 32, 96],
+                        "mm_patch_merge_type": "flat"} if kind == "mlp-next" else None
                 mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type, projector="mlp",
                                         use_gelu=False, n_layer=3, class_row=kind == "mlp-class",
-                                        identity_last=True, mlp_norm=kind == "mlp_norm")
+                                        identity_last=True, mlp_norm=kind == "mlp_norm", keys=pins)
             elif kind.startswith("internvl"):
                 # InternVL's: a qwen2 model with <img> and </img>; tiles of 64 pixels (16 rows each), at most
                 # 12. mtmd puts the class row last here too: like for like, every position the same
@@ -330,6 +337,8 @@ def main() -> None:
                 from PIL import Image
                 img = Image.fromarray(np.load(path))
                 ours = enc.encode(img)
+                if kind == "mlp-next":    # mtmd puts LLaVA 1.6's whole image after the tiles, transformers first
+                    ours = np.concatenate([ours[enc.n_tokens:], ours[:enc.n_tokens]])
                 embd = np.load(path + ".embd.npy")
                 if ours.shape != embd.shape:
                     print(f"{label:<22} {name:<10} rows {len(ours)} against llama.cpp's {len(embd)}")

@@ -31,8 +31,10 @@ model reads in place of tokens.
     projector "mlp" (LLaVA 1.5 and its kin; CLIP): a class row before the patches (position 0),
         pre_ln, every stored layer (the converter already dropped the last), quick-GELU;
         rows = W2 gelu(W0 x + b0) + b2 of each patch's row, the class row left out (Yi-VL's
-        "mlp_norm": a layer norm after each Linear). As transformers' LLaVA; llama.cpp's mtmd, as
-        of this writing, puts the class row last and runs one layer fewer (its issues 25814, 25817)
+        "mlp_norm": a layer norm after each Linear). LLaVA 1.6 (image_grid_pinpoints): the whole
+        image's rows, then the grid's tiles' packed (llava_next_rows). As transformers' LLaVA and
+        LLaVA-NeXT; llama.cpp's mtmd, as of this writing, puts the class row last and runs one
+        layer fewer (its issues 25814, 25817), and packs 1.6's rows otherwise
     projector "internvl" (InternVL 2.5 / 3 / 3.5): InternViT, a class row first (as LLaVA's; mtmd
         puts it last here too), each branch's output scaled (ls1, ls2) before it joins x; x = each
         2 x 2 patches side by side; rows = W3 gelu(W1 layernorm(x) + b1) + b3
@@ -252,11 +254,11 @@ class VisionEncoder:
             self.longest_edge = self.image_size
         elif self.projector == "mlp":   # LLaVA 1.5: the image fitted into the square, its rows alone
             self.bidirectional = False
-            for key, what in (("image_grid_pinpoints", "LLaVA 1.6's image grids"),
-                              ("feature_layer", "rows from several encoder layers (Granite Vision's)")):
-                if self.mf.get("clip.vision." + key) is not None:
-                    raise UnsupportedModelError(f"{self.path}: {what} (clip.vision.{key}) are not supported yet; "
-                                                f"LLaVA 1.5's projector is")
+            if self.mf.get("clip.vision.feature_layer") is not None:
+                raise UnsupportedModelError(f"{self.path}: rows from several encoder layers (Granite Vision's, "
+                                            f"clip.vision.feature_layer) are not supported yet; LLaVA 1.5's and "
+                                            f"1.6's projectors are")
+            self.pinpoints = self._pinpoints()     # LLaVA 1.6's grids, (height, width) in pixels
             n_mid = self._projection("mm.0.weight", self.n_embd, inputs_first=True)
             self.mlp_norms = None
             if self.mf.has_tensor("mm.3.weight"):    # Yi-VL's: a layer norm after each Linear (mtmd's mlp_norm)
@@ -266,6 +268,17 @@ class VisionEncoder:
             else:
                 self.n_out = self._projection("mm.2.weight", n_mid, inputs_first=True)
                 self.mlp = (self._pair("mm.0", (self.n_embd, n_mid)), self._pair("mm.2", (n_mid, self.n_out)))
+            self.newline = None    # LLaVA 1.6's row that ends each row of the grid's patches ("spatial_unpad")
+            merge = self.mf.get("clip.vision.mm_patch_merge_type", "spatial_unpad")
+            if self.pinpoints and merge not in ("spatial_unpad", "flat"):
+                raise UnsupportedModelError(f"{self.path}: a patch merge of {merge!r} is not supported (LLaVA 1.6's: "
+                                            f"spatial_unpad or flat)")
+            if self.pinpoints and merge == "spatial_unpad":
+                self.newline = next((n for n in ("model.image_newline", "v.image_newline") if self.mf.has_tensor(n)),
+                                    None)
+                if self.newline is None:
+                    raise ModelFileError(f"{self.path}: LLaVA 1.6's image_newline tensor is missing; the file is corrupt")
+                self.check_shape(self.newline, (self.n_out,))
             self.longest_edge = self.image_size
         elif self.projector == "internvl":   # tiles of the square, then an overview, between <img> and </img>
             self.bidirectional = False
@@ -357,6 +370,9 @@ class VisionEncoder:
 
     def image_tokens(self):
         """How many rows an image becomes (`pyllm info`)."""
+        if self.projector == "mlp" and self.pinpoints:
+            return (f"{self.n_tokens} for the image in one square, then those of the grid's squares that show it"
+                    f"{' and a newline row after each row of them' if self.newline else ''}")
         if self.projector in ("gemma3", "mlp"):
             return self.n_tokens
         if self.projector == "idefics3":
@@ -420,6 +436,24 @@ class VisionEncoder:
         if key.endswith("std") and not np.all(a > 0):
             raise ModelFileError(f"{self.path}: {key} has a value that is not positive")
         return a
+
+    def _pinpoints(self) -> list:
+        """LLaVA 1.6's grids: clip.vision.image_grid_pinpoints, (height, width) pairs in pixels, each a
+        whole number of the encoder's squares (none: LLaVA 1.5's single square)."""
+        v = self.mf.get("clip.vision.image_grid_pinpoints")
+        if v is None:
+            return []
+        S = self.image_size
+        try:
+            flat = [int(x) for x in v]
+        except (TypeError, ValueError):
+            flat = []
+        pairs = list(zip(flat[0::2], flat[1::2]))
+        if not pairs or len(flat) % 2 or len(pairs) > 64 or any(h <= 0 or w <= 0 or h % S or w % S or h * w > 64 * S * S
+                                                               for h, w in pairs):
+            raise ModelFileError(f"{self.path}: clip.vision.image_grid_pinpoints is not a list of (height, width) "
+                                 f"sizes of up to 64 squares of {S} pixels; the file is corrupt")
+        return pairs
 
     def check_shape(self, name: str, shape: tuple) -> None:
         if not self.mf.has_tensor(name):
@@ -621,7 +655,32 @@ class VisionEncoder:
     def encode(self, image) -> np.ndarray:
         """An image (bytes, a path, a data: URL, a PIL image) -> float32 [rows, n_out]: the rows
         of its inputs (tiles, then the overview) in the order layout() shows them."""
-        return self.encode_pixels([self.normalize(t) for t in self.tiles(load_image(image))])
+        img = load_image(image)
+        rows = self.encode_pixels([self.normalize(t) for t in self.tiles(img)])
+        return self.llava_next_rows(rows, *img.size) if self.projector == "mlp" and self.pinpoints else rows
+
+    def llava_next_rows(self, rows: np.ndarray, width: int, height: int) -> np.ndarray:
+        """LLaVA 1.6's rows from its inputs' (the grid's tiles, then the whole image in one square),
+        as transformers' LLaVA-NeXT packs them: the whole image's rows first; then the grid's rows
+        put back into one picture of patches, cut to the image's own aspect ratio (the padding's
+        rows or columns left out) and a newline row after each of its rows ("spatial_unpad");
+        "flat": the tiles' rows as they are."""
+        plan = self.plan(width, height)
+        P, side = self.n_tokens, self.side
+        grid, whole = rows[:plan.n_tiles * P], rows[plan.n_tiles * P:]
+        if self.newline is None:
+            return np.concatenate([whole, grid])
+        x = grid.reshape(plan.rows, plan.cols, side, side, -1).transpose(0, 2, 1, 3, 4)
+        x = x.reshape(plan.rows * side, plan.cols * side, -1)
+        h, w = x.shape[:2]
+        if width / height > w / h:     # a wide image: bands above and below
+            cut = (h - int(round(height * (w / width), 7))) // 2
+            x = x[cut:h - cut]
+        else:
+            cut = (w - int(round(width * (h / height), 7))) // 2
+            x = x[:, cut:w - cut]
+        newline = np.broadcast_to(self.floats(self.newline), (x.shape[0], 1, x.shape[2]))
+        return np.concatenate([whole, np.concatenate([x, newline], axis=1).reshape(-1, x.shape[2])])
 
     def mrope_grid(self, width: int, height: int) -> Optional[tuple]:
         """(cols, rows) of the rows an image of width x height pixels becomes, for M-RoPE
@@ -639,6 +698,9 @@ class VisionEncoder:
     def plan(self, width: int, height: int) -> ImagePlan:
         """How an image of width x height pixels is read (see ImagePlan)."""
         S = self.image_size
+        if self.projector == "mlp" and self.pinpoints:
+            h, w = best_resolution(width, height, self.pinpoints)
+            return ImagePlan(w // S, h // S, (S, S), (S, S))
         if self.projector in ("gemma3", "mlp"):
             return ImagePlan(0, 0, (S, S), (S, S))
         if self.projector == "idefics3":
@@ -671,13 +733,19 @@ class VisionEncoder:
         one tile (the overview). LFM2, as mtmd does it (bilinear): the tiles cut from the image
         fitted into the grid (centred on black), then the whole image at its planned size.
         Pixtral and Qwen: the image fitted into its planned size (bicubic, centred on black).
-        LLaVA: the image fitted into the square (bicubic, centred on LLAVA_PAD). InternVL, as mtmd
+        LLaVA 1.5: the image fitted into the square (bicubic, centred on LLAVA_PAD); 1.6: the tiles
+        of the image fitted into its best grid (bicubic, on black), then the whole stretched to one. InternVL, as mtmd
         does it: an image larger than the square as the tiles of its best grid (llava-uhd's
         choice, best_grid), then the whole image stretched to the square (bicubic)."""
         from PIL import Image
         S = self.image_size
         if self.projector == "gemma3":
             return [np.asarray(fit_square(img, S))]
+        if self.projector == "mlp" and self.pinpoints:    # the grid's tiles (on black), the whole stretched
+            plan = self.plan(*img.size)
+            grid = np.asarray(fit(img, plan.cols * S, plan.rows * S, bicubic=True))
+            return [grid[y * S:(y + 1) * S, x * S:(x + 1) * S] for y in range(plan.rows) for x in range(plan.cols)] + \
+                [np.asarray(resample(img, S, S, bicubic=True))]
         if self.projector == "mlp":
             return [np.asarray(fit(img, S, S, bicubic=True, pad=LLAVA_PAD))]
         if self.projector == "internvl":    # tiles cut from the image fitted into the grid (bicubic, on black)
@@ -1127,6 +1195,19 @@ def lfm2_grid(width: int, height: int) -> tuple[int, int]:
 def internvl_grids(lo: int, hi: int) -> list[tuple[int, int]]:
     """InternVL's grids of lo to hi tiles, (columns, rows), in mtmd's order (columns outer)."""
     return [(a, b) for a in range(lo, hi + 1) for b in range(max(-(-lo // a), lo), min(hi // a, hi) + 1)]
+
+
+def best_resolution(width: int, height: int, sizes: list) -> tuple[int, int]:
+    """Of `sizes`, (height, width) each, the one that shows most of an image of width x height
+    fitted into it, the least of it wasted on a tie; the first such (transformers'
+    select_best_resolution, LLaVA-NeXT's)."""
+    best, most, least = sizes[0], 0, None
+    for h, w in sizes:
+        scale = min(w / width, h / height)
+        shown = min(int(width * scale) * int(height * scale), width * height)
+        if shown > most or (shown == most and h * w - shown < least):
+            best, most, least = (h, w), shown, h * w - shown
+    return best
 
 
 def best_grid(width: int, height: int, grids: list, tile: int) -> tuple[int, int]:

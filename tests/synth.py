@@ -1727,12 +1727,15 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
     (InternViT: a class row, layer scales ls1 / ls2 on each branch, GELU, no pre- or post-norm;
     merge x merge patches side by side through a layer norm and a two-layer GELU MLP of n_mid).
     flat_positions: every row of the position table the same (so where the class row goes does
-    not matter). keys: more clip.vision.* keys (name: an int or a list of ints)."""
+    not matter). keys: more clip.vision.* keys (name: an int, a string or a list of ints); with
+    image_grid_pinpoints among them, "mlp" is LLaVA 1.6's and has its newline row."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "clip")
     for name, v in (keys or {}).items():
         if isinstance(v, list):
             w.add_array("clip.vision." + name, v)
+        elif isinstance(v, str):
+            w.add_string("clip.vision." + name, v)
         else:
             w.add_uint32("clip.vision." + name, v)
     w.add_bool("clip.has_vision_encoder", True)
@@ -1869,6 +1872,8 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
         if mlp_norm:
             add("mm.4.weight", 1 + rng.normal(0, 0.1, n_out))
             add("mm.4.bias", rng.normal(0, 0.1, n_out))
+        if "image_grid_pinpoints" in (keys or {}):     # LLaVA 1.6's newline row, named as its converter names it
+            add("model.image_newline", rng.normal(0, 1.0, n_out))
     elif pixtral:                 # RMS norm, the unfolded patches merged, Linear, GELU, Linear; the break row
         if merge > 1:             # Mistral Small's; the original Pixtral has neither
             add("mm.input_norm.weight", 1 + rng.normal(0, 0.1, n_embd))

@@ -88,8 +88,11 @@ def slow_tower(enc: VisionEncoder, x: np.ndarray) -> np.ndarray:
                 att[t, s] = (w / w.sum()) @ v[:, s]
         ls1, ls2 = (f(b + m + ".weight") if enc.mf.has_tensor(b + m + ".weight") else 1.0 for m in ("ls1", "ls2"))
         x = x + lin(f, att, b + "attn_out") * ls1
-        u = lin(f, ln(f, x, b + "ln2", eps), b + "ffn_up")
-        x = x + lin(f, gelu(u) if enc.gelu else u / (1 + np.exp(-1.702 * u)), b + "ffn_down") * ls2
+        up, down = b + "ffn_up", b + "ffn_down"
+        if f(up + ".weight").shape[1] != x.shape[1]:    # old conversions' names: fc1 called ffn_down
+            up, down = down, up
+        u = lin(f, ln(f, x, b + "ln2", eps), up)
+        x = x + lin(f, gelu(u) if enc.gelu else u / (1 + np.exp(-1.702 * u)), down) * ls2
     return ln(f, x, "v.post_ln", eps) if enc.mf.has_tensor("v.post_ln.weight") else x
 
 
@@ -646,10 +649,96 @@ def test_a_llava_chat_takes_vicuna_s_turns(llava):
     plain.close()
 
 
+PINPOINTS = [32, 64, 64, 32, 64, 64, 96, 32, 32, 96]    # LLaVA 1.6's grids at a 32-pixel square, (height, width)
+
+
+@pytest.fixture(scope="module")
+def llava_next(tmp_path_factory):
+    d = tmp_path_factory.mktemp("llava_next")
+    return {"lm": synth.write_llama(d / "lm.gguf", QT.F32, n_vocab=512),
+            "mm": synth.write_mmproj(d / "mm.gguf", n_out=256, qtype=QT.F32, projector="mlp", use_gelu=False,
+                                     keys={"image_grid_pinpoints": PINPOINTS}),
+            "flat": synth.write_mmproj(d / "flat.gguf", n_out=256, qtype=QT.F32, projector="mlp", use_gelu=False,
+                                       keys={"image_grid_pinpoints": PINPOINTS, "mm_patch_merge_type": "flat"})}
+
+
+def test_llava_next_grids():
+    """transformers' select_best_resolution: the size that shows most of the image fitted into it,
+    the least wasted on a tie, the first on a tie of both."""
+    from pyllm.vision import best_resolution
+    sizes = list(zip(PINPOINTS[0::2], PINPOINTS[1::2]))
+    assert best_resolution(45, 20, sizes) == (32, 64)     # 45 x 20 shows whole in 64 x 32 (w x h), least wasted
+    assert best_resolution(20, 45, sizes) == (64, 32)
+    assert best_resolution(50, 50, sizes) == (64, 64)
+    assert best_resolution(100, 20, sizes) == (32, 96)    # shown at 96 x 19: more than 64 x 12 in 64 x 32
+    assert best_resolution(500, 480, sizes) == (64, 64)   # none whole: the most shown (64 x 61)
+
+
+def slow_llava_next_rows(enc: VisionEncoder, rows: np.ndarray, width: int, height: int) -> np.ndarray:
+    """LLaVA-NeXT's packing written out: the whole image's rows, then the grid's patches row by row
+    of the picture they make, those inside the image's own aspect ratio, a newline row after each
+    row of the picture."""
+    plan, side, P = enc.plan(width, height), enc.side, enc.n_tokens
+    H, W = plan.rows * side, plan.cols * side
+    at = {}    # (row, col) of the picture of patches -> its row of the encoder's output
+    for ty in range(plan.rows):
+        for tx in range(plan.cols):
+            for r in range(side):
+                for c in range(side):
+                    at[ty * side + r, tx * side + c] = rows[(ty * plan.cols + tx) * P + r * side + c]
+    keep_rows, keep_cols = range(H), range(W)
+    if width * H > height * W:     # wider than the grid: its bands are rows above and below
+        shown = int(round(height * W / width, 7))
+        keep_rows = range((H - shown) // 2, H - (H - shown) // 2)
+    else:
+        shown = int(round(width * H / height, 7))
+        keep_cols = range((W - shown) // 2, W - (W - shown) // 2)
+    out = list(rows[plan.n_tiles * P:])
+    for r in keep_rows:
+        out += [at[r, c] for c in keep_cols] + [enc.floats("model.image_newline")]
+    return np.array(out)
+
+
+def test_llava_next_rows(llava_next):
+    """The whole image's 64 rows first, then the grid's patches cut to the picture's aspect ratio
+    with a newline row after each row of them (spatial_unpad); "flat": every tile's rows as they are."""
+    enc, flat = VisionEncoder(llava_next["mm"]), VisionEncoder(llava_next["flat"])
+    for size in ((45, 20), (20, 45), (50, 50), (100, 20)):
+        img = picture(40, (size[1], size[0], 3))
+        plan = enc.plan(*size)
+        tiles = enc.encode_pixels([enc.normalize(t) for t in enc.tiles(img)])
+        assert len(tiles) == (plan.n_tiles + 1) * 64
+        got = enc.encode(img)
+        np.testing.assert_array_equal(got, slow_llava_next_rows(enc, tiles, *size))
+        np.testing.assert_array_equal(flat.encode(img), np.concatenate([tiles[-64:], tiles[:-64]]))
+    # 45 x 20 in a 64 x 32 grid (16 x 8 patches) spans 7.1 rows of patches: (8 - 7) // 2 = 0 cut on each
+    # side, all 8 kept (16 + 1 rows each); 100 x 20 in 96 x 32 (24 x 8): 4 rows shown, 2 cut each side
+    assert len(enc.encode(picture(41, (20, 45, 3)))) == 64 + 8 * 17
+    assert len(enc.encode(picture(41, (20, 100, 3)))) == 64 + 4 * 25
+    enc.close()
+    flat.close()
+
+
+def test_a_llava_next_prompt_matches_the_reference(llava_next):
+    m = Model(llava_next["lm"], mmproj=llava_next["mm"], n_ctx=512)
+    ids = assert_prompt_matches_the_reference(m, llava_next["lm"], llava_next["mm"], picture(42, (20, 45, 3)))
+    assert sum(t < 0 for t in ids) == 64 + 8 * 17
+    m.close()
+
+
 def test_bad_llava_files(tmp_path):
-    grids = synth.write_mmproj(tmp_path / "grids.gguf", projector="mlp", keys={"image_grid_pinpoints": [32, 64, 64, 32]})
-    with pytest.raises(UnsupportedModelError, match="LLaVA 1.6's image grids"):
-        VisionEncoder(grids)
+    for pins, what in (([32, 64, 64], "not a list"), ([32, 48], "not a list"), ([0, 32], "not a list")):
+        odd = synth.write_mmproj(tmp_path / "odd.gguf", projector="mlp", keys={"image_grid_pinpoints": pins})
+        with pytest.raises(ModelFileError, match=what):
+            VisionEncoder(odd)
+    merge = synth.write_mmproj(tmp_path / "merge.gguf", projector="mlp",
+                               keys={"image_grid_pinpoints": [32, 64], "mm_patch_merge_type": "spatial"})
+    with pytest.raises(UnsupportedModelError, match="patch merge of 'spatial'"):
+        VisionEncoder(merge)
+    no_newline = synth.write_mmproj(tmp_path / "nonl.gguf", projector="mlp", keys={"image_grid_pinpoints": [32, 64]},
+                                    drop_tensor="model.image_newline")
+    with pytest.raises(ModelFileError, match="image_newline tensor is missing"):
+        VisionEncoder(no_newline)
     layers = synth.write_mmproj(tmp_path / "layers.gguf", projector="mlp", keys={"feature_layer": [1, 2]})
     with pytest.raises(UnsupportedModelError, match="several encoder layers"):
         VisionEncoder(layers)
