@@ -741,34 +741,25 @@ class VisionEncoder:
         S = self.image_size
         if self.projector == "gemma3":
             return [np.asarray(fit_square(img, S))]
-        if self.projector == "mlp" and self.pinpoints:    # the grid's tiles (on black), the whole stretched
-            plan = self.plan(*img.size)
-            grid = np.asarray(fit(img, plan.cols * S, plan.rows * S, bicubic=True))
-            return [grid[y * S:(y + 1) * S, x * S:(x + 1) * S] for y in range(plan.rows) for x in range(plan.cols)] + \
-                [np.asarray(resample(img, S, S, bicubic=True))]
+        plan = self.plan(*img.size)
+        if self.projector == "internvl" or (self.projector == "mlp" and self.pinpoints):
+            # the tiles of the image fitted into the grid (bicubic, on black), then the whole stretched
+            grid = fit(img, plan.cols * S, plan.rows * S, bicubic=True) if plan.n_tiles else None
+            return cut(grid, plan) + [np.asarray(resample(img, S, S, bicubic=True))]
         if self.projector == "mlp":
             return [np.asarray(fit(img, S, S, bicubic=True, pad=LLAVA_PAD))]
-        if self.projector == "internvl":    # tiles cut from the image fitted into the grid (bicubic, on black)
-            plan = self.plan(*img.size)
-            grid = np.asarray(fit(img, plan.cols * S, plan.rows * S, bicubic=True)) if plan.n_tiles else None
-            return [grid[y * S:(y + 1) * S, x * S:(x + 1) * S] for y in range(plan.rows) for x in range(plan.cols)] + \
-                [np.asarray(resample(img, S, S, bicubic=True))]
-        plan = self.plan(*img.size)
         if self.projector in ("pixtral", "gemma4v") or self.qwen:    # mtmd's dynamic size: bicubic
             return [np.asarray(fit(img, *plan.whole, bicubic=True))]
         if self.projector == "lfm2":
             tw, th = plan.tile
-            grid = np.asarray(fit(img, plan.cols * tw, plan.rows * th)) if plan.n_tiles else None
-            return [grid[y * th:(y + 1) * th, x * tw:(x + 1) * tw] for y in range(plan.rows)
-                    for x in range(plan.cols)] + [np.asarray(resample(img, *plan.whole))]
+            grid = fit(img, plan.cols * tw, plan.rows * th) if plan.n_tiles else None
+            return cut(grid, plan) + [np.asarray(resample(img, *plan.whole))]
 
         def resized(im, size):
             return im if im.size == size else im.resize(size, Image.LANCZOS)
         stretched = resized(resized(img, scaled_to_longest_edge(*img.size, self.longest_edge)),
                             (plan.cols * S, plan.rows * S))
-        whole = np.asarray(stretched)
-        return [whole[y * S:(y + 1) * S, x * S:(x + 1) * S] for y in range(plan.rows) for x in range(plan.cols)] + \
-            [np.asarray(resized(stretched, (S, S)))]
+        return cut(stretched, plan) + [np.asarray(resized(stretched, (S, S)))]
 
     def layout(self, ids: list[int], image) -> list:
         """The prompt around an image's rows `ids` (encode()'s): pieces of text (special tokens
@@ -1127,6 +1118,14 @@ def load_image(image):
         raise InvalidArgumentError(f"cannot decode the image ({len(data)} bytes): {e}; give a PNG, JPEG, "
                                    f"WebP, GIF or BMP") from None
     return img.convert("RGB")
+
+
+def cut(grid, plan: ImagePlan) -> list[np.ndarray]:
+    """A PIL image of plan's grid of tiles (None where it has none) as the tiles, row by row."""
+    if grid is None:
+        return []
+    a, (tw, th) = np.asarray(grid), plan.tile
+    return [a[y * th:(y + 1) * th, x * tw:(x + 1) * tw] for y in range(plan.rows) for x in range(plan.cols)]
 
 
 def fit_square(img, size: int):
