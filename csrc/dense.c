@@ -43,10 +43,18 @@ int pyllm_dense_activation(int isa, int act, float *x, int rows, int64_t n, cons
     /* act(g) = act(g) * 1 through the GLU kernels, 256 at a time */
     static const float ones[256] = {[0 ... 255] = 1.0f};
     const kernel_table *t = dispatch_table_ready(isa);
-    if (!t || !x || rows < 0 || n <= 0 || (act != DENSE_GELU_TANH && act != DENSE_QUICK_GELU)) return -1;
+    if (!t || !x || rows < 0 || n <= 0 || (act != DENSE_GELU_TANH && act != DENSE_QUICK_GELU && act != DENSE_GELU_ERF))
+        return -1;
     float g[256];
     for (int r = 0; r < rows; r++) {
         float *row = x + (int64_t)r * n;
+        if (act == DENSE_GELU_ERF) {   /* Whisper's exact GELU, x (1 + erf(x / sqrt 2)) / 2: libm's erff at every level */
+            for (int64_t i = 0; i < n; i++) {
+                const float v = bias ? row[i] + bias[i] : row[i];
+                row[i] = 0.5f * v * (1.0f + erff(v * 0.70710678f));
+            }
+            continue;
+        }
         for (int64_t i = 0; i < n; i += 256) {
             const int64_t m = n - i < 256 ? n - i : 256;
             /* the bias added here, not in a pass of its own over the matrix product's output */

@@ -279,7 +279,7 @@ int pyllm_kernel_ssm_scan_row(int isa, int64_t n, float *s, int n_tok, const flo
  * 0 on success, -1 on a bad argument. */
 /* rows r < rows of x, ld floats apart: x[r, :n] = exp(x[r, :n] - max x[r, :n]), sum[r] = their sum */
 int pyllm_dense_softmax_rows(int isa, float *x, int rows, int64_t n, int64_t ld, float *sum);
-enum pyllm_dense_act { DENSE_GELU_TANH = 0, DENSE_QUICK_GELU = 1, DENSE_SILU = 2 };
+enum pyllm_dense_act { DENSE_GELU_TANH = 0, DENSE_QUICK_GELU = 1, DENSE_SILU = 2, DENSE_GELU_ERF = 3 };
 /* x[r, i] = act(x[r, i] + bias[i]) for rows r < rows of n floats, in place (bias may be NULL): gelu
  * (tanh form) or quick-gelu x sigmoid(1.702 x) */
 int pyllm_dense_activation(int isa, int act, float *x, int rows, int64_t n, const float *bias);

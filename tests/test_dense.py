@@ -47,13 +47,19 @@ def gelu64(x):
     return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
+def gelu_erf64(x):
+    from math import erf
+    return 0.5 * x * (1 + np.vectorize(erf)(x / np.sqrt(2)))
+
+
 def quick_gelu64(x):
     with np.errstate(over="ignore"):
         return x / (1 + np.exp(-1.702 * x))
 
 
 @pytest.mark.parametrize("isa", LEVELS)
-@pytest.mark.parametrize("act, want", [(lib.DENSE_GELU_TANH, gelu64), (lib.DENSE_QUICK_GELU, quick_gelu64)])
+@pytest.mark.parametrize("act, want", [(lib.DENSE_GELU_TANH, gelu64), (lib.DENSE_QUICK_GELU, quick_gelu64),
+                                       (lib.DENSE_GELU_ERF, gelu_erf64)])
 @pytest.mark.parametrize("n", SIZES)
 def test_activation(isa, act, want, n):
     rng = np.random.default_rng(n)
@@ -106,7 +112,7 @@ def test_levels_agree_with_scalar(n):
         s, total = softmax(isa, x.copy().reshape(-1), n, n)
         np.testing.assert_allclose(s, scalar_s, rtol=8e-7, atol=1e-38)
         np.testing.assert_allclose(total, scalar_sum, rtol=8e-6)
-        for act in (lib.DENSE_GELU_TANH, lib.DENSE_QUICK_GELU):
+        for act in (lib.DENSE_GELU_TANH, lib.DENSE_QUICK_GELU, lib.DENSE_GELU_ERF):
             a, b = x.copy(), x.copy()
             assert lib.pyllm_dense_activation(0, act, fptr(a), 3, n, ffi.NULL) == 0
             assert lib.pyllm_dense_activation(isa, act, fptr(b), 3, n, ffi.NULL) == 0
