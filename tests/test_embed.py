@@ -305,7 +305,7 @@ def test_reranker(tmp_path):
             tok.encode(docs[0], add_bos=False, add_eos=False) + [2]
         scores = m.rerank(query, docs)
         n_tokens = sum(len(m.rerank_tokens(query, d)) for d in docs)
-        ref = Reference(m.arch)
+        ref = Reference(m.arch, kv_f16=True)    # the model's keys and values are f16, as llama.cpp's
         want = [float(m.arch.rank_head(ref.forward(m.rerank_tokens(query, d))[0])[0]) for d in docs]
         np.testing.assert_allclose(scores, want, rtol=1e-3, atol=1e-3)
         assert len(set(np.argsort(scores))) == 4 and max(scores) - min(scores) > 1.0   # the head tells them apart

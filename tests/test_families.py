@@ -130,6 +130,9 @@ TYPES = [QT.F32, QT.Q8_0, QT.Q4_K, QT.IQ4_NL, QT.MXFP4]
 # 0-2: 3.6%, 10.6%, 2.5% of the spread; llama.cpp's own Q4_K_M files are as far from the
 # reference as pyllm on them (3.35% and 3.36%, benchmarks/compare_families.py)
 QUANT_TOLERANCE = {("lfm2", QT.Q4_K): 0.05}
+# the top-2 margin (of the logits' spread) past which the top token must agree, where 0.05 is too
+# fine: on AVX2 (no VNNI, measured on an AMD EPYC) one of LFM2's 37 positions at IQ4_NL flips there
+QUANT_MARGIN = {("lfm2", QT.IQ4_NL): 0.1}
 # share of positions within 3% for a quantized MoE (see the test): gpt-oss with its files' YaRN
 # (factor 32) sharpens every softmax by 1.35^2; measured 80% at MXFP4, while on llama.cpp's own
 # MXFP4_MOE file of it pyllm and llama.cpp are 2.45% and 2.29% from the reference
@@ -233,7 +236,7 @@ def test_family_matches_reference(tmp_path, family, qtype):
         assert np.mean(per_pos < 0.03) >= MOE_CLOSE.get((family, qtype), 0.85), np.sort(per_pos)[-8:]
         assert compare(out, ref)[1] >= 0.9
     else:
-        rel, agree = compare(out, ref)
+        rel, agree = compare(out, ref, margin=QUANT_MARGIN.get((family, qtype), 0.05))
         assert rel < QUANT_TOLERANCE.get((family, qtype), 0.03), rel
         assert agree == 1.0
 

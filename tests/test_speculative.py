@@ -180,7 +180,7 @@ def test_the_server_reports_the_guesses(smollm2_path):
             server.server_close()
     assert status == 200 and body["content"] == want.text
     t = body["timings"]
-    assert t["draft_n"] >= t["draft_n_accepted"] > 10
+    assert t["draft_n"] >= t["draft_n_accepted"] > 3     # how many: SmolLM2's copy (on AVX2 6, on AVX-512 > 10)
     assert t["predicted_n"] == 50
 
 
@@ -195,6 +195,6 @@ def test_pyllm_run_speculates(smollm2_path):
     assert plain.returncode == 0 and fast.returncode == 0, fast.stderr
     p, f = json.loads(plain.stdout), json.loads(fast.stdout)
     assert f["tokens"] == p["tokens"] and "draft_tokens" not in p
-    assert f["draft_tokens"] >= f["accepted_tokens"] > 10
+    assert f["draft_tokens"] >= f["accepted_tokens"] > 3   # as above
     one_error_line(pyllm("run", "-p", "hi", "-md", "/nonexistent/draft.gguf"), "draft.gguf")
     one_error_line(pyllm("run", "-p", "hi", "--spec-type", "ngram", "-n", "1"), "ngram-simple")
