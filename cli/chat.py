@@ -21,7 +21,7 @@ from rich.text import Text
 from pyllm.errors import InvalidArgumentError, PyllmError
 from pyllm.reasoning import ANSWER, THINKING
 
-from .common import created_messages, err, handle_errors, image_file, images_in, model_path
+from .common import created_messages, err, handle_errors, image_file, images_in, media_file, model_path
 from .options import ImageMaxTokensOpt, ImageMinTokensOpt, MlockOpt, MmprojOpt, NoMmapOpt
 from .options import OverrideKvOpt, file_kwargs
 from .options import RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt
@@ -60,6 +60,7 @@ Ctrl-C stops a reply (or clears the line); Ctrl-D or /exit leaves.
   /stats         token counts, KV-cache reuse and speed
   /think on|off  a reasoning model thinks before answering, or not (/think alone shows it)
   /image FILE    show the model a picture with the next message (needs --mmproj)
+  /audio FILE    let the model hear a sound (WAV, MP3, FLAC) with the next message (needs --mmproj)
   /exit          leave (also /quit, /bye)
 
 Start a message with // to send text that begins with /."""
@@ -104,7 +105,7 @@ class ChatRepl:
         # \001 \002 tell readline the escape codes take no room on the line
         self.prompt = "\001\033[1;32m\002>>> \001\033[0m\002" if color else PROMPT
         self.more = "\001\033[2m\002... \001\033[0m\002" if color else MORE
-        self.images: list[bytes] = []    # /image: pictures for the next message
+        self.images: list[bytes] = []    # /image, /audio: pictures and sounds for the next message
 
     # -- input ---------------------------------------------------------------------------
     def _input(self, prompt: str) -> str:
@@ -217,6 +218,18 @@ class ChatRepl:
             self.images.append(data)
             self.status(f"{path}: attached to the next message ({len(self.images)} image"
                         f"{'s' if len(self.images) > 1 else ''})")
+        elif name == "/audio":
+            if s.model.audio is None:
+                raise InvalidArgumentError("/audio needs the model's audio projector: start the chat with "
+                                           "--mmproj FILE (one with an audio encoder)")
+            if not arg:
+                raise InvalidArgumentError("/audio needs a sound file (WAV, MP3 or FLAC)")
+            from pyllm.audio import load_audio
+            path = os.path.expanduser(arg.strip("'\""))
+            data = media_file(path, "sound")
+            seconds = len(load_audio(data)) / 16000    # a file that is no sound fails now, not with the next message
+            self.images.append(data)
+            self.status(f"{path}: {seconds:.1f} s, attached to the next message")
         elif name == "/stats":
             st, m = s.stats, s.model
             used = len(m._seq)

@@ -210,13 +210,18 @@ def process_escapes(text: str) -> str:
     return out.decode("utf-8", "surrogateescape")
 
 
-def image_file(path: str) -> bytes:
-    """An image file (--image, /image)'s bytes (a missing file is named as such, not taken for base64)."""
+def media_file(path: str, what: str = "image") -> bytes:
+    """An image or sound file (--image, --audio, /image)'s bytes (a missing file is named as such,
+    not taken for base64)."""
     try:
         with open(path, "rb") as f:
             return f.read()
     except OSError as e:
-        raise InvalidArgumentError(f"cannot read the image {path}: {e.strerror}") from None
+        raise InvalidArgumentError(f"cannot read the {what} {path}: {e.strerror}") from None
+
+
+def image_file(path: str) -> bytes:
+    return media_file(path, "image")
 
 
 IMAGE_PATH = re.compile(r"""(?:'([^']+\.(?:png|jpe?g|webp|gif|bmp))'|"([^"]+\.(?:png|jpe?g|webp|gif|bmp))"|"""

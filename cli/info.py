@@ -48,10 +48,15 @@ def info(
         from pyllm.api import kv_type
         path = model_path(model)
         if is_projector(path):   # an mmproj file: its encoder, not a model
-            from pyllm.vision import VisionEncoder
-            enc = VisionEncoder(path)
-            facts = enc.describe()
-            enc.close()
+            from pyllm.audio import AudioEncoder
+            from pyllm.vision import VisionEncoder, modalities
+            has = modalities(path)
+            facts = {}
+            for there, kind, name in zip(has, (VisionEncoder, AudioEncoder), ("vision", "audio")):
+                if there:   # a file of both: each encoder's facts under its name
+                    enc = kind(path)
+                    facts.update({(f"{name} {k}" if all(has) else k): v for k, v in enc.describe().items()})
+                    enc.close()
             if as_json:
                 sys.stdout.write(json.dumps(facts) + "\n")
             else:

@@ -69,9 +69,10 @@ def lora_specs(lora: list[str], lora_scaled: list[str]) -> list[tuple[str, float
     return [(path, 1.0) for path in _items(lora)] + [parse_scaled(spec) for spec in _items(lora_scaled)]
 
 
-VISION = "Images (a vision model)"
+VISION = "Images and sounds (a multimodal model)"
 MmprojOpt = Annotated[Optional[str], typer.Option(
-    "--mmproj", help="the model's multimodal projector (llama.cpp's mmproj .gguf): lets prompts hold images",
+    "--mmproj", help="the model's multimodal projector (llama.cpp's mmproj .gguf): lets prompts hold images or "
+    "sounds",
     rich_help_panel=VISION)]
 ImageMinTokensOpt = Annotated[Optional[int], typer.Option(
     "--image-min-tokens", help="the fewest rows (tokens) an image becomes, where the projector sizes images itself "
@@ -82,6 +83,9 @@ ImageMaxTokensOpt = Annotated[Optional[int], typer.Option(
 ImageOpt = Annotated[list[str], typer.Option(
     "--image", help="an image file for the prompt (PNG, JPEG, WebP ...; needs --mmproj); repeatable; placed at "
     "each <__media__> in the prompt, else before it", rich_help_panel=VISION)]
+AudioOpt = Annotated[list[str], typer.Option(
+    "--audio", help="a sound file for the prompt (WAV, MP3 or FLAC; needs --mmproj with an audio encoder); "
+    "repeatable; placed after the images, at each <__media__> in the prompt, else before it", rich_help_panel=VISION)]
 
 
 NoMmapOpt = Annotated[bool, typer.Option("--no-mmap", help="read the model into memory instead of mapping "

@@ -6,6 +6,7 @@ error (one line on stderr), 130 interrupted.
 """
 from __future__ import annotations
 
+import base64
 import inspect
 import itertools
 import json
@@ -18,9 +19,9 @@ import typer
 
 from pyllm.errors import InvalidArgumentError, PyllmError
 
-from .common import (created_messages, err, handle_errors, image_file, images_in, model_path, process_escapes,
-                     read_input)
-from .options import ImageMaxTokensOpt, ImageMinTokensOpt, ImageOpt, MlockOpt, MmprojOpt, NoMmapOpt
+from .common import (created_messages, err, handle_errors, image_file, images_in, media_file, model_path,
+                     process_escapes, read_input)
+from .options import AudioOpt, ImageMaxTokensOpt, ImageMinTokensOpt, ImageOpt, MlockOpt, MmprojOpt, NoMmapOpt
 from .options import OverrideKvOpt, file_kwargs
 from .options import RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt
 from .options import TemplateKwargsOpt, template_kwargs
@@ -107,6 +108,7 @@ def run(
     image_min_tokens: ImageMinTokensOpt = None,
     image_max_tokens: ImageMaxTokensOpt = None,
     image: ImageOpt = [],
+    audio: AudioOpt = [],
     lora: LoraOpt = [],
     lora_scaled: LoraScaledOpt = [],
     control_vector: ControlVectorOpt = [],
@@ -161,10 +163,12 @@ def run(
             raise InvalidArgumentError("--system needs --chat")
         if suffix is not None and chat:
             raise InvalidArgumentError("--suffix fills in the middle of raw text: not with --chat")
-        if image and mmproj is None:
-            raise InvalidArgumentError("--image needs the model's vision projector: --mmproj FILE")
-        if image and (suffix is not None or prompt_cache is not None):
-            raise InvalidArgumentError("--image does not go with --suffix or --prompt-cache")
+        option = "--image" if image else "--audio"
+        if (image or audio) and mmproj is None:
+            raise InvalidArgumentError(f"{option} needs the model's multimodal projector: --mmproj FILE")
+        if (image or audio) and (suffix is not None or prompt_cache is not None):
+            raise InvalidArgumentError(f"{option} does not go with --suffix or --prompt-cache")
+        sounds = [media_file(f, "sound") for f in audio]
         sampling = sampling_kwargs(temp, top_k, top_p, min_p, typical_p, repeat_penalty, repeat_last_n,
                                    frequency_penalty, presence_penalty, logit_bias, seed,
                                    ignore_eos=ignore_eos, samplers=samplers_of(samplers, sampling_seq),
@@ -217,9 +221,11 @@ def run(
                 if mmproj is not None:   # ollama's: an image file's path in the message shows it
                     text, shown = images_in(text)
                     pictures += shown
-                content = [{"type": "image", "image": p} for p in pictures] + [{"type": "text", "text": text}]
+                content = [{"type": "image", "image": p} for p in pictures] + \
+                          [{"type": "input_audio", "input_audio": {"data": base64.b64encode(s).decode()}}
+                           for s in sounds] + [{"type": "text", "text": text}]
                 messages = ([{"role": "system", "content": system}] if system else []) + created_messages() + \
-                           [{"role": "user", "content": content if pictures else text}]
+                           [{"role": "user", "content": content if pictures or sounds else text}]
                 gen = m.chat(messages, max_tokens=max_tokens, stop=stop, stream=True, **sampling)
                 seed_used = gen.seed
             elif suffix is not None:   # the code between the prompt and the suffix
@@ -231,7 +237,7 @@ def run(
                 if not text:
                     raise InvalidArgumentError("the prompt is empty")
                 gen = m.stream(text, max_tokens=max_tokens, stop=stop,
-                               images=[image_file(f) for f in image], **sampling)
+                               images=[image_file(f) for f in image] + sounds, **sampling)
                 seed_used = gen.sampler.seed
             generation = getattr(gen, "generation", gen)   # a chat stream wraps the engine's generation
             generation.profile = profile
@@ -284,13 +290,13 @@ def chat_instead(given: dict, model: str) -> None:
 
 def print_prompt(m, tokens: list[int]) -> None:
     """llama-cli's --verbose-prompt: the prompt text, its token count, each token and its piece."""
-    runs = itertools.groupby(tokens, key=lambda t: t < 0)   # text, and an image's rows (ids < 0)
-    text = "".join(f"<image: {len(ids)} rows>" if image else m.detokenize(ids)
+    runs = itertools.groupby(tokens, key=lambda t: t < 0)   # text, and an image's or a sound's rows (ids < 0)
+    text = "".join(f"<media: {len(ids)} rows>" if image else m.detokenize(ids)
                    for image, ids in ((image, list(ids)) for image, ids in runs))
     err.print(f"prompt: {text!r}", markup=False, highlight=False, soft_wrap=True)
     err.print(f"number of tokens in prompt = {len(tokens)}", highlight=False)
     for t in tokens:
-        piece = "<image row>" if t < 0 else m.tokenizer.token_to_piece(t).decode("utf-8", "replace")
+        piece = "<media row>" if t < 0 else m.tokenizer.token_to_piece(t).decode("utf-8", "replace")
         err.print(f"{t:6d} -> {piece!r}", markup=False, highlight=False, soft_wrap=True)
     err.print()
 

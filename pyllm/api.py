@@ -46,7 +46,8 @@ from .state import load as load_state, save as save_state
 from .speculative import SPEC_TYPES, SpecParams, check_same_vocabulary, make_drafter
 from .tokenizer import load_tokenizer
 from .tools import ToolUse
-from .vision import MediaStore, VisionEncoder, image_dimensions, image_key
+from .audio import AudioEncoder, audio_key, is_audio
+from .vision import MediaStore, VisionEncoder, image_bytes, image_dimensions, image_key, modalities
 
 log = logging.getLogger("pyllm")
 
@@ -115,7 +116,8 @@ class Model:
                  mmproj: Optional[str | os.PathLike] = None, image_min_tokens: Optional[int] = None,
                  image_max_tokens: Optional[int] = None):
         self.backend = None
-        self.vision: Optional[VisionEncoder] = None   # an mmproj file's encoder: images in prompts
+        self.vision: Optional[VisionEncoder] = None   # an mmproj file's encoders: images in prompts,
+        self.audio: Optional[AudioEncoder] = None     # and sounds
         self.draft: Optional[Model] = None
         self.adapters: list[LoraAdapter] = []
         name = registry.DEFAULT_MODEL if model is None else str(model)
@@ -190,7 +192,7 @@ class Model:
             self._speculate(spec_type, draft_model, SpecParams(spec_draft_max, spec_draft_min, spec_ngram_size,
                                                                spec_p_min))
             if mmproj is not None:
-                self._load_vision(mmproj, image_min_tokens, image_max_tokens)
+                self._load_media(mmproj, image_min_tokens, image_max_tokens)
         except BaseException:
             self.close()
             raise
@@ -226,11 +228,30 @@ class Model:
                                                     self.draft.engine if self.draft else None, self.tokenizer.n_vocab)
 
     # -- the conversation on disk ---------------------------------------------------
+    def _load_media(self, path: str | os.PathLike, min_tokens: Optional[int] = None,
+                    max_tokens: Optional[int] = None) -> None:
+        """Opens a multimodal projector (llama.cpp's --mmproj) for this model's prompts: its vision
+        encoder, its audio encoder, or both. An image becomes min_tokens..max_tokens rows where the
+        projector sizes it (None: its own limits)."""
+        self.require_generation()
+        vision, audio = modalities(path)
+        if vision:
+            self._load_vision(path, min_tokens, max_tokens)
+        if audio:
+            if getattr(self.arch, "rope_sections", ()):
+                raise UnsupportedModelError(f"{path}: sound in a model of M-RoPE positions (Qwen2.5-Omni's) is not "
+                                            f"supported yet")
+            self.audio = AudioEncoder(path, n_threads=self.n_threads)
+            if self.audio.n_out != self.arch.hp.n_embd:
+                raise InvalidArgumentError(f"{path} makes sound rows of {self.audio.n_out} values; "
+                                           f"{self.path.name}'s are {self.arch.hp.n_embd}: the projector belongs to "
+                                           f"another model")
+        self.engine.media = MediaStore()
+
     def _load_vision(self, path: str | os.PathLike, min_tokens: Optional[int] = None,
                      max_tokens: Optional[int] = None) -> None:
         """Opens a multimodal projector (llama.cpp's --mmproj) for this model's prompts; an image
         becomes min_tokens..max_tokens rows where the projector sizes it (None: its own limits)."""
-        self.require_generation()
         self.vision = VisionEncoder(path, n_threads=self.n_threads, min_tokens=min_tokens, max_tokens=max_tokens)
         sections = getattr(self.arch, "rope_sections", ())
         if self.vision.qwen and not sections:
@@ -240,44 +261,64 @@ class Model:
         if self.vision.n_out != width:
             raise InvalidArgumentError(f"{path} makes image rows of {self.vision.n_out} values; {self.path.name}'s "
                                        f"are {width}: the projector belongs to another model")
-        self.engine.media = MediaStore()
         self._template = None     # a file without a template: LLaVA's projector picks Vicuna's
         self.engine.media_bidirectional = self.vision.bidirectional_for(self.arch.hp.n_embd)
         self.engine.mrope = bool(sections) and self.vision.qwen
 
-    def media_prompt(self, text: str, images: Seq[Any], add_bos: Optional[bool] = None) -> list[int]:
-        """The token ids of a prompt with images: each IMAGE_MARKER ("<__media__>") in `text` is
-        one image's rows (ids < 0, in the model's image store) between its projector's begin
-        and end tokens; without markers the images go first (llama-mtmd-cli's way). The
-        images are encoded here (the same image again is not: its rows are kept)."""
-        if self.vision is None:
+    @property
+    def has_media(self) -> bool:
+        """Whether prompts may hold images or sounds (a projector is loaded)."""
+        return self.vision is not None or self.audio is not None
+
+    def media_prompt(self, text: str, media: Seq[Any], add_bos: Optional[bool] = None) -> list[int]:
+        """The token ids of a prompt with images or sounds: each IMAGE_MARKER ("<__media__>") in
+        `text` is one item's rows (ids < 0, in the model's media store) between its projector's
+        begin and end tokens; without markers the items go first (llama-mtmd-cli's way). A WAV,
+        MP3 or FLAC file is a sound, anything else an image. The items are encoded here (the same
+        one again is not: its rows are kept)."""
+        if self.vision is None and self.audio is None:
             raise InvalidArgumentError(NO_VISION)
-        images = list(images)
+        media = list(media)
         if IMAGE_MARKER not in text:
-            text = IMAGE_MARKER * len(images) + text
+            text = IMAGE_MARKER * len(media) + text
         pieces = text.split(IMAGE_MARKER)
-        if len(pieces) != len(images) + 1:
-            raise InvalidArgumentError(f"the prompt marks {len(pieces) - 1} images ({IMAGE_MARKER}) but "
-                                       f"{len(images)} were given")
-        v, store = self.vision, self.engine.media
+        if len(pieces) != len(media) + 1:
+            raise InvalidArgumentError(f"the prompt marks {len(pieces) - 1} images or sounds ({IMAGE_MARKER}) but "
+                                       f"{len(media)} were given")
+        store = self.engine.media
 
         def text(t: str, bos: Optional[bool] = False) -> list[int]:
             """a piece tokenized on its own, as mtmd does; the first may be only a BOS (bos None:
             the model's default)"""
             return self.tokenizer.encode(t, add_bos=bos, parse_special=True) if t or bos is not False else []
 
-        def encode(image) -> np.ndarray:   # seconds or minutes on a CPU: say so, as llama-mtmd-cli does
+        def encode(encoder, item, what: str) -> np.ndarray:   # seconds or minutes on a CPU: say so, as mtmd does
             t0 = time.perf_counter()
-            rows = v.encode(image)
-            tiles = v.plan(*image_dimensions(image)).n_tiles
-            log.info("image encoded in %.2f s: %d rows%s", time.perf_counter() - t0, len(rows),
-                     f" ({tiles} tiles and an overview)" if tiles else "")
+            rows = encoder.encode(item)
+            extra = ""
+            if what == "image":
+                tiles = encoder.plan(*image_dimensions(item)).n_tiles
+                extra = f" ({tiles} tiles and an overview)" if tiles else ""
+            log.info("%s encoded in %.2f s: %d rows%s", what, time.perf_counter() - t0, len(rows), extra)
             return rows
         tokens = text(pieces[0], add_bos)
-        for image, after in zip(images, pieces[1:]):
-            key, image = image_key(v, image)
-            ids = store.ids(key, lambda: encode(image), v.mrope_grid(*image_dimensions(image)))
-            for part in v.layout(ids, image):
+        for item, after in zip(media, pieces[1:]):
+            data = item if hasattr(item, "convert") else image_bytes(item, "image or sound")   # a PIL image as it is
+            if isinstance(data, bytes) and is_audio(data):
+                if self.audio is None:
+                    raise InvalidArgumentError("this model's projector reads images only: a sound needs one with an "
+                                               "audio encoder (--mmproj)")
+                ids = store.ids(audio_key(self.audio, data), lambda: encode(self.audio, data, "sound"))
+                parts = self.audio.layout(ids)
+            else:
+                if self.vision is None:
+                    raise InvalidArgumentError("this model's projector reads sounds only (WAV, MP3 or FLAC): an image "
+                                               "needs one with a vision encoder (--mmproj)")
+                v = self.vision
+                key, image = image_key(v, data)
+                ids = store.ids(key, lambda: encode(v, image, "image"), v.mrope_grid(*image_dimensions(image)))
+                parts = v.layout(ids, image)
+            for part in parts:
                 tokens += part if isinstance(part, list) else text(part)
             tokens += text(after)
         return tokens
@@ -635,8 +676,8 @@ class Model:
         token's log-probability under the model (before the sampling chain)
         and the N most likely tokens at its position (see prompt_logprobs).
 
-        images (a model loaded with mmproj=): image files, bytes, base64 or data: URLs, each
-        placed at a "<__media__>" in the prompt, else before it (see media_prompt).
+        images (a model loaded with mmproj=): image or sound files (WAV, MP3, FLAC), bytes, base64
+        or data: URLs, each placed at a "<__media__>" in the prompt, else before it (media_prompt).
         """
         return self._generation(prompt, max_tokens, stop, sampling, format=format, grammar=grammar,
                                 logprobs=logprobs, images=images).run()
@@ -738,7 +779,7 @@ class Model:
         tool use (None without tools)."""
         if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
             raise InvalidArgumentError("chat_template_kwargs must be an object of name -> value")
-        images: Optional[list] = [] if self.vision is not None else None
+        images: Optional[list] = [] if self.has_media else None
         messages, prefill = normalize_messages(messages, images), ""
         if prefill_assistant and messages and messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
             prefill = messages.pop()["content"]
@@ -852,9 +893,10 @@ class Model:
         for adapter in getattr(self, "adapters", ()):   # after the backend: it reads their B
             adapter.close()
         self.adapters = []
-        if getattr(self, "vision", None) is not None:
-            self.vision.close()
-            self.vision = None
+        for name in ("vision", "audio"):
+            if getattr(self, name, None) is not None:
+                getattr(self, name).close()
+                setattr(self, name, None)
 
     def __enter__(self) -> "Model":
         return self

@@ -154,7 +154,7 @@ class ChatSession:
             user["images"] = [base64.b64encode(image_bytes(image)).decode() for image in images]
         while True:
             msgs = ([{"role": "system", "content": self.system}] if self.system else []) + kept + [user]
-            shown: Optional[list] = [] if self.model.vision is not None else None
+            shown: Optional[list] = [] if self.model.has_media else None
             prompt_text, tokens = self.model._chat_prompt(normalize_messages(msgs, shown), images=shown)
             if len(tokens) + self._headroom(max_tokens) <= n_ctx or not kept:
                 break

@@ -59,8 +59,9 @@ MAX_RANGE = 10_000                 # range() in a template yields at most this m
 BUILTIN = ("chatml", "gemma", "vicuna")
 
 
-IMAGE_MARKER = "<__media__>"   # where an image goes in the prompt text (llama.cpp's marker)
-NO_VISION = "images need the model's vision projector: load it with --mmproj FILE (Model(..., mmproj=...))"
+IMAGE_MARKER = "<__media__>"   # where an image or a sound goes in the prompt text (llama.cpp's marker)
+NO_VISION = ("images and sounds need the model's multimodal projector: load it with --mmproj FILE "
+             "(Model(..., mmproj=...))")
 
 
 IMAGE_PARTS = ("image_url", "image", "input_image")
@@ -81,10 +82,20 @@ def _image_source(part: Mapping) -> Any:
     return src
 
 
+def _audio_source(part: Mapping) -> str:
+    """The sound of an OpenAI-style {"type": "input_audio", "input_audio": {"data": base64,
+    "format": "wav" | "mp3" | "flac"}} part (its bytes say which format they are)."""
+    audio = part.get("input_audio")
+    data = audio.get("data") if isinstance(audio, Mapping) else None
+    if not isinstance(data, str):
+        raise InvalidArgumentError("an input_audio part needs {'input_audio': {'data': '<base64>', 'format': 'wav'}}")
+    return data
+
+
 def _message_text(content: Any, images: Optional[list] = None) -> str:
     """A message's content as text: a string, None, or OpenAI-style parts
-    ([{"type": "text", "text": ...}]) joined; image parts become IMAGE_MARKER,
-    their images appended to `images` (None: images are refused)."""
+    ([{"type": "text", "text": ...}]) joined; image and input_audio parts become IMAGE_MARKER,
+    their images or sounds appended to `images` (None: they are refused)."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -94,14 +105,15 @@ def _message_text(content: Any, images: Optional[list] = None) -> str:
         for part in content:
             if isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str):
                 texts.append(part["text"])
-            elif isinstance(part, Mapping) and part.get("type") in IMAGE_PARTS:
+            elif isinstance(part, Mapping) and part.get("type") in IMAGE_PARTS + ("input_audio",):
                 if images is None:
                     raise InvalidArgumentError(NO_VISION)
-                images.append(_image_source(part))
+                images.append(_audio_source(part) if part["type"] == "input_audio" else _image_source(part))
                 texts.append(IMAGE_MARKER)
             else:
-                raise InvalidArgumentError("message content parts must be {'type': 'text', 'text': ...} or "
-                                           "{'type': 'image_url', 'image_url': {'url': ...}}")
+                raise InvalidArgumentError("message content parts must be {'type': 'text', 'text': ...}, "
+                                           "{'type': 'image_url', 'image_url': {'url': ...}} or "
+                                           "{'type': 'input_audio', 'input_audio': {'data': ..., 'format': 'wav'}}")
         return "".join(texts)
     raise InvalidArgumentError(f"message content must be a string, not {type(content).__name__}")
 

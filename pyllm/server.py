@@ -1217,7 +1217,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_json(HTTPStatus.OK, {
             "default_generation_settings": {"n_ctx": m.n_ctx, "params": defaults},
             "total_slots": len(self.server.slots), "model_alias": self.server.name, "model_path": str(m.path),
-            "modalities": {"vision": m.vision is not None, "audio": False},
+            "modalities": {"vision": m.vision is not None, "audio": m.audio is not None},
             "chat_template": (m.chat_template.source or m.chat_template.name) if m.arch.causal else "",
             "bos_token": token_text(m, m.tokenizer.bos_id), "eos_token": token_text(m, m.tokenizer.eos_id),
             "build_info": f"pyllm {pyllm_version()}"})
@@ -1291,7 +1291,7 @@ class Handler(BaseHTTPRequestHandler):
         info["general.parameter_count"] = m.file.n_params
         if m.arch.causal and not m.embedding:
             capabilities = ["completion", "tools"] + (["thinking"] if m.chat_template.has_thinking_switch else []) + \
-                (["vision"] if m.vision is not None else [])
+                (["vision"] if m.vision is not None else []) + (["audio"] if m.audio is not None else [])
             template = m.chat_template.source or m.chat_template.name
         else:
             capabilities, template = ["embedding"], ""

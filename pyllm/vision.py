@@ -71,18 +71,15 @@ import io
 import logging
 import math
 import os
-import signal
 import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
-from gguf import GGMLQuantizationType, dequantize
 from threadpoolctl import threadpool_limits
 
-from ._native import ffi, lib
+from .encoder import LayerWork, Tower
 from .errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
 from .model_file import ModelFile
 
@@ -130,28 +127,7 @@ class DeepStack:
     fc2: tuple
 
 
-@dataclass
-class EncoderLayer:
-    ln1: tuple
-    ln2: tuple
-    qkv: tuple   # ((name of the weight, bias or None) of q, of k, of v), or of one fused [q | k | v]
-    out: tuple
-    up: tuple
-    down: tuple
-    gate: Optional[tuple] = None    # a gated FFN's: down(act(gate h) * up h)
-    # Gemma 4's: RMS norms of each head of q and k (these weights; v's without), of the attention's
-    # and the FFN's outputs before they join the residual, and a scale of the layer's output
-    q_norm: Optional[str] = None
-    k_norm: Optional[str] = None
-    attn_post_norm: Optional[tuple] = None
-    ffn_post_norm: Optional[tuple] = None
-    out_scale: Optional[str] = None
-    # InternViT's: each branch's output scaled (per channel) before it joins the residual
-    attn_scale: Optional[str] = None
-    ffn_scale: Optional[str] = None
-
-
-class VisionEncoder:
+class VisionEncoder(Tower):
     """An mmproj file's vision tower and projector. encode(image) -> float32
     [n_tokens, n_embd of the language model]."""
 
@@ -161,27 +137,18 @@ class VisionEncoder:
                  min_tokens: Optional[int] = None, max_tokens: Optional[int] = None):
         """min_tokens, max_tokens: llama.cpp's --image-min-tokens / --image-max-tokens, the fewest
         and most rows an image becomes where the projector sizes images itself (None: its own)."""
-        self.path = str(path)
-        self.n_threads = max(1, n_threads or os.cpu_count() or 1)
-        self._pool: Optional[ThreadPoolExecutor] = None
-        self._buffers: dict = {}
-        self.mf = ModelFile(path)
+        super().__init__(path, n_threads)
         try:
-            self._read(self.mf)
             self.limit_tokens(min_tokens, max_tokens)
         except BaseException:
             self.mf.close()
             raise
-        self._lock = threading.Lock()
 
     def _read(self, mf: ModelFile) -> None:
         """The hyperparameters and tensors, every shape checked."""
-        if mf.architecture != "clip":
-            raise InvalidArgumentError(f"{self.path} is a {mf.architecture!r} model, not a multimodal projector "
-                                       f"(an mmproj .gguf file: architecture 'clip')")
         if mf.get("clip.has_vision_encoder") is False:
-            raise UnsupportedModelError(f"{self.path} has no vision encoder (an audio projector?); pyllm reads "
-                                        f"images only")
+            raise UnsupportedModelError(f"{self.path} has no vision encoder (an audio projector: give it as "
+                                        f"the model's mmproj and pass audio)")
         self.projector = str(mf.get("clip.projector_type") or mf.get("clip.vision.projector_type") or "")
         if self.projector not in PROJECTORS:
             raise UnsupportedModelError(f"{self.path}: projector type {self.projector!r} is not supported yet "
@@ -231,7 +198,6 @@ class VisionEncoder:
         if self.qwen:     # a still image is both frames of Qwen's temporal patch: the kernels' sum
             self.check_shape("v.patch_embd.weight.1", (self.patch, self.patch, 3, self.n_embd))
         self.align = self.patch * self.merge                  # LFM2: an image's sides are multiples of this
-        self.clamps = {}    # Gemma 4: a matrix's input and output clamped to [min, max] where the file says
         if self.projector == "gemma4v":   # the image at its own shape between <|image> and <image|>
             self.bidirectional = True
             self.n_out = self._projection("mm.input_projection.weight", self.n_embd, inputs_first=True)
@@ -409,24 +375,6 @@ class VisionEncoder:
         self.pixel_budget = (lo * area, hi * area)
 
     # -- reading the file ---------------------------------------------------------------------------
-    def _int(self, name: str, default: Optional[int] = None) -> int:
-        """clip.vision.{name}, a positive integer."""
-        key = "clip.vision." + name
-        v = self.mf.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) <= 0:
-            raise ModelFileError(f"{self.path}: {key} is missing or not a positive integer; is this an mmproj file?")
-        return int(v)
-
-    def _projection(self, name: str, n_in: int, inputs_first: bool) -> int:
-        """The projector's matrix into the language model's width: checks it takes n_in
-        and returns its width."""
-        t = self.mf.tensor(name) if self.mf.has_tensor(name) else None
-        dims = None if t is None or len(t.shape) != 2 else [int(v) for v in t.shape]
-        if dims is None or dims[0 if inputs_first else 1] != n_in:
-            raise ModelFileError(f"{self.path}: {name} is missing or does not take {n_in} inputs; the file is "
-                                 f"corrupt")
-        return dims[1 if inputs_first else 0]
-
     def _triple(self, key: str) -> np.ndarray:
         v = self.mf.get(key)
         try:
@@ -455,22 +403,6 @@ class VisionEncoder:
                                  f"sizes of up to 64 squares of {S} pixels; the file is corrupt")
         return pairs
 
-    def check_shape(self, name: str, shape: tuple) -> None:
-        if not self.mf.has_tensor(name):
-            raise ModelFileError(f"{self.path}: tensor {name} is missing; the file is corrupt")
-        got = tuple(self.mf.tensor(name).shape)
-        while len(got) > len(shape) and got[-1] == 1:
-            got = got[:-1]
-        if got != shape:
-            raise ModelFileError(f"{self.path}: tensor {name} has shape {list(got)}, expected {list(shape)}")
-
-    def _pair(self, name: str, shape: tuple) -> tuple:
-        self.check_shape(name + ".weight", shape)
-        bias = name + ".bias"
-        if self.mf.has_tensor(bias):
-            self.check_shape(bias, (shape[-1],))
-        return name + ".weight", bias if self.mf.has_tensor(bias) else None
-
     def _clamp(self, base: str) -> tuple:
         """(input min, max, output min, max) of a clippable matrix (Gemma 4's), unbounded where unsaid."""
         def scalar(suffix: str, default: float) -> float:
@@ -489,158 +421,6 @@ class VisionEncoder:
         n_mid = self._projection(p + "fc1.weight", n, inputs_first=True)
         return DeepStack(i, self._pair(p + "norm", (n,)), self._pair(p + "fc1", (n, n_mid)),
                          self._pair(p + "fc2", (n_mid, n_lm)))
-
-    def _layer(self, i: int) -> EncoderLayer:
-        p, n, f = f"v.blk.{i}.", self.n_embd, self.n_ff
-        up, down = p + "ffn_up", p + "ffn_down"
-        if n != f and self.mf.has_tensor(up + ".weight") and self.mf.tensor(up + ".weight").shape[0] == f:
-            up, down = down, up     # old conversions named fc1 ffn_down (llama.cpp swaps them back too)
-        gate = self._pair(p + "ffn_gate", (n, f)) if self.mf.has_tensor(p + "ffn_gate.weight") else None
-        extra = {}
-        if self.projector == "gemma4v":
-            d = n // self.n_head
-            for norm in ("q_norm", "k_norm"):
-                self.check_shape(f"{p}attn_{norm}.weight", (d,))
-                extra[norm] = f"{p}attn_{norm}.weight"
-            extra |= dict(attn_post_norm=self._pair(p + "attn_post_norm", (n,)),
-                          ffn_post_norm=self._pair(p + "ffn_post_norm", (n,)))
-            if self.mf.has_tensor(p + "out_scale.weight"):
-                got = tuple(self.mf.tensor(p + "out_scale.weight").shape)
-                if got not in ((1,), (n,)):
-                    raise ModelFileError(f"{self.path}: tensor {p}out_scale.weight has shape {list(got)}, expected "
-                                         f"[1] or [{n}]")
-                extra["out_scale"] = p + "out_scale.weight"
-        for scale, name in (("attn_scale", "ls1"), ("ffn_scale", "ls2")):    # InternViT's layer scales
-            if self.mf.has_tensor(f"{p}{name}.weight"):
-                self.check_shape(f"{p}{name}.weight", (n,))
-                extra[scale] = f"{p}{name}.weight"
-        qkv = (self._pair(p + "attn_qkv", (n, 3 * n)),) if self.mf.has_tensor(p + "attn_qkv.weight") else \
-            tuple(self._pair(p + m, (n, n)) for m in ("attn_q", "attn_k", "attn_v"))
-        return EncoderLayer(ln1=self._pair(p + "ln1", (n,)), ln2=self._pair(p + "ln2", (n,)), qkv=qkv,
-                            out=self._pair(p + "attn_out", (n, n)),
-                            up=self._pair(up, (n, f)), down=self._pair(down, (f, n)), gate=gate, **extra)
-
-    def floats(self, name: Optional[str]) -> Optional[np.ndarray]:
-        """A tensor as a new float32 array in numpy's order (rows = its last GGUF dimension)."""
-        if name is None:
-            return None
-        t = self.mf.tensor(name)
-        return self.dequantize(t, np.empty(tuple(int(v) for v in reversed(t.shape)), np.float32))
-
-    def dequantize(self, t, out: np.ndarray) -> np.ndarray:
-        """Tensor t as float32 into out (its size), by the core's kernels when it has the type."""
-        if lib.pyllm_type_supported(int(t.type)) and out.ndim == 2 and out.flags.c_contiguous:
-            rows, n = out.shape
-            row_bytes = t.data.nbytes // rows
-            src = np.ascontiguousarray(t.data).view(np.uint8).reshape(rows, row_bytes)
-            isa = lib.pyllm_get_level()
-            self.parallel(rows, lambda a, b: lib.pyllm_kernel_dequant(isa, int(t.type), _ptr(src[a:b], "void *"),
-                                                                   _ptr(out[a:b]), (b - a) * n))
-            return out
-        out[...] = dequantize(t.data, GGMLQuantizationType(t.type)).reshape(out.shape)
-        return out
-
-    def matrix(self, *names: str) -> np.ndarray:
-        """Weight matrices [rows, cols] as float32, stacked by rows, in a buffer kept for the
-        shape: the next matrix of that shape overwrites it (an encoder's layers dequantize into
-        the same memory)."""
-        tensors = [self.mf.tensor(name) for name in names]
-        shapes = [tuple(int(v) for v in reversed(t.shape)) for t in tensors]
-        shape = (sum(r for r, _ in shapes), shapes[0][1])
-        if shape not in self._buffers:
-            self._buffers[shape] = np.empty(shape, np.float32)
-        out, row = self._buffers[shape], 0
-        for t, (rows, _) in zip(tensors, shapes):
-            self.dequantize(t, out[row:row + rows])
-            row += rows
-        return out
-
-    def linear(self, x: np.ndarray, *wbs: tuple, out: Optional[np.ndarray] = None, bias: bool = True,
-               clamp: bool = True) -> np.ndarray:
-        """x W^T + b (without b: x W^T), into out when given; several (W, b) give their outputs side
-        by side from one matrix product (attention's q, k and v). The threads take a share of the
-        rows each. A matrix with clamps (Gemma 4's) clips its input and its output to them."""
-        if clamp and any(wb[0] in self.clamps for wb in wbs):   # clamped matrices one at a time
-            out = np.empty((len(x), sum(int(self.mf.tensor(wb[0]).shape[-1]) for wb in wbs)), np.float32) \
-                if out is None else out
-            col = 0
-            for wb in wbs:
-                lo, hi, out_lo, out_hi = self.clamps.get(wb[0], (-np.inf, np.inf, -np.inf, np.inf))
-                width = int(self.mf.tensor(wb[0]).shape[-1])
-                part = self.linear(np.clip(x, lo, hi), wb, bias=bias, clamp=False)
-                out[:, col:col + width] = np.clip(part, out_lo, out_hi)
-                col += width
-            return out
-        w = self.matrix(*(wb[0] for wb in wbs))
-        b = None
-        if bias and any(wb[1] is not None for wb in wbs):
-            b = np.concatenate([self.floats(wb[1]) if wb[1] is not None else np.zeros(self.mf.tensor(wb[0]).shape[-1],
-                                                                                    np.float32) for wb in wbs])
-        out = np.empty((len(x), len(w)), np.float32) if out is None else out
-
-        def rows(r0: int, r1: int) -> None:
-            np.matmul(x[r0:r1], w.T, out=out[r0:r1])
-            if b is not None:
-                out[r0:r1] += b
-        self.parallel(len(x), rows)
-        return out
-
-    def norm(self, x: np.ndarray, wb: tuple, out: Optional[np.ndarray] = None,
-             eps: Optional[float] = None) -> np.ndarray:
-        """Layer norm of each row of x (float32, contiguous), into out when given (eps: the
-        encoder's unless given); an RMS norm in an encoder of RMS norms (Pixtral's)."""
-        out = np.empty_like(x) if out is None else out
-        w, b = self.floats(wb[0]), self.floats(wb[1])
-        n = x.shape[1]
-        if self.rms:
-            def rms(r0: int, r1: int) -> None:
-                v = x[r0:r1]
-                np.multiply(v, (1.0 / np.sqrt(np.einsum("ij,ij->i", v, v) / n + (self.eps if eps is None else eps)))
-                            .astype(np.float32)[:, None], out=out[r0:r1])
-                out[r0:r1] *= w
-            self.parallel(len(x), rms)
-            return out
-        self.parallel(len(x), lambda r0, r1: lib.pyllm_dense_layernorm(
-            _ptr(x[r0:r1]), _ptr(out[r0:r1]), r1 - r0, n, _ptr(w), _ptr(b) if b is not None else ffi.NULL,
-            self.eps if eps is None else eps))
-        return out
-
-    def optional_norm(self, x: np.ndarray, name: str) -> np.ndarray:
-        if not self.mf.has_tensor(name + ".weight"):
-            return x
-        return self.norm(x, self._pair(name, (self.n_embd,)))
-
-    def activation(self, x: np.ndarray, bias: Optional[np.ndarray] = None, gelu: Optional[bool] = None) -> np.ndarray:
-        """act(x + bias) in place, x float32 [rows, n] contiguous: GELU (tanh form) or quick-GELU,
-        the encoder's unless `gelu` says."""
-        isa, n = lib.pyllm_get_level(), x.shape[1]
-        act = lib.DENSE_GELU_TANH if (self.gelu if gelu is None else gelu) else lib.DENSE_QUICK_GELU
-        b = _ptr(bias) if bias is not None else ffi.NULL
-        self.parallel(len(x), lambda r0, r1: lib.pyllm_dense_activation(isa, act, _ptr(x[r0:r1]), r1 - r0, n, b))
-        return x
-
-    def gated(self, gate_up: np.ndarray, act) -> np.ndarray:
-        """Rows of [gate | up] (n_ff each, contiguous) -> act(gate) * up in their first n_ff columns,
-        in place: act "silu", GELU (True: tanh form) or quick-GELU (False)."""
-        isa, n = lib.pyllm_get_level(), gate_up.shape[1] // 2
-        kind = lib.DENSE_SILU if act == "silu" else lib.DENSE_GELU_TANH if act else lib.DENSE_QUICK_GELU
-        self.parallel(len(gate_up), lambda r0, r1: lib.pyllm_dense_gated(isa, kind, _ptr(gate_up[r0:r1]), r1 - r0, n))
-        return gate_up
-
-    def parallel(self, n: int, run, grain: int = 16) -> None:
-        """run(lo, hi) over [0, n) in one share per thread (at least `grain` each), this thread
-        taking the first: numpy's BLAS (held to one thread while encoding) and the C kernels let
-        go of the GIL. A nonzero return from a kernel is a bug, not the user's error."""
-        nt = max(1, min(self.n_threads, n // grain))
-        cuts = [n * i // nt for i in range(nt + 1)]
-        if nt > 1 and self._pool is None:
-            self._pool = ThreadPoolExecutor(self.n_threads - 1, thread_name_prefix="pyllm-vision",
-                                            initializer=signal.pthread_sigmask,   # Ctrl-C is the main thread's
-                                            initargs=(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}))
-        rest = [self._pool.submit(run, cuts[i], cuts[i + 1]) for i in range(1, nt)]
-        codes = [run(cuts[0], cuts[1])] + [f.result() for f in rest]
-        if any(codes):
-            raise RuntimeError(f"a vision kernel refused its arguments (codes {codes})")
 
     # -- running ------------------------------------------------------------------------------------
     def pixels(self, image) -> np.ndarray:
@@ -878,10 +658,7 @@ class VisionEncoder:
             x.reshape(m, P, n)[:] += self.positions(gh, gw)
         x = np.ascontiguousarray(self.optional_norm(x, "v.pre_ln"))
         # every layer works in the same buffers: a large new array costs its page faults each time
-        gated = self.layers[0].gate is not None
-        h, y = np.empty((T, n), np.float32), np.empty((T, n), np.float32)
-        up = np.empty((T, self.n_ff * (2 if gated else 1)), np.float32)
-        work = AttentionWork(T, n)
+        work = LayerWork(T, n, self.n_ff, gated=self.layers[0].gate is not None)
         rope = None
         if self.projector == "pixtral":
             rope = rope_2d(gh, gw, n // self.n_head, PIXTRAL_ROPE_BASE, interleave=True) + ("adjacent",)
@@ -897,27 +674,7 @@ class VisionEncoder:
         stacked = []    # DeepStack's slices
         for i, L in enumerate(self.layers):
             windowed = spans is not None and self.window_every and (i + 1) % self.window_every
-            a = self.attention(self.norm(x, L.ln1, out=h), L, work=work, out=y, seq=P, rope=rope,
-                               spans=spans if windowed else None, scale=scale)
-            if L.attn_scale is not None:
-                a *= self.floats(L.attn_scale)
-            if L.attn_post_norm is not None:    # Gemma 4: each branch's output normed before it joins x
-                self.norm(a, L.attn_post_norm, out=a)
-            x += a
-            self.norm(x, L.ln2, out=h)
-            if gated:    # act(gate h) * up h, from one matrix product
-                self.gated(self.linear(h, L.gate, L.up, out=up), self.gated_act)
-                f = self.linear(up[:, :self.n_ff], L.down, out=y)
-            else:
-                self.activation(self.linear(h, L.up, out=up, bias=False), self.floats(L.up[1]))
-                f = self.linear(up, L.down, out=y)
-            if L.ffn_post_norm is not None:
-                self.norm(f, L.ffn_post_norm, out=f)
-            if L.ffn_scale is not None:
-                f *= self.floats(L.ffn_scale)
-            x += f
-            if L.out_scale is not None:
-                x *= self.floats(L.out_scale)
+            self.layer(x, L, work, seq=P, rope=rope, spans=spans if windowed else None, scale=scale)
             for ds in self.deepstack:
                 if ds.layer == i:
                     cells = self.side_by_side(x.reshape(m, P, n)[:, raster].reshape(T, n), gh, gw)
@@ -929,74 +686,6 @@ class VisionEncoder:
         first = int(self.class_row)     # the class row is not one of the image's rows
         rows = np.concatenate([self.project(x[i * P + first:(i + 1) * P], gh, gw) for i in range(m)])
         return np.concatenate([rows] + stacked, axis=1) if stacked else rows
-
-    def attention(self, h: np.ndarray, L: EncoderLayer, block: int = 512, work: Optional["AttentionWork"] = None,
-                  out: Optional[np.ndarray] = None, seq: Optional[int] = None,
-                  rope: Optional[tuple] = None, spans: Optional[list] = None,
-                  scale: Optional[float] = None) -> np.ndarray:
-        """Every row attends to every row of its tile (`seq` rows each; default all of h), or of
-        its span (`spans`: (start, end) row ranges, Qwen 2.5's windows), head by head, `block`
-        query rows at a time (their scores stay in the cache: 8 MB at 4096 patches); the threads
-        share the (span, head, block) units; scores scaled by `scale`, else 1/sqrt(head_dim).
-        rope: (cos, sin, pairs) with cos and sin [seq, head_dim / 2], turning each head's pairs
-        of q and k: "adjacent" (x[2i], x[2i + 1]) (Pixtral's 2D RoPE), "halves" (x[i], x[i +
-        head_dim / 2]) (Qwen's) or "quarters", each half's (x[i], x[i + head_dim / 4]) (Gemma 4's).
-        Gemma 4 norms each head of q and k (RMS, the layer's weights) and of v (no weights)."""
-        T, H = h.shape[0], self.n_head
-        P = T if seq is None else seq
-        spans = [(i, i + P) for i in range(0, T, P)] if spans is None else spans
-        d, n = self.n_embd // H, self.n_embd
-        w = AttentionWork(T, n) if work is None else work
-        qkv = self.linear(h, *L.qkv, out=w.qkv)
-        q, k, v = qkv[:, :n], qkv[:, n:2 * n], qkv[:, 2 * n:]
-        isa = lib.pyllm_get_level()
-        if L.q_norm is not None:
-            def head_norms(r0: int, r1: int) -> None:
-                for x, wname in ((q, L.q_norm), (k, L.k_norm), (v, None)):
-                    heads = x[r0:r1].reshape(r1 - r0, H, d)
-                    heads *= 1.0 / np.sqrt(np.einsum("thi,thi->th", heads, heads) / d + self.eps)[..., None]
-                    if wname is not None:
-                        heads *= self.floats(wname)
-            self.parallel(T, head_norms)
-        if rope is not None:
-            # the pairs' two sides (views of the head) and their angles' columns: Qwen's the head's
-            # halves, Pixtral's its even and odd dims, Gemma 4's each half's quarters
-            h2, h4 = d // 2, d // 4
-            pairs = {"halves": [(slice(0, h2), slice(h2, d), slice(0, h2))],
-                     "adjacent": [(slice(0, d, 2), slice(1, d, 2), slice(0, h2))],
-                     "quarters": [(slice(0, h4), slice(h4, h2), slice(0, h4)),
-                                  (slice(h2, h2 + h4), slice(h2 + h4, d), slice(h4, h2))]}[rope[2]]
-
-            def turn(r0: int, r1: int) -> None:
-                at = np.arange(r0, r1) % P
-                cos, sin = rope[0][at][:, None], rope[1][at][:, None]
-                for x in (q[r0:r1], k[r0:r1]):
-                    heads = x.reshape(r1 - r0, H, d)
-                    for one, two, cols in pairs:
-                        a, b = heads[..., one].copy(), heads[..., two].copy()
-                        heads[..., one] = a * cos[..., cols] - b * sin[..., cols]
-                        heads[..., two] = a * sin[..., cols] + b * cos[..., cols]
-            self.parallel(T, turn)
-        jobs = [(lo, hi, head, a) for lo, hi in spans for head in range(H) for a in range(lo, hi, block)]
-        longest = max(hi - lo for lo, hi in spans)
-
-        def units(first: int, last: int) -> int:
-            scores, sums = np.empty((min(block, longest), longest), np.float32), np.empty(block, np.float32)
-            current = None
-            for lo, hi, head, a in jobs[first:last]:
-                cols = slice(head * d, (head + 1) * d)
-                if current != (lo, head):
-                    current = (lo, head)
-                    qh = q[lo:hi, cols] * np.float32(1.0 / math.sqrt(d) if scale is None else scale)
-                    kt, vh = np.ascontiguousarray(k[lo:hi, cols].T), np.ascontiguousarray(v[lo:hi, cols])
-                b, m = min(hi, a + block), hi - lo
-                s = np.matmul(qh[a - lo:b - lo], kt, out=scores[:b - a, :m])
-                if lib.pyllm_dense_softmax_rows(isa, _ptr(s), b - a, m, longest, _ptr(sums)):
-                    return -1
-                w.heads[a:b, cols] = (s @ vh) / sums[:b - a, None]   # normalized after
-            return 0
-        self.parallel(len(jobs), units, grain=1)
-        return self.linear(w.heads, L.out, out=out)
 
     def project(self, x: np.ndarray, rows: int, cols: int) -> np.ndarray:
         """The encoder's rows for a grid of rows x cols patches [rows * cols, n_embd] into the
@@ -1057,28 +746,12 @@ class VisionEncoder:
                 out[r * (per_row + 1) + per_row] = self.floats("v.token_embd.img_break")
         return out
 
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
-        self.mf.close()
-
-
-class AttentionWork:
-    """The attention's buffers for T rows of width n, kept from layer to layer."""
-
-    def __init__(self, T: int, n: int):
-        self.qkv, self.heads = np.empty((T, 3 * n), np.float32), np.empty((T, n), np.float32)
-
-
-def _ptr(a: np.ndarray, kind: str = "float *"):
-    return ffi.cast(kind, a.ctypes.data)
-
 
 # -- images -------------------------------------------------------------------------------------------
 
-def image_bytes(image) -> bytes:
-    """The encoded bytes of an image given as bytes, a path, a data: URL or base64 text."""
+def image_bytes(image, what: str = "image") -> bytes:
+    """The encoded bytes of an image (or a sound: `what` names it in errors) given as bytes, a
+    path, a data: URL or base64 text."""
     if isinstance(image, (bytes, bytearray, memoryview)):
         return bytes(image)
     if isinstance(image, os.PathLike) or (isinstance(image, str) and os.path.isfile(image)):
@@ -1086,23 +759,37 @@ def image_bytes(image) -> bytes:
             with open(image, "rb") as f:
                 return f.read()
         except OSError as e:
-            raise InvalidArgumentError(f"cannot read the image {image}: {e.strerror}") from None
+            raise InvalidArgumentError(f"cannot read the {what} {image}: {e.strerror}") from None
     if isinstance(image, str):
         s = image.strip()
         if s.startswith("data:"):
             head, _, s = s.partition(",")
             if ";base64" not in head:
-                raise InvalidArgumentError("an image data: URL must be base64 (data:image/png;base64,...)")
+                raise InvalidArgumentError(f"an {what} data: URL must be base64 (data:image/png;base64,...)")
         elif s.startswith(("http://", "https://")):
-            raise InvalidArgumentError("pyllm does not fetch images from the web: give the image's bytes as a "
-                                       "data: URL (data:image/png;base64,...) or base64")
+            raise InvalidArgumentError(f"pyllm does not fetch media from the web: give the {what}'s bytes as a "
+                                       f"data: URL (data:image/png;base64,...) or base64")
         try:
             return base64.b64decode(s, validate=True)
         except (binascii.Error, ValueError):
             shown = image if len(image) < 80 else image[:77] + "..."
-            raise InvalidArgumentError(f"{shown!r} is neither an image file nor base64 image data") from None
-    raise InvalidArgumentError(f"an image is bytes, a file path, a data: URL or base64 text, not "
+            raise InvalidArgumentError(f"{shown!r} is neither an {what} file nor base64 data") from None
+    raise InvalidArgumentError(f"an {what} is bytes, a file path, a data: URL or base64 text, not "
                                f"{type(image).__name__}")
+
+
+def modalities(path: str | os.PathLike) -> tuple[bool, bool]:
+    """(has a vision encoder, has an audio encoder) of an mmproj file, as its clip.has_* keys say
+    (a file without them, from older converters: vision)."""
+    with ModelFile(path) as mf:
+        if mf.architecture != "clip":
+            raise InvalidArgumentError(f"{path} is a {mf.architecture!r} model, not a multimodal projector (an "
+                                       f"mmproj .gguf file: architecture 'clip')")
+        audio = bool(mf.get("clip.has_audio_encoder", False))
+        vision = bool(mf.get("clip.has_vision_encoder", not audio))
+    if not vision and not audio:
+        raise ModelFileError(f"{path} says it has neither a vision nor an audio encoder; the file is corrupt")
+    return vision, audio
 
 
 def load_image(image):

@@ -178,17 +178,21 @@ PIXTRAL_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
 QWEN_VL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
 GEMMA4_TOKENS = ["<|image>", "<image|>"]
 INTERNVL_TOKENS = ["<img>", "</img>", "<IMG_CONTEXT>"]
+# a sound's markers: Qwen2-Audio's and Voxtral's
+AUDIO_TOKENS = ["<|audio_bos|>", "<|audio_eos|>", "[BEGIN_AUDIO]"]
 
 
 def small_vocab(w: gguf.GGUFWriter, n_vocab: int = 512, image_tokens: bool | str = False) -> int:
     """A made-up byte-level BPE vocabulary (enough to load; tests feed ids). image_tokens:
     the last ids are SmolVLM's image tokens, with "\n\n" merged into one ("lfm2": LFM2-VL's;
-    "pixtral": Pixtral's; "qwen": Qwen 2 / 2.5 VL's; "gemma4": Gemma 4's; "internvl": InternVL's)."""
+    "pixtral": Pixtral's; "qwen": Qwen 2 / 2.5 VL's; "gemma4": Gemma 4's; "internvl": InternVL's;
+    "audio": Qwen2-Audio's and Voxtral's sound markers)."""
     byte_chars = [chr(c) for c in range(33, 127)] + [chr(c) for c in range(161, 173)] + \
                  [chr(c) for c in range(174, 256)] + [chr(256 + i) for i in range(68)]
     words = ["to", "tok"] + (["\u010a\u010a"] if image_tokens else [])
     special = {"lfm2": LFM2_TOKENS, "pixtral": PIXTRAL_TOKENS, "qwen": QWEN_VL_TOKENS,
-               "gemma4": GEMMA4_TOKENS, "internvl": INTERNVL_TOKENS}.get(image_tokens, IDEFICS3_TOKENS) \
+               "gemma4": GEMMA4_TOKENS, "internvl": INTERNVL_TOKENS,
+               "audio": AUDIO_TOKENS}.get(image_tokens, IDEFICS3_TOKENS) \
         if image_tokens else []
     tokens = byte_chars + words + [f"tok{i}" for i in range(n_vocab - len(byte_chars) - len(words) - len(special))]
     tokens += special
@@ -1886,6 +1890,75 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
     else:
         add("mm.soft_emb_norm.weight", 1 + rng.normal(0, 0.1, n_embd))
         add("mm.input_projection.weight", rng.normal(0, 1.0 / np.sqrt(n_embd), (n_embd, n_out)), QT.F16)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+def write_audio_mmproj(path: str | Path, n_out: int = 256, *, projector: str = "qwen2a", n_embd: int = 64,
+                       n_head: int = 4, n_ff: int = 128, n_layer: int = 2, n_mel: int = 16, stack: int = 4,
+                       n_mid: int = 96, seed: int = 7, qtype: QT = QT.F16, drop_tensor: Optional[str] = None,
+                       n_positions: int = 1500) -> str:
+    """A tiny Whisper-encoder audio projector, as llama.cpp's converters write one (mmproj GGUF,
+    architecture "clip", clip.has_audio_encoder): two 1D convolutions over n_mel mel bins (F16,
+    their biases [1, n_embd]), learned positions, n_layer pre-norm layers (k without bias, exact
+    GELU), a post-norm, then the projector: "qwen2a" (Qwen2-Audio: rows pooled 2 by 2, one
+    Linear), "ultravox" (`stack` rows side by side, RMS norm, a SwiGLU Linear of 2 n_mid, RMS
+    norm, Linear) or "voxtral" (`stack` rows side by side, Linear, GELU, Linear, no biases)."""
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_bool("clip.has_vision_encoder", False)
+    w.add_bool("clip.has_audio_encoder", True)
+    w.add_bool("clip.has_text_encoder", False)
+    w.add_string("clip.projector_type", projector)
+    for key, v in (("embedding_length", n_embd), ("feed_forward_length", n_ff), ("block_count", n_layer),
+                   ("attention.head_count", n_head), ("num_mel_bins", n_mel), ("projection_dim", n_out)):
+        w.add_uint32("clip.audio." + key, v)
+    w.add_float32("clip.audio.attention.layer_norm_epsilon", 1e-5)
+    if projector != "qwen2a":
+        w.add_uint32("clip.audio.projector.stack_factor", stack)
+    w.add_uint32("general.file_type", 1)
+
+    def add(name: str, a: np.ndarray, t: QT = QT.F32) -> None:
+        if name != drop_tensor:
+            add_as(w, name, a, t)
+
+    def mat(n_in: int, n_o: int, scale: float = 1.0) -> np.ndarray:    # numpy [n_o, n_in] = GGUF (n_in, n_o)
+        return rng.normal(0, scale / np.sqrt(n_in), (n_o, n_in))
+
+    add("a.conv1d.1.weight", rng.normal(0, 1 / np.sqrt(3 * n_mel), (n_embd, n_mel, 3)), QT.F16)
+    add("a.conv1d.1.bias", rng.normal(0, 0.1, (n_embd, 1)))
+    add("a.conv1d.2.weight", rng.normal(0, 1 / np.sqrt(3 * n_embd), (n_embd, n_embd, 3)), QT.F16)
+    add("a.conv1d.2.bias", rng.normal(0, 0.1, (n_embd, 1)))
+    add("a.position_embd.weight", rng.normal(0, 0.5, (n_positions, n_embd)))
+    for i in range(n_layer):
+        p = f"a.blk.{i}."
+        for ln in ("ln1", "ln2"):
+            add(p + ln + ".weight", 1 + rng.normal(0, 0.1, n_embd))
+            add(p + ln + ".bias", rng.normal(0, 0.1, n_embd))
+        for m in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            add(p + m + ".weight", mat(n_embd, n_embd), qtype)
+            if m != "attn_k":      # Whisper's k has no bias
+                add(p + m + ".bias", rng.normal(0, 0.1, n_embd))
+        add(p + "ffn_up.weight", mat(n_embd, n_ff), qtype)
+        add(p + "ffn_up.bias", rng.normal(0, 0.1, n_ff))
+        add(p + "ffn_down.weight", mat(n_ff, n_embd), qtype)
+        add(p + "ffn_down.bias", rng.normal(0, 0.1, n_embd))
+    add("a.post_ln.weight", 1 + rng.normal(0, 0.1, n_embd))
+    add("a.post_ln.bias", rng.normal(0, 0.1, n_embd))
+    if projector == "qwen2a":
+        add("mm.a.fc.weight", mat(n_embd, n_out), qtype)
+        add("mm.a.fc.bias", rng.normal(0, 0.1, n_out))
+    elif projector == "ultravox":
+        add("mm.a.norm_pre.weight", 1 + rng.normal(0, 0.1, n_embd * stack))
+        add("mm.a.mlp.1.weight", mat(n_embd * stack, 2 * n_mid), qtype)
+        add("mm.a.norm_mid.weight", 1 + rng.normal(0, 0.1, n_mid))
+        add("mm.a.mlp.2.weight", mat(n_mid, n_out), qtype)
+    else:
+        add("mm.a.mlp.1.weight", mat(n_embd * stack, n_mid), qtype)
+        add("mm.a.mlp.2.weight", mat(n_mid, n_out), qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

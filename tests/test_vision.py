@@ -366,7 +366,7 @@ def test_served_images(files):
         assert call(server.url, "/props")[1]["modalities"]["vision"] is True
         assert "vision" in call(server.url, "/api/show", {"model": "vision"})[1]["capabilities"]
         status, body = call(server.url, "/api/generate", {"prompt": "x", "images": ["not an image"]})
-        assert status == 400 and "neither an image file nor base64" in body["error"]
+        assert status == 400 and "neither an image or sound file nor base64" in body["error"]
     m.close()
 
 
@@ -1160,7 +1160,7 @@ def test_the_encoder_s_threads_leave_ctrl_c_to_the_main_thread(files):
     import threading
     enc = VisionEncoder(files["mm"], n_threads=3)
     enc.encode(picture(23))
-    workers = [t for t in threading.enumerate() if t.name.startswith("pyllm-vision")]
+    workers = [t for t in threading.enumerate() if t.name.startswith("pyllm-encoder")]
     assert workers
     for t in workers:
         status = open(f"/proc/self/task/{t.native_id}/status").read()

@@ -1,0 +1,284 @@
+"""Audio encoders: the Whisper encoder and projector of an mmproj file (llama.cpp's mtmd,
+audio) turn a sound into rows of embeddings that the language model reads in place of tokens.
+
+    samples = the file decoded to mono 16 kHz floats (miniaudio, as mtmd's helper decodes it)
+    mel = log10(max(mel_filters |STFT(samples)|^2, 2^-24)): 400-sample periodic Hann windows
+          every 160 samples (10 ms), the sound reflected 200 samples at its start and followed
+          by 30 s of silence; mel = (max(mel, max(mel) - 8) + 4) / 4               # [n_mel, frames]
+    each whole 3000 frames (30 s) of mel, a chunk:
+        x = gelu(conv1d(mel, W1, k=3, pad 1) + b1)                                  # [3000, n_embd]
+        x = gelu(conv1d(x, W2, k=3, stride 2, pad 1) + b2) + position_embd[:1500]   # [1500, n_embd]
+        x = the Tower's layers (layer norms, k without bias, exact GELU); x = post_ln(x)
+        projector "qwen2a" (Qwen2-Audio, Qwen2.5-Omni): x = avg_pool(x, 2) before post_ln;
+            rows = x Wfc + bfc                                                       # 750 rows
+        projector "ultravox": x = each 8 rows side by side (zeros after the last);
+            rows = W2 rmsnorm(silu(b) a) w_mid, [a | b] = W1 rmsnorm(x) w_pre        # 188 rows
+        projector "voxtral": x = each 4 rows side by side; rows = W2 gelu(W1 x)       # 375 rows
+
+The filters are Slaney's mel scale with area normalization (librosa's default, Whisper's), as
+mtmd computes them. Voxtral reads its rows as transformers' Voxtral does (no pooling: mtmd pools
+them and runs 2 x 2 rows side by side instead); Ultravox keeps the last, zero-padded stack of
+rows, as transformers' StackAudioFrames does.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import wave
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from .encoder import LayerWork, Tower
+from .errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
+from .model_file import ModelFile
+
+log = logging.getLogger("pyllm")
+
+AUDIO_PROJECTORS = ("qwen2a", "ultravox", "voxtral")
+SAMPLE_RATE = 16000     # Whisper's: samples a second
+N_FFT = 400             # samples a window (25 ms)
+HOP = 160               # samples between windows (10 ms)
+CHUNK_FRAMES = 3000     # frames an encoder reads at a time (30 s)
+MEL_FLOOR = 2.0 ** -24  # mtmd's floor of a mel value before its log
+# the tokens that open and close a sound's rows (mtmd's), by projector
+MARKERS = {"qwen2a": ("<|audio_bos|>", "<|audio_eos|>"), "voxtral": ("[BEGIN_AUDIO]", ""), "ultravox": ("", "")}
+
+
+# -- sound files --------------------------------------------------------------------------------------
+
+def is_audio(data: bytes) -> bool:
+    """Whether bytes are a sound file (WAV, MP3 or FLAC), by their first bytes, as mtmd tells
+    them from images."""
+    head = bytes(data[:12])
+    return (head[:4] == b"RIFF" and head[8:12] == b"WAVE") or head[:3] == b"ID3" or head[:4] == b"fLaC" or \
+        (len(head) >= 2 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0)
+
+
+def load_audio(data: bytes, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+    """A WAV, MP3 or FLAC file's bytes -> its sound as float32 mono samples at sample_rate:
+    channels averaged, resampled by miniaudio (the decoder llama.cpp's mtmd uses)."""
+    import miniaudio
+    try:
+        sound = miniaudio.decode(bytes(data), output_format=miniaudio.SampleFormat.FLOAT32, nchannels=1,
+                                 sample_rate=sample_rate)
+    except miniaudio.MiniaudioError as e:
+        raise InvalidArgumentError(f"cannot decode the sound ({len(data)} bytes): {e}; give a WAV, MP3 or FLAC "
+                                   f"file") from None
+    samples = np.frombuffer(sound.samples, dtype=np.float32).copy()
+    if not len(samples):
+        raise InvalidArgumentError("the sound file holds no samples")
+    return samples
+
+
+def wav_bytes(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> bytes:
+    """Mono float samples in [-1, 1] as a 16-bit PCM WAV file's bytes."""
+    pcm = np.round(np.clip(np.asarray(samples, np.float64), -1, 1) * 32767).astype("<i2")
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(sample_rate)
+        w.writeframes(pcm.tobytes())
+    return out.getvalue()
+
+
+# -- the log-mel spectrogram ----------------------------------------------------------------------------
+
+def mel_filters(n_mel: int, n_fft: int = N_FFT, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+    """Triangular filters on Slaney's mel scale (linear below 1 kHz, logarithmic above), each
+    scaled to unit area: float32 [n_mel, n_fft / 2 + 1], over the FFT's bins 0 .. sample_rate / 2."""
+    def mel(hz):
+        return np.where(hz < 1000, hz * 3 / 200, 15 + np.log(np.maximum(hz, 1e-9) / 1000) / (np.log(6.4) / 27))
+
+    def hz(m):
+        return np.where(m < 15, m * 200 / 3, 1000 * np.exp((m - 15) * np.log(6.4) / 27))
+    edges = hz(np.linspace(mel(0.0), mel(sample_rate / 2), n_mel + 2))           # the triangles' corners
+    f = np.arange(n_fft // 2 + 1) * sample_rate / n_fft                          # each bin's frequency
+    left, centre, right = edges[:-2, None], edges[1:-1, None], edges[2:, None]
+    rising = (f - left) / np.maximum(centre - left, 1e-30)
+    falling = (right - f) / np.maximum(right - centre, 1e-30)
+    w = np.where((f >= left) & (f <= centre), rising, np.where((f > centre) & (f <= right), falling, 0.0))
+    return (w * 2 / (right - left)).astype(np.float32)
+
+
+def log_mel(samples: np.ndarray, n_mel: int, block: int = 4096) -> list[np.ndarray]:
+    """Whisper's log-mel spectrogram of float samples at 16 kHz, cut into whole chunks of 3000
+    frames (30 s; the last, partial one, only silence and the sound's last frames, dropped as
+    mtmd drops it): float32 [n_mel, 3000] each. Frames are computed `block` at a time."""
+    x = np.asarray(samples, np.float32).reshape(-1)
+    if len(x) < N_FFT // 2 + 1:      # the reflection needs 201 samples: silence after a shorter sound
+        x = np.concatenate([x, np.zeros(N_FFT // 2 + 1 - len(x), np.float32)])
+    half = N_FFT // 2
+    padded = np.concatenate([x[1:half + 1][::-1], x, np.zeros(30 * SAMPLE_RATE + 2 * half, np.float32)])
+    n_frames = (len(padded) - N_FFT) // HOP + 1
+    window = (0.5 * (1 - np.cos(2 * np.pi * np.arange(N_FFT) / N_FFT))).astype(np.float32)    # periodic Hann
+    filters = mel_filters(n_mel).astype(np.float64)
+    frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP][:n_frames]
+    mel = np.empty((n_mel, n_frames), np.float32)
+    for a in range(0, n_frames, block):
+        spectrum = np.fft.rfft(frames[a:a + block] * window, axis=1)
+        power = spectrum.real ** 2 + spectrum.imag ** 2                           # [frames, 201]
+        mel[:, a:a + block] = np.log10(np.maximum(filters @ power.T, MEL_FLOOR))
+    mel = (np.maximum(mel, mel.max() - 8.0) + 4.0) / 4.0
+    return [np.ascontiguousarray(mel[:, c:c + CHUNK_FRAMES]) for c in range(0, n_frames - CHUNK_FRAMES + 1,
+                                                                              CHUNK_FRAMES)]
+
+
+# -- the encoder ------------------------------------------------------------------------------------
+
+class AudioEncoder(Tower):
+    """An mmproj file's audio tower and projector. encode(sound) -> float32 [rows, n_out]: each
+    30 s chunk's rows, in order."""
+
+    section, prefix = "audio", "a"
+
+    def _read(self, mf: ModelFile) -> None:
+        """The hyperparameters and tensors, every shape checked."""
+        if not mf.get("clip.has_audio_encoder", False):
+            raise UnsupportedModelError(f"{self.path} has no audio encoder (a vision projector: give it images)")
+        kind = mf.get("clip.audio.projector_type") or mf.get("clip.projector_type") or ""
+        self.projector = "qwen2a" if kind == "qwen2.5o" else str(kind)    # Qwen2.5-Omni's sound: Qwen2-Audio's
+        if self.projector not in AUDIO_PROJECTORS:
+            raise UnsupportedModelError(f"{self.path}: audio projector type {kind!r} is not supported yet "
+                                        f"(supported: {', '.join(AUDIO_PROJECTORS)}: Qwen2-Audio's and Qwen2.5-Omni's, "
+                                        f"Ultravox's, Voxtral's)")
+        self.n_embd, self.n_head = self._int("embedding_length"), self._int("attention.head_count")
+        self.n_ff, self.n_layer = self._int("feed_forward_length"), self._int("block_count")
+        self.n_mel = self._int("num_mel_bins")
+        eps = mf.get("clip.audio.attention.layer_norm_epsilon", 1e-5)
+        if not isinstance(eps, (int, float)) or not 0 < eps < 1:
+            raise ModelFileError(f"{self.path}: clip.audio.attention.layer_norm_epsilon is {eps!r}; the file is "
+                                 f"corrupt")
+        if self.n_embd % self.n_head or self.n_mel > 256 or self.n_embd > 16384:
+            raise ModelFileError(f"{self.path}: {self.n_head} heads do not divide {self.n_embd}, or {self.n_mel} mel "
+                                 f"bins are beyond Whisper's; the file is corrupt")
+        self.eps, self.gelu = float(eps), "erf"
+        n = self.n_embd
+        self.conv1, self.conv2 = self._conv("a.conv1d.1", self.n_mel), self._conv("a.conv1d.2", n)
+        self.n_positions = CHUNK_FRAMES // 2
+        t = mf.tensor("a.position_embd.weight") if mf.has_tensor("a.position_embd.weight") else None
+        if t is None or len(t.shape) != 2 or int(t.shape[0]) != n or int(t.shape[1]) < self.n_positions:
+            raise ModelFileError(f"{self.path}: a.position_embd.weight is missing or has fewer than "
+                                 f"{self.n_positions} positions of {n}; the file is corrupt")
+        self.pool = self.projector == "qwen2a"
+        self.stack = 1
+        if self.projector == "qwen2a":
+            self.fc = self._pair("mm.a.fc", (n, self._projection("mm.a.fc.weight", n, inputs_first=True)))
+            self.n_out = int(mf.tensor("mm.a.fc.weight").shape[1])
+        else:
+            self.stack = self._int("projector.stack_factor")
+            if self.stack > 64:
+                raise ModelFileError(f"{self.path}: a stack of {self.stack} rows is beyond any projector's")
+            n_in = n * self.stack
+            n_mid = self._projection("mm.a.mlp.1.weight", n_in, inputs_first=True)
+            if self.projector == "ultravox":    # SwiGLU halves the width
+                if n_mid % 2:
+                    raise ModelFileError(f"{self.path}: mm.a.mlp.1 is {n_mid} wide, not two halves; the file is corrupt")
+                self.check_shape("mm.a.norm_pre.weight", (n_in,))
+                self.check_shape("mm.a.norm_mid.weight", (n_mid // 2,))
+                n_mid //= 2
+            self.n_out = self._projection("mm.a.mlp.2.weight", n_mid, inputs_first=True)
+            self.mlp = (self._pair("mm.a.mlp.1", (n_in, n_mid * (2 if self.projector == "ultravox" else 1))),
+                        self._pair("mm.a.mlp.2", (n_mid, self.n_out)))
+        self.begin, self.end = MARKERS[self.projector]
+        self.layers = [self._layer(i) for i in range(self.n_layer)]
+
+    def _conv(self, name: str, n_in: int) -> tuple:
+        """A convolution's (weight [n_embd, n_in, 3], bias [n_embd] (stored [1, n_embd]))."""
+        self.check_shape(name + ".weight", (3, n_in, self.n_embd))
+        bias = self.mf.tensor(name + ".bias") if self.mf.has_tensor(name + ".bias") else None
+        if bias is None or [int(v) for v in bias.shape if v != 1] != [self.n_embd]:
+            raise ModelFileError(f"{self.path}: tensor {name}.bias is missing or not {self.n_embd} values; the "
+                                 f"file is corrupt")
+        return name + ".weight", name + ".bias"
+
+    def describe(self) -> dict:
+        return {"projector": self.projector, "layers": self.n_layer, "width": self.n_embd, "mel bins": self.n_mel,
+                "rows per 30 s": self.rows_per_chunk, "sample rate": SAMPLE_RATE}
+
+    @property
+    def rows_per_chunk(self) -> int:
+        """The rows of each 30 s chunk."""
+        n = self.n_positions // 2 if self.pool else self.n_positions
+        return -(-n // self.stack)
+
+    def encode(self, sound) -> np.ndarray:
+        """A sound (a file's bytes, or float32 samples at 16 kHz) -> float32 [rows, n_out]."""
+        samples = load_audio(sound) if isinstance(sound, (bytes, bytearray, memoryview)) else \
+            np.asarray(sound, np.float32)
+        return self.encode_mel(log_mel(samples, self.n_mel))
+
+    def encode_mel(self, chunks: list[np.ndarray]) -> np.ndarray:
+        """Log-mel chunks, float32 [n_mel, 3000] each -> their rows, in order."""
+        for c in chunks:
+            if c.shape != (self.n_mel, CHUNK_FRAMES):
+                raise InvalidArgumentError(f"a mel chunk must be [{self.n_mel}, {CHUNK_FRAMES}], not {list(c.shape)}")
+        with self._lock, threadpool_limits(limits=1, user_api="blas"):
+            try:
+                return np.concatenate([self._encode(c) for c in chunks]) if chunks else \
+                    np.empty((0, self.n_out), np.float32)
+            finally:
+                self._buffers.clear()
+
+    def conv1d(self, x: np.ndarray, wb: tuple, stride: int) -> np.ndarray:
+        """gelu(x * W + b) along time, x [channels, T] -> [T / stride, out channels]: a kernel of
+        3 with a zero either side, as one matrix product over each output's 3 columns of x."""
+        c, T = x.shape
+        xp = np.pad(x, ((0, 0), (1, 1)))
+        n_out = (T - 1) // stride + 1
+        cols = np.lib.stride_tricks.sliding_window_view(xp, 3, axis=1)[:, ::stride][:, :n_out]   # [c, n_out, 3]
+        cols = np.ascontiguousarray(cols.transpose(1, 0, 2).reshape(n_out, c * 3))
+        w = self.floats(wb[0]).reshape(-1, c * 3)                 # [out, c, 3] as the file stores it
+        y = np.empty((n_out, len(w)), np.float32)
+
+        def rows(r0: int, r1: int) -> None:
+            np.matmul(cols[r0:r1], w.T, out=y[r0:r1])
+        self.parallel(n_out, rows)
+        return self.activation(y, np.ascontiguousarray(self.floats(wb[1]).reshape(-1)))
+
+    def _encode(self, mel: np.ndarray) -> np.ndarray:
+        """One chunk [n_mel, 3000] -> its rows."""
+        x = self.conv1d(self.conv1d(mel, self.conv1, 1).T, self.conv2, 2)   # [1500, n_embd]
+        x += self.floats("a.position_embd.weight")[:len(x)]
+        work = LayerWork(len(x), self.n_embd, self.n_ff, gated=self.layers[0].gate is not None)
+        for L in self.layers:
+            self.layer(x, L, work)
+        if self.pool:     # Qwen2-Audio: the average of each two rows
+            x = np.ascontiguousarray(x.reshape(-1, 2, self.n_embd).mean(axis=1, dtype=np.float32))
+        x = self.optional_norm(x, "a.post_ln")
+        return self.project(x)
+
+    def project(self, x: np.ndarray) -> np.ndarray:
+        """The encoder's rows into the language model's."""
+        if self.projector == "qwen2a":
+            return self.linear(x, self.fc)
+        k = self.stack     # k rows side by side, zeros after the last
+        x = np.concatenate([x, np.zeros((-len(x) % k, self.n_embd), np.float32)]).reshape(-1, k * self.n_embd)
+        if self.projector == "voxtral":
+            return self.linear(self.activation(self.linear(x, self.mlp[0]), gelu="erf"), self.mlp[1])
+        x = rms_norm(x, self.floats("mm.a.norm_pre.weight"))
+        ab = self.linear(x, self.mlp[0])
+        half = ab.shape[1] // 2
+        x = ab[:, :half] * silu(ab[:, half:])     # SwiGLU with the second half through SiLU (Ultravox's)
+        x = rms_norm(x, self.floats("mm.a.norm_mid.weight"))
+        return self.linear(np.ascontiguousarray(x, np.float32), self.mlp[1])
+
+    def layout(self, ids: list[int]) -> list:
+        """A sound's part of the prompt: text pieces and runs of its row ids (mtmd's markers)."""
+        return [p for p in (self.begin, ids, self.end) if len(p)]
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    return (x / np.sqrt((x * x).mean(axis=1, keepdims=True) + eps) * w).astype(np.float32)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return x / (1 + np.exp(-x))
+
+
+def audio_key(encoder: AudioEncoder, data: bytes) -> bytes:
+    """A key naming this sound for this projector (the media store's)."""
+    return hashlib.sha256(encoder.path.encode() + b"\0audio\0" + bytes(data)).digest()
