@@ -76,6 +76,8 @@ CASES = [
     ("ultravox, stack 4", dict(projector="ultravox", stack=4)),
     ("voxtral, stack 4", dict(projector="voxtral", stack=4)),
     ("qwen2a, F32", dict(projector="qwen2a", qtype=QT.F32)),
+    ("musicflamingo (AF3)", dict(projector="musicflamingo")),
+    ("glma (GLM-ASR), st. 4", dict(projector="glma", stack=4)),
 ]
 
 
@@ -101,8 +103,9 @@ def merged(layout: list) -> list:
 def run_peer(peer: str, job: dict) -> dict:
     r = subprocess.run([peer, "-c", PEER], input=json.dumps(job), capture_output=True, text=True, timeout=900)
     if r.returncode:
-        tail = (r.stderr.strip().splitlines() or ["(no message)"])[-1]
-        return {"error": f"exit {r.returncode}: {tail}"}
+        lines = r.stderr.strip().splitlines() or ["(no message)"]
+        said = next((line for line in lines if "expected" in line or "error" in line.lower()), lines[-1])
+        return {"error": f"exit {r.returncode}: {said.strip()}"}
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 

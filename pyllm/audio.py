@@ -14,6 +14,10 @@ audio) turn a sound into rows of embeddings that the language model reads in pla
         projector "ultravox": x = each 8 rows side by side (zeros after the last);
             rows = W2 rmsnorm(silu(b) a) w_mid, [a | b] = W1 rmsnorm(x) w_pre        # 188 rows
         projector "voxtral": x = each 4 rows side by side; rows = W2 gelu(W1 x)       # 375 rows
+        projector "musicflamingo" (Audio Flamingo 3): x = avg_pool(x, 2) before post_ln;
+            rows = W2 gelu(W1 x + b1) + b2                                           # 750 rows
+        projector "glma" (GLM-ASR): x = each k rows of layernorm(x) side by side;
+            rows = [boi, W2 gelu(W1 x + b1) + b2, eoi]                               # 377 rows at k = 4
 
 The filters are Slaney's mel scale with area normalization (librosa's default, Whisper's), as
 mtmd computes them. Voxtral reads its rows as transformers' Voxtral does (no pooling: mtmd pools
@@ -36,14 +40,15 @@ from .model_file import ModelFile
 
 log = logging.getLogger("pyllm")
 
-AUDIO_PROJECTORS = ("qwen2a", "ultravox", "voxtral")
+AUDIO_PROJECTORS = ("glma", "musicflamingo", "qwen2a", "ultravox", "voxtral")
 SAMPLE_RATE = 16000     # Whisper's: samples a second
 N_FFT = 400             # samples a window (25 ms)
 HOP = 160               # samples between windows (10 ms)
 CHUNK_FRAMES = 3000     # frames an encoder reads at a time (30 s)
 MEL_FLOOR = 2.0 ** -24  # mtmd's floor of a mel value before its log
 # the tokens that open and close a sound's rows (mtmd's), by projector
-MARKERS = {"qwen2a": ("<|audio_bos|>", "<|audio_eos|>"), "voxtral": ("[BEGIN_AUDIO]", ""), "ultravox": ("", "")}
+MARKERS = {"qwen2a": ("<|audio_bos|>", "<|audio_eos|>"), "voxtral": ("[BEGIN_AUDIO]", ""), "ultravox": ("", ""),
+           "musicflamingo": ("<sound>", ""), "glma": ("", "")}
 
 
 # -- sound files --------------------------------------------------------------------------------------
@@ -143,7 +148,7 @@ class AudioEncoder(Tower):
         if self.projector not in AUDIO_PROJECTORS:
             raise UnsupportedModelError(f"{self.path}: audio projector type {kind!r} is not supported yet "
                                         f"(supported: {', '.join(AUDIO_PROJECTORS)}: Qwen2-Audio's and Qwen2.5-Omni's, "
-                                        f"Ultravox's, Voxtral's)")
+                                        f"Ultravox's, Voxtral's, Audio Flamingo 3's, GLM-ASR's)")
         self.n_embd, self.n_head = self._int("embedding_length"), self._int("attention.head_count")
         self.n_ff, self.n_layer = self._int("feed_forward_length"), self._int("block_count")
         self.n_mel = self._int("num_mel_bins")
@@ -162,28 +167,36 @@ class AudioEncoder(Tower):
         if t is None or len(t.shape) != 2 or int(t.shape[0]) != n or int(t.shape[1]) < self.n_positions:
             raise ModelFileError(f"{self.path}: a.position_embd.weight is missing or has fewer than "
                                  f"{self.n_positions} positions of {n}; the file is corrupt")
-        self.pool = self.projector == "qwen2a"
-        self.stack = 1
+        # Qwen2-Audio and Audio Flamingo average each two rows; Ultravox, Voxtral and GLM-ASR stack k rows
+        self.pool = self.projector in ("qwen2a", "musicflamingo")
+        self.stack = 1 if self.pool else self._int("projector.stack_factor")
+        if self.stack > 64:
+            raise ModelFileError(f"{self.path}: a stack of {self.stack} rows is beyond any projector's")
+        n_in = n * self.stack
         if self.projector == "qwen2a":
-            self.fc = self._pair("mm.a.fc", (n, self._projection("mm.a.fc.weight", n, inputs_first=True)))
-            self.n_out = int(mf.tensor("mm.a.fc.weight").shape[1])
+            self.n_out = self._projection("mm.a.fc.weight", n, inputs_first=True)
+            self.fc = self._pair("mm.a.fc", (n, self.n_out))
         else:
-            self.stack = self._int("projector.stack_factor")
-            if self.stack > 64:
-                raise ModelFileError(f"{self.path}: a stack of {self.stack} rows is beyond any projector's")
-            n_in = n * self.stack
             n_mid = self._projection("mm.a.mlp.1.weight", n_in, inputs_first=True)
             if self.projector == "ultravox":    # SwiGLU halves the width
                 if n_mid % 2:
                     raise ModelFileError(f"{self.path}: mm.a.mlp.1 is {n_mid} wide, not two halves; the file is corrupt")
                 self.check_shape("mm.a.norm_pre.weight", (n_in,))
                 self.check_shape("mm.a.norm_mid.weight", (n_mid // 2,))
-                n_mid //= 2
-            self.n_out = self._projection("mm.a.mlp.2.weight", n_mid, inputs_first=True)
-            self.mlp = (self._pair("mm.a.mlp.1", (n_in, n_mid * (2 if self.projector == "ultravox" else 1))),
-                        self._pair("mm.a.mlp.2", (n_mid, self.n_out)))
+            self.n_out = self._projection("mm.a.mlp.2.weight", n_mid // (2 if self.projector == "ultravox" else 1),
+                                          inputs_first=True)
+            self.mlp = (self._pair("mm.a.mlp.1", (n_in, n_mid)), self._pair("mm.a.mlp.2", (self.mlp_width(n_mid),
+                                                                                          self.n_out)))
+        if self.projector == "glma":    # a layer norm before the stacking; rows of its own around the sound's
+            self.norm_pre = self._pair("mm.a.norm_pre", (n,))
+            self.check_shape("v.boi", (self.n_out,))
+            self.check_shape("v.eoi", (self.n_out,))
         self.begin, self.end = MARKERS[self.projector]
         self.layers = [self._layer(i) for i in range(self.n_layer)]
+
+    def mlp_width(self, n_mid: int) -> int:
+        """The width between the projector's two matrices (Ultravox's SwiGLU halves the first's)."""
+        return n_mid // 2 if self.projector == "ultravox" else n_mid
 
     def _conv(self, name: str, n_in: int) -> tuple:
         """A convolution's (weight [n_embd, n_in, 3], bias [n_embd] (stored [1, n_embd]))."""
@@ -202,7 +215,7 @@ class AudioEncoder(Tower):
     def rows_per_chunk(self) -> int:
         """The rows of each 30 s chunk."""
         n = self.n_positions // 2 if self.pool else self.n_positions
-        return -(-n // self.stack)
+        return -(-n // self.stack) + 2 * (self.projector == "glma")
 
     def encode(self, sound) -> np.ndarray:
         """A sound (a file's bytes, or float32 samples at 16 kHz) -> float32 [rows, n_out]."""
@@ -245,7 +258,7 @@ class AudioEncoder(Tower):
         work = LayerWork(len(x), self.n_embd, self.n_ff, gated=self.layers[0].gate is not None)
         for L in self.layers:
             self.layer(x, L, work)
-        if self.pool:     # Qwen2-Audio: the average of each two rows
+        if self.pool:     # Qwen2-Audio, Audio Flamingo: the average of each two rows
             x = np.ascontiguousarray(x.reshape(-1, 2, self.n_embd).mean(axis=1, dtype=np.float32))
         x = self.optional_norm(x, "a.post_ln")
         return self.project(x)
@@ -254,10 +267,15 @@ class AudioEncoder(Tower):
         """The encoder's rows into the language model's."""
         if self.projector == "qwen2a":
             return self.linear(x, self.fc)
+        if self.projector == "glma":
+            x = self.norm(np.ascontiguousarray(x), self.norm_pre)
         k = self.stack     # k rows side by side, zeros after the last
         x = np.concatenate([x, np.zeros((-len(x) % k, self.n_embd), np.float32)]).reshape(-1, k * self.n_embd)
-        if self.projector == "voxtral":
-            return self.linear(self.activation(self.linear(x, self.mlp[0]), gelu="erf"), self.mlp[1])
+        if self.projector != "ultravox":    # Linear, GELU, Linear
+            rows = self.linear(self.activation(self.linear(x, self.mlp[0]), gelu="erf"), self.mlp[1])
+            if self.projector == "glma":
+                rows = np.concatenate([self.floats("v.boi")[None], rows, self.floats("v.eoi")[None]])
+            return rows
         x = rms_norm(x, self.floats("mm.a.norm_pre.weight"))
         ab = self.linear(x, self.mlp[0])
         half = ab.shape[1] // 2

@@ -178,8 +178,8 @@ PIXTRAL_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
 QWEN_VL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
 GEMMA4_TOKENS = ["<|image>", "<image|>"]
 INTERNVL_TOKENS = ["<img>", "</img>", "<IMG_CONTEXT>"]
-# a sound's markers: Qwen2-Audio's and Voxtral's
-AUDIO_TOKENS = ["<|audio_bos|>", "<|audio_eos|>", "[BEGIN_AUDIO]"]
+# a sound's markers: Qwen2-Audio's, Voxtral's and Audio Flamingo's
+AUDIO_TOKENS = ["<|audio_bos|>", "<|audio_eos|>", "[BEGIN_AUDIO]", "<sound>"]
 
 
 def small_vocab(w: gguf.GGUFWriter, n_vocab: int = 512, image_tokens: bool | str = False) -> int:
@@ -1906,7 +1906,10 @@ def write_audio_mmproj(path: str | Path, n_out: int = 256, *, projector: str = "
     their biases [1, n_embd]), learned positions, n_layer pre-norm layers (k without bias, exact
     GELU), a post-norm, then the projector: "qwen2a" (Qwen2-Audio: rows pooled 2 by 2, one
     Linear), "ultravox" (`stack` rows side by side, RMS norm, a SwiGLU Linear of 2 n_mid, RMS
-    norm, Linear) or "voxtral" (`stack` rows side by side, Linear, GELU, Linear, no biases)."""
+    norm, Linear), "voxtral" (`stack` rows side by side, Linear, GELU, Linear, no biases),
+    "musicflamingo" (Audio Flamingo 3: rows pooled 2 by 2, Linear, GELU, Linear, biases) or
+    "glma" (GLM-ASR: a layer norm, `stack` rows side by side, Linear, GELU, Linear, biases, and
+    a begin and an end row, v.boi and v.eoi)."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "clip")
     w.add_bool("clip.has_vision_encoder", False)
@@ -1917,7 +1920,7 @@ def write_audio_mmproj(path: str | Path, n_out: int = 256, *, projector: str = "
                    ("attention.head_count", n_head), ("num_mel_bins", n_mel), ("projection_dim", n_out)):
         w.add_uint32("clip.audio." + key, v)
     w.add_float32("clip.audio.attention.layer_norm_epsilon", 1e-5)
-    if projector != "qwen2a":
+    if projector not in ("qwen2a", "musicflamingo"):
         w.add_uint32("clip.audio.projector.stack_factor", stack)
     w.add_uint32("general.file_type", 1)
 
@@ -1957,8 +1960,17 @@ def write_audio_mmproj(path: str | Path, n_out: int = 256, *, projector: str = "
         add("mm.a.norm_mid.weight", 1 + rng.normal(0, 0.1, n_mid))
         add("mm.a.mlp.2.weight", mat(n_mid, n_out), qtype)
     else:
-        add("mm.a.mlp.1.weight", mat(n_embd * stack, n_mid), qtype)
+        n_in = n_embd * (1 if projector == "musicflamingo" else stack)
+        if projector == "glma":
+            add("mm.a.norm_pre.weight", 1 + rng.normal(0, 0.1, n_embd))
+            add("mm.a.norm_pre.bias", rng.normal(0, 0.1, n_embd))
+            add("v.boi", rng.normal(0, 1.0, n_out))
+            add("v.eoi", rng.normal(0, 1.0, n_out))
+        add("mm.a.mlp.1.weight", mat(n_in, n_mid), qtype)
         add("mm.a.mlp.2.weight", mat(n_mid, n_out), qtype)
+        if projector != "voxtral":
+            add("mm.a.mlp.1.bias", rng.normal(0, 0.1, n_mid))
+            add("mm.a.mlp.2.bias", rng.normal(0, 0.1, n_out))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

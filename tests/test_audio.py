@@ -32,7 +32,8 @@ def files(tmp_path_factory):
            "dir": d}
     for name, kw in (("qwen2a", dict(projector="qwen2a", qtype=QT.F32)),
                      ("ultravox", dict(projector="ultravox", stack=8)),
-                     ("voxtral", dict(projector="voxtral", stack=4))):
+                     ("voxtral", dict(projector="voxtral", stack=4)),
+                     ("musicflamingo", dict(projector="musicflamingo")), ("glma", dict(projector="glma", stack=4))):
         out[name] = synth.write_audio_mmproj(d / f"{name}.gguf", n_mel=N_MEL, **kw)
     return out
 
@@ -196,23 +197,30 @@ def slow_audio_encode(enc: AudioEncoder, mel: np.ndarray) -> np.ndarray:
             heads.append((s / s.sum(axis=1, keepdims=True)) @ v[:, j * d:(j + 1) * d])
         x = x + lin(np.concatenate(heads, axis=1), p + "attn_out")
         x = x + lin(erf_gelu(lin(ln(x, p + "ln2"), p + "ffn_up")), p + "ffn_down")
-    if enc.projector == "qwen2a":
+    if enc.projector in ("qwen2a", "musicflamingo"):
         x = np.stack([x[2 * t:2 * t + 2].mean(axis=0) for t in range(len(x) // 2)])
     x = ln(x, "a.post_ln")
     if enc.projector == "qwen2a":
         return lin(x, "mm.a.fc")
+    if enc.projector == "musicflamingo":
+        return lin(erf_gelu(lin(x, "mm.a.mlp.1")), "mm.a.mlp.2")
+    if enc.projector == "glma":
+        x = ln(x, "mm.a.norm_pre")
     k = enc.stack
     while len(x) % k:
         x = np.concatenate([x, np.zeros((1, x.shape[1]))])
     x = np.stack([np.concatenate(x[r * k:(r + 1) * k]) for r in range(len(x) // k)])
     if enc.projector == "voxtral":
         return lin(erf_gelu(lin(x, "mm.a.mlp.1")), "mm.a.mlp.2")
+    if enc.projector == "glma":
+        return np.concatenate([f("v.boi")[None], lin(erf_gelu(lin(x, "mm.a.mlp.1")), "mm.a.mlp.2"), f("v.eoi")[None]])
     h = lin(rms(x, "mm.a.norm_pre"), "mm.a.mlp.1")
     a, b = h[:, :h.shape[1] // 2], h[:, h.shape[1] // 2:]
     return lin(rms(a * b / (1 + np.exp(-b)), "mm.a.norm_mid"), "mm.a.mlp.2")
 
 
-@pytest.mark.parametrize("name, rows", [("qwen2a", 750), ("ultravox", 188), ("voxtral", 375)])
+@pytest.mark.parametrize("name, rows", [("qwen2a", 750), ("ultravox", 188), ("voxtral", 375), ("musicflamingo", 750),
+                                        ("glma", 377)])
 def test_the_encoder_matches_the_slow_one(files, name, rows):
     enc = AudioEncoder(files[name], n_threads=3)
     assert enc.rows_per_chunk == rows and enc.n_out == 256
@@ -235,8 +243,8 @@ def test_bad_audio_projector_files(files, tmp_path):
     no_bias = synth.write_audio_mmproj(tmp_path / "nobias.gguf", drop_tensor="a.conv1d.2.bias")
     with pytest.raises(ModelFileError, match="conv1d.2.bias is missing"):
         AudioEncoder(no_bias)
-    other = synth.write_audio_mmproj(tmp_path / "other.gguf", projector="glma")     # GLM-ASR's
-    with pytest.raises(UnsupportedModelError, match="'glma' is not supported"):
+    other = synth.write_audio_mmproj(tmp_path / "other.gguf", projector="meralion")     # MERaLiON's
+    with pytest.raises(UnsupportedModelError, match="'meralion' is not supported"):
         AudioEncoder(other)
     with pytest.raises(UnsupportedModelError, match="has no vision encoder"):
         from pyllm.vision import VisionEncoder
@@ -249,7 +257,8 @@ def test_bad_audio_projector_files(files, tmp_path):
 # -- prompts -------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name, begin, end", [("qwen2a", "<|audio_bos|>", "<|audio_eos|>"),
-                                              ("voxtral", "[BEGIN_AUDIO]", ""), ("ultravox", "", "")])
+                                              ("voxtral", "[BEGIN_AUDIO]", ""), ("ultravox", "", ""),
+                                              ("musicflamingo", "<sound>", ""), ("glma", "", "")])
 def test_prompt_layout(files, name, begin, end):
     m = Model(files["lm"], mmproj=files[name], n_ctx=2048)
     assert m.audio is not None and m.vision is None
