@@ -312,8 +312,8 @@ class Model:
                 parts = self.audio.layout(ids)
             else:
                 if self.vision is None:
-                    raise InvalidArgumentError("this model's projector reads sounds only (WAV, MP3 or FLAC): an image "
-                                               "needs one with a vision encoder (--mmproj)")
+                    raise InvalidArgumentError("this is no sound file (WAV, MP3 or FLAC), and this model's projector "
+                                               "reads sounds only: an image needs one with a vision encoder (--mmproj)")
                 v = self.vision
                 key, image = image_key(v, data)
                 ids = store.ids(key, lambda: encode(v, image, "image"), v.mrope_grid(*image_dimensions(image)))

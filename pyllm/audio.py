@@ -208,8 +208,12 @@ class AudioEncoder(Tower):
         return name + ".weight", name + ".bias"
 
     def describe(self) -> dict:
-        return {"projector": self.projector, "layers": self.n_layer, "width": self.n_embd, "mel bins": self.n_mel,
-                "rows per 30 s": self.rows_per_chunk, "sample rate": SAMPLE_RATE}
+        """What `pyllm info` says of a projector file."""
+        return {"path": self.path, "kind": "multimodal projector (mmproj), audio", "projector": self.projector,
+                "sample_rate": SAMPLE_RATE, "n_mel": self.n_mel, "tokens_per_30s": self.rows_per_chunk,
+                "n_layer": self.n_layer, "n_embd": self.n_embd, "n_head": self.n_head, "n_ff": self.n_ff,
+                "n_embd_out": self.n_out, "n_params": self.mf.n_params, "tensor_types": self.mf.type_histogram(),
+                "activation": "gelu (erf)"}
 
     @property
     def rows_per_chunk(self) -> int:

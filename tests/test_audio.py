@@ -271,7 +271,7 @@ def test_prompt_layout(files, name, begin, end):
     again = m.media_prompt("now", [base64.b64encode(wav_bytes(sound(2.0))).decode()])   # the same sound: its rows
     assert [t for t in again if t < 0] == rows
     from PIL import Image
-    with pytest.raises(InvalidArgumentError, match="reads sounds only"):
+    with pytest.raises(InvalidArgumentError, match="reads sounds only"):    # a picture to a sound's projector
         m.media_prompt("<__media__>", [Image.new("RGB", (8, 8))])
     m.close()
 
@@ -317,3 +317,52 @@ def test_chat_messages_take_input_audio_parts(files):
         text_only.chat(msgs, max_tokens=1)
     text_only.close()
     m.close()
+
+
+def test_served_sounds(files):
+    from test_server import call, served
+    m = Model(files["lm"], mmproj=files["qwen2a"], n_ctx=2048)
+    b64 = base64.b64encode(wav_bytes(sound(1.0))).decode()
+    parts = [{"type": "text", "text": "what is it"}, {"type": "input_audio", "input_audio": {"data": b64, "format": "wav"}}]
+    want = m.chat([{"role": "user", "content": parts}], max_tokens=4, temperature=0)
+    assert want.metrics.prompt_tokens > 750
+    with served(m, name="audio") as server:
+        status, body = call(server.url, "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": parts}], "max_tokens": 4, "temperature": 0})
+        assert status == 200 and body["choices"][0]["message"]["content"] == want.text
+        assert body["usage"]["prompt_tokens"] == want.metrics.prompt_tokens
+        props = call(server.url, "/props")[1]["modalities"]
+        assert props == {"vision": False, "audio": True}
+        assert "audio" in call(server.url, "/api/show", {"model": "audio"})[1]["capabilities"]
+        bad = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "bm90IGEgc291bmQ="}}]}]
+        status, body = call(server.url, "/v1/chat/completions", {"messages": bad, "max_tokens": 1})
+        assert status == 400 and "no sound file (WAV, MP3 or FLAC)" in body["error"]["message"]
+    m.close()
+
+
+def test_command_line(files):
+    import json
+
+    from test_cli import one_error_line, pyllm
+    path = files["dir"] / "speech.wav"
+    path.write_bytes(wav_bytes(sound(1.0)))
+    m = Model(files["lm"], mmproj=files["voxtral"], n_ctx=2048)
+    want = m.generate("describe", images=[str(path)], max_tokens=3, temperature=0)
+    m.close()
+    r = pyllm("run", "-m", files["lm"], "--mmproj", files["voxtral"], "--audio", str(path), "-p", "describe", "-n",
+              "3", "--temp", "0", "--json", "-c", "2048")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["tokens"] == want.tokens and out["prompt_tokens"] == want.metrics.prompt_tokens
+    assert "note: sound encoded in " in r.stderr and ": 375 rows" in r.stderr
+    r = pyllm("info", files["voxtral"], "--json")
+    facts = json.loads(r.stdout)
+    assert r.returncode == 0 and (facts["projector"], facts["tokens_per_30s"], facts["n_embd_out"]) == \
+        ("voxtral", 375, 256)
+    one_error_line(pyllm("run", "-m", files["lm"], "--audio", str(path), "-p", "x"), "--mmproj")
+    one_error_line(pyllm("run", "-m", files["lm"], "--mmproj", files["voxtral"], "--audio", "/nonexistent.wav",
+                         "-p", "x"), "cannot read the sound /nonexistent.wav")
+    script = f"/audio {path}\n/set parameter temperature 0\n/set parameter num_predict 3\ndescribe\n/audio /nope.wav\n"
+    r = pyllm("chat", "-m", files["lm"], "--mmproj", files["voxtral"], "-c", "2048", input=script)
+    assert r.returncode == 0, r.stderr
+    assert "1.0 s, attached to the next message" in r.stderr and "cannot read the sound /nope.wav" in r.stderr
