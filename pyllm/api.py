@@ -19,6 +19,7 @@ import numpy as np
 
 from . import registry
 from .arch import load_architecture
+from .audio import AudioEncoder, audio_key, is_audio
 from .backend.base import KV_TYPES, Shape
 from .backend.lowering import check_kv_formats
 from .backend.cpu import physical_cores
@@ -46,8 +47,7 @@ from .state import load as load_state, save as save_state
 from .speculative import SPEC_TYPES, SpecParams, check_same_vocabulary, make_drafter
 from .tokenizer import load_tokenizer
 from .tools import ToolUse
-from .audio import AudioEncoder, audio_key, is_audio
-from .vision import MediaStore, VisionEncoder, image_bytes, image_dimensions, image_key, modalities
+from .vision import LINE, MediaStore, VisionEncoder, image_bytes, image_dimensions, image_key, modalities
 
 log = logging.getLogger("pyllm")
 
@@ -238,9 +238,6 @@ class Model:
         if vision:
             self._load_vision(path, min_tokens, max_tokens)
         if audio:
-            if getattr(self.arch, "rope_sections", ()):
-                raise UnsupportedModelError(f"{path}: sound in a model of M-RoPE positions (Qwen2.5-Omni's) is not "
-                                            f"supported yet")
             self.audio = AudioEncoder(path, n_threads=self.n_threads)
             if self.audio.n_out != self.arch.hp.n_embd:
                 raise InvalidArgumentError(f"{path} makes sound rows of {self.audio.n_out} values; "
@@ -308,7 +305,7 @@ class Model:
                 if self.audio is None:
                     raise InvalidArgumentError("this model's projector reads images only: a sound needs one with an "
                                                "audio encoder (--mmproj)")
-                ids = store.ids(audio_key(self.audio, data), lambda: encode(self.audio, data, "sound"))
+                ids = store.ids(audio_key(self.audio, data), lambda: encode(self.audio, data, "sound"), LINE)
                 parts = self.audio.layout(ids)
             else:
                 if self.vision is None:

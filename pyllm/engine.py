@@ -182,7 +182,8 @@ class Engine:
         as llama.cpp's mtmd gives them: a text token has its position p in all three; an image
         of cols x rows (its grid, MediaStore) starting at position p takes (p, p + row, p + col)
         for its rows, and the text after it goes on from p + max(cols, rows) (so positions fall
-        behind the cache's index by the image's rows less that)."""
+        behind the cache's index by the image's rows less that); a sound's rows (grid LINE) go on
+        as text does."""
         toks = np.asarray(tokens, np.int64)
         out = np.empty((3, len(toks)), np.int64)
         at = np.flatnonzero(toks < 0)          # where image rows are, and which rows of the store
@@ -197,9 +198,12 @@ class Engine:
                 run = min(b - a, n_rows - j0)
                 out[:, done:i0] = np.arange(done, i0) - shift
                 p0, j = i0 - j0 - shift, j0 + np.arange(run)
-                out[0, i0:i0 + run], out[1, i0:i0 + run], out[2, i0:i0 + run] = p0, p0 + j // cols, p0 + j % cols
-                if j0 + run == n_rows:
-                    shift += n_rows - max(cols, rows)
+                if cols == 0:     # a sound's rows (LINE): one position after another, as text
+                    out[:, i0:i0 + run] = p0 + j
+                else:
+                    out[0, i0:i0 + run], out[1, i0:i0 + run], out[2, i0:i0 + run] = p0, p0 + j // cols, p0 + j % cols
+                    if j0 + run == n_rows:
+                        shift += n_rows - max(cols, rows)
                 done, a = i0 + run, a + run
         out[:, done:] = np.arange(done, len(toks)) - shift
         return out[:, start:].astype(np.int32)

@@ -149,7 +149,9 @@ class VisionEncoder(Tower):
         if mf.get("clip.has_vision_encoder") is False:
             raise UnsupportedModelError(f"{self.path} has no vision encoder (an audio projector: give it as "
                                         f"the model's mmproj and pass audio)")
-        self.projector = str(mf.get("clip.projector_type") or mf.get("clip.vision.projector_type") or "")
+        self.projector = str(mf.get("clip.vision.projector_type") or mf.get("clip.projector_type") or "")
+        if self.projector == "qwen2.5o":    # Qwen2.5-Omni's legacy type: its pictures are Qwen 2.5 VL's
+            self.projector = "qwen2.5vl_merger"
         if self.projector not in PROJECTORS:
             raise UnsupportedModelError(f"{self.path}: projector type {self.projector!r} is not supported yet "
                                         f"(supported: {', '.join(PROJECTORS)}: Gemma 3's, SmolVLM's, LFM2-VL's, "
@@ -1008,6 +1010,9 @@ def image_dimensions(image) -> tuple[int, int]:
 
 # -- the rows of encoded images, by id ------------------------------------------------------------------
 
+LINE = (0, 0)    # the "grid" of rows that take positions one after another, as text does (a sound's)
+
+
 class MediaStore:
     """Encoded images, each under a run of negative token ids (-1-j for its row j
     after the store's earlier rows). The same picture gets the same ids again
@@ -1030,7 +1035,7 @@ class MediaStore:
                 first, rows, _ = self._images[key]
                 return [-1 - (first + j) for j in range(len(rows))]
         rows = encode()
-        if grid is not None and grid[0] * grid[1] != len(rows):
+        if grid is not None and grid != LINE and grid[0] * grid[1] != len(rows):
             raise InvalidArgumentError(f"an image of {grid[0]} x {grid[1]} rows cannot have {len(rows)}")
         with self._lock:
             if key not in self._images:
@@ -1061,7 +1066,7 @@ class MediaStore:
 
     def image_at(self, token: int) -> tuple[int, int, tuple]:
         """(first row, rows, (cols, rows) of its grid) of the image a media id belongs to, for
-        M-RoPE positions (an image stored without a grid: one row of its rows)."""
+        M-RoPE positions (an image stored without a grid: one row of its rows; a sound: LINE)."""
         found = self._image(token)
         if found is None:
             raise InvalidArgumentError("the prompt names image rows this model no longer holds (images are kept "

@@ -366,3 +366,39 @@ def test_command_line(files):
     r = pyllm("chat", "-m", files["lm"], "--mmproj", files["voxtral"], "-c", "2048", input=script)
     assert r.returncode == 0, r.stderr
     assert "1.0 s, attached to the next message" in r.stderr and "cannot read the sound /nope.wav" in r.stderr
+
+
+def test_a_sound_s_mrope_positions_run_as_text_s():
+    """mtmd's 1-D positions for a sound in an M-RoPE model (Qwen2.5-Omni): after an image of 3 x 2
+    rows from p = 1 (the text after it from 1 + 3 = 4), a sound's 3 rows at 5, 6, 7 in all three."""
+    from pyllm.engine import Engine
+    from pyllm.vision import LINE, MediaStore
+    store = MediaStore()
+    img = store.ids(b"a", lambda: np.zeros((6, 4), np.float32), (3, 2))
+    snd = store.ids(b"s", lambda: np.zeros((3, 4), np.float32), LINE)
+    engine = Engine.__new__(Engine)
+    engine.media = store
+    got = engine.mrope_positions([10] + img + [11] + snd + [12], 0)
+    assert got.tolist() == [[0, 1, 1, 1, 1, 1, 1, 4, 5, 6, 7, 8], [0, 1, 1, 1, 2, 2, 2, 4, 5, 6, 7, 8],
+                            [0, 1, 2, 3, 1, 2, 3, 4, 5, 6, 7, 8]]
+
+
+def test_a_sound_in_an_mrope_model_matches_the_reference(files, tmp_path):
+    lm = synth.write_qwen2vl(tmp_path / "lm.gguf", QT.F32, image_tokens="audio", context_length=4096)
+    m = Model(lm, mmproj=files["qwen2a"], n_ctx=2048)
+    ids = m.media_prompt("what is <__media__> this", [wav_bytes(sound(1.0))])
+    rows = m.engine.media.rows([t for t in ids if t < 0])
+    seq = m.engine.new_sequence()
+    logits, _ = m.engine.prefill(seq, ids)
+    seq.release()
+    local, j = [], 0
+    for t in ids:
+        local.append(t if t >= 0 else -1 - j)
+        j += t < 0
+    from pyllm.arch import load_architecture
+    from pyllm.model_file import ModelFile
+    from pyllm.reference import Reference
+    with ModelFile(lm) as mf:
+        want = Reference(load_architecture(mf)).forward(np.array(local), media=rows)[-1]
+    assert np.abs(logits - want).max() < 2e-4 * (want.max() - want.min())
+    m.close()
