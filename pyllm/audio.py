@@ -20,15 +20,14 @@ audio) turn a sound into rows of embeddings that the language model reads in pla
             rows = [boi, W2 gelu(W1 x + b1) + b2, eoi]                               # 377 rows at k = 4
 
 The filters are Slaney's mel scale with area normalization (librosa's default, Whisper's), as
-mtmd computes them. Voxtral reads its rows as transformers' Voxtral does (no pooling: mtmd pools
-them and runs 2 x 2 rows side by side instead); Ultravox keeps the last, zero-padded stack of
-rows, as transformers' StackAudioFrames does.
+mtmd computes them. Voxtral's rows are read as transformers' Voxtral reads them (not averaged
+two by two first, as mtmd does); Ultravox keeps the last, zero-padded stack of rows, as
+transformers' StackAudioFrames does (mtmd, counting it out, aborts on both).
 """
 from __future__ import annotations
 
 import hashlib
 import io
-import logging
 import wave
 
 import numpy as np
@@ -37,8 +36,6 @@ from threadpoolctl import threadpool_limits
 from .encoder import LayerWork, Tower
 from .errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
 from .model_file import ModelFile
-
-log = logging.getLogger("pyllm")
 
 AUDIO_PROJECTORS = ("glma", "musicflamingo", "qwen2a", "ultravox", "voxtral")
 SAMPLE_RATE = 16000     # Whisper's: samples a second

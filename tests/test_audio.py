@@ -279,9 +279,16 @@ def test_prompt_layout(files, name, begin, end):
 def test_a_prompt_with_a_sound_matches_the_reference(files):
     m = Model(files["lm"], mmproj=files["qwen2a"], n_ctx=2048)
     data = wav_bytes(sound(1.0))
+    ids = assert_prompt_matches_the_reference(m, files["lm"], data)
+    np.testing.assert_array_equal(m.engine.media.rows([t for t in ids if t < 0]), m.audio.encode(data))
+    m.close()
+
+
+def assert_prompt_matches_the_reference(m, lm: str, data: bytes) -> list:
+    """The logits after "what is <sound> this" against the numpy reference given the same rows;
+    returns the prompt's ids."""
     ids = m.media_prompt("what is <__media__> this", [data])
     rows = m.engine.media.rows([t for t in ids if t < 0])
-    np.testing.assert_array_equal(rows, m.audio.encode(data))
     seq = m.engine.new_sequence()
     logits, _ = m.engine.prefill(seq, ids)
     seq.release()
@@ -292,10 +299,10 @@ def test_a_prompt_with_a_sound_matches_the_reference(files):
     from pyllm.arch import load_architecture
     from pyllm.model_file import ModelFile
     from pyllm.reference import Reference
-    with ModelFile(files["lm"]) as mf:
+    with ModelFile(lm) as mf:
         want = Reference(load_architecture(mf)).forward(np.array(local), media=rows)[-1]
     assert np.abs(logits - want).max() < 2e-4 * (want.max() - want.min())
-    m.close()
+    return ids
 
 
 def test_chat_messages_take_input_audio_parts(files):
@@ -386,19 +393,5 @@ def test_a_sound_s_mrope_positions_run_as_text_s():
 def test_a_sound_in_an_mrope_model_matches_the_reference(files, tmp_path):
     lm = synth.write_qwen2vl(tmp_path / "lm.gguf", QT.F32, image_tokens="audio", context_length=4096)
     m = Model(lm, mmproj=files["qwen2a"], n_ctx=2048)
-    ids = m.media_prompt("what is <__media__> this", [wav_bytes(sound(1.0))])
-    rows = m.engine.media.rows([t for t in ids if t < 0])
-    seq = m.engine.new_sequence()
-    logits, _ = m.engine.prefill(seq, ids)
-    seq.release()
-    local, j = [], 0
-    for t in ids:
-        local.append(t if t >= 0 else -1 - j)
-        j += t < 0
-    from pyllm.arch import load_architecture
-    from pyllm.model_file import ModelFile
-    from pyllm.reference import Reference
-    with ModelFile(lm) as mf:
-        want = Reference(load_architecture(mf)).forward(np.array(local), media=rows)[-1]
-    assert np.abs(logits - want).max() < 2e-4 * (want.max() - want.min())
+    assert_prompt_matches_the_reference(m, lm, wav_bytes(sound(1.0)))
     m.close()
