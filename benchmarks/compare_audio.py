@@ -78,6 +78,7 @@ CASES = [
     ("qwen2a, F32", dict(projector="qwen2a", qtype=QT.F32)),
     ("musicflamingo (AF3)", dict(projector="musicflamingo")),
     ("glma (GLM-ASR), st. 4", dict(projector="glma", stack=4)),
+    ("qwen3a (Qwen3-ASR)", dict(projector="qwen3a")),
 ]
 
 
@@ -125,6 +126,8 @@ def main() -> None:
         print(f"{'projector':<24}{'rows':>12}{'max |embd diff|':>18}{'of max |embd|':>15}{'max |logit diff|':>18}"
               f"{'top token':>11}")
         for name, shape in CASES:
+            if sys.argv[1:] and not any(word in name for word in sys.argv[1:]):   # rows named on the command line
+                continue
             mm = synth.write_audio_mmproj(d / "mm.gguf", **shape)
             got = run_peer(peer, {"lm": lm, "mmproj": mm, "samples": str(d / "samples.npy"), "prompt": PROMPT,
                                   "width": 256, "out": str(d / "peer")})

@@ -18,6 +18,11 @@ audio) turn a sound into rows of embeddings that the language model reads in pla
             rows = W2 gelu(W1 x + b1) + b2                                           # 750 rows
         projector "glma" (GLM-ASR): x = each k rows of layernorm(x) side by side;
             rows = [boi, W2 gelu(W1 x + b1) + b2, eoi]                               # 377 rows at k = 4
+    projector "qwen3a" (Qwen3-ASR, Qwen3-Omni): the spectrogram centred (reflected at both ends,
+    no silence after), read in windows of 800 frames (8 s); each 100 frames of a window:
+        x = gelu(conv2d(x, 3 x 3, stride 2) + b), three times, over (mel bins, frames)  # [c, h, 13]
+        x = each column's c x h values, c outermost, Wout + position_embd[0..12]      # 13 rows
+    the window's rows through the layers together; rows = W2 gelu(W1 post_ln(x) + b1) + b2
 
 The filters are Slaney's mel scale with area normalization (librosa's default, Whisper's), as
 mtmd computes them. Voxtral's rows are read as transformers' Voxtral reads them (not averaged
@@ -37,15 +42,17 @@ from .encoder import LayerWork, Tower
 from .errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
 from .model_file import ModelFile
 
-AUDIO_PROJECTORS = ("glma", "musicflamingo", "qwen2a", "ultravox", "voxtral")
+AUDIO_PROJECTORS = ("glma", "musicflamingo", "qwen2a", "qwen3a", "ultravox", "voxtral")
 SAMPLE_RATE = 16000     # Whisper's: samples a second
 N_FFT = 400             # samples a window (25 ms)
 HOP = 160               # samples between windows (10 ms)
-CHUNK_FRAMES = 3000     # frames an encoder reads at a time (30 s)
+CHUNK_FRAMES = 3000     # frames a Whisper encoder reads at a time (30 s)
+QWEN3A_WINDOW = 800     # frames Qwen3-ASR's encoder reads at a time (8 s; mtmd's n_window_infer) ...
+QWEN3A_CHUNK = 100      # ... in chunks of this many, each through the convolutions on its own
 MEL_FLOOR = 2.0 ** -24  # mtmd's floor of a mel value before its log
 # the tokens that open and close a sound's rows (mtmd's), by projector
 MARKERS = {"qwen2a": ("<|audio_bos|>", "<|audio_eos|>"), "voxtral": ("[BEGIN_AUDIO]", ""), "ultravox": ("", ""),
-           "musicflamingo": ("<sound>", ""), "glma": ("", "")}
+           "musicflamingo": ("<sound>", ""), "glma": ("", ""), "qwen3a": ("<|audio_start|>", "<|audio_end|>")}
 
 
 # -- sound files --------------------------------------------------------------------------------------
@@ -128,6 +135,32 @@ def log_mel(samples: np.ndarray, n_mel: int, block: int = 4096) -> list[np.ndarr
                                                                               CHUNK_FRAMES)]
 
 
+def centred_log_mel(samples: np.ndarray, n_mel: int) -> list[np.ndarray]:
+    """Qwen3-ASR's spectrogram (WhisperFeatureExtractor's with center=True, as mtmd computes it):
+    the sound reflected 200 samples at both ends, no silence after it, one frame every 160
+    samples; floored and scaled as Whisper's over the whole sound; cut into windows of 800
+    frames, each made a whole number of 100-frame chunks with zeros: [n_mel, 100 k] each."""
+    x = np.asarray(samples, np.float32).reshape(-1)
+    half = N_FFT // 2
+    ends = np.zeros(2 * half, np.float32)        # a sound too short to reflect: zeros where it has none
+    head = x[1:half + 1][::-1]
+    tail = x[max(len(x) - half - 1, 0):len(x) - 1][::-1]
+    padded = np.concatenate([ends[:half - len(head)], head, x, tail, ends[:half - len(tail)]])
+    n_frames = (len(padded) - N_FFT) // HOP + 1
+    frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP][:n_frames]
+    window = (0.5 * (1 - np.cos(2 * np.pi * np.arange(N_FFT) / N_FFT))).astype(np.float32)
+    spectrum = np.fft.rfft(frames * window, axis=1)
+    mel = np.log10(np.maximum(mel_filters(n_mel).astype(np.float64) @ (spectrum.real ** 2 + spectrum.imag ** 2).T,
+                              MEL_FLOOR)).astype(np.float32)
+    mel = (np.maximum(mel, mel.max() - 8.0) + 4.0) / 4.0
+    n_eff = min(n_frames, len(x) // HOP + 1)
+    out = []
+    for a in range(0, n_eff, QWEN3A_WINDOW):
+        part = mel[:, a:min(a + QWEN3A_WINDOW, n_eff)]
+        out.append(np.pad(part, ((0, 0), (0, -part.shape[1] % QWEN3A_CHUNK))))
+    return out
+
+
 # -- the encoder ------------------------------------------------------------------------------------
 
 class AudioEncoder(Tower):
@@ -158,15 +191,23 @@ class AudioEncoder(Tower):
                                  f"bins are beyond Whisper's; the file is corrupt")
         self.eps, self.gelu = float(eps), "erf"
         n = self.n_embd
-        self.conv1, self.conv2 = self._conv("a.conv1d.1", self.n_mel), self._conv("a.conv1d.2", n)
-        self.n_positions = CHUNK_FRAMES // 2
+        if self.projector == "qwen3a":   # three 2D convolutions over each chunk of (mel bins, frames)
+            c = int(mf.tensor("a.conv2d.1.weight").shape[3]) if mf.has_tensor("a.conv2d.1.weight") else 0
+            self.convs = [self._conv(f"a.conv2d.{i}", ins, (3, 3, ins, c), c) for i, ins in ((1, 1), (2, c), (3, c))]
+            self.conv_height = (((self.n_mel - 1) // 2) // 2) // 2 + 1      # mel bins after three strides of 2
+            self.check_shape("a.conv_out.weight", (c * self.conv_height, n))
+            self.n_positions = (((QWEN3A_CHUNK - 1) // 2) // 2) // 2 + 1    # rows a chunk: 13
+        else:
+            self.conv1 = self._conv("a.conv1d.1", self.n_mel, (3, self.n_mel, n), n)
+            self.conv2 = self._conv("a.conv1d.2", n, (3, n, n), n)
+            self.n_positions = CHUNK_FRAMES // 2
         t = mf.tensor("a.position_embd.weight") if mf.has_tensor("a.position_embd.weight") else None
         if t is None or len(t.shape) != 2 or int(t.shape[0]) != n or int(t.shape[1]) < self.n_positions:
             raise ModelFileError(f"{self.path}: a.position_embd.weight is missing or has fewer than "
                                  f"{self.n_positions} positions of {n}; the file is corrupt")
         # Qwen2-Audio and Audio Flamingo average each two rows; Ultravox, Voxtral and GLM-ASR stack k rows
         self.pool = self.projector in ("qwen2a", "musicflamingo")
-        self.stack = 1 if self.pool else self._int("projector.stack_factor")
+        self.stack = 1 if self.pool or self.projector == "qwen3a" else self._int("projector.stack_factor")
         if self.stack > 64:
             raise ModelFileError(f"{self.path}: a stack of {self.stack} rows is beyond any projector's")
         n_in = n * self.stack
@@ -195,26 +236,31 @@ class AudioEncoder(Tower):
         """The width between the projector's two matrices (Ultravox's SwiGLU halves the first's)."""
         return n_mid // 2 if self.projector == "ultravox" else n_mid
 
-    def _conv(self, name: str, n_in: int) -> tuple:
-        """A convolution's (weight [n_embd, n_in, 3], bias [n_embd] (stored [1, n_embd]))."""
-        self.check_shape(name + ".weight", (3, n_in, self.n_embd))
+    def _conv(self, name: str, n_in: int, shape: tuple, n_out: int) -> tuple:
+        """A convolution's (weight of `shape` in the file, bias of n_out values (stored [1, n_out]
+        or [1, 1, n_out]))."""
+        self.check_shape(name + ".weight", shape)
         bias = self.mf.tensor(name + ".bias") if self.mf.has_tensor(name + ".bias") else None
-        if bias is None or [int(v) for v in bias.shape if v != 1] != [self.n_embd]:
-            raise ModelFileError(f"{self.path}: tensor {name}.bias is missing or not {self.n_embd} values; the "
-                                 f"file is corrupt")
+        if n_out <= 0 or bias is None or [int(v) for v in bias.shape if v != 1] != [n_out]:
+            raise ModelFileError(f"{self.path}: tensor {name}.bias is missing or not {n_out} values; the file is "
+                                 f"corrupt")
         return name + ".weight", name + ".bias"
 
     def describe(self) -> dict:
         """What `pyllm info` says of a projector file."""
+        window = QWEN3A_WINDOW if self.projector == "qwen3a" else CHUNK_FRAMES
         return {"path": self.path, "kind": "multimodal projector (mmproj), audio", "projector": self.projector,
-                "sample_rate": SAMPLE_RATE, "n_mel": self.n_mel, "tokens_per_30s": self.rows_per_chunk,
+                "sample_rate": SAMPLE_RATE, "n_mel": self.n_mel, "window_s": window * HOP / SAMPLE_RATE,
+                "tokens_per_window": self.rows_per_chunk,
                 "n_layer": self.n_layer, "n_embd": self.n_embd, "n_head": self.n_head, "n_ff": self.n_ff,
                 "n_embd_out": self.n_out, "n_params": self.mf.n_params, "tensor_types": self.mf.type_histogram(),
                 "activation": "gelu (erf)"}
 
     @property
     def rows_per_chunk(self) -> int:
-        """The rows of each 30 s chunk."""
+        """The rows of each 30 s chunk (Qwen3-ASR: of each whole 8 s window)."""
+        if self.projector == "qwen3a":
+            return self.n_positions * QWEN3A_WINDOW // QWEN3A_CHUNK
         n = self.n_positions // 2 if self.pool else self.n_positions
         return -(-n // self.stack) + 2 * (self.projector == "glma")
 
@@ -222,13 +268,22 @@ class AudioEncoder(Tower):
         """A sound (a file's bytes, or float32 samples at 16 kHz) -> float32 [rows, n_out]."""
         samples = load_audio(sound) if isinstance(sound, (bytes, bytearray, memoryview)) else \
             np.asarray(sound, np.float32)
-        return self.encode_mel(log_mel(samples, self.n_mel))
+        return self.encode_mel(self.log_mel(samples))
+
+    def log_mel(self, samples: np.ndarray) -> list[np.ndarray]:
+        """The sound's spectrogram as the encoder reads it, in its chunks (or windows)."""
+        return centred_log_mel(samples, self.n_mel) if self.projector == "qwen3a" else log_mel(samples, self.n_mel)
 
     def encode_mel(self, chunks: list[np.ndarray]) -> np.ndarray:
-        """Log-mel chunks, float32 [n_mel, 3000] each -> their rows, in order."""
+        """Log-mel chunks, float32 [n_mel, 3000] each (Qwen3-ASR: windows [n_mel, 100 k], k <= 8)
+        -> their rows, in order."""
+        qwen3 = self.projector == "qwen3a"
         for c in chunks:
-            if c.shape != (self.n_mel, CHUNK_FRAMES):
-                raise InvalidArgumentError(f"a mel chunk must be [{self.n_mel}, {CHUNK_FRAMES}], not {list(c.shape)}")
+            T = c.shape[1] if c.ndim == 2 and c.shape[0] == self.n_mel else -1
+            if not (T % QWEN3A_CHUNK == 0 and 0 < T <= QWEN3A_WINDOW if qwen3 else T == CHUNK_FRAMES):
+                raise InvalidArgumentError(f"a mel chunk must be [{self.n_mel}, " +
+                                           ("100 k] (k up to 8)" if qwen3 else f"{CHUNK_FRAMES}]") +
+                                           f", not {list(c.shape)}")
         with self._lock, threadpool_limits(limits=1, user_api="blas"):
             try:
                 return np.concatenate([self._encode(c) for c in chunks]) if chunks else \
@@ -252,10 +307,43 @@ class AudioEncoder(Tower):
         self.parallel(n_out, rows)
         return self.activation(y, np.ascontiguousarray(self.floats(wb[1]).reshape(-1)))
 
+    def conv2d(self, x: np.ndarray, wb: tuple) -> np.ndarray:
+        """gelu(x * W + b) of m images x [m, c, H, W] -> [m, out, H / 2, W / 2]: 3 x 3 kernels at a
+        stride of 2 with a zero all round, as one matrix product over each output's 3 x 3 x c
+        inputs."""
+        m, c, H, W = x.shape
+        xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+        h, w = (H - 1) // 2 + 1, (W - 1) // 2 + 1
+        cols = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(2, 3))[:, :, ::2, ::2][:, :, :h, :w]
+        cols = np.ascontiguousarray(cols.transpose(0, 2, 3, 1, 4, 5).reshape(m * h * w, c * 9))   # [m h w, c 3 3]
+        kernel = self.floats(wb[0]).reshape(-1, c * 9)                       # [out, c, 3, 3] as the file stores it
+        y = np.empty((len(cols), len(kernel)), np.float32)
+
+        def rows(r0: int, r1: int) -> None:
+            np.matmul(cols[r0:r1], kernel.T, out=y[r0:r1])
+        self.parallel(len(cols), rows)
+        self.activation(y, np.ascontiguousarray(self.floats(wb[1]).reshape(-1)))
+        return y.reshape(m, h, w, -1).transpose(0, 3, 1, 2)
+
+    def stem(self, mel: np.ndarray) -> np.ndarray:
+        """The convolutions' rows of one chunk or window, with their positions: [rows, n_embd]."""
+        if self.projector != "qwen3a":    # Whisper's: two 1D convolutions along time
+            x = self.conv1d(self.conv1d(mel, self.conv1, 1).T, self.conv2, 2)   # [1500, n_embd]
+            return x + self.floats("a.position_embd.weight")[:len(x)]
+        # Qwen3-ASR's: each 100 frames an image of (mel bins, frames) through three 2D convolutions;
+        # a row for each of its 13 columns (their c x h values, c outermost), positions 0..12 each chunk
+        k = mel.shape[1] // QWEN3A_CHUNK
+        x = mel.reshape(self.n_mel, k, QWEN3A_CHUNK).transpose(1, 0, 2)[:, None]   # [k, 1, n_mel, 100]
+        for wb in self.convs:
+            x = self.conv2d(x, wb)
+        cols = np.ascontiguousarray(x.transpose(0, 3, 1, 2).reshape(k * x.shape[3], -1))   # [k 13, c h]
+        x = self.linear(cols, ("a.conv_out.weight", None))
+        x.reshape(k, -1, self.n_embd)[:] += self.floats("a.position_embd.weight")[:self.n_positions]
+        return x
+
     def _encode(self, mel: np.ndarray) -> np.ndarray:
-        """One chunk [n_mel, 3000] -> its rows."""
-        x = self.conv1d(self.conv1d(mel, self.conv1, 1).T, self.conv2, 2)   # [1500, n_embd]
-        x += self.floats("a.position_embd.weight")[:len(x)]
+        """One chunk [n_mel, 3000] (Qwen3-ASR: one window) -> its rows."""
+        x = np.ascontiguousarray(self.stem(mel), dtype=np.float32)
         work = LayerWork(len(x), self.n_embd, self.n_ff, gated=self.layers[0].gate is not None)
         for L in self.layers:
             self.layer(x, L, work)
@@ -272,7 +360,7 @@ class AudioEncoder(Tower):
             x = self.norm(np.ascontiguousarray(x), self.norm_pre)
         k = self.stack     # k rows side by side, zeros after the last
         x = np.concatenate([x, np.zeros((-len(x) % k, self.n_embd), np.float32)]).reshape(-1, k * self.n_embd)
-        if self.projector != "ultravox":    # Linear, GELU, Linear
+        if self.projector != "ultravox":    # Linear, GELU, Linear (Qwen3-ASR's over each row, k = 1)
             rows = self.linear(self.activation(self.linear(x, self.mlp[0]), gelu="erf"), self.mlp[1])
             if self.projector == "glma":
                 rows = np.concatenate([self.floats("v.boi")[None], rows, self.floats("v.eoi")[None]])

@@ -178,8 +178,8 @@ PIXTRAL_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
 QWEN_VL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
 GEMMA4_TOKENS = ["<|image>", "<image|>"]
 INTERNVL_TOKENS = ["<img>", "</img>", "<IMG_CONTEXT>"]
-# a sound's markers: Qwen2-Audio's, Voxtral's and Audio Flamingo's
-AUDIO_TOKENS = ["<|audio_bos|>", "<|audio_eos|>", "[BEGIN_AUDIO]", "<sound>"]
+# a sound's markers: Qwen2-Audio's, Voxtral's, Audio Flamingo's and Qwen3-ASR's
+AUDIO_TOKENS = ["<|audio_bos|>", "<|audio_eos|>", "[BEGIN_AUDIO]", "<sound>", "<|audio_start|>", "<|audio_end|>"]
 
 
 def small_vocab(w: gguf.GGUFWriter, n_vocab: int = 512, image_tokens: bool | str = False) -> int:
@@ -1900,7 +1900,7 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
 def write_audio_mmproj(path: str | Path, n_out: int = 256, *, projector: str = "qwen2a", n_embd: int = 64,
                        n_head: int = 4, n_ff: int = 128, n_layer: int = 2, n_mel: int = 16, stack: int = 4,
                        n_mid: int = 96, seed: int = 7, qtype: QT = QT.F16, drop_tensor: Optional[str] = None,
-                       n_positions: int = 1500) -> str:
+                       n_positions: int = 1500, n_conv: int = 24) -> str:
     """A tiny Whisper-encoder audio projector, as llama.cpp's converters write one (mmproj GGUF,
     architecture "clip", clip.has_audio_encoder): two 1D convolutions over n_mel mel bins (F16,
     their biases [1, n_embd]), learned positions, n_layer pre-norm layers (k without bias, exact
@@ -1909,7 +1909,8 @@ def write_audio_mmproj(path: str | Path, n_out: int = 256, *, projector: str = "
     norm, Linear), "voxtral" (`stack` rows side by side, Linear, GELU, Linear, no biases),
     "musicflamingo" (Audio Flamingo 3: rows pooled 2 by 2, Linear, GELU, Linear, biases) or
     "glma" (GLM-ASR: a layer norm, `stack` rows side by side, Linear, GELU, Linear, biases, and
-    a begin and an end row, v.boi and v.eoi)."""
+    a begin and an end row, v.boi and v.eoi) or "qwen3a" (Qwen3-ASR: three 2D convolutions of
+    n_conv channels over each 100 frames, a Linear into n_embd; then Linear, GELU, Linear)."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "clip")
     w.add_bool("clip.has_vision_encoder", False)
@@ -1920,7 +1921,7 @@ def write_audio_mmproj(path: str | Path, n_out: int = 256, *, projector: str = "
                    ("attention.head_count", n_head), ("num_mel_bins", n_mel), ("projection_dim", n_out)):
         w.add_uint32("clip.audio." + key, v)
     w.add_float32("clip.audio.attention.layer_norm_epsilon", 1e-5)
-    if projector not in ("qwen2a", "musicflamingo"):
+    if projector not in ("qwen2a", "musicflamingo", "qwen3a"):
         w.add_uint32("clip.audio.projector.stack_factor", stack)
     w.add_uint32("general.file_type", 1)
 
@@ -1931,10 +1932,17 @@ def write_audio_mmproj(path: str | Path, n_out: int = 256, *, projector: str = "
     def mat(n_in: int, n_o: int, scale: float = 1.0) -> np.ndarray:    # numpy [n_o, n_in] = GGUF (n_in, n_o)
         return rng.normal(0, scale / np.sqrt(n_in), (n_o, n_in))
 
-    add("a.conv1d.1.weight", rng.normal(0, 1 / np.sqrt(3 * n_mel), (n_embd, n_mel, 3)), QT.F16)
-    add("a.conv1d.1.bias", rng.normal(0, 0.1, (n_embd, 1)))
-    add("a.conv1d.2.weight", rng.normal(0, 1 / np.sqrt(3 * n_embd), (n_embd, n_embd, 3)), QT.F16)
-    add("a.conv1d.2.bias", rng.normal(0, 0.1, (n_embd, 1)))
+    if projector == "qwen3a":
+        for i, c_in in ((1, 1), (2, n_conv), (3, n_conv)):
+            add(f"a.conv2d.{i}.weight", rng.normal(0, 1 / np.sqrt(9 * c_in), (n_conv, c_in, 3, 3)), QT.F16)
+            add(f"a.conv2d.{i}.bias", rng.normal(0, 0.1, (n_conv, 1, 1)))
+        height = (((n_mel - 1) // 2) // 2) // 2 + 1
+        add("a.conv_out.weight", mat(n_conv * height, n_embd), qtype)
+    else:
+        add("a.conv1d.1.weight", rng.normal(0, 1 / np.sqrt(3 * n_mel), (n_embd, n_mel, 3)), QT.F16)
+        add("a.conv1d.1.bias", rng.normal(0, 0.1, (n_embd, 1)))
+        add("a.conv1d.2.weight", rng.normal(0, 1 / np.sqrt(3 * n_embd), (n_embd, n_embd, 3)), QT.F16)
+        add("a.conv1d.2.bias", rng.normal(0, 0.1, (n_embd, 1)))
     add("a.position_embd.weight", rng.normal(0, 0.5, (n_positions, n_embd)))
     for i in range(n_layer):
         p = f"a.blk.{i}."
@@ -1960,7 +1968,7 @@ def write_audio_mmproj(path: str | Path, n_out: int = 256, *, projector: str = "
         add("mm.a.norm_mid.weight", 1 + rng.normal(0, 0.1, n_mid))
         add("mm.a.mlp.2.weight", mat(n_mid, n_out), qtype)
     else:
-        n_in = n_embd * (1 if projector == "musicflamingo" else stack)
+        n_in = n_embd * (1 if projector in ("musicflamingo", "qwen3a") else stack)
         if projector == "glma":
             add("mm.a.norm_pre.weight", 1 + rng.normal(0, 0.1, n_embd))
             add("mm.a.norm_pre.bias", rng.normal(0, 0.1, n_embd))

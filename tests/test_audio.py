@@ -17,7 +17,7 @@ from gguf.constants import GGMLQuantizationType as QT
 
 import synth
 from pyllm import Model
-from pyllm.audio import AudioEncoder, is_audio, load_audio, log_mel, mel_filters, wav_bytes
+from pyllm.audio import AudioEncoder, centred_log_mel, is_audio, load_audio, log_mel, mel_filters, wav_bytes
 from pyllm.chat_template import normalize_messages
 from pyllm.errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
 
@@ -33,7 +33,8 @@ def files(tmp_path_factory):
     for name, kw in (("qwen2a", dict(projector="qwen2a", qtype=QT.F32)),
                      ("ultravox", dict(projector="ultravox", stack=8)),
                      ("voxtral", dict(projector="voxtral", stack=4)),
-                     ("musicflamingo", dict(projector="musicflamingo")), ("glma", dict(projector="glma", stack=4))):
+                     ("musicflamingo", dict(projector="musicflamingo")), ("glma", dict(projector="glma", stack=4)),
+                     ("qwen3a", dict(projector="qwen3a"))):
         out[name] = synth.write_audio_mmproj(d / f"{name}.gguf", n_mel=N_MEL, **kw)
     return out
 
@@ -109,6 +110,36 @@ def test_log_mel_matches_the_definition(seconds):
         np.testing.assert_allclose(chunk, want[:, i * 3000:(i + 1) * 3000], atol=2e-5)
 
 
+def slow_centred_log_mel(x: np.ndarray, n_mel: int) -> list:
+    """Qwen3-ASR's: the sound reflected 200 samples at both ends (nothing after it), the same
+    frames, filters, floor and scale over the whole sound; the first len / 160 + 1 frames in
+    windows of 800, each padded with zero columns to a multiple of 100."""
+    x = np.asarray(x, np.float64)
+    padded = np.concatenate([x[1:201][::-1], x, x[-201:-1][::-1]])
+    n = np.arange(400)
+    dft = np.exp(-2j * np.pi * np.outer(np.arange(201), n) / 400)
+    frames = np.stack([padded[i * 160:i * 160 + 400] for i in range((len(padded) - 400) // 160 + 1)])
+    power = np.abs((frames * (0.5 - 0.5 * np.cos(2 * np.pi * n / 400))) @ dft.T) ** 2
+    mel = np.log10(np.maximum(power @ slow_filters(n_mel).T, 2.0 ** -24)).T
+    mel = (np.maximum(mel, mel.max() - 8) + 4) / 4
+    mel = mel[:, :len(x) // 160 + 1]
+    out = []
+    for a in range(0, mel.shape[1], 800):
+        part = mel[:, a:a + 800]
+        out.append(np.concatenate([part, np.zeros((n_mel, -part.shape[1] % 100))], axis=1))
+    return out
+
+
+@pytest.mark.parametrize("seconds", [0.5, 9.3])
+def test_qwen3_asr_s_log_mel_matches_the_definition(seconds):
+    x = sound(seconds)
+    got, want = centred_log_mel(x, N_MEL), slow_centred_log_mel(x, N_MEL)
+    assert [g.shape for g in got] == [w.shape for w in want] == \
+        ([(N_MEL, 100)] if seconds < 1 else [(N_MEL, 800), (N_MEL, 200)])
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=2e-5)
+
+
 def test_a_sound_of_silence_is_flat():
     got = log_mel(np.zeros(16000, np.float32), N_MEL)[0]
     np.testing.assert_array_equal(got, np.full_like(got, (math.log10(2.0 ** -24) + 4) / 4))
@@ -162,6 +193,18 @@ def erf_gelu(u):
     return 0.5 * u * (1 + np.vectorize(math.erf)(u / math.sqrt(2)))
 
 
+def conv2d(img: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """gelu(img * w + b): [c, H, W] by 3 x 3 kernels [out, c, 3, 3], stride 2, a zero all round."""
+    c, H, W = img.shape
+    p = np.pad(img, ((0, 0), (1, 1), (1, 1)))
+    h, w_ = (H - 1) // 2 + 1, (W - 1) // 2 + 1
+    out = np.empty((len(w), h, w_))
+    for y in range(h):
+        for x in range(w_):
+            out[:, y, x] = np.einsum("ocij,cij->o", w, p[:, 2 * y:2 * y + 3, 2 * x:2 * x + 3])
+    return erf_gelu(out + b[:, None, None])
+
+
 def slow_audio_encode(enc: AudioEncoder, mel: np.ndarray) -> np.ndarray:
     """One chunk [n_mel, 3000] through the encoder and projector, float64, step by step."""
     def f(name):
@@ -183,8 +226,18 @@ def slow_audio_encode(enc: AudioEncoder, mel: np.ndarray) -> np.ndarray:
 
     def rms(v, name):
         return v / np.sqrt((v * v).mean(-1, keepdims=True) + 1e-6) * f(name + ".weight")
-    x = conv(conv(mel.astype(np.float64), "a.conv1d.1", 1).T, "a.conv1d.2", 2)
-    x = x + f("a.position_embd.weight")[:len(x)]
+    if enc.projector == "qwen3a":     # each 100 frames an image (mel, time) through three 2D convolutions
+        rows = []
+        for c0 in range(0, mel.shape[1], 100):
+            img = mel[None, :, c0:c0 + 100].astype(np.float64)
+            for i in (1, 2, 3):
+                img = conv2d(img, f(f"a.conv2d.{i}.weight"), f(f"a.conv2d.{i}.bias").reshape(-1))
+            cols = img.transpose(2, 0, 1).reshape(img.shape[2], -1)      # [time, c h]: c outermost
+            rows.append(cols @ f("a.conv_out.weight").T + f("a.position_embd.weight")[:len(cols)])
+        x = np.concatenate(rows)
+    else:
+        x = conv(conv(mel.astype(np.float64), "a.conv1d.1", 1).T, "a.conv1d.2", 2)
+        x = x + f("a.position_embd.weight")[:len(x)]
     H, d = enc.n_head, enc.n_embd // enc.n_head
     for i in range(enc.n_layer):
         p = f"a.blk.{i}."
@@ -202,7 +255,7 @@ def slow_audio_encode(enc: AudioEncoder, mel: np.ndarray) -> np.ndarray:
     x = ln(x, "a.post_ln")
     if enc.projector == "qwen2a":
         return lin(x, "mm.a.fc")
-    if enc.projector == "musicflamingo":
+    if enc.projector in ("musicflamingo", "qwen3a"):
         return lin(erf_gelu(lin(x, "mm.a.mlp.1")), "mm.a.mlp.2")
     if enc.projector == "glma":
         x = ln(x, "mm.a.norm_pre")
@@ -220,19 +273,21 @@ def slow_audio_encode(enc: AudioEncoder, mel: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name, rows", [("qwen2a", 750), ("ultravox", 188), ("voxtral", 375), ("musicflamingo", 750),
-                                        ("glma", 377)])
+                                        ("glma", 377), ("qwen3a", 104)])
 def test_the_encoder_matches_the_slow_one(files, name, rows):
+    """One chunk (Qwen3-ASR: one window of 8 s) against the slow loops; two chunks (a window and
+    the rest) each on its own, in order."""
     enc = AudioEncoder(files[name], n_threads=3)
     assert enc.rows_per_chunk == rows and enc.n_out == 256
-    mel = log_mel(sound(1.5), N_MEL)
-    got = enc.encode_mel(mel)
+    mel = enc.log_mel(sound(8.0 if name == "qwen3a" else 1.5))
+    got = enc.encode_mel(mel[:1])
     want = slow_audio_encode(enc, mel[0])
     assert got.shape == want.shape == (rows, 256)
     assert np.abs(got - want).max() < 2e-4 * np.abs(want).max()
-    # two chunks: each on its own, in order
-    two = enc.encode(sound(33.0))
-    assert two.shape == (2 * rows, 256)
-    np.testing.assert_allclose(two[:rows], enc.encode_mel(log_mel(sound(33.0), N_MEL)[:1]), rtol=0, atol=1e-6)
+    longer = sound(9.3 if name == "qwen3a" else 33.0)
+    two = enc.encode(longer)
+    assert two.shape == ((104 + 26 if name == "qwen3a" else 2 * rows), 256)
+    np.testing.assert_allclose(two[:rows], enc.encode_mel(enc.log_mel(longer)[:1]), rtol=0, atol=1e-6)
     enc.close()
 
 
@@ -258,14 +313,16 @@ def test_bad_audio_projector_files(files, tmp_path):
 
 @pytest.mark.parametrize("name, begin, end", [("qwen2a", "<|audio_bos|>", "<|audio_eos|>"),
                                               ("voxtral", "[BEGIN_AUDIO]", ""), ("ultravox", "", ""),
-                                              ("musicflamingo", "<sound>", ""), ("glma", "", "")])
+                                              ("musicflamingo", "<sound>", ""), ("glma", "", ""),
+                                              ("qwen3a", "<|audio_start|>", "<|audio_end|>")])
 def test_prompt_layout(files, name, begin, end):
     m = Model(files["lm"], mmproj=files[name], n_ctx=2048)
     assert m.audio is not None and m.vision is None
     ids = m.media_prompt("hear: <__media__> now", [wav_bytes(sound(2.0))])
     first = next(i for i, t in enumerate(ids) if t < 0)
     rows = [t for t in ids if t < 0]
-    assert len(rows) == m.audio.rows_per_chunk and rows == list(range(rows[0], rows[0] - len(rows), -1))
+    want = 39 if name == "qwen3a" else m.audio.rows_per_chunk     # Qwen3-ASR: 201 frames, 3 chunks of 13 rows
+    assert len(rows) == want and rows == list(range(rows[0], rows[0] - len(rows), -1))
     assert ids[:first] == m.tokenize("hear: " + begin, special=True)
     assert ids[first + len(rows):] == m.tokenize(end + " now", special=True, add_bos=False)
     again = m.media_prompt("now", [base64.b64encode(wav_bytes(sound(2.0))).decode()])   # the same sound: its rows
@@ -364,8 +421,8 @@ def test_command_line(files):
     assert "note: sound encoded in " in r.stderr and ": 375 rows" in r.stderr
     r = pyllm("info", files["voxtral"], "--json")
     facts = json.loads(r.stdout)
-    assert r.returncode == 0 and (facts["projector"], facts["tokens_per_30s"], facts["n_embd_out"]) == \
-        ("voxtral", 375, 256)
+    assert r.returncode == 0 and (facts["projector"], facts["window_s"], facts["tokens_per_window"],
+                                  facts["n_embd_out"]) == ("voxtral", 30.0, 375, 256)
     one_error_line(pyllm("run", "-m", files["lm"], "--audio", str(path), "-p", "x"), "--mmproj")
     one_error_line(pyllm("run", "-m", files["lm"], "--mmproj", files["voxtral"], "--audio", "/nonexistent.wav",
                          "-p", "x"), "cannot read the sound /nonexistent.wav")
