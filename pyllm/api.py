@@ -262,6 +262,12 @@ class Model:
         self.engine.media_bidirectional = self.vision.bidirectional_for(self.arch.hp.n_embd)
         self.engine.mrope = bool(sections) and self.vision.qwen
 
+    def _deepstack_slices(self, rows: np.ndarray) -> np.ndarray:
+        """A sound's rows as a DeepStack model (Qwen3-Omni) takes media rows: with its slices, zero
+        (nothing added after its first layers)."""
+        extra = self.arch.hp.n_embd * self.arch.deepstack
+        return np.pad(rows, ((0, 0), (0, extra))) if extra else rows
+
     @property
     def has_media(self) -> bool:
         """Whether prompts may hold images or sounds (a projector is loaded)."""
@@ -305,7 +311,8 @@ class Model:
                 if self.audio is None:
                     raise InvalidArgumentError("this model's projector reads images only: a sound needs one with an "
                                                "audio encoder (--mmproj)")
-                ids = store.ids(audio_key(self.audio, data), lambda: encode(self.audio, data, "sound"), LINE)
+                ids = store.ids(audio_key(self.audio, data), lambda: self._deepstack_slices(
+                    encode(self.audio, data, "sound")), LINE)
                 parts = self.audio.layout(ids)
             else:
                 if self.vision is None:

@@ -452,3 +452,16 @@ def test_a_sound_in_an_mrope_model_matches_the_reference(files, tmp_path):
     m = Model(lm, mmproj=files["qwen2a"], n_ctx=2048)
     assert_prompt_matches_the_reference(m, lm, wav_bytes(sound(1.0)))
     m.close()
+
+
+def test_a_sound_in_a_deepstack_model_adds_nothing_after_the_first_layers(files, tmp_path):
+    """Qwen3-Omni: media rows carry DeepStack slices; a sound's are zero, so the logits are the
+    reference's given the sound's rows alone (the reference adds a slice only where it has one)."""
+    lm = synth.write_qwen3vl(tmp_path / "lm.gguf", QT.F32, image_tokens="audio", context_length=4096,
+                             keys={"num_deepstack_layers": 1})
+    m = Model(lm, mmproj=files["qwen3a"], n_ctx=2048)
+    assert m.arch.deepstack == 1
+    ids = assert_prompt_matches_the_reference(m, lm, wav_bytes(sound(1.0)))
+    rows = m.engine.media.rows([t for t in ids if t < 0])
+    assert rows.shape == (26, 512) and not rows[:, 256:].any()     # 101 frames: two chunks of 13 rows
+    m.close()
