@@ -80,7 +80,8 @@ class _Generation:
 class _Model:
     """Enough of a Model for ChatSession: each reply is the next of `replies`, in pieces."""
     n_ctx = 4096
-    vision = None   # no projector: a text model
+    vision = audio = None   # no projector: a text model
+    has_media = False
 
     def __init__(self, replies):
         self.replies, self.prompts = list(replies), []
