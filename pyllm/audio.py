@@ -73,7 +73,8 @@ def load_audio(data: bytes, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
         sound = miniaudio.decode(bytes(data), output_format=miniaudio.SampleFormat.FLOAT32, nchannels=1,
                                  sample_rate=sample_rate)
     except miniaudio.MiniaudioError as e:
-        raise InvalidArgumentError(f"cannot decode the sound ({len(data)} bytes): {e}; give a WAV, MP3 or FLAC "
+        said = e.args[0] if e.args else "not a sound it knows"
+        raise InvalidArgumentError(f"cannot decode the sound ({len(data)} bytes): {said}; give a WAV, MP3 or FLAC "
                                    f"file") from None
     samples = np.frombuffer(sound.samples, dtype=np.float32).copy()
     if not len(samples):
@@ -251,7 +252,7 @@ class AudioEncoder(Tower):
         window = QWEN3A_WINDOW if self.projector == "qwen3a" else CHUNK_FRAMES
         return {"path": self.path, "kind": "multimodal projector (mmproj), audio", "projector": self.projector,
                 "sample_rate": SAMPLE_RATE, "n_mel": self.n_mel, "window_s": window * HOP / SAMPLE_RATE,
-                "tokens_per_window": self.rows_per_chunk,
+                "window_tokens": self.rows_per_chunk,
                 "n_layer": self.n_layer, "n_embd": self.n_embd, "n_head": self.n_head, "n_ff": self.n_ff,
                 "n_embd_out": self.n_out, "n_params": self.mf.n_params, "tensor_types": self.mf.type_histogram(),
                 "activation": "gelu (erf)"}
