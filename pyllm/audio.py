@@ -309,22 +309,24 @@ class AudioEncoder(Tower):
         return self.activation(y, np.ascontiguousarray(self.floats(wb[1]).reshape(-1)))
 
     def conv2d(self, x: np.ndarray, wb: tuple) -> np.ndarray:
-        """gelu(x * W + b) of m images x [m, c, H, W] -> [m, out, H / 2, W / 2]: 3 x 3 kernels at a
-        stride of 2 with a zero all round, as one matrix product over each output's 3 x 3 x c
-        inputs."""
-        m, c, H, W = x.shape
-        xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+        """gelu(x * W + b) of m images, channels last, x [m, H, W, c] -> [m, H / 2, W / 2, out]:
+        3 x 3 kernels at a stride of 2 with a zero all round, as one matrix product over each
+        output's 3 x 3 x c inputs (gathered channels innermost, so the copy runs along memory)."""
+        m, H, W, c = x.shape
+        xp = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
         h, w = (H - 1) // 2 + 1, (W - 1) // 2 + 1
-        cols = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(2, 3))[:, :, ::2, ::2][:, :, :h, :w]
-        cols = np.ascontiguousarray(cols.transpose(0, 2, 3, 1, 4, 5).reshape(m * h * w, c * 9))   # [m h w, c 3 3]
-        kernel = self.floats(wb[0]).reshape(-1, c * 9)                       # [out, c, 3, 3] as the file stores it
+        s = xp.strides
+        cols = np.lib.stride_tricks.as_strided(xp, (m, h, w, 3, 3, c), (s[0], 2 * s[1], 2 * s[2], s[1], s[2], s[3]),
+                                               writeable=False).reshape(m * h * w, 9 * c)
+        # the file's [out, c, 3, 3] as [out, 3, 3, c], the order of cols' columns
+        kernel = np.ascontiguousarray(self.floats(wb[0]).transpose(0, 2, 3, 1).reshape(-1, 9 * c))
         y = np.empty((len(cols), len(kernel)), np.float32)
 
         def rows(r0: int, r1: int) -> None:
             np.matmul(cols[r0:r1], kernel.T, out=y[r0:r1])
         self.parallel(len(cols), rows)
         self.activation(y, np.ascontiguousarray(self.floats(wb[1]).reshape(-1)))
-        return y.reshape(m, h, w, -1).transpose(0, 3, 1, 2)
+        return y.reshape(m, h, w, -1)
 
     def stem(self, mel: np.ndarray) -> np.ndarray:
         """The convolutions' rows of one chunk or window, with their positions: [rows, n_embd]."""
@@ -334,10 +336,10 @@ class AudioEncoder(Tower):
         # Qwen3-ASR's: each 100 frames an image of (mel bins, frames) through three 2D convolutions;
         # a row for each of its 13 columns (their c x h values, c outermost), positions 0..12 each chunk
         k = mel.shape[1] // QWEN3A_CHUNK
-        x = mel.reshape(self.n_mel, k, QWEN3A_CHUNK).transpose(1, 0, 2)[:, None]   # [k, 1, n_mel, 100]
+        x = np.ascontiguousarray(mel.reshape(self.n_mel, k, QWEN3A_CHUNK).transpose(1, 0, 2))[..., None]
         for wb in self.convs:
-            x = self.conv2d(x, wb)
-        cols = np.ascontiguousarray(x.transpose(0, 3, 1, 2).reshape(k * x.shape[3], -1))   # [k 13, c h]
+            x = self.conv2d(x, wb)                                                 # [k, h, 13, c]
+        cols = np.ascontiguousarray(x.transpose(0, 2, 3, 1).reshape(k * x.shape[2], -1))   # [k 13, c h]
         x = self.linear(cols, ("a.conv_out.weight", None))
         x.reshape(k, -1, self.n_embd)[:] += self.floats("a.position_embd.weight")[:self.n_positions]
         return x
