@@ -147,14 +147,16 @@ def test_a_sound_of_silence_is_flat():
 
 # -- sound files -----------------------------------------------------------------------------------------
 
-def wav(samples: np.ndarray, rate: int, width: int = 2, channels: int = 1) -> bytes:
+def wav(samples: np.ndarray, rate: int, width: int = 2) -> bytes:
+    """samples [n] (mono) or [n, channels] as a PCM WAV file of `width` bytes a sample."""
+    frames = samples if samples.ndim == 2 else samples[:, None]
     out = io.BytesIO()
     with wave.open(out, "wb") as w:
-        w.setnchannels(channels)
+        w.setnchannels(frames.shape[1])
         w.setsampwidth(width)
         w.setframerate(rate)
         scale = {1: 127, 2: 32767, 4: 2 ** 31 - 1}[width]
-        ints = np.round(np.repeat(samples[:, None], channels, axis=1).reshape(-1) * scale).astype(np.int64)
+        ints = np.round(frames.reshape(-1) * scale).astype(np.int64)
         if width == 1:
             w.writeframes((ints + 128).astype(np.uint8).tobytes())
         else:
@@ -168,8 +170,8 @@ def test_sound_files_are_decoded_to_mono_16khz():
     assert is_audio(data) and not is_audio(b"\x89PNG\r\n\x1a\n" + bytes(8))
     got = load_audio(data)
     np.testing.assert_array_equal(got, np.frombuffer(data[44:], "<i2") / np.float32(32768))    # 16 kHz: as it is
-    stereo = load_audio(wav(x, 16000, width=4, channels=2))                       # channels averaged
-    np.testing.assert_allclose(stereo, x, atol=1e-6)
+    stereo = load_audio(wav(np.stack([x, -0.5 * x], axis=1), 16000, width=4))     # channels averaged
+    np.testing.assert_allclose(stereo, 0.25 * x, atol=1e-6)
     coarse = load_audio(wav(x, 16000, width=1))
     assert np.abs(coarse - x).max() < 1.5 / 127
     fast = sound(1.0, rate=44100)
