@@ -463,12 +463,15 @@ class Generation:
 
     def _draft(self, drafter, history: list[int], n_generated: int, n_max: int) -> list[int]:
         """The drafter's guess at the tokens after `history`, as long as the step, the
-        context and max_tokens leave room for (none if shorter than draft_min)."""
+        context and max_tokens leave room for (none if shorter than draft_min), cut before
+        an end token: the reply stops there, so rows after it would be computed for nothing."""
         eng = self.engine
         room = min(self.max_tokens - n_generated - 1, eng.n_ctx - len(history),
                    eng.n_batch - 1, eng.backend.n_out_max - 1)
         n = min(room, n_max)
         guess = drafter.draft(history, n) if n > 0 else []
+        end = next((i for i, t in enumerate(guess) if t in self.stop_ids), len(guess))
+        guess = guess[:end]
         return guess if len(guess) >= max(1, eng.spec.draft_min) else []
 
     def run(self) -> Completion:

@@ -127,13 +127,15 @@ def test_speculation_keeps_the_cache_to_the_reply(smollm2_path):
 
 def test_a_draft_model_of_the_same_weights_is_always_right(smollm2_path):
     """SmolLM2 drafting for itself: every greedy guess is the target's choice (a step's rows are
-    the decode rows, bit for bit), so every guess is kept and the text is plain decoding's."""
+    the decode rows, bit for bit), so every guess is kept and the text is plain decoding's. No
+    guess runs past the end token (the scalar path's reply ends at 43 tokens, within a draft)."""
     plain = _reply(smollm2_path, COPY, max_tokens=60, temperature=0)
     drafted = _reply(smollm2_path, COPY, draft_model=smollm2_path, spec_p_min=0.0, spec_draft_max=5,
                      max_tokens=60, temperature=0)
     assert drafted.tokens == plain.tokens
     m = drafted.metrics
-    assert m.draft_tokens > 40 and m.accepted_tokens == m.draft_tokens
+    assert m.accepted_tokens == m.draft_tokens > 0
+    assert m.decode_steps <= len(drafted.tokens) // 5 + 1     # 5 guesses a step, short ones at the end
 
 
 def test_a_draft_model_stops_guessing_where_it_is_unsure(smollm2_path):
@@ -198,3 +200,26 @@ def test_pyllm_run_speculates(smollm2_path):
     assert f["draft_tokens"] >= f["accepted_tokens"] > 3   # as above
     one_error_line(pyllm("run", "-p", "hi", "-md", "/nonexistent/draft.gguf"), "draft.gguf")
     one_error_line(pyllm("run", "-p", "hi", "--spec-type", "ngram", "-n", "1"), "ngram-simple")
+
+
+def test_no_guess_runs_past_an_end_token(smollm2_path):
+    """A drafter that guesses the end token and more: the guesses stop before it (the reply
+    would end there, so rows after it are computed for nothing); the text is unchanged."""
+    from pyllm import Model
+    with Model(smollm2_path, n_ctx=1024, n_threads=2, spec_type="ngram-simple") as m:
+        plain = m.chat(COPY, max_tokens=20, temperature=0)
+        end = min(m.engine.tokenizer.eog_ids)
+
+        prompt = len(m.chat_tokens(COPY))
+
+        class Guesser:
+            def draft(self, history, n_max):   # the next token right, then the end, then junk
+                i = len(history) - prompt
+                return ([plain.tokens[i]] if i < len(plain.tokens) else []) + [end, 7, 8][:n_max]
+
+            def close(self):
+                pass
+        m.engine.new_drafter = Guesser
+        guessed = m.chat(COPY, max_tokens=20, temperature=0)
+    assert guessed.tokens == plain.tokens
+    assert guessed.metrics.draft_tokens == guessed.metrics.accepted_tokens > 0
