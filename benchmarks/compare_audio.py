@@ -1,11 +1,13 @@
 """pyllm's audio encoders against llama.cpp's mtmd, on small random Whisper-encoder projectors
-written as llama.cpp's converters write them (tests/synth.write_audio_mmproj) beside a small
+and Gemma 4 conformers written as llama.cpp's converters write them (tests/synth.py) beside a small
 llama language model: for a made-up sound (a few seconds of tones and noise), the rows each
-30 s chunk becomes (mtmd_encode_chunk against AudioEncoder.encode), the prompt's layout, and
+30 s chunk becomes (mtmd_encode_chunk against the encoder's encode), the prompt's layout, and
 the logits after "<text> <sound> <text>" (mtmd_helper_eval_chunks against pyllm's chat path).
 
 Run with PYLLM_PEER_PYTHON=/tmp/peer-venv/bin/python (../shared/peer/install-llama-cpp.sh).
-Where mtmd refuses a projector (an error or an abort), the row says so.
+Where mtmd refuses a projector (an error or an abort), the row says so. Words after the command
+pick the rows whose names hold them. --speed [whisper-small|qwen3-asr|gemma4]: instead, times 30 s
+of sound through an encoder of a real model's size, pyllm and mtmd alternating.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import synth  # noqa: E402
 from gguf.constants import GGMLQuantizationType as QT  # noqa: E402
 
 from pyllm import Model  # noqa: E402
-from pyllm.audio import AudioEncoder, wav_bytes  # noqa: E402
+from pyllm.audio import open_audio_encoder, wav_bytes  # noqa: E402
 
 PROMPT = "hello there <__media__> what is this sound"
 
@@ -79,6 +81,8 @@ CASES = [
     ("musicflamingo (AF3)", dict(projector="musicflamingo")),
     ("glma (GLM-ASR), st. 4", dict(projector="glma", stack=4)),
     ("qwen3a (Qwen3-ASR)", dict(projector="qwen3a")),
+    ("gemma4a (Gemma 4)", dict(projector="gemma4a")),
+    ("gemma4a, 128 mel, F32", dict(projector="gemma4a", n_mel=128, channels=(128, 32), qtype=QT.F32)),
 ]
 
 
@@ -110,10 +114,83 @@ def run_peer(peer: str, job: dict) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+PEER_SPEED = r'''
+import ctypes, json, sys, time
+import numpy as np
+import llama_cpp
+import llama_cpp.mtmd_cpp as mtmd
+job = json.load(sys.stdin)
+m = llama_cpp.Llama(model_path=job["lm"], n_ctx=512, verbose=False, n_threads=job["threads"])
+p = mtmd.mtmd_context_params_default()
+p.use_gpu, p.n_threads, p.warmup, p.print_timings = False, job["threads"], False, False
+ctx = mtmd.mtmd_init_from_file(job["mmproj"].encode(), m.model, p)
+samples = np.load(job["samples"]).astype(np.float32)
+buf = (ctypes.c_float * len(samples)).from_buffer_copy(samples.tobytes())
+t = time.perf_counter()     # the spectrogram (mtmd_tokenize computes it) and the encoder
+bmp = mtmd.mtmd_bitmap_init_from_audio(len(samples), buf)
+chunks = mtmd.mtmd_input_chunks_init()
+text = mtmd.mtmd_input_text(b"<__media__>", 11, True, True)
+arr = (ctypes.c_void_p * 1)(bmp)
+assert mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(text), arr, 1) == 0
+for i in range(mtmd.mtmd_input_chunks_size(chunks)):
+    c = mtmd.mtmd_input_chunks_get(chunks, i)
+    if mtmd.mtmd_input_chunk_get_type(c) != 0:
+        assert mtmd.mtmd_encode_chunk(ctx, c) == 0
+print(json.dumps({"s": time.perf_counter() - t}))
+'''
+
+# encoders at their real sizes: (the projector's writer, its shape, what it is); random F16 weights
+SPEED = {
+    "whisper-small": (synth.write_audio_mmproj, dict(projector="qwen2a", n_embd=768, n_head=12, n_ff=3072, n_layer=12,
+                                                      n_mel=80, n_out=1024),
+                      "30 s through an encoder of Whisper-small's size (12 layers of 768, 80 mel bins)"),
+    "qwen3-asr": (synth.write_audio_mmproj, dict(projector="qwen3a", n_embd=896, n_head=14, n_ff=3584, n_layer=18,
+                                                  n_mel=128, n_conv=480, n_out=1024),
+                  "30 s through one of Qwen3-ASR-0.6B's size (18 layers of 896, 128 mel bins, 480 channels)"),
+    "gemma4": (synth.write_gemma4_audio_mmproj, dict(n_embd=1024, n_head=8, n_layer=12, n_mel=128,
+                                                     channels=(128, 32), n_proj=1536, n_out=1024),
+               "30 s through Gemma 4 E2B/E4B's audio conformer (12 blocks of 1024, 128 mel bins)"),
+}
+
+
+def speed(peer: str, kind: str, rounds: int = 2, threads: int = 2) -> None:
+    """An encoder at its real size (SPEED[kind]) on 30 s of sound, pyllm and mtmd alternating,
+    the spectrogram included in both."""
+    import time
+    if kind not in SPEED:
+        raise SystemExit(f"--speed takes one of {', '.join(SPEED)}, not {kind!r}")
+    write, shape, what = SPEED[kind]
+    d = Path(tempfile.mkdtemp(prefix="pyllm-audio-speed-"))
+    lm = synth.write_llama(d / "lm.gguf", QT.Q8_0, n_vocab=512, image_tokens="audio", n_embd=1024, n_head=8,
+                           n_head_kv=8, n_layer=1, n_ff=256)
+    mm = write(d / "mm.gguf", **shape)
+    samples = sound(30.0).astype(np.float32)
+    np.save(d / "samples.npy", samples)
+    enc = open_audio_encoder(mm, n_threads=threads)
+    ours, theirs = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        enc.encode(samples)
+        ours.append(time.perf_counter() - t0)
+        r = subprocess.run([peer, "-c", PEER_SPEED], input=json.dumps(
+            {"lm": lm, "mmproj": mm, "samples": str(d / "samples.npy"), "threads": threads}),
+            capture_output=True, text=True)
+        if r.returncode:
+            raise SystemExit(f"mtmd failed:\n{r.stderr[-3000:]}")
+        theirs.append(json.loads(r.stdout.strip().splitlines()[-1])["s"])
+    enc.close()
+    print(f"{what}, {threads} threads:")
+    print(f"  pyllm {min(ours):.2f} s   llama.cpp mtmd {min(theirs):.2f} s   ratio {min(theirs) / min(ours):.2f}x "
+          f"(best of {rounds})")
+
+
 def main() -> None:
     peer = os.environ.get("PYLLM_PEER_PYTHON")
     if not peer:
         sys.exit("set PYLLM_PEER_PYTHON to a python with llama-cpp-python (../shared/peer/install-llama-cpp.sh)")
+    if "--speed" in sys.argv[1:]:
+        rest = sys.argv[sys.argv.index("--speed") + 1:]
+        return speed(peer, rest[0] if rest else "gemma4")
     d = Path(tempfile.mkdtemp(prefix="pyllm-audio-"))
     lm = synth.write_llama(d / "lm.gguf", QT.F32, n_vocab=512, image_tokens="audio")
     # a sound of 2.5 s, one of 41 s (two chunks: mtmd keeps whole chunks of 30 s)
@@ -128,10 +205,13 @@ def main() -> None:
         for name, shape in CASES:
             if sys.argv[1:] and not any(word in name for word in sys.argv[1:]):   # rows named on the command line
                 continue
-            mm = synth.write_audio_mmproj(d / "mm.gguf", **shape)
+            if shape.get("projector") == "gemma4a":   # a conformer: its own writer
+                mm = synth.write_gemma4_audio_mmproj(d / "mm.gguf", **{k: v for k, v in shape.items() if k != "projector"})
+            else:
+                mm = synth.write_audio_mmproj(d / "mm.gguf", **shape)
             got = run_peer(peer, {"lm": lm, "mmproj": mm, "samples": str(d / "samples.npy"), "prompt": PROMPT,
                                   "width": 256, "out": str(d / "peer")})
-            enc = AudioEncoder(mm, n_threads=2)
+            enc = open_audio_encoder(mm, n_threads=2)
             ours = enc.encode(samples.astype(np.float32))
             enc.close()
             if "error" in got:

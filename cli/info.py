@@ -48,11 +48,11 @@ def info(
         from pyllm.api import kv_type
         path = model_path(model)
         if is_projector(path):   # an mmproj file: its encoder, not a model
-            from pyllm.audio import AudioEncoder
+            from pyllm.audio import open_audio_encoder
             from pyllm.vision import VisionEncoder, modalities
             has = modalities(path)
             facts = {}
-            for there, kind, name in zip(has, (VisionEncoder, AudioEncoder), ("vision", "audio")):
+            for there, kind, name in zip(has, (VisionEncoder, open_audio_encoder), ("vision", "audio")):
                 if there:   # a file of both: each encoder's facts under its name
                     enc = kind(path)
                     facts.update({(f"{name} {k}" if all(has) else k): v for k, v in enc.describe().items()})

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import registry
 from .arch import load_architecture
-from .audio import AudioEncoder, audio_key, is_audio
+from .audio import AudioEncoder, audio_key, is_audio, open_audio_encoder
 from .backend.base import KV_TYPES, Shape
 from .backend.lowering import check_kv_formats
 from .backend.cpu import physical_cores
@@ -238,7 +238,7 @@ class Model:
         if vision:
             self._load_vision(path, min_tokens, max_tokens)
         if audio:
-            self.audio = AudioEncoder(path, n_threads=self.n_threads)
+            self.audio = open_audio_encoder(path, n_threads=self.n_threads)
             if self.audio.n_out != self.arch.hp.n_embd:
                 raise InvalidArgumentError(f"{path} makes sound rows of {self.audio.n_out} values; "
                                            f"{self.path.name}'s are {self.arch.hp.n_embd}: the projector belongs to "

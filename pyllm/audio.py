@@ -42,7 +42,7 @@ from .encoder import LayerWork, Tower
 from .errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
 from .model_file import ModelFile
 
-AUDIO_PROJECTORS = ("glma", "musicflamingo", "qwen2a", "qwen3a", "ultravox", "voxtral")
+AUDIO_PROJECTORS = ("gemma4a", "glma", "musicflamingo", "qwen2a", "qwen3a", "ultravox", "voxtral")
 SAMPLE_RATE = 16000     # Whisper's: samples a second
 N_FFT = 400             # samples a window (25 ms)
 HOP = 160               # samples between windows (10 ms)
@@ -164,6 +164,17 @@ def centred_log_mel(samples: np.ndarray, n_mel: int) -> list[np.ndarray]:
 
 # -- the encoder ------------------------------------------------------------------------------------
 
+def open_audio_encoder(path: str, n_threads: int | None = None):
+    """An mmproj file's audio encoder: Gemma 4's conformer (pyllm.conformer), else the Whisper
+    encoder and projector below."""
+    with ModelFile(path) as mf:
+        kind = mf.get("clip.audio.projector_type") or mf.get("clip.projector_type")
+    if kind == "gemma4a":
+        from .conformer import Gemma4AudioEncoder
+        return Gemma4AudioEncoder(path, n_threads=n_threads)
+    return AudioEncoder(path, n_threads=n_threads)
+
+
 class AudioEncoder(Tower):
     """An mmproj file's audio tower and projector. encode(sound) -> float32 [rows, n_out]: each
     30 s chunk's rows, in order."""
@@ -176,10 +187,11 @@ class AudioEncoder(Tower):
             raise UnsupportedModelError(f"{self.path} has no audio encoder (a vision projector: give it images)")
         kind = mf.get("clip.audio.projector_type") or mf.get("clip.projector_type") or ""
         self.projector = "qwen2a" if kind == "qwen2.5o" else str(kind)    # Qwen2.5-Omni's sound: Qwen2-Audio's
-        if self.projector not in AUDIO_PROJECTORS:
+        if self.projector not in AUDIO_PROJECTORS or self.projector == "gemma4a":   # gemma4a: conformer.py's
             raise UnsupportedModelError(f"{self.path}: audio projector type {kind!r} is not supported yet "
-                                        f"(supported: {', '.join(AUDIO_PROJECTORS)}: Qwen2-Audio's and Qwen2.5-Omni's, "
-                                        f"Ultravox's, Voxtral's, Audio Flamingo 3's, GLM-ASR's)")
+                                        f"(supported: {', '.join(AUDIO_PROJECTORS)}: Gemma 4's, Qwen2-Audio's and "
+                                        f"Qwen2.5-Omni's, Ultravox's, Voxtral's, Audio Flamingo 3's, GLM-ASR's, "
+                                        f"Qwen3-ASR's)")
         self.n_embd, self.n_head = self._int("embedding_length"), self._int("attention.head_count")
         self.n_ff, self.n_layer = self._int("feed_forward_length"), self._int("block_count")
         self.n_mel = self._int("num_mel_bins")
@@ -309,24 +321,10 @@ class AudioEncoder(Tower):
         return self.activation(y, np.ascontiguousarray(self.floats(wb[1]).reshape(-1)))
 
     def conv2d(self, x: np.ndarray, wb: tuple) -> np.ndarray:
-        """gelu(x * W + b) of m images, channels last, x [m, H, W, c] -> [m, H / 2, W / 2, out]:
-        3 x 3 kernels at a stride of 2 with a zero all round, as one matrix product over each
-        output's 3 x 3 x c inputs (gathered channels innermost, so the copy runs along memory)."""
-        m, H, W, c = x.shape
-        xp = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
-        h, w = (H - 1) // 2 + 1, (W - 1) // 2 + 1
-        s = xp.strides
-        cols = np.lib.stride_tricks.as_strided(xp, (m, h, w, 3, 3, c), (s[0], 2 * s[1], 2 * s[2], s[1], s[2], s[3]),
-                                               writeable=False).reshape(m * h * w, 9 * c)
-        # the file's [out, c, 3, 3] as [out, 3, 3, c], the order of cols' columns
-        kernel = np.ascontiguousarray(self.floats(wb[0]).transpose(0, 2, 3, 1).reshape(-1, 9 * c))
-        y = np.empty((len(cols), len(kernel)), np.float32)
-
-        def rows(r0: int, r1: int) -> None:
-            np.matmul(cols[r0:r1], kernel.T, out=y[r0:r1])
-        self.parallel(len(cols), rows)
-        self.activation(y, np.ascontiguousarray(self.floats(wb[1]).reshape(-1)))
-        return y.reshape(m, h, w, -1)
+        """gelu(x * W + b) of m images, channels last, x [m, H, W, c] -> [m, H / 2, W / 2, out]."""
+        y = self.conv3x3(x, wb[0])
+        self.activation(y.reshape(-1, y.shape[-1]), np.ascontiguousarray(self.floats(wb[1]).reshape(-1)))
+        return y
 
     def stem(self, mel: np.ndarray) -> np.ndarray:
         """The convolutions' rows of one chunk or window, with their positions: [rows, n_embd]."""

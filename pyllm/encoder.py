@@ -27,6 +27,8 @@ from ._native import ffi, lib
 from .errors import InvalidArgumentError, ModelFileError
 from .model_file import ModelFile
 
+CLAMP_NAMES = (".input_min", ".input_max", ".output_min", ".output_max")   # a clippable matrix's bounds
+
 
 @dataclass
 class EncoderLayer:
@@ -144,6 +146,25 @@ class Tower:
                             out=self._pair(p + "attn_out", (n, n)),
                             up=self._pair(up, (n, f)), down=self._pair(down, (f, n)), gate=gate, **extra)
 
+    def read_clamps(self) -> None:
+        """The bounds of each clippable matrix (Gemma 4's ClippableLinear: [name].input_min,
+        input_max, output_min, output_max beside its weight), unbounded where unsaid."""
+        for name in list(self.mf.tensors):
+            if name.endswith(".weight") and any(self.mf.has_tensor(name[:-7] + end) for end in CLAMP_NAMES):
+                self.clamps[name] = self._clamp(name[:-7])
+
+    def _clamp(self, base: str) -> tuple:
+        """(input min, max, output min, max) of a clippable matrix (Gemma 4's), unbounded where unsaid."""
+        def scalar(suffix: str, default: float) -> float:
+            name = base + suffix
+            if not self.mf.has_tensor(name):
+                return default
+            v = self.floats(name).reshape(-1)
+            if v.size != 1 or not np.isfinite(v[0]):
+                raise ModelFileError(f"{self.path}: {name} is not one finite number; the file is corrupt")
+            return float(v[0])
+        return tuple(scalar(end, bound) for end, bound in zip(CLAMP_NAMES, (-np.inf, np.inf, -np.inf, np.inf)))
+
     def floats(self, name: Optional[str]) -> Optional[np.ndarray]:
         """A tensor as a new float32 array in numpy's order (rows = its last GGUF dimension)."""
         if name is None:
@@ -208,6 +229,26 @@ class Tower:
                 out[r0:r1] += b
         self.parallel(len(x), rows)
         return out
+
+    def conv3x3(self, x: np.ndarray, weight: str) -> np.ndarray:
+        """x * W of m images, channels last, x [m, H, W, c] -> [m, H / 2, W / 2, out]: 3 x 3
+        kernels (the file's [out, c, 3, 3]) at a stride of 2 with a zero all round, as one matrix
+        product over each output's 3 x 3 x c inputs (gathered channels innermost, so the copy runs
+        along memory)."""
+        m, H, W, c = x.shape
+        xp = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+        h, w = (H - 1) // 2 + 1, (W - 1) // 2 + 1
+        s = xp.strides
+        cols = np.lib.stride_tricks.as_strided(xp, (m, h, w, 3, 3, c), (s[0], 2 * s[1], 2 * s[2], s[1], s[2], s[3]),
+                                               writeable=False).reshape(m * h * w, 9 * c)
+        # the file's [out, c, 3, 3] as [out, 3, 3, c], the order of cols' columns
+        kernel = np.ascontiguousarray(self.floats(weight).transpose(0, 2, 3, 1).reshape(-1, 9 * c))
+        y = np.empty((len(cols), len(kernel)), np.float32)
+
+        def rows(r0: int, r1: int) -> None:
+            np.matmul(cols[r0:r1], kernel.T, out=y[r0:r1])
+        self.parallel(len(cols), rows)
+        return y.reshape(m, h, w, -1)
 
     def norm(self, x: np.ndarray, wb: tuple, out: Optional[np.ndarray] = None,
              eps: Optional[float] = None) -> np.ndarray:

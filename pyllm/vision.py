@@ -212,9 +212,7 @@ class VisionEncoder(Tower):
                     self.check_shape(name, (self.n_embd,))
             self.pixel_budget = tuple(r * self.align ** 2 for r in GEMMA4_ROWS)
             self.longest_edge = self.image_size
-            for name in list(self.mf.tensors):
-                if name.endswith(".weight") and self.mf.has_tensor(name[:-7] + ".input_max"):
-                    self.clamps[name] = self._clamp(name[:-7])
+            self.read_clamps()
         elif self.projector == "gemma3":
             self.bidirectional = True    # an image's rows see each other (mtmd: Gemma 3's do)
             self.n_out = self._projection("mm.input_projection.weight", self.n_embd, inputs_first=False)
@@ -404,19 +402,6 @@ class VisionEncoder(Tower):
             raise ModelFileError(f"{self.path}: clip.vision.image_grid_pinpoints is not a list of (height, width) "
                                  f"sizes of up to 64 squares of {S} pixels; the file is corrupt")
         return pairs
-
-    def _clamp(self, base: str) -> tuple:
-        """(input min, max, output min, max) of a clippable matrix (Gemma 4's), unbounded where unsaid."""
-        def scalar(suffix: str, default: float) -> float:
-            name = base + suffix
-            if not self.mf.has_tensor(name):
-                return default
-            v = self.floats(name).reshape(-1)
-            if v.size != 1 or not np.isfinite(v[0]):
-                raise ModelFileError(f"{self.path}: {name} is not one finite number; the file is corrupt")
-            return float(v[0])
-        return (scalar(".input_min", -np.inf), scalar(".input_max", np.inf),
-                scalar(".output_min", -np.inf), scalar(".output_max", np.inf))
 
     def _deepstack(self, i: int, n_lm: int) -> DeepStack:
         p, n = f"v.deepstack.{i}.", self.n_embd * 4

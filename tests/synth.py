@@ -179,7 +179,8 @@ QWEN_VL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
 GEMMA4_TOKENS = ["<|image>", "<image|>"]
 INTERNVL_TOKENS = ["<img>", "</img>", "<IMG_CONTEXT>"]
 # a sound's markers: Qwen2-Audio's, Voxtral's, Audio Flamingo's and Qwen3-ASR's
-AUDIO_TOKENS = ["<|audio_bos|>", "<|audio_eos|>", "[BEGIN_AUDIO]", "<sound>", "<|audio_start|>", "<|audio_end|>"]
+AUDIO_TOKENS = ["<|audio_bos|>", "<|audio_eos|>", "[BEGIN_AUDIO]", "<sound>", "<|audio_start|>", "<|audio_end|>",
+                "<|audio>", "<audio|>"]
 
 
 def small_vocab(w: gguf.GGUFWriter, n_vocab: int = 512, image_tokens: bool | str = False) -> int:
@@ -1979,6 +1980,77 @@ def write_audio_mmproj(path: str | Path, n_out: int = 256, *, projector: str = "
         if projector != "voxtral":
             add("mm.a.mlp.1.bias", rng.normal(0, 0.1, n_mid))
             add("mm.a.mlp.2.bias", rng.normal(0, 0.1, n_out))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+def write_gemma4_audio_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head: int = 4,
+                              n_layer: int = 2, n_mel: int = 32, channels: tuple = (16, 8), n_proj: int = 96,
+                              taps: int = 5, seed: int = 11, qtype: QT = QT.F16, clamp: float = 2.5,
+                              drop_tensor: Optional[str] = None, vision: bool = False) -> str:
+    """A tiny Gemma 4 audio conformer (projector "gemma4a"), as llama.cpp's converter writes one:
+    two 3 x 3 convolutions with channel norms (F32), the input Linear, n_layer conformer blocks
+    (half-step FFNs 4 n_embd wide, chunked attention with relative keys and softplus'd per-dim
+    scales, the light convolution of `taps` taps, RMS norms), the output Linear with a bias, and
+    the embedder's projection into n_out. Every clippable matrix's input and output clipped to
+    +-clamp (scalars beside its weight), so the clips act on the random weights."""
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_bool("clip.has_vision_encoder", vision)
+    w.add_bool("clip.has_audio_encoder", True)
+    w.add_string("clip.audio.projector_type", "gemma4a")
+    for key, v in (("embedding_length", n_embd), ("feed_forward_length", 4 * n_embd), ("block_count", n_layer),
+                   ("attention.head_count", n_head), ("num_mel_bins", n_mel), ("projection_dim", n_out)):
+        w.add_uint32("clip.audio." + key, v)
+    w.add_float32("clip.audio.attention.layer_norm_epsilon", 0.01)     # what the converter wrote; never read
+    w.add_uint32("general.file_type", 1)
+
+    def add(name: str, a: np.ndarray, t: QT = QT.F32) -> None:
+        if name != drop_tensor:
+            add_as(w, name, a, t)
+
+    def mat(name: str, n_in: int, n_o: int, clipped: bool = True) -> None:   # numpy [n_o, n_in] = GGUF (n_in, n_o)
+        add(name + ".weight", rng.normal(0, 1 / np.sqrt(n_in), (n_o, n_in)), qtype)
+        if clipped:
+            for end, v in (("input_min", -clamp), ("input_max", clamp), ("output_min", -clamp), ("output_max", clamp)):
+                add(f"{name}.{end}", np.array([v]))
+
+    def norm(name: str, n: int) -> None:
+        add(name + ".weight", 1 + rng.normal(0, 0.2, n))
+
+    c0, c1 = channels
+    add("a.conv1d.0.weight", rng.normal(0, 1 / 3, (c0, 1, 3, 3)))
+    norm("a.conv1d.0.norm", c0)
+    add("a.conv1d.1.weight", rng.normal(0, 1 / np.sqrt(9 * c0), (c1, c0, 3, 3)))
+    norm("a.conv1d.1.norm", c1)
+    freq = ((n_mel - 1) // 2) // 2 + 1
+    mat("a.input_projection", freq * c1, n_embd, clipped=False)
+    d = n_embd // n_head
+    for i in range(n_layer):
+        p = f"a.blk.{i}."
+        for ffn in ("", "_1"):
+            norm(p + "ffn_norm" + ffn, n_embd)
+            mat(p + "ffn_up" + ffn, n_embd, 4 * n_embd)
+            mat(p + "ffn_down" + ffn, 4 * n_embd, n_embd)
+            norm(p + "ffn_post_norm" + ffn, n_embd)
+        norm(p + "attn_pre_norm", n_embd)
+        for m in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            mat(p + m, n_embd, n_embd)
+        mat(p + "attn_k_rel", n_embd, n_embd, clipped=False)
+        add(p + "per_dim_scale.weight", np.log1p(np.exp(rng.normal(0, 1, d))))     # softplus, as converted
+        norm(p + "attn_post_norm", n_embd)
+        norm(p + "conv_norm", n_embd)            # the light convolution's norm before its first matrix ...
+        mat(p + "conv_pw1", n_embd, 2 * n_embd)
+        add(p + "conv_dw.weight", rng.normal(0, 1 / np.sqrt(taps), (n_embd, taps)))
+        norm(p + "norm_conv", n_embd)            # ... and after the depthwise taps (llama.cpp's names, swapped)
+        mat(p + "conv_pw2", n_embd, n_embd)
+        norm(p + "ln2", n_embd)
+    add("a.pre_encode.out.weight", rng.normal(0, 1 / np.sqrt(n_embd), (n_proj, n_embd)), qtype)
+    add("a.pre_encode.out.bias", rng.normal(0, 0.1, n_proj))
+    add("mm.a.input_projection.weight", rng.normal(0, 1 / np.sqrt(n_proj), (n_out, n_proj)), qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
