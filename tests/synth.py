@@ -176,7 +176,7 @@ LFM2_TOKENS = ["<|image_start|>", "<|image_end|>", "<|img_thumbnail|>"] + \
 PIXTRAL_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
 # Qwen 2 / 2.5 VL's
 QWEN_VL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
-GEMMA4_TOKENS = ["<|image>", "<image|>"]
+GEMMA4_TOKENS = ["<|image>", "<image|>", "<|audio>", "<audio|>"]
 INTERNVL_TOKENS = ["<img>", "</img>", "<IMG_CONTEXT>"]
 # a sound's markers: Qwen2-Audio's, Voxtral's, Audio Flamingo's and Qwen3-ASR's
 AUDIO_TOKENS = ["<|audio_bos|>", "<|audio_eos|>", "[BEGIN_AUDIO]", "<sound>", "<|audio_start|>", "<|audio_end|>",

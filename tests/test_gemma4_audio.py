@@ -236,3 +236,12 @@ def test_info_on_a_gemma4_audio_projector(files):
     assert r.returncode == 0, r.stderr
     assert (facts["projector"], facts["window_s"], facts["window_tokens"], facts["n_mel"], facts["n_embd_out"]) == \
         ("gemma4a", 30.0, 750, N_MEL, 256)
+
+
+def test_a_sound_in_a_gemma4_model_matches_the_reference(files):
+    """Gemma 4's language model (its embeddings scaled, rows as they are) reading a sound's rows."""
+    lm = synth.write_gemma4(files["dir"] / "gemma4.gguf", QT.F32, image_tokens="gemma4")
+    mm = synth.write_gemma4_audio_mmproj(files["dir"] / "g4a.gguf", n_mel=N_MEL, qtype=QT.F32)
+    m = Model(lm, mmproj=mm, n_ctx=1024)
+    assert_prompt_matches_the_reference(m, lm, wav_bytes(sound(0.5)))
+    m.close()
