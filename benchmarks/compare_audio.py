@@ -83,6 +83,9 @@ CASES = [
     ("qwen3a (Qwen3-ASR)", dict(projector="qwen3a")),
     ("gemma4a (Gemma 4)", dict(projector="gemma4a")),
     ("gemma4a, 128 mel, F32", dict(projector="gemma4a", n_mel=128, channels=(128, 32), qtype=QT.F32)),
+    ("granite_speech", dict(projector="granite_speech", n_mel=160)),
+    ("granite_speech, F32", dict(projector="granite_speech", n_mel=160, qtype=QT.F32)),
+    ("granite_speech plus", dict(projector="granite_speech", n_mel=160, feature_layers=(1, 3), qtype=QT.F32)),
 ]
 
 
@@ -205,8 +208,10 @@ def main() -> None:
         for name, shape in CASES:
             if sys.argv[1:] and not any(word in name for word in sys.argv[1:]):   # rows named on the command line
                 continue
-            if shape.get("projector") == "gemma4a":   # a conformer: its own writer
-                mm = synth.write_gemma4_audio_mmproj(d / "mm.gguf", **{k: v for k, v in shape.items() if k != "projector"})
+            if shape.get("projector") in ("gemma4a", "granite_speech"):   # conformers: their own writers
+                write = synth.write_gemma4_audio_mmproj if shape["projector"] == "gemma4a" else \
+                    synth.write_granite_speech_mmproj
+                mm = write(d / "mm.gguf", **{k: v for k, v in shape.items() if k != "projector"})
             else:
                 mm = synth.write_audio_mmproj(d / "mm.gguf", **shape)
             got = run_peer(peer, {"lm": lm, "mmproj": mm, "samples": str(d / "samples.npy"), "prompt": PROMPT,

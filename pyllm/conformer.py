@@ -81,30 +81,129 @@ def rows_for_frames(n_frames: int) -> int:
     return ((n_frames - 1) // 2) // 2 + 1
 
 
-class Gemma4AudioEncoder(Tower):
-    """An mmproj file's Gemma 4 audio conformer and projector. encode(sound) -> float32
-    [rows, n_out]: each 30 s chunk's rows (750 for a whole one), in order."""
+class Conformer(Tower):
+    """What the conformer encoders share: their file's first numbers, and the block
+
+        x = x + ffn1(x) / 2,   ffn(x) = post(Wdown silu(Wup norm(x) + bup) + bdown)
+        x = x + post(attention(norm(x)))
+        x = x + Wend silu(dwnorm(depthwise_conv(a sigmoid(b)))) + bend,   [a | b] = Wstart norm(x) + bstart
+        x = x + ffn2(x) / 2;   x = norm_out(x)
+
+    with the norms, the attention and the depthwise convolution's padding and norm each
+    encoder's own (a block: a dict of tensor names, (weight, bias or None) pairs)."""
 
     section, prefix = "audio", "a"
-    begin, end = "<|audio>", "<audio|>"
-    rows_per_chunk = rows_for_frames((CHUNK_SAMPLES - FRAME // 2 - 1) // HOP + 1)
+    kind = ""                # the projector type this class reads
+    causal = True            # the depthwise convolution sees only the past (else both sides)
 
-    def _read(self, mf: ModelFile) -> None:
-        """The hyperparameters and tensors, every shape checked."""
+    def _read_common(self, mf: ModelFile, name: str) -> None:
         if not mf.get("clip.has_audio_encoder", False):
             raise UnsupportedModelError(f"{self.path} has no audio encoder (a vision projector: give it images)")
         self.projector = str(mf.get("clip.audio.projector_type") or mf.get("clip.projector_type") or "")
-        if self.projector != "gemma4a":
-            raise UnsupportedModelError(f"{self.path}: audio projector {self.projector!r} is not Gemma 4's")
+        if self.projector != self.kind:
+            raise UnsupportedModelError(f"{self.path}: audio projector {self.projector!r} is not {name}")
         self.n_embd, self.n_head = self._int("embedding_length"), self._int("attention.head_count")
         self.n_ff, self.n_layer = self._int("feed_forward_length"), self._int("block_count")
         self.n_mel = self._int("num_mel_bins")
+        if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2 or self.n_mel > 256 or self.n_embd > 16384:
+            raise ModelFileError(f"{self.path}: {self.n_head} heads do not divide {self.n_embd} into even widths, or "
+                                 f"{self.n_mel} mel bins are too many; the file is corrupt")
+
+    def _norms(self, p: str, names: dict, n: int) -> dict:
+        return {key: self._pair(p + name, (n,)) for key, name in names.items()}
+
+    def _depthwise(self, name: str, n: int) -> tuple:
+        t = self.mf.tensor(name + ".weight") if self.mf.has_tensor(name + ".weight") else None
+        if t is None or len(t.shape) != 2 or int(t.shape[1]) != n or not 0 < int(t.shape[0]) <= 64:
+            raise ModelFileError(f"{self.path}: tensor {name}.weight is missing or not [taps, {n}]; the file is "
+                                 f"corrupt")
+        return self._pair(name, (int(t.shape[0]), n))
+
+    def encode(self, sound) -> np.ndarray:
+        """A sound (a file's bytes, or float32 samples at 16 kHz) -> float32 [rows, n_out]."""
+        from .audio import load_audio
+        samples = load_audio(sound) if isinstance(sound, (bytes, bytearray, memoryview)) else \
+            np.asarray(sound, np.float32)
+        return self.encode_mel(self.log_mel(samples))
+
+    def encode_mel(self, chunks: list[np.ndarray]) -> np.ndarray:
+        """Spectrogram chunks, float32 [frames, n_mel] each -> their rows, in order."""
+        for c in chunks:
+            if c.ndim != 2 or c.shape[1] != self.n_mel or not 0 < c.shape[0] <= self.max_frames:
+                raise InvalidArgumentError(f"a mel chunk must be [frames, {self.n_mel}] with 1 to {self.max_frames} "
+                                           f"frames, not {list(c.shape)}")
+        with self._lock, threadpool_limits(limits=1, user_api="blas"):
+            try:
+                return np.concatenate([self._encode(c) for c in chunks]) if chunks else \
+                    np.empty((0, self.n_out), np.float32)
+            finally:
+                self._buffers.clear()
+
+    def layout(self, ids: list[int]) -> list:
+        """A sound's part of the prompt: its rows, between the model's markers (mtmd's)."""
+        return [p for p in (self.begin, ids, self.end) if len(p)]
+
+    def describe(self) -> dict:
+        """What `pyllm info` says of a projector file."""
+        return {"path": self.path, "kind": "multimodal projector (mmproj), audio", "projector": self.projector,
+                "sample_rate": SAMPLE_RATE, "n_mel": self.n_mel, "window_s": self.window_s,
+                "window_tokens": self.rows_per_chunk, "n_layer": self.n_layer, "n_embd": self.n_embd,
+                "n_head": self.n_head, "n_ff": self.n_ff, "n_embd_out": self.n_out, "n_params": self.mf.n_params,
+                "tensor_types": self.mf.type_histogram(), "activation": "silu (conformer)"}
+
+    # -- the block ----------------------------------------------------------------------------------
+    def block(self, x: np.ndarray, L: dict, *attention) -> None:
+        """One conformer block on the rows x [T, n_embd], in place."""
+        x += RESIDUAL * self.feed_forward(x, *L["ffn1"])
+        a = self.attention_block(self.norm(x, L["attn_norm"]), L, *attention)
+        x += a if L.get("attn_post") is None else self.norm(a, L["attn_post"], out=a)
+        x += self.convolution(x, L)
+        x += RESIDUAL * self.feed_forward(x, *L["ffn2"])
+        self.norm(x, L["out_norm"], out=x)
+
+    def feed_forward(self, x: np.ndarray, norm: tuple, up: tuple, down: tuple, post: tuple | None) -> np.ndarray:
+        u = self.linear(self.norm(x, norm), up)
+        self.parallel(len(u), lambda a, b: silu_(u[a:b]))
+        y = self.linear(u, down)
+        return y if post is None else self.norm(y, post, out=y)
+
+    def convolution(self, x: np.ndarray, L: dict) -> np.ndarray:
+        """The convolution module: GLU, then each channel over `taps` rows (the past's, or centred;
+        zeros beyond the ends), a norm, SiLU, a matrix."""
+        ab = self.linear(self.norm(x, L["conv_norm"]), L["start"])
+        m = ab.shape[1] // 2
+        g = ab[:, :m] * (1 / (1 + np.exp(-ab[:, m:])))
+        w = self.floats(L["dw"][0]).T                      # [taps, m]: tap j reads row t - before + j
+        taps, T = len(w), len(g)
+        before = taps - 1 if self.causal else taps // 2
+        gp = np.concatenate([np.zeros((before, m), np.float32), g, np.zeros((taps - 1 - before, m), np.float32)])
+        y = sum(gp[j:j + T] * w[j] for j in range(taps)).astype(np.float32)
+        if L["dw"][1] is not None:
+            y += self.floats(L["dw"][1])
+        self.depthwise_norm(y, L["dw_norm"])
+        silu_(y)
+        return self.linear(y, L["end"])
+
+    def depthwise_norm(self, y: np.ndarray, wb: tuple) -> None:
+        self.norm(y, wb, out=y)
+
+
+class Gemma4AudioEncoder(Conformer):
+    """An mmproj file's Gemma 4 audio conformer and projector. encode(sound) -> float32
+    [rows, n_out]: each 30 s chunk's rows (750 for a whole one), in order."""
+
+    kind = "gemma4a"
+    begin, end = "<|audio>", "<audio|>"
+    rows_per_chunk = rows_for_frames((CHUNK_SAMPLES - FRAME // 2 - 1) // HOP + 1)
+    max_frames = CHUNK_SAMPLES // HOP
+    window_s = CHUNK_SAMPLES / SAMPLE_RATE
+
+    def _read(self, mf: ModelFile) -> None:
+        """The hyperparameters and tensors, every shape checked."""
+        self._read_common(mf, "Gemma 4's")
         # every Gemma 4 audio encoder's; llama.cpp's converter wrote another value (mtmd ignores it too)
         self.eps, self.rms = 1e-6, True
-        n, f, d = self.n_embd, self.n_ff, self.n_embd // self.n_head
-        if n % self.n_head or d % 2 or self.n_mel > 256 or n > 16384:
-            raise ModelFileError(f"{self.path}: {self.n_head} heads do not divide {n} into even widths, or "
-                                 f"{self.n_mel} mel bins are too many; the file is corrupt")
+        n = self.n_embd
         # the sub-sampling: two 3 x 3 convolutions (1 -> c0 -> c1 channels), each a layer norm of its channels
         c0, c1 = (self._channels(f"a.conv1d.{i}.weight") for i in (0, 1))
         self.check_shape("a.conv1d.0.weight", (3, 3, 1, c0))
@@ -115,11 +214,11 @@ class Gemma4AudioEncoder(Tower):
         self.inp = self._pair("a.input_projection", (self.freq * c1, n))
         n_proj = self._projection("a.pre_encode.out.weight", n, inputs_first=True)
         self.out = self._pair("a.pre_encode.out", (n, n_proj))
-        self.soft_norm = self._pair("mm.a.soft_emb_norm", (n_proj,))[0] \
+        self.soft_norm = self._pair("mm.a.soft_emb_norm", (n_proj,)) \
             if mf.has_tensor("mm.a.soft_emb_norm.weight") else None
         self.n_out = self._projection("mm.a.input_projection.weight", n_proj, inputs_first=True)
         self.proj = self._pair("mm.a.input_projection", (n_proj, self.n_out))
-        self.layers = [self._block(i, n, f, d) for i in range(self.n_layer)]
+        self.layers = [self._block(i) for i in range(self.n_layer)]
         self.read_clamps()
 
     def _channels(self, name: str) -> int:
@@ -129,68 +228,29 @@ class Gemma4AudioEncoder(Tower):
                                  f"corrupt")
         return int(t.shape[3])
 
-    def _block(self, i: int, n: int, f: int, d: int) -> dict:
-        """Layer i's tensor names (weights, or (weight, bias or None) of a matrix), shapes checked."""
-        p = f"a.blk.{i}."
-        L = {}
-        for key, name, shape in (("ffn1_norm", "ffn_norm", (n,)), ("ffn1_post", "ffn_post_norm", (n,)),
-                                 ("ffn2_norm", "ffn_norm_1", (n,)), ("ffn2_post", "ffn_post_norm_1", (n,)),
-                                 ("attn_norm", "attn_pre_norm", (n,)), ("attn_post", "attn_post_norm", (n,)),
-                                 ("q_scale", "per_dim_scale", (d,)), ("conv_norm", "conv_norm", (n,)),
-                                 ("conv_out_norm", "norm_conv", (n,)), ("out_norm", "ln2", (n,))):
-            self.check_shape(p + name + ".weight", shape)
-            L[key] = p + name + ".weight"
+    def _block(self, i: int) -> dict:
+        """Layer i's tensor names ((weight, bias or None) pairs), shapes checked."""
+        p, n, f = f"a.blk.{i}.", self.n_embd, self.n_ff
+        d = n // self.n_head
+        L = self._norms(p, dict(attn_norm="attn_pre_norm", attn_post="attn_post_norm", conv_norm="conv_norm",
+                                dw_norm="norm_conv", out_norm="ln2"), n)   # conv_norm before, norm_conv after (names swapped)
+        for key, ffn in (("ffn1", ""), ("ffn2", "_1")):
+            L[key] = (self._pair(p + "ffn_norm" + ffn, (n,)), self._pair(p + "ffn_up" + ffn, (n, f)),
+                      self._pair(p + "ffn_down" + ffn, (f, n)), self._pair(p + "ffn_post_norm" + ffn, (n,)))
+        self.check_shape(p + "per_dim_scale.weight", (d,))
+        L["q_scale"] = p + "per_dim_scale.weight"
         L["k_scale"] = p + "per_dim_k_scale.weight" if self.mf.has_tensor(p + "per_dim_k_scale.weight") else None
         if L["k_scale"] is not None:
             self.check_shape(L["k_scale"], (d,))
-        for key, name, shape in (("up1", "ffn_up", (n, f)), ("down1", "ffn_down", (f, n)),
-                                 ("up2", "ffn_up_1", (n, f)), ("down2", "ffn_down_1", (f, n)),
-                                 ("q", "attn_q", (n, n)), ("k", "attn_k", (n, n)), ("v", "attn_v", (n, n)),
+        for key, name, shape in (("q", "attn_q", (n, n)), ("k", "attn_k", (n, n)), ("v", "attn_v", (n, n)),
                                  ("o", "attn_out", (n, n)), ("rel", "attn_k_rel", (n, n)),
                                  ("start", "conv_pw1", (n, 2 * n)), ("end", "conv_pw2", (n, n))):
             L[key] = self._pair(p + name, shape)
-        t = self.mf.tensor(p + "conv_dw.weight") if self.mf.has_tensor(p + "conv_dw.weight") else None
-        if t is None or len(t.shape) != 2 or int(t.shape[1]) != n or not 0 < int(t.shape[0]) <= 64:
-            raise ModelFileError(f"{self.path}: tensor {p}conv_dw.weight is missing or not [taps, {n}]; the file is "
-                                 f"corrupt")
-        L["dw"] = self._pair(p + "conv_dw", (int(t.shape[0]), n))
+        L["dw"] = self._depthwise(p + "conv_dw", n)
         return L
-
-    def describe(self) -> dict:
-        """What `pyllm info` says of a projector file."""
-        return {"path": self.path, "kind": "multimodal projector (mmproj), audio", "projector": self.projector,
-                "sample_rate": SAMPLE_RATE, "n_mel": self.n_mel, "window_s": CHUNK_SAMPLES / SAMPLE_RATE,
-                "window_tokens": self.rows_per_chunk, "n_layer": self.n_layer, "n_embd": self.n_embd,
-                "n_head": self.n_head, "n_ff": self.n_ff, "n_embd_out": self.n_out, "n_params": self.mf.n_params,
-                "tensor_types": self.mf.type_histogram(), "activation": "silu (conformer)"}
-
-    def layout(self, ids: list[int]) -> list:
-        """A sound's part of the prompt: its rows between <|audio> and <audio|> (mtmd's markers)."""
-        return [self.begin, ids, self.end]
-
-    # -- running ------------------------------------------------------------------------------------
-    def encode(self, sound) -> np.ndarray:
-        """A sound (a file's bytes, or float32 samples at 16 kHz) -> float32 [rows, n_out]."""
-        from .audio import load_audio
-        samples = load_audio(sound) if isinstance(sound, (bytes, bytearray, memoryview)) else \
-            np.asarray(sound, np.float32)
-        return self.encode_mel(self.log_mel(samples))
 
     def log_mel(self, samples: np.ndarray) -> list[np.ndarray]:
         return gemma4_log_mel(samples, self.n_mel)
-
-    def encode_mel(self, chunks: list[np.ndarray]) -> np.ndarray:
-        """Spectrogram chunks, float32 [frames, n_mel] each (at most 30 s of frames) -> their rows."""
-        for c in chunks:
-            if c.ndim != 2 or c.shape[1] != self.n_mel or not 0 < c.shape[0] <= CHUNK_SAMPLES // HOP:
-                raise InvalidArgumentError(f"a mel chunk must be [frames, {self.n_mel}] with 1 to "
-                                           f"{CHUNK_SAMPLES // HOP} frames, not {list(c.shape)}")
-        with self._lock, threadpool_limits(limits=1, user_api="blas"):
-            try:
-                return np.concatenate([self._encode(c) for c in chunks]) if chunks else \
-                    np.empty((0, self.n_out), np.float32)
-            finally:
-                self._buffers.clear()
 
     def _encode(self, mel: np.ndarray) -> np.ndarray:
         """One chunk [frames, n_mel] -> its rows [rows_for_frames(frames), n_out]."""
@@ -205,16 +265,8 @@ class Gemma4AudioEncoder(Tower):
         for L in self.layers:
             self.block(x, L, self.relative(L))
         x = self.linear(x, self.out)
-        x = self.rms_norm(x, self.soft_norm)
+        x = self.norm(x, self.soft_norm) if self.soft_norm is not None else rms_norm_bare(x, self.eps)
         return self.linear(x, self.proj)
-
-    def rms_norm(self, x: np.ndarray, weight: str | None, out: np.ndarray | None = None) -> np.ndarray:
-        """x / rms(x) (* weight), each row."""
-        if weight is not None:
-            return self.norm(x, (weight, None), out=out)
-        out = np.empty_like(x) if out is None else out
-        np.multiply(x, (1 / np.sqrt(np.einsum("ij,ij->i", x, x) / x.shape[1] + self.eps))[:, None], out=out)
-        return out
 
     def relative(self, L: dict) -> np.ndarray:
         """The relative positions' keys r_d, d = 0..WINDOW - 1: [WINDOW, n_embd]."""
@@ -223,38 +275,7 @@ class Gemma4AudioEncoder(Tower):
         angle = np.arange(WINDOW)[:, None] * inv[None]
         return self.linear(np.concatenate([np.sin(angle), np.cos(angle)], axis=1).astype(np.float32), L["rel"])
 
-    def block(self, x: np.ndarray, L: dict, rel: np.ndarray) -> None:
-        """One conformer block on the rows x [T, n_embd], in place."""
-        x += RESIDUAL * self.feed_forward(x, L["ffn1_norm"], L["up1"], L["down1"], L["ffn1_post"])
-        a = self.attention_local(self.rms_norm(x, L["attn_norm"]), L, rel)
-        x += self.rms_norm(a, L["attn_post"], out=a)
-        x += self.convolution(x, L)
-        x += RESIDUAL * self.feed_forward(x, L["ffn2_norm"], L["up2"], L["down2"], L["ffn2_post"])
-        self.rms_norm(x, L["out_norm"], out=x)
-
-    def feed_forward(self, x: np.ndarray, norm: str, up: tuple, down: tuple, post: str) -> np.ndarray:
-        u = self.linear(self.rms_norm(x, norm), up)
-        self.parallel(len(u), lambda a, b: silu_(u[a:b]))
-        y = self.linear(u, down)
-        return self.rms_norm(y, post, out=y)
-
-    def convolution(self, x: np.ndarray, L: dict) -> np.ndarray:
-        """The light convolution: GLU, then each channel over its last `taps` rows (zeros before
-        the first), RMS norm, SiLU, a matrix."""
-        n = self.n_embd
-        ab = self.linear(self.rms_norm(x, L["conv_norm"]), L["start"])
-        g = ab[:, :n] * (1 / (1 + np.exp(-ab[:, n:])))
-        w = self.floats(L["dw"][0]).T                                # [taps, n]: tap j reads row t - (taps - 1) + j
-        taps, T = len(w), len(g)
-        gp = np.concatenate([np.zeros((taps - 1, n), np.float32), g])
-        y = sum(gp[j:j + T] * w[j] for j in range(taps)).astype(np.float32)
-        if L["dw"][1] is not None:
-            y += self.floats(L["dw"][1])
-        self.rms_norm(y, L["conv_out_norm"], out=y)
-        silu_(y)
-        return self.linear(y, L["end"])
-
-    def attention_local(self, h: np.ndarray, L: dict, rel: np.ndarray) -> np.ndarray:
+    def attention_block(self, h: np.ndarray, L: dict, rel: np.ndarray) -> np.ndarray:
         """Each row attends to itself and the WINDOW - 1 rows before it (see the module's note)."""
         T, H, n = len(h), self.n_head, self.n_embd
         d = n // H
@@ -277,6 +298,204 @@ class Gemma4AudioEncoder(Tower):
         p /= p.sum(axis=2, keepdims=True)
         heads = np.einsum("thj,thdj->thd", p, values.reshape(T, H, d, WINDOW)).reshape(T, n)
         return self.linear(np.ascontiguousarray(heads, np.float32), L["o"])
+
+
+class GraniteSpeechEncoder(Conformer):
+    """An mmproj file's Granite Speech conformer and Q-Former projector (projector type
+    "granite_speech"; Granite Speech 3.3, 4.0, 4.1 plus). encode(sound) -> float32 [rows, n_out]:
+    the whole sound at once, 3 rows (window / downsample) for each 15 stacked frames (0.3 s).
+
+        x = Win mel + b                      # mel: two 10 ms frames' 80 bins side by side
+        the blocks (layer norms; attention within blocks of 200 rows, Shaw's relative positions;
+        a centred depthwise convolution and a folded batch norm); after the middle one
+        x = x + Wmid softmax(Wctc x + bctc) + bmid
+        x = [the feature layers' x ..., x]   (4.1 plus: earlier layers' rows beside the last's)
+        rows = Wproj qformer(x) + b          # each window of 15 rows read by 3 learned queries
+    """
+
+    kind = "granite_speech"
+    begin = end = ""
+    causal = False
+    max_frames = 1 << 20    # the whole sound at once
+
+    def _read(self, mf: ModelFile) -> None:
+        """The hyperparameters and tensors, every shape checked."""
+        self._read_common(mf, "Granite Speech's")
+        self.eps, self.rms = 1e-5, False
+        n = self.n_embd
+        self.context = self._int("chunk_size")                # attention in blocks of this many rows
+        self.max_pos = self._int("max_pos_emb")
+        self.window, rate = self._int("projector.window_size"), self._int("projector.downsample_rate")
+        self.proj_heads = self._int("projector.head_count")
+        if self.context > min(self.max_pos, 8192) or self.window % rate or self.window > 4096 or self.n_mel % 2:
+            raise ModelFileError(f"{self.path}: blocks of {self.context} rows beyond {self.max_pos} positions, a "
+                                 f"window of {self.window} not a multiple of {rate}, or {self.n_mel} features "
+                                 f"(two frames' mel bins); the file is corrupt")
+        self.n_queries = self.window // rate
+        layers = mf.get("clip.audio.feature_layer", None)     # Granite Speech 4.1 plus: earlier layers kept
+        self.feature_layers = sorted({int(v) for v in layers}) if layers is not None else []
+        if any(not 0 <= v <= self.n_layer for v in self.feature_layers):
+            raise ModelFileError(f"{self.path}: clip.audio.feature_layer {list(layers)} are not layers 0.."
+                                 f"{self.n_layer}; the file is corrupt")
+        self.inp = self._pair("a.input_projection", (self.n_mel, n))
+        self.layers = [self._block(i) for i in range(self.n_layer)]
+        n_ctc = self._projection("a.enc_ctc_out.weight", n, inputs_first=True)
+        self.ctc = (self._pair("a.enc_ctc_out", (n, n_ctc)), self._pair("a.enc_ctc_out_mid", (n_ctc, n)))
+        # the Q-Former: learned queries, normed, through layers of self- and cross-attention
+        t = mf.tensor("a.proj_query") if mf.has_tensor("a.proj_query") else None
+        if t is None or [int(v) for v in t.shape if v != 1][1:] != [self.n_queries]:
+            raise ModelFileError(f"{self.path}: a.proj_query is missing or not {self.n_queries} queries; the file is "
+                                 f"corrupt")
+        m = self.n_query = int(t.shape[0])
+        n_enc = n * (len(self.feature_layers) + 1)
+        if m % self.proj_heads:
+            raise ModelFileError(f"{self.path}: {self.proj_heads} heads do not divide the Q-Former's {m}")
+        self.query_norm = self._pair("a.proj_norm", (m,))
+        self.qformer = []
+        i = 0
+        while mf.has_tensor(f"a.proj_blk.{i}.self_attn_q.weight"):
+            p = f"a.proj_blk.{i}."
+            n_mid = self._projection(p + "ffn_up.weight", m, inputs_first=True)
+            self.qformer.append({
+                "self": tuple(self._pair(p + "self_attn_" + w, (m, m)) for w in ("q", "k", "v", "out")),
+                "self_norm": self._pair(p + "self_attn_norm", (m,)),
+                "cross": (self._pair(p + "cross_attn_q", (m, m)), self._pair(p + "cross_attn_k", (n_enc, m)),
+                          self._pair(p + "cross_attn_v", (n_enc, m)), self._pair(p + "cross_attn_out", (m, m))),
+                "cross_norm": self._pair(p + "cross_attn_norm", (m,)),
+                "up": self._pair(p + "ffn_up", (m, n_mid)), "down": self._pair(p + "ffn_down", (n_mid, m)),
+                "ffn_norm": self._pair(p + "ffn_norm", (m,))})
+            i += 1
+        if not self.qformer:
+            raise ModelFileError(f"{self.path}: tensor a.proj_blk.0.self_attn_q.weight is missing; the file is corrupt")
+        self.n_out = self._projection("a.proj_linear.weight", m, inputs_first=True)
+        self.proj = self._pair("a.proj_linear", (m, self.n_out))
+        self.rows_per_chunk = self.n_queries                    # each window of the Q-Former ...
+        self.window_s = self.window * 2 * HOP / SAMPLE_RATE     # ... of 15 stacked frames: 0.3 s
+
+    def _block(self, i: int) -> dict:
+        p, n, f = f"a.blk.{i}.", self.n_embd, self.n_ff
+        d = n // self.n_head
+        L = self._norms(p, dict(attn_norm="ln1", conv_norm="norm_conv", out_norm="ln2"), n)
+        for key, ffn in (("ffn1", ""), ("ffn2", "_1")):
+            L[key] = (self._pair(p + "ffn_norm" + ffn, (n,)), self._pair(p + "ffn_up" + ffn, (n, f)),
+                      self._pair(p + "ffn_down" + ffn, (f, n)), None)
+        for key, name in (("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v"), ("o", "attn_out")):
+            L[key] = self._pair(p + name, (n, n))
+        self.check_shape(p + "attn_rel_pos_emb", (d, 2 * self.max_pos + 1))
+        L["rel"] = p + "attn_rel_pos_emb"
+        inner = self._projection(p + "conv_pw1.weight", n, inputs_first=True) // 2
+        L["start"] = self._pair(p + "conv_pw1", (n, 2 * inner))
+        L["end"] = self._pair(p + "conv_pw2", (inner, n))
+        L["dw"] = self._depthwise(p + "conv_dw", inner)
+        # the batch norm after the depthwise taps, folded into a scale and a shift (named conv_norm;
+        # llama.cpp's converter, as of this writing, writes conv_norm_var, which mtmd does not read)
+        folded = "conv_norm" if self.mf.has_tensor(p + "conv_norm.weight") else "conv_norm_var"
+        L["dw_norm"] = self._pair(p + folded, (inner,))
+        if L["dw_norm"][1] is None:
+            raise ModelFileError(f"{self.path}: tensor {p}{folded}.bias is missing; the file is corrupt")
+        return L
+
+    def rows_for(self, n_frames: int) -> int:
+        """The rows a spectrogram of n_frames stacked frames becomes."""
+        return -(-n_frames // self.window) * self.n_queries
+
+    def log_mel(self, samples: np.ndarray) -> list[np.ndarray]:
+        return [granite_log_mel(samples, self.n_mel // 2)]
+
+    def depthwise_norm(self, y: np.ndarray, wb: tuple) -> None:
+        y *= self.floats(wb[0])
+        y += self.floats(wb[1])
+
+    def _encode(self, mel: np.ndarray) -> np.ndarray:
+        """The stacked spectrogram [frames, n_mel] -> its rows [rows_for(frames), n_out]."""
+        x = self.linear(np.ascontiguousarray(mel, np.float32), self.inp)
+        kept = [x.copy()] if 0 in self.feature_layers else []
+        for i, L in enumerate(self.layers, start=1):
+            self.block(x, L)
+            if i in self.feature_layers:
+                kept.append(x.copy())
+            if i == self.n_layer // 2:     # the CTC head's softmax fed back
+                logits = self.linear(x, self.ctc[0])
+                logits = np.exp(logits - logits.max(axis=1, keepdims=True))
+                x += self.linear(np.ascontiguousarray(logits / logits.sum(axis=1, keepdims=True)), self.ctc[1])
+        x = np.concatenate(kept + [x], axis=1) if kept else x
+        return self.project(x)
+
+    def attention_block(self, h: np.ndarray, L: dict) -> np.ndarray:
+        """Within each block of `context` rows (the last one shorter), every row sees every row:
+        scores (q_i . k_j + q_i . E[i - j]) / sqrt(head_dim), E a table of distances (Shaw's)."""
+        T, H, n = len(h), self.n_head, self.n_embd
+        d, C = n // H, self.context
+        q, k, v = (self.linear(h, L[m]).reshape(T, H, d).transpose(1, 0, 2) for m in ("q", "k", "v"))  # [H, T, d]
+        table = self.floats(L["rel"])[self.max_pos - C:self.max_pos + C + 1]      # distances -C..C
+        out = np.empty((T, H, d), np.float32)
+        for a in range(0, T, C):
+            b = min(T, a + C)
+            i = np.arange(b - a)
+            qb = q[:, a:b]
+            s = qb @ k[:, a:b].transpose(0, 2, 1)                                  # [H, c, c]
+            s += np.take_along_axis(qb @ table.T, (i[:, None] - i[None, :] + C)[None].repeat(H, 0), axis=2)
+            s *= 1 / math.sqrt(d)
+            s = np.exp(s - s.max(axis=2, keepdims=True))
+            out[a:b] = ((s / s.sum(axis=2, keepdims=True)) @ v[:, a:b]).transpose(1, 0, 2)
+        return self.linear(out.reshape(T, n), L["o"])
+
+    def project(self, x: np.ndarray) -> np.ndarray:
+        """The Q-Former: each window of rows (zeros after the last) read by the learned queries."""
+        W = -(-len(x) // self.window)
+        windows = np.zeros((W * self.window, x.shape[1]), np.float32)
+        windows[:len(x)] = x
+        m, nq = self.n_query, self.n_queries
+        qs = self.norm(np.ascontiguousarray(self.floats("a.proj_query").reshape(nq, m)), self.query_norm, eps=1e-12)
+        qs = np.ascontiguousarray(np.tile(qs, (W, 1)))                              # [W nq, m]
+        for B in self.qformer:
+            a = self.cross_attention(qs, qs, B["self"], W, nq)
+            qs = self.norm(a + qs, B["self_norm"], eps=1e-12)
+            a = self.cross_attention(qs, windows, B["cross"], W, self.window)
+            qs = self.norm(a + qs, B["cross_norm"], eps=1e-12)
+            y = self.linear(self.activation(self.linear(qs, B["up"]), gelu="erf"), B["down"])
+            qs = self.norm(y + qs, B["ffn_norm"], eps=1e-12)
+        return self.linear(qs, self.proj)
+
+    def cross_attention(self, qs: np.ndarray, src: np.ndarray, wbs: tuple, W: int, n_src: int) -> np.ndarray:
+        """Each window's queries attend to that window's n_src rows of src (biases on q, k, v, out)."""
+        H, m = self.proj_heads, self.n_query
+        d, nq = m // H, len(qs) // W
+        q = self.linear(qs, wbs[0]).reshape(W, nq, H, d).transpose(0, 2, 1, 3)
+        k = self.linear(src, wbs[1]).reshape(W, n_src, H, d).transpose(0, 2, 3, 1)
+        v = self.linear(src, wbs[2]).reshape(W, n_src, H, d).transpose(0, 2, 1, 3)
+        s = (q @ k) * (1 / math.sqrt(d))                                             # [W, H, nq, n_src]
+        s = np.exp(s - s.max(axis=3, keepdims=True))
+        heads = ((s / s.sum(axis=3, keepdims=True)) @ v).transpose(0, 2, 1, 3).reshape(W * nq, m)
+        return self.linear(np.ascontiguousarray(heads, np.float32), wbs[3])
+
+
+def granite_log_mel(samples: np.ndarray, n_mel: int) -> np.ndarray:
+    """Granite Speech's spectrogram (torchaudio's MelSpectrogram as its extractor sets it, and
+    mtmd): the sound reflected 256 samples at both ends, a 400-sample periodic Hann window centred
+    in 512 every 160 samples, power through n_mel HTK filters (0..8 kHz), log10 floored at
+    1e-10, then floored at the max - 8 and mapped by v / 4 + 1; an even number of frames, each
+    two side by side: float32 [frames / 2, 2 n_mel]."""
+    x = np.asarray(samples, np.float32).reshape(-1)
+    n, pad = len(x), N_FFT // 2
+    left = x[np.minimum(np.arange(1, pad + 1), n - 1)][::-1]              # reflected (clamped, as mtmd's)
+    right = x[np.maximum(n - 2 - np.arange(pad), 0)]
+    padded = np.concatenate([left, x, right])
+    n_frames = (len(padded) - N_FFT) // HOP + 1
+    window = np.zeros(N_FFT, np.float32)
+    window[(N_FFT - 400) // 2:(N_FFT + 400) // 2] = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(400) / 400)
+    frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP][:n_frames]
+    spectrum = np.fft.rfft(frames * window, axis=1)
+    power = spectrum.real ** 2 + spectrum.imag ** 2
+    mel = np.log10(np.maximum(power @ htk_mel_filters(n_mel, f_max=SAMPLE_RATE / 2).T, 1e-10))
+    mel = np.maximum(mel, mel.max() - 8.0) / 4 + 1
+    n_even = n_frames - n_frames % 2
+    return np.ascontiguousarray(mel[:n_even].reshape(n_even // 2, 2 * n_mel), np.float32)
+
+
+def rms_norm_bare(x: np.ndarray, eps: float) -> np.ndarray:
+    """x / rms(x), each row (no weight)."""
+    return (x * (1 / np.sqrt(np.einsum("ij,ij->i", x, x) / x.shape[1] + eps))[:, None]).astype(np.float32)
 
 
 def silu_(x: np.ndarray) -> None:

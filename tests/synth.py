@@ -2056,3 +2056,92 @@ def write_gemma4_audio_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int
     w.write_tensors_to_file()
     w.close()
     return str(path)
+
+
+def write_granite_speech_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head: int = 4,
+                                n_layer: int = 4, n_mel: int = 32, context: int = 20, max_pos: int = 32,
+                                taps: int = 15, n_ctc: int = 42, n_query_layers: int = 2, proj_heads: int = 4,
+                                window: int = 15, rate: int = 5, feature_layers: tuple = (), seed: int = 13,
+                                qtype: QT = QT.F16, drop_tensor: Optional[str] = None,
+                                folded_name: str = "conv_norm") -> str:
+    """A tiny Granite Speech encoder and Q-Former (projector "granite_speech"), as llama.cpp's
+    converter writes one: the input Linear over n_mel features (two frames' bins), n_layer
+    conformer blocks (layer norms, half-step FFNs 4 n_embd wide, block attention of `context`
+    rows with a Shaw table of 2 max_pos + 1 distances, a centred depthwise convolution of `taps`
+    over 2 n_embd channels, the batch norm folded into `folded_name` weight and bias), the CTC
+    head fed back after the middle block, and a Q-Former of n_query_layers reading windows of
+    `window` rows with window / rate queries. feature_layers: Granite Speech 4.1 plus's layers
+    whose rows go beside the last's."""
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_bool("clip.has_vision_encoder", False)
+    w.add_bool("clip.has_audio_encoder", True)
+    w.add_string("clip.projector_type", "granite_speech")
+    for key, v in (("embedding_length", n_embd), ("feed_forward_length", 4 * n_embd), ("block_count", n_layer),
+                   ("attention.head_count", n_head), ("num_mel_bins", n_mel), ("projection_dim", n_out),
+                   ("chunk_size", context), ("conv_kernel_size", taps), ("max_pos_emb", max_pos),
+                   ("projector.window_size", window), ("projector.downsample_rate", rate),
+                   ("projector.head_count", proj_heads)):
+        w.add_uint32("clip.audio." + key, v)
+    w.add_float32("clip.audio.attention.layer_norm_epsilon", 1e-5)
+    if feature_layers:
+        w.add_array("clip.audio.feature_layer", list(feature_layers))
+    w.add_uint32("general.file_type", 1)
+
+    def add(name: str, a: np.ndarray, t: QT = QT.F32) -> None:
+        if name != drop_tensor:
+            add_as(w, name, a, t)
+
+    def mat(name: str, n_in: int, n_o: int, bias: bool = True) -> None:
+        add(name + ".weight", rng.normal(0, 1 / np.sqrt(n_in), (n_o, n_in)), qtype)
+        if bias:
+            add(name + ".bias", rng.normal(0, 0.1, n_o))
+
+    def norm(name: str, n: int) -> None:
+        add(name + ".weight", 1 + rng.normal(0, 0.2, n))
+        add(name + ".bias", rng.normal(0, 0.1, n))
+
+    n, inner = n_embd, 2 * n_embd
+    mat("a.input_projection", n_mel, n)
+    for i in range(n_layer):
+        p = f"a.blk.{i}."
+        for ffn in ("", "_1"):
+            norm(p + "ffn_norm" + ffn, n)
+            mat(p + "ffn_up" + ffn, n, 4 * n)
+            mat(p + "ffn_down" + ffn, 4 * n, n)
+        norm(p + "ln1", n)
+        for m in ("attn_q", "attn_k", "attn_v"):
+            mat(p + m, n, n, bias=False)
+        mat(p + "attn_out", n, n)
+        add(p + "attn_rel_pos_emb", rng.normal(0, 0.5, (2 * max_pos + 1, n // n_head)))
+        norm(p + "norm_conv", n)                 # the convolution module's norm before its first matrix
+        mat(p + "conv_pw1", n, 2 * inner)
+        add(p + "conv_dw.weight", rng.normal(0, 1 / np.sqrt(taps), (inner, taps)))
+        add(f"{p}{folded_name}.weight", rng.uniform(0.5, 1.5, inner))      # the batch norm, folded
+        add(f"{p}{folded_name}.bias", rng.normal(0, 0.1, inner))
+        mat(p + "conv_pw2", inner, n)
+        norm(p + "ln2", n)
+    mat("a.enc_ctc_out", n, n_ctc)
+    mat("a.enc_ctc_out_mid", n_ctc, n)
+    n_enc = n * (len(feature_layers) + 1)
+    add("a.proj_query", rng.normal(0, 1, (1, window // rate, n)))
+    norm("a.proj_norm", n)
+    for i in range(n_query_layers):
+        p = f"a.proj_blk.{i}."
+        for m in ("q", "k", "v", "out"):
+            mat(p + "self_attn_" + m, n, n)
+        norm(p + "self_attn_norm", n)
+        mat(p + "cross_attn_q", n, n)
+        mat(p + "cross_attn_k", n_enc, n)
+        mat(p + "cross_attn_v", n_enc, n)
+        mat(p + "cross_attn_out", n, n)
+        norm(p + "cross_attn_norm", n)
+        mat(p + "ffn_up", n, 2 * n)
+        mat(p + "ffn_down", 2 * n, n)
+        norm(p + "ffn_norm", n)
+    mat("a.proj_linear", n, n_out)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
