@@ -86,7 +86,14 @@ CASES = [
     ("granite_speech", dict(projector="granite_speech", n_mel=160)),
     ("granite_speech, F32", dict(projector="granite_speech", n_mel=160, qtype=QT.F32)),
     ("granite_speech plus", dict(projector="granite_speech", n_mel=160, feature_layers=(1, 3), qtype=QT.F32)),
+    # mtmd builds LFM2-Audio's positions 512 wide (its encoder's width) whatever the file says
+    ("lfm2a (LFM2-Audio)", dict(projector="lfm2a", n_mel=128, n_embd=512, n_head=8, n_ff=512)),
+    ("lfm2a, F32", dict(projector="lfm2a", n_mel=128, n_embd=512, n_head=8, n_ff=512, qtype=QT.F32)),
 ]
+
+
+CONFORMER_WRITERS = {"gemma4a": synth.write_gemma4_audio_mmproj, "granite_speech": synth.write_granite_speech_mmproj,
+                     "lfm2a": synth.write_lfm2_audio_mmproj}
 
 
 def sound(seconds: float, seed: int = 3) -> np.ndarray:
@@ -208,9 +215,8 @@ def main() -> None:
         for name, shape in CASES:
             if sys.argv[1:] and not any(word in name for word in sys.argv[1:]):   # rows named on the command line
                 continue
-            if shape.get("projector") in ("gemma4a", "granite_speech"):   # conformers: their own writers
-                write = synth.write_gemma4_audio_mmproj if shape["projector"] == "gemma4a" else \
-                    synth.write_granite_speech_mmproj
+            if shape.get("projector") in CONFORMER_WRITERS:   # conformers: their own writers
+                write = CONFORMER_WRITERS[shape["projector"]]
                 mm = write(d / "mm.gguf", **{k: v for k, v in shape.items() if k != "projector"})
             else:
                 mm = synth.write_audio_mmproj(d / "mm.gguf", **shape)

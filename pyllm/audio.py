@@ -42,8 +42,9 @@ from .encoder import LayerWork, Tower
 from .errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
 from .model_file import ModelFile
 
-CONFORMERS = ("gemma4a", "granite_speech")    # read by pyllm/conformer.py
-AUDIO_PROJECTORS = ("gemma4a", "glma", "granite_speech", "musicflamingo", "qwen2a", "qwen3a", "ultravox", "voxtral")
+CONFORMERS = ("gemma4a", "granite_speech", "lfm2a")    # read by pyllm/conformer.py
+AUDIO_PROJECTORS = ("gemma4a", "glma", "granite_speech", "lfm2a", "musicflamingo", "qwen2a", "qwen3a", "ultravox",
+                    "voxtral")
 SAMPLE_RATE = 16000     # Whisper's: samples a second
 N_FFT = 400             # samples a window (25 ms)
 HOP = 160               # samples between windows (10 ms)
@@ -171,8 +172,10 @@ def open_audio_encoder(path: str, n_threads: int | None = None):
     with ModelFile(path) as mf:
         kind = mf.get("clip.audio.projector_type") or mf.get("clip.projector_type")
     if kind in CONFORMERS:
-        from .conformer import Gemma4AudioEncoder, GraniteSpeechEncoder
-        return (Gemma4AudioEncoder if kind == "gemma4a" else GraniteSpeechEncoder)(path, n_threads=n_threads)
+        from . import conformer
+        kinds = {"gemma4a": conformer.Gemma4AudioEncoder, "granite_speech": conformer.GraniteSpeechEncoder,
+                 "lfm2a": conformer.Lfm2AudioEncoder}
+        return kinds[kind](path, n_threads=n_threads)
     return AudioEncoder(path, n_threads=n_threads)
 
 
@@ -192,7 +195,7 @@ class AudioEncoder(Tower):
             raise UnsupportedModelError(f"{self.path}: audio projector type {kind!r} is not supported yet "
                                         f"(supported: {', '.join(AUDIO_PROJECTORS)}: Gemma 4's, Qwen2-Audio's and "
                                         f"Qwen2.5-Omni's, Ultravox's, Voxtral's, Audio Flamingo 3's, GLM-ASR's, "
-                                        f"Qwen3-ASR's, Granite Speech's)")
+                                        f"Qwen3-ASR's, Granite Speech's, LFM2-Audio's)")
         self.n_embd, self.n_head = self._int("embedding_length"), self._int("attention.head_count")
         self.n_ff, self.n_layer = self._int("feed_forward_length"), self._int("block_count")
         self.n_mel = self._int("num_mel_bins")

@@ -470,6 +470,168 @@ class GraniteSpeechEncoder(Conformer):
         return self.linear(np.ascontiguousarray(heads, np.float32), wbs[3])
 
 
+class Lfm2AudioEncoder(Conformer):
+    """An mmproj file's LFM2-Audio encoder (projector type "lfm2a"; a NeMo FastConformer) and its
+    adapter. encode(sound) -> float32 [rows, n_out]: the whole sound at once, 12.5 rows a second.
+
+        x = relu(conv2d(mel, 3 x 3, stride 2) + b); then twice: x = relu(pw(dw(x, stride 2)))
+        x = each row's c x F values (F innermost) Wout + b                          # [T, n_embd]
+        the blocks (layer norms; every row sees every row: Transformer-XL's relative attention,
+            scores ((q + u) . k_j + shift((q + v) . p)_j) / sqrt(head_dim), p = Wpos sinusoids of
+            the distances T - 1 .. -(T - 1); a centred depthwise convolution, batch norm folded)
+        rows = W3 gelu(W1 layernorm(x) + b1) + b3
+    """
+
+    kind = "lfm2a"
+    begin = end = ""
+    causal = False
+    max_frames = 1 << 20    # the whole sound at once
+
+    def _read(self, mf: ModelFile) -> None:
+        """The hyperparameters and tensors, every shape checked."""
+        self._read_common(mf, "LFM2-Audio's")
+        self.eps, self.rms = 1e-5, False
+        n = self.n_embd
+        # the sub-sampling: a 3 x 3 convolution, then twice a depthwise 3 x 3 and a pointwise one
+        t = mf.tensor("a.conv1d.0.weight") if mf.has_tensor("a.conv1d.0.weight") else None
+        if t is None or len(t.shape) != 4 or tuple(int(v) for v in t.shape[:3]) != (3, 3, 1):
+            raise ModelFileError(f"{self.path}: tensor a.conv1d.0.weight is missing or not a 3 x 3 convolution of "
+                                 f"one channel; the file is corrupt")
+        c = int(t.shape[3])
+        self.stem = [self._conv("a.conv1d.0", (3, 3, 1, c), c)] + \
+            [self._conv(f"a.conv1d.{i}", shape, c) for i, shape in ((2, (3, 3, 1, c)), (3, (1, 1, c, c)),
+                                                                    (5, (3, 3, 1, c)), (6, (1, 1, c, c)))]
+        self.freq = ((((self.n_mel + 1) // 2 + 1) // 2) + 1) // 2        # mel bins after three strides of 2
+        self.inp = self._pair("a.pre_encode.out", (c * self.freq, n))
+        self.layers = [self._block(i) for i in range(self.n_layer)]
+        self.adapter_norm = self._pair("mm.a.mlp.0", (n,))
+        n_mid = self._projection("mm.a.mlp.1.weight", n, inputs_first=True)
+        self.n_out = self._projection("mm.a.mlp.3.weight", n_mid, inputs_first=True)
+        self.adapter = (self._pair("mm.a.mlp.1", (n, n_mid)), self._pair("mm.a.mlp.3", (n_mid, self.n_out)))
+        self.rows_per_chunk, self.window_s = 1, 8 * HOP / SAMPLE_RATE     # a row each 80 ms
+
+    def _conv(self, name: str, shape: tuple, c: int) -> tuple:
+        """A convolution's (weight, bias): its bias c values (the converter stores [1, 1, c])."""
+        self.check_shape(name + ".weight", shape)
+        bias = self.mf.tensor(name + ".bias") if self.mf.has_tensor(name + ".bias") else None
+        if bias is None or [int(v) for v in bias.shape if v != 1] != [c]:
+            raise ModelFileError(f"{self.path}: tensor {name}.bias is missing or not {c} values; the file is corrupt")
+        return name + ".weight", name + ".bias"
+
+    def _block(self, i: int) -> dict:
+        p, n = f"a.blk.{i}.", self.n_embd
+        H, d = self.n_head, self.n_embd // self.n_head
+        L = self._norms(p, dict(attn_norm="ln1", conv_norm="norm_conv", dw_norm="conv_norm", out_norm="ln2"), n)
+        f = self._projection(p + "ffn_up.weight", n, inputs_first=True)
+        for key, ffn in (("ffn1", ""), ("ffn2", "_1")):
+            L[key] = (self._pair(p + "ffn_norm" + ffn, (n,)), self._pair(p + "ffn_up" + ffn, (n, f)),
+                      self._pair(p + "ffn_down" + ffn, (f, n)), None)
+        for key, name in (("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v"), ("o", "attn_out")):
+            L[key] = self._pair(p + name, (n, n))
+        L["pos"] = self._pair(p + "linear_pos", (n, n))
+        for bias in ("pos_bias_u", "pos_bias_v"):
+            self.check_shape(p + bias, (d, H))
+            L[bias] = p + bias
+        L["start"] = self._pair(p + "conv_pw1", (n, 2 * n))
+        L["end"] = self._pair(p + "conv_pw2", (n, n))
+        L["dw"] = self._depthwise(p + "conv_dw", n)
+        if L["dw_norm"][1] is None:
+            raise ModelFileError(f"{self.path}: tensor {p}conv_norm.bias is missing; the file is corrupt")
+        return L
+
+    def rows_for(self, n_frames: int) -> int:
+        """The rows a spectrogram of n_frames becomes: three strides of 2."""
+        return (((n_frames + 1) // 2 + 1) // 2 + 1) // 2
+
+    def log_mel(self, samples: np.ndarray) -> list[np.ndarray]:
+        return [nemo_log_mel(samples, self.n_mel)]
+
+    def depthwise_norm(self, y: np.ndarray, wb: tuple) -> None:
+        y *= self.floats(wb[0])
+        y += self.floats(wb[1])
+
+    def _encode(self, mel: np.ndarray) -> np.ndarray:
+        """The spectrogram [frames, n_mel] -> its rows [rows_for(frames), n_out]."""
+        x = np.ascontiguousarray(mel, np.float32)[None, :, :, None]      # one image (frames, bins), 1 channel
+        (w0, b0), dw1, pw1, dw2, pw2 = self.stem
+        x = np.maximum(self.conv3x3(x, w0) + self.floats(b0).reshape(-1), 0)
+        for dw, pw in ((dw1, pw1), (dw2, pw2)):
+            x = depthwise3x3(x, self.floats(dw[0]).reshape(-1, 9)) + self.floats(dw[1]).reshape(-1)
+            m, h, w, c = x.shape
+            x = x.reshape(-1, c) @ self.floats(pw[0]).reshape(c, c).T + self.floats(pw[1]).reshape(-1)   # 1 x 1
+            x = np.maximum(x, 0).reshape(m, h, w, -1)
+        T = x.shape[1]
+        x = self.linear(np.ascontiguousarray(x[0].transpose(0, 2, 1).reshape(T, -1)), self.inp)   # c outer, F inner
+        for L in self.layers:
+            self.block(x, L, self.relative(L, T))
+        x = self.linear(self.norm(x, self.adapter_norm), self.adapter[0])
+        return self.linear(self.activation(x, gelu="erf"), self.adapter[1])
+
+    def relative(self, L: dict, T: int) -> np.ndarray:
+        """The distances' keys: Wpos [sin | cos interleaved] of d = T - 1 .. -(T - 1): [2 T - 1, n_embd]."""
+        half = self.n_embd // 2
+        inv = np.exp(-(math.log(10000.0) / self.n_embd) * 2 * np.arange(half))
+        angle = np.arange(T - 1, -T, -1)[:, None] * inv[None]
+        table = np.stack([np.sin(angle), np.cos(angle)], axis=2).reshape(2 * T - 1, self.n_embd)
+        return self.linear(table.astype(np.float32), L["pos"])
+
+    def attention_block(self, h: np.ndarray, L: dict, rel: np.ndarray) -> np.ndarray:
+        """Every row sees every row; row i's score of row j takes the distance i - j's key."""
+        T, H, n = len(h), self.n_head, self.n_embd
+        d = n // H
+        q, k, v = (self.linear(h, L[m]).reshape(T, H, d).transpose(1, 0, 2) for m in ("q", "k", "v"))  # [H, T, d]
+        u, w = (self.floats(L[b]).reshape(H, 1, d) for b in ("pos_bias_u", "pos_bias_v"))
+        p = rel.reshape(2 * T - 1, H, d).transpose(1, 2, 0)                               # [H, d, 2T - 1]
+        at = (T - 1) - np.arange(T)[:, None] + np.arange(T)[None, :]                      # distance i - j's row
+        out = np.empty((T, H, d), np.float32)
+        for head in range(H):       # one head's [T, T] and [T, 2T - 1] scores at a time
+            s = (q[head] + u[head]) @ k[head].T
+            s += np.take_along_axis((q[head] + w[head]) @ p[head], at, axis=1)
+            s *= 1 / math.sqrt(d)
+            s = np.exp(s - s.max(axis=1, keepdims=True))
+            out[:, head] = (s / s.sum(axis=1, keepdims=True)) @ v[head]
+        return self.linear(out.reshape(T, n), L["o"])
+
+
+def depthwise3x3(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Each channel of x [m, H, W, c] by its own 3 x 3 kernel (w [c, 9]), stride 2, a zero all round."""
+    m, H, W, c = x.shape
+    xp = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    h, w_ = (H - 1) // 2 + 1, (W - 1) // 2 + 1
+    s = xp.strides
+    win = np.lib.stride_tricks.as_strided(xp, (m, h, w_, 3, 3, c), (s[0], 2 * s[1], 2 * s[2], s[1], s[2], s[3]),
+                                          writeable=False)
+    return np.einsum("mhwijc,cij->mhwc", win, w.reshape(c, 3, 3), optimize=True).astype(np.float32)
+
+
+def nemo_log_mel(samples: np.ndarray, n_mel: int) -> np.ndarray:
+    """LFM2-Audio's spectrogram (NeMo's AudioToMelSpectrogramPreprocessor, as mtmd computes it):
+    pre-emphasis 0.97, 256 zeros at both ends, a symmetric 400-sample Hann window centred in 512
+    every 160 samples, power through Slaney's area-normed filters, ln(v + 2^-24), each mel bin
+    standardized over the sound's frames (std + 1e-5), the frame after them zeros:
+    float32 [samples / 160 + 1, n_mel]."""
+    from .audio import MEL_FLOOR, mel_filters
+    x = np.asarray(samples, np.float64).reshape(-1)
+    x = np.concatenate([x[:1], x[1:] - 0.97 * x[:-1]])
+    padded = np.concatenate([np.zeros(N_FFT // 2), x, np.zeros(N_FFT // 2)])
+    n_frames = (len(padded) - N_FFT) // HOP + 1
+    window = np.zeros(N_FFT)
+    window[(N_FFT - 400) // 2:(N_FFT + 400) // 2] = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(400) / 399)
+    frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP][:n_frames]
+    spectrum = np.fft.rfft(frames * window, axis=1)
+    mel = np.log((spectrum.real ** 2 + spectrum.imag ** 2) @ mel_filters(n_mel, N_FFT).astype(np.float64).T
+                 + MEL_FLOOR)
+    n = len(samples) // HOP           # the frames of the sound itself
+    if n < 2:
+        raise InvalidArgumentError(f"a sound of {len(samples)} samples is too short for LFM2-Audio: give at least "
+                                   f"{2 * HOP} ({2 * HOP * 1000 // SAMPLE_RATE} ms)")
+    mean = mel[:n].mean(axis=0)
+    std = np.sqrt(((mel[:n] - mean) ** 2).sum(axis=0) / (n - 1)) + 1e-5
+    out = np.zeros_like(mel)
+    out[:n] = (mel[:n] - mean) / std
+    return out.astype(np.float32)
+
+
 def granite_log_mel(samples: np.ndarray, n_mel: int) -> np.ndarray:
     """Granite Speech's spectrogram (torchaudio's MelSpectrogram as its extractor sets it, and
     mtmd): the sound reflected 256 samples at both ends, a 400-sample periodic Hann window centred

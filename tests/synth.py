@@ -2145,3 +2145,76 @@ def write_granite_speech_mmproj(path: str | Path, n_out: int = 256, *, n_embd: i
     w.write_tensors_to_file()
     w.close()
     return str(path)
+
+
+def write_lfm2_audio_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head: int = 4,
+                            n_layer: int = 2, n_mel: int = 32, channels: int = 16, n_ff: int = 128, taps: int = 9,
+                            n_mid: int = 96, seed: int = 17, qtype: QT = QT.F16,
+                            drop_tensor: Optional[str] = None) -> str:
+    """A tiny LFM2-Audio encoder (projector "lfm2a", a NeMo FastConformer), as llama.cpp's
+    converter writes one: the sub-sampling (a 3 x 3 convolution of `channels`, then twice a
+    depthwise 3 x 3 and a pointwise one; F32, biases [1, 1, c]) and its output Linear, n_layer
+    blocks (layer norms, half-step FFNs n_ff wide, relative attention with linear_pos and the
+    u / v biases, a depthwise convolution of `taps` with its batch norm folded into conv_norm),
+    and the adapter (layer norm, Linear, GELU, Linear)."""
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_bool("clip.has_vision_encoder", False)
+    w.add_bool("clip.has_audio_encoder", True)
+    w.add_string("clip.projector_type", "lfm2a")
+    for key, v in (("embedding_length", n_embd), ("feed_forward_length", n_embd), ("block_count", n_layer),
+                   ("attention.head_count", n_head), ("num_mel_bins", n_mel), ("projection_dim", n_out)):
+        w.add_uint32("clip.audio." + key, v)
+    w.add_float32("clip.audio.attention.layer_norm_epsilon", 1e-5)
+    w.add_uint32("general.file_type", 1)
+
+    def add(name: str, a: np.ndarray, t: QT = QT.F32) -> None:
+        if name != drop_tensor:
+            add_as(w, name, a, t)
+
+    def mat(name: str, n_in: int, n_o: int, bias: bool = True) -> None:
+        add(name + ".weight", rng.normal(0, 1 / np.sqrt(n_in), (n_o, n_in)), qtype)
+        if bias:
+            add(name + ".bias", rng.normal(0, 0.1, n_o))
+
+    def norm(name: str, n: int) -> None:
+        add(name + ".weight", 1 + rng.normal(0, 0.2, n))
+        add(name + ".bias", rng.normal(0, 0.1, n))
+
+    c = channels
+    for i, shape in ((0, (c, 1, 3, 3)), (2, (c, 1, 3, 3)), (3, (c, c, 1, 1)), (5, (c, 1, 3, 3)), (6, (c, c, 1, 1))):
+        add(f"a.conv1d.{i}.weight", rng.normal(0, 1 / np.sqrt(np.prod(shape[1:])), shape))
+        add(f"a.conv1d.{i}.bias", rng.normal(0, 0.1, (c, 1, 1)))
+    freq = ((((n_mel + 1) // 2 + 1) // 2) + 1) // 2
+    mat("a.pre_encode.out", c * freq, n_embd)
+    d = n_embd // n_head
+    for i in range(n_layer):
+        p = f"a.blk.{i}."
+        for ffn in ("", "_1"):
+            norm(p + "ffn_norm" + ffn, n_embd)
+            mat(p + "ffn_up" + ffn, n_embd, n_ff)
+            mat(p + "ffn_down" + ffn, n_ff, n_embd)
+        norm(p + "ln1", n_embd)
+        for m in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            mat(p + m, n_embd, n_embd)
+        mat(p + "linear_pos", n_embd, n_embd, bias=False)
+        add(p + "pos_bias_u", rng.normal(0, 0.3, (n_head, d)))
+        add(p + "pos_bias_v", rng.normal(0, 0.3, (n_head, d)))
+        norm(p + "norm_conv", n_embd)            # the convolution module's norm before its first matrix
+        mat(p + "conv_pw1", n_embd, 2 * n_embd)
+        add(p + "conv_dw.weight", rng.normal(0, 1 / np.sqrt(taps), (n_embd, taps)))
+        add(p + "conv_dw.bias", rng.normal(0, 0.1, n_embd))
+        add(p + "conv_norm.weight", rng.uniform(0.5, 1.5, n_embd))   # the batch norm, folded
+        add(p + "conv_norm.bias", rng.normal(0, 0.1, n_embd))
+        mat(p + "conv_pw2", n_embd, n_embd)
+        norm(p + "ln2", n_embd)
+    norm("mm.a.mlp.0", n_embd)
+    mat("mm.a.mlp.1", n_embd, n_mid)
+    mat("mm.a.mlp.3", n_mid, n_out)
+    # the audio output's code embeddings land here (mtmd checks it has a row per two frames)
+    add("a.position_embd.weight", np.zeros((8192, n_out)))    # mtmd reads the rows' width from it too
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
