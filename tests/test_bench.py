@@ -25,7 +25,7 @@ def test_bench_json(smollm2_path):
     assert per["decode_bytes_per_token"] > 90e6
     assert out["model"]["types"] == {"Q4_1": 210, "F32": 61, "Q8_0": 1}
     from pyllm._native import ffi, lib
-    assert out["model"]["kernels"] == ffi.string(lib.pyllm_level_name(lib.pyllm_cpu_level())).decode()
+    assert out["model"]["kernels"] == ffi.string(lib.pyllm_level_name(lib.pyllm_get_level())).decode()
 
 
 def test_bench_names_the_capped_kernel_level(smollm2_path):
