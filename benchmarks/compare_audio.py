@@ -6,7 +6,7 @@ the logits after "<text> <sound> <text>" (mtmd_helper_eval_chunks against pyllm'
 
 Run with PYLLM_PEER_PYTHON=/tmp/peer-venv/bin/python (../shared/peer/install-llama-cpp.sh).
 Where mtmd refuses a projector (an error or an abort), the row says so. Words after the command
-pick the rows whose names hold them. --speed [whisper-small|qwen3-asr|gemma4]: instead, times 30 s
+pick the rows whose names hold them. --speed [whisper-small|qwen3-asr|gemma4|granite|lfm2a]: instead, times 30 s
 of sound through an encoder of a real model's size, pyllm and mtmd alternating.
 """
 from __future__ import annotations
@@ -160,6 +160,13 @@ SPEED = {
     "gemma4": (synth.write_gemma4_audio_mmproj, dict(n_embd=1024, n_head=8, n_layer=12, n_mel=128,
                                                      channels=(128, 32), n_proj=1536, n_out=1024),
                "30 s through Gemma 4 E2B/E4B's audio conformer (12 blocks of 1024, 128 mel bins)"),
+    "granite": (synth.write_granite_speech_mmproj, dict(n_embd=1024, n_head=8, n_layer=16, n_mel=160, context=200,
+                                                         max_pos=512, n_ctc=348, proj_heads=16, n_query_ff=4096,
+                                                         n_out=1024),
+                "30 s through Granite Speech 3.3's conformer and Q-Former (16 blocks of 1024, 2 Q-Former layers)"),
+    "lfm2a": (synth.write_lfm2_audio_mmproj, dict(n_embd=512, n_head=8, n_layer=17, n_mel=128, channels=256,
+                                                  n_ff=2048, n_mid=2048, n_out=1024),
+              "30 s through LFM2-Audio's FastConformer (17 blocks of 512, 128 mel bins)"),
 }
 
 

@@ -171,17 +171,26 @@ class Conformer(Tower):
         """The convolution module: GLU, then each channel over `taps` rows (the past's, or centred;
         zeros beyond the ends), a norm, SiLU, a matrix."""
         ab = self.linear(self.norm(x, L["conv_norm"]), L["start"])
-        m = ab.shape[1] // 2
-        g = ab[:, :m] * (1 / (1 + np.exp(-ab[:, m:])))
+        T, m = len(ab), ab.shape[1] // 2
         w = self.floats(L["dw"][0]).T                      # [taps, m]: tap j reads row t - before + j
-        taps, T = len(w), len(g)
+        taps = len(w)
         before = taps - 1 if self.causal else taps // 2
-        gp = np.concatenate([np.zeros((before, m), np.float32), g, np.zeros((taps - 1 - before, m), np.float32)])
-        y = sum(gp[j:j + T] * w[j] for j in range(taps)).astype(np.float32)
+        gp = np.zeros((T + taps - 1, m), np.float32)       # the gated rows, zeros beyond the ends
+        y = np.empty((T, m), np.float32)
+
+        def glu(r0: int, r1: int) -> None:
+            gp[before + r0:before + r1] = ab[r0:r1, :m] / (1 + np.exp(-ab[r0:r1, m:]))
+
+        def taps_of(r0: int, r1: int) -> None:
+            y[r0:r1] = gp[r0:r1] * w[0]
+            for j in range(1, taps):
+                y[r0:r1] += gp[r0 + j:r1 + j] * w[j]
+        self.parallel(T, glu)
+        self.parallel(T, taps_of)
         if L["dw"][1] is not None:
             y += self.floats(L["dw"][1])
         self.depthwise_norm(y, L["dw_norm"])
-        silu_(y)
+        self.parallel(T, lambda r0, r1: silu_(y[r0:r1]))
         return self.linear(y, L["end"])
 
     def depthwise_norm(self, y: np.ndarray, wb: tuple) -> None:

@@ -2062,6 +2062,7 @@ def write_granite_speech_mmproj(path: str | Path, n_out: int = 256, *, n_embd: i
                                 n_layer: int = 4, n_mel: int = 32, context: int = 20, max_pos: int = 32,
                                 taps: int = 15, n_ctc: int = 42, n_query_layers: int = 2, proj_heads: int = 4,
                                 window: int = 15, rate: int = 5, feature_layers: tuple = (), seed: int = 13,
+                                n_query_ff: int = 0,
                                 qtype: QT = QT.F16, drop_tensor: Optional[str] = None,
                                 folded_name: str = "conv_norm") -> str:
     """A tiny Granite Speech encoder and Q-Former (projector "granite_speech"), as llama.cpp's
@@ -2070,8 +2071,8 @@ def write_granite_speech_mmproj(path: str | Path, n_out: int = 256, *, n_embd: i
     rows with a Shaw table of 2 max_pos + 1 distances, a centred depthwise convolution of `taps`
     over 2 n_embd channels, the batch norm folded into `folded_name` weight and bias), the CTC
     head fed back after the middle block, and a Q-Former of n_query_layers reading windows of
-    `window` rows with window / rate queries. feature_layers: Granite Speech 4.1 plus's layers
-    whose rows go beside the last's."""
+    `window` rows with window / rate queries (its FFN n_query_ff wide, else 2 n_embd).
+    feature_layers: Granite Speech 4.1 plus's layers whose rows go beside the last's."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "clip")
     w.add_bool("clip.has_vision_encoder", False)
@@ -2136,8 +2137,8 @@ def write_granite_speech_mmproj(path: str | Path, n_out: int = 256, *, n_embd: i
         mat(p + "cross_attn_v", n_enc, n)
         mat(p + "cross_attn_out", n, n)
         norm(p + "cross_attn_norm", n)
-        mat(p + "ffn_up", n, 2 * n)
-        mat(p + "ffn_down", 2 * n, n)
+        mat(p + "ffn_up", n, n_query_ff or 2 * n)
+        mat(p + "ffn_down", n_query_ff or 2 * n, n)
         norm(p + "ffn_norm", n)
     mat("a.proj_linear", n, n_out)
     w.write_header_to_file()
