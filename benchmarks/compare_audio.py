@@ -81,6 +81,7 @@ CASES = [
     ("musicflamingo (AF3)", dict(projector="musicflamingo")),
     ("glma (GLM-ASR), st. 4", dict(projector="glma", stack=4)),
     ("qwen3a (Qwen3-ASR)", dict(projector="qwen3a")),
+    ("meralion, stack 15", dict(projector="meralion", stack=15)),
     ("gemma4a (Gemma 4)", dict(projector="gemma4a")),
     ("gemma4a, 128 mel, F32", dict(projector="gemma4a", n_mel=128, channels=(128, 32), qtype=QT.F32)),
     ("granite_speech", dict(projector="granite_speech", n_mel=160)),

@@ -18,6 +18,8 @@ audio) turn a sound into rows of embeddings that the language model reads in pla
             rows = W2 gelu(W1 x + b1) + b2                                           # 750 rows
         projector "glma" (GLM-ASR): x = each k rows of layernorm(x) side by side;
             rows = [boi, W2 gelu(W1 x + b1) + b2, eoi]                               # 377 rows at k = 4
+        projector "meralion" (MERaLiON): x = each k rows side by side; h = silu(W0 layernorm(x) + b0);
+            rows = W3 (silu(W1 h + b1) (W2 h + b2)) + b3                             # 100 rows at k = 15
     projector "qwen3a" (Qwen3-ASR, Qwen3-Omni): the spectrogram centred (reflected at both ends,
     no silence after), read in windows of 800 frames (8 s); each 100 frames of a window:
         x = gelu(conv2d(x, 3 x 3, stride 2) + b), three times, over (mel bins, frames)  # [c, h, 13]
@@ -43,8 +45,8 @@ from .errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
 from .model_file import ModelFile
 
 CONFORMERS = ("gemma4a", "granite_speech", "lfm2a")    # read by pyllm/conformer.py
-AUDIO_PROJECTORS = ("gemma4a", "glma", "granite_speech", "lfm2a", "musicflamingo", "qwen2a", "qwen3a", "ultravox",
-                    "voxtral")
+AUDIO_PROJECTORS = ("gemma4a", "glma", "granite_speech", "lfm2a", "meralion", "musicflamingo", "qwen2a", "qwen3a",
+                    "ultravox", "voxtral")
 SAMPLE_RATE = 16000     # Whisper's: samples a second
 N_FFT = 400             # samples a window (25 ms)
 HOP = 160               # samples between windows (10 ms)
@@ -54,7 +56,8 @@ QWEN3A_CHUNK = 100      # ... in chunks of this many, each through the convoluti
 MEL_FLOOR = 2.0 ** -24  # mtmd's floor of a mel value before its log
 # the tokens that open and close a sound's rows (mtmd's), by projector
 MARKERS = {"qwen2a": ("<|audio_bos|>", "<|audio_eos|>"), "voxtral": ("[BEGIN_AUDIO]", ""), "ultravox": ("", ""),
-           "musicflamingo": ("<sound>", ""), "glma": ("", ""), "qwen3a": ("<|audio_start|>", "<|audio_end|>")}
+           "musicflamingo": ("<sound>", ""), "glma": ("", ""), "qwen3a": ("<|audio_start|>", "<|audio_end|>"),
+           "meralion": ("", "")}
 
 
 # -- sound files --------------------------------------------------------------------------------------
@@ -195,7 +198,7 @@ class AudioEncoder(Tower):
             raise UnsupportedModelError(f"{self.path}: audio projector type {kind!r} is not supported yet "
                                         f"(supported: {', '.join(AUDIO_PROJECTORS)}: Gemma 4's, Qwen2-Audio's and "
                                         f"Qwen2.5-Omni's, Ultravox's, Voxtral's, Audio Flamingo 3's, GLM-ASR's, "
-                                        f"Qwen3-ASR's, Granite Speech's, LFM2-Audio's)")
+                                        f"Qwen3-ASR's, Granite Speech's, LFM2-Audio's, MERaLiON's)")
         self.n_embd, self.n_head = self._int("embedding_length"), self._int("attention.head_count")
         self.n_ff, self.n_layer = self._int("feed_forward_length"), self._int("block_count")
         self.n_mel = self._int("num_mel_bins")
@@ -231,6 +234,13 @@ class AudioEncoder(Tower):
         if self.projector == "qwen2a":
             self.n_out = self._projection("mm.a.fc.weight", n, inputs_first=True)
             self.fc = self._pair("mm.a.fc", (n, self.n_out))
+        elif self.projector == "meralion":   # a layer norm, Linear + SiLU, a SiLU-gated pair, Linear
+            self.norm_pre = self._pair("mm.a.norm_pre", (n_in,))
+            m0 = self._projection("mm.a.mlp.0.weight", n_in, inputs_first=True)
+            m1 = self._projection("mm.a.mlp.1.weight", m0, inputs_first=True)
+            self.n_out = self._projection("mm.a.mlp.3.weight", m1, inputs_first=True)
+            self.mlp = tuple(self._pair(f"mm.a.mlp.{i}", shape) for i, shape in
+                             ((0, (n_in, m0)), (1, (m0, m1)), (2, (m0, m1)), (3, (m1, self.n_out))))
         else:
             n_mid = self._projection("mm.a.mlp.1.weight", n_in, inputs_first=True)
             if self.projector == "ultravox":    # SwiGLU halves the width
@@ -365,6 +375,10 @@ class AudioEncoder(Tower):
             x = self.norm(np.ascontiguousarray(x), self.norm_pre)
         k = self.stack     # k rows side by side, zeros after the last
         x = np.concatenate([x, np.zeros((-len(x) % k, self.n_embd), np.float32)]).reshape(-1, k * self.n_embd)
+        if self.projector == "meralion":    # rows = W3 (silu(W1 h + b1) (W2 h + b2)) + b3, h = silu(W0 ln(x) + b0)
+            h = silu(self.linear(self.norm(x, self.norm_pre), self.mlp[0]))
+            return self.linear(np.ascontiguousarray(silu(self.linear(h, self.mlp[1])) * self.linear(h, self.mlp[2]),
+                                                    np.float32), self.mlp[3])
         if self.projector != "ultravox":    # Linear, GELU, Linear (Qwen3-ASR's over each row, k = 1)
             rows = self.linear(self.activation(self.linear(x, self.mlp[0]), gelu="erf"), self.mlp[1])
             if self.projector == "glma":

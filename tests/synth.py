@@ -1910,7 +1910,8 @@ def write_audio_mmproj(path: str | Path, n_out: int = 256, *, projector: str = "
     norm, Linear), "voxtral" (`stack` rows side by side, Linear, GELU, Linear, no biases),
     "musicflamingo" (Audio Flamingo 3: rows pooled 2 by 2, Linear, GELU, Linear, biases) or
     "glma" (GLM-ASR: a layer norm, `stack` rows side by side, Linear, GELU, Linear, biases, and
-    a begin and an end row, v.boi and v.eoi) or "qwen3a" (Qwen3-ASR: three 2D convolutions of
+    a begin and an end row, v.boi and v.eoi), "meralion" (`stack` rows side by side, a layer
+    norm, Linear + SiLU, a SiLU-gated pair of Linears, Linear, biases) or "qwen3a" (Qwen3-ASR: three 2D convolutions of
     n_conv channels over each 100 frames, a Linear into n_embd; then Linear, GELU, Linear)."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "clip")
@@ -1963,6 +1964,12 @@ def write_audio_mmproj(path: str | Path, n_out: int = 256, *, projector: str = "
     if projector == "qwen2a":
         add("mm.a.fc.weight", mat(n_embd, n_out), qtype)
         add("mm.a.fc.bias", rng.normal(0, 0.1, n_out))
+    elif projector == "meralion":
+        add("mm.a.norm_pre.weight", 1 + rng.normal(0, 0.1, n_embd * stack))
+        add("mm.a.norm_pre.bias", rng.normal(0, 0.1, n_embd * stack))
+        for i, (a, b) in enumerate(((n_embd * stack, n_mid), (n_mid, n_mid), (n_mid, n_mid), (n_mid, n_out))):
+            add(f"mm.a.mlp.{i}.weight", mat(a, b), qtype)
+            add(f"mm.a.mlp.{i}.bias", rng.normal(0, 0.1, b))
     elif projector == "ultravox":
         add("mm.a.norm_pre.weight", 1 + rng.normal(0, 0.1, n_embd * stack))
         add("mm.a.mlp.1.weight", mat(n_embd * stack, 2 * n_mid), qtype)

@@ -34,7 +34,7 @@ def files(tmp_path_factory):
                      ("ultravox", dict(projector="ultravox", stack=8)),
                      ("voxtral", dict(projector="voxtral", stack=4)),
                      ("musicflamingo", dict(projector="musicflamingo")), ("glma", dict(projector="glma", stack=4)),
-                     ("qwen3a", dict(projector="qwen3a"))):
+                     ("qwen3a", dict(projector="qwen3a")), ("meralion", dict(projector="meralion", stack=15))):
         out[name] = synth.write_audio_mmproj(d / f"{name}.gguf", n_mel=N_MEL, **kw)
     return out
 
@@ -269,13 +269,18 @@ def slow_audio_encode(enc: AudioEncoder, mel: np.ndarray) -> np.ndarray:
         return lin(erf_gelu(lin(x, "mm.a.mlp.1")), "mm.a.mlp.2")
     if enc.projector == "glma":
         return np.concatenate([f("v.boi")[None], lin(erf_gelu(lin(x, "mm.a.mlp.1")), "mm.a.mlp.2"), f("v.eoi")[None]])
+    if enc.projector == "meralion":
+        def silu(v):
+            return v / (1 + np.exp(-v))
+        h = silu(lin(ln(x, "mm.a.norm_pre"), "mm.a.mlp.0"))
+        return lin(silu(lin(h, "mm.a.mlp.1")) * lin(h, "mm.a.mlp.2"), "mm.a.mlp.3")
     h = lin(rms(x, "mm.a.norm_pre"), "mm.a.mlp.1")
     a, b = h[:, :h.shape[1] // 2], h[:, h.shape[1] // 2:]
     return lin(rms(a * b / (1 + np.exp(-b)), "mm.a.norm_mid"), "mm.a.mlp.2")
 
 
 @pytest.mark.parametrize("name, rows", [("qwen2a", 750), ("ultravox", 188), ("voxtral", 375), ("musicflamingo", 750),
-                                        ("glma", 377), ("qwen3a", 104)])
+                                        ("glma", 377), ("qwen3a", 104), ("meralion", 100)])
 def test_the_encoder_matches_the_slow_one(files, name, rows):
     """One chunk (Qwen3-ASR: one window of 8 s) against the slow loops; two chunks (a window and
     the rest) each on its own, in order."""
@@ -300,8 +305,8 @@ def test_bad_audio_projector_files(files, tmp_path):
     no_bias = synth.write_audio_mmproj(tmp_path / "nobias.gguf", drop_tensor="a.conv1d.2.bias")
     with pytest.raises(ModelFileError, match="conv1d.2.bias is missing"):
         AudioEncoder(no_bias)
-    other = synth.write_audio_mmproj(tmp_path / "other.gguf", projector="meralion")     # MERaLiON's
-    with pytest.raises(UnsupportedModelError, match="'meralion' is not supported"):
+    other = synth.write_audio_mmproj(tmp_path / "other.gguf", projector="mimo_audio")     # MiMo-Audio's
+    with pytest.raises(UnsupportedModelError, match="'mimo_audio' is not supported"):
         AudioEncoder(other)
     with pytest.raises(UnsupportedModelError, match="has no vision encoder"):
         from pyllm.vision import VisionEncoder
@@ -316,7 +321,7 @@ def test_bad_audio_projector_files(files, tmp_path):
 @pytest.mark.parametrize("name, begin, end", [("qwen2a", "<|audio_bos|>", "<|audio_eos|>"),
                                               ("voxtral", "[BEGIN_AUDIO]", ""), ("ultravox", "", ""),
                                               ("musicflamingo", "<sound>", ""), ("glma", "", ""),
-                                              ("qwen3a", "<|audio_start|>", "<|audio_end|>")])
+                                              ("qwen3a", "<|audio_start|>", "<|audio_end|>"), ("meralion", "", "")])
 def test_prompt_layout(files, name, begin, end):
     m = Model(files["lm"], mmproj=files[name], n_ctx=2048)
     assert m.audio is not None and m.vision is None
