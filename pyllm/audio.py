@@ -38,7 +38,6 @@ import io
 import wave
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from .encoder import LayerWork, Tower
 from .errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
@@ -311,12 +310,7 @@ class AudioEncoder(Tower):
                 raise InvalidArgumentError(f"a mel chunk must be [{self.n_mel}, " +
                                            ("100 k] (k up to 8)" if qwen3 else f"{CHUNK_FRAMES}]") +
                                            f", not {list(c.shape)}")
-        with self._lock, threadpool_limits(limits=1, user_api="blas"):
-            try:
-                return np.concatenate([self._encode(c) for c in chunks]) if chunks else \
-                    np.empty((0, self.n_out), np.float32)
-            finally:
-                self._buffers.clear()
+        return self.rows_of_each(chunks, self._encode)
 
     def conv1d(self, x: np.ndarray, wb: tuple, stride: int) -> np.ndarray:
         """gelu(x * W + b) along time, x [channels, T] -> [T / stride, out channels]: a kernel of

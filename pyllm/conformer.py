@@ -29,7 +29,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from .encoder import Tower
 from .errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
@@ -94,7 +93,9 @@ class Conformer(Tower):
 
     section, prefix = "audio", "a"
     kind = ""                # the projector type this class reads
-    causal = True            # the depthwise convolution sees only the past (else both sides)
+    begin = end = ""         # the tokens around a sound's rows (mtmd's): none unless said
+    causal = False           # the depthwise convolution sees both sides (Gemma 4's: only the past)
+    max_frames = 1 << 20     # the whole sound at once (Gemma 4: 30 s chunks)
 
     def _read_common(self, mf: ModelFile, name: str) -> None:
         if not mf.get("clip.has_audio_encoder", False):
@@ -132,12 +133,7 @@ class Conformer(Tower):
             if c.ndim != 2 or c.shape[1] != self.n_mel or not 0 < c.shape[0] <= self.max_frames:
                 raise InvalidArgumentError(f"a mel chunk must be [frames, {self.n_mel}] with 1 to {self.max_frames} "
                                            f"frames, not {list(c.shape)}")
-        with self._lock, threadpool_limits(limits=1, user_api="blas"):
-            try:
-                return np.concatenate([self._encode(c) for c in chunks]) if chunks else \
-                    np.empty((0, self.n_out), np.float32)
-            finally:
-                self._buffers.clear()
+        return self.rows_of_each(chunks, self._encode)
 
     def layout(self, ids: list[int]) -> list:
         """A sound's part of the prompt: its rows, between the model's markers (mtmd's)."""
@@ -203,6 +199,7 @@ class Gemma4AudioEncoder(Conformer):
 
     kind = "gemma4a"
     begin, end = "<|audio>", "<audio|>"
+    causal = True
     rows_per_chunk = rows_for_frames((CHUNK_SAMPLES - FRAME // 2 - 1) // HOP + 1)
     max_frames = CHUNK_SAMPLES // HOP
     window_s = CHUNK_SAMPLES / SAMPLE_RATE
@@ -323,9 +320,6 @@ class GraniteSpeechEncoder(Conformer):
     """
 
     kind = "granite_speech"
-    begin = end = ""
-    causal = False
-    max_frames = 1 << 20    # the whole sound at once
 
     def _read(self, mf: ModelFile) -> None:
         """The hyperparameters and tensors, every shape checked."""
@@ -492,9 +486,6 @@ class Lfm2AudioEncoder(Conformer):
     """
 
     kind = "lfm2a"
-    begin = end = ""
-    causal = False
-    max_frames = 1 << 20    # the whole sound at once
 
     def _read(self, mf: ModelFile) -> None:
         """The hyperparameters and tensors, every shape checked."""

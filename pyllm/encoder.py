@@ -22,6 +22,7 @@ from typing import Optional
 
 import numpy as np
 from gguf import GGMLQuantizationType, dequantize
+from threadpoolctl import threadpool_limits
 
 from ._native import ffi, lib
 from .errors import InvalidArgumentError, ModelFileError
@@ -229,6 +230,17 @@ class Tower:
                 out[r0:r1] += b
         self.parallel(len(x), rows)
         return out
+
+    def rows_of_each(self, chunks: list, encode_one) -> np.ndarray:
+        """encode_one(chunk)'s rows for each chunk, in order: [all rows, n_out]. One chunk at a
+        time, its work split among our threads, BLAS held to one thread (its own threads would
+        only contend with ours)."""
+        with self._lock, threadpool_limits(limits=1, user_api="blas"):
+            try:
+                return np.concatenate([encode_one(c) for c in chunks]) if chunks else \
+                    np.empty((0, self.n_out), np.float32)
+            finally:
+                self._buffers.clear()
 
     def conv3x3(self, x: np.ndarray, weight: str) -> np.ndarray:
         """x * W of m images, channels last, x [m, H, W, c] -> [m, H / 2, W / 2, out]: 3 x 3

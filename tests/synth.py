@@ -2096,18 +2096,7 @@ def write_granite_speech_mmproj(path: str | Path, n_out: int = 256, *, n_embd: i
         w.add_array("clip.audio.feature_layer", list(feature_layers))
     w.add_uint32("general.file_type", 1)
 
-    def add(name: str, a: np.ndarray, t: QT = QT.F32) -> None:
-        if name != drop_tensor:
-            add_as(w, name, a, t)
-
-    def mat(name: str, n_in: int, n_o: int, bias: bool = True) -> None:
-        add(name + ".weight", rng.normal(0, 1 / np.sqrt(n_in), (n_o, n_in)), qtype)
-        if bias:
-            add(name + ".bias", rng.normal(0, 0.1, n_o))
-
-    def norm(name: str, n: int) -> None:
-        add(name + ".weight", 1 + rng.normal(0, 0.2, n))
-        add(name + ".bias", rng.normal(0, 0.1, n))
+    add, mat, norm = _conformer_writers(w, rng, qtype, drop_tensor)
 
     n, inner = n_embd, 2 * n_embd
     mat("a.input_projection", n_mel, n)
@@ -2176,18 +2165,7 @@ def write_lfm2_audio_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int =
     w.add_float32("clip.audio.attention.layer_norm_epsilon", 1e-5)
     w.add_uint32("general.file_type", 1)
 
-    def add(name: str, a: np.ndarray, t: QT = QT.F32) -> None:
-        if name != drop_tensor:
-            add_as(w, name, a, t)
-
-    def mat(name: str, n_in: int, n_o: int, bias: bool = True) -> None:
-        add(name + ".weight", rng.normal(0, 1 / np.sqrt(n_in), (n_o, n_in)), qtype)
-        if bias:
-            add(name + ".bias", rng.normal(0, 0.1, n_o))
-
-    def norm(name: str, n: int) -> None:
-        add(name + ".weight", 1 + rng.normal(0, 0.2, n))
-        add(name + ".bias", rng.normal(0, 0.1, n))
+    add, mat, norm = _conformer_writers(w, rng, qtype, drop_tensor)
 
     c = channels
     for i, shape in ((0, (c, 1, 3, 3)), (2, (c, 1, 3, 3)), (3, (c, c, 1, 1)), (5, (c, 1, 3, 3)), (6, (c, c, 1, 1))):
@@ -2226,3 +2204,21 @@ def write_lfm2_audio_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int =
     w.write_tensors_to_file()
     w.close()
     return str(path)
+
+
+def _conformer_writers(w: gguf.GGUFWriter, rng, qtype: QT, drop_tensor: Optional[str]):
+    """(add, mat, norm) for a projector writer: a tensor (unless it is drop_tensor), a random
+    Linear [n_in -> n_o] of qtype with its bias, a layer norm's weight and bias."""
+    def add(name: str, a: np.ndarray, t: QT = QT.F32) -> None:
+        if name != drop_tensor:
+            add_as(w, name, a, t)
+
+    def mat(name: str, n_in: int, n_o: int, bias: bool = True) -> None:
+        add(name + ".weight", rng.normal(0, 1 / np.sqrt(n_in), (n_o, n_in)), qtype)
+        if bias:
+            add(name + ".bias", rng.normal(0, 0.1, n_o))
+
+    def norm(name: str, n: int) -> None:
+        add(name + ".weight", 1 + rng.normal(0, 0.2, n))
+        add(name + ".bias", rng.normal(0, 0.1, n))
+    return add, mat, norm
