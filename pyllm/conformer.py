@@ -556,27 +556,50 @@ class Lfm2AudioEncoder(Conformer):
         (w0, b0), dw1, pw1, dw2, pw2 = self.stem
         x = np.maximum(self.conv3x3(x, w0) + self.floats(b0).reshape(-1), 0)
         for dw, pw in ((dw1, pw1), (dw2, pw2)):
-            x = depthwise3x3(x, self.floats(dw[0]).reshape(-1, 9)) + self.floats(dw[1]).reshape(-1)
-            m, h, w, c = x.shape
-            x = x.reshape(-1, c) @ self.floats(pw[0]).reshape(c, c).T + self.floats(pw[1]).reshape(-1)   # 1 x 1
-            x = np.maximum(x, 0).reshape(m, h, w, -1)
+            x = self.depthwise3x3(x, self.floats(dw[0]).reshape(-1, 9), self.floats(dw[1]).reshape(-1))
+            x = self.pointwise_relu(x, self.floats(pw[0]).reshape(x.shape[3], -1), self.floats(pw[1]).reshape(-1))
         T = x.shape[1]
         x = self.linear(np.ascontiguousarray(x[0].transpose(0, 2, 1).reshape(T, -1)), self.inp)   # c outer, F inner
+        distances = sinusoids(T, self.n_embd)
         for L in self.layers:
-            self.block(x, L, self.relative(L, T))
+            self.block(x, L, self.linear(distances, L["pos"]))
         x = self.linear(self.norm(x, self.adapter_norm), self.adapter[0])
         return self.linear(self.activation(x, gelu="erf"), self.adapter[1])
 
-    def relative(self, L: dict, T: int) -> np.ndarray:
-        """The distances' keys: Wpos [sin | cos interleaved] of d = T - 1 .. -(T - 1): [2 T - 1, n_embd]."""
-        half = self.n_embd // 2
-        inv = np.exp(-(math.log(10000.0) / self.n_embd) * 2 * np.arange(half))
-        angle = np.arange(T - 1, -T, -1)[:, None] * inv[None]
-        table = np.stack([np.sin(angle), np.cos(angle)], axis=2).reshape(2 * T - 1, self.n_embd)
-        return self.linear(table.astype(np.float32), L["pos"])
+    def depthwise3x3(self, x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Each channel of x [m, H, W, c] by its own 3 x 3 kernel (w [c, 9]) at a stride of 2 with
+        a zero all round, plus b: nine shifted multiply-adds, the threads taking a share of the
+        output rows."""
+        m, H, W, c = x.shape
+        xp = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+        h, w_ = (H - 1) // 2 + 1, (W - 1) // 2 + 1
+        out, taps = np.empty((m, h, w_, c), np.float32), np.ascontiguousarray(w.T)      # taps [9, c]
+
+        def rows(r0: int, r1: int) -> None:
+            o = out[:, r0:r1]
+            o[...] = b
+            product = np.empty_like(o)
+            for k in range(9):
+                i, j = divmod(k, 3)     # output (r, s) reads padded input (2 r + i, 2 s + j)
+                o += np.multiply(xp[:, i + 2 * r0:i + 2 * r1 - 1:2, j:j + 2 * w_ - 1:2], taps[k], out=product)
+        self.parallel(h, rows)
+        return out
+
+    def pointwise_relu(self, x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """max(0, x W^T + b) at each position of x [m, H, W, c] (a 1 x 1 convolution, w [out, c])."""
+        flat = x.reshape(-1, x.shape[3])
+        out = np.empty((len(flat), len(w)), np.float32)
+
+        def rows(r0: int, r1: int) -> None:
+            np.matmul(flat[r0:r1], w.T, out=out[r0:r1])
+            out[r0:r1] += b
+            np.maximum(out[r0:r1], 0, out=out[r0:r1])
+        self.parallel(len(flat), rows)
+        return out.reshape(*x.shape[:3], -1)
 
     def attention_block(self, h: np.ndarray, L: dict, rel: np.ndarray) -> np.ndarray:
-        """Every row sees every row; row i's score of row j takes the distance i - j's key."""
+        """Every row sees every row; row i's score of row j takes the distance i - j's key (rel:
+        the layer's keys of the distances T - 1 .. -(T - 1), [2 T - 1, n_embd])."""
         T, H, n = len(h), self.n_head, self.n_embd
         d = n // H
         q, k, v = (self.linear(h, L[m]).reshape(T, H, d).transpose(1, 0, 2) for m in ("q", "k", "v"))  # [H, T, d]
@@ -584,24 +607,23 @@ class Lfm2AudioEncoder(Conformer):
         p = rel.reshape(2 * T - 1, H, d).transpose(1, 2, 0)                               # [H, d, 2T - 1]
         at = (T - 1) - np.arange(T)[:, None] + np.arange(T)[None, :]                      # distance i - j's row
         out = np.empty((T, H, d), np.float32)
-        for head in range(H):       # one head's [T, T] and [T, 2T - 1] scores at a time
-            s = (q[head] + u[head]) @ k[head].T
-            s += np.take_along_axis((q[head] + w[head]) @ p[head], at, axis=1)
-            s *= 1 / math.sqrt(d)
-            s = np.exp(s - s.max(axis=1, keepdims=True))
-            out[:, head] = (s / s.sum(axis=1, keepdims=True)) @ v[head]
+
+        def heads(h0: int, h1: int) -> None:
+            for head in range(h0, h1):       # one head's [T, T] and [T, 2T - 1] scores at a time
+                s = (q[head] + u[head]) @ k[head].T
+                s += np.take_along_axis((q[head] + w[head]) @ p[head], at, axis=1)
+                s *= 1 / math.sqrt(d)
+                s = np.exp(s - s.max(axis=1, keepdims=True))
+                out[:, head] = (s / s.sum(axis=1, keepdims=True)) @ v[head]
+        self.parallel(H, heads, grain=1)
         return self.linear(out.reshape(T, n), L["o"])
 
 
-def depthwise3x3(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Each channel of x [m, H, W, c] by its own 3 x 3 kernel (w [c, 9]), stride 2, a zero all round."""
-    m, H, W, c = x.shape
-    xp = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
-    h, w_ = (H - 1) // 2 + 1, (W - 1) // 2 + 1
-    s = xp.strides
-    win = np.lib.stride_tricks.as_strided(xp, (m, h, w_, 3, 3, c), (s[0], 2 * s[1], 2 * s[2], s[1], s[2], s[3]),
-                                          writeable=False)
-    return np.einsum("mhwijc,cij->mhwc", win, w.reshape(c, 3, 3), optimize=True).astype(np.float32)
+def sinusoids(T: int, n: int) -> np.ndarray:
+    """Transformer-XL's distance table, [sin | cos interleaved] of d = T - 1 .. -(T - 1): [2 T - 1, n]."""
+    inv = np.exp(-(math.log(10000.0) / n) * 2 * np.arange(n // 2))
+    angle = np.arange(T - 1, -T, -1)[:, None] * inv[None]
+    return np.stack([np.sin(angle), np.cos(angle)], axis=2).reshape(2 * T - 1, n).astype(np.float32)
 
 
 def nemo_log_mel(samples: np.ndarray, n_mel: int) -> np.ndarray:
