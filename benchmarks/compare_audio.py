@@ -11,6 +11,7 @@ of sound through an encoder of a real model's size, pyllm and mtmd alternating.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -90,11 +91,15 @@ CASES = [
     # mtmd builds LFM2-Audio's positions 512 wide (its encoder's width) whatever the file says
     ("lfm2a (LFM2-Audio)", dict(projector="lfm2a", n_mel=128, n_embd=512, n_head=8, n_ff=512)),
     ("lfm2a, F32", dict(projector="lfm2a", n_mel=128, n_embd=512, n_head=8, n_ff=512, qtype=QT.F32)),
+    ("gemma4ua (Gemma 4 U.)", dict(projector="gemma4ua")),
+    ("gemma4ua, F32", dict(projector="gemma4ua", qtype=QT.F32)),
 ]
 
 
-CONFORMER_WRITERS = {"gemma4a": synth.write_gemma4_audio_mmproj, "granite_speech": synth.write_granite_speech_mmproj,
-                     "lfm2a": synth.write_lfm2_audio_mmproj}
+# projectors with writers of their own (the conformers; Gemma 4 Unified's sound alone, no vision)
+OWN_WRITERS = {"gemma4a": synth.write_gemma4_audio_mmproj, "granite_speech": synth.write_granite_speech_mmproj,
+               "lfm2a": synth.write_lfm2_audio_mmproj,
+               "gemma4ua": functools.partial(synth.write_gemma4_unified_mmproj, vision=False)}
 
 
 def sound(seconds: float, seed: int = 3) -> np.ndarray:
@@ -223,8 +228,8 @@ def main() -> None:
         for name, shape in CASES:
             if sys.argv[1:] and not any(word in name for word in sys.argv[1:]):   # rows named on the command line
                 continue
-            if shape.get("projector") in CONFORMER_WRITERS:   # conformers: their own writers
-                write = CONFORMER_WRITERS[shape["projector"]]
+            if shape.get("projector") in OWN_WRITERS:
+                write = OWN_WRITERS[shape["projector"]]
                 mm = write(d / "mm.gguf", **{k: v for k, v in shape.items() if k != "projector"})
             else:
                 mm = synth.write_audio_mmproj(d / "mm.gguf", **shape)

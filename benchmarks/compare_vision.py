@@ -4,7 +4,7 @@ llama.cpp's mtmd.
 
 No registry model has a projector, so this writes small random language models and projectors
 (tests/synth.py) for each supported projector: Gemma 3's, SmolVLM's (idefics3), LFM2-VL's,
-Pixtral's (merged and not), Qwen 2 / 2.5 / 3 VL's, Gemma 4's and LLaVA 1.5's (and Yi-VL's), in F32
+Pixtral's (merged and not), Qwen 2 / 2.5 / 3 VL's, Gemma 4's (and Gemma 4 Unified's) and LLaVA 1.5's (and Yi-VL's), in F32
 and F16 (+ Gemma 3 with Q8_0 matrices), and asks llama.cpp (llama-cpp-python's mtmd, in its own environment) for:
   - the image's embeddings (mtmd_encode_chunk), against pyllm's VisionEncoder.encode;
   - the prompt's layout (the text chunks' token ids and the image's row count);
@@ -50,7 +50,8 @@ import numpy as np
 import llama_cpp
 import llama_cpp.mtmd_cpp as mtmd
 job = json.load(sys.stdin)
-m = llama_cpp.Llama(model_path=job["lm"], n_ctx=8192, n_batch=512, n_ubatch=512, verbose=False, n_threads=2)
+b = job.get("batch", 512)   # a step of images whose rows see each other: mtmd splits larger ones
+m = llama_cpp.Llama(model_path=job["lm"], n_ctx=8192, n_batch=b, n_ubatch=b, verbose=False, n_threads=2)
 p = mtmd.mtmd_context_params_default()
 p.use_gpu, p.n_threads, p.warmup, p.print_timings = False, 2, False, False
 if job.get("tokens"):   # --image-min-tokens, --image-max-tokens
@@ -83,7 +84,7 @@ for img in job["images"]:
     m.reset()
     llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(m.ctx), True)
     new_past = llama_cpp.llama_pos(0)
-    assert mtmd.mtmd_helper_eval_chunks(ctx, m.ctx, chunks, 0, 0, 512, True, ctypes.byref(new_past)) == 0
+    assert mtmd.mtmd_helper_eval_chunks(ctx, m.ctx, chunks, 0, 0, b, True, ctypes.byref(new_past)) == 0
     logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(m.ctx, -1), shape=(m.n_vocab(),)).copy()
     np.save(img + ".embd.npy", np.concatenate(embd))
     np.save(img + ".logits.npy", logits)
@@ -265,6 +266,7 @@ def main() -> None:
                 ("internvl class row", QT.F32, QT.F32, "internvl-class"),
                 ("gemma4 F32", QT.F32, QT.F32, "gemma4v"), ("gemma4 F16", QT.F16, QT.F16, "gemma4v"),
                 ("gemma4 E2B-wide", QT.F32, QT.F32, "gemma4v-causal"),
+                ("gemma4 unified F32", QT.F32, QT.F32, "gemma4uv"), ("gemma4 unified F16", QT.F16, QT.F16, "gemma4uv"),
                 ("qwen3vl min 1024 rows", QT.F32, QT.F32, "qwen3vl_merger"),
                 ("gemma4 max 100 rows", QT.F32, QT.F32, "gemma4v")):
             if only and not label.startswith(only):
@@ -277,6 +279,10 @@ def main() -> None:
                                          keys={"num_deepstack_layers": 2})
                 mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type, projector=kind,
                                         image_size=256, patch=16, n_head=4, deepstack=(0, 1))
+            elif kind == "gemma4uv":    # Gemma 4 Unified's: no encoder; patches of 4 x 3 pixels
+                lm = synth.write_gemma4(t / f"lm-{label}.gguf", lm_type, n_vocab=512, image_tokens="gemma4")
+                mm = synth.write_gemma4_unified_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type, audio=False,
+                                                       n_positions=256)
             elif kind.startswith("gemma4v"):    # Gemma 4's: per-layer inputs (the padding token's for an image)
                 wide = kind == "gemma4v-causal"     # E2B's width: its images are read causally
                 lm = synth.write_gemma4(t / f"lm-{label}.gguf", lm_type, n_vocab=512, image_tokens="gemma4",
@@ -330,7 +336,7 @@ def main() -> None:
             tokens = (1024, 4096) if "min 1024" in label else (70, 100) if "max 100" in label else None
             enc = VisionEncoder(mm, **(dict(min_tokens=tokens[0], max_tokens=tokens[1]) if tokens else {}))
             got = peer(python, {"lm": lm, "mmproj": mm, "prompt": PROMPT, "images": [p for _, p in pictures],
-                                "width": enc.n_out, "tokens": tokens})
+                                "width": enc.n_out, "tokens": tokens, "batch": 2048 if kind == "gemma4uv" else 512})
             model = Model(lm, mmproj=mm, n_ctx=8192, n_threads=2,
                           **(dict(image_min_tokens=tokens[0], image_max_tokens=tokens[1]) if tokens else {}))
             for (name, path), theirs in zip(pictures, got):

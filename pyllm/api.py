@@ -47,7 +47,8 @@ from .state import load as load_state, save as save_state
 from .speculative import SPEC_TYPES, SpecParams, check_same_vocabulary, make_drafter
 from .tokenizer import load_tokenizer
 from .tools import ToolUse
-from .vision import LINE, MediaStore, VisionEncoder, image_bytes, image_dimensions, image_key, modalities
+from .vision import (LINE, MediaStore, VisionEncoder, image_bytes, image_dimensions, image_key, modalities,
+                     rows_seen_together)
 
 log = logging.getLogger("pyllm")
 
@@ -163,6 +164,8 @@ class Model:
         self.chat_template_kwargs = dict(chat_template_kwargs or {})   # variables every chat prompt renders with
         if not self.arch.causal:
             n_batch = n_ctx   # every token attends over the whole text: one step holds it all
+        elif mmproj is not None:   # an image whose rows see each other is one step (mtmd's split ones see less)
+            n_batch = max(n_batch, rows_seen_together(mmproj, hp.n_embd, image_min_tokens, image_max_tokens))
         self.n_ctx, self.n_batch, self.n_threads = n_ctx, n_batch, n_threads
         n_blocks = (n_ctx + BLOCK_SIZE - 1) // BLOCK_SIZE
         self.arch.n_ctx = n_ctx   # families whose math depends on it (Phi-3's RoPE factors)
@@ -623,6 +626,8 @@ class Model:
         params = SamplingParams(**sampling).validate()
         if params.ignore_eos:   # as llama.cpp: every end-of-generation token biased to -inf
             params.logit_bias = {**params.logit_bias, **dict.fromkeys(self.tokenizer.eog_ids, -math.inf)}
+        if self.tokenizer.suppress_ids:   # as llama.cpp: the model's suppressed tokens never sampled
+            params.logit_bias = {**params.logit_bias, **dict.fromkeys(self.tokenizer.suppress_ids, -math.inf)}
         breakers = None
         if params.dry().enabled:
             key = tuple(params.dry_sequence_breakers)

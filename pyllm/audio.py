@@ -20,6 +20,8 @@ audio) turn a sound into rows of embeddings that the language model reads in pla
             rows = [boi, W2 gelu(W1 x + b1) + b2, eoi]                               # 377 rows at k = 4
         projector "meralion" (MERaLiON): x = each k rows side by side; h = silu(W0 layernorm(x) + b0);
             rows = W3 (silu(W1 h + b1) (W2 h + b2)) + b3                             # 100 rows at k = 15
+    projector "gemma4ua" (Gemma 4 Unified): no spectrogram and no encoder: each 640 samples a row,
+        rows = rmsnorm(samples) Wproj                                                # 25 rows a second
     projector "qwen3a" (Qwen3-ASR, Qwen3-Omni): the spectrogram centred (reflected at both ends,
     no silence after), read in windows of 800 frames (8 s); each 100 frames of a window:
         x = gelu(conv2d(x, 3 x 3, stride 2) + b), three times, over (mel bins, frames)  # [c, h, 13]
@@ -44,7 +46,7 @@ from .errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
 from .model_file import ModelFile
 
 CONFORMERS = ("gemma4a", "granite_speech", "lfm2a")    # read by pyllm/conformer.py
-AUDIO_PROJECTORS = ("gemma4a", "glma", "granite_speech", "lfm2a", "meralion", "musicflamingo", "qwen2a", "qwen3a",
+AUDIO_PROJECTORS = ("gemma4a", "gemma4ua", "glma", "granite_speech", "lfm2a", "meralion", "musicflamingo", "qwen2a", "qwen3a",
                     "ultravox", "voxtral")
 SAMPLE_RATE = 16000     # Whisper's: samples a second
 N_FFT = 400             # samples a window (25 ms)
@@ -169,8 +171,8 @@ def centred_log_mel(samples: np.ndarray, n_mel: int) -> list[np.ndarray]:
 # -- the encoder ------------------------------------------------------------------------------------
 
 def open_audio_encoder(path: str, n_threads: int | None = None):
-    """An mmproj file's audio encoder: Gemma 4's conformer (pyllm.conformer), else the Whisper
-    encoder and projector below."""
+    """An mmproj file's audio encoder: a conformer (pyllm.conformer: Gemma 4's, Granite Speech's,
+    LFM2-Audio's), Gemma 4 Unified's frames, else the Whisper encoder and projector below."""
     with ModelFile(path) as mf:
         kind = mf.get("clip.audio.projector_type") or mf.get("clip.projector_type")
     if kind in CONFORMERS:
@@ -178,7 +180,59 @@ def open_audio_encoder(path: str, n_threads: int | None = None):
         kinds = {"gemma4a": conformer.Gemma4AudioEncoder, "granite_speech": conformer.GraniteSpeechEncoder,
                  "lfm2a": conformer.Lfm2AudioEncoder}
         return kinds[kind](path, n_threads=n_threads)
+    if kind == "gemma4ua":
+        return Gemma4UnifiedAudio(path, n_threads=n_threads)
     return AudioEncoder(path, n_threads=n_threads)
+
+
+class Gemma4UnifiedAudio(Tower):
+    """Gemma 4 Unified's sound, no encoder: each `frame` samples (640: 40 ms; the file's
+    embedding length) a row, the last frame filled with zeros:
+        rows = rmsnorm(frame) Wproj      (an RMS norm without a scale)
+    between <|audio> and <audio|>, as transformers' Gemma4UnifiedModel and llama.cpp's mtmd read it."""
+
+    section, prefix = "audio", "a"
+    begin, end = "<|audio>", "<audio|>"
+
+    def _read(self, mf: ModelFile) -> None:
+        if not mf.get("clip.has_audio_encoder", False):
+            raise UnsupportedModelError(f"{self.path} has no audio encoder (a vision projector: give it images)")
+        self.projector = str(mf.get("clip.audio.projector_type") or mf.get("clip.projector_type") or "")
+        if self.projector != "gemma4ua":
+            raise UnsupportedModelError(f"{self.path}: audio projector {self.projector!r} is not Gemma 4 Unified's")
+        self.frame = self._int("embedding_length")     # samples a row
+        eps = mf.get("clip.audio.attention.layer_norm_epsilon", 1e-6)
+        if not isinstance(eps, (int, float)) or not 0 < eps < 1 or self.frame > 1 << 16:
+            raise ModelFileError(f"{self.path}: an epsilon of {eps!r} or frames of {self.frame} samples are beyond "
+                                 f"Gemma 4 Unified's; the file is corrupt")
+        self.eps, self.n_embd, self.n_layer = float(eps), self.frame, 0
+        self.n_out = self._projection("mm.a.input_projection.weight", self.frame, inputs_first=True)
+
+    def encode(self, sound) -> np.ndarray:
+        """A sound (a file's bytes, or float32 samples at 16 kHz) -> float32 [rows, n_out]."""
+        x = load_audio(sound) if isinstance(sound, (bytes, bytearray, memoryview)) else \
+            np.asarray(sound, np.float32).reshape(-1)
+        if not len(x):
+            raise InvalidArgumentError("the sound holds no samples")
+        frames = np.concatenate([x, np.zeros(-len(x) % self.frame, np.float32)]).reshape(-1, self.frame)
+        return self.rows_of_each([frames], self._encode)
+
+    def _encode(self, frames: np.ndarray) -> np.ndarray:
+        x = frames.astype(np.float64)
+        x = (x / np.sqrt((x * x).mean(axis=1, keepdims=True) + self.eps)).astype(np.float32)
+        return self.linear(x, ("mm.a.input_projection.weight", None))
+
+    def layout(self, ids: list[int]) -> list:
+        """A sound's part of the prompt: its rows between <|audio> and <audio|> (mtmd's)."""
+        return [self.begin, ids, self.end]
+
+    def describe(self) -> dict:
+        """What `pyllm info` says of a projector file."""
+        return {"path": self.path, "kind": "multimodal projector (mmproj), audio", "projector": self.projector,
+                "sample_rate": SAMPLE_RATE, "frame_samples": self.frame,
+                "rows_per_s": SAMPLE_RATE / self.frame, "n_layer": 0, "n_embd_out": self.n_out,
+                "n_params": self.mf.n_params, "tensor_types": self.mf.type_histogram(),
+                "activation": "none (no encoder)"}
 
 
 class AudioEncoder(Tower):
@@ -193,9 +247,9 @@ class AudioEncoder(Tower):
             raise UnsupportedModelError(f"{self.path} has no audio encoder (a vision projector: give it images)")
         kind = mf.get("clip.audio.projector_type") or mf.get("clip.projector_type") or ""
         self.projector = "qwen2a" if kind == "qwen2.5o" else str(kind)    # Qwen2.5-Omni's sound: Qwen2-Audio's
-        if self.projector not in AUDIO_PROJECTORS or self.projector in CONFORMERS:   # conformer.py's
+        if self.projector not in AUDIO_PROJECTORS or self.projector in CONFORMERS + ("gemma4ua",):   # read elsewhere
             raise UnsupportedModelError(f"{self.path}: audio projector type {kind!r} is not supported yet "
-                                        f"(supported: {', '.join(AUDIO_PROJECTORS)}: Gemma 4's, Qwen2-Audio's and "
+                                        f"(supported: {', '.join(AUDIO_PROJECTORS)}: Gemma 4's and Gemma 4 Unified's, Qwen2-Audio's and "
                                         f"Qwen2.5-Omni's, Ultravox's, Voxtral's, Audio Flamingo 3's, GLM-ASR's, "
                                         f"Qwen3-ASR's, Granite Speech's, LFM2-Audio's, MERaLiON's)")
         self.n_embd, self.n_head = self._int("embedding_length"), self._int("attention.head_count")

@@ -150,7 +150,7 @@ class Engine:
         self.spec = SpecParams()
         self.batcher: Optional[StepBatcher] = None   # several threads' steps, batched (parallel)
         self.media = None                # pyllm.vision.MediaStore: the rows of a prompt's images (ids < 0)
-        self.media_bidirectional = False  # an image's rows see each other (Gemma 3), so one step holds them
+        self.media_bidirectional = False  # an image's rows see each other (Gemma 3), so one step holds them (a sound's never)
         self.mrope = False               # images take M-RoPE positions (Qwen VL: mrope_positions)
 
     def new_sequence(self) -> Sequence:
@@ -171,7 +171,8 @@ class Engine:
         if self.mrope and (min(tokens) < 0 or (seq.tokens and min(seq.tokens) < 0)):
             media["rope_pos"] = self.mrope_positions(list(seq.tokens) + list(tokens), len(seq))
         if tokens and tokens[0] < 0:   # an image's rows: the step takes them as given embeddings
-            media |= {"media": self.media.rows(tokens), "bidirectional": self.media_bidirectional}
+            media |= {"media": self.media.rows(tokens),
+                      "bidirectional": self.media_bidirectional and not self.media.is_sound(tokens[0])}
             tokens = [-1 - j for j in range(len(tokens))]
         if self.batcher is not None:
             return self.batcher.forward(tokens, start_pos, block_table, n_out, **media)
@@ -218,7 +219,7 @@ class Engine:
                 image = self.media.image_of(tokens[start])
                 while end < len(tokens) and tokens[end] < 0 and self.media.image_of(tokens[end]) == image:
                     end += 1
-                if self.media_bidirectional and end - start > size:
+                if self.media_bidirectional and not self.media.is_sound(tokens[start]) and end - start > size:
                     raise InvalidArgumentError(f"an image of {end - start} rows must be one step, and a step holds "
                                                f"{size} tokens: use a larger batch (-b {end - start})")
             else:

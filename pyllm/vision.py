@@ -28,6 +28,8 @@ model reads in place of tokens.
         and the FFN's outputs; a 2D RoPE (each half of a head NEOX-turned, by the column, by the
         row), unscaled scores, a gated FFN, each layer's output scaled, matrices clamped where
         the file says; x = avg_pool(x, 3 x 3) sqrt(n), standardized, rmsnorm(x); rows = x Wproj
+    projector "gemma4uv" (Gemma 4 Unified): no encoder; each 48 x 48 pixels (in [0, 1]) a row:
+        x = LN2(W LN1(patch) + b) + positions as Gemma 4's; rows = rmsnorm(LN3(x)) Wproj
     projector "mlp" (LLaVA 1.5 and its kin; CLIP): a class row before the patches (position 0),
         pre_ln, every stored layer (the converter already dropped the last), quick-GELU;
         rows = W2 gelu(W0 x + b0) + b2 of each patch's row, the class row left out (Yi-VL's
@@ -85,9 +87,10 @@ from .model_file import ModelFile
 
 log = logging.getLogger("pyllm")
 
-PROJECTORS = ("gemma3", "gemma4v", "idefics3", "internvl", "lfm2", "mlp", "pixtral", "qwen2vl_merger", "qwen2.5vl_merger",
-              "qwen3vl_merger")
+PROJECTORS = ("gemma3", "gemma4uv", "gemma4v", "idefics3", "internvl", "lfm2", "mlp", "pixtral", "qwen2vl_merger",
+              "qwen2.5vl_merger", "qwen3vl_merger")
 QWEN = ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
+GEMMA4 = ("gemma4v", "gemma4uv")     # Gemma 4's encoder, and Gemma 4 Unified's encoder-free embedder
 LFM2_TILE = 512              # LFM2-VL's tiles (mtmd's and its processor's constants)
 LFM2_TILES = (2, 10)         # the fewest and most tiles of a tiled image
 LFM2_ROWS = (64, 256)        # the fewest and most rows of an image read whole (and of the thumbnail)
@@ -155,7 +158,10 @@ class VisionEncoder(Tower):
         if self.projector not in PROJECTORS:
             raise UnsupportedModelError(f"{self.path}: projector type {self.projector!r} is not supported yet "
                                         f"(supported: {', '.join(PROJECTORS)}: Gemma 3's, SmolVLM's, LFM2-VL's, "
-                                        f"InternVL's, LLaVA 1.5's, Pixtral's / Mistral Small's, Qwen 2 / 2.5 / 3 VL's, Qwen3.5's and Gemma 4's)")
+                                        f"InternVL's, LLaVA 1.5's, Pixtral's / Mistral Small's, Qwen 2 / 2.5 / 3 "
+                                        f"VL's, Qwen3.5's, Gemma 4's and Gemma 4 Unified's)")
+        if self.projector == "gemma4uv":
+            return self._read_gemma4_unified()
         self.n_embd, self.n_head = self._int("embedding_length"), self._int("attention.head_count")
         self.n_ff, self.n_layer = self._int("feed_forward_length"), self._int("block_count")
         self.image_size, self.patch = self._int("image_size"), self._int("patch_size")
@@ -318,6 +324,36 @@ class VisionEncoder(Tower):
                                  f"{self.longest_edge}) is beyond any projector's; the file is corrupt")
         self.layers = [self._layer(i) for i in range(self.n_layer)]
 
+    def _read_gemma4_unified(self) -> None:
+        """Gemma 4 Unified's embedder (gemma4_unified_rows): no layers; patches of patch_size x k
+        pixels (k: projector.scale_factor, the pooling Gemma 4's encoder does after its layers),
+        an image at its own shape as Gemma 4's."""
+        self.n_embd, self.n_head, self.n_ff, self.n_layer = self._int("embedding_length"), 0, 0, 0
+        self.patch = self._int("patch_size") * self._int("projector.scale_factor", 3)
+        self.image_size, self.merge, self.side, self.n_tokens = self._int("image_size"), 1, 0, 0
+        eps = self.mf.get("clip.vision.attention.layer_norm_epsilon", 1e-6)     # the RMS norm's
+        if not isinstance(eps, (int, float)) or not 0 < eps < 1 or self.patch > 64 or self.n_embd > 65536:
+            raise ModelFileError(f"{self.path}: an epsilon of {eps!r}, patches of {self.patch} or a width of "
+                                 f"{self.n_embd} is beyond Gemma 4 Unified's; the file is corrupt")
+        self.eps, self.gelu, self.bidirectional, self.class_row = float(eps), True, True, False
+        self.qwen, self.deepstack = False, []
+        self.mean, self.std = self._triple("clip.vision.image_mean"), self._triple("clip.vision.image_std")
+        n_in = 3 * self.patch * self.patch
+        self.check_shape("v.patch_embd.weight", (n_in, self.n_embd))
+        self.check_shape("v.patch_embd.bias", (self.n_embd,))
+        self.patch_norms = [self._pair(f"v.patch_norm.{i}", (width,)) for i, width in
+                            ((1, n_in), (2, self.n_embd), (3, self.n_embd))]
+        if any(b is None for _, b in self.patch_norms):
+            raise ModelFileError(f"{self.path}: a patch norm's bias is missing; the file is corrupt")
+        t = self.mf.tensor("v.position_embd.weight") if self.mf.has_tensor("v.position_embd.weight") else None
+        self.n_positions = int(t.shape[1]) if t is not None and len(t.shape) == 3 else 0
+        self.check_shape("v.position_embd.weight", (self.n_embd, self.n_positions, 2))
+        self.n_out = self._projection("mm.input_projection.weight", self.n_embd, inputs_first=True)
+        self.align = self.patch
+        self.pixel_budget = tuple(r * self.align ** 2 for r in GEMMA4_ROWS)
+        self.longest_edge = self.image_size
+        self.layers = []
+
     def bidirectional_for(self, n_embd: int) -> bool:
         """Whether an image's rows see each other in a language model n_embd wide (Gemma 3's and 4's
         do, but for Gemma 4 E2B's and E4B's widths, which llama.cpp's mtmd reads causally)."""
@@ -331,7 +367,7 @@ class VisionEncoder(Tower):
                 "n_layer": self.n_layer, "n_embd": self.n_embd, "n_head": self.n_head,
                 "n_ff": self.n_ff, "n_embd_out": self.n_out, "n_params": self.mf.n_params,
                 "tensor_types": self.mf.type_histogram(),
-                "activation": "gelu (tanh)" if self.gelu else "quick-gelu",
+                "activation": "none (no encoder)" if not self.n_layer else "gelu (tanh)" if self.gelu else "quick-gelu",
                 "image_mean": [float(x) for x in self.mean], "image_std": [float(x) for x in self.std]}
 
     def image_tokens(self):
@@ -477,7 +513,7 @@ class VisionEncoder(Tower):
             cols, rows = best_grid(width, height, self.tile_grids, S) if width > S or height > S else (0, 0)
             return ImagePlan(cols, rows, (S, S), (S, S))
         whole = smart_resize(width, height, self.align, *self.pixel_budget)
-        if self.projector in ("pixtral", "gemma4v") or self.qwen:
+        if self.projector == "pixtral" or self.projector in GEMMA4 or self.qwen:
             return ImagePlan(0, 0, whole, whole)
         if not lfm2_tiles(width, height, self.patch, self.align, self.pixel_budget[1]):
             return ImagePlan(0, 0, (LFM2_TILE, LFM2_TILE), whole)
@@ -515,7 +551,7 @@ class VisionEncoder(Tower):
             return cut(grid, plan) + [np.asarray(resample(img, S, S, bicubic=True))]
         if self.projector == "mlp":
             return [np.asarray(fit(img, S, S, bicubic=True, pad=LLAVA_PAD))]
-        if self.projector in ("pixtral", "gemma4v") or self.qwen:    # mtmd's dynamic size: bicubic
+        if self.projector == "pixtral" or self.projector in GEMMA4 or self.qwen:    # mtmd's dynamic size: bicubic
             return [np.asarray(fit(img, *plan.whole, bicubic=True))]
         if self.projector == "lfm2":
             tw, th = plan.tile
@@ -535,7 +571,7 @@ class VisionEncoder(Tower):
             return ["<start_of_image>", ids, "<end_of_image>"]
         if self.projector == "pixtral":
             return [ids, "[IMG_END]"]
-        if self.projector == "gemma4v":
+        if self.projector in GEMMA4:
             return ["<|image>", ids, "<image|>"]
         if self.projector == "mlp":
             return [ids]
@@ -568,7 +604,7 @@ class VisionEncoder(Tower):
         inputs = [pixels] if isinstance(pixels, np.ndarray) and pixels.ndim == 3 else list(pixels)
         S, a = self.image_size, self.align
         for x in inputs:
-            any_shape = self.projector in ("lfm2", "pixtral", "gemma4v") or self.qwen
+            any_shape = self.projector in ("lfm2", "pixtral") + GEMMA4 or self.qwen
             fits = x.shape[-2] % a == 0 and x.shape[-1] % a == 0 and x.shape[-2] > 0 and x.shape[-1] > 0 \
                 if any_shape else x.shape[-2:] == (S, S)
             if x.ndim != 3 or x.shape[0] != 3 or not fits:
@@ -608,6 +644,8 @@ class VisionEncoder(Tower):
 
     def _encode(self, tiles: np.ndarray) -> np.ndarray:
         """m inputs of one shape, [m, 3, H, W] -> their rows."""
+        if self.projector == "gemma4uv":
+            return self.gemma4_unified_rows(tiles)
         p, n = self.patch, self.n_embd
         m, gh, gw = len(tiles), tiles.shape[2] // p, tiles.shape[3] // p
         P = gh * gw
@@ -673,6 +711,28 @@ class VisionEncoder(Tower):
         first = int(self.class_row)     # the class row is not one of the image's rows
         rows = np.concatenate([self.project(x[i * P + first:(i + 1) * P], gh, gw) for i in range(m)])
         return np.concatenate([rows] + stacked, axis=1) if stacked else rows
+
+    def gemma4_unified_rows(self, tiles: np.ndarray) -> np.ndarray:
+        """Gemma 4 Unified's rows, one a patch of p x p pixels (in [0, 1]), no encoder layers:
+            x = LN2(W LN1(patch) + b)
+            x = rmsnorm(LN3(x + col_table[c] + row_table[r])) Wproj     (rmsnorm without a scale)
+        A patch's values each channel's p x p in turn: the order the converter gives LN1 and W
+        (transformers' a pixel's R G B together; llama.cpp's im2col order)."""
+        p, n = self.patch, self.n_embd
+        m, gh, gw = len(tiles), tiles.shape[2] // p, tiles.shape[3] // p
+        P = gh * gw
+        if max(gh, gw) > self.n_positions:
+            raise InvalidArgumentError(f"an image of {gw} x {gh} patches is beyond the projector's {self.n_positions} "
+                                       f"positions a side: crop the picture nearer a square")
+        patches = np.ascontiguousarray(tiles.reshape(m, 3, gh, p, gw, p).transpose(0, 2, 4, 1, 3, 5).reshape(m * P, -1))
+        x = self.norm(patches, self.patch_norms[0], eps=1e-5)      # nn.LayerNorm's default
+        x = self.norm(self.linear(x, ("v.patch_embd.weight", "v.patch_embd.bias")), self.patch_norms[1], eps=1e-5)
+        table = self.floats("v.position_embd.weight")           # [2, n_positions, n]: columns', rows'
+        r, c = np.divmod(np.arange(P), gw)
+        x.reshape(m, P, n)[:] += table[0][c] + table[1][r]
+        x = self.norm(x, self.patch_norms[2], eps=1e-5)
+        x = np.ascontiguousarray(x / np.sqrt((x * x).mean(axis=1, keepdims=True) + self.eps), dtype=np.float32)
+        return self.linear(x, ("mm.input_projection.weight", None))
 
     def project(self, x: np.ndarray, rows: int, cols: int) -> np.ndarray:
         """The encoder's rows for a grid of rows x cols patches [rows * cols, n_embd] into the
@@ -777,6 +837,21 @@ def modalities(path: str | os.PathLike) -> tuple[bool, bool]:
     if not vision and not audio:
         raise ModelFileError(f"{path} says it has neither a vision nor an audio encoder; the file is corrupt")
     return vision, audio
+
+
+def rows_seen_together(path: str | os.PathLike, n_embd: int, min_tokens: Optional[int] = None,
+                       max_tokens: Optional[int] = None) -> int:
+    """The most rows one image of an mmproj file becomes where its rows see each other in a
+    language model n_embd wide (Gemma 3's, Gemma 4's: one step must hold them all), else 0."""
+    if not modalities(path)[0]:
+        return 0
+    enc = VisionEncoder(path, n_threads=1, min_tokens=min_tokens, max_tokens=max_tokens)
+    try:
+        if not enc.bidirectional_for(n_embd):
+            return 0
+        return enc.pixel_budget[1] // enc.align ** 2 if hasattr(enc, "pixel_budget") else enc.n_tokens
+    finally:
+        enc.close()
 
 
 def load_image(image):
@@ -1058,6 +1133,12 @@ class MediaStore:
                                        f"for the last {self.keep}); send the image again")
         start, rows, grid = found
         return start, len(rows), grid if grid is not None else (len(rows), 1)
+
+    def is_sound(self, token: int) -> bool:
+        """Whether a media id is a sound's row (stored on a LINE): read causally, as text is,
+        where a model's images see each other (mtmd's Gemma 4 Unified: only its images do)."""
+        found = self._image(token)
+        return found is not None and found[2] == LINE
 
     def _image(self, token: int) -> Optional[tuple]:
         """(first row, rows, grid) of the kept image holding a media id's row, or None."""

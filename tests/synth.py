@@ -225,6 +225,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 mlp_layers: tuple = (), no_attention: bool = False, parallel_ssm: bool = False,
                 image_tokens: bool | str = False, bare_ffn_norm: bool = False, delta_layers: tuple = (), delta: Optional[dict] = None,
                 q_gated: bool = False, array_keys: Optional[dict] = None, float_arrays: Optional[dict] = None,
+                int_arrays: Optional[dict] = None,
                 drop_tensor: Optional[str] = None, bad_shape: Optional[str] = None) -> str:
     """A tiny decoder of family `arch`, every matrix in `qtype`, tensors named
     as llama.cpp expects:
@@ -269,6 +270,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                   the others a mixer alone; feed_forward_length a list, 0 for the mixers
       extra_tensors more float32 tensors by name (present in the file, not used)
       float_arrays  keys written as they are named, each an array of float32 (Apertus's xielu.*)
+      int_arrays  keys written as they are named, each an array of int32 (tokenizer.ggml.suppress_tokens)
       keys        extra metadata: {"sliding_window": 8, ...} -> writer.add_<name>(value);
                   a dotted name ("rope.scaling.x") is written as the key {arch}.<name> (uint32 or float32)
     head_dim defaults to n_embd / n_head; otherwise it is written as key_length."""
@@ -337,6 +339,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
         w.add_array(f"{arch}.{name}", [int(x) for x in value])
     for name, value in (float_arrays or {}).items():   # a key as named, an array of float32
         w.add_key_value(name, [float(x) for x in value], gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.FLOAT32)
+    for name, value in (int_arrays or {}).items():
+        w.add_key_value(name, [int(x) for x in value], gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.INT32)
     for name, value in (keys or {}).items():
         if "." in name:   # a key the writer has no method for: "{arch}.name", an int or a float
             (w.add_uint32 if isinstance(value, int) else w.add_float32)(f"{arch}.{name}", value)
@@ -2058,6 +2062,64 @@ def write_gemma4_audio_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int
     add("a.pre_encode.out.weight", rng.normal(0, 1 / np.sqrt(n_embd), (n_proj, n_embd)), qtype)
     add("a.pre_encode.out.bias", rng.normal(0, 0.1, n_proj))
     add("mm.a.input_projection.weight", rng.normal(0, 1 / np.sqrt(n_proj), (n_out, n_proj)), qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+def write_gemma4_unified_mmproj(path: str | Path, n_out: int = 256, *, patch: int = 4, merge: int = 3,
+                                n_embd: int = 96, n_positions: int = 40, frame: int = 640, seed: int = 13,
+                                qtype: QT = QT.F16, vision: bool = True, audio: bool = True,
+                                drop_tensor: Optional[str] = None) -> str:
+    """A tiny Gemma 4 Unified projector ("gemma4uv" and "gemma4ua"), as llama.cpp's converter
+    writes one: patches of patch x merge pixels through LN1, a dense layer with a bias and LN2,
+    a table of column and one of row positions, LN3 and the projection (the first two's inputs
+    put from transformers' order, a pixel's R G B together, into one channel's values after
+    another's, as the converter puts them); sounds in frames of `frame` samples through the
+    audio projection alone. The layer norms' weights and biases random, so their order shows."""
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_bool("clip.has_vision_encoder", vision)
+    w.add_bool("clip.has_audio_encoder", audio)
+    w.add_uint32("general.file_type", 1)
+
+    def add(name: str, a: np.ndarray, t: QT = QT.F32) -> None:
+        if name != drop_tensor:
+            add_as(w, name, a, t)
+    if vision:
+        w.add_string("clip.vision.projector_type", "gemma4uv")
+        for key, v in (("image_size", 224), ("patch_size", patch), ("embedding_length", n_embd),
+                       ("feed_forward_length", 0), ("block_count", 0), ("attention.head_count", 0),
+                       ("projection_dim", n_out)):
+            w.add_uint32("clip.vision." + key, v)
+        w.add_array("clip.vision.image_mean", [0.0] * 3)
+        w.add_array("clip.vision.image_std", [1.0] * 3)
+        w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+        P = patch * merge
+        n_in = 3 * P * P
+        ch, rest = np.divmod(np.arange(n_in), P * P)       # the file's value i: channel ch, pixel (row, col)
+        row, col = np.divmod(rest, P)
+        from_hf = row * P * 3 + col * 3 + ch                # transformers' index of that value
+        ln1_w, ln1_b = 1 + rng.normal(0, 0.3, n_in), rng.normal(0, 0.3, n_in)
+        dense = rng.normal(0, 1 / np.sqrt(n_in), (n_embd, n_in))
+        add("v.patch_norm.1.weight", ln1_w[from_hf])
+        add("v.patch_norm.1.bias", ln1_b[from_hf])
+        add("v.patch_embd.weight", dense[:, from_hf], qtype)
+        add("v.patch_embd.bias", rng.normal(0, 0.3, n_embd))
+        for i in (2, 3):
+            add(f"v.patch_norm.{i}.weight", 1 + rng.normal(0, 0.3, n_embd))
+            add(f"v.patch_norm.{i}.bias", rng.normal(0, 0.3, n_embd))
+        add("v.position_embd.weight", rng.normal(0, 1, (2, n_positions, n_embd)))   # columns', then rows'
+        add("mm.input_projection.weight", rng.normal(0, 1 / np.sqrt(n_embd), (n_out, n_embd)), qtype)
+    if audio:
+        w.add_string("clip.audio.projector_type", "gemma4ua")
+        for key, v in (("embedding_length", frame), ("feed_forward_length", 0), ("block_count", 0),
+                       ("attention.head_count", 0), ("num_mel_bins", 128), ("projection_dim", n_out)):
+            w.add_uint32("clip.audio." + key, v)
+        w.add_float32("clip.audio.attention.layer_norm_epsilon", 1e-6)
+        add("mm.a.input_projection.weight", rng.normal(0, 1 / np.sqrt(frame), (n_out, frame)), qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -307,6 +307,7 @@ class Tokenizer:
         self.unk_id: int | None = ids["unk"]
         self.pad_id: int | None = ids["pad"]
         self.eog_ids: frozenset[int] = frozenset(eog)
+        self.suppress_ids: frozenset[int] = self._suppressed(md.get("tokenizer.ggml.suppress_tokens"))
         self._attr_list: list[int] = self._attrs.tolist()
         self._piece_cache: dict[int, bytes] = {}
         self._all_pieces: list[bytes] | None = None
@@ -319,6 +320,16 @@ class Tokenizer:
             self._special_by_key[True].setdefault(key, []).append(tid)
             if not self._attr_list[tid] & _CONTROL_OR_UNKNOWN:
                 self._special_by_key[False].setdefault(key, []).append(tid)
+
+    def _suppressed(self, v: Any) -> frozenset[int]:
+        """The tokens the model never writes (tokenizer.ggml.suppress_tokens: Gemma 4 Unified's soft
+        tokens): ids outside the vocabulary dropped, as llama.cpp drops them."""
+        if v is None:
+            return frozenset()
+        if not isinstance(v, (list, tuple, np.ndarray)) or any(
+                isinstance(t, bool) or not isinstance(t, (int, np.integer)) for t in v):
+            raise ModelFileError("tokenizer.ggml.suppress_tokens is not a list of token ids; the file is corrupt")
+        return frozenset(int(t) for t in v if 0 <= int(t) < self.n_vocab)
 
     # ---- token facts -------------------------------------------------------
 
