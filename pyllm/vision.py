@@ -17,6 +17,9 @@ model reads in place of tokens.
         second), a gated SiLU FFN; x = each k x k patches unfolded into one row, x Wmerge (when
         k > 1); rows = W2 gelu(W1 rmsnorm(x) + b1) + b2, and an [IMG_BREAK] row after each row
         of the image but the last
+    projector "lightonocr" (LightOnOCR): Pixtral's encoder and projector, no [IMG_BREAK] rows; the
+        image scaled so its longer side is preproc_image_size (up or down), between <|im_start|>
+        and <|im_end|> (mtmd's)
     projector "qwen2vl_merger" / "qwen2.5vl_merger": the two patch kernels of Qwen's temporal
         patch summed (a still image is both frames), a 2D RoPE on q and k (row, then column, by
         halves of each head); 2.5: RMS norms, a gated SiLU FFN, and attention within windows of
@@ -87,8 +90,9 @@ from .model_file import ModelFile
 
 log = logging.getLogger("pyllm")
 
-PROJECTORS = ("gemma3", "gemma4uv", "gemma4v", "idefics3", "internvl", "lfm2", "mlp", "pixtral", "qwen2vl_merger",
-              "qwen2.5vl_merger", "qwen3vl_merger")
+PROJECTORS = ("gemma3", "gemma4uv", "gemma4v", "idefics3", "internvl", "lfm2", "lightonocr", "mlp", "pixtral",
+              "qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
+PIXTRAL = ("pixtral", "lightonocr")   # Pixtral's encoder and projector (LightOnOCR's without [IMG_BREAK] rows)
 QWEN = ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
 GEMMA4 = ("gemma4v", "gemma4uv")     # Gemma 4's encoder, and Gemma 4 Unified's encoder-free embedder
 LFM2_TILE = 512              # LFM2-VL's tiles (mtmd's and its processor's constants)
@@ -159,7 +163,7 @@ class VisionEncoder(Tower):
             raise UnsupportedModelError(f"{self.path}: projector type {self.projector!r} is not supported yet "
                                         f"(supported: {', '.join(PROJECTORS)}: Gemma 3's, SmolVLM's, LFM2-VL's, "
                                         f"InternVL's, LLaVA 1.5's, Pixtral's / Mistral Small's, Qwen 2 / 2.5 / 3 "
-                                        f"VL's, Qwen3.5's, Gemma 4's and Gemma 4 Unified's)")
+                                        f"VL's, Qwen3.5's, Gemma 4's, Gemma 4 Unified's and LightOnOCR's)")
         if self.projector == "gemma4uv":
             return self._read_gemma4_unified()
         self.n_embd, self.n_head = self._int("embedding_length"), self._int("attention.head_count")
@@ -180,15 +184,15 @@ class VisionEncoder(Tower):
         # rows; Pixtral unfolds s x s patches (1: none, the original Pixtral)
         self.qwen = self.projector in QWEN
         self.merge = 1 if self.projector == "mlp" else \
-            self._int("spatial_merge_size", 1 if self.projector == "pixtral" else 2) \
-            if self.projector == "pixtral" or self.qwen else \
+            self._int("spatial_merge_size", 1 if self.projector in PIXTRAL else 2) \
+            if self.projector in PIXTRAL or self.qwen else \
             self._int("projector.scale_factor", {"gemma3": 4, "gemma4v": 3}.get(self.projector, 2))
         if self.side % self.merge and self.projector != "gemma4v":   # Gemma 4's image_size is unused
             raise ModelFileError(f"{self.path}: a merge of {self.merge} does not divide {self.side} patches")
         self.n_tokens = (self.side // self.merge) ** 2        # rows per tile of image_size
         self.check_shape("v.patch_embd.weight", (self.patch, self.patch, 3, self.n_embd))
         # Pixtral's and Qwen 2.5's norms are RMS norms; their positions are a 2D RoPE
-        self.rms = self.projector in ("pixtral", "qwen2.5vl_merger", "gemma4v")
+        self.rms = self.projector in ("pixtral", "lightonocr", "qwen2.5vl_merger", "gemma4v")
         # a gated FFN's activation: Gemma 4's the file's GELU or quick-GELU, the others' (Pixtral, Qwen 2.5) SiLU
         self.gated_act = self.gelu if self.projector == "gemma4v" else "silu"
         self.deepstack: list[DeepStack] = []
@@ -201,7 +205,7 @@ class VisionEncoder(Tower):
             t = self.mf.tensor("v.position_embd.weight") if self.mf.has_tensor("v.position_embd.weight") else None
             self.n_positions = int(t.shape[1]) if t is not None and len(t.shape) == 3 else 0
             self.check_shape("v.position_embd.weight", (self.n_embd, self.n_positions, 2))
-        elif self.projector != "pixtral" and self.projector not in QWEN[:2]:    # Qwen 3's are resized
+        elif self.projector not in PIXTRAL and self.projector not in QWEN[:2]:    # Qwen 3's are resized
             self.check_shape("v.position_embd.weight", (self.n_embd, self.side * self.side + self.class_row))
         if self.qwen:     # a still image is both frames of Qwen's temporal patch: the kernels' sum
             self.check_shape("v.patch_embd.weight.1", (self.patch, self.patch, 3, self.n_embd))
@@ -303,7 +307,7 @@ class VisionEncoder(Tower):
             self.input_norm = None
             self.pixel_budget = tuple(r * self.align ** 2 for r in QWEN_ROWS)
             self.longest_edge = self.image_size
-        else:   # pixtral: the image at its own shape, its rows then [IMG_END]
+        else:   # pixtral: the image at its own shape, its rows then [IMG_END]; lightonocr: the same, scaled
             self.bidirectional = False
             if (self.n_embd // self.n_head) % 4 or self.align > 64:
                 raise ModelFileError(f"{self.path}: heads of {self.n_embd // self.n_head} (not a multiple of 4) or "
@@ -316,9 +320,13 @@ class VisionEncoder(Tower):
             n_mid = self._projection("mm.1.weight", self.n_embd, inputs_first=True)
             self.n_out = self._projection("mm.2.weight", n_mid, inputs_first=True)
             self.mlp = (self._pair("mm.1", (self.n_embd, n_mid)), self._pair("mm.2", (n_mid, self.n_out)))
-            self.check_shape("v.token_embd.img_break", (self.n_out,))
-            self.pixel_budget = tuple(r * self.align ** 2 for r in PIXTRAL_ROWS)
-            self.longest_edge = self.image_size
+            if self.projector == "pixtral":
+                self.check_shape("v.token_embd.img_break", (self.n_out,))
+                self.pixel_budget = tuple(r * self.align ** 2 for r in PIXTRAL_ROWS)
+                self.longest_edge = self.image_size
+            else:   # no bounds on the rows but --image-min/max-tokens (mtmd's longest_edge preprocessor)
+                self.pixel_budget = (0, 0)
+                self.longest_edge = self._int("preproc_image_size", self.image_size)
         if self.image_size > 4096 or self.longest_edge > 16384:   # a picture of gigabytes: a corrupt file
             raise ModelFileError(f"{self.path}: an image size of {self.image_size} (scaled to "
                                  f"{self.longest_edge}) is beyond any projector's; the file is corrupt")
@@ -383,6 +391,10 @@ class VisionEncoder(Tower):
             most = max(c * r for c, r in self.tile_grids)
             return f"{self.n_tokens} per tile (an image past {self.image_size} pixels: up to {most} tiles and an overview)"
         lo, hi = (b // self.align ** 2 for b in self.pixel_budget)
+        if self.projector == "lightonocr":
+            most = (self.longest_edge // self.align) ** 2
+            return (f"up to {most} (the image scaled so its longer side is {self.longest_edge} pixels)"
+                    + (f", kept within {lo or 1} to {hi or most}" if lo or hi else ""))
         if self.projector == "lfm2":
             return (f"{lo} to {hi} (the image at its own shape; a large one in tiles of "
                     f"{LFM2_TILE} pixels, {self.rows_of(LFM2_TILE, LFM2_TILE)} each, and a thumbnail)")
@@ -403,6 +415,11 @@ class VisionEncoder(Tower):
             log.warning("%s reads images in tiles of a fixed size: the image token limits are ignored", self.projector)
             return
         area = self.align ** 2
+        if self.projector == "lightonocr":   # no bounds of its own: each limit alone, as mtmd's
+            if lo is not None and hi is not None and lo > hi:
+                raise InvalidArgumentError(f"an image cannot take at least {lo} and at most {hi} rows")
+            self.pixel_budget = ((lo or 0) * area, (hi or 0) * area)
+            return
         own_lo, own_hi = (b // area for b in self.pixel_budget)
         if lo is None or hi is None:   # one limit given: the other of its own, moved aside where they would cross
             lo, hi = (min(own_lo, hi) if lo is None else lo), (max(own_hi, lo) if hi is None else hi)
@@ -496,7 +513,7 @@ class VisionEncoder(Tower):
     def rows_of(self, width: int, height: int) -> int:
         """Rows an input of width x height pixels becomes (Pixtral's with its breaks)."""
         cols, rows = width // self.patch // self.merge, height // self.patch // self.merge
-        return cols * rows + (rows - 1 if self.projector == "pixtral" else 0)
+        return cols * rows + (rows - 1 if self.projector == "pixtral" else 0)     # Pixtral's [IMG_BREAK] rows
 
     def plan(self, width: int, height: int) -> ImagePlan:
         """How an image of width x height pixels is read (see ImagePlan)."""
@@ -512,6 +529,9 @@ class VisionEncoder(Tower):
         if self.projector == "internvl":
             cols, rows = best_grid(width, height, self.tile_grids, S) if width > S or height > S else (0, 0)
             return ImagePlan(cols, rows, (S, S), (S, S))
+        if self.projector == "lightonocr":
+            whole = longest_edge_size(width, height, self.align, self.longest_edge, *self.pixel_budget)
+            return ImagePlan(0, 0, whole, whole)
         whole = smart_resize(width, height, self.align, *self.pixel_budget)
         if self.projector == "pixtral" or self.projector in GEMMA4 or self.qwen:
             return ImagePlan(0, 0, whole, whole)
@@ -551,7 +571,7 @@ class VisionEncoder(Tower):
             return cut(grid, plan) + [np.asarray(resample(img, S, S, bicubic=True))]
         if self.projector == "mlp":
             return [np.asarray(fit(img, S, S, bicubic=True, pad=LLAVA_PAD))]
-        if self.projector == "pixtral" or self.projector in GEMMA4 or self.qwen:    # mtmd's dynamic size: bicubic
+        if self.projector in PIXTRAL + GEMMA4 or self.qwen:    # mtmd's dynamic size: bicubic
             return [np.asarray(fit(img, *plan.whole, bicubic=True))]
         if self.projector == "lfm2":
             tw, th = plan.tile
@@ -571,6 +591,8 @@ class VisionEncoder(Tower):
             return ["<start_of_image>", ids, "<end_of_image>"]
         if self.projector == "pixtral":
             return [ids, "[IMG_END]"]
+        if self.projector == "lightonocr":
+            return ["<|im_start|>", ids, "<|im_end|>"]
         if self.projector in GEMMA4:
             return ["<|image>", ids, "<image|>"]
         if self.projector == "mlp":
@@ -604,7 +626,7 @@ class VisionEncoder(Tower):
         inputs = [pixels] if isinstance(pixels, np.ndarray) and pixels.ndim == 3 else list(pixels)
         S, a = self.image_size, self.align
         for x in inputs:
-            any_shape = self.projector in ("lfm2", "pixtral") + GEMMA4 or self.qwen
+            any_shape = self.projector in ("lfm2",) + PIXTRAL + GEMMA4 or self.qwen
             fits = x.shape[-2] % a == 0 and x.shape[-1] % a == 0 and x.shape[-2] > 0 and x.shape[-1] > 0 \
                 if any_shape else x.shape[-2:] == (S, S)
             if x.ndim != 3 or x.shape[0] != 3 or not fits:
@@ -679,13 +701,13 @@ class VisionEncoder(Tower):
             x = np.concatenate([np.broadcast_to(self.floats("v.class_embd"), (m, 1, n)), x.reshape(m, P, n)], axis=1)
             P, T = P + 1, m * (P + 1)
             x = (x + self.floats("v.position_embd.weight")).reshape(T, n)
-        elif self.projector != "pixtral":
+        elif self.projector not in PIXTRAL:
             x.reshape(m, P, n)[:] += self.positions(gh, gw)
         x = np.ascontiguousarray(self.optional_norm(x, "v.pre_ln"))
         # every layer works in the same buffers: a large new array costs its page faults each time
         work = LayerWork(T, n, self.n_ff, gated=self.layers[0].gate is not None)
         rope = None
-        if self.projector == "pixtral":
+        if self.projector in PIXTRAL:
             rope = rope_2d(gh, gw, n // self.n_head, PIXTRAL_ROPE_BASE, interleave=True) + ("adjacent",)
         elif self.qwen:
             cos, sin = rope_2d(gh, gw, n // self.n_head, PIXTRAL_ROPE_BASE, interleave=False)
@@ -745,7 +767,7 @@ class VisionEncoder(Tower):
             x = x.reshape(rows // k, k, cols // k, k, n).mean(axis=(1, 3)).reshape(-1, n)
             x = x / np.sqrt((x * x).mean(axis=1, keepdims=True) + self.eps) * self.floats("mm.soft_emb_norm.weight")
             return np.ascontiguousarray(x @ self.floats("mm.input_projection.weight"), dtype=np.float32)
-        if self.projector == "pixtral":
+        if self.projector in PIXTRAL:
             return self.pixtral_rows(x, rows, cols)
         if self.projector == "mlp":     # LLaVA: each patch's row through the MLP (Yi-VL's with norms)
             x = self.linear(np.ascontiguousarray(x), self.mlp[0])
@@ -778,13 +800,16 @@ class VisionEncoder(Tower):
     def pixtral_rows(self, x: np.ndarray, rows: int, cols: int) -> np.ndarray:
         """Pixtral's projector: RMS norm, each k x k patches unfolded into one row (a patch's
         channels outermost, as torch's unfold) and merged by one matmul (when k > 1), the GELU
-        MLP, then the [IMG_BREAK] row after each row of the image but the last."""
+        MLP, then (Pixtral's, not LightOnOCR's) the [IMG_BREAK] row after each row of the image but
+        the last."""
         k = self.merge
         if self.merger is not None:
             x = self.norm(np.ascontiguousarray(x), self.input_norm)
             x = x.reshape(rows // k, k, cols // k, k, self.n_embd).transpose(0, 2, 4, 1, 3)
             x = self.linear(np.ascontiguousarray(x.reshape(-1, self.n_embd * k * k)), self.merger)
         x = self.linear(self.activation(self.linear(np.ascontiguousarray(x), self.mlp[0]), gelu=True), self.mlp[1])
+        if self.projector != "pixtral":
+            return x
         per_row = cols // k
         out = np.empty((self.rows_of(cols * self.patch, rows * self.patch), self.n_out), np.float32)
         for r in range(rows // k):
@@ -911,6 +936,23 @@ def smart_resize(width: int, height: int, align: int, min_pixels: int, max_pixel
         beta = math.sqrt(width * height / max_pixels)
         w_bar, h_bar = (max(align, math.floor(v / beta / align) * align) for v in (width, height))
     elif w_bar * h_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (width * height))
+        w_bar, h_bar = (math.ceil(v * beta / align) * align for v in (width, height))
+    return w_bar, h_bar
+
+
+def longest_edge_size(width: int, height: int, align: int, longest: int, min_pixels: int = 0,
+                      max_pixels: int = 0) -> tuple[int, int]:
+    """(width, height) scaled (up or down) so the longer side is `longest`, each rounded up to a
+    multiple of `align`, then kept within [min_pixels, max_pixels] where they are set: mtmd's
+    longest_edge sizing, its float32 arithmetic included (a side at `longest` stays there)."""
+    f32, a = np.float32, np.float32(align)
+    scale = min(f32(longest) / f32(width), f32(longest) / f32(height))
+    w_bar, h_bar = (int(math.ceil(f32(f32(v) * scale) / a)) * align for v in (width, height))
+    if max_pixels and w_bar * h_bar > max_pixels:
+        beta = math.sqrt(width * height / max_pixels)
+        w_bar, h_bar = (max(align, math.floor(v / beta / align) * align) for v in (width, height))
+    elif min_pixels and w_bar * h_bar < min_pixels:
         beta = math.sqrt(min_pixels / (width * height))
         w_bar, h_bar = (math.ceil(v * beta / align) * align for v in (width, height))
     return w_bar, h_bar

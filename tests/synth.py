@@ -176,6 +176,7 @@ LFM2_TOKENS = ["<|image_start|>", "<|image_end|>", "<|img_thumbnail|>"] + \
 PIXTRAL_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
 # Qwen 2 / 2.5 VL's
 QWEN_VL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
+CHATML_TOKENS = ["<|im_start|>", "<|im_end|>"]     # LightOnOCR's image markers
 GEMMA4_TOKENS = ["<|image>", "<image|>", "<|audio>", "<audio|>"]
 INTERNVL_TOKENS = ["<img>", "</img>", "<IMG_CONTEXT>"]
 # a sound's markers: Qwen2-Audio's, Voxtral's, Audio Flamingo's and Qwen3-ASR's
@@ -187,12 +188,12 @@ def small_vocab(w: gguf.GGUFWriter, n_vocab: int = 512, image_tokens: bool | str
     """A made-up byte-level BPE vocabulary (enough to load; tests feed ids). image_tokens:
     the last ids are SmolVLM's image tokens, with "\n\n" merged into one ("lfm2": LFM2-VL's;
     "pixtral": Pixtral's; "qwen": Qwen 2 / 2.5 VL's; "gemma4": Gemma 4's; "internvl": InternVL's;
-    "audio": Qwen2-Audio's and Voxtral's sound markers)."""
+    "audio": Qwen2-Audio's and Voxtral's sound markers; "chatml": <|im_start|> and <|im_end|>)."""
     byte_chars = [chr(c) for c in range(33, 127)] + [chr(c) for c in range(161, 173)] + \
                  [chr(c) for c in range(174, 256)] + [chr(256 + i) for i in range(68)]
     words = ["to", "tok"] + (["\u010a\u010a"] if image_tokens else [])
     special = {"lfm2": LFM2_TOKENS, "pixtral": PIXTRAL_TOKENS, "qwen": QWEN_VL_TOKENS,
-               "gemma4": GEMMA4_TOKENS, "internvl": INTERNVL_TOKENS,
+               "gemma4": GEMMA4_TOKENS, "internvl": INTERNVL_TOKENS, "chatml": CHATML_TOKENS,
                "audio": AUDIO_TOKENS}.get(image_tokens, IDEFICS3_TOKENS) \
         if image_tokens else []
     tokens = byte_chars + words + [f"tok{i}" for i in range(n_vocab - len(byte_chars) - len(words) - len(special))]
@@ -1719,7 +1720,7 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
     positions a grid of image_size / patch a side, resized to each image's); "pixtral":
     Pixtral's (RMS norms, no biases, no learned positions, a gated SiLU FFN; merge x merge
     patches unfolded and merged when merge > 1, an RMS norm and a two-layer MLP, the
-    [IMG_BREAK] row); "qwen2vl_merger" / "qwen2.5vl_merger": Qwen 2 / 2.5 VL's (two patch
+    [IMG_BREAK] row; "lightonocr": the same without it); "qwen2vl_merger" / "qwen2.5vl_merger": Qwen 2 / 2.5 VL's (two patch
     kernels, a 2D RoPE; 2.5: RMS norms, a gated SiLU FFN, windows of attention but every
     n_wa_pattern-th layer; 2 x 2 patches side by side through a two-layer GELU MLP);
     "qwen3vl_merger": Qwen 3 VL's (Qwen 2's with a patch bias, learned positions resized to each
@@ -1750,7 +1751,8 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
     w.add_bool("clip.has_vision_encoder", True)
     w.add_bool("clip.has_text_encoder", False)
     w.add_string("clip.projector_type", projector)
-    pixtral, qwen, qwen25 = projector == "pixtral", projector.startswith("qwen"), projector == "qwen2.5vl_merger"
+    pixtral, qwen, qwen25 = projector in ("pixtral", "lightonocr"), projector.startswith("qwen"), \
+        projector == "qwen2.5vl_merger"
     qwen3 = projector == "qwen3vl_merger"
     gemma4 = projector == "gemma4v"
     if gemma4:
@@ -1891,7 +1893,8 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
         add("mm.1.bias", rng.normal(0, 0.1, n_mid))
         add("mm.2.weight", mat(n_mid, n_out, 1.0), qtype)
         add("mm.2.bias", rng.normal(0, 0.1, n_out))
-        add("v.token_embd.img_break", rng.normal(0, 1.0, n_out))
+        if projector == "pixtral":   # LightOnOCR's has none
+            add("v.token_embd.img_break", rng.normal(0, 1.0, n_out))
     else:
         add("mm.soft_emb_norm.weight", 1 + rng.normal(0, 0.1, n_embd))
         add("mm.input_projection.weight", rng.normal(0, 1.0 / np.sqrt(n_embd), (n_embd, n_out)), QT.F16)

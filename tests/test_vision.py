@@ -998,7 +998,8 @@ def test_bad_lfm2_files(tmp_path):
 
 def slow_pixtral_encode(enc: VisionEncoder, pixels: np.ndarray) -> np.ndarray:
     """Pixtral's encoder written out plainly for one input: each head's pair (2i, 2i + 1) turned
-    by the patch's row (first half of the head) or column (second half)."""
+    by the patch's row (first half of the head) or column (second half); the break rows but for
+    LightOnOCR's."""
     f, n, H, eps, k_ = enc.floats, enc.n_embd, enc.n_head, enc.eps, enc.merge
     d = n // H
     gh, gw = pixels.shape[1] // enc.patch, pixels.shape[2] // enc.patch
@@ -1043,7 +1044,8 @@ def slow_pixtral_encode(enc: VisionEncoder, pixels: np.ndarray) -> np.ndarray:
     x = lin(f, gelu(lin(f, x, "mm.1")), "mm.2")
     per_row, out = gw // k_, []
     for r in range(gh // k_):
-        out += list(x[r * per_row:(r + 1) * per_row]) + ([f("v.token_embd.img_break")] if r < gh // k_ - 1 else [])
+        breaks = enc.projector == "pixtral" and r < gh // k_ - 1
+        out += list(x[r * per_row:(r + 1) * per_row]) + ([f("v.token_embd.img_break")] if breaks else [])
     return np.array(out)
 
 
@@ -1104,6 +1106,41 @@ def test_bad_pixtral_files(tmp_path):
     odd_heads = synth.write_mmproj(tmp_path / "heads.gguf", projector="pixtral", n_embd=48, n_head=8)   # 6 a head
     with pytest.raises(ModelFileError, match="not a multiple of 4"):
         VisionEncoder(odd_heads)
+
+
+def test_lightonocr_encoder_sizes_and_layout(tmp_path):
+    """LightOnOCR's: Pixtral's encoder and merge without break rows; the image scaled (up or
+    down) so its longer side is preproc_image_size, each side rounded up to the merged patch
+    in float32 as mtmd computes it (300 x 200 to 320: 320.00003 wide, so 11 patches of 32);
+    its rows between <|im_start|> and <|im_end|>."""
+    from pyllm.vision import longest_edge_size
+    mm = synth.write_mmproj(tmp_path / "mm.gguf", n_out=256, qtype=QT.F32, projector="lightonocr", image_size=1024,
+                            patch=8, merge=2, longest_edge=96)
+    enc = VisionEncoder(mm, n_threads=3)
+    px = np.random.default_rng(23).uniform(-1, 1, (3, 32, 48))
+    want, got = slow_pixtral_encode(enc, px), enc.encode_pixels(px)
+    assert got.shape == (2 * 3, 256) == want.shape                  # no break rows
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.abs(want).max())
+    assert longest_edge_size(640, 480, 32, 320) == (320, 256) and longest_edge_size(100, 50, 32, 320) == (320, 160)
+    assert longest_edge_size(300, 200, 32, 320) == (352, 224)       # mtmd's float32 rounding, as it runs
+    assert longest_edge_size(640, 480, 32, 320, max_pixels=20 * 32 * 32) == (160, 96)     # 15 rows: floored
+    assert enc.plan(150, 100).whole == (96, 64) and enc.describe()["image_tokens"].startswith("up to 36 (the image ")
+    lm = synth.write_qwen3(tmp_path / "lm.gguf", QT.F32, n_vocab=512, image_tokens="chatml")
+    m = Model(lm, mmproj=mm, n_ctx=512)
+    img = picture(24, (100, 150, 3))                                 # 150 x 100 -> 96 x 64: 6 x 4 rows
+    ids = m.media_prompt("look <__media__> now", [img])
+    rows = [t for t in ids if t < 0]
+    assert len(rows) == 24
+    assert ids == m.tokenize("look <|im_start|>", special=True) + rows + \
+        m.tokenize("<|im_end|> now", special=True, add_bos=False)
+    assert_prompt_matches_the_reference(m, lm, mm, img)
+    m.close()
+    fewer = VisionEncoder(mm, max_tokens=6)                          # --image-max-tokens alone bounds it
+    assert fewer.plan(150, 100).whole == (48, 32) and fewer.rows_of(48, 32) == 6
+    with pytest.raises(InvalidArgumentError, match="at least 9 and at most 6 rows"):
+        VisionEncoder(mm, min_tokens=9, max_tokens=6)
+    enc.close()
+    fewer.close()
 
 
 @pytest.mark.parametrize("projector,tensor", [("qwen3vl_merger", "v.deepstack.0.fc2.weight"),
