@@ -310,7 +310,7 @@ class AudioEncoder(Tower):
             self.check_shape("v.boi", (self.n_out,))
             self.check_shape("v.eoi", (self.n_out,))
         self.begin, self.end = MARKERS[self.projector]
-        self.layers = [self._layer(i) for i in range(self.n_layer)]
+        self.layers = self._layers()
 
     def mlp_width(self, n_mid: int) -> int:
         """The width between the projector's two matrices (Ultravox's SwiGLU halves the first's)."""

@@ -117,6 +117,13 @@ class Tower:
             self.check_shape(bias, (shape[-1],))
         return name + ".weight", bias if self.mf.has_tensor(bias) else None
 
+    def _layers(self) -> list[EncoderLayer]:
+        """The n_layer layers, all gated or none (their work buffers are shared)."""
+        layers = [self._layer(i) for i in range(self.n_layer)]
+        if len({L.gate is None for L in layers}) > 1:
+            raise ModelFileError(f"{self.path}: some layers have an ffn_gate and some do not; the file is corrupt")
+        return layers
+
     def _layer(self, i: int) -> EncoderLayer:
         p, n, f = f"{self.prefix}.blk.{i}.", self.n_embd, self.n_ff
         up, down = p + "ffn_up", p + "ffn_down"

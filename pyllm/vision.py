@@ -330,7 +330,7 @@ class VisionEncoder(Tower):
         if self.image_size > 4096 or self.longest_edge > 16384:   # a picture of gigabytes: a corrupt file
             raise ModelFileError(f"{self.path}: an image size of {self.image_size} (scaled to "
                                  f"{self.longest_edge}) is beyond any projector's; the file is corrupt")
-        self.layers = [self._layer(i) for i in range(self.n_layer)]
+        self.layers = self._layers()
 
     def _read_gemma4_unified(self) -> None:
         """Gemma 4 Unified's embedder (gemma4_unified_rows): no layers; patches of patch_size x k

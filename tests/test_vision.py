@@ -1103,6 +1103,9 @@ def test_bad_pixtral_files(tmp_path):
     no_break = synth.write_mmproj(tmp_path / "nobreak.gguf", projector="pixtral", drop_tensor="v.token_embd.img_break")
     with pytest.raises(ModelFileError, match="img_break is missing"):
         VisionEncoder(no_break)
+    half_gated = synth.write_mmproj(tmp_path / "gate.gguf", projector="pixtral", drop_tensor="v.blk.0.ffn_gate.weight")
+    with pytest.raises(ModelFileError, match="some layers have an ffn_gate and some do not"):
+        VisionEncoder(half_gated)
     odd_heads = synth.write_mmproj(tmp_path / "heads.gguf", projector="pixtral", n_embd=48, n_head=8)   # 6 a head
     with pytest.raises(ModelFileError, match="not a multiple of 4"):
         VisionEncoder(odd_heads)
