@@ -253,6 +253,7 @@ def main() -> None:
                 ("pixtral F32", QT.F32, QT.F32, "pixtral"), ("pixtral merge=1", QT.F32, QT.F32, "pixtral1"),
                 ("pixtral F16", QT.F16, QT.F16, "pixtral"),
                 ("lightonocr F32", QT.F32, QT.F32, "lightonocr"), ("lightonocr F16", QT.F16, QT.F16, "lightonocr"),
+                ("paddleocr F32", QT.F32, QT.F32, "paddleocr"), ("paddleocr F16", QT.F16, QT.F16, "paddleocr"),
                 ("qwen2.5vl F32", QT.F32, QT.F32, "qwen2.5vl_merger"),
                 ("qwen2.5vl F16", QT.F16, QT.F16, "qwen2.5vl_merger"),
                 ("qwen2vl F32", QT.F32, QT.F32, "qwen2vl_merger"),
@@ -272,7 +273,7 @@ def main() -> None:
                 ("gemma4 max 100 rows", QT.F32, QT.F32, "gemma4v")):
             if only and not label.startswith(only):
                 continue
-            pictures = lfm2_images if kind in ("lfm2", "pixtral", "pixtral1", "lightonocr") or kind.startswith(("qwen", "gemma4",
+            pictures = lfm2_images if kind in ("lfm2", "pixtral", "pixtral1", "lightonocr", "paddleocr") or kind.startswith(("qwen", "gemma4",
                                                                                                   "internvl")) \
                 else images
             if kind == "qwen3vl_merger":    # Qwen 3 VL's: a qwen3vl model (interleaved M-RoPE, DeepStack of 2)
@@ -306,6 +307,11 @@ def main() -> None:
                 lm = synth.write_qwen3(t / f"lm-{label}.gguf", lm_type, n_vocab=512, image_tokens="chatml")
                 mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type, projector="lightonocr",
                                         image_size=1024, patch=16, merge=2, longest_edge=320)
+            elif kind == "paddleocr":    # PaddleOCR-VL's: its ERNIE model with M-RoPE; positions of 6 x 6 resized
+                lm = synth.write_paddleocr(t / f"lm-{label}.gguf", lm_type, n_vocab=512, image_tokens="paddleocr")
+                mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type, projector="paddleocr",
+                                        image_size=84, patch=14, keys={"image_min_pixels": 8 * 28 * 28,
+                                                                       "image_max_pixels": 1024 * 28 * 28})
             elif kind == "lfm2":    # LFM2-VL's: an lfm2 model with its image tokens; a projector of 16-pixel patches
                 lm = synth.write_lfm2(t / f"lm-{label}.gguf", lm_type, n_vocab=512, image_tokens="lfm2")
                 mm = synth.write_mmproj(t / f"mm-{label}.gguf", n_out=256, qtype=proj_type, projector="lfm2",

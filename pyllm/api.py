@@ -254,16 +254,16 @@ class Model:
         becomes min_tokens..max_tokens rows where the projector sizes it (None: its own limits)."""
         self.vision = VisionEncoder(path, n_threads=self.n_threads, min_tokens=min_tokens, max_tokens=max_tokens)
         sections = getattr(self.arch, "rope_sections", ())
-        if self.vision.qwen and not sections:
-            raise UnsupportedModelError(f"{path}: Qwen VL's images take M-RoPE positions, which {self.arch.name} "
-                                        f"models do not have: use the projector of this model")
+        if self.vision.mrope and not sections:
+            raise UnsupportedModelError(f"{path}: {self.vision.projector}'s images take M-RoPE positions, which "
+                                        f"{self.arch.name} models do not have: use the projector of this model")
         width = self.arch.hp.n_embd * (1 + self.arch.deepstack)   # DeepStack's slices ride along (Qwen 3 VL)
         if self.vision.n_out != width:
             raise InvalidArgumentError(f"{path} makes image rows of {self.vision.n_out} values; {self.path.name}'s "
                                        f"are {width}: the projector belongs to another model")
         self._template = None     # a file without a template: LLaVA's projector picks Vicuna's
         self.engine.media_bidirectional = self.vision.bidirectional_for(self.arch.hp.n_embd)
-        self.engine.mrope = bool(sections) and self.vision.qwen
+        self.engine.mrope = bool(sections) and self.vision.mrope
 
     def _deepstack_slices(self, rows: np.ndarray) -> np.ndarray:
         """A sound's rows as a DeepStack model (Qwen3-Omni) takes media rows: with its slices, zero

@@ -20,6 +20,10 @@ model reads in place of tokens.
     projector "lightonocr" (LightOnOCR): Pixtral's encoder and projector, no [IMG_BREAK] rows; the
         image scaled so its longer side is preproc_image_size (up or down), between <|im_start|>
         and <|im_end|> (mtmd's)
+    projector "paddleocr" (PaddleOCR-VL): SigLIP's encoder (layer norms, GELU) with learned positions
+        resized to the image (bilinear, antialiased) and the 2D RoPE of Qwen's on q and k (row,
+        then column, by halves of each head); x = layernorm(x), then 2 x 2 patches side by side;
+        rows = W2 gelu(W1 x + b1) + b2 (exact GELU, transformers' nn.GELU), M-RoPE positions as Qwen's
     projector "qwen2vl_merger" / "qwen2.5vl_merger": the two patch kernels of Qwen's temporal
         patch summed (a still image is both frames), a 2D RoPE on q and k (row, then column, by
         halves of each head); 2.5: RMS norms, a gated SiLU FFN, and attention within windows of
@@ -90,8 +94,8 @@ from .model_file import ModelFile
 
 log = logging.getLogger("pyllm")
 
-PROJECTORS = ("gemma3", "gemma4uv", "gemma4v", "idefics3", "internvl", "lfm2", "lightonocr", "mlp", "pixtral",
-              "qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
+PROJECTORS = ("gemma3", "gemma4uv", "gemma4v", "idefics3", "internvl", "lfm2", "lightonocr", "mlp", "paddleocr",
+              "pixtral", "qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
 PIXTRAL = ("pixtral", "lightonocr")   # Pixtral's encoder and projector (LightOnOCR's without [IMG_BREAK] rows)
 QWEN = ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
 GEMMA4 = ("gemma4v", "gemma4uv")     # Gemma 4's encoder, and Gemma 4 Unified's encoder-free embedder
@@ -163,7 +167,7 @@ class VisionEncoder(Tower):
             raise UnsupportedModelError(f"{self.path}: projector type {self.projector!r} is not supported yet "
                                         f"(supported: {', '.join(PROJECTORS)}: Gemma 3's, SmolVLM's, LFM2-VL's, "
                                         f"InternVL's, LLaVA 1.5's, Pixtral's / Mistral Small's, Qwen 2 / 2.5 / 3 "
-                                        f"VL's, Qwen3.5's, Gemma 4's, Gemma 4 Unified's and LightOnOCR's)")
+                                        f"VL's, Qwen3.5's, Gemma 4's, Gemma 4 Unified's, LightOnOCR's and PaddleOCR-VL's)")
         if self.projector == "gemma4uv":
             return self._read_gemma4_unified()
         self.n_embd, self.n_head = self._int("embedding_length"), self._int("attention.head_count")
@@ -175,19 +179,24 @@ class VisionEncoder(Tower):
         self.eps = float(eps)
         self.mean = self._triple("clip.vision.image_mean")
         self.std = self._triple("clip.vision.image_std")
-        if self.n_embd % self.n_head or self.image_size % self.patch:
+        # PaddleOCR-VL's image_size is its most pixels' square root: its positions' grid is the table's
+        if self.n_embd % self.n_head or (self.image_size % self.patch and self.projector != "paddleocr"):
             raise ModelFileError(f"{self.path}: {self.n_head} heads do not divide {self.n_embd}, or patches of "
                                  f"{self.patch} do not tile {self.image_size}; the file is corrupt")
         self.gelu = bool(mf.get("clip.use_gelu", False))    # else quick-gelu, x sigmoid(1.702 x)
         self.side = self.image_size // self.patch              # patches per side (of the learned positions)
+        if self.projector == "paddleocr":
+            t = mf.tensor("v.position_embd.weight") if mf.has_tensor("v.position_embd.weight") else None
+            self.side = math.isqrt(int(t.shape[-1])) if t is not None else 0
         # Gemma 3 pools 4 x 4 patches into a row; Idefics3 (SmolVLM), LFM2 and Qwen stack s x s patches'
         # rows; Pixtral unfolds s x s patches (1: none, the original Pixtral)
         self.qwen = self.projector in QWEN
+        self.mrope = self.qwen or self.projector == "paddleocr"    # rows at M-RoPE positions of their grid
         self.merge = 1 if self.projector == "mlp" else \
             self._int("spatial_merge_size", 1 if self.projector in PIXTRAL else 2) \
             if self.projector in PIXTRAL or self.qwen else \
             self._int("projector.scale_factor", {"gemma3": 4, "gemma4v": 3}.get(self.projector, 2))
-        if self.side % self.merge and self.projector != "gemma4v":   # Gemma 4's image_size is unused
+        if self.side % self.merge and self.projector not in ("gemma4v", "paddleocr"):   # resized or unused
             raise ModelFileError(f"{self.path}: a merge of {self.merge} does not divide {self.side} patches")
         self.n_tokens = (self.side // self.merge) ** 2        # rows per tile of image_size
         self.check_shape("v.patch_embd.weight", (self.patch, self.patch, 3, self.n_embd))
@@ -290,6 +299,22 @@ class VisionEncoder(Tower):
                                      f"beyond LFM2's; the file is corrupt")
             self.pixel_budget = tuple(r * self.align ** 2 for r in LFM2_ROWS)
             self.longest_edge = LFM2_TILE
+        elif self.projector == "paddleocr":   # the image at its own shape between <|IMAGE_START|> and <|IMAGE_END|>
+            self.bidirectional = False
+            if (self.n_embd // self.n_head) % 4 or self.align > 64 or self.merge != 2 or not self.side:
+                raise ModelFileError(f"{self.path}: heads of {self.n_embd // self.n_head} (not a multiple of 4), "
+                                     f"patches of {self.patch}, a merge of {self.merge} (not 2) or a table of "
+                                     f"{self.side} positions a side are beyond PaddleOCR-VL's; the file is corrupt")
+            n_mid = self._projection("mm.1.weight", self.n_embd * 4, inputs_first=True)
+            self.n_out = self._projection("mm.2.weight", n_mid, inputs_first=True)
+            self.mlp = (self._pair("mm.1", (self.n_embd * 4, n_mid)), self._pair("mm.2", (n_mid, self.n_out)))
+            self.input_norm = self._pair("mm.input_norm", (self.n_embd,))
+            lo, hi = self._int("image_min_pixels"), self._int("image_max_pixels")
+            if lo > hi or hi > 1 << 26:
+                raise ModelFileError(f"{self.path}: images of {lo} to {hi} pixels are beyond PaddleOCR-VL's; the "
+                                     f"file is corrupt")
+            self.pixel_budget = (lo, hi)
+            self.longest_edge = 0
         elif self.qwen:   # Qwen 2 / 2.5 VL: the image at its own shape between <|vision_start|> and <|vision_end|>
             self.bidirectional = False
             if (self.n_embd // self.n_head) % 4 or self.align > 64 or self.merge != 2:
@@ -505,7 +530,7 @@ class VisionEncoder(Tower):
     def mrope_grid(self, width: int, height: int) -> Optional[tuple]:
         """(cols, rows) of the rows an image of width x height pixels becomes, for M-RoPE
         positions (Qwen's), else None."""
-        if not self.qwen:
+        if not self.mrope:
             return None
         w, h = self.plan(width, height).whole
         return w // self.align, h // self.align
@@ -533,7 +558,7 @@ class VisionEncoder(Tower):
             whole = longest_edge_size(width, height, self.align, self.longest_edge, *self.pixel_budget)
             return ImagePlan(0, 0, whole, whole)
         whole = smart_resize(width, height, self.align, *self.pixel_budget)
-        if self.projector == "pixtral" or self.projector in GEMMA4 or self.qwen:
+        if self.projector in ("pixtral", "paddleocr") + GEMMA4 or self.qwen:
             return ImagePlan(0, 0, whole, whole)
         if not lfm2_tiles(width, height, self.patch, self.align, self.pixel_budget[1]):
             return ImagePlan(0, 0, (LFM2_TILE, LFM2_TILE), whole)
@@ -571,7 +596,7 @@ class VisionEncoder(Tower):
             return cut(grid, plan) + [np.asarray(resample(img, S, S, bicubic=True))]
         if self.projector == "mlp":
             return [np.asarray(fit(img, S, S, bicubic=True, pad=LLAVA_PAD))]
-        if self.projector in PIXTRAL + GEMMA4 or self.qwen:    # mtmd's dynamic size: bicubic
+        if self.projector in PIXTRAL + GEMMA4 + ("paddleocr",) or self.qwen:    # mtmd's dynamic size: bicubic
             return [np.asarray(fit(img, *plan.whole, bicubic=True))]
         if self.projector == "lfm2":
             tw, th = plan.tile
@@ -593,6 +618,8 @@ class VisionEncoder(Tower):
             return [ids, "[IMG_END]"]
         if self.projector == "lightonocr":
             return ["<|im_start|>", ids, "<|im_end|>"]
+        if self.projector == "paddleocr":
+            return ["<|IMAGE_START|>", ids, "<|IMAGE_END|>"]
         if self.projector in GEMMA4:
             return ["<|image>", ids, "<image|>"]
         if self.projector == "mlp":
@@ -626,7 +653,7 @@ class VisionEncoder(Tower):
         inputs = [pixels] if isinstance(pixels, np.ndarray) and pixels.ndim == 3 else list(pixels)
         S, a = self.image_size, self.align
         for x in inputs:
-            any_shape = self.projector in ("lfm2",) + PIXTRAL + GEMMA4 or self.qwen
+            any_shape = self.projector in ("lfm2", "paddleocr") + PIXTRAL + GEMMA4 or self.qwen
             fits = x.shape[-2] % a == 0 and x.shape[-1] % a == 0 and x.shape[-2] > 0 and x.shape[-1] > 0 \
                 if any_shape else x.shape[-2:] == (S, S)
             if x.ndim != 3 or x.shape[0] != 3 or not fits:
@@ -712,6 +739,8 @@ class VisionEncoder(Tower):
         elif self.qwen:
             cos, sin = rope_2d(gh, gw, n // self.n_head, PIXTRAL_ROPE_BASE, interleave=False)
             rope = (cos[order], sin[order], "halves")
+        elif self.projector == "paddleocr":   # Qwen's 2D RoPE, the patches in raster order
+            rope = rope_2d(gh, gw, n // self.n_head, PIXTRAL_ROPE_BASE, interleave=False) + ("halves",)
         elif self.projector == "gemma4v":   # the column in the first half of the head, the row in the second
             cos, sin = rope_2d(gh, gw, n // self.n_head, GEMMA4_ROPE_BASE, interleave=False)
             q = cos.shape[1] // 2
@@ -781,6 +810,9 @@ class VisionEncoder(Tower):
                 x = (x - self.floats("v.std_bias")) * self.floats("v.std_scale")
             x = np.ascontiguousarray(x / np.sqrt((x * x).mean(axis=1, keepdims=True) + self.eps), dtype=np.float32)
             return self.linear(x, ("mm.input_projection.weight", None))
+        if self.projector == "paddleocr":    # each patch's row normed, then 2 x 2 side by side
+            x = self.side_by_side(self.norm(np.ascontiguousarray(x), self.input_norm, eps=1e-5), rows, cols)
+            return self.linear(self.activation(self.linear(x, self.mlp[0]), gelu="erf"), self.mlp[1])
         x = self.side_by_side(x, rows, cols)
         if self.projector == "idefics3":
             return np.ascontiguousarray(x @ self.floats("mm.model.fc.weight").T, dtype=np.float32)

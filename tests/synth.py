@@ -177,6 +177,7 @@ PIXTRAL_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
 # Qwen 2 / 2.5 VL's
 QWEN_VL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
 CHATML_TOKENS = ["<|im_start|>", "<|im_end|>"]     # LightOnOCR's image markers
+PADDLEOCR_TOKENS = ["<|IMAGE_START|>", "<|IMAGE_END|>"]
 GEMMA4_TOKENS = ["<|image>", "<image|>", "<|audio>", "<audio|>"]
 INTERNVL_TOKENS = ["<img>", "</img>", "<IMG_CONTEXT>"]
 # a sound's markers: Qwen2-Audio's, Voxtral's, Audio Flamingo's and Qwen3-ASR's
@@ -188,12 +189,13 @@ def small_vocab(w: gguf.GGUFWriter, n_vocab: int = 512, image_tokens: bool | str
     """A made-up byte-level BPE vocabulary (enough to load; tests feed ids). image_tokens:
     the last ids are SmolVLM's image tokens, with "\n\n" merged into one ("lfm2": LFM2-VL's;
     "pixtral": Pixtral's; "qwen": Qwen 2 / 2.5 VL's; "gemma4": Gemma 4's; "internvl": InternVL's;
-    "audio": Qwen2-Audio's and Voxtral's sound markers; "chatml": <|im_start|> and <|im_end|>)."""
+    "audio": Qwen2-Audio's and Voxtral's sound markers; "chatml": <|im_start|> and <|im_end|>; "paddleocr": PaddleOCR-VL's)."""
     byte_chars = [chr(c) for c in range(33, 127)] + [chr(c) for c in range(161, 173)] + \
                  [chr(c) for c in range(174, 256)] + [chr(256 + i) for i in range(68)]
     words = ["to", "tok"] + (["\u010a\u010a"] if image_tokens else [])
     special = {"lfm2": LFM2_TOKENS, "pixtral": PIXTRAL_TOKENS, "qwen": QWEN_VL_TOKENS,
                "gemma4": GEMMA4_TOKENS, "internvl": INTERNVL_TOKENS, "chatml": CHATML_TOKENS,
+               "paddleocr": PADDLEOCR_TOKENS,
                "audio": AUDIO_TOKENS}.get(image_tokens, IDEFICS3_TOKENS) \
         if image_tokens else []
     tokens = byte_chars + words + [f"tok{i}" for i in range(n_vocab - len(byte_chars) - len(words) - len(special))]
@@ -1054,6 +1056,13 @@ def write_qwen2vl(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_model(path, "qwen2vl", qtype, qkv_bias=True, rope_base=1e6, keys=keys, **kw)
 
 
+def write_paddleocr(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """PaddleOCR-VL's language model: ERNIE 4.5 with M-RoPE sections of 8, 12, 12 pairs and q, k
+    and v biases (llama.cpp reads them as optional)."""
+    keys = {"rope_dimension_sections": [8, 12, 12, 0], **kw.pop("keys", {})}
+    return write_model(path, "paddleocr", qtype, qkv_bias=True, rope_base=5e5, keys=keys, **kw)
+
+
 def write_qwen3vl(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     """Qwen 3 VL's language model: Qwen 3 (heads of 128) with interleaved M-RoPE sections 24, 20, 20."""
     keys = {"rope_dimension_sections": [24, 20, 20, 0], **kw.pop("keys", {})}
@@ -1500,6 +1509,7 @@ WRITERS = {"llama": write_llama, "bert": write_bert, "nomic-bert": write_nomic_b
            "arcee": write_arcee, "gptneox": write_gptneox, "falcon": write_falcon,
            "lfm2": write_lfm2, "lfm2moe": write_lfm2moe, "mistral3": write_mistral3, "ernie4_5-moe": write_ernie4_5_moe,
            "gpt2": write_gpt2, "starcoder": write_starcoder, "qwen2vl": write_qwen2vl, "qwen3vl": write_qwen3vl,
+           "paddleocr": write_paddleocr,
            "deepseek2": write_deepseek2, "glm4moe": write_glm4moe, "bailingmoe2": write_bailingmoe2,
            "hunyuan-dense": write_hunyuan_dense, "llama4": write_llama4, "smallthinker": write_smallthinker,
            "dots1": write_dots1, "afmoe": write_afmoe, "qwen3vlmoe": write_qwen3vlmoe,
@@ -1720,7 +1730,10 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
     positions a grid of image_size / patch a side, resized to each image's); "pixtral":
     Pixtral's (RMS norms, no biases, no learned positions, a gated SiLU FFN; merge x merge
     patches unfolded and merged when merge > 1, an RMS norm and a two-layer MLP, the
-    [IMG_BREAK] row; "lightonocr": the same without it); "qwen2vl_merger" / "qwen2.5vl_merger": Qwen 2 / 2.5 VL's (two patch
+    [IMG_BREAK] row; "lightonocr": the same without it); "paddleocr": PaddleOCR-VL's (SigLIP's
+    layers, the learned positions a grid of image_size / patch a side, resized to each image's; each
+    patch's row layer-normed, 2 x 2 side by side through a two-layer GELU MLP; its sizes from the
+    image_min_pixels / image_max_pixels keys); "qwen2vl_merger" / "qwen2.5vl_merger": Qwen 2 / 2.5 VL's (two patch
     kernels, a 2D RoPE; 2.5: RMS norms, a gated SiLU FFN, windows of attention but every
     n_wa_pattern-th layer; 2 x 2 patches side by side through a two-layer GELU MLP);
     "qwen3vl_merger": Qwen 3 VL's (Qwen 2's with a patch bias, learned positions resized to each
@@ -1885,6 +1898,13 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
             add("mm.4.bias", rng.normal(0, 0.1, n_out))
         if "image_grid_pinpoints" in (keys or {}):     # LLaVA 1.6's newline row, named as its converter names it
             add("model.image_newline", rng.normal(0, 1.0, n_out))
+    elif projector == "paddleocr":   # each patch's row layer-normed, 2 x 2 side by side: Linear, GELU, Linear
+        add("mm.input_norm.weight", 1 + rng.normal(0, 0.1, n_embd))
+        add("mm.input_norm.bias", rng.normal(0, 0.1, n_embd))
+        add("mm.1.weight", mat(n_embd * 4, n_mid, 1.0), qtype)
+        add("mm.1.bias", rng.normal(0, 0.1, n_mid))
+        add("mm.2.weight", mat(n_mid, n_out, 1.0), qtype)
+        add("mm.2.bias", rng.normal(0, 0.1, n_out))
     elif pixtral:                 # RMS norm, the unfolded patches merged, Linear, GELU, Linear; the break row
         if merge > 1:             # Mistral Small's; the original Pixtral has neither
             add("mm.input_norm.weight", 1 + rng.normal(0, 0.1, n_embd))

@@ -98,6 +98,7 @@ FAMILIES = {
     "gpt2": (synth.write_gpt2, {}),                          # learned positions, no RoPE
     "starcoder": (synth.write_starcoder, {}),
     "qwen2vl": (synth.write_qwen2vl, {}),                    # text through M-RoPE: NEOX
+    "paddleocr": (synth.write_paddleocr, {}),                # ERNIE 4.5 with M-RoPE
     "qwen3vl": (synth.write_qwen3vl, {}),
     "gpt-oss": (synth.write_gpt_oss, {}),                    # sinks, biased experts, swiglu_oai, window 8
     "gpt-oss-yarn": (synth.write_gpt_oss, {"keys": {"rope_scaling_type": rope_type("YARN"),
@@ -852,7 +853,7 @@ def test_family_errors(tmp_path):
     with pytest.raises(UnsupportedModelError, match="phi3 with experts .phi3.expert_count = 4. is not supported"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="bloom")
-    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*afmoe, apertus, arcee, bailingmoe2, bert, cohere2, command-r, deepseek2, dots1, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, falcon-h1, gemma, gemma-embedding, gemma2, gemma3, gemma3n, gemma4, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitehybrid, granitemoe, hunyuan-dense, hunyuan-moe, lfm2, lfm2moe, llama, llama4, mamba2, minimax-m2, mistral3, nemotron, nemotron_h, nemotron_h_moe, nomic-bert, olmo2, olmoe, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen35, qwen35moe, qwen3moe, qwen3next, qwen3vl, qwen3vlmoe, seed_oss, smallthinker, smollm3, stablelm, starcoder, starcoder2"):
+    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*afmoe, apertus, arcee, bailingmoe2, bert, cohere2, command-r, deepseek2, dots1, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, falcon-h1, gemma, gemma-embedding, gemma2, gemma3, gemma3n, gemma4, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitehybrid, granitemoe, hunyuan-dense, hunyuan-moe, lfm2, lfm2moe, llama, llama4, mamba2, minimax-m2, mistral3, nemotron, nemotron_h, nemotron_h_moe, nomic-bert, olmo2, olmoe, paddleocr, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen35, qwen35moe, qwen3moe, qwen3next, qwen3vl, qwen3vlmoe, seed_oss, smallthinker, smollm3, stablelm, starcoder, starcoder2"):
         load_architecture(ModelFile(p))
 
 

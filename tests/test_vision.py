@@ -58,6 +58,11 @@ def gelu(u):
     return 0.5 * u * (1 + np.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u ** 3)))
 
 
+def gelu_erf(u):
+    """The exact GELU, x Phi(x)."""
+    return 0.5 * u * (1 + np.vectorize(math.erf)(u / math.sqrt(2)))
+
+
 def slow_patches(enc: VisionEncoder, pixels: np.ndarray) -> np.ndarray:
     """The patch convolution, patch by patch (no positions yet): [rows * cols, n_embd]."""
     p, W = enc.patch, enc.floats("v.patch_embd.weight")          # [n, 3, p, p]
@@ -1236,13 +1241,18 @@ def slow_qwen_encode(enc: VisionEncoder, pixels: np.ndarray) -> np.ndarray:
     patch's row (first half of the pairs) or column, at 10000^(-4j/d); in Qwen 2.5 a patch of a
     windowed layer sees only the patches of its window of 4 x 4 cells of 2 x 2 patches; Qwen 3
     adds a patch bias and its learned positions resized to the image, and after each DeepStack
-    layer puts that layer's rows through their own MLP, a slice of each output row."""
+    layer puts that layer's rows through their own MLP, a slice of each output row. PaddleOCR-VL:
+    one kernel with a bias, its positions resized (antialiased), each patch's row layer-normed
+    before the 2 x 2 merge and an exact GELU between the projector's Linears."""
     f, n, H, eps = enc.floats, enc.n_embd, enc.n_head, enc.eps
     d, p = n // H, enc.patch
     gh, gw = pixels.shape[1] // p, pixels.shape[2] // p
-    W = f("v.patch_embd.weight") + f("v.patch_embd.weight.1")
+    paddle = enc.projector == "paddleocr"
+    W = f("v.patch_embd.weight") + (0 if paddle else f("v.patch_embd.weight.1"))
     x = np.array([np.einsum("ocij,cij->o", W, pixels[:, r * p:(r + 1) * p, c * p:(c + 1) * p])
                   for r in range(gh) for c in range(gw)])
+    if paddle:
+        x = x + f("v.patch_embd.bias") + slow_resize_grid(f("v.position_embd.weight"), enc.side, gh, gw)
     if enc.projector == "qwen3vl_merger":
         x = x + f("v.patch_embd.bias") + slow_corner_resize(f("v.position_embd.weight"), enc.side, gh, gw)
     stacked = []
@@ -1267,7 +1277,7 @@ def slow_qwen_encode(enc: VisionEncoder, pixels: np.ndarray) -> np.ndarray:
         return out
     for i in range(enc.n_layer):
         b = f"v.blk.{i}."
-        windowed = enc.window_every and (i + 1) % enc.window_every
+        windowed = getattr(enc, "window_every", 0) and (i + 1) % enc.window_every
         h = norm(x, b + "ln1")
         if enc.mf.has_tensor(b + "attn_qkv.weight"):
             q, k, v = np.split(lin(f, h, b + "attn_qkv"), 3, axis=1)
@@ -1295,6 +1305,8 @@ def slow_qwen_encode(enc: VisionEncoder, pixels: np.ndarray) -> np.ndarray:
             stacked.append(lin(f, gelu(lin(f, ln(f, side_by_side(x, gh, gw, 2), ds + "norm", eps), ds + "fc1")),
                                ds + "fc2"))
     x = norm(x, "v.post_ln")
+    if paddle:
+        return lin(f, gelu_erf(lin(f, side_by_side(ln(f, x, "mm.input_norm", 1e-5), gh, gw, 2), "mm.1")), "mm.2")
     return np.concatenate([lin(f, gelu(lin(f, side_by_side(x, gh, gw, 2), "mm.0")), "mm.2")] + stacked, axis=1)
 
 
@@ -1372,6 +1384,36 @@ def test_a_qwen_prompt_matches_the_reference(tmp_path):
     wide = synth.write_qwen2vl(tmp_path / "wide.gguf", keys={"rope_dimension_sections": [16, 12, 12, 0]})   # 40 > 32
     with pytest.raises(ModelFileError, match="rope.dimension_sections"):
         Model(wide)
+
+
+def test_paddleocr_encoder_sizes_and_prompt(tmp_path):
+    """PaddleOCR-VL: the encoder against the plain loops on inputs of other shapes than its
+    6 x 6 table of positions; mtmd's sizes (sides multiples of 28, the file's fewest and most
+    pixels); the rows between <|IMAGE_START|> and <|IMAGE_END|> at M-RoPE positions, then text
+    and decode steps, against the numpy reference (its ERNIE model with M-RoPE)."""
+    mm = synth.write_mmproj(tmp_path / "mm.gguf", n_out=256, qtype=QT.F32, projector="paddleocr", patch=14,
+                            image_size=84, n_embd=32, n_ff=48, n_head=4, n_layer=2,
+                            keys={"image_min_pixels": 8 * 28 * 28, "image_max_pixels": 40 * 28 * 28})
+    enc = VisionEncoder(mm, n_threads=3)
+    assert enc.side == 6 and enc.mrope and not enc.bidirectional
+    for shape in ((3, 56, 84), (3, 112, 56), (3, 84, 84)):
+        px = np.random.default_rng(shape[1]).uniform(-1, 1, shape)
+        want, got = slow_qwen_encode(enc, px), enc.encode_pixels(px)
+        assert got.shape == want.shape == (shape[1] * shape[2] // 28 ** 2, 256)
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.abs(want).max())
+    assert enc.plan(150, 100).whole == (140, 112) and enc.mrope_grid(150, 100) == (5, 4)
+    assert enc.plan(600, 400).whole == (196, 140)                      # within 40 rows: 7 x 5
+    assert enc.describe()["image_tokens"].startswith("8 to 40 ")
+    enc.close()
+    lm = synth.write_paddleocr(tmp_path / "lm.gguf", QT.F32, image_tokens="paddleocr")
+    m = Model(lm, mmproj=mm, n_ctx=512)
+    img = picture(26, (100, 150, 3))
+    assert m.vision.layout([-1], img) == ["<|IMAGE_START|>", [-1], "<|IMAGE_END|>"]
+    ids = assert_prompt_matches_the_reference(m, lm, mm, img, then=(40, 41))
+    assert m.engine.mrope and len([t for t in ids if t < 0]) == 20
+    m.close()
+    with pytest.raises(UnsupportedModelError, match="paddleocr's images take M-RoPE positions"):
+        Model(synth.write_llama(tmp_path / "llama.gguf"), mmproj=mm)
 
 
 def test_a_qwen3_prompt_matches_the_reference(tmp_path):

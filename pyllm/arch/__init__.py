@@ -12,7 +12,7 @@ from .bailingmoe2 import BailingMoe2
 from .bert import Bert, NomicBert
 from .command_r import Cohere2, CommandR
 from .deepseek2 import Deepseek2
-from .ernie4_5 import Ernie4_5, Ernie4_5Moe
+from .ernie4_5 import Ernie4_5, Ernie4_5Moe, PaddleOCR
 from .exaone import Exaone, Exaone4
 from .gemma import Gemma
 from .gemma2 import Gemma2
@@ -91,6 +91,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "gpt2": Gpt2,
     "starcoder": StarCoder,
     "qwen2vl": Qwen2VL,
+    "paddleocr": PaddleOCR,
     "qwen3vl": Qwen3VL,
     "deepseek2": Deepseek2,
     "glm4moe": Glm4Moe,

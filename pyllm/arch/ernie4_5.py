@@ -3,6 +3,8 @@ FFN, RoPE on adjacent pairs, optional q/k/v biases); llama.cpp reads no
 sliding window for it."""
 from __future__ import annotations
 
+from ..graph import ROPE_NEOX
+from .base import MRope
 from .llama import Llama
 
 
@@ -11,6 +13,14 @@ class Ernie4_5(Llama):
 
     def sliding_window(self) -> int:
         return 0
+
+
+class PaddleOCR(MRope, Ernie4_5):
+    """PaddleOCR-VL's language model (`paddleocr`, ERNIE 4.5 0.3B): ERNIE 4.5's block with
+    M-RoPE (Qwen 2 VL's: its sections one after another, the halves of each head turned), so an
+    image's rows take their row and column as positions."""
+    name = "paddleocr"
+    rope_mode = ROPE_NEOX
 
 
 class Ernie4_5Moe(Ernie4_5):
