@@ -21,7 +21,7 @@ model reads in place of tokens.
         image scaled so its longer side is preproc_image_size (up or down), between <|im_start|>
         and <|im_end|> (mtmd's)
     projector "paddleocr" (PaddleOCR-VL): SigLIP's encoder (layer norms, GELU) with learned positions
-        resized to the image (bilinear, antialiased) and the 2D RoPE of Qwen's on q and k (row,
+        resized to the image (plain bilinear, transformers'; mtmd antialiases) and the 2D RoPE of Qwen's on q and k (row,
         then column, by halves of each head); x = layernorm(x), then 2 x 2 patches side by side;
         rows = W2 gelu(W1 x + b1) + b2 (exact GELU, transformers' nn.GELU), M-RoPE positions as Qwen's
     projector "qwen2vl_merger" / "qwen2.5vl_merger": the two patch kernels of Qwen's temporal
@@ -678,13 +678,17 @@ class VisionEncoder(Tower):
     def positions(self, rows: int, cols: int) -> np.ndarray:
         """The learned position rows for a grid of rows x cols patches: the table itself when it
         is that grid, else the table resized as llama.cpp does it: LFM2's bilinear with
-        antialiasing (PyTorch's interpolate), Qwen 3's bilinear with the corners aligned.
+        antialiasing (PyTorch's interpolate), Qwen 3's bilinear with the corners aligned,
+        PaddleOCR-VL's plain bilinear (transformers'; mtmd antialiases it too).
         [rows * cols, n_embd]"""
         table = self.floats("v.position_embd.weight")
         if (rows, cols) == (self.side, self.side):
             return table
         grid = table.reshape(self.side, self.side, self.n_embd).astype(np.float64)
-        weights = corner_weights if self.qwen else resample_weights
+        # Qwen 3's corners aligned; PaddleOCR-VL's plain bilinear as transformers' (mtmd antialiases
+        # it, which a table shrunk to a small image's grid shows); LFM2's antialiased
+        weights = corner_weights if self.qwen else bilinear_weights if self.projector == "paddleocr" else \
+            resample_weights
         # separable: the table's rows resampled, then each result's columns (two matrix products;
         # einsum's three-way loop took seconds at Qwen 3 VL's 48 x 48 table)
         tall = np.tensordot(weights(self.side, rows), grid, axes=(1, 0))       # [rows, side, n]
@@ -1115,6 +1119,20 @@ def resample_weights(n_in: int, n_out: int) -> np.ndarray:
         w = np.maximum(0.0, 1.0 - np.abs((j - center + 0.5) / support))
         out[i, lo:hi] = w / w.sum()
     return out
+
+def bilinear_weights(n_in: int, n_out: int) -> np.ndarray:
+    """[n_out, n_in] weights of plain bilinear resampling (PyTorch's interpolate, align_corners
+    False, no antialiasing): output i reads the two inputs about (i + 0.5) n_in / n_out - 0.5,
+    clamped to the edges."""
+    out = np.zeros((n_out, n_in))
+    for i in range(n_out):
+        src = max((i + 0.5) * n_in / n_out - 0.5, 0.0)
+        j = min(int(src), n_in - 1)
+        frac = src - j if j < n_in - 1 else 0.0
+        out[i, j] += 1 - frac
+        out[i, min(j + 1, n_in - 1)] += frac
+    return out
+
 
 def corner_weights(n_in: int, n_out: int) -> np.ndarray:
     """[n_out, n_in] weights of bilinear resampling with the corners aligned (PyTorch's

@@ -1236,6 +1236,26 @@ def slow_corner_resize(table: np.ndarray, side: int, rows: int, cols: int) -> np
     return out.reshape(rows * cols, -1)
 
 
+def slow_plain_resize(table: np.ndarray, side: int, rows: int, cols: int) -> np.ndarray:
+    """A side x side grid of rows resized to rows x cols by plain bilinear interpolation
+    (PyTorch's, align_corners False, no antialiasing), one output at a time: output i of n
+    sits at input coordinate (i + 0.5) side / n - 0.5, clamped to the edges, between two inputs."""
+    grid = table.reshape(side, side, -1)
+
+    def taps(n_out, i):
+        x = min(max((i + 0.5) * side / n_out - 0.5, 0.0), side - 1)
+        lo = math.floor(x)
+        hi = min(lo + 1, side - 1)
+        return [(lo, 1 - (x - lo)), (hi, x - lo)]
+    out = np.zeros((rows, cols, grid.shape[2]))
+    for r in range(rows):
+        for c in range(cols):
+            for y, wy in taps(rows, r):
+                for x, wx in taps(cols, c):
+                    out[r, c] += wy * wx * grid[y, x]
+    return out.reshape(rows * cols, -1)
+
+
 def slow_qwen_encode(enc: VisionEncoder, pixels: np.ndarray) -> np.ndarray:
     """Qwen's encoder written out plainly for one input: a head's pair (i, i + d/2) turned by the
     patch's row (first half of the pairs) or column, at 10000^(-4j/d); in Qwen 2.5 a patch of a
@@ -1252,7 +1272,7 @@ def slow_qwen_encode(enc: VisionEncoder, pixels: np.ndarray) -> np.ndarray:
     x = np.array([np.einsum("ocij,cij->o", W, pixels[:, r * p:(r + 1) * p, c * p:(c + 1) * p])
                   for r in range(gh) for c in range(gw)])
     if paddle:
-        x = x + f("v.patch_embd.bias") + slow_resize_grid(f("v.position_embd.weight"), enc.side, gh, gw)
+        x = x + f("v.patch_embd.bias") + slow_plain_resize(f("v.position_embd.weight"), enc.side, gh, gw)
     if enc.projector == "qwen3vl_merger":
         x = x + f("v.patch_embd.bias") + slow_corner_resize(f("v.position_embd.weight"), enc.side, gh, gw)
     stacked = []
@@ -1396,7 +1416,7 @@ def test_paddleocr_encoder_sizes_and_prompt(tmp_path):
                             keys={"image_min_pixels": 8 * 28 * 28, "image_max_pixels": 40 * 28 * 28})
     enc = VisionEncoder(mm, n_threads=3)
     assert enc.side == 6 and enc.mrope and not enc.bidirectional
-    for shape in ((3, 56, 84), (3, 112, 56), (3, 84, 84)):
+    for shape in ((3, 56, 84), (3, 112, 56), (3, 84, 84), (3, 28, 196)):     # table shrunk, grown, kept
         px = np.random.default_rng(shape[1]).uniform(-1, 1, shape)
         want, got = slow_qwen_encode(enc, px), enc.encode_pixels(px)
         assert got.shape == want.shape == (shape[1] * shape[2] // 28 ** 2, 256)
