@@ -60,9 +60,10 @@ def info(
             if as_json:
                 sys.stdout.write(json.dumps(facts) + "\n")
             else:
+                width = max(15, max(len(k) for k in facts) + 2)    # "audio n_embd_out" and such in a file of both
                 for key, value in facts.items():
-                    print(f"{key:<15}{value}")
-                print(f"{'use':<15}beside its language model: --mmproj {path}")
+                    print(f"{key:<{width}}{value}")
+                print(f"{'use':<{width}}beside its language model: --mmproj {path}")
             return
         report = model_info(path, n_ctx=ctx_size, k_type=kv_type(cache_type_k, "--cache-type-k"),
                             v_type=kv_type(cache_type_v, "--cache-type-v"), overrides=overrides_of(override_kv))

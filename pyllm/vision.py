@@ -369,7 +369,7 @@ class VisionEncoder(Tower):
             raise ModelFileError(f"{self.path}: an epsilon of {eps!r}, patches of {self.patch} or a width of "
                                  f"{self.n_embd} is beyond Gemma 4 Unified's; the file is corrupt")
         self.eps, self.gelu, self.bidirectional, self.class_row = float(eps), True, True, False
-        self.qwen, self.deepstack = False, []
+        self.qwen, self.mrope, self.deepstack = False, False, []
         self.mean, self.std = self._triple("clip.vision.image_mean"), self._triple("clip.vision.image_std")
         n_in = 3 * self.patch * self.patch
         self.check_shape("v.patch_embd.weight", (n_in, self.n_embd))
