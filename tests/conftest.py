@@ -5,13 +5,13 @@ import signal
 
 import pytest
 
+from pyllm import registry
+
 # A run started in the background by a non-interactive shell (`make test &`) inherits Ctrl-C
 # ignored, and so would every command the tests start (Python then never raises
 # KeyboardInterrupt): the Ctrl-C tests need it delivered, so the tests' children get it back.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
-
-from pyllm import registry
 
 
 def ensure_model(name: str) -> str:
