@@ -513,11 +513,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
             add(p + "post_ffw_norm.weight", norm(n_embd))
     for name, arr in (extra_tensors or {}).items():
         add(name, (np.asarray(arr, np.float32), None))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return str(path)
+    return finish(w, path)
 
 
 def write_llama(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
@@ -979,11 +975,7 @@ def write_bert(path: str | Path, qtype: QT = QT.Q8_0, arch: str = "bert", *, n_e
         add("cls.bias", vec(n_embd))
         add("cls.output.weight", weight(head_type, n_embd, rank, rng, scale=0.5))
         add("cls.output.bias", vec(rank))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return str(path)
+    return finish(w, path)
 
 
 def write_nomic_bert(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
@@ -1349,11 +1341,7 @@ def write_gemma4(path: str | Path, qtype: QT = QT.Q8_0, *, n_embd: int = 256, n_
             add(p + "proj.weight", mat(per_layer, n_embd))
             add(p + "post_norm.weight", norm(n_embd))
         add(p + "layer_output_scale.weight", (rng.uniform(0.5, 1.0, 1).astype(np.float32), None))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return str(path)
+    return finish(w, path)
 
 
 def write_gemma3n(path: str | Path, qtype: QT = QT.Q8_0, *, n_embd: int = 256, n_head: int = 4, n_head_kv: int = 2,
@@ -1441,11 +1429,7 @@ def write_gemma3n(path: str | Path, qtype: QT = QT.Q8_0, *, n_embd: int = 256, n
         add(p + "laurel_l.weight", mat(n_embd, laurel_rank))
         add(p + "laurel_r.weight", mat(laurel_rank, n_embd))
         add(p + "laurel_post_norm.weight", norm(n_embd))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return str(path)
+    return finish(w, path)
 
 
 def gemma4_vocab(md: dict) -> dict:
@@ -1629,11 +1613,7 @@ def write_lora(path: str | Path, model_path: str | Path, targets: Optional[list[
             add(name + ".lora_b", n_out, rank, size / np.sqrt(rank))
     for name, value in (extra or {}).items():
         w.add_tensor(name, np.asarray(value, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return str(path)
+    return finish(w, path)
 
 
 def write_control_vector(path: str | Path, n_embd: int, layers, size: float = 1.0, seed: int = 0,
@@ -1647,6 +1627,11 @@ def write_control_vector(path: str | Path, n_embd: int, layers, size: float = 1.
     for n in layers:
         v = (rng.standard_normal(n_embd) * size).astype(np.float32)
         w.add_tensor(f"direction.{n}", v if qtype == QT.F32 else v.astype(np.float16), raw_dtype=qtype)
+    return finish(w, path)
+
+
+def finish(w: gguf.GGUFWriter, path: str | Path) -> str:
+    """Writes the file out (header, keys, tensors) and closes it; returns its path."""
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -1918,11 +1903,7 @@ def write_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head
     else:
         add("mm.soft_emb_norm.weight", 1 + rng.normal(0, 0.1, n_embd))
         add("mm.input_projection.weight", rng.normal(0, 1.0 / np.sqrt(n_embd), (n_embd, n_out)), QT.F16)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return str(path)
+    return finish(w, path)
 
 
 def write_audio_mmproj(path: str | Path, n_out: int = 256, *, projector: str = "qwen2a", n_embd: int = 64,
@@ -2014,11 +1995,7 @@ def write_audio_mmproj(path: str | Path, n_out: int = 256, *, projector: str = "
         if projector != "voxtral":
             add("mm.a.mlp.1.bias", rng.normal(0, 0.1, n_mid))
             add("mm.a.mlp.2.bias", rng.normal(0, 0.1, n_out))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return str(path)
+    return finish(w, path)
 
 
 def write_gemma4_audio_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head: int = 4,
@@ -2085,11 +2062,7 @@ def write_gemma4_audio_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int
     add("a.pre_encode.out.weight", rng.normal(0, 1 / np.sqrt(n_embd), (n_proj, n_embd)), qtype)
     add("a.pre_encode.out.bias", rng.normal(0, 0.1, n_proj))
     add("mm.a.input_projection.weight", rng.normal(0, 1 / np.sqrt(n_proj), (n_out, n_proj)), qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return str(path)
+    return finish(w, path)
 
 
 def write_gemma4_unified_mmproj(path: str | Path, n_out: int = 256, *, patch: int = 4, merge: int = 3,
@@ -2143,11 +2116,7 @@ def write_gemma4_unified_mmproj(path: str | Path, n_out: int = 256, *, patch: in
             w.add_uint32("clip.audio." + key, v)
         w.add_float32("clip.audio.attention.layer_norm_epsilon", 1e-6)
         add("mm.a.input_projection.weight", rng.normal(0, 1 / np.sqrt(frame), (n_out, frame)), qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return str(path)
+    return finish(w, path)
 
 
 def write_granite_speech_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head: int = 4,
@@ -2222,11 +2191,7 @@ def write_granite_speech_mmproj(path: str | Path, n_out: int = 256, *, n_embd: i
         mat(p + "ffn_down", n_query_ff or 2 * n, n)
         norm(p + "ffn_norm", n)
     mat("a.proj_linear", n, n_out)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return str(path)
+    return finish(w, path)
 
 
 def write_lfm2_audio_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int = 64, n_head: int = 4,
@@ -2284,11 +2249,7 @@ def write_lfm2_audio_mmproj(path: str | Path, n_out: int = 256, *, n_embd: int =
     mat("mm.a.mlp.3", n_mid, n_out)
     # the audio output's code embeddings land here (mtmd checks it has a row per two frames)
     add("a.position_embd.weight", np.zeros((8192, n_out)))    # mtmd reads the rows' width from it too
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return str(path)
+    return finish(w, path)
 
 
 def _conformer_writers(w: gguf.GGUFWriter, rng, qtype: QT, drop_tensor: Optional[str]):
