@@ -144,6 +144,15 @@ FAMILIES = {
     "qwen3vlmoe": ("qwen3vlmoe", {}),                # Qwen3-MoE's text through interleaved M-RoPE
     "hunyuan-moe": ("hunyuan-moe", {}),              # + softmax experts as wide as n_ff, a shared expert
     "seed_oss": ("seed_oss", {}),                    # Llama + biases, NEOX, post_attention_norm as the FFN norm
+    "minicpm": ("minicpm", {}),                      # Granite's multipliers as the converter writes them
+    # none written: llama.cpp's default logit divisor is 256 / n_embd, the configs' n_embd / 256
+    "minicpm-defaults": ("minicpm", {"scales": False, "n_embd": 512, "n_head": 8}),
+    "minicpm-longrope": ("minicpm", {"long_rope": True}),             # context 64 <= 256: short factors
+    "minicpm-longrope-ctx512": ("minicpm", {"long_rope": True}, 512),  # context 512 > 256: long factors
+    "internlm2": ("internlm2", {}),
+    "xverse": ("xverse", {}),
+    "orion": ("orion", {}),                          # LayerNorm + biases, NEOX
+    "deepseek": ("deepseek", {}),                    # softmax experts, not renormalized, x1.5; 2 shared
     "glm4moe": ("glm4moe", {}),                      # half NEOX RoPE, biases, sigmoid experts, MTP block unused
     "glm4moe-qknorm": ("glm4moe", {"qk_norm": True}),  # per-head q/k norms (GLM-4.5 355B)
     "deepseek2-yarn": ("deepseek2", {"q_lora": 256, "keys": {**YARN, "rope.scaling.yarn_log_multiplier": 0.0707}}),

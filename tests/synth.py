@@ -8,7 +8,9 @@ quantized one).
 """
 from __future__ import annotations
 
+import functools
 import json
+import math
 import struct
 from pathlib import Path
 from typing import Optional
@@ -1200,6 +1202,37 @@ def write_seed_oss(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_model(path, "seed_oss", qtype, qkv_bias=True, ffn_norm="post_attention_norm", rope_base=1e7, **kw)
 
 
+def write_minicpm(path: str | Path, qtype: QT = QT.Q8_0, scales: bool = True, long_rope: bool = False, **kw) -> str:
+    """MiniCPM: Llama's layout with the multipliers the converter writes (scales=False: none,
+    as files from before it; the family's defaults apply); long_rope: MiniCPM 4's LongRoPE
+    factors over an original context of 256."""
+    keys = {"embedding_scale": 12.0, "residual_scale": 1.4 / math.sqrt(kw.get("n_layer", 2)),
+            "logit_scale": kw.get("n_embd", 256) / 64} if scales else {}
+    if long_rope:
+        keys.update(rope_scaling_type=gguf.RopeScalingType.LONGROPE, rope_scaling_orig_ctx_len=256)
+    keys.update(kw.pop("keys", {}))
+    kw.setdefault("tied", True)
+    return write_model(path, "minicpm", qtype, rope_factors=long_rope, keys=keys, **kw)
+
+
+def write_orion(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """Orion: LayerNorm with biases, NEOX RoPE over whole heads, no q/k/v biases, untied output."""
+    return write_model(path, "orion", qtype, layer_norm=True, **kw)
+
+
+def write_deepseek(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """DeepSeek-MoE: Llama's attention; layer 0 dense (768), then 16 experts of 256 (4 chosen by
+    the softmax, not renormalized, times 1.5) and 2 shared experts (one FFN 512 wide)."""
+    kw.setdefault("experts", 16)
+    kw.setdefault("experts_used", 4)
+    kw.setdefault("n_ff_exp", 256)
+    kw.setdefault("dense_layers", (0,))
+    kw.setdefault("n_ff", 768)
+    keys = {"leading_dense_block_count": 1, "expert_shared_count": 2, "expert_weights_scale": 1.5,
+            **kw.pop("keys", {})}
+    return write_model(path, "deepseek", qtype, shared_expert=2 * kw["n_ff_exp"], keys=keys, **kw)
+
+
 def write_glm4moe(path: str | Path, qtype: QT = QT.Q8_0, nextn: bool = True, **kw) -> str:
     """GLM-4.5: q/k/v biases, NEOX RoPE on half of each head, the FFN's norm named
     post_attention_norm; layer 0 dense (768), then 16 experts of 256 (4 chosen by sigmoid +
@@ -1498,7 +1531,10 @@ WRITERS = {"llama": write_llama, "bert": write_bert, "nomic-bert": write_nomic_b
            "hunyuan-dense": write_hunyuan_dense, "llama4": write_llama4, "smallthinker": write_smallthinker,
            "dots1": write_dots1, "afmoe": write_afmoe, "qwen3vlmoe": write_qwen3vlmoe,
            "hunyuan-moe": write_hunyuan_moe, "seed_oss": write_seed_oss,
-           "minimax-m2": write_minimax_m2, "apertus": write_apertus}
+           "minimax-m2": write_minimax_m2, "apertus": write_apertus,
+           "minicpm": write_minicpm, "orion": write_orion, "deepseek": write_deepseek,
+           "internlm2": functools.partial(write_llama, arch="internlm2"),
+           "xverse": functools.partial(write_llama, arch="xverse")}
 
 
 def _gguf_string(x: str) -> bytes:

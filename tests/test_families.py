@@ -10,6 +10,7 @@ llama.cpp's own quantizer, agree with llama.cpp to the same figures
 (benchmarks/compare_families.py; the table is in the families report).
 """
 import math
+import re
 
 import numpy as np
 import pytest
@@ -114,6 +115,13 @@ FAMILIES = {
     "qwen3vlmoe": (synth.write_qwen3vlmoe, {}),
     "hunyuan-moe": (synth.write_hunyuan_moe, {}),
     "seed_oss": (synth.write_seed_oss, {}),
+    "minicpm": (synth.write_minicpm, {}),                     # Granite's multipliers as the converter writes them
+    "minicpm-defaults": (synth.write_minicpm, {"scales": False}),   # none in the file: the configs' values
+    "minicpm-longrope": (synth.write_minicpm, {"long_rope": True}),
+    "internlm2": (synth.WRITERS["internlm2"], {}),
+    "xverse": (synth.WRITERS["xverse"], {}),
+    "orion": (synth.write_orion, {}),                         # LayerNorm + biases, NEOX
+    "deepseek": (synth.write_deepseek, {}),                   # softmax experts not renormalized, 2 shared
     "glm4moe": (synth.write_glm4moe, {}),                    # NEOX half RoPE, sigmoid experts; MTP block not run
     "glm4moe-qknorm": (synth.write_glm4moe, {"qk_norm": True}),
     "deepseek2": (synth.write_deepseek2, {}),                # MLA, q from attn_q (Lite); softmax experts, shared
@@ -480,6 +488,38 @@ def test_granite_multipliers(tmp_path):
         load_architecture(ModelFile(synth.write_granite(tmp_path / "n.gguf", QT.F32, logit_scale=None)))
     with pytest.raises(ModelFileError, match="logit_scale = 0.0 is not positive"):
         load_architecture(ModelFile(synth.write_granite(tmp_path / "z.gguf", QT.F32, logit_scale=0.0)))
+
+
+def test_minicpm_multipliers_and_long_rope(tmp_path):
+    """MiniCPM: the converter's multipliers from the file; without them the released configs'
+    (12, 1.4 / sqrt(n_layer), logits divided by n_embd / 256); RoPE always on, the softmax
+    scale 1/sqrt(head_dim); LongRoPE's long factors past the original context of 256."""
+    m = load_architecture(ModelFile(synth.write_minicpm(tmp_path / "m.gguf", QT.F32, n_layer=4)))
+    assert (m.embed_scale, m.residual_scale, m.logit_scale) == (12.0, pytest.approx(0.7), pytest.approx(0.25))
+    assert m.attn_scale == 1 / 8 and m.layer_rope(0).n_rot == 64 and m.rope_mode == ROPE_NORM
+    bare = load_architecture(ModelFile(synth.write_minicpm(tmp_path / "b.gguf", QT.F32, n_layer=4, scales=False)))
+    assert (bare.embed_scale, bare.residual_scale, bare.logit_scale) == (12.0, pytest.approx(0.7), 1.0)
+    path = synth.write_minicpm(tmp_path / "l.gguf", QT.F32, long_rope=True)
+    mf = ModelFile(path)
+    short = mf.tensor("rope_factors_short.weight").data.view(np.float32)
+    long = mf.tensor("rope_factors_long.weight").data.view(np.float32)
+    for n_ctx, want in ((None, short), (256, short), (257, long)):
+        np.testing.assert_array_equal(load_architecture(mf, n_ctx=n_ctx).layer_rope(1).factors, want)
+    _, out, ref = run_both(path, n_ctx=4096)
+    assert compare(out, ref)[0] < 1e-3
+    with pytest.raises(ModelFileError, match="minicpm's multipliers"):
+        load_architecture(ModelFile(synth.write_minicpm(tmp_path / "z.gguf", QT.F32, keys={"logit_scale": 0.0})))
+
+
+def test_deepseek_experts(tmp_path):
+    """DeepSeek-MoE: layer 0 dense, then softmax experts (not renormalized, times the file's
+    scale; llama.cpp reads no gating or norm key for it) and two shared experts as one FFN."""
+    d = load_architecture(ModelFile(synth.write_deepseek(tmp_path / "d.gguf", QT.F32, n_layer=3,
+                                                         keys={"expert_weights_norm": True})))
+    assert not isinstance(d.layers[0].ffn, Moe)
+    m = d.layers[1].ffn
+    assert isinstance(m, Moe) and (m.k, m.n_experts, m.norm, m.scale) == (4, 16, False, 1.5)
+    assert m.shared.w_up.shape == (256, 512)
 
 
 def test_smollm3_no_rope_layers(tmp_path):
@@ -853,7 +893,7 @@ def test_family_errors(tmp_path):
     with pytest.raises(UnsupportedModelError, match="phi3 with experts .phi3.expert_count = 4. is not supported"):
         load_architecture(ModelFile(p))
     p = synth.write_llama(tmp_path / "u.gguf", arch="bloom")
-    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*afmoe, apertus, arcee, bailingmoe2, bert, cohere2, command-r, deepseek2, dots1, ernie4_5, ernie4_5-moe, exaone, exaone4, falcon, falcon-h1, gemma, gemma-embedding, gemma2, gemma3, gemma3n, gemma4, glm4, glm4moe, gpt-oss, gpt2, gptneox, granite, granitehybrid, granitemoe, hunyuan-dense, hunyuan-moe, lfm2, lfm2moe, llama, llama4, mamba2, minimax-m2, mistral3, nemotron, nemotron_h, nemotron_h_moe, nomic-bert, olmo2, olmoe, paddleocr, phi2, phi3, qwen2, qwen2moe, qwen2vl, qwen3, qwen35, qwen35moe, qwen3moe, qwen3next, qwen3vl, qwen3vlmoe, seed_oss, smallthinker, smollm3, stablelm, starcoder, starcoder2"):
+    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*" + re.escape(", ".join(sorted(ARCHITECTURES)))):
         load_architecture(ModelFile(p))
 
 

@@ -11,6 +11,7 @@ from .apertus import Apertus
 from .bailingmoe2 import BailingMoe2
 from .bert import Bert, NomicBert
 from .command_r import Cohere2, CommandR
+from .deepseek import Deepseek
 from .deepseek2 import Deepseek2
 from .ernie4_5 import Ernie4_5, Ernie4_5Moe, PaddleOCR
 from .exaone import Exaone, Exaone4
@@ -26,10 +27,11 @@ from .gptneox import Falcon, GptNeoX
 from .granite import Granite, GraniteHybrid, GraniteMoe
 from .hunyuan import HunyuanDense, HunyuanMoe
 from .lfm2 import Lfm2, Lfm2Moe
-from .llama import Llama, Mistral3, SeedOss
+from .llama import InternLM2, Llama, Mistral3, SeedOss, Xverse
 from .falcon_h1 import FalconH1
 from .llama4 import Llama4
 from .mamba2 import Mamba2
+from .minicpm import MiniCPM
 from .minimax import MinimaxM2
 from .nemotron import Arcee, Nemotron, NemotronH, NemotronHMoe
 from .olmo2 import Olmo2, Olmoe
@@ -40,7 +42,7 @@ from .qwen3 import Dots1, Qwen3, Qwen3Moe, Qwen3VL, Qwen3VLMoe
 from .qwen35 import Qwen35, Qwen35Moe, Qwen3Next
 from .smallthinker import SmallThinker
 from .smollm3 import SmolLM3
-from .stablelm import StableLM
+from .stablelm import Orion, StableLM
 from .starcoder2 import StarCoder2
 
 ARCHITECTURES: dict[str, type[Architecture]] = {
@@ -107,6 +109,11 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "seed_oss": SeedOss,
     "minimax-m2": MinimaxM2,
     "apertus": Apertus,
+    "minicpm": MiniCPM,
+    "internlm2": InternLM2,
+    "xverse": Xverse,
+    "orion": Orion,
+    "deepseek": Deepseek,
 }
 
 

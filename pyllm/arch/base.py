@@ -261,6 +261,32 @@ def sliding_layers(mf: ModelFile, n_layer: int, period: int) -> tuple[int, list[
 GATING_SOFTMAX, GATING_SIGMOID = 1, 2   # expert_gating_func in the file
 
 
+class LongRope:
+    """LongRoPE (a mixin: Phi-3's 128k files, MiniCPM 4): the file carries two sets of per-pair
+    frequency divisors, `rope_factors_short` and `rope_factors_long`. As llama.cpp, rope_freqs
+    win where the file has them; else the long factors when the context the model runs with
+    (self.n_ctx) exceeds `rope.scaling.original_context_length` (the trained context when
+    absent), the short ones otherwise or when the context is not known. The choice is made
+    once per graph, so every key in the cache was rotated the same way."""
+    rope_scalings = ROPE_SCALINGS + ("longrope",)
+    mf: ModelFile
+    hp: HParams
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        hp = self.hp
+        self.n_ctx_orig = int(mf.arch_get("rope.scaling.original_context_length", hp.n_ctx_train))
+        self.rope_factors_short = self.optional_vector("rope_factors_short.weight", hp.rope_dim // 2)
+        self.rope_factors_long = self.optional_vector("rope_factors_long.weight", hp.rope_dim // 2)
+
+    def layer_rope(self, i: int) -> Rope:
+        r = super().layer_rope(i)
+        if self.rope_freqs is not None or not r.n_rot:
+            return r
+        long = self.n_ctx is not None and self.n_ctx > self.n_ctx_orig
+        return replace(r, factors=self.rope_factors_long if long else self.rope_factors_short)
+
+
 class SharedExpertsMoe:
     """Mixin: DeepSeek's mixture of experts, which GLM-4.5 shares: dense FFNs in the first
     `leading_dense_block_count` layers, experts after; each expert expert_feed_forward_length

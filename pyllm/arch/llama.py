@@ -51,8 +51,12 @@ class Llama(Architecture):
         self.layers = [Layer(attn_norm=self.vector(f"blk.{i}.attn_norm.weight", hp.n_embd),
                              attn=self.attention_weights(i, qk_norm=self.qk_norm, biases=self.qkv_bias),
                              ffn_norm=self.vector(f"blk.{i}.{self.ffn_norm_name}.weight", hp.n_embd),
-                             ffn=self.moe_weights(i) or self.ffn_weights(i))
+                             ffn=self.layer_ffn(i))
                        for i in range(hp.n_layer)]
+
+    def layer_ffn(self, i: int):
+        """Layer i's FFN: its experts where the file has them, else the dense one."""
+        return self.moe_weights(i) or self.ffn_weights(i)
 
     def sliding_window(self) -> int:
         return int(self.mf.arch_get("attention.sliding_window", 0) or 0)
@@ -100,3 +104,19 @@ class SeedOss(Llama):
     @property
     def attn_scale(self) -> float:
         return float(self.mf.arch_get("attention.scale", 0.0) or 0.0) or super().attn_scale
+
+
+class InternLM2(Llama):
+    """InternLM 2 and 2.5 (`internlm2`): the Llama block (the converter splits its fused wqkv
+    into attn_q/k/v and permutes q and k for adjacent-pair RoPE); no window, no experts."""
+    name = "internlm2"
+    experts = False
+
+    def sliding_window(self) -> int:
+        return 0
+
+
+class Xverse(InternLM2):
+    """XVERSE (`xverse`: 7B/13B/65B): the Llama block, as InternLM 2's."""
+    name = "xverse"
+    experts = False

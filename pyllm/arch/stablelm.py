@@ -40,3 +40,9 @@ class StableLM(PreNormDecoder):
             fn, fn_b = (None, None) if parallel else self.norm_weights(p + "ffn_norm")
             self.layers.append(Layer(attn_norm=an, attn_norm_b=an_b, attn=self.attention_weights(i),
                                      ffn_norm=fn, ffn_norm_b=fn_b, ffn=self.ffn_weights(i), parallel=parallel))
+
+
+class Orion(StableLM):
+    """Orion (`orion`: OrionStar's Orion-14B): StableLM's layout with RoPE over all of each
+    head; LayerNorm with biases, NEOX RoPE, no q/k/v biases in the released files."""
+    name = "orion"

@@ -1,0 +1,32 @@
+"""DeepSeek (`deepseek`: DeepSeek-MoE 16B and the first DeepSeek models with experts): the
+Llama block, whose FFN after `leading_dense_block_count` dense layers is a mixture of
+experts plus shared experts.
+
+    h = rmsnorm(x) ; x += Wo attention(rope(Wq h), rope(Wk h), Wv h)
+    h = rmsnorm(x) ; x += ffn(h)                                  (the leading layers)
+                     x += sum_e softmax(Wr h)_e expert_e(h) * s + shared(h)   (the others)
+
+As llama.cpp runs it: the router's softmax over all experts, the chosen ones' values not
+renormalized, times expert_weights_scale s; the expert_shared_count shared experts as one
+FFN that many experts wide. RoPE rotates adjacent pairs (the converter permuted q and k).
+"""
+from __future__ import annotations
+
+from ..graph import MOE_SOFTMAX
+from .base import SharedExpertsMoe
+from .llama import Llama
+
+
+class Deepseek(SharedExpertsMoe, Llama):
+    name = "deepseek"
+    experts = True
+
+    def layer_ffn(self, i: int):
+        m = self.experts_of(i)
+        if m is None:
+            return self.ffn_weights(i)
+        m.gating, m.norm = MOE_SOFTMAX, False   # llama.cpp reads neither key for this family
+        return m
+
+    def sliding_window(self) -> int:
+        return 0
