@@ -149,6 +149,8 @@ FAMILIES = {
     "minicpm-defaults": ("minicpm", {"scales": False, "n_embd": 512, "n_head": 8}),
     "minicpm-longrope": ("minicpm", {"long_rope": True}),             # context 64 <= 256: short factors
     "minicpm-longrope-ctx512": ("minicpm", {"long_rope": True}, 512),  # context 512 > 256: long factors
+    "minicpm3": ("minicpm3", {}),                                     # MLA (unsplit kv_b), LongRoPE short
+    "minicpm3-ctx512": ("minicpm3", {}, 512),                         # long factors
     "internlm2": ("internlm2", {}),
     "xverse": ("xverse", {}),
     "orion": ("orion", {}),                          # LayerNorm + biases, NEOX

@@ -335,7 +335,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
             w.add_value_length_mla(mla["v"])
         else:
             w.add_key_length(qk)
-            w.add_value_length(mla["v"])
+            if mla.get("value_length", True):   # MiniCPM 3's converter writes none: n_embd / n_head
+                w.add_value_length(mla["v"])
         q_dim = n_head * mla["v"]   # attn_output's input
     elif head_dim:
         w.add_key_length(hd)
@@ -385,9 +386,10 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
         add("output.bias", bias(n_vocab))
     if rope_freqs:
         add("rope_freqs.weight", ((1.0 + rng.uniform(0, 4, hd // 2)).astype(np.float32), None))
-    if rope_factors:
-        add("rope_factors_short.weight", ((1.0 + rng.uniform(0, 0.5, hd // 2)).astype(np.float32), None))
-        add("rope_factors_long.weight", ((1.0 + rng.uniform(0, 8, hd // 2)).astype(np.float32), None))
+    if rope_factors:   # one per rotated pair
+        pairs = (mla["rope"] if mla else rope_dim or hd) // 2
+        add("rope_factors_short.weight", ((1.0 + rng.uniform(0, 0.5, pairs)).astype(np.float32), None))
+        add("rope_factors_long.weight", ((1.0 + rng.uniform(0, 8, pairs)).astype(np.float32), None))
     for i in range(n_layer):
         p = f"blk.{i}."
         if pre_norms:
@@ -1215,6 +1217,20 @@ def write_minicpm(path: str | Path, qtype: QT = QT.Q8_0, scales: bool = True, lo
     return write_model(path, "minicpm", qtype, rope_factors=long_rope, keys=keys, **kw)
 
 
+def write_minicpm3(path: str | Path, qtype: QT = QT.Q8_0, long_rope: bool = True, **kw) -> str:
+    """MiniCPM 3: latent attention as DeepSeek 2's unsplit files (q_lora 256, latent 256, heads
+    of 64 + 32 rotated dims, values of n_embd / n_head = 64, no value_length key), dense FFNs,
+    tied output, LongRoPE factors (long_rope) over an original context of 256."""
+    mla = {"kv_lora": 256, "nope": 64, "rope": 32, "v": kw.get("n_embd", 256) // kw.get("n_head", 4),
+           "q_lora": 256, "split": False, "value_length": False}
+    kw.setdefault("n_head_kv", kw.get("n_head", 4))
+    kw.setdefault("tied", True)
+    keys = dict(kw.pop("keys", {}))
+    if long_rope:
+        keys.update(rope_scaling_type=gguf.RopeScalingType.LONGROPE, rope_scaling_orig_ctx_len=256)
+    return write_model(path, "minicpm3", qtype, mla=mla, rope_factors=long_rope, keys=keys, **kw)
+
+
 def write_orion(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     """Orion: LayerNorm with biases, NEOX RoPE over whole heads, no q/k/v biases, untied output."""
     return write_model(path, "orion", qtype, layer_norm=True, **kw)
@@ -1532,7 +1548,7 @@ WRITERS = {"llama": write_llama, "bert": write_bert, "nomic-bert": write_nomic_b
            "dots1": write_dots1, "afmoe": write_afmoe, "qwen3vlmoe": write_qwen3vlmoe,
            "hunyuan-moe": write_hunyuan_moe, "seed_oss": write_seed_oss,
            "minimax-m2": write_minimax_m2, "apertus": write_apertus,
-           "minicpm": write_minicpm, "orion": write_orion, "deepseek": write_deepseek,
+           "minicpm": write_minicpm, "minicpm3": write_minicpm3, "orion": write_orion, "deepseek": write_deepseek,
            "internlm2": functools.partial(write_llama, arch="internlm2"),
            "xverse": functools.partial(write_llama, arch="xverse")}
 

@@ -118,6 +118,7 @@ FAMILIES = {
     "minicpm": (synth.write_minicpm, {}),                     # Granite's multipliers as the converter writes them
     "minicpm-defaults": (synth.write_minicpm, {"scales": False}),   # none in the file: the configs' values
     "minicpm-longrope": (synth.write_minicpm, {"long_rope": True}),
+    "minicpm3": (synth.write_minicpm3, {}),                   # MLA from an unsplit attn_kv_b, LongRoPE, multipliers
     "internlm2": (synth.WRITERS["internlm2"], {}),
     "xverse": (synth.WRITERS["xverse"], {}),
     "orion": (synth.write_orion, {}),                         # LayerNorm + biases, NEOX

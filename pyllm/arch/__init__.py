@@ -31,7 +31,7 @@ from .llama import InternLM2, Llama, Mistral3, SeedOss, Xverse
 from .falcon_h1 import FalconH1
 from .llama4 import Llama4
 from .mamba2 import Mamba2
-from .minicpm import MiniCPM
+from .minicpm import MiniCPM, MiniCPM3
 from .minimax import MinimaxM2
 from .nemotron import Arcee, Nemotron, NemotronH, NemotronHMoe
 from .olmo2 import Olmo2, Olmoe
@@ -110,6 +110,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "minimax-m2": MinimaxM2,
     "apertus": Apertus,
     "minicpm": MiniCPM,
+    "minicpm3": MiniCPM3,
     "internlm2": InternLM2,
     "xverse": Xverse,
     "orion": Orion,

@@ -65,7 +65,7 @@ class Deepseek2(SharedExpertsMoe, Architecture):
         # and the heads' as *_mla; older files give the heads' as key/value_length
         self.split = bool(key_mla and value_mla)
         qk_dim = key_mla if self.split else hp.head_dim
-        self.v_dim = value_mla if self.split else int(mf.arch_get("attention.value_length", qk_dim))
+        self.v_dim = value_mla if self.split else int(mf.arch_get("attention.value_length", hp.n_embd // hp.n_head))
         self.nope = qk_dim - hp.rope_dim
         if self.kv_lora <= 0 or self.nope <= 0 or self.v_dim <= 0 or self.q_lora < 0:
             raise ModelFileError(f"{mf.path}: latent attention with a latent of {self.kv_lora}, {self.nope} "
@@ -144,7 +144,8 @@ class Deepseek2(SharedExpertsMoe, Architecture):
         output_head(g, self, x)
 
 
-def latent_attention(g: Graph, arch: Deepseek2, h: View, a: Mla, layer: int, out: View) -> View:
+def latent_attention(g: Graph, arch: Deepseek2, h: View, a: Mla, layer: int, out: str | View,
+                     accumulate: bool = True) -> View:
     """out += Wo [Wv_i attention_i]_i, the absorbed form of the module docstring's MLA:
     queries [Wk_i^T q_nope_i | q_pe_i] against the cached [c | k_pe], values c."""
     hp = arch.hp
@@ -169,4 +170,4 @@ def latent_attention(g: Graph, arch: Deepseek2, h: View, a: Mla, layer: int, out
     g.copy(q_pe, q_mla.cols(lat, q_mla.width - lat), n_rot, H, qk, mk)
     o_lat = g.attention(q_mla, kv, None, H, 1, mk, arch.layer_attn_scale(layer), "o_lat",
                         window=arch.layer_window(layer), head_dim_v=lat)
-    return g.linear(g.linear_heads(o_lat, a.wv_b, "o_heads"), a.wo, out, accumulate=True)
+    return g.linear(g.linear_heads(o_lat, a.wv_b, "o_heads"), a.wo, out, accumulate=accumulate)

@@ -56,11 +56,15 @@ class Granite(Llama):
     def embed_scale(self) -> float:
         return self.embedding_scale
 
+    def attend(self, g: Graph, h, L: Layer, i: int):
+        """Layer i's attention of the rows of h, into a fresh buffer (scaled before it joins x)."""
+        return attention(g, self, h, L.attn, i, out="o", accumulate=False)
+
     def build(self, g: Graph) -> None:
         hp = self.hp
         x = g.embed(self.tok_embd, "x", scale=self.embed_scale)
         for i, L in g.layers(self.layers, x):
-            o = attention(g, self, g.rmsnorm(x, L.attn_norm, hp.eps, "h"), L.attn, i, out="o", accumulate=False)
+            o = self.attend(g, g.rmsnorm(x, L.attn_norm, hp.eps, "h"), L, i)
             g.add(g.scale(o, self.residual_scale), x)
             o = ffn(g, g.rmsnorm(x, L.ffn_norm, hp.eps, "h"), L.ffn, self.glu, out="o", accumulate=False)
             g.add(g.scale(o, self.residual_scale), x)

@@ -15,13 +15,22 @@ of 256 / n_embd, the inverse of the configs' n_embd / dim_model_base; pyllm take
 configs' n_embd / 256, so on such a file its logits are llama.cpp's times (256 / n_embd)^2.
 RoPE is always on and rotates adjacent pairs; the softmax scale is 1/sqrt(head_dim).
 MiniCPM 4's long-context files carry LongRoPE factors (base.LongRope).
+
+MiniCPM 3 (`minicpm3`: MiniCPM3-4B): the same multipliers, fixed in llama.cpp's graph (its
+files carry none: 12, 1.4 / sqrt(n_layer), logits times 256 / n_embd), around DeepSeek 2's
+latent attention (q through q_a and q_b, NEOX RoPE on each head's last rope dims) and dense
+FFNs, with LongRoPE. llama.cpp caches each head's keys and values; pyllm runs the latent form
+of deepseek2.py, caching the latent and k_pe alone (288 values a position and layer in
+place of 6400 on the 4B).
 """
 from __future__ import annotations
 
 import math
 
 from ..errors import ModelFileError
-from .base import LongRope
+from ..graph import ROPE_NEOX, Graph
+from .base import Layer, LongRope
+from .deepseek2 import Deepseek2, latent_attention
 from .granite import Granite
 
 DIM_MODEL_BASE = 256      # the released configs' dim_model_base
@@ -45,3 +54,24 @@ class MiniCPM(LongRope, Granite):
         self.logit_scale = 1.0 / divisor
         self.attention_scale = 0.0
         self.use_rope = True
+
+
+class MiniCPM3(LongRope, Deepseek2):
+    name = "minicpm3"
+    rope_mode = ROPE_NEOX
+    experts = False
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        self.embedding_scale = 12.0
+        self.residual_scale = 1.4 / math.sqrt(self.hp.n_layer)
+        self.logit_scale = DIM_MODEL_BASE / self.hp.n_embd
+
+    @property
+    def embed_scale(self) -> float:
+        return self.embedding_scale
+
+    def attend(self, g: Graph, h, L: Layer, i: int):
+        return latent_attention(g, self, h, L.attn, i, out="o", accumulate=False)
+
+    build = Granite.build   # Granite's step: each branch scaled before it joins x
