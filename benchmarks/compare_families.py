@@ -151,6 +151,7 @@ FAMILIES = {
     "minicpm-longrope-ctx512": ("minicpm", {"long_rope": True}, 512),  # context 512 > 256: long factors
     "minicpm3": ("minicpm3", {}),                                     # MLA (unsplit kv_b), LongRoPE short
     "minicpm3-ctx512": ("minicpm3", {}, 512),                         # long factors
+    "chatglm": ("chatglm", {}),                      # fused qkv + bias, fused gate|up, NORM RoPE on half
     "internlm2": ("internlm2", {}),
     "xverse": ("xverse", {}),
     "orion": ("orion", {}),                          # LayerNorm + biases, NEOX

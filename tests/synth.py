@@ -1231,6 +1231,13 @@ def write_minicpm3(path: str | Path, qtype: QT = QT.Q8_0, long_rope: bool = True
     return write_model(path, "minicpm3", qtype, mla=mla, rope_factors=long_rope, keys=keys, **kw)
 
 
+def write_chatglm(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """ChatGLM (GLM-4-9B-chat): fused q/k/v with bias, fused [gate | up], RoPE on half of each head
+    (adjacent pairs), untied output, multi-query groups of 2 KV heads."""
+    kw.setdefault("rope_dim", 32)
+    return write_model(path, "chatglm", qtype, fused_qkv=True, qkv_bias=True, fused_up=True, **kw)
+
+
 def write_orion(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     """Orion: LayerNorm with biases, NEOX RoPE over whole heads, no q/k/v biases, untied output."""
     return write_model(path, "orion", qtype, layer_norm=True, **kw)
@@ -1548,7 +1555,7 @@ WRITERS = {"llama": write_llama, "bert": write_bert, "nomic-bert": write_nomic_b
            "dots1": write_dots1, "afmoe": write_afmoe, "qwen3vlmoe": write_qwen3vlmoe,
            "hunyuan-moe": write_hunyuan_moe, "seed_oss": write_seed_oss,
            "minimax-m2": write_minimax_m2, "apertus": write_apertus,
-           "minicpm": write_minicpm, "minicpm3": write_minicpm3, "orion": write_orion, "deepseek": write_deepseek,
+           "minicpm": write_minicpm, "chatglm": write_chatglm, "minicpm3": write_minicpm3, "orion": write_orion, "deepseek": write_deepseek,
            "internlm2": functools.partial(write_llama, arch="internlm2"),
            "xverse": functools.partial(write_llama, arch="xverse")}
 

@@ -119,6 +119,7 @@ FAMILIES = {
     "minicpm-defaults": (synth.write_minicpm, {"scales": False}),   # none in the file: the configs' values
     "minicpm-longrope": (synth.write_minicpm, {"long_rope": True}),
     "minicpm3": (synth.write_minicpm3, {}),                   # MLA from an unsplit attn_kv_b, LongRoPE, multipliers
+    "chatglm": (synth.write_chatglm, {}),                     # fused qkv + bias, fused gate|up, half RoPE
     "internlm2": (synth.WRITERS["internlm2"], {}),
     "xverse": (synth.WRITERS["xverse"], {}),
     "orion": (synth.write_orion, {}),                         # LayerNorm + biases, NEOX

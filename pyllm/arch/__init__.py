@@ -20,7 +20,7 @@ from .gemma2 import Gemma2
 from .gemma3 import Gemma3, GemmaEmbedding
 from .gemma3n import Gemma3n
 from .gemma4 import Gemma4
-from .glm4 import Glm4, Glm4Moe
+from .glm4 import ChatGLM, Glm4, Glm4Moe
 from .gpt2 import Gpt2, StarCoder
 from .gpt_oss import GptOss
 from .gptneox import Falcon, GptNeoX
@@ -110,6 +110,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "minimax-m2": MinimaxM2,
     "apertus": Apertus,
     "minicpm": MiniCPM,
+    "chatglm": ChatGLM,
     "minicpm3": MiniCPM3,
     "internlm2": InternLM2,
     "xverse": Xverse,

@@ -15,6 +15,19 @@ from __future__ import annotations
 from ..graph import GLU_SILU, ROPE_NEOX, ROPE_NORM
 from .base import GATING_SIGMOID, Layer, SharedExpertsMoe
 from .blocks import PostNormDecoder, PreNormDecoder
+from .llama import Llama
+
+
+class ChatGLM(Llama):
+    """ChatGLM (`chatglm`: GLM-4-9B-chat and GLM-4-9B-0414's predecessors, ChatGLM3, GLM-Edge):
+    the pre-norm Llama block with GLM-4's fused q/k/v (and bias) and fused [gate | up] FFN,
+    RoPE as adjacent pairs over `rope.dimension_count` (half) of each head; no post norms."""
+    name = "chatglm"
+    rope_mode = ROPE_NORM
+    fused_ffn = True
+
+    def sliding_window(self) -> int:
+        return 0
 
 
 class Glm4(PostNormDecoder):
