@@ -924,9 +924,12 @@ def write_bert(path: str | Path, qtype: QT = QT.Q8_0, arch: str = "bert", *, n_e
     q/k/v and every layer with biases, ungated GELU FFN) or nomic-bert (RoPE, a fused attn_qkv, a
     SwiGLU FFN, no biases); LayerNorms with biases after each residual sum, token type embeddings of
     2 types, pooling as llama.cpp numbers it (1: mean). rank: a cross-encoder (pooling 4) with a
-    classification head of `rank` scores (cls: dense + tanh, cls.output), its matrices of head_type."""
+    classification head of `rank` scores (cls: dense + tanh, cls.output), its matrices of head_type.
+    nomic-bert-moe (nomic-embed-text-v2-moe): nomic-bert's attention with bert's ungated GELU FFN, and
+    in every second layer (i % 2 == 1) 8 ungated experts of n_ff, 2 chosen."""
     rng = np.random.default_rng(seed)
-    nomic = arch == "nomic-bert"
+    nomic = arch.startswith("nomic-bert")
+    moe = arch == "nomic-bert-moe"
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(n_layer)
     w.add_context_length(context_length)
@@ -939,6 +942,10 @@ def write_bert(path: str | Path, qtype: QT = QT.Q8_0, arch: str = "bert", *, n_e
     w.add_token_type_count(2)
     if nomic:
         w.add_rope_freq_base(1000.0)
+    if moe:
+        w.add_moe_every_n_layers(2)
+        w.add_expert_count(8)
+        w.add_expert_used_count(2)
     n_vocab = copy_tokenizer(w, tokenizer_from) if tokenizer_from is not None else wordpiece_vocab(w, n_vocab)
 
     def add(name, array_and_type):
@@ -963,14 +970,21 @@ def write_bert(path: str | Path, qtype: QT = QT.Q8_0, arch: str = "bert", *, n_e
                 add(p + f"attn_{m}.weight", weight(qtype, n_embd, n_embd, rng))
                 add(p + f"attn_{m}.bias", vec(n_embd))
         add(p + "attn_output.weight", weight(qtype, n_embd, n_embd, rng))
-        add(p + "ffn_up.weight", weight(qtype, n_embd, n_ff, rng))
-        if nomic:
-            add(p + "ffn_gate.weight", weight(qtype, n_embd, n_ff, rng))
+        if moe and i % 2 == 1:
+            add(p + "ffn_gate_inp.weight", weight(QT.F32, n_embd, 8, rng, scale=1.0))
+            for name, n_in, n_out in (("up", n_embd, n_ff), ("down", n_ff, n_embd)):
+                arr, raw = weight(qtype, n_in, n_out * 8, rng)
+                add(p + f"ffn_{name}_exps.weight", (arr.reshape(8, n_out, -1), raw))
         else:
-            add(p + "attn_output.bias", vec(n_embd))
-            add(p + "ffn_up.bias", vec(n_ff))
-            add(p + "ffn_down.bias", vec(n_embd))
-        add(p + "ffn_down.weight", weight(qtype, n_ff, n_embd, rng))
+            add(p + "ffn_up.weight", weight(qtype, n_embd, n_ff, rng))
+            if nomic and not moe:
+                add(p + "ffn_gate.weight", weight(qtype, n_embd, n_ff, rng))
+            else:
+                if not nomic:
+                    add(p + "attn_output.bias", vec(n_embd))
+                add(p + "ffn_up.bias", vec(n_ff))
+                add(p + "ffn_down.bias", vec(n_embd))
+            add(p + "ffn_down.weight", weight(qtype, n_ff, n_embd, rng))
         for norm in ("attn_output_norm", "layer_output_norm"):
             add(p + norm + ".weight", vec(n_embd, 1.0))
             add(p + norm + ".bias", vec(n_embd))
@@ -984,6 +998,10 @@ def write_bert(path: str | Path, qtype: QT = QT.Q8_0, arch: str = "bert", *, n_e
 
 def write_nomic_bert(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_bert(path, qtype, "nomic-bert", **kw)
+
+
+def write_nomic_bert_moe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    return write_bert(path, qtype, "nomic-bert-moe", **kw)
 
 
 def write_safetensors(path: Path, tensors: dict) -> None:
@@ -1536,7 +1554,8 @@ def write_metadata_only(src: str | Path, dst: str | Path, md: dict) -> str:
     w.close()
     return str(dst)
 
-WRITERS = {"llama": write_llama, "bert": write_bert, "nomic-bert": write_nomic_bert, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
+WRITERS = {"llama": write_llama, "bert": write_bert, "nomic-bert": write_nomic_bert,
+           "nomic-bert-moe": write_nomic_bert_moe, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
            "phi3": write_phi3, "gemma": write_gemma, "gemma2": write_gemma2, "gemma3": write_gemma3, "gemma-embedding": write_gemma_embedding, "gemma3n": write_gemma3n, "gemma4": write_gemma4, "granite": write_granite,
            "smollm3": write_smollm3, "olmo2": write_olmo2, "phi2": write_phi2, "starcoder2": write_starcoder2,
            "stablelm": write_stablelm, "command-r": write_command_r, "cohere2": write_cohere2,

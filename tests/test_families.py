@@ -36,6 +36,7 @@ FAMILIES = {
     "llama3": (synth.write_llama, {"rope_freqs": True, "rope_base": 500000.0}),
     "bert": (synth.write_bert, {}),                          # an encoder: bidirectional, its rows out
     "nomic-bert": (synth.write_nomic_bert, {}),
+    "nomic-bert-moe": (synth.write_nomic_bert_moe, {"n_layer": 4}),   # GELU experts in layers 1 and 3
     "mistral": (synth.write_mistral, {"window": 12}),         # window shorter than the 40 tokens
     "qwen2": (synth.write_qwen2, {}),
     "qwen3": (synth.write_qwen3, {}),

@@ -9,7 +9,7 @@ from .base import Architecture, HParams
 from .afmoe import Afmoe
 from .apertus import Apertus
 from .bailingmoe2 import BailingMoe2
-from .bert import Bert, NomicBert
+from .bert import Bert, NomicBert, NomicBertMoe
 from .command_r import Cohere2, CommandR
 from .deepseek import Deepseek
 from .deepseek2 import Deepseek2
@@ -49,6 +49,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "llama": Llama,      # also Mistral 7B and SmolLM2 files
     "bert": Bert,        # sentence encoders: embeddings only
     "nomic-bert": NomicBert,
+    "nomic-bert-moe": NomicBertMoe,
     "qwen2": Qwen2,
     "qwen3": Qwen3,
     "phi3": Phi3,

@@ -1,5 +1,5 @@
 """BERT sentence encoders (`bert`: all-MiniLM, bge, e5, GTE ...) and Nomic's
-(`nomic-bert`: nomic-embed-text): every token attends over every other, LayerNorm
+(`nomic-bert`: nomic-embed-text; `nomic-bert-moe`: v2-moe, with experts): every token attends over every other, LayerNorm
 after each residual sum, and the output is the last layer's rows, pooled into
 one embedding per text (Model.embed), not logits.
 
@@ -84,6 +84,33 @@ class NomicBert(Bert):
     gated = True
     glu = GLU_SILU
     learned_positions = False
+
+
+class NomicBertMoe(NomicBert):
+    """Nomic's BERT with experts (`nomic-bert-moe`: nomic-embed-text-v2-moe): nomic-bert's
+    attention, BERT's ungated GELU FFN with biases, and in every layer i with
+    i % moe_every_n_layers == 1 a mixture of ungated GELU experts in its place, as llama.cpp
+    runs it: the router's softmax over all experts, the chosen ones' values not renormalized."""
+    name = "nomic-bert-moe"
+    gated = False
+    glu = GLU_GELU_TANH
+    experts = True
+    moe_norm = False
+
+    def encoder_layer(self, i: int) -> Layer:
+        layer = super().encoder_layer(i)
+        m = self.moe_weights(i)
+        if m is not None:
+            m.scale = float(self.mf.arch_get("expert_weights_scale", 0.0) or 1.0)
+            layer.ffn = m
+        return layer
+
+    def ffn_weights(self, i: int):
+        return None if self.moe_layer(i) else super().ffn_weights(i)
+
+    def moe_layer(self, i: int) -> bool:
+        every = int(self.mf.arch_get("moe_every_n_layers", 0) or 0)
+        return every > 0 and i % every == 1
 
 
 def encoder_output(g: Graph, x: View) -> View:
