@@ -151,6 +151,12 @@ FAMILIES = {
     "minicpm-longrope-ctx512": ("minicpm", {"long_rope": True}, 512),  # context 512 > 256: long factors
     "minicpm3": ("minicpm3", {}),                                     # MLA (unsplit kv_b), LongRoPE short
     "minicpm3-ctx512": ("minicpm3", {}, 512),                         # long factors
+    "bloom": ("bloom", {}),                          # ALiBi, LayerNorm of the embeddings
+    "bloom-6heads": ("bloom", {"n_embd": 384, "n_head": 6, "n_head_kv": 6}),   # slopes past a power of 2
+    "mpt": ("mpt", {}),                              # ALiBi, LayerNorm without biases
+    "refact": ("refact", {}),
+    "baichuan-13b": ("baichuan", {"n_layer": 40, "n_ff": 256}),   # ALiBi (llama.cpp: 40 layers, else neither)
+    "baichuan-7b": ("baichuan", {"n_layer": 32, "n_ff": 256}),   # RoPE
     "chatglm": ("chatglm", {}),                      # fused qkv + bias, fused gate|up, NORM RoPE on half
     "internlm2": ("internlm2", {}),
     "xverse": ("xverse", {}),

@@ -8,7 +8,8 @@
  * step's last position], every row alike, or with a window over the positions
  * within window / 2 of p either way; keys of head_dim, values of
  * head_dim_v; with OPF_V_IN_K a value is the first
- * head_dim_v dims of its key row: MLA's latent, stored once).
+ * head_dim_v dims of its key row: MLA's latent, stored once). With ALiBi
+ * (op->alibi > 0) head h's scale * q.k_j gains -slope_h |p - j| (BLOOM, MPT).
  *
  * K and V live in blocks of B positions; the step's block table maps
  * position j to block table[j / B], slot j % B. A pool holds f16 rows, or
@@ -38,6 +39,7 @@
  */
 #include <float.h>
 #include <math.h>
+#include <stdlib.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -99,12 +101,15 @@ static void scale_by(float *restrict y, float a, int n) {
  * s becomes the weights exp(score - m) of the new running max m, and what
  * was summed so far is rescaled to it. The weighted sum of V rows is left
  * to the caller (several queries' sums share the loads of V). */
-static void softmax_step(float *state, float *s, int n, int hd, float scale, float softcap) {
+static void softmax_step(float *state, float *s, int n, int hd, float scale, float softcap, float slope,
+                         int32_t dist) {
     float *m = &state[0], *l = &state[1];
     if (softcap > 0)
         K.softcap(n, s, scale, softcap); /* s = softcap * tanh(scale * s / softcap) */
     else
         for (int i = 0; i < n; i++) s[i] *= scale;
+    if (slope != 0.0f) /* ALiBi: score i is dist + i positions from the query's (either way) */
+        for (int i = 0; i < n; i++) s[i] -= slope * (float)abs(dist + i);
     float mx[4] = {-FLT_MAX, -FLT_MAX, -FLT_MAX, -FLT_MAX}; /* four chains: max is exact in any order */
     for (int i = 0; i < n; i++) mx[i & 3] = s[i] > mx[i & 3] ? s[i] : mx[i & 3];
     const float bmax = fmaxf(fmaxf(mx[0], mx[1]), fmaxf(mx[2], mx[3]));
@@ -154,6 +159,13 @@ static inline int32_t last_visible(const pyllm_op *op, const pyllm_step *st, int
     if (!(op->flags & OPF_NON_CAUSAL)) return st->bidirectional ? st->pos[st->n_tokens - 1] : p;
     const int32_t last = st->pos[st->n_tokens - 1];
     return op->window > 0 && p + op->window / 2 < last ? p + op->window / 2 : last;
+}
+
+float pyllm_alibi_slope(float max_bias, int h, int n_head) {
+    int n = 1;
+    while (n * 2 <= n_head) n *= 2;
+    const float m0 = powf(2.0f, -max_bias / (float)n), m1 = powf(2.0f, -max_bias / 2.0f / (float)n);
+    return h < n ? powf(m0, (float)(h + 1)) : powf(m1, (float)(2 * (h - n) + 1));
 }
 
 static void state_init(float *state, int64_t n, int hd) {
@@ -283,7 +295,9 @@ static void attend_range(const pyllm_op *op, const op_rows *r, int kvh, int64_t 
             const int32_t a = first > j0 ? first : j0, b = last < j1 ? last : j1;
             for (int g = 0; a <= b && g < group; g++) {
                 int64_t q = (t - t0) * group + g;
-                softmax_step(state + q * sf, w.scores + q * n + (a - j0), b - a + 1, hd_v, op->scale, op->softcap);
+                const float slope = op->alibi > 0 ? pyllm_alibi_slope(op->alibi, kvh * group + g, op->n_head) : 0.0f;
+                softmax_step(state + q * sf, w.scores + q * n + (a - j0), b - a + 1, hd_v, op->scale, op->softcap,
+                             slope, a - pos[t]);
             }
             if (a == j0 && b == j1) continue; /* the run goes on */
             whole_block_sums(w, vc, v_type, v_row, run, t, t0, group, n, hd_v, state, sf);

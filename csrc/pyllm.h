@@ -161,7 +161,14 @@ typedef struct pyllm_op {
                               output rotated back (llama.cpp's for quantized caches); 0: none */
     float *state;          /* SSM_CONV/SSM_SCAN/DELTA_NET: the layer's recurrent state, carried from step to step; a step
                               starting at position 0 starts from zeros */
+    float alibi;           /* ATTENTION: ALiBi's maximum bias (BLOOM, MPT: 8), 0 = none: head h's score of position j
+                              from a query at p gains -slope_h |p - j| (pyllm_alibi_slope) */
 } pyllm_op;
+
+/* ALiBi's slope of head h of n_head with maximum bias max_bias, as llama.cpp's soft_max:
+ * with n = the largest power of 2 <= n_head, m0 = 2^(-max_bias / n), m1 = 2^(-max_bias / 2n),
+ * slope = m0^(h + 1) for h < n, else m1^(2 (h - n) + 1) */
+float pyllm_alibi_slope(float max_bias, int h, int n_head);
 
 /* one forward step: a batch of tokens of one sequence, or of several (row_table) */
 typedef struct pyllm_step {

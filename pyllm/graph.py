@@ -134,10 +134,21 @@ class Op:
     rope_sections: tuple = ()              # ROPE: M-RoPE's (time, height, width) pairs
     media_col: int = 0                     # EMBED with OPF_MEDIA_ONLY: the media rows' first column taken
     softcap: float = 0.0
+    alibi: float = 0.0                     # ATTENTION: ALiBi's maximum bias, 0 = none
     kv_layer: int = -1                     # KV_STORE / ATTENTION: which layer's cache
     state: Optional[str] = None            # SSM_CONV / SSM_SCAN: which recurrent state (Graph.states)
     reads: frozenset = field(default_factory=frozenset)
     writes: frozenset = field(default_factory=frozenset)
+
+
+def alibi_slopes(max_bias: float, n_head: int) -> np.ndarray:
+    """ALiBi's slope of each head (csrc pyllm_alibi_slope, llama.cpp's): with n the largest power
+    of 2 <= n_head, head h < n takes 2^(-max_bias (h + 1) / n), the others the odd powers
+    2^(-max_bias (2 (h - n) + 1) / 2n) between them."""
+    n = 1 << (n_head.bit_length() - 1)
+    h = np.arange(n_head)
+    m0, m1 = np.float32(2.0) ** np.float32(-max_bias / n), np.float32(2.0) ** np.float32(-max_bias / 2 / n)
+    return np.where(h < n, m0 ** (h + 1.0), m1 ** (2.0 * (h - n) + 1)).astype(np.float32)
 
 
 class Graph:
@@ -417,7 +428,7 @@ class Graph:
     def attention(self, q: View, k: Optional[View], v: Optional[View], n_head: int, n_kv_head: int, head_dim: int,
                   scale: float, out: str | View, window: int = 0, softcap: float = 0.0,
                   sinks: Optional[np.ndarray] = None, head_dim_v: int = 0, chunked: bool = False,
-                  kv_from: int = -1, causal: bool = True) -> View:
+                  kv_from: int = -1, causal: bool = True, alibi: float = 0.0) -> View:
         """Stores this step's k, v in the layer's KV cache, then attends over it (over the
         last `window` positions, or with chunked over those of the position's chunk of `window`).
         sinks: one logit per head that joins its softmax with no value (gpt-oss).
@@ -427,7 +438,9 @@ class Graph:
         layer, which this step has already filled (Gemma 4's shared KV layers).
         causal False: every row attends over all positions up to the step's last (an
         encoder's bidirectional attention: the whole sequence must be one step), with a
-        window over those within window // 2 of its own either way."""
+        window over those within window // 2 of its own either way.
+        alibi > 0: ALiBi with that maximum bias, head h's scores of position j from a query at p
+        minus slope_h |p - j| (alibi_slopes)."""
         assert causal or not chunked, "a bidirectional attention has no chunks"
         head_dim_v = head_dim_v or head_dim
         if kv_from >= 0:
@@ -442,7 +455,7 @@ class Graph:
             (0 if causal else OPF_NON_CAUSAL)
         self._emit(Op(OP_ATTENTION, flags=flags, x=q, y=y, n_head=n_head,
                       n_kv_head=n_kv_head, head_dim=head_dim, head_dim_v=head_dim_v, scale=scale, window=window,
-                      softcap=softcap, kv_layer=kv_layer, vector=sinks),
+                      softcap=softcap, alibi=alibi, kv_layer=kv_layer, vector=sinks),
                    {q.name, kv}, {y.name})
         return y
 

@@ -66,6 +66,7 @@ class ModelInfo:
     attn_scale: float
     attn_softcap: float
     final_softcap: float
+    alibi: float              # ALiBi's maximum bias, 0 = none
     layer_groups: list[LayerGroup]
     vocab_type: str
     n_vocab: int
@@ -141,6 +142,8 @@ class ModelInfo:
         attention = f"softmax scale {self.attn_scale:.6g}"
         if self.attn_softcap > 0:
             attention += f", scores soft-capped at {self.attn_softcap:g} (c * tanh(s / c))"
+        if self.alibi > 0:
+            attention += f", ALiBi position biases (maximum {self.alibi:g})"
         if self.final_softcap > 0:
             attention += f"; logits soft-capped at {self.final_softcap:g}"
         rows += [
@@ -303,7 +306,7 @@ def model_info(path: str, n_ctx: Optional[int] = None, n_batch: int = N_BATCH,
         rope_mode="NEOX (halves)" if arch.rope_mode == ROPE_NEOX else "normal (adjacent pairs)",
         rope_dims=hp.rope_dim, rope_scaling=(f"yarn, factor {1 / hp.rope_freq_scale:g}" if hp.rope_yarn is not None
                                                    else hp.rope_scaling), attn_scale=arch.attn_scale,
-        attn_softcap=arch.attn_softcap, final_softcap=arch.final_softcap, layer_groups=groups,
+        attn_softcap=arch.attn_softcap, final_softcap=arch.final_softcap, alibi=arch.alibi, layer_groups=groups,
         vocab_type=VOCAB_TYPES.get(vocab_model, vocab_model or "none"), n_vocab=hp.n_vocab,
         chat_template=bool(mf.get("tokenizer.chat_template")),
         thinking_switch=THINKING_SWITCH in str(mf.get("tokenizer.chat_template") or ""),

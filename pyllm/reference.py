@@ -19,7 +19,8 @@ from .arch.base import Architecture, DeltaNet, Mla, Moe, ShortConv, Ssm
 from .arch.bert import Bert
 from .arch.gemma3n import Gemma3n
 from .arch.gemma4 import Gemma4
-from .graph import GLU_GELU_TANH, GLU_RELU, GLU_RELU_SQR, GLU_SWIGLU_OAI, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
+from .graph import (GLU_GELU_TANH, GLU_RELU, GLU_RELU_SQR, GLU_SWIGLU_OAI, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX,
+                    SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, alibi_slopes)
 from .lora import TOKEN_EMBD
 from .model_file import Tensor
 
@@ -185,13 +186,14 @@ def rope(x: np.ndarray, pos: np.ndarray, n_rot: int, base: float, neox: bool,
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window: int = 0,
               softcap: float = 0.0, sinks: np.ndarray | None = None, chunked: bool = False,
-              causal: bool = True, spans: Sequence[tuple[int, int]] = ()) -> np.ndarray:
+              causal: bool = True, spans: Sequence[tuple[int, int]] = (), alibi: np.ndarray | None = None) -> np.ndarray:
     """Causal attention (causal False: every position sees every other, an encoder's, or with a
     window those within window // 2 either way). q: [T, H, d], k: [T, Hkv, d], v: [T, Hkv, dv] -> [T, H*dv]. sinks:
     one logit per head, one more score of each softmax whose value is zero. window: over the
     last `window` positions, or with chunked over those of the position's chunk of `window`.
     spans: (start, end) row ranges that see each other (an image's rows, Gemma 3): a row
-    in one sees up to end - 1, back as far as the causal rule (window) says."""
+    in one sees up to end - 1, back as far as the causal rule (window) says. alibi: ALiBi's
+    slope of each head; head h's score of position j from position i gains -slope_h |i - j|."""
     T, H, d = q.shape
     group = H // k.shape[1]
     k = np.repeat(k, group, axis=1)
@@ -200,6 +202,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window:
     if softcap > 0:
         scores = softcap * np.tanh(scores / softcap)
     i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    if alibi is not None:
+        scores = scores - alibi.astype(np.float64)[:, None, None] * np.abs(i - j)[None]
     last = np.arange(T)               # the last position each row sees
     for start, end in spans:
         last[start:end] = end - 1
@@ -467,7 +471,7 @@ class Reference:
             q = q * (np.log(np.floor((pos + offset) / period) + 1.0) * s + 1.0).astype(np.float32)[:, None, None]
         q, k, v = self._cached(q, k, v)
         att = attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i), a.attn_softcap, A.sinks, a.chunked_window,
-                        a.causal, self._spans)
+                        a.causal, self._spans, alibi_slopes(a.alibi, H) if a.alibi > 0 else None)
         if A.gate is not None:   # gated attention (AFMoE)
             gate = self._linear(h, A.gate, None)
         if gate is not None:
@@ -604,6 +608,8 @@ class Reference:
         x = self._input_rows(tokens)
         if a.pos_embd is not None:   # learned positions (GPT-2)
             x = x + self.w(a.pos_embd)[np.arange(len(tokens))]
+        if a.input_norm is not None:   # a LayerNorm of the embeddings (BLOOM)
+            x = layernorm(x, *a.input_norm, hp.eps)
         for i, L in enumerate(a.layers):
             F = L.ffn
             router_x = x if isinstance(F, Moe) and F.router_on_input else None   # SmallThinker

@@ -1256,6 +1256,26 @@ def write_chatglm(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_model(path, "chatglm", qtype, fused_qkv=True, qkv_bias=True, fused_up=True, **kw)
 
 
+def write_bloom(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """BLOOM: GPT-2's layout without positions (ALiBi), a LayerNorm of the embeddings
+    (token_embd_norm), the output tied."""
+    kw.setdefault("tied", True)
+    rng = np.random.default_rng(kw.get("seed", 0) + 100)
+    n = kw.get("n_embd", 256)
+    norm = {"token_embd_norm.weight": 1.0 + 0.1 * rng.standard_normal(n), "token_embd_norm.bias": 0.1 * rng.standard_normal(n)}
+    return write_model(path, "bloom", qtype, layer_norm=True, fused_qkv=True, qkv_bias=True, biases=True, gated=False,
+                       extra_tensors=norm, **kw)
+
+
+def write_mpt(path: str | Path, qtype: QT = QT.Q8_0, alibi: float = 8.0, **kw) -> str:
+    """MPT-7B: LayerNorm without biases, fused q/k/v without bias, ungated GELU, no biases at all,
+    ALiBi with the file's maximum bias (alibi), the output tied."""
+    kw.setdefault("tied", True)
+    keys = {"max_alibi_bias": alibi, **kw.pop("keys", {})}
+    return write_model(path, "mpt", qtype, layer_norm=True, norm_bias=False, fused_qkv=True, gated=False,
+                       keys=keys, **kw)
+
+
 def write_orion(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     """Orion: LayerNorm with biases, NEOX RoPE over whole heads, no q/k/v biases, untied output."""
     return write_model(path, "orion", qtype, layer_norm=True, **kw)
@@ -1574,7 +1594,9 @@ WRITERS = {"llama": write_llama, "bert": write_bert, "nomic-bert": write_nomic_b
            "dots1": write_dots1, "afmoe": write_afmoe, "qwen3vlmoe": write_qwen3vlmoe,
            "hunyuan-moe": write_hunyuan_moe, "seed_oss": write_seed_oss,
            "minimax-m2": write_minimax_m2, "apertus": write_apertus,
-           "minicpm": write_minicpm, "chatglm": write_chatglm, "minicpm3": write_minicpm3, "orion": write_orion, "deepseek": write_deepseek,
+           "minicpm": write_minicpm, "bloom": write_bloom, "mpt": write_mpt,
+           "refact": functools.partial(write_llama, arch="refact"), "baichuan": functools.partial(write_llama, arch="baichuan"),
+           "chatglm": write_chatglm, "minicpm3": write_minicpm3, "orion": write_orion, "deepseek": write_deepseek,
            "internlm2": functools.partial(write_llama, arch="internlm2"),
            "xverse": functools.partial(write_llama, arch="xverse")}
 

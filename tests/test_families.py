@@ -120,6 +120,11 @@ FAMILIES = {
     "minicpm-defaults": (synth.write_minicpm, {"scales": False}),   # none in the file: the configs' values
     "minicpm-longrope": (synth.write_minicpm, {"long_rope": True}),
     "minicpm3": (synth.write_minicpm3, {}),                   # MLA from an unsplit attn_kv_b, LongRoPE, multipliers
+    "bloom": (synth.write_bloom, {}),                         # ALiBi, a LayerNorm of the embeddings
+    "mpt": (synth.write_mpt, {}),                             # ALiBi, LayerNorm without biases
+    "refact": (synth.WRITERS["refact"], {}),                  # Llama with ALiBi
+    "baichuan-13b": (synth.WRITERS["baichuan"], {"n_layer": 3}),   # ALiBi (not 32 layers)
+    "baichuan-7b": (synth.WRITERS["baichuan"], {"n_layer": 32, "n_ff": 256}),   # RoPE
     "chatglm": (synth.write_chatglm, {}),                     # fused qkv + bias, fused gate|up, half RoPE
     "internlm2": (synth.WRITERS["internlm2"], {}),
     "xverse": (synth.WRITERS["xverse"], {}),
@@ -160,7 +165,9 @@ MOE_CLOSE = {("gpt-oss-yarn", QT.MXFP4): 0.8, ("lfm2moe", QT.IQ4_NL): 0.6, ("lfm
              ("deepseek2", QT.IQ4_NL): 0.8}   # scalar path: 0.825 (4 positions at 0.030-0.034)
 # F32 rel beyond 1e-4: DeepSeek 2 with YaRN, 8.6e-5/1.25e-4/6.2e-5 over seeds 0-2 (without YaRN
 # at most 7.5e-5); its engine takes q against the latent, the reference k_i = Wk_i c
-F32_TOLERANCE = {"deepseek2-yarn": 1.5e-4}
+# Baichuan 7B's test file has 32 layers (what makes it the RoPE variant): 1.1e-4, the f16 cache's
+# roundings adding up over 16 times the usual depth
+F32_TOLERANCE = {"deepseek2-yarn": 1.5e-4, "baichuan-7b": 2e-4}
 
 
 def run_both(path, n_tokens=40, n_ctx=None, kv_f16=False):
@@ -877,6 +884,37 @@ def test_gemma3_decode_steps_equal_batch(tmp_path):
     np.testing.assert_array_equal(steps, batch)
 
 
+def test_alibi(tmp_path):
+    """ALiBi: the slopes as llama.cpp's (powers of 2^(-8/n); past the largest power of 2 <= n_head
+    the odd powers of 2^(-4/n) between them), the C core's as numpy's; with 6 heads the C core
+    matches the reference, batch and one token at a time alike, and the biases move the logits."""
+    from pyllm._native import lib
+    from pyllm.graph import alibi_slopes
+    np.testing.assert_array_equal(alibi_slopes(8.0, 8), 2.0 ** -np.arange(1.0, 9.0))
+    np.testing.assert_array_equal(alibi_slopes(8.0, 6), [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8, 2.0 ** -1, 2.0 ** -3])
+    for n_head, bias in ((6, 8.0), (12, 8.0), (5, 3.5)):
+        np.testing.assert_allclose([lib.pyllm_alibi_slope(bias, h, n_head) for h in range(n_head)],
+                                   alibi_slopes(bias, n_head), rtol=1e-6)
+    path = synth.write_bloom(tmp_path / "b.gguf", QT.F32, n_embd=384, n_head=6, n_head_kv=6)
+    arch, out, ref = run_both(path, kv_f16=True)
+    rel, agree = compare(out, ref, margin=0.01)
+    assert rel < 1e-4 and agree == 1.0, rel
+    arch.alibi = 0.0
+    assert compare(Reference(arch, kv_f16=True).forward(list(np.random.default_rng(1).integers(0, 512, 40))),
+                   ref)[0] > 0.01
+    _, be = build(synth.write_mpt(tmp_path / "m.gguf", QT.Q8_0, n_embd=384, n_head=6, n_head_kv=3))
+    tokens = list(np.random.default_rng(3).integers(0, 512, 23))
+    batch = be.forward(tokens, 0, [4, 1], len(tokens)).copy()
+    steps = np.stack([be.forward([t], i, [4, 1], 1)[0].copy() for i, t in enumerate(tokens)])
+    np.testing.assert_array_equal(steps, batch)
+    with pytest.raises(UnsupportedModelError, match="clip_qkv"):
+        load_architecture(ModelFile(synth.write_mpt(tmp_path / "c.gguf", QT.F32, keys={"clamp_kqv": 6.0})))
+    no_alibi = load_architecture(ModelFile(synth.write_mpt(tmp_path / "n.gguf", QT.F32, alibi=0.0)))
+    assert no_alibi.alibi == 0.0 and load_architecture(ModelFile(path)).alibi == 8.0
+    assert [load_architecture(ModelFile(synth.WRITERS["baichuan"](tmp_path / f"{n}.gguf", QT.F32, n_layer=n))).alibi
+            for n in (32, 40)] == [0.0, 8.0]
+
+
 def test_family_errors(tmp_path):
     # a family's required tensors are named when missing
     p = synth.write_qwen2(tmp_path / "b.gguf", QT.F32, drop_tensor="blk.1.attn_k.bias")
@@ -895,8 +933,8 @@ def test_family_errors(tmp_path):
     p = synth.write_model(tmp_path / "e.gguf", "phi3", QT.F32, experts=4, fused_qkv=True, fused_up=True)
     with pytest.raises(UnsupportedModelError, match="phi3 with experts .phi3.expert_count = 4. is not supported"):
         load_architecture(ModelFile(p))
-    p = synth.write_llama(tmp_path / "u.gguf", arch="bloom")
-    with pytest.raises(UnsupportedModelError, match="'bloom' is not supported.*" + re.escape(", ".join(sorted(ARCHITECTURES)))):
+    p = synth.write_llama(tmp_path / "u.gguf", arch="rwkv6")
+    with pytest.raises(UnsupportedModelError, match="'rwkv6' is not supported.*" + re.escape(", ".join(sorted(ARCHITECTURES)))):
         load_architecture(ModelFile(p))
 
 

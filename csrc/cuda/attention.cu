@@ -6,7 +6,8 @@
  * the positions within window / 2 of p either way; a bidirectional step: up to the step's last
  * position instead of p, from the same first)
  * (scores soft-capped as softcap * tanh(s / softcap) when softcap > 0; a head's sink
- * logit, when given, joins the softmax's normalizer). Keys have head_dim dims, values
+ * logit, when given, joins the softmax's normalizer; with ALiBi, alibi > 0, the score of
+ * position j gains -slope_h |p - j|, slope_h as pyllm_alibi_slope). Keys have head_dim dims, values
  * and y's heads head_dim_v; with OPF_V_IN_K there is no V pool and a value is the first
  * head_dim_v dims of its key row (MLA's latent, stored once).
  *
@@ -37,13 +38,21 @@ constexpr int ATT_MAX_NV = (MAX_HEAD_DIM + ATT_THREADS - 1) / ATT_THREADS;  /* 5
  * 64- or 128-dim head holds 1 accumulator, not MAX_HEAD_DIM's 5.
  * Keys: k_stride f16 per position, head kvh at kvh * hd; values: v_stride per position, head
  * kvh at kvh * v_head (with OPF_V_IN_K, Vc is the K pool and these are the keys' own). */
+/* ALiBi's slope of head h (pyllm_alibi_slope's formula, csrc/attention.c) */
+__device__ inline float alibi_slope(float max_bias, int h, int n_head) {
+    int n = 1;
+    while (n * 2 <= n_head) n *= 2;
+    const float m0 = powf(2.0f, -max_bias / (float)n), m1 = powf(2.0f, -max_bias / 2.0f / (float)n);
+    return h < n ? powf(m0, (float)(h + 1)) : powf(m1, (float)(2 * (h - n) + 1));
+}
+
 template <int NV>
 __global__ void __launch_bounds__(ATT_THREADS)
 attention_kernel(const float *__restrict__ Q, int64_t q_stride, float *__restrict__ Y, int64_t y_stride,
                  const __half *__restrict__ Kc, const __half *__restrict__ Vc, const int32_t *__restrict__ pos,
                  const int32_t *__restrict__ table, int block_size, int n_head, int n_kv_head, int hd, int hd_v,
                  int64_t v_stride, int64_t v_head, float scale, float softcap, int window,
-                 const float *__restrict__ sinks, bool non_causal, bool bidirectional) {
+                 const float *__restrict__ sinks, bool non_causal, bool bidirectional, float alibi) {
     PQ_EXTERN_SHARED(float, sm);
     float *s_q = sm;                                              /* hd */
     float *s_p = s_q + hd;                                        /* ATT_TILE scores, then weights */
@@ -56,6 +65,7 @@ attention_kernel(const float *__restrict__ Q, int64_t q_stride, float *__restric
 
     for (int d = tid; d < hd; d += ATT_THREADS) s_q[d] = Q[(int64_t)t * q_stride + (int64_t)h * hd + d];
     const int p = pos[t];
+    const float slope = alibi > 0.0f ? alibi_slope(alibi, h, n_head) : 0.0f;
     /* window < 0: a chunk of -window positions (OPF_CHUNKED, Llama 4) */
     const int back = non_causal ? window / 2 : window - 1;   /* bidirectional: half the window either way */
     const int first = window < 0 ? p - p % -window : window > 0 && p - back > 0 ? p - back : 0;
@@ -79,6 +89,7 @@ attention_kernel(const float *__restrict__ Q, int64_t q_stride, float *__restric
             if (lane == 0) {
                 s *= scale;
                 if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
+                s -= slope * (float)abs(p - j);
                 s_p[jj] = s;
                 s_slot[jj] = slot;
             }
@@ -128,7 +139,7 @@ static void attention(const pyllm_op *op, const exec &e, int hd_v, const __half 
         op->x, op->x_stride, op->y, op->y_stride, (const __half *)op->k_cache, vc, e.pos, e.table, e.block_size,
         op->n_head, op->n_kv_head, op->head_dim, hd_v, v_stride, v_head, op->scale, op->softcap,
         op->flags & OPF_CHUNKED ? -op->window : op->window,
-        (const float *)op->w, (op->flags & OPF_NON_CAUSAL) != 0, e.bidirectional);
+        (const float *)op->w, (op->flags & OPF_NON_CAUSAL) != 0, e.bidirectional, op->alibi);
 }
 
 void launch_attention(const pyllm_op *op, const exec &e) {

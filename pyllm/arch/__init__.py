@@ -10,6 +10,7 @@ from .afmoe import Afmoe
 from .apertus import Apertus
 from .bailingmoe2 import BailingMoe2
 from .bert import Bert, NomicBert, NomicBertMoe
+from .bloom import Bloom, Mpt
 from .command_r import Cohere2, CommandR
 from .deepseek import Deepseek
 from .deepseek2 import Deepseek2
@@ -27,7 +28,7 @@ from .gptneox import Falcon, GptNeoX
 from .granite import Granite, GraniteHybrid, GraniteMoe
 from .hunyuan import HunyuanDense, HunyuanMoe
 from .lfm2 import Lfm2, Lfm2Moe
-from .llama import InternLM2, Llama, Mistral3, SeedOss, Xverse
+from .llama import Baichuan, InternLM2, Llama, Mistral3, Refact, SeedOss, Xverse
 from .falcon_h1 import FalconH1
 from .llama4 import Llama4
 from .mamba2 import Mamba2
@@ -117,6 +118,10 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "xverse": Xverse,
     "orion": Orion,
     "deepseek": Deepseek,
+    "bloom": Bloom,
+    "mpt": Mpt,
+    "refact": Refact,
+    "baichuan": Baichuan,
 }
 
 

@@ -579,6 +579,7 @@ class Architecture:
     norm_after_residual = False   # the layer's norms take the residual sums, x = norm(x + f(x)) (BERT)
     attn_temperature: Optional[tuple] = None   # (s, period, offset): q *= 1 + s ln(1 + floor((p + offset) / period))
     attn_softcap = 0.0   # > 0: attention scores become c * tanh(s / c) (Gemma 2)
+    alibi = 0.0          # > 0: ALiBi's maximum bias, positions by per-head linear biases (BLOOM, MPT)
     final_softcap = 0.0  # > 0: the logits likewise
     residual_scale = 1.0  # each branch's output joins the residual times this (Granite)
     logit_scale = 1.0     # the logits are multiplied by this, before any soft-cap (Granite)
@@ -586,6 +587,7 @@ class Architecture:
     out_norm_b: Optional[np.ndarray] = None   # LayerNorm bias of the output norm
     out_bias: Optional[np.ndarray] = None     # bias of the logits (Phi-2)
     pos_embd: Optional[Tensor] = None         # learned position embeddings (GPT-2): one row per position
+    input_norm: Optional[tuple] = None        # (weight, bias) of a LayerNorm of the embeddings (BLOOM)
     dense_out: tuple = ()                     # (weight, bias) projections of an embedding after the final norm
     rank_head: Optional["RankHead"] = None    # a cross-encoder's classification head (rank pooling)
     deepstack = 0         # an image row's further slices added after the first layers (Qwen 3 VL: DeepStack)

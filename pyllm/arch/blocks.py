@@ -129,7 +129,7 @@ def attention(g: Graph, arch: Architecture, h: View, a: Attn | ShortConv | Ssm |
     if temperature is not None:   # (s, period, offset): q scaled by position (Mistral 3, Llama 4)
         g.pos_scale(q, *temperature)
     att = g.attention(q, k, v, hp.n_head, hp.n_head_kv, hp.head_dim, arch.layer_attn_scale(layer), "attn",
-                      window=arch.layer_window(layer), softcap=arch.attn_softcap, sinks=a.sinks,
+                      window=arch.layer_window(layer), softcap=arch.attn_softcap, sinks=a.sinks, alibi=arch.alibi,
                       chunked=arch.chunked_window, causal=arch.causal)
     if a.gate is not None:   # gated attention: each output element times sigmoid(Wgate h)
         gate = g.linear(h, a.gate, "attn_gate")
@@ -223,10 +223,12 @@ def post_norm_block(g: Graph, arch: Architecture, L: Layer, layer: int, x: View)
 
 def embed(g: Graph, arch: Architecture) -> View:
     """x = the tokens' embeddings (times the family's scale), plus the positions' where
-    the family learned them (GPT-2)."""
+    the family learned them (GPT-2), LayerNormed where the family says (BLOOM)."""
     x = g.embed(arch.tok_embd, "x", scale=arch.embed_scale)
     if arch.pos_embd is not None:
         g.embed(arch.pos_embd, x, by_pos=True)
+    if arch.input_norm is not None:
+        g.layernorm(x, *arch.input_norm, arch.hp.eps, x)
     return x
 
 

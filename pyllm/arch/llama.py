@@ -120,3 +120,30 @@ class Xverse(InternLM2):
     """XVERSE (`xverse`: 7B/13B/65B): the Llama block, as InternLM 2's."""
     name = "xverse"
     experts = False
+
+
+class Refact(InternLM2):
+    """Refact (`refact`: Refact-1.6B): the Llama block with ALiBi's linear position biases (maximum
+    bias 8, as llama.cpp) in place of RoPE."""
+    name = "refact"
+    experts = False
+    alibi = 8.0
+
+    def layer_rope(self, i: int):
+        return super().layer_rope(i).off()
+
+
+class Baichuan(InternLM2):
+    """Baichuan and Baichuan 2 (`baichuan`): the Llama block; the 7B (32 layers) with RoPE, the 13B
+    (40) with ALiBi (maximum bias 8), as llama.cpp tells them apart. llama.cpp runs any other
+    depth with neither (no positions at all); pyllm gives it ALiBi, as the 13B."""
+    name = "baichuan"
+    experts = False
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        self.alibi = 0.0 if self.hp.n_layer == 32 else 8.0
+
+    def layer_rope(self, i: int):
+        r = super().layer_rope(i)
+        return r.off() if self.alibi else r

@@ -165,7 +165,7 @@ def fill_record(ffi, rec, index: int, op: Op, addr: Addresses, shape: Shape, kv_
     rec.n_in, rec.n_out = op.n_in, op.n_out
     rec.n_head, rec.n_kv_head, rec.head_dim, rec.head_dim_v = op.n_head, op.n_kv_head, op.head_dim, op.head_dim_v
     rec.n_rot, rec.rope_mode, rec.window = op.n_rot, op.rope_mode, op.window
-    rec.eps, rec.scale, rec.softcap = op.eps, op.scale, op.softcap
+    rec.eps, rec.scale, rec.softcap, rec.alibi = op.eps, op.scale, op.softcap, op.alibi
     rec.freq_base, rec.freq_scale = op.freq_base, op.freq_scale
     rec.freq_factors = p("float *", None if op.freq_factors is None else addr.vector(op.freq_factors))
     rec.rope_sections = (list(op.rope_sections) + [0, 0, 0])[:3]
