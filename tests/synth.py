@@ -930,6 +930,7 @@ def write_bert(path: str | Path, qtype: QT = QT.Q8_0, arch: str = "bert", *, n_e
     rng = np.random.default_rng(seed)
     nomic = arch.startswith("nomic-bert")
     moe = arch == "nomic-bert-moe"
+    jina = arch == "jina-bert-v2"   # bert's layers, no positions (ALiBi), a GEGLU up of [gate | up] with its bias
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(n_layer)
     w.add_context_length(context_length)
@@ -956,7 +957,7 @@ def write_bert(path: str | Path, qtype: QT = QT.Q8_0, arch: str = "bert", *, n_e
         return (centre + spread * rng.standard_normal(n)).astype(np.float32), None
 
     add("token_embd.weight", weight(embd_type or qtype, n_embd, n_vocab, rng, scale=1.0))
-    if not nomic:
+    if not nomic and not jina:
         add("position_embd.weight", ((rng.standard_normal((context_length, n_embd)) * 0.5).astype(np.float32), None))
     add("token_types.weight", ((rng.standard_normal((2, n_embd)) * 0.5).astype(np.float32), None))
     add("token_embd_norm.weight", vec(n_embd, 1.0))
@@ -975,6 +976,12 @@ def write_bert(path: str | Path, qtype: QT = QT.Q8_0, arch: str = "bert", *, n_e
             for name, n_in, n_out in (("up", n_embd, n_ff), ("down", n_ff, n_embd)):
                 arr, raw = weight(qtype, n_in, n_out * 8, rng)
                 add(p + f"ffn_{name}_exps.weight", (arr.reshape(8, n_out, -1), raw))
+        elif jina:
+            add(p + "attn_output.bias", vec(n_embd))
+            add(p + "ffn_up.weight", weight(qtype, n_embd, 2 * n_ff, rng))
+            add(p + "ffn_up.bias", vec(2 * n_ff))
+            add(p + "ffn_down.bias", vec(n_embd))
+            add(p + "ffn_down.weight", weight(qtype, n_ff, n_embd, rng))
         else:
             add(p + "ffn_up.weight", weight(qtype, n_embd, n_ff, rng))
             if nomic and not moe:
@@ -998,6 +1005,10 @@ def write_bert(path: str | Path, qtype: QT = QT.Q8_0, arch: str = "bert", *, n_e
 
 def write_nomic_bert(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_bert(path, qtype, "nomic-bert", **kw)
+
+
+def write_jina_bert_v2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    return write_bert(path, qtype, "jina-bert-v2", **kw)
 
 
 def write_nomic_bert_moe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
@@ -1575,7 +1586,7 @@ def write_metadata_only(src: str | Path, dst: str | Path, md: dict) -> str:
     return str(dst)
 
 WRITERS = {"llama": write_llama, "bert": write_bert, "nomic-bert": write_nomic_bert,
-           "nomic-bert-moe": write_nomic_bert_moe, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
+           "nomic-bert-moe": write_nomic_bert_moe, "jina-bert-v2": write_jina_bert_v2, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
            "phi3": write_phi3, "gemma": write_gemma, "gemma2": write_gemma2, "gemma3": write_gemma3, "gemma-embedding": write_gemma_embedding, "gemma3n": write_gemma3n, "gemma4": write_gemma4, "granite": write_granite,
            "smollm3": write_smollm3, "olmo2": write_olmo2, "phi2": write_phi2, "starcoder2": write_starcoder2,
            "stablelm": write_stablelm, "command-r": write_command_r, "cohere2": write_cohere2,

@@ -37,6 +37,7 @@ FAMILIES = {
     "bert": (synth.write_bert, {}),                          # an encoder: bidirectional, its rows out
     "nomic-bert": (synth.write_nomic_bert, {}),
     "nomic-bert-moe": (synth.write_nomic_bert_moe, {"n_layer": 4}),   # GELU experts in layers 1 and 3
+    "jina-bert-v2": (synth.write_jina_bert_v2, {}),           # ALiBi both ways, GEGLU
     "mistral": (synth.write_mistral, {"window": 12}),         # window shorter than the 40 tokens
     "qwen2": (synth.write_qwen2, {}),
     "qwen3": (synth.write_qwen3, {}),

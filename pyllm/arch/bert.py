@@ -86,6 +86,28 @@ class NomicBert(Bert):
     learned_positions = False
 
 
+class JinaBertV2(Bert):
+    """Jina's BERT v2 (`jina-bert-v2`: jina-embeddings-v2 small/base, en/de/es/zh/code): BERT's
+    layers with ALiBi's symmetric position biases (maximum 8, as llama.cpp) in place of
+    learned positions, and a GEGLU FFN: one ffn_up of [gate | up] (2 n_ff rows), gelu(gate) * up,
+    or separate ffn_gate and ffn_up. Its q/k LayerNorms and second attention norm (some
+    variants) are refused."""
+    name = "jina-bert-v2"
+    gated = True
+    fused_ffn = True
+    learned_positions = False
+    alibi = 8.0
+
+    def __init__(self, mf, n_ctx=None):
+        self.mf = mf
+        self.refuse_tensor("blk.0.attn_q_norm.weight", "q/k LayerNorms")
+        self.refuse_tensor("blk.0.attn_norm_2.weight", "a second attention norm")
+        super().__init__(mf, n_ctx)
+
+    def layer_rope(self, i: int) -> Rope:
+        return super().layer_rope(i).off()
+
+
 class NomicBertMoe(NomicBert):
     """Nomic's BERT with experts (`nomic-bert-moe`: nomic-embed-text-v2-moe): nomic-bert's
     attention, BERT's ungated GELU FFN with biases, and in every layer i with
