@@ -154,6 +154,7 @@ FAMILIES = {
     "bloom": ("bloom", {}),                          # ALiBi, LayerNorm of the embeddings
     "bloom-6heads": ("bloom", {"n_embd": 384, "n_head": 6, "n_head_kv": 6}),   # slopes past a power of 2
     "mpt": ("mpt", {}),                              # ALiBi, LayerNorm without biases
+    "jais": ("jais", {}),                            # ALiBi, biased SwiGLU, softmax scale 1/d
     "refact": ("refact", {}),
     "baichuan-13b": ("baichuan", {"n_layer": 40, "n_ff": 256}),   # ALiBi (llama.cpp: 40 layers, else neither)
     "baichuan-7b": ("baichuan", {"n_layer": 32, "n_ff": 256}),   # RoPE

@@ -250,7 +250,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
       conv_layers layers with a short convolution (shortconv.{in_proj,conv,out_proj}) in place of
                   attention, head_count_kv then a list with 0 for them, the output norm named
                   token_embd_norm and the output tied (LFM2)
-      biases      attn_output, ffn_up and ffn_down biases; out_bias: output.bias
+      biases      attn_output, ffn_up and ffn_down biases (and ffn_gate's); out_bias: output.bias
       rope_dim    rotated dims per head (default: all)
       experts     > 0: every FFN is that many experts (ffn_gate_inp, ffn_*_exps), experts_used
                   chosen per token, each n_ff_exp wide (written as expert_feed_forward_length, which
@@ -513,6 +513,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
         if biases and not moe:
             add(p + "ffn_up.bias", bias(n_ff))
             add(p + "ffn_down.bias", bias(n_embd))
+            if gated and not fused_up:   # JAIS
+                add(p + "ffn_gate.bias", bias(n_ff))
         if post_norms:
             add(p + "post_ffw_norm.weight", norm(n_embd))
     for name, arr in (extra_tensors or {}).items():
@@ -1287,6 +1289,13 @@ def write_mpt(path: str | Path, qtype: QT = QT.Q8_0, alibi: float = 8.0, **kw) -
                        keys=keys, **kw)
 
 
+def write_jais(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """JAIS: LayerNorm with biases, fused q/k/v with bias, a SiLU-gated FFN with biases on all three
+    matrices, ALiBi (max_alibi_bias 8), the output untied."""
+    keys = {"max_alibi_bias": 8.0, **kw.pop("keys", {})}
+    return write_model(path, "jais", qtype, layer_norm=True, fused_qkv=True, qkv_bias=True, biases=True, keys=keys, **kw)
+
+
 def write_orion(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     """Orion: LayerNorm with biases, NEOX RoPE over whole heads, no q/k/v biases, untied output."""
     return write_model(path, "orion", qtype, layer_norm=True, **kw)
@@ -1605,7 +1614,7 @@ WRITERS = {"llama": write_llama, "bert": write_bert, "nomic-bert": write_nomic_b
            "dots1": write_dots1, "afmoe": write_afmoe, "qwen3vlmoe": write_qwen3vlmoe,
            "hunyuan-moe": write_hunyuan_moe, "seed_oss": write_seed_oss,
            "minimax-m2": write_minimax_m2, "apertus": write_apertus,
-           "minicpm": write_minicpm, "bloom": write_bloom, "mpt": write_mpt,
+           "minicpm": write_minicpm, "bloom": write_bloom, "mpt": write_mpt, "jais": write_jais,
            "refact": functools.partial(write_llama, arch="refact"), "baichuan": functools.partial(write_llama, arch="baichuan"),
            "chatglm": write_chatglm, "minicpm3": write_minicpm3, "orion": write_orion, "deepseek": write_deepseek,
            "internlm2": functools.partial(write_llama, arch="internlm2"),

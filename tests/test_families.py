@@ -123,6 +123,7 @@ FAMILIES = {
     "minicpm3": (synth.write_minicpm3, {}),                   # MLA from an unsplit attn_kv_b, LongRoPE, multipliers
     "bloom": (synth.write_bloom, {}),                         # ALiBi, a LayerNorm of the embeddings
     "mpt": (synth.write_mpt, {}),                             # ALiBi, LayerNorm without biases
+    "jais": (synth.write_jais, {}),                           # ALiBi, biased SwiGLU, softmax scale 1/d
     "refact": (synth.WRITERS["refact"], {}),                  # Llama with ALiBi
     "baichuan-13b": (synth.WRITERS["baichuan"], {"n_layer": 3}),   # ALiBi (not 32 layers)
     "baichuan-7b": (synth.WRITERS["baichuan"], {"n_layer": 32, "n_ff": 256}),   # RoPE

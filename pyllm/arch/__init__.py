@@ -10,7 +10,7 @@ from .afmoe import Afmoe
 from .apertus import Apertus
 from .bailingmoe2 import BailingMoe2
 from .bert import Bert, JinaBertV2, NomicBert, NomicBertMoe
-from .bloom import Bloom, Mpt
+from .bloom import Bloom, Jais, Mpt
 from .command_r import Cohere2, CommandR
 from .deepseek import Deepseek
 from .deepseek2 import Deepseek2
@@ -121,6 +121,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "deepseek": Deepseek,
     "bloom": Bloom,
     "mpt": Mpt,
+    "jais": Jais,
     "refact": Refact,
     "baichuan": Baichuan,
 }

@@ -1,4 +1,4 @@
-"""BLOOM (`bloom`: BLOOM, BLOOMZ) and MPT (`mpt`: MPT-7B/30B, Replit Code): LayerNorm decoders
+"""BLOOM (`bloom`: BLOOM, BLOOMZ), MPT (`mpt`: MPT-7B/30B, Replit Code) and JAIS: LayerNorm decoders
 with an ungated GELU FFN whose positions are ALiBi's linear biases, not rotations.
 
     x = embed(tokens)                   ; BLOOM: x = layernorm(x)
@@ -16,7 +16,7 @@ scales are refused: no released file that llama.cpp converts uses them.
 from __future__ import annotations
 
 from ..errors import UnsupportedModelError
-from ..graph import GLU_GELU_TANH, NORM_LAYER
+from ..graph import GLU_GELU_TANH, GLU_SILU, NORM_LAYER
 from .base import Layer, Rope
 from .blocks import PreNormDecoder
 from .starcoder2 import StarCoder2
@@ -61,6 +61,28 @@ class Mpt(PreNormDecoder):
             fn, fn_b = self.norm_weights(p + "ffn_norm", bias=mf.has_tensor(p + "ffn_norm.bias"))
             self.layers.append(Layer(attn_norm=an, attn_norm_b=an_b, attn=self.attention_weights(i),
                                      ffn_norm=fn, ffn_norm_b=fn_b, ffn=self.ffn_weights(i)))
+
+    def layer_rope(self, i: int) -> Rope:
+        return super().layer_rope(i).off()
+
+
+class Jais(StarCoder2):
+    """JAIS (`jais`: Core42's Arabic-English 13B/30B): BLOOM's biased LayerNorm layers with a
+    SiLU-gated FFN (biases on all three matrices), ALiBi with the file's max_alibi_bias and a
+    softmax scale of 1 / head_dim (muP's, not 1 / sqrt(head_dim)); the output untied."""
+    name = "jais"
+    glu = GLU_SILU
+    gated = True
+    qkv_biases = True
+    tied_output = False
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        self.alibi = float(mf.arch_get("attention.max_alibi_bias", 0.0) or 0.0)
+
+    @property
+    def attn_scale(self) -> float:
+        return 1.0 / self.hp.head_dim
 
     def layer_rope(self, i: int) -> Rope:
         return super().layer_rope(i).off()
