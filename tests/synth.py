@@ -277,7 +277,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
       float_arrays  keys written as they are named, each an array of float32 (Apertus's xielu.*)
       int_arrays  keys written as they are named, each an array of int32 (tokenizer.ggml.suppress_tokens)
       keys        extra metadata: {"sliding_window": 8, ...} -> writer.add_<name>(value);
-                  a dotted name ("rope.scaling.x") is written as the key {arch}.<name> (uint32 or float32)
+                  a dotted name ("rope.scaling.x") or a string value is written as the key {arch}.<name>
+                  (uint32, float32 or string)
     head_dim defaults to n_embd / n_head; otherwise it is written as key_length."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
@@ -348,8 +349,9 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
     for name, value in (int_arrays or {}).items():
         w.add_key_value(name, [int(x) for x in value], gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.INT32)
     for name, value in (keys or {}).items():
-        if "." in name:   # a key the writer has no method for: "{arch}.name", an int or a float
-            (w.add_uint32 if isinstance(value, int) else w.add_float32)(f"{arch}.{name}", value)
+        if "." in name or isinstance(value, str):   # no writer method: "{arch}.name", an int, a float or a string
+            add_key = w.add_string if isinstance(value, str) else w.add_uint32 if isinstance(value, int) else w.add_float32
+            add_key(f"{arch}.{name}", value)
         else:
             getattr(w, f"add_{name}")(value)
     if tokenizer_from is not None:
@@ -1009,6 +1011,23 @@ def write_nomic_bert(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_bert(path, qtype, "nomic-bert", **kw)
 
 
+def write_modern_bert(path: str | Path, qtype: QT = QT.Q8_0, window: int = 8, act: Optional[str] = None, **kw) -> str:
+    """ModernBERT: LayerNorms without biases (one of the embeddings, none before layer 0's attention),
+    fused q/k/v, a fused [gate | up] GEGLU (act: hidden_activation, e.g. "silu"), no biases, no output
+    matrix; 4 layers, 1 and 2 local (window 8 either way, RoPE base 10000), 0 and 3 global (base
+    160000); mean pooling."""
+    kw.setdefault("n_layer", 4)
+    rng = np.random.default_rng(kw.get("seed", 0) + 200)
+    keys = {"sliding_window": window, "sliding_window_pattern": 3, "rope.freq_base_swa": 10000.0,
+            "causal_attention": False, "pooling_type": gguf.PoolingType.MEAN, **kw.pop("keys", {})}
+    if act is not None:
+        keys["hidden_activation"] = act
+    norm = {"token_embd_norm.weight": 1.0 + 0.1 * rng.standard_normal(kw.get("n_embd", 256))}
+    return write_model(path, "modern-bert", qtype, layer_norm=True, norm_bias=False, fused_qkv=True, fused_up=True,
+                       tied=True, rope_base=160000.0, n_head_kv=kw.pop("n_head_kv", kw.get("n_head", 4)),
+                       drop_tensor="blk.0.attn_norm.weight", extra_tensors=norm, keys=keys, **kw)
+
+
 def write_jina_bert_v2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_bert(path, qtype, "jina-bert-v2", **kw)
 
@@ -1595,7 +1614,8 @@ def write_metadata_only(src: str | Path, dst: str | Path, md: dict) -> str:
     return str(dst)
 
 WRITERS = {"llama": write_llama, "bert": write_bert, "nomic-bert": write_nomic_bert,
-           "nomic-bert-moe": write_nomic_bert_moe, "jina-bert-v2": write_jina_bert_v2, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
+           "nomic-bert-moe": write_nomic_bert_moe, "jina-bert-v2": write_jina_bert_v2,
+           "modern-bert": write_modern_bert, "mistral": write_mistral, "qwen2": write_qwen2, "qwen3": write_qwen3,
            "phi3": write_phi3, "gemma": write_gemma, "gemma2": write_gemma2, "gemma3": write_gemma3, "gemma-embedding": write_gemma_embedding, "gemma3n": write_gemma3n, "gemma4": write_gemma4, "granite": write_granite,
            "smollm3": write_smollm3, "olmo2": write_olmo2, "phi2": write_phi2, "starcoder2": write_starcoder2,
            "stablelm": write_stablelm, "command-r": write_command_r, "cohere2": write_cohere2,

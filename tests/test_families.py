@@ -38,6 +38,8 @@ FAMILIES = {
     "nomic-bert": (synth.write_nomic_bert, {}),
     "nomic-bert-moe": (synth.write_nomic_bert_moe, {"n_layer": 4}),   # GELU experts in layers 1 and 3
     "jina-bert-v2": (synth.write_jina_bert_v2, {}),           # ALiBi both ways, GEGLU
+    "modern-bert": (synth.write_modern_bert, {}),             # pre-norm encoder, local layers both ways, GEGLU
+    "modern-bert-silu": (synth.write_modern_bert, {"act": "silu"}),
     "mistral": (synth.write_mistral, {"window": 12}),         # window shorter than the 40 tokens
     "qwen2": (synth.write_qwen2, {}),
     "qwen3": (synth.write_qwen3, {}),
@@ -915,6 +917,21 @@ def test_alibi(tmp_path):
     assert no_alibi.alibi == 0.0 and load_architecture(ModelFile(path)).alibi == 8.0
     assert [load_architecture(ModelFile(synth.WRITERS["baichuan"](tmp_path / f"{n}.gguf", QT.F32, n_layer=n))).alibi
             for n in (32, 40)] == [0.0, 8.0]
+
+
+def test_modern_bert_layers(tmp_path):
+    """ModernBERT as llama.cpp reads it: the first layer of every 3 global (base 160000), the
+    others local over 4 positions either way (base rope.freq_base_swa); layer 0 without its
+    attention norm; GEGLU unless hidden_activation says silu; mean pooling by default."""
+    m = load_architecture(ModelFile(synth.write_modern_bert(tmp_path / "m.gguf", QT.F32, n_layer=7)))
+    assert [m.layer_window(i) for i in range(7)] == [0, 8, 8, 0, 8, 8, 0]
+    assert [m.layer_rope(i).base for i in range(3)] == [160000.0, 10000.0, 10000.0]
+    assert m.layers[0].attn_norm is None and m.layers[1].attn_norm is not None
+    assert (m.glu, m.pooling(), m.causal) == (GLU_GELU_TANH, "mean", False)
+    silu = load_architecture(ModelFile(synth.write_modern_bert(tmp_path / "s.gguf", QT.F32, act="silu")))
+    assert silu.glu == GLU_SILU
+    with pytest.raises(UnsupportedModelError, match="hidden_activation 'tanh'"):
+        load_architecture(ModelFile(synth.write_modern_bert(tmp_path / "t.gguf", QT.F32, act="tanh")))
 
 
 def test_family_errors(tmp_path):

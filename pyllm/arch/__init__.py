@@ -9,7 +9,7 @@ from .base import Architecture, HParams
 from .afmoe import Afmoe
 from .apertus import Apertus
 from .bailingmoe2 import BailingMoe2
-from .bert import Bert, JinaBertV2, NomicBert, NomicBertMoe
+from .bert import Bert, JinaBertV2, ModernBert, NomicBert, NomicBertMoe
 from .bloom import Bloom, Jais, Mpt
 from .command_r import Cohere2, CommandR
 from .deepseek import Deepseek
@@ -52,6 +52,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "nomic-bert": NomicBert,
     "nomic-bert-moe": NomicBertMoe,
     "jina-bert-v2": JinaBertV2,
+    "modern-bert": ModernBert,
     "qwen2": Qwen2,
     "qwen3": Qwen3,
     "phi3": Phi3,

@@ -15,10 +15,15 @@ tanh form, the biases llama.cpp takes as optional are optional here too.
 """
 from __future__ import annotations
 
-from ..errors import ModelFileError
+from dataclasses import replace
+from typing import Optional
+
+import numpy as np
+
+from ..errors import ModelFileError, UnsupportedModelError
 from ..graph import GLU_GELU_TANH, GLU_SILU, NORM_LAYER, ROPE_NEOX, Graph, View
 from .base import Architecture, Layer, Rope
-from .blocks import attention, embed, ffn
+from .blocks import PreNormDecoder, attention, embed, ffn
 
 
 class Bert(Architecture):
@@ -133,6 +138,70 @@ class NomicBertMoe(NomicBert):
     def moe_layer(self, i: int) -> bool:
         every = int(self.mf.arch_get("moe_every_n_layers", 0) or 0)
         return every > 0 and i % every == 1
+
+
+class ModernBert(PreNormDecoder):
+    """ModernBERT (`modern-bert`: ModernBERT, gte-modernbert, nomic-modernbert-embed, Granite
+    Embedding R2): a pre-norm encoder, every token attending both ways.
+
+        x = layernorm(embed(tokens))
+        for each layer:
+            x += Wo attention(rope(q), rope(k), v), [q | k | v] = Wqkv layernorm(x)   # layer 0: no norm
+            x += Wdown (act(g) * u), [g | u] = Wup layernorm(x)
+        embeddings = layernorm(x)
+
+    LayerNorms without biases, no biases anywhere, NEOX RoPE; every layer i with
+    i % sliding_window_pattern != 0 (default 3) attends over the window / 2 positions either
+    side of its own with RoPE base rope.freq_base_swa, the others over the whole text.
+    act: GELU (GEGLU), or SiLU where hidden_activation says so (Granite Embedding R2).
+    Mean pooling where the file does not say."""
+    name = "modern-bert"
+    rope_mode = ROPE_NEOX
+    norm = NORM_LAYER
+    causal = False
+    fused_ffn = True
+    ACTIVATIONS = {"gelu": GLU_GELU_TANH, "geglu": GLU_GELU_TANH, "silu": GLU_SILU, "swish": GLU_SILU,
+                   "swiglu": GLU_SILU}
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        hp = self.hp
+        act = str(mf.arch_get("hidden_activation", "gelu"))
+        if act not in self.ACTIVATIONS:
+            raise UnsupportedModelError(f"{mf.path}: modern-bert with hidden_activation {act!r} is not supported "
+                                        f"(supported: {', '.join(self.ACTIVATIONS)})")
+        self.glu = self.ACTIVATIONS[act]
+        self.refuse_tensor("cls.norm.weight", "a classification head")
+        self.tok_embd = self.weight("token_embd.weight", hp.n_embd, hp.n_vocab)
+        self.input_norm = (self.vector("token_embd_norm.weight", hp.n_embd), None)
+        self.out_norm = self.vector("output_norm.weight", hp.n_embd)
+        self.window = int(mf.arch_get("attention.sliding_window", 0) or 0)
+        pattern = mf.arch_get("attention.sliding_window_pattern", 3)
+        if isinstance(pattern, (list, np.ndarray)):
+            if len(pattern) != hp.n_layer:
+                raise ModelFileError(f"{mf.path}: sliding_window_pattern has {len(pattern)} flags for "
+                                     f"{hp.n_layer} layers")
+            self.is_swa = [bool(f) and self.window > 0 for f in pattern]
+        else:   # llama.cpp's for this family: the first layer of every n global
+            n = int(pattern)
+            self.is_swa = [self.window > 0 and (n == 0 or i % n != 0) for i in range(hp.n_layer)]
+        self.swa_rope_base = float(mf.arch_get("rope.freq_base_swa", hp.rope_base))
+        self.layers = []
+        for i in range(hp.n_layer):
+            p = f"blk.{i}."
+            attn_norm = self.vector(p + "attn_norm.weight", hp.n_embd) if i or mf.has_tensor(p + "attn_norm.weight") else None
+            self.layers.append(Layer(attn_norm=attn_norm, attn=self.attention_weights(i),
+                                     ffn_norm=self.vector(p + "ffn_norm.weight", hp.n_embd), ffn=self.ffn_weights(i)))
+
+    def layer_window(self, i: int) -> int:
+        return self.window if self.is_swa[i] else 0
+
+    def layer_rope(self, i: int) -> Rope:
+        r = super().layer_rope(i)
+        return replace(r, base=self.swa_rope_base) if self.is_swa[i] else r
+
+    def pooling(self) -> Optional[str]:
+        return super().pooling() if self.mf.arch_get("pooling_type", None) is not None else "mean"
 
 
 def encoder_output(g: Graph, x: View) -> View:

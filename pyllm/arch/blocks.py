@@ -15,7 +15,10 @@ from .base import Architecture, Attn, DeltaNet, Ffn, Layer, Moe, ShortConv, Ssm
 
 
 def norm(g: Graph, arch: Architecture, x: View, w: np.ndarray, b: Optional[np.ndarray], out: str | View) -> View:
-    """The family's norm of the rows of x: RMSNorm, or LayerNorm (with bias b)."""
+    """The family's norm of the rows of x: RMSNorm, or LayerNorm (with bias b); none (x
+    itself) where the layer has no weight (ModernBERT's first layer)."""
+    if w is None:
+        return x
     if arch.norm == NORM_LAYER:
         return g.layernorm(x, w, b, arch.hp.eps, out)
     return g.rmsnorm(x, w, arch.hp.eps, out)
