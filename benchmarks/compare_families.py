@@ -151,6 +151,8 @@ FAMILIES = {
     "minicpm-longrope-ctx512": ("minicpm", {"long_rope": True}, 512),  # context 512 > 256: long factors
     "minicpm3": ("minicpm3", {}),                                     # MLA (unsplit kv_b), LongRoPE short
     "minicpm3-ctx512": ("minicpm3", {}, 512),                         # long factors
+    "mamba": ("mamba", {}),                          # Mamba 1 mixers alone
+    "falcon-mamba": ("mamba", {"bc_norm": True}),    # + dt, B, C RMS-normed without weights
     "bloom": ("bloom", {}),                          # ALiBi, LayerNorm of the embeddings
     "bloom-6heads": ("bloom", {"n_embd": 384, "n_head": 6, "n_head_kv": 6}),   # slopes past a power of 2
     "mpt": ("mpt", {}),                              # ALiBi, LayerNorm without biases

@@ -16,7 +16,7 @@ from typing import Optional
 
 from .backend.base import kv_row_bytes
 from .arch import load_architecture
-from .arch.base import Attn, DeltaNet, Mla, Moe, ShortConv, Ssm
+from .arch.base import Attn, DeltaNet, Mla, Moe, ShortConv, Ssm, Ssm1
 from .graph import GLU_GELU_TANH, GLU_RELU, GLU_RELU_SQR, GLU_SWIGLU_OAI, GLU_XIELU, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX, Graph, act_row_bytes
 from .model_file import ModelFile
 from .chat_template import THINKING_SWITCH
@@ -222,6 +222,12 @@ def describe_block(arch) -> str:
         qk += (f"; layers {fmt_layers(ssms)}: a Mamba 2 mixer {side} attention ({m.heads} heads of {m.head_dim}, "
                f"a state of {m.d_state} per channel, {m.groups} group{'s' if m.groups > 1 else ''}, a convolution "
                f"of {m.conv.shape[1]} taps)")
+    mambas = [i for i, x in enumerate(arch.layers) if isinstance(x.attn, Ssm1)]
+    if mambas:   # Mamba 1, Falcon Mamba
+        m = arch.layers[mambas[0]].attn
+        qk += (f"; layers {fmt_layers(mambas)}: a Mamba 1 mixer in place of attention ({m.d_inner} channels, a "
+               f"state of {m.d_state} each, dt of rank {m.dt_rank}{', dt/B/C RMS-normed' if m.bc_norm else ''}, a "
+               f"convolution of {m.conv.shape[1]} taps)")
     deltas = [i for i, x in enumerate(arch.layers) if isinstance(x.attn, DeltaNet)]
     if deltas:   # Qwen3.5
         d = arch.layers[deltas[0]].attn

@@ -15,7 +15,7 @@ from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from .arch import ARCHITECTURES
-from .arch.base import Architecture, DeltaNet, Mla, Moe, ShortConv, Ssm
+from .arch.base import Architecture, DeltaNet, Mla, Moe, ShortConv, Ssm, Ssm1
 from .arch.bert import Bert
 from .arch.gemma3n import Gemma3n
 from .arch.gemma4 import Gemma4
@@ -548,6 +548,25 @@ class Reference:
             y = (rmsnorm(y.reshape(T, G, -1), s.norm.reshape(G, -1), self.arch.hp.eps)).reshape(T, d_inner)
         return self._linear(y, s.out_proj, None)
 
+    def _ssm1(self, h: np.ndarray, s: Ssm1) -> np.ndarray:
+        """Mamba 1: out_proj (y * silu(z)), [x | z] = in_proj h, x = silu(conv(x) + b), [dt | B | C] =
+        x_proj x (each RMS-normed where bc_norm), y_t = C_t . s_t + D x_t with s_t = exp(dt_t A) s_{t-1}
+        + dt_t x_t B_t per channel, dt_t = softplus(dt_proj dt + dt_bias)."""
+        n, N, R = s.d_inner, s.d_state, s.dt_rank
+        x, z = np.split(self._linear(h, s.in_proj, None), [n], axis=1)
+        x = silu(causal_conv(x, s.conv) + s.conv_bias)
+        dt, B, C = np.split(self._linear(x, s.x_proj, None), [R, R + N], axis=1)
+        if s.bc_norm:
+            dt, B, C = (rmsnorm(v, np.ones(v.shape[1], np.float32), self.arch.hp.eps) for v in (dt, B, C))
+        dt = self._linear(dt, s.dt_proj, None).astype(np.float64) + s.dt_bias
+        dt = np.where(dt > 20.0, dt, np.log1p(np.exp(np.minimum(dt, 20.0))))   # softplus, [T, n]
+        state = np.zeros((n, N))
+        y = np.empty((h.shape[0], n))
+        for t in range(h.shape[0]):
+            state = state * np.exp(dt[t][:, None] * s.a) + (dt[t] * x[t])[:, None] * B[t][None, :]
+            y[t] = state @ C[t] + s.d * x[t]
+        return self._linear((y * silu(z)).astype(np.float32), s.out_proj, None)
+
     def _delta_net(self, h: np.ndarray, d: DeltaNet) -> np.ndarray:
         """The gated delta rule as Qwen3.5 writes it, token by token, in float64: [q | k | v] =
         silu(conv(Wqkv h)); per value head (key head h % kv_heads, or h // r grouped, r = heads /
@@ -620,6 +639,8 @@ class Reference:
                 o = self._short_conv(h, L.attn)
             elif isinstance(L.attn, Ssm):
                 o = self._ssm(h, L.attn)
+            elif isinstance(L.attn, Ssm1):
+                o = self._ssm1(h, L.attn)
             elif isinstance(L.attn, DeltaNet):
                 o = self._delta_net(h, L.attn)
             elif isinstance(L.attn, Mla):

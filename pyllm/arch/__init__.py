@@ -31,7 +31,7 @@ from .lfm2 import Lfm2, Lfm2Moe
 from .llama import Baichuan, InternLM2, Llama, Mistral3, Refact, SeedOss, Xverse
 from .falcon_h1 import FalconH1
 from .llama4 import Llama4
-from .mamba2 import Mamba2
+from .mamba2 import Mamba, Mamba2
 from .minicpm import MiniCPM, MiniCPM3
 from .minimax import MinimaxM2
 from .nemotron import Arcee, Nemotron, NemotronH, NemotronHMoe
@@ -121,6 +121,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "orion": Orion,
     "deepseek": Deepseek,
     "bloom": Bloom,
+    "mamba": Mamba,
     "mpt": Mpt,
     "jais": Jais,
     "refact": Refact,

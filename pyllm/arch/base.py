@@ -397,6 +397,31 @@ class ShortConv:
 
 
 @dataclass
+class Ssm1:
+    """A layer's Mamba 1 mixer (Mamba, Falcon Mamba): [x | z] = in_proj h ; x = silu(conv(x) +
+    conv_bias) ; [dt | B | C] = x_proj x (dt_rank, d_state, d_state; each RMS-normed, no weight,
+    where bc_norm: Falcon Mamba) ; dt = dt_proj dt ; y = scan(x, dt + dt_bias, A, B, C) + D x ;
+    out = out_proj (y * silu(z)). Every channel is its own head of one value, with a decay
+    per state: s = s exp(dt A) + dt x B ; y = s . C."""
+    in_proj: Tensor                   # n_embd -> 2 d_inner
+    conv: np.ndarray                  # [d_inner, d_conv] float32
+    conv_bias: np.ndarray
+    x_proj: Tensor                    # d_inner -> dt_rank + 2 d_state
+    dt_proj: Tensor                   # dt_rank -> d_inner
+    dt_bias: np.ndarray               # [d_inner]
+    a: np.ndarray                     # [d_inner, d_state]: A, the (negative) decay rates
+    d: np.ndarray                     # [d_inner]: D, the skip
+    out_proj: Tensor
+    dt_rank: int
+    d_state: int
+    bc_norm: bool = False
+
+    @property
+    def d_inner(self) -> int:
+        return self.d.shape[0]
+
+
+@dataclass
 class Ssm:
     """A layer's Mamba 2 mixer in place of attention (Granite 4.0-H, Nemotron-H):
     [z | xBC | dt] = in_proj h ; xBC = silu(conv(xBC) + conv_bias), conv causal and

@@ -11,7 +11,7 @@ from typing import Optional
 import numpy as np
 
 from ..graph import GLU_MUL, GLU_SIGMOID, GLU_SILU, MOE_NORM, MOE_SIGMOID, NORM_LAYER, Graph, View
-from .base import Architecture, Attn, DeltaNet, Ffn, Layer, Moe, ShortConv, Ssm
+from .base import Architecture, Attn, DeltaNet, Ffn, Layer, Moe, ShortConv, Ssm, Ssm1
 
 
 def norm(g: Graph, arch: Architecture, x: View, w: np.ndarray, b: Optional[np.ndarray], out: str | View) -> View:
@@ -58,6 +58,25 @@ def ssm_mixer(g: Graph, h: View, s: Ssm, eps: float, out: str | View, accumulate
     return g.linear(y, s.out_proj, out, accumulate=accumulate)
 
 
+def mamba1_mixer(g: Graph, h: View, s: Ssm1, eps: float, out: str | View, accumulate: bool = True) -> View:
+    """out (+)= out_proj (scan(x, dt, B, C) * silu(z)), [x | z] = in_proj h, x = silu(conv(x)),
+    [dt | B | C] = x_proj x, dt = dt_proj dt: Mamba 1 (Ssm1), every channel a head of one value."""
+    n, N, R = s.d_inner, s.d_state, s.dt_rank
+    xz = g.linear(h, s.in_proj, "xz")
+    xbc = g.buffer("ssm_xbc", n + 2 * N)         # [x | B | C], as the scan reads a row
+    x = g.ssm_conv(xz.cols(0, n), s.conv, s.conv_bias, xbc.cols(0, n))
+    g.act(x, GLU_SILU, x)
+    dbc = g.linear(x, s.x_proj, "ssm_dbc")        # [dt | B | C]
+    if s.bc_norm:   # each part RMS-normed without a weight (Falcon Mamba)
+        for start, width in ((0, R), (R, N), (R + N, N)):
+            g.rmsnorm(dbc.cols(start, width), np.ones(width, np.float32), eps, dbc.cols(start, width))
+    g.copy(dbc.cols(R, 2 * N), xbc.cols(n, 2 * N), 2 * N, 1, 0, 0)
+    dt = g.linear(dbc.cols(0, R), s.dt_proj, "ssm_dt")
+    y = g.ssm_scan(xbc, dt, s.a, s.d, s.dt_bias, n, 1, 1, N, "ssm_y")
+    y = g.glu(xz.cols(n, n), y, GLU_SILU, y)
+    return g.linear(y, s.out_proj, out, accumulate=accumulate)
+
+
 def delta_net_mixer(g: Graph, h: View, d: DeltaNet, eps: float, out: str | View, accumulate: bool = True) -> View:
     """out (+)= out_proj (rmsnorm_per_head(delta(q, k, v)) * silu(Wz h)), [q | k | v] =
     silu(conv(Wqkv h)): the gated delta rule (Qwen3.5, Qwen3-Next: the fused projections'
@@ -98,7 +117,7 @@ def gated_q(g: Graph, h: View, a: Attn, arch: Architecture) -> tuple[View, View]
     return q, g.copy(qg.cols(hd, qg.width - hd), g.buffer("attn_gate", hp.q_dim), hd, n, 2 * hd, hd)
 
 
-def attention(g: Graph, arch: Architecture, h: View, a: Attn | ShortConv | Ssm | DeltaNet, layer: int,
+def attention(g: Graph, arch: Architecture, h: View, a: Attn | ShortConv | Ssm | Ssm1 | DeltaNet, layer: int,
               out: str | View, accumulate: bool = True) -> View:
     """out (+)= Wo attention(rope(norm(Wq h)), rope(norm(Wk h)), Wv h) for layer `layer`:
     q/k norms per head when the layer has them, the layer's RoPE and window (or the
@@ -107,6 +126,8 @@ def attention(g: Graph, arch: Architecture, h: View, a: Attn | ShortConv | Ssm |
         return short_conv(g, h, a, out, accumulate)
     if isinstance(a, Ssm):
         return ssm_mixer(g, h, a, arch.hp.eps, out, accumulate)
+    if isinstance(a, Ssm1):
+        return mamba1_mixer(g, h, a, arch.hp.eps, out, accumulate)
     if isinstance(a, DeltaNet):
         return delta_net_mixer(g, h, a, arch.hp.eps, out, accumulate)
     hp = arch.hp
