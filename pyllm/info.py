@@ -226,7 +226,7 @@ def describe_block(arch) -> str:
     if mambas:   # Mamba 1, Falcon Mamba
         m = arch.layers[mambas[0]].attn
         qk += (f"; layers {fmt_layers(mambas)}: a Mamba 1 mixer in place of attention ({m.d_inner} channels, a "
-               f"state of {m.d_state} each, dt of rank {m.dt_rank}{', dt/B/C RMS-normed' if m.bc_norm else ''}, a "
+               f"state of {m.d_state} each, dt of rank {m.dt_rank}{', dt/B/C RMS-normed' if m.norms is not None else ''}, a "
                f"convolution of {m.conv.shape[1]} taps)")
     deltas = [i for i, x in enumerate(arch.layers) if isinstance(x.attn, DeltaNet)]
     if deltas:   # Qwen3.5

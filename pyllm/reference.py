@@ -550,14 +550,14 @@ class Reference:
 
     def _ssm1(self, h: np.ndarray, s: Ssm1) -> np.ndarray:
         """Mamba 1: out_proj (y * silu(z)), [x | z] = in_proj h, x = silu(conv(x) + b), [dt | B | C] =
-        x_proj x (each RMS-normed where bc_norm), y_t = C_t . s_t + D x_t with s_t = exp(dt_t A) s_{t-1}
+        x_proj x (each RMS-normed where the layer has norms), y_t = C_t . s_t + D x_t with s_t = exp(dt_t A) s_{t-1}
         + dt_t x_t B_t per channel, dt_t = softplus(dt_proj dt + dt_bias)."""
         n, N, R = s.d_inner, s.d_state, s.dt_rank
         x, z = np.split(self._linear(h, s.in_proj, None), [n], axis=1)
         x = silu(causal_conv(x, s.conv) + s.conv_bias)
         dt, B, C = np.split(self._linear(x, s.x_proj, None), [R, R + N], axis=1)
-        if s.bc_norm:
-            dt, B, C = (rmsnorm(v, np.ones(v.shape[1], np.float32), self.arch.hp.eps) for v in (dt, B, C))
+        if s.norms is not None:
+            dt, B, C = (rmsnorm(v, w, self.arch.hp.eps) for v, w in zip((dt, B, C), s.norms))
         dt = self._linear(dt, s.dt_proj, None).astype(np.float64) + s.dt_bias
         dt = np.where(dt > 20.0, dt, np.log1p(np.exp(np.minimum(dt, 20.0))))   # softplus, [T, n]
         state = np.zeros((n, N))

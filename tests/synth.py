@@ -819,27 +819,34 @@ def write_mamba2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_model(path, "mamba2", qtype, n_head=0, n_ff=0, no_attention=True, **kw)
 
 
-def write_mamba(path: str | Path, qtype: QT = QT.Q8_0, *, n_embd: int = 256, n_layer: int = 3, n_vocab: int = 512,
-                d_state: int = 16, dt_rank: int = 16, d_conv: int = 4, bc_norm: bool = False, seed: int = 0,
-                tokenizer_from: Optional[dict] = None) -> str:
+def write_mamba(path: str | Path, qtype: QT = QT.Q8_0, *, arch: str = "mamba", n_embd: int = 256, n_layer: int = 3,
+                n_vocab: int = 512, d_state: int = 16, dt_rank: int = 16, d_conv: int = 4, bc_norm: bool = False,
+                attn_layers: tuple = (), n_head: int = 4, n_head_kv: int = 2, n_ff: int = 0, moe_layers: tuple = (),
+                experts: int = 4, experts_used: int = 2, seed: int = 0, tokenizer_from: Optional[dict] = None) -> str:
     """Mamba 1 (arch `mamba`): layers of a Mamba 1 mixer alone (d_inner 2 n_embd, every channel with
     its own decay per state), as the converter writes them: no attention keys; bc_norm: Falcon
-    Mamba's ssm.dt_b_c_rms. The output tied."""
+    Mamba's ssm.dt_b_c_rms. The output tied. Jamba (write_jamba): attention (no RoPE) in attn_layers,
+    dt/B/C norm weights in the others, and an FFN in every layer (n_ff), experts in moe_layers."""
     rng = np.random.default_rng(seed)
     d_inner = 2 * n_embd
-    w = gguf.GGUFWriter(str(path), "mamba")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(n_layer)
     w.add_context_length(1 << 20)
     w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(0)
-    w.add_head_count(0)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head if attn_layers else 0)
+    if attn_layers:
+        w.add_head_count_kv([n_head_kv if i in attn_layers else 0 for i in range(n_layer)])
+    if moe_layers:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(experts_used)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_ssm_conv_kernel(d_conv)
     w.add_ssm_inner_size(d_inner)
     w.add_ssm_state_size(d_state)
     w.add_ssm_time_step_rank(dt_rank)
     if bc_norm:
-        w.add_bool("mamba.ssm.dt_b_c_rms", True)
+        w.add_bool(f"{arch}.ssm.dt_b_c_rms", True)
     n_vocab = copy_tokenizer(w, tokenizer_from) if tokenizer_from is not None else small_vocab(w, n_vocab)
 
     def add(name, array_and_type):
@@ -851,18 +858,47 @@ def write_mamba(path: str | Path, qtype: QT = QT.Q8_0, *, n_embd: int = 256, n_l
     for i in range(n_layer):
         p = f"blk.{i}."
         add(p + "attn_norm.weight", vec(1.0 + 0.1 * rng.standard_normal(n_embd)))
-        add(p + "ssm_in.weight", weight(qtype, n_embd, 2 * d_inner, rng))
-        add(p + "ssm_conv1d.weight", vec(rng.standard_normal((d_inner, d_conv)) / 2))
-        add(p + "ssm_conv1d.bias", vec(0.1 * rng.standard_normal(d_inner)))
-        add(p + "ssm_x.weight", weight(qtype, d_inner, dt_rank + 2 * d_state, rng))
-        add(p + "ssm_dt.weight", weight(QT.F32 if qtype == QT.F32 else QT.F16, dt_rank, d_inner, rng))
-        # softplus(dt + bias) around 0.1..1 and A in [-8, -1], as Mamba initializes them
-        add(p + "ssm_dt.bias", vec(rng.uniform(-2.0, 0.5, d_inner)))
-        add(p + "ssm_a", vec(-np.exp(rng.uniform(0, np.log(8), (d_inner, d_state)))))
-        add(p + "ssm_d", vec(1.0 + 0.1 * rng.standard_normal(d_inner)))
-        add(p + "ssm_out.weight", weight(qtype, d_inner, n_embd, rng))
+        if i in attn_layers:
+            hd = n_embd // n_head
+            for name, n_out in (("q", n_head * hd), ("k", n_head_kv * hd), ("v", n_head_kv * hd)):
+                add(p + f"attn_{name}.weight", weight(qtype, n_embd, n_out, rng))
+            add(p + "attn_output.weight", weight(qtype, n_head * hd, n_embd, rng))
+        else:
+            add(p + "ssm_in.weight", weight(qtype, n_embd, 2 * d_inner, rng))
+            add(p + "ssm_conv1d.weight", vec(rng.standard_normal((d_inner, d_conv)) / 2))
+            add(p + "ssm_conv1d.bias", vec(0.1 * rng.standard_normal(d_inner)))
+            add(p + "ssm_x.weight", weight(qtype, d_inner, dt_rank + 2 * d_state, rng))
+            add(p + "ssm_dt.weight", weight(QT.F32 if qtype == QT.F32 else QT.F16, dt_rank, d_inner, rng))
+            # softplus(dt + bias) around 0.1..1 and A in [-8, -1], as Mamba initializes them
+            add(p + "ssm_dt.bias", vec(rng.uniform(-2.0, 0.5, d_inner)))
+            add(p + "ssm_a", vec(-np.exp(rng.uniform(0, np.log(8), (d_inner, d_state)))))
+            add(p + "ssm_d", vec(1.0 + 0.1 * rng.standard_normal(d_inner)))
+            add(p + "ssm_out.weight", weight(qtype, d_inner, n_embd, rng))
+            if arch == "jamba":
+                for name, n in (("dt", dt_rank), ("b", d_state), ("c", d_state)):
+                    add(p + f"ssm_{name}_norm.weight", vec(1.0 + 0.1 * rng.standard_normal(n)))
+        if n_ff:
+            add(p + "ffn_norm.weight", vec(1.0 + 0.1 * rng.standard_normal(n_embd)))
+            if i in moe_layers:
+                add(p + "ffn_gate_inp.weight", weight(QT.F32, n_embd, experts, rng, scale=1.0))
+                for name, n_in, n_out in (("gate", n_embd, n_ff), ("up", n_embd, n_ff), ("down", n_ff, n_embd)):
+                    arr, raw = weight(qtype, n_in, n_out * experts, rng)
+                    add(p + f"ffn_{name}_exps.weight", (arr.reshape(experts, n_out, -1), raw))
+            else:
+                for name, n_in, n_out in (("gate", n_embd, n_ff), ("up", n_embd, n_ff), ("down", n_ff, n_embd)):
+                    add(p + f"ffn_{name}.weight", weight(qtype, n_in, n_out, rng))
     add("output_norm.weight", vec(1.0 + 0.1 * rng.standard_normal(n_embd)))
     return finish(w, path)
+
+
+def write_jamba(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """Jamba: 4 layers, attention (4 heads, 2 KV heads, no RoPE) in layer 2, Mamba 1 mixers with
+    dt/B/C norm weights in the others, SwiGLU FFNs of 512, 4 experts (2 chosen) in layers 1 and 3."""
+    kw.setdefault("n_layer", 4)
+    kw.setdefault("attn_layers", (2,))
+    kw.setdefault("moe_layers", (1, 3))
+    kw.setdefault("n_ff", 512)
+    return write_mamba(path, qtype, arch="jamba", **kw)
 
 
 def write_falcon_h1(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
@@ -1680,7 +1716,7 @@ WRITERS = {"llama": write_llama, "bert": write_bert, "nomic-bert": write_nomic_b
            "dots1": write_dots1, "afmoe": write_afmoe, "qwen3vlmoe": write_qwen3vlmoe,
            "hunyuan-moe": write_hunyuan_moe, "seed_oss": write_seed_oss,
            "minimax-m2": write_minimax_m2, "apertus": write_apertus,
-           "minicpm": write_minicpm, "mamba": write_mamba, "bloom": write_bloom, "mpt": write_mpt, "jais": write_jais,
+           "minicpm": write_minicpm, "mamba": write_mamba, "jamba": write_jamba, "bloom": write_bloom, "mpt": write_mpt, "jais": write_jais,
            "refact": functools.partial(write_llama, arch="refact"), "baichuan": functools.partial(write_llama, arch="baichuan"),
            "chatglm": write_chatglm, "minicpm3": write_minicpm3, "orion": write_orion, "deepseek": write_deepseek,
            "internlm2": functools.partial(write_llama, arch="internlm2"),

@@ -31,7 +31,7 @@ from .lfm2 import Lfm2, Lfm2Moe
 from .llama import Baichuan, InternLM2, Llama, Mistral3, Refact, SeedOss, Xverse
 from .falcon_h1 import FalconH1
 from .llama4 import Llama4
-from .mamba2 import Mamba, Mamba2
+from .mamba2 import Jamba, Mamba, Mamba2
 from .minicpm import MiniCPM, MiniCPM3
 from .minimax import MinimaxM2
 from .nemotron import Arcee, Nemotron, NemotronH, NemotronHMoe
@@ -122,6 +122,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "deepseek": Deepseek,
     "bloom": Bloom,
     "mamba": Mamba,
+    "jamba": Jamba,
     "mpt": Mpt,
     "jais": Jais,
     "refact": Refact,

@@ -399,8 +399,8 @@ class ShortConv:
 @dataclass
 class Ssm1:
     """A layer's Mamba 1 mixer (Mamba, Falcon Mamba): [x | z] = in_proj h ; x = silu(conv(x) +
-    conv_bias) ; [dt | B | C] = x_proj x (dt_rank, d_state, d_state; each RMS-normed, no weight,
-    where bc_norm: Falcon Mamba) ; dt = dt_proj dt ; y = scan(x, dt + dt_bias, A, B, C) + D x ;
+    conv_bias) ; [dt | B | C] = x_proj x (dt_rank, d_state, d_state; each RMS-normed where the
+    layer has norms: Jamba, Falcon Mamba's of ones) ; dt = dt_proj dt ; y = scan(x, dt + dt_bias, A, B, C) + D x ;
     out = out_proj (y * silu(z)). Every channel is its own head of one value, with a decay
     per state: s = s exp(dt A) + dt x B ; y = s . C."""
     in_proj: Tensor                   # n_embd -> 2 d_inner
@@ -414,7 +414,7 @@ class Ssm1:
     out_proj: Tensor
     dt_rank: int
     d_state: int
-    bc_norm: bool = False
+    norms: Optional[tuple] = None     # RMSNorm weights of dt, B and C (Jamba; ones: Falcon Mamba), or None
 
     @property
     def d_inner(self) -> int:
@@ -789,6 +789,32 @@ class Architecture:
                          if mf.has_tensor(p + "ssm_norm.weight") else None),
                    out_proj=self.weight(p + "ssm_out.weight", d_inner, hp.n_embd),
                    heads=heads, head_dim=d_inner // heads, groups=groups, d_state=d_state)
+
+    def mamba1_weights(self, i: int) -> Ssm1:
+        """Layer i's Mamba 1 mixer, sized by the file's ssm.* keys (time_step_rank: dt's rank); dt, B
+        and C normed by the layer's ssm_{dt,b,c}_norm (Jamba), or without weights where
+        ssm.dt_b_c_rms says so (Falcon Mamba)."""
+        mf, hp, p = self.mf, self.hp, f"blk.{i}."
+        d_conv, d_inner, d_state, dt_rank = (int(mf.arch_require("ssm." + k)) for k in (
+            "conv_kernel", "inner_size", "state_size", "time_step_rank"))
+        if min(d_conv, d_inner, d_state, dt_rank) <= 0 or d_conv > 64:
+            raise ModelFileError(f"{mf.path}: Mamba sizes (conv {d_conv}, inner {d_inner}, state {d_state}, "
+                                 f"dt rank {dt_rank}) do not fit together; the file is corrupt")
+        norms = None
+        if mf.has_tensor(p + "ssm_dt_norm.weight"):
+            norms = (self.vector(p + "ssm_dt_norm.weight", dt_rank), self.vector(p + "ssm_b_norm.weight", d_state),
+                     self.vector(p + "ssm_c_norm.weight", d_state))
+        elif mf.arch_get("ssm.dt_b_c_rms", False):
+            norms = tuple(np.ones(n, np.float32) for n in (dt_rank, d_state, d_state))
+        return Ssm1(in_proj=self.weight(p + "ssm_in.weight", hp.n_embd, 2 * d_inner),
+                    conv=self.floats(p + "ssm_conv1d.weight", d_conv, d_inner),
+                    conv_bias=self.vector(p + "ssm_conv1d.bias", d_inner),
+                    x_proj=self.weight(p + "ssm_x.weight", d_inner, dt_rank + 2 * d_state),
+                    dt_proj=self.weight(p + "ssm_dt.weight", dt_rank, d_inner),
+                    dt_bias=self.vector(p + "ssm_dt.bias", d_inner),
+                    a=self.floats(p + "ssm_a", d_state, d_inner), d=self.floats(p + "ssm_d", d_inner),
+                    out_proj=self.weight(p + "ssm_out.weight", d_inner, hp.n_embd), dt_rank=dt_rank,
+                    d_state=d_state, norms=norms)
 
     def expert_weights(self, name: str, n_in: int, n_out: int, n_experts: int) -> Tensor:
         """A 3-D expert tensor: n_experts matrices of n_out rows of n_in, of a type we run."""

@@ -67,9 +67,9 @@ def mamba1_mixer(g: Graph, h: View, s: Ssm1, eps: float, out: str | View, accumu
     x = g.ssm_conv(xz.cols(0, n), s.conv, s.conv_bias, xbc.cols(0, n))
     g.act(x, GLU_SILU, x)
     dbc = g.linear(x, s.x_proj, "ssm_dbc")        # [dt | B | C]
-    if s.bc_norm:   # each part RMS-normed without a weight (Falcon Mamba)
-        for start, width in ((0, R), (R, N), (R + N, N)):
-            g.rmsnorm(dbc.cols(start, width), np.ones(width, np.float32), eps, dbc.cols(start, width))
+    if s.norms is not None:   # each part RMS-normed (Jamba; Falcon Mamba: weights of ones)
+        for (start, width), w in zip(((0, R), (R, N), (R + N, N)), s.norms):
+            g.rmsnorm(dbc.cols(start, width), w, eps, dbc.cols(start, width))
     g.copy(dbc.cols(R, 2 * N), xbc.cols(n, 2 * N), 2 * N, 1, 0, 0)
     dt = g.linear(dbc.cols(0, R), s.dt_proj, "ssm_dt")
     y = g.ssm_scan(xbc, dt, s.a, s.d, s.dt_bias, n, 1, 1, N, "ssm_y")

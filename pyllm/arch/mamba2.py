@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from ..errors import ModelFileError
 from ..graph import Graph
-from .base import Architecture, HParams, Layer, Ssm1
+from .base import Architecture, HParams, Layer, Rope
 from .blocks import attention, embed, output_head
+from .llama import Llama
 
 
 class Mamba2(Architecture):
@@ -41,36 +42,16 @@ class Mamba2(Architecture):
 
 
 class Mamba(Mamba2):
-    """Mamba 1: Falcon Mamba's files set ssm.dt_b_c_rms (dt, B and C RMS-normed without weights);
-    Jamba's per-layer dt/B/C norm weights are refused (Jamba is not supported)."""
+    """Mamba 1: Falcon Mamba's files set ssm.dt_b_c_rms (dt, B and C RMS-normed without weights)."""
     name = "mamba"
 
     def __init__(self, mf, n_ctx=None):
         self.mf, self.n_ctx = mf, n_ctx
         self.hp = attention_free_hparams(mf)
         self.rope_freqs, self.window = None, 0
-        self.refuse_tensor("blk.0.ssm_dt_norm.weight", "dt, B and C norm weights")
         self.read_ends()
         self.layers = [Layer(attn_norm=self.vector(f"blk.{i}.attn_norm.weight", self.hp.n_embd),
                              attn=self.mamba1_weights(i), ffn_norm=None, ffn=None) for i in range(self.hp.n_layer)]
-
-    def mamba1_weights(self, i: int) -> Ssm1:
-        """Layer i's Mamba 1 mixer, sized by the file's ssm.* keys (time_step_rank: dt's rank)."""
-        mf, hp, p = self.mf, self.hp, f"blk.{i}."
-        d_conv, d_inner, d_state, dt_rank = (int(mf.arch_require("ssm." + k)) for k in (
-            "conv_kernel", "inner_size", "state_size", "time_step_rank"))
-        if min(d_conv, d_inner, d_state, dt_rank) <= 0 or d_conv > 64:
-            raise ModelFileError(f"{mf.path}: Mamba sizes (conv {d_conv}, inner {d_inner}, state {d_state}, "
-                                 f"dt rank {dt_rank}) do not fit together; the file is corrupt")
-        return Ssm1(in_proj=self.weight(p + "ssm_in.weight", hp.n_embd, 2 * d_inner),
-                    conv=self.floats(p + "ssm_conv1d.weight", d_conv, d_inner),
-                    conv_bias=self.vector(p + "ssm_conv1d.bias", d_inner),
-                    x_proj=self.weight(p + "ssm_x.weight", d_inner, dt_rank + 2 * d_state),
-                    dt_proj=self.weight(p + "ssm_dt.weight", dt_rank, d_inner),
-                    dt_bias=self.vector(p + "ssm_dt.bias", d_inner),
-                    a=self.floats(p + "ssm_a", d_state, d_inner), d=self.floats(p + "ssm_d", d_inner),
-                    out_proj=self.weight(p + "ssm_out.weight", d_inner, hp.n_embd), dt_rank=dt_rank,
-                    d_state=d_state, bc_norm=bool(mf.arch_get("ssm.dt_b_c_rms", False)))
 
 
 def attention_free_hparams(mf) -> HParams:
@@ -89,3 +70,47 @@ def attention_free_hparams(mf) -> HParams:
         raise ModelFileError(f"{mf.path}: block_count {hp.n_layer} is more than the file's {len(mf.tensors)} "
                              f"tensors; the file is corrupt")
     return hp
+
+
+class Jamba(Llama):
+    """Jamba (`jamba`: AI21's Jamba, Jamba 1.5/1.6/1.7 Mini and Large): layers whose head_count_kv
+    is 0 mix tokens by a Mamba 1 mixer (dt, B and C RMS-normed by their own weights), the others
+    by attention without any position encoding (GQA); every layer then its FFN, dense SwiGLU or,
+    where the layer has a router, experts (the softmax over all, the chosen ones' values not
+    renormalized, times expert_weights_scale, as llama.cpp).
+
+        h = rmsnorm(x) ; x += mamba1(h) or attention(h)
+        h = rmsnorm(x) ; x += ffn(h) or experts(h)
+    """
+    name = "jamba"
+    kv_per_layer = True
+    experts = True
+    moe_norm = False
+
+    def __init__(self, mf, n_ctx=None):
+        Architecture.__init__(self, mf, n_ctx)
+        hp = self.hp
+        self.read_ends()
+        kv_heads = hp.kv_heads or [hp.n_head_kv] * hp.n_layer
+        self.layers = []
+        for i in range(hp.n_layer):
+            p = f"blk.{i}."
+            mixer = self.attention_weights(i) if kv_heads[i] else self.mamba1_weights(i)
+            self.layers.append(Layer(attn_norm=self.vector(p + "attn_norm.weight", hp.n_embd), attn=mixer,
+                                     ffn_norm=self.vector(p + "ffn_norm.weight", hp.n_embd), ffn=self.layer_ffn(i)))
+
+    def layer_ffn(self, i: int):
+        m = self.moe_weights(i)
+        if m is None:
+            return self.ffn_weights(i)
+        m.scale = float(self.mf.arch_get("expert_weights_scale", 0.0) or 1.0)
+        return m
+
+    def moe_layer(self, i: int) -> bool:
+        return self.mf.has_tensor(f"blk.{i}.ffn_gate_inp.weight")
+
+    def sliding_window(self) -> int:
+        return 0
+
+    def layer_rope(self, i: int) -> Rope:
+        return super().layer_rope(i).off()
