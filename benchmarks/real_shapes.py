@@ -42,6 +42,9 @@ SHAPES = {
                           dict(n_embd=2048, n_head=16, n_head_kv=2, head_dim=256, n_ff=512, experts=64,
                                experts_used=10, n_ff_exp=512, shared_expert=512,
                                delta={"heads": 32, "kv_heads": 16, "head_dim": 128, "d_conv": 4, "fused_ba": True})),
+    "mamba-130m": ("mamba", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                   "state-spaces' mamba-130m's widths, all 24 layers (d_inner 1536, state 16, dt rank 48)",
+                   dict(n_embd=768, n_layer=24, d_state=16, dt_rank=48)),
 }
 
 QUANTIZE = r'''

@@ -341,7 +341,7 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
             return fail("a step of several sequences through a recurrent layer (its state is one sequence's)");
         if (st->row_table && ops[i].kind == OP_ATTENTION && ops[i].flags & OPF_NON_CAUSAL)
             return fail("a step of several sequences through bidirectional attention");
-        if (ops[i].kind == OP_SSM_SCAN && ops[i].n_in + 2 * (int64_t)st->n_tokens > SCRATCH_FLOATS)
+        if (ops[i].kind == OP_SSM_SCAN && ops[i].n_in * 33 + 2 * (int64_t)st->n_tokens + 32 > SCRATCH_FLOATS)
             return fail("a step of %d tokens through a scan of %lld states needs more scratch than the core has",
                         st->n_tokens, (long long)ops[i].n_in);
         if (ops[i].kind == OP_SSM_CONV || ops[i].kind == OP_SSM_SCAN || ops[i].kind == OP_DELTA_NET ||

@@ -52,6 +52,8 @@ void op_ssm_conv(const pyllm_op *op, const op_rows *r, int ith, int nth) {
 #undef Z
 }
 
+#define SCAN_BLOCK 32 /* Mamba 1 channels whose states are updated together */
+
 /* softplus as ggml computes it: x itself above 20, where log1p(exp(x)) rounds to x */
 static inline float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
@@ -64,6 +66,34 @@ static inline float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); 
  * the (head, channel) rows; each row's state stays in cache across the step's tokens, and a
  * head's dt and decay are worked out once per token for all of its rows (the transcendentals
  * cost more than the state update otherwise). */
+/* Mamba 1 (a decay per state, one channel a head): token by token, in blocks of SCAN_BLOCK
+ * channels whose states (block x N, contiguous) and decays exp(dt A) are worked on together, the
+ * exps of a whole block in one call of the level's exp (one per channel and state is the scan's
+ * main cost, 16 times its multiply-adds' count). Channels [lo, hi) of this thread. */
+static void scan_per_state_decay(const pyllm_op *op, const op_rows *r, int64_t lo, int64_t hi) {
+    const int64_t N = op->n_in, H = op->n_head;
+    const float *A = op->w, *D = (const float *)op->w + H * N, *bias = op->bias;
+    float *xdt = r->scratch, *decay = r->scratch + SCAN_BLOCK;   /* [SCAN_BLOCK], [SCAN_BLOCK][N] */
+    for (int t = 0; t < r->rows; t++) {
+        const float *x = IN_ROW(op, r, t), *B = x + H, *C = B + N;
+        const float *dt_in = op->x2 + (int64_t)(r->row0 + t) * op->x2_stride;
+        for (int64_t c0 = lo; c0 < hi; c0 += SCAN_BLOCK) {
+            const int64_t nb = hi - c0 < SCAN_BLOCK ? hi - c0 : SCAN_BLOCK;
+            for (int64_t c = 0; c < nb; c++) {
+                const float dt = softplus(dt_in[c0 + c] + (bias ? bias[c0 + c] : 0.0f));
+                xdt[c] = x[c0 + c] * dt;
+                for (int64_t i = 0; i < N; i++) decay[c * N + i] = dt * A[(c0 + c) * N + i];
+            }
+            K.exp_sum(nb * N, decay, 0.0f); /* decay = exp(dt A) in place (dt A <= 0) */
+            float *s = op->state + c0 * N;
+            for (int64_t c = 0; c < nb; c++)
+                for (int64_t i = 0; i < N; i++) s[c * N + i] = s[c * N + i] * decay[c * N + i] + B[i] * xdt[c];
+            for (int64_t c = 0; c < nb; c++)
+                OUT_ROW(op, t)[c0 + c] = K.dot_f32(N, s + c * N, C) + D[c0 + c] * x[c0 + c];
+        }
+    }
+}
+
 void op_ssm_scan(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     const pyllm_step *st = r->step;
     const int64_t N = op->n_in, P = op->head_dim, H = op->n_head, G = op->n_kv_head, a_n = op->n_rot;
@@ -73,6 +103,11 @@ void op_ssm_scan(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     float *decay = r->scratch + 2 * n_tok;                   /* [N]: exp(dt A) when A is per state */
     int64_t lo, hi;
     split_range(H * P, ith, nth, 1, &lo, &hi);
+    if (a_n > 1 && P == 1 && G == 1) {
+        if (fresh) memset(op->state + lo * N, 0, sizeof(float) * (size_t)((hi - lo) * N));
+        scan_per_state_decay(op, r, lo, hi);
+        return;
+    }
     for (int64_t row0 = lo; row0 < hi;) {
         const int64_t h = row0 / P, g = h / (H / G), row1 = (h + 1) * P < hi ? (h + 1) * P : hi;
         for (int t = 0; t < n_tok; t++) {
@@ -93,7 +128,8 @@ void op_ssm_scan(const pyllm_op *op, const op_rows *r, int ith, int nth) {
                 const float *x = IN_ROW(op, r, t);
                 const float *B = x + H * P + g * N, *C = x + H * P + G * N + g * N;
                 const float xdt = x[row] * dts[t];   /* Mamba 1: a decay per state */
-                for (int64_t i = 0; i < N; i++) decay[i] = expf(dts[t] * A[h * N + i]);
+                for (int64_t i = 0; i < N; i++) decay[i] = dts[t] * A[h * N + i];
+                K.exp_sum(N, decay, 0.0f); /* decay = exp(dt A) in place, the level's exp (dt A <= 0) */
                 for (int64_t i = 0; i < N; i++) s[i] = s[i] * decay[i] + B[i] * xdt;
                 OUT_ROW(op, t)[row] = K.dot_f32(N, s, C) + D[h] * x[row];
             }
