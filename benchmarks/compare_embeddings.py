@@ -9,7 +9,7 @@ both engines and from pyllm/reference.py:
   ref rel   each engine's rel from the reference
 
 Models: the registry's all-minilm-l6-v2 (a real BERT, converted by pyllm.convert),
-and with --synthetic random bert, nomic-bert, nomic-bert-moe, jina-bert-v2 and modern-bert encoders (tests/synth.py, all-MiniLM's
+and with --synthetic random bert, nomic-bert, nomic-bert-moe, jina-bert-v2 and modern-bert encoders, a llama-embed (Llama both ways) (tests/synth.py, all-MiniLM's
 vocabulary copied in), an EmbeddingGemma (gemma-embedding: windows both ways, dense
 projections) and a random Qwen 3 decoder pooled by its last token or by the mean
 (as Qwen3-Embedding files say; SmolLM2's vocabulary), at F32 and as llama.cpp's
@@ -176,11 +176,13 @@ def main() -> int:
         vocab = ModelFile(str(registry.fetch("all-minilm-l6-v2"))).metadata
         job = {"quantize": []}
         smol = ModelFile(str(registry.fetch("smollm2-135m"))).metadata
-        for arch in ("bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "modern-bert", "gemma-embedding", "qwen3-last", "qwen3-mean"):
+        for arch in ("bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "modern-bert", "llama-embed", "gemma-embedding", "qwen3-last", "qwen3-mean"):
             if arch.startswith("qwen3"):   # a decoder embedding as Qwen3-Embedding does (causal; last token)
                 plain = synth.write_qwen3(out / f"{arch}-plain.gguf", synth.QT.F32, tokenizer_from=smol)
                 src = synth.rewrite_metadata(plain, out / f"{arch}-F32.gguf",
                                              {"qwen3.pooling_type": POOLING_TYPES[arch.split("-")[1]]})
+            elif arch == "llama-embed":   # Llama's layers both ways, mean pooling (SmolLM2's vocabulary)
+                src = synth.write_llama_embed(out / f"{arch}-F32.gguf", synth.QT.F32, tokenizer_from=smol)
             elif arch == "modern-bert":   # 4 layers, 1 and 2 local over 4 positions either way
                 src = synth.write_modern_bert(out / f"{arch}-F32.gguf", synth.QT.F32, tokenizer_from=vocab)
             elif arch == "gemma-embedding":   # 6 layers, a window of 8 (4 either way), dense projections

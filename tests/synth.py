@@ -1397,6 +1397,12 @@ def write_jais(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_model(path, "jais", qtype, layer_norm=True, fused_qkv=True, qkv_bias=True, biases=True, keys=keys, **kw)
 
 
+def write_llama_embed(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """llama-embed: the Llama layout without an output matrix, causal_attention false, mean pooling."""
+    keys = {"causal_attention": False, "pooling_type": gguf.PoolingType.MEAN, **kw.pop("keys", {})}
+    return write_model(path, "llama-embed", qtype, tied=True, keys=keys, **kw)
+
+
 def write_orion(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     """Orion: LayerNorm with biases, NEOX RoPE over whole heads, no q/k/v biases, untied output."""
     return write_model(path, "orion", qtype, layer_norm=True, **kw)
@@ -1716,7 +1722,7 @@ WRITERS = {"llama": write_llama, "bert": write_bert, "nomic-bert": write_nomic_b
            "dots1": write_dots1, "afmoe": write_afmoe, "qwen3vlmoe": write_qwen3vlmoe,
            "hunyuan-moe": write_hunyuan_moe, "seed_oss": write_seed_oss,
            "minimax-m2": write_minimax_m2, "apertus": write_apertus,
-           "minicpm": write_minicpm, "mamba": write_mamba, "jamba": write_jamba, "bloom": write_bloom, "mpt": write_mpt, "jais": write_jais,
+           "minicpm": write_minicpm, "llama-embed": write_llama_embed, "mamba": write_mamba, "jamba": write_jamba, "bloom": write_bloom, "mpt": write_mpt, "jais": write_jais,
            "refact": functools.partial(write_llama, arch="refact"), "baichuan": functools.partial(write_llama, arch="baichuan"),
            "chatglm": write_chatglm, "minicpm3": write_minicpm3, "orion": write_orion, "deepseek": write_deepseek,
            "internlm2": functools.partial(write_llama, arch="internlm2"),

@@ -38,6 +38,7 @@ FAMILIES = {
     "nomic-bert": (synth.write_nomic_bert, {}),
     "nomic-bert-moe": (synth.write_nomic_bert_moe, {"n_layer": 4}),   # GELU experts in layers 1 and 3
     "jina-bert-v2": (synth.write_jina_bert_v2, {}),           # ALiBi both ways, GEGLU
+    "llama-embed": (synth.write_llama_embed, {}),             # Llama both ways, its rows out
     "modern-bert": (synth.write_modern_bert, {}),             # pre-norm encoder, local layers both ways, GEGLU
     "modern-bert-silu": (synth.write_modern_bert, {"act": "silu"}),
     "mistral": (synth.write_mistral, {"window": 12}),         # window shorter than the 40 tokens
@@ -942,6 +943,16 @@ def test_modern_bert_layers(tmp_path):
     assert silu.glu == GLU_SILU
     with pytest.raises(UnsupportedModelError, match="hidden_activation 'tanh'"):
         load_architecture(ModelFile(synth.write_modern_bert(tmp_path / "t.gguf", QT.F32, act="tanh")))
+
+
+def test_llama_embed_reads_its_causal_key(tmp_path):
+    """llama-embed attends both ways where the file says attention.causal = false, causally where
+    the key is absent (llama.cpp's default); either way its output is rows, not logits."""
+    both = load_architecture(ModelFile(synth.write_llama_embed(tmp_path / "b.gguf", QT.F32)))
+    assert both.causal is False and both.pooling() == "mean"
+    p = synth.rewrite_metadata(synth.write_llama_embed(tmp_path / "c0.gguf", QT.F32), tmp_path / "c.gguf",
+                               {"llama-embed.attention.causal": None})
+    assert load_architecture(ModelFile(p)).causal is True
 
 
 def test_family_errors(tmp_path):

@@ -147,3 +147,18 @@ class Baichuan(InternLM2):
     def layer_rope(self, i: int):
         r = super().layer_rope(i)
         return r.off() if self.alibi else r
+
+
+class LlamaEmbed(Llama):
+    """Llama embedding models (`llama-embed`: llama-embed-nemotron-8b): the Llama block without the
+    logits, every token attending both ways where the file says attention.causal = false (the
+    converter's, from is_causal); its rows pooled as the file's pooling_type says."""
+    name = "llama-embed"
+    experts = False
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        self.causal = bool(mf.arch_get("attention.causal", True))
+
+    def sliding_window(self) -> int:
+        return 0
