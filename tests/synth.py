@@ -1403,6 +1403,12 @@ def write_llama_embed(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_model(path, "llama-embed", qtype, tied=True, keys=keys, **kw)
 
 
+def write_olmo(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """OLMo 1: the Llama layout without any norm tensor (its LayerNorms have no parameters)."""
+    return write_model(path, "olmo", qtype, layer_norm=True, norm_bias=False, pre_norms=False,
+                       drop_tensor="output_norm.weight", **kw)
+
+
 def write_orion(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     """Orion: LayerNorm with biases, NEOX RoPE over whole heads, no q/k/v biases, untied output."""
     return write_model(path, "orion", qtype, layer_norm=True, **kw)
@@ -1722,7 +1728,7 @@ WRITERS = {"llama": write_llama, "bert": write_bert, "nomic-bert": write_nomic_b
            "dots1": write_dots1, "afmoe": write_afmoe, "qwen3vlmoe": write_qwen3vlmoe,
            "hunyuan-moe": write_hunyuan_moe, "seed_oss": write_seed_oss,
            "minimax-m2": write_minimax_m2, "apertus": write_apertus,
-           "minicpm": write_minicpm, "llama-embed": write_llama_embed, "mamba": write_mamba, "jamba": write_jamba, "bloom": write_bloom, "mpt": write_mpt, "jais": write_jais,
+           "minicpm": write_minicpm, "llama-embed": write_llama_embed, "olmo": write_olmo, "mamba": write_mamba, "jamba": write_jamba, "bloom": write_bloom, "mpt": write_mpt, "jais": write_jais,
            "refact": functools.partial(write_llama, arch="refact"), "baichuan": functools.partial(write_llama, arch="baichuan"),
            "chatglm": write_chatglm, "minicpm3": write_minicpm3, "orion": write_orion, "deepseek": write_deepseek,
            "internlm2": functools.partial(write_llama, arch="internlm2"),

@@ -35,7 +35,7 @@ from .mamba2 import Jamba, Mamba, Mamba2
 from .minicpm import MiniCPM, MiniCPM3
 from .minimax import MinimaxM2
 from .nemotron import Arcee, Nemotron, NemotronH, NemotronHMoe
-from .olmo2 import Olmo2, Olmoe
+from .olmo2 import Olmo, Olmo2, Olmoe
 from .phi2 import Phi2
 from .phi3 import Phi3
 from .qwen2 import Qwen2, Qwen2Moe, Qwen2VL
@@ -128,6 +128,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "refact": Refact,
     "baichuan": Baichuan,
     "llama-embed": LlamaEmbed,
+    "olmo": Olmo,
 }
 
 

@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import math
 
-from ..graph import GLU_SILU, ROPE_NEOX
+import numpy as np
+
+from ..errors import UnsupportedModelError
+from ..graph import GLU_SILU, NORM_LAYER, ROPE_NEOX
 from .base import Layer, Rope, sliding_layers
 from .blocks import PostNormDecoder, PreNormDecoder
 
@@ -82,3 +85,23 @@ class Olmoe(PreNormDecoder):
             self.layers.append(Layer(attn_norm=self.vector(p + "attn_norm.weight", hp.n_embd), attn=attn,
                                      ffn_norm=self.vector(p + "ffn_norm.weight", hp.n_embd),
                                      ffn=self.moe_weights(i)))
+
+
+class Olmo(PreNormDecoder):
+    """OLMo 1 (`olmo`: OLMo-1B/7B): the Llama block with LayerNorms that have neither weight nor
+    bias (none in the file; weights of ones here), the output's too; RoPE on adjacent pairs.
+    clip_qkv (attention.clamp_kqv) is refused."""
+    name = "olmo"
+    norm = NORM_LAYER
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        hp = self.hp
+        if float(mf.arch_get("attention.clamp_kqv", 0.0) or 0.0) > 0:
+            raise UnsupportedModelError(f"{mf.path}: olmo with clip_qkv (olmo.attention.clamp_kqv) is not supported")
+        ones = np.ones(hp.n_embd, np.float32)
+        self.tok_embd = self.weight("token_embd.weight", hp.n_embd, hp.n_vocab)
+        self.out_norm = ones
+        self.output = self.output_weight()
+        self.layers = [Layer(attn_norm=ones, attn=self.attention_weights(i), ffn_norm=ones, ffn=self.ffn_weights(i))
+                       for i in range(hp.n_layer)]
