@@ -277,8 +277,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
       float_arrays  keys written as they are named, each an array of float32 (Apertus's xielu.*)
       int_arrays  keys written as they are named, each an array of int32 (tokenizer.ggml.suppress_tokens)
       keys        extra metadata: {"sliding_window": 8, ...} -> writer.add_<name>(value);
-                  a dotted name ("rope.scaling.x") or a string value is written as the key {arch}.<name>
-                  (uint32, float32 or string)
+                  a dotted name ("rope.scaling.x"), or one the writer has no method for, is written as the
+                  key {arch}.<name> (uint32, float32 or string)
     head_dim defaults to n_embd / n_head; otherwise it is written as key_length."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
@@ -349,7 +349,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
     for name, value in (int_arrays or {}).items():
         w.add_key_value(name, [int(x) for x in value], gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.INT32)
     for name, value in (keys or {}).items():
-        if "." in name or isinstance(value, str):   # no writer method: "{arch}.name", an int, a float or a string
+        if "." in name or not hasattr(w, f"add_{name}"):   # no writer method: "{arch}.name", an int, float or string
             add_key = w.add_string if isinstance(value, str) else w.add_uint32 if isinstance(value, int) else w.add_float32
             add_key(f"{arch}.{name}", value)
         else:
