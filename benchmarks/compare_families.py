@@ -166,7 +166,8 @@ FAMILIES = {
     "internlm2": ("internlm2", {}),
     "xverse": ("xverse", {}),
     "orion": ("orion", {}),                          # LayerNorm + biases, NEOX
-    "deepseek": ("deepseek", {}),                    # softmax experts, not renormalized, x1.5; 2 shared
+    "deepseek": ("deepseek", {}),
+    "bailingmoe": ("bailingmoe", {}),                # softmax experts renormalized, 2 shared                    # softmax experts, not renormalized, x1.5; 2 shared
     "glm4moe": ("glm4moe", {}),                      # half NEOX RoPE, biases, sigmoid experts, MTP block unused
     "glm4moe-qknorm": ("glm4moe", {"qk_norm": True}),  # per-head q/k norms (GLM-4.5 355B)
     "deepseek2-yarn": ("deepseek2", {"q_lora": 256, "keys": {**YARN, "rope.scaling.yarn_log_multiplier": 0.0707}}),

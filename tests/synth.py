@@ -1409,6 +1409,15 @@ def write_olmo(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
                        drop_tensor="output_norm.weight", **kw)
 
 
+def write_bailingmoe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """Bailing MoE (Ling-lite): DeepSeek-MoE's layout without dense layers, the chosen experts'
+    softmax values renormalized (expert_weights_norm, the converter's norm_topk_prob), scale 1."""
+    kw.setdefault("dense_layers", ())
+    keys = {"leading_dense_block_count": 0, "expert_weights_scale": 1.0, "expert_weights_norm": True,
+            **kw.pop("keys", {})}
+    return write_deepseek(path, qtype, arch="bailingmoe", keys=keys, **kw)
+
+
 def write_orion(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     """Orion: LayerNorm with biases, NEOX RoPE over whole heads, no q/k/v biases, untied output."""
     return write_model(path, "orion", qtype, layer_norm=True, **kw)
@@ -1424,7 +1433,7 @@ def write_deepseek(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     kw.setdefault("n_ff", 768)
     keys = {"leading_dense_block_count": 1, "expert_shared_count": 2, "expert_weights_scale": 1.5,
             **kw.pop("keys", {})}
-    return write_model(path, "deepseek", qtype, shared_expert=2 * kw["n_ff_exp"], keys=keys, **kw)
+    return write_model(path, kw.pop("arch", "deepseek"), qtype, shared_expert=2 * kw["n_ff_exp"], keys=keys, **kw)
 
 
 def write_glm4moe(path: str | Path, qtype: QT = QT.Q8_0, nextn: bool = True, **kw) -> str:
@@ -1728,7 +1737,7 @@ WRITERS = {"llama": write_llama, "bert": write_bert, "nomic-bert": write_nomic_b
            "dots1": write_dots1, "afmoe": write_afmoe, "qwen3vlmoe": write_qwen3vlmoe,
            "hunyuan-moe": write_hunyuan_moe, "seed_oss": write_seed_oss,
            "minimax-m2": write_minimax_m2, "apertus": write_apertus,
-           "minicpm": write_minicpm, "llama-embed": write_llama_embed, "olmo": write_olmo, "mamba": write_mamba, "jamba": write_jamba, "bloom": write_bloom, "mpt": write_mpt, "jais": write_jais,
+           "minicpm": write_minicpm, "llama-embed": write_llama_embed, "olmo": write_olmo, "bailingmoe": write_bailingmoe, "mamba": write_mamba, "jamba": write_jamba, "bloom": write_bloom, "mpt": write_mpt, "jais": write_jais,
            "refact": functools.partial(write_llama, arch="refact"), "baichuan": functools.partial(write_llama, arch="baichuan"),
            "chatglm": write_chatglm, "minicpm3": write_minicpm3, "orion": write_orion, "deepseek": write_deepseek,
            "internlm2": functools.partial(write_llama, arch="internlm2"),

@@ -138,7 +138,8 @@ FAMILIES = {
     "internlm2": (synth.WRITERS["internlm2"], {}),
     "xverse": (synth.WRITERS["xverse"], {}),
     "orion": (synth.write_orion, {}),                         # LayerNorm + biases, NEOX
-    "deepseek": (synth.write_deepseek, {}),                   # softmax experts not renormalized, 2 shared
+    "deepseek": (synth.write_deepseek, {}),
+    "bailingmoe": (synth.write_bailingmoe, {}),               # softmax experts renormalized, 2 shared                   # softmax experts not renormalized, 2 shared
     "glm4moe": (synth.write_glm4moe, {}),                    # NEOX half RoPE, sigmoid experts; MTP block not run
     "glm4moe-qknorm": (synth.write_glm4moe, {"qk_norm": True}),
     "deepseek2": (synth.write_deepseek2, {}),                # MLA, q from attn_q (Lite); softmax experts, shared
@@ -546,6 +547,8 @@ def test_deepseek_experts(tmp_path):
     m = d.layers[1].ffn
     assert isinstance(m, Moe) and (m.k, m.n_experts, m.norm, m.scale) == (4, 16, False, 1.5)
     assert m.shared.w_up.shape == (256, 512)
+    b = load_architecture(ModelFile(synth.write_bailingmoe(tmp_path / "b.gguf", QT.F32)))
+    assert all(isinstance(L.ffn, Moe) and L.ffn.norm and L.ffn.scale == 1.0 for L in b.layers)
 
 
 def test_smollm3_no_rope_layers(tmp_path):

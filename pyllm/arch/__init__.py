@@ -12,7 +12,7 @@ from .bailingmoe2 import BailingMoe2
 from .bert import Bert, JinaBertV2, ModernBert, NomicBert, NomicBertMoe
 from .bloom import Bloom, Jais, Mpt
 from .command_r import Cohere2, CommandR
-from .deepseek import Deepseek
+from .deepseek import BailingMoe, Deepseek
 from .deepseek2 import Deepseek2
 from .ernie4_5 import Ernie4_5, Ernie4_5Moe, PaddleOCR
 from .exaone import Exaone, Exaone4
@@ -129,6 +129,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "baichuan": Baichuan,
     "llama-embed": LlamaEmbed,
     "olmo": Olmo,
+    "bailingmoe": BailingMoe,
 }
 
 

@@ -30,3 +30,19 @@ class Deepseek(SharedExpertsMoe, Llama):
 
     def sliding_window(self) -> int:
         return 0
+
+
+class BailingMoe(Deepseek):
+    """Bailing MoE (`bailingmoe`: Ling-lite, Ling-plus, Ling-Coder-lite; Ling 2.0 is bailingmoe2):
+    DeepSeek-MoE's layout, every layer's FFN the experts (after any leading dense layers) plus
+    shared experts, the chosen experts' softmax values renormalized where expert_weights_norm
+    says (the converter's norm_topk_prob), times expert_weights_scale."""
+    name = "bailingmoe"
+    experts = True
+
+    def layer_ffn(self, i: int):
+        m = self.experts_of(i)
+        if m is None:
+            return self.ffn_weights(i)
+        m.gating = MOE_SOFTMAX   # llama.cpp reads no gating key for this family
+        return m
