@@ -154,6 +154,7 @@ FAMILIES = {
     "mamba": ("mamba", {}),                          # Mamba 1 mixers alone
     "falcon-mamba": ("mamba", {"bc_norm": True}),    # + dt, B, C RMS-normed without weights
     "jamba": ("jamba", {}),                          # Mamba 1 (dt/B/C norms) + attention without RoPE, experts
+    "openelm": ("openelm", {}),                      # heads, KV heads and FFN width per layer
     "olmo": ("olmo", {}),                            # parameterless LayerNorms
     "bloom": ("bloom", {}),                          # ALiBi, LayerNorm of the embeddings
     "bloom-6heads": ("bloom", {"n_embd": 384, "n_head": 6, "n_head_kv": 6}),   # slopes past a power of 2

@@ -67,10 +67,11 @@ def act_row_bytes(act: int, n: int) -> int:
     return n // ACT_BLOCK[act] * ACT_BLOCK_BYTES[act]
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Buffer:
     """Rows of float32 activations; `rows` is 'batch' (one per token of the
-    step) or 'out' (one per output row: the logits head)."""
+    step) or 'out' (one per output row: the logits head). Its width may grow while the graph
+    is built (Graph.grow_buffers); views keep their own widths and read rows `width` apart."""
     name: str
     width: int
     rows: str = "batch"
@@ -180,6 +181,7 @@ class Graph:
         self.hidden_saved: set[int] = set()               # the layers whose rows are copied out
         self.ops: list[Op] = []
         self.buffers: dict[str, Buffer] = {}
+        self.grow_buffers = False   # a name may hold rows of several widths (set by families whose layers differ)
         self.qbuffers: dict[str, QBuffer] = {}
         self.kv_layers: dict[int, tuple[int, int]] = {}   # layer -> f16 per position in its (K, V) pools
         self.states: dict[str, int] = {}                  # recurrent state -> its floats (one sequence's)
@@ -214,8 +216,9 @@ class Graph:
         buf = self.buffers.get(name)
         if buf is None:
             buf = self.buffers[name] = Buffer(name, width, rows)
-        elif buf.width != width or buf.rows != rows:
+        elif buf.rows != rows or (buf.width != width and not self.grow_buffers):
             raise ValueError(f"buffer {name} reused with another shape")
+        buf.width = max(buf.width, width)   # layers of other widths (OpenELM) share the widest
         return View(buf, 0, width)
 
     def _out(self, out: str | View, width: int) -> View:
@@ -304,7 +307,7 @@ class Graph:
         cached = self._quantized.get(key)
         if cached and cached[0] == version:
             return cached[1]
-        name = f"{x.name}@{x.offset}.q{act}"
+        name = f"{x.name}@{x.offset}.q{act}" + (f":{x.width}" if self.grow_buffers else "")
         qb = self.qbuffers.setdefault(name, QBuffer(name, act, x.width))
         self._emit(Op(OP_QUANTIZE, type=act, x=x, xq=qb, n_in=x.width), {x.name}, {name})
         self._quantized[key] = (self._version.get(x.name, 0), qb)

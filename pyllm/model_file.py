@@ -91,7 +91,7 @@ METADATA_KINDS = {
 # "{architecture}.KEY", checked when read (a family pyllm does not run may use a key differently)
 ARCH_KINDS = {
     **dict.fromkeys(("block_count", "context_length", "embedding_length",
-                     "vocab_size", "attention.head_count", "attention.key_length",
+                     "vocab_size", "attention.key_length",
                      "attention.value_length", "attention.sliding_window", "rope.dimension_count",
                      "rope.scaling.original_context_length", "expert_count", "expert_used_count",
                      "expert_feed_forward_length", "expert_shared_feed_forward_length",
@@ -109,6 +109,7 @@ ARCH_KINDS = {
     "attention.temperature_scale": _NUMBER,
     "attention.temperature_length": _COUNT,
     "attention.sliding_window_pattern": _COUNT_OR_FLAGS,
+    "attention.head_count": _COUNT_OR_COUNTS,      # a list: OpenELM's, one per layer
     "attention.head_count_kv": _COUNT_OR_COUNTS,
     "feed_forward_length": _COUNT_OR_COUNTS,
     "shortconv.l_cache": _COUNT,

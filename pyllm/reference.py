@@ -439,12 +439,12 @@ class Reference:
     def _attention(self, h: np.ndarray, A, i: int) -> np.ndarray:
         """Wo attention(rope(norm?(Wq h + bq)), rope(norm?(Wk h + bk)), Wv h + bv) + bo for layer i."""
         a, hp = self.arch, self.arch.hp
-        T, H, Hkv, d = h.shape[0], hp.n_head, hp.n_head_kv, hp.head_dim
+        (H, Hkv), T, d = A.heads(hp), h.shape[0], hp.head_dim
         pos = np.arange(T)
         gate = None
         if A.wqkv is not None:
             qkv = self._linear(h, A.wqkv, A.bqkv)
-            q, k, v = np.split(qkv, [hp.q_dim, hp.q_dim + hp.kv_dim], axis=1)
+            q, k, v = np.split(qkv, [H * d, (H + Hkv) * d], axis=1)
         elif A.q_gated:   # wq's rows [q_h | gate_h] per head (Qwen3.5)
             qg = self._linear(h, A.wq, A.bq).reshape(T, H, 2 * d)
             q, gate = qg[:, :, :d].reshape(T, -1), qg[:, :, d:].reshape(T, -1)

@@ -1418,6 +1418,47 @@ def write_bailingmoe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_deepseek(path, qtype, arch="bailingmoe", keys=keys, **kw)
 
 
+def write_openelm(path: str | Path, qtype: QT = QT.Q8_0, *, n_embd: int = 256, heads: tuple = (4, 8, 4),
+                  kv_heads: tuple = (2, 4, 1), ffs: tuple = (256, 512, 768), head_dim: int = 64, n_vocab: int = 512,
+                  seed: int = 0, tokenizer_from: Optional[dict] = None) -> str:
+    """OpenELM: a layer's query heads, key/value heads and FFN width its own (lists in the file),
+    a fused attn_qkv, q/k RMSNorm weights per head dim, the output tied; 3 layers by default."""
+    rng = np.random.default_rng(seed)
+    n_layer = len(heads)
+    w = gguf.GGUFWriter(str(path), "openelm")
+    w.add_block_count(n_layer)
+    w.add_context_length(2048)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(list(ffs))
+    w.add_head_count(list(heads))
+    w.add_head_count_kv(list(kv_heads))
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_layer_norm_rms_eps(1e-6)
+    n_vocab = copy_tokenizer(w, tokenizer_from) if tokenizer_from is not None else small_vocab(w, n_vocab)
+
+    def add(name, array_and_type):
+        w.add_tensor(name, array_and_type[0], raw_dtype=array_and_type[1])
+
+    def vec(n):
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32), None
+    add("token_embd.weight", weight(qtype, n_embd, n_vocab, rng, scale=1.0))
+    for i, (nq, nk, ff) in enumerate(zip(heads, kv_heads, ffs)):
+        p = f"blk.{i}."
+        add(p + "attn_norm.weight", vec(n_embd))
+        add(p + "attn_qkv.weight", weight(qtype, n_embd, (nq + 2 * nk) * head_dim, rng))
+        add(p + "attn_q_norm.weight", vec(head_dim))
+        add(p + "attn_k_norm.weight", vec(head_dim))
+        add(p + "attn_output.weight", weight(qtype, nq * head_dim, n_embd, rng))
+        add(p + "ffn_norm.weight", vec(n_embd))
+        add(p + "ffn_gate.weight", weight(qtype, n_embd, ff, rng))
+        add(p + "ffn_up.weight", weight(qtype, n_embd, ff, rng))
+        add(p + "ffn_down.weight", weight(qtype, ff, n_embd, rng))
+    add("output_norm.weight", vec(n_embd))
+    return finish(w, path)
+
+
 def write_orion(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     """Orion: LayerNorm with biases, NEOX RoPE over whole heads, no q/k/v biases, untied output."""
     return write_model(path, "orion", qtype, layer_norm=True, **kw)
@@ -1737,7 +1778,7 @@ WRITERS = {"llama": write_llama, "bert": write_bert, "nomic-bert": write_nomic_b
            "dots1": write_dots1, "afmoe": write_afmoe, "qwen3vlmoe": write_qwen3vlmoe,
            "hunyuan-moe": write_hunyuan_moe, "seed_oss": write_seed_oss,
            "minimax-m2": write_minimax_m2, "apertus": write_apertus,
-           "minicpm": write_minicpm, "llama-embed": write_llama_embed, "olmo": write_olmo, "bailingmoe": write_bailingmoe, "mamba": write_mamba, "jamba": write_jamba, "bloom": write_bloom, "mpt": write_mpt, "jais": write_jais,
+           "minicpm": write_minicpm, "llama-embed": write_llama_embed, "olmo": write_olmo, "bailingmoe": write_bailingmoe, "openelm": write_openelm, "mamba": write_mamba, "jamba": write_jamba, "bloom": write_bloom, "mpt": write_mpt, "jais": write_jais,
            "refact": functools.partial(write_llama, arch="refact"), "baichuan": functools.partial(write_llama, arch="baichuan"),
            "chatglm": write_chatglm, "minicpm3": write_minicpm3, "orion": write_orion, "deepseek": write_deepseek,
            "internlm2": functools.partial(write_llama, arch="internlm2"),

@@ -1125,7 +1125,7 @@ def close_enough(got, ref, float_weights, moe=False):
                                           ("gemma3n", QT.Q8_0), ("minicpm", QT.Q8_0), ("deepseek", QT.Q4_K),
                                           ("orion", QT.Q8_0), ("minicpm3", QT.Q8_0), ("chatglm", QT.Q4_K),
                                           ("bloom", QT.Q8_0), ("mpt", QT.Q4_K), ("jais", QT.Q8_0), ("mamba", QT.Q8_0), ("jamba", QT.Q4_K), ("olmo", QT.Q8_0),
-                                          ("bailingmoe", QT.Q8_0)],
+                                          ("bailingmoe", QT.Q8_0), ("openelm", QT.Q8_0)],
                          ids=lambda x: getattr(x, "name", x))
 def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     """300 positions over shuffled 16-position blocks: several attention tiles,

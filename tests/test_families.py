@@ -62,6 +62,7 @@ FAMILIES = {
     "granite": (synth.write_granite, {}),
     "granite-norope": (synth.write_granite, {"rope": False}),
     "smollm3": (synth.write_smollm3, {}),
+    "openelm": (synth.write_openelm, {}),                     # heads, KV heads and FFN width per layer
     "olmo": (synth.write_olmo, {}),                            # parameterless LayerNorms
     "olmo2": (synth.write_olmo2, {}),
     "olmo3": (synth.write_olmo2, {"n_layer": 4, "keys": {"sliding_window": 8, "rope_scaling_type": rope_type("YARN"),

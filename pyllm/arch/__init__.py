@@ -28,7 +28,7 @@ from .gptneox import Falcon, GptNeoX
 from .granite import Granite, GraniteHybrid, GraniteMoe
 from .hunyuan import HunyuanDense, HunyuanMoe
 from .lfm2 import Lfm2, Lfm2Moe
-from .llama import Baichuan, InternLM2, Llama, LlamaEmbed, Mistral3, Refact, SeedOss, Xverse
+from .llama import Baichuan, InternLM2, Llama, LlamaEmbed, Mistral3, OpenELM, Refact, SeedOss, Xverse
 from .falcon_h1 import FalconH1
 from .llama4 import Llama4
 from .mamba2 import Jamba, Mamba, Mamba2
@@ -130,6 +130,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "llama-embed": LlamaEmbed,
     "olmo": Olmo,
     "bailingmoe": BailingMoe,
+    "openelm": OpenELM,
 }
 
 

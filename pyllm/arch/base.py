@@ -58,6 +58,7 @@ class HParams:
                                     # times YaRN's 1 + 0.1 ln(factor)
     rope_yarn: Optional[np.ndarray] = None   # YaRN: per-pair divisors, which replace rope_freq_scale
     kv_heads: Optional[list] = None          # per layer, where the file gives a list (0: no attention, LFM2)
+    heads: Optional[list] = None             # query heads per layer, where the file gives a list (OpenELM)
     ff_widths: Optional[list] = None         # per layer, where the file gives a list (0: no FFN, Nemotron-H)
 
     @classmethod
@@ -73,8 +74,18 @@ class HParams:
         own_head_dims: the family reads its key and value head sizes itself (MLA: they
         differ, and the file's key_length is the latent's); head_dim is key_length here."""
         n_embd = int(mf.arch_require("embedding_length"))
-        n_head = int(mf.arch_require("attention.head_count"))
-        kv = mf.arch_get("attention.head_count_kv", n_head)
+        hc = mf.arch_require("attention.head_count")
+        heads = [int(v) for v in hc] if isinstance(hc, (list, np.ndarray)) else None
+        if heads is not None:   # query heads per layer (OpenELM): a "mixed" family only
+            if kv_per_layer != "mixed":
+                raise UnsupportedModelError(f"{mf.path}: {mf.architecture} with query heads per layer "
+                                            f"({sorted(set(heads))}) is not supported")
+            if len(heads) != int(mf.arch_require("block_count")) or min(heads, default=0) <= 0:
+                raise ModelFileError(f"{mf.path}: head_count has {len(heads)} entries for "
+                                     f"{mf.arch_require('block_count')} layers, or a layer without heads; "
+                                     f"the file is corrupt")
+        n_head = max(heads) if heads else int(hc)
+        kv = mf.arch_get("attention.head_count_kv", hc)
         kv_heads = [int(v) for v in kv] if isinstance(kv, (list, np.ndarray)) else None
         if kv_heads is not None:
             n_layer = int(mf.arch_require("block_count"))
@@ -95,7 +106,10 @@ class HParams:
             if len(ff_widths) != n_layer or min(ff_widths, default=-1) < 0:
                 raise ModelFileError(f"{mf.path}: feed_forward_length has {len(ff_widths)} entries for {n_layer} "
                                      f"layers; the file is corrupt")
-        if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
+        for nq, nk in zip(heads or [], kv_heads or [n_head_kv] * len(heads or [])):
+            if nk and nq % nk:
+                raise ModelFileError(f"{mf.path}: {nq} attention heads cannot share {nk} key/value heads")
+        if n_head <= 0 or n_head_kv <= 0 or (not heads and n_head % n_head_kv):
             raise ModelFileError(f"{mf.path}: {n_head} attention heads cannot share {n_head_kv} key/value heads")
         head_dim = int(mf.arch_get("attention.key_length", n_embd // n_head))
         v_dim = int(mf.arch_get("attention.value_length", head_dim))
@@ -133,6 +147,7 @@ class HParams:
             rope_scaling=scaling,
             rope_attn_factor=attn_factor,
             kv_heads=kv_heads,
+            heads=heads,
             ff_widths=ff_widths,
         )
         if scaling == "yarn":
@@ -384,6 +399,12 @@ class Attn:
     sinks: Optional[np.ndarray] = None    # one logit per head that joins its softmax with no value (gpt-oss)
     gate: Optional[Tensor] = None         # the output gate: Wo (attention * sigmoid(Wgate h)) (AFMoE)
     q_gated: bool = False                 # wq's rows are [q_h | gate_h] per head, the gate as above (Qwen3.5)
+    n_head: int = 0                       # this layer's query and key/value heads where they differ by
+    n_kv_head: int = 0                    #   layer (OpenELM); 0: the family's
+
+    def heads(self, hp: "HParams") -> tuple[int, int]:
+        """(query heads, key/value heads) of this layer."""
+        return self.n_head or hp.n_head, self.n_kv_head or hp.n_head_kv
 
 
 @dataclass
@@ -724,27 +745,37 @@ class Architecture:
         name = "output.weight" if self.mf.has_tensor("output.weight") else "token_embd.weight"
         return self.weight(name, hp.n_embd, hp.n_vocab)
 
+    def layer_heads(self, i: int) -> tuple[int, int]:
+        """(query heads, key/value heads) of layer i: the file's lists where it gives them per layer."""
+        hp = self.hp
+        return (hp.heads[i] if hp.heads else hp.n_head), (hp.kv_heads[i] if hp.kv_heads else hp.n_head_kv)
+
     def attention_weights(self, i: int, qk_norm: bool | str = False, biases: bool = False) -> Attn:
         """Layer i's attention: separate or fused q/k/v, optional biases; q/k
-        norms and q/k/v biases required when the family says so."""
+        norms and q/k/v biases required when the family says so. Sized by the layer's
+        own head counts where the file gives them per layer (OpenELM)."""
         hp, p = self.hp, f"blk.{i}."
+        n_q, n_kv = self.layer_heads(i)
+        q_dim, kv_dim = n_q * hp.head_dim, n_kv * hp.head_dim
         need_bias = self.vector if biases else self.optional_vector
-        a = Attn(wo=self.weight(p + "attn_output.weight", hp.q_dim, hp.n_embd),
+        a = Attn(wo=self.weight(p + "attn_output.weight", q_dim, hp.n_embd),
                  bo=self.optional_vector(p + "attn_output.bias", hp.n_embd))
+        if hp.heads:
+            a.n_head, a.n_kv_head = n_q, n_kv
         if self.mf.has_tensor(p + "attn_qkv.weight"):
-            a.wqkv = self.weight(p + "attn_qkv.weight", hp.n_embd, hp.q_dim + 2 * hp.kv_dim)
-            a.bqkv = need_bias(p + "attn_qkv.bias", hp.q_dim + 2 * hp.kv_dim)
+            a.wqkv = self.weight(p + "attn_qkv.weight", hp.n_embd, q_dim + 2 * kv_dim)
+            a.bqkv = need_bias(p + "attn_qkv.bias", q_dim + 2 * kv_dim)
         else:
-            a.wq = self.weight(p + "attn_q.weight", hp.n_embd, hp.q_dim)
-            a.wk = self.weight(p + "attn_k.weight", hp.n_embd, hp.kv_dim)
-            a.wv = self.weight(p + "attn_v.weight", hp.n_embd, hp.kv_dim)
-            a.bq = need_bias(p + "attn_q.bias", hp.q_dim)
-            a.bk = need_bias(p + "attn_k.bias", hp.kv_dim)
-            a.bv = need_bias(p + "attn_v.bias", hp.kv_dim)
+            a.wq = self.weight(p + "attn_q.weight", hp.n_embd, q_dim)
+            a.wk = self.weight(p + "attn_k.weight", hp.n_embd, kv_dim)
+            a.wv = self.weight(p + "attn_v.weight", hp.n_embd, kv_dim)
+            a.bq = need_bias(p + "attn_q.bias", q_dim)
+            a.bk = need_bias(p + "attn_k.bias", kv_dim)
+            a.bv = need_bias(p + "attn_v.bias", kv_dim)
         if qk_norm:   # one weight per head dim, or "full": as wide as q and k
             full = qk_norm == "full"
-            a.q_norm = self.vector(p + "attn_q_norm.weight", hp.q_dim if full else hp.head_dim)
-            a.k_norm = self.vector(p + "attn_k_norm.weight", hp.kv_dim if full else hp.head_dim)
+            a.q_norm = self.vector(p + "attn_q_norm.weight", q_dim if full else hp.head_dim)
+            a.k_norm = self.vector(p + "attn_k_norm.weight", kv_dim if full else hp.head_dim)
         return a
 
     def ffn_weights(self, i: int) -> Ffn:

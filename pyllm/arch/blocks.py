@@ -29,8 +29,10 @@ def project_qkv(g: Graph, h: View, a: Attn, arch: Architecture) -> tuple[View, V
     output columns are [q | k | v]."""
     hp = arch.hp
     if a.wqkv is not None:
+        n_q, n_kv = a.heads(hp)
+        q_dim, kv_dim = n_q * hp.head_dim, n_kv * hp.head_dim
         qkv = g.linear(h, a.wqkv, "qkv", bias=a.bqkv)
-        return qkv.cols(0, hp.q_dim), qkv.cols(hp.q_dim, hp.kv_dim), qkv.cols(hp.q_dim + hp.kv_dim, hp.kv_dim)
+        return qkv.cols(0, q_dim), qkv.cols(q_dim, kv_dim), qkv.cols(q_dim + kv_dim, kv_dim)
     return (g.linear(h, a.wq, "q", bias=a.bq), g.linear(h, a.wk, "k", bias=a.bk),
             g.linear(h, a.wv, "v", bias=a.bv))
 
@@ -131,6 +133,7 @@ def attention(g: Graph, arch: Architecture, h: View, a: Attn | ShortConv | Ssm |
     if isinstance(a, DeltaNet):
         return delta_net_mixer(g, h, a, arch.hp.eps, out, accumulate)
     hp = arch.hp
+    n_q, n_kv = a.heads(hp)
     gate = None
     if a.q_gated:
         q, gate = gated_q(g, h, a, arch)
@@ -145,14 +148,14 @@ def attention(g: Graph, arch: Architecture, h: View, a: Attn | ShortConv | Ssm |
         qk_norms()
     r = arch.layer_rope(layer)
     if r.n_rot:  # NoPE layers rotate nothing
-        g.rope(q, k, hp.n_head, hp.n_head_kv, hp.head_dim, r.n_rot, r.mode, r.base, r.scale, r.factors, r.sections,
+        g.rope(q, k, n_q, n_kv, hp.head_dim, r.n_rot, r.mode, r.base, r.scale, r.factors, r.sections,
                r.interleaved)
     if a.q_norm is not None and arch.qk_norm_after_rope:   # Hunyuan
         qk_norms()
     temperature = arch.layer_attn_temperature(layer)
     if temperature is not None:   # (s, period, offset): q scaled by position (Mistral 3, Llama 4)
         g.pos_scale(q, *temperature)
-    att = g.attention(q, k, v, hp.n_head, hp.n_head_kv, hp.head_dim, arch.layer_attn_scale(layer), "attn",
+    att = g.attention(q, k, v, n_q, n_kv, hp.head_dim, arch.layer_attn_scale(layer), "attn",
                       window=arch.layer_window(layer), softcap=arch.attn_softcap, sinks=a.sinks, alibi=arch.alibi,
                       chunked=arch.chunked_window, causal=arch.causal)
     if a.gate is not None:   # gated attention: each output element times sigmoid(Wgate h)

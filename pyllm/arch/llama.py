@@ -162,3 +162,28 @@ class LlamaEmbed(Llama):
 
     def sliding_window(self) -> int:
         return 0
+
+
+class OpenELM(Llama):
+    """OpenELM (`openelm`: Apple's OpenELM 270M-3B): the Llama block whose query and key/value head
+    counts and FFN width differ from layer to layer (head_count, head_count_kv and
+    feed_forward_length are lists), one fused attn_qkv of [q | k | v] per layer, RMSNorms of q and
+    k per head, NEOX RoPE; the output tied to the embedding."""
+    name = "openelm"
+    rope_mode = ROPE_NEOX
+    qk_norm = True
+    kv_per_layer = "mixed"
+    experts = False
+
+    def sliding_window(self) -> int:
+        return 0
+
+    def block_notes(self) -> str:
+        hp = self.hp
+        return (f"; per layer {min(hp.heads)}-{max(hp.heads)} query heads, {min(hp.kv_heads)}-{max(hp.kv_heads)} "
+                f"KV heads, FFN {min(hp.ff_widths)}-{max(hp.ff_widths)}" if hp.heads and hp.kv_heads and hp.ff_widths
+                else "")
+
+    def build(self, g: Graph) -> None:
+        g.grow_buffers = True   # q, k, v and the FFN's rows differ in width from layer to layer
+        super().build(g)
