@@ -609,6 +609,7 @@ class Architecture:
     name = ""
     rope_mode = ROPE_NORM
     rope_scalings = ROPE_SCALINGS
+    rotary = True        # False: no layer rotates q and k (positions by ALiBi, or none: Jamba)
     glu = GLU_SILU
     fused_ffn = False    # may ffn_up hold [gate | up] with no ffn_gate (Phi-3)?
     gated = True         # False: the FFN is down(act(up h)), no gate (Phi-2, StarCoder 2)
@@ -920,6 +921,8 @@ class Architecture:
     # -- per-layer settings ----------------------------------------------------------
     def layer_rope(self, i: int) -> Rope:
         hp = self.hp
+        if not self.rotary:
+            return Rope(self.rope_mode, 0, hp.rope_base)
         if hp.rope_yarn is not None:
             factors = hp.rope_yarn if self.rope_freqs is None else hp.rope_yarn * self.rope_freqs
             return Rope(self.rope_mode, hp.rope_dim, hp.rope_base, 1.0, factors)

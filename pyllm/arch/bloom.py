@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ..errors import UnsupportedModelError
 from ..graph import GLU_GELU_TANH, GLU_SILU, NORM_LAYER
-from .base import Layer, Rope
+from .base import Layer
 from .blocks import PreNormDecoder
 from .starcoder2 import StarCoder2
 
@@ -28,13 +28,11 @@ class Bloom(StarCoder2):
     name = "bloom"
     qkv_biases = True
     alibi = ALIBI_MAX_BIAS
+    rotary = False
 
     def __init__(self, mf, n_ctx=None):
         super().__init__(mf, n_ctx)
         self.input_norm = self.norm_weights("token_embd_norm")
-
-    def layer_rope(self, i: int) -> Rope:
-        return super().layer_rope(i).off()
 
 
 class Mpt(PreNormDecoder):
@@ -42,6 +40,7 @@ class Mpt(PreNormDecoder):
     glu = GLU_GELU_TANH
     norm = NORM_LAYER
     gated = False
+    rotary = False
 
     def __init__(self, mf, n_ctx=None):
         super().__init__(mf, n_ctx)
@@ -62,9 +61,6 @@ class Mpt(PreNormDecoder):
             self.layers.append(Layer(attn_norm=an, attn_norm_b=an_b, attn=self.attention_weights(i),
                                      ffn_norm=fn, ffn_norm_b=fn_b, ffn=self.ffn_weights(i)))
 
-    def layer_rope(self, i: int) -> Rope:
-        return super().layer_rope(i).off()
-
 
 class Jais(StarCoder2):
     """JAIS (`jais`: Core42's Arabic-English 13B/30B): BLOOM's biased LayerNorm layers with a
@@ -75,6 +71,7 @@ class Jais(StarCoder2):
     gated = True
     qkv_biases = True
     tied_output = False
+    rotary = False
 
     def __init__(self, mf, n_ctx=None):
         super().__init__(mf, n_ctx)
@@ -83,6 +80,3 @@ class Jais(StarCoder2):
     @property
     def attn_scale(self) -> float:
         return 1.0 / self.hp.head_dim
-
-    def layer_rope(self, i: int) -> Rope:
-        return super().layer_rope(i).off()

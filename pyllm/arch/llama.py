@@ -128,9 +128,7 @@ class Refact(InternLM2):
     name = "refact"
     experts = False
     alibi = 8.0
-
-    def layer_rope(self, i: int):
-        return super().layer_rope(i).off()
+    rotary = False
 
 
 class Baichuan(InternLM2):
@@ -143,10 +141,7 @@ class Baichuan(InternLM2):
     def __init__(self, mf, n_ctx=None):
         super().__init__(mf, n_ctx)
         self.alibi = 0.0 if self.hp.n_layer == 32 else 8.0
-
-    def layer_rope(self, i: int):
-        r = super().layer_rope(i)
-        return r.off() if self.alibi else r
+        self.rotary = not self.alibi
 
 
 class LlamaEmbed(Llama):

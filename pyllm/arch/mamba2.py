@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..errors import ModelFileError
 from ..graph import Graph
-from .base import Architecture, HParams, Layer, Rope
+from .base import Architecture, HParams, Layer
 from .blocks import attention, embed, output_head
 from .llama import Llama
 
@@ -28,7 +28,11 @@ class Mamba2(Architecture):
         self.rope_freqs, self.window = None, 0
         self.read_ends()
         self.layers = [Layer(attn_norm=self.vector(f"blk.{i}.attn_norm.weight", self.hp.n_embd),
-                             attn=self.ssm_weights(i), ffn_norm=None, ffn=None) for i in range(self.hp.n_layer)]
+                             attn=self.mixer_weights(i), ffn_norm=None, ffn=None) for i in range(self.hp.n_layer)]
+
+    def mixer_weights(self, i: int):
+        """Layer i's mixer, the family's kind."""
+        return self.ssm_weights(i)
 
     @property
     def attn_scale(self) -> float:
@@ -45,13 +49,8 @@ class Mamba(Mamba2):
     """Mamba 1: Falcon Mamba's files set ssm.dt_b_c_rms (dt, B and C RMS-normed without weights)."""
     name = "mamba"
 
-    def __init__(self, mf, n_ctx=None):
-        self.mf, self.n_ctx = mf, n_ctx
-        self.hp = attention_free_hparams(mf)
-        self.rope_freqs, self.window = None, 0
-        self.read_ends()
-        self.layers = [Layer(attn_norm=self.vector(f"blk.{i}.attn_norm.weight", self.hp.n_embd),
-                             attn=self.mamba1_weights(i), ffn_norm=None, ffn=None) for i in range(self.hp.n_layer)]
+    def mixer_weights(self, i: int):
+        return self.mamba1_weights(i)
 
 
 def attention_free_hparams(mf) -> HParams:
@@ -83,6 +82,7 @@ class Jamba(Llama):
         h = rmsnorm(x) ; x += ffn(h) or experts(h)
     """
     name = "jamba"
+    rotary = False
     kv_per_layer = True
     experts = True
     moe_norm = False
@@ -111,6 +111,3 @@ class Jamba(Llama):
 
     def sliding_window(self) -> int:
         return 0
-
-    def layer_rope(self, i: int) -> Rope:
-        return super().layer_rope(i).off()
