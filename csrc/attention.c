@@ -271,6 +271,9 @@ static void attend_range(const pyllm_op *op, const op_rows *r, int kvh, int64_t 
     const int64_t k_read = k_head, v_read = kv_bytes(v_type, hd_v); /* bytes one head's row reads */
     const size_t sf = STATE_FLOATS(hd_v);
     const int32_t *pos = st->pos;
+    float slopes[group]; /* ALiBi's slope of each query head of the group (0: none), worked out once */
+    for (int g = 0; g < group; g++)
+        slopes[g] = op->alibi > 0 ? pyllm_alibi_slope(op->alibi, kvh * group + g, op->n_head) : 0.0f;
 
     for (int32_t blk = from / B; blk <= to / B; blk++) {
         const size_t base = (size_t)table[blk] * B;
@@ -295,9 +298,8 @@ static void attend_range(const pyllm_op *op, const op_rows *r, int kvh, int64_t 
             const int32_t a = first > j0 ? first : j0, b = last < j1 ? last : j1;
             for (int g = 0; a <= b && g < group; g++) {
                 int64_t q = (t - t0) * group + g;
-                const float slope = op->alibi > 0 ? pyllm_alibi_slope(op->alibi, kvh * group + g, op->n_head) : 0.0f;
                 softmax_step(state + q * sf, w.scores + q * n + (a - j0), b - a + 1, hd_v, op->scale, op->softcap,
-                             slope, a - pos[t]);
+                             slopes[g], a - pos[t]);
             }
             if (a == j0 && b == j1) continue; /* the run goes on */
             whole_block_sums(w, vc, v_type, v_row, run, t, t0, group, n, hd_v, state, sf);

@@ -20,12 +20,14 @@ from .llama import Llama
 class Deepseek(SharedExpertsMoe, Llama):
     name = "deepseek"
     experts = True
+    norm_from_file = False   # llama.cpp reads expert_weights_norm for bailingmoe, not for deepseek
 
     def layer_ffn(self, i: int):
         m = self.experts_of(i)
         if m is None:
             return self.ffn_weights(i)
-        m.gating, m.norm = MOE_SOFTMAX, False   # llama.cpp reads neither key for this family
+        m.gating = MOE_SOFTMAX   # llama.cpp reads no gating key for these families
+        m.norm = m.norm and self.norm_from_file
         return m
 
     def sliding_window(self) -> int:
@@ -39,10 +41,4 @@ class BailingMoe(Deepseek):
     says (the converter's norm_topk_prob), times expert_weights_scale."""
     name = "bailingmoe"
     experts = True
-
-    def layer_ffn(self, i: int):
-        m = self.experts_of(i)
-        if m is None:
-            return self.ffn_weights(i)
-        m.gating = MOE_SOFTMAX   # llama.cpp reads no gating key for this family
-        return m
+    norm_from_file = True
