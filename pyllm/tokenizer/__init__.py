@@ -13,8 +13,9 @@
 Implementations behind one interface (`Tokenizer`):
 'gpt2' (byte-level BPE, `BPETokenizer`; 'gemma4' is its raw UTF-8 variant,
 `Gemma4Tokenizer`), 'llama' (SentencePiece BPE, `SPMTokenizer`), 't5' (SentencePiece
-Unigram, `UGMTokenizer`: T5, XLM-RoBERTa encoders) and 'bert' (WordPiece, `WPMTokenizer`,
-for BERT embedding models).
+Unigram, `UGMTokenizer`: T5, XLM-RoBERTa encoders), 'bert' (WordPiece, `WPMTokenizer`,
+for BERT embedding models) and 'rwkv' (greedy longest match over escaped byte strings,
+`RWKVTokenizer`: RWKV-6 / RWKV-7 World).
 `tokenizer.ggml.model` chooses.
 """
 from __future__ import annotations
@@ -25,12 +26,13 @@ from typing import Any
 from ..errors import ModelFileError, UnsupportedModelError
 from .base import StreamDecoder, TokenAttr, Tokenizer
 from .bpe import BPETokenizer, Gemma4Tokenizer
+from .rwkv import RWKVTokenizer
 from .spm import SPMTokenizer
 from .ugm import UGMTokenizer
 from .wpm import WPMTokenizer
 
 __all__ = ["Tokenizer", "BPETokenizer", "Gemma4Tokenizer", "SPMTokenizer", "UGMTokenizer", "WPMTokenizer",
-           "StreamDecoder",
+           "RWKVTokenizer", "StreamDecoder",
            "TokenAttr", "load_tokenizer", "SUPPORTED_MODELS"]
 
 _IMPLEMENTATIONS: dict[str, type[Tokenizer]] = {
@@ -39,6 +41,7 @@ _IMPLEMENTATIONS: dict[str, type[Tokenizer]] = {
     "gemma4": Gemma4Tokenizer,
     "bert": WPMTokenizer,
     "t5": UGMTokenizer,
+    "rwkv": RWKVTokenizer,
 }
 SUPPORTED_MODELS = tuple(_IMPLEMENTATIONS)
 
