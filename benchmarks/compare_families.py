@@ -155,6 +155,9 @@ FAMILIES = {
     "falcon-mamba": ("mamba", {"bc_norm": True}),    # + dt, B, C RMS-normed without weights
     "jamba": ("jamba", {}),                          # Mamba 1 (dt/B/C norms) + attention without RoPE, experts
     "openelm": ("openelm", {}),                      # heads, KV heads and FFN width per layer
+    "rwkv6": ("rwkv6", {}),                          # WKV 6 time mix, channel mix, rescaled every 2 layers
+    "rwkv6-lerps": ("rwkv6", {"fused_lerps": False, "n_layer": 2}),   # the five lerps apart
+    "rwkv6qwen2": ("rwkv6qwen2", {}),                # gated linear attention, GQA k/v, SwiGLU
     "olmo": ("olmo", {}),                            # parameterless LayerNorms
     "bloom": ("bloom", {}),                          # ALiBi, LayerNorm of the embeddings
     "bloom-6heads": ("bloom", {"n_embd": 384, "n_head": 6, "n_head_kv": 6}),   # slopes past a power of 2

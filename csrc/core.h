@@ -79,6 +79,7 @@ void op_attention(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_pos_scale(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_glu(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_add(const pyllm_op *op, const op_rows *r, int ith, int nth);
+void op_lerp(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_scale(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_moe_route(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_matmul_id(const pyllm_op *op, const op_rows *r, int ith, int nth);
@@ -94,5 +95,6 @@ void op_matmul_cols(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_ssm_conv(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_ssm_scan(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_delta_net(const pyllm_op *op, const op_rows *r, int ith, int nth);
+void op_wkv(const pyllm_op *op, const op_rows *r, int ith, int nth);
 
 #endif

@@ -64,7 +64,6 @@ static double row_sum_sq(const float *x, int64_t n, float c) {
  * Over groups of n_in elements (n_head groups per row: one per head for q/k
  * norms, 1 otherwise), all with the same weights or, OPF_GROUP_WEIGHTS, each its own. */
 void op_rmsnorm(const pyllm_op *op, const op_rows *r, int ith, int nth) {
-    const float *b = op->bias;
     int64_t n = op->n_in, groups = op->n_head > 0 ? op->n_head : 1;
     int64_t lo, hi;
     split_range((int64_t)r->rows * groups, ith, nth, 1, &lo, &hi);
@@ -72,7 +71,11 @@ void op_rmsnorm(const pyllm_op *op, const op_rows *r, int ith, int nth) {
         int64_t t = item / groups, g = item % groups;
         const float *x = IN_ROW(op, r, t) + g * n;
         float *y = OUT_ROW(op, t) + g * n;
-        const float *w = op->flags & OPF_GROUP_WEIGHTS ? (const float *)op->w + g * n : (const float *)op->w;
+        const float *w = (const float *)op->w, *b = op->bias;
+        if (op->flags & OPF_GROUP_WEIGHTS) {   /* each group its own weights (and biases) */
+            w += g * n;
+            if (b) b += g * n;
+        }
         const float mean = op->type == NORM_LAYER ? (float)(row_sum(x, n) / (double)n) : 0.0f;
         const float inv = (float)(1.0 / sqrt(row_sum_sq(x, n, mean) / (double)n + (double)op->eps));
         if (b)
@@ -321,6 +324,25 @@ void op_add(const pyllm_op *op, const op_rows *r, int ith, int nth) {
             for (int64_t i = 0; i < n; i++) y[i] += x[i];
         else
             for (int64_t i = 0; i < n; i++) y[i] += s * x[i];
+    }
+}
+
+/* y[t, g n + i] = x[t, i] + x2[t, i] (w[g n + i] (+ y[t, g n + i])): RWKV's token-shift mixes of a
+ * row and the previous one (x2 = x_prev - x), n_head groups of n_in. Split by rows and groups. */
+void op_lerp(const pyllm_op *op, const op_rows *r, int ith, int nth) {
+    const int64_t n = op->n_in, groups = op->n_head;
+    const int acc = op->flags & OPF_ACCUMULATE;
+    int64_t lo, hi;
+    split_range((int64_t)r->rows * groups, ith, nth, 1, &lo, &hi);
+    for (int64_t item = lo; item < hi; item++) {
+        const int64_t t = item / groups, g = item % groups;
+        const float *x = IN_ROW(op, r, t), *dx = op->x2 + (int64_t)(r->row0 + t) * op->x2_stride;
+        const float *mix = (const float *)op->w + g * n;
+        float *y = OUT_ROW(op, t) + g * n;
+        if (acc)
+            for (int64_t i = 0; i < n; i++) y[i] = x[i] + dx[i] * (mix[i] + y[i]);
+        else
+            for (int64_t i = 0; i < n; i++) y[i] = x[i] + dx[i] * mix[i];
     }
 }
 

@@ -246,6 +246,23 @@ static int check_op(const pyllm_op *op) {
             op->x2_stride < 2 * (int64_t)op->n_head || op->y_stride < (int64_t)op->n_head * op->head_dim_v)
             return fail("delta_net: rows too short for q, k, v and the gates");
         return 0;
+    case OP_WKV: {
+        const int parts = op->type == WKV_7 ? 6 : 4;
+        if (!op->x || !op->y || !op->state || (op->type == WKV_6 && !op->w))
+            return fail("wkv: missing rows, state or time_first");
+        if (op->type < WKV_6 || op->type > WKV_7 || op->n_head <= 0 || op->head_dim <= 0 ||
+            op->head_dim > SCRATCH_FLOATS)
+            return fail("wkv: kind %d, %d heads of %d", op->type, op->n_head, op->head_dim);
+        if (op->x_stride < parts * (int64_t)op->n_head * op->head_dim || op->y_stride < (int64_t)op->n_head * op->head_dim)
+            return fail("wkv: rows too short for %d parts of %d heads of %d", parts, op->n_head, op->head_dim);
+        return 0;
+    }
+    case OP_LERP:
+        if (!op->x || !op->x2 || !op->y || !op->w || op->n_in <= 0 || op->n_head <= 0)
+            return fail("lerp: missing rows or mixes");
+        if (op->x_stride < op->n_in || op->x2_stride < op->n_in || op->y_stride < op->n_in * op->n_head)
+            return fail("lerp: rows too short for %d groups of %lld", op->n_head, (long long)op->n_in);
+        return 0;
     case OP_MOE_SUM:
         if (!op->x || !op->x2 || !op->y || op->n_in <= 0 || op->n_head <= 0) return fail("moe sum: missing buffers");
         if (op->x_stride < op->n_in * op->n_head || op->x2_stride < 2 * op->n_head) return fail("moe sum: bad strides");
@@ -345,7 +362,7 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
             return fail("a step of %d tokens through a scan of %lld states needs more scratch than the core has",
                         st->n_tokens, (long long)ops[i].n_in);
         if (ops[i].kind == OP_SSM_CONV || ops[i].kind == OP_SSM_SCAN || ops[i].kind == OP_DELTA_NET ||
-            (ops[i].kind == OP_ATTENTION && ops[i].flags & OPF_NON_CAUSAL)) {
+            ops[i].kind == OP_WKV || (ops[i].kind == OP_ATTENTION && ops[i].flags & OPF_NON_CAUSAL)) {
             /* a state carries one sequence on; every row of a bidirectional attention sees up to the last */
             for (int t = 1; t < st->n_tokens; t++)
                 if (st->pos[t] != st->pos[0] + t)
@@ -428,6 +445,8 @@ static void exec_op(const pyllm_op *op, const pyllm_step *st, float *scratch, fl
     case OP_SSM_CONV: op_ssm_conv(op, &r, ith, nth); break;
     case OP_SSM_SCAN: op_ssm_scan(op, &r, ith, nth); break;
     case OP_DELTA_NET: op_delta_net(op, &r, ith, nth); break;
+    case OP_WKV: op_wkv(op, &r, ith, nth); break;
+    case OP_LERP: op_lerp(op, &r, ith, nth); break;
     }
 }
 

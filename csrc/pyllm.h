@@ -74,7 +74,20 @@ enum pyllm_op_kind {
     OP_SAVE_ROWS = 24, /* w[t n_in + i] = x[t, i] for the step's rows t < n_out (w's capacity in rows), i < n_in:
                           a copy of the rows that outlives the step (the hidden states pyllm cvector-generator
                           reads after each layer) */
-    OP_KIND_COUNT = 25
+    OP_LERP = 25,     /* y[t, g n_in + i] = x[t, i] + x2[t, i] (w[g n_in + i] (+ y[t, g n_in + i] with OPF_ACCUMULATE))
+                         for groups g < n_head: RWKV's token-shift interpolations between a row x and the step back
+                         to the previous row's, x2 = x_prev - x, each group with its own mix (plus a mix of the
+                         row's own, already in y: RWKV 6's data-dependent lerp) */
+    OP_WKV = 26,      /* RWKV's linear attention, n_head heads of head_dim, a [head_dim][head_dim] state S each:
+                         type WKV_6 (RWKV 6): x's row [r | k | v | w], u = op->w (n_head head_dim, "time_first"),
+                         decay = exp(-exp(w)); y = r^T (S + diag(u) k v^T) ; S = diag(decay) S + k v^T
+                         type WKV_GLA (QRWKV): x's row [r | k | v | w], decay as WKV_6, k' = k (1 - decay);
+                         S = diag(decay) S + k' v^T ; y = scale r^T S
+                         type WKV_7 (RWKV 7): x's row [r | k | v | w | a | b], decay = exp(-0.606531 sigmoid(w));
+                         S (value rows, key columns) = S diag(decay) + (S a) b^T + v k^T ; y = S r, then per head
+                         y = LayerNorm(y) (eps) * ln_w + ln_b with bias = [ln_w | ln_b] (NULL: none), then
+                         y += (r . (w k)) v with w = op->w (n_head head_dim, "r_k"; NULL: none) */
+    OP_KIND_COUNT = 27
 };
 
 enum pyllm_op_flags {
@@ -89,7 +102,8 @@ enum pyllm_op_flags {
     OPF_V_IN_K = 64,    /* KV_STORE, ATTENTION: no value pool; a KV head's values are the first head_dim_v
                            dims of its keys (MLA's latent: DeepSeek 2/3) */
     OPF_CHUNKED = 128,  /* ATTENTION: `window` is a chunk: position p sees [p - p % window, p] (Llama 4) */
-    OPF_GROUP_WEIGHTS = 256, /* RMSNORM: each of the n_head groups has its own n_in weights (Mamba 2's norm) */
+    OPF_GROUP_WEIGHTS = 256, /* RMSNORM: each of the n_head groups has its own n_in weights and biases (Mamba 2's
+                                norm, RWKV's per-head LayerNorm) */
     OPF_KV_GROUPED = 512,    /* DELTA_NET: value head h reads key head h / (n_head / n_kv_head) (Qwen3-Next),
                                 else h % n_kv_head (Qwen3.5) */
     OPF_NON_CAUSAL = 1024,   /* ATTENTION: every row sees every position up to the step's last (an encoder's
@@ -115,6 +129,7 @@ enum pyllm_op_flags {
 enum pyllm_glu { GLU_SILU = 0, GLU_GELU_TANH = 1, GLU_SWIGLU_OAI = 2, GLU_RELU_SQR = 3, GLU_MUL = 4, GLU_RELU = 5,
                  GLU_SIGMOID = 6, GLU_XIELU = 7, GLU_TANH = 8 };
 enum pyllm_norm { NORM_RMS = 0, NORM_LAYER = 1 };
+enum pyllm_wkv { WKV_6 = 0, WKV_GLA = 1, WKV_7 = 2 };
 /* MOE_ROUTE type: gating (softmax over all experts, or each expert's sigmoid), | MOE_NORM to
  * divide the chosen experts' weights by their sum */
 enum pyllm_moe { MOE_SOFTMAX = 0, MOE_SIGMOID = 1, MOE_NORM = 2 };
@@ -159,7 +174,7 @@ typedef struct pyllm_op {
     int32_t k_rot;         /* KV_STORE/ATTENTION: keys (and queries) rotated by the Walsh-Hadamard matrix in */
     int32_t v_rot;         /*   pieces of k_rot dims before a quantized pool stores them; values by v_rot, the
                               output rotated back (llama.cpp's for quantized caches); 0: none */
-    float *state;          /* SSM_CONV/SSM_SCAN/DELTA_NET: the layer's recurrent state, carried from step to step; a step
+    float *state;          /* SSM_CONV/SSM_SCAN/DELTA_NET/WKV: the layer's recurrent state, carried from step to step; a step
                               starting at position 0 starts from zeros */
     float alibi;           /* ATTENTION: ALiBi's maximum bias (BLOOM, MPT: 8), 0 = none: head h's score of position j
                               from a query at p gains -slope_h |p - j| (pyllm_alibi_slope) */

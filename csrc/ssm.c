@@ -1,5 +1,5 @@
 /* ssm.c: the recurrent ops of state-space layers (Mamba 1 and 2) and of linear
- * attention (the gated delta rule of Qwen3.5).
+ * attention (the gated delta rule of Qwen3.5, RWKV's WKV).
  *
  * Unlike attention, which rereads every earlier position from the KV cache,
  * these layers carry a fixed-size state from one position to the next: the
@@ -193,6 +193,92 @@ void op_delta_net(const pyllm_op *op, const op_rows *r, int ith, int nth) {
                 float *Si = S + i * dv;
                 const float ki = k[i];
                 for (int64_t j = 0; j < dv; j++) Si[j] = Si[j] * g + ki * u[j];
+            }
+        }
+    }
+}
+
+/* RWKV 7's output of head h after the recurrence: y = LayerNorm(y) ln_w + ln_b (bias = [ln_w | ln_b]),
+ * then y += (r . (r_k k)) v (w = r_k), each where given; the sums in double, as op_rmsnorm's */
+static void wkv7_output(const pyllm_op *op, float *y, const float *r, const float *k, const float *v, int64_t h) {
+    const int64_t D = op->head_dim, C = op->n_head * D;
+    if (op->bias) {
+        const float *lw = op->bias + h * D, *lb = op->bias + C + h * D;
+        double sum = 0.0, sq = 0.0;
+        for (int64_t i = 0; i < D; i++) sum += y[i];
+        const float mean = (float)(sum / (double)D);
+        for (int64_t i = 0; i < D; i++) sq += (double)(y[i] - mean) * (y[i] - mean);
+        const float inv = (float)(1.0 / sqrt(sq / (double)D + (double)op->eps));
+        for (int64_t i = 0; i < D; i++) y[i] = (y[i] - mean) * inv * lw[i] + lb[i];
+    }
+    if (op->w) {
+        const float *rk = (const float *)op->w + h * D;
+        float bonus = 0.0f;
+        for (int64_t j = 0; j < D; j++) bonus += r[j] * k[j] * rk[j];
+        for (int64_t i = 0; i < D; i++) y[i] += bonus * v[i];
+    }
+}
+
+/* RWKV's linear attention per head h (csrc/pyllm.h, OP_WKV), token by token; the head's state S
+ * is [head_dim][head_dim], its decays worked out once per token into scratch:
+ *   WKV_6:   y = r^T S + (r . (u k)) v ;  S[i, :] = decay_i S[i, :] + k_i v    (S: key rows)
+ *   WKV_GLA: S[i, :] = decay_i S[i, :] + k_i (1 - decay_i) v ;  y = scale r^T S
+ *   WKV_7:   S[i, :] = S[i, :] diag(decay) + (S[i, :] . a) b + v_i k ; y_i = S[i, :] . r  (S: value rows),
+ *            then normed and given its bonus (wkv7_output)
+ * Every inner loop runs along a row of S, contiguous. Threads split the heads. */
+void op_wkv(const pyllm_op *op, const op_rows *r, int ith, int nth) {
+    const int64_t H = op->n_head, D = op->head_dim, C = H * D;
+    const int fresh = r->step->pos[0] == 0, kind = op->type;
+    float *decay = r->scratch;   /* [D] */
+    int64_t lo, hi;
+    split_range(H, ith, nth, 1, &lo, &hi);
+    for (int64_t h = lo; h < hi; h++) {
+        float *S = op->state + h * D * D;
+        if (fresh) memset(S, 0, sizeof(float) * (size_t)(D * D));
+        for (int t = 0; t < r->rows; t++) {
+            const float *x = IN_ROW(op, r, t) + h * D;
+            const float *rr = x, *k = x + C, *v = x + 2 * C, *w = x + 3 * C;
+            float *y = OUT_ROW(op, t) + h * D;
+            if (kind == WKV_7)
+                for (int64_t j = 0; j < D; j++) decay[j] = expf(-0.606531f * sigmoid(w[j]));
+            else
+                for (int64_t j = 0; j < D; j++) decay[j] = expf(-expf(w[j]));
+            if (kind == WKV_6) {
+                const float *u = (const float *)op->w + h * D;
+                float ruk = 0.0f;
+                for (int64_t i = 0; i < D; i++) ruk += rr[i] * u[i] * k[i];
+                for (int64_t j = 0; j < D; j++) y[j] = ruk * v[j];
+                for (int64_t i = 0; i < D; i++) {
+                    float *Si = S + i * D;
+                    const float ri = rr[i], ki = k[i], di = decay[i];
+                    for (int64_t j = 0; j < D; j++) {
+                        y[j] += ri * Si[j];
+                        Si[j] = Si[j] * di + ki * v[j];
+                    }
+                }
+            } else if (kind == WKV_GLA) {
+                memset(y, 0, sizeof(float) * (size_t)D);
+                for (int64_t i = 0; i < D; i++) {
+                    float *Si = S + i * D;
+                    const float ri = op->scale * rr[i], ki = k[i] * (1.0f - decay[i]), di = decay[i];
+                    for (int64_t j = 0; j < D; j++) {
+                        Si[j] = Si[j] * di + ki * v[j];
+                        y[j] += ri * Si[j];
+                    }
+                }
+            } else {
+                const float *a = x + 4 * C, *b = x + 5 * C;
+                for (int64_t i = 0; i < D; i++) {
+                    float *Si = S + i * D;
+                    const float sa = K.dot_f32(D, Si, a), vi = v[i];
+                    float yi = 0.0f;
+                    for (int64_t j = 0; j < D; j++) {
+                        Si[j] = Si[j] * decay[j] + sa * b[j] + vi * k[j];
+                        yi += Si[j] * rr[j];
+                    }
+                    y[i] = yi;
+                }
+                wkv7_output(op, y, rr, k, v, h);
             }
         }
     }

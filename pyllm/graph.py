@@ -28,14 +28,14 @@ OP_EMBED, OP_RMSNORM, OP_QUANTIZE, OP_MATMUL, OP_ROPE = 1, 2, 3, 4, 5
 OP_KV_STORE, OP_ATTENTION, OP_GLU, OP_ADD, OP_SCALE = 6, 7, 8, 9, 10
 OP_MOE_ROUTE, OP_MATMUL_ID, OP_MOE_SUM, OP_MIX, OP_POS_SCALE = 11, 12, 13, 14, 15
 OP_COPY, OP_SSM_CONV, OP_SSM_SCAN, OP_DELTA_NET, OP_MATCH_NORM, OP_SPARSIFY, OP_SUMSQ = 16, 17, 18, 19, 20, 21, 22
-OP_MATMUL_COLS, OP_SAVE_ROWS = 23, 24
+OP_MATMUL_COLS, OP_SAVE_ROWS, OP_LERP, OP_WKV = 23, 24, 25, 26
 OP_NAMES = {OP_EMBED: "embed", OP_RMSNORM: "rmsnorm", OP_QUANTIZE: "quantize", OP_MATMUL: "matmul",
             OP_ROPE: "rope", OP_KV_STORE: "kv_store", OP_ATTENTION: "attention", OP_GLU: "glu",
             OP_ADD: "add", OP_SCALE: "scale", OP_MOE_ROUTE: "moe_route", OP_MATMUL_ID: "matmul_id",
             OP_MOE_SUM: "moe_sum", OP_POS_SCALE: "pos_scale", OP_COPY: "copy",
             OP_SSM_CONV: "ssm_conv", OP_SSM_SCAN: "ssm_scan", OP_DELTA_NET: "delta_net", OP_MIX: "mix",
             OP_MATCH_NORM: "match_norm", OP_SPARSIFY: "sparsify", OP_SUMSQ: "sumsq",
-            OP_MATMUL_COLS: "matmul_cols", OP_SAVE_ROWS: "save_rows"}
+            OP_MATMUL_COLS: "matmul_cols", OP_SAVE_ROWS: "save_rows", OP_LERP: "lerp", OP_WKV: "wkv"}
 OPF_ACCUMULATE, OPF_LAST_ROWS, OPF_NO_SYNC, OPF_OUT_ROWS, OPF_SLOT_INPUT, OPF_BY_POS = 1, 2, 4, 8, 16, 32
 OPF_V_IN_K, OPF_CHUNKED, OPF_GROUP_WEIGHTS, OPF_KV_GROUPED, OPF_NON_CAUSAL = 64, 128, 256, 512, 1024
 OPF_MEDIA_ZERO, OPF_MEDIA_PAD = 2048, 4096   # EMBED: a media row's id gives zeros / row 0 (the padding token)
@@ -45,6 +45,7 @@ GLU_SILU, GLU_GELU_TANH, GLU_SWIGLU_OAI, GLU_RELU_SQR, GLU_MUL, GLU_RELU, GLU_SI
 GLU_TANH = 8
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0    # gpt-oss's constants (llama.cpp's too)
 NORM_RMS, NORM_LAYER = 0, 1
+WKV_6, WKV_GLA, WKV_7 = 0, 1, 2
 MOE_SOFTMAX, MOE_SIGMOID, MOE_NORM = 0, 1, 2
 ROPE_NORM, ROPE_NEOX = 0, 2
 
@@ -292,12 +293,14 @@ class Graph:
                       eps=eps), {x.name}, {y.name})
         return y
 
-    def layernorm(self, x: View, w: np.ndarray, b: Optional[np.ndarray], eps: float, out: str | View) -> View:
-        """LayerNorm of each row: (x - mean) / sqrt(var + eps) * w (+ b)."""
-        assert w.shape == (x.width,) and (b is None or b.shape == (x.width,))
+    def layernorm(self, x: View, w: np.ndarray, b: Optional[np.ndarray], eps: float, out: str | View,
+                  groups: int = 1) -> View:
+        """LayerNorm of each row, (x - mean) / sqrt(var + eps) * w (+ b), or of each of its `groups`
+        equal parts (RWKV's per-head norm; w and b as wide as the row, each part its own)."""
+        assert w.shape == (x.width,) and (b is None or b.shape == (x.width,)) and x.width % groups == 0
         y = self._out(out, x.width)
-        self._emit(Op(OP_RMSNORM, type=NORM_LAYER, vector=w, bias=b, x=x, y=y, n_in=x.width, n_head=1, eps=eps),
-                   {x.name}, {y.name})
+        self._emit(Op(OP_RMSNORM, flags=OPF_GROUP_WEIGHTS if groups > 1 else 0, type=NORM_LAYER, vector=w, bias=b,
+                      x=x, y=y, n_in=x.width // groups, n_head=groups, eps=eps), {x.name}, {y.name})
         return y
 
     def quantized(self, x: View, act: int) -> QBuffer:
@@ -482,13 +485,15 @@ class Graph:
         self.states[name] = floats
         return name
 
-    def ssm_conv(self, x: View, w: np.ndarray, bias: Optional[np.ndarray], out: str | View) -> View:
+    def ssm_conv(self, x: View, w: np.ndarray, bias: Optional[np.ndarray], out: str | View,
+                 state: str = "conv") -> View:
         """out[t] = bias + sum_j w[:, j] z[t + j], z = the K - 1 rows of x before this step (the
         layer's conv state) then this step's: Mamba's causal depthwise convolution of K = w.shape[1]
-        taps. The state goes on with the sequence; a step at position 0 starts from zeros."""
+        taps. The state goes on with the sequence; a step at position 0 starts from zeros.
+        state: the kind of state it is, where a layer has more than one (RWKV's two token shifts)."""
         n, taps = w.shape
         assert x.width == n and (bias is None or bias.shape == (n,)), f"ssm_conv of {n} channels on rows of {x.width}"
-        name = self._state("conv", (taps - 1) * n)
+        name = self._state(state, (taps - 1) * n)
         y = self._out(out, n)
         self._emit(Op(OP_SSM_CONV, vector=np.ascontiguousarray(w, dtype=np.float32), bias=bias, x=x, y=y, n_in=n,
                       n_head=taps, state=name), {x.name, name}, {y.name, name})
@@ -526,6 +531,45 @@ class Graph:
         self._emit(Op(OP_DELTA_NET, flags=OPF_KV_GROUPED if grouped else 0, vector=w, x=qkv, x2=ab, y=y, n_head=heads,
                       n_kv_head=kv_heads, head_dim=head_dim, head_dim_v=head_dim_v, eps=eps, state=name),
                    {qkv.name, ab.name, name}, {y.name, name})
+        return y
+
+    def token_shift(self, x: View, out: str | View, state: str) -> View:
+        """out[t] = x[t - 1] - x[t], x[-1] the layer's last row of the step before (zeros at position
+        0): RWKV's token shift, as a two-tap convolution whose state is the previous row."""
+        taps = np.tile(np.array([1.0, -1.0], np.float32), (x.width, 1))
+        return self.ssm_conv(x, taps, None, out, state=state)
+
+    def lerp(self, x: View, dx: View, mixes: np.ndarray, out: str | View, accumulate: bool = False) -> View:
+        """out[:, g n .. (g + 1) n] = x + dx * (mixes[g] (+ out's own columns, with accumulate)) for each of
+        the len(mixes) groups, n = x.width: RWKV's interpolations between a row and the previous one
+        (dx = x_prev - x), accumulate adding the data-dependent part the step worked out into out."""
+        groups, n = mixes.shape
+        assert x.width == n and dx.width == n
+        y = self._out(out, groups * n)
+        assert y.width == groups * n
+        self._emit(Op(OP_LERP, flags=OPF_ACCUMULATE if accumulate else 0, vector=np.ascontiguousarray(mixes, np.float32),
+                      x=x, x2=dx, y=y, n_in=n, n_head=groups),
+                   {x.name, dx.name} | ({y.name} if accumulate else set()), {y.name})
+        return y
+
+    def wkv(self, x: View, kind: int, heads: int, head_dim: int, out: str | View,
+            bonus: Optional[np.ndarray] = None, scale: float = 1.0, norm: Optional[tuple] = None,
+            eps: float = 0.0) -> View:
+        """RWKV's linear attention over this step's rows, from the layer's state on (csrc/pyllm.h,
+        OP_WKV): x's row [r | k | v | w] (WKV_6, WKV_GLA) or [r | k | v | w | a | b] (WKV_7), each
+        heads x head_dim. bonus: WKV_6's u of the current token ("time_first"), required; WKV_7's
+        r_k, optional (y += (r . (r_k k)) v after the norm). scale: WKV_GLA's factor of the
+        output. norm: WKV_7's per-head LayerNorm (weight, bias) of eps, applied inside the op."""
+        c = heads * head_dim
+        assert x.width == (6 if kind == WKV_7 else 4) * c
+        assert (bonus is not None) if kind == WKV_6 else (bonus is None or kind == WKV_7)
+        assert norm is None or kind == WKV_7
+        name = self._state("wkv", heads * head_dim * head_dim)
+        y = self._out(out, c)
+        self._emit(Op(OP_WKV, type=kind, vector=None if bonus is None else np.ascontiguousarray(bonus, np.float32),
+                      bias=None if norm is None else np.concatenate(norm).astype(np.float32), eps=eps,
+                      x=x, y=y, n_head=heads, head_dim=head_dim, scale=scale, state=name), {x.name, name},
+                   {y.name, name})
         return y
 
     def pos_scale(self, y: View, s: float, period: int, offset: float = 0.0) -> View:

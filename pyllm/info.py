@@ -16,7 +16,7 @@ from typing import Optional
 
 from .backend.base import kv_row_bytes
 from .arch import load_architecture
-from .arch.base import Attn, DeltaNet, Mla, Moe, ShortConv, Ssm, Ssm1
+from .arch.base import Attn, ChannelMix, DeltaNet, Mla, Moe, ShortConv, Ssm, Ssm1
 from .graph import GLU_GELU_TANH, GLU_RELU, GLU_RELU_SQR, GLU_SWIGLU_OAI, GLU_XIELU, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX, Graph, act_row_bytes
 from .model_file import ModelFile
 from .chat_template import THINKING_SWITCH
@@ -104,15 +104,16 @@ class ModelInfo:
             ("model", self.path),
             ("name", self.name or "-"),
             ("architecture", f"{self.architecture}: {self.n_layer} layers, {self.n_embd} wide, " + (
-                f"{self.n_head} heads of {self.head_dim}, {self.n_head_kv} KV heads, FFN {self.n_ff}" if self.n_head
-                else "no attention, no FFN")),
+                "no attention, no FFN" if not self.n_head else
+                f"{self.n_head} linear-attention heads of {self.head_dim}, FFN {self.n_ff}" if not self.attn_scale
+                else f"{self.n_head} heads of {self.head_dim}, {self.n_head_kv} KV heads, FFN {self.n_ff}")),
             ("parameters", f"{self.n_params / 1e6:.1f} M ({self.n_params:,})"),
             ("tensor types", ", ".join(f"{k} {v}" for k, v in self.tensor_types.items())
              + (f" (file type {self.file_type})" if self.file_type else "")),
             ("block", self.block),
             ("context", f"{self.n_ctx_train} trained, {self.n_ctx} chosen (-c)"),
         ]
-        if not self.n_head:   # Mamba 2: nothing below is about it
+        if not self.n_head or not self.attn_scale:   # Mamba, RWKV: nothing below is about them
             rows += [("vocabulary", f"{self.vocab_type}, {self.n_vocab} tokens"),
                      ("chat template", self._template()),
                      ("memory", self._memory())]
@@ -199,7 +200,9 @@ def describe_block(arch) -> str:
             ffn += f" in layers {fmt_layers(moe_layers)}, dense elsewhere"
     else:
         F = next((x.ffn for x in arch.layers if x.ffn is not None), None)
-        ffn = "no FFN" if F is None else f"FFN {act}(gate) * up" if F.gated else f"FFN {act}(up), not gated"
+        ffn = "no FFN" if F is None else \
+            "RWKV channel mix, sigmoid(Wr x_r) * Wv relu(Wk x_k)^2" if isinstance(F, ChannelMix) else \
+            f"FFN {act}(gate) * up" if F.gated else f"FFN {act}(up), not gated"
     alone = [i for i, x in enumerate(arch.layers) if x.attn is None]
     if alone:   # Nemotron-H
         ffn += " (one branch per layer: the FFN in layers " + fmt_layers(

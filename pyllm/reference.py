@@ -15,10 +15,11 @@ from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from .arch import ARCHITECTURES
-from .arch.base import Architecture, DeltaNet, Mla, Moe, ShortConv, Ssm, Ssm1
+from .arch.base import Architecture, ChannelMix, DeltaNet, Mla, Moe, ShortConv, Ssm, Ssm1, TimeMix
 from .arch.bert import Bert
 from .arch.gemma3n import Gemma3n
 from .arch.gemma4 import Gemma4
+from .arch.rwkv import GROUP_NORM_EPS, Rwkv6
 from .graph import (GLU_GELU_TANH, GLU_RELU, GLU_RELU_SQR, GLU_SWIGLU_OAI, MOE_SIGMOID, NORM_LAYER, ROPE_NEOX,
                     SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, alibi_slopes)
 from .lora import TOKEN_EMBD
@@ -139,6 +140,11 @@ def glu(kind: int):
         return lambda g, u: np.maximum(g, 0) * u
     act = gelu_tanh if kind == GLU_GELU_TANH else silu
     return lambda g, u: act(g) * u
+
+
+def previous_rows(x: np.ndarray) -> np.ndarray:
+    """x's rows moved down one, zeros first: each position's view of the one before (RWKV's token shift)."""
+    return np.concatenate([np.zeros_like(x[:1]), x[:-1]])
 
 
 def causal_conv(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -296,7 +302,7 @@ class Reference:
         a, T = self.arch, len(tokens)
         media = None if media is None else np.asarray(media, np.float32)
         body = self._gemma3n if isinstance(a, Gemma3n) else self._gemma4 if isinstance(a, Gemma4) \
-            else self._encoder if isinstance(a, Bert) else self._decoder
+            else self._encoder if isinstance(a, Bert) else self._rwkv if isinstance(a, Rwkv6) else self._decoder
         if (tokens < 0).any():
             if body == self._encoder:
                 raise ValueError(f"media rows through {a.name}: the reference takes them in decoders only")
@@ -606,6 +612,69 @@ class Reference:
             o[t] = np.einsum("hij,hi->hj", S, q[t])
         y = rmsnorm(o.astype(np.float32), d.norm, self.arch.hp.eps).reshape(T, H * dv)
         return self._linear(y * silu(z), d.out_proj, None)
+
+    def _rwkv(self, tokens: np.ndarray) -> np.ndarray:
+        """RWKV 6 and QRWKV 6 (pyllm/arch/rwkv.py): per layer x += time_mix(norm(x)), x +=
+        channel_mix(norm(x)) (QRWKV: a SwiGLU FFN), x /= 2 every rescale_every layers; each mix
+        reads its input's previous row (zeros before the first)."""
+        a, hp = self.arch, self.arch.hp
+        x = self._input_rows(tokens)
+        if a.input_norm is not None:
+            x = layernorm(x, *a.input_norm, hp.eps)
+        for i, L in enumerate(a.layers):
+            x = x + self._time_mix(self._norm(x, L.attn_norm, L.attn_norm_b), L.attn)
+            h = self._norm(x, L.ffn_norm, L.ffn_norm_b)
+            x = x + (self._channel_mix(h, L.ffn) if isinstance(L.ffn, ChannelMix) else self._ffn(h, L.ffn, glu(a.glu)))
+            if a.rescale_every and (i + 1) % a.rescale_every == 0:
+                x = x / np.float32(2.0)
+            if i in self.control:
+                x = x + self.control[i]
+            self.layer_outputs[i] = x
+        return x
+
+    def _time_mix(self, h: np.ndarray, T: TimeMix) -> np.ndarray:
+        """RWKV 6's time mix as llama.cpp's build_rwkv6_time_mix writes it, the WKV recurrence
+        token by token in float64: per head S = diag(w) S + k v^T after y = r^T (S + diag(u) k v^T)
+        (RWKV 6), or y = r^T S / sqrt(head_size) after it, k scaled by 1 - w (QRWKV)."""
+        n_tok, n = h.shape
+        H, D = T.heads, T.head_size
+        dx = previous_rows(h) - h
+        m = np.tanh(self._linear(h + dx * T.lerp_x, T.w1, None)).reshape(n_tok, 5, -1)
+        mixed = np.einsum("jnk,tjk->tjn", self._experts(T.w2), m) + T.lerps   # [T, 5, n]
+        xw, xk, xv, xr, xg = (h + dx * mixed[:, j] for j in range(5))
+        br, bk, bv = T.biases
+        r, k, v = self._linear(xr, T.wr, br), self._linear(xk, T.wk, bk), self._linear(xv, T.wv, bv)
+        rep = T.heads // T.kv_heads
+        k, v = (np.repeat(z.reshape(n_tok, T.kv_heads, D), rep, axis=1) for z in (k, v))
+        r = r.reshape(n_tok, H, D).astype(np.float64)
+        k, v = k.astype(np.float64), v.astype(np.float64)
+        w = self._linear(np.tanh(self._linear(xw, T.decay_w1, None)), T.decay_w2, None) + T.decay
+        w = np.exp(-np.exp(w.astype(np.float64))).reshape(n_tok, H, D)
+        S = np.zeros((H, D, D))   # [head][key][value]
+        y = np.empty((n_tok, H, D))
+        for t in range(n_tok):
+            kv = k[t][:, :, None] * v[t][:, None, :]
+            if T.first is None:
+                kv = kv * (1.0 - w[t])[:, :, None]
+                S = S * w[t][:, :, None] + kv
+                y[t] = np.einsum("hi,hij->hj", r[t], S) / np.sqrt(D)
+            else:
+                y[t] = np.einsum("hi,hij->hj", r[t], S + T.first.reshape(H, D)[:, :, None] * kv)
+                S = S * w[t][:, :, None] + kv
+        y = y.astype(np.float32)
+        if T.ln is not None:
+            y = layernorm(y, np.ones(D, np.float32), None, GROUP_NORM_EPS).reshape(n_tok, n) * T.ln[0] + T.ln[1]
+            g = silu(self._linear(xg, T.wg, None))
+        else:
+            g = 1.0 / (1.0 + np.exp(-self._linear(xg, T.wg, None)))
+        return self._linear(y.reshape(n_tok, n) * g, T.wo, None)
+
+    def _channel_mix(self, h: np.ndarray, F: ChannelMix) -> np.ndarray:
+        """sigmoid(Wr xr) * Wv relu(Wk xk)^2 with xk, xr = h + (h_prev - h) lerp_k, lerp_r."""
+        dx = previous_rows(h) - h
+        k = np.maximum(self._linear(h + dx * F.lerp_k, F.key, None), 0.0) ** 2
+        r = 1.0 / (1.0 + np.exp(-self._linear(h + dx * F.lerp_r, F.receptance, None)))
+        return r * self._linear(k, F.value, None)
 
     def _linear(self, x: np.ndarray, w: Tensor, b: np.ndarray | None) -> np.ndarray:
         y = x @ self.w(w).T

@@ -1418,6 +1418,104 @@ def write_bailingmoe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_deepseek(path, qtype, arch="bailingmoe", keys=keys, **kw)
 
 
+def write_rwkv6(path: str | Path, qtype: QT = QT.Q8_0, *, arch: str = "rwkv6", n_embd: int = 256, n_layer: int = 3,
+                head_size: int = 64, n_ff: int = 512, extra: int = 32, decay_extra: int = 64, rescale_every: int = 2,
+                kv_heads: int = 0, fused_lerps: bool = True, n_vocab: int = 512, seed: int = 0,
+                tokenizer_from: Optional[dict] = None) -> str:
+    """RWKV 6 (arch `rwkv6`) as the converter writes it: head_count 0, wkv.head_size, the LoRA sizes
+    of the lerps and the decay, LayerNorms with biases (the embeddings' too), a time mix and a channel
+    mix per layer; fused_lerps False: the five time_mix_lerp_{w,k,v,r,g} apart (older files). arch
+    `rwkv6qwen2` (QRWKV 6): RMSNorms, no time_mix_first nor time_mix_ln (a gated linear attention),
+    r/k/v biases, keys and values of kv_heads heads, a SwiGLU FFN. The small LoRA matrices are F16 where
+    qtype's blocks do not divide their rows."""
+    rng = np.random.default_rng(seed)
+    qrwkv = arch == "rwkv6qwen2"
+    heads = n_embd // head_size
+    kv = (kv_heads or heads) * head_size
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(n_layer)
+    w.add_context_length(1 << 20)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(0)
+    w.add_wkv_head_size(head_size)
+    w.add_time_mix_extra_dim(extra)
+    w.add_time_decay_extra_dim(decay_extra)
+    if qrwkv:
+        w.add_layer_norm_rms_eps(1e-6)
+        w.add_token_shift_count(1)
+        if kv_heads:
+            w.add_head_count_kv(kv_heads)
+    else:
+        w.add_layer_norm_eps(1e-5)
+        w.add_rescale_every_n_layers(rescale_every)
+    n_vocab = copy_tokenizer(w, tokenizer_from) if tokenizer_from is not None else small_vocab(w, n_vocab)
+
+    def add(name, array_and_type):
+        w.add_tensor(name, array_and_type[0], raw_dtype=array_and_type[1])
+
+    def vec(values, shape=None):
+        a = np.asarray(values, np.float32)
+        return (a if shape is None else a.reshape(shape)), None
+
+    def small(n_in, n_out, scale=None):   # a LoRA matrix: qtype where its rows are whole blocks
+        fits = qtype in (QT.F32, QT.F16) or n_in % GGML_QUANT_SIZES[qtype][0] == 0
+        return weight(qtype if fits else QT.F16, n_in, n_out, rng, scale)
+
+    def norm(name, bias=True):
+        add(name + ".weight", vec(1.0 + 0.1 * rng.standard_normal(n_embd)))
+        if bias:
+            add(name + ".bias", vec(0.1 * rng.standard_normal(n_embd)))
+    add("token_embd.weight", weight(qtype, n_embd, n_vocab, rng, scale=1.0))
+    if not qrwkv:
+        norm("token_embd_norm")
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        norm(p + "attn_norm", bias=not qrwkv)
+        add(p + "time_mix_lerp_x.weight", vec(rng.uniform(0, 1, n_embd), (1, 1, n_embd)))
+        if fused_lerps:
+            add(p + "time_mix_lerp_fused.weight", vec(rng.uniform(0, 1, (5, n_embd)), (5, 1, 1, n_embd)))
+        else:
+            for c in "wkvrg":
+                add(p + f"time_mix_lerp_{c}.weight", vec(rng.uniform(0, 1, n_embd), (1, 1, n_embd)))
+        add(p + "time_mix_w1.weight", small(n_embd, 5 * extra))
+        arr, raw = small(extra, 5 * n_embd, scale=0.5 / np.sqrt(extra))
+        add(p + "time_mix_w2.weight", (arr.reshape(5, n_embd, -1), raw))
+        # decays exp(-exp(d)) between about 0.08 and 0.998, as trained models have them
+        add(p + "time_mix_decay.weight", vec(rng.uniform(-6.0, 0.9, n_embd)))
+        add(p + "time_mix_decay_w1.weight", small(n_embd, decay_extra))
+        add(p + "time_mix_decay_w2.weight", small(decay_extra, n_embd, scale=0.5 / np.sqrt(decay_extra)))
+        for name, n_out in (("receptance", n_embd), ("key", kv), ("value", kv), ("gate", n_embd)):
+            add(p + f"time_mix_{name}.weight", weight(qtype, n_embd, n_out, rng))
+        add(p + "time_mix_output.weight", weight(qtype, n_embd, n_embd, rng))
+        if qrwkv:
+            for name, n_out in (("receptance", n_embd), ("key", kv), ("value", kv)):
+                add(p + f"time_mix_{name}.bias", vec(0.1 * rng.standard_normal(n_out)))
+            add(p + "ffn_norm.weight", vec(1.0 + 0.1 * rng.standard_normal(n_embd)))
+            for name, n_in, n_out in (("gate", n_embd, n_ff), ("up", n_embd, n_ff), ("down", n_ff, n_embd)):
+                add(p + f"ffn_{name}.weight", weight(qtype, n_in, n_out, rng))
+        else:
+            add(p + "time_mix_first.weight", vec(0.5 * rng.standard_normal((heads, head_size))))
+            norm(p + "time_mix_ln")
+            norm(p + "attn_norm_2")
+            add(p + "channel_mix_lerp_k.weight", vec(rng.uniform(0, 1, n_embd), (1, 1, n_embd)))
+            add(p + "channel_mix_lerp_r.weight", vec(rng.uniform(0, 1, n_embd), (1, 1, n_embd)))
+            add(p + "channel_mix_key.weight", weight(qtype, n_embd, n_ff, rng))
+            add(p + "channel_mix_value.weight", weight(qtype, n_ff, n_embd, rng))
+            add(p + "channel_mix_receptance.weight", weight(qtype, n_embd, n_embd, rng))
+    norm("output_norm", bias=not qrwkv)
+    add("output.weight", weight(qtype, n_embd, n_vocab, rng))
+    return finish(w, path)
+
+
+def write_rwkv6qwen2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """QRWKV 6: 8 heads of 32, keys and values of 2 (GQA), 2 layers."""
+    kw.setdefault("head_size", 32)
+    kw.setdefault("kv_heads", 2)
+    kw.setdefault("n_layer", 2)
+    return write_rwkv6(path, qtype, arch="rwkv6qwen2", **kw)
+
+
 def write_openelm(path: str | Path, qtype: QT = QT.Q8_0, *, n_embd: int = 256, heads: tuple = (4, 8, 4),
                   kv_heads: tuple = (2, 4, 1), ffs: tuple = (256, 512, 768), head_dim: int = 64, n_vocab: int = 512,
                   seed: int = 0, tokenizer_from: Optional[dict] = None) -> str:
@@ -1782,7 +1880,8 @@ WRITERS = {"llama": write_llama, "bert": write_bert, "nomic-bert": write_nomic_b
            "refact": functools.partial(write_llama, arch="refact"), "baichuan": functools.partial(write_llama, arch="baichuan"),
            "chatglm": write_chatglm, "minicpm3": write_minicpm3, "orion": write_orion, "deepseek": write_deepseek,
            "internlm2": functools.partial(write_llama, arch="internlm2"),
-           "xverse": functools.partial(write_llama, arch="xverse")}
+           "xverse": functools.partial(write_llama, arch="xverse"), "rwkv6": write_rwkv6,
+           "rwkv6qwen2": write_rwkv6qwen2}
 
 
 def _gguf_string(x: str) -> bytes:

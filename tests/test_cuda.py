@@ -43,7 +43,7 @@ from pyllm.backend.split import SplitBackend
 from pyllm.errors import BackendError, InvalidArgumentError
 from pyllm.graph import (ACT_F32, GLU_GELU_TANH, GLU_MUL, GLU_RELU, GLU_SIGMOID, GLU_RELU_SQR, GLU_SILU, GLU_SWIGLU_OAI,
                          GLU_TANH, GLU_XIELU, MOE_NORM, MOE_SIGMOID, MOE_SOFTMAX, OP_ATTENTION, OP_MATMUL_COLS, OP_SUMSQ,
-                         ROPE_NEOX, ROPE_NORM, Graph, Op, act_format)
+                         ROPE_NEOX, ROPE_NORM, WKV_6, WKV_7, WKV_GLA, Graph, Op, act_format)
 from pyllm.model_file import ModelFile, Tensor
 
 GPU_OK, WHY = cuda.available()
@@ -683,6 +683,52 @@ def test_delta_net_op_matches_the_core(devices, case):
         close_to_float_rounding(gpu[name], cpu[name], 1e-5)
 
 
+WKV_CASES = {   # (kind, heads, head_size)
+    "wkv6": (WKV_6, 4, 64),               # RWKV 6's head size
+    "wkv6-odd": (WKV_6, 3, 19),           # fewer rows than a warp's lanes
+    "gla": (WKV_GLA, 2, 40),              # QRWKV's gated linear attention
+    "wkv7": (WKV_7, 3, 64),               # with its per-head norm and bonus (RWKV 7)
+    "wkv7-odd": (WKV_7, 2, 33),
+    "wkv7-bare": (WKV_7, 2, 16),          # neither
+}
+
+
+@pytest.mark.parametrize("case", list(WKV_CASES))
+def test_wkv_op_matches_the_core(devices, case):
+    """RWKV's WKV (csrc/ssm.c op_wkv) against the C core over the steps of SSM_STEPS: the outputs
+    of every step and the [heads][head_size][head_size] states they leave, from views inside wider
+    rows; then OP_LERP (plain and accumulating) and the per-head LayerNorm with biases per group."""
+    rng = np.random.default_rng(len(case))
+    kind, H, D = WKV_CASES[case]
+    T, C = SSM_STEPS[-1][1], H * D
+    parts = 6 if kind == WKV_7 else 4
+    x = rng.standard_normal((T, parts * C + 5)).astype(np.float32)
+    x[:, 3 + 3 * C:3 + 4 * C] = rng.uniform(-5.0, 1.5, (T, C))   # decays from 0.01 to 0.99
+    if kind == WKV_7:   # a = -kk, b = kk * gate, kk of unit length per head: a bounded state
+        kk = rng.standard_normal((T, H, D))
+        kk /= np.linalg.norm(kk, axis=2, keepdims=True)
+        x[:, 3 + 4 * C:3 + 5 * C] = -kk.reshape(T, C)
+        x[:, 3 + 5 * C:3 + 6 * C] = (kk * rng.uniform(0, 1, (T, H, D))).reshape(T, C)
+    g = Graph()
+    full = kind == WKV_6 or (kind == WKV_7 and case != "wkv7-bare")
+    y = g.wkv(g.buffer("in", parts * C + 5).cols(3, parts * C), kind, H, D, "y",
+              bonus=rng.standard_normal(C).astype(np.float32) if full else None,
+              scale=D ** -0.5 if kind == WKV_GLA else 1.0,
+              norm=(rng.uniform(0.5, 1.5, C).astype(np.float32), rng.standard_normal(C).astype(np.float32))
+              if full and kind == WKV_7 else None, eps=64e-5)
+    g.layernorm(y, rng.uniform(0.5, 1.5, C).astype(np.float32), rng.standard_normal(C).astype(np.float32), 64e-5,
+                "y_norm", groups=H)
+    mixes = rng.uniform(0, 1, (3, C)).astype(np.float32)
+    g.lerp(y, g.buffer("in", parts * C + 5).cols(3 + C, C), mixes, "mixed")
+    g.lerp(y, g.buffer("in", parts * C + 5).cols(3, C), mixes, "mixed", accumulate=True)
+    cpu, gpu = run_steps_both(devices, g, {"in": x}, SSM_STEPS, "mixed")
+    assert set(cpu) == {"mixed"} | set(g.states)
+    for name in cpu:
+        close_to_float_rounding(gpu[name], cpu[name], 1e-5)
+    cpu, gpu = run_steps_both(devices, g, {"in": x}, SSM_STEPS, "y_norm")
+    close_to_float_rounding(gpu["y_norm"], cpu["y_norm"], 1e-5)
+
+
 def test_the_gpu_refuses_a_delta_net_key_head_past_its_shared_memory(devices):
     """A token's normalized q and k of one key head live in the kernel's 48 KB of shared memory:
     a longer head_dim (which the core runs) is refused when the program is bound, not at launch."""
@@ -1125,7 +1171,8 @@ def close_enough(got, ref, float_weights, moe=False):
                                           ("gemma3n", QT.Q8_0), ("minicpm", QT.Q8_0), ("deepseek", QT.Q4_K),
                                           ("orion", QT.Q8_0), ("minicpm3", QT.Q8_0), ("chatglm", QT.Q4_K),
                                           ("bloom", QT.Q8_0), ("mpt", QT.Q4_K), ("jais", QT.Q8_0), ("mamba", QT.Q8_0), ("jamba", QT.Q4_K), ("olmo", QT.Q8_0),
-                                          ("bailingmoe", QT.Q8_0), ("openelm", QT.Q8_0)],
+                                          ("bailingmoe", QT.Q8_0), ("openelm", QT.Q8_0), ("rwkv6", QT.F16),
+                                          ("rwkv6qwen2", QT.Q4_K)],
                          ids=lambda x: getattr(x, "name", x))
 def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     """300 positions over shuffled 16-position blocks: several attention tiles,
@@ -1145,7 +1192,9 @@ def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     gated delta rule, 4 value heads over 2 key heads, its state carried in device memory like
     Mamba's) beside gated full attention; Gemma 4's heads of two sizes, values normed without
     weights, shared KV layers attending over earlier layers' caches and per-layer inputs; Gemma 3n's
-    AltUp streams (mixed by a matrix per token, rescaled to a norm) and sparse FFN gates."""
+    AltUp streams (mixed by a matrix per token, rescaled to a norm) and sparse FFN gates; RWKV 6's
+    token shifts (two-tap convolutions), data-dependent lerps, WKV states and per-head LayerNorms,
+    QRWKV's gated linear attention over shared key/value heads."""
     host, gpu = devices
     path = synth.WRITERS[family](tmp_path / "m.gguf", qtype)
     arch, g = build(path)

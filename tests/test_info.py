@@ -127,6 +127,20 @@ def test_info_families_of_this_kind(tmp_path):
     assert [(grp.layers, grp.window) for grp in st.layer_groups] == [([0, 4], 0), ([1, 2, 3], 4096)]
 
 
+def test_info_of_rwkv(tmp_path):
+    """RWKV: linear-attention heads, the state per layer, no RoPE or softmax rows; QRWKV's shared k/v heads."""
+    rw = model_info(synth.write_rwkv6(tmp_path / "r.gguf", QT.Q8_0), n_ctx=64)
+    text = rw.format()
+    assert "rwkv6: 3 layers, 256 wide, 4 linear-attention heads of 64, FFN 512" in text
+    assert "RoPE" not in text and "softmax" not in text and rw.kv_bytes == 0
+    # per layer: two token shifts of one row, 4 heads of a 64 x 64 state
+    assert rw.state_bytes == 3 * 4 * (2 * 256 + 4 * 64 * 64)
+    assert rw.block == ("LayerNorm before attention and FFN; RWKV channel mix, sigmoid(Wr x_r) * Wv relu(Wk x_k)^2; "
+                        "RWKV time mix in place of attention, 4 heads of 64 (a 64x64 state each)")
+    q = model_info(synth.write_rwkv6qwen2(tmp_path / "q.gguf", QT.Q8_0), n_ctx=64)
+    assert q.block.endswith("8 heads of 32 (a 32x32 state each, keys and values of 2 heads; gated linear attention)")
+
+
 def test_info_names_a_thinking_switch(tmp_path):
     """A chat template with enable_thinking is reported as one --think / --no-think can set."""
     import synth

@@ -11,7 +11,7 @@ from pyllm._native import lib
 from pyllm.backend.base import Range, Shape, StepData
 from pyllm.backend.cpu import HostDevice
 from pyllm.errors import InvalidArgumentError
-from pyllm.graph import Graph
+from pyllm.graph import WKV_6, WKV_7, WKV_GLA, Graph
 
 LEVELS = [lvl for lvl in range(4) if lib.pyllm_level_available(lvl)]
 
@@ -195,6 +195,112 @@ def test_rmsnorm_with_a_weight_per_group():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def wkv_numpy(x: np.ndarray, kind: int, H: int, D: int, first=None, scale: float = 1.0, norm=None,
+              eps: float = 0.0) -> np.ndarray:
+    """RWKV's WKV recurrences in float64, token by token, as ggml's rwkv_wkv6, gated_linear_attn
+    and rwkv_wkv7 write them (csrc/pyllm.h, OP_WKV); WKV 7's output then LayerNormed per head (norm:
+    weight, bias) and given its bonus (r . (first k)) v, as llama.cpp's build_rwkv7_time_mix."""
+    T, C = len(x), H * D
+    parts = x.astype(np.float64).reshape(T, -1, H, D)
+    r, k, v, w = parts[:, 0], parts[:, 1], parts[:, 2], parts[:, 3]
+    S = np.zeros((H, D, D))
+    y = np.zeros((T, H, D))
+    for t in range(T):
+        if kind == WKV_7:   # S [value][key]: S = S diag(d) + (S a) b^T + v k^T, y = S r
+            a, b = parts[t, 4], parts[t, 5]
+            d = np.exp(-0.606531 / (1.0 + np.exp(-w[t])))
+            sa = np.einsum("hij,hj->hi", S, a)
+            S = S * d[:, None, :] + sa[:, :, None] * b[:, None, :] + v[t][:, :, None] * k[t][:, None, :]
+            y[t] = np.einsum("hij,hj->hi", S, r[t])
+            if norm is not None:
+                c = y[t] - y[t].mean(1, keepdims=True)
+                y[t] = c / np.sqrt((c ** 2).mean(1, keepdims=True) + eps) * norm[0].reshape(H, D) + norm[1].reshape(H, D)
+            if first is not None:
+                y[t] += (r[t] * k[t] * first.reshape(H, D)).sum(1, keepdims=True) * v[t]
+            continue
+        d = np.exp(-np.exp(w[t]))   # S [key][value]
+        if kind == WKV_6:
+            kv = k[t][:, :, None] * v[t][:, None, :]
+            y[t] = np.einsum("hi,hij->hj", r[t], S + first.reshape(H, D)[:, :, None] * kv)
+            S = S * d[:, :, None] + kv
+        else:
+            S = S * d[:, :, None] + (k[t] * (1.0 - d))[:, :, None] * v[t][:, None, :]
+            y[t] = scale * np.einsum("hi,hij->hj", r[t], S)
+    return y.reshape(T, C)
+
+
+@pytest.mark.parametrize("lvl", LEVELS)
+@pytest.mark.parametrize("case", ["wkv6", "gla", "wkv7", "wkv7-bare"])
+@pytest.mark.parametrize("H,D", [(4, 16), (3, 7), (1, 64)])
+def test_wkv_against_numpy(level, lvl, case, H, D):
+    """OP_WKV at every ISA level (WKV 7's dot products are dispatched) against float64 recurrences
+    over the steps of STEPS (the state carried between them, reset at position 0), odd head sizes
+    included; decays from near 0 to near 1, and WKV 7's a = -kk, b = kk * gate as RWKV 7 feeds them
+    (bounded: its state would grow without), with its per-head norm and bonus (RWKV 7) or neither."""
+    lib.pyllm_set_level(lvl)
+    kind = {"wkv6": WKV_6, "gla": WKV_GLA}.get(case, WKV_7)
+    rng = np.random.default_rng(H * 100 + D + kind)
+    T, C = 19, H * D
+    parts = 6 if kind == WKV_7 else 4
+    x = rng.standard_normal((T, parts * C)).astype(np.float32)
+    x[:, 3 * C:4 * C] = rng.uniform(-5.0, 1.5, (T, C))   # decays exp(-exp(w)) from 0.01 to 0.99
+    if kind == WKV_7:
+        kk = rng.standard_normal((T, H, D))
+        kk /= np.linalg.norm(kk, axis=2, keepdims=True)
+        x[:, 4 * C:5 * C] = -kk.reshape(T, C)
+        x[:, 5 * C:] = (kk * rng.uniform(0, 1, (T, H, D))).reshape(T, C)
+    first = rng.standard_normal(C).astype(np.float32) if case in ("wkv6", "wkv7") else None
+    norm = (rng.uniform(0.5, 1.5, C).astype(np.float32), rng.standard_normal(C).astype(np.float32)) \
+        if case == "wkv7" else None
+    scale = D ** -0.5 if kind == WKV_GLA else 1.0
+    g = Graph()
+    g.wkv(g.buffer("x", parts * C), kind, H, D, "y", bonus=first, scale=scale, norm=norm, eps=64e-5)
+    got = run_steps(g, {"x": x}, STEPS + [(0, 5)], "y")   # the last step back at position 0: a fresh state
+    want = wkv_numpy(x, kind, H, D, first, scale, norm, 64e-5)
+    np.testing.assert_allclose(got, np.concatenate([want, want[:5]]), rtol=2e-5, atol=2e-5 * np.abs(want).max())
+
+
+def test_lerp_against_numpy():
+    """OP_LERP: x + dx * mix per group, and with accumulate x + dx * (mix + y) (RWKV's data-dependent lerps)."""
+    from test_forward import run_ops
+    rng = np.random.default_rng(3)
+    x, dx, y0 = (rng.standard_normal((3, 20)).astype(np.float32) for _ in range(3))
+    mixes = rng.uniform(0, 1, (5, 20)).astype(np.float32)
+    g = Graph()
+    g.lerp(g.buffer("x", 20), g.buffer("dx", 20), mixes, "out")
+    got = run_ops(g, {"x": x, "dx": dx}, 3, "out")
+    np.testing.assert_allclose(got, np.concatenate([x + dx * m for m in mixes], axis=1), rtol=1e-6, atol=1e-6)
+    g = Graph()
+    g.lerp(g.buffer("x", 20), g.buffer("dx", 20), mixes, g.buffer("y", 100), accumulate=True)
+    got = run_ops(g, {"x": x, "dx": dx, "y": np.tile(y0, 5)}, 3, "y")
+    np.testing.assert_allclose(got, np.concatenate([x + dx * (m + y0) for m in mixes], axis=1), rtol=1e-6, atol=1e-6)
+
+
+def test_token_shift_carries_the_last_row():
+    """graph.token_shift: each row's previous row minus itself, the first from the step before (zeros at 0)."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((19, 12)).astype(np.float32)
+    g = Graph()
+    g.token_shift(g.buffer("x", 12), "dx", "shift")
+    got = run_steps(g, {"x": x}, STEPS, "dx")
+    np.testing.assert_allclose(got, np.concatenate([np.zeros((1, 12)), x[:-1]]) - x, rtol=1e-6, atol=1e-6)
+
+
+def test_layernorm_with_weights_and_biases_per_group():
+    """OPF_GROUP_WEIGHTS with a LayerNorm: each group's own slice of the weights and of the biases (RWKV)."""
+    from test_forward import run_ops
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((3, 4 * 24)).astype(np.float32)
+    w, b = rng.uniform(0.5, 1.5, 96).astype(np.float32), rng.standard_normal(96).astype(np.float32)
+    g = Graph()
+    g.layernorm(g.buffer("x", 96), w, b, 1e-5, "out", groups=4)
+    got = run_ops(g, {"x": x}, 3, "out")
+    xg = x.reshape(3, 4, 24).astype(np.float64)
+    c = xg - xg.mean(2, keepdims=True)
+    want = (c / np.sqrt((c ** 2).mean(2, keepdims=True) + 1e-5)).reshape(3, 96) * w + b
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_a_recurrent_step_needs_consecutive_positions():
     g = Graph()
     g.ssm_conv(g.buffer("x", 16), np.ones((16, 4), np.float32), None, "out")
@@ -271,3 +377,19 @@ def test_chat_turns_on_a_hybrid_model_reuse_the_state(hybrid):
     c2 = eng.generate(seq, prompt + c.tokens + [9, 9], 2, Sampler(temperature=0.0), stop_ids=set()).run()
     assert c2.metrics.reused_tokens == ran
     seq.release()
+
+
+@pytest.mark.parametrize("writer", [synth.write_rwkv6, synth.write_rwkv6qwen2], ids=["rwkv6", "rwkv6qwen2"])
+def test_rwkv_runs_the_same_in_steps_of_any_size(tmp_path, writer):
+    """An RWKV model's prompt in one step, in steps of 7 and token by token: its token shifts and
+    WKV states carried across steps give the same logits as one pass."""
+    from pyllm import Model
+    path = writer(tmp_path / "rwkv.gguf", QT.Q8_0)
+    tokens = [int(t) for t in np.random.default_rng(2).integers(1, 500, 30)]
+    got = {}
+    for n_batch in (32, 7, 1):
+        with Model(str(path), n_ctx=64, n_batch=n_batch, n_threads=2, n_gpu_layers=0) as m:
+            got[n_batch] = m.engine.logits(tokens)
+    assert got[32].shape == (30, 512) and got[32].std() > 0.1
+    for n_batch in (7, 1):
+        np.testing.assert_allclose(got[n_batch], got[32], rtol=1e-4, atol=1e-4 * got[32].std())

@@ -101,12 +101,16 @@ void launch_sparsify(const pyllm_op *op, const exec &e);
 void launch_ssm_conv(const pyllm_op *op, const exec &e);
 void launch_ssm_scan(const pyllm_op *op, const exec &e);
 void launch_delta_net(const pyllm_op *op, const exec &e);
+void launch_wkv(const pyllm_op *op, const exec &e);
+void launch_lerp(const pyllm_op *op, const exec &e);
 
 constexpr int MAX_HEAD_DIM = 576;   /* as csrc/core.h: MLA keys, a 512-dim latent and 64 rotated */
 constexpr int MAX_KV_BLOCK = 1024;
 /* DELTA_NET keeps a token's normalized q and k (2 head_dim floats) in the 48 KB of shared
  * memory a kernel gets without opting in to more */
 constexpr int DELTA_MAX_HEAD_DIM = 6144;
+/* WKV: a thread per row of a head's state, all of a block */
+constexpr int WKV_MAX_HEAD_DIM = 1024;
 
 /* ---- device helpers ---- */
 

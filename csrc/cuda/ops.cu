@@ -46,7 +46,7 @@ __device__ double block_sum_double(double v) {
     return s;
 }
 
-/* group_weights (OPF_GROUP_WEIGHTS): group g scales by its own n weights, w + g n (Mamba 2's norm);
+/* group_weights (OPF_GROUP_WEIGHTS): group g scales by its own n weights, w + g n, and biases (Mamba 2's norm);
  * otherwise every group by the same w */
 __global__ void rmsnorm_kernel(const float *__restrict__ X, int64_t x_stride, float *Y, int64_t y_stride,
                                const float *__restrict__ W, const float *__restrict__ b, int64_t n, float eps,
@@ -55,6 +55,7 @@ __global__ void rmsnorm_kernel(const float *__restrict__ X, int64_t x_stride, fl
     const float *x = X + (int64_t)t * x_stride + (int64_t)g * n;
     float *y = Y + (int64_t)t * y_stride + (int64_t)g * n;
     const float *w = group_weights ? W + (int64_t)g * n : W;
+    if (group_weights && b) b += (int64_t)g * n;   /* and their own biases (RWKV's per-head LayerNorm) */
     float mean = 0.0f;
     if (layer_norm) {
         double s = 0.0;
@@ -407,6 +408,110 @@ void launch_delta_net(const pyllm_op *op, const exec &e) {
         op->x + (int64_t)e.row0 * op->x_stride, op->x_stride, op->x2 + (int64_t)e.row0 * op->x2_stride,
         op->x2_stride, op->y, op->y_stride, op->state, (const float *)op->w, e.pos, e.rows, op->n_head,
         op->n_kv_head, op->head_dim, op->head_dim_v, op->eps, (op->flags & OPF_KV_GROUPED) != 0);
+}
+
+/* ---- RWKV (csrc/ssm.c op_wkv, csrc/ops.c op_lerp) ----
+ *
+ * WKV: one block per head, a thread per row or column of its [D][D] state S (in device memory,
+ * row-major), token by token over the step's rows; the token's decays go to shared memory first.
+ *   WKV_6, WKV_GLA: S's rows are key dims, thread j owns column j (a value dim):
+ *     WKV_6:   y_j = (r . (u k)) v_j + sum_i r_i S_ij ;  S_ij = S_ij d_i + k_i v_j
+ *     WKV_GLA: S_ij = S_ij d_i + k_i (1 - d_i) v_j ;  y_j = sum_i (scale r_i) S_ij
+ *   WKV_7: S's rows are value dims, thread i owns row i:
+ *     sa = S_i . a ;  S_ij = S_ij d_j + sa b_j + v_i k_j ;  y_i = S_i . r
+ *     then the head's LayerNorm (through shared memory) and the bonus (r . (r_k k)) v_i
+ * Each sum runs over i (or j) in ascending order in one thread, as the C core adds it. */
+__global__ void wkv_kernel(const float *__restrict__ X, int64_t x_stride, float *__restrict__ Y, int64_t y_stride,
+                           float *__restrict__ state, const float *__restrict__ U, const float *__restrict__ LN,
+                           const int32_t *__restrict__ pos, int rows, int H, int D, int kind, float scale, float eps) {
+    PQ_EXTERN_SHARED(float, sm);   /* [D] the token's decays, [D] WKV 7's outputs before its norm */
+    float *decay = sm, *ys = sm + D;
+    const int h = blockIdx.x, j = threadIdx.x;
+    const bool owner = j < D;
+    const int64_t C = (int64_t)H * D;
+    float *S = state + (int64_t)h * D * D;
+    if (pos[0] == 0 && owner)   /* a new sequence starts from a zero state */
+        for (int i = 0; i < D; i++) S[kind == WKV_7 ? (int64_t)j * D + i : (int64_t)i * D + j] = 0.0f;
+    for (int t = 0; t < rows; t++) {
+        const float *x = X + (int64_t)t * x_stride + (int64_t)h * D;
+        const float *r = x, *k = x + C, *v = x + 2 * C, *w = x + 3 * C;
+        __syncthreads();   /* the last token's decays and outputs are read */
+        if (owner) decay[j] = kind == WKV_7 ? expf(-0.606531f / (1.0f + expf(-w[j]))) : expf(-expf(w[j]));
+        __syncthreads();
+        float y = 0.0f;
+        if (owner && kind == WKV_6) {
+            const float *u = U + (int64_t)h * D;
+            float ruk = 0.0f;
+            for (int i = 0; i < D; i++) ruk += r[i] * u[i] * k[i];
+            y = ruk * v[j];
+            for (int i = 0; i < D; i++) {
+                float *s = S + (int64_t)i * D + j;
+                y += r[i] * *s;
+                *s = *s * decay[i] + k[i] * v[j];
+            }
+        } else if (owner && kind == WKV_GLA) {
+            for (int i = 0; i < D; i++) {
+                float *s = S + (int64_t)i * D + j;
+                *s = *s * decay[i] + k[i] * (1.0f - decay[i]) * v[j];
+                y += scale * r[i] * *s;
+            }
+        } else if (owner) {
+            const float *a = x + 4 * C, *b = x + 5 * C;
+            float *Sj = S + (int64_t)j * D;
+            float sa = 0.0f;
+            for (int i = 0; i < D; i++) sa += Sj[i] * a[i];
+            for (int i = 0; i < D; i++) {
+                Sj[i] = Sj[i] * decay[i] + sa * b[i] + v[j] * k[i];
+                y += Sj[i] * r[i];
+            }
+        }
+        if (kind == WKV_7 && LN) {   /* the head's LayerNorm: every thread sums all outputs, in order */
+            if (owner) ys[j] = y;
+            __syncthreads();
+            if (owner) {
+                double sum = 0.0, sq = 0.0;
+                for (int i = 0; i < D; i++) sum += ys[i];
+                const float mean = (float)(sum / (double)D);
+                for (int i = 0; i < D; i++) sq += (double)(ys[i] - mean) * (ys[i] - mean);
+                const float inv = (float)(1.0 / sqrt(sq / (double)D + (double)eps));
+                y = (y - mean) * inv * LN[(int64_t)h * D + j] + LN[C + (int64_t)h * D + j];
+            }
+        }
+        if (owner && kind == WKV_7 && U) {   /* the bonus (r . (r_k k)) v */
+            const float *rk = U + (int64_t)h * D;
+            float bonus = 0.0f;
+            for (int i = 0; i < D; i++) bonus += r[i] * k[i] * rk[i];
+            y += bonus * v[j];
+        }
+        if (owner) Y[(int64_t)t * y_stride + (int64_t)h * D + j] = y;
+    }
+}
+
+void launch_wkv(const pyllm_op *op, const exec &e) {
+    const int threads = (op->head_dim + 31) / 32 * 32;
+    PQ_LAUNCH(op->n_head, threads, 2 * (size_t)op->head_dim * sizeof(float), e.stream, wkv_kernel)(
+        op->x + (int64_t)e.row0 * op->x_stride, op->x_stride, op->y, op->y_stride, op->state, (const float *)op->w,
+        op->bias, e.pos, e.rows, op->n_head, op->head_dim, op->type, op->scale, op->eps);
+}
+
+/* y[t, g n + i] = x[t, i] + dx[t, i] (mix[g n + i] (+ y[t, g n + i])) */
+__global__ void lerp_kernel(const float *__restrict__ X, int64_t x_stride, const float *__restrict__ DX,
+                            int64_t dx_stride, float *Y, int64_t y_stride, const float *__restrict__ mix, int64_t n,
+                            int groups, bool accumulate) {
+    const int t = blockIdx.y;
+    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, i = c % n;
+    if (c >= n * groups) return;
+    float *y = Y + (int64_t)t * y_stride + c;
+    const float dx = DX[(int64_t)t * dx_stride + i];
+    *y = X[(int64_t)t * x_stride + i] + dx * (accumulate ? mix[c] + *y : mix[c]);
+}
+
+void launch_lerp(const pyllm_op *op, const exec &e) {
+    dim3 grid(blocks_for(op->n_in * op->n_head, 256), e.rows);
+    PQ_LAUNCH(grid, 256, 0, e.stream, lerp_kernel)(op->x + (int64_t)e.row0 * op->x_stride, op->x_stride,
+                                                   op->x2 + (int64_t)e.row0 * op->x2_stride, op->x2_stride, op->y,
+                                                   op->y_stride, (const float *)op->w, op->n_in, op->n_head,
+                                                   (op->flags & OPF_ACCUMULATE) != 0);
 }
 
 /* y[t] *= 1 + s ln(1 + floor((pos[t] + off) / period)): attention temperature on q, the factor

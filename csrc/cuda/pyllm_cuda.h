@@ -43,8 +43,8 @@ int pyllm_cuda_type_supported(int type);
 int pyllm_cuda_check(const pyllm_op *ops, int n_ops);
 /* runs ops[0 .. n_ops) for one step and waits for them; 0 or -1. Before the kernels it copies
  * what the ops read of the step (tokens: EMBED; positions: ROPE, POS_SCALE, KV_STORE, ATTENTION,
- * SSM_CONV, SSM_SCAN, DELTA_NET, EMBED by position instead of the tokens; block table: KV_STORE,
- * ATTENTION) to the device. The recurrent ops' states (SSM_CONV, SSM_SCAN,
+ * SSM_CONV, SSM_SCAN, DELTA_NET, WKV, EMBED by position instead of the tokens; block table: KV_STORE,
+ * ATTENTION) to the device. The recurrent ops' states (SSM_CONV, SSM_SCAN, WKV,
  * DELTA_NET) stay in device memory from step to step (a step at position 0 starts from zeros),
  * so a step of theirs needs consecutive positions. new_step = 1 forgets what earlier calls sent; a caller running several op ranges
  * of one step passes 0 after the first, and only what was not sent yet is sent. */

@@ -417,6 +417,22 @@ static int check_op(const pyllm_op *op) {
             op->x2_stride < 2 * (int64_t)op->n_head || op->y_stride < (int64_t)op->n_head * op->head_dim_v)
             return fail("delta_net: rows too short for q, k, v and the gates");
         return 0;
+    case OP_WKV:   /* as the C core, and a head of at most a block's threads */
+        if (!op->x || !op->y || !op->state || (op->type == WKV_6 && !op->w))
+            return fail("wkv: missing rows, state or time_first");
+        if (op->type < WKV_6 || op->type > WKV_7 || op->n_head <= 0 || op->head_dim <= 0 ||
+            op->head_dim > WKV_MAX_HEAD_DIM)
+            return fail("wkv: kind %d, %d heads of %d", op->type, op->n_head, op->head_dim);
+        if (op->x_stride < (op->type == WKV_7 ? 6 : 4) * (int64_t)op->n_head * op->head_dim ||
+            op->y_stride < (int64_t)op->n_head * op->head_dim)
+            return fail("wkv: rows too short for its parts");
+        return 0;
+    case OP_LERP:
+        if (!op->x || !op->x2 || !op->y || !op->w || op->n_in <= 0 || op->n_head <= 0)
+            return fail("lerp: missing rows or mixes");
+        if (op->x_stride < op->n_in || op->x2_stride < op->n_in || op->y_stride < op->n_in * op->n_head)
+            return fail("lerp: rows too short");
+        return 0;
     default:
         return fail("unknown op kind %d", op->kind);
     }
@@ -461,7 +477,7 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
                             st->pos[t - 1]);
     for (int i = 0; i < n_ops; i++) {
         if (ops[i].kind == OP_SSM_CONV || ops[i].kind == OP_SSM_SCAN || ops[i].kind == OP_DELTA_NET ||
-            (ops[i].kind == OP_ATTENTION && ops[i].flags & OPF_NON_CAUSAL)) {
+            ops[i].kind == OP_WKV || (ops[i].kind == OP_ATTENTION && ops[i].flags & OPF_NON_CAUSAL)) {
             /* a state carries one sequence on; every row of a bidirectional attention sees up to the last */
             for (int t = 1; t < st->n_tokens; t++)
                 if (st->pos[t] != st->pos[0] + t)
@@ -506,7 +522,7 @@ static const char *kind_name(int k) {
                                                "attention", "glu", "add", "scale", "moe_route", "matmul_id",
                                                "moe_sum", "mix", "pos_scale", "copy", "ssm_conv",
                                                "ssm_scan", "delta_net", "match_norm", "sparsify", "sumsq",
-                                               "matmul_cols", "save_rows"};
+                                               "matmul_cols", "save_rows", "lerp", "wkv"};
     return k > 0 && k < OP_KIND_COUNT ? names[k] : "?";
 }
 
@@ -545,6 +561,8 @@ static int launch_ops(const pyllm_op *ops, int n_ops, const pyllm_step *st, exec
         case OP_SSM_CONV: launch_ssm_conv(op, e); break;
         case OP_SSM_SCAN: launch_ssm_scan(op, e); break;
         case OP_DELTA_NET: launch_delta_net(op, e); break;
+        case OP_WKV: launch_wkv(op, e); break;
+        case OP_LERP: launch_lerp(op, e); break;
         default: return fail("op %d: unknown kind %d", i, op->kind);
         }
         cudaError_t err = cudaPeekAtLastError();
@@ -655,7 +673,7 @@ int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_
         const int32_t *sec = ops[i].rope_sections;
         need_rope_pos |= k == OP_ROPE && st->rope_pos && (sec[0] | sec[1] | sec[2]);
         need_tokens |= k == OP_EMBED && !(ops[i].flags & OPF_BY_POS);
-        need_pos |= (k == OP_EMBED && (ops[i].flags & OPF_BY_POS)) || k == OP_ROPE || k == OP_KV_STORE || k == OP_ATTENTION || k == OP_POS_SCALE || k == OP_SSM_CONV || k == OP_SSM_SCAN || k == OP_DELTA_NET;
+        need_pos |= (k == OP_EMBED && (ops[i].flags & OPF_BY_POS)) || k == OP_ROPE || k == OP_KV_STORE || k == OP_ATTENTION || k == OP_POS_SCALE || k == OP_SSM_CONV || k == OP_SSM_SCAN || k == OP_DELTA_NET || k == OP_WKV;
         need_table |= k == OP_KV_STORE || k == OP_ATTENTION;
     }
     if (new_step) ctx->sent = 0;

@@ -41,6 +41,7 @@ from .phi3 import Phi3
 from .qwen2 import Qwen2, Qwen2Moe, Qwen2VL
 from .qwen3 import Dots1, Qwen3, Qwen3Moe, Qwen3VL, Qwen3VLMoe
 from .qwen35 import Qwen35, Qwen35Moe, Qwen3Next
+from .rwkv import Rwkv6, Rwkv6Qwen2
 from .smallthinker import SmallThinker
 from .smollm3 import SmolLM3
 from .stablelm import Orion, StableLM
@@ -131,6 +132,8 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "olmo": Olmo,
     "bailingmoe": BailingMoe,
     "openelm": OpenELM,
+    "rwkv6": Rwkv6,
+    "rwkv6qwen2": Rwkv6Qwen2,
 }
 
 

@@ -493,6 +493,47 @@ class DeltaNet:
 
 
 @dataclass
+class TimeMix:
+    """A layer's RWKV time mix in place of attention (RWKV 6, QRWKV 6), from h and its token
+    shift dx = h_prev - h (h_prev: the previous token's h):
+        m = tanh(W1 (h + dx lerp_x)) ; [xw | xk | xv | xr | xg] = h + dx (lerps + W2_j m_j)
+        r, k, v, g = Wr xr, Wk xk, Wv xv, Wg xg ; w = decay + Wd2 tanh(Wd1 xw)
+        y = wkv(r, k, v, w) ; out = Wo (norm_per_head(y) * act(g))
+    with the WKV state per head (csrc/pyllm.h, OP_WKV): RWKV 6's with the bonus `first` of the
+    current token, a silu gate and a LayerNorm per head; QRWKV's (first None) a gated linear
+    attention, a sigmoid gate and no norm. Keys and values of kv_heads (< heads: shared, GQA)."""
+    lerp_x: np.ndarray        # [n_embd]
+    lerps: np.ndarray         # [5, n_embd]: w, k, v, r, g
+    w1: Tensor                # n_embd -> 5 extra
+    w2: Tensor                # 5 matrices extra -> n_embd (3-D)
+    decay: np.ndarray         # [n_embd]
+    decay_w1: Tensor          # n_embd -> decay extra
+    decay_w2: Tensor          # decay extra -> n_embd
+    wr: Tensor
+    wk: Tensor
+    wv: Tensor
+    wg: Tensor
+    wo: Tensor
+    first: Optional[np.ndarray]               # [n_embd]: RWKV 6's u; None: QRWKV
+    ln: Optional[tuple]                       # (weight, bias) of the per-head LayerNorm, or None
+    heads: int
+    head_size: int
+    kv_heads: int
+    biases: tuple = (None, None, None)        # of r, k, v (QRWKV), or None each
+
+
+@dataclass
+class ChannelMix:
+    """A layer's RWKV channel mix in place of the FFN (RWKV 6), from h and its token shift dx:
+    out = sigmoid(Wr (h + dx lerp_r)) * Wv relu(Wk (h + dx lerp_k))^2."""
+    lerp_k: np.ndarray
+    lerp_r: np.ndarray
+    key: Tensor
+    receptance: Tensor
+    value: Tensor
+
+
+@dataclass
 class Mla:
     """A layer's multi-head latent attention (DeepSeek 2/3). Per token, a latent c (kv_lora
     wide) and one rotated key part k_pe shared by every head: [c | k_pe] = wkv_a h, c

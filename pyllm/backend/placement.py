@@ -59,7 +59,7 @@ import numpy as np
 
 from ..errors import BackendError, InvalidArgumentError
 from ..graph import (OP_ATTENTION, OP_DELTA_NET, OP_EMBED, OP_KV_STORE, OP_MATMUL, OP_MATMUL_COLS, OP_MATMUL_ID,
-                     OP_SSM_CONV, OP_SSM_SCAN, OPF_LAST_ROWS, OPF_MEDIA_ONLY, OPF_OUT_ROWS, OPF_V_IN_K, Graph)
+                     OP_SSM_CONV, OP_SSM_SCAN, OP_WKV, OPF_LAST_ROWS, OPF_MEDIA_ONLY, OPF_OUT_ROWS, OPF_V_IN_K, Graph)
 from ..units import fmt_bytes, fmt_rate
 from .base import D2H, H2D, Range, Shape
 from .lowering import memory_plan, step_needs
@@ -149,6 +149,9 @@ def op_cost(op, n: int, n_out: int, ctx: float) -> tuple[float, float]:
     if op.kind == OP_DELTA_NET:   # the state read and written once per step; 4 passes of 2 FLOPs per value and token
         states = op.n_head * op.head_dim * op.head_dim_v
         return states * 4 * 2 + rows * (op.x.width + op.y.width) * 4, 8.0 * states * rows
+    if op.kind == OP_WKV:   # the state read and written once per step; 2 passes of 2 FLOPs per value and token
+        states = op.n_head * op.head_dim * op.head_dim
+        return states * 4 * 2 + rows * (op.x.width + op.y.width) * 4, 4.0 * states * rows
     if op.kind == OP_SSM_CONV:
         return rows * op.n_in * 4 * 2 + op.n_in * op.n_head * 4, 2.0 * op.n_in * op.n_head * rows
     width = sum(v.width for v in (op.x, op.x2, op.y) if v is not None) or op.n_in
