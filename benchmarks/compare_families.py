@@ -158,6 +158,9 @@ FAMILIES = {
     "rwkv6": ("rwkv6", {}),                          # WKV 6 time mix, channel mix, rescaled every 2 layers
     "rwkv6-lerps": ("rwkv6", {"fused_lerps": False, "n_layer": 2}),   # the five lerps apart
     "rwkv6qwen2": ("rwkv6qwen2", {}),                # gated linear attention, GQA k/v, SwiGLU
+    "rwkv7": ("rwkv7", {}),                          # WKV 7, v_first, per-head norm + bonus, gate
+    "arwkv7": ("arwkv7", {}),                        # neither gate nor norm, SwiGLU
+    "arwkv7-gated": ("arwkv7", {"gated": True, "out_norm": True}),
     "olmo": ("olmo", {}),                            # parameterless LayerNorms
     "bloom": ("bloom", {}),                          # ALiBi, LayerNorm of the embeddings
     "bloom-6heads": ("bloom", {"n_embd": 384, "n_head": 6, "n_head_kv": 6}),   # slopes past a power of 2

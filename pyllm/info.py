@@ -200,9 +200,12 @@ def describe_block(arch) -> str:
             ffn += f" in layers {fmt_layers(moe_layers)}, dense elsewhere"
     else:
         F = next((x.ffn for x in arch.layers if x.ffn is not None), None)
-        ffn = "no FFN" if F is None else \
-            "RWKV channel mix, sigmoid(Wr x_r) * Wv relu(Wk x_k)^2" if isinstance(F, ChannelMix) else \
-            f"FFN {act}(gate) * up" if F.gated else f"FFN {act}(up), not gated"
+        if F is None:
+            ffn = "no FFN"
+        elif isinstance(F, ChannelMix):   # RWKV
+            ffn = f"RWKV channel mix, {'Wv' if F.receptance is None else 'sigmoid(Wr x_r) * Wv'} relu(Wk x_k)^2"
+        else:
+            ffn = f"FFN {act}(gate) * up" if F.gated else f"FFN {act}(up), not gated"
     alone = [i for i, x in enumerate(arch.layers) if x.attn is None]
     if alone:   # Nemotron-H
         ffn += " (one branch per layer: the FFN in layers " + fmt_layers(

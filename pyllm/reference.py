@@ -15,7 +15,7 @@ from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from .arch import ARCHITECTURES
-from .arch.base import Architecture, ChannelMix, DeltaNet, Mla, Moe, ShortConv, Ssm, Ssm1, TimeMix
+from .arch.base import Architecture, ChannelMix, DeltaNet, Mla, Moe, ShortConv, Ssm, Ssm1, TimeMix, TimeMix7
 from .arch.bert import Bert
 from .arch.gemma3n import Gemma3n
 from .arch.gemma4 import Gemma4
@@ -614,15 +614,17 @@ class Reference:
         return self._linear(y * silu(z), d.out_proj, None)
 
     def _rwkv(self, tokens: np.ndarray) -> np.ndarray:
-        """RWKV 6 and QRWKV 6 (pyllm/arch/rwkv.py): per layer x += time_mix(norm(x)), x +=
-        channel_mix(norm(x)) (QRWKV: a SwiGLU FFN), x /= 2 every rescale_every layers; each mix
-        reads its input's previous row (zeros before the first)."""
+        """RWKV 6 and 7, QRWKV 6 and ARWKV 7 (pyllm/arch/rwkv.py): per layer x += time_mix(norm(x)),
+        x += channel_mix(norm(x)) (QRWKV, ARWKV: a SwiGLU FFN), x /= 2 every rescale_every layers
+        (RWKV 6); each mix reads its input's previous row (zeros before the first)."""
         a, hp = self.arch, self.arch.hp
         x = self._input_rows(tokens)
         if a.input_norm is not None:
             x = layernorm(x, *a.input_norm, hp.eps)
+        self._v_first = None
         for i, L in enumerate(a.layers):
-            x = x + self._time_mix(self._norm(x, L.attn_norm, L.attn_norm_b), L.attn)
+            h = self._norm(x, L.attn_norm, L.attn_norm_b)
+            x = x + (self._time_mix7(h, L.attn) if isinstance(L.attn, TimeMix7) else self._time_mix(h, L.attn))
             h = self._norm(x, L.ffn_norm, L.ffn_norm_b)
             x = x + (self._channel_mix(h, L.ffn) if isinstance(L.ffn, ChannelMix) else self._ffn(h, L.ffn, glu(a.glu)))
             if a.rescale_every and (i + 1) % a.rescale_every == 0:
@@ -669,10 +671,53 @@ class Reference:
             g = 1.0 / (1.0 + np.exp(-self._linear(xg, T.wg, None)))
         return self._linear(y.reshape(n_tok, n) * g, T.wo, None)
 
+    def _time_mix7(self, h: np.ndarray, T: TimeMix7) -> np.ndarray:
+        """RWKV 7's time mix as llama.cpp's build_rwkv7_time_mix writes it, the WKV 7 recurrence
+        token by token in float64 (S: value rows, key columns): S = S diag(w) + (S a) b^T + v k^T,
+        y = S r, a = -kk, b = kk sigmoid(..); then per head LayerNorm and the bonus (r . (r_k k)) v.
+        Layer 0's values are kept (self._v_first) for the later layers' value residual."""
+        n_tok, n = h.shape
+        H, D = T.heads, T.head_size
+        dx = previous_rows(h) - h
+        mixed = h[:, None, :] + dx[:, None, :] * T.lerps   # [T, 5 or 6, n]
+        xr, xw, xk, xv, xa = (mixed[:, j] for j in range(5))
+        r, k, v = self._linear(xr, T.wr, None), self._linear(xk, T.wk, None), self._linear(xv, T.wv, None)
+        w = self._linear(np.tanh(self._linear(xw, T.w1, None)), T.w2, None) + T.w0
+        w = np.exp(-0.606531 / (1.0 + np.exp(-w.astype(np.float64))))   # the decay
+        if T.v0 is None:
+            self._v_first = v
+        else:
+            mix = self._linear(self._linear(xv, T.v1, None), T.v2, None) + T.v0
+            v = v + (self._v_first - v) / (1.0 + np.exp(-mix))
+        a = 1.0 / (1.0 + np.exp(-(self._linear(self._linear(xa, T.a1, None), T.a2, None) + T.a0)))
+        kk = (k * T.k_k).reshape(n_tok, H, D).astype(np.float64)
+        kk = (kk / np.maximum(np.sqrt((kk ** 2).sum(2, keepdims=True)), 1e-12)).reshape(n_tok, n)
+        k = k + (a * (k * T.k_a) - k * T.k_a)
+        r64, k64, v64 = (z.astype(np.float64).reshape(n_tok, H, D) for z in (r, k, v))
+        wd, a_in, b_in = (z.reshape(n_tok, H, D) for z in (w, -kk, kk * a))
+        S = np.zeros((H, D, D))
+        y = np.empty((n_tok, H, D))
+        for t in range(n_tok):
+            sa = np.einsum("hij,hj->hi", S, a_in[t])
+            S = S * wd[t][:, None, :] + sa[:, :, None] * b_in[t][:, None, :] + v64[t][:, :, None] * k64[t][:, None, :]
+            y[t] = np.einsum("hij,hj->hi", S, r64[t])
+        if T.ln is not None:
+            y = layernorm(y.astype(np.float32), np.ones(D, np.float32), None, GROUP_NORM_EPS).reshape(n_tok, n) \
+                * T.ln[0] + T.ln[1]
+        y = y.reshape(n_tok, n) + ((r64 * k64 * T.r_k.reshape(H, D)).sum(2, keepdims=True) * v64).reshape(n_tok, n)
+        y = y.astype(np.float32)
+        if T.g1 is not None:
+            g = 1.0 / (1.0 + np.exp(-self._linear(mixed[:, 5], T.g1, None)))
+            y = y * self._linear(g, T.g2, None)
+        return self._linear(y, T.wo, None)
+
     def _channel_mix(self, h: np.ndarray, F: ChannelMix) -> np.ndarray:
-        """sigmoid(Wr xr) * Wv relu(Wk xk)^2 with xk, xr = h + (h_prev - h) lerp_k, lerp_r."""
+        """sigmoid(Wr xr) * Wv relu(Wk xk)^2 with xk, xr = h + (h_prev - h) lerp_k, lerp_r; RWKV 7's
+        without the receptance gate."""
         dx = previous_rows(h) - h
         k = np.maximum(self._linear(h + dx * F.lerp_k, F.key, None), 0.0) ** 2
+        if F.receptance is None:
+            return self._linear(k, F.value, None)
         r = 1.0 / (1.0 + np.exp(-self._linear(h + dx * F.lerp_r, F.receptance, None)))
         return r * self._linear(k, F.value, None)
 

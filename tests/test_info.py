@@ -139,6 +139,10 @@ def test_info_of_rwkv(tmp_path):
                         "RWKV time mix in place of attention, 4 heads of 64 (a 64x64 state each)")
     q = model_info(synth.write_rwkv6qwen2(tmp_path / "q.gguf", QT.Q8_0), n_ctx=64)
     assert q.block.endswith("8 heads of 32 (a 32x32 state each, keys and values of 2 heads; gated linear attention)")
+    r7 = model_info(synth.write_rwkv7(tmp_path / "r7.gguf", QT.Q8_0), n_ctx=64)
+    assert r7.block.endswith("RWKV 7 time mix in place of attention, 4 heads of 64 (a 64x64 state each), the first "
+                             "layer's values mixed into every later layer's")
+    assert "RWKV channel mix, Wv relu(Wk x_k)^2" in r7.block
 
 
 def test_info_names_a_thinking_switch(tmp_path):

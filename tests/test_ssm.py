@@ -379,10 +379,12 @@ def test_chat_turns_on_a_hybrid_model_reuse_the_state(hybrid):
     seq.release()
 
 
-@pytest.mark.parametrize("writer", [synth.write_rwkv6, synth.write_rwkv6qwen2], ids=["rwkv6", "rwkv6qwen2"])
+@pytest.mark.parametrize("writer", [synth.write_rwkv6, synth.write_rwkv6qwen2, synth.write_rwkv7, synth.write_arwkv7],
+                         ids=["rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"])
 def test_rwkv_runs_the_same_in_steps_of_any_size(tmp_path, writer):
     """An RWKV model's prompt in one step, in steps of 7 and token by token: its token shifts and
-    WKV states carried across steps give the same logits as one pass."""
+    WKV states carried across steps (and RWKV 7's first-layer values, within each) give the same
+    logits as one pass."""
     from pyllm import Model
     path = writer(tmp_path / "rwkv.gguf", QT.Q8_0)
     tokens = [int(t) for t in np.random.default_rng(2).integers(1, 500, 30)]

@@ -41,7 +41,7 @@ from .phi3 import Phi3
 from .qwen2 import Qwen2, Qwen2Moe, Qwen2VL
 from .qwen3 import Dots1, Qwen3, Qwen3Moe, Qwen3VL, Qwen3VLMoe
 from .qwen35 import Qwen35, Qwen35Moe, Qwen3Next
-from .rwkv import Rwkv6, Rwkv6Qwen2
+from .rwkv import Arwkv7, Rwkv6, Rwkv6Qwen2, Rwkv7
 from .smallthinker import SmallThinker
 from .smollm3 import SmolLM3
 from .stablelm import Orion, StableLM
@@ -134,6 +134,8 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "openelm": OpenELM,
     "rwkv6": Rwkv6,
     "rwkv6qwen2": Rwkv6Qwen2,
+    "rwkv7": Rwkv7,
+    "arwkv7": Arwkv7,
 }
 
 

@@ -523,13 +523,49 @@ class TimeMix:
 
 
 @dataclass
+class TimeMix7:
+    """A layer's RWKV 7 time mix in place of attention (RWKV 7, ARWKV 7), from h and its token
+    shift dx = h_prev - h:
+        [xr | xw | xk | xv | xa | xg] = h + dx lerps        (xg where the layer has a gate)
+        r, k, v = Wr xr, Wk xk, Wv xv ; w = w0 + W2 tanh(W1 xw) ; a = sigmoid(a0 + A2 A1 xa)
+        v += (v_first - v) sigmoid(v0 + V2 V1 xv)           (not in layer 0, whose v is v_first)
+        kk = l2norm_per_head(k k_k) ; k = k + (a - 1) k k_a
+        y = wkv7(r, k, v, w, -kk, kk a) ; y = norm_per_head(y) + (r . (r_k k)) v per head
+        out = Wo (y * G2 sigmoid(G1 xg))                    (the gate where the layer has one)
+    with the WKV 7 state per head (csrc/pyllm.h, OP_WKV)."""
+    lerps: np.ndarray         # [5 or 6, n_embd]: r, w, k, v, a (, g)
+    w0: np.ndarray
+    w1: Tensor
+    w2: Tensor
+    a0: np.ndarray
+    a1: Tensor
+    a2: Tensor
+    v0: Optional[np.ndarray]  # the value residual's; None in layer 0
+    v1: Optional[Tensor]
+    v2: Optional[Tensor]
+    g1: Optional[Tensor]
+    g2: Optional[Tensor]
+    k_k: np.ndarray
+    k_a: np.ndarray
+    r_k: np.ndarray
+    wr: Tensor
+    wk: Tensor
+    wv: Tensor
+    wo: Tensor
+    ln: Optional[tuple]       # (weight, bias) of the per-head LayerNorm, or None (ARWKV 7)
+    heads: int
+    head_size: int
+
+
+@dataclass
 class ChannelMix:
-    """A layer's RWKV channel mix in place of the FFN (RWKV 6), from h and its token shift dx:
-    out = sigmoid(Wr (h + dx lerp_r)) * Wv relu(Wk (h + dx lerp_k))^2."""
+    """A layer's RWKV channel mix in place of the FFN, from h and its token shift dx:
+    out = sigmoid(Wr (h + dx lerp_r)) * Wv relu(Wk (h + dx lerp_k))^2 (RWKV 6), without the
+    receptance gate (RWKV 7: receptance and lerp_r None)."""
     lerp_k: np.ndarray
-    lerp_r: np.ndarray
+    lerp_r: Optional[np.ndarray]
     key: Tensor
-    receptance: Tensor
+    receptance: Optional[Tensor]
     value: Tensor
 
 
