@@ -45,6 +45,12 @@ SHAPES = {
     "mamba-130m": ("mamba", "SmolLM2-135M-Instruct.Q4_1.gguf",
                    "state-spaces' mamba-130m's widths, all 24 layers (d_inner 1536, state 16, dt rank 48)",
                    dict(n_embd=768, n_layer=24, d_state=16, dt_rank=48)),
+    "rwkv7-0.1b": ("rwkv7", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                   "RWKV-7 World 0.1B's widths, all 12 layers (12 heads of 64, LoRA ranks 64/64/32/128)",
+                   dict(n_embd=768, n_layer=12, n_ff=3072, ranks=(64, 64, 32, 128))),
+    "rwkv6-1.6b": ("rwkv6", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                   "RWKV-6 World 1.6B's widths, 8 of its 24 layers (32 heads of 64, rescaled every 6)",
+                   dict(n_embd=2048, n_layer=8, n_ff=7168, extra=32, decay_extra=64, rescale_every=6)),
 }
 
 QUANTIZE = r'''

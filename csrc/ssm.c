@@ -225,7 +225,8 @@ static void wkv7_output(const pyllm_op *op, float *y, const float *r, const floa
  *   WKV_GLA: S[i, :] = decay_i S[i, :] + k_i (1 - decay_i) v ;  y = scale r^T S
  *   WKV_7:   S[i, :] = S[i, :] diag(decay) + (S[i, :] . a) b + v_i k ; y_i = S[i, :] . r  (S: value rows),
  *            then normed and given its bonus (wkv7_output)
- * Every inner loop runs along a row of S, contiguous. Threads split the heads. */
+ * Every inner loop runs along a row of S, contiguous: the state's update (which the compiler
+ * vectorizes) apart from the dot products and axpys, the level's kernels. Threads split the heads. */
 void op_wkv(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     const int64_t H = op->n_head, D = op->head_dim, C = H * D;
     const int fresh = r->step->pos[0] == 0, kind = op->type;
@@ -250,11 +251,9 @@ void op_wkv(const pyllm_op *op, const op_rows *r, int ith, int nth) {
                 for (int64_t j = 0; j < D; j++) y[j] = ruk * v[j];
                 for (int64_t i = 0; i < D; i++) {
                     float *Si = S + i * D;
-                    const float ri = rr[i], ki = k[i], di = decay[i];
-                    for (int64_t j = 0; j < D; j++) {
-                        y[j] += ri * Si[j];
-                        Si[j] = Si[j] * di + ki * v[j];
-                    }
+                    const float ki = k[i], di = decay[i];
+                    K.axpy_f32(D, rr[i], Si, y);
+                    for (int64_t j = 0; j < D; j++) Si[j] = Si[j] * di + ki * v[j];
                 }
             } else if (kind == WKV_GLA) {
                 memset(y, 0, sizeof(float) * (size_t)D);
@@ -271,12 +270,8 @@ void op_wkv(const pyllm_op *op, const op_rows *r, int ith, int nth) {
                 for (int64_t i = 0; i < D; i++) {
                     float *Si = S + i * D;
                     const float sa = K.dot_f32(D, Si, a), vi = v[i];
-                    float yi = 0.0f;
-                    for (int64_t j = 0; j < D; j++) {
-                        Si[j] = Si[j] * decay[j] + sa * b[j] + vi * k[j];
-                        yi += Si[j] * rr[j];
-                    }
-                    y[i] = yi;
+                    for (int64_t j = 0; j < D; j++) Si[j] = Si[j] * decay[j] + sa * b[j] + vi * k[j];
+                    y[i] = K.dot_f32(D, Si, rr);
                 }
                 wkv7_output(op, y, rr, k, v, h);
             }
