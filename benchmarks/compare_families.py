@@ -158,6 +158,8 @@ FAMILIES = {
     "rwkv6": ("rwkv6", {}),                          # WKV 6 time mix, channel mix, rescaled every 2 layers
     "rwkv6-lerps": ("rwkv6", {"fused_lerps": False, "n_layer": 2}),   # the five lerps apart
     "rwkv6qwen2": ("rwkv6qwen2", {}),                # gated linear attention, GQA k/v, SwiGLU
+    "qwen": ("qwen", {}),                            # fused qkv + bias, NEOX, FFN half the file's width
+    "codeshell": ("codeshell", {}),                  # StarCoder 2 with fused qkv + bias, GQA
     "rwkv7": ("rwkv7", {}),                          # WKV 7, v_first, per-head norm + bonus, gate
     "arwkv7": ("arwkv7", {}),                        # neither gate nor norm, SwiGLU
     "arwkv7-gated": ("arwkv7", {"gated": True, "out_norm": True}),

@@ -659,6 +659,23 @@ def write_starcoder2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
                        rope_base=100000.0, **kw)
 
 
+def write_codeshell(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """CodeShell: StarCoder 2's layout with a fused attn_qkv and its bias (GQA), the output untied."""
+    return write_model(path, "codeshell", qtype, layer_norm=True, gated=False, fused_qkv=True, qkv_bias=True,
+                       biases=True, **kw)
+
+
+def write_qwen(path: str | Path, qtype: QT = QT.Q8_0, n_ff: int = 512, **kw) -> str:
+    """Qwen 1: the Llama layout with a fused attn_qkv and its bias, every head its own KV head, and
+    feed_forward_length twice the FFN matrices' width (the converter writes intermediate_size)."""
+    kw.setdefault("n_head_kv", kw.get("n_head", 4))
+    tmp = Path(str(path) + ".tmp")
+    write_model(tmp, "qwen", qtype, fused_qkv=True, qkv_bias=True, n_ff=n_ff, **kw)
+    rewrite_metadata(tmp, path, {"qwen.feed_forward_length": 2 * n_ff})
+    tmp.unlink()
+    return str(path)
+
+
 def write_stablelm(path: str | Path, qtype: QT = QT.Q8_0, parallel: bool = False, **kw) -> str:
     """StableLM 2: LayerNorm, q/k/v biases, NEOX RoPE on 16 of 64 dims;
     parallel: no FFN norms (the parallel block)."""
@@ -1977,7 +1994,8 @@ WRITERS = {"llama": write_llama, "bert": write_bert, "nomic-bert": write_nomic_b
            "chatglm": write_chatglm, "minicpm3": write_minicpm3, "orion": write_orion, "deepseek": write_deepseek,
            "internlm2": functools.partial(write_llama, arch="internlm2"),
            "xverse": functools.partial(write_llama, arch="xverse"), "rwkv6": write_rwkv6,
-           "rwkv6qwen2": write_rwkv6qwen2, "rwkv7": write_rwkv7, "arwkv7": write_arwkv7}
+           "rwkv6qwen2": write_rwkv6qwen2, "rwkv7": write_rwkv7, "arwkv7": write_arwkv7,
+           "qwen": write_qwen, "codeshell": write_codeshell}
 
 
 def _gguf_string(x: str) -> bytes:

@@ -132,6 +132,8 @@ FAMILIES = {
     "rwkv6": (synth.write_rwkv6, {}),                         # WKV 6 time mix, channel mix, rescaled every 2
     "rwkv6-lerps": (synth.write_rwkv6, {"fused_lerps": False, "n_layer": 2}),   # the five lerps apart
     "rwkv6qwen2": (synth.write_rwkv6qwen2, {}),               # gated linear attention, GQA k/v, SwiGLU
+    "qwen": (synth.write_qwen, {}),                           # fused qkv + bias, NEOX, FFN half the file's width
+    "codeshell": (synth.write_codeshell, {}),                 # StarCoder 2 with fused qkv + bias, GQA
     "rwkv7": (synth.write_rwkv7, {}),                         # WKV 7, v_first, per-head norm + bonus, gate
     "arwkv7": (synth.write_arwkv7, {}),                       # neither gate nor norm, SwiGLU
     "arwkv7-gated": (synth.write_arwkv7, {"gated": True, "out_norm": True}),

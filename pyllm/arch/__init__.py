@@ -28,7 +28,7 @@ from .gptneox import Falcon, GptNeoX
 from .granite import Granite, GraniteHybrid, GraniteMoe
 from .hunyuan import HunyuanDense, HunyuanMoe
 from .lfm2 import Lfm2, Lfm2Moe
-from .llama import Baichuan, InternLM2, Llama, LlamaEmbed, Mistral3, OpenELM, Refact, SeedOss, Xverse
+from .llama import Baichuan, InternLM2, Llama, LlamaEmbed, Mistral3, OpenELM, Qwen, Refact, SeedOss, Xverse
 from .falcon_h1 import FalconH1
 from .llama4 import Llama4
 from .mamba2 import Jamba, Mamba, Mamba2
@@ -45,7 +45,7 @@ from .rwkv import Arwkv7, Rwkv6, Rwkv6Qwen2, Rwkv7
 from .smallthinker import SmallThinker
 from .smollm3 import SmolLM3
 from .stablelm import Orion, StableLM
-from .starcoder2 import StarCoder2
+from .starcoder2 import CodeShell, StarCoder2
 
 ARCHITECTURES: dict[str, type[Architecture]] = {
     "llama": Llama,      # also Mistral 7B and SmolLM2 files
@@ -136,6 +136,8 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "rwkv6qwen2": Rwkv6Qwen2,
     "rwkv7": Rwkv7,
     "arwkv7": Arwkv7,
+    "qwen": Qwen,
+    "codeshell": CodeShell,
 }
 
 

@@ -728,8 +728,13 @@ class Architecture:
         self.hp = HParams.read(mf, self.rope_scalings, layer_norm=self.norm == NORM_LAYER,
                                experts=bool(self.experts), kv_per_layer=self.kv_per_layer,
                                own_head_dims=self.own_head_dims)
+        self.adjust_hparams(self.hp)
         self.rope_freqs: Optional[np.ndarray] = None   # llama3-style per-pair divisors
         self.window = 0                                 # sliding window of every layer, 0 = none
+
+    def adjust_hparams(self, hp: HParams) -> None:
+        """Where a family's files write a hyperparameter other than what they mean (Qwen 1's FFN
+        width), puts it right before any tensor is read against it."""
 
     # -- tensors, checked against the hyperparameters ------------------------------
     def weight(self, name: str, n_in: int, n_out: int) -> Tensor:

@@ -182,3 +182,23 @@ class OpenELM(Llama):
     def build(self, g: Graph) -> None:
         g.grow_buffers = True   # q, k, v and the FFN's rows differ in width from layer to layer
         super().build(g)
+
+
+class Qwen(Llama):
+    """Qwen 1 (`qwen`: Qwen-1.8B/7B/14B/72B and their chat models): the Llama block with one fused
+    attn_qkv and its bias, NEOX RoPE; the file's feed_forward_length is Qwen's intermediate_size,
+    the gate's and the up matrix's rows together, so each FFN matrix is half as wide (as llama.cpp
+    reads it)."""
+    name = "qwen"
+    rope_mode = ROPE_NEOX
+    qkv_bias = True
+    experts = False
+
+    def adjust_hparams(self, hp) -> None:
+        if hp.n_ff % 2:
+            raise ModelFileError(f"{self.mf.path}: qwen's feed_forward_length {hp.n_ff} is odd; it holds two "
+                                 f"matrices' widths")
+        hp.n_ff //= 2
+
+    def sliding_window(self) -> int:
+        return 0

@@ -46,3 +46,10 @@ class StarCoder2(PreNormDecoder):
         (an, an_b), (fn, fn_b) = self.norm_weights(p + "attn_norm"), self.norm_weights(p + "ffn_norm")
         return Layer(attn_norm=an, attn_norm_b=an_b, attn=attn, ffn_norm=fn, ffn_norm_b=fn_b, ffn=ffn,
                      parallel=parallel)
+
+
+class CodeShell(StarCoder2):
+    """CodeShell (`codeshell`: WisdomShell's CodeShell-7B): StarCoder 2's block (LayerNorms with
+    biases, NEOX RoPE, an ungated GELU FFN with biases) with a fused attn_qkv and its bias,
+    grouped key/value heads."""
+    name = "codeshell"
