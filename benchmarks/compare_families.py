@@ -160,6 +160,8 @@ FAMILIES = {
     "rwkv6qwen2": ("rwkv6qwen2", {}),                # gated linear attention, GQA k/v, SwiGLU
     "qwen": ("qwen", {}),                            # fused qkv + bias, NEOX, FFN half the file's width
     "codeshell": ("codeshell", {}),                  # StarCoder 2 with fused qkv + bias, GQA
+    "jais2": ("jais2", {}),                          # StarCoder 2's block, squared ReLU
+    "maincoder": ("maincoder", {}),                  # q/k norms after adjacent-pair RoPE
     "rwkv7": ("rwkv7", {}),                          # WKV 7, v_first, per-head norm + bonus, gate
     "arwkv7": ("arwkv7", {}),                        # neither gate nor norm, SwiGLU
     "arwkv7-gated": ("arwkv7", {"gated": True, "out_norm": True}),

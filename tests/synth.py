@@ -676,6 +676,12 @@ def write_qwen(path: str | Path, qtype: QT = QT.Q8_0, n_ff: int = 512, **kw) -> 
     return str(path)
 
 
+def write_jais2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """JAIS 2: StarCoder 2's layout (q/k/v biases, biases on the output and the FFN) with a
+    squared-ReLU FFN, the output untied."""
+    return write_model(path, "jais2", qtype, layer_norm=True, gated=False, qkv_bias=True, biases=True, **kw)
+
+
 def write_stablelm(path: str | Path, qtype: QT = QT.Q8_0, parallel: bool = False, **kw) -> str:
     """StableLM 2: LayerNorm, q/k/v biases, NEOX RoPE on 16 of 64 dims;
     parallel: no FFN norms (the parallel block)."""
@@ -1995,7 +2001,8 @@ WRITERS = {"llama": write_llama, "bert": write_bert, "nomic-bert": write_nomic_b
            "internlm2": functools.partial(write_llama, arch="internlm2"),
            "xverse": functools.partial(write_llama, arch="xverse"), "rwkv6": write_rwkv6,
            "rwkv6qwen2": write_rwkv6qwen2, "rwkv7": write_rwkv7, "arwkv7": write_arwkv7,
-           "qwen": write_qwen, "codeshell": write_codeshell}
+           "qwen": write_qwen, "codeshell": write_codeshell, "jais2": write_jais2,
+           "maincoder": functools.partial(write_llama, arch="maincoder", qk_norm=True)}
 
 
 def _gguf_string(x: str) -> bytes:

@@ -1173,7 +1173,8 @@ def close_enough(got, ref, float_weights, moe=False):
                                           ("bloom", QT.Q8_0), ("mpt", QT.Q4_K), ("jais", QT.Q8_0), ("mamba", QT.Q8_0), ("jamba", QT.Q4_K), ("olmo", QT.Q8_0),
                                           ("bailingmoe", QT.Q8_0), ("openelm", QT.Q8_0), ("rwkv6", QT.F16),
                                           ("rwkv6qwen2", QT.Q4_K), ("rwkv7", QT.F16), ("arwkv7", QT.Q8_0),
-                                          ("qwen", QT.Q8_0), ("codeshell", QT.Q4_K)],
+                                          ("qwen", QT.Q8_0), ("codeshell", QT.Q4_K), ("jais2", QT.Q8_0),
+                                          ("maincoder", QT.Q4_K)],
                          ids=lambda x: getattr(x, "name", x))
 def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     """300 positions over shuffled 16-position blocks: several attention tiles,

@@ -134,6 +134,8 @@ FAMILIES = {
     "rwkv6qwen2": (synth.write_rwkv6qwen2, {}),               # gated linear attention, GQA k/v, SwiGLU
     "qwen": (synth.write_qwen, {}),                           # fused qkv + bias, NEOX, FFN half the file's width
     "codeshell": (synth.write_codeshell, {}),                 # StarCoder 2 with fused qkv + bias, GQA
+    "jais2": (synth.write_jais2, {}),                         # StarCoder 2's block, squared ReLU
+    "maincoder": (synth.WRITERS["maincoder"], {}),            # q/k norms after adjacent-pair RoPE
     "rwkv7": (synth.write_rwkv7, {}),                         # WKV 7, v_first, per-head norm + bonus, gate
     "arwkv7": (synth.write_arwkv7, {}),                       # neither gate nor norm, SwiGLU
     "arwkv7-gated": (synth.write_arwkv7, {"gated": True, "out_norm": True}),

@@ -26,7 +26,7 @@ from .gpt2 import Gpt2, StarCoder
 from .gpt_oss import GptOss
 from .gptneox import Falcon, GptNeoX
 from .granite import Granite, GraniteHybrid, GraniteMoe
-from .hunyuan import HunyuanDense, HunyuanMoe
+from .hunyuan import HunyuanDense, HunyuanMoe, Maincoder
 from .lfm2 import Lfm2, Lfm2Moe
 from .llama import Baichuan, InternLM2, Llama, LlamaEmbed, Mistral3, OpenELM, Qwen, Refact, SeedOss, Xverse
 from .falcon_h1 import FalconH1
@@ -45,7 +45,7 @@ from .rwkv import Arwkv7, Rwkv6, Rwkv6Qwen2, Rwkv7
 from .smallthinker import SmallThinker
 from .smollm3 import SmolLM3
 from .stablelm import Orion, StableLM
-from .starcoder2 import CodeShell, StarCoder2
+from .starcoder2 import CodeShell, Jais2, StarCoder2
 
 ARCHITECTURES: dict[str, type[Architecture]] = {
     "llama": Llama,      # also Mistral 7B and SmolLM2 files
@@ -138,6 +138,8 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "arwkv7": Arwkv7,
     "qwen": Qwen,
     "codeshell": CodeShell,
+    "maincoder": Maincoder,
+    "jais2": Jais2,
 }
 
 

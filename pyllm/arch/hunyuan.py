@@ -11,7 +11,7 @@ converter, so the file's base is used as it is.
 """
 from __future__ import annotations
 
-from ..graph import ROPE_NEOX
+from ..graph import ROPE_NEOX, ROPE_NORM
 from .llama import Llama
 
 
@@ -33,3 +33,10 @@ class HunyuanMoe(HunyuanDense):
     (expert_shared_feed_forward_length)."""
     name = "hunyuan-moe"
     experts = "required"
+
+
+class Maincoder(HunyuanDense):
+    """Maincoder (`maincoder`: Maincode's Maincoder-1B): Hunyuan's block (q/k RMSNorms per head after
+    the rotation) with adjacent-pair RoPE."""
+    name = "maincoder"
+    rope_mode = ROPE_NORM

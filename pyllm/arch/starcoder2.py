@@ -13,7 +13,7 @@ norm biases and the output and FFN biases required, q/k/v biases as the file has
 """
 from __future__ import annotations
 
-from ..graph import GLU_GELU_TANH, NORM_LAYER, ROPE_NEOX
+from ..graph import GLU_GELU_TANH, GLU_RELU_SQR, NORM_LAYER, ROPE_NEOX
 from .base import Layer
 from .blocks import PreNormDecoder
 
@@ -53,3 +53,10 @@ class CodeShell(StarCoder2):
     biases, NEOX RoPE, an ungated GELU FFN with biases) with a fused attn_qkv and its bias,
     grouped key/value heads."""
     name = "codeshell"
+
+
+class Jais2(StarCoder2):
+    """JAIS 2 (`jais2`: Inception's Jais-2): StarCoder 2's block (LayerNorms with biases, NEOX RoPE,
+    biases on the output and both FFN matrices) with an ungated squared-ReLU FFN."""
+    name = "jais2"
+    glu = GLU_RELU_SQR
