@@ -162,6 +162,9 @@ FAMILIES = {
     "codeshell": ("codeshell", {}),                  # StarCoder 2 with fused qkv + bias, GQA
     "jais2": ("jais2", {}),                          # StarCoder 2's block, squared ReLU
     "maincoder": ("maincoder", {}),                  # q/k norms after adjacent-pair RoPE
+    "nanbeige": ("nanbeige", {}),
+    "nanbeige-loops": ("nanbeige", {"keys": {"num_loops": 3}}),     # 2 layers run 3 times, normed between
+    "nanbeige-loops-bare": ("nanbeige", {"keys": {"num_loops": 2, "skip_loop_final_norm": True}}),
     "rwkv7": ("rwkv7", {}),                          # WKV 7, v_first, per-head norm + bonus, gate
     "arwkv7": ("arwkv7", {}),                        # neither gate nor norm, SwiGLU
     "arwkv7-gated": ("arwkv7", {"gated": True, "out_norm": True}),

@@ -744,6 +744,8 @@ class Reference:
         if a.input_norm is not None:   # a LayerNorm of the embeddings (BLOOM)
             x = layernorm(x, *a.input_norm, hp.eps)
         for i, L in enumerate(a.layers):
+            if i - 1 in a.loop_norms:   # between passes of a looped stack (Nanbeige)
+                x = rmsnorm(x, a.out_norm, hp.eps)
             F = L.ffn
             router_x = x if isinstance(F, Moe) and F.router_on_input else None   # SmallThinker
             h = self._norm(x, L.attn_norm, L.attn_norm_b)

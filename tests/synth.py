@@ -278,7 +278,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
       int_arrays  keys written as they are named, each an array of int32 (tokenizer.ggml.suppress_tokens)
       keys        extra metadata: {"sliding_window": 8, ...} -> writer.add_<name>(value);
                   a dotted name ("rope.scaling.x"), or one the writer has no method for, is written as the
-                  key {arch}.<name> (uint32, float32 or string)
+                  key {arch}.<name> (bool, uint32, float32 or string)
     head_dim defaults to n_embd / n_head; otherwise it is written as key_length."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
@@ -350,7 +350,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
         w.add_key_value(name, [int(x) for x in value], gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.INT32)
     for name, value in (keys or {}).items():
         if "." in name or not hasattr(w, f"add_{name}"):   # no writer method: "{arch}.name", an int, float or string
-            add_key = w.add_string if isinstance(value, str) else w.add_uint32 if isinstance(value, int) else w.add_float32
+            add_key = w.add_string if isinstance(value, str) else w.add_bool if isinstance(value, bool) else \
+                w.add_uint32 if isinstance(value, int) else w.add_float32
             add_key(f"{arch}.{name}", value)
         else:
             getattr(w, f"add_{name}")(value)
@@ -2002,7 +2003,8 @@ WRITERS = {"llama": write_llama, "bert": write_bert, "nomic-bert": write_nomic_b
            "xverse": functools.partial(write_llama, arch="xverse"), "rwkv6": write_rwkv6,
            "rwkv6qwen2": write_rwkv6qwen2, "rwkv7": write_rwkv7, "arwkv7": write_arwkv7,
            "qwen": write_qwen, "codeshell": write_codeshell, "jais2": write_jais2,
-           "maincoder": functools.partial(write_llama, arch="maincoder", qk_norm=True)}
+           "maincoder": functools.partial(write_llama, arch="maincoder", qk_norm=True),
+           "nanbeige": functools.partial(write_llama, arch="nanbeige")}
 
 
 def _gguf_string(x: str) -> bytes:

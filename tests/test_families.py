@@ -136,6 +136,9 @@ FAMILIES = {
     "codeshell": (synth.write_codeshell, {}),                 # StarCoder 2 with fused qkv + bias, GQA
     "jais2": (synth.write_jais2, {}),                         # StarCoder 2's block, squared ReLU
     "maincoder": (synth.WRITERS["maincoder"], {}),            # q/k norms after adjacent-pair RoPE
+    "nanbeige": (synth.WRITERS["nanbeige"], {}),
+    "nanbeige-loops": (synth.WRITERS["nanbeige"], {"keys": {"num_loops": 3}}),   # 2 layers run 3 times, normed between
+    "nanbeige-loops-bare": (synth.WRITERS["nanbeige"], {"keys": {"num_loops": 2, "skip_loop_final_norm": True}}),
     "rwkv7": (synth.write_rwkv7, {}),                         # WKV 7, v_first, per-head norm + bonus, gate
     "arwkv7": (synth.write_arwkv7, {}),                       # neither gate nor norm, SwiGLU
     "arwkv7-gated": (synth.write_arwkv7, {"gated": True, "out_norm": True}),

@@ -28,7 +28,8 @@ from .gptneox import Falcon, GptNeoX
 from .granite import Granite, GraniteHybrid, GraniteMoe
 from .hunyuan import HunyuanDense, HunyuanMoe, Maincoder
 from .lfm2 import Lfm2, Lfm2Moe
-from .llama import Baichuan, InternLM2, Llama, LlamaEmbed, Mistral3, OpenELM, Qwen, Refact, SeedOss, Xverse
+from .llama import (Baichuan, InternLM2, Llama, LlamaEmbed, Mistral3, Nanbeige, OpenELM, Qwen, Refact, SeedOss,
+                    Xverse)
 from .falcon_h1 import FalconH1
 from .llama4 import Llama4
 from .mamba2 import Jamba, Mamba, Mamba2
@@ -140,6 +141,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "codeshell": CodeShell,
     "maincoder": Maincoder,
     "jais2": Jais2,
+    "nanbeige": Nanbeige,
 }
 
 

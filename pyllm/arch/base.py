@@ -715,6 +715,7 @@ class Architecture:
     dense_out: tuple = ()                     # (weight, bias) projections of an embedding after the final norm
     rank_head: Optional["RankHead"] = None    # a cross-encoder's classification head (rank pooling)
     deepstack = 0         # an image row's further slices added after the first layers (Qwen 3 VL: DeepStack)
+    loop_norms: tuple = ()   # layers after which x = the output norm of x (a looped stack between passes: Nanbeige)
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)

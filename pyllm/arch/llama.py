@@ -202,3 +202,36 @@ class Qwen(Llama):
 
     def sliding_window(self) -> int:
         return 0
+
+
+class Nanbeige(Llama):
+    """Nanbeige (`nanbeige`: Nanbeige 4.x 3B): the Llama block, its stack run `num_loops` times (a
+    looped transformer: each pass the same weights, its own KV cache), x replaced by the output
+    norm of x between passes unless `skip_loop_final_norm`. (llama.cpp's loader reads no
+    attention.scale for it, nor does pyllm: the softmax scale is 1 / sqrt(head_dim).)"""
+    name = "nanbeige"
+    experts = False
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        loops = int(mf.arch_get("num_loops", 1) or 1)
+        if not 1 <= loops <= 64:
+            raise ModelFileError(f"{mf.path}: nanbeige.num_loops {loops} outside 1..64; the file is corrupt")
+        passes = len(self.layers)
+        self.layers = self.layers * loops
+        self.hp.n_layer = len(self.layers)
+        if not mf.arch_get("skip_loop_final_norm", False):
+            self.loop_norms = tuple(passes * j - 1 for j in range(1, loops))
+
+    def sliding_window(self) -> int:
+        return 0
+
+    def build(self, g: Graph) -> None:
+        hp = self.hp
+        x = g.embed(self.tok_embd, "x", scale=self.embed_scale)
+        for i, L in g.layers(self.layers, x):
+            if i - 1 in self.loop_norms:   # after the last pass's control vector, as llama.cpp
+                g.rmsnorm(x, self.out_norm, hp.eps, x)
+            attention(g, self, g.rmsnorm(x, L.attn_norm, hp.eps, "h"), L.attn, i, out=x)
+            ffn(g, g.rmsnorm(x, L.ffn_norm, hp.eps, "h"), L.ffn, self.glu, out=x)
+        output_head(g, self, x)
