@@ -1442,6 +1442,75 @@ def write_bailingmoe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_deepseek(path, qtype, arch="bailingmoe", keys=keys, **kw)
 
 
+class RwkvTensors:
+    """An RWKV file being written (w) and its tensors: add(name, (array, raw type)); vec(values, shape): a float
+    vector; small(n_in, n_out): a LoRA matrix, in qtype where its rows are whole blocks, else F16;
+    norm(name): a norm's weight (and bias) of n_embd."""
+
+    def __init__(self, path: str | Path, arch: str, qtype: QT, rng: np.random.Generator, n_embd: int, n_layer: int,
+                 n_ff: int, head_size: int):
+        """A writer for `path` with the keys every RWKV file has (head_count 0, as the converter writes it)."""
+        self.w, self.qtype, self.rng, self.n_embd = gguf.GGUFWriter(str(path), arch), qtype, rng, n_embd
+        for add, value in ((self.w.add_block_count, n_layer), (self.w.add_context_length, 1 << 20),
+                           (self.w.add_embedding_length, n_embd), (self.w.add_feed_forward_length, n_ff),
+                           (self.w.add_head_count, 0), (self.w.add_wkv_head_size, head_size)):
+            add(value)
+
+    def __call__(self, name: str, array_and_type) -> None:
+        self.w.add_tensor(name, array_and_type[0], raw_dtype=array_and_type[1])
+
+    @staticmethod
+    def vec(values, shape=None):
+        a = np.asarray(values, np.float32)
+        return (a if shape is None else a.reshape(shape)), None
+
+    def small(self, n_in: int, n_out: int, scale: Optional[float] = None):
+        fits = self.qtype in (QT.F32, QT.F16) or n_in % GGML_QUANT_SIZES[self.qtype][0] == 0
+        return weight(self.qtype if fits else QT.F16, n_in, n_out, self.rng, scale)
+
+    def norm(self, name: str, bias: bool = True) -> None:
+        self(name + ".weight", self.vec(1.0 + 0.1 * self.rng.standard_normal(self.n_embd)))
+        if bias:
+            self(name + ".bias", self.vec(0.1 * self.rng.standard_normal(self.n_embd)))
+
+    def begin(self, qwen: bool, tokenizer_from: Optional[dict], n_vocab: int) -> int:
+        """The norms' epsilon (QRWKV, ARWKV: RMSNorms and one token shift), the vocabulary, the token
+        embedding and (RWKV's own) its LayerNorm; returns the vocabulary's size."""
+        if qwen:
+            self.w.add_layer_norm_rms_eps(1e-6)
+            self.w.add_token_shift_count(1)
+        else:
+            self.w.add_layer_norm_eps(1e-5)
+        n_vocab = copy_tokenizer(self.w, tokenizer_from) if tokenizer_from is not None else small_vocab(self.w, n_vocab)
+        self("token_embd.weight", weight(self.qtype, self.n_embd, n_vocab, self.rng, scale=1.0))
+        if not qwen:
+            self.norm("token_embd_norm")
+        return n_vocab
+
+    def ffn(self, p: str, qwen: bool, n_ff: int, receptance: bool) -> None:
+        """Layer p's FFN: Qwen's SwiGLU after an RMSNorm (QRWKV, ARWKV), or RWKV's channel mix after
+        attn_norm_2, with its receptance gate (RWKV 6) or without (RWKV 7)."""
+        n, rng, qt = self.n_embd, self.rng, self.qtype
+        if qwen:
+            self(p + "ffn_norm.weight", self.vec(1.0 + 0.1 * rng.standard_normal(n)))
+            for name, n_in, n_out in (("gate", n, n_ff), ("up", n, n_ff), ("down", n_ff, n)):
+                self(p + f"ffn_{name}.weight", weight(qt, n_in, n_out, rng))
+            return
+        self.norm(p + "attn_norm_2")
+        for c in "kr" if receptance else "k":
+            self(p + f"channel_mix_lerp_{c}.weight", self.vec(rng.uniform(0, 1, n), (1, 1, n)))
+        self(p + "channel_mix_key.weight", weight(qt, n, n_ff, rng))
+        self(p + "channel_mix_value.weight", weight(qt, n_ff, n, rng))
+        if receptance:
+            self(p + "channel_mix_receptance.weight", weight(qt, n, n, rng))
+
+    def end(self, qwen: bool, n_vocab: int, path: str | Path) -> str:
+        """The output norm (with its bias unless Qwen's) and matrix; the file written out."""
+        self.norm("output_norm", bias=not qwen)
+        self("output.weight", weight(self.qtype, self.n_embd, n_vocab, self.rng))
+        return finish(self.w, path)
+
+
 def write_rwkv6(path: str | Path, qtype: QT = QT.Q8_0, *, arch: str = "rwkv6", n_embd: int = 256, n_layer: int = 3,
                 head_size: int = 64, n_ff: int = 512, extra: int = 32, decay_extra: int = 64, rescale_every: int = 2,
                 kv_heads: int = 0, fused_lerps: bool = True, n_vocab: int = 512, seed: int = 0,
@@ -1456,43 +1525,16 @@ def write_rwkv6(path: str | Path, qtype: QT = QT.Q8_0, *, arch: str = "rwkv6", n
     qrwkv = arch == "rwkv6qwen2"
     heads = n_embd // head_size
     kv = (kv_heads or heads) * head_size
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(n_layer)
-    w.add_context_length(1 << 20)
-    w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(0)
-    w.add_wkv_head_size(head_size)
+    add = RwkvTensors(path, arch, qtype, rng, n_embd, n_layer, n_ff, head_size)
+    w, vec, small, norm = add.w, add.vec, add.small, add.norm
     w.add_time_mix_extra_dim(extra)
     w.add_time_decay_extra_dim(decay_extra)
     if qrwkv:
-        w.add_layer_norm_rms_eps(1e-6)
-        w.add_token_shift_count(1)
         if kv_heads:
             w.add_head_count_kv(kv_heads)
     else:
-        w.add_layer_norm_eps(1e-5)
         w.add_rescale_every_n_layers(rescale_every)
-    n_vocab = copy_tokenizer(w, tokenizer_from) if tokenizer_from is not None else small_vocab(w, n_vocab)
-
-    def add(name, array_and_type):
-        w.add_tensor(name, array_and_type[0], raw_dtype=array_and_type[1])
-
-    def vec(values, shape=None):
-        a = np.asarray(values, np.float32)
-        return (a if shape is None else a.reshape(shape)), None
-
-    def small(n_in, n_out, scale=None):   # a LoRA matrix: qtype where its rows are whole blocks
-        fits = qtype in (QT.F32, QT.F16) or n_in % GGML_QUANT_SIZES[qtype][0] == 0
-        return weight(qtype if fits else QT.F16, n_in, n_out, rng, scale)
-
-    def norm(name, bias=True):
-        add(name + ".weight", vec(1.0 + 0.1 * rng.standard_normal(n_embd)))
-        if bias:
-            add(name + ".bias", vec(0.1 * rng.standard_normal(n_embd)))
-    add("token_embd.weight", weight(qtype, n_embd, n_vocab, rng, scale=1.0))
-    if not qrwkv:
-        norm("token_embd_norm")
+    n_vocab = add.begin(qrwkv, tokenizer_from, n_vocab)
     for i in range(n_layer):
         p = f"blk.{i}."
         norm(p + "attn_norm", bias=not qrwkv)
@@ -1515,21 +1557,11 @@ def write_rwkv6(path: str | Path, qtype: QT = QT.Q8_0, *, arch: str = "rwkv6", n
         if qrwkv:
             for name, n_out in (("receptance", n_embd), ("key", kv), ("value", kv)):
                 add(p + f"time_mix_{name}.bias", vec(0.1 * rng.standard_normal(n_out)))
-            add(p + "ffn_norm.weight", vec(1.0 + 0.1 * rng.standard_normal(n_embd)))
-            for name, n_in, n_out in (("gate", n_embd, n_ff), ("up", n_embd, n_ff), ("down", n_ff, n_embd)):
-                add(p + f"ffn_{name}.weight", weight(qtype, n_in, n_out, rng))
         else:
             add(p + "time_mix_first.weight", vec(0.5 * rng.standard_normal((heads, head_size))))
             norm(p + "time_mix_ln")
-            norm(p + "attn_norm_2")
-            add(p + "channel_mix_lerp_k.weight", vec(rng.uniform(0, 1, n_embd), (1, 1, n_embd)))
-            add(p + "channel_mix_lerp_r.weight", vec(rng.uniform(0, 1, n_embd), (1, 1, n_embd)))
-            add(p + "channel_mix_key.weight", weight(qtype, n_embd, n_ff, rng))
-            add(p + "channel_mix_value.weight", weight(qtype, n_ff, n_embd, rng))
-            add(p + "channel_mix_receptance.weight", weight(qtype, n_embd, n_embd, rng))
-    norm("output_norm", bias=not qrwkv)
-    add("output.weight", weight(qtype, n_embd, n_vocab, rng))
-    return finish(w, path)
+        add.ffn(p, qrwkv, n_ff, receptance=True)
+    return add.end(qrwkv, n_vocab, path)
 
 
 def write_rwkv6qwen2(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
@@ -1552,42 +1584,13 @@ def write_rwkv7(path: str | Path, qtype: QT = QT.Q8_0, *, arch: str = "rwkv7", n
     rng = np.random.default_rng(seed)
     qwen = arch == "arwkv7"
     decay_rank, iclr_rank, v_rank, gate_rank = ranks
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(n_layer)
-    w.add_context_length(1 << 20)
-    w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(0)
-    w.add_wkv_head_size(head_size)
+    add = RwkvTensors(path, arch, qtype, rng, n_embd, n_layer, n_ff, head_size)
+    w, vec, small, norm = add.w, add.vec, add.small, add.norm
     w.add_decay_lora_rank(decay_rank)
     w.add_iclr_lora_rank(iclr_rank)
     w.add_value_residual_mix_lora_rank(v_rank)
     w.add_gate_lora_rank(gate_rank if gated else 0)
-    if qwen:
-        w.add_layer_norm_rms_eps(1e-6)
-        w.add_token_shift_count(1)
-    else:
-        w.add_layer_norm_eps(1e-5)
-    n_vocab = copy_tokenizer(w, tokenizer_from) if tokenizer_from is not None else small_vocab(w, n_vocab)
-
-    def add(name, array_and_type):
-        w.add_tensor(name, array_and_type[0], raw_dtype=array_and_type[1])
-
-    def vec(values, shape=None):
-        a = np.asarray(values, np.float32)
-        return (a if shape is None else a.reshape(shape)), None
-
-    def small(n_in, n_out, scale=None):   # a LoRA matrix: qtype where its rows are whole blocks
-        fits = qtype in (QT.F32, QT.F16) or n_in % GGML_QUANT_SIZES[qtype][0] == 0
-        return weight(qtype if fits else QT.F16, n_in, n_out, rng, scale)
-
-    def norm(name, bias=True):
-        add(name + ".weight", vec(1.0 + 0.1 * rng.standard_normal(n_embd)))
-        if bias:
-            add(name + ".bias", vec(0.1 * rng.standard_normal(n_embd)))
-    add("token_embd.weight", weight(qtype, n_embd, n_vocab, rng, scale=1.0))
-    if not qwen:
-        norm("token_embd_norm")
+    n_vocab = add.begin(qwen, tokenizer_from, n_vocab)
     for i in range(n_layer):
         p = f"blk.{i}."
         norm(p + "attn_norm", bias=not qwen)
@@ -1614,18 +1617,8 @@ def write_rwkv7(path: str | Path, qtype: QT = QT.Q8_0, *, arch: str = "rwkv7", n
             add(p + f"time_mix_{name}.weight", weight(qtype, n_embd, n_embd, rng))
         if out_norm:
             norm(p + "time_mix_ln")
-        if qwen:
-            add(p + "ffn_norm.weight", vec(1.0 + 0.1 * rng.standard_normal(n_embd)))
-            for name, n_in, n_out in (("gate", n_embd, n_ff), ("up", n_embd, n_ff), ("down", n_ff, n_embd)):
-                add(p + f"ffn_{name}.weight", weight(qtype, n_in, n_out, rng))
-        else:
-            norm(p + "attn_norm_2")
-            add(p + "channel_mix_lerp_k.weight", vec(rng.uniform(0, 1, n_embd), (1, 1, n_embd)))
-            add(p + "channel_mix_key.weight", weight(qtype, n_embd, n_ff, rng))
-            add(p + "channel_mix_value.weight", weight(qtype, n_ff, n_embd, rng))
-    norm("output_norm", bias=not qwen)
-    add("output.weight", weight(qtype, n_embd, n_vocab, rng))
-    return finish(w, path)
+        add.ffn(p, qwen, n_ff, receptance=False)
+    return add.end(qwen, n_vocab, path)
 
 
 def write_arwkv7(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
