@@ -165,6 +165,7 @@ FAMILIES = {
     "nanbeige": ("nanbeige", {}),
     "nanbeige-loops": ("nanbeige", {"keys": {"num_loops": 3}}),     # 2 layers run 3 times, normed between
     "nanbeige-loops-bare": ("nanbeige", {"keys": {"num_loops": 2, "skip_loop_final_norm": True}}),
+    "plm": ("plm", {}),                              # MLA (attn_q, one kv_b), squared-ReLU FFN, tied
     "rwkv7": ("rwkv7", {}),                          # WKV 7, v_first, per-head norm + bonus, gate
     "arwkv7": ("arwkv7", {}),                        # neither gate nor norm, SwiGLU
     "arwkv7-gated": ("arwkv7", {"gated": True, "out_norm": True}),

@@ -1247,6 +1247,14 @@ def write_deepseek2(path: str | Path, qtype: QT = QT.Q8_0, split: bool = True, q
                        **kw)
 
 
+def write_plm(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
+    """PLM: DeepSeek 2's latent attention with q from attn_q and one attn_kv_b (every head its own KV
+    head, as the converter writes it), an ungated squared-ReLU FFN in every layer, the output tied."""
+    kw.setdefault("n_head_kv", kw.get("n_head", 4))
+    mla = {"kv_lora": 256, "nope": 64, "rope": 32, "v": 64, "q_lora": 0, "split": False}
+    return write_model(path, "plm", qtype, mla=mla, gated=False, tied=True, **kw)
+
+
 def moe_defaults(kw: dict, experts: int = 16, used: int = 4, dense: tuple = (0,)) -> None:
     """A MoE writer's defaults: `experts` of 256, `used` chosen per token, dense FFNs of 768 in
     the `dense` layers."""
@@ -1997,7 +2005,7 @@ WRITERS = {"llama": write_llama, "bert": write_bert, "nomic-bert": write_nomic_b
            "rwkv6qwen2": write_rwkv6qwen2, "rwkv7": write_rwkv7, "arwkv7": write_arwkv7,
            "qwen": write_qwen, "codeshell": write_codeshell, "jais2": write_jais2,
            "maincoder": functools.partial(write_llama, arch="maincoder", qk_norm=True),
-           "nanbeige": functools.partial(write_llama, arch="nanbeige")}
+           "nanbeige": functools.partial(write_llama, arch="nanbeige"), "plm": write_plm}
 
 
 def _gguf_string(x: str) -> bytes:

@@ -139,6 +139,7 @@ FAMILIES = {
     "nanbeige": (synth.WRITERS["nanbeige"], {}),
     "nanbeige-loops": (synth.WRITERS["nanbeige"], {"keys": {"num_loops": 3}}),   # 2 layers run 3 times, normed between
     "nanbeige-loops-bare": (synth.WRITERS["nanbeige"], {"keys": {"num_loops": 2, "skip_loop_final_norm": True}}),
+    "plm": (synth.write_plm, {}),                             # MLA (attn_q, one kv_b), squared-ReLU FFN, tied
     "rwkv7": (synth.write_rwkv7, {}),                         # WKV 7, v_first, per-head norm + bonus, gate
     "arwkv7": (synth.write_arwkv7, {}),                       # neither gate nor norm, SwiGLU
     "arwkv7-gated": (synth.write_arwkv7, {"gated": True, "out_norm": True}),

@@ -13,7 +13,7 @@ from .bert import Bert, JinaBertV2, ModernBert, NomicBert, NomicBertMoe
 from .bloom import Bloom, Jais, Mpt
 from .command_r import Cohere2, CommandR
 from .deepseek import BailingMoe, Deepseek
-from .deepseek2 import Deepseek2
+from .deepseek2 import Deepseek2, Plm
 from .ernie4_5 import Ernie4_5, Ernie4_5Moe, PaddleOCR
 from .exaone import Exaone, Exaone4
 from .gemma import Gemma
@@ -142,6 +142,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "maincoder": Maincoder,
     "jais2": Jais2,
     "nanbeige": Nanbeige,
+    "plm": Plm,
 }
 
 

@@ -40,7 +40,7 @@ from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from ..errors import ModelFileError, UnsupportedModelError
-from ..graph import ROPE_NORM, Graph, View
+from ..graph import GLU_RELU_SQR, ROPE_NORM, Graph, View
 from ..model_file import Tensor
 from .base import GATING_SIGMOID, GATING_SOFTMAX, Architecture, Layer, Mla, SharedExpertsMoe
 from .blocks import embed, ffn, output_head
@@ -171,3 +171,17 @@ def latent_attention(g: Graph, arch: Deepseek2, h: View, a: Mla, layer: int, out
     o_lat = g.attention(q_mla, kv, None, H, 1, mk, arch.layer_attn_scale(layer), "o_lat",
                         window=arch.layer_window(layer), head_dim_v=lat)
     return g.linear(g.linear_heads(o_lat, a.wv_b, "o_heads"), a.wo, out, accumulate=accumulate)
+
+
+class Plm(Deepseek2):
+    """PLM (`plm`: PLM-Team's PLM-1.8B): DeepSeek 2's latent attention (q from attn_q, one attn_kv_b)
+    and an ungated squared-ReLU FFN in every layer, no experts; the logits through the token
+    embedding, as llama.cpp reads it (it loads no output.weight for plm)."""
+    name = "plm"
+    experts = False
+    gated = False
+    glu = GLU_RELU_SQR
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        self.output = self.tok_embd
