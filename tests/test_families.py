@@ -1124,6 +1124,27 @@ def test_deepseek2_errors(tmp_path):
         load_architecture(ModelFile(p))
 
 
+def test_rwkv_errors(tmp_path):
+    """RWKV files whose sizes do not fit together, or that use what llama.cpp does not run, refused
+    with a message naming it."""
+    ok = synth.write_rwkv6(tmp_path / "r6.gguf", QT.F32)
+    cases = [("rwkv6.wkv.head_size", 48, ModelFileError, "not a whole number of heads of wkv.head_size 48"),
+             ("rwkv6.token_shift_count", 1, UnsupportedModelError, "rwkv6 with token_shift_count 1"),
+             ("rwkv6.time_mix_extra_dim", None, ModelFileError, "time_mix_extra_dim")]
+    for key, value, error, message in cases:
+        bad = synth.rewrite_metadata(ok, tmp_path / "bad.gguf", {key: value})
+        with pytest.raises(error, match=message):
+            load_architecture(ModelFile(bad))
+    r7 = synth.write_rwkv7(tmp_path / "r7.gguf", QT.F32)
+    bad = synth.rewrite_metadata(r7, tmp_path / "bad7.gguf", {"rwkv7.attention.iclr_lora_rank": 0})
+    with pytest.raises(ModelFileError, match="iclr_lora_rank is missing or not positive"):
+        load_architecture(ModelFile(bad))
+    q = synth.write_qwen(tmp_path / "q.gguf", QT.F32)
+    bad = synth.rewrite_metadata(q, tmp_path / "badq.gguf", {"qwen.feed_forward_length": 1025})
+    with pytest.raises(ModelFileError, match="feed_forward_length 1025 is odd"):
+        load_architecture(ModelFile(bad))
+
+
 def test_reference_q8_0_fast_path_is_gguf_math(tmp_path):
     from gguf.quants import dequantize
     arch = load_architecture(ModelFile(synth.write_llama(tmp_path / "q.gguf", QT.Q8_0)))
