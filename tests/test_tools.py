@@ -165,8 +165,13 @@ def test_generic_tool_calls(smol):
             assert c.text == obj.get("response", "")
     s = smol.chat(ASK, tools=[WEATHER], tool_choice="required", parallel_tool_calls=True, temperature=0,
                   max_tokens=120, stream=True)
-    calls = json.loads("".join(s))["tool_calls"]     # a list the grammar lets grow: SmolLM2 stops at one
-    assert calls and all(c["name"] == "get_weather" for c in calls) and s.completion.tool_calls   # on AVX2, two
+    raw = "".join(s)   # a list the grammar lets grow: SmolLM2 writes two calls on AVX2 and stops; on AVX-512
+    if s.completion.finish_reason == "stop":   # (its greedy path a hair apart) it repeats the call until max_tokens
+        calls = json.loads(raw)["tool_calls"]
+        assert calls and all(c["name"] == "get_weather" for c in calls) and s.completion.tool_calls
+    else:
+        assert s.completion.finish_reason == "length" and raw.startswith('{\n  "tool_calls": [')
+        assert raw.count('"name": "get_weather"') >= 2 and '"name": "add"' not in raw
     plain = smol.chat(ASK, temperature=0, max_tokens=20)
     assert smol.chat(ASK, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=20).text == plain.text
     c = smol.chat(HISTORY[:4], tools=TOOLS, temperature=0, max_tokens=60)   # after the results: a turn as usual
