@@ -361,8 +361,7 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
         if (ops[i].kind == OP_SSM_SCAN && ops[i].n_in * 33 + 2 * (int64_t)st->n_tokens + 32 > SCRATCH_FLOATS)
             return fail("a step of %d tokens through a scan of %lld states needs more scratch than the core has",
                         st->n_tokens, (long long)ops[i].n_in);
-        if (ops[i].kind == OP_SSM_CONV || ops[i].kind == OP_SSM_SCAN || ops[i].kind == OP_DELTA_NET ||
-            ops[i].kind == OP_WKV || (ops[i].kind == OP_ATTENTION && ops[i].flags & OPF_NON_CAUSAL)) {
+        if (ops[i].state || (ops[i].kind == OP_ATTENTION && ops[i].flags & OPF_NON_CAUSAL)) {
             /* a state carries one sequence on; every row of a bidirectional attention sees up to the last */
             for (int t = 1; t < st->n_tokens; t++)
                 if (st->pos[t] != st->pos[0] + t)

@@ -476,8 +476,7 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
                 return fail("a bidirectional step needs consecutive positions (%d after %d)", st->pos[t],
                             st->pos[t - 1]);
     for (int i = 0; i < n_ops; i++) {
-        if (ops[i].kind == OP_SSM_CONV || ops[i].kind == OP_SSM_SCAN || ops[i].kind == OP_DELTA_NET ||
-            ops[i].kind == OP_WKV || (ops[i].kind == OP_ATTENTION && ops[i].flags & OPF_NON_CAUSAL)) {
+        if (ops[i].state || (ops[i].kind == OP_ATTENTION && ops[i].flags & OPF_NON_CAUSAL)) {
             /* a state carries one sequence on; every row of a bidirectional attention sees up to the last */
             for (int t = 1; t < st->n_tokens; t++)
                 if (st->pos[t] != st->pos[0] + t)
@@ -673,7 +672,7 @@ int pyllm_cuda_run(pyllm_cuda *ctx, const pyllm_op *ops, int n_ops, const pyllm_
         const int32_t *sec = ops[i].rope_sections;
         need_rope_pos |= k == OP_ROPE && st->rope_pos && (sec[0] | sec[1] | sec[2]);
         need_tokens |= k == OP_EMBED && !(ops[i].flags & OPF_BY_POS);
-        need_pos |= (k == OP_EMBED && (ops[i].flags & OPF_BY_POS)) || k == OP_ROPE || k == OP_KV_STORE || k == OP_ATTENTION || k == OP_POS_SCALE || k == OP_SSM_CONV || k == OP_SSM_SCAN || k == OP_DELTA_NET || k == OP_WKV;
+        need_pos |= (k == OP_EMBED && (ops[i].flags & OPF_BY_POS)) || k == OP_ROPE || k == OP_KV_STORE || k == OP_ATTENTION || k == OP_POS_SCALE || ops[i].state;
         need_table |= k == OP_KV_STORE || k == OP_ATTENTION;
     }
     if (new_step) ctx->sent = 0;
