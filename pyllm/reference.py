@@ -109,6 +109,10 @@ def layernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, eps: float) ->
     return y if b is None else y + b
 
 
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
@@ -395,7 +399,7 @@ class Reference:
         """sum over the k experts with the largest gate values (of router_x) of (weight) * expert FFN(h)."""
         logits = self._linear(router_x, m.router, m.b_router)
         if m.gating == MOE_SIGMOID:
-            p = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
+            p = sigmoid(logits.astype(np.float64))
         else:
             e = np.exp(logits.astype(np.float64) - logits.max(axis=1, keepdims=True))
             p = e / e.sum(axis=1, keepdims=True)
@@ -602,7 +606,7 @@ class Reference:
             b, a = (x.reshape(T, H) for x in np.split(self._linear(h, d.w_ba, None).reshape(T, Hk, 2 * r), 2, axis=2))
         a = a.astype(np.float64) + d.dt_bias
         g = np.exp(d.a * np.where(a > 20.0, a, np.log1p(np.exp(np.minimum(a, 20.0)))))       # [T, H]
-        beta = 1.0 / (1.0 + np.exp(-b.astype(np.float64)))   # [T, H]
+        beta = sigmoid(b.astype(np.float64))   # [T, H]
         S = np.zeros((H, dk, dv))
         o = np.empty((T, H, dv))
         for t in range(T):
@@ -668,7 +672,7 @@ class Reference:
             y = layernorm(y, np.ones(D, np.float32), None, GROUP_NORM_EPS).reshape(n_tok, n) * T.ln[0] + T.ln[1]
             g = silu(self._linear(xg, T.wg, None))
         else:
-            g = 1.0 / (1.0 + np.exp(-self._linear(xg, T.wg, None)))
+            g = sigmoid(self._linear(xg, T.wg, None))
         return self._linear(y.reshape(n_tok, n) * g, T.wo, None)
 
     def _time_mix7(self, h: np.ndarray, T: TimeMix7) -> np.ndarray:
@@ -683,13 +687,13 @@ class Reference:
         xr, xw, xk, xv, xa = (mixed[:, j] for j in range(5))
         r, k, v = self._linear(xr, T.wr, None), self._linear(xk, T.wk, None), self._linear(xv, T.wv, None)
         w = self._linear(np.tanh(self._linear(xw, T.w1, None)), T.w2, None) + T.w0
-        w = np.exp(-0.606531 / (1.0 + np.exp(-w.astype(np.float64))))   # the decay
+        w = np.exp(-0.606531 * sigmoid(w.astype(np.float64)))   # the decay
         if T.v0 is None:
             self._v_first = v
         else:
             mix = self._linear(self._linear(xv, T.v1, None), T.v2, None) + T.v0
-            v = v + (self._v_first - v) / (1.0 + np.exp(-mix))
-        a = 1.0 / (1.0 + np.exp(-(self._linear(self._linear(xa, T.a1, None), T.a2, None) + T.a0)))
+            v = v + (self._v_first - v) * sigmoid(mix)
+        a = sigmoid(self._linear(self._linear(xa, T.a1, None), T.a2, None) + T.a0)
         kk = (k * T.k_k).reshape(n_tok, H, D).astype(np.float64)
         kk = (kk / np.maximum(np.sqrt((kk ** 2).sum(2, keepdims=True)), 1e-12)).reshape(n_tok, n)
         k = k + (a * (k * T.k_a) - k * T.k_a)
@@ -707,7 +711,7 @@ class Reference:
         y = y.reshape(n_tok, n) + ((r64 * k64 * T.r_k.reshape(H, D)).sum(2, keepdims=True) * v64).reshape(n_tok, n)
         y = y.astype(np.float32)
         if T.g1 is not None:
-            g = 1.0 / (1.0 + np.exp(-self._linear(mixed[:, 5], T.g1, None)))
+            g = sigmoid(self._linear(mixed[:, 5], T.g1, None))
             y = y * self._linear(g, T.g2, None)
         return self._linear(y, T.wo, None)
 
@@ -718,7 +722,7 @@ class Reference:
         k = np.maximum(self._linear(h + dx * F.lerp_k, F.key, None), 0.0) ** 2
         if F.receptance is None:
             return self._linear(k, F.value, None)
-        r = 1.0 / (1.0 + np.exp(-self._linear(h + dx * F.lerp_r, F.receptance, None)))
+        r = sigmoid(self._linear(h + dx * F.lerp_r, F.receptance, None))
         return r * self._linear(k, F.value, None)
 
     def _linear(self, x: np.ndarray, w: Tensor, b: np.ndarray | None) -> np.ndarray:

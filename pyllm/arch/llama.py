@@ -65,6 +65,8 @@ class Llama(Architecture):
         hp = self.hp
         x = g.embed(self.tok_embd, "x", scale=self.embed_scale)
         for i, L in g.layers(self.layers, x, deepstack=(self.tok_embd, self.deepstack)):
+            if i - 1 in self.loop_norms:   # between passes of a looped stack, after the control vector (Nanbeige)
+                g.rmsnorm(x, self.out_norm, hp.eps, x)
             attention(g, self, g.rmsnorm(x, L.attn_norm, hp.eps, "h"), L.attn, i, out=x)
             ffn(g, g.rmsnorm(x, L.ffn_norm, hp.eps, "h"), L.ffn, self.glu, out=x)
         output_head(g, self, x)
@@ -225,13 +227,3 @@ class Nanbeige(Llama):
 
     def sliding_window(self) -> int:
         return 0
-
-    def build(self, g: Graph) -> None:
-        hp = self.hp
-        x = g.embed(self.tok_embd, "x", scale=self.embed_scale)
-        for i, L in g.layers(self.layers, x):
-            if i - 1 in self.loop_norms:   # after the last pass's control vector, as llama.cpp
-                g.rmsnorm(x, self.out_norm, hp.eps, x)
-            attention(g, self, g.rmsnorm(x, L.attn_norm, hp.eps, "h"), L.attn, i, out=x)
-            ffn(g, g.rmsnorm(x, L.ffn_norm, hp.eps, "h"), L.ffn, self.glu, out=x)
-        output_head(g, self, x)

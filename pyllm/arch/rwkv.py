@@ -59,6 +59,7 @@ class Rwkv6(Architecture):
     rotary = False
     eps_key = "attention.layer_norm_epsilon"
     rescales = True   # x /= 2 every rescale_every_n_layers layers, where the file says (RWKV 6's files)
+    channel_gate = True   # the channel mix's receptance gate (RWKV 6; not RWKV 7)
 
     def __init__(self, mf, n_ctx=None):
         self.mf, self.n_ctx = mf, n_ctx
@@ -79,14 +80,16 @@ class Rwkv6(Architecture):
         self.input_norm = self.norm_weights("token_embd_norm")
 
     def read_layer(self, i: int) -> Layer:
-        p, n = f"blk.{i}.", self.hp.n_embd
+        """Layer i: LayerNorms before its time mix and its channel mix (with the receptance gate
+        where the family has one)."""
+        p, n, gate = f"blk.{i}.", self.hp.n_embd, self.channel_gate
         an, an_b = self.norm_weights(p + "attn_norm")
         fn, fn_b = self.norm_weights(p + "attn_norm_2")
         return Layer(attn_norm=an, attn_norm_b=an_b, attn=self.time_mix(i), ffn_norm=fn, ffn_norm_b=fn_b,
                      ffn=ChannelMix(lerp_k=self.vector(p + "channel_mix_lerp_k.weight", n),
-                                    lerp_r=self.vector(p + "channel_mix_lerp_r.weight", n),
+                                    lerp_r=self.vector(p + "channel_mix_lerp_r.weight", n) if gate else None,
                                     key=self.weight(p + "channel_mix_key.weight", n, self.hp.n_ff),
-                                    receptance=self.weight(p + "channel_mix_receptance.weight", n, n),
+                                    receptance=self.weight(p + "channel_mix_receptance.weight", n, n) if gate else None,
                                     value=self.weight(p + "channel_mix_value.weight", self.hp.n_ff, n)))
 
     def time_mix(self, i: int) -> TimeMix:
@@ -181,15 +184,7 @@ class Rwkv7(Rwkv6):
     without its receptance gate, no rescaling."""
     name = "rwkv7"
     rescales = False
-
-    def read_layer(self, i: int) -> Layer:
-        p, n = f"blk.{i}.", self.hp.n_embd
-        an, an_b = self.norm_weights(p + "attn_norm")
-        fn, fn_b = self.norm_weights(p + "attn_norm_2")
-        return Layer(attn_norm=an, attn_norm_b=an_b, attn=self.time_mix(i), ffn_norm=fn, ffn_norm_b=fn_b,
-                     ffn=ChannelMix(lerp_k=self.vector(p + "channel_mix_lerp_k.weight", n), lerp_r=None,
-                                    key=self.weight(p + "channel_mix_key.weight", n, self.hp.n_ff), receptance=None,
-                                    value=self.weight(p + "channel_mix_value.weight", self.hp.n_ff, n)))
+    channel_gate = False
 
     def time_mix(self, i: int) -> TimeMix7:
         """Layer i's RWKV 7 time mix; the gate and the output norm where the file has them (ARWKV 7
