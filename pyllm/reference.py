@@ -476,9 +476,8 @@ class Reference:
             q, k = qk_norms(q, k)
             q, k = q.reshape(T, H, d), k.reshape(T, Hkv, d)
         temperature = a.layer_attn_temperature(i)
-        if temperature is not None:   # q *= 1 + s ln(1 + floor((p + offset) / period))
-            s, period, offset = temperature
-            q = q * (np.log(np.floor((pos + offset) / period) + 1.0) * s + 1.0).astype(np.float32)[:, None, None]
+        if temperature is not None:
+            q = q * self._temperature(pos, temperature)
         q, k, v = self._cached(q, k, v)
         att = attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i), a.attn_softcap, A.sinks, a.chunked_window,
                         a.causal, self._spans, alibi_slopes(a.alibi, H) if a.alibi > 0 else None)
@@ -487,6 +486,12 @@ class Reference:
         if gate is not None:
             att = att / (1.0 + np.exp(-gate))
         return self._linear(att, A.wo, A.bo)
+
+    @staticmethod
+    def _temperature(pos: np.ndarray, temperature: tuple) -> np.ndarray:
+        """Each position's factor on q, [T, 1, 1]: 1 + s ln(1 + floor((p + offset) / period))."""
+        s, period, offset = temperature
+        return (np.log(np.floor((pos + offset) / period) + 1.0) * s + 1.0).astype(np.float32)[:, None, None]
 
     def _cached(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """q, k, v as attention sees them: k and v as the KV cache holds them (kv_f16, kv_quant),
@@ -524,8 +529,11 @@ class Reference:
         wv = self._experts(A.wv_b)                       # [H, v_dim, lat]: Wv_i
         k = np.concatenate([np.einsum("hnl,tl->thn", wk, c), np.broadcast_to(k_pe, (T, H, n_rot))], axis=2)
         v = np.einsum("hvl,tl->thv", wv, c)
-        att = attention(np.concatenate([q[:, :, :nope], q_pe], axis=2), k, v, a.layer_attn_scale(i),
-                        a.layer_window(i), spans=self._spans)
+        q = np.concatenate([q[:, :, :nope], q_pe], axis=2)
+        temperature = a.layer_attn_temperature(i)
+        if temperature is not None:
+            q = q * self._temperature(pos, temperature)
+        att = attention(q, k, v, a.layer_attn_scale(i), a.layer_window(i), spans=self._spans)
         return self._linear(att, A.wo, None)
 
     def _short_conv(self, h: np.ndarray, s: ShortConv) -> np.ndarray:

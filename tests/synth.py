@@ -230,7 +230,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 mlp_layers: tuple = (), no_attention: bool = False, parallel_ssm: bool = False,
                 image_tokens: bool | str = False, bare_ffn_norm: bool = False, delta_layers: tuple = (), delta: Optional[dict] = None,
                 q_gated: bool = False, array_keys: Optional[dict] = None, float_arrays: Optional[dict] = None,
-                int_arrays: Optional[dict] = None,
+                int_arrays: Optional[dict] = None, fused_experts: bool = False,
                 drop_tensor: Optional[str] = None, bad_shape: Optional[str] = None) -> str:
     """A tiny decoder of family `arch`, every matrix in `qtype`, tensors named
     as llama.cpp expects:
@@ -257,7 +257,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                   only Qwen3-MoE reads; default n_ff); shared_expert: also a shared expert that
                   wide (ffn_*_shexp), with shared_gate its ffn_gate_inp_shexp vector (Qwen2-MoE);
                   expert_biases: ffn_gate_inp.bias and ffn_{gate,up,down}_exps.bias (gpt-oss);
-                  select_bias: exp_probs_b.bias; dense_layers: layers with a dense FFN instead (ERNIE)
+                  select_bias: exp_probs_b.bias; dense_layers: layers with a dense FFN instead (ERNIE);
+                  fused_experts: one ffn_gate_up_exps, each expert's rows [gate | up] (Mistral 4)
       mla         latent attention in place of q/k/v (DeepSeek 2): {"kv_lora", "nope", "rope", "v",
                   "q_lora" (0: attn_q), "split" (attn_k_b + attn_v_b, else one attn_kv_b)}
       ssm_layers  layers with a Mamba 2 mixer (ssm_{in,conv1d,dt,a,d,norm,out}) in place of attention,
@@ -488,8 +489,9 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
         if moe:
             n_exp_ff = n_ff_exp or n_ff
             add(p + "ffn_gate_inp.weight", weight(QT.F32, n_embd, experts, rng, scale=1.0))
-            for name, n_in, n_out in ((("gate", n_embd, n_exp_ff),) if gated else ()) + (
-                    ("up", n_embd, n_exp_ff), ("down", n_exp_ff, n_embd)):
+            gate_up = ((("gate_up", n_embd, 2 * n_exp_ff),) if fused_experts else
+                       (("gate", n_embd, n_exp_ff), ("up", n_embd, n_exp_ff))) if gated else (("up", n_embd, n_exp_ff),)
+            for name, n_in, n_out in gate_up + (("down", n_exp_ff, n_embd),):
                 arr, raw = weight(qtype, n_in, n_out * experts, rng)
                 add(p + f"ffn_{name}_exps.weight", (arr.reshape(experts, n_out, -1), raw))
                 if expert_biases:
@@ -1243,8 +1245,19 @@ def write_deepseek2(path: str | Path, qtype: QT = QT.Q8_0, split: bool = True, q
             **kw.pop("keys", {})}
     if sigmoid:
         keys.update(expert_gating_func=gguf.ExpertGatingFuncType.SIGMOID, expert_weights_norm=True)
-    return write_model(path, "deepseek2", qtype, mla=mla, select_bias=sigmoid, shared_expert=2 * kw["n_ff_exp"], keys=keys,
-                       **kw)
+    return write_model(path, kw.pop("arch", "deepseek2"), qtype, mla=mla, select_bias=sigmoid,
+                       shared_expert=2 * kw["n_ff_exp"], keys=keys, **kw)
+
+
+def write_mistral4(path: str | Path, qtype: QT = QT.Q8_0, temperature: bool = True, **kw) -> str:
+    """Mistral 4: DeepSeek 2's latent attention (q_a/q_b, split k_b/v_b) and experts, each
+    expert's gate and up in one ffn_gate_up_exps, softmax gating renormalized; temperature:
+    Llama 4's attention temperature (scale 0.1 every 4 positions: it changes the logits within
+    the tests' prompts)."""
+    keys = {"expert_weights_norm": True, **kw.pop("keys", {})}
+    if temperature:
+        keys.update({"attention.temperature_scale": 0.1, "attention.temperature_length": 4})
+    return write_deepseek2(path, qtype, q_lora=256, arch="mistral4", fused_experts=True, keys=keys, **kw)
 
 
 def write_plm(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
@@ -1326,6 +1339,25 @@ def write_dots1(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
             "expert_weights_norm": True, "expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID, **kw.pop("keys", {})}
     return write_model(path, "dots1", qtype, qk_norm=True, rope_base=1e6, select_bias=True, shared_expert=512,
                        keys=keys, **kw)
+
+
+def write_exaone_moe(path: str | Path, qtype: QT = QT.Q8_0, pattern: Optional[list] = None, **kw) -> str:
+    """EXAONE MoE: 4 layers with per-head q/k norms, a window of 8 and NEOX RoPE in layers 0-2
+    (or where `pattern` says), layer 3 global without RoPE; layer 0 dense (768), then 16 experts
+    of 256 (4 chosen by sigmoid + exp_probs_b, renormalized, times 1.5: with dots1's 2.5 the
+    quantized files flip more choices over 3 MoE layers than the tests allow) and a shared expert
+    of 512 (expert_shared_feed_forward_length, which write_model writes); one more block for
+    multi-token prediction (dense, with its nextn.* tensors), not run."""
+    moe_defaults(kw)
+    n_layer, n_embd = kw.pop("n_layer", 4), kw.setdefault("n_embd", 256)
+    keys = {"leading_dense_block_count": 1, "expert_shared_count": 2, "expert_weights_scale": 1.5,
+            "expert_weights_norm": True, "expert_gating_func": gguf.ExpertGatingFuncType.SIGMOID,
+            "sliding_window": 8, "nextn_predict_layers": 1, **kw.pop("keys", {})}
+    if pattern is not None:
+        keys["sliding_window_pattern"] = pattern
+    kw["dense_layers"] = tuple(kw["dense_layers"]) + (n_layer,)
+    return write_model(path, "exaone-moe", qtype, n_layer=n_layer + 1, qk_norm=True, select_bias=True,
+                       shared_expert=512, keys=keys, extra_tensors=mtp_tensors(n_layer, n_embd), **kw)
 
 
 def write_afmoe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
@@ -2005,7 +2037,8 @@ WRITERS = {"llama": write_llama, "bert": write_bert, "nomic-bert": write_nomic_b
            "rwkv6qwen2": write_rwkv6qwen2, "rwkv7": write_rwkv7, "arwkv7": write_arwkv7,
            "qwen": write_qwen, "codeshell": write_codeshell, "jais2": write_jais2,
            "maincoder": functools.partial(write_llama, arch="maincoder", qk_norm=True),
-           "nanbeige": functools.partial(write_llama, arch="nanbeige"), "plm": write_plm}
+           "nanbeige": functools.partial(write_llama, arch="nanbeige"), "plm": write_plm,
+           "mistral4": write_mistral4, "exaone-moe": write_exaone_moe}
 
 
 def _gguf_string(x: str) -> bytes:

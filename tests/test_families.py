@@ -154,7 +154,7 @@ FAMILIES = {
     "xverse": (synth.WRITERS["xverse"], {}),
     "orion": (synth.write_orion, {}),                         # LayerNorm + biases, NEOX
     "deepseek": (synth.write_deepseek, {}),
-    "bailingmoe": (synth.write_bailingmoe, {}),               # softmax experts renormalized, 2 shared                   # softmax experts not renormalized, 2 shared
+    "bailingmoe": (synth.write_bailingmoe, {}),               # softmax experts renormalized, 2 shared
     "glm4moe": (synth.write_glm4moe, {}),                    # NEOX half RoPE, sigmoid experts; MTP block not run
     "glm4moe-qknorm": (synth.write_glm4moe, {"qk_norm": True}),
     "deepseek2": (synth.write_deepseek2, {}),                # MLA, q from attn_q (Lite); softmax experts, shared
@@ -165,6 +165,9 @@ FAMILIES = {
     "deepseek2-yarn": (synth.write_deepseek2, {"keys": {"rope_scaling_type": rope_type("YARN"), "rope_scaling_factor": 4.0,
                                                         "rope_scaling_orig_ctx_len": 64,
                                                         "rope.scaling.yarn_log_multiplier": 0.0707}}),
+    "exaone-moe": (synth.write_exaone_moe, {}),              # window in layers 0-2, layer 3 global NoPE; MTP not run
+    "exaone-moe-pattern": (synth.write_exaone_moe, {"pattern": [True, False, True, True]}),
+    "mistral4": (synth.write_mistral4, {}),                  # MLA, fused ffn_gate_up_exps, attention temperature
 }
 TYPES = [QT.F32, QT.Q8_0, QT.Q4_K, QT.IQ4_NL, QT.MXFP4]
 # LFM2 multiplies two projections in its conv layers (b * x, then c * conv): the error of
@@ -199,7 +202,10 @@ QUANT_MARGIN = {("lfm2", QT.IQ4_NL): 0.1, ("mamba", QT.IQ4_NL): 0.1, ("rwkv6", Q
 # llama.cpp's Q8_0 file pyllm and llama.cpp are 3.68% and 3.68% from the reference
 MOE_CLOSE = {("gpt-oss-yarn", QT.MXFP4): 0.8, ("lfm2moe", QT.IQ4_NL): 0.6, ("lfm2moe", QT.Q8_0): 0.75, ("deepseek2-kv_b", QT.IQ4_NL): 0.8, ("deepseek2-yarn", QT.Q8_0): 0.8,
              ("deepseek2-yarn", QT.IQ4_NL): 0.8,
-             ("deepseek2", QT.IQ4_NL): 0.8}   # scalar path: 0.825 (4 positions at 0.030-0.034)
+             ("deepseek2", QT.IQ4_NL): 0.8,   # scalar path: 0.825 (4 positions at 0.030-0.034)
+             ("mistral4", QT.IQ4_NL): 0.7}
+# Mistral 4 (DeepSeek 2 with q_a/q_b and the attention temperature sharpening later positions):
+# IQ4_NL 0.725; at IQ4_NL files pyllm and llama.cpp are 3.02% and 3.39% from the reference
 # F32 rel beyond 1e-4: DeepSeek 2 with YaRN, 8.6e-5/1.25e-4/6.2e-5 over seeds 0-2 (without YaRN
 # at most 7.5e-5); its engine takes q against the latent, the reference k_i = Wk_i c
 # Baichuan 7B's test file has 32 layers (what makes it the RoPE variant): 1.1e-4, the f16 cache's
@@ -1108,12 +1114,27 @@ def test_llama4_errors(tmp_path):
         load_architecture(ModelFile(p))
 
 
+def test_exaone_moe_layers_and_errors(tmp_path):
+    arch = load_architecture(ModelFile(synth.write_exaone_moe(tmp_path / "e.gguf", QT.F32)))
+    assert arch.hp.n_layer == 4   # the MTP block left out
+    assert [arch.layer_window(i) for i in range(4)] == [8, 8, 8, 0]
+    assert [arch.layer_rope(i).n_rot > 0 for i in range(4)] == [True, True, True, False]
+    assert arch.layers[0].ffn.w_down.shape[0] == 768 and arch.layers[1].ffn.shared.w_down.shape[0] == 512
+    p = synth.rewrite_metadata(tmp_path / "e.gguf", tmp_path / "w.gguf", {"exaone-moe.attention.sliding_window": None})
+    with pytest.raises(ModelFileError, match="sliding_window"):
+        load_architecture(ModelFile(p))
+
+
 def test_deepseek2_errors(tmp_path):
     p = synth.write_deepseek2(tmp_path / "g.gguf", QT.F32, keys={"expert_group_count": 8, "expert_group_used_count": 1})
     with pytest.raises(ModelFileError, match="4 of 16 experts from 1 of 8 expert groups"):
         load_architecture(ModelFile(p))
     p = synth.write_deepseek2(tmp_path / "t.gguf", QT.F32, keys={"attention.temperature_scale": 0.1})
-    with pytest.raises(UnsupportedModelError, match="attention temperature"):
+    with pytest.raises(ModelFileError, match="temperature_scale is set but neither"):   # no period to scale by
+        load_architecture(ModelFile(p))
+    p = synth.rewrite_metadata(synth.write_mistral4(tmp_path / "m.gguf", QT.F32), tmp_path / "m2.gguf",
+                               {"mistral4.expert_feed_forward_length": 128})   # fused [gate | up] rows of 256
+    with pytest.raises(ModelFileError, match="ffn_gate_up_exps.weight has shape"):
         load_architecture(ModelFile(p))
     from types import SimpleNamespace   # a gating id gguf has no name for
     p = synth.write_deepseek2(tmp_path / "f.gguf", QT.F32, keys={"expert_gating_func": SimpleNamespace(value=3)})

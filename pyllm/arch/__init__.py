@@ -13,9 +13,9 @@ from .bert import Bert, JinaBertV2, ModernBert, NomicBert, NomicBertMoe
 from .bloom import Bloom, Jais, Mpt
 from .command_r import Cohere2, CommandR
 from .deepseek import BailingMoe, Deepseek
-from .deepseek2 import Deepseek2, Plm
+from .deepseek2 import Deepseek2, Mistral4, Plm
 from .ernie4_5 import Ernie4_5, Ernie4_5Moe, PaddleOCR
-from .exaone import Exaone, Exaone4
+from .exaone import Exaone, Exaone4, ExaoneMoe
 from .gemma import Gemma
 from .gemma2 import Gemma2
 from .gemma3 import Gemma3, GemmaEmbedding
@@ -75,6 +75,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "ernie4_5": Ernie4_5,
     "exaone": Exaone,
     "exaone4": Exaone4,
+    "exaone-moe": ExaoneMoe,
     "qwen3moe": Qwen3Moe,
     "olmoe": Olmoe,
     "granitemoe": GraniteMoe,
@@ -143,6 +144,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "jais2": Jais2,
     "nanbeige": Nanbeige,
     "plm": Plm,
+    "mistral4": Mistral4,
 }
 
 

@@ -957,10 +957,10 @@ class Architecture:
         if not 0 < k <= n_experts:
             raise ModelFileError(f"{mf.path}: {mf.architecture}.expert_used_count = {k} is not in 1..{n_experts}")
         n_ff = self.expert_width(k)
+        gate, up, fused = self.gate_up_experts(i, n_ff, n_experts) if self.gated else (
+            None, self.expert_weights(p + "ffn_up_exps.weight", hp.n_embd, n_ff, n_experts), False)
         return Moe(router=self.weight(p + "ffn_gate_inp.weight", hp.n_embd, n_experts),
-                   gate=(self.expert_weights(p + "ffn_gate_exps.weight", hp.n_embd, n_ff, n_experts)
-                         if self.gated else None),
-                   up=self.expert_weights(p + "ffn_up_exps.weight", hp.n_embd, n_ff, n_experts),
+                   gate=gate, up=up, gate_up=fused,
                    down=self.expert_weights(p + "ffn_down_exps.weight", n_ff, hp.n_embd, n_experts),
                    k=k, norm=self.moe_norm, shared=self.shared_expert(i),
                    b_router=self.optional_vector(p + "ffn_gate_inp.bias", n_experts),
@@ -968,6 +968,16 @@ class Architecture:
                    b_gate=self.expert_biases(p + "ffn_gate_exps.bias", n_ff, n_experts),
                    b_up=self.expert_biases(p + "ffn_up_exps.bias", n_ff, n_experts),
                    b_down=self.expert_biases(p + "ffn_down_exps.bias", hp.n_embd, n_experts))
+
+    def gate_up_experts(self, i: int, n_ff: int, n_experts: int) -> tuple[Optional[Tensor], Tensor, bool]:
+        """Layer i's gated experts as (gate, up, fused): ffn_gate_exps and ffn_up_exps, or one
+        ffn_gate_up_exps whose experts' rows are [gate | up] (gate None, fused True), which
+        llama.cpp's converter writes where the checkpoint stores them so (Mistral 4, Gemma 4)."""
+        p, n_embd = f"blk.{i}.", self.hp.n_embd
+        if self.mf.has_tensor(p + "ffn_gate_up_exps.weight"):
+            return None, self.expert_weights(p + "ffn_gate_up_exps.weight", n_embd, 2 * n_ff, n_experts), True
+        return (self.expert_weights(p + "ffn_gate_exps.weight", n_embd, n_ff, n_experts),
+                self.expert_weights(p + "ffn_up_exps.weight", n_embd, n_ff, n_experts), False)
 
     def moe_layer(self, i: int) -> bool:
         """Is layer i's FFN the experts (in a MoE file)? Every layer's, unless a family says otherwise."""
@@ -1014,6 +1024,21 @@ class Architecture:
     def layer_window(self, i: int) -> int:
         """Sliding attention window of layer i in tokens (0: the whole context)."""
         return self.window
+
+    def file_attn_temperature(self) -> Optional[tuple]:
+        """(s, L, 0) where the file sets attention.temperature_scale s (Llama 4's scaling that
+        Mistral 3 and Mistral 4 / Large 3 use: q times 1 + s ln(1 + floor(p / L)) at position
+        p), L being attention.temperature_length, else the original context; None if unset."""
+        mf = self.mf
+        s = float(mf.arch_get("attention.temperature_scale", 0.0) or 0.0)
+        if not s:
+            return None
+        period = int(mf.arch_get("attention.temperature_length", 0) or
+                     mf.arch_get("rope.scaling.original_context_length", 0) or 0)
+        if period <= 0:
+            raise ModelFileError(f"{mf.path}: attention.temperature_scale is set but neither "
+                                 f"attention.temperature_length nor the original context length is")
+        return (s, period, 0.0)
 
     def layer_attn_temperature(self, i: int) -> Optional[tuple]:
         """(s, period, offset) of layer i's attention temperature (the family's, unless its

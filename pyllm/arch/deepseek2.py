@@ -73,9 +73,7 @@ class Deepseek2(SharedExpertsMoe, Architecture):
         if self.kv_lora + hp.rope_dim > MAX_KEY_DIMS:
             raise UnsupportedModelError(f"{mf.path}: a latent of {self.kv_lora} with {hp.rope_dim} rotated dims "
                                         f"is more than the {MAX_KEY_DIMS} key dims pyllm's attention takes")
-        if float(mf.arch_get("attention.temperature_scale", 0.0) or 0.0):
-            raise UnsupportedModelError(f"{mf.path}: deepseek2 with an attention temperature (Mistral Large 3) "
-                                        f"is not supported yet")
+        self.attn_temperature = self.file_attn_temperature()   # Mistral Large 3, Mistral 4
         hp.head_dim = qk_dim   # the softmax's 1/sqrt(d) is over the heads' keys, nope + rope
         self.read_ends()
         self.layers = [Layer(attn_norm=self.vector(f"blk.{i}.attn_norm.weight", hp.n_embd), attn=self.mla_weights(i),
@@ -168,6 +166,9 @@ def latent_attention(g: Graph, arch: Deepseek2, h: View, a: Mla, layer: int, out
     q_mla = g.buffer("q_mla", H * mk)
     g.copy(q_lat, q_mla, lat, H, lat, mk)
     g.copy(q_pe, q_mla.cols(lat, q_mla.width - lat), n_rot, H, qk, mk)
+    temperature = arch.layer_attn_temperature(layer)
+    if temperature is not None:
+        g.pos_scale(q_mla, *temperature)
     o_lat = g.attention(q_mla, kv, None, H, 1, mk, arch.layer_attn_scale(layer), "o_lat",
                         window=arch.layer_window(layer), head_dim_v=lat)
     return g.linear(g.linear_heads(o_lat, a.wv_b, "o_heads"), a.wo, out, accumulate=accumulate)
@@ -185,3 +186,11 @@ class Plm(Deepseek2):
     def __init__(self, mf, n_ctx=None):
         super().__init__(mf, n_ctx)
         self.output = self.tok_embd
+
+
+class Mistral4(Deepseek2):
+    """Mistral 4 (`mistral4`: Mistral Small 4): DeepSeek 2's latent attention and experts, the
+    experts' gate and up stored as one ffn_gate_up_exps, and (where set) Llama 4's attention
+    temperature; llama.cpp runs it with DeepSeek 2's graph."""
+    name = "mistral4"
+    experts = True

@@ -170,11 +170,8 @@ class Gemma4(PostNormDecoder):
         n_ff = int(mf.arch_require("expert_feed_forward_length"))
         if not 0 < k <= n_exp or n_ff <= 0:
             raise ModelFileError(f"{mf.path}: {k} of {n_exp} experts of {n_ff}; the file is corrupt")
-        fused = mf.has_tensor(p + "ffn_gate_up_exps.weight")
-        moe = Moe(router=self.weight(p + "ffn_gate_inp.weight", hp.n_embd, n_exp),
-                  gate=None if fused else self.expert_weights(p + "ffn_gate_exps.weight", hp.n_embd, n_ff, n_exp),
-                  up=(self.expert_weights(p + "ffn_gate_up_exps.weight", hp.n_embd, 2 * n_ff, n_exp) if fused else
-                      self.expert_weights(p + "ffn_up_exps.weight", hp.n_embd, n_ff, n_exp)),
+        gate, up, fused = self.gate_up_experts(i, n_ff, n_exp)
+        moe = Moe(router=self.weight(p + "ffn_gate_inp.weight", hp.n_embd, n_exp), gate=gate, up=up,
                   down=self.expert_weights(p + "ffn_down_exps.weight", n_ff, hp.n_embd, n_exp),
                   k=k, gating=MOE_SOFTMAX, norm=True, gate_up=fused,
                   expert_scale=self.optional_vector(p + "ffn_down_exps.scale", n_exp))

@@ -81,14 +81,7 @@ class Mistral3(Llama):
 
     def __init__(self, mf, n_ctx=None):
         super().__init__(mf, n_ctx)
-        s = float(mf.arch_get("attention.temperature_scale", 0.0) or 0.0)
-        if s:
-            period = int(mf.arch_get("attention.temperature_length", 0) or
-                         mf.arch_get("rope.scaling.original_context_length", 0) or 0)
-            if period <= 0:
-                raise ModelFileError(f"{mf.path}: attention.temperature_scale is set but neither "
-                                     f"attention.temperature_length nor the original context length is")
-            self.attn_temperature = (s, period, 0.0)
+        self.attn_temperature = self.file_attn_temperature()
 
 
 class SeedOss(Llama):

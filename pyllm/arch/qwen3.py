@@ -81,10 +81,14 @@ class Dots1(SharedExpertsMoe, Qwen3):
 
     def __init__(self, mf, n_ctx=None):
         Architecture.__init__(self, mf, n_ctx)
-        hp = self.hp
         self.read_ends()
-        self.layers = [Layer(attn_norm=self.vector(f"blk.{i}.attn_norm.weight", hp.n_embd),
-                             attn=self.attention_weights(i, qk_norm=True),
-                             ffn_norm=self.vector(f"blk.{i}.ffn_norm.weight", hp.n_embd),
-                             ffn=self.experts_of(i) or self.ffn_weights(i))
-                       for i in range(hp.n_layer)]
+        self.layers = self.moe_layers()
+
+    def moe_layers(self) -> list[Layer]:
+        """Pre-norm layers with per-head q/k norms, the experts' FFN (dense in the leading layers)."""
+        hp = self.hp
+        return [Layer(attn_norm=self.vector(f"blk.{i}.attn_norm.weight", hp.n_embd),
+                      attn=self.attention_weights(i, qk_norm=True),
+                      ffn_norm=self.vector(f"blk.{i}.ffn_norm.weight", hp.n_embd),
+                      ffn=self.experts_of(i) or self.ffn_weights(i))
+                for i in range(hp.n_layer)]
