@@ -133,7 +133,9 @@ FAMILIES = {
     "deepseek2-v3": ("deepseek2", {"q_lora": 256, "sigmoid": True}),    # sigmoid + exp_probs_b, renormalized
     "exaone-moe": ("exaone-moe", {}),              # window in 3 of 4 layers, NoPE global layer, experts, MTP block
     "exaone-moe-pattern": ("exaone-moe", {"pattern": [True, False, True, True]}),
-    "mistral4": ("mistral4", {}),                  # MLA, fused ffn_gate_up_exps, attention temperature
+    "mistral4": ("mistral4", {}),
+    "granite_swa": ("granite_swa", {}),            # sinks, window flags, rope flags
+    "granite_swa-moe": ("granite_swa", {"experts": 8}),   # fused experts and shared expert                  # MLA, fused ffn_gate_up_exps, attention temperature
     "deepseek2-v3-groups": ("deepseek2", {"q_lora": 256, "sigmoid": True,     # + 4 expert groups, 2 kept
                                           "keys": {"expert_group_count": 4, "expert_group_used_count": 2}}),
     "lfm2moe": ("lfm2moe", {}),                      # LFM2 + sigmoid experts after a dense layer

@@ -109,6 +109,7 @@ ARCH_KINDS = {
     "attention.temperature_scale": _NUMBER,
     "attention.temperature_length": _COUNT,
     "attention.sliding_window_pattern": _COUNT_OR_FLAGS,
+    "attention.rope_pattern": _COUNT_OR_FLAGS,
     "attention.head_count": _COUNT_OR_COUNTS,      # a list: OpenELM's, one per layer
     "attention.head_count_kv": _COUNT_OR_COUNTS,
     "feed_forward_length": _COUNT_OR_COUNTS,

@@ -230,7 +230,7 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                 mlp_layers: tuple = (), no_attention: bool = False, parallel_ssm: bool = False,
                 image_tokens: bool | str = False, bare_ffn_norm: bool = False, delta_layers: tuple = (), delta: Optional[dict] = None,
                 q_gated: bool = False, array_keys: Optional[dict] = None, float_arrays: Optional[dict] = None,
-                int_arrays: Optional[dict] = None, fused_experts: bool = False,
+                int_arrays: Optional[dict] = None, fused_experts: bool = False, fused_shared: bool = False,
                 drop_tensor: Optional[str] = None, bad_shape: Optional[str] = None) -> str:
     """A tiny decoder of family `arch`, every matrix in `qtype`, tensors named
     as llama.cpp expects:
@@ -258,7 +258,8 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
                   wide (ffn_*_shexp), with shared_gate its ffn_gate_inp_shexp vector (Qwen2-MoE);
                   expert_biases: ffn_gate_inp.bias and ffn_{gate,up,down}_exps.bias (gpt-oss);
                   select_bias: exp_probs_b.bias; dense_layers: layers with a dense FFN instead (ERNIE);
-                  fused_experts: one ffn_gate_up_exps, each expert's rows [gate | up] (Mistral 4)
+                  fused_experts: one ffn_gate_up_exps, each expert's rows [gate | up] (Mistral 4);
+                  fused_shared: the shared expert's gate and up as one ffn_up_shexp [gate | up] (Granite SWA)
       mla         latent attention in place of q/k/v (DeepSeek 2): {"kv_lora", "nope", "rope", "v",
                   "q_lora" (0: attn_q), "split" (attn_k_b + attn_v_b, else one attn_kv_b)}
       ssm_layers  layers with a Mamba 2 mixer (ssm_{in,conv1d,dt,a,d,norm,out}) in place of attention,
@@ -350,7 +351,9 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
     for name, value in (int_arrays or {}).items():
         w.add_key_value(name, [int(x) for x in value], gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.INT32)
     for name, value in (keys or {}).items():
-        if "." in name or not hasattr(w, f"add_{name}"):   # no writer method: "{arch}.name", an int, float or string
+        if isinstance(value, list) and not hasattr(w, f"add_{name}"):   # "{arch}.name": an array (of flags)
+            w.add_array(f"{arch}.{name}", value)
+        elif "." in name or not hasattr(w, f"add_{name}"):   # no writer method: "{arch}.name", an int, float or string
             add_key = w.add_string if isinstance(value, str) else w.add_bool if isinstance(value, bool) else \
                 w.add_uint32 if isinstance(value, int) else w.add_float32
             add_key(f"{arch}.{name}", value)
@@ -501,9 +504,9 @@ def write_model(path: str | Path, arch: str = "llama", qtype: QT = QT.Q8_0, *, n
             if select_bias:   # on the softmax's scale: enough to change some choices
                 add(p + "exp_probs_b.bias", ((0.2 * rng.random(experts)).astype(np.float32), None))
             if shared_expert:
-                if gated:
+                if gated and not fused_shared:
                     add(p + "ffn_gate_shexp.weight", weight(qtype, n_embd, shared_expert, rng))
-                add(p + "ffn_up_shexp.weight", weight(qtype, n_embd, shared_expert, rng))
+                add(p + "ffn_up_shexp.weight", weight(qtype, n_embd, (1 + fused_shared) * shared_expert, rng))
                 add(p + "ffn_down_shexp.weight", weight(qtype, shared_expert, n_embd, rng))
             if shared_gate:
                 add(p + "ffn_gate_inp_shexp.weight", ((rng.standard_normal(n_embd) / 4).astype(np.float32), None))
@@ -624,6 +627,18 @@ def write_granite(path: str | Path, qtype: QT = QT.Q8_0, embedding_scale: float 
             **kw.pop("keys", {})}
     kw.setdefault("tied", True)
     return write_model(path, arch, qtype, keys={k: v for k, v in keys.items() if v is not None}, **kw)
+
+
+def write_granite_swa(path: str | Path, qtype: QT = QT.Q8_0, experts: int = 0, **kw) -> str:
+    """Granite SWA: Granite 3's multipliers over 4 layers, attention sinks, a window of 8 in layers
+    0, 2 and 3, no RoPE in layer 2; experts > 0: that many (n_ff wide, 2 chosen, gate and up fused)
+    and a shared expert of 512 whose gate and up are one ffn_up_shexp."""
+    n_layer = kw.setdefault("n_layer", 4)
+    keys = {"sliding_window": 8, "sliding_window_pattern": [i % 4 != 1 for i in range(n_layer)],
+            "attention.rope_pattern": [i % 4 != 2 for i in range(n_layer)], **kw.pop("keys", {})}
+    if experts:
+        kw.update(experts=experts, fused_experts=True, shared_expert=512, fused_shared=True)
+    return write_granite(path, qtype, arch="granite_swa", sinks=True, keys=keys, **kw)
 
 
 def write_granitemoe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
@@ -2038,7 +2053,8 @@ WRITERS = {"llama": write_llama, "bert": write_bert, "nomic-bert": write_nomic_b
            "qwen": write_qwen, "codeshell": write_codeshell, "jais2": write_jais2,
            "maincoder": functools.partial(write_llama, arch="maincoder", qk_norm=True),
            "nanbeige": functools.partial(write_llama, arch="nanbeige"), "plm": write_plm,
-           "mistral4": write_mistral4, "exaone-moe": write_exaone_moe}
+           "mistral4": write_mistral4, "exaone-moe": write_exaone_moe,
+           "granite_swa": write_granite_swa}
 
 
 def _gguf_string(x: str) -> bytes:

@@ -167,7 +167,9 @@ FAMILIES = {
                                                         "rope.scaling.yarn_log_multiplier": 0.0707}}),
     "exaone-moe": (synth.write_exaone_moe, {}),              # window in layers 0-2, layer 3 global NoPE; MTP not run
     "exaone-moe-pattern": (synth.write_exaone_moe, {"pattern": [True, False, True, True]}),
-    "mistral4": (synth.write_mistral4, {}),                  # MLA, fused ffn_gate_up_exps, attention temperature
+    "mistral4": (synth.write_mistral4, {}),
+    "granite_swa": (synth.write_granite_swa, {}),              # sinks, window in layers 0, 2, 3, NoPE layer 2
+    "granite_swa-moe": (synth.write_granite_swa, {"experts": 8}),   # + fused experts, fused shared expert                  # MLA, fused ffn_gate_up_exps, attention temperature
 }
 TYPES = [QT.F32, QT.Q8_0, QT.Q4_K, QT.IQ4_NL, QT.MXFP4]
 # LFM2 multiplies two projections in its conv layers (b * x, then c * conv): the error of
@@ -1123,6 +1125,20 @@ def test_exaone_moe_layers_and_errors(tmp_path):
     p = synth.rewrite_metadata(tmp_path / "e.gguf", tmp_path / "w.gguf", {"exaone-moe.attention.sliding_window": None})
     with pytest.raises(ModelFileError, match="sliding_window"):
         load_architecture(ModelFile(p))
+
+
+def test_granite_swa_layers_and_errors(tmp_path):
+    p = synth.write_granite_swa(tmp_path / "g.gguf", QT.F32, experts=8)
+    arch = load_architecture(ModelFile(p))
+    assert [arch.layer_window(i) for i in range(4)] == [8, 0, 8, 8]
+    assert [arch.layer_rope(i).n_rot > 0 for i in range(4)] == [True, True, False, True]
+    assert all(L.attn.sinks is not None and L.ffn.gate_up and L.ffn.shared.w_gate is None for L in arch.layers)
+    for change, error, match in (
+            ({"granite_swa.attention.rope_pattern": np.array([True, False])}, ModelFileError, "one flag for each"),
+            ({"granite_swa.attention.sliding_window_pattern": None}, ModelFileError, "sliding_window"),
+            ({"granite_swa.deepstack_mapping": np.array([-1, 1, -1, -1], np.int32)}, UnsupportedModelError, "deepstack")):
+        with pytest.raises(error, match=match):
+            load_architecture(ModelFile(synth.rewrite_metadata(p, tmp_path / "e.gguf", change)))
 
 
 def test_deepseek2_errors(tmp_path):

@@ -25,7 +25,7 @@ from .glm4 import ChatGLM, Glm4, Glm4Moe
 from .gpt2 import Gpt2, StarCoder
 from .gpt_oss import GptOss
 from .gptneox import Falcon, GptNeoX
-from .granite import Granite, GraniteHybrid, GraniteMoe
+from .granite import Granite, GraniteHybrid, GraniteMoe, GraniteSwa
 from .hunyuan import HunyuanDense, HunyuanMoe, Maincoder
 from .lfm2 import Lfm2, Lfm2Moe
 from .llama import (Baichuan, InternLM2, Llama, LlamaEmbed, Mistral3, Nanbeige, OpenELM, Qwen, Refact, SeedOss,
@@ -79,6 +79,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "qwen3moe": Qwen3Moe,
     "olmoe": Olmoe,
     "granitemoe": GraniteMoe,
+    "granite_swa": GraniteSwa,
     "granitehybrid": GraniteHybrid,
     "qwen2moe": Qwen2Moe,
     "gpt-oss": GptOss,

@@ -16,9 +16,11 @@ What decides what, as llama.cpp reads a granite file:
 """
 from __future__ import annotations
 
-from ..errors import ModelFileError
+import numpy as np
+
+from ..errors import ModelFileError, UnsupportedModelError
 from ..graph import Graph
-from .base import Architecture, Layer, Rope
+from .base import Architecture, Ffn, Layer, Rope, sliding_layers
 from .blocks import attention, ffn, output_head
 from .llama import Llama
 
@@ -77,6 +79,59 @@ class GraniteMoe(Granite):
     plus an ungated shared expert where the file has one."""
     name = "granitemoe"
     experts = "required"
+
+
+class GraniteSwa(Granite):
+    """Granite with interleaved sliding-window attention (`granite_swa`, dense or with experts):
+    Granite's multipliers, and
+    - attention sinks in every layer (a logit per head that joins its softmax, as gpt-oss's);
+    - the layers attention.sliding_window_pattern flags attend over attention.sliding_window
+      tokens, the others over the whole context;
+    - RoPE in the layers attention.rope_pattern flags (absent: every layer);
+    - the FFN dense (biases where the file has them), or experts (the router's softmax over the
+      chosen ones, renormalized; gate and up split or fused) plus, where
+      expert_shared_feed_forward_length is set, a shared expert whose gate and up are one
+      ffn_up_shexp of rows [gate | up].
+    Granite 4 Vision's deepstack (projector streams added in later layers) is refused."""
+    name = "granite_swa"
+    experts = True
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        hp = self.hp
+        mf.arch_require("attention.sliding_window_pattern")
+        self.window, self.is_swa = sliding_layers(mf, hp.n_layer, 0)
+        self.rope_layers = self.layer_flags("attention.rope_pattern")
+        mapping = mf.arch_get("deepstack_mapping", None)
+        if mapping is not None and max((int(v) for v in mapping), default=-1) >= 0:
+            raise UnsupportedModelError(f"{mf.path}: granite_swa with deepstack inputs (Granite 4 Vision) "
+                                        f"is not supported yet")
+        for i, L in enumerate(self.layers):
+            L.attn.sinks = self.vector(f"blk.{i}.attn_sinks.weight", hp.n_head)
+
+    def layer_flags(self, key: str) -> list[bool]:
+        """The file's array of one flag per layer under `key` (absent: every layer True)."""
+        n, flags = self.hp.n_layer, self.mf.arch_get(key, None)
+        if flags is None:
+            return [True] * n
+        if not isinstance(flags, (list, np.ndarray)) or len(flags) != n:
+            raise ModelFileError(f"{self.mf.path}: {self.mf.architecture}.{key} is not one flag for each "
+                                 f"of the {n} layers; the file is corrupt")
+        return [bool(f) for f in flags]
+
+    def shared_expert(self, i: int):
+        n, p = int(self.mf.arch_get("expert_shared_feed_forward_length", 0) or 0), f"blk.{i}."
+        if n <= 0:
+            return None
+        return Ffn(w_up=self.weight(p + "ffn_up_shexp.weight", self.hp.n_embd, 2 * n),
+                   w_down=self.weight(p + "ffn_down_shexp.weight", n, self.hp.n_embd))
+
+    def layer_window(self, i: int) -> int:
+        return self.window if self.is_swa[i] else 0
+
+    def layer_rope(self, i: int) -> Rope:
+        r = super().layer_rope(i)
+        return r if self.rope_layers[i] else r.off()
 
 
 class GraniteHybrid(Granite):
