@@ -134,6 +134,9 @@ FAMILIES = {
     "exaone-moe": ("exaone-moe", {}),              # window in 3 of 4 layers, NoPE global layer, experts, MTP block
     "exaone-moe-pattern": ("exaone-moe", {"pattern": [True, False, True, True]}),
     "mistral4": ("mistral4", {}),
+    "mellum": ("mellum", {}),                      # Qwen3-MoE + a window in layer 0 of 2
+    "mellum-yarn": ("mellum", {"yarn": True, "keys": {"sliding_window_pattern": [False, True]}}),
+    "mellum-default": ("mellum", {"n_layer": 4, "keys": {"sliding_window_pattern": None}}),   # 3 of 4 windowed
     "granite_swa": ("granite_swa", {}),            # sinks, window flags, rope flags
     "granite_swa-moe": ("granite_swa", {"experts": 8}),   # fused experts and shared expert                  # MLA, fused ffn_gate_up_exps, attention temperature
     "deepseek2-v3-groups": ("deepseek2", {"q_lora": 256, "sigmoid": True,     # + 4 expert groups, 2 kept

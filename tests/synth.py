@@ -753,6 +753,17 @@ def write_qwen3moe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     return write_model(path, qtype=qtype, qk_norm=True, **kw)
 
 
+def write_mellum(path: str | Path, qtype: QT = QT.Q8_0, yarn: bool = False, **kw) -> str:
+    """Mellum: Qwen3-MoE with a window of 8 in layer 0 of 2 (sliding_window_pattern: keys to set
+    other flags, None to write none: layers 0-2 of every 4 windowed); 16 experts of 256, 4 chosen; yarn: YaRN (factor 4 over 16 positions) in the
+    global layers, unscaled RoPE in the windowed."""
+    keys = {"sliding_window": 8, "sliding_window_pattern": [True, False], **kw.pop("keys", {})}
+    if yarn:
+        keys.update(rope_scaling_type=gguf.RopeScalingType.YARN, rope_scaling_factor=4.0,
+                    rope_scaling_orig_ctx_len=16)
+    return write_qwen3moe(path, qtype, arch="mellum", keys={k: v for k, v in keys.items() if v is not None}, **kw)
+
+
 def write_qwen2moe(path: str | Path, qtype: QT = QT.Q8_0, **kw) -> str:
     """Qwen2-MoE: Qwen 2's biases, 8 experts of 256, 2 chosen, and a gated shared expert of 512."""
     kw.setdefault("experts", 8)
@@ -2054,7 +2065,7 @@ WRITERS = {"llama": write_llama, "bert": write_bert, "nomic-bert": write_nomic_b
            "maincoder": functools.partial(write_llama, arch="maincoder", qk_norm=True),
            "nanbeige": functools.partial(write_llama, arch="nanbeige"), "plm": write_plm,
            "mistral4": write_mistral4, "exaone-moe": write_exaone_moe,
-           "granite_swa": write_granite_swa}
+           "granite_swa": write_granite_swa, "mellum": write_mellum}
 
 
 def _gguf_string(x: str) -> bytes:

@@ -1176,7 +1176,8 @@ def close_enough(got, ref, float_weights, moe=False):
                                           ("qwen", QT.Q8_0), ("codeshell", QT.Q4_K), ("jais2", QT.Q8_0),
                                           ("maincoder", QT.Q4_K), ("nanbeige", QT.Q8_0),
                                           ("plm", QT.Q8_0), ("mistral4", QT.Q4_K),
-                                          ("exaone-moe", QT.Q8_0), ("granite_swa", QT.Q8_0)],
+                                          ("exaone-moe", QT.Q8_0), ("granite_swa", QT.Q8_0),
+                                          ("mellum", QT.Q4_K)],
                          ids=lambda x: getattr(x, "name", x))
 def test_model_on_gpu_matches_the_core(devices, tmp_path, family, qtype):
     """300 positions over shuffled 16-position blocks: several attention tiles,

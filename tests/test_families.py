@@ -168,6 +168,8 @@ FAMILIES = {
     "exaone-moe": (synth.write_exaone_moe, {}),              # window in layers 0-2, layer 3 global NoPE; MTP not run
     "exaone-moe-pattern": (synth.write_exaone_moe, {"pattern": [True, False, True, True]}),
     "mistral4": (synth.write_mistral4, {}),
+    "mellum": (synth.write_mellum, {}),                       # Qwen3-MoE with a window in layer 0
+    "mellum-yarn": (synth.write_mellum, {"yarn": True, "keys": {"sliding_window_pattern": [False, True]}}),
     "granite_swa": (synth.write_granite_swa, {}),              # sinks, window in layers 0, 2, 3, NoPE layer 2
     "granite_swa-moe": (synth.write_granite_swa, {"experts": 8}),   # + fused experts, fused shared expert                  # MLA, fused ffn_gate_up_exps, attention temperature
 }
@@ -1139,6 +1141,16 @@ def test_granite_swa_layers_and_errors(tmp_path):
             ({"granite_swa.deepstack_mapping": np.array([-1, 1, -1, -1], np.int32)}, UnsupportedModelError, "deepstack")):
         with pytest.raises(error, match=match):
             load_architecture(ModelFile(synth.rewrite_metadata(p, tmp_path / "e.gguf", change)))
+
+
+def test_mellum_layers(tmp_path):
+    p = synth.write_mellum(tmp_path / "m.gguf", QT.F32, yarn=True, n_layer=4, keys={"sliding_window_pattern": None})
+    arch = load_architecture(ModelFile(p))
+    assert [arch.layer_window(i) for i in range(4)] == [8, 8, 8, 0]   # the default pattern: 3 of every 4
+    assert arch.layer_rope(0).factors is None and arch.layer_rope(3).factors is not None   # YaRN in global layers
+    # and its attention factor (llama.cpp's: m = 1 + 0.1 ln 4 on q and k), which windowed layers do without
+    assert arch.layer_attn_scale(0) == pytest.approx(1 / math.sqrt(128))
+    assert arch.layer_attn_scale(3) == pytest.approx((1 + 0.1 * math.log(4)) ** 2 / math.sqrt(128))
 
 
 def test_deepseek2_errors(tmp_path):

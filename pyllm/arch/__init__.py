@@ -40,7 +40,7 @@ from .olmo2 import Olmo, Olmo2, Olmoe
 from .phi2 import Phi2
 from .phi3 import Phi3
 from .qwen2 import Qwen2, Qwen2Moe, Qwen2VL
-from .qwen3 import Dots1, Qwen3, Qwen3Moe, Qwen3VL, Qwen3VLMoe
+from .qwen3 import Dots1, Mellum, Qwen3, Qwen3Moe, Qwen3VL, Qwen3VLMoe
 from .qwen35 import Qwen35, Qwen35Moe, Qwen3Next
 from .rwkv import Arwkv7, Rwkv6, Rwkv6Qwen2, Rwkv7
 from .smallthinker import SmallThinker
@@ -76,6 +76,7 @@ ARCHITECTURES: dict[str, type[Architecture]] = {
     "exaone": Exaone,
     "exaone4": Exaone4,
     "exaone-moe": ExaoneMoe,
+    "mellum": Mellum,
     "qwen3moe": Qwen3Moe,
     "olmoe": Olmoe,
     "granitemoe": GraniteMoe,

@@ -11,10 +11,14 @@ no biases, no sliding window.
 """
 from __future__ import annotations
 
+import math
+
 from ..graph import ROPE_NEOX
 from ..errors import ModelFileError
-from .base import Architecture, Layer, MRope, SharedExpertsMoe
+from .base import Architecture, Layer, MRope, Rope, SharedExpertsMoe, sliding_layers
 from .llama import Llama
+
+SWA_PERIOD = 4   # Mellum: layers 0-2 of every 4 windowed, unless the file's pattern says otherwise
 
 
 class Qwen3(Llama):
@@ -42,6 +46,31 @@ class Qwen3Moe(Qwen3):
 
     def expert_width(self, k: int) -> int:
         return int(self.mf.arch_require("expert_feed_forward_length"))
+
+
+class Mellum(Qwen3Moe):
+    """Mellum (`mellum`: JetBrains' Mellum 2 12B-A2.5B): Qwen 3 MoE with, where
+    attention.sliding_window is set, windowed layers: those sliding_window_pattern flags (default
+    3 of every 4) attend over the window with RoPE unscaled (no YaRN, no factors, as llama.cpp
+    turns them), the others over the whole context with the file's RoPE scaling."""
+    name = "mellum"
+    experts = "required"
+
+    def __init__(self, mf, n_ctx=None):
+        super().__init__(mf, n_ctx)
+        self.window, self.is_swa = sliding_layers(mf, self.hp.n_layer, SWA_PERIOD)
+
+    def layer_window(self, i: int) -> int:
+        return self.window if self.is_swa[i] else 0
+
+    def layer_rope(self, i: int) -> Rope:
+        if self.is_swa[i]:
+            return Rope(self.rope_mode, self.hp.rope_dim, self.hp.rope_base)
+        return super().layer_rope(i)
+
+    def layer_attn_scale(self, i: int) -> float:
+        """1/sqrt(head_dim) in windowed layers: their RoPE has no attention factor to fold in."""
+        return 1.0 / math.sqrt(self.hp.head_dim) if self.is_swa[i] else self.attn_scale
 
 
 class DeepStack:
