@@ -22,7 +22,7 @@ def quantize(
                                          "matrices F32, F16 or BF16")],
     output: Annotated[str, typer.Argument(help="the .gguf file to write")],
     type: Annotated[str, typer.Argument(help="Q4_K_M (the usual choice), Q4_K_S, Q5_K_M, Q5_K_S, Q6_K, Q8_0, "
-                                        "Q4_0, Q4_1, Q5_0, Q5_1, Q3_K_L, Q3_K_M, Q3_K_S, Q2_K, F16 or BF16")],
+                                        "Q4_0, Q4_1, Q5_0, Q5_1, Q3_K_L, Q3_K_M, Q3_K_S, Q2_K, IQ4_XS, IQ4_NL, F16 or BF16")],
     allow_requantize: Annotated[bool, typer.Option("--allow-requantize", help="quantize matrices that are already "
                                                    "quantized (from their dequantized values; it loses more)")] = False,
     pure: Annotated[bool, typer.Option("--pure", help="every matrix in TYPE: no Q6_K output, no _M mix")] = False,

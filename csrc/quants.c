@@ -21,6 +21,7 @@
  *   Q4_K/Q5_K: 4 chunks of 64; in chunk c, element 32*s + l is
  *     (qs[32*c + l] >> 4*s) & 15; Q5_K bit 4 of element 32*i + l is
  *     (qh[l] >> i) & 1. 8 sub-blocks of 32, each with a 6-bit scale and min.
+ *   IQ4_XS: 8 sub-blocks of 32, sub-block ib laid out as an IQ4_NL block at qs + 16*ib.
  *   Q6_K: 2 halves of 128; in half h, element 32*s + l (s < 4, l < 32) takes
  *     its low nibble from ql[64*h + l + 32*(s&1)] (>> 4 when s >= 2) and its
  *     2 high bits from (qh[32*h + l] >> 2*s) & 3; value - 32. 16 sub-blocks of 16.
@@ -202,6 +203,13 @@ static inline void dequant_book(const uint8_t *qs, const int8_t *book, float d, 
 static void dequant_iq4_nl(const void *restrict w, float *restrict out, int64_t n) {
     const block_iq4_nl *b = w;
     for (int64_t i = 0; i < n / QK; i++, out += QK) dequant_book(b[i].qs, kvalues_iq4nl, F16(b[i].d), out);
+}
+
+static void dequant_iq4_xs(const void *restrict w, float *restrict out, int64_t n) {
+    const block_iq4_xs *b = w;
+    for (int64_t i = 0; i < n / QK_K; i++)
+        for (int ib = 0; ib < QK_K / QK; ib++, out += QK)
+            dequant_book(b[i].qs + 16 * ib, kvalues_iq4nl, F16(b[i].d) * (float)iq4_xs_scale(&b[i], ib), out);
 }
 
 static void dequant_mxfp4(const void *restrict w, float *restrict out, int64_t n) {
@@ -519,6 +527,20 @@ static float vec_dot_mxfp4(int64_t n, const void *restrict w, const void *restri
     return sum;
 }
 
+/* IQ4_XS: per super-block, sum_ib (ls_ib - 32) * dot_book(sub-block ib) in int */
+static float vec_dot_iq4_xs(int64_t n, const void *restrict w, const void *restrict a) {
+    const block_iq4_xs *x = w;
+    const block_q8_K *y = a;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int isum = 0;
+        for (int ib = 0; ib < QK_K / QK; ib++)
+            isum += iq4_xs_scale(&x[i], ib) * dot_book(x[i].qs + 16 * ib, kvalues_iq4nl, y[i].qs + QK * ib);
+        sum += y[i].d * F16(x[i].d) * (float)isum;
+    }
+    return sum;
+}
+
 /* K-quants: per super-block, sum_sb scale_sb * sum(q * a) in int, the min
  * term from the activation's 16-element sums (bsums). */
 static float vec_dot_q2_K(int64_t n, const void *restrict w, const void *restrict a) {
@@ -748,6 +770,7 @@ static const type_traits TRAITS[T_COUNT] = {
     [T_Q8_0] = {"Q8_0", QK, sizeof(block_q8_0), ACT_Q8_32},
     [T_IQ4_NL] = {"IQ4_NL", QK, sizeof(block_iq4_nl), ACT_Q8_32},
     [T_MXFP4] = {"MXFP4", QK, sizeof(block_mxfp4), ACT_Q8_32},
+    [T_IQ4_XS] = {"IQ4_XS", QK_K, sizeof(block_iq4_xs), ACT_Q8_K},
     [T_Q2_K] = {"Q2_K", QK_K, sizeof(block_q2_K), ACT_Q8_K},
     [T_Q3_K] = {"Q3_K", QK_K, sizeof(block_q3_K), ACT_Q8_K},
     [T_Q4_K] = {"Q4_K", QK_K, sizeof(block_q4_K), ACT_Q8_K},
@@ -762,6 +785,7 @@ _Static_assert(sizeof(block_q5_1) == 24, "q5_1");
 _Static_assert(sizeof(block_q8_0) == 34, "q8_0");
 _Static_assert(sizeof(block_iq4_nl) == 18, "iq4_nl");
 _Static_assert(sizeof(block_mxfp4) == 17, "mxfp4");
+_Static_assert(sizeof(block_iq4_xs) == 136, "iq4_xs");
 _Static_assert(sizeof(block_q2_K) == 84, "q2_K");
 _Static_assert(sizeof(block_q3_K) == 110, "q3_K");
 _Static_assert(sizeof(block_q4_K) == 144, "q4_K");
@@ -804,6 +828,7 @@ void kernels_fill_scalar(kernel_table *t) {
     SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
     SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
     SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K) SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K)
+    SET(T_IQ4_XS, iq4_xs)
 #undef SET
     /* no scalar gemv: the matmul loops over vec_dot */
     t->quantize_act[ACT_F32] = quantize_f32;

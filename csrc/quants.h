@@ -23,7 +23,7 @@
 enum {
     T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7,
     T_Q8_0 = 8, T_Q8_1 = 9, T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12,
-    T_Q5_K = 13, T_Q6_K = 14, T_Q8_K = 15, T_IQ4_NL = 20, T_BF16 = 30,
+    T_Q5_K = 13, T_Q6_K = 14, T_Q8_K = 15, T_IQ4_NL = 20, T_IQ4_XS = 23, T_BF16 = 30,
     T_MXFP4 = 39, T_COUNT = 40
 };
 
@@ -59,6 +59,19 @@ typedef struct {
 typedef struct {
     uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; f16_t d;
 } block_q6_K;                                                              /* 210 B */
+
+/* IQ4_XS: IQ4_NL's values in super-blocks of 256: 8 sub-blocks of 32, each
+ * with a 6-bit scale ls (low 4 bits in scales_l, high 2 in scales_h);
+ * w = d (ls - 32) kvalues[nibble], the nibbles of each sub-block laid out
+ * as an IQ4_NL block's (qs[16 ib + j]: elements j and j + 16) */
+typedef struct {
+    f16_t d; uint16_t scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2];
+} block_iq4_xs;                                                            /* 136 B */
+
+/* the signed 6-bit scale (ls - 32, -32..31) of IQ4_XS sub-block ib (0..7) */
+static inline int iq4_xs_scale(const block_iq4_xs *b, int ib) {
+    return (((b->scales_l[ib / 2] >> 4 * (ib % 2)) & 0x0f) | (((b->scales_h >> 2 * ib) & 3) << 4)) - 32;
+}
 
 /* facts of the 32-element formats the SIMD kernels build on, by name:
  * HAS_MIN_x: a block has a min m (w = d q + m); SIGNED_x: the quants are

@@ -21,13 +21,16 @@ types offered here:
   outputs and down-projections Q3_K; Q3_K_M the first 2 value projections
   Q5_K and the rest Q4_K, the attention outputs and down-projections Q4_K
   (Q5_K for the first sixteenth of the latter); Q3_K_L all three Q5_K;
-  Q3_K_S nothing; models of 8 experts get Q8_0 value and key projections;
+  Q3_K_S nothing; IQ4_NL and IQ4_XS give the value projections Q5_K (with 4+
+  query heads per KV head) and, without an importance matrix, the first eighth
+  of the down-projections Q5_K; models of 8 experts get Q8_0 value and key projections;
 - a row length the type's block does not divide falls back as llama.cpp
-  does (Q2_K, Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; then F16).
+  does (Q2_K, Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0,
+  IQ4_XS -> IQ4_NL; then F16).
 
 The legacy formats (Q4_0 ... Q8_0, BF16) are quantized by the gguf package's
 reference quantizers (the same bytes as llama.cpp's); the K formats by
-pyllm.kquants.
+pyllm.kquants, IQ4_NL and IQ4_XS by pyllm.iquants (llama.cpp's bytes too).
 """
 from __future__ import annotations
 
@@ -50,9 +53,10 @@ FTYPES: dict[str, tuple[T, int]] = {
     "Q4_K_S": (T.Q4_K, 14), "Q4_K_M": (T.Q4_K, 15), "Q5_K_S": (T.Q5_K, 16), "Q5_K_M": (T.Q5_K, 17),
     "Q6_K": (T.Q6_K, 18),
     "Q2_K": (T.Q2_K, 10), "Q3_K_S": (T.Q3_K, 11), "Q3_K_M": (T.Q3_K, 12), "Q3_K_L": (T.Q3_K, 13),
+    "IQ4_NL": (T.IQ4_NL, 25), "IQ4_XS": (T.IQ4_XS, 30),
 }
 FLOAT_SOURCES = (T.F32, T.F16, T.BF16)
-FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}
+FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.IQ4_XS: T.IQ4_NL}
 QUANTIZATION_VERSION = 2    # general.quantization_version of files with quantized tensors
 
 _KEEP = re.compile(r"_norm\.weight$|ffn_gate_inp\.weight$|^pos(ition)?_embd\.|^token_types\.|ssm_conv1d|"
@@ -86,7 +90,7 @@ class Plan:
 
 
 TENSOR_TYPES = {t.name: t for t in (T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K,
-                                     T.Q4_K, T.Q5_K, T.Q6_K)}
+                                     T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS)}
 
 
 def tensor_type(name: str, what: str) -> T:
@@ -203,6 +207,8 @@ def _mixed_type(name: str, row: int, mix: Mix) -> T:
             new = T.Q6_K
         elif ftype == "Q4_K_S" and i < 4:
             new = T.Q5_K
+        elif ftype in ("IQ4_NL", "IQ4_XS") and mix.n_gqa >= 4:
+            new = T.Q5_K
         return T.Q8_0 if mix.n_expert == 8 else new
     if name.endswith("attn_k.weight"):
         return T.Q8_0 if mix.n_expert == 8 else default
@@ -218,6 +224,8 @@ def _mixed_type(name: str, row: int, mix: Mix) -> T:
             if mix.falcon:
                 return T.Q6_K if layer < n // 16 else T.Q5_K if _more_bits(layer, n) else T.Q4_K
             return T.Q6_K if _more_bits(layer, n) else default
+        if ftype in ("IQ4_NL", "IQ4_XS") and layer < n // 8 and not mix.has_imatrix:
+            return T.Q5_K
         if ftype == "Q5_K_M" and _more_bits(layer, n):
             return T.Q6_K
         if ftype == "Q4_K_S" and not mix.falcon and layer < n // 8:
@@ -228,7 +236,7 @@ def _mixed_type(name: str, row: int, mix: Mix) -> T:
         if mix.falcon:
             return T.Q4_K if ftype == "Q3_K_L" else default
         if mix.n_expert == 8:
-            return T.Q5_K if ftype in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M") else default
+            return T.Q5_K if ftype in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M", "IQ4_NL", "IQ4_XS") else default
         return {"Q2_K": T.Q3_K, "Q3_K_M": T.Q4_K, "Q3_K_L": T.Q5_K}.get(ftype, default)
     elif name.endswith("attn_qkv.weight"):
         return {"Q3_K_M": T.Q4_K, "Q3_K_L": T.Q4_K, "Q4_K_M": T.Q5_K, "Q5_K_M": T.Q6_K}.get(ftype, default)
@@ -274,6 +282,10 @@ def quantizer(new: T, importance: Optional[np.ndarray] = None) -> Callable[[np.n
         k_quantize = {T.Q2_K: kquants.quantize_q2_k, T.Q3_K: kquants.quantize_q3_k, T.Q4_K: kquants.quantize_q4_k,
                       T.Q5_K: kquants.quantize_q5_k, T.Q6_K: kquants.quantize_q6_k}[new]
         return k_quantize if importance is None else lambda x: k_quantize(x, importance)
+    if new in I_TYPES:
+        from . import iquants
+        i_quantize = iquants.quantize_iq4_nl if new == T.IQ4_NL else iquants.quantize_iq4_xs
+        return lambda x: i_quantize(x, importance)
     from gguf.quants import quantize
     return lambda x: quantize(x, new)
 
@@ -287,8 +299,9 @@ CHUNK_ELEMENTS = 1 << 24   # floats converted at a time: bounds memory on large 
 
 
 K_TYPES = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K)
+I_TYPES = (T.IQ4_NL, T.IQ4_XS)
 LEGACY_WEIGHTED = {T.Q4_0: "q4_0", T.Q4_1: "q4_1", T.Q5_0: "q5_0", T.Q5_1: "q5_1"}
-WEIGHTED_TYPES = (*K_TYPES, *LEGACY_WEIGHTED)   # the types whose quantizers take an importance matrix (not Q8_0)
+WEIGHTED_TYPES = (*K_TYPES, *I_TYPES, *LEGACY_WEIGHTED)   # the types whose quantizers take an importance matrix (not Q8_0)
 
 
 def write_tensor(f, t, new: T, importance: Optional[np.ndarray] = None) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf.constants import GGMLQuantizationType as QT
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as QT
 
 import synth
 from pyllm.arch import load_architecture
@@ -49,7 +49,7 @@ from pyllm.model_file import ModelFile, Tensor
 GPU_OK, WHY = cuda.available()
 
 ALL_TYPES = [QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.IQ4_NL, QT.MXFP4,
-             QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K]
+             QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS]
 
 
 # -- without a GPU ----------------------------------------------------------------------------------
@@ -380,7 +380,7 @@ def run_both(devices, g, inputs: dict, n: int, outputs, table=(0,), pos=None, to
 def test_matmul_matches_the_core(devices, qtype, rows):
     # 17 blocks of 32: groups of 16 past the last run of 4 (mmv) and tile of 8 (mmq), and rows
     # that start 2 bytes past a 4-byte boundary (the 2-byte aligned loads)
-    n_in = 512 if qtype in (QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K) else 544
+    n_in = 512 if GGML_QUANT_SIZES[qtype][0] == 256 else 544
     n_out = 203                               # not a multiple of any tile (4 rows, 64 rows)
     w = tensor(qtype, n_in, n_out, e_range=(118, 124))   # MXFP4: a range in which every block counts
     bias = np.random.default_rng(5).standard_normal(n_out).astype(np.float32)

@@ -73,8 +73,15 @@ def test_the_mixes(f32_model):
         assert plan(m, "Q4_0", has_imatrix=True).types["blk.0.ffn_down.weight"] == QT.Q4_1
         assert plan(m, "Q5_0", has_imatrix=True).types["blk.0.ffn_down.weight"] == QT.Q5_1
         assert plan(m, "Q5_0", has_imatrix=True).types["blk.1.ffn_down.weight"] == QT.Q5_0
+        # the 4-bit i-quants: without an importance matrix, the first eighth of the down-projections Q5_K
+        iq4xs = plan(m, "IQ4_XS").types
+        assert iq4xs["output.weight"] == QT.Q6_K and iq4xs["blk.3.attn_q.weight"] == QT.IQ4_XS
+        assert [iq4xs[f"blk.{i}.ffn_down.weight"] for i in range(8)] == [QT.Q5_K] + [QT.IQ4_XS] * 7
+        assert iq4xs["blk.0.attn_v.weight"] == QT.IQ4_XS   # 2 query heads per KV head (4+: Q5_K, below)
+        assert plan(m, "IQ4_XS", has_imatrix=True).types["blk.0.ffn_down.weight"] == QT.IQ4_XS
+        assert plan(m, "IQ4_NL").types["blk.0.ffn_down.weight"] == QT.Q5_K
         with pytest.raises(InvalidArgumentError, match="unknown type"):
-            plan(m, "IQ4_XS")
+            plan(m, "IQ3_XXS")
     finally:
         m.close()
 
@@ -85,6 +92,7 @@ def test_q2_k_value_projections_with_grouped_heads(tmp_path):
     m = ModelFile(path)
     try:
         assert plan(m, "Q2_K").types["blk.1.attn_v.weight"] == QT.Q4_K
+        assert plan(m, "IQ4_XS").types["blk.1.attn_v.weight"] == QT.Q5_K
     finally:
         m.close()
 
@@ -102,17 +110,18 @@ def test_a_row_the_blocks_do_not_divide_falls_back(tmp_path):
         assert t["blk.1.attn_v.weight"] == QT.Q8_0         # Q6_K -> Q8_0
         assert t["blk.1.ffn_down.weight"] == QT.Q8_0       # rows of 544, Q6_K -> Q8_0
         assert plan(m, "Q3_K_S").types["blk.1.attn_q.weight"] == QT.Q4_0   # Q3_K -> Q4_0
+        assert plan(m, "IQ4_XS").types["blk.1.attn_q.weight"] == QT.IQ4_NL  # IQ4_XS -> IQ4_NL
     finally:
         m.close()
 
 
 # every format's relative RMS error on these random weights (measured, with margin)
 ERROR = {QT.F16: 1e-3, QT.BF16: 5e-3, QT.Q8_0: 0.01, QT.Q6_K: 0.03, QT.Q5_1: 0.05, QT.Q5_0: 0.06, QT.Q5_K: 0.05,
-         QT.Q4_1: 0.1, QT.Q4_0: 0.12, QT.Q4_K: 0.1, QT.Q3_K: 0.18, QT.Q2_K: 0.34}
+         QT.Q4_1: 0.1, QT.Q4_0: 0.12, QT.Q4_K: 0.1, QT.Q3_K: 0.18, QT.Q2_K: 0.34, QT.IQ4_NL: 0.1, QT.IQ4_XS: 0.1}
 
 
 @pytest.mark.parametrize("ftype", ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q6_K", "Q5_K_M",
-                                   "Q4_K_M", "Q4_K_S", "Q3_K_L", "Q3_K_M", "Q3_K_S", "Q2_K"])
+                                   "Q4_K_M", "Q4_K_S", "Q3_K_L", "Q3_K_M", "Q3_K_S", "Q2_K", "IQ4_NL", "IQ4_XS"])
 def test_the_file_decodes_to_its_source(f32_model, tmp_path, ftype):
     """The written file: the metadata as it was (file type changed), every tensor of the planned type
     decoding to its source within the format's error, vectors copied bit for bit."""
@@ -122,7 +131,8 @@ def test_the_file_decodes_to_its_source(f32_model, tmp_path, ftype):
     try:
         assert got.get("general.file_type") == {"F16": 1, "BF16": 32, "Q8_0": 7, "Q4_0": 2, "Q4_1": 3, "Q5_0": 8,
                                                  "Q5_1": 9, "Q6_K": 18, "Q5_K_M": 17, "Q4_K_M": 15, "Q4_K_S": 14,
-                                                 "Q3_K_L": 13, "Q3_K_M": 12, "Q3_K_S": 11, "Q2_K": 10}[ftype]
+                                                 "Q3_K_L": 13, "Q3_K_M": 12, "Q3_K_S": 11, "Q2_K": 10,
+                                                 "IQ4_NL": 25, "IQ4_XS": 30}[ftype]
         for key in src.metadata:
             if key != "general.file_type":
                 assert src.metadata_entry(key) == got.metadata_entry(key), key
@@ -171,7 +181,7 @@ def test_pyllm_quantize_cli(f32_model, tmp_path):
     assert "Q4_K_M" in r.stderr and "Q6_K" in r.stderr and r.stdout == ""
     r = pyllm("run", "-m", str(out), "-p", "hello", "-n", "4", "--temp", "0", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["generated_tokens"] >= 1, r.stderr
-    one_error_line(pyllm("quantize", f32_model, str(tmp_path / "y.gguf"), "iq4_xs"), "unknown type")
+    one_error_line(pyllm("quantize", f32_model, str(tmp_path / "y.gguf"), "iq2_xxs"), "unknown type")
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 0))
     one_error_line(pyllm("quantize", str(bad), str(tmp_path / "z.gguf"), "q8_0"))
@@ -201,7 +211,7 @@ def test_output_and_embedding_types_can_be_chosen(f32_model, tmp_path):
         m.close()
     assert tensor_type("q8_0", "x") == QT.Q8_0
     with pytest.raises(InvalidArgumentError, match="--output-tensor-type must be one of"):
-        tensor_type("iq4_xs", "--output-tensor-type")
+        tensor_type("iq2_xxs", "--output-tensor-type")
     from test_cli import pyllm
     r = pyllm("quantize", f32_model, str(tmp_path / "o.gguf"), "Q4_0", "--output-tensor-type", "f16",
               "--token-embedding-type", "q8_0")

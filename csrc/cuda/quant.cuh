@@ -187,6 +187,7 @@ template <> struct fmt<T_Q3_K> { static constexpr int block = 256, bytes = 110, 
 template <> struct fmt<T_Q4_K> { static constexpr int block = 256, bytes = 144, act = ACT_Q8_K; };
 template <> struct fmt<T_Q5_K> { static constexpr int block = 256, bytes = 176, act = ACT_Q8_K; };
 template <> struct fmt<T_Q6_K> { static constexpr int block = 256, bytes = 210, act = ACT_Q8_K; };
+template <> struct fmt<T_IQ4_XS> { static constexpr int block = 256, bytes = 136, act = ACT_Q8_K; };
 template <> struct fmt<T_F32> { static constexpr int block = 1, bytes = 4, act = ACT_F32; };
 template <> struct fmt<T_F16> { static constexpr int block = 1, bytes = 2, act = ACT_F32; };
 template <> struct fmt<T_BF16> { static constexpr int block = 1, bytes = 2, act = ACT_F32; };
@@ -270,6 +271,22 @@ template <> PQ_HD void unpack16<T_IQ4_NL>(const uint8_t *row, int g, int q[4], f
     const uint8_t *blk = row + (size_t)(g >> 1) * 18;
     kvalues16<T_IQ4_NL, 2>(blk + 2, (g & 1) * 4, q);
     a = ld_f16a(blk);
+    b = 0.0f;
+}
+
+/* IQ4_XS: the signed 6-bit scale ls - 32 of sub-block ib (0..7) of the block at b (d, scales_h, scales_l) */
+PQ_HD int scale_iq4xs(const uint8_t *b, int ib) {
+    const int lo = (b[4 + ib / 2] >> (4 * (ib & 1))) & 0x0f, hi = ((b[2] | b[3] << 8) >> (2 * ib)) & 3;
+    return (lo | hi << 4) - 32;
+}
+
+/* IQ4_XS: 8 sub-blocks of 32, sub-block ib laid out as an IQ4_NL block's nibbles at qs + 16 ib;
+ * w = d (ls - 32) kvalues[nibble] */
+template <> PQ_HD void unpack16<T_IQ4_XS>(const uint8_t *row, int g, int q[4], float &a, float &b) {
+    const uint8_t *blk = row + (size_t)(g >> 4) * 136;
+    const int ib = (g & 15) >> 1;
+    kvalues16<T_IQ4_NL, 4>(blk + 8 + 16 * ib, (g & 1) * 4, q);
+    a = ld_f16a(blk) * (float)scale_iq4xs(blk, ib);
     b = 0.0f;
 }
 
@@ -400,6 +417,11 @@ PQ_HD float dequant(int type, const uint8_t *row, int64_t k) {
     case T_IQ4_NL: {
         const uint8_t *b = row + (k >> 5) * 18;
         return mul_rn(ld_f16(b), (float)kvalue<T_IQ4_NL>(nib(b + 2, (int)(k & 31))));
+    }
+    case T_IQ4_XS: {
+        const uint8_t *b = row + (k >> 8) * 136;
+        const int e = (int)(k & 255), ib = e >> 5;
+        return mul_rn(mul_rn(ld_f16(b), (float)scale_iq4xs(b, ib)), (float)kvalue<T_IQ4_NL>(nib(b + 8 + 16 * ib, e & 31)));
     }
     case T_MXFP4: {
         const uint8_t *b = row + (k >> 5) * 17;

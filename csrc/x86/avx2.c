@@ -614,6 +614,34 @@ INLINE void step_q3_K(const block_q3_K *x, const block_q8_K *y, __m256 *acc) {
     ktile_q3_K(1, 1, (const uint8_t *)(const void *)x, &y, acc);
 }
 
+/* IQ4_XS: per sub-block of 32, its nibbles looked up in the book (signed
+ * bytes) and multiplied as |w| x sign-adjusted a (vpmaddubsw: a pair of
+ * products stays within int16), the int16 pairs times the sub-block's scale
+ * ls - 32 added in int32; d * da once per super-block, as Q3_K */
+INLINE void ktile_iq4_xs(const int T, int64_t nsb, const uint8_t *xr, const block_q8_K *const *y, __m256 *acc) {
+    for (int64_t i = 0; i < nsb; i++) {
+        const block_iq4_xs *x = (const block_iq4_xs *)(const void *)xr + i;
+        __m256i sumi[4];
+        for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();
+        for (int ib = 0; ib < QK_K / QK; ib++) {
+            const __m256i v = book_values(x->qs + 16 * ib, kvalues_iq4nl);
+            const __m256i av = _mm256_sign_epi8(v, v);
+            const __m256i sc = _mm256_set1_epi16((short)iq4_xs_scale(x, ib));
+            for (int t = 0; t < T; t++) {
+                const __m256i aq = _mm256_loadu_si256((const __m256i *)(y[t][i].qs + QK * ib));
+                sumi[t] = madd_acc(sumi[t], _mm256_maddubs_epi16(av, _mm256_sign_epi8(aq, v)), sc);
+            }
+        }
+        const float d = _cvtsh_ss(x->d);
+        for (int t = 0; t < T; t++)
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y[t][i].d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+    }
+}
+
+INLINE void step_iq4_xs(const block_iq4_xs *x, const block_q8_K *y, __m256 *acc) {
+    ktile_iq4_xs(1, 1, (const uint8_t *)(const void *)x, &y, acc);
+}
+
 #define DEFINE_QK(name, block_t)                                                                      \
     static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {          \
         const block_t *x = w;                                                                          \
@@ -648,6 +676,7 @@ DEFINE_QK(q3_K, block_q3_K)
 DEFINE_QK(q4_K, block_q4_K)
 DEFINE_QK(q5_K, block_q5_K)
 DEFINE_QK(q6_K, block_q6_K)
+DEFINE_QK(iq4_xs, block_iq4_xs)
 
 /* K-quant gemm: one weight row against T activation rows at a time. Each
  * 32-element group of a super-block is decoded once (nibbles, 5th bits,
@@ -751,6 +780,7 @@ DEFINE_QK_GEMM(q3_K, block_q3_K)
 DEFINE_QK_GEMM(q4_K, block_q4_K)
 DEFINE_QK_GEMM(q5_K, block_q5_K)
 DEFINE_QK_GEMM(q6_K, block_q6_K)
+DEFINE_QK_GEMM(iq4_xs, block_iq4_xs)
 
 
 /* ------------------------------------------------------------------ */
@@ -898,6 +928,14 @@ static void dequant_iq4_nl(const void *restrict w, float *restrict out, int64_t 
     for (int64_t i = 0; i < n / QK; i++, out += QK)
         store_scaled(out, book_values(x[i].qs, kvalues_iq4nl), _mm256_set1_ps(_cvtsh_ss(x[i].d)),
                      _mm256_setzero_ps(), 0);
+}
+
+static void dequant_iq4_xs(const void *restrict w, float *restrict out, int64_t n) {
+    const block_iq4_xs *x = w;
+    for (int64_t i = 0; i < n / QK_K; i++)
+        for (int ib = 0; ib < QK_K / QK; ib++, out += QK)
+            store_scaled(out, book_values(x[i].qs + 16 * ib, kvalues_iq4nl),
+                         _mm256_set1_ps(_cvtsh_ss(x[i].d) * (float)iq4_xs_scale(&x[i], ib)), _mm256_setzero_ps(), 0);
 }
 
 static void dequant_mxfp4(const void *restrict w, float *restrict out, int64_t n) {
@@ -1448,7 +1486,7 @@ void KERNELS_FILL_AVX2(kernel_table *t) {
     SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
     SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
     SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K) SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K)
-    SET(T_F16, f16) SET(T_BF16, bf16)
+    SET(T_IQ4_XS, iq4_xs) SET(T_F16, f16) SET(T_BF16, bf16)
 #undef SET
     t->gemm[T_Q4_0] = gemm_q4_0;
     t->gemm[T_Q4_1] = gemm_q4_1;
@@ -1462,6 +1500,7 @@ void KERNELS_FILL_AVX2(kernel_table *t) {
     t->gemm[T_Q4_K] = gemm_q4_K;
     t->gemm[T_Q5_K] = gemm_q5_K;
     t->gemm[T_Q6_K] = gemm_q6_K;
+    t->gemm[T_IQ4_XS] = gemm_iq4_xs;
     /* F32: dequant is a copy (the scalar memcpy) */
     t->vec_dot[T_F32] = vec_dot_f32;
     t->gemv[T_F32] = gemv_f32;

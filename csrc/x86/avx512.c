@@ -1355,17 +1355,29 @@ INLINE void k4_scales(const uint8_t *s, uint32_t sc[2], uint32_t m[2]) {
 #define K_OFF_q6_K 32
 #define K_OFF_q2_K 0
 #define K_OFF_q3_K 4
+#define K_OFF_iq4_xs 128
 #define K_MIN_q4_K 1
 #define K_MIN_q5_K 1
 #define K_MIN_q6_K 0
 #define K_MIN_q2_K 1
 #define K_MIN_q3_K 0
+#define K_MIN_iq4_xs 0
+/* quants past 127 (IQ4_XS: its book + 128, up to 241): vpmaddubsw could saturate, so the
+ * path without VNNI dots them as signed w - 128 and adds 128 sum(a) back (k_dot) */
+#define K_SGN_q4_K 0
+#define K_SGN_q5_K 0
+#define K_SGN_q6_K 0
+#define K_SGN_q2_K 0
+#define K_SGN_q3_K 0
+#define K_SGN_iq4_xs 1
 /* the largest quant: bounds the vpmaddubsw words added in int16 (no VNNI) */
 #define K_GRP_q4_K 4 /* 15 * 128 * 2 * 4 < 32768 */
 #define K_GRP_q5_K 4 /* 31 * 128 * 2 * 4 */
 #define K_GRP_q6_K 2 /* 63 * 128 * 2 * 2 */
 #define K_GRP_q2_K 4
 #define K_GRP_q3_K 4
+#define K_GRP_iq4_xs 1 /* unused: k_dot's signed path */
+#define K_ORD_iq4_xs K_ORD_q6_K
 
 #define IDX8(...) _mm_loadu_si128((const void *)(const int8_t[16]){__VA_ARGS__})
 #define IDX32(...) _mm512_setr_epi32(__VA_ARGS__)
@@ -1479,6 +1491,26 @@ INLINE void dec_q3_K(const void *xb, wKs *W) {
     W->nmin = _mm512_setzero_ps();
 }
 
+/* IQ4_XS: v[q] = elements 64 q .. 64 q + 63 (Q6_K's order), the book + 128;
+ * each 16-element sub-block scaled by d (ls - 32) of its sub-block of 32 */
+INLINE void dec_iq4_xs(const void *xb, wKs *W) {
+    const block_iq4_xs *x = xb;
+    const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kvalues_iq4nl));
+    for (int q = 0; q < 4; q++) {
+        /* 128-bit lanes: qs[32 q : 32 q + 16] low nibbles, high nibbles, then the next 16 bytes' */
+        __m512i z = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(x->qs + 32 * q)));
+        z = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(1, 1, 0, 0));
+        z = _mm512_mask_srli_epi16(z, 0xff00ff00u, z, 4);
+        W->v[q] = _mm512_xor_si512(_mm512_shuffle_epi8(book, _mm512_and_si512(z, _mm512_set1_epi8(0x0f))),
+                                   _mm512_set1_epi8((char)0x80));
+    }
+    int8_t sc[16];
+    for (int s = 0; s < 16; s++) sc[s] = (int8_t)iq4_xs_scale(x, s / 2);
+    W->dsc = _mm512_mul_ps(k_bytes_s(_mm_loadu_si128((const __m128i *)sc), IDX8(K_ORD_iq4_xs)),
+                           _mm512_set1_ps(_cvtsh_ss(x->d)));
+    W->nmin = _mm512_setzero_ps();
+}
+
 /* an activation super-block, arranged for a format: a[q] pairs with the
  * decoded v[q]; seed = -off * bsums, bs = da * bsums (mins), M order */
 typedef struct {
@@ -1507,12 +1539,21 @@ DEFINE_KACT(q5_K, 0, 2, 1, 3, 4, 6, 5, 7)
 DEFINE_KACT(q6_K, 0, 1, 2, 3, 4, 5, 6, 7)
 DEFINE_KACT(q2_K, 0, 4, 1, 5, 2, 6, 3, 7)
 DEFINE_KACT(q3_K, 0, 4, 1, 5, 2, 6, 3, 7)
+DEFINE_KACT(iq4_xs, 0, 1, 2, 3, 4, 5, 6, 7)
+
+/* acc + the 4-product sums of unsigned w and signed a (vpdpbusd); a K_SGN format without
+ * VNNI as (w - 128) x a (dot_s8s8) + 128 x a: no pair of products leaves int16, the same integers */
+INLINE __m512i k_dot(const int vnni, const int sgn, __m512i acc, __m512i w, __m512i a) {
+    if (vnni || !sgn) return dpbusd(vnni, acc, w, a);
+    acc = dot_s8s8(acc, _mm512_xor_si512(w, _mm512_set1_epi8((char)0x80)), a);
+    return dpbusd(0, acc, _mm512_set1_epi8((char)0x80), a);
+}
 
 /* the int32 sums of 4 vpdpbusd-style products per lane (unsigned w, signed a),
- * without VNNI: grp vpmaddubsw words added in int16, then one vpmaddwd */
-INLINE __m512i k_dot4(const int vnni, const int grp, const __m512i *w, const __m512i *a, __m512i acc) {
-    if (vnni) {
-        for (int i = 0; i < 4; i++) acc = _mm512_dpbusd_epi32(acc, w[i], a[i]);
+ * without VNNI: grp vpmaddubsw words added in int16, then one vpmaddwd (K_SGN: k_dot) */
+INLINE __m512i k_dot4(const int vnni, const int sgn, const int grp, const __m512i *w, const __m512i *a, __m512i acc) {
+    if (vnni || sgn) {
+        for (int i = 0; i < 4; i++) acc = k_dot(vnni, sgn, acc, w[i], a[i]);
         return acc;
     }
     const __m512i ones = _mm512_set1_epi16(1);
@@ -1582,7 +1623,7 @@ _Static_assert(GEMM_FEW_COLS * KACT_CHUNK * sizeof(aKs) <= GEMM_SCRATCH, "kfew's
                     wKs W;                                                                                  \
                     dec_##name((const block_t *)(const void *)(w + r * rb) + i, &W);                        \
                     __m512i d[4];                                                                           \
-                    for (int q = 0; q < 4; q++) d[q] = dpbusd(vnni, _mm512_setzero_si512(), W.v[q], A->a[q]); \
+                    for (int q = 0; q < 4; q++) d[q] = k_dot(vnni, K_SGN_##name, _mm512_setzero_si512(), W.v[q], A->a[q]); \
                     const __m512i isum = _mm512_add_epi32(red4i(d[0], d[1], d[2], d[3]), A->seed);          \
                     acc[r] = k_fin(K_MIN_##name, isum, W.dsc, W.nmin, A, acc[r]);                           \
                 }                                                                                           \
@@ -1641,7 +1682,7 @@ _Static_assert(GEMM_FEW_COLS * KACT_CHUNK * sizeof(aKs) <= GEMM_SCRATCH, "kfew's
             } else {                                                                                        \
                 _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                         \
                     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                     \
-                        s[r][t] = k_dot4(0, K_GRP_##name, W[r * nsb + j].v, A[t * nsb + j].v, s[r][t]);     \
+                        s[r][t] = k_dot4(0, K_SGN_##name, K_GRP_##name, W[r * nsb + j].v, A[t * nsb + j].v, s[r][t]); \
             }                                                                                               \
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                             \
                 _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {                                       \
@@ -1687,7 +1728,7 @@ _Static_assert(GEMM_FEW_COLS * KACT_CHUNK * sizeof(aKs) <= GEMM_SCRATCH, "kfew's
                         for (int t = 0; t < ncols; t++) {                                                   \
                             const aKs *A = &Ab[t][i];                                                       \
                             __m512i d[4];                                                                   \
-                            for (int q = 0; q < 4; q++) d[q] = dpbusd(vnni, _mm512_setzero_si512(), W.v[q], A->a[q]); \
+                            for (int q = 0; q < 4; q++) d[q] = k_dot(vnni, K_SGN_##name, _mm512_setzero_si512(), W.v[q], A->a[q]); \
                             const __m512i isum = _mm512_add_epi32(red4i(d[0], d[1], d[2], d[3]), A->seed);  \
                             acc[t] = k_fin(K_MIN_##name, isum, W.dsc, W.nmin, A, acc[t]);                   \
                         }                                                                                   \
@@ -1769,6 +1810,7 @@ DEFINE_K512(q5_K, block_q5_K)
 DEFINE_K512(q6_K, block_q6_K)
 DEFINE_K512(q2_K, block_q2_K)
 DEFINE_K512(q3_K, block_q3_K)
+DEFINE_K512(iq4_xs, block_iq4_xs)
 
 INLINE __mmask16 tail_mask16(int64_t m) { return (__mmask16)_bzhi_u32(0xffffu, (unsigned)(m > 16 ? 16 : m)); }
 
@@ -2134,6 +2176,7 @@ void kernels_fill_avx512(kernel_table *t) {
         SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
         SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
         SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K) SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K)
+        SET(T_IQ4_XS, iq4_xs)
 #undef SET
         for (int T = 0; T < T_COUNT; T++) t->gemm_streams[T] = t->gemm[T] && T != T_F32 && T != T_F16 && T != T_BF16 ? GEMM_FEW_COLS : 0;
     } else {
@@ -2144,10 +2187,11 @@ void kernels_fill_avx512(kernel_table *t) {
         SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
         SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
         SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K) SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K)
+        SET(T_IQ4_XS, iq4_xs)
 #undef SET
         /* without VNNI only the K-quants' gemm has the streaming path (few_* is VNNI's) */
         t->gemm_streams[T_Q4_K] = t->gemm_streams[T_Q5_K] = t->gemm_streams[T_Q6_K] = GEMM_FEW_COLS;
-        t->gemm_streams[T_Q2_K] = t->gemm_streams[T_Q3_K] = GEMM_FEW_COLS;
+        t->gemm_streams[T_Q2_K] = t->gemm_streams[T_Q3_K] = t->gemm_streams[T_IQ4_XS] = GEMM_FEW_COLS;
     }
     t->vec_dot[T_F32] = vec_dot_f32;
     t->gemv[T_F32] = gemv_f32;
