@@ -1377,7 +1377,7 @@ INLINE void k4_scales(const uint8_t *s, uint32_t sc[2], uint32_t m[2]) {
 #define K_GRP_q2_K 4
 #define K_GRP_q3_K 4
 #define K_GRP_iq4_xs 1 /* unused: k_dot's signed path */
-#define K_ORD_iq4_xs K_ORD_q6_K
+#define K_ORD_iq4_xs 0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15
 
 #define IDX8(...) _mm_loadu_si128((const void *)(const int8_t[16]){__VA_ARGS__})
 #define IDX32(...) _mm512_setr_epi32(__VA_ARGS__)
@@ -1491,22 +1491,23 @@ INLINE void dec_q3_K(const void *xb, wKs *W) {
     W->nmin = _mm512_setzero_ps();
 }
 
-/* IQ4_XS: v[q] = elements 64 q .. 64 q + 63 (Q6_K's order), the book + 128;
- * each 16-element sub-block scaled by d (ls - 32) of its sub-block of 32 */
+/* IQ4_XS: v[0], v[1] = the low, high nibbles of qs[0:64] as book values + 128,
+ * v[2], v[3] those of qs[64:128]: 128-bit lane k of v[0] holds elements 0-15
+ * of sub-block k of 32 (v[1] its 16-31, v[2], v[3] sub-block 4 + k's);
+ * each 16-element half scaled by d (ls - 32) of its sub-block */
+static const int8_t iq4_xs_book_u8[16] = {1, 24, 45, 63, 79, 93, 106, 118, -127, -115, -103, -90, -75, -59, -39, -15};
+
 INLINE void dec_iq4_xs(const void *xb, wKs *W) {
     const block_iq4_xs *x = xb;
-    const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kvalues_iq4nl));
-    for (int q = 0; q < 4; q++) {
-        /* 128-bit lanes: qs[32 q : 32 q + 16] low nibbles, high nibbles, then the next 16 bytes' */
-        __m512i z = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(x->qs + 32 * q)));
-        z = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(1, 1, 0, 0));
-        z = _mm512_mask_srli_epi16(z, 0xff00ff00u, z, 4);
-        W->v[q] = _mm512_xor_si512(_mm512_shuffle_epi8(book, _mm512_and_si512(z, _mm512_set1_epi8(0x0f))),
-                                   _mm512_set1_epi8((char)0x80));
-    }
-    int8_t sc[16];
-    for (int s = 0; s < 16; s++) sc[s] = (int8_t)iq4_xs_scale(x, s / 2);
-    W->dsc = _mm512_mul_ps(k_bytes_s(_mm_loadu_si128((const __m128i *)sc), IDX8(K_ORD_iq4_xs)),
+    const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)iq4_xs_book_u8));
+    const __m512i z0 = _mm512_loadu_si512(x->qs), z1 = _mm512_loadu_si512(x->qs + 64);
+    W->v[0] = _mm512_shuffle_epi8(book, nib_lo(z0)), W->v[1] = _mm512_shuffle_epi8(book, nib_hi(z0));
+    W->v[2] = _mm512_shuffle_epi8(book, nib_lo(z1)), W->v[3] = _mm512_shuffle_epi8(book, nib_hi(z1));
+    /* the 8 scales ls - 32 as bytes: the nibbles of scales_l and the bit pairs of scales_h in order */
+    const uint64_t ls = _pdep_u64(ld32(x->scales_l), 0x0f0f0f0f0f0f0f0full) |
+                        _pdep_u64(x->scales_h, 0x0303030303030303ull) << 4;
+    const __m128i s8 = _mm_sub_epi8(_mm_cvtsi64_si128((long long)ls), _mm_set1_epi8(32));
+    W->dsc = _mm512_mul_ps(k_bytes_s(s8, IDX8(0, 0, 4, 4, 1, 1, 5, 5, 2, 2, 6, 6, 3, 3, 7, 7)),   /* K_ORD / 2 */
                            _mm512_set1_ps(_cvtsh_ss(x->d)));
     W->nmin = _mm512_setzero_ps();
 }
@@ -1539,7 +1540,20 @@ DEFINE_KACT(q5_K, 0, 2, 1, 3, 4, 6, 5, 7)
 DEFINE_KACT(q6_K, 0, 1, 2, 3, 4, 5, 6, 7)
 DEFINE_KACT(q2_K, 0, 4, 1, 5, 2, 6, 3, 7)
 DEFINE_KACT(q3_K, 0, 4, 1, 5, 2, 6, 3, 7)
-DEFINE_KACT(iq4_xs, 0, 1, 2, 3, 4, 5, 6, 7)
+/* IQ4_XS's activations: a[0] = elements 0-15 of each 32-element quarter of the first half
+ * (a[1] their 16-31), a[2], a[3] the same of the second half, as dec_iq4_xs's lanes */
+INLINE void act_iq4_xs(const block_q8_K *y, aKs *A) {
+    for (int h = 0; h < 2; h++) {
+        const __m512i lo = _mm512_loadu_si512(y->qs + 128 * h), hi = _mm512_loadu_si512(y->qs + 128 * h + 64);
+        A->a[2 * h] = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(2, 0, 2, 0));
+        A->a[2 * h + 1] = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+    const __m512i b = _mm512_permutexvar_epi32(IDX32(K_ORD_iq4_xs),
+                                               _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)y->bsums)));
+    A->seed = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_mullo_epi32(b, _mm512_set1_epi32(K_OFF_iq4_xs)));
+    A->da = _mm512_set1_ps(y->d);
+    A->bs = _mm512_mul_ps(_mm512_cvtepi32_ps(b), A->da);
+}
 
 /* acc + the 4-product sums of unsigned w and signed a (vpdpbusd); a K_SGN format without
  * VNNI as (w - 128) x a (dot_s8s8) + 128 x a: no pair of products leaves int16, the same integers */
