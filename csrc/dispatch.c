@@ -109,6 +109,7 @@ static void overlay(kernel_table *dst, const kernel_table *src) {
     OV(ssm_scan_row);
     OV(glu_silu);
     OV(glu_gelu_tanh);
+    OV(glu_sigmoid);
     OV(exp_sum);
     OV(softcap);
     OV(axpy_f32);

@@ -68,6 +68,7 @@ int pyllm_kernel_provided(int isa, int kind, int type) {
         case 5: return own.wsum_many_f32 != NULL;
         case 6: return own.wsum_many_f16 != NULL;
         case 9: return own.wsum_many_q8_0 != NULL;
+        case 10: return own.glu_sigmoid != NULL;
         case 7: return own.softcap != NULL;
         case 8: return own.ssm_scan_row != NULL;
         default: return 0;
@@ -169,6 +170,10 @@ int pyllm_kernel_vmath(int isa, int which, int64_t n, const float *a, const floa
     case 1:
         if (!b) return -1;
         (which ? t->glu_gelu_tanh : t->glu_silu)(n, a, b, out);
+        return 0;
+    case 10:
+        if (!b) return -1;
+        t->glu_sigmoid(n, a, b, out);
         return 0;
     case 2:
         if (!sum) return -1;

@@ -267,10 +267,6 @@ static void glu_relu(int64_t n, const float *g, const float *u, float *y) {
 }
 
 /* gated attention's output gate: sigmoid(g) u */
-static void glu_sigmoid(int64_t n, const float *g, const float *u, float *y) {
-    for (int64_t i = 0; i < n; i++) y[i] = u[i] / (1.0f + expf(-g[i]));
-}
-
 /* Apertus's xIELU, p = [alpha_n, alpha_p, beta, eps]: a quadratic for g > 0, an exponential below */
 static void glu_xielu(int64_t n, const float *g, const float *u, float *y, const float *p) {
     for (int64_t i = 0; i < n; i++) {
@@ -299,7 +295,7 @@ void op_glu(const pyllm_op *op, const op_rows *r, int ith, int nth) {
         else if (op->type == GLU_RELU)
             glu_relu(i1 - i0, g + i0, u, y + i0);
         else if (op->type == GLU_SIGMOID)
-            glu_sigmoid(i1 - i0, g + i0, u, y + i0);
+            K.glu_sigmoid(i1 - i0, g + i0, u, y + i0);
         else if (op->type == GLU_XIELU)
             glu_xielu(i1 - i0, g + i0, u, y + i0, op->w);
         else if (op->type == GLU_MUL)

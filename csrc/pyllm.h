@@ -274,7 +274,8 @@ int pyllm_kernel_f16_rows(int isa, const void *x, int64_t x_stride, int rows, fl
  *   2 exp_sum:       out[i] = exp(a[i] - s), *sum = their sum (a may be out)
  *   3 axpy_f32:      out[i] += s * a[i]
  *   4 wsum_f32:      out[j] += sum_{i < rows} b[i] * a[i*n + j], rows = (int)s
- *   7 softcap:       out[i] = c * tanh(s * a[i] / c) with c = b[0] > 0 (a may be out) */
+ *   7 softcap:       out[i] = c * tanh(s * a[i] / c) with c = b[0] > 0 (a may be out)
+ *  10 glu_sigmoid:   out[i] = sigmoid(a[i]) * b[i] */
 int pyllm_kernel_vmath(int isa, int which, int64_t n, const float *a, const float *b, float s, float *out,
                        float *sum);
 /* wsum_f32 for nq outputs: y[q*ys + j] += sum_{i < rows} w[q*ws + i] * x[i*ld + j]

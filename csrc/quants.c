@@ -689,6 +689,7 @@ static float dot_f32(int64_t n, const float *restrict a, const float *restrict b
  *                    g < -87 where the result underflows)
  *     glu_gelu_tanh: |err| <= 1e-6 max(1, |g|) |u|  (absolute 1e-6 for |g| <= 1;
  *                    relative 1e-6 for larger |g|, where gelu(g) ~ g or ~0)
+ *     glu_sigmoid:   |err| <= 1e-6 |sigmoid(g) u| (+ 1e-30 absolute), u / (1 + exp(-g))
  *     exp_sum:       each exp within 4e-7 relative (results below 1.2e-38
  *                    may flush to 0), the sum within 1e-6 relative for
  *                    n <= 1000 (float summation: the error grows with n)
@@ -703,6 +704,10 @@ static float dot_f32(int64_t n, const float *restrict a, const float *restrict b
 
 static void glu_silu(int64_t n, const float *gate, const float *up, float *out) {
     for (int64_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+static void glu_sigmoid(int64_t n, const float *gate, const float *up, float *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = up[i] / (1.0f + expf(-gate[i]));
 }
 
 static void glu_gelu_tanh(int64_t n, const float *gate, const float *up, float *out) {
@@ -841,6 +846,7 @@ void kernels_fill_scalar(kernel_table *t) {
     t->dot_f32 = dot_f32;
     t->glu_silu = glu_silu;
     t->glu_gelu_tanh = glu_gelu_tanh;
+    t->glu_sigmoid = glu_sigmoid;
     t->exp_sum = exp_sum;
     t->softcap = softcap;
     t->axpy_f32 = axpy_f32;

@@ -240,6 +240,8 @@ typedef struct {
     void (*glu_silu)(int64_t n, const float *gate, const float *up, float *out);
     /* out[i] = gelu_tanh(gate[i]) * up[i]; out may be gate or up */
     void (*glu_gelu_tanh)(int64_t n, const float *gate, const float *up, float *out);
+    /* out[i] = sigmoid(gate[i]) * up[i]; out may be gate or up (RWKV's gates) */
+    void (*glu_sigmoid)(int64_t n, const float *gate, const float *up, float *out);
     /* s[i] = exp(s[i] - m) in place (s[i] - m <= 0 expected, -inf gives 0);
      * returns the sum of the new s[i] */
     float (*exp_sum)(int64_t n, float *s, float m);

@@ -696,6 +696,7 @@ def test_f16_rows_to_f32_exact(isa):
 # Error bounds (stated in quants.c), against float64 numpy:
 #   glu_silu       |err| <= 1e-6 |silu(g) u| + 1e-30
 #   glu_gelu_tanh  |err| <= 1e-6 max(1, |g|) |u|
+#   glu_sigmoid    |err| <= 1e-6 |sigmoid(g) u| + 1e-30
 #   exp_sum        each value within 4e-7 relative (values below 1.2e-38 may be 0),
 #                  the sum within 1e-6 relative
 #   axpy_f32       y + a x within 1 ulp of the exact result (one fma, or mul + add)
@@ -730,23 +731,30 @@ def silu64(g):
         return g / (1 + np.exp(-g))
 
 
+def sigmoid64(g):
+    g = g.astype(np.float64)
+    with np.errstate(over="ignore"):
+        return 1 / (1 + np.exp(-g))
+
+
 def gelu64(g):
     g = g.astype(np.float64)
     return 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))
 
 
-@pytest.mark.parametrize("which", [pytest.param(0, id="silu"), pytest.param(1, id="gelu_tanh")])
+@pytest.mark.parametrize("which", [pytest.param(0, id="silu"), pytest.param(1, id="gelu_tanh"),
+                                   pytest.param(10, id="sigmoid")])
 @pytest.mark.parametrize("isa", level_params(LEVELS))
 def test_glu(isa, which):
     rng = np.random.default_rng(14)
     g, u = glu_inputs(rng, 4099)
     got, _ = vmath(isa, which, g, u)
     with np.errstate(over="ignore", invalid="ignore"):
-        exact = (silu64(g) if which == 0 else gelu64(g)) * u.astype(np.float64)
+        exact = {0: silu64, 1: gelu64, 10: sigmoid64}[which](g) * u.astype(np.float64)
     ok = np.isfinite(exact)
     assert ok.sum() > 4000 and np.isfinite(got[ok]).all()
     err = np.abs(got[ok] - exact[ok])
-    if which == 0:
+    if which != 1:
         bound = 1e-6 * np.abs(exact[ok]) + 1e-30
     else:
         bound = 1e-6 * np.maximum(1, np.abs(g[ok].astype(np.float64))) * np.abs(u[ok])
@@ -989,13 +997,14 @@ def test_wsum_from_q8_0_rows_equals_wsum_on_dequantized_rows_exactly(isa):
 def test_vmath_provided():
     """AVX2 and AVX-512 have their own vector math; bad arguments are refused"""
     for isa in [i for i in (1, 2) if lib.pyllm_level_available(i)]:
-        for which in (0, 1, 2, 3, 4, 7):
+        for which in (0, 1, 2, 3, 4, 7, 10):
             assert lib.pyllm_kernel_provided(isa, 5, which), (isa, which)
     f = np.zeros(4, dtype=np.float32)
     assert lib.pyllm_kernel_vmath(0, 7, 4, fptr(f), fptr(f), 1.0, fptr(f), fptr(f)) == -1  # cap 0
     assert lib.pyllm_kernel_vmath(0, 5, 4, fptr(f), fptr(f), 0.0, fptr(f), fptr(f)) == -1
     assert lib.pyllm_kernel_vmath(0, 4, 4, fptr(f), fptr(f), -1.0, fptr(f), fptr(f)) == -1
     assert lib.pyllm_kernel_vmath(0, 0, 4, fptr(f), ffi.NULL, 0.0, fptr(f), fptr(f)) == -1
+    assert lib.pyllm_kernel_vmath(0, 10, 4, fptr(f), ffi.NULL, 0.0, fptr(f), fptr(f)) == -1
     assert lib.pyllm_kernel_vmath(0, 2, 4, fptr(f), ffi.NULL, 0.0, fptr(f), ffi.NULL) == -1
     assert lib.pyllm_kernel_vmath(99, 3, 4, fptr(f), ffi.NULL, 0.0, fptr(f), ffi.NULL) == -1
 

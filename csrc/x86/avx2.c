@@ -1202,9 +1202,10 @@ INLINE __m256i tail_mask8(int64_t m) {
 }
 
 /* g / (1 + exp(-(g * (k0 + k1 g^2)))) * u: silu with k0 = 1, k1 = 0; gelu_tanh with
- * k0 = 2 sqrt(2/pi), k1 = k0 * 0.044715 */
+ * k0 = 2 sqrt(2/pi), k1 = k0 * 0.044715 (gelu 1); gelu 2: sigmoid, u / (1 + exp(-g)) */
 INLINE __m256 glu8(__m256 g, __m256 u, const int gelu) {
     __m256 z = g;
+    if (gelu == 2) return _mm256_div_ps(u, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
     if (gelu) {
         const float k0 = 2.0f * 0.7978845608028654f;
         z = _mm256_mul_ps(g, _mm256_fmadd_ps(_mm256_mul_ps(g, g), _mm256_set1_ps(k0 * 0.044715f), _mm256_set1_ps(k0)));
@@ -1225,6 +1226,7 @@ INLINE void glu_x8(int64_t n, const float *gate, const float *up, float *out, co
 
 static void glu_silu(int64_t n, const float *gate, const float *up, float *out) { glu_x8(n, gate, up, out, 0); }
 static void glu_gelu_tanh(int64_t n, const float *gate, const float *up, float *out) { glu_x8(n, gate, up, out, 1); }
+static void glu_sigmoid(int64_t n, const float *gate, const float *up, float *out) { glu_x8(n, gate, up, out, 2); }
 
 INLINE __m256 exp_shifted8(__m256 v, __m256 m) {
     const __m256 x = _mm256_sub_ps(v, m);
@@ -1518,6 +1520,7 @@ void KERNELS_FILL_AVX2(kernel_table *t) {
     t->ssm_scan_row = ssm_scan_row;
     t->glu_silu = glu_silu;
     t->glu_gelu_tanh = glu_gelu_tanh;
+    t->glu_sigmoid = glu_sigmoid;
     t->exp_sum = exp_sum;
     t->softcap = softcap;
     t->axpy_f32 = axpy_f32;

@@ -1966,8 +1966,9 @@ INLINE __m512 exp16(__m512 x) {
     return _mm512_scalef_ps(p, k); /* p * 2^k, exact */
 }
 
-INLINE __m512 glu16(__m512 g, __m512 u, const int gelu) {
+INLINE __m512 glu16(__m512 g, __m512 u, const int gelu) {   /* gelu 2: sigmoid, u / (1 + exp(-g)) */
     __m512 z = g;
+    if (gelu == 2) return _mm512_div_ps(u, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
     if (gelu) {
         const float k0 = 2.0f * 0.7978845608028654f;
         z = _mm512_mul_ps(g, _mm512_fmadd_ps(_mm512_mul_ps(g, g), _mm512_set1_ps(k0 * 0.044715f), _mm512_set1_ps(k0)));
@@ -1988,6 +1989,7 @@ INLINE void glu_x16(int64_t n, const float *gate, const float *up, float *out, c
 
 static void glu_silu(int64_t n, const float *gate, const float *up, float *out) { glu_x16(n, gate, up, out, 0); }
 static void glu_gelu_tanh(int64_t n, const float *gate, const float *up, float *out) { glu_x16(n, gate, up, out, 1); }
+static void glu_sigmoid(int64_t n, const float *gate, const float *up, float *out) { glu_x16(n, gate, up, out, 2); }
 
 static float exp_sum(int64_t n, float *s, float m) {
     const __m512 mv = _mm512_set1_ps(m);
@@ -2218,6 +2220,7 @@ void kernels_fill_avx512(kernel_table *t) {
     t->gemv[T_BF16] = gemv_bf16;
     t->glu_silu = glu_silu;
     t->glu_gelu_tanh = glu_gelu_tanh;
+    t->glu_sigmoid = glu_sigmoid;
     t->exp_sum = exp_sum;
     t->softcap = softcap;
     t->axpy_f32 = axpy_f32;
