@@ -715,6 +715,7 @@ class Architecture:
     dense_out: tuple = ()                     # (weight, bias) projections of an embedding after the final norm
     rank_head: Optional["RankHead"] = None    # a cross-encoder's classification head (rank pooling)
     deepstack = 0         # an image row's further slices added after the first layers (Qwen 3 VL: DeepStack)
+    is_swa: Optional[list] = None   # per layer, whether it attends over self.window (None: every layer)
     loop_norms: tuple = ()   # layers after which x = the output norm of x (a looped stack between passes: Nanbeige)
 
     def __init_subclass__(cls, **kw):
@@ -1022,8 +1023,9 @@ class Architecture:
         return Rope(self.rope_mode, hp.rope_dim, hp.rope_base, hp.rope_freq_scale, self.rope_freqs)
 
     def layer_window(self, i: int) -> int:
-        """Sliding attention window of layer i in tokens (0: the whole context)."""
-        return self.window
+        """Sliding attention window of layer i in tokens (0: the whole context): self.window in
+        the layers self.is_swa flags (every layer where the family sets no flags)."""
+        return self.window if self.is_swa is None or self.is_swa[i] else 0
 
     def file_attn_temperature(self) -> Optional[tuple]:
         """(s, L, 0) where the file sets attention.temperature_scale s (Llama 4's scaling that

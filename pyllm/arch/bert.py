@@ -193,9 +193,6 @@ class ModernBert(PreNormDecoder):
             self.layers.append(Layer(attn_norm=attn_norm, attn=self.attention_weights(i),
                                      ffn_norm=self.vector(p + "ffn_norm.weight", hp.n_embd), ffn=self.ffn_weights(i)))
 
-    def layer_window(self, i: int) -> int:
-        return self.window if self.is_swa[i] else 0
-
     def layer_rope(self, i: int) -> Rope:
         r = super().layer_rope(i)
         return replace(r, base=self.swa_rope_base) if self.is_swa[i] else r

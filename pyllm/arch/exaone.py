@@ -80,9 +80,6 @@ class ExaoneMoe(Dots1):
         n = int(self.mf.arch_get("expert_shared_feed_forward_length", 0) or 0) or self.expert_width(0)
         return self.shared_ffn(i, n)
 
-    def layer_window(self, i: int) -> int:
-        return self.window if self.is_swa[i] else 0
-
     def layer_rope(self, i: int) -> Rope:
         r = super().layer_rope(i)
         return r if self.is_swa[i] else r.off()

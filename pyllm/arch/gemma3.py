@@ -73,9 +73,6 @@ class Gemma3(PostNormDecoder):
         return sliding_layers(self.mf, self.hp.n_layer, SWA_PERIOD)
 
     # -- per-layer settings ----------------------------------------------------------
-    def layer_window(self, i: int) -> int:
-        return self.window if self.is_swa[i] else 0
-
     def layer_rope(self, i: int) -> Rope:
         hp = self.hp
         if self.is_swa[i]:

@@ -192,9 +192,6 @@ class Gemma4(PostNormDecoder):
         return float(self.vector(name, 1)[0]) if self.mf.has_tensor(name) else 1.0
 
     # -- per-layer settings ----------------------------------------------------------
-    def layer_window(self, i: int) -> int:
-        return self.window if self.is_swa[i] else 0
-
     def layer_rope(self, i: int) -> Rope:
         hp = self.hp
         if self.is_swa[i]:

@@ -126,9 +126,6 @@ class GraniteSwa(Granite):
         return Ffn(w_up=self.weight(p + "ffn_up_shexp.weight", self.hp.n_embd, 2 * n),
                    w_down=self.weight(p + "ffn_down_shexp.weight", n, self.hp.n_embd))
 
-    def layer_window(self, i: int) -> int:
-        return self.window if self.is_swa[i] else 0
-
     def layer_rope(self, i: int) -> Rope:
         r = super().layer_rope(i)
         return r if self.rope_layers[i] else r.off()

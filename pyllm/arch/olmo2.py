@@ -47,9 +47,6 @@ class Olmo2(PostNormDecoder):
         self.layers = [self.post_norm_layer(i, self.attention_weights(i, qk_norm="full"), input_norms=False)
                        for i in range(hp.n_layer)]
 
-    def layer_window(self, i: int) -> int:
-        return self.window if self.is_swa[i] else 0
-
     def layer_rope(self, i: int) -> Rope:
         if self.is_swa[i]:   # unscaled
             return Rope(self.rope_mode, self.hp.rope_dim, self.swa_rope_base)

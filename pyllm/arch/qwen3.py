@@ -60,9 +60,6 @@ class Mellum(Qwen3Moe):
         super().__init__(mf, n_ctx)
         self.window, self.is_swa = sliding_layers(mf, self.hp.n_layer, SWA_PERIOD)
 
-    def layer_window(self, i: int) -> int:
-        return self.window if self.is_swa[i] else 0
-
     def layer_rope(self, i: int) -> Rope:
         if self.is_swa[i]:
             return Rope(self.rope_mode, self.hp.rope_dim, self.hp.rope_base)
