@@ -273,6 +273,9 @@ typedef struct {
                            const void *restrict x, int64_t ld, float *restrict y, int64_t ys);
 } kernel_table;
 
+/* the activations the SIMD GLU helpers (glu8, glu16) are compiled for */
+enum { GLU_K_SILU = 0, GLU_K_GELU_TANH = 1, GLU_K_SIGMOID = 2 };
+
 /* ISA levels, in increasing order */
 enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_NEON = 3, ISA_COUNT = 4 };
 

@@ -1202,11 +1202,11 @@ INLINE __m256i tail_mask8(int64_t m) {
 }
 
 /* g / (1 + exp(-(g * (k0 + k1 g^2)))) * u: silu with k0 = 1, k1 = 0; gelu_tanh with
- * k0 = 2 sqrt(2/pi), k1 = k0 * 0.044715 (gelu 1); gelu 2: sigmoid, u / (1 + exp(-g)) */
-INLINE __m256 glu8(__m256 g, __m256 u, const int gelu) {
+ * k0 = 2 sqrt(2/pi), k1 = k0 * 0.044715; sigmoid: u / (1 + exp(-g)) */
+INLINE __m256 glu8(__m256 g, __m256 u, const int kind) {
     __m256 z = g;
-    if (gelu == 2) return _mm256_div_ps(u, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
-    if (gelu) {
+    if (kind == GLU_K_SIGMOID) return _mm256_div_ps(u, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+    if (kind == GLU_K_GELU_TANH) {
         const float k0 = 2.0f * 0.7978845608028654f;
         z = _mm256_mul_ps(g, _mm256_fmadd_ps(_mm256_mul_ps(g, g), _mm256_set1_ps(k0 * 0.044715f), _mm256_set1_ps(k0)));
     }
@@ -1214,19 +1214,23 @@ INLINE __m256 glu8(__m256 g, __m256 u, const int gelu) {
     return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
 }
 
-INLINE void glu_x8(int64_t n, const float *gate, const float *up, float *out, const int gelu) {
+INLINE void glu_x8(int64_t n, const float *gate, const float *up, float *out, const int kind) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(out + i, glu8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i), gelu));
+        _mm256_storeu_ps(out + i, glu8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i), kind));
     if (i < n) {
         const __m256i k = tail_mask8(n - i);
-        _mm256_maskstore_ps(out + i, k, glu8(_mm256_maskload_ps(gate + i, k), _mm256_maskload_ps(up + i, k), gelu));
+        _mm256_maskstore_ps(out + i, k, glu8(_mm256_maskload_ps(gate + i, k), _mm256_maskload_ps(up + i, k), kind));
     }
 }
 
-static void glu_silu(int64_t n, const float *gate, const float *up, float *out) { glu_x8(n, gate, up, out, 0); }
-static void glu_gelu_tanh(int64_t n, const float *gate, const float *up, float *out) { glu_x8(n, gate, up, out, 1); }
-static void glu_sigmoid(int64_t n, const float *gate, const float *up, float *out) { glu_x8(n, gate, up, out, 2); }
+static void glu_silu(int64_t n, const float *gate, const float *up, float *out) { glu_x8(n, gate, up, out, GLU_K_SILU); }
+static void glu_gelu_tanh(int64_t n, const float *gate, const float *up, float *out) {
+    glu_x8(n, gate, up, out, GLU_K_GELU_TANH);
+}
+static void glu_sigmoid(int64_t n, const float *gate, const float *up, float *out) {
+    glu_x8(n, gate, up, out, GLU_K_SIGMOID);
+}
 
 INLINE __m256 exp_shifted8(__m256 v, __m256 m) {
     const __m256 x = _mm256_sub_ps(v, m);

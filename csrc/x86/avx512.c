@@ -1495,11 +1495,10 @@ INLINE void dec_q3_K(const void *xb, wKs *W) {
  * v[2], v[3] those of qs[64:128]: 128-bit lane k of v[0] holds elements 0-15
  * of sub-block k of 32 (v[1] its 16-31, v[2], v[3] sub-block 4 + k's);
  * each 16-element half scaled by d (ls - 32) of its sub-block */
-static const int8_t iq4_xs_book_u8[16] = {1, 24, 45, 63, 79, 93, 106, 118, -127, -115, -103, -90, -75, -59, -39, -15};
-
 INLINE void dec_iq4_xs(const void *xb, wKs *W) {
     const block_iq4_xs *x = xb;
-    const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)iq4_xs_book_u8));
+    const __m512i book = _mm512_broadcast_i32x4(   /* the values + 128, unsigned */
+        _mm_xor_si128(_mm_loadu_si128((const __m128i *)kvalues_iq4nl), _mm_set1_epi8((char)0x80)));
     const __m512i z0 = _mm512_loadu_si512(x->qs), z1 = _mm512_loadu_si512(x->qs + 64);
     W->v[0] = _mm512_shuffle_epi8(book, nib_lo(z0)), W->v[1] = _mm512_shuffle_epi8(book, nib_hi(z0));
     W->v[2] = _mm512_shuffle_epi8(book, nib_lo(z1)), W->v[3] = _mm512_shuffle_epi8(book, nib_hi(z1));
@@ -1966,10 +1965,10 @@ INLINE __m512 exp16(__m512 x) {
     return _mm512_scalef_ps(p, k); /* p * 2^k, exact */
 }
 
-INLINE __m512 glu16(__m512 g, __m512 u, const int gelu) {   /* gelu 2: sigmoid, u / (1 + exp(-g)) */
+INLINE __m512 glu16(__m512 g, __m512 u, const int kind) {   /* kind: GLU_K_* (avx2.c's glu8) */
     __m512 z = g;
-    if (gelu == 2) return _mm512_div_ps(u, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-    if (gelu) {
+    if (kind == GLU_K_SIGMOID) return _mm512_div_ps(u, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+    if (kind == GLU_K_GELU_TANH) {
         const float k0 = 2.0f * 0.7978845608028654f;
         z = _mm512_mul_ps(g, _mm512_fmadd_ps(_mm512_mul_ps(g, g), _mm512_set1_ps(k0 * 0.044715f), _mm512_set1_ps(k0)));
     }
@@ -1977,19 +1976,23 @@ INLINE __m512 glu16(__m512 g, __m512 u, const int gelu) {   /* gelu 2: sigmoid, 
     return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
 }
 
-INLINE void glu_x16(int64_t n, const float *gate, const float *up, float *out, const int gelu) {
+INLINE void glu_x16(int64_t n, const float *gate, const float *up, float *out, const int kind) {
     int64_t i = 0;
     for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(out + i, glu16(_mm512_loadu_ps(gate + i), _mm512_loadu_ps(up + i), gelu));
+        _mm512_storeu_ps(out + i, glu16(_mm512_loadu_ps(gate + i), _mm512_loadu_ps(up + i), kind));
     if (i < n) {
         const __mmask16 k = tail_mask16(n - i);
-        _mm512_mask_storeu_ps(out + i, k, glu16(_mm512_maskz_loadu_ps(k, gate + i), _mm512_maskz_loadu_ps(k, up + i), gelu));
+        _mm512_mask_storeu_ps(out + i, k, glu16(_mm512_maskz_loadu_ps(k, gate + i), _mm512_maskz_loadu_ps(k, up + i), kind));
     }
 }
 
-static void glu_silu(int64_t n, const float *gate, const float *up, float *out) { glu_x16(n, gate, up, out, 0); }
-static void glu_gelu_tanh(int64_t n, const float *gate, const float *up, float *out) { glu_x16(n, gate, up, out, 1); }
-static void glu_sigmoid(int64_t n, const float *gate, const float *up, float *out) { glu_x16(n, gate, up, out, 2); }
+static void glu_silu(int64_t n, const float *gate, const float *up, float *out) { glu_x16(n, gate, up, out, GLU_K_SILU); }
+static void glu_gelu_tanh(int64_t n, const float *gate, const float *up, float *out) {
+    glu_x16(n, gate, up, out, GLU_K_GELU_TANH);
+}
+static void glu_sigmoid(int64_t n, const float *gate, const float *up, float *out) {
+    glu_x16(n, gate, up, out, GLU_K_SIGMOID);
+}
 
 static float exp_sum(int64_t n, float *s, float m) {
     const __m512 mv = _mm512_set1_ps(m);
