@@ -40,7 +40,7 @@ CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
 CUDA_FLAGS ?= -O3 -std=c++17 -lineinfo
 CUDA_SRC := $(wildcard csrc/cuda/*.cu)
 CUDA_OBJ := $(patsubst csrc/cuda/%.cu,build/cuda/%.o,$(CUDA_SRC))
-CUDA_HDR := $(wildcard csrc/cuda/*.cuh csrc/cuda/*.h) csrc/pyllm.h csrc/quants.h
+CUDA_HDR := $(wildcard csrc/cuda/*.cuh csrc/cuda/*.h) csrc/pyllm.h csrc/quants.h csrc/iq_grids.h
 CUDA_LIB := build/libpyllm_cuda.so
 CUDA_HOSTTEST := build/libpyllm_cuda_hosttest.so
 

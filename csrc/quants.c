@@ -22,6 +22,8 @@
  *     (qs[32*c + l] >> 4*s) & 15; Q5_K bit 4 of element 32*i + l is
  *     (qh[l] >> i) & 1. 8 sub-blocks of 32, each with a 6-bit scale and min.
  *   IQ4_XS: 8 sub-blocks of 32, sub-block ib laid out as an IQ4_NL block at qs + 16*ib.
+ *   IQ3_S: element e is byte e % 4 of the grid point iq3_s_index(e / 4), negated
+ *     when bit e % 8 of signs[e / 8] is set (quants.h).
  *   Q6_K: 2 halves of 128; in half h, element 32*s + l (s < 4, l < 32) takes
  *     its low nibble from ql[64*h + l + 32*(s&1)] (>> 4 when s >= 2) and its
  *     2 high bits from (qh[32*h + l] >> 2*s) & 3; value - 32. 16 sub-blocks of 16.
@@ -30,6 +32,7 @@
 #include <string.h>
 
 #include "quants.h"
+#include "iq_grids.h"
 
 /* ------------------------------------------------------------------ */
 /* fp16 / bf16                                                         */
@@ -180,6 +183,8 @@ const int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
 
 const int8_t kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
+const uint32_t iq3s_grid[IQ3S_GRID_SIZE] = {IQ3S_GRID};
+
 #define E8M0_4(e) E8M0_HALF_BITS(e), E8M0_HALF_BITS(e + 1), E8M0_HALF_BITS(e + 2), E8M0_HALF_BITS(e + 3)
 #define E8M0_16(e) E8M0_4(e), E8M0_4(e + 4), E8M0_4(e + 8), E8M0_4(e + 12)
 #define E8M0_64(e) E8M0_16(e), E8M0_16(e + 16), E8M0_16(e + 32), E8M0_16(e + 48)
@@ -210,6 +215,20 @@ static void dequant_iq4_xs(const void *restrict w, float *restrict out, int64_t 
     for (int64_t i = 0; i < n / QK_K; i++)
         for (int ib = 0; ib < QK_K / QK; ib++, out += QK)
             dequant_book(b[i].qs + 16 * ib, kvalues_iq4nl, F16(b[i].d) * (float)iq4_xs_scale(&b[i], ib), out);
+}
+
+/* IQ3_S: the signed grid value of element e (0..255) of a super-block */
+static inline int iq3_s_value(const block_iq3_s *b, int e) {
+    const int v = (uint8_t)(iq3s_grid[iq3_s_index(b, e / 4)] >> 8 * (e % 4));
+    return (b->signs[e / 8] >> (e % 8)) & 1 ? -v : v;
+}
+
+/* IQ3_S: (d (1 + 2 s)) * value, as gguf.quants (which applies the sign last: the same float) */
+static void dequant_iq3_s(const void *restrict w, float *restrict out, int64_t n) {
+    const block_iq3_s *b = w;
+    for (int64_t i = 0; i < n / QK_K; i++, out += QK_K)
+        for (int e = 0; e < QK_K; e++)
+            out[e] = F16(b[i].d) * (float)iq3_s_scale(&b[i], e / QK) * (float)iq3_s_value(&b[i], e);
 }
 
 static void dequant_mxfp4(const void *restrict w, float *restrict out, int64_t n) {
@@ -541,6 +560,23 @@ static float vec_dot_iq4_xs(int64_t n, const void *restrict w, const void *restr
     return sum;
 }
 
+/* IQ3_S: per super-block, sum_ib (1 + 2 s_ib) * sum(signed grid value * a) in int */
+static float vec_dot_iq3_s(int64_t n, const void *restrict w, const void *restrict a) {
+    const block_iq3_s *x = w;
+    const block_q8_K *y = a;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int isum = 0;
+        for (int ib = 0; ib < QK_K / QK; ib++) {
+            int sub = 0;
+            for (int e = QK * ib; e < QK * (ib + 1); e++) sub += iq3_s_value(&x[i], e) * y[i].qs[e];
+            isum += iq3_s_scale(&x[i], ib) * sub;
+        }
+        sum += y[i].d * F16(x[i].d) * (float)isum;
+    }
+    return sum;
+}
+
 /* K-quants: per super-block, sum_sb scale_sb * sum(q * a) in int, the min
  * term from the activation's 16-element sums (bsums). */
 static float vec_dot_q2_K(int64_t n, const void *restrict w, const void *restrict a) {
@@ -776,6 +812,7 @@ static const type_traits TRAITS[T_COUNT] = {
     [T_IQ4_NL] = {"IQ4_NL", QK, sizeof(block_iq4_nl), ACT_Q8_32},
     [T_MXFP4] = {"MXFP4", QK, sizeof(block_mxfp4), ACT_Q8_32},
     [T_IQ4_XS] = {"IQ4_XS", QK_K, sizeof(block_iq4_xs), ACT_Q8_K},
+    [T_IQ3_S] = {"IQ3_S", QK_K, sizeof(block_iq3_s), ACT_Q8_K},
     [T_Q2_K] = {"Q2_K", QK_K, sizeof(block_q2_K), ACT_Q8_K},
     [T_Q3_K] = {"Q3_K", QK_K, sizeof(block_q3_K), ACT_Q8_K},
     [T_Q4_K] = {"Q4_K", QK_K, sizeof(block_q4_K), ACT_Q8_K},
@@ -791,6 +828,7 @@ _Static_assert(sizeof(block_q8_0) == 34, "q8_0");
 _Static_assert(sizeof(block_iq4_nl) == 18, "iq4_nl");
 _Static_assert(sizeof(block_mxfp4) == 17, "mxfp4");
 _Static_assert(sizeof(block_iq4_xs) == 136, "iq4_xs");
+_Static_assert(sizeof(block_iq3_s) == 110, "iq3_s");
 _Static_assert(sizeof(block_q2_K) == 84, "q2_K");
 _Static_assert(sizeof(block_q3_K) == 110, "q3_K");
 _Static_assert(sizeof(block_q4_K) == 144, "q4_K");
@@ -833,7 +871,7 @@ void kernels_fill_scalar(kernel_table *t) {
     SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
     SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
     SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K) SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K)
-    SET(T_IQ4_XS, iq4_xs)
+    SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s)
 #undef SET
     /* no scalar gemv: the matmul loops over vec_dot */
     t->quantize_act[ACT_F32] = quantize_f32;

@@ -23,7 +23,7 @@
 enum {
     T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7,
     T_Q8_0 = 8, T_Q8_1 = 9, T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12,
-    T_Q5_K = 13, T_Q6_K = 14, T_Q8_K = 15, T_IQ4_NL = 20, T_IQ4_XS = 23, T_BF16 = 30,
+    T_Q5_K = 13, T_Q6_K = 14, T_Q8_K = 15, T_IQ4_NL = 20, T_IQ3_S = 21, T_IQ4_XS = 23, T_BF16 = 30,
     T_MXFP4 = 39, T_COUNT = 40
 };
 
@@ -73,6 +73,20 @@ static inline int iq4_xs_scale(const block_iq4_xs *b, int ib) {
     return (((b->scales_l[ib / 2] >> 4 * (ib % 2)) & 0x0f) | (((b->scales_h >> 2 * ib) & 3) << 4)) - 32;
 }
 
+/* IQ3_S: 8 sub-blocks of 32, each 8 points of 4 values on a grid (iq3s_grid: 512
+ * points, values odd 1..15): point k of the super-block has the 9-bit index
+ * qs[k] | bit (k % 8) of qh[k / 8] << 8, and covers elements 4k..4k+3; element e
+ * is negated when bit e % 8 of signs[e / 8] is set; sub-block ib's scale is the
+ * nibble (scales[ib / 2] >> 4 (ib % 2)) & 15 =: s, w = d (1 + 2 s) grid value */
+typedef struct {
+    f16_t d; uint8_t qs[QK_K / 4]; uint8_t qh[QK_K / 32]; uint8_t signs[QK_K / 8]; uint8_t scales[QK_K / 64];
+} block_iq3_s;                                                             /* 110 B */
+
+/* the odd scale 1 + 2 s (1..31) of IQ3_S sub-block ib (0..7) */
+static inline int iq3_s_scale(const block_iq3_s *b, int ib) { return 1 + 2 * ((b->scales[ib / 2] >> 4 * (ib % 2)) & 0x0f); }
+/* the grid index (0..511) of IQ3_S point k (0..63) */
+static inline int iq3_s_index(const block_iq3_s *b, int k) { return b->qs[k] | ((b->qh[k / 8] >> (k % 8)) & 1) << 8; }
+
 /* facts of the 32-element formats the SIMD kernels build on, by name:
  * HAS_MIN_x: a block has a min m (w = d q + m); SIGNED_x: the quants are
  * signed bytes (the others are unsigned nibbles, with the fixed offset of
@@ -104,6 +118,8 @@ extern const int8_t kvalues_iq4nl[16];
  * indexes 16 int8 values, times a block scale", and the SIMD kernels share
  * that code, each format bringing its table and its scale decode. */
 extern const int8_t kvalues_mxfp4[16];
+/* IQ3_S's grid: point i's 4 values in the bytes of iq3s_grid[i] (csrc/iq_grids.h) */
+extern const uint32_t iq3s_grid[512];
 
 /* an MXFP4 block's scale, 2^(e - 128) (half the E8M0 value 2^(e - 127)), as
  * float bits: the normal 2^(e - 128) for e >= 2, the subnormals 2^-128 and

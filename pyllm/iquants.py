@@ -153,3 +153,40 @@ def quantize_iq4_xs(x: np.ndarray, imatrix: np.ndarray | None = None) -> np.ndar
     """float32 [rows, n] (n a multiple of 256) -> IQ4_XS bytes uint8 [rows, n // 256 * 136]; imatrix:
     each column's importance ([n]), as llama-quantize --imatrix weighs them."""
     return _quantize(x, imatrix, 256, _iq4_xs_rows)
+
+
+# -- the grids of the lattice i-quants ---------------------------------------------------------------
+# IQ3_S (and later IQ3_XXS, IQ2_*, IQ1_*) store each group of 4 or 8 values as an index into a
+# fixed grid of points. The grids come from gguf-py (ggml's iq3s_grid...); the C kernels read
+# them from csrc/iq_grids.h, which c_grids_header() writes and tests/test_iquants.py checks.
+
+GRIDS = {"IQ3S_GRID": "IQ3_S"}   # C macro name: gguf.quants class
+
+
+def grid(name: str) -> np.ndarray:
+    """The grid of i-quant `name` (e.g. "IQ3_S") as uint8 [points, values per point]."""
+    import gguf.quants
+    cls = getattr(gguf.quants, name)
+    cls.init_grid()
+    return cls.grid.reshape(cls.grid_shape).astype(np.uint8)
+
+
+def c_grids_header() -> str:
+    """csrc/iq_grids.h: each grid as a C initializer list, one little-endian uint32 per point
+    of 4 values (byte j = value j), 8 points a line."""
+    out = ["/* iq_grids.h: the grids of the lattice i-quants (ggml's iq3s_grid, ...), one uint32",
+           " * per point of 4 unsigned values, value j in byte j. Generated from gguf-py's tables by",
+           " * pyllm.iquants.c_grids_header(); tests/test_iquants.py checks this file. Do not edit. */",
+           "#ifndef PYLLM_IQ_GRIDS_H", "#define PYLLM_IQ_GRIDS_H", ""]
+    for macro, name in GRIDS.items():
+        g = grid(name)
+        assert g.shape[1] == 4, name
+        words = g.astype(np.uint32) @ np.array([1, 1 << 8, 1 << 16, 1 << 24], dtype=np.uint32)
+        out.append(f"#define {macro}_SIZE {len(words)}")
+        out.append(f"#define {macro} \\")
+        lines = [", ".join(f"0x{int(w):08x}u" for w in words[i:i + 8]) for i in range(0, len(words), 8)]
+        out += [f"    {line}{', ' if i + 1 < len(lines) else ''}\\" for i, line in enumerate(lines)]
+        out[-1] = out[-1].rstrip("\\").rstrip()
+        out.append("")
+    out.append("#endif")
+    return "\n".join(out) + "\n"

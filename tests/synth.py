@@ -2,7 +2,7 @@
 
 Tensors are named and shaped as llama.cpp expects. Weights of the types
 gguf.quants can quantize (MXFP4 included) are quantized from random floats;
-the K-quants, IQ4_NL and IQ4_XS are random blocks with sane scales (the reference
+the K-quants and i-quants are random blocks with sane scales (the reference
 dequantizes the same bytes, so any valid block pattern is as good as a
 quantized one).
 """
@@ -25,6 +25,7 @@ SCALE_FIELDS = {
     QT.Q4_1: ([0], [2]), QT.Q5_1: ([0], [2]),
     QT.Q2_K: ([80], [82]), QT.Q3_K: ([108], []),
     QT.Q4_K: ([0], [2]), QT.Q5_K: ([0], [2]), QT.Q6_K: ([208], []), QT.IQ4_XS: ([0], []),
+    QT.IQ3_S: ([0], []),
 }
 QUANTIZABLE = {QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.MXFP4}
 
@@ -32,7 +33,8 @@ QUANTIZABLE = {QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q
 # roughly the largest |quant value x sub-block scale| of each format, so that
 # d = scale / unit gives weights of about `scale`
 _UNIT = {QT.Q4_0: 8, QT.Q4_1: 8, QT.Q5_0: 16, QT.Q5_1: 16, QT.Q8_0: 64, QT.IQ4_NL: 64,
-         QT.Q2_K: 20, QT.Q3_K: 64, QT.Q4_K: 470, QT.Q5_K: 980, QT.Q6_K: 2000, QT.IQ4_XS: 2500}
+         QT.Q2_K: 20, QT.Q3_K: 64, QT.Q4_K: 470, QT.Q5_K: 980, QT.Q6_K: 2000, QT.IQ4_XS: 2500,
+         QT.IQ3_S: 300}
 
 
 def random_blocks(qtype: QT, n_rows: int, n_in: int, rng: np.random.Generator, scale: float) -> np.ndarray:
@@ -51,6 +53,9 @@ def random_blocks(qtype: QT, n_rows: int, n_in: int, rng: np.random.Generator, s
         ls = 32 + np.where(rng.random((nb, 1)) < 0.5, -1, 1) * rng.integers(16, 32, (nb, 8))
         raw[:, 2:4] = (np.sum((ls >> 4) << (2 * np.arange(8)), axis=1)).astype("<u2").view(np.uint8).reshape(nb, 2)
         raw[:, 4:8] = ((ls[:, 0::2] & 15) | ((ls[:, 1::2] & 15) << 4)).astype(np.uint8)
+    if qtype == QT.IQ3_S:    # sub-block scale nibbles 8..15 (1 + 2 s = 17..31), as quantizers make them
+        s = rng.integers(8, 16, (nb, 8))
+        raw[:, 106:110] = (s[:, 0::2] | (s[:, 1::2] << 4)).astype(np.uint8)
     return raw.reshape(n_rows, -1)
 
 

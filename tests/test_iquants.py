@@ -92,3 +92,14 @@ def test_best_index_is_the_nearest_book_value():
     np.testing.assert_array_equal(got, nearest)
     edges = np.array([np.nan, np.inf, -np.inf, 1e30, -1e30, 127.4, 127.5, -127.9], np.float32)
     np.testing.assert_array_equal(iq.best_index(edges), [15, 15, 0, 15, 0, 15, 15, 0])   # C's answers
+
+
+def test_c_grids_header_is_generated_from_gguf():
+    """csrc/iq_grids.h is what c_grids_header() makes of gguf-py's grids (regenerate it with
+    python -c "from pyllm import iquants; open('csrc/iq_grids.h', 'w').write(iquants.c_grids_header())")"""
+    from pathlib import Path
+    header = Path(__file__).resolve().parent.parent / "csrc" / "iq_grids.h"
+    assert header.read_text() == iq.c_grids_header()
+    g = iq.grid("IQ3_S")
+    assert g.shape == (512, 4) and set(np.unique(g)) == set(range(1, 16, 2))
+    assert "0x0101010fu" in header.read_text().split("\n")[8]   # point 4 = (15, 1, 1, 1), byte 0 first

@@ -28,6 +28,7 @@
 #include <cstring>
 
 #include "common.cuh"
+#include "iq_grids.h"
 
 #define PQ_HD __host__ __device__ __forceinline__
 
@@ -188,6 +189,7 @@ template <> struct fmt<T_Q4_K> { static constexpr int block = 256, bytes = 144, 
 template <> struct fmt<T_Q5_K> { static constexpr int block = 256, bytes = 176, act = ACT_Q8_K; };
 template <> struct fmt<T_Q6_K> { static constexpr int block = 256, bytes = 210, act = ACT_Q8_K; };
 template <> struct fmt<T_IQ4_XS> { static constexpr int block = 256, bytes = 136, act = ACT_Q8_K; };
+template <> struct fmt<T_IQ3_S> { static constexpr int block = 256, bytes = 110, act = ACT_Q8_K; };
 template <> struct fmt<T_F32> { static constexpr int block = 1, bytes = 4, act = ACT_F32; };
 template <> struct fmt<T_F16> { static constexpr int block = 1, bytes = 2, act = ACT_F32; };
 template <> struct fmt<T_BF16> { static constexpr int block = 1, bytes = 2, act = ACT_F32; };
@@ -287,6 +289,37 @@ template <> PQ_HD void unpack16<T_IQ4_XS>(const uint8_t *row, int g, int q[4], f
     const int ib = (g & 15) >> 1;
     kvalues16<T_IQ4_NL, 4>(blk + 8 + 16 * ib, (g & 1) * 4, q);
     a = ld_f16a(blk) * (float)scale_iq4xs(blk, ib);
+    b = 0.0f;
+}
+
+/* IQ3_S's grid (csrc/iq_grids.h): point i's 4 values in the bytes of entry i. In global
+ * memory, not __constant__: the threads of a warp read different points */
+__device__ const uint32_t iq3s_grid_dev[IQ3S_GRID_SIZE] = {IQ3S_GRID};
+static const uint32_t iq3s_grid_host[IQ3S_GRID_SIZE] = {IQ3S_GRID};
+
+/* IQ3_S (quants.h): the 4 signed values of point p (0..63) of the block at b (d, qs[64],
+ * qh[8], signs[32], scales[4]), value j in byte j */
+PQ_HD uint32_t iq3s_values4(const uint8_t *b, int p) {
+    const int i = b[2 + p] | ((b[66 + (p >> 3)] >> (p & 7)) & 1) << 8;
+#ifdef __CUDA_ARCH__
+    const uint32_t v = iq3s_grid_dev[i];
+#else
+    const uint32_t v = iq3s_grid_host[i];
+#endif
+    /* elements 4p..4p+3 take sign bits 4 (p & 1) .. + 3 of signs[p / 2]; bit j to byte j's 0xff */
+    const uint32_t bits = (b[74 + (p >> 1)] >> (4 * (p & 1))) & 15u;
+    const uint32_t neg = ((bits * 0x00204081u) & 0x01010101u) * 0xffu;
+    return vsub4(v ^ neg, neg);
+}
+
+/* IQ3_S: the odd scale 1 + 2 s of sub-block ib (0..7) */
+PQ_HD int scale_iq3s(const uint8_t *b, int ib) { return 1 + 2 * ((b[106 + (ib >> 1)] >> (4 * (ib & 1))) & 15); }
+
+/* IQ3_S: group g is points 4 (g & 15) .. + 3 of super-block g / 16; w = d (1 + 2 s) value */
+template <> PQ_HD void unpack16<T_IQ3_S>(const uint8_t *row, int g, int q[4], float &a, float &b) {
+    const uint8_t *blk = row + (size_t)(g >> 4) * 110;
+    for (int i = 0; i < 4; i++) q[i] = (int)iq3s_values4(blk, 4 * (g & 15) + i);
+    a = ld_f16a(blk) * (float)scale_iq3s(blk, (g & 15) >> 1);
     b = 0.0f;
 }
 
@@ -422,6 +455,12 @@ PQ_HD float dequant(int type, const uint8_t *row, int64_t k) {
         const uint8_t *b = row + (k >> 8) * 136;
         const int e = (int)(k & 255), ib = e >> 5;
         return mul_rn(mul_rn(ld_f16(b), (float)scale_iq4xs(b, ib)), (float)kvalue<T_IQ4_NL>(nib(b + 8 + 16 * ib, e & 31)));
+    }
+    case T_IQ3_S: {
+        const uint8_t *b = row + (k >> 8) * 110;
+        const int e = (int)(k & 255);
+        const int v = (int8_t)(iq3s_values4(b, e >> 2) >> (8 * (e & 3)));
+        return mul_rn(mul_rn(ld_f16(b), (float)scale_iq3s(b, e >> 5)), (float)v);
     }
     case T_MXFP4: {
         const uint8_t *b = row + (k >> 5) * 17;

@@ -642,6 +642,57 @@ INLINE void step_iq4_xs(const block_iq4_xs *x, const block_q8_K *y, __m256 *acc)
     ktile_iq4_xs(1, 1, (const uint8_t *)(const void *)x, &y, acc);
 }
 
+/* IQ3_S: the 32 grid values of sub-block ib (unsigned bytes, 1..15): its 8 points' 9-bit
+ * indices (qs, and bit k of qh[ib] as bit 8) gathered from iq3s_grid */
+INLINE __m256i iq3_s_grid32(const block_iq3_s *x, int ib) {
+    const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * ib)));
+    const __m256i hi = _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(x->qh[ib]), _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1)),
+                                        _mm256_set1_epi32(0x100));
+    return _mm256_i32gather_epi32((const int *)iq3s_grid, _mm256_or_si256(lo, hi), 4);
+}
+
+/* IQ3_S: 0xff in the bytes of sub-block ib whose sign bit (signs[4 ib .. 4 ib + 3], bit e % 8) is set */
+INLINE __m256i iq3_s_negated32(const block_iq3_s *x, int ib) {
+    const __m256i byte = _mm256_shuffle_epi8(_mm256_set1_epi32((int)ld32(x->signs + 4 * ib)),
+                                             _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                              2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201ll);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(byte, bit), bit);
+}
+
+/* IQ3_S: sub-block ib's signed values (grid values with their signs) */
+INLINE __m256i iq3_s_values32(const block_iq3_s *x, int ib) {
+    const __m256i neg = iq3_s_negated32(x, ib);
+    return _mm256_sub_epi8(_mm256_xor_si256(iq3_s_grid32(x, ib), neg), neg);
+}
+
+/* IQ3_S: per sub-block of 32, the grid values (unsigned) x the activations with the
+ * weights' signs (vpmaddubsw: 15 x 127 x 2 stays within int16), the int16 pairs times the
+ * odd scale 1 + 2 s added in int32; d * da once per super-block, as IQ4_XS */
+INLINE void ktile_iq3_s(const int T, int64_t nsb, const uint8_t *xr, const block_q8_K *const *y, __m256 *acc) {
+    for (int64_t i = 0; i < nsb; i++) {
+        const block_iq3_s *x = (const block_iq3_s *)(const void *)xr + i;
+        __m256i sumi[4];
+        for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();
+        for (int ib = 0; ib < QK_K / QK; ib++) {
+            const __m256i g = iq3_s_grid32(x, ib), neg = iq3_s_negated32(x, ib);
+            const __m256i sgn = _mm256_or_si256(neg, _mm256_set1_epi8(1));   /* -1 / +1 */
+            const __m256i sc = _mm256_set1_epi16((short)iq3_s_scale(x, ib));
+            for (int t = 0; t < T; t++) {
+                const __m256i aq = _mm256_loadu_si256((const __m256i *)(y[t][i].qs + QK * ib));
+                sumi[t] = madd_acc(sumi[t], _mm256_maddubs_epi16(g, _mm256_sign_epi8(aq, sgn)), sc);
+            }
+        }
+        const float d = _cvtsh_ss(x->d);
+        for (int t = 0; t < T; t++)
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y[t][i].d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+    }
+}
+
+INLINE void step_iq3_s(const block_iq3_s *x, const block_q8_K *y, __m256 *acc) {
+    ktile_iq3_s(1, 1, (const uint8_t *)(const void *)x, &y, acc);
+}
+
 #define DEFINE_QK(name, block_t)                                                                      \
     static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {          \
         const block_t *x = w;                                                                          \
@@ -677,6 +728,7 @@ DEFINE_QK(q4_K, block_q4_K)
 DEFINE_QK(q5_K, block_q5_K)
 DEFINE_QK(q6_K, block_q6_K)
 DEFINE_QK(iq4_xs, block_iq4_xs)
+DEFINE_QK(iq3_s, block_iq3_s)
 
 /* K-quant gemm: one weight row against T activation rows at a time. Each
  * 32-element group of a super-block is decoded once (nibbles, 5th bits,
@@ -781,6 +833,7 @@ DEFINE_QK_GEMM(q4_K, block_q4_K)
 DEFINE_QK_GEMM(q5_K, block_q5_K)
 DEFINE_QK_GEMM(q6_K, block_q6_K)
 DEFINE_QK_GEMM(iq4_xs, block_iq4_xs)
+DEFINE_QK_GEMM(iq3_s, block_iq3_s)
 
 
 /* ------------------------------------------------------------------ */
@@ -936,6 +989,14 @@ static void dequant_iq4_xs(const void *restrict w, float *restrict out, int64_t 
         for (int ib = 0; ib < QK_K / QK; ib++, out += QK)
             store_scaled(out, book_values(x[i].qs + 16 * ib, kvalues_iq4nl),
                          _mm256_set1_ps(_cvtsh_ss(x[i].d) * (float)iq4_xs_scale(&x[i], ib)), _mm256_setzero_ps(), 0);
+}
+
+static void dequant_iq3_s(const void *restrict w, float *restrict out, int64_t n) {
+    const block_iq3_s *x = w;
+    for (int64_t i = 0; i < n / QK_K; i++)
+        for (int ib = 0; ib < QK_K / QK; ib++, out += QK)
+            store_scaled(out, iq3_s_values32(&x[i], ib), _mm256_set1_ps(_cvtsh_ss(x[i].d) * (float)iq3_s_scale(&x[i], ib)),
+                         _mm256_setzero_ps(), 0);
 }
 
 static void dequant_mxfp4(const void *restrict w, float *restrict out, int64_t n) {
@@ -1492,7 +1553,7 @@ void KERNELS_FILL_AVX2(kernel_table *t) {
     SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
     SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
     SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K) SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K)
-    SET(T_IQ4_XS, iq4_xs) SET(T_F16, f16) SET(T_BF16, bf16)
+    SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s) SET(T_F16, f16) SET(T_BF16, bf16)
 #undef SET
     t->gemm[T_Q4_0] = gemm_q4_0;
     t->gemm[T_Q4_1] = gemm_q4_1;
@@ -1507,6 +1568,7 @@ void KERNELS_FILL_AVX2(kernel_table *t) {
     t->gemm[T_Q5_K] = gemm_q5_K;
     t->gemm[T_Q6_K] = gemm_q6_K;
     t->gemm[T_IQ4_XS] = gemm_iq4_xs;
+    t->gemm[T_IQ3_S] = gemm_iq3_s;
     /* F32: dequant is a copy (the scalar memcpy) */
     t->vec_dot[T_F32] = vec_dot_f32;
     t->gemv[T_F32] = gemv_f32;

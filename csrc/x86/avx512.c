@@ -1378,6 +1378,12 @@ INLINE void k4_scales(const uint8_t *s, uint32_t sc[2], uint32_t m[2]) {
 #define K_GRP_q3_K 4
 #define K_GRP_iq4_xs 1 /* unused: k_dot's signed path */
 #define K_ORD_iq4_xs 0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15
+/* IQ3_S: Q6_K's order, signed values + 16 (1..31: 31 * 128 * 2 * 4 fits int16) */
+#define K_ORD_iq3_s K_ORD_q6_K
+#define K_OFF_iq3_s 16
+#define K_MIN_iq3_s 0
+#define K_SGN_iq3_s 0
+#define K_GRP_iq3_s 4
 
 #define IDX8(...) _mm_loadu_si128((const void *)(const int8_t[16]){__VA_ARGS__})
 #define IDX32(...) _mm512_setr_epi32(__VA_ARGS__)
@@ -1511,6 +1517,28 @@ INLINE void dec_iq4_xs(const void *xb, wKs *W) {
     W->nmin = _mm512_setzero_ps();
 }
 
+/* IQ3_S: v[q] = elements 64 q .. 64 q + 63 (128-bit lane k: sub-block 4 q + k of 16, as
+ * Q6_K) as signed value + 16: the 16 points' 9-bit indices (qs, bits of qh as bit 8)
+ * gathered from iq3s_grid, the 64 sign bits signs[8 q .. 8 q + 7] a byte mask; each
+ * 16-element half scaled by d (1 + 2 s) of its sub-block of 32 */
+INLINE void dec_iq3_s(const void *xb, wKs *W) {
+    const block_iq3_s *x = xb;
+    const __m512i off = _mm512_set1_epi8(K_OFF_iq3_s);
+    for (int q = 0; q < 4; q++) {
+        const __m512i lo = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(x->qs + 16 * q)));
+        const __mmask16 hi = (__mmask16)(x->qh[2 * q] | x->qh[2 * q + 1] << 8);
+        const __m512i g = _mm512_i32gather_epi32(_mm512_mask_or_epi32(lo, hi, lo, _mm512_set1_epi32(0x100)), iq3s_grid, 4);
+        uint64_t neg;
+        memcpy(&neg, x->signs + 8 * q, 8);
+        W->v[q] = _mm512_mask_sub_epi8(_mm512_add_epi8(off, g), (__mmask64)neg, off, g);
+    }
+    const __m128i s = _mm_cvtsi64_si128((long long)_pdep_u64(ld32(x->scales), 0x0f0f0f0f0f0f0f0full)); /* byte ib: s */
+    W->dsc = _mm512_mul_ps(k_bytes_u(_mm_add_epi8(_mm_add_epi8(s, s), _mm_set1_epi8(1)),
+                                     IDX8(0, 2, 4, 6, 0, 2, 4, 6, 1, 3, 5, 7, 1, 3, 5, 7)),   /* K_ORD / 2 */
+                           _mm512_set1_ps(_cvtsh_ss(x->d)));
+    W->nmin = _mm512_setzero_ps();
+}
+
 /* an activation super-block, arranged for a format: a[q] pairs with the
  * decoded v[q]; seed = -off * bsums, bs = da * bsums (mins), M order */
 typedef struct {
@@ -1537,6 +1565,7 @@ INLINE __m512i k_pair32(const int8_t *q, int x0, int x1) {
 DEFINE_KACT(q4_K, 0, 2, 1, 3, 4, 6, 5, 7)
 DEFINE_KACT(q5_K, 0, 2, 1, 3, 4, 6, 5, 7)
 DEFINE_KACT(q6_K, 0, 1, 2, 3, 4, 5, 6, 7)
+DEFINE_KACT(iq3_s, 0, 1, 2, 3, 4, 5, 6, 7)
 DEFINE_KACT(q2_K, 0, 4, 1, 5, 2, 6, 3, 7)
 DEFINE_KACT(q3_K, 0, 4, 1, 5, 2, 6, 3, 7)
 /* IQ4_XS's activations: a[0] = elements 0-15 of each 32-element quarter of the first half
@@ -1824,6 +1853,7 @@ DEFINE_K512(q6_K, block_q6_K)
 DEFINE_K512(q2_K, block_q2_K)
 DEFINE_K512(q3_K, block_q3_K)
 DEFINE_K512(iq4_xs, block_iq4_xs)
+DEFINE_K512(iq3_s, block_iq3_s)
 
 INLINE __mmask16 tail_mask16(int64_t m) { return (__mmask16)_bzhi_u32(0xffffu, (unsigned)(m > 16 ? 16 : m)); }
 
@@ -2195,7 +2225,7 @@ void kernels_fill_avx512(kernel_table *t) {
         SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
         SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
         SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K) SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K)
-        SET(T_IQ4_XS, iq4_xs)
+        SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s)
 #undef SET
         for (int T = 0; T < T_COUNT; T++) t->gemm_streams[T] = t->gemm[T] && T != T_F32 && T != T_F16 && T != T_BF16 ? GEMM_FEW_COLS : 0;
     } else {
@@ -2206,11 +2236,12 @@ void kernels_fill_avx512(kernel_table *t) {
         SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
         SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
         SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K) SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K)
-        SET(T_IQ4_XS, iq4_xs)
+        SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s)
 #undef SET
         /* without VNNI only the K-quants' gemm has the streaming path (few_* is VNNI's) */
         t->gemm_streams[T_Q4_K] = t->gemm_streams[T_Q5_K] = t->gemm_streams[T_Q6_K] = GEMM_FEW_COLS;
         t->gemm_streams[T_Q2_K] = t->gemm_streams[T_Q3_K] = t->gemm_streams[T_IQ4_XS] = GEMM_FEW_COLS;
+        t->gemm_streams[T_IQ3_S] = GEMM_FEW_COLS;
     }
     t->vec_dot[T_F32] = vec_dot_f32;
     t->gemv[T_F32] = gemv_f32;
