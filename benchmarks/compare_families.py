@@ -19,7 +19,7 @@ llama.cpp runs in its own virtual environment as a subprocess (pyllm never
 imports it): --peer-python, default /tmp/peer-venv/bin/python.
 
 Usage: python benchmarks/compare_families.py [--families llama,gemma3] [--types Q4_K_M,Q8_0]
-       [--out DIR] [--markdown]
+       [--synth-types IQ3_XXS] [--out DIR] [--markdown]
 """
 from __future__ import annotations
 
@@ -240,6 +240,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--types", help="quant types for every family (default: all for llama, Q8_0,Q4_K_M else)")
+    ap.add_argument("--synth-types", default="",
+                    help="also files whose matrices are all of these ggml types, random blocks written by "
+                         "tests/synth.py as tests/test_families.py makes them (types llama.cpp's quantizer "
+                         "makes only with an importance matrix, e.g. IQ3_XXS); rows labelled TYPE*")
     ap.add_argument("--peer-python", default=os.environ.get("PYLLM_PEER_PYTHON", "/tmp/peer-venv/bin/python"))
     ap.add_argument("--tokenizer-from", default=str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--n-tokens", type=int, default=40)
@@ -267,6 +271,9 @@ def main() -> int:
         n_ctx = ctx[0] if ctx else 64
         src = synth.WRITERS[writer](out / f"{fam}-F32.gguf", synth.QT.F32, tokenizer_from=tok_md, **kw)
         files.append((fam, "F32", src, n_ctx))
+        for t in filter(None, a.synth_types.split(",")):
+            path = synth.WRITERS[writer](out / f"{fam}-synth-{t}.gguf", synth.QT[t], tokenizer_from=tok_md, **kw)
+            files.append((fam, t + "*", path, n_ctx))
         types = a.types.split(",") if a.types else (LLAMA_TYPES if fam == "llama" else OTHER_TYPES)
         for t in types:
             dst = str(out / f"{fam}-{t}.gguf")

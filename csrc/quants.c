@@ -24,6 +24,8 @@
  *   IQ4_XS: 8 sub-blocks of 32, sub-block ib laid out as an IQ4_NL block at qs + 16*ib.
  *   IQ3_S: element e is byte e % 4 of the grid point iq3_s_index(e / 4), negated
  *     when bit e % 8 of signs[e / 8] is set (quants.h).
+ *   IQ3_XXS: element e is byte e % 4 of grid point qs[e / 4], negated when bit e % 8
+ *     of iq_signs[7 bits at 7 ((e % 32) / 8) of sub-block e / 32's word] is set.
  *   Q6_K: 2 halves of 128; in half h, element 32*s + l (s < 4, l < 32) takes
  *     its low nibble from ql[64*h + l + 32*(s&1)] (>> 4 when s >= 2) and its
  *     2 high bits from (qh[32*h + l] >> 2*s) & 3; value - 32. 16 sub-blocks of 16.
@@ -184,6 +186,18 @@ const int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
 const int8_t kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 const uint32_t iq3s_grid[IQ3S_GRID_SIZE] = {IQ3S_GRID};
+const uint32_t iq3xxs_grid[IQ3XXS_GRID_SIZE] = {IQ3XXS_GRID};
+
+#define PARITY7(i) (((i) ^ (i) >> 1 ^ (i) >> 2 ^ (i) >> 3 ^ (i) >> 4 ^ (i) >> 5 ^ (i) >> 6) & 1)
+#define SIGNS_1(i) (uint8_t)((i) | PARITY7(i) << 7)
+#define SIGNS_4(i) SIGNS_1(i), SIGNS_1(i + 1), SIGNS_1(i + 2), SIGNS_1(i + 3)
+#define SIGNS_16(i) SIGNS_4(i), SIGNS_4(i + 4), SIGNS_4(i + 8), SIGNS_4(i + 12)
+const uint8_t iq_signs[128] = {SIGNS_16(0), SIGNS_16(16), SIGNS_16(32), SIGNS_16(48),
+                               SIGNS_16(64), SIGNS_16(80), SIGNS_16(96), SIGNS_16(112)};
+#undef PARITY7
+#undef SIGNS_1
+#undef SIGNS_4
+#undef SIGNS_16
 
 #define E8M0_4(e) E8M0_HALF_BITS(e), E8M0_HALF_BITS(e + 1), E8M0_HALF_BITS(e + 2), E8M0_HALF_BITS(e + 3)
 #define E8M0_16(e) E8M0_4(e), E8M0_4(e + 4), E8M0_4(e + 8), E8M0_4(e + 12)
@@ -229,6 +243,21 @@ static void dequant_iq3_s(const void *restrict w, float *restrict out, int64_t n
     for (int64_t i = 0; i < n / QK_K; i++, out += QK_K)
         for (int e = 0; e < QK_K; e++)
             out[e] = F16(b[i].d) * (float)iq3_s_scale(&b[i], e / QK) * (float)iq3_s_value(&b[i], e);
+}
+
+/* IQ3_XXS: the signed grid value of element e (0..255) of a super-block */
+static inline int iq3_xxs_value(const block_iq3_xxs *b, int e) {
+    const int v = (uint8_t)(iq3xxs_grid[b->qs[e / 4]] >> 8 * (e % 4));
+    const int signs = iq_signs[(iq3_xxs_word(b, e / QK) >> 7 * ((e % QK) / 8)) & 127];
+    return (signs >> (e % 8)) & 1 ? -v : v;
+}
+
+/* IQ3_XXS: ((d (s + 1/2)) / 2) * value, as gguf.quants */
+static void dequant_iq3_xxs(const void *restrict w, float *restrict out, int64_t n) {
+    const block_iq3_xxs *b = w;
+    for (int64_t i = 0; i < n / QK_K; i++, out += QK_K)
+        for (int e = 0; e < QK_K; e++)
+            out[e] = F16(b[i].d) * (0.5f + (float)(iq3_xxs_word(&b[i], e / QK) >> 28)) * 0.5f * (float)iq3_xxs_value(&b[i], e);
 }
 
 static void dequant_mxfp4(const void *restrict w, float *restrict out, int64_t n) {
@@ -577,6 +606,23 @@ static float vec_dot_iq3_s(int64_t n, const void *restrict w, const void *restri
     return sum;
 }
 
+/* IQ3_XXS: per super-block, sum_ib (2 s_ib + 1) * sum(signed grid value * a) in int, times d / 4 */
+static float vec_dot_iq3_xxs(int64_t n, const void *restrict w, const void *restrict a) {
+    const block_iq3_xxs *x = w;
+    const block_q8_K *y = a;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int isum = 0;
+        for (int ib = 0; ib < QK_K / QK; ib++) {
+            int sub = 0;
+            for (int e = QK * ib; e < QK * (ib + 1); e++) sub += iq3_xxs_value(&x[i], e) * y[i].qs[e];
+            isum += iq3_xxs_scale(&x[i], ib) * sub;
+        }
+        sum += y[i].d * (0.25f * F16(x[i].d)) * (float)isum;
+    }
+    return sum;
+}
+
 /* K-quants: per super-block, sum_sb scale_sb * sum(q * a) in int, the min
  * term from the activation's 16-element sums (bsums). */
 static float vec_dot_q2_K(int64_t n, const void *restrict w, const void *restrict a) {
@@ -813,6 +859,7 @@ static const type_traits TRAITS[T_COUNT] = {
     [T_MXFP4] = {"MXFP4", QK, sizeof(block_mxfp4), ACT_Q8_32},
     [T_IQ4_XS] = {"IQ4_XS", QK_K, sizeof(block_iq4_xs), ACT_Q8_K},
     [T_IQ3_S] = {"IQ3_S", QK_K, sizeof(block_iq3_s), ACT_Q8_K},
+    [T_IQ3_XXS] = {"IQ3_XXS", QK_K, sizeof(block_iq3_xxs), ACT_Q8_K},
     [T_Q2_K] = {"Q2_K", QK_K, sizeof(block_q2_K), ACT_Q8_K},
     [T_Q3_K] = {"Q3_K", QK_K, sizeof(block_q3_K), ACT_Q8_K},
     [T_Q4_K] = {"Q4_K", QK_K, sizeof(block_q4_K), ACT_Q8_K},
@@ -829,6 +876,7 @@ _Static_assert(sizeof(block_iq4_nl) == 18, "iq4_nl");
 _Static_assert(sizeof(block_mxfp4) == 17, "mxfp4");
 _Static_assert(sizeof(block_iq4_xs) == 136, "iq4_xs");
 _Static_assert(sizeof(block_iq3_s) == 110, "iq3_s");
+_Static_assert(sizeof(block_iq3_xxs) == 98, "iq3_xxs");
 _Static_assert(sizeof(block_q2_K) == 84, "q2_K");
 _Static_assert(sizeof(block_q3_K) == 110, "q3_K");
 _Static_assert(sizeof(block_q4_K) == 144, "q4_K");
@@ -871,7 +919,7 @@ void kernels_fill_scalar(kernel_table *t) {
     SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
     SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
     SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K) SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K)
-    SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s)
+    SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s) SET(T_IQ3_XXS, iq3_xxs)
 #undef SET
     /* no scalar gemv: the matmul loops over vec_dot */
     t->quantize_act[ACT_F32] = quantize_f32;

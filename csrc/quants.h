@@ -23,7 +23,7 @@
 enum {
     T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7,
     T_Q8_0 = 8, T_Q8_1 = 9, T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12,
-    T_Q5_K = 13, T_Q6_K = 14, T_Q8_K = 15, T_IQ4_NL = 20, T_IQ3_S = 21, T_IQ4_XS = 23, T_BF16 = 30,
+    T_Q5_K = 13, T_Q6_K = 14, T_Q8_K = 15, T_IQ3_XXS = 18, T_IQ4_NL = 20, T_IQ3_S = 21, T_IQ4_XS = 23, T_BF16 = 30,
     T_MXFP4 = 39, T_COUNT = 40
 };
 
@@ -87,6 +87,20 @@ static inline int iq3_s_scale(const block_iq3_s *b, int ib) { return 1 + 2 * ((b
 /* the grid index (0..511) of IQ3_S point k (0..63) */
 static inline int iq3_s_index(const block_iq3_s *b, int k) { return b->qs[k] | ((b->qh[k / 8] >> (k % 8)) & 1) << 8; }
 
+/* IQ3_XXS: 8 sub-blocks of 32, each 8 points of 4 values on a grid (iq3xxs_grid:
+ * 256 points, values 4..62): point k (elements 4k..4k+3) has the index qs[k].
+ * Sub-block ib's 32-bit word sas[4 ib..4 ib + 3] (little-endian) holds in bits
+ * 7 l..7 l + 6 the signs of its elements 8 l..8 l + 7 (iq_signs) and in its top
+ * 4 bits the scale s: w = d (2 s + 1) / 4 value */
+typedef struct { f16_t d; uint8_t qs[QK_K / 4]; uint8_t sas[QK_K / 8]; } block_iq3_xxs;   /* 98 B */
+
+static inline uint32_t iq3_xxs_word(const block_iq3_xxs *b, int ib) {
+    const uint8_t *p = b->sas + 4 * ib;
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+/* the odd scale 2 s + 1 (1..31) of IQ3_XXS sub-block ib: w = (d / 4) (2 s + 1) value */
+static inline int iq3_xxs_scale(const block_iq3_xxs *b, int ib) { return 1 + 2 * (int)(iq3_xxs_word(b, ib) >> 28); }
+
 /* facts of the 32-element formats the SIMD kernels build on, by name:
  * HAS_MIN_x: a block has a min m (w = d q + m); SIGNED_x: the quants are
  * signed bytes (the others are unsigned nibbles, with the fixed offset of
@@ -120,6 +134,18 @@ extern const int8_t kvalues_iq4nl[16];
 extern const int8_t kvalues_mxfp4[16];
 /* IQ3_S's grid: point i's 4 values in the bytes of iq3s_grid[i] (csrc/iq_grids.h) */
 extern const uint32_t iq3s_grid[512];
+/* IQ3_XXS's grid, as iq3s_grid */
+extern const uint32_t iq3xxs_grid[256];
+/* the 8 sign bits of 8 values stored as 7 (IQ3_XXS, IQ2_XXS, IQ2_XS): bit 7 makes their
+ * count even (ggml's ksigns_iq2xs) */
+extern const uint8_t iq_signs[128];
+
+/* IQ3_XXS: the 32 sign bits of sub-block ib (bit j: element 32 ib + j negated) */
+static inline uint32_t iq3_xxs_sign_bits(const block_iq3_xxs *b, int ib) {
+    const uint32_t w = iq3_xxs_word(b, ib);
+    return (uint32_t)iq_signs[w & 127] | (uint32_t)iq_signs[(w >> 7) & 127] << 8 |
+           (uint32_t)iq_signs[(w >> 14) & 127] << 16 | (uint32_t)iq_signs[(w >> 21) & 127] << 24;
+}
 
 /* an MXFP4 block's scale, 2^(e - 128) (half the E8M0 value 2^(e - 127)), as
  * float bits: the normal 2^(e - 128) for e >= 2, the subnormals 2^-128 and

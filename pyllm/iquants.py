@@ -156,11 +156,11 @@ def quantize_iq4_xs(x: np.ndarray, imatrix: np.ndarray | None = None) -> np.ndar
 
 
 # -- the grids of the lattice i-quants ---------------------------------------------------------------
-# IQ3_S (and later IQ3_XXS, IQ2_*, IQ1_*) store each group of 4 or 8 values as an index into a
+# IQ3_S and IQ3_XXS (and later IQ2_*, IQ1_*) store each group of 4 or 8 values as an index into a
 # fixed grid of points. The grids come from gguf-py (ggml's iq3s_grid...); the C kernels read
 # them from csrc/iq_grids.h, which c_grids_header() writes and tests/test_iquants.py checks.
 
-GRIDS = {"IQ3S_GRID": "IQ3_S"}   # C macro name: gguf.quants class
+GRIDS = {"IQ3S_GRID": "IQ3_S", "IQ3XXS_GRID": "IQ3_XXS"}   # C macro name: gguf.quants class
 
 
 def grid(name: str) -> np.ndarray:

@@ -173,7 +173,7 @@ FAMILIES = {
     "granite_swa": (synth.write_granite_swa, {}),              # sinks, window in layers 0, 2, 3, NoPE layer 2
     "granite_swa-moe": (synth.write_granite_swa, {"experts": 8}),   # + fused experts, fused shared expert                  # MLA, fused ffn_gate_up_exps, attention temperature
 }
-TYPES = [QT.F32, QT.Q8_0, QT.Q4_K, QT.IQ4_NL, QT.IQ4_XS, QT.IQ3_S, QT.MXFP4]
+TYPES = [QT.F32, QT.Q8_0, QT.Q4_K, QT.IQ4_NL, QT.IQ4_XS, QT.IQ3_S, QT.IQ3_XXS, QT.MXFP4]
 # LFM2 multiplies two projections in its conv layers (b * x, then c * conv): the error of
 # Q4_K's 8-bit activations (one scale per 256) compounds there. Measured at Q4_K over seeds
 # 0-2: 3.6%, 10.6%, 2.5% of the spread; llama.cpp's own Q4_K_M files are as far from the
@@ -193,15 +193,22 @@ TYPES = [QT.F32, QT.Q8_0, QT.Q4_K, QT.IQ4_NL, QT.IQ4_XS, QT.IQ3_S, QT.MXFP4]
 # files of the same models pyllm and llama.cpp are as far from it (olmo3 2.53% and 2.53%, falcon-h1
 # 3.89% and 3.83%, gemma4-moe 1.26% and 1.76%, arwkv7-gated 2.47% and 2.47%; exaone-moe 9.25% and
 # 8.73%; benchmarks/compare_families.py --types IQ4_XS). IQ3_S likewise: olmo3 2.60% and 2.65%,
-# falcon-h1 4.10% and 3.99%, exaone-moe 7.52% and 8.54% (--types IQ3_S)
+# falcon-h1 4.10% and 3.99%, exaone-moe 7.52% and 8.54% (--types IQ3_S). IQ3_XXS (which llama.cpp's
+# quantizer makes only with an importance matrix) on synth's files, which llama.cpp runs too: olmo2
+# 2.42% and 2.38%, olmo3 3.11% and 3.13%, nemotron_h 2.66% and 2.65%, falcon-h1 3.08% and 3.08%,
+# baichuan-13b 1.92% and 1.90%, arwkv7-gated 2.20% and 2.23%, exaone-moe 2.31% and 4.29%
+# (--synth-types IQ3_XXS); the flips at margin 0.05 are near-ties both engines round either way
 QUANT_TOLERANCE = {("lfm2", QT.Q4_K): 0.05, ("falcon-mamba", QT.Q8_0): 0.05, ("falcon-mamba", QT.MXFP4): 0.06,
                    ("rwkv6", QT.IQ4_NL): 0.05, ("olmo3", QT.IQ4_XS): 0.04, ("falcon-h1", QT.IQ4_XS): 0.04,
-                   ("gemma4-moe", QT.IQ4_XS): 0.08, ("olmo3", QT.IQ3_S): 0.04, ("falcon-h1", QT.IQ3_S): 0.04}
+                   ("gemma4-moe", QT.IQ4_XS): 0.08, ("olmo3", QT.IQ3_S): 0.04, ("falcon-h1", QT.IQ3_S): 0.04,
+                   ("olmo3", QT.IQ3_XXS): 0.04, ("falcon-h1", QT.IQ3_XXS): 0.04}
 # the top-2 margin (of the logits' spread) past which the top token must agree, where 0.05 is too
 # fine: on AVX2 (no VNNI, measured on an AMD EPYC) one of LFM2's 37 positions at IQ4_NL flips there
 # (and one of Mamba's 38 at IQ4_NL)
 QUANT_MARGIN = {("lfm2", QT.IQ4_NL): 0.1, ("mamba", QT.IQ4_NL): 0.1, ("rwkv6", QT.Q8_0): 0.1,
-                ("arwkv7-gated", QT.IQ4_XS): 0.1, ("falcon-h1", QT.IQ4_XS): 0.1, ("olmo3", QT.IQ3_S): 0.1}
+                ("arwkv7-gated", QT.IQ4_XS): 0.1, ("falcon-h1", QT.IQ4_XS): 0.1, ("olmo3", QT.IQ3_S): 0.1,
+                **{(f, QT.IQ3_XXS): 0.1 for f in ("olmo2", "olmo3", "falcon-h1", "arwkv7-gated", "baichuan-13b")},
+                ("nemotron_h", QT.IQ3_XXS): 0.15}   # one flip at 0.11 of the spread, 2.6% from the reference
 # share of positions within 3% for a quantized MoE (see the test): gpt-oss with its files' YaRN
 # (factor 32) sharpens every softmax by 1.35^2; measured 80% at MXFP4, while on llama.cpp's own
 # MXFP4_MOE file of it pyllm and llama.cpp are 2.45% and 2.29% from the reference
@@ -215,7 +222,8 @@ QUANT_MARGIN = {("lfm2", QT.IQ4_NL): 0.1, ("mamba", QT.IQ4_NL): 0.1, ("rwkv6", Q
 MOE_CLOSE = {("gpt-oss-yarn", QT.MXFP4): 0.8, ("lfm2moe", QT.IQ4_NL): 0.6, ("lfm2moe", QT.Q8_0): 0.75, ("deepseek2-kv_b", QT.IQ4_NL): 0.8, ("deepseek2-yarn", QT.Q8_0): 0.8,
              ("deepseek2-yarn", QT.IQ4_NL): 0.8,
              ("deepseek2", QT.IQ4_NL): 0.8,   # scalar path: 0.825 (4 positions at 0.030-0.034)
-             ("mistral4", QT.IQ4_NL): 0.7, ("exaone-moe", QT.IQ4_XS): 0.75, ("exaone-moe", QT.IQ3_S): 0.7}
+             ("mistral4", QT.IQ4_NL): 0.7, ("exaone-moe", QT.IQ4_XS): 0.75, ("exaone-moe", QT.IQ3_S): 0.7,
+             ("exaone-moe", QT.IQ3_XXS): 0.75, ("exaone-moe-pattern", QT.IQ3_XXS): 0.7}
 # Mistral 4 (DeepSeek 2 with q_a/q_b and the attention temperature sharpening later positions):
 # IQ4_NL 0.725; at IQ4_NL files pyllm and llama.cpp are 3.02% and 3.39% from the reference
 # F32 rel beyond 1e-4: DeepSeek 2 with YaRN, 8.6e-5/1.25e-4/6.2e-5 over seeds 0-2 (without YaRN

@@ -63,6 +63,7 @@ TYPES = {
     "Q6_K": (14, 256, 210, ACT_Q8_K),
     "IQ4_XS": (23, 256, 136, ACT_Q8_K),
     "IQ3_S": (21, 256, 110, ACT_Q8_K),
+    "IQ3_XXS": (18, 256, 98, ACT_Q8_K),
 }
 PRIORITY = ["Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q6_K", "Q4_0"]
 GEMV_REQUIRED = ["Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q6_K"]
@@ -74,7 +75,7 @@ SCALE_FIELDS = {
     "Q4_1": ([0], [2]), "Q5_1": ([0], [2]),
     "Q2_K": ([80], [82]), "Q3_K": ([108], []),
     "Q4_K": ([0], [2]), "Q5_K": ([0], [2]), "Q6_K": ([208], []), "IQ4_XS": ([0], []),
-    "IQ3_S": ([0], []),
+    "IQ3_S": ([0], []), "IQ3_XXS": ([0], []),
 }
 
 # SIMD vs scalar differ only in summation order and FMA rounding: measured

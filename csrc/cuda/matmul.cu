@@ -386,6 +386,7 @@ static void by_type(int type, F &&f) {
     case T_Q6_K: f(std::integral_constant<int, T_Q6_K>{}); break;
     case T_IQ4_XS: f(std::integral_constant<int, T_IQ4_XS>{}); break;
     case T_IQ3_S: f(std::integral_constant<int, T_IQ3_S>{}); break;
+    case T_IQ3_XXS: f(std::integral_constant<int, T_IQ3_XXS>{}); break;
     default: break;
     }
 }

@@ -190,6 +190,7 @@ template <> struct fmt<T_Q5_K> { static constexpr int block = 256, bytes = 176, 
 template <> struct fmt<T_Q6_K> { static constexpr int block = 256, bytes = 210, act = ACT_Q8_K; };
 template <> struct fmt<T_IQ4_XS> { static constexpr int block = 256, bytes = 136, act = ACT_Q8_K; };
 template <> struct fmt<T_IQ3_S> { static constexpr int block = 256, bytes = 110, act = ACT_Q8_K; };
+template <> struct fmt<T_IQ3_XXS> { static constexpr int block = 256, bytes = 98, act = ACT_Q8_K; };
 template <> struct fmt<T_F32> { static constexpr int block = 1, bytes = 4, act = ACT_F32; };
 template <> struct fmt<T_F16> { static constexpr int block = 1, bytes = 2, act = ACT_F32; };
 template <> struct fmt<T_BF16> { static constexpr int block = 1, bytes = 2, act = ACT_F32; };
@@ -292,24 +293,43 @@ template <> PQ_HD void unpack16<T_IQ4_XS>(const uint8_t *row, int g, int q[4], f
     b = 0.0f;
 }
 
-/* IQ3_S's grid (csrc/iq_grids.h): point i's 4 values in the bytes of entry i. In global
- * memory, not __constant__: the threads of a warp read different points */
+/* the grids of IQ3_S and IQ3_XXS (csrc/iq_grids.h): point i's 4 values in the bytes of entry
+ * i. In global memory, not __constant__: the threads of a warp read different points */
 __device__ const uint32_t iq3s_grid_dev[IQ3S_GRID_SIZE] = {IQ3S_GRID};
 static const uint32_t iq3s_grid_host[IQ3S_GRID_SIZE] = {IQ3S_GRID};
+__device__ const uint32_t iq3xxs_grid_dev[IQ3XXS_GRID_SIZE] = {IQ3XXS_GRID};
+static const uint32_t iq3xxs_grid_host[IQ3XXS_GRID_SIZE] = {IQ3XXS_GRID};
+
+template <int T> PQ_HD uint32_t grid_point(int i) {
+    static_assert(T == T_IQ3_S || T == T_IQ3_XXS, "a format with a grid");
+#ifdef __CUDA_ARCH__
+    return T == T_IQ3_S ? iq3s_grid_dev[i] : iq3xxs_grid_dev[i];
+#else
+    return T == T_IQ3_S ? iq3s_grid_host[i] : iq3xxs_grid_host[i];
+#endif
+}
+
+/* the 4 values of point v with the signs of 4 bits: bit j negates byte j (0xff mask, then -) */
+PQ_HD uint32_t signed4(uint32_t v, uint32_t bits) {
+    const uint32_t neg = ((bits * 0x00204081u) & 0x01010101u) * 0xffu;   /* bit j -> bit 8 j -> byte j */
+    return vsub4(v ^ neg, neg);
+}
 
 /* IQ3_S (quants.h): the 4 signed values of point p (0..63) of the block at b (d, qs[64],
- * qh[8], signs[32], scales[4]), value j in byte j */
+ * qh[8], signs[32], scales[4]), value j in byte j; elements 4p..4p+3 take sign bits
+ * 4 (p & 1) .. + 3 of signs[p / 2] */
 PQ_HD uint32_t iq3s_values4(const uint8_t *b, int p) {
     const int i = b[2 + p] | ((b[66 + (p >> 3)] >> (p & 7)) & 1) << 8;
-#ifdef __CUDA_ARCH__
-    const uint32_t v = iq3s_grid_dev[i];
-#else
-    const uint32_t v = iq3s_grid_host[i];
-#endif
-    /* elements 4p..4p+3 take sign bits 4 (p & 1) .. + 3 of signs[p / 2]; bit j to byte j's 0xff */
-    const uint32_t bits = (b[74 + (p >> 1)] >> (4 * (p & 1))) & 15u;
-    const uint32_t neg = ((bits * 0x00204081u) & 0x01010101u) * 0xffu;
-    return vsub4(v ^ neg, neg);
+    return signed4(grid_point<T_IQ3_S>(i), (b[74 + (p >> 1)] >> (4 * (p & 1))) & 15u);
+}
+
+/* IQ3_XXS (quants.h): the same for the block at b (d, qs[64], sas[32]); the sign bits of
+ * elements 8 l..8 l + 7 of sub-block ib are bits 7 l.. of its word, made 8 by even parity */
+PQ_HD uint32_t word_iq3xxs(const uint8_t *b, int ib) { return ld32<2>(b + 66 + 4 * ib); }
+PQ_HD uint32_t iq3xxs_values4(const uint8_t *b, int p) {
+    uint32_t s7 = (word_iq3xxs(b, p >> 3) >> (7 * ((p & 7) >> 1))) & 127u;
+    const uint32_t par = (s7 ^ s7 >> 1 ^ s7 >> 2 ^ s7 >> 3 ^ s7 >> 4 ^ s7 >> 5 ^ s7 >> 6) & 1u;
+    return signed4(grid_point<T_IQ3_XXS>(b[2 + p]), ((s7 | par << 7) >> (4 * (p & 1))) & 15u);
 }
 
 /* IQ3_S: the odd scale 1 + 2 s of sub-block ib (0..7) */
@@ -320,6 +340,14 @@ template <> PQ_HD void unpack16<T_IQ3_S>(const uint8_t *row, int g, int q[4], fl
     const uint8_t *blk = row + (size_t)(g >> 4) * 110;
     for (int i = 0; i < 4; i++) q[i] = (int)iq3s_values4(blk, 4 * (g & 15) + i);
     a = ld_f16a(blk) * (float)scale_iq3s(blk, (g & 15) >> 1);
+    b = 0.0f;
+}
+
+/* IQ3_XXS: group g is points 4 (g & 15) .. + 3 of super-block g / 16; w = (d / 4) (2 s + 1) value */
+template <> PQ_HD void unpack16<T_IQ3_XXS>(const uint8_t *row, int g, int q[4], float &a, float &b) {
+    const uint8_t *blk = row + (size_t)(g >> 4) * 98;
+    for (int i = 0; i < 4; i++) q[i] = (int)iq3xxs_values4(blk, 4 * (g & 15) + i);
+    a = 0.25f * ld_f16a(blk) * (float)(1 + 2 * (int)(word_iq3xxs(blk, (g & 15) >> 1) >> 28));
     b = 0.0f;
 }
 
@@ -461,6 +489,13 @@ PQ_HD float dequant(int type, const uint8_t *row, int64_t k) {
         const int e = (int)(k & 255);
         const int v = (int8_t)(iq3s_values4(b, e >> 2) >> (8 * (e & 3)));
         return mul_rn(mul_rn(ld_f16(b), (float)scale_iq3s(b, e >> 5)), (float)v);
+    }
+    case T_IQ3_XXS: {
+        const uint8_t *b = row + (k >> 8) * 98;
+        const int e = (int)(k & 255);
+        const int v = (int8_t)(iq3xxs_values4(b, e >> 2) >> (8 * (e & 3)));
+        const float db = mul_rn(mul_rn(ld_f16(b), add_rn(0.5f, (float)(word_iq3xxs(b, e >> 5) >> 28))), 0.5f);
+        return mul_rn(db, (float)v);
     }
     case T_MXFP4: {
         const uint8_t *b = row + (k >> 5) * 17;

@@ -651,47 +651,58 @@ INLINE __m256i iq3_s_grid32(const block_iq3_s *x, int ib) {
     return _mm256_i32gather_epi32((const int *)iq3s_grid, _mm256_or_si256(lo, hi), 4);
 }
 
-/* IQ3_S: 0xff in the bytes of sub-block ib whose sign bit (signs[4 ib .. 4 ib + 3], bit e % 8) is set */
-INLINE __m256i iq3_s_negated32(const block_iq3_s *x, int ib) {
-    const __m256i byte = _mm256_shuffle_epi8(_mm256_set1_epi32((int)ld32(x->signs + 4 * ib)),
+/* 0xff in byte j of 32 where bit j of `bits` is set (the i-quants' signs) */
+INLINE __m256i negated32(uint32_t bits) {
+    const __m256i byte = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits),
                                              _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                                               2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
     const __m256i bit = _mm256_set1_epi64x(0x8040201008040201ll);
     return _mm256_cmpeq_epi8(_mm256_and_si256(byte, bit), bit);
 }
 
-/* IQ3_S: sub-block ib's signed values (grid values with their signs) */
-INLINE __m256i iq3_s_values32(const block_iq3_s *x, int ib) {
-    const __m256i neg = iq3_s_negated32(x, ib);
-    return _mm256_sub_epi8(_mm256_xor_si256(iq3_s_grid32(x, ib), neg), neg);
+/* 32 grid values g negated where bit j of `bits` is set */
+INLINE __m256i with_signs(__m256i g, uint32_t bits) {
+    const __m256i neg = negated32(bits);
+    return _mm256_sub_epi8(_mm256_xor_si256(g, neg), neg);
 }
 
-/* IQ3_S: per sub-block of 32, the grid values (unsigned) x the activations with the
- * weights' signs (vpmaddubsw: 15 x 127 x 2 stays within int16), the int16 pairs times the
- * odd scale 1 + 2 s added in int32; d * da once per super-block, as IQ4_XS */
-INLINE void ktile_iq3_s(const int T, int64_t nsb, const uint8_t *xr, const block_q8_K *const *y, __m256 *acc) {
-    for (int64_t i = 0; i < nsb; i++) {
-        const block_iq3_s *x = (const block_iq3_s *)(const void *)xr + i;
-        __m256i sumi[4];
-        for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();
-        for (int ib = 0; ib < QK_K / QK; ib++) {
-            const __m256i g = iq3_s_grid32(x, ib), neg = iq3_s_negated32(x, ib);
-            const __m256i sgn = _mm256_or_si256(neg, _mm256_set1_epi8(1));   /* -1 / +1 */
-            const __m256i sc = _mm256_set1_epi16((short)iq3_s_scale(x, ib));
-            for (int t = 0; t < T; t++) {
-                const __m256i aq = _mm256_loadu_si256((const __m256i *)(y[t][i].qs + QK * ib));
-                sumi[t] = madd_acc(sumi[t], _mm256_maddubs_epi16(g, _mm256_sign_epi8(aq, sgn)), sc);
-            }
-        }
-        const float d = _cvtsh_ss(x->d);
-        for (int t = 0; t < T; t++)
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y[t][i].d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+/* IQ3_XXS: the 32 grid values of sub-block ib (unsigned bytes, 4..62), its 8 points' indices in qs */
+INLINE __m256i iq3_xxs_grid32(const block_iq3_xxs *x, int ib) {
+    const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * ib)));
+    return _mm256_i32gather_epi32((const int *)iq3xxs_grid, idx, 4);
+}
+
+/* the grid i-quants (IQ3_S, IQ3_XXS): per sub-block of 32, the grid values (unsigned) x the
+ * activations with the weights' signs (vpmaddubsw: 62 x 127 x 2 stays within int16), the
+ * int16 pairs times the sub-block's odd scale added in int32; d (IQ3_XXS: d / 4) * da once
+ * per super-block, as IQ4_XS */
+#define DEFINE_GRID_KTILE(name, block_t, GRID32, SIGNS, SCALE, DMUL)                                        \
+    INLINE void ktile_##name(const int T, int64_t nsb, const uint8_t *xr, const block_q8_K *const *y, __m256 *acc) { \
+        for (int64_t i = 0; i < nsb; i++) {                                                                 \
+            const block_t *x = (const block_t *)(const void *)xr + i;                                       \
+            __m256i sumi[4];                                                                                \
+            for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();                                   \
+            for (int ib = 0; ib < QK_K / QK; ib++) {                                                        \
+                const __m256i g = GRID32(x, ib);                                                            \
+                const __m256i sgn = _mm256_or_si256(negated32(SIGNS(x, ib)), _mm256_set1_epi8(1)); /* -1/+1 */ \
+                const __m256i sc = _mm256_set1_epi16((short)SCALE(x, ib));                                  \
+                for (int t = 0; t < T; t++) {                                                               \
+                    const __m256i aq = _mm256_loadu_si256((const __m256i *)(y[t][i].qs + QK * ib));         \
+                    sumi[t] = madd_acc(sumi[t], _mm256_maddubs_epi16(g, _mm256_sign_epi8(aq, sgn)), sc);    \
+                }                                                                                           \
+            }                                                                                               \
+            const float d = (DMUL) * _cvtsh_ss(x->d);                                                       \
+            for (int t = 0; t < T; t++)                                                                     \
+                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y[t][i].d), _mm256_cvtepi32_ps(sumi[t]), acc[t]); \
+        }                                                                                                   \
+    }                                                                                                       \
+    INLINE void step_##name(const block_t *x, const block_q8_K *y, __m256 *acc) {                           \
+        ktile_##name(1, 1, (const uint8_t *)(const void *)x, &y, acc);                                      \
     }
-}
-
-INLINE void step_iq3_s(const block_iq3_s *x, const block_q8_K *y, __m256 *acc) {
-    ktile_iq3_s(1, 1, (const uint8_t *)(const void *)x, &y, acc);
-}
+#define IQ3_S_SIGNS(x, ib) ld32((x)->signs + 4 * (ib))
+DEFINE_GRID_KTILE(iq3_s, block_iq3_s, iq3_s_grid32, IQ3_S_SIGNS, iq3_s_scale, 1.0f)
+DEFINE_GRID_KTILE(iq3_xxs, block_iq3_xxs, iq3_xxs_grid32, iq3_xxs_sign_bits, iq3_xxs_scale, 0.25f)
+#undef IQ3_S_SIGNS
 
 #define DEFINE_QK(name, block_t)                                                                      \
     static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {          \
@@ -729,6 +740,7 @@ DEFINE_QK(q5_K, block_q5_K)
 DEFINE_QK(q6_K, block_q6_K)
 DEFINE_QK(iq4_xs, block_iq4_xs)
 DEFINE_QK(iq3_s, block_iq3_s)
+DEFINE_QK(iq3_xxs, block_iq3_xxs)
 
 /* K-quant gemm: one weight row against T activation rows at a time. Each
  * 32-element group of a super-block is decoded once (nibbles, 5th bits,
@@ -834,6 +846,7 @@ DEFINE_QK_GEMM(q5_K, block_q5_K)
 DEFINE_QK_GEMM(q6_K, block_q6_K)
 DEFINE_QK_GEMM(iq4_xs, block_iq4_xs)
 DEFINE_QK_GEMM(iq3_s, block_iq3_s)
+DEFINE_QK_GEMM(iq3_xxs, block_iq3_xxs)
 
 
 /* ------------------------------------------------------------------ */
@@ -995,7 +1008,16 @@ static void dequant_iq3_s(const void *restrict w, float *restrict out, int64_t n
     const block_iq3_s *x = w;
     for (int64_t i = 0; i < n / QK_K; i++)
         for (int ib = 0; ib < QK_K / QK; ib++, out += QK)
-            store_scaled(out, iq3_s_values32(&x[i], ib), _mm256_set1_ps(_cvtsh_ss(x[i].d) * (float)iq3_s_scale(&x[i], ib)),
+            store_scaled(out, with_signs(iq3_s_grid32(&x[i], ib), ld32(x[i].signs + 4 * ib)), _mm256_set1_ps(_cvtsh_ss(x[i].d) * (float)iq3_s_scale(&x[i], ib)),
+                         _mm256_setzero_ps(), 0);
+}
+
+static void dequant_iq3_xxs(const void *restrict w, float *restrict out, int64_t n) {
+    const block_iq3_xxs *x = w;
+    for (int64_t i = 0; i < n / QK_K; i++)
+        for (int ib = 0; ib < QK_K / QK; ib++, out += QK)
+            store_scaled(out, with_signs(iq3_xxs_grid32(&x[i], ib), iq3_xxs_sign_bits(&x[i], ib)),
+                         _mm256_set1_ps(_cvtsh_ss(x[i].d) * (0.5f + (float)(iq3_xxs_word(&x[i], ib) >> 28)) * 0.5f),
                          _mm256_setzero_ps(), 0);
 }
 
@@ -1553,7 +1575,7 @@ void KERNELS_FILL_AVX2(kernel_table *t) {
     SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
     SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
     SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K) SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K)
-    SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s) SET(T_F16, f16) SET(T_BF16, bf16)
+    SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s) SET(T_IQ3_XXS, iq3_xxs) SET(T_F16, f16) SET(T_BF16, bf16)
 #undef SET
     t->gemm[T_Q4_0] = gemm_q4_0;
     t->gemm[T_Q4_1] = gemm_q4_1;
@@ -1569,6 +1591,7 @@ void KERNELS_FILL_AVX2(kernel_table *t) {
     t->gemm[T_Q6_K] = gemm_q6_K;
     t->gemm[T_IQ4_XS] = gemm_iq4_xs;
     t->gemm[T_IQ3_S] = gemm_iq3_s;
+    t->gemm[T_IQ3_XXS] = gemm_iq3_xxs;
     /* F32: dequant is a copy (the scalar memcpy) */
     t->vec_dot[T_F32] = vec_dot_f32;
     t->gemv[T_F32] = gemv_f32;

@@ -1384,6 +1384,12 @@ INLINE void k4_scales(const uint8_t *s, uint32_t sc[2], uint32_t m[2]) {
 #define K_MIN_iq3_s 0
 #define K_SGN_iq3_s 0
 #define K_GRP_iq3_s 4
+/* IQ3_XXS: the same with values + 64 (2..126: one vpmaddubsw word per vpmaddwd) */
+#define K_ORD_iq3_xxs K_ORD_q6_K
+#define K_OFF_iq3_xxs 64
+#define K_MIN_iq3_xxs 0
+#define K_SGN_iq3_xxs 0
+#define K_GRP_iq3_xxs 1
 
 #define IDX8(...) _mm_loadu_si128((const void *)(const int8_t[16]){__VA_ARGS__})
 #define IDX32(...) _mm512_setr_epi32(__VA_ARGS__)
@@ -1517,25 +1523,47 @@ INLINE void dec_iq4_xs(const void *xb, wKs *W) {
     W->nmin = _mm512_setzero_ps();
 }
 
-/* IQ3_S: v[q] = elements 64 q .. 64 q + 63 (128-bit lane k: sub-block 4 q + k of 16, as
- * Q6_K) as signed value + 16: the 16 points' 9-bit indices (qs, bits of qh as bit 8)
- * gathered from iq3s_grid, the 64 sign bits signs[8 q .. 8 q + 7] a byte mask; each
- * 16-element half scaled by d (1 + 2 s) of its sub-block of 32 */
+/* the grid i-quants (IQ3_S, IQ3_XXS): v[q] = elements 64 q .. 64 q + 63 (128-bit lane k:
+ * sub-block 4 q + k of 16, as Q6_K) as signed value + K_OFF (the seed takes it back): the
+ * 16 points of the 64 gathered from the grid, negated where their 64 sign bits say; each
+ * 16-element half scaled by d times the odd scale of its sub-block of 32 */
+INLINE __m512i k_grid64(__m512i idx, const uint32_t *grid, uint64_t neg, int off) {
+    const __m512i o = _mm512_set1_epi8((char)off), g = _mm512_i32gather_epi32(idx, grid, 4);
+    return _mm512_mask_sub_epi8(_mm512_add_epi8(o, g), (__mmask64)neg, o, g);
+}
+
+/* d times the odd scales of the 8 sub-blocks of 32 (byte ib of sc8), in M order */
+INLINE __m512 k_grid_dsc(uint64_t sc8, float d) {
+    return _mm512_mul_ps(k_bytes_u(_mm_cvtsi64_si128((long long)sc8), IDX8(0, 2, 4, 6, 0, 2, 4, 6, 1, 3, 5, 7, 1, 3, 5, 7)),
+                         _mm512_set1_ps(d));   /* K_ORD_q6_K / 2 */
+}
+
+/* IQ3_S: 9-bit indices (qs, the bits of qh as bit 8), the sign bits in order, scales 2 s + 1 */
 INLINE void dec_iq3_s(const void *xb, wKs *W) {
     const block_iq3_s *x = xb;
-    const __m512i off = _mm512_set1_epi8(K_OFF_iq3_s);
     for (int q = 0; q < 4; q++) {
         const __m512i lo = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(x->qs + 16 * q)));
         const __mmask16 hi = (__mmask16)(x->qh[2 * q] | x->qh[2 * q + 1] << 8);
-        const __m512i g = _mm512_i32gather_epi32(_mm512_mask_or_epi32(lo, hi, lo, _mm512_set1_epi32(0x100)), iq3s_grid, 4);
         uint64_t neg;
         memcpy(&neg, x->signs + 8 * q, 8);
-        W->v[q] = _mm512_mask_sub_epi8(_mm512_add_epi8(off, g), (__mmask64)neg, off, g);
+        W->v[q] = k_grid64(_mm512_mask_or_epi32(lo, hi, lo, _mm512_set1_epi32(0x100)), iq3s_grid, neg, K_OFF_iq3_s);
     }
-    const __m128i s = _mm_cvtsi64_si128((long long)_pdep_u64(ld32(x->scales), 0x0f0f0f0f0f0f0f0full)); /* byte ib: s */
-    W->dsc = _mm512_mul_ps(k_bytes_u(_mm_add_epi8(_mm_add_epi8(s, s), _mm_set1_epi8(1)),
-                                     IDX8(0, 2, 4, 6, 0, 2, 4, 6, 1, 3, 5, 7, 1, 3, 5, 7)),   /* K_ORD / 2 */
-                           _mm512_set1_ps(_cvtsh_ss(x->d)));
+    const uint64_t s = _pdep_u64(ld32(x->scales), 0x0f0f0f0f0f0f0f0full);   /* byte ib: s */
+    W->dsc = k_grid_dsc(s << 1 | 0x0101010101010101ull, _cvtsh_ss(x->d));
+    W->nmin = _mm512_setzero_ps();
+}
+
+/* IQ3_XXS: 8-bit indices, the sign bits through iq_signs, scales 2 s + 1 times d / 4 */
+INLINE void dec_iq3_xxs(const void *xb, wKs *W) {
+    const block_iq3_xxs *x = xb;
+    uint64_t sc = 0;
+    for (int q = 0; q < 4; q++) {
+        const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(x->qs + 16 * q)));
+        const uint64_t neg = iq3_xxs_sign_bits(x, 2 * q) | (uint64_t)iq3_xxs_sign_bits(x, 2 * q + 1) << 32;
+        W->v[q] = k_grid64(idx, iq3xxs_grid, neg, K_OFF_iq3_xxs);
+        sc |= (uint64_t)iq3_xxs_scale(x, 2 * q) << 16 * q | (uint64_t)iq3_xxs_scale(x, 2 * q + 1) << (16 * q + 8);
+    }
+    W->dsc = k_grid_dsc(sc, 0.25f * _cvtsh_ss(x->d));
     W->nmin = _mm512_setzero_ps();
 }
 
@@ -1566,6 +1594,7 @@ DEFINE_KACT(q4_K, 0, 2, 1, 3, 4, 6, 5, 7)
 DEFINE_KACT(q5_K, 0, 2, 1, 3, 4, 6, 5, 7)
 DEFINE_KACT(q6_K, 0, 1, 2, 3, 4, 5, 6, 7)
 DEFINE_KACT(iq3_s, 0, 1, 2, 3, 4, 5, 6, 7)
+DEFINE_KACT(iq3_xxs, 0, 1, 2, 3, 4, 5, 6, 7)
 DEFINE_KACT(q2_K, 0, 4, 1, 5, 2, 6, 3, 7)
 DEFINE_KACT(q3_K, 0, 4, 1, 5, 2, 6, 3, 7)
 /* IQ4_XS's activations: a[0] = elements 0-15 of each 32-element quarter of the first half
@@ -1854,6 +1883,7 @@ DEFINE_K512(q2_K, block_q2_K)
 DEFINE_K512(q3_K, block_q3_K)
 DEFINE_K512(iq4_xs, block_iq4_xs)
 DEFINE_K512(iq3_s, block_iq3_s)
+DEFINE_K512(iq3_xxs, block_iq3_xxs)
 
 INLINE __mmask16 tail_mask16(int64_t m) { return (__mmask16)_bzhi_u32(0xffffu, (unsigned)(m > 16 ? 16 : m)); }
 
@@ -2225,7 +2255,7 @@ void kernels_fill_avx512(kernel_table *t) {
         SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
         SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
         SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K) SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K)
-        SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s)
+        SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s) SET(T_IQ3_XXS, iq3_xxs)
 #undef SET
         for (int T = 0; T < T_COUNT; T++) t->gemm_streams[T] = t->gemm[T] && T != T_F32 && T != T_F16 && T != T_BF16 ? GEMM_FEW_COLS : 0;
     } else {
@@ -2236,12 +2266,12 @@ void kernels_fill_avx512(kernel_table *t) {
         SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
         SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
         SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K) SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K)
-        SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s)
+        SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s) SET(T_IQ3_XXS, iq3_xxs)
 #undef SET
         /* without VNNI only the K-quants' gemm has the streaming path (few_* is VNNI's) */
         t->gemm_streams[T_Q4_K] = t->gemm_streams[T_Q5_K] = t->gemm_streams[T_Q6_K] = GEMM_FEW_COLS;
         t->gemm_streams[T_Q2_K] = t->gemm_streams[T_Q3_K] = t->gemm_streams[T_IQ4_XS] = GEMM_FEW_COLS;
-        t->gemm_streams[T_IQ3_S] = GEMM_FEW_COLS;
+        t->gemm_streams[T_IQ3_S] = t->gemm_streams[T_IQ3_XXS] = GEMM_FEW_COLS;
     }
     t->vec_dot[T_F32] = vec_dot_f32;
     t->gemv[T_F32] = gemv_f32;
