@@ -24,6 +24,8 @@
  *   IQ4_XS: 8 sub-blocks of 32, sub-block ib laid out as an IQ4_NL block at qs + 16*ib.
  *   IQ3_S: element e is byte e % 4 of the grid point iq3_s_index(e / 4), negated
  *     when bit e % 8 of signs[e / 8] is set (quants.h).
+ *   IQ2_XXS/IQ2_XS/IQ2_S: element e is byte e % 8 of grid point index(e / 8), negated
+ *     when bit e % 8 of signs(e / 8) is set (quants.h).
  *   IQ3_XXS: element e is byte e % 4 of grid point qs[e / 4], negated when bit e % 8
  *     of iq_signs[7 bits at 7 ((e % 32) / 8) of sub-block e / 32's word] is set.
  *   Q6_K: 2 halves of 128; in half h, element 32*s + l (s < 4, l < 32) takes
@@ -187,6 +189,9 @@ const int8_t kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6
 
 const uint32_t iq3s_grid[IQ3S_GRID_SIZE] = {IQ3S_GRID};
 const uint32_t iq3xxs_grid[IQ3XXS_GRID_SIZE] = {IQ3XXS_GRID};
+const uint64_t iq2xxs_grid[IQ2XXS_GRID_SIZE] = {IQ2XXS_GRID};
+const uint64_t iq2xs_grid[IQ2XS_GRID_SIZE] = {IQ2XS_GRID};
+const uint64_t iq2s_grid[IQ2S_GRID_SIZE] = {IQ2S_GRID};
 
 #define PARITY7(i) (((i) ^ (i) >> 1 ^ (i) >> 2 ^ (i) >> 3 ^ (i) >> 4 ^ (i) >> 5 ^ (i) >> 6) & 1)
 #define SIGNS_1(i) (uint8_t)((i) | PARITY7(i) << 7)
@@ -259,6 +264,39 @@ static void dequant_iq3_xxs(const void *restrict w, float *restrict out, int64_t
         for (int e = 0; e < QK_K; e++)
             out[e] = F16(b[i].d) * (0.5f + (float)(iq3_xxs_word(&b[i], e / QK) >> 28)) * 0.5f * (float)iq3_xxs_value(&b[i], e);
 }
+
+/* IQ2_XXS, IQ2_XS, IQ2_S: the signed value of element e; dequant ((d (s + 1/2)) / 4) * value as
+ * gguf.quants; vec_dot per super-block sum_j (2 s_j + 1) * sum(value * a) over 16-groups j in
+ * int, times d / 8 */
+#define DEFINE_IQ2(name, grid)                                                                        \
+    static inline int name##_value(const block_##name *b, int e) {                                    \
+        const int v = (uint8_t)(grid[name##_index(b, e / 8)] >> 8 * (e % 8));                       \
+        return (name##_signs(b, e / 8) >> (e % 8)) & 1 ? -v : v;                                      \
+    }                                                                                                 \
+    static void dequant_##name(const void *restrict w, float *restrict out, int64_t n) {             \
+        const block_##name *b = w;                                                                    \
+        for (int64_t i = 0; i < n / QK_K; i++, out += QK_K)                                           \
+            for (int e = 0; e < QK_K; e++)                                                            \
+                out[e] = F16(b[i].d) * (0.5f + (float)name##_s(&b[i], e / 16)) * 0.25f * (float)name##_value(&b[i], e); \
+    }                                                                                                 \
+    static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {          \
+        const block_##name *x = w;                                                                    \
+        const block_q8_K *y = a;                                                                      \
+        float sum = 0.0f;                                                                             \
+        for (int64_t i = 0; i < n / QK_K; i++) {                                                      \
+            int isum = 0;                                                                             \
+            for (int j = 0; j < QK_K / 16; j++) {                                                     \
+                int sub = 0;                                                                          \
+                for (int e = 16 * j; e < 16 * (j + 1); e++) sub += name##_value(&x[i], e) * y[i].qs[e]; \
+                isum += (2 * name##_s(&x[i], j) + 1) * sub;                                           \
+            }                                                                                         \
+            sum += y[i].d * (0.125f * F16(x[i].d)) * (float)isum;                                     \
+        }                                                                                             \
+        return sum;                                                                                   \
+    }
+DEFINE_IQ2(iq2_xxs, iq2xxs_grid)
+DEFINE_IQ2(iq2_xs, iq2xs_grid)
+DEFINE_IQ2(iq2_s, iq2s_grid)
 
 static void dequant_mxfp4(const void *restrict w, float *restrict out, int64_t n) {
     const block_mxfp4 *b = w;
@@ -860,6 +898,9 @@ static const type_traits TRAITS[T_COUNT] = {
     [T_IQ4_XS] = {"IQ4_XS", QK_K, sizeof(block_iq4_xs), ACT_Q8_K},
     [T_IQ3_S] = {"IQ3_S", QK_K, sizeof(block_iq3_s), ACT_Q8_K},
     [T_IQ3_XXS] = {"IQ3_XXS", QK_K, sizeof(block_iq3_xxs), ACT_Q8_K},
+    [T_IQ2_XXS] = {"IQ2_XXS", QK_K, sizeof(block_iq2_xxs), ACT_Q8_K},
+    [T_IQ2_XS] = {"IQ2_XS", QK_K, sizeof(block_iq2_xs), ACT_Q8_K},
+    [T_IQ2_S] = {"IQ2_S", QK_K, sizeof(block_iq2_s), ACT_Q8_K},
     [T_Q2_K] = {"Q2_K", QK_K, sizeof(block_q2_K), ACT_Q8_K},
     [T_Q3_K] = {"Q3_K", QK_K, sizeof(block_q3_K), ACT_Q8_K},
     [T_Q4_K] = {"Q4_K", QK_K, sizeof(block_q4_K), ACT_Q8_K},
@@ -877,6 +918,9 @@ _Static_assert(sizeof(block_mxfp4) == 17, "mxfp4");
 _Static_assert(sizeof(block_iq4_xs) == 136, "iq4_xs");
 _Static_assert(sizeof(block_iq3_s) == 110, "iq3_s");
 _Static_assert(sizeof(block_iq3_xxs) == 98, "iq3_xxs");
+_Static_assert(sizeof(block_iq2_xxs) == 66, "iq2_xxs");
+_Static_assert(sizeof(block_iq2_xs) == 74, "iq2_xs");
+_Static_assert(sizeof(block_iq2_s) == 82, "iq2_s");
 _Static_assert(sizeof(block_q2_K) == 84, "q2_K");
 _Static_assert(sizeof(block_q3_K) == 110, "q3_K");
 _Static_assert(sizeof(block_q4_K) == 144, "q4_K");
@@ -920,6 +964,7 @@ void kernels_fill_scalar(kernel_table *t) {
     SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
     SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K) SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K)
     SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s) SET(T_IQ3_XXS, iq3_xxs)
+    SET(T_IQ2_XXS, iq2_xxs) SET(T_IQ2_XS, iq2_xs) SET(T_IQ2_S, iq2_s)
 #undef SET
     /* no scalar gemv: the matmul loops over vec_dot */
     t->quantize_act[ACT_F32] = quantize_f32;

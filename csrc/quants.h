@@ -23,7 +23,8 @@
 enum {
     T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7,
     T_Q8_0 = 8, T_Q8_1 = 9, T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12,
-    T_Q5_K = 13, T_Q6_K = 14, T_Q8_K = 15, T_IQ3_XXS = 18, T_IQ4_NL = 20, T_IQ3_S = 21, T_IQ4_XS = 23, T_BF16 = 30,
+    T_Q5_K = 13, T_Q6_K = 14, T_Q8_K = 15, T_IQ2_XXS = 16, T_IQ2_XS = 17, T_IQ3_XXS = 18, T_IQ4_NL = 20, T_IQ3_S = 21,
+    T_IQ2_S = 22, T_IQ4_XS = 23, T_BF16 = 30,
     T_MXFP4 = 39, T_COUNT = 40
 };
 
@@ -101,6 +102,21 @@ static inline uint32_t iq3_xxs_word(const block_iq3_xxs *b, int ib) {
 /* the odd scale 2 s + 1 (1..31) of IQ3_XXS sub-block ib: w = (d / 4) (2 s + 1) value */
 static inline int iq3_xxs_scale(const block_iq3_xxs *b, int ib) { return 1 + 2 * (int)(iq3_xxs_word(b, ib) >> 28); }
 
+/* The 2-bit grid i-quants: 32 points of 8 values (8, 25 or 43) on a grid, point k
+ * covering elements 8k..8k+7, its 8 sign bits (bit j: element 8k + j negated) and
+ * grid index as below; a 4-bit s per 16 elements (IQ2_XXS: per 32), w = d (2 s + 1)
+ * / 8 value (gguf: d (s + 1/2) / 4).
+ * IQ2_XXS: sub-block ib of 32 is 8 bytes: the 4 points' 8-bit indices, then a
+ *   32-bit word with their 7-bit signs (iq_signs) at 7 l and s in the top 4 bits. */
+typedef struct { f16_t d; uint8_t qs[QK_K / 4]; } block_iq2_xxs;                          /* 66 B */
+/* IQ2_XS: qs[k] = 9-bit index | 7-bit signs << 9; s of 16-group j: nibble j of scales */
+typedef struct { f16_t d; uint16_t qs[QK_K / 8]; uint8_t scales[QK_K / 32]; } block_iq2_xs;   /* 74 B */
+/* IQ2_S: index qs[k] | bits 2 (k % 4).. of qh[k / 4] << 8 (10 bits), signs[k] as they
+ * are; s of 16-group j: nibble j of scales */
+typedef struct {
+    f16_t d; uint8_t qs[QK_K / 8]; uint8_t signs[QK_K / 8]; uint8_t qh[QK_K / 32]; uint8_t scales[QK_K / 32];
+} block_iq2_s;                                                             /* 82 B */
+
 /* facts of the 32-element formats the SIMD kernels build on, by name:
  * HAS_MIN_x: a block has a min m (w = d q + m); SIGNED_x: the quants are
  * signed bytes (the others are unsigned nibbles, with the fixed offset of
@@ -136,9 +152,26 @@ extern const int8_t kvalues_mxfp4[16];
 extern const uint32_t iq3s_grid[512];
 /* IQ3_XXS's grid, as iq3s_grid */
 extern const uint32_t iq3xxs_grid[256];
+/* the 2-bit grids: point i's 8 values in the bytes of entry i */
+extern const uint64_t iq2xxs_grid[256], iq2xs_grid[512], iq2s_grid[1024];
 /* the 8 sign bits of 8 values stored as 7 (IQ3_XXS, IQ2_XXS, IQ2_XS): bit 7 makes their
  * count even (ggml's ksigns_iq2xs) */
 extern const uint8_t iq_signs[128];
+
+/* IQ2_XXS, IQ2_XS, IQ2_S: point k's grid index, its 8 sign bits, and s of 16-group j */
+static inline uint32_t iq2_xxs_word(const block_iq2_xxs *b, int ib) {
+    const uint8_t *p = b->qs + 8 * ib + 4;
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline int iq2_xxs_index(const block_iq2_xxs *b, int k) { return b->qs[8 * (k / 4) + k % 4]; }
+static inline int iq2_xxs_signs(const block_iq2_xxs *b, int k) { return iq_signs[(iq2_xxs_word(b, k / 4) >> 7 * (k % 4)) & 127]; }
+static inline int iq2_xxs_s(const block_iq2_xxs *b, int j) { return (int)(iq2_xxs_word(b, j / 2) >> 28); }
+static inline int iq2_xs_index(const block_iq2_xs *b, int k) { return b->qs[k] & 511; }
+static inline int iq2_xs_signs(const block_iq2_xs *b, int k) { return iq_signs[b->qs[k] >> 9]; }
+static inline int iq2_xs_s(const block_iq2_xs *b, int j) { return (b->scales[j / 2] >> 4 * (j % 2)) & 15; }
+static inline int iq2_s_index(const block_iq2_s *b, int k) { return b->qs[k] | ((b->qh[k / 4] >> 2 * (k % 4)) & 3) << 8; }
+static inline int iq2_s_signs(const block_iq2_s *b, int k) { return b->signs[k]; }
+static inline int iq2_s_s(const block_iq2_s *b, int j) { return (b->scales[j / 2] >> 4 * (j % 2)) & 15; }
 
 /* IQ3_XXS: the 32 sign bits of sub-block ib (bit j: element 32 ib + j negated) */
 static inline uint32_t iq3_xxs_sign_bits(const block_iq3_xxs *b, int ib) {

@@ -156,11 +156,12 @@ def quantize_iq4_xs(x: np.ndarray, imatrix: np.ndarray | None = None) -> np.ndar
 
 
 # -- the grids of the lattice i-quants ---------------------------------------------------------------
-# IQ3_S and IQ3_XXS (and later IQ2_*, IQ1_*) store each group of 4 or 8 values as an index into a
+# IQ3_S, IQ3_XXS and IQ2_* (and later IQ1_*) store each group of 4 or 8 values as an index into a
 # fixed grid of points. The grids come from gguf-py (ggml's iq3s_grid...); the C kernels read
 # them from csrc/iq_grids.h, which c_grids_header() writes and tests/test_iquants.py checks.
 
-GRIDS = {"IQ3S_GRID": "IQ3_S", "IQ3XXS_GRID": "IQ3_XXS"}   # C macro name: gguf.quants class
+GRIDS = {"IQ3S_GRID": "IQ3_S", "IQ3XXS_GRID": "IQ3_XXS",            # C macro name: gguf.quants class
+         "IQ2XXS_GRID": "IQ2_XXS", "IQ2XS_GRID": "IQ2_XS", "IQ2S_GRID": "IQ2_S"}
 
 
 def grid(name: str) -> np.ndarray:
@@ -172,19 +173,22 @@ def grid(name: str) -> np.ndarray:
 
 
 def c_grids_header() -> str:
-    """csrc/iq_grids.h: each grid as a C initializer list, one little-endian uint32 per point
-    of 4 values (byte j = value j), 8 points a line."""
-    out = ["/* iq_grids.h: the grids of the lattice i-quants (ggml's iq3s_grid, ...), one uint32",
-           " * per point of 4 unsigned values, value j in byte j. Generated from gguf-py's tables by",
-           " * pyllm.iquants.c_grids_header(); tests/test_iquants.py checks this file. Do not edit. */",
+    """csrc/iq_grids.h: each grid as a C initializer list, one little-endian integer per point
+    (byte j = value j): uint32 for points of 4 values, uint64 for points of 8."""
+    out = ["/* iq_grids.h: the grids of the lattice i-quants (ggml's iq3s_grid, ...), one integer per",
+           " * point of unsigned values, value j in byte j: uint32 for 4 values (IQ3), uint64 for 8",
+           " * (IQ2). Generated from gguf-py's tables by pyllm.iquants.c_grids_header();",
+           " * tests/test_iquants.py checks this file. Do not edit. */",
            "#ifndef PYLLM_IQ_GRIDS_H", "#define PYLLM_IQ_GRIDS_H", ""]
     for macro, name in GRIDS.items():
         g = grid(name)
-        assert g.shape[1] == 4, name
-        words = g.astype(np.uint32) @ np.array([1, 1 << 8, 1 << 16, 1 << 24], dtype=np.uint32)
+        width = g.shape[1]
+        assert width in (4, 8), name
+        words = [int.from_bytes(row.tobytes(), "little") for row in g]
+        per_line, fmt = (8, "0x{:08x}u") if width == 4 else (4, "0x{:016x}ull")
         out.append(f"#define {macro}_SIZE {len(words)}")
         out.append(f"#define {macro} \\")
-        lines = [", ".join(f"0x{int(w):08x}u" for w in words[i:i + 8]) for i in range(0, len(words), 8)]
+        lines = [", ".join(fmt.format(w) for w in words[i:i + per_line]) for i in range(0, len(words), per_line)]
         out += [f"    {line}{', ' if i + 1 < len(lines) else ''}\\" for i, line in enumerate(lines)]
         out[-1] = out[-1].rstrip("\\").rstrip()
         out.append("")

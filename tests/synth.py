@@ -25,7 +25,7 @@ SCALE_FIELDS = {
     QT.Q4_1: ([0], [2]), QT.Q5_1: ([0], [2]),
     QT.Q2_K: ([80], [82]), QT.Q3_K: ([108], []),
     QT.Q4_K: ([0], [2]), QT.Q5_K: ([0], [2]), QT.Q6_K: ([208], []), QT.IQ4_XS: ([0], []),
-    QT.IQ3_S: ([0], []), QT.IQ3_XXS: ([0], []),
+    QT.IQ3_S: ([0], []), QT.IQ3_XXS: ([0], []), QT.IQ2_XXS: ([0], []), QT.IQ2_XS: ([0], []), QT.IQ2_S: ([0], []),
 }
 QUANTIZABLE = {QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.MXFP4}
 
@@ -34,7 +34,8 @@ QUANTIZABLE = {QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q
 # d = scale / unit gives weights of about `scale`
 _UNIT = {QT.Q4_0: 8, QT.Q4_1: 8, QT.Q5_0: 16, QT.Q5_1: 16, QT.Q8_0: 64, QT.IQ4_NL: 64,
          QT.Q2_K: 20, QT.Q3_K: 64, QT.Q4_K: 470, QT.Q5_K: 980, QT.Q6_K: 2000, QT.IQ4_XS: 2500,
-         QT.IQ3_S: 300, QT.IQ3_XXS: 300}
+         QT.IQ3_S: 300, QT.IQ3_XXS: 300,
+         QT.IQ2_XXS: 160, QT.IQ2_XS: 160, QT.IQ2_S: 160}
 
 
 def random_blocks(qtype: QT, n_rows: int, n_in: int, rng: np.random.Generator, scale: float) -> np.ndarray:
@@ -58,6 +59,12 @@ def random_blocks(qtype: QT, n_rows: int, n_in: int, rng: np.random.Generator, s
         raw[:, 106:110] = (s[:, 0::2] | (s[:, 1::2] << 4)).astype(np.uint8)
     if qtype == QT.IQ3_XXS:  # the same, in the top nibble of each sub-block's word
         raw[:, 69:98:4] = (raw[:, 69:98:4] & 0x0f) | (rng.integers(8, 16, (nb, 8)) << 4).astype(np.uint8)
+    if qtype == QT.IQ2_XXS:
+        raw[:, 9:66:8] = (raw[:, 9:66:8] & 0x0f) | (rng.integers(8, 16, (nb, 8)) << 4).astype(np.uint8)
+    if qtype in (QT.IQ2_XS, QT.IQ2_S):   # 16 nibbles, one per 16 values
+        s = rng.integers(8, 16, (nb, 16))
+        off = 66 if qtype == QT.IQ2_XS else 74
+        raw[:, off:off + 8] = (s[:, 0::2] | (s[:, 1::2] << 4)).astype(np.uint8)
     return raw.reshape(n_rows, -1)
 
 

@@ -102,4 +102,4 @@ def test_c_grids_header_is_generated_from_gguf():
     assert header.read_text() == iq.c_grids_header()
     g = iq.grid("IQ3_S")
     assert g.shape == (512, 4) and set(np.unique(g)) == set(range(1, 16, 2))
-    assert "0x0101010fu" in header.read_text().split("\n")[8]   # point 4 = (15, 1, 1, 1), byte 0 first
+    assert "0x0101010fu" in header.read_text().split("\n")[9]   # point 4 = (15, 1, 1, 1), byte 0 first

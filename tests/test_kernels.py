@@ -64,6 +64,9 @@ TYPES = {
     "IQ4_XS": (23, 256, 136, ACT_Q8_K),
     "IQ3_S": (21, 256, 110, ACT_Q8_K),
     "IQ3_XXS": (18, 256, 98, ACT_Q8_K),
+    "IQ2_XXS": (16, 256, 66, ACT_Q8_K),
+    "IQ2_XS": (17, 256, 74, ACT_Q8_K),
+    "IQ2_S": (22, 256, 82, ACT_Q8_K),
 }
 PRIORITY = ["Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q6_K", "Q4_0"]
 GEMV_REQUIRED = ["Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q6_K"]
@@ -75,7 +78,7 @@ SCALE_FIELDS = {
     "Q4_1": ([0], [2]), "Q5_1": ([0], [2]),
     "Q2_K": ([80], [82]), "Q3_K": ([108], []),
     "Q4_K": ([0], [2]), "Q5_K": ([0], [2]), "Q6_K": ([208], []), "IQ4_XS": ([0], []),
-    "IQ3_S": ([0], []), "IQ3_XXS": ([0], []),
+    "IQ3_S": ([0], []), "IQ3_XXS": ([0], []), "IQ2_XXS": ([0], []), "IQ2_XS": ([0], []), "IQ2_S": ([0], []),
 }
 
 # SIMD vs scalar differ only in summation order and FMA rounding: measured
@@ -1024,7 +1027,7 @@ def test_levels_and_api_validation():
         assert lib.pyllm_set_level(cpu) == cpu and lib.pyllm_get_level() == cpu
     finally:
         lib.pyllm_set_level(before)
-    for t in [4, 5, 9, 15, 16, 19, 22, 29, 31, 38, 40, -1, 1000]:
+    for t in [4, 5, 9, 15, 19, 29, 31, 38, 40, -1, 1000]:
         assert lib.pyllm_type_supported(t) == 0 and lib.pyllm_type_act(t) == -1
     for name, (tid, bs, ts, act) in TYPES.items():
         assert lib.pyllm_type_supported(tid) == 1 and lib.pyllm_type_act(tid) == act, name

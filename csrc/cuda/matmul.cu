@@ -387,6 +387,9 @@ static void by_type(int type, F &&f) {
     case T_IQ4_XS: f(std::integral_constant<int, T_IQ4_XS>{}); break;
     case T_IQ3_S: f(std::integral_constant<int, T_IQ3_S>{}); break;
     case T_IQ3_XXS: f(std::integral_constant<int, T_IQ3_XXS>{}); break;
+    case T_IQ2_XXS: f(std::integral_constant<int, T_IQ2_XXS>{}); break;
+    case T_IQ2_XS: f(std::integral_constant<int, T_IQ2_XS>{}); break;
+    case T_IQ2_S: f(std::integral_constant<int, T_IQ2_S>{}); break;
     default: break;
     }
 }

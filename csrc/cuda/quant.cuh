@@ -191,6 +191,9 @@ template <> struct fmt<T_Q6_K> { static constexpr int block = 256, bytes = 210, 
 template <> struct fmt<T_IQ4_XS> { static constexpr int block = 256, bytes = 136, act = ACT_Q8_K; };
 template <> struct fmt<T_IQ3_S> { static constexpr int block = 256, bytes = 110, act = ACT_Q8_K; };
 template <> struct fmt<T_IQ3_XXS> { static constexpr int block = 256, bytes = 98, act = ACT_Q8_K; };
+template <> struct fmt<T_IQ2_XXS> { static constexpr int block = 256, bytes = 66, act = ACT_Q8_K; };
+template <> struct fmt<T_IQ2_XS> { static constexpr int block = 256, bytes = 74, act = ACT_Q8_K; };
+template <> struct fmt<T_IQ2_S> { static constexpr int block = 256, bytes = 82, act = ACT_Q8_K; };
 template <> struct fmt<T_F32> { static constexpr int block = 1, bytes = 4, act = ACT_F32; };
 template <> struct fmt<T_F16> { static constexpr int block = 1, bytes = 2, act = ACT_F32; };
 template <> struct fmt<T_BF16> { static constexpr int block = 1, bytes = 2, act = ACT_F32; };
@@ -323,13 +326,76 @@ PQ_HD uint32_t iq3s_values4(const uint8_t *b, int p) {
     return signed4(grid_point<T_IQ3_S>(i), (b[74 + (p >> 1)] >> (4 * (p & 1))) & 15u);
 }
 
+/* 8 sign bits from the 7 stored (IQ3_XXS, IQ2_XXS, IQ2_XS): the 8th makes their count even */
+PQ_HD uint32_t signs8(uint32_t s7) {
+    s7 &= 127u;
+    return s7 | ((s7 ^ s7 >> 1 ^ s7 >> 2 ^ s7 >> 3 ^ s7 >> 4 ^ s7 >> 5 ^ s7 >> 6) & 1u) << 7;
+}
+
 /* IQ3_XXS (quants.h): the same for the block at b (d, qs[64], sas[32]); the sign bits of
- * elements 8 l..8 l + 7 of sub-block ib are bits 7 l.. of its word, made 8 by even parity */
+ * elements 8 l..8 l + 7 of sub-block ib are bits 7 l.. of its word */
 PQ_HD uint32_t word_iq3xxs(const uint8_t *b, int ib) { return ld32<2>(b + 66 + 4 * ib); }
 PQ_HD uint32_t iq3xxs_values4(const uint8_t *b, int p) {
-    uint32_t s7 = (word_iq3xxs(b, p >> 3) >> (7 * ((p & 7) >> 1))) & 127u;
-    const uint32_t par = (s7 ^ s7 >> 1 ^ s7 >> 2 ^ s7 >> 3 ^ s7 >> 4 ^ s7 >> 5 ^ s7 >> 6) & 1u;
-    return signed4(grid_point<T_IQ3_XXS>(b[2 + p]), ((s7 | par << 7) >> (4 * (p & 1))) & 15u);
+    const uint32_t sg = signs8(word_iq3xxs(b, p >> 3) >> (7 * ((p & 7) >> 1)));
+    return signed4(grid_point<T_IQ3_XXS>(b[2 + p]), (sg >> (4 * (p & 1))) & 15u);
+}
+
+/* the 2-bit grids (csrc/iq_grids.h): point i's 8 values in the bytes of entry i */
+__device__ const uint64_t iq2xxs_grid_dev[IQ2XXS_GRID_SIZE] = {IQ2XXS_GRID};
+static const uint64_t iq2xxs_grid_host[IQ2XXS_GRID_SIZE] = {IQ2XXS_GRID};
+__device__ const uint64_t iq2xs_grid_dev[IQ2XS_GRID_SIZE] = {IQ2XS_GRID};
+static const uint64_t iq2xs_grid_host[IQ2XS_GRID_SIZE] = {IQ2XS_GRID};
+__device__ const uint64_t iq2s_grid_dev[IQ2S_GRID_SIZE] = {IQ2S_GRID};
+static const uint64_t iq2s_grid_host[IQ2S_GRID_SIZE] = {IQ2S_GRID};
+
+/* IQ2_XXS, IQ2_XS, IQ2_S (quants.h), the block at b: point k's (0..31) 8 values with their
+ * signs (value j in byte j) and s of 16-group j (w = d (2 s + 1) / 8 value) */
+template <int T> PQ_HD uint64_t iq2_values8(const uint8_t *b, int k) {
+    static_assert(T == T_IQ2_XXS || T == T_IQ2_XS || T == T_IQ2_S, "a 2-bit grid format");
+    int i;
+    uint32_t sg;
+    if (T == T_IQ2_XXS) {        /* 8 bytes per sub-block: 4 indices, then a word of signs and s */
+        i = b[2 + 8 * (k >> 2) + (k & 3)];
+        sg = signs8(ld32<2>(b + 6 + 8 * (k >> 2)) >> (7 * (k & 3)));
+    } else if (T == T_IQ2_XS) {  /* uint16: 9-bit index | 7 signs << 9 */
+        const uint32_t v = b[2 + 2 * k] | b[3 + 2 * k] << 8;
+        i = (int)(v & 511u), sg = signs8(v >> 9);
+    } else {                     /* qs[32], signs[32], qh[8] (2 bits a point), scales[8] */
+        i = b[2 + k] | ((b[66 + (k >> 2)] >> (2 * (k & 3))) & 3) << 8, sg = b[34 + k];
+    }
+#ifdef __CUDA_ARCH__
+    const uint64_t g = T == T_IQ2_XXS ? iq2xxs_grid_dev[i] : T == T_IQ2_XS ? iq2xs_grid_dev[i] : iq2s_grid_dev[i];
+#else
+    const uint64_t g = T == T_IQ2_XXS ? iq2xxs_grid_host[i] : T == T_IQ2_XS ? iq2xs_grid_host[i] : iq2s_grid_host[i];
+#endif
+    return signed4((uint32_t)g, sg & 15u) | (uint64_t)signed4((uint32_t)(g >> 32), sg >> 4) << 32;
+}
+
+template <int T> PQ_HD int iq2_s4(const uint8_t *b, int j) {
+    if (T == T_IQ2_XXS) return (int)(ld32<2>(b + 6 + 8 * (j >> 1)) >> 28);
+    return (b[(T == T_IQ2_XS ? 66 : 74) + (j >> 1)] >> (4 * (j & 1))) & 15;
+}
+
+/* IQ2_*: group g is points 2 (g & 15), + 1 of super-block g / 16 */
+template <int T> PQ_HD void unpack16_iq2(const uint8_t *row, int g, int q[4], float &a, float &b) {
+    const uint8_t *blk = row + (size_t)(g >> 4) * fmt<T>::bytes;
+    for (int h = 0; h < 2; h++) {
+        const uint64_t v = iq2_values8<T>(blk, 2 * (g & 15) + h);
+        q[2 * h] = (int)(uint32_t)v, q[2 * h + 1] = (int)(uint32_t)(v >> 32);
+    }
+    a = 0.125f * ld_f16a(blk) * (float)(2 * iq2_s4<T>(blk, g & 15) + 1);
+    b = 0.0f;
+}
+template <> PQ_HD void unpack16<T_IQ2_XXS>(const uint8_t *row, int g, int q[4], float &a, float &b) { unpack16_iq2<T_IQ2_XXS>(row, g, q, a, b); }
+template <> PQ_HD void unpack16<T_IQ2_XS>(const uint8_t *row, int g, int q[4], float &a, float &b) { unpack16_iq2<T_IQ2_XS>(row, g, q, a, b); }
+template <> PQ_HD void unpack16<T_IQ2_S>(const uint8_t *row, int g, int q[4], float &a, float &b) { unpack16_iq2<T_IQ2_S>(row, g, q, a, b); }
+
+/* IQ2_*: element k, ((d (s + 1/2)) / 4) * value as the C reference */
+template <int T> PQ_HD float dequant_iq2(const uint8_t *row, int64_t k) {
+    const uint8_t *b = row + (k >> 8) * fmt<T>::bytes;
+    const int e = (int)(k & 255);
+    const int v = (int8_t)(iq2_values8<T>(b, e >> 3) >> (8 * (e & 7)));
+    return mul_rn(mul_rn(mul_rn(ld_f16(b), add_rn(0.5f, (float)iq2_s4<T>(b, e >> 4))), 0.25f), (float)v);
 }
 
 /* IQ3_S: the odd scale 1 + 2 s of sub-block ib (0..7) */
@@ -497,6 +563,9 @@ PQ_HD float dequant(int type, const uint8_t *row, int64_t k) {
         const float db = mul_rn(mul_rn(ld_f16(b), add_rn(0.5f, (float)(word_iq3xxs(b, e >> 5) >> 28))), 0.5f);
         return mul_rn(db, (float)v);
     }
+    case T_IQ2_XXS: return dequant_iq2<T_IQ2_XXS>(row, k);
+    case T_IQ2_XS: return dequant_iq2<T_IQ2_XS>(row, k);
+    case T_IQ2_S: return dequant_iq2<T_IQ2_S>(row, k);
     case T_MXFP4: {
         const uint8_t *b = row + (k >> 5) * 17;
         return mul_rn(e8m0_half(b[0]), (float)kvalue<T_MXFP4>(nib(b + 1, (int)(k & 31))));

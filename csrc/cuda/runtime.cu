@@ -100,6 +100,9 @@ type_info info(int type) {
     case T_IQ4_XS: return {256, 136, ACT_Q8_K};
     case T_IQ3_S: return {256, 110, ACT_Q8_K};
     case T_IQ3_XXS: return {256, 98, ACT_Q8_K};
+    case T_IQ2_XXS: return {256, 66, ACT_Q8_K};
+    case T_IQ2_XS: return {256, 74, ACT_Q8_K};
+    case T_IQ2_S: return {256, 82, ACT_Q8_K};
     default: return {0, 0, 0};
     }
 }

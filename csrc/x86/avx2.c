@@ -672,11 +672,32 @@ INLINE __m256i iq3_xxs_grid32(const block_iq3_xxs *x, int ib) {
     return _mm256_i32gather_epi32((const int *)iq3xxs_grid, idx, 4);
 }
 
-/* the grid i-quants (IQ3_S, IQ3_XXS): per sub-block of 32, the grid values (unsigned) x the
- * activations with the weights' signs (vpmaddubsw: 62 x 127 x 2 stays within int16), the
- * int16 pairs times the sub-block's odd scale added in int32; d (IQ3_XXS: d / 4) * da once
- * per super-block, as IQ4_XS */
-#define DEFINE_GRID_KTILE(name, block_t, GRID32, SIGNS, SCALE, DMUL)                                        \
+/* IQ2_*: the 32 grid values of sub-block ib (unsigned bytes 8..43), its 4 points gathered
+ * (8 values each), their sign bytes as 32 bits, and the odd scales 2 s + 1 of its two
+ * 16-element halves as int16 (low half, high half) */
+#define DEFINE_IQ2_SUB(name, grid)                                                                        \
+    INLINE __m256i name##_grid32(const block_##name *x, int ib) {                                          \
+        const __m128i idx = _mm_setr_epi32(name##_index(x, 4 * ib), name##_index(x, 4 * ib + 1),          \
+                                           name##_index(x, 4 * ib + 2), name##_index(x, 4 * ib + 3));      \
+        return _mm256_i32gather_epi64((const long long *)grid, idx, 8);                                    \
+    }                                                                                                      \
+    INLINE uint32_t name##_sign_bits(const block_##name *x, int ib) {                                      \
+        return (uint32_t)name##_signs(x, 4 * ib) | (uint32_t)name##_signs(x, 4 * ib + 1) << 8 |            \
+               (uint32_t)name##_signs(x, 4 * ib + 2) << 16 | (uint32_t)name##_signs(x, 4 * ib + 3) << 24;  \
+    }                                                                                                      \
+    INLINE __m256i name##_scales16(const block_##name *x, int ib) {                                        \
+        return _mm256_setr_m128i(_mm_set1_epi16((short)(2 * name##_s(x, 2 * ib) + 1)),                     \
+                                 _mm_set1_epi16((short)(2 * name##_s(x, 2 * ib + 1) + 1)));                \
+    }
+DEFINE_IQ2_SUB(iq2_xxs, iq2xxs_grid)
+DEFINE_IQ2_SUB(iq2_xs, iq2xs_grid)
+DEFINE_IQ2_SUB(iq2_s, iq2s_grid)
+
+/* the grid i-quants (IQ3_S, IQ3_XXS, IQ2_*): per sub-block of 32, the grid values (unsigned)
+ * x the activations with the weights' signs (vpmaddubsw: 62 x 127 x 2 stays within int16),
+ * the int16 pairs times the odd scales (per 32 or per 16) added in int32; d (IQ3_XXS: d / 4,
+ * IQ2: d / 8) * da once per super-block, as IQ4_XS */
+#define DEFINE_GRID_KTILE(name, block_t, GRID32, SIGNS, SCALES, DMUL)                                        \
     INLINE void ktile_##name(const int T, int64_t nsb, const uint8_t *xr, const block_q8_K *const *y, __m256 *acc) { \
         for (int64_t i = 0; i < nsb; i++) {                                                                 \
             const block_t *x = (const block_t *)(const void *)xr + i;                                       \
@@ -685,7 +706,7 @@ INLINE __m256i iq3_xxs_grid32(const block_iq3_xxs *x, int ib) {
             for (int ib = 0; ib < QK_K / QK; ib++) {                                                        \
                 const __m256i g = GRID32(x, ib);                                                            \
                 const __m256i sgn = _mm256_or_si256(negated32(SIGNS(x, ib)), _mm256_set1_epi8(1)); /* -1/+1 */ \
-                const __m256i sc = _mm256_set1_epi16((short)SCALE(x, ib));                                  \
+                const __m256i sc = SCALES(x, ib);                                                           \
                 for (int t = 0; t < T; t++) {                                                               \
                     const __m256i aq = _mm256_loadu_si256((const __m256i *)(y[t][i].qs + QK * ib));         \
                     sumi[t] = madd_acc(sumi[t], _mm256_maddubs_epi16(g, _mm256_sign_epi8(aq, sgn)), sc);    \
@@ -700,9 +721,16 @@ INLINE __m256i iq3_xxs_grid32(const block_iq3_xxs *x, int ib) {
         ktile_##name(1, 1, (const uint8_t *)(const void *)x, &y, acc);                                      \
     }
 #define IQ3_S_SIGNS(x, ib) ld32((x)->signs + 4 * (ib))
-DEFINE_GRID_KTILE(iq3_s, block_iq3_s, iq3_s_grid32, IQ3_S_SIGNS, iq3_s_scale, 1.0f)
-DEFINE_GRID_KTILE(iq3_xxs, block_iq3_xxs, iq3_xxs_grid32, iq3_xxs_sign_bits, iq3_xxs_scale, 0.25f)
+#define IQ3_S_SCALES(x, ib) _mm256_set1_epi16((short)iq3_s_scale(x, ib))
+#define IQ3_XXS_SCALES(x, ib) _mm256_set1_epi16((short)iq3_xxs_scale(x, ib))
+DEFINE_GRID_KTILE(iq3_s, block_iq3_s, iq3_s_grid32, IQ3_S_SIGNS, IQ3_S_SCALES, 1.0f)
+DEFINE_GRID_KTILE(iq3_xxs, block_iq3_xxs, iq3_xxs_grid32, iq3_xxs_sign_bits, IQ3_XXS_SCALES, 0.25f)
+DEFINE_GRID_KTILE(iq2_xxs, block_iq2_xxs, iq2_xxs_grid32, iq2_xxs_sign_bits, iq2_xxs_scales16, 0.125f)
+DEFINE_GRID_KTILE(iq2_xs, block_iq2_xs, iq2_xs_grid32, iq2_xs_sign_bits, iq2_xs_scales16, 0.125f)
+DEFINE_GRID_KTILE(iq2_s, block_iq2_s, iq2_s_grid32, iq2_s_sign_bits, iq2_s_scales16, 0.125f)
 #undef IQ3_S_SIGNS
+#undef IQ3_S_SCALES
+#undef IQ3_XXS_SCALES
 
 #define DEFINE_QK(name, block_t)                                                                      \
     static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {          \
@@ -741,6 +769,9 @@ DEFINE_QK(q6_K, block_q6_K)
 DEFINE_QK(iq4_xs, block_iq4_xs)
 DEFINE_QK(iq3_s, block_iq3_s)
 DEFINE_QK(iq3_xxs, block_iq3_xxs)
+DEFINE_QK(iq2_xxs, block_iq2_xxs)
+DEFINE_QK(iq2_xs, block_iq2_xs)
+DEFINE_QK(iq2_s, block_iq2_s)
 
 /* K-quant gemm: one weight row against T activation rows at a time. Each
  * 32-element group of a super-block is decoded once (nibbles, 5th bits,
@@ -847,6 +878,9 @@ DEFINE_QK_GEMM(q6_K, block_q6_K)
 DEFINE_QK_GEMM(iq4_xs, block_iq4_xs)
 DEFINE_QK_GEMM(iq3_s, block_iq3_s)
 DEFINE_QK_GEMM(iq3_xxs, block_iq3_xxs)
+DEFINE_QK_GEMM(iq2_xxs, block_iq2_xxs)
+DEFINE_QK_GEMM(iq2_xs, block_iq2_xs)
+DEFINE_QK_GEMM(iq2_s, block_iq2_s)
 
 
 /* ------------------------------------------------------------------ */
@@ -1020,6 +1054,27 @@ static void dequant_iq3_xxs(const void *restrict w, float *restrict out, int64_t
                          _mm256_set1_ps(_cvtsh_ss(x[i].d) * (0.5f + (float)(iq3_xxs_word(&x[i], ib) >> 28)) * 0.5f),
                          _mm256_setzero_ps(), 0);
 }
+
+/* IQ2_*: per 16 elements (d (s + 1/2)) / 4, times the value (as the scalar reference) */
+#define DEFINE_IQ2_DEQUANT(name)                                                                              \
+    static void dequant_##name(const void *restrict w, float *restrict out, int64_t n) {                     \
+        const block_##name *x = w;                                                                            \
+        for (int64_t i = 0; i < n / QK_K; i++)                                                                \
+            for (int ib = 0; ib < QK_K / QK; ib++, out += QK) {                                               \
+                const float d = _cvtsh_ss(x[i].d);                                                            \
+                const __m128 lo = _mm_set1_ps(d * (0.5f + (float)name##_s(&x[i], 2 * ib)) * 0.25f);            \
+                const __m128 hi = _mm_set1_ps(d * (0.5f + (float)name##_s(&x[i], 2 * ib + 1)) * 0.25f);        \
+                const __m256i v = with_signs(name##_grid32(&x[i], ib), name##_sign_bits(&x[i], ib));            \
+                const __m128i part[4] = {_mm256_castsi256_si128(v), _mm_srli_si128(_mm256_castsi256_si128(v), 8), \
+                                         _mm256_extracti128_si256(v, 1), _mm_srli_si128(_mm256_extracti128_si256(v, 1), 8)}; \
+                for (int k = 0; k < 4; k++)                                                                   \
+                    _mm256_storeu_ps(out + 8 * k, _mm256_mul_ps(_mm256_set_m128(k < 2 ? lo : hi, k < 2 ? lo : hi), \
+                                                                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part[k])))); \
+            }                                                                                                 \
+    }
+DEFINE_IQ2_DEQUANT(iq2_xxs)
+DEFINE_IQ2_DEQUANT(iq2_xs)
+DEFINE_IQ2_DEQUANT(iq2_s)
 
 static void dequant_mxfp4(const void *restrict w, float *restrict out, int64_t n) {
     const block_mxfp4 *x = w;
@@ -1575,7 +1630,8 @@ void KERNELS_FILL_AVX2(kernel_table *t) {
     SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
     SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
     SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K) SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K)
-    SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s) SET(T_IQ3_XXS, iq3_xxs) SET(T_F16, f16) SET(T_BF16, bf16)
+    SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s) SET(T_IQ3_XXS, iq3_xxs)
+    SET(T_IQ2_XXS, iq2_xxs) SET(T_IQ2_XS, iq2_xs) SET(T_IQ2_S, iq2_s) SET(T_F16, f16) SET(T_BF16, bf16)
 #undef SET
     t->gemm[T_Q4_0] = gemm_q4_0;
     t->gemm[T_Q4_1] = gemm_q4_1;
@@ -1592,6 +1648,9 @@ void KERNELS_FILL_AVX2(kernel_table *t) {
     t->gemm[T_IQ4_XS] = gemm_iq4_xs;
     t->gemm[T_IQ3_S] = gemm_iq3_s;
     t->gemm[T_IQ3_XXS] = gemm_iq3_xxs;
+    t->gemm[T_IQ2_XXS] = gemm_iq2_xxs;
+    t->gemm[T_IQ2_XS] = gemm_iq2_xs;
+    t->gemm[T_IQ2_S] = gemm_iq2_s;
     /* F32: dequant is a copy (the scalar memcpy) */
     t->vec_dot[T_F32] = vec_dot_f32;
     t->gemv[T_F32] = gemv_f32;

@@ -1390,6 +1390,22 @@ INLINE void k4_scales(const uint8_t *s, uint32_t sc[2], uint32_t m[2]) {
 #define K_MIN_iq3_xxs 0
 #define K_SGN_iq3_xxs 0
 #define K_GRP_iq3_xxs 1
+/* IQ2_*: values 8..43 + 64 (21..107), as IQ3_XXS */
+#define K_ORD_iq2_xxs K_ORD_q6_K
+#define K_ORD_iq2_xs K_ORD_q6_K
+#define K_ORD_iq2_s K_ORD_q6_K
+#define K_OFF_iq2_xxs 64
+#define K_OFF_iq2_xs 64
+#define K_OFF_iq2_s 64
+#define K_MIN_iq2_xxs 0
+#define K_MIN_iq2_xs 0
+#define K_MIN_iq2_s 0
+#define K_SGN_iq2_xxs 0
+#define K_SGN_iq2_xs 0
+#define K_SGN_iq2_s 0
+#define K_GRP_iq2_xxs 1
+#define K_GRP_iq2_xs 1
+#define K_GRP_iq2_s 1
 
 #define IDX8(...) _mm_loadu_si128((const void *)(const int8_t[16]){__VA_ARGS__})
 #define IDX32(...) _mm512_setr_epi32(__VA_ARGS__)
@@ -1523,19 +1539,24 @@ INLINE void dec_iq4_xs(const void *xb, wKs *W) {
     W->nmin = _mm512_setzero_ps();
 }
 
-/* the grid i-quants (IQ3_S, IQ3_XXS): v[q] = elements 64 q .. 64 q + 63 (128-bit lane k:
- * sub-block 4 q + k of 16, as Q6_K) as signed value + K_OFF (the seed takes it back): the
- * 16 points of the 64 gathered from the grid, negated where their 64 sign bits say; each
- * 16-element half scaled by d times the odd scale of its sub-block of 32 */
-INLINE __m512i k_grid64(__m512i idx, const uint32_t *grid, uint64_t neg, int off) {
-    const __m512i o = _mm512_set1_epi8((char)off), g = _mm512_i32gather_epi32(idx, grid, 4);
+/* the grid i-quants (IQ3_S, IQ3_XXS, IQ2_*): v[q] = elements 64 q .. 64 q + 63 (128-bit
+ * lane k: sub-block 4 q + k of 16, as Q6_K) as signed value + K_OFF (the seed takes it
+ * back): the points of the 64 gathered from the grid, negated where their 64 sign bits
+ * say; each 16-element sub-block scaled by d times its odd scale */
+INLINE __m512i k_signed_off(__m512i g, uint64_t neg, int off) {
+    const __m512i o = _mm512_set1_epi8((char)off);
     return _mm512_mask_sub_epi8(_mm512_add_epi8(o, g), (__mmask64)neg, o, g);
 }
 
-/* d times the odd scales of the 8 sub-blocks of 32 (byte ib of sc8), in M order */
+/* d times the odd scales of the 16 sub-blocks of 16 (byte j of sc16), in M order */
+INLINE __m512 k_grid_dsc16(__m128i sc16, float d) {
+    return _mm512_mul_ps(k_bytes_u(sc16, IDX8(K_ORD_q6_K)), _mm512_set1_ps(d));
+}
+
+/* the same from the 8 scales of sub-blocks of 32 (byte ib of sc8), each for its two halves */
 INLINE __m512 k_grid_dsc(uint64_t sc8, float d) {
-    return _mm512_mul_ps(k_bytes_u(_mm_cvtsi64_si128((long long)sc8), IDX8(0, 2, 4, 6, 0, 2, 4, 6, 1, 3, 5, 7, 1, 3, 5, 7)),
-                         _mm512_set1_ps(d));   /* K_ORD_q6_K / 2 */
+    const __m128i s = _mm_cvtsi64_si128((long long)sc8);
+    return k_grid_dsc16(_mm_unpacklo_epi8(s, s), d);
 }
 
 /* IQ3_S: 9-bit indices (qs, the bits of qh as bit 8), the sign bits in order, scales 2 s + 1 */
@@ -1546,7 +1567,8 @@ INLINE void dec_iq3_s(const void *xb, wKs *W) {
         const __mmask16 hi = (__mmask16)(x->qh[2 * q] | x->qh[2 * q + 1] << 8);
         uint64_t neg;
         memcpy(&neg, x->signs + 8 * q, 8);
-        W->v[q] = k_grid64(_mm512_mask_or_epi32(lo, hi, lo, _mm512_set1_epi32(0x100)), iq3s_grid, neg, K_OFF_iq3_s);
+        const __m512i idx = _mm512_mask_or_epi32(lo, hi, lo, _mm512_set1_epi32(0x100));
+        W->v[q] = k_signed_off(_mm512_i32gather_epi32(idx, iq3s_grid, 4), neg, K_OFF_iq3_s);
     }
     const uint64_t s = _pdep_u64(ld32(x->scales), 0x0f0f0f0f0f0f0f0full);   /* byte ib: s */
     W->dsc = k_grid_dsc(s << 1 | 0x0101010101010101ull, _cvtsh_ss(x->d));
@@ -1560,10 +1582,74 @@ INLINE void dec_iq3_xxs(const void *xb, wKs *W) {
     for (int q = 0; q < 4; q++) {
         const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(x->qs + 16 * q)));
         const uint64_t neg = iq3_xxs_sign_bits(x, 2 * q) | (uint64_t)iq3_xxs_sign_bits(x, 2 * q + 1) << 32;
-        W->v[q] = k_grid64(idx, iq3xxs_grid, neg, K_OFF_iq3_xxs);
+        W->v[q] = k_signed_off(_mm512_i32gather_epi32(idx, iq3xxs_grid, 4), neg, K_OFF_iq3_xxs);
         sc |= (uint64_t)iq3_xxs_scale(x, 2 * q) << 16 * q | (uint64_t)iq3_xxs_scale(x, 2 * q + 1) << (16 * q + 8);
     }
     W->dsc = k_grid_dsc(sc, 0.25f * _cvtsh_ss(x->d));
+    W->nmin = _mm512_setzero_ps();
+}
+
+/* IQ2_*: v[q] = points 8 q .. 8 q + 7, 8 values each, gathered as 64-bit grid entries */
+
+/* 8 sign bytes from eight 7-bit fields (in the low bits of 32-bit lanes): bit 7 makes each
+ * byte's count of set bits even (iq_signs) */
+INLINE uint64_t k_signs8(__m256i s7) {
+    s7 = _mm256_and_si256(s7, _mm256_set1_epi32(127));
+    __m256i p = _mm256_xor_si256(s7, _mm256_srli_epi32(s7, 4));
+    p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 2));
+    p = _mm256_xor_si256(p, _mm256_srli_epi32(p, 1));
+    const __m256i b = _mm256_or_si256(s7, _mm256_slli_epi32(_mm256_and_si256(p, _mm256_set1_epi32(1)), 7));
+    return (uint64_t)_mm_cvtsi128_si64(_mm256_cvtepi32_epi8(b));
+}
+
+/* the 16 nibbles of 8 bytes as the odd scales 2 s + 1 of the 16 sub-blocks of 16 */
+INLINE __m128i k_odd_nibbles16(const uint8_t *p) {
+    const __m128i b = _mm_loadl_epi64((const __m128i *)p), m = _mm_set1_epi8(0x0f);
+    const __m128i s = _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+    return _mm_add_epi8(_mm_add_epi8(s, s), _mm_set1_epi8(1));
+}
+
+/* IQ2_XXS: sub-blocks 2 q, 2 q + 1: their 8 index bytes, and the 7-bit sign fields and s of their words */
+INLINE void dec_iq2_xxs(const void *xb, wKs *W) {
+    const block_iq2_xxs *x = xb;
+    uint64_t sc = 0;
+    for (int q = 0; q < 4; q++) {
+        const __m128i z = _mm_loadu_si128((const __m128i *)(x->qs + 16 * q));
+        const __m256i idx = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(z, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 0, 0, 0, 0, 0, 0, 0, 0)));
+        const __m256i words = _mm256_permutexvar_epi32(_mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3), _mm256_castsi128_si256(z));
+        const uint64_t neg = k_signs8(_mm256_srlv_epi32(words, _mm256_setr_epi32(0, 7, 14, 21, 0, 7, 14, 21)));
+        W->v[q] = k_signed_off(_mm512_i32gather_epi64(idx, iq2xxs_grid, 8), neg, K_OFF_iq2_xxs);
+        sc |= (uint64_t)(2 * iq2_xxs_s(x, 4 * q) + 1) << 16 * q | (uint64_t)(2 * iq2_xxs_s(x, 4 * q + 2) + 1) << (16 * q + 8);
+    }
+    W->dsc = k_grid_dsc(sc, 0.125f * _cvtsh_ss(x->d));
+    W->nmin = _mm512_setzero_ps();
+}
+
+/* IQ2_XS: 16-bit entries, index in the low 9 bits, the sign field above */
+INLINE void dec_iq2_xs(const void *xb, wKs *W) {
+    const block_iq2_xs *x = xb;
+    for (int q = 0; q < 4; q++) {
+        const __m256i e = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x->qs + 8 * q)));
+        const __m256i idx = _mm256_and_si256(e, _mm256_set1_epi32(511));
+        W->v[q] = k_signed_off(_mm512_i32gather_epi64(idx, iq2xs_grid, 8), k_signs8(_mm256_srli_epi32(e, 9)), K_OFF_iq2_xs);
+    }
+    W->dsc = k_grid_dsc16(k_odd_nibbles16(x->scales), 0.125f * _cvtsh_ss(x->d));
+    W->nmin = _mm512_setzero_ps();
+}
+
+/* IQ2_S: 8 index bytes and their 2-bit tops (qh[2 q], qh[2 q + 1]), the sign bytes as they are */
+INLINE void dec_iq2_s(const void *xb, wKs *W) {
+    const block_iq2_s *x = xb;
+    for (int q = 0; q < 4; q++) {
+        const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * q)));
+        const __m256i hi = _mm256_srlv_epi32(_mm256_set1_epi32(x->qh[2 * q] | x->qh[2 * q + 1] << 8),
+                                             _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+        const __m256i idx = _mm256_or_si256(lo, _mm256_slli_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(3)), 8));
+        uint64_t neg;
+        memcpy(&neg, x->signs + 8 * q, 8);
+        W->v[q] = k_signed_off(_mm512_i32gather_epi64(idx, iq2s_grid, 8), neg, K_OFF_iq2_s);
+    }
+    W->dsc = k_grid_dsc16(k_odd_nibbles16(x->scales), 0.125f * _cvtsh_ss(x->d));
     W->nmin = _mm512_setzero_ps();
 }
 
@@ -1595,6 +1681,9 @@ DEFINE_KACT(q5_K, 0, 2, 1, 3, 4, 6, 5, 7)
 DEFINE_KACT(q6_K, 0, 1, 2, 3, 4, 5, 6, 7)
 DEFINE_KACT(iq3_s, 0, 1, 2, 3, 4, 5, 6, 7)
 DEFINE_KACT(iq3_xxs, 0, 1, 2, 3, 4, 5, 6, 7)
+DEFINE_KACT(iq2_xxs, 0, 1, 2, 3, 4, 5, 6, 7)
+DEFINE_KACT(iq2_xs, 0, 1, 2, 3, 4, 5, 6, 7)
+DEFINE_KACT(iq2_s, 0, 1, 2, 3, 4, 5, 6, 7)
 DEFINE_KACT(q2_K, 0, 4, 1, 5, 2, 6, 3, 7)
 DEFINE_KACT(q3_K, 0, 4, 1, 5, 2, 6, 3, 7)
 /* IQ4_XS's activations: a[0] = elements 0-15 of each 32-element quarter of the first half
@@ -1884,6 +1973,9 @@ DEFINE_K512(q3_K, block_q3_K)
 DEFINE_K512(iq4_xs, block_iq4_xs)
 DEFINE_K512(iq3_s, block_iq3_s)
 DEFINE_K512(iq3_xxs, block_iq3_xxs)
+DEFINE_K512(iq2_xxs, block_iq2_xxs)
+DEFINE_K512(iq2_xs, block_iq2_xs)
+DEFINE_K512(iq2_s, block_iq2_s)
 
 INLINE __mmask16 tail_mask16(int64_t m) { return (__mmask16)_bzhi_u32(0xffffu, (unsigned)(m > 16 ? 16 : m)); }
 
@@ -2256,6 +2348,7 @@ void kernels_fill_avx512(kernel_table *t) {
         SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
         SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K) SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K)
         SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s) SET(T_IQ3_XXS, iq3_xxs)
+        SET(T_IQ2_XXS, iq2_xxs) SET(T_IQ2_XS, iq2_xs) SET(T_IQ2_S, iq2_s)
 #undef SET
         for (int T = 0; T < T_COUNT; T++) t->gemm_streams[T] = t->gemm[T] && T != T_F32 && T != T_F16 && T != T_BF16 ? GEMM_FEW_COLS : 0;
     } else {
@@ -2267,11 +2360,13 @@ void kernels_fill_avx512(kernel_table *t) {
         SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
         SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K) SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K)
         SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s) SET(T_IQ3_XXS, iq3_xxs)
+        SET(T_IQ2_XXS, iq2_xxs) SET(T_IQ2_XS, iq2_xs) SET(T_IQ2_S, iq2_s)
 #undef SET
         /* without VNNI only the K-quants' gemm has the streaming path (few_* is VNNI's) */
         t->gemm_streams[T_Q4_K] = t->gemm_streams[T_Q5_K] = t->gemm_streams[T_Q6_K] = GEMM_FEW_COLS;
         t->gemm_streams[T_Q2_K] = t->gemm_streams[T_Q3_K] = t->gemm_streams[T_IQ4_XS] = GEMM_FEW_COLS;
         t->gemm_streams[T_IQ3_S] = t->gemm_streams[T_IQ3_XXS] = GEMM_FEW_COLS;
+        t->gemm_streams[T_IQ2_XXS] = t->gemm_streams[T_IQ2_XS] = t->gemm_streams[T_IQ2_S] = GEMM_FEW_COLS;
     }
     t->vec_dot[T_F32] = vec_dot_f32;
     t->gemv[T_F32] = gemv_f32;
