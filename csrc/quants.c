@@ -236,48 +236,37 @@ static void dequant_iq4_xs(const void *restrict w, float *restrict out, int64_t 
             dequant_book(b[i].qs + 16 * ib, kvalues_iq4nl, F16(b[i].d) * (float)iq4_xs_scale(&b[i], ib), out);
 }
 
-/* IQ3_S: the signed grid value of element e (0..255) of a super-block */
+/* the grid i-quants: the signed value of element e (0..255) of a super-block */
 static inline int iq3_s_value(const block_iq3_s *b, int e) {
     const int v = (uint8_t)(iq3s_grid[iq3_s_index(b, e / 4)] >> 8 * (e % 4));
     return (b->signs[e / 8] >> (e % 8)) & 1 ? -v : v;
 }
 
-/* IQ3_S: (d (1 + 2 s)) * value, as gguf.quants (which applies the sign last: the same float) */
-static void dequant_iq3_s(const void *restrict w, float *restrict out, int64_t n) {
-    const block_iq3_s *b = w;
-    for (int64_t i = 0; i < n / QK_K; i++, out += QK_K)
-        for (int e = 0; e < QK_K; e++)
-            out[e] = F16(b[i].d) * (float)iq3_s_scale(&b[i], e / QK) * (float)iq3_s_value(&b[i], e);
-}
-
-/* IQ3_XXS: the signed grid value of element e (0..255) of a super-block */
 static inline int iq3_xxs_value(const block_iq3_xxs *b, int e) {
     const int v = (uint8_t)(iq3xxs_grid[b->qs[e / 4]] >> 8 * (e % 4));
-    const int signs = iq_signs[(iq3_xxs_word(b, e / QK) >> 7 * ((e % QK) / 8)) & 127];
-    return (signs >> (e % 8)) & 1 ? -v : v;
+    return (iq3_xxs_sign_bits(b, e / QK) >> (e % QK)) & 1 ? -v : v;
 }
 
-/* IQ3_XXS: ((d (s + 1/2)) / 2) * value, as gguf.quants */
-static void dequant_iq3_xxs(const void *restrict w, float *restrict out, int64_t n) {
-    const block_iq3_xxs *b = w;
-    for (int64_t i = 0; i < n / QK_K; i++, out += QK_K)
-        for (int e = 0; e < QK_K; e++)
-            out[e] = F16(b[i].d) * (0.5f + (float)(iq3_xxs_word(&b[i], e / QK) >> 28)) * 0.5f * (float)iq3_xxs_value(&b[i], e);
-}
+#define IQ2_VALUE(name, grid)                                                                   \
+    static inline int name##_value(const block_##name *b, int e) {                              \
+        const int v = (uint8_t)(grid[name##_index(b, e / 8)] >> 8 * (e % 8));                 \
+        return (name##_signs(b, e / 8) >> (e % 8)) & 1 ? -v : v;                                \
+    }
+IQ2_VALUE(iq2_xxs, iq2xxs_grid)
+IQ2_VALUE(iq2_xs, iq2xs_grid)
+IQ2_VALUE(iq2_s, iq2s_grid)
+#undef IQ2_VALUE
 
-/* IQ2_XXS, IQ2_XS, IQ2_S: the signed value of element e; dequant ((d (s + 1/2)) / 4) * value as
- * gguf.quants; vec_dot per super-block sum_j (2 s_j + 1) * sum(value * a) over 16-groups j in
- * int, times d / 8 */
-#define DEFINE_IQ2(name, grid)                                                                        \
-    static inline int name##_value(const block_##name *b, int e) {                                    \
-        const int v = (uint8_t)(grid[name##_index(b, e / 8)] >> 8 * (e % 8));                       \
-        return (name##_signs(b, e / 8) >> (e % 8)) & 1 ? -v : v;                                      \
-    }                                                                                                 \
+/* the grid i-quants (IQ3_S dmul 1, IQ3_XXS 1/4, IQ2_* 1/8; odd: quants.h): dequant ((dmul d) odd) * value,
+ * equal to gguf.quants' d (s + 1/2) / 4 (...) * value since everything before the last
+ * product is exact in float; vec_dot per super-block sum_j odd_j * sum(value * a) over the
+ * 16-groups j in int, times dmul d */
+#define DEFINE_GRID_KERNELS(name, dmul)                                                               \
     static void dequant_##name(const void *restrict w, float *restrict out, int64_t n) {             \
         const block_##name *b = w;                                                                    \
         for (int64_t i = 0; i < n / QK_K; i++, out += QK_K)                                           \
             for (int e = 0; e < QK_K; e++)                                                            \
-                out[e] = F16(b[i].d) * (0.5f + (float)name##_s(&b[i], e / 16)) * 0.25f * (float)name##_value(&b[i], e); \
+                out[e] = (dmul) * F16(b[i].d) * (float)name##_odd(&b[i], e / 16) * (float)name##_value(&b[i], e); \
     }                                                                                                 \
     static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {          \
         const block_##name *x = w;                                                                    \
@@ -288,15 +277,18 @@ static void dequant_iq3_xxs(const void *restrict w, float *restrict out, int64_t
             for (int j = 0; j < QK_K / 16; j++) {                                                     \
                 int sub = 0;                                                                          \
                 for (int e = 16 * j; e < 16 * (j + 1); e++) sub += name##_value(&x[i], e) * y[i].qs[e]; \
-                isum += (2 * name##_s(&x[i], j) + 1) * sub;                                           \
+                isum += name##_odd(&x[i], j) * sub;                                                   \
             }                                                                                         \
-            sum += y[i].d * (0.125f * F16(x[i].d)) * (float)isum;                                     \
+            sum += y[i].d * ((dmul) * F16(x[i].d)) * (float)isum;                                     \
         }                                                                                             \
         return sum;                                                                                   \
     }
-DEFINE_IQ2(iq2_xxs, iq2xxs_grid)
-DEFINE_IQ2(iq2_xs, iq2xs_grid)
-DEFINE_IQ2(iq2_s, iq2s_grid)
+DEFINE_GRID_KERNELS(iq3_s, 1.0f)
+DEFINE_GRID_KERNELS(iq3_xxs, 0.25f)
+DEFINE_GRID_KERNELS(iq2_xxs, 0.125f)
+DEFINE_GRID_KERNELS(iq2_xs, 0.125f)
+DEFINE_GRID_KERNELS(iq2_s, 0.125f)
+#undef DEFINE_GRID_KERNELS
 
 static void dequant_mxfp4(const void *restrict w, float *restrict out, int64_t n) {
     const block_mxfp4 *b = w;
@@ -623,40 +615,6 @@ static float vec_dot_iq4_xs(int64_t n, const void *restrict w, const void *restr
         for (int ib = 0; ib < QK_K / QK; ib++)
             isum += iq4_xs_scale(&x[i], ib) * dot_book(x[i].qs + 16 * ib, kvalues_iq4nl, y[i].qs + QK * ib);
         sum += y[i].d * F16(x[i].d) * (float)isum;
-    }
-    return sum;
-}
-
-/* IQ3_S: per super-block, sum_ib (1 + 2 s_ib) * sum(signed grid value * a) in int */
-static float vec_dot_iq3_s(int64_t n, const void *restrict w, const void *restrict a) {
-    const block_iq3_s *x = w;
-    const block_q8_K *y = a;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        int isum = 0;
-        for (int ib = 0; ib < QK_K / QK; ib++) {
-            int sub = 0;
-            for (int e = QK * ib; e < QK * (ib + 1); e++) sub += iq3_s_value(&x[i], e) * y[i].qs[e];
-            isum += iq3_s_scale(&x[i], ib) * sub;
-        }
-        sum += y[i].d * F16(x[i].d) * (float)isum;
-    }
-    return sum;
-}
-
-/* IQ3_XXS: per super-block, sum_ib (2 s_ib + 1) * sum(signed grid value * a) in int, times d / 4 */
-static float vec_dot_iq3_xxs(int64_t n, const void *restrict w, const void *restrict a) {
-    const block_iq3_xxs *x = w;
-    const block_q8_K *y = a;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        int isum = 0;
-        for (int ib = 0; ib < QK_K / QK; ib++) {
-            int sub = 0;
-            for (int e = QK * ib; e < QK * (ib + 1); e++) sub += iq3_xxs_value(&x[i], e) * y[i].qs[e];
-            isum += iq3_xxs_scale(&x[i], ib) * sub;
-        }
-        sum += y[i].d * (0.25f * F16(x[i].d)) * (float)isum;
     }
     return sum;
 }

@@ -173,6 +173,14 @@ static inline int iq2_s_index(const block_iq2_s *b, int k) { return b->qs[k] | (
 static inline int iq2_s_signs(const block_iq2_s *b, int k) { return b->signs[k]; }
 static inline int iq2_s_s(const block_iq2_s *b, int j) { return (b->scales[j / 2] >> 4 * (j % 2)) & 15; }
 
+/* the grid i-quants' odd scale of 16-group j (0..15): w = dmul d odd value, dmul 1 (IQ3_S),
+ * 1/4 (IQ3_XXS), 1/8 (IQ2_*) */
+static inline int iq3_s_odd(const block_iq3_s *b, int j) { return iq3_s_scale(b, j / 2); }
+static inline int iq3_xxs_odd(const block_iq3_xxs *b, int j) { return iq3_xxs_scale(b, j / 2); }
+static inline int iq2_xxs_odd(const block_iq2_xxs *b, int j) { return 2 * iq2_xxs_s(b, j) + 1; }
+static inline int iq2_xs_odd(const block_iq2_xs *b, int j) { return 2 * iq2_xs_s(b, j) + 1; }
+static inline int iq2_s_odd(const block_iq2_s *b, int j) { return 2 * iq2_s_s(b, j) + 1; }
+
 /* IQ3_XXS: the 32 sign bits of sub-block ib (bit j: element 32 ib + j negated) */
 static inline uint32_t iq3_xxs_sign_bits(const block_iq3_xxs *b, int ib) {
     const uint32_t w = iq3_xxs_word(b, ib);

@@ -673,8 +673,7 @@ INLINE __m256i iq3_xxs_grid32(const block_iq3_xxs *x, int ib) {
 }
 
 /* IQ2_*: the 32 grid values of sub-block ib (unsigned bytes 8..43), its 4 points gathered
- * (8 values each), their sign bytes as 32 bits, and the odd scales 2 s + 1 of its two
- * 16-element halves as int16 (low half, high half) */
+ * (8 values each), and their sign bytes as 32 bits */
 #define DEFINE_IQ2_SUB(name, grid)                                                                        \
     INLINE __m256i name##_grid32(const block_##name *x, int ib) {                                          \
         const __m128i idx = _mm_setr_epi32(name##_index(x, 4 * ib), name##_index(x, 4 * ib + 1),          \
@@ -684,10 +683,6 @@ INLINE __m256i iq3_xxs_grid32(const block_iq3_xxs *x, int ib) {
     INLINE uint32_t name##_sign_bits(const block_##name *x, int ib) {                                      \
         return (uint32_t)name##_signs(x, 4 * ib) | (uint32_t)name##_signs(x, 4 * ib + 1) << 8 |            \
                (uint32_t)name##_signs(x, 4 * ib + 2) << 16 | (uint32_t)name##_signs(x, 4 * ib + 3) << 24;  \
-    }                                                                                                      \
-    INLINE __m256i name##_scales16(const block_##name *x, int ib) {                                        \
-        return _mm256_setr_m128i(_mm_set1_epi16((short)(2 * name##_s(x, 2 * ib) + 1)),                     \
-                                 _mm_set1_epi16((short)(2 * name##_s(x, 2 * ib + 1) + 1)));                \
     }
 DEFINE_IQ2_SUB(iq2_xxs, iq2xxs_grid)
 DEFINE_IQ2_SUB(iq2_xs, iq2xs_grid)
@@ -697,16 +692,22 @@ DEFINE_IQ2_SUB(iq2_s, iq2s_grid)
  * x the activations with the weights' signs (vpmaddubsw: 62 x 127 x 2 stays within int16),
  * the int16 pairs times the odd scales (per 32 or per 16) added in int32; d (IQ3_XXS: d / 4,
  * IQ2: d / 8) * da once per super-block, as IQ4_XS */
-#define DEFINE_GRID_KTILE(name, block_t, GRID32, SIGNS, SCALES, DMUL)                                        \
+INLINE uint32_t iq3_s_sign_bits(const block_iq3_s *x, int ib) { return ld32(x->signs + 4 * ib); }
+
+/* the odd scales of sub-block ib's two 16-element halves as int16 (low half, high half) */
+#define GRID_SCALES16(name, x, ib) \
+    _mm256_setr_m128i(_mm_set1_epi16((short)name##_odd(x, 2 * (ib))), _mm_set1_epi16((short)name##_odd(x, 2 * (ib) + 1)))
+
+#define DEFINE_GRID_KTILE(name, DMUL)                                        \
     INLINE void ktile_##name(const int T, int64_t nsb, const uint8_t *xr, const block_q8_K *const *y, __m256 *acc) { \
         for (int64_t i = 0; i < nsb; i++) {                                                                 \
-            const block_t *x = (const block_t *)(const void *)xr + i;                                       \
+            const block_##name *x = (const block_##name *)(const void *)xr + i;                             \
             __m256i sumi[4];                                                                                \
             for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();                                   \
             for (int ib = 0; ib < QK_K / QK; ib++) {                                                        \
-                const __m256i g = GRID32(x, ib);                                                            \
-                const __m256i sgn = _mm256_or_si256(negated32(SIGNS(x, ib)), _mm256_set1_epi8(1)); /* -1/+1 */ \
-                const __m256i sc = SCALES(x, ib);                                                           \
+                const __m256i g = name##_grid32(x, ib);                                                     \
+                const __m256i sgn = _mm256_or_si256(negated32(name##_sign_bits(x, ib)), _mm256_set1_epi8(1)); /* -1/+1 */ \
+                const __m256i sc = GRID_SCALES16(name, x, ib);                                              \
                 for (int t = 0; t < T; t++) {                                                               \
                     const __m256i aq = _mm256_loadu_si256((const __m256i *)(y[t][i].qs + QK * ib));         \
                     sumi[t] = madd_acc(sumi[t], _mm256_maddubs_epi16(g, _mm256_sign_epi8(aq, sgn)), sc);    \
@@ -717,20 +718,14 @@ DEFINE_IQ2_SUB(iq2_s, iq2s_grid)
                 acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y[t][i].d), _mm256_cvtepi32_ps(sumi[t]), acc[t]); \
         }                                                                                                   \
     }                                                                                                       \
-    INLINE void step_##name(const block_t *x, const block_q8_K *y, __m256 *acc) {                           \
+    INLINE void step_##name(const block_##name *x, const block_q8_K *y, __m256 *acc) {                      \
         ktile_##name(1, 1, (const uint8_t *)(const void *)x, &y, acc);                                      \
     }
-#define IQ3_S_SIGNS(x, ib) ld32((x)->signs + 4 * (ib))
-#define IQ3_S_SCALES(x, ib) _mm256_set1_epi16((short)iq3_s_scale(x, ib))
-#define IQ3_XXS_SCALES(x, ib) _mm256_set1_epi16((short)iq3_xxs_scale(x, ib))
-DEFINE_GRID_KTILE(iq3_s, block_iq3_s, iq3_s_grid32, IQ3_S_SIGNS, IQ3_S_SCALES, 1.0f)
-DEFINE_GRID_KTILE(iq3_xxs, block_iq3_xxs, iq3_xxs_grid32, iq3_xxs_sign_bits, IQ3_XXS_SCALES, 0.25f)
-DEFINE_GRID_KTILE(iq2_xxs, block_iq2_xxs, iq2_xxs_grid32, iq2_xxs_sign_bits, iq2_xxs_scales16, 0.125f)
-DEFINE_GRID_KTILE(iq2_xs, block_iq2_xs, iq2_xs_grid32, iq2_xs_sign_bits, iq2_xs_scales16, 0.125f)
-DEFINE_GRID_KTILE(iq2_s, block_iq2_s, iq2_s_grid32, iq2_s_sign_bits, iq2_s_scales16, 0.125f)
-#undef IQ3_S_SIGNS
-#undef IQ3_S_SCALES
-#undef IQ3_XXS_SCALES
+DEFINE_GRID_KTILE(iq3_s, 1.0f)
+DEFINE_GRID_KTILE(iq3_xxs, 0.25f)
+DEFINE_GRID_KTILE(iq2_xxs, 0.125f)
+DEFINE_GRID_KTILE(iq2_xs, 0.125f)
+DEFINE_GRID_KTILE(iq2_s, 0.125f)
 
 #define DEFINE_QK(name, block_t)                                                                      \
     static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {          \
@@ -1038,43 +1033,28 @@ static void dequant_iq4_xs(const void *restrict w, float *restrict out, int64_t 
                          _mm256_set1_ps(_cvtsh_ss(x[i].d) * (float)iq4_xs_scale(&x[i], ib)), _mm256_setzero_ps(), 0);
 }
 
-static void dequant_iq3_s(const void *restrict w, float *restrict out, int64_t n) {
-    const block_iq3_s *x = w;
-    for (int64_t i = 0; i < n / QK_K; i++)
-        for (int ib = 0; ib < QK_K / QK; ib++, out += QK)
-            store_scaled(out, with_signs(iq3_s_grid32(&x[i], ib), ld32(x[i].signs + 4 * ib)), _mm256_set1_ps(_cvtsh_ss(x[i].d) * (float)iq3_s_scale(&x[i], ib)),
-                         _mm256_setzero_ps(), 0);
-}
-
-static void dequant_iq3_xxs(const void *restrict w, float *restrict out, int64_t n) {
-    const block_iq3_xxs *x = w;
-    for (int64_t i = 0; i < n / QK_K; i++)
-        for (int ib = 0; ib < QK_K / QK; ib++, out += QK)
-            store_scaled(out, with_signs(iq3_xxs_grid32(&x[i], ib), iq3_xxs_sign_bits(&x[i], ib)),
-                         _mm256_set1_ps(_cvtsh_ss(x[i].d) * (0.5f + (float)(iq3_xxs_word(&x[i], ib) >> 28)) * 0.5f),
-                         _mm256_setzero_ps(), 0);
-}
-
-/* IQ2_*: per 16 elements (d (s + 1/2)) / 4, times the value (as the scalar reference) */
-#define DEFINE_IQ2_DEQUANT(name)                                                                              \
+/* the grid i-quants: per 16 elements (dmul d) odd, times the value (as the scalar reference) */
+#define DEFINE_GRID_DEQUANT(name, dmul)                                                                       \
     static void dequant_##name(const void *restrict w, float *restrict out, int64_t n) {                     \
         const block_##name *x = w;                                                                            \
         for (int64_t i = 0; i < n / QK_K; i++)                                                                \
             for (int ib = 0; ib < QK_K / QK; ib++, out += QK) {                                               \
-                const float d = _cvtsh_ss(x[i].d);                                                            \
-                const __m128 lo = _mm_set1_ps(d * (0.5f + (float)name##_s(&x[i], 2 * ib)) * 0.25f);            \
-                const __m128 hi = _mm_set1_ps(d * (0.5f + (float)name##_s(&x[i], 2 * ib + 1)) * 0.25f);        \
-                const __m256i v = with_signs(name##_grid32(&x[i], ib), name##_sign_bits(&x[i], ib));            \
-                const __m128i part[4] = {_mm256_castsi256_si128(v), _mm_srli_si128(_mm256_castsi256_si128(v), 8), \
-                                         _mm256_extracti128_si256(v, 1), _mm_srli_si128(_mm256_extracti128_si256(v, 1), 8)}; \
+                const float d = (dmul) * _cvtsh_ss(x[i].d);                                                   \
+                const __m128 lo = _mm_set1_ps(d * (float)name##_odd(&x[i], 2 * ib));                          \
+                const __m128 hi = _mm_set1_ps(d * (float)name##_odd(&x[i], 2 * ib + 1));                      \
+                const __m256i v = with_signs(name##_grid32(&x[i], ib), name##_sign_bits(&x[i], ib));          \
+                const __m128i v0 = _mm256_castsi256_si128(v), v1 = _mm256_extracti128_si256(v, 1);            \
+                const __m128i part[4] = {v0, _mm_srli_si128(v0, 8), v1, _mm_srli_si128(v1, 8)};               \
                 for (int k = 0; k < 4; k++)                                                                   \
                     _mm256_storeu_ps(out + 8 * k, _mm256_mul_ps(_mm256_set_m128(k < 2 ? lo : hi, k < 2 ? lo : hi), \
                                                                 _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part[k])))); \
             }                                                                                                 \
     }
-DEFINE_IQ2_DEQUANT(iq2_xxs)
-DEFINE_IQ2_DEQUANT(iq2_xs)
-DEFINE_IQ2_DEQUANT(iq2_s)
+DEFINE_GRID_DEQUANT(iq3_s, 1.0f)
+DEFINE_GRID_DEQUANT(iq3_xxs, 0.25f)
+DEFINE_GRID_DEQUANT(iq2_xxs, 0.125f)
+DEFINE_GRID_DEQUANT(iq2_xs, 0.125f)
+DEFINE_GRID_DEQUANT(iq2_s, 0.125f)
 
 static void dequant_mxfp4(const void *restrict w, float *restrict out, int64_t n) {
     const block_mxfp4 *x = w;

@@ -1575,22 +1575,6 @@ INLINE void dec_iq3_s(const void *xb, wKs *W) {
     W->nmin = _mm512_setzero_ps();
 }
 
-/* IQ3_XXS: 8-bit indices, the sign bits through iq_signs, scales 2 s + 1 times d / 4 */
-INLINE void dec_iq3_xxs(const void *xb, wKs *W) {
-    const block_iq3_xxs *x = xb;
-    uint64_t sc = 0;
-    for (int q = 0; q < 4; q++) {
-        const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(x->qs + 16 * q)));
-        const uint64_t neg = iq3_xxs_sign_bits(x, 2 * q) | (uint64_t)iq3_xxs_sign_bits(x, 2 * q + 1) << 32;
-        W->v[q] = k_signed_off(_mm512_i32gather_epi32(idx, iq3xxs_grid, 4), neg, K_OFF_iq3_xxs);
-        sc |= (uint64_t)iq3_xxs_scale(x, 2 * q) << 16 * q | (uint64_t)iq3_xxs_scale(x, 2 * q + 1) << (16 * q + 8);
-    }
-    W->dsc = k_grid_dsc(sc, 0.25f * _cvtsh_ss(x->d));
-    W->nmin = _mm512_setzero_ps();
-}
-
-/* IQ2_*: v[q] = points 8 q .. 8 q + 7, 8 values each, gathered as 64-bit grid entries */
-
 /* 8 sign bytes from eight 7-bit fields (in the low bits of 32-bit lanes): bit 7 makes each
  * byte's count of set bits even (iq_signs) */
 INLINE uint64_t k_signs8(__m256i s7) {
@@ -1601,6 +1585,28 @@ INLINE uint64_t k_signs8(__m256i s7) {
     const __m256i b = _mm256_or_si256(s7, _mm256_slli_epi32(_mm256_and_si256(p, _mm256_set1_epi32(1)), 7));
     return (uint64_t)_mm_cvtsi128_si64(_mm256_cvtepi32_epi8(b));
 }
+
+/* the sign bytes of two words of four 7-bit fields (IQ3_XXS, IQ2_XXS: sub-blocks w0, w1) */
+INLINE uint64_t k_word_signs(uint32_t w0, uint32_t w1) {
+    const __m256i w = _mm256_set_m128i(_mm_set1_epi32((int)w1), _mm_set1_epi32((int)w0));
+    return k_signs8(_mm256_srlv_epi32(w, _mm256_setr_epi32(0, 7, 14, 21, 0, 7, 14, 21)));
+}
+
+/* IQ3_XXS: 8-bit indices, the sign fields of the sub-blocks' words, scales 2 s + 1 times d / 4 */
+INLINE void dec_iq3_xxs(const void *xb, wKs *W) {
+    const block_iq3_xxs *x = xb;
+    uint64_t sc = 0;
+    for (int q = 0; q < 4; q++) {
+        const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(x->qs + 16 * q)));
+        const uint64_t neg = k_word_signs(iq3_xxs_word(x, 2 * q), iq3_xxs_word(x, 2 * q + 1));
+        W->v[q] = k_signed_off(_mm512_i32gather_epi32(idx, iq3xxs_grid, 4), neg, K_OFF_iq3_xxs);
+        sc |= (uint64_t)iq3_xxs_scale(x, 2 * q) << 16 * q | (uint64_t)iq3_xxs_scale(x, 2 * q + 1) << (16 * q + 8);
+    }
+    W->dsc = k_grid_dsc(sc, 0.25f * _cvtsh_ss(x->d));
+    W->nmin = _mm512_setzero_ps();
+}
+
+/* IQ2_*: v[q] = points 8 q .. 8 q + 7, 8 values each, gathered as 64-bit grid entries */
 
 /* the 16 nibbles of 8 bytes as the odd scales 2 s + 1 of the 16 sub-blocks of 16 */
 INLINE __m128i k_odd_nibbles16(const uint8_t *p) {
@@ -1616,8 +1622,7 @@ INLINE void dec_iq2_xxs(const void *xb, wKs *W) {
     for (int q = 0; q < 4; q++) {
         const __m128i z = _mm_loadu_si128((const __m128i *)(x->qs + 16 * q));
         const __m256i idx = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(z, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 0, 0, 0, 0, 0, 0, 0, 0)));
-        const __m256i words = _mm256_permutexvar_epi32(_mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3), _mm256_castsi128_si256(z));
-        const uint64_t neg = k_signs8(_mm256_srlv_epi32(words, _mm256_setr_epi32(0, 7, 14, 21, 0, 7, 14, 21)));
+        const uint64_t neg = k_word_signs(iq2_xxs_word(x, 2 * q), iq2_xxs_word(x, 2 * q + 1));
         W->v[q] = k_signed_off(_mm512_i32gather_epi64(idx, iq2xxs_grid, 8), neg, K_OFF_iq2_xxs);
         sc |= (uint64_t)(2 * iq2_xxs_s(x, 4 * q) + 1) << 16 * q | (uint64_t)(2 * iq2_xxs_s(x, 4 * q + 2) + 1) << (16 * q + 8);
     }
