@@ -296,19 +296,36 @@ template <> PQ_HD void unpack16<T_IQ4_XS>(const uint8_t *row, int g, int q[4], f
     b = 0.0f;
 }
 
-/* the grids of IQ3_S and IQ3_XXS (csrc/iq_grids.h): point i's 4 values in the bytes of entry
- * i. In global memory, not __constant__: the threads of a warp read different points */
+/* the grid i-quants (quants.h): IQ3_S, IQ3_XXS (points of 4 values), IQ2_XXS, IQ2_XS, IQ2_S
+ * (points of 8). Point k of a super-block covers elements W k .. W k + W - 1; w = dmul d odd
+ * value, odd the scale 2 s + 1 of the element's 16-group */
+template <int T> struct grid_fmt;
+template <> struct grid_fmt<T_IQ3_S> { static constexpr int width = 4; static constexpr float dmul = 1.0f; };
+template <> struct grid_fmt<T_IQ3_XXS> { static constexpr int width = 4; static constexpr float dmul = 0.25f; };
+template <> struct grid_fmt<T_IQ2_XXS> { static constexpr int width = 8; static constexpr float dmul = 0.125f; };
+template <> struct grid_fmt<T_IQ2_XS> { static constexpr int width = 8; static constexpr float dmul = 0.125f; };
+template <> struct grid_fmt<T_IQ2_S> { static constexpr int width = 8; static constexpr float dmul = 0.125f; };
+
+/* the grids (csrc/iq_grids.h): point i's values in the bytes of entry i. In global memory,
+ * not __constant__: the threads of a warp read different points */
 __device__ const uint32_t iq3s_grid_dev[IQ3S_GRID_SIZE] = {IQ3S_GRID};
 static const uint32_t iq3s_grid_host[IQ3S_GRID_SIZE] = {IQ3S_GRID};
 __device__ const uint32_t iq3xxs_grid_dev[IQ3XXS_GRID_SIZE] = {IQ3XXS_GRID};
 static const uint32_t iq3xxs_grid_host[IQ3XXS_GRID_SIZE] = {IQ3XXS_GRID};
+__device__ const uint64_t iq2xxs_grid_dev[IQ2XXS_GRID_SIZE] = {IQ2XXS_GRID};
+static const uint64_t iq2xxs_grid_host[IQ2XXS_GRID_SIZE] = {IQ2XXS_GRID};
+__device__ const uint64_t iq2xs_grid_dev[IQ2XS_GRID_SIZE] = {IQ2XS_GRID};
+static const uint64_t iq2xs_grid_host[IQ2XS_GRID_SIZE] = {IQ2XS_GRID};
+__device__ const uint64_t iq2s_grid_dev[IQ2S_GRID_SIZE] = {IQ2S_GRID};
+static const uint64_t iq2s_grid_host[IQ2S_GRID_SIZE] = {IQ2S_GRID};
 
-template <int T> PQ_HD uint32_t grid_point(int i) {
-    static_assert(T == T_IQ3_S || T == T_IQ3_XXS, "a format with a grid");
+template <int T> PQ_HD uint64_t grid_entry(int i) {
 #ifdef __CUDA_ARCH__
-    return T == T_IQ3_S ? iq3s_grid_dev[i] : iq3xxs_grid_dev[i];
+    return T == T_IQ3_S ? iq3s_grid_dev[i] : T == T_IQ3_XXS ? iq3xxs_grid_dev[i] : T == T_IQ2_XXS ? iq2xxs_grid_dev[i]
+         : T == T_IQ2_XS ? iq2xs_grid_dev[i] : iq2s_grid_dev[i];
 #else
-    return T == T_IQ3_S ? iq3s_grid_host[i] : iq3xxs_grid_host[i];
+    return T == T_IQ3_S ? iq3s_grid_host[i] : T == T_IQ3_XXS ? iq3xxs_grid_host[i] : T == T_IQ2_XXS ? iq2xxs_grid_host[i]
+         : T == T_IQ2_XS ? iq2xs_grid_host[i] : iq2s_grid_host[i];
 #endif
 }
 
@@ -318,103 +335,67 @@ PQ_HD uint32_t signed4(uint32_t v, uint32_t bits) {
     return vsub4(v ^ neg, neg);
 }
 
-/* IQ3_S (quants.h): the 4 signed values of point p (0..63) of the block at b (d, qs[64],
- * qh[8], signs[32], scales[4]), value j in byte j; elements 4p..4p+3 take sign bits
- * 4 (p & 1) .. + 3 of signs[p / 2] */
-PQ_HD uint32_t iq3s_values4(const uint8_t *b, int p) {
-    const int i = b[2 + p] | ((b[66 + (p >> 3)] >> (p & 7)) & 1) << 8;
-    return signed4(grid_point<T_IQ3_S>(i), (b[74 + (p >> 1)] >> (4 * (p & 1))) & 15u);
-}
-
 /* 8 sign bits from the 7 stored (IQ3_XXS, IQ2_XXS, IQ2_XS): the 8th makes their count even */
 PQ_HD uint32_t signs8(uint32_t s7) {
     s7 &= 127u;
     return s7 | ((s7 ^ s7 >> 1 ^ s7 >> 2 ^ s7 >> 3 ^ s7 >> 4 ^ s7 >> 5 ^ s7 >> 6) & 1u) << 7;
 }
 
-/* IQ3_XXS (quants.h): the same for the block at b (d, qs[64], sas[32]); the sign bits of
- * elements 8 l..8 l + 7 of sub-block ib are bits 7 l.. of its word */
-PQ_HD uint32_t word_iq3xxs(const uint8_t *b, int ib) { return ld32<2>(b + 66 + 4 * ib); }
-PQ_HD uint32_t iq3xxs_values4(const uint8_t *b, int p) {
-    const uint32_t sg = signs8(word_iq3xxs(b, p >> 3) >> (7 * ((p & 7) >> 1)));
-    return signed4(grid_point<T_IQ3_XXS>(b[2 + p]), (sg >> (4 * (p & 1))) & 15u);
-}
-
-/* the 2-bit grids (csrc/iq_grids.h): point i's 8 values in the bytes of entry i */
-__device__ const uint64_t iq2xxs_grid_dev[IQ2XXS_GRID_SIZE] = {IQ2XXS_GRID};
-static const uint64_t iq2xxs_grid_host[IQ2XXS_GRID_SIZE] = {IQ2XXS_GRID};
-__device__ const uint64_t iq2xs_grid_dev[IQ2XS_GRID_SIZE] = {IQ2XS_GRID};
-static const uint64_t iq2xs_grid_host[IQ2XS_GRID_SIZE] = {IQ2XS_GRID};
-__device__ const uint64_t iq2s_grid_dev[IQ2S_GRID_SIZE] = {IQ2S_GRID};
-static const uint64_t iq2s_grid_host[IQ2S_GRID_SIZE] = {IQ2S_GRID};
-
-/* IQ2_XXS, IQ2_XS, IQ2_S (quants.h), the block at b: point k's (0..31) 8 values with their
- * signs (value j in byte j) and s of 16-group j (w = d (2 s + 1) / 8 value) */
-template <int T> PQ_HD uint64_t iq2_values8(const uint8_t *b, int k) {
-    static_assert(T == T_IQ2_XXS || T == T_IQ2_XS || T == T_IQ2_S, "a 2-bit grid format");
+/* the signed values of point k of the block at b (value j in byte j): its grid index and
+ * sign bits as each layout stores them (quants.h) */
+template <int T> PQ_HD uint64_t grid_values(const uint8_t *b, int k) {
     int i;
     uint32_t sg;
-    if (T == T_IQ2_XXS) {        /* 8 bytes per sub-block: 4 indices, then a word of signs and s */
-        i = b[2 + 8 * (k >> 2) + (k & 3)];
-        sg = signs8(ld32<2>(b + 6 + 8 * (k >> 2)) >> (7 * (k & 3)));
+    if (T == T_IQ3_S) {          /* d, qs[64], qh[8] (bit 8 of each index), signs[32], scales[4] */
+        i = b[2 + k] | ((b[66 + (k >> 3)] >> (k & 7)) & 1) << 8, sg = (b[74 + (k >> 1)] >> (4 * (k & 1))) & 15u;
+    } else if (T == T_IQ3_XXS) { /* d, qs[64], a word per sub-block: 7-bit signs of 8 values, s */
+        i = b[2 + k], sg = (signs8(ld32<2>(b + 66 + 4 * (k >> 3)) >> (7 * ((k & 7) >> 1))) >> (4 * (k & 1))) & 15u;
+    } else if (T == T_IQ2_XXS) { /* 8 bytes per sub-block: 4 indices, then such a word */
+        i = b[2 + 8 * (k >> 2) + (k & 3)], sg = signs8(ld32<2>(b + 6 + 8 * (k >> 2)) >> (7 * (k & 3)));
     } else if (T == T_IQ2_XS) {  /* uint16: 9-bit index | 7 signs << 9 */
         const uint32_t v = b[2 + 2 * k] | b[3 + 2 * k] << 8;
         i = (int)(v & 511u), sg = signs8(v >> 9);
     } else {                     /* qs[32], signs[32], qh[8] (2 bits a point), scales[8] */
         i = b[2 + k] | ((b[66 + (k >> 2)] >> (2 * (k & 3))) & 3) << 8, sg = b[34 + k];
     }
-#ifdef __CUDA_ARCH__
-    const uint64_t g = T == T_IQ2_XXS ? iq2xxs_grid_dev[i] : T == T_IQ2_XS ? iq2xs_grid_dev[i] : iq2s_grid_dev[i];
-#else
-    const uint64_t g = T == T_IQ2_XXS ? iq2xxs_grid_host[i] : T == T_IQ2_XS ? iq2xs_grid_host[i] : iq2s_grid_host[i];
-#endif
+    const uint64_t g = grid_entry<T>(i);
     return signed4((uint32_t)g, sg & 15u) | (uint64_t)signed4((uint32_t)(g >> 32), sg >> 4) << 32;
 }
 
-template <int T> PQ_HD int iq2_s4(const uint8_t *b, int j) {
-    if (T == T_IQ2_XXS) return (int)(ld32<2>(b + 6 + 8 * (j >> 1)) >> 28);
-    return (b[(T == T_IQ2_XS ? 66 : 74) + (j >> 1)] >> (4 * (j & 1))) & 15;
+/* the odd scale 2 s + 1 of 16-group j (0..15) */
+template <int T> PQ_HD int grid_odd(const uint8_t *b, int j) {
+    int s;
+    if (T == T_IQ3_S) s = b[106 + (j >> 2)] >> (4 * ((j >> 1) & 1));
+    else if (T == T_IQ3_XXS) s = (int)(ld32<2>(b + 66 + 4 * (j >> 1)) >> 28);
+    else if (T == T_IQ2_XXS) s = (int)(ld32<2>(b + 6 + 8 * (j >> 1)) >> 28);
+    else s = b[(T == T_IQ2_XS ? 66 : 74) + (j >> 1)] >> (4 * (j & 1));
+    return 2 * (s & 15) + 1;
 }
 
-/* IQ2_*: group g is points 2 (g & 15), + 1 of super-block g / 16 */
-template <int T> PQ_HD void unpack16_iq2(const uint8_t *row, int g, int q[4], float &a, float &b) {
+/* group g: points P (g & 15) .. + P - 1 of super-block g / 16, P = 16 / width */
+template <int T> PQ_HD void unpack16_grid(const uint8_t *row, int g, int q[4], float &a, float &b) {
+    constexpr int W = grid_fmt<T>::width, P = 16 / W;
     const uint8_t *blk = row + (size_t)(g >> 4) * fmt<T>::bytes;
-    for (int h = 0; h < 2; h++) {
-        const uint64_t v = iq2_values8<T>(blk, 2 * (g & 15) + h);
-        q[2 * h] = (int)(uint32_t)v, q[2 * h + 1] = (int)(uint32_t)(v >> 32);
+    for (int p = 0; p < P; p++) {
+        const uint64_t v = grid_values<T>(blk, P * (g & 15) + p);
+        for (int w = 0; w < W / 4; w++) q[p * (W / 4) + w] = (int)(uint32_t)(v >> 32 * w);
     }
-    a = 0.125f * ld_f16a(blk) * (float)(2 * iq2_s4<T>(blk, g & 15) + 1);
+    a = grid_fmt<T>::dmul * ld_f16a(blk) * (float)grid_odd<T>(blk, g & 15);
     b = 0.0f;
 }
-template <> PQ_HD void unpack16<T_IQ2_XXS>(const uint8_t *row, int g, int q[4], float &a, float &b) { unpack16_iq2<T_IQ2_XXS>(row, g, q, a, b); }
-template <> PQ_HD void unpack16<T_IQ2_XS>(const uint8_t *row, int g, int q[4], float &a, float &b) { unpack16_iq2<T_IQ2_XS>(row, g, q, a, b); }
-template <> PQ_HD void unpack16<T_IQ2_S>(const uint8_t *row, int g, int q[4], float &a, float &b) { unpack16_iq2<T_IQ2_S>(row, g, q, a, b); }
+template <> PQ_HD void unpack16<T_IQ3_S>(const uint8_t *row, int g, int q[4], float &a, float &b) { unpack16_grid<T_IQ3_S>(row, g, q, a, b); }
+template <> PQ_HD void unpack16<T_IQ3_XXS>(const uint8_t *row, int g, int q[4], float &a, float &b) { unpack16_grid<T_IQ3_XXS>(row, g, q, a, b); }
+template <> PQ_HD void unpack16<T_IQ2_XXS>(const uint8_t *row, int g, int q[4], float &a, float &b) { unpack16_grid<T_IQ2_XXS>(row, g, q, a, b); }
+template <> PQ_HD void unpack16<T_IQ2_XS>(const uint8_t *row, int g, int q[4], float &a, float &b) { unpack16_grid<T_IQ2_XS>(row, g, q, a, b); }
+template <> PQ_HD void unpack16<T_IQ2_S>(const uint8_t *row, int g, int q[4], float &a, float &b) { unpack16_grid<T_IQ2_S>(row, g, q, a, b); }
 
-/* IQ2_*: element k, ((d (s + 1/2)) / 4) * value as the C reference */
-template <int T> PQ_HD float dequant_iq2(const uint8_t *row, int64_t k) {
+/* element k: ((dmul d) odd) * value, as the C reference */
+template <int T> PQ_HD float dequant_grid(const uint8_t *row, int64_t k) {
+    constexpr int W = grid_fmt<T>::width;
     const uint8_t *b = row + (k >> 8) * fmt<T>::bytes;
     const int e = (int)(k & 255);
-    const int v = (int8_t)(iq2_values8<T>(b, e >> 3) >> (8 * (e & 7)));
-    return mul_rn(mul_rn(mul_rn(ld_f16(b), add_rn(0.5f, (float)iq2_s4<T>(b, e >> 4))), 0.25f), (float)v);
-}
-
-/* IQ3_S: the odd scale 1 + 2 s of sub-block ib (0..7) */
-PQ_HD int scale_iq3s(const uint8_t *b, int ib) { return 1 + 2 * ((b[106 + (ib >> 1)] >> (4 * (ib & 1))) & 15); }
-
-/* IQ3_S: group g is points 4 (g & 15) .. + 3 of super-block g / 16; w = d (1 + 2 s) value */
-template <> PQ_HD void unpack16<T_IQ3_S>(const uint8_t *row, int g, int q[4], float &a, float &b) {
-    const uint8_t *blk = row + (size_t)(g >> 4) * 110;
-    for (int i = 0; i < 4; i++) q[i] = (int)iq3s_values4(blk, 4 * (g & 15) + i);
-    a = ld_f16a(blk) * (float)scale_iq3s(blk, (g & 15) >> 1);
-    b = 0.0f;
-}
-
-/* IQ3_XXS: group g is points 4 (g & 15) .. + 3 of super-block g / 16; w = (d / 4) (2 s + 1) value */
-template <> PQ_HD void unpack16<T_IQ3_XXS>(const uint8_t *row, int g, int q[4], float &a, float &b) {
-    const uint8_t *blk = row + (size_t)(g >> 4) * 98;
-    for (int i = 0; i < 4; i++) q[i] = (int)iq3xxs_values4(blk, 4 * (g & 15) + i);
-    a = 0.25f * ld_f16a(blk) * (float)(1 + 2 * (int)(word_iq3xxs(blk, (g & 15) >> 1) >> 28));
-    b = 0.0f;
+    const int v = (int8_t)(grid_values<T>(b, e / W) >> (8 * (e % W)));
+    return mul_rn(mul_rn(mul_rn(grid_fmt<T>::dmul, ld_f16(b)), (float)grid_odd<T>(b, e >> 4)), (float)v);
 }
 
 /* MXFP4: an E8M0 byte, then IQ4_NL's nibbles; w = 2^(e - 128) kvalues[nibble] */
@@ -550,22 +531,11 @@ PQ_HD float dequant(int type, const uint8_t *row, int64_t k) {
         const int e = (int)(k & 255), ib = e >> 5;
         return mul_rn(mul_rn(ld_f16(b), (float)scale_iq4xs(b, ib)), (float)kvalue<T_IQ4_NL>(nib(b + 8 + 16 * ib, e & 31)));
     }
-    case T_IQ3_S: {
-        const uint8_t *b = row + (k >> 8) * 110;
-        const int e = (int)(k & 255);
-        const int v = (int8_t)(iq3s_values4(b, e >> 2) >> (8 * (e & 3)));
-        return mul_rn(mul_rn(ld_f16(b), (float)scale_iq3s(b, e >> 5)), (float)v);
-    }
-    case T_IQ3_XXS: {
-        const uint8_t *b = row + (k >> 8) * 98;
-        const int e = (int)(k & 255);
-        const int v = (int8_t)(iq3xxs_values4(b, e >> 2) >> (8 * (e & 3)));
-        const float db = mul_rn(mul_rn(ld_f16(b), add_rn(0.5f, (float)(word_iq3xxs(b, e >> 5) >> 28))), 0.5f);
-        return mul_rn(db, (float)v);
-    }
-    case T_IQ2_XXS: return dequant_iq2<T_IQ2_XXS>(row, k);
-    case T_IQ2_XS: return dequant_iq2<T_IQ2_XS>(row, k);
-    case T_IQ2_S: return dequant_iq2<T_IQ2_S>(row, k);
+    case T_IQ3_S: return dequant_grid<T_IQ3_S>(row, k);
+    case T_IQ3_XXS: return dequant_grid<T_IQ3_XXS>(row, k);
+    case T_IQ2_XXS: return dequant_grid<T_IQ2_XXS>(row, k);
+    case T_IQ2_XS: return dequant_grid<T_IQ2_XS>(row, k);
+    case T_IQ2_S: return dequant_grid<T_IQ2_S>(row, k);
     case T_MXFP4: {
         const uint8_t *b = row + (k >> 5) * 17;
         return mul_rn(e8m0_half(b[0]), (float)kvalue<T_MXFP4>(nib(b + 1, (int)(k & 31))));
