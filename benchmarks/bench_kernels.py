@@ -47,6 +47,7 @@ TYPES = {  # name: (ggml id, block size, block bytes, act)
     "Q2_K": (10, 256, 84, 2), "IQ4_NL": (20, 32, 18, 1), "MXFP4": (39, 32, 17, 1),
     "IQ4_XS": (23, 256, 136, 2), "IQ3_S": (21, 256, 110, 2), "IQ3_XXS": (18, 256, 98, 2),
     "IQ2_XXS": (16, 256, 66, 2), "IQ2_XS": (17, 256, 74, 2), "IQ2_S": (22, 256, 82, 2),
+    "IQ1_S": (19, 256, 50, 2), "IQ1_M": (29, 256, 56, 2),
     "F16": (1, 1, 2, 0), "BF16": (30, 1, 2, 0), "F32": (0, 1, 4, 0),
 }
 # (rows, n): rows of the weight matrix, n = row length (input width)

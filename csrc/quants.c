@@ -28,6 +28,8 @@
  *     when bit e % 8 of signs(e / 8) is set (quants.h).
  *   IQ3_XXS: element e is byte e % 4 of grid point qs[e / 4], negated when bit e % 8
  *     of iq_signs[7 bits at 7 ((e % 32) / 8) of sub-block e / 32's word] is set.
+ *   IQ1_S/IQ1_M: element e is 8 (byte e % 8 of grid point index(e / 8) - 1) -+ 1 by the
+ *     sign of that point's delta (quants.h).
  *   Q6_K: 2 halves of 128; in half h, element 32*s + l (s < 4, l < 32) takes
  *     its low nibble from ql[64*h + l + 32*(s&1)] (>> 4 when s >= 2) and its
  *     2 high bits from (qh[32*h + l] >> 2*s) & 3; value - 32. 16 sub-blocks of 16.
@@ -192,6 +194,7 @@ const uint32_t iq3xxs_grid[IQ3XXS_GRID_SIZE] = {IQ3XXS_GRID};
 const uint64_t iq2xxs_grid[IQ2XXS_GRID_SIZE] = {IQ2XXS_GRID};
 const uint64_t iq2xs_grid[IQ2XS_GRID_SIZE] = {IQ2XS_GRID};
 const uint64_t iq2s_grid[IQ2S_GRID_SIZE] = {IQ2S_GRID};
+const uint64_t iq1s_grid[IQ1S_GRID_SIZE] = {IQ1S_GRID};
 
 #define PARITY7(i) (((i) ^ (i) >> 1 ^ (i) >> 2 ^ (i) >> 3 ^ (i) >> 4 ^ (i) >> 5 ^ (i) >> 6) & 1)
 #define SIGNS_1(i) (uint8_t)((i) | PARITY7(i) << 7)
@@ -257,7 +260,17 @@ IQ2_VALUE(iq2_xs, iq2xs_grid)
 IQ2_VALUE(iq2_s, iq2s_grid)
 #undef IQ2_VALUE
 
-/* the grid i-quants (IQ3_S dmul 1, IQ3_XXS 1/4, IQ2_* 1/8; odd: quants.h): dequant ((dmul d) odd) * value,
+/* IQ1: 8 g + 1 or 8 g - 1 (g = the stored byte - 1), 8 (g + delta) */
+#define IQ1_VALUE(name)                                                                             \
+    static inline int name##_value(const block_##name *b, int e) {                                  \
+        const int g = (int)(uint8_t)(iq1s_grid[name##_index(b, e / 8)] >> 8 * (e % 8)) - 1;           \
+        return 8 * g + (name##_delta_neg(b, e / 8) ? -1 : 1);                                        \
+    }
+IQ1_VALUE(iq1_s)
+IQ1_VALUE(iq1_m)
+#undef IQ1_VALUE
+
+/* the grid i-quants (IQ3_S dmul 1, IQ3_XXS 1/4, IQ2_* and IQ1_* 1/8; odd: quants.h): dequant ((dmul d) odd) * value,
  * equal to gguf.quants' d (s + 1/2) / 4 (...) * value since everything before the last
  * product is exact in float; vec_dot per super-block sum_j odd_j * sum(value * a) over the
  * 16-groups j in int, times dmul d */
@@ -266,7 +279,7 @@ IQ2_VALUE(iq2_s, iq2s_grid)
         const block_##name *b = w;                                                                    \
         for (int64_t i = 0; i < n / QK_K; i++, out += QK_K)                                           \
             for (int e = 0; e < QK_K; e++)                                                            \
-                out[e] = (dmul) * F16(b[i].d) * (float)name##_odd(&b[i], e / 16) * (float)name##_value(&b[i], e); \
+                out[e] = (dmul) * F16(name##_d(&b[i])) * (float)name##_odd(&b[i], e / 16) * (float)name##_value(&b[i], e); \
     }                                                                                                 \
     static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {          \
         const block_##name *x = w;                                                                    \
@@ -279,7 +292,7 @@ IQ2_VALUE(iq2_s, iq2s_grid)
                 for (int e = 16 * j; e < 16 * (j + 1); e++) sub += name##_value(&x[i], e) * y[i].qs[e]; \
                 isum += name##_odd(&x[i], j) * sub;                                                   \
             }                                                                                         \
-            sum += y[i].d * ((dmul) * F16(x[i].d)) * (float)isum;                                     \
+            sum += y[i].d * ((dmul) * F16(name##_d(&x[i]))) * (float)isum;                            \
         }                                                                                             \
         return sum;                                                                                   \
     }
@@ -288,6 +301,8 @@ DEFINE_GRID_KERNELS(iq3_xxs, 0.25f)
 DEFINE_GRID_KERNELS(iq2_xxs, 0.125f)
 DEFINE_GRID_KERNELS(iq2_xs, 0.125f)
 DEFINE_GRID_KERNELS(iq2_s, 0.125f)
+DEFINE_GRID_KERNELS(iq1_s, 0.125f)
+DEFINE_GRID_KERNELS(iq1_m, 0.125f)
 #undef DEFINE_GRID_KERNELS
 
 static void dequant_mxfp4(const void *restrict w, float *restrict out, int64_t n) {
@@ -859,6 +874,8 @@ static const type_traits TRAITS[T_COUNT] = {
     [T_IQ2_XXS] = {"IQ2_XXS", QK_K, sizeof(block_iq2_xxs), ACT_Q8_K},
     [T_IQ2_XS] = {"IQ2_XS", QK_K, sizeof(block_iq2_xs), ACT_Q8_K},
     [T_IQ2_S] = {"IQ2_S", QK_K, sizeof(block_iq2_s), ACT_Q8_K},
+    [T_IQ1_S] = {"IQ1_S", QK_K, sizeof(block_iq1_s), ACT_Q8_K},
+    [T_IQ1_M] = {"IQ1_M", QK_K, sizeof(block_iq1_m), ACT_Q8_K},
     [T_Q2_K] = {"Q2_K", QK_K, sizeof(block_q2_K), ACT_Q8_K},
     [T_Q3_K] = {"Q3_K", QK_K, sizeof(block_q3_K), ACT_Q8_K},
     [T_Q4_K] = {"Q4_K", QK_K, sizeof(block_q4_K), ACT_Q8_K},
@@ -879,6 +896,8 @@ _Static_assert(sizeof(block_iq3_xxs) == 98, "iq3_xxs");
 _Static_assert(sizeof(block_iq2_xxs) == 66, "iq2_xxs");
 _Static_assert(sizeof(block_iq2_xs) == 74, "iq2_xs");
 _Static_assert(sizeof(block_iq2_s) == 82, "iq2_s");
+_Static_assert(sizeof(block_iq1_s) == 50, "iq1_s");
+_Static_assert(sizeof(block_iq1_m) == 56, "iq1_m");
 _Static_assert(sizeof(block_q2_K) == 84, "q2_K");
 _Static_assert(sizeof(block_q3_K) == 110, "q3_K");
 _Static_assert(sizeof(block_q4_K) == 144, "q4_K");
@@ -922,7 +941,7 @@ void kernels_fill_scalar(kernel_table *t) {
     SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
     SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K) SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K)
     SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s) SET(T_IQ3_XXS, iq3_xxs)
-    SET(T_IQ2_XXS, iq2_xxs) SET(T_IQ2_XS, iq2_xs) SET(T_IQ2_S, iq2_s)
+    SET(T_IQ2_XXS, iq2_xxs) SET(T_IQ2_XS, iq2_xs) SET(T_IQ2_S, iq2_s) SET(T_IQ1_S, iq1_s) SET(T_IQ1_M, iq1_m)
 #undef SET
     /* no scalar gemv: the matmul loops over vec_dot */
     t->quantize_act[ACT_F32] = quantize_f32;

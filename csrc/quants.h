@@ -23,8 +23,8 @@
 enum {
     T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7,
     T_Q8_0 = 8, T_Q8_1 = 9, T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12,
-    T_Q5_K = 13, T_Q6_K = 14, T_Q8_K = 15, T_IQ2_XXS = 16, T_IQ2_XS = 17, T_IQ3_XXS = 18, T_IQ4_NL = 20, T_IQ3_S = 21,
-    T_IQ2_S = 22, T_IQ4_XS = 23, T_BF16 = 30,
+    T_Q5_K = 13, T_Q6_K = 14, T_Q8_K = 15, T_IQ2_XXS = 16, T_IQ2_XS = 17, T_IQ3_XXS = 18, T_IQ1_S = 19, T_IQ4_NL = 20,
+    T_IQ3_S = 21, T_IQ2_S = 22, T_IQ4_XS = 23, T_IQ1_M = 29, T_BF16 = 30,
     T_MXFP4 = 39, T_COUNT = 40
 };
 
@@ -117,6 +117,18 @@ typedef struct {
     f16_t d; uint8_t qs[QK_K / 8]; uint8_t signs[QK_K / 8]; uint8_t qh[QK_K / 32]; uint8_t scales[QK_K / 32];
 } block_iq2_s;                                                             /* 82 B */
 
+/* The 1-bit grid i-quants: 32 points of 8 values -1, 0, 1 on a grid of 2048 (iq1s_grid,
+ * stored + 1), point k covering elements 8k..8k+7: an 11-bit grid index, and a delta of
+ * 1/8 (or -1/8) added to each value; w = d (2 s + 1) (g + delta) = d / 8 (2 s + 1) value,
+ * value = 8 g +- 1 (-9..9), as ggml's dl (g + delta).
+ * IQ1_S: index qs[k] | bits 3 (k % 4).. of qh[k / 4] << 8; qh[ib] also holds, for its
+ *   sub-block of 32, s in bits 12-14 and the delta's sign in bit 15 (set: -1/8). */
+typedef struct { f16_t d; uint8_t qs[QK_K / 8]; uint16_t qh[QK_K / 32]; } block_iq1_s;    /* 50 B */
+/* IQ1_M: index qs[k] | bits 4 (k % 2).. of qh[k / 2] << 8, the bit above them the delta's
+ * sign; s of 16-group j: the 3 bits at 3 (j % 4) of the little-endian uint16 scale word
+ * j / 4, whose top nibbles (word 0 lowest) are the fp16 d: the block has no d field. */
+typedef struct { uint8_t qs[QK_K / 8]; uint8_t qh[QK_K / 16]; uint8_t scales[QK_K / 32]; } block_iq1_m;   /* 56 B */
+
 /* facts of the 32-element formats the SIMD kernels build on, by name:
  * HAS_MIN_x: a block has a min m (w = d q + m); SIGNED_x: the quants are
  * signed bytes (the others are unsigned nibbles, with the fixed offset of
@@ -152,8 +164,8 @@ extern const int8_t kvalues_mxfp4[16];
 extern const uint32_t iq3s_grid[512];
 /* IQ3_XXS's grid, as iq3s_grid */
 extern const uint32_t iq3xxs_grid[256];
-/* the 2-bit grids: point i's 8 values in the bytes of entry i */
-extern const uint64_t iq2xxs_grid[256], iq2xs_grid[512], iq2s_grid[1024];
+/* the 2-bit grids: point i's 8 values in the bytes of entry i; the 1-bit grid, values + 1 */
+extern const uint64_t iq2xxs_grid[256], iq2xs_grid[512], iq2s_grid[1024], iq1s_grid[2048];
 /* the 8 sign bits of 8 values stored as 7 (IQ3_XXS, IQ2_XXS, IQ2_XS): bit 7 makes their
  * count even (ggml's ksigns_iq2xs) */
 extern const uint8_t iq_signs[128];
@@ -173,13 +185,38 @@ static inline int iq2_s_index(const block_iq2_s *b, int k) { return b->qs[k] | (
 static inline int iq2_s_signs(const block_iq2_s *b, int k) { return b->signs[k]; }
 static inline int iq2_s_s(const block_iq2_s *b, int j) { return (b->scales[j / 2] >> 4 * (j % 2)) & 15; }
 
+/* IQ1_S, IQ1_M: point k's grid index, whether its delta is -1/8, and s of 16-group j */
+static inline int iq1_s_index(const block_iq1_s *b, int k) { return b->qs[k] | ((b->qh[k / 4] >> 3 * (k % 4)) & 7) << 8; }
+static inline int iq1_s_delta_neg(const block_iq1_s *b, int k) { return b->qh[k / 4] >> 15; }
+static inline int iq1_s_s(const block_iq1_s *b, int j) { return (b->qh[j / 2] >> 12) & 7; }
+static inline int iq1_m_index(const block_iq1_m *b, int k) { return b->qs[k] | ((b->qh[k / 2] >> 4 * (k % 2)) & 7) << 8; }
+static inline int iq1_m_delta_neg(const block_iq1_m *b, int k) { return (b->qh[k / 2] >> (3 + 4 * (k % 2))) & 1; }
+static inline unsigned iq1_m_word(const block_iq1_m *b, int i) { return b->scales[2 * i] | (unsigned)b->scales[2 * i + 1] << 8; }
+static inline int iq1_m_s(const block_iq1_m *b, int j) { return (iq1_m_word(b, j / 4) >> 3 * (j % 4)) & 7; }
+
+/* the grid i-quants' fp16 d (IQ1_M: from the top nibbles of its scale words) */
+#define GRID_D_FIELD(name) static inline f16_t name##_d(const block_##name *b) { return b->d; }
+GRID_D_FIELD(iq3_s)
+GRID_D_FIELD(iq3_xxs)
+GRID_D_FIELD(iq2_xxs)
+GRID_D_FIELD(iq2_xs)
+GRID_D_FIELD(iq2_s)
+GRID_D_FIELD(iq1_s)
+#undef GRID_D_FIELD
+static inline f16_t iq1_m_d(const block_iq1_m *b) {
+    return (f16_t)(iq1_m_word(b, 0) >> 12 | (iq1_m_word(b, 1) >> 8 & 0x00f0) | (iq1_m_word(b, 2) >> 4 & 0x0f00) |
+                   (iq1_m_word(b, 3) & 0xf000));
+}
+
 /* the grid i-quants' odd scale of 16-group j (0..15): w = dmul d odd value, dmul 1 (IQ3_S),
- * 1/4 (IQ3_XXS), 1/8 (IQ2_*) */
+ * 1/4 (IQ3_XXS), 1/8 (IQ2_*, IQ1_*) */
 static inline int iq3_s_odd(const block_iq3_s *b, int j) { return iq3_s_scale(b, j / 2); }
 static inline int iq3_xxs_odd(const block_iq3_xxs *b, int j) { return iq3_xxs_scale(b, j / 2); }
 static inline int iq2_xxs_odd(const block_iq2_xxs *b, int j) { return 2 * iq2_xxs_s(b, j) + 1; }
 static inline int iq2_xs_odd(const block_iq2_xs *b, int j) { return 2 * iq2_xs_s(b, j) + 1; }
 static inline int iq2_s_odd(const block_iq2_s *b, int j) { return 2 * iq2_s_s(b, j) + 1; }
+static inline int iq1_s_odd(const block_iq1_s *b, int j) { return 2 * iq1_s_s(b, j) + 1; }
+static inline int iq1_m_odd(const block_iq1_m *b, int j) { return 2 * iq1_m_s(b, j) + 1; }
 
 /* IQ3_XXS: the 32 sign bits of sub-block ib (bit j: element 32 ib + j negated) */
 static inline uint32_t iq3_xxs_sign_bits(const block_iq3_xxs *b, int ib) {

@@ -58,7 +58,8 @@ _TYPE_ACT = {0: ACT_F32, 1: ACT_F32, 30: ACT_F32,                      # F32, F1
              8: ACT_Q8_32, 20: ACT_Q8_32, 39: ACT_Q8_32,               # Q8_0 IQ4_NL MXFP4
              10: ACT_Q8_K, 11: ACT_Q8_K, 12: ACT_Q8_K, 13: ACT_Q8_K, 14: ACT_Q8_K,  # Q2_K..Q6_K
              23: ACT_Q8_K, 21: ACT_Q8_K, 18: ACT_Q8_K,                 # IQ4_XS IQ3_S IQ3_XXS
-             16: ACT_Q8_K, 17: ACT_Q8_K, 22: ACT_Q8_K}                 # IQ2_XXS IQ2_XS IQ2_S
+             16: ACT_Q8_K, 17: ACT_Q8_K, 22: ACT_Q8_K,                 # IQ2_XXS IQ2_XS IQ2_S
+             19: ACT_Q8_K, 29: ACT_Q8_K}                               # IQ1_S IQ1_M
 SUPPORTED_WEIGHT_TYPES = frozenset(_TYPE_ACT)
 
 

@@ -156,20 +156,22 @@ def quantize_iq4_xs(x: np.ndarray, imatrix: np.ndarray | None = None) -> np.ndar
 
 
 # -- the grids of the lattice i-quants ---------------------------------------------------------------
-# IQ3_S, IQ3_XXS and IQ2_* (and later IQ1_*) store each group of 4 or 8 values as an index into a
+# IQ3_S, IQ3_XXS, IQ2_* and IQ1_* store each group of 4 or 8 values as an index into a
 # fixed grid of points. The grids come from gguf-py (ggml's iq3s_grid...); the C kernels read
 # them from csrc/iq_grids.h, which c_grids_header() writes and tests/test_iquants.py checks.
 
 GRIDS = {"IQ3S_GRID": "IQ3_S", "IQ3XXS_GRID": "IQ3_XXS",            # C macro name: gguf.quants class
-         "IQ2XXS_GRID": "IQ2_XXS", "IQ2XS_GRID": "IQ2_XS", "IQ2S_GRID": "IQ2_S"}
+         "IQ2XXS_GRID": "IQ2_XXS", "IQ2XS_GRID": "IQ2_XS", "IQ2S_GRID": "IQ2_S", "IQ1S_GRID": "IQ1_S"}
 
 
 def grid(name: str) -> np.ndarray:
-    """The grid of i-quant `name` (e.g. "IQ3_S") as uint8 [points, values per point]."""
+    """The grid of i-quant `name` (e.g. "IQ3_S") as uint8 [points, values per point]; IQ1_S's
+    values -1, 0, 1 (IQ1_M's too) as 0, 1, 2, unsigned as the others' (value = byte - 1)."""
     import gguf.quants
     cls = getattr(gguf.quants, name)
     cls.init_grid()
-    return cls.grid.reshape(cls.grid_shape).astype(np.uint8)
+    g = cls.grid.reshape(cls.grid_shape)
+    return (g + 1 if name == "IQ1_S" else g).astype(np.uint8)
 
 
 def c_grids_header() -> str:
@@ -177,8 +179,8 @@ def c_grids_header() -> str:
     (byte j = value j): uint32 for points of 4 values, uint64 for points of 8."""
     out = ["/* iq_grids.h: the grids of the lattice i-quants (ggml's iq3s_grid, ...), one integer per",
            " * point of unsigned values, value j in byte j: uint32 for 4 values (IQ3), uint64 for 8",
-           " * (IQ2). Generated from gguf-py's tables by pyllm.iquants.c_grids_header();",
-           " * tests/test_iquants.py checks this file. Do not edit. */",
+           " * (IQ2; IQ1, its -1, 0, 1 stored as 0, 1, 2). Generated from gguf-py's tables by",
+           " * pyllm.iquants.c_grids_header(); tests/test_iquants.py checks this file. Do not edit. */",
            "#ifndef PYLLM_IQ_GRIDS_H", "#define PYLLM_IQ_GRIDS_H", ""]
     for macro, name in GRIDS.items():
         g = grid(name)

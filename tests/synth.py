@@ -26,6 +26,7 @@ SCALE_FIELDS = {
     QT.Q2_K: ([80], [82]), QT.Q3_K: ([108], []),
     QT.Q4_K: ([0], [2]), QT.Q5_K: ([0], [2]), QT.Q6_K: ([208], []), QT.IQ4_XS: ([0], []),
     QT.IQ3_S: ([0], []), QT.IQ3_XXS: ([0], []), QT.IQ2_XXS: ([0], []), QT.IQ2_XS: ([0], []), QT.IQ2_S: ([0], []),
+    QT.IQ1_S: ([0], []), QT.IQ1_M: ([], []),   # IQ1_M's d: set_iq1_m_d
 }
 QUANTIZABLE = {QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.MXFP4}
 
@@ -35,7 +36,16 @@ QUANTIZABLE = {QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q
 _UNIT = {QT.Q4_0: 8, QT.Q4_1: 8, QT.Q5_0: 16, QT.Q5_1: 16, QT.Q8_0: 64, QT.IQ4_NL: 64,
          QT.Q2_K: 20, QT.Q3_K: 64, QT.Q4_K: 470, QT.Q5_K: 980, QT.Q6_K: 2000, QT.IQ4_XS: 2500,
          QT.IQ3_S: 300, QT.IQ3_XXS: 300,
-         QT.IQ2_XXS: 160, QT.IQ2_XS: 160, QT.IQ2_S: 160}
+         QT.IQ2_XXS: 160, QT.IQ2_XS: 160, QT.IQ2_S: 160, QT.IQ1_S: 20, QT.IQ1_M: 20}
+
+
+def set_iq1_m_d(raw: np.ndarray, d: np.ndarray) -> None:
+    """Writes the fp16 d of each IQ1_M block (a row of raw) into the top nibbles of its four
+    little-endian scale words (bytes 48..55), word 0 holding d's lowest nibble."""
+    bits = d.astype(np.float16).view(np.uint16).astype(np.uint16)
+    for i in range(4):
+        hi = raw[:, 49 + 2 * i]
+        raw[:, 49 + 2 * i] = (hi & 0x0f) | (((bits >> 4 * i) & 0x0f) << 4).astype(np.uint8)
 
 
 def random_blocks(qtype: QT, n_rows: int, n_in: int, rng: np.random.Generator, scale: float) -> np.ndarray:
@@ -65,6 +75,14 @@ def random_blocks(qtype: QT, n_rows: int, n_in: int, rng: np.random.Generator, s
         s = rng.integers(8, 16, (nb, 16))
         off = 66 if qtype == QT.IQ2_XS else 74
         raw[:, off:off + 8] = (s[:, 0::2] | (s[:, 1::2] << 4)).astype(np.uint8)
+    if qtype == QT.IQ1_S:    # s 4..7 (2 s + 1 = 9..15) in bits 12-14 of each qh word
+        raw[:, 35:50:2] = (raw[:, 35:50:2] & 0x8f) | (rng.integers(4, 8, (nb, 8)) << 4).astype(np.uint8)
+    if qtype == QT.IQ1_M:    # the same per 16 values, and d
+        w = raw[:, 48:56].copy().view("<u2").astype(np.uint32)
+        s = rng.integers(4, 8, (nb, 4, 4))
+        w = (w & 0xf000) | np.sum(s << (3 * np.arange(4)), axis=2)
+        raw[:, 48:56] = w.astype("<u2").view(np.uint8)
+        set_iq1_m_d(raw, rng.uniform(0.5, 1.5, nb) * scale / _UNIT[qtype])
     return raw.reshape(n_rows, -1)
 
 

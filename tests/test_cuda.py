@@ -50,7 +50,7 @@ GPU_OK, WHY = cuda.available()
 
 ALL_TYPES = [QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.IQ4_NL, QT.MXFP4,
              QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS, QT.IQ3_S, QT.IQ3_XXS,
-             QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2_S]
+             QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2_S, QT.IQ1_S, QT.IQ1_M]
 
 
 # -- without a GPU ----------------------------------------------------------------------------------

@@ -173,7 +173,7 @@ FAMILIES = {
     "granite_swa": (synth.write_granite_swa, {}),              # sinks, window in layers 0, 2, 3, NoPE layer 2
     "granite_swa-moe": (synth.write_granite_swa, {"experts": 8}),   # + fused experts, fused shared expert                  # MLA, fused ffn_gate_up_exps, attention temperature
 }
-TYPES = [QT.F32, QT.Q8_0, QT.Q4_K, QT.IQ4_NL, QT.IQ4_XS, QT.IQ3_S, QT.IQ3_XXS, QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2_S, QT.MXFP4]
+TYPES = [QT.F32, QT.Q8_0, QT.Q4_K, QT.IQ4_NL, QT.IQ4_XS, QT.IQ3_S, QT.IQ3_XXS, QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2_S, QT.IQ1_S, QT.IQ1_M, QT.MXFP4]
 # LFM2 multiplies two projections in its conv layers (b * x, then c * conv): the error of
 # Q4_K's 8-bit activations (one scale per 256) compounds there. Measured at Q4_K over seeds
 # 0-2: 3.6%, 10.6%, 2.5% of the spread; llama.cpp's own Q4_K_M files are as far from the
@@ -207,13 +207,17 @@ TYPES = [QT.F32, QT.Q8_0, QT.Q4_K, QT.IQ4_NL, QT.IQ4_XS, QT.IQ3_S, QT.IQ3_XXS, Q
 # 8-bit rounding picks the other one there (10% of the spread at that position), and without it pyllm is
 # 0.89% from the reference; the reference itself, its matmul inputs rounded to Q8_0 as both engines
 # round them, is 1.88% from the plain one
-IQ2_TYPES = (QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2_S)
-IQ2_SENSITIVE = ("olmo2", "olmo3", "nemotron_h", "falcon-h1", "exaone4")
+# The 1-bit grids (IQ1_*) likewise, pyllm and llama.cpp (IQ1_S/IQ1_M): olmo2 2.55/2.40% and 2.57/2.42%,
+# olmo3 3.61/3.24% and 3.46/3.24%, exaone4 2.44/2.36% and 2.45/2.36%, falcon-h1 2.96/2.78% and 2.93/2.87%,
+# nemotron_h 2.48/2.34% and 2.50/2.35%, gemma4-moe 5.6/11.7% and 7.3/13.0% (--synth-types IQ1_S,IQ1_M)
+LOW_BIT_TYPES = (QT.IQ2_XXS, QT.IQ2_XS, QT.IQ2_S, QT.IQ1_S, QT.IQ1_M)
+LOW_BIT_SENSITIVE = ("olmo2", "olmo3", "nemotron_h", "falcon-h1", "exaone4")
 QUANT_TOLERANCE = {("lfm2", QT.Q4_K): 0.05, ("falcon-mamba", QT.Q8_0): 0.05, ("falcon-mamba", QT.MXFP4): 0.06,
                    ("rwkv6", QT.IQ4_NL): 0.05, ("olmo3", QT.IQ4_XS): 0.04, ("falcon-h1", QT.IQ4_XS): 0.04,
                    ("gemma4-moe", QT.IQ4_XS): 0.08, ("olmo3", QT.IQ3_S): 0.04, ("falcon-h1", QT.IQ3_S): 0.04,
                    ("olmo3", QT.IQ3_XXS): 0.04, ("falcon-h1", QT.IQ3_XXS): 0.04,
-                   **{(f, t): 0.04 for f in IQ2_SENSITIVE for t in IQ2_TYPES}, **{("gemma4-moe", t): 0.1 for t in IQ2_TYPES}}
+                   **{(f, t): 0.04 for f in LOW_BIT_SENSITIVE for t in LOW_BIT_TYPES},
+                   **{("gemma4-moe", t): 0.1 for t in LOW_BIT_TYPES}, ("gemma4-moe", QT.IQ1_S): 0.15}
 # the top-2 margin (of the logits' spread) past which the top token must agree, where 0.05 is too
 # fine: on AVX2 (no VNNI, measured on an AMD EPYC) one of LFM2's 37 positions at IQ4_NL flips there
 # (and one of Mamba's 38 at IQ4_NL)
@@ -221,8 +225,8 @@ QUANT_MARGIN = {("lfm2", QT.IQ4_NL): 0.1, ("mamba", QT.IQ4_NL): 0.1, ("rwkv6", Q
                 ("arwkv7-gated", QT.IQ4_XS): 0.1, ("falcon-h1", QT.IQ4_XS): 0.1, ("olmo3", QT.IQ3_S): 0.1,
                 **{(f, QT.IQ3_XXS): 0.1 for f in ("olmo2", "olmo3", "falcon-h1", "arwkv7-gated", "baichuan-13b")},
                 ("nemotron_h", QT.IQ3_XXS): 0.15,   # one flip at 0.11 of the spread, 2.6% from the reference
-                **{(f, t): 0.15 for f in IQ2_SENSITIVE for t in IQ2_TYPES},   # falcon-h1 IQ2_XXS (AVX2): 0.142
-                **{("gemma4-moe", t): 0.1 for t in IQ2_TYPES}}
+                **{(f, t): 0.15 for f in LOW_BIT_SENSITIVE for t in LOW_BIT_TYPES},   # falcon-h1 IQ2_XXS (AVX2): 0.142
+                **{("gemma4-moe", t): 0.1 for t in LOW_BIT_TYPES}, ("gemma4-moe", QT.IQ1_M): 0.25}   # AVX2: one at 0.235 flips
 # share of positions within 3% for a quantized MoE (see the test): gpt-oss with its files' YaRN
 # (factor 32) sharpens every softmax by 1.35^2; measured 80% at MXFP4, while on llama.cpp's own
 # MXFP4_MOE file of it pyllm and llama.cpp are 2.45% and 2.29% from the reference

@@ -24,7 +24,7 @@ from pyllm.reference import Reference
 FLOAT_TYPES = [QT.F32, QT.F16, QT.BF16]
 QUANT_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K,
                QT.Q6_K, QT.IQ4_NL, QT.IQ4_XS, QT.IQ3_S, QT.IQ3_XXS, QT.IQ2_XXS,
-               QT.IQ2_XS, QT.IQ2_S, QT.MXFP4]
+               QT.IQ2_XS, QT.IQ2_S, QT.IQ1_S, QT.IQ1_M, QT.MXFP4]
 
 
 def build(path, n_batch=64, n_threads=2, n_blocks=8, block_size=16, kv_type=1):

@@ -103,3 +103,6 @@ def test_c_grids_header_is_generated_from_gguf():
     g = iq.grid("IQ3_S")
     assert g.shape == (512, 4) and set(np.unique(g)) == set(range(1, 16, 2))
     assert "0x0101010fu" in header.read_text().split("\n")[9]   # point 4 = (15, 1, 1, 1), byte 0 first
+    g1 = iq.grid("IQ1_S")   # -1, 0, 1 stored as 0, 1, 2: ggml's point 0 is all -1, point 1 ends in +1
+    assert g1.shape == (2048, 8) and set(np.unique(g1)) == {0, 1, 2}
+    assert (g1[0] == 0).all() and list(g1[1]) == [2, 0, 0, 0, 0, 0, 0, 0]

@@ -36,6 +36,7 @@ import pytest
 from gguf import GGMLQuantizationType as GT
 from gguf.quants import dequantize as gguf_dequantize
 
+import synth
 from pyllm._native import ffi, lib
 
 
@@ -67,6 +68,8 @@ TYPES = {
     "IQ2_XXS": (16, 256, 66, ACT_Q8_K),
     "IQ2_XS": (17, 256, 74, ACT_Q8_K),
     "IQ2_S": (22, 256, 82, ACT_Q8_K),
+    "IQ1_S": (19, 256, 50, ACT_Q8_K),
+    "IQ1_M": (29, 256, 56, ACT_Q8_K),
 }
 PRIORITY = ["Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q6_K", "Q4_0"]
 GEMV_REQUIRED = ["Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q6_K"]
@@ -79,6 +82,7 @@ SCALE_FIELDS = {
     "Q2_K": ([80], [82]), "Q3_K": ([108], []),
     "Q4_K": ([0], [2]), "Q5_K": ([0], [2]), "Q6_K": ([208], []), "IQ4_XS": ([0], []),
     "IQ3_S": ([0], []), "IQ3_XXS": ([0], []), "IQ2_XXS": ([0], []), "IQ2_XS": ([0], []), "IQ2_S": ([0], []),
+    "IQ1_S": ([0], []), "IQ1_M": ([], []),   # IQ1_M's d is in its scale words (synth.set_iq1_m_d)
 }
 
 # SIMD vs scalar differ only in summation order and FMA rounding: measured
@@ -150,6 +154,8 @@ def random_weights(tname, n, rng, nrows=1):
     for off in mfields:
         m = rng.uniform(-0.1, 0.1, nb)
         raw[:, off:off + 2] = m.astype(np.float16).view(np.uint8).reshape(nb, 2)
+    if tname == "IQ1_M":
+        synth.set_iq1_m_d(raw, rng.uniform(0.5, 2.0, nb) * 1e-2 * rng.choice([-1.0, 1.0], nb))
     return raw.reshape(nrows, -1)
 
 
@@ -1027,7 +1033,7 @@ def test_levels_and_api_validation():
         assert lib.pyllm_set_level(cpu) == cpu and lib.pyllm_get_level() == cpu
     finally:
         lib.pyllm_set_level(before)
-    for t in [4, 5, 9, 15, 19, 29, 31, 38, 40, -1, 1000]:
+    for t in [4, 5, 9, 15, 31, 34, 35, 38, 40, -1, 1000]:
         assert lib.pyllm_type_supported(t) == 0 and lib.pyllm_type_act(t) == -1
     for name, (tid, bs, ts, act) in TYPES.items():
         assert lib.pyllm_type_supported(tid) == 1 and lib.pyllm_type_act(tid) == act, name

@@ -97,17 +97,17 @@ def test_unknown_architecture(tmp_path):
 
 
 def test_unsupported_tensor_type(tmp_path):
-    # IQ1_S blocks are well-formed GGUF, but no kernel runs them
+    # TQ2_0 (ternary) blocks are well-formed GGUF, but no kernel runs them
     import gguf
     w = gguf.GGUFWriter(str(tmp_path / "iq2b.gguf"), "llama")
     for key, value in (("block_count", 1), ("embedding_length", 256), ("feed_forward_length", 256),
                        ("attention.head_count", 4)):
         w.add_uint32(f"llama.{key}", value)
     synth.small_vocab(w)
-    blocks = np.zeros((512, 50), dtype=np.uint8)  # IQ1_S: 50 bytes per 256
-    w.add_tensor("token_embd.weight", blocks, raw_dtype=QT.IQ1_S)
+    blocks = np.zeros((512, 66), dtype=np.uint8)  # TQ2_0: 66 bytes per 256
+    w.add_tensor("token_embd.weight", blocks, raw_dtype=QT.TQ2_0)
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
-    with pytest.raises(UnsupportedModelError, match="IQ1_S.*supported: .*Q4_K"):
+    with pytest.raises(UnsupportedModelError, match="TQ2_0.*supported: .*Q4_K"):
         load_architecture(ModelFile(tmp_path / "iq2b.gguf"))
 
 

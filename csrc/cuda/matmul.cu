@@ -390,6 +390,8 @@ static void by_type(int type, F &&f) {
     case T_IQ2_XXS: f(std::integral_constant<int, T_IQ2_XXS>{}); break;
     case T_IQ2_XS: f(std::integral_constant<int, T_IQ2_XS>{}); break;
     case T_IQ2_S: f(std::integral_constant<int, T_IQ2_S>{}); break;
+    case T_IQ1_S: f(std::integral_constant<int, T_IQ1_S>{}); break;
+    case T_IQ1_M: f(std::integral_constant<int, T_IQ1_M>{}); break;
     default: break;
     }
 }

@@ -194,6 +194,8 @@ template <> struct fmt<T_IQ3_XXS> { static constexpr int block = 256, bytes = 98
 template <> struct fmt<T_IQ2_XXS> { static constexpr int block = 256, bytes = 66, act = ACT_Q8_K; };
 template <> struct fmt<T_IQ2_XS> { static constexpr int block = 256, bytes = 74, act = ACT_Q8_K; };
 template <> struct fmt<T_IQ2_S> { static constexpr int block = 256, bytes = 82, act = ACT_Q8_K; };
+template <> struct fmt<T_IQ1_S> { static constexpr int block = 256, bytes = 50, act = ACT_Q8_K; };
+template <> struct fmt<T_IQ1_M> { static constexpr int block = 256, bytes = 56, act = ACT_Q8_K; };
 template <> struct fmt<T_F32> { static constexpr int block = 1, bytes = 4, act = ACT_F32; };
 template <> struct fmt<T_F16> { static constexpr int block = 1, bytes = 2, act = ACT_F32; };
 template <> struct fmt<T_BF16> { static constexpr int block = 1, bytes = 2, act = ACT_F32; };
@@ -305,6 +307,8 @@ template <> struct grid_fmt<T_IQ3_XXS> { static constexpr int width = 4; static 
 template <> struct grid_fmt<T_IQ2_XXS> { static constexpr int width = 8; static constexpr float dmul = 0.125f; };
 template <> struct grid_fmt<T_IQ2_XS> { static constexpr int width = 8; static constexpr float dmul = 0.125f; };
 template <> struct grid_fmt<T_IQ2_S> { static constexpr int width = 8; static constexpr float dmul = 0.125f; };
+template <> struct grid_fmt<T_IQ1_S> { static constexpr int width = 8; static constexpr float dmul = 0.125f; };
+template <> struct grid_fmt<T_IQ1_M> { static constexpr int width = 8; static constexpr float dmul = 0.125f; };
 
 /* the grids (csrc/iq_grids.h): point i's values in the bytes of entry i. In global memory,
  * not __constant__: the threads of a warp read different points */
@@ -318,14 +322,16 @@ __device__ const uint64_t iq2xs_grid_dev[IQ2XS_GRID_SIZE] = {IQ2XS_GRID};
 static const uint64_t iq2xs_grid_host[IQ2XS_GRID_SIZE] = {IQ2XS_GRID};
 __device__ const uint64_t iq2s_grid_dev[IQ2S_GRID_SIZE] = {IQ2S_GRID};
 static const uint64_t iq2s_grid_host[IQ2S_GRID_SIZE] = {IQ2S_GRID};
+__device__ const uint64_t iq1s_grid_dev[IQ1S_GRID_SIZE] = {IQ1S_GRID};
+static const uint64_t iq1s_grid_host[IQ1S_GRID_SIZE] = {IQ1S_GRID};
 
 template <int T> PQ_HD uint64_t grid_entry(int i) {
 #ifdef __CUDA_ARCH__
     return T == T_IQ3_S ? iq3s_grid_dev[i] : T == T_IQ3_XXS ? iq3xxs_grid_dev[i] : T == T_IQ2_XXS ? iq2xxs_grid_dev[i]
-         : T == T_IQ2_XS ? iq2xs_grid_dev[i] : iq2s_grid_dev[i];
+         : T == T_IQ2_XS ? iq2xs_grid_dev[i] : T == T_IQ2_S ? iq2s_grid_dev[i] : iq1s_grid_dev[i];
 #else
     return T == T_IQ3_S ? iq3s_grid_host[i] : T == T_IQ3_XXS ? iq3xxs_grid_host[i] : T == T_IQ2_XXS ? iq2xxs_grid_host[i]
-         : T == T_IQ2_XS ? iq2xs_grid_host[i] : iq2s_grid_host[i];
+         : T == T_IQ2_XS ? iq2xs_grid_host[i] : T == T_IQ2_S ? iq2s_grid_host[i] : iq1s_grid_host[i];
 #endif
 }
 
@@ -341,9 +347,26 @@ PQ_HD uint32_t signs8(uint32_t s7) {
     return s7 | ((s7 ^ s7 >> 1 ^ s7 >> 2 ^ s7 >> 3 ^ s7 >> 4 ^ s7 >> 5 ^ s7 >> 6) & 1u) << 7;
 }
 
+/* IQ1_*: the values 8 g -+ 1 of point k (grid bytes g + 1, so << 3 stays in each byte) */
+template <int T> PQ_HD uint64_t iq1_values(const uint8_t *b, int k) {
+    uint32_t h;
+    int i;
+    if (T == T_IQ1_S) {   /* d, qs[32], qh[8] uint16: 3-bit tops at 3 (k % 4), s at 12, delta sign at 15 */
+        const uint32_t w = b[34 + 2 * (k >> 2)] | b[35 + 2 * (k >> 2)] << 8;
+        i = b[2 + k] | ((w >> (3 * (k & 3))) & 7) << 8, h = w >> 15;
+    } else {              /* qs[32], qh[16] (a nibble per point: 3-bit top, delta sign), scales[8] */
+        const uint32_t n = b[32 + (k >> 1)] >> (4 * (k & 1));
+        i = b[k] | (n & 7) << 8, h = (n >> 3) & 1;
+    }
+    const uint64_t g = grid_entry<T>(i);
+    const uint32_t off = h ? 0x09090909u : 0x07070707u;
+    return vsub4((uint32_t)g << 3, off) | (uint64_t)vsub4((uint32_t)(g >> 32) << 3, off) << 32;
+}
+
 /* the signed values of point k of the block at b (value j in byte j): its grid index and
  * sign bits as each layout stores them (quants.h) */
 template <int T> PQ_HD uint64_t grid_values(const uint8_t *b, int k) {
+    if (T == T_IQ1_S || T == T_IQ1_M) return iq1_values<T>(b, k);
     int i;
     uint32_t sg;
     if (T == T_IQ3_S) {          /* d, qs[64], qh[8] (bit 8 of each index), signs[32], scales[4] */
@@ -368,8 +391,18 @@ template <int T> PQ_HD int grid_odd(const uint8_t *b, int j) {
     if (T == T_IQ3_S) s = b[106 + (j >> 2)] >> (4 * ((j >> 1) & 1));
     else if (T == T_IQ3_XXS) s = (int)(ld32<2>(b + 66 + 4 * (j >> 1)) >> 28);
     else if (T == T_IQ2_XXS) s = (int)(ld32<2>(b + 6 + 8 * (j >> 1)) >> 28);
+    else if (T == T_IQ1_S) s = (b[35 + 2 * (j >> 1)] >> 4) & 7;
+    else if (T == T_IQ1_M) s = ((b[48 + 2 * (j >> 2)] | b[49 + 2 * (j >> 2)] << 8) >> (3 * (j & 3))) & 7;
     else s = b[(T == T_IQ2_XS ? 66 : 74) + (j >> 1)] >> (4 * (j & 1));
     return 2 * (s & 15) + 1;
+}
+
+/* the fp16 d (IQ1_M: the top nibbles of its 4 scale words, word 0 lowest) */
+template <int T> PQ_HD float grid_d(const uint8_t *b) {
+    if (T != T_IQ1_M) return ld_f16a(b);
+    const uint32_t w0 = ld32<4>(b + 48), w1 = ld32<4>(b + 52);
+    const uint32_t bits = (w0 >> 12 & 0x000f) | (w0 >> 24 & 0x00f0) | (w1 >> 4 & 0x0f00) | (w1 >> 16 & 0xf000);
+    return __half2float(__ushort_as_half((unsigned short)bits));
 }
 
 /* group g: points P (g & 15) .. + P - 1 of super-block g / 16, P = 16 / width */
@@ -380,7 +413,7 @@ template <int T> PQ_HD void unpack16_grid(const uint8_t *row, int g, int q[4], f
         const uint64_t v = grid_values<T>(blk, P * (g & 15) + p);
         for (int w = 0; w < W / 4; w++) q[p * (W / 4) + w] = (int)(uint32_t)(v >> 32 * w);
     }
-    a = grid_fmt<T>::dmul * ld_f16a(blk) * (float)grid_odd<T>(blk, g & 15);
+    a = grid_fmt<T>::dmul * grid_d<T>(blk) * (float)grid_odd<T>(blk, g & 15);
     b = 0.0f;
 }
 template <> PQ_HD void unpack16<T_IQ3_S>(const uint8_t *row, int g, int q[4], float &a, float &b) { unpack16_grid<T_IQ3_S>(row, g, q, a, b); }
@@ -388,6 +421,8 @@ template <> PQ_HD void unpack16<T_IQ3_XXS>(const uint8_t *row, int g, int q[4], 
 template <> PQ_HD void unpack16<T_IQ2_XXS>(const uint8_t *row, int g, int q[4], float &a, float &b) { unpack16_grid<T_IQ2_XXS>(row, g, q, a, b); }
 template <> PQ_HD void unpack16<T_IQ2_XS>(const uint8_t *row, int g, int q[4], float &a, float &b) { unpack16_grid<T_IQ2_XS>(row, g, q, a, b); }
 template <> PQ_HD void unpack16<T_IQ2_S>(const uint8_t *row, int g, int q[4], float &a, float &b) { unpack16_grid<T_IQ2_S>(row, g, q, a, b); }
+template <> PQ_HD void unpack16<T_IQ1_S>(const uint8_t *row, int g, int q[4], float &a, float &b) { unpack16_grid<T_IQ1_S>(row, g, q, a, b); }
+template <> PQ_HD void unpack16<T_IQ1_M>(const uint8_t *row, int g, int q[4], float &a, float &b) { unpack16_grid<T_IQ1_M>(row, g, q, a, b); }
 
 /* element k: ((dmul d) odd) * value, as the C reference */
 template <int T> PQ_HD float dequant_grid(const uint8_t *row, int64_t k) {
@@ -395,7 +430,7 @@ template <int T> PQ_HD float dequant_grid(const uint8_t *row, int64_t k) {
     const uint8_t *b = row + (k >> 8) * fmt<T>::bytes;
     const int e = (int)(k & 255);
     const int v = (int8_t)(grid_values<T>(b, e / W) >> (8 * (e % W)));
-    return mul_rn(mul_rn(mul_rn(grid_fmt<T>::dmul, ld_f16(b)), (float)grid_odd<T>(b, e >> 4)), (float)v);
+    return mul_rn(mul_rn(mul_rn(grid_fmt<T>::dmul, grid_d<T>(b)), (float)grid_odd<T>(b, e >> 4)), (float)v);
 }
 
 /* MXFP4: an E8M0 byte, then IQ4_NL's nibbles; w = 2^(e - 128) kvalues[nibble] */
@@ -536,6 +571,8 @@ PQ_HD float dequant(int type, const uint8_t *row, int64_t k) {
     case T_IQ2_XXS: return dequant_grid<T_IQ2_XXS>(row, k);
     case T_IQ2_XS: return dequant_grid<T_IQ2_XS>(row, k);
     case T_IQ2_S: return dequant_grid<T_IQ2_S>(row, k);
+    case T_IQ1_S: return dequant_grid<T_IQ1_S>(row, k);
+    case T_IQ1_M: return dequant_grid<T_IQ1_M>(row, k);
     case T_MXFP4: {
         const uint8_t *b = row + (k >> 5) * 17;
         return mul_rn(e8m0_half(b[0]), (float)kvalue<T_MXFP4>(nib(b + 1, (int)(k & 31))));

@@ -103,6 +103,8 @@ type_info info(int type) {
     case T_IQ2_XXS: return {256, 66, ACT_Q8_K};
     case T_IQ2_XS: return {256, 74, ACT_Q8_K};
     case T_IQ2_S: return {256, 82, ACT_Q8_K};
+    case T_IQ1_S: return {256, 50, ACT_Q8_K};
+    case T_IQ1_M: return {256, 56, ACT_Q8_K};
     default: return {0, 0, 0};
     }
 }

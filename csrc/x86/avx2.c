@@ -660,12 +660,6 @@ INLINE __m256i negated32(uint32_t bits) {
     return _mm256_cmpeq_epi8(_mm256_and_si256(byte, bit), bit);
 }
 
-/* 32 grid values g negated where bit j of `bits` is set */
-INLINE __m256i with_signs(__m256i g, uint32_t bits) {
-    const __m256i neg = negated32(bits);
-    return _mm256_sub_epi8(_mm256_xor_si256(g, neg), neg);
-}
-
 /* IQ3_XXS: the 32 grid values of sub-block ib (unsigned bytes, 4..62), its 8 points' indices in qs */
 INLINE __m256i iq3_xxs_grid32(const block_iq3_xxs *x, int ib) {
     const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * ib)));
@@ -688,11 +682,41 @@ DEFINE_IQ2_SUB(iq2_xxs, iq2xxs_grid)
 DEFINE_IQ2_SUB(iq2_xs, iq2xs_grid)
 DEFINE_IQ2_SUB(iq2_s, iq2s_grid)
 
-/* the grid i-quants (IQ3_S, IQ3_XXS, IQ2_*): per sub-block of 32, the grid values (unsigned)
- * x the activations with the weights' signs (vpmaddubsw: 62 x 127 x 2 stays within int16),
- * the int16 pairs times the odd scales (per 32 or per 16) added in int32; d (IQ3_XXS: d / 4,
- * IQ2: d / 8) * da once per super-block, as IQ4_XS */
+/* IQ1_*: the 32 values 8 g -+ 1 of sub-block ib (signed bytes, never 0): its 4 points gathered
+ * (g + 1 in each byte, so g << 3 stays in its byte), minus 7, or 9 where the delta is negative */
+#define DEFINE_IQ1_SUB(name)                                                                              \
+    INLINE __m256i name##_values32(const block_##name *x, int ib) {                                        \
+        const __m256i g = _mm256_setr_epi64x((long long)iq1s_grid[name##_index(x, 4 * ib)], (long long)iq1s_grid[name##_index(x, 4 * ib + 1)], \
+                                             (long long)iq1s_grid[name##_index(x, 4 * ib + 2)], (long long)iq1s_grid[name##_index(x, 4 * ib + 3)]); \
+        const __m256i neg = _mm256_setr_epi64x(-(long long)name##_delta_neg(x, 4 * ib), -(long long)name##_delta_neg(x, 4 * ib + 1), \
+                                               -(long long)name##_delta_neg(x, 4 * ib + 2), -(long long)name##_delta_neg(x, 4 * ib + 3)); \
+        const __m256i off = _mm256_add_epi8(_mm256_set1_epi8(7), _mm256_and_si256(neg, _mm256_set1_epi8(2)));  \
+        return _mm256_sub_epi8(_mm256_slli_epi16(g, 3), off);                                              \
+    }                                                                                                      \
+    INLINE __m256i name##_mag32(const block_##name *x, int ib, __m256i *sgn) {                             \
+        *sgn = name##_values32(x, ib);                                                                     \
+        return _mm256_abs_epi8(*sgn);                                                                      \
+    }
+DEFINE_IQ1_SUB(iq1_s)
+DEFINE_IQ1_SUB(iq1_m)
+
+/* the grid i-quants (IQ3_S, IQ3_XXS, IQ2_*, IQ1_*): per sub-block of 32, the values'
+ * magnitudes x the activations with the values' signs (vpmaddubsw: 62 x 127 x 2 stays within
+ * int16), the int16 pairs times the odd scales (per 32 or per 16) added in int32; d (IQ3_XXS:
+ * d / 4, IQ2 and IQ1: d / 8) * da once per super-block, as IQ4_XS. name_mag32 gives the
+ * magnitudes, and in *sgn a byte per value of its sign (never 0): IQ3 and IQ2 the unsigned
+ * grid values and their sign bits */
 INLINE uint32_t iq3_s_sign_bits(const block_iq3_s *x, int ib) { return ld32(x->signs + 4 * ib); }
+#define DEFINE_GRID_MAG32(name)                                                                           \
+    INLINE __m256i name##_mag32(const block_##name *x, int ib, __m256i *sgn) {                             \
+        *sgn = _mm256_or_si256(negated32(name##_sign_bits(x, ib)), _mm256_set1_epi8(1)); /* -1/+1 */       \
+        return name##_grid32(x, ib);                                                                       \
+    }
+DEFINE_GRID_MAG32(iq3_s)
+DEFINE_GRID_MAG32(iq3_xxs)
+DEFINE_GRID_MAG32(iq2_xxs)
+DEFINE_GRID_MAG32(iq2_xs)
+DEFINE_GRID_MAG32(iq2_s)
 
 /* the odd scales of sub-block ib's two 16-element halves as int16 (low half, high half) */
 #define GRID_SCALES16(name, x, ib) \
@@ -705,15 +729,15 @@ INLINE uint32_t iq3_s_sign_bits(const block_iq3_s *x, int ib) { return ld32(x->s
             __m256i sumi[4];                                                                                \
             for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();                                   \
             for (int ib = 0; ib < QK_K / QK; ib++) {                                                        \
-                const __m256i g = name##_grid32(x, ib);                                                     \
-                const __m256i sgn = _mm256_or_si256(negated32(name##_sign_bits(x, ib)), _mm256_set1_epi8(1)); /* -1/+1 */ \
+                __m256i sgn;                                                                                \
+                const __m256i g = name##_mag32(x, ib, &sgn);                                                \
                 const __m256i sc = GRID_SCALES16(name, x, ib);                                              \
                 for (int t = 0; t < T; t++) {                                                               \
                     const __m256i aq = _mm256_loadu_si256((const __m256i *)(y[t][i].qs + QK * ib));         \
                     sumi[t] = madd_acc(sumi[t], _mm256_maddubs_epi16(g, _mm256_sign_epi8(aq, sgn)), sc);    \
                 }                                                                                           \
             }                                                                                               \
-            const float d = (DMUL) * _cvtsh_ss(x->d);                                                       \
+            const float d = (DMUL) * _cvtsh_ss(name##_d(x));                                                \
             for (int t = 0; t < T; t++)                                                                     \
                 acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y[t][i].d), _mm256_cvtepi32_ps(sumi[t]), acc[t]); \
         }                                                                                                   \
@@ -726,6 +750,8 @@ DEFINE_GRID_KTILE(iq3_xxs, 0.25f)
 DEFINE_GRID_KTILE(iq2_xxs, 0.125f)
 DEFINE_GRID_KTILE(iq2_xs, 0.125f)
 DEFINE_GRID_KTILE(iq2_s, 0.125f)
+DEFINE_GRID_KTILE(iq1_s, 0.125f)
+DEFINE_GRID_KTILE(iq1_m, 0.125f)
 
 #define DEFINE_QK(name, block_t)                                                                      \
     static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {          \
@@ -767,6 +793,8 @@ DEFINE_QK(iq3_xxs, block_iq3_xxs)
 DEFINE_QK(iq2_xxs, block_iq2_xxs)
 DEFINE_QK(iq2_xs, block_iq2_xs)
 DEFINE_QK(iq2_s, block_iq2_s)
+DEFINE_QK(iq1_s, block_iq1_s)
+DEFINE_QK(iq1_m, block_iq1_m)
 
 /* K-quant gemm: one weight row against T activation rows at a time. Each
  * 32-element group of a super-block is decoded once (nibbles, 5th bits,
@@ -876,6 +904,8 @@ DEFINE_QK_GEMM(iq3_xxs, block_iq3_xxs)
 DEFINE_QK_GEMM(iq2_xxs, block_iq2_xxs)
 DEFINE_QK_GEMM(iq2_xs, block_iq2_xs)
 DEFINE_QK_GEMM(iq2_s, block_iq2_s)
+DEFINE_QK_GEMM(iq1_s, block_iq1_s)
+DEFINE_QK_GEMM(iq1_m, block_iq1_m)
 
 
 /* ------------------------------------------------------------------ */
@@ -1039,10 +1069,12 @@ static void dequant_iq4_xs(const void *restrict w, float *restrict out, int64_t 
         const block_##name *x = w;                                                                            \
         for (int64_t i = 0; i < n / QK_K; i++)                                                                \
             for (int ib = 0; ib < QK_K / QK; ib++, out += QK) {                                               \
-                const float d = (dmul) * _cvtsh_ss(x[i].d);                                                   \
+                const float d = (dmul) * _cvtsh_ss(name##_d(&x[i]));                                          \
                 const __m128 lo = _mm_set1_ps(d * (float)name##_odd(&x[i], 2 * ib));                          \
                 const __m128 hi = _mm_set1_ps(d * (float)name##_odd(&x[i], 2 * ib + 1));                      \
-                const __m256i v = with_signs(name##_grid32(&x[i], ib), name##_sign_bits(&x[i], ib));          \
+                __m256i sgn;                                                                                  \
+                const __m256i mag = name##_mag32(&x[i], ib, &sgn);                                            \
+                const __m256i v = _mm256_sign_epi8(mag, sgn);                                                 \
                 const __m128i v0 = _mm256_castsi256_si128(v), v1 = _mm256_extracti128_si256(v, 1);            \
                 const __m128i part[4] = {v0, _mm_srli_si128(v0, 8), v1, _mm_srli_si128(v1, 8)};               \
                 for (int k = 0; k < 4; k++)                                                                   \
@@ -1055,6 +1087,8 @@ DEFINE_GRID_DEQUANT(iq3_xxs, 0.25f)
 DEFINE_GRID_DEQUANT(iq2_xxs, 0.125f)
 DEFINE_GRID_DEQUANT(iq2_xs, 0.125f)
 DEFINE_GRID_DEQUANT(iq2_s, 0.125f)
+DEFINE_GRID_DEQUANT(iq1_s, 0.125f)
+DEFINE_GRID_DEQUANT(iq1_m, 0.125f)
 
 static void dequant_mxfp4(const void *restrict w, float *restrict out, int64_t n) {
     const block_mxfp4 *x = w;
@@ -1611,7 +1645,8 @@ void KERNELS_FILL_AVX2(kernel_table *t) {
     SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
     SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K) SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K)
     SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s) SET(T_IQ3_XXS, iq3_xxs)
-    SET(T_IQ2_XXS, iq2_xxs) SET(T_IQ2_XS, iq2_xs) SET(T_IQ2_S, iq2_s) SET(T_F16, f16) SET(T_BF16, bf16)
+    SET(T_IQ2_XXS, iq2_xxs) SET(T_IQ2_XS, iq2_xs) SET(T_IQ2_S, iq2_s) SET(T_IQ1_S, iq1_s) SET(T_IQ1_M, iq1_m)
+    SET(T_F16, f16) SET(T_BF16, bf16)
 #undef SET
     t->gemm[T_Q4_0] = gemm_q4_0;
     t->gemm[T_Q4_1] = gemm_q4_1;
@@ -1631,6 +1666,8 @@ void KERNELS_FILL_AVX2(kernel_table *t) {
     t->gemm[T_IQ2_XXS] = gemm_iq2_xxs;
     t->gemm[T_IQ2_XS] = gemm_iq2_xs;
     t->gemm[T_IQ2_S] = gemm_iq2_s;
+    t->gemm[T_IQ1_S] = gemm_iq1_s;
+    t->gemm[T_IQ1_M] = gemm_iq1_m;
     /* F32: dequant is a copy (the scalar memcpy) */
     t->vec_dot[T_F32] = vec_dot_f32;
     t->gemv[T_F32] = gemv_f32;

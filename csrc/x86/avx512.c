@@ -1406,6 +1406,17 @@ INLINE void k4_scales(const uint8_t *s, uint32_t sc[2], uint32_t m[2]) {
 #define K_GRP_iq2_xxs 1
 #define K_GRP_iq2_xs 1
 #define K_GRP_iq2_s 1
+/* IQ1_*: values 8 g -+ 1 + 16 (7..25), as IQ3_S */
+#define K_ORD_iq1_s K_ORD_q6_K
+#define K_ORD_iq1_m K_ORD_q6_K
+#define K_OFF_iq1_s 16
+#define K_OFF_iq1_m 16
+#define K_MIN_iq1_s 0
+#define K_MIN_iq1_m 0
+#define K_SGN_iq1_s 0
+#define K_SGN_iq1_m 0
+#define K_GRP_iq1_s 4
+#define K_GRP_iq1_m 4
 
 #define IDX8(...) _mm_loadu_si128((const void *)(const int8_t[16]){__VA_ARGS__})
 #define IDX32(...) _mm512_setr_epi32(__VA_ARGS__)
@@ -1658,6 +1669,45 @@ INLINE void dec_iq2_s(const void *xb, wKs *W) {
     W->nmin = _mm512_setzero_ps();
 }
 
+/* IQ1_*: v[q] = points 8 q .. 8 q + 7, their grid entries (g + 1 in each byte) loaded one by
+ * one (a gather of 8 is ~20% slower on Zen 4, and slow on Intel since its GDS fix), as
+ * 8 (g + 1) + 9, less 2 where the point's delta is negative (bit k of neg8): 8 g -+ 1 + K_OFF */
+#define IQ1_GRID8(name, x, q)                                                                                \
+    _mm512_set_epi64((long long)iq1s_grid[name##_index(x, 8 * (q) + 7)], (long long)iq1s_grid[name##_index(x, 8 * (q) + 6)], \
+                     (long long)iq1s_grid[name##_index(x, 8 * (q) + 5)], (long long)iq1s_grid[name##_index(x, 8 * (q) + 4)], \
+                     (long long)iq1s_grid[name##_index(x, 8 * (q) + 3)], (long long)iq1s_grid[name##_index(x, 8 * (q) + 2)], \
+                     (long long)iq1s_grid[name##_index(x, 8 * (q) + 1)], (long long)iq1s_grid[name##_index(x, 8 * (q))])
+INLINE __m512i k_iq1_values(__m512i g, uint32_t neg8) {
+    const __mmask64 neg = (__mmask64)(_pdep_u64(neg8, 0x0101010101010101ull) * 0xff);
+    const __m512i v = _mm512_add_epi8(_mm512_slli_epi16(g, 3), _mm512_set1_epi8(9));
+    return _mm512_mask_sub_epi8(v, neg, v, _mm512_set1_epi8(2));
+}
+
+/* IQ1_S: sub-blocks 2 q, 2 q + 1 share the delta sign and s of their qh words */
+INLINE void dec_iq1_s(const void *xb, wKs *W) {
+    const block_iq1_s *x = xb;
+    for (int q = 0; q < 4; q++)
+        W->v[q] = k_iq1_values(IQ1_GRID8(iq1_s, x, q), (x->qh[2 * q] >> 15) * 0x0fu | (x->qh[2 * q + 1] >> 15) * 0xf0u);
+    const __m128i s = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)x->qh), 12), _mm_set1_epi16(7));
+    const __m128i odd = _mm_add_epi16(_mm_add_epi16(s, s), _mm_set1_epi16(1));
+    W->dsc = k_grid_dsc((uint64_t)_mm_cvtsi128_si64(_mm_packus_epi16(odd, odd)), 0.125f * _cvtsh_ss(x->d));
+    W->nmin = _mm512_setzero_ps();
+}
+
+/* IQ1_M: the delta signs of points 8 q .. 8 q + 7 are bit 3 of each nibble of qh[4 q .. 4 q + 3];
+ * the 16 3-bit s of the scale words (pext of their low 12 bits, then a byte each) */
+INLINE void dec_iq1_m(const void *xb, wKs *W) {
+    const block_iq1_m *x = xb;
+    for (int q = 0; q < 4; q++) W->v[q] = k_iq1_values(IQ1_GRID8(iq1_m, x, q), _pext_u32(ld32(x->qh + 4 * q), 0x88888888u));
+    uint64_t words;
+    memcpy(&words, x->scales, 8);
+    const uint64_t f = _pext_u64(words, 0x0fff0fff0fff0fffull);   /* 16 fields of 3 bits */
+    const __m128i s = _mm_set_epi64x((long long)_pdep_u64(f >> 24, 0x0707070707070707ull),
+                                     (long long)_pdep_u64(f, 0x0707070707070707ull));
+    W->dsc = k_grid_dsc16(_mm_add_epi8(_mm_add_epi8(s, s), _mm_set1_epi8(1)), 0.125f * _cvtsh_ss(iq1_m_d(x)));
+    W->nmin = _mm512_setzero_ps();
+}
+
 /* an activation super-block, arranged for a format: a[q] pairs with the
  * decoded v[q]; seed = -off * bsums, bs = da * bsums (mins), M order */
 typedef struct {
@@ -1689,6 +1739,8 @@ DEFINE_KACT(iq3_xxs, 0, 1, 2, 3, 4, 5, 6, 7)
 DEFINE_KACT(iq2_xxs, 0, 1, 2, 3, 4, 5, 6, 7)
 DEFINE_KACT(iq2_xs, 0, 1, 2, 3, 4, 5, 6, 7)
 DEFINE_KACT(iq2_s, 0, 1, 2, 3, 4, 5, 6, 7)
+DEFINE_KACT(iq1_s, 0, 1, 2, 3, 4, 5, 6, 7)
+DEFINE_KACT(iq1_m, 0, 1, 2, 3, 4, 5, 6, 7)
 DEFINE_KACT(q2_K, 0, 4, 1, 5, 2, 6, 3, 7)
 DEFINE_KACT(q3_K, 0, 4, 1, 5, 2, 6, 3, 7)
 /* IQ4_XS's activations: a[0] = elements 0-15 of each 32-element quarter of the first half
@@ -1981,6 +2033,8 @@ DEFINE_K512(iq3_xxs, block_iq3_xxs)
 DEFINE_K512(iq2_xxs, block_iq2_xxs)
 DEFINE_K512(iq2_xs, block_iq2_xs)
 DEFINE_K512(iq2_s, block_iq2_s)
+DEFINE_K512(iq1_s, block_iq1_s)
+DEFINE_K512(iq1_m, block_iq1_m)
 
 INLINE __mmask16 tail_mask16(int64_t m) { return (__mmask16)_bzhi_u32(0xffffu, (unsigned)(m > 16 ? 16 : m)); }
 
@@ -2353,7 +2407,7 @@ void kernels_fill_avx512(kernel_table *t) {
         SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
         SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K) SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K)
         SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s) SET(T_IQ3_XXS, iq3_xxs)
-        SET(T_IQ2_XXS, iq2_xxs) SET(T_IQ2_XS, iq2_xs) SET(T_IQ2_S, iq2_s)
+        SET(T_IQ2_XXS, iq2_xxs) SET(T_IQ2_XS, iq2_xs) SET(T_IQ2_S, iq2_s) SET(T_IQ1_S, iq1_s) SET(T_IQ1_M, iq1_m)
 #undef SET
         for (int T = 0; T < T_COUNT; T++) t->gemm_streams[T] = t->gemm[T] && T != T_F32 && T != T_F16 && T != T_BF16 ? GEMM_FEW_COLS : 0;
     } else {
@@ -2365,13 +2419,14 @@ void kernels_fill_avx512(kernel_table *t) {
         SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
         SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K) SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K)
         SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s) SET(T_IQ3_XXS, iq3_xxs)
-        SET(T_IQ2_XXS, iq2_xxs) SET(T_IQ2_XS, iq2_xs) SET(T_IQ2_S, iq2_s)
+        SET(T_IQ2_XXS, iq2_xxs) SET(T_IQ2_XS, iq2_xs) SET(T_IQ2_S, iq2_s) SET(T_IQ1_S, iq1_s) SET(T_IQ1_M, iq1_m)
 #undef SET
         /* without VNNI only the K-quants' gemm has the streaming path (few_* is VNNI's) */
         t->gemm_streams[T_Q4_K] = t->gemm_streams[T_Q5_K] = t->gemm_streams[T_Q6_K] = GEMM_FEW_COLS;
         t->gemm_streams[T_Q2_K] = t->gemm_streams[T_Q3_K] = t->gemm_streams[T_IQ4_XS] = GEMM_FEW_COLS;
         t->gemm_streams[T_IQ3_S] = t->gemm_streams[T_IQ3_XXS] = GEMM_FEW_COLS;
         t->gemm_streams[T_IQ2_XXS] = t->gemm_streams[T_IQ2_XS] = t->gemm_streams[T_IQ2_S] = GEMM_FEW_COLS;
+        t->gemm_streams[T_IQ1_S] = t->gemm_streams[T_IQ1_M] = GEMM_FEW_COLS;
     }
     t->vec_dot[T_F32] = vec_dot_f32;
     t->gemv[T_F32] = gemv_f32;

@@ -36,6 +36,8 @@ int pq_host_unpack16(int type, const uint8_t *row, int g, int32_t *q16, float *a
     case T_IQ2_XXS: unpack<T_IQ2_XXS>(row, g, q16, a, b); return 0;
     case T_IQ2_XS: unpack<T_IQ2_XS>(row, g, q16, a, b); return 0;
     case T_IQ2_S: unpack<T_IQ2_S>(row, g, q16, a, b); return 0;
+    case T_IQ1_S: unpack<T_IQ1_S>(row, g, q16, a, b); return 0;
+    case T_IQ1_M: unpack<T_IQ1_M>(row, g, q16, a, b); return 0;
     default: return -1;
     }
 }
