@@ -18,6 +18,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* ggml type ids, as stored in GGUF files */
 enum {
@@ -193,6 +194,24 @@ static inline int iq1_m_index(const block_iq1_m *b, int k) { return b->qs[k] | (
 static inline int iq1_m_delta_neg(const block_iq1_m *b, int k) { return (b->qh[k / 2] >> (3 + 4 * (k % 2))) & 1; }
 static inline unsigned iq1_m_word(const block_iq1_m *b, int i) { return b->scales[2 * i] | (unsigned)b->scales[2 * i + 1] << 8; }
 static inline int iq1_m_s(const block_iq1_m *b, int j) { return (iq1_m_word(b, j / 4) >> 3 * (j % 4)) & 7; }
+#ifdef __BMI2__
+#include <immintrin.h>
+/* the SIMD kernels': the indices of points 4 ib .. 4 ib + 3 side by side in 16-bit lanes (the
+ * low bytes spread by pdep, each top to bits 8-10 of its lane), and IQ1_M's 4 delta signs */
+static inline uint64_t iq1_qs4(const uint8_t *qs, int ib) {
+    uint32_t v;
+    memcpy(&v, qs + 4 * ib, 4);
+    return _pdep_u64(v, 0x00ff00ff00ff00ffull);
+}
+static inline uint64_t iq1_s_index4(const block_iq1_s *b, int ib) {
+    return iq1_qs4(b->qs, ib) | _pdep_u64(b->qh[ib], 0x0700070007000700ull);
+}
+static inline unsigned iq1_m_qh16(const block_iq1_m *b, int ib) { return b->qh[2 * ib] | (unsigned)b->qh[2 * ib + 1] << 8; }
+static inline uint64_t iq1_m_index4(const block_iq1_m *b, int ib) {
+    return iq1_qs4(b->qs, ib) | (_pdep_u64(iq1_m_qh16(b, ib), 0x0f000f000f000f00ull) & 0x0700070007000700ull);
+}
+static inline unsigned iq1_m_neg4(const block_iq1_m *b, int ib) { return _pext_u32(iq1_m_qh16(b, ib), 0x8888u); }
+#endif
 
 /* the grid i-quants' fp16 d (IQ1_M: from the top nibbles of its scale words) */
 #define GRID_D_FIELD(name) static inline f16_t name##_d(const block_##name *b) { return b->d; }

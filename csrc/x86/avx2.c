@@ -682,23 +682,31 @@ DEFINE_IQ2_SUB(iq2_xxs, iq2xxs_grid)
 DEFINE_IQ2_SUB(iq2_xs, iq2xs_grid)
 DEFINE_IQ2_SUB(iq2_s, iq2s_grid)
 
-/* IQ1_*: the 32 values 8 g -+ 1 of sub-block ib (signed bytes, never 0): its 4 points gathered
- * (g + 1 in each byte, so g << 3 stays in its byte), minus 7, or 9 where the delta is negative */
-#define DEFINE_IQ1_SUB(name)                                                                              \
-    INLINE __m256i name##_values32(const block_##name *x, int ib) {                                        \
-        const __m256i g = _mm256_setr_epi64x((long long)iq1s_grid[name##_index(x, 4 * ib)], (long long)iq1s_grid[name##_index(x, 4 * ib + 1)], \
-                                             (long long)iq1s_grid[name##_index(x, 4 * ib + 2)], (long long)iq1s_grid[name##_index(x, 4 * ib + 3)]); \
-        const __m256i neg = _mm256_setr_epi64x(-(long long)name##_delta_neg(x, 4 * ib), -(long long)name##_delta_neg(x, 4 * ib + 1), \
-                                               -(long long)name##_delta_neg(x, 4 * ib + 2), -(long long)name##_delta_neg(x, 4 * ib + 3)); \
-        const __m256i off = _mm256_add_epi8(_mm256_set1_epi8(7), _mm256_and_si256(neg, _mm256_set1_epi8(2)));  \
-        return _mm256_sub_epi8(_mm256_slli_epi16(g, 3), off);                                              \
-    }                                                                                                      \
-    INLINE __m256i name##_mag32(const block_##name *x, int ib, __m256i *sgn) {                             \
-        *sgn = name##_values32(x, ib);                                                                     \
-        return _mm256_abs_epi8(*sgn);                                                                      \
+/* IQ1_*: the 32 values 8 g -+ 1 of sub-block ib (signed bytes, never 0): its 4 points' 11-bit
+ * indices side by side in the 16-bit lanes of idx4 (pdep of their low bytes and their tops),
+ * their grid entries loaded one by one (g + 1 in each byte, so g << 3 stays in its byte), minus
+ * off: 7 in the bytes of a point whose delta is positive, 9 where it is negative */
+INLINE __m256i iq1_values32(uint64_t idx4, __m256i off) {
+    const __m256i g = _mm256_setr_epi64x((long long)iq1s_grid[idx4 & 0xffff], (long long)iq1s_grid[(idx4 >> 16) & 0xffff],
+                                         (long long)iq1s_grid[(idx4 >> 32) & 0xffff], (long long)iq1s_grid[idx4 >> 48]);
+    return _mm256_sub_epi8(_mm256_slli_epi16(g, 3), off);
+}
+/* IQ1_S: one delta sign for the sub-block (bit 15 of its qh word) */
+INLINE __m256i iq1_s_values32(const block_iq1_s *x, int ib) {
+    return iq1_values32(iq1_s_index4(x, ib), _mm256_set1_epi8(x->qh[ib] >> 15 ? 9 : 7));
+}
+/* IQ1_M: a delta sign per point, each bit to the 8 bytes of its point */
+INLINE __m256i iq1_m_values32(const block_iq1_m *x, int ib) {
+    const __m256i neg = _mm256_cvtepi8_epi64(_mm_cvtsi32_si128((int)(_pdep_u32(iq1_m_neg4(x, ib), 0x01010101u) * 0xffu)));
+    return iq1_values32(iq1_m_index4(x, ib), _mm256_add_epi8(_mm256_set1_epi8(7), _mm256_and_si256(neg, _mm256_set1_epi8(2))));
+}
+#define DEFINE_IQ1_MAG32(name)                                                                                \
+    INLINE __m256i name##_mag32(const block_##name *x, int ib, __m256i *sgn) {                                 \
+        *sgn = name##_values32(x, ib);                                                                         \
+        return _mm256_abs_epi8(*sgn);                                                                          \
     }
-DEFINE_IQ1_SUB(iq1_s)
-DEFINE_IQ1_SUB(iq1_m)
+DEFINE_IQ1_MAG32(iq1_s)
+DEFINE_IQ1_MAG32(iq1_m)
 
 /* the grid i-quants (IQ3_S, IQ3_XXS, IQ2_*, IQ1_*): per sub-block of 32, the values'
  * magnitudes x the activations with the values' signs (vpmaddubsw: 62 x 127 x 2 stays within
@@ -718,9 +726,44 @@ DEFINE_GRID_MAG32(iq2_xxs)
 DEFINE_GRID_MAG32(iq2_xs)
 DEFINE_GRID_MAG32(iq2_s)
 
-/* the odd scales of sub-block ib's two 16-element halves as int16 (low half, high half) */
-#define GRID_SCALES16(name, x, ib) \
-    _mm256_setr_m128i(_mm_set1_epi16((short)name##_odd(x, 2 * (ib))), _mm_set1_epi16((short)name##_odd(x, 2 * (ib) + 1)))
+/* the odd scales of sub-block ib's two 16-element halves as int16 (low half, high half): where
+ * the format has one scale per 32 (SCALE32_name), one broadcast; else from the super-block's 16
+ * (GRID_SB16_name, once per super-block: words 2 ib, 2 ib + 1 of s16, by a permute and a shuffle) */
+#define SCALE32_iq3_s 1
+#define SCALE32_iq3_xxs 1
+#define SCALE32_iq2_xxs 1
+#define SCALE32_iq2_xs 0
+#define SCALE32_iq2_s 0
+#define SCALE32_iq1_s 1
+#define SCALE32_iq1_m 0
+/* 2 s + 1 of 16 bytes s, as int16 */
+INLINE __m256i odd16(__m128i s) { return _mm256_cvtepu8_epi16(_mm_add_epi8(_mm_add_epi8(s, s), _mm_set1_epi8(1))); }
+/* IQ2_XS, IQ2_S: s is nibble j of the 8 scale bytes */
+INLINE __m256i odd16_nibbles(const uint8_t *p) {
+    const __m128i b = _mm_loadl_epi64((const __m128i *)p), m = _mm_set1_epi8(0x0f);
+    return odd16(_mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m)));
+}
+/* IQ1_M: s is the 3-bit field j % 4 of scale word j / 4 */
+INLINE __m256i iq1_m_odd16(const block_iq1_m *x) {
+    uint64_t words;
+    memcpy(&words, x->scales, 8);
+    const uint64_t f = _pext_u64(words, 0x0fff0fff0fff0fffull);
+    return odd16(_mm_set_epi64x((long long)_pdep_u64(f >> 24, 0x0707070707070707ull), (long long)_pdep_u64(f, 0x0707070707070707ull)));
+}
+#define GRID_SB16_iq3_s(x) _mm256_setzero_si256()
+#define GRID_SB16_iq3_xxs(x) _mm256_setzero_si256()
+#define GRID_SB16_iq2_xxs(x) _mm256_setzero_si256()
+#define GRID_SB16_iq2_xs(x) odd16_nibbles((x)->scales)
+#define GRID_SB16_iq2_s(x) odd16_nibbles((x)->scales)
+#define GRID_SB16_iq1_s(x) _mm256_setzero_si256()
+#define GRID_SB16_iq1_m(x) iq1_m_odd16(x)
+INLINE __m256i scales_pair(__m256i s16, int ib) {
+    const __m256i d = _mm256_permutevar8x32_epi32(s16, _mm256_set1_epi32(ib));
+    return _mm256_shuffle_epi8(d, _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                                   2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
+}
+#define GRID_SCALES16(name, x, ib, s16) \
+    (SCALE32_##name ? _mm256_set1_epi16((short)name##_odd(x, 2 * (ib))) : scales_pair(s16, ib))
 
 #define DEFINE_GRID_KTILE(name, DMUL)                                        \
     INLINE void ktile_##name(const int T, int64_t nsb, const uint8_t *xr, const block_q8_K *const *y, __m256 *acc) { \
@@ -728,10 +771,11 @@ DEFINE_GRID_MAG32(iq2_s)
             const block_##name *x = (const block_##name *)(const void *)xr + i;                             \
             __m256i sumi[4];                                                                                \
             for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();                                   \
+            const __m256i s16 = GRID_SB16_##name(x);                                                        \
             for (int ib = 0; ib < QK_K / QK; ib++) {                                                        \
                 __m256i sgn;                                                                                \
                 const __m256i g = name##_mag32(x, ib, &sgn);                                                \
-                const __m256i sc = GRID_SCALES16(name, x, ib);                                              \
+                const __m256i sc = GRID_SCALES16(name, x, ib, s16);                                         \
                 for (int t = 0; t < T; t++) {                                                               \
                     const __m256i aq = _mm256_loadu_si256((const __m256i *)(y[t][i].qs + QK * ib));         \
                     sumi[t] = madd_acc(sumi[t], _mm256_maddubs_epi16(g, _mm256_sign_epi8(aq, sgn)), sc);    \

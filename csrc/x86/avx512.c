@@ -1672,11 +1672,13 @@ INLINE void dec_iq2_s(const void *xb, wKs *W) {
 /* IQ1_*: v[q] = points 8 q .. 8 q + 7, their grid entries (g + 1 in each byte) loaded one by
  * one (a gather of 8 is ~20% slower on Zen 4, and slow on Intel since its GDS fix), as
  * 8 (g + 1) + 9, less 2 where the point's delta is negative (bit k of neg8): 8 g -+ 1 + K_OFF */
-#define IQ1_GRID8(name, x, q)                                                                                \
-    _mm512_set_epi64((long long)iq1s_grid[name##_index(x, 8 * (q) + 7)], (long long)iq1s_grid[name##_index(x, 8 * (q) + 6)], \
-                     (long long)iq1s_grid[name##_index(x, 8 * (q) + 5)], (long long)iq1s_grid[name##_index(x, 8 * (q) + 4)], \
-                     (long long)iq1s_grid[name##_index(x, 8 * (q) + 3)], (long long)iq1s_grid[name##_index(x, 8 * (q) + 2)], \
-                     (long long)iq1s_grid[name##_index(x, 8 * (q) + 1)], (long long)iq1s_grid[name##_index(x, 8 * (q))])
+#define IQ1_GRID8(name, x, q) k_iq1_grid8(name##_index4(x, 2 * (q)), name##_index4(x, 2 * (q) + 1))
+INLINE __m512i k_iq1_grid8(uint64_t a, uint64_t b) {   /* the 16-bit indices of 4 points each */
+    return _mm512_set_epi64((long long)iq1s_grid[b >> 48], (long long)iq1s_grid[(b >> 32) & 0xffff],
+                            (long long)iq1s_grid[(b >> 16) & 0xffff], (long long)iq1s_grid[b & 0xffff],
+                            (long long)iq1s_grid[a >> 48], (long long)iq1s_grid[(a >> 32) & 0xffff],
+                            (long long)iq1s_grid[(a >> 16) & 0xffff], (long long)iq1s_grid[a & 0xffff]);
+}
 INLINE __m512i k_iq1_values(__m512i g, uint32_t neg8) {
     const __mmask64 neg = (__mmask64)(_pdep_u64(neg8, 0x0101010101010101ull) * 0xff);
     const __m512i v = _mm512_add_epi8(_mm512_slli_epi16(g, 3), _mm512_set1_epi8(9));
