@@ -1617,7 +1617,14 @@ INLINE void dec_iq3_xxs(const void *xb, wKs *W) {
     W->nmin = _mm512_setzero_ps();
 }
 
-/* IQ2_*: v[q] = points 8 q .. 8 q + 7, 8 values each, gathered as 64-bit grid entries */
+/* IQ2_*: v[q] = points 8 q .. 8 q + 7, 8 values each, their 64-bit grid entries loaded one by one
+ * (k_grid64_loads: a gather of 8 is slower on Zen 4, and on Intel since its GDS fix) */
+INLINE __m512i k_grid64_loads(const uint64_t *grid, uint64_t a, uint64_t b) {   /* 4 16-bit indices each */
+    return _mm512_set_epi64((long long)grid[b >> 48], (long long)grid[(b >> 32) & 0xffff],
+                            (long long)grid[(b >> 16) & 0xffff], (long long)grid[b & 0xffff],
+                            (long long)grid[a >> 48], (long long)grid[(a >> 32) & 0xffff],
+                            (long long)grid[(a >> 16) & 0xffff], (long long)grid[a & 0xffff]);
+}
 
 /* the 16 nibbles of 8 bytes as the odd scales 2 s + 1 of the 16 sub-blocks of 16 */
 INLINE __m128i k_odd_nibbles16(const uint8_t *p) {
@@ -1631,10 +1638,10 @@ INLINE void dec_iq2_xxs(const void *xb, wKs *W) {
     const block_iq2_xxs *x = xb;
     uint64_t sc = 0;
     for (int q = 0; q < 4; q++) {
-        const __m128i z = _mm_loadu_si128((const __m128i *)(x->qs + 16 * q));
-        const __m256i idx = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(z, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 0, 0, 0, 0, 0, 0, 0, 0)));
         const uint64_t neg = k_word_signs(iq2_xxs_word(x, 2 * q), iq2_xxs_word(x, 2 * q + 1));
-        W->v[q] = k_signed_off(_mm512_i32gather_epi64(idx, iq2xxs_grid, 8), neg, K_OFF_iq2_xxs);
+        const __m512i g = k_grid64_loads(iq2xxs_grid, _pdep_u64(ld32(x->qs + 16 * q), 0x00ff00ff00ff00ffull),
+                                         _pdep_u64(ld32(x->qs + 16 * q + 8), 0x00ff00ff00ff00ffull));
+        W->v[q] = k_signed_off(g, neg, K_OFF_iq2_xxs);
         sc |= (uint64_t)(2 * iq2_xxs_s(x, 4 * q) + 1) << 16 * q | (uint64_t)(2 * iq2_xxs_s(x, 4 * q + 2) + 1) << (16 * q + 8);
     }
     W->dsc = k_grid_dsc(sc, 0.125f * _cvtsh_ss(x->d));
@@ -1646,8 +1653,11 @@ INLINE void dec_iq2_xs(const void *xb, wKs *W) {
     const block_iq2_xs *x = xb;
     for (int q = 0; q < 4; q++) {
         const __m256i e = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x->qs + 8 * q)));
-        const __m256i idx = _mm256_and_si256(e, _mm256_set1_epi32(511));
-        W->v[q] = k_signed_off(_mm512_i32gather_epi64(idx, iq2xs_grid, 8), k_signs8(_mm256_srli_epi32(e, 9)), K_OFF_iq2_xs);
+        uint64_t a, b;
+        memcpy(&a, x->qs + 8 * q, 8);
+        memcpy(&b, x->qs + 8 * q + 4, 8);
+        const __m512i g = k_grid64_loads(iq2xs_grid, a & 0x01ff01ff01ff01ffull, b & 0x01ff01ff01ff01ffull);
+        W->v[q] = k_signed_off(g, k_signs8(_mm256_srli_epi32(e, 9)), K_OFF_iq2_xs);
     }
     W->dsc = k_grid_dsc16(k_odd_nibbles16(x->scales), 0.125f * _cvtsh_ss(x->d));
     W->nmin = _mm512_setzero_ps();
@@ -1657,13 +1667,11 @@ INLINE void dec_iq2_xs(const void *xb, wKs *W) {
 INLINE void dec_iq2_s(const void *xb, wKs *W) {
     const block_iq2_s *x = xb;
     for (int q = 0; q < 4; q++) {
-        const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(x->qs + 8 * q)));
-        const __m256i hi = _mm256_srlv_epi32(_mm256_set1_epi32(x->qh[2 * q] | x->qh[2 * q + 1] << 8),
-                                             _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
-        const __m256i idx = _mm256_or_si256(lo, _mm256_slli_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(3)), 8));
+        const uint64_t a = _pdep_u64(ld32(x->qs + 8 * q), 0x00ff00ff00ff00ffull) | _pdep_u64(x->qh[2 * q], 0x0300030003000300ull);
+        const uint64_t b = _pdep_u64(ld32(x->qs + 8 * q + 4), 0x00ff00ff00ff00ffull) | _pdep_u64(x->qh[2 * q + 1], 0x0300030003000300ull);
         uint64_t neg;
         memcpy(&neg, x->signs + 8 * q, 8);
-        W->v[q] = k_signed_off(_mm512_i32gather_epi64(idx, iq2s_grid, 8), neg, K_OFF_iq2_s);
+        W->v[q] = k_signed_off(k_grid64_loads(iq2s_grid, a, b), neg, K_OFF_iq2_s);
     }
     W->dsc = k_grid_dsc16(k_odd_nibbles16(x->scales), 0.125f * _cvtsh_ss(x->d));
     W->nmin = _mm512_setzero_ps();
@@ -1672,13 +1680,7 @@ INLINE void dec_iq2_s(const void *xb, wKs *W) {
 /* IQ1_*: v[q] = points 8 q .. 8 q + 7, their grid entries (g + 1 in each byte) loaded one by
  * one (a gather of 8 is ~20% slower on Zen 4, and slow on Intel since its GDS fix), as
  * 8 (g + 1) + 9, less 2 where the point's delta is negative (bit k of neg8): 8 g -+ 1 + K_OFF */
-#define IQ1_GRID8(name, x, q) k_iq1_grid8(name##_index4(x, 2 * (q)), name##_index4(x, 2 * (q) + 1))
-INLINE __m512i k_iq1_grid8(uint64_t a, uint64_t b) {   /* the 16-bit indices of 4 points each */
-    return _mm512_set_epi64((long long)iq1s_grid[b >> 48], (long long)iq1s_grid[(b >> 32) & 0xffff],
-                            (long long)iq1s_grid[(b >> 16) & 0xffff], (long long)iq1s_grid[b & 0xffff],
-                            (long long)iq1s_grid[a >> 48], (long long)iq1s_grid[(a >> 32) & 0xffff],
-                            (long long)iq1s_grid[(a >> 16) & 0xffff], (long long)iq1s_grid[a & 0xffff]);
-}
+#define IQ1_GRID8(name, x, q) k_grid64_loads(iq1s_grid, name##_index4(x, 2 * (q)), name##_index4(x, 2 * (q) + 1))
 INLINE __m512i k_iq1_values(__m512i g, uint32_t neg8) {
     const __mmask64 neg = (__mmask64)(_pdep_u64(neg8, 0x0101010101010101ull) * 0xff);
     const __m512i v = _mm512_add_epi8(_mm512_slli_epi16(g, 3), _mm512_set1_epi8(9));
