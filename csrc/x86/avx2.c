@@ -666,13 +666,12 @@ INLINE __m256i iq3_xxs_grid32(const block_iq3_xxs *x, int ib) {
     return _mm256_i32gather_epi32((const int *)iq3xxs_grid, idx, 4);
 }
 
-/* IQ2_*: the 32 grid values of sub-block ib (unsigned bytes 8..43), its 4 points gathered
- * (8 values each), and their sign bytes as 32 bits */
+/* IQ2_*: the 32 grid values of sub-block ib (unsigned bytes 8..43), its 4 points' entries (8
+ * values each) loaded one by one (a gather of 4 is slower on Zen 4), and their sign bytes as 32 bits */
 #define DEFINE_IQ2_SUB(name, grid)                                                                        \
     INLINE __m256i name##_grid32(const block_##name *x, int ib) {                                          \
-        const __m128i idx = _mm_setr_epi32(name##_index(x, 4 * ib), name##_index(x, 4 * ib + 1),          \
-                                           name##_index(x, 4 * ib + 2), name##_index(x, 4 * ib + 3));      \
-        return _mm256_i32gather_epi64((const long long *)grid, idx, 8);                                    \
+        return _mm256_setr_epi64x((long long)grid[name##_index(x, 4 * ib)], (long long)grid[name##_index(x, 4 * ib + 1)], \
+                                  (long long)grid[name##_index(x, 4 * ib + 2)], (long long)grid[name##_index(x, 4 * ib + 3)]); \
     }                                                                                                      \
     INLINE uint32_t name##_sign_bits(const block_##name *x, int ib) {                                      \
         return (uint32_t)name##_signs(x, 4 * ib) | (uint32_t)name##_signs(x, 4 * ib + 1) << 8 |            \
@@ -943,13 +942,51 @@ DEFINE_QK_GEMM(q4_K, block_q4_K)
 DEFINE_QK_GEMM(q5_K, block_q5_K)
 DEFINE_QK_GEMM(q6_K, block_q6_K)
 DEFINE_QK_GEMM(iq4_xs, block_iq4_xs)
-DEFINE_QK_GEMM(iq3_s, block_iq3_s)
-DEFINE_QK_GEMM(iq3_xxs, block_iq3_xxs)
-DEFINE_QK_GEMM(iq2_xxs, block_iq2_xxs)
-DEFINE_QK_GEMM(iq2_xs, block_iq2_xs)
-DEFINE_QK_GEMM(iq2_s, block_iq2_s)
-DEFINE_QK_GEMM(iq1_s, block_iq1_s)
-DEFINE_QK_GEMM(iq1_m, block_iq1_m)
+
+/* the grid i-quants' gemm: their decode (grid lookups, signs, scales) costs more than its dot
+ * products, so each super-block of a weight row is decoded once (the 8 sub-blocks' magnitudes,
+ * signs and scales, kept in L1) for up to GRID_COLS activation rows; per (row, activation row)
+ * the integer sums and the float step of ktile (vec_dot, gemv), so the results agree bit for bit */
+#define GRID_COLS 16
+#define DEFINE_GRID_GEMM(name, DMUL)                                                                        \
+    static void gemm_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a, \
+                            size_t as, int ncols, float *restrict out, size_t os) {                           \
+        const int64_t nsb = n / QK_K;                                                                         \
+        for (int t0 = 0; t0 < ncols; t0 += GRID_COLS) { /* these activation rows stay in L2 */               \
+            const int nt = ncols - t0 < GRID_COLS ? ncols - t0 : GRID_COLS;                                   \
+            for (int r = 0; r < nrows; r++) {                                                                 \
+                const block_##name *x = (const block_##name *)(const void *)((const char *)w + (size_t)r * rb); \
+                __m256 acc[GRID_COLS];                                                                        \
+                for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();                                    \
+                for (int64_t i = 0; i < nsb; i++) {                                                           \
+                    __m256i mag[QK_K / QK], sgn[QK_K / QK], sc[QK_K / QK];                                    \
+                    const __m256i s16 = GRID_SB16_##name(&x[i]);                                              \
+                    for (int ib = 0; ib < QK_K / QK; ib++) {                                                  \
+                        mag[ib] = name##_mag32(&x[i], ib, &sgn[ib]);                                          \
+                        sc[ib] = GRID_SCALES16(name, &x[i], ib, s16);                                         \
+                    }                                                                                         \
+                    const float d = (DMUL) * _cvtsh_ss(name##_d(&x[i]));                                      \
+                    for (int t = 0; t < nt; t++) {                                                            \
+                        const block_q8_K *y = (const block_q8_K *)(const void *)((const char *)a + (size_t)(t0 + t) * as) + i; \
+                        __m256i sumi = _mm256_setzero_si256();                                                \
+                        for (int ib = 0; ib < QK_K / QK; ib++) {                                              \
+                            const __m256i aq = _mm256_loadu_si256((const __m256i *)(y->qs + QK * ib));       \
+                            sumi = madd_acc(sumi, _mm256_maddubs_epi16(mag[ib], _mm256_sign_epi8(aq, sgn[ib])), sc[ib]); \
+                        }                                                                                     \
+                        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi), acc[t]); \
+                    }                                                                                         \
+                }                                                                                             \
+                for (int t = 0; t < nt; t++) out[(size_t)(t0 + t) * os + r] = hsum8(acc[t]);                 \
+            }                                                                                                 \
+        }                                                                                                     \
+    }
+DEFINE_GRID_GEMM(iq3_s, 1.0f)
+DEFINE_GRID_GEMM(iq3_xxs, 0.25f)
+DEFINE_GRID_GEMM(iq2_xxs, 0.125f)
+DEFINE_GRID_GEMM(iq2_xs, 0.125f)
+DEFINE_GRID_GEMM(iq2_s, 0.125f)
+DEFINE_GRID_GEMM(iq1_s, 0.125f)
+DEFINE_GRID_GEMM(iq1_m, 0.125f)
 
 
 /* ------------------------------------------------------------------ */
