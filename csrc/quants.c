@@ -270,16 +270,16 @@ IQ1_VALUE(iq1_s)
 IQ1_VALUE(iq1_m)
 #undef IQ1_VALUE
 
-/* the grid i-quants (IQ3_S dmul 1, IQ3_XXS 1/4, IQ2_* and IQ1_* 1/8; odd: quants.h): dequant ((dmul d) odd) * value,
+/* the grid i-quants (GRID_DMUL and odd: quants.h): dequant ((dmul d) odd) * value,
  * equal to gguf.quants' d (s + 1/2) / 4 (...) * value since everything before the last
  * product is exact in float; vec_dot per super-block sum_j odd_j * sum(value * a) over the
  * 16-groups j in int, times dmul d */
-#define DEFINE_GRID_KERNELS(name, dmul)                                                               \
+#define DEFINE_GRID_KERNELS(name)                                                               \
     static void dequant_##name(const void *restrict w, float *restrict out, int64_t n) {             \
         const block_##name *b = w;                                                                    \
         for (int64_t i = 0; i < n / QK_K; i++, out += QK_K)                                           \
             for (int e = 0; e < QK_K; e++)                                                            \
-                out[e] = (dmul) * F16(name##_d(&b[i])) * (float)name##_odd(&b[i], e / 16) * (float)name##_value(&b[i], e); \
+                out[e] = GRID_DMUL_##name * F16(name##_d(&b[i])) * (float)name##_odd(&b[i], e / 16) * (float)name##_value(&b[i], e); \
     }                                                                                                 \
     static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {          \
         const block_##name *x = w;                                                                    \
@@ -292,17 +292,17 @@ IQ1_VALUE(iq1_m)
                 for (int e = 16 * j; e < 16 * (j + 1); e++) sub += name##_value(&x[i], e) * y[i].qs[e]; \
                 isum += name##_odd(&x[i], j) * sub;                                                   \
             }                                                                                         \
-            sum += y[i].d * ((dmul) * F16(name##_d(&x[i]))) * (float)isum;                            \
+            sum += y[i].d * (GRID_DMUL_##name * F16(name##_d(&x[i]))) * (float)isum;                            \
         }                                                                                             \
         return sum;                                                                                   \
     }
-DEFINE_GRID_KERNELS(iq3_s, 1.0f)
-DEFINE_GRID_KERNELS(iq3_xxs, 0.25f)
-DEFINE_GRID_KERNELS(iq2_xxs, 0.125f)
-DEFINE_GRID_KERNELS(iq2_xs, 0.125f)
-DEFINE_GRID_KERNELS(iq2_s, 0.125f)
-DEFINE_GRID_KERNELS(iq1_s, 0.125f)
-DEFINE_GRID_KERNELS(iq1_m, 0.125f)
+DEFINE_GRID_KERNELS(iq3_s)
+DEFINE_GRID_KERNELS(iq3_xxs)
+DEFINE_GRID_KERNELS(iq2_xxs)
+DEFINE_GRID_KERNELS(iq2_xs)
+DEFINE_GRID_KERNELS(iq2_s)
+DEFINE_GRID_KERNELS(iq1_s)
+DEFINE_GRID_KERNELS(iq1_m)
 #undef DEFINE_GRID_KERNELS
 
 static void dequant_mxfp4(const void *restrict w, float *restrict out, int64_t n) {

@@ -211,6 +211,14 @@ static inline uint64_t iq1_m_index4(const block_iq1_m *b, int ib) {
     return iq1_qs4(b->qs, ib) | (_pdep_u64(iq1_m_qh16(b, ib), 0x0f000f000f000f00ull) & 0x0700070007000700ull);
 }
 static inline unsigned iq1_m_neg4(const block_iq1_m *b, int ib) { return _pext_u32(iq1_m_qh16(b, ib), 0x8888u); }
+/* IQ1_M's 16 s (3 bits each in the low 12 bits of the 4 scale words), one per byte: s[0] holds
+ * 16-groups 0-7, s[1] 8-15 */
+static inline void iq1_m_s16(const block_iq1_m *b, uint64_t s[2]) {
+    uint64_t words;
+    memcpy(&words, b->scales, 8);
+    const uint64_t f = _pext_u64(words, 0x0fff0fff0fff0fffull);
+    s[0] = _pdep_u64(f, 0x0707070707070707ull), s[1] = _pdep_u64(f >> 24, 0x0707070707070707ull);
+}
 #endif
 
 /* the grid i-quants' fp16 d (IQ1_M: from the top nibbles of its scale words) */
@@ -227,8 +235,14 @@ static inline f16_t iq1_m_d(const block_iq1_m *b) {
                    (iq1_m_word(b, 3) & 0xf000));
 }
 
-/* the grid i-quants' odd scale of 16-group j (0..15): w = dmul d odd value, dmul 1 (IQ3_S),
- * 1/4 (IQ3_XXS), 1/8 (IQ2_*, IQ1_*) */
+/* the grid i-quants' odd scale of 16-group j (0..15): w = GRID_DMUL d odd value */
+#define GRID_DMUL_iq3_s 1.0f
+#define GRID_DMUL_iq3_xxs 0.25f
+#define GRID_DMUL_iq2_xxs 0.125f
+#define GRID_DMUL_iq2_xs 0.125f
+#define GRID_DMUL_iq2_s 0.125f
+#define GRID_DMUL_iq1_s 0.125f
+#define GRID_DMUL_iq1_m 0.125f
 static inline int iq3_s_odd(const block_iq3_s *b, int j) { return iq3_s_scale(b, j / 2); }
 static inline int iq3_xxs_odd(const block_iq3_xxs *b, int j) { return iq3_xxs_scale(b, j / 2); }
 static inline int iq2_xxs_odd(const block_iq2_xxs *b, int j) { return 2 * iq2_xxs_s(b, j) + 1; }

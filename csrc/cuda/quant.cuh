@@ -312,18 +312,16 @@ template <> struct grid_fmt<T_IQ1_M> { static constexpr int width = 8; static co
 
 /* the grids (csrc/iq_grids.h): point i's values in the bytes of entry i. In global memory,
  * not __constant__: the threads of a warp read different points */
-__device__ const uint32_t iq3s_grid_dev[IQ3S_GRID_SIZE] = {IQ3S_GRID};
-static const uint32_t iq3s_grid_host[IQ3S_GRID_SIZE] = {IQ3S_GRID};
-__device__ const uint32_t iq3xxs_grid_dev[IQ3XXS_GRID_SIZE] = {IQ3XXS_GRID};
-static const uint32_t iq3xxs_grid_host[IQ3XXS_GRID_SIZE] = {IQ3XXS_GRID};
-__device__ const uint64_t iq2xxs_grid_dev[IQ2XXS_GRID_SIZE] = {IQ2XXS_GRID};
-static const uint64_t iq2xxs_grid_host[IQ2XXS_GRID_SIZE] = {IQ2XXS_GRID};
-__device__ const uint64_t iq2xs_grid_dev[IQ2XS_GRID_SIZE] = {IQ2XS_GRID};
-static const uint64_t iq2xs_grid_host[IQ2XS_GRID_SIZE] = {IQ2XS_GRID};
-__device__ const uint64_t iq2s_grid_dev[IQ2S_GRID_SIZE] = {IQ2S_GRID};
-static const uint64_t iq2s_grid_host[IQ2S_GRID_SIZE] = {IQ2S_GRID};
-__device__ const uint64_t iq1s_grid_dev[IQ1S_GRID_SIZE] = {IQ1S_GRID};
-static const uint64_t iq1s_grid_host[IQ1S_GRID_SIZE] = {IQ1S_GRID};
+#define PQ_GRID_TABLES(type, name, GRID)                                   \
+    __device__ const type name##_dev[GRID##_SIZE] = {GRID};                   \
+    static const type name##_host[GRID##_SIZE] = {GRID};
+PQ_GRID_TABLES(uint32_t, iq3s_grid, IQ3S_GRID)
+PQ_GRID_TABLES(uint32_t, iq3xxs_grid, IQ3XXS_GRID)
+PQ_GRID_TABLES(uint64_t, iq2xxs_grid, IQ2XXS_GRID)
+PQ_GRID_TABLES(uint64_t, iq2xs_grid, IQ2XS_GRID)
+PQ_GRID_TABLES(uint64_t, iq2s_grid, IQ2S_GRID)
+PQ_GRID_TABLES(uint64_t, iq1s_grid, IQ1S_GRID)
+#undef PQ_GRID_TABLES
 
 template <int T> PQ_HD uint64_t grid_entry(int i) {
 #ifdef __CUDA_ARCH__

@@ -744,10 +744,9 @@ INLINE __m256i odd16_nibbles(const uint8_t *p) {
 }
 /* IQ1_M: s is the 3-bit field j % 4 of scale word j / 4 */
 INLINE __m256i iq1_m_odd16(const block_iq1_m *x) {
-    uint64_t words;
-    memcpy(&words, x->scales, 8);
-    const uint64_t f = _pext_u64(words, 0x0fff0fff0fff0fffull);
-    return odd16(_mm_set_epi64x((long long)_pdep_u64(f >> 24, 0x0707070707070707ull), (long long)_pdep_u64(f, 0x0707070707070707ull)));
+    uint64_t s[2];
+    iq1_m_s16(x, s);
+    return odd16(_mm_set_epi64x((long long)s[1], (long long)s[0]));
 }
 #define GRID_SB16_iq3_s(x) _mm256_setzero_si256()
 #define GRID_SB16_iq3_xxs(x) _mm256_setzero_si256()
@@ -764,37 +763,32 @@ INLINE __m256i scales_pair(__m256i s16, int ib) {
 #define GRID_SCALES16(name, x, ib, s16) \
     (SCALE32_##name ? _mm256_set1_epi16((short)name##_odd(x, 2 * (ib))) : scales_pair(s16, ib))
 
-#define DEFINE_GRID_KTILE(name, DMUL)                                        \
-    INLINE void ktile_##name(const int T, int64_t nsb, const uint8_t *xr, const block_q8_K *const *y, __m256 *acc) { \
-        for (int64_t i = 0; i < nsb; i++) {                                                                 \
-            const block_##name *x = (const block_##name *)(const void *)xr + i;                             \
-            __m256i sumi[4];                                                                                \
-            for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();                                   \
-            const __m256i s16 = GRID_SB16_##name(x);                                                        \
-            for (int ib = 0; ib < QK_K / QK; ib++) {                                                        \
-                __m256i sgn;                                                                                \
-                const __m256i g = name##_mag32(x, ib, &sgn);                                                \
-                const __m256i sc = GRID_SCALES16(name, x, ib, s16);                                         \
-                for (int t = 0; t < T; t++) {                                                               \
-                    const __m256i aq = _mm256_loadu_si256((const __m256i *)(y[t][i].qs + QK * ib));         \
-                    sumi[t] = madd_acc(sumi[t], _mm256_maddubs_epi16(g, _mm256_sign_epi8(aq, sgn)), sc);    \
-                }                                                                                           \
-            }                                                                                               \
-            const float d = (DMUL) * _cvtsh_ss(name##_d(x));                                                \
-            for (int t = 0; t < T; t++)                                                                     \
-                acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y[t][i].d), _mm256_cvtepi32_ps(sumi[t]), acc[t]); \
-        }                                                                                                   \
-    }                                                                                                       \
+/* sub-block ib's sum for one activation row: magnitudes x the activations with the values' signs,
+ * the int16 pairs times the odd scales */
+INLINE __m256i grid_dot32(__m256i sumi, __m256i mag, __m256i sgn, __m256i sc, const int8_t *q) {
+    const __m256i aq = _mm256_loadu_si256((const __m256i *)q);
+    return madd_acc(sumi, _mm256_maddubs_epi16(mag, _mm256_sign_epi8(aq, sgn)), sc);
+}
+#define GRID_D(name, x) (GRID_DMUL_##name * _cvtsh_ss(name##_d(x)))
+/* one super-block against one activation row (vec_dot, gemv) */
+#define DEFINE_GRID_STEP(name)                                                                              \
     INLINE void step_##name(const block_##name *x, const block_q8_K *y, __m256 *acc) {                      \
-        ktile_##name(1, 1, (const uint8_t *)(const void *)x, &y, acc);                                      \
+        __m256i sumi = _mm256_setzero_si256();                                                              \
+        const __m256i s16 = GRID_SB16_##name(x);                                                            \
+        for (int ib = 0; ib < QK_K / QK; ib++) {                                                            \
+            __m256i sgn;                                                                                    \
+            const __m256i g = name##_mag32(x, ib, &sgn);                                                    \
+            sumi = grid_dot32(sumi, g, sgn, GRID_SCALES16(name, x, ib, s16), y->qs + QK * ib);              \
+        }                                                                                                   \
+        *acc = _mm256_fmadd_ps(_mm256_set1_ps(GRID_D(name, x) * y->d), _mm256_cvtepi32_ps(sumi), *acc);     \
     }
-DEFINE_GRID_KTILE(iq3_s, 1.0f)
-DEFINE_GRID_KTILE(iq3_xxs, 0.25f)
-DEFINE_GRID_KTILE(iq2_xxs, 0.125f)
-DEFINE_GRID_KTILE(iq2_xs, 0.125f)
-DEFINE_GRID_KTILE(iq2_s, 0.125f)
-DEFINE_GRID_KTILE(iq1_s, 0.125f)
-DEFINE_GRID_KTILE(iq1_m, 0.125f)
+DEFINE_GRID_STEP(iq3_s)
+DEFINE_GRID_STEP(iq3_xxs)
+DEFINE_GRID_STEP(iq2_xxs)
+DEFINE_GRID_STEP(iq2_xs)
+DEFINE_GRID_STEP(iq2_s)
+DEFINE_GRID_STEP(iq1_s)
+DEFINE_GRID_STEP(iq1_m)
 
 #define DEFINE_QK(name, block_t)                                                                      \
     static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {          \
@@ -948,7 +942,7 @@ DEFINE_QK_GEMM(iq4_xs, block_iq4_xs)
  * signs and scales, kept in L1) for up to GRID_COLS activation rows; per (row, activation row)
  * the integer sums and the float step of ktile (vec_dot, gemv), so the results agree bit for bit */
 #define GRID_COLS 16
-#define DEFINE_GRID_GEMM(name, DMUL)                                                                        \
+#define DEFINE_GRID_GEMM(name)                                                                        \
     static void gemm_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a, \
                             size_t as, int ncols, float *restrict out, size_t os) {                           \
         const int64_t nsb = n / QK_K;                                                                         \
@@ -965,14 +959,12 @@ DEFINE_QK_GEMM(iq4_xs, block_iq4_xs)
                         mag[ib] = name##_mag32(&x[i], ib, &sgn[ib]);                                          \
                         sc[ib] = GRID_SCALES16(name, &x[i], ib, s16);                                         \
                     }                                                                                         \
-                    const float d = (DMUL) * _cvtsh_ss(name##_d(&x[i]));                                      \
+                    const float d = GRID_D(name, &x[i]);                                                      \
                     for (int t = 0; t < nt; t++) {                                                            \
                         const block_q8_K *y = (const block_q8_K *)(const void *)((const char *)a + (size_t)(t0 + t) * as) + i; \
                         __m256i sumi = _mm256_setzero_si256();                                                \
-                        for (int ib = 0; ib < QK_K / QK; ib++) {                                              \
-                            const __m256i aq = _mm256_loadu_si256((const __m256i *)(y->qs + QK * ib));       \
-                            sumi = madd_acc(sumi, _mm256_maddubs_epi16(mag[ib], _mm256_sign_epi8(aq, sgn[ib])), sc[ib]); \
-                        }                                                                                     \
+                        for (int ib = 0; ib < QK_K / QK; ib++)                                                \
+                            sumi = grid_dot32(sumi, mag[ib], sgn[ib], sc[ib], y->qs + QK * ib);               \
                         acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi), acc[t]); \
                     }                                                                                         \
                 }                                                                                             \
@@ -980,13 +972,13 @@ DEFINE_QK_GEMM(iq4_xs, block_iq4_xs)
             }                                                                                                 \
         }                                                                                                     \
     }
-DEFINE_GRID_GEMM(iq3_s, 1.0f)
-DEFINE_GRID_GEMM(iq3_xxs, 0.25f)
-DEFINE_GRID_GEMM(iq2_xxs, 0.125f)
-DEFINE_GRID_GEMM(iq2_xs, 0.125f)
-DEFINE_GRID_GEMM(iq2_s, 0.125f)
-DEFINE_GRID_GEMM(iq1_s, 0.125f)
-DEFINE_GRID_GEMM(iq1_m, 0.125f)
+DEFINE_GRID_GEMM(iq3_s)
+DEFINE_GRID_GEMM(iq3_xxs)
+DEFINE_GRID_GEMM(iq2_xxs)
+DEFINE_GRID_GEMM(iq2_xs)
+DEFINE_GRID_GEMM(iq2_s)
+DEFINE_GRID_GEMM(iq1_s)
+DEFINE_GRID_GEMM(iq1_m)
 
 
 /* ------------------------------------------------------------------ */
@@ -1145,12 +1137,12 @@ static void dequant_iq4_xs(const void *restrict w, float *restrict out, int64_t 
 }
 
 /* the grid i-quants: per 16 elements (dmul d) odd, times the value (as the scalar reference) */
-#define DEFINE_GRID_DEQUANT(name, dmul)                                                                       \
+#define DEFINE_GRID_DEQUANT(name)                                                                       \
     static void dequant_##name(const void *restrict w, float *restrict out, int64_t n) {                     \
         const block_##name *x = w;                                                                            \
         for (int64_t i = 0; i < n / QK_K; i++)                                                                \
             for (int ib = 0; ib < QK_K / QK; ib++, out += QK) {                                               \
-                const float d = (dmul) * _cvtsh_ss(name##_d(&x[i]));                                          \
+                const float d = GRID_D(name, &x[i]);                                          \
                 const __m128 lo = _mm_set1_ps(d * (float)name##_odd(&x[i], 2 * ib));                          \
                 const __m128 hi = _mm_set1_ps(d * (float)name##_odd(&x[i], 2 * ib + 1));                      \
                 __m256i sgn;                                                                                  \
@@ -1163,13 +1155,13 @@ static void dequant_iq4_xs(const void *restrict w, float *restrict out, int64_t 
                                                                 _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part[k])))); \
             }                                                                                                 \
     }
-DEFINE_GRID_DEQUANT(iq3_s, 1.0f)
-DEFINE_GRID_DEQUANT(iq3_xxs, 0.25f)
-DEFINE_GRID_DEQUANT(iq2_xxs, 0.125f)
-DEFINE_GRID_DEQUANT(iq2_xs, 0.125f)
-DEFINE_GRID_DEQUANT(iq2_s, 0.125f)
-DEFINE_GRID_DEQUANT(iq1_s, 0.125f)
-DEFINE_GRID_DEQUANT(iq1_m, 0.125f)
+DEFINE_GRID_DEQUANT(iq3_s)
+DEFINE_GRID_DEQUANT(iq3_xxs)
+DEFINE_GRID_DEQUANT(iq2_xxs)
+DEFINE_GRID_DEQUANT(iq2_xs)
+DEFINE_GRID_DEQUANT(iq2_s)
+DEFINE_GRID_DEQUANT(iq1_s)
+DEFINE_GRID_DEQUANT(iq1_m)
 
 static void dequant_mxfp4(const void *restrict w, float *restrict out, int64_t n) {
     const block_mxfp4 *x = w;

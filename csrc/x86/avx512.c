@@ -1613,12 +1613,12 @@ INLINE void dec_iq3_xxs(const void *xb, wKs *W) {
         W->v[q] = k_signed_off(_mm512_i32gather_epi32(idx, iq3xxs_grid, 4), neg, K_OFF_iq3_xxs);
         sc |= (uint64_t)iq3_xxs_scale(x, 2 * q) << 16 * q | (uint64_t)iq3_xxs_scale(x, 2 * q + 1) << (16 * q + 8);
     }
-    W->dsc = k_grid_dsc(sc, 0.25f * _cvtsh_ss(x->d));
+    W->dsc = k_grid_dsc(sc, GRID_DMUL_iq3_xxs * _cvtsh_ss(x->d));
     W->nmin = _mm512_setzero_ps();
 }
 
 /* IQ2_*: v[q] = points 8 q .. 8 q + 7, 8 values each, their 64-bit grid entries loaded one by one
- * (k_grid64_loads: a gather of 8 is slower on Zen 4, and on Intel since its GDS fix) */
+ * (k_grid64_loads: a gather of 8 measured slower on Zen 4) */
 INLINE __m512i k_grid64_loads(const uint64_t *grid, uint64_t a, uint64_t b) {   /* 4 16-bit indices each */
     return _mm512_set_epi64((long long)grid[b >> 48], (long long)grid[(b >> 32) & 0xffff],
                             (long long)grid[(b >> 16) & 0xffff], (long long)grid[b & 0xffff],
@@ -1644,7 +1644,7 @@ INLINE void dec_iq2_xxs(const void *xb, wKs *W) {
         W->v[q] = k_signed_off(g, neg, K_OFF_iq2_xxs);
         sc |= (uint64_t)(2 * iq2_xxs_s(x, 4 * q) + 1) << 16 * q | (uint64_t)(2 * iq2_xxs_s(x, 4 * q + 2) + 1) << (16 * q + 8);
     }
-    W->dsc = k_grid_dsc(sc, 0.125f * _cvtsh_ss(x->d));
+    W->dsc = k_grid_dsc(sc, GRID_DMUL_iq2_xxs * _cvtsh_ss(x->d));
     W->nmin = _mm512_setzero_ps();
 }
 
@@ -1659,7 +1659,7 @@ INLINE void dec_iq2_xs(const void *xb, wKs *W) {
         const __m512i g = k_grid64_loads(iq2xs_grid, a & 0x01ff01ff01ff01ffull, b & 0x01ff01ff01ff01ffull);
         W->v[q] = k_signed_off(g, k_signs8(_mm256_srli_epi32(e, 9)), K_OFF_iq2_xs);
     }
-    W->dsc = k_grid_dsc16(k_odd_nibbles16(x->scales), 0.125f * _cvtsh_ss(x->d));
+    W->dsc = k_grid_dsc16(k_odd_nibbles16(x->scales), GRID_DMUL_iq2_xs * _cvtsh_ss(x->d));
     W->nmin = _mm512_setzero_ps();
 }
 
@@ -1673,12 +1673,12 @@ INLINE void dec_iq2_s(const void *xb, wKs *W) {
         memcpy(&neg, x->signs + 8 * q, 8);
         W->v[q] = k_signed_off(k_grid64_loads(iq2s_grid, a, b), neg, K_OFF_iq2_s);
     }
-    W->dsc = k_grid_dsc16(k_odd_nibbles16(x->scales), 0.125f * _cvtsh_ss(x->d));
+    W->dsc = k_grid_dsc16(k_odd_nibbles16(x->scales), GRID_DMUL_iq2_s * _cvtsh_ss(x->d));
     W->nmin = _mm512_setzero_ps();
 }
 
 /* IQ1_*: v[q] = points 8 q .. 8 q + 7, their grid entries (g + 1 in each byte) loaded one by
- * one (a gather of 8 is ~20% slower on Zen 4, and slow on Intel since its GDS fix), as
+ * one (a gather of 8 measured ~20% slower on Zen 4), as
  * 8 (g + 1) + 9, less 2 where the point's delta is negative (bit k of neg8): 8 g -+ 1 + K_OFF */
 #define IQ1_GRID8(name, x, q) k_grid64_loads(iq1s_grid, name##_index4(x, 2 * (q)), name##_index4(x, 2 * (q) + 1))
 INLINE __m512i k_iq1_values(__m512i g, uint32_t neg8) {
@@ -1694,21 +1694,18 @@ INLINE void dec_iq1_s(const void *xb, wKs *W) {
         W->v[q] = k_iq1_values(IQ1_GRID8(iq1_s, x, q), (x->qh[2 * q] >> 15) * 0x0fu | (x->qh[2 * q + 1] >> 15) * 0xf0u);
     const __m128i s = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)x->qh), 12), _mm_set1_epi16(7));
     const __m128i odd = _mm_add_epi16(_mm_add_epi16(s, s), _mm_set1_epi16(1));
-    W->dsc = k_grid_dsc((uint64_t)_mm_cvtsi128_si64(_mm_packus_epi16(odd, odd)), 0.125f * _cvtsh_ss(x->d));
+    W->dsc = k_grid_dsc((uint64_t)_mm_cvtsi128_si64(_mm_packus_epi16(odd, odd)), GRID_DMUL_iq1_s * _cvtsh_ss(x->d));
     W->nmin = _mm512_setzero_ps();
 }
 
-/* IQ1_M: the delta signs of points 8 q .. 8 q + 7 are bit 3 of each nibble of qh[4 q .. 4 q + 3];
- * the 16 3-bit s of the scale words (pext of their low 12 bits, then a byte each) */
+/* IQ1_M: the delta signs of points 8 q .. 8 q + 7 are bit 3 of each nibble of qh[4 q .. 4 q + 3] */
 INLINE void dec_iq1_m(const void *xb, wKs *W) {
     const block_iq1_m *x = xb;
     for (int q = 0; q < 4; q++) W->v[q] = k_iq1_values(IQ1_GRID8(iq1_m, x, q), _pext_u32(ld32(x->qh + 4 * q), 0x88888888u));
-    uint64_t words;
-    memcpy(&words, x->scales, 8);
-    const uint64_t f = _pext_u64(words, 0x0fff0fff0fff0fffull);   /* 16 fields of 3 bits */
-    const __m128i s = _mm_set_epi64x((long long)_pdep_u64(f >> 24, 0x0707070707070707ull),
-                                     (long long)_pdep_u64(f, 0x0707070707070707ull));
-    W->dsc = k_grid_dsc16(_mm_add_epi8(_mm_add_epi8(s, s), _mm_set1_epi8(1)), 0.125f * _cvtsh_ss(iq1_m_d(x)));
+    uint64_t s16[2];
+    iq1_m_s16(x, s16);
+    const __m128i s = _mm_set_epi64x((long long)s16[1], (long long)s16[0]);
+    W->dsc = k_grid_dsc16(_mm_add_epi8(_mm_add_epi8(s, s), _mm_set1_epi8(1)), GRID_DMUL_iq1_m * _cvtsh_ss(iq1_m_d(x)));
     W->nmin = _mm512_setzero_ps();
 }
 
