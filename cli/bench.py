@@ -13,7 +13,7 @@ from rich.table import Table
 from pyllm.errors import InvalidArgumentError
 
 from .common import handle_errors, model_path
-from .options import MlockOpt, NoMmapOpt, file_kwargs
+from .options import MlockOpt, NoMmapOpt, NoRepackOpt, file_kwargs
 from .options import CacheTypeK, CacheTypeV, LoraOpt, LoraScaledOpt, lora_specs
 
 
@@ -50,6 +50,7 @@ def bench(
                                     "model measured in turn)"),
     no_mmap: NoMmapOpt = False,
     mlock: MlockOpt = False,
+    no_repack: NoRepackOpt = False,
     n_prompt: str = typer.Option("512", "-p", "--n-prompt", help="prompt lengths to prefill (list: 128,512)"),
     n_gen: str = typer.Option("128", "-n", "--n-gen", help="tokens to decode (list allowed)"),
     prompt_gen: list[str] = typer.Option([], "-pg", help="PP,TG: prefill PP tokens then decode TG, tokens/s over "
@@ -85,7 +86,7 @@ def bench(
         tests = [("pp", n) for n in _ints(n_prompt, "--n-prompt") if n > 0] + \
                 [("tg", n) for n in _ints(n_gen, "--n-gen") if n > 0] + [("pg", pg) for pg in _pairs(prompt_gen)]
         depths = _ints(depth, "--n-depth") or [0]
-        measured = [measure(path, tests, depths, thread_list, reps, ttft_prompt, profile, no_mmap, mlock,
+        measured = [measure(path, tests, depths, thread_list, reps, ttft_prompt, profile, no_mmap, mlock, no_repack,
                             cache_type_k, cache_type_v, lora_specs(lora, lora_scaled)) for path in paths]
         from pyllm import bench as B
         machine_bw = {nt: B.memory_bandwidth(nt) for nt in thread_list} if membw else {}
@@ -108,7 +109,7 @@ def bench(
 
 
 def measure(path: str, tests, depths: list[int], thread_list: list[int], reps: int, ttft_prompt: int, profile: bool,
-            no_mmap: bool, mlock: bool, cache_type_k: str, cache_type_v: str, lora) -> tuple[dict, list, dict]:
+            no_mmap: bool, mlock: bool, no_repack: bool, cache_type_k: str, cache_type_v: str, lora) -> tuple[dict, list, dict]:
     """(the model's facts, a Result per test, depth and thread count, the per-thread-count extras)."""
     from pyllm import Model, bench as B
     from pyllm.backend.cpu import kernel_level
@@ -117,7 +118,7 @@ def measure(path: str, tests, depths: list[int], thread_list: list[int], reps: i
     rows, extra, info = [], {}, {}
     for nt in thread_list:
         with Model(path, n_ctx=n_ctx, n_threads=nt, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
-                   **file_kwargs(no_mmap, mlock), lora=lora) as m:
+                   **file_kwargs(no_mmap, mlock, no_repack=no_repack), lora=lora) as m:
             info = {"model": m.path.name, "size_mb": round(m.file.weight_bytes / 1e6, 1),
                     "params_m": round(m.file.n_params / 1e6, 1), "types": m.file.type_histogram(),
                     "kernels": kernel_level(), "backend": "CPU" if m.plan is None else "GPU+CPU",

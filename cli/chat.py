@@ -22,7 +22,7 @@ from pyllm.errors import InvalidArgumentError, PyllmError
 from pyllm.reasoning import ANSWER, THINKING
 
 from .common import created_messages, err, handle_errors, image_file, images_in, media_file, model_path
-from .options import ImageMaxTokensOpt, ImageMinTokensOpt, MlockOpt, MmprojOpt, NoMmapOpt
+from .options import ImageMaxTokensOpt, ImageMinTokensOpt, MlockOpt, MmprojOpt, NoMmapOpt, NoRepackOpt
 from .options import OverrideKvOpt, file_kwargs
 from .options import RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt
 from .options import TemplateKwargsOpt, template_kwargs
@@ -412,6 +412,7 @@ def kept_history(interactive: bool) -> Iterator[None]:
 def chat(
     model: ModelOpt = None,
     no_mmap: NoMmapOpt = False,
+    no_repack: NoRepackOpt = False,
     mlock: MlockOpt = False,
     override_kv: OverrideKvOpt = [],
     rope_scaling: RopeScalingOpt = None,
@@ -497,7 +498,7 @@ def chat(
         with Model(path, n_ctx=ctx_size, n_threads=threads, chat_template=template,
                    chat_template_kwargs=template_kwargs(chat_template_kwargs),
                    **file_kwargs(no_mmap, mlock, override_kv, rope_scaling, rope_scale, rope_freq_base,
-                                 rope_freq_scale, yarn_orig_ctx),
+                                 rope_freq_scale, yarn_orig_ctx, no_repack),
                    n_gpu_layers=n_gpu_layers, cache_type_k=cache_type_k,
                    cache_type_v=cache_type_v, think=think, lora=lora_specs(lora, lora_scaled), mmproj=mmproj,
                    image_min_tokens=image_min_tokens, image_max_tokens=image_max_tokens,

@@ -90,6 +90,8 @@ AudioOpt = Annotated[list[str], typer.Option(
 
 NoMmapOpt = Annotated[bool, typer.Option("--no-mmap", help="read the model into memory instead of mapping "
                                          "the file (llama.cpp's)")]
+NoRepackOpt = Annotated[bool, typer.Option("--no-repack", help="keep the weights in the file's order: no copy into "
+                                           "the order decode reads fastest (llama.cpp's --no-repack)")]
 MlockOpt = Annotated[bool, typer.Option("--mlock", help="keep the model in RAM, never paged out (needs the "
                                         "memory-lock limit, ulimit -l)")]
 OverrideKvOpt = Annotated[list[str], typer.Option(
@@ -120,10 +122,11 @@ YarnOrigCtxOpt = Annotated[Optional[int], typer.Option(
 
 def file_kwargs(no_mmap: bool, mlock: bool, override_kv: list[str] = (), rope_scaling: Optional[str] = None,
                 rope_scale: Optional[float] = None, rope_freq_base: Optional[float] = None,
-                rope_freq_scale: Optional[float] = None, yarn_orig_ctx: Optional[int] = None) -> dict[str, Any]:
-    """Model's keywords for how the file is read: --no-mmap, --mlock, and the metadata overrides of
-    --override-kv and the RoPE flags."""
-    return {"use_mmap": not no_mmap, "use_mlock": mlock, "override_kv": {
+                rope_freq_scale: Optional[float] = None, yarn_orig_ctx: Optional[int] = None,
+                no_repack: bool = False) -> dict[str, Any]:
+    """Model's keywords for how the file is read: --no-mmap, --mlock, --no-repack, and the metadata
+    overrides of --override-kv and the RoPE flags."""
+    return {"use_mmap": not no_mmap, "use_mlock": mlock, "repack": not no_repack, "override_kv": {
         **overrides_of(list(override_kv)),
         **rope_overrides(rope_scaling, rope_scale, rope_freq_base, rope_freq_scale, yarn_orig_ctx)}}
 

@@ -10,7 +10,7 @@ import typer
 from pyllm.errors import InvalidArgumentError
 
 from .common import created_model, err, handle_errors, model_path
-from .options import ImageMaxTokensOpt, ImageMinTokensOpt, MlockOpt, MmprojOpt, NoMmapOpt
+from .options import ImageMaxTokensOpt, ImageMinTokensOpt, MlockOpt, MmprojOpt, NoMmapOpt, NoRepackOpt
 from .options import OverrideKvOpt, file_kwargs
 from .options import RopeFreqBaseOpt, RopeFreqScaleOpt, RopeScaleOpt, RopeScalingOpt, YarnOrigCtxOpt
 from .options import CacheTypeK, CacheTypeV, CtxSize, ModelOpt, NGpuLayers, TemplateOpt, Think, Threads, template_arg
@@ -46,6 +46,7 @@ def api_keys_of(keys: Optional[str], file: Optional[str]) -> list[str]:
 def serve(
     model: ModelOpt = None,
     no_mmap: NoMmapOpt = False,
+    no_repack: NoRepackOpt = False,
     mlock: MlockOpt = False,
     override_kv: OverrideKvOpt = [],
     rope_scaling: RopeScalingOpt = None,
@@ -138,7 +139,7 @@ def serve(
             raise InvalidArgumentError("HTTPS needs both --ssl-key-file and --ssl-cert-file")
         tls = None if ssl_cert_file is None else (ssl_cert_file, ssl_key_file)
         reading = file_kwargs(no_mmap, mlock, override_kv, rope_scaling, rope_scale, rope_freq_base, rope_freq_scale,
-                              yarn_orig_ctx)
+                              yarn_orig_ctx, no_repack)
 
         path = model_path(model)
 

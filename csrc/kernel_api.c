@@ -58,6 +58,7 @@ int pyllm_kernel_provided(int isa, int kind, int type) {
     case 2: return type_info(type) && own.gemv[type] != NULL;
     case 3: return type >= 0 && type <= ACT_Q8_K && own.quantize_act[type] != NULL;
     case 4: return type_info(type) && own.gemm[type] != NULL;
+    case 6: return type_info(type) && own.gemv4[type] != NULL;
     case 5: /* vector math, type = pyllm_kernel_vmath's which */
         switch (type) {
         case 0: return own.glu_silu != NULL;
@@ -132,6 +133,29 @@ int pyllm_kernel_gemm(int isa, int type, int64_t n, const void *w, size_t row_by
         if (pyllm_kernel_gemv(isa, type, n, w, row_bytes, nrows, (const char *)a + (size_t)c * a_stride,
                               out + (size_t)c * out_stride) != 0)
             return -1;
+    return 0;
+}
+
+int pyllm_kernel_gemv4(int isa, int kind, int type, int64_t n, const void *w, int nrows, const void *a, float *out) {
+    const kernel_table *t = dispatch_table_ready(isa);
+    if (!t || !check_row(type, n) || !w || !a || !out || nrows < 0 || (kind != 0 && kind != 1)) return -1;
+    const size_t rb = weight_row_bytes(type, n);
+    if (t->gemv4[type]) {
+        t->gemv4[type](n, w, rb, nrows, a, out);
+        return 0;
+    }
+    if (kind == 1) return -1;
+    uint8_t *plain = malloc(4 * rb);
+    if (!plain) return -1;
+    for (int r = 0; r < nrows; r += 4) {   /* as the matmul does: each group copied out, then gemv */
+        const int rows = nrows - r < 4 ? nrows - r : 4;
+        rows4_move(type, n, (const uint8_t *)w + (size_t)r * rb, plain, rows, 0);
+        if (pyllm_kernel_gemv(isa, type, n, plain, rb, rows, a, out + r) != 0) {
+            free(plain);
+            return -1;
+        }
+    }
+    free(plain);
     return 0;
 }
 

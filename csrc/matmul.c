@@ -40,6 +40,7 @@
 #define DECODE_CHUNK 32   /* rows per chunk with one token */
 #define PREFILL_TILE 64   /* rows per tile with many tokens */
 #define MIN_TILE 16
+#define ROWS4_COPY_BYTES ((size_t)2 << 20) /* the scratch a ROWS4 chunk is copied out into */
 #define SEG_BITS 16 /* the op's 64-bit counter: one 16-bit count per decode segment */
 #define MAX_SEGS 4
 #ifndef GEMV_MAX_ROWS
@@ -65,6 +66,43 @@ void gemm_rows(int type, int64_t n, const uint8_t *w, size_t row_bytes, int nrow
         gemv_rows(type, n, w, row_bytes, nrows, a + (size_t)t * a_stride, out + (size_t)t * out_stride);
 }
 
+/* ---- the ROWS4 layout (quants.h) ---- */
+
+/* whether rows of n elements of `type` can be in the ROWS4 layout: whole blocks, and a tile of them
+ * fits the scratch a prefill copies them out into */
+int rows4_fits(int type, int64_t n) {
+    const type_traits *t = type_info(type);
+    return t && n > 0 && n % t->block_size == 0 &&
+           (int64_t)weight_row_bytes(type, n) * PREFILL_TILE <= (int64_t)ROWS4_COPY_BYTES;
+}
+
+/* ROWS4 pays where the level's gemv reads it directly: copying each group out for a gemv
+ * measured slower than the plain layout (per-unit copies; SmolLM2 Q4_1 decode 149 -> 70 tok/s) */
+int pyllm_rows4_supported(int type, int64_t n) {
+    dispatch_level();   /* K set up */
+    return rows4_fits(type, n) && K.gemv4[type] != NULL;
+}
+
+int pyllm_repack_rows4(int type, const void *w, void *dst, int64_t n_rows, int64_t n) {
+    if (!rows4_fits(type, n) || n_rows < 0 || !w || !dst) return -1;
+    rows4_move(type, n, w, dst, n_rows, 1);
+    return 0;
+}
+
+/* element row `row` of a ROWS4 matrix (n_rows x n) into out, as floats (EMBED) */
+void rows4_dequant_row(int type, int64_t n, const uint8_t *w, int64_t n_rows, int64_t row, float *out) {
+    const size_t rb = weight_row_bytes(type, n);
+    if (row >= n_rows / 4 * 4) {
+        K.dequant[type](w + (size_t)row * rb, out, n);
+        return;
+    }
+    const int64_t unit = rows4_unit(type_info(type)->block_size);
+    const size_t ub = weight_row_bytes(type, unit);
+    const uint8_t *group = w + (size_t)(row / 4) * 4 * rb;
+    for (int64_t i = 0; i < n; i += unit)
+        K.dequant[type](rows4_at(group, rb, ub, (int)(row % 4), (size_t)(i / unit) * ub), out + i, n - i < unit ? n - i : unit);
+}
+
 /* rows per chunk: big enough to amortize a call, small enough to balance the threads */
 static int chunk_rows(int64_t n_out, int rows, int nth) {
     int c = rows == 1 ? DECODE_CHUNK : PREFILL_TILE;
@@ -73,6 +111,8 @@ static int chunk_rows(int64_t n_out, int rows, int nth) {
 }
 
 int64_t matmul_scratch_floats(int64_t rows) { return rows * PREFILL_TILE; }
+
+size_t matmul_rows4_bytes(void) { return ROWS4_COPY_BYTES; }
 
 /* decode: the next chunk for a thread whose own segment is `home`, or -1
  * when every chunk is taken; *left counts the segments it has found empty
@@ -102,6 +142,8 @@ void op_matmul(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     const int chunk = chunk_rows(op->n_out, by_gemv ? 1 : r->rows, nth);
     const int64_t n_chunks = (op->n_out + chunk - 1) / chunk;
     float *part = r->scratch; /* [rows][chunk] */
+    const int rows4 = (op->flags & OPF_ROWS4) != 0;
+    uint8_t *plain = (uint8_t *)(part + matmul_scratch_floats(r->rows)); /* a ROWS4 chunk copied out */
     const int nseg = nth < MAX_SEGS ? nth : MAX_SEGS;
     const int streams = !by_gemv && r->rows <= K.gemm_streams[type]; /* gemm as a gemv of several rows */
     const int segmented = (by_gemv || streams) && n_chunks / nseg + 1 + nth < (1 << SEG_BITS) - 1;
@@ -115,14 +157,24 @@ void op_matmul(const pyllm_op *op, const op_rows *r, int ith, int nth) {
         const int64_t c0 = ci * chunk;
         const int nrows = (int)(op->n_out - c0 < chunk ? op->n_out - c0 : chunk);
         const uint8_t *w = (const uint8_t *)op->w + (size_t)c0 * row_bytes;
+        const int direct4 = rows4 && by_gemv && K.gemv4[type];   /* else the chunk's rows are copied out */
+        if (rows4 && !direct4) {
+            rows4_move(type, n, w, plain, nrows, 0);
+            w = plain;
+        }
         const float *b = op->bias ? op->bias + c0 : NULL;
         /* with nothing to add, the products go straight into y; else into part first */
         const int direct = !accumulate && !b;
         float *dst = direct ? op->y + c0 : part;
         if (by_gemv) /* the chunk's weights stay in cache from one activation row to the next */
-            for (int t = 0; t < r->rows; t++)
-                gemv_rows(type, n, w, row_bytes, nrows, act_base + (size_t)t * act_bytes,
-                          dst + (size_t)t * (direct ? (size_t)op->y_stride : (size_t)nrows));
+            for (int t = 0; t < r->rows; t++) {
+                const uint8_t *a = act_base + (size_t)t * act_bytes;
+                float *o = dst + (size_t)t * (direct ? (size_t)op->y_stride : (size_t)nrows);
+                if (direct4)
+                    K.gemv4[type](n, w, row_bytes, nrows, a, o);
+                else
+                    gemv_rows(type, n, w, row_bytes, nrows, a, o);
+            }
         else
             gemm_rows(type, n, w, row_bytes, nrows, act_base, act_bytes, r->rows, dst,
                       direct ? (size_t)op->y_stride : (size_t)nrows);

@@ -29,9 +29,12 @@ void op_embed(const pyllm_op *op, const op_rows *r, int ith, int nth) {
             continue;
         }
         if (op->flags & OPF_MEDIA_ONLY) continue;
-        const uint8_t *row = (const uint8_t *)op->w + (size_t)(ids[t] < 0 ? 0 : ids[t]) * row_bytes;
+        const int64_t id = ids[t] < 0 ? 0 : ids[t];
         float *e = op->flags & OPF_ACCUMULATE ? r->scratch : y;   /* added to y below */
-        K.dequant[op->type](row, e, op->n_in);
+        if (op->flags & OPF_ROWS4)
+            rows4_dequant_row(op->type, op->n_in, op->w, op->n_out, id, e);
+        else
+            K.dequant[op->type]((const uint8_t *)op->w + (size_t)id * row_bytes, e, op->n_in);
         if (op->scale != 1.0f)
             for (int64_t i = 0; i < op->n_in; i++) e[i] *= op->scale;
         if (e != y)

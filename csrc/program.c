@@ -108,6 +108,8 @@ static int check_op(const pyllm_op *op) {
         if (op->n_in <= 0 || op->n_in % tt->block_size)
             return fail("row length %lld is not a whole number of %s blocks", (long long)op->n_in, tt->name);
         if (op->n_out <= 0 || !op->w || !op->y) return fail("missing weights, output or size");
+        if ((op->flags & OPF_ROWS4) && !rows4_fits(op->type, op->n_in))
+            return fail("%s rows of %lld cannot be in the ROWS4 layout", tt->name, (long long)op->n_in);
         if (op->kind == OP_MATMUL) {
             if (tt->act == ACT_F32 ? !op->x : !op->xq) return fail("matmul input missing");
             if (tt->act == ACT_F32 && op->x_stride < op->n_in) return fail("input stride below row length");
@@ -325,6 +327,12 @@ static int check_step(const pyllm_op *ops, int n_ops, const pyllm_step *st) {
     if (st->n_out < 1 || st->n_out > st->n_tokens) return fail("n_out %d outside 1..%d", st->n_out, st->n_tokens);
     if (matmul_scratch_floats(st->n_tokens) > SCRATCH_FLOATS)
         return fail("a step of %d tokens is more than the core's scratch holds", st->n_tokens);
+    for (int i = 0; i < n_ops; i++)
+        if (ops[i].kind == OP_MATMUL && (ops[i].flags & OPF_ROWS4) &&
+            (size_t)matmul_scratch_floats(st->n_tokens) * sizeof(float) + matmul_rows4_bytes() >
+                SCRATCH_FLOATS * sizeof(float))
+            return fail("a step of %d tokens is more than the core's scratch holds with repacked weights",
+                        st->n_tokens);
     if (!st->tokens || !st->pos) return fail("missing tokens or positions");
     if (st->block_size < 1 || st->block_size > MAX_KV_BLOCK || !st->block_table || st->n_table < 1)
         return fail("missing KV block table, or blocks of %d positions (at most %d)", st->block_size, MAX_KV_BLOCK);

@@ -116,9 +116,10 @@ enum pyllm_op_flags {
     OPF_MEDIA_ONLY = 8192,   /* EMBED (with OPF_ACCUMULATE): a text row is left as it is; a media row adds its
                                 columns media_col .. media_col + n_in (Qwen 3 VL's DeepStack: an image's
                                 features of deeper encoder layers, added after the first layers) */
-    OPF_ROPE_INTERLEAVED = 16384 /* ROPE: M-RoPE's sections interleaved (Qwen 3 VL): pair i turns by the height's
+    OPF_ROPE_INTERLEAVED = 16384, /* ROPE: M-RoPE's sections interleaved (Qwen 3 VL): pair i turns by the height's
                                     position if i % 3 == 1 and i < 3 s1, the width's if i % 3 == 2 and
                                     i < 3 s2, else by the time's */
+    OPF_ROWS4 = 32768        /* MATMUL, EMBED: w is in the ROWS4 layout (pyllm_repack_rows4) */
 };
 
 /* GLU_SWIGLU_OAI (gpt-oss): g' = min(g, c), y = g' sigmoid(a g') (clamp(u, -c, c) + 1), a = scale, c = softcap;
@@ -250,7 +251,7 @@ int pyllm_type_act(int type);           /* activation format a weight type's dot
 size_t pyllm_act_row_bytes(int act, int64_t n);
 /* does level `isa` itself provide this kernel (kind: 0 dequant, 1 vec_dot, 2 gemv, 3 quantize_act,
  * 4 gemm, 5 vector math with type = pyllm_kernel_vmath's which, or 5 for wsum_many_f32, 6 for
- * wsum_many_f16, 8 for ssm_scan_row, 9 for wsum_many_q8_0)? */
+ * wsum_many_f16, 8 for ssm_scan_row, 9 for wsum_many_q8_0; 6 gemv4, the ROWS4 gemv)? */
 int pyllm_kernel_provided(int isa, int kind, int type);
 /* run one kernel of one level; 0 on success, -1 if unsupported */
 int pyllm_kernel_dequant(int isa, int type, const void *w, float *out, int64_t n);
@@ -261,6 +262,16 @@ int pyllm_kernel_gemv(int isa, int type, int64_t n, const void *w, size_t row_by
 /* out[t*out_stride + r] for r < nrows, t < ncols (the level's gemm, else its gemv per column) */
 int pyllm_kernel_gemm(int isa, int type, int64_t n, const void *w, size_t row_bytes, int nrows, const void *a,
                       size_t a_stride, int ncols, float *out, size_t out_stride);
+/* level isa's gemv over rows in the ROWS4 layout: its gemv4, or (kind 0) the matmul's way without one,
+ * each group copied out and run through gemv; w starts at a group; -1 if it has no gemv4 (kind 1) */
+int pyllm_kernel_gemv4(int isa, int kind, int type, int64_t n, const void *w, int nrows, const void *a, float *out);
+
+/* ---- the ROWS4 layout: weights repacked for decode (csrc/quants.h) ---- */
+/* whether rows of n elements of `type` are worth repacking: the layout takes them and the running
+ * level's gemv reads it directly (pyllm_repack_rows4 takes any that fit the layout) */
+int pyllm_rows4_supported(int type, int64_t n);
+/* writes the n_rows x n matrix w to dst (as many bytes) in the ROWS4 layout; -1 if not supported */
+int pyllm_repack_rows4(int type, const void *w, void *dst, int64_t n_rows, int64_t n);
 /* the float helpers of attention and the KV cache, by `which`:
  *   0 f32_to_f16(a=float[n]) -> out=f16[n]     1 f16_to_f32(a=f16[n]) -> out=float[n]
  *   2 dot_f16_f32(a=f16[n], b=float[n]) -> out=float[1]

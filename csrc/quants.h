@@ -340,6 +340,34 @@ static inline void gemv_prefetch_step(const gemv_pf *pf, int R, uintptr_t at, si
     for (int r = 0; r < R; r++) prefetch_lines(a + r * pf->rb, step);
 }
 
+/* The ROWS4 layout: an optional repacking of a weight matrix for decode
+ * (pyllm_repack_rows4, made at load where it pays; DESIGN.md's "repacking
+ * for speed"). The rows are taken in groups of 4 and each row is cut into
+ * units of rows4_unit(type) elements (whole blocks; a row's last unit may be
+ * shorter). A group holds its 4 rows' bytes with the units interleaved:
+ * unit 0 of rows 0, 1, 2, 3, then unit 1 of each, and so on; the rows after
+ * the last whole group stay as they are. A group takes the 4 rows' place, so
+ * a chunk of rows that starts at a multiple of 4 starts a group.
+ * Why: a gemv reads 4 rows side by side, and in the plain layout those are 4
+ * streams a row apart; a core's hardware prefetcher follows one stream far
+ * better than 4 (on Zen 4, 4 side-by-side rows streamed at 10-17 GB/s
+ * against 24 for one: benchmarks/bench_kernels.py, gemv_cold). In ROWS4 the
+ * same reads are one stream, front to back. The bytes are only moved, so a
+ * row's results are the plain layout's, bit for bit. */
+/* a super-block for the K-quants (AVX-512's gemv4 reads one per row in turn), else 512 elements
+ * (the 16 blocks of the 32-element formats' hex step) */
+static inline int64_t rows4_unit(int block_size) { return block_size >= QK_K ? block_size : 512 - 512 % block_size; }
+
+/* row r's unit at byte offset off of a ROWS4 group of rows of rb bytes, units of ub bytes */
+static inline const uint8_t *rows4_at(const uint8_t *group, size_t rb, size_t ub, int r, size_t off) {
+    const size_t len = rb - off < ub ? rb - off : ub;
+    return group + 4 * off + (size_t)r * len;
+}
+
+/* copies nrows rows of n elements of `type` between the plain layout and ROWS4 (quants.c):
+ * to_rows4 = 1 reads plain and writes ROWS4, 0 the reverse; src and dst start at a group */
+void rows4_move(int type, int64_t n, const uint8_t *src, uint8_t *dst, int64_t nrows, int to_rows4);
+
 /* DETERMINISM CONTRACT (every level, every type; tests/test_kernels.py checks
  * it with exact equality). Within one level's table, the float result for a
  * (weight row, activation row) pair depends only on the row bytes, the
@@ -368,6 +396,8 @@ typedef struct {
     gemm_fn gemm[T_COUNT];
     int gemm_streams[T_COUNT];     /* up to this many activation rows, gemm streams the weights once as gemv
                                       does (cheaper than a gemv per row): matmul.c then takes it for 2 rows too */
+    gemv_fn gemv4[T_COUNT];        /* gemv over weights in the ROWS4 layout (below), exactly gemv's results;
+                                      NULL: matmul.c copies each group out of it and runs gemv */
     quantize_fn quantize_act[3];   /* by ACT_*; ACT_F32 entry is a plain copy */
     /* float helpers used by attention and the KV cache */
     void (*f32_to_f16)(const float *restrict x, f16_t *restrict out, int64_t n);

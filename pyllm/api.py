@@ -97,6 +97,10 @@ class Model:
     file's, as llama.cpp's --override-kv (e.g. {"tokenizer.ggml.add_bos_token": False}).
     use_mmap False reads the file into memory instead of mapping it (--no-mmap);
     use_mlock locks its bytes in RAM (--mlock; `locked` says whether the system let it).
+    repack False keeps the CPU's weights as the file has them (--no-repack): by default the
+    matrices the CPU runs are copied at load into an order a decode step reads in one stream
+    (the same results, bit for bit; faster where the CPU's prefetcher follows one stream better
+    than several, as on AMD Zen 4; it costs their size in memory and a moment at load).
     mmproj: the model's vision projector (llama.cpp's --mmproj), for prompts with images;
     image_min_tokens / image_max_tokens: the fewest and most rows an image becomes where the
     projector sizes images itself (Qwen VL, Gemma 4, Pixtral, LFM2; --image-min/max-tokens).
@@ -115,7 +119,7 @@ class Model:
                  override_kv: Optional[Mapping[str, Any]] = None, use_mmap: bool = True,
                  use_mlock: bool = False, chat_template_kwargs: Optional[Mapping[str, Any]] = None,
                  mmproj: Optional[str | os.PathLike] = None, image_min_tokens: Optional[int] = None,
-                 image_max_tokens: Optional[int] = None):
+                 image_max_tokens: Optional[int] = None, repack: bool = True):
         self.backend = None
         self.vision: Optional[VisionEncoder] = None   # an mmproj file's encoders: images in prompts,
         self.audio: Optional[AudioEncoder] = None     # and sounds
@@ -186,7 +190,8 @@ class Model:
         self.kv_types = (k_type, v_type)
         self.backend, self.plan = make_backend(self.graph, n_threads,
                                                Shape(min(n_batch, n_ctx), n_out, n_blocks, BLOCK_SIZE, k_type, v_type),
-                                               n_gpu_layers, device, embed_on_host=mmproj is not None)
+                                               n_gpu_layers, device, embed_on_host=mmproj is not None,
+                                               repack=repack)
         self.engine = Engine(self.backend, self.tokenizer, n_ctx, min(n_batch, n_ctx), BLOCK_SIZE, n_blocks,
                              recurrent=bool(self.graph.states))
         self._own_slot = Slot(self.engine.new_sequence())   # the conversation, unless a thread holds a slot

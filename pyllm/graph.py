@@ -41,6 +41,7 @@ OPF_V_IN_K, OPF_CHUNKED, OPF_GROUP_WEIGHTS, OPF_KV_GROUPED, OPF_NON_CAUSAL = 64,
 OPF_MEDIA_ZERO, OPF_MEDIA_PAD = 2048, 4096   # EMBED: a media row's id gives zeros / row 0 (the padding token)
 OPF_MEDIA_ONLY = 8192          # EMBED: media rows add their columns media_col.., text rows nothing (DeepStack)
 OPF_ROPE_INTERLEAVED = 16384   # ROPE: M-RoPE's sections interleaved (Qwen 3 VL)
+OPF_ROWS4 = 32768              # MATMUL, EMBED: the weight is repacked in the ROWS4 layout (csrc/quants.h)
 GLU_SILU, GLU_GELU_TANH, GLU_SWIGLU_OAI, GLU_RELU_SQR, GLU_MUL, GLU_RELU, GLU_SIGMOID, GLU_XIELU = 0, 1, 2, 3, 4, 5, 6, 7
 GLU_TANH = 8
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0    # gpt-oss's constants (llama.cpp's too)

@@ -126,6 +126,34 @@ def test_decode_splits_long_context_across_threads(tmp_path, n_threads):
     np.testing.assert_array_equal(batch, np.stack(steps))
 
 
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.IQ2_XS, QT.Q8_0], ids=lambda t: t.name)
+def test_repacked_weights_give_the_same_logits(tmp_path, qtype):
+    """Weights repacked into the ROWS4 layout (where the level reads it: AVX-512's K-quants and
+    i-quants) give the plain layout's logits bit for bit: the tied embedding read as rows (EMBED),
+    prefill (the groups copied out for gemm) and decode (gemv4)."""
+    from pyllm.backend.cpu import HostDevice, rows4_tensors
+    path = synth.write_llama(tmp_path / "r.gguf", qtype, tied=True, n_ff=512)
+    arch = load_architecture(ModelFile(path))
+    g = Graph()
+    arch.build(g)
+    out = {}
+    for repack in (False, True):
+        be = CpuBackend(g, 2, 64, 64, 8, 16, device=HostDevice(2, repack))
+        expect = rows4_tensors(g, be.program.ranges, {}) if repack else set()
+        assert be.program.rows4 == expect
+        assert be.program.memory["repacked"] == sum(t.nbytes for t in be.program.plan.tensors.values()
+                                                    if t.name in expect)
+        tokens = list(range(3, 40))
+        prefill = be.forward(tokens, 0, [0, 1, 2], len(tokens)).copy()
+        steps = [be.forward([t], len(tokens) + i, [0, 1, 2], 1).copy() for i, t in enumerate([5, 9, 11])]
+        out[repack] = np.concatenate([prefill] + steps)
+    if lib.pyllm_rows4_supported(int(qtype), 256):
+        assert "token_embd.weight" in expect and any(".ffn_down." in n for n in expect)
+    else:
+        assert not expect
+    np.testing.assert_array_equal(out[True], out[False])
+
+
 @pytest.mark.parametrize("n_threads", [1, 3])
 def test_thread_counts_agree(tmp_path, n_threads):
     path = synth.write_llama(tmp_path / "n.gguf", QT.Q4_1)

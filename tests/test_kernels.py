@@ -521,6 +521,61 @@ def test_gemv_rows_are_independent(isa, tname):
                 np.testing.assert_array_equal(got, one[s:s + k], err_msg=f"n={n} nrows={k} start={s}")
 
 
+def rows4_unit_bytes(tname):
+    """bytes of a ROWS4 unit (quants.h rows4_unit): a super-block, or 512 elements"""
+    _, bs, tsize, _ = TYPES[tname]
+    return tsize if bs >= 256 else (512 - 512 % bs) // bs * tsize
+
+
+def rows4_by_hand(w, ub):
+    """the ROWS4 layout written out in numpy: groups of 4 rows, their units interleaved"""
+    nrows, rb = w.shape
+    out = [w[nrows // 4 * 4:].reshape(-1)]
+    for g in range(nrows // 4 - 1, -1, -1):
+        out.insert(0, np.concatenate([w[4 * g + q, off:off + ub] for off in range(0, rb, ub) for q in range(4)]))
+    return np.concatenate(out) if out else np.zeros(0, np.uint8)
+
+
+@pytest.mark.parametrize("tname", type_params())
+@pytest.mark.parametrize("isa", level_params(LEVELS))
+def test_rows4_gemv_equals_gemv_exactly(isa, tname):
+    """Weights repacked into ROWS4 (pyllm_repack_rows4, checked against the layout written out by
+    hand) give gemv's results bit for bit: through the level's own gemv4 where it has one, and
+    through the matmul's copy-out otherwise; row counts that leave a last group of 1-3 rows"""
+    rng = np.random.default_rng(14)
+    tid, _, _, act = TYPES[tname]
+    own = lib.pyllm_kernel_provided(isa, 6, tid)
+    for n in det_lengths(tname):
+        for nrows in (4, 7, 13, 32) if n < 8192 else (5,):
+            w, _, a = make_case(tname, n, rng, nrows)
+            rb = w.shape[1]
+            packed = np.zeros(nrows * rb, np.uint8)
+            assert lib.pyllm_repack_rows4(tid, ptr(np.ascontiguousarray(w)), ptr(packed), nrows, n) == 0
+            np.testing.assert_array_equal(packed, rows4_by_hand(w, rows4_unit_bytes(tname)), err_msg=f"n={n}")
+            ref = gemv_call(isa, tname, n, np.ascontiguousarray(w).reshape(-1), rb, nrows, a)
+            for kind in (0, 1):
+                out = np.full(nrows, np.nan, dtype=np.float32)
+                rc = lib.pyllm_kernel_gemv4(isa, kind, tid, n, ptr(packed), nrows, ptr(a), fptr(out))
+                if kind == 1 and not own:
+                    assert rc == -1
+                    continue
+                assert rc == 0
+                np.testing.assert_array_equal(out, ref, err_msg=f"n={n} nrows={nrows} kind={kind}")
+
+
+def test_rows4_gemv_provided():
+    """AVX-512 reads the K-quants' ROWS4 groups itself (the others are copied out)"""
+    assert lib.pyllm_rows4_supported(TYPES["Q4_K"][0], 100) == 0     # not whole super-blocks
+    tid = TYPES["Q4_K"][0]   # worth it where the running level reads it directly
+    assert lib.pyllm_rows4_supported(tid, 256) == bool(lib.pyllm_kernel_provided(lib.pyllm_get_level(), 6, tid))
+    assert lib.pyllm_repack_rows4(TYPES["Q4_K"][0], ffi.NULL, ffi.NULL, 4, 256) == -1
+    if 2 not in LEVELS:
+        pytest.skip("this CPU has no AVX-512")
+    for tname in ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS", "IQ2_XXS", "IQ1_M"):
+        assert lib.pyllm_kernel_provided(2, 6, TYPES[tname][0]), tname
+    assert not lib.pyllm_kernel_provided(2, 6, TYPES["Q8_0"][0])
+
+
 @pytest.mark.parametrize("tname", type_params())
 @pytest.mark.parametrize("isa", level_params(LEVELS))
 def test_gemm_equals_gemv_exactly(isa, tname):

@@ -817,6 +817,22 @@ DEFINE_GRID_STEP(iq1_m)
             out[r + 1] = hsum8(c1);                                                                    \
         }                                                                                              \
         for (; r < nrows; r++, wr += rb) out[r] = vec_dot_##name(n, wr, a);                            \
+    }                                                                                                  \
+    /* gemv over ROWS4 weights (quants.h): a group of 4 rows read front to back, super-block i of     \
+     * row q at 4 i + q; per row the steps of vec_dot, in order */                                     \
+    static void gemv4_##name(int64_t n, const void *restrict w, size_t rb, int nrows,                 \
+                             const void *restrict a, float *restrict out) {                            \
+        const block_q8_K *y = a;                                                                       \
+        const char *wr = w;                                                                            \
+        int r = 0;                                                                                     \
+        for (; r + 4 <= nrows; r += 4, wr += 4 * rb) {                                                 \
+            const block_t *x = (const block_t *)(const void *)wr;                                      \
+            __m256 c[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()}; \
+            for (int64_t i = 0; i < n / QK_K; i++)                                                     \
+                for (int q = 0; q < 4; q++) step_##name(&x[4 * i + q], &y[i], &c[q]);                  \
+            for (int q = 0; q < 4; q++) out[r + q] = hsum8(c[q]);                                      \
+        }                                                                                              \
+        for (; r < nrows; r++, wr += rb) out[r] = vec_dot_##name(n, wr, a);                            \
     }
 
 DEFINE_QK(q2_K, block_q2_K)
@@ -1721,6 +1737,11 @@ void KERNELS_FILL_AVX2(kernel_table *t) {
     SET(T_IQ2_XXS, iq2_xxs) SET(T_IQ2_XS, iq2_xs) SET(T_IQ2_S, iq2_s) SET(T_IQ1_S, iq1_s) SET(T_IQ1_M, iq1_m)
     SET(T_F16, f16) SET(T_BF16, bf16)
 #undef SET
+#define SET4(T, name) t->gemv4[T] = gemv4_##name;
+    SET4(T_Q2_K, q2_K) SET4(T_Q3_K, q3_K) SET4(T_Q4_K, q4_K) SET4(T_Q5_K, q5_K) SET4(T_Q6_K, q6_K)
+    SET4(T_IQ4_XS, iq4_xs) SET4(T_IQ3_S, iq3_s) SET4(T_IQ3_XXS, iq3_xxs)
+    SET4(T_IQ2_XXS, iq2_xxs) SET4(T_IQ2_XS, iq2_xs) SET4(T_IQ2_S, iq2_s) SET4(T_IQ1_S, iq1_s) SET4(T_IQ1_M, iq1_m)
+#undef SET4
     t->gemm[T_Q4_0] = gemm_q4_0;
     t->gemm[T_Q4_1] = gemm_q4_1;
     t->gemm[T_Q5_0] = gemm_q5_0;

@@ -1823,8 +1823,9 @@ _Static_assert(GEMM_FEW_COLS * FEW_QUADS * (sizeof(act4) + sizeof(acth) / 4) <= 
 _Static_assert(GEMM_FEW_COLS * KACT_CHUNK * sizeof(aKs) <= GEMM_SCRATCH, "kfew's activation super-blocks fit the scratch");
 
 #define DEFINE_K512(name, block_t)                                                                          \
-    /* R rows against one activation row (vec_dot, gemv); Ab: the prepared super-blocks or NULL */         \
-    INLINE void krows_##name(const int R, const int vnni, int64_t nsb, const char *w, size_t rb,          \
+    /* R rows against one activation row (vec_dot, gemv); Ab: the prepared super-blocks or NULL;       \
+     * row r's super-block i at w + r rs + i bs (plain: rs = the row's bytes; ROWS4: rs = one block) */  \
+    INLINE void krows_##name(const int R, const int vnni, int64_t nsb, const char *w, size_t rs, size_t bs, \
                              const block_q8_K *y, const aKs *Ab, float *out, const int cont, const gemv_pf *pf) { \
         float sum[4];                                                                                       \
         for (int r = 0; r < R; r++) sum[r] = cont ? out[r] : 0.0f;                                          \
@@ -1836,10 +1837,10 @@ _Static_assert(GEMM_FEW_COLS * KACT_CHUNK * sizeof(aKs) <= GEMM_SCRATCH, "kfew's
                 aKs Al;                                                                                     \
                 const aKs *A = Ab ? &Ab[i] : &Al;                                                           \
                 if (!Ab) act_##name(&y[i], &Al);                                                            \
-                if (pf) gemv_prefetch_step(pf, R, (uintptr_t)(w + i * sizeof(block_t)), i * sizeof(block_t), sizeof(block_t)); \
+                if (pf) gemv_prefetch_step(pf, R, (uintptr_t)(w + i * bs), i * bs, sizeof(block_t));             \
                 for (int r = 0; r < R; r++) {                                                               \
                     wKs W;                                                                                  \
-                    dec_##name((const block_t *)(const void *)(w + r * rb) + i, &W);                        \
+                    dec_##name(w + r * rs + i * bs, &W);                                                    \
                     __m512i d[4];                                                                           \
                     for (int q = 0; q < 4; q++) d[q] = k_dot(vnni, K_SGN_##name, _mm512_setzero_si512(), W.v[q], A->a[q]); \
                     const __m512i isum = _mm512_add_epi32(red4i(d[0], d[1], d[2], d[3]), A->seed);          \
@@ -1858,12 +1859,15 @@ _Static_assert(GEMM_FEW_COLS * KACT_CHUNK * sizeof(aKs) <= GEMM_SCRATCH, "kfew's
     }                                                                                                       \
     INLINE float vec_dot_##name##_impl(const int vnni, int64_t n, const void *w, const void *a) {      \
         float r;                                                                                            \
-        krows_##name(1, vnni, n / QK_K, w, 0, a, NULL, &r, 0, NULL);                                        \
+        krows_##name(1, vnni, n / QK_K, w, 0, sizeof(block_t), a, NULL, &r, 0, NULL);                       \
         return r;                                                                                           \
     }                                                                                                       \
-    INLINE void gemv_##name##_impl(const int vnni, int64_t n, const void *w, size_t rb, int nrows,         \
-                                   const void *a, float *out) {                                             \
+    /* rows4: w in the ROWS4 layout, each group read front to back (no software prefetch: one stream    \
+     * the hardware prefetcher follows, which measured a little faster without) */                          \
+    INLINE void kgemv_##name(const int vnni, const int rows4, int64_t n, const void *w, size_t rb, int nrows, \
+                             const void *a, float *out) {                                                   \
         const block_q8_K *y = a;                                                                            \
+        const size_t bsz = sizeof(block_t);                                                                 \
         const int64_t nsb = n / QK_K;                                                                       \
         aKs Ab[KACT_CHUNK];                                                                                 \
         if (nsb <= 0)                                                                                       \
@@ -1871,13 +1875,29 @@ _Static_assert(GEMM_FEW_COLS * KACT_CHUNK * sizeof(aKs) <= GEMM_SCRATCH, "kfew's
         for (int64_t c0 = 0; c0 < nsb; c0 += KACT_CHUNK) {                                                  \
             const int64_t cb = nsb - c0 < KACT_CHUNK ? nsb - c0 : KACT_CHUNK;                               \
             for (int64_t i = 0; i < cb; i++) act_##name(&y[c0 + i], &Ab[i]);                                \
-            const char *p = (const char *)w + (size_t)c0 * sizeof(block_t);                                 \
-            const size_t len = (size_t)cb * sizeof(block_t);                                                \
+            const char *p = (const char *)w + (size_t)c0 * bsz;                                             \
+            const size_t len = (size_t)cb * bsz;                                                            \
             const gemv_pf pf4 = gemv_prefetch_plan(4, rb, len), pf1 = gemv_prefetch_plan(1, rb, len);       \
             int r = 0;                                                                                      \
-            for (; r + 4 <= nrows; r += 4, p += 4 * rb) krows_##name(4, vnni, cb, p, rb, NULL, Ab, out + r, c0 > 0, &pf4); \
-            for (; r < nrows; r++, p += rb) krows_##name(1, vnni, cb, p, rb, NULL, Ab, out + r, c0 > 0, &pf1); \
+            for (; r + 4 <= nrows; r += 4, p += 4 * rb)                                                     \
+                if (rows4)                                                                                  \
+                    krows_##name(4, vnni, cb, p + 3 * c0 * bsz, bsz, 4 * bsz, NULL, Ab, out + r, c0 > 0, NULL); \
+                else                                                                                        \
+                    krows_##name(4, vnni, cb, p, rb, bsz, NULL, Ab, out + r, c0 > 0, &pf4);                 \
+            for (; r < nrows; r++, p += rb) krows_##name(1, vnni, cb, p, rb, bsz, NULL, Ab, out + r, c0 > 0, &pf1); \
         }                                                                                                   \
+    }                                                                                                       \
+    INLINE void gemv_##name##_impl(const int vnni, int64_t n, const void *w, size_t rb, int nrows,         \
+                                   const void *a, float *out) {                                             \
+        kgemv_##name(vnni, 0, n, w, rb, nrows, a, out);                                                     \
+    }                                                                                                       \
+    static void gemv4_##name##_vnni(int64_t n, const void *restrict w, size_t rb, int nrows,               \
+                                    const void *restrict a, float *restrict out) {                          \
+        kgemv_##name(1, 1, n, w, rb, nrows, a, out);                                                        \
+    }                                                                                                       \
+    static void gemv4_##name##_bw(int64_t n, const void *restrict w, size_t rb, int nrows,                 \
+                                  const void *restrict a, float *restrict out) {                            \
+        kgemv_##name(0, 1, n, w, rb, nrows, a, out);                                                        \
     }                                                                                                       \
     /* gemm: R rows x T activation rows over one group of nsb super-blocks from the buffers               \
      * (row r's super-blocks at W + r * nsb, activation row t's at A + t * nsb) */                          \
@@ -2398,6 +2418,14 @@ static void f16_to_f32_rows(const f16_t *restrict x, int64_t x_stride, int rows,
 
 /* ------------------------------------------------------------------ */
 
+/* the K-quants' gemv over ROWS4 weights (quants.h), _vnni or _bw */
+#define SET_GEMV4(v)                                                                                       \
+    t->gemv4[T_Q4_K] = gemv4_q4_K_##v, t->gemv4[T_Q5_K] = gemv4_q5_K_##v, t->gemv4[T_Q6_K] = gemv4_q6_K_##v; \
+    t->gemv4[T_Q2_K] = gemv4_q2_K_##v, t->gemv4[T_Q3_K] = gemv4_q3_K_##v, t->gemv4[T_IQ4_XS] = gemv4_iq4_xs_##v; \
+    t->gemv4[T_IQ3_S] = gemv4_iq3_s_##v, t->gemv4[T_IQ3_XXS] = gemv4_iq3_xxs_##v;                          \
+    t->gemv4[T_IQ2_XXS] = gemv4_iq2_xxs_##v, t->gemv4[T_IQ2_XS] = gemv4_iq2_xs_##v, t->gemv4[T_IQ2_S] = gemv4_iq2_s_##v; \
+    t->gemv4[T_IQ1_S] = gemv4_iq1_s_##v, t->gemv4[T_IQ1_M] = gemv4_iq1_m_##v;
+
 void kernels_fill_avx512(kernel_table *t) {
     if (pyllm_avx512_vnni) {
 #define SET(T, name)                          \
@@ -2410,6 +2438,7 @@ void kernels_fill_avx512(kernel_table *t) {
         SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s) SET(T_IQ3_XXS, iq3_xxs)
         SET(T_IQ2_XXS, iq2_xxs) SET(T_IQ2_XS, iq2_xs) SET(T_IQ2_S, iq2_s) SET(T_IQ1_S, iq1_s) SET(T_IQ1_M, iq1_m)
 #undef SET
+        SET_GEMV4(vnni)
         for (int T = 0; T < T_COUNT; T++) t->gemm_streams[T] = t->gemm[T] && T != T_F32 && T != T_F16 && T != T_BF16 ? GEMM_FEW_COLS : 0;
     } else {
 #define SET(T, name)                        \
@@ -2422,6 +2451,7 @@ void kernels_fill_avx512(kernel_table *t) {
         SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s) SET(T_IQ3_XXS, iq3_xxs)
         SET(T_IQ2_XXS, iq2_xxs) SET(T_IQ2_XS, iq2_xs) SET(T_IQ2_S, iq2_s) SET(T_IQ1_S, iq1_s) SET(T_IQ1_M, iq1_m)
 #undef SET
+        SET_GEMV4(bw)
         /* without VNNI only the K-quants' gemm has the streaming path (few_* is VNNI's) */
         t->gemm_streams[T_Q4_K] = t->gemm_streams[T_Q5_K] = t->gemm_streams[T_Q6_K] = GEMM_FEW_COLS;
         t->gemm_streams[T_Q2_K] = t->gemm_streams[T_Q3_K] = t->gemm_streams[T_IQ4_XS] = GEMM_FEW_COLS;

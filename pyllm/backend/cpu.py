@@ -21,7 +21,7 @@ import numpy as np
 
 from .._native import ffi, lib
 from ..errors import BackendError, InvalidArgumentError
-from ..graph import OP_ATTENTION, OPF_NON_CAUSAL, Graph, View
+from ..graph import OP_ATTENTION, OP_EMBED, OP_MATMUL, OPF_NON_CAUSAL, OPF_ROWS4, Graph, View
 from ..model_file import Tensor
 from ..units import fmt_bytes
 from .base import (ACTIVATIONS, Backend, Device, DeviceMemoryError, Program, Range, Shape, StepData, step_media,
@@ -85,13 +85,36 @@ def physical_cores() -> int:
     return max(1, (os.cpu_count() or 2) // 2)
 
 
+def rows4_tensors(graph: Graph, ranges: Seq[Range], streamed) -> set[str]:
+    """The weights to repack in the ROWS4 layout (csrc/quants.h: each group of 4 rows one stream,
+    which a decode step reads up to twice as fast): those that only whole-matrix MATMUL and EMBED
+    ops of the ranges read, not streamed, with at least 4 rows of a length the core takes."""
+    uses: dict[str, list] = {}
+    for r in ranges:
+        for i in range(r.lo, r.hi):
+            op = graph.ops[i]
+            if op.weight is not None:
+                uses.setdefault(op.weight.name, []).append((i, op))
+    out = set()
+    for name, ops in uses.items():
+        t = ops[0][1].weight
+        n_in = t.shape[0]
+        rows = t.n_elements // n_in
+        if rows >= 4 and lib.pyllm_rows4_supported(t.type, n_in) and all(
+                op.kind in (OP_MATMUL, OP_EMBED) and op.n_in == n_in and op.n_out == rows and i not in streamed
+                for i, op in ops):
+            out.add(name)
+    return out
+
+
 class HostDevice(Device):
     """The host: its memory, and the C core's thread pool."""
     kind = "cpu"
     is_host = True
     media_rows = True
 
-    def __init__(self, n_threads: int):
+    def __init__(self, n_threads: int, repack: bool = True):
+        self.repack = repack   # weights in the ROWS4 layout where it pays (CoreProgram)
         self.ctx = lib.pyllm_ctx_new(n_threads)
         if self.ctx == ffi.NULL:
             raise BackendError(f"could not start the C core: {ffi.string(lib.pyllm_error()).decode()}")
@@ -134,7 +157,9 @@ class CoreProgram(Program):
             self.k_cache[layer] = aligned_zeros((blocks, bs, k_bytes), np.uint8)
             self.v_cache[layer] = aligned_zeros((blocks, bs, v_bytes), np.uint8)
         self.states = {name: aligned_zeros((floats,), np.float32) for name, floats in mp.states.items()}
+        self.rows4 = rows4_tensors(graph, self.ranges, mp.streamed) if getattr(device, "repack", False) else set()
         self.weights = {name: self._place_weight(t) for name, t in mp.tensors.items()}
+        self.memory["repacked"] = sum(mp.tensors[name].nbytes for name in self.rows4)
         self.vectors = {key: self._place_vector(a) for key, a in mp.vectors.items()}
         self.staging = aligned_zeros((max(mp.staging, 1),), np.uint8)
 
@@ -143,6 +168,8 @@ class CoreProgram(Program):
         for r in self.ranges:
             for i in range(r.lo, r.hi):
                 fill_record(ffi, self.recs[i], i, graph.ops[i], self, shape, kv_rot)
+                if graph.ops[i].weight is not None and graph.ops[i].weight.name in self.rows4:
+                    self.recs[i].flags |= OPF_ROWS4
             if lib.pyllm_program_check(self.recs + r.lo, r.hi - r.lo):
                 raise BackendError(f"the model's op program is invalid: {ffi.string(lib.pyllm_error()).decode()}")
         self.needs = [step_needs(graph.ops[r.lo:r.hi]) for r in self.ranges]
@@ -175,7 +202,14 @@ class CoreProgram(Program):
                                 f"memory available; use a smaller context (-c / n_ctx {fits} or less)")
 
     def _place_weight(self, t: Tensor) -> np.ndarray:
-        return t.data
+        if t.name not in self.rows4:
+            return t.data
+        packed = aligned_zeros((t.nbytes,), np.uint8)
+        n_in = t.shape[0]
+        if lib.pyllm_repack_rows4(t.type, ffi.from_buffer(t.data), ffi.from_buffer(packed),
+                                  t.n_elements // n_in, n_in) != 0:
+            raise BackendError(f"could not repack {t.name} ({t.type_name})")
+        return packed
 
     def _place_vector(self, a: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(a, dtype=np.float32)

@@ -51,14 +51,15 @@ def gpu_device(kind: Optional[str], host: HostDevice) -> tuple[Optional[Device],
 
 
 def make_backend(graph, n_threads: int, shape: Shape, n_gpu_layers: Any = "auto", device: Optional[str] = None,
-                 hardware=None, embed_on_host: bool = False) -> tuple[Backend, Optional[object]]:
+                 hardware=None, embed_on_host: bool = False, repack: bool = True) -> tuple[Backend, Optional[object]]:
     """(backend, plan or None). `hardware` (a placement.Hardware) skips measuring; embed_on_host:
-    the token embedding stays on the host (prompts with image rows)."""
+    the token embedding stays on the host (prompts with image rows); repack: the host's weights
+    in the ROWS4 layout (HostDevice)."""
     from .placement import Planner, detect, parse_n_gpu_layers
     from .split import SplitBackend
 
     ngl = parse_n_gpu_layers(n_gpu_layers)
-    host = HostDevice(n_threads)
+    host = HostDevice(n_threads, repack)
     gpu = None
     try:
         if ngl == 0:
