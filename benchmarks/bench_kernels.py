@@ -16,7 +16,9 @@ in two regimes:
   hot      the same matrix again and again: it stays in L2/L3 (a small
            model's matrices are 0.3-1.5 MB), so this shows compute speed;
   cold     a different matrix each call, cycling through --cold-mb of them:
-           DRAM streaming, the regime of decode on a large model.
+           DRAM streaming, the regime of decode on a large model;
+           gemv4_cold: the same with the matrices repacked in the ROWS4 layout
+           (csrc/quants.h) and the level's gemv4 (what decode runs by default).
 For reference, the read bandwidth of numpy summing the same bytes (as
 float32) in both regimes is printed first.
 
@@ -132,6 +134,17 @@ def bench_one(isa, tname, rows, n, rng, min_time, cold_mb):
     res["dot_w+a"] = (mat_bytes + a_long.nbytes) / timeit(dot_hot, min_time) / 1e9
     if cold_mb:
         res["gemv_cold"] = mat_bytes / timeit(gemv_cold, min_time) / 1e9
+        res["gemv4_cold"] = float("nan")
+        if lib.pyllm_kernel_provided(isa, 6, tid):   # the same matrices repacked in ROWS4 (csrc/quants.h)
+            packed = [np.zeros_like(m) for m in mats]
+            for m, p in zip(mats, packed):
+                assert lib.pyllm_repack_rows4(tid, ffi.from_buffer(m), ffi.from_buffer(p), rows, n) == 0
+            pp = [ffi.from_buffer(p) for p in packed]
+
+            def gemv4_cold():
+                state[0] = (state[0] + 1) % len(pp)
+                lib.pyllm_kernel_gemv4(isa, 1, tid, n, pp[state[0]], rows, pa, po)
+            res["gemv4_cold"] = mat_bytes / timeit(gemv4_cold, min_time) / 1e9
     return res
 
 
@@ -168,7 +181,7 @@ def main():
           + "; single thread; GB/s of weight bytes")
     hot, cold = numpy_bw(1536 * 576 // 2, rng, args.min_time, args.cold_mb)
     print(f"numpy float32 sum, 442 KB: hot {hot:.1f} GB/s" + (f", cold {cold:.1f} GB/s" if cold else ""))
-    cols = ["gemv_hot"] + [f"gemm{c}" for c in GEMM_COLS] + ["dot_w+a"] + (["gemv_cold"] if args.cold_mb else [])
+    cols = ["gemv_hot"] + [f"gemm{c}" for c in GEMM_COLS] + ["dot_w+a"] + (["gemv_cold", "gemv4_cold"] if args.cold_mb else [])
     print(f"{'type':7s} {'shape':>10s} " + " ".join(f"{ISA_NAMES[i] + ':' + c:>17s}" for i in levels for c in cols))
     for tname in args.types:
         bs = TYPES[tname][1]

@@ -364,6 +364,24 @@ static inline const uint8_t *rows4_at(const uint8_t *group, size_t rb, size_t ub
     return group + 4 * off + (size_t)r * len;
 }
 
+/* Where a gemv's rows are, plain or a ROWS4 group: row r's bytes at offset off (of the
+ * call's part of the row), in the unit that starts at u0, are at
+ *     w + k u0 + r rs + (off - u0)                    u0 < tail
+ *     w + 4 tail + r tail_rs + (off - tail)           u0 >= tail (the row's last, shorter unit)
+ * Plain rows rb apart: rows_plain(rb) (u0 plays no part). A ROWS4 group whose part of the
+ * rows holds len bytes of each (units of ub; w at the part's start, 4 times its offset into
+ * the group): rows_group(ub, len). */
+typedef struct { size_t rs, k, tail, tail_rs; } rows_at;
+static inline rows_at rows_plain(size_t rb) { return (rows_at){rb, 1, SIZE_MAX, 0}; }
+static inline rows_at rows_group(size_t ub, size_t len) {
+    const size_t tail = len / ub * ub;
+    return (rows_at){ub, 4, tail < len ? tail : SIZE_MAX, len - tail};
+}
+static inline const uint8_t *row_at(const void *w, const rows_at *L, int r, size_t u0, size_t off) {
+    return u0 < L->tail ? (const uint8_t *)w + L->k * u0 + r * L->rs + (off - u0)
+                        : (const uint8_t *)w + 4 * L->tail + r * L->tail_rs + (off - L->tail);
+}
+
 /* copies nrows rows of n elements of `type` between the plain layout and ROWS4 (quants.c):
  * to_rows4 = 1 reads plain and writes ROWS4, 0 the reverse; src and dst start at a group */
 void rows4_move(int type, int64_t n, const uint8_t *src, uint8_t *dst, int64_t nrows, int to_rows4);

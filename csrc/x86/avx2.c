@@ -302,32 +302,60 @@ INLINE __m256 pair_step(const wpair *W, const actp *A, const int sgn, const int 
 }
 
 /* R weight rows x T activation rows over one group of nbk <= RED_BLOCKS
- * blocks (w: the first row at the group's first block; A[t * as + p]: the
- * prepared pairs of activation row t): out[t * os + r] += the group's sum.
+ * blocks (w, L: the rows from the group's first block, quants.h rows_at, units
+ * of 16 blocks; A[t * as + p]: the prepared pairs of activation row t):
+ * out[t * os + r] += the group's sum.
  * pf: gemv's prefetch plan (quants.h), NULL for none; pf_off: the
  * offset of the group's first block in the rows the pass reads */
+/* ROWS4 gemv: pairs of a row read before the next row's (tile_'s U). Q8_0 reads each row's whole
+ * unit (544 bytes; pair by pair, row after row, it streamed at 8 GB/s against 25, Zen 4
+ * bench_kernels gemv4_cold); the smaller blocks measured best pair by pair (Q4_1, IQ4_NL:
+ * 20 GB/s against 17, 15 against 13) */
+#define ROWS4_PAIRS_q8_0 8
+#define ROWS4_PAIRS_q4_0 1
+#define ROWS4_PAIRS_q4_1 1
+#define ROWS4_PAIRS_q5_0 1
+#define ROWS4_PAIRS_q5_1 1
+#define ROWS4_PAIRS_iq4_nl 1
+#define ROWS4_PAIRS_mxfp4 1
+
+/* pair p's bytes of row r (its unit: p / 8, a unit being 16 blocks) */
+#define Q32_AT(w, L, r, p, bs) row_at(w, L, r, (size_t)((p) >> 3) * 16 * (bs), (size_t)(2 * (p)) * (bs))
 #define DEFINE_Q32(name, block_t)                                                                           \
-    INLINE void tile_##name(const int R, const int T, int nbk, const uint8_t *w, size_t rb, const actp *A,    \
-                            size_t as, float *out, size_t os, const gemv_pf *pf, size_t pf_off) {            \
+    INLINE void tile_##name(const int R, const int T, const int U, int nbk, const uint8_t *w, const rows_at *L, \
+                            const actp *A, size_t as, float *out, size_t os, const gemv_pf *pf, size_t pf_off) { \
         __m256 acc[4][8];                                                                                     \
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                                   \
             _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();             \
         int p = 0;                                                                                            \
-        for (; 2 * p + 2 <= nbk; p++) {                                                                       \
-            if (pf)                                                                                           \
-                gemv_prefetch_step(pf, R, (uintptr_t)w + (size_t)(2 * p) * sizeof(block_t),                   \
-                                   pf_off + (size_t)(2 * p) * sizeof(block_t), 2 * sizeof(block_t));          \
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                             \
-                wpair W;                                                                                      \
-                dec_##name(w + r * rb + (size_t)(2 * p) * sizeof(block_t), 1, &W);                            \
-                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                           \
-                    acc[r][t] = pair_step(&W, &A[t * as + p], SIGNED_##name, C_##name, HAS_MIN_##name, acc[r][t]);   \
+        if (U == 1) /* pair after pair, each of the R rows in turn */                                          \
+            for (; 2 * p + 2 <= nbk; p++) {                                                                   \
+                if (pf)                                                                                       \
+                    gemv_prefetch_step(pf, R, (uintptr_t)w + (size_t)(2 * p) * sizeof(block_t),               \
+                                       pf_off + (size_t)(2 * p) * sizeof(block_t), 2 * sizeof(block_t));      \
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                         \
+                    wpair W;                                                                                  \
+                    dec_##name(Q32_AT(w, L, r, p, sizeof(block_t)), 1, &W);                                   \
+                    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                       \
+                        acc[r][t] = pair_step(&W, &A[t * as + p], SIGNED_##name, C_##name, HAS_MIN_##name, acc[r][t]); \
+                }                                                                                             \
             }                                                                                                 \
-        }                                                                                                     \
+        else /* U pairs of a row, then the next row's: U = 8 reads a ROWS4 group's units whole, in order */  \
+            for (; 2 * p + 2 <= nbk; p += U) {                                                                \
+                const int pe = 2 * (p + U) <= nbk ? p + U : nbk / 2;                                          \
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                           \
+                    for (int q = p; q < pe; q++) {                                                            \
+                        wpair W;                                                                              \
+                        dec_##name(Q32_AT(w, L, r, q, sizeof(block_t)), 1, &W);                               \
+                        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                   \
+                            acc[r][t] = pair_step(&W, &A[t * as + q], SIGNED_##name, C_##name, HAS_MIN_##name, acc[r][t]); \
+                    }                                                                                         \
+            }                                                                                                 \
+        p = nbk / 2;                                                                                          \
         if (2 * p < nbk) { /* the row's odd last block */                                                    \
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                             \
                 wpair W;                                                                                      \
-                dec_##name(w + r * rb + (size_t)(2 * p) * sizeof(block_t), 0, &W);                            \
+                dec_##name(Q32_AT(w, L, r, p, sizeof(block_t)), 0, &W);                                                        \
                 _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                           \
                     acc[r][t] = pair_step(&W, &A[t * as + p], SIGNED_##name, C_##name, HAS_MIN_##name, acc[r][t]);   \
             }                                                                                                 \
@@ -335,8 +363,9 @@ INLINE __m256 pair_step(const wpair *W, const actp *A, const int sgn, const int 
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                                   \
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) out[t * os + r] += hsum8(acc[r][t]);          \
     }                                                                                                         \
-    static void gemv_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,  \
-                            float *restrict out) {                                                            \
+    /* rows4: w in the ROWS4 layout, read front to back without software prefetch */                         \
+    INLINE void qgemv_##name(const int rows4, int64_t n, const void *restrict w, size_t rb, int nrows,        \
+                             const void *restrict a, float *restrict out) {                                   \
         const block_q8_32 *y = a;                                                                             \
         const int64_t nb = n / QK;                                                                            \
         actp A[ACT_PAIRS];                                                                                    \
@@ -349,17 +378,33 @@ INLINE __m256 pair_step(const wpair *W, const actp *A, const int sgn, const int 
             const gemv_pf pf4 = gemv_prefetch_plan(4, rb, len), pf1 = gemv_prefetch_plan(1, rb, len);         \
             const gemv_pf *pf1p = rb >= len ? &pf1 : NULL; /* rb = 0: vec_dot, one row */                     \
             int r = 0;                                                                                        \
+            const rows_at plain = rows_plain(rb);                                                             \
             for (; r + 4 <= nrows; r += 4, p += 4 * rb)                                                       \
-                for (int64_t g = 0; g < cb; g += RED_BLOCKS)                                                  \
-                    tile_##name(4, 1, cb - g < RED_BLOCKS ? (int)(cb - g) : RED_BLOCKS,                       \
-                                p + (size_t)g * sizeof(block_t), rb, A + g / 2, 0, out + r, 0, &pf4,          \
-                                (size_t)g * sizeof(block_t));                                                 \
+                for (int64_t g = 0; g < cb; g += RED_BLOCKS) {                                                \
+                    const int nbk = cb - g < RED_BLOCKS ? (int)(cb - g) : RED_BLOCKS;                         \
+                    const size_t off = (size_t)(c0 + g) * sizeof(block_t); /* into the row */                \
+                    const rows_at group = rows_group(16 * sizeof(block_t), (size_t)nbk * sizeof(block_t));     \
+                    if (rows4) /* a part of a group starts at 4 times its offset into the rows */             \
+                        tile_##name(4, 1, ROWS4_PAIRS_##name, nbk, p - (size_t)c0 * sizeof(block_t) + 4 * off, &group, A + g / 2, 0, \
+                                    out + r, 0, NULL, 0);                                                     \
+                    else                                                                                      \
+                        tile_##name(4, 1, 1, nbk, p + (size_t)g * sizeof(block_t), &plain, A + g / 2, 0, out + r, 0, \
+                                    &pf4, (size_t)g * sizeof(block_t));                                       \
+                }                                                                                             \
             for (; r < nrows; r++, p += rb)                                                                   \
                 for (int64_t g = 0; g < cb; g += RED_BLOCKS)                                                  \
-                    tile_##name(1, 1, cb - g < RED_BLOCKS ? (int)(cb - g) : RED_BLOCKS,                       \
-                                p + (size_t)g * sizeof(block_t), rb, A + g / 2, 0, out + r, 0, pf1p,          \
+                    tile_##name(1, 1, 1, cb - g < RED_BLOCKS ? (int)(cb - g) : RED_BLOCKS,                       \
+                                p + (size_t)g * sizeof(block_t), &plain, A + g / 2, 0, out + r, 0, pf1p,      \
                                 (size_t)g * sizeof(block_t));                                                 \
         }                                                                                                     \
+    }                                                                                                         \
+    static void gemv_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,  \
+                            float *restrict out) {                                                            \
+        qgemv_##name(0, n, w, rb, nrows, a, out);                                                             \
+    }                                                                                                         \
+    static void gemv4_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a, \
+                             float *restrict out) {                                                           \
+        qgemv_##name(1, n, w, rb, nrows, a, out);                                                             \
     }                                                                                                         \
     static float vec_dot_##name(int64_t n, const void *restrict w, const void *restrict a) {                 \
         float r;                                                                                              \
@@ -369,6 +414,7 @@ INLINE __m256 pair_step(const wpair *W, const actp *A, const int sgn, const int 
     static void gemm_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,  \
                             size_t as, int ncols, float *restrict out, size_t os) {                           \
         const int64_t nb = n / QK;                                                                            \
+        const rows_at plain = rows_plain(rb);                                                                 \
         actp A[GEMM_T_##name][RED_PAIRS];                                                                            \
         for (int t = 0; t < ncols; t++)                                                                       \
             for (int r = 0; r < nrows; r++) out[t * os + r] = 0.0f;                                           \
@@ -384,13 +430,13 @@ INLINE __m256 pair_step(const wpair *W, const actp *A, const int sgn, const int 
                 int r = 0;                                                                                    \
                 if (T == GEMM_T_##name) {                                                                            \
                     for (; r + GEMM_R_##name <= nrows; r += GEMM_R_##name)                                                  \
-                        tile_##name(GEMM_R_##name, GEMM_T_##name, nbk, p + r * rb, rb, A[0], RED_PAIRS, o + r, os, NULL, 0);         \
-                    for (; r < nrows; r++) tile_##name(1, GEMM_T_##name, nbk, p + r * rb, rb, A[0], RED_PAIRS, o + r, os, NULL, 0); \
+                        tile_##name(GEMM_R_##name, GEMM_T_##name, 1, nbk, p + r * rb, &plain, A[0], RED_PAIRS, o + r, os, NULL, 0);     \
+                    for (; r < nrows; r++) tile_##name(1, GEMM_T_##name, 1, nbk, p + r * rb, &plain, A[0], RED_PAIRS, o + r, os, NULL, 0); \
                 } else {                                                                                      \
                     for (int t = 0; t < T; t++) {                                                             \
                         for (r = 0; r + 4 <= nrows; r += 4)                                                   \
-                            tile_##name(4, 1, nbk, p + r * rb, rb, A[t], 0, o + t * os + r, 0, NULL, 0);               \
-                        for (; r < nrows; r++) tile_##name(1, 1, nbk, p + r * rb, rb, A[t], 0, o + t * os + r, 0, NULL, 0); \
+                            tile_##name(4, 1, 1, nbk, p + r * rb, &plain, A[t], 0, o + t * os + r, 0, NULL, 0);           \
+                        for (; r < nrows; r++) tile_##name(1, 1, 1, nbk, p + r * rb, &plain, A[t], 0, o + t * os + r, 0, NULL, 0); \
                     }                                                                                         \
                 }                                                                                             \
             }                                                                                                 \
@@ -1738,6 +1784,8 @@ void KERNELS_FILL_AVX2(kernel_table *t) {
     SET(T_F16, f16) SET(T_BF16, bf16)
 #undef SET
 #define SET4(T, name) t->gemv4[T] = gemv4_##name;
+    SET4(T_Q4_0, q4_0) SET4(T_Q4_1, q4_1) SET4(T_Q5_0, q5_0) SET4(T_Q5_1, q5_1)
+    SET4(T_Q8_0, q8_0) SET4(T_IQ4_NL, iq4_nl) SET4(T_MXFP4, mxfp4)
     SET4(T_Q2_K, q2_K) SET4(T_Q3_K, q3_K) SET4(T_Q4_K, q4_K) SET4(T_Q5_K, q5_K) SET4(T_Q6_K, q6_K)
     SET4(T_IQ4_XS, iq4_xs) SET4(T_IQ3_S, iq3_s) SET4(T_IQ3_XXS, iq3_xxs)
     SET4(T_IQ2_XXS, iq2_xxs) SET4(T_IQ2_XS, iq2_xs) SET4(T_IQ2_S, iq2_s) SET4(T_IQ1_S, iq1_s) SET4(T_IQ1_M, iq1_m)

@@ -86,6 +86,17 @@ extern int pyllm_avx512_vnni; /* dispatch.c */
         gemm_##name##_impl(0, n, w, rb, nrows, a, as, ncols, out, os);                                    \
     }
 
+/* the table's gemv4 (ROWS4 weights) of a format, _vnni and _bw, from impl(vnni, rows4, ...) */
+#define DEFINE_GEMV4_VARIANTS(name, impl)                                                                 \
+    static void gemv4_##name##_vnni(int64_t n, const void *restrict w, size_t rb, int nrows,             \
+                                    const void *restrict a, float *restrict out) {                        \
+        impl(1, 1, n, w, rb, nrows, a, out);                                                              \
+    }                                                                                                     \
+    static void gemv4_##name##_bw(int64_t n, const void *restrict w, size_t rb, int nrows,               \
+                                  const void *restrict a, float *restrict out) {                          \
+        impl(0, 1, n, w, rb, nrows, a, out);                                                              \
+    }
+
 /* a vector of 32 int16 (permute indexes); GCC 12 has no _mm512_setr_epi16 */
 #define IDX16(...) _mm512_loadu_si512((const void *)(const int16_t[32]){__VA_ARGS__})
 
@@ -637,9 +648,9 @@ _Static_assert(4 * ACT_CHUNK % RED_BLOCKS == 0 && RED_BLOCKS % 16 == 0, "activat
 /* R rows (compile-time) against nb blocks of one activation row; Ab: the
  * prepared quads, or NULL to prepare them on the fly (vec_dot). out[r] =
  * the rows' sums, added to out[r] when cont (a later chunk of the row).
- * pf: gemv's prefetch plan (quants.h), NULL for none. */
+ * L: where the rows are (quants.h rows_at; every hex step starts a unit); pf: gemv's prefetch plan (quants.h), NULL for none. */
 #define DEFINE_ROWS(name, block_t)                                                                        \
-    INLINE void rows_##name(const int R, const int vnni, int64_t nb, const char *w, size_t rb,           \
+    INLINE void rows_##name(const int R, const int vnni, int64_t nb, const char *w, const rows_at *L,       \
                             const block_q8_32 *y, const act4 *Ab, const acth *Hb, const act4 *Apair,       \
                             float *out, const int cont, const gemv_pf *pf) {                               \
         float sum[4];                                                                                      \
@@ -668,7 +679,7 @@ _Static_assert(4 * ACT_CHUNK % RED_BLOCKS == 0 && RED_BLOCKS % 16 == 0, "activat
                         for (int k = R == 4 ? r : 0; k < (R == 4 ? r + 1 : 4); k++)                        \
                             gemv_prefetch_step(pf, R, (uintptr_t)w + off + 4 * k * sizeof(block_t),        \
                                                off + 4 * k * sizeof(block_t), 4 * sizeof(block_t));        \
-                    hex_##name(vnni, (const uint8_t *)(w + r * rb) + off, A, H, &acc[r]);                 \
+                    hex_##name(vnni, row_at(w, L, r, off, off), A, H, &acc[r]);                                   \
                 }                                                                                          \
             }                                                                                              \
             if (OCT_##name)                                                                                \
@@ -683,7 +694,7 @@ _Static_assert(4 * ACT_CHUNK % RED_BLOCKS == 0 && RED_BLOCKS % 16 == 0, "activat
                     (void)ds16, (void)off;                                                                 \
                     if (pf) gemv_prefetch_step(pf, R, (uintptr_t)w + off, off, 8 * sizeof(block_t));                               \
                     for (int r = 0; r < R; r++)                                                            \
-                        oct_##name(vnni, (const uint8_t *)(w + r * rb) + off, A0, A1, ds16, &acc[r]);      \
+                        oct_##name(vnni, row_at(w, L, r, off, off), A0, A1, ds16, &acc[r]);                        \
                 }                                                                                          \
             const int last = paired && g1 == nb;                                                           \
             const int64_t nq = last ? nb - rem : g1;                                                       \
@@ -696,16 +707,15 @@ _Static_assert(4 * ACT_CHUNK % RED_BLOCKS == 0 && RED_BLOCKS % 16 == 0, "activat
                 if (pf) gemv_prefetch_step(pf, R, (uintptr_t)w + off, off, 4 * sizeof(block_t));                                   \
                 if (nblk == 4)                                                                             \
                     for (int r = 0; r < R; r++)                                                            \
-                        quad_##name(vnni, 1, 4, (const uint8_t *)(w + r * rb) + off, A, &acc[r]);          \
+                        quad_##name(vnni, 1, 4, row_at(w, L, r, off, off), A, &acc[r]);                            \
                 else                                                                                       \
                     for (int r = 0; r < R; r++)                                                            \
-                        quad_##name(vnni, 0, nblk, (const uint8_t *)(w + r * rb) + off, A, &acc[r]);       \
+                        quad_##name(vnni, 0, nblk, row_at(w, L, r, off, off), A, &acc[r]);                         \
             }                                                                                              \
             if (last)                                                                                      \
                 for (int r = 0; r < R; r += 2)                                                             \
-                    pair_##name(vnni, rem, (const uint8_t *)(w + r * rb) + nq * sizeof(block_t),            \
-                                (const uint8_t *)(w + (r + 1) * rb) + nq * sizeof(block_t), Apair, &acc[r], \
-                                &acc[r + 1]);                                                              \
+                    pair_##name(vnni, rem, row_at(w, L, r, nq * sizeof(block_t), nq * sizeof(block_t)),                             \
+                                row_at(w, L, r + 1, nq * sizeof(block_t), nq * sizeof(block_t)), Apair, &acc[r], &acc[r + 1]);      \
             if (R == 4) {                                                                                  \
                 float part[4];                                                                             \
                 _mm_storeu_ps(part, reduce4(acc[0], acc[1], acc[2], acc[3]));                              \
@@ -716,8 +726,9 @@ _Static_assert(4 * ACT_CHUNK % RED_BLOCKS == 0 && RED_BLOCKS % 16 == 0, "activat
         }                                                                                                  \
         for (int r = 0; r < R; r++) out[r] = sum[r];                                                       \
     }                                                                                                      \
-    INLINE void gemv_##name##_impl(const int vnni, int64_t n, const void *w, size_t rb, int nrows,      \
-                                   const void *a, float *out) {                                            \
+    /* rows4: w in the ROWS4 layout (read front to back, no software prefetch, as kgemv) */            \
+    INLINE void qgemv_##name(const int vnni, const int rows4, int64_t n, const void *w, size_t rb,       \
+                             int nrows, const void *a, float *out) {                                       \
         const block_q8_32 *y = a;                                                                          \
         const int64_t nb = n / QK;                                                                         \
         act4 Ab[ACT_CHUNK];                                                                                \
@@ -743,15 +754,26 @@ _Static_assert(4 * ACT_CHUNK % RED_BLOCKS == 0 && RED_BLOCKS % 16 == 0, "activat
             const char *p = (const char *)w + (size_t)c0 * sizeof(block_t);                                \
             const size_t len = (size_t)cb * sizeof(block_t);                                               \
             const gemv_pf pf4 = gemv_prefetch_plan(4, rb, len), pf1 = gemv_prefetch_plan(1, rb, len);      \
+            const rows_at plain = rows_plain(rb), group = rows_group(16 * sizeof(block_t), len);           \
             int r = 0;                                                                                     \
             for (; r + 4 <= nrows; r += 4, p += 4 * rb)                                                    \
-                rows_##name(4, vnni, cb, p, rb, NULL, Ab, Hb, pp, out + r, c0 > 0, &pf4);                     \
-            for (; r < nrows; r++, p += rb) rows_##name(1, vnni, cb, p, rb, NULL, Ab, Hb, NULL, out + r, c0 > 0, &pf1); \
+                if (rows4) /* the chunk's units start 4 c0 blocks into the group */                        \
+                    rows_##name(4, vnni, cb, p + 3 * (size_t)c0 * sizeof(block_t), &group, NULL, Ab, Hb, pp, \
+                                out + r, c0 > 0, NULL);                                                    \
+                else                                                                                       \
+                    rows_##name(4, vnni, cb, p, &plain, NULL, Ab, Hb, pp, out + r, c0 > 0, &pf4);           \
+            for (; r < nrows; r++, p += rb) rows_##name(1, vnni, cb, p, &plain, NULL, Ab, Hb, NULL, out + r, c0 > 0, &pf1); \
         }                                                                                                  \
     }                                                                                                      \
+    INLINE void gemv_##name##_impl(const int vnni, int64_t n, const void *w, size_t rb, int nrows,      \
+                                   const void *a, float *out) {                                            \
+        qgemv_##name(vnni, 0, n, w, rb, nrows, a, out);                                                    \
+    }                                                                                                      \
+    DEFINE_GEMV4_VARIANTS(name, qgemv_##name)                                                             \
     INLINE float vec_dot_##name##_impl(const int vnni, int64_t n, const void *w, const void *a) {      \
         float r;                                                                                        \
-        rows_##name(1, vnni, n / QK, w, 0, a, NULL, NULL, NULL, &r, 0, NULL);                          \
+        const rows_at one = rows_plain(0);                                                              \
+        rows_##name(1, vnni, n / QK, w, &one, a, NULL, NULL, NULL, &r, 0, NULL);                        \
         return r;                                                                                       \
     }
 
@@ -1891,14 +1913,7 @@ _Static_assert(GEMM_FEW_COLS * KACT_CHUNK * sizeof(aKs) <= GEMM_SCRATCH, "kfew's
                                    const void *a, float *out) {                                             \
         kgemv_##name(vnni, 0, n, w, rb, nrows, a, out);                                                     \
     }                                                                                                       \
-    static void gemv4_##name##_vnni(int64_t n, const void *restrict w, size_t rb, int nrows,               \
-                                    const void *restrict a, float *restrict out) {                          \
-        kgemv_##name(1, 1, n, w, rb, nrows, a, out);                                                        \
-    }                                                                                                       \
-    static void gemv4_##name##_bw(int64_t n, const void *restrict w, size_t rb, int nrows,                 \
-                                  const void *restrict a, float *restrict out) {                            \
-        kgemv_##name(0, 1, n, w, rb, nrows, a, out);                                                        \
-    }                                                                                                       \
+    DEFINE_GEMV4_VARIANTS(name, kgemv_##name)                                                              \
     /* gemm: R rows x T activation rows over one group of nsb super-blocks from the buffers               \
      * (row r's super-blocks at W + r * nsb, activation row t's at A + t * nsb) */                          \
     INLINE void ktile_##name(const int R, const int T, const int vnni, int nsb, const wKg *W, const __m512 *WM, \
@@ -2418,8 +2433,11 @@ static void f16_to_f32_rows(const f16_t *restrict x, int64_t x_stride, int rows,
 
 /* ------------------------------------------------------------------ */
 
-/* the K-quants' gemv over ROWS4 weights (quants.h), _vnni or _bw */
+/* the gemvs over ROWS4 weights (quants.h), _vnni or _bw */
 #define SET_GEMV4(v)                                                                                       \
+    t->gemv4[T_Q4_0] = gemv4_q4_0_##v, t->gemv4[T_Q4_1] = gemv4_q4_1_##v, t->gemv4[T_Q5_0] = gemv4_q5_0_##v; \
+    t->gemv4[T_Q5_1] = gemv4_q5_1_##v, t->gemv4[T_Q8_0] = gemv4_q8_0_##v, t->gemv4[T_IQ4_NL] = gemv4_iq4_nl_##v; \
+    t->gemv4[T_MXFP4] = gemv4_mxfp4_##v;                                                                   \
     t->gemv4[T_Q4_K] = gemv4_q4_K_##v, t->gemv4[T_Q5_K] = gemv4_q5_K_##v, t->gemv4[T_Q6_K] = gemv4_q6_K_##v; \
     t->gemv4[T_Q2_K] = gemv4_q2_K_##v, t->gemv4[T_Q3_K] = gemv4_q3_K_##v, t->gemv4[T_IQ4_XS] = gemv4_iq4_xs_##v; \
     t->gemv4[T_IQ3_S] = gemv4_iq3_s_##v, t->gemv4[T_IQ3_XXS] = gemv4_iq3_xxs_##v;                          \
