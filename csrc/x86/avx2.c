@@ -321,6 +321,14 @@ INLINE __m256 pair_step(const wpair *W, const actp *A, const int sgn, const int 
 
 /* pair p's bytes of row r (its unit: p / 8, a unit being 16 blocks) */
 #define Q32_AT(w, L, r, p, bs) row_at(w, L, r, (size_t)((p) >> 3) * 16 * (bs), (size_t)(2 * (p)) * (bs))
+/* tile_'s step: row r's pair q (both = 0: its odd last block alone) into its T accumulators */
+#define Q32_ROW_PAIR(name, r, q, both)                                                                    \
+    do {                                                                                                  \
+        wpair W;                                                                                          \
+        dec_##name(Q32_AT(w, L, r, q, sizeof(block_##name)), both, &W);                                   \
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                               \
+            acc[r][t] = pair_step(&W, &A[t * as + (q)], SIGNED_##name, C_##name, HAS_MIN_##name, acc[r][t]); \
+    } while (0)
 #define DEFINE_Q32(name, block_t)                                                                           \
     INLINE void tile_##name(const int R, const int T, const int U, int nbk, const uint8_t *w, const rows_at *L, \
                             const actp *A, size_t as, float *out, size_t os, const gemv_pf *pf, size_t pf_off) { \
@@ -333,33 +341,17 @@ INLINE __m256 pair_step(const wpair *W, const actp *A, const int sgn, const int 
                 if (pf)                                                                                       \
                     gemv_prefetch_step(pf, R, (uintptr_t)w + (size_t)(2 * p) * sizeof(block_t),               \
                                        pf_off + (size_t)(2 * p) * sizeof(block_t), 2 * sizeof(block_t));      \
-                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                         \
-                    wpair W;                                                                                  \
-                    dec_##name(Q32_AT(w, L, r, p, sizeof(block_t)), 1, &W);                                   \
-                    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                       \
-                        acc[r][t] = pair_step(&W, &A[t * as + p], SIGNED_##name, C_##name, HAS_MIN_##name, acc[r][t]); \
-                }                                                                                             \
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) Q32_ROW_PAIR(name, r, p, 1);              \
             }                                                                                                 \
         else /* U pairs of a row, then the next row's: U = 8 reads a ROWS4 group's units whole, in order */  \
             for (; 2 * p + 2 <= nbk; p += U) {                                                                \
                 const int pe = 2 * (p + U) <= nbk ? p + U : nbk / 2;                                          \
                 _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)                                           \
-                    for (int q = p; q < pe; q++) {                                                            \
-                        wpair W;                                                                              \
-                        dec_##name(Q32_AT(w, L, r, q, sizeof(block_t)), 1, &W);                               \
-                        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                   \
-                            acc[r][t] = pair_step(&W, &A[t * as + q], SIGNED_##name, C_##name, HAS_MIN_##name, acc[r][t]); \
-                    }                                                                                         \
+                    for (int q = p; q < pe; q++) Q32_ROW_PAIR(name, r, q, 1);                                 \
             }                                                                                                 \
         p = nbk / 2;                                                                                          \
-        if (2 * p < nbk) { /* the row's odd last block */                                                    \
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                             \
-                wpair W;                                                                                      \
-                dec_##name(Q32_AT(w, L, r, p, sizeof(block_t)), 0, &W);                                                        \
-                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                           \
-                    acc[r][t] = pair_step(&W, &A[t * as + p], SIGNED_##name, C_##name, HAS_MIN_##name, acc[r][t]);   \
-            }                                                                                                 \
-        }                                                                                                     \
+        if (2 * p < nbk) /* the row's odd last block */                                                       \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) Q32_ROW_PAIR(name, r, p, 0);                  \
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)                                                   \
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) out[t * os + r] += hsum8(acc[r][t]);          \
     }                                                                                                         \
@@ -1772,24 +1764,19 @@ static void axpy_f32(int64_t n, float a, const float *restrict x, float *restric
 /* ------------------------------------------------------------------ */
 
 void KERNELS_FILL_AVX2(kernel_table *t) {
-#define SET(T, name)                    \
+#define SETF(T, name)                   \
     t->dequant[T] = dequant_##name;     \
     t->vec_dot[T] = vec_dot_##name;     \
     t->gemv[T] = gemv_##name;
+#define SET(T, name) SETF(T, name) t->gemv4[T] = gemv4_##name; /* the quantized formats read ROWS4 too */
     SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
     SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
     SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K) SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K)
     SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s) SET(T_IQ3_XXS, iq3_xxs)
     SET(T_IQ2_XXS, iq2_xxs) SET(T_IQ2_XS, iq2_xs) SET(T_IQ2_S, iq2_s) SET(T_IQ1_S, iq1_s) SET(T_IQ1_M, iq1_m)
-    SET(T_F16, f16) SET(T_BF16, bf16)
+    SETF(T_F16, f16) SETF(T_BF16, bf16)
 #undef SET
-#define SET4(T, name) t->gemv4[T] = gemv4_##name;
-    SET4(T_Q4_0, q4_0) SET4(T_Q4_1, q4_1) SET4(T_Q5_0, q5_0) SET4(T_Q5_1, q5_1)
-    SET4(T_Q8_0, q8_0) SET4(T_IQ4_NL, iq4_nl) SET4(T_MXFP4, mxfp4)
-    SET4(T_Q2_K, q2_K) SET4(T_Q3_K, q3_K) SET4(T_Q4_K, q4_K) SET4(T_Q5_K, q5_K) SET4(T_Q6_K, q6_K)
-    SET4(T_IQ4_XS, iq4_xs) SET4(T_IQ3_S, iq3_s) SET4(T_IQ3_XXS, iq3_xxs)
-    SET4(T_IQ2_XXS, iq2_xxs) SET4(T_IQ2_XS, iq2_xs) SET4(T_IQ2_S, iq2_s) SET4(T_IQ1_S, iq1_s) SET4(T_IQ1_M, iq1_m)
-#undef SET4
+#undef SETF
     t->gemm[T_Q4_0] = gemm_q4_0;
     t->gemm[T_Q4_1] = gemm_q4_1;
     t->gemm[T_Q5_0] = gemm_q5_0;

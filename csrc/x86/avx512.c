@@ -2433,43 +2433,32 @@ static void f16_to_f32_rows(const f16_t *restrict x, int64_t x_stride, int rows,
 
 /* ------------------------------------------------------------------ */
 
-/* the gemvs over ROWS4 weights (quants.h), _vnni or _bw */
-#define SET_GEMV4(v)                                                                                       \
-    t->gemv4[T_Q4_0] = gemv4_q4_0_##v, t->gemv4[T_Q4_1] = gemv4_q4_1_##v, t->gemv4[T_Q5_0] = gemv4_q5_0_##v; \
-    t->gemv4[T_Q5_1] = gemv4_q5_1_##v, t->gemv4[T_Q8_0] = gemv4_q8_0_##v, t->gemv4[T_IQ4_NL] = gemv4_iq4_nl_##v; \
-    t->gemv4[T_MXFP4] = gemv4_mxfp4_##v;                                                                   \
-    t->gemv4[T_Q4_K] = gemv4_q4_K_##v, t->gemv4[T_Q5_K] = gemv4_q5_K_##v, t->gemv4[T_Q6_K] = gemv4_q6_K_##v; \
-    t->gemv4[T_Q2_K] = gemv4_q2_K_##v, t->gemv4[T_Q3_K] = gemv4_q3_K_##v, t->gemv4[T_IQ4_XS] = gemv4_iq4_xs_##v; \
-    t->gemv4[T_IQ3_S] = gemv4_iq3_s_##v, t->gemv4[T_IQ3_XXS] = gemv4_iq3_xxs_##v;                          \
-    t->gemv4[T_IQ2_XXS] = gemv4_iq2_xxs_##v, t->gemv4[T_IQ2_XS] = gemv4_iq2_xs_##v, t->gemv4[T_IQ2_S] = gemv4_iq2_s_##v; \
-    t->gemv4[T_IQ1_S] = gemv4_iq1_s_##v, t->gemv4[T_IQ1_M] = gemv4_iq1_m_##v;
-
 void kernels_fill_avx512(kernel_table *t) {
     if (pyllm_avx512_vnni) {
 #define SET(T, name)                          \
     t->vec_dot[T] = vec_dot_##name##_vnni;    \
     t->gemv[T] = gemv_##name##_vnni;          \
-    t->gemm[T] = gemm_##name##_vnni;
+    t->gemm[T] = gemm_##name##_vnni;          \
+    t->gemv4[T] = gemv4_##name##_vnni;
         SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
         SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
         SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K) SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K)
         SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s) SET(T_IQ3_XXS, iq3_xxs)
         SET(T_IQ2_XXS, iq2_xxs) SET(T_IQ2_XS, iq2_xs) SET(T_IQ2_S, iq2_s) SET(T_IQ1_S, iq1_s) SET(T_IQ1_M, iq1_m)
 #undef SET
-        SET_GEMV4(vnni)
         for (int T = 0; T < T_COUNT; T++) t->gemm_streams[T] = t->gemm[T] && T != T_F32 && T != T_F16 && T != T_BF16 ? GEMM_FEW_COLS : 0;
     } else {
 #define SET(T, name)                        \
     t->vec_dot[T] = vec_dot_##name##_bw;    \
     t->gemv[T] = gemv_##name##_bw;          \
-    t->gemm[T] = gemm_##name##_bw;
+    t->gemm[T] = gemm_##name##_bw;          \
+    t->gemv4[T] = gemv4_##name##_bw;
         SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
         SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
         SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K) SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K)
         SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s) SET(T_IQ3_XXS, iq3_xxs)
         SET(T_IQ2_XXS, iq2_xxs) SET(T_IQ2_XS, iq2_xs) SET(T_IQ2_S, iq2_s) SET(T_IQ1_S, iq1_s) SET(T_IQ1_M, iq1_m)
 #undef SET
-        SET_GEMV4(bw)
         /* without VNNI only the K-quants' gemm has the streaming path (few_* is VNNI's) */
         t->gemm_streams[T_Q4_K] = t->gemm_streams[T_Q5_K] = t->gemm_streams[T_Q6_K] = GEMM_FEW_COLS;
         t->gemm_streams[T_Q2_K] = t->gemm_streams[T_Q3_K] = t->gemm_streams[T_IQ4_XS] = GEMM_FEW_COLS;
