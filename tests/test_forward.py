@@ -141,7 +141,7 @@ def test_repacked_weights_give_the_same_logits(tmp_path, qtype):
         be = CpuBackend(g, 2, 64, 64, 8, 16, device=HostDevice(2, repack))
         expect = rows4_tensors(g, be.program.ranges, {}) if repack else set()
         assert be.program.rows4 == expect
-        assert be.program.memory["repacked"] == sum(t.nbytes for t in be.program.plan.tensors.values()
+        assert be.program.memory.get("repacked", 0) == sum(t.nbytes for t in be.program.plan.tensors.values()
                                                     if t.name in expect)
         tokens = list(range(3, 40))
         prefill = be.forward(tokens, 0, [0, 1, 2], len(tokens)).copy()
@@ -152,6 +152,20 @@ def test_repacked_weights_give_the_same_logits(tmp_path, qtype):
     else:
         assert not expect
     np.testing.assert_array_equal(out[True], out[False])
+
+
+@pytest.mark.parametrize("use_mmap", [True, False])
+def test_repacking_releases_only_mapped_pages(tmp_path, use_mmap):
+    """After repacking, the file's pages are dropped from the process (release_mapped): a mapped
+    tensor reads back the same bytes from the file; a copy in memory (--no-mmap) is not touched."""
+    from pyllm.backend.cpu import release_mapped
+    path = synth.write_llama(tmp_path / "p.gguf", QT.Q4_K)
+    f = ModelFile(path, use_mmap=use_mmap)
+    t = max(f.tensors.values(), key=lambda t: t.nbytes)
+    assert t.nbytes > 3 * 4096
+    before = t.data.copy()
+    release_mapped(t.data)
+    np.testing.assert_array_equal(t.data, before)
 
 
 @pytest.mark.parametrize("n_threads", [1, 3])

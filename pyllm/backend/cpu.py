@@ -15,6 +15,7 @@ whose memory is its own and whose copies cross a simulated bus.
 """
 from __future__ import annotations
 
+import mmap
 from typing import Optional, Sequence as Seq
 
 import numpy as np
@@ -83,6 +84,25 @@ def physical_cores() -> int:
     except (OSError, AttributeError):
         pass
     return max(1, (os.cpu_count() or 2) // 2)
+
+
+def release_mapped(a: np.ndarray) -> None:
+    """Drops the whole pages of `a` from this process when `a` views a read-only file mapping
+    (ModelFile's mmap): they are read from the file cache again if touched. A copy in memory
+    (--no-mmap) and locked pages (--mlock) are left alone."""
+    m = a.base
+    while isinstance(m, (np.ndarray, memoryview)):
+        m = m.base if isinstance(m, np.ndarray) else m.obj
+    if not isinstance(m, mmap.mmap) or m.closed:
+        return
+    start = a.ctypes.data - np.frombuffer(m, np.uint8, count=0).ctypes.data
+    lo = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+    hi = (start + a.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if hi > lo:
+        try:
+            m.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        except OSError:   # locked pages (--mlock) cannot be dropped: they stay, as asked
+            pass
 
 
 def rows4_tensors(graph: Graph, ranges: Seq[Range], streamed) -> set[str]:
@@ -159,7 +179,9 @@ class CoreProgram(Program):
         self.states = {name: aligned_zeros((floats,), np.float32) for name, floats in mp.states.items()}
         self.rows4 = rows4_tensors(graph, self.ranges, mp.streamed) if getattr(device, "repack", False) else set()
         self.weights = {name: self._place_weight(t) for name, t in mp.tensors.items()}
-        self.memory["repacked"] = sum(mp.tensors[name].nbytes for name in self.rows4)
+        self._repack([mp.tensors[name] for name in sorted(self.rows4)])
+        if self.rows4:   # the copies, beside the mapped file's weights
+            self.memory["repacked"] = sum(mp.tensors[name].nbytes for name in self.rows4)
         self.vectors = {key: self._place_vector(a) for key, a in mp.vectors.items()}
         self.staging = aligned_zeros((max(mp.staging, 1),), np.uint8)
 
@@ -202,14 +224,25 @@ class CoreProgram(Program):
                                 f"memory available; use a smaller context (-c / n_ctx {fits} or less)")
 
     def _place_weight(self, t: Tensor) -> np.ndarray:
-        if t.name not in self.rows4:
-            return t.data
-        packed = aligned_zeros((t.nbytes,), np.uint8)
-        n_in = t.shape[0]
-        if lib.pyllm_repack_rows4(t.type, ffi.from_buffer(t.data), ffi.from_buffer(packed),
-                                  t.n_elements // n_in, n_in) != 0:
-            raise BackendError(f"could not repack {t.name} ({t.type_name})")
-        return packed
+        return aligned_zeros((t.nbytes,), np.uint8) if t.name in self.rows4 else t.data   # _repack fills it
+
+    def _repack(self, tensors: list[Tensor]) -> None:
+        """Writes these weights in the ROWS4 layout, on the device's threads (the C core lets go of
+        the GIL), and drops the file's pages they came from out of this process (their copy is
+        what runs; the pages stay in the system's file cache)."""
+        def one(t: Tensor) -> None:
+            n_in = t.shape[0]
+            if lib.pyllm_repack_rows4(t.type, ffi.from_buffer(t.data), ffi.from_buffer(self.weights[t.name]),
+                                      t.n_elements // n_in, n_in) != 0:
+                raise BackendError(f"could not repack {t.name} ({t.type_name})")
+            release_mapped(t.data)
+        if len(tensors) > 1 and self.device.n_threads > 1:
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(self.device.n_threads) as pool:
+                list(pool.map(one, tensors))
+        else:
+            for t in tensors:
+                one(t)
 
     def _place_vector(self, a: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(a, dtype=np.float32)
