@@ -41,6 +41,8 @@
 #define PREFILL_TILE 64   /* rows per tile with many tokens */
 #define MIN_TILE 16
 #define ROWS4_COPY_BYTES ((size_t)2 << 20) /* the scratch a ROWS4 chunk is copied out into */
+_Static_assert(DECODE_CHUNK % 4 == 0 && PREFILL_TILE % 4 == 0 && MIN_TILE % 4 == 0,
+               "chunks of rows start at multiples of 4: each starts a ROWS4 group");
 #define SEG_BITS 16 /* the op's 64-bit counter: one 16-bit count per decode segment */
 #define MAX_SEGS 4
 #ifndef GEMV_MAX_ROWS
@@ -99,8 +101,11 @@ void rows4_dequant_row(int type, int64_t n, const uint8_t *w, int64_t n_rows, in
     const int64_t unit = rows4_unit(type_info(type)->block_size);
     const size_t ub = weight_row_bytes(type, unit);
     const uint8_t *group = w + (size_t)(row / 4) * 4 * rb;
-    for (int64_t i = 0; i < n; i += unit)
-        K.dequant[type](rows4_at(group, rb, ub, (int)(row % 4), (size_t)(i / unit) * ub), out + i, n - i < unit ? n - i : unit);
+    const rows_at L = rows_group(ub, rb);
+    for (int64_t i = 0; i < n; i += unit) {
+        const size_t off = (size_t)(i / unit) * ub;
+        K.dequant[type](row_at(group, &L, (int)(row % 4), off, off), out + i, n - i < unit ? n - i : unit);
+    }
 }
 
 /* rows per chunk: big enough to amortize a call, small enough to balance the threads */

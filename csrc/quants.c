@@ -930,15 +930,16 @@ size_t weight_row_bytes(int type, int64_t n) {
 /* the ROWS4 layout's copy, either way (quants.h) */
 void rows4_move(int type, int64_t n, const uint8_t *src, uint8_t *dst, int64_t nrows, int to_rows4) {
     const size_t rb = weight_row_bytes(type, n), ub = weight_row_bytes(type, rows4_unit(type_info(type)->block_size));
+    const rows_at group = rows_group(ub, rb);
     int64_t r = 0;
     for (; r + 4 <= nrows; r += 4, src += 4 * rb, dst += 4 * rb)
         for (size_t off = 0; off < rb; off += ub)
             for (int q = 0; q < 4; q++) {
                 const size_t len = rb - off < ub ? rb - off : ub;
                 if (to_rows4)
-                    memcpy((uint8_t *)rows4_at(dst, rb, ub, q, off), src + q * rb + off, len);
+                    memcpy((uint8_t *)row_at(dst, &group, q, off, off), src + q * rb + off, len);
                 else
-                    memcpy(dst + q * rb + off, rows4_at(src, rb, ub, q, off), len);
+                    memcpy(dst + q * rb + off, row_at(src, &group, q, off, off), len);
             }
     memcpy(dst, src, (size_t)(nrows - r) * rb); /* the last rows, fewer than 4, as they are */
 }

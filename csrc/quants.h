@@ -358,12 +358,6 @@ static inline void gemv_prefetch_step(const gemv_pf *pf, int R, uintptr_t at, si
  * (the 16 blocks of the 32-element formats' hex step) */
 static inline int64_t rows4_unit(int block_size) { return block_size >= QK_K ? block_size : 512 - 512 % block_size; }
 
-/* row r's unit at byte offset off of a ROWS4 group of rows of rb bytes, units of ub bytes */
-static inline const uint8_t *rows4_at(const uint8_t *group, size_t rb, size_t ub, int r, size_t off) {
-    const size_t len = rb - off < ub ? rb - off : ub;
-    return group + 4 * off + (size_t)r * len;
-}
-
 /* Where a gemv's rows are, plain or a ROWS4 group: row r's bytes at offset off (of the
  * call's part of the row), in the unit that starts at u0, are at
  *     w + k u0 + r rs + (off - u0)                    u0 < tail
