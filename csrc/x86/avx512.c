@@ -1355,13 +1355,16 @@ DEFINE_GEMM(mxfp4, block_mxfp4)
  * same float steps. */
 #define RED_SB 8
 
-/* Q4_K/Q5_K 6-bit scales and mins as 8 bytes each */
-INLINE void k4_scales(const uint8_t *s, uint32_t sc[2], uint32_t m[2]) {
-    const uint32_t a = ld32(s), b = ld32(s + 4), c = ld32(s + 8);
-    sc[0] = a & 0x3f3f3f3fu;
-    m[0] = b & 0x3f3f3f3fu;
-    sc[1] = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
-    m[1] = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
+/* Q4_K/Q5_K's 6-bit scales and mins (12 bytes after d, dmin; v = the block's
+ * first 16 bytes) -> [sc 0..7, m 0..7] as bytes: sc = a & 0x3f.., (c & 0x0f..)
+ * | (a >> 2 & 0x30..), m the same of b and c >> 4 (a, b, c: the 3 dwords) */
+INLINE __m128i k4_scales(__m128i v) {
+    const __m128i u = _mm_shuffle_epi32(v, _MM_SHUFFLE(3, 2, 3, 1)); /* [a, c, b, c] */
+    const __m128i w = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 2, 1, 1)); /* [a, a, b, b] */
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(u, _mm_setr_epi32(0, 0, 0, 4)),
+                                     _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi32(w, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm_or_si128(lo, hi);
 }
 
 /* M order of each format: K_ORD[4k + q] = the sub-block (0..15) in 128-bit
@@ -1456,13 +1459,19 @@ typedef struct {
 INLINE __m512 k_bytes_u(__m128i b, __m128i idx) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_shuffle_epi8(b, idx))); }
 INLINE __m512 k_bytes_s(__m128i b, __m128i idx) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_shuffle_epi8(b, idx))); }
 
-/* Q4_K/Q5_K scales: sub-block j (16 elements) has the scale and min of 32-element sub-block j / 2 */
-INLINE void k4_dsc(const uint8_t *scales, f16_t dh, f16_t dminh, __m128i ord_half, wKs *W) {
-    uint32_t sc[2], m[2];
-    k4_scales(scales, sc, m);
-    const __m128i s8 = _mm_setr_epi32((int)sc[0], (int)sc[1], (int)m[0], (int)m[1]);
-    W->dsc = _mm512_mul_ps(k_bytes_u(s8, ord_half), _mm512_set1_ps(_cvtsh_ss(dh)));
-    W->nmin = _mm512_mul_ps(k_bytes_u(s8, _mm_add_epi8(ord_half, _mm_set1_epi8(8))), _mm512_set1_ps(-_cvtsh_ss(dminh)));
+/* Q4_K/Q5_K scales in M order: sub-block j (16 elements) has the scale and
+ * min of 32-element sub-block j / 2, K4_ORD; all 16 as floats at once,
+ * [d sc 0..7, -dmin m 0..7] (exact), then permuted */
+#define K4_ORD 0, 1, 4, 5, 0, 1, 4, 5, 2, 3, 6, 7, 2, 3, 6, 7
+INLINE void k4_dsc(const void *block, wKs *W) {
+    const __m128i v = _mm_loadu_si128(block);
+    const __m512i sm = _mm512_cvtepu8_epi32(k4_scales(v));
+    const __m512i sm_neg = _mm512_mask_sub_epi32(sm, 0xff00, _mm512_setzero_si512(), sm); /* -m */
+    const __m512 dd = _mm512_permutexvar_ps(IDX32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                            _mm512_castps128_ps512(_mm_cvtph_ps(v)));
+    const __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(sm_neg), dd);
+    W->dsc = _mm512_permutexvar_ps(IDX32(K4_ORD), s);
+    W->nmin = _mm512_permutexvar_ps(_mm512_add_epi32(IDX32(K4_ORD), _mm512_set1_epi32(8)), s);
 }
 
 INLINE void dec_q4_K(const void *xb, wKs *W) {
@@ -1470,7 +1479,7 @@ INLINE void dec_q4_K(const void *xb, wKs *W) {
     const __m512i z0 = _mm512_loadu_si512(x->qs), z1 = _mm512_loadu_si512(x->qs + 64);
     W->v[0] = nib_lo(z0), W->v[1] = nib_hi(z0); /* elements 0-31 | 64-95, 32-63 | 96-127 */
     W->v[2] = nib_lo(z1), W->v[3] = nib_hi(z1); /* + 128 */
-    k4_dsc(x->scales, x->d, x->dmin, IDX8(0, 1, 4, 5, 0, 1, 4, 5, 2, 3, 6, 7, 2, 3, 6, 7), W);
+    k4_dsc(x, W);
 }
 
 /* Q5_K: Q4_K's layout plus the 5th bits (bit i of qh[l] is bit 4 of element 32 i + l) */
@@ -1490,7 +1499,7 @@ INLINE void dec_q5_K(const void *xb, wKs *W) {
     for (int k = 0; k < 4; k++)
         W->v[k] = _mm512_or_si512(q[k], _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(h, BITS(first[k])), b4));
 #undef BITS
-    k4_dsc(x->scales, x->d, x->dmin, IDX8(0, 1, 4, 5, 0, 1, 4, 5, 2, 3, 6, 7, 2, 3, 6, 7), W);
+    k4_dsc(x, W);
 }
 
 /* Q6_K: v[q] = elements 64 q .. 64 q + 63 (128-bit lane k: sub-block 4 q + k), 6-bit unsigned */
