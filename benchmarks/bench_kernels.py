@@ -138,7 +138,7 @@ def bench_one(isa, tname, rows, n, rng, min_time, cold_mb):
         if lib.pyllm_kernel_provided(isa, 6, tid):   # the same matrices repacked in ROWS4 (csrc/quants.h)
             packed = [np.zeros_like(m) for m in mats]
             for m, p in zip(mats, packed):
-                assert lib.pyllm_repack_rows4(tid, ffi.from_buffer(m), ffi.from_buffer(p), rows, n) == 0
+                assert lib.pyllm_kernel_repack_rows4(isa, tid, ffi.from_buffer(m), ffi.from_buffer(p), rows, n) == 0
             pp = [ffi.from_buffer(p) for p in packed]
 
             def gemv4_cold():

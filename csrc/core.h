@@ -45,8 +45,8 @@ static inline int value_dim(const pyllm_op *op) { return op->head_dim_v > 0 ? op
 /* floats of scratch an attention work item needs (attention.c) */
 size_t attention_scratch_floats(int head_dim, int head_dim_v, int group, int block_size);
 int64_t matmul_scratch_floats(int64_t rows);
-size_t matmul_rows4_bytes(void);
-int rows4_fits(int type, int64_t n); /* rows of n elements of type can be in the ROWS4 layout */ /* the scratch past matmul_scratch_floats that a ROWS4 matmul copies into */
+size_t matmul_rows4_bytes(void); /* the scratch past matmul_scratch_floats that a ROWS4 matmul copies into */
+int rows4_fits(int type, int64_t n); /* rows of n elements of type can be in the ROWS4 layout */
 /* element row `row` of a ROWS4 matrix (quants.h) of n_rows x n as floats */
 void rows4_dequant_row(int type, int64_t n, const uint8_t *w, int64_t n_rows, int64_t row, float *out);
 int64_t matmul_id_scratch_floats(const pyllm_op *op, int64_t rows);

@@ -100,7 +100,7 @@ static void overlay(kernel_table *dst, const kernel_table *src) {
         OV(gemv[i]);
         OV(gemm[i]);
         /* a gemv4 gives its own level's gemv results: it goes with that gemv */
-        if (src->gemv[i] || src->vec_dot[i]) dst->gemv4[i] = src->gemv4[i];
+        if (src->gemv[i] || src->vec_dot[i]) dst->gemv4[i] = src->gemv4[i], dst->rows4_codec[i] = src->rows4_codec[i];
     }
     for (int i = 0; i < 3; i++) OV(quantize_act[i]);
     OV(f32_to_f16);

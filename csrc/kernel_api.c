@@ -59,6 +59,7 @@ int pyllm_kernel_provided(int isa, int kind, int type) {
     case 3: return type >= 0 && type <= ACT_Q8_K && own.quantize_act[type] != NULL;
     case 4: return type_info(type) && own.gemm[type] != NULL;
     case 6: return type_info(type) && own.gemv4[type] != NULL;
+    case 7: return type_info(type) && own.rows4_codec[type] != NULL;
     case 5: /* vector math, type = pyllm_kernel_vmath's which */
         switch (type) {
         case 0: return own.glu_silu != NULL;
@@ -136,6 +137,13 @@ int pyllm_kernel_gemm(int isa, int type, int64_t n, const void *w, size_t row_by
     return 0;
 }
 
+int pyllm_kernel_repack_rows4(int isa, int type, const void *w, void *dst, int64_t n_rows, int64_t n) {
+    const kernel_table *t = dispatch_table_ready(isa);
+    if (!t || !check_row(type, n) || n_rows < 0 || !w || !dst) return -1;
+    rows4_move(type, n, w, dst, n_rows, 1, t->rows4_codec[type]);
+    return 0;
+}
+
 int pyllm_kernel_gemv4(int isa, int kind, int type, int64_t n, const void *w, int nrows, const void *a, float *out) {
     const kernel_table *t = dispatch_table_ready(isa);
     if (!t || !check_row(type, n) || !w || !a || !out || nrows < 0 || (kind != 0 && kind != 1)) return -1;
@@ -149,7 +157,7 @@ int pyllm_kernel_gemv4(int isa, int kind, int type, int64_t n, const void *w, in
     if (!plain) return -1;
     for (int r = 0; r < nrows; r += 4) {   /* as the matmul does: each group copied out, then gemv */
         const int rows = nrows - r < 4 ? nrows - r : 4;
-        rows4_move(type, n, (const uint8_t *)w + (size_t)r * rb, plain, rows, 0);
+        rows4_move(type, n, (const uint8_t *)w + (size_t)r * rb, plain, rows, 0, t->rows4_codec[type]);
         if (pyllm_kernel_gemv(isa, type, n, plain, rb, rows, a, out + r) != 0) {
             free(plain);
             return -1;

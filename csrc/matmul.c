@@ -87,7 +87,7 @@ int pyllm_rows4_supported(int type, int64_t n) {
 
 int pyllm_repack_rows4(int type, const void *w, void *dst, int64_t n_rows, int64_t n) {
     if (!rows4_fits(type, n) || n_rows < 0 || !w || !dst) return -1;
-    rows4_move(type, n, w, dst, n_rows, 1);
+    rows4_move(type, n, w, dst, n_rows, 1, K.rows4_codec[type]);
     return 0;
 }
 
@@ -102,9 +102,15 @@ void rows4_dequant_row(int type, int64_t n, const uint8_t *w, int64_t n_rows, in
     const size_t ub = weight_row_bytes(type, unit);
     const uint8_t *group = w + (size_t)(row / 4) * 4 * rb;
     const rows_at L = rows_group(ub, rb);
+    uint8_t block[512]; /* one block: codecs are for super-block formats, whose unit is one block */
     for (int64_t i = 0; i < n; i += unit) {
         const size_t off = (size_t)(i / unit) * ub;
-        K.dequant[type](row_at(group, &L, (int)(row % 4), off, off), out + i, n - i < unit ? n - i : unit);
+        const uint8_t *u = row_at(group, &L, (int)(row % 4), off, off);
+        if (K.rows4_codec[type]) {   /* a re-encoded block (the K-quants' unit is one) back first */
+            K.rows4_codec[type](u, block, 0);
+            u = block;
+        }
+        K.dequant[type](u, out + i, n - i < unit ? n - i : unit);
     }
 }
 
@@ -164,7 +170,7 @@ void op_matmul(const pyllm_op *op, const op_rows *r, int ith, int nth) {
         const uint8_t *w = (const uint8_t *)op->w + (size_t)c0 * row_bytes;
         const int direct4 = rows4 && by_gemv && K.gemv4[type];   /* else the chunk's rows are copied out */
         if (rows4 && !direct4) {
-            rows4_move(type, n, w, plain, nrows, 0);
+            rows4_move(type, n, w, plain, nrows, 0, K.rows4_codec[type]);
             w = plain;
         }
         const float *b = op->bias ? op->bias + c0 : NULL;

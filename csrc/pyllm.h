@@ -251,7 +251,8 @@ int pyllm_type_act(int type);           /* activation format a weight type's dot
 size_t pyllm_act_row_bytes(int act, int64_t n);
 /* does level `isa` itself provide this kernel (kind: 0 dequant, 1 vec_dot, 2 gemv, 3 quantize_act,
  * 4 gemm, 5 vector math with type = pyllm_kernel_vmath's which, or 5 for wsum_many_f32, 6 for
- * wsum_many_f16, 8 for ssm_scan_row, 9 for wsum_many_q8_0; 6 gemv4, the ROWS4 gemv)? */
+ * wsum_many_f16, 8 for ssm_scan_row, 9 for wsum_many_q8_0; 6 gemv4, the ROWS4 gemv; 7 rows4_codec,
+ * its own encoding of the format's blocks inside ROWS4)? */
 int pyllm_kernel_provided(int isa, int kind, int type);
 /* run one kernel of one level; 0 on success, -1 if unsupported */
 int pyllm_kernel_dequant(int isa, int type, const void *w, float *out, int64_t n);
@@ -265,6 +266,8 @@ int pyllm_kernel_gemm(int isa, int type, int64_t n, const void *w, size_t row_by
 /* level isa's gemv over rows in the ROWS4 layout: its gemv4, or (kind 0) the matmul's way without one,
  * each group copied out and run through gemv; w starts at a group; -1 if it has no gemv4 (kind 1) */
 int pyllm_kernel_gemv4(int isa, int kind, int type, int64_t n, const void *w, int nrows, const void *a, float *out);
+/* pyllm_repack_rows4 as level isa lays the blocks out (its rows4_codec) */
+int pyllm_kernel_repack_rows4(int isa, int type, const void *w, void *dst, int64_t n_rows, int64_t n);
 
 /* ---- the ROWS4 layout: weights repacked for decode (csrc/quants.h) ---- */
 /* whether rows of n elements of `type` are worth repacking: the layout takes them and the running

@@ -928,8 +928,20 @@ size_t weight_row_bytes(int type, int64_t n) {
 }
 
 /* the ROWS4 layout's copy, either way (quants.h) */
-void rows4_move(int type, int64_t n, const uint8_t *src, uint8_t *dst, int64_t nrows, int to_rows4) {
-    const size_t rb = weight_row_bytes(type, n), ub = weight_row_bytes(type, rows4_unit(type_info(type)->block_size));
+/* len bytes of whole blocks of `type_size` bytes, through the codec when there is one */
+static void move_blocks(const uint8_t *src, uint8_t *dst, size_t len, size_t type_size, int to_rows4,
+                        rows4_codec_fn codec) {
+    if (!codec) {
+        memcpy(dst, src, len);
+        return;
+    }
+    for (size_t b = 0; b < len; b += type_size) codec(src + b, dst + b, to_rows4);
+}
+
+void rows4_move(int type, int64_t n, const uint8_t *src, uint8_t *dst, int64_t nrows, int to_rows4,
+                rows4_codec_fn codec) {
+    const type_traits *t = type_info(type);
+    const size_t rb = weight_row_bytes(type, n), ub = weight_row_bytes(type, rows4_unit(t->block_size));
     const rows_at group = rows_group(ub, rb);
     int64_t r = 0;
     for (; r + 4 <= nrows; r += 4, src += 4 * rb, dst += 4 * rb)
@@ -937,9 +949,9 @@ void rows4_move(int type, int64_t n, const uint8_t *src, uint8_t *dst, int64_t n
             for (int q = 0; q < 4; q++) {
                 const size_t len = rb - off < ub ? rb - off : ub;
                 if (to_rows4)
-                    memcpy((uint8_t *)row_at(dst, &group, q, off, off), src + q * rb + off, len);
+                    move_blocks(src + q * rb + off, (uint8_t *)row_at(dst, &group, q, off, off), len, t->type_size, 1, codec);
                 else
-                    memcpy(dst + q * rb + off, row_at(src, &group, q, off, off), len);
+                    move_blocks(row_at(src, &group, q, off, off), dst + q * rb + off, len, t->type_size, 0, codec);
             }
     memcpy(dst, src, (size_t)(nrows - r) * rb); /* the last rows, fewer than 4, as they are */
 }

@@ -353,7 +353,10 @@ static inline void gemv_prefetch_step(const gemv_pf *pf, int R, uintptr_t at, si
  * better than 4 (on Zen 4, 4 side-by-side rows streamed at 10-17 GB/s
  * against 24 for one: benchmarks/bench_kernels.py, gemv_cold). In ROWS4 the
  * same reads are one stream, front to back. The bytes are only moved, so a
- * row's results are the plain layout's, bit for bit. */
+ * row's results are the plain layout's, bit for bit; a level may also
+ * reorder the quants inside each block of a format for its gemv4's sake
+ * (kernel_table.rows4_codec: AVX-512's Q4_K), which changes no integer a
+ * kernel sums and so no result either. */
 /* a super-block for the K-quants (AVX-512's gemv4 reads one per row in turn), else 512 elements
  * (the 16 blocks of the 32-element formats' hex step) */
 static inline int64_t rows4_unit(int block_size) { return block_size >= QK_K ? block_size : 512 - 512 % block_size; }
@@ -376,9 +379,16 @@ static inline const uint8_t *row_at(const void *w, const rows_at *L, int r, size
                         : (const uint8_t *)w + 4 * L->tail + r * L->tail_rs + (off - L->tail);
 }
 
+/* a level's re-encoding of one block of a format inside ROWS4, to_rows4 = 1 from the file's
+ * encoding, 0 back (src and dst do not overlap); super-block formats only, whose ROWS4 unit
+ * is one block */
+typedef void (*rows4_codec_fn)(const void *restrict src, void *restrict dst, int to_rows4);
+
 /* copies nrows rows of n elements of `type` between the plain layout and ROWS4 (quants.c):
- * to_rows4 = 1 reads plain and writes ROWS4, 0 the reverse; src and dst start at a group */
-void rows4_move(int type, int64_t n, const uint8_t *src, uint8_t *dst, int64_t nrows, int to_rows4);
+ * to_rows4 = 1 reads plain and writes ROWS4, 0 the reverse; src and dst start at a group;
+ * codec: the level's rows4_codec[type] (NULL: the blocks' bytes as they are) */
+void rows4_move(int type, int64_t n, const uint8_t *src, uint8_t *dst, int64_t nrows, int to_rows4,
+                rows4_codec_fn codec);
 
 /* DETERMINISM CONTRACT (every level, every type; tests/test_kernels.py checks
  * it with exact equality). Within one level's table, the float result for a
@@ -410,6 +420,7 @@ typedef struct {
                                       does (cheaper than a gemv per row): matmul.c then takes it for 2 rows too */
     gemv_fn gemv4[T_COUNT];        /* gemv over weights in the ROWS4 layout (below), exactly gemv's results;
                                       NULL: matmul.c copies each group out of it and runs gemv */
+    rows4_codec_fn rows4_codec[T_COUNT]; /* how this level's gemv4 wants the blocks inside ROWS4; NULL: as is */
     quantize_fn quantize_act[3];   /* by ACT_*; ACT_F32 entry is a plain copy */
     /* float helpers used by attention and the KV cache */
     void (*f32_to_f16)(const float *restrict x, f16_t *restrict out, int64_t n);

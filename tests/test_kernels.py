@@ -536,22 +536,43 @@ def rows4_by_hand(w, ub):
     return np.concatenate(out) if out else np.zeros(0, np.uint8)
 
 
+Q4_K_M_ORDER = [0, 2, 8, 10, 1, 3, 9, 11, 4, 6, 12, 14, 5, 7, 13, 15]   # avx512.c K_ORD_q4_K
+
+
+def q4_k_chained(rows):
+    """AVX-512's Q4_K blocks in ROWS4 (avx512.c rows4_code_q4_K) written out in numpy: byte
+    64 (q // 2) + 4 p + b holds, in nibble q % 2, quant 4 q + b of 16-element sub-block
+    Q4_K_M_ORDER[p]; the 16 bytes of d, dmin and scales as they are"""
+    blocks = rows.reshape(-1, 144)
+    qs = blocks[:, 16:]
+    # the file's order: element 64 c + 32 h + l is nibble h of qs[32 c + l]
+    nib = np.stack([qs & 15, qs >> 4], axis=1).reshape(-1, 2, 4, 32)
+    quants = nib.transpose(0, 2, 1, 3).reshape(-1, 16, 4, 4)[:, Q4_K_M_ORDER]   # [p, q, b]
+    chained = (quants[:, :, 0::2] | (quants[:, :, 1::2] << 4)).transpose(0, 2, 1, 3).reshape(-1, 128)
+    return np.concatenate([blocks[:, :16], chained], axis=1).reshape(rows.shape)
+
+
 @pytest.mark.parametrize("tname", type_params())
 @pytest.mark.parametrize("isa", level_params(LEVELS))
 def test_rows4_gemv_equals_gemv_exactly(isa, tname):
-    """Weights repacked into ROWS4 (pyllm_repack_rows4, checked against the layout written out by
-    hand) give gemv's results bit for bit: through the level's own gemv4 where it has one, and
-    through the matmul's copy-out otherwise; row counts that leave a last group of 1-3 rows"""
+    """Weights repacked into ROWS4 as the level lays them out (pyllm_kernel_repack_rows4, checked
+    against the layout written out by hand) give gemv's results bit for bit: through the level's
+    own gemv4 where it has one, and through the matmul's copy-out otherwise; row counts that leave
+    a last group of 1-3 rows"""
     rng = np.random.default_rng(14)
     tid, _, _, act = TYPES[tname]
     own = lib.pyllm_kernel_provided(isa, 6, tid)
+    recoded = lib.pyllm_kernel_provided(isa, 7, tid)
+    assert recoded == (tname == "Q4_K" and isa == 2), "a level re-encodes a format's blocks: add it here"
     for n in det_lengths(tname):
         for nrows in (4, 7, 13, 32) if n < 8192 else (5,):
             w, _, a = make_case(tname, n, rng, nrows)
             rb = w.shape[1]
             packed = np.zeros(nrows * rb, np.uint8)
-            assert lib.pyllm_repack_rows4(tid, ptr(np.ascontiguousarray(w)), ptr(packed), nrows, n) == 0
-            np.testing.assert_array_equal(packed, rows4_by_hand(w, rows4_unit_bytes(tname)), err_msg=f"n={n}")
+            assert lib.pyllm_kernel_repack_rows4(isa, tid, ptr(np.ascontiguousarray(w)), ptr(packed), nrows, n) == 0
+            groups = nrows // 4 * 4
+            by_hand = np.concatenate([q4_k_chained(w[:groups]), w[groups:]]) if recoded else w
+            np.testing.assert_array_equal(packed, rows4_by_hand(by_hand, rows4_unit_bytes(tname)), err_msg=f"n={n}")
             ref = gemv_call(isa, tname, n, np.ascontiguousarray(w).reshape(-1), rb, nrows, a)
             for kind in (0, 1):
                 out = np.full(nrows, np.nan, dtype=np.float32)
@@ -569,6 +590,13 @@ def test_rows4_gemv_provided():
     tid = TYPES["Q4_K"][0]   # worth it where the running level reads it directly
     assert lib.pyllm_rows4_supported(tid, 256) == bool(lib.pyllm_kernel_provided(lib.pyllm_get_level(), 6, tid))
     assert lib.pyllm_repack_rows4(TYPES["Q4_K"][0], ffi.NULL, ffi.NULL, 4, 256) == -1
+    # the core's repack lays blocks out as the running level does
+    w = np.random.default_rng(3).integers(0, 256, (4, 144), dtype=np.uint8)
+    w[:, :4] = 0   # d, dmin: zero halves
+    mine, levels = np.zeros(w.size, np.uint8), np.zeros(w.size, np.uint8)
+    assert lib.pyllm_repack_rows4(tid, ptr(w), ptr(mine), 4, 256) == 0
+    assert lib.pyllm_kernel_repack_rows4(lib.pyllm_get_level(), tid, ptr(w), ptr(levels), 4, 256) == 0
+    np.testing.assert_array_equal(mine, levels)
     if 2 not in LEVELS:
         pytest.skip("this CPU has no AVX-512")
     for tname in ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS", "IQ2_XXS", "IQ1_M", "Q4_0", "Q4_1", "Q8_0",

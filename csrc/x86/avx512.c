@@ -1443,6 +1443,21 @@ INLINE __m128i k4_scales(__m128i v) {
 #define K_GRP_iq1_s 4
 #define K_GRP_iq1_m 4
 
+/* K_CHAIN: the format's ROWS4 blocks are chained (rows4_code_q4_K below) */
+#define K_CHAIN_q4_K 1
+#define K_CHAIN_q5_K 0
+#define K_CHAIN_q6_K 0
+#define K_CHAIN_q2_K 0
+#define K_CHAIN_q3_K 0
+#define K_CHAIN_iq4_xs 0
+#define K_CHAIN_iq3_s 0
+#define K_CHAIN_iq3_xxs 0
+#define K_CHAIN_iq2_xxs 0
+#define K_CHAIN_iq2_xs 0
+#define K_CHAIN_iq2_s 0
+#define K_CHAIN_iq1_s 0
+#define K_CHAIN_iq1_m 0
+
 #define IDX8(...) _mm_loadu_si128((const void *)(const int8_t[16]){__VA_ARGS__})
 #define IDX32(...) _mm512_setr_epi32(__VA_ARGS__)
 #define HALF_(a) ((a) >> 1)
@@ -1477,9 +1492,38 @@ INLINE void k4_dsc(const void *block, wKs *W) {
 INLINE void dec_q4_K(const void *xb, wKs *W) {
     const block_q4_K *x = xb;
     const __m512i z0 = _mm512_loadu_si512(x->qs), z1 = _mm512_loadu_si512(x->qs + 64);
-    W->v[0] = nib_lo(z0), W->v[1] = nib_hi(z0); /* elements 0-31 | 64-95, 32-63 | 96-127 */
+    W->v[0] = nib_lo(z0), W->v[1] = nib_hi(z0); /* elements 0-31 | 64-95, 32-63 | 96-127 (chained: below) */
     W->v[2] = nib_lo(z1), W->v[3] = nib_hi(z1); /* + 128 */
     k4_dsc(x, W);
+}
+
+/* 4x4 transposes of dwords, one in each 128-bit lane: lane L of out[q] holds
+ * dword q of lane L of in[0..3] */
+INLINE void transpose4_dwords(const __m512i in[4], __m512i out[4]) {
+    const __m512i t0 = _mm512_unpacklo_epi32(in[0], in[1]), t1 = _mm512_unpackhi_epi32(in[0], in[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(in[2], in[3]), t3 = _mm512_unpackhi_epi32(in[2], in[3]);
+    out[0] = _mm512_unpacklo_epi64(t0, t2), out[1] = _mm512_unpackhi_epi64(t0, t2);
+    out[2] = _mm512_unpacklo_epi64(t1, t3), out[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+/* Q4_K chained (AVX-512's ROWS4 blocks): the 4 vectors of quants dec_q4_K makes
+ * (low and high nibbles of bytes 0-63, then of 64-127) are stored transposed
+ * as transpose4_dwords does, so that dword p of vector q holds quants 4q ..
+ * 4q + 3 of sub-block K_ORD[p]. Then a chain of 4 vpdpbusd sums each
+ * sub-block in its own lane, M order, without red4i's unpacks (shuffles bound
+ * this gemv on Zen 4): the same integers, so the same results. d, dmin and the
+ * scales stay. The transpose is its own inverse: one function either way. */
+static void rows4_code_q4_K(const void *restrict src, void *restrict dst, int to_rows4) {
+    (void)to_rows4;
+    const block_q4_K *x = src;
+    block_q4_K *y = dst;
+    memcpy(y, x, offsetof(block_q4_K, qs));
+    const __m512i z0 = _mm512_loadu_si512(x->qs), z1 = _mm512_loadu_si512(x->qs + 64);
+    const __m512i q[4] = {nib_lo(z0), nib_hi(z0), nib_lo(z1), nib_hi(z1)};
+    __m512i t[4];
+    transpose4_dwords(q, t);
+    _mm512_storeu_si512(y->qs, _mm512_or_si512(t[0], _mm512_slli_epi16(t[1], 4)));
+    _mm512_storeu_si512(y->qs + 64, _mm512_or_si512(t[2], _mm512_slli_epi16(t[3], 4)));
 }
 
 /* Q5_K: Q4_K's layout plus the 5th bits (bit i of qh[l] is bit 4 of element 32 i + l) */
@@ -1790,6 +1834,12 @@ INLINE void act_iq4_xs(const block_q8_K *y, aKs *A) {
     A->bs = _mm512_mul_ps(_mm512_cvtepi32_ps(b), A->da);
 }
 
+/* a chained format's activations: act_*'s, transposed as its weights are */
+INLINE void act_chain(aKs *A) {
+    const __m512i a[4] = {A->a[0], A->a[1], A->a[2], A->a[3]};
+    transpose4_dwords(a, A->a);
+}
+
 /* acc + the 4-product sums of unsigned w and signed a (vpdpbusd); a K_SGN format without
  * VNNI as (w - 128) x a (dot_s8s8) + 128 x a: no pair of products leaves int16, the same integers */
 INLINE __m512i k_dot(const int vnni, const int sgn, __m512i acc, __m512i w, __m512i a) {
@@ -1856,8 +1906,9 @@ _Static_assert(GEMM_FEW_COLS * KACT_CHUNK * sizeof(aKs) <= GEMM_SCRATCH, "kfew's
 #define DEFINE_K512(name, block_t)                                                                          \
     /* R rows against one activation row (vec_dot, gemv); Ab: the prepared super-blocks or NULL;       \
      * row r's super-block i at w + r rs + i bs (plain: rs = the row's bytes; ROWS4: rs = one block) */  \
-    INLINE void krows_##name(const int R, const int vnni, int64_t nsb, const char *w, size_t rs, size_t bs, \
-                             const block_q8_K *y, const aKs *Ab, float *out, const int cont, const gemv_pf *pf) { \
+    INLINE void krows_##name(const int R, const int vnni, const int chained, int64_t nsb, const char *w,     \
+                             size_t rs, size_t bs, const block_q8_K *y, const aKs *Ab, float *out, const int cont, \
+                             const gemv_pf *pf) {                                                           \
         float sum[4];                                                                                       \
         for (int r = 0; r < R; r++) sum[r] = cont ? out[r] : 0.0f;                                          \
         for (int64_t g0 = 0; g0 < nsb; g0 += RED_SB) {                                                      \
@@ -1872,9 +1923,15 @@ _Static_assert(GEMM_FEW_COLS * KACT_CHUNK * sizeof(aKs) <= GEMM_SCRATCH, "kfew's
                 for (int r = 0; r < R; r++) {                                                               \
                     wKs W;                                                                                  \
                     dec_##name(w + r * rs + i * bs, &W);                                                    \
-                    __m512i d[4];                                                                           \
-                    for (int q = 0; q < 4; q++) d[q] = k_dot(vnni, K_SGN_##name, _mm512_setzero_si512(), W.v[q], A->a[q]); \
-                    const __m512i isum = _mm512_add_epi32(red4i(d[0], d[1], d[2], d[3]), A->seed);          \
+                    __m512i isum = A->seed;                                                                 \
+                    if (chained) {                                                                          \
+                        for (int q = 0; q < 4; q++) isum = k_dot(vnni, K_SGN_##name, isum, W.v[q], A->a[q]); \
+                    } else {                                                                                \
+                        __m512i d[4];                                                                       \
+                        for (int q = 0; q < 4; q++)                                                         \
+                            d[q] = k_dot(vnni, K_SGN_##name, _mm512_setzero_si512(), W.v[q], A->a[q]);      \
+                        isum = _mm512_add_epi32(red4i(d[0], d[1], d[2], d[3]), isum);                       \
+                    }                                                                                       \
                     acc[r] = k_fin(K_MIN_##name, isum, W.dsc, W.nmin, A, acc[r]);                           \
                 }                                                                                           \
             }                                                                                               \
@@ -1890,13 +1947,15 @@ _Static_assert(GEMM_FEW_COLS * KACT_CHUNK * sizeof(aKs) <= GEMM_SCRATCH, "kfew's
     }                                                                                                       \
     INLINE float vec_dot_##name##_impl(const int vnni, int64_t n, const void *w, const void *a) {      \
         float r;                                                                                            \
-        krows_##name(1, vnni, n / QK_K, w, 0, sizeof(block_t), a, NULL, &r, 0, NULL);                       \
+        krows_##name(1, vnni, 0, n / QK_K, w, 0, sizeof(block_t), a, NULL, &r, 0, NULL);                    \
         return r;                                                                                           \
     }                                                                                                       \
     /* rows4: w in the ROWS4 layout, each group read front to back (no software prefetch: one stream    \
-     * the hardware prefetcher follows, which measured a little faster without) */                          \
+     * the hardware prefetcher follows, which measured a little faster without); its blocks chained     \
+     * for K_CHAIN formats (the last rows, fewer than 4, are plain and prepare their own activations)  */ \
     INLINE void kgemv_##name(const int vnni, const int rows4, int64_t n, const void *w, size_t rb, int nrows, \
                              const void *a, float *out) {                                                   \
+        const int chained = rows4 && K_CHAIN_##name;                                                        \
         const block_q8_K *y = a;                                                                            \
         const size_t bsz = sizeof(block_t);                                                                 \
         const int64_t nsb = n / QK_K;                                                                       \
@@ -1905,17 +1964,21 @@ _Static_assert(GEMM_FEW_COLS * KACT_CHUNK * sizeof(aKs) <= GEMM_SCRATCH, "kfew's
             for (int r = 0; r < nrows; r++) out[r] = 0.0f;                                                  \
         for (int64_t c0 = 0; c0 < nsb; c0 += KACT_CHUNK) {                                                  \
             const int64_t cb = nsb - c0 < KACT_CHUNK ? nsb - c0 : KACT_CHUNK;                               \
-            for (int64_t i = 0; i < cb; i++) act_##name(&y[c0 + i], &Ab[i]);                                \
+            for (int64_t i = 0; i < cb; i++) {                                                              \
+                act_##name(&y[c0 + i], &Ab[i]);                                                             \
+                if (chained) act_chain(&Ab[i]);                                                             \
+            }                                                                                               \
             const char *p = (const char *)w + (size_t)c0 * bsz;                                             \
             const size_t len = (size_t)cb * bsz;                                                            \
             const gemv_pf pf4 = gemv_prefetch_plan(4, rb, len), pf1 = gemv_prefetch_plan(1, rb, len);       \
             int r = 0;                                                                                      \
             for (; r + 4 <= nrows; r += 4, p += 4 * rb)                                                     \
                 if (rows4)                                                                                  \
-                    krows_##name(4, vnni, cb, p + 3 * c0 * bsz, bsz, 4 * bsz, NULL, Ab, out + r, c0 > 0, NULL); \
+                    krows_##name(4, vnni, chained, cb, p + 3 * c0 * bsz, bsz, 4 * bsz, NULL, Ab, out + r, c0 > 0, NULL); \
                 else                                                                                        \
-                    krows_##name(4, vnni, cb, p, rb, bsz, NULL, Ab, out + r, c0 > 0, &pf4);                 \
-            for (; r < nrows; r++, p += rb) krows_##name(1, vnni, cb, p, rb, bsz, NULL, Ab, out + r, c0 > 0, &pf1); \
+                    krows_##name(4, vnni, 0, cb, p, rb, bsz, NULL, Ab, out + r, c0 > 0, &pf4);              \
+            for (; r < nrows; r++, p += rb)                                                                 \
+                krows_##name(1, vnni, 0, cb, p, rb, bsz, y + c0, chained ? NULL : Ab, out + r, c0 > 0, &pf1); \
         }                                                                                                   \
     }                                                                                                       \
     INLINE void gemv_##name##_impl(const int vnni, int64_t n, const void *w, size_t rb, int nrows,         \
@@ -2475,6 +2538,7 @@ void kernels_fill_avx512(kernel_table *t) {
         t->gemm_streams[T_IQ2_XXS] = t->gemm_streams[T_IQ2_XS] = t->gemm_streams[T_IQ2_S] = GEMM_FEW_COLS;
         t->gemm_streams[T_IQ1_S] = t->gemm_streams[T_IQ1_M] = GEMM_FEW_COLS;
     }
+    t->rows4_codec[T_Q4_K] = rows4_code_q4_K;   /* K_CHAIN */
     t->vec_dot[T_F32] = vec_dot_f32;
     t->gemv[T_F32] = gemv_f32;
     t->gemm[T_F32] = gemm_f32;
