@@ -241,7 +241,9 @@ void pyllm_profile_read(const pyllm_ctx *ctx, double *op_ns, double *thread_busy
 /* ---- kernels, for tests and tools ---- */
 int pyllm_cpu_level(void);              /* best ISA level of this CPU (0 scalar, 1 avx2, 2 avx512, 3 neon) */
 int pyllm_level_available(int isa);
-int pyllm_set_level(int isa);           /* the level the core uses from now on; returns it, or -1 */
+int pyllm_set_level(int isa);           /* the level the core uses from now on; returns it, or -1 (weights
+                                           repacked by pyllm_repack_rows4 are laid out for the level that
+                                           ran then: repack them again after a change) */
 int pyllm_get_level(void);
 /* the kernels level `isa` runs on this CPU, by name: "scalar", "avx2", "avx2+avxvnni", "avx512",
  * "avx512+vnni", "neon", "neon+dotprod"; "" if unavailable */

@@ -536,20 +536,52 @@ def rows4_by_hand(w, ub):
     return np.concatenate(out) if out else np.zeros(0, np.uint8)
 
 
-Q4_K_M_ORDER = [0, 2, 8, 10, 1, 3, 9, 11, 4, 6, 12, 14, 5, 7, 13, 15]   # avx512.c K_ORD_q4_K
+def k_quants(tname, blocks):
+    """the quants (integers, element order) of Q4_K / Q5_K / Q6_K blocks, from the formats' layouts"""
+    blocks = blocks.reshape(-1, TYPES[tname][2])
+    if tname == "Q6_K":   # element 128 n + 32 j + l: ql nibble, 2 bits of qh[32 n + l] at 2 j
+        ql, qh = blocks[:, :128].reshape(-1, 2, 2, 32), blocks[:, 128:192].reshape(-1, 2, 1, 32)
+        low = np.stack([ql[:, :, 0] & 15, ql[:, :, 1] & 15, ql[:, :, 0] >> 4, ql[:, :, 1] >> 4], axis=2)
+        return (low | (((qh >> (2 * np.arange(4)[:, None])) & 3) << 4)).reshape(-1, 256)
+    qs = blocks[:, -128:].reshape(-1, 4, 32)   # element 64 c + 32 h + l: nibble h of qs[32 c + l]
+    q = np.stack([qs & 15, qs >> 4], axis=2).reshape(-1, 256)
+    if tname == "Q5_K":   # + bit i of qh[l] for element 32 i + l, as bit 4
+        qh = blocks[:, 16:48]
+        q = q | (((qh[:, None, :] >> np.arange(8)[:, None]) & 1) << 4).reshape(-1, 256)
+    return q
 
 
-def q4_k_chained(rows):
-    """AVX-512's Q4_K blocks in ROWS4 (avx512.c rows4_code_q4_K) written out in numpy: byte
-    64 (q // 2) + 4 p + b holds, in nibble q % 2, quant 4 q + b of 16-element sub-block
-    Q4_K_M_ORDER[p]; the 16 bytes of d, dmin and scales as they are"""
-    blocks = rows.reshape(-1, 144)
-    qs = blocks[:, 16:]
-    # the file's order: element 64 c + 32 h + l is nibble h of qs[32 c + l]
-    nib = np.stack([qs & 15, qs >> 4], axis=1).reshape(-1, 2, 4, 32)
-    quants = nib.transpose(0, 2, 1, 3).reshape(-1, 16, 4, 4)[:, Q4_K_M_ORDER]   # [p, q, b]
-    chained = (quants[:, :, 0::2] | (quants[:, :, 1::2] << 4)).transpose(0, 2, 1, 3).reshape(-1, 128)
-    return np.concatenate([blocks[:, :16], chained], axis=1).reshape(rows.shape)
+def chained_order(tname):
+    """(element of byte x of AVX-512's decoded vector q, element stored there once chained):
+    the chained encoding holds, at vector q byte x = 16 L + 4 k + b, what the file's holds at
+    vector k byte 16 L + 4 q + b (avx512.c K_CHAIN: a dword transpose in each 128-bit lane)"""
+    def element(q, x):   # avx512.c dec_*
+        return 64 * q + x if tname == "Q6_K" else 128 * (q // 2) + 32 * (q % 2) + x + 32 * (x >= 32)
+    at, holds = [], []
+    for q in range(4):
+        for x in range(64):
+            lane, k, b = x // 16, x % 16 // 4, x % 4
+            at.append(element(q, x))
+            holds.append(element(k, 16 * lane + 4 * q + b))
+    return np.array(at), np.array(holds)
+
+
+CHAINED = ("Q4_K", "Q5_K", "Q6_K")   # the formats AVX-512 re-encodes in ROWS4
+
+
+def check_chained(tname, packed, file_rows):
+    """packed's groups (as rows4_by_hand lays them out, re-encoded) hold the file's quants in
+    the chained order, and every other byte of each block unchanged"""
+    nrows, rb = file_rows.shape
+    groups = nrows // 4 * 4
+    bsz = TYPES[tname][2]
+    by_hand = rows4_by_hand(file_rows, bsz)[:groups * rb].reshape(-1, bsz)
+    got = packed[:groups * rb].reshape(-1, bsz)
+    at, holds = chained_order(tname)
+    np.testing.assert_array_equal(k_quants(tname, got)[:, at], k_quants(tname, by_hand)[:, holds])
+    scales = {"Q4_K": slice(0, 16), "Q5_K": slice(0, 16), "Q6_K": slice(192, 210)}[tname]
+    np.testing.assert_array_equal(got[:, scales], by_hand[:, scales])
+    np.testing.assert_array_equal(packed[groups * rb:], file_rows[groups:].reshape(-1))
 
 
 @pytest.mark.parametrize("tname", type_params())
@@ -563,16 +595,17 @@ def test_rows4_gemv_equals_gemv_exactly(isa, tname):
     tid, _, _, act = TYPES[tname]
     own = lib.pyllm_kernel_provided(isa, 6, tid)
     recoded = lib.pyllm_kernel_provided(isa, 7, tid)
-    assert recoded == (tname == "Q4_K" and isa == 2), "a level re-encodes a format's blocks: add it here"
+    assert recoded == (tname in CHAINED and isa == 2), "a level re-encodes a format's blocks: add it here"
     for n in det_lengths(tname):
         for nrows in (4, 7, 13, 32) if n < 8192 else (5,):
             w, _, a = make_case(tname, n, rng, nrows)
             rb = w.shape[1]
             packed = np.zeros(nrows * rb, np.uint8)
             assert lib.pyllm_kernel_repack_rows4(isa, tid, ptr(np.ascontiguousarray(w)), ptr(packed), nrows, n) == 0
-            groups = nrows // 4 * 4
-            by_hand = np.concatenate([q4_k_chained(w[:groups]), w[groups:]]) if recoded else w
-            np.testing.assert_array_equal(packed, rows4_by_hand(by_hand, rows4_unit_bytes(tname)), err_msg=f"n={n}")
+            if recoded:
+                check_chained(tname, packed, w)
+            else:
+                np.testing.assert_array_equal(packed, rows4_by_hand(w, rows4_unit_bytes(tname)), err_msg=f"n={n}")
             ref = gemv_call(isa, tname, n, np.ascontiguousarray(w).reshape(-1), rb, nrows, a)
             for kind in (0, 1):
                 out = np.full(nrows, np.nan, dtype=np.float32)
