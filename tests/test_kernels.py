@@ -483,8 +483,8 @@ def test_mxfp4_edge_scales_in_vec_dot_gemv_gemm(isa):
 
 def det_lengths(tname):
     bs = TYPES[tname][1]
-    if bs == 1:
-        return [7, 64, 200]
+    if bs == 1:   # and ROWS4's units of 512: several, a last one shorter with a partial vector
+        return [7, 64, 200, 1000, 1536]
     if bs == 32:
         # partial quads / octs / pairs (mod 4, mod 8), several 2048-element
         # reduction chunks, past the 8192-element activation chunk
@@ -633,7 +633,7 @@ def test_rows4_gemv_provided():
     if 2 not in LEVELS:
         pytest.skip("this CPU has no AVX-512")
     for tname in ("Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_XS", "IQ2_XXS", "IQ1_M", "Q4_0", "Q4_1", "Q8_0",
-                  "MXFP4"):
+                  "MXFP4", "F16", "BF16", "F32"):
         assert lib.pyllm_kernel_provided(2, 6, TYPES[tname][0]), tname
 
 

@@ -1101,6 +1101,34 @@ DEFINE_FDOT(dot_bf16_x, uint16_t, load_bf16x8, bf16_to_fp32)
         float r;                                                                                       \
         frows_##name(1, n, w, 0, a, &r, NULL);                                                            \
         return r;                                                                                      \
+    }                                                                                                  \
+    /* ROWS4: a group's 4 rows unit by unit, each row's whole unit before the next row's (one        \
+     * stream), frows' float steps: the FMAs in order, hsum8, the tail elements (in the last unit) */ \
+    static void gemv4_##name(int64_t n, const void *restrict w, size_t rb, int nrows,                 \
+                             const void *restrict a, float *restrict out) {                            \
+        const float *y = a;                                                                            \
+        const int64_t n8 = n / 8 * 8, last = (n - 1) / 512 * 512; /* units of 512: the last's start */ \
+        int r = 0;                                                                                     \
+        for (; r + 4 <= nrows; r += 4) {                                                               \
+            const char *g = (const char *)w + r * rb;                                                  \
+            __m256 c[4];                                                                               \
+            for (int q = 0; q < 4; q++) c[q] = _mm256_setzero_ps();                                    \
+            for (int64_t u0 = 0; u0 < n; u0 += 512) {                                                  \
+                const int64_t len = n - u0 < 512 ? n - u0 : 512, len8 = n8 - u0 < len ? n8 - u0 : len; \
+                for (int q = 0; q < 4; q++) {                                                          \
+                    const wtype *x = (const wtype *)(const void *)(g + (4 * u0 + q * len) * sizeof(wtype)); \
+                    for (int64_t i = 0; i < len8; i += 8)                                              \
+                        c[q] = _mm256_fmadd_ps(LOAD(x + i), _mm256_loadu_ps(y + u0 + i), c[q]);       \
+                }                                                                                      \
+            }                                                                                          \
+            for (int q = 0; q < 4; q++) {                                                              \
+                const wtype *x = (const wtype *)(const void *)(g + (4 * last + q * (n - last)) * sizeof(wtype)); \
+                float s = hsum8(c[q]);                                                                 \
+                for (int64_t j = n8; j < n; j++) s += SCALAR(x[j - last]) * y[j];                      \
+                out[r + q] = s;                                                                        \
+            }                                                                                          \
+        }                                                                                              \
+        gemv_##name(n, (const char *)w + r * rb, rb, nrows - r, a, out + r);                           \
     }
 
 DEFINE_FGEMV(f32, float, load_f32x8, F32_ID)
@@ -1768,13 +1796,13 @@ void KERNELS_FILL_AVX2(kernel_table *t) {
     t->dequant[T] = dequant_##name;     \
     t->vec_dot[T] = vec_dot_##name;     \
     t->gemv[T] = gemv_##name;
-#define SET(T, name) SETF(T, name) t->gemv4[T] = gemv4_##name; /* the quantized formats read ROWS4 too */
+#define SET(T, name) SETF(T, name) t->gemv4[T] = gemv4_##name; /* every weight format reads ROWS4 too */
     SET(T_Q4_0, q4_0) SET(T_Q4_1, q4_1) SET(T_Q5_0, q5_0) SET(T_Q5_1, q5_1)
     SET(T_Q8_0, q8_0) SET(T_IQ4_NL, iq4_nl) SET(T_MXFP4, mxfp4)
     SET(T_Q2_K, q2_K) SET(T_Q3_K, q3_K) SET(T_Q4_K, q4_K) SET(T_Q5_K, q5_K) SET(T_Q6_K, q6_K)
     SET(T_IQ4_XS, iq4_xs) SET(T_IQ3_S, iq3_s) SET(T_IQ3_XXS, iq3_xxs)
     SET(T_IQ2_XXS, iq2_xxs) SET(T_IQ2_XS, iq2_xs) SET(T_IQ2_S, iq2_s) SET(T_IQ1_S, iq1_s) SET(T_IQ1_M, iq1_m)
-    SETF(T_F16, f16) SETF(T_BF16, bf16)
+    SET(T_F16, f16) SET(T_BF16, bf16)
 #undef SET
 #undef SETF
     t->gemm[T_Q4_0] = gemm_q4_0;
@@ -1799,6 +1827,7 @@ void KERNELS_FILL_AVX2(kernel_table *t) {
     t->gemm[T_IQ1_M] = gemm_iq1_m;
     /* F32: dequant is a copy (the scalar memcpy) */
     t->vec_dot[T_F32] = vec_dot_f32;
+    t->gemv4[T_F32] = gemv4_f32;
     t->gemv[T_F32] = gemv_f32;
     t->gemm[T_F32] = gemm_f32;
     t->gemm[T_F16] = gemm_f16;
