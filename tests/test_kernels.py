@@ -537,8 +537,15 @@ def rows4_by_hand(w, ub):
 
 
 def k_quants(tname, blocks):
-    """the quants (integers, element order) of Q4_K / Q5_K / Q6_K blocks, from the formats' layouts"""
+    """the quants (integers, element order) of Q2_K - Q6_K blocks, from the formats' layouts"""
     blocks = blocks.reshape(-1, TYPES[tname][2])
+    if tname in ("Q2_K", "Q3_K"):   # element 128 h + 32 s + l: bits 2s of qs[32 h + l] (+ 4: hmask bit 4h + s)
+        qs = blocks[:, 16:80] if tname == "Q2_K" else blocks[:, 32:96]
+        q = (qs.reshape(-1, 2, 1, 32) >> (2 * np.arange(4)[:, None])) & 3
+        if tname == "Q3_K":
+            hm = blocks[:, None, :32]
+            q = q | (((hm >> np.arange(8)[:, None]) & 1) << 2).reshape(-1, 2, 4, 32)
+        return q.reshape(-1, 256)
     if tname == "Q6_K":   # element 128 n + 32 j + l: ql nibble, 2 bits of qh[32 n + l] at 2 j
         ql, qh = blocks[:, :128].reshape(-1, 2, 2, 32), blocks[:, 128:192].reshape(-1, 2, 1, 32)
         low = np.stack([ql[:, :, 0] & 15, ql[:, :, 1] & 15, ql[:, :, 0] >> 4, ql[:, :, 1] >> 4], axis=2)
@@ -556,6 +563,8 @@ def chained_order(tname):
     the chained encoding holds, at vector q byte x = 16 L + 4 k + b, what the file's holds at
     vector k byte 16 L + 4 q + b (avx512.c K_CHAIN: a dword transpose in each 128-bit lane)"""
     def element(q, x):   # avx512.c dec_*
+        if tname in ("Q2_K", "Q3_K"):
+            return 128 * (x // 32) + 32 * q + x % 32
         return 64 * q + x if tname == "Q6_K" else 128 * (q // 2) + 32 * (q % 2) + x + 32 * (x >= 32)
     at, holds = [], []
     for q in range(4):
@@ -566,7 +575,7 @@ def chained_order(tname):
     return np.array(at), np.array(holds)
 
 
-CHAINED = ("Q4_K", "Q5_K", "Q6_K")   # the formats AVX-512 re-encodes in ROWS4
+CHAINED = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")   # the formats AVX-512 re-encodes in ROWS4
 
 
 def check_chained(tname, packed, file_rows):
@@ -579,7 +588,8 @@ def check_chained(tname, packed, file_rows):
     got = packed[:groups * rb].reshape(-1, bsz)
     at, holds = chained_order(tname)
     np.testing.assert_array_equal(k_quants(tname, got)[:, at], k_quants(tname, by_hand)[:, holds])
-    scales = {"Q4_K": slice(0, 16), "Q5_K": slice(0, 16), "Q6_K": slice(192, 210)}[tname]
+    scales = {"Q2_K": np.r_[0:16, 80:84], "Q3_K": np.r_[96:110], "Q4_K": np.r_[0:16], "Q5_K": np.r_[0:16],
+              "Q6_K": np.r_[192:210]}[tname]
     np.testing.assert_array_equal(got[:, scales], by_hand[:, scales])
     np.testing.assert_array_equal(packed[groups * rb:], file_rows[groups:].reshape(-1))
 

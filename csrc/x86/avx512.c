@@ -1447,8 +1447,8 @@ INLINE __m128i k4_scales(__m128i v) {
 #define K_CHAIN_q4_K 1
 #define K_CHAIN_q5_K 1
 #define K_CHAIN_q6_K 1
-#define K_CHAIN_q2_K 0
-#define K_CHAIN_q3_K 0
+#define K_CHAIN_q2_K 1
+#define K_CHAIN_q3_K 1
 #define K_CHAIN_iq4_xs 0
 #define K_CHAIN_iq3_s 0
 #define K_CHAIN_iq3_xxs 0
@@ -1533,75 +1533,6 @@ INLINE void dec_q6_K(const void *xb, wKs *W) {
     W->nmin = _mm512_setzero_ps();
 }
 
-/* ---- chained blocks: AVX-512's ROWS4 encoding of Q4_K, Q5_K, Q6_K (K_CHAIN) ----
- * The 4 vectors of quants that dec_* makes are stored transposed (as
- * transpose4_dwords does), re-encoded in the format's own bit layout: dword p
- * of vector q then holds quants 4q .. 4q + 3 of sub-block K_ORD[p]. A chain
- * of 4 vpdpbusd sums each sub-block in its own lane, M order, without red4i's
- * unpacks (shuffles are what bounds the K-quant gemv on Zen 4): the same
- * integers, so the same results. The scales and d stay. The transpose is its
- * own inverse, so one function (rows4_code_*) goes either way. */
-
-/* 4x4 transposes of dwords, one in each 128-bit lane: lane L of out[q] holds
- * dword q of lane L of in[0..3] */
-INLINE void transpose4_dwords(const __m512i in[4], __m512i out[4]) {
-    const __m512i t0 = _mm512_unpacklo_epi32(in[0], in[1]), t1 = _mm512_unpackhi_epi32(in[0], in[1]);
-    const __m512i t2 = _mm512_unpacklo_epi32(in[2], in[3]), t3 = _mm512_unpackhi_epi32(in[2], in[3]);
-    out[0] = _mm512_unpacklo_epi64(t0, t2), out[1] = _mm512_unpackhi_epi64(t0, t2);
-    out[2] = _mm512_unpacklo_epi64(t1, t3), out[3] = _mm512_unpackhi_epi64(t1, t3);
-}
-
-/* the inverses of dec_*'s quants: the bytes that decode to v[0..3] */
-INLINE __m512i nib_pack(__m512i lo, __m512i hi) { return _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4)); }
-INLINE void enc_q4_K(const __m512i v[4], void *yb) {
-    block_q4_K *y = yb;
-    _mm512_storeu_si512(y->qs, nib_pack(v[0], v[1]));
-    _mm512_storeu_si512(y->qs + 64, nib_pack(v[2], v[3]));
-}
-INLINE void enc_q5_K(const __m512i v[4], void *yb) {
-    block_q5_K *y = yb;
-    const __m512i lo4 = _mm512_set1_epi8(0x0f);
-    _mm512_storeu_si512(y->qs, nib_pack(_mm512_and_si512(v[0], lo4), _mm512_and_si512(v[1], lo4)));
-    _mm512_storeu_si512(y->qs + 64, nib_pack(_mm512_and_si512(v[2], lo4), _mm512_and_si512(v[3], lo4)));
-    /* bit 4 of byte l of v[k] is bit first[k] of qh[l], of byte 32 + l bit first[k] + 2 */
-    const int first[4] = {0, 1, 4, 5};
-    __m256i qh = _mm256_setzero_si256();
-    for (int k = 0; k < 4; k++) {
-        const uint64_t m = _mm512_test_epi8_mask(v[k], _mm512_set1_epi8(0x10));
-        qh = _mm256_or_si256(qh, _mm256_maskz_mov_epi8((__mmask32)m, _mm256_set1_epi8((char)(1 << first[k]))));
-        qh = _mm256_or_si256(qh, _mm256_maskz_mov_epi8((__mmask32)(m >> 32), _mm256_set1_epi8((char)(4 << first[k]))));
-    }
-    _mm256_storeu_si256((__m256i *)y->qh, qh);
-}
-INLINE void enc_q6_K(const __m512i v[4], void *yb) {
-    block_q6_K *y = yb;
-    const __m512i lo4 = _mm512_set1_epi8(0x0f), lo2 = _mm512_set1_epi8(0x03);
-    for (int h = 0; h < 2; h++) {
-        _mm512_storeu_si512(y->ql + 64 * h, nib_pack(_mm512_and_si512(v[2 * h], lo4), _mm512_and_si512(v[2 * h + 1], lo4)));
-        /* qh[32 h + l]: the top 2 bits of byte l of v[2h] (bits 0-1), of its byte 32 + l (2-3),
-         * and the same of v[2h + 1] (4-5, 6-7) */
-        const __m512i a = _mm512_and_si512(_mm512_srli_epi16(v[2 * h], 4), lo2);
-        const __m512i b = _mm512_and_si512(_mm512_srli_epi16(v[2 * h + 1], 4), lo2);
-        const __m512i ab = _mm512_or_si512(a, _mm512_slli_epi16(b, 4));
-        const __m256i qh = _mm256_or_si256(_mm512_castsi512_si256(ab), _mm256_slli_epi16(_mm512_extracti64x4_epi64(ab, 1), 2));
-        _mm256_storeu_si256((__m256i *)(y->qh + 32 * h), qh);
-    }
-}
-
-#define DEFINE_CHAIN(name, block_t)                                                                       \
-    static void rows4_code_##name(const void *restrict src, void *restrict dst, int to_rows4) {         \
-        (void)to_rows4;                                                                                   \
-        memcpy(dst, src, sizeof(block_t));                                                                \
-        wKs W;                                                                                            \
-        dec_##name(src, &W);                                                                              \
-        __m512i t[4];                                                                                     \
-        transpose4_dwords(W.v, t);                                                                        \
-        enc_##name(t, dst);                                                                               \
-    }
-DEFINE_CHAIN(q4_K, block_q4_K)
-DEFINE_CHAIN(q5_K, block_q5_K)
-DEFINE_CHAIN(q6_K, block_q6_K)
-
 /* Q2_K: v[s] = bit pair s of qs[0:32 | 32:64]; 128-bit lane L of v[s] is
  * sub-block 2s + (L & 1) + 8 (L >> 1) */
 INLINE void dec_q2_K(const void *xb, wKs *W) {
@@ -1644,6 +1575,97 @@ INLINE void dec_q3_K(const void *xb, wKs *W) {
     W->dsc = _mm512_mul_ps(k_bytes_s(s8, IDX8(K_ORD_q3_K)), _mm512_set1_ps(_cvtsh_ss(x->d)));
     W->nmin = _mm512_setzero_ps();
 }
+
+/* ---- chained blocks: AVX-512's ROWS4 encoding of Q2_K - Q6_K (K_CHAIN) ----
+ * The 4 vectors of quants that dec_* makes are stored transposed (as
+ * transpose4_dwords does), re-encoded in the format's own bit layout: dword p
+ * of vector q then holds quants 4q .. 4q + 3 of sub-block K_ORD[p]. A chain
+ * of 4 vpdpbusd sums each sub-block in its own lane, M order, without red4i's
+ * unpacks (shuffles are what bounds the K-quant gemv on Zen 4): the same
+ * integers, so the same results. The scales and d stay. The transpose is its
+ * own inverse, so one function (rows4_code_*) goes either way. */
+
+/* 4x4 transposes of dwords, one in each 128-bit lane: lane L of out[q] holds
+ * dword q of lane L of in[0..3] */
+INLINE void transpose4_dwords(const __m512i in[4], __m512i out[4]) {
+    const __m512i t0 = _mm512_unpacklo_epi32(in[0], in[1]), t1 = _mm512_unpackhi_epi32(in[0], in[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(in[2], in[3]), t3 = _mm512_unpackhi_epi32(in[2], in[3]);
+    out[0] = _mm512_unpacklo_epi64(t0, t2), out[1] = _mm512_unpackhi_epi64(t0, t2);
+    out[2] = _mm512_unpacklo_epi64(t1, t3), out[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+/* the inverses of dec_*'s quants: the bytes that decode to v[0..3] */
+INLINE __m512i nib_pack(__m512i lo, __m512i hi) { return _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4)); }
+INLINE void enc_q4_K(const __m512i v[4], void *yb) {
+    block_q4_K *y = yb;
+    _mm512_storeu_si512(y->qs, nib_pack(v[0], v[1]));
+    _mm512_storeu_si512(y->qs + 64, nib_pack(v[2], v[3]));
+}
+/* 32 bytes with bit lo set where byte l of v has any bit of `test`, bit hi where byte 32 + l has */
+INLINE __m256i bit_plane(__m512i v, int test, int lo, int hi) {
+    const uint64_t m = _mm512_test_epi8_mask(v, _mm512_set1_epi8((char)test));
+    return _mm256_or_si256(_mm256_maskz_mov_epi8((__mmask32)m, _mm256_set1_epi8((char)(1 << lo))),
+                           _mm256_maskz_mov_epi8((__mmask32)(m >> 32), _mm256_set1_epi8((char)(1 << hi))));
+}
+INLINE void enc_q5_K(const __m512i v[4], void *yb) {
+    block_q5_K *y = yb;
+    const __m512i lo4 = _mm512_set1_epi8(0x0f);
+    _mm512_storeu_si512(y->qs, nib_pack(_mm512_and_si512(v[0], lo4), _mm512_and_si512(v[1], lo4)));
+    _mm512_storeu_si512(y->qs + 64, nib_pack(_mm512_and_si512(v[2], lo4), _mm512_and_si512(v[3], lo4)));
+    const int first[4] = {0, 1, 4, 5}; /* dec_q5_K's BITS */
+    __m256i qh = _mm256_setzero_si256();
+    for (int k = 0; k < 4; k++) qh = _mm256_or_si256(qh, bit_plane(v[k], 0x10, first[k], first[k] + 2));
+    _mm256_storeu_si256((__m256i *)y->qh, qh);
+}
+INLINE void enc_q6_K(const __m512i v[4], void *yb) {
+    block_q6_K *y = yb;
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), lo2 = _mm512_set1_epi8(0x03);
+    for (int h = 0; h < 2; h++) {
+        _mm512_storeu_si512(y->ql + 64 * h, nib_pack(_mm512_and_si512(v[2 * h], lo4), _mm512_and_si512(v[2 * h + 1], lo4)));
+        /* qh[32 h + l]: the top 2 bits of byte l of v[2h] (bits 0-1), of its byte 32 + l (2-3),
+         * and the same of v[2h + 1] (4-5, 6-7) */
+        const __m512i a = _mm512_and_si512(_mm512_srli_epi16(v[2 * h], 4), lo2);
+        const __m512i b = _mm512_and_si512(_mm512_srli_epi16(v[2 * h + 1], 4), lo2);
+        const __m512i ab = _mm512_or_si512(a, _mm512_slli_epi16(b, 4));
+        const __m256i qh = _mm256_or_si256(_mm512_castsi512_si256(ab), _mm256_slli_epi16(_mm512_extracti64x4_epi64(ab, 1), 2));
+        _mm256_storeu_si256((__m256i *)(y->qh + 32 * h), qh);
+    }
+}
+
+INLINE void enc_q2_K(const __m512i v[4], void *yb) {
+    block_q2_K *y = yb;
+    __m512i qs = v[0];
+    for (int s = 1; s < 4; s++) qs = _mm512_or_si512(qs, _mm512_slli_epi16(v[s], 2 * s));
+    _mm512_storeu_si512(y->qs, qs);
+}
+INLINE void enc_q3_K(const __m512i v[4], void *yb) {
+    block_q3_K *y = yb;
+    const __m512i lo2 = _mm512_set1_epi8(0x03);
+    __m512i qs = _mm512_setzero_si512();
+    __m256i hm = _mm256_setzero_si256();
+    for (int s = 0; s < 4; s++) {
+        qs = _mm512_or_si512(qs, _mm512_slli_epi16(_mm512_and_si512(v[s], lo2), 2 * s));
+        hm = _mm256_or_si256(hm, bit_plane(v[s], 0x04, s, s + 4));
+    }
+    _mm512_storeu_si512(y->qs, qs);
+    _mm256_storeu_si256((__m256i *)y->hmask, hm);
+}
+
+#define DEFINE_CHAIN(name, block_t)                                                                       \
+    static void rows4_code_##name(const void *restrict src, void *restrict dst, int to_rows4) {         \
+        (void)to_rows4;                                                                                   \
+        memcpy(dst, src, sizeof(block_t));                                                                \
+        wKs W;                                                                                            \
+        dec_##name(src, &W);                                                                              \
+        __m512i t[4];                                                                                     \
+        transpose4_dwords(W.v, t);                                                                        \
+        enc_##name(t, dst);                                                                               \
+    }
+DEFINE_CHAIN(q4_K, block_q4_K)
+DEFINE_CHAIN(q5_K, block_q5_K)
+DEFINE_CHAIN(q6_K, block_q6_K)
+DEFINE_CHAIN(q2_K, block_q2_K)
+DEFINE_CHAIN(q3_K, block_q3_K)
 
 /* IQ4_XS: v[0], v[1] = the low, high nibbles of qs[0:64] as book values + 128,
  * v[2], v[3] those of qs[64:128]: 128-bit lane k of v[0] holds elements 0-15
@@ -2606,6 +2628,8 @@ void kernels_fill_avx512(kernel_table *t) {
     t->rows4_codec[T_Q4_K] = rows4_code_q4_K;   /* K_CHAIN */
     t->rows4_codec[T_Q5_K] = rows4_code_q5_K;
     t->rows4_codec[T_Q6_K] = rows4_code_q6_K;
+    t->rows4_codec[T_Q2_K] = rows4_code_q2_K;
+    t->rows4_codec[T_Q3_K] = rows4_code_q3_K;
     t->vec_dot[T_F32] = vec_dot_f32;
     t->gemv[T_F32] = gemv_f32;
     t->gemm[T_F32] = gemm_f32;
