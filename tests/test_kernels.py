@@ -537,8 +537,11 @@ def rows4_by_hand(w, ub):
 
 
 def k_quants(tname, blocks):
-    """the quants (integers, element order) of Q2_K - Q6_K blocks, from the formats' layouts"""
+    """the quants (integers, element order) of Q2_K - Q6_K and IQ4_XS blocks, from the formats' layouts"""
     blocks = blocks.reshape(-1, TYPES[tname][2])
+    if tname == "IQ4_XS":   # element 32 i + 16 h + j: nibble h of qs[16 i + j]
+        qs = blocks[:, 8:].reshape(-1, 8, 1, 16)
+        return np.concatenate([qs & 15, qs >> 4], axis=2).reshape(-1, 256)
     if tname in ("Q2_K", "Q3_K"):   # element 128 h + 32 s + l: bits 2s of qs[32 h + l] (+ 4: hmask bit 4h + s)
         qs = blocks[:, 16:80] if tname == "Q2_K" else blocks[:, 32:96]
         q = (qs.reshape(-1, 2, 1, 32) >> (2 * np.arange(4)[:, None])) & 3
@@ -565,6 +568,8 @@ def chained_order(tname):
     def element(q, x):   # avx512.c dec_*
         if tname in ("Q2_K", "Q3_K"):
             return 128 * (x // 32) + 32 * q + x % 32
+        if tname == "IQ4_XS":
+            return 128 * (q // 2) + 32 * (x // 16) + 16 * (q % 2) + x % 16
         return 64 * q + x if tname == "Q6_K" else 128 * (q // 2) + 32 * (q % 2) + x + 32 * (x >= 32)
     at, holds = [], []
     for q in range(4):
@@ -575,7 +580,7 @@ def chained_order(tname):
     return np.array(at), np.array(holds)
 
 
-CHAINED = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")   # the formats AVX-512 re-encodes in ROWS4
+CHAINED = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")   # the formats AVX-512 re-encodes in ROWS4
 
 
 def check_chained(tname, packed, file_rows):
@@ -589,7 +594,7 @@ def check_chained(tname, packed, file_rows):
     at, holds = chained_order(tname)
     np.testing.assert_array_equal(k_quants(tname, got)[:, at], k_quants(tname, by_hand)[:, holds])
     scales = {"Q2_K": np.r_[0:16, 80:84], "Q3_K": np.r_[96:110], "Q4_K": np.r_[0:16], "Q5_K": np.r_[0:16],
-              "Q6_K": np.r_[192:210]}[tname]
+              "Q6_K": np.r_[192:210], "IQ4_XS": np.r_[0:8]}[tname]
     np.testing.assert_array_equal(got[:, scales], by_hand[:, scales])
     np.testing.assert_array_equal(packed[groups * rb:], file_rows[groups:].reshape(-1))
 

@@ -1449,7 +1449,7 @@ INLINE __m128i k4_scales(__m128i v) {
 #define K_CHAIN_q6_K 1
 #define K_CHAIN_q2_K 1
 #define K_CHAIN_q3_K 1
-#define K_CHAIN_iq4_xs 0
+#define K_CHAIN_iq4_xs 1
 #define K_CHAIN_iq3_s 0
 #define K_CHAIN_iq3_xxs 0
 #define K_CHAIN_iq2_xxs 0
@@ -1576,7 +1576,7 @@ INLINE void dec_q3_K(const void *xb, wKs *W) {
     W->nmin = _mm512_setzero_ps();
 }
 
-/* ---- chained blocks: AVX-512's ROWS4 encoding of Q2_K - Q6_K (K_CHAIN) ----
+/* ---- chained blocks: AVX-512's ROWS4 encoding of Q2_K - Q6_K and IQ4_XS (K_CHAIN) ----
  * The 4 vectors of quants that dec_* makes are stored transposed (as
  * transpose4_dwords does), re-encoded in the format's own bit layout: dword p
  * of vector q then holds quants 4q .. 4q + 3 of sub-block K_ORD[p]. A chain
@@ -1596,11 +1596,6 @@ INLINE void transpose4_dwords(const __m512i in[4], __m512i out[4]) {
 
 /* the inverses of dec_*'s quants: the bytes that decode to v[0..3] */
 INLINE __m512i nib_pack(__m512i lo, __m512i hi) { return _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4)); }
-INLINE void enc_q4_K(const __m512i v[4], void *yb) {
-    block_q4_K *y = yb;
-    _mm512_storeu_si512(y->qs, nib_pack(v[0], v[1]));
-    _mm512_storeu_si512(y->qs + 64, nib_pack(v[2], v[3]));
-}
 /* 32 bytes with bit lo set where byte l of v has any bit of `test`, bit hi where byte 32 + l has */
 INLINE __m256i bit_plane(__m512i v, int test, int lo, int hi) {
     const uint64_t m = _mm512_test_epi8_mask(v, _mm512_set1_epi8((char)test));
@@ -1651,6 +1646,24 @@ INLINE void enc_q3_K(const __m512i v[4], void *yb) {
     _mm256_storeu_si256((__m256i *)y->hmask, hm);
 }
 
+/* Q4_K and IQ4_XS: 128 bytes of nibbles, whose 4 vectors (low and high of bytes 0-63, then
+ * of 64-127) dec_* maps byte for byte: the nibbles themselves are transposed */
+#define DEFINE_CHAIN_NIBBLES(name, block_t)                                                               \
+    static void rows4_code_##name(const void *restrict src, void *restrict dst, int to_rows4) {         \
+        (void)to_rows4;                                                                                   \
+        const block_t *x = src;                                                                           \
+        block_t *y = dst;                                                                                 \
+        memcpy(y, x, sizeof(block_t));                                                                    \
+        const __m512i z0 = _mm512_loadu_si512(x->qs), z1 = _mm512_loadu_si512(x->qs + 64);                \
+        const __m512i q[4] = {nib_lo(z0), nib_hi(z0), nib_lo(z1), nib_hi(z1)};                            \
+        __m512i t[4];                                                                                     \
+        transpose4_dwords(q, t);                                                                          \
+        _mm512_storeu_si512(y->qs, nib_pack(t[0], t[1]));                                                 \
+        _mm512_storeu_si512(y->qs + 64, nib_pack(t[2], t[3]));                                            \
+    }
+DEFINE_CHAIN_NIBBLES(q4_K, block_q4_K)
+
+/* the others: their quants decoded, transposed and encoded again */
 #define DEFINE_CHAIN(name, block_t)                                                                       \
     static void rows4_code_##name(const void *restrict src, void *restrict dst, int to_rows4) {         \
         (void)to_rows4;                                                                                   \
@@ -1661,7 +1674,6 @@ INLINE void enc_q3_K(const __m512i v[4], void *yb) {
         transpose4_dwords(W.v, t);                                                                        \
         enc_##name(t, dst);                                                                               \
     }
-DEFINE_CHAIN(q4_K, block_q4_K)
 DEFINE_CHAIN(q5_K, block_q5_K)
 DEFINE_CHAIN(q6_K, block_q6_K)
 DEFINE_CHAIN(q2_K, block_q2_K)
@@ -1686,6 +1698,8 @@ INLINE void dec_iq4_xs(const void *xb, wKs *W) {
                            _mm512_set1_ps(_cvtsh_ss(x->d)));
     W->nmin = _mm512_setzero_ps();
 }
+
+DEFINE_CHAIN_NIBBLES(iq4_xs, block_iq4_xs)
 
 /* the grid i-quants (IQ3_S, IQ3_XXS, IQ2_*): v[q] = elements 64 q .. 64 q + 63 (128-bit
  * lane k: sub-block 4 q + k of 16, as Q6_K) as signed value + K_OFF (the seed takes it
@@ -2630,6 +2644,7 @@ void kernels_fill_avx512(kernel_table *t) {
     t->rows4_codec[T_Q6_K] = rows4_code_q6_K;
     t->rows4_codec[T_Q2_K] = rows4_code_q2_K;
     t->rows4_codec[T_Q3_K] = rows4_code_q3_K;
+    t->rows4_codec[T_IQ4_XS] = rows4_code_iq4_xs;
     t->vec_dot[T_F32] = vec_dot_f32;
     t->gemv[T_F32] = gemv_f32;
     t->gemm[T_F32] = gemm_f32;
