@@ -178,6 +178,8 @@ void op_matmul_id(const pyllm_op *op, const op_rows *r, int ith, int nth) {
         if (start[e + 1] > start[e]) used[n_used++] = e;
     uint8_t *gathered = (uint8_t *)(used + n_exp) + 64 - ((uintptr_t)(used + n_exp) & 63);
     float *part = (float *)(gathered + GATHER_ROWS * slot_bytes); /* [GATHER_ROWS][ID_CHUNK] */
+    uint8_t *plain = (uint8_t *)(part + GATHER_ROWS * ID_CHUNK); /* a ROWS4 chunk copied out */
+    const int rows4 = (op->flags & OPF_ROWS4) != 0;   /* each expert's rows in groups of 4 (quants.h) */
 
     const int64_t n_chunks = (n_out + ID_CHUNK - 1) / ID_CHUNK;
     for (;;) {
@@ -187,11 +189,20 @@ void op_matmul_id(const pyllm_op *op, const op_rows *r, int ith, int nth) {
         const int64_t c0 = item % n_chunks * ID_CHUNK;
         const int nrows = (int)(n_out - c0 < ID_CHUNK ? n_out - c0 : ID_CHUNK);
         const uint8_t *w = (const uint8_t *)op->w + (size_t)e * expert_bytes + (size_t)c0 * row_bytes;
-        if (start[e + 1] - start[e] == 1) { /* one token chose it (decode): a gemv, nothing to gather */
+        const int one = start[e + 1] - start[e] == 1;
+        const int direct4 = rows4 && one && K.gemv4[type];   /* else the chunk's rows are copied out */
+        if (rows4 && !direct4) {
+            rows4_move(type, n, w, plain, nrows, 0, K.rows4_codec[type]);
+            w = plain;
+        }
+        if (one) { /* one token chose it (decode): a gemv, nothing to gather */
             const int t = pairs[start[e]] / k, j = pairs[start[e]] % k;
-            gemv_rows(type, n, w, row_bytes, nrows,
-                      act_base + (size_t)t * in_row_bytes + (slot_input ? (size_t)j * slot_bytes : 0),
-                      OUT_ROW(op, t) + (int64_t)j * n_out + c0);
+            const uint8_t *a = act_base + (size_t)t * in_row_bytes + (slot_input ? (size_t)j * slot_bytes : 0);
+            float *out = OUT_ROW(op, t) + (int64_t)j * n_out + c0;
+            if (direct4)
+                K.gemv4[type](n, w, row_bytes, nrows, a, out);
+            else
+                gemv_rows(type, n, w, row_bytes, nrows, a, out);
             add_expert_bias(op, e, c0, nrows, OUT_ROW(op, t) + (int64_t)j * n_out + c0);
             continue;
         }
@@ -218,7 +229,8 @@ int64_t matmul_id_scratch_floats(const pyllm_op *op, int64_t rows) {
     const int act = type_info(op->type)->act;
     const size_t slot_bytes = act == ACT_F32 ? (size_t)op->n_in * sizeof(float) : act_row_bytes(act, op->n_in);
     const int64_t ints = 3 * (int64_t)op->n_kv_head + 1 + rows * op->n_head;
-    return ints + 16 + (int64_t)(GATHER_ROWS * slot_bytes) / 4 + GATHER_ROWS * ID_CHUNK;
+    const int64_t plain = op->flags & OPF_ROWS4 ? (int64_t)(ID_CHUNK * weight_row_bytes(op->type, op->n_in)) / 4 + 1 : 0;
+    return ints + 16 + (int64_t)(GATHER_ROWS * slot_bytes) / 4 + GATHER_ROWS * ID_CHUNK + plain;
 }
 
 void op_moe_sum(const pyllm_op *op, const op_rows *r, int ith, int nth) {

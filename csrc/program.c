@@ -210,6 +210,9 @@ static int check_op(const pyllm_op *op) {
             return fail("matmul_id: output or route stride too small");
         if (tt->act == ACT_F32 && op->x_stride < op->n_in * (op->flags & OPF_SLOT_INPUT ? op->n_head : 1))
             return fail("matmul_id: input stride too small");
+        if ((op->flags & OPF_ROWS4) && (!rows4_fits(op->type, op->n_in) || op->n_out % 4))
+            return fail("experts of %lld x %lld %s cannot be in the ROWS4 layout", (long long)op->n_out,
+                        (long long)op->n_in, tt->name);
         return 0;
     case OP_POS_SCALE:
         if (!op->y || op->n_in <= 0 || op->y_stride < op->n_in || op->window < 1)

@@ -119,7 +119,8 @@ enum pyllm_op_flags {
     OPF_ROPE_INTERLEAVED = 16384, /* ROPE: M-RoPE's sections interleaved (Qwen 3 VL): pair i turns by the height's
                                     position if i % 3 == 1 and i < 3 s1, the width's if i % 3 == 2 and
                                     i < 3 s2, else by the time's */
-    OPF_ROWS4 = 32768        /* MATMUL, EMBED: w is in the ROWS4 layout (pyllm_repack_rows4) */
+    OPF_ROWS4 = 32768        /* MATMUL, EMBED, MATMUL_ID (each expert's rows): w is in the ROWS4 layout
+                                (pyllm_repack_rows4) */
 };
 
 /* GLU_SWIGLU_OAI (gpt-oss): g' = min(g, c), y = g' sigmoid(a g') (clamp(u, -c, c) + 1), a = scale, c = softcap;

@@ -131,8 +131,18 @@ def test_repacked_weights_give_the_same_logits(tmp_path, qtype):
     """Weights repacked into the ROWS4 layout (where the level reads it: AVX-512's K-quants and
     i-quants) give the plain layout's logits bit for bit: the tied embedding read as rows (EMBED),
     prefill (the groups copied out for gemm) and decode (gemv4)."""
+    path = synth.write_llama(tmp_path / "r.gguf", qtype, tied=True, n_ff=768)   # ffn_down: rows of 2+ units
+    expect = logits_with_and_without_repacking(path)
+    if lib.pyllm_rows4_supported(int(qtype), 256):
+        assert "token_embd.weight" in expect and any(".ffn_down." in n for n in expect)
+    else:
+        assert not expect
+
+
+def logits_with_and_without_repacking(path):
+    """the same prompt and 3 decode steps, plain and repacked: bit for bit the same logits;
+    returns the names of the repacked weights"""
     from pyllm.backend.cpu import HostDevice, rows4_tensors
-    path = synth.write_llama(tmp_path / "r.gguf", qtype, tied=True, n_ff=512)
     arch = load_architecture(ModelFile(path))
     g = Graph()
     arch.build(g)
@@ -147,11 +157,18 @@ def test_repacked_weights_give_the_same_logits(tmp_path, qtype):
         prefill = be.forward(tokens, 0, [0, 1, 2], len(tokens)).copy()
         steps = [be.forward([t], len(tokens) + i, [0, 1, 2], 1).copy() for i, t in enumerate([5, 9, 11])]
         out[repack] = np.concatenate([prefill] + steps)
-    if lib.pyllm_rows4_supported(int(qtype), 256):
-        assert "token_embd.weight" in expect and any(".ffn_down." in n for n in expect)
-    else:
-        assert not expect
     np.testing.assert_array_equal(out[True], out[False])
+    return expect
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q8_0], ids=lambda t: t.name)
+def test_repacked_experts_give_the_same_logits(tmp_path, qtype):
+    """MoE experts (MATMUL_ID) repacked, each expert's rows in groups of their own: the prompt's
+    experts copied out for gemm, a decode step's read in place (gemv4), the same logits"""
+    # rows of 768: several ROWS4 units (512 elements for Q8_0, one super-block for Q4_K)
+    expect = logits_with_and_without_repacking(synth.write_qwen3moe(tmp_path / "m.gguf", qtype, n_embd=768))
+    if lib.pyllm_rows4_supported(int(qtype), 256):
+        assert any("_exps." in n for n in expect), sorted(expect)
 
 
 @pytest.mark.parametrize("use_mmap", [True, False])

@@ -22,7 +22,7 @@ import numpy as np
 
 from .._native import ffi, lib
 from ..errors import BackendError, InvalidArgumentError
-from ..graph import OP_ATTENTION, OP_EMBED, OP_MATMUL, OPF_NON_CAUSAL, OPF_ROWS4, Graph, View
+from ..graph import OP_ATTENTION, OP_EMBED, OP_MATMUL, OP_MATMUL_ID, OPF_NON_CAUSAL, OPF_ROWS4, Graph, View
 from ..model_file import Tensor
 from ..units import fmt_bytes
 from .base import (ACTIVATIONS, Backend, Device, DeviceMemoryError, Program, Range, Shape, StepData, step_media,
@@ -108,7 +108,8 @@ def release_mapped(a: np.ndarray) -> None:
 def rows4_tensors(graph: Graph, ranges: Seq[Range], streamed) -> set[str]:
     """The weights to repack in the ROWS4 layout (csrc/quants.h: each group of 4 rows one stream,
     which a decode step reads up to twice as fast): those that only whole-matrix MATMUL and EMBED
-    ops of the ranges read, not streamed, with at least 4 rows of a length the core takes."""
+    ops, or MATMUL_ID ops over experts of a multiple of 4 rows (each expert its own groups), of
+    the ranges read, not streamed, with at least 4 rows of a length the core takes."""
     uses: dict[str, list] = {}
     for r in ranges:
         for i in range(r.lo, r.hi):
@@ -120,9 +121,12 @@ def rows4_tensors(graph: Graph, ranges: Seq[Range], streamed) -> set[str]:
         t = ops[0][1].weight
         n_in = t.shape[0]
         rows = t.n_elements // n_in
+        def whole(op):
+            if op.kind == OP_MATMUL_ID:
+                return op.n_out % 4 == 0 and op.n_out * op.n_kv_head == rows
+            return op.kind in (OP_MATMUL, OP_EMBED) and op.n_out == rows
         if rows >= 4 and lib.pyllm_rows4_supported(t.type, n_in) and all(
-                op.kind in (OP_MATMUL, OP_EMBED) and op.n_in == n_in and op.n_out == rows and i not in streamed
-                for i, op in ops):
+                whole(op) and op.n_in == n_in and i not in streamed for i, op in ops):
             out.add(name)
     return out
 
