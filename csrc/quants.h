@@ -355,8 +355,8 @@ static inline void gemv_prefetch_step(const gemv_pf *pf, int R, uintptr_t at, si
  * same reads are one stream, front to back. The bytes are only moved, so a
  * row's results are the plain layout's, bit for bit; a level may also
  * reorder the quants inside each block of a format for its gemv4's sake
- * (kernel_table.rows4_codec: AVX-512's Q4_K), which changes no integer a
- * kernel sums and so no result either. */
+ * (kernel_table.rows4_codec: AVX-512 "chains" its K-quants and IQ4_XS),
+ * which changes no integer a kernel sums and so no result either. */
 /* a super-block for the K-quants (AVX-512's gemv4 reads one per row in turn), else 512 elements
  * (the 16 blocks of the 32-element formats' hex step) */
 static inline int64_t rows4_unit(int block_size) { return block_size >= QK_K ? block_size : 512 - 512 % block_size; }
