@@ -109,7 +109,9 @@ def rows4_tensors(graph: Graph, ranges: Seq[Range], streamed) -> set[str]:
     """The weights to repack in the ROWS4 layout (csrc/quants.h: each group of 4 rows one stream,
     which a decode step reads up to twice as fast): those that only whole-matrix MATMUL and EMBED
     ops, or MATMUL_ID ops over experts of a multiple of 4 rows (each expert its own groups), of
-    the ranges read, not streamed, with at least 4 rows of a length the core takes."""
+    the ranges read, not streamed, with at least 4 rows of a length the core takes. Only the
+    file's tensors: one made in memory (offset -1: a LoRA's s A) may be rewritten in place
+    (set_lora_scale), which a copy would not see."""
     uses: dict[str, list] = {}
     for r in ranges:
         for i in range(r.lo, r.hi):
@@ -125,7 +127,7 @@ def rows4_tensors(graph: Graph, ranges: Seq[Range], streamed) -> set[str]:
             if op.kind == OP_MATMUL_ID:
                 return op.n_out % 4 == 0 and op.n_out * op.n_kv_head == rows
             return op.kind in (OP_MATMUL, OP_EMBED) and op.n_out == rows
-        if rows >= 4 and lib.pyllm_rows4_supported(t.type, n_in) and all(
+        if t.offset >= 0 and rows >= 4 and lib.pyllm_rows4_supported(t.type, n_in) and all(
                 whole(op) and op.n_in == n_in and i not in streamed for i, op in ops):
             out.add(name)
     return out
