@@ -1107,22 +1107,23 @@ DEFINE_FDOT(dot_bf16_x, uint16_t, load_bf16x8, bf16_to_fp32)
     static void gemv4_##name(int64_t n, const void *restrict w, size_t rb, int nrows,                 \
                              const void *restrict a, float *restrict out) {                            \
         const float *y = a;                                                                            \
-        const int64_t n8 = n / 8 * 8, last = (n - 1) / 512 * 512; /* units of 512: the last's start */ \
+        const int64_t unit = rows4_unit(1), n8 = n / 8 * 8, last = (n - 1) / unit * unit; /* its start */ \
+        const rows_at L = rows_group(unit * sizeof(wtype), rb);                                        \
         int r = 0;                                                                                     \
         for (; r + 4 <= nrows; r += 4) {                                                               \
             const char *g = (const char *)w + r * rb;                                                  \
             __m256 c[4];                                                                               \
             for (int q = 0; q < 4; q++) c[q] = _mm256_setzero_ps();                                    \
-            for (int64_t u0 = 0; u0 < n; u0 += 512) {                                                  \
-                const int64_t len = n - u0 < 512 ? n - u0 : 512, len8 = n8 - u0 < len ? n8 - u0 : len; \
+            for (int64_t u0 = 0; u0 < n; u0 += unit) {                                                 \
+                const int64_t len = n - u0 < unit ? n - u0 : unit, len8 = n8 - u0 < len ? n8 - u0 : len; \
                 for (int q = 0; q < 4; q++) {                                                          \
-                    const wtype *x = (const wtype *)(const void *)(g + (4 * u0 + q * len) * sizeof(wtype)); \
+                    const wtype *x = (const wtype *)(const void *)row_at(g, &L, q, u0 * sizeof(wtype), u0 * sizeof(wtype)); \
                     for (int64_t i = 0; i < len8; i += 8)                                              \
                         c[q] = _mm256_fmadd_ps(LOAD(x + i), _mm256_loadu_ps(y + u0 + i), c[q]);       \
                 }                                                                                      \
             }                                                                                          \
             for (int q = 0; q < 4; q++) {                                                              \
-                const wtype *x = (const wtype *)(const void *)(g + (4 * last + q * (n - last)) * sizeof(wtype)); \
+                const wtype *x = (const wtype *)(const void *)row_at(g, &L, q, last * sizeof(wtype), last * sizeof(wtype)); \
                 float s = hsum8(c[q]);                                                                 \
                 for (int64_t j = n8; j < n; j++) s += SCALAR(x[j - last]) * y[j];                      \
                 out[r + q] = s;                                                                        \

@@ -2279,19 +2279,21 @@ INLINE __m512 fload_bf16(const void *p, int64_t i, __mmask16 k) {
     }                                                                                                       \
     /* ROWS4: a group's 4 rows unit by unit, each row's whole unit before the next row's (one stream;     \
      * the rows' units side by side, 64 bytes at a time, streamed at half the speed), frows'          \
-     * FMAs in the same order; the units are 512 elements (quants.h rows4_unit), a row's last shorter */   \
+     * FMAs in the same order; a row's last unit may be shorter */                                        \
     static void gemv4_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,  \
                              float *restrict out) {                                                         \
         const float *y = a;                                                                                 \
+        const int64_t unit = rows4_unit(1);                                                                 \
+        const rows_at L = rows_group(unit * ESIZE_##name, rb);                                              \
         int r = 0;                                                                                          \
         for (; r + 4 <= nrows; r += 4) {                                                                    \
             const char *g = (const char *)w + r * rb;                                                       \
             __m512 c[4];                                                                                    \
             for (int q = 0; q < 4; q++) c[q] = _mm512_setzero_ps();                                         \
-            for (int64_t u0 = 0; u0 < n; u0 += 512) {                                                       \
-                const int64_t len = n - u0 < 512 ? n - u0 : 512;                                            \
+            for (int64_t u0 = 0; u0 < n; u0 += unit) {                                                      \
+                const int64_t len = n - u0 < unit ? n - u0 : unit;                                          \
                 for (int q = 0; q < 4; q++) {                                                               \
-                    const char *p = g + (4 * u0 + q * len) * ESIZE_##name;                                  \
+                    const uint8_t *p = row_at(g, &L, q, u0 * ESIZE_##name, u0 * ESIZE_##name);             \
                     for (int64_t i = 0; i < len; i += 16) {                                                 \
                         const __mmask16 k = tail_mask16(len - i);                                           \
                         c[q] = _mm512_fmadd_ps(fload_##name(p, i, k), _mm512_maskz_loadu_ps(k, y + u0 + i), c[q]); \
