@@ -107,7 +107,7 @@ void rows4_dequant_row(int type, int64_t n, const uint8_t *w, int64_t n_rows, in
         const size_t off = (size_t)(i / unit) * ub;
         const uint8_t *u = row_at(group, &L, (int)(row % 4), off, off);
         if (K.rows4_codec[type]) {   /* a re-encoded block (the K-quants' unit is one) back first */
-            K.rows4_codec[type](u, block, 0);
+            K.rows4_codec[type](u, block);
             u = block;
         }
         K.dequant[type](u, out + i, n - i < unit ? n - i : unit);

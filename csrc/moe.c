@@ -203,7 +203,7 @@ void op_matmul_id(const pyllm_op *op, const op_rows *r, int ith, int nth) {
                 K.gemv4[type](n, w, row_bytes, nrows, a, out);
             else
                 gemv_rows(type, n, w, row_bytes, nrows, a, out);
-            add_expert_bias(op, e, c0, nrows, OUT_ROW(op, t) + (int64_t)j * n_out + c0);
+            add_expert_bias(op, e, c0, nrows, out);
             continue;
         }
         for (int p0 = start[e]; p0 < start[e + 1]; p0 += GATHER_ROWS) {

@@ -927,17 +927,16 @@ size_t weight_row_bytes(int type, int64_t n) {
     return (size_t)(n / t->block_size) * (size_t)t->type_size;
 }
 
-/* the ROWS4 layout's copy, either way (quants.h) */
 /* len bytes of whole blocks of `type_size` bytes, through the codec when there is one */
-static void move_blocks(const uint8_t *src, uint8_t *dst, size_t len, size_t type_size, int to_rows4,
-                        rows4_codec_fn codec) {
+static void move_blocks(const uint8_t *src, uint8_t *dst, size_t len, size_t type_size, rows4_codec_fn codec) {
     if (!codec) {
         memcpy(dst, src, len);
         return;
     }
-    for (size_t b = 0; b < len; b += type_size) codec(src + b, dst + b, to_rows4);
+    for (size_t b = 0; b < len; b += type_size) codec(src + b, dst + b);
 }
 
+/* the ROWS4 layout's copy, either way (quants.h) */
 void rows4_move(int type, int64_t n, const uint8_t *src, uint8_t *dst, int64_t nrows, int to_rows4,
                 rows4_codec_fn codec) {
     const type_traits *t = type_info(type);
@@ -949,9 +948,9 @@ void rows4_move(int type, int64_t n, const uint8_t *src, uint8_t *dst, int64_t n
             for (int q = 0; q < 4; q++) {
                 const size_t len = rb - off < ub ? rb - off : ub;
                 if (to_rows4)
-                    move_blocks(src + q * rb + off, (uint8_t *)row_at(dst, &group, q, off, off), len, t->type_size, 1, codec);
+                    move_blocks(src + q * rb + off, (uint8_t *)row_at(dst, &group, q, off, off), len, t->type_size, codec);
                 else
-                    move_blocks(row_at(src, &group, q, off, off), dst + q * rb + off, len, t->type_size, 0, codec);
+                    move_blocks(row_at(src, &group, q, off, off), dst + q * rb + off, len, t->type_size, codec);
             }
     memcpy(dst, src, (size_t)(nrows - r) * rb); /* the last rows, fewer than 4, as they are */
 }

@@ -379,10 +379,10 @@ static inline const uint8_t *row_at(const void *w, const rows_at *L, int r, size
                         : (const uint8_t *)w + 4 * L->tail + r * L->tail_rs + (off - L->tail);
 }
 
-/* a level's re-encoding of one block of a format inside ROWS4, to_rows4 = 1 from the file's
- * encoding, 0 back (src and dst do not overlap); super-block formats only, whose ROWS4 unit
- * is one block */
-typedef void (*rows4_codec_fn)(const void *restrict src, void *restrict dst, int to_rows4);
+/* a level's re-encoding of one block of a format inside ROWS4: its own inverse, so the same
+ * call goes from the file's encoding and back (src and dst do not overlap); super-block
+ * formats only, whose ROWS4 unit is one block */
+typedef void (*rows4_codec_fn)(const void *restrict src, void *restrict dst);
 
 /* copies nrows rows of n elements of `type` between the plain layout and ROWS4 (quants.c):
  * to_rows4 = 1 reads plain and writes ROWS4, 0 the reverse; src and dst start at a group;

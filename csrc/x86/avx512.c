@@ -1583,7 +1583,7 @@ INLINE void dec_q3_K(const void *xb, wKs *W) {
  * of 4 vpdpbusd sums each sub-block in its own lane, M order, without red4i's
  * unpacks (shuffles are what bounds the K-quant gemv on Zen 4): the same
  * integers, so the same results. The scales and d stay. The transpose is its
- * own inverse, so one function (rows4_code_*) goes either way. */
+ * own inverse, as quants.h's rows4_codec_fn asks. */
 
 /* 4x4 transposes of dwords, one in each 128-bit lane: lane L of out[q] holds
  * dword q of lane L of in[0..3] */
@@ -1649,8 +1649,7 @@ INLINE void enc_q3_K(const __m512i v[4], void *yb) {
 /* Q4_K and IQ4_XS: 128 bytes of nibbles, whose 4 vectors (low and high of bytes 0-63, then
  * of 64-127) dec_* maps byte for byte: the nibbles themselves are transposed */
 #define DEFINE_CHAIN_NIBBLES(name, block_t)                                                               \
-    static void rows4_code_##name(const void *restrict src, void *restrict dst, int to_rows4) {         \
-        (void)to_rows4;                                                                                   \
+    static void rows4_code_##name(const void *restrict src, void *restrict dst) {                       \
         const block_t *x = src;                                                                           \
         block_t *y = dst;                                                                                 \
         memcpy(y, x, sizeof(block_t));                                                                    \
@@ -1665,8 +1664,7 @@ DEFINE_CHAIN_NIBBLES(q4_K, block_q4_K)
 
 /* the others: their quants decoded, transposed and encoded again */
 #define DEFINE_CHAIN(name, block_t)                                                                       \
-    static void rows4_code_##name(const void *restrict src, void *restrict dst, int to_rows4) {         \
-        (void)to_rows4;                                                                                   \
+    static void rows4_code_##name(const void *restrict src, void *restrict dst) {                       \
         memcpy(dst, src, sizeof(block_t));                                                                \
         wKs W;                                                                                            \
         dec_##name(src, &W);                                                                              \
