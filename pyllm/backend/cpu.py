@@ -105,6 +105,14 @@ def release_mapped(a: np.ndarray) -> None:
             pass
 
 
+def _reads_whole_rows4(op, rows: int) -> bool:
+    """op reads its weight of `rows` rows in a way ROWS4 serves: the whole matrix (MATMUL,
+    EMBED), or experts of a multiple of 4 rows, each expert its own groups (MATMUL_ID)"""
+    if op.kind == OP_MATMUL_ID:
+        return op.n_out % 4 == 0 and op.n_out * op.n_kv_head == rows
+    return op.kind in (OP_MATMUL, OP_EMBED) and op.n_out == rows
+
+
 def rows4_tensors(graph: Graph, ranges: Seq[Range], streamed) -> set[str]:
     """The weights to repack in the ROWS4 layout (csrc/quants.h: each group of 4 rows one stream,
     which a decode step reads up to twice as fast): those that only whole-matrix MATMUL and EMBED
@@ -123,12 +131,8 @@ def rows4_tensors(graph: Graph, ranges: Seq[Range], streamed) -> set[str]:
         t = ops[0][1].weight
         n_in = t.shape[0]
         rows = t.n_elements // n_in
-        def whole(op):
-            if op.kind == OP_MATMUL_ID:
-                return op.n_out % 4 == 0 and op.n_out * op.n_kv_head == rows
-            return op.kind in (OP_MATMUL, OP_EMBED) and op.n_out == rows
         if t.offset >= 0 and rows >= 4 and lib.pyllm_rows4_supported(t.type, n_in) and all(
-                whole(op) and op.n_in == n_in and i not in streamed for i, op in ops):
+                _reads_whole_rows4(op, rows) and op.n_in == n_in and i not in streamed for i, op in ops):
             out.add(name)
     return out
 
