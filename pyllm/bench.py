@@ -221,7 +221,8 @@ def format_profile(p: Profile) -> list[str]:
 
 
 def profile(model, prompt: str, n_predict: int) -> tuple[Profile, Profile]:
-    """Profiles one greedy generation: (prefill, decode)."""
+    """Profiles one greedy generation: (prefill, decode). The prompt's tokens are cut to
+    what fits in the context with the n_predict generated after them."""
     from .sampling import Sampler, SamplingParams
     greedy = Sampler(SamplingParams(temperature=0))
     be = model.backend
@@ -229,6 +230,7 @@ def profile(model, prompt: str, n_predict: int) -> tuple[Profile, Profile]:
     t0 = time.perf_counter()
     ids = model.tokenize(prompt, special=True)
     tokenize_s = time.perf_counter() - t0
+    ids = ids[:max(1, model.n_ctx - n_predict)]
 
     be.profile(True)
     t0 = time.perf_counter()
