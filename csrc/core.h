@@ -51,6 +51,15 @@ int rows4_fits(int type, int64_t n); /* rows of n elements of type can be in the
 void rows4_dequant_row(int type, int64_t n, const uint8_t *w, int64_t n_rows, int64_t row, float *out);
 int64_t matmul_id_scratch_floats(const pyllm_op *op, int64_t rows);
 
+/* A thread's way through an op's n_chunks work items (matmul.c). Streaming (a
+ * decode step reading weights once): the items are cut into contiguous segments,
+ * one per thread, each taken front to back before helping with the others', so a
+ * thread reads one stretch of weights in order; else one shared counter. The
+ * op's counter (op_rows.counter) serves either way. */
+typedef struct { int64_t n_chunks; int nseg, home, left, segmented; } chunk_cursor;
+chunk_cursor chunk_cursor_start(int64_t n_chunks, int streaming, int ith, int nth);
+int64_t chunk_cursor_next(chunk_cursor *c, _Atomic int64_t *counter); /* the next item, -1 when none is left */
+
 /* the share [*lo, *hi) of n items that thread ith of nth does, in multiples of `align` */
 static inline void split_range(int64_t n, int ith, int nth, int64_t align, int64_t *lo, int64_t *hi) {
     int64_t chunks = (n + align - 1) / align;

@@ -140,6 +140,18 @@ static int64_t next_decode_chunk(_Atomic int64_t *counter, int64_t n_chunks, int
     return -1;
 }
 
+chunk_cursor chunk_cursor_start(int64_t n_chunks, int streaming, int ith, int nth) {
+    const int nseg = nth < MAX_SEGS ? nth : MAX_SEGS;
+    return (chunk_cursor){n_chunks, nseg, ith * nseg / nth, 0,
+                          streaming && n_chunks / nseg + 1 + nth < (1 << SEG_BITS) - 1};
+}
+
+int64_t chunk_cursor_next(chunk_cursor *c, _Atomic int64_t *counter) {
+    const int64_t ci = c->segmented ? next_decode_chunk(counter, c->n_chunks, c->nseg, c->home, &c->left)
+                                    : atomic_fetch_add(counter, 1);
+    return ci >= 0 && ci < c->n_chunks ? ci : -1;
+}
+
 void op_matmul(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     const int type = op->type;
     const int act = type_info(type)->act;
@@ -155,16 +167,12 @@ void op_matmul(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     float *part = r->scratch; /* [rows][chunk] */
     const int rows4 = (op->flags & OPF_ROWS4) != 0;
     uint8_t *plain = (uint8_t *)(part + matmul_scratch_floats(r->rows)); /* a ROWS4 chunk copied out */
-    const int nseg = nth < MAX_SEGS ? nth : MAX_SEGS;
     const int streams = !by_gemv && r->rows <= K.gemm_streams[type]; /* gemm as a gemv of several rows */
-    const int segmented = (by_gemv || streams) && n_chunks / nseg + 1 + nth < (1 << SEG_BITS) - 1;
-    const int home = ith * nseg / nth;
-    int left = 0;
+    chunk_cursor cursor = chunk_cursor_start(n_chunks, by_gemv || streams, ith, nth);
 
     for (;;) {
-        const int64_t ci = segmented ? next_decode_chunk(r->counter, n_chunks, nseg, home, &left)
-                                     : atomic_fetch_add(r->counter, 1);
-        if (ci < 0 || ci >= n_chunks) break;
+        const int64_t ci = chunk_cursor_next(&cursor, r->counter);
+        if (ci < 0) break;
         const int64_t c0 = ci * chunk;
         const int nrows = (int)(op->n_out - c0 < chunk ? op->n_out - c0 : chunk);
         const uint8_t *w = (const uint8_t *)op->w + (size_t)c0 * row_bytes;

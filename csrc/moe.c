@@ -156,8 +156,6 @@ static void add_expert_bias(const pyllm_op *op, int e, int64_t c0, int nrows, fl
 }
 
 void op_matmul_id(const pyllm_op *op, const op_rows *r, int ith, int nth) {
-    (void)ith;
-    (void)nth;
     const int type = op->type, k = op->n_head, n_exp = op->n_kv_head;
     const int act = type_info(type)->act;
     const int64_t n = op->n_in, n_out = op->n_out;
@@ -182,9 +180,11 @@ void op_matmul_id(const pyllm_op *op, const op_rows *r, int ith, int nth) {
     const int rows4 = (op->flags & OPF_ROWS4) != 0;   /* each expert's rows in groups of 4 (quants.h) */
 
     const int64_t n_chunks = (n_out + ID_CHUNK - 1) / ID_CHUNK;
+    /* one token (decode): each thread streams its own stretch of the chosen experts' rows */
+    chunk_cursor cursor = chunk_cursor_start(n_used * n_chunks, r->rows == 1, ith, nth);
     for (;;) {
-        const int64_t item = atomic_fetch_add(r->counter, 1);
-        if (item >= n_used * n_chunks) break;
+        const int64_t item = chunk_cursor_next(&cursor, r->counter);
+        if (item < 0) break;
         const int e = used[item / n_chunks];
         const int64_t c0 = item % n_chunks * ID_CHUNK;
         const int nrows = (int)(n_out - c0 < ID_CHUNK ? n_out - c0 : ID_CHUNK);

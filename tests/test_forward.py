@@ -196,6 +196,23 @@ def test_thread_counts_agree(tmp_path, n_threads):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3moe"])
+def test_decode_steps_agree_across_thread_counts(tmp_path, arch):
+    """Decode steps (one token: each thread streams its own stretch of the rows, of the chosen
+    experts' rows for qwen3moe) give the same logits with 1, 2 and 3 threads, bit for bit:
+    a row's product does not depend on which thread computes it."""
+    path = synth.WRITERS[arch](tmp_path / f"{arch}.gguf", QT.Q4_K, n_embd=512)
+    prompt = list(range(10, 30))
+    runs = []
+    for n_threads in (1, 2, 3):
+        _, be = build(path, n_threads=n_threads)
+        be.forward(prompt, 0, [0, 1], len(prompt))
+        runs.append([be.forward([t], len(prompt) + i, [0, 1], 1).copy() for i, t in enumerate((7, 8, 9))])
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert np.array_equal(a, b)
+
+
 @pytest.mark.parametrize("qtype", [QT.F16, QT.Q6_K, QT.Q4_1], ids=lambda t: t.name)
 def test_scalar_kernels_agree_with_simd(tmp_path, qtype):
     """The whole forward with the scalar kernels forced, against the best level.

@@ -2284,14 +2284,14 @@ INLINE __m512 fload_bf16(const void *p, int64_t i, __mmask16 k) {
         const int64_t unit = rows4_unit(1);                                                                 \
         const rows_at L = rows_group(unit * ESIZE_##name, rb);                                              \
         int r = 0;                                                                                          \
-        for (; r + 4 <= nrows; r += 4) {                                                                    \
-            const char *g = (const char *)w + r * rb;                                                       \
-            __m512 c[4];                                                                                    \
-            for (int q = 0; q < 4; q++) c[q] = _mm512_setzero_ps();                                         \
+        for (; r + 8 <= nrows; r += 8) {                                                                    \
+            __m512 c[8];                                                                                    \
+            for (int q = 0; q < 8; q++) c[q] = _mm512_setzero_ps();                                         \
             for (int64_t u0 = 0; u0 < n; u0 += unit) {                                                      \
                 const int64_t len = n - u0 < unit ? n - u0 : unit;                                          \
-                for (int q = 0; q < 4; q++) {                                                               \
-                    const uint8_t *p = row_at(g, &L, q, u0 * ESIZE_##name, u0 * ESIZE_##name);             \
+                for (int q = 0; q < 8; q++) {                                                               \
+                    const char *g = (const char *)w + (r + (q & 4)) * rb;                                                       \
+                    const uint8_t *p = row_at(g, &L, q & 3, u0 * ESIZE_##name, u0 * ESIZE_##name);             \
                     for (int64_t i = 0; i < len; i += 16) {                                                 \
                         const __mmask16 k = tail_mask16(len - i);                                           \
                         c[q] = _mm512_fmadd_ps(fload_##name(p, i, k), _mm512_maskz_loadu_ps(k, y + u0 + i), c[q]); \
@@ -2299,6 +2299,7 @@ INLINE __m512 fload_bf16(const void *p, int64_t i, __mmask16 k) {
                 }                                                                                           \
             }                                                                                               \
             _mm_storeu_ps(out + r, reduce4(c[0], c[1], c[2], c[3]));                                        \
+            _mm_storeu_ps(out + r + 4, reduce4(c[4], c[5], c[6], c[7]));                                        \
         }                                                                                                   \
         gemv_##name(n, (const char *)w + r * rb, rb, nrows - r, a, out + r);                                \
     }
