@@ -357,9 +357,13 @@ static inline void gemv_prefetch_step(const gemv_pf *pf, int R, uintptr_t at, si
  * reorder the quants inside each block of a format for its gemv4's sake
  * (kernel_table.rows4_codec: AVX-512 "chains" its K-quants and IQ4_XS),
  * which changes no integer a kernel sums and so no result either. */
-/* a super-block for the K-quants (AVX-512's gemv4 reads one per row in turn), else 512 elements
- * (the 16 blocks of the 32-element formats' hex step) */
-static inline int64_t rows4_unit(int block_size) { return block_size >= QK_K ? block_size : 512 - 512 % block_size; }
+/* a super-block for the K-quants (AVX-512's gemv4 reads one per row in turn); 512 elements for
+ * the 32-element formats (the 16 blocks of their hex step); 32 for float weights (a line of
+ * F16: the gemv4 runs the 4 rows' FMA chains side by side, which whole 512-element units would
+ * make one chain at a time, bound by the FMA latency at ~28 GB/s of F16) */
+static inline int64_t rows4_unit(int block_size) {
+    return block_size >= QK_K ? block_size : block_size == 1 ? 32 : 512 - 512 % block_size;
+}
 
 /* Where a gemv's rows are, plain or a ROWS4 group: row r's bytes at offset off (of the
  * call's part of the row), in the unit that starts at u0, are at

@@ -483,7 +483,7 @@ def test_mxfp4_edge_scales_in_vec_dot_gemv_gemm(isa):
 
 def det_lengths(tname):
     bs = TYPES[tname][1]
-    if bs == 1:   # and ROWS4's units of 512: several, a last one shorter with a partial vector
+    if bs == 1:   # and ROWS4's units of 32: one short one, several, a last one shorter with a partial vector
         return [7, 64, 200, 1000, 1536]
     if bs == 32:
         # partial quads / octs / pairs (mod 4, mod 8), several 2048-element
@@ -522,9 +522,9 @@ def test_gemv_rows_are_independent(isa, tname):
 
 
 def rows4_unit_bytes(tname):
-    """bytes of a ROWS4 unit (quants.h rows4_unit): a super-block, or 512 elements"""
+    """bytes of a ROWS4 unit (quants.h rows4_unit): a super-block, 512 elements, or 32 of a float"""
     _, bs, tsize, _ = TYPES[tname]
-    return tsize if bs >= 256 else (512 - 512 % bs) // bs * tsize
+    return tsize if bs >= 256 else 32 * tsize if bs == 1 else (512 - 512 % bs) // bs * tsize
 
 
 def rows4_by_hand(w, ub):

@@ -1102,8 +1102,9 @@ DEFINE_FDOT(dot_bf16_x, uint16_t, load_bf16x8, bf16_to_fp32)
         frows_##name(1, n, w, 0, a, &r, NULL);                                                            \
         return r;                                                                                      \
     }                                                                                                  \
-    /* ROWS4: a group's 4 rows unit by unit, each row's whole unit before the next row's (one        \
-     * stream), frows' float steps: the FMAs in order, hsum8, the tail elements (in the last unit) */ \
+    /* ROWS4: a group's rows interleave in units of 32 elements (quants.h): the 4 rows side by side   \
+     * in one stream, each its own chain; frows' float steps: the FMAs in order, hsum8, the tail      \
+     * elements (in the last unit) */                                                                  \
     static void gemv4_##name(int64_t n, const void *restrict w, size_t rb, int nrows,                 \
                              const void *restrict a, float *restrict out) {                            \
         const float *y = a;                                                                            \
@@ -1116,10 +1117,12 @@ DEFINE_FDOT(dot_bf16_x, uint16_t, load_bf16x8, bf16_to_fp32)
             for (int q = 0; q < 4; q++) c[q] = _mm256_setzero_ps();                                    \
             for (int64_t u0 = 0; u0 < n; u0 += unit) {                                                 \
                 const int64_t len = n - u0 < unit ? n - u0 : unit, len8 = n8 - u0 < len ? n8 - u0 : len; \
-                for (int q = 0; q < 4; q++) {                                                          \
-                    const wtype *x = (const wtype *)(const void *)row_at(g, &L, q, u0 * sizeof(wtype), u0 * sizeof(wtype)); \
-                    for (int64_t i = 0; i < len8; i += 8)                                              \
-                        c[q] = _mm256_fmadd_ps(LOAD(x + i), _mm256_loadu_ps(y + u0 + i), c[q]);       \
+                const wtype *x[4];                                                                     \
+                for (int q = 0; q < 4; q++)                                                            \
+                    x[q] = (const wtype *)(const void *)row_at(g, &L, q, u0 * sizeof(wtype), u0 * sizeof(wtype)); \
+                for (int64_t i = 0; i < len8; i += 8) {                                                \
+                    const __m256 yv = _mm256_loadu_ps(y + u0 + i);                                     \
+                    for (int q = 0; q < 4; q++) c[q] = _mm256_fmadd_ps(LOAD(x[q] + i), yv, c[q]);      \
                 }                                                                                      \
             }                                                                                          \
             for (int q = 0; q < 4; q++) {                                                              \

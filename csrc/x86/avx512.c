@@ -2275,31 +2275,36 @@ INLINE __m512 fload_bf16(const void *p, int64_t i, __mmask16 k) {
         frows_##name(1, n, w, 0, a, &r, NULL);                                                                    \
         return r;                                                                                           \
     }                                                                                                       \
-    /* ROWS4: a group's 4 rows unit by unit, each row's whole unit before the next row's (one stream;     \
-     * the rows' units side by side, 64 bytes at a time, streamed at half the speed), frows'          \
-     * FMAs in the same order; a row's last unit may be shorter */                                        \
+    /* ROWS4: a group's rows interleave in units of 32 elements (quants.h), so the 4 rows are read    \
+     * side by side in one stream, each with its own chain of FMAs in frows' order (one row's whole    \
+     * unit first would make one long chain, bound by the FMA latency); a row's last unit may be       \
+     * shorter */                                                                                       \
     static void gemv4_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a,  \
                              float *restrict out) {                                                         \
         const float *y = a;                                                                                 \
         const int64_t unit = rows4_unit(1);                                                                 \
         const rows_at L = rows_group(unit * ESIZE_##name, rb);                                              \
         int r = 0;                                                                                          \
-        for (; r + 8 <= nrows; r += 8) {                                                                    \
-            __m512 c[8];                                                                                    \
-            for (int q = 0; q < 8; q++) c[q] = _mm512_setzero_ps();                                         \
+        for (; r + 4 <= nrows; r += 4) {                                                                    \
+            const char *g = (const char *)w + r * rb;                                                       \
+            __m512 c[4];                                                                                    \
+            for (int q = 0; q < 4; q++) c[q] = _mm512_setzero_ps();                                         \
             for (int64_t u0 = 0; u0 < n; u0 += unit) {                                                      \
                 const int64_t len = n - u0 < unit ? n - u0 : unit;                                          \
-                for (int q = 0; q < 8; q++) {                                                               \
-                    const char *g = (const char *)w + (r + (q & 4)) * rb;                                                       \
-                    const uint8_t *p = row_at(g, &L, q & 3, u0 * ESIZE_##name, u0 * ESIZE_##name);             \
-                    for (int64_t i = 0; i < len; i += 16) {                                                 \
-                        const __mmask16 k = tail_mask16(len - i);                                           \
-                        c[q] = _mm512_fmadd_ps(fload_##name(p, i, k), _mm512_maskz_loadu_ps(k, y + u0 + i), c[q]); \
-                    }                                                                                       \
+                const uint8_t *p[4];                                                                        \
+                for (int q = 0; q < 4; q++) p[q] = row_at(g, &L, q, u0 * ESIZE_##name, u0 * ESIZE_##name);  \
+                int64_t i = 0;                                                                              \
+                for (; i + 16 <= len; i += 16) {                                                            \
+                    const __m512 yv = _mm512_loadu_ps(y + u0 + i);                                          \
+                    for (int q = 0; q < 4; q++) c[q] = _mm512_fmadd_ps(fload_##name(p[q], i, 0xffff), yv, c[q]); \
+                }                                                                                           \
+                if (i < len) {                                                                              \
+                    const __mmask16 k = tail_mask16(len - i);                                               \
+                    const __m512 yv = _mm512_maskz_loadu_ps(k, y + u0 + i);                                 \
+                    for (int q = 0; q < 4; q++) c[q] = _mm512_fmadd_ps(fload_##name(p[q], i, k), yv, c[q]); \
                 }                                                                                           \
             }                                                                                               \
             _mm_storeu_ps(out + r, reduce4(c[0], c[1], c[2], c[3]));                                        \
-            _mm_storeu_ps(out + r + 4, reduce4(c[4], c[5], c[6], c[7]));                                        \
         }                                                                                                   \
         gemv_##name(n, (const char *)w + r * rb, rb, nrows - r, a, out + r);                                \
     }
