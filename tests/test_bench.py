@@ -47,6 +47,16 @@ def test_bench_table_piped_keeps_lines_whole(smollm2_path):
                                         "scalar")) for l in lines), lines
     assert any(l.startswith("threads 1: TTFT(8)") and "GB/s" in l for l in lines), lines
 
+def test_profile_cuts_a_prompt_longer_than_the_context(smollm2_path):
+    """bench --profile's fixed text may take more tokens than a small context holds (a tokenizer
+    that spends more on it): the prompt is cut to fit, with the decode steps after it"""
+    from pyllm import Model
+    from pyllm.bench import profile
+    with Model(smollm2_path, n_ctx=48, n_threads=1) as m:
+        pre, dec = profile(m, "The quick brown fox jumps over the lazy dog. " * 20, 8)
+        assert dec.steps == 8 and pre.wall_s > 0
+
+
 def test_run_profile(smollm2_path):
     out = json.loads(pyllm("run", "-m", smollm2_path, "-p", "The sky is", "-n", "6", "--temp", "0",
                            "--profile", "--json").stdout)
