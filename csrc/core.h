@@ -75,6 +75,14 @@ void gemm_rows(int type, int64_t n, const uint8_t *w, size_t row_bytes, int nrow
                size_t a_stride, int ncols, float *out, size_t out_stride);
 /* out[r] = row r of w . activation a, r < nrows: the level's gemv, else its vec_dot */
 void gemv_rows(int type, int64_t n, const uint8_t *w, size_t row_bytes, int nrows, const void *a, float *out);
+/* a chunk of nrows weight rows (from a ROWS4 group's start when rows4) as its kernel reads it: in
+ * place for a gemv where the level has a gemv4 (*in_place = 1), else a ROWS4 chunk copied out into
+ * plain rows (returned), a plain chunk as it is */
+const uint8_t *chunk_weights(int type, int64_t n, const uint8_t *w, int nrows, int rows4, int gemv, uint8_t *plain,
+                             int *in_place);
+/* gemv_rows, or the level's gemv4 on a chunk chunk_weights left in place */
+void gemv_chunk(int type, int in_place, int64_t n, const uint8_t *w, size_t row_bytes, int nrows, const void *a,
+                float *out);
 
 void op_embed(const pyllm_op *op, const op_rows *r, int ith, int nth);
 void op_rmsnorm(const pyllm_op *op, const op_rows *r, int ith, int nth);

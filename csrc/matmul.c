@@ -57,6 +57,22 @@ void gemv_rows(int type, int64_t n, const uint8_t *w, size_t row_bytes, int nrow
     for (int r = 0; r < nrows; r++) out[r] = K.vec_dot[type](n, w + (size_t)r * row_bytes, a);
 }
 
+const uint8_t *chunk_weights(int type, int64_t n, const uint8_t *w, int nrows, int rows4, int gemv, uint8_t *plain,
+                             int *in_place) {
+    *in_place = rows4 && gemv && K.gemv4[type];
+    if (!rows4 || *in_place) return w;
+    rows4_move(type, n, w, plain, nrows, 0, K.rows4_codec[type]);
+    return plain;
+}
+
+void gemv_chunk(int type, int in_place, int64_t n, const uint8_t *w, size_t row_bytes, int nrows, const void *a,
+                float *out) {
+    if (in_place)
+        K.gemv4[type](n, w, row_bytes, nrows, a, out);
+    else
+        gemv_rows(type, n, w, row_bytes, nrows, a, out);
+}
+
 /* out[t * out_stride + r] for t < ncols: a tile of rows against ncols activation rows */
 void gemm_rows(int type, int64_t n, const uint8_t *w, size_t row_bytes, int nrows, const uint8_t *a,
                size_t a_stride, int ncols, float *out, size_t out_stride) {
@@ -175,12 +191,9 @@ void op_matmul(const pyllm_op *op, const op_rows *r, int ith, int nth) {
         if (ci < 0) break;
         const int64_t c0 = ci * chunk;
         const int nrows = (int)(op->n_out - c0 < chunk ? op->n_out - c0 : chunk);
-        const uint8_t *w = (const uint8_t *)op->w + (size_t)c0 * row_bytes;
-        const int direct4 = rows4 && by_gemv && K.gemv4[type];   /* else the chunk's rows are copied out */
-        if (rows4 && !direct4) {
-            rows4_move(type, n, w, plain, nrows, 0, K.rows4_codec[type]);
-            w = plain;
-        }
+        int in_place;
+        const uint8_t *w = chunk_weights(type, n, (const uint8_t *)op->w + (size_t)c0 * row_bytes, nrows, rows4,
+                                         by_gemv, plain, &in_place);
         const float *b = op->bias ? op->bias + c0 : NULL;
         /* with nothing to add, the products go straight into y; else into part first */
         const int direct = !accumulate && !b;
@@ -189,10 +202,7 @@ void op_matmul(const pyllm_op *op, const op_rows *r, int ith, int nth) {
             for (int t = 0; t < r->rows; t++) {
                 const uint8_t *a = act_base + (size_t)t * act_bytes;
                 float *o = dst + (size_t)t * (direct ? (size_t)op->y_stride : (size_t)nrows);
-                if (direct4)
-                    K.gemv4[type](n, w, row_bytes, nrows, a, o);
-                else
-                    gemv_rows(type, n, w, row_bytes, nrows, a, o);
+                gemv_chunk(type, in_place, n, w, row_bytes, nrows, a, o);
             }
         else
             gemm_rows(type, n, w, row_bytes, nrows, act_base, act_bytes, r->rows, dst,

@@ -188,21 +188,15 @@ void op_matmul_id(const pyllm_op *op, const op_rows *r, int ith, int nth) {
         const int e = used[item / n_chunks];
         const int64_t c0 = item % n_chunks * ID_CHUNK;
         const int nrows = (int)(n_out - c0 < ID_CHUNK ? n_out - c0 : ID_CHUNK);
-        const uint8_t *w = (const uint8_t *)op->w + (size_t)e * expert_bytes + (size_t)c0 * row_bytes;
         const int one = start[e + 1] - start[e] == 1;
-        const int direct4 = rows4 && one && K.gemv4[type];   /* else the chunk's rows are copied out */
-        if (rows4 && !direct4) {
-            rows4_move(type, n, w, plain, nrows, 0, K.rows4_codec[type]);
-            w = plain;
-        }
+        const uint8_t *chunk = (const uint8_t *)op->w + (size_t)e * expert_bytes + (size_t)c0 * row_bytes;
+        int in_place;
+        const uint8_t *w = chunk_weights(type, n, chunk, nrows, rows4, one, plain, &in_place);
         if (one) { /* one token chose it (decode): a gemv, nothing to gather */
             const int t = pairs[start[e]] / k, j = pairs[start[e]] % k;
             const uint8_t *a = act_base + (size_t)t * in_row_bytes + (slot_input ? (size_t)j * slot_bytes : 0);
             float *out = OUT_ROW(op, t) + (int64_t)j * n_out + c0;
-            if (direct4)
-                K.gemv4[type](n, w, row_bytes, nrows, a, out);
-            else
-                gemv_rows(type, n, w, row_bytes, nrows, a, out);
+            gemv_chunk(type, in_place, n, w, row_bytes, nrows, a, out);
             add_expert_bias(op, e, c0, nrows, out);
             continue;
         }

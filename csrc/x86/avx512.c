@@ -2324,7 +2324,11 @@ DEFINE_F512(bf16)
  * F16 prefill ~113 GFLOP/s on one Zen 4 core here, near its FMA peak
  * (~117), for rows of 2048. */
 #define FTILE_ACT_BYTES (192 << 10)
-#define FTILE_COLS_BLOCK(as) ((int)(FTILE_ACT_BYTES / (as) < 4 ? 4 : FTILE_ACT_BYTES / (as) / 4 * 4))
+/* activation rows (as bytes apart) per block: a multiple of 4, at least 4 */
+INLINE int ftile_cols_block(size_t as) {
+    const size_t c = FTILE_ACT_BYTES / as / 4 * 4;
+    return c < 4 ? 4 : (int)c;
+}
 #define DEFINE_FTILE512(name)                                                                               \
     /* one step of 16 elements (k: those present; whole steps pass a constant mask, which the         \
      * compiler turns into plain loads: masked loads in every step cost a fifth of the speed on Zen 4) */ \
@@ -2363,7 +2367,7 @@ DEFINE_F512(bf16)
     static void gemm_##name(int64_t n, const void *restrict w, size_t rb, int nrows, const void *restrict a, \
                             size_t as, int ncols, float *restrict out, size_t os) {                         \
         const char *wr = w;                                                                                 \
-        const int block = FTILE_COLS_BLOCK(as);                                                             \
+        const int block = ftile_cols_block(as);                                                             \
         for (int t0 = 0; t0 < ncols; t0 += block) {                                                        \
             const int nc = ncols - t0 < block ? ncols - t0 : block;                                         \
             const char *at = (const char *)a + (size_t)t0 * as;                                             \
